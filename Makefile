@@ -1,0 +1,39 @@
+# `make run` and `make test` create (or reuse) .venv and install what they need.
+# On a machine without an NVIDIA GPU the CPU build of torch is pinned first, so that the
+# unpinned `torch>=2.5` requirement is already satisfied and no multi-GB CUDA build is pulled.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+TORCH_CPU := torch==2.13.0
+STAMP := $(VENV)/.installed
+
+.PHONY: run test test-fast lint typecheck bench clean
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	@if command -v nvidia-smi >/dev/null 2>&1; then \
+		echo "NVIDIA GPU found: keeping whatever torch is installed (bring your own CUDA build)"; \
+	else \
+		$(BIN)/python -m pip install -q "$(TORCH_CPU)"; \
+	fi
+	$(BIN)/python -m pip install -q -e ".[dev]"
+	touch $(STAMP)
+
+run: $(STAMP)
+	$(BIN)/morphogen run
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -m "slow or not slow"
+
+test-fast: $(STAMP)
+	$(BIN)/python -m pytest
+
+lint: $(STAMP)
+	$(BIN)/ruff check src tests benchmarks
+	$(BIN)/mypy
+
+bench: $(STAMP)
+	$(BIN)/python benchmarks/overhead.py
+
+clean:
+	rm -rf $(VENV) runs
