@@ -1,0 +1,221 @@
+"""Host networks: the fixed architectures that carry slots.
+
+A host is a chain of segments separated by named injection points. The host protocol
+(`SegmentedHost`) is: `injection_points` (slot id -> channels, in execution order), `forward(x)`,
+`forward_to(slot, x, from_slot=None)` and `forward_from(slot, h)`. The architecture never changes
+after construction; growth happens only in the slots that `MorphogeneticModel` places at the points.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor, nn
+
+from morphogen.core.blueprints import CausalSelfAttention
+
+Device = torch.device | str | None
+
+
+class UnknownSlotError(ValueError):
+    """A slot id the host does not have."""
+
+
+class SegmentedHost(nn.Module):
+    """A host whose forward pass is `segments[0] -> point 0 -> segments[1] -> ... -> segments[-1]`.
+
+    Subclasses fill `self.segments` (len = number of injection points + 1) and `self._points`.
+    """
+
+    topology: str = ""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.segments = nn.ModuleList()
+        self._points: dict[str, int] = {}
+
+    @property
+    def injection_points(self) -> dict[str, int]:
+        """Slot id -> channels (or d_model) at that point, in execution order."""
+        return dict(self._points)
+
+    @property
+    def slot_ids(self) -> tuple[str, ...]:
+        return tuple(self._points)
+
+    def point_index(self, slot: str) -> int:
+        """Position of `slot` in execution order; raises `UnknownSlotError` listing the valid ids."""
+        try:
+            return list(self._points).index(slot)
+        except ValueError:
+            raise UnknownSlotError(f"unknown slot {slot!r}; this host has: {', '.join(self._points)}") from None
+
+    def run_segment(self, index: int, h: Tensor) -> Tensor:
+        """Segment `index` maps the activation at point index-1 (or the input) to point `index` (or the output)."""
+        return self.segments[index](h)  # type: ignore[no-any-return]
+
+    def forward(self, x: Tensor) -> Tensor:
+        for segment in self.segments:
+            x = segment(x)
+        return x
+
+    def forward_to(self, slot: str, x: Tensor, from_slot: str | None = None) -> Tensor:
+        """Activation at `slot`, starting from the input or from the activation at `from_slot`."""
+        end = self.point_index(slot)
+        start = 0 if from_slot is None else self.point_index(from_slot) + 1
+        if start > end + 1:
+            raise ValueError(f"from_slot {from_slot!r} comes after slot {slot!r}")
+        for index in range(start, end + 1):
+            x = self.run_segment(index, x)
+        return x
+
+    def forward_from(self, slot: str, h: Tensor) -> Tensor:
+        """Output of the host given the activation `h` at `slot`."""
+        for index in range(self.point_index(slot) + 1, len(self.segments)):
+            h = self.run_segment(index, h)
+        return h
+
+
+class CNNHost(SegmentedHost):
+    """Blocks of conv -> batch norm -> ReLU (widths base*2^i), max-pool after each, then GAP + linear.
+
+    Slots `r0c{i}` sit after block i; with `pool_slots=True`, slots `r1c{i}` also sit after pool i.
+    """
+
+    topology = "cnn"
+
+    def __init__(self, num_classes: int, in_channels: int, n_blocks: int = 3, base_channels: int = 32,
+                 kernel_size: int = 3, *, pool_slots: bool = False, device: Device = None,
+                 dtype: torch.dtype | None = None) -> None:
+        super().__init__()
+        for name, value in (("num_classes", num_classes), ("in_channels", in_channels), ("n_blocks", n_blocks),
+                            ("base_channels", base_channels)):
+            if value < 1:
+                raise ValueError(f"CNNHost {name} must be >= 1, got {value}")
+        if kernel_size < 1 or kernel_size % 2 == 0:
+            raise ValueError(f"CNNHost kernel_size must be odd and >= 1, got {kernel_size}")
+        self.num_classes = num_classes
+        factory = {"device": device, "dtype": dtype}
+        pending: list[nn.Module] = []
+        channels = in_channels
+        for i in range(n_blocks):
+            width = base_channels * 2**i
+            pending += [nn.Conv2d(channels, width, kernel_size, padding=kernel_size // 2, bias=False, **factory),
+                        nn.BatchNorm2d(width, **factory), nn.ReLU()]
+            self._close_segment(pending, f"r0c{i}", width)
+            pending.append(nn.MaxPool2d(2, ceil_mode=True))
+            if pool_slots:
+                self._close_segment(pending, f"r1c{i}", width)
+            channels = width
+        pending += [nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(channels, num_classes, **factory)]
+        self.segments.append(nn.Sequential(*pending))
+
+    def _close_segment(self, pending: list[nn.Module], slot: str, channels: int) -> None:
+        self.segments.append(nn.Sequential(*pending))
+        self._points[slot] = channels
+        pending.clear()
+
+
+class TransformerBlock(nn.Module):
+    """Pre-norm GPT block: x + attn(ln(x)), then x + mlp(ln(x))."""
+
+    def __init__(self, d_model: int, n_heads: int, *, device: Device = None,
+                 dtype: torch.dtype | None = None) -> None:
+        super().__init__()
+        factory = {"device": device, "dtype": dtype}
+        self.attention_norm = nn.LayerNorm(d_model, **factory)
+        self.attention = CausalSelfAttention(d_model, n_heads, device=device, dtype=dtype)
+        self.mlp_norm = nn.LayerNorm(d_model, **factory)
+        self.mlp = nn.Sequential(nn.Linear(d_model, 4 * d_model, **factory), nn.GELU(),
+                                 nn.Linear(4 * d_model, d_model, **factory))
+
+    def forward(self, x: Tensor) -> Tensor:
+        x = x + self.attention(self.attention_norm(x))
+        return x + self.mlp(self.mlp_norm(x))
+
+
+class TokenEmbedding(nn.Module):
+    """Token + learned position embeddings: [N, T] ids -> [N, T, D]."""
+
+    def __init__(self, vocab_size: int, d_model: int, block_size: int, *, device: Device = None,
+                 dtype: torch.dtype | None = None) -> None:
+        super().__init__()
+        self.block_size = block_size
+        self.token = nn.Embedding(vocab_size, d_model, device=device, dtype=dtype)
+        self.position = nn.Embedding(block_size, d_model, device=device, dtype=dtype)
+
+    def forward(self, ids: Tensor) -> Tensor:
+        t = ids.shape[1]
+        if t > self.block_size:
+            raise ValueError(f"sequence length {t} exceeds block_size {self.block_size}")
+        positions = torch.arange(t, device=ids.device)
+        return self.token(ids) + self.position(positions)  # (N, T, D)
+
+
+class LanguageModelHead(nn.Module):
+    """Final layer norm and the output projection tied to the token embedding: [N, T, D] -> [N, T, V]."""
+
+    def __init__(self, embedding: nn.Embedding, d_model: int, *, device: Device = None,
+                 dtype: torch.dtype | None = None) -> None:
+        super().__init__()
+        self.norm = nn.LayerNorm(d_model, device=device, dtype=dtype)
+        self.output = nn.Linear(d_model, embedding.num_embeddings, bias=False, device=device, dtype=dtype)
+        self.output.weight = embedding.weight  # tied embeddings
+
+    def forward(self, h: Tensor) -> Tensor:
+        return self.output(self.norm(h))  # type: ignore[no-any-return]
+
+
+class TransformerHost(SegmentedHost):
+    """Decoder-only pre-norm GPT with causal attention and tied embeddings.
+
+    A slot (`r0c{i}`) sits after every `n_layers / n_segments` layers, the last one before the final norm.
+    """
+
+    topology = "transformer"
+
+    def __init__(self, vocab_size: int, d_model: int = 64, n_heads: int = 4, n_layers: int = 4,
+                 block_size: int = 64, n_segments: int = 2, *, device: Device = None,
+                 dtype: torch.dtype | None = None) -> None:
+        super().__init__()
+        if n_segments < 1 or n_layers % n_segments:
+            raise ValueError(f"n_layers ({n_layers}) must be a positive multiple of n_segments ({n_segments})")
+        if d_model % n_heads:
+            raise ValueError(f"d_model ({d_model}) must be divisible by n_heads ({n_heads})")
+        self.vocab_size, self.block_size = vocab_size, block_size
+        embedding = TokenEmbedding(vocab_size, d_model, block_size, device=device, dtype=dtype)
+        per_segment = n_layers // n_segments
+        for i in range(n_segments):
+            blocks: list[nn.Module] = [embedding] if i == 0 else []
+            blocks += [TransformerBlock(d_model, n_heads, device=device, dtype=dtype) for _ in range(per_segment)]
+            self.segments.append(nn.Sequential(*blocks))
+            self._points[f"r0c{i}"] = d_model
+        self.segments.append(LanguageModelHead(embedding.token, d_model, device=device, dtype=dtype))
+        self._init_weights(n_layers)
+
+    def _init_weights(self, n_layers: int) -> None:
+        for module in self.modules():
+            if isinstance(module, nn.Linear):
+                nn.init.normal_(module.weight, std=0.02)
+                if module.bias is not None:
+                    nn.init.zeros_(module.bias)
+            elif isinstance(module, nn.Embedding):
+                nn.init.normal_(module.weight, std=0.02)
+        # Residual projections scaled down with depth (GPT-2) so the residual stream starts near unit scale.
+        for block in self.modules():
+            if isinstance(block, TransformerBlock):
+                nn.init.normal_(block.attention.proj.weight, std=0.02 / math.sqrt(2 * n_layers))
+                nn.init.normal_(block.mlp[2].weight, std=0.02 / math.sqrt(2 * n_layers))
+
+
+HOST_CLASSES: dict[str, type[SegmentedHost]] = {"cnn": CNNHost, "transformer": TransformerHost}
+
+
+def build_host(topology: str, *, device: Device = None, **host_kwargs: int | bool) -> SegmentedHost:
+    """Build the host for a topology from constructor keyword arguments (as a task describes them)."""
+    try:
+        host_class = HOST_CLASSES[topology]
+    except KeyError:
+        raise ValueError(f"unknown host topology {topology!r}; valid: {', '.join(HOST_CLASSES)}") from None
+    return host_class(**host_kwargs, device=device)  # type: ignore[arg-type]

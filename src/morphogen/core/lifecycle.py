@@ -1,0 +1,226 @@
+"""Seed lifecycle: stages, the legal transitions between them, and the gates that guard them.
+
+Pure Python, no torch: the slot owns a `SeedLifecycle` and asks `evaluate_gate` whether a move may
+happen. Gates return a `GateResult` (passed, reason, score) so that a refusal can be explained in
+telemetry instead of silently ignored. An unmeasured signal (``None``) always fails a gate that
+needs it: "not measured yet" must never look like "measured and fine".
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+
+class Stage(enum.Enum):
+    """Where a seed is in its life (DESIGN §4.1)."""
+
+    DORMANT = "dormant"
+    GERMINATED = "germinated"
+    TRAINING = "training"
+    BLENDING = "blending"
+    HOLDING = "holding"
+    FOSSILIZED = "fossilized"
+    PRUNED = "pruned"
+    EMBARGOED = "embargoed"
+    RESETTING = "resetting"
+
+
+LEGAL_TRANSITIONS: dict[Stage, frozenset[Stage]] = {
+    Stage.DORMANT: frozenset({Stage.GERMINATED}),
+    Stage.GERMINATED: frozenset({Stage.TRAINING, Stage.PRUNED}),
+    Stage.TRAINING: frozenset({Stage.BLENDING, Stage.PRUNED}),
+    Stage.BLENDING: frozenset({Stage.HOLDING, Stage.PRUNED}),
+    Stage.HOLDING: frozenset({Stage.FOSSILIZED, Stage.BLENDING, Stage.PRUNED}),
+    Stage.FOSSILIZED: frozenset(),
+    Stage.PRUNED: frozenset({Stage.EMBARGOED}),
+    Stage.EMBARGOED: frozenset({Stage.RESETTING}),
+    Stage.RESETTING: frozenset({Stage.DORMANT}),
+}
+
+#: Stages in which the slot holds a seed module.
+SEED_STAGES = frozenset({Stage.GERMINATED, Stage.TRAINING, Stage.BLENDING, Stage.HOLDING, Stage.FOSSILIZED})
+#: Stages in which the seed is executed in the forward pass.
+RUNNING_STAGES = frozenset({Stage.TRAINING, Stage.BLENDING, Stage.HOLDING, Stage.FOSSILIZED})
+#: Stages in which the seed's output is blended into the host's (alpha matters).
+BLENDED_STAGES = frozenset({Stage.BLENDING, Stage.HOLDING, Stage.FOSSILIZED})
+#: Stages from which a seed may be pruned.
+PRUNABLE_STAGES = frozenset(stage for stage, nexts in LEGAL_TRANSITIONS.items() if Stage.PRUNED in nexts)
+#: The stage that follows each stage on the normal forward path (ADVANCE).
+NEXT_STAGE: dict[Stage, Stage] = {
+    Stage.GERMINATED: Stage.TRAINING,
+    Stage.TRAINING: Stage.BLENDING,
+    Stage.BLENDING: Stage.HOLDING,
+    Stage.HOLDING: Stage.FOSSILIZED,
+}
+
+
+class IllegalTransitionError(ValueError):
+    """A lifecycle move that DESIGN §4.1 does not allow; nothing was changed."""
+
+
+class GateMode(enum.Enum):
+    """`strict` (library default) asks for measured improvement; `permissive` (RL default) only for health."""
+
+    STRICT = "strict"
+    PERMISSIVE = "permissive"
+
+
+@dataclass(frozen=True)
+class GateConfig:
+    """Thresholds of the lifecycle gates (DESIGN §4.1)."""
+
+    mode: GateMode = GateMode.STRICT
+    #: Epochs a seed must spend in TRAINING before it may blend.
+    min_training_epochs: int = 10
+    #: Gradient health at or above which a seed counts as healthy (1.0 = no vanishing/exploding tensors).
+    min_gradient_health: float = 0.7
+    #: Strict mode: accuracy points gained since TRAINING began, needed to blend.
+    strict_min_improvement: float = 0.5
+    #: Strict mode: seed/host gradient ratio (normalized by sqrt of parameter counts) needed to blend.
+    strict_min_gradient_ratio: float = 0.10
+    #: Strict mode: counterfactual contribution in accuracy points needed to fossilize.
+    strict_min_contribution: float = 1.0
+    #: Stages entered automatically once their gate passes (FOSSILIZED is never allowed here).
+    auto_advance: frozenset[Stage] = frozenset({Stage.TRAINING, Stage.HOLDING})
+
+    def __post_init__(self) -> None:
+        if Stage.FOSSILIZED in self.auto_advance:
+            raise ValueError("auto_advance may not contain FOSSILIZED: fossilizing is always an explicit decision")
+        unknown = self.auto_advance - {Stage.TRAINING, Stage.BLENDING, Stage.HOLDING}
+        if unknown:
+            raise ValueError(f"auto_advance accepts TRAINING, BLENDING, HOLDING; got {sorted(s.name for s in unknown)}")
+        if self.min_training_epochs < 0:
+            raise ValueError(f"min_training_epochs must be >= 0, got {self.min_training_epochs}")
+        if not 0.0 <= self.min_gradient_health <= 1.0:
+            raise ValueError(f"min_gradient_health must be in [0, 1], got {self.min_gradient_health}")
+
+
+@dataclass(frozen=True)
+class GateResult:
+    """Outcome of a gate: whether it passed, why, and the score it was judged on."""
+
+    passed: bool
+    reason: str
+    score: float = 0.0
+
+
+@dataclass
+class SeedSignals:
+    """Measurements the gates read; ``None`` means not measured (which fails any gate that needs it)."""
+
+    accuracy: float | None = None
+    accuracy_at_stage_start: float | None = None
+    gradient_health: float | None = None
+    gradient_ratio: float | None = None
+    contribution: float | None = None
+    alpha_ramp_finished: bool = False
+
+
+@dataclass
+class SeedLifecycle:
+    """The stage of one slot and how long it has been there; transitions are checked against the table."""
+
+    stage: Stage = Stage.DORMANT
+    epochs_in_stage: int = 0
+    seed_age: int = 0
+    embargo_remaining: int = 0
+    history: list[tuple[int, str]] = field(default_factory=list)
+
+    def can_transition(self, target: Stage) -> bool:
+        return target in LEGAL_TRANSITIONS[self.stage]
+
+    def transition(self, target: Stage, epoch: int) -> None:
+        """Move to `target`, or raise `IllegalTransitionError` and change nothing."""
+        if not self.can_transition(target):
+            allowed = sorted(s.name for s in LEGAL_TRANSITIONS[self.stage]) or ["none (terminal)"]
+            raise IllegalTransitionError(
+                f"cannot go from {self.stage.name} to {target.name}; allowed: {', '.join(allowed)}"
+            )
+        self.stage = target
+        self.epochs_in_stage = 0
+        if target is Stage.GERMINATED:
+            self.seed_age = 0
+        self.history.append((epoch, target.value))
+
+    def state_dict(self) -> dict[str, object]:
+        return {
+            "stage": self.stage.value,
+            "epochs_in_stage": self.epochs_in_stage,
+            "seed_age": self.seed_age,
+            "embargo_remaining": self.embargo_remaining,
+            "history": [list(item) for item in self.history],
+        }
+
+    @classmethod
+    def from_state_dict(cls, state: dict[str, object]) -> SeedLifecycle:
+        history = state["history"]
+        assert isinstance(history, list)
+        return cls(
+            stage=Stage(state["stage"]),
+            epochs_in_stage=int(state["epochs_in_stage"]),  # type: ignore[call-overload]
+            seed_age=int(state["seed_age"]),  # type: ignore[call-overload]
+            embargo_remaining=int(state["embargo_remaining"]),  # type: ignore[call-overload]
+            history=[(int(epoch), str(stage)) for epoch, stage in history],
+        )
+
+
+def _blending_gate(lifecycle: SeedLifecycle, signals: SeedSignals, config: GateConfig) -> GateResult:
+    if lifecycle.stage is not Stage.TRAINING:
+        return GateResult(False, f"seed is {lifecycle.stage.name}, not TRAINING")
+    if lifecycle.epochs_in_stage < config.min_training_epochs:
+        return GateResult(
+            False,
+            f"trained {lifecycle.epochs_in_stage} of {config.min_training_epochs} epochs",
+            lifecycle.epochs_in_stage / max(config.min_training_epochs, 1),
+        )
+    if signals.gradient_health is None:
+        return GateResult(False, "gradient health not measured")
+    if signals.gradient_health < config.min_gradient_health:
+        return GateResult(False, f"gradient health {signals.gradient_health:.2f} below "
+                          f"{config.min_gradient_health:.2f}", signals.gradient_health)
+    if config.mode is GateMode.STRICT:
+        if signals.accuracy is None or signals.accuracy_at_stage_start is None:
+            return GateResult(False, "accuracy improvement not measured")
+        improvement = signals.accuracy - signals.accuracy_at_stage_start
+        if improvement < config.strict_min_improvement:
+            return GateResult(False, f"accuracy gained {improvement:.2f} points < {config.strict_min_improvement}",
+                              improvement)
+        if signals.gradient_ratio is None:
+            return GateResult(False, "seed/host gradient ratio not measured")
+        if signals.gradient_ratio < config.strict_min_gradient_ratio:
+            return GateResult(False, f"seed/host gradient ratio {signals.gradient_ratio:.3f} < "
+                              f"{config.strict_min_gradient_ratio}", signals.gradient_ratio)
+    return GateResult(True, "trained long enough and healthy", signals.gradient_health)
+
+
+def _fossilize_gate(lifecycle: SeedLifecycle, signals: SeedSignals, config: GateConfig) -> GateResult:
+    if lifecycle.stage is not Stage.HOLDING:
+        return GateResult(False, f"seed is {lifecycle.stage.name}, not HOLDING")
+    if signals.contribution is None:
+        return GateResult(False, "counterfactual contribution not measured")
+    if signals.gradient_health is not None and signals.gradient_health < config.min_gradient_health:
+        return GateResult(False, f"gradient health {signals.gradient_health:.2f} below "
+                          f"{config.min_gradient_health:.2f}", signals.gradient_health)
+    if config.mode is GateMode.STRICT and signals.contribution < config.strict_min_contribution:
+        return GateResult(False, f"contribution {signals.contribution:.2f} points < "
+                          f"{config.strict_min_contribution}", signals.contribution)
+    return GateResult(True, f"contribution {signals.contribution:+.2f} points", signals.contribution)
+
+
+def evaluate_gate(target: Stage, lifecycle: SeedLifecycle, signals: SeedSignals, config: GateConfig) -> GateResult:
+    """Whether the seed in `lifecycle` may move to `target` now (legality is checked separately)."""
+    if not lifecycle.can_transition(target):
+        return GateResult(False, f"{lifecycle.stage.name} -> {target.name} is not a legal transition")
+    if target is Stage.TRAINING:
+        return GateResult(True, "germinated")
+    if target is Stage.BLENDING and lifecycle.stage is Stage.TRAINING:
+        return _blending_gate(lifecycle, signals, config)
+    if target is Stage.HOLDING:
+        if signals.alpha_ramp_finished:
+            return GateResult(True, "alpha ramp reached 1.0", 1.0)
+        return GateResult(False, "alpha ramp still running")
+    if target is Stage.FOSSILIZED:
+        return _fossilize_gate(lifecycle, signals, config)
+    # Pruning, HOLDING -> BLENDING (ramp down) and the embargo/reset path are always allowed when legal.
+    return GateResult(True, "legal")

@@ -1,0 +1,328 @@
+"""SeedSlot: one named injection point of a host, holding at most one seed through its lifecycle.
+
+Forward rules (DESIGN §4.3):
+- no seed, or a seed that is not running: identity; the seed is not executed.
+- TRAINING: the seed sees `h.detach()` and the output is `h + (s - s.detach())`, which is exactly `h`
+  in value (so host outputs and host gradients are bit-identical to a model without the seed) while
+  the seed receives the task gradient as if its output had been added. Without autograd (validation)
+  the seed is skipped entirely, since its output cannot change anything.
+- BLENDING / HOLDING / FOSSILIZED: `blend(h, s, alpha)`. With `detach_input` the seed reads
+  `h.detach()`, and `s + (h - h.detach())` restores the identity part of the residual seed for the
+  host's gradient: the host still gets its full gradient through the skip path, never through the
+  seed's internals. Without that term, a detached seed at alpha = 1 would cut the host's gradient
+  at the slot.
+
+Alpha lives in a 0-dim buffer that is refilled once per epoch, so a compiled forward does not
+specialize (and recompile) on every new alpha value. Lifecycle calls either make a legal transition
+or raise `IllegalTransitionError` and change nothing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from morphogen.core.alpha import AlphaController, AlphaCurve, AlphaMode
+from morphogen.core.blend import Blend, BlendKind
+from morphogen.core.blueprints import build_seed
+from morphogen.core.lifecycle import (
+    BLENDED_STAGES,
+    NEXT_STAGE,
+    PRUNABLE_STAGES,
+    RUNNING_STAGES,
+    SEED_STAGES,
+    GateConfig,
+    GateResult,
+    IllegalTransitionError,
+    SeedLifecycle,
+    SeedSignals,
+    Stage,
+    evaluate_gate,
+)
+
+#: Whether a seed keeps reading a detached input after TRAINING, per topology. CNN seeds stay
+#: isolated (the host's features are not bent towards the seed); transformer seeds co-adapt, since
+#: their residual stream is shared by every later layer and joint training converges faster there.
+DETACH_AFTER_TRAINING = {"cnn": True, "transformer": False}
+
+
+@dataclass(frozen=True)
+class SlotConfig:
+    """How every slot of a model blends, ramps and is gated."""
+
+    #: Blend operator: add, multiply or gate.
+    blend: BlendKind = BlendKind.ADD
+    #: Keep the seed input detached after TRAINING; None uses the topology default (DETACH_AFTER_TRAINING).
+    detach_input: bool | None = None
+    #: Epochs a slot is unusable after a prune.
+    embargo_epochs: int = 5
+    #: Epochs of the alpha ramp 0 -> 1 when a seed enters BLENDING through ADVANCE.
+    blend_epochs: int = 5
+    #: Curve of that default ramp.
+    blend_curve: AlphaCurve = AlphaCurve.LINEAR
+    #: Gate thresholds, mode and auto-advance set.
+    gates: GateConfig = field(default_factory=GateConfig)
+
+    def __post_init__(self) -> None:
+        if self.embargo_epochs < 0:
+            raise ValueError(f"embargo_epochs must be >= 0, got {self.embargo_epochs}")
+        if self.blend_epochs < 0:
+            raise ValueError(f"blend_epochs must be >= 0, got {self.blend_epochs}")
+
+
+@dataclass(frozen=True)
+class TransitionRecord:
+    """A stage change of a slot, kept until the episode drains it into telemetry."""
+
+    epoch: int
+    slot: str
+    blueprint: str
+    from_stage: Stage
+    to_stage: Stage
+    reason: str
+
+
+class SeedSlot(nn.Module):
+    """A named injection point of width `channels` that can hold one seed of topology `topology`."""
+
+    def __init__(self, slot_id: str, channels: int, topology: str, config: SlotConfig | None = None) -> None:
+        super().__init__()
+        self.slot_id, self.channels, self.topology = slot_id, channels, topology
+        self.config = config or SlotConfig()
+        detach = self.config.detach_input
+        self.detach_input = DETACH_AFTER_TRAINING[topology] if detach is None else detach
+        self.seed: nn.Module | None = None
+        self.blend: Blend | None = None
+        self.blueprint: str | None = None
+        self.blueprint_options: dict[str, Any] = {}
+        self.lifecycle = SeedLifecycle()
+        self.alpha = AlphaController()
+        self.signals = SeedSignals()
+        self.transitions: list[TransitionRecord] = []
+        self.register_buffer("alpha_value", torch.zeros(()), persistent=False)
+
+    # ---------------------------------------------------------------- read-only views
+    @property
+    def stage(self) -> Stage:
+        return self.lifecycle.stage
+
+    @property
+    def is_running(self) -> bool:
+        return self.lifecycle.stage in RUNNING_STAGES
+
+    @property
+    def is_blended(self) -> bool:
+        return self.lifecycle.stage in BLENDED_STAGES
+
+    def seed_parameters(self) -> list[nn.Parameter]:
+        """Parameters of the seed and of its blend gate (empty when the slot holds no seed)."""
+        modules = [m for m in (self.seed, self.blend) if m is not None]
+        return [p for m in modules for p in m.parameters()]
+
+    def seed_parameter_count(self) -> int:
+        return sum(p.numel() for p in self.seed_parameters())
+
+    # ---------------------------------------------------------------- forward
+    def forward(self, h: Tensor, alpha_override: Tensor | float | None = None) -> Tensor:
+        stage = self.lifecycle.stage
+        if self.seed is None or stage not in RUNNING_STAGES:
+            return h
+        if stage is Stage.TRAINING:
+            if not torch.is_grad_enabled():
+                return h
+            s = self.seed(h.detach())
+            return h + (s - s.detach())
+        if self.detach_input:
+            s = self.seed(h.detach())
+            s = s + (h - h.detach())  # value unchanged; gives the host its skip-path gradient back
+        else:
+            s = self.seed(h)
+        assert self.blend is not None
+        alpha = self.alpha_value if alpha_override is None else alpha_override
+        return self.blend(h, s, alpha)  # type: ignore[no-any-return]
+
+    # ---------------------------------------------------------------- lifecycle
+    def _move(self, target: Stage, epoch: int, reason: str) -> None:
+        previous = self.lifecycle.stage
+        self.lifecycle.transition(target, epoch)
+        self.transitions.append(TransitionRecord(epoch, self.slot_id, self.blueprint or "", previous, target, reason))
+
+    def _sync_alpha(self) -> None:
+        self.alpha_value.fill_(self.alpha.alpha)
+
+    def germinate(self, blueprint: str, epoch: int = 0, *, device: torch.device | str | None = None,
+                  dtype: torch.dtype | None = None, **options: Any) -> None:
+        """Build a seed from `blueprint` in this empty slot (DORMANT -> GERMINATED)."""
+        if not self.lifecycle.can_transition(Stage.GERMINATED):
+            raise IllegalTransitionError(f"slot {self.slot_id} is {self.stage.name}; germinate needs DORMANT")
+        device = device if device is not None else self.alpha_value.device
+        seed = build_seed(self.topology, blueprint, self.channels, device=device, dtype=dtype, **options)
+        self.seed = seed
+        self.blend = Blend(self.config.blend, self.channels, device=device, dtype=dtype)
+        self.blueprint, self.blueprint_options = blueprint, dict(options)
+        self.alpha = AlphaController(steepness=self.alpha.steepness)
+        self.signals = SeedSignals()
+        self._sync_alpha()
+        self._move(Stage.GERMINATED, epoch, f"germinated {blueprint}")
+
+    def gate(self, target: Stage) -> GateResult:
+        """Evaluate the gate for moving to `target` now, without moving."""
+        return evaluate_gate(target, self.lifecycle, self.signals, self.config.gates)
+
+    def advance(self, epoch: int) -> GateResult:
+        """Move to the next stage of the forward path if its gate passes; otherwise change nothing."""
+        target = NEXT_STAGE.get(self.stage)
+        if target is None:
+            raise IllegalTransitionError(f"slot {self.slot_id} is {self.stage.name}; nothing to advance to")
+        result = self.gate(target)
+        if result.passed:
+            self._enter(target, epoch, result.reason)
+        return result
+
+    def _enter(self, target: Stage, epoch: int, reason: str) -> None:
+        self._move(target, epoch, reason)
+        if target is Stage.TRAINING:
+            self.signals.accuracy_at_stage_start = self.signals.accuracy
+        elif target is Stage.BLENDING and not self.alpha.ramping:
+            self.alpha.retarget(1.0, self.config.blend_epochs, self.config.blend_curve)
+            self._sync_alpha()
+            self.signals.alpha_ramp_finished = not self.alpha.ramping
+
+    def fossilize(self, epoch: int) -> GateResult:
+        """Keep a HOLDING seed for good if the fossilize gate passes."""
+        if self.stage is not Stage.HOLDING:
+            raise IllegalTransitionError(f"slot {self.slot_id} is {self.stage.name}; fossilize needs HOLDING")
+        return self.advance(epoch)
+
+    def prune(self, epoch: int, reason: str = "pruned") -> None:
+        """Remove the seed now (module freed); the slot then sits out its embargo."""
+        if self.stage not in PRUNABLE_STAGES:
+            allowed = ", ".join(sorted(s.name for s in PRUNABLE_STAGES))
+            raise IllegalTransitionError(f"slot {self.slot_id} is {self.stage.name}; prune needs one of {allowed}")
+        self._move(Stage.PRUNED, epoch, reason)
+        self.seed, self.blend = None, None
+        self.alpha = AlphaController(steepness=self.alpha.steepness)
+        self._sync_alpha()
+        self.lifecycle.embargo_remaining = self.config.embargo_epochs
+
+    def set_alpha_target(self, target: float, steps: int, epoch: int, curve: AlphaCurve | None = None,
+                         steepness: float | None = None) -> None:
+        """Retarget the blend weight of a BLENDING (not ramping) or HOLDING seed.
+
+        From HOLDING the seed goes back to BLENDING. Ramping down freezes the seed's parameters;
+        a ramp that reaches 0 completes a prune.
+        """
+        if self.stage not in (Stage.BLENDING, Stage.HOLDING):
+            raise IllegalTransitionError(f"slot {self.slot_id} is {self.stage.name}; "
+                                         "set_alpha_target needs BLENDING or HOLDING")
+        if self.alpha.ramping:
+            raise IllegalTransitionError(f"slot {self.slot_id} alpha is ramping {self.alpha.mode.name}; "
+                                         "retarget only from HOLD")
+        trial = dataclasses.replace(self.alpha)
+        trial.retarget(target, steps, curve, steepness)  # validates before anything changes
+        if self.stage is Stage.HOLDING:
+            if trial.alpha == 1.0 and not trial.ramping:
+                return
+            self._move(Stage.BLENDING, epoch, f"alpha retargeted to {target:.2f}")
+        self.alpha = trial
+        self.signals.alpha_ramp_finished = False
+        self._sync_alpha()
+        self._freeze_if_ramping_down()
+        self._finish_ramp(epoch)
+
+    def _freeze_if_ramping_down(self) -> None:
+        frozen = self.alpha.mode is AlphaMode.DOWN
+        for parameter in self.seed_parameters():
+            parameter.requires_grad_(not frozen)
+
+    def _finish_ramp(self, epoch: int) -> None:
+        """React to a ramp that has stopped: 0 completes a prune, 1 may auto-advance to HOLDING."""
+        if self.alpha.ramping or self.stage is not Stage.BLENDING:
+            return
+        if self.alpha.alpha == 0.0:
+            self.prune(epoch, "alpha ramped down to 0")
+            return
+        self._freeze_if_ramping_down()
+        self.signals.alpha_ramp_finished = self.alpha.alpha == 1.0
+        if Stage.HOLDING in self.config.gates.auto_advance and self.gate(Stage.HOLDING).passed:
+            self._enter(Stage.HOLDING, epoch, "alpha ramp reached 1.0")
+
+    def step_epoch(self, epoch: int) -> None:
+        """End-of-epoch bookkeeping: stage clocks, alpha tick, embargo countdown and auto-advances."""
+        self.lifecycle.epochs_in_stage += 1
+        if self.stage in SEED_STAGES:
+            self.lifecycle.seed_age += 1
+        if self.stage is Stage.BLENDING and self.alpha.ramping:
+            self.alpha.tick()
+            self._sync_alpha()
+            self._finish_ramp(epoch)
+        elif self.stage is Stage.PRUNED:
+            self._move(Stage.EMBARGOED, epoch, f"embargo for {self.lifecycle.embargo_remaining} epochs")
+        elif self.stage is Stage.EMBARGOED:
+            self.lifecycle.embargo_remaining -= 1
+            if self.lifecycle.embargo_remaining <= 0:
+                self._move(Stage.RESETTING, epoch, "embargo over")
+        elif self.stage is Stage.RESETTING:
+            self._move(Stage.DORMANT, epoch, "slot reset")
+        self._auto_advance(epoch)
+
+    def _auto_advance(self, epoch: int) -> None:
+        target = NEXT_STAGE.get(self.stage)
+        if target is None or target is Stage.HOLDING or target not in self.config.gates.auto_advance:
+            return
+        result = self.gate(target)
+        if result.passed:
+            self._enter(target, epoch, f"auto: {result.reason}")
+
+    def record_signals(self, *, accuracy: float | None = None, gradient_health: float | None = None,
+                       gradient_ratio: float | None = None, contribution: float | None = None) -> None:
+        """Store the latest measurements the gates read; a None argument leaves that signal as it was."""
+        if accuracy is not None:
+            self.signals.accuracy = accuracy
+            if self.signals.accuracy_at_stage_start is None and self.stage is Stage.TRAINING:
+                self.signals.accuracy_at_stage_start = accuracy
+        if gradient_health is not None:
+            self.signals.gradient_health = gradient_health
+        if gradient_ratio is not None:
+            self.signals.gradient_ratio = gradient_ratio
+        if contribution is not None:
+            self.signals.contribution = contribution
+
+    def drain_transitions(self) -> list[TransitionRecord]:
+        records, self.transitions = self.transitions, []
+        return records
+
+    # ---------------------------------------------------------------- state
+    def get_extra_state(self) -> dict[str, Any]:
+        return {
+            "blueprint": self.blueprint,
+            "blueprint_options": dict(self.blueprint_options),
+            "lifecycle": self.lifecycle.state_dict(),
+            "alpha": self.alpha.state_dict(),
+            "signals": dataclasses.asdict(self.signals),
+        }
+
+    def set_extra_state(self, state: dict[str, Any]) -> None:
+        """Restore lifecycle state and rebuild the seed module so its parameters can be loaded next.
+
+        `load_state_dict` visits a module before its children, so the seed rebuilt here receives its
+        saved weights right after.
+        """
+        self.lifecycle = SeedLifecycle.from_state_dict(state["lifecycle"])
+        self.alpha = AlphaController.from_state_dict(state["alpha"])
+        self.signals = SeedSignals(**state["signals"])
+        self.blueprint, self.blueprint_options = state["blueprint"], dict(state["blueprint_options"])
+        if self.stage in SEED_STAGES:
+            assert self.blueprint is not None
+            device = self.alpha_value.device
+            self.seed = build_seed(self.topology, self.blueprint, self.channels, device=device,
+                                   **self.blueprint_options)
+            self.blend = Blend(self.config.blend, self.channels, device=device)
+            self._freeze_if_ramping_down()
+        else:
+            self.seed, self.blend = None, None
+        self._sync_alpha()
