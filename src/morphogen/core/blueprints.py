@@ -84,11 +84,13 @@ class SqueezeExcite(nn.Module):
         return h * (1.0 + self.up(torch.relu(self.down(pooled))))
 
 
-def _conv_block(channels: int, device: Device, dtype: torch.dtype | None) -> list[nn.Module]:
+def _preactivation_conv(channels: int, device: Device, dtype: torch.dtype | None, zero: bool) -> list[nn.Module]:
+    """GroupNorm -> ReLU -> 3x3 conv; the last conv of a seed starts at zero so the seed is identity at birth."""
+    conv = nn.Conv2d(channels, channels, 3, padding=1, device=device, dtype=dtype)
     return [
-        nn.Conv2d(channels, channels, 3, padding=1, device=device, dtype=dtype),
         nn.GroupNorm(_group_count(channels), channels, device=device, dtype=dtype),
         nn.ReLU(),
+        _zero_(conv) if zero else conv,
     ]
 
 
@@ -125,13 +127,14 @@ def cnn_conv_small(channels: int, *, device: Device = None, dtype: torch.dtype |
 
 
 def cnn_conv_light(channels: int, *, device: Device = None, dtype: torch.dtype | None = None) -> nn.Module:
-    return ScaledResidual(nn.Sequential(*_conv_block(channels, device, dtype)), channels, 1,
-                          device=device, dtype=dtype)
+    # Pre-activation order puts the zero-initialised conv last: unlike a zero output scale, it gets a
+    # gradient from the first batch on, so the seed starts learning at once.
+    return Residual(nn.Sequential(*_preactivation_conv(channels, device, dtype, zero=True)))
 
 
 def cnn_conv_heavy(channels: int, *, device: Device = None, dtype: torch.dtype | None = None) -> nn.Module:
-    body = nn.Sequential(*_conv_block(channels, device, dtype), *_conv_block(channels, device, dtype))
-    return ScaledResidual(body, channels, 1, device=device, dtype=dtype)
+    return Residual(nn.Sequential(*_preactivation_conv(channels, device, dtype, zero=False),
+                                  *_preactivation_conv(channels, device, dtype, zero=True)))
 
 
 class CausalSelfAttention(nn.Module):

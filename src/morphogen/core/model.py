@@ -56,8 +56,7 @@ class MorphogeneticModel(nn.Module):
         return self.seed_slots[slot_id]  # type: ignore[return-value]
 
     def slots(self) -> Iterator[SeedSlot]:
-        for slot in self.seed_slots.values():
-            yield slot  # type: ignore[misc]
+        yield from self.seed_slots.values()  # type: ignore[misc]
 
     def germinate(self, slot_id: str, blueprint: str, epoch: int = 0, **options: Any) -> SeedSlot:
         """Germinate `blueprint` in `slot_id` on the host's device and dtype."""

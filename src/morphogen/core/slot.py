@@ -99,6 +99,8 @@ class SeedSlot(nn.Module):
         self.blend: Blend | None = None
         self.blueprint: str | None = None
         self.blueprint_options: dict[str, Any] = {}
+        self.blend_kind = self.config.blend
+        self.blend_epochs = self.config.blend_epochs
         self.lifecycle = SeedLifecycle()
         self.alpha = AlphaController()
         self.signals = SeedSignals()
@@ -149,23 +151,33 @@ class SeedSlot(nn.Module):
     def _move(self, target: Stage, epoch: int, reason: str) -> None:
         previous = self.lifecycle.stage
         self.lifecycle.transition(target, epoch)
+        self.signals.accuracy_at_stage_start = self.signals.accuracy
         self.transitions.append(TransitionRecord(epoch, self.slot_id, self.blueprint or "", previous, target, reason))
 
     def _sync_alpha(self) -> None:
         self.alpha_value.fill_(self.alpha.alpha)
 
-    def germinate(self, blueprint: str, epoch: int = 0, *, device: torch.device | str | None = None,
+    def germinate(self, blueprint: str, epoch: int = 0, *, blend: BlendKind | None = None,
+                  blend_epochs: int | None = None, device: torch.device | str | None = None,
                   dtype: torch.dtype | None = None, **options: Any) -> None:
-        """Build a seed from `blueprint` in this empty slot (DORMANT -> GERMINATED)."""
+        """Build a seed from `blueprint` in this empty slot (DORMANT -> GERMINATED).
+
+        `blend` and `blend_epochs` choose this seed's blend operator and the length of its ramp into
+        the host; by default they come from the slot config.
+        """
+        if blend_epochs is not None and blend_epochs < 0:
+            raise ValueError(f"blend_epochs must be >= 0, got {blend_epochs}")
         if not self.lifecycle.can_transition(Stage.GERMINATED):
             raise IllegalTransitionError(f"slot {self.slot_id} is {self.stage.name}; germinate needs DORMANT")
         device = device if device is not None else self.alpha_value.device
         seed = build_seed(self.topology, blueprint, self.channels, device=device, dtype=dtype, **options)
         self.seed = seed
-        self.blend = Blend(self.config.blend, self.channels, device=device, dtype=dtype)
+        self.blend_kind = blend or self.config.blend
+        self.blend_epochs = self.config.blend_epochs if blend_epochs is None else blend_epochs
+        self.blend = Blend(self.blend_kind, self.channels, device=device, dtype=dtype)
         self.blueprint, self.blueprint_options = blueprint, dict(options)
         self.alpha = AlphaController(steepness=self.alpha.steepness)
-        self.signals = SeedSignals()
+        self.signals = SeedSignals(accuracy=self.signals.accuracy)
         self._sync_alpha()
         self._move(Stage.GERMINATED, epoch, f"germinated {blueprint}")
 
@@ -185,10 +197,8 @@ class SeedSlot(nn.Module):
 
     def _enter(self, target: Stage, epoch: int, reason: str) -> None:
         self._move(target, epoch, reason)
-        if target is Stage.TRAINING:
-            self.signals.accuracy_at_stage_start = self.signals.accuracy
-        elif target is Stage.BLENDING and not self.alpha.ramping:
-            self.alpha.retarget(1.0, self.config.blend_epochs, self.config.blend_curve)
+        if target is Stage.BLENDING and not self.alpha.ramping:
+            self.alpha.retarget(1.0, self.blend_epochs, self.config.blend_curve)
             self._sync_alpha()
             self.signals.alpha_ramp_finished = not self.alpha.ramping
 
@@ -206,6 +216,7 @@ class SeedSlot(nn.Module):
         self._move(Stage.PRUNED, epoch, reason)
         self.seed, self.blend = None, None
         self.alpha = AlphaController(steepness=self.alpha.steepness)
+        self.signals = SeedSignals(accuracy=self.signals.accuracy)
         self._sync_alpha()
         self.lifecycle.embargo_remaining = self.config.embargo_epochs
 
@@ -270,6 +281,10 @@ class SeedSlot(nn.Module):
             self._move(Stage.DORMANT, epoch, "slot reset")
         self._auto_advance(epoch)
 
+    def auto_advance(self, epoch: int) -> None:
+        """Take the next forward stage now if the config auto-advances into it and its gate passes."""
+        self._auto_advance(epoch)
+
     def _auto_advance(self, epoch: int) -> None:
         target = NEXT_STAGE.get(self.stage)
         if target is None or target is Stage.HOLDING or target not in self.config.gates.auto_advance:
@@ -283,7 +298,7 @@ class SeedSlot(nn.Module):
         """Store the latest measurements the gates read; a None argument leaves that signal as it was."""
         if accuracy is not None:
             self.signals.accuracy = accuracy
-            if self.signals.accuracy_at_stage_start is None and self.stage is Stage.TRAINING:
+            if self.signals.accuracy_at_stage_start is None:
                 self.signals.accuracy_at_stage_start = accuracy
         if gradient_health is not None:
             self.signals.gradient_health = gradient_health
@@ -301,6 +316,8 @@ class SeedSlot(nn.Module):
         return {
             "blueprint": self.blueprint,
             "blueprint_options": dict(self.blueprint_options),
+            "blend_kind": self.blend_kind.value,
+            "blend_epochs": self.blend_epochs,
             "lifecycle": self.lifecycle.state_dict(),
             "alpha": self.alpha.state_dict(),
             "signals": dataclasses.asdict(self.signals),
@@ -316,12 +333,13 @@ class SeedSlot(nn.Module):
         self.alpha = AlphaController.from_state_dict(state["alpha"])
         self.signals = SeedSignals(**state["signals"])
         self.blueprint, self.blueprint_options = state["blueprint"], dict(state["blueprint_options"])
+        self.blend_kind, self.blend_epochs = BlendKind(state["blend_kind"]), int(state["blend_epochs"])
         if self.stage in SEED_STAGES:
             assert self.blueprint is not None
             device = self.alpha_value.device
             self.seed = build_seed(self.topology, self.blueprint, self.channels, device=device,
                                    **self.blueprint_options)
-            self.blend = Blend(self.config.blend, self.channels, device=device)
+            self.blend = Blend(self.blend_kind, self.channels, device=device)
             self._freeze_if_ramping_down()
         else:
             self.seed, self.blend = None, None

@@ -1,0 +1,23 @@
+"""morphogen: neural networks that grow while they train.
+
+A host network carries slots; a controller germinates seeds into them, trains each seed behind the
+host, blends it in, and keeps it or prunes it.
+"""
+
+from morphogen.core.blueprints import blueprint_names, build_seed
+from morphogen.core.hosts import CNNHost, TransformerHost
+from morphogen.core.lifecycle import Stage
+from morphogen.core.model import MorphogeneticModel
+from morphogen.core.slot import SeedSlot, SlotConfig
+
+__all__ = [
+    "CNNHost",
+    "MorphogeneticModel",
+    "SeedSlot",
+    "SlotConfig",
+    "Stage",
+    "TransformerHost",
+    "blueprint_names",
+    "build_seed",
+]
+__version__ = "0.1.0"

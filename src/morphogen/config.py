@@ -1,0 +1,138 @@
+"""Typed configs: dataclasses built from TOML/JSON/YAML mappings, with errors that name the key path.
+
+`build_config(cls, mapping)` walks the dataclass fields: unknown keys, wrong types and values that a
+dataclass's own `__post_init__` rejects all become one `ConfigError` line such as
+``episode.optimizer.host_lr: must be > 0, got -1.0``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import json
+import tomllib
+import types
+import typing
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, TypeVar
+
+import yaml
+
+T = TypeVar("T")
+
+
+class ConfigError(ValueError):
+    """A configuration the user wrote that cannot be used; the message names the key path."""
+
+
+def _describe(annotation: Any) -> str:
+    if isinstance(annotation, type) and issubclass(annotation, enum.Enum):
+        return "one of " + ", ".join(repr(member.value) for member in annotation)
+    return getattr(annotation, "__name__", str(annotation))
+
+
+def _convert_union(value: Any, options: tuple[Any, ...], path: str) -> Any:
+    if value is None and type(None) in options:
+        return None
+    errors = []
+    for option in options:
+        if option is type(None):
+            continue
+        try:
+            return _convert(value, option, path)
+        except ConfigError as error:
+            errors.append(str(error))
+    raise ConfigError(errors[0] if errors else f"{path}: unexpected value {value!r}")
+
+
+def _convert_enum(value: Any, annotation: type[enum.Enum], path: str) -> Any:
+    for member in annotation:
+        if value == member.value or (isinstance(value, str) and value.lower() == member.name.lower()):
+            return member
+    raise ConfigError(f"{path}: {value!r} is not {_describe(annotation)}")
+
+
+#: Scalar annotation -> (accepts value?, converter, what the error says was expected).
+_SCALARS: dict[Any, tuple[Any, Any, str]] = {
+    bool: (lambda v: isinstance(v, bool), bool, "true or false"),
+    int: (lambda v: isinstance(v, int) and not isinstance(v, bool), int, "an integer"),
+    float: (lambda v: isinstance(v, (int, float)) and not isinstance(v, bool), float, "a number"),
+    str: (lambda v: isinstance(v, str), str, "a string"),
+}
+
+
+def _convert(value: Any, annotation: Any, path: str) -> Any:
+    origin = typing.get_origin(annotation)
+    if origin in (typing.Union, types.UnionType):
+        return _convert_union(value, typing.get_args(annotation), path)
+    if dataclasses.is_dataclass(annotation):
+        if not isinstance(value, Mapping):
+            raise ConfigError(f"{path}: expected a table of settings, got {value!r}")
+        return build_config(annotation, value, path)  # type: ignore[arg-type]
+    if isinstance(annotation, type) and issubclass(annotation, enum.Enum):
+        return _convert_enum(value, annotation, path)
+    if origin in (tuple, frozenset):
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"{path}: expected a list, got {value!r}")
+        args = typing.get_args(annotation)
+        item = args[0] if args else Any
+        converted = [_convert(v, item, f"{path}[{i}]") for i, v in enumerate(value)]
+        return tuple(converted) if origin is tuple else frozenset(converted)
+    if annotation in _SCALARS:
+        accepts, converter, expected = _SCALARS[annotation]
+        if not accepts(value):
+            raise ConfigError(f"{path}: expected {expected}, got {value!r}")
+        return converter(value)
+    return value
+
+
+def build_config(cls: type[T], values: Mapping[str, Any], path: str = "") -> T:
+    """Instantiate dataclass `cls` from `values`, validating every key and value."""
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls) if f.init}  # type: ignore[arg-type]
+    unknown = sorted(set(values) - set(fields))
+    prefix = f"{path}." if path else ""
+    if unknown:
+        raise ConfigError(f"{prefix}{unknown[0]}: unknown key; accepted: {', '.join(fields)}")
+    kwargs = {name: _convert(value, hints[name], prefix + name) for name, value in values.items()}
+    try:
+        return cls(**kwargs)
+    except (ValueError, TypeError) as error:
+        raise ConfigError(f"{path or cls.__name__}: {error}") from None
+
+
+def read_config_file(path: str | Path) -> dict[str, Any]:
+    """Read a TOML, JSON or YAML file into a mapping (by extension)."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"config file {path} does not exist")
+    suffix = path.suffix.lower()
+    try:
+        text = path.read_text()
+        if suffix == ".toml":
+            data = tomllib.loads(text)
+        elif suffix == ".json":
+            data = json.loads(text)
+        elif suffix in (".yaml", ".yml"):
+            data = yaml.safe_load(text) or {}
+        else:
+            raise ConfigError(f"config file {path}: unknown format {suffix!r}; use .toml, .json, .yaml or .yml")
+    except (tomllib.TOMLDecodeError, json.JSONDecodeError, yaml.YAMLError, UnicodeDecodeError) as error:
+        first_line = str(error).splitlines()[0]
+        raise ConfigError(f"config file {path} is not valid {suffix[1:].upper()}: {first_line}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"config file {path}: expected a table of settings at the top level")
+    return data
+
+
+def config_to_dict(config: Any) -> Any:
+    """A config dataclass as plain JSON-able values (enums by value), for the run directory."""
+    if dataclasses.is_dataclass(config) and not isinstance(config, type):
+        return {f.name: config_to_dict(getattr(config, f.name)) for f in dataclasses.fields(config)}
+    if isinstance(config, enum.Enum):
+        return config.value
+    if isinstance(config, (tuple, list, frozenset, set)):
+        items = [config_to_dict(v) for v in config]
+        return sorted(items, key=str) if isinstance(config, (frozenset, set)) else items
+    return config

@@ -1,0 +1,1 @@
+"""Who decides: the heuristic and learned controllers, their normalizers, rollouts and PPO."""

@@ -1,0 +1,133 @@
+"""Rule-based growth controller (DESIGN §6).
+
+Waits until the host has trained a few epochs and its accuracy has plateaued, then germinates the
+next blueprint in a round-robin (skipping blueprints pruned recently), pushes the seed through
+TRAINING and BLENDING, prunes a seed whose stage made accuracy worse, and in HOLDING fossilizes a
+seed that contributes, else prunes it. It reads only the episode snapshot and the action masks.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from morphogen.core.lifecycle import Stage
+from morphogen.env.actions import Action, ActionSpace, Op
+from morphogen.env.snapshot import EpisodeSnapshot, SlotSnapshot
+
+#: Blueprint order tried by default, per topology (cheap and commonly useful first).
+DEFAULT_ROTATION = {
+    "cnn": ("conv_light", "attention", "depthwise", "bottleneck", "conv_small", "norm", "conv_heavy"),
+    "transformer": ("lora", "mlp_small", "attention", "norm", "lora_large", "mlp"),
+}
+
+
+@dataclass(frozen=True)
+class HeuristicConfig:
+    """Thresholds of the rule-based controller."""
+
+    #: Epochs the host trains before any seed is considered.
+    warmup_epochs: int = 3
+    #: The plateau test looks at the accuracy gain over this many epochs...
+    plateau_epochs: int = 3
+    #: ...and calls it a plateau when the gain is below this many points.
+    plateau_threshold: float = 0.5
+    #: Epochs in TRAINING before the controller asks to blend (the gate has the final word).
+    min_training_epochs: int = 10
+    #: Prune a blending/holding seed whose stage lost more than this many accuracy points.
+    worse_threshold: float = 2.0
+    #: Fossilize a holding seed whose contribution exceeds this many points, else prune it.
+    fossilize_threshold: float = 0.5
+    #: Epochs a pruned blueprint is skipped by the rotation.
+    prune_penalty_epochs: int = 10
+    #: Blueprint order; None uses DEFAULT_ROTATION for the topology.
+    rotation: tuple[str, ...] | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("warmup_epochs", "plateau_epochs", "min_training_epochs", "prune_penalty_epochs"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"heuristic {name} must be >= 0, got {getattr(self, name)}")
+        if self.plateau_epochs < 1:
+            raise ValueError(f"heuristic plateau_epochs must be >= 1, got {self.plateau_epochs}")
+
+
+def has_plateaued(history: Sequence[float], epochs: int, threshold: float) -> bool:
+    """True when the accuracy gained over the last `epochs` epochs is below `threshold` points."""
+    if len(history) < epochs + 1:
+        return False
+    window = list(history)[-(epochs + 1):]
+    return max(window[1:]) - window[0] < threshold
+
+
+class HeuristicController:
+    """Decides one `Action` per epoch from the episode snapshot."""
+
+    def __init__(self, action_space: ActionSpace, topology: str, config: HeuristicConfig | None = None) -> None:
+        self.space = action_space
+        self.config = config or HeuristicConfig()
+        rotation = self.config.rotation or DEFAULT_ROTATION[topology]
+        unknown = [name for name in rotation if name not in action_space.blueprints]
+        if unknown:
+            raise ValueError(f"unknown blueprint(s) in rotation: {unknown}; valid: {action_space.blueprints}")
+        self.rotation = tuple(rotation)
+        self.reset()
+
+    def reset(self) -> None:
+        self.next_blueprint = 0
+        self.next_slot = 0
+        self.pruned_at: dict[str, int] = {}
+
+    def act(self, snapshot: EpisodeSnapshot, masks: Sequence[np.ndarray]) -> Action:
+        """The action for this epoch; always legal under `masks`."""
+        slot_mask = {op: dict(zip(self.space.slot_ids, masks[1][op], strict=True)) for op in Op}
+        for slot in snapshot.slots:
+            action = self._manage_seed(slot, snapshot, slot_mask)
+            if action is not None:
+                if action.op is Op.PRUNE and slot.blueprint is not None:
+                    self.pruned_at[slot.blueprint] = snapshot.epoch
+                return action
+        if masks[0][Op.GERMINATE] and self._should_germinate(snapshot):
+            return self._germinate(snapshot, slot_mask[Op.GERMINATE])
+        return Action()
+
+    def _manage_seed(self, slot: SlotSnapshot, snapshot: EpisodeSnapshot,
+                     slot_mask: dict[Op, dict[str, bool]]) -> Action | None:
+        config, slot_id = self.config, slot.slot_id
+        if slot.stage is Stage.GERMINATED and slot_mask[Op.ADVANCE][slot_id]:
+            return Action(Op.ADVANCE, slot_id)
+        if slot.stage is Stage.TRAINING and slot.epochs_in_stage >= config.min_training_epochs \
+                and slot_mask[Op.ADVANCE][slot_id]:
+            return Action(Op.ADVANCE, slot_id)
+        if slot.stage in (Stage.BLENDING, Stage.HOLDING) and slot.accuracy_at_stage_start is not None \
+                and slot.accuracy_at_stage_start - snapshot.val_accuracy > config.worse_threshold \
+                and slot_mask[Op.PRUNE][slot_id]:
+            return Action(Op.PRUNE, slot_id)
+        if slot.stage is Stage.HOLDING and slot.contribution is not None:
+            if slot.contribution > config.fossilize_threshold and slot_mask[Op.FOSSILIZE][slot_id]:
+                return Action(Op.FOSSILIZE, slot_id)
+            if slot.contribution <= config.fossilize_threshold and slot_mask[Op.PRUNE][slot_id]:
+                return Action(Op.PRUNE, slot_id)
+        return None
+
+    def _should_germinate(self, snapshot: EpisodeSnapshot) -> bool:
+        config = self.config
+        if snapshot.epoch < config.warmup_epochs:
+            return False
+        # Leave room for a seed to train and blend before the episode ends.
+        if snapshot.max_epochs - snapshot.epoch < config.min_training_epochs // 2 + 2:
+            return False
+        return has_plateaued(snapshot.accuracy_history, config.plateau_epochs, config.plateau_threshold)
+
+    def _germinate(self, snapshot: EpisodeSnapshot, allowed: dict[str, bool]) -> Action:
+        slots = [s for s in self.space.slot_ids if allowed[s]]
+        slot_id = slots[self.next_slot % len(slots)]
+        self.next_slot += 1
+        for offset in range(len(self.rotation)):
+            name = self.rotation[(self.next_blueprint + offset) % len(self.rotation)]
+            pruned = self.pruned_at.get(name)
+            if pruned is None or snapshot.epoch - pruned >= self.config.prune_penalty_epochs:
+                self.next_blueprint += offset + 1
+                return Action(Op.GERMINATE, slot_id, name)
+        return Action()

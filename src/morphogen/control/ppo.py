@@ -1,0 +1,598 @@
+"""PPO (Schulman et al. 2017) for the factored LSTM policy: loss functions, the update, a Gymnasium trainer.
+
+Per-head clipping: each head h that matters for a sample has its own ratio
+``r_h = exp(log pi_h - log pi_old_h)``, clipped to ``[1 - clip, 1 + clip]``, and the surrogate is the
+sum over heads of ``min(r_h A, clip(r_h) A)``. Its gradient at ``r = 1`` is that of the joint-ratio
+surrogate (``sum_h grad log pi_h = grad log pi``), but the trust region holds per factor: a head whose
+probability already moved far stops being pushed while the others still learn. Heads that do not
+matter for the sample's op carry no ratio at all. The approximate KL is the joint one, estimated with
+``(r - 1) - log r`` on ``r = prod_h r_h`` (always >= 0; Schulman's "k3" estimator).
+
+Host syncs in ``ppo_update``: one per epoch for the KL early-stop check (none when ``target_kl`` is
+None), one per minibatch inside ``evaluate_sequence`` (where episodes start), and one at the end to
+convert all diagnostics to Python numbers. Nothing else leaves the device.
+
+``generalized_advantage_estimation`` lives next to the buffer that calls it (``rollout.py``) and is
+re-exported here with the rest of the PPO maths.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+import gymnasium
+import numpy as np
+import torch
+from torch import Tensor
+
+from morphogen.control.normalization import RewardNormalizer, RunningMeanStd
+from morphogen.control.policy import FactoredLSTMPolicy
+from morphogen.control.rollout import RolloutBatch, RolloutBuffer, generalized_advantage_estimation
+
+__all__ = [
+    "LossTerms",
+    "PPOConfig",
+    "PPOStatistics",
+    "SurrogateResult",
+    "annealed_coefficient",
+    "build_optimizer",
+    "clipped_surrogate_loss",
+    "entropy_bonus",
+    "explained_variance",
+    "generalized_advantage_estimation",
+    "ppo_losses",
+    "ppo_update",
+    "train_gym",
+    "value_loss",
+]
+
+
+# ----------------------------------------------------------------------------------------------
+# Pure maths
+
+
+class SurrogateResult(NamedTuple):
+    """The clipped surrogate loss of a minibatch and two diagnostics, all scalar tensors."""
+
+    loss: Tensor
+    clip_fraction: Tensor
+    """Fraction of (sample, relevant head) pairs whose ratio left ``[1 - clip, 1 + clip]``."""
+    approx_kl: Tensor
+    """Mean of ``(r - 1) - log r`` over samples, r the joint ratio."""
+
+
+def clipped_surrogate_loss(
+    log_prob_per_head: Tensor,
+    old_log_prob_per_head: Tensor,
+    advantages: Tensor,
+    relevant_heads: Tensor,
+    clip_range: float,
+) -> SurrogateResult:
+    """Per-head clipped PPO surrogate, to be minimized (see the module docstring).
+
+    ``log_prob_per_head``, ``old_log_prob_per_head``, ``relevant_heads`` (bool) are ``[N, H]`` and
+    ``advantages`` is ``[N]``. The loss is ``-mean_n sum_{h relevant} min(r_h A_n, clip(r_h) A_n)``.
+    """
+    weight = relevant_heads.to(log_prob_per_head.dtype)
+    log_ratio = (log_prob_per_head - old_log_prob_per_head) * weight  # [N, H]; 0 where irrelevant
+    ratio = log_ratio.exp()
+    advantage = advantages.unsqueeze(-1)  # [N, 1]
+    surrogate = torch.minimum(ratio * advantage, ratio.clamp(1.0 - clip_range, 1.0 + clip_range) * advantage)
+    loss = -(surrogate * weight).sum(dim=-1).mean()
+    with torch.no_grad():
+        clipped = ((ratio - 1.0).abs() > clip_range) & relevant_heads
+        clip_fraction = clipped.sum() / relevant_heads.sum().clamp(min=1)
+        joint_log_ratio = log_ratio.sum(dim=-1)  # [N]
+        approx_kl = (joint_log_ratio.exp() - 1.0 - joint_log_ratio).mean()
+    return SurrogateResult(loss, clip_fraction.to(log_prob_per_head.dtype), approx_kl)
+
+
+def value_loss(
+    values: Tensor, old_values: Tensor, returns: Tensor, clip_range: float | None = None
+) -> Tensor:
+    """Mean squared error of ``values`` against ``returns`` (all ``[N]``).
+
+    With ``clip_range``, the PPO2 clipped form: the larger of the errors of ``values`` and of
+    ``old_values + clamp(values - old_values, -clip, clip)``.
+    """
+    squared_error = (values - returns).square()
+    if clip_range is None:
+        return squared_error.mean()
+    clipped_values = old_values + (values - old_values).clamp(-clip_range, clip_range)
+    return torch.maximum(squared_error, (clipped_values - returns).square()).mean()
+
+
+def entropy_bonus(entropy_per_head: Tensor, head_weights: Tensor | None = None) -> Tensor:
+    """``mean_n sum_h w_h H_h`` of ``entropy_per_head [N, H]`` (0 where a head did not matter).
+
+    With unit weights this is an estimate of the joint policy entropy, since
+    ``H(op, rest) = H(op) + E_op[H(rest | op)]`` and the heads are independent given the op.
+    """
+    if head_weights is None:
+        return entropy_per_head.sum(dim=-1).mean()
+    return (entropy_per_head * head_weights).sum(dim=-1).mean()
+
+
+def annealed_coefficient(start: float, end: float | None, progress: float) -> float:
+    """Linear from ``start`` (progress 0) to ``end`` (progress 1); constant ``start`` if ``end`` is None."""
+    if end is None:
+        return start
+    fraction = min(max(progress, 0.0), 1.0)
+    return start + (end - start) * fraction
+
+
+def explained_variance(values: Tensor, returns: Tensor) -> Tensor:
+    """``1 - Var(returns - values) / Var(returns)``: 1 is a perfect critic, <= 0 no better than a constant.
+
+    NaN when the returns have zero variance (nothing to explain).
+    """
+    returns_variance = returns.var(correction=0)
+    ratio = (returns - values).var(correction=0) / returns_variance
+    return torch.where(returns_variance > 0, 1.0 - ratio, torch.full_like(ratio, math.nan))
+
+
+# ----------------------------------------------------------------------------------------------
+# Configuration and statistics
+
+
+@dataclass(frozen=True)
+class PPOConfig:
+    """Hyperparameters of the PPO update (defaults: DESIGN §6)."""
+
+    learning_rate: float = 3e-4
+    """Adam step size (read by ``build_optimizer``)."""
+    adam_epsilon: float = 1e-5
+    """Adam epsilon; larger than torch's 1e-8, as common in PPO, to damp steps on tiny second moments."""
+    gamma: float = 0.995
+    """Discount factor, in [0, 1]."""
+    gae_lambda: float = 0.98
+    """GAE lambda, in [0, 1]: 0 is one-step TD, 1 is Monte Carlo."""
+    clip_range: float = 0.2
+    """Each head's probability ratio is clipped to [1 - clip_range, 1 + clip_range]; > 0."""
+    value_coef: float = 0.5
+    """Weight of the value loss in the total loss; >= 0."""
+    value_clip_range: float | None = None
+    """If set (> 0), the value prediction may move at most this far from its rollout value per update."""
+    entropy_coef: float = 0.05
+    """Weight of the entropy bonus at the start of training; >= 0."""
+    entropy_head_weights: tuple[float, ...] | None = None
+    """One non-negative weight per head for the entropy bonus; None weighs every head 1."""
+    entropy_anneal_to: float | None = None
+    """If set, the entropy coefficient goes linearly from entropy_coef to this as progress goes 0 -> 1."""
+    max_grad_norm: float = 5.0
+    """Global L2 norm the gradients are clipped to before each optimizer step; > 0."""
+    target_kl: float | None = 0.015
+    """Stop the update's epochs once an epoch's mean approximate KL exceeds this; None never stops early."""
+    epochs: int = 4
+    """Passes over the rollout per update; >= 1."""
+    minibatches: int = 1
+    """Minibatches per epoch, each a group of whole env sequences; between 1 and the number of envs."""
+    normalize_advantages: bool = True
+    """Standardize the advantages of the whole rollout (mean 0, std 1) before the update."""
+
+    def __post_init__(self) -> None:
+        if self.entropy_head_weights is not None:
+            # Accept lists from config files; keep the frozen dataclass hashable.
+            object.__setattr__(
+                self, "entropy_head_weights", tuple(float(w) for w in self.entropy_head_weights)
+            )
+        _check_number("learning_rate", self.learning_rate, "> 0", self.learning_rate > 0)
+        _check_number("adam_epsilon", self.adam_epsilon, "> 0", self.adam_epsilon > 0)
+        _check_number("gamma", self.gamma, "in [0, 1]", 0 <= self.gamma <= 1)
+        _check_number("gae_lambda", self.gae_lambda, "in [0, 1]", 0 <= self.gae_lambda <= 1)
+        _check_number("clip_range", self.clip_range, "> 0", self.clip_range > 0)
+        _check_number("value_coef", self.value_coef, ">= 0", self.value_coef >= 0)
+        if self.value_clip_range is not None:
+            _check_number("value_clip_range", self.value_clip_range, "> 0 or None", self.value_clip_range > 0)
+        _check_number("entropy_coef", self.entropy_coef, ">= 0", self.entropy_coef >= 0)
+        if self.entropy_head_weights is not None:
+            weights = self.entropy_head_weights
+            ok = len(weights) > 0 and all(math.isfinite(w) and w >= 0 for w in weights)
+            _check_number(
+                "entropy_head_weights", weights, "a non-empty tuple of finite weights >= 0 or None", ok
+            )
+        if self.entropy_anneal_to is not None:
+            _check_number(
+                "entropy_anneal_to", self.entropy_anneal_to, ">= 0 or None", self.entropy_anneal_to >= 0
+            )
+        _check_number("max_grad_norm", self.max_grad_norm, "> 0", self.max_grad_norm > 0)
+        if self.target_kl is not None:
+            _check_number("target_kl", self.target_kl, "> 0 or None", self.target_kl > 0)
+        _check_integer("epochs", self.epochs)
+        _check_integer("minibatches", self.minibatches)
+
+    def entropy_coef_at(self, progress: float) -> float:
+        """The entropy coefficient at training ``progress`` in [0, 1]."""
+        return annealed_coefficient(self.entropy_coef, self.entropy_anneal_to, progress)
+
+
+def _check_number(name: str, value: object, accepted: str, ok: bool) -> None:
+    # `not ok` is also True for NaN comparisons, so NaN is rejected too.
+    if isinstance(value, bool) or not ok:
+        raise ValueError(f"PPOConfig.{name} must be {accepted}, got {value!r}")
+
+
+def _check_integer(name: str, value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"PPOConfig.{name} must be an integer >= 1, got {value!r}")
+
+
+@dataclass(frozen=True)
+class PPOStatistics:
+    """What one ``ppo_update`` did. The three loss terms, each averaged over the minibatches
+    processed, sum to the loss that was minimized; every other field is a detached diagnostic."""
+
+    policy_loss: float
+    """Clipped surrogate loss."""
+    value_loss: float
+    """value_coef times the value loss."""
+    entropy_loss: float
+    """Minus the (annealed) entropy coefficient times the weighted entropy."""
+    approx_kl: float
+    """Mean approximate KL (old -> new) measured over the minibatches of the last epoch run."""
+    clip_fraction: float
+    """Mean fraction of (sample, relevant head) ratios that were clipped."""
+    explained_variance: float
+    """Of the returns by the rollout's values (before the update); NaN if the returns are constant."""
+    entropy_per_head: tuple[float, ...]
+    """Mean entropy of each head over the samples where it mattered (0 if it never did)."""
+    grad_norm: float
+    """Mean global gradient L2 norm before clipping."""
+    entropy_coef: float
+    """The entropy coefficient used (after annealing)."""
+    epochs_completed: int
+    """Epochs run, <= config.epochs."""
+    early_stopped: bool
+    """True if the KL early stop ended the update before config.epochs."""
+
+    @property
+    def total_loss(self) -> float:
+        """The minimized loss: policy_loss + value_loss + entropy_loss."""
+        return self.policy_loss + self.value_loss + self.entropy_loss
+
+
+class LossTerms(NamedTuple):
+    """Losses and diagnostics of one minibatch, all tensors (``total`` carries gradients)."""
+
+    total: Tensor
+    policy_loss: Tensor
+    value_loss: Tensor
+    """Already multiplied by value_coef."""
+    entropy_loss: Tensor
+    """Already multiplied by minus the entropy coefficient."""
+    approx_kl: Tensor
+    clip_fraction: Tensor
+    entropy_per_head: Tensor
+    """[H], mean over the samples where each head mattered."""
+
+
+# ----------------------------------------------------------------------------------------------
+# The update
+
+
+def build_optimizer(policy: torch.nn.Module, config: PPOConfig) -> torch.optim.Adam:
+    """Adam over the policy's parameters with ``config.learning_rate`` and ``config.adam_epsilon``."""
+    return torch.optim.Adam(policy.parameters(), lr=config.learning_rate, eps=config.adam_epsilon)
+
+
+def ppo_losses(
+    policy: FactoredLSTMPolicy,
+    batch: RolloutBatch,
+    config: PPOConfig,
+    entropy_coef: float,
+    head_weights: Tensor | None = None,
+) -> LossTerms:
+    """PPO losses of ``batch`` (whole sequences, BPTT from their initial state) under the current policy.
+
+    ``batch.advantages`` are used as given: normalize them beforehand if wanted.
+    """
+    evaluation = policy.evaluate_sequence(
+        batch.observations,
+        batch.initial_state,
+        batch.episode_starts,
+        batch.actions,
+        batch.action_masks,
+        batch.blueprint_ids,
+    )
+    relevant = policy.relevant_heads(batch.actions[..., 0]).flatten(0, 1)  # [T*B, H]
+    surrogate = clipped_surrogate_loss(
+        evaluation.log_prob_per_head.flatten(0, 1),
+        batch.log_prob_per_head.flatten(0, 1),
+        batch.advantages.flatten(),
+        relevant,
+        config.clip_range,
+    )
+    critic = config.value_coef * value_loss(
+        evaluation.value.flatten(), batch.values.flatten(), batch.returns.flatten(), config.value_clip_range
+    )
+    entropy_per_sample = evaluation.entropy_per_head.flatten(0, 1)  # [T*B, H]
+    entropy_term = -entropy_coef * entropy_bonus(entropy_per_sample, head_weights)
+    with torch.no_grad():
+        weight = relevant.to(entropy_per_sample.dtype)
+        head_entropy = (entropy_per_sample * weight).sum(0) / weight.sum(0).clamp(min=1.0)  # [H]
+    return LossTerms(
+        total=surrogate.loss + critic + entropy_term,
+        policy_loss=surrogate.loss,
+        value_loss=critic,
+        entropy_loss=entropy_term,
+        approx_kl=surrogate.approx_kl,
+        clip_fraction=surrogate.clip_fraction,
+        entropy_per_head=head_entropy,
+    )
+
+
+def ppo_update(
+    policy: FactoredLSTMPolicy,
+    optimizer: torch.optim.Optimizer,
+    batch: RolloutBatch,
+    config: PPOConfig,
+    progress: float,
+    *,
+    generator: torch.Generator | None = None,
+) -> PPOStatistics:
+    """Run up to ``config.epochs`` epochs of PPO on ``batch``; ``progress`` in [0, 1] anneals the entropy.
+
+    Each epoch shuffles the env sequences (with ``generator``, a CPU generator) into
+    ``config.minibatches`` groups. Syncs: see the module docstring.
+    """
+    if config.minibatches > batch.n_envs:
+        raise ValueError(
+            f"PPOConfig.minibatches={config.minibatches} exceeds the {batch.n_envs} env sequences in the "
+            "batch; minibatches are groups of whole sequences, so use at most one per env"
+        )
+    head_weights = None
+    if config.entropy_head_weights is not None:
+        if len(config.entropy_head_weights) != policy.n_heads:
+            raise ValueError(
+                f"PPOConfig.entropy_head_weights has {len(config.entropy_head_weights)} weights but the "
+                f"policy has {policy.n_heads} heads; give one weight per head"
+            )
+        head_weights = batch.values.new_tensor(config.entropy_head_weights)
+    entropy_coef = config.entropy_coef_at(progress)
+    if config.normalize_advantages:
+        advantages = batch.advantages
+        batch = batch._replace(advantages=(advantages - advantages.mean()) / (advantages.std() + 1e-8))
+
+    device = batch.values.device
+    # Running sums on the device: policy, value, entropy losses, KL, clip fraction, grad norm.
+    sums = torch.zeros(6, device=device)
+    entropy_sums = torch.zeros(policy.n_heads, device=device)
+    minibatches_run = 0
+    epochs_completed = 0
+    early_stopped = False
+    epoch_kl = torch.zeros((), device=device)
+    for _ in range(config.epochs):
+        epoch_kl = torch.zeros((), device=device)
+        order = torch.randperm(batch.n_envs, generator=generator).to(device)
+        for env_indices in torch.tensor_split(order, config.minibatches):
+            terms = ppo_losses(policy, batch.select_envs(env_indices), config, entropy_coef, head_weights)
+            optimizer.zero_grad(set_to_none=True)
+            torch.autograd.backward(terms.total)
+            grad_norm = torch.nn.utils.clip_grad_norm_(policy.parameters(), config.max_grad_norm)
+            optimizer.step()
+            minibatch_values = torch.stack(
+                [
+                    terms.policy_loss,
+                    terms.value_loss,
+                    terms.entropy_loss,
+                    terms.approx_kl,
+                    terms.clip_fraction,
+                    grad_norm.to(device),
+                ]
+            ).detach()
+            sums += minibatch_values
+            entropy_sums += terms.entropy_per_head
+            epoch_kl = epoch_kl + terms.approx_kl
+            minibatches_run += 1
+        epochs_completed += 1
+        epoch_kl = epoch_kl / config.minibatches
+        # Host sync, once per epoch: whether to run another epoch is decided on the host.
+        if config.target_kl is not None and epoch_kl.item() > config.target_kl:
+            early_stopped = epochs_completed < config.epochs
+            break
+    return _statistics(
+        sums / minibatches_run,
+        entropy_sums / minibatches_run,
+        epoch_kl,
+        explained_variance(batch.values.flatten(), batch.returns.flatten()),
+        entropy_coef,
+        epochs_completed,
+        early_stopped,
+    )
+
+
+def _statistics(
+    means: Tensor,
+    entropy_means: Tensor,
+    last_epoch_kl: Tensor,
+    explained: Tensor,
+    entropy_coef: float,
+    epochs_completed: int,
+    early_stopped: bool,
+) -> PPOStatistics:
+    """Convert the update's device tensors to a PPOStatistics."""
+    # Host sync: the one transfer of all diagnostics at the end of the update.
+    numbers = torch.cat(
+        [means, last_epoch_kl.reshape(1), explained.reshape(1).to(means), entropy_means]
+    ).tolist()
+    policy_loss, value_term, entropy_term, _, clip_fraction, grad_norm, approx_kl, variance = numbers[:8]
+    return PPOStatistics(
+        policy_loss=policy_loss,
+        value_loss=value_term,
+        entropy_loss=entropy_term,
+        approx_kl=approx_kl,
+        clip_fraction=clip_fraction,
+        explained_variance=variance,
+        entropy_per_head=tuple(numbers[8:]),
+        grad_norm=grad_norm,
+        entropy_coef=entropy_coef,
+        epochs_completed=epochs_completed,
+        early_stopped=early_stopped,
+    )
+
+
+# ----------------------------------------------------------------------------------------------
+# Training on a Gymnasium environment
+
+
+def _space_layout(env: gymnasium.Env[Any, Any], env_id: str) -> tuple[int, tuple[int, ...], np.ndarray]:
+    """(observation size, action sizes, action offsets) of a Box-observation, (Multi)Discrete-action env."""
+    observation_space = env.observation_space
+    if not isinstance(observation_space, gymnasium.spaces.Box):
+        raise ValueError(
+            f"train_gym needs a Box observation space, but {env_id} has {observation_space}; register a "
+            "version of the env wrapped in gymnasium.wrappers.FlattenObservation"
+        )
+    action_space = env.action_space
+    if isinstance(action_space, gymnasium.spaces.Discrete):
+        return int(np.prod(observation_space.shape)), (int(action_space.n),), np.array([action_space.start])
+    if isinstance(action_space, gymnasium.spaces.MultiDiscrete) and action_space.nvec.ndim == 1:
+        sizes = tuple(int(size) for size in action_space.nvec)
+        return int(np.prod(observation_space.shape)), sizes, np.asarray(action_space.start, dtype=np.int64)
+    raise ValueError(
+        f"train_gym supports Discrete and one-dimensional MultiDiscrete action spaces, but {env_id} has "
+        f"{action_space}; discretize continuous actions with a wrapper, or use a continuous-control algorithm"
+    )
+
+
+class _GymCollector:
+    """Steps a list of Gymnasium envs with the policy and fills a RolloutBuffer.
+
+    Envs are reset by hand when an episode ends rather than by a vector env's autoreset: the final
+    observation of a truncated episode is at hand to bootstrap from, and the transitions do not
+    depend on the autoreset mode of the installed gymnasium (1.x vector envs default to NEXT_STEP,
+    which would insert a step whose action is ignored after every episode end).
+    Observations are standardized and rewards scaled by running statistics; the episode returns
+    it records are the raw ones.
+    """
+
+    def __init__(
+        self,
+        envs: Sequence[gymnasium.Env[Any, Any]],
+        policy: FactoredLSTMPolicy,
+        action_offsets: np.ndarray,
+        config: PPOConfig,
+        seed: int,
+    ) -> None:
+        self.envs = envs
+        self.policy = policy
+        self.action_offsets = action_offsets
+        self.config = config
+        self.discrete = isinstance(envs[0].action_space, gymnasium.spaces.Discrete)
+        self.observation_normalizer = RunningMeanStd((policy.observation_size,))
+        self.reward_normalizer = RewardNormalizer(len(envs), gamma=config.gamma)
+        raw = [env.reset(seed=seed + index)[0] for index, env in enumerate(envs)]
+        self.observation = self._observe(raw, update=True)  # [B, obs], normalized
+        self.state = policy.initial_state(len(envs))
+        self.episode_starts = torch.ones(len(envs), dtype=torch.bool)
+        self.running_returns = np.zeros(len(envs))
+        self.episode_returns: list[float] = []
+
+    def _observe(self, raw_observations: Sequence[Any], *, update: bool) -> Tensor:
+        """Raw observations stacked to [B, obs] float32 and standardized (updating the statistics if asked)."""
+        stacked = np.stack([np.asarray(o, dtype=np.float32).reshape(-1) for o in raw_observations])
+        observation = torch.from_numpy(stacked)
+        if update:
+            self.observation_normalizer.update(observation)
+        return self.observation_normalizer.normalize(observation)
+
+    def _step_envs(self, actions: Tensor) -> tuple[list[Any], np.ndarray, np.ndarray, np.ndarray]:
+        """Step every env with its row of ``actions [B, H]``: (next raw observations, rewards, terminated, truncated)."""
+        env_actions = actions.numpy() + self.action_offsets  # [B, H], in the action space's own range
+        steps = [
+            env.step(int(chosen[0]) if self.discrete else chosen)
+            for env, chosen in zip(self.envs, env_actions, strict=True)
+        ]
+        return (
+            [step[0] for step in steps],
+            np.array([float(step[1]) for step in steps]),
+            np.array([bool(step[2]) for step in steps]),
+            np.array([bool(step[3]) for step in steps]),
+        )
+
+    def collect(self, buffer: RolloutBuffer, generator: torch.Generator) -> RolloutBatch:
+        """Run ``buffer.rollout_length`` steps of every env and return the finished batch."""
+        buffer.reset(self.state)
+        for _ in range(buffer.rollout_length):
+            action = self.policy.act(
+                self.observation, self.state, generator=generator, episode_starts=self.episode_starts
+            )
+            next_raw, rewards, terminated, truncated = self._step_envs(action.actions)
+            done = terminated | truncated
+            truncation_values = None
+            if truncated.any():
+                # V(final observation), seen with the state that continued the cut episode.
+                final = self._observe(next_raw, update=False)
+                truncation_values = self.policy.predict_value(final, action.state)
+            buffer.add(
+                self.observation,
+                self.episode_starts,
+                action,
+                self.reward_normalizer.update(torch.from_numpy(rewards), torch.from_numpy(done)),
+                torch.from_numpy(terminated),
+                torch.from_numpy(truncated),
+                truncation_values=truncation_values,
+            )
+            self.running_returns += rewards
+            for index in np.flatnonzero(done):
+                self.episode_returns.append(float(self.running_returns[index]))
+                self.running_returns[index] = 0.0
+                next_raw[index] = self.envs[int(index)].reset()[0]
+            self.observation = self._observe(next_raw, update=True)
+            self.state = action.state
+            self.episode_starts = torch.from_numpy(done)
+        last_value = self.policy.predict_value(
+            self.observation, self.state, episode_starts=self.episode_starts
+        )
+        return buffer.finish(last_value, gamma=self.config.gamma, gae_lambda=self.config.gae_lambda)
+
+
+def train_gym(
+    env_id: str,
+    total_steps: int,
+    seed: int = 0,
+    *,
+    config: PPOConfig | None = None,
+    n_envs: int = 4,
+    rollout_length: int = 128,
+    hidden_size: int = 64,
+) -> list[float]:
+    """Train a FactoredLSTMPolicy with PPO on ``n_envs`` copies of a Gymnasium env; return episode returns.
+
+    The env needs a Box observation space and a Discrete or MultiDiscrete action space. Observations
+    are standardized by running statistics and rewards divided by the running std of the discounted
+    return (both clipped to 10), so one configuration suits envs of any reward scale. Training runs whole rounds of
+    ``n_envs * rollout_length`` env steps until at least ``total_steps`` were taken. Everything is
+    seeded from ``seed``; the returns of completed episodes come back in the order they ended.
+    """
+    for name, value in (
+        ("total_steps", total_steps),
+        ("n_envs", n_envs),
+        ("rollout_length", rollout_length),
+        ("hidden_size", hidden_size),
+    ):
+        if value < 1:
+            raise ValueError(f"{name} must be >= 1, got {value}")
+    config = PPOConfig() if config is None else config
+    envs = [gymnasium.make(env_id) for _ in range(n_envs)]
+    try:
+        observation_size, action_sizes, action_offsets = _space_layout(envs[0], env_id)
+        # Seed the initialization without disturbing the caller's global RNG.
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            policy = FactoredLSTMPolicy(observation_size, action_sizes, hidden_size=hidden_size)
+        generator = torch.Generator().manual_seed(seed)
+        optimizer = build_optimizer(policy, config)
+        buffer = RolloutBuffer(rollout_length, n_envs, observation_size, len(action_sizes), hidden_size)
+        collector = _GymCollector(envs, policy, action_offsets, config, seed)
+        n_rounds = math.ceil(total_steps / (n_envs * rollout_length))
+        for round_index in range(n_rounds):
+            batch = collector.collect(buffer, generator)
+            ppo_update(policy, optimizer, batch, config, round_index / n_rounds, generator=generator)
+        return collector.episode_returns
+    finally:
+        for env in envs:
+            env.close()

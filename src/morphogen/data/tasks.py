@@ -1,0 +1,214 @@
+"""Task presets: a dataset split into train/validation on a device, plus the host that fits it.
+
+`load_task(name)` returns a `Task` whose `host_kwargs` are exactly the constructor arguments of the
+host for its `topology`, so that `CNNHost(**task.host_kwargs)` or `TransformerHost(**task.host_kwargs)`
+builds a model for it. The data layer never imports the hosts: it is a leaf package.
+
+Splits are fixed: they never depend on `seed`. `seed` only chooses which training samples are kept
+when `max_train_samples` is smaller than the training split. Normalization statistics always come
+from the full training split, so validation data is identical whatever `seed` and the cap are.
+
+| task    | data                                   | train / validation    | host        |
+|---------|----------------------------------------|-----------------------|-------------|
+| digits  | scikit-learn 8x8 digits, no download   | 1437 / 360 images     | CNN         |
+| cifar10 | CIFAR-10 python pickles in `data_dir`  | 50000 / 10000 images  | CNN         |
+| text    | characters of stdlib sources or a file | 90% / 10% by position | transformer |
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from sklearn.datasets import load_digits  # type: ignore[import-untyped]
+from sklearn.model_selection import train_test_split  # type: ignore[import-untyped]
+
+from morphogen.data.cifar import CIFAR10_NUM_CLASSES, EXPECTED_LAYOUT, read_cifar10, uint8_channel_mean_std
+from morphogen.data.datasets import Augmentation, DeviceDataset, random_crop_flip
+from morphogen.data.errors import DataError
+from morphogen.data.text import encode_characters, next_character_windows, read_default_corpus, read_text_file
+
+__all__ = ["TASK_NAMES", "DataError", "Task", "load_task"]
+
+TASK_NAMES: tuple[str, ...] = ("digits", "cifar10", "text")
+
+CNN_HOST_SIZE = {"n_blocks": 3, "base_channels": 32, "kernel_size": 3}
+"""CNNHost size for both image tasks: 3 blocks of width 32/64/128 (an 8x8 digit pools down to 1x1)."""
+TRANSFORMER_HOST_SIZE = {"d_model": 64, "n_heads": 4, "n_layers": 4, "block_size": 64, "n_segments": 2}
+"""TransformerHost size for `text`: ~0.2M parameters for a ~100-character vocabulary; trains on a CPU."""
+
+DIGITS_VALIDATION_FRACTION = 0.2
+DIGITS_SPLIT_SEED = 0
+"""Seed of the stratified digits split; fixed so every run validates on the same 360 images."""
+DIGITS_BATCH_SIZE = 64
+"""~23 steps per epoch on 1437 images: enough updates per epoch for a small dataset."""
+CIFAR10_BATCH_SIZE = 128
+TEXT_BATCH_SIZE = 32
+TEXT_TRAIN_FRACTION = 0.9
+"""The first 90% of the characters train, the last 10% validate (no window straddles the cut)."""
+
+
+@dataclass(frozen=True)
+class Task:
+    """A dataset on a device, the host that fits it, and how to train on it."""
+
+    name: str
+    """One of TASK_NAMES."""
+    topology: str
+    """"cnn" or "transformer": which host class `host_kwargs` are for."""
+    host_kwargs: dict[str, int]
+    """Exactly the keyword arguments of that host's constructor."""
+    train: DeviceDataset
+    validation: DeviceDataset
+    batch_size: int
+    """A batch size that works well for this task."""
+    augment: Augmentation | None
+    """Batched train-time augmentation for `DeviceDataset.iterate_batches`, or None."""
+    objective: str
+    """"classification" (targets [N] long, logits [B, C]) or "language_model" (targets [N, T] long,
+    logits [B, T, V])."""
+    vocabulary: tuple[str, ...] | None = None
+    """For "text": the character of each token id (decode with `decode_characters`); None otherwise."""
+
+
+def load_task(
+    name: str,
+    *,
+    device: str | torch.device = "cpu",
+    data_dir: str | Path | None = None,
+    text_file: str | Path | None = None,
+    seed: int = 0,
+    max_train_samples: int | None = None,
+) -> Task:
+    """Build the named task with all tensors on `device`.
+
+    `data_dir` is read by cifar10 only, `text_file` by text only (default: stdlib sources).
+    `max_train_samples` keeps that many training samples, chosen by `seed`; validation is unchanged.
+    """
+    if name not in TASK_NAMES:
+        raise DataError(f"unknown task {name!r}; valid task names: {', '.join(TASK_NAMES)}")
+    if max_train_samples is not None and (
+        isinstance(max_train_samples, bool) or not isinstance(max_train_samples, int) or max_train_samples < 1
+    ):
+        raise DataError(f"max_train_samples must be None or a positive int, got {max_train_samples!r}")
+    _warn_unused(name, "data_dir", data_dir, "cifar10")
+    _warn_unused(name, "text_file", text_file, "text")
+    target = torch.device(device)
+    if name == "digits":
+        return _load_digits(target, seed, max_train_samples)
+    if name == "cifar10":
+        return _load_cifar10(target, data_dir, seed, max_train_samples)
+    return _load_text(target, text_file, seed, max_train_samples)
+
+
+def _warn_unused(task: str, argument: str, value: object, reader: str) -> None:
+    if value is not None and task != reader:
+        warnings.warn(
+            f"load_task({task!r}) ignores {argument}={value!r}: only {reader!r} reads it", stacklevel=3
+        )
+
+
+def _kept_training_indices(count: int, max_train_samples: int | None, seed: int) -> np.ndarray | None:
+    """Sorted indices of the training samples to keep, or None to keep all of them."""
+    if max_train_samples is None or max_train_samples >= count:
+        return None
+    chosen = np.random.default_rng(seed).choice(count, size=max_train_samples, replace=False)
+    return np.sort(chosen)
+
+
+def _load_digits(device: torch.device, seed: int, max_train_samples: int | None) -> Task:
+    """Pixels scaled to [0, 1], then one mean/std over all training pixels (the single channel)."""
+    digits = load_digits()
+    images = digits.images.astype(np.float64)[:, None] / 16.0  # (N, 1, 8, 8), pixel values 0..16 -> [0, 1]
+    labels = digits.target.astype(np.int64)
+    train_indices, validation_indices = train_test_split(
+        np.arange(len(labels)),
+        test_size=DIGITS_VALIDATION_FRACTION,
+        stratify=labels,
+        random_state=DIGITS_SPLIT_SEED,
+    )
+    train_indices, validation_indices = np.sort(train_indices), np.sort(validation_indices)
+    mean, std = images[train_indices].mean(), images[train_indices].std()
+    standardized = ((images - mean) / std).astype(np.float32)
+    kept = _kept_training_indices(len(train_indices), max_train_samples, seed)
+    if kept is not None:
+        train_indices = train_indices[kept]
+
+    def split(indices: np.ndarray) -> DeviceDataset:
+        dataset = DeviceDataset(torch.from_numpy(standardized[indices]), torch.from_numpy(labels[indices]))
+        return dataset.to(device)
+
+    return Task(
+        name="digits",
+        topology="cnn",
+        host_kwargs={"num_classes": 10, "in_channels": 1, **CNN_HOST_SIZE},
+        train=split(train_indices),
+        validation=split(validation_indices),
+        batch_size=DIGITS_BATCH_SIZE,
+        augment=None,
+        objective="classification",
+    )
+
+
+def _load_cifar10(
+    device: torch.device, data_dir: str | Path | None, seed: int, max_train_samples: int | None
+) -> Task:
+    """Per-channel standardization with the training images' mean/std; test_batch validates."""
+    if data_dir is None:
+        raise DataError(f"task 'cifar10' needs data_dir=PATH; {EXPECTED_LAYOUT}")
+    arrays = read_cifar10(data_dir)
+    mean, std = uint8_channel_mean_std(arrays.train_images)
+    train_images, train_labels = arrays.train_images, arrays.train_labels
+    kept = _kept_training_indices(len(train_labels), max_train_samples, seed)
+    if kept is not None:
+        train_images, train_labels = train_images[kept], train_labels[kept]
+    # Per-channel affine map from raw 0..255 values straight to standardized ones.
+    shift = torch.tensor(mean * 255.0, dtype=torch.float32, device=device).view(1, -1, 1, 1)  # (1, 3, 1, 1)
+    scale = torch.tensor(1.0 / (std * 255.0), dtype=torch.float32, device=device).view(1, -1, 1, 1)
+
+    def split(images: np.ndarray, labels: np.ndarray) -> DeviceDataset:
+        # uint8 crosses to the device (4x less traffic than float32); conversion happens there.
+        pixels = torch.from_numpy(np.ascontiguousarray(images)).to(device).float()  # (N, 3, 32, 32)
+        return DeviceDataset(pixels.sub_(shift).mul_(scale), torch.from_numpy(labels).to(device))
+
+    return Task(
+        name="cifar10",
+        topology="cnn",
+        host_kwargs={"num_classes": CIFAR10_NUM_CLASSES, "in_channels": 3, **CNN_HOST_SIZE},
+        train=split(train_images, train_labels),
+        validation=split(arrays.test_images, arrays.test_labels),
+        batch_size=CIFAR10_BATCH_SIZE,
+        augment=random_crop_flip,
+        objective="classification",
+    )
+
+
+def _load_text(
+    device: torch.device, text_file: str | Path | None, seed: int, max_train_samples: int | None
+) -> Task:
+    """Vocabulary from the whole text (so validation has no unknown ids), windows per split."""
+    text = read_default_corpus() if text_file is None else read_text_file(text_file)
+    encoded = encode_characters(text)
+    ids = torch.from_numpy(encoded.ids)  # (L,)
+    cut = int(len(text) * TEXT_TRAIN_FRACTION)
+    block_size = TRANSFORMER_HOST_SIZE["block_size"]
+    train_inputs, train_targets = next_character_windows(ids[:cut], block_size)  # (N, T), (N, T)
+    validation_inputs, validation_targets = next_character_windows(ids[cut:], block_size)
+    kept = _kept_training_indices(train_inputs.shape[0], max_train_samples, seed)
+    if kept is not None:
+        index = torch.from_numpy(kept)
+        train_inputs, train_targets = train_inputs[index], train_targets[index]
+    return Task(
+        name="text",
+        topology="transformer",
+        host_kwargs={"vocab_size": len(encoded.vocabulary), **TRANSFORMER_HOST_SIZE},
+        train=DeviceDataset(train_inputs, train_targets).to(device),
+        validation=DeviceDataset(validation_inputs, validation_targets).to(device),
+        batch_size=TEXT_BATCH_SIZE,
+        augment=None,
+        objective="language_model",
+        vocabulary=encoded.vocabulary,
+    )

@@ -1,0 +1,161 @@
+"""The factored action space: op, slot, blueprint, style, tempo, alpha target, alpha speed, alpha curve.
+
+Masks encode only what is physically legal now (a gate may still refuse a legal move; that refusal
+is reported, not masked). The op mask is [n_ops]; every other head gets an op-conditioned mask
+[n_ops, n_choices], so a sampled (op, slot) pair is always a legal combination. Heads that do not
+matter for an op (`HEAD_RELEVANCE`) are forced to index 0 and carry no log-probability.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from morphogen.core.alpha import AlphaCurve, AlphaMode
+from morphogen.core.blend import BlendKind
+from morphogen.core.blueprints import blueprint_names
+from morphogen.core.lifecycle import PRUNABLE_STAGES, Stage
+from morphogen.core.model import MorphogeneticModel
+
+
+class Op(enum.IntEnum):
+    WAIT = 0
+    GERMINATE = 1
+    SET_ALPHA_TARGET = 2
+    PRUNE = 3
+    FOSSILIZE = 4
+    ADVANCE = 5
+
+
+HEADS = ("op", "slot", "blueprint", "style", "tempo", "alpha_target", "alpha_speed", "alpha_curve")
+#: Blend operator of a new seed.
+STYLES = (BlendKind.ADD, BlendKind.MULTIPLY, BlendKind.GATE)
+#: Epochs of the 0 -> 1 alpha ramp of a new seed when it starts blending.
+TEMPOS = (3, 5, 8)
+ALPHA_TARGETS = (0.0, 0.3, 0.6, 1.0)
+#: Epochs of a SET_ALPHA_TARGET ramp (0 snaps).
+ALPHA_SPEEDS = (0, 1, 3, 5)
+ALPHA_CURVES = (AlphaCurve.LINEAR, AlphaCurve.COSINE, AlphaCurve.SIGMOID)
+
+_RELEVANT_HEADS: dict[Op, frozenset[str]] = {
+    Op.WAIT: frozenset(),
+    Op.GERMINATE: frozenset({"slot", "blueprint", "style", "tempo"}),
+    Op.SET_ALPHA_TARGET: frozenset({"slot", "alpha_target", "alpha_speed", "alpha_curve"}),
+    Op.PRUNE: frozenset({"slot"}),
+    Op.FOSSILIZE: frozenset({"slot"}),
+    Op.ADVANCE: frozenset({"slot"}),
+}
+#: [n_ops, n_heads] bool: which heads matter for each op (the op head always does).
+HEAD_RELEVANCE = np.array(
+    [[head == "op" or head in _RELEVANT_HEADS[op] for head in HEADS] for op in Op], dtype=bool
+)
+
+#: A seed must be at least this many epochs old before it may be pruned (DESIGN §5).
+MIN_PRUNE_AGE = 5
+_ADVANCEABLE = frozenset({Stage.GERMINATED, Stage.TRAINING, Stage.BLENDING})
+
+
+@dataclass(frozen=True)
+class Action:
+    """One controller decision in named form. Unused fields keep their canonical defaults."""
+
+    op: Op = Op.WAIT
+    slot: str | None = None
+    blueprint: str | None = None
+    style: BlendKind = BlendKind.ADD
+    tempo: int = TEMPOS[0]
+    alpha_target: float = ALPHA_TARGETS[0]
+    alpha_speed: int = ALPHA_SPEEDS[0]
+    alpha_curve: AlphaCurve = AlphaCurve.LINEAR
+
+    def describe(self) -> str:
+        if self.op is Op.WAIT:
+            return "WAIT"
+        if self.op is Op.GERMINATE:
+            return f"GERMINATE {self.blueprint}@{self.slot} ({self.style.value}, {self.tempo} ep)"
+        if self.op is Op.SET_ALPHA_TARGET:
+            return f"SET_ALPHA {self.slot}->{self.alpha_target:.1f} in {self.alpha_speed} ({self.alpha_curve.value})"
+        return f"{self.op.name} {self.slot}"
+
+
+class ActionSpace:
+    """Index encoding of `Action`s for a model's slots and its topology's blueprints."""
+
+    def __init__(self, slot_ids: Sequence[str], topology: str) -> None:
+        self.slot_ids = tuple(slot_ids)
+        self.blueprints = blueprint_names(topology)
+        self.choices: dict[str, tuple[object, ...]] = {
+            "op": tuple(Op), "slot": self.slot_ids, "blueprint": self.blueprints, "style": STYLES,
+            "tempo": TEMPOS, "alpha_target": ALPHA_TARGETS, "alpha_speed": ALPHA_SPEEDS,
+            "alpha_curve": ALPHA_CURVES,
+        }
+
+    @property
+    def sizes(self) -> tuple[int, ...]:
+        """Number of choices per head, in `HEADS` order (the MultiDiscrete nvec)."""
+        return tuple(len(self.choices[head]) for head in HEADS)
+
+    def decode(self, indices: Sequence[int]) -> Action:
+        """Indices (one per head) -> Action; irrelevant heads are ignored."""
+        op = Op(int(indices[0]))
+        values = {head: self.choices[head][int(i)] for head, i in zip(HEADS, indices, strict=True)}
+        relevant = _RELEVANT_HEADS[op]
+        canonical = Action()
+        return Action(
+            op=op,
+            slot=values["slot"] if "slot" in relevant else None,  # type: ignore[arg-type]
+            blueprint=values["blueprint"] if "blueprint" in relevant else None,  # type: ignore[arg-type]
+            style=values["style"] if "style" in relevant else canonical.style,  # type: ignore[arg-type]
+            tempo=values["tempo"] if "tempo" in relevant else canonical.tempo,  # type: ignore[arg-type]
+            alpha_target=values["alpha_target"] if "alpha_target" in relevant else canonical.alpha_target,  # type: ignore[arg-type]
+            alpha_speed=values["alpha_speed"] if "alpha_speed" in relevant else canonical.alpha_speed,  # type: ignore[arg-type]
+            alpha_curve=values["alpha_curve"] if "alpha_curve" in relevant else canonical.alpha_curve,  # type: ignore[arg-type]
+        )
+
+    def encode(self, action: Action) -> list[int]:
+        """Action -> indices, with heads irrelevant to its op at the canonical index 0."""
+        named: dict[str, object] = {
+            "op": action.op, "slot": action.slot, "blueprint": action.blueprint, "style": action.style,
+            "tempo": action.tempo, "alpha_target": action.alpha_target, "alpha_speed": action.alpha_speed,
+            "alpha_curve": action.alpha_curve,
+        }
+        relevant = _RELEVANT_HEADS[action.op] | {"op"}
+        indices = []
+        for head in HEADS:
+            if head not in relevant:
+                indices.append(0)
+                continue
+            try:
+                indices.append(self.choices[head].index(named[head]))
+            except ValueError:
+                raise ValueError(f"{head}={named[head]!r} is not one of {self.choices[head]}") from None
+        return indices
+
+    def masks(self, model: MorphogeneticModel) -> list[np.ndarray]:
+        """Physical-validity masks: op [n_ops], then [n_ops, n_choices] per other head."""
+        n_ops = len(Op)
+        slots = [model.slot(slot_id) for slot_id in self.slot_ids]
+        seed_in_training = any(s.stage in (Stage.GERMINATED, Stage.TRAINING) for s in slots)
+        slot_valid = np.zeros((n_ops, len(slots)), dtype=bool)
+        for j, slot in enumerate(slots):
+            ramping = slot.alpha.mode is not AlphaMode.HOLD
+            slot_valid[Op.GERMINATE, j] = slot.stage is Stage.DORMANT and not seed_in_training
+            slot_valid[Op.SET_ALPHA_TARGET, j] = (slot.stage in (Stage.BLENDING, Stage.HOLDING)) and not ramping
+            slot_valid[Op.PRUNE, j] = (slot.stage in PRUNABLE_STAGES and slot.lifecycle.seed_age >= MIN_PRUNE_AGE
+                                       and not ramping)
+            slot_valid[Op.FOSSILIZE, j] = slot.stage is Stage.HOLDING
+            slot_valid[Op.ADVANCE, j] = slot.stage in _ADVANCEABLE and not (slot.stage is Stage.BLENDING and ramping)
+        op_mask = slot_valid.any(axis=1)
+        op_mask[Op.WAIT] = True
+        masks: list[np.ndarray] = [op_mask]
+        for head in HEADS[1:]:
+            mask = slot_valid.copy() if head == "slot" else np.ones((n_ops, len(self.choices[head])), dtype=bool)
+            # Heads an op ignores are pinned to the canonical choice 0.
+            irrelevant = ~HEAD_RELEVANCE[:, HEADS.index(head)]
+            mask[irrelevant] = False
+            mask[irrelevant, 0] = True
+            masks.append(mask)
+        return masks

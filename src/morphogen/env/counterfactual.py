@@ -1,0 +1,75 @@
+"""Which alpha configurations to evaluate alongside the real model, and what their results mean.
+
+Configurations (DESIGN §5 step 2): `main` (every alpha as it is), `without:<slot>` for each seed
+blended in with alpha > 0, and `all_off` when 2..4 seeds are live (with one seed it equals that
+seed's `without`, with more it grows costly). A seed's contribution is acc(main) - acc(without it),
+in accuracy points.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+MAIN = "main"
+ALL_OFF = "all_off"
+ALL_OFF_MIN_SEEDS, ALL_OFF_MAX_SEEDS = 2, 4
+
+
+def without(slot_id: str) -> str:
+    return f"without:{slot_id}"
+
+
+@dataclass(frozen=True)
+class CounterfactualPlan:
+    """K named alpha configurations: `alphas[k][j]` is slot j's alpha in configuration k."""
+
+    slot_ids: tuple[str, ...]
+    names: tuple[str, ...]
+    alphas: tuple[tuple[float, ...], ...]
+    #: Slots whose seed is ablated by a `without:` configuration, in order.
+    ablated: tuple[str, ...]
+
+    @property
+    def size(self) -> int:
+        return len(self.names)
+
+
+@dataclass(frozen=True)
+class CounterfactualResult:
+    """Validation accuracy (points) and mean loss per configuration of a plan."""
+
+    plan: CounterfactualPlan
+    accuracies: tuple[float, ...]
+    losses: tuple[float, ...]
+
+    def accuracy(self, name: str) -> float:
+        return self.accuracies[self.plan.names.index(name)]
+
+    def loss(self, name: str) -> float:
+        return self.losses[self.plan.names.index(name)]
+
+    @property
+    def contributions(self) -> dict[str, float]:
+        """Slot -> acc(main) - acc(without that seed), in accuracy points."""
+        main = self.accuracy(MAIN)
+        return {slot_id: main - self.accuracy(without(slot_id)) for slot_id in self.plan.ablated}
+
+    @property
+    def accuracy_all_off(self) -> float | None:
+        return self.accuracy(ALL_OFF) if ALL_OFF in self.plan.names else None
+
+
+def plan_counterfactuals(slot_ids: Sequence[str], alphas: Mapping[str, float]) -> CounterfactualPlan:
+    """Plan the configurations for blended seeds `alphas` (slot -> current alpha; absent = no seed)."""
+    current = tuple(float(alphas.get(slot_id, 0.0)) for slot_id in slot_ids)
+    live = [slot_id for slot_id in slot_ids if alphas.get(slot_id, 0.0) > 0.0]
+    names, rows = [MAIN], [current]
+    for slot_id in live:
+        j = list(slot_ids).index(slot_id)
+        names.append(without(slot_id))
+        rows.append((*current[:j], 0.0, *current[j + 1 :]))
+    if ALL_OFF_MIN_SEEDS <= len(live) <= ALL_OFF_MAX_SEEDS:
+        names.append(ALL_OFF)
+        rows.append(tuple(0.0 for _ in slot_ids))
+    return CounterfactualPlan(tuple(slot_ids), tuple(names), tuple(rows), tuple(live))

@@ -1,0 +1,329 @@
+"""One host-training episode: act -> train one epoch -> validate with counterfactuals -> reward -> observe.
+
+`reset()` builds the model from the task and validates it untrained (epoch 0). Each `step(action)`
+executes the controller's action on the slots, trains one epoch, evaluates the model and all of its
+counterfactual configurations in one validation pass, lets the governor judge the epoch, advances
+the slots' clocks, and returns the new snapshot and the reward for that transition. Acting before
+training means the reward of an action already contains one epoch of its consequences.
+
+Host syncs per step (the documented budget): one for the epoch's training loss, one for the
+isolation monitor's gradient report, one for the validation metrics. None of them grows with the
+number of parameters, layers or batches.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from morphogen.core.alpha import AlphaMode
+from morphogen.core.blueprints import blueprint_names
+from morphogen.core.hosts import build_host
+from morphogen.core.isolation import IsolationMonitor, IsolationReport
+from morphogen.core.lifecycle import BLENDED_STAGES, IllegalTransitionError, Stage
+from morphogen.core.model import MorphogeneticModel
+from morphogen.core.slot import SlotConfig
+from morphogen.data import Task
+from morphogen.env.actions import Action, ActionSpace, Op
+from morphogen.env.counterfactual import MAIN, CounterfactualResult, plan_counterfactuals
+from morphogen.env.evaluation import validate
+from morphogen.env.governor import Governor, GovernorConfig, Rollback
+from morphogen.env.rewards import RewardBreakdown, RewardConfig, RewardMode, compute_reward
+from morphogen.env.snapshot import EpisodeSnapshot, SlotSnapshot
+from morphogen.env.training import ModelTrainer, OptimizerConfig
+from morphogen.telemetry import events
+from morphogen.telemetry.sinks import Telemetry
+
+HISTORY = 5
+
+
+@dataclass(frozen=True)
+class EpisodeConfig:
+    """Everything that shapes one episode besides the task and the controller."""
+
+    #: Epochs (= controller steps) in an episode.
+    max_epochs: int = 30
+    #: Training batch size; None uses the task's default.
+    batch_size: int | None = None
+    #: Validation batch size (larger is faster; memory grows with the number of counterfactuals).
+    validation_batch_size: int = 512
+    optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
+    slots: SlotConfig = field(default_factory=SlotConfig)
+    governor: GovernorConfig = field(default_factory=GovernorConfig)
+    reward_mode: RewardMode = RewardMode.CONTRIBUTION
+    reward: RewardConfig = field(default_factory=RewardConfig)
+    #: Discount used by potential-based shaping (match the PPO gamma).
+    gamma: float = 0.995
+
+    def __post_init__(self) -> None:
+        if self.max_epochs < 1:
+            raise ValueError(f"max_epochs must be >= 1, got {self.max_epochs}")
+        if self.batch_size is not None and self.batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {self.batch_size}")
+        if self.validation_batch_size < 1:
+            raise ValueError(f"validation_batch_size must be >= 1, got {self.validation_batch_size}")
+        if not 0.0 < self.gamma <= 1.0:
+            raise ValueError(f"gamma must be in (0, 1], got {self.gamma}")
+
+
+@dataclass(frozen=True)
+class StepResult:
+    snapshot: EpisodeSnapshot
+    reward: RewardBreakdown
+    done: bool
+    action_succeeded: bool
+    reason: str
+    rollback: Rollback | None
+
+
+class MorphogenesisEpisode:
+    """An episode of growing a host on a task; the environment every controller acts in."""
+
+    def __init__(self, task: Task, config: EpisodeConfig | None = None, *, seed: int = 0,
+                 slots: Sequence[str] | None = None, telemetry: Telemetry | None = None, env_id: int = 0,
+                 pool_slots: bool = False) -> None:
+        self.task, self.config, self.seed = task, config or EpisodeConfig(), seed
+        self.slot_request = None if slots is None else tuple(slots)
+        self.telemetry = telemetry or Telemetry(None, level="off")
+        self.env_id = env_id
+        self.pool_slots = pool_slots
+        self.device = task.train.device
+        self.batch_size = self.config.batch_size or task.batch_size
+        self.blueprint_ids = {name: i + 1 for i, name in enumerate(blueprint_names(task.topology))}
+        self.model: MorphogeneticModel | None = None
+        self.phase_seconds = {"train": 0.0, "validate": 0.0, "act": 0.0}
+        #: Every event of the current episode, whatever the telemetry level (for its summary and story).
+        self.history: list[events.Event] = []
+
+    # ---------------------------------------------------------------- setup
+    def build_model(self) -> MorphogeneticModel:
+        """The host for this task with slots, initialised from this episode's seed."""
+        host_kwargs: dict[str, int | bool] = dict(self.task.host_kwargs)
+        if self.task.topology == "cnn" and self.pool_slots:
+            host_kwargs["pool_slots"] = True
+        with torch.random.fork_rng(devices=[self.device] if self.device.type == "cuda" else []):
+            torch.manual_seed(self.seed)
+            host = build_host(self.task.topology, device=self.device, **host_kwargs)
+        return MorphogeneticModel(host, self.slot_request, self.config.slots)
+
+    def reset(self) -> EpisodeSnapshot:
+        """Build a fresh model and validate it untrained (epoch 0)."""
+        self.model = self.build_model()
+        self.action_space = ActionSpace(self.model.slot_ids, self.task.topology)
+        self.monitor = IsolationMonitor(device=self.device)
+        self.trainer = ModelTrainer(self.model, self.config.optimizer, self.monitor)
+        self.governor = Governor(self.model, self.config.governor)
+        self.generator = torch.Generator(device="cpu").manual_seed(self.seed)
+        self.epoch = 0
+        self.accuracies: deque[float] = deque(maxlen=HISTORY)
+        self.losses: deque[float] = deque(maxlen=HISTORY)
+        self.contributions: dict[str, float | None] = {}
+        self.previous_contributions: dict[str, float | None] = {}
+        self.gradients = IsolationReport(host_gradient_norm=float("nan"), batches=0, seeds={})
+        self.episode_return = 0.0
+        self.fossilized = self.pruned = 0
+        self.history = []
+        result = self._validate()
+        self.snapshot = self._make_snapshot(result, None, Op.WAIT, True, None)
+        return self.snapshot
+
+    @property
+    def done(self) -> bool:
+        return self.epoch >= self.config.max_epochs
+
+    def masks(self) -> list[np.ndarray]:
+        """Physical-validity masks of the action heads (see `ActionSpace.masks`)."""
+        assert self.model is not None, "call reset() first"
+        return self.action_space.masks(self.model)
+
+    # ---------------------------------------------------------------- the step
+    def step(self, action: Action) -> StepResult:
+        """Act, train one epoch on this episode's own batch order, and finish the epoch."""
+        succeeded, reason = self.apply_action(action)
+        self.train_epoch(self.task.train.iterate_batches(self.batch_size, generator=self.generator,
+                                                         augment=self.task.augment))
+        return self.finish_epoch(action, succeeded, reason)
+
+    def apply_action(self, action: Action) -> tuple[bool, str]:
+        """Execute `action` on the slots; returns (took effect, why)."""
+        assert self.model is not None, "call reset() first"
+        if self.done:
+            raise RuntimeError("episode is over; call reset()")
+        started = time.perf_counter()
+        try:
+            succeeded, reason = self._execute(action)
+        except (IllegalTransitionError, ValueError) as error:
+            succeeded, reason = False, str(error)
+        for slot in self.model.slots():
+            slot.auto_advance(self.epoch)
+        self._emit(events.ActionTaken(
+            epoch=self.epoch + 1, env_id=self.env_id, op=action.op.name, slot=action.slot,
+            blueprint=action.blueprint, succeeded=succeeded, reason=reason))
+        self.phase_seconds["act"] += time.perf_counter() - started
+        return succeeded, reason
+
+    def _execute(self, action: Action) -> tuple[bool, str]:
+        model, epoch = self.model, self.epoch
+        assert model is not None
+        if action.op is Op.WAIT:
+            return True, "waited"
+        if action.slot is None:
+            raise ValueError(f"{action.op.name} needs a slot")
+        slot = model.slot(action.slot)
+        if action.op is Op.GERMINATE:
+            if action.blueprint is None:
+                raise ValueError("GERMINATE needs a blueprint")
+            if any(s.stage in (Stage.GERMINATED, Stage.TRAINING) for s in model.slots()):
+                return False, "another seed is still germinated or training"
+            model.germinate(action.slot, action.blueprint, epoch, blend=action.style, blend_epochs=action.tempo)
+            return True, f"germinated {action.blueprint} in {action.slot}"
+        if action.op is Op.ADVANCE:
+            result = slot.advance(epoch)
+            return result.passed, result.reason
+        if action.op is Op.FOSSILIZE:
+            result = slot.fossilize(epoch)
+            if result.passed:
+                self.fossilized += 1
+            return result.passed, result.reason
+        if action.op is Op.PRUNE:
+            slot.prune(epoch, "pruned by controller")
+            self.pruned += 1
+            return True, f"pruned {action.slot}"
+        slot.set_alpha_target(action.alpha_target, action.alpha_speed, epoch, action.alpha_curve)
+        if slot.stage is Stage.PRUNED:
+            self.pruned += 1
+        return True, f"alpha target {action.alpha_target:.2f}"
+
+    def train_epoch(self, batches: Iterable[tuple[Tensor, Tensor]]) -> None:
+        """Train host and live seeds on `batches` (this episode's own, or a vector's shared stream)."""
+        started = time.perf_counter()
+        for inputs, targets in batches:
+            self.trainer.train_batch(inputs, targets)
+        self.phase_seconds["train"] += time.perf_counter() - started
+
+    def finish_epoch(self, action: Action, succeeded: bool, reason: str) -> StepResult:
+        """After training: governor, validation with counterfactuals, slot clocks, reward, telemetry."""
+        assert self.model is not None
+        self.epoch += 1
+        train_loss = self.trainer.take_epoch_loss().item()  # sync 1/3: the governor judges this number
+        self.gradients = self.monitor.materialize()  # sync 2/3
+        rollback = self.governor.check(train_loss, self.epoch)
+        if rollback is not None:
+            self.trainer.reset_host_momentum()
+            self.pruned += len(rollback.pruned_slots)
+            self._emit(events.GovernorRollback(
+                epoch=self.epoch, env_id=self.env_id, reason=rollback.reason, loss=train_loss,
+                threshold=rollback.threshold, pruned_slots=rollback.pruned_slots))
+        result = self._validate()  # sync 3/3
+        self._record_signals(result)
+        for slot in self.model.slots():
+            slot.step_epoch(self.epoch)
+        self._emit_transitions()
+        previous = self.snapshot
+        self.snapshot = self._make_snapshot(result, train_loss, action.op, succeeded, rollback)
+        reward = compute_reward(self.config.reward_mode, previous, self.snapshot, action, succeeded,
+                                self.done, self.config.reward, self.config.gamma)
+        self.episode_return += reward.total
+        self._emit_epoch(result, action, succeeded, reward)
+        return StepResult(self.snapshot, reward, self.done, succeeded, reason, rollback)
+
+    # ---------------------------------------------------------------- measurements
+    def _validate(self) -> CounterfactualResult:
+        assert self.model is not None
+        started = time.perf_counter()
+        alphas = {s.slot_id: s.alpha.alpha for s in self.model.slots()
+                  if s.stage in BLENDED_STAGES and s.alpha.alpha > 0.0}
+        plan = plan_counterfactuals(self.model.slot_ids, alphas)
+        result = validate(self.model, self.task.validation, plan, self.config.validation_batch_size)
+        self.phase_seconds["validate"] += time.perf_counter() - started
+        return result
+
+    def _record_signals(self, result: CounterfactualResult) -> None:
+        assert self.model is not None
+        accuracy = result.accuracy(MAIN)
+        contributions = result.contributions
+        self.previous_contributions = dict(self.contributions)
+        self.contributions = {}
+        for slot in self.model.slots():
+            health = self.gradients.seeds.get(slot.slot_id)
+            slot.record_signals(
+                accuracy=accuracy,
+                gradient_health=None if health is None else health.health,
+                gradient_ratio=None if health is None else health.gradient_ratio,
+                contribution=contributions.get(slot.slot_id),
+            )
+            self.contributions[slot.slot_id] = contributions.get(slot.slot_id)
+
+    def _slot_snapshot(self, slot_id: str) -> SlotSnapshot:
+        assert self.model is not None
+        slot = self.model.slot(slot_id)
+        health = self.gradients.seeds.get(slot_id) if slot.seed is not None else None
+        return SlotSnapshot(
+            slot_id=slot_id, stage=slot.stage, blueprint=slot.blueprint if slot.seed is not None else None,
+            blueprint_id=self.blueprint_ids[slot.blueprint] if slot.seed is not None and slot.blueprint else 0,
+            alpha=slot.alpha.alpha, alpha_target=slot.alpha.target, alpha_progress=slot.alpha.progress,
+            alpha_ramping=slot.alpha.mode is not AlphaMode.HOLD, epochs_in_stage=slot.lifecycle.epochs_in_stage,
+            seed_age=slot.lifecycle.seed_age, seed_parameters=slot.seed_parameter_count(),
+            contribution=self.contributions.get(slot_id) if slot.seed is not None else None,
+            previous_contribution=self.previous_contributions.get(slot_id) if slot.seed is not None else None,
+            gradient_norm=None if health is None else health.gradient_norm,
+            gradient_health=None if health is None else health.health,
+            gradient_ratio=None if health is None else health.gradient_ratio,
+            accuracy_at_stage_start=slot.signals.accuracy_at_stage_start if slot.seed is not None else None,
+        )
+
+    def _make_snapshot(self, result: CounterfactualResult, train_loss: float | None, op: Op, succeeded: bool,
+                       rollback: Rollback | None) -> EpisodeSnapshot:
+        assert self.model is not None
+        self.accuracies.append(result.accuracy(MAIN))
+        self.losses.append(result.loss(MAIN))
+        return EpisodeSnapshot(
+            epoch=self.epoch, max_epochs=self.config.max_epochs, train_loss=train_loss,
+            val_loss=result.loss(MAIN), val_accuracy=result.accuracy(MAIN),
+            accuracy_history=tuple(self.accuracies), loss_history=tuple(self.losses),
+            host_parameters=self.model.host_param_count(), active_parameters=self.model.param_count(),
+            slots=tuple(self._slot_snapshot(slot_id) for slot_id in self.model.slot_ids),
+            accuracy_all_off=result.accuracy_all_off, last_op=int(op), last_action_succeeded=succeeded,
+            rolled_back=rollback is not None,
+        )
+
+    # ---------------------------------------------------------------- telemetry
+    def _emit(self, event: events.Event) -> None:
+        self.history.append(event)
+        self.telemetry.emit(event)
+
+    def _emit_transitions(self) -> None:
+        assert self.model is not None
+        for slot in self.model.slots():
+            for record in slot.drain_transitions():
+                self._emit(events.StageTransition(
+                    epoch=record.epoch, env_id=self.env_id, slot=record.slot, blueprint=record.blueprint,
+                    from_stage=record.from_stage.value, to_stage=record.to_stage.value, reason=record.reason))
+
+    def _emit_epoch(self, result: CounterfactualResult, action: Action, succeeded: bool,
+                    reward: RewardBreakdown) -> None:
+        snapshot, emit = self.snapshot, self._emit
+        if result.plan.size > 1:
+            emit(events.CounterfactualMeasured(
+                epoch=self.epoch, env_id=self.env_id, configs=result.plan.names, accuracies=result.accuracies,
+                losses=result.losses, contributions=tuple(result.contributions.items())))
+        emit(events.RewardComputed(epoch=self.epoch, env_id=self.env_id, total=reward.total,
+                                   components=reward.components))
+        emit(events.EpochCompleted(
+            epoch=self.epoch, env_id=self.env_id, train_loss=snapshot.train_loss or float("nan"),
+            val_loss=snapshot.val_loss, val_accuracy=snapshot.val_accuracy,
+            param_count=snapshot.active_parameters,
+            slots=tuple(events.SlotState(slot=s.slot_id, stage=s.stage.value, blueprint=s.blueprint, alpha=s.alpha)
+                        for s in snapshot.slots),
+            action=action.describe(), action_succeeded=succeeded))
+        if self.done:
+            emit(events.EpisodeCompleted(
+                epoch=self.epoch, env_id=self.env_id, final_accuracy=snapshot.val_accuracy,
+                param_count=snapshot.active_parameters, host_param_count=snapshot.host_parameters,
+                fossilized=self.fossilized, pruned=self.pruned, episode_return=self.episode_return))

@@ -1,0 +1,78 @@
+"""Plain-number snapshots of an episode after an epoch: what observations and rewards are computed from.
+
+Snapshots hold Python numbers (already materialized from the device), so observation encoding and
+reward formulas are pure functions that never touch a tensor or synchronize. ``None`` means "not
+measured" and must stay distinguishable from a measured zero.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from morphogen.core.lifecycle import Stage
+
+
+@dataclass(frozen=True)
+class SlotSnapshot:
+    """One slot after an epoch."""
+
+    slot_id: str
+    stage: Stage
+    blueprint: str | None
+    #: Index of the blueprint in the topology's registry order plus one; 0 means "no seed".
+    blueprint_id: int
+    alpha: float
+    alpha_target: float
+    alpha_progress: float
+    alpha_ramping: bool
+    epochs_in_stage: int
+    seed_age: int
+    seed_parameters: int
+    #: Counterfactual contribution in accuracy points: acc(model) - acc(model without this seed).
+    contribution: float | None
+    #: The contribution measured one epoch earlier (for its trend).
+    previous_contribution: float | None
+    gradient_norm: float | None
+    gradient_health: float | None
+    gradient_ratio: float | None
+    #: Validation accuracy when the seed entered its current stage (to judge what the stage did).
+    accuracy_at_stage_start: float | None = None
+
+
+@dataclass(frozen=True)
+class EpisodeSnapshot:
+    """The whole episode after an epoch (or at reset, before any training: epoch 0)."""
+
+    epoch: int
+    max_epochs: int
+    train_loss: float | None
+    val_loss: float
+    val_accuracy: float
+    #: Up to the last 5 validation accuracies / losses, oldest first, including the current one.
+    accuracy_history: tuple[float, ...]
+    loss_history: tuple[float, ...]
+    host_parameters: int
+    #: Host plus seeds blended into the output.
+    active_parameters: int
+    slots: tuple[SlotSnapshot, ...]
+    #: Accuracy with every live seed's alpha forced to 0, when measured (2..4 live seeds).
+    accuracy_all_off: float | None
+    #: Op index of the last action (0 = WAIT) and whether it took effect.
+    last_op: int
+    last_action_succeeded: bool
+    #: True when the governor rolled the model back during this epoch.
+    rolled_back: bool = False
+
+    @property
+    def added_parameters(self) -> int:
+        return self.active_parameters - self.host_parameters
+
+    @property
+    def progress(self) -> float:
+        return self.epoch / self.max_epochs if self.max_epochs else 1.0
+
+    def stage_counts(self) -> dict[Stage, int]:
+        counts = dict.fromkeys(Stage, 0)
+        for slot in self.slots:
+            counts[slot.stage] += 1
+        return counts

@@ -1,0 +1,102 @@
+"""One training batch of a morphogenetic model: host and every live seed, each with its own optimizer.
+
+Gradients are clipped per group (host, then each seed) so a young seed's large gradients cannot eat
+the host's step budget, and vice versa. Nothing here synchronizes: the loss is accumulated on the
+device and read once per epoch by the episode.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+
+from morphogen.core.isolation import IsolationMonitor
+from morphogen.core.model import MorphogeneticModel
+from morphogen.env.evaluation import task_loss
+
+
+@dataclass(frozen=True)
+class OptimizerConfig:
+    """SGD settings of the host and of each seed (DESIGN §5 step 1)."""
+
+    host_lr: float = 0.01
+    host_momentum: float = 0.9
+    host_weight_decay: float = 5e-4
+    seed_lr: float = 0.01
+    seed_momentum: float = 0.9
+    seed_weight_decay: float = 0.0
+    #: Max global L2 gradient norm, applied to the host and to each seed separately.
+    clip_norm: float = 5.0
+
+    def __post_init__(self) -> None:
+        for name in ("host_lr", "seed_lr", "clip_norm"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
+        for name in ("host_momentum", "seed_momentum"):
+            if not 0.0 <= getattr(self, name) < 1.0:
+                raise ValueError(f"{name} must be in [0, 1), got {getattr(self, name)}")
+
+
+class ModelTrainer:
+    """Owns the host optimizer, one optimizer per live seed, and the per-epoch loss accumulator."""
+
+    def __init__(self, model: MorphogeneticModel, config: OptimizerConfig, monitor: IsolationMonitor) -> None:
+        self.model, self.config, self.monitor = model, config, monitor
+        self.host_optimizer = torch.optim.SGD(model.host_parameters(), lr=config.host_lr,
+                                              momentum=config.host_momentum,
+                                              weight_decay=config.host_weight_decay, foreach=True)
+        self.seed_optimizers: dict[str, tuple[nn.Module, torch.optim.Optimizer]] = {}
+        self._loss_sum: Tensor | None = None
+        self.batches = 0
+
+    def _sync_seed_optimizers(self) -> dict[str, list[nn.Parameter]]:
+        """Create optimizers for new seeds, drop those of removed ones; return the running seeds' params."""
+        running: dict[str, list[nn.Parameter]] = {}
+        for slot in self.model.slots():
+            kept = self.seed_optimizers.get(slot.slot_id)
+            if slot.seed is None:
+                if kept is not None:
+                    del self.seed_optimizers[slot.slot_id]
+                continue
+            if kept is None or kept[0] is not slot.seed:
+                optimizer = torch.optim.SGD(slot.seed_parameters(), lr=self.config.seed_lr,
+                                            momentum=self.config.seed_momentum,
+                                            weight_decay=self.config.seed_weight_decay, foreach=True)
+                self.seed_optimizers[slot.slot_id] = (slot.seed, optimizer)
+            if slot.is_running:
+                running[slot.slot_id] = [p for p in slot.seed_parameters() if p.requires_grad]
+        return running
+
+    def train_batch(self, inputs: Tensor, targets: Tensor) -> None:
+        """Forward, backward, per-group clip and optimizer steps on one batch."""
+        model = self.model
+        model.train()
+        running = self._sync_seed_optimizers()
+        model.zero_grad(set_to_none=True)
+        loss = task_loss(model(inputs), targets)
+        loss.backward()
+        host_parameters = model.host_parameters()
+        self.monitor.accumulate(host_parameters, running)
+        nn.utils.clip_grad_norm_(host_parameters, self.config.clip_norm, foreach=True)
+        self.host_optimizer.step()
+        for slot_id, parameters in running.items():
+            if parameters:
+                nn.utils.clip_grad_norm_(parameters, self.config.clip_norm, foreach=True)
+                self.seed_optimizers[slot_id][1].step()
+        detached = loss.detach()
+        self._loss_sum = detached.clone() if self._loss_sum is None else self._loss_sum.add_(detached)
+        self.batches += 1
+
+    def take_epoch_loss(self) -> Tensor:
+        """Mean training loss of the batches since the last call, as a device tensor (no sync)."""
+        if self._loss_sum is None or self.batches == 0:
+            raise RuntimeError("no batch was trained this epoch")
+        mean = self._loss_sum / self.batches
+        self._loss_sum, self.batches = None, 0
+        return mean
+
+    def reset_host_momentum(self) -> None:
+        """Forget the host optimizer's momentum (after a rollback it points the way that diverged)."""
+        self.host_optimizer.state.clear()

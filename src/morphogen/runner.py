@@ -1,0 +1,189 @@
+"""`morphogen run`: one episode with a controller, next to the same host trained without growth."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TextIO
+
+from morphogen.config import config_to_dict
+from morphogen.control.controller import Controller, NoGrowthController
+from morphogen.control.heuristic import HeuristicConfig, HeuristicController
+from morphogen.data import Task, load_task
+from morphogen.env.episode import EpisodeConfig, MorphogenesisEpisode, StepResult
+from morphogen.telemetry.sinks import Telemetry
+from morphogen.telemetry.story import SeedStory, seed_stories
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """Settings of `morphogen run` (file keys and CLI flags share these names)."""
+
+    #: Task name: digits, cifar10 or text.
+    task: str = "digits"
+    #: Seed of the host initialisation and data order (the baseline uses the same).
+    seed: int = 0
+    #: Device: cpu, cuda, cuda:N, mps, or auto (cuda when available, else cpu).
+    device: str = "cpu"
+    #: Slots to place (ids like r0c1); None places a slot at every injection point of the host.
+    slots: tuple[str, ...] | None = None
+    #: Also place slots after each pooling layer of the CNN host (ids r1c{i}).
+    pool_slots: bool = False
+    #: CIFAR-10 directory (torchvision's cifar-10-batches-py layout).
+    data_dir: str | None = None
+    #: Text file for the `text` task; default: the Python standard library's sources.
+    text_file: str | None = None
+    #: Cap on training samples (quick experiments); None uses the whole training split.
+    max_train_samples: int | None = None
+    #: Parent directory of run directories.
+    runs_root: str = "runs"
+    #: Exact run directory; None makes runs_root/<time>-<task>.
+    run_dir: str | None = None
+    #: Telemetry level: off, minimal, normal or debug.
+    telemetry: str = "normal"
+    #: Also train the bare host for comparison.
+    baseline: bool = True
+    episode: EpisodeConfig = field(default_factory=EpisodeConfig)
+    heuristic: HeuristicConfig = field(default_factory=HeuristicConfig)
+
+
+@dataclass
+class EpisodeOutcome:
+    final_accuracy: float
+    final_loss: float
+    parameters: int
+    host_parameters: int
+    seconds: float
+    episode_return: float
+    stories: list[SeedStory]
+    phase_seconds: dict[str, float]
+
+
+def resolve_device(name: str) -> str:
+    import torch
+
+    if name == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise ValueError(f"device {name!r} requested but CUDA is not available here; use --device cpu")
+    return name
+
+
+def make_run_dir(config: RunConfig) -> Path:
+    if config.run_dir is not None:
+        path = Path(config.run_dir)
+    else:
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        path = Path(config.runs_root) / f"{stamp}-{config.task}"
+        suffix = 1
+        while path.exists():
+            suffix += 1
+            path = Path(config.runs_root) / f"{stamp}-{config.task}-{suffix}"
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def run_episode(episode: MorphogenesisEpisode, controller: Controller,
+                on_step: Callable[[StepResult], None] | None = None) -> EpisodeOutcome:
+    """Play one whole episode of `controller` in `episode`."""
+    started = time.perf_counter()
+    snapshot = episode.reset()
+    controller.reset()
+    result = None
+    while not episode.done:
+        action = controller.act(snapshot, episode.masks())
+        result = episode.step(action)
+        snapshot = result.snapshot
+        if on_step is not None:
+            on_step(result)
+    assert episode.model is not None
+    return EpisodeOutcome(
+        final_accuracy=snapshot.val_accuracy, final_loss=snapshot.val_loss, parameters=snapshot.active_parameters,
+        host_parameters=snapshot.host_parameters, seconds=time.perf_counter() - started,
+        episode_return=episode.episode_return, stories=seed_stories(episode.history),
+        phase_seconds=dict(episode.phase_seconds),
+    )
+
+
+def format_step(result: StepResult) -> str:
+    """One progress line: epoch, accuracy, parameters, each slot's stage and alpha, the action."""
+    s = result.snapshot
+    slots = "  ".join(
+        f"{slot.slot_id}:{'-' if slot.blueprint is None else slot.blueprint}/{slot.stage.value[:5]}"
+        f"{f' a={slot.alpha:.2f}' if slot.alpha > 0 else ''}" for slot in s.slots)
+    outcome = "ok" if result.action_succeeded else f"refused: {result.reason}"
+    rollback = "  ROLLBACK" if result.rollback is not None else ""
+    from morphogen.env.actions import Op
+
+    action = Op(s.last_op).name
+    return (f"epoch {s.epoch:3d}/{s.max_epochs}  acc {s.val_accuracy:6.2f}%  loss {s.val_loss:.3f}  "
+            f"params {s.active_parameters:>9,}  {slots}  | {action} {outcome}{rollback}")
+
+
+def print_summary(grown: EpisodeOutcome, baseline: EpisodeOutcome | None, out: TextIO) -> None:
+    rows = [("final val accuracy", f"{grown.final_accuracy:.2f}%",
+             f"{baseline.final_accuracy:.2f}%" if baseline else "-"),
+            ("final val loss", f"{grown.final_loss:.4f}", f"{baseline.final_loss:.4f}" if baseline else "-"),
+            ("parameters", f"{grown.parameters:,}", f"{baseline.parameters:,}" if baseline else "-"),
+            ("wall time", f"{grown.seconds:.1f} s", f"{baseline.seconds:.1f} s" if baseline else "-")]
+    print("\n" + f"{'':22}{'grown':>14}{'no growth':>14}", file=out)
+    for name, left, right in rows:
+        print(f"{name:22}{left:>14}{right:>14}", file=out)
+    print(f"\nseeds ({len(grown.stories)}):", file=out)
+    if not grown.stories:
+        print("  none germinated", file=out)
+    for story in grown.stories:
+        contribution = "-" if story.contribution is None else f"{story.contribution:+.2f} pts"
+        ending = story.outcome if story.outcome_epoch is None else f"{story.outcome}@{story.outcome_epoch}"
+        print(f"  {story.blueprint:<11} {story.slot:<5} germ@{story.germinated:<3} {story.stage_path():<40} "
+              f"{ending:<14} contribution {contribution}", file=out)
+    phases = ", ".join(f"{name} {seconds:.1f} s" for name, seconds in grown.phase_seconds.items())
+    print(f"\ntime by phase (grown): {phases}", file=out)
+
+
+def run_command(config: RunConfig, controller_factory: Callable[[MorphogenesisEpisode], Controller] | None = None,
+                out: TextIO = sys.stdout) -> tuple[EpisodeOutcome, EpisodeOutcome | None, Path]:
+    """The whole `morphogen run`: load task, run the grown episode and the baseline, write the run dir."""
+    device = resolve_device(config.device)
+    task: Task = load_task(config.task, device=device, data_dir=config.data_dir, text_file=config.text_file,
+                           seed=config.seed, max_train_samples=config.max_train_samples)
+    run_dir = make_run_dir(config)
+    (run_dir / "config.json").write_text(json.dumps(config_to_dict(config), indent=2) + "\n")
+    with Telemetry(run_dir, level=config.telemetry) as telemetry:
+        episode = MorphogenesisEpisode(task, config.episode, seed=config.seed, slots=config.slots,
+                                       telemetry=telemetry, pool_slots=config.pool_slots)
+        episode.reset()  # builds the model so the controller can see the action space
+        if controller_factory is None:
+            assert episode.model is not None
+            controller: Controller = HeuristicController(episode.action_space, task.topology, config.heuristic)
+        else:
+            controller = controller_factory(episode)
+        print(f"morphogen run: task {task.name} ({task.topology} host, {len(task.train)} train / "
+              f"{len(task.validation)} validation), {config.episode.max_epochs} epochs, seed {config.seed}, "
+              f"device {device}, run dir {run_dir}", file=out)
+        grown = run_episode(episode, controller, lambda result: print(format_step(result), file=out, flush=True))
+    baseline = None
+    if config.baseline:
+        print("training the same host without growth...", file=out, flush=True)
+        plain = MorphogenesisEpisode(task, config.episode, seed=config.seed, slots=config.slots,
+                                     pool_slots=config.pool_slots)
+        baseline = run_episode(plain, NoGrowthController())
+    print_summary(grown, baseline, out)
+    summary = {"grown": _outcome_dict(grown), "baseline": None if baseline is None else _outcome_dict(baseline)}
+    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    return grown, baseline, run_dir
+
+
+def _outcome_dict(outcome: EpisodeOutcome) -> dict[str, object]:
+    return {
+        "final_accuracy": outcome.final_accuracy, "final_loss": outcome.final_loss,
+        "parameters": outcome.parameters, "host_parameters": outcome.host_parameters,
+        "seconds": outcome.seconds, "episode_return": outcome.episode_return,
+        "seeds": [{"slot": s.slot, "blueprint": s.blueprint, "germinated": s.germinated, "stages": s.stages,
+                   "outcome": s.outcome, "outcome_epoch": s.outcome_epoch, "contribution": s.contribution}
+                  for s in outcome.stories],
+    }

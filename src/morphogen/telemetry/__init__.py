@@ -1,0 +1,57 @@
+"""Telemetry: typed events, sinks and gradient statistics; used by every layer, imports none of them."""
+
+from morphogen.telemetry.events import (
+    LEVELS,
+    SCHEMA_VERSION,
+    ActionTaken,
+    CounterfactualMeasured,
+    EpisodeCompleted,
+    EpochCompleted,
+    Event,
+    GovernorRollback,
+    RewardComputed,
+    SlotState,
+    StageTransition,
+    event_from_dict,
+    event_types,
+)
+from morphogen.telemetry.gradients import (
+    DEFAULT_EXPLODING_THRESHOLD,
+    DEFAULT_VANISHING_THRESHOLD,
+    GroupGradientStats,
+    global_gradient_norm,
+    gradient_ratio,
+    group_gradient_stats,
+    health_score,
+    per_tensor_gradient_norms,
+)
+from morphogen.telemetry.sinks import EVENTS_FILENAME, JsonLinesSink, Sink, Telemetry, read_events
+
+__all__ = [
+    "DEFAULT_EXPLODING_THRESHOLD",
+    "DEFAULT_VANISHING_THRESHOLD",
+    "EVENTS_FILENAME",
+    "LEVELS",
+    "SCHEMA_VERSION",
+    "ActionTaken",
+    "CounterfactualMeasured",
+    "EpisodeCompleted",
+    "EpochCompleted",
+    "Event",
+    "GovernorRollback",
+    "GroupGradientStats",
+    "JsonLinesSink",
+    "RewardComputed",
+    "Sink",
+    "SlotState",
+    "StageTransition",
+    "Telemetry",
+    "event_from_dict",
+    "event_types",
+    "global_gradient_norm",
+    "gradient_ratio",
+    "group_gradient_stats",
+    "health_score",
+    "per_tensor_gradient_norms",
+    "read_events",
+]

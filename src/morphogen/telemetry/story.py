@@ -1,0 +1,59 @@
+"""The life story of every seed of an episode, rebuilt from its events (for `run` output and reports)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from morphogen.telemetry.events import CounterfactualMeasured, Event, StageTransition
+
+TERMINAL_OUTCOMES = ("fossilized", "pruned")
+
+
+@dataclass
+class SeedStory:
+    """One seed: where and what it was, the epoch it entered each stage, how it ended, what it gave."""
+
+    env_id: int
+    slot: str
+    blueprint: str
+    germinated: int
+    #: Stage name -> epoch it was entered (first time), in order of entry.
+    stages: dict[str, int] = field(default_factory=dict)
+    #: "fossilized", "pruned", or "alive" at the end of the events.
+    outcome: str = "alive"
+    outcome_epoch: int | None = None
+    outcome_reason: str = ""
+    #: Last measured counterfactual contribution in accuracy points (None if never blended in).
+    contribution: float | None = None
+
+    def stage_path(self) -> str:
+        return " ".join(f"{stage[:5]}@{epoch}" for stage, epoch in self.stages.items())
+
+
+def seed_stories(history: Iterable[Event]) -> list[SeedStory]:
+    """Stories in germination order from a stream of events (of one or several envs)."""
+    stories: list[SeedStory] = []
+    current: dict[tuple[int, str], SeedStory] = {}
+    for event in history:
+        if isinstance(event, StageTransition):
+            key = (event.env_id, event.slot)
+            if event.to_stage == "germinated":
+                story = SeedStory(event.env_id, event.slot, event.blueprint, event.epoch)
+                current[key] = story
+                stories.append(story)
+                continue
+            story_or_none = current.get(key)
+            if story_or_none is None:
+                continue  # a slot's embargo/reset moves after its seed's story ended
+            story_or_none.stages.setdefault(event.to_stage, event.epoch)
+            if event.to_stage in TERMINAL_OUTCOMES:
+                story_or_none.outcome, story_or_none.outcome_epoch = event.to_stage, event.epoch
+                story_or_none.outcome_reason = event.reason
+                del current[key]
+        elif isinstance(event, CounterfactualMeasured):
+            for slot, contribution in event.contributions:
+                story_or_none = current.get((event.env_id, slot))
+                if story_or_none is not None:
+                    story_or_none.contribution = contribution
+    return stories

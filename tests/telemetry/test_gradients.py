@@ -1,0 +1,201 @@
+"""Gradient statistics: oracle norms, low-precision safety, mixed devices, counts, pure formulas."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterator
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from morphogen.telemetry.gradients import (
+    DEFAULT_EXPLODING_THRESHOLD,
+    DEFAULT_VANISHING_THRESHOLD,
+    RATIO_HOST_FLOOR,
+    global_gradient_norm,
+    gradient_ratio,
+    group_gradient_stats,
+    health_score,
+)
+
+SYNC_METHODS = ("item", "tolist", "cpu", "numpy", "__bool__", "__float__", "__int__")
+
+
+@pytest.fixture
+def sync_calls(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
+    """Records every Tensor method call that would synchronize a device with the host."""
+    calls: list[str] = []
+    for name in SYNC_METHODS:
+        original = getattr(torch.Tensor, name)
+
+        def counted(
+            self: torch.Tensor, *args: object, _name: str = name, _original: Callable[..., object] = original
+        ):
+            calls.append(_name)
+            return _original(self, *args)
+
+        monkeypatch.setattr(torch.Tensor, name, counted)
+    yield calls
+
+
+def _mlp() -> nn.Module:
+    return nn.Sequential(nn.Linear(7, 16), nn.ReLU(), nn.Linear(16, 3))
+
+
+def _cnn() -> nn.Module:
+    return nn.Sequential(
+        nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(), nn.Flatten(), nn.Linear(8 * 5 * 5, 4)
+    )
+
+
+def _partly_frozen() -> nn.Module:
+    model = nn.Sequential(nn.Linear(5, 9), nn.Tanh(), nn.LayerNorm(9), nn.Linear(9, 2))
+    model[0].requires_grad_(False)  # their .grad stays None and must be skipped
+    return model
+
+
+@pytest.mark.parametrize(
+    ("build", "input_shape"),
+    [(_mlp, (11, 7)), (_cnn, (6, 3, 5, 5)), (_partly_frozen, (4, 5))],
+    ids=["mlp", "cnn", "partly_frozen"],
+)
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_norm_equals_get_total_norm(
+    build: Callable[[], nn.Module], input_shape: tuple[int, ...], seed: int
+) -> None:
+    torch.manual_seed(seed)
+    model = build()
+    (model(torch.randn(input_shape)) ** 2).mean().backward()
+    params = list(model.parameters())
+    grads = [param.grad for param in params if param.grad is not None]
+    expected = torch.nn.utils.get_total_norm(grads)
+    stats = group_gradient_stats(params)
+    torch.testing.assert_close(global_gradient_norm(params), expected, rtol=1e-6, atol=0.0)
+    torch.testing.assert_close(stats.norm, expected, rtol=1e-6, atol=0.0)
+    assert stats.norm.dtype == torch.float32 and stats.norm.shape == ()
+    assert stats.n_tensors == len(grads)
+    assert stats.n_parameters == sum(grad.numel() for grad in grads)
+
+
+def test_float16_gradients_do_not_overflow() -> None:
+    generator = torch.Generator().manual_seed(0)
+    grads = [torch.randn(n, generator=generator) * 1e3 for n in (20000, 5000, 300)]
+    params = [torch.zeros(g.shape, dtype=torch.float16, requires_grad=True) for g in grads]
+    for param, grad in zip(params, grads, strict=True):
+        param.grad = grad.to(torch.float16)
+    float64_reference = math.sqrt(sum(float(np.sum(p.grad.double().numpy() ** 2)) for p in params))
+    # The contrast: squaring and summing in float16 overflows (pitfall 5).
+    naive = sum(((p.grad * p.grad).sum() for p in params), torch.zeros((), dtype=torch.float16))
+    assert torch.isinf(naive)
+    norm = global_gradient_norm(params)
+    assert norm.dtype == torch.float32 and torch.isfinite(norm)
+    assert norm.item() == pytest.approx(float64_reference, rel=1e-3)
+
+
+def test_mixed_dtypes_in_one_group() -> None:
+    values = {torch.float16: [3.0, 4.0], torch.float64: [12.0], torch.float32: [0.0, 84.0]}
+    params = []
+    for dtype, grad in values.items():
+        param = torch.zeros(len(grad), dtype=dtype, requires_grad=True)
+        param.grad = torch.tensor(grad, dtype=dtype)
+        params.append(param)
+    stats = group_gradient_stats(params)
+    # sqrt(3² + 4² + 12² + 84²) = sqrt(9 + 16 + 144 + 7056) = sqrt(7225) = 85
+    assert stats.norm.item() == pytest.approx(85.0, rel=1e-6)
+    assert stats.exploding.item() == 2  # 12 and 84 exceed 10; the fp16 tensor has norm 5
+
+
+def test_mixed_devices_move_norms_to_one_device() -> None:
+    on_cpu = torch.zeros(4, requires_grad=True)
+    on_cpu.grad = torch.ones(4)
+    on_meta = torch.zeros(3, device="meta", requires_grad=True)
+    on_meta.grad = torch.ones(3, device="meta")
+    stats = group_gradient_stats([on_cpu, on_meta], device="meta")
+    assert stats.norm.device.type == "meta" and stats.norm.shape == ()
+    assert stats.vanishing.device.type == "meta" and stats.exploding.device.type == "meta"
+    assert (stats.n_tensors, stats.n_parameters) == (2, 7)
+    # Without `device`, the first gradient's device is used.
+    assert group_gradient_stats([on_meta, on_cpu]).norm.device.type == "meta"
+    assert group_gradient_stats([on_cpu]).norm.device.type == "cpu"
+
+
+def test_vanishing_and_exploding_counts() -> None:
+    magnitudes = [0.0, 1e-8, 5e-7, 0.5, 10.0, 11.0, math.inf, math.nan]
+    params = []
+    for magnitude in magnitudes:
+        param = torch.zeros(1, requires_grad=True)
+        param.grad = torch.tensor([-magnitude])
+        params.append(param)
+    stats = group_gradient_stats(params)
+    assert stats.vanishing.item() == 2  # 0 and 1e-8 are below 1e-7
+    assert (
+        stats.exploding.item() == 3
+    )  # 11, inf, and nan (non-finite counts as exploding); 10 is not above 10
+    assert stats.vanishing.dtype == torch.int64
+    tight = group_gradient_stats(params, vanishing_threshold=1e-6, exploding_threshold=0.25)
+    assert tight.vanishing.item() == 3
+    assert tight.exploding.item() == 5
+
+
+def test_parameters_without_gradient_are_skipped_and_empty_group_is_zero() -> None:
+    no_grad = torch.zeros(5, requires_grad=True)
+    stats = group_gradient_stats([no_grad])
+    assert stats.norm.item() == 0.0 and stats.vanishing.item() == 0 and stats.exploding.item() == 0
+    assert (stats.n_tensors, stats.n_parameters) == (0, 0)
+    assert stats.norm.device.type == "cpu"
+    assert group_gradient_stats([], device="meta").norm.device.type == "meta"
+
+
+def test_default_thresholds() -> None:
+    assert DEFAULT_VANISHING_THRESHOLD == 1e-7
+    assert DEFAULT_EXPLODING_THRESHOLD == 10.0
+
+
+@pytest.mark.parametrize(("vanishing", "exploding"), [(-1.0, 10.0), (1.0, 1.0), (2.0, 1.0)])
+def test_bad_thresholds_raise(vanishing: float, exploding: float) -> None:
+    with pytest.raises(ValueError, match="vanishing_threshold < exploding_threshold"):
+        group_gradient_stats([], vanishing_threshold=vanishing, exploding_threshold=exploding)
+
+
+def test_group_stats_do_not_sync(sync_calls: list[str]) -> None:
+    params = []
+    for size in (3, 8, 1):
+        param = torch.zeros(size, requires_grad=True)
+        param.grad = torch.full((size,), 2.0)
+        params.append(param)
+    stats = group_gradient_stats(params)
+    assert sync_calls == []
+    assert stats.norm.item() == pytest.approx(math.sqrt(4.0 * 12))
+
+
+@pytest.mark.parametrize(
+    ("vanishing_fraction", "exploding_fraction", "expected"),
+    [(0.0, 0.0, 1.0), (0.0, 0.3, 0.7), (0.6, 0.0, 0.7), (0.5, 0.25, 0.5), (1.0, 0.0, 0.5), (0.5, 1.0, 0.0)],
+)
+def test_health_score(vanishing_fraction: float, exploding_fraction: float, expected: float) -> None:
+    assert health_score(vanishing_fraction, exploding_fraction) == pytest.approx(expected)
+
+
+@pytest.mark.parametrize(
+    ("vanishing_fraction", "exploding_fraction"), [(-0.1, 0.0), (0.0, 1.5), (math.nan, 0.0)]
+)
+def test_health_score_rejects_non_fractions(vanishing_fraction: float, exploding_fraction: float) -> None:
+    with pytest.raises(ValueError, match=r"must be a fraction in \[0, 1\]"):
+        health_score(vanishing_fraction, exploding_fraction)
+
+
+def test_gradient_ratio() -> None:
+    # seed 6 / sqrt(4) = 3 per parameter; host 2 / sqrt(16) = 0.5 per parameter.
+    assert gradient_ratio(6.0, 4, 2.0, 16) == pytest.approx(6.0)
+    assert gradient_ratio(0.0, 4, 2.0, 16) == 0.0
+    # A host without gradient: the floor replaces a division by zero.
+    assert gradient_ratio(6.0, 4, 0.0, 16) == pytest.approx(3.0 / RATIO_HOST_FLOOR)
+    assert gradient_ratio(6.0, 4, 0.0, 0) == pytest.approx(3.0 / RATIO_HOST_FLOOR)
+    assert gradient_ratio(0.0, 0, 0.0, 0) == 0.0
+    assert math.isnan(gradient_ratio(math.nan, 4, 2.0, 16))
+    with pytest.raises(ValueError, match="seed_norm must be a non-negative"):
+        gradient_ratio(-1.0, 4, 2.0, 16)
+    with pytest.raises(ValueError, match="host_parameters must be a non-negative"):
+        gradient_ratio(1.0, 4, 2.0, -16)
