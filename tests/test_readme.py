@@ -1,0 +1,18 @@
+"""The README's library example runs as written."""
+
+import re
+from pathlib import Path
+
+README = Path(__file__).resolve().parents[1] / "README.md"
+
+
+def test_readme_library_example_runs(capsys):
+    blocks = re.findall(r"```python\n(.*?)```", README.read_text(), flags=re.S)
+    assert blocks, "README has no python example"
+    namespace: dict[str, object] = {}
+    exec(compile(blocks[0], str(README), "exec"), namespace)
+    slot = namespace["slot"]
+    from morphogen import Stage
+
+    assert slot.stage is Stage.BLENDING
+    assert "blending" in capsys.readouterr().out.lower()
