@@ -3,17 +3,20 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 from collections.abc import Sequence
 from typing import Any
 
 from morphogen.config import ConfigError, build_config, read_config_file
+from morphogen.control.checkpoint import CheckpointError
+from morphogen.control.trainer import TrainConfig
 from morphogen.core.blueprints import UnknownBlueprintError
 from morphogen.core.hosts import UnknownSlotError
 from morphogen.data import DataError
 from morphogen.runner import RunConfig, run_command
 
-USER_ERRORS = (ConfigError, DataError, UnknownBlueprintError, UnknownSlotError)
+USER_ERRORS = (ConfigError, DataError, UnknownBlueprintError, UnknownSlotError, CheckpointError)
 EXIT_USER_ERROR = 2
 
 
@@ -38,20 +41,52 @@ def _add_run_parser(subparsers: Any) -> None:
     run.add_argument("--run-dir", help="exact run directory (default runs/<time>-<task>)")
     run.add_argument("--telemetry", choices=["off", "minimal", "normal", "debug"], help="telemetry level")
     run.add_argument("--no-baseline", action="store_true", help="skip the no-growth comparison")
+    run.add_argument("--policy", help="run directory of `morphogen train`: act with its learned policy")
+
+
+def _add_train_parser(subparsers: Any) -> None:
+    train = subparsers.add_parser("train", help="train a growth policy with PPO over parallel episodes",
+                                  description="PPO over rounds of parallel episodes; a checkpoint every round.")
+    train.add_argument("--config", help="TOML/JSON/YAML file with TrainConfig keys (flags override it)")
+    train.add_argument("--task", help="digits (default), cifar10 or text")
+    train.add_argument("--envs", type=int, dest="n_envs", help="episodes side by side per round (default 4)")
+    train.add_argument("--rounds", type=int, help="PPO rounds (default 20)")
+    train.add_argument("--episode-length", type=int, help="epochs per episode (default 25)")
+    train.add_argument("--seed", type=int, help="base seed (default 0)")
+    train.add_argument("--device", help="cpu (default), cuda, cuda:N, mps or auto")
+    train.add_argument("--slots", help="comma-separated slot ids (default: all)")
+    train.add_argument("--data-dir", help="CIFAR-10 directory")
+    train.add_argument("--text-file", help="text file for the text task")
+    train.add_argument("--max-train-samples", type=int, help="cap the training split")
+    train.add_argument("--hidden-size", type=int, help="policy width (default 512)")
+    train.add_argument("--run-dir", help="exact run directory (default runs/<time>-<task>)")
+    train.add_argument("--telemetry", choices=["off", "minimal", "normal", "debug"], help="telemetry level")
+    train.add_argument("--resume", metavar="RUN_DIR", help="continue a stopped run from its checkpoint")
+
+
+def _add_eval_parser(subparsers: Any) -> None:
+    evaluate = subparsers.add_parser("eval", help="compare a learned policy, the heuristic and no growth",
+                                     description="Learned policy, heuristic and no growth on the same fresh seeds.")
+    evaluate.add_argument("--policy", required=True, help="run directory of `morphogen train`")
+    evaluate.add_argument("--episodes", type=int, default=5, help="episodes per controller (default 5)")
+    evaluate.add_argument("--seed", type=int, default=0, help="base of the evaluation seeds (default 0)")
+    evaluate.add_argument("--device", default="cpu", help="cpu (default), cuda, cuda:N, mps or auto")
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="morphogen", description="Neural networks that grow while they train.")
     subparsers = parser.add_subparsers(dest="command", required=True)
     _add_run_parser(subparsers)
+    _add_train_parser(subparsers)
+    _add_eval_parser(subparsers)
     return parser
 
 
 def _flag_overrides(args: argparse.Namespace) -> dict[str, Any]:
     overrides: dict[str, Any] = {}
     for name in ("task", "seed", "device", "data_dir", "text_file", "max_train_samples", "run_dir", "telemetry",
-                 "pool_slots"):
-        value = getattr(args, name)
+                 "pool_slots", "n_envs", "rounds", "hidden_size"):
+        value = getattr(args, name, None)
         if value is not None:
             overrides[name] = value
     if args.slots is not None:
@@ -59,27 +94,81 @@ def _flag_overrides(args: argparse.Namespace) -> dict[str, Any]:
         if not slots:
             raise UsageError("--slots needs at least one slot id, e.g. --slots r0c1")
         overrides["slots"] = slots
-    if args.no_baseline:
+    if getattr(args, "no_baseline", False):
         overrides["baseline"] = False
     return overrides
+
+
+def _with_episode_length(values: dict[str, Any], length: int | None, flag: str) -> dict[str, Any]:
+    if length is not None:
+        if length < 1:
+            raise UsageError(f"{flag} must be >= 1, got {length}")
+        episode = dict(values.get("episode") or {})
+        episode["max_epochs"] = length
+        values["episode"] = episode
+    return values
+
+
+def train_config_from_args(args: argparse.Namespace) -> TrainConfig:
+    values: dict[str, Any] = read_config_file(args.config) if args.config else {}
+    values.update(_flag_overrides(args))
+    if args.n_envs is not None and args.n_envs < 1:
+        raise UsageError(f"--envs must be >= 1, got {args.n_envs}")
+    return build_config(TrainConfig, _with_episode_length(values, args.episode_length, "--episode-length"))
+
+
+def _train(args: argparse.Namespace) -> None:
+    from morphogen.commands.train import config_for_resume, train_command
+
+    if args.resume is None:
+        train_command(train_config_from_args(args))
+        return
+    overrides = _flag_overrides(args)
+    if args.config or args.episode_length is not None or args.slots is not None:
+        raise UsageError("--resume continues a run with its saved config; only --rounds, --device and "
+                         "--telemetry may be given with it")
+    config, state = config_for_resume(args.resume, overrides)
+    train_command(config, resume_state=state)
+
+
+def _run(args: argparse.Namespace) -> None:
+    config = run_config_from_args(args)
+    if args.policy is None:
+        run_command(config)
+        return
+    from morphogen.commands.evaluate import policy_controller_factory, read_policy_run
+    from morphogen.data import load_task
+    from morphogen.runner import resolve_device
+
+    trained, _ = read_policy_run(args.policy, resolve_device(config.device))
+    length = args.epochs if args.epochs is not None else trained.episode_length
+    config = dataclasses.replace(config, episode=dataclasses.replace(trained.episode, max_epochs=length),
+                                 slots=trained.slots, pool_slots=trained.pool_slots)
+    device = resolve_device(config.device)
+    task = load_task(config.task, device=device, data_dir=config.data_dir, text_file=config.text_file,
+                     seed=config.seed, max_train_samples=config.max_train_samples)
+    factory, _ = policy_controller_factory(args.policy, task, device, length)
+    run_command(config, factory, task=task)
 
 
 def run_config_from_args(args: argparse.Namespace) -> RunConfig:
     """Defaults, then the config file, then command-line flags."""
     values: dict[str, Any] = read_config_file(args.config) if args.config else {}
     values.update(_flag_overrides(args))
-    if args.epochs is not None:
-        episode = dict(values.get("episode") or {})
-        episode["max_epochs"] = args.epochs
-        values["episode"] = episode
-    return build_config(RunConfig, values)
+    return build_config(RunConfig, _with_episode_length(values, args.epochs, "--epochs"))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         if args.command == "run":
-            run_command(run_config_from_args(args))
+            _run(args)
+        elif args.command == "train":
+            _train(args)
+        else:
+            from morphogen.commands.evaluate import evaluate_command
+
+            evaluate_command(args.policy, args.episodes, seed=args.seed, device=args.device)
         return 0
     except (*USER_ERRORS, UsageError) as error:
         print(f"morphogen {args.command}: error: {error}", file=sys.stderr)

@@ -10,6 +10,8 @@ from __future__ import annotations
 import dataclasses
 import enum
 import json
+import math
+import re
 import tomllib
 import types
 import typing
@@ -57,7 +59,8 @@ def _convert_enum(value: Any, annotation: type[enum.Enum], path: str) -> Any:
 _SCALARS: dict[Any, tuple[Any, Any, str]] = {
     bool: (lambda v: isinstance(v, bool), bool, "true or false"),
     int: (lambda v: isinstance(v, int) and not isinstance(v, bool), int, "an integer"),
-    float: (lambda v: isinstance(v, (int, float)) and not isinstance(v, bool), float, "a number"),
+    float: (lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and not math.isnan(v), float,
+            "a number (not NaN)"),
     str: (lambda v: isinstance(v, str), str, "a string"),
 }
 
@@ -99,7 +102,27 @@ def build_config(cls: type[T], values: Mapping[str, Any], path: str = "") -> T:
     try:
         return cls(**kwargs)
     except (ValueError, TypeError) as error:
-        raise ConfigError(f"{path or cls.__name__}: {error}") from None
+        raise ConfigError(_located_message(str(error), list(fields), list(values), path or cls.__name__,
+                                           prefix)) from None
+
+
+def _located_message(message: str, field_names: list[str], given: list[str], fallback: str, prefix: str) -> str:
+    """Prefix a dataclass's own validation message with the key path of the field it names.
+
+    The field is the first one the message mentions, preferring fields the user set; a leading
+    repetition of the field name is dropped (``max_epochs must be >= 1`` -> ``episode.max_epochs: must be >= 1``).
+    """
+    positions = {}
+    for name in field_names:
+        found = re.search(rf"\b{re.escape(name)}\b", message)
+        if found is not None:
+            positions[name] = found.start()
+    if not positions:
+        return f"{fallback}: {message}"
+    name = min(positions, key=lambda candidate: (candidate not in given, positions[candidate]))
+    if message.startswith(name + " "):
+        message = message[len(name) + 1:]
+    return f"{prefix}{name}: {message}"
 
 
 def read_config_file(path: str | Path) -> dict[str, Any]:

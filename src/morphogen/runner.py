@@ -10,11 +10,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TextIO
 
-from morphogen.config import config_to_dict
+from morphogen.config import ConfigError, config_to_dict
 from morphogen.control.controller import Controller, NoGrowthController
 from morphogen.control.heuristic import HeuristicConfig, HeuristicController
 from morphogen.data import Task, load_task
 from morphogen.env.episode import EpisodeConfig, MorphogenesisEpisode, StepResult
+from morphogen.telemetry.events import LEVELS
 from morphogen.telemetry.sinks import Telemetry
 from morphogen.telemetry.story import SeedStory, seed_stories
 
@@ -50,6 +51,10 @@ class RunConfig:
     episode: EpisodeConfig = field(default_factory=EpisodeConfig)
     heuristic: HeuristicConfig = field(default_factory=HeuristicConfig)
 
+    def __post_init__(self) -> None:
+        if self.telemetry not in LEVELS:
+            raise ValueError(f"telemetry must be one of {', '.join(LEVELS)}, got {self.telemetry!r}")
+
 
 @dataclass
 class EpisodeOutcome:
@@ -64,26 +69,37 @@ class EpisodeOutcome:
 
 
 def resolve_device(name: str) -> str:
+    """The torch device string for a `device` setting; a device this machine lacks is a `ConfigError`."""
     import torch
 
     if name == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
-    if name.startswith("cuda") and not torch.cuda.is_available():
-        raise ValueError(f"device {name!r} requested but CUDA is not available here; use --device cpu")
+    try:
+        kind = torch.device(name).type
+    except RuntimeError:
+        raise ConfigError(f"device: {name!r} is not a device; use cpu, cuda, cuda:N, mps or auto") from None
+    if kind == "cuda" and not torch.cuda.is_available():
+        raise ConfigError(f"device: {name!r} requested but CUDA is not available here; use --device cpu")
+    if kind == "mps" and not torch.backends.mps.is_available():
+        raise ConfigError(f"device: {name!r} requested but MPS is not available here; use --device cpu")
     return name
 
 
-def make_run_dir(config: RunConfig) -> Path:
-    if config.run_dir is not None:
-        path = Path(config.run_dir)
+def make_run_dir(run_dir: str | None, runs_root: str, task: str) -> Path:
+    """`run_dir` if given, else a new `runs_root/<time>-<task>` directory."""
+    if run_dir is not None:
+        path = Path(run_dir)
     else:
         stamp = time.strftime("%Y%m%d-%H%M%S")
-        path = Path(config.runs_root) / f"{stamp}-{config.task}"
+        path = Path(runs_root) / f"{stamp}-{task}"
         suffix = 1
         while path.exists():
             suffix += 1
-            path = Path(config.runs_root) / f"{stamp}-{config.task}-{suffix}"
-    path.mkdir(parents=True, exist_ok=True)
+            path = Path(runs_root) / f"{stamp}-{task}-{suffix}"
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise ConfigError(f"run_dir: cannot create {path}: {error.strerror or error}") from None
     return path
 
 
@@ -146,22 +162,26 @@ def print_summary(grown: EpisodeOutcome, baseline: EpisodeOutcome | None, out: T
 
 
 def run_command(config: RunConfig, controller_factory: Callable[[MorphogenesisEpisode], Controller] | None = None,
-                out: TextIO = sys.stdout) -> tuple[EpisodeOutcome, EpisodeOutcome | None, Path]:
+                out: TextIO = sys.stdout,
+                task: Task | None = None) -> tuple[EpisodeOutcome, EpisodeOutcome | None, Path]:
     """The whole `morphogen run`: load task, run the grown episode and the baseline, write the run dir."""
     device = resolve_device(config.device)
-    task: Task = load_task(config.task, device=device, data_dir=config.data_dir, text_file=config.text_file,
-                           seed=config.seed, max_train_samples=config.max_train_samples)
-    run_dir = make_run_dir(config)
+    if task is None:
+        task = load_task(config.task, device=device, data_dir=config.data_dir, text_file=config.text_file,
+                         seed=config.seed, max_train_samples=config.max_train_samples)
+    episode = MorphogenesisEpisode(task, config.episode, seed=config.seed, slots=config.slots,
+                                   pool_slots=config.pool_slots)
+    # Build the model and the controller before anything is written: an unknown slot or blueprint then
+    # fails without leaving a half-made run directory behind.
+    episode.reset()
+    if controller_factory is None:
+        controller: Controller = HeuristicController(episode.action_space, task.topology, config.heuristic)
+    else:
+        controller = controller_factory(episode)
+    run_dir = make_run_dir(config.run_dir, config.runs_root, config.task)
     (run_dir / "config.json").write_text(json.dumps(config_to_dict(config), indent=2) + "\n")
     with Telemetry(run_dir, level=config.telemetry) as telemetry:
-        episode = MorphogenesisEpisode(task, config.episode, seed=config.seed, slots=config.slots,
-                                       telemetry=telemetry, pool_slots=config.pool_slots)
-        episode.reset()  # builds the model so the controller can see the action space
-        if controller_factory is None:
-            assert episode.model is not None
-            controller: Controller = HeuristicController(episode.action_space, task.topology, config.heuristic)
-        else:
-            controller = controller_factory(episode)
+        episode.telemetry = telemetry
         print(f"morphogen run: task {task.name} ({task.topology} host, {len(task.train)} train / "
               f"{len(task.validation)} validation), {config.episode.max_epochs} epochs, seed {config.seed}, "
               f"device {device}, run dir {run_dir}", file=out)

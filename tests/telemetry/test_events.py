@@ -4,24 +4,38 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from pathlib import Path
 from typing import Any, ClassVar
 
+import jsonschema
 import pytest
 
 from morphogen.telemetry.events import (
+    ALL_ENVS,
     SCHEMA_VERSION,
     ActionTaken,
+    AnomalyDetected,
     CounterfactualMeasured,
     EpisodeCompleted,
     EpochCompleted,
     Event,
     GovernorRollback,
+    GradientHealthMeasured,
+    LayerStatistics,
+    LayerStats,
+    LSTMHealthMeasured,
+    PhaseTimes,
+    PPOUpdateCompleted,
     RewardComputed,
+    RoundCompleted,
     SlotState,
     StageTransition,
+    TelemetryLevelChanged,
     event_from_dict,
     event_types,
 )
+from morphogen.telemetry.schema import SCHEMA_PATH
+from morphogen.telemetry.sinks import EVENTS_FILENAME, Telemetry
 
 METRIC_PREFIXES = ("episode/", "growth/", "ppo/", "health/", "time/")
 
@@ -83,6 +97,54 @@ SAMPLES: list[Event] = [
         pruned=1,
         episode_return=4.5,
     ),
+    AnomalyDetected(
+        epoch=50, env_id=ALL_ENVS, anomaly="kl_spike", message="approximate KL 0.1 > 4 x 0.015", advice="lower lr"
+    ),
+    TelemetryLevelChanged(epoch=50, env_id=ALL_ENVS, from_level="normal", to_level="debug", reason="anomaly"),
+    PPOUpdateCompleted(
+        epoch=50,
+        env_id=ALL_ENVS,
+        round=1,
+        policy_loss=-0.0625,
+        value_loss=0.5,
+        entropy_loss=-1.25,
+        entropy_per_head=(("op", 1.5), ("slot", 0.75)),
+        approx_kl=0.0078125,
+        clip_fraction=0.125,
+        explained_variance=0.25,
+        grad_norm=2.5,
+        epochs_completed=3,
+        early_stopped=True,
+    ),
+    RoundCompleted(
+        epoch=50,
+        env_id=ALL_ENVS,
+        round=1,
+        mean_return=1.5,
+        mean_final_accuracy=88.5,
+        mean_parameters_added=1200.0,
+        seconds=12.25,
+    ),
+    PhaseTimes(epoch=50, env_id=ALL_ENVS, phases=(("train", 8.5), ("validate", 2.0), ("update", 1.25))),
+    GradientHealthMeasured(epoch=4, env_id=1, host_norm=0.75, seeds=(("r0c0", 0.125, 0.9, 0.5),)),
+    LSTMHealthMeasured(
+        epoch=50,
+        env_id=ALL_ENVS,
+        hidden_rms_mean=0.25,
+        hidden_rms_max=0.5,
+        cell_rms_mean=1.5,
+        cell_rms_max=3.0,
+        non_finite=0,
+    ),
+    LayerStatistics(
+        epoch=4,
+        env_id=0,
+        module="host",
+        layers=(
+            LayerStats("0.weight", "parameter", 6, 2.0, 0.5, 0.25, -1.0, 1.5, 1, 0, 0),
+            LayerStats("0.weight", "gradient", 6, float("inf"), float("nan"), float("nan"), -1.0, float("inf"), 0, 1, 1),
+        ),
+    ),
 ]
 
 
@@ -94,8 +156,24 @@ def test_samples_cover_every_registered_event() -> None:
 def test_round_trip_through_json_text(event: Event) -> None:
     line = json.dumps(event.to_dict())
     rebuilt = event_from_dict(json.loads(line))
-    assert rebuilt == event
+    # NaN != NaN, so compare the JSON text of both sides.
+    assert json.dumps(rebuilt.to_dict()) == line
     assert type(rebuilt) is type(event)
+
+
+def test_every_event_written_by_the_sink_validates_against_the_schema(tmp_path: Path) -> None:
+    schema = json.loads(SCHEMA_PATH.read_text(encoding="utf-8"))
+    validator = jsonschema.Draft202012Validator(schema)
+    with Telemetry(tmp_path, level="debug") as telemetry:
+        for event in SAMPLES:
+            telemetry.emit(event)
+    lines = (tmp_path / EVENTS_FILENAME).read_text(encoding="utf-8").splitlines()
+    assert len(lines) == len(SAMPLES)
+    for line in lines:
+        validator.validate(json.loads(line))
+    broken = json.loads(lines[-1]) | {"module": 3}
+    with pytest.raises(jsonschema.ValidationError):
+        validator.validate(broken)
 
 
 def test_to_dict_layout() -> None:
@@ -189,7 +267,16 @@ def test_duplicate_kind_is_rejected() -> None:
 
 def test_minimal_level_events() -> None:
     minimal = {kind for kind, event_type in event_types().items() if event_type.min_level == "minimal"}
-    assert minimal == {"epoch_completed", "episode_completed", "governor_rollback"}
+    assert minimal == {
+        "epoch_completed",
+        "episode_completed",
+        "governor_rollback",
+        "anomaly_detected",
+        "telemetry_level_changed",
+        "round_completed",
+    }
+    debug = {kind for kind, event_type in event_types().items() if event_type.min_level == "debug"}
+    assert debug == {"layer_statistics"}
 
 
 def test_scalars_use_the_shared_prefixes() -> None:
@@ -223,7 +310,33 @@ def test_scalar_values() -> None:
         "episode/reward/contribution": 0.25,
         "episode/reward/rent": -0.375,
     }
-    episode = SAMPLES[-1].scalars()
+    episode = _sample(EpisodeCompleted).scalars()
     assert episode["growth/added_params"] == 3000.0
     assert episode["episode/return"] == 4.5
     assert SAMPLES[1].scalars() == {}
+
+
+def _sample(event_type: type[Event]) -> Event:
+    return next(event for event in SAMPLES if type(event) is event_type)
+
+
+def test_scalar_values_of_training_events() -> None:
+    assert _sample(AnomalyDetected).scalars() == {"health/anomaly/kl_spike": 1.0}
+    assert _sample(TelemetryLevelChanged).scalars() == {"health/telemetry_level": 3.0}
+    ppo = _sample(PPOUpdateCompleted).scalars()
+    assert ppo["ppo/entropy/op"] == 1.5 and ppo["ppo/entropy/slot"] == 0.75
+    assert ppo["ppo/approx_kl"] == 0.0078125 and ppo["ppo/early_stopped"] == 1.0
+    assert ppo["ppo/epochs_completed"] == 3.0 and ppo["ppo/clip_fraction"] == 0.125
+    assert _sample(RoundCompleted).scalars()["time/round"] == 12.25
+    assert _sample(PhaseTimes).scalars() == {"time/train": 8.5, "time/validate": 2.0, "time/update": 1.25}
+    assert _sample(GradientHealthMeasured).scalars() == {
+        "health/host_gradient_norm": 0.75,
+        "health/seed_gradient_norm/r0c0": 0.125,
+        "health/seed_health/r0c0": 0.9,
+        "health/seed_gradient_ratio/r0c0": 0.5,
+    }
+    assert _sample(LSTMHealthMeasured).scalars()["health/lstm_cell_rms_max"] == 3.0
+    layers = _sample(LayerStatistics).scalars()
+    assert layers["health/layers/host/parameter/0.weight/norm"] == 2.0
+    assert layers["health/layers/host/gradient/0.weight/nan"] == 1.0
+    assert len(layers) == 16

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import numpy as np
 import pytest
 import torch
 from torch import nn
+from torch._C._profiler import _EventType
+from torch.profiler import ProfilerActivity, profile
 
 from morphogen.telemetry.gradients import (
     DEFAULT_EXPLODING_THRESHOLD,
@@ -19,25 +21,6 @@ from morphogen.telemetry.gradients import (
     group_gradient_stats,
     health_score,
 )
-
-SYNC_METHODS = ("item", "tolist", "cpu", "numpy", "__bool__", "__float__", "__int__")
-
-
-@pytest.fixture
-def sync_calls(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
-    """Records every Tensor method call that would synchronize a device with the host."""
-    calls: list[str] = []
-    for name in SYNC_METHODS:
-        original = getattr(torch.Tensor, name)
-
-        def counted(
-            self: torch.Tensor, *args: object, _name: str = name, _original: Callable[..., object] = original
-        ):
-            calls.append(_name)
-            return _original(self, *args)
-
-        monkeypatch.setattr(torch.Tensor, name, counted)
-    yield calls
 
 
 def _mlp() -> nn.Module:
@@ -199,3 +182,42 @@ def test_gradient_ratio() -> None:
         gradient_ratio(-1.0, 4, 2.0, 16)
     with pytest.raises(ValueError, match="host_parameters must be a non-negative"):
         gradient_ratio(1.0, 4, 2.0, -16)
+
+
+def _peak_allocated_bytes(function: Callable[[], object]) -> int:
+    """Peak of the CPU bytes allocated, and not yet freed, while `function` runs.
+
+    With `profile_memory=True` the profiler records every allocation and free of torch's CPU
+    allocator with its size (negative for frees). Summing them in time order gives the memory the
+    call holds at each moment; its maximum is the call's peak extra memory. Unlike the process RSS
+    this is exact, counts nothing allocated before the call, and does not depend on malloc reusing pages.
+    """
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as profiler:
+        function()
+    pending = list(profiler.profiler.kineto_results.experimental_event_tree())
+    sizes: list[tuple[int, int]] = []
+    while pending:
+        node = pending.pop()
+        pending.extend(node.children)
+        if node.tag == _EventType.Allocation and node.extra_fields.device.type == "cpu":
+            sizes.append((node.start_time_ns, node.extra_fields.alloc_size))
+    running = peak = 0
+    for _, size in sorted(sizes):
+        running += size
+        peak = max(peak, running)
+    return peak
+
+
+def test_statistics_of_20m_parameters_allocate_under_one_percent_of_the_gradients() -> None:
+    torch.manual_seed(0)
+    model = nn.Sequential(*(nn.Linear(2048, 2048) for _ in range(5)))  # 5 x (2048² + 2048) ~ 21M parameters
+    for param in model.parameters():
+        param.grad = torch.randn_like(param)
+    params = list(model.parameters())
+    gradient_bytes = sum(param.grad.numel() * param.grad.element_size() for param in params)
+    assert sum(param.numel() for param in params) > 20_000_000
+    peak = _peak_allocated_bytes(lambda: group_gradient_stats(params))
+    assert 0 < peak < 0.01 * gradient_bytes
+    # The contrast that shows the measurement sees allocations: a cat of all gradients (pitfall 6).
+    concatenated = _peak_allocated_bytes(lambda: torch.cat([param.grad.flatten() for param in params]).norm())
+    assert concatenated >= gradient_bytes

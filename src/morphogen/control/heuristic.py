@@ -13,8 +13,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from morphogen.core.blueprints import UnknownBlueprintError
 from morphogen.core.lifecycle import Stage
 from morphogen.env.actions import Action, ActionSpace, Op
+from morphogen.env.episode import HISTORY
 from morphogen.env.snapshot import EpisodeSnapshot, SlotSnapshot
 
 #: Blueprint order tried by default, per topology (cheap and commonly useful first).
@@ -40,17 +42,24 @@ class HeuristicConfig:
     worse_threshold: float = 2.0
     #: Fossilize a holding seed whose contribution exceeds this many points, else prune it.
     fossilize_threshold: float = 0.5
+    #: Epochs in HOLDING before that judgement: a seed enters HOLDING at the end of an epoch whose
+    #: contribution was measured with alpha still below 1, so the first full-strength figure comes one epoch later.
+    min_holding_epochs: int = 1
     #: Epochs a pruned blueprint is skipped by the rotation.
     prune_penalty_epochs: int = 10
     #: Blueprint order; None uses DEFAULT_ROTATION for the topology.
     rotation: tuple[str, ...] | None = None
 
     def __post_init__(self) -> None:
-        for name in ("warmup_epochs", "plateau_epochs", "min_training_epochs", "prune_penalty_epochs"):
+        for name in ("warmup_epochs", "plateau_epochs", "min_training_epochs", "prune_penalty_epochs",
+                     "min_holding_epochs"):
             if getattr(self, name) < 0:
                 raise ValueError(f"heuristic {name} must be >= 0, got {getattr(self, name)}")
-        if self.plateau_epochs < 1:
-            raise ValueError(f"heuristic plateau_epochs must be >= 1, got {self.plateau_epochs}")
+        if not 1 <= self.plateau_epochs < HISTORY:
+            # The snapshot keeps the last HISTORY accuracies; a longer plateau test could never pass.
+            raise ValueError(f"heuristic plateau_epochs must be in [1, {HISTORY - 1}], got {self.plateau_epochs}")
+        if self.rotation is not None and not self.rotation:
+            raise ValueError("heuristic rotation must name at least one blueprint (leave it out for the default)")
 
 
 def has_plateaued(history: Sequence[float], epochs: int, threshold: float) -> bool:
@@ -67,10 +76,12 @@ class HeuristicController:
     def __init__(self, action_space: ActionSpace, topology: str, config: HeuristicConfig | None = None) -> None:
         self.space = action_space
         self.config = config or HeuristicConfig()
-        rotation = self.config.rotation or DEFAULT_ROTATION[topology]
+        rotation = DEFAULT_ROTATION[topology] if self.config.rotation is None else self.config.rotation
         unknown = [name for name in rotation if name not in action_space.blueprints]
         if unknown:
-            raise ValueError(f"unknown blueprint(s) in rotation: {unknown}; valid: {action_space.blueprints}")
+            raise UnknownBlueprintError(
+                f"heuristic.rotation: unknown {topology} blueprint(s) {', '.join(map(repr, unknown))}; "
+                f"valid: {', '.join(action_space.blueprints)}")
         self.rotation = tuple(rotation)
         self.reset()
 
@@ -100,11 +111,16 @@ class HeuristicController:
         if slot.stage is Stage.TRAINING and slot.epochs_in_stage >= config.min_training_epochs \
                 and slot_mask[Op.ADVANCE][slot_id]:
             return Action(Op.ADVANCE, slot_id)
+        # Only needed when the slot config does not auto-advance into HOLDING.
+        if slot.stage is Stage.BLENDING and slot.alpha >= 1.0 and not slot.alpha_ramping \
+                and slot_mask[Op.ADVANCE][slot_id]:
+            return Action(Op.ADVANCE, slot_id)
         if slot.stage in (Stage.BLENDING, Stage.HOLDING) and slot.accuracy_at_stage_start is not None \
                 and slot.accuracy_at_stage_start - snapshot.val_accuracy > config.worse_threshold \
                 and slot_mask[Op.PRUNE][slot_id]:
             return Action(Op.PRUNE, slot_id)
-        if slot.stage is Stage.HOLDING and slot.contribution is not None:
+        if slot.stage is Stage.HOLDING and slot.contribution is not None \
+                and slot.epochs_in_stage >= config.min_holding_epochs:
             if slot.contribution > config.fossilize_threshold and slot_mask[Op.FOSSILIZE][slot_id]:
                 return Action(Op.FOSSILIZE, slot_id)
             if slot.contribution <= config.fossilize_threshold and slot_mask[Op.PRUNE][slot_id]:

@@ -34,14 +34,12 @@ def cosine_curve(t: float) -> float:
 
 def sigmoid_curve(t: float, steepness: float = 12.0) -> float:
     """Logistic curve centred at t=0.5, rescaled so that curve(0) = 0 and curve(1) = 1 exactly."""
-    if steepness <= 0:
+    if not steepness > 0:
         raise ValueError(f"sigmoid steepness must be > 0, got {steepness}")
-
-    def logistic(u: float) -> float:
-        return 1.0 / (1.0 + math.exp(-steepness * (u - 0.5)))
-
-    low, high = logistic(0.0), logistic(1.0)
-    return (logistic(t) - low) / (high - low)
+    # logistic(z) = (1 + tanh(z / 2)) / 2, so the rescaled logistic is a ratio of tanh values: it cannot
+    # overflow for any steepness (math.exp does past ~700), and tanh being odd makes both ends exact.
+    edge = math.tanh(steepness / 4.0)
+    return (math.tanh(steepness * (t - 0.5) / 2.0) + edge) / (2.0 * edge)
 
 
 def curve_value(curve: AlphaCurve, t: float, steepness: float = 12.0) -> float:
@@ -85,11 +83,12 @@ class AlphaController:
             raise ValueError(f"alpha target must be in [0, 1], got {target}")
         if steps < 0:
             raise ValueError(f"ramp steps must be >= 0, got {steps}")
+        if steepness is not None and not steepness > 0:
+            raise ValueError(f"sigmoid steepness must be > 0, got {steepness}")
+        # Everything is validated above, so a refused retarget leaves the controller untouched.
         if curve is not None:
             self.curve = curve
         if steepness is not None:
-            if steepness <= 0:
-                raise ValueError(f"sigmoid steepness must be > 0, got {steepness}")
             self.steepness = steepness
         self.start, self.target = self.alpha, target
         self.steps_total, self.steps_done = steps, 0
@@ -122,7 +121,27 @@ class AlphaController:
 
     @classmethod
     def from_state_dict(cls, state: dict[str, object]) -> AlphaController:
-        values = dict(state)
-        values["mode"] = AlphaMode(values["mode"])
-        values["curve"] = AlphaCurve(values["curve"])
-        return cls(**values)  # type: ignore[arg-type]
+        return cls(
+            alpha=_number(state, "alpha"),
+            start=_number(state, "start"),
+            target=_number(state, "target"),
+            mode=AlphaMode(state["mode"]),
+            curve=AlphaCurve(state["curve"]),
+            steepness=_number(state, "steepness"),
+            steps_total=_count(state, "steps_total"),
+            steps_done=_count(state, "steps_done"),
+        )
+
+
+def _number(state: dict[str, object], key: str) -> float:
+    value = state[key]
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise TypeError(f"alpha state {key!r} must be a number, got {value!r}")
+    return float(value)
+
+
+def _count(state: dict[str, object], key: str) -> int:
+    value = state[key]
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"alpha state {key!r} must be an int, got {value!r}")
+    return value

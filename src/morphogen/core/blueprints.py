@@ -45,7 +45,8 @@ class ScaledResidual(nn.Module):
         self.scale = nn.Parameter(torch.zeros(shape, device=device, dtype=dtype))
 
     def forward(self, h: Tensor) -> Tensor:
-        return h + self.scale * self.body(h)
+        delta: Tensor = self.body(h)
+        return h + self.scale * delta
 
 
 class Residual(nn.Module):
@@ -56,7 +57,8 @@ class Residual(nn.Module):
         self.body = body
 
     def forward(self, h: Tensor) -> Tensor:
-        return h + self.body(h)
+        delta: Tensor = self.body(h)
+        return h + delta
 
 
 class NormDelta(nn.Module):
@@ -67,7 +69,8 @@ class NormDelta(nn.Module):
         self.norm = norm
 
     def forward(self, h: Tensor) -> Tensor:
-        return self.norm(h) - h
+        normalized: Tensor = self.norm(h)
+        return normalized - h
 
 
 class SqueezeExcite(nn.Module):
@@ -81,7 +84,8 @@ class SqueezeExcite(nn.Module):
 
     def forward(self, h: Tensor) -> Tensor:
         pooled = h.mean(dim=(2, 3), keepdim=True)  # (N, C, 1, 1)
-        return h * (1.0 + self.up(torch.relu(self.down(pooled))))
+        excitation: Tensor = self.up(torch.relu(self.down(pooled)))  # (N, C, 1, 1)
+        return h * (1.0 + excitation)
 
 
 def _preactivation_conv(channels: int, device: Device, dtype: torch.dtype | None, zero: bool) -> list[nn.Module]:
@@ -143,8 +147,8 @@ class CausalSelfAttention(nn.Module):
     def __init__(self, d_model: int, n_heads: int, *, device: Device = None,
                  dtype: torch.dtype | None = None) -> None:
         super().__init__()
-        if d_model % n_heads:
-            raise ValueError(f"d_model {d_model} must be divisible by n_heads {n_heads}")
+        if n_heads < 1 or d_model % n_heads:
+            raise ValueError(f"d_model {d_model} must be divisible by n_heads {n_heads} (n_heads >= 1)")
         self.n_heads = n_heads
         self.qkv = nn.Linear(d_model, 3 * d_model, device=device, dtype=dtype)
         self.proj = nn.Linear(d_model, d_model, device=device, dtype=dtype)
@@ -154,7 +158,8 @@ class CausalSelfAttention(nn.Module):
         q, k, v = self.qkv(x).split(d, dim=2)  # 3 x (N, T, D)
         q, k, v = (z.view(n, t, self.n_heads, d // self.n_heads).transpose(1, 2) for z in (q, k, v))  # (N, H, T, Dh)
         y = nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)  # (N, H, T, Dh)
-        return self.proj(y.transpose(1, 2).reshape(n, t, d))  # (N, T, D)
+        projected: Tensor = self.proj(y.transpose(1, 2).reshape(n, t, d))  # (N, T, D)
+        return projected
 
 
 def transformer_norm(d_model: int, *, device: Device = None, dtype: torch.dtype | None = None) -> nn.Module:

@@ -9,6 +9,7 @@ after construction; growth happens only in the slots that `MorphogeneticModel` p
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import torch
 from torch import Tensor, nn
@@ -53,7 +54,8 @@ class SegmentedHost(nn.Module):
 
     def run_segment(self, index: int, h: Tensor) -> Tensor:
         """Segment `index` maps the activation at point index-1 (or the input) to point `index` (or the output)."""
-        return self.segments[index](h)  # type: ignore[no-any-return]
+        output: Tensor = self.segments[index](h)
+        return output
 
     def forward(self, x: Tensor) -> Tensor:
         for segment in self.segments:
@@ -96,19 +98,19 @@ class CNNHost(SegmentedHost):
         if kernel_size < 1 or kernel_size % 2 == 0:
             raise ValueError(f"CNNHost kernel_size must be odd and >= 1, got {kernel_size}")
         self.num_classes = num_classes
-        factory = {"device": device, "dtype": dtype}
         pending: list[nn.Module] = []
         channels = in_channels
         for i in range(n_blocks):
             width = base_channels * 2**i
-            pending += [nn.Conv2d(channels, width, kernel_size, padding=kernel_size // 2, bias=False, **factory),
-                        nn.BatchNorm2d(width, **factory), nn.ReLU()]
+            pending += [nn.Conv2d(channels, width, kernel_size, padding=kernel_size // 2, bias=False, device=device,
+                                  dtype=dtype),
+                        nn.BatchNorm2d(width, device=device, dtype=dtype), nn.ReLU()]
             self._close_segment(pending, f"r0c{i}", width)
             pending.append(nn.MaxPool2d(2, ceil_mode=True))
             if pool_slots:
                 self._close_segment(pending, f"r1c{i}", width)
             channels = width
-        pending += [nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(channels, num_classes, **factory)]
+        pending += [nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(channels, num_classes, device=device, dtype=dtype)]
         self.segments.append(nn.Sequential(*pending))
 
     def _close_segment(self, pending: list[nn.Module], slot: str, channels: int) -> None:
@@ -123,16 +125,23 @@ class TransformerBlock(nn.Module):
     def __init__(self, d_model: int, n_heads: int, *, device: Device = None,
                  dtype: torch.dtype | None = None) -> None:
         super().__init__()
-        factory = {"device": device, "dtype": dtype}
-        self.attention_norm = nn.LayerNorm(d_model, **factory)
+        self.attention_norm = nn.LayerNorm(d_model, device=device, dtype=dtype)
         self.attention = CausalSelfAttention(d_model, n_heads, device=device, dtype=dtype)
-        self.mlp_norm = nn.LayerNorm(d_model, **factory)
-        self.mlp = nn.Sequential(nn.Linear(d_model, 4 * d_model, **factory), nn.GELU(),
-                                 nn.Linear(4 * d_model, d_model, **factory))
+        self.mlp_norm = nn.LayerNorm(d_model, device=device, dtype=dtype)
+        self.mlp = nn.Sequential(nn.Linear(d_model, 4 * d_model, device=device, dtype=dtype), nn.GELU(),
+                                 nn.Linear(4 * d_model, d_model, device=device, dtype=dtype))
+
+    @property
+    def mlp_output(self) -> nn.Linear:
+        """The MLP's output projection (a residual projection, scaled down at init)."""
+        layer = self.mlp[2]
+        assert isinstance(layer, nn.Linear)
+        return layer
 
     def forward(self, x: Tensor) -> Tensor:
         x = x + self.attention(self.attention_norm(x))
-        return x + self.mlp(self.mlp_norm(x))
+        mlp_out: Tensor = self.mlp(self.mlp_norm(x))
+        return x + mlp_out
 
 
 class TokenEmbedding(nn.Module):
@@ -150,7 +159,9 @@ class TokenEmbedding(nn.Module):
         if t > self.block_size:
             raise ValueError(f"sequence length {t} exceeds block_size {self.block_size}")
         positions = torch.arange(t, device=ids.device)
-        return self.token(ids) + self.position(positions)  # (N, T, D)
+        tokens: Tensor = self.token(ids)  # (N, T, D)
+        places: Tensor = self.position(positions)  # (T, D)
+        return tokens + places  # (N, T, D)
 
 
 class LanguageModelHead(nn.Module):
@@ -164,7 +175,8 @@ class LanguageModelHead(nn.Module):
         self.output.weight = embedding.weight  # tied embeddings
 
     def forward(self, h: Tensor) -> Tensor:
-        return self.output(self.norm(h))  # type: ignore[no-any-return]
+        logits: Tensor = self.output(self.norm(h))  # (N, T, V)
+        return logits
 
 
 class TransformerHost(SegmentedHost):
@@ -179,7 +191,11 @@ class TransformerHost(SegmentedHost):
                  block_size: int = 64, n_segments: int = 2, *, device: Device = None,
                  dtype: torch.dtype | None = None) -> None:
         super().__init__()
-        if n_segments < 1 or n_layers % n_segments:
+        for name, value in (("vocab_size", vocab_size), ("d_model", d_model), ("n_heads", n_heads),
+                            ("block_size", block_size), ("n_segments", n_segments)):
+            if value < 1:
+                raise ValueError(f"TransformerHost {name} must be >= 1, got {value}")
+        if n_layers < n_segments or n_layers % n_segments:
             raise ValueError(f"n_layers ({n_layers}) must be a positive multiple of n_segments ({n_segments})")
         if d_model % n_heads:
             raise ValueError(f"d_model ({d_model}) must be divisible by n_heads ({n_heads})")
@@ -206,7 +222,7 @@ class TransformerHost(SegmentedHost):
         for block in self.modules():
             if isinstance(block, TransformerBlock):
                 nn.init.normal_(block.attention.proj.weight, std=0.02 / math.sqrt(2 * n_layers))
-                nn.init.normal_(block.mlp[2].weight, std=0.02 / math.sqrt(2 * n_layers))
+                nn.init.normal_(block.mlp_output.weight, std=0.02 / math.sqrt(2 * n_layers))
 
 
 HOST_CLASSES: dict[str, type[SegmentedHost]] = {"cnn": CNNHost, "transformer": TransformerHost}
@@ -215,7 +231,8 @@ HOST_CLASSES: dict[str, type[SegmentedHost]] = {"cnn": CNNHost, "transformer": T
 def build_host(topology: str, *, device: Device = None, **host_kwargs: int | bool) -> SegmentedHost:
     """Build the host for a topology from constructor keyword arguments (as a task describes them)."""
     try:
-        host_class = HOST_CLASSES[topology]
+        # Seen as a callable: the base class takes no arguments, each concrete host its own.
+        host_class: Callable[..., SegmentedHost] = HOST_CLASSES[topology]
     except KeyError:
         raise ValueError(f"unknown host topology {topology!r}; valid: {', '.join(HOST_CLASSES)}") from None
-    return host_class(**host_kwargs, device=device)  # type: ignore[arg-type]
+    return host_class(**host_kwargs, device=device)

@@ -9,6 +9,7 @@ needs it: "not measured yet" must never look like "measured and fine".
 from __future__ import annotations
 
 import enum
+import math
 from dataclasses import dataclass, field
 
 
@@ -155,14 +156,28 @@ class SeedLifecycle:
     @classmethod
     def from_state_dict(cls, state: dict[str, object]) -> SeedLifecycle:
         history = state["history"]
-        assert isinstance(history, list)
+        if not isinstance(history, list):
+            raise TypeError(f"lifecycle history must be a list of [epoch, stage], got {type(history).__name__}")
         return cls(
             stage=Stage(state["stage"]),
-            epochs_in_stage=int(state["epochs_in_stage"]),  # type: ignore[call-overload]
-            seed_age=int(state["seed_age"]),  # type: ignore[call-overload]
-            embargo_remaining=int(state["embargo_remaining"]),  # type: ignore[call-overload]
+            epochs_in_stage=_as_int(state, "epochs_in_stage"),
+            seed_age=_as_int(state, "seed_age"),
+            embargo_remaining=_as_int(state, "embargo_remaining"),
             history=[(int(epoch), str(stage)) for epoch, stage in history],
         )
+
+
+def _as_int(state: dict[str, object], key: str) -> int:
+    """`state[key]` as an int, or a TypeError naming the key (a state dict from elsewhere may be malformed)."""
+    value = state[key]
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"lifecycle state {key!r} must be an int, got {value!r}")
+    return value
+
+
+def _below(value: float, threshold: float) -> bool:
+    """`value < threshold`, with NaN counting as below: a NaN measurement must fail a gate, not pass it."""
+    return not value >= threshold
 
 
 def _blending_gate(lifecycle: SeedLifecycle, signals: SeedSignals, config: GateConfig) -> GateResult:
@@ -176,19 +191,19 @@ def _blending_gate(lifecycle: SeedLifecycle, signals: SeedSignals, config: GateC
         )
     if signals.gradient_health is None:
         return GateResult(False, "gradient health not measured")
-    if signals.gradient_health < config.min_gradient_health:
+    if _below(signals.gradient_health, config.min_gradient_health):
         return GateResult(False, f"gradient health {signals.gradient_health:.2f} below "
                           f"{config.min_gradient_health:.2f}", signals.gradient_health)
     if config.mode is GateMode.STRICT:
         if signals.accuracy is None or signals.accuracy_at_stage_start is None:
             return GateResult(False, "accuracy improvement not measured")
         improvement = signals.accuracy - signals.accuracy_at_stage_start
-        if improvement < config.strict_min_improvement:
+        if _below(improvement, config.strict_min_improvement):
             return GateResult(False, f"accuracy gained {improvement:.2f} points < {config.strict_min_improvement}",
                               improvement)
         if signals.gradient_ratio is None:
             return GateResult(False, "seed/host gradient ratio not measured")
-        if signals.gradient_ratio < config.strict_min_gradient_ratio:
+        if _below(signals.gradient_ratio, config.strict_min_gradient_ratio):
             return GateResult(False, f"seed/host gradient ratio {signals.gradient_ratio:.3f} < "
                               f"{config.strict_min_gradient_ratio}", signals.gradient_ratio)
     return GateResult(True, "trained long enough and healthy", signals.gradient_health)
@@ -197,12 +212,14 @@ def _blending_gate(lifecycle: SeedLifecycle, signals: SeedSignals, config: GateC
 def _fossilize_gate(lifecycle: SeedLifecycle, signals: SeedSignals, config: GateConfig) -> GateResult:
     if lifecycle.stage is not Stage.HOLDING:
         return GateResult(False, f"seed is {lifecycle.stage.name}, not HOLDING")
-    if signals.contribution is None:
+    if signals.contribution is None or math.isnan(signals.contribution):
         return GateResult(False, "counterfactual contribution not measured")
-    if signals.gradient_health is not None and signals.gradient_health < config.min_gradient_health:
+    if signals.gradient_health is None:
+        return GateResult(False, "gradient health not measured")
+    if _below(signals.gradient_health, config.min_gradient_health):
         return GateResult(False, f"gradient health {signals.gradient_health:.2f} below "
                           f"{config.min_gradient_health:.2f}", signals.gradient_health)
-    if config.mode is GateMode.STRICT and signals.contribution < config.strict_min_contribution:
+    if config.mode is GateMode.STRICT and _below(signals.contribution, config.strict_min_contribution):
         return GateResult(False, f"contribution {signals.contribution:.2f} points < "
                           f"{config.strict_min_contribution}", signals.contribution)
     return GateResult(True, f"contribution {signals.contribution:+.2f} points", signals.contribution)

@@ -9,7 +9,7 @@ this does roughly half the work of running the input K times through the whole n
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import Tensor, nn
@@ -53,10 +53,11 @@ class MorphogeneticModel(nn.Module):
     def slot(self, slot_id: str) -> SeedSlot:
         if slot_id not in self.seed_slots:
             raise UnknownSlotError(f"unknown slot {slot_id!r}; this model has: {', '.join(self.slot_ids)}")
-        return self.seed_slots[slot_id]  # type: ignore[return-value]
+        return cast(SeedSlot, self.seed_slots[slot_id])  # ModuleDict is typed as holding any Module
 
     def slots(self) -> Iterator[SeedSlot]:
-        yield from self.seed_slots.values()  # type: ignore[misc]
+        for slot in self.seed_slots.values():
+            yield cast(SeedSlot, slot)
 
     def germinate(self, slot_id: str, blueprint: str, epoch: int = 0, **options: Any) -> SeedSlot:
         """Germinate `blueprint` in `slot_id` on the host's device and dtype."""
@@ -127,7 +128,7 @@ class MorphogeneticModel(nn.Module):
         x = host.run_segment(len(self._slot_by_point), x)
         if not expanded:
             return x.unsqueeze(0).expand(k, *x.shape)  # (K, B, ...)
-        return x.view(k, batch, *x.shape[1:])  # (K, B, ...)
+        return x.reshape(k, batch, *x.shape[1:])  # (K, B, ...)
 
     def stages(self) -> dict[str, Stage]:
         return {slot.slot_id: slot.stage for slot in self.slots()}

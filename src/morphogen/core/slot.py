@@ -89,6 +89,8 @@ class TransitionRecord:
 class SeedSlot(nn.Module):
     """A named injection point of width `channels` that can hold one seed of topology `topology`."""
 
+    alpha_value: Tensor  # 0-dim buffer mirroring `alpha.alpha`, read by the forward pass
+
     def __init__(self, slot_id: str, channels: int, topology: str, config: SlotConfig | None = None) -> None:
         super().__init__()
         self.slot_id, self.channels, self.topology = slot_id, channels, topology
@@ -136,7 +138,7 @@ class SeedSlot(nn.Module):
         if stage is Stage.TRAINING:
             if not torch.is_grad_enabled():
                 return h
-            s = self.seed(h.detach())
+            s: Tensor = self.seed(h.detach())
             return h + (s - s.detach())
         if self.detach_input:
             s = self.seed(h.detach())
@@ -145,7 +147,8 @@ class SeedSlot(nn.Module):
             s = self.seed(h)
         assert self.blend is not None
         alpha = self.alpha_value if alpha_override is None else alpha_override
-        return self.blend(h, s, alpha)  # type: ignore[no-any-return]
+        blended: Tensor = self.blend(h, s, alpha)
+        return blended
 
     # ---------------------------------------------------------------- lifecycle
     def _move(self, target: Stage, epoch: int, reason: str) -> None:
@@ -170,11 +173,12 @@ class SeedSlot(nn.Module):
         if not self.lifecycle.can_transition(Stage.GERMINATED):
             raise IllegalTransitionError(f"slot {self.slot_id} is {self.stage.name}; germinate needs DORMANT")
         device = device if device is not None else self.alpha_value.device
+        blend_kind = blend or self.config.blend
+        # Build everything before touching the slot, so a refused blueprint or option changes nothing.
         seed = build_seed(self.topology, blueprint, self.channels, device=device, dtype=dtype, **options)
-        self.seed = seed
-        self.blend_kind = blend or self.config.blend
+        blend_module = Blend(blend_kind, self.channels, device=device, dtype=dtype)
+        self.seed, self.blend, self.blend_kind = seed, blend_module, blend_kind
         self.blend_epochs = self.config.blend_epochs if blend_epochs is None else blend_epochs
-        self.blend = Blend(self.blend_kind, self.channels, device=device, dtype=dtype)
         self.blueprint, self.blueprint_options = blueprint, dict(options)
         self.alpha = AlphaController(steepness=self.alpha.steepness)
         self.signals = SeedSignals(accuracy=self.signals.accuracy)
@@ -200,7 +204,9 @@ class SeedSlot(nn.Module):
         if target is Stage.BLENDING and not self.alpha.ramping:
             self.alpha.retarget(1.0, self.blend_epochs, self.config.blend_curve)
             self._sync_alpha()
-            self.signals.alpha_ramp_finished = not self.alpha.ramping
+            self.signals.alpha_ramp_finished = False
+            # A zero-epoch ramp has already finished: settle it now (and auto-enter HOLDING if configured).
+            self._finish_ramp(epoch)
 
     def fossilize(self, epoch: int) -> GateResult:
         """Keep a HOLDING seed for good if the fossilize gate passes."""
@@ -273,6 +279,8 @@ class SeedSlot(nn.Module):
             self._finish_ramp(epoch)
         elif self.stage is Stage.PRUNED:
             self._move(Stage.EMBARGOED, epoch, f"embargo for {self.lifecycle.embargo_remaining} epochs")
+            if self.lifecycle.embargo_remaining <= 0:  # embargo_epochs == 0: no epoch spent embargoed
+                self._move(Stage.RESETTING, epoch, "embargo over")
         elif self.stage is Stage.EMBARGOED:
             self.lifecycle.embargo_remaining -= 1
             if self.lifecycle.embargo_remaining <= 0:
@@ -313,8 +321,10 @@ class SeedSlot(nn.Module):
 
     # ---------------------------------------------------------------- state
     def get_extra_state(self) -> dict[str, Any]:
+        seed_dtype = None if self.seed is None else next(self.seed.parameters()).dtype
         return {
             "blueprint": self.blueprint,
+            "seed_dtype": None if seed_dtype is None else str(seed_dtype).removeprefix("torch."),
             "blueprint_options": dict(self.blueprint_options),
             "blend_kind": self.blend_kind.value,
             "blend_epochs": self.blend_epochs,
@@ -337,10 +347,21 @@ class SeedSlot(nn.Module):
         if self.stage in SEED_STAGES:
             assert self.blueprint is not None
             device = self.alpha_value.device
-            self.seed = build_seed(self.topology, self.blueprint, self.channels, device=device,
+            dtype = _dtype_from_name(state.get("seed_dtype"))
+            self.seed = build_seed(self.topology, self.blueprint, self.channels, device=device, dtype=dtype,
                                    **self.blueprint_options)
-            self.blend = Blend(self.blend_kind, self.channels, device=device)
+            self.blend = Blend(self.blend_kind, self.channels, device=device, dtype=dtype)
             self._freeze_if_ramping_down()
         else:
             self.seed, self.blend = None, None
         self._sync_alpha()
+
+
+def _dtype_from_name(name: object) -> torch.dtype | None:
+    """The torch dtype saved as its name (e.g. "float64"); None (older state) means the default dtype."""
+    if name is None:
+        return None
+    dtype = getattr(torch, str(name), None)
+    if not isinstance(dtype, torch.dtype):
+        raise ValueError(f"saved seed dtype {name!r} is not a torch dtype")
+    return dtype

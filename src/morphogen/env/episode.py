@@ -35,6 +35,7 @@ from morphogen.env.counterfactual import MAIN, CounterfactualResult, plan_counte
 from morphogen.env.evaluation import validate
 from morphogen.env.governor import Governor, GovernorConfig, Rollback
 from morphogen.env.rewards import RewardBreakdown, RewardConfig, RewardMode, compute_reward
+from morphogen.env.seeding import derive_seed, seeded
 from morphogen.env.snapshot import EpisodeSnapshot, SlotSnapshot
 from morphogen.env.training import ModelTrainer, OptimizerConfig
 from morphogen.telemetry import events
@@ -107,8 +108,7 @@ class MorphogenesisEpisode:
         host_kwargs: dict[str, int | bool] = dict(self.task.host_kwargs)
         if self.task.topology == "cnn" and self.pool_slots:
             host_kwargs["pool_slots"] = True
-        with torch.random.fork_rng(devices=[self.device] if self.device.type == "cuda" else []):
-            torch.manual_seed(self.seed)
+        with seeded(self.seed, self.device):
             host = build_host(self.task.topology, device=self.device, **host_kwargs)
         return MorphogeneticModel(host, self.slot_request, self.config.slots)
 
@@ -181,7 +181,10 @@ class MorphogenesisEpisode:
                 raise ValueError("GERMINATE needs a blueprint")
             if any(s.stage in (Stage.GERMINATED, Stage.TRAINING) for s in model.slots()):
                 return False, "another seed is still germinated or training"
-            model.germinate(action.slot, action.blueprint, epoch, blend=action.style, blend_epochs=action.tempo)
+            # Seed weights come from (episode seed, epoch, slot), not from whatever the global RNG holds.
+            with seeded(derive_seed(self.seed, epoch, model.slot_ids.index(action.slot)), self.device):
+                model.germinate(action.slot, action.blueprint, epoch, blend=action.style,
+                                blend_epochs=action.tempo)
             return True, f"germinated {action.blueprint} in {action.slot}"
         if action.op is Op.ADVANCE:
             result = slot.advance(epoch)

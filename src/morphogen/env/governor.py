@@ -35,12 +35,12 @@ class GovernorConfig:
     absolute_ceiling: float = 50.0
 
     def __post_init__(self) -> None:
-        if self.sigma <= 0:
+        if not self.sigma > 0:  # written this way so that NaN fails too
             raise ValueError(f"governor sigma must be > 0, got {self.sigma}")
         if self.window < 2 or self.min_history < 2 or self.min_history > self.window:
             raise ValueError(f"need 2 <= min_history <= window, got min_history={self.min_history}, "
                              f"window={self.window}")
-        if self.absolute_ceiling <= 0:
+        if not self.absolute_ceiling > 0:
             raise ValueError(f"absolute_ceiling must be > 0, got {self.absolute_ceiling}")
 
 

@@ -32,7 +32,7 @@ class OptimizerConfig:
 
     def __post_init__(self) -> None:
         for name in ("host_lr", "seed_lr", "clip_norm"):
-            if getattr(self, name) <= 0:
+            if not getattr(self, name) > 0:  # NaN fails too
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
         for name in ("host_momentum", "seed_momentum"):
             if not 0.0 <= getattr(self, name) < 1.0:
@@ -98,5 +98,8 @@ class ModelTrainer:
         return mean
 
     def reset_host_momentum(self) -> None:
-        """Forget the host optimizer's momentum (after a rollback it points the way that diverged)."""
+        """Forget the momentum of the host and of every kept seed (after a rollback it points the way that
+        diverged, and after a non-finite epoch it is NaN: a fossilized seed would poison every later step)."""
         self.host_optimizer.state.clear()
+        for _, optimizer in self.seed_optimizers.values():
+            optimizer.state.clear()

@@ -1,17 +1,32 @@
-"""Telemetry: typed events, sinks and gradient statistics; used by every layer, imports none of them."""
+"""Telemetry: typed events, sinks, gradient/LSTM/anomaly monitors and profilers; imports no other morphogen layer."""
 
+from morphogen.telemetry.anomalies import ANOMALY_KINDS, Anomaly, AnomalyDetector, PPODiagnostics
+from morphogen.telemetry.config import TelemetryConfig
+from morphogen.telemetry.debug import layer_statistics, layer_statistics_event
+from morphogen.telemetry.drift import EMATracker
+from morphogen.telemetry.escalation import TelemetryLevelController
 from morphogen.telemetry.events import (
+    ALL_ENVS,
     LEVELS,
     SCHEMA_VERSION,
     ActionTaken,
+    AnomalyDetected,
     CounterfactualMeasured,
     EpisodeCompleted,
     EpochCompleted,
     Event,
     GovernorRollback,
+    GradientHealthMeasured,
+    LayerStatistics,
+    LayerStats,
+    LSTMHealthMeasured,
+    PhaseTimes,
+    PPOUpdateCompleted,
     RewardComputed,
+    RoundCompleted,
     SlotState,
     StageTransition,
+    TelemetryLevelChanged,
     event_from_dict,
     event_types,
 )
@@ -25,33 +40,60 @@ from morphogen.telemetry.gradients import (
     health_score,
     per_tensor_gradient_norms,
 )
+from morphogen.telemetry.lstm_health import LSTMHealth, LSTMHealthReport
+from morphogen.telemetry.profiler import PhaseTimer, TraceProfiler
 from morphogen.telemetry.sinks import EVENTS_FILENAME, JsonLinesSink, Sink, Telemetry, read_events
+from morphogen.telemetry.tensorboard import TensorBoardSink
 
 __all__ = [
+    "ALL_ENVS",
+    "ANOMALY_KINDS",
     "DEFAULT_EXPLODING_THRESHOLD",
     "DEFAULT_VANISHING_THRESHOLD",
     "EVENTS_FILENAME",
     "LEVELS",
     "SCHEMA_VERSION",
     "ActionTaken",
+    "Anomaly",
+    "AnomalyDetected",
+    "AnomalyDetector",
     "CounterfactualMeasured",
+    "EMATracker",
     "EpisodeCompleted",
     "EpochCompleted",
     "Event",
     "GovernorRollback",
+    "GradientHealthMeasured",
     "GroupGradientStats",
     "JsonLinesSink",
+    "LSTMHealth",
+    "LSTMHealthMeasured",
+    "LSTMHealthReport",
+    "LayerStatistics",
+    "LayerStats",
+    "PPODiagnostics",
+    "PPOUpdateCompleted",
+    "PhaseTimer",
+    "PhaseTimes",
     "RewardComputed",
+    "RoundCompleted",
     "Sink",
     "SlotState",
     "StageTransition",
     "Telemetry",
+    "TelemetryConfig",
+    "TelemetryLevelChanged",
+    "TelemetryLevelController",
+    "TensorBoardSink",
+    "TraceProfiler",
     "event_from_dict",
     "event_types",
     "global_gradient_norm",
     "gradient_ratio",
     "group_gradient_stats",
     "health_score",
+    "layer_statistics",
+    "layer_statistics_event",
     "per_tensor_gradient_norms",
     "read_events",
 ]

@@ -6,6 +6,11 @@ dict, `event_from_dict()` rebuilds the typed event from one (the sink adds a wal
 `scalars()` maps an event to the metric names shared by JSON lines, TensorBoard and the UI:
 `episode/`, `growth/`, `ppo/`, `health/`, `time/`.
 
+Per-round events (`PPOUpdateCompleted`, `RoundCompleted`) carry a `round` field; every event that
+is not about one env (per-round events, phase times, anomalies and level changes found by the
+trainer) uses `env_id = ALL_ENVS`. For those, `epoch` is the number of host epochs each env has run
+since training began (the clock the escalation of telemetry levels counts in).
+
 Adding a field with a default keeps `SCHEMA_VERSION`; renaming, removing or retyping one bumps it.
 """
 
@@ -23,6 +28,9 @@ SCHEMA_VERSION = 1
 
 LEVELS = ("off", "minimal", "normal", "debug")
 """Telemetry levels, from quietest to most verbose."""
+
+ALL_ENVS = -1
+"""`env_id` of events that are not about one env (PPO updates, rounds, trainer-wide anomalies)."""
 
 _RESERVED_KEYS = frozenset({"event", "schema_version", "time"})
 _EVENT_TYPES: dict[str, type[Event]] = {}
@@ -213,6 +221,200 @@ class EpisodeCompleted(Event):
             "growth/fossilized": float(self.fossilized),
             "growth/pruned": float(self.pruned),
         }
+
+
+@dataclass(frozen=True)
+class AnomalyDetected(Event):
+    """A monitor saw something wrong: what (`kind`, `message`) and what a user can do (`advice`)."""
+
+    kind: ClassVar[str] = "anomaly_detected"
+    min_level: ClassVar[str] = "minimal"
+
+    anomaly: str
+    """Which detector fired, e.g. "ratio_explosion" (see `telemetry.anomalies.ANOMALY_KINDS`)."""
+    message: str
+    advice: str
+
+    def scalars(self) -> dict[str, float]:
+        return {f"health/anomaly/{self.anomaly}": 1.0}
+
+
+@dataclass(frozen=True)
+class TelemetryLevelChanged(Event):
+    """The effective telemetry level changed: raised to debug after an anomaly, or back after it."""
+
+    kind: ClassVar[str] = "telemetry_level_changed"
+    min_level: ClassVar[str] = "minimal"
+
+    from_level: str
+    to_level: str
+    reason: str
+
+    def scalars(self) -> dict[str, float]:
+        return {"health/telemetry_level": float(LEVELS.index(self.to_level))}
+
+
+@dataclass(frozen=True)
+class PPOUpdateCompleted(Event):
+    """One PPO update (one round): losses, per-head entropy and the detached diagnostics."""
+
+    kind: ClassVar[str] = "ppo_update_completed"
+
+    round: int
+    policy_loss: float
+    value_loss: float
+    entropy_loss: float
+    entropy_per_head: tuple[tuple[str, float], ...]
+    approx_kl: float
+    clip_fraction: float
+    explained_variance: float
+    grad_norm: float
+    """Global L2 norm of the policy gradient before clipping, averaged over the minibatches."""
+    epochs_completed: int
+    """PPO epochs run over the rollout (fewer than configured when the KL early stop fired)."""
+    early_stopped: bool
+
+    def scalars(self) -> dict[str, float]:
+        values = {
+            "ppo/policy_loss": self.policy_loss,
+            "ppo/value_loss": self.value_loss,
+            "ppo/entropy_loss": self.entropy_loss,
+            "ppo/approx_kl": self.approx_kl,
+            "ppo/clip_fraction": self.clip_fraction,
+            "ppo/explained_variance": self.explained_variance,
+            "ppo/grad_norm": self.grad_norm,
+            "ppo/epochs_completed": float(self.epochs_completed),
+            "ppo/early_stopped": float(self.early_stopped),
+        }
+        values.update({f"ppo/entropy/{head}": entropy for head, entropy in self.entropy_per_head})
+        return values
+
+
+@dataclass(frozen=True)
+class RoundCompleted(Event):
+    """A training round ended: the means over its episodes and its wall-clock duration."""
+
+    kind: ClassVar[str] = "round_completed"
+    min_level: ClassVar[str] = "minimal"
+
+    round: int
+    mean_return: float
+    mean_final_accuracy: float
+    mean_parameters_added: float
+    seconds: float
+
+    def scalars(self) -> dict[str, float]:
+        return {
+            "episode/mean_return": self.mean_return,
+            "episode/mean_final_accuracy": self.mean_final_accuracy,
+            "growth/mean_parameters_added": self.mean_parameters_added,
+            "time/round": self.seconds,
+        }
+
+
+@dataclass(frozen=True)
+class PhaseTimes(Event):
+    """Wall-clock seconds spent in each phase (train, validate, act, update) since the last such event."""
+
+    kind: ClassVar[str] = "phase_times"
+
+    phases: tuple[tuple[str, float], ...]
+
+    def scalars(self) -> dict[str, float]:
+        return {f"time/{phase}": seconds for phase, seconds in self.phases}
+
+
+@dataclass(frozen=True)
+class GradientHealthMeasured(Event):
+    """Host and per-seed gradient health over one epoch (from the isolation monitor's report)."""
+
+    kind: ClassVar[str] = "gradient_health_measured"
+
+    host_norm: float
+    """Mean over the epoch's batches of the host's global gradient L2 norm."""
+    seeds: tuple[tuple[str, float, float, float], ...]
+    """Per measured seed: (slot, gradient norm, health in [0, 1], seed/host gradient ratio)."""
+
+    def scalars(self) -> dict[str, float]:
+        values = {"health/host_gradient_norm": self.host_norm}
+        for slot, norm, health, ratio in self.seeds:
+            values[f"health/seed_gradient_norm/{slot}"] = norm
+            values[f"health/seed_health/{slot}"] = health
+            values[f"health/seed_gradient_ratio/{slot}"] = ratio
+        return values
+
+
+@dataclass(frozen=True)
+class LSTMHealthMeasured(Event):
+    """Size of the policy LSTM's hidden (h) and cell (c) states, as root mean square per sample."""
+
+    kind: ClassVar[str] = "lstm_health_measured"
+
+    hidden_rms_mean: float
+    hidden_rms_max: float
+    cell_rms_mean: float
+    cell_rms_max: float
+    non_finite: int
+    """Number of NaN or infinite entries over h and c."""
+
+    def scalars(self) -> dict[str, float]:
+        return {
+            "health/lstm_hidden_rms_mean": self.hidden_rms_mean,
+            "health/lstm_hidden_rms_max": self.hidden_rms_max,
+            "health/lstm_cell_rms_mean": self.cell_rms_mean,
+            "health/lstm_cell_rms_max": self.cell_rms_max,
+            "health/lstm_non_finite": float(self.non_finite),
+        }
+
+
+@dataclass(frozen=True)
+class LayerStats:
+    """Statistics of one parameter tensor or of its gradient (not an event by itself)."""
+
+    name: str
+    """Parameter name as in `module.named_parameters()`."""
+    source: str
+    """"parameter" or "gradient"."""
+    numel: int
+    norm: float
+    mean: float
+    std: float
+    """Population standard deviation (no Bessel correction, so a single entry gives 0)."""
+    min: float
+    max: float
+    zeros: int
+    nan: int
+    inf: int
+
+
+@dataclass(frozen=True)
+class LayerStatistics(Event):
+    """Per-layer statistics of a module's parameters (and gradients); written at debug level only."""
+
+    kind: ClassVar[str] = "layer_statistics"
+    min_level: ClassVar[str] = "debug"
+
+    module: str
+    """Which module was measured, e.g. "host" or "policy"."""
+    layers: tuple[LayerStats, ...]
+
+    def scalars(self) -> dict[str, float]:
+        values = {}
+        for layer in self.layers:
+            prefix = f"health/layers/{self.module}/{layer.source}/{layer.name}"
+            values.update(
+                {
+                    f"{prefix}/norm": layer.norm,
+                    f"{prefix}/mean": layer.mean,
+                    f"{prefix}/std": layer.std,
+                    f"{prefix}/min": layer.min,
+                    f"{prefix}/max": layer.max,
+                    f"{prefix}/zeros": float(layer.zeros),
+                    f"{prefix}/nan": float(layer.nan),
+                    f"{prefix}/inf": float(layer.inf),
+                }
+            )
+        return values
 
 
 def event_types() -> Mapping[str, type[Event]]:

@@ -3,6 +3,10 @@
 Rules (DESIGN §9.9): a sink that fails with OSError, TypeError or ValueError never stops training.
 The hub logs the first failure of each sink with its traceback, counts the rest, and reports the
 count when it closes. Any other exception is a bug and propagates.
+
+The hub filters by the *effective* level: the configured one, raised to debug for
+`escalation_epochs` epochs after `report_anomalies()` (see `escalation.py`). Callers drive the
+escalation clock with `end_epoch()` once per epoch (once per vector step when envs run in lockstep).
 """
 
 from __future__ import annotations
@@ -10,12 +14,16 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import IO, Protocol, runtime_checkable
+from typing import IO, Any, Protocol, runtime_checkable
 
-from morphogen.telemetry.events import LEVELS, Event, event_from_dict
+from morphogen.telemetry.anomalies import Anomaly
+from morphogen.telemetry.config import TelemetryConfig
+from morphogen.telemetry.escalation import TelemetryLevelController
+from morphogen.telemetry.events import ALL_ENVS, LEVELS, AnomalyDetected, Event, LayerStatistics, event_from_dict
+from morphogen.telemetry.tensorboard import TENSORBOARD_DIRNAME, TensorBoardSink
 
 logger = logging.getLogger(__name__)
 
@@ -65,41 +73,97 @@ class Telemetry:
     """Filters events by level and fans them out to sinks; a failing sink never stops training.
 
     Levels: `off` writes nothing, `minimal` writes only events whose `min_level` is "minimal"
-    (EpochCompleted, EpisodeCompleted, GovernorRollback), `normal` and `debug` write every event
-    (debug-only events, when they exist, set `min_level = "debug"`).
+    (epoch and episode summaries, rollbacks, rounds, anomalies, level changes), `normal` adds every
+    other event except the debug-only ones (`min_level = "debug"`), which `debug` adds.
+    Give either `level` (other settings default) or a whole `config`, not both.
     With `run_dir` and no `sinks`, events go to `run_dir/events.jsonl`; given `sinks`, only to them.
+    `config.tensorboard` adds a `TensorBoardSink` writing to `run_dir/tb` in both cases.
     """
 
     def __init__(
-        self, run_dir: Path | str | None, *, level: str = "normal", sinks: Sequence[Sink] | None = None
+        self,
+        run_dir: Path | str | None,
+        *,
+        level: str | None = None,
+        config: TelemetryConfig | None = None,
+        sinks: Sequence[Sink] | None = None,
     ) -> None:
-        if level not in LEVELS:
-            raise ValueError(f"telemetry level must be one of {', '.join(LEVELS)}; got {level!r}")
-        self._level = level
+        if level is not None and config is not None:
+            raise ValueError("give the telemetry level either as `level` or inside `config`, not both")
+        if config is None:
+            config = TelemetryConfig() if level is None else TelemetryConfig(level=level)
+        self.config = config
+        self._levels = TelemetryLevelController(config.level, config.escalation_epochs)
         self._closed = False
         self.run_dir = None if run_dir is None else Path(run_dir)
-        self._sinks: list[Sink]
-        if sinks is not None:
-            self._sinks = list(sinks)
-        elif self.run_dir is not None and level != "off":
-            self._sinks = [JsonLinesSink(self.run_dir / EVENTS_FILENAME)]
-        else:
-            self._sinks = []
+        self._sinks = self._default_sinks() if sinks is None else list(sinks)
+        if config.tensorboard and config.level != "off":
+            if self.run_dir is None:
+                raise ValueError("TensorBoard logging writes into RUN_DIR/tb: give a run_dir, or set tensorboard=False")
+            self._sinks.append(TensorBoardSink(self.run_dir / TENSORBOARD_DIRNAME))
         self._failures = [0] * len(self._sinks)
+
+    def _default_sinks(self) -> list[Sink]:
+        if self.run_dir is not None and self.config.level != "off":
+            return [JsonLinesSink(self.run_dir / EVENTS_FILENAME)]
+        return []
 
     @property
     def level(self) -> str:
-        """The current telemetry level (one of LEVELS)."""
-        return self._level
+        """The effective telemetry level (one of LEVELS): debug while escalated, else the configured one."""
+        return self._levels.level
+
+    @property
+    def configured_level(self) -> str:
+        """The level the run was configured with, whatever the escalation."""
+        return self._levels.configured_level
 
     @property
     def sinks(self) -> tuple[Sink, ...]:
         """The sinks events are written to."""
         return tuple(self._sinks)
 
+    @property
+    def layer_statistics_enabled(self) -> bool:
+        """Whether to compute per-layer statistics now: effective level debug and `debug_layer_stats` on."""
+        return self.config.debug_layer_stats and self.enabled(LayerStatistics)
+
     def enabled(self, event_type: type[Event]) -> bool:
-        """Whether events of this type are written at the current level; lets callers skip building them."""
-        return LEVELS.index(self._level) >= LEVELS.index(event_type.min_level)
+        """Whether events of this type are written at the effective level; lets callers skip building them."""
+        return LEVELS.index(self.level) >= LEVELS.index(event_type.min_level)
+
+    def report_anomalies(self, anomalies: Sequence[Anomaly], *, epoch: int, env_id: int = ALL_ENVS) -> None:
+        """Log one line per anomaly, emit an `AnomalyDetected` for each, and escalate to debug if any.
+
+        The lines go to the `morphogen.telemetry` logger at WARNING (printed on stderr unless the
+        application configured logging otherwise), at every level including `off`.
+        """
+        for anomaly in anomalies:
+            logger.warning("%s", anomaly.line())
+            self.emit(
+                AnomalyDetected(
+                    epoch=epoch, env_id=env_id, anomaly=anomaly.kind, message=anomaly.message, advice=anomaly.advice
+                )
+            )
+        if anomalies:
+            kinds = ", ".join(sorted({anomaly.kind for anomaly in anomalies}))
+            change = self._levels.escalate(epoch=epoch, env_id=env_id, reason=f"anomaly: {kinds}")
+            if change is not None:
+                self.emit(change)
+
+    def end_epoch(self, epoch: int) -> None:
+        """Count one epoch of escalation down; emits the return to the configured level when it is due."""
+        change = self._levels.end_epoch(epoch=epoch)
+        if change is not None:
+            self.emit(change)
+
+    def state_dict(self) -> dict[str, Any]:
+        """Escalation state, for resuming a run."""
+        return {"levels": self._levels.state_dict()}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restore what `state_dict` returned."""
+        self._levels.load_state_dict(state["levels"])
 
     def emit(self, event: Event) -> None:
         """Write `event` to every sink if its level is enabled; sink failures are logged, not raised."""

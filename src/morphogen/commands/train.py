@@ -1,0 +1,59 @@
+"""`morphogen train`: PPO over rounds of parallel episodes, checkpointing every round; `--resume` continues."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any, TextIO
+
+from morphogen.config import ConfigError, build_config, config_to_dict
+from morphogen.control.checkpoint import CheckpointError, load_checkpoint
+from morphogen.control.trainer import PPOTrainer, TrainConfig, format_round, train
+from morphogen.data import load_task
+from morphogen.runner import make_run_dir, resolve_device
+from morphogen.telemetry.sinks import Telemetry
+
+
+def config_for_resume(run_dir: str | Path, overrides: dict[str, Any]) -> tuple[TrainConfig, dict[str, Any]]:
+    """The saved config of a run (with `rounds` possibly extended) and its checkpoint, checked before use."""
+    state = load_checkpoint(run_dir)
+    try:
+        values = json.loads(state["config"])
+    except (TypeError, json.JSONDecodeError) as error:
+        raise CheckpointError(f"checkpoint in {run_dir} has an unreadable config: {error}") from None
+    unsupported = sorted(set(overrides) - {"rounds", "telemetry", "device"})
+    if unsupported:
+        raise ConfigError(f"--resume continues a run with its saved config; cannot change {', '.join(unsupported)}")
+    values.update(overrides)
+    values["run_dir"] = str(run_dir)
+    config = build_config(TrainConfig, values)
+    if int(state["round"]) >= config.rounds:
+        raise ConfigError(f"run {run_dir} already finished {state['round']} of {config.rounds} rounds; "
+                          "pass --rounds N with a larger N to continue")
+    return config, state
+
+
+def train_command(config: TrainConfig, *, resume_state: dict[str, Any] | None = None,
+                  out: TextIO = sys.stdout) -> Path:
+    device = resolve_device(config.device)
+    task = load_task(config.task, device=device, data_dir=config.data_dir, text_file=config.text_file,
+                     seed=config.seed, max_train_samples=config.max_train_samples)
+    run_dir = Path(config.run_dir) if resume_state is not None and config.run_dir else None
+    if resume_state is not None:
+        assert run_dir is not None
+        trainer = PPOTrainer(config, task)
+        trainer.load_state_dict(resume_state, run_dir)  # raises before anything of the run is written
+    else:
+        run_dir = make_run_dir(config.run_dir, config.runs_root, config.task)
+        (run_dir / "config.json").write_text(json.dumps(config_to_dict(config), indent=2) + "\n")
+        trainer = PPOTrainer(config, task)
+    with Telemetry(run_dir, level=config.telemetry) as telemetry:
+        for episode in trainer.vector.episodes:
+            episode.telemetry = telemetry
+        first = trainer.state.next_round + 1
+        print(f"morphogen train: task {task.name}, {config.n_envs} envs x {config.episode_length} epochs per round, "
+              f"rounds {first}..{config.rounds}, device {device}, run dir {run_dir}", file=out, flush=True)
+        train(trainer, run_dir, on_round=lambda summary: print(format_round(summary), file=out, flush=True))
+    print(f"checkpoint: {run_dir / 'checkpoint.pt'}", file=out)
+    return run_dir

@@ -1,0 +1,257 @@
+"""The PPO round loop: collect -> advantages -> update -> log -> checkpoint (DESIGN §6, STYLE §1).
+
+One round runs `n_envs` whole episodes side by side (`VectorEpisodes`, one batched policy call per
+step), then one PPO update over those episodes as sequences (BPTT from the stored initial state).
+Every random choice of a round is drawn from generators seeded by (seed, round), so a run stopped
+after round k and resumed gives the same policy as an uninterrupted run.
+
+An episode ends at its fixed length and the observation carries the epoch fraction, so the last step
+is treated as a termination (no bootstrap): the horizon is part of the task, not a cut-off.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from morphogen.control.checkpoint import CHECKPOINT_NAME, check_layout, save_checkpoint
+from morphogen.control.learned import PolicyAgent, build_policy
+from morphogen.control.normalization import RewardNormalizer, RunningMeanStd
+from morphogen.control.ppo import PPOConfig, PPOStatistics, build_optimizer, ppo_update
+from morphogen.control.rollout import RolloutBatch, RolloutBuffer
+from morphogen.core.lifecycle import GateConfig, GateMode
+from morphogen.core.slot import SlotConfig
+from morphogen.data import Task
+from morphogen.env.actions import HEADS, ActionSpace
+from morphogen.env.episode import EpisodeConfig
+from morphogen.env.observation import ObservationEncoder
+from morphogen.env.seeding import derive_seed, seeded
+from morphogen.env.vector import VectorEpisodes
+from morphogen.telemetry.sinks import Telemetry
+
+
+def _training_episode() -> EpisodeConfig:
+    return EpisodeConfig(max_epochs=25, slots=SlotConfig(gates=GateConfig(mode=GateMode.PERMISSIVE)))
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Settings of `morphogen train` (file keys and CLI flags share these names)."""
+
+    #: Task name: digits, cifar10 or text.
+    task: str = "digits"
+    #: Episodes run side by side per round.
+    n_envs: int = 4
+    #: PPO rounds (one update each).
+    rounds: int = 20
+    #: Base seed; every round derives its env seeds, batch order and sampling from (seed, round).
+    seed: int = 0
+    device: str = "cpu"
+    slots: tuple[str, ...] | None = None
+    pool_slots: bool = False
+    data_dir: str | None = None
+    text_file: str | None = None
+    max_train_samples: int | None = None
+    runs_root: str = "runs"
+    run_dir: str | None = None
+    telemetry: str = "normal"
+    #: Width of the policy's trunk and LSTM.
+    hidden_size: int = 512
+    #: Scale rewards by the running std of the discounted return.
+    normalize_rewards: bool = True
+    #: Episode settings; `max_epochs` is the episode length. Gates default to permissive for RL.
+    episode: EpisodeConfig = field(default_factory=_training_episode)
+    ppo: PPOConfig = field(default_factory=PPOConfig)
+
+    def __post_init__(self) -> None:
+        if self.n_envs < 1:
+            raise ValueError(f"n_envs must be >= 1, got {self.n_envs}")
+        if self.rounds < 1:
+            raise ValueError(f"rounds must be >= 1, got {self.rounds}")
+        if self.hidden_size < 1:
+            raise ValueError(f"hidden_size must be >= 1, got {self.hidden_size}")
+        if self.ppo.minibatches > self.n_envs:
+            raise ValueError(f"ppo.minibatches ({self.ppo.minibatches}) cannot exceed n_envs ({self.n_envs})")
+
+    @property
+    def episode_length(self) -> int:
+        return self.episode.max_epochs
+
+
+@dataclass(frozen=True)
+class RoundSummary:
+    """What one round did, for the log line and telemetry."""
+
+    round: int
+    mean_return: float
+    mean_final_accuracy: float
+    mean_parameters_added: float
+    fossilized: float
+    pruned: float
+    statistics: PPOStatistics
+    seconds: float
+    collect_seconds: float
+    update_seconds: float
+
+
+@dataclass
+class TrainingState:
+    """Everything that changes across rounds (and so goes into a checkpoint)."""
+
+    agent: PolicyAgent
+    optimizer: torch.optim.Optimizer
+    reward_normalizer: RewardNormalizer
+    next_round: int = 0
+
+
+class PPOTrainer:
+    """Owns the vector of episodes, the agent and the optimizer; `run_round` does one full round."""
+
+    def __init__(self, config: TrainConfig, task: Task, telemetry: Telemetry | None = None) -> None:
+        self.config, self.task = config, task
+        episode_config = dataclasses.replace(config.episode, gamma=config.ppo.gamma)
+        self.vector = VectorEpisodes(task, episode_config, config.n_envs, seed=config.seed, slots=config.slots,
+                                     telemetry=telemetry, pool_slots=config.pool_slots)
+        probe = self.vector.episodes[0].build_model()
+        self.slot_ids = probe.slot_ids
+        self.encoder = ObservationEncoder(self.slot_ids, task.topology)
+        self.space = ActionSpace(self.slot_ids, task.topology)
+        device = task.train.device
+        with seeded(derive_seed(config.seed, 7), device):
+            policy = build_policy(self.encoder, self.space, config.hidden_size, device=device)
+        normalizer = RunningMeanStd((self.encoder.size,), device=device)
+        self.state = TrainingState(
+            agent=PolicyAgent(policy, self.encoder, self.space, normalizer),
+            optimizer=build_optimizer(policy, config.ppo),
+            reward_normalizer=RewardNormalizer(config.n_envs, gamma=config.ppo.gamma, device=device),
+        )
+        mask_shapes = [(len(self.space.choices["op"]),)] + [
+            (len(self.space.choices["op"]), len(self.space.choices[head])) for head in HEADS[1:]]
+        self.buffer = RolloutBuffer(config.episode_length, config.n_envs, self.encoder.size, len(HEADS),
+                                    config.hidden_size, mask_shapes=mask_shapes, n_slots=len(self.slot_ids),
+                                    device=device)
+
+    # ---------------------------------------------------------------- layout and checkpoints
+    def layout(self) -> dict[str, Any]:
+        return {"task": self.task.name, "slot_ids": tuple(self.slot_ids), "observation_size": self.encoder.size,
+                "action_sizes": tuple(self.space.sizes), "hidden_size": self.config.hidden_size}
+
+    def state_dict(self) -> dict[str, Any]:
+        agent = self.state.agent
+        return {
+            **{k: list(v) if isinstance(v, tuple) else v for k, v in self.layout().items()},
+            "episode_length": self.config.episode_length,
+            "round": self.state.next_round,
+            "policy": agent.policy.state_dict(),
+            "optimizer": self.state.optimizer.state_dict(),
+            "observation_normalizer": agent.observation_normalizer.state_dict(),
+            "reward_normalizer": self.state.reward_normalizer.state_dict(),
+            "rng": {"torch": torch.get_rng_state()},
+            "config": json.dumps(_config_dict(self.config)),
+        }
+
+    def load_state_dict(self, state: dict[str, Any], source: str | Path) -> None:
+        check_layout(state, self.layout(), source)
+        agent = self.state.agent
+        agent.policy.load_state_dict(state["policy"])
+        self.state.optimizer.load_state_dict(state["optimizer"])
+        agent.observation_normalizer.load_state_dict(state["observation_normalizer"])
+        self.state.reward_normalizer.load_state_dict(state["reward_normalizer"])
+        torch.set_rng_state(state["rng"]["torch"])
+        self.state.next_round = int(state["round"])
+
+    def save(self, run_dir: Path) -> None:
+        save_checkpoint(self.state_dict(), run_dir / CHECKPOINT_NAME)
+
+    # ---------------------------------------------------------------- one round
+    def collect(self, round_index: int) -> tuple[RolloutBatch, dict[str, float]]:
+        """Play `n_envs` whole episodes with the current policy into the rollout buffer."""
+        config, agent, vector = self.config, self.state.agent, self.vector
+        generator = torch.Generator(device=agent.device).manual_seed(derive_seed(config.seed, round_index, 11))
+        snapshots = vector.reset(round_index)
+        self.state.reward_normalizer.reset()
+        state = agent.policy.initial_state(config.n_envs)
+        self.buffer.reset(state)
+        n = config.n_envs
+        starts = torch.ones(n, dtype=torch.bool, device=agent.device)
+        returns = np.zeros(n)
+        results = []
+        # No torch.no_grad() here: the hosts train inside vector.step; the policy call is grad-free itself.
+        for step in range(config.episode_length):
+            inputs = agent.inputs(snapshots, vector.masks())
+            observations, output, actions = agent.act(inputs, state, generator=generator,
+                                                      episode_starts=starts, update_normalizer=True)
+            results = vector.step(actions)
+            raw_rewards = np.array([r.reward.total for r in results], dtype=np.float32)
+            returns += raw_rewards
+            done = step == config.episode_length - 1
+            dones = torch.full((n,), done, dtype=torch.bool, device=agent.device)
+            rewards = torch.from_numpy(raw_rewards).to(agent.device)
+            if config.normalize_rewards:
+                rewards = self.state.reward_normalizer.update(rewards, dones).float()
+            self.buffer.add(observations, starts, output, rewards, dones, torch.zeros_like(dones),
+                            action_masks=inputs.masks, blueprint_ids=inputs.blueprint_ids)
+            snapshots = [r.snapshot for r in results]
+            state, starts = output.state, torch.zeros_like(starts)
+        batch = self.buffer.finish(torch.zeros(n, device=agent.device), gamma=config.ppo.gamma,
+                                   gae_lambda=config.ppo.gae_lambda)
+        episodes = vector.episodes
+        summary = {
+            "mean_return": float(returns.mean()),
+            "mean_final_accuracy": float(np.mean([s.val_accuracy for s in snapshots])),
+            "mean_parameters_added": float(np.mean([s.added_parameters for s in snapshots])),
+            "fossilized": float(np.mean([e.fossilized for e in episodes])),
+            "pruned": float(np.mean([e.pruned for e in episodes])),
+        }
+        return batch, summary
+
+    def run_round(self) -> RoundSummary:
+        round_index = self.state.next_round
+        started = time.perf_counter()
+        batch, summary = self.collect(round_index)
+        collected = time.perf_counter()
+        update_generator = torch.Generator(device="cpu").manual_seed(derive_seed(self.config.seed, round_index, 13))
+        statistics = ppo_update(self.state.agent.policy, self.state.optimizer, batch, self.config.ppo,
+                                progress=round_index / self.config.rounds, generator=update_generator)
+        finished = time.perf_counter()
+        self.state.next_round = round_index + 1
+        return RoundSummary(round=round_index + 1, statistics=statistics, seconds=finished - started,
+                            collect_seconds=collected - started, update_seconds=finished - collected, **summary)
+
+
+def _config_dict(config: TrainConfig) -> dict[str, Any]:
+    from morphogen.config import config_to_dict
+
+    return config_to_dict(config)  # type: ignore[no-any-return]
+
+
+def format_round(summary: RoundSummary) -> str:
+    """The one line printed per round."""
+    stats = summary.statistics
+    entropy = " ".join(f"{name} {value:.2f}" for name, value in zip(HEADS, stats.entropy_per_head, strict=True))
+    return (f"round {summary.round:3d}  return {summary.mean_return:+7.3f}  acc {summary.mean_final_accuracy:6.2f}%  "
+            f"added {summary.mean_parameters_added:>8,.0f}  "
+            f"fossilized {summary.fossilized:.1f} pruned {summary.pruned:.1f}  "
+            f"kl {stats.approx_kl:.4f}  vloss {stats.value_loss:.4f}  ev {stats.explained_variance:+.2f}  "
+            f"{summary.seconds:5.1f}s  entropy: {entropy}")
+
+
+def train(trainer: PPOTrainer, run_dir: Path,
+          on_round: Callable[[RoundSummary], None] | None = None) -> list[RoundSummary]:
+    """Run rounds until `config.rounds`, checkpointing after each."""
+    summaries = []
+    while trainer.state.next_round < trainer.config.rounds:
+        summary = trainer.run_round()
+        trainer.save(run_dir)
+        summaries.append(summary)
+        if on_round is not None:
+            on_round(summary)
+    return summaries

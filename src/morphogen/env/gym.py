@@ -1,0 +1,229 @@
+"""One morphogenetic episode as a Gymnasium environment, so any RL library can drive morphogen.
+
+`MorphogenesisEnv` wraps a `MorphogenesisEpisode`: one `step` is one host epoch (act, train,
+validate with counterfactuals, reward). Rules of the wrapper:
+
+- Observation: a float32 vector, the `ObservationEncoder` features followed by one blueprint id per
+  slot (as a float; 0 = no seed). `split_observation` undoes the concatenation and
+  `observation_names()` names every position. The features have no guaranteed finite range (the
+  parameter ratios are unbounded), so their Box bounds are infinite; the ids are bounded by
+  0..n_blueprints.
+- Action: `MultiDiscrete(ActionSpace.sizes)`, one index per head in `HEADS` order. Actions the
+  masks forbid are not errors: the episode refuses them and reports why (`info["reason"]`,
+  `info["action_succeeded"]`), and the reward charges the failed attempt.
+- Masks: `info["action_mask"]` is the MultiDiscrete convention, one int8 array per head, where a
+  choice is allowed when some currently legal op allows it (`flat_action_masks`). Heads depend on
+  the op, so a sample from these masks can still pair, say, PRUNE with a slot only GERMINATE may
+  use. `info["action_mask_by_op"]` has the exact op-conditioned masks of `ActionSpace.masks` (bool
+  op mask [n_ops], then [n_ops, n_choices] per other head) for libraries that sample the op first.
+- Episode end: an episode stops when its epoch budget runs out, which is a time limit, so `step`
+  reports it as `truncated=True` (bootstrap from the last observation); `terminated` is always False.
+- Seeding: `reset(seed=s)` runs the episode with seed `s` (host initialization and data order, as
+  `MorphogenesisEpisode(seed=s)`); `reset()` draws the episode seed from `self.np_random`. The
+  episode seeds every germination from (episode seed, epoch, slot), so the same seed and actions
+  replay exactly and the caller's global torch RNG is never touched.
+- Synchronization: exactly the episode's (three host syncs per step); the encoding is NumPy on
+  numbers the episode already materialized.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import gymnasium
+import numpy as np
+import torch
+from gymnasium import spaces
+
+from morphogen.data import Task, load_task
+from morphogen.env.actions import HEADS, ActionSpace
+from morphogen.env.episode import EpisodeConfig, MorphogenesisEpisode
+from morphogen.env.observation import EncodedObservation, ObservationEncoder
+from morphogen.env.snapshot import EpisodeSnapshot
+from morphogen.telemetry.sinks import Telemetry
+
+__all__ = ["ENV_ID", "MorphogenesisEnv", "flat_action_masks"]
+
+#: Registered Gymnasium id; `gymnasium.make("morphogen.env.gym:morphogen/Morphogenesis-v0", ...)`
+#: imports this module and registers it in one go.
+ENV_ID = "morphogen/Morphogenesis-v0"
+#: Episode seeds feed `torch.manual_seed`, which takes unsigned 64-bit integers.
+_SEED_LIMIT = 2**64
+
+
+def flat_action_masks(op_conditioned: Sequence[np.ndarray]) -> tuple[np.ndarray, ...]:
+    """Op-conditioned masks -> one int8 mask per head: a choice is allowed if any allowed op allows it.
+
+    `op_conditioned` is `ActionSpace.masks` output: op mask [n_ops], then [n_ops, n_choices] per head.
+    """
+    op_mask = np.asarray(op_conditioned[0], dtype=bool)
+    flat = [op_mask.astype(np.int8)]
+    for head_mask in op_conditioned[1:]:
+        allowed = np.asarray(head_mask, dtype=bool)[op_mask]  # (n_allowed_ops, n_choices)
+        flat.append(allowed.any(axis=0).astype(np.int8))
+    return tuple(flat)
+
+
+class MorphogenesisEnv(gymnasium.Env[np.ndarray, np.ndarray]):
+    """A Gymnasium env whose episodes grow a host on `task`: one step = act + one epoch of training.
+
+    `task` is a task name (loaded here with `device`, `max_train_samples`, `data_dir`, `text_file`)
+    or an already loaded `Task`, which skips reloading the data (the loading arguments must then be
+    left unset). The training subset chosen by `max_train_samples` is fixed for the env's lifetime;
+    the seed of each reset picks the host initialization and data order. `telemetry` receives every
+    episode's events and stays owned by the caller (`close` does not close it).
+    """
+
+    metadata: dict[str, Any] = {"render_modes": []}  # noqa: RUF012 - gymnasium.Env declares it an instance variable
+
+    def __init__(
+        self,
+        task: str | Task = "digits",
+        *,
+        episode_config: EpisodeConfig | None = None,
+        slots: Sequence[str] | None = None,
+        device: str | torch.device = "cpu",
+        max_train_samples: int | None = None,
+        data_dir: str | Path | None = None,
+        text_file: str | Path | None = None,
+        telemetry: Telemetry | None = None,
+        env_id: int = 0,
+        render_mode: str | None = None,
+    ) -> None:
+        if render_mode is not None:
+            raise ValueError(f"MorphogenesisEnv does not render (render_mode={render_mode!r}); pass "
+                             "render_mode=None and read the episode's telemetry instead")
+        self.task = _resolve_task(task, device, max_train_samples, data_dir, text_file)
+        self.episode_config = episode_config or EpisodeConfig()
+        self.slots = None if slots is None else tuple(slots)
+        self.telemetry = telemetry
+        self.env_id = env_id
+        self.render_mode = render_mode
+        # A throwaway model tells which slots the request resolves to (and rejects unknown ones now).
+        slot_ids = self._new_episode(seed=0).build_model().slot_ids
+        topology = self.task.topology
+        #: The morphogen `ActionSpace` that turns MultiDiscrete indices into `Action`s.
+        self.action_codec = ActionSpace(slot_ids, topology)
+        self.encoder = ObservationEncoder(slot_ids, topology)
+        n_features, n_slots = self.encoder.size, self.encoder.n_slots
+        low = np.concatenate([np.full(n_features, -np.inf), np.zeros(n_slots)]).astype(np.float32)
+        high = np.concatenate([np.full(n_features, np.inf), np.full(n_slots, self.encoder.n_blueprints)])
+        self.observation_space = spaces.Box(low, high.astype(np.float32), dtype=np.float32)
+        self.action_space = spaces.MultiDiscrete(np.asarray(self.action_codec.sizes, dtype=np.int64))
+        #: The episode of the last `reset()`; None before the first.
+        self.episode: MorphogenesisEpisode | None = None
+
+    # ---------------------------------------------------------------- layout
+    @property
+    def slot_ids(self) -> tuple[str, ...]:
+        """Slots in observation and slot-head order."""
+        return self.encoder.slot_ids
+
+    def observation_names(self) -> list[str]:
+        """The name of every observation position: the encoder's features, then ``blueprint_id/<slot>``."""
+        return self.encoder.feature_names() + [f"blueprint_id/{slot_id}" for slot_id in self.slot_ids]
+
+    def split_observation(self, observation: np.ndarray) -> EncodedObservation:
+        """Observation(s) [..., size] -> features float32 [..., n_features] and blueprint ids int64 [..., n_slots]."""
+        observation = np.asarray(observation)
+        expected = self.encoder.size + self.encoder.n_slots
+        if observation.ndim == 0 or observation.shape[-1] != expected:
+            raise ValueError(f"observation has shape {observation.shape}; expected (..., {expected}): "
+                             "pass observations of this env (or a batch stacked on leading dimensions)")
+        n_features = self.encoder.size
+        return EncodedObservation(
+            features=observation[..., :n_features].astype(np.float32),
+            blueprint_ids=np.rint(observation[..., n_features:]).astype(np.int64),
+        )
+
+    # ---------------------------------------------------------------- the Gymnasium API
+    def reset(self, *, seed: int | None = None,
+              options: dict[str, Any] | None = None) -> tuple[np.ndarray, dict[str, Any]]:
+        """Start a new episode: seed `seed`, or one drawn from `np_random` when None."""
+        if options:
+            raise ValueError(f"MorphogenesisEnv.reset takes no options, got {sorted(options)}; configure "
+                             "the episode through the constructor (episode_config, slots)")
+        if seed is not None and not 0 <= seed < _SEED_LIMIT:
+            raise ValueError(f"seed must be in [0, 2**64), got {seed}")
+        super().reset(seed=seed)
+        episode_seed = seed if seed is not None else int(self.np_random.integers(_SEED_LIMIT, dtype=np.uint64))
+        self.episode = self._new_episode(episode_seed)
+        snapshot = self.episode.reset()
+        return self._observe(snapshot), self._state_info(snapshot)
+
+    def step(self, action: np.ndarray) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
+        """Run one epoch with `action` (one index per head); truncated=True when the episode's epochs run out."""
+        episode = self.episode
+        if episode is None:
+            raise RuntimeError("call reset() before step()")
+        decoded = self.action_codec.decode(self._checked_indices(action))
+        result = episode.step(decoded)
+        info = {
+            **self._state_info(result.snapshot),
+            "action": decoded.describe(),
+            "action_succeeded": result.action_succeeded,
+            "reason": result.reason,
+            "reward_components": dict(result.reward.components),
+        }
+        return self._observe(result.snapshot), float(result.reward.total), False, result.done, info
+
+    def close(self) -> None:
+        """Drop the current episode's model; the telemetry hub belongs to the caller and stays open."""
+        self.episode = None
+
+    # ---------------------------------------------------------------- internals
+    def _new_episode(self, seed: int) -> MorphogenesisEpisode:
+        return MorphogenesisEpisode(self.task, self.episode_config, seed=seed, slots=self.slots,
+                                    telemetry=self.telemetry, env_id=self.env_id)
+
+    def _checked_indices(self, action: np.ndarray) -> list[int]:
+        indices = np.asarray(action)
+        sizes = np.asarray(self.action_codec.sizes)
+        if indices.shape != sizes.shape or not np.issubdtype(indices.dtype, np.integer):
+            raise ValueError(f"action must be {len(sizes)} integers, one per head {HEADS}; got {action!r}")
+        if np.any(indices < 0) or np.any(indices >= sizes):
+            raise ValueError(f"action {indices.tolist()} is outside the head sizes {sizes.tolist()}; "
+                             "each index must be in 0..size-1")
+        return [int(index) for index in indices]
+
+    def _observe(self, snapshot: EpisodeSnapshot) -> np.ndarray:
+        features, blueprint_ids = self.encoder.encode(snapshot)
+        return np.concatenate([features, blueprint_ids.astype(np.float32)])
+
+    def _state_info(self, snapshot: EpisodeSnapshot) -> dict[str, Any]:
+        assert self.episode is not None
+        by_op = tuple(self.episode.masks())
+        return {
+            "action_mask": flat_action_masks(by_op),
+            "action_mask_by_op": by_op,
+            "epoch": snapshot.epoch,
+            "val_accuracy": snapshot.val_accuracy,
+            "parameters": snapshot.active_parameters,
+            "rolled_back": snapshot.rolled_back,
+        }
+
+
+def _resolve_task(task: str | Task, device: str | torch.device, max_train_samples: int | None,
+                  data_dir: str | Path | None, text_file: str | Path | None) -> Task:
+    """Load a named task, or check that a loaded one is compatible with the other arguments."""
+    if isinstance(task, str):
+        return load_task(task, device=device, data_dir=data_dir, text_file=text_file,
+                         max_train_samples=max_train_samples)
+    if not isinstance(task, Task):
+        raise TypeError(f"task must be a task name or a morphogen.data.Task, got {type(task).__name__}")
+    loading = {"max_train_samples": max_train_samples, "data_dir": data_dir, "text_file": text_file}
+    passed = sorted(name for name, value in loading.items() if value is not None)
+    if passed:
+        raise ValueError(f"{', '.join(passed)} configure loading, but task is already loaded; pass them to "
+                         "load_task, or pass the task's name instead of the Task")
+    requested, actual = torch.device(device), task.train.device
+    if requested.type != actual.type or (requested.index is not None and requested.index != actual.index):
+        raise ValueError(f"device={str(requested)!r} but the task's data is on {actual}; pass device={str(actual)!r} "
+                         "or load the task on the device you want")
+    return task
+
+
+if ENV_ID not in gymnasium.registry:
+    gymnasium.register(id=ENV_ID, entry_point="morphogen.env.gym:MorphogenesisEnv")

@@ -1,0 +1,90 @@
+"""Many episodes stepped in lockstep on one shared batch stream (DESIGN §3 data flow, §7).
+
+Every env trains on the same training batches in the same order (they differ in host seed and in
+what their controllers grow), so data is loaded and augmented once per batch, not once per env, and
+the controller sees all envs at once: one batched policy call per step.
+
+CUDA rules (DESIGN §7, §9.4): each env trains on its own persistent stream. A batch produced on the
+current stream and read on an env's stream is marked with `record_stream`, so the caching allocator
+does not hand its memory to someone else while that stream may still read it. The input batch and
+every tensor derived from it on the producing stream (the augmented images) are recorded, not only
+the derived ones. One synchronize per phase, before the epoch's metrics are read.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from morphogen.data import Task
+from morphogen.env.actions import Action
+from morphogen.env.episode import EpisodeConfig, MorphogenesisEpisode, StepResult
+from morphogen.env.seeding import derive_seed
+from morphogen.env.snapshot import EpisodeSnapshot
+from morphogen.telemetry.sinks import Telemetry
+
+
+class VectorEpisodes:
+    """`n_envs` episodes of one task, reset and stepped together."""
+
+    def __init__(self, task: Task, config: EpisodeConfig, n_envs: int, *, seed: int = 0,
+                 slots: Sequence[str] | None = None, telemetry: Telemetry | None = None,
+                 pool_slots: bool = False) -> None:
+        if n_envs < 1:
+            raise ValueError(f"n_envs must be >= 1, got {n_envs}")
+        self.task, self.config, self.seed = task, config, seed
+        self.episodes = [
+            MorphogenesisEpisode(task, config, seed=seed, slots=slots, telemetry=telemetry, env_id=i,
+                                 pool_slots=pool_slots)
+            for i in range(n_envs)
+        ]
+        self.device = task.train.device
+        self.streams = ([torch.cuda.Stream(device=self.device) for _ in self.episodes]
+                        if self.device.type == "cuda" else None)
+        self.batch_size = config.batch_size or task.batch_size
+        self.generator = torch.Generator(device="cpu")
+
+    @property
+    def n_envs(self) -> int:
+        return len(self.episodes)
+
+    def reset(self, episode_index: int) -> list[EpisodeSnapshot]:
+        """Fresh hosts for every env; seeds and the batch order are derived from (seed, episode_index, env)."""
+        self.generator.manual_seed(derive_seed(self.seed, episode_index, 1_000_003))
+        snapshots = []
+        for i, episode in enumerate(self.episodes):
+            episode.seed = derive_seed(self.seed, episode_index, i)
+            snapshots.append(episode.reset())
+        return snapshots
+
+    def masks(self) -> list[list[np.ndarray]]:
+        return [episode.masks() for episode in self.episodes]
+
+    def step(self, actions: Sequence[Action]) -> list[StepResult]:
+        """Apply one action per env, train every env one epoch on the shared batches, finish the epoch."""
+        if len(actions) != self.n_envs:
+            raise ValueError(f"expected {self.n_envs} actions, got {len(actions)}")
+        outcomes = [episode.apply_action(action) for episode, action in zip(self.episodes, actions, strict=True)]
+        for inputs, targets in self.task.train.iterate_batches(self.batch_size, generator=self.generator,
+                                                               augment=self.task.augment):
+            self._train_all(inputs, targets)
+        if self.streams is not None:
+            torch.cuda.synchronize(self.device)  # one sync per phase: all env streams done before reading metrics
+        return [episode.finish_epoch(action, succeeded, reason)
+                for episode, action, (succeeded, reason) in zip(self.episodes, actions, outcomes, strict=True)]
+
+    def _train_all(self, inputs: Tensor, targets: Tensor) -> None:
+        if self.streams is None:
+            for episode in self.episodes:
+                episode.trainer.train_batch(inputs, targets)
+            return
+        producer = torch.cuda.current_stream(self.device)
+        for episode, stream in zip(self.episodes, self.streams, strict=True):
+            stream.wait_stream(producer)  # the batch is produced (copied/augmented) on the current stream
+            with torch.cuda.stream(stream):
+                inputs.record_stream(stream)
+                targets.record_stream(stream)
+                episode.trainer.train_batch(inputs, targets)

@@ -1,0 +1,155 @@
+"""Blueprints: identity at birth on both hosts in every slot, registry errors, parameter counts."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from slot_driver import EASY_CONFIG, drive_to
+from torch import nn
+
+from morphogen.core.blend import BlendKind
+from morphogen.core.blueprints import (
+    UnknownBlueprintError,
+    blueprint_names,
+    build_seed,
+    get_blueprint,
+    parameter_count,
+    registry_table,
+)
+from morphogen.core.hosts import CNNHost, SegmentedHost, TransformerHost
+from morphogen.core.lifecycle import Stage
+from morphogen.core.model import MorphogeneticModel
+
+CNN_NAMES = ("norm", "attention", "depthwise", "bottleneck", "conv_small", "conv_light", "conv_heavy")
+TRANSFORMER_NAMES = ("norm", "lora", "lora_large", "attention", "mlp_small", "mlp")
+
+
+def _host(topology: str) -> tuple[SegmentedHost, torch.Tensor]:
+    torch.manual_seed(0)
+    generator = torch.Generator().manual_seed(1)
+    if topology == "cnn":
+        return CNNHost(10, 1, pool_slots=True).eval(), torch.randn(4, 1, 8, 8, generator=generator)
+    host = TransformerHost(vocab_size=13, d_model=32, n_heads=4, n_layers=2, block_size=8, n_segments=2).eval()
+    return host, torch.randint(0, 13, (3, 8), generator=generator)
+
+
+def test_registry_names_and_order() -> None:
+    assert blueprint_names("cnn") == CNN_NAMES
+    assert blueprint_names("transformer") == TRANSFORMER_NAMES
+
+
+@pytest.mark.parametrize(
+    ("topology", "name"), [("cnn", name) for name in CNN_NAMES] + [("transformer", name) for name in TRANSFORMER_NAMES]
+)
+def test_every_blueprint_is_identity_at_birth_in_every_slot(topology: str, name: str) -> None:
+    host, x = _host(topology)
+    with torch.no_grad():
+        bare = host(x)
+    for slot_id in host.slot_ids:
+        for kind in BlendKind:
+            model = MorphogeneticModel(host, [slot_id], config=EASY_CONFIG)
+            slot = model.slot(slot_id)
+            slot.germinate(name, blend=kind)
+            for stage in (Stage.TRAINING, Stage.BLENDING, Stage.HOLDING):
+                drive_to(slot, stage)
+                if stage is Stage.BLENDING:
+                    assert slot.alpha.alpha == 1.0
+                output = model(x)  # with autograd on, so TRAINING runs the seed too
+                torch.testing.assert_close(output, bare, rtol=0, atol=1e-6,
+                                           msg=f"{name} in {slot_id} ({kind.value}, {stage.name})")
+
+
+@pytest.mark.parametrize("topology", ["cnn", "transformer"])
+def test_seeds_are_shape_preserving_at_any_resolution(topology: str) -> None:
+    shapes = [(2, 8, 5, 7), (2, 8, 1, 1)] if topology == "cnn" else [(2, 5, 8), (1, 1, 8)]
+    for name in blueprint_names(topology):
+        seed = build_seed(topology, name, 8, n_heads=2) if name == "attention" and topology == "transformer" \
+            else build_seed(topology, name, 8)
+        for shape in shapes:
+            assert seed(torch.randn(shape)).shape == shape
+
+
+@pytest.mark.parametrize("topology", ["cnn", "transformer"])
+def test_seeds_never_use_batch_norm(topology: str) -> None:
+    for name in blueprint_names(topology):
+        seed = build_seed(topology, name, 32)
+        assert not any(isinstance(module, nn.modules.batchnorm._BatchNorm) for module in seed.modules()), name
+
+
+@pytest.mark.parametrize("topology", ["cnn", "transformer"])
+def test_unknown_names_list_the_valid_ones(topology: str) -> None:
+    with pytest.raises(UnknownBlueprintError) as error:
+        get_blueprint(topology, "conv_gigantic")
+    message = str(error.value)
+    assert "conv_gigantic" in message
+    assert all(name in message for name in blueprint_names(topology))
+    with pytest.raises(UnknownBlueprintError, match="conv_gigantic"):
+        build_seed(topology, "conv_gigantic", 8)
+
+
+def test_blueprint_of_the_other_topology_is_unknown() -> None:
+    with pytest.raises(UnknownBlueprintError, match="lora"):
+        build_seed("cnn", "lora", 8)
+
+
+def test_unknown_topology_lists_the_valid_ones() -> None:
+    with pytest.raises(UnknownBlueprintError, match="cnn, transformer"):
+        blueprint_names("mlp")
+    with pytest.raises(UnknownBlueprintError, match="cnn, transformer"):
+        registry_table("rnn", 8)
+
+
+def test_unexpected_options_list_the_accepted_ones() -> None:
+    with pytest.raises(UnknownBlueprintError, match=r"'lora'.*heads.*accepted: rank"):
+        build_seed("transformer", "lora", 32, heads=2)
+    with pytest.raises(UnknownBlueprintError, match="accepted: none"):
+        build_seed("cnn", "conv_light", 8, rank=4)
+    assert get_blueprint("transformer", "attention").options == ("n_heads",)
+    assert get_blueprint("transformer", "lora_large").options == ()
+
+
+def test_bad_option_values_raise_value_error() -> None:
+    with pytest.raises(ValueError, match="rank"):
+        build_seed("transformer", "lora", 32, rank=0)
+    with pytest.raises(ValueError, match="n_heads"):
+        build_seed("transformer", "attention", 30, n_heads=4)
+
+
+def test_options_reach_the_module() -> None:
+    seed = build_seed("transformer", "lora", 32, rank=4)
+    assert sum(p.numel() for p in seed.parameters()) == 2 * 32 * 4
+
+
+@pytest.mark.parametrize(("topology", "width"), [("cnn", 8), ("cnn", 48), ("transformer", 16), ("transformer", 64)])
+def test_parameter_count_matches_the_built_module(topology: str, width: int) -> None:
+    for name in blueprint_names(topology):
+        seed = build_seed(topology, name, width)
+        assert parameter_count(topology, name, width) == sum(p.numel() for p in seed.parameters()), name
+
+
+def test_parameter_count_oracles() -> None:
+    assert parameter_count("cnn", "conv_small", 8) == 8 * 8 + 8  # 1x1 conv with bias
+    assert parameter_count("cnn", "conv_light", 8) == 2 * 8 + 8 * 8 * 9 + 8  # group norm + 3x3 conv
+    assert parameter_count("cnn", "norm", 8) == 2 * 8 + 8  # group norm + per-channel scale
+    assert parameter_count("transformer", "lora", 32) == 32 * 8 + 8 * 32  # rank 8, no bias
+    assert parameter_count("transformer", "lora_large", 32) == 32 * 32 + 32 * 32  # rank 32
+    assert parameter_count("transformer", "lora", 32, rank=2) == 32 * 2 * 2
+    # layer norm + Linear(16, 32) + Linear(32, 16)
+    assert parameter_count("transformer", "mlp_small", 16) == 2 * 16 + (16 * 32 + 32) + (32 * 16 + 16)
+    # bottleneck width is max(8, C / 4): Conv(16->8, 1x1) + Conv(8->8, 3x3) + Conv(8->16, 1x1)
+    assert parameter_count("cnn", "bottleneck", 16) == (16 * 8 + 8) + (8 * 8 * 9 + 8) + (8 * 16 + 16)
+
+
+@pytest.mark.parametrize(("topology", "width"), [("cnn", 32), ("transformer", 64)])
+def test_registry_table_rows(topology: str, width: int) -> None:
+    rows = registry_table(topology, width)
+    assert [row[0] for row in rows] == list(blueprint_names(topology))
+    for name, count, description in rows:
+        assert count == parameter_count(topology, name, width)
+        assert count > 0
+        assert description and description == get_blueprint(topology, name).description
+    counts = dict((name, count) for name, count, _ in rows)
+    if topology == "cnn":
+        assert counts["conv_small"] < counts["conv_light"] < counts["conv_heavy"]
+    else:
+        assert counts["lora"] < counts["lora_large"] and counts["mlp_small"] < counts["mlp"]

@@ -1,0 +1,153 @@
+"""Hosts: injection points and their widths, segment composition, tied embeddings, argument checks."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+
+from morphogen.core.hosts import CNNHost, TransformerHost, UnknownSlotError, build_host
+
+
+def _cnn(pool_slots: bool = False) -> CNNHost:
+    torch.manual_seed(0)
+    return CNNHost(10, 1, n_blocks=3, base_channels=8, pool_slots=pool_slots).eval()
+
+
+def _transformer(n_layers: int = 4, n_segments: int = 2) -> TransformerHost:
+    torch.manual_seed(0)
+    return TransformerHost(vocab_size=17, d_model=16, n_heads=2, n_layers=n_layers, block_size=8,
+                           n_segments=n_segments).eval()
+
+
+def _images() -> torch.Tensor:
+    return torch.randn(4, 1, 8, 8, generator=torch.Generator().manual_seed(1))
+
+
+def _tokens() -> torch.Tensor:
+    return torch.randint(0, 17, (3, 8), generator=torch.Generator().manual_seed(1))
+
+
+def test_cnn_injection_points() -> None:
+    assert CNNHost(10, 1).injection_points == {"r0c0": 32, "r0c1": 64, "r0c2": 128}
+    assert list(_cnn(pool_slots=True).injection_points.items()) == [
+        ("r0c0", 8), ("r1c0", 8), ("r0c1", 16), ("r1c1", 16), ("r0c2", 32), ("r1c2", 32)
+    ]
+    assert _cnn().slot_ids == ("r0c0", "r0c1", "r0c2")
+    assert len(_cnn(pool_slots=True).segments) == 7  # one more segment than points
+
+
+def test_cnn_activation_shapes_match_the_points() -> None:
+    host = _cnn(pool_slots=True)
+    x = _images()
+    expected_sizes = {"r0c0": 8, "r1c0": 4, "r0c1": 4, "r1c1": 2, "r0c2": 2, "r1c2": 1}
+    for slot, channels in host.injection_points.items():
+        size = expected_sizes[slot]
+        assert host.forward_to(slot, x).shape == (4, channels, size, size)
+    assert host(x).shape == (4, 10)
+
+
+def test_transformer_injection_points() -> None:
+    assert _transformer().injection_points == {"r0c0": 16, "r0c1": 16}
+    assert _transformer(n_layers=4, n_segments=4).slot_ids == ("r0c0", "r0c1", "r0c2", "r0c3")
+    host = _transformer()
+    assert host.forward_to("r0c1", _tokens()).shape == (3, 8, 16)
+    assert host(_tokens()).shape == (3, 8, 17)
+
+
+@pytest.mark.parametrize("host_name", ["cnn", "cnn_pool", "transformer"])
+def test_forward_to_and_forward_from_compose_to_forward(host_name: str) -> None:
+    host = {"cnn": lambda: _cnn(), "cnn_pool": lambda: _cnn(True), "transformer": _transformer}[host_name]()
+    x = _tokens() if host_name == "transformer" else _images()
+    with torch.no_grad():
+        full = host(x)
+        slots = host.slot_ids
+        for slot in slots:
+            assert torch.equal(host.forward_from(slot, host.forward_to(slot, x)), full)
+        for earlier, later in itertools.pairwise(slots):
+            resumed = host.forward_to(later, host.forward_to(earlier, x), from_slot=earlier)
+            assert torch.equal(resumed, host.forward_to(later, x))
+
+
+def test_forward_to_rejects_bad_slots() -> None:
+    host = _cnn()
+    x = _images()
+    with pytest.raises(ValueError, match="comes after"):
+        host.forward_to("r0c0", host.forward_to("r0c2", x), from_slot="r0c2")
+    with pytest.raises(UnknownSlotError, match="r0c0, r0c1, r0c2"):
+        host.forward_to("r7c7", x)
+    with pytest.raises(UnknownSlotError, match="r0c0, r0c1, r0c2"):
+        host.forward_from("nope", x)
+
+
+def test_transformer_embeddings_are_tied() -> None:
+    host = _transformer()
+    head = host.segments[-1]
+    embedding = host.segments[0][0]
+    assert head.output.weight is embedding.token.weight
+    unique = sum(p.numel() for p in host.parameters())
+    with_duplicates = sum(p.numel() for _, p in host.named_parameters(remove_duplicate=False))
+    assert with_duplicates - unique == 17 * 16  # the shared vocab x d_model matrix, counted once
+    host(_tokens()).sum().backward()
+    assert embedding.token.weight.grad is not None
+    # still tied after loading a state dict
+    other = _transformer()
+    other.load_state_dict(host.state_dict())
+    assert other.segments[-1].output.weight is other.segments[0][0].token.weight
+
+
+def test_transformer_is_causal() -> None:
+    host = _transformer()
+    tokens = _tokens()
+    changed = tokens.clone()
+    changed[:, 5:] = (changed[:, 5:] + 1) % 17
+    with torch.no_grad():
+        before, after = host(tokens), host(changed)
+    assert torch.equal(before[:, :5], after[:, :5])
+    assert not torch.equal(before[:, 5:], after[:, 5:])
+
+
+def test_transformer_rejects_sequences_longer_than_block_size() -> None:
+    with pytest.raises(ValueError, match="block_size"):
+        _transformer()(torch.zeros(1, 9, dtype=torch.long))
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [{"num_classes": 0}, {"in_channels": 0}, {"n_blocks": 0}, {"base_channels": 0}, {"kernel_size": 2},
+     {"kernel_size": 0}],
+)
+def test_cnn_rejects_bad_arguments(kwargs: dict[str, int]) -> None:
+    arguments = {"num_classes": 10, "in_channels": 1} | kwargs
+    with pytest.raises(ValueError, match=next(iter(kwargs))):
+        CNNHost(**arguments)
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [{"n_layers": 3}, {"n_layers": 0}, {"n_segments": 0}, {"d_model": 30}, {"n_heads": 0}, {"vocab_size": 0},
+     {"block_size": 0}, {"d_model": 0}],
+)
+def test_transformer_rejects_bad_arguments(kwargs: dict[str, int]) -> None:
+    arguments = {"vocab_size": 17, "d_model": 16, "n_heads": 4, "n_layers": 2, "block_size": 8,
+                 "n_segments": 2} | kwargs
+    with pytest.raises(ValueError, match=next(iter(kwargs))):
+        TransformerHost(**arguments)
+
+
+def test_hosts_take_device_and_dtype() -> None:
+    cnn = CNNHost(10, 1, base_channels=4, dtype=torch.float64)
+    assert {p.dtype for p in cnn.parameters()} == {torch.float64}
+    transformer = TransformerHost(17, d_model=8, n_heads=2, n_layers=2, block_size=4, device="meta")
+    assert {p.device.type for p in transformer.parameters()} == {"meta"}
+
+
+def test_build_host() -> None:
+    host = build_host("cnn", num_classes=3, in_channels=2, base_channels=4, n_blocks=2)
+    assert isinstance(host, CNNHost)
+    assert host.injection_points == {"r0c0": 4, "r0c1": 8}
+    assert isinstance(build_host("transformer", vocab_size=5, d_model=8, n_heads=2, n_layers=2), TransformerHost)
+    with pytest.raises(ValueError, match="cnn, transformer"):
+        build_host("rnn")
+

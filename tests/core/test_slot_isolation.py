@@ -1,0 +1,198 @@
+"""Gradient isolation of SeedSlot (DESIGN §4.3): a TRAINING seed is invisible to the host, bit for bit;
+a blended seed with a detached input gives the host its skip-path gradient and nothing through its internals."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from slot_driver import EASY_CONFIG, drive_to, perturb_seed
+from torch import Tensor, nn
+
+from morphogen.core.blend import BlendKind
+from morphogen.core.blueprints import blueprint_names
+from morphogen.core.hosts import CNNHost, SegmentedHost, TransformerHost
+from morphogen.core.lifecycle import Stage
+from morphogen.core.model import MorphogeneticModel
+from morphogen.core.slot import DETACH_AFTER_TRAINING, SeedSlot, SlotConfig
+
+
+def _host_and_batch(topology: str) -> tuple[SegmentedHost, Tensor, Tensor]:
+    """A small host in train mode, an input batch and class targets."""
+    torch.manual_seed(0)
+    generator = torch.Generator().manual_seed(1)
+    if topology == "cnn":
+        host: SegmentedHost = CNNHost(5, 1, n_blocks=3, base_channels=8)
+        return host, torch.randn(6, 1, 8, 8, generator=generator), torch.randint(0, 5, (6,), generator=generator)
+    host = TransformerHost(vocab_size=11, d_model=16, n_heads=2, n_layers=3, block_size=6, n_segments=3)
+    return host, torch.randint(0, 11, (4, 6), generator=generator), torch.randint(0, 11, (4, 6), generator=generator)
+
+
+def _loss(output: Tensor, targets: Tensor) -> Tensor:
+    return nn.functional.cross_entropy(output.reshape(-1, output.shape[-1]), targets.reshape(-1))
+
+
+def _model_with_seed(host: SegmentedHost, slot_id: str, blueprint: str, stage: Stage, *, alpha: float = 1.0,
+                     blend: BlendKind = BlendKind.ADD) -> MorphogeneticModel:
+    """`host` with one randomly perturbed seed in `slot_id`, driven to `stage`."""
+    model = MorphogeneticModel(host, config=EASY_CONFIG)
+    slot = model.germinate(slot_id, blueprint, blend=blend)
+    perturb_seed(slot, torch.Generator().manual_seed(2))
+    drive_to(slot, stage, alpha=alpha)
+    return model
+
+
+ALL_BLUEPRINTS = [(topology, name) for topology in ("cnn", "transformer") for name in blueprint_names(topology)]
+
+
+@pytest.mark.parametrize(("topology", "blueprint"), ALL_BLUEPRINTS)
+def test_training_seed_leaves_output_and_host_gradients_bit_identical(topology: str, blueprint: str) -> None:
+    host, x, targets = _host_and_batch(topology)
+    bare_host = copy.deepcopy(host)
+    middle = host.slot_ids[1]
+    model = _model_with_seed(host, middle, blueprint, Stage.TRAINING)
+
+    output = model(x)
+    bare_output = bare_host(x)
+    assert torch.equal(output, bare_output)
+    _loss(output, targets).backward()
+    _loss(bare_output, targets).backward()
+
+    bare_parameters = dict(bare_host.named_parameters())
+    for name, parameter in host.named_parameters():
+        assert parameter.grad is not None and torch.equal(parameter.grad, bare_parameters[name].grad), name
+    seed_gradients = [p.grad for p in model.slot(middle).seed_parameters() if p.grad is not None]
+    assert seed_gradients and any(bool(g.abs().sum() > 0) for g in seed_gradients)
+
+
+def _capture_slot(slot: SeedSlot) -> dict[str, Tensor]:
+    """Records the slot's input `h`, its output, and (after backward) the gradients of both."""
+    captured: dict[str, Tensor] = {}
+
+    def hook(module: nn.Module, inputs: tuple[Tensor, ...], output: Tensor) -> None:
+        h = inputs[0]
+        captured["h"], captured["out"] = h, output
+        h.register_hook(lambda grad: captured.__setitem__("grad_h", grad))
+        output.register_hook(lambda grad: captured.__setitem__("grad_out", grad))
+
+    slot.register_forward_hook(hook)
+    return captured
+
+
+def test_training_seed_gets_the_gradient_of_its_output_as_if_added() -> None:
+    host, x, targets = _host_and_batch("cnn")
+    model = _model_with_seed(host, "r0c1", "conv_light", Stage.TRAINING)
+    slot = model.slot("r0c1")
+    captured = _capture_slot(slot)
+    _loss(model(x), targets).backward()
+    assert slot.seed is not None
+    parameters = list(slot.seed.parameters())
+    # d loss / d seed = (d loss / d slot output) . (d seed(h) / d seed), with h a constant.
+    expected = torch.autograd.grad(slot.seed(captured["h"].detach()), parameters, captured["grad_out"])
+    for parameter, gradient in zip(parameters, expected, strict=True):
+        assert parameter.grad is not None
+        torch.testing.assert_close(parameter.grad, gradient, rtol=1e-5, atol=1e-7)
+
+
+def test_training_seed_is_not_run_without_autograd() -> None:
+    host, x, _ = _host_and_batch("cnn")
+    model = _model_with_seed(host, "r0c1", "conv_light", Stage.TRAINING)
+    calls: list[int] = []
+    assert model.slot("r0c1").seed is not None
+    model.slot("r0c1").seed.register_forward_hook(lambda *_: calls.append(1))
+    with torch.no_grad():
+        assert torch.equal(model(x), copy.deepcopy(host)(x))
+    assert calls == []
+
+
+def _expected_host_gradient(kind: BlendKind, slot: SeedSlot, h: Tensor, grad_out: Tensor, alpha: float) -> Tensor:
+    """Gradient reaching the host at the slot when the seed's output is a constant plus the skip path.
+
+    add:      out = h + a (s - h) with d(s - h)/dh = 0            -> grad_out
+    multiply: out = h (1 + a tanh(s - h))                         -> grad_out (1 + a tanh(s - h))
+    gate:     out = h + a g(h) (s - h), only g(h) depends on h    -> via autograd of that formula
+    """
+    assert slot.seed is not None
+    with torch.no_grad():
+        s = slot.seed(h.detach())
+    if kind is BlendKind.ADD:
+        return grad_out
+    if kind is BlendKind.MULTIPLY:
+        return grad_out * (1.0 + alpha * torch.tanh(s - h.detach()))
+    assert slot.blend is not None and slot.blend.gate is not None
+    leaf = h.detach().requires_grad_(True)
+    reference = leaf + alpha * slot.blend.gate(leaf) * (s - leaf.detach())
+    (gradient,) = torch.autograd.grad(reference, leaf, grad_out)
+    return gradient
+
+
+@pytest.mark.parametrize("kind", list(BlendKind))
+@pytest.mark.parametrize(("stage", "alpha"), [(Stage.BLENDING, 0.6), (Stage.HOLDING, 1.0)])
+def test_detached_blended_seed_gives_host_only_its_skip_path_gradient(kind: BlendKind, stage: Stage,
+                                                                       alpha: float) -> None:
+    host, x, targets = _host_and_batch("cnn")
+    model = _model_with_seed(host, "r0c1", "conv_heavy", stage, alpha=alpha, blend=kind)
+    slot = model.slot("r0c1")
+    assert slot.detach_input and slot.alpha.alpha == alpha
+    captured = _capture_slot(slot)
+    _loss(model(x), targets).backward()
+
+    grad_h = captured["grad_h"]
+    assert bool(grad_h.abs().sum() > 0)
+    expected = _expected_host_gradient(kind, slot, captured["h"], captured["grad_out"], alpha)
+    torch.testing.assert_close(grad_h, expected, rtol=1e-5, atol=1e-8)
+    first_conv = host.segments[0][0]
+    assert first_conv.weight.grad is not None and bool(first_conv.weight.grad.abs().sum() > 0)
+    assert any(p.grad is not None and bool(p.grad.abs().sum() > 0) for p in slot.seed_parameters())
+
+
+def test_an_attached_seed_does_pass_gradient_through_its_internals() -> None:
+    """The same check fails for a seed that reads h directly: the check above can tell the difference."""
+    host, x, targets = _host_and_batch("cnn")
+    config = SlotConfig(detach_input=False, blend_epochs=0, gates=EASY_CONFIG.gates)
+    model = MorphogeneticModel(host, config=config)
+    slot = model.germinate("r0c1", "conv_heavy")
+    perturb_seed(slot, torch.Generator().manual_seed(2))
+    slot.record_signals(gradient_health=1.0)
+    slot.advance(0)
+    slot.advance(0)
+    assert slot.stage is Stage.BLENDING and not slot.detach_input
+    captured = _capture_slot(slot)
+    _loss(model(x), targets).backward()
+    assert not torch.allclose(captured["grad_h"], captured["grad_out"], rtol=1e-3, atol=1e-6)
+
+
+def test_detach_default_per_topology() -> None:
+    assert DETACH_AFTER_TRAINING == {"cnn": True, "transformer": False}
+    assert SeedSlot("a", 8, "cnn").detach_input
+    assert not SeedSlot("a", 8, "transformer").detach_input
+    assert not SeedSlot("a", 8, "cnn", SlotConfig(detach_input=False)).detach_input
+
+
+def test_ramping_down_freezes_the_seed() -> None:
+    host, x, targets = _host_and_batch("cnn")
+    model = _model_with_seed(host, "r0c1", "conv_light", Stage.HOLDING)
+    slot = model.slot("r0c1")
+    slot.set_alpha_target(0.2, 3, epoch=0)
+    assert slot.stage is Stage.BLENDING and slot.alpha.ramping
+    _loss(model(x), targets).backward()
+    assert all(p.grad is None and not p.requires_grad for p in slot.seed_parameters())
+    for epoch in range(3):
+        slot.step_epoch(epoch)
+    assert not slot.alpha.ramping and slot.alpha.alpha == 0.2
+    assert all(p.requires_grad for p in slot.seed_parameters())
+
+
+@pytest.mark.parametrize("stage", [Stage.DORMANT, Stage.GERMINATED, Stage.PRUNED])
+def test_empty_or_idle_slot_is_the_identity_and_never_runs_a_seed(stage: Stage) -> None:
+    slot = SeedSlot("r0c0", 8, "cnn", EASY_CONFIG)
+    if stage is not Stage.DORMANT:
+        slot.germinate("conv_light")
+        perturb_seed(slot, torch.Generator().manual_seed(0))
+        assert slot.seed is not None
+        slot.seed.register_forward_hook(lambda *_: pytest.fail("seed ran"))
+    if stage is Stage.PRUNED:
+        slot.prune(0)
+    h = torch.randn(2, 8, 4, 4, requires_grad=True)
+    assert slot(h) is h

@@ -1,0 +1,185 @@
+"""Tests for counterfactual planning, attribution, and the fused validation pass.
+
+Planned configurations and contributions are written out by hand; the fused pass is checked against
+one plain `model(x)` per configuration with the slots' alphas forced, scored in float64 NumPy.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from morphogen.core.hosts import CNNHost
+from morphogen.core.lifecycle import GateConfig, GateMode, Stage
+from morphogen.core.model import MorphogeneticModel
+from morphogen.core.slot import SlotConfig
+from morphogen.data import DeviceDataset
+from morphogen.env.counterfactual import (
+    ALL_OFF,
+    MAIN,
+    CounterfactualResult,
+    plan_counterfactuals,
+    without,
+)
+from morphogen.env.evaluation import per_config_loss_and_correct, validate
+
+SLOTS = ("r0c0", "r0c1", "r0c2")
+
+
+# ---------------------------------------------------------------- planning
+
+
+def test_no_blended_seed_plans_only_main() -> None:
+    plan = plan_counterfactuals(SLOTS, {})
+    assert plan.names == (MAIN,)
+    assert plan.alphas == ((0.0, 0.0, 0.0),)
+    assert plan.ablated == ()
+    assert plan.size == 1
+
+
+def test_one_seed_plans_main_and_without_it_but_not_all_off() -> None:
+    plan = plan_counterfactuals(SLOTS, {"r0c1": 0.5})
+    assert plan.names == (MAIN, "without:r0c1")
+    assert plan.alphas == ((0.0, 0.5, 0.0), (0.0, 0.0, 0.0))
+    assert plan.ablated == ("r0c1",)
+
+
+def test_a_seed_at_alpha_zero_is_not_ablated() -> None:
+    plan = plan_counterfactuals(SLOTS, {"r0c0": 0.0, "r0c2": 1.0})
+    assert plan.names == (MAIN, "without:r0c2")
+    assert plan.alphas == ((0.0, 0.0, 1.0), (0.0, 0.0, 0.0))
+
+
+def test_two_seeds_plan_each_without_and_all_off() -> None:
+    plan = plan_counterfactuals(SLOTS, {"r0c2": 0.3, "r0c0": 1.0})
+    assert plan.names == (MAIN, "without:r0c0", "without:r0c2", ALL_OFF)
+    assert plan.alphas == ((1.0, 0.0, 0.3), (0.0, 0.0, 0.3), (1.0, 0.0, 0.0), (0.0, 0.0, 0.0))
+    assert plan.ablated == ("r0c0", "r0c2")
+
+
+@pytest.mark.parametrize(("live", "has_all_off"), [(1, False), (2, True), (3, True), (4, True), (5, False)])
+def test_all_off_only_for_two_to_four_live_seeds(live: int, has_all_off: bool) -> None:
+    slot_ids = [f"s{i}" for i in range(6)]
+    plan = plan_counterfactuals(slot_ids, {slot_id: 1.0 for slot_id in slot_ids[:live]})
+    assert (ALL_OFF in plan.names) is has_all_off
+    assert plan.size == 1 + live + int(has_all_off)
+    if has_all_off:
+        assert plan.alphas[plan.names.index(ALL_OFF)] == (0.0,) * 6
+
+
+def test_without_names_the_slot() -> None:
+    assert without("r1c2") == "without:r1c2"
+
+
+# ---------------------------------------------------------------- attribution
+
+
+def test_contributions_are_main_minus_without_in_points() -> None:
+    plan = plan_counterfactuals(SLOTS, {"r0c0": 1.0, "r0c2": 0.6})
+    # main, without:r0c0, without:r0c2, all_off
+    result = CounterfactualResult(plan, accuracies=(90.0, 85.5, 91.25, 80.0), losses=(0.3, 0.5, 0.28, 0.7))
+    assert result.contributions == {"r0c0": 4.5, "r0c2": -1.25}
+    assert result.accuracy(MAIN) == 90.0
+    assert result.loss("without:r0c0") == 0.5
+    assert result.accuracy_all_off == 80.0
+
+
+def test_all_off_accuracy_is_none_when_not_planned() -> None:
+    plan = plan_counterfactuals(SLOTS, {"r0c1": 1.0})
+    result = CounterfactualResult(plan, accuracies=(70.0, 72.0), losses=(1.0, 0.9))
+    assert result.accuracy_all_off is None
+    assert result.contributions == {"r0c1": -2.0}
+
+
+# ---------------------------------------------------------------- per-config scoring
+
+
+def test_per_config_loss_and_correct_by_hand_for_sequences() -> None:
+    # K=2 configs, B=1 sequence of T=2 tokens, V=3 classes; targets [0, 2].
+    outputs = torch.tensor([[[[2.0, 0.0, 0.0], [0.0, 1.0, 0.0]]],
+                            [[[0.0, 0.0, 0.0], [0.0, 0.0, 3.0]]]])  # (K, B, T, V)
+    targets = torch.tensor([[0, 2]])  # (B, T)
+    losses, correct = per_config_loss_and_correct(outputs, targets)
+    # Config 0: -log softmax([2,0,0])[0] + -log softmax([0,1,0])[2] = log(e^2+2) - 2 + log(e+2).
+    config0 = np.log(np.e**2 + 2) - 2 + np.log(np.e + 2)
+    # Config 1: log 3 + log(e^3 + 2) - 3.
+    config1 = np.log(3.0) + np.log(np.e**3 + 2) - 3
+    np.testing.assert_allclose(losses.numpy(), [config0, config1], rtol=1e-6)
+    # Config 0 predicts [0, 1]: one right. Config 1 predicts [0 (first of ties), 2]: two right.
+    assert correct.tolist() == [1, 2]
+
+
+# ---------------------------------------------------------------- the fused pass
+
+
+def blended_model() -> MorphogeneticModel:
+    """A small CNN with seeds blended in at r0c0 (alpha 1) and r0c2 (alpha 0.6), r0c1 empty.
+
+    Seed weights are randomized so that ablating a seed changes the output (a new seed is identity).
+    """
+    torch.manual_seed(3)
+    gates = GateConfig(mode=GateMode.PERMISSIVE, min_training_epochs=0)
+    model = MorphogeneticModel(CNNHost(num_classes=5, in_channels=1, n_blocks=3, base_channels=4), SLOTS,
+                               SlotConfig(gates=gates, blend_epochs=0))
+    for slot_id, blueprint, alpha in (("r0c0", "conv_light", 1.0), ("r0c2", "conv_small", 0.6)):
+        slot = model.germinate(slot_id, blueprint)
+        slot.advance(0)  # -> TRAINING
+        slot.record_signals(gradient_health=1.0, accuracy=50.0)
+        slot.advance(0)  # -> BLENDING with a 0-epoch ramp: alpha snaps to 1 (and may auto-advance to HOLDING)
+        assert slot.stage in (Stage.BLENDING, Stage.HOLDING)
+        if alpha < 1.0:
+            slot.set_alpha_target(alpha, 0, epoch=0)
+        assert slot.alpha.alpha == alpha
+        with torch.no_grad():
+            for parameter in slot.seed_parameters():
+                parameter.normal_(0.0, 0.5)
+    # Host batch norm statistics that are not the identity, so eval mode matters.
+    model.train()
+    with torch.no_grad():
+        model(torch.randn(64, 1, 8, 8))
+    return model
+
+
+def separate_metrics(model: MorphogeneticModel, inputs: torch.Tensor, targets: torch.Tensor,
+                     alphas: tuple[float, ...]) -> tuple[float, float]:
+    """Accuracy (points) and mean loss of one plain forward with every slot's alpha forced to `alphas`."""
+    saved = [slot.alpha_value.clone() for slot in model.slots()]
+    for slot, alpha in zip(model.slots(), alphas, strict=True):
+        slot.alpha_value.fill_(alpha)
+    model.eval()
+    with torch.no_grad():
+        logits = model(inputs).double().numpy()
+    for slot, value in zip(model.slots(), saved, strict=True):
+        slot.alpha_value.copy_(value)
+    labels = targets.numpy()
+    shifted = logits - logits.max(axis=1, keepdims=True)
+    log_probabilities = shifted - np.log(np.exp(shifted).sum(axis=1, keepdims=True))
+    loss = -log_probabilities[np.arange(len(labels)), labels].mean()
+    accuracy = 100.0 * (logits.argmax(axis=1) == labels).mean()
+    return float(accuracy), float(loss)
+
+
+def test_validate_matches_a_separate_forward_per_configuration() -> None:
+    model = blended_model()
+    generator = torch.Generator().manual_seed(4)
+    inputs = torch.randn(53, 1, 8, 8, generator=generator)
+    targets = torch.randint(0, 5, (53,), generator=generator)
+    alphas = {s.slot_id: s.alpha.alpha for s in model.slots() if s.is_blended}
+    plan = plan_counterfactuals(model.slot_ids, alphas)
+    assert plan.names == (MAIN, "without:r0c0", "without:r0c2", ALL_OFF)
+    model.train()
+
+    result = validate(model, DeviceDataset(inputs, targets), plan, batch_size=16)  # 4 batches, the last one short
+
+    assert model.training, "validate must restore the train/eval mode it found"
+    accuracies = []
+    for name, row in zip(plan.names, plan.alphas, strict=True):
+        accuracy, loss = separate_metrics(model, inputs, targets, row)
+        assert result.accuracy(name) == pytest.approx(accuracy, abs=1e-9), name
+        assert result.loss(name) == pytest.approx(loss, rel=1e-5), name
+        accuracies.append(accuracy)
+    # The seeds were randomized, so at least one ablation must change the outputs' loss.
+    assert len(set(result.losses)) > 1
+    assert result.contributions == pytest.approx({"r0c0": accuracies[0] - accuracies[1],
+                                                  "r0c2": accuracies[0] - accuracies[2]})

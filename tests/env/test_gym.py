@@ -1,0 +1,233 @@
+"""Tests for the Gymnasium wrapper: Gymnasium's own checker, spaces and masks, seeding, rewards, errors."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import warnings
+
+import gymnasium
+import numpy as np
+import pytest
+import torch
+from gymnasium.utils.env_checker import check_env
+
+from morphogen.core.hosts import UnknownSlotError
+from morphogen.data import DeviceDataset, Task, load_task
+from morphogen.env.actions import HEADS, Op
+from morphogen.env.episode import EpisodeConfig
+from morphogen.env.gym import ENV_ID, MorphogenesisEnv, flat_action_masks
+
+MAX_EPOCHS = 4
+CONFIG = EpisodeConfig(max_epochs=MAX_EPOCHS, batch_size=100)
+
+
+@pytest.fixture(scope="module")
+def task() -> Task:
+    """Digits with 200 training and 120 validation images: an epoch is two batches."""
+    full = load_task("digits", max_train_samples=200)
+    validation = DeviceDataset(full.validation.inputs[:120], full.validation.targets[:120])
+    return dataclasses.replace(full, validation=validation)
+
+
+@pytest.fixture
+def env(task: Task) -> MorphogenesisEnv:
+    return MorphogenesisEnv(task, episode_config=CONFIG)
+
+
+def germinate_first_slot(env: MorphogenesisEnv) -> np.ndarray:
+    """GERMINATE a conv_heavy seed (its first conv is randomly initialised) in the first slot."""
+    indices = np.zeros(len(HEADS), dtype=np.int64)
+    indices[HEADS.index("op")] = Op.GERMINATE
+    indices[HEADS.index("blueprint")] = env.action_codec.blueprints.index("conv_heavy")
+    return indices
+
+
+# ---------------------------------------------------------------- the pure mask function
+def test_flat_action_masks_allows_a_choice_when_any_allowed_op_allows_it() -> None:
+    op_mask = np.array([True, False, True])
+    # Rows are ops; op 1 is not allowed, so its row (which alone allows choice 2) must not count.
+    slot_mask = np.array([[True, False, False],
+                          [False, False, True],
+                          [False, True, False]])
+    pinned_mask = np.array([[True, False], [True, False], [True, False]])
+
+    op, slot, pinned = flat_action_masks([op_mask, slot_mask, pinned_mask])
+
+    np.testing.assert_array_equal(op, np.array([1, 0, 1], dtype=np.int8))
+    np.testing.assert_array_equal(slot, np.array([1, 1, 0], dtype=np.int8))
+    np.testing.assert_array_equal(pinned, np.array([1, 0], dtype=np.int8))
+    assert all(mask.dtype == np.int8 for mask in (op, slot, pinned))
+
+
+# ---------------------------------------------------------------- Gymnasium's checker
+def test_gymnasium_env_checker_passes_with_only_the_unbounded_feature_warnings(task: Task) -> None:
+    # Made through the registry so the env has a spec and the checker runs its seeding checks too.
+    made = gymnasium.make("morphogen.env.gym:" + ENV_ID, task=task, episode_config=CONFIG)
+    assert isinstance(made.unwrapped, MorphogenesisEnv)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        check_env(made.unwrapped, skip_render_check=True)
+    unexpected = [str(w.message) for w in caught if "infinity" not in str(w.message)]
+    assert unexpected == []
+
+
+# ---------------------------------------------------------------- spaces, observation layout, masks
+def test_reset_observation_and_masks_match_the_spaces(env: MorphogenesisEnv) -> None:
+    observation, info = env.reset(seed=0)
+
+    assert observation.dtype == np.float32
+    assert observation in env.observation_space
+    assert len(env.observation_names()) == observation.shape[0]
+    nvec = env.action_space.nvec
+    assert [mask.shape for mask in info["action_mask"]] == [(int(size),) for size in nvec]
+    assert all(mask.dtype == np.int8 for mask in info["action_mask"])
+    by_op = info["action_mask_by_op"]
+    assert by_op[0].shape == (len(Op),)
+    assert [mask.shape for mask in by_op[1:]] == [(len(Op), int(size)) for size in nvec[1:]]
+    # Untrained host, empty slots: only WAIT and GERMINATE are legal, on every slot.
+    np.testing.assert_array_equal(info["action_mask"][0], [1, 1, 0, 0, 0, 0])
+    np.testing.assert_array_equal(info["action_mask"][1], np.ones(len(env.slot_ids), dtype=np.int8))
+    assert info["epoch"] == 0
+
+
+def test_split_observation_gives_back_the_encoder_output(env: MorphogenesisEnv) -> None:
+    env.reset(seed=0)
+    observation, *_ = env.step(germinate_first_slot(env))
+    assert env.episode is not None
+    expected = env.encoder.encode(env.episode.snapshot)
+
+    features, blueprint_ids = env.split_observation(observation)
+
+    np.testing.assert_array_equal(features, expected.features)
+    np.testing.assert_array_equal(blueprint_ids, expected.blueprint_ids)
+    assert blueprint_ids[0] == env.action_codec.blueprints.index("conv_heavy") + 1
+    assert blueprint_ids[1:].tolist() == [0] * (len(env.slot_ids) - 1)
+    batch = env.split_observation(np.stack([observation, observation]))  # (2, size)
+    assert batch.features.shape == (2, env.encoder.size) and batch.blueprint_ids.shape == (2, len(env.slot_ids))
+    with pytest.raises(ValueError, match="expected"):
+        env.split_observation(observation[:-1])
+
+
+# ---------------------------------------------------------------- a whole episode
+def test_random_masked_episode_runs_to_truncation_with_rewards_that_sum(env: MorphogenesisEnv) -> None:
+    _, info = env.reset(seed=1)
+    env.action_space.seed(1)
+    for step in range(1, MAX_EPOCHS + 1):
+        action = env.action_space.sample(mask=info["action_mask"])
+        observation, reward, terminated, truncated, info = env.step(action)
+
+        assert observation in env.observation_space
+        assert terminated is False
+        assert truncated is (step == MAX_EPOCHS)
+        assert reward == pytest.approx(math.fsum(info["reward_components"].values()), abs=1e-12)
+        assert isinstance(info["action_succeeded"], bool) and isinstance(info["reason"], str)
+        assert info["epoch"] == step
+        assert 0.0 <= info["val_accuracy"] <= 100.0
+        assert info["parameters"] >= env.episode.model.host_param_count()  # type: ignore[union-attr]
+    # Terminal accuracy is paid at the last step (default contribution mode).
+    assert info["reward_components"]["terminal"] == pytest.approx(info["val_accuracy"] / 100.0)
+    with pytest.raises(RuntimeError, match="reset"):
+        env.step(env.action_space.sample())
+
+
+def test_actions_the_masks_forbid_are_refused_not_raised(env: MorphogenesisEnv) -> None:
+    _, info = env.reset(seed=0)
+    prune = np.zeros(len(HEADS), dtype=np.int64)
+    prune[HEADS.index("op")] = Op.PRUNE
+    assert info["action_mask"][0][Op.PRUNE] == 0
+
+    *_, info = env.step(prune)
+
+    assert info["action_succeeded"] is False
+    assert "DORMANT" in info["reason"]
+    assert info["reward_components"]["action_cost"] < 0.0
+
+
+# ---------------------------------------------------------------- seeding
+def run_actions(env: MorphogenesisEnv, seed: int, actions: list[np.ndarray]) -> tuple[list[np.ndarray], list[float]]:
+    observation, _ = env.reset(seed=seed)
+    observations, rewards = [observation], []
+    for action in actions:
+        observation, reward, *_ = env.step(action)
+        observations.append(observation)
+        rewards.append(reward)
+    return observations, rewards
+
+
+def test_same_seed_and_actions_give_identical_trajectories_whatever_the_global_rng(
+        env: MorphogenesisEnv, task: Task) -> None:
+    wait = np.zeros(len(HEADS), dtype=np.int64)
+    actions = [germinate_first_slot(env), wait]  # the seed's initialization must be seeded too
+    torch.manual_seed(100)
+    first = run_actions(env, 7, actions)
+    torch.manual_seed(200)
+    second = run_actions(MorphogenesisEnv(task, episode_config=CONFIG), 7, actions)
+
+    for observation_a, observation_b in zip(first[0], second[0], strict=True):
+        np.testing.assert_array_equal(observation_a, observation_b)
+    assert first[1] == second[1]
+    other_seed, _ = env.reset(seed=8)
+    assert not np.array_equal(other_seed, first[0][0])  # the seed picks the host initialization
+
+
+def test_steps_leave_the_callers_global_torch_rng_alone(env: MorphogenesisEnv) -> None:
+    env.reset(seed=0)
+    torch.manual_seed(5)
+    before = torch.get_rng_state()
+    env.step(germinate_first_slot(env))
+    assert torch.equal(torch.get_rng_state(), before)
+
+
+def test_reset_uses_the_given_seed_or_draws_one_from_np_random(env: MorphogenesisEnv) -> None:
+    env.reset(seed=3)
+    assert env.episode is not None and env.episode.seed == 3
+    env.reset()
+    drawn = env.episode.seed
+    env.reset()
+    assert env.episode.seed != drawn
+    env.reset(seed=3)
+    env.reset()
+    assert env.episode.seed == drawn
+
+
+# ---------------------------------------------------------------- errors
+def test_malformed_actions_and_calls_raise_with_the_fix(env: MorphogenesisEnv) -> None:
+    with pytest.raises(RuntimeError, match="reset"):
+        env.step(np.zeros(len(HEADS), dtype=np.int64))
+    env.reset(seed=0)
+    with pytest.raises(ValueError, match="one per head"):
+        env.step(np.zeros(len(HEADS) - 1, dtype=np.int64))
+    with pytest.raises(ValueError, match="one per head"):
+        env.step(np.zeros(len(HEADS)))  # floats
+    out_of_range = np.zeros(len(HEADS), dtype=np.int64)
+    out_of_range[HEADS.index("slot")] = -1  # would silently wrap to the last slot
+    with pytest.raises(ValueError, match="outside the head sizes"):
+        env.step(out_of_range)
+    with pytest.raises(ValueError, match="no options"):
+        env.reset(options={"max_epochs": 3})
+    with pytest.raises(ValueError, match="seed"):
+        env.reset(seed=2**64)
+
+
+def test_constructor_rejects_arguments_that_cannot_apply(task: Task) -> None:
+    with pytest.raises(ValueError, match="already loaded"):
+        MorphogenesisEnv(task, max_train_samples=100)
+    with pytest.raises(ValueError, match="device"):
+        MorphogenesisEnv(task, device="meta")
+    with pytest.raises(TypeError, match="task"):
+        MorphogenesisEnv(3)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="render"):
+        MorphogenesisEnv(task, render_mode="human")
+    with pytest.raises(UnknownSlotError):
+        MorphogenesisEnv(task, slots=["no_such_slot"])
+
+
+def test_slot_subset_shrinks_both_spaces(task: Task) -> None:
+    full = MorphogenesisEnv(task, episode_config=CONFIG)
+    one = MorphogenesisEnv(task, episode_config=CONFIG, slots=[full.slot_ids[1]])
+
+    assert one.slot_ids == (full.slot_ids[1],)
+    assert one.action_space.nvec[HEADS.index("slot")] == 1
+    per_slot = (full.encoder.size - one.encoder.size) // (len(full.slot_ids) - 1)
+    assert one.observation_space.shape[0] == full.observation_space.shape[0] - (len(full.slot_ids) - 1) * (per_slot + 1)

@@ -1,0 +1,27 @@
+"""Shared fixtures of the telemetry tests."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+import pytest
+import torch
+
+SYNC_METHODS = ("item", "tolist", "cpu", "numpy", "__bool__", "__float__", "__int__")
+
+
+@pytest.fixture
+def sync_calls(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
+    """Records every Tensor method call that would synchronize a device with the host."""
+    calls: list[str] = []
+    for name in SYNC_METHODS:
+        original = getattr(torch.Tensor, name)
+
+        def counted(
+            self: torch.Tensor, *args: object, _name: str = name, _original: Callable[..., object] = original
+        ) -> object:
+            calls.append(_name)
+            return _original(self, *args)
+
+        monkeypatch.setattr(torch.Tensor, name, counted)
+    yield calls

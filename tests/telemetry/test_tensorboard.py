@@ -1,0 +1,80 @@
+"""TensorBoardSink: event files with the shared metric names at the right steps; missing package error."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+from morphogen.telemetry.config import TelemetryConfig
+from morphogen.telemetry.events import (
+    ALL_ENVS,
+    EpisodeCompleted,
+    EpochCompleted,
+    PPOUpdateCompleted,
+    RewardComputed,
+    StageTransition,
+)
+from morphogen.telemetry.sinks import Telemetry
+from morphogen.telemetry.tensorboard import TensorBoardSink
+
+
+def _epoch(epoch: int, accuracy: float, env_id: int = 0) -> EpochCompleted:
+    return EpochCompleted(epoch, env_id, 1.0, 0.5, accuracy, 1000, (), "WAIT", True)
+
+
+def _ppo(round_number: int, kl: float) -> PPOUpdateCompleted:
+    return PPOUpdateCompleted(
+        epoch=60, env_id=ALL_ENVS, round=round_number, policy_loss=0.1, value_loss=0.2, entropy_loss=-0.3,
+        entropy_per_head=(("op", 1.25),), approx_kl=kl, clip_fraction=0.1, explained_variance=0.5,
+        grad_norm=1.0, epochs_completed=4, early_stopped=False,
+    )  # fmt: skip
+
+
+def _scalars(log_dir: Path) -> dict[str, list[tuple[int, float]]]:
+    accumulator = EventAccumulator(str(log_dir))
+    accumulator.Reload()
+    return {
+        tag: [(event.step, event.value) for event in accumulator.Scalars(tag)]
+        for tag in accumulator.Tags()["scalars"]
+    }
+
+
+def test_sink_writes_scalars_at_cumulative_epochs_and_rounds(tmp_path: Path) -> None:
+    sink = TensorBoardSink(tmp_path / "tb")
+    sink.write(_epoch(1, 50.0))
+    sink.write(_epoch(2, 60.0))
+    sink.write(EpisodeCompleted(2, 0, 60.0, 1100, 1000, 0, 0, 1.5))
+    sink.write(_epoch(1, 55.0))  # the next episode of env 0 continues at step 3
+    sink.write(_epoch(1, 40.0, env_id=1))  # env 1 has its own count
+    sink.write(RewardComputed(2, 0, 0.25, (("rent", -0.125),)))
+    sink.write(StageTransition(2, 0, "r0c0", "norm", "TRAINING", "BLENDING", "gate"))  # no scalars
+    sink.write(_ppo(0, 0.01))
+    sink.write(_ppo(1, 0.02))
+    sink.close()
+    assert list((tmp_path / "tb").glob("events.out.tfevents.*"))
+    scalars = _scalars(tmp_path / "tb")
+    assert scalars["episode/val_accuracy"] == [(1, 50.0), (2, 60.0), (3, 55.0), (1, 40.0)]
+    assert scalars["episode/final_accuracy"] == [(2, 60.0)]
+    assert scalars["episode/reward/rent"] == [(4, -0.125)]
+    assert [step for step, _ in scalars["ppo/approx_kl"]] == [0, 1]
+    assert scalars["ppo/approx_kl"][1][1] == pytest.approx(0.02)
+    assert scalars["ppo/entropy/op"] == [(0, 1.25), (1, 1.25)]
+
+
+def test_hub_adds_the_sink_when_configured(tmp_path: Path) -> None:
+    with Telemetry(tmp_path, config=TelemetryConfig(tensorboard=True)) as telemetry:
+        assert [type(sink).__name__ for sink in telemetry.sinks] == ["JsonLinesSink", "TensorBoardSink"]
+        telemetry.emit(_epoch(1, 70.0))
+    assert _scalars(tmp_path / "tb")["episode/val_accuracy"] == [(1, 70.0)]
+    with pytest.raises(ValueError, match="give a run_dir"):
+        Telemetry(None, config=TelemetryConfig(tensorboard=True))
+
+
+def test_missing_tensorboard_says_how_to_install(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A None entry in sys.modules makes the import raise ImportError, as if the package were absent.
+    monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", None)
+    with pytest.raises(ImportError, match=r"pip install 'morphogen\[tensorboard\]'"):
+        TensorBoardSink(tmp_path / "tb")
