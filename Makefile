@@ -23,10 +23,10 @@ run: $(STAMP)
 	$(BIN)/morphogen run
 
 test: $(STAMP)
-	$(BIN)/python -m pytest -m "slow or not slow"
+	$(BIN)/python -m pytest -q -m "slow or not slow"
 
 test-fast: $(STAMP)
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -q
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests benchmarks

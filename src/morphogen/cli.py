@@ -24,6 +24,15 @@ class UsageError(ValueError):
     """Bad command-line usage that argparse itself cannot see."""
 
 
+def _add_telemetry_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--telemetry", choices=["off", "minimal", "normal", "debug"],
+                        help="telemetry level (default normal; rises to debug for a few epochs after an anomaly)")
+    parser.add_argument("--tensorboard", action="store_true", default=None,
+                        help="also write scalars to RUN_DIR/tb (needs the tensorboard extra)")
+    parser.add_argument("--profile", action="store_true", default=None,
+                        help="record a torch.profiler trace into RUN_DIR/profile")
+
+
 def _add_run_parser(subparsers: Any) -> None:
     run = subparsers.add_parser("run", help="grow a network for one episode and compare with no growth",
                                 description="One morphogenetic episode with the heuristic controller, "
@@ -39,7 +48,7 @@ def _add_run_parser(subparsers: Any) -> None:
     run.add_argument("--text-file", help="text file for the text task")
     run.add_argument("--max-train-samples", type=int, help="cap the training split")
     run.add_argument("--run-dir", help="exact run directory (default runs/<time>-<task>)")
-    run.add_argument("--telemetry", choices=["off", "minimal", "normal", "debug"], help="telemetry level")
+    _add_telemetry_flags(run)
     run.add_argument("--no-baseline", action="store_true", help="skip the no-growth comparison")
     run.add_argument("--policy", help="run directory of `morphogen train`: act with its learned policy")
 
@@ -60,7 +69,7 @@ def _add_train_parser(subparsers: Any) -> None:
     train.add_argument("--max-train-samples", type=int, help="cap the training split")
     train.add_argument("--hidden-size", type=int, help="policy width (default 512)")
     train.add_argument("--run-dir", help="exact run directory (default runs/<time>-<task>)")
-    train.add_argument("--telemetry", choices=["off", "minimal", "normal", "debug"], help="telemetry level")
+    _add_telemetry_flags(train)
     train.add_argument("--resume", metavar="RUN_DIR", help="continue a stopped run from its checkpoint")
 
 
@@ -84,11 +93,16 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _flag_overrides(args: argparse.Namespace) -> dict[str, Any]:
     overrides: dict[str, Any] = {}
-    for name in ("task", "seed", "device", "data_dir", "text_file", "max_train_samples", "run_dir", "telemetry",
+    for name in ("task", "seed", "device", "data_dir", "text_file", "max_train_samples", "run_dir",
                  "pool_slots", "n_envs", "rounds", "hidden_size"):
         value = getattr(args, name, None)
         if value is not None:
             overrides[name] = value
+    telemetry = {key: value for key, value in (("level", getattr(args, "telemetry", None)),
+                                                ("tensorboard", getattr(args, "tensorboard", None)),
+                                                ("profile", getattr(args, "profile", None))) if value is not None}
+    if telemetry:
+        overrides["telemetry"] = telemetry
     if args.slots is not None:
         slots = [s.strip() for s in args.slots.split(",") if s.strip()]
         if not slots:
@@ -97,6 +111,15 @@ def _flag_overrides(args: argparse.Namespace) -> dict[str, Any]:
     if getattr(args, "no_baseline", False):
         overrides["baseline"] = False
     return overrides
+
+
+def _apply_overrides(values: dict[str, Any], overrides: dict[str, Any]) -> None:
+    """Flags over file values; a table of flags (telemetry) is merged into the file's table, not replacing it."""
+    for key, value in overrides.items():
+        if isinstance(value, dict) and isinstance(values.get(key), dict):
+            values[key] = {**values[key], **value}
+        else:
+            values[key] = value
 
 
 def _with_episode_length(values: dict[str, Any], length: int | None, flag: str) -> dict[str, Any]:
@@ -111,7 +134,7 @@ def _with_episode_length(values: dict[str, Any], length: int | None, flag: str) 
 
 def train_config_from_args(args: argparse.Namespace) -> TrainConfig:
     values: dict[str, Any] = read_config_file(args.config) if args.config else {}
-    values.update(_flag_overrides(args))
+    _apply_overrides(values, _flag_overrides(args))
     if args.n_envs is not None and args.n_envs < 1:
         raise UsageError(f"--envs must be >= 1, got {args.n_envs}")
     return build_config(TrainConfig, _with_episode_length(values, args.episode_length, "--episode-length"))
@@ -154,7 +177,7 @@ def _run(args: argparse.Namespace) -> None:
 def run_config_from_args(args: argparse.Namespace) -> RunConfig:
     """Defaults, then the config file, then command-line flags."""
     values: dict[str, Any] = read_config_file(args.config) if args.config else {}
-    values.update(_flag_overrides(args))
+    _apply_overrides(values, _flag_overrides(args))
     return build_config(RunConfig, _with_episode_length(values, args.epochs, "--epochs"))
 
 

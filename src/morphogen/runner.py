@@ -15,7 +15,9 @@ from morphogen.control.controller import Controller, NoGrowthController
 from morphogen.control.heuristic import HeuristicConfig, HeuristicController
 from morphogen.data import Task, load_task
 from morphogen.env.episode import EpisodeConfig, MorphogenesisEpisode, StepResult
-from morphogen.telemetry.events import LEVELS
+from morphogen.telemetry.anomalies import AnomalyDetector
+from morphogen.telemetry.config import TelemetryConfig
+from morphogen.telemetry.profiler import PhaseTimer, TraceProfiler
 from morphogen.telemetry.sinks import Telemetry
 from morphogen.telemetry.story import SeedStory, seed_stories
 
@@ -44,16 +46,20 @@ class RunConfig:
     runs_root: str = "runs"
     #: Exact run directory; None makes runs_root/<time>-<task>.
     run_dir: str | None = None
-    #: Telemetry level: off, minimal, normal or debug.
-    telemetry: str = "normal"
+    #: Telemetry level, TensorBoard, profiler window, anomaly thresholds.
+    telemetry: TelemetryConfig = field(default_factory=TelemetryConfig)
     #: Also train the bare host for comparison.
     baseline: bool = True
     episode: EpisodeConfig = field(default_factory=EpisodeConfig)
     heuristic: HeuristicConfig = field(default_factory=HeuristicConfig)
 
     def __post_init__(self) -> None:
-        if self.telemetry not in LEVELS:
-            raise ValueError(f"telemetry must be one of {', '.join(LEVELS)}, got {self.telemetry!r}")
+        if self.seed < 0:
+            raise ValueError(f"seed must be >= 0, got {self.seed}")
+        if self.slots is not None and not self.slots:
+            raise ValueError("slots must name at least one slot (leave it out to use every slot of the host)")
+        if self.slots is not None and len(set(self.slots)) != len(self.slots):
+            raise ValueError(f"slots names a slot more than once: {', '.join(self.slots)}")
 
 
 @dataclass
@@ -104,8 +110,9 @@ def make_run_dir(run_dir: str | None, runs_root: str, task: str) -> Path:
 
 
 def run_episode(episode: MorphogenesisEpisode, controller: Controller,
-                on_step: Callable[[StepResult], None] | None = None) -> EpisodeOutcome:
-    """Play one whole episode of `controller` in `episode`."""
+                on_step: Callable[[StepResult], None] | None = None,
+                profiler: TraceProfiler | None = None) -> EpisodeOutcome:
+    """Play one whole episode of `controller` in `episode` (one profiler step per epoch)."""
     started = time.perf_counter()
     snapshot = episode.reset()
     controller.reset()
@@ -114,6 +121,9 @@ def run_episode(episode: MorphogenesisEpisode, controller: Controller,
         action = controller.act(snapshot, episode.masks())
         result = episode.step(action)
         snapshot = result.snapshot
+        episode.telemetry.end_epoch(snapshot.epoch)
+        if profiler is not None:
+            profiler.step()
         if on_step is not None:
             on_step(result)
     assert episode.model is not None
@@ -121,7 +131,7 @@ def run_episode(episode: MorphogenesisEpisode, controller: Controller,
         final_accuracy=snapshot.val_accuracy, final_loss=snapshot.val_loss, parameters=snapshot.active_parameters,
         host_parameters=snapshot.host_parameters, seconds=time.perf_counter() - started,
         episode_return=episode.episode_return, stories=seed_stories(episode.history),
-        phase_seconds=dict(episode.phase_seconds),
+        phase_seconds=episode.timer.totals,
     )
 
 
@@ -157,14 +167,18 @@ def print_summary(grown: EpisodeOutcome, baseline: EpisodeOutcome | None, out: T
         ending = story.outcome if story.outcome_epoch is None else f"{story.outcome}@{story.outcome_epoch}"
         print(f"  {story.blueprint:<11} {story.slot:<5} germ@{story.germinated:<3} {story.stage_path():<40} "
               f"{ending:<14} contribution {contribution}", file=out)
-    phases = ", ".join(f"{name} {seconds:.1f} s" for name, seconds in grown.phase_seconds.items())
-    print(f"\ntime by phase (grown): {phases}", file=out)
+
 
 
 def run_command(config: RunConfig, controller_factory: Callable[[MorphogenesisEpisode], Controller] | None = None,
-                out: TextIO = sys.stdout,
+                out: TextIO | None = None,
                 task: Task | None = None) -> tuple[EpisodeOutcome, EpisodeOutcome | None, Path]:
-    """The whole `morphogen run`: load task, run the grown episode and the baseline, write the run dir."""
+    """The whole `morphogen run`: load task, run the grown episode and the baseline, write the run dir.
+
+    Progress and the summary go to `out`, by default the `sys.stdout` of the moment of the call (so that
+    redirecting stdout works).
+    """
+    out = sys.stdout if out is None else out
     device = resolve_device(config.device)
     if task is None:
         task = load_task(config.task, device=device, data_dir=config.data_dir, text_file=config.text_file,
@@ -180,12 +194,16 @@ def run_command(config: RunConfig, controller_factory: Callable[[MorphogenesisEp
         controller = controller_factory(episode)
     run_dir = make_run_dir(config.run_dir, config.runs_root, config.task)
     (run_dir / "config.json").write_text(json.dumps(config_to_dict(config), indent=2) + "\n")
-    with Telemetry(run_dir, level=config.telemetry) as telemetry:
+    with Telemetry(run_dir, config=config.telemetry) as telemetry:
         episode.telemetry = telemetry
+        episode.timer = PhaseTimer.from_config(config.telemetry)
+        episode.detector = AnomalyDetector(config.telemetry)
         print(f"morphogen run: task {task.name} ({task.topology} host, {len(task.train)} train / "
               f"{len(task.validation)} validation), {config.episode.max_epochs} epochs, seed {config.seed}, "
               f"device {device}, run dir {run_dir}", file=out)
-        grown = run_episode(episode, controller, lambda result: print(format_step(result), file=out, flush=True))
+        with TraceProfiler.from_config(run_dir, config.telemetry) as profiler:
+            grown = run_episode(episode, controller, lambda result: print(format_step(result), file=out, flush=True),
+                                profiler)
     baseline = None
     if config.baseline:
         print("training the same host without growth...", file=out, flush=True)
@@ -193,6 +211,8 @@ def run_command(config: RunConfig, controller_factory: Callable[[MorphogenesisEp
                                      pool_slots=config.pool_slots)
         baseline = run_episode(plain, NoGrowthController())
     print_summary(grown, baseline, out)
+    if episode.timer.enabled:
+        print(f"\ntime by phase (grown model):\n{episode.timer.summary()}", file=out)
     summary = {"grown": _outcome_dict(grown), "baseline": None if baseline is None else _outcome_dict(baseline)}
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     return grown, baseline, run_dir

@@ -43,9 +43,7 @@ def to_numpy(tensor: torch.Tensor) -> np.ndarray:
 def split_streams(draw: st.DrawFn) -> tuple[np.ndarray, list[int]]:
     shape = draw(st.sampled_from([(), (3,)]))
     length = draw(st.integers(min_value=1, max_value=40))
-    stream = draw(
-        arrays(np.float64, (length, *shape), elements=st.floats(-1e3, 1e3, allow_nan=False, width=64))
-    )
+    stream = draw(arrays(np.float64, (length, *shape), elements=st.floats(-1e3, 1e3, allow_nan=False, width=64)))
     cuts = draw(st.lists(st.integers(min_value=1, max_value=length - 1), unique=True)) if length > 1 else []
     return stream, sorted(cuts)
 
@@ -240,9 +238,7 @@ def test_reward_normalizer_hand_computed_two_envs_with_a_done() -> None:
     returns_by_step = [[1.0, 2.0], [1.5, 1.0], [2.0, 4.5]]
     seen: list[float] = []
     for step in range(3):
-        scaled = normalizer.update(
-            torch.tensor(rewards[step], dtype=torch.float32), torch.tensor(dones[step])
-        )
+        scaled = normalizer.update(torch.tensor(rewards[step], dtype=torch.float32), torch.tensor(dones[step]))
         seen.extend(returns_by_step[step])
         _, var, _ = reference_moments(np.array(seen), EPSILON)
         expected = np.array(rewards[step]) / np.sqrt(var + EPSILON)

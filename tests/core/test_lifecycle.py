@@ -38,7 +38,7 @@ CNN_BLUEPRINTS = blueprint_names("cnn")
 
 
 def test_transition_table_is_the_design_table() -> None:
-    assert LEGAL_TRANSITIONS == {
+    assert {
         S.DORMANT: {S.GERMINATED},
         S.GERMINATED: {S.TRAINING, S.PRUNED},
         S.TRAINING: {S.BLENDING, S.PRUNED},
@@ -48,9 +48,9 @@ def test_transition_table_is_the_design_table() -> None:
         S.PRUNED: {S.EMBARGOED},
         S.EMBARGOED: {S.RESETTING},
         S.RESETTING: {S.DORMANT},
-    }
-    assert SEED_STAGES | EMPTY_STAGES == set(Stage) and not SEED_STAGES & EMPTY_STAGES
-    assert PRUNABLE_STAGES == {S.GERMINATED, S.TRAINING, S.BLENDING, S.HOLDING}
+    } == LEGAL_TRANSITIONS
+    assert set(Stage) == SEED_STAGES | EMPTY_STAGES and not SEED_STAGES & EMPTY_STAGES
+    assert {S.GERMINATED, S.TRAINING, S.BLENDING, S.HOLDING} == PRUNABLE_STAGES
 
 
 # ---------------------------------------------------------------------------- the model of the spec
@@ -311,10 +311,11 @@ class SlotLifecycleMachine(RuleBasedStateMachine):
     def auto_advance(self) -> None:
         stage = self.slot.stage
         auto = self.config.gates.auto_advance
+        blending_gate = stage is S.TRAINING and self.gate(S.BLENDING)
         self.call(lambda: self.slot.auto_advance(self.epoch))
         if stage is S.GERMINATED and S.TRAINING in auto:
             assert self.slot.stage is S.TRAINING
-        elif stage is S.TRAINING and S.BLENDING in auto and self.gate(S.BLENDING):
+        elif blending_gate and S.BLENDING in auto:
             assert self.slot.stage in (S.BLENDING, S.HOLDING)
         else:
             assert self.slot.stage is stage

@@ -109,6 +109,11 @@ def test_encode_rejects_a_value_outside_the_choices() -> None:
         space().encode(Action(Op.GERMINATE, "r0c0", "norm", tempo=4))
 
 
+def test_an_action_space_needs_a_slot() -> None:
+    with pytest.raises(ValueError, match="at least one slot"):
+        ActionSpace((), "cnn")
+
+
 def test_describe_names_the_op_and_slot() -> None:
     assert Action().describe() == "WAIT"
     assert Action(Op.GERMINATE, "r0c1", "norm").describe() == "GERMINATE norm@r0c1 (add, 3 ep)"

@@ -7,7 +7,7 @@ import math
 
 import pytest
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 import morphogen.env.training as training
 from morphogen.core.hosts import CNNHost
@@ -166,7 +166,8 @@ def test_rollback_restores_last_healthy_state_prunes_live_seeds_and_keeps_fossil
     with torch.no_grad():
         for parameter in model.parameters():
             parameter.fill_(math.nan)
-        model.host.segments[0][1].running_mean.fill_(7.0)  # a buffer, not only parameters
+        norm = next(m for m in model.host.modules() if isinstance(m, nn.BatchNorm2d))
+        norm.running_mean.fill_(7.0)  # buffers are restored too, not only parameters
 
     rollback = governor.check(math.nan, epoch=2)
 

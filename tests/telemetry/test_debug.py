@@ -107,7 +107,9 @@ def test_event_names_the_module() -> None:
     assert layer_statistics(nn.ReLU()) == ()
 
 
-def _train_step(model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, tuple[LayerStats, ...]]:
+def _train_step(
+    model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor
+) -> tuple[torch.Tensor, tuple[LayerStats, ...]]:
     loss = nn.functional.mse_loss(model(inputs), targets)
     loss.backward()
     return loss.detach(), layer_statistics(model)

@@ -33,7 +33,7 @@ def test_controller_escalates_for_n_epochs_then_returns() -> None:
     controller = TelemetryLevelController("normal", escalation_epochs=3)
     assert controller.level == "normal" and controller.end_epoch(epoch=1) is None
     up = controller.escalate(epoch=2, reason="anomaly: kl_spike")
-    assert up == LevelChanged(epoch=2, env_id=ALL_ENVS, from_level="normal", to_level="debug", reason="anomaly: kl_spike")
+    assert up == LevelChanged(2, ALL_ENVS, from_level="normal", to_level="debug", reason="anomaly: kl_spike")
     assert controller.level == "debug"
     assert controller.end_epoch(epoch=3) is None and controller.end_epoch(epoch=4) is None
     assert controller.level == "debug" and controller.epochs_left == 1

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -142,7 +143,7 @@ SAMPLES: list[Event] = [
         module="host",
         layers=(
             LayerStats("0.weight", "parameter", 6, 2.0, 0.5, 0.25, -1.0, 1.5, 1, 0, 0),
-            LayerStats("0.weight", "gradient", 6, float("inf"), float("nan"), float("nan"), -1.0, float("inf"), 0, 1, 1),
+            LayerStats("0.weight", "gradient", 6, math.inf, math.nan, math.nan, -1.0, math.inf, 0, 1, 1),
         ),
     ),
 ]

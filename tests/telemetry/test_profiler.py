@@ -31,9 +31,8 @@ def test_totals_laps_and_nesting(monkeypatch: pytest.MonkeyPatch) -> None:
     with timer.phase("validate"):  # 1 -> 1.25
         pass
     assert timer.lap() == (("train", 1.0), ("validate", 0.25))
-    with timer.phase("update"):  # 2 -> 10.5, with "act" nested inside: 3 -> 10
-        with timer.phase("act"):
-            pass
+    with timer.phase("update"), timer.phase("act"):  # update 2 -> 10.5, with act nested inside: 3 -> 10
+        pass
     assert timer.totals == {"train": 1.0, "validate": 0.25, "act": 7.0, "update": 8.5}
     event = timer.event(epoch=4, env_id=-1)
     assert event.phases == (("train", 0.0), ("validate", 0.0), ("act", 7.0), ("update", 8.5))

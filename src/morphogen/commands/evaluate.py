@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
-from morphogen.config import build_config
+from morphogen.config import ConfigError, build_config
 from morphogen.control.checkpoint import CheckpointError, check_layout, load_checkpoint
 from morphogen.control.controller import Controller, NoGrowthController
 from morphogen.control.heuristic import HeuristicController
@@ -55,14 +55,17 @@ def _mean_std(values: tuple[float, ...]) -> str:
 
 
 def evaluate_command(policy_dir: str, episodes: int, *, seed: int = 0, device: str = "cpu",
-                     out: TextIO = sys.stdout) -> list[ControllerScores]:
+                     out: TextIO | None = None) -> list[ControllerScores]:
+    """Play `episodes` fresh seeds with each controller and print the comparison table to `out`
+    (default: `sys.stdout` at call time)."""
+    out = sys.stdout if out is None else out
     if episodes < 1:
-        raise ValueError(f"--episodes must be >= 1, got {episodes}")
+        raise ConfigError(f"--episodes must be >= 1, got {episodes}")
     device = resolve_device(device)
     config, state = read_policy_run(policy_dir, device)
     task = load_task(config.task, device=device, data_dir=config.data_dir, text_file=config.text_file,
                      seed=config.seed, max_train_samples=config.max_train_samples)
-    agent = agent_from_checkpoint(state, task.topology, device)
+    agent = agent_from_checkpoint(state, task.topology, device, source=policy_dir)
     makers: dict[str, Callable[[MorphogenesisEpisode], Controller]] = {
         "learned": lambda episode: PolicyController(agent),
         "heuristic": lambda episode: HeuristicController(episode.action_space, task.topology),
@@ -121,7 +124,7 @@ def policy_controller_factory(policy_dir: str, task: Task, device: str,
     if episode_length != config.episode_length:
         raise CheckpointError(f"policy {policy_dir} was trained for {config.episode_length}-epoch episodes; "
                               f"this run has {episode_length} (use --epochs {config.episode_length})")
-    agent = agent_from_checkpoint(state, task.topology, device)
+    agent = agent_from_checkpoint(state, task.topology, device, source=policy_dir)
 
     def make(episode: MorphogenesisEpisode) -> Controller:
         check_layout(state, {"slot_ids": episode.action_space.slot_ids}, policy_dir)

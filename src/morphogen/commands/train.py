@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from morphogen.config import ConfigError, build_config, config_to_dict
-from morphogen.control.checkpoint import CheckpointError, load_checkpoint
+from morphogen.control.checkpoint import CHECKPOINT_NAME, CheckpointError, load_checkpoint
 from morphogen.control.trainer import PPOTrainer, TrainConfig, format_round, train
 from morphogen.data import load_task
 from morphogen.runner import make_run_dir, resolve_device
@@ -25,7 +25,10 @@ def config_for_resume(run_dir: str | Path, overrides: dict[str, Any]) -> tuple[T
     unsupported = sorted(set(overrides) - {"rounds", "telemetry", "device"})
     if unsupported:
         raise ConfigError(f"--resume continues a run with its saved config; cannot change {', '.join(unsupported)}")
+    telemetry = overrides.pop("telemetry", None)
     values.update(overrides)
+    if telemetry is not None:
+        values["telemetry"] = {**values.get("telemetry", {}), **telemetry}
     values["run_dir"] = str(run_dir)
     config = build_config(TrainConfig, values)
     if int(state["round"]) >= config.rounds:
@@ -35,25 +38,33 @@ def config_for_resume(run_dir: str | Path, overrides: dict[str, Any]) -> tuple[T
 
 
 def train_command(config: TrainConfig, *, resume_state: dict[str, Any] | None = None,
-                  out: TextIO = sys.stdout) -> Path:
+                  out: TextIO | None = None) -> Path:
+    """Train (or continue) a policy, printing one line per round to `out` (default: `sys.stdout` at call time)."""
+    out = sys.stdout if out is None else out
     device = resolve_device(config.device)
     task = load_task(config.task, device=device, data_dir=config.data_dir, text_file=config.text_file,
                      seed=config.seed, max_train_samples=config.max_train_samples)
-    run_dir = Path(config.run_dir) if resume_state is not None and config.run_dir else None
+    # Everything that can fail on the user's input (slots, layout, an existing run) fails before any file
+    # of a run directory is created or written.
+    trainer = PPOTrainer(config, task)
     if resume_state is not None:
-        assert run_dir is not None
-        trainer = PPOTrainer(config, task)
-        trainer.load_state_dict(resume_state, run_dir)  # raises before anything of the run is written
+        assert config.run_dir is not None, "config_for_resume sets run_dir"
+        run_dir = Path(config.run_dir)
+        trainer.load_state_dict(resume_state, run_dir)
     else:
+        if config.run_dir is not None and (Path(config.run_dir) / CHECKPOINT_NAME).is_file():
+            raise ConfigError(f"run_dir: {config.run_dir} already holds a training run ({CHECKPOINT_NAME}); "
+                              f"continue it with --resume {config.run_dir} or choose another --run-dir")
         run_dir = make_run_dir(config.run_dir, config.runs_root, config.task)
         (run_dir / "config.json").write_text(json.dumps(config_to_dict(config), indent=2) + "\n")
-        trainer = PPOTrainer(config, task)
-    with Telemetry(run_dir, level=config.telemetry) as telemetry:
-        for episode in trainer.vector.episodes:
-            episode.telemetry = telemetry
+    with Telemetry(run_dir, config=config.telemetry) as telemetry:
+        trainer.attach_telemetry(telemetry, run_dir)
         first = trainer.state.next_round + 1
         print(f"morphogen train: task {task.name}, {config.n_envs} envs x {config.episode_length} epochs per round, "
               f"rounds {first}..{config.rounds}, device {device}, run dir {run_dir}", file=out, flush=True)
-        train(trainer, run_dir, on_round=lambda summary: print(format_round(summary), file=out, flush=True))
+        with trainer.profiler:
+            train(trainer, run_dir, on_round=lambda summary: print(format_round(summary), file=out, flush=True))
+    if trainer.timer.enabled:
+        print(trainer.timer.summary(), file=out)
     print(f"checkpoint: {run_dir / 'checkpoint.pt'}", file=out)
     return run_dir

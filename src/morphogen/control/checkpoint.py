@@ -9,9 +9,8 @@ before anything of a run is overwritten.
 from __future__ import annotations
 
 import os
-import pickle
-import tempfile
-import zipfile
+import re
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +19,10 @@ import torch
 CHECKPOINT_NAME = "checkpoint.pt"
 FORMAT_VERSION = 1
 LAYOUT_KEYS = ("task", "slot_ids", "observation_size", "action_sizes", "hidden_size")
+#: Everything resuming (`PPOTrainer.load_state_dict`) or acting (`agent_from_checkpoint`) reads.
+REQUIRED_KEYS = (*LAYOUT_KEYS, "episode_length", "round", "config", "policy", "optimizer",
+                 "observation_normalizer", "reward_normalizer", "rng")
+_TERMINAL_ESCAPES = re.compile(r"\x1b\[[0-9;]*m")
 
 
 class CheckpointError(ValueError):
@@ -33,18 +36,22 @@ def checkpoint_path(run_or_file: str | Path) -> Path:
 
 
 def save_checkpoint(state: dict[str, Any], path: str | Path) -> None:
-    """Write `state` to `path` atomically: temporary file in the same directory, fsync, rename, fsync dir."""
+    """Write `state` to `path` atomically: temporary file in the same directory, fsync, rename, fsync dir.
+
+    A crash or an exception at any point leaves either the previous checkpoint or the new one, whole,
+    and no temporary file. The file gets the permissions of the user's umask, like the run's other files.
+    """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    descriptor, temporary = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    temporary = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
     try:
-        with os.fdopen(descriptor, "wb") as handle:
+        with temporary.open("xb") as handle:
             torch.save({"format_version": FORMAT_VERSION, **state}, handle)
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(temporary, path)
     except BaseException:
-        Path(temporary).unlink(missing_ok=True)
+        temporary.unlink(missing_ok=True)
         raise
     directory = os.open(path.parent, os.O_RDONLY)
     try:
@@ -60,15 +67,29 @@ def load_checkpoint(run_or_file: str | Path, map_location: str | torch.device = 
         raise CheckpointError(f"no checkpoint at {path} (expected a run directory with {CHECKPOINT_NAME})")
     try:
         state = torch.load(path, map_location=map_location, weights_only=True)
-    except (RuntimeError, EOFError, OSError, pickle.UnpicklingError, zipfile.BadZipFile) as error:
-        detail = str(error).splitlines()[0] if str(error) else type(error).__name__
-        raise CheckpointError(f"checkpoint {path} is unreadable (truncated or corrupt?): {detail}") from None
+    except Exception as error:  # torch.load raises many types on bad bytes; all mean "not a usable file"
+        raise CheckpointError(_load_failure(path, error)) from None
     if not isinstance(state, dict) or state.get("format_version") != FORMAT_VERSION:
         raise CheckpointError(f"checkpoint {path} is not a morphogen checkpoint of format {FORMAT_VERSION}")
-    missing = [key for key in (*LAYOUT_KEYS, "policy", "round", "config") if key not in state]
+    missing = [key for key in REQUIRED_KEYS if key not in state]
     if missing:
         raise CheckpointError(f"checkpoint {path} lacks {', '.join(missing)}")
     return state
+
+
+def _load_failure(path: Path, error: Exception) -> str:
+    """One line saying why `torch.load` could not read `path` (torch's own messages span many lines)."""
+    text = _TERMINAL_ESCAPES.sub("", str(error))
+    refused = re.search(r"Unsupported global: GLOBAL (\S+)", text)
+    if refused:
+        return (f"checkpoint {path} was refused: it holds a {refused.group(1)} object, but a checkpoint holds only "
+                "tensors and plain values (loading other objects could run code)")
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    if "WeightsUnpickler error" in text or isinstance(error, KeyError) or not lines:
+        detail = "not a file written by torch.save"
+    else:
+        detail = lines[0].split(". ")[0].rstrip(".")  # torch's first sentence says what failed
+    return f"checkpoint {path} is unreadable (truncated or corrupt?): {detail}"
 
 
 def check_layout(state: dict[str, Any], expected: dict[str, Any], source: str | Path) -> None:

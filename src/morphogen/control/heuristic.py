@@ -51,8 +51,7 @@ class HeuristicConfig:
     rotation: tuple[str, ...] | None = None
 
     def __post_init__(self) -> None:
-        for name in ("warmup_epochs", "plateau_epochs", "min_training_epochs", "prune_penalty_epochs",
-                     "min_holding_epochs"):
+        for name in ("warmup_epochs", "min_training_epochs", "prune_penalty_epochs", "min_holding_epochs"):
             if getattr(self, name) < 0:
                 raise ValueError(f"heuristic {name} must be >= 0, got {getattr(self, name)}")
         if not 1 <= self.plateau_epochs < HISTORY:
@@ -89,9 +88,21 @@ class HeuristicController:
         self.next_blueprint = 0
         self.next_slot = 0
         self.pruned_at: dict[str, int] = {}
+        self.last_action = Action()
+        #: HOLDING slots whose seed the fossilize gate refused (e.g. a strict gate wanting more
+        #: contribution than `fossilize_threshold`): they are pruned rather than asked again forever.
+        self.fossilize_refused: set[str] = set()
 
     def act(self, snapshot: EpisodeSnapshot, masks: Sequence[np.ndarray]) -> Action:
         """The action for this epoch; always legal under `masks`."""
+        last = self.last_action
+        if last.op is Op.FOSSILIZE and last.slot is not None and not snapshot.last_action_succeeded:
+            self.fossilize_refused.add(last.slot)
+        self.fossilize_refused &= {slot.slot_id for slot in snapshot.slots if slot.stage is Stage.HOLDING}
+        self.last_action = self._decide(snapshot, masks)
+        return self.last_action
+
+    def _decide(self, snapshot: EpisodeSnapshot, masks: Sequence[np.ndarray]) -> Action:
         slot_mask = {op: dict(zip(self.space.slot_ids, masks[1][op], strict=True)) for op in Op}
         for slot in snapshot.slots:
             action = self._manage_seed(slot, snapshot, slot_mask)
@@ -121,10 +132,18 @@ class HeuristicController:
             return Action(Op.PRUNE, slot_id)
         if slot.stage is Stage.HOLDING and slot.contribution is not None \
                 and slot.epochs_in_stage >= config.min_holding_epochs:
-            if slot.contribution > config.fossilize_threshold and slot_mask[Op.FOSSILIZE][slot_id]:
-                return Action(Op.FOSSILIZE, slot_id)
-            if slot.contribution <= config.fossilize_threshold and slot_mask[Op.PRUNE][slot_id]:
-                return Action(Op.PRUNE, slot_id)
+            return self._judge_holding(slot, slot_mask)
+        return None
+
+    def _judge_holding(self, slot: SlotSnapshot, slot_mask: dict[Op, dict[str, bool]]) -> Action | None:
+        """Fossilize a contributing seed; prune one that does not, or that the fossilize gate refused."""
+        assert slot.contribution is not None
+        slot_id = slot.slot_id
+        keep = slot.contribution > self.config.fossilize_threshold and slot_id not in self.fossilize_refused
+        if keep and slot_mask[Op.FOSSILIZE][slot_id]:
+            return Action(Op.FOSSILIZE, slot_id)
+        if not keep and slot_mask[Op.PRUNE][slot_id]:
+            return Action(Op.PRUNE, slot_id)
         return None
 
     def _should_germinate(self, snapshot: EpisodeSnapshot) -> bool:

@@ -8,12 +8,14 @@ turns a batch of episode snapshots and masks into tensors, one batched policy ca
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 from typing import NamedTuple
 
 import numpy as np
 import torch
 from torch import Tensor
 
+from morphogen.control.checkpoint import CheckpointError, check_layout
 from morphogen.control.normalization import RunningMeanStd
 from morphogen.control.policy import ActionOutput, FactoredLSTMPolicy, LSTMState
 from morphogen.env.actions import HEAD_RELEVANCE, Action, ActionSpace
@@ -88,16 +90,25 @@ class PolicyController:
         return actions[0]
 
 
-def agent_from_checkpoint(state: dict[str, object], topology: str,
-                          device: torch.device | str | None = None) -> PolicyAgent:
-    """Rebuild the agent a training checkpoint describes (policy weights and observation statistics)."""
+def agent_from_checkpoint(state: dict[str, object], topology: str, device: torch.device | str | None = None,
+                          *, source: str | Path = "checkpoint") -> PolicyAgent:
+    """Rebuild the agent a training checkpoint describes (policy weights and observation statistics).
+
+    A checkpoint whose observation or action layout differs from what this version of morphogen builds
+    for its slots raises `CheckpointError` naming the field (`source` names the checkpoint in messages).
+    """
     slot_ids = [str(s) for s in state["slot_ids"]]  # type: ignore[attr-defined]
     encoder = ObservationEncoder(slot_ids, topology)
     space = ActionSpace(slot_ids, topology)
+    check_layout(state, {"observation_size": encoder.size, "action_sizes": tuple(space.sizes)}, source)
     hidden_size = int(state["hidden_size"])  # type: ignore[call-overload]
     policy = build_policy(encoder, space, hidden_size, device=device)
-    policy.load_state_dict(state["policy"])  # type: ignore[arg-type]
     normalizer = RunningMeanStd((encoder.size,), device=device)
-    normalizer.load_state_dict(state["observation_normalizer"])  # type: ignore[arg-type]
+    try:
+        policy.load_state_dict(state["policy"])  # type: ignore[arg-type]
+        normalizer.load_state_dict(state["observation_normalizer"])  # type: ignore[arg-type]
+    except (RuntimeError, KeyError, TypeError, ValueError) as error:
+        raise CheckpointError(f"checkpoint {source} does not fit the policy it describes: "
+                              f"{str(error).strip().splitlines()[0]}") from None
     policy.eval()
     return PolicyAgent(policy, encoder, space, normalizer)

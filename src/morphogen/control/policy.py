@@ -299,8 +299,7 @@ class FactoredLSTMPolicy(nn.Module):
             )
         if tuple(episode_starts.shape) != (steps, batch):
             raise ValueError(
-                f"episode_starts must have shape [T, B] = [{steps}, {batch}], "
-                f"got {tuple(episode_starts.shape)}"
+                f"episode_starts must have shape [T, B] = [{steps}, {batch}], got {tuple(episode_starts.shape)}"
             )
         features, _ = self.forward(observation, initial_state, episode_starts, blueprint_ids)
         masks = self._check_masks(action_masks, (steps, batch))
@@ -308,9 +307,7 @@ class FactoredLSTMPolicy(nn.Module):
         if masks is not None:
             # [T, B, ...] -> [T*B, ...]
             flat_masks = [None if mask is None else mask.flatten(0, 1) for mask in masks]
-        heads = self._run_heads(
-            features.flatten(0, 1), flat_masks, actions.flatten(0, 1), False, None
-        )  # each [T*B, H]
+        heads = self._run_heads(features.flatten(0, 1), flat_masks, actions.flatten(0, 1), False, None)  # each [T*B, H]
         log_prob_per_head = heads.log_prob_per_head.reshape(steps, batch, -1)  # [T, B, H]
         return EvaluateOutput(
             log_prob=log_prob_per_head.sum(dim=-1),
@@ -366,9 +363,7 @@ class FactoredLSTMPolicy(nn.Module):
         if action_masks is None:
             return None
         if len(action_masks) != self.n_heads:
-            raise ValueError(
-                f"action_masks must have one entry per head ({self.n_heads}), got {len(action_masks)}"
-            )
+            raise ValueError(f"action_masks must have one entry per head ({self.n_heads}), got {len(action_masks)}")
         leading = tuple(leading)
         n_ops = self.action_sizes[0]
         for index, (mask, size) in enumerate(zip(action_masks, self.action_sizes, strict=True)):

@@ -90,9 +90,7 @@ def clipped_surrogate_loss(
     return SurrogateResult(loss, clip_fraction.to(log_prob_per_head.dtype), approx_kl)
 
 
-def value_loss(
-    values: Tensor, old_values: Tensor, returns: Tensor, clip_range: float | None = None
-) -> Tensor:
+def value_loss(values: Tensor, old_values: Tensor, returns: Tensor, clip_range: float | None = None) -> Tensor:
     """Mean squared error of ``values`` against ``returns`` (all ``[N]``).
 
     With ``clip_range``, the PPO2 clipped form: the larger of the errors of ``values`` and of
@@ -176,9 +174,7 @@ class PPOConfig:
     def __post_init__(self) -> None:
         if self.entropy_head_weights is not None:
             # Accept lists from config files; keep the frozen dataclass hashable.
-            object.__setattr__(
-                self, "entropy_head_weights", tuple(float(w) for w in self.entropy_head_weights)
-            )
+            object.__setattr__(self, "entropy_head_weights", tuple(float(w) for w in self.entropy_head_weights))
         _check_number("learning_rate", self.learning_rate, "> 0", self.learning_rate > 0)
         _check_number("adam_epsilon", self.adam_epsilon, "> 0", self.adam_epsilon > 0)
         _check_number("gamma", self.gamma, "in [0, 1]", 0 <= self.gamma <= 1)
@@ -191,13 +187,9 @@ class PPOConfig:
         if self.entropy_head_weights is not None:
             weights = self.entropy_head_weights
             ok = len(weights) > 0 and all(math.isfinite(w) and w >= 0 for w in weights)
-            _check_number(
-                "entropy_head_weights", weights, "a non-empty tuple of finite weights >= 0 or None", ok
-            )
+            _check_number("entropy_head_weights", weights, "a non-empty tuple of finite weights >= 0 or None", ok)
         if self.entropy_anneal_to is not None:
-            _check_number(
-                "entropy_anneal_to", self.entropy_anneal_to, ">= 0 or None", self.entropy_anneal_to >= 0
-            )
+            _check_number("entropy_anneal_to", self.entropy_anneal_to, ">= 0 or None", self.entropy_anneal_to >= 0)
         _check_number("max_grad_norm", self.max_grad_norm, "> 0", self.max_grad_norm > 0)
         if self.target_kl is not None:
             _check_number("target_kl", self.target_kl, "> 0 or None", self.target_kl > 0)
@@ -247,6 +239,14 @@ class PPOStatistics:
     """Epochs run, <= config.epochs."""
     early_stopped: bool
     """True if the KL early stop ended the update before config.epochs."""
+    ratio_max: float = math.nan
+    """Largest joint probability ratio new/old seen in any minibatch."""
+    ratio_min: float = math.nan
+    """Smallest joint probability ratio new/old seen in any minibatch."""
+    value_std: float = math.nan
+    """Standard deviation of the rollout's value predictions."""
+    return_std: float = math.nan
+    """Standard deviation of the rollout's returns (the value targets)."""
 
     @property
     def total_loss(self) -> float:
@@ -267,6 +267,8 @@ class LossTerms(NamedTuple):
     clip_fraction: Tensor
     entropy_per_head: Tensor
     """[H], mean over the samples where each head mattered."""
+    ratio_extremes: Tensor
+    """[2]: largest and smallest joint probability ratio new/old in the minibatch (for anomaly checks)."""
 
 
 # ----------------------------------------------------------------------------------------------
@@ -313,6 +315,8 @@ def ppo_losses(
     with torch.no_grad():
         weight = relevant.to(entropy_per_sample.dtype)
         head_entropy = (entropy_per_sample * weight).sum(0) / weight.sum(0).clamp(min=1.0)  # [H]
+        ratio = torch.exp(evaluation.log_prob.flatten() - batch.log_probs.flatten())  # [T*B], joint
+        ratio_extremes = torch.stack([ratio.max(), ratio.min()])
     return LossTerms(
         total=surrogate.loss + critic + entropy_term,
         policy_loss=surrogate.loss,
@@ -321,6 +325,7 @@ def ppo_losses(
         approx_kl=surrogate.approx_kl,
         clip_fraction=surrogate.clip_fraction,
         entropy_per_head=head_entropy,
+        ratio_extremes=ratio_extremes,
     )
 
 
@@ -354,7 +359,8 @@ def ppo_update(
     entropy_coef = config.entropy_coef_at(progress)
     if config.normalize_advantages:
         advantages = batch.advantages
-        batch = batch._replace(advantages=(advantages - advantages.mean()) / (advantages.std() + 1e-8))
+        standardized = (advantages - advantages.mean()) / (advantages.std(correction=0) + 1e-8)
+        batch = batch._replace(advantages=standardized)
 
     device = batch.values.device
     # Running sums on the device: policy, value, entropy losses, KL, clip fraction, grad norm.
@@ -364,6 +370,8 @@ def ppo_update(
     epochs_completed = 0
     early_stopped = False
     epoch_kl = torch.zeros((), device=device)
+    ratio_max = torch.full((), -math.inf, device=device)
+    ratio_min = torch.full((), math.inf, device=device)
     for _ in range(config.epochs):
         epoch_kl = torch.zeros((), device=device)
         order = torch.randperm(batch.n_envs, generator=generator).to(device)
@@ -385,6 +393,8 @@ def ppo_update(
             ).detach()
             sums += minibatch_values
             entropy_sums += terms.entropy_per_head
+            ratio_max = torch.maximum(ratio_max, terms.ratio_extremes[0])
+            ratio_min = torch.minimum(ratio_min, terms.ratio_extremes[1])
             epoch_kl = epoch_kl + terms.approx_kl
             minibatches_run += 1
         epochs_completed += 1
@@ -393,11 +403,13 @@ def ppo_update(
         if config.target_kl is not None and epoch_kl.item() > config.target_kl:
             early_stopped = epochs_completed < config.epochs
             break
+    spreads = torch.stack([ratio_max, ratio_min, batch.values.std(correction=0), batch.returns.std(correction=0)])
     return _statistics(
         sums / minibatches_run,
         entropy_sums / minibatches_run,
         epoch_kl,
         explained_variance(batch.values.flatten(), batch.returns.flatten()),
+        spreads,
         entropy_coef,
         epochs_completed,
         early_stopped,
@@ -409,6 +421,7 @@ def _statistics(
     entropy_means: Tensor,
     last_epoch_kl: Tensor,
     explained: Tensor,
+    spreads: Tensor,
     entropy_coef: float,
     epochs_completed: int,
     early_stopped: bool,
@@ -416,9 +429,10 @@ def _statistics(
     """Convert the update's device tensors to a PPOStatistics."""
     # Host sync: the one transfer of all diagnostics at the end of the update.
     numbers = torch.cat(
-        [means, last_epoch_kl.reshape(1), explained.reshape(1).to(means), entropy_means]
+        [means, last_epoch_kl.reshape(1), explained.reshape(1).to(means), spreads.to(means), entropy_means]
     ).tolist()
     policy_loss, value_term, entropy_term, _, clip_fraction, grad_norm, approx_kl, variance = numbers[:8]
+    ratio_max, ratio_min, value_std, return_std = numbers[8:12]
     return PPOStatistics(
         policy_loss=policy_loss,
         value_loss=value_term,
@@ -426,7 +440,11 @@ def _statistics(
         approx_kl=approx_kl,
         clip_fraction=clip_fraction,
         explained_variance=variance,
-        entropy_per_head=tuple(numbers[8:]),
+        entropy_per_head=tuple(numbers[12:]),
+        ratio_max=ratio_max,
+        ratio_min=ratio_min,
+        value_std=value_std,
+        return_std=return_std,
         grad_norm=grad_norm,
         entropy_coef=entropy_coef,
         epochs_completed=epochs_completed,
@@ -500,7 +518,8 @@ class _GymCollector:
         return self.observation_normalizer.normalize(observation)
 
     def _step_envs(self, actions: Tensor) -> tuple[list[Any], np.ndarray, np.ndarray, np.ndarray]:
-        """Step every env with its row of ``actions [B, H]``: (next raw observations, rewards, terminated, truncated)."""
+        """Step each env with its row of ``actions [B, H]``; return (next raw observations, rewards,
+        terminated, truncated)."""
         env_actions = actions.numpy() + self.action_offsets  # [B, H], in the action space's own range
         steps = [
             env.step(int(chosen[0]) if self.discrete else chosen)
@@ -544,9 +563,7 @@ class _GymCollector:
             self.observation = self._observe(next_raw, update=True)
             self.state = action.state
             self.episode_starts = torch.from_numpy(done)
-        last_value = self.policy.predict_value(
-            self.observation, self.state, episode_starts=self.episode_starts
-        )
+        last_value = self.policy.predict_value(self.observation, self.state, episode_starts=self.episode_starts)
         return buffer.finish(last_value, gamma=self.config.gamma, gae_lambda=self.config.gae_lambda)
 
 

@@ -128,9 +128,7 @@ class RolloutBatch(NamedTuple):
                 self.initial_state[1].index_select(1, env_indices),
             ),
             action_masks=masks,
-            blueprint_ids=None
-            if self.blueprint_ids is None
-            else self.blueprint_ids.index_select(1, env_indices),
+            blueprint_ids=None if self.blueprint_ids is None else self.blueprint_ids.index_select(1, env_indices),
         )
 
 
@@ -208,9 +206,7 @@ class RolloutBuffer:
         expected = (1, self.n_envs, self.hidden_size)
         for name, tensor in zip(("h", "c"), initial_state, strict=True):
             if tuple(tensor.shape) != expected:
-                raise ValueError(
-                    f"initial_state {name} must have shape {expected}, got {tuple(tensor.shape)}"
-                )
+                raise ValueError(f"initial_state {name} must have shape {expected}, got {tuple(tensor.shape)}")
         self.initial_hidden.copy_(initial_state[0])
         self.initial_cell.copy_(initial_state[1])
         self.truncation_values_given.zero_()
@@ -238,13 +234,9 @@ class RolloutBuffer:
         head, [B, *mask shape]) and ``blueprint_ids [B, n_slots]`` are required iff the buffer stores them.
         """
         if not self._started:
-            raise RuntimeError(
-                "call reset(initial_state) before add(): the LSTM state before step 0 is needed"
-            )
+            raise RuntimeError("call reset(initial_state) before add(): the LSTM state before step 0 is needed")
         if self.full:
-            raise RuntimeError(
-                f"the buffer is full ({self.rollout_length} steps): call finish(), then reset()"
-            )
+            raise RuntimeError(f"the buffer is full ({self.rollout_length} steps): call finish(), then reset()")
         if (action_masks is None) != (self.action_masks is None):
             raise ValueError("pass action_masks iff the buffer was built with mask_shapes")
         if (blueprint_ids is None) != (self.blueprint_ids is None):
@@ -305,8 +297,6 @@ class RolloutBuffer:
             returns=returns,
             episode_starts=self.episode_starts.clone(),
             initial_state=(self.initial_hidden.clone(), self.initial_cell.clone()),
-            action_masks=None
-            if self.action_masks is None
-            else tuple(mask.clone() for mask in self.action_masks),
+            action_masks=None if self.action_masks is None else tuple(mask.clone() for mask in self.action_masks),
             blueprint_ids=None if self.blueprint_ids is None else self.blueprint_ids.clone(),
         )

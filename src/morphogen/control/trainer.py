@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -22,7 +23,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from morphogen.control.checkpoint import CHECKPOINT_NAME, check_layout, save_checkpoint
+from morphogen.control.checkpoint import CHECKPOINT_NAME, CheckpointError, check_layout, save_checkpoint
 from morphogen.control.learned import PolicyAgent, build_policy
 from morphogen.control.normalization import RewardNormalizer, RunningMeanStd
 from morphogen.control.ppo import PPOConfig, PPOStatistics, build_optimizer, ppo_update
@@ -35,6 +36,11 @@ from morphogen.env.episode import EpisodeConfig
 from morphogen.env.observation import ObservationEncoder
 from morphogen.env.seeding import derive_seed, seeded
 from morphogen.env.vector import VectorEpisodes
+from morphogen.telemetry import events
+from morphogen.telemetry.anomalies import AnomalyDetector, PPODiagnostics
+from morphogen.telemetry.config import TelemetryConfig
+from morphogen.telemetry.events import ALL_ENVS
+from morphogen.telemetry.profiler import PhaseTimer, TraceProfiler
 from morphogen.telemetry.sinks import Telemetry
 
 
@@ -62,7 +68,8 @@ class TrainConfig:
     max_train_samples: int | None = None
     runs_root: str = "runs"
     run_dir: str | None = None
-    telemetry: str = "normal"
+    #: Telemetry level, TensorBoard, profiler window, anomaly thresholds.
+    telemetry: TelemetryConfig = field(default_factory=TelemetryConfig)
     #: Width of the policy's trunk and LSTM.
     hidden_size: int = 512
     #: Scale rewards by the running std of the discounted return.
@@ -119,7 +126,8 @@ class PPOTrainer:
         self.config, self.task = config, task
         episode_config = dataclasses.replace(config.episode, gamma=config.ppo.gamma)
         self.vector = VectorEpisodes(task, episode_config, config.n_envs, seed=config.seed, slots=config.slots,
-                                     telemetry=telemetry, pool_slots=config.pool_slots)
+                                     pool_slots=config.pool_slots)
+        self.attach_telemetry(telemetry or Telemetry(None, level="off"))
         probe = self.vector.episodes[0].build_model()
         self.slot_ids = probe.slot_ids
         self.encoder = ObservationEncoder(self.slot_ids, task.topology)
@@ -139,6 +147,20 @@ class PPOTrainer:
                                     config.hidden_size, mask_shapes=mask_shapes, n_slots=len(self.slot_ids),
                                     device=device)
 
+    def attach_telemetry(self, telemetry: Telemetry, run_dir: Path | None = None) -> None:
+        """Route events to `telemetry`; set up the phase timer, anomaly detector and (with a run dir) profiler."""
+        self.telemetry = telemetry
+        self.timer = PhaseTimer.from_config(telemetry.config)
+        self.detector = AnomalyDetector(telemetry.config)
+        self.vector.attach(telemetry, self.timer, self.detector)
+        # The trace window is shifted to the end of the first round so that it contains a PPO update:
+        # a round is `episode_length` env steps followed by the update step.
+        config = telemetry.config
+        shift = max(0, self.config.episode_length + 1 - config.profile_warmup - config.profile_active)
+        self.profiler = TraceProfiler(
+            (run_dir or Path(".")) / "profile", enabled=config.profile and run_dir is not None,
+            wait=config.profile_wait + shift, warmup=config.profile_warmup, active=config.profile_active)
+
     # ---------------------------------------------------------------- layout and checkpoints
     def layout(self) -> dict[str, Any]:
         return {"task": self.task.name, "slot_ids": tuple(self.slot_ids), "observation_size": self.encoder.size,
@@ -155,18 +177,26 @@ class PPOTrainer:
             "observation_normalizer": agent.observation_normalizer.state_dict(),
             "reward_normalizer": self.state.reward_normalizer.state_dict(),
             "rng": {"torch": torch.get_rng_state()},
+            "anomaly_detector": self.detector.state_dict(),
             "config": json.dumps(_config_dict(self.config)),
         }
 
     def load_state_dict(self, state: dict[str, Any], source: str | Path) -> None:
+        """Continue from a checkpoint; one built for another layout raises `CheckpointError` before any change."""
         check_layout(state, self.layout(), source)
         agent = self.state.agent
-        agent.policy.load_state_dict(state["policy"])
-        self.state.optimizer.load_state_dict(state["optimizer"])
-        agent.observation_normalizer.load_state_dict(state["observation_normalizer"])
-        self.state.reward_normalizer.load_state_dict(state["reward_normalizer"])
-        torch.set_rng_state(state["rng"]["torch"])
-        self.state.next_round = int(state["round"])
+        try:
+            agent.policy.load_state_dict(state["policy"])
+            self.state.optimizer.load_state_dict(state["optimizer"])
+            agent.observation_normalizer.load_state_dict(state["observation_normalizer"])
+            self.state.reward_normalizer.load_state_dict(state["reward_normalizer"])
+            torch.set_rng_state(state["rng"]["torch"])
+            if "anomaly_detector" in state:
+                self.detector.load_state_dict(state["anomaly_detector"])
+            self.state.next_round = int(state["round"])
+        except (RuntimeError, KeyError, TypeError, ValueError) as error:
+            raise CheckpointError(f"checkpoint {source} does not fit this trainer: "
+                                  f"{str(error).strip().splitlines()[0]}") from None
 
     def save(self, run_dir: Path) -> None:
         save_checkpoint(self.state_dict(), run_dir / CHECKPOINT_NAME)
@@ -186,10 +216,12 @@ class PPOTrainer:
         results = []
         # No torch.no_grad() here: the hosts train inside vector.step; the policy call is grad-free itself.
         for step in range(config.episode_length):
-            inputs = agent.inputs(snapshots, vector.masks())
-            observations, output, actions = agent.act(inputs, state, generator=generator,
-                                                      episode_starts=starts, update_normalizer=True)
+            with self.timer.phase("policy"):
+                inputs = agent.inputs(snapshots, vector.masks())
+                observations, output, actions = agent.act(inputs, state, generator=generator,
+                                                          episode_starts=starts, update_normalizer=True)
             results = vector.step(actions)
+            self.profiler.step()
             raw_rewards = np.array([r.reward.total for r in results], dtype=np.float32)
             returns += raw_rewards
             done = step == config.episode_length - 1
@@ -211,6 +243,7 @@ class PPOTrainer:
             "fossilized": float(np.mean([e.fossilized for e in episodes])),
             "pruned": float(np.mean([e.pruned for e in episodes])),
         }
+        self.final_state = state
         return batch, summary
 
     def run_round(self) -> RoundSummary:
@@ -219,12 +252,44 @@ class PPOTrainer:
         batch, summary = self.collect(round_index)
         collected = time.perf_counter()
         update_generator = torch.Generator(device="cpu").manual_seed(derive_seed(self.config.seed, round_index, 13))
-        statistics = ppo_update(self.state.agent.policy, self.state.optimizer, batch, self.config.ppo,
-                                progress=round_index / self.config.rounds, generator=update_generator)
+        # Heads no sampled op needed have no entropy to judge (one sync per round).
+        self.heads_used = self.state.agent.policy.relevant_heads(batch.actions[..., 0]).flatten(0, 1).any(0).tolist()
+        with self.timer.phase("update"):
+            statistics = ppo_update(self.state.agent.policy, self.state.optimizer, batch, self.config.ppo,
+                                    progress=round_index / self.config.rounds, generator=update_generator)
+        self.profiler.step()
         finished = time.perf_counter()
         self.state.next_round = round_index + 1
-        return RoundSummary(round=round_index + 1, statistics=statistics, seconds=finished - started,
-                            collect_seconds=collected - started, update_seconds=finished - collected, **summary)
+        result = RoundSummary(round=round_index + 1, statistics=statistics, seconds=finished - started,
+                              collect_seconds=collected - started, update_seconds=finished - collected, **summary)
+        self._report_round(result)
+        return result
+
+    def _report_round(self, summary: RoundSummary) -> None:
+        """PPO, LSTM and phase-time events, and the anomaly check of this round's update."""
+        stats, telemetry = summary.statistics, self.telemetry
+        epoch = summary.round * self.config.episode_length  # the env-epoch clock escalation counts in
+        lstm = self.detector.lstm_health.check(*self.final_state)  # one sync
+        used = [i for i, flag in enumerate(self.heads_used) if flag and self.space.sizes[i] > 1]
+        diagnostics = PPODiagnostics(
+            ratio_max=stats.ratio_max, ratio_min=stats.ratio_min, value_std=stats.value_std,
+            return_std=stats.return_std, entropy_per_head=tuple((HEADS[i], stats.entropy_per_head[i]) for i in used),
+            max_entropy_per_head=tuple((HEADS[i], math.log(self.space.sizes[i])) for i in used),
+            approx_kl=stats.approx_kl, target_kl=self.config.ppo.target_kl, grad_norm=stats.grad_norm, lstm=lstm)
+        telemetry.report_anomalies(self.detector.check(diagnostics), epoch=epoch)
+        telemetry.emit(events.PPOUpdateCompleted(
+            epoch=epoch, env_id=ALL_ENVS, round=summary.round, policy_loss=stats.policy_loss,
+            value_loss=stats.value_loss, entropy_loss=stats.entropy_loss,
+            entropy_per_head=tuple(zip(HEADS, stats.entropy_per_head, strict=True)), approx_kl=stats.approx_kl,
+            clip_fraction=stats.clip_fraction, explained_variance=stats.explained_variance,
+            grad_norm=stats.grad_norm, epochs_completed=stats.epochs_completed, early_stopped=stats.early_stopped))
+        telemetry.emit(lstm.event(epoch=epoch, env_id=ALL_ENVS))
+        if self.timer.enabled:
+            telemetry.emit(self.timer.event(epoch=epoch, env_id=ALL_ENVS))
+        telemetry.emit(events.RoundCompleted(
+            epoch=epoch, env_id=ALL_ENVS, round=summary.round, mean_return=summary.mean_return,
+            mean_final_accuracy=summary.mean_final_accuracy, mean_parameters_added=summary.mean_parameters_added,
+            seconds=summary.seconds))
 
 
 def _config_dict(config: TrainConfig) -> dict[str, Any]:

@@ -2,8 +2,9 @@
 
 `counterfactual_forward` evaluates K alpha configurations in one pass. The host prefix up to the
 first slot whose alpha differs across configurations is computed once; only from there on is the
-batch expanded to K*B samples, each carrying its own per-sample alpha. With a seed in the middle slot
-this does roughly half the work of running the input K times through the whole network.
+batch expanded to K*B samples, each carrying its own per-sample alpha. The seed of that first
+differing slot also runs once, on B samples; only its blend is done K ways. Slots after it see K
+different inputs and run on all K*B samples.
 """
 
 from __future__ import annotations
@@ -121,8 +122,12 @@ class MorphogeneticModel(nn.Module):
                 x = slot(x, alpha_override=column[0])
                 continue
             if not expanded:
-                x = x.unsqueeze(0).expand(k, *x.shape).reshape(k * batch, *x.shape[1:])  # (K*B, ...)
+                # First slot whose alpha differs: run its seed once on B samples, blend K ways.
+                alphas_k = torch.tensor(column, device=x.device, dtype=x.dtype)  # (K,)
+                blended = slot.blend_configurations(x, slot.seed_output(x), alphas_k)  # (K, B, ...)
+                x = blended.reshape(k * batch, *x.shape[1:])  # (K*B, ...)
                 expanded = True
+                continue
             per_sample = torch.tensor(column, device=x.device, dtype=x.dtype).repeat_interleave(batch)  # (K*B,)
             x = slot(x, alpha_override=per_sample)
         x = host.run_segment(len(self._slot_by_point), x)

@@ -27,7 +27,7 @@ import torch
 from torch import Tensor, nn
 
 from morphogen.core.alpha import AlphaController, AlphaCurve, AlphaMode
-from morphogen.core.blend import Blend, BlendKind
+from morphogen.core.blend import Blend, BlendKind, add_blend, gate_blend, multiply_blend
 from morphogen.core.blueprints import build_seed
 from morphogen.core.lifecycle import (
     BLENDED_STAGES,
@@ -140,15 +140,34 @@ class SeedSlot(nn.Module):
                 return h
             s: Tensor = self.seed(h.detach())
             return h + (s - s.detach())
-        if self.detach_input:
-            s = self.seed(h.detach())
-            s = s + (h - h.detach())  # value unchanged; gives the host its skip-path gradient back
-        else:
-            s = self.seed(h)
         assert self.blend is not None
         alpha = self.alpha_value if alpha_override is None else alpha_override
-        blended: Tensor = self.blend(h, s, alpha)
+        blended: Tensor = self.blend(h, self.seed_output(h), alpha)
         return blended
+
+    def seed_output(self, h: Tensor) -> Tensor:
+        """The seed's output `s` for a blended stage, before blending (input detached per `detach_input`)."""
+        assert self.seed is not None
+        if self.detach_input:
+            s: Tensor = self.seed(h.detach())
+            return s + (h - h.detach())  # value unchanged; gives the host its skip-path gradient back
+        out: Tensor = self.seed(h)
+        return out
+
+    def blend_configurations(self, h: Tensor, s: Tensor, alphas: Tensor) -> Tensor:
+        """Blend one batch `h`, `s` ([B, ...]) at K alphas ([K]) at once: [K, B, ...].
+
+        The seed ran once on the B samples; only the blend, which is what alpha changes, is done K times.
+        """
+        assert self.blend is not None
+        alpha = alphas.to(h.dtype).view(-1, *([1] * h.dim()))  # (K, 1, ..., 1)
+        h_k, s_k = h.unsqueeze(0), s.unsqueeze(0)  # (1, B, ...)
+        if self.blend.kind is BlendKind.ADD:
+            return add_blend(h_k, s_k, alpha)
+        if self.blend.kind is BlendKind.MULTIPLY:
+            return multiply_blend(h_k, s_k, alpha)
+        assert self.blend.gate is not None
+        return gate_blend(h_k, s_k, alpha, self.blend.gate(h).unsqueeze(0))
 
     # ---------------------------------------------------------------- lifecycle
     def _move(self, target: Stage, epoch: int, reason: str) -> None:
@@ -321,10 +340,12 @@ class SeedSlot(nn.Module):
 
     # ---------------------------------------------------------------- state
     def get_extra_state(self) -> dict[str, Any]:
-        seed_dtype = None if self.seed is None else next(self.seed.parameters()).dtype
+        # The seed's dtype, so that `set_extra_state` rebuilds it in that dtype (e.g. float64 hosts).
+        first_parameter = None if self.seed is None else next(self.seed.parameters(), None)
+        seed_dtype = None if first_parameter is None else str(first_parameter.dtype).removeprefix("torch.")
         return {
             "blueprint": self.blueprint,
-            "seed_dtype": None if seed_dtype is None else str(seed_dtype).removeprefix("torch."),
+            "seed_dtype": seed_dtype,
             "blueprint_options": dict(self.blueprint_options),
             "blend_kind": self.blend_kind.value,
             "blend_epochs": self.blend_epochs,

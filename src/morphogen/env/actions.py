@@ -85,6 +85,8 @@ class ActionSpace:
     """Index encoding of `Action`s for a model's slots and its topology's blueprints."""
 
     def __init__(self, slot_ids: Sequence[str], topology: str) -> None:
+        if not slot_ids:
+            raise ValueError("an action space needs at least one slot; give the model one or more slots")
         self.slot_ids = tuple(slot_ids)
         self.blueprints = blueprint_names(topology)
         self.choices: dict[str, tuple[object, ...]] = {

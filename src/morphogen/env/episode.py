@@ -13,7 +13,6 @@ number of parameters, layers or batches.
 
 from __future__ import annotations
 
-import time
 from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -39,9 +38,15 @@ from morphogen.env.seeding import derive_seed, seeded
 from morphogen.env.snapshot import EpisodeSnapshot, SlotSnapshot
 from morphogen.env.training import ModelTrainer, OptimizerConfig
 from morphogen.telemetry import events
+from morphogen.telemetry.anomalies import AnomalyDetector
+from morphogen.telemetry.debug import layer_statistics_event
+from morphogen.telemetry.profiler import PhaseTimer
 from morphogen.telemetry.sinks import Telemetry
 
 HISTORY = 5
+#: Host syncs (`.item()`, `.tolist()`, `.cpu()`) one `step` makes at telemetry `normal`, whatever the
+#: model's size: the epoch's training loss, the gradient report, the validation metrics.
+SYNCS_PER_STEP = 3
 
 
 @dataclass(frozen=True)
@@ -88,7 +93,8 @@ class MorphogenesisEpisode:
 
     def __init__(self, task: Task, config: EpisodeConfig | None = None, *, seed: int = 0,
                  slots: Sequence[str] | None = None, telemetry: Telemetry | None = None, env_id: int = 0,
-                 pool_slots: bool = False) -> None:
+                 pool_slots: bool = False, timer: PhaseTimer | None = None,
+                 detector: AnomalyDetector | None = None) -> None:
         self.task, self.config, self.seed = task, config or EpisodeConfig(), seed
         self.slot_request = None if slots is None else tuple(slots)
         self.telemetry = telemetry or Telemetry(None, level="off")
@@ -98,7 +104,10 @@ class MorphogenesisEpisode:
         self.batch_size = self.config.batch_size or task.batch_size
         self.blueprint_ids = {name: i + 1 for i, name in enumerate(blueprint_names(task.topology))}
         self.model: MorphogeneticModel | None = None
-        self.phase_seconds = {"train": 0.0, "validate": 0.0, "act": 0.0}
+        #: Wall-clock time per phase (train, validate, act); shared with the caller when given.
+        self.timer = timer or PhaseTimer()
+        #: Judges each epoch's gradient norms for drift; None skips the check.
+        self.detector = detector
         #: Every event of the current episode, whatever the telemetry level (for its summary and story).
         self.history: list[events.Event] = []
 
@@ -155,17 +164,16 @@ class MorphogenesisEpisode:
         assert self.model is not None, "call reset() first"
         if self.done:
             raise RuntimeError("episode is over; call reset()")
-        started = time.perf_counter()
-        try:
-            succeeded, reason = self._execute(action)
-        except (IllegalTransitionError, ValueError) as error:
-            succeeded, reason = False, str(error)
-        for slot in self.model.slots():
-            slot.auto_advance(self.epoch)
+        with self.timer.phase("act"):
+            try:
+                succeeded, reason = self._execute(action)
+            except (IllegalTransitionError, ValueError) as error:
+                succeeded, reason = False, str(error)
+            for slot in self.model.slots():
+                slot.auto_advance(self.epoch)
         self._emit(events.ActionTaken(
             epoch=self.epoch + 1, env_id=self.env_id, op=action.op.name, slot=action.slot,
             blueprint=action.blueprint, succeeded=succeeded, reason=reason))
-        self.phase_seconds["act"] += time.perf_counter() - started
         return succeeded, reason
 
     def _execute(self, action: Action) -> tuple[bool, str]:
@@ -205,10 +213,9 @@ class MorphogenesisEpisode:
 
     def train_epoch(self, batches: Iterable[tuple[Tensor, Tensor]]) -> None:
         """Train host and live seeds on `batches` (this episode's own, or a vector's shared stream)."""
-        started = time.perf_counter()
-        for inputs, targets in batches:
-            self.trainer.train_batch(inputs, targets)
-        self.phase_seconds["train"] += time.perf_counter() - started
+        with self.timer.phase("train"):
+            for inputs, targets in batches:
+                self.trainer.train_batch(inputs, targets)
 
     def finish_epoch(self, action: Action, succeeded: bool, reason: str) -> StepResult:
         """After training: governor, validation with counterfactuals, slot clocks, reward, telemetry."""
@@ -216,6 +223,7 @@ class MorphogenesisEpisode:
         self.epoch += 1
         train_loss = self.trainer.take_epoch_loss().item()  # sync 1/3: the governor judges this number
         self.gradients = self.monitor.materialize()  # sync 2/3
+        self._report_gradients()
         rollback = self.governor.check(train_loss, self.epoch)
         if rollback is not None:
             self.trainer.reset_host_momentum()
@@ -239,13 +247,11 @@ class MorphogenesisEpisode:
     # ---------------------------------------------------------------- measurements
     def _validate(self) -> CounterfactualResult:
         assert self.model is not None
-        started = time.perf_counter()
         alphas = {s.slot_id: s.alpha.alpha for s in self.model.slots()
                   if s.stage in BLENDED_STAGES and s.alpha.alpha > 0.0}
         plan = plan_counterfactuals(self.model.slot_ids, alphas)
-        result = validate(self.model, self.task.validation, plan, self.config.validation_batch_size)
-        self.phase_seconds["validate"] += time.perf_counter() - started
-        return result
+        with self.timer.phase("validate"):
+            return validate(self.model, self.task.validation, plan, self.config.validation_batch_size)
 
     def _record_signals(self, result: CounterfactualResult) -> None:
         assert self.model is not None
@@ -297,6 +303,20 @@ class MorphogenesisEpisode:
         )
 
     # ---------------------------------------------------------------- telemetry
+    def _report_gradients(self) -> None:
+        """Gradient health event, drift check against each group's moving average, debug layer stats."""
+        report, epoch = self.gradients, self.epoch
+        seeds = tuple((slot, h.gradient_norm, h.health, h.gradient_ratio) for slot, h in report.seeds.items())
+        self._emit(events.GradientHealthMeasured(epoch=epoch, env_id=self.env_id,
+                                                 host_norm=report.host_gradient_norm, seeds=seeds))
+        if self.detector is not None:
+            norms = {f"env{self.env_id}/host": report.host_gradient_norm}
+            norms.update({f"env{self.env_id}/seed/{slot}": norm for slot, norm, _, _ in seeds})
+            self.telemetry.report_anomalies(self.detector.check(gradient_norms=norms), epoch=epoch,
+                                            env_id=self.env_id)
+        if self.telemetry.layer_statistics_enabled and self.model is not None:
+            self._emit(layer_statistics_event(self.model, name="model", epoch=epoch, env_id=self.env_id))
+
     def _emit(self, event: events.Event) -> None:
         self.history.append(event)
         self.telemetry.emit(event)

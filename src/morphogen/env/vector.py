@@ -24,6 +24,8 @@ from morphogen.env.actions import Action
 from morphogen.env.episode import EpisodeConfig, MorphogenesisEpisode, StepResult
 from morphogen.env.seeding import derive_seed
 from morphogen.env.snapshot import EpisodeSnapshot
+from morphogen.telemetry.anomalies import AnomalyDetector
+from morphogen.telemetry.profiler import PhaseTimer
 from morphogen.telemetry.sinks import Telemetry
 
 
@@ -46,6 +48,14 @@ class VectorEpisodes:
                         if self.device.type == "cuda" else None)
         self.batch_size = config.batch_size or task.batch_size
         self.generator = torch.Generator(device="cpu")
+        self.telemetry = telemetry or Telemetry(None, level="off")
+        self.episode_index = 0
+
+    def attach(self, telemetry: Telemetry, timer: PhaseTimer, detector: AnomalyDetector | None = None) -> None:
+        """Send every env's events to `telemetry`, time their phases with one shared `timer`."""
+        self.telemetry = telemetry
+        for episode in self.episodes:
+            episode.telemetry, episode.timer, episode.detector = telemetry, timer, detector
 
     @property
     def n_envs(self) -> int:
@@ -54,6 +64,7 @@ class VectorEpisodes:
     def reset(self, episode_index: int) -> list[EpisodeSnapshot]:
         """Fresh hosts for every env; seeds and the batch order are derived from (seed, episode_index, env)."""
         self.generator.manual_seed(derive_seed(self.seed, episode_index, 1_000_003))
+        self.episode_index = episode_index
         snapshots = []
         for i, episode in enumerate(self.episodes):
             episode.seed = derive_seed(self.seed, episode_index, i)
@@ -73,18 +84,25 @@ class VectorEpisodes:
             self._train_all(inputs, targets)
         if self.streams is not None:
             torch.cuda.synchronize(self.device)  # one sync per phase: all env streams done before reading metrics
-        return [episode.finish_epoch(action, succeeded, reason)
-                for episode, action, (succeeded, reason) in zip(self.episodes, actions, outcomes, strict=True)]
+        results = [episode.finish_epoch(action, succeeded, reason)
+                   for episode, action, (succeeded, reason) in zip(self.episodes, actions, outcomes, strict=True)]
+        # Once per vector step, on the env-epoch clock that keeps rising across episodes.
+        self.telemetry.end_epoch(self.episode_index * self.config.max_epochs + self.episodes[0].epoch)
+        return results
 
     def _train_all(self, inputs: Tensor, targets: Tensor) -> None:
+        """Train every env on one shared batch, timed under each env's "train" phase (on CUDA that is the
+        time to queue the work; the device time lands in the phase's one synchronize)."""
         if self.streams is None:
             for episode in self.episodes:
-                episode.trainer.train_batch(inputs, targets)
+                with episode.timer.phase("train"):
+                    episode.trainer.train_batch(inputs, targets)
             return
         producer = torch.cuda.current_stream(self.device)
         for episode, stream in zip(self.episodes, self.streams, strict=True):
-            stream.wait_stream(producer)  # the batch is produced (copied/augmented) on the current stream
-            with torch.cuda.stream(stream):
-                inputs.record_stream(stream)
-                targets.record_stream(stream)
-                episode.trainer.train_batch(inputs, targets)
+            with episode.timer.phase("train"):
+                stream.wait_stream(producer)  # the batch is produced (copied/augmented) on the current stream
+                with torch.cuda.stream(stream):
+                    inputs.record_stream(stream)
+                    targets.record_stream(stream)
+                    episode.trainer.train_batch(inputs, targets)

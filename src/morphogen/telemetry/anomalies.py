@@ -183,8 +183,7 @@ class AnomalyDetector:
         return [
             Anomaly(
                 "value_collapse",
-                f"value predictions barely vary (std {ppo.value_std:.3g}) while returns do "
-                f"(std {ppo.return_std:.3g})",
+                f"value predictions barely vary (std {ppo.value_std:.3g}) while returns do (std {ppo.return_std:.3g})",
                 "check the value normalizer and the value loss coefficient; lower the learning rate",
             )
         ]

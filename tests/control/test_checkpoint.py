@@ -1,0 +1,175 @@
+"""Checkpoints: atomic writes, `weights_only` reads, and one-line refusals of broken or mismatched files."""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import os
+from pathlib import Path
+from typing import Any, BinaryIO
+
+import pytest
+import torch
+
+from morphogen.control.checkpoint import (
+    CHECKPOINT_NAME,
+    CheckpointError,
+    check_layout,
+    load_checkpoint,
+    save_checkpoint,
+)
+from morphogen.control.trainer import PPOTrainer, TrainConfig
+from morphogen.data import Task, load_task
+
+TEXT = "the quick brown fox jumps over the lazy dog; pack my box with five dozen liquor jugs.\n" * 30
+
+
+
+
+@pytest.fixture(scope="module")
+def digits() -> Task:
+    return load_task("digits", max_train_samples=200)
+
+
+def tiny_config(**changes: Any) -> TrainConfig:
+    base = TrainConfig(n_envs=2, rounds=2, hidden_size=16, max_train_samples=200, telemetry="off")
+    return dataclasses.replace(base, episode=dataclasses.replace(base.episode, max_epochs=3), **changes)
+
+
+@pytest.fixture(scope="module")
+def trainer(digits: Task) -> PPOTrainer:
+    return PPOTrainer(tiny_config(), digits)
+
+
+def file_state(directory: Path) -> dict[str, bytes]:
+    return {path.name: path.read_bytes() for path in sorted(directory.iterdir())}
+
+
+def test_save_then_load_round_trips_and_leaves_only_the_checkpoint(trainer: PPOTrainer, tmp_path: Path) -> None:
+    path = tmp_path / CHECKPOINT_NAME
+    save_checkpoint(trainer.state_dict(), path)
+    save_checkpoint({**trainer.state_dict(), "round": 7}, path)  # replacing an existing checkpoint
+    assert [p.name for p in tmp_path.iterdir()] == [CHECKPOINT_NAME], "no temporary file may be left behind"
+    state = load_checkpoint(tmp_path)  # a run directory resolves to its checkpoint
+    assert state["round"] == 7
+    for name, tensor in trainer.state.agent.policy.state_dict().items():
+        assert torch.equal(state["policy"][name], tensor), name
+
+
+def test_saved_checkpoint_follows_the_umask(trainer: PPOTrainer, tmp_path: Path) -> None:
+    umask = os.umask(0o022)
+    os.umask(umask)
+    save_checkpoint(trainer.state_dict(), tmp_path / CHECKPOINT_NAME)
+    assert (tmp_path / CHECKPOINT_NAME).stat().st_mode & 0o777 == 0o666 & ~umask
+
+
+@pytest.mark.parametrize("failure", [OSError("No space left on device"), KeyboardInterrupt()],
+                         ids=["disk-full", "interrupted"])
+def test_failed_write_keeps_the_previous_checkpoint(trainer: PPOTrainer, tmp_path: Path,
+                                                    monkeypatch: pytest.MonkeyPatch,
+                                                    failure: BaseException) -> None:
+    path = tmp_path / CHECKPOINT_NAME
+    save_checkpoint({**trainer.state_dict(), "round": 1}, path)
+    before = file_state(tmp_path)
+    real_save = torch.save
+
+    def save_half_then_fail(obj: object, handle: BinaryIO, *args: Any, **kwargs: Any) -> None:
+        buffer = io.BytesIO()
+        real_save(obj, buffer, *args, **kwargs)
+        handle.write(buffer.getvalue()[: len(buffer.getvalue()) // 2])
+        raise failure
+
+    monkeypatch.setattr(torch, "save", save_half_then_fail)
+    with pytest.raises(type(failure)):
+        save_checkpoint({**trainer.state_dict(), "round": 2}, path)
+    monkeypatch.undo()
+    assert file_state(tmp_path) == before, "the previous checkpoint must be intact and no temporary file left"
+    assert load_checkpoint(path)["round"] == 1
+
+
+class _WritesAFileWhenUnpickled:
+    """Unpickling this calls `open(marker, "w")`: what a malicious checkpoint could do with any callable."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (open, (str(self.marker), "w"))
+
+
+def test_checkpoint_is_read_with_weights_only(trainer: PPOTrainer, tmp_path: Path) -> None:
+    marker = tmp_path / "code-ran"
+    path = tmp_path / CHECKPOINT_NAME
+    # Every required key is present, so only weights_only=True stands between this file and running code.
+    save_checkpoint({**trainer.state_dict(), "extra": _WritesAFileWhenUnpickled(marker)}, path)
+    with pytest.raises(CheckpointError) as caught:
+        load_checkpoint(path)
+    assert not marker.exists(), "loading a checkpoint must never run code stored in it"
+    message = str(caught.value)
+    assert "\n" not in message and "\x1b" not in message
+    assert "refused" in message and "open" in message and str(path) in message
+
+
+@pytest.mark.parametrize("corruption", ["cut-in-half", "empty", "text"])
+def test_broken_file_is_a_one_line_checkpoint_error(trainer: PPOTrainer, tmp_path: Path, corruption: str) -> None:
+    path = tmp_path / CHECKPOINT_NAME
+    save_checkpoint(trainer.state_dict(), path)
+    data = path.read_bytes()
+    broken = {"cut-in-half": data[: len(data) // 2], "empty": b"", "text": b"hello, world\n"}[corruption]
+    path.write_bytes(broken)
+    with pytest.raises(CheckpointError) as caught:
+        load_checkpoint(path)
+    message = str(caught.value)
+    assert "\n" not in message and "\x1b" not in message
+    assert message.startswith(f"checkpoint {path} is unreadable (truncated or corrupt?): ")
+
+
+def test_missing_file_and_foreign_file(tmp_path: Path) -> None:
+    with pytest.raises(CheckpointError, match=r"no checkpoint at .*expected a run directory with checkpoint\.pt"):
+        load_checkpoint(tmp_path)
+    foreign = tmp_path / "weights.pt"
+    torch.save({"weight": torch.zeros(3)}, foreign)
+    with pytest.raises(CheckpointError, match="is not a morphogen checkpoint of format 1"):
+        load_checkpoint(foreign)
+
+
+def test_checkpoint_missing_a_field_names_it(trainer: PPOTrainer, tmp_path: Path) -> None:
+    state = trainer.state_dict()
+    del state["optimizer"], state["rng"]
+    save_checkpoint(state, tmp_path / CHECKPOINT_NAME)
+    with pytest.raises(CheckpointError, match=r"lacks optimizer, rng$"):
+        load_checkpoint(tmp_path)
+
+
+def test_check_layout_names_the_first_differing_field() -> None:
+    saved = {"task": "digits", "slot_ids": ["r0c0", "r0c1"], "observation_size": 10}
+    # Lists (as stored) and tuples (as built) of the same ids are the same layout.
+    check_layout(saved, {"task": "digits", "slot_ids": ("r0c0", "r0c1"), "observation_size": 10}, "ck")
+    with pytest.raises(CheckpointError, match=r"^checkpoint ck was built for slot_ids=\('r0c0', 'r0c1'\), "
+                                              r"but this run has slot_ids=\('r0c1',\)$"):
+        check_layout(saved, {"task": "digits", "slot_ids": ("r0c1",), "observation_size": 10}, "ck")
+    with pytest.raises(CheckpointError, match="observation_size=10, but this run has observation_size=12"):
+        check_layout(saved, {"observation_size": 12}, "ck")
+
+
+def test_checkpoint_of_another_slot_layout_is_refused_before_anything_changes(digits: Task, tmp_path: Path) -> None:
+    two_slots = PPOTrainer(tiny_config(slots=("r0c1", "r0c2")), digits)
+    save_checkpoint(two_slots.state_dict(), tmp_path / CHECKPOINT_NAME)
+    all_slots = PPOTrainer(tiny_config(), digits)
+    before = {k: v.clone() for k, v in all_slots.state.agent.policy.state_dict().items()}
+    with pytest.raises(CheckpointError, match=r"was built for slot_ids=\('r0c1', 'r0c2'\), but this run has "
+                                              r"slot_ids=\('r0c0', 'r0c1', 'r0c2'\)"):
+        all_slots.load_state_dict(load_checkpoint(tmp_path), tmp_path)
+    after = all_slots.state.agent.policy.state_dict()
+    assert all(torch.equal(before[k], after[k]) for k in before)
+    assert all_slots.state.next_round == 0
+
+
+def test_checkpoint_of_another_task_is_refused(digits: Task, tmp_path: Path) -> None:
+    text_file = tmp_path / "corpus.txt"
+    text_file.write_text(TEXT)
+    text = load_task("text", text_file=text_file)
+    text_trainer = PPOTrainer(tiny_config(task="text", text_file=str(text_file)), text)
+    save_checkpoint(text_trainer.state_dict(), tmp_path / CHECKPOINT_NAME)
+    with pytest.raises(CheckpointError, match="was built for task='text', but this run has task='digits'"):
+        PPOTrainer(tiny_config(), digits).load_state_dict(load_checkpoint(tmp_path), tmp_path)

@@ -1,0 +1,297 @@
+"""Tests for the rule-based controller on hand-made episode snapshots and masks."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import numpy as np
+import pytest
+
+from morphogen.control.heuristic import DEFAULT_ROTATION, HeuristicConfig, HeuristicController, has_plateaued
+from morphogen.core.blueprints import UnknownBlueprintError
+from morphogen.core.lifecycle import Stage
+from morphogen.env.actions import HEADS, Action, ActionSpace, Op
+from morphogen.env.snapshot import EpisodeSnapshot, SlotSnapshot
+
+SLOTS = ("r0c0", "r0c1", "r0c2")
+PLATEAU = (97.0, 97.1, 97.2, 97.1, 97.3)  # +0.3 points over the last 3 epochs
+RISING = (90.0, 92.0, 94.0, 96.0, 98.0)
+
+
+# ---------------------------------------------------------------- plateau oracle
+
+
+@pytest.mark.parametrize(
+    ("history", "epochs", "threshold", "expected"),
+    [
+        ((90.0, 90.25), 3, 0.5, False),  # too short to judge 3 epochs
+        ((90.0, 90.25, 90.375, 90.125), 3, 0.5, True),  # best gain 0.375 < 0.5
+        ((90.0, 90.25, 90.625, 90.125), 3, 0.5, False),  # best gain 0.625
+        ((50.0, 90.0, 90.125, 90.25, 90.125), 3, 0.5, True),  # only the last 4 values count
+        ((95.0, 94.0, 93.0, 92.0), 3, 0.5, True),  # falling accuracy is no gain
+        ((90.0, 90.5), 1, 0.5, False),  # a gain equal to the threshold is not a plateau
+        ((90.0, 90.25), 1, 0.5, True),
+    ],
+)
+def test_has_plateaued(history: tuple[float, ...], epochs: int, threshold: float, expected: bool) -> None:
+    assert has_plateaued(history, epochs, threshold) is expected
+
+
+# ---------------------------------------------------------------- helpers
+
+
+def make_slot(slot_id: str, stage: Stage = Stage.DORMANT, **overrides: Any) -> SlotSnapshot:
+    seeded = stage in (Stage.GERMINATED, Stage.TRAINING, Stage.BLENDING, Stage.HOLDING, Stage.FOSSILIZED)
+    fields: dict[str, Any] = dict(
+        slot_id=slot_id,
+        stage=stage,
+        blueprint="conv_light" if seeded else None,
+        blueprint_id=6 if seeded else 0,
+        alpha=1.0 if stage in (Stage.HOLDING, Stage.FOSSILIZED) else 0.0,
+        alpha_target=0.0,
+        alpha_progress=0.0,
+        alpha_ramping=False,
+        epochs_in_stage=0,
+        seed_age=10 if seeded else 0,
+        seed_parameters=0,
+        contribution=None,
+        previous_contribution=None,
+        gradient_norm=None,
+        gradient_health=None,
+        gradient_ratio=None,
+        accuracy_at_stage_start=None,
+    )
+    fields.update(overrides)
+    return SlotSnapshot(**fields)
+
+
+def make_snapshot(
+    *slots: SlotSnapshot, epoch: int = 10, history: tuple[float, ...] = PLATEAU, max_epochs: int = 30
+) -> EpisodeSnapshot:
+    given = {slot.slot_id: slot for slot in slots}
+    return EpisodeSnapshot(
+        epoch=epoch,
+        max_epochs=max_epochs,
+        train_loss=0.1,
+        val_loss=0.1,
+        val_accuracy=history[-1],
+        accuracy_history=history,
+        loss_history=(0.1,) * len(history),
+        host_parameters=1000,
+        active_parameters=1000,
+        slots=tuple(given.get(slot_id, make_slot(slot_id)) for slot_id in SLOTS),
+        accuracy_all_off=None,
+        last_op=0,
+        last_action_succeeded=True,
+    )
+
+
+def make_masks(space: ActionSpace, allowed: dict[Op, tuple[str, ...]]) -> list[np.ndarray]:
+    """Op and slot masks where each op in `allowed` is legal in exactly the listed slots; WAIT always."""
+    n_ops = len(Op)
+    slot_mask = np.zeros((n_ops, len(SLOTS)), dtype=bool)
+    slot_mask[Op.WAIT, 0] = True
+    for op, slot_ids in allowed.items():
+        for slot_id in slot_ids:
+            slot_mask[op, SLOTS.index(slot_id)] = True
+    op_mask = slot_mask.any(axis=1)
+    others = [np.ones((n_ops, size), dtype=bool) for size in space.sizes[2:]]
+    assert len(others) == len(HEADS) - 2
+    return [op_mask, slot_mask, *others]
+
+
+def controller(**config: Any) -> tuple[HeuristicController, ActionSpace]:
+    space = ActionSpace(SLOTS, "cnn")
+    return HeuristicController(space, "cnn", HeuristicConfig(**config)), space
+
+
+ALL_EMPTY = {Op.GERMINATE: SLOTS}
+
+
+# ---------------------------------------------------------------- germination
+
+
+def test_waits_during_warmup_even_on_a_plateau() -> None:
+    heuristic, space = controller(warmup_epochs=3)
+    assert heuristic.act(make_snapshot(epoch=2), make_masks(space, ALL_EMPTY)) == Action()
+
+
+def test_germinates_after_warmup_once_accuracy_plateaus() -> None:
+    heuristic, space = controller(warmup_epochs=3)
+    action = heuristic.act(make_snapshot(epoch=3), make_masks(space, ALL_EMPTY))
+    assert action == Action(Op.GERMINATE, "r0c0", DEFAULT_ROTATION["cnn"][0])
+
+
+def test_waits_while_accuracy_still_rises() -> None:
+    heuristic, space = controller()
+    assert heuristic.act(make_snapshot(history=RISING), make_masks(space, ALL_EMPTY)) == Action()
+
+
+def test_waits_when_too_few_epochs_remain_for_a_seed() -> None:
+    # min_training_epochs 10 -> needs at least 10 // 2 + 2 = 7 epochs left.
+    heuristic, space = controller()
+    assert heuristic.act(make_snapshot(epoch=24, max_epochs=30), make_masks(space, ALL_EMPTY)) == Action()
+    assert heuristic.act(make_snapshot(epoch=23, max_epochs=30), make_masks(space, ALL_EMPTY)).op is Op.GERMINATE
+
+
+def test_waits_when_the_mask_forbids_germination() -> None:
+    heuristic, space = controller()
+    assert heuristic.act(make_snapshot(), make_masks(space, {})) == Action()
+
+
+def test_rotation_cycles_blueprints_and_allowed_slots() -> None:
+    heuristic, space = controller(rotation=("norm", "attention"))
+    masks = make_masks(space, {Op.GERMINATE: ("r0c1", "r0c2")})
+    picks = [heuristic.act(make_snapshot(), masks) for _ in range(3)]
+    assert [(a.slot, a.blueprint) for a in picks] == [("r0c1", "norm"), ("r0c2", "attention"), ("r0c1", "norm")]
+    heuristic.reset()
+    assert heuristic.act(make_snapshot(), masks).blueprint == "norm"
+
+
+def test_rotation_skips_a_recently_pruned_blueprint() -> None:
+    heuristic, space = controller(rotation=("norm", "attention"), prune_penalty_epochs=10, fossilize_threshold=0.5)
+    losing = make_slot("r0c0", Stage.HOLDING, blueprint="norm", contribution=0.1, epochs_in_stage=1)
+    assert heuristic.act(make_snapshot(losing, epoch=10), make_masks(space, {Op.PRUNE: ("r0c0",)})) == Action(
+        Op.PRUNE, "r0c0"
+    )
+    germinate = make_masks(space, {Op.GERMINATE: ("r0c1",)})
+    # "norm" is next in the rotation but was pruned at epoch 10: skipped until epoch 20.
+    assert heuristic.act(make_snapshot(epoch=15), germinate).blueprint == "attention"
+    assert heuristic.act(make_snapshot(epoch=16), germinate).blueprint == "attention"
+    assert heuristic.act(make_snapshot(epoch=20), germinate).blueprint == "norm"
+
+
+def test_waits_when_every_blueprint_is_penalized() -> None:
+    heuristic, space = controller(rotation=("norm",), prune_penalty_epochs=10)
+    losing = make_slot("r0c0", Stage.HOLDING, blueprint="norm", contribution=0.1, epochs_in_stage=1)
+    heuristic.act(make_snapshot(losing, epoch=10), make_masks(space, {Op.PRUNE: ("r0c0",)}))
+    assert heuristic.act(make_snapshot(epoch=19), make_masks(space, {Op.GERMINATE: ("r0c1",)})) == Action()
+
+
+# ---------------------------------------------------------------- managing a seed
+
+
+def test_advances_a_seed_that_trained_long_enough() -> None:
+    heuristic, space = controller(min_training_epochs=4)
+    masks = make_masks(space, {Op.ADVANCE: ("r0c2",)})
+    young = make_slot("r0c2", Stage.TRAINING, epochs_in_stage=3)
+    assert heuristic.act(make_snapshot(young, history=RISING), masks) == Action()
+    ready = make_slot("r0c2", Stage.TRAINING, epochs_in_stage=4)
+    assert heuristic.act(make_snapshot(ready), masks) == Action(Op.ADVANCE, "r0c2")
+
+
+def test_advances_a_germinated_seed() -> None:
+    heuristic, space = controller()
+    masks = make_masks(space, {Op.ADVANCE: ("r0c0",)})
+    assert heuristic.act(make_snapshot(make_slot("r0c0", Stage.GERMINATED)), masks) == Action(Op.ADVANCE, "r0c0")
+
+
+def test_advances_a_finished_blend_when_holding_is_not_automatic() -> None:
+    heuristic, space = controller()
+    masks = make_masks(space, {Op.ADVANCE: ("r0c1",)})
+    ramping = make_slot("r0c1", Stage.BLENDING, alpha=0.5, alpha_ramping=True)
+    assert heuristic.act(make_snapshot(ramping, history=RISING), masks) == Action()
+    finished = make_slot("r0c1", Stage.BLENDING, alpha=1.0)
+    assert heuristic.act(make_snapshot(finished, history=RISING), masks) == Action(Op.ADVANCE, "r0c1")
+
+
+@pytest.mark.parametrize(("contribution", "op"), [(0.75, Op.FOSSILIZE), (0.5, Op.PRUNE), (-1.0, Op.PRUNE)])
+def test_holding_seed_is_fossilized_above_the_threshold_else_pruned(contribution: float, op: Op) -> None:
+    heuristic, space = controller(fossilize_threshold=0.5)
+    masks = make_masks(space, {Op.FOSSILIZE: ("r0c1",), Op.PRUNE: ("r0c1",)})
+    holding = make_slot("r0c1", Stage.HOLDING, contribution=contribution, epochs_in_stage=1)
+    assert heuristic.act(make_snapshot(holding), masks) == Action(op, "r0c1")
+
+
+def test_holding_seed_is_judged_only_on_a_full_strength_measurement() -> None:
+    # Entering HOLDING happens after the epoch's validation, which still ran at alpha < 1.
+    heuristic, space = controller(fossilize_threshold=0.5)
+    masks = make_masks(space, {Op.FOSSILIZE: ("r0c1",), Op.PRUNE: ("r0c1",)})
+    just_arrived = make_slot("r0c1", Stage.HOLDING, contribution=0.1, epochs_in_stage=0)
+    assert heuristic.act(make_snapshot(just_arrived, history=RISING), masks) == Action()
+    unmeasured = make_slot("r0c1", Stage.HOLDING, contribution=None, epochs_in_stage=3)
+    assert heuristic.act(make_snapshot(unmeasured, history=RISING), masks) == Action()
+
+
+def with_last_action(snapshot: EpisodeSnapshot, op: Op, succeeded: bool) -> EpisodeSnapshot:
+    return dataclasses.replace(snapshot, last_op=int(op), last_action_succeeded=succeeded)
+
+
+def test_a_seed_the_fossilize_gate_refuses_is_pruned() -> None:
+    # A strict gate may want more contribution (1.0 points) than the heuristic's threshold (0.5).
+    heuristic, space = controller(fossilize_threshold=0.5)
+    masks = make_masks(space, {Op.FOSSILIZE: ("r0c1",), Op.PRUNE: ("r0c1",)})
+    holding = make_snapshot(make_slot("r0c1", Stage.HOLDING, contribution=0.75, epochs_in_stage=1))
+    assert heuristic.act(holding, masks) == Action(Op.FOSSILIZE, "r0c1")
+    refused = with_last_action(holding, Op.FOSSILIZE, succeeded=False)
+    assert heuristic.act(refused, masks) == Action(Op.PRUNE, "r0c1")
+
+
+def test_a_refusal_is_forgotten_once_the_slot_leaves_holding() -> None:
+    heuristic, space = controller(fossilize_threshold=0.5)
+    masks = make_masks(space, {Op.FOSSILIZE: ("r0c1",), Op.PRUNE: ("r0c1",)})
+    holding = make_snapshot(make_slot("r0c1", Stage.HOLDING, contribution=0.75, epochs_in_stage=1))
+    heuristic.act(holding, masks)
+    no_prune_yet = make_masks(space, {Op.FOSSILIZE: ("r0c1",)})  # seed too young to prune: wait
+    assert heuristic.act(with_last_action(holding, Op.FOSSILIZE, succeeded=False), no_prune_yet) == Action()
+    assert heuristic.act(make_snapshot(make_slot("r0c1", Stage.EMBARGOED), history=RISING), masks) == Action()
+    # A new seed holding in the same slot is judged afresh.
+    assert heuristic.act(holding, masks) == Action(Op.FOSSILIZE, "r0c1")
+
+
+def test_a_successful_fossilize_marks_nothing() -> None:
+    heuristic, space = controller(fossilize_threshold=0.5)
+    masks = make_masks(space, {Op.FOSSILIZE: ("r0c1",), Op.PRUNE: ("r0c1",)})
+    holding = make_snapshot(make_slot("r0c1", Stage.HOLDING, contribution=0.75, epochs_in_stage=1))
+    heuristic.act(holding, masks)
+    assert heuristic.act(with_last_action(holding, Op.FOSSILIZE, succeeded=True), masks).op is Op.FOSSILIZE
+    assert heuristic.fossilize_refused == set()
+
+
+def test_masked_fossilize_or_prune_is_not_chosen() -> None:
+    heuristic, space = controller(fossilize_threshold=0.5)
+    holding = make_slot("r0c1", Stage.HOLDING, contribution=3.0, epochs_in_stage=2)
+    assert heuristic.act(make_snapshot(holding, history=RISING), make_masks(space, {Op.PRUNE: ("r0c1",)})) == Action()
+    weak = make_slot("r0c1", Stage.HOLDING, contribution=0.0, epochs_in_stage=2, seed_age=3)
+    no_prune = make_masks(space, {Op.FOSSILIZE: ("r0c1",)})
+    assert heuristic.act(make_snapshot(weak, history=RISING), no_prune) == Action()
+
+
+@pytest.mark.parametrize("stage", [Stage.BLENDING, Stage.HOLDING])
+def test_prunes_a_seed_whose_stage_cost_more_than_the_worse_threshold(stage: Stage) -> None:
+    heuristic, space = controller(worse_threshold=2.0)
+    masks = make_masks(space, {Op.PRUNE: ("r0c2",)})
+    history = (97.0, 97.0, 97.0, 97.0, 95.0)
+    hurt = make_slot("r0c2", stage, accuracy_at_stage_start=97.25, alpha_ramping=stage is Stage.BLENDING)
+    assert heuristic.act(make_snapshot(hurt, history=history), masks) == Action(Op.PRUNE, "r0c2")
+    slightly = make_slot("r0c2", stage, accuracy_at_stage_start=96.75, alpha_ramping=stage is Stage.BLENDING)
+    assert heuristic.act(make_snapshot(slightly, history=history), masks) == Action()
+
+
+# ---------------------------------------------------------------- configuration
+
+
+def test_unknown_blueprint_in_rotation_is_a_user_error() -> None:
+    with pytest.raises(UnknownBlueprintError, match=r"heuristic\.rotation.*'nope'.*valid: .*conv_light"):
+        controller(rotation=("conv_light", "nope"))
+
+
+def test_transformer_topology_uses_its_own_rotation() -> None:
+    space = ActionSpace(("s0", "s1"), "transformer")
+    assert HeuristicController(space, "transformer").rotation == DEFAULT_ROTATION["transformer"]
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"warmup_epochs": -1}, "warmup_epochs"),
+        ({"plateau_epochs": 0}, "plateau_epochs"),
+        ({"plateau_epochs": 5}, "plateau_epochs"),  # the snapshot keeps only 5 accuracies
+        ({"min_holding_epochs": -1}, "min_holding_epochs"),
+        ({"rotation": ()}, "rotation"),
+    ],
+)
+def test_config_rejects_bad_values(overrides: dict[str, Any], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        HeuristicConfig(**overrides)

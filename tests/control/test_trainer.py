@@ -1,0 +1,93 @@
+"""The PPO round loop: rollouts of whole episodes, checkpoints every round, and exact resumption."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from morphogen.control.checkpoint import CHECKPOINT_NAME, load_checkpoint
+from morphogen.control.ppo import PPOConfig
+from morphogen.control.trainer import PPOTrainer, TrainConfig, format_round, train
+from morphogen.data import Task, load_task
+from morphogen.env.actions import HEADS
+
+
+@pytest.fixture(scope="module")
+def digits() -> Task:
+    return load_task("digits", max_train_samples=200)
+
+
+def tiny_config(**changes: Any) -> TrainConfig:
+    base = TrainConfig(n_envs=2, rounds=3, hidden_size=16, max_train_samples=200, telemetry="off")
+    return dataclasses.replace(base, episode=dataclasses.replace(base.episode, max_epochs=3), **changes)
+
+
+def policy_parameters(trainer: PPOTrainer) -> dict[str, torch.Tensor]:
+    return {name: tensor.detach().clone() for name, tensor in trainer.state.agent.policy.state_dict().items()}
+
+
+def test_config_rejects_impossible_settings() -> None:
+    with pytest.raises(ValueError, match="n_envs must be >= 1, got 0"):
+        TrainConfig(n_envs=0)
+    with pytest.raises(ValueError, match="rounds must be >= 1, got 0"):
+        TrainConfig(rounds=0)
+    with pytest.raises(ValueError, match=r"ppo.minibatches \(3\) cannot exceed n_envs \(2\)"):
+        TrainConfig(n_envs=2, ppo=PPOConfig(minibatches=3))
+
+
+def test_resumed_run_equals_the_uninterrupted_run(digits: Task, tmp_path: Path) -> None:
+    uninterrupted = PPOTrainer(tiny_config(rounds=3), digits)
+    after_two = None
+    for _ in range(3):
+        uninterrupted.run_round()
+        if uninterrupted.state.next_round == 2:
+            after_two = policy_parameters(uninterrupted)
+    assert after_two is not None
+
+    # Stop after 2 rounds (a run configured for 2), then continue to 3 in a fresh trainer from the file.
+    first_leg = PPOTrainer(tiny_config(rounds=2), digits)
+    checkpointed_rounds: list[int] = []
+    train(first_leg, tmp_path,
+          on_round=lambda summary: checkpointed_rounds.append(load_checkpoint(tmp_path)["round"]))
+    assert checkpointed_rounds == [1, 2], "a checkpoint is written after every round, before on_round"
+    resumed = PPOTrainer(tiny_config(rounds=3), digits)
+    resumed.load_state_dict(load_checkpoint(tmp_path / CHECKPOINT_NAME), tmp_path)
+    assert resumed.state.next_round == 2
+    summaries = train(resumed, tmp_path)
+    assert [s.round for s in summaries] == [3]
+
+    expected, got = policy_parameters(uninterrupted), policy_parameters(resumed)
+    assert expected.keys() == got.keys()
+    for name in expected:
+        torch.testing.assert_close(got[name], expected[name], rtol=0.0, atol=1e-6, msg=name)
+    changed = [name for name in expected if not torch.equal(expected[name], after_two[name])]
+    assert changed, "round 3 must have changed the policy, or the comparison above proves nothing"
+    assert load_checkpoint(tmp_path)["round"] == 3
+
+
+def test_collect_fills_whole_episodes_and_one_round_updates(digits: Task, tmp_path: Path) -> None:
+    config = tiny_config(rounds=1, n_envs=2)
+    trainer = PPOTrainer(config, digits)
+    before = policy_parameters(trainer)
+    batch, collected = trainer.collect(0)
+    steps, envs = config.episode_length, config.n_envs
+    assert batch.n_steps == steps and batch.n_envs == envs
+    assert batch.actions.shape == (steps, envs, len(HEADS))
+    assert batch.episode_starts[0].all() and not batch.episode_starts[1:].any()
+    assert torch.isfinite(batch.advantages).all() and torch.isfinite(batch.returns).all()
+    assert 0.0 <= collected["mean_final_accuracy"] <= 100.0
+    normalizer = trainer.state.agent.observation_normalizer
+    assert normalizer.count.item() == pytest.approx(steps * envs + normalizer.epsilon), "one update per observation"
+
+    summaries = train(trainer, tmp_path)
+    assert len(summaries) == 1 and summaries[0].round == 1 and trainer.state.next_round == 1
+    assert any(not torch.equal(before[k], v) for k, v in policy_parameters(trainer).items())
+    summary = summaries[0]
+    assert summary.collect_seconds > 0 and summary.update_seconds > 0
+    assert summary.seconds == pytest.approx(summary.collect_seconds + summary.update_seconds, rel=1e-6)
+    line = format_round(summary)
+    assert line.startswith("round   1") and "entropy: op " in line and all(head in line for head in HEADS)

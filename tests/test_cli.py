@@ -1,0 +1,149 @@
+"""Tests for the `morphogen` command: a tiny real `run`, and user errors as one line with exit code 2."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from morphogen.cli import EXIT_USER_ERROR, main
+from morphogen.telemetry import events
+from morphogen.telemetry.sinks import read_events
+
+
+def test_run_prints_the_comparison_and_writes_the_run_directory(tmp_path: Path,
+                                                                capsys: pytest.CaptureFixture[str]) -> None:
+    run_dir = tmp_path / "run"
+    code = main(["run", "--epochs", "3", "--max-train-samples", "200", "--slots", "r0c1,r0c2",
+                 "--run-dir", str(run_dir)])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    assert "grown" in out and "no growth" in out
+    assert "final val accuracy" in out and "parameters" in out
+    assert out.count("epoch ") >= 3 and "epoch   3/3" in out
+
+    config = json.loads((run_dir / "config.json").read_text())
+    assert config["episode"]["max_epochs"] == 3
+    assert config["max_train_samples"] == 200
+    assert config["slots"] == ["r0c1", "r0c2"]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["baseline"] is not None
+    assert 0.0 <= summary["grown"]["final_accuracy"] <= 100.0
+    written = read_events(run_dir / "events.jsonl")
+    assert [e.epoch for e in written if isinstance(e, events.EpochCompleted)] == [1, 2, 3]
+    assert isinstance(written[-1], events.EpisodeCompleted)
+
+
+def run_expecting_user_error(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
+    """Run the CLI, check exit code 2 and a single traceback-free stderr line, and return that line."""
+    code = main(argv)
+    out, err = capsys.readouterr()
+    assert code == EXIT_USER_ERROR, (out, err)
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    assert "Traceback" not in err
+    assert lines[0].startswith(f"morphogen {argv[0]}: error: ")
+    return lines[0]
+
+
+def write(tmp_path: Path, name: str, text: str) -> str:
+    path = tmp_path / name
+    path.write_text(text)
+    return str(path)
+
+
+def test_unknown_task(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    line = run_expecting_user_error(["run", "--task", "mnist", "--run-dir", str(tmp_path / "r")], capsys)
+    assert "unknown task 'mnist'" in line and "digits, cifar10, text" in line
+    assert not (tmp_path / "r").exists()
+
+
+def test_unknown_slot_leaves_no_run_directory(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    run_dir = tmp_path / "r"
+    line = run_expecting_user_error(["run", "--slots", "r9c9", "--max-train-samples", "64", "--run-dir",
+                                     str(run_dir)], capsys)
+    assert "unknown slot 'r9c9'" in line and "r0c0, r0c1, r0c2" in line
+    assert not run_dir.exists()
+
+
+def test_empty_slot_list(capsys: pytest.CaptureFixture[str]) -> None:
+    line = run_expecting_user_error(["run", "--slots", " , "], capsys)
+    assert "--slots needs at least one slot id" in line
+
+
+def test_duplicate_slots(capsys: pytest.CaptureFixture[str]) -> None:
+    line = run_expecting_user_error(["run", "--slots", "r0c1,r0c1"], capsys)
+    assert "slots: names a slot more than once: r0c1, r0c1" in line
+
+
+def test_negative_seed(capsys: pytest.CaptureFixture[str]) -> None:
+    line = run_expecting_user_error(["run", "--seed", "-1"], capsys)
+    assert "seed: must be >= 0, got -1" in line
+
+
+def test_missing_cifar_directory(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    line = run_expecting_user_error(["run", "--task", "cifar10", "--data-dir", "/nonexistent",
+                                     "--run-dir", str(tmp_path / "r")], capsys)
+    assert "/nonexistent" in line and "cifar-10-batches-py" in line
+
+
+def test_broken_toml(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    line = run_expecting_user_error(["run", "--config", write(tmp_path, "run.toml", 'task = "digits\n')], capsys)
+    assert "is not valid TOML" in line and "run.toml" in line
+
+
+def test_missing_config_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    line = run_expecting_user_error(["run", "--config", str(tmp_path / "none.toml")], capsys)
+    assert "does not exist" in line
+
+
+def test_unknown_config_key_names_its_path(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    config = write(tmp_path, "run.toml", "[episode.optimizer]\nbogus = 1\n")
+    line = run_expecting_user_error(["run", "--config", config], capsys)
+    assert "episode.optimizer.bogus: unknown key" in line and "host_lr" in line
+
+
+def test_bad_config_value_names_its_path_and_range(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    config = write(tmp_path, "run.toml", "[episode]\nmax_epochs = 0\n")
+    line = run_expecting_user_error(["run", "--config", config], capsys)
+    assert "episode.max_epochs: must be >= 1, got 0" in line
+
+
+def test_bad_enum_value_lists_the_choices(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    config = write(tmp_path, "run.yaml", "episode:\n  slots:\n    gates:\n      mode: lenient\n")
+    line = run_expecting_user_error(["run", "--config", config], capsys)
+    assert "episode.slots.gates.mode: 'lenient' is not one of 'strict', 'permissive'" in line
+
+
+def test_zero_epochs_flag(capsys: pytest.CaptureFixture[str]) -> None:
+    line = run_expecting_user_error(["run", "--epochs", "0"], capsys)
+    assert "--epochs must be >= 1, got 0" in line
+
+
+def test_unknown_blueprint_in_heuristic_rotation(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    config = write(tmp_path, "run.toml", '[heuristic]\nrotation = ["conv_light", "nope"]\n')
+    run_dir = tmp_path / "r"
+    line = run_expecting_user_error(["run", "--config", config, "--max-train-samples", "64",
+                                     "--run-dir", str(run_dir)], capsys)
+    assert "heuristic.rotation" in line and "'nope'" in line and "valid: " in line and "conv_light" in line
+    assert not run_dir.exists()
+
+
+def test_unknown_device(capsys: pytest.CaptureFixture[str]) -> None:
+    line = run_expecting_user_error(["run", "--device", "gpu0"], capsys)
+    assert "device: 'gpu0' is not a device" in line and "cpu, cuda" in line
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
+def test_cuda_requested_without_cuda(capsys: pytest.CaptureFixture[str]) -> None:
+    line = run_expecting_user_error(["run", "--device", "cuda"], capsys)
+    assert "CUDA is not available" in line and "--device cpu" in line
+
+
+def test_run_directory_that_cannot_be_created(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    line = run_expecting_user_error(["run", "--max-train-samples", "64", "--run-dir", str(blocker / "run")], capsys)
+    assert "run_dir: cannot create" in line

@@ -1,0 +1,229 @@
+"""`morphogen train`, `morphogen eval` and `morphogen run --policy` end to end on a tiny digits setup.
+
+A module-scoped run trains a policy for 3 rounds; tests read it or work on copies. User errors must exit
+with code 2 and one stderr line, and must leave every file of the run untouched.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import re
+import shutil
+import statistics
+from collections.abc import Iterator
+from pathlib import Path
+from typing import NamedTuple
+
+import pytest
+import torch
+
+from morphogen.cli import EXIT_USER_ERROR, main
+from morphogen.control.checkpoint import CHECKPOINT_NAME, load_checkpoint
+
+TINY = ["--envs", "2", "--episode-length", "3", "--max-train-samples", "200", "--hidden-size", "16"]
+
+
+
+
+class TrainedRun(NamedTuple):
+    directory: Path
+    output: str
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TrainedRun]:
+    """`morphogen train` for 3 rounds, uninterrupted. Tests must not write into it (copy it first)."""
+    directory = tmp_path_factory.mktemp("trained") / "run"
+    out, err = io.StringIO(), io.StringIO()  # capsys is per test; this output is shared by the module
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = main(["train", *TINY, "--rounds", "3", "--run-dir", str(directory)])
+    assert code == 0, err.getvalue()
+    yield TrainedRun(directory, out.getvalue())
+
+
+def files_of(directory: Path) -> dict[str, tuple[int, bytes]]:
+    """Every file of a run directory with its modification time (ns) and bytes."""
+    return {str(path.relative_to(directory)): (path.stat().st_mtime_ns, path.read_bytes())
+            for path in sorted(directory.rglob("*")) if path.is_file()}
+
+
+def copy_run(trained: TrainedRun, destination: Path) -> Path:
+    return Path(shutil.copytree(trained.directory, destination))
+
+
+def expect_user_error(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
+    """Run the CLI; check exit code 2 and exactly one traceback-free stderr line; return that line."""
+    code = main(argv)
+    out, err = capsys.readouterr()
+    assert code == EXIT_USER_ERROR, (out, err)
+    lines = err.splitlines()
+    assert len(lines) == 1, err
+    assert "Traceback" not in err
+    assert lines[0].startswith(f"morphogen {argv[0]}: error: ")
+    return lines[0]
+
+
+def policy_of(directory: Path) -> dict[str, torch.Tensor]:
+    state = load_checkpoint(directory)
+    policy: dict[str, torch.Tensor] = state["policy"]
+    return policy
+
+
+# ----------------------------------------------------------------------------------------------- train
+
+
+def test_train_prints_a_line_per_round_and_writes_the_run_directory(trained: TrainedRun) -> None:
+    lines = trained.output.splitlines()
+    assert lines[0].startswith("morphogen train: task digits, 2 envs x 3 epochs per round, rounds 1..3")
+    assert [line[:9] for line in lines if line.startswith("round")] == ["round   1", "round   2", "round   3"]
+    assert lines[-1] == f"checkpoint: {trained.directory / CHECKPOINT_NAME}"
+    assert {p.name for p in trained.directory.iterdir()} == {"checkpoint.pt", "config.json", "events.jsonl"}
+    state = load_checkpoint(trained.directory)
+    assert state["round"] == 3 and state["episode_length"] == 3 and state["hidden_size"] == 16
+
+
+def test_resume_through_the_cli_equals_the_uninterrupted_run(trained: TrainedRun, tmp_path: Path,
+                                                             capsys: pytest.CaptureFixture[str]) -> None:
+    run = tmp_path / "run"
+    assert main(["train", *TINY, "--rounds", "2", "--run-dir", str(run)]) == 0
+    capsys.readouterr()
+    config_before = (run / "config.json").read_bytes()
+    events_before = (run / "events.jsonl").read_bytes()
+
+    assert main(["train", "--resume", str(run), "--rounds", "3"]) == 0
+    out, _ = capsys.readouterr()
+    assert "rounds 3..3" in out and [line[:9] for line in out.splitlines() if line.startswith("round")] == \
+        ["round   3"]
+    expected, got = policy_of(trained.directory), policy_of(run)
+    assert expected.keys() == got.keys()
+    for name in expected:
+        torch.testing.assert_close(got[name], expected[name], rtol=0.0, atol=1e-6, msg=name)
+    assert (run / "config.json").read_bytes() == config_before, "resuming keeps the run's config"
+    events_after = (run / "events.jsonl").read_bytes()
+    assert events_after.startswith(events_before) and len(events_after) > len(events_before), \
+        "resuming appends to the run's events"
+
+
+# ------------------------------------------------------------------------------------------------ eval
+
+
+def test_eval_prints_the_comparison_table(trained: TrainedRun, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["eval", "--policy", str(trained.directory), "--episodes", "2"]) == 0
+    out, err = capsys.readouterr()
+    assert err == ""
+    lines = out.splitlines()
+    header = next(line for line in lines if line.startswith("controller"))
+    for column in ("final acc %", "params added", "acc pts / 1k params", "fossilized", "pruned"):
+        assert column in header
+    rows = {name: next(line for line in lines if line.startswith(name)) for name in ("learned", "heuristic",
+                                                                                     "no growth")}
+    # Per-episode accuracies are printed as "<controller> 12.34%"; the table's mean ± std must agree.
+    episodes = [line for line in lines if line.startswith("episode ")]
+    assert len(episodes) == 2
+    for name, row in rows.items():
+        accuracies = [float(re.search(rf"{name} (\d+\.\d+)%", line).group(1)) for line in episodes]  # type: ignore[union-attr]
+        cells = re.findall(r"(-?\d[\d,]*\.\d+) ± +(\d+\.\d+)", row)
+        assert len(cells) >= 4, row  # acc, added, fossilized, pruned (acc per 1k params may be "-")
+        mean, spread = (float(v.replace(",", "")) for v in cells[0])
+        assert mean == pytest.approx(statistics.fmean(accuracies), abs=0.006)
+        assert spread == pytest.approx(statistics.pstdev(accuracies), abs=0.006)
+    no_growth_added = re.findall(r"(-?\d[\d,]*\.\d+) ± +(\d+\.\d+)", rows["no growth"])[1]
+    assert no_growth_added == ("0.00", "0.00")
+
+
+# ------------------------------------------------------------------------------------------ run --policy
+
+
+def test_run_with_the_policy_plays_an_episode_of_its_length(trained: TrainedRun, tmp_path: Path,
+                                                            capsys: pytest.CaptureFixture[str]) -> None:
+    run_dir = tmp_path / "episode"
+    code = main(["run", "--policy", str(trained.directory), "--max-train-samples", "200", "--no-baseline",
+                 "--run-dir", str(run_dir)])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    assert "epoch   3/3" in out and "epoch   4/" not in out, "the episode length comes from the policy"
+    assert (run_dir / "summary.json").is_file()
+
+
+# ----------------------------------------------------------------------------------------- user errors
+
+
+def test_zero_envs(trained: TrainedRun, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    run = copy_run(trained, tmp_path / "run")
+    before = files_of(run)
+    line = expect_user_error(["train", *TINY[2:], "--envs", "0", "--run-dir", str(run)], capsys)
+    assert "--envs must be >= 1, got 0" in line
+    line = expect_user_error(["train", "--resume", str(run), "--envs", "0", "--rounds", "4"], capsys)
+    assert "cannot change n_envs" in line
+    assert files_of(run) == before
+
+
+def test_train_into_an_existing_run_without_resume(trained: TrainedRun, tmp_path: Path,
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    run = copy_run(trained, tmp_path / "run")
+    before = files_of(run)
+    line = expect_user_error(["train", *TINY, "--rounds", "1", "--run-dir", str(run)], capsys)
+    assert "already holds a training run" in line and f"--resume {run}" in line
+    assert files_of(run) == before
+
+
+def test_resume_of_a_finished_run(trained: TrainedRun, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    run = copy_run(trained, tmp_path / "run")
+    before = files_of(run)
+    line = expect_user_error(["train", "--resume", str(run), "--rounds", "3"], capsys)
+    assert "already finished 3 of 3 rounds" in line and "--rounds N" in line
+    assert files_of(run) == before
+
+
+def test_unknown_slot_creates_no_run_directory(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    run = tmp_path / "run"
+    line = expect_user_error(["train", *TINY, "--rounds", "1", "--slots", "r9c9", "--run-dir", str(run)], capsys)
+    assert "unknown slot 'r9c9'" in line
+    assert not run.exists()
+
+
+def truncate_checkpoint(run: Path) -> None:
+    checkpoint = run / CHECKPOINT_NAME
+    data = checkpoint.read_bytes()
+    checkpoint.write_bytes(data[: len(data) // 2])
+
+
+def test_truncated_checkpoint_with_resume_and_with_eval(trained: TrainedRun, tmp_path: Path,
+                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    run = copy_run(trained, tmp_path / "run")
+    truncate_checkpoint(run)
+    before = files_of(run)
+    line = expect_user_error(["train", "--resume", str(run), "--rounds", "4"], capsys)
+    assert "is unreadable (truncated or corrupt?)" in line and CHECKPOINT_NAME in line
+    line = expect_user_error(["eval", "--policy", str(run), "--episodes", "1"], capsys)
+    assert "is unreadable (truncated or corrupt?)" in line
+    assert files_of(run) == before
+
+
+def test_eval_needs_an_episode(trained: TrainedRun, capsys: pytest.CaptureFixture[str]) -> None:
+    line = expect_user_error(["eval", "--policy", str(trained.directory), "--episodes", "0"], capsys)
+    assert "--episodes must be >= 1, got 0" in line
+
+
+def test_run_policy_with_another_episode_length(trained: TrainedRun, tmp_path: Path,
+                                                capsys: pytest.CaptureFixture[str]) -> None:
+    before = files_of(trained.directory)
+    episode_dir = tmp_path / "episode"
+    line = expect_user_error(["run", "--policy", str(trained.directory), "--epochs", "5", "--max-train-samples",
+                              "200", "--run-dir", str(episode_dir)], capsys)
+    assert "trained for 3-epoch episodes; this run has 5 (use --epochs 3)" in line
+    assert not episode_dir.exists()
+    assert files_of(trained.directory) == before
+
+
+def test_run_policy_on_another_task(trained: TrainedRun, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    text_file = tmp_path / "corpus.txt"
+    text_file.write_text("a small corpus of plain words, repeated until it fills a few windows.\n" * 40)
+    before = files_of(trained.directory)
+    episode_dir = tmp_path / "episode"
+    line = expect_user_error(["run", "--policy", str(trained.directory), "--task", "text", "--text-file",
+                              str(text_file), "--run-dir", str(episode_dir)], capsys)
+    assert "was trained on task 'digits', not 'text'" in line
+    assert not episode_dir.exists()
+    assert files_of(trained.directory) == before

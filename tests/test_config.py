@@ -1,0 +1,180 @@
+"""Tests for typed config loading: files in three formats, nested dataclasses, enums, and error messages."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from morphogen.config import ConfigError, build_config, config_to_dict, read_config_file
+from morphogen.core.alpha import AlphaCurve
+from morphogen.core.blend import BlendKind
+from morphogen.core.lifecycle import GateMode, Stage
+from morphogen.env.rewards import RewardMode
+from morphogen.runner import RunConfig
+
+TOML = """
+task = "digits"
+slots = ["r0c1", "r0c2"]
+max_train_samples = 300
+
+[episode]
+max_epochs = 12
+reward_mode = "sparse"
+
+[episode.optimizer]
+host_lr = 0.05
+
+[episode.slots]
+blend = "gate"
+blend_curve = "COSINE"
+
+[episode.slots.gates]
+mode = "permissive"
+auto_advance = ["training", "blending"]
+
+[heuristic]
+rotation = ["norm", "attention"]
+"""
+
+JSON = {
+    "task": "digits", "slots": ["r0c1", "r0c2"], "max_train_samples": 300,
+    "episode": {"max_epochs": 12, "reward_mode": "sparse", "optimizer": {"host_lr": 0.05},
+                "slots": {"blend": "gate", "blend_curve": "COSINE",
+                          "gates": {"mode": "permissive", "auto_advance": ["training", "blending"]}}},
+    "heuristic": {"rotation": ["norm", "attention"]},
+}
+
+YAML = """
+task: digits
+slots: [r0c1, r0c2]
+max_train_samples: 300
+episode:
+  max_epochs: 12
+  reward_mode: sparse
+  optimizer: {host_lr: 0.05}
+  slots:
+    blend: gate
+    blend_curve: COSINE
+    gates:
+      mode: permissive
+      auto_advance: [training, blending]
+heuristic:
+  rotation: [norm, attention]
+"""
+
+
+def write(tmp_path: Path, name: str, text: str) -> Path:
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+@pytest.mark.parametrize(("name", "text"), [("run.toml", TOML), ("run.json", json.dumps(JSON)),
+                                            ("run.yaml", YAML), ("run.YML", YAML)])
+def test_the_three_formats_give_the_same_typed_config(tmp_path: Path, name: str, text: str) -> None:
+    config = build_config(RunConfig, read_config_file(write(tmp_path, name, text)))
+    assert config.slots == ("r0c1", "r0c2")
+    assert config.max_train_samples == 300
+    assert config.run_dir is None  # untouched fields keep their defaults
+    episode = config.episode
+    assert episode.max_epochs == 12
+    assert episode.reward_mode is RewardMode.SPARSE
+    assert episode.optimizer.host_lr == 0.05 and isinstance(episode.optimizer.host_lr, float)
+    assert episode.optimizer.host_momentum == 0.9
+    assert episode.slots.blend is BlendKind.GATE
+    assert episode.slots.blend_curve is AlphaCurve.COSINE  # by member name, case-insensitive
+    assert episode.slots.gates.mode is GateMode.PERMISSIVE
+    assert episode.slots.gates.auto_advance == frozenset({Stage.TRAINING, Stage.BLENDING})
+    assert config.heuristic.rotation == ("norm", "attention")
+
+
+def test_empty_yaml_file_is_all_defaults(tmp_path: Path) -> None:
+    assert build_config(RunConfig, read_config_file(write(tmp_path, "empty.yaml", ""))) == RunConfig()
+
+
+def test_config_to_dict_is_json_and_builds_the_same_config() -> None:
+    config = build_config(RunConfig, JSON)
+    plain = config_to_dict(config)
+    assert plain["episode"]["slots"]["gates"]["auto_advance"] == ["blending", "training"]  # sorted, by value
+    assert plain["episode"]["reward_mode"] == "sparse"
+    assert build_config(RunConfig, json.loads(json.dumps(plain))) == config
+
+
+def test_int_is_accepted_where_a_float_is_expected() -> None:
+    config = build_config(RunConfig, {"episode": {"optimizer": {"host_lr": 1}}})
+    assert config.episode.optimizer.host_lr == 1.0 and isinstance(config.episode.optimizer.host_lr, float)
+
+
+@pytest.mark.parametrize(
+    ("values", "message"),
+    [
+        ({"bogus": 1}, r"^bogus: unknown key; accepted: task, seed, "),
+        ({"episode": {"optimizer": {"bogus": 1}}}, r"^episode\.optimizer\.bogus: unknown key; accepted: host_lr, "),
+        ({"episode": {"max_epochs": "ten"}}, r"^episode\.max_epochs: expected an integer, got 'ten'"),
+        ({"episode": {"max_epochs": True}}, r"^episode\.max_epochs: expected an integer, got True"),
+        ({"episode": {"optimizer": {"host_lr": float("nan")}}}, r"^episode\.optimizer\.host_lr: expected a number"),
+        ({"baseline": "yes"}, r"^baseline: expected true or false, got 'yes'"),
+        ({"task": 3}, r"^task: expected a string, got 3"),
+        ({"max_train_samples": "x"}, r"^max_train_samples: expected an integer, got 'x'"),
+        ({"slots": "r0c1"}, r"^slots: expected a list, got 'r0c1'"),
+        ({"slots": ["r0c1", 2]}, r"^slots\[1\]: expected a string, got 2"),
+        ({"episode": 5}, r"^episode: expected a table of settings, got 5"),
+        ({"episode": {"reward_mode": "dense"}},
+         r"^episode\.reward_mode: 'dense' is not one of 'contribution', 'simplified', 'sparse', 'loss'$"),
+        ({"episode": {"slots": {"gates": {"auto_advance": ["training", "waiting"]}}}},
+         r"^episode\.slots\.gates\.auto_advance\[1\]: 'waiting' is not one of 'dormant', "),
+    ],
+)
+def test_type_errors_name_the_key_path(values: dict[str, Any], message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        build_config(RunConfig, values)
+
+
+@pytest.mark.parametrize(
+    ("values", "message"),
+    [
+        ({"episode": {"max_epochs": 0}}, r"^episode\.max_epochs: must be >= 1, got 0$"),
+        ({"episode": {"optimizer": {"host_lr": -1.0}}}, r"^episode\.optimizer\.host_lr: must be > 0, got -1\.0$"),
+        ({"episode": {"governor": {"sigma": 0}}}, r"^episode\.governor\.sigma: .*must be > 0, got 0"),
+        ({"episode": {"governor": {"window": 1}}}, r"^episode\.governor\.window: need 2 <= min_history <= window"),
+        ({"episode": {"slots": {"gates": {"auto_advance": ["fossilized"]}}}},
+         r"^episode\.slots\.gates\.auto_advance: may not contain FOSSILIZED"),
+        ({"heuristic": {"plateau_epochs": 0}}, r"^heuristic\.plateau_epochs: "),
+        ({"telemetry": {"level": "loud"}}, r"^telemetry\.level: must be one of off, minimal, normal, debug; got 'loud'$"),
+        ({"slots": []}, r"^slots: must name at least one slot"),
+    ],
+)
+def test_rejected_values_name_the_key_path_and_the_accepted_range(values: dict[str, Any], message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        build_config(RunConfig, values)
+
+
+def test_error_message_is_one_line() -> None:
+    with pytest.raises(ConfigError) as caught:
+        build_config(RunConfig, {"episode": {"slots": {"gates": {"mode": "lenient"}}}})
+    assert "\n" not in str(caught.value)
+    assert str(caught.value) == "episode.slots.gates.mode: 'lenient' is not one of 'strict', 'permissive'"
+
+
+@pytest.mark.parametrize(
+    ("name", "text", "message"),
+    [
+        ("bad.toml", 'task = "digits\n', r"^config file .*bad\.toml is not valid TOML: "),
+        ("bad.json", '{"task": ', r"^config file .*bad\.json is not valid JSON: "),
+        ("bad.yaml", "task: [digits\n", r"^config file .*bad\.yaml is not valid YAML: "),
+        ("list.yaml", "- digits\n", r"expected a table of settings at the top level"),
+        ("run.ini", "task = digits\n", r"unknown format '\.ini'; use \.toml, \.json, \.yaml or \.yml"),
+    ],
+)
+def test_unreadable_files_are_config_errors(tmp_path: Path, name: str, text: str, message: str) -> None:
+    with pytest.raises(ConfigError, match=message) as caught:
+        read_config_file(write(tmp_path, name, text))
+    assert "\n" not in str(caught.value)
+
+
+def test_missing_file_is_a_config_error(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="does not exist"):
+        read_config_file(tmp_path / "nope.toml")
