@@ -204,6 +204,8 @@ def run_command(config: RunConfig, controller_factory: Callable[[MorphogenesisEp
         with TraceProfiler.from_config(run_dir, config.telemetry) as profiler:
             grown = run_episode(episode, controller, lambda result: print(format_step(result), file=out, flush=True),
                                 profiler)
+        if episode.timer.enabled:
+            telemetry.emit(episode.timer.event(epoch=episode.epoch, env_id=episode.env_id))
     baseline = None
     if config.baseline:
         print("training the same host without growth...", file=out, flush=True)
