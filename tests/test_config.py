@@ -143,7 +143,8 @@ def test_type_errors_name_the_key_path(values: dict[str, Any], message: str) -> 
         ({"episode": {"slots": {"gates": {"auto_advance": ["fossilized"]}}}},
          r"^episode\.slots\.gates\.auto_advance: may not contain FOSSILIZED"),
         ({"heuristic": {"plateau_epochs": 0}}, r"^heuristic\.plateau_epochs: "),
-        ({"telemetry": {"level": "loud"}}, r"^telemetry\.level: must be one of off, minimal, normal, debug; got 'loud'$"),
+        ({"telemetry": {"level": "loud"}},
+         r"^telemetry\.level: must be one of off, minimal, normal, debug; got 'loud'$"),
         ({"slots": []}, r"^slots: must name at least one slot"),
     ],
 )
