@@ -33,7 +33,8 @@ def test_run_prints_the_comparison_and_writes_the_run_directory(tmp_path: Path,
     assert 0.0 <= summary["grown"]["final_accuracy"] <= 100.0
     written = read_events(run_dir / "events.jsonl")
     assert [e.epoch for e in written if isinstance(e, events.EpochCompleted)] == [1, 2, 3]
-    assert isinstance(written[-1], events.EpisodeCompleted)
+    assert isinstance(written[-2], events.EpisodeCompleted)
+    assert isinstance(written[-1], events.PhaseTimes)  # the phase breakdown closes the run
 
 
 def run_expecting_user_error(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:

@@ -13,53 +13,23 @@ from typing import TextIO
 from morphogen.config import ConfigError, config_to_dict
 from morphogen.control.controller import Controller, NoGrowthController
 from morphogen.control.heuristic import HeuristicConfig, HeuristicController
+from morphogen.control.options import SessionOptions
 from morphogen.data import Task, load_task
 from morphogen.env.episode import EpisodeConfig, MorphogenesisEpisode, StepResult
 from morphogen.telemetry.anomalies import AnomalyDetector
-from morphogen.telemetry.config import TelemetryConfig
 from morphogen.telemetry.profiler import PhaseTimer, TraceProfiler
 from morphogen.telemetry.sinks import Telemetry
 from morphogen.telemetry.story import SeedStory, seed_stories
 
 
 @dataclass(frozen=True)
-class RunConfig:
+class RunConfig(SessionOptions):
     """Settings of `morphogen run` (file keys and CLI flags share these names)."""
 
-    #: Task name: digits, cifar10 or text.
-    task: str = "digits"
-    #: Seed of the host initialisation and data order (the baseline uses the same).
-    seed: int = 0
-    #: Device: cpu, cuda, cuda:N, mps, or auto (cuda when available, else cpu).
-    device: str = "cpu"
-    #: Slots to place (ids like r0c1); None places a slot at every injection point of the host.
-    slots: tuple[str, ...] | None = None
-    #: Also place slots after each pooling layer of the CNN host (ids r1c{i}).
-    pool_slots: bool = False
-    #: CIFAR-10 directory (torchvision's cifar-10-batches-py layout).
-    data_dir: str | None = None
-    #: Text file for the `text` task; default: the Python standard library's sources.
-    text_file: str | None = None
-    #: Cap on training samples (quick experiments); None uses the whole training split.
-    max_train_samples: int | None = None
-    #: Parent directory of run directories.
-    runs_root: str = "runs"
-    #: Exact run directory; None makes runs_root/<time>-<task>.
-    run_dir: str | None = None
-    #: Telemetry level, TensorBoard, profiler window, anomaly thresholds.
-    telemetry: TelemetryConfig = field(default_factory=TelemetryConfig)
     #: Also train the bare host for comparison.
     baseline: bool = True
     episode: EpisodeConfig = field(default_factory=EpisodeConfig)
     heuristic: HeuristicConfig = field(default_factory=HeuristicConfig)
-
-    def __post_init__(self) -> None:
-        if self.seed < 0:
-            raise ValueError(f"seed must be >= 0, got {self.seed}")
-        if self.slots is not None and not self.slots:
-            raise ValueError("slots must name at least one slot (leave it out to use every slot of the host)")
-        if self.slots is not None and len(set(self.slots)) != len(self.slots):
-            raise ValueError(f"slots names a slot more than once: {', '.join(self.slots)}")
 
 
 @dataclass

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator
 
 import pytest
 import torch
@@ -11,25 +10,6 @@ from torch import nn
 
 from morphogen.core.isolation import IsolationMonitor, IsolationReport, SeedGradientHealth
 from morphogen.telemetry.gradients import RATIO_HOST_FLOOR
-
-SYNC_METHODS = ("item", "tolist", "cpu", "numpy", "__bool__", "__float__", "__int__")
-
-
-@pytest.fixture
-def sync_calls(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
-    """Records every Tensor method call that would synchronize a device with the host."""
-    calls: list[str] = []
-    for name in SYNC_METHODS:
-        original = getattr(torch.Tensor, name)
-
-        def counted(
-            self: torch.Tensor, *args: object, _name: str = name, _original: Callable[..., object] = original
-        ):
-            calls.append(_name)
-            return _original(self, *args)
-
-        monkeypatch.setattr(torch.Tensor, name, counted)
-    yield calls
 
 
 def _param(size: int, device: str = "cpu") -> torch.Tensor:

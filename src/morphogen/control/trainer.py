@@ -26,6 +26,7 @@ import torch
 from morphogen.control.checkpoint import CHECKPOINT_NAME, CheckpointError, check_layout, save_checkpoint
 from morphogen.control.learned import PolicyAgent, build_policy
 from morphogen.control.normalization import RewardNormalizer, RunningMeanStd
+from morphogen.control.options import SessionOptions
 from morphogen.control.ppo import PPOConfig, PPOStatistics, build_optimizer, ppo_update
 from morphogen.control.rollout import RolloutBatch, RolloutBuffer
 from morphogen.core.lifecycle import GateConfig, GateMode
@@ -38,7 +39,6 @@ from morphogen.env.seeding import derive_seed, seeded
 from morphogen.env.vector import VectorEpisodes
 from morphogen.telemetry import events
 from morphogen.telemetry.anomalies import AnomalyDetector, PPODiagnostics
-from morphogen.telemetry.config import TelemetryConfig
 from morphogen.telemetry.events import ALL_ENVS
 from morphogen.telemetry.profiler import PhaseTimer, TraceProfiler
 from morphogen.telemetry.sinks import Telemetry
@@ -49,27 +49,13 @@ def _training_episode() -> EpisodeConfig:
 
 
 @dataclass(frozen=True)
-class TrainConfig:
+class TrainConfig(SessionOptions):
     """Settings of `morphogen train` (file keys and CLI flags share these names)."""
 
-    #: Task name: digits, cifar10 or text.
-    task: str = "digits"
     #: Episodes run side by side per round.
     n_envs: int = 4
     #: PPO rounds (one update each).
     rounds: int = 20
-    #: Base seed; every round derives its env seeds, batch order and sampling from (seed, round).
-    seed: int = 0
-    device: str = "cpu"
-    slots: tuple[str, ...] | None = None
-    pool_slots: bool = False
-    data_dir: str | None = None
-    text_file: str | None = None
-    max_train_samples: int | None = None
-    runs_root: str = "runs"
-    run_dir: str | None = None
-    #: Telemetry level, TensorBoard, profiler window, anomaly thresholds.
-    telemetry: TelemetryConfig = field(default_factory=TelemetryConfig)
     #: Width of the policy's trunk and LSTM.
     hidden_size: int = 512
     #: Scale rewards by the running std of the discounted return.
@@ -79,6 +65,7 @@ class TrainConfig:
     ppo: PPOConfig = field(default_factory=PPOConfig)
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         if self.n_envs < 1:
             raise ValueError(f"n_envs must be >= 1, got {self.n_envs}")
         if self.rounds < 1:

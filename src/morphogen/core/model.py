@@ -113,7 +113,7 @@ class MorphogeneticModel(nn.Module):
             x = host.run_segment(index, x)
             if slot_id is None:
                 continue
-            slot = self.seed_slots[slot_id]
+            slot = self.slot(slot_id)
             column = columns[slot_id]
             if slot.stage not in BLENDED_STAGES or slot.seed is None:
                 x = slot(x)
