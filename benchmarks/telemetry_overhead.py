@@ -256,7 +256,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--epochs", type=int, default=12,
                         help=f"epochs per episode (default 12, at least {MIN_EPOCHS} for the script)")
-    parser.add_argument("--episodes", type=int, default=4, help="timed episodes per level (default 4)")
+    parser.add_argument("--episodes", type=int, default=6, help="timed episodes per level (default 6)")
     parser.add_argument("--warmup-episodes", type=int, default=1, help="untimed episodes per level first (default 1)")
     parser.add_argument("--threads", type=int, default=1,
                         help="torch intra-op threads (default 1: the models are tiny and timings steadier)")

@@ -71,3 +71,13 @@ def test_inconsistent_state_and_bad_momentum_raise() -> None:
     for momentum in (-0.1, 1.0):
         with pytest.raises(ValueError, match=r"momentum must be in \[0, 1\)"):
             EMATracker(momentum)
+
+
+def test_forget_restarts_only_the_series_with_the_prefix():
+    tracker = EMATracker(0.9)
+    for value in (1.0, 1.0, 1.0):
+        tracker.update(value, "env0/host")
+        tracker.update(value, "env1/host")
+    tracker.forget("env0/")
+    assert tracker.count("env0/host") == 0 and math.isnan(tracker.update(50.0, "env0/host"))
+    assert tracker.count("env1/host") == 3 and tracker.update(50.0, "env1/host") == 50.0

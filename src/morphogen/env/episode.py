@@ -138,6 +138,9 @@ class MorphogenesisEpisode:
         self.episode_return = 0.0
         self.fossilized = self.pruned = 0
         self.history = []
+        if self.detector is not None:
+            # A fresh host's gradients are not a drift from the last episode's converged ones.
+            self.detector.forget_gradients(f"env{self.env_id}/")
         result = self._validate()
         self.snapshot = self._make_snapshot(result, None, Op.WAIT, True, None)
         return self.snapshot
@@ -309,9 +312,13 @@ class MorphogenesisEpisode:
         seeds = tuple((slot, h.gradient_norm, h.health, h.gradient_ratio) for slot, h in report.seeds.items())
         self._emit(events.GradientHealthMeasured(epoch=epoch, env_id=self.env_id,
                                                  host_norm=report.host_gradient_norm, seeds=seeds))
-        if self.detector is not None:
+        if self.detector is not None and self.model is not None:
             norms = {f"env{self.env_id}/host": report.host_gradient_norm}
-            norms.update({f"env{self.env_id}/seed/{slot}": norm for slot, norm, _, _ in seeds})
+            for slot_id, norm, _, _ in seeds:
+                # One series per seed and stage: blending in legitimately changes a seed's gradient scale.
+                slot = self.model.slot(slot_id)
+                born = epoch - slot.lifecycle.seed_age
+                norms[f"env{self.env_id}/seed/{slot_id}/{born}/{slot.stage.value}"] = norm
             self.telemetry.report_anomalies(self.detector.check(gradient_norms=norms), epoch=epoch,
                                             env_id=self.env_id)
         if self.telemetry.layer_statistics_enabled and self.model is not None:

@@ -114,6 +114,10 @@ class AnomalyDetector:
         """Heads currently flagged as entropy-collapsed (cleared only above `entropy_collapse_high`)."""
         return frozenset(self._collapsed_heads)
 
+    def forget_gradients(self, prefix: str) -> None:
+        """Restart the gradient-drift averages of keys starting with `prefix` (e.g. a new episode's)."""
+        self._gradient_averages.forget(prefix)
+
     def check(
         self, ppo: PPODiagnostics | None = None, *, gradient_norms: Mapping[str, float] | None = None
     ) -> list[Anomaly]:

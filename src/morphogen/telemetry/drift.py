@@ -55,6 +55,12 @@ class EMATracker:
             self._counts[key] = self._counts.get(key, 0) + 1
         return ratio
 
+    def forget(self, prefix: str) -> None:
+        """Drop the averages of every key starting with `prefix` (their series start over)."""
+        for key in [key for key in self._raw if key.startswith(prefix)]:
+            del self._raw[key]
+            self._counts.pop(key, None)
+
     def state_dict(self) -> dict[str, Any]:
         """Averages and counts per key (momentum is configuration, not state)."""
         return {"raw": dict(self._raw), "counts": dict(self._counts)}
