@@ -20,19 +20,17 @@ from morphogen.control.checkpoint import (
 )
 from morphogen.control.trainer import PPOTrainer, TrainConfig
 from morphogen.data import Task, load_task
+from morphogen.telemetry.config import TelemetryConfig
 
 TEXT = "the quick brown fox jumps over the lazy dog; pack my box with five dozen liquor jugs.\n" * 30
 
 
 
 
-@pytest.fixture(scope="module")
-def digits() -> Task:
-    return load_task("digits", max_train_samples=200)
-
 
 def tiny_config(**changes: Any) -> TrainConfig:
-    base = TrainConfig(n_envs=2, rounds=2, hidden_size=16, max_train_samples=200, telemetry="off")
+    base = TrainConfig(n_envs=2, rounds=2, hidden_size=16, max_train_samples=200,
+                       telemetry=TelemetryConfig(level="off"))
     return dataclasses.replace(base, episode=dataclasses.replace(base.episode, max_epochs=3), **changes)
 
 

@@ -16,10 +16,11 @@ from morphogen.control.normalization import RunningMeanStd
 from morphogen.control.trainer import PPOTrainer, TrainConfig
 from morphogen.core.lifecycle import GateConfig, GateMode
 from morphogen.core.slot import SlotConfig
-from morphogen.data import Task, load_task
+from morphogen.data import Task
 from morphogen.env.actions import HEAD_RELEVANCE, HEADS, Action, ActionSpace, Op
 from morphogen.env.episode import EpisodeConfig, MorphogenesisEpisode
 from morphogen.env.observation import ObservationEncoder
+from morphogen.telemetry.config import TelemetryConfig
 
 PERMISSIVE = EpisodeConfig(max_epochs=7, slots=SlotConfig(gates=GateConfig(mode=GateMode.PERMISSIVE)))
 #: Ops no seed makes legal at the start of an episode; the op head is biased towards them.
@@ -27,10 +28,6 @@ ILLEGAL_AT_START = (Op.SET_ALPHA_TARGET, Op.PRUNE, Op.FOSSILIZE, Op.ADVANCE)
 
 
 
-
-@pytest.fixture(scope="module")
-def digits() -> Task:
-    return load_task("digits", max_train_samples=200)
 
 
 def biased_agent(slot_ids: Sequence[str]) -> PolicyAgent:
@@ -86,7 +83,8 @@ def test_stochastic_policy_controller_never_takes_a_masked_action(digits: Task) 
 
 def trained_like_trainer(digits: Task) -> PPOTrainer:
     """A trainer whose policy weights and observation statistics are far from a fresh build."""
-    base = TrainConfig(n_envs=2, rounds=1, hidden_size=16, max_train_samples=200, telemetry="off",
+    base = TrainConfig(n_envs=2, rounds=1, hidden_size=16, max_train_samples=200,
+                       telemetry=TelemetryConfig(level="off"),
                        slots=("r0c1", "r0c2"))
     trainer = PPOTrainer(dataclasses.replace(base, episode=dataclasses.replace(base.episode, max_epochs=3)), digits)
     generator = torch.Generator().manual_seed(5)

@@ -12,17 +12,14 @@ import torch
 from morphogen.control.checkpoint import CHECKPOINT_NAME, load_checkpoint
 from morphogen.control.ppo import PPOConfig
 from morphogen.control.trainer import PPOTrainer, TrainConfig, format_round, train
-from morphogen.data import Task, load_task
+from morphogen.data import Task
 from morphogen.env.actions import HEADS
-
-
-@pytest.fixture(scope="module")
-def digits() -> Task:
-    return load_task("digits", max_train_samples=200)
+from morphogen.telemetry.config import TelemetryConfig
 
 
 def tiny_config(**changes: Any) -> TrainConfig:
-    base = TrainConfig(n_envs=2, rounds=3, hidden_size=16, max_train_samples=200, telemetry="off")
+    base = TrainConfig(n_envs=2, rounds=3, hidden_size=16, max_train_samples=200,
+                       telemetry=TelemetryConfig(level="off"))
     return dataclasses.replace(base, episode=dataclasses.replace(base.episode, max_epochs=3), **changes)
 
 

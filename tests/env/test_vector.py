@@ -17,6 +17,7 @@ from morphogen.env.episode import EpisodeConfig, MorphogenesisEpisode
 from morphogen.env.seeding import derive_seed
 from morphogen.env.training import ModelTrainer
 from morphogen.env.vector import VectorEpisodes
+from morphogen.telemetry.config import TelemetryConfig
 
 SEED = 3
 ROUND = 5
@@ -128,7 +129,8 @@ def test_step_needs_one_action_per_env(digits: Task) -> None:
 
 
 def test_collect_makes_one_batched_policy_call_per_step(digits: Task, monkeypatch: pytest.MonkeyPatch) -> None:
-    base = TrainConfig(n_envs=3, rounds=1, hidden_size=16, max_train_samples=200, telemetry="off")
+    base = TrainConfig(n_envs=3, rounds=1, hidden_size=16, max_train_samples=200,
+                       telemetry=TelemetryConfig(level="off"))
     config = dataclasses.replace(base, episode=dataclasses.replace(base.episode, max_epochs=3))
     trainer = PPOTrainer(config, digits)
     batch_sizes: list[int] = []
