@@ -88,3 +88,15 @@ def test_collect_fills_whole_episodes_and_one_round_updates(digits: Task, tmp_pa
     assert summary.seconds == pytest.approx(summary.collect_seconds + summary.update_seconds, rel=1e-6)
     line = format_round(summary)
     assert line.startswith("round   1") and "entropy: op " in line and all(head in line for head in HEADS)
+
+
+def test_value_head_learns_standardized_returns(digits: Task) -> None:
+    trainer = PPOTrainer(tiny_config(rounds=1), digits)
+    batch, _ = trainer.collect(0)
+    normalizer = trainer.state.value_normalizer
+    # One round of returns is all the normalizer has seen, so the batch's targets come out standardized...
+    assert abs(batch.returns.mean().item()) < 0.05
+    assert abs(batch.returns.std(correction=0).item() - 1.0) < 0.05
+    # ...and mapping them back gives returns in reward units again (GAE ran on de-standardized values).
+    real = normalizer.denormalize(batch.returns)
+    assert not torch.allclose(real, batch.returns)

@@ -21,7 +21,7 @@ FORMAT_VERSION = 1
 LAYOUT_KEYS = ("task", "slot_ids", "observation_size", "action_sizes", "hidden_size")
 #: Everything resuming (`PPOTrainer.load_state_dict`) or acting (`agent_from_checkpoint`) reads.
 REQUIRED_KEYS = (*LAYOUT_KEYS, "episode_length", "round", "config", "policy", "optimizer",
-                 "observation_normalizer", "reward_normalizer", "rng")
+                 "observation_normalizer", "reward_normalizer", "value_normalizer", "rng")
 _TERMINAL_ESCAPES = re.compile(r"\x1b\[[0-9;]*m")
 
 

@@ -25,7 +25,7 @@ import torch
 
 from morphogen.control.checkpoint import CHECKPOINT_NAME, CheckpointError, check_layout, save_checkpoint
 from morphogen.control.learned import PolicyAgent, build_policy
-from morphogen.control.normalization import RewardNormalizer, RunningMeanStd
+from morphogen.control.normalization import RewardNormalizer, RunningMeanStd, ValueNormalizer
 from morphogen.control.options import SessionOptions
 from morphogen.control.ppo import PPOConfig, PPOStatistics, build_optimizer, ppo_update
 from morphogen.control.rollout import RolloutBatch, RolloutBuffer
@@ -60,6 +60,9 @@ class TrainConfig(SessionOptions):
     hidden_size: int = 512
     #: Scale rewards by the running std of the discounted return.
     normalize_rewards: bool = True
+    #: Train the value head on returns standardized by their running mean/std (its outputs are
+    #: de-standardized before GAE), so the value loss keeps one scale as returns grow or shrink.
+    normalize_values: bool = True
     #: Episode settings; `max_epochs` is the episode length. Gates default to permissive for RL.
     episode: EpisodeConfig = field(default_factory=_training_episode)
     ppo: PPOConfig = field(default_factory=PPOConfig)
@@ -103,6 +106,7 @@ class TrainingState:
     agent: PolicyAgent
     optimizer: torch.optim.Optimizer
     reward_normalizer: RewardNormalizer
+    value_normalizer: ValueNormalizer
     next_round: int = 0
 
 
@@ -127,6 +131,7 @@ class PPOTrainer:
             agent=PolicyAgent(policy, self.encoder, self.space, normalizer),
             optimizer=build_optimizer(policy, config.ppo),
             reward_normalizer=RewardNormalizer(config.n_envs, gamma=config.ppo.gamma, device=device),
+            value_normalizer=ValueNormalizer(device=device),
         )
         mask_shapes = [(len(self.space.choices["op"]),)] + [
             (len(self.space.choices["op"]), len(self.space.choices[head])) for head in HEADS[1:]]
@@ -163,6 +168,7 @@ class PPOTrainer:
             "optimizer": self.state.optimizer.state_dict(),
             "observation_normalizer": agent.observation_normalizer.state_dict(),
             "reward_normalizer": self.state.reward_normalizer.state_dict(),
+            "value_normalizer": self.state.value_normalizer.state_dict(),
             "rng": {"torch": torch.get_rng_state()},
             "anomaly_detector": self.detector.state_dict(),
             "config": json.dumps(_config_dict(self.config)),
@@ -177,6 +183,7 @@ class PPOTrainer:
             self.state.optimizer.load_state_dict(state["optimizer"])
             agent.observation_normalizer.load_state_dict(state["observation_normalizer"])
             self.state.reward_normalizer.load_state_dict(state["reward_normalizer"])
+            self.state.value_normalizer.load_state_dict(state["value_normalizer"])
             torch.set_rng_state(state["rng"]["torch"])
             if "anomaly_detector" in state:
                 self.detector.load_state_dict(state["anomaly_detector"])
@@ -220,8 +227,15 @@ class PPOTrainer:
                             action_masks=inputs.masks, blueprint_ids=inputs.blueprint_ids)
             snapshots = [r.snapshot for r in results]
             state, starts = output.state, torch.zeros_like(starts)
+        values = self.state.value_normalizer
+        if config.normalize_values:
+            # The value head speaks in standardized returns; GAE needs them in reward units.
+            self.buffer.values.copy_(values.denormalize(self.buffer.values))
         batch = self.buffer.finish(torch.zeros(n, device=agent.device), gamma=config.ppo.gamma,
                                    gae_lambda=config.ppo.gae_lambda)
+        if config.normalize_values:
+            values.update(batch.returns)
+            batch = batch._replace(values=values.normalize(batch.values), returns=values.normalize(batch.returns))
         episodes = vector.episodes
         summary = {
             "mean_return": float(returns.mean()),
