@@ -42,6 +42,7 @@ from morphogen.env.actions import Action, Op
 from morphogen.env.counterfactual import ALL_OFF
 from morphogen.env.episode import EpisodeConfig, MorphogenesisEpisode
 from morphogen.env.snapshot import EpisodeSnapshot
+from morphogen.runner import play_epoch
 from morphogen.telemetry import events
 from morphogen.telemetry.anomalies import AnomalyDetector
 from morphogen.telemetry.config import TelemetryConfig
@@ -144,12 +145,9 @@ def start_episode(task: Task, level: str, config: EpisodeConfig, seed: int, run_
 
 
 def play_step(run: LevelEpisode) -> float:
-    """One iteration of `run_episode`'s loop (act, step, end the telemetry epoch); returns its seconds."""
-    episode = run.episode
+    """One iteration of `run_episode`'s loop (`play_epoch`); returns its seconds."""
     started = time.perf_counter()
-    action = run.controller.act(run.snapshot, episode.masks())
-    result = episode.step(action)
-    episode.telemetry.end_epoch(result.snapshot.epoch)
+    result = play_epoch(run.episode, run.controller, run.snapshot)
     seconds = time.perf_counter() - started
     run.snapshot = result.snapshot
     run.trajectory.append((result.snapshot.val_loss, result.snapshot.val_accuracy))

@@ -16,6 +16,7 @@ from morphogen.control.heuristic import HeuristicConfig, HeuristicController
 from morphogen.control.options import SessionOptions
 from morphogen.data import Task, load_task
 from morphogen.env.episode import EpisodeConfig, MorphogenesisEpisode, StepResult
+from morphogen.env.snapshot import EpisodeSnapshot
 from morphogen.telemetry.anomalies import AnomalyDetector
 from morphogen.telemetry.profiler import PhaseTimer, TraceProfiler
 from morphogen.telemetry.sinks import Telemetry
@@ -79,6 +80,13 @@ def make_run_dir(run_dir: str | None, runs_root: str, task: str) -> Path:
     return path
 
 
+def play_epoch(episode: MorphogenesisEpisode, controller: Controller, snapshot: EpisodeSnapshot) -> StepResult:
+    """One controller decision and one epoch of `episode`, then the telemetry epoch is closed."""
+    result = episode.step(controller.act(snapshot, episode.masks()))
+    episode.telemetry.end_epoch(result.snapshot.epoch)
+    return result
+
+
 def run_episode(episode: MorphogenesisEpisode, controller: Controller,
                 on_step: Callable[[StepResult], None] | None = None,
                 profiler: TraceProfiler | None = None) -> EpisodeOutcome:
@@ -88,10 +96,8 @@ def run_episode(episode: MorphogenesisEpisode, controller: Controller,
     controller.reset()
     result = None
     while not episode.done:
-        action = controller.act(snapshot, episode.masks())
-        result = episode.step(action)
+        result = play_epoch(episode, controller, snapshot)
         snapshot = result.snapshot
-        episode.telemetry.end_epoch(snapshot.epoch)
         if profiler is not None:
             profiler.step()
         if on_step is not None:
