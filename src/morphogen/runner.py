@@ -115,7 +115,7 @@ def format_step(result: StepResult) -> str:
     """One progress line: epoch, accuracy, parameters, each slot's stage and alpha, the action."""
     s = result.snapshot
     slots = "  ".join(
-        f"{slot.slot_id}:{'-' if slot.blueprint is None else slot.blueprint}/{slot.stage.value[:5]}"
+        f"{slot.slot_id}:{'-' if slot.blueprint is None else slot.blueprint}/{slot.stage.value}"
         f"{f' a={slot.alpha:.2f}' if slot.alpha > 0 else ''}" for slot in s.slots)
     outcome = "ok" if result.action_succeeded else f"refused: {result.reason}"
     rollback = "  ROLLBACK" if result.rollback is not None else ""
@@ -141,7 +141,7 @@ def print_summary(grown: EpisodeOutcome, baseline: EpisodeOutcome | None, out: T
     for story in grown.stories:
         contribution = "-" if story.contribution is None else f"{story.contribution:+.2f} pts"
         ending = story.outcome if story.outcome_epoch is None else f"{story.outcome}@{story.outcome_epoch}"
-        print(f"  {story.blueprint:<11} {story.slot:<5} germ@{story.germinated:<3} {story.stage_path():<40} "
+        print(f"  {story.blueprint:<11} {story.slot:<5} germ@{story.germinated:<3} {story.stage_path():<48} "
               f"{ending:<14} contribution {contribution}", file=out)
 
 

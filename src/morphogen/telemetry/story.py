@@ -28,7 +28,7 @@ class SeedStory:
     contribution: float | None = None
 
     def stage_path(self) -> str:
-        return " ".join(f"{stage[:5]}@{epoch}" for stage, epoch in self.stages.items())
+        return " ".join(f"{stage}@{epoch}" for stage, epoch in self.stages.items())
 
 
 def seed_stories(history: Iterable[Event]) -> list[SeedStory]:
