@@ -23,8 +23,9 @@ def drive_to(slot: SeedSlot, stage: Stage, *, alpha: float = 1.0) -> None:
     """Advance a germinated seed (slot built with `EASY_CONFIG`) to `stage`; BLENDING ends at `alpha`."""
     assert slot.config == EASY_CONFIG, "drive_to needs a slot built with EASY_CONFIG"
     assert slot.stage in _FORWARD_PATH and stage in _FORWARD_PATH
-    slot.record_signals(gradient_health=1.0, contribution=2.0)
     while slot.stage is not stage:
+        # Measured afresh before each move: entering BLENDING forgets the shadow contribution.
+        slot.record_signals(gradient_health=1.0, contribution=2.0)
         assert slot.advance(0).passed
     if stage is Stage.BLENDING and alpha != slot.alpha.alpha:
         assert alpha > 0.0, "a ramp that ends at 0 prunes the seed"

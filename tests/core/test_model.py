@@ -69,12 +69,20 @@ def _random_alphas(rng: random.Random, k: int, n_slots: int) -> list[list[float]
 
 
 def _forward_with_alphas(model: MorphogeneticModel, row: list[float]) -> Tensor:
-    """Plain forward after setting every blended slot's alpha, as the reference for one config."""
+    """Reference for one config: a plain pass with every blended slot's alpha set to the row's value,
+    and each TRAINING seed with a non-zero alpha blended in at that alpha (its shadow)."""
     for slot, alpha in zip(model.slots(), row, strict=True):
         if slot.stage in BLENDED_STAGES:
             slot.alpha.alpha = alpha
             slot._sync_alpha()
-    return model(_batch(model.topology))
+    shadows = {slot.slot_id: alpha for slot, alpha in zip(model.slots(), row, strict=True)
+               if slot.stage is Stage.TRAINING and alpha != 0.0}
+    x, host = _batch(model.topology), model.host
+    for index, slot_id in enumerate(model._slot_by_point):
+        x = host.run_segment(index, x)
+        if slot_id is not None:
+            x = model.slot(slot_id)(x, alpha_override=shadows.get(slot_id))
+    return host.run_segment(len(model._slot_by_point), x)
 
 
 @pytest.mark.parametrize("topology", ["cnn", "transformer"])

@@ -183,3 +183,29 @@ def test_validate_matches_a_separate_forward_per_configuration() -> None:
     assert len(set(result.losses)) > 1
     assert result.contributions == pytest.approx({"r0c0": accuracies[0] - accuracies[1],
                                                   "r0c2": accuracies[0] - accuracies[2]})
+
+
+def test_training_seeds_get_a_shadow_configuration_and_contribution() -> None:
+    from morphogen.env.counterfactual import CounterfactualResult, shadow
+
+    plan = plan_counterfactuals(("r0c0", "r0c1", "r0c2"), {"r0c2": 0.5}, training=("r0c0",))
+    assert plan.names == ("main", "without:r0c2", "with:r0c0")
+    assert plan.alphas[2] == (1.0, 0.0, 0.5)  # the TRAINING seed blended in fully, the rest as they are
+    assert plan.shadowed == ("r0c0",) and shadow("r0c0") == "with:r0c0"
+    result = CounterfactualResult(plan, accuracies=(90.0, 88.0, 93.5), losses=(0.3, 0.4, 0.2))
+    # without:r0c2 costs 2 points; blending the training seed in would add 3.5.
+    assert result.contributions == {"r0c2": 2.0, "r0c0": 3.5}
+
+
+def test_episode_measures_the_shadow_of_a_training_seed() -> None:
+    from morphogen.data import load_task
+    from morphogen.env.actions import Action, Op
+    from morphogen.env.episode import EpisodeConfig, MorphogenesisEpisode
+
+    episode = MorphogenesisEpisode(load_task("digits", max_train_samples=128), EpisodeConfig(max_epochs=3))
+    episode.reset()
+    result = episode.step(Action(Op.GERMINATE, "r0c1", "conv_light"))
+    training = next(slot for slot in result.snapshot.slots if slot.slot_id == "r0c1")
+    assert training.stage.value == "training"
+    assert training.contribution is not None  # measured, even though the seed's output is not added yet
+    assert episode.model.slot("r0c1").signals.contribution == training.contribution

@@ -76,7 +76,8 @@ class GateConfig:
     min_training_epochs: int = 10
     #: Gradient health at or above which a seed counts as healthy (1.0 = no vanishing/exploding tensors).
     min_gradient_health: float = 0.7
-    #: Strict mode: accuracy points gained since TRAINING began, needed to blend.
+    #: Strict mode: accuracy points a TRAINING seed would add if blended in at full strength (its shadow
+    #: contribution, measured by validation), needed to blend.
     strict_min_improvement: float = 0.5
     #: Strict mode: seed/host gradient ratio (normalized by sqrt of parameter counts) needed to blend.
     strict_min_gradient_ratio: float = 0.10
@@ -195,12 +196,15 @@ def _blending_gate(lifecycle: SeedLifecycle, signals: SeedSignals, config: GateC
         return GateResult(False, f"gradient health {signals.gradient_health:.2f} below "
                           f"{config.min_gradient_health:.2f}", signals.gradient_health)
     if config.mode is GateMode.STRICT:
-        if signals.accuracy is None or signals.accuracy_at_stage_start is None:
-            return GateResult(False, "accuracy improvement not measured")
-        improvement = signals.accuracy - signals.accuracy_at_stage_start
-        if _below(improvement, config.strict_min_improvement):
-            return GateResult(False, f"accuracy gained {improvement:.2f} points < {config.strict_min_improvement}",
-                              improvement)
+        # The model's accuracy cannot show what a TRAINING seed is worth (its output is not added yet),
+        # so strict mode reads its shadow contribution: accuracy with it blended in at full strength,
+        # minus accuracy without it, measured in the same validation pass.
+        shadow = signals.contribution
+        if shadow is None or math.isnan(shadow):
+            return GateResult(False, "shadow contribution (accuracy if blended in) not measured")
+        if _below(shadow, config.strict_min_improvement):
+            return GateResult(False, f"blended in, the seed would add {shadow:+.2f} points < "
+                              f"{config.strict_min_improvement}", shadow)
         if signals.gradient_ratio is None:
             return GateResult(False, "seed/host gradient ratio not measured")
         if _below(signals.gradient_ratio, config.strict_min_gradient_ratio):

@@ -97,8 +97,9 @@ class MorphogeneticModel(nn.Module):
         """Outputs for K alpha configurations at once: `alphas` is [K, n_slots] -> output [K, B, ...].
 
         `alphas` describes configurations, so it is read on the host: pass a CPU tensor or nested
-        lists (a device tensor here would cost a sync). A column only matters for a slot whose seed is
-        blended in (BLENDING, HOLDING, FOSSILIZED); other slots behave as in `forward`.
+        lists (a device tensor here would cost a sync). A column matters for a slot whose seed is blended
+        in (BLENDING, HOLDING, FOSSILIZED) and for a TRAINING seed, which a non-zero alpha blends in as
+        if it were already (its shadow); other slots behave as in `forward`.
         """
         table = alphas.tolist() if isinstance(alphas, Tensor) else [list(map(float, row)) for row in alphas]
         k = len(table)
@@ -115,7 +116,9 @@ class MorphogeneticModel(nn.Module):
                 continue
             slot = self.slot(slot_id)
             column = columns[slot_id]
-            if slot.stage not in BLENDED_STAGES or slot.seed is None:
+            # A TRAINING seed only runs here where a configuration blends it in (its shadow).
+            shadow = slot.stage is Stage.TRAINING and any(value != 0.0 for value in column)
+            if slot.seed is None or not (slot.stage in BLENDED_STAGES or shadow):
                 x = slot(x)
                 continue
             if not expanded and all(value == column[0] for value in column):

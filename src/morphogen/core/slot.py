@@ -136,6 +136,11 @@ class SeedSlot(nn.Module):
         if self.seed is None or stage not in RUNNING_STAGES:
             return h
         if stage is Stage.TRAINING:
+            if alpha_override is not None:
+                # A "what if it were blended in" evaluation of a seed still learning behind the host.
+                assert self.blend is not None
+                shadow: Tensor = self.blend(h, self.seed_output(h), alpha_override)
+                return shadow
             if not torch.is_grad_enabled():
                 return h
             s: Tensor = self.seed(h.detach())
@@ -220,6 +225,9 @@ class SeedSlot(nn.Module):
 
     def _enter(self, target: Stage, epoch: int, reason: str) -> None:
         self._move(target, epoch, reason)
+        if target is Stage.BLENDING:
+            # From here on contribution means acc(with) - acc(without) at the real alpha, not the shadow.
+            self.signals.contribution = None
         if target is Stage.BLENDING and not self.alpha.ramping:
             self.alpha.retarget(1.0, self.blend_epochs, self.config.blend_curve)
             self._sync_alpha()

@@ -3,7 +3,9 @@
 Configurations (DESIGN §5 step 2): `main` (every alpha as it is), `without:<slot>` for each seed
 blended in with alpha > 0, and `all_off` when 2..4 seeds are live (with one seed it equals that
 seed's `without`, with more it grows costly). A seed's contribution is acc(main) - acc(without it),
-in accuracy points.
+in accuracy points. Beyond DESIGN, `with:<slot>` blends a TRAINING seed in at alpha 1: its shadow
+contribution acc(with it) - acc(main) says what blending it would bring, which the model's own
+accuracy cannot show while the seed's output is not added.
 """
 
 from __future__ import annotations
@@ -20,6 +22,10 @@ def without(slot_id: str) -> str:
     return f"without:{slot_id}"
 
 
+def shadow(slot_id: str) -> str:
+    return f"with:{slot_id}"
+
+
 @dataclass(frozen=True)
 class CounterfactualPlan:
     """K named alpha configurations: `alphas[k][j]` is slot j's alpha in configuration k."""
@@ -29,6 +35,8 @@ class CounterfactualPlan:
     alphas: tuple[tuple[float, ...], ...]
     #: Slots whose seed is ablated by a `without:` configuration, in order.
     ablated: tuple[str, ...]
+    #: TRAINING slots whose seed a `with:` configuration blends in at alpha 1 (its shadow), in order.
+    shadowed: tuple[str, ...] = ()
 
     @property
     def size(self) -> int:
@@ -51,17 +59,22 @@ class CounterfactualResult:
 
     @property
     def contributions(self) -> dict[str, float]:
-        """Slot -> acc(main) - acc(without that seed), in accuracy points."""
+        """Slot -> accuracy points its seed adds: acc(main) - acc(without it) for a blended seed, and
+        acc(with it at alpha 1) - acc(main) for a TRAINING seed (its shadow contribution)."""
         main = self.accuracy(MAIN)
-        return {slot_id: main - self.accuracy(without(slot_id)) for slot_id in self.plan.ablated}
+        measured = {slot_id: main - self.accuracy(without(slot_id)) for slot_id in self.plan.ablated}
+        measured.update({slot_id: self.accuracy(shadow(slot_id)) - main for slot_id in self.plan.shadowed})
+        return measured
 
     @property
     def accuracy_all_off(self) -> float | None:
         return self.accuracy(ALL_OFF) if ALL_OFF in self.plan.names else None
 
 
-def plan_counterfactuals(slot_ids: Sequence[str], alphas: Mapping[str, float]) -> CounterfactualPlan:
-    """Plan the configurations for blended seeds `alphas` (slot -> current alpha; absent = no seed)."""
+def plan_counterfactuals(slot_ids: Sequence[str], alphas: Mapping[str, float],
+                         training: Sequence[str] = ()) -> CounterfactualPlan:
+    """Plan the configurations for blended seeds `alphas` (slot -> current alpha; absent = no seed) and
+    for the shadows of the TRAINING seeds in `training`."""
     current = tuple(float(alphas.get(slot_id, 0.0)) for slot_id in slot_ids)
     live = [slot_id for slot_id in slot_ids if alphas.get(slot_id, 0.0) > 0.0]
     names, rows = [MAIN], [current]
@@ -72,4 +85,8 @@ def plan_counterfactuals(slot_ids: Sequence[str], alphas: Mapping[str, float]) -
     if ALL_OFF_MIN_SEEDS <= len(live) <= ALL_OFF_MAX_SEEDS:
         names.append(ALL_OFF)
         rows.append(tuple(0.0 for _ in slot_ids))
-    return CounterfactualPlan(tuple(slot_ids), tuple(names), tuple(rows), tuple(live))
+    for slot_id in training:
+        j = list(slot_ids).index(slot_id)
+        names.append(shadow(slot_id))
+        rows.append((*current[:j], 1.0, *current[j + 1 :]))
+    return CounterfactualPlan(tuple(slot_ids), tuple(names), tuple(rows), tuple(live), tuple(training))

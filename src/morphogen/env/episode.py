@@ -252,7 +252,8 @@ class MorphogenesisEpisode:
         assert self.model is not None
         alphas = {s.slot_id: s.alpha.alpha for s in self.model.slots()
                   if s.stage in BLENDED_STAGES and s.alpha.alpha > 0.0}
-        plan = plan_counterfactuals(self.model.slot_ids, alphas)
+        training = [s.slot_id for s in self.model.slots() if s.stage is Stage.TRAINING and s.seed is not None]
+        plan = plan_counterfactuals(self.model.slot_ids, alphas, training)
         with self.timer.phase("validate"):
             return validate(self.model, self.task.validation, plan, self.config.validation_batch_size)
 
