@@ -16,3 +16,12 @@ def test_readme_library_example_runs(capsys):
 
     assert slot.stage is Stage.BLENDING
     assert "blending" in capsys.readouterr().out.lower()
+
+
+def test_readme_gym_example_runs():
+    blocks = re.findall(r"```python\n(.*?)```", README.read_text(), flags=re.S)
+    gym_blocks = [block for block in blocks if "MorphogenesisEnv" in block]
+    assert gym_blocks, "README has no Gymnasium example"
+    namespace: dict[str, object] = {}
+    exec(compile(gym_blocks[0], str(README), "exec"), namespace)
+    assert namespace["env"].observation_space.contains(namespace["observation"])
