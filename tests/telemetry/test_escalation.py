@@ -9,24 +9,14 @@ import pytest
 from morphogen.telemetry.anomalies import Anomaly
 from morphogen.telemetry.config import TelemetryConfig
 from morphogen.telemetry.escalation import TelemetryLevelController
-from morphogen.telemetry.events import ALL_ENVS, AnomalyDetected, Event, LayerStatistics, StageTransition
+from morphogen.telemetry.events import ALL_ENVS, AnomalyDetected, LayerStatistics, StageTransition
 from morphogen.telemetry.events import TelemetryLevelChanged as LevelChanged
-from morphogen.telemetry.sinks import Telemetry
+from morphogen.telemetry.sinks import MemorySink, Telemetry
 
 SPIKE = Anomaly("kl_spike", "approximate KL 0.2 > 4 x target 0.015", "lower the learning rate")
 DEBUG_ONLY = LayerStatistics(epoch=0, env_id=0, module="host", layers=())
 NORMAL = StageTransition(0, 0, "r0c0", "norm", "TRAINING", "BLENDING", "gate passed")
 
-
-class RecordingSink:
-    def __init__(self) -> None:
-        self.events: list[Event] = []
-
-    def write(self, event: Event) -> None:
-        self.events.append(event)
-
-    def close(self) -> None:
-        pass
 
 
 def test_controller_escalates_for_n_epochs_then_returns() -> None:
@@ -76,7 +66,7 @@ def test_controller_state_round_trip_and_validation() -> None:
 def test_hub_escalates_emits_both_changes_and_filters_by_the_effective_level(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    sink = RecordingSink()
+    sink = MemorySink()
     telemetry = Telemetry(None, config=TelemetryConfig(level="normal", escalation_epochs=2), sinks=[sink])
     telemetry.emit(DEBUG_ONLY)
     assert sink.events == []
@@ -104,17 +94,17 @@ def test_hub_escalates_emits_both_changes_and_filters_by_the_effective_level(
 
 
 def test_hub_state_round_trip_and_no_anomalies_change_nothing() -> None:
-    telemetry = Telemetry(None, config=TelemetryConfig(escalation_epochs=3), sinks=[RecordingSink()])
+    telemetry = Telemetry(None, config=TelemetryConfig(escalation_epochs=3), sinks=[MemorySink()])
     telemetry.report_anomalies([], epoch=0)
     assert telemetry.level == "normal"
     telemetry.report_anomalies([SPIKE, SPIKE], epoch=1, env_id=2)
-    resumed = Telemetry(None, config=TelemetryConfig(escalation_epochs=3), sinks=[RecordingSink()])
+    resumed = Telemetry(None, config=TelemetryConfig(escalation_epochs=3), sinks=[MemorySink()])
     resumed.load_state_dict(telemetry.state_dict())
     assert resumed.level == "debug"
 
 
 def test_anomaly_lines_are_logged_even_at_off(caplog: pytest.LogCaptureFixture) -> None:
-    sink = RecordingSink()
+    sink = MemorySink()
     telemetry = Telemetry(None, level="off", sinks=[sink])
     with caplog.at_level(logging.WARNING, logger="morphogen.telemetry"):
         telemetry.report_anomalies([SPIKE], epoch=0)

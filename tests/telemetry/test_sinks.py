@@ -19,7 +19,7 @@ from morphogen.telemetry.events import (
     SlotState,
     StageTransition,
 )
-from morphogen.telemetry.sinks import EVENTS_FILENAME, JsonLinesSink, Sink, Telemetry, read_events
+from morphogen.telemetry.sinks import EVENTS_FILENAME, JsonLinesSink, MemorySink, Sink, Telemetry, read_events
 
 EVENTS: list[Event] = [
     EpochCompleted(0, 0, 1.5, 1.25, 60.0, 1000, (SlotState("r0c0", "DORMANT", None, 0.0),), "WAIT", True),
@@ -30,20 +30,6 @@ EVENTS: list[Event] = [
     EpisodeCompleted(3, 0, 80.0, 1100, 1000, 0, 1, 2.0),
 ]
 MINIMAL_KINDS = {"epoch_completed", "governor_rollback", "episode_completed"}
-
-
-class RecordingSink:
-    """Keeps every event it is given."""
-
-    def __init__(self) -> None:
-        self.events: list[Event] = []
-        self.closed = False
-
-    def write(self, event: Event) -> None:
-        self.events.append(event)
-
-    def close(self) -> None:
-        self.closed = True
 
 
 class FailingSink:
@@ -106,7 +92,7 @@ def test_hub_writes_run_dir_events_and_reads_them_back(tmp_path: Path) -> None:
     ],
 )
 def test_level_filtering(level: str, expected_kinds: set[str]) -> None:
-    sink = RecordingSink()
+    sink = MemorySink()
     with Telemetry(None, level=level, sinks=[sink]) as telemetry:
         for event in EVENTS:
             telemetry.emit(event)
@@ -131,7 +117,7 @@ def test_invalid_level_lists_choices() -> None:
 
 
 def test_explicit_sinks_replace_the_default_file(tmp_path: Path) -> None:
-    sink = RecordingSink()
+    sink = MemorySink()
     with Telemetry(tmp_path, sinks=[sink]) as telemetry:
         telemetry.emit(EVENTS[0])
     assert sink.events == [EVENTS[0]] and sink.closed
@@ -145,7 +131,7 @@ def test_failing_sink_is_logged_once_and_emit_goes_on(
     error: Exception, caplog: pytest.LogCaptureFixture
 ) -> None:
     failing = FailingSink(error)
-    healthy = RecordingSink()
+    healthy = MemorySink()
     sinks: list[Sink] = [failing, healthy]
     with caplog.at_level(logging.DEBUG, logger="morphogen.telemetry"):
         telemetry = Telemetry(None, sinks=sinks)
@@ -168,7 +154,7 @@ def test_unexpected_sink_error_propagates() -> None:
 
 
 def test_emit_after_close_raises() -> None:
-    telemetry = Telemetry(None, sinks=[RecordingSink()])
+    telemetry = Telemetry(None, sinks=[MemorySink()])
     telemetry.close()
     telemetry.close()
     with pytest.raises(RuntimeError, match="closed"):

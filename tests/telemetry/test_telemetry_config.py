@@ -14,9 +14,9 @@ import torch
 from morphogen.config import ConfigError, build_config
 from morphogen.telemetry.anomalies import Anomaly, AnomalyDetector, PPODiagnostics
 from morphogen.telemetry.config import TelemetryConfig
-from morphogen.telemetry.events import Event, StageTransition
+from morphogen.telemetry.events import StageTransition
 from morphogen.telemetry.profiler import TraceProfiler
-from morphogen.telemetry.sinks import Telemetry
+from morphogen.telemetry.sinks import MemorySink, Telemetry
 
 HEALTHY = PPODiagnostics(
     ratio_max=1.2,
@@ -30,16 +30,6 @@ HEALTHY = PPODiagnostics(
     grad_norm=1.0,
 )
 
-
-class RecordingSink:
-    def __init__(self) -> None:
-        self.events: list[Event] = []
-
-    def write(self, event: Event) -> None:
-        self.events.append(event)
-
-    def close(self) -> None:
-        pass
 
 
 def _kinds_after(config: TelemetryConfig, **changes: Any) -> list[str]:
@@ -70,7 +60,7 @@ def _lstm_kinds(config: TelemetryConfig, hidden_value: float, cell_value: float)
 
 
 def _written(config: TelemetryConfig, _: Path) -> int:
-    sink = RecordingSink()
+    sink = MemorySink()
     Telemetry(None, config=config, sinks=[sink]).emit(StageTransition(0, 0, "r0c0", "norm", "A", "B", ""))
     return len(sink.events)
 

@@ -42,7 +42,7 @@ from morphogen.telemetry.gradients import (
 )
 from morphogen.telemetry.lstm_health import LSTMHealth, LSTMHealthReport
 from morphogen.telemetry.profiler import PhaseTimer, TraceProfiler
-from morphogen.telemetry.sinks import EVENTS_FILENAME, JsonLinesSink, Sink, Telemetry, read_events
+from morphogen.telemetry.sinks import EVENTS_FILENAME, JsonLinesSink, MemorySink, Sink, Telemetry, read_events
 from morphogen.telemetry.tensorboard import TensorBoardSink
 
 __all__ = [
@@ -66,6 +66,7 @@ __all__ = [
     "GradientHealthMeasured",
     "GroupGradientStats",
     "JsonLinesSink",
+    "MemorySink",
     "LSTMHealth",
     "LSTMHealthMeasured",
     "LSTMHealthReport",

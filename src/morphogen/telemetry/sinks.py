@@ -69,6 +69,20 @@ class JsonLinesSink:
         return f"JsonLinesSink({str(self.path)!r})"
 
 
+class MemorySink:
+    """Keeps events in a list (for notebooks, tests and callers that read a run while it goes)."""
+
+    def __init__(self) -> None:
+        self.events: list[Event] = []
+        self.closed = False
+
+    def write(self, event: Event) -> None:
+        self.events.append(event)
+
+    def close(self) -> None:
+        self.closed = True
+
+
 class Telemetry:
     """Filters events by level and fans them out to sinks; a failing sink never stops training.
 
