@@ -15,8 +15,9 @@ from morphogen.core.blueprints import UnknownBlueprintError
 from morphogen.core.hosts import UnknownSlotError
 from morphogen.data import DataError
 from morphogen.runner import RunConfig, run_command
+from morphogen.ui.report import RunDirectoryError, render_report
 
-USER_ERRORS = (ConfigError, DataError, UnknownBlueprintError, UnknownSlotError, CheckpointError)
+USER_ERRORS = (ConfigError, DataError, UnknownBlueprintError, UnknownSlotError, CheckpointError, RunDirectoryError)
 EXIT_USER_ERROR = 2
 
 
@@ -82,12 +83,20 @@ def _add_eval_parser(subparsers: Any) -> None:
     evaluate.add_argument("--device", default="cpu", help="cpu (default), cuda, cuda:N, mps or auto")
 
 
+def _add_report_parser(subparsers: Any) -> None:
+    report = subparsers.add_parser("report", help="print the story of a run from its run directory",
+                                   description="Epochs, seeds, rewards, rounds, anomalies and phase times of a "
+                                               "run, read from what its telemetry wrote.")
+    report.add_argument("run_dir", metavar="RUN_DIR", help="a run directory (runs/<time>-<task>)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="morphogen", description="Neural networks that grow while they train.")
     subparsers = parser.add_subparsers(dest="command", required=True)
     _add_run_parser(subparsers)
     _add_train_parser(subparsers)
     _add_eval_parser(subparsers)
+    _add_report_parser(subparsers)
     return parser
 
 
@@ -188,6 +197,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             _run(args)
         elif args.command == "train":
             _train(args)
+        elif args.command == "report":
+            print(render_report(args.run_dir))
         else:
             from morphogen.commands.evaluate import evaluate_command
 
