@@ -1,4 +1,4 @@
-"""PPO (Schulman et al. 2017) for the factored LSTM policy: loss functions, the update, a Gymnasium trainer.
+"""PPO (Schulman et al. 2017) for the factored LSTM policy: loss functions and the update.
 
 Per-head clipping: each head h that matters for a sample has its own ratio
 ``r_h = exp(log pi_h - log pi_old_h)``, clipped to ``[1 - clip, 1 + clip]``, and the surrogate is the
@@ -19,18 +19,14 @@ re-exported here with the rest of the PPO maths.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-import gymnasium
-import numpy as np
 import torch
 from torch import Tensor
 
-from morphogen.control.normalization import RewardNormalizer, RunningMeanStd
 from morphogen.control.policy import FactoredLSTMPolicy
-from morphogen.control.rollout import RolloutBatch, RolloutBuffer, generalized_advantage_estimation
+from morphogen.control.rollout import RolloutBatch, generalized_advantage_estimation
 
 __all__ = [
     "LossTerms",
@@ -45,7 +41,6 @@ __all__ = [
     "generalized_advantage_estimation",
     "ppo_losses",
     "ppo_update",
-    "train_gym",
     "value_loss",
 ]
 
@@ -452,164 +447,10 @@ def _statistics(
     )
 
 
-# ----------------------------------------------------------------------------------------------
-# Training on a Gymnasium environment
+def __getattr__(name: str) -> Any:
+    """`train_gym` lives in `gym_training.py` (it builds on this module); it stays importable from here."""
+    if name == "train_gym":
+        from morphogen.control.gym_training import train_gym
 
-
-def _space_layout(env: gymnasium.Env[Any, Any], env_id: str) -> tuple[int, tuple[int, ...], np.ndarray]:
-    """(observation size, action sizes, action offsets) of a Box-observation, (Multi)Discrete-action env."""
-    observation_space = env.observation_space
-    if not isinstance(observation_space, gymnasium.spaces.Box):
-        raise ValueError(
-            f"train_gym needs a Box observation space, but {env_id} has {observation_space}; register a "
-            "version of the env wrapped in gymnasium.wrappers.FlattenObservation"
-        )
-    action_space = env.action_space
-    if isinstance(action_space, gymnasium.spaces.Discrete):
-        return int(np.prod(observation_space.shape)), (int(action_space.n),), np.array([action_space.start])
-    if isinstance(action_space, gymnasium.spaces.MultiDiscrete) and action_space.nvec.ndim == 1:
-        sizes = tuple(int(size) for size in action_space.nvec)
-        return int(np.prod(observation_space.shape)), sizes, np.asarray(action_space.start, dtype=np.int64)
-    raise ValueError(
-        f"train_gym supports Discrete and one-dimensional MultiDiscrete action spaces, but {env_id} has "
-        f"{action_space}; discretize continuous actions with a wrapper, or use a continuous-control algorithm"
-    )
-
-
-class _GymCollector:
-    """Steps a list of Gymnasium envs with the policy and fills a RolloutBuffer.
-
-    Envs are reset by hand when an episode ends rather than by a vector env's autoreset: the final
-    observation of a truncated episode is at hand to bootstrap from, and the transitions do not
-    depend on the autoreset mode of the installed gymnasium (1.x vector envs default to NEXT_STEP,
-    which would insert a step whose action is ignored after every episode end).
-    Observations are standardized and rewards scaled by running statistics; the episode returns
-    it records are the raw ones.
-    """
-
-    def __init__(
-        self,
-        envs: Sequence[gymnasium.Env[Any, Any]],
-        policy: FactoredLSTMPolicy,
-        action_offsets: np.ndarray,
-        config: PPOConfig,
-        seed: int,
-    ) -> None:
-        self.envs = envs
-        self.policy = policy
-        self.action_offsets = action_offsets
-        self.config = config
-        self.discrete = isinstance(envs[0].action_space, gymnasium.spaces.Discrete)
-        self.observation_normalizer = RunningMeanStd((policy.observation_size,))
-        self.reward_normalizer = RewardNormalizer(len(envs), gamma=config.gamma)
-        raw = [env.reset(seed=seed + index)[0] for index, env in enumerate(envs)]
-        self.observation = self._observe(raw, update=True)  # [B, obs], normalized
-        self.state = policy.initial_state(len(envs))
-        self.episode_starts = torch.ones(len(envs), dtype=torch.bool)
-        self.running_returns = np.zeros(len(envs))
-        self.episode_returns: list[float] = []
-
-    def _observe(self, raw_observations: Sequence[Any], *, update: bool) -> Tensor:
-        """Raw observations stacked to [B, obs] float32 and standardized (updating the statistics if asked)."""
-        stacked = np.stack([np.asarray(o, dtype=np.float32).reshape(-1) for o in raw_observations])
-        observation = torch.from_numpy(stacked)
-        if update:
-            self.observation_normalizer.update(observation)
-        return self.observation_normalizer.normalize(observation)
-
-    def _step_envs(self, actions: Tensor) -> tuple[list[Any], np.ndarray, np.ndarray, np.ndarray]:
-        """Step each env with its row of ``actions [B, H]``; return (next raw observations, rewards,
-        terminated, truncated)."""
-        env_actions = actions.numpy() + self.action_offsets  # [B, H], in the action space's own range
-        steps = [
-            env.step(int(chosen[0]) if self.discrete else chosen)
-            for env, chosen in zip(self.envs, env_actions, strict=True)
-        ]
-        return (
-            [step[0] for step in steps],
-            np.array([float(step[1]) for step in steps]),
-            np.array([bool(step[2]) for step in steps]),
-            np.array([bool(step[3]) for step in steps]),
-        )
-
-    def collect(self, buffer: RolloutBuffer, generator: torch.Generator) -> RolloutBatch:
-        """Run ``buffer.rollout_length`` steps of every env and return the finished batch."""
-        buffer.reset(self.state)
-        for _ in range(buffer.rollout_length):
-            action = self.policy.act(
-                self.observation, self.state, generator=generator, episode_starts=self.episode_starts
-            )
-            next_raw, rewards, terminated, truncated = self._step_envs(action.actions)
-            done = terminated | truncated
-            truncation_values = None
-            if truncated.any():
-                # V(final observation), seen with the state that continued the cut episode.
-                final = self._observe(next_raw, update=False)
-                truncation_values = self.policy.predict_value(final, action.state)
-            buffer.add(
-                self.observation,
-                self.episode_starts,
-                action,
-                self.reward_normalizer.update(torch.from_numpy(rewards), torch.from_numpy(done)),
-                torch.from_numpy(terminated),
-                torch.from_numpy(truncated),
-                truncation_values=truncation_values,
-            )
-            self.running_returns += rewards
-            for index in np.flatnonzero(done):
-                self.episode_returns.append(float(self.running_returns[index]))
-                self.running_returns[index] = 0.0
-                next_raw[index] = self.envs[int(index)].reset()[0]
-            self.observation = self._observe(next_raw, update=True)
-            self.state = action.state
-            self.episode_starts = torch.from_numpy(done)
-        last_value = self.policy.predict_value(self.observation, self.state, episode_starts=self.episode_starts)
-        return buffer.finish(last_value, gamma=self.config.gamma, gae_lambda=self.config.gae_lambda)
-
-
-def train_gym(
-    env_id: str,
-    total_steps: int,
-    seed: int = 0,
-    *,
-    config: PPOConfig | None = None,
-    n_envs: int = 4,
-    rollout_length: int = 128,
-    hidden_size: int = 64,
-) -> list[float]:
-    """Train a FactoredLSTMPolicy with PPO on ``n_envs`` copies of a Gymnasium env; return episode returns.
-
-    The env needs a Box observation space and a Discrete or MultiDiscrete action space. Observations
-    are standardized by running statistics and rewards divided by the running std of the discounted
-    return (both clipped to 10), so one configuration suits envs of any reward scale. Training runs whole rounds of
-    ``n_envs * rollout_length`` env steps until at least ``total_steps`` were taken. Everything is
-    seeded from ``seed``; the returns of completed episodes come back in the order they ended.
-    """
-    for name, value in (
-        ("total_steps", total_steps),
-        ("n_envs", n_envs),
-        ("rollout_length", rollout_length),
-        ("hidden_size", hidden_size),
-    ):
-        if value < 1:
-            raise ValueError(f"{name} must be >= 1, got {value}")
-    config = PPOConfig() if config is None else config
-    envs = [gymnasium.make(env_id) for _ in range(n_envs)]
-    try:
-        observation_size, action_sizes, action_offsets = _space_layout(envs[0], env_id)
-        # Seed the initialization without disturbing the caller's global RNG.
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(seed)
-            policy = FactoredLSTMPolicy(observation_size, action_sizes, hidden_size=hidden_size)
-        generator = torch.Generator().manual_seed(seed)
-        optimizer = build_optimizer(policy, config)
-        buffer = RolloutBuffer(rollout_length, n_envs, observation_size, len(action_sizes), hidden_size)
-        collector = _GymCollector(envs, policy, action_offsets, config, seed)
-        n_rounds = math.ceil(total_steps / (n_envs * rollout_length))
-        for round_index in range(n_rounds):
-            batch = collector.collect(buffer, generator)
-            ppo_update(policy, optimizer, batch, config, round_index / n_rounds, generator=generator)
-        return collector.episode_returns
-    finally:
-        for env in envs:
-            env.close()
+        return train_gym
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
