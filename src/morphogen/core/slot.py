@@ -2,10 +2,12 @@
 
 Forward rules (DESIGN §4.3):
 - no seed, or a seed that is not running: identity; the seed is not executed.
-- TRAINING: the seed sees `h.detach()` and the output is `h + (s - s.detach())`, which is exactly `h`
-  in value (so host outputs and host gradients are bit-identical to a model without the seed) while
-  the seed receives the task gradient as if its output had been added. Without autograd (validation)
-  the seed is skipped entirely, since its output cannot change anything.
+- TRAINING: identity; the host path is exactly that of a model without the seed (outputs, gradients
+  and state bit-identical). The seed learns in closed loop on its *shadow*: the network with the seed
+  blended in at alpha 1 on the detached activation, which `MorphogeneticModel.forward_with_shadow`
+  runs next to the host forward. An `alpha_override` evaluates that shadow here (counterfactuals).
+  The predecessor's open-loop `h + (s - s.detach())` handed the seed the host's gradient at the slot
+  without its output ever reaching the loss; seeds overshot and hurt when blended.
 - BLENDING / HOLDING / FOSSILIZED: `blend(h, s, alpha)`. With `detach_input` the seed reads
   `h.detach()`, and `s + (h - h.detach())` restores the identity part of the residual seed for the
   host's gradient: the host still gets its full gradient through the skip path, never through the
@@ -141,10 +143,7 @@ class SeedSlot(nn.Module):
                 assert self.blend is not None
                 shadow: Tensor = self.blend(h, self.seed_output(h), alpha_override)
                 return shadow
-            if not torch.is_grad_enabled():
-                return h
-            s: Tensor = self.seed(h.detach())
-            return h + (s - s.detach())
+            return h
         assert self.blend is not None
         alpha = self.alpha_value if alpha_override is None else alpha_override
         blended: Tensor = self.blend(h, self.seed_output(h), alpha)
