@@ -113,7 +113,7 @@ def test_closed_loop_gradient_is_that_of_the_model_with_the_seed_fully_in() -> N
 
 
 def test_several_training_seeds_share_one_shadow_pass_each_seeing_only_itself() -> None:
-    host, x, targets = _host_and_batch("cnn")
+    host, x, _ = _host_and_batch("cnn")
     model = MorphogeneticModel(host, config=EASY_CONFIG)
     for index, slot_id in enumerate(("r0c0", "r0c2")):
         slot = model.germinate(slot_id, "conv_light")
