@@ -155,6 +155,7 @@ def run_command(config: RunConfig, controller_factory: Callable[[MorphogenesisEp
     redirecting stdout works).
     """
     out = sys.stdout if out is None else out
+    config = config.with_resolved_host()  # config.json records the host's whole size
     device = resolve_device(config.device)
     if task is None:
         task = load_session_task(config, device)

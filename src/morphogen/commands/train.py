@@ -41,6 +41,7 @@ def train_command(config: TrainConfig, *, resume_state: dict[str, Any] | None = 
                   out: TextIO | None = None) -> Path:
     """Train (or continue) a policy, printing one line per round to `out` (default: `sys.stdout` at call time)."""
     out = sys.stdout if out is None else out
+    config = config.with_resolved_host()  # config.json and the checkpoint record the host's whole size
     device = resolve_device(config.device)
     task = load_session_task(config, device)
     # Everything that can fail on the user's input (slots, layout, an existing run) fails before any file

@@ -3,12 +3,19 @@
 `load_session_task(options, device)` is the one place where a command turns these settings into a
 loaded `Task`: `run`, `train`, `eval` and `run --policy` all go through it, so the `[host]` table
 reaches every host they build.
+
+The `[host]` table holds what the user changed and is checked as soon as the options are built.
+A command resolves it (`with_resolved_host`) before it writes its run directory, so a run's
+config.json and checkpoint record every size argument of the host it built, defaults included,
+and reading them back rebuilds the same host even if the task's defaults change later.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Self
 
 from morphogen.core.hosts import HostSizeError, check_host_size
 from morphogen.data import TASK_NAMES, TASK_TOPOLOGIES, Task, host_size, load_task
@@ -23,8 +30,7 @@ class SessionOptions:
     task: str = "digits"
     #: Host size: constructor arguments of the task's host by name, e.g. `[host]` with `base_channels = 8`
     #: (CNNHost and Conv1dHost: n_blocks, base_channels, kernel_size; TransformerHost: d_model, n_heads,
-    #: n_layers, block_size, n_segments). Arguments left out keep the task's default; once built, the
-    #: table holds every size argument of the host (what the run's config.json records).
+    #: n_layers, block_size, n_segments). Arguments left out keep the task's default.
     host: dict[str, int] = field(default_factory=dict)
     #: Base seed of host initialisation, data order and (in training) every round's randomness.
     seed: int = 0
@@ -56,9 +62,13 @@ class SessionOptions:
             raise ValueError(f"slots names a slot more than once: {', '.join(self.slots)}")
         if not isinstance(self.host, Mapping):
             raise ValueError(f"host must be a table of host size arguments (e.g. base_channels = 8), got {self.host!r}")
-        # An unknown task is reported by load_task, with the valid names; its host cannot be resolved here.
+        # An unknown task is reported by load_task, with the valid names; its host cannot be checked here.
         if self.task in TASK_NAMES:
-            object.__setattr__(self, "host", resolve_host_size(self.task, self.host))
+            resolve_host_size(self.task, self.host)
+
+    def with_resolved_host(self) -> Self:
+        """These options with `host` holding every size argument of the task's host (defaults filled in)."""
+        return dataclasses.replace(self, host=resolve_host_size(self.task, self.host))
 
 
 def resolve_host_size(task: str, overrides: Mapping[str, object]) -> dict[str, int]:
