@@ -4,6 +4,12 @@ A host is a chain of segments separated by named injection points. The host prot
 (`SegmentedHost`) is: `injection_points` (slot id -> channels, in execution order), `forward(x)`,
 `forward_to(slot, x, from_slot=None)` and `forward_from(slot, h)`. The architecture never changes
 after construction; growth happens only in the slots that `MorphogeneticModel` places at the points.
+
+Hosts: `CNNHost` (images [N, C, H, W]), `Conv1dHost` (sequences [N, C, L]) and `TransformerHost`
+(token ids [N, T]), one per topology in `HOST_CLASSES`. A host's *size arguments* are its
+constructor's positional parameters with a default (`host_size_arguments`); a `[host]` config table
+sets them, and `check_host_size` judges such a table with the constructor itself. Constructors raise
+`HostSizeError`, which names the argument at fault.
 """
 
 from __future__ import annotations
