@@ -28,12 +28,12 @@ class SessionOptions:
 
     #: Task name: digits, cifar10, text or mnist1d.
     task: str = "digits"
+    #: Base seed of host initialisation, data order and (in training) every round's randomness.
+    seed: int = 0
     #: Host size: constructor arguments of the task's host by name, e.g. `[host]` with `base_channels = 8`
     #: (CNNHost and Conv1dHost: n_blocks, base_channels, kernel_size; TransformerHost: d_model, n_heads,
     #: n_layers, block_size, n_segments). Arguments left out keep the task's default.
     host: dict[str, int] = field(default_factory=dict)
-    #: Base seed of host initialisation, data order and (in training) every round's randomness.
-    seed: int = 0
     #: Device: cpu, cuda, cuda:N, mps, or auto (cuda when available, else cpu).
     device: str = "cpu"
     #: Slots to place (ids like r0c1); None places a slot at every injection point of the host.

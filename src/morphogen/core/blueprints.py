@@ -42,11 +42,15 @@ def _zero_(module: nn.Module) -> nn.Module:
 
 #: Convolution class per number of spatial dimensions: 1 for sequences [N, C, L], 2 for images [N, C, H, W].
 _CONV: dict[int, type[nn.Conv1d | nn.Conv2d]] = {1: nn.Conv1d, 2: nn.Conv2d}
-#: Kernel of a seed's spatial convolutions. A 3x3 kernel sees one neighbour each way in an image; in a
-#: sequence 5 taps see two each way, about as many samples (9 vs 5) for far fewer parameters than 9 taps.
+#: Kernel of a seed's spatial convolutions per number of spatial dimensions. A 3x3 kernel sees one
+#: neighbour each way in an image; along a sequence 5 taps see two each way, a comparable reach for
+#: fewer weights than a 3x3's 9 (and the kernel of `Conv1dHost`'s own convolutions).
 SPATIAL_KERNEL = {1: 5, 2: 3}
 #: Expansion factors of the widening blueprints (`widen_x{e}`).
 WIDENING_FACTORS = (2, 4, 8)
+
+#: A convolutional seed recipe: (spatial dims, channels, device, dtype) -> seed module.
+ConvRecipe = Callable[[int, int, Device, torch.dtype | None], nn.Module]
 
 
 def _conv(dims: int, in_channels: int, out_channels: int, kernel_size: int, device: Device,
@@ -171,7 +175,7 @@ def _conv_heavy(dims: int, channels: int, device: Device, dtype: torch.dtype | N
                                   *_preactivation_conv(dims, channels, device, dtype, zero=True)))
 
 
-def _widening(expansion: int) -> Callable[[int, int, Device, torch.dtype | None], nn.Module]:
+def _widening(expansion: int) -> ConvRecipe:
     """Inverted residual (MobileNetV2) of expansion `expansion`: `h + down(act(mid(act(up(h)))))`.
 
     `up` is a 1x1 conv to e*C channels, `mid` a depthwise spatial conv, `down` a 1x1 conv back to C;
@@ -196,8 +200,7 @@ def _widening(expansion: int) -> Callable[[int, int, Device, torch.dtype | None]
     return build
 
 
-def _for_dims(build: Callable[[int, int, Device, torch.dtype | None], nn.Module],
-              dims: int) -> Callable[..., nn.Module]:
+def _for_dims(build: ConvRecipe, dims: int) -> Callable[..., nn.Module]:
     """A registry builder `(channels, *, device, dtype)` that builds `build`'s seed for `dims` spatial dims.
 
     A closure rather than `functools.partial`: `Blueprint.options` reads the builder's signature, and a
@@ -302,9 +305,9 @@ class Blueprint:
 
 
 def _convolutional_blueprints(topology: str, dims: int) -> dict[str, Blueprint]:
-    """The convolutional seeds for `dims` spatial dimensions ("3x3" means `SPATIAL_KERNEL[dims]` taps in 1D)."""
+    """The convolutional seeds for `dims` spatial dimensions; 1D descriptions name their kernel (kernel-5)."""
     spatial = "3x3" if dims == 2 else f"kernel-{SPATIAL_KERNEL[dims]}"
-    recipes: list[tuple[str, Callable[[int, int, Device, torch.dtype | None], nn.Module], str]] = [
+    recipes: list[tuple[str, ConvRecipe, str]] = [
         ("norm", _conv_norm, "group norm blended in by a zero-init scale"),
         ("attention", _conv_attention, "squeeze-and-excite channel attention"),
         ("depthwise", _conv_depthwise, f"depthwise {spatial} then pointwise 1x1"),
