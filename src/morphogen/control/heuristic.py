@@ -25,9 +25,12 @@ from morphogen.env.actions import Action, ActionSpace, Op
 from morphogen.env.episode import HISTORY
 from morphogen.env.snapshot import EpisodeSnapshot, SlotSnapshot
 
-#: Blueprint order tried by default, per topology (cheap and commonly useful first).
+#: Blueprint order tried by default, per topology (cheap and commonly useful first; widening seeds last).
 DEFAULT_ROTATION = {
-    "cnn": ("conv_light", "attention", "depthwise", "bottleneck", "conv_small", "norm", "conv_heavy"),
+    "cnn": ("conv_light", "attention", "depthwise", "bottleneck", "conv_small", "norm", "conv_heavy",
+            "widen_x2", "widen_x4", "widen_x8"),
+    "cnn1d": ("conv_light", "attention", "depthwise", "bottleneck", "conv_small", "norm", "conv_heavy",
+              "widen_x2", "widen_x4", "widen_x8"),
     "transformer": ("lora", "mlp_small", "attention", "norm", "lora_large", "mlp"),
 }
 

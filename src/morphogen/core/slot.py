@@ -30,7 +30,7 @@ from torch import Tensor, nn
 
 from morphogen.core.alpha import AlphaController, AlphaCurve, AlphaMode
 from morphogen.core.blend import Blend, BlendKind, add_blend, gate_blend, multiply_blend
-from morphogen.core.blueprints import build_seed
+from morphogen.core.blueprints import CHANNEL_DIM, build_seed
 from morphogen.core.lifecycle import (
     BLENDED_STAGES,
     NEXT_STAGE,
@@ -46,10 +46,10 @@ from morphogen.core.lifecycle import (
     evaluate_gate,
 )
 
-#: Whether a seed keeps reading a detached input after TRAINING, per topology. CNN seeds stay
-#: isolated (the host's features are not bent towards the seed); transformer seeds co-adapt, since
+#: Whether a seed keeps reading a detached input after TRAINING, per topology. CNN seeds (2D and 1D)
+#: stay isolated (the host's features are not bent towards the seed); transformer seeds co-adapt, since
 #: their residual stream is shared by every later layer and joint training converges faster there.
-DETACH_AFTER_TRAINING = {"cnn": True, "transformer": False}
+DETACH_AFTER_TRAINING = {"cnn": True, "cnn1d": True, "transformer": False}
 
 
 @dataclass(frozen=True)
@@ -199,7 +199,8 @@ class SeedSlot(nn.Module):
         blend_kind = blend or self.config.blend
         # Build everything before touching the slot, so a refused blueprint or option changes nothing.
         seed = build_seed(self.topology, blueprint, self.channels, device=device, dtype=dtype, **options)
-        blend_module = Blend(blend_kind, self.channels, device=device, dtype=dtype)
+        blend_module = Blend(blend_kind, self.channels, channel_dim=CHANNEL_DIM[self.topology], device=device,
+                             dtype=dtype)
         self.seed, self.blend, self.blend_kind = seed, blend_module, blend_kind
         self.blend_epochs = self.config.blend_epochs if blend_epochs is None else blend_epochs
         self.blueprint, self.blueprint_options = blueprint, dict(options)
@@ -378,7 +379,8 @@ class SeedSlot(nn.Module):
             dtype = _dtype_from_name(state.get("seed_dtype"))
             self.seed = build_seed(self.topology, self.blueprint, self.channels, device=device, dtype=dtype,
                                    **self.blueprint_options)
-            self.blend = Blend(self.blend_kind, self.channels, device=device, dtype=dtype)
+            self.blend = Blend(self.blend_kind, self.channels, channel_dim=CHANNEL_DIM[self.topology], device=device,
+                               dtype=dtype)
             self._freeze_if_ramping_down()
         else:
             self.seed, self.blend = None, None
