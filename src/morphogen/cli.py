@@ -119,6 +119,9 @@ def _add_report_parser(subparsers: Any) -> None:
                                    description="Epochs, seeds, rewards, rounds, anomalies and phase times of a "
                                                "run, read from what its telemetry wrote.")
     report.add_argument("run_dir", metavar="RUN_DIR", help="a run directory (runs/<time>-<task>)")
+    report.add_argument("--html", action="store_true",
+                        help="write one self-contained report.html with the figures (no network needed)")
+    report.add_argument("--output", help="where --html writes (default RUN_DIR/report.html)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -266,7 +269,14 @@ def _eval(args: argparse.Namespace) -> None:
 
 
 def _report(args: argparse.Namespace) -> None:
-    print(render_report(args.run_dir))
+    if args.output is not None and not args.html:
+        raise UsageError("--output is where --html writes; add --html")
+    if not args.html:
+        print(render_report(args.run_dir))
+        return
+    from morphogen.ui.html_report import write_html_report
+
+    print(f"wrote {write_html_report(args.run_dir, args.output)}")
 
 
 def _list(args: argparse.Namespace) -> None:
