@@ -103,6 +103,15 @@ def _add_eval_parser(subparsers: Any) -> None:
     _add_threads_flag(evaluate)
 
 
+def _add_dashboard_parser(subparsers: Any) -> None:
+    dashboard = subparsers.add_parser("dashboard", help="live terminal view of a run (or a replay of a finished one)",
+                                      description="Follows RUN_DIR/events.jsonl while the run goes on. Keys: q quit, "
+                                                  "p pause, d env detail, ? help.")
+    dashboard.add_argument("run_dir", metavar="RUN_DIR", help="a run directory (runs/<time>-<task>)")
+    dashboard.add_argument("--replay", action="store_true",
+                           help="start empty and replay the recorded events (for a finished run)")
+
+
 def _add_list_parser(subparsers: Any) -> None:
     listing = subparsers.add_parser("list", help="list tasks, blueprints (with parameter counts) or slots",
                                     description="What can be named on the command line. Blueprints and slots "
@@ -128,7 +137,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="morphogen", description="Neural networks that grow while they train.")
     parser.add_argument("--version", action="version", version=f"morphogen {__version__}")
     subparsers = parser.add_subparsers(dest="command", required=True)
-    for add in (_add_run_parser, _add_train_parser, _add_eval_parser, _add_report_parser, _add_list_parser):
+    for add in (_add_run_parser, _add_train_parser, _add_eval_parser, _add_report_parser, _add_dashboard_parser,
+                _add_list_parser):
         add(subparsers)
     return parser
 
@@ -286,8 +296,14 @@ def _list(args: argparse.Namespace) -> None:
                  text_file=args.text_file)
 
 
+def _dashboard(args: argparse.Namespace) -> None:
+    from morphogen.ui.dashboard import dashboard_command
+
+    dashboard_command(args.run_dir, replay=args.replay)
+
+
 COMMANDS: dict[str, Callable[[argparse.Namespace], None]] = {
-    "run": _run, "train": _train, "eval": _eval, "report": _report, "list": _list,
+    "run": _run, "train": _train, "eval": _eval, "report": _report, "dashboard": _dashboard, "list": _list,
 }
 
 

@@ -120,8 +120,8 @@ def seed_segments(story: SeedStory, episode_end: int) -> list[Segment]:
             end = start + 1
         else:
             end = max(episode_end, start + 1)
-        end = max(end, start + 0.5)  # a stage entered and left in one epoch still shows
-        segments.append(Segment(start, end, stage_colour(stage), f"{stage} from epoch {start}"))
+        shown_end = max(float(end), start + 0.5)  # a stage entered and left in one epoch still shows
+        segments.append(Segment(start, shown_end, stage_colour(stage), f"{stage} from epoch {start}"))
     return segments
 
 
@@ -147,13 +147,13 @@ def contribution_pairs(history: Sequence[Event]) -> list[ContributionPair]:
     measured: dict[str, float] = {}
     for round_number, event in round_of_events(history):
         if isinstance(event, EpochCompleted):
-            for slot in event.slots:
-                if slot.blueprint is not None and (round_number, event.env_id, slot.slot) not in stories_seen:
+            for state in event.slots:
+                seed_key = (round_number, event.env_id, state.slot)
+                if state.blueprint is not None and seed_key not in stories_seen:
                     where = f"r{round_number} env {event.env_id} " if round_number > 1 or event.env_id else ""
-                    stories_seen[(round_number, event.env_id, slot.slot)] = (
-                        f"{where}{slot.slot} {slot.blueprint}@{event.epoch}")
-                elif slot.blueprint is None:
-                    stories_seen.pop((round_number, event.env_id, slot.slot), None)
+                    stories_seen[seed_key] = f"{where}{state.slot} {state.blueprint}@{event.epoch}"
+                elif state.blueprint is None:
+                    stories_seen.pop(seed_key, None)
         if not isinstance(event, CounterfactualMeasured):
             continue
         for slot, points in event.contributions:
