@@ -19,11 +19,13 @@ from morphogen.core.hosts import UnknownSlotError
 from morphogen.data import DataError
 from morphogen.runner import RunConfig, run_command
 from morphogen.ui.report import RunDirectoryError, render_report
+from morphogen.ui.runs import RunsQueryError
 
 if TYPE_CHECKING:
     from morphogen.commands.evaluate import EvalConfig
 
-USER_ERRORS = (ConfigError, DataError, UnknownBlueprintError, UnknownSlotError, CheckpointError, RunDirectoryError)
+USER_ERRORS = (ConfigError, DataError, UnknownBlueprintError, UnknownSlotError, CheckpointError, RunDirectoryError,
+               RunsQueryError)
 EXIT_USER_ERROR = 2
 
 
@@ -112,6 +114,16 @@ def _add_dashboard_parser(subparsers: Any) -> None:
                            help="start empty and replay the recorded events (for a finished run)")
 
 
+def _add_runs_parser(subparsers: Any) -> None:
+    runs = subparsers.add_parser("runs", help="table of runs with their key results (DuckDB over the events)",
+                                 description="Queries DIR/*/events.jsonl, config.json and summary.json in place with "
+                                             "DuckDB. Views: events, epochs, episodes, rounds, configs, runs (see "
+                                             "morphogen.ui.runs).")
+    runs.add_argument("root", metavar="DIR", nargs="?", default="runs", help="parent of run directories (default runs)")
+    runs.add_argument("--where", metavar="SQL", help="condition on the runs view, e.g. \"task = 'digits'\"")
+    runs.add_argument("--compare", nargs=2, metavar="RUN", help="two run directories' curves side by side")
+
+
 def _add_list_parser(subparsers: Any) -> None:
     listing = subparsers.add_parser("list", help="list tasks, blueprints (with parameter counts) or slots",
                                     description="What can be named on the command line. Blueprints and slots "
@@ -138,7 +150,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"morphogen {__version__}")
     subparsers = parser.add_subparsers(dest="command", required=True)
     for add in (_add_run_parser, _add_train_parser, _add_eval_parser, _add_report_parser, _add_dashboard_parser,
-                _add_list_parser):
+                _add_runs_parser, _add_list_parser):
         add(subparsers)
     return parser
 
@@ -302,8 +314,15 @@ def _dashboard(args: argparse.Namespace) -> None:
     dashboard_command(args.run_dir, replay=args.replay)
 
 
+def _runs(args: argparse.Namespace) -> None:
+    from morphogen.ui.runs import runs_command
+
+    runs_command(args.root, where=args.where, compare=args.compare)
+
+
 COMMANDS: dict[str, Callable[[argparse.Namespace], None]] = {
-    "run": _run, "train": _train, "eval": _eval, "report": _report, "dashboard": _dashboard, "list": _list,
+    "run": _run, "train": _train, "eval": _eval, "report": _report, "dashboard": _dashboard, "runs": _runs,
+    "list": _list,
 }
 
 
