@@ -15,8 +15,9 @@ from morphogen.control.checkpoint import CheckpointError, check_layout, load_che
 from morphogen.control.controller import Controller, NoGrowthController
 from morphogen.control.heuristic import HeuristicController
 from morphogen.control.learned import PolicyController, agent_from_checkpoint
+from morphogen.control.options import load_session_task
 from morphogen.control.trainer import TrainConfig
-from morphogen.data import Task, load_task
+from morphogen.data import Task
 from morphogen.env.episode import MorphogenesisEpisode
 from morphogen.env.seeding import derive_seed
 from morphogen.runner import EpisodeOutcome, make_run_dir, resolve_device, run_episode, write_resolved_config
@@ -94,8 +95,7 @@ def evaluate_command(config: EvalConfig, out: TextIO | None = None) -> list[Cont
     device = resolve_device(config.device)
     policy_dir = config.policy
     trained, state = read_policy_run(policy_dir, device)
-    task = load_task(trained.task, device=device, data_dir=trained.data_dir, text_file=trained.text_file,
-                     seed=trained.seed, max_train_samples=trained.max_train_samples)
+    task = load_session_task(trained, device)  # with the host size the policy was trained with
     agent = agent_from_checkpoint(state, task.topology, device, source=policy_dir)
     makers: dict[str, Callable[[MorphogenesisEpisode], Controller]] = {
         "learned": lambda episode: PolicyController(agent),

@@ -9,8 +9,8 @@ from typing import Any, TextIO
 
 from morphogen.config import ConfigError, build_config
 from morphogen.control.checkpoint import CHECKPOINT_NAME, CheckpointError, load_checkpoint
+from morphogen.control.options import load_session_task
 from morphogen.control.trainer import PPOTrainer, RoundSummary, TrainConfig, format_round, train
-from morphogen.data import load_task
 from morphogen.runner import make_run_dir, resolve_device, write_resolved_config
 from morphogen.telemetry.sinks import Telemetry
 from morphogen.ui.progress import ProgressDisplay
@@ -42,9 +42,9 @@ def train_command(config: TrainConfig, *, resume_state: dict[str, Any] | None = 
                   out: TextIO | None = None) -> Path:
     """Train (or continue) a policy, printing one line per round to `out` (default: `sys.stdout` at call time)."""
     out = sys.stdout if out is None else out
+    config = config.with_resolved_host()  # config.json and the checkpoint record the host's whole size
     device = resolve_device(config.device)
-    task = load_task(config.task, device=device, data_dir=config.data_dir, text_file=config.text_file,
-                     seed=config.seed, max_train_samples=config.max_train_samples)
+    task = load_session_task(config, device)
     # Everything that can fail on the user's input (slots, layout, an existing run) fails before any file
     # of a run directory is created or written.
     trainer = PPOTrainer(config, task)
