@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from textual.pilot import Pilot
 from textual.widgets import DataTable, RichLog, Static
 
 from morphogen.cli import main
@@ -23,6 +25,15 @@ def _text(app: Dashboard, selector: str) -> str:
 
 def _log_lines(app: Dashboard) -> list[str]:
     return [strip.text for strip in app.query_one("#log", RichLog).lines]
+
+
+async def _wait_for(pilot: Pilot[None], condition: Callable[[], bool], seconds: float = 10.0) -> None:
+    """Let the app's own timer run until `condition()` holds (a loaded CI machine may need many ticks)."""
+    for _ in range(int(seconds / POLL)):
+        if condition():
+            return
+        await pilot.pause(POLL)
+    assert condition(), "the view did not update in time"
 
 
 def _row(app: Dashboard, env_id: int) -> list[str]:
@@ -43,28 +54,27 @@ def test_a_run_still_being_written_updates_the_view(trained_run: Path, tmp_path:
     async def drive() -> None:
         app = Dashboard(live, poll_seconds=POLL)
         async with app.run_test(size=(140, 40)) as pilot:
-            await pilot.pause(3 * POLL)
+            await _wait_for(pilot, lambda: 1 in app.view.envs and app.view.envs[1].epoch == 4)
             assert "round 1/2" in _text(app, "#header") and "[LIVE]" in _text(app, "#header")
             assert _row(app, 0)[:3] == ["0", "1", "4/4"] and _row(app, 1)[:3] == ["1", "1", "4/4"]
             assert "no PPO update yet" in _text(app, "#policy")
-            # The run goes on: the rest of round 1 arrives, then round 2, half a line at a time at the end.
+            # The run goes on: the rest of round 1 arrives, then round 2, the last record cut mid-line.
             with (live / EVENTS_FILENAME).open("a") as events:
                 events.write("".join(lines[first_update:first_round_end]))
                 events.flush()
-                await pilot.pause(3 * POLL)
-                assert "round 2/2" in _text(app, "#header")
+                await _wait_for(pilot, lambda: "round 2/2" in _text(app, "#header"))
                 assert "policy health (round 1)" in _text(app, "#policy")
                 assert any("round 1 done" in line for line in _log_lines(app))
                 rest = "".join(lines[first_round_end:])
                 events.write(rest[:-10])  # the last record is cut mid-line: it must wait
                 events.flush()
-                await pilot.pause(3 * POLL)
+                await _wait_for(pilot, lambda: _row(app, 0)[:2] == ["0", "2"])
+                app.poll()
                 assert "[FINISHED]" not in _text(app, "#header")
                 events.write(rest[-10:])
                 events.flush()
-                await pilot.pause(3 * POLL)
-            assert "[FINISHED]" in _text(app, "#header") and "round 2/2" in _text(app, "#header")
-            assert _row(app, 0)[:3] == ["0", "2", "4/4"]
+            await _wait_for(pilot, lambda: "[FINISHED]" in _text(app, "#header"))
+            assert "round 2/2" in _text(app, "#header") and _row(app, 0)[:3] == ["0", "2", "4/4"]
             assert any("round 2 done" in line for line in _log_lines(app))
 
     asyncio.run(drive())
@@ -74,7 +84,7 @@ def test_keys_pause_help_detail_and_quit(grown_run: Path) -> None:
     async def drive() -> None:
         app = Dashboard(grown_run, poll_seconds=POLL)
         async with app.run_test(size=(140, 40)) as pilot:
-            await pilot.pause(2 * POLL)
+            await _wait_for(pilot, lambda: "[FINISHED]" in _text(app, "#header"))
             header = _text(app, "#header")
             assert "morphogen run  task digits" in header and "[FINISHED]" in header
             row = _row(app, 0)
@@ -101,16 +111,20 @@ def test_keys_pause_help_detail_and_quit(grown_run: Path) -> None:
 
 def test_replay_feeds_a_finished_run_progressively(grown_run: Path) -> None:
     total = len(read_timed_events(grown_run / EVENTS_FILENAME))
+    per_tick, slow_timer = 10, 600.0  # the timer never fires in the test: ticks are driven by hand
 
     async def drive() -> None:
-        app = Dashboard(grown_run, replay=True, poll_seconds=POLL, replay_rate=4 / POLL)
+        app = Dashboard(grown_run, replay=True, poll_seconds=slow_timer, replay_rate=per_tick / slow_timer)
         async with app.run_test(size=(140, 40)) as pilot:
-            await pilot.pause(POLL / 2)
+            await pilot.pause()
             assert "[REPLAY]" in _text(app, "#header")
-            assert 0 < len(app._pending) < total, "events arrive a slice per tick"
+            assert len(app._pending) == total - per_tick, "mounting feeds the first slice only"
+            ticks = 0
             while app._pending:
-                await pilot.pause(POLL)
-            await pilot.pause(2 * POLL)
+                app.poll()
+                ticks += 1
+            await pilot.pause()
+            assert ticks == -(-(total - per_tick) // per_tick)
             assert "[FINISHED]" in _text(app, "#header")
 
     asyncio.run(drive())
