@@ -7,12 +7,13 @@ import sys
 from pathlib import Path
 from typing import Any, TextIO
 
-from morphogen.config import ConfigError, build_config, config_to_dict
+from morphogen.config import ConfigError, build_config
 from morphogen.control.checkpoint import CHECKPOINT_NAME, CheckpointError, load_checkpoint
 from morphogen.control.options import load_session_task
-from morphogen.control.trainer import PPOTrainer, TrainConfig, format_round, train
-from morphogen.runner import make_run_dir, resolve_device
+from morphogen.control.trainer import PPOTrainer, RoundSummary, TrainConfig, format_round, train
+from morphogen.runner import make_run_dir, resolve_device, write_resolved_config
 from morphogen.telemetry.sinks import Telemetry
+from morphogen.ui.progress import ProgressDisplay
 
 
 def config_for_resume(run_dir: str | Path, overrides: dict[str, Any]) -> tuple[TrainConfig, dict[str, Any]]:
@@ -56,14 +57,25 @@ def train_command(config: TrainConfig, *, resume_state: dict[str, Any] | None = 
             raise ConfigError(f"run_dir: {config.run_dir} already holds a training run ({CHECKPOINT_NAME}); "
                               f"continue it with --resume {config.run_dir} or choose another --run-dir")
         run_dir = make_run_dir(config.run_dir, config.runs_root, config.task)
-        (run_dir / "config.json").write_text(json.dumps(config_to_dict(config), indent=2) + "\n")
-    with Telemetry(run_dir, config=config.telemetry) as telemetry:
+        write_resolved_config(run_dir, config)
+    with Telemetry(run_dir, config=config.telemetry) as telemetry, ProgressDisplay(out) as display:
         trainer.attach_telemetry(telemetry, run_dir)
         first = trainer.state.next_round + 1
-        print(f"morphogen train: task {task.name}, {config.n_envs} envs x {config.episode_length} epochs per round, "
-              f"rounds {first}..{config.rounds}, device {device}, run dir {run_dir}", file=out, flush=True)
+        display.print(f"morphogen train: task {task.name}, {config.n_envs} envs x {config.episode_length} epochs per "
+                      f"round, rounds {first}..{config.rounds}, device {device}")
+        display.print(f"run dir: {run_dir}")
+        rounds = display.add("rounds", config.rounds - first + 1)
+        epochs = display.add(f"round {first} epochs", config.episode_length, status=f"({config.n_envs} envs)")
+        trainer.on_step = lambda done: display.advance(epochs)
+
+        def on_round(summary: RoundSummary) -> None:
+            display.print(format_round(summary))
+            display.advance(rounds)
+            if summary.round < config.rounds:
+                display.reset(epochs, description=f"round {summary.round + 1} epochs")
+
         with trainer.profiler:
-            train(trainer, run_dir, on_round=lambda summary: print(format_round(summary), file=out, flush=True))
+            train(trainer, run_dir, on_round=on_round)
     if trainer.timer.enabled:
         print(trainer.timer.summary(), file=out)
     print(f"checkpoint: {run_dir / 'checkpoint.pt'}", file=out)
