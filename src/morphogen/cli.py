@@ -8,7 +8,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from morphogen.config import ConfigError, build_config, read_config_file
+from morphogen.config import ConfigError, build_config, read_config_file, short_repr
 from morphogen.control.checkpoint import CheckpointError
 from morphogen.control.trainer import TrainConfig
 from morphogen.core.blueprints import UnknownBlueprintError
@@ -135,7 +135,10 @@ def _with_episode_length(values: dict[str, Any], length: int | None, flag: str) 
     if length is not None:
         if length < 1:
             raise UsageError(f"{flag} must be >= 1, got {length}")
-        episode = dict(values.get("episode") or {})
+        episode = values.get("episode") or {}
+        if not isinstance(episode, dict):
+            raise ConfigError(f"episode: expected a table of settings, got {short_repr(episode)}")
+        episode = dict(episode)
         episode["max_epochs"] = length
         values["episode"] = episode
     return values

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TextIO
 
-from morphogen.config import ConfigError, config_to_dict
+from morphogen.config import ConfigError, config_to_dict, short_repr
 from morphogen.control.controller import Controller, NoGrowthController
 from morphogen.control.heuristic import HeuristicConfig, HeuristicController
 from morphogen.control.options import SessionOptions
@@ -54,7 +54,10 @@ def resolve_device(name: str) -> str:
     try:
         kind = torch.device(name).type
     except RuntimeError:
-        raise ConfigError(f"device: {name!r} is not a device; use cpu, cuda, cuda:N, mps or auto") from None
+        kind = None
+    if kind not in ("cpu", "cuda", "mps"):  # meta, xla, ... hold no data to train on
+        raise ConfigError(f"device: {short_repr(name)} is not a device morphogen trains on; "
+                          "use cpu, cuda, cuda:N, mps or auto")
     if kind == "cuda" and not torch.cuda.is_available():
         raise ConfigError(f"device: {name!r} requested but CUDA is not available here; use --device cpu")
     if kind == "mps" and not torch.backends.mps.is_available():

@@ -127,7 +127,7 @@ def test_missing_file_and_foreign_file(tmp_path: Path) -> None:
         load_checkpoint(tmp_path)
     foreign = tmp_path / "weights.pt"
     torch.save({"weight": torch.zeros(3)}, foreign)
-    with pytest.raises(CheckpointError, match="is not a morphogen checkpoint of format 1"):
+    with pytest.raises(CheckpointError, match="is not a morphogen checkpoint of format 2"):
         load_checkpoint(foreign)
 
 

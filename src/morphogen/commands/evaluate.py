@@ -19,6 +19,7 @@ from morphogen.control.trainer import TrainConfig
 from morphogen.data import Task, load_task
 from morphogen.env.episode import MorphogenesisEpisode
 from morphogen.env.seeding import derive_seed
+from morphogen.limits import MAX_EVAL_EPISODES, MAX_SEED
 from morphogen.runner import EpisodeOutcome, resolve_device, run_episode
 
 #: Evaluation seeds are drawn from a stream the training rounds never use.
@@ -59,8 +60,12 @@ def evaluate_command(policy_dir: str, episodes: int, *, seed: int = 0, device: s
     """Play `episodes` fresh seeds with each controller and print the comparison table to `out`
     (default: `sys.stdout` at call time)."""
     out = sys.stdout if out is None else out
+    if not 0 <= seed <= MAX_SEED:
+        raise ConfigError(f"--seed must be between 0 and {MAX_SEED:,}, got {seed:,}")
     if episodes < 1:
         raise ConfigError(f"--episodes must be >= 1, got {episodes}")
+    if episodes > MAX_EVAL_EPISODES:
+        raise ConfigError(f"--episodes must be <= {MAX_EVAL_EPISODES:,}, got {episodes:,}")
     device = resolve_device(device)
     config, state = read_policy_run(policy_dir, device)
     task = load_task(config.task, device=device, data_dir=config.data_dir, text_file=config.text_file,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from morphogen.limits import MAX_SEED, MAX_TRAIN_SAMPLES, check_count
 from morphogen.telemetry.config import TelemetryConfig
 
 
@@ -35,8 +36,9 @@ class SessionOptions:
     telemetry: TelemetryConfig = field(default_factory=TelemetryConfig)
 
     def __post_init__(self) -> None:
-        if self.seed < 0:
-            raise ValueError(f"seed must be >= 0, got {self.seed}")
+        check_count("seed", self.seed, MAX_SEED, lower=0)
+        if self.max_train_samples is not None:
+            check_count("max_train_samples", self.max_train_samples, MAX_TRAIN_SAMPLES)
         if self.slots is not None and not self.slots:
             raise ValueError("slots must name at least one slot (leave it out to use every slot of the host)")
         if self.slots is not None and len(set(self.slots)) != len(self.slots):

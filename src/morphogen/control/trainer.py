@@ -37,6 +37,7 @@ from morphogen.env.episode import EpisodeConfig
 from morphogen.env.observation import ObservationEncoder
 from morphogen.env.seeding import derive_seed, seeded
 from morphogen.env.vector import VectorEpisodes
+from morphogen.limits import MAX_ENVS, MAX_HIDDEN_SIZE, MAX_ROUNDS, check_count
 from morphogen.telemetry import events
 from morphogen.telemetry.anomalies import AnomalyDetector, PPODiagnostics
 from morphogen.telemetry.events import ALL_ENVS
@@ -69,12 +70,9 @@ class TrainConfig(SessionOptions):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if self.n_envs < 1:
-            raise ValueError(f"n_envs must be >= 1, got {self.n_envs}")
-        if self.rounds < 1:
-            raise ValueError(f"rounds must be >= 1, got {self.rounds}")
-        if self.hidden_size < 1:
-            raise ValueError(f"hidden_size must be >= 1, got {self.hidden_size}")
+        check_count("n_envs", self.n_envs, MAX_ENVS)
+        check_count("rounds", self.rounds, MAX_ROUNDS)
+        check_count("hidden_size", self.hidden_size, MAX_HIDDEN_SIZE)
         if self.ppo.minibatches > self.n_envs:
             raise ValueError(f"ppo.minibatches ({self.ppo.minibatches}) cannot exceed n_envs ({self.n_envs})")
 

@@ -37,6 +37,7 @@ from morphogen.env.rewards import RewardBreakdown, RewardConfig, RewardMode, com
 from morphogen.env.seeding import derive_seed, seeded
 from morphogen.env.snapshot import EpisodeSnapshot, SlotSnapshot
 from morphogen.env.training import ModelTrainer, OptimizerConfig
+from morphogen.limits import MAX_BATCH_SIZE, MAX_EPOCHS, check_count
 from morphogen.telemetry import events
 from morphogen.telemetry.anomalies import AnomalyDetector
 from morphogen.telemetry.debug import layer_statistics_event
@@ -68,12 +69,10 @@ class EpisodeConfig:
     gamma: float = 0.995
 
     def __post_init__(self) -> None:
-        if self.max_epochs < 1:
-            raise ValueError(f"max_epochs must be >= 1, got {self.max_epochs}")
-        if self.batch_size is not None and self.batch_size < 1:
-            raise ValueError(f"batch_size must be >= 1, got {self.batch_size}")
-        if self.validation_batch_size < 1:
-            raise ValueError(f"validation_batch_size must be >= 1, got {self.validation_batch_size}")
+        check_count("max_epochs", self.max_epochs, MAX_EPOCHS)
+        if self.batch_size is not None:
+            check_count("batch_size", self.batch_size, MAX_BATCH_SIZE)
+        check_count("validation_batch_size", self.validation_batch_size, MAX_BATCH_SIZE)
         if not 0.0 < self.gamma <= 1.0:
             raise ValueError(f"gamma must be in (0, 1], got {self.gamma}")
 

@@ -15,6 +15,7 @@ from torch import Tensor, nn
 from morphogen.core.isolation import IsolationMonitor
 from morphogen.core.model import MorphogeneticModel
 from morphogen.env.evaluation import task_loss
+from morphogen.limits import check_finite
 
 
 @dataclass(frozen=True)
@@ -31,9 +32,14 @@ class OptimizerConfig:
     clip_norm: float = 5.0
 
     def __post_init__(self) -> None:
+        for name in ("host_lr", "seed_lr", "clip_norm", "host_weight_decay", "seed_weight_decay"):
+            check_finite(name, getattr(self, name))
         for name in ("host_lr", "seed_lr", "clip_norm"):
             if not getattr(self, name) > 0:  # NaN fails too
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
+        for name in ("host_weight_decay", "seed_weight_decay"):
+            if not getattr(self, name) >= 0:  # torch's SGD raises on a negative decay when the episode starts
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
         for name in ("host_momentum", "seed_momentum"):
             if not 0.0 <= getattr(self, name) < 1.0:
                 raise ValueError(f"{name} must be in [0, 1), got {getattr(self, name)}")
