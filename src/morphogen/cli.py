@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from morphogen.config import ConfigError, build_config, read_config_file, short_repr
@@ -14,11 +16,19 @@ from morphogen.control.trainer import TrainConfig
 from morphogen.core.blueprints import UnknownBlueprintError
 from morphogen.core.hosts import UnknownSlotError
 from morphogen.data import DataError
+from morphogen.env.governor import DivergenceError
+from morphogen.run_lock import RunDirectoryLockError, hold_run_directory
 from morphogen.runner import RunConfig, run_command
+from morphogen.storage import DiskFullError
 from morphogen.ui.report import RunDirectoryError, render_report
 
-USER_ERRORS = (ConfigError, DataError, UnknownBlueprintError, UnknownSlotError, CheckpointError, RunDirectoryError)
+USER_ERRORS = (ConfigError, DataError, UnknownBlueprintError, UnknownSlotError, CheckpointError, RunDirectoryError,
+               RunDirectoryLockError, DiskFullError)
 EXIT_USER_ERROR = 2
+#: Exit status when training kept diverging after every rollback and back-off (`DivergenceError`).
+EXIT_DIVERGED = 3
+#: Longest error line printed; longer messages are cut (a user error never needs more).
+MAX_ERROR_LINE = 1_000
 
 
 class UsageError(ValueError):
@@ -162,8 +172,11 @@ def _train(args: argparse.Namespace) -> None:
     if args.config or args.episode_length is not None or args.slots is not None:
         raise UsageError("--resume continues a run with its saved config; only --rounds, --device and "
                          "--telemetry may be given with it")
-    config, state = config_for_resume(args.resume, overrides)
-    train_command(config, resume_state=state)
+    # Lock before reading the checkpoint: a writer that finishes a round in between would be overwritten.
+    lock = hold_run_directory(args.resume) if Path(args.resume).is_dir() else contextlib.nullcontext()
+    with lock:
+        config, state = config_for_resume(args.resume, overrides)
+        train_command(config, resume_state=state)
 
 
 def _run(args: argparse.Namespace) -> None:
@@ -193,6 +206,14 @@ def run_config_from_args(args: argparse.Namespace) -> RunConfig:
     return build_config(RunConfig, _with_episode_length(values, args.epochs, "--epochs"))
 
 
+def _one_line(error: BaseException) -> str:
+    """The error's message as one line of at most `MAX_ERROR_LINE` characters."""
+    text = " ".join(str(error).split("\n"))
+    if len(text) > MAX_ERROR_LINE:
+        text = f"{text[:MAX_ERROR_LINE]}... ({len(text):,} characters in all)"
+    return text
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
@@ -208,8 +229,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             evaluate_command(args.policy, args.episodes, seed=args.seed, device=args.device)
         return 0
     except (*USER_ERRORS, UsageError) as error:
-        print(f"morphogen {args.command}: error: {error}", file=sys.stderr)
+        print(f"morphogen {args.command}: error: {_one_line(error)}", file=sys.stderr)
         return EXIT_USER_ERROR
+    except DivergenceError as error:
+        print(f"morphogen {args.command}: diverged: {_one_line(error)}", file=sys.stderr)
+        return EXIT_DIVERGED
     except KeyboardInterrupt:
         print(f"morphogen {args.command}: interrupted", file=sys.stderr)
         return 130

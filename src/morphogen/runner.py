@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import sys
 import time
 from collections.abc import Callable
@@ -17,7 +18,10 @@ from morphogen.control.options import SessionOptions
 from morphogen.data import Task, load_task
 from morphogen.env.episode import EpisodeConfig, MorphogenesisEpisode, StepResult
 from morphogen.env.snapshot import EpisodeSnapshot
+from morphogen.run_lock import hold_run_directory
+from morphogen.storage import write_atomic
 from morphogen.telemetry.anomalies import AnomalyDetector
+from morphogen.telemetry.events import NON_FINITE_TOKENS
 from morphogen.telemetry.profiler import PhaseTimer, TraceProfiler
 from morphogen.telemetry.sinks import Telemetry
 from morphogen.telemetry.story import SeedStory, seed_stories
@@ -172,7 +176,14 @@ def run_command(config: RunConfig, controller_factory: Callable[[MorphogenesisEp
     else:
         controller = controller_factory(episode)
     run_dir = make_run_dir(config.run_dir, config.runs_root, config.task)
-    (run_dir / "config.json").write_text(json.dumps(config_to_dict(config), indent=2) + "\n")
+    with hold_run_directory(run_dir):  # one writer per run directory
+        return _play_and_write(config, task, episode, controller, device, run_dir, out)
+
+
+def _play_and_write(config: RunConfig, task: Task, episode: MorphogenesisEpisode, controller: Controller,
+                    device: str, run_dir: Path, out: TextIO) -> tuple[EpisodeOutcome, EpisodeOutcome | None, Path]:
+    """The grown episode, the baseline and the files of `run_command`, in a locked `run_dir`."""
+    write_atomic(run_dir / "config.json", (json.dumps(config_to_dict(config), indent=2) + "\n").encode())
     with Telemetry(run_dir, config=config.telemetry) as telemetry:
         episode.telemetry = telemetry
         episode.timer = PhaseTimer.from_config(config.telemetry)
@@ -195,7 +206,7 @@ def run_command(config: RunConfig, controller_factory: Callable[[MorphogenesisEp
     if episode.timer.enabled:
         print(f"\ntime by phase (grown model):\n{episode.timer.summary()}", file=out)
     summary = {"grown": _outcome_dict(grown), "baseline": None if baseline is None else _outcome_dict(baseline)}
-    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    write_atomic(run_dir / "summary.json", (json.dumps(_strict(summary), indent=2) + "\n").encode())
     return grown, baseline, run_dir
 
 
@@ -208,3 +219,15 @@ def _outcome_dict(outcome: EpisodeOutcome) -> dict[str, object]:
                    "outcome": s.outcome, "outcome_epoch": s.outcome_epoch, "contribution": s.contribution}
                   for s in outcome.stories],
     }
+
+
+def _strict(value: object) -> object:
+    """`value` with NaN/inf floats written as the event schema's tokens, so summary.json is strict JSON too."""
+    if isinstance(value, dict):
+        return {key: _strict(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_strict(item) for item in value]
+    if isinstance(value, float) and not math.isfinite(value):
+        return next(token for token, number in NON_FINITE_TOKENS.items()
+                    if (math.isnan(number) and math.isnan(value)) or number == value)
+    return value

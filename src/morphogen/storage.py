@@ -54,8 +54,10 @@ def write_atomic(path: str | Path, data: bytes) -> None:
         if isinstance(error, OSError) and error.errno in _DISK_FULL:
             free = _free_bytes(path.parent)
             room = "" if free is None else f", {free:,} free"
-            raise DiskFullError(error.errno, f"no space left to write {path}: it needs {len(data):,} bytes{room}; "
-                                             f"the previous {path.name} is intact") from None
+            full = DiskFullError(f"no space left to write {path}: it needs {len(data):,} bytes{room}; "
+                                 f"the previous {path.name}, if any, is intact")
+            full.errno = error.errno
+            raise full from None
         raise
     directory = os.open(path.parent, os.O_RDONLY)
     try:

@@ -11,8 +11,11 @@ from morphogen.config import ConfigError, build_config, config_to_dict
 from morphogen.control.checkpoint import CHECKPOINT_NAME, CheckpointError, load_checkpoint
 from morphogen.control.trainer import PPOTrainer, TrainConfig, format_round, train
 from morphogen.data import load_task
+from morphogen.run_lock import hold_run_directory
 from morphogen.runner import make_run_dir, resolve_device
-from morphogen.telemetry.sinks import Telemetry
+from morphogen.storage import remove_stale_temporaries, write_atomic
+from morphogen.telemetry.resume import cut_events_to_round
+from morphogen.telemetry.sinks import EVENTS_FILENAME, Telemetry
 
 
 def config_for_resume(run_dir: str | Path, overrides: dict[str, Any]) -> tuple[TrainConfig, dict[str, Any]]:
@@ -39,7 +42,11 @@ def config_for_resume(run_dir: str | Path, overrides: dict[str, Any]) -> tuple[T
 
 def train_command(config: TrainConfig, *, resume_state: dict[str, Any] | None = None,
                   out: TextIO | None = None) -> Path:
-    """Train (or continue) a policy, printing one line per round to `out` (default: `sys.stdout` at call time)."""
+    """Train (or continue) a policy, printing one line per round to `out` (default: `sys.stdout` at call time).
+
+    The run directory is locked for the whole command (`morphogen.run_lock`); a resumed run first drops
+    the events of rounds its checkpoint does not hold and the temporary files of killed writes.
+    """
     out = sys.stdout if out is None else out
     device = resolve_device(config.device)
     task = load_task(config.task, device=device, data_dir=config.data_dir, text_file=config.text_file,
@@ -52,19 +59,31 @@ def train_command(config: TrainConfig, *, resume_state: dict[str, Any] | None = 
         run_dir = Path(config.run_dir)
         trainer.load_state_dict(resume_state, run_dir)
     else:
-        if config.run_dir is not None and (Path(config.run_dir) / CHECKPOINT_NAME).is_file():
-            raise ConfigError(f"run_dir: {config.run_dir} already holds a training run ({CHECKPOINT_NAME}); "
-                              f"continue it with --resume {config.run_dir} or choose another --run-dir")
+        _refuse_existing_run(config.run_dir)
         run_dir = make_run_dir(config.run_dir, config.runs_root, config.task)
-        (run_dir / "config.json").write_text(json.dumps(config_to_dict(config), indent=2) + "\n")
-    with Telemetry(run_dir, config=config.telemetry) as telemetry:
-        trainer.attach_telemetry(telemetry, run_dir)
-        first = trainer.state.next_round + 1
-        print(f"morphogen train: task {task.name}, {config.n_envs} envs x {config.episode_length} epochs per round, "
-              f"rounds {first}..{config.rounds}, device {device}, run dir {run_dir}", file=out, flush=True)
-        with trainer.profiler:
-            train(trainer, run_dir, on_round=lambda summary: print(format_round(summary), file=out, flush=True))
+    with hold_run_directory(run_dir):
+        if resume_state is None:
+            _refuse_existing_run(str(run_dir))  # again, now that no other writer can create one
+            write_atomic(run_dir / "config.json", (json.dumps(config_to_dict(config), indent=2) + "\n").encode())
+        remove_stale_temporaries(run_dir)
+        dropped = cut_events_to_round(run_dir / EVENTS_FILENAME, trainer.state.next_round) if resume_state else 0
+        with Telemetry(run_dir, config=config.telemetry) as telemetry:
+            trainer.attach_telemetry(telemetry, run_dir)
+            first = trainer.state.next_round + 1
+            print(f"morphogen train: task {task.name}, {config.n_envs} envs x {config.episode_length} epochs per "
+                  f"round, rounds {first}..{config.rounds}, device {device}, run dir {run_dir}", file=out, flush=True)
+            if dropped:
+                print(f"resume: dropped {dropped:,} bytes of {EVENTS_FILENAME} written after the round-{first - 1} "
+                      "checkpoint", file=out, flush=True)
+            with trainer.profiler:
+                train(trainer, run_dir, on_round=lambda summary: print(format_round(summary), file=out, flush=True))
     if trainer.timer.enabled:
         print(trainer.timer.summary(), file=out)
     print(f"checkpoint: {run_dir / 'checkpoint.pt'}", file=out)
     return run_dir
+
+
+def _refuse_existing_run(run_dir: str | None) -> None:
+    if run_dir is not None and (Path(run_dir) / CHECKPOINT_NAME).is_file():
+        raise ConfigError(f"run_dir: {run_dir} already holds a training run ({CHECKPOINT_NAME}); "
+                          f"continue it with --resume {run_dir} or choose another --run-dir")

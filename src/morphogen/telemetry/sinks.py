@@ -58,7 +58,8 @@ class JsonLinesSink:
         """Write `event` as one line and flush, so readers (the live dashboard) see it at once."""
         record = {"time": time.time(), **event.to_dict()}
         # One write call per line keeps a concurrent reader from seeing half a record, except the last.
-        self._file.write(json.dumps(record) + "\n")
+        # allow_nan=False: records are strict JSON (to_dict already wrote non-finite floats as tokens).
+        self._file.write(json.dumps(record, allow_nan=False) + "\n")
         self._file.flush()
 
     def close(self) -> None:
