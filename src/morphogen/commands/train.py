@@ -7,15 +7,22 @@ import sys
 from pathlib import Path
 from typing import Any, TextIO
 
+import torch
+
 from morphogen.config import ConfigError, build_config, config_to_dict
 from morphogen.control.checkpoint import CHECKPOINT_NAME, CheckpointError, load_checkpoint
 from morphogen.control.trainer import PPOTrainer, TrainConfig, format_round, train
 from morphogen.data import load_task
+from morphogen.env.seeding import derive_seed
 from morphogen.run_lock import hold_run_directory
 from morphogen.runner import make_run_dir, resolve_device
 from morphogen.storage import remove_stale_temporaries, write_atomic
 from morphogen.telemetry.resume import cut_events_to_round
 from morphogen.telemetry.sinks import EVENTS_FILENAME, Telemetry
+
+
+#: Stream of `derive_seed` for the global torch RNG of a training run.
+GLOBAL_RNG_STREAM = 5
 
 
 def config_for_resume(run_dir: str | Path, overrides: dict[str, Any]) -> tuple[TrainConfig, dict[str, Any]]:
@@ -51,6 +58,9 @@ def train_command(config: TrainConfig, *, resume_state: dict[str, Any] | None = 
     device = resolve_device(config.device)
     task = load_task(config.task, device=device, data_dir=config.data_dir, text_file=config.text_file,
                      seed=config.seed, max_train_samples=config.max_train_samples)
+    # Training draws from generators seeded by (seed, round); the global RNG is seeded too (and saved in every
+    # checkpoint, restored on resume) so that whatever may use it is replayed and checkpoints are reproducible.
+    torch.manual_seed(derive_seed(config.seed, GLOBAL_RNG_STREAM))
     # Everything that can fail on the user's input (slots, layout, an existing run) fails before any file
     # of a run directory is created or written.
     trainer = PPOTrainer(config, task)

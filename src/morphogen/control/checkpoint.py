@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import io
 import re
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +52,24 @@ def _list_entries(entries: list[str], limit: int = 3) -> str:
     return ", ".join(entries[:limit]) + more
 
 
+def _canonical(value: Any) -> Any:
+    """A copy of the containers of `value` with every string interned, tensors shared.
+
+    Pickle memoizes objects by identity, so the same contents pickle to different bytes when one state
+    shares a string object where another holds two equal copies (a state restored from a checkpoint
+    does). Rebuilding containers and interning strings makes equal states give equal files.
+    """
+    if isinstance(value, dict):
+        return {_canonical(key): _canonical(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_canonical(item) for item in value]
+    if isinstance(value, tuple):
+        return tuple(_canonical(item) for item in value)
+    if isinstance(value, str):
+        return sys.intern(value)
+    return value
+
+
 def save_checkpoint(state: dict[str, Any], path: str | Path) -> None:
     """Write `state` (checked finite, with its checksum) to `path` atomically.
 
@@ -65,7 +84,7 @@ def save_checkpoint(state: dict[str, Any], path: str | Path) -> None:
     if bad:
         raise CheckpointError(f"refusing to save {path}: non-finite values in {_list_entries(bad)}; the previous "
                               "checkpoint stays the latest")
-    payload = {"format_version": FORMAT_VERSION, **state}
+    payload = _canonical({"format_version": FORMAT_VERSION, **state})
     payload["checksum"] = state_checksum(payload)
     buffer = io.BytesIO()
     torch.save(payload, buffer)
