@@ -20,7 +20,6 @@ from morphogen.storage import remove_stale_temporaries, write_atomic
 from morphogen.telemetry.resume import cut_events_to_round
 from morphogen.telemetry.sinks import EVENTS_FILENAME, Telemetry
 
-
 #: Stream of `derive_seed` for the global torch RNG of a training run.
 GLOBAL_RNG_STREAM = 5
 
