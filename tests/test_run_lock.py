@@ -97,7 +97,7 @@ def test_a_leftover_lock_file_of_a_dead_process_is_taken_over(tmp_path: Path) ->
     assert time.monotonic() - started < 5, "taking over a stale lock must not wait"
 
 
-def test_busy_error_is_what_the_cli_reports(tmp_path: Path) -> None:
+def test_a_live_holder_makes_hold_run_directory_raise_busy(tmp_path: Path) -> None:
     holder = start_holder(tmp_path)
     try:
         with pytest.raises(RunDirectoryBusy, match=f"in use by process {holder.pid}"), hold_run_directory(tmp_path):
