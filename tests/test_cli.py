@@ -37,6 +37,31 @@ def test_run_prints_the_comparison_and_writes_the_run_directory(tmp_path: Path,
     assert isinstance(written[-1], events.PhaseTimes)  # the phase breakdown closes the run
 
 
+def test_run_on_mnist1d_for_one_epoch(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    run_dir = tmp_path / "run"
+    code = main(["run", "--task", "mnist1d", "--epochs", "1", "--no-baseline", "--run-dir", str(run_dir)])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    assert "task mnist1d (cnn1d host, 4000 train / 1000 validation)" in out and "epoch   1/1" in out
+    config = json.loads((run_dir / "config.json").read_text())
+    assert config["task"] == "mnist1d"
+    assert config["host"] == {"n_blocks": 3, "base_channels": 8, "kernel_size": 5}
+
+
+def test_host_table_sets_the_host_size_and_is_saved(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    config_file = write(tmp_path, "run.toml", 'task = "mnist1d"\n[host]\nbase_channels = 4\n')
+    run_dir = tmp_path / "run"
+    code = main(["run", "--config", config_file, "--epochs", "1", "--max-train-samples", "200", "--no-baseline",
+                 "--run-dir", str(run_dir)])
+    _, err = capsys.readouterr()
+    assert code == 0, err
+    assert json.loads((run_dir / "config.json").read_text())["host"] == {"n_blocks": 3, "base_channels": 4,
+                                                                        "kernel_size": 5}
+    # Conv1d 1->4->8->16 (kernel 5, no bias) + batch norms + Linear(16 -> 10)
+    expected = (1 * 4 * 5 + 4 * 8 * 5 + 8 * 16 * 5) + 2 * (4 + 8 + 16) + (16 * 10 + 10)
+    assert json.loads((run_dir / "summary.json").read_text())["grown"]["host_parameters"] == expected
+
+
 def run_expecting_user_error(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
     """Run the CLI, check exit code 2 and a single traceback-free stderr line, and return that line."""
     code = main(argv)
@@ -116,6 +141,25 @@ def test_bad_enum_value_lists_the_choices(tmp_path: Path, capsys: pytest.Capture
     config = write(tmp_path, "run.yaml", "episode:\n  slots:\n    gates:\n      mode: lenient\n")
     line = run_expecting_user_error(["run", "--config", config], capsys)
     assert "episode.slots.gates.mode: 'lenient' is not one of 'strict', 'permissive'" in line
+
+
+@pytest.mark.parametrize(
+    ("table", "message"),
+    [
+        ("foo = 1", "host.foo: unknown key; accepted: n_blocks, base_channels, kernel_size"),
+        ("base_channels = 0", "host.base_channels: must be >= 1, got 0"),
+        ("kernel_size = 4", "host.kernel_size: must be odd and >= 1, got 4"),
+        ('n_blocks = "two"', "host.n_blocks: expected an integer, got 'two'"),
+    ],
+)
+@pytest.mark.parametrize("command", ["run", "train"])
+def test_bad_host_table_is_one_line_naming_the_key(command: str, table: str, message: str, tmp_path: Path,
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    config = write(tmp_path, "config.toml", f"[host]\n{table}\n")
+    run_dir = tmp_path / "r"
+    line = run_expecting_user_error([command, "--config", config, "--run-dir", str(run_dir)], capsys)
+    assert line == f"morphogen {command}: error: {message}"
+    assert not run_dir.exists()
 
 
 def test_zero_epochs_flag(capsys: pytest.CaptureFixture[str]) -> None:

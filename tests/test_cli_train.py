@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import json
 import re
 import shutil
 import statistics
@@ -18,8 +19,12 @@ from typing import NamedTuple
 import pytest
 import torch
 
+import morphogen.commands.evaluate
+import morphogen.control.options
 from morphogen.cli import EXIT_USER_ERROR, main
 from morphogen.control.checkpoint import CHECKPOINT_NAME, load_checkpoint
+from morphogen.control.options import SessionOptions
+from morphogen.data import Task
 
 TINY = ["--envs", "2", "--episode-length", "3", "--max-train-samples", "200", "--hidden-size", "16"]
 
@@ -144,6 +149,38 @@ def test_run_with_the_policy_plays_an_episode_of_its_length(trained: TrainedRun,
     assert code == 0, err
     assert "epoch   3/3" in out and "epoch   4/" not in out, "the episode length comes from the policy"
     assert (run_dir / "summary.json").is_file()
+
+
+# ------------------------------------------------------------------------------------------ host size
+
+
+def test_train_eval_and_run_policy_use_the_host_table_of_training(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    """The `[host]` table of `train` is saved with the run, and `eval` and `run --policy` build that host."""
+    config = tmp_path / "train.toml"
+    config.write_text("[host]\nbase_channels = 4\nn_blocks = 2\n")
+    run = tmp_path / "run"
+    assert main(["train", *TINY, "--rounds", "1", "--config", str(config), "--run-dir", str(run)]) == 0
+    expected = {"n_blocks": 2, "base_channels": 4, "kernel_size": 3}
+    assert json.loads((run / "config.json").read_text())["host"] == expected
+    assert json.loads(load_checkpoint(run)["config"])["host"] == expected
+
+    loaded: list[dict[str, int]] = []
+    real = morphogen.control.options.load_session_task
+
+    def recording(options: SessionOptions, device: str) -> Task:
+        task = real(options, device)
+        loaded.append({key: task.host_kwargs[key] for key in expected})
+        return task
+
+    monkeypatch.setattr(morphogen.commands.evaluate, "load_session_task", recording)
+    monkeypatch.setattr(morphogen.control.options, "load_session_task", recording)  # what cli imports
+    assert main(["eval", "--policy", str(run), "--episodes", "1"]) == 0
+    assert main(["run", "--policy", str(run), "--no-baseline", "--max-train-samples", "200",
+                 "--run-dir", str(tmp_path / "episode")]) == 0
+    capsys.readouterr()
+    assert loaded == [expected, expected]
+    assert json.loads((tmp_path / "episode" / "config.json").read_text())["host"] == expected
 
 
 # ----------------------------------------------------------------------------------------- user errors

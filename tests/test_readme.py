@@ -25,3 +25,19 @@ def test_readme_gym_example_runs():
     namespace: dict[str, object] = {}
     exec(compile(gym_blocks[0], str(README), "exec"), namespace)
     assert namespace["env"].observation_space.contains(namespace["observation"])
+
+
+def test_readme_config_examples_are_valid_run_configs():
+    import tomllib
+
+    from morphogen.config import build_config
+    from morphogen.runner import RunConfig
+
+    blocks = re.findall(r"```toml\n(.*?)```", README.read_text(), flags=re.S)
+    assert len(blocks) >= 2, "README shows a run config and a [host] table"
+    for block in blocks:
+        text = "\n".join(line.strip() for line in block.splitlines())  # the blocks sit indented in a list
+        config = build_config(RunConfig, tomllib.loads(text))
+        config.with_resolved_host()
+    host_example = next(block for block in blocks if "[host]" in block)
+    assert "base_channels" in host_example

@@ -5,13 +5,14 @@ host, blends it in, and keeps it or prunes it.
 """
 
 from morphogen.core.blueprints import blueprint_names, build_seed
-from morphogen.core.hosts import CNNHost, TransformerHost
+from morphogen.core.hosts import CNNHost, Conv1dHost, TransformerHost
 from morphogen.core.lifecycle import Stage
 from morphogen.core.model import MorphogeneticModel
 from morphogen.core.slot import SeedSlot, SlotConfig
 
 __all__ = [
     "CNNHost",
+    "Conv1dHost",
     "MorphogeneticModel",
     "SeedSlot",
     "SlotConfig",

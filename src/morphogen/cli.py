@@ -49,7 +49,7 @@ def _add_run_parser(subparsers: Any) -> None:
                                 description="One morphogenetic episode with the heuristic controller, "
                                             "printed next to the same host trained without growth.")
     run.add_argument("--config", help="TOML/JSON/YAML file with RunConfig keys (flags override it)")
-    run.add_argument("--task", help="digits (default), cifar10 or text")
+    run.add_argument("--task", help="digits (default), cifar10, text or mnist1d")
     run.add_argument("--epochs", type=int, help="epochs in the episode (default 30)")
     run.add_argument("--seed", type=int, help="seed of host init and data order (default 0)")
     run.add_argument("--device", help="cpu (default), cuda, cuda:N, mps or auto")
@@ -68,7 +68,7 @@ def _add_train_parser(subparsers: Any) -> None:
     train = subparsers.add_parser("train", help="train a growth policy with PPO over parallel episodes",
                                   description="PPO over rounds of parallel episodes; a checkpoint every round.")
     train.add_argument("--config", help="TOML/JSON/YAML file with TrainConfig keys (flags override it)")
-    train.add_argument("--task", help="digits (default), cifar10 or text")
+    train.add_argument("--task", help="digits (default), cifar10, text or mnist1d")
     train.add_argument("--envs", type=int, dest="n_envs", help="episodes side by side per round (default 4)")
     train.add_argument("--rounds", type=int, help="PPO rounds (default 20)")
     train.add_argument("--episode-length", type=int, help="epochs per episode (default 25)")
@@ -185,16 +185,18 @@ def _run(args: argparse.Namespace) -> None:
         run_command(config)
         return
     from morphogen.commands.evaluate import policy_controller_factory, read_policy_run
-    from morphogen.data import load_task
+    from morphogen.control.options import load_session_task
     from morphogen.runner import resolve_device
 
     trained, _ = read_policy_run(args.policy, resolve_device(config.device))
     length = args.epochs if args.epochs is not None else trained.episode_length
+    # The policy acts on the host it was trained with: its slots and its size (another task's host size
+    # does not apply; policy_controller_factory then reports the task mismatch).
+    host = trained.host if trained.task == config.task else config.host
     config = dataclasses.replace(config, episode=dataclasses.replace(trained.episode, max_epochs=length),
-                                 slots=trained.slots, pool_slots=trained.pool_slots)
+                                 slots=trained.slots, pool_slots=trained.pool_slots, host=host)
     device = resolve_device(config.device)
-    task = load_task(config.task, device=device, data_dir=config.data_dir, text_file=config.text_file,
-                     seed=config.seed, max_train_samples=config.max_train_samples)
+    task = load_session_task(config, device)
     factory, _ = policy_controller_factory(args.policy, task, device, length)
     run_command(config, factory, task=task)
 

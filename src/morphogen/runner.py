@@ -14,8 +14,8 @@ from typing import TextIO
 from morphogen.config import ConfigError, config_to_dict, short_repr
 from morphogen.control.controller import Controller, NoGrowthController
 from morphogen.control.heuristic import HeuristicConfig, HeuristicController
-from morphogen.control.options import SessionOptions
-from morphogen.data import Task, load_task
+from morphogen.control.options import SessionOptions, load_session_task
+from morphogen.data import Task
 from morphogen.env.episode import EpisodeConfig, MorphogenesisEpisode, StepResult
 from morphogen.env.snapshot import EpisodeSnapshot
 from morphogen.run_lock import hold_run_directory
@@ -162,10 +162,10 @@ def run_command(config: RunConfig, controller_factory: Callable[[MorphogenesisEp
     redirecting stdout works).
     """
     out = sys.stdout if out is None else out
+    config = config.with_resolved_host()  # config.json records the host's whole size
     device = resolve_device(config.device)
     if task is None:
-        task = load_task(config.task, device=device, data_dir=config.data_dir, text_file=config.text_file,
-                         seed=config.seed, max_train_samples=config.max_train_samples)
+        task = load_session_task(config, device)
     episode = MorphogenesisEpisode(task, config.episode, seed=config.seed, slots=config.slots,
                                    pool_slots=config.pool_slots)
     # Build the model and the controller before anything is written: an unknown slot or blueprint then

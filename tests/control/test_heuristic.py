@@ -8,7 +8,13 @@ from typing import Any
 import numpy as np
 import pytest
 
-from morphogen.control.heuristic import DEFAULT_ROTATION, HeuristicConfig, HeuristicController, has_plateaued
+from morphogen.control.heuristic import (
+    DEFAULT_ROTATION,
+    HeuristicConfig,
+    HeuristicController,
+    has_plateaued,
+    is_slowing,
+)
 from morphogen.core.blueprints import UnknownBlueprintError
 from morphogen.core.lifecycle import Stage
 from morphogen.env.actions import HEADS, Action, ActionSpace, Op
@@ -36,6 +42,22 @@ RISING = (90.0, 92.0, 94.0, 96.0, 98.0)
 )
 def test_has_plateaued(history: tuple[float, ...], epochs: int, threshold: float, expected: bool) -> None:
     assert has_plateaued(history, epochs, threshold) is expected
+
+
+@pytest.mark.parametrize(
+    ("losses", "window", "ratio", "expected"),
+    [
+        ((1.0, 0.8, 0.6, 0.5, 0.45), 2, 0.5, True),  # gains 0.4 then 0.15: below half
+        ((1.0, 0.75, 0.5, 0.375, 0.25), 2, 0.5, False),  # gains 0.5 then 0.25: exactly half is not slowing
+        ((1.0, 0.8, 0.6, 0.3, 0.1), 2, 0.5, False),  # accelerating
+        ((1.0, 0.8, 0.6, 0.7, 0.65), 2, 0.5, True),  # rose again recently
+        ((0.5, 0.5, 0.5, 0.5, 0.5), 2, 0.5, False),  # flat from the start: no earlier gain to slow down from
+        ((1.0, 0.5, 0.45), 1, 0.5, True),
+        ((1.0, 0.5, 0.45), 2, 0.5, False),  # too short for two windows
+    ],
+)
+def test_is_slowing(losses: tuple[float, ...], window: int, ratio: float, expected: bool) -> None:
+    assert is_slowing(losses, window, ratio) is expected
 
 
 # ---------------------------------------------------------------- helpers
@@ -67,7 +89,8 @@ def make_slot(slot_id: str, stage: Stage = Stage.DORMANT, **overrides: Any) -> S
 
 
 def make_snapshot(
-    *slots: SlotSnapshot, epoch: int = 10, history: tuple[float, ...] = PLATEAU, max_epochs: int = 30
+    *slots: SlotSnapshot, epoch: int = 10, history: tuple[float, ...] = PLATEAU, max_epochs: int = 30,
+    losses: tuple[float, ...] | None = None,
 ) -> EpisodeSnapshot:
     given = {slot.slot_id: slot for slot in slots}
     return EpisodeSnapshot(
@@ -77,7 +100,7 @@ def make_snapshot(
         val_loss=0.1,
         val_accuracy=history[-1],
         accuracy_history=history,
-        loss_history=(0.1,) * len(history),
+        loss_history=(0.1,) * len(history) if losses is None else losses,
         host_parameters=1000,
         active_parameters=1000,
         slots=tuple(given.get(slot_id, make_slot(slot_id)) for slot_id in SLOTS),
@@ -126,6 +149,15 @@ def test_germinates_after_warmup_once_accuracy_plateaus() -> None:
 def test_waits_while_accuracy_still_rises() -> None:
     heuristic, space = controller()
     assert heuristic.act(make_snapshot(history=RISING), make_masks(space, ALL_EMPTY)) == Action()
+
+
+def test_germinates_when_the_loss_slows_down_though_accuracy_still_rises() -> None:
+    heuristic, space = controller()
+    slowing = (1.0, 0.8, 0.6, 0.55, 0.52)
+    action = heuristic.act(make_snapshot(history=RISING, losses=slowing), make_masks(space, ALL_EMPTY))
+    assert action.op is Op.GERMINATE
+    steady = (1.0, 0.8, 0.6, 0.4, 0.2)
+    assert heuristic.act(make_snapshot(history=RISING, losses=steady), make_masks(space, ALL_EMPTY)) == Action()
 
 
 def test_waits_when_too_few_epochs_remain_for_a_seed() -> None:
@@ -179,6 +211,15 @@ def test_advances_a_seed_that_trained_long_enough() -> None:
     assert heuristic.act(make_snapshot(young, history=RISING), masks) == Action()
     ready = make_slot("r0c2", Stage.TRAINING, epochs_in_stage=4)
     assert heuristic.act(make_snapshot(ready), masks) == Action(Op.ADVANCE, "r0c2")
+
+
+def test_prunes_a_training_seed_the_blending_gate_kept_refusing() -> None:
+    heuristic, space = controller(min_training_epochs=4, training_patience=3)
+    masks = make_masks(space, {Op.ADVANCE: ("r0c2",), Op.PRUNE: ("r0c2",)})
+    waiting = make_slot("r0c2", Stage.TRAINING, epochs_in_stage=6)
+    assert heuristic.act(make_snapshot(waiting), masks) == Action(Op.ADVANCE, "r0c2")
+    hopeless = make_slot("r0c2", Stage.TRAINING, epochs_in_stage=7)
+    assert heuristic.act(make_snapshot(hopeless), masks) == Action(Op.PRUNE, "r0c2")
 
 
 def test_advances_a_germinated_seed() -> None:
@@ -290,6 +331,10 @@ def test_transformer_topology_uses_its_own_rotation() -> None:
         ({"plateau_epochs": 5}, "plateau_epochs"),  # the snapshot keeps only 5 accuracies
         ({"min_holding_epochs": -1}, "min_holding_epochs"),
         ({"rotation": ()}, "rotation"),
+        ({"slowing_window": 3}, "slowing_window"),  # two windows of 3 need 7 losses, the snapshot keeps 5
+        ({"slowing_ratio": 1.0}, "slowing_ratio"),
+        ({"slowing_ratio": float("nan")}, "slowing_ratio"),
+        ({"training_patience": -1}, "training_patience"),
     ],
 )
 def test_config_rejects_bad_values(overrides: dict[str, Any], message: str) -> None:

@@ -162,3 +162,24 @@ def test_only_gate_blend_has_parameters() -> None:
     assert list(Blend(BlendKind.MULTIPLY, 8).parameters()) == []
     # Linear(8, 4) + Linear(4, 1): the hidden width is max(4, channels / 4)
     assert sum(p.numel() for p in Blend(BlendKind.GATE, 8).parameters()) == (8 * 4 + 4) + (4 * 1 + 1)
+
+
+def test_gate_is_per_sample_for_channels_first_sequences() -> None:
+    """A 1D CNN activation [N, C, L] is 3-D like a token sequence, but pooled per sample over its length."""
+    torch.manual_seed(3)
+    blend = Blend(BlendKind.GATE, 4, channel_dim=1)
+    assert blend.gate is not None
+    h, s = _pair((3, 4, 10), seed=5)
+    values = blend.gate(h)
+    assert values.shape == (3, 1, 1)
+    changed = h.clone()
+    changed[1, :, 7] += 5.0  # one position of sample 1
+    after = blend.gate(changed)
+    assert torch.equal(after[0], values[0]) and torch.equal(after[2], values[2])
+    assert not torch.equal(after[1], values[1])
+    torch.testing.assert_close(blend(h, s, 0.0), h, rtol=0, atol=0)
+
+
+def test_gate_rejects_an_unknown_channel_dim() -> None:
+    with pytest.raises(ValueError, match="channel_dim"):
+        BlendGate(4, channel_dim=2)

@@ -1,4 +1,4 @@
-"""Blueprints: identity at birth on both hosts in every slot, registry errors, parameter counts."""
+"""Blueprints: identity at birth on every host in every slot, learning from step one, registry errors, counts."""
 
 from __future__ import annotations
 
@@ -16,12 +16,15 @@ from morphogen.core.blueprints import (
     parameter_count,
     registry_table,
 )
-from morphogen.core.hosts import CNNHost, SegmentedHost, TransformerHost
+from morphogen.core.hosts import CNNHost, Conv1dHost, SegmentedHost, TransformerHost
 from morphogen.core.lifecycle import Stage
 from morphogen.core.model import MorphogeneticModel
 
-CNN_NAMES = ("norm", "attention", "depthwise", "bottleneck", "conv_small", "conv_light", "conv_heavy")
+CNN_NAMES = ("norm", "attention", "depthwise", "bottleneck", "conv_small", "conv_light", "conv_heavy",
+             "widen_x2", "widen_x4", "widen_x8")
 TRANSFORMER_NAMES = ("norm", "lora", "lora_large", "attention", "mlp_small", "mlp")
+NAMES = {"cnn": CNN_NAMES, "cnn1d": CNN_NAMES, "transformer": TRANSFORMER_NAMES}
+ALL_BLUEPRINTS = [(topology, name) for topology, names in NAMES.items() for name in names]
 
 
 def _host(topology: str) -> tuple[SegmentedHost, torch.Tensor]:
@@ -29,18 +32,18 @@ def _host(topology: str) -> tuple[SegmentedHost, torch.Tensor]:
     generator = torch.Generator().manual_seed(1)
     if topology == "cnn":
         return CNNHost(10, 1, pool_slots=True).eval(), torch.randn(4, 1, 8, 8, generator=generator)
+    if topology == "cnn1d":
+        return Conv1dHost(10, 1, base_channels=8, pool_slots=True).eval(), torch.randn(4, 1, 40, generator=generator)
     host = TransformerHost(vocab_size=13, d_model=32, n_heads=4, n_layers=2, block_size=8, n_segments=2).eval()
     return host, torch.randint(0, 13, (3, 8), generator=generator)
 
 
 def test_registry_names_and_order() -> None:
-    assert blueprint_names("cnn") == CNN_NAMES
-    assert blueprint_names("transformer") == TRANSFORMER_NAMES
+    for topology, names in NAMES.items():
+        assert blueprint_names(topology) == names
 
 
-@pytest.mark.parametrize(
-    ("topology", "name"), [("cnn", name) for name in CNN_NAMES] + [("transformer", name) for name in TRANSFORMER_NAMES]
-)
+@pytest.mark.parametrize(("topology", "name"), ALL_BLUEPRINTS)
 def test_every_blueprint_is_identity_at_birth_in_every_slot(topology: str, name: str) -> None:
     host, x = _host(topology)
     with torch.no_grad():
@@ -59,9 +62,10 @@ def test_every_blueprint_is_identity_at_birth_in_every_slot(topology: str, name:
                                            msg=f"{name} in {slot_id} ({kind.value}, {stage.name})")
 
 
-@pytest.mark.parametrize("topology", ["cnn", "transformer"])
+@pytest.mark.parametrize("topology", list(NAMES))
 def test_seeds_are_shape_preserving_at_any_resolution(topology: str) -> None:
-    shapes = [(2, 8, 5, 7), (2, 8, 1, 1)] if topology == "cnn" else [(2, 5, 8), (1, 1, 8)]
+    shapes = {"cnn": [(2, 8, 5, 7), (2, 8, 1, 1)], "cnn1d": [(2, 8, 40), (2, 8, 3), (2, 8, 1)],
+              "transformer": [(2, 5, 8), (1, 1, 8)]}[topology]
     for name in blueprint_names(topology):
         seed = build_seed(topology, name, 8, n_heads=2) if name == "attention" and topology == "transformer" \
             else build_seed(topology, name, 8)
@@ -69,14 +73,14 @@ def test_seeds_are_shape_preserving_at_any_resolution(topology: str) -> None:
             assert seed(torch.randn(shape)).shape == shape
 
 
-@pytest.mark.parametrize("topology", ["cnn", "transformer"])
+@pytest.mark.parametrize("topology", list(NAMES))
 def test_seeds_never_use_batch_norm(topology: str) -> None:
     for name in blueprint_names(topology):
         seed = build_seed(topology, name, 32)
         assert not any(isinstance(module, nn.modules.batchnorm._BatchNorm) for module in seed.modules()), name
 
 
-@pytest.mark.parametrize("topology", ["cnn", "transformer"])
+@pytest.mark.parametrize("topology", list(NAMES))
 def test_unknown_names_list_the_valid_ones(topology: str) -> None:
     with pytest.raises(UnknownBlueprintError) as error:
         get_blueprint(topology, "conv_gigantic")
@@ -93,9 +97,9 @@ def test_blueprint_of_the_other_topology_is_unknown() -> None:
 
 
 def test_unknown_topology_lists_the_valid_ones() -> None:
-    with pytest.raises(UnknownBlueprintError, match="cnn, transformer"):
+    with pytest.raises(UnknownBlueprintError, match="cnn, cnn1d, transformer"):
         blueprint_names("mlp")
-    with pytest.raises(UnknownBlueprintError, match="cnn, transformer"):
+    with pytest.raises(UnknownBlueprintError, match="cnn, cnn1d, transformer"):
         registry_table("rnn", 8)
 
 
@@ -106,6 +110,7 @@ def test_unexpected_options_list_the_accepted_ones() -> None:
         build_seed("cnn", "conv_light", 8, rank=4)
     assert get_blueprint("transformer", "attention").options == ("n_heads",)
     assert get_blueprint("transformer", "lora_large").options == ()
+    assert get_blueprint("cnn1d", "widen_x4").options == ()  # the dimensionality is fixed, not an option
 
 
 def test_bad_option_values_raise_value_error() -> None:
@@ -120,7 +125,8 @@ def test_options_reach_the_module() -> None:
     assert sum(p.numel() for p in seed.parameters()) == 2 * 32 * 4
 
 
-@pytest.mark.parametrize(("topology", "width"), [("cnn", 8), ("cnn", 48), ("transformer", 16), ("transformer", 64)])
+@pytest.mark.parametrize(("topology", "width"), [("cnn", 8), ("cnn", 48), ("cnn1d", 8), ("cnn1d", 24),
+                                                 ("transformer", 16), ("transformer", 64)])
 def test_parameter_count_matches_the_built_module(topology: str, width: int) -> None:
     for name in blueprint_names(topology):
         seed = build_seed(topology, name, width)
@@ -140,7 +146,83 @@ def test_parameter_count_oracles() -> None:
     assert parameter_count("cnn", "bottleneck", 16) == (16 * 8 + 8) + (8 * 8 * 9 + 8) + (8 * 16 + 16)
 
 
-@pytest.mark.parametrize(("topology", "width"), [("cnn", 32), ("transformer", 64)])
+def test_one_dimensional_parameter_count_oracles() -> None:
+    # 1D spatial convolutions have 5 taps where 2D ones have 3x3.
+    assert parameter_count("cnn1d", "conv_small", 8) == 8 * 8 + 8  # 1x1 conv with bias
+    assert parameter_count("cnn1d", "conv_light", 8) == 2 * 8 + 8 * 8 * 5 + 8  # group norm + kernel-5 conv
+    assert parameter_count("cnn1d", "conv_heavy", 8) == 2 * (2 * 8 + 8 * 8 * 5 + 8)
+    assert parameter_count("cnn1d", "norm", 8) == 2 * 8 + 8  # group norm + per-channel scale
+    assert parameter_count("cnn1d", "depthwise", 8) == (8 * 5 + 8) + (8 * 8 + 8)  # depthwise + pointwise
+    # squeeze-excite hidden width max(4, C/4) = 4: Conv(8->4, 1x1) + Conv(4->8, 1x1)
+    assert parameter_count("cnn1d", "attention", 8) == (8 * 4 + 4) + (4 * 8 + 8)
+    assert parameter_count("cnn1d", "bottleneck", 16) == (16 * 8 + 8) + (8 * 8 * 5 + 8) + (8 * 16 + 16)
+
+
+@pytest.mark.parametrize(("topology", "taps"), [("cnn", 9), ("cnn1d", 5)])
+@pytest.mark.parametrize("expansion", [2, 4, 8])
+def test_widening_parameter_count_oracle(topology: str, taps: int, expansion: int) -> None:
+    c = 8
+    hidden = expansion * c
+    up = c * hidden + hidden  # 1x1 conv C -> e*C
+    mid = hidden * taps + hidden  # depthwise conv
+    down = hidden * c + c  # 1x1 conv e*C -> C
+    norms = 2 * (2 * hidden)  # group norm after up and after mid
+    assert parameter_count(topology, f"widen_x{expansion}", c) == up + mid + down + norms
+
+
+@pytest.mark.parametrize("topology", ["cnn", "cnn1d"])
+def test_widening_seeds_add_hidden_width(topology: str) -> None:
+    seed = build_seed(topology, "widen_x4", 8)
+    widths = [m.out_channels for m in seed.modules() if isinstance(m, (nn.Conv1d, nn.Conv2d))]
+    assert widths == [32, 32, 8]  # up to 4*C, depthwise at 4*C, down to C
+    counts = {name: parameter_count(topology, name, 8) for name in ("widen_x2", "widen_x4", "widen_x8")}
+    assert counts["widen_x2"] < counts["widen_x4"] < counts["widen_x8"]
+
+
+def _slot_activation(topology: str, generator: torch.Generator) -> torch.Tensor:
+    """An activation like the host's at a slot: after conv -> norm -> ReLU (non-negative) for the CNNs,
+    a signed residual stream for the transformer."""
+    if topology == "transformer":
+        return torch.randn((4, 6, 8), generator=generator)
+    shape = (4, 8, 6, 6) if topology == "cnn" else (4, 8, 20)
+    return torch.randn(shape, generator=generator).relu()
+
+
+@pytest.mark.parametrize(("topology", "name"), ALL_BLUEPRINTS)
+def test_every_seed_learns_from_step_one(topology: str, name: str) -> None:
+    """Identity at birth must not mean stuck: the first batch moves some parameter off its init, and
+    after one optimizer step the gradient reaches every parameter of the seed."""
+    torch.manual_seed(0)
+    generator = torch.Generator().manual_seed(3)
+    seed = build_seed(topology, name, 8, n_heads=2) if (topology, name) == ("transformer", "attention") \
+        else build_seed(topology, name, 8)
+    x = _slot_activation(topology, generator)
+    target = torch.randn(x.shape, generator=generator)
+    optimizer = torch.optim.SGD(seed.parameters(), lr=0.1)
+
+    def gradients() -> dict[str, torch.Tensor]:
+        optimizer.zero_grad()
+        nn.functional.mse_loss(seed(x), target).backward()
+        return {n: p.grad.clone() for n, p in seed.named_parameters() if p.grad is not None}
+
+    first = gradients()
+    assert any(g.abs().sum() > 0 for g in first.values()), f"{name}: no parameter gets a gradient at birth"
+    optimizer.step()
+    second = gradients()
+    silent = [n for n, p in seed.named_parameters() if n not in second or second[n].abs().sum() == 0]
+    assert not silent, f"{topology} {name}: no gradient after one step for {silent}"
+
+
+@pytest.mark.parametrize("topology", ["cnn", "cnn1d"])
+@pytest.mark.parametrize("expansion", [2, 4, 8])
+def test_widening_seed_zero_initializes_only_its_last_layer(topology: str, expansion: int) -> None:
+    seed = build_seed(topology, f"widen_x{expansion}", 8)
+    convs = [m for m in seed.modules() if isinstance(m, (nn.Conv1d, nn.Conv2d))]
+    assert all(p.abs().sum() == 0 for p in convs[-1].parameters())
+    assert all(conv.weight.abs().sum() > 0 for conv in convs[:-1])
+
+
+@pytest.mark.parametrize(("topology", "width"), [("cnn", 32), ("cnn1d", 16), ("transformer", 64)])
 def test_registry_table_rows(topology: str, width: int) -> None:
     rows = registry_table(topology, width)
     assert [row[0] for row in rows] == list(blueprint_names(topology))
@@ -149,7 +231,7 @@ def test_registry_table_rows(topology: str, width: int) -> None:
         assert count > 0
         assert description and description == get_blueprint(topology, name).description
     counts = dict((name, count) for name, count, _ in rows)
-    if topology == "cnn":
+    if topology in ("cnn", "cnn1d"):
         assert counts["conv_small"] < counts["conv_light"] < counts["conv_heavy"]
     else:
         assert counts["lora"] < counts["lora_large"] and counts["mlp_small"] < counts["mlp"]

@@ -7,7 +7,16 @@ import itertools
 import pytest
 import torch
 
-from morphogen.core.hosts import CNNHost, TransformerHost, UnknownSlotError, build_host
+from morphogen.core.hosts import (
+    CNNHost,
+    Conv1dHost,
+    HostSizeError,
+    TransformerHost,
+    UnknownSlotError,
+    build_host,
+    check_host_size,
+    host_size_arguments,
+)
 
 
 def _cnn(pool_slots: bool = False) -> CNNHost:
@@ -118,10 +127,12 @@ def test_transformer_rejects_sequences_longer_than_block_size() -> None:
     [{"num_classes": 0}, {"in_channels": 0}, {"n_blocks": 0}, {"base_channels": 0}, {"kernel_size": 2},
      {"kernel_size": 0}],
 )
-def test_cnn_rejects_bad_arguments(kwargs: dict[str, int]) -> None:
+@pytest.mark.parametrize("host_class", [CNNHost, Conv1dHost])
+def test_conv_hosts_reject_bad_arguments(host_class: type[CNNHost | Conv1dHost], kwargs: dict[str, int]) -> None:
     arguments = {"num_classes": 10, "in_channels": 1} | kwargs
-    with pytest.raises(ValueError, match=next(iter(kwargs))):
-        CNNHost(**arguments)
+    with pytest.raises(HostSizeError, match=f"{host_class.__name__} {next(iter(kwargs))}: must be") as error:
+        host_class(**arguments)
+    assert error.value.argument == next(iter(kwargs))
 
 
 @pytest.mark.parametrize(
@@ -132,7 +143,7 @@ def test_cnn_rejects_bad_arguments(kwargs: dict[str, int]) -> None:
 def test_transformer_rejects_bad_arguments(kwargs: dict[str, int]) -> None:
     arguments = {"vocab_size": 17, "d_model": 16, "n_heads": 4, "n_layers": 2, "block_size": 8,
                  "n_segments": 2} | kwargs
-    with pytest.raises(ValueError, match=next(iter(kwargs))):
+    with pytest.raises(HostSizeError, match=next(iter(kwargs))):
         TransformerHost(**arguments)
 
 
@@ -148,6 +159,83 @@ def test_build_host() -> None:
     assert isinstance(host, CNNHost)
     assert host.injection_points == {"r0c0": 4, "r0c1": 8}
     assert isinstance(build_host("transformer", vocab_size=5, d_model=8, n_heads=2, n_layers=2), TransformerHost)
-    with pytest.raises(ValueError, match="cnn, transformer"):
+    assert isinstance(build_host("cnn1d", num_classes=3, in_channels=1, base_channels=4), Conv1dHost)
+    with pytest.raises(ValueError, match="cnn, cnn1d, transformer"):
         build_host("rnn")
 
+
+
+def _sequences() -> torch.Tensor:
+    return torch.randn(4, 1, 40, generator=torch.Generator().manual_seed(1))
+
+
+def _conv1d(pool_slots: bool = False) -> Conv1dHost:
+    torch.manual_seed(0)
+    return Conv1dHost(10, 1, n_blocks=3, base_channels=8, pool_slots=pool_slots).eval()
+
+
+def test_conv1d_host_has_the_cnn_block_structure_in_one_dimension() -> None:
+    host = _conv1d(pool_slots=True)
+    assert host.topology == "cnn1d"
+    assert list(host.injection_points.items()) == [
+        ("r0c0", 8), ("r1c0", 8), ("r0c1", 16), ("r1c1", 16), ("r0c2", 32), ("r1c2", 32)
+    ]
+    expected_lengths = {"r0c0": 40, "r1c0": 20, "r0c1": 20, "r1c1": 10, "r0c2": 10, "r1c2": 5}
+    x = _sequences()
+    for slot, channels in host.injection_points.items():
+        assert host.forward_to(slot, x).shape == (4, channels, expected_lengths[slot])
+    assert host(x).shape == (4, 10)
+    kinds = [type(m) for m in host.modules() if not isinstance(m, (torch.nn.Sequential, torch.nn.ModuleList))]
+    assert torch.nn.Conv1d in kinds and torch.nn.BatchNorm1d in kinds and torch.nn.Conv2d not in kinds
+    convs = [m for m in host.modules() if isinstance(m, torch.nn.Conv1d)]
+    assert [c.kernel_size for c in convs] == [(5,)] * 3  # the default kernel
+    assert Conv1dHost(10, 1).injection_points == {"r0c0": 32, "r0c1": 64, "r0c2": 128}
+
+
+def test_conv1d_host_parameter_count_oracle() -> None:
+    host = Conv1dHost(10, 1, n_blocks=2, base_channels=4, kernel_size=3)
+    convs = (1 * 4 * 3) + (4 * 8 * 3)  # no bias: batch norm follows
+    norms = 2 * 4 + 2 * 8
+    head = 8 * 10 + 10
+    assert sum(p.numel() for p in host.parameters()) == convs + norms + head
+
+
+def test_conv1d_forward_to_and_forward_from_compose_to_forward() -> None:
+    host = _conv1d(pool_slots=True)
+    x = _sequences()
+    with torch.no_grad():
+        full = host(x)
+        for slot in host.slot_ids:
+            assert torch.equal(host.forward_from(slot, host.forward_to(slot, x)), full)
+
+
+def test_host_size_arguments_come_from_the_constructor_signature() -> None:
+    assert host_size_arguments("cnn") == ("n_blocks", "base_channels", "kernel_size")
+    assert host_size_arguments("cnn1d") == ("n_blocks", "base_channels", "kernel_size")
+    assert host_size_arguments("transformer") == ("d_model", "n_heads", "n_layers", "block_size", "n_segments")
+
+
+@pytest.mark.parametrize(
+    ("topology", "size", "argument", "problem"),
+    [
+        ("cnn", {"base_channels": 0}, "base_channels", "must be >= 1, got 0"),
+        ("cnn", {"kernel_size": 4}, "kernel_size", "must be odd and >= 1, got 4"),
+        ("cnn", {"d_model": 8}, "d_model", "unknown key; accepted: n_blocks, base_channels, kernel_size"),
+        ("cnn", {"num_classes": 3}, "num_classes", "unknown key; accepted: n_blocks, base_channels, kernel_size"),
+        ("cnn1d", {"n_blocks": 2.5}, "n_blocks", "expected an integer, got 2.5"),
+        ("cnn1d", {"n_blocks": True}, "n_blocks", "expected an integer, got True"),
+        ("transformer", {"n_heads": 5}, "d_model", "must be divisible by n_heads (5), got 64"),
+        ("transformer", {"n_layers": 3}, "n_layers", "must be a positive multiple of n_segments (2), got 3"),
+    ],
+)
+def test_check_host_size_names_the_argument(topology: str, size: dict[str, object], argument: str,
+                                            problem: str) -> None:
+    with pytest.raises(HostSizeError) as error:
+        check_host_size(topology, size)
+    assert (error.value.argument, error.value.problem) == (argument, problem)
+
+
+def test_check_host_size_accepts_what_the_host_builds_with() -> None:
+    check_host_size("cnn", {"n_blocks": 1, "base_channels": 4, "kernel_size": 5})
+    check_host_size("cnn1d", {})
+    check_host_size("transformer", {"d_model": 32, "n_heads": 2, "n_layers": 6, "n_segments": 3})

@@ -12,6 +12,7 @@ import pytest
 import torch
 from gymnasium.utils.env_checker import check_env
 
+from morphogen.core.blueprints import blueprint_names
 from morphogen.core.hosts import UnknownSlotError
 from morphogen.data import DeviceDataset, Task, load_task
 from morphogen.env.actions import HEADS, Op
@@ -231,3 +232,29 @@ def test_slot_subset_shrinks_both_spaces(task: Task) -> None:
     assert one.action_space.nvec[HEADS.index("slot")] == 1
     per_slot = (full.encoder.size - one.encoder.size) // (len(full.slot_ids) - 1)
     assert one.observation_space.shape[0] == full.observation_space.shape[0] - (len(full.slot_ids) - 1) * (per_slot + 1)
+
+
+def test_host_table_sizes_the_host_of_a_named_task() -> None:
+    env = MorphogenesisEnv("mnist1d", episode_config=CONFIG, max_train_samples=100,
+                           host={"base_channels": 4, "n_blocks": 2})
+    assert env.task.topology == "cnn1d"
+    assert env.task.host_kwargs["base_channels"] == 4
+    assert env.slot_ids == ("r0c0", "r0c1")
+    assert env.action_space.nvec[HEADS.index("blueprint")] == len(blueprint_names("cnn1d"))
+    observation, info = env.reset(seed=0)
+    assert env.observation_space.contains(observation)
+    assert env.episode is not None and env.episode.model is not None
+    assert env.episode.model.host.injection_points == {"r0c0": 4, "r0c1": 8}
+    _, _, _, _, info = env.step(germinate_first_slot(env))
+    assert info["action_succeeded"], info["reason"]
+
+
+def test_host_table_errors_name_the_argument(task: Task) -> None:
+    with pytest.raises(ValueError, match="base_channels: must be >= 1, got 0"):
+        MorphogenesisEnv("digits", host={"base_channels": 0})
+    with pytest.raises(ValueError, match="kernel_size: must be odd and >= 1, got 2"):
+        MorphogenesisEnv("digits", host={"kernel_size": 2})
+    with pytest.raises(ValueError, match=r"host\.d_model: unknown key; accepted: n_blocks, base_channels, kernel_size"):
+        MorphogenesisEnv("digits", host={"d_model": 8})
+    with pytest.raises(ValueError, match=r"host.*already loaded"):
+        MorphogenesisEnv(task, host={"base_channels": 4})

@@ -15,8 +15,9 @@ from morphogen.control.checkpoint import CheckpointError, check_layout, load_che
 from morphogen.control.controller import Controller, NoGrowthController
 from morphogen.control.heuristic import HeuristicController
 from morphogen.control.learned import PolicyController, agent_from_checkpoint
+from morphogen.control.options import load_session_task
 from morphogen.control.trainer import TrainConfig
-from morphogen.data import Task, load_task
+from morphogen.data import Task
 from morphogen.env.episode import MorphogenesisEpisode
 from morphogen.env.seeding import derive_seed
 from morphogen.limits import MAX_EVAL_EPISODES, MAX_SEED
@@ -68,8 +69,7 @@ def evaluate_command(policy_dir: str, episodes: int, *, seed: int = 0, device: s
         raise ConfigError(f"--episodes must be <= {MAX_EVAL_EPISODES:,}, got {episodes:,}")
     device = resolve_device(device)
     config, state = read_policy_run(policy_dir, device)
-    task = load_task(config.task, device=device, data_dir=config.data_dir, text_file=config.text_file,
-                     seed=config.seed, max_train_samples=config.max_train_samples)
+    task = load_session_task(config, device)  # with the host size the policy was trained with
     agent = agent_from_checkpoint(state, task.topology, device, source=policy_dir)
     makers: dict[str, Callable[[MorphogenesisEpisode], Controller]] = {
         "learned": lambda episode: PolicyController(agent),

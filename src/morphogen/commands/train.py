@@ -11,8 +11,8 @@ import torch
 
 from morphogen.config import ConfigError, build_config, config_to_dict
 from morphogen.control.checkpoint import CHECKPOINT_NAME, CheckpointError, load_checkpoint
+from morphogen.control.options import load_session_task
 from morphogen.control.trainer import PPOTrainer, TrainConfig, format_round, train
-from morphogen.data import load_task
 from morphogen.env.seeding import derive_seed
 from morphogen.run_lock import hold_run_directory
 from morphogen.runner import make_run_dir, resolve_device
@@ -54,9 +54,9 @@ def train_command(config: TrainConfig, *, resume_state: dict[str, Any] | None = 
     the events of rounds its checkpoint does not hold and the temporary files of killed writes.
     """
     out = sys.stdout if out is None else out
+    config = config.with_resolved_host()  # config.json and the checkpoint record the host's whole size
     device = resolve_device(config.device)
-    task = load_task(config.task, device=device, data_dir=config.data_dir, text_file=config.text_file,
-                     seed=config.seed, max_train_samples=config.max_train_samples)
+    task = load_session_task(config, device)
     # Training draws from generators seeded by (seed, round); the global RNG is seeded too (and saved in every
     # checkpoint, restored on resume) so that whatever may use it is replayed and checkpoints are reproducible.
     torch.manual_seed(derive_seed(config.seed, GLOBAL_RNG_STREAM))

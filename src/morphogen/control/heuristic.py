@@ -1,9 +1,15 @@
 """Rule-based growth controller (DESIGN §6).
 
-Waits until the host has trained a few epochs and its accuracy has plateaued, then germinates the
-next blueprint in a round-robin (skipping blueprints pruned recently), pushes the seed through
-TRAINING and BLENDING, prunes a seed whose stage made accuracy worse, and in HOLDING fossilizes a
-seed that contributes, else prunes it. It reads only the episode snapshot and the action masks.
+Waits until the host has trained a few epochs and its learning slows down (validation loss improving
+at most half as fast as just before, or accuracy flat), then germinates the next blueprint in a
+round-robin (skipping blueprints pruned recently), pushes the seed through TRAINING and BLENDING,
+prunes a seed that never earns its way out of TRAINING or whose stage made accuracy worse, and in
+HOLDING fossilizes a seed that contributes, else prunes it. It reads only the episode snapshot and
+the action masks.
+
+Why a slowing trend and not only a flat line: a language model's loss keeps improving slowly for
+hundreds of epochs, so an accuracy plateau may never come; and a seed that starts while the host
+still learns has more epochs to be trained behind it and to pay back its parameters.
 """
 
 from __future__ import annotations
@@ -19,9 +25,12 @@ from morphogen.env.actions import Action, ActionSpace, Op
 from morphogen.env.episode import HISTORY
 from morphogen.env.snapshot import EpisodeSnapshot, SlotSnapshot
 
-#: Blueprint order tried by default, per topology (cheap and commonly useful first).
+#: Blueprint order tried by default, per topology (cheap and commonly useful first; widening seeds last).
 DEFAULT_ROTATION = {
-    "cnn": ("conv_light", "attention", "depthwise", "bottleneck", "conv_small", "norm", "conv_heavy"),
+    "cnn": ("conv_light", "attention", "depthwise", "bottleneck", "conv_small", "norm", "conv_heavy",
+            "widen_x2", "widen_x4", "widen_x8"),
+    "cnn1d": ("conv_light", "attention", "depthwise", "bottleneck", "conv_small", "norm", "conv_heavy",
+              "widen_x2", "widen_x4", "widen_x8"),
     "transformer": ("lora", "mlp_small", "attention", "norm", "lora_large", "mlp"),
 }
 
@@ -36,8 +45,15 @@ class HeuristicConfig:
     plateau_epochs: int = 3
     #: ...and calls it a plateau when the gain is below this many points.
     plateau_threshold: float = 0.5
+    #: The slowing test compares the validation-loss improvement over the last `slowing_window` epochs...
+    slowing_window: int = 2
+    #: ...with the improvement over the window before it: below this fraction of it, learning is slowing.
+    slowing_ratio: float = 0.5
     #: Epochs in TRAINING before the controller asks to blend (the gate has the final word).
     min_training_epochs: int = 10
+    #: Epochs past `min_training_epochs` that a TRAINING seed may wait for the blending gate before it
+    #: is pruned (its shadow contribution never reached what the gate asks), freeing the slot.
+    training_patience: int = 8
     #: Prune a blending/holding seed whose stage lost more than this many accuracy points.
     worse_threshold: float = 2.0
     #: Fossilize a holding seed whose contribution exceeds this many points, else prune it.
@@ -51,12 +67,19 @@ class HeuristicConfig:
     rotation: tuple[str, ...] | None = None
 
     def __post_init__(self) -> None:
-        for name in ("warmup_epochs", "min_training_epochs", "prune_penalty_epochs", "min_holding_epochs"):
+        for name in ("warmup_epochs", "min_training_epochs", "prune_penalty_epochs", "min_holding_epochs",
+                     "training_patience"):
             if getattr(self, name) < 0:
                 raise ValueError(f"heuristic {name} must be >= 0, got {getattr(self, name)}")
         if not 1 <= self.plateau_epochs < HISTORY:
             # The snapshot keeps the last HISTORY accuracies; a longer plateau test could never pass.
             raise ValueError(f"heuristic plateau_epochs must be in [1, {HISTORY - 1}], got {self.plateau_epochs}")
+        if not 1 <= self.slowing_window <= (HISTORY - 1) // 2:
+            # Two windows of this many epochs need 2 * window + 1 losses from the snapshot's history.
+            raise ValueError(f"heuristic slowing_window must be in [1, {(HISTORY - 1) // 2}], "
+                             f"got {self.slowing_window}")
+        if not 0.0 <= self.slowing_ratio < 1.0:  # NaN fails too
+            raise ValueError(f"heuristic slowing_ratio must be in [0, 1), got {self.slowing_ratio}")
         if self.rotation is not None and not self.rotation:
             raise ValueError("heuristic rotation must name at least one blueprint (leave it out for the default)")
 
@@ -67,6 +90,18 @@ def has_plateaued(history: Sequence[float], epochs: int, threshold: float) -> bo
         return False
     window = list(history)[-(epochs + 1):]
     return max(window[1:]) - window[0] < threshold
+
+
+def is_slowing(losses: Sequence[float], window: int, ratio: float) -> bool:
+    """True when the loss fell by less than `ratio` times as much over the last `window` epochs as over
+    the `window` epochs before (a loss that rose recently counts as slowing; one still falling as fast does not).
+    """
+    if len(losses) < 2 * window + 1:
+        return False
+    recent = list(losses)[-(2 * window + 1):]
+    earlier_gain = recent[0] - recent[window]
+    recent_gain = recent[window] - recent[-1]
+    return earlier_gain > 0.0 and recent_gain < ratio * earlier_gain
 
 
 class HeuristicController:
@@ -120,6 +155,9 @@ class HeuristicController:
         if slot.stage is Stage.GERMINATED and slot_mask[Op.ADVANCE][slot_id]:
             return Action(Op.ADVANCE, slot_id)
         if slot.stage is Stage.TRAINING and slot.epochs_in_stage >= config.min_training_epochs \
+                + config.training_patience and slot_mask[Op.PRUNE][slot_id]:
+            return Action(Op.PRUNE, slot_id)  # the blending gate kept refusing: this seed would not pay
+        if slot.stage is Stage.TRAINING and slot.epochs_in_stage >= config.min_training_epochs \
                 and slot_mask[Op.ADVANCE][slot_id]:
             return Action(Op.ADVANCE, slot_id)
         # Only needed when the slot config does not auto-advance into HOLDING.
@@ -153,7 +191,8 @@ class HeuristicController:
         # Leave room for a seed to train and blend before the episode ends.
         if snapshot.max_epochs - snapshot.epoch < config.min_training_epochs // 2 + 2:
             return False
-        return has_plateaued(snapshot.accuracy_history, config.plateau_epochs, config.plateau_threshold)
+        return has_plateaued(snapshot.accuracy_history, config.plateau_epochs, config.plateau_threshold) \
+            or is_slowing(snapshot.loss_history, config.slowing_window, config.slowing_ratio)
 
     def _germinate(self, snapshot: EpisodeSnapshot, allowed: dict[str, bool]) -> Action:
         slots = [s for s in self.space.slot_ids if allowed[s]]

@@ -1,21 +1,40 @@
-"""Settings every command that runs episodes shares: which task, where, with what telemetry."""
+"""Settings every command that runs episodes shares: which task and host size, where, with what telemetry.
+
+`load_session_task(options, device)` is the one place where a command turns these settings into a
+loaded `Task`: `run`, `train`, `eval` and `run --policy` all go through it, so the `[host]` table
+reaches every host they build.
+
+The `[host]` table holds what the user changed and is checked as soon as the options are built.
+A command resolves it (`with_resolved_host`) before it writes its run directory, so a run's
+config.json and checkpoint record every size argument of the host it built, defaults included,
+and reading them back rebuilds the same host even if the task's defaults change later.
+"""
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Self
 
+from morphogen.core.hosts import HostSizeError, check_host_size
+from morphogen.data import TASK_NAMES, TASK_TOPOLOGIES, Task, host_size, load_task
 from morphogen.limits import MAX_SEED, MAX_TRAIN_SAMPLES, check_count
 from morphogen.telemetry.config import TelemetryConfig
 
 
 @dataclass(frozen=True)
 class SessionOptions:
-    """The task, device, slots, run directory and telemetry of a `run` or `train` session."""
+    """The task, host size, device, slots, run directory and telemetry of a `run` or `train` session."""
 
-    #: Task name: digits, cifar10 or text.
+    #: Task name: digits, cifar10, text or mnist1d.
     task: str = "digits"
     #: Base seed of host initialisation, data order and (in training) every round's randomness.
     seed: int = 0
+    #: Host size: constructor arguments of the task's host by name, e.g. `[host]` with `base_channels = 8`
+    #: (CNNHost and Conv1dHost: n_blocks, base_channels, kernel_size; TransformerHost: d_model, n_heads,
+    #: n_layers, block_size, n_segments). Arguments left out keep the task's default.
+    host: dict[str, int] = field(default_factory=dict)
     #: Device: cpu, cuda, cuda:N, mps, or auto (cuda when available, else cpu).
     device: str = "cpu"
     #: Slots to place (ids like r0c1); None places a slot at every injection point of the host.
@@ -43,3 +62,31 @@ class SessionOptions:
             raise ValueError("slots must name at least one slot (leave it out to use every slot of the host)")
         if self.slots is not None and len(set(self.slots)) != len(self.slots):
             raise ValueError(f"slots names a slot more than once: {', '.join(self.slots)}")
+        if not isinstance(self.host, Mapping):
+            raise ValueError(f"host must be a table of host size arguments (e.g. base_channels = 8), got {self.host!r}")
+        # An unknown task is reported by load_task, with the valid names; its host cannot be checked here.
+        if self.task in TASK_NAMES:
+            resolve_host_size(self.task, self.host)
+
+    def with_resolved_host(self) -> Self:
+        """These options with `host` holding every size argument of the task's host (defaults filled in)."""
+        return dataclasses.replace(self, host=resolve_host_size(self.task, self.host))
+
+
+def resolve_host_size(task: str, overrides: Mapping[str, object]) -> dict[str, int]:
+    """Task `task`'s default host size with `overrides` applied, checked against its host's constructor.
+
+    Raises `ValueError` as one line naming the key: ``host.base_channels: must be >= 1, got 0``.
+    """
+    size = host_size(task, overrides)  # names and positive integers (a DataError, itself a ValueError)
+    try:
+        check_host_size(TASK_TOPOLOGIES[task], size)
+    except HostSizeError as error:
+        raise ValueError(f"host.{error.argument}: {error.problem}") from None
+    return size
+
+
+def load_session_task(options: SessionOptions, device: str) -> Task:
+    """Load the task of `options` on `device` with its host size, training-sample cap and data paths."""
+    return load_task(options.task, device=device, data_dir=options.data_dir, text_file=options.text_file,
+                     seed=options.seed, max_train_samples=options.max_train_samples, host=options.host)

@@ -55,14 +55,20 @@ def gate_blend(h: Tensor, s: Tensor, alpha: AlphaLike, gate: Tensor) -> Tensor:
 class BlendGate(nn.Module):
     """Small learned gate g(h): pool -> MLP -> sigmoid.
 
-    Images ([N, C, H, W]) get one gate per sample (pooled over space). Sequences ([N, T, D]) get one
-    gate per position, not per sample: pooling over time would let later tokens steer the gate of
-    earlier ones and break the causal language model.
+    `channel_dim` says where the activation keeps its channels. Channels-first activations
+    (`channel_dim=1`: images [N, C, H, W], CNN feature sequences [N, C, L]) get one gate per sample,
+    pooled over every spatial dimension. Channels-last token sequences (`channel_dim=-1`: [N, T, D]) get
+    one gate per position, not per sample: pooling over time would let later tokens steer the gate of
+    earlier ones and break the causal language model. None tells the two apart by rank: 4-D inputs are
+    images, others token sequences (a 3-D [N, C, L] input then needs `channel_dim=1`).
     """
 
-    def __init__(self, channels: int, hidden: int | None = None, *, device: torch.device | str | None = None,
-                 dtype: torch.dtype | None = None) -> None:
+    def __init__(self, channels: int, hidden: int | None = None, *, channel_dim: int | None = None,
+                 device: torch.device | str | None = None, dtype: torch.dtype | None = None) -> None:
         super().__init__()
+        if channel_dim not in (None, 1, -1):
+            raise ValueError(f"channel_dim must be 1 (channels first), -1 (channels last) or None, got {channel_dim}")
+        self.channel_dim = channel_dim
         hidden = hidden or max(4, channels // 4)
         self.net = nn.Sequential(
             nn.Linear(channels, hidden, device=device, dtype=dtype),
@@ -71,20 +77,22 @@ class BlendGate(nn.Module):
         )
 
     def forward(self, h: Tensor) -> Tensor:
-        if h.dim() == 4:
-            pooled = h.mean(dim=(2, 3))  # (N, C)
-            return torch.sigmoid(self.net(pooled)).view(-1, 1, 1, 1)  # (N, 1, 1, 1)
+        channels_first = self.channel_dim == 1 or (self.channel_dim is None and h.dim() == 4)
+        if channels_first:
+            pooled = h.flatten(2).mean(dim=2)  # (N, C)
+            return torch.sigmoid(self.net(pooled)).view(-1, *([1] * (h.dim() - 1)))  # (N, 1, ..., 1)
         return torch.sigmoid(self.net(h))  # (N, T, 1)
 
 
 class Blend(nn.Module):
     """A blend operator as a module (holds the learned gate for `GATE`)."""
 
-    def __init__(self, kind: BlendKind, channels: int, *, device: torch.device | str | None = None,
-                 dtype: torch.dtype | None = None) -> None:
+    def __init__(self, kind: BlendKind, channels: int, *, channel_dim: int | None = None,
+                 device: torch.device | str | None = None, dtype: torch.dtype | None = None) -> None:
         super().__init__()
         self.kind = kind
-        self.gate = BlendGate(channels, device=device, dtype=dtype) if kind is BlendKind.GATE else None
+        self.gate = (BlendGate(channels, channel_dim=channel_dim, device=device, dtype=dtype)
+                     if kind is BlendKind.GATE else None)
 
     def forward(self, h: Tensor, s: Tensor, alpha: AlphaLike) -> Tensor:
         if self.kind is BlendKind.ADD:

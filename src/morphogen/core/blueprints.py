@@ -4,13 +4,19 @@ Every seed is shape-preserving and residual (`s = h + delta(h)`), and identity a
 layer of `delta` (or a ReZero-style output scale) starts at zero, so germinating a seed never
 changes the host's function. Norms inside seeds are GroupNorm/LayerNorm, never BatchNorm: a seed
 must behave the same whatever the batch composition, including the fused counterfactual batch.
+
+Topologies: "cnn" (images [N, C, H, W]), "cnn1d" (sequences [N, C, L]) and "transformer" ([N, T, D]).
+The two convolutional topologies share one set of recipes, written once over the number of spatial
+dimensions. Besides seeds of the slot's own width they have *widening* seeds (`widen_x2/x4/x8`,
+inverted residuals with e*C hidden channels): on a narrow host a seed of the slot's width adds almost
+no capacity, a widening one does (DESIGN §4.4).
 """
 
 from __future__ import annotations
 
 import inspect
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,15 +40,38 @@ def _zero_(module: nn.Module) -> nn.Module:
     return module
 
 
-class ScaledResidual(nn.Module):
-    """`h + scale * body(h)` with a per-channel scale that starts at zero (ReZero)."""
+#: Convolution class per number of spatial dimensions: 1 for sequences [N, C, L], 2 for images [N, C, H, W].
+_CONV: dict[int, type[nn.Conv1d | nn.Conv2d]] = {1: nn.Conv1d, 2: nn.Conv2d}
+#: Kernel of a seed's spatial convolutions per number of spatial dimensions. A 3x3 kernel sees one
+#: neighbour each way in an image; along a sequence 5 taps see two each way, a comparable reach for
+#: fewer weights than a 3x3's 9 (and the kernel of `Conv1dHost`'s own convolutions).
+SPATIAL_KERNEL = {1: 5, 2: 3}
+#: Expansion factors of the widening blueprints (`widen_x{e}`).
+WIDENING_FACTORS = (2, 4, 8)
 
-    def __init__(self, body: nn.Module, channels: int, channel_dim: int, *, device: Device = None,
+#: A convolutional seed recipe: (spatial dims, channels, device, dtype) -> seed module.
+ConvRecipe = Callable[[int, int, Device, torch.dtype | None], nn.Module]
+
+
+def _conv(dims: int, in_channels: int, out_channels: int, kernel_size: int, device: Device,
+          dtype: torch.dtype | None, *, groups: int = 1) -> nn.Module:
+    """A same-padded convolution over `dims` spatial dimensions (odd `kernel_size`), with bias."""
+    return _CONV[dims](in_channels, out_channels, kernel_size, padding=kernel_size // 2, groups=groups,
+                       device=device, dtype=dtype)
+
+
+def _group_norm(channels: int, device: Device, dtype: torch.dtype | None) -> nn.GroupNorm:
+    return nn.GroupNorm(_group_count(channels), channels, device=device, dtype=dtype)
+
+
+class ScaledResidual(nn.Module):
+    """`h + scale * body(h)` with a scale of shape `scale_shape` that starts at zero (ReZero)."""
+
+    def __init__(self, body: nn.Module, scale_shape: Sequence[int], *, device: Device = None,
                  dtype: torch.dtype | None = None) -> None:
         super().__init__()
         self.body = body
-        shape = [1, channels, 1, 1] if channel_dim == 1 else [channels]
-        self.scale = nn.Parameter(torch.zeros(shape, device=device, dtype=dtype))
+        self.scale = nn.Parameter(torch.zeros(tuple(scale_shape), device=device, dtype=dtype))
 
     def forward(self, h: Tensor) -> Tensor:
         delta: Tensor = self.body(h)
@@ -74,71 +103,114 @@ class NormDelta(nn.Module):
 
 
 class SqueezeExcite(nn.Module):
-    """Channel attention: `h * (1 + mlp(pool(h)))`, with the MLP's last layer zero-initialised."""
+    """Channel attention: `h * (1 + mlp(pool(h)))`, with the MLP's last layer zero-initialised.
 
-    def __init__(self, channels: int, *, device: Device = None, dtype: torch.dtype | None = None) -> None:
+    Works on [N, C, L] or [N, C, H, W] (`dims` = 1 or 2 spatial dimensions).
+    """
+
+    def __init__(self, channels: int, *, dims: int = 2, device: Device = None,
+                 dtype: torch.dtype | None = None) -> None:
         super().__init__()
         hidden = max(4, channels // 4)
-        self.down = nn.Conv2d(channels, hidden, 1, device=device, dtype=dtype)
-        self.up = _zero_(nn.Conv2d(hidden, channels, 1, device=device, dtype=dtype))
+        self.spatial = tuple(range(2, 2 + dims))
+        self.down = _conv(dims, channels, hidden, 1, device, dtype)
+        self.up = _zero_(_conv(dims, hidden, channels, 1, device, dtype))
 
     def forward(self, h: Tensor) -> Tensor:
-        pooled = h.mean(dim=(2, 3), keepdim=True)  # (N, C, 1, 1)
-        excitation: Tensor = self.up(torch.relu(self.down(pooled)))  # (N, C, 1, 1)
+        pooled = h.mean(dim=self.spatial, keepdim=True)  # (N, C, 1) or (N, C, 1, 1)
+        excitation: Tensor = self.up(torch.relu(self.down(pooled)))  # same shape as pooled
         return h * (1.0 + excitation)
 
 
-def _preactivation_conv(channels: int, device: Device, dtype: torch.dtype | None, zero: bool) -> list[nn.Module]:
-    """GroupNorm -> ReLU -> 3x3 conv; the last conv of a seed starts at zero so the seed is identity at birth."""
-    conv = nn.Conv2d(channels, channels, 3, padding=1, device=device, dtype=dtype)
-    return [
-        nn.GroupNorm(_group_count(channels), channels, device=device, dtype=dtype),
-        nn.ReLU(),
-        _zero_(conv) if zero else conv,
-    ]
+def _preactivation_conv(dims: int, channels: int, device: Device, dtype: torch.dtype | None,
+                        zero: bool) -> list[nn.Module]:
+    """GroupNorm -> ReLU -> spatial conv; the last conv of a seed starts at zero so the seed is identity at birth."""
+    conv = _conv(dims, channels, channels, SPATIAL_KERNEL[dims], device, dtype)
+    return [_group_norm(channels, device, dtype), nn.ReLU(), _zero_(conv) if zero else conv]
 
 
-def cnn_norm(channels: int, *, device: Device = None, dtype: torch.dtype | None = None) -> nn.Module:
-    norm = nn.GroupNorm(_group_count(channels), channels, device=device, dtype=dtype)
-    return ScaledResidual(NormDelta(norm), channels, 1, device=device, dtype=dtype)
+# Convolutional seeds, written once for both spatial dimensionalities (`dims`); `_for_dims` below turns
+# each into a registry builder for "cnn" (2D) or "cnn1d" (1D).
+
+def _conv_norm(dims: int, channels: int, device: Device, dtype: torch.dtype | None) -> nn.Module:
+    scale_shape = [1, channels, *([1] * dims)]  # broadcast over (N, ..., spatial)
+    return ScaledResidual(NormDelta(_group_norm(channels, device, dtype)), scale_shape, device=device, dtype=dtype)
 
 
-def cnn_attention(channels: int, *, device: Device = None, dtype: torch.dtype | None = None) -> nn.Module:
-    return SqueezeExcite(channels, device=device, dtype=dtype)
+def _conv_attention(dims: int, channels: int, device: Device, dtype: torch.dtype | None) -> nn.Module:
+    return SqueezeExcite(channels, dims=dims, device=device, dtype=dtype)
 
 
-def cnn_depthwise(channels: int, *, device: Device = None, dtype: torch.dtype | None = None) -> nn.Module:
+def _conv_depthwise(dims: int, channels: int, device: Device, dtype: torch.dtype | None) -> nn.Module:
     return Residual(nn.Sequential(
-        nn.Conv2d(channels, channels, 3, padding=1, groups=channels, device=device, dtype=dtype),
+        _conv(dims, channels, channels, SPATIAL_KERNEL[dims], device, dtype, groups=channels),
         nn.ReLU(),
-        _zero_(nn.Conv2d(channels, channels, 1, device=device, dtype=dtype)),
+        _zero_(_conv(dims, channels, channels, 1, device, dtype)),
     ))
 
 
-def cnn_bottleneck(channels: int, *, device: Device = None, dtype: torch.dtype | None = None) -> nn.Module:
+def _conv_bottleneck(dims: int, channels: int, device: Device, dtype: torch.dtype | None) -> nn.Module:
     width = max(8, channels // 4)
     return Residual(nn.Sequential(
-        nn.Conv2d(channels, width, 1, device=device, dtype=dtype),
+        _conv(dims, channels, width, 1, device, dtype),
         nn.ReLU(),
-        nn.Conv2d(width, width, 3, padding=1, device=device, dtype=dtype),
+        _conv(dims, width, width, SPATIAL_KERNEL[dims], device, dtype),
         nn.ReLU(),
-        _zero_(nn.Conv2d(width, channels, 1, device=device, dtype=dtype)),
+        _zero_(_conv(dims, width, channels, 1, device, dtype)),
     ))
 
 
-def cnn_conv_small(channels: int, *, device: Device = None, dtype: torch.dtype | None = None) -> nn.Module:
-    return Residual(_zero_(nn.Conv2d(channels, channels, 1, device=device, dtype=dtype)))
+def _conv_small(dims: int, channels: int, device: Device, dtype: torch.dtype | None) -> nn.Module:
+    return Residual(_zero_(_conv(dims, channels, channels, 1, device, dtype)))
 
 
-def cnn_conv_light(channels: int, *, device: Device = None, dtype: torch.dtype | None = None) -> nn.Module:
+def _conv_light(dims: int, channels: int, device: Device, dtype: torch.dtype | None) -> nn.Module:
     # Pre-activation order puts the zero-initialised conv last: unlike a zero output scale, it gets a
     # gradient from the first batch on, so the seed starts learning at once.
-    return Residual(nn.Sequential(*_preactivation_conv(channels, device, dtype, zero=True)))
+    return Residual(nn.Sequential(*_preactivation_conv(dims, channels, device, dtype, zero=True)))
 
 
-def cnn_conv_heavy(channels: int, *, device: Device = None, dtype: torch.dtype | None = None) -> nn.Module:
-    return Residual(nn.Sequential(*_preactivation_conv(channels, device, dtype, zero=False),
-                                  *_preactivation_conv(channels, device, dtype, zero=True)))
+def _conv_heavy(dims: int, channels: int, device: Device, dtype: torch.dtype | None) -> nn.Module:
+    return Residual(nn.Sequential(*_preactivation_conv(dims, channels, device, dtype, zero=False),
+                                  *_preactivation_conv(dims, channels, device, dtype, zero=True)))
+
+
+def _widening(expansion: int) -> ConvRecipe:
+    """Inverted residual (MobileNetV2) of expansion `expansion`: `h + down(act(mid(act(up(h)))))`.
+
+    `up` is a 1x1 conv to e*C channels, `mid` a depthwise spatial conv, `down` a 1x1 conv back to C;
+    GroupNorm follows `up` and `mid`. Only `down` starts at zero: the seed is identity at birth, and the
+    gradient to `down` (the hidden activations times the loss gradient) is non-zero from the first batch,
+    after which `up` and `mid` learn too. This is how growth widens a narrow host: the seed adds e*C
+    hidden channels at the slot (in the spirit of Net2Net, GradMax and TINY) while the slot keeps C.
+    """
+
+    def build(dims: int, channels: int, device: Device, dtype: torch.dtype | None) -> nn.Module:
+        hidden = expansion * channels
+        return Residual(nn.Sequential(
+            _conv(dims, channels, hidden, 1, device, dtype),  # (N, e*C, ...)
+            _group_norm(hidden, device, dtype),
+            nn.ReLU(),
+            _conv(dims, hidden, hidden, SPATIAL_KERNEL[dims], device, dtype, groups=hidden),  # (N, e*C, ...)
+            _group_norm(hidden, device, dtype),
+            nn.ReLU(),
+            _zero_(_conv(dims, hidden, channels, 1, device, dtype)),  # (N, C, ...)
+        ))
+
+    return build
+
+
+def _for_dims(build: ConvRecipe, dims: int) -> Callable[..., nn.Module]:
+    """A registry builder `(channels, *, device, dtype)` that builds `build`'s seed for `dims` spatial dims.
+
+    A closure rather than `functools.partial`: `Blueprint.options` reads the builder's signature, and a
+    partial would show `dims` as an option the user could set.
+    """
+
+    def builder(channels: int, *, device: Device = None, dtype: torch.dtype | None = None) -> nn.Module:
+        return build(dims, channels, device, dtype)
+
+    return builder
 
 
 class CausalSelfAttention(nn.Module):
@@ -164,7 +236,7 @@ class CausalSelfAttention(nn.Module):
 
 def transformer_norm(d_model: int, *, device: Device = None, dtype: torch.dtype | None = None) -> nn.Module:
     norm = nn.LayerNorm(d_model, device=device, dtype=dtype)
-    return ScaledResidual(NormDelta(norm), d_model, -1, device=device, dtype=dtype)
+    return ScaledResidual(NormDelta(norm), [d_model], device=device, dtype=dtype)
 
 
 def transformer_lora(d_model: int, *, rank: int = 8, device: Device = None,
@@ -232,18 +304,27 @@ class Blueprint:
         return self.builder(width, device=device, dtype=dtype, **options)
 
 
-TOPOLOGIES = ("cnn", "transformer")
+def _convolutional_blueprints(topology: str, dims: int) -> dict[str, Blueprint]:
+    """The convolutional seeds for `dims` spatial dimensions; 1D descriptions name their kernel (kernel-5)."""
+    spatial = "3x3" if dims == 2 else f"kernel-{SPATIAL_KERNEL[dims]}"
+    recipes: list[tuple[str, ConvRecipe, str]] = [
+        ("norm", _conv_norm, "group norm blended in by a zero-init scale"),
+        ("attention", _conv_attention, "squeeze-and-excite channel attention"),
+        ("depthwise", _conv_depthwise, f"depthwise {spatial} then pointwise 1x1"),
+        ("bottleneck", _conv_bottleneck, f"1x1 down, {spatial}, 1x1 up (width max(8, C/4))"),
+        ("conv_small", _conv_small, "one 1x1 convolution"),
+        ("conv_light", _conv_light, f"one {spatial} conv, group norm, ReLU block"),
+        ("conv_heavy", _conv_heavy, f"two {spatial} conv, group norm, ReLU blocks"),
+    ]
+    recipes += [(f"widen_x{e}", _widening(e), f"inverted residual: 1x1 up to {e}*C, depthwise {spatial}, 1x1 down")
+                for e in WIDENING_FACTORS]
+    return {name: Blueprint(name, topology, _for_dims(build, dims), description)
+            for name, build, description in recipes}
+
 
 _REGISTRY: dict[str, dict[str, Blueprint]] = {
-    "cnn": {b.name: b for b in (
-        Blueprint("norm", "cnn", cnn_norm, "group norm blended in by a zero-init scale"),
-        Blueprint("attention", "cnn", cnn_attention, "squeeze-and-excite channel attention"),
-        Blueprint("depthwise", "cnn", cnn_depthwise, "depthwise 3x3 then pointwise 1x1"),
-        Blueprint("bottleneck", "cnn", cnn_bottleneck, "1x1 down, 3x3, 1x1 up (width max(8, C/4))"),
-        Blueprint("conv_small", "cnn", cnn_conv_small, "one 1x1 convolution"),
-        Blueprint("conv_light", "cnn", cnn_conv_light, "one 3x3 conv, group norm, ReLU block"),
-        Blueprint("conv_heavy", "cnn", cnn_conv_heavy, "two 3x3 conv, group norm, ReLU blocks"),
-    )},
+    "cnn": _convolutional_blueprints("cnn", dims=2),
+    "cnn1d": _convolutional_blueprints("cnn1d", dims=1),
     "transformer": {b.name: b for b in (
         Blueprint("norm", "transformer", transformer_norm, "layer norm blended in by a zero-init scale"),
         Blueprint("lora", "transformer", transformer_lora, "low-rank adapter, rank 8"),
@@ -253,6 +334,10 @@ _REGISTRY: dict[str, dict[str, Blueprint]] = {
         Blueprint("mlp", "transformer", transformer_mlp, "MLP with 4x hidden width"),
     )},
 }
+TOPOLOGIES = tuple(_REGISTRY)
+"""Host topologies that have blueprints: "cnn" (images), "cnn1d" (sequences), "transformer" (tokens)."""
+CHANNEL_DIM = {"cnn": 1, "cnn1d": 1, "transformer": -1}
+"""Where each topology's activations keep their channels: [N, C, H, W] and [N, C, L] first, [N, T, D] last."""
 
 
 def _check_topology(topology: str) -> None:

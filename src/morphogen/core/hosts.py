@@ -4,12 +4,19 @@ A host is a chain of segments separated by named injection points. The host prot
 (`SegmentedHost`) is: `injection_points` (slot id -> channels, in execution order), `forward(x)`,
 `forward_to(slot, x, from_slot=None)` and `forward_from(slot, h)`. The architecture never changes
 after construction; growth happens only in the slots that `MorphogeneticModel` places at the points.
+
+Hosts: `CNNHost` (images [N, C, H, W]), `Conv1dHost` (sequences [N, C, L]) and `TransformerHost`
+(token ids [N, T]), one per topology in `HOST_CLASSES`. A host's *size arguments* are its
+constructor's positional parameters with a default (`host_size_arguments`); a `[host]` config table
+sets them, and `check_host_size` judges such a table with the constructor itself. Constructors raise
+`HostSizeError`, which names the argument at fault.
 """
 
 from __future__ import annotations
 
+import inspect
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 import torch
 from torch import Tensor, nn
@@ -79,44 +86,95 @@ class SegmentedHost(nn.Module):
         return h
 
 
-class CNNHost(SegmentedHost):
+class HostSizeError(ValueError):
+    """A host constructor argument the host cannot be built with; `argument` names it, `problem` says why."""
+
+    def __init__(self, host: str, argument: str, problem: str) -> None:
+        super().__init__(f"{host} {argument}: {problem}")
+        self.argument, self.problem = argument, problem
+
+
+def _check_at_least_one(host: str, arguments: dict[str, int]) -> None:
+    for name, value in arguments.items():
+        if value < 1:
+            raise HostSizeError(host, name, f"must be >= 1, got {value}")
+
+
+class _ConvBlocksHost(SegmentedHost):
     """Blocks of conv -> batch norm -> ReLU (widths base*2^i), max-pool after each, then GAP + linear.
 
-    Slots `r0c{i}` sit after block i; with `pool_slots=True`, slots `r1c{i}` also sit after pool i.
+    One implementation for images (`CNNHost`) and sequences (`Conv1dHost`): the subclasses pick the
+    layer classes of their dimensionality. Slots `r0c{i}` sit after block i; with `pool_slots=True`,
+    slots `r1c{i}` also sit after pool i.
     """
 
-    topology = "cnn"
+    conv: type[nn.Conv1d | nn.Conv2d]
+    batch_norm: type[nn.BatchNorm1d | nn.BatchNorm2d]
+    max_pool: type[nn.MaxPool1d | nn.MaxPool2d]
+    global_pool: type[nn.AdaptiveAvgPool1d | nn.AdaptiveAvgPool2d]
 
-    def __init__(self, num_classes: int, in_channels: int, n_blocks: int = 3, base_channels: int = 32,
-                 kernel_size: int = 3, *, pool_slots: bool = False, device: Device = None,
-                 dtype: torch.dtype | None = None) -> None:
+    def __init__(self, num_classes: int, in_channels: int, n_blocks: int, base_channels: int, kernel_size: int, *,
+                 pool_slots: bool, device: Device, dtype: torch.dtype | None) -> None:
         super().__init__()
-        for name, value in (("num_classes", num_classes), ("in_channels", in_channels), ("n_blocks", n_blocks),
-                            ("base_channels", base_channels)):
-            if value < 1:
-                raise ValueError(f"CNNHost {name} must be >= 1, got {value}")
+        host = type(self).__name__
+        _check_at_least_one(host, {"num_classes": num_classes, "in_channels": in_channels, "n_blocks": n_blocks,
+                                   "base_channels": base_channels})
         if kernel_size < 1 or kernel_size % 2 == 0:
-            raise ValueError(f"CNNHost kernel_size must be odd and >= 1, got {kernel_size}")
+            raise HostSizeError(host, "kernel_size", f"must be odd and >= 1, got {kernel_size}")
         self.num_classes = num_classes
         pending: list[nn.Module] = []
         channels = in_channels
         for i in range(n_blocks):
             width = base_channels * 2**i
-            pending += [nn.Conv2d(channels, width, kernel_size, padding=kernel_size // 2, bias=False, device=device,
+            pending += [self.conv(channels, width, kernel_size, padding=kernel_size // 2, bias=False, device=device,
                                   dtype=dtype),
-                        nn.BatchNorm2d(width, device=device, dtype=dtype), nn.ReLU()]
+                        self.batch_norm(width, device=device, dtype=dtype), nn.ReLU()]
             self._close_segment(pending, f"r0c{i}", width)
-            pending.append(nn.MaxPool2d(2, ceil_mode=True))
+            pending.append(self.max_pool(2, ceil_mode=True))
             if pool_slots:
                 self._close_segment(pending, f"r1c{i}", width)
             channels = width
-        pending += [nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(channels, num_classes, device=device, dtype=dtype)]
+        pending += [self.global_pool(1), nn.Flatten(), nn.Linear(channels, num_classes, device=device, dtype=dtype)]
         self.segments.append(nn.Sequential(*pending))
 
     def _close_segment(self, pending: list[nn.Module], slot: str, channels: int) -> None:
         self.segments.append(nn.Sequential(*pending))
         self._points[slot] = channels
         pending.clear()
+
+
+class CNNHost(_ConvBlocksHost):
+    """Image classifier on [N, C, H, W]: blocks of 2D conv -> batch norm -> ReLU, max-pool after each.
+
+    Slots `r0c{i}` sit after block i; with `pool_slots=True`, slots `r1c{i}` also sit after pool i.
+    """
+
+    topology = "cnn"
+    conv, batch_norm, max_pool, global_pool = nn.Conv2d, nn.BatchNorm2d, nn.MaxPool2d, nn.AdaptiveAvgPool2d
+
+    def __init__(self, num_classes: int, in_channels: int, n_blocks: int = 3, base_channels: int = 32,
+                 kernel_size: int = 3, *, pool_slots: bool = False, device: Device = None,
+                 dtype: torch.dtype | None = None) -> None:
+        super().__init__(num_classes, in_channels, n_blocks, base_channels, kernel_size, pool_slots=pool_slots,
+                         device=device, dtype=dtype)
+
+
+class Conv1dHost(_ConvBlocksHost):
+    """Sequence classifier on [N, C, L] (MNIST-1D): the `CNNHost` blocks with 1D conv, norm and pooling.
+
+    The default kernel of 5 taps sees two neighbours each side, about what a 3x3 kernel sees in an
+    image; every block halves the length (ceil), so 40 samples pool down to 20, 10, 5.
+    Slots `r0c{i}` sit after block i; with `pool_slots=True`, slots `r1c{i}` also sit after pool i.
+    """
+
+    topology = "cnn1d"
+    conv, batch_norm, max_pool, global_pool = nn.Conv1d, nn.BatchNorm1d, nn.MaxPool1d, nn.AdaptiveAvgPool1d
+
+    def __init__(self, num_classes: int, in_channels: int, n_blocks: int = 3, base_channels: int = 32,
+                 kernel_size: int = 5, *, pool_slots: bool = False, device: Device = None,
+                 dtype: torch.dtype | None = None) -> None:
+        super().__init__(num_classes, in_channels, n_blocks, base_channels, kernel_size, pool_slots=pool_slots,
+                         device=device, dtype=dtype)
 
 
 class TransformerBlock(nn.Module):
@@ -191,14 +249,14 @@ class TransformerHost(SegmentedHost):
                  block_size: int = 64, n_segments: int = 2, *, device: Device = None,
                  dtype: torch.dtype | None = None) -> None:
         super().__init__()
-        for name, value in (("vocab_size", vocab_size), ("d_model", d_model), ("n_heads", n_heads),
-                            ("block_size", block_size), ("n_segments", n_segments)):
-            if value < 1:
-                raise ValueError(f"TransformerHost {name} must be >= 1, got {value}")
+        host = type(self).__name__
+        _check_at_least_one(host, {"vocab_size": vocab_size, "d_model": d_model, "n_heads": n_heads,
+                                   "block_size": block_size, "n_segments": n_segments})
         if n_layers < n_segments or n_layers % n_segments:
-            raise ValueError(f"n_layers ({n_layers}) must be a positive multiple of n_segments ({n_segments})")
+            raise HostSizeError(host, "n_layers", f"must be a positive multiple of n_segments ({n_segments}), "
+                                                  f"got {n_layers}")
         if d_model % n_heads:
-            raise ValueError(f"d_model ({d_model}) must be divisible by n_heads ({n_heads})")
+            raise HostSizeError(host, "d_model", f"must be divisible by n_heads ({n_heads}), got {d_model}")
         self.vocab_size, self.block_size = vocab_size, block_size
         embedding = TokenEmbedding(vocab_size, d_model, block_size, device=device, dtype=dtype)
         per_segment = n_layers // n_segments
@@ -225,14 +283,50 @@ class TransformerHost(SegmentedHost):
                 nn.init.normal_(block.mlp_output.weight, std=0.02 / math.sqrt(2 * n_layers))
 
 
-HOST_CLASSES: dict[str, type[SegmentedHost]] = {"cnn": CNNHost, "transformer": TransformerHost}
+HOST_CLASSES: dict[str, type[SegmentedHost]] = {"cnn": CNNHost, "cnn1d": Conv1dHost, "transformer": TransformerHost}
 
 
-def build_host(topology: str, *, device: Device = None, **host_kwargs: int | bool) -> SegmentedHost:
-    """Build the host for a topology from constructor keyword arguments (as a task describes them)."""
+def _host_class(topology: str) -> Callable[..., SegmentedHost]:
     try:
         # Seen as a callable: the base class takes no arguments, each concrete host its own.
         host_class: Callable[..., SegmentedHost] = HOST_CLASSES[topology]
     except KeyError:
         raise ValueError(f"unknown host topology {topology!r}; valid: {', '.join(HOST_CLASSES)}") from None
-    return host_class(**host_kwargs, device=device)
+    return host_class
+
+
+def build_host(topology: str, *, device: Device = None, **host_kwargs: int | bool) -> SegmentedHost:
+    """Build the host for a topology from constructor keyword arguments (as a task describes them)."""
+    return _host_class(topology)(**host_kwargs, device=device)
+
+
+def host_size_arguments(topology: str) -> tuple[str, ...]:
+    """The constructor arguments that set the size of a topology's host, in signature order.
+
+    They are the positional parameters that have a default (`n_blocks`, `d_model`, ...). Those without
+    one (`num_classes`, `in_channels`, `vocab_size`) are fixed by the data, and the keyword-only ones
+    (`pool_slots`, `device`, `dtype`) are not sizes.
+    """
+    parameters = inspect.signature(_host_class(topology)).parameters.values()
+    return tuple(p.name for p in parameters
+                 if p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD and p.default is not inspect.Parameter.empty)
+
+
+def check_host_size(topology: str, size: Mapping[str, object]) -> None:
+    """Raise `HostSizeError` naming the first entry of `size` the topology's host cannot be built with.
+
+    `size` holds host size arguments by name (a `[host]` config table). Unknown names and non-integers
+    are caught here; values are judged by the constructor itself, so nothing can pass this check and
+    then fail to build. The trial host is built on the meta device: it allocates no memory.
+    """
+    host_class, accepted = _host_class(topology), host_size_arguments(topology)
+    host = HOST_CLASSES[topology].__name__
+    for name, value in size.items():
+        if name not in accepted:
+            raise HostSizeError(host, name, f"unknown key; accepted: {', '.join(accepted)}")
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise HostSizeError(host, name, f"expected an integer, got {value!r}")
+    # Data-fixed arguments (class count, channels, vocabulary) get a placeholder of 1: any size is valid there.
+    fixed = {p.name: 1 for p in inspect.signature(host_class).parameters.values()
+             if p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD and p.default is inspect.Parameter.empty}
+    host_class(**fixed, **size, device="meta")

@@ -1,5 +1,11 @@
 """MorphogeneticModel: a host with a SeedSlot at each chosen injection point.
 
+`forward_with_shadow` is the training forward (DESIGN §4.3): the host's output, bit-identical to a
+model without TRAINING seeds, plus the *shadow* outputs, one per TRAINING seed, of the network with
+that seed blended in at alpha 1. The shadow pass starts from the activations the host forward already
+computed (detached, so the host prefix never runs twice and receives nothing from it) and runs the
+layers after each TRAINING slot once for all of those seeds, as a [K*B] batch.
+
 `counterfactual_forward` evaluates K alpha configurations in one pass. The host prefix up to the
 first slot whose alpha differs across configurations is computed once; only from there on is the
 batch expanded to K*B samples, each carrying its own per-sample alpha. The seed of that first
@@ -10,6 +16,8 @@ different inputs and run on all K*B samples.
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any, cast
 
 import torch
@@ -18,6 +26,37 @@ from torch import Tensor, nn
 from morphogen.core.hosts import SegmentedHost, UnknownSlotError
 from morphogen.core.lifecycle import BLENDED_STAGES, Stage
 from morphogen.core.slot import SeedSlot, SlotConfig
+
+
+@contextmanager
+def batch_statistics_only(norms: Sequence[nn.modules.batchnorm._BatchNorm]) -> Iterator[None]:
+    """Batch norms normalize with batch statistics (in train mode) and leave their running ones alone.
+
+    The shadow pass must not move the host's running statistics, nor write in place into buffers that
+    the host forward saved for its backward (autograd would refuse them); with `track_running_stats`
+    off, a batch norm reads no buffer and writes none.
+    """
+    tracking = [norm.track_running_stats for norm in norms]
+    for norm in norms:
+        norm.track_running_stats = False
+    try:
+        yield
+    finally:
+        for norm, tracked in zip(norms, tracking, strict=True):
+            norm.track_running_stats = tracked
+
+
+@dataclass(frozen=True)
+class ShadowOutput:
+    """What the network would output with each TRAINING seed blended in at alpha 1."""
+
+    slot_ids: tuple[str, ...]
+    """The TRAINING slots, in execution order; row k of `outputs` has only the seed of slot k blended in."""
+    outputs: Tensor
+    """(K, B, ...): one output per TRAINING seed for the same B inputs."""
+    parameters: tuple[nn.Parameter, ...]
+    """The trainable parameters of those seeds: the only ones a shadow loss may update
+    (`loss.backward(inputs=list(parameters))`), so the layers after the slots learn nothing from it."""
 
 
 class MorphogeneticModel(nn.Module):
@@ -40,6 +79,7 @@ class MorphogeneticModel(nn.Module):
             {slot_id: SeedSlot(slot_id, points[slot_id], host.topology, config).to(device) for slot_id in ordered}
         )
         self._slot_by_point: list[str | None] = [slot_id if slot_id in chosen else None for slot_id in points]
+        self._batch_norms = [m for m in host.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
 
     # ---------------------------------------------------------------- access
     @property
@@ -92,6 +132,60 @@ class MorphogeneticModel(nn.Module):
             if slot_id is not None:
                 x = self.seed_slots[slot_id](x)
         return host.run_segment(len(self._slot_by_point), x)
+
+    def forward_with_shadow(self, x: Tensor) -> tuple[Tensor, ShadowOutput | None]:
+        """The host forward and, when seeds are TRAINING, their shadow outputs (None when none is).
+
+        Train a TRAINING seed by stepping its optimizer on `task_loss(shadow.outputs[k], targets)`
+        backpropagated with `backward(inputs=list(shadow.parameters))`: the seed sees what its own
+        output does to the loss (closed loop), and no host parameter, nor any other seed, gets a gradient
+        from that path. The host's output and host gradients are exactly those of `forward(x)`. Batch
+        norms after a slot normalize the shadow rows with their own batch statistics, as they would once
+        the seed is blended in, without touching the host's running statistics.
+        """
+        host = self.host
+        captured: dict[str, Tensor] = {}
+        for index, slot_id in enumerate(self._slot_by_point):
+            x = host.run_segment(index, x)
+            if slot_id is None:
+                continue
+            slot = self.slot(slot_id)
+            if slot.stage is Stage.TRAINING and slot.seed is not None and torch.is_grad_enabled():
+                captured[slot_id] = x.detach()
+            x = slot(x)
+        output = host.run_segment(len(self._slot_by_point), x)
+        if not captured:
+            return output, None
+        with batch_statistics_only(self._batch_norms):
+            return output, self._shadow_pass(captured)
+
+    def _shadow_pass(self, captured: dict[str, Tensor]) -> ShadowOutput:
+        """Run the layers after each TRAINING slot with that seed fully in, all seeds in one batch.
+
+        Rows join the batch at their own slot: before it, a row's activation would equal the host's,
+        which `captured` already holds, so nothing upstream is recomputed.
+        """
+        host = self.host
+        x: Tensor | None = None
+        for index, slot_id in enumerate(self._slot_by_point):
+            if x is not None:
+                x = host.run_segment(index, x)
+            if slot_id is None:
+                continue
+            slot = self.slot(slot_id)
+            if x is not None:
+                x = slot(x)  # the host's own behaviour at this slot for the rows already in
+            if slot_id in captured:
+                assert slot.blend is not None and slot.seed is not None
+                h = captured[slot_id]
+                shadow = slot.blend(h, slot.seed(h), 1.0)  # (B, ...): this seed fully in
+                x = shadow if x is None else torch.cat([x, shadow])  # (k*B, ...)
+        assert x is not None
+        x = host.run_segment(len(self._slot_by_point), x)
+        slot_ids = tuple(captured)
+        batch = next(iter(captured.values())).shape[0]
+        parameters = tuple(p for slot_id in slot_ids for p in self.slot(slot_id).seed_parameters() if p.requires_grad)
+        return ShadowOutput(slot_ids, x.reshape(len(slot_ids), batch, *x.shape[1:]), parameters)  # (K, B, ...)
 
     def counterfactual_forward(self, x: Tensor, alphas: Tensor | Sequence[Sequence[float]]) -> Tensor:
         """Outputs for K alpha configurations at once: `alphas` is [K, n_slots] -> output [K, B, ...].

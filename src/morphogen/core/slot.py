@@ -2,10 +2,12 @@
 
 Forward rules (DESIGN §4.3):
 - no seed, or a seed that is not running: identity; the seed is not executed.
-- TRAINING: the seed sees `h.detach()` and the output is `h + (s - s.detach())`, which is exactly `h`
-  in value (so host outputs and host gradients are bit-identical to a model without the seed) while
-  the seed receives the task gradient as if its output had been added. Without autograd (validation)
-  the seed is skipped entirely, since its output cannot change anything.
+- TRAINING: identity; the host path is exactly that of a model without the seed (outputs, gradients
+  and state bit-identical). The seed learns in closed loop on its *shadow*: the network with the seed
+  blended in at alpha 1 on the detached activation, which `MorphogeneticModel.forward_with_shadow`
+  runs next to the host forward. An `alpha_override` evaluates that shadow here (counterfactuals).
+  The predecessor's open-loop `h + (s - s.detach())` handed the seed the host's gradient at the slot
+  without its output ever reaching the loss; seeds overshot and hurt when blended.
 - BLENDING / HOLDING / FOSSILIZED: `blend(h, s, alpha)`. With `detach_input` the seed reads
   `h.detach()`, and `s + (h - h.detach())` restores the identity part of the residual seed for the
   host's gradient: the host still gets its full gradient through the skip path, never through the
@@ -28,7 +30,7 @@ from torch import Tensor, nn
 
 from morphogen.core.alpha import AlphaController, AlphaCurve, AlphaMode
 from morphogen.core.blend import Blend, BlendKind, add_blend, gate_blend, multiply_blend
-from morphogen.core.blueprints import build_seed
+from morphogen.core.blueprints import CHANNEL_DIM, build_seed
 from morphogen.core.lifecycle import (
     BLENDED_STAGES,
     NEXT_STAGE,
@@ -44,10 +46,10 @@ from morphogen.core.lifecycle import (
     evaluate_gate,
 )
 
-#: Whether a seed keeps reading a detached input after TRAINING, per topology. CNN seeds stay
-#: isolated (the host's features are not bent towards the seed); transformer seeds co-adapt, since
+#: Whether a seed keeps reading a detached input after TRAINING, per topology. CNN seeds (2D and 1D)
+#: stay isolated (the host's features are not bent towards the seed); transformer seeds co-adapt, since
 #: their residual stream is shared by every later layer and joint training converges faster there.
-DETACH_AFTER_TRAINING = {"cnn": True, "transformer": False}
+DETACH_AFTER_TRAINING = {"cnn": True, "cnn1d": True, "transformer": False}
 
 
 @dataclass(frozen=True)
@@ -141,10 +143,7 @@ class SeedSlot(nn.Module):
                 assert self.blend is not None
                 shadow: Tensor = self.blend(h, self.seed_output(h), alpha_override)
                 return shadow
-            if not torch.is_grad_enabled():
-                return h
-            s: Tensor = self.seed(h.detach())
-            return h + (s - s.detach())
+            return h
         assert self.blend is not None
         alpha = self.alpha_value if alpha_override is None else alpha_override
         blended: Tensor = self.blend(h, self.seed_output(h), alpha)
@@ -200,7 +199,8 @@ class SeedSlot(nn.Module):
         blend_kind = blend or self.config.blend
         # Build everything before touching the slot, so a refused blueprint or option changes nothing.
         seed = build_seed(self.topology, blueprint, self.channels, device=device, dtype=dtype, **options)
-        blend_module = Blend(blend_kind, self.channels, device=device, dtype=dtype)
+        blend_module = Blend(blend_kind, self.channels, channel_dim=CHANNEL_DIM[self.topology], device=device,
+                             dtype=dtype)
         self.seed, self.blend, self.blend_kind = seed, blend_module, blend_kind
         self.blend_epochs = self.config.blend_epochs if blend_epochs is None else blend_epochs
         self.blueprint, self.blueprint_options = blueprint, dict(options)
@@ -379,7 +379,8 @@ class SeedSlot(nn.Module):
             dtype = _dtype_from_name(state.get("seed_dtype"))
             self.seed = build_seed(self.topology, self.blueprint, self.channels, device=device, dtype=dtype,
                                    **self.blueprint_options)
-            self.blend = Blend(self.blend_kind, self.channels, device=device, dtype=dtype)
+            self.blend = Blend(self.blend_kind, self.channels, channel_dim=CHANNEL_DIM[self.topology], device=device,
+                               dtype=dtype)
             self._freeze_if_ramping_down()
         else:
             self.seed, self.blend = None, None

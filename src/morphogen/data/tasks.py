@@ -1,23 +1,32 @@
 """Task presets: a dataset split into train/validation on a device, plus the host that fits it.
 
 `load_task(name)` returns a `Task` whose `host_kwargs` are exactly the constructor arguments of the
-host for its `topology`, so that `CNNHost(**task.host_kwargs)` or `TransformerHost(**task.host_kwargs)`
-builds a model for it. The data layer never imports the hosts: it is a leaf package.
+host for its `topology`, so that `CNNHost(**task.host_kwargs)`, `Conv1dHost(...)` or
+`TransformerHost(...)` builds a model for it. The data layer never imports the hosts: it is a leaf package.
+
+Host size: each task has a default size (`DEFAULT_HOST_SIZES`: the constructor arguments that set
+widths, blocks, layers, heads); `load_task(..., host={...})` overrides any of them by name (a `[host]`
+config table). Arguments the data fixes (`num_classes`, `in_channels`, `vocab_size`) cannot be
+overridden. The data layer checks names and that values are positive integers; the host constructor
+judges the rest (an even kernel, heads that do not divide the width) when the host is built.
 
 Splits are fixed: they never depend on `seed`. `seed` only chooses which training samples are kept
-when `max_train_samples` is smaller than the training split. Normalization statistics always come
-from the full training split, so validation data is identical whatever `seed` and the cap are.
+when `max_train_samples` is smaller than the training split. Normalization statistics never depend on
+`seed` or the cap (they come from the full training split, or for mnist1d from its generator), so
+validation data is identical whatever they are.
 
-| task    | data                                   | train / validation    | host        |
-|---------|----------------------------------------|-----------------------|-------------|
-| digits  | scikit-learn 8x8 digits, no download   | 1437 / 360 images     | CNN         |
-| cifar10 | CIFAR-10 python pickles in `data_dir`  | 50000 / 10000 images  | CNN         |
-| text    | characters of stdlib sources or a file | 90% / 10% by position | transformer |
+| task    | data                                       | train / validation     | host        |
+|---------|--------------------------------------------|------------------------|-------------|
+| digits  | scikit-learn 8x8 digits, no download       | 1437 / 360 images      | CNN         |
+| cifar10 | CIFAR-10 python pickles in `data_dir`      | 50000 / 10000 images   | CNN         |
+| text    | characters of stdlib sources or a file     | 90% / 10% by position  | transformer |
+| mnist1d | MNIST-1D, generated offline (`mnist1d`)    | 4000 / 1000 signals    | 1D CNN      |
 """
 
 from __future__ import annotations
 
 import warnings
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -29,16 +38,27 @@ from sklearn.model_selection import train_test_split  # type: ignore[import-unty
 from morphogen.data.cifar import CIFAR10_NUM_CLASSES, EXPECTED_LAYOUT, read_cifar10, uint8_channel_mean_std
 from morphogen.data.datasets import Augmentation, DeviceDataset, random_crop_flip
 from morphogen.data.errors import DataError
+from morphogen.data.mnist1d import MNIST1D_NUM_CLASSES, generate_mnist1d
 from morphogen.data.text import encode_characters, next_character_windows, read_default_corpus, read_text_file
 
-__all__ = ["TASK_NAMES", "DataError", "Task", "load_task"]
+__all__ = ["DEFAULT_HOST_SIZES", "TASK_NAMES", "TASK_TOPOLOGIES", "DataError", "Task", "host_size", "load_task"]
 
-TASK_NAMES: tuple[str, ...] = ("digits", "cifar10", "text")
+TASK_NAMES: tuple[str, ...] = ("digits", "cifar10", "text", "mnist1d")
 
 CNN_HOST_SIZE = {"n_blocks": 3, "base_channels": 32, "kernel_size": 3}
 """CNNHost size for both image tasks: 3 blocks of width 32/64/128 (an 8x8 digit pools down to 1x1)."""
 TRANSFORMER_HOST_SIZE = {"d_model": 64, "n_heads": 4, "n_layers": 4, "block_size": 64, "n_segments": 2}
 """TransformerHost size for `text`: ~0.2M parameters for a ~100-character vocabulary; trains on a CPU."""
+MNIST1D_HOST_SIZE = {"n_blocks": 3, "base_channels": 8, "kernel_size": 5}
+"""Conv1dHost size for `mnist1d`: 3 blocks of width 8/16/32 (~3.7k parameters; 40 points pool to 20, 10, 5).
+Deliberately narrow, below the ~5k-parameter CNN of the MNIST-1D paper, so that growth has room to help."""
+
+TASK_TOPOLOGIES: dict[str, str] = {"digits": "cnn", "cifar10": "cnn", "text": "transformer", "mnist1d": "cnn1d"}
+"""The host topology of each task."""
+DEFAULT_HOST_SIZES: dict[str, dict[str, int]] = {
+    "digits": CNN_HOST_SIZE, "cifar10": CNN_HOST_SIZE, "text": TRANSFORMER_HOST_SIZE, "mnist1d": MNIST1D_HOST_SIZE,
+}
+"""Each task's host size: the host constructor arguments a `[host]` table may override, with their defaults."""
 
 DIGITS_VALIDATION_FRACTION = 0.2
 DIGITS_SPLIT_SEED = 0
@@ -49,6 +69,8 @@ CIFAR10_BATCH_SIZE = 128
 TEXT_BATCH_SIZE = 32
 TEXT_TRAIN_FRACTION = 0.9
 """The first 90% of the characters train, the last 10% validate (no window straddles the cut)."""
+MNIST1D_BATCH_SIZE = 100
+"""40 steps per epoch on 4000 signals; the batch size of the MNIST-1D paper's reference models."""
 
 
 @dataclass(frozen=True)
@@ -58,7 +80,7 @@ class Task:
     name: str
     """One of TASK_NAMES."""
     topology: str
-    """"cnn" or "transformer": which host class `host_kwargs` are for."""
+    """"cnn", "cnn1d" or "transformer": which host class `host_kwargs` are for."""
     host_kwargs: dict[str, int]
     """Exactly the keyword arguments of that host's constructor."""
     train: DeviceDataset
@@ -82,14 +104,16 @@ def load_task(
     text_file: str | Path | None = None,
     seed: int = 0,
     max_train_samples: int | None = None,
+    host: Mapping[str, int] | None = None,
 ) -> Task:
     """Build the named task with all tensors on `device`.
 
     `data_dir` is read by cifar10 only, `text_file` by text only (default: stdlib sources).
     `max_train_samples` keeps that many training samples, chosen by `seed`; validation is unchanged.
+    `host` overrides entries of the task's default host size (`host_size`); for text, `block_size`
+    is also the length of the training windows.
     """
-    if name not in TASK_NAMES:
-        raise DataError(f"unknown task {name!r}; valid task names: {', '.join(TASK_NAMES)}")
+    size = host_size(name, host)
     if max_train_samples is not None and (
         isinstance(max_train_samples, bool) or not isinstance(max_train_samples, int) or max_train_samples < 1
     ):
@@ -98,10 +122,32 @@ def load_task(
     _warn_unused(name, "text_file", text_file, "text")
     target = torch.device(device)
     if name == "digits":
-        return _load_digits(target, seed, max_train_samples)
+        return _load_digits(target, seed, max_train_samples, size)
     if name == "cifar10":
-        return _load_cifar10(target, data_dir, seed, max_train_samples)
-    return _load_text(target, text_file, seed, max_train_samples)
+        return _load_cifar10(target, data_dir, seed, max_train_samples, size)
+    if name == "mnist1d":
+        return _load_mnist1d(target, seed, max_train_samples, size)
+    return _load_text(target, text_file, seed, max_train_samples, size)
+
+
+def host_size(name: str, overrides: Mapping[str, object] | None = None) -> dict[str, int]:
+    """Task `name`'s default host size with `overrides` applied: the size arguments of its host, resolved.
+
+    Raises `DataError` for an unknown task, a name that is not one of the task's host size arguments
+    (the message lists them) and a value that is not a positive integer, each naming its key `host.NAME`.
+    """
+    if name not in TASK_NAMES:
+        raise DataError(f"unknown task {name!r}; valid task names: {', '.join(TASK_NAMES)}")
+    size = dict(DEFAULT_HOST_SIZES[name])
+    for key, value in (overrides or {}).items():
+        if key not in DEFAULT_HOST_SIZES[name]:
+            raise DataError(f"host.{key}: unknown key; accepted: {', '.join(DEFAULT_HOST_SIZES[name])}")
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise DataError(f"host.{key}: expected an integer, got {value!r}")
+        if value < 1:
+            raise DataError(f"host.{key}: must be >= 1, got {value}")
+        size[key] = value
+    return size
 
 
 def _warn_unused(task: str, argument: str, value: object, reader: str) -> None:
@@ -119,7 +165,7 @@ def _kept_training_indices(count: int, max_train_samples: int | None, seed: int)
     return np.sort(chosen)
 
 
-def _load_digits(device: torch.device, seed: int, max_train_samples: int | None) -> Task:
+def _load_digits(device: torch.device, seed: int, max_train_samples: int | None, size: dict[str, int]) -> Task:
     """Pixels scaled to [0, 1], then one mean/std over all training pixels (the single channel)."""
     digits = load_digits()
     images = digits.images.astype(np.float64)[:, None] / 16.0  # (N, 1, 8, 8), pixel values 0..16 -> [0, 1]
@@ -144,7 +190,7 @@ def _load_digits(device: torch.device, seed: int, max_train_samples: int | None)
     return Task(
         name="digits",
         topology="cnn",
-        host_kwargs={"num_classes": 10, "in_channels": 1, **CNN_HOST_SIZE},
+        host_kwargs={"num_classes": 10, "in_channels": 1, **size},
         train=split(train_indices),
         validation=split(validation_indices),
         batch_size=DIGITS_BATCH_SIZE,
@@ -154,7 +200,8 @@ def _load_digits(device: torch.device, seed: int, max_train_samples: int | None)
 
 
 def _load_cifar10(
-    device: torch.device, data_dir: str | Path | None, seed: int, max_train_samples: int | None
+    device: torch.device, data_dir: str | Path | None, seed: int, max_train_samples: int | None,
+    size: dict[str, int],
 ) -> Task:
     """Per-channel standardization with the training images' mean/std; test_batch validates."""
     if data_dir is None:
@@ -177,7 +224,7 @@ def _load_cifar10(
     return Task(
         name="cifar10",
         topology="cnn",
-        host_kwargs={"num_classes": CIFAR10_NUM_CLASSES, "in_channels": 3, **CNN_HOST_SIZE},
+        host_kwargs={"num_classes": CIFAR10_NUM_CLASSES, "in_channels": 3, **size},
         train=split(train_images, train_labels),
         validation=split(arrays.test_images, arrays.test_labels),
         batch_size=CIFAR10_BATCH_SIZE,
@@ -186,15 +233,41 @@ def _load_cifar10(
     )
 
 
+def _load_mnist1d(device: torch.device, seed: int, max_train_samples: int | None, size: dict[str, int]) -> Task:
+    """Signals [N, 1, 40] float32 as the generator standardized them; its test split validates."""
+    arrays = generate_mnist1d()
+    train_signals, train_labels = arrays.train_signals, arrays.train_labels
+    kept = _kept_training_indices(len(train_labels), max_train_samples, seed)
+    if kept is not None:
+        train_signals, train_labels = train_signals[kept], train_labels[kept]
+
+    def split(signals: np.ndarray, labels: np.ndarray) -> DeviceDataset:
+        # astype copies: the tensors never alias the process-wide cached (read-only) arrays.
+        inputs = torch.from_numpy(signals.astype(np.float32)[:, None, :])  # (N, 1, 40)
+        return DeviceDataset(inputs, torch.from_numpy(labels.astype(np.int64))).to(device)
+
+    return Task(
+        name="mnist1d",
+        topology="cnn1d",
+        host_kwargs={"num_classes": MNIST1D_NUM_CLASSES, "in_channels": 1, **size},
+        train=split(train_signals, train_labels),
+        validation=split(arrays.test_signals, arrays.test_labels),
+        batch_size=MNIST1D_BATCH_SIZE,
+        augment=None,
+        objective="classification",
+    )
+
+
 def _load_text(
-    device: torch.device, text_file: str | Path | None, seed: int, max_train_samples: int | None
+    device: torch.device, text_file: str | Path | None, seed: int, max_train_samples: int | None,
+    size: dict[str, int],
 ) -> Task:
     """Vocabulary from the whole text (so validation has no unknown ids), windows per split."""
     text = read_default_corpus() if text_file is None else read_text_file(text_file)
     encoded = encode_characters(text)
     ids = torch.from_numpy(encoded.ids)  # (L,)
     cut = int(len(text) * TEXT_TRAIN_FRACTION)
-    block_size = TRANSFORMER_HOST_SIZE["block_size"]
+    block_size = size["block_size"]
     train_inputs, train_targets = next_character_windows(ids[:cut], block_size)  # (N, T), (N, T)
     validation_inputs, validation_targets = next_character_windows(ids[cut:], block_size)
     kept = _kept_training_indices(train_inputs.shape[0], max_train_samples, seed)
@@ -204,7 +277,7 @@ def _load_text(
     return Task(
         name="text",
         topology="transformer",
-        host_kwargs={"vocab_size": len(encoded.vocabulary), **TRANSFORMER_HOST_SIZE},
+        host_kwargs={"vocab_size": len(encoded.vocabulary), **size},
         train=DeviceDataset(train_inputs, train_targets).to(device),
         validation=DeviceDataset(validation_inputs, validation_targets).to(device),
         batch_size=TEXT_BATCH_SIZE,

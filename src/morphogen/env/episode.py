@@ -114,7 +114,7 @@ class MorphogenesisEpisode:
     def build_model(self) -> MorphogeneticModel:
         """The host for this task with slots, initialised from this episode's seed."""
         host_kwargs: dict[str, int | bool] = dict(self.task.host_kwargs)
-        if self.task.topology == "cnn" and self.pool_slots:
+        if self.task.topology in ("cnn", "cnn1d") and self.pool_slots:
             host_kwargs["pool_slots"] = True
         with seeded(self.seed, self.device):
             host = build_host(self.task.topology, device=self.device, **host_kwargs)

@@ -28,7 +28,7 @@ validate with counterfactuals, reward). Rules of the wrapper:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -37,7 +37,8 @@ import numpy as np
 import torch
 from gymnasium import spaces
 
-from morphogen.data import Task, load_task
+from morphogen.core.hosts import check_host_size
+from morphogen.data import TASK_TOPOLOGIES, Task, host_size, load_task
 from morphogen.env.actions import HEADS, ActionSpace
 from morphogen.env.episode import EpisodeConfig, MorphogenesisEpisode
 from morphogen.env.observation import EncodedObservation, ObservationEncoder
@@ -69,9 +70,10 @@ def flat_action_masks(op_conditioned: Sequence[np.ndarray]) -> tuple[np.ndarray,
 class MorphogenesisEnv(gymnasium.Env[np.ndarray, np.ndarray]):
     """A Gymnasium env whose episodes grow a host on `task`: one step = act + one epoch of training.
 
-    `task` is a task name (loaded here with `device`, `max_train_samples`, `data_dir`, `text_file`)
-    or an already loaded `Task`, which skips reloading the data (the loading arguments must then be
-    left unset). The training subset chosen by `max_train_samples` is fixed for the env's lifetime;
+    `task` is a task name (loaded here with `device`, `max_train_samples`, `data_dir`, `text_file`
+    and `host`, the host size arguments to change from the task's defaults, as in a `[host]` config
+    table) or an already loaded `Task`, which skips reloading the data (the loading arguments must then
+    be left unset). The training subset chosen by `max_train_samples` is fixed for the env's lifetime;
     the seed of each reset picks the host initialization and data order. `telemetry` receives every
     episode's events and stays owned by the caller (`close` does not close it).
     """
@@ -88,6 +90,7 @@ class MorphogenesisEnv(gymnasium.Env[np.ndarray, np.ndarray]):
         max_train_samples: int | None = None,
         data_dir: str | Path | None = None,
         text_file: str | Path | None = None,
+        host: Mapping[str, int] | None = None,
         telemetry: Telemetry | None = None,
         env_id: int = 0,
         render_mode: str | None = None,
@@ -95,7 +98,7 @@ class MorphogenesisEnv(gymnasium.Env[np.ndarray, np.ndarray]):
         if render_mode is not None:
             raise ValueError(f"MorphogenesisEnv does not render (render_mode={render_mode!r}); pass "
                              "render_mode=None and read the episode's telemetry instead")
-        self.task = _resolve_task(task, device, max_train_samples, data_dir, text_file)
+        self.task = _resolve_task(task, device, max_train_samples, data_dir, text_file, host)
         self.episode_config = episode_config or EpisodeConfig()
         self.slots = None if slots is None else tuple(slots)
         self.telemetry = telemetry
@@ -206,14 +209,19 @@ class MorphogenesisEnv(gymnasium.Env[np.ndarray, np.ndarray]):
 
 
 def _resolve_task(task: str | Task, device: str | torch.device, max_train_samples: int | None,
-                  data_dir: str | Path | None, text_file: str | Path | None) -> Task:
+                  data_dir: str | Path | None, text_file: str | Path | None,
+                  host: Mapping[str, int] | None) -> Task:
     """Load a named task, or check that a loaded one is compatible with the other arguments."""
     if isinstance(task, str):
+        if host:
+            # Judge the size with the host's own constructor (HostSizeError) before any data is loaded.
+            size = host_size(task, host)  # an unknown task or key, a non-integer: DataError
+            check_host_size(TASK_TOPOLOGIES[task], size)
         return load_task(task, device=device, data_dir=data_dir, text_file=text_file,
-                         max_train_samples=max_train_samples)
+                         max_train_samples=max_train_samples, host=host)
     if not isinstance(task, Task):
         raise TypeError(f"task must be a task name or a morphogen.data.Task, got {type(task).__name__}")
-    loading = {"max_train_samples": max_train_samples, "data_dir": data_dir, "text_file": text_file}
+    loading = {"max_train_samples": max_train_samples, "data_dir": data_dir, "text_file": text_file, "host": host}
     passed = sorted(name for name, value in loading.items() if value is not None)
     if passed:
         raise ValueError(f"{', '.join(passed)} configure loading, but task is already loaded; pass them to "

@@ -1,5 +1,9 @@
 """One training batch of a morphogenetic model: host and every live seed, each with its own optimizer.
 
+A TRAINING seed learns in closed loop (DESIGN §4.3): its gradient comes from the loss of the network
+with its output blended in at alpha 1 (the shadow pass), restricted to its own parameters, while the
+host and blended seeds learn from the real model's loss.
+
 Gradients are clipped per group (host, then each seed) so a young seed's large gradients cannot eat
 the host's step budget, and vice versa. Nothing here synchronizes: the loss is accumulated on the
 device and read once per epoch by the episode.
@@ -16,6 +20,15 @@ from morphogen.core.isolation import IsolationMonitor
 from morphogen.core.model import MorphogeneticModel
 from morphogen.env.evaluation import task_loss
 from morphogen.limits import check_finite
+
+
+def shadow_loss(outputs: Tensor, targets: Tensor) -> Tensor:
+    """Sum over the K shadow configurations of each one's mean task loss: outputs (K, B, ...), targets (B, ...).
+
+    Summing keeps every seed's gradient that of its own loss (its rows are the only ones it affects).
+    """
+    k = outputs.shape[0]
+    return task_loss(outputs, targets.expand(k, *targets.shape)) * k  # targets (K, B, ...) as a view
 
 
 @dataclass(frozen=True)
@@ -83,8 +96,11 @@ class ModelTrainer:
         model.train()
         running = self._sync_seed_optimizers()
         model.zero_grad(set_to_none=True)
-        loss = task_loss(model(inputs), targets)
+        output, shadow = model.forward_with_shadow(inputs)
+        loss = task_loss(output, targets)
         loss.backward()
+        if shadow is not None and shadow.parameters:
+            shadow_loss(shadow.outputs, targets).backward(inputs=list(shadow.parameters))
         host_parameters = model.host_parameters()
         self.monitor.accumulate(host_parameters, running)
         nn.utils.clip_grad_norm_(host_parameters, self.config.clip_norm, foreach=True)
