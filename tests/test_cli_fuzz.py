@@ -57,6 +57,8 @@ SETTINGS: dict[tuple[str, ...], st.SearchStrategy[Setting]] = {
     ("episode", "governor", "sigma"): choice([6.0], [math.nan, -math.inf, 0.0]),
     ("telemetry", "level"): choice(["minimal", "normal"], ["loud", 3, None]),
     ("telemetry", "ratio_explosion"): choice([10.0], [math.inf, math.nan, 0.5]),
+    ("host", "base_channels"): choice([8, 16], [0, 10**6, "wide", 2.5]),
+    ("host", "n_blocks"): choice([2, 3], [0, 40, 2**70]),
     ("bogus_key",): st.sampled_from([(1, False)]),
     ("episode",): st.sampled_from([(5, False), ("table", False), (deep(2000), False)]),
 }

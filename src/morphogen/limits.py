@@ -26,6 +26,9 @@ MAX_ROUNDS = 1_000_000
 MAX_ENVS = 1_024
 #: Width of the policy's trunk and LSTM (4096 is ~0.5 GB of LSTM weights, ~1.5 GB with Adam state).
 MAX_HIDDEN_SIZE = 4_096
+#: Parameters of a host built from a `[host]` table (4 GB of float32 weights, ~12 GB with gradients
+#: and momentum): `base_channels = 1000000` would ask for 72 TB.
+MAX_HOST_PARAMETERS = 1_000_000_000
 #: Training or validation batch size.
 MAX_BATCH_SIZE = 1_048_576
 #: Training samples kept by `max_train_samples`.

@@ -19,7 +19,7 @@ from typing import Self
 
 from morphogen.core.hosts import HostSizeError, check_host_size
 from morphogen.data import TASK_NAMES, TASK_TOPOLOGIES, Task, host_size, load_task
-from morphogen.limits import MAX_SEED, MAX_TRAIN_SAMPLES, check_count
+from morphogen.limits import MAX_HOST_PARAMETERS, MAX_SEED, MAX_TRAIN_SAMPLES, check_count
 from morphogen.telemetry.config import TelemetryConfig
 
 
@@ -79,10 +79,16 @@ def resolve_host_size(task: str, overrides: Mapping[str, object]) -> dict[str, i
     Raises `ValueError` as one line naming the key: ``host.base_channels: must be >= 1, got 0``.
     """
     size = host_size(task, overrides)  # names and positive integers (a DataError, itself a ValueError)
+    sizes = ", ".join(f"{key} = {value:,}" for key, value in size.items())
+    too_large = f"host {sizes} builds a host above the limit of {MAX_HOST_PARAMETERS:,} parameters (morphogen.limits)"
     try:
-        check_host_size(TASK_TOPOLOGIES[task], size)
+        parameters = check_host_size(TASK_TOPOLOGIES[task], size)
     except HostSizeError as error:
         raise ValueError(f"host.{error.argument}: {error.problem}") from None
+    except RuntimeError:  # the trial build on the meta device overflowed: its tensors have > 2**63 elements
+        raise ValueError(f"{too_large}; choose smaller sizes") from None
+    if parameters > MAX_HOST_PARAMETERS:
+        raise ValueError(f"{too_large}: at least {parameters:,}; choose smaller sizes")
     return size
 
 
