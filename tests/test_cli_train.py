@@ -240,7 +240,7 @@ def test_truncated_checkpoint_with_resume_and_with_eval(trained: TrainedRun, tmp
 
 def test_eval_needs_an_episode(trained: TrainedRun, capsys: pytest.CaptureFixture[str]) -> None:
     line = expect_user_error(["eval", "--policy", str(trained.directory), "--episodes", "0"], capsys)
-    assert "--episodes must be >= 1, got 0" in line
+    assert "episodes: must be >= 1, got 0" in line
 
 
 def test_run_policy_with_another_episode_length(trained: TrainedRun, tmp_path: Path,
@@ -264,3 +264,28 @@ def test_run_policy_on_another_task(trained: TrainedRun, tmp_path: Path, capsys:
     assert "was trained on task 'digits', not 'text'" in line
     assert not episode_dir.exists()
     assert files_of(trained.directory) == before
+
+
+def test_eval_records_into_a_run_directory_from_a_config_file(trained: TrainedRun, tmp_path: Path,
+                                                              capsys: pytest.CaptureFixture[str]) -> None:
+    from morphogen.telemetry import events
+    from morphogen.telemetry.sinks import read_events
+
+    config = tmp_path / "eval.toml"
+    config.write_text(f'policy = "{trained.directory}"\nepisodes = 1\n[telemetry]\nlevel = "normal"\n')
+    record = tmp_path / "eval-run"
+    assert main(["eval", "--config", str(config), "--run-dir", str(record), "--telemetry", "minimal"]) == 0
+    assert f"recorded in {record}" in capsys.readouterr().out
+    scores = json.loads((record / "eval.json").read_text())
+    assert [s["name"] for s in scores] == ["learned", "heuristic", "no growth"]
+    assert json.loads((record / "config.json").read_text())["telemetry"]["level"] == "minimal"
+    written = read_events(record / "events.jsonl")
+    finished = [e.env_id for e in written if isinstance(e, events.EpisodeCompleted)]
+    assert finished == [0, 1, 2], "episode i of controller c is env c * episodes + i"
+    assert not any(isinstance(e, events.RewardComputed) for e in written), "minimal level from the flag"
+
+
+def test_eval_telemetry_without_a_run_directory_is_a_usage_error(trained: TrainedRun,
+                                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    line = expect_user_error(["eval", "--policy", str(trained.directory), "--telemetry", "debug"], capsys)
+    assert "give --run-dir DIR" in line

@@ -22,3 +22,15 @@ __all__ = [
     "build_seed",
 ]
 __version__ = "0.1.0"
+
+
+def _register_gymnasium_env() -> None:
+    """Register "morphogen/Morphogenesis-v0" by entry point: `gymnasium.make` finds it after `import
+    morphogen`, and the env module (and its task loading) is imported only when an env is made."""
+    import gymnasium
+
+    if "morphogen/Morphogenesis-v0" not in gymnasium.registry:
+        gymnasium.register(id="morphogen/Morphogenesis-v0", entry_point="morphogen.env.gym:MorphogenesisEnv")
+
+
+_register_gymnasium_env()

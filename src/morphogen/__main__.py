@@ -1,4 +1,4 @@
-"""`python -m morphogen`: the same command as the `morphogen` script."""
+"""`python -m morphogen` runs the `morphogen` command."""
 
 import sys
 

@@ -6,10 +6,12 @@ import argparse
 import contextlib
 import dataclasses
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from morphogen import __version__
+from morphogen.commands.listing import LISTINGS
 from morphogen.config import ConfigError, build_config, read_config_file, short_repr
 from morphogen.control.checkpoint import CheckpointError
 from morphogen.control.trainer import TrainConfig
@@ -21,9 +23,13 @@ from morphogen.run_lock import RunDirectoryLockError, hold_run_directory
 from morphogen.runner import RunConfig, run_command
 from morphogen.storage import DiskFullError
 from morphogen.ui.report import RunDirectoryError, render_report
+from morphogen.ui.runs import RunsQueryError
+
+if TYPE_CHECKING:
+    from morphogen.commands.evaluate import EvalConfig
 
 USER_ERRORS = (ConfigError, DataError, UnknownBlueprintError, UnknownSlotError, CheckpointError, RunDirectoryError,
-               RunDirectoryLockError, DiskFullError)
+               RunsQueryError, RunDirectoryLockError, DiskFullError)
 EXIT_USER_ERROR = 2
 #: Exit status when training kept diverging after every rollback and back-off (`DivergenceError`).
 EXIT_DIVERGED = 3
@@ -33,6 +39,11 @@ MAX_ERROR_LINE = 1_000
 
 class UsageError(ValueError):
     """Bad command-line usage that argparse itself cannot see."""
+
+
+def _add_threads_flag(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--threads", type=int,
+                        help="CPU threads for torch (default: $OMP_NUM_THREADS, else half the cores, at most 4)")
 
 
 def _add_telemetry_flags(parser: argparse.ArgumentParser) -> None:
@@ -50,7 +61,8 @@ def _add_run_parser(subparsers: Any) -> None:
                                             "printed next to the same host trained without growth.")
     run.add_argument("--config", help="TOML/JSON/YAML file with RunConfig keys (flags override it)")
     run.add_argument("--task", help="digits (default), cifar10, text or mnist1d")
-    run.add_argument("--epochs", type=int, help="epochs in the episode (default 30)")
+    run.add_argument("--epochs", "--episode-length", type=int, dest="epochs",
+                     help="epochs in the episode (default 30)")
     run.add_argument("--seed", type=int, help="seed of host init and data order (default 0)")
     run.add_argument("--device", help="cpu (default), cuda, cuda:N, mps or auto")
     run.add_argument("--slots", help="comma-separated slot ids, e.g. r0c0,r0c1 (default: all)")
@@ -62,6 +74,7 @@ def _add_run_parser(subparsers: Any) -> None:
     _add_telemetry_flags(run)
     run.add_argument("--no-baseline", action="store_true", help="skip the no-growth comparison")
     run.add_argument("--policy", help="run directory of `morphogen train`: act with its learned policy")
+    _add_threads_flag(run)
 
 
 def _add_train_parser(subparsers: Any) -> None:
@@ -71,7 +84,8 @@ def _add_train_parser(subparsers: Any) -> None:
     train.add_argument("--task", help="digits (default), cifar10, text or mnist1d")
     train.add_argument("--envs", type=int, dest="n_envs", help="episodes side by side per round (default 4)")
     train.add_argument("--rounds", type=int, help="PPO rounds (default 20)")
-    train.add_argument("--episode-length", type=int, help="epochs per episode (default 25)")
+    train.add_argument("--episode-length", "--epochs", type=int, dest="episode_length",
+                       help="epochs per episode (default 25)")
     train.add_argument("--seed", type=int, help="base seed (default 0)")
     train.add_argument("--device", help="cpu (default), cuda, cuda:N, mps or auto")
     train.add_argument("--slots", help="comma-separated slot ids (default: all)")
@@ -82,15 +96,51 @@ def _add_train_parser(subparsers: Any) -> None:
     train.add_argument("--run-dir", help="exact run directory (default runs/<time>-<task>)")
     _add_telemetry_flags(train)
     train.add_argument("--resume", metavar="RUN_DIR", help="continue a stopped run from its checkpoint")
+    _add_threads_flag(train)
 
 
 def _add_eval_parser(subparsers: Any) -> None:
     evaluate = subparsers.add_parser("eval", help="compare a learned policy, the heuristic and no growth",
                                      description="Learned policy, heuristic and no growth on the same fresh seeds.")
-    evaluate.add_argument("--policy", required=True, help="run directory of `morphogen train`")
-    evaluate.add_argument("--episodes", type=int, default=5, help="episodes per controller (default 5)")
-    evaluate.add_argument("--seed", type=int, default=0, help="base of the evaluation seeds (default 0)")
-    evaluate.add_argument("--device", default="cpu", help="cpu (default), cuda, cuda:N, mps or auto")
+    evaluate.add_argument("--config", help="TOML/JSON/YAML file with EvalConfig keys (flags override it)")
+    evaluate.add_argument("--policy", help="run directory of `morphogen train` (required, here or in --config)")
+    evaluate.add_argument("--episodes", type=int, help="episodes per controller (default 5)")
+    evaluate.add_argument("--seed", type=int, help="base of the evaluation seeds (default 0)")
+    evaluate.add_argument("--device", help="cpu (default), cuda, cuda:N, mps or auto")
+    evaluate.add_argument("--run-dir", help="record config, events and eval.json here (default: record nothing)")
+    evaluate.add_argument("--telemetry", choices=["off", "minimal", "normal", "debug"],
+                          help="telemetry level of the recorded episodes (default normal; needs --run-dir)")
+    _add_threads_flag(evaluate)
+
+
+def _add_dashboard_parser(subparsers: Any) -> None:
+    dashboard = subparsers.add_parser("dashboard", help="live terminal view of a run (or a replay of a finished one)",
+                                      description="Follows RUN_DIR/events.jsonl while the run goes on. Keys: q quit, "
+                                                  "p pause, d env detail, ? help.")
+    dashboard.add_argument("run_dir", metavar="RUN_DIR", help="a run directory (runs/<time>-<task>)")
+    dashboard.add_argument("--replay", action="store_true",
+                           help="start empty and replay the recorded events (for a finished run)")
+
+
+def _add_runs_parser(subparsers: Any) -> None:
+    runs = subparsers.add_parser("runs", help="table of runs with their key results (DuckDB over the events)",
+                                 description="Queries DIR/*/events.jsonl, config.json and summary.json in place with "
+                                             "DuckDB. Views: events, epochs, episodes, rounds, configs, runs (see "
+                                             "morphogen.ui.runs).")
+    runs.add_argument("root", metavar="DIR", nargs="?", default="runs", help="parent of run directories (default runs)")
+    runs.add_argument("--where", metavar="SQL", help="condition on the runs view, e.g. \"task = 'digits'\"")
+    runs.add_argument("--compare", nargs=2, metavar="RUN", help="two run directories' curves side by side")
+
+
+def _add_list_parser(subparsers: Any) -> None:
+    listing = subparsers.add_parser("list", help="list tasks, blueprints (with parameter counts) or slots",
+                                    description="What can be named on the command line. Blueprints and slots "
+                                                "depend on the task's host.")
+    listing.add_argument("what", choices=LISTINGS, help="what to list")
+    listing.add_argument("--task", default="digits", help="task whose host is listed (default digits)")
+    listing.add_argument("--pool-slots", action="store_true", help="also list the slots after pools")
+    listing.add_argument("--data-dir", help="CIFAR-10 directory (for --task cifar10)")
+    listing.add_argument("--text-file", help="text file for the text task")
 
 
 def _add_report_parser(subparsers: Any) -> None:
@@ -98,16 +148,28 @@ def _add_report_parser(subparsers: Any) -> None:
                                    description="Epochs, seeds, rewards, rounds, anomalies and phase times of a "
                                                "run, read from what its telemetry wrote.")
     report.add_argument("run_dir", metavar="RUN_DIR", help="a run directory (runs/<time>-<task>)")
+    report.add_argument("--html", action="store_true",
+                        help="write one self-contained report.html with the figures (no network needed)")
+    report.add_argument("--output", help="where --html writes (default RUN_DIR/report.html)")
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="morphogen", description="Neural networks that grow while they train.")
+    parser.add_argument("--version", action="version", version=f"morphogen {__version__}")
     subparsers = parser.add_subparsers(dest="command", required=True)
-    _add_run_parser(subparsers)
-    _add_train_parser(subparsers)
-    _add_eval_parser(subparsers)
-    _add_report_parser(subparsers)
+    for add in (_add_run_parser, _add_train_parser, _add_eval_parser, _add_report_parser, _add_dashboard_parser,
+                _add_runs_parser, _add_list_parser):
+        add(subparsers)
     return parser
+
+
+def parse_arguments(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> argparse.Namespace:
+    """Parse `argv`; an unknown flag is reported with the subcommand's usage, not the top-level one."""
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:
+        subparsers = next(action for action in parser._actions if isinstance(action, argparse._SubParsersAction))
+        subparsers.choices[args.command].error(f"unrecognized arguments: {' '.join(unknown)}")
+    return args
 
 
 def _flag_overrides(args: argparse.Namespace) -> dict[str, Any]:
@@ -122,7 +184,7 @@ def _flag_overrides(args: argparse.Namespace) -> dict[str, Any]:
                                                 ("profile", getattr(args, "profile", None))) if value is not None}
     if telemetry:
         overrides["telemetry"] = telemetry
-    if args.slots is not None:
+    if getattr(args, "slots", None) is not None:
         slots = [s.strip() for s in args.slots.split(",") if s.strip()]
         if not slots:
             raise UsageError("--slots needs at least one slot id, e.g. --slots r0c1")
@@ -154,8 +216,23 @@ def _with_episode_length(values: dict[str, Any], length: int | None, flag: str) 
     return values
 
 
+def read_config_values(path: str | None) -> dict[str, Any]:
+    """The values of a config file; a `run_dir` that names the file's own directory is dropped.
+
+    A run directory's `config.json` of an older morphogen pinned its own `run_dir`; re-running that file
+    must make a new run, not append to the old one (run directories written now hold `run_dir: null`).
+    """
+    if path is None:
+        return {}
+    values = read_config_file(path)
+    pinned = values.get("run_dir")
+    if isinstance(pinned, str) and Path(pinned).resolve() == Path(path).resolve().parent:
+        values["run_dir"] = None
+    return values
+
+
 def train_config_from_args(args: argparse.Namespace) -> TrainConfig:
-    values: dict[str, Any] = read_config_file(args.config) if args.config else {}
+    values = read_config_values(args.config)
     _apply_overrides(values, _flag_overrides(args))
     if args.n_envs is not None and args.n_envs < 1:
         raise UsageError(f"--envs must be >= 1, got {args.n_envs}")
@@ -203,9 +280,66 @@ def _run(args: argparse.Namespace) -> None:
 
 def run_config_from_args(args: argparse.Namespace) -> RunConfig:
     """Defaults, then the config file, then command-line flags."""
-    values: dict[str, Any] = read_config_file(args.config) if args.config else {}
+    values = read_config_values(args.config)
     _apply_overrides(values, _flag_overrides(args))
     return build_config(RunConfig, _with_episode_length(values, args.epochs, "--epochs"))
+
+
+def eval_config_from_args(args: argparse.Namespace) -> EvalConfig:
+    """Defaults, then the config file, then command-line flags."""
+    from morphogen.commands.evaluate import EvalConfig
+
+    values = read_config_values(args.config)
+    for name in ("policy", "episodes", "seed", "device", "run_dir"):
+        if getattr(args, name) is not None:
+            values[name] = getattr(args, name)
+    if args.telemetry is not None:
+        values["telemetry"] = {**(values.get("telemetry") or {}), "level": args.telemetry}
+    if values.get("telemetry") and values.get("run_dir") is None:
+        raise UsageError("--telemetry sets the level of recorded events; give --run-dir DIR to record them")
+    return build_config(EvalConfig, values)
+
+
+def _eval(args: argparse.Namespace) -> None:
+    from morphogen.commands.evaluate import evaluate_command
+
+    evaluate_command(eval_config_from_args(args))
+
+
+def _report(args: argparse.Namespace) -> None:
+    if args.output is not None and not args.html:
+        raise UsageError("--output is where --html writes; add --html")
+    if not args.html:
+        print(render_report(args.run_dir))
+        return
+    from morphogen.ui.html_report import write_html_report
+
+    print(f"wrote {write_html_report(args.run_dir, args.output)}")
+
+
+def _list(args: argparse.Namespace) -> None:
+    from morphogen.commands.listing import list_command
+
+    list_command(args.what, task_name=args.task, pool_slots=args.pool_slots, data_dir=args.data_dir,
+                 text_file=args.text_file)
+
+
+def _dashboard(args: argparse.Namespace) -> None:
+    from morphogen.ui.dashboard import dashboard_command
+
+    dashboard_command(args.run_dir, replay=args.replay)
+
+
+def _runs(args: argparse.Namespace) -> None:
+    from morphogen.ui.runs import runs_command
+
+    runs_command(args.root, where=args.where, compare=args.compare)
+
+
+COMMANDS: dict[str, Callable[[argparse.Namespace], None]] = {
+    "run": _run, "train": _train, "eval": _eval, "report": _report, "dashboard": _dashboard, "runs": _runs,
+    "list": _list,
+}
 
 
 def _one_line(error: BaseException) -> str:
@@ -217,18 +351,15 @@ def _one_line(error: BaseException) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = parse_arguments(build_parser(), argv)
     try:
-        if args.command == "run":
-            _run(args)
-        elif args.command == "train":
-            _train(args)
-        elif args.command == "report":
-            print(render_report(args.run_dir))
-        else:
-            from morphogen.commands.evaluate import evaluate_command
+        if hasattr(args, "threads"):
+            if args.threads is not None and args.threads < 1:
+                raise UsageError(f"--threads must be >= 1, got {args.threads}")
+            from morphogen.commands.threads import set_threads
 
-            evaluate_command(args.policy, args.episodes, seed=args.seed, device=args.device)
+            set_threads(args.threads)
+        COMMANDS[args.command](args)
         return 0
     except (*USER_ERRORS, UsageError) as error:
         print(f"morphogen {args.command}: error: {_one_line(error)}", file=sys.stderr)

@@ -25,6 +25,8 @@ from morphogen.telemetry.events import NON_FINITE_TOKENS
 from morphogen.telemetry.profiler import PhaseTimer, TraceProfiler
 from morphogen.telemetry.sinks import Telemetry
 from morphogen.telemetry.story import SeedStory, seed_stories
+from morphogen.ui.progress import ProgressDisplay
+from morphogen.ui.stages import fit_line, stage_short
 
 
 @dataclass(frozen=True)
@@ -119,18 +121,23 @@ def run_episode(episode: MorphogenesisEpisode, controller: Controller,
 
 
 def format_step(result: StepResult) -> str:
-    """One progress line: epoch, accuracy, parameters, each slot's stage and alpha, the action."""
+    """One progress line (at most 120 columns): epoch, accuracy, loss, parameters, each seed, the action.
+
+    Empty slots are left out, so that the line stays short; a seed shows as slot, blueprint, stage and
+    alpha while it is blended in.
+    """
     s = result.snapshot
-    slots = "  ".join(
-        f"{slot.slot_id}:{'-' if slot.blueprint is None else slot.blueprint}/{slot.stage.value}"
-        f"{f' a={slot.alpha:.2f}' if slot.alpha > 0 else ''}" for slot in s.slots)
+    seeds = "  ".join(
+        f"{slot.slot_id} {slot.blueprint} {stage_short(slot.stage.value)}"
+        f"{f' a={slot.alpha:.2f}' if slot.alpha > 0 else ''}" for slot in s.slots if slot.blueprint is not None)
     outcome = "ok" if result.action_succeeded else f"refused: {result.reason}"
     rollback = "  ROLLBACK" if result.rollback is not None else ""
     from morphogen.env.actions import Op
 
     action = Op(s.last_op).name
-    return (f"epoch {s.epoch:3d}/{s.max_epochs}  acc {s.val_accuracy:6.2f}%  loss {s.val_loss:.3f}  "
-            f"params {s.active_parameters:>9,}  {slots}  | {action} {outcome}{rollback}")
+    line = (f"epoch {s.epoch:3d}/{s.max_epochs}  acc {s.val_accuracy:6.2f}%  loss {s.val_loss:.3f}  "
+            f"params {s.active_parameters:>9,}  | {seeds or 'no seeds'} | {action} {outcome}{rollback}")
+    return fit_line(line)
 
 
 def print_summary(grown: EpisodeOutcome, baseline: EpisodeOutcome | None, out: TextIO) -> None:
@@ -183,31 +190,65 @@ def run_command(config: RunConfig, controller_factory: Callable[[MorphogenesisEp
 def _play_and_write(config: RunConfig, task: Task, episode: MorphogenesisEpisode, controller: Controller,
                     device: str, run_dir: Path, out: TextIO) -> tuple[EpisodeOutcome, EpisodeOutcome | None, Path]:
     """The grown episode, the baseline and the files of `run_command`, in a locked `run_dir`."""
-    write_atomic(run_dir / "config.json", (json.dumps(config_to_dict(config), indent=2) + "\n").encode())
-    with Telemetry(run_dir, config=config.telemetry) as telemetry:
+    write_resolved_config(run_dir, config)
+    with Telemetry(run_dir, config=config.telemetry) as telemetry, ProgressDisplay(out) as display:
         episode.telemetry = telemetry
         episode.timer = PhaseTimer.from_config(config.telemetry)
         episode.detector = AnomalyDetector(config.telemetry)
-        print(f"morphogen run: task {task.name} ({task.topology} host, {len(task.train)} train / "
-              f"{len(task.validation)} validation), {config.episode.max_epochs} epochs, seed {config.seed}, "
-              f"device {device}, run dir {run_dir}", file=out)
+        display.print(f"morphogen run: task {task.name} ({task.topology} host, {len(task.train)} train / "
+                      f"{len(task.validation)} validation), {config.episode.max_epochs} epochs, seed {config.seed}, "
+                      f"device {device}")
+        display.print(f"run dir: {run_dir}")
+        epochs = display.add("grown", config.episode.max_epochs)
+
+        def on_step(result: StepResult) -> None:
+            display.print(format_step(result))
+            display.advance(epochs)
+
         with TraceProfiler.from_config(run_dir, config.telemetry) as profiler:
-            grown = run_episode(episode, controller, lambda result: print(format_step(result), file=out, flush=True),
-                                profiler)
+            grown = run_episode(episode, controller, on_step, profiler)
         if episode.timer.enabled:
             telemetry.emit(episode.timer.event(epoch=episode.epoch, env_id=episode.env_id))
-    baseline = None
-    if config.baseline:
-        print("training the same host without growth...", file=out, flush=True)
-        plain = MorphogenesisEpisode(task, config.episode, seed=config.seed, slots=config.slots,
-                                     pool_slots=config.pool_slots)
-        baseline = run_episode(plain, NoGrowthController())
+        display.remove(epochs)
+        baseline = None
+        if config.baseline:
+            baseline = _run_baseline(config, task, run_dir, display)
     print_summary(grown, baseline, out)
     if episode.timer.enabled:
         print(f"\ntime by phase (grown model):\n{episode.timer.summary()}", file=out)
     summary = {"grown": _outcome_dict(grown), "baseline": None if baseline is None else _outcome_dict(baseline)}
     write_atomic(run_dir / "summary.json", (json.dumps(_strict(summary), indent=2) + "\n").encode())
     return grown, baseline, run_dir
+
+
+BASELINE_DIRNAME = "baseline"
+"""Subdirectory of a run directory holding the no-growth baseline's own `events.jsonl` (level minimal)."""
+
+
+def _run_baseline(config: RunConfig, task: Task, run_dir: Path, display: ProgressDisplay) -> EpisodeOutcome:
+    """The same host without growth, with a progress bar and its epochs in RUN_DIR/baseline/events.jsonl.
+
+    Its events live apart from the grown run's so that readers of `events.jsonl` see one episode, and
+    the HTML report can draw both accuracy curves.
+    """
+    display.print(f"training the same host without growth ({config.episode.max_epochs} epochs)...")
+    plain = MorphogenesisEpisode(task, config.episode, seed=config.seed, slots=config.slots,
+                                 pool_slots=config.pool_slots)
+    epochs = display.add("no growth", config.episode.max_epochs)
+    level = "off" if config.telemetry.level == "off" else "minimal"
+    with Telemetry(run_dir / BASELINE_DIRNAME, level=level) as telemetry:
+        plain.telemetry = telemetry
+        outcome = run_episode(plain, NoGrowthController(), lambda result: display.advance(epochs))
+    display.remove(epochs)
+    return outcome
+
+
+def write_resolved_config(run_dir: Path, config: object) -> None:
+    """RUN_DIR/config.json: the resolved config, without `run_dir`, so that re-running the saved file
+    (`morphogen run --config RUN_DIR/config.json`) makes a new run directory instead of appending here."""
+    values = config_to_dict(config)
+    values["run_dir"] = None
+    write_atomic(run_dir / "config.json", (json.dumps(values, indent=2) + "\n").encode())
 
 
 def _outcome_dict(outcome: EpisodeOutcome) -> dict[str, object]:

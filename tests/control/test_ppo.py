@@ -312,3 +312,11 @@ def test_train_gym_solves_cartpole_far_beyond_random_play() -> None:
     # Random play scores about 22 per episode.
     returns = train_gym("CartPole-v1", total_steps=30_000, seed=0)
     assert np.mean(returns[-20:]) > 150
+
+
+def test_train_gym_progress_bar_reports_rounds_on_stderr(capsys: pytest.CaptureFixture[str]) -> None:
+    train_gym(MATCH_TARGET_ID, total_steps=128, seed=0, rollout_length=16, progress=True)
+    captured = capsys.readouterr()
+    assert captured.out == "" and "train_gym" in captured.err and "2/2" in captured.err
+    train_gym(MATCH_TARGET_ID, total_steps=128, seed=0, rollout_length=16)  # captured stderr: no terminal
+    assert capsys.readouterr().err == ""

@@ -258,3 +258,53 @@ def test_host_table_errors_name_the_argument(task: Task) -> None:
         MorphogenesisEnv("digits", host={"d_model": 8})
     with pytest.raises(ValueError, match=r"host.*already loaded"):
         MorphogenesisEnv(task, host={"base_channels": 4})
+
+
+# ---------------------------------------------------------------- registration, rendering, MaskablePPO
+def test_plain_gymnasium_make_after_import_morphogen(task: Task) -> None:
+    import morphogen  # noqa: F401  # registers the id
+
+    made = gymnasium.make(ENV_ID, task=task, episode_config=CONFIG, render_mode="ansi")
+    assert isinstance(made.unwrapped, MorphogenesisEnv)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        check_env(made.unwrapped)  # the render check included
+    # A text render has no frame rate; the checker's fps warning is about video modes.
+    assert [str(w.message) for w in caught if "infinity" not in str(w.message) and "fps" not in str(w.message)] == []
+
+
+def test_ansi_render_shows_epoch_and_every_slot(env: MorphogenesisEnv, task: Task) -> None:
+    assert env.render() is None  # no render mode: nothing to render
+    text_env = MorphogenesisEnv(task, episode_config=CONFIG, render_mode="ansi")
+    text_env.reset(seed=0)
+    text_env.step(germinate_first_slot(text_env))
+    text = text_env.render()
+    assert text is not None
+    lines = text.splitlines()
+    assert lines[0].startswith(f"epoch 1/{MAX_EPOCHS}  val acc ")
+    assert lines[1].split()[:3] == [text_env.slot_ids[0], "conv_heavy", "training"]
+    assert len(lines) == 1 + len(text_env.slot_ids)
+
+
+def test_action_masks_are_the_flat_masks_concatenated(env: MorphogenesisEnv) -> None:
+    with pytest.raises(RuntimeError, match="reset"):
+        env.action_masks()
+    _, info = env.reset(seed=0)
+    masks = env.action_masks()
+    assert masks.dtype == bool and masks.shape == (int(np.sum(env.action_space.nvec)),)
+    np.testing.assert_array_equal(masks, np.concatenate(info["action_mask"]).astype(bool))
+
+
+def test_maskable_ppo_trains_on_the_env_without_a_wrapper(task: Task) -> None:
+    sb3_contrib = pytest.importorskip("sb3_contrib", reason="sb3-contrib is a dev extra")
+    from sb3_contrib.common.maskable.utils import get_action_masks, is_masking_supported
+
+    env = MorphogenesisEnv(task, episode_config=EpisodeConfig(max_epochs=2, batch_size=100))
+    assert is_masking_supported(env)
+    model = sb3_contrib.MaskablePPO("MlpPolicy", env, n_steps=4, batch_size=4, n_epochs=1, seed=0, device="cpu")
+    model.learn(total_timesteps=4)
+    observation, _ = env.reset(seed=1)
+    action, _ = model.predict(observation, action_masks=get_action_masks(env))
+    assert env.action_space.contains(action)
+    offsets = np.concatenate([[0], np.cumsum(env.action_space.nvec)[:-1]])
+    assert env.action_masks()[offsets + action].all(), "every head's choice is allowed by the masks"

@@ -42,33 +42,47 @@ def _scalars(log_dir: Path) -> dict[str, list[tuple[int, float]]]:
     }
 
 
-def test_sink_writes_scalars_at_cumulative_epochs_and_rounds(tmp_path: Path) -> None:
+def test_sink_writes_scalars_at_cumulative_epochs_and_rounds_one_run_per_env(tmp_path: Path) -> None:
     sink = TensorBoardSink(tmp_path / "tb")
     sink.write(_epoch(1, 50.0))
     sink.write(_epoch(2, 60.0))
     sink.write(EpisodeCompleted(2, 0, 60.0, 1100, 1000, 0, 0, 1.5))
     sink.write(_epoch(1, 55.0))  # the next episode of env 0 continues at step 3
-    sink.write(_epoch(1, 40.0, env_id=1))  # env 1 has its own count
+    sink.write(_epoch(1, 40.0, env_id=1))  # env 1 has its own count and its own run
     sink.write(RewardComputed(2, 0, 0.25, (("rent", -0.125),)))
     sink.write(StageTransition(2, 0, "r0c0", "norm", "TRAINING", "BLENDING", "gate"))  # no scalars
     sink.write(_ppo(0, 0.01))
     sink.write(_ppo(1, 0.02))
     sink.close()
-    assert list((tmp_path / "tb").glob("events.out.tfevents.*"))
-    scalars = _scalars(tmp_path / "tb")
-    assert scalars["episode/val_accuracy"] == [(1, 50.0), (2, 60.0), (3, 55.0), (1, 40.0)]
-    assert scalars["episode/final_accuracy"] == [(2, 60.0)]
-    assert scalars["episode/reward/rent"] == [(4, -0.125)]
-    assert [step for step, _ in scalars["ppo/approx_kl"]] == [0, 1]
-    assert scalars["ppo/approx_kl"][1][1] == pytest.approx(0.02)
-    assert scalars["ppo/entropy/op"] == [(0, 1.25), (1, 1.25)]
+    assert sorted(path.name for path in (tmp_path / "tb").iterdir()) == ["env0", "env1", "trainer"]
+    env0, env1, trainer = (_scalars(tmp_path / "tb" / run) for run in ("env0", "env1", "trainer"))
+    assert env0["episode/val_accuracy"] == [(1, 50.0), (2, 60.0), (3, 55.0)]
+    assert env1["episode/val_accuracy"] == [(1, 40.0)]
+    assert env0["episode/final_accuracy"] == [(2, 60.0)]
+    assert env0["episode/reward/rent"] == [(4, -0.125)]
+    assert [step for step, _ in trainer["ppo/approx_kl"]] == [0, 1]
+    assert trainer["ppo/approx_kl"][1][1] == pytest.approx(0.02)
+    assert trainer["ppo/entropy/op"] == [(0, 1.25), (1, 1.25)]
+
+
+def test_steps_continue_after_a_resume(tmp_path: Path) -> None:
+    """A resumed run opens a new sink; its env epochs must continue after the episodes already logged."""
+    with Telemetry(tmp_path, config=TelemetryConfig(tensorboard=True)) as telemetry:
+        for episode in range(2):
+            telemetry.emit(_epoch(1, 50.0 + episode))
+            telemetry.emit(_epoch(2, 60.0 + episode))
+            telemetry.emit(EpisodeCompleted(2, 0, 60.0, 1100, 1000, 0, 0, 1.5))
+    with Telemetry(tmp_path, config=TelemetryConfig(tensorboard=True)) as telemetry:  # --resume
+        telemetry.emit(_epoch(1, 70.0))
+    steps = [step for step, _ in _scalars(tmp_path / "tb" / "env0")["episode/val_accuracy"]]
+    assert steps == [1, 2, 3, 4, 5], "no step restarts at 1, so TensorBoard drops no point"
 
 
 def test_hub_adds_the_sink_when_configured(tmp_path: Path) -> None:
     with Telemetry(tmp_path, config=TelemetryConfig(tensorboard=True)) as telemetry:
         assert [type(sink).__name__ for sink in telemetry.sinks] == ["JsonLinesSink", "TensorBoardSink"]
         telemetry.emit(_epoch(1, 70.0))
-    assert _scalars(tmp_path / "tb")["episode/val_accuracy"] == [(1, 70.0)]
+    assert _scalars(tmp_path / "tb" / "env0")["episode/val_accuracy"] == [(1, 70.0)]
     with pytest.raises(ValueError, match="give a run_dir"):
         Telemetry(None, config=TelemetryConfig(tensorboard=True))
 

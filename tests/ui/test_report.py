@@ -37,3 +37,12 @@ def test_report_of_something_that_is_not_a_run_is_one_line_and_exit_2(tmp_path, 
     errors = capsys.readouterr().err.strip().splitlines()
     assert len(errors) == 2 and all(line.startswith("morphogen report: error:") for line in errors)
     assert "events.jsonl" in errors[1]
+
+
+def test_training_report_has_round_and_env_columns(trained_run, capsys):
+    assert main(["report", str(trained_run)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    episodes = lines[lines.index("episodes:") + 2:][:4]
+    assert [row.split()[:2] for row in episodes] == [["1", "0"], ["1", "1"], ["2", "0"], ["2", "1"]]
+    epochs = lines[lines.index("epochs of round 2 (env 0):") + 2:][:4]
+    assert [row.split()[:3] for row in epochs] == [["2", "0", str(epoch)] for epoch in range(1, 5)]

@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import statistics
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
-from morphogen.config import ConfigError, build_config
+from morphogen.config import build_config, config_to_dict
 from morphogen.control.checkpoint import CheckpointError, check_layout, load_checkpoint
 from morphogen.control.controller import Controller, NoGrowthController
 from morphogen.control.heuristic import HeuristicController
@@ -20,12 +21,45 @@ from morphogen.control.trainer import TrainConfig
 from morphogen.data import Task
 from morphogen.env.episode import MorphogenesisEpisode
 from morphogen.env.seeding import derive_seed
-from morphogen.limits import MAX_EVAL_EPISODES, MAX_SEED
-from morphogen.runner import EpisodeOutcome, resolve_device, run_episode
+from morphogen.limits import MAX_EVAL_EPISODES, MAX_SEED, check_count
+from morphogen.run_lock import hold_run_directory
+from morphogen.runner import EpisodeOutcome, make_run_dir, resolve_device, run_episode, write_resolved_config
+from morphogen.storage import write_atomic
+from morphogen.telemetry.config import TelemetryConfig
+from morphogen.telemetry.sinks import Telemetry
+from morphogen.ui.progress import ProgressDisplay
 
 #: Evaluation seeds are drawn from a stream the training rounds never use.
 EVALUATION_STREAM = 99_991
 CONTROLLERS = ("learned", "heuristic", "no growth")
+SCORES_FILENAME = "eval.json"
+"""The comparison table as JSON, in the run directory of an `eval` given one."""
+
+
+@dataclass(frozen=True)
+class EvalConfig:
+    """Settings of `morphogen eval` (file keys and CLI flags share these names)."""
+
+    #: Run directory of `morphogen train` whose policy is evaluated.
+    policy: str = ""
+    #: Episodes per controller.
+    episodes: int = 5
+    #: Base of the evaluation seeds (drawn from a stream the training rounds never use).
+    seed: int = 0
+    #: Device: cpu, cuda, cuda:N, mps, or auto.
+    device: str = "cpu"
+    #: Where to record the evaluation (config, events of every episode, the table as eval.json); None
+    #: records nothing. In events, the episode `i` of controller `c` (order learned, heuristic, no
+    #: growth) has `env_id = c * episodes + i`.
+    run_dir: str | None = None
+    #: Telemetry level and thresholds of the recorded episodes (used only with `run_dir`).
+    telemetry: TelemetryConfig = field(default_factory=TelemetryConfig)
+
+    def __post_init__(self) -> None:
+        if not self.policy:
+            raise ValueError("policy must name the run directory of `morphogen train` (--policy RUN_DIR)")
+        check_count("episodes", self.episodes, MAX_EVAL_EPISODES)
+        check_count("seed", self.seed, MAX_SEED, lower=0)
 
 
 @dataclass(frozen=True)
@@ -56,20 +90,14 @@ def _mean_std(values: tuple[float, ...]) -> str:
     return f"{statistics.fmean(values):8.2f} ± {spread:5.2f}"
 
 
-def evaluate_command(policy_dir: str, episodes: int, *, seed: int = 0, device: str = "cpu",
-                     out: TextIO | None = None) -> list[ControllerScores]:
-    """Play `episodes` fresh seeds with each controller and print the comparison table to `out`
-    (default: `sys.stdout` at call time)."""
+def evaluate_command(config: EvalConfig, out: TextIO | None = None) -> list[ControllerScores]:
+    """Play `config.episodes` fresh seeds with each controller and print the comparison table to `out`
+    (default: `sys.stdout` at call time); with `config.run_dir`, record everything there too."""
     out = sys.stdout if out is None else out
-    if not 0 <= seed <= MAX_SEED:
-        raise ConfigError(f"--seed must be between 0 and {MAX_SEED:,}, got {seed:,}")
-    if episodes < 1:
-        raise ConfigError(f"--episodes must be >= 1, got {episodes}")
-    if episodes > MAX_EVAL_EPISODES:
-        raise ConfigError(f"--episodes must be <= {MAX_EVAL_EPISODES:,}, got {episodes:,}")
-    device = resolve_device(device)
-    config, state = read_policy_run(policy_dir, device)
-    task = load_session_task(config, device)  # with the host size the policy was trained with
+    device = resolve_device(config.device)
+    policy_dir = config.policy
+    trained, state = read_policy_run(policy_dir, device)
+    task = load_session_task(trained, device)  # with the host size the policy was trained with
     agent = agent_from_checkpoint(state, task.topology, device, source=policy_dir)
     makers: dict[str, Callable[[MorphogenesisEpisode], Controller]] = {
         "learned": lambda episode: PolicyController(agent),
@@ -77,21 +105,35 @@ def evaluate_command(policy_dir: str, episodes: int, *, seed: int = 0, device: s
         "no growth": lambda episode: NoGrowthController(),
     }
     outcomes: dict[str, list[tuple[EpisodeOutcome, int, int]]] = {name: [] for name in CONTROLLERS}
-    print(f"morphogen eval: {episodes} episodes of {config.episode_length} epochs on {task.name}, "
-          f"policy {policy_dir}", file=out, flush=True)
-    for index in range(episodes):
-        episode_seed = derive_seed(seed, EVALUATION_STREAM, index)
-        for name in CONTROLLERS:
-            episode = MorphogenesisEpisode(task, config.episode, seed=episode_seed, slots=config.slots,
-                                           pool_slots=config.pool_slots)
-            episode.reset()
-            check_layout(state, {"slot_ids": episode.action_space.slot_ids}, policy_dir)
-            outcome = run_episode(episode, makers[name](episode))
-            outcomes[name].append((outcome, episode.fossilized, episode.pruned))
-        line = "  ".join(f"{name} {outcomes[name][-1][0].final_accuracy:.2f}%" for name in CONTROLLERS)
-        print(f"episode {index + 1}/{episodes} (seed {episode_seed % 100_000}): {line}", file=out, flush=True)
+    run_dir = None if config.run_dir is None else make_run_dir(config.run_dir, "runs", trained.task)
+    lock = contextlib.ExitStack()  # one writer per run directory, from before its first file is written
+    if run_dir is not None:
+        lock.enter_context(hold_run_directory(run_dir))
+        write_resolved_config(run_dir, config)
+    telemetry = Telemetry(run_dir, config=config.telemetry if run_dir is not None else TelemetryConfig(level="off"))
+    with lock, telemetry, ProgressDisplay(out) as display:
+        display.print(f"morphogen eval: {config.episodes} episodes of {trained.episode_length} epochs on {task.name}, "
+                      f"policy {policy_dir}")
+        bar = display.add("episodes", config.episodes * len(CONTROLLERS))
+        for index in range(config.episodes):
+            episode_seed = derive_seed(config.seed, EVALUATION_STREAM, index)
+            for position, name in enumerate(CONTROLLERS):
+                episode = MorphogenesisEpisode(task, trained.episode, seed=episode_seed, slots=trained.slots,
+                                               pool_slots=trained.pool_slots, telemetry=telemetry,
+                                               env_id=position * config.episodes + index)
+                episode.reset()
+                check_layout(state, {"slot_ids": episode.action_space.slot_ids}, policy_dir)
+                outcome = run_episode(episode, makers[name](episode))
+                outcomes[name].append((outcome, episode.fossilized, episode.pruned))
+                display.advance(bar, status=name)
+            line = "  ".join(f"{name} {outcomes[name][-1][0].final_accuracy:.2f}%" for name in CONTROLLERS)
+            display.print(f"episode {index + 1}/{config.episodes} (seed {episode_seed % 100_000}): {line}")
     scores = _scores(outcomes)
     _print_table(scores, out)
+    if run_dir is not None:
+        table = [config_to_dict(score) for score in scores]
+        write_atomic(run_dir / SCORES_FILENAME, (json.dumps(table, indent=2) + "\n").encode())
+        print(f"recorded in {run_dir}", file=out)
     return scores
 
 

@@ -9,16 +9,17 @@ from typing import Any, TextIO
 
 import torch
 
-from morphogen.config import ConfigError, build_config, config_to_dict
+from morphogen.config import ConfigError, build_config
 from morphogen.control.checkpoint import CHECKPOINT_NAME, CheckpointError, load_checkpoint
 from morphogen.control.options import load_session_task
-from morphogen.control.trainer import PPOTrainer, TrainConfig, format_round, train
+from morphogen.control.trainer import PPOTrainer, RoundSummary, TrainConfig, format_round, train
 from morphogen.env.seeding import derive_seed
 from morphogen.run_lock import hold_run_directory
-from morphogen.runner import make_run_dir, resolve_device
-from morphogen.storage import remove_stale_temporaries, write_atomic
+from morphogen.runner import make_run_dir, resolve_device, write_resolved_config
+from morphogen.storage import remove_stale_temporaries
 from morphogen.telemetry.resume import cut_events_to_round
 from morphogen.telemetry.sinks import EVENTS_FILENAME, Telemetry
+from morphogen.ui.progress import ProgressDisplay
 
 #: Stream of `derive_seed` for the global torch RNG of a training run.
 GLOBAL_RNG_STREAM = 5
@@ -73,19 +74,10 @@ def train_command(config: TrainConfig, *, resume_state: dict[str, Any] | None = 
     with hold_run_directory(run_dir):
         if resume_state is None:
             _refuse_existing_run(str(run_dir))  # again, now that no other writer can create one
-            write_atomic(run_dir / "config.json", (json.dumps(config_to_dict(config), indent=2) + "\n").encode())
+            write_resolved_config(run_dir, config)
         remove_stale_temporaries(run_dir)
         dropped = cut_events_to_round(run_dir / EVENTS_FILENAME, trainer.state.next_round) if resume_state else 0
-        with Telemetry(run_dir, config=config.telemetry) as telemetry:
-            trainer.attach_telemetry(telemetry, run_dir)
-            first = trainer.state.next_round + 1
-            print(f"morphogen train: task {task.name}, {config.n_envs} envs x {config.episode_length} epochs per "
-                  f"round, rounds {first}..{config.rounds}, device {device}, run dir {run_dir}", file=out, flush=True)
-            if dropped:
-                print(f"resume: dropped {dropped:,} bytes of {EVENTS_FILENAME} written after the round-{first - 1} "
-                      "checkpoint", file=out, flush=True)
-            with trainer.profiler:
-                train(trainer, run_dir, on_round=lambda summary: print(format_round(summary), file=out, flush=True))
+        _train_rounds(trainer, task.name, device, run_dir, dropped, out)
     if trainer.timer.enabled:
         print(trainer.timer.summary(), file=out)
     print(f"checkpoint: {run_dir / 'checkpoint.pt'}", file=out)
@@ -96,3 +88,30 @@ def _refuse_existing_run(run_dir: str | None) -> None:
     if run_dir is not None and (Path(run_dir) / CHECKPOINT_NAME).is_file():
         raise ConfigError(f"run_dir: {run_dir} already holds a training run ({CHECKPOINT_NAME}); "
                           f"continue it with --resume {run_dir} or choose another --run-dir")
+
+
+def _train_rounds(trainer: PPOTrainer, task_name: str, device: str, run_dir: Path, dropped: int,
+                  out: TextIO) -> None:
+    """The round loop of `train_command` with its telemetry and progress display, in a locked `run_dir`."""
+    config = trainer.config
+    with Telemetry(run_dir, config=config.telemetry) as telemetry, ProgressDisplay(out) as display:
+        trainer.attach_telemetry(telemetry, run_dir)
+        first = trainer.state.next_round + 1
+        display.print(f"morphogen train: task {task_name}, {config.n_envs} envs x {config.episode_length} epochs per "
+                      f"round, rounds {first}..{config.rounds}, device {device}")
+        display.print(f"run dir: {run_dir}")
+        if dropped:
+            display.print(f"resume: dropped {dropped:,} bytes of {EVENTS_FILENAME} written after the round-{first - 1} "
+                          "checkpoint")
+        rounds = display.add("rounds", config.rounds - first + 1)
+        epochs = display.add(f"round {first} epochs", config.episode_length, status=f"({config.n_envs} envs)")
+        trainer.on_step = lambda done: display.advance(epochs)
+
+        def on_round(summary: RoundSummary) -> None:
+            display.print(format_round(summary))
+            display.advance(rounds)
+            if summary.round < config.rounds:
+                display.reset(epochs, description=f"round {summary.round + 1} epochs")
+
+        with trainer.profiler:
+            train(trainer, run_dir, on_round=on_round)

@@ -5,18 +5,24 @@ Discrete or MultiDiscrete action space (importable as `morphogen.control.ppo.tra
 from __future__ import annotations
 
 import math
+import sys
 from collections.abc import Sequence
 from typing import Any
 
 import gymnasium
 import numpy as np
 import torch
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 from torch import Tensor
 
 from morphogen.control.normalization import RewardNormalizer, RunningMeanStd
 from morphogen.control.policy import FactoredLSTMPolicy
 from morphogen.control.ppo import PPOConfig, build_optimizer, ppo_update
 from morphogen.control.rollout import RolloutBatch, RolloutBuffer
+
+RECENT_EPISODES = 20
+"""The progress bar of `train_gym` shows the mean return of this many latest episodes."""
 
 
 def _space_layout(env: gymnasium.Env[Any, Any], env_id: str) -> tuple[int, tuple[int, ...], np.ndarray]:
@@ -139,6 +145,7 @@ def train_gym(
     n_envs: int = 4,
     rollout_length: int = 128,
     hidden_size: int = 64,
+    progress: bool | None = None,
 ) -> list[float]:
     """Train a FactoredLSTMPolicy with PPO on ``n_envs`` copies of a Gymnasium env; return episode returns.
 
@@ -147,6 +154,8 @@ def train_gym(
     return (both clipped to 10), so one configuration suits envs of any reward scale. Training runs whole rounds of
     ``n_envs * rollout_length`` env steps until at least ``total_steps`` were taken. Everything is
     seeded from ``seed``; the returns of completed episodes come back in the order they ended.
+    ``progress`` draws a bar with ETA and the recent mean return on stderr; None draws it only when
+    stderr is a terminal, so logs and notebooks' captured output stay clean.
     """
     for name, value in (
         ("total_steps", total_steps),
@@ -169,9 +178,16 @@ def train_gym(
         buffer = RolloutBuffer(rollout_length, n_envs, observation_size, len(action_sizes), hidden_size)
         collector = _GymCollector(envs, policy, action_offsets, config, seed)
         n_rounds = math.ceil(total_steps / (n_envs * rollout_length))
-        for round_index in range(n_rounds):
-            batch = collector.collect(buffer, generator)
-            ppo_update(policy, optimizer, batch, config, round_index / n_rounds, generator=generator)
+        show = sys.stderr.isatty() if progress is None else progress
+        with Progress(TextColumn("train_gym {task.description}"), BarColumn(), MofNCompleteColumn(),
+                      TextColumn("{task.fields[recent]}"), TimeRemainingColumn(),
+                      console=Console(stderr=True, force_terminal=show), disable=not show, transient=True) as bar:
+            rounds = bar.add_task(env_id, total=n_rounds, recent="")
+            for round_index in range(n_rounds):
+                batch = collector.collect(buffer, generator)
+                ppo_update(policy, optimizer, batch, config, round_index / n_rounds, generator=generator)
+                recent = collector.episode_returns[-RECENT_EPISODES:]
+                bar.update(rounds, advance=1, recent=f"return {np.mean(recent):.1f}" if recent else "")
         return collector.episode_returns
     finally:
         for env in envs:

@@ -136,6 +136,9 @@ class PPOTrainer:
         self._resumed_telemetry: dict[str, Any] | None = None
         self.detector = AnomalyDetector()  # replaced (keeping its state) by every `attach_telemetry`
         self.attach_telemetry(telemetry or Telemetry(None, level="off"))
+        #: Called with the number of epochs every env has finished in the current round, after each
+        #: lockstep step (progress displays); None calls nothing.
+        self.on_step: Callable[[int], None] | None = None
         probe = self.vector.episodes[0].build_model()
         self.slot_ids = probe.slot_ids
         self.encoder = ObservationEncoder(self.slot_ids, task.topology)
@@ -245,6 +248,8 @@ class PPOTrainer:
                                                           episode_starts=starts, update_normalizer=True)
             results = vector.step(actions)
             self.profiler.step()
+            if self.on_step is not None:
+                self.on_step(step + 1)
             raw_rewards = np.array([r.reward.total for r in results], dtype=np.float32)
             returns += raw_rewards
             done = step == config.episode_length - 1
@@ -362,14 +367,13 @@ def _config_dict(config: TrainConfig) -> dict[str, Any]:
 
 
 def format_round(summary: RoundSummary) -> str:
-    """The one line printed per round."""
+    """The one line printed per round (about 120 columns); the entropy of every head is in telemetry and the report."""
     stats = summary.statistics
-    entropy = " ".join(f"{name} {value:.2f}" for name, value in zip(HEADS, stats.entropy_per_head, strict=True))
     return (f"round {summary.round:3d}  return {summary.mean_return:+7.3f}  acc {summary.mean_final_accuracy:6.2f}%  "
-            f"added {summary.mean_parameters_added:>8,.0f}  "
-            f"fossilized {summary.fossilized:.1f} pruned {summary.pruned:.1f}  "
+            f"added {summary.mean_parameters_added:>7,.0f}  "
+            f"fossil {summary.fossilized:.1f} pruned {summary.pruned:.1f}  "
             f"kl {stats.approx_kl:.4f}  vloss {stats.value_loss:.4f}  ev {stats.explained_variance:+.2f}  "
-            f"{summary.seconds:5.1f}s  entropy: {entropy}")
+            f"{summary.seconds:5.1f}s")
 
 
 def train(trainer: PPOTrainer, run_dir: Path,

@@ -29,21 +29,22 @@ from morphogen.core.slot import SeedSlot, SlotConfig
 
 
 @contextmanager
-def batch_statistics_only(norms: Sequence[nn.modules.batchnorm._BatchNorm]) -> Iterator[None]:
-    """Batch norms normalize with batch statistics (in train mode) and leave their running ones alone.
+def running_statistics(norms: Sequence[nn.modules.batchnorm._BatchNorm]) -> Iterator[None]:
+    """Batch norms normalize with their running statistics, as in evaluation, and write no buffer.
 
-    The shadow pass must not move the host's running statistics, nor write in place into buffers that
-    the host forward saved for its backward (autograd would refuse them); with `track_running_stats`
-    off, a batch norm reads no buffer and writes none.
+    In the shadow pass this makes the loss a TRAINING seed descends the same function of its output
+    as the one validation measures its shadow contribution with (batch statistics there would fit the
+    seed to a normalization that validation never applies), and it leaves the host's statistics and the
+    buffers its own forward saved for backward untouched.
     """
-    tracking = [norm.track_running_stats for norm in norms]
+    modes = [norm.training for norm in norms]
     for norm in norms:
-        norm.track_running_stats = False
+        norm.training = False
     try:
         yield
     finally:
-        for norm, tracked in zip(norms, tracking, strict=True):
-            norm.track_running_stats = tracked
+        for norm, mode in zip(norms, modes, strict=True):
+            norm.training = mode
 
 
 @dataclass(frozen=True)
@@ -140,8 +141,8 @@ class MorphogeneticModel(nn.Module):
         backpropagated with `backward(inputs=list(shadow.parameters))`: the seed sees what its own
         output does to the loss (closed loop), and no host parameter, nor any other seed, gets a gradient
         from that path. The host's output and host gradients are exactly those of `forward(x)`. Batch
-        norms after a slot normalize the shadow rows with their own batch statistics, as they would once
-        the seed is blended in, without touching the host's running statistics.
+        norms after a slot normalize the shadow rows with the host's running statistics (see
+        `running_statistics`), so the host's state is untouched too.
         """
         host = self.host
         captured: dict[str, Tensor] = {}
@@ -156,7 +157,7 @@ class MorphogeneticModel(nn.Module):
         output = host.run_segment(len(self._slot_by_point), x)
         if not captured:
             return output, None
-        with batch_statistics_only(self._batch_norms):
+        with running_statistics(self._batch_norms):
             return output, self._shadow_pass(captured)
 
     def _shadow_pass(self, captured: dict[str, Tensor]) -> ShadowOutput:

@@ -344,11 +344,17 @@ class MorphogenesisEpisode:
         self.telemetry.emit(event)
 
     def _emit_transitions(self) -> None:
+        """Every transition of this step, numbered with the step's epoch like its action and its epoch event.
+
+        The lifecycle counts a transition made by the action at the start of epoch e (before it trains)
+        as e - 1, the number of epochs finished; telemetry says e, so that "epoch 7 ... GERMINATE" and
+        the seed's "germinated@7" agree in every view.
+        """
         assert self.model is not None
         for slot in self.model.slots():
             for record in slot.drain_transitions():
                 self._emit(events.StageTransition(
-                    epoch=record.epoch, env_id=self.env_id, slot=record.slot, blueprint=record.blueprint,
+                    epoch=self.epoch, env_id=self.env_id, slot=record.slot, blueprint=record.blueprint,
                     from_stage=record.from_stage.value, to_stage=record.to_stage.value, reason=record.reason))
 
     def _emit_epoch(self, result: CounterfactualResult, action: Action, succeeded: bool,

@@ -24,6 +24,13 @@ validate with counterfactuals, reward). Rules of the wrapper:
   replay exactly and the caller's global torch RNG is never touched.
 - Synchronization: exactly the episode's (three host syncs per step); the encoding is NumPy on
   numbers the episode already materialized.
+- Maskable PPO: `action_masks()` returns the flat masks concatenated into one bool vector (sum of
+  the head sizes), the layout sb3-contrib's `MaskablePPO` asks an env for, so it needs no
+  `ActionMasker` wrapper.
+- Rendering: `render_mode="ansi"` makes `render()` return the epoch, accuracy, parameters and one
+  line per slot (blueprint, stage, alpha) as text.
+- Registration: `import morphogen` registers `ENV_ID`, so `gymnasium.make("morphogen/Morphogenesis-v0")`
+  works without the module prefix.
 """
 
 from __future__ import annotations
@@ -45,7 +52,7 @@ from morphogen.env.observation import EncodedObservation, ObservationEncoder
 from morphogen.env.snapshot import EpisodeSnapshot
 from morphogen.telemetry.sinks import Telemetry
 
-__all__ = ["ENV_ID", "MorphogenesisEnv", "flat_action_masks"]
+__all__ = ["ENV_ID", "MorphogenesisEnv", "flat_action_masks", "render_text"]
 
 #: Registered Gymnasium id; `gymnasium.make("morphogen.env.gym:morphogen/Morphogenesis-v0", ...)`
 #: imports this module and registers it in one go.
@@ -78,7 +85,7 @@ class MorphogenesisEnv(gymnasium.Env[np.ndarray, np.ndarray]):
     episode's events and stays owned by the caller (`close` does not close it).
     """
 
-    metadata: dict[str, Any] = {"render_modes": []}  # noqa: RUF012 - gymnasium.Env declares it an instance variable
+    metadata: dict[str, Any] = {"render_modes": ["ansi"]}  # noqa: RUF012 - gymnasium.Env declares it an instance variable
 
     def __init__(
         self,
@@ -95,9 +102,9 @@ class MorphogenesisEnv(gymnasium.Env[np.ndarray, np.ndarray]):
         env_id: int = 0,
         render_mode: str | None = None,
     ) -> None:
-        if render_mode is not None:
-            raise ValueError(f"MorphogenesisEnv does not render (render_mode={render_mode!r}); pass "
-                             "render_mode=None and read the episode's telemetry instead")
+        if render_mode not in (None, "ansi"):
+            raise ValueError(f"MorphogenesisEnv renders only as text (render_mode={render_mode!r}); pass "
+                             "render_mode='ansi' or None, and read the episode's telemetry for more")
         self.task = _resolve_task(task, device, max_train_samples, data_dir, text_file, host)
         self.episode_config = episode_config or EpisodeConfig()
         self.slots = None if slots is None else tuple(slots)
@@ -172,6 +179,21 @@ class MorphogenesisEnv(gymnasium.Env[np.ndarray, np.ndarray]):
         }
         return self._observe(result.snapshot), float(result.reward.total), False, result.done, info
 
+    def action_masks(self) -> np.ndarray:
+        """The flat masks of `info["action_mask"]` concatenated: bool [sum of head sizes] (for MaskablePPO)."""
+        if self.episode is None:
+            raise RuntimeError("call reset() before action_masks()")
+        flat = flat_action_masks(tuple(self.episode.masks()))
+        return np.concatenate(flat).astype(bool)
+
+    def render(self) -> str | None:  # type: ignore[override]  # gymnasium types it as RenderFrame | list | None
+        """With `render_mode="ansi"`: the episode's state as text (see `render_text`); else None."""
+        if self.render_mode != "ansi":
+            return None
+        if self.episode is None:
+            raise RuntimeError("call reset() before render()")
+        return render_text(self.episode.snapshot)
+
     def close(self) -> None:
         """Drop the current episode's model; the telemetry hub belongs to the caller and stays open."""
         self.episode = None
@@ -206,6 +228,16 @@ class MorphogenesisEnv(gymnasium.Env[np.ndarray, np.ndarray]):
             "parameters": snapshot.active_parameters,
             "rolled_back": snapshot.rolled_back,
         }
+
+
+def render_text(snapshot: EpisodeSnapshot) -> str:
+    """Epoch, accuracy and size, then one line per slot: id, blueprint (or "-"), stage and alpha."""
+    lines = [f"epoch {snapshot.epoch}/{snapshot.max_epochs}  val acc {snapshot.val_accuracy:.2f}%  "
+             f"params {snapshot.active_parameters:,}"]
+    for slot in snapshot.slots:
+        blueprint = "-" if slot.blueprint is None else slot.blueprint
+        lines.append(f"  {slot.slot_id:<6}{blueprint:<12}{slot.stage.value:<11}alpha {slot.alpha:.2f}")
+    return "\n".join(lines) + "\n"
 
 
 def _resolve_task(task: str | Task, device: str | torch.device, max_train_samples: int | None,

@@ -6,14 +6,14 @@ run directory copied from another machine and never imports the model, the env o
 
 from __future__ import annotations
 
-import json
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Sequence
 from pathlib import Path
 
 from morphogen.telemetry.events import (
     ALL_ENVS,
     AnomalyDetected,
+    EpisodeCompleted,
     EpochCompleted,
     Event,
     GovernorRollback,
@@ -23,52 +23,79 @@ from morphogen.telemetry.events import (
     RoundCompleted,
     TelemetryLevelChanged,
 )
-from morphogen.telemetry.sinks import EVENTS_FILENAME, read_events
-from morphogen.telemetry.story import seed_stories
+from morphogen.telemetry.story import SeedStory, seed_stories
+from morphogen.ui.run_files import RunDirectoryError, load_run_files, round_of_events
 
-
-class RunDirectoryError(ValueError):
-    """A path that is not a readable morphogen run directory."""
+__all__ = ["RunDirectoryError", "load_run", "render_report"]
 
 
 def load_run(run_dir: str | Path) -> tuple[dict[str, object], list[Event]]:
     """The resolved config and the events of a run directory."""
-    path = Path(run_dir)
-    events_file = path / EVENTS_FILENAME
-    if not path.is_dir():
-        raise RunDirectoryError(f"{path} is not a directory (expected a run directory under runs/)")
-    if not events_file.is_file():
-        raise RunDirectoryError(f"{path} has no {EVENTS_FILENAME} (was the run made with --telemetry off?)")
-    config_file = path / "config.json"
-    try:
-        config = json.loads(config_file.read_text()) if config_file.is_file() else {}
-        history = read_events(events_file)
-    except (ValueError, OSError) as error:
-        raise RunDirectoryError(f"{path}: {str(error).splitlines()[0]}") from None
-    return config, history
+    files = load_run_files(run_dir)
+    return files.config, files.history
 
 
-def _episode_section(history: Sequence[Event]) -> list[str]:
-    epochs = [e for e in history if isinstance(e, EpochCompleted) and e.env_id == 0]
-    if not epochs:
-        return []
-    lines = ["epochs (env 0):", f"  {'epoch':>5}  {'val acc':>8}  {'val loss':>8}  {'params':>9}  action"]
-    for e in epochs:
+def _epoch_rows(epochs: Sequence[tuple[int, EpochCompleted]], with_round: bool) -> list[str]:
+    round_header = f"{'round':>5}  " if with_round else ""
+    lines = [f"  {round_header}{'env':>3}  {'epoch':>5}  {'val acc':>8}  {'val loss':>8}  {'params':>9}  action"]
+    for round_number, e in epochs:
         outcome = "" if e.action_succeeded else "  (refused)"
-        lines.append(f"  {e.epoch:>5}  {e.val_accuracy:>7.2f}%  {e.val_loss:>8.4f}  {e.param_count:>9,}  "
-                     f"{e.action}{outcome}")
+        round_cell = f"{round_number:>5}  " if with_round else ""
+        lines.append(f"  {round_cell}{e.env_id:>3}  {e.epoch:>5}  {e.val_accuracy:>7.2f}%  {e.val_loss:>8.4f}  "
+                     f"{e.param_count:>9,}  {e.action}{outcome}")
     return lines
 
 
-def _seed_section(history: Sequence[Event]) -> list[str]:
-    stories = seed_stories(history)
-    lines = [f"seeds ({len(stories)}):"]
-    for story in stories:
+def _episode_section(history: Sequence[Event], training: bool) -> list[str]:
+    """A run: every epoch of env 0. A training run: one row per episode, then the last round's env 0 epochs."""
+    epochs = [(r, e) for r, e in round_of_events(history) if isinstance(e, EpochCompleted)]
+    if not epochs:
+        return []
+    if not training:
+        return ["epochs (env 0):", *_epoch_rows([(r, e) for r, e in epochs if e.env_id == 0], False)]
+    lines = ["episodes:", f"  {'round':>5}  {'env':>3}  {'final acc':>9}  {'params':>9}  {'added':>8}  "
+             f"{'fossilized':>10}  {'pruned':>6}  {'return':>8}"]
+    for round_number, e in round_of_events(history):
+        if isinstance(e, EpisodeCompleted):
+            lines.append(f"  {round_number:>5}  {e.env_id:>3}  {e.final_accuracy:>8.2f}%  {e.param_count:>9,}  "
+                         f"{e.param_count - e.host_param_count:>8,}  {e.fossilized:>10}  {e.pruned:>6}  "
+                         f"{e.episode_return:>+8.3f}")
+    last = max(r for r, _ in epochs)
+    return [*lines, "", f"epochs of round {last} (env 0):",
+            *_epoch_rows([(r, e) for r, e in epochs if r == last and e.env_id == 0], True)]
+
+
+def _seed_section(history: Sequence[Event], training: bool) -> list[str]:
+    stories_by_round: list[tuple[int, SeedStory]] = []
+    for round_number, events_of_round in _group_by_round(history).items():
+        stories_by_round.extend((round_number, story) for story in seed_stories(events_of_round))
+    if not stories_by_round:
+        return ["seeds: none germinated"]
+    lines = []
+    if training:
+        outcomes = Counter(story.outcome for _, story in stories_by_round)
+        lines.append(f"seeds, every round: {len(stories_by_round)} germinated, {outcomes['fossilized']} "
+                     f"fossilized, {outcomes['pruned']} pruned, {outcomes['alive']} alive at the episode's end")
+        last = stories_by_round[-1][0]
+        stories_by_round = [(r, story) for r, story in stories_by_round if r == last]
+        lines.append(f"seeds of round {last} ({len(stories_by_round)}):")
+    else:
+        lines.append(f"seeds ({len(stories_by_round)}):")
+    for round_number, story in stories_by_round:
         contribution = "-" if story.contribution is None else f"{story.contribution:+.2f} pts"
         ending = story.outcome if story.outcome_epoch is None else f"{story.outcome}@{story.outcome_epoch}"
-        lines.append(f"  env {story.env_id}  {story.blueprint:<11} {story.slot:<5} germinated@{story.germinated:<3} "
-                     f"{story.stage_path():<48} {ending:<15} contribution {contribution}")
-    return lines if stories else ["seeds: none germinated"]
+        where = f"round {round_number} env {story.env_id}" if training else f"env {story.env_id}"
+        lines.append(f"  {where}  {story.blueprint:<11} {story.slot:<5} germinated@{story.germinated:<3} "
+                     f"{story.stage_path():<40} "
+                     f"{ending:<15} contribution {contribution}")
+    return lines
+
+
+def _group_by_round(history: Sequence[Event]) -> dict[int, list[Event]]:
+    grouped: dict[int, list[Event]] = defaultdict(list)
+    for round_number, event in round_of_events(history):
+        grouped[round_number].append(event)
+    return grouped
 
 
 def _reward_section(history: Sequence[Event]) -> list[str]:
@@ -99,17 +126,18 @@ def _training_section(history: Sequence[Event]) -> list[str]:
     return lines
 
 
-def _health_section(history: Sequence[Event]) -> list[str]:
+def _health_section(history: Sequence[Event], training: bool) -> list[str]:
     lines = []
-    for event in history:
+    for round_number, event in round_of_events(history):
         where = "trainer" if event.env_id == ALL_ENVS else f"env {event.env_id}"
+        when = f"round {round_number} epoch {event.epoch}" if training else f"epoch {event.epoch}"
         if isinstance(event, GovernorRollback):
-            lines.append(f"  epoch {event.epoch} {where}: rollback ({event.reason}); pruned "
+            lines.append(f"  {when} {where}: rollback ({event.reason}); pruned "
                          f"{', '.join(event.pruned_slots) or 'nothing'}")
         elif isinstance(event, AnomalyDetected):
-            lines.append(f"  epoch {event.epoch} {where}: {event.anomaly}: {event.message}; {event.advice}")
+            lines.append(f"  {when} {where}: {event.anomaly}: {event.message}; {event.advice}")
         elif isinstance(event, TelemetryLevelChanged):
-            lines.append(f"  epoch {event.epoch}: telemetry {event.from_level} -> {event.to_level} ({event.reason})")
+            lines.append(f"  {when}: telemetry {event.from_level} -> {event.to_level} ({event.reason})")
     return ["health:", *lines] if lines else ["health: no rollbacks, no anomalies"]
 
 
@@ -126,16 +154,15 @@ def _phase_section(history: Sequence[Event]) -> list[str]:
 
 def render_report(run_dir: str | Path) -> str:
     """The whole report as text."""
-    config, history = load_run(run_dir)
-    task = config.get("task", "?")
-    header = f"run {Path(run_dir)}: task {task}, seed {config.get('seed', '?')}, {len(history)} events"
-    sections = [[header], _episode_section(history), _seed_section(history), _reward_section(history),
-                _training_section(history), _health_section(history), _phase_section(history)]
-    summary_file = Path(run_dir) / "summary.json"
-    if summary_file.is_file():
-        summary = json.loads(summary_file.read_text())
-        grown, baseline = summary.get("grown") or {}, summary.get("baseline") or {}
-        if grown and baseline:
-            sections.append([f"grown {grown['final_accuracy']:.2f}% with {grown['parameters']:,} parameters; "
-                             f"no growth {baseline['final_accuracy']:.2f}% with {baseline['parameters']:,}"])
+    files = load_run_files(run_dir)
+    config, history, training = files.config, files.history, files.is_training
+    header = (f"run {files.path}: task {config.get('task', '?')}, seed {config.get('seed', '?')}, "
+              f"{len(history)} events")
+    sections = [[header], _episode_section(history, training), _seed_section(history, training),
+                _reward_section(history), _training_section(history), _health_section(history, training),
+                _phase_section(history)]
+    grown, baseline = (files.summary or {}).get("grown") or {}, (files.summary or {}).get("baseline") or {}
+    if grown and baseline:
+        sections.append([f"grown {grown['final_accuracy']:.2f}% with {grown['parameters']:,} parameters; "
+                         f"no growth {baseline['final_accuracy']:.2f}% with {baseline['parameters']:,}"])
     return "\n\n".join("\n".join(section) for section in sections if section)

@@ -1,0 +1,281 @@
+"""`morphogen report RUN_DIR --html`: one self-contained `report.html` with the run's figures.
+
+The page holds inline SVG only (see `ui/svg.py`): no script, no stylesheet or font from a network, so it
+opens offline, in a mail attachment or an artifact store, exactly as written. Its sections:
+
+- accuracy and parameters over epochs against the no-growth baseline (`run`), or the per-round means
+  (`train`);
+- a timeline with one bar per seed, coloured by lifecycle stage (a `run`'s seeds, or the last round's);
+- contributions: predicted (the shadow contribution measured while the seed trained behind the host,
+  the `with:<slot>` counterfactual) against measured (acc with it minus acc without it once blended);
+- reward components per epoch (`run`) or per round (`train`), PPO curves per round;
+- anomalies and rollbacks.
+
+Like the text report it reads only the run directory (`ui/run_files.py`).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from html import escape
+from pathlib import Path
+
+from morphogen.telemetry.events import (
+    ALL_ENVS,
+    AnomalyDetected,
+    CounterfactualMeasured,
+    EpochCompleted,
+    Event,
+    GovernorRollback,
+    PPOUpdateCompleted,
+    RewardComputed,
+    RoundCompleted,
+)
+from morphogen.telemetry.story import SeedStory, seed_stories
+from morphogen.ui.run_files import RunFiles, load_run_files, round_of_events
+from morphogen.ui.stages import STAGE_COLOURS, stage_colour
+from morphogen.ui.svg import Segment, Series, line_chart, scatter_chart, timeline_chart
+
+REPORT_FILENAME = "report.html"
+SHADOW_PREFIX, WITHOUT_PREFIX = "with:", "without:"  # counterfactual config names (env/counterfactual.py)
+
+STYLE = """
+body { font: 14px/1.45 system-ui, sans-serif; margin: 24px auto; max-width: 1180px; color: #212121; }
+h1 { font-size: 22px; margin-bottom: 4px; } h2 { font-size: 17px; margin: 28px 0 8px; border-bottom: 1px solid #ddd; }
+.meta { color: #616161; } .grid { display: flex; flex-wrap: wrap; gap: 12px; }
+svg { background: #fff; border: 1px solid #e0e0e0; border-radius: 4px; }
+svg .title { font-size: 13px; font-weight: 600; text-anchor: middle; } svg .tick { font-size: 10px; fill: #616161; }
+svg .label { font-size: 11px; fill: #424242; } svg .legend { font-size: 11px; fill: #212121; }
+svg .grid { stroke: #eeeeee; } svg .axis { stroke: #9e9e9e; } svg .diagonal { stroke: #9e9e9e; stroke-dasharray: 4 3; }
+table { border-collapse: collapse; font-size: 13px; } td, th { padding: 3px 10px; border-bottom: 1px solid #eee; }
+th { text-align: left; background: #fafafa; } td.num { text-align: right; font-variant-numeric: tabular-nums; }
+.none { color: #2e7d32; }
+"""
+
+
+@dataclass(frozen=True)
+class ContributionPair:
+    """One seed's last shadow contribution before blending and last measured contribution after."""
+
+    label: str
+    predicted: float
+    measured: float
+
+
+def _epochs(events: Sequence[Event], env_id: int = 0) -> list[EpochCompleted]:
+    return [e for e in events if isinstance(e, EpochCompleted) and e.env_id == env_id]
+
+
+def growth_charts(files: RunFiles) -> list[str]:
+    """Accuracy and parameters: per epoch against the baseline for a run, per round for a training run."""
+    if files.is_training:
+        rounds = [e for e in files.history if isinstance(e, RoundCompleted)]
+        return [
+            line_chart([Series("mean final accuracy", tuple((r.round, r.mean_final_accuracy) for r in rounds))],
+                       title="final accuracy per round (mean over envs)", x_label="round", y_label="accuracy %"),
+            line_chart([Series("parameters added", tuple((r.round, r.mean_parameters_added) for r in rounds))],
+                       title="parameters added per round (mean over envs)", x_label="round", y_label="parameters"),
+        ]
+    grown = _epochs(files.history)
+    baseline = _epochs([timed.event for timed in files.baseline_events])
+    return [
+        line_chart([Series("grown", tuple((e.epoch, e.val_accuracy) for e in grown)),
+                    Series("no growth", tuple((e.epoch, e.val_accuracy) for e in baseline), dashed=True)],
+                   title="validation accuracy", x_label="epoch", y_label="accuracy %"),
+        line_chart([Series("grown", tuple((e.epoch, float(e.param_count)) for e in grown)),
+                    Series("no growth", tuple((e.epoch, float(e.param_count)) for e in baseline), dashed=True)],
+                   title="parameters", x_label="epoch", y_label="parameters"),
+    ]
+
+
+def _shown_stories(files: RunFiles) -> tuple[list[tuple[int, SeedStory]], dict[tuple[int, int], int]]:
+    """The seeds to draw (a run's, or the last round's) with their round, and each (round, env)'s last epoch."""
+    by_round: dict[int, list[Event]] = defaultdict(list)
+    last_epoch: dict[tuple[int, int], int] = {}
+    for round_number, event in round_of_events(files.history):
+        by_round[round_number].append(event)
+        if isinstance(event, EpochCompleted):
+            last_epoch[(round_number, event.env_id)] = event.epoch
+    stories = [(r, story) for r, events in sorted(by_round.items()) for story in seed_stories(events)]
+    if files.is_training and stories:
+        last = stories[-1][0]
+        stories = [(r, story) for r, story in stories if r == last]
+    return stories, last_epoch
+
+
+def seed_segments(story: SeedStory, episode_end: int) -> list[Segment]:
+    """A seed's life as coloured stretches: each stage from the epoch it was entered to the next one.
+
+    A fossilized seed stays until the episode's end; a pruned one is marked for one epoch; a seed still
+    alive at the end of the events runs to `episode_end`.
+    """
+    entered = [("germinated", story.germinated), *story.stages.items()]
+    segments = []
+    for index, (stage, start) in enumerate(entered):
+        if index + 1 < len(entered):
+            end = entered[index + 1][1]
+        elif stage == "pruned":
+            end = start + 1
+        else:
+            end = max(episode_end, start + 1)
+        shown_end = max(float(end), start + 0.5)  # a stage entered and left in one epoch still shows
+        segments.append(Segment(start, shown_end, stage_colour(stage), f"{stage} from epoch {start}"))
+    return segments
+
+
+def timeline_section(files: RunFiles) -> str:
+    stories, last_epoch = _shown_stories(files)
+    rows = []
+    for round_number, story in stories:
+        where = f"env {story.env_id} " if files.is_training else ""
+        end = last_epoch.get((round_number, story.env_id), story.germinated + 1)
+        rows.append((f"{where}{story.slot} {story.blueprint}", seed_segments(story, end)))
+    title = "seeds by stage" + (f" (round {stories[-1][0]})" if files.is_training and stories else "")
+    return timeline_chart(rows, title=title, x_label="epoch", legend=list(STAGE_COLOURS.items())[1:])
+
+
+def contribution_pairs(history: Sequence[Event]) -> list[ContributionPair]:
+    """Per seed that was both shadow-measured and measured blended: its last value of each.
+
+    A counterfactual event measures a slot's shadow contribution when it evaluated `with:<slot>`, and its
+    real contribution when it evaluated `without:<slot>`. A seed is (round, env, slot, germination).
+    """
+    stories_seen: dict[tuple[int, int, str], str] = {}
+    predicted: dict[str, float] = {}
+    measured: dict[str, float] = {}
+    for round_number, event in round_of_events(history):
+        if isinstance(event, EpochCompleted):
+            for state in event.slots:
+                seed_key = (round_number, event.env_id, state.slot)
+                if state.blueprint is not None and seed_key not in stories_seen:
+                    where = f"r{round_number} env {event.env_id} " if round_number > 1 or event.env_id else ""
+                    stories_seen[seed_key] = f"{where}{state.slot} {state.blueprint}@{event.epoch}"
+                elif state.blueprint is None:
+                    stories_seen.pop(seed_key, None)
+        if not isinstance(event, CounterfactualMeasured):
+            continue
+        for slot, points in event.contributions:
+            key = stories_seen.get((round_number, event.env_id, slot), f"{slot} (env {event.env_id})")
+            if SHADOW_PREFIX + slot in event.configs:
+                predicted[key] = points
+            elif WITHOUT_PREFIX + slot in event.configs:
+                measured[key] = points
+    return [ContributionPair(key, predicted[key], measured[key]) for key in predicted if key in measured]
+
+
+def reward_chart(files: RunFiles) -> str:
+    """Reward components: per epoch of env 0 (run), or summed per round and averaged over envs (train)."""
+    components: dict[str, dict[int, float]] = defaultdict(lambda: defaultdict(float))
+    envs_per_round: dict[int, set[int]] = defaultdict(set)
+    for round_number, event in round_of_events(files.history):
+        if not isinstance(event, RewardComputed):
+            continue
+        if files.is_training:
+            envs_per_round[round_number].add(event.env_id)
+            for name, value in event.components:
+                components[name][round_number] += value
+        elif event.env_id == 0:
+            for name, value in event.components:
+                components[name][event.epoch] += value
+    if files.is_training:
+        for values in components.values():
+            for round_number in values:
+                values[round_number] /= max(len(envs_per_round[round_number]), 1)
+    series = [Series(name, tuple(sorted(values.items()))) for name, values in components.items()]
+    x_label = "round" if files.is_training else "epoch"
+    title = "reward by component" + (" (per episode, mean over envs)" if files.is_training else "")
+    return line_chart(series, title=title, x_label=x_label, y_label="reward")
+
+
+def ppo_charts(history: Sequence[Event]) -> list[str]:
+    updates = [e for e in history if isinstance(e, PPOUpdateCompleted)]
+    if not updates:
+        return []
+
+    def curve(name: str, values: Sequence[float]) -> Series:
+        return Series(name, tuple((u.round, v) for u, v in zip(updates, values, strict=True)))
+
+    heads = [head for head, _ in updates[0].entropy_per_head]
+    entropy = [Series(head, tuple((u.round, dict(u.entropy_per_head).get(head, float("nan"))) for u in updates))
+               for head in heads]
+    return [
+        line_chart([curve("policy loss", [u.policy_loss for u in updates]),
+                    curve("value loss", [u.value_loss for u in updates])],
+                   title="PPO losses", x_label="round", y_label="loss"),
+        line_chart([curve("approx KL", [u.approx_kl for u in updates]),
+                    curve("clip fraction", [u.clip_fraction for u in updates])],
+                   title="PPO KL and clipping", x_label="round", y_label="value"),
+        line_chart([curve("explained variance", [u.explained_variance for u in updates])],
+                   title="value head: explained variance", x_label="round", y_label="explained variance"),
+        line_chart(entropy, title="policy entropy per head", x_label="round", y_label="entropy (nats)"),
+    ]
+
+
+def health_table(files: RunFiles) -> str:
+    rows = []
+    for round_number, event in round_of_events(files.history):
+        where = "trainer" if event.env_id == ALL_ENVS else f"env {event.env_id}"
+        when = f"{round_number}" if files.is_training else "-"
+        if isinstance(event, AnomalyDetected):
+            rows.append((when, str(event.epoch), where, event.anomaly, f"{event.message}; {event.advice}"))
+        elif isinstance(event, GovernorRollback):
+            rows.append((when, str(event.epoch), where, "rollback",
+                         f"{event.reason}; pruned {', '.join(event.pruned_slots) or 'nothing'}"))
+    if not rows:
+        return '<p class="none">No anomalies and no rollbacks.</p>'
+    body = "".join("<tr>" + "".join(f"<td>{escape(cell)}</td>" for cell in row) + "</tr>" for row in rows)
+    return f"<table><tr><th>round</th><th>epoch</th><th>where</th><th>what</th><th>detail</th></tr>{body}</table>"
+
+
+def summary_table(files: RunFiles) -> str:
+    summary = files.summary or {}
+    grown, baseline = summary.get("grown") or {}, summary.get("baseline") or {}
+    if not grown:
+        return ""
+    rows = [("final val accuracy", "final_accuracy", "{:.2f}%"), ("final val loss", "final_loss", "{:.4f}"),
+            ("parameters", "parameters", "{:,}"), ("wall time", "seconds", "{:.1f} s")]
+    body = "".join(
+        f"<tr><td>{name}</td><td class='num'>{form.format(grown[key])}</td>"
+        f"<td class='num'>{form.format(baseline[key]) if baseline else '-'}</td></tr>" for name, key, form in rows)
+    return f"<table><tr><th></th><th>grown</th><th>no growth</th></tr>{body}</table>"
+
+
+def _section(title: str, *figures: str) -> str:
+    shown = [figure for figure in figures if figure]
+    if not shown:
+        return ""
+    return f"<h2>{escape(title)}</h2><div class='grid'>{''.join(shown)}</div>"
+
+
+def render_html(run_dir: str | Path) -> str:
+    """The whole report as one HTML document."""
+    files = load_run_files(run_dir)
+    config = files.config
+    kind = "training run" if files.is_training else "run"
+    pairs = contribution_pairs(files.history)
+    contributions = scatter_chart([(p.predicted, p.measured, p.label) for p in pairs],
+                                  title="contribution: predicted (shadow) vs measured",
+                                  x_label="predicted: shadow contribution (points)",
+                                  y_label="measured (points)")
+    sections = [
+        _section("Result", summary_table(files)),
+        _section("Growth", *growth_charts(files)),
+        _section("Seeds", timeline_section(files), contributions),
+        _section("Reward", reward_chart(files)),
+        _section("PPO", *ppo_charts(files.history)),
+        f"<h2>Anomalies and rollbacks</h2>{health_table(files)}",
+    ]
+    title = f"morphogen {kind}: {config.get('task', '?')}"
+    return (f"<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'><title>{escape(title)}</title>"
+            f"<style>{STYLE}</style></head><body><h1>{escape(title)}</h1>"
+            f"<p class='meta'>{escape(str(files.path))} · seed {escape(str(config.get('seed', '?')))} · "
+            f"{len(files.events)} events</p>{''.join(sections)}</body></html>\n")
+
+
+def write_html_report(run_dir: str | Path, path: str | Path | None = None) -> Path:
+    """Write `render_html(run_dir)` to `path` (default RUN_DIR/report.html) and return where."""
+    target = Path(run_dir) / REPORT_FILENAME if path is None else Path(path)
+    target.write_text(render_html(run_dir), encoding="utf-8")
+    return target

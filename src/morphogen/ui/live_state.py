@@ -1,0 +1,216 @@
+"""What the dashboard shows, folded from a run's events one at a time (no widgets here, so it is testable).
+
+`RunView.apply(timed_event)` updates the view and returns the event-log line of that event, if it
+deserves one. The view knows the run's shape from its `config.json`: a `train` run has `rounds`,
+`n_envs` and `episode.max_epochs`; a `run` has one env and `episode.max_epochs`. Speed and ETA count
+env-steps (one env finishing one epoch) between the first and the last event seen.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from morphogen.telemetry.events import (
+    ALL_ENVS,
+    ActionTaken,
+    AnomalyDetected,
+    EpisodeCompleted,
+    EpochCompleted,
+    GovernorRollback,
+    PPOUpdateCompleted,
+    RewardComputed,
+    RoundCompleted,
+    SlotState,
+    StageTransition,
+    TelemetryLevelChanged,
+)
+from morphogen.ui.run_files import TimedEvent, config_value
+
+LOG_LINES = 1000
+"""Event-log lines kept in memory (older ones scroll away)."""
+
+
+@dataclass
+class EnvView:
+    """One env as its latest epoch left it."""
+
+    env_id: int
+    round: int = 1
+    epoch: int = 0
+    val_accuracy: float | None = None
+    param_count: int | None = None
+    slots: tuple[SlotState, ...] = ()
+    action: str = ""
+    action_succeeded: bool = True
+    episodes_completed: int = 0
+    last_reward: dict[str, float] = field(default_factory=dict)
+    last_return: float | None = None
+
+
+@dataclass(frozen=True)
+class Alert:
+    """An anomaly or a rollback, where and when it happened."""
+
+    round: int
+    epoch: int
+    where: str
+    kind: str
+    message: str
+
+
+@dataclass
+class RunView:
+    """The dashboard's model of a run: header numbers, envs, policy health, rewards, alerts, log."""
+
+    task: str = "?"
+    training: bool = False
+    rounds_total: int | None = None
+    n_envs: int = 1
+    episode_length: int | None = None
+    envs: dict[int, EnvView] = field(default_factory=dict)
+    rounds_completed: int = 0
+    first_time: float | None = None
+    last_time: float | None = None
+    env_steps: int = 0
+    ppo: PPOUpdateCompleted | None = None
+    round_rewards: dict[str, float] = field(default_factory=dict)
+    """Reward components summed over the current round's epochs and envs (the episode's, in a run)."""
+    previous_round_rewards: dict[str, float] = field(default_factory=dict)
+    """`round_rewards` of the last completed round."""
+    alerts: list[Alert] = field(default_factory=list)
+    telemetry_level: str | None = None
+    log: deque[str] = field(default_factory=lambda: deque(maxlen=LOG_LINES))
+    finished: bool = False
+
+    @classmethod
+    def from_config(cls, config: Mapping[str, Any]) -> RunView:
+        """An empty view shaped by a run's `config.json` (a `train` run has `rounds`)."""
+        training = "rounds" in config
+        return cls(
+            task=str(config.get("task", "?")),
+            training=training,
+            rounds_total=config.get("rounds") if training else None,
+            n_envs=int(config.get("n_envs", 1)) if training else 1,
+            episode_length=config_value(config, "episode.max_epochs"),
+        )
+
+    # ---------------------------------------------------------------- derived numbers
+    @property
+    def round(self) -> int:
+        """The round in progress (1-based); the last one once the run finished."""
+        if self.rounds_total is not None and self.rounds_completed >= self.rounds_total:
+            return self.rounds_total
+        return self.rounds_completed + 1
+
+    @property
+    def elapsed(self) -> float:
+        """Seconds between the first and the last event seen."""
+        if self.first_time is None or self.last_time is None:
+            return 0.0
+        return self.last_time - self.first_time
+
+    @property
+    def env_steps_per_second(self) -> float | None:
+        return self.env_steps / self.elapsed if self.elapsed > 0 and self.env_steps > 1 else None
+
+    @property
+    def total_env_steps(self) -> int | None:
+        """Env-steps of the whole run, when its config says (rounds x envs x epochs, or the episode's epochs)."""
+        if self.episode_length is None:
+            return None
+        if self.training:
+            return None if self.rounds_total is None else self.rounds_total * self.n_envs * self.episode_length
+        return self.episode_length
+
+    @property
+    def eta_seconds(self) -> float | None:
+        """Seconds left at the speed so far; None while unknown, 0 once finished."""
+        if self.finished:
+            return 0.0
+        speed, total = self.env_steps_per_second, self.total_env_steps
+        if speed is None or total is None:
+            return None
+        return max(total - self.env_steps, 0) / speed
+
+    def slot_ids(self) -> list[str]:
+        """Every slot id seen, in the order the envs report them."""
+        seen: dict[str, None] = {}
+        for env in self.envs.values():
+            for slot in env.slots:
+                seen.setdefault(slot.slot)
+        return list(seen)
+
+    # ---------------------------------------------------------------- folding events
+    def _env(self, env_id: int) -> EnvView:
+        if env_id not in self.envs:
+            self.envs[env_id] = EnvView(env_id, round=self.round)
+        return self.envs[env_id]
+
+    def _where(self, env_id: int, epoch: int) -> str:
+        """Where an event happened, for the log: round, epoch and env (trainer events have no env epoch)."""
+        if env_id == ALL_ENVS:
+            return f"r{self.round} trainer" if self.training else "trainer"
+        return f"r{self.round} e{epoch} env {env_id}" if self.training else f"e{epoch} env {env_id}"
+
+    def apply(self, timed: TimedEvent) -> str | None:
+        """Fold one event into the view; returns its event-log line (None for events not logged)."""
+        event = timed.event
+        self.first_time = timed.time if self.first_time is None else self.first_time
+        self.last_time = timed.time
+        where = self._where(event.env_id, event.epoch)
+        line: str | None = None
+        if isinstance(event, EpochCompleted):
+            env = self._env(event.env_id)
+            env.round, env.epoch, env.val_accuracy = self.round, event.epoch, event.val_accuracy
+            env.param_count, env.slots = event.param_count, event.slots
+            env.action, env.action_succeeded = event.action, event.action_succeeded
+            self.env_steps += 1
+        elif isinstance(event, RewardComputed):
+            self._env(event.env_id).last_reward = dict(event.components)
+            for name, value in event.components:
+                self.round_rewards[name] = self.round_rewards.get(name, 0.0) + value
+        elif isinstance(event, ActionTaken) and event.op != "WAIT":
+            outcome = "" if event.succeeded else f" refused: {event.reason}"
+            target = " ".join(part for part in (event.slot, event.blueprint) if part)
+            line = f"{where}: {event.op} {target}{outcome}"
+        elif isinstance(event, StageTransition):
+            line = f"{where}: {event.slot} {event.blueprint} {event.from_stage} -> {event.to_stage} ({event.reason})"
+        elif isinstance(event, EpisodeCompleted):
+            env = self._env(event.env_id)
+            env.episodes_completed += 1
+            env.last_return = event.episode_return
+            self.finished = self.finished or not self.training
+            line = (f"{where}: episode done, acc {event.final_accuracy:.2f}%, {event.fossilized} fossilized, "
+                    f"{event.pruned} pruned, return {event.episode_return:+.3f}")
+        elif isinstance(event, (AnomalyDetected, GovernorRollback)):
+            line = self._alert(event, where)
+        elif isinstance(event, PPOUpdateCompleted):
+            self.ppo = event
+        elif isinstance(event, RoundCompleted):
+            line = self._round_completed(event, where)
+        elif isinstance(event, TelemetryLevelChanged):
+            self.telemetry_level = event.to_level
+            line = f"{where}: telemetry {event.from_level} -> {event.to_level} ({event.reason})"
+        if line is not None:
+            self.log.append(line)
+        return line
+
+    def _alert(self, event: AnomalyDetected | GovernorRollback, where: str) -> str:
+        env = "trainer" if event.env_id == ALL_ENVS else f"env {event.env_id}"
+        if isinstance(event, AnomalyDetected):
+            alert = Alert(self.round, event.epoch, env, event.anomaly, f"{event.message}; {event.advice}")
+        else:
+            alert = Alert(self.round, event.epoch, env, "rollback", event.reason)
+        self.alerts.append(alert)
+        return f"{where}: {alert.kind.upper()}: {alert.message}"
+
+    def _round_completed(self, event: RoundCompleted, where: str) -> str:
+        self.rounds_completed = event.round
+        self.previous_round_rewards, self.round_rewards = self.round_rewards, {}
+        if self.rounds_total is not None and event.round >= self.rounds_total:
+            self.finished = True
+        return (f"{where}: round {event.round} done, return {event.mean_return:+.3f}, "
+                f"acc {event.mean_final_accuracy:.2f}%, {event.seconds:.1f} s")

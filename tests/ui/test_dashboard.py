@@ -1,0 +1,151 @@
+"""`morphogen dashboard`: driven headless with Textual's pilot, on finished runs and on a run still being written."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from textual.pilot import Pilot
+from textual.widgets import DataTable, RichLog, Static
+
+from morphogen.cli import main
+from morphogen.ui.dashboard import Dashboard
+from morphogen.ui.live_state import RunView
+from morphogen.ui.run_files import EVENTS_FILENAME, read_timed_events
+
+POLL = 0.05
+
+
+def _text(app: Dashboard, selector: str) -> str:
+    return str(app.query_one(selector, Static).render())
+
+
+def _log_lines(app: Dashboard) -> list[str]:
+    return [strip.text for strip in app.query_one("#log", RichLog).lines]
+
+
+async def _wait_for(pilot: Pilot[None], condition: Callable[[], bool], seconds: float = 10.0) -> None:
+    """Let the app's own timer run until `condition()` holds (a loaded CI machine may need many ticks)."""
+    for _ in range(int(seconds / POLL)):
+        if condition():
+            return
+        await pilot.pause(POLL)
+    assert condition(), "the view did not update in time"
+
+
+def _row(app: Dashboard, env_id: int) -> list[str]:
+    table = app.query_one("#envs", DataTable)
+    return [str(cell) for cell in table.get_row(str(env_id))]
+
+
+def test_a_run_still_being_written_updates_the_view(trained_run: Path, tmp_path: Path) -> None:
+    """Half of a training run's lines are there at start; the rest are appended while the dashboard runs."""
+    live = tmp_path / "live"
+    live.mkdir()
+    shutil.copy(trained_run / "config.json", live / "config.json")
+    lines = (trained_run / EVENTS_FILENAME).read_text().splitlines(keepends=True)
+    first_update = next(i for i, line in enumerate(lines) if '"ppo_update_completed"' in line)
+    first_round_end = next(i for i, line in enumerate(lines) if '"round_completed"' in line) + 1
+    (live / EVENTS_FILENAME).write_text("".join(lines[:first_update]))  # round 1's episodes, not its update
+
+    async def drive() -> None:
+        app = Dashboard(live, poll_seconds=POLL)
+        async with app.run_test(size=(140, 40)) as pilot:
+            await _wait_for(pilot, lambda: 1 in app.view.envs and app.view.envs[1].epoch == 4)
+            assert "round 1/2" in _text(app, "#header") and "[LIVE]" in _text(app, "#header")
+            assert _row(app, 0)[:3] == ["0", "1", "4/4"] and _row(app, 1)[:3] == ["1", "1", "4/4"]
+            assert "no PPO update yet" in _text(app, "#policy")
+            # The run goes on: the rest of round 1 arrives, then round 2, the last record cut mid-line.
+            with (live / EVENTS_FILENAME).open("a") as events:
+                events.write("".join(lines[first_update:first_round_end]))
+                events.flush()
+                await _wait_for(pilot, lambda: "round 2/2" in _text(app, "#header"))
+                assert "policy health (round 1)" in _text(app, "#policy")
+                assert any("round 1 done" in line for line in _log_lines(app))
+                rest = "".join(lines[first_round_end:])
+                events.write(rest[:-10])  # the last record is cut mid-line: it must wait
+                events.flush()
+                await _wait_for(pilot, lambda: _row(app, 0)[:2] == ["0", "2"])
+                app.poll()
+                assert "[FINISHED]" not in _text(app, "#header")
+                events.write(rest[-10:])
+                events.flush()
+            await _wait_for(pilot, lambda: "[FINISHED]" in _text(app, "#header"))
+            assert "round 2/2" in _text(app, "#header") and _row(app, 0)[:3] == ["0", "2", "4/4"]
+            assert any("round 2 done" in line for line in _log_lines(app))
+
+    asyncio.run(drive())
+
+
+def test_keys_pause_help_detail_and_quit(grown_run: Path) -> None:
+    async def drive() -> None:
+        app = Dashboard(grown_run, poll_seconds=POLL)
+        async with app.run_test(size=(140, 40)) as pilot:
+            await _wait_for(pilot, lambda: "[FINISHED]" in _text(app, "#header"))
+            header = _text(app, "#header")
+            assert "morphogen run  task digits" in header and "[FINISHED]" in header
+            row = _row(app, 0)
+            assert row[:3] == ["0", "1", "8/8"] and len(row) == 5 + 2, "env, round, epoch, acc, params, 2 slots"
+            assert "heuristic run" in _text(app, "#policy") and "terminal" in _text(app, "#rewards")
+            assert any("GERMINATE" in line for line in _log_lines(app))
+            await pilot.press("p")
+            assert app.paused and "[PAUSED]" in _text(app, "#header")
+            await pilot.press("p")
+            assert not app.paused
+            await pilot.press("question_mark")
+            assert app.screen.name == "help" and "p   pause" in str(app.screen.query_one("#info", Static).render())
+            await pilot.press("escape")
+            await pilot.press("d")
+            assert app.screen.name == "env-detail"
+            detail = str(app.screen.query_one("#info", Static).render())
+            assert "env 0: round 1, epoch 8/8" in detail and "r0c1" in detail and "r0c2" in detail
+            await pilot.press("escape")
+            await pilot.press("q")
+        assert app.return_code == 0
+
+    asyncio.run(drive())
+
+
+def test_replay_feeds_a_finished_run_progressively(grown_run: Path) -> None:
+    total = len(read_timed_events(grown_run / EVENTS_FILENAME))
+    per_tick, slow_timer = 10, 600.0  # the timer never fires in the test: ticks are driven by hand
+
+    async def drive() -> None:
+        app = Dashboard(grown_run, replay=True, poll_seconds=slow_timer, replay_rate=per_tick / slow_timer)
+        async with app.run_test(size=(140, 40)) as pilot:
+            await pilot.pause()
+            assert "[REPLAY]" in _text(app, "#header")
+            assert len(app._pending) == total - per_tick, "mounting feeds the first slice only"
+            ticks = 0
+            while app._pending:
+                app.poll()
+                ticks += 1
+            await pilot.pause()
+            assert ticks == -(-(total - per_tick) // per_tick)
+            assert "[FINISHED]" in _text(app, "#header")
+
+    asyncio.run(drive())
+
+
+def test_view_speed_and_eta_count_env_steps(trained_run: Path) -> None:
+    import json
+
+    view = RunView.from_config(json.loads((trained_run / "config.json").read_text()))
+    assert (view.training, view.rounds_total, view.n_envs, view.episode_length) == (True, 2, 2, 4)
+    events = read_timed_events(trained_run / EVENTS_FILENAME)
+    half = [timed for timed in events][: len(events) // 2]
+    for timed in half:
+        view.apply(timed)
+    assert view.total_env_steps == 2 * 2 * 4
+    assert view.env_steps_per_second is not None and view.eta_seconds is not None
+    assert view.eta_seconds == pytest.approx((16 - view.env_steps) / view.env_steps_per_second)
+
+
+def test_dashboard_of_something_that_is_not_a_run_is_one_line_and_exit_2(tmp_path: Path,
+                                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["dashboard", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("morphogen dashboard: error:") and "events.jsonl" in err[0]

@@ -1,0 +1,98 @@
+"""`morphogen report RUN_DIR --html`: one self-contained page whose figures a real browser draws."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from morphogen.cli import main
+from morphogen.telemetry.events import CounterfactualMeasured, EpochCompleted, SlotState
+from morphogen.telemetry.story import SeedStory
+from morphogen.ui.html_report import contribution_pairs, render_html, seed_segments
+from morphogen.ui.stages import STAGE_COLOURS
+from morphogen.ui.svg import nice_ticks
+
+CHROMIUM_NAMES = ("chromium", "chromium-browser", "google-chrome")
+
+
+def test_nice_ticks_are_round_and_cover_the_range() -> None:
+    assert nice_ticks(0.0, 100.0) == [0.0, 20.0, 40.0, 60.0, 80.0, 100.0]
+    assert nice_ticks(0.3, 0.9) == pytest.approx([0.2, 0.4, 0.6, 0.8, 1.0])
+    assert nice_ticks(-0.28, 0.8) == pytest.approx([-0.5, 0.0, 0.5, 1.0])
+
+
+def test_seed_segments_follow_the_stages_to_the_end_of_the_episode() -> None:
+    kept = SeedStory(0, "r0c1", "conv_light", germinated=2, stages={"training": 3, "blending": 5, "holding": 7,
+                                                                     "fossilized": 8}, outcome="fossilized")
+    spans = [(s.start, s.end, s.colour) for s in seed_segments(kept, episode_end=12)]
+    assert spans == [(2, 3, STAGE_COLOURS["germinated"]), (3, 5, STAGE_COLOURS["training"]),
+                     (5, 7, STAGE_COLOURS["blending"]), (7, 8, STAGE_COLOURS["holding"]),
+                     (8, 12, STAGE_COLOURS["fossilized"])]
+    pruned = SeedStory(0, "r0c1", "norm", germinated=2, stages={"training": 2, "pruned": 4}, outcome="pruned")
+    assert [(s.start, s.end) for s in seed_segments(pruned, episode_end=12)][-1] == (4, 5)
+
+
+def test_contribution_pairs_take_the_shadow_before_blending_and_the_measurement_after() -> None:
+    seed = (SlotState("r0c1", "training", "norm", 0.0),)
+    blended = (SlotState("r0c1", "blending", "norm", 0.5),)
+    history = [
+        EpochCompleted(2, 0, 1.0, 1.0, 50.0, 10, seed, "GERMINATE", True),
+        CounterfactualMeasured(2, 0, ("main", "with:r0c1"), (50.0, 52.0), (1.0, 0.9), (("r0c1", 2.0),)),
+        CounterfactualMeasured(3, 0, ("main", "with:r0c1"), (50.0, 53.5), (1.0, 0.9), (("r0c1", 3.5),)),
+        EpochCompleted(4, 0, 1.0, 1.0, 55.0, 10, blended, "ADVANCE", True),
+        CounterfactualMeasured(4, 0, ("main", "without:r0c1"), (55.0, 54.0), (1.0, 1.0), (("r0c1", 1.0),)),
+    ]
+    [pair] = contribution_pairs(history)
+    assert (pair.predicted, pair.measured) == (3.5, 1.0) and pair.label == "r0c1 norm@2"
+
+
+def test_html_of_a_run_is_self_contained_with_every_figure(grown_run: Path,
+                                                           capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["report", str(grown_run), "--html"]) == 0
+    assert capsys.readouterr().out.strip() == f"wrote {grown_run / 'report.html'}"
+    page = (grown_run / "report.html").read_text()
+    assert "<script" not in page and "<link" not in page and "@import" not in page
+    assert re.findall(r"https?://[^\"' ]+", page) == ["http://www.w3.org/2000/svg"] * page.count("<svg ")
+    for title in ("validation accuracy", "parameters", "seeds by stage", "predicted (shadow) vs measured",
+                  "reward by component"):
+        assert title in page, title
+    assert "no growth" in page, "the baseline is drawn next to the grown run"
+    assert page.count(STAGE_COLOURS["training"]) >= 2, "the timeline colours seeds by stage"
+
+
+def test_html_of_a_training_run_has_ppo_curves_per_round(trained_run: Path) -> None:
+    page = render_html(trained_run)
+    for title in ("final accuracy per round", "PPO losses", "PPO KL and clipping", "policy entropy per head"):
+        assert title in page, title
+
+
+def _chromium() -> str | None:
+    return next((path for path in map(shutil.which, CHROMIUM_NAMES) if path is not None), None)
+
+
+def test_chromium_draws_the_report_without_console_errors(grown_run: Path, tmp_path: Path) -> None:
+    chromium = _chromium()
+    if chromium is None:
+        pytest.skip("no chromium on PATH: install the Debian package `chromium` (make test does when it can)")
+    image = pytest.importorskip("PIL.Image", reason="Pillow (a tensorboard dependency) reads the screenshot")
+    page = tmp_path / "report.html"
+    page.write_text(render_html(grown_run))
+    screenshot = tmp_path / "shot.png"
+    result = subprocess.run(
+        [chromium, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars", "--enable-logging=stderr",
+         "--v=0", "--window-size=1200,1600", f"--screenshot={screenshot}", page.as_uri()],
+        capture_output=True, text=True, timeout=120, check=False)
+    assert result.returncode == 0, result.stderr[-2000:]
+    console = [line for line in result.stderr.splitlines() if ":CONSOLE" in line]
+    assert console == [], "the page logs nothing to the console (no errors, no warnings)"
+    with image.open(screenshot) as shot:
+        colours = shot.convert("RGB").getcolors(maxcolors=1 << 20)
+    assert colours is not None and len(colours) > 50, "the screenshot shows figures, not a blank page"
+    drawn = {colour for _, colour in colours}
+    for stage in ("training", "blending"):
+        hex_colour = STAGE_COLOURS[stage]
+        assert tuple(int(hex_colour[i:i + 2], 16) for i in (1, 3, 5)) in drawn, f"{stage} bars are drawn"

@@ -1,0 +1,69 @@
+"""`morphogen runs`: DuckDB over the run directories' files, with documented views, filters and comparisons."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from morphogen.cli import main
+from morphogen.telemetry.events import EpochCompleted, RoundCompleted
+from morphogen.telemetry.sinks import read_events
+from morphogen.ui.runs import connect, query_runs
+
+
+@pytest.fixture(scope="module")
+def runs_root(grown_run: Path, trained_run: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("runs")
+    shutil.copytree(grown_run, root / "grown")
+    shutil.copytree(trained_run, root / "trained")
+    return root
+
+
+def test_runs_table_has_one_row_per_run_with_its_results(runs_root: Path) -> None:
+    header, rows = query_runs(runs_root)
+    table = {row[0]: dict(zip(header, row, strict=True)) for row in rows}
+    assert set(table) == {"grown", "trained"}
+    summary = json.loads((runs_root / "grown" / "summary.json").read_text())
+    grown = table["grown"]
+    assert (grown["command"], grown["task"], grown["episodes"], grown["epochs"]) == ("run", "digits", 1, 8)
+    assert grown["final_accuracy"] == pytest.approx(summary["grown"]["final_accuracy"], abs=0.005)
+    assert grown["parameters"] == summary["grown"]["parameters"]
+    assert grown["baseline_accuracy"] == pytest.approx(summary["baseline"]["final_accuracy"])
+    trained = table["trained"]
+    last_round = [e for e in read_events(runs_root / "trained" / "events.jsonl") if isinstance(e, RoundCompleted)][-1]
+    assert (trained["command"], trained["rounds"], trained["episodes"]) == ("train", 2, 4)
+    assert trained["final_accuracy"] == pytest.approx(last_round.mean_final_accuracy, abs=0.005)
+
+
+def test_views_are_the_events_as_written(runs_root: Path) -> None:
+    connection = connect(runs_root)
+    written = [e for e in read_events(runs_root / "trained" / "events.jsonl") if isinstance(e, EpochCompleted)]
+    count = connection.execute("SELECT count(*) FROM epochs WHERE run = 'trained'").fetchone()
+    assert count == (len(written),)
+    depth = connection.execute("SELECT episode.max_epochs FROM configs WHERE run = 'trained'").fetchone()
+    assert depth == (4,), "nested config settings are structs"
+
+
+def test_where_filters_and_bad_sql_is_one_line_and_exit_2(runs_root: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["runs", str(runs_root), "--where", "command = 'train' AND rounds >= 2"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].split()[:3] == ["run", "command", "task"] and [line.split()[0] for line in lines[1:]] == ["trained"]
+    assert main(["runs", str(runs_root), "--where", "no_such_column > 1"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("morphogen runs: error: --where") and "no_such_column" in err[0]
+    assert main(["runs", str(runs_root / "nothing-here")]) == 2
+
+
+def test_compare_puts_two_runs_curves_side_by_side(runs_root: Path, tmp_path: Path,
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    shutil.copytree(runs_root / "grown", tmp_path / "a")
+    shutil.copytree(runs_root / "grown", tmp_path / "b")
+    assert main(["runs", "--compare", str(tmp_path / "a"), str(tmp_path / "b")]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].split() == ["epoch", "acc", "%", "a", "acc", "%", "b", "params", "a", "params", "b"]
+    rows = [line.split() for line in lines[1:]]
+    assert [row[0] for row in rows] == [str(epoch) for epoch in range(1, 9)]
+    assert all(row[1] == row[2] and row[3] == row[4] for row in rows), "the same run twice gives equal columns"
