@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import sys
 from collections.abc import Callable, Sequence
@@ -11,13 +12,16 @@ from typing import TYPE_CHECKING, Any
 
 from morphogen import __version__
 from morphogen.commands.listing import LISTINGS
-from morphogen.config import ConfigError, build_config, read_config_file
+from morphogen.config import ConfigError, build_config, read_config_file, short_repr
 from morphogen.control.checkpoint import CheckpointError
 from morphogen.control.trainer import TrainConfig
 from morphogen.core.blueprints import UnknownBlueprintError
 from morphogen.core.hosts import UnknownSlotError
 from morphogen.data import DataError
+from morphogen.env.governor import DivergenceError
+from morphogen.run_lock import RunDirectoryLockError, hold_run_directory
 from morphogen.runner import RunConfig, run_command
+from morphogen.storage import DiskFullError
 from morphogen.ui.report import RunDirectoryError, render_report
 from morphogen.ui.runs import RunsQueryError
 
@@ -25,8 +29,12 @@ if TYPE_CHECKING:
     from morphogen.commands.evaluate import EvalConfig
 
 USER_ERRORS = (ConfigError, DataError, UnknownBlueprintError, UnknownSlotError, CheckpointError, RunDirectoryError,
-               RunsQueryError)
+               RunsQueryError, RunDirectoryLockError, DiskFullError)
 EXIT_USER_ERROR = 2
+#: Exit status when training kept diverging after every rollback and back-off (`DivergenceError`).
+EXIT_DIVERGED = 3
+#: Longest error line printed; longer messages are cut (a user error never needs more).
+MAX_ERROR_LINE = 1_000
 
 
 class UsageError(ValueError):
@@ -199,7 +207,10 @@ def _with_episode_length(values: dict[str, Any], length: int | None, flag: str) 
     if length is not None:
         if length < 1:
             raise UsageError(f"{flag} must be >= 1, got {length}")
-        episode = dict(values.get("episode") or {})
+        episode = values.get("episode") or {}
+        if not isinstance(episode, dict):
+            raise ConfigError(f"episode: expected a table of settings, got {short_repr(episode)}")
+        episode = dict(episode)
         episode["max_epochs"] = length
         values["episode"] = episode
     return values
@@ -238,8 +249,11 @@ def _train(args: argparse.Namespace) -> None:
     if args.config or args.episode_length is not None or args.slots is not None:
         raise UsageError("--resume continues a run with its saved config; only --rounds, --device and "
                          "--telemetry may be given with it")
-    config, state = config_for_resume(args.resume, overrides)
-    train_command(config, resume_state=state)
+    # Lock before reading the checkpoint: a writer that finishes a round in between would be overwritten.
+    lock = hold_run_directory(args.resume) if Path(args.resume).is_dir() else contextlib.nullcontext()
+    with lock:
+        config, state = config_for_resume(args.resume, overrides)
+        train_command(config, resume_state=state)
 
 
 def _run(args: argparse.Namespace) -> None:
@@ -328,6 +342,14 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], None]] = {
 }
 
 
+def _one_line(error: BaseException) -> str:
+    """The error's message as one line of at most `MAX_ERROR_LINE` characters."""
+    text = " ".join(str(error).split("\n"))
+    if len(text) > MAX_ERROR_LINE:
+        text = f"{text[:MAX_ERROR_LINE]}... ({len(text):,} characters in all)"
+    return text
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_arguments(build_parser(), argv)
     try:
@@ -340,8 +362,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         COMMANDS[args.command](args)
         return 0
     except (*USER_ERRORS, UsageError) as error:
-        print(f"morphogen {args.command}: error: {error}", file=sys.stderr)
+        print(f"morphogen {args.command}: error: {_one_line(error)}", file=sys.stderr)
         return EXIT_USER_ERROR
+    except DivergenceError as error:
+        print(f"morphogen {args.command}: diverged: {_one_line(error)}", file=sys.stderr)
+        return EXIT_DIVERGED
     except KeyboardInterrupt:
         print(f"morphogen {args.command}: interrupted", file=sys.stderr)
         return 130

@@ -12,6 +12,7 @@ import enum
 import json
 import math
 import re
+import reprlib
 import tomllib
 import types
 import typing
@@ -21,7 +22,21 @@ from typing import Any, TypeVar
 
 import yaml
 
+from morphogen.limits import MAX_STRING_LENGTH
+
 T = TypeVar("T")
+
+_REPR = reprlib.Repr()  # keyword arguments need Python 3.12
+_REPR.maxlevel, _REPR.maxstring, _REPR.maxother, _REPR.maxlist, _REPR.maxdict = 3, 60, 60, 6, 6
+
+
+def short_repr(value: Any) -> str:
+    """`repr(value)` cut to about 60 characters and 3 levels, so an error line stays one short line
+    whatever the user passed (a 1 MB string, a list nested 10,000 deep)."""
+    text = _REPR.repr(value)
+    if isinstance(value, str) and len(value) > 60:
+        text += f" ({len(value):,} characters)"
+    return text
 
 
 class ConfigError(ValueError):
@@ -45,23 +60,33 @@ def _convert_union(value: Any, options: tuple[Any, ...], path: str) -> Any:
             return _convert(value, option, path)
         except ConfigError as error:
             errors.append(str(error))
-    raise ConfigError(errors[0] if errors else f"{path}: unexpected value {value!r}")
+    raise ConfigError(errors[0] if errors else f"{path}: unexpected value {short_repr(value)}")
 
 
 def _convert_enum(value: Any, annotation: type[enum.Enum], path: str) -> Any:
     for member in annotation:
         if value == member.value or (isinstance(value, str) and value.lower() == member.name.lower()):
             return member
-    raise ConfigError(f"{path}: {value!r} is not {_describe(annotation)}")
+    raise ConfigError(f"{path}: {short_repr(value)} is not {_describe(annotation)}")
+
+
+def _is_finite(value: float) -> bool:
+    """Finite and representable as a float (an integer past 1.8e308 is neither)."""
+    try:
+        return math.isfinite(value)
+    except OverflowError:
+        return False
 
 
 #: Scalar annotation -> (accepts value?, converter, what the error says was expected).
 _SCALARS: dict[Any, tuple[Any, Any, str]] = {
     bool: (lambda v: isinstance(v, bool), bool, "true or false"),
     int: (lambda v: isinstance(v, int) and not isinstance(v, bool), int, "an integer"),
-    float: (lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and not math.isnan(v), float,
-            "a number (not NaN)"),
-    str: (lambda v: isinstance(v, str), str, "a string"),
+    # NaN and infinity are never usable settings (an infinite learning rate makes every weight NaN).
+    float: (lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and _is_finite(v), float,
+            "a finite number (not NaN or infinity)"),
+    str: (lambda v: isinstance(v, str) and len(v) <= MAX_STRING_LENGTH, str,
+          f"a string of at most {MAX_STRING_LENGTH} characters"),
 }
 
 
@@ -71,13 +96,13 @@ def _convert(value: Any, annotation: Any, path: str) -> Any:
         return _convert_union(value, typing.get_args(annotation), path)
     if dataclasses.is_dataclass(annotation):
         if not isinstance(value, Mapping):
-            raise ConfigError(f"{path}: expected a table of settings, got {value!r}")
+            raise ConfigError(f"{path}: expected a table of settings, got {short_repr(value)}")
         return build_config(annotation, value, path)  # type: ignore[arg-type]
     if isinstance(annotation, type) and issubclass(annotation, enum.Enum):
         return _convert_enum(value, annotation, path)
     if origin in (tuple, frozenset):
         if not isinstance(value, (list, tuple)):
-            raise ConfigError(f"{path}: expected a list, got {value!r}")
+            raise ConfigError(f"{path}: expected a list, got {short_repr(value)}")
         args = typing.get_args(annotation)
         item = args[0] if args else Any
         converted = [_convert(v, item, f"{path}[{i}]") for i, v in enumerate(value)]
@@ -85,7 +110,7 @@ def _convert(value: Any, annotation: Any, path: str) -> Any:
     if annotation in _SCALARS:
         accepts, converter, expected = _SCALARS[annotation]
         if not accepts(value):
-            raise ConfigError(f"{path}: expected {expected}, got {value!r}")
+            raise ConfigError(f"{path}: expected {expected}, got {short_repr(value)}")
         return converter(value)
     return value
 
@@ -94,10 +119,11 @@ def build_config(cls: type[T], values: Mapping[str, Any], path: str = "") -> T:
     """Instantiate dataclass `cls` from `values`, validating every key and value."""
     hints = typing.get_type_hints(cls)
     fields = {f.name: f for f in dataclasses.fields(cls) if f.init}  # type: ignore[arg-type]
-    unknown = sorted(set(values) - set(fields))
+    unknown = sorted(set(values) - set(fields), key=str)  # YAML keys need not be strings
     prefix = f"{path}." if path else ""
     if unknown:
-        raise ConfigError(f"{prefix}{unknown[0]}: unknown key; accepted: {', '.join(fields)}")
+        key = unknown[0] if isinstance(unknown[0], str) and len(unknown[0]) <= 60 else short_repr(unknown[0])
+        raise ConfigError(f"{prefix}{key}: unknown key; accepted: {', '.join(fields)}")
     kwargs = {name: _convert(value, hints[name], prefix + name) for name, value in values.items()}
     try:
         return cls(**kwargs)
@@ -147,8 +173,11 @@ def read_config_file(path: str | Path) -> dict[str, Any]:
         else:
             raise ConfigError(f"config file {path}: unknown format {suffix!r}; use .toml, .json, .yaml or .yml")
     except (tomllib.TOMLDecodeError, json.JSONDecodeError, yaml.YAMLError, UnicodeDecodeError) as error:
-        first_line = str(error).splitlines()[0]
+        first_line = (str(error).splitlines() or [type(error).__name__])[0]
         raise ConfigError(f"config file {path} is not valid {suffix[1:].upper()}: {first_line}") from None
+    except RecursionError:
+        # The parsers recurse once per level of nesting; no setting is nested more than a few levels.
+        raise ConfigError(f"config file {path} is nested too deeply to be a morphogen config") from None
     if not isinstance(data, dict):
         raise ConfigError(f"config file {path}: expected a table of settings at the top level")
     return data

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import sys
 import time
 from collections.abc import Callable
@@ -10,14 +11,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TextIO
 
-from morphogen.config import ConfigError, config_to_dict
+from morphogen.config import ConfigError, config_to_dict, short_repr
 from morphogen.control.controller import Controller, NoGrowthController
 from morphogen.control.heuristic import HeuristicConfig, HeuristicController
 from morphogen.control.options import SessionOptions, load_session_task
 from morphogen.data import Task
 from morphogen.env.episode import EpisodeConfig, MorphogenesisEpisode, StepResult
 from morphogen.env.snapshot import EpisodeSnapshot
+from morphogen.run_lock import hold_run_directory
+from morphogen.storage import write_atomic
 from morphogen.telemetry.anomalies import AnomalyDetector
+from morphogen.telemetry.events import NON_FINITE_TOKENS
 from morphogen.telemetry.profiler import PhaseTimer, TraceProfiler
 from morphogen.telemetry.sinks import Telemetry
 from morphogen.telemetry.story import SeedStory, seed_stories
@@ -56,7 +60,10 @@ def resolve_device(name: str) -> str:
     try:
         kind = torch.device(name).type
     except RuntimeError:
-        raise ConfigError(f"device: {name!r} is not a device; use cpu, cuda, cuda:N, mps or auto") from None
+        kind = None
+    if kind not in ("cpu", "cuda", "mps"):  # meta, xla, ... hold no data to train on
+        raise ConfigError(f"device: {short_repr(name)} is not a device morphogen trains on; "
+                          "use cpu, cuda, cuda:N, mps or auto")
     if kind == "cuda" and not torch.cuda.is_available():
         raise ConfigError(f"device: {name!r} requested but CUDA is not available here; use --device cpu")
     if kind == "mps" and not torch.backends.mps.is_available():
@@ -176,6 +183,13 @@ def run_command(config: RunConfig, controller_factory: Callable[[MorphogenesisEp
     else:
         controller = controller_factory(episode)
     run_dir = make_run_dir(config.run_dir, config.runs_root, config.task)
+    with hold_run_directory(run_dir):  # one writer per run directory
+        return _play_and_write(config, task, episode, controller, device, run_dir, out)
+
+
+def _play_and_write(config: RunConfig, task: Task, episode: MorphogenesisEpisode, controller: Controller,
+                    device: str, run_dir: Path, out: TextIO) -> tuple[EpisodeOutcome, EpisodeOutcome | None, Path]:
+    """The grown episode, the baseline and the files of `run_command`, in a locked `run_dir`."""
     write_resolved_config(run_dir, config)
     with Telemetry(run_dir, config=config.telemetry) as telemetry, ProgressDisplay(out) as display:
         episode.telemetry = telemetry
@@ -203,7 +217,7 @@ def run_command(config: RunConfig, controller_factory: Callable[[MorphogenesisEp
     if episode.timer.enabled:
         print(f"\ntime by phase (grown model):\n{episode.timer.summary()}", file=out)
     summary = {"grown": _outcome_dict(grown), "baseline": None if baseline is None else _outcome_dict(baseline)}
-    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    write_atomic(run_dir / "summary.json", (json.dumps(_strict(summary), indent=2) + "\n").encode())
     return grown, baseline, run_dir
 
 
@@ -234,7 +248,7 @@ def write_resolved_config(run_dir: Path, config: object) -> None:
     (`morphogen run --config RUN_DIR/config.json`) makes a new run directory instead of appending here."""
     values = config_to_dict(config)
     values["run_dir"] = None
-    (run_dir / "config.json").write_text(json.dumps(values, indent=2) + "\n")
+    write_atomic(run_dir / "config.json", (json.dumps(values, indent=2) + "\n").encode())
 
 
 def _outcome_dict(outcome: EpisodeOutcome) -> dict[str, object]:
@@ -246,3 +260,15 @@ def _outcome_dict(outcome: EpisodeOutcome) -> dict[str, object]:
                    "outcome": s.outcome, "outcome_epoch": s.outcome_epoch, "contribution": s.contribution}
                   for s in outcome.stories],
     }
+
+
+def _strict(value: object) -> object:
+    """`value` with NaN/inf floats written as the event schema's tokens, so summary.json is strict JSON too."""
+    if isinstance(value, dict):
+        return {key: _strict(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_strict(item) for item in value]
+    if isinstance(value, float) and not math.isfinite(value):
+        return next(token for token, number in NON_FINITE_TOKENS.items()
+                    if (math.isnan(number) and math.isnan(value)) or number == value)
+    return value

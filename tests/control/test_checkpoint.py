@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import dataclasses
+import errno
 import io
+import math
 import os
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -13,13 +15,16 @@ import torch
 
 from morphogen.control.checkpoint import (
     CHECKPOINT_NAME,
+    FORMAT_VERSION,
     CheckpointError,
     check_layout,
     load_checkpoint,
     save_checkpoint,
 )
+from morphogen.control.integrity import state_checksum
 from morphogen.control.trainer import PPOTrainer, TrainConfig
 from morphogen.data import Task, load_task
+from morphogen.storage import DiskFullError
 from morphogen.telemetry.config import TelemetryConfig
 
 TEXT = "the quick brown fox jumps over the lazy dog; pack my box with five dozen liquor jugs.\n" * 30
@@ -127,7 +132,7 @@ def test_missing_file_and_foreign_file(tmp_path: Path) -> None:
         load_checkpoint(tmp_path)
     foreign = tmp_path / "weights.pt"
     torch.save({"weight": torch.zeros(3)}, foreign)
-    with pytest.raises(CheckpointError, match="is not a morphogen checkpoint of format 1"):
+    with pytest.raises(CheckpointError, match="is not a morphogen checkpoint of format 2"):
         load_checkpoint(foreign)
 
 
@@ -171,3 +176,83 @@ def test_checkpoint_of_another_task_is_refused(digits: Task, tmp_path: Path) -> 
     save_checkpoint(text_trainer.state_dict(), tmp_path / CHECKPOINT_NAME)
     with pytest.raises(CheckpointError, match="was built for task='text', but this run has task='digits'"):
         PPOTrainer(tiny_config(), digits).load_state_dict(load_checkpoint(tmp_path), tmp_path)
+
+
+# ------------------------------------------------------------------ integrity: checksum and finiteness
+
+
+def test_checkpoint_carries_a_checksum_of_everything(trainer: PPOTrainer, tmp_path: Path) -> None:
+    path = tmp_path / CHECKPOINT_NAME
+    save_checkpoint(trainer.state_dict(), path)
+    raw = torch.load(path, weights_only=True)
+    assert raw["format_version"] == FORMAT_VERSION
+    assert raw.pop("checksum") == state_checksum(raw)
+    assert "checksum" not in load_checkpoint(path), "the checksum is checked and dropped on load"
+
+
+def test_one_changed_weight_is_refused_as_damaged(trainer: PPOTrainer, tmp_path: Path) -> None:
+    path = tmp_path / CHECKPOINT_NAME
+    save_checkpoint(trainer.state_dict(), path)
+    raw = torch.load(path, weights_only=True)
+    name = next(key for key, tensor in raw["policy"].items() if tensor.is_floating_point())
+    raw["policy"][name].view(-1)[0] = 1.29e29  # what 64 flipped bytes did to one weight
+    torch.save(raw, path)  # the stored checksum is now stale
+    with pytest.raises(CheckpointError) as caught:
+        load_checkpoint(path)
+    assert str(caught.value) == (f"checkpoint {path} is damaged: its contents do not match the checksum saved "
+                                 "with them (a disk or copy error?); use an intact copy of the run")
+
+
+def test_flipped_bytes_anywhere_are_refused_in_one_line_naming_the_file(trainer: PPOTrainer, tmp_path: Path) -> None:
+    path = tmp_path / CHECKPOINT_NAME
+    save_checkpoint(trainer.state_dict(), path)
+    data = bytearray(path.read_bytes())
+    for start in range(0, len(data) - 64, len(data) // 7):
+        broken = bytearray(data)
+        broken[start:start + 64] = bytes(b ^ 0xFF for b in broken[start:start + 64])
+        path.write_bytes(bytes(broken))
+        with pytest.raises(CheckpointError) as caught:
+            load_checkpoint(path)
+        assert "\n" not in str(caught.value) and str(path) in str(caught.value), start
+
+
+def test_non_finite_state_is_never_saved_and_never_loaded(trainer: PPOTrainer, tmp_path: Path) -> None:
+    path = tmp_path / CHECKPOINT_NAME
+    save_checkpoint({**trainer.state_dict(), "round": 1}, path)
+    before = path.read_bytes()
+    state = trainer.state_dict()
+    name = next(key for key, tensor in state["policy"].items() if tensor.is_floating_point())
+    state["policy"] = {**state["policy"], name: torch.full_like(state["policy"][name], math.nan)}
+    with pytest.raises(CheckpointError, match=rf"refusing to save .*: non-finite values in policy\.{name}; the "
+                                              "previous checkpoint stays the latest"):
+        save_checkpoint(state, path)
+    assert path.read_bytes() == before and [p.name for p in tmp_path.iterdir()] == [CHECKPOINT_NAME]
+
+    # Written behind save_checkpoint's back, with a valid checksum: the finiteness check alone refuses it.
+    payload = {"format_version": FORMAT_VERSION, **state}
+    payload["checksum"] = state_checksum(payload)
+    torch.save(payload, path)
+    with pytest.raises(CheckpointError, match=rf"^checkpoint {path} holds non-finite values in policy\.{name}; "):
+        load_checkpoint(path)
+
+
+def test_format_1_checkpoints_without_checksum_are_still_read(trainer: PPOTrainer, tmp_path: Path) -> None:
+    path = tmp_path / CHECKPOINT_NAME
+    torch.save({"format_version": 1, **trainer.state_dict()}, path)
+    assert load_checkpoint(path)["round"] == trainer.state.next_round
+
+
+def test_disk_full_during_a_checkpoint_keeps_the_previous_one(trainer: PPOTrainer, tmp_path: Path,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    path = tmp_path / CHECKPOINT_NAME
+    save_checkpoint({**trainer.state_dict(), "round": 1}, path)
+    before = file_state(tmp_path)
+
+    def no_space(descriptor: int) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "fsync", no_space)
+    with pytest.raises(DiskFullError, match=rf"^no space left to write {path}: it needs [0-9,]+ bytes"):
+        save_checkpoint({**trainer.state_dict(), "round": 2}, path)
+    monkeypatch.undo()
+    assert file_state(tmp_path) == before

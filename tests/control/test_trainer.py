@@ -14,7 +14,9 @@ from morphogen.control.ppo import PPOConfig
 from morphogen.control.trainer import PPOTrainer, TrainConfig, format_round, train
 from morphogen.data import Task
 from morphogen.env.actions import HEADS
+from morphogen.telemetry.anomalies import Anomaly
 from morphogen.telemetry.config import TelemetryConfig
+from morphogen.telemetry.sinks import Telemetry
 
 
 def tiny_config(**changes: Any) -> TrainConfig:
@@ -101,3 +103,20 @@ def test_value_head_learns_standardized_returns(digits: Task) -> None:
     # ...and mapping them back gives returns in reward units again (GAE ran on de-standardized values).
     real = normalizer.denormalize(batch.returns)
     assert not torch.allclose(real, batch.returns)
+
+
+def test_detector_and_escalation_state_survive_attaching_the_runs_telemetry(digits: Task, tmp_path: Path) -> None:
+    """`train --resume` loads the checkpoint, then attaches the run's telemetry: the restored state must stay."""
+    source = PPOTrainer(tiny_config(telemetry=TelemetryConfig(level="normal")), digits)
+    source.attach_telemetry(Telemetry(None, config=TelemetryConfig(level="normal")))
+    source.detector.check(gradient_norms={"env0/host": 1.5})
+    source.telemetry.report_anomalies([Anomaly("kl_spike", "m", "a")], epoch=3)  # escalates to debug
+    state = source.state_dict()
+    assert state["telemetry"]["levels"]["epochs_left"] > 0 and state["anomaly_detector"]["gradient_averages"]
+
+    resumed = PPOTrainer(tiny_config(telemetry=TelemetryConfig(level="normal")), digits)
+    resumed.load_state_dict(state, tmp_path)
+    resumed.attach_telemetry(Telemetry(None, config=TelemetryConfig(level="normal")), tmp_path)
+    again = resumed.state_dict()
+    assert again["anomaly_detector"] == state["anomaly_detector"]
+    assert again["telemetry"] == state["telemetry"] and resumed.telemetry.level == "debug"

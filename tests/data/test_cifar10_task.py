@@ -33,8 +33,16 @@ def write_pickle(path: Path, content: object) -> None:
         pickle.dump(content, file)
 
 
-def write_fake_cifar10(root: Path, seed: int = 0) -> dict[str, tuple[np.ndarray, list[int]]]:
-    """Write root/cifar-10-batches-py in the published format; return each file's (data, labels)."""
+def _keys(content: dict[bytes, object], str_keys: bool) -> dict[bytes | str, object]:
+    """The dict as written: bytes keys like the published files, or str keys (and str names) like re-written ones."""
+    if not str_keys:
+        return dict(content)
+    return {key.decode(): ([v.decode() for v in value] if key == b"label_names" else value)  # type: ignore[attr-defined]
+            for key, value in content.items()}
+
+
+def write_fake_cifar10(root: Path, seed: int = 0, str_keys: bool = False) -> dict[str, tuple[np.ndarray, list[int]]]:
+    """Write root/cifar-10-batches-py in the published format (or with str keys); return each file's (data, labels)."""
     folder = root / "cifar-10-batches-py"
     folder.mkdir(parents=True)
     rng = np.random.default_rng(seed)
@@ -50,16 +58,16 @@ def write_fake_cifar10(root: Path, seed: int = 0) -> dict[str, tuple[np.ndarray,
             b"data": data,
             b"filenames": [f"image_{index}.png".encode() for index in range(count)],
         }
-        write_pickle(folder / name, batch)
+        write_pickle(folder / name, _keys(batch, str_keys))
         written[name] = (data, labels)
-    write_pickle(
-        folder / "batches.meta", {b"num_cases_per_batch": 4, b"label_names": LABEL_NAMES, b"num_vis": 3072}
-    )
+    meta = {b"num_cases_per_batch": 4, b"label_names": LABEL_NAMES, b"num_vis": 3072}
+    write_pickle(folder / "batches.meta", _keys(meta, str_keys))
     return written
 
 
-def test_loads_images_labels_and_preset(tmp_path: Path) -> None:
-    written = write_fake_cifar10(tmp_path)
+@pytest.mark.parametrize("str_keys", [False, True], ids=["bytes-keys", "str-keys"])
+def test_loads_images_labels_and_preset(tmp_path: Path, str_keys: bool) -> None:
+    written = write_fake_cifar10(tmp_path, str_keys=str_keys)
     task = load_task("cifar10", data_dir=tmp_path)
 
     assert task.train.inputs.shape == (20, 3, 32, 32) and task.train.inputs.dtype == torch.float32
@@ -138,9 +146,17 @@ def test_missing_or_broken_files_are_named(tmp_path: Path) -> None:
         load_task("cifar10", data_dir=tmp_path)
 
     write_pickle(folder / "data_batch_3", {b"data": np.zeros((2, 100), dtype=np.uint8), b"labels": [0, 1]})
-    with pytest.raises(DataError, match=r"data_batch_3: b'data' should be a uint8 array"):
+    with pytest.raises(DataError, match=r"data_batch_3: key 'data' should be a uint8 array"):
         load_task("cifar10", data_dir=tmp_path)
 
     write_pickle(folder / "data_batch_3", {b"data": np.zeros((2, 3072), dtype=np.uint8), b"labels": [0, 10]})
-    with pytest.raises(DataError, match=r"labels must lie in \[0, 10\)"):
+    with pytest.raises(DataError, match=r"key 'labels' must hold values in \[0, 10\)"):
+        load_task("cifar10", data_dir=tmp_path)
+
+    write_pickle(folder / "data_batch_3", {"data": np.zeros((2, 3072), dtype=np.uint8)})
+    with pytest.raises(DataError, match=r"data_batch_3 lacks the key 'labels' \(as bytes or str\)$"):
+        load_task("cifar10", data_dir=tmp_path)
+
+    write_pickle(folder / "batches.meta", {"label_names": ["a", "b"]})
+    with pytest.raises(DataError, match=r"batches.meta: key 'label_names' should list 10 names$"):
         load_task("cifar10", data_dir=tmp_path)

@@ -18,7 +18,7 @@ from morphogen.core.slot import SlotConfig
 from morphogen.data import Task, load_task
 from morphogen.env.actions import Action, Op
 from morphogen.env.episode import EpisodeConfig, MorphogenesisEpisode
-from morphogen.env.governor import Governor, GovernorConfig
+from morphogen.env.governor import DivergenceError, Governor, GovernorConfig
 from morphogen.env.training import ModelTrainer, OptimizerConfig
 from morphogen.telemetry import events
 
@@ -253,3 +253,95 @@ def test_nan_epoch_in_an_episode_is_rolled_back_and_the_episode_finishes(
         losses.append(result.snapshot.train_loss)
     assert len(losses) == 2 and all(math.isfinite(loss) for loss in losses)
     assert isinstance(episode.history[-1], events.EpisodeCompleted)
+
+    # The NaN epoch was the seed's (pruned by the rollback), so the seeds' learning rate is backed off.
+    assert episode.trainer.seed_lr_scale == 0.5
+    assert episode.trainer.host_optimizer.param_groups[0]["lr"] == 0.01
+
+
+# ---------------------------------------------------------------- validation, back-off, giving up
+
+
+def test_validation_loss_far_above_its_window_rolls_back() -> None:
+    governor = Governor(tiny_model())
+    governor.observe_validation(2.3, 10.0)  # the untrained model: ln(10)
+    # 5 x the largest healthy validation loss (2.3) is 11.5: 11.5 passes, 11.6 does not.
+    assert governor.check(1.0, epoch=1, val_loss=11.5, val_accuracy=20.0) is None
+    rollback = governor.check(1.0, epoch=2, val_loss=100.0, val_accuracy=20.0)
+    assert rollback is not None and rollback.reason == "validation loss 100 above 57.5"
+    assert rollback.loss == 100.0 and rollback.threshold == pytest.approx(57.5)
+    assert list(governor.validation_losses) == [2.3, 11.5], "a divergent validation loss must not enter the window"
+    assert governor.check(1.0, epoch=3, val_loss=math.nan, val_accuracy=20.0) is not None
+
+
+def test_accuracy_back_at_chance_after_being_above_it_rolls_back() -> None:
+    governor = Governor(tiny_model(), chance_accuracy=10.0)
+    # Never above 2 x chance yet: a model still at chance is not diverging, it has not learnt.
+    assert governor.check(1.0, epoch=1, val_loss=2.0, val_accuracy=10.0) is None
+    assert governor.check(1.0, epoch=2, val_loss=2.0, val_accuracy=20.0) is None  # reached 2 x chance
+    assert governor.check(1.0, epoch=3, val_loss=2.0, val_accuracy=12.1) is None  # above 1.2 x chance
+    rollback = governor.check(1.0, epoch=4, val_loss=2.0, val_accuracy=12.0)
+    assert rollback is not None
+    assert rollback.reason == "validation accuracy 12% fell to chance (10%) after reaching 20%"
+    assert Governor(tiny_model()).check(1.0, epoch=1, val_loss=2.0, val_accuracy=0.0) is None, \
+        "without a chance level the accuracy rule is off"
+
+
+def test_rollbacks_back_off_what_diverged_and_give_up_after_n_in_a_row() -> None:
+    model = tiny_model()
+    governor = Governor(model, GovernorConfig(max_consecutive_rollbacks=3))
+    model.germinate("r0c1", "conv_light", epoch=0)
+    first = governor.check(math.nan, epoch=1)
+    assert first is not None and first.backed_off == "seeds" and first.in_a_row == 1 and not first.gave_up
+    second = governor.check(math.nan, epoch=2)  # no live seed left: the host is what diverged
+    assert second is not None and second.backed_off == "host" and second.in_a_row == 2 and not second.gave_up
+    assert governor.check(1.0, epoch=3) is None  # a healthy epoch ends the streak
+    assert [governor.check(math.nan, epoch=e).in_a_row for e in (4, 5)] == [1, 2]  # type: ignore[union-attr]
+    last = governor.check(math.nan, epoch=6)
+    assert last is not None and last.in_a_row == 3 and last.gave_up
+
+
+def test_back_off_halves_the_host_or_every_seed_learning_rate() -> None:
+    model = tiny_model()
+    trainer = ModelTrainer(model, OptimizerConfig(host_lr=0.1, seed_lr=0.2), IsolationMonitor())
+    trainer.back_off("host", 0.5)
+    assert trainer.host_optimizer.param_groups[0]["lr"] == pytest.approx(0.05)
+    model.germinate("r0c1", "conv_light", epoch=0)
+    trainer.back_off("seeds", 0.5)
+    trainer.train_batch(torch.randn(4, 1, 8, 8), torch.randint(0, 3, (4,)))  # creates the seed's optimizer
+    assert trainer.seed_optimizers["r0c1"][1].param_groups[0]["lr"] == pytest.approx(0.1)
+    assert trainer.host_optimizer.param_groups[0]["lr"] == pytest.approx(0.05)
+
+
+def test_moderately_diverging_host_is_caught_by_validation_and_backed_off(digits: Task) -> None:
+    """host_lr = 5: the training loss stays under the ceiling, the validation loss explodes."""
+    config = EpisodeConfig(max_epochs=3, optimizer=OptimizerConfig(host_lr=5.0),
+                           governor=GovernorConfig(max_consecutive_rollbacks=10))
+    episode = MorphogenesisEpisode(digits, config, slots=["r0c1"])
+    episode.reset()
+    result = episode.step(Action())
+    assert result.rollback is not None and result.rollback.backed_off == "host"
+    assert episode.trainer.host_optimizer.param_groups[0]["lr"] == pytest.approx(2.5)
+
+
+def test_episode_that_keeps_diverging_raises_divergence_error(digits: Task) -> None:
+    config = EpisodeConfig(max_epochs=10, optimizer=OptimizerConfig(host_lr=1e4),
+                           governor=GovernorConfig(max_consecutive_rollbacks=2))
+    episode = MorphogenesisEpisode(digits, config, slots=["r0c1"])
+    episode.reset()
+    assert episode.step(Action()).rollback is not None
+    with pytest.raises(DivergenceError, match=r"^env 0 epoch 2: training diverged 2 epochs in a row despite rollbacks"):
+        episode.step(Action())
+    rollbacks = [e for e in episode.history if isinstance(e, events.GovernorRollback)]
+    assert len(rollbacks) == 2, "the last rollback is recorded before the episode stops"
+
+
+@pytest.mark.parametrize(("overrides", "message"), [
+    ({"validation_loss_factor": 1.0}, "validation_loss_factor"),
+    ({"at_chance_factor": 2.0}, "at_chance_factor"),
+    ({"backoff": 0.0}, "backoff"),
+    ({"max_consecutive_rollbacks": 0}, "max_consecutive_rollbacks"),
+])
+def test_new_settings_are_validated(overrides: dict[str, float], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        GovernorConfig(**overrides)  # type: ignore[arg-type]

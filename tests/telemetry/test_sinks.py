@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import time
@@ -145,6 +146,14 @@ def test_failing_sink_is_logged_once_and_emit_goes_on(
     assert errors[0].exc_info is not None and errors[0].exc_info[1] is error
     warnings = [record for record in caplog.records if record.levelno == logging.WARNING]
     assert len(warnings) == 1 and f"failed {len(EVENTS)} times" in warnings[0].getMessage()
+
+
+def test_full_disk_in_a_sink_is_one_line_without_traceback(caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.DEBUG, logger="morphogen.telemetry"):
+        telemetry = Telemetry(None, sinks=[FailingSink(OSError(errno.ENOSPC, "No space left on device"))])
+        telemetry.emit(EVENTS[0])
+    (record,) = caplog.records
+    assert record.exc_info is None and "No space left on device; training continues" in record.getMessage()
 
 
 def test_unexpected_sink_error_propagates() -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import statistics
 import sys
@@ -20,7 +21,10 @@ from morphogen.control.trainer import TrainConfig
 from morphogen.data import Task
 from morphogen.env.episode import MorphogenesisEpisode
 from morphogen.env.seeding import derive_seed
+from morphogen.limits import MAX_EVAL_EPISODES, MAX_SEED, check_count
+from morphogen.run_lock import hold_run_directory
 from morphogen.runner import EpisodeOutcome, make_run_dir, resolve_device, run_episode, write_resolved_config
+from morphogen.storage import write_atomic
 from morphogen.telemetry.config import TelemetryConfig
 from morphogen.telemetry.sinks import Telemetry
 from morphogen.ui.progress import ProgressDisplay
@@ -54,10 +58,8 @@ class EvalConfig:
     def __post_init__(self) -> None:
         if not self.policy:
             raise ValueError("policy must name the run directory of `morphogen train` (--policy RUN_DIR)")
-        if self.episodes < 1:
-            raise ValueError(f"episodes must be >= 1, got {self.episodes}")
-        if self.seed < 0:
-            raise ValueError(f"seed must be >= 0, got {self.seed}")
+        check_count("episodes", self.episodes, MAX_EVAL_EPISODES)
+        check_count("seed", self.seed, MAX_SEED, lower=0)
 
 
 @dataclass(frozen=True)
@@ -104,10 +106,12 @@ def evaluate_command(config: EvalConfig, out: TextIO | None = None) -> list[Cont
     }
     outcomes: dict[str, list[tuple[EpisodeOutcome, int, int]]] = {name: [] for name in CONTROLLERS}
     run_dir = None if config.run_dir is None else make_run_dir(config.run_dir, "runs", trained.task)
+    lock = contextlib.ExitStack()  # one writer per run directory, from before its first file is written
     if run_dir is not None:
+        lock.enter_context(hold_run_directory(run_dir))
         write_resolved_config(run_dir, config)
     telemetry = Telemetry(run_dir, config=config.telemetry if run_dir is not None else TelemetryConfig(level="off"))
-    with telemetry, ProgressDisplay(out) as display:
+    with lock, telemetry, ProgressDisplay(out) as display:
         display.print(f"morphogen eval: {config.episodes} episodes of {trained.episode_length} epochs on {task.name}, "
                       f"policy {policy_dir}")
         bar = display.add("episodes", config.episodes * len(CONTROLLERS))
@@ -128,7 +132,7 @@ def evaluate_command(config: EvalConfig, out: TextIO | None = None) -> list[Cont
     _print_table(scores, out)
     if run_dir is not None:
         table = [config_to_dict(score) for score in scores]
-        (run_dir / SCORES_FILENAME).write_text(json.dumps(table, indent=2) + "\n")
+        write_atomic(run_dir / SCORES_FILENAME, (json.dumps(table, indent=2) + "\n").encode())
         print(f"recorded in {run_dir}", file=out)
     return scores
 

@@ -7,13 +7,22 @@ import sys
 from pathlib import Path
 from typing import Any, TextIO
 
+import torch
+
 from morphogen.config import ConfigError, build_config
 from morphogen.control.checkpoint import CHECKPOINT_NAME, CheckpointError, load_checkpoint
 from morphogen.control.options import load_session_task
 from morphogen.control.trainer import PPOTrainer, RoundSummary, TrainConfig, format_round, train
+from morphogen.env.seeding import derive_seed
+from morphogen.run_lock import hold_run_directory
 from morphogen.runner import make_run_dir, resolve_device, write_resolved_config
-from morphogen.telemetry.sinks import Telemetry
+from morphogen.storage import remove_stale_temporaries
+from morphogen.telemetry.resume import cut_events_to_round
+from morphogen.telemetry.sinks import EVENTS_FILENAME, Telemetry
 from morphogen.ui.progress import ProgressDisplay
+
+#: Stream of `derive_seed` for the global torch RNG of a training run.
+GLOBAL_RNG_STREAM = 5
 
 
 def config_for_resume(run_dir: str | Path, overrides: dict[str, Any]) -> tuple[TrainConfig, dict[str, Any]]:
@@ -40,11 +49,18 @@ def config_for_resume(run_dir: str | Path, overrides: dict[str, Any]) -> tuple[T
 
 def train_command(config: TrainConfig, *, resume_state: dict[str, Any] | None = None,
                   out: TextIO | None = None) -> Path:
-    """Train (or continue) a policy, printing one line per round to `out` (default: `sys.stdout` at call time)."""
+    """Train (or continue) a policy, printing one line per round to `out` (default: `sys.stdout` at call time).
+
+    The run directory is locked for the whole command (`morphogen.run_lock`); a resumed run first drops
+    the events of rounds its checkpoint does not hold and the temporary files of killed writes.
+    """
     out = sys.stdout if out is None else out
     config = config.with_resolved_host()  # config.json and the checkpoint record the host's whole size
     device = resolve_device(config.device)
     task = load_session_task(config, device)
+    # Training draws from generators seeded by (seed, round); the global RNG is seeded too (and saved in every
+    # checkpoint, restored on resume) so that whatever may use it is replayed and checkpoints are reproducible.
+    torch.manual_seed(derive_seed(config.seed, GLOBAL_RNG_STREAM))
     # Everything that can fail on the user's input (slots, layout, an existing run) fails before any file
     # of a run directory is created or written.
     trainer = PPOTrainer(config, task)
@@ -53,17 +69,40 @@ def train_command(config: TrainConfig, *, resume_state: dict[str, Any] | None = 
         run_dir = Path(config.run_dir)
         trainer.load_state_dict(resume_state, run_dir)
     else:
-        if config.run_dir is not None and (Path(config.run_dir) / CHECKPOINT_NAME).is_file():
-            raise ConfigError(f"run_dir: {config.run_dir} already holds a training run ({CHECKPOINT_NAME}); "
-                              f"continue it with --resume {config.run_dir} or choose another --run-dir")
+        _refuse_existing_run(config.run_dir)
         run_dir = make_run_dir(config.run_dir, config.runs_root, config.task)
-        write_resolved_config(run_dir, config)
+    with hold_run_directory(run_dir):
+        if resume_state is None:
+            _refuse_existing_run(str(run_dir))  # again, now that no other writer can create one
+            write_resolved_config(run_dir, config)
+        remove_stale_temporaries(run_dir)
+        dropped = cut_events_to_round(run_dir / EVENTS_FILENAME, trainer.state.next_round) if resume_state else 0
+        _train_rounds(trainer, task.name, device, run_dir, dropped, out)
+    if trainer.timer.enabled:
+        print(trainer.timer.summary(), file=out)
+    print(f"checkpoint: {run_dir / 'checkpoint.pt'}", file=out)
+    return run_dir
+
+
+def _refuse_existing_run(run_dir: str | None) -> None:
+    if run_dir is not None and (Path(run_dir) / CHECKPOINT_NAME).is_file():
+        raise ConfigError(f"run_dir: {run_dir} already holds a training run ({CHECKPOINT_NAME}); "
+                          f"continue it with --resume {run_dir} or choose another --run-dir")
+
+
+def _train_rounds(trainer: PPOTrainer, task_name: str, device: str, run_dir: Path, dropped: int,
+                  out: TextIO) -> None:
+    """The round loop of `train_command` with its telemetry and progress display, in a locked `run_dir`."""
+    config = trainer.config
     with Telemetry(run_dir, config=config.telemetry) as telemetry, ProgressDisplay(out) as display:
         trainer.attach_telemetry(telemetry, run_dir)
         first = trainer.state.next_round + 1
-        display.print(f"morphogen train: task {task.name}, {config.n_envs} envs x {config.episode_length} epochs per "
+        display.print(f"morphogen train: task {task_name}, {config.n_envs} envs x {config.episode_length} epochs per "
                       f"round, rounds {first}..{config.rounds}, device {device}")
         display.print(f"run dir: {run_dir}")
+        if dropped:
+            display.print(f"resume: dropped {dropped:,} bytes of {EVENTS_FILENAME} written after the round-{first - 1} "
+                          "checkpoint")
         rounds = display.add("rounds", config.rounds - first + 1)
         epochs = display.add(f"round {first} epochs", config.episode_length, status=f"({config.n_envs} envs)")
         trainer.on_step = lambda done: display.advance(epochs)
@@ -76,7 +115,3 @@ def train_command(config: TrainConfig, *, resume_state: dict[str, Any] | None = 
 
         with trainer.profiler:
             train(trainer, run_dir, on_round=on_round)
-    if trainer.timer.enabled:
-        print(trainer.timer.summary(), file=out)
-    print(f"checkpoint: {run_dir / 'checkpoint.pt'}", file=out)
-    return run_dir

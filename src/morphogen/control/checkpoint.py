@@ -4,20 +4,32 @@ A checkpoint holds the policy, the optimizer, the normalizers, the RNG states, t
 the resolved config (as JSON text), plus the layout it was built for (task, slot ids, observation and
 action sizes, episode length) so that a mismatched checkpoint is refused with a clear message
 before anything of a run is overwritten.
+
+Integrity (format 2): `save_checkpoint` refuses a state holding NaN or infinity (a diverged policy is
+never written as the latest checkpoint; the trainer undoes such an update before saving) and stores a
+SHA-256 `checksum` of everything else (`control/integrity.py`). `load_checkpoint` recomputes it and
+scans for NaN/Inf again, so a damaged or tampered file is refused with one line naming it, by `train
+--resume`, `eval` and `run --policy` alike. Format-1 files (no checksum) are still read, with the
+finiteness check only. A full disk raises `DiskFullError` (see `morphogen.storage`).
 """
 
 from __future__ import annotations
 
-import os
+import io
 import re
-import uuid
+import sys
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from morphogen.control.integrity import non_finite_entries, state_checksum
+from morphogen.storage import write_atomic
+
 CHECKPOINT_NAME = "checkpoint.pt"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+#: Formats `load_checkpoint` reads: 1 (before checksums) and the current one.
+READABLE_FORMATS = (1, FORMAT_VERSION)
 LAYOUT_KEYS = ("task", "slot_ids", "observation_size", "action_sizes", "hidden_size")
 #: Everything resuming (`PPOTrainer.load_state_dict`) or acting (`agent_from_checkpoint`) reads.
 REQUIRED_KEYS = (*LAYOUT_KEYS, "episode_length", "round", "config", "policy", "optimizer",
@@ -35,33 +47,52 @@ def checkpoint_path(run_or_file: str | Path) -> Path:
     return path / CHECKPOINT_NAME if path.is_dir() else path
 
 
-def save_checkpoint(state: dict[str, Any], path: str | Path) -> None:
-    """Write `state` to `path` atomically: temporary file in the same directory, fsync, rename, fsync dir.
+def _list_entries(entries: list[str], limit: int = 3) -> str:
+    more = f" and {len(entries) - limit} more" if len(entries) > limit else ""
+    return ", ".join(entries[:limit]) + more
 
-    A crash or an exception at any point leaves either the previous checkpoint or the new one, whole,
-    and no temporary file. The file gets the permissions of the user's umask, like the run's other files.
+
+def _canonical(value: Any) -> Any:
+    """A copy of the containers of `value` with every string interned, tensors shared.
+
+    Pickle memoizes objects by identity, so the same contents pickle to different bytes when one state
+    shares a string object where another holds two equal copies (a state restored from a checkpoint
+    does). Rebuilding containers and interning strings makes equal states give equal files.
+    """
+    if isinstance(value, dict):
+        return {_canonical(key): _canonical(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_canonical(item) for item in value]
+    if isinstance(value, tuple):
+        return tuple(_canonical(item) for item in value)
+    if isinstance(value, str):
+        return sys.intern(value)
+    return value
+
+
+def save_checkpoint(state: dict[str, Any], path: str | Path) -> None:
+    """Write `state` (checked finite, with its checksum) to `path` atomically.
+
+    The bytes go to a temporary file in the same directory, are fsynced and renamed over `path`: a crash
+    or an exception at any point leaves either the previous checkpoint or the new one, whole, and no
+    temporary file (a SIGKILL inside the write can leave one; the next command on the run removes it).
+    Raises `CheckpointError` for a state with NaN/Inf (the previous checkpoint stays the latest) and
+    `DiskFullError` when the disk has no room. The file gets the permissions of the user's umask.
     """
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    temporary = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
-    try:
-        with temporary.open("xb") as handle:
-            torch.save({"format_version": FORMAT_VERSION, **state}, handle)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(temporary, path)
-    except BaseException:
-        temporary.unlink(missing_ok=True)
-        raise
-    directory = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(directory)
-    finally:
-        os.close(directory)
+    bad = non_finite_entries(state)
+    if bad:
+        raise CheckpointError(f"refusing to save {path}: non-finite values in {_list_entries(bad)}; the previous "
+                              "checkpoint stays the latest")
+    payload = _canonical({"format_version": FORMAT_VERSION, **state})
+    payload["checksum"] = state_checksum(payload)
+    buffer = io.BytesIO()
+    torch.save(payload, buffer)
+    write_atomic(path, buffer.getvalue())
 
 
 def load_checkpoint(run_or_file: str | Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:
-    """Read a checkpoint (tensors and plain values only: `weights_only=True`)."""
+    """Read a checkpoint (tensors and plain values only: `weights_only=True`), verify checksum and finiteness."""
     path = checkpoint_path(run_or_file)
     if not path.is_file():
         raise CheckpointError(f"no checkpoint at {path} (expected a run directory with {CHECKPOINT_NAME})")
@@ -69,21 +100,34 @@ def load_checkpoint(run_or_file: str | Path, map_location: str | torch.device = 
         state = torch.load(path, map_location=map_location, weights_only=True)
     except Exception as error:  # torch.load raises many types on bad bytes; all mean "not a usable file"
         raise CheckpointError(_load_failure(path, error)) from None
-    if not isinstance(state, dict) or state.get("format_version") != FORMAT_VERSION:
+    if not isinstance(state, dict) or state.get("format_version") not in READABLE_FORMATS:
         raise CheckpointError(f"checkpoint {path} is not a morphogen checkpoint of format {FORMAT_VERSION}")
+    if state["format_version"] >= 2:
+        saved = state.pop("checksum", None)
+        if saved != state_checksum(state):
+            raise CheckpointError(f"checkpoint {path} is damaged: its contents do not match the checksum saved "
+                                  "with them (a disk or copy error?); use an intact copy of the run")
     missing = [key for key in REQUIRED_KEYS if key not in state]
     if missing:
         raise CheckpointError(f"checkpoint {path} lacks {', '.join(missing)}")
+    bad = non_finite_entries(state)
+    if bad:
+        raise CheckpointError(f"checkpoint {path} holds non-finite values in {_list_entries(bad)}; "
+                              "it cannot be resumed or acted with")
     return state
 
 
 def _load_failure(path: Path, error: Exception) -> str:
     """One line saying why `torch.load` could not read `path` (torch's own messages span many lines)."""
     text = _TERMINAL_ESCAPES.sub("", str(error))
-    refused = re.search(r"Unsupported global: GLOBAL (\S+)", text)
+    # torch words it "Unsupported global: GLOBAL x" (2.4-2.5) or "unsupported GLOBAL x whose module ..." (2.6+).
+    refused = re.search(r"[Uu]nsupported global:? GLOBAL (\S+)", text)
     if refused:
         return (f"checkpoint {path} was refused: it holds a {refused.group(1)} object, but a checkpoint holds only "
                 "tensors and plain values (loading other objects could run code)")
+    if "Weights only load failed" in text:
+        return (f"checkpoint {path} was refused: it holds something other than tensors and plain values "
+                "(loading it could run code)")
     lines = [line.strip() for line in text.splitlines() if line.strip()]
     if "WeightsUnpickler error" in text or isinstance(error, KeyError) or not lines:
         detail = "not a file written by torch.save"

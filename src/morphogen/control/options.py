@@ -19,6 +19,7 @@ from typing import Self
 
 from morphogen.core.hosts import HostSizeError, check_host_size
 from morphogen.data import TASK_NAMES, TASK_TOPOLOGIES, Task, host_size, load_task
+from morphogen.limits import MAX_HOST_PARAMETERS, MAX_SEED, MAX_TRAIN_SAMPLES, check_count
 from morphogen.telemetry.config import TelemetryConfig
 
 
@@ -54,8 +55,9 @@ class SessionOptions:
     telemetry: TelemetryConfig = field(default_factory=TelemetryConfig)
 
     def __post_init__(self) -> None:
-        if self.seed < 0:
-            raise ValueError(f"seed must be >= 0, got {self.seed}")
+        check_count("seed", self.seed, MAX_SEED, lower=0)
+        if self.max_train_samples is not None:
+            check_count("max_train_samples", self.max_train_samples, MAX_TRAIN_SAMPLES)
         if self.slots is not None and not self.slots:
             raise ValueError("slots must name at least one slot (leave it out to use every slot of the host)")
         if self.slots is not None and len(set(self.slots)) != len(self.slots):
@@ -77,10 +79,16 @@ def resolve_host_size(task: str, overrides: Mapping[str, object]) -> dict[str, i
     Raises `ValueError` as one line naming the key: ``host.base_channels: must be >= 1, got 0``.
     """
     size = host_size(task, overrides)  # names and positive integers (a DataError, itself a ValueError)
+    sizes = ", ".join(f"{key} = {value:,}" for key, value in size.items())
+    too_large = f"host {sizes} builds a host above the limit of {MAX_HOST_PARAMETERS:,} parameters (morphogen.limits)"
     try:
-        check_host_size(TASK_TOPOLOGIES[task], size)
+        parameters = check_host_size(TASK_TOPOLOGIES[task], size)
     except HostSizeError as error:
         raise ValueError(f"host.{error.argument}: {error.problem}") from None
+    except RuntimeError:  # the trial build on the meta device overflowed: its tensors have > 2**63 elements
+        raise ValueError(f"{too_large}; choose smaller sizes") from None
+    if parameters > MAX_HOST_PARAMETERS:
+        raise ValueError(f"{too_large}: at least {parameters:,}; choose smaller sizes")
     return size
 
 

@@ -197,8 +197,10 @@ class PPOConfig:
 
 
 def _check_number(name: str, value: object, accepted: str, ok: bool) -> None:
-    # `not ok` is also True for NaN comparisons, so NaN is rejected too.
-    if isinstance(value, bool) or not ok:
+    # `not ok` is also True for NaN comparisons, so NaN is rejected too; infinity is no usable setting either
+    # (an infinite learning rate turns every policy weight into NaN).
+    infinite = isinstance(value, float) and math.isinf(value)
+    if isinstance(value, bool) or not ok or infinite:
         raise ValueError(f"PPOConfig.{name} must be {accepted}, got {value!r}")
 
 

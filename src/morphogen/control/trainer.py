@@ -7,10 +7,19 @@ after round k and resumed gives the same policy as an uninterrupted run.
 
 An episode ends at its fixed length and the observation carries the epoch fraction, so the last step
 is treated as a termination (no bootstrap): the horizon is part of the task, not a cut-off.
+
+A PPO update that leaves NaN or Inf in the policy (an exploding learning rate, a NaN reward) is undone
+before anything is saved: policy and optimizer go back to their state before the update, the
+learning rate is halved, and a `non_finite` anomaly says so. After `MAX_POLICY_ROLLBACKS` such rounds
+in a row training stops with `DivergenceError`; the last checkpoint is the last finite policy.
+Everything a resumed run needs to continue exactly (the anomaly detector's averages and hysteresis,
+the telemetry escalation, that rollback count) is part of the checkpoint.
 """
 
 from __future__ import annotations
 
+import contextlib
+import copy
 import dataclasses
 import json
 import math
@@ -24,6 +33,7 @@ import numpy as np
 import torch
 
 from morphogen.control.checkpoint import CHECKPOINT_NAME, CheckpointError, check_layout, save_checkpoint
+from morphogen.control.integrity import non_finite_entries
 from morphogen.control.learned import PolicyAgent, build_policy
 from morphogen.control.normalization import RewardNormalizer, RunningMeanStd, ValueNormalizer
 from morphogen.control.options import SessionOptions
@@ -34,14 +44,19 @@ from morphogen.core.slot import SlotConfig
 from morphogen.data import Task
 from morphogen.env.actions import HEADS, ActionSpace
 from morphogen.env.episode import EpisodeConfig
+from morphogen.env.governor import DivergenceError
 from morphogen.env.observation import ObservationEncoder
 from morphogen.env.seeding import derive_seed, seeded
 from morphogen.env.vector import VectorEpisodes
+from morphogen.limits import MAX_ENVS, MAX_HIDDEN_SIZE, MAX_ROUNDS, check_count
 from morphogen.telemetry import events
-from morphogen.telemetry.anomalies import AnomalyDetector, PPODiagnostics
+from morphogen.telemetry.anomalies import Anomaly, AnomalyDetector, PPODiagnostics
 from morphogen.telemetry.events import ALL_ENVS
 from morphogen.telemetry.profiler import PhaseTimer, TraceProfiler
 from morphogen.telemetry.sinks import Telemetry
+
+#: PPO updates in a row that may be undone for leaving NaN/Inf in the policy before training gives up.
+MAX_POLICY_ROLLBACKS = 3
 
 
 def _training_episode() -> EpisodeConfig:
@@ -69,12 +84,9 @@ class TrainConfig(SessionOptions):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if self.n_envs < 1:
-            raise ValueError(f"n_envs must be >= 1, got {self.n_envs}")
-        if self.rounds < 1:
-            raise ValueError(f"rounds must be >= 1, got {self.rounds}")
-        if self.hidden_size < 1:
-            raise ValueError(f"hidden_size must be >= 1, got {self.hidden_size}")
+        check_count("n_envs", self.n_envs, MAX_ENVS)
+        check_count("rounds", self.rounds, MAX_ROUNDS)
+        check_count("hidden_size", self.hidden_size, MAX_HIDDEN_SIZE)
         if self.ppo.minibatches > self.n_envs:
             raise ValueError(f"ppo.minibatches ({self.ppo.minibatches}) cannot exceed n_envs ({self.n_envs})")
 
@@ -108,6 +120,8 @@ class TrainingState:
     reward_normalizer: RewardNormalizer
     value_normalizer: ValueNormalizer
     next_round: int = 0
+    #: Rounds in a row whose PPO update was undone for leaving NaN/Inf in the policy.
+    policy_rollbacks_in_a_row: int = 0
 
 
 class PPOTrainer:
@@ -118,6 +132,9 @@ class PPOTrainer:
         episode_config = dataclasses.replace(config.episode, gamma=config.ppo.gamma)
         self.vector = VectorEpisodes(task, episode_config, config.n_envs, seed=config.seed, slots=config.slots,
                                      pool_slots=config.pool_slots)
+        #: Escalation state read from a checkpoint, applied when the run's telemetry is attached.
+        self._resumed_telemetry: dict[str, Any] | None = None
+        self.detector = AnomalyDetector()  # replaced (keeping its state) by every `attach_telemetry`
         self.attach_telemetry(telemetry or Telemetry(None, level="off"))
         #: Called with the number of epochs every env has finished in the current round, after each
         #: lockstep step (progress displays); None calls nothing.
@@ -144,9 +161,16 @@ class PPOTrainer:
 
     def attach_telemetry(self, telemetry: Telemetry, run_dir: Path | None = None) -> None:
         """Route events to `telemetry`; set up the phase timer, anomaly detector and (with a run dir) profiler."""
+        detector = AnomalyDetector(telemetry.config)
+        # Resuming restores the detector before the run's telemetry is attached: carry its state over.
+        detector.load_state_dict(self.detector.state_dict())
+        if self._resumed_telemetry is not None:
+            with contextlib.suppress(ValueError):  # a resume that shortened escalation_epochs starts afresh
+                telemetry.load_state_dict(self._resumed_telemetry)
+            self._resumed_telemetry = None
         self.telemetry = telemetry
         self.timer = PhaseTimer.from_config(telemetry.config)
-        self.detector = AnomalyDetector(telemetry.config)
+        self.detector = detector
         self.vector.attach(telemetry, self.timer, self.detector)
         # The trace window is shifted to the end of the first round so that it contains a PPO update:
         # a round is `episode_length` env steps followed by the update step.
@@ -174,6 +198,8 @@ class PPOTrainer:
             "value_normalizer": self.state.value_normalizer.state_dict(),
             "rng": {"torch": torch.get_rng_state()},
             "anomaly_detector": self.detector.state_dict(),
+            "telemetry": self.telemetry.state_dict(),
+            "policy_rollbacks_in_a_row": self.state.policy_rollbacks_in_a_row,
             "config": json.dumps(_config_dict(self.config)),
         }
 
@@ -190,6 +216,9 @@ class PPOTrainer:
             torch.set_rng_state(state["rng"]["torch"])
             if "anomaly_detector" in state:
                 self.detector.load_state_dict(state["anomaly_detector"])
+            # Applied to the run's telemetry when `attach_telemetry` connects it.
+            self._resumed_telemetry = state.get("telemetry")
+            self.state.policy_rollbacks_in_a_row = int(state.get("policy_rollbacks_in_a_row", 0))
             self.state.next_round = int(state["round"])
         except (RuntimeError, KeyError, TypeError, ValueError) as error:
             raise CheckpointError(f"checkpoint {source} does not fit this trainer: "
@@ -260,9 +289,11 @@ class PPOTrainer:
         update_generator = torch.Generator(device="cpu").manual_seed(derive_seed(self.config.seed, round_index, 13))
         # Heads no sampled op needed have no entropy to judge (one sync per round).
         self.heads_used = self.state.agent.policy.relevant_heads(batch.actions[..., 0]).flatten(0, 1).any(0).tolist()
+        before = self._policy_backup()
         with self.timer.phase("update"):
             statistics = ppo_update(self.state.agent.policy, self.state.optimizer, batch, self.config.ppo,
                                     progress=round_index / self.config.rounds, generator=update_generator)
+        self._undo_non_finite_update(before, round_index + 1)
         self.profiler.step()
         finished = time.perf_counter()
         self.state.next_round = round_index + 1
@@ -270,6 +301,37 @@ class PPOTrainer:
                               collect_seconds=collected - started, update_seconds=finished - collected, **summary)
         self._report_round(result)
         return result
+
+    def _policy_backup(self) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+        """Copies of the policy's and the optimizer's state, to undo an update that diverged."""
+        policy = {name: tensor.detach().clone() for name, tensor in self.state.agent.policy.state_dict().items()}
+        return policy, copy.deepcopy(self.state.optimizer.state_dict())
+
+    def _undo_non_finite_update(self, backup: tuple[dict[str, torch.Tensor], dict[str, Any]],
+                                round_number: int) -> None:
+        """If the update left NaN/Inf in the policy, restore `backup`, halve the learning rate and report it.
+
+        Raises `DivergenceError` after `MAX_POLICY_ROLLBACKS` undone updates in a row.
+        """
+        bad = non_finite_entries(self.state.agent.policy.state_dict())  # one sync
+        if not bad:
+            self.state.policy_rollbacks_in_a_row = 0
+            return
+        policy, optimizer = backup
+        self.state.agent.policy.load_state_dict(policy)
+        self.state.optimizer.load_state_dict(optimizer)
+        for group in self.state.optimizer.param_groups:
+            group["lr"] = group["lr"] / 2
+        self.state.policy_rollbacks_in_a_row += 1
+        rate = self.state.optimizer.param_groups[0]["lr"]
+        anomaly = Anomaly("non_finite", f"the PPO update of round {round_number} left NaN/Inf in {len(bad)} policy "
+                                        f"tensors ({bad[0]}, ...); it was undone and the learning rate halved to "
+                                        f"{rate:.3g}", "lower ppo.learning_rate; check rewards and observations")
+        self.telemetry.report_anomalies([anomaly], epoch=round_number * self.config.episode_length)
+        if self.state.policy_rollbacks_in_a_row >= MAX_POLICY_ROLLBACKS:
+            raise DivergenceError(f"training stopped in round {round_number}: {MAX_POLICY_ROLLBACKS} PPO updates in "
+                                  "a row left NaN/Inf in the policy and were undone; lower ppo.learning_rate "
+                                  f"(the checkpoint holds the last finite policy, of round {round_number - 1})")
 
     def _report_round(self, summary: RoundSummary) -> None:
         """PPO, LSTM and phase-time events, and the anomaly check of this round's update."""

@@ -312,8 +312,9 @@ def host_size_arguments(topology: str) -> tuple[str, ...]:
                  if p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD and p.default is not inspect.Parameter.empty)
 
 
-def check_host_size(topology: str, size: Mapping[str, object]) -> None:
-    """Raise `HostSizeError` naming the first entry of `size` the topology's host cannot be built with.
+def check_host_size(topology: str, size: Mapping[str, object]) -> int:
+    """Raise `HostSizeError` naming the first entry of `size` the topology's host cannot be built with;
+    return the parameter count of the host it builds (with 1 class, channel or token: a lower bound).
 
     `size` holds host size arguments by name (a `[host]` config table). Unknown names and non-integers
     are caught here; values are judged by the constructor itself, so nothing can pass this check and
@@ -329,4 +330,5 @@ def check_host_size(topology: str, size: Mapping[str, object]) -> None:
     # Data-fixed arguments (class count, channels, vocabulary) get a placeholder of 1: any size is valid there.
     fixed = {p.name: 1 for p in inspect.signature(host_class).parameters.values()
              if p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD and p.default is inspect.Parameter.empty}
-    host_class(**fixed, **size, device="meta")
+    trial = host_class(**fixed, **size, device="meta")
+    return sum(parameter.numel() for parameter in trial.parameters())

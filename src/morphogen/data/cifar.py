@@ -3,8 +3,9 @@
 The layout is the one the dataset's authors publish and torchvision downloads:
 `DATA_DIR/cifar-10-batches-py/` holding pickled `data_batch_1` .. `data_batch_5`, `test_batch` and
 `batches.meta`. Each batch is a dict with `b"data"` (uint8 [N, 3072]: the red, green and blue 32x32
-planes of each image, row-major) and `b"labels"` (list of N ints). The files are pickles: read only
-ones you trust.
+planes of each image, row-major) and `b"labels"` (list of N ints). Like torchvision's reader, keys may
+also be `str` ("data", "labels", "label_names"), as tools that re-write the format (or a pickle loaded
+with `encoding="latin1"` and dumped again) produce. The files are pickles: read only ones you trust.
 """
 
 from __future__ import annotations
@@ -107,22 +108,27 @@ def _unpickle(path: Path) -> Any:
         ) from error
 
 
+def _entry(mapping: Any, key: str, path: Path) -> Any:
+    """`mapping[b"key"]` or `mapping["key"]` (both spellings exist in the wild); DataError naming file and key."""
+    if not isinstance(mapping, dict):
+        raise DataError(f"CIFAR-10 file {path} should hold a dict (with key {key!r}), got {type(mapping).__name__}")
+    for spelling in (key.encode(), key):
+        if spelling in mapping:
+            return mapping[spelling]
+    raise DataError(f"CIFAR-10 file {path} lacks the key {key!r} (as bytes or str)")
+
+
 def _read_label_names(path: Path) -> tuple[str, ...]:
-    meta = _unpickle(path)
-    names = meta.get(b"label_names") if isinstance(meta, dict) else None
-    if not isinstance(names, list) or len(names) != CIFAR10_NUM_CLASSES:
-        raise DataError(
-            f"CIFAR-10 file {path} should be a dict whose b'label_names' lists {CIFAR10_NUM_CLASSES} names"
-        )
+    names = _entry(_unpickle(path), "label_names", path)
+    if not isinstance(names, list | tuple) or len(names) != CIFAR10_NUM_CLASSES:
+        raise DataError(f"CIFAR-10 file {path}: key 'label_names' should list {CIFAR10_NUM_CLASSES} names")
     return tuple(name.decode() if isinstance(name, bytes) else str(name) for name in names)
 
 
 def _read_batch(path: Path, num_classes: int) -> tuple[np.ndarray, np.ndarray]:
     """One batch file as (uint8 images [N, 3, 32, 32], int64 labels [N])."""
     batch = _unpickle(path)
-    if not isinstance(batch, dict) or b"data" not in batch or b"labels" not in batch:
-        raise DataError(f"CIFAR-10 file {path} should be a dict with keys b'data' and b'labels'")
-    data, labels = batch[b"data"], np.asarray(batch[b"labels"])
+    data, labels = _entry(batch, "data", path), np.asarray(_entry(batch, "labels", path))
     pixels = int(np.prod(CIFAR10_IMAGE_SHAPE))
     if (
         not isinstance(data, np.ndarray)
@@ -130,9 +136,9 @@ def _read_batch(path: Path, num_classes: int) -> tuple[np.ndarray, np.ndarray]:
         or data.ndim != 2
         or data.shape[1] != pixels
     ):
-        raise DataError(f"CIFAR-10 file {path}: b'data' should be a uint8 array [N, {pixels}]")
+        raise DataError(f"CIFAR-10 file {path}: key 'data' should be a uint8 array [N, {pixels}]")
     if labels.shape != (data.shape[0],) or not np.issubdtype(labels.dtype, np.integer):
-        raise DataError(f"CIFAR-10 file {path}: b'labels' should hold one int per image ({data.shape[0]})")
+        raise DataError(f"CIFAR-10 file {path}: key 'labels' should hold one int per image ({data.shape[0]})")
     if labels.size and (labels.min() < 0 or labels.max() >= num_classes):
-        raise DataError(f"CIFAR-10 file {path}: labels must lie in [0, {num_classes})")
+        raise DataError(f"CIFAR-10 file {path}: key 'labels' must hold values in [0, {num_classes})")
     return data.reshape(-1, *CIFAR10_IMAGE_SHAPE), labels.astype(np.int64)  # (N, 3, 32, 32)

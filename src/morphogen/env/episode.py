@@ -32,11 +32,12 @@ from morphogen.data import Task
 from morphogen.env.actions import Action, ActionSpace, Op
 from morphogen.env.counterfactual import MAIN, CounterfactualResult, plan_counterfactuals
 from morphogen.env.evaluation import validate
-from morphogen.env.governor import Governor, GovernorConfig, Rollback
+from morphogen.env.governor import DivergenceError, Governor, GovernorConfig, Rollback
 from morphogen.env.rewards import RewardBreakdown, RewardConfig, RewardMode, compute_reward
 from morphogen.env.seeding import derive_seed, seeded
 from morphogen.env.snapshot import EpisodeSnapshot, SlotSnapshot
 from morphogen.env.training import ModelTrainer, OptimizerConfig
+from morphogen.limits import MAX_BATCH_SIZE, MAX_EPOCHS, check_count
 from morphogen.telemetry import events
 from morphogen.telemetry.anomalies import AnomalyDetector
 from morphogen.telemetry.debug import layer_statistics_event
@@ -68,12 +69,10 @@ class EpisodeConfig:
     gamma: float = 0.995
 
     def __post_init__(self) -> None:
-        if self.max_epochs < 1:
-            raise ValueError(f"max_epochs must be >= 1, got {self.max_epochs}")
-        if self.batch_size is not None and self.batch_size < 1:
-            raise ValueError(f"batch_size must be >= 1, got {self.batch_size}")
-        if self.validation_batch_size < 1:
-            raise ValueError(f"validation_batch_size must be >= 1, got {self.validation_batch_size}")
+        check_count("max_epochs", self.max_epochs, MAX_EPOCHS)
+        if self.batch_size is not None:
+            check_count("batch_size", self.batch_size, MAX_BATCH_SIZE)
+        check_count("validation_batch_size", self.validation_batch_size, MAX_BATCH_SIZE)
         if not 0.0 < self.gamma <= 1.0:
             raise ValueError(f"gamma must be in (0, 1], got {self.gamma}")
 
@@ -127,7 +126,9 @@ class MorphogenesisEpisode:
         self.action_space = ActionSpace(self.model.slot_ids, self.task.topology)
         self.monitor = IsolationMonitor(device=self.device)
         self.trainer = ModelTrainer(self.model, self.config.optimizer, self.monitor)
-        self.governor = Governor(self.model, self.config.governor)
+        classes = self.task.host_kwargs.get("num_classes") or self.task.host_kwargs.get("vocab_size")
+        self.governor = Governor(self.model, self.config.governor,
+                                 chance_accuracy=100.0 / classes if classes else None)
         self.generator = torch.Generator(device="cpu").manual_seed(self.seed)
         self.epoch = 0
         self.accuracies: deque[float] = deque(maxlen=HISTORY)
@@ -142,6 +143,7 @@ class MorphogenesisEpisode:
             # A fresh host's gradients are not a drift from the last episode's converged ones.
             self.detector.forget_gradients(f"env{self.env_id}/")
         result = self._validate()
+        self.governor.observe_validation(result.loss(MAIN), result.accuracy(MAIN))
         self.snapshot = self._make_snapshot(result, None, Op.WAIT, True, None)
         return self.snapshot
 
@@ -227,14 +229,11 @@ class MorphogenesisEpisode:
         train_loss = self.trainer.take_epoch_loss().item()  # sync 1/3: the governor judges this number
         self.gradients = self.monitor.materialize()  # sync 2/3
         self._report_gradients()
-        rollback = self.governor.check(train_loss, self.epoch)
-        if rollback is not None:
-            self.trainer.reset_host_momentum()
-            self.pruned += len(rollback.pruned_slots)
-            self._emit(events.GovernorRollback(
-                epoch=self.epoch, env_id=self.env_id, reason=rollback.reason, loss=train_loss,
-                threshold=rollback.threshold, pruned_slots=rollback.pruned_slots))
         result = self._validate()  # sync 3/3
+        rollback = self.governor.check(train_loss, self.epoch, val_loss=result.loss(MAIN),
+                                       val_accuracy=result.accuracy(MAIN))
+        if rollback is not None:
+            result = self._after_rollback(rollback)
         self._record_signals(result)
         for slot in self.model.slots():
             slot.step_epoch(self.epoch)
@@ -246,6 +245,21 @@ class MorphogenesisEpisode:
         self.episode_return += reward.total
         self._emit_epoch(result, action, succeeded, reward)
         return StepResult(self.snapshot, reward, self.done, succeeded, reason, rollback)
+
+    def _after_rollback(self, rollback: Rollback) -> CounterfactualResult:
+        """Reset momentum, back off, record the rollback, stop if the governor gave up; validate the restored model."""
+        self.trainer.reset_host_momentum()
+        self.trainer.back_off(rollback.backed_off, self.config.governor.backoff)
+        self.pruned += len(rollback.pruned_slots)
+        self._emit(events.GovernorRollback(
+            epoch=self.epoch, env_id=self.env_id, reason=rollback.reason, loss=rollback.loss,
+            threshold=rollback.threshold, pruned_slots=rollback.pruned_slots))
+        if rollback.gave_up:
+            raise DivergenceError(
+                f"env {self.env_id} epoch {self.epoch}: training diverged {rollback.in_a_row} epochs in a row "
+                f"despite rollbacks and learning-rate back-off (last: {rollback.reason}); lower "
+                "episode.optimizer.host_lr / seed_lr")
+        return self._validate()
 
     # ---------------------------------------------------------------- measurements
     def _validate(self) -> CounterfactualResult:

@@ -1,10 +1,23 @@
 """Governor: roll the model back to its last good state when training diverges (DESIGN §5 step 6).
 
-After every healthy epoch it copies the host's and the seeds' state into buffers it reuses.
-A non-finite training loss, or a loss more than
-`sigma` standard deviations above its recent window, or above `absolute_ceiling`, triggers a
-rollback: the host and fossilized seeds get their snapshot back, every live seed is pruned, and
-the reason is recorded. Nothing else of the run is lost.
+After every healthy epoch it copies the host's and the seeds' state into buffers it reuses. An epoch
+is divergent when any of these holds:
+- its training loss is non-finite, more than `sigma` standard deviations above its recent window, or
+  above `absolute_ceiling`;
+- its validation loss is non-finite or above `validation_loss_factor` times the largest recent healthy
+  validation loss (the untrained model's loss, given to `observe_validation` when an episode starts,
+  is the first of them, so a host that blows up in its very first epoch is caught too);
+- its validation accuracy fell to chance (at most `at_chance_factor` x chance) after a healthy epoch
+  had reached `above_chance_factor` x chance.
+The training loss alone misses moderate divergence: at `host_lr = 5` it stays modest while the
+validation loss reaches 1e4 and the accuracy sits at chance.
+
+A rollback restores the host and fossilized seeds from the snapshot, prunes every live seed, records
+why, and names what to *back off*: the learning rate of what diverged is to be multiplied by
+`backoff` (the seeds' when live seeds were pruned, since they are the newest change to the model; the
+host's otherwise), so that the same divergence is not replayed epoch after epoch. The rollback that
+makes `max_consecutive_rollbacks` in a row is marked `gave_up`: the episode then stops with
+`DivergenceError`, since nothing more can be learnt from it. Nothing else of the run is lost.
 """
 
 from __future__ import annotations
@@ -23,7 +36,7 @@ from morphogen.core.model import MorphogeneticModel
 
 @dataclass(frozen=True)
 class GovernorConfig:
-    """When the governor rolls back."""
+    """When the governor rolls back, and how it backs off."""
 
     #: Standard deviations above the recent loss window that count as divergence.
     sigma: float = 6.0
@@ -33,6 +46,16 @@ class GovernorConfig:
     min_history: int = 3
     #: A training loss above this is divergence whatever the window says.
     absolute_ceiling: float = 50.0
+    #: A validation loss above this multiple of the largest recent healthy one is divergence.
+    validation_loss_factor: float = 5.0
+    #: Validation accuracy at or below this multiple of chance counts as "at chance" ...
+    at_chance_factor: float = 1.2
+    #: ... which is divergence once a healthy epoch has reached this multiple of chance.
+    above_chance_factor: float = 2.0
+    #: Learning-rate multiplier applied to what diverged after each rollback.
+    backoff: float = 0.5
+    #: Rollbacks in a row after which the episode stops with `DivergenceError`.
+    max_consecutive_rollbacks: int = 5
 
     def __post_init__(self) -> None:
         if not self.sigma > 0:  # written this way so that NaN fails too
@@ -42,6 +65,19 @@ class GovernorConfig:
                              f"window={self.window}")
         if not self.absolute_ceiling > 0:
             raise ValueError(f"absolute_ceiling must be > 0, got {self.absolute_ceiling}")
+        if not self.validation_loss_factor > 1:
+            raise ValueError(f"validation_loss_factor must be > 1, got {self.validation_loss_factor}")
+        if not 1 <= self.at_chance_factor < self.above_chance_factor:
+            raise ValueError("need 1 <= at_chance_factor < above_chance_factor, got at_chance_factor="
+                             f"{self.at_chance_factor}, above_chance_factor={self.above_chance_factor}")
+        if not 0 < self.backoff <= 1:
+            raise ValueError(f"backoff must be in (0, 1], got {self.backoff}")
+        if not 1 <= self.max_consecutive_rollbacks <= 1000:
+            raise ValueError(f"max_consecutive_rollbacks must be in [1, 1000], got {self.max_consecutive_rollbacks}")
+
+
+class DivergenceError(RuntimeError):
+    """Training kept diverging after every rollback and back-off; the run stops (the message says why)."""
 
 
 @dataclass(frozen=True)
@@ -49,20 +85,34 @@ class Rollback:
     """What the governor did and why."""
 
     reason: str
+    #: The number judged divergent (a training or validation loss, or an accuracy) ...
     loss: float
+    #: ... and the limit it broke.
     threshold: float
     pruned_slots: tuple[str, ...]
+    #: Whose learning rate to multiply by `GovernorConfig.backoff`: "seeds" or "host".
+    backed_off: str = "host"
+    #: Rollbacks in a row, this one included.
+    in_a_row: int = 1
+    #: True once `in_a_row` reached `max_consecutive_rollbacks`: the episode must stop.
+    gave_up: bool = False
 
 
 class Governor:
-    """Keeps the last good state of a model and restores it when the loss diverges."""
+    """Keeps the last good state of a model and restores it when training diverges."""
 
-    def __init__(self, model: MorphogeneticModel, config: GovernorConfig | None = None) -> None:
+    def __init__(self, model: MorphogeneticModel, config: GovernorConfig | None = None, *,
+                 chance_accuracy: float | None = None) -> None:
+        """`chance_accuracy` (in %, e.g. 10.0 for 10 classes) enables the at-chance rule; None disables it."""
         self.model = model
         self.config = config or GovernorConfig()
+        self.chance_accuracy = chance_accuracy
         self.losses: deque[float] = deque(maxlen=self.config.window)
+        self.validation_losses: deque[float] = deque(maxlen=self.config.window)
+        self.best_accuracy = -math.inf
         self._snapshot: dict[str, Tensor] = {}
         self.rollbacks = 0
+        self.in_a_row = 0
         self.take_snapshot()
 
     def _state_to_keep(self) -> dict[str, Tensor]:
@@ -87,7 +137,7 @@ class Governor:
             del self._snapshot[key]
 
     def threshold(self) -> float:
-        """The loss above which the current window calls an epoch divergent."""
+        """The training loss above which the current window calls an epoch divergent."""
         if len(self.losses) < self.config.min_history:
             return self.config.absolute_ceiling
         mean = statistics.fmean(self.losses)
@@ -96,16 +146,53 @@ class Governor:
         spread = max(spread, 0.05 * abs(mean), 1e-3)
         return min(mean + self.config.sigma * spread, self.config.absolute_ceiling)
 
-    def check(self, loss: float, epoch: int) -> Rollback | None:
-        """Judge an epoch's training loss; roll back and return what was done, or snapshot and return None."""
+    def observe_validation(self, loss: float, accuracy: float) -> None:
+        """Add a healthy validation result to the window (the untrained model's, when an episode starts)."""
+        if math.isfinite(loss):
+            self.validation_losses.append(loss)
+        if math.isfinite(accuracy):
+            self.best_accuracy = max(self.best_accuracy, accuracy)
+
+    def check(self, loss: float, epoch: int, *, val_loss: float | None = None,
+              val_accuracy: float | None = None) -> Rollback | None:
+        """Judge an epoch; roll back and return what was done, or snapshot and return None.
+
+        `loss` is the epoch's mean training loss; `val_loss` and `val_accuracy` (in %), when given, are
+        the validation of the model the epoch produced.
+        """
         threshold = self.threshold()
-        if math.isfinite(loss) and loss <= threshold:
-            self.losses.append(loss)
-            self.take_snapshot()
-            return None
-        reason = "non-finite training loss" if not math.isfinite(loss) else (
-            f"training loss {loss:.3g} above threshold {threshold:.3g}")
-        return self._roll_back(reason, loss, threshold, epoch)
+        if not (math.isfinite(loss) and loss <= threshold):
+            reason = "non-finite training loss" if not math.isfinite(loss) else (
+                f"training loss {loss:.3g} above threshold {threshold:.3g}")
+            return self._roll_back(reason, loss, threshold, epoch)
+        divergence = self._judge_validation(val_loss, val_accuracy)
+        if divergence is not None:
+            return self._roll_back(*divergence, epoch)
+        self.losses.append(loss)
+        if val_loss is not None and val_accuracy is not None:
+            self.observe_validation(val_loss, val_accuracy)
+        self.in_a_row = 0
+        self.take_snapshot()
+        return None
+
+    def _judge_validation(self, val_loss: float | None,
+                          val_accuracy: float | None) -> tuple[str, float, float] | None:
+        """(reason, value, limit) when the validation result is divergent, else None."""
+        config = self.config
+        if val_loss is not None:
+            limit = config.validation_loss_factor * max(self.validation_losses, default=math.inf)
+            if not math.isfinite(val_loss):
+                return "non-finite validation loss", val_loss, limit
+            if val_loss > limit:
+                return f"validation loss {val_loss:.3g} above {limit:.3g}", val_loss, limit
+        chance = self.chance_accuracy
+        reached = chance is not None and self.best_accuracy >= config.above_chance_factor * chance
+        if val_accuracy is not None and chance is not None and reached:
+            limit = config.at_chance_factor * chance
+            if not val_accuracy > limit:  # NaN too
+                return (f"validation accuracy {val_accuracy:.3g}% fell to chance ({chance:.3g}%) after reaching "
+                        f"{self.best_accuracy:.3g}%"), val_accuracy, limit
+        return None
 
     @torch.no_grad()
     def _roll_back(self, reason: str, loss: float, threshold: float, epoch: int) -> Rollback:
@@ -119,4 +206,6 @@ class Governor:
             if key in self._snapshot:
                 value.copy_(self._snapshot[key])
         self.rollbacks += 1
-        return Rollback(reason, loss, threshold, tuple(pruned))
+        self.in_a_row += 1
+        return Rollback(reason, loss, threshold, tuple(pruned), backed_off="seeds" if pruned else "host",
+                        in_a_row=self.in_a_row, gave_up=self.in_a_row >= self.config.max_consecutive_rollbacks)

@@ -19,6 +19,7 @@ from torch import Tensor, nn
 from morphogen.core.isolation import IsolationMonitor
 from morphogen.core.model import MorphogeneticModel
 from morphogen.env.evaluation import task_loss
+from morphogen.limits import check_finite
 
 
 def shadow_loss(outputs: Tensor, targets: Tensor) -> Tensor:
@@ -44,9 +45,14 @@ class OptimizerConfig:
     clip_norm: float = 5.0
 
     def __post_init__(self) -> None:
+        for name in ("host_lr", "seed_lr", "clip_norm", "host_weight_decay", "seed_weight_decay"):
+            check_finite(name, getattr(self, name))
         for name in ("host_lr", "seed_lr", "clip_norm"):
             if not getattr(self, name) > 0:  # NaN fails too
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
+        for name in ("host_weight_decay", "seed_weight_decay"):
+            if not getattr(self, name) >= 0:  # torch's SGD raises on a negative decay when the episode starts
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
         for name in ("host_momentum", "seed_momentum"):
             if not 0.0 <= getattr(self, name) < 1.0:
                 raise ValueError(f"{name} must be in [0, 1), got {getattr(self, name)}")
@@ -61,6 +67,8 @@ class ModelTrainer:
                                               momentum=config.host_momentum,
                                               weight_decay=config.host_weight_decay, foreach=True)
         self.seed_optimizers: dict[str, tuple[nn.Module, torch.optim.Optimizer]] = {}
+        #: Product of the governor's back-offs of the seeds' learning rate in this episode.
+        self.seed_lr_scale = 1.0
         self._loss_sum: Tensor | None = None
         self.batches = 0
 
@@ -74,7 +82,7 @@ class ModelTrainer:
                     del self.seed_optimizers[slot.slot_id]
                 continue
             if kept is None or kept[0] is not slot.seed:
-                optimizer = torch.optim.SGD(slot.seed_parameters(), lr=self.config.seed_lr,
+                optimizer = torch.optim.SGD(slot.seed_parameters(), lr=self.config.seed_lr * self.seed_lr_scale,
                                             momentum=self.config.seed_momentum,
                                             weight_decay=self.config.seed_weight_decay, foreach=True)
                 self.seed_optimizers[slot.slot_id] = (slot.seed, optimizer)
@@ -112,6 +120,19 @@ class ModelTrainer:
         mean = self._loss_sum / self.batches
         self._loss_sum, self.batches = None, 0
         return mean
+
+    def back_off(self, what: str, factor: float) -> None:
+        """Multiply the learning rate of the host (`what="host"`) or of every seed (`"seeds"`, also those
+        germinated later) by `factor`: the governor's response to a divergence it rolled back."""
+        if what == "host":
+            for group in self.host_optimizer.param_groups:
+                group["lr"] *= factor
+            return
+        assert what == "seeds", what
+        self.seed_lr_scale *= factor
+        for _, optimizer in self.seed_optimizers.values():
+            for group in optimizer.param_groups:
+                group["lr"] *= factor
 
     def reset_host_momentum(self) -> None:
         """Forget the momentum of the host and of every kept seed (after a rollback it points the way that

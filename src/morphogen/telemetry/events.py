@@ -11,20 +11,31 @@ is not about one env (per-round events, phase times, anomalies and level changes
 trainer) uses `env_id = ALL_ENVS`. For those, `epoch` is the number of host epochs each env has run
 since training began (the clock the escalation of telemetry levels counts in).
 
+Records are strict JSON (RFC 8259 has no NaN or Infinity): a float field holding NaN, +inf or -inf
+is written as the string "NaN", "Infinity" or "-Infinity" (`NON_FINITE_TOKENS`) and read back as the
+float. Version 1 records, written with bare NaN tokens that strict readers reject, are still read.
+
 Adding a field with a default keeps `SCHEMA_VERSION`; renaming, removing or retyping one bumps it.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 import types
 import typing
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-SCHEMA_VERSION = 1
-"""Version of the event schema written in every record as "schema_version"."""
+SCHEMA_VERSION = 2
+"""Version of the event schema written in every record as "schema_version" (2: non-finite floats as strings)."""
+
+READABLE_SCHEMA_VERSIONS = (1, SCHEMA_VERSION)
+"""Versions `event_from_dict` reads (version 1 differs only in writing non-finite floats as bare NaN)."""
+
+NON_FINITE_TOKENS = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
+"""How a non-finite float field is written in a record (strict JSON has no token for them)."""
 
 LEVELS = ("off", "minimal", "normal", "debug")
 """Telemetry levels, from quietest to most verbose."""
@@ -433,7 +444,7 @@ def event_from_dict(record: Mapping[str, Any]) -> Event:
     if event_type is None or not isinstance(kind, str):
         raise ValueError(f"unknown event kind {kind!r}; known kinds: {', '.join(sorted(_EVENT_TYPES))}")
     version = record.get("schema_version")
-    if version != SCHEMA_VERSION:
+    if version not in READABLE_SCHEMA_VERSIONS:
         raise ValueError(
             f"{kind} record has schema_version {version!r}; this morphogen reads version {SCHEMA_VERSION}"
         )
@@ -443,11 +454,13 @@ def event_from_dict(record: Mapping[str, Any]) -> Event:
 
 
 def _to_json(value: Any) -> Any:
-    """Dataclasses to dicts and tuples to lists, recursively; other values unchanged."""
+    """Dataclasses to dicts, tuples to lists, non-finite floats to their token, recursively; others unchanged."""
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         return {field.name: _to_json(getattr(value, field.name)) for field in dataclasses.fields(value)}
     if isinstance(value, tuple | list):
         return [_to_json(item) for item in value]
+    if isinstance(value, float) and not math.isfinite(value):
+        return "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
     return value
 
 
@@ -501,6 +514,8 @@ def _scalar_from_json(value: Any, annotation: Any, path: str) -> Any:
     # bool is a subclass of int in Python, so it is rejected explicitly where a number is wanted.
     if annotation is float and isinstance(value, int | float) and not isinstance(value, bool):
         return float(value)
+    if annotation is float and isinstance(value, str) and value in NON_FINITE_TOKENS:
+        return NON_FINITE_TOKENS[value]
     if annotation is int and isinstance(value, int) and not isinstance(value, bool):
         return value
     if annotation in (bool, str) and isinstance(value, annotation):

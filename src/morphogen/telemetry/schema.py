@@ -5,8 +5,8 @@ after changing an event; a test fails while the checked-in file differs from the
 `python -m morphogen.telemetry.schema --check` only reports whether it is up to date.
 
 Each record is an object with "event" (the kind), "schema_version", an optional wall-clock "time",
-and the event's fields; unknown keys are rejected. JSON numbers written by Python may be NaN or
-Infinity, which is why float fields are plain "number" without bounds.
+and the event's fields; unknown keys are rejected. Records are strict JSON: a float field is a number
+or, when the value was not finite, one of the strings "NaN", "Infinity", "-Infinity".
 """
 
 from __future__ import annotations
@@ -20,12 +20,16 @@ import typing
 from pathlib import Path
 from typing import Any
 
-from morphogen.telemetry.events import SCHEMA_VERSION, event_types
+from morphogen.telemetry.events import NON_FINITE_TOKENS, SCHEMA_VERSION, event_types
 
 SCHEMA_PATH = Path(__file__).with_name("events.schema.json")
 """The checked-in schema file."""
 
 _SCALAR_TYPES = {bool: "boolean", int: "integer", float: "number", str: "string"}
+_FLOAT_SCHEMA = {
+    "anyOf": [{"type": "number"}, {"enum": list(NON_FINITE_TOKENS)}],
+    "description": "a number; NaN and infinities are written as the strings NaN, Infinity, -Infinity",
+}
 
 
 def events_json_schema() -> dict[str, Any]:
@@ -89,6 +93,8 @@ def _type_schema(annotation: Any, definitions: dict[str, Any]) -> dict[str, Any]
         return {"anyOf": [_type_schema(argument, definitions) for argument in arguments]}
     if annotation is type(None):
         return {"type": "null"}
+    if annotation is float:
+        return dict(_FLOAT_SCHEMA)
     if annotation in _SCALAR_TYPES:
         return {"type": _SCALAR_TYPES[annotation]}
     raise TypeError(f"no JSON Schema for annotation {annotation!r}; add a case to morphogen.telemetry.schema")

@@ -1,8 +1,8 @@
 """Where events go: sinks, the `Telemetry` hub that filters by level, and a reader for JSON lines.
 
 Rules (DESIGN §9.9): a sink that fails with OSError, TypeError or ValueError never stops training.
-The hub logs the first failure of each sink with its traceback, counts the rest, and reports the
-count when it closes. Any other exception is a bug and propagates.
+The hub logs the first failure of each sink with its traceback (a full disk: one line without it),
+counts the rest, and reports the count when it closes. Any other exception is a bug and propagates.
 
 The hub filters by the *effective* level: the configured one, raised to debug for
 `escalation_epochs` epochs after `report_anomalies()` (see `escalation.py`). Callers drive the
@@ -11,8 +11,10 @@ escalation clock with `end_epoch()` once per epoch (once per vector step when en
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
+import sys
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -31,6 +33,7 @@ EVENTS_FILENAME = "events.jsonl"
 """Name of the JSON lines file the hub writes in a run directory."""
 
 _SINK_ERRORS = (OSError, TypeError, ValueError)
+_DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
 
 
 @runtime_checkable
@@ -58,7 +61,8 @@ class JsonLinesSink:
         """Write `event` as one line and flush, so readers (the live dashboard) see it at once."""
         record = {"time": time.time(), **event.to_dict()}
         # One write call per line keeps a concurrent reader from seeing half a record, except the last.
-        self._file.write(json.dumps(record) + "\n")
+        # allow_nan=False: records are strict JSON (to_dict already wrote non-finite floats as tokens).
+        self._file.write(json.dumps(record, allow_nan=False) + "\n")
         self._file.flush()
 
     def close(self) -> None:
@@ -207,7 +211,12 @@ class Telemetry:
     def _record_failure(self, index: int, what: str) -> None:
         """Log the first failure of a sink with its traceback (call from an except block); count the rest."""
         self._failures[index] += 1
-        if self._failures[index] == 1:
+        error = sys.exc_info()[1]
+        if self._failures[index] == 1 and isinstance(error, OSError) and error.errno in _DISK_FULL:
+            # A full disk is the machine, not a bug: one line, no traceback.
+            logger.error("telemetry sink %r %s: %s; training continues, later failures of this sink are only "
+                         "counted", self._sinks[index], what, error.strerror or error)
+        elif self._failures[index] == 1:
             logger.exception(
                 "telemetry sink %r %s; training continues, later failures of this sink are only counted",
                 self._sinks[index],

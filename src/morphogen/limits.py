@@ -1,0 +1,53 @@
+"""Upper bounds on sizes and counts a user can set, and the checks that enforce them.
+
+The bounds keep a run on one machine of the kind morphogen targets (a workstation or one GPU node):
+a typo such as `--hidden-size 1000000` (16 TB of LSTM weights) or `max_epochs = 1e12` must be refused
+at load time with one line, not discovered as an out-of-memory kill hours later. Each bound is far
+above anything the design needs (DESIGN §5-§7 defaults are 4 envs, 25-30 epochs, a 512-wide policy),
+so a real experiment never meets one; raise a constant here if a real one does.
+
+`check_count(name, value, upper)` is for integer settings, `check_finite(name, value)` for floats
+(NaN and infinity are never a usable setting: an infinite learning rate turns every weight into NaN).
+Both raise `ValueError` naming the setting, the value and what is accepted, which `build_config`
+turns into one `ConfigError` line with the key path.
+"""
+
+from __future__ import annotations
+
+import math
+
+#: Largest base seed: torch, NumPy and Python all accept seeds below 2**63.
+MAX_SEED = 2**63 - 1
+#: Epochs in one episode (one controller step each).
+MAX_EPOCHS = 100_000
+#: PPO rounds of one training run.
+MAX_ROUNDS = 1_000_000
+#: Episodes run side by side in one training round.
+MAX_ENVS = 1_024
+#: Width of the policy's trunk and LSTM (4096 is ~0.5 GB of LSTM weights, ~1.5 GB with Adam state).
+MAX_HIDDEN_SIZE = 4_096
+#: Parameters of a host built from a `[host]` table (4 GB of float32 weights, ~12 GB with gradients
+#: and momentum): `base_channels = 1000000` would ask for 72 TB.
+MAX_HOST_PARAMETERS = 1_000_000_000
+#: Training or validation batch size.
+MAX_BATCH_SIZE = 1_048_576
+#: Training samples kept by `max_train_samples`.
+MAX_TRAIN_SAMPLES = 1_000_000_000
+#: Episodes per controller in `morphogen eval`.
+MAX_EVAL_EPISODES = 100_000
+#: Characters in any string setting (a path is at most 4096 bytes on Linux).
+MAX_STRING_LENGTH = 4_096
+
+
+def check_count(name: str, value: int, upper: int, lower: int = 1) -> None:
+    """Raise `ValueError` unless `lower <= value <= upper` (the message names `name` and the bound broken)."""
+    if value < lower:
+        raise ValueError(f"{name} must be >= {lower}, got {value}")
+    if value > upper:
+        raise ValueError(f"{name} must be <= {upper:,} (a documented limit of morphogen.limits), got {value:,}")
+
+
+def check_finite(name: str, value: float) -> None:
+    """Raise `ValueError` if `value` is NaN or infinite."""
+    if not math.isfinite(value):
+        raise ValueError(f"{name} must be a finite number, got {value}")

@@ -1,0 +1,66 @@
+"""Cutting `events.jsonl` back to what a checkpoint saw, before a resumed run appends to it.
+
+A run killed in round k+1 (or inside the checkpoint write of round k+1) has written events that its
+last checkpoint (round k) does not know of. Resuming replays that round from the checkpoint, so
+without a cut `report` would count its seeds, rewards and epochs twice; and a kill in the middle of
+a write (or a full disk) leaves a torn last line that the resumed run would glue its first record
+onto, breaking every later read.
+
+The cut point is the end of the last `round_completed` record whose round is <= k: the trainer
+writes it as the last event of a round, before that round's checkpoint. Every complete line after
+it, and any torn tail, belongs to rounds the checkpoint does not hold. If the file has no such
+record, rounds 1..k wrote nothing (telemetry `off`) and everything in the file is newer: it is all
+cut. The cut needs no bookkeeping in the checkpoint, so a resumed checkpoint stays bit-identical to
+an uninterrupted one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+ROUND_COMPLETED = "round_completed"
+
+
+def _completed_round(line: bytes) -> int | None:
+    """The round of a complete `round_completed` record, else None."""
+    if ROUND_COMPLETED.encode() not in line:
+        return None
+    try:
+        record = json.loads(line)
+    except ValueError:  # includes UnicodeDecodeError
+        return None
+    if not isinstance(record, dict) or record.get("event") != ROUND_COMPLETED:
+        return None
+    value = record.get("round")
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def events_end_of_round(path: str | Path, completed_round: int) -> int:
+    """Byte offset just after the last complete `round_completed` line of a round <= `completed_round` (0 if none)."""
+    offset = end = 0
+    with Path(path).open("rb") as handle:
+        for line in handle:
+            offset += len(line)
+            if not line.endswith(b"\n"):
+                break  # a torn last line is never a record
+            round_number = _completed_round(line)
+            if round_number is not None and round_number <= completed_round:
+                end = offset
+    return end
+
+
+def cut_events_to_round(path: str | Path, completed_round: int) -> int:
+    """Truncate the events file at `path` to what a checkpoint of `completed_round` saw; return bytes removed.
+
+    A missing file is left missing (0 bytes removed).
+    """
+    path = Path(path)
+    if not path.is_file():
+        return 0
+    size = path.stat().st_size
+    end = events_end_of_round(path, completed_round)
+    if end < size:
+        os.truncate(path, end)
+    return size - end

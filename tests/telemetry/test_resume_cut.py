@@ -1,0 +1,48 @@
+"""Resuming cuts events.jsonl back to the end of the checkpointed round: later rounds' events and a torn
+last line go, everything the checkpoint saw stays byte for byte."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from morphogen.telemetry.resume import cut_events_to_round
+
+
+def line(event: str, **fields: object) -> str:
+    return json.dumps({"time": 1.0, "event": event, "schema_version": 2, "epoch": 0, "env_id": 0, **fields}) + "\n"
+
+
+def round_lines(number: int) -> str:
+    return line("epoch_completed", round_hint=number) + line("round_completed", round=number, env_id=-1)
+
+
+def test_events_after_the_checkpointed_round_and_a_torn_line_are_cut(tmp_path: Path) -> None:
+    path = tmp_path / "events.jsonl"
+    kept = round_lines(1) + round_lines(2)
+    path.write_text(kept + round_lines(3) + line("epoch_completed") + '{"time": 2.0, "event": "epo')
+    removed = cut_events_to_round(path, 2)
+    assert path.read_text() == kept
+    assert removed == len((round_lines(3) + line("epoch_completed") + '{"time": 2.0, "event": "epo').encode())
+
+
+def test_only_a_torn_line_is_cut_when_the_round_ended_the_file(tmp_path: Path) -> None:
+    path = tmp_path / "events.jsonl"
+    kept = round_lines(1)
+    path.write_text(kept + '{"time": 2.0, "eve')
+    assert cut_events_to_round(path, 1) == len('{"time": 2.0, "eve')
+    assert path.read_text() == kept
+    assert cut_events_to_round(path, 1) == 0 and path.read_text() == kept
+
+
+def test_a_file_without_the_rounds_of_the_checkpoint_is_all_newer(tmp_path: Path) -> None:
+    # Rounds 1-2 ran with telemetry off; round 3 (after a resume at `normal`) was killed: all of it goes.
+    path = tmp_path / "events.jsonl"
+    path.write_text(line("epoch_completed") + line("epoch_completed"))
+    cut_events_to_round(path, 2)
+    assert path.read_text() == ""
+
+
+def test_a_missing_file_stays_missing(tmp_path: Path) -> None:
+    assert cut_events_to_round(tmp_path / "events.jsonl", 3) == 0
+    assert not (tmp_path / "events.jsonl").exists()
