@@ -73,6 +73,8 @@ def _add_run_parser(subparsers: Any) -> None:
     run.add_argument("--run-dir", help="exact run directory (default runs/<time>-<task>)")
     _add_telemetry_flags(run)
     run.add_argument("--no-baseline", action="store_true", help="skip the no-growth comparison")
+    run.add_argument("--no-from-scratch", action="store_true",
+                     help="skip training the grown model's final architecture from scratch")
     run.add_argument("--policy", help="run directory of `morphogen train`: act with its learned policy")
     _add_threads_flag(run)
 
@@ -191,6 +193,8 @@ def _flag_overrides(args: argparse.Namespace) -> dict[str, Any]:
         overrides["slots"] = slots
     if getattr(args, "no_baseline", False):
         overrides["baseline"] = False
+    if getattr(args, "no_from_scratch", False):
+        overrides["from_scratch"] = False
     return overrides
 
 

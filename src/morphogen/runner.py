@@ -35,6 +35,9 @@ class RunConfig(SessionOptions):
 
     #: Also train the bare host for comparison.
     baseline: bool = True
+    #: Also train the grown model's final architecture (host + the seeds blended in at the end) from
+    #: scratch for the same epochs: what growing it bought over simply building it that way.
+    from_scratch: bool = True
     episode: EpisodeConfig = field(default_factory=EpisodeConfig)
     heuristic: HeuristicConfig = field(default_factory=HeuristicConfig)
 
@@ -140,24 +143,34 @@ def format_step(result: StepResult) -> str:
     return fit_line(line)
 
 
-def print_summary(grown: EpisodeOutcome, baseline: EpisodeOutcome | None, out: TextIO) -> None:
-    rows = [("final val accuracy", f"{grown.final_accuracy:.2f}%",
-             f"{baseline.final_accuracy:.2f}%" if baseline else "-"),
-            ("final val loss", f"{grown.final_loss:.4f}", f"{baseline.final_loss:.4f}" if baseline else "-"),
-            ("parameters", f"{grown.parameters:,}", f"{baseline.parameters:,}" if baseline else "-"),
-            ("wall time", f"{grown.seconds:.1f} s", f"{baseline.seconds:.1f} s" if baseline else "-")]
-    print("\n" + f"{'':22}{'grown':>14}{'no growth':>14}", file=out)
-    for name, left, right in rows:
-        print(f"{name:22}{left:>14}{right:>14}", file=out)
+def print_summary(grown: EpisodeOutcome, baseline: EpisodeOutcome | None, out: TextIO,
+                  from_scratch: EpisodeOutcome | None = None) -> None:
+    """The closing table: the grown model, the same host without growth, and the grown model's final
+    architecture trained from scratch; then the story of every seed."""
+    columns = [("grown", grown), ("no growth", baseline), ("from scratch", from_scratch)]
+    cells: list[tuple[str, Callable[[EpisodeOutcome], str]]] = [
+        ("final val accuracy", lambda o: f"{o.final_accuracy:.2f}%"),
+        ("final val loss", lambda o: f"{o.final_loss:.4f}"),
+        ("parameters", lambda o: f"{o.parameters:,}"),
+        ("wall time", lambda o: f"{o.seconds:.1f} s"),
+    ]
+    print("\n" + f"{'':22}" + "".join(f"{name:>14}" for name, _ in columns), file=out)
+    for label, cell in cells:
+        print(f"{label:22}" + "".join(f"{'-' if o is None else cell(o):>14}" for _, o in columns), file=out)
+    if from_scratch is None and baseline is not None:
+        print("(from scratch: no seed was blended in, so the final architecture is the host itself)", file=out)
     print(f"\nseeds ({len(grown.stories)}):", file=out)
     if not grown.stories:
         print("  none germinated", file=out)
     for story in grown.stories:
-        contribution = "-" if story.contribution is None else f"{story.contribution:+.2f} pts"
         ending = story.outcome if story.outcome_epoch is None else f"{story.outcome}@{story.outcome_epoch}"
-        print(f"  {story.blueprint:<11} {story.slot:<5} germ@{story.germinated:<3} {story.stage_path():<48} "
-              f"{ending:<14} contribution {contribution}", file=out)
+        print(f"  {story.blueprint:<11} {story.slot:<5} {story.stage_path():<44} {ending:<14} "
+              f"predicted {_points(story.predicted_contribution)}  measured {_points(story.contribution)}",
+              file=out)
 
+
+def _points(value: float | None) -> str:
+    return "-" if value is None else f"{value:+.2f} pts"
 
 
 def run_command(config: RunConfig, controller_factory: Callable[[MorphogenesisEpisode], Controller] | None = None,
@@ -213,10 +226,17 @@ def _play_and_write(config: RunConfig, task: Task, episode: MorphogenesisEpisode
         baseline = None
         if config.baseline:
             baseline = _run_baseline(config, task, run_dir, display)
-    print_summary(grown, baseline, out)
+        assert episode.model is not None
+        architecture = episode.model.architecture()
+        from_scratch = None
+        if config.from_scratch and architecture:
+            from_scratch = _run_from_scratch(config, task, architecture, display)
+    print_summary(grown, baseline, out, from_scratch)
     if episode.timer.enabled:
         print(f"\ntime by phase (grown model):\n{episode.timer.summary()}", file=out)
-    summary = {"grown": _outcome_dict(grown), "baseline": None if baseline is None else _outcome_dict(baseline)}
+    summary = {"grown": _outcome_dict(grown), "baseline": None if baseline is None else _outcome_dict(baseline),
+               "from_scratch": None if from_scratch is None else
+               {**_outcome_dict(from_scratch), "architecture": architecture}}
     write_atomic(run_dir / "summary.json", (json.dumps(_strict(summary), indent=2) + "\n").encode())
     return grown, baseline, run_dir
 
@@ -243,6 +263,20 @@ def _run_baseline(config: RunConfig, task: Task, run_dir: Path, display: Progres
     return outcome
 
 
+def _run_from_scratch(config: RunConfig, task: Task, architecture: dict[str, str],
+                      display: ProgressDisplay) -> EpisodeOutcome:
+    """The grown model's final architecture, every seed installed at epoch 0, trained without growth."""
+    seeds = ", ".join(f"{blueprint} in {slot}" for slot, blueprint in architecture.items())
+    display.print(f"training the final architecture from scratch (host + {seeds}, "
+                  f"{config.episode.max_epochs} epochs)...")
+    built = MorphogenesisEpisode(task, config.episode, seed=config.seed, slots=config.slots,
+                                 pool_slots=config.pool_slots, architecture=architecture)
+    epochs = display.add("from scratch", config.episode.max_epochs)
+    outcome = run_episode(built, NoGrowthController(), lambda result: display.advance(epochs))
+    display.remove(epochs)
+    return outcome
+
+
 def write_resolved_config(run_dir: Path, config: object) -> None:
     """RUN_DIR/config.json: the resolved config, without `run_dir`, so that re-running the saved file
     (`morphogen run --config RUN_DIR/config.json`) makes a new run directory instead of appending here."""
@@ -257,7 +291,8 @@ def _outcome_dict(outcome: EpisodeOutcome) -> dict[str, object]:
         "parameters": outcome.parameters, "host_parameters": outcome.host_parameters,
         "seconds": outcome.seconds, "episode_return": outcome.episode_return,
         "seeds": [{"slot": s.slot, "blueprint": s.blueprint, "germinated": s.germinated, "stages": s.stages,
-                   "outcome": s.outcome, "outcome_epoch": s.outcome_epoch, "contribution": s.contribution}
+                   "outcome": s.outcome, "outcome_epoch": s.outcome_epoch, "contribution": s.contribution,
+                   "predicted_contribution": s.predicted_contribution}
                   for s in outcome.stories],
     }
 

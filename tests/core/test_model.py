@@ -318,3 +318,15 @@ def test_germinate_uses_the_host_dtype() -> None:
     model = MorphogeneticModel(_host("transformer", dtype=torch.float64))
     slot = model.germinate("r0c1", "attention", blend=BlendKind.GATE)
     assert {p.dtype for p in slot.seed_parameters()} == {torch.float64}
+
+
+def test_an_installed_seed_round_trips_as_a_fixed_attached_layer() -> None:
+    model = MorphogeneticModel(_host("cnn"))
+    model.install("r0c1", "conv_light")
+    copy_ = MorphogeneticModel(_host("cnn"))
+    copy_.load_state_dict(model.state_dict())
+    slot = copy_.slot("r0c1")
+    assert slot.stage is Stage.FOSSILIZED and slot.alpha.alpha == 1.0 and not slot.detach_input
+    x = _batch("cnn")
+    with torch.no_grad():
+        assert torch.equal(copy_(x), model(x))

@@ -108,6 +108,18 @@ class MorphogeneticModel(nn.Module):
         slot.germinate(blueprint, epoch, device=reference.device, dtype=reference.dtype, **options)
         return slot
 
+    def install(self, slot_id: str, blueprint: str, **options: Any) -> SeedSlot:
+        """Install `blueprint` in `slot_id` as a fixed part of the architecture (see `SeedSlot.install`)."""
+        reference = next(self.host.parameters())
+        slot = self.slot(slot_id)
+        slot.install(blueprint, device=reference.device, dtype=reference.dtype, **options)
+        return slot
+
+    def architecture(self) -> dict[str, str]:
+        """Slot id -> blueprint of every seed that is part of the output now (BLENDING, HOLDING, FOSSILIZED)."""
+        return {slot.slot_id: slot.blueprint for slot in self.slots()
+                if slot.stage in BLENDED_STAGES and slot.blueprint is not None}
+
     def host_parameters(self) -> list[nn.Parameter]:
         return list(self.host.parameters())
 

@@ -209,6 +209,20 @@ class SeedSlot(nn.Module):
         self._sync_alpha()
         self._move(Stage.GERMINATED, epoch, f"germinated {blueprint}")
 
+    def install(self, blueprint: str, epoch: int = 0, *, device: torch.device | str | None = None,
+                dtype: torch.dtype | None = None, **options: Any) -> None:
+        """Place a seed as a fixed part of the architecture: FOSSILIZED at alpha 1 from the start.
+
+        Its input is not detached, so it trains with the host like any other layer. This is how a grown
+        model's final architecture is trained from scratch for comparison (`morphogen run`).
+        """
+        self.germinate(blueprint, epoch, device=device, dtype=dtype, **options)
+        for stage in (Stage.TRAINING, Stage.BLENDING, Stage.HOLDING, Stage.FOSSILIZED):
+            self._move(stage, epoch, f"installed {blueprint} as part of the architecture")
+        self.alpha.retarget(1.0, 0)
+        self._sync_alpha()
+        self.detach_input = False
+
     def gate(self, target: Stage) -> GateResult:
         """Evaluate the gate for moving to `target` now, without moving."""
         return evaluate_gate(target, self.lifecycle, self.signals, self.config.gates)
@@ -357,6 +371,7 @@ class SeedSlot(nn.Module):
             "blueprint_options": dict(self.blueprint_options),
             "blend_kind": self.blend_kind.value,
             "blend_epochs": self.blend_epochs,
+            "detach_input": self.detach_input,
             "lifecycle": self.lifecycle.state_dict(),
             "alpha": self.alpha.state_dict(),
             "signals": dataclasses.asdict(self.signals),
@@ -373,6 +388,7 @@ class SeedSlot(nn.Module):
         self.signals = SeedSignals(**state["signals"])
         self.blueprint, self.blueprint_options = state["blueprint"], dict(state["blueprint_options"])
         self.blend_kind, self.blend_epochs = BlendKind(state["blend_kind"]), int(state["blend_epochs"])
+        self.detach_input = bool(state.get("detach_input", self.detach_input))  # absent in older state
         if self.stage in SEED_STAGES:
             assert self.blueprint is not None
             device = self.alpha_value.device

@@ -14,7 +14,7 @@ number of parameters, layers or batches.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -93,8 +93,11 @@ class MorphogenesisEpisode:
     def __init__(self, task: Task, config: EpisodeConfig | None = None, *, seed: int = 0,
                  slots: Sequence[str] | None = None, telemetry: Telemetry | None = None, env_id: int = 0,
                  pool_slots: bool = False, timer: PhaseTimer | None = None,
-                 detector: AnomalyDetector | None = None) -> None:
+                 detector: AnomalyDetector | None = None, architecture: Mapping[str, str] | None = None) -> None:
         self.task, self.config, self.seed = task, config or EpisodeConfig(), seed
+        #: Seeds (slot id -> blueprint) installed at reset as fixed parts of the model, trained from scratch
+        #: with the host: how a grown model's final architecture is compared with growing it.
+        self.architecture = dict(architecture or {})
         self.slot_request = None if slots is None else tuple(slots)
         self.telemetry = telemetry or Telemetry(None, level="off")
         self.env_id = env_id
@@ -118,7 +121,13 @@ class MorphogenesisEpisode:
             host_kwargs["pool_slots"] = True
         with seeded(self.seed, self.device):
             host = build_host(self.task.topology, device=self.device, **host_kwargs)
-        return MorphogeneticModel(host, self.slot_request, self.config.slots)
+        model = MorphogeneticModel(host, self.slot_request, self.config.slots)
+        for slot_id, blueprint in self.architecture.items():
+            model.slot(slot_id)  # an unknown slot raises here, naming the valid ones
+            with seeded(derive_seed(self.seed, 0, model.slot_ids.index(slot_id)), self.device):
+                model.install(slot_id, blueprint)
+            model.slot(slot_id).drain_transitions()  # part of the architecture, not an event of this episode
+        return model
 
     def reset(self) -> EpisodeSnapshot:
         """Build a fresh model and validate it untrained (epoch 0)."""

@@ -8,6 +8,9 @@ from dataclasses import dataclass, field
 from morphogen.telemetry.events import CounterfactualMeasured, Event, StageTransition
 
 TERMINAL_OUTCOMES = ("fossilized", "pruned")
+#: Counterfactual configuration names (written by env/counterfactual.py): `with:<slot>` blends a TRAINING
+#: seed in at alpha 1 (its shadow), `without:<slot>` removes a blended seed.
+SHADOW_PREFIX, WITHOUT_PREFIX = "with:", "without:"
 
 
 @dataclass
@@ -26,6 +29,9 @@ class SeedStory:
     outcome_reason: str = ""
     #: Last measured counterfactual contribution in accuracy points (None if never blended in).
     contribution: float | None = None
+    #: Last shadow contribution measured while the seed was TRAINING: what blending it in was predicted
+    #: to add, in accuracy points (None if it never trained behind the host).
+    predicted_contribution: float | None = None
 
     def stage_path(self) -> str:
         return " ".join(f"{stage}@{epoch}" for stage, epoch in self.stages.items())
@@ -54,6 +60,10 @@ def seed_stories(history: Iterable[Event]) -> list[SeedStory]:
         elif isinstance(event, CounterfactualMeasured):
             for slot, contribution in event.contributions:
                 story_or_none = current.get((event.env_id, slot))
-                if story_or_none is not None:
+                if story_or_none is None:
+                    continue
+                if SHADOW_PREFIX + slot in event.configs:
+                    story_or_none.predicted_contribution = contribution
+                elif WITHOUT_PREFIX + slot in event.configs:
                     story_or_none.contribution = contribution
     return stories

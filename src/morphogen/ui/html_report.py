@@ -33,13 +33,12 @@ from morphogen.telemetry.events import (
     RewardComputed,
     RoundCompleted,
 )
-from morphogen.telemetry.story import SeedStory, seed_stories
+from morphogen.telemetry.story import SHADOW_PREFIX, WITHOUT_PREFIX, SeedStory, seed_stories
 from morphogen.ui.run_files import RunFiles, load_run_files, round_of_events
 from morphogen.ui.stages import STAGE_COLOURS, stage_colour
 from morphogen.ui.svg import Segment, Series, line_chart, scatter_chart, timeline_chart
 
 REPORT_FILENAME = "report.html"
-SHADOW_PREFIX, WITHOUT_PREFIX = "with:", "without:"  # counterfactual config names (env/counterfactual.py)
 
 STYLE = """
 body { font: 14px/1.45 system-ui, sans-serif; margin: 24px auto; max-width: 1180px; color: #212121; }
