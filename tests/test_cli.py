@@ -16,7 +16,7 @@ from morphogen.telemetry.sinks import read_events
 def test_run_prints_the_comparison_and_writes_the_run_directory(tmp_path: Path,
                                                                 capsys: pytest.CaptureFixture[str]) -> None:
     run_dir = tmp_path / "run"
-    code = main(["run", "--epochs", "3", "--max-train-samples", "200", "--slots", "r0c1,r0c2",
+    code = main(["run", "--epochs", "3", "--max-train-samples", "200", "--slots", "r0c0,r0c1",
                  "--run-dir", str(run_dir)])
     out, err = capsys.readouterr()
     assert code == 0, err
@@ -27,7 +27,7 @@ def test_run_prints_the_comparison_and_writes_the_run_directory(tmp_path: Path,
     config = json.loads((run_dir / "config.json").read_text())
     assert config["episode"]["max_epochs"] == 3
     assert config["max_train_samples"] == 200
-    assert config["slots"] == ["r0c1", "r0c2"]
+    assert config["slots"] == ["r0c0", "r0c1"]
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["baseline"] is not None
     assert 0.0 <= summary["grown"]["final_accuracy"] <= 100.0
@@ -45,7 +45,7 @@ def test_run_on_mnist1d_for_one_epoch(tmp_path: Path, capsys: pytest.CaptureFixt
     assert "task mnist1d (cnn1d host, 4000 train / 1000 validation)" in out and "epoch   1/1" in out
     config = json.loads((run_dir / "config.json").read_text())
     assert config["task"] == "mnist1d"
-    assert config["host"] == {"n_blocks": 3, "base_channels": 8, "kernel_size": 5}
+    assert config["host"] == {"n_blocks": 2, "base_channels": 8, "kernel_size": 5}
 
 
 def test_host_table_sets_the_host_size_and_is_saved(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -55,10 +55,10 @@ def test_host_table_sets_the_host_size_and_is_saved(tmp_path: Path, capsys: pyte
                  "--run-dir", str(run_dir)])
     _, err = capsys.readouterr()
     assert code == 0, err
-    assert json.loads((run_dir / "config.json").read_text())["host"] == {"n_blocks": 3, "base_channels": 4,
+    assert json.loads((run_dir / "config.json").read_text())["host"] == {"n_blocks": 2, "base_channels": 4,
                                                                         "kernel_size": 5}
-    # Conv1d 1->4->8->16 (kernel 5, no bias) + batch norms + Linear(16 -> 10)
-    expected = (1 * 4 * 5 + 4 * 8 * 5 + 8 * 16 * 5) + 2 * (4 + 8 + 16) + (16 * 10 + 10)
+    # Conv1d 1->4->8 (kernel 5, no bias) + batch norms + Linear(8 -> 10)
+    expected = (1 * 4 * 5 + 4 * 8 * 5) + 2 * (4 + 8) + (8 * 10 + 10)
     assert json.loads((run_dir / "summary.json").read_text())["grown"]["host_parameters"] == expected
 
 
@@ -90,7 +90,7 @@ def test_unknown_slot_leaves_no_run_directory(tmp_path: Path, capsys: pytest.Cap
     run_dir = tmp_path / "r"
     line = run_expecting_user_error(["run", "--slots", "r9c9", "--max-train-samples", "64", "--run-dir",
                                      str(run_dir)], capsys)
-    assert "unknown slot 'r9c9'" in line and "r0c0, r0c1, r0c2" in line
+    assert "unknown slot 'r9c9'" in line and line.endswith("this host has: r0c0, r0c1")
     assert not run_dir.exists()
 
 

@@ -67,15 +67,18 @@ FLAGS: dict[str, st.SearchStrategy[Setting]] = {
     "--epochs": choice(["1"], ["0", "-1", str(10**12), str(2**70)]),
     "--seed": choice(["3"], ["-5", str(2**64), "18446744073709551616"]),
     "--device": choice(["cpu", "auto"], ["meta", "tpu", "cuda:99x", "x" * 5000]),
-    "--slots": choice(["r0c1", "r0c0,r0c2"], [",", "r9c9", "r0c1,r0c1", "y" * 3000]),
+    # Valid slot lists exist on every host drawn above (n_blocks 2 or 3: digits' default host has r0c0, r0c1).
+    "--slots": choice(["r0c1", "r0c0,r0c1"], [",", "r9c9", "r0c1,r0c1", "y" * 3000]),
 }
+#: The file setting each flag replaces (flags win over the file): with the flag given, only its value counts.
+FLAG_OVERRIDES: dict[str, tuple[str, ...]] = {"--seed": ("seed",), "--epochs": ("episode", "max_epochs")}
 
 
 @st.composite
 def run_inputs(draw: st.DrawFn) -> tuple[dict[str, Any], list[str], str, bool]:
     """(config mapping, extra flags, file format, all acceptable?)."""
     config: dict[str, Any] = {}
-    acceptable = True
+    acceptable_keys: dict[tuple[str, ...], bool] = {}
     keys = draw(st.lists(st.sampled_from(list(SETTINGS)), unique=True, max_size=4))
     if any(k[0] == "episode" and len(k) > 1 for k in keys):
         keys = [k for k in keys if k != ("episode",)]  # a scalar `episode` and an `episode` table cannot both be
@@ -85,12 +88,14 @@ def run_inputs(draw: st.DrawFn) -> tuple[dict[str, Any], list[str], str, bool]:
         for part in key[:-1]:
             table = table.setdefault(part, {})
         table[key[-1]] = value
-        acceptable &= ok
+        acceptable_keys[key] = ok
     flags = []
     for flag in draw(st.lists(st.sampled_from(list(FLAGS)), unique=True, max_size=2)):
         value, ok = draw(FLAGS[flag])
         flags += [flag, value]
-        acceptable &= ok
+        acceptable_keys.pop(FLAG_OVERRIDES.get(flag, ()), None)
+        acceptable_keys[(flag,)] = ok
+    acceptable = all(acceptable_keys.values())
     episode = config.get("episode")
     if "--epochs" not in flags and not (isinstance(episode, dict) and "max_epochs" in episode):
         flags += ["--epochs", "1"]  # valid inputs run exactly one epoch

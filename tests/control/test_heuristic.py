@@ -161,10 +161,11 @@ def test_germinates_when_the_loss_slows_down_though_accuracy_still_rises() -> No
 
 
 def test_waits_when_too_few_epochs_remain_for_a_seed() -> None:
-    # min_training_epochs 10 -> needs at least 10 // 2 + 2 = 7 epochs left.
+    # min_training_epochs 5 -> needs at least 5 // 2 + 2 = 4 epochs left.
     heuristic, space = controller()
-    assert heuristic.act(make_snapshot(epoch=24, max_epochs=30), make_masks(space, ALL_EMPTY)) == Action()
-    assert heuristic.act(make_snapshot(epoch=23, max_epochs=30), make_masks(space, ALL_EMPTY)).op is Op.GERMINATE
+    assert HeuristicConfig().min_training_epochs == 5
+    assert heuristic.act(make_snapshot(epoch=27, max_epochs=30), make_masks(space, ALL_EMPTY)) == Action()
+    assert heuristic.act(make_snapshot(epoch=26, max_epochs=30), make_masks(space, ALL_EMPTY)).op is Op.GERMINATE
 
 
 def test_waits_when_the_mask_forbids_germination() -> None:

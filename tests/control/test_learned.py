@@ -16,7 +16,7 @@ from morphogen.control.normalization import RunningMeanStd
 from morphogen.control.trainer import PPOTrainer, TrainConfig
 from morphogen.core.lifecycle import GateConfig, GateMode
 from morphogen.core.slot import SlotConfig
-from morphogen.data import Task
+from morphogen.data import Task, load_task
 from morphogen.env.actions import HEAD_RELEVANCE, HEADS, Action, ActionSpace, Op
 from morphogen.env.episode import EpisodeConfig, MorphogenesisEpisode
 from morphogen.env.observation import ObservationEncoder
@@ -27,7 +27,11 @@ PERMISSIVE = EpisodeConfig(max_epochs=7, slots=SlotConfig(gates=GateConfig(mode=
 ILLEGAL_AT_START = (Op.SET_ALPHA_TARGET, Op.PRUNE, Op.FOSSILIZE, Op.ADVANCE)
 
 
-
+@pytest.fixture(scope="module")
+def digits() -> Task:
+    """Digits on a 3-block host (slots r0c0, r0c1, r0c2): these tests use a slot subset that leaves out
+    r0c0, and a policy that prefers the last of three slots. 200 training images keep episodes short."""
+    return load_task("digits", max_train_samples=200, host={"n_blocks": 3})
 
 
 def biased_agent(slot_ids: Sequence[str]) -> PolicyAgent:

@@ -17,23 +17,23 @@ from morphogen.runner import RunConfig
 
 def test_resolved_host_is_the_task_host_size() -> None:
     assert SessionOptions().host == {}
-    assert SessionOptions().with_resolved_host().host == {"n_blocks": 3, "base_channels": 32, "kernel_size": 3}
-    assert SessionOptions(task="mnist1d").with_resolved_host().host == {"n_blocks": 3, "base_channels": 8,
+    assert SessionOptions().with_resolved_host().host == {"n_blocks": 2, "base_channels": 8, "kernel_size": 3}
+    assert SessionOptions(task="mnist1d").with_resolved_host().host == {"n_blocks": 2, "base_channels": 8,
                                                                         "kernel_size": 5}
     assert SessionOptions(task="text").with_resolved_host().host["d_model"] == 64
 
 
 def test_overrides_keep_the_other_defaults() -> None:
-    options = SessionOptions(task="digits", host={"base_channels": 8})
-    assert options.host == {"base_channels": 8}
+    options = SessionOptions(task="digits", host={"base_channels": 4})
+    assert options.host == {"base_channels": 4}
     resolved = options.with_resolved_host()
-    assert resolved.host == {"n_blocks": 3, "base_channels": 8, "kernel_size": 3}
+    assert resolved.host == {"n_blocks": 2, "base_channels": 4, "kernel_size": 3}
     assert resolved.with_resolved_host() == resolved
 
 
 def test_changing_the_task_keeps_only_what_the_user_set() -> None:
-    options = dataclasses.replace(SessionOptions(host={"base_channels": 8}), task="mnist1d")
-    assert options.with_resolved_host().host == {"n_blocks": 3, "base_channels": 8, "kernel_size": 5}
+    options = dataclasses.replace(SessionOptions(host={"base_channels": 4}), task="mnist1d")
+    assert options.with_resolved_host().host == {"n_blocks": 2, "base_channels": 4, "kernel_size": 5}
     with pytest.raises(ValueError, match=r"host\.base_channels: unknown key"):
         dataclasses.replace(options, task="text")
 
@@ -70,7 +70,7 @@ def test_host_that_is_not_a_table() -> None:
 def test_config_dict_of_the_resolved_options_records_the_whole_table() -> None:
     config = build_config(RunConfig, {"task": "mnist1d", "host": {"base_channels": 4}})
     assert config_to_dict(config)["host"] == {"base_channels": 4}
-    assert config_to_dict(config.with_resolved_host())["host"] == {"n_blocks": 3, "base_channels": 4,
+    assert config_to_dict(config.with_resolved_host())["host"] == {"n_blocks": 2, "base_channels": 4,
                                                                    "kernel_size": 5}
 
 

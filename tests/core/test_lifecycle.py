@@ -466,13 +466,14 @@ def test_blending_gate_strict_and_permissive(signals: dict[str, float], strict_p
 
 
 def test_blending_gate_needs_min_training_epochs() -> None:
-    slot = _training_slot(GateMode.PERMISSIVE, epochs=9)
+    assert GateConfig().min_training_epochs == 5
+    slot = _training_slot(GateMode.PERMISSIVE, epochs=4)
     slot.record_signals(gradient_health=1.0)
-    result = slot.advance(9)
-    assert not result.passed and "9 of 10" in result.reason and result.score == pytest.approx(0.9)
+    result = slot.advance(4)
+    assert not result.passed and "4 of 5" in result.reason and result.score == pytest.approx(0.8)
     assert slot.stage is S.TRAINING
-    slot.step_epoch(10)
-    assert slot.advance(10).passed and slot.stage is S.BLENDING
+    slot.step_epoch(5)
+    assert slot.advance(5).passed and slot.stage is S.BLENDING
 
 
 def _holding_slot(mode: GateMode) -> SeedSlot:

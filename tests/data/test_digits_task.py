@@ -27,8 +27,8 @@ def test_shapes_dtypes_and_preset(digits: Task) -> None:
     assert digits.host_kwargs == {
         "num_classes": 10,
         "in_channels": 1,
-        "n_blocks": 3,
-        "base_channels": 32,
+        "n_blocks": 2,
+        "base_channels": 8,
         "kernel_size": 3,
     }
     assert digits.augment is None and digits.vocabulary is None and digits.batch_size == 64

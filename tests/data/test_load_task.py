@@ -27,7 +27,7 @@ def test_default_host_size_is_every_size_argument_of_the_task_host(task: str) ->
 
 
 def test_host_size_overrides_and_their_errors() -> None:
-    assert host_size("digits", {"base_channels": 4}) == {"n_blocks": 3, "base_channels": 4, "kernel_size": 3}
+    assert host_size("digits", {"base_channels": 4}) == {"n_blocks": 2, "base_channels": 4, "kernel_size": 3}
     with pytest.raises(DataError) as error:
         host_size("digits", {"d_model": 8})
     assert str(error.value) == "host.d_model: unknown key; accepted: n_blocks, base_channels, kernel_size"
@@ -37,7 +37,7 @@ def test_host_size_overrides_and_their_errors() -> None:
         load_task("digits", host={"base_channels": 0})
     with pytest.raises(DataError, match=r"^host\.n_blocks: expected an integer, got '2'$"):
         host_size("mnist1d", {"n_blocks": "2"})
-    assert DEFAULT_HOST_SIZES["digits"] == {"n_blocks": 3, "base_channels": 32, "kernel_size": 3}  # unchanged
+    assert DEFAULT_HOST_SIZES["digits"] == {"n_blocks": 2, "base_channels": 8, "kernel_size": 3}  # unchanged
 
 
 def test_text_windows_follow_the_host_block_size(tmp_path: Path) -> None:

@@ -26,7 +26,7 @@ def test_published_sizes_shapes_and_preset(mnist1d: Task) -> None:
     assert set(mnist1d.train.targets.tolist()) == set(range(10))
     assert set(mnist1d.validation.targets.tolist()) == set(range(10))
     assert mnist1d.topology == "cnn1d" and mnist1d.objective == "classification"
-    assert mnist1d.host_kwargs == {"num_classes": 10, "in_channels": 1, "n_blocks": 3, "base_channels": 8,
+    assert mnist1d.host_kwargs == {"num_classes": 10, "in_channels": 1, "n_blocks": 2, "base_channels": 8,
                                    "kernel_size": 5}
     assert mnist1d.batch_size == 100 and mnist1d.augment is None and mnist1d.vocabulary is None
 

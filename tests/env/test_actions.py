@@ -181,8 +181,9 @@ def test_irrelevant_head_rows_allow_only_the_canonical_choice() -> None:
 
 @pytest.fixture(scope="module")
 def small_task() -> Task:
-    """Digits with 64 training and 64 validation images: each step trains one batch and validates 64."""
-    task = load_task("digits", max_train_samples=64)
+    """Digits with 64 training and 64 validation images: each step trains one batch and validates 64.
+    A 3-block host, so that its slots are this module's SLOTS (r0c0, r0c1, r0c2)."""
+    task = load_task("digits", max_train_samples=64, host={"n_blocks": 3})
     validation = DeviceDataset(task.validation.inputs[:64], task.validation.targets[:64])
     return dataclasses.replace(task, validation=validation)
 

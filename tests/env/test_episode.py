@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from morphogen.control.heuristic import HeuristicConfig, HeuristicController
+from morphogen.control.heuristic import DEFAULT_ROTATION, HeuristicConfig, HeuristicController
 from morphogen.core.lifecycle import GateConfig, GateMode, Stage
 from morphogen.core.slot import SlotConfig
 from morphogen.data import Task, load_task
@@ -29,7 +29,7 @@ def test_heuristic_episode_grows_and_writes_its_events(digits: Task, tmp_path: P
     config = EpisodeConfig(max_epochs=8)
     eager = HeuristicConfig(warmup_epochs=1, plateau_epochs=1, plateau_threshold=100.0, min_training_epochs=2)
     with Telemetry(tmp_path, level="normal") as telemetry:
-        episode = MorphogenesisEpisode(digits, config, seed=0, slots=["r0c1", "r0c2"], telemetry=telemetry)
+        episode = MorphogenesisEpisode(digits, config, seed=0, slots=["r0c1"], telemetry=telemetry)
         episode.reset()
         controller = HeuristicController(episode.action_space, digits.topology, eager)
         outcome = run_episode(episode, controller)
@@ -43,7 +43,7 @@ def test_heuristic_episode_grows_and_writes_its_events(digits: Task, tmp_path: P
     assert written[-1].final_accuracy == outcome.final_accuracy
     germinations = [e for e in written if isinstance(e, events.ActionTaken) and e.op == "GERMINATE" and e.succeeded]
     assert germinations and germinations[0].epoch == 2, "warmup 1 + an always-true plateau: germinate at once"
-    assert germinations[0].blueprint == "conv_light"  # first of the default CNN rotation
+    assert germinations[0].blueprint == "conv_heavy" == DEFAULT_ROTATION["cnn"][0]  # first of the default rotation
     transitions = [(e.slot, e.from_stage, e.to_stage) for e in written if isinstance(e, events.StageTransition)]
     assert ("r0c1", "dormant", "germinated") in transitions
     assert ("r0c1", "germinated", "training") in transitions

@@ -67,11 +67,11 @@ def test_all_envs_train_on_the_same_batches(digits: Task, monkeypatch: pytest.Mo
 def test_each_env_matches_a_lone_episode_with_its_seed_and_actions(digits: Task,
                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     config = EpisodeConfig(max_epochs=3)
-    slots = ("r0c1", "r0c2")
+    slots = ("r0c0", "r0c1")
     actions = [  # per step, per env: env 0 grows a conv seed, env 1 waits then grows a norm seed
-        [Action(op=Op.GERMINATE, slot="r0c1", blueprint="conv_light"), Action()],
-        [Action(op=Op.ADVANCE, slot="r0c1"), Action(op=Op.GERMINATE, slot="r0c2", blueprint="norm")],
-        [Action(), Action(op=Op.ADVANCE, slot="r0c2")],
+        [Action(op=Op.GERMINATE, slot="r0c0", blueprint="conv_light"), Action()],
+        [Action(op=Op.ADVANCE, slot="r0c0"), Action(op=Op.GERMINATE, slot="r0c1", blueprint="norm")],
+        [Action(), Action(op=Op.ADVANCE, slot="r0c1")],
     ]
     vector = VectorEpisodes(digits, config, 2, seed=SEED, slots=slots)
     starts = vector.reset(ROUND)

@@ -13,7 +13,7 @@ from morphogen.cli import main
 #: A run whose heuristic germinates early and whose seeds train, blend and hold within 8 epochs.
 QUICK_GROWTH = """
 max_train_samples = 200
-slots = ["r0c1", "r0c2"]
+slots = ["r0c0", "r0c1"]
 [episode]
 max_epochs = 8
 [episode.slots]

@@ -101,7 +101,7 @@ def test_keys_pause_help_detail_and_quit(grown_run: Path) -> None:
             await pilot.press("d")
             assert app.screen.name == "env-detail"
             detail = str(app.screen.query_one("#info", Static).render())
-            assert "env 0: round 1, epoch 8/8" in detail and "r0c1" in detail and "r0c2" in detail
+            assert "env 0: round 1, epoch 8/8" in detail and "r0c0" in detail and "r0c1" in detail
             await pilot.press("escape")
             await pilot.press("q")
         assert app.return_code == 0

@@ -209,8 +209,8 @@ class Dashboard(App[None]):
     # ---------------------------------------------------------------- reading
     def poll(self) -> None:
         """Read new events (live) or the next slice of the recording (replay), then redraw."""
-        if self.paused:
-            return
+        if self.paused or not self.is_running:
+            return  # not running: the app is shutting down and its widgets may already be gone (NoMatches)
         self._pending.extend(self.tail.read_new())
         if self.replay:
             count = max(1, int(self.replay_rate * self.poll_seconds))
