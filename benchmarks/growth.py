@@ -168,7 +168,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--tasks", default="digits,mnist1d,text")
     parser.add_argument("--seeds", type=int, default=5)
     parser.add_argument("--epochs", type=int, default=30)
-    parser.add_argument("--text-train-samples", type=int, default=2000,
+    parser.add_argument("--text-train-samples", type=int, default=1000,
                         help="training windows of `text` (validation is always whole)")
     parser.add_argument("--jobs", type=int, default=2, help="worker processes")
     parser.add_argument("--threads", type=int, default=1, help="torch threads per worker")
