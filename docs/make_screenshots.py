@@ -21,7 +21,7 @@ from morphogen.ui.html_report import write_html_report
 DOCS = Path(__file__).resolve().parent
 RUN_CONFIG = """
 max_train_samples = 400
-slots = ["r0c1", "r0c2"]
+slots = ["r0c0", "r0c1"]
 [episode]
 max_epochs = 16
 [episode.slots]
