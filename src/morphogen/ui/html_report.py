@@ -229,16 +229,20 @@ def health_table(files: RunFiles) -> str:
 
 
 def summary_table(files: RunFiles) -> str:
+    """The closing table of `run`: grown, no growth, and the final architecture trained from scratch."""
     summary = files.summary or {}
-    grown, baseline = summary.get("grown") or {}, summary.get("baseline") or {}
-    if not grown:
+    if not summary.get("grown"):
         return ""
+    columns = [("grown", summary.get("grown") or {}), ("no growth", summary.get("baseline") or {}),
+               ("from scratch", summary.get("from_scratch") or {})]
     rows = [("final val accuracy", "final_accuracy", "{:.2f}%"), ("final val loss", "final_loss", "{:.4f}"),
             ("parameters", "parameters", "{:,}"), ("wall time", "seconds", "{:.1f} s")]
     body = "".join(
-        f"<tr><td>{name}</td><td class='num'>{form.format(grown[key])}</td>"
-        f"<td class='num'>{form.format(baseline[key]) if baseline else '-'}</td></tr>" for name, key, form in rows)
-    return f"<table><tr><th></th><th>grown</th><th>no growth</th></tr>{body}</table>"
+        f"<tr><td>{name}</td>" + "".join(f"<td class='num'>{form.format(column[key]) if column else '-'}</td>"
+                                         for _, column in columns) + "</tr>"
+        for name, key, form in rows)
+    header = "".join(f"<th>{escape(title)}</th>" for title, _ in columns)
+    return f"<table><tr><th></th>{header}</tr>{body}</table>"
 
 
 def _section(title: str, *figures: str) -> str:
