@@ -43,9 +43,10 @@ import dataclasses
 import datetime
 import json
 import os
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -78,6 +79,19 @@ class PeerLostError(RuntimeError):
     """A collective failed: another rank died, hung past the timeout, or stopped on an error."""
 
 
+@dataclass
+class CollectiveTime:
+    """Wall seconds this rank spent inside collectives, by kind (benchmarks/distributed.py reads them).
+
+    The time includes waiting for slower ranks to arrive, which is what a round loses to them.
+    """
+
+    seconds: dict[str, float] = field(default_factory=dict)
+
+    def add(self, what: str, seconds: float) -> None:
+        self.seconds[what] = self.seconds.get(what, 0.0) + seconds
+
+
 @dataclass(frozen=True)
 class DistributedContext:
     """This process's place in the run: its rank, the number of ranks, the backend and the timeout."""
@@ -87,6 +101,7 @@ class DistributedContext:
     local_rank: int
     backend: str
     timeout_s: float
+    time: CollectiveTime = field(default_factory=CollectiveTime, compare=False)
 
     @property
     def is_main(self) -> bool:
@@ -151,19 +166,21 @@ def split_envs(n_envs: int, world_size: int, rank: int) -> tuple[int, int]:
 
 @contextmanager
 def collective(what: str, context: DistributedContext) -> Iterator[None]:
-    """Turn a failed collective into `PeerLostError` with one line saying what happened."""
+    """Time the collective (`context.time`); turn its failure into `PeerLostError` with one line."""
+    started = time.perf_counter()
     try:
         yield
+        context.time.add(what, time.perf_counter() - started)
     except (RuntimeError, dist.DistError) as error:
         first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-        raise PeerLostError(f"rank {context.rank} of {context.world_size} lost the other ranks during {what} "
+        raise PeerLostError(f"rank {context.rank} of {context.world_size} lost the other ranks during the {what} "
                             f"(a rank died, hung past --dist-timeout {context.timeout_s:g}s, or stopped on an "
                             f"error): {first[:200]}") from None
 
 
 def average_(tensor: Tensor, context: DistributedContext) -> None:
     """Replace `tensor` in place by its mean over the ranks (one all-reduce)."""
-    with collective("an all-reduce", context):
+    with collective("all-reduce", context):
         dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
     tensor.div_(context.world_size)
 
@@ -171,7 +188,7 @@ def average_(tensor: Tensor, context: DistributedContext) -> None:
 def all_gather_rows(tensor: Tensor, context: DistributedContext) -> Tensor:
     """The ranks' `tensor`s (equal shapes) concatenated along dim 0, in rank order."""
     parts = [torch.empty_like(tensor) for _ in range(context.world_size)]
-    with collective("a per-step all-gather", context):
+    with collective("all-gather", context):
         dist.all_gather(parts, tensor.contiguous())
     return torch.cat(parts)
 
@@ -216,7 +233,7 @@ class SharedRunningMeanStd(RunningMeanStd):
 
 def send_run_directory(context: DistributedContext, run_dir: str) -> None:
     """Rank 0: the run directory is ready; tell the other ranks where it is (they start the rounds)."""
-    with collective("the start-up broadcast", context):
+    with collective("start-up broadcast", context):
         dist.broadcast_object_list([None, run_dir], src=0)
 
 
@@ -227,7 +244,7 @@ def announce_failure(context: DistributedContext | None) -> Iterator[None]:
         yield
     except Exception as error:
         if context is not None and context.world_size > 1:
-            with collective("the start-up broadcast", context):
+            with collective("start-up broadcast", context):
                 dist.broadcast_object_list([f"{type(error).__name__}: {error}", None], src=0)
         raise
 
@@ -235,7 +252,7 @@ def announce_failure(context: DistributedContext | None) -> Iterator[None]:
 def receive_run_directory(context: DistributedContext) -> str:
     """Ranks > 0: wait for rank 0 to set up the run directory; its set-up error is raised here too."""
     message: list[str | None] = [None, None]
-    with collective("the start-up broadcast", context):
+    with collective("start-up broadcast", context):
         dist.broadcast_object_list(message, src=0)
     error, run_dir = message
     if error is not None:
@@ -273,7 +290,7 @@ class DistributedTrainer(PPOTrainer):
         """Rank 0's policy parameters (and observation statistics) to every rank (rule 1)."""
         tensors = [*self.state.agent.policy.state_dict().values(),
                    *self.state.agent.observation_normalizer.state_dict().values()]
-        with collective("the start-up broadcast", self.context):
+        with collective("start-up broadcast", self.context):
             for tensor in tensors:
                 dist.broadcast(tensor, src=0)
 
