@@ -324,9 +324,11 @@ class DistributedTrainer(PPOTrainer):
         gathered = PolicyInputs(all_gather_rows(local.raw_features, self.context),
                                 all_gather_rows(local.blueprint_ids, self.context),
                                 [all_gather_rows(mask, self.context) for mask in local.masks])
-        if bool(starts.all()) or self._global_state is None:  # a round starts: every env's state starts at zero
+        # `collect` starts every env at a round's first step and none later; one sync on L bools per step.
+        first_step = bool(starts.all())
+        if first_step or self._global_state is None:
             self._global_state = agent.policy.initial_state(self.global_config.n_envs)
-        all_starts = starts.new_full((self.global_config.n_envs,), bool(starts.all()))
+        all_starts = starts.new_full((self.global_config.n_envs,), first_step)
         observations, output, actions = agent.act(gathered, self._global_state, generator=generator,
                                                   episode_starts=all_starts, update_normalizer=True)
         self._global_state = output.state
