@@ -6,7 +6,7 @@ import argparse
 import contextlib
 import dataclasses
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -14,6 +14,7 @@ from morphogen import __version__
 from morphogen.commands.listing import LISTINGS
 from morphogen.config import ConfigError, build_config, read_config_file, short_repr
 from morphogen.control.checkpoint import CheckpointError
+from morphogen.control.distributed import DistributedSetupError, PeerLostError
 from morphogen.control.trainer import TrainConfig
 from morphogen.core.blueprints import UnknownBlueprintError
 from morphogen.core.hosts import UnknownSlotError
@@ -27,12 +28,15 @@ from morphogen.ui.runs import RunsQueryError
 
 if TYPE_CHECKING:
     from morphogen.commands.evaluate import EvalConfig
+    from morphogen.control.distributed import DistributedContext
 
 USER_ERRORS = (ConfigError, DataError, UnknownBlueprintError, UnknownSlotError, CheckpointError, RunDirectoryError,
-               RunsQueryError, RunDirectoryLockError, DiskFullError)
+               RunsQueryError, RunDirectoryLockError, DiskFullError, DistributedSetupError)
 EXIT_USER_ERROR = 2
 #: Exit status when training kept diverging after every rollback and back-off (`DivergenceError`).
 EXIT_DIVERGED = 3
+#: Exit status of a distributed rank that lost the others (a rank died or hung; `PeerLostError`).
+EXIT_PEER_LOST = 4
 #: Longest error line printed; longer messages are cut (a user error never needs more).
 MAX_ERROR_LINE = 1_000
 
@@ -98,6 +102,13 @@ def _add_train_parser(subparsers: Any) -> None:
     train.add_argument("--run-dir", help="exact run directory (default runs/<time>-<task>)")
     _add_telemetry_flags(train)
     train.add_argument("--resume", metavar="RUN_DIR", help="continue a stopped run from its checkpoint")
+    train.add_argument("--distributed", action="store_true",
+                       help="one rank of `torchrun --nproc-per-node N -m morphogen train --distributed`: "
+                            "each rank runs envs/N envs, gradients are all-reduced (docs/scaling.md)")
+    train.add_argument("--dist-backend", choices=["gloo", "nccl"],
+                       help="with --distributed: collective backend (default nccl on CUDA, gloo otherwise)")
+    train.add_argument("--dist-timeout", type=float, metavar="SECONDS",
+                       help="with --distributed: give up on a silent rank after this long (default 600)")
     _add_threads_flag(train)
 
 
@@ -246,18 +257,39 @@ def train_config_from_args(args: argparse.Namespace) -> TrainConfig:
 def _train(args: argparse.Namespace) -> None:
     from morphogen.commands.train import config_for_resume, train_command
 
+    if not args.distributed and (args.dist_backend is not None or args.dist_timeout is not None):
+        raise UsageError("--dist-backend and --dist-timeout apply to --distributed runs; add --distributed")
     if args.resume is None:
-        train_command(train_config_from_args(args))
+        config = train_config_from_args(args)
+        with _distributed(args, config.device) as context:
+            train_command(config, context=context)
         return
     overrides = _flag_overrides(args)
     if args.config or args.episode_length is not None or args.slots is not None:
         raise UsageError("--resume continues a run with its saved config; only --rounds, --device and "
                          "--telemetry may be given with it")
-    # Lock before reading the checkpoint: a writer that finishes a round in between would be overwritten.
-    lock = hold_run_directory(args.resume) if Path(args.resume).is_dir() else contextlib.nullcontext()
-    with lock:
-        config, state = config_for_resume(args.resume, overrides)
-        train_command(config, resume_state=state)
+    with _distributed(args, overrides.get("device", "cpu")) as context:
+        # Lock before reading the checkpoint: a writer that finishes a round in between would be overwritten.
+        # Of a distributed run's ranks, rank 0 alone writes, so it alone locks.
+        main_rank = context is None or context.is_main
+        lock = hold_run_directory(args.resume) if main_rank and Path(args.resume).is_dir() else contextlib.nullcontext()
+        with lock:
+            config, state = config_for_resume(args.resume, overrides)
+            train_command(config, resume_state=state, context=context)
+
+
+@contextlib.contextmanager
+def _distributed(args: argparse.Namespace, device: str) -> Iterator[DistributedContext | None]:
+    """With --distributed, join torchrun's process group for the block (and leave it after a clean end)."""
+    if not args.distributed:
+        yield None
+        return
+    from morphogen.control.distributed import DEFAULT_TIMEOUT_S, init_distributed, shutdown
+
+    timeout = DEFAULT_TIMEOUT_S if args.dist_timeout is None else args.dist_timeout
+    context = init_distributed(device, backend=args.dist_backend, timeout_s=timeout)
+    yield context
+    shutdown()  # not after an error: a lost rank could make the teardown wait for it
 
 
 def _run(args: argparse.Namespace) -> None:
@@ -371,6 +403,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except DivergenceError as error:
         print(f"morphogen {args.command}: diverged: {_one_line(error)}", file=sys.stderr)
         return EXIT_DIVERGED
+    except PeerLostError as error:
+        print(f"morphogen {args.command}: error: {_one_line(error)}", file=sys.stderr)
+        return EXIT_PEER_LOST
     except KeyboardInterrupt:
         print(f"morphogen {args.command}: interrupted", file=sys.stderr)
         return 130

@@ -11,6 +11,14 @@ import torch
 
 from morphogen.config import ConfigError, build_config
 from morphogen.control.checkpoint import CHECKPOINT_NAME, CheckpointError, load_checkpoint
+from morphogen.control.distributed import (
+    DistributedContext,
+    DistributedTrainer,
+    announce_failure,
+    rank_device,
+    receive_run_directory,
+    send_run_directory,
+)
 from morphogen.control.options import load_session_task
 from morphogen.control.trainer import PPOTrainer, RoundSummary, TrainConfig, format_round, train
 from morphogen.env.seeding import derive_seed
@@ -48,36 +56,51 @@ def config_for_resume(run_dir: str | Path, overrides: dict[str, Any]) -> tuple[T
 
 
 def train_command(config: TrainConfig, *, resume_state: dict[str, Any] | None = None,
-                  out: TextIO | None = None) -> Path:
+                  out: TextIO | None = None, context: DistributedContext | None = None) -> Path:
     """Train (or continue) a policy, printing one line per round to `out` (default: `sys.stdout` at call time).
 
     The run directory is locked for the whole command (`morphogen.run_lock`); a resumed run first drops
     the events of rounds its checkpoint does not hold and the temporary files of killed writes.
+
+    With a `context` (`train --distributed`, one call per rank) this rank trains its share of the envs
+    (`control/distributed.py`); rank 0 alone makes, locks and writes the run directory, and tells the
+    other ranks once it is ready (or why it is not, so that they stop with the same error).
     """
     out = sys.stdout if out is None else out
     config = config.with_resolved_host()  # config.json and the checkpoint record the host's whole size
     device = resolve_device(config.device)
+    if context is not None:
+        device = rank_device(device, context.local_rank)
     task = load_session_task(config, device)
     # Training draws from generators seeded by (seed, round); the global RNG is seeded too (and saved in every
     # checkpoint, restored on resume) so that whatever may use it is replayed and checkpoints are reproducible.
     torch.manual_seed(derive_seed(config.seed, GLOBAL_RNG_STREAM))
     # Everything that can fail on the user's input (slots, layout, an existing run) fails before any file
     # of a run directory is created or written.
-    trainer = PPOTrainer(config, task)
+    trainer = PPOTrainer(config, task) if context is None else DistributedTrainer(config, task, context)
     if resume_state is not None:
         assert config.run_dir is not None, "config_for_resume sets run_dir"
-        run_dir = Path(config.run_dir)
-        trainer.load_state_dict(resume_state, run_dir)
-    else:
-        _refuse_existing_run(config.run_dir)
-        run_dir = make_run_dir(config.run_dir, config.runs_root, config.task)
+        trainer.load_state_dict(resume_state, Path(config.run_dir))
+    if context is not None and not context.is_main:
+        run_dir = Path(receive_run_directory(context))
+        train(trainer, run_dir)  # no output, telemetry or checkpoint: `DistributedTrainer.save` is rank 0's
+        return run_dir
+    with announce_failure(context):
+        if resume_state is not None:
+            run_dir = Path(str(config.run_dir))
+        else:
+            _refuse_existing_run(config.run_dir)
+            run_dir = make_run_dir(config.run_dir, config.runs_root, config.task)
     with hold_run_directory(run_dir):
-        if resume_state is None:
-            _refuse_existing_run(str(run_dir))  # again, now that no other writer can create one
-            write_resolved_config(run_dir, config)
-        remove_stale_temporaries(run_dir)
-        dropped = cut_events_to_round(run_dir / EVENTS_FILENAME, trainer.state.next_round) if resume_state else 0
-        _train_rounds(trainer, task.name, device, run_dir, dropped, out)
+        with announce_failure(context):
+            if resume_state is None:
+                _refuse_existing_run(str(run_dir))  # again, now that no other writer can create one
+                write_resolved_config(run_dir, config)
+            remove_stale_temporaries(run_dir)
+            dropped = cut_events_to_round(run_dir / EVENTS_FILENAME, trainer.state.next_round) if resume_state else 0
+        if context is not None:
+            send_run_directory(context, str(run_dir))
+        _train_rounds(trainer, task.name, device, run_dir, dropped, out, context)
     if trainer.timer.enabled:
         print(trainer.timer.summary(), file=out)
     print(f"checkpoint: {run_dir / 'checkpoint.pt'}", file=out)
@@ -91,13 +114,15 @@ def _refuse_existing_run(run_dir: str | None) -> None:
 
 
 def _train_rounds(trainer: PPOTrainer, task_name: str, device: str, run_dir: Path, dropped: int,
-                  out: TextIO) -> None:
+                  out: TextIO, context: DistributedContext | None = None) -> None:
     """The round loop of `train_command` with its telemetry and progress display, in a locked `run_dir`."""
     config = trainer.config
     with Telemetry(run_dir, config=config.telemetry) as telemetry, ProgressDisplay(out) as display:
         trainer.attach_telemetry(telemetry, run_dir)
         first = trainer.state.next_round + 1
-        display.print(f"morphogen train: task {task_name}, {config.n_envs} envs x {config.episode_length} epochs per "
+        envs = f"{config.n_envs} envs" if context is None else \
+            f"{config.n_envs * context.world_size} envs on {context.world_size} ranks ({context.backend})"
+        display.print(f"morphogen train: task {task_name}, {envs} x {config.episode_length} epochs per "
                       f"round, rounds {first}..{config.rounds}, device {device}")
         display.print(f"run dir: {run_dir}")
         if dropped:

@@ -171,6 +171,15 @@ class RunningMeanStd(_FollowsInputDevice):
             if n_samples == 0:  # a shape, not a value: no sync
                 return
             batch_var, batch_mean = torch.var_mean(samples.to(self.mean.dtype), dim=0, correction=0)
+            self.merge_batch(batch_mean, batch_var, n_samples)
+
+    def merge_batch(self, batch_mean: Tensor, batch_var: Tensor, n_samples: Tensor | int) -> None:
+        """Merge the moments (mean, ddof-0 variance, count) of a batch into the statistics.
+
+        `update` calls this with one batch's moments; a distributed run calls it with the moments of
+        every rank's batch combined (`control/distributed.py`), so all ranks keep the same statistics.
+        """
+        with torch.no_grad():
             weight = n_samples / (self.count + n_samples)
             if self.momentum is not None:
                 weight = torch.clamp(weight, min=self.momentum)

@@ -19,6 +19,7 @@ re-exported here with the rest of the PPO maths.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -334,11 +335,18 @@ def ppo_update(
     progress: float,
     *,
     generator: torch.Generator | None = None,
+    average: Callable[[Tensor], None] | None = None,
 ) -> PPOStatistics:
     """Run up to ``config.epochs`` epochs of PPO on ``batch``; ``progress`` in [0, 1] anneals the entropy.
 
     Each epoch shuffles the env sequences (with ``generator``, a CPU generator) into
     ``config.minibatches`` groups. Syncs: see the module docstring.
+
+    ``average``, when given, replaces a tensor in place by its mean over every process taking part in
+    one update (data-parallel PPO, ``control/distributed.py``; every process holds as many env
+    sequences as the others). It is applied to the advantage moments, to every minibatch's gradients
+    before clipping, and to each epoch's KL, so that all processes take the same optimizer steps and
+    the same early-stop decision. None (one process) leaves the update exactly as without it.
     """
     if config.minibatches > batch.n_envs:
         raise ValueError(
@@ -356,7 +364,10 @@ def ppo_update(
     entropy_coef = config.entropy_coef_at(progress)
     if config.normalize_advantages:
         advantages = batch.advantages
-        standardized = (advantages - advantages.mean()) / (advantages.std(correction=0) + 1e-8)
+        if average is None:
+            standardized = (advantages - advantages.mean()) / (advantages.std(correction=0) + 1e-8)
+        else:
+            standardized = _standardize_across(advantages, average)
         batch = batch._replace(advantages=standardized)
 
     device = batch.values.device
@@ -376,6 +387,8 @@ def ppo_update(
             terms = ppo_losses(policy, batch.select_envs(env_indices), config, entropy_coef, head_weights)
             optimizer.zero_grad(set_to_none=True)
             torch.autograd.backward(terms.total)
+            if average is not None:
+                _average_gradients(policy, average)
             grad_norm = torch.nn.utils.clip_grad_norm_(policy.parameters(), config.max_grad_norm)
             optimizer.step()
             minibatch_values = torch.stack(
@@ -396,6 +409,8 @@ def ppo_update(
             minibatches_run += 1
         epochs_completed += 1
         epoch_kl = epoch_kl / config.minibatches
+        if average is not None:
+            average(epoch_kl)  # every process must take the same early-stop decision
         # Host sync, once per epoch: whether to run another epoch is decided on the host.
         if config.target_kl is not None and epoch_kl.item() > config.target_kl:
             early_stopped = epochs_completed < config.epochs
@@ -411,6 +426,31 @@ def ppo_update(
         epochs_completed,
         early_stopped,
     )
+
+
+def _standardize_across(advantages: Tensor, average: Callable[[Tensor], None]) -> Tensor:
+    """Advantages standardized by the mean and (ddof 0) std over all processes' advantages (equal counts)."""
+    mean = advantages.mean().reshape(1)
+    average(mean)
+    variance = (advantages - mean).square().mean().reshape(1)  # second pass: as exact as `std` on one process
+    average(variance)
+    return (advantages - mean) / (variance.sqrt() + 1e-8)
+
+
+def _average_gradients(policy: torch.nn.Module, average: Callable[[Tensor], None]) -> None:
+    """Average every parameter's gradient over the processes through one flat buffer (one collective).
+
+    A parameter without a gradient here contributes zeros, and gets the averaged gradient: another
+    process may have one for it, and all processes must step the same parameters.
+    """
+    parameters = [p for p in policy.parameters() if p.requires_grad]
+    flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in parameters])
+    average(flat)
+    offset = 0
+    for parameter in parameters:
+        size = parameter.numel()
+        parameter.grad = flat[offset:offset + size].view_as(parameter).clone()
+        offset += size
 
 
 def _statistics(

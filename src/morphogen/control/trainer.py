@@ -34,19 +34,21 @@ import torch
 
 from morphogen.control.checkpoint import CHECKPOINT_NAME, CheckpointError, check_layout, save_checkpoint
 from morphogen.control.integrity import non_finite_entries
-from morphogen.control.learned import PolicyAgent, build_policy
+from morphogen.control.learned import PolicyAgent, PolicyInputs, build_policy
 from morphogen.control.normalization import RewardNormalizer, RunningMeanStd, ValueNormalizer
 from morphogen.control.options import SessionOptions
+from morphogen.control.policy import ActionOutput, LSTMState
 from morphogen.control.ppo import PPOConfig, PPOStatistics, build_optimizer, ppo_update
 from morphogen.control.rollout import RolloutBatch, RolloutBuffer
 from morphogen.core.lifecycle import GateConfig, GateMode
 from morphogen.core.slot import SlotConfig
 from morphogen.data import Task
-from morphogen.env.actions import HEADS, ActionSpace
+from morphogen.env.actions import HEADS, Action, ActionSpace
 from morphogen.env.episode import EpisodeConfig
 from morphogen.env.governor import DivergenceError
 from morphogen.env.observation import ObservationEncoder
 from morphogen.env.seeding import derive_seed, seeded
+from morphogen.env.snapshot import EpisodeSnapshot
 from morphogen.env.vector import VectorEpisodes
 from morphogen.limits import MAX_ENVS, MAX_HIDDEN_SIZE, MAX_ROUNDS, check_count
 from morphogen.telemetry import events
@@ -127,11 +129,16 @@ class TrainingState:
 class PPOTrainer:
     """Owns the vector of episodes, the agent and the optimizer; `run_round` does one full round."""
 
-    def __init__(self, config: TrainConfig, task: Task, telemetry: Telemetry | None = None) -> None:
+    def __init__(self, config: TrainConfig, task: Task, telemetry: Telemetry | None = None, *,
+                 first_env: int = 0) -> None:
+        """`first_env` is the global index of the first env (not 0 only on a distributed rank, whose
+        `config.n_envs` is its own share of the envs)."""
         self.config, self.task = config, task
         episode_config = dataclasses.replace(config.episode, gamma=config.ppo.gamma)
         self.vector = VectorEpisodes(task, episode_config, config.n_envs, seed=config.seed, slots=config.slots,
-                                     pool_slots=config.pool_slots)
+                                     pool_slots=config.pool_slots, first_env=first_env)
+        #: Averages a tensor in place over the processes of a data-parallel update (None: one process).
+        self.average: Callable[[torch.Tensor], None] | None = None
         #: Escalation state read from a checkpoint, applied when the run's telemetry is attached.
         self._resumed_telemetry: dict[str, Any] | None = None
         self.detector = AnomalyDetector()  # replaced (keeping its state) by every `attach_telemetry`
@@ -243,9 +250,7 @@ class PPOTrainer:
         # No torch.no_grad() here: the hosts train inside vector.step; the policy call is grad-free itself.
         for step in range(config.episode_length):
             with self.timer.phase("policy"):
-                inputs = agent.inputs(snapshots, vector.masks())
-                observations, output, actions = agent.act(inputs, state, generator=generator,
-                                                          episode_starts=starts, update_normalizer=True)
+                inputs, observations, output, actions = self.act_step(snapshots, state, generator, starts)
             results = vector.step(actions)
             self.profiler.step()
             if self.on_step is not None:
@@ -281,6 +286,15 @@ class PPOTrainer:
         self.final_state = state
         return batch, summary
 
+    def act_step(self, snapshots: list[EpisodeSnapshot], state: LSTMState, generator: torch.Generator,
+                 starts: torch.Tensor) -> tuple[PolicyInputs, torch.Tensor, ActionOutput, list[Action]]:
+        """One batched policy call for every env of this trainer (updating the observation statistics)."""
+        agent = self.state.agent
+        inputs = agent.inputs(snapshots, self.vector.masks())
+        observations, output, actions = agent.act(inputs, state, generator=generator, episode_starts=starts,
+                                                  update_normalizer=True)
+        return inputs, observations, output, actions
+
     def run_round(self) -> RoundSummary:
         round_index = self.state.next_round
         started = time.perf_counter()
@@ -292,7 +306,8 @@ class PPOTrainer:
         before = self._policy_backup()
         with self.timer.phase("update"):
             statistics = ppo_update(self.state.agent.policy, self.state.optimizer, batch, self.config.ppo,
-                                    progress=round_index / self.config.rounds, generator=update_generator)
+                                    progress=round_index / self.config.rounds, generator=update_generator,
+                                    average=self.average)
         self._undo_non_finite_update(before, round_index + 1)
         self.profiler.step()
         finished = time.perf_counter()

@@ -34,12 +34,16 @@ class VectorEpisodes:
 
     def __init__(self, task: Task, config: EpisodeConfig, n_envs: int, *, seed: int = 0,
                  slots: Sequence[str] | None = None, telemetry: Telemetry | None = None,
-                 pool_slots: bool = False) -> None:
+                 pool_slots: bool = False, first_env: int = 0) -> None:
+        """`first_env` is the global index of this vector's first env: a distributed rank owning envs
+        `first_env .. first_env + n_envs - 1` of a larger run gives them the seeds and ids they have there."""
         if n_envs < 1:
             raise ValueError(f"n_envs must be >= 1, got {n_envs}")
-        self.task, self.config, self.seed = task, config, seed
+        if first_env < 0:
+            raise ValueError(f"first_env must be >= 0, got {first_env}")
+        self.task, self.config, self.seed, self.first_env = task, config, seed, first_env
         self.episodes = [
-            MorphogenesisEpisode(task, config, seed=seed, slots=slots, telemetry=telemetry, env_id=i,
+            MorphogenesisEpisode(task, config, seed=seed, slots=slots, telemetry=telemetry, env_id=first_env + i,
                                  pool_slots=pool_slots)
             for i in range(n_envs)
         ]
@@ -62,12 +66,13 @@ class VectorEpisodes:
         return len(self.episodes)
 
     def reset(self, episode_index: int) -> list[EpisodeSnapshot]:
-        """Fresh hosts for every env; seeds and the batch order are derived from (seed, episode_index, env)."""
+        """Fresh hosts for every env; seeds and the batch order are derived from (seed, episode_index, env),
+        env being the global index (`first_env + i`)."""
         self.generator.manual_seed(derive_seed(self.seed, episode_index, 1_000_003))
         self.episode_index = episode_index
         snapshots = []
         for i, episode in enumerate(self.episodes):
-            episode.seed = derive_seed(self.seed, episode_index, i)
+            episode.seed = derive_seed(self.seed, episode_index, self.first_env + i)
             snapshots.append(episode.reset())
         return snapshots
 

@@ -1,0 +1,344 @@
+"""Multi-process PPO on `torch.distributed` (DESIGN §7): decentralized distributed PPO (Wijmans et al. 2020).
+
+`torchrun --nproc-per-node N -m morphogen train --distributed ...` starts N ranks. The run's
+`n_envs` envs are split into N equal shares: rank r owns global envs `r*L .. r*L + L - 1`
+(L = n_envs / N), which get the seeds and env ids they would have in one process. Gloo is the
+backend on CPU, NCCL on CUDA (`choose_backend`), unless `--dist-backend` says otherwise.
+
+Rules every rank follows in lockstep (a rank that skips or reorders one collective deadlocks the
+others, so every collective of a run is issued from this module, in this order):
+
+1. Start: every rank builds the same policy from the same seed; rank 0's parameters are then
+   broadcast so that all ranks start bit-identical even if a build differed.
+2. Each env step: the ranks all-gather their envs' raw features, blueprint ids and action masks,
+   and every rank runs the one batched policy call on all `n_envs` envs with the round's generator
+   (seeded by (seed, round) alone). So every rank draws the same actions a single process with
+   `n_envs` envs draws, the observation normalizer sees the same global batch on every rank, and
+   the LSTM state of every env is kept on every rank; each rank applies its own envs' actions and
+   stores only its own envs' rows in its rollout buffer. (The policy call on all envs is cheap
+   next to an env step, which is an epoch of host training: see docs/scaling.md.)
+3. Reward and value normalizers merge their statistics across ranks by parallel moments (Chan et
+   al. 1979): each rank's batch (count, mean, variance) is all-gathered and combined in rank order,
+   then merged into the running statistics, so every rank holds the same statistics.
+4. Update: `ppo_update(average=...)` all-reduces the advantage moments once, every minibatch's
+   flattened gradients (one all-reduce, then the mean), and each epoch's KL. All ranks then clip
+   the same gradients and take the same Adam step: parameters stay bit-identical (tested).
+   Minibatches are groups of each rank's own envs; with `ppo.minibatches = 1` the update equals
+   one process's update over all envs up to the summation order of floats.
+5. Round summary: the per-rank means (return, accuracy, ...) are averaged (one all-reduce).
+6. Only rank 0 holds the run directory: it prints, writes telemetry and the checkpoint. The
+   checkpoint is the one a single process with `n_envs` envs writes (global config, reward
+   normalizer returns of shape [n_envs]), so it resumes on any number of ranks that divides
+   `n_envs`, or without `--distributed`.
+
+A rank that dies makes every collective of the others fail: a killed rank closes its sockets and
+the others fail at their next collective, within one env step; a rank that hangs is given up on
+after `timeout_s` (`--dist-timeout`). Either way `PeerLostError` ends the run with one line; the
+last checkpoint was written atomically after the last completed round and is resumable.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import json
+import os
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+from morphogen.control.learned import PolicyInputs
+from morphogen.control.normalization import RunningMeanStd, merge_moments
+from morphogen.control.policy import ActionOutput, LSTMState
+from morphogen.control.rollout import RolloutBatch
+from morphogen.control.trainer import PPOTrainer, TrainConfig, _config_dict
+from morphogen.data import Task
+from morphogen.env.actions import Action
+from morphogen.env.snapshot import EpisodeSnapshot
+from morphogen.telemetry.sinks import Telemetry
+
+#: Environment variables torchrun sets for every rank; `--distributed` needs all of them.
+TORCHRUN_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+#: Default seconds a rank waits in a collective for the others before giving up on them.
+DEFAULT_TIMEOUT_S = 600.0
+BACKENDS = ("gloo", "nccl")
+
+
+class DistributedSetupError(ValueError):
+    """`--distributed` cannot start: not launched by torchrun, or envs that do not split evenly."""
+
+
+class PeerLostError(RuntimeError):
+    """A collective failed: another rank died, hung past the timeout, or stopped on an error."""
+
+
+@dataclass
+class CollectiveTime:
+    """Wall seconds this rank spent inside collectives, by kind (benchmarks/distributed.py reads them).
+
+    The time includes waiting for slower ranks to arrive, which is what a round loses to them.
+    """
+
+    seconds: dict[str, float] = field(default_factory=dict)
+
+    def add(self, what: str, seconds: float) -> None:
+        self.seconds[what] = self.seconds.get(what, 0.0) + seconds
+
+
+@dataclass(frozen=True)
+class DistributedContext:
+    """This process's place in the run: its rank, the number of ranks, the backend and the timeout."""
+
+    rank: int
+    world_size: int
+    local_rank: int
+    backend: str
+    timeout_s: float
+    time: CollectiveTime = field(default_factory=CollectiveTime, compare=False)
+
+    @property
+    def is_main(self) -> bool:
+        """Rank 0: the one rank that prints, writes telemetry and checkpoints."""
+        return self.rank == 0
+
+
+def choose_backend(device: str, override: str | None = None) -> str:
+    """NCCL for CUDA devices, gloo otherwise; `override` (gloo or nccl) wins."""
+    if override is not None:
+        if override not in BACKENDS:
+            raise DistributedSetupError(f"--dist-backend must be one of {', '.join(BACKENDS)}, got {override!r}")
+        return override
+    return "nccl" if device.startswith("cuda") else "gloo"
+
+
+def rank_device(device: str, local_rank: int) -> str:
+    """The device of a rank: `cuda` becomes `cuda:<local rank>` (one GPU per rank); others are kept."""
+    return f"cuda:{local_rank}" if device == "cuda" else device
+
+
+def init_distributed(device: str, *, backend: str | None = None,
+                     timeout_s: float = DEFAULT_TIMEOUT_S) -> DistributedContext:
+    """Join the process group torchrun described in the environment (`TORCHRUN_VARIABLES`)."""
+    missing = [name for name in TORCHRUN_VARIABLES if name not in os.environ]
+    if missing:
+        raise DistributedSetupError(f"--distributed needs the environment torchrun sets ({', '.join(missing)} "
+                                    "missing): launch with torchrun --nproc-per-node N -m morphogen train "
+                                    "--distributed ...")
+    if not timeout_s > 0:
+        raise DistributedSetupError(f"--dist-timeout must be > 0 seconds, got {timeout_s}")
+    chosen = choose_backend(device, backend)
+    rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    local_rank = int(os.environ["LOCAL_RANK"])
+    if not dist.is_initialized():
+        if chosen == "nccl":
+            torch.cuda.set_device(local_rank)
+        dist.init_process_group(chosen, rank=rank, world_size=world_size,
+                                timeout=datetime.timedelta(seconds=timeout_s))
+    return DistributedContext(rank, world_size, local_rank, chosen, timeout_s)
+
+
+def shutdown() -> None:
+    """Leave the process group (no-op when none was joined)."""
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def split_envs(n_envs: int, world_size: int, rank: int) -> tuple[int, int]:
+    """(first global env, envs) of `rank`; `n_envs` must be a multiple of `world_size`.
+
+    Equal shares keep every rank's loss a mean over the same number of samples, so the mean of the
+    ranks' gradients is the gradient of the mean over all envs.
+    """
+    if n_envs % world_size:
+        raise DistributedSetupError(f"envs ({n_envs}) must be a multiple of the number of ranks ({world_size}); "
+                                    f"use --envs {max(world_size, n_envs - n_envs % world_size)} or another "
+                                    "--nproc-per-node")
+    share = n_envs // world_size
+    return rank * share, share
+
+
+@contextmanager
+def collective(what: str, context: DistributedContext) -> Iterator[None]:
+    """Time the collective (`context.time`); turn its failure into `PeerLostError` with one line."""
+    started = time.perf_counter()
+    try:
+        yield
+        context.time.add(what, time.perf_counter() - started)
+    except (RuntimeError, dist.DistError) as error:
+        first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        raise PeerLostError(f"rank {context.rank} of {context.world_size} lost the other ranks during the {what} "
+                            f"(a rank died, hung past --dist-timeout {context.timeout_s:g}s, or stopped on an "
+                            f"error): {first[:200]}") from None
+
+
+def average_(tensor: Tensor, context: DistributedContext) -> None:
+    """Replace `tensor` in place by its mean over the ranks (one all-reduce)."""
+    with collective("all-reduce", context):
+        dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
+    tensor.div_(context.world_size)
+
+
+def all_gather_rows(tensor: Tensor, context: DistributedContext) -> Tensor:
+    """The ranks' `tensor`s (equal shapes) concatenated along dim 0, in rank order."""
+    parts = [torch.empty_like(tensor) for _ in range(context.world_size)]
+    with collective("all-gather", context):
+        dist.all_gather(parts, tensor.contiguous())
+    return torch.cat(parts)
+
+
+def combine_moments(counts: Tensor, means: Tensor, variances: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """Count, mean and ddof-0 variance of the union of K batches given as `counts [K]`, `means [K, ...]`,
+    `variances [K, ...]` (Chan et al. 1979, merged left to right)."""
+    count, mean, var = counts[0], means[0], variances[0]
+    for k in range(1, counts.shape[0]):
+        total = count + counts[k]
+        mean, var = merge_moments(mean, var, means[k], variances[k], counts[k] / total)
+        count = total
+    return count, mean, var
+
+
+class SharedRunningMeanStd(RunningMeanStd):
+    """A `RunningMeanStd` whose every `update` merges the batches of all ranks (rule 3).
+
+    Its state is that of `RunningMeanStd` (same buffers), so checkpoints do not depend on it.
+    """
+
+    def __init__(self, template: RunningMeanStd, context: DistributedContext) -> None:
+        super().__init__(template.shape, epsilon=template.epsilon, clip=template.clip, momentum=template.momentum,
+                         strict_device=template.strict_device, device=template.mean.device, dtype=template.mean.dtype)
+        self.load_state_dict(template.state_dict())
+        self.context = context
+
+    def update(self, batch: Tensor) -> None:
+        self._check_device(batch, self.mean)
+        self._check_shape(batch, "update")
+        with torch.no_grad():
+            samples = batch.reshape(-1, *self.shape).to(self.mean.dtype)  # (N, *shape)
+            var, mean = torch.var_mean(samples, dim=0, correction=0)
+            count = torch.full((1,), float(samples.shape[0]), dtype=self.mean.dtype, device=self.mean.device)
+            row = torch.cat([count, mean.reshape(-1), var.reshape(-1)]).unsqueeze(0)  # (1, 1 + 2*size)
+            rows = all_gather_rows(row, self.context)  # (ranks, 1 + 2*size)
+            size = mean.numel()
+            counts, means, variances = rows[:, 0], rows[:, 1:1 + size], rows[:, 1 + size:]
+            total, merged_mean, merged_var = combine_moments(counts, means, variances)
+            self.merge_batch(merged_mean.reshape(self.shape), merged_var.reshape(self.shape), total)
+
+
+def send_run_directory(context: DistributedContext, run_dir: str) -> None:
+    """Rank 0: the run directory is ready; tell the other ranks where it is (they start the rounds)."""
+    with collective("start-up broadcast", context):
+        dist.broadcast_object_list([None, run_dir], src=0)
+
+
+@contextmanager
+def announce_failure(context: DistributedContext | None) -> Iterator[None]:
+    """Rank 0: if the block raises, send its one-line message to the other ranks before re-raising."""
+    try:
+        yield
+    except Exception as error:
+        if context is not None and context.world_size > 1:
+            with collective("start-up broadcast", context):
+                dist.broadcast_object_list([f"{type(error).__name__}: {error}", None], src=0)
+        raise
+
+
+def receive_run_directory(context: DistributedContext) -> str:
+    """Ranks > 0: wait for rank 0 to set up the run directory; its set-up error is raised here too."""
+    message: list[str | None] = [None, None]
+    with collective("start-up broadcast", context):
+        dist.broadcast_object_list(message, src=0)
+    error, run_dir = message
+    if error is not None:
+        raise DistributedSetupError(f"rank 0 could not set up the run: {error}")
+    assert run_dir is not None
+    return run_dir
+
+
+def _rows(output: ActionOutput, rows: slice) -> ActionOutput:
+    """The rows `rows` of every per-env field of `output`; the LSTM state is [1, B, hidden]."""
+    h, c = output.state
+    return ActionOutput(output.actions[rows], output.log_prob[rows], output.value[rows],
+                        output.entropy_per_head[rows], output.log_prob_per_head[rows], (h[:, rows], c[:, rows]))
+
+
+class DistributedTrainer(PPOTrainer):
+    """A `PPOTrainer` for one rank: its share of the envs, collectives in the order of the module docstring."""
+
+    def __init__(self, config: TrainConfig, task: Task, context: DistributedContext,
+                 telemetry: Telemetry | None = None) -> None:
+        first, share = split_envs(config.n_envs, context.world_size, context.rank)
+        if config.ppo.minibatches > share:
+            raise DistributedSetupError(f"ppo.minibatches ({config.ppo.minibatches}) cannot exceed the envs of one "
+                                        f"rank ({share} = {config.n_envs} envs / {context.world_size} ranks)")
+        super().__init__(dataclasses.replace(config, n_envs=share), task, telemetry, first_env=first)
+        self.global_config, self.context = config, context
+        self.rows = slice(first, first + share)
+        self.average = lambda tensor: average_(tensor, context)
+        self.state.reward_normalizer.stats = SharedRunningMeanStd(self.state.reward_normalizer.stats, context)
+        self.state.value_normalizer.stats = SharedRunningMeanStd(self.state.value_normalizer.stats, context)
+        self._global_state: LSTMState | None = None
+        self.broadcast_policy()
+
+    def broadcast_policy(self) -> None:
+        """Rank 0's policy parameters (and observation statistics) to every rank (rule 1)."""
+        tensors = [*self.state.agent.policy.state_dict().values(),
+                   *self.state.agent.observation_normalizer.state_dict().values()]
+        with collective("start-up broadcast", self.context):
+            for tensor in tensors:
+                dist.broadcast(tensor, src=0)
+
+    # ---------------------------------------------------------------- checkpoints (rule 6)
+    def state_dict(self) -> dict[str, Any]:
+        state = super().state_dict()
+        config = self.global_config
+        state["config"] = json.dumps(_config_dict(config))
+        rewards = dict(state["reward_normalizer"])
+        # Every episode ends with `done` at the round's last step, so the running returns are zero here.
+        rewards["returns"] = rewards["returns"].new_zeros(config.n_envs)
+        state["reward_normalizer"] = rewards
+        return state
+
+    def load_state_dict(self, state: dict[str, Any], source: str | Path) -> None:
+        rewards = dict(state["reward_normalizer"])
+        rewards["returns"] = rewards["returns"].new_zeros(self.config.n_envs)  # this rank's share, restarted
+        super().load_state_dict({**state, "reward_normalizer": rewards}, source)
+        self.broadcast_policy()
+
+    def save(self, run_dir: Path) -> None:
+        if self.context.is_main:
+            super().save(run_dir)
+
+    # ---------------------------------------------------------------- one round
+    def act_step(self, snapshots: list[EpisodeSnapshot], state: LSTMState, generator: torch.Generator,
+                 starts: Tensor) -> tuple[PolicyInputs, Tensor, ActionOutput, list[Action]]:
+        """Rule 2: gather every rank's inputs, act for all envs, keep this rank's rows."""
+        agent = self.state.agent
+        local = agent.inputs(snapshots, self.vector.masks())
+        gathered = PolicyInputs(all_gather_rows(local.raw_features, self.context),
+                                all_gather_rows(local.blueprint_ids, self.context),
+                                [all_gather_rows(mask, self.context) for mask in local.masks])
+        # `collect` starts every env at a round's first step and none later; one sync on L bools per step.
+        first_step = bool(starts.all())
+        if first_step or self._global_state is None:
+            self._global_state = agent.policy.initial_state(self.global_config.n_envs)
+        all_starts = starts.new_full((self.global_config.n_envs,), first_step)
+        observations, output, actions = agent.act(gathered, self._global_state, generator=generator,
+                                                  episode_starts=all_starts, update_normalizer=True)
+        self._global_state = output.state
+        return local, observations[self.rows], _rows(output, self.rows), actions[self.rows]
+
+    def collect(self, round_index: int) -> tuple[RolloutBatch, dict[str, float]]:
+        """Rule 5: this rank's episodes, with the round summary averaged over the ranks."""
+        batch, summary = super().collect(round_index)
+        keys = sorted(summary)
+        values = torch.tensor([summary[key] for key in keys], dtype=torch.float64, device=self.state.agent.device)
+        average_(values, self.context)
+        return batch, dict(zip(keys, values.tolist(), strict=True))  # one sync per round, for the log line
+
