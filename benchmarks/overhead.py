@@ -30,7 +30,7 @@ from torch import Tensor, nn
 from morphogen.control.heuristic import HeuristicController
 from morphogen.core.blend import BlendKind
 from morphogen.core.hosts import build_host
-from morphogen.core.lifecycle import BLENDED_STAGES, GateConfig, GateMode, Stage
+from morphogen.core.lifecycle import BLENDED_STAGES, GateConfig, GateMode
 from morphogen.core.model import MorphogeneticModel
 from morphogen.core.slot import SlotConfig
 from morphogen.data import Task, load_task
@@ -94,18 +94,12 @@ def final_seeds(model: MorphogeneticModel) -> list[FinalSeed]:
 
 def fossilized_model(task: Task, seed: int, slot_ids: Sequence[str] | None,
                      seeds: Sequence[FinalSeed]) -> MorphogeneticModel:
-    """The episode's host (same initialisation) with `seeds` fossilized at alpha 1 from the start."""
+    """The episode's host (same initialisation) with `seeds` installed as fixed layers from the start."""
     torch.manual_seed(seed)
     host = build_host(task.topology, device=task.train.device, **task.host_kwargs)
     model = MorphogeneticModel(host, slot_ids, _INSTANT_LIFECYCLE)
     for final in seeds:
-        slot = model.germinate(final.slot, final.blueprint, blend=final.blend, blend_epochs=0)
-        slot.advance(0)  # -> TRAINING
-        slot.record_signals(gradient_health=1.0, contribution=1.0)
-        while slot.stage is not Stage.HOLDING:  # -> BLENDING, alpha snaps to 1, -> HOLDING
-            slot.advance(0)
-        if not slot.fossilize(0).passed:
-            raise RuntimeError(f"could not fossilize {final.blueprint} in {final.slot}")
+        model.install(final.slot, final.blueprint, blend=final.blend)
     return model
 
 

@@ -23,6 +23,7 @@ from typing import Any, cast
 import torch
 from torch import Tensor, nn
 
+from morphogen.core.blend import BlendKind
 from morphogen.core.hosts import SegmentedHost, UnknownSlotError
 from morphogen.core.lifecycle import BLENDED_STAGES, Stage
 from morphogen.core.slot import SeedSlot, SlotConfig
@@ -108,11 +109,11 @@ class MorphogeneticModel(nn.Module):
         slot.germinate(blueprint, epoch, device=reference.device, dtype=reference.dtype, **options)
         return slot
 
-    def install(self, slot_id: str, blueprint: str, **options: Any) -> SeedSlot:
+    def install(self, slot_id: str, blueprint: str, *, blend: BlendKind | None = None, **options: Any) -> SeedSlot:
         """Install `blueprint` in `slot_id` as a fixed part of the architecture (see `SeedSlot.install`)."""
         reference = next(self.host.parameters())
         slot = self.slot(slot_id)
-        slot.install(blueprint, device=reference.device, dtype=reference.dtype, **options)
+        slot.install(blueprint, blend=blend, device=reference.device, dtype=reference.dtype, **options)
         return slot
 
     def architecture(self) -> dict[str, str]:

@@ -209,14 +209,15 @@ class SeedSlot(nn.Module):
         self._sync_alpha()
         self._move(Stage.GERMINATED, epoch, f"germinated {blueprint}")
 
-    def install(self, blueprint: str, epoch: int = 0, *, device: torch.device | str | None = None,
-                dtype: torch.dtype | None = None, **options: Any) -> None:
+    def install(self, blueprint: str, epoch: int = 0, *, blend: BlendKind | None = None,
+                device: torch.device | str | None = None, dtype: torch.dtype | None = None,
+                **options: Any) -> None:
         """Place a seed as a fixed part of the architecture: FOSSILIZED at alpha 1 from the start.
 
         Its input is not detached, so it trains with the host like any other layer. This is how a grown
         model's final architecture is trained from scratch for comparison (`morphogen run`).
         """
-        self.germinate(blueprint, epoch, device=device, dtype=dtype, **options)
+        self.germinate(blueprint, epoch, blend=blend, device=device, dtype=dtype, **options)
         for stage in (Stage.TRAINING, Stage.BLENDING, Stage.HOLDING, Stage.FOSSILIZED):
             self._move(stage, epoch, f"installed {blueprint} as part of the architecture")
         self.alpha.retarget(1.0, 0)
