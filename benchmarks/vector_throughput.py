@@ -32,6 +32,7 @@ import torch
 
 from morphogen.control.trainer import PPOTrainer, TrainConfig
 from morphogen.data import Task, load_task
+from morphogen.telemetry.sinks import Telemetry
 
 PHASES = ("policy", "update", "train", "validate", "other")
 
@@ -69,16 +70,19 @@ class _TimedCall:
 
 
 def _env_phase_totals(trainer: PPOTrainer, phase: str) -> float:
-    return sum(episode.timer.totals.get(phase, 0.0) for episode in trainer.vector.episodes)
+    """Seconds in `phase` over every env; envs that share one timer (as `PPOTrainer` attaches it) count once."""
+    timers = {id(episode.timer): episode.timer for episode in trainer.vector.episodes}
+    return sum(timer.totals.get(phase, 0.0) for timer in timers.values())
 
 
 def measure(task: Task, envs: int, *, rounds: int, warmup_rounds: int, episode_length: int, hidden_size: int,
             seed: int) -> Throughput:
     """Run `warmup_rounds` + `rounds` PPO rounds with `envs` envs; time the last `rounds`."""
     base = TrainConfig(task=task.name, n_envs=envs, rounds=warmup_rounds + rounds, seed=seed,
-                       hidden_size=hidden_size, telemetry="off")
+                       hidden_size=hidden_size)
     config = dataclasses.replace(base, episode=dataclasses.replace(base.episode, max_epochs=episode_length))
-    trainer = PPOTrainer(config, task)
+    # Level normal runs the phase timer; with no run directory nothing is written.
+    trainer = PPOTrainer(config, task, Telemetry(None, level="normal"))
     for _ in range(warmup_rounds):
         trainer.run_round()
     policy = _TimedCall(trainer.state.agent.act)
