@@ -99,6 +99,8 @@ def _add_train_parser(subparsers: Any) -> None:
     train.add_argument("--text-file", help="text file for the text task")
     train.add_argument("--max-train-samples", type=int, help="cap the training split")
     train.add_argument("--hidden-size", type=int, help="policy width (default 512)")
+    train.add_argument("--imitate-rounds", type=int, metavar="N",
+                       help="first watch the heuristic for N rounds and imitate it, then PPO (default 0)")
     train.add_argument("--run-dir", help="exact run directory (default runs/<time>-<task>)")
     _add_telemetry_flags(train)
     train.add_argument("--resume", metavar="RUN_DIR", help="continue a stopped run from its checkpoint")
@@ -202,6 +204,8 @@ def _flag_overrides(args: argparse.Namespace) -> dict[str, Any]:
         if not slots:
             raise UsageError("--slots needs at least one slot id, e.g. --slots r0c1")
         overrides["slots"] = slots
+    if getattr(args, "imitate_rounds", None) is not None:
+        overrides["imitation"] = {"rounds": args.imitate_rounds}
     if getattr(args, "no_baseline", False):
         overrides["baseline"] = False
     if getattr(args, "no_from_scratch", False):

@@ -90,14 +90,23 @@ _SCALARS: dict[Any, tuple[Any, Any, str]] = {
 }
 
 
-def _convert(value: Any, annotation: Any, path: str) -> Any:
+def _field_default(field: dataclasses.Field[Any]) -> Any:
+    """The default value of a dataclass field (None if it has none)."""
+    if field.default_factory is not dataclasses.MISSING:
+        return field.default_factory()
+    return None if field.default is dataclasses.MISSING else field.default
+
+
+def _convert(value: Any, annotation: Any, path: str, default: Any = None) -> Any:
+    """`value` converted to `annotation`; a table for a config dataclass is laid over `default` if it is one."""
     origin = typing.get_origin(annotation)
     if origin in (typing.Union, types.UnionType):
         return _convert_union(value, typing.get_args(annotation), path)
     if dataclasses.is_dataclass(annotation):
         if not isinstance(value, Mapping):
             raise ConfigError(f"{path}: expected a table of settings, got {short_repr(value)}")
-        return build_config(annotation, value, path)  # type: ignore[arg-type]
+        base = default if isinstance(default, annotation) else None  # type: ignore[arg-type]
+        return build_config(annotation, value, path, base)  # type: ignore[arg-type]
     if isinstance(annotation, type) and issubclass(annotation, enum.Enum):
         return _convert_enum(value, annotation, path)
     if origin in (tuple, frozenset):
@@ -115,8 +124,12 @@ def _convert(value: Any, annotation: Any, path: str) -> Any:
     return value
 
 
-def build_config(cls: type[T], values: Mapping[str, Any], path: str = "") -> T:
-    """Instantiate dataclass `cls` from `values`, validating every key and value."""
+def build_config(cls: type[T], values: Mapping[str, Any], path: str = "", base: T | None = None) -> T:
+    """Instantiate dataclass `cls` from `values`, validating every key and value.
+
+    Keys left out keep their value in `base` when given (the default a containing config chose for this
+    table), else the class's default.
+    """
     hints = typing.get_type_hints(cls)
     fields = {f.name: f for f in dataclasses.fields(cls) if f.init}  # type: ignore[arg-type]
     unknown = sorted(set(values) - set(fields), key=str)  # YAML keys need not be strings
@@ -124,9 +137,13 @@ def build_config(cls: type[T], values: Mapping[str, Any], path: str = "") -> T:
     if unknown:
         key = unknown[0] if isinstance(unknown[0], str) and len(unknown[0]) <= 60 else short_repr(unknown[0])
         raise ConfigError(f"{prefix}{key}: unknown key; accepted: {', '.join(fields)}")
-    kwargs = {name: _convert(value, hints[name], prefix + name) for name, value in values.items()}
+    kwargs = {name: _convert(value, hints[name], prefix + name,
+                             default=_field_default(fields[name]) if base is None else getattr(base, name))
+              for name, value in values.items()}
     try:
-        return cls(**kwargs)
+        # Over `base`, a table changes only the keys it names: `TrainConfig.episode` defaults to permissive
+        # gates while `EpisodeConfig()` has strict ones, and `[episode] max_epochs` must not reset them.
+        return dataclasses.replace(base, **kwargs) if base is not None else cls(**kwargs)  # type: ignore[type-var]
     except (ValueError, TypeError) as error:
         raise ConfigError(_located_message(str(error), list(fields), list(values), path or cls.__name__,
                                            prefix)) from None

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 from pathlib import Path
 from typing import Any, TextIO
 
 import torch
+from rich.progress import TaskID
 
 from morphogen.config import ConfigError, build_config
 from morphogen.control.checkpoint import CHECKPOINT_NAME, CheckpointError, load_checkpoint
@@ -71,6 +73,9 @@ def train_command(config: TrainConfig, *, resume_state: dict[str, Any] | None = 
     device = resolve_device(config.device)
     if context is not None:
         device = rank_device(device, context.local_rank)
+    if context is not None and config.imitation.rounds:
+        raise ConfigError("imitation.rounds: the imitation warm start runs in one process; "
+                          "drop --distributed or set imitation.rounds = 0")
     task = load_session_task(config, device)
     # Training draws from generators seeded by (seed, round); the global RNG is seeded too (and saved in every
     # checkpoint, restored on resume) so that whatever may use it is replayed and checkpoints are reproducible.
@@ -107,6 +112,27 @@ def train_command(config: TrainConfig, *, resume_state: dict[str, Any] | None = 
     return run_dir
 
 
+def _imitate(trainer: PPOTrainer, run_dir: Path, display: ProgressDisplay, epochs: TaskID | None) -> None:
+    """The imitation warm start with one line per round of heuristic episodes; writes imitation.json."""
+    config = trainer.config.imitation
+    display.print(f"imitation: the policy watches the heuristic for {config.rounds} rounds, then fits "
+                  f"{config.epochs} epochs")
+
+    def on_round(index: int, summary: dict[str, float]) -> None:
+        display.print(f"imitation {index:3d}  return {summary['mean_return']:+7.3f}  "
+                      f"acc {summary['mean_final_accuracy']:6.2f}%  added {summary['mean_parameters_added']:>7,.0f}  "
+                      f"fossil {summary['fossilized']:.1f} pruned {summary['pruned']:.1f}")
+        display.reset(epochs, description=f"imitation {index + 1} epochs" if index < config.rounds
+                      else "round 1 epochs")
+
+    statistics = trainer.imitate(on_round=on_round)
+    display.print(f"imitation fit: action NLL {statistics.action_loss_before:.3f} -> {statistics.action_loss_after:.3f}"
+                  f", agreement with the heuristic {100 * statistics.agreement:.1f}% of steps"
+                  f", value loss {statistics.value_loss:.3f}")
+    (run_dir / "imitation.json").write_text(json.dumps(dataclasses.asdict(statistics), indent=2) + "\n")
+    trainer.save(run_dir)
+
+
 def _refuse_existing_run(run_dir: str | None) -> None:
     if run_dir is not None and (Path(run_dir) / CHECKPOINT_NAME).is_file():
         raise ConfigError(f"run_dir: {run_dir} already holds a training run ({CHECKPOINT_NAME}); "
@@ -139,4 +165,6 @@ def _train_rounds(trainer: PPOTrainer, task_name: str, device: str, run_dir: Pat
                 display.reset(epochs, description=f"round {summary.round + 1} epochs")
 
         with trainer.profiler:
+            if config.imitation.rounds and not trainer.state.imitated:
+                _imitate(trainer, run_dir, display, epochs)
             train(trainer, run_dir, on_round=on_round)

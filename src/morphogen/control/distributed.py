@@ -44,7 +44,7 @@ import datetime
 import json
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -54,6 +54,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
+from morphogen.control.controller import Controller
 from morphogen.control.learned import PolicyInputs
 from morphogen.control.normalization import RunningMeanStd, merge_moments
 from morphogen.control.policy import ActionOutput, LSTMState
@@ -334,8 +335,13 @@ class DistributedTrainer(PPOTrainer):
         self._global_state = output.state
         return local, observations[self.rows], _rows(output, self.rows), actions[self.rows]
 
-    def collect(self, round_index: int) -> tuple[RolloutBatch, dict[str, float]]:
-        """Rule 5: this rank's episodes, with the round summary averaged over the ranks."""
+    def collect(self, round_index: int, demonstrators: Sequence[Controller] | None = None,
+                ) -> tuple[RolloutBatch, dict[str, float]]:
+        """Rule 5: this rank's episodes, with the round summary averaged over the ranks.
+
+        Imitation (`demonstrators`) is refused before a distributed run starts (`train_command`)."""
+        if demonstrators is not None:
+            raise ValueError("the imitation warm start runs in one process, not on distributed ranks")
         batch, summary = super().collect(round_index)
         keys = sorted(summary)
         values = torch.tensor([summary[key] for key in keys], dtype=torch.float64, device=self.state.agent.device)

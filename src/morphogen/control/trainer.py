@@ -24,7 +24,7 @@ import dataclasses
 import json
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -33,6 +33,9 @@ import numpy as np
 import torch
 
 from morphogen.control.checkpoint import CHECKPOINT_NAME, CheckpointError, check_layout, save_checkpoint
+from morphogen.control.controller import Controller
+from morphogen.control.heuristic import HeuristicController
+from morphogen.control.imitation import ImitationConfig, ImitationStatistics, concatenate_batches, imitation_fit
 from morphogen.control.integrity import non_finite_entries
 from morphogen.control.learned import PolicyAgent, PolicyInputs, build_policy
 from morphogen.control.normalization import RewardNormalizer, RunningMeanStd, ValueNormalizer
@@ -83,6 +86,8 @@ class TrainConfig(SessionOptions):
     #: Episode settings; `max_epochs` is the episode length. Gates default to permissive for RL.
     episode: EpisodeConfig = field(default_factory=_training_episode)
     ppo: PPOConfig = field(default_factory=PPOConfig)
+    #: Rounds of watching the heuristic before PPO (behaviour cloning warm start); 0 by default.
+    imitation: ImitationConfig = field(default_factory=ImitationConfig)
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -124,6 +129,8 @@ class TrainingState:
     next_round: int = 0
     #: Rounds in a row whose PPO update was undone for leaving NaN/Inf in the policy.
     policy_rollbacks_in_a_row: int = 0
+    #: True once the imitation warm start (if any) is done, so a resumed run does not repeat it.
+    imitated: bool = False
 
 
 class PPOTrainer:
@@ -207,6 +214,7 @@ class PPOTrainer:
             "anomaly_detector": self.detector.state_dict(),
             "telemetry": self.telemetry.state_dict(),
             "policy_rollbacks_in_a_row": self.state.policy_rollbacks_in_a_row,
+            "imitated": self.state.imitated,
             "config": json.dumps(_config_dict(self.config)),
         }
 
@@ -226,6 +234,8 @@ class PPOTrainer:
             # Applied to the run's telemetry when `attach_telemetry` connects it.
             self._resumed_telemetry = state.get("telemetry")
             self.state.policy_rollbacks_in_a_row = int(state.get("policy_rollbacks_in_a_row", 0))
+            # Checkpoints written before imitation existed: a run past round 0 has no use for it.
+            self.state.imitated = bool(state.get("imitated", int(state["round"]) > 0))
             self.state.next_round = int(state["round"])
         except (RuntimeError, KeyError, TypeError, ValueError) as error:
             raise CheckpointError(f"checkpoint {source} does not fit this trainer: "
@@ -235,8 +245,14 @@ class PPOTrainer:
         save_checkpoint(self.state_dict(), run_dir / CHECKPOINT_NAME)
 
     # ---------------------------------------------------------------- one round
-    def collect(self, round_index: int) -> tuple[RolloutBatch, dict[str, float]]:
-        """Play `n_envs` whole episodes with the current policy into the rollout buffer."""
+    def collect(self, round_index: int, demonstrators: Sequence[Controller] | None = None,
+                ) -> tuple[RolloutBatch, dict[str, float]]:
+        """Play `n_envs` whole episodes with the current policy into the rollout buffer.
+
+        With `demonstrators` (one per env) they choose the actions instead, and the buffer stores their
+        actions; the policy still runs on every observation (its LSTM state, values and the observation
+        statistics evolve as in a PPO round), but its log-probs in the batch are those of its own samples.
+        """
         config, agent, vector = self.config, self.state.agent, self.vector
         generator = torch.Generator(device=agent.device).manual_seed(derive_seed(config.seed, round_index, 11))
         snapshots = vector.reset(round_index)
@@ -251,6 +267,11 @@ class PPOTrainer:
         for step in range(config.episode_length):
             with self.timer.phase("policy"):
                 inputs, observations, output, actions = self.act_step(snapshots, state, generator, starts)
+                if demonstrators is not None:
+                    env_masks = vector.masks()
+                    actions = [d.act(s, m) for d, s, m in zip(demonstrators, snapshots, env_masks, strict=True)]
+                    encoded = torch.tensor([self.space.encode(action) for action in actions], device=agent.device)
+                    output = output._replace(actions=encoded)
             results = vector.step(actions)
             self.profiler.step()
             if self.on_step is not None:
@@ -294,6 +315,25 @@ class PPOTrainer:
         observations, output, actions = agent.act(inputs, state, generator=generator, episode_starts=starts,
                                                   update_normalizer=True)
         return inputs, observations, output, actions
+
+    def imitate(self, on_round: Callable[[int, dict[str, float]], None] | None = None) -> ImitationStatistics:
+        """Watch `config.imitation.rounds` rounds of heuristic-driven episodes, then fit the policy to them.
+
+        The episodes use indices past every PPO round (`MAX_ROUNDS + i`), so their hosts and batch orders
+        are never those of a PPO round. `on_round(i, summary)` is called after each round of episodes.
+        """
+        config = self.config.imitation
+        batches = []
+        for index in range(config.rounds):
+            controllers = [HeuristicController(self.space, self.task.topology) for _ in self.vector.episodes]
+            batch, summary = self.collect(MAX_ROUNDS + index, demonstrators=controllers)
+            batches.append(batch)
+            if on_round is not None:
+                on_round(index + 1, summary)
+        with self.timer.phase("update"):
+            statistics = imitation_fit(self.state.agent.policy, concatenate_batches(batches), config)
+        self.state.imitated = True
+        return statistics
 
     def run_round(self) -> RoundSummary:
         round_index = self.state.next_round
@@ -393,7 +433,10 @@ def format_round(summary: RoundSummary) -> str:
 
 def train(trainer: PPOTrainer, run_dir: Path,
           on_round: Callable[[RoundSummary], None] | None = None) -> list[RoundSummary]:
-    """Run rounds until `config.rounds`, checkpointing after each."""
+    """Run rounds until `config.rounds`, checkpointing after each (and after the imitation warm start, if any)."""
+    if trainer.config.imitation.rounds and not trainer.state.imitated:
+        trainer.imitate()
+        trainer.save(run_dir)
     summaries = []
     while trainer.state.next_round < trainer.config.rounds:
         summary = trainer.run_round()
