@@ -222,15 +222,7 @@ class StackedEnvs:
         self.buffer_names = tuple(buffers[0])
         for name in self.buffer_names:
             self.state[name] = torch.stack([own[name] for own in buffers])  # (N, ...), a copy
-        # Optimizer settings per env and group, spread over the columns: (N, P) each.
-        settings = torch.tensor([[[group["lr"], group["momentum"], group["weight_decay"]]
-                                  for group in (optimizer.param_groups[0] for optimizer in optimizers)]
-                                 for optimizers in self.optimizers], dtype=dtype, device=device)  # (N, G, 3)
-        for optimizers in self.optimizers:
-            for optimizer in optimizers:
-                group = optimizer.param_groups[0]
-                assert len(optimizer.param_groups) == 1 and group["dampening"] == 0 and not group["nesterov"] \
-                    and not group["maximize"], "the batched step implements ModelTrainer's plain SGD only"
+        settings = self._optimizer_settings(dtype, device)  # (N, G, 3)
         sizes = torch.tensor(layout.sizes, device=device)
         self.tensor_of_column = torch.repeat_interleave(torch.arange(len(layout.sizes), device=device), sizes)
         self.tensor_groups = torch.tensor(layout.tensor_groups, device=device)  # (T,)
@@ -255,6 +247,21 @@ class StackedEnvs:
         self.call_state = {f"model.{name}": value for name, value in self.state.items()}
         self.template.train()  # validation restores the mode it found, so it holds for the whole epoch
 
+    def _optimizer_settings(self, dtype: torch.dtype, device: torch.device) -> Tensor:
+        """(N, G, 3): learning rate, momentum and weight decay of each env's optimizer of each group, read
+        now (after any back-off) from the optimizers themselves."""
+        rows = []
+        for optimizers in self.optimizers:
+            row = []
+            for optimizer in optimizers:
+                settings = optimizer.param_groups[0]
+                assert len(optimizer.param_groups) == 1 and settings["dampening"] == 0 \
+                    and not settings["nesterov"] and not settings["maximize"], \
+                    "the batched step implements ModelTrainer's plain SGD only"
+                row.append([settings["lr"], settings["momentum"], settings["weight_decay"]])
+            rows.append(row)
+        return torch.tensor(rows, dtype=dtype, device=device)
+
     # ---------------------------------------------------------------- the hot path
     def _env_losses(self, trainable: dict[str, Tensor], state: dict[str, Tensor], inputs: Tensor,
                     targets: Tensor) -> tuple[Tensor, ...]:
@@ -273,7 +280,8 @@ class StackedEnvs:
         leaves = [self.flat[:, :split].detach().requires_grad_()]  # (N, P_main), shares storage with flat
         if split < self.layout.width:
             leaves.append(self.flat[:, split:].detach().requires_grad_())  # (N, P_shadow)
-        pieces = [piece for leaf, sizes in zip(leaves, self.leaf_sizes, strict=False) for piece in leaf.split(sizes, 1)]
+        pieces = [piece for leaf, sizes in zip(leaves, self.leaf_sizes, strict=False)
+                  for piece in torch.split(leaf, sizes, 1)]  # (N, size) each
         trainable = {name: piece.view(n, *shape)  # (N, *shape)
                      for name, piece, shape in zip(self.call_names, pieces, self.layout.shapes, strict=True)}
         state = self.call_state
@@ -323,13 +331,14 @@ class StackedEnvs:
             model = self._model(episode)
             named = dict(model.named_parameters())
             model.zero_grad(set_to_none=True)
-            rows = zip(self.flat[env].split(layout.sizes), self.momentum[env].split(layout.sizes),
-                       self.last_gradient[env].split(layout.sizes), strict=True)
+            sizes = list(layout.sizes)
+            rows = zip(torch.split(self.flat[env], sizes), torch.split(self.momentum[env], sizes),
+                       torch.split(self.last_gradient[env], sizes), strict=True)
             for (value, momentum, gradient), name, shape, group in zip(rows, layout.names, layout.shapes,
                                                                        layout.tensor_groups, strict=True):
                 parameter = named[name]
                 parameter.copy_(value.view(shape))
-                parameter.grad = gradient.view(shape).clone()  # the last batch's clipped gradient, as train_batch leaves it
+                parameter.grad = gradient.view(shape).clone()  # the last clipped gradient, as train_batch leaves it
                 optimizer = self.optimizers[env][group]
                 if optimizer.param_groups[0]["momentum"] != 0:
                     state = optimizer.state[parameter]
