@@ -4,7 +4,8 @@ For each env count, two vectors with the same seeds step the same actions: one t
 (`batch_identical=False`, today's path), the other trains the envs of identical architecture in one
 vmapped call per batch (`batch_identical=True`). A step is what `VectorEpisodes.step` does: apply the
 actions, train one epoch on the shared batches, validate every env with its counterfactuals. The two
-modes alternate, `--repeats` times each, and the best run of each counts (the machine may be shared).
+vectors step in lockstep and every step is timed for both, in alternating order, so that the load of a
+shared machine hits both alike; the ratio is the median over the steps of the per-step ratios.
 
 Scenarios (`--scenario`):
 - `empty`: every env waits; no seed anywhere, so the batched vector trains all envs as one group. This
@@ -14,7 +15,7 @@ Scenarios (`--scenario`):
 - `mixed`: at the first timed step env i germinates blueprint i mod 3 of conv_light, norm, conv_small
   in r0c0 (about a third of the envs each, three groups); with 1 env: conv_light.
 
-Env-steps per second = envs x timed steps / seconds. "train" is the share of the step in host training
+Env-steps per second = envs x timed steps / their seconds. "train" is the share of the step in host training
 (the "train" phase of the envs' shared timer). Run `python benchmarks/batched_envs.py --help`.
 """
 
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import statistics
 import sys
 import time
 from collections.abc import Sequence
@@ -43,7 +45,7 @@ MIXED_BLUEPRINTS = ("conv_light", "norm", "conv_small")
 
 @dataclass(frozen=True)
 class Timing:
-    """Best timed run of one mode."""
+    """Timed steps of one mode."""
 
     seconds: float
     train_seconds: float
@@ -60,10 +62,8 @@ class Comparison:
     scenario: str
     per_env: Timing
     batched: Timing
-
-    @property
-    def ratio(self) -> float:
-        return self.batched.env_steps_per_second / self.per_env.env_steps_per_second
+    #: Median over the timed steps of (per-env step seconds / batched step seconds).
+    ratio: float
 
 
 def first_actions(scenario: str, envs: int) -> list[Action]:
@@ -76,35 +76,39 @@ def first_actions(scenario: str, envs: int) -> list[Action]:
             for i in range(envs)]
 
 
-def time_vector(task: Task, config: EpisodeConfig, envs: int, scenario: str, steps: int, seed: int) -> Timing:
-    """Reset a vector, one untimed step, then `steps` timed ones."""
-    vector = VectorEpisodes(task, config, envs, seed=seed)
-    timer = PhaseTimer()
-    for episode in vector.episodes:
-        episode.timer = timer
-    vector.reset(0)
-    vector.step([Action()] * envs)  # warm-up: first allocations, lazy initialisation
-    train_before = timer.totals.get("train", 0.0)
+def timed_step(vector: VectorEpisodes, actions: Sequence[Action]) -> float:
     started = time.perf_counter()
-    for step in range(steps):
-        vector.step(first_actions(scenario, envs) if step == 0 else [Action()] * envs)
-    if task.train.device.type == "cuda":
-        torch.cuda.synchronize(task.train.device)
-    seconds = time.perf_counter() - started
-    return Timing(seconds, timer.totals.get("train", 0.0) - train_before, envs * steps)
+    vector.step(actions)
+    if vector.device.type == "cuda":
+        torch.cuda.synchronize(vector.device)
+    return time.perf_counter() - started
 
 
-def compare(task: Task, envs: int, scenario: str, *, steps: int, repeats: int, seed: int) -> Comparison:
+def compare(task: Task, envs: int, scenario: str, *, steps: int, seed: int) -> Comparison:
+    """Step a per-env and a batched vector in lockstep; each step is timed for both, in alternating order."""
     gates = GateConfig(mode=GateMode.PERMISSIVE)
     base = EpisodeConfig(max_epochs=steps + 1, slots=SlotConfig(gates=gates))
-    best: dict[bool, Timing] = {}
-    for _ in range(repeats):
-        for batched in (False, True):
-            timing = time_vector(task, dataclasses.replace(base, batch_identical=batched), envs, scenario, steps,
-                                 seed)
-            if batched not in best or timing.seconds < best[batched].seconds:
-                best[batched] = timing
-    return Comparison(envs, scenario, best[False], best[True])
+    vectors, timers = [], []
+    for batched in (False, True):
+        vector = VectorEpisodes(task, dataclasses.replace(base, batch_identical=batched), envs, seed=seed)
+        timer = PhaseTimer()
+        for episode in vector.episodes:
+            episode.timer = timer
+        vector.reset(0)
+        timed_step(vector, [Action()] * envs)  # warm-up: first allocations, lazy initialisation
+        vectors.append(vector)
+        timers.append(timer)
+    train_before = [timer.totals.get("train", 0.0) for timer in timers]
+    seconds = [[], []]
+    for step in range(steps):
+        actions = first_actions(scenario, envs) if step == 0 else [Action()] * envs
+        # Alternate which mode goes first, so that a change in machine load hits both alike.
+        for mode in ((0, 1) if step % 2 == 0 else (1, 0)):
+            seconds[mode].append(timed_step(vectors[mode], actions))
+    timings = [Timing(sum(seconds[mode]), timers[mode].totals.get("train", 0.0) - train_before[mode], envs * steps)
+               for mode in (0, 1)]
+    ratio = statistics.median(alone / batched for alone, batched in zip(seconds[0], seconds[1], strict=True))
+    return Comparison(envs, scenario, timings[0], timings[1], ratio)
 
 
 def format_table(results: Sequence[Comparison]) -> str:
@@ -123,8 +127,7 @@ def parse_arguments(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--envs", default="1,8,32", help="comma-separated env counts (default 1,8,32)")
     parser.add_argument("--scenario", default="empty,grown", help=f"comma-separated, of {', '.join(SCENARIOS)} "
                         "(default empty,grown)")
-    parser.add_argument("--steps", type=int, default=3, help="timed steps (epochs) per run (default 3)")
-    parser.add_argument("--repeats", type=int, default=2, help="runs per mode; the best counts (default 2)")
+    parser.add_argument("--steps", type=int, default=5, help="timed steps (epochs) per env count (default 5)")
     parser.add_argument("--max-train-samples", type=int, default=500,
                         help="cap on digits training images (default 500 of 1437; 0 = all)")
     parser.add_argument("--device", default="cpu", help="cpu (default), cuda, cuda:N")
@@ -141,7 +144,7 @@ def parse_arguments(argv: Sequence[str] | None) -> argparse.Namespace:
     unknown = sorted(set(args.scenarios) - set(SCENARIOS))
     if unknown or not args.scenarios:
         parser.error(f"--scenario accepts {', '.join(SCENARIOS)}; got {args.scenario!r}")
-    for name in ("steps", "repeats", "threads"):
+    for name in ("steps", "threads"):
         if getattr(args, name) < 1:
             parser.error(f"--{name} must be >= 1")
     if args.max_train_samples < 0:
@@ -155,13 +158,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     device = torch.device(args.device)
     task = load_task("digits", seed=args.seed, max_train_samples=args.max_train_samples or None, device=device)
     print(f"batched envs: digits on {device}, {len(task.train)} train / {len(task.validation)} validation images, "
-          f"{args.steps} timed steps after 1 warm-up, best of {args.repeats}, {torch.get_num_threads()} torch "
+          f"{args.steps} timed steps after 1 warm-up, {torch.get_num_threads()} torch "
           f"thread(s), torch {torch.__version__}", flush=True)
     results = []
     for scenario in args.scenarios:
         for envs in args.env_counts:
             started = time.perf_counter()
-            results.append(compare(task, envs, scenario, steps=args.steps, repeats=args.repeats, seed=args.seed))
+            results.append(compare(task, envs, scenario, steps=args.steps, seed=args.seed))
             print(f"  {envs} env(s), {scenario}: done in {time.perf_counter() - started:.1f} s", file=sys.stderr,
                   flush=True)
     print(format_table(results))
