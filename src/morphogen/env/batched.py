@@ -35,6 +35,10 @@ Hot path (per batch and group): no host sync, no loop over envs, no per-paramete
 call: Python work is one `split` plus one view per parameter tensor (the names `functional_call` is
 given), whatever the number of envs. Per epoch: one copy in and one copy out per (env, tensor).
 
+Coverage: CNN and 1D-CNN hosts and their blueprints batch natively. A transformer's causal attention
+(`scaled_dot_product_attention`) has no CPU batching rule in torch 2.13: vmap then runs it env by env
+(correct, no gain there, and torch warns once).
+
 Equality with the per-env path: same math, not the same float summation order (a grouped convolution
 reduces in another order than N separate ones; per-tensor norms are sums of squares instead of
 `_foreach_norm`). Results agree to float32 rounding, about 1e-6 relative per batch, not bitwise.
