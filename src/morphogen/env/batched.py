@@ -168,6 +168,8 @@ class StackedEnvs:
             raise ValueError("a stacked group needs at least one env")
         self.episodes = list(episodes)
         models = [self._model(episode) for episode in self.episodes]
+        # Every env's trainer creates the optimizers of seeds germinated since its last batch; the envs share
+        # one architecture signature, so the template's running seeds stand for all of them.
         running = [episode.trainer.sync_seed_optimizers() for episode in self.episodes]
         template = models[0]
         self.template = template
