@@ -110,6 +110,16 @@ def test_resume_through_the_cli_equals_the_uninterrupted_run(trained: TrainedRun
         "resuming appends to the run's events"
 
 
+def test_batch_envs_trains_identical_envs_batched_and_records_it(tmp_path: Path,
+                                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    run = tmp_path / "run"
+    assert main(["train", *TINY, "--rounds", "1", "--batch-envs", "--run-dir", str(run)]) == 0
+    assert json.loads((run / "config.json").read_text())["episode"]["batch_identical"] is True
+    capsys.readouterr()
+    line = expect_user_error(["train", "--resume", str(run), "--rounds", "2", "--batch-envs"], capsys)
+    assert "--resume continues a run with its saved config" in line
+
+
 # ------------------------------------------------------------------------------------------------ eval
 
 

@@ -101,6 +101,8 @@ def _add_train_parser(subparsers: Any) -> None:
     train.add_argument("--hidden-size", type=int, help="policy width (default 512)")
     train.add_argument("--imitate-rounds", type=int, metavar="N",
                        help="first watch the heuristic for N rounds and imitate it, then PPO (default 0)")
+    train.add_argument("--batch-envs", action="store_true", help="train envs of identical architecture in one "
+                       "vmapped call per batch (episode.batch_identical; faster with many envs)")
     train.add_argument("--run-dir", help="exact run directory (default runs/<time>-<task>)")
     _add_telemetry_flags(train)
     train.add_argument("--resume", metavar="RUN_DIR", help="continue a stopped run from its checkpoint")
@@ -255,6 +257,8 @@ def train_config_from_args(args: argparse.Namespace) -> TrainConfig:
     _apply_overrides(values, _flag_overrides(args))
     if args.n_envs is not None and args.n_envs < 1:
         raise UsageError(f"--envs must be >= 1, got {args.n_envs}")
+    if args.batch_envs and isinstance(values.get("episode") or {}, dict):  # another type fails in build_config
+        values["episode"] = {**(values.get("episode") or {}), "batch_identical": True}
     return build_config(TrainConfig, _with_episode_length(values, args.episode_length, "--episode-length"))
 
 
@@ -269,7 +273,7 @@ def _train(args: argparse.Namespace) -> None:
             train_command(config, context=context)
         return
     overrides = _flag_overrides(args)
-    if args.config or args.episode_length is not None or args.slots is not None:
+    if args.config or args.episode_length is not None or args.slots is not None or args.batch_envs:
         raise UsageError("--resume continues a run with its saved config; only --rounds, --device and "
                          "--telemetry may be given with it")
     with _distributed(args, overrides.get("device", "cpu")) as context:

@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch import nn
 
-from morphogen.core.isolation import IsolationMonitor, IsolationReport, SeedGradientHealth
+from morphogen.core.isolation import IsolationMonitor, IsolationReport, SeedAccumulation, SeedGradientHealth
 from morphogen.telemetry.gradients import RATIO_HOST_FLOOR
 
 
@@ -157,3 +157,19 @@ def test_accumulation_device_defaults_to_first_gradient() -> None:
 def test_bad_thresholds_raise() -> None:
     with pytest.raises(ValueError, match="vanishing_threshold < exploding_threshold"):
         IsolationMonitor(vanishing_threshold=1.0, exploding_threshold=0.5)
+
+
+def test_accumulated_sums_give_the_report_of_per_batch_accumulation() -> None:
+    """Two batches summed elsewhere (host norms 5 + 10; seed a: norms 5 + 12, one vanishing and one exploding
+    tensor out of 2 x 2, 5 parameters) report what `accumulate` batch by batch reports (hand-computed above)."""
+    monitor = IsolationMonitor()
+    monitor.add_accumulated(torch.tensor(15.0), 4, 2, {"a": SeedAccumulation(torch.tensor([17.0, 1.0, 1.0]), 2, 5)})
+    report = monitor.materialize()
+    assert report.batches == 2
+    assert report.host_gradient_norm == pytest.approx(7.5)
+    a = report.seeds["a"]
+    assert a.gradient_norm == pytest.approx(8.5)
+    assert (a.vanishing_fraction, a.exploding_fraction) == (pytest.approx(0.25), pytest.approx(0.25))
+    assert a.gradient_ratio == pytest.approx((8.5 / math.sqrt(5)) / (7.5 / math.sqrt(4)))
+    with pytest.raises(ValueError, match="batches must be >= 1"):
+        monitor.add_accumulated(torch.tensor(1.0), 4, 0, {})

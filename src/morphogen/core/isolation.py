@@ -72,6 +72,17 @@ class IsolationTotals(NamedTuple):
     batches: int
 
 
+class SeedAccumulation(NamedTuple):
+    """One seed's gradient statistics summed over several batches elsewhere (see `add_accumulated`)."""
+
+    sums: Tensor
+    """float32 (3,): sum over the batches of the seed's global gradient norm, vanishing count, exploding count."""
+    tensors: int
+    """Parameter tensors with a gradient in each batch."""
+    parameters: int
+    """Scalar entries over those tensors."""
+
+
 @dataclass
 class _SeedTally:
     """Host-side counters of one seed, known without reading the device."""
@@ -139,6 +150,34 @@ class IsolationMonitor:
             tally.batches += 1
             tally.tensors += stats.n_tensors
             tally.parameters = stats.n_parameters
+
+    @torch.no_grad()
+    def add_accumulated(self, host_norm_sum: Tensor, host_parameters: int, batches: int,
+                        seeds: Mapping[str, SeedAccumulation]) -> None:
+        """Add statistics accumulated elsewhere over `batches` batches, as if `accumulate` had run on each.
+
+        For a trainer that computes the norms of many models at once (the batched envs of a vector): it
+        adds each model's sums here once per epoch instead of calling `accumulate` once per batch. Every
+        seed in `seeds` counts as measured in all `batches` batches. No host sync.
+        """
+        if batches < 1:
+            raise ValueError(f"batches must be >= 1, got {batches}")
+        if self._device is None:
+            self._device = host_norm_sum.device
+        device = self._device
+        if self._host_norm_sum is None:
+            self._host_norm_sum = torch.zeros((), dtype=torch.float32, device=device)
+        self._host_norm_sum.add_(host_norm_sum.to(device=device, dtype=torch.float32))
+        self._host_parameters = host_parameters
+        self._batches += batches
+        for slot, accumulation in seeds.items():
+            tally = self._seeds.get(slot)
+            if tally is None:
+                tally = self._seeds[slot] = _SeedTally(torch.zeros(3, dtype=torch.float32, device=device))
+            tally.sums.add_(accumulation.sums.to(device=device, dtype=torch.float32))
+            tally.batches += batches
+            tally.tensors += accumulation.tensors * batches
+            tally.parameters = accumulation.parameters
 
     def collect(self) -> IsolationTotals:
         """The accumulators as device tensors, without syncing or resetting."""

@@ -67,6 +67,10 @@ class EpisodeConfig:
     reward: RewardConfig = field(default_factory=RewardConfig)
     #: Discount used by potential-based shaping (match the PPO gamma).
     gamma: float = 0.995
+    #: In a `VectorEpisodes`, train the envs whose architectures are identical in one vmapped call per
+    #: batch (`env/batched.py`) instead of one after another; results agree to float32 rounding. A lone
+    #: episode has nothing to batch with and trains as always.
+    batch_identical: bool = False
 
     def __post_init__(self) -> None:
         check_count("max_epochs", self.max_epochs, MAX_EPOCHS)

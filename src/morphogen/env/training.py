@@ -72,7 +72,7 @@ class ModelTrainer:
         self._loss_sum: Tensor | None = None
         self.batches = 0
 
-    def _sync_seed_optimizers(self) -> dict[str, list[nn.Parameter]]:
+    def sync_seed_optimizers(self) -> dict[str, list[nn.Parameter]]:
         """Create optimizers for new seeds, drop those of removed ones; return the running seeds' params."""
         running: dict[str, list[nn.Parameter]] = {}
         for slot in self.model.slots():
@@ -94,7 +94,7 @@ class ModelTrainer:
         """Forward, backward, per-group clip and optimizer steps on one batch."""
         model = self.model
         model.train()
-        running = self._sync_seed_optimizers()
+        running = self.sync_seed_optimizers()
         model.zero_grad(set_to_none=True)
         output, shadow = model.forward_with_shadow(inputs)
         loss = task_loss(output, targets)
@@ -112,6 +112,12 @@ class ModelTrainer:
         detached = loss.detach()
         self._loss_sum = detached.clone() if self._loss_sum is None else self._loss_sum.add_(detached)
         self.batches += 1
+
+    def add_epoch_losses(self, loss_sum: Tensor, batches: int) -> None:
+        """Add the summed training loss of `batches` batches trained elsewhere (the batched envs of a vector)."""
+        detached = loss_sum.detach()
+        self._loss_sum = detached.clone() if self._loss_sum is None else self._loss_sum.add_(detached)
+        self.batches += batches
 
     def take_epoch_loss(self) -> Tensor:
         """Mean training loss of the batches since the last call, as a device tensor (no sync)."""

@@ -21,6 +21,7 @@ from torch import Tensor
 
 from morphogen.data import Task
 from morphogen.env.actions import Action
+from morphogen.env.batched import train_epoch_batched
 from morphogen.env.episode import EpisodeConfig, MorphogenesisEpisode, StepResult
 from morphogen.env.seeding import derive_seed
 from morphogen.env.snapshot import EpisodeSnapshot
@@ -84,9 +85,12 @@ class VectorEpisodes:
         if len(actions) != self.n_envs:
             raise ValueError(f"expected {self.n_envs} actions, got {len(actions)}")
         outcomes = [episode.apply_action(action) for episode, action in zip(self.episodes, actions, strict=True)]
-        for inputs, targets in self.task.train.iterate_batches(self.batch_size, generator=self.generator,
-                                                               augment=self.task.augment):
-            self._train_all(inputs, targets)
+        batches = self.task.train.iterate_batches(self.batch_size, generator=self.generator, augment=self.task.augment)
+        if self.config.batch_identical:
+            train_epoch_batched(self.episodes, batches, self._train_all, self.streams)
+        else:
+            for inputs, targets in batches:
+                self._train_all(inputs, targets)
         if self.streams is not None:
             torch.cuda.synchronize(self.device)  # one sync per phase: all env streams done before reading metrics
         results = [episode.finish_epoch(action, succeeded, reason)
@@ -95,16 +99,18 @@ class VectorEpisodes:
         self.telemetry.end_epoch(self.episode_index * self.config.max_epochs + self.episodes[0].epoch)
         return results
 
-    def _train_all(self, inputs: Tensor, targets: Tensor) -> None:
-        """Train every env on one shared batch, timed under each env's "train" phase (on CUDA that is the
-        time to queue the work; the device time lands in the phase's one synchronize)."""
+    def _train_all(self, inputs: Tensor, targets: Tensor, indices: Sequence[int] | None = None) -> None:
+        """Train every env (or those at `indices`) on one shared batch, timed under each env's "train" phase
+        (on CUDA that is the time to queue the work; the device time lands in the phase's one synchronize)."""
+        chosen = range(self.n_envs) if indices is None else indices
         if self.streams is None:
-            for episode in self.episodes:
+            for index in chosen:
+                episode = self.episodes[index]
                 with episode.timer.phase("train"):
                     episode.trainer.train_batch(inputs, targets)
             return
         producer = torch.cuda.current_stream(self.device)
-        for episode, stream in zip(self.episodes, self.streams, strict=True):
+        for episode, stream in ((self.episodes[index], self.streams[index]) for index in chosen):
             with episode.timer.phase("train"):
                 stream.wait_stream(producer)  # the batch is produced (copied/augmented) on the current stream
                 with torch.cuda.stream(stream):
