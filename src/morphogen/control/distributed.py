@@ -272,12 +272,13 @@ class DistributedTrainer(PPOTrainer):
     """A `PPOTrainer` for one rank: its share of the envs, collectives in the order of the module docstring."""
 
     def __init__(self, config: TrainConfig, task: Task, context: DistributedContext,
-                 telemetry: Telemetry | None = None) -> None:
+                 telemetry: Telemetry | None = None, *, devices: list[str] | None = None) -> None:
+        """`devices` spreads this rank's envs over them as in `PPOTrainer` (None: `config.devices`)."""
         first, share = split_envs(config.n_envs, context.world_size, context.rank)
         if config.ppo.minibatches > share:
             raise DistributedSetupError(f"ppo.minibatches ({config.ppo.minibatches}) cannot exceed the envs of one "
                                         f"rank ({share} = {config.n_envs} envs / {context.world_size} ranks)")
-        super().__init__(dataclasses.replace(config, n_envs=share), task, telemetry, first_env=first)
+        super().__init__(dataclasses.replace(config, n_envs=share), task, telemetry, first_env=first, devices=devices)
         self.global_config, self.context = config, context
         self.rows = slice(first, first + share)
         self.average = lambda tensor: average_(tensor, context)

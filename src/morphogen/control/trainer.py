@@ -36,7 +36,7 @@ from morphogen.control.checkpoint import CHECKPOINT_NAME, CheckpointError, check
 from morphogen.control.integrity import non_finite_entries
 from morphogen.control.learned import PolicyAgent, PolicyInputs, build_policy
 from morphogen.control.normalization import RewardNormalizer, RunningMeanStd, ValueNormalizer
-from morphogen.control.options import SessionOptions
+from morphogen.control.options import DEFAULT_DEVICE, SessionOptions
 from morphogen.control.policy import ActionOutput, LSTMState
 from morphogen.control.ppo import PPOConfig, PPOStatistics, build_optimizer, ppo_update
 from morphogen.control.rollout import RolloutBatch, RolloutBuffer
@@ -71,6 +71,10 @@ class TrainConfig(SessionOptions):
 
     #: Episodes run side by side per round.
     n_envs: int = 4
+    #: Devices to spread the envs over in this process, e.g. ["cuda:0", "cuda:1"]: env i runs on
+    #: devices[i % len(devices)]; the policy, the training data and the shared batch stream live on the
+    #: first. None runs every env on `device` (which must be left out, or equal devices[0], when this is set).
+    devices: tuple[str, ...] | None = None
     #: PPO rounds (one update each).
     rounds: int = 20
     #: Width of the policy's trunk and LSTM.
@@ -89,12 +93,24 @@ class TrainConfig(SessionOptions):
         check_count("n_envs", self.n_envs, MAX_ENVS)
         check_count("rounds", self.rounds, MAX_ROUNDS)
         check_count("hidden_size", self.hidden_size, MAX_HIDDEN_SIZE)
+        if self.devices is not None:
+            if not self.devices or not all(isinstance(d, str) and d.strip() for d in self.devices):
+                raise ValueError(f"devices must name at least one device, none empty, got {list(self.devices)}")
+            if self.device not in (DEFAULT_DEVICE, self.devices[0]):
+                raise ValueError(f"device ({self.device}) and devices ({', '.join(self.devices)}) disagree: with "
+                                 "devices the policy lives on the first of them; leave device out")
         if self.ppo.minibatches > self.n_envs:
             raise ValueError(f"ppo.minibatches ({self.ppo.minibatches}) cannot exceed n_envs ({self.n_envs})")
 
     @property
     def episode_length(self) -> int:
         return self.episode.max_epochs
+
+    @property
+    def policy_device(self) -> str:
+        """Where the policy, the training data and the shared batch stream live: the first of `devices`,
+        else `device` (as configured; `runner.resolve_device` resolves `auto`)."""
+        return self.devices[0] if self.devices else self.device
 
 
 @dataclass(frozen=True)
@@ -130,13 +146,16 @@ class PPOTrainer:
     """Owns the vector of episodes, the agent and the optimizer; `run_round` does one full round."""
 
     def __init__(self, config: TrainConfig, task: Task, telemetry: Telemetry | None = None, *,
-                 first_env: int = 0) -> None:
+                 first_env: int = 0, devices: list[str] | None = None) -> None:
         """`first_env` is the global index of the first env (not 0 only on a distributed rank, whose
-        `config.n_envs` is its own share of the envs)."""
+        `config.n_envs` is its own share of the envs). `devices` (resolved device strings, e.g. `auto`
+        resolved by `runner.resolve_device`; the task's data on the first) spreads the envs over them;
+        None uses `config.devices` as they are."""
         self.config, self.task = config, task
         episode_config = dataclasses.replace(config.episode, gamma=config.ppo.gamma)
         self.vector = VectorEpisodes(task, episode_config, config.n_envs, seed=config.seed, slots=config.slots,
-                                     pool_slots=config.pool_slots, first_env=first_env)
+                                     pool_slots=config.pool_slots, first_env=first_env,
+                                     devices=config.devices if devices is None else devices)
         #: Averages a tensor in place over the processes of a data-parallel update (None: one process).
         self.average: Callable[[torch.Tensor], None] | None = None
         #: Escalation state read from a checkpoint, applied when the run's telemetry is attached.

@@ -8,7 +8,10 @@ CUDA rules (DESIGN §7, §9.4): each env trains on its own persistent stream. A 
 current stream and read on an env's stream is marked with `record_stream`, so the caching allocator
 does not hand its memory to someone else while that stream may still read it. The input batch and
 every tensor derived from it on the producing stream (the augmented images) are recorded, not only
-the derived ones. One synchronize per phase, before the epoch's metrics are read.
+the derived ones. One synchronize per phase (per device), before the epoch's metrics are read.
+
+Several devices (`devices`): env i runs on `devices[i % len(devices)]`; the batch is produced on the
+first and copied once per other device (`env/placement.py` says what lives where).
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from torch import Tensor
 from morphogen.data import Task
 from morphogen.env.actions import Action
 from morphogen.env.episode import EpisodeConfig, MorphogenesisEpisode, StepResult
+from morphogen.env.placement import DevicePlacement
 from morphogen.env.seeding import derive_seed
 from morphogen.env.snapshot import EpisodeSnapshot
 from morphogen.telemetry.anomalies import AnomalyDetector
@@ -34,22 +38,24 @@ class VectorEpisodes:
 
     def __init__(self, task: Task, config: EpisodeConfig, n_envs: int, *, seed: int = 0,
                  slots: Sequence[str] | None = None, telemetry: Telemetry | None = None,
-                 pool_slots: bool = False, first_env: int = 0) -> None:
+                 pool_slots: bool = False, first_env: int = 0,
+                 devices: Sequence[str | torch.device] | None = None) -> None:
         """`first_env` is the global index of this vector's first env: a distributed rank owning envs
-        `first_env .. first_env + n_envs - 1` of a larger run gives them the seeds and ids they have there."""
+        `first_env .. first_env + n_envs - 1` of a larger run gives them the seeds and ids they have there.
+        `devices` spreads the envs over devices (the task's data must be on the first); None: the task's device."""
         if n_envs < 1:
             raise ValueError(f"n_envs must be >= 1, got {n_envs}")
         if first_env < 0:
             raise ValueError(f"first_env must be >= 0, got {first_env}")
         self.task, self.config, self.seed, self.first_env = task, config, seed, first_env
+        self.placement = DevicePlacement(task, n_envs, devices)
         self.episodes = [
-            MorphogenesisEpisode(task, config, seed=seed, slots=slots, telemetry=telemetry, env_id=first_env + i,
-                                 pool_slots=pool_slots)
+            MorphogenesisEpisode(self.placement.task_for(i), config, seed=seed, slots=slots, telemetry=telemetry,
+                                 env_id=first_env + i, pool_slots=pool_slots)
             for i in range(n_envs)
         ]
         self.device = task.train.device
-        self.streams = ([torch.cuda.Stream(device=self.device) for _ in self.episodes]
-                        if self.device.type == "cuda" else None)
+        self.streams = self.placement.streams
         self.batch_size = config.batch_size or task.batch_size
         self.generator = torch.Generator(device="cpu")
         self.telemetry = telemetry or Telemetry(None, level="off")
@@ -87,8 +93,7 @@ class VectorEpisodes:
         for inputs, targets in self.task.train.iterate_batches(self.batch_size, generator=self.generator,
                                                                augment=self.task.augment):
             self._train_all(inputs, targets)
-        if self.streams is not None:
-            torch.cuda.synchronize(self.device)  # one sync per phase: all env streams done before reading metrics
+        self.placement.synchronize()  # one sync per phase and CUDA device: env streams done before reading metrics
         results = [episode.finish_epoch(action, succeeded, reason)
                    for episode, action, (succeeded, reason) in zip(self.episodes, actions, outcomes, strict=True)]
         # Once per vector step, on the env-epoch clock that keeps rising across episodes.
@@ -98,16 +103,17 @@ class VectorEpisodes:
     def _train_all(self, inputs: Tensor, targets: Tensor) -> None:
         """Train every env on one shared batch, timed under each env's "train" phase (on CUDA that is the
         time to queue the work; the device time lands in the phase's one synchronize)."""
-        if self.streams is None:
-            for episode in self.episodes:
-                with episode.timer.phase("train"):
-                    episode.trainer.train_batch(inputs, targets)
-            return
-        producer = torch.cuda.current_stream(self.device)
-        for episode, stream in zip(self.episodes, self.streams, strict=True):
+        batches = self.placement.copy_batch(inputs, targets)  # one copy per device, not per env
+        streams = self.streams or [None] * self.n_envs
+        for episode, stream, device in zip(self.episodes, streams, self.placement.env_devices, strict=True):
+            device_inputs, device_targets = batches[device]
             with episode.timer.phase("train"):
-                stream.wait_stream(producer)  # the batch is produced (copied/augmented) on the current stream
+                if stream is None:
+                    episode.trainer.train_batch(device_inputs, device_targets)
+                    continue
+                # The batch is produced (copied/augmented) on the current stream of the env's device.
+                stream.wait_stream(torch.cuda.current_stream(device))
                 with torch.cuda.stream(stream):
-                    inputs.record_stream(stream)
-                    targets.record_stream(stream)
-                    episode.trainer.train_batch(inputs, targets)
+                    device_inputs.record_stream(stream)
+                    device_targets.record_stream(stream)
+                    episode.trainer.train_batch(device_inputs, device_targets)
