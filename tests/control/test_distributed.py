@@ -170,7 +170,7 @@ def test_two_ranks_of_two_envs_equal_one_process_of_four_and_resume_on_one_or_tw
         copy.mkdir()
         for name in ("checkpoint.pt", "config.json", "events.jsonl"):
             (copy / name).write_bytes((distributed / name).read_bytes())
-    train_ranks(2, ["--resume", str(on_two), "--rounds", "2"])
+    train_ranks(2, ["--resume", str(on_two), "--rounds", "2", "--devices", "cpu,cpu"])  # --devices on every rank
     train_ranks(1, ["--resume", str(on_one), "--rounds", "2"])
     assert main(["train", "--resume", str(single), "--rounds", "2"]) == 0
     assert load_checkpoint(on_two)["round"] == load_checkpoint(on_one)["round"] == 2

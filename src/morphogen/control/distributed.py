@@ -110,17 +110,31 @@ class DistributedContext:
 
 
 def choose_backend(device: str, override: str | None = None) -> str:
-    """NCCL for CUDA devices, gloo otherwise; `override` (gloo or nccl) wins."""
+    """NCCL for CUDA devices, gloo otherwise; `override` (gloo or nccl) wins.
+
+    `device` is where the policy lives (`TrainConfig.policy_device`: the first of `--devices`, else
+    `--device`): every collective runs on the policy's tensors, so its device decides. `auto` counts as
+    CUDA where CUDA is available, as it resolves to it.
+    """
     if override is not None:
         if override not in BACKENDS:
             raise DistributedSetupError(f"--dist-backend must be one of {', '.join(BACKENDS)}, got {override!r}")
         return override
+    if device == "auto":
+        return "nccl" if torch.cuda.is_available() else "gloo"
     return "nccl" if device.startswith("cuda") else "gloo"
 
 
 def rank_device(device: str, local_rank: int) -> str:
     """The device of a rank: `cuda` becomes `cuda:<local rank>` (one GPU per rank); others are kept."""
     return f"cuda:{local_rank}" if device == "cuda" else device
+
+
+def nccl_device_index(device: str, local_rank: int) -> int:
+    """The CUDA device NCCL uses on this rank: the policy's (`cuda:N`, where the collectives' tensors
+    live), else the local rank's (`cuda`, `auto`, or a non-CUDA device with `--dist-backend nccl`)."""
+    parsed = torch.device(rank_device("cuda" if device == "auto" else device, local_rank))
+    return parsed.index if parsed.type == "cuda" and parsed.index is not None else local_rank
 
 
 def init_distributed(device: str, *, backend: str | None = None,
@@ -138,7 +152,7 @@ def init_distributed(device: str, *, backend: str | None = None,
     local_rank = int(os.environ["LOCAL_RANK"])
     if not dist.is_initialized():
         if chosen == "nccl":
-            torch.cuda.set_device(local_rank)
+            torch.cuda.set_device(nccl_device_index(device, local_rank))
         dist.init_process_group(chosen, rank=rank, world_size=world_size,
                                 timeout=datetime.timedelta(seconds=timeout_s))
     return DistributedContext(rank, world_size, local_rank, chosen, timeout_s)

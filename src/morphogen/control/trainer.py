@@ -97,8 +97,8 @@ class TrainConfig(SessionOptions):
             if not self.devices or not all(isinstance(d, str) and d.strip() for d in self.devices):
                 raise ValueError(f"devices must name at least one device, none empty, got {list(self.devices)}")
             if self.device not in (DEFAULT_DEVICE, self.devices[0]):
-                raise ValueError(f"device ({self.device}) and devices ({', '.join(self.devices)}) disagree: with "
-                                 "devices the policy lives on the first of them; leave device out")
+                raise ValueError(f"device must be left out (or be {self.devices[0]}, the first of devices) when "
+                                 f"devices is set, got {self.device}: the policy lives on the first of devices")
         if self.ppo.minibatches > self.n_envs:
             raise ValueError(f"ppo.minibatches ({self.ppo.minibatches}) cannot exceed n_envs ({self.n_envs})")
 
