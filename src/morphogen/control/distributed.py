@@ -23,8 +23,11 @@ others, so every collective of a run is issued from this module, in this order):
 4. Update: `ppo_update(average=...)` all-reduces the advantage moments once, every minibatch's
    flattened gradients (one all-reduce, then the mean), and each epoch's KL. All ranks then clip
    the same gradients and take the same Adam step: parameters stay bit-identical (tested).
-   Minibatches are groups of each rank's own envs; with `ppo.minibatches = 1` the update equals
-   one process's update over all envs up to the summation order of floats.
+   Minibatches are groups of the global envs, drawn the same way one process draws them; each
+   rank takes its envs of a group and weights its gradient by their share of it (`ppo_update`), so
+   the update equals one process's update over all envs up to the summation order of floats, with
+   any `ppo.minibatches` (at most the envs of one rank). The price: a rank computes only its part of
+   each group, and the parts differ in size, so a minibatch lasts as long as its largest part.
 5. Round summary: the per-rank means (return, accuracy, ...) are averaged (one all-reduce).
 6. Only rank 0 holds the run directory: it prints, writes telemetry and the checkpoint. The
    checkpoint is the one a single process with `n_envs` envs writes (global config, reward
@@ -57,6 +60,7 @@ from torch import Tensor
 from morphogen.control.learned import PolicyInputs
 from morphogen.control.normalization import RunningMeanStd, merge_moments
 from morphogen.control.policy import ActionOutput, LSTMState
+from morphogen.control.ppo import EnvShare
 from morphogen.control.rollout import RolloutBatch
 from morphogen.control.trainer import PPOTrainer, TrainConfig, _config_dict
 from morphogen.data import Task
@@ -296,6 +300,7 @@ class DistributedTrainer(PPOTrainer):
         self.global_config, self.context = config, context
         self.rows = slice(first, first + share)
         self.average = lambda tensor: average_(tensor, context)
+        self.share = EnvShare(first, config.n_envs)
         self.state.reward_normalizer.stats = SharedRunningMeanStd(self.state.reward_normalizer.stats, context)
         self.state.value_normalizer.stats = SharedRunningMeanStd(self.state.value_normalizer.stats, context)
         self._global_state: LSTMState | None = None

@@ -38,7 +38,7 @@ from morphogen.control.learned import PolicyAgent, PolicyInputs, build_policy
 from morphogen.control.normalization import RewardNormalizer, RunningMeanStd, ValueNormalizer
 from morphogen.control.options import DEFAULT_DEVICE, SessionOptions
 from morphogen.control.policy import ActionOutput, LSTMState
-from morphogen.control.ppo import PPOConfig, PPOStatistics, build_optimizer, ppo_update
+from morphogen.control.ppo import EnvShare, PPOConfig, PPOStatistics, build_optimizer, ppo_update
 from morphogen.control.rollout import RolloutBatch, RolloutBuffer
 from morphogen.core.lifecycle import GateConfig, GateMode
 from morphogen.core.slot import SlotConfig
@@ -158,6 +158,8 @@ class PPOTrainer:
                                      devices=config.devices if devices is None else devices)
         #: Averages a tensor in place over the processes of a data-parallel update (None: one process).
         self.average: Callable[[torch.Tensor], None] | None = None
+        #: Which of the update's envs this process holds (None: one process, all of them).
+        self.share: EnvShare | None = None
         #: Escalation state read from a checkpoint, applied when the run's telemetry is attached.
         self._resumed_telemetry: dict[str, Any] | None = None
         self.detector = AnomalyDetector()  # replaced (keeping its state) by every `attach_telemetry`
@@ -326,7 +328,7 @@ class PPOTrainer:
         with self.timer.phase("update"):
             statistics = ppo_update(self.state.agent.policy, self.state.optimizer, batch, self.config.ppo,
                                     progress=round_index / self.config.rounds, generator=update_generator,
-                                    average=self.average)
+                                    average=self.average, share=self.share)
         self._undo_non_finite_update(before, round_index + 1)
         self.profiler.step()
         finished = time.perf_counter()
