@@ -180,6 +180,17 @@ def test_two_ranks_of_two_envs_equal_one_process_of_four_and_resume_on_one_or_tw
 
 
 @pytest.mark.slow
+def test_two_ranks_equal_one_process_with_two_minibatches(tmp_path: Path) -> None:
+    """Minibatches group the global envs on every rank as one process groups them (`ppo_update`)."""
+    config_file = tmp_path / "train.toml"
+    config_file.write_text("[ppo]\nminibatches = 2\n")
+    distributed, single = tmp_path / "distributed", tmp_path / "single"
+    train_ranks(2, ["--config", str(config_file), "--rounds", "2", *TINY, "--run-dir", str(distributed)])
+    assert main(["train", "--config", str(config_file), "--rounds", "2", *TINY, "--run-dir", str(single)]) == 0
+    assert max_difference(policy_of(distributed), policy_of(single)) <= EQUIVALENCE_TOLERANCE
+
+
+@pytest.mark.slow
 def test_a_killed_rank_makes_the_other_exit_with_a_clear_error_and_the_checkpoint_resumes(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     command = [sys.executable, "-m", "morphogen", "train", "--distributed", "--dist-timeout", "30",
