@@ -15,6 +15,7 @@ from morphogen.control.distributed import (
     DistributedContext,
     DistributedTrainer,
     announce_failure,
+    format_rank_times,
     rank_device,
     receive_run_directory,
     send_run_directory,
@@ -146,6 +147,8 @@ def _train_rounds(trainer: PPOTrainer, task_name: str, where: str, run_dir: Path
 
         def on_round(summary: RoundSummary) -> None:
             display.print(format_round(summary))
+            if summary.rank_times is not None:
+                display.print(format_rank_times(summary.rank_times))
             display.advance(rounds)
             if summary.round < config.rounds:
                 display.reset(epochs, description=f"round {summary.round + 1} epochs")

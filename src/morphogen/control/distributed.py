@@ -28,7 +28,9 @@ others, so every collective of a run is issued from this module, in this order):
    the update equals one process's update over all envs up to the summation order of floats, with
    any `ppo.minibatches` (at most the envs of one rank). The price: a rank computes only its part of
    each group, and the parts differ in size, so a minibatch lasts as long as its largest part.
-5. Round summary: the per-rank means (return, accuracy, ...) are averaged (one all-reduce).
+5. Round summary, after the update: one all-gather of each rank's means (return, accuracy, ...) and
+   times (collect, the part of it spent waiting in collectives, update, all-reduce); the means are
+   averaged, and rank 0 prints the slowest rank and writes every rank's times (`RankTimes`).
 6. Only rank 0 holds the run directory: it prints, writes telemetry and the checkpoint. The
    checkpoint is the one a single process with `n_envs` envs writes (global config, reward
    normalizer returns of shape [n_envs]), so it resumes on any number of ranks that divides
@@ -62,10 +64,11 @@ from morphogen.control.normalization import RunningMeanStd, merge_moments
 from morphogen.control.policy import ActionOutput, LSTMState
 from morphogen.control.ppo import EnvShare
 from morphogen.control.rollout import RolloutBatch
-from morphogen.control.trainer import PPOTrainer, TrainConfig, _config_dict
+from morphogen.control.trainer import PPOTrainer, RoundSummary, TrainConfig, _config_dict
 from morphogen.data import Task
 from morphogen.env.actions import Action
 from morphogen.env.snapshot import EpisodeSnapshot
+from morphogen.telemetry import events
 from morphogen.telemetry.sinks import Telemetry
 
 #: Environment variables torchrun sets for every rank; `--distributed` needs all of them.
@@ -94,6 +97,10 @@ class CollectiveTime:
 
     def add(self, what: str, seconds: float) -> None:
         self.seconds[what] = self.seconds.get(what, 0.0) + seconds
+
+    def total(self) -> float:
+        """Seconds inside collectives of every kind so far."""
+        return sum(self.seconds.values())
 
 
 @dataclass(frozen=True)
@@ -249,6 +256,16 @@ class SharedRunningMeanStd(RunningMeanStd):
             self.merge_batch(merged_mean.reshape(self.shape), merged_var.reshape(self.shape), total)
 
 
+def format_rank_times(times: events.RankTimes) -> str:
+    """The line printed under a distributed round: the spread of the ranks' own collect work (collect time
+    less the time waiting for the others in collectives), the slowest rank, and the all-reduce times."""
+    work = [collect - wait for collect, wait in zip(times.collect_seconds, times.collect_wait_seconds, strict=True)]
+    slowest = max(range(len(work)), key=work.__getitem__)
+    return (f"          ranks: collect work {min(work):.2f}..{work[slowest]:.2f}s, slowest rank {slowest}; waiting "
+            f"{min(times.collect_wait_seconds):.2f}..{max(times.collect_wait_seconds):.2f}s; all-reduce "
+            f"{min(times.all_reduce_seconds):.2f}..{max(times.all_reduce_seconds):.2f}s")
+
+
 def send_run_directory(context: DistributedContext, run_dir: str) -> None:
     """Rank 0: the run directory is ready; tell the other ranks where it is (they start the rounds)."""
     with collective("start-up broadcast", context):
@@ -298,6 +315,9 @@ class DistributedTrainer(PPOTrainer):
                                         f"rank ({share} = {config.n_envs} envs / {context.world_size} ranks)")
         super().__init__(dataclasses.replace(config, n_envs=share), task, telemetry, first_env=first, devices=devices)
         self.global_config, self.context = config, context
+        #: Seconds inside collectives when this round's collect ended, and how many of them it spent there.
+        self._collective_seconds_after_collect = 0.0
+        self._collect_wait_seconds = 0.0
         self.rows = slice(first, first + share)
         self.average = lambda tensor: average_(tensor, context)
         self.share = EnvShare(first, config.n_envs)
@@ -355,10 +375,27 @@ class DistributedTrainer(PPOTrainer):
         return local, observations[self.rows], _rows(output, self.rows), actions[self.rows]
 
     def collect(self, round_index: int) -> tuple[RolloutBatch, dict[str, float]]:
-        """Rule 5: this rank's episodes, with the round summary averaged over the ranks."""
+        """This rank's episodes; notes the time spent inside collectives meanwhile (waiting for other ranks)."""
+        before = self.context.time.total()
         batch, summary = super().collect(round_index)
-        keys = sorted(summary)
-        values = torch.tensor([summary[key] for key in keys], dtype=torch.float64, device=self.state.agent.device)
-        average_(values, self.context)
-        return batch, dict(zip(keys, values.tolist(), strict=True))  # one sync per round, for the log line
+        self._collective_seconds_after_collect = self.context.time.total()
+        self._collect_wait_seconds = self._collective_seconds_after_collect - before
+        return batch, summary
+
+    def combine_ranks(self, summary: RoundSummary) -> RoundSummary:
+        """Rule 5: one all-gather of every rank's round means and times; the means are averaged over the
+        ranks (in rank order, the same on every rank) and rank 0 reports each rank's times."""
+        all_reduce_seconds = self.context.time.total() - self._collective_seconds_after_collect
+        means = ("mean_return", "mean_final_accuracy", "mean_parameters_added", "fossilized", "pruned")
+        row = torch.tensor([[*(getattr(summary, name) for name in means), summary.collect_seconds,
+                             self._collect_wait_seconds, summary.update_seconds, all_reduce_seconds]],
+                           dtype=torch.float64, device=self.state.agent.device)  # (1, 9)
+        rows = all_gather_rows(row, self.context).cpu()  # (ranks, 9); one sync per round, for the log line
+        averaged = rows[:, :len(means)].mean(0).tolist()
+        times = rows[:, len(means):].T.tolist()  # (4, ranks)
+        rank_times = events.RankTimes(epoch=summary.round * self.config.episode_length, env_id=events.ALL_ENVS,
+                                      round=summary.round, collect_seconds=tuple(times[0]),
+                                      collect_wait_seconds=tuple(times[1]), update_seconds=tuple(times[2]),
+                                      all_reduce_seconds=tuple(times[3]))
+        return dataclasses.replace(summary, **dict(zip(means, averaged, strict=True)), rank_times=rank_times)
 

@@ -22,7 +22,6 @@ from morphogen.data import TASK_NAMES, TASK_TOPOLOGIES, Task, host_size, load_ta
 from morphogen.limits import MAX_HOST_PARAMETERS, MAX_SEED, MAX_TRAIN_SAMPLES, check_count
 from morphogen.telemetry.config import TelemetryConfig
 
-
 #: The device a session runs on when none is named.
 DEFAULT_DEVICE = "cpu"
 

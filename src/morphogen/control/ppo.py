@@ -408,20 +408,12 @@ def ppo_update(
         order = torch.randperm(share.total, generator=generator)
         for group in torch.tensor_split(order, config.minibatches):
             mine = group[(group >= share.first) & (group < share.first + batch.n_envs)] - share.first
-            optimizer.zero_grad(set_to_none=True)
-            if mine.numel() == 0:  # none of this process's envs in the group: a zero gradient in the average
-                if average is not None:
-                    _average_gradients(policy, average)
-                torch.nn.utils.clip_grad_norm_(policy.parameters(), config.max_grad_norm)
-                optimizer.step()
-                continue
             weight = mine.numel() * processes / group.numel()  # 1 on one process: no rescaling at all
-            terms = ppo_losses(policy, batch.select_envs(mine.to(device)), config, entropy_coef, head_weights)
-            torch.autograd.backward(terms.total if weight == 1 else terms.total * weight)
-            if average is not None:
-                _average_gradients(policy, average)
-            grad_norm = torch.nn.utils.clip_grad_norm_(policy.parameters(), config.max_grad_norm)
-            optimizer.step()
+            stepped = _minibatch_step(policy, optimizer, batch, mine.to(device), weight, config, entropy_coef,
+                                      head_weights, average)
+            if stepped is None:  # none of this process's envs in the group
+                continue
+            terms, grad_norm = stepped
             minibatch_values = torch.stack(
                 [
                     terms.policy_loss,
@@ -457,6 +449,32 @@ def ppo_update(
         epochs_completed,
         early_stopped,
     )
+
+
+def _minibatch_step(
+    policy: FactoredLSTMPolicy,
+    optimizer: torch.optim.Optimizer,
+    batch: RolloutBatch,
+    mine: Tensor,
+    weight: float,
+    config: PPOConfig,
+    entropy_coef: float,
+    head_weights: Tensor | None,
+    average: Callable[[Tensor], None] | None,
+) -> tuple[LossTerms, Tensor] | None:
+    """One optimizer step on a minibatch of which this process holds the envs ``mine`` (its losses are
+    scaled by ``weight``, see ``ppo_update``); the losses and the gradient norm, or None for an empty
+    part, which still takes part in the gradient average with zeros."""
+    optimizer.zero_grad(set_to_none=True)
+    terms = None
+    if mine.numel() > 0:
+        terms = ppo_losses(policy, batch.select_envs(mine), config, entropy_coef, head_weights)
+        torch.autograd.backward(terms.total if weight == 1 else terms.total * weight)
+    if average is not None:
+        _average_gradients(policy, average)
+    grad_norm = torch.nn.utils.clip_grad_norm_(policy.parameters(), config.max_grad_norm)
+    optimizer.step()
+    return None if terms is None else (terms, grad_norm)
 
 
 def _standardize_across(advantages: Tensor, average: Callable[[Tensor], None]) -> Tensor:

@@ -127,6 +127,8 @@ class RoundSummary:
     seconds: float
     collect_seconds: float
     update_seconds: float
+    #: Each rank's times in a distributed run (`DistributedTrainer`), None in one process.
+    rank_times: events.RankTimes | None = None
 
 
 @dataclass
@@ -334,9 +336,17 @@ class PPOTrainer:
         finished = time.perf_counter()
         self.state.next_round = round_index + 1
         result = RoundSummary(round=round_index + 1, statistics=statistics, seconds=finished - started,
-                              collect_seconds=collected - started, update_seconds=finished - collected, **summary)
+                              collect_seconds=collected - started, update_seconds=finished - collected,
+                              mean_return=summary["mean_return"], mean_final_accuracy=summary["mean_final_accuracy"],
+                              mean_parameters_added=summary["mean_parameters_added"],
+                              fossilized=summary["fossilized"], pruned=summary["pruned"])
+        result = self.combine_ranks(result)
         self._report_round(result)
         return result
+
+    def combine_ranks(self, summary: RoundSummary) -> RoundSummary:
+        """The round's summary over every process of the run: in one process, `summary` itself."""
+        return summary
 
     def _policy_backup(self) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
         """Copies of the policy's and the optimizer's state, to undo an update that diverged."""
@@ -390,6 +400,8 @@ class PPOTrainer:
         telemetry.emit(lstm.event(epoch=epoch, env_id=ALL_ENVS))
         if self.timer.enabled:
             telemetry.emit(self.timer.event(epoch=epoch, env_id=ALL_ENVS))
+        if summary.rank_times is not None:
+            telemetry.emit(summary.rank_times)
         telemetry.emit(events.RoundCompleted(
             epoch=epoch, env_id=ALL_ENVS, round=summary.round, mean_return=summary.mean_return,
             mean_final_accuracy=summary.mean_final_accuracy, mean_parameters_added=summary.mean_parameters_added,
