@@ -18,6 +18,7 @@ import torch
 import torch.distributed as dist
 
 from morphogen.cli import EXIT_USER_ERROR, main
+from morphogen.commands.evaluate import read_policy_run
 from morphogen.config import build_config
 from morphogen.control.checkpoint import load_checkpoint
 from morphogen.control.distributed import DistributedSetupError, choose_backend, nccl_device_index
@@ -52,6 +53,9 @@ def test_devices_cpu_cpu_trains_and_resumes_bitwise_like_device_cpu(tmp_path: Pa
     assert "devices cpu,cpu (policy on cpu)" in capsys.readouterr().out
     assert load_checkpoint(spread)["round"] == 3
     assert_bitwise_equal(policy_of(spread), policy_of(single))
+    # A policy trained with --devices plays (run --policy, eval) on the device those commands are given.
+    trained, _ = read_policy_run(tmp_path / "spread", "cpu")
+    assert trained.devices is None and trained.device == "cpu"
 
 
 @pytest.mark.parametrize(("devices", "message"), [

@@ -278,6 +278,7 @@ def test_minimal_level_events() -> None:
         "anomaly_detected",
         "telemetry_level_changed",
         "round_completed",
+        "rank_times",
     }
     debug = {kind for kind, event_type in event_types().items() if event_type.min_level == "debug"}
     assert debug == {"layer_statistics"}

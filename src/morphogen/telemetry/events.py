@@ -346,6 +346,7 @@ class RankTimes(Event):
     """
 
     kind: ClassVar[str] = "rank_times"
+    min_level: ClassVar[str] = "minimal"  # one per round, like `RoundCompleted`: a straggler shows at any level
 
     round: int
     collect_seconds: tuple[float, ...]
