@@ -94,6 +94,8 @@ def _add_train_parser(subparsers: Any) -> None:
                        help="epochs per episode (default 25)")
     train.add_argument("--seed", type=int, help="base seed (default 0)")
     train.add_argument("--device", help="cpu (default), cuda, cuda:N, mps or auto")
+    train.add_argument("--devices", help="comma-separated devices to spread the envs over in this process, e.g. "
+                                         "cuda:0,cuda:1 (env i on the (i mod count)-th; the policy on the first)")
     train.add_argument("--slots", help="comma-separated slot ids (default: all)")
     train.add_argument("--data-dir", help="CIFAR-10 directory")
     train.add_argument("--text-file", help="text file for the text task")
@@ -208,6 +210,14 @@ def _flag_overrides(args: argparse.Namespace) -> dict[str, Any]:
         overrides["slots"] = slots
     if getattr(args, "imitate_rounds", None) is not None:
         overrides["imitation"] = {"rounds": args.imitate_rounds}
+    if getattr(args, "devices", None) is not None:
+        if getattr(args, "device", None) is not None:
+            raise UsageError("--device and --devices both say where to run; give one (the policy lives on the "
+                             "first of --devices)")
+        devices = [name.strip() for name in args.devices.split(",")]
+        if not all(devices):
+            raise UsageError(f"--devices needs comma-separated device names without empty ones, got {args.devices!r}")
+        overrides["devices"] = devices
     if getattr(args, "no_baseline", False):
         overrides["baseline"] = False
     if getattr(args, "no_from_scratch", False):
@@ -269,14 +279,15 @@ def _train(args: argparse.Namespace) -> None:
         raise UsageError("--dist-backend and --dist-timeout apply to --distributed runs; add --distributed")
     if args.resume is None:
         config = train_config_from_args(args)
-        with _distributed(args, config.device) as context:
+        with _distributed(args, config.policy_device) as context:
             train_command(config, context=context)
         return
     overrides = _flag_overrides(args)
     if args.config or args.episode_length is not None or args.slots is not None or args.batch_envs:
-        raise UsageError("--resume continues a run with its saved config; only --rounds, --device and "
+        raise UsageError("--resume continues a run with its saved config; only --rounds, --device, --devices and "
                          "--telemetry may be given with it")
-    with _distributed(args, overrides.get("device", "cpu")) as context:
+    with _distributed(args, overrides["devices"][0] if "devices" in overrides else overrides.get("device", "cpu")) \
+            as context:
         # Lock before reading the checkpoint: a writer that finishes a round in between would be overwritten.
         # Of a distributed run's ranks, rank 0 alone writes, so it alone locks.
         main_rank = context is None or context.is_main

@@ -26,9 +26,12 @@ from morphogen.control.distributed import (
     DistributedSetupError,
     choose_backend,
     combine_moments,
+    format_rank_times,
     rank_device,
     split_envs,
 )
+from morphogen.telemetry.events import RankTimes
+from morphogen.telemetry.sinks import EVENTS_FILENAME, read_events
 
 SRC = Path(__file__).resolve().parents[2] / "src"
 WORKER = Path(__file__).with_name("distributed_worker.py")
@@ -54,6 +57,16 @@ def test_combine_moments_equals_the_moments_of_the_concatenation() -> None:
     assert float(count) == len(union)
     np.testing.assert_allclose(mean.numpy(), union.mean(0), rtol=1e-12)
     np.testing.assert_allclose(var.numpy(), union.var(0), rtol=1e-12)
+
+
+def test_the_rank_line_names_the_rank_with_the_most_own_work() -> None:
+    # Rank 1 collected as long as rank 0 but waited less for the others: it did the most work itself.
+    times = RankTimes(epoch=2, env_id=-1, round=1, collect_seconds=(4.0, 4.0, 3.5),
+                      collect_wait_seconds=(1.0, 0.25, 1.5), update_seconds=(0.5, 0.5, 0.5),
+                      all_reduce_seconds=(0.125, 0.5, 0.25))
+    line = format_rank_times(times)
+    assert "collect work 2.00..3.75s, slowest rank 1" in line
+    assert "waiting 0.25..1.50s" in line and "all-reduce 0.12..0.50s" in line
 
 
 def test_envs_split_evenly_over_ranks_or_are_refused() -> None:
@@ -160,6 +173,12 @@ def test_two_ranks_of_two_envs_equal_one_process_of_four_and_resume_on_one_or_tw
     assert finished.returncode == 0, finished.stderr
     assert finished.stdout.count("round   1") == 1  # rank 0 alone prints
     assert "4 envs on 2 ranks (gloo)" in finished.stdout
+    assert "ranks: collect work" in finished.stdout and "slowest rank" in finished.stdout
+    rank_times = [e for e in read_events(distributed / EVENTS_FILENAME) if isinstance(e, RankTimes)]
+    assert [e.round for e in rank_times] == [1]
+    assert len(rank_times[0].collect_seconds) == len(rank_times[0].all_reduce_seconds) == 2
+    assert all(0 <= wait <= collect for wait, collect in zip(rank_times[0].collect_wait_seconds,
+                                                             rank_times[0].collect_seconds, strict=True))
     assert main(["train", "--rounds", "1", *TINY, "--run-dir", str(single)]) == 0
     assert max_difference(policy_of(distributed), policy_of(single)) <= EQUIVALENCE_TOLERANCE
     saved = load_checkpoint(distributed)
@@ -170,13 +189,24 @@ def test_two_ranks_of_two_envs_equal_one_process_of_four_and_resume_on_one_or_tw
         copy.mkdir()
         for name in ("checkpoint.pt", "config.json", "events.jsonl"):
             (copy / name).write_bytes((distributed / name).read_bytes())
-    train_ranks(2, ["--resume", str(on_two), "--rounds", "2"])
+    train_ranks(2, ["--resume", str(on_two), "--rounds", "2", "--devices", "cpu,cpu"])  # --devices on every rank
     train_ranks(1, ["--resume", str(on_one), "--rounds", "2"])
     assert main(["train", "--resume", str(single), "--rounds", "2"]) == 0
     assert load_checkpoint(on_two)["round"] == load_checkpoint(on_one)["round"] == 2
     reference = policy_of(single)
     assert max_difference(policy_of(on_two), reference) <= EQUIVALENCE_TOLERANCE
     assert max_difference(policy_of(on_one), reference) <= EQUIVALENCE_TOLERANCE
+
+
+@pytest.mark.slow
+def test_two_ranks_equal_one_process_with_two_minibatches(tmp_path: Path) -> None:
+    """Minibatches group the global envs on every rank as one process groups them (`ppo_update`)."""
+    config_file = tmp_path / "train.toml"
+    config_file.write_text("[ppo]\nminibatches = 2\n")
+    distributed, single = tmp_path / "distributed", tmp_path / "single"
+    train_ranks(2, ["--config", str(config_file), "--rounds", "2", *TINY, "--run-dir", str(distributed)])
+    assert main(["train", "--config", str(config_file), "--rounds", "2", *TINY, "--run-dir", str(single)]) == 0
+    assert max_difference(policy_of(distributed), policy_of(single)) <= EQUIVALENCE_TOLERANCE
 
 
 @pytest.mark.slow

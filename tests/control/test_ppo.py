@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import math
+import threading
+from collections.abc import Callable
 from typing import Any
 
 import gymnasium
@@ -12,6 +14,7 @@ import torch
 
 from morphogen.control.policy import FactoredLSTMPolicy
 from morphogen.control.ppo import (
+    EnvShare,
     PPOConfig,
     annealed_coefficient,
     build_optimizer,
@@ -320,3 +323,93 @@ def test_train_gym_progress_bar_reports_rounds_on_stderr(capsys: pytest.CaptureF
     assert captured.out == "" and "train_gym" in captured.err and "2/2" in captured.err
     train_gym(MATCH_TARGET_ID, total_steps=128, seed=0, rollout_length=16)  # captured stderr: no terminal
     assert capsys.readouterr().err == ""
+
+
+# ----------------------------------------------------------------------------------------------
+# Data-parallel update: K processes holding equal shares of the envs take the one-process update
+
+
+class ThreadAllReduce:
+    """`average` for K threads of one process standing in for K ranks: every thread's tensor becomes the
+    mean of all of them, summed in rank order (so every thread gets the same bits, like an all-reduce)."""
+
+    def __init__(self, ranks: int) -> None:
+        self.ranks = ranks
+        self.barrier = threading.Barrier(ranks, timeout=60)
+        self.contributions: list[torch.Tensor | None] = [None] * ranks
+
+    def for_rank(self, rank: int) -> Callable[[torch.Tensor], None]:
+        def average(tensor: torch.Tensor) -> None:
+            self.contributions[rank] = tensor.detach().clone()
+            self.barrier.wait()
+            total = self.contributions[0]
+            for other in self.contributions[1:]:
+                total = total + other  # type: ignore[operator]
+            self.barrier.wait()  # nobody overwrites a contribution before everyone has summed
+            tensor.copy_(total / self.ranks)  # type: ignore[operator]
+
+        return average
+
+
+def data_parallel_update(batch: RolloutBatch, config: PPOConfig, ranks: int) -> list[FactoredLSTMPolicy]:
+    """`ranks` threads, each with the same initial policy and the envs of its share, updating together."""
+    share = batch.n_envs // ranks
+    reduce = ThreadAllReduce(ranks)
+    policies = [make_policy() for _ in range(ranks)]
+    errors: list[BaseException] = []
+
+    def rank_update(rank: int) -> None:
+        try:
+            local = batch.select_envs(torch.arange(rank * share, (rank + 1) * share))
+            ppo_update(policies[rank], build_optimizer(policies[rank], config), local, config, 0.3,
+                       generator=torch.Generator().manual_seed(7), average=reduce.for_rank(rank),
+                       share=EnvShare(rank * share, batch.n_envs))
+        except BaseException as error:  # re-raised in the test's thread
+            errors.append(error)
+            reduce.barrier.abort()
+
+    threads = [threading.Thread(target=rank_update, args=(rank,)) for rank in range(ranks)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    if errors:
+        raise errors[0]
+    return policies
+
+
+#: The data-parallel update equals the one-process update up to float32 summation order (per-rank means
+#: weighted and averaged instead of one mean over the group); measured below 1e-7 here.
+DATA_PARALLEL_TOLERANCE = 1e-6
+
+
+@pytest.mark.parametrize("minibatches", [1, 2, 4])
+def test_ranks_holding_shares_of_the_envs_take_the_update_of_one_process_with_any_minibatches(
+        minibatches: int) -> None:
+    """4 envs on 2 ranks: with 2 or 4 minibatches a rank holds 0, 1 or 2 envs of a group, so the weighting
+    of its part (and the zero gradient of an empty part) decides whether the update matches."""
+    batch = collect_batch(make_policy(), envs=4)
+    config = PPOConfig(minibatches=minibatches, target_kl=None, learning_rate=1e-2)
+    single = make_policy()
+    ppo_update(single, build_optimizer(single, config), batch, config, 0.3, generator=torch.Generator().manual_seed(7))
+    rank0, rank1 = data_parallel_update(batch, config, ranks=2)
+    expected = torch.cat([p.detach().flatten() for p in single.parameters()])
+    moved = (expected - torch.cat([p.detach().flatten() for p in make_policy().parameters()])).abs().max()
+    for policy in (rank0, rank1):
+        parameters = torch.cat([p.detach().flatten() for p in policy.parameters()])
+        assert (parameters - expected).abs().max() <= DATA_PARALLEL_TOLERANCE < moved
+    for a, b in zip(rank0.parameters(), rank1.parameters(), strict=True):
+        assert torch.equal(a, b)  # bit-identical on every rank
+
+
+def test_ranks_stop_early_together_on_the_global_kl() -> None:
+    batch = collect_batch(make_policy(), envs=4)
+    config = PPOConfig(minibatches=2, target_kl=1e-3, epochs=10, learning_rate=1e-2)
+    single = make_policy()
+    expected = ppo_update(single, build_optimizer(single, config), batch, config, 0.3,
+                          generator=torch.Generator().manual_seed(7))
+    assert expected.early_stopped
+    rank0, rank1 = data_parallel_update(batch, config, ranks=2)
+    for policy in (rank0, rank1):
+        for a, b in zip(policy.parameters(), single.parameters(), strict=True):
+            assert (a - b).abs().max() <= DATA_PARALLEL_TOLERANCE

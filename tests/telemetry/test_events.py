@@ -27,6 +27,7 @@ from morphogen.telemetry.events import (
     LSTMHealthMeasured,
     PhaseTimes,
     PPOUpdateCompleted,
+    RankTimes,
     RewardComputed,
     RoundCompleted,
     SlotState,
@@ -127,6 +128,8 @@ SAMPLES: list[Event] = [
         seconds=12.25,
     ),
     PhaseTimes(epoch=50, env_id=ALL_ENVS, phases=(("train", 8.5), ("validate", 2.0), ("update", 1.25))),
+    RankTimes(epoch=50, env_id=ALL_ENVS, round=2, collect_seconds=(4.5, 4.5), collect_wait_seconds=(1.5, 0.25),
+              update_seconds=(0.5, 0.5), all_reduce_seconds=(0.125, 0.25)),
     GradientHealthMeasured(epoch=4, env_id=1, host_norm=0.75, seeds=(("r0c0", 0.125, 0.9, 0.5),)),
     LSTMHealthMeasured(
         epoch=50,
@@ -275,6 +278,7 @@ def test_minimal_level_events() -> None:
         "anomaly_detected",
         "telemetry_level_changed",
         "round_completed",
+        "rank_times",
     }
     debug = {kind for kind, event_type in event_types().items() if event_type.min_level == "debug"}
     assert debug == {"layer_statistics"}
@@ -330,6 +334,9 @@ def test_scalar_values_of_training_events() -> None:
     assert ppo["ppo/epochs_completed"] == 3.0 and ppo["ppo/clip_fraction"] == 0.125
     assert _sample(RoundCompleted).scalars()["time/round"] == 12.25
     assert _sample(PhaseTimes).scalars() == {"time/train": 8.5, "time/validate": 2.0, "time/update": 1.25}
+    assert _sample(RankTimes).scalars() == {
+        "time/rank0/collect": 4.5, "time/rank0/collect_wait": 1.5, "time/rank0/all_reduce": 0.125,
+        "time/rank1/collect": 4.5, "time/rank1/collect_wait": 0.25, "time/rank1/all_reduce": 0.25}
     assert _sample(GradientHealthMeasured).scalars() == {
         "health/host_gradient_norm": 0.75,
         "health/seed_gradient_norm/r0c0": 0.125,

@@ -80,6 +80,7 @@ def read_policy_run(policy_dir: str | Path, device: str) -> tuple[TrainConfig, d
     except (TypeError, json.JSONDecodeError) as error:
         raise CheckpointError(f"checkpoint in {policy_dir} has an unreadable config: {error}") from None
     values["device"] = device
+    values["devices"] = None  # evaluation plays on `device`, whatever devices the policy was trained on
     return build_config(TrainConfig, values), state
 
 

@@ -17,6 +17,7 @@ from morphogen.control.distributed import (
     DistributedContext,
     DistributedTrainer,
     announce_failure,
+    format_rank_times,
     rank_device,
     receive_run_directory,
     send_run_directory,
@@ -25,7 +26,7 @@ from morphogen.control.options import load_session_task
 from morphogen.control.trainer import PPOTrainer, RoundSummary, TrainConfig, format_round, train
 from morphogen.env.seeding import derive_seed
 from morphogen.run_lock import hold_run_directory
-from morphogen.runner import make_run_dir, resolve_device, write_resolved_config
+from morphogen.runner import make_run_dir, resolve_device, resolve_devices, write_resolved_config
 from morphogen.storage import remove_stale_temporaries
 from morphogen.telemetry.resume import cut_events_to_round
 from morphogen.telemetry.sinks import EVENTS_FILENAME, Telemetry
@@ -42,10 +43,15 @@ def config_for_resume(run_dir: str | Path, overrides: dict[str, Any]) -> tuple[T
         values = json.loads(state["config"])
     except (TypeError, json.JSONDecodeError) as error:
         raise CheckpointError(f"checkpoint in {run_dir} has an unreadable config: {error}") from None
-    unsupported = sorted(set(overrides) - {"rounds", "telemetry", "device"})
+    unsupported = sorted(set(overrides) - {"rounds", "telemetry", "device", "devices"})
     if unsupported:
         raise ConfigError(f"--resume continues a run with its saved config; cannot change {', '.join(unsupported)}")
     telemetry = overrides.pop("telemetry", None)
+    # Where the envs run does not change what they compute: a new device or device list replaces the saved one.
+    if "devices" in overrides:
+        values["device"] = overrides["devices"][0]
+    elif "device" in overrides:
+        values["devices"] = None
     values.update(overrides)
     if telemetry is not None:
         values["telemetry"] = {**values.get("telemetry", {}), **telemetry}
@@ -71,8 +77,12 @@ def train_command(config: TrainConfig, *, resume_state: dict[str, Any] | None = 
     out = sys.stdout if out is None else out
     config = config.with_resolved_host()  # config.json and the checkpoint record the host's whole size
     device = resolve_device(config.device)
+    devices = resolve_devices(config.devices) if config.devices else None
     if context is not None:
         device = rank_device(device, context.local_rank)
+        devices = None if devices is None else [rank_device(name, context.local_rank) for name in devices]
+    if devices is not None:
+        device = devices[0]  # the policy, the training data and the shared batches live on the first device
     if context is not None and config.imitation.rounds:
         raise ConfigError("imitation.rounds: the imitation warm start runs in one process; "
                           "drop --distributed or set imitation.rounds = 0")
@@ -82,7 +92,8 @@ def train_command(config: TrainConfig, *, resume_state: dict[str, Any] | None = 
     torch.manual_seed(derive_seed(config.seed, GLOBAL_RNG_STREAM))
     # Everything that can fail on the user's input (slots, layout, an existing run) fails before any file
     # of a run directory is created or written.
-    trainer = PPOTrainer(config, task) if context is None else DistributedTrainer(config, task, context)
+    trainer = (PPOTrainer(config, task, devices=devices) if context is None else
+               DistributedTrainer(config, task, context, devices=devices))
     if resume_state is not None:
         assert config.run_dir is not None, "config_for_resume sets run_dir"
         trainer.load_state_dict(resume_state, Path(config.run_dir))
@@ -105,7 +116,8 @@ def train_command(config: TrainConfig, *, resume_state: dict[str, Any] | None = 
             dropped = cut_events_to_round(run_dir / EVENTS_FILENAME, trainer.state.next_round) if resume_state else 0
         if context is not None:
             send_run_directory(context, str(run_dir))
-        _train_rounds(trainer, task.name, device, run_dir, dropped, out, context)
+        where = f"device {device}" if devices is None else f"devices {','.join(devices)} (policy on {device})"
+        _train_rounds(trainer, task.name, where, run_dir, dropped, out, context)
     if trainer.timer.enabled:
         print(trainer.timer.summary(), file=out)
     print(f"checkpoint: {run_dir / 'checkpoint.pt'}", file=out)
@@ -139,9 +151,10 @@ def _refuse_existing_run(run_dir: str | None) -> None:
                           f"continue it with --resume {run_dir} or choose another --run-dir")
 
 
-def _train_rounds(trainer: PPOTrainer, task_name: str, device: str, run_dir: Path, dropped: int,
+def _train_rounds(trainer: PPOTrainer, task_name: str, where: str, run_dir: Path, dropped: int,
                   out: TextIO, context: DistributedContext | None = None) -> None:
-    """The round loop of `train_command` with its telemetry and progress display, in a locked `run_dir`."""
+    """The round loop of `train_command` with its telemetry and progress display, in a locked `run_dir`;
+    `where` says on which device(s) it runs."""
     config = trainer.config
     with Telemetry(run_dir, config=config.telemetry) as telemetry, ProgressDisplay(out) as display:
         trainer.attach_telemetry(telemetry, run_dir)
@@ -149,7 +162,7 @@ def _train_rounds(trainer: PPOTrainer, task_name: str, device: str, run_dir: Pat
         envs = f"{config.n_envs} envs" if context is None else \
             f"{config.n_envs * context.world_size} envs on {context.world_size} ranks ({context.backend})"
         display.print(f"morphogen train: task {task_name}, {envs} x {config.episode_length} epochs per "
-                      f"round, rounds {first}..{config.rounds}, device {device}")
+                      f"round, rounds {first}..{config.rounds}, {where}")
         display.print(f"run dir: {run_dir}")
         if dropped:
             display.print(f"resume: dropped {dropped:,} bytes of {EVENTS_FILENAME} written after the round-{first - 1} "
@@ -160,6 +173,8 @@ def _train_rounds(trainer: PPOTrainer, task_name: str, device: str, run_dir: Pat
 
         def on_round(summary: RoundSummary) -> None:
             display.print(format_round(summary))
+            if summary.rank_times is not None:
+                display.print(format_rank_times(summary.rank_times))
             display.advance(rounds)
             if summary.round < config.rounds:
                 display.reset(epochs, description=f"round {summary.round + 1} epochs")

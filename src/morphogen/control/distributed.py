@@ -23,9 +23,14 @@ others, so every collective of a run is issued from this module, in this order):
 4. Update: `ppo_update(average=...)` all-reduces the advantage moments once, every minibatch's
    flattened gradients (one all-reduce, then the mean), and each epoch's KL. All ranks then clip
    the same gradients and take the same Adam step: parameters stay bit-identical (tested).
-   Minibatches are groups of each rank's own envs; with `ppo.minibatches = 1` the update equals
-   one process's update over all envs up to the summation order of floats.
-5. Round summary: the per-rank means (return, accuracy, ...) are averaged (one all-reduce).
+   Minibatches are groups of the global envs, drawn the same way one process draws them; each
+   rank takes its envs of a group and weights its gradient by their share of it (`ppo_update`), so
+   the update equals one process's update over all envs up to the summation order of floats, with
+   any `ppo.minibatches` (at most the envs of one rank). The price: a rank computes only its part of
+   each group, and the parts differ in size, so a minibatch lasts as long as its largest part.
+5. Round summary, after the update: one all-gather of each rank's means (return, accuracy, ...) and
+   times (collect, the part of it spent waiting in collectives, update, all-reduce); the means are
+   averaged, and rank 0 prints the slowest rank and writes every rank's times (`RankTimes`).
 6. Only rank 0 holds the run directory: it prints, writes telemetry and the checkpoint. The
    checkpoint is the one a single process with `n_envs` envs writes (global config, reward
    normalizer returns of shape [n_envs]), so it resumes on any number of ranks that divides
@@ -58,11 +63,13 @@ from morphogen.control.controller import Controller
 from morphogen.control.learned import PolicyInputs
 from morphogen.control.normalization import RunningMeanStd, merge_moments
 from morphogen.control.policy import ActionOutput, LSTMState
+from morphogen.control.ppo import EnvShare
 from morphogen.control.rollout import RolloutBatch
-from morphogen.control.trainer import PPOTrainer, TrainConfig, _config_dict
+from morphogen.control.trainer import PPOTrainer, RoundSummary, TrainConfig, _config_dict
 from morphogen.data import Task
 from morphogen.env.actions import Action
 from morphogen.env.snapshot import EpisodeSnapshot
+from morphogen.telemetry import events
 from morphogen.telemetry.sinks import Telemetry
 
 #: Environment variables torchrun sets for every rank; `--distributed` needs all of them.
@@ -92,6 +99,10 @@ class CollectiveTime:
     def add(self, what: str, seconds: float) -> None:
         self.seconds[what] = self.seconds.get(what, 0.0) + seconds
 
+    def total(self) -> float:
+        """Seconds inside collectives of every kind so far."""
+        return sum(self.seconds.values())
+
 
 @dataclass(frozen=True)
 class DistributedContext:
@@ -111,17 +122,31 @@ class DistributedContext:
 
 
 def choose_backend(device: str, override: str | None = None) -> str:
-    """NCCL for CUDA devices, gloo otherwise; `override` (gloo or nccl) wins."""
+    """NCCL for CUDA devices, gloo otherwise; `override` (gloo or nccl) wins.
+
+    `device` is where the policy lives (`TrainConfig.policy_device`: the first of `--devices`, else
+    `--device`): every collective runs on the policy's tensors, so its device decides. `auto` counts as
+    CUDA where CUDA is available, as it resolves to it.
+    """
     if override is not None:
         if override not in BACKENDS:
             raise DistributedSetupError(f"--dist-backend must be one of {', '.join(BACKENDS)}, got {override!r}")
         return override
+    if device == "auto":
+        return "nccl" if torch.cuda.is_available() else "gloo"
     return "nccl" if device.startswith("cuda") else "gloo"
 
 
 def rank_device(device: str, local_rank: int) -> str:
     """The device of a rank: `cuda` becomes `cuda:<local rank>` (one GPU per rank); others are kept."""
     return f"cuda:{local_rank}" if device == "cuda" else device
+
+
+def nccl_device_index(device: str, local_rank: int) -> int:
+    """The CUDA device NCCL uses on this rank: the policy's (`cuda:N`, where the collectives' tensors
+    live), else the local rank's (`cuda`, `auto`, or a non-CUDA device with `--dist-backend nccl`)."""
+    parsed = torch.device(rank_device("cuda" if device == "auto" else device, local_rank))
+    return parsed.index if parsed.type == "cuda" and parsed.index is not None else local_rank
 
 
 def init_distributed(device: str, *, backend: str | None = None,
@@ -139,7 +164,7 @@ def init_distributed(device: str, *, backend: str | None = None,
     local_rank = int(os.environ["LOCAL_RANK"])
     if not dist.is_initialized():
         if chosen == "nccl":
-            torch.cuda.set_device(local_rank)
+            torch.cuda.set_device(nccl_device_index(device, local_rank))
         dist.init_process_group(chosen, rank=rank, world_size=world_size,
                                 timeout=datetime.timedelta(seconds=timeout_s))
     return DistributedContext(rank, world_size, local_rank, chosen, timeout_s)
@@ -232,6 +257,16 @@ class SharedRunningMeanStd(RunningMeanStd):
             self.merge_batch(merged_mean.reshape(self.shape), merged_var.reshape(self.shape), total)
 
 
+def format_rank_times(times: events.RankTimes) -> str:
+    """The line printed under a distributed round: the spread of the ranks' own collect work (collect time
+    less the time waiting for the others in collectives), the slowest rank, and the all-reduce times."""
+    work = [collect - wait for collect, wait in zip(times.collect_seconds, times.collect_wait_seconds, strict=True)]
+    slowest = max(range(len(work)), key=work.__getitem__)
+    return (f"          ranks: collect work {min(work):.2f}..{work[slowest]:.2f}s, slowest rank {slowest}; waiting "
+            f"{min(times.collect_wait_seconds):.2f}..{max(times.collect_wait_seconds):.2f}s; all-reduce "
+            f"{min(times.all_reduce_seconds):.2f}..{max(times.all_reduce_seconds):.2f}s")
+
+
 def send_run_directory(context: DistributedContext, run_dir: str) -> None:
     """Rank 0: the run directory is ready; tell the other ranks where it is (they start the rounds)."""
     with collective("start-up broadcast", context):
@@ -273,15 +308,20 @@ class DistributedTrainer(PPOTrainer):
     """A `PPOTrainer` for one rank: its share of the envs, collectives in the order of the module docstring."""
 
     def __init__(self, config: TrainConfig, task: Task, context: DistributedContext,
-                 telemetry: Telemetry | None = None) -> None:
+                 telemetry: Telemetry | None = None, *, devices: list[str] | None = None) -> None:
+        """`devices` spreads this rank's envs over them as in `PPOTrainer` (None: `config.devices`)."""
         first, share = split_envs(config.n_envs, context.world_size, context.rank)
         if config.ppo.minibatches > share:
             raise DistributedSetupError(f"ppo.minibatches ({config.ppo.minibatches}) cannot exceed the envs of one "
                                         f"rank ({share} = {config.n_envs} envs / {context.world_size} ranks)")
-        super().__init__(dataclasses.replace(config, n_envs=share), task, telemetry, first_env=first)
+        super().__init__(dataclasses.replace(config, n_envs=share), task, telemetry, first_env=first, devices=devices)
         self.global_config, self.context = config, context
+        #: Seconds inside collectives when this round's collect ended, and how many of them it spent there.
+        self._collective_seconds_after_collect = 0.0
+        self._collect_wait_seconds = 0.0
         self.rows = slice(first, first + share)
         self.average = lambda tensor: average_(tensor, context)
+        self.share = EnvShare(first, config.n_envs)
         self.state.reward_normalizer.stats = SharedRunningMeanStd(self.state.reward_normalizer.stats, context)
         self.state.value_normalizer.stats = SharedRunningMeanStd(self.state.value_normalizer.stats, context)
         self._global_state: LSTMState | None = None
@@ -337,14 +377,31 @@ class DistributedTrainer(PPOTrainer):
 
     def collect(self, round_index: int, demonstrators: Sequence[Controller] | None = None,
                 ) -> tuple[RolloutBatch, dict[str, float]]:
-        """Rule 5: this rank's episodes, with the round summary averaged over the ranks.
+        """This rank's episodes; notes the time spent inside collectives meanwhile (waiting for other ranks).
 
         Imitation (`demonstrators`) is refused before a distributed run starts (`train_command`)."""
         if demonstrators is not None:
             raise ValueError("the imitation warm start runs in one process, not on distributed ranks")
+        before = self.context.time.total()
         batch, summary = super().collect(round_index)
-        keys = sorted(summary)
-        values = torch.tensor([summary[key] for key in keys], dtype=torch.float64, device=self.state.agent.device)
-        average_(values, self.context)
-        return batch, dict(zip(keys, values.tolist(), strict=True))  # one sync per round, for the log line
+        self._collective_seconds_after_collect = self.context.time.total()
+        self._collect_wait_seconds = self._collective_seconds_after_collect - before
+        return batch, summary
+
+    def combine_ranks(self, summary: RoundSummary) -> RoundSummary:
+        """Rule 5: one all-gather of every rank's round means and times; the means are averaged over the
+        ranks (in rank order, the same on every rank) and rank 0 reports each rank's times."""
+        all_reduce_seconds = self.context.time.total() - self._collective_seconds_after_collect
+        means = ("mean_return", "mean_final_accuracy", "mean_parameters_added", "fossilized", "pruned")
+        row = torch.tensor([[*(getattr(summary, name) for name in means), summary.collect_seconds,
+                             self._collect_wait_seconds, summary.update_seconds, all_reduce_seconds]],
+                           dtype=torch.float64, device=self.state.agent.device)  # (1, 9)
+        rows = all_gather_rows(row, self.context).cpu()  # (ranks, 9); one sync per round, for the log line
+        averaged = rows[:, :len(means)].mean(0).tolist()
+        times = rows[:, len(means):].T.tolist()  # (4, ranks)
+        rank_times = events.RankTimes(epoch=summary.round * self.config.episode_length, env_id=events.ALL_ENVS,
+                                      round=summary.round, collect_seconds=tuple(times[0]),
+                                      collect_wait_seconds=tuple(times[1]), update_seconds=tuple(times[2]),
+                                      all_reduce_seconds=tuple(times[3]))
+        return dataclasses.replace(summary, **dict(zip(means, averaged, strict=True)), rank_times=rank_times)
 

@@ -22,6 +22,9 @@ from morphogen.data import TASK_NAMES, TASK_TOPOLOGIES, Task, host_size, load_ta
 from morphogen.limits import MAX_HOST_PARAMETERS, MAX_SEED, MAX_TRAIN_SAMPLES, check_count
 from morphogen.telemetry.config import TelemetryConfig
 
+#: The device a session runs on when none is named.
+DEFAULT_DEVICE = "cpu"
+
 
 @dataclass(frozen=True)
 class SessionOptions:
@@ -36,7 +39,7 @@ class SessionOptions:
     #: n_layers, block_size, n_segments). Arguments left out keep the task's default.
     host: dict[str, int] = field(default_factory=dict)
     #: Device: cpu, cuda, cuda:N, mps, or auto (cuda when available, else cpu).
-    device: str = "cpu"
+    device: str = DEFAULT_DEVICE
     #: Slots to place (ids like r0c1); None places a slot at every injection point of the host.
     slots: tuple[str, ...] | None = None
     #: Also place slots after each pooling layer of the CNN host (ids r1c{i}).

@@ -30,6 +30,7 @@ from morphogen.control.policy import FactoredLSTMPolicy
 from morphogen.control.rollout import RolloutBatch, generalized_advantage_estimation
 
 __all__ = [
+    "EnvShare",
     "LossTerms",
     "PPOConfig",
     "PPOStatistics",
@@ -327,6 +328,15 @@ def ppo_losses(
     )
 
 
+@dataclass(frozen=True)
+class EnvShare:
+    """The env sequences one process of a data-parallel update holds: global envs ``first .. first + n - 1``
+    of ``total`` (every process holds as many as the others)."""
+
+    first: int
+    total: int
+
+
 def ppo_update(
     policy: FactoredLSTMPolicy,
     optimizer: torch.optim.Optimizer,
@@ -336,6 +346,7 @@ def ppo_update(
     *,
     generator: torch.Generator | None = None,
     average: Callable[[Tensor], None] | None = None,
+    share: EnvShare | None = None,
 ) -> PPOStatistics:
     """Run up to ``config.epochs`` epochs of PPO on ``batch``; ``progress`` in [0, 1] anneals the entropy.
 
@@ -343,16 +354,28 @@ def ppo_update(
     ``config.minibatches`` groups. Syncs: see the module docstring.
 
     ``average``, when given, replaces a tensor in place by its mean over every process taking part in
-    one update (data-parallel PPO, ``control/distributed.py``; every process holds as many env
-    sequences as the others). It is applied to the advantage moments, to every minibatch's gradients
+    one update (data-parallel PPO, ``control/distributed.py``); ``share`` says which of the update's
+    envs ``batch`` holds. It is applied to the advantage moments, to every minibatch's gradients
     before clipping, and to each epoch's KL, so that all processes take the same optimizer steps and
     the same early-stop decision. None (one process) leaves the update exactly as without it.
+
+    Minibatches are groups of the *global* envs: every process draws the same permutation of all
+    ``share.total`` envs and takes, in each group, the envs it holds (possibly none). Its terms are
+    means over its part, so its gradient and KL are weighted by its part's size times the number of
+    processes over the group's size before the average: the averaged gradient is that of the group's
+    mean loss, and the update is the one a single process holding every env takes, up to the
+    summation order of floats (tested with ``minibatches > 1``). A process with no env in a group
+    still takes part in its all-reduce, with a zero gradient.
     """
-    if config.minibatches > batch.n_envs:
+    share = share or EnvShare(0, batch.n_envs)
+    if share.first < 0 or share.first + batch.n_envs > share.total or share.total % batch.n_envs:
+        raise ValueError(f"{share} does not hold the batch's {batch.n_envs} envs as an equal share of the total")
+    if config.minibatches > share.total:
         raise ValueError(
-            f"PPOConfig.minibatches={config.minibatches} exceeds the {batch.n_envs} env sequences in the "
-            "batch; minibatches are groups of whole sequences, so use at most one per env"
+            f"PPOConfig.minibatches={config.minibatches} exceeds the {share.total} env sequences in the "
+            "update; minibatches are groups of whole sequences, so use at most one per env"
         )
+    processes = share.total // batch.n_envs
     head_weights = None
     if config.entropy_head_weights is not None:
         if len(config.entropy_head_weights) != policy.n_heads:
@@ -382,15 +405,15 @@ def ppo_update(
     ratio_min = torch.full((), math.inf, device=device)
     for _ in range(config.epochs):
         epoch_kl = torch.zeros((), device=device)
-        order = torch.randperm(batch.n_envs, generator=generator).to(device)
-        for env_indices in torch.tensor_split(order, config.minibatches):
-            terms = ppo_losses(policy, batch.select_envs(env_indices), config, entropy_coef, head_weights)
-            optimizer.zero_grad(set_to_none=True)
-            torch.autograd.backward(terms.total)
-            if average is not None:
-                _average_gradients(policy, average)
-            grad_norm = torch.nn.utils.clip_grad_norm_(policy.parameters(), config.max_grad_norm)
-            optimizer.step()
+        order = torch.randperm(share.total, generator=generator)
+        for group in torch.tensor_split(order, config.minibatches):
+            mine = group[(group >= share.first) & (group < share.first + batch.n_envs)] - share.first
+            weight = mine.numel() * processes / group.numel()  # 1 on one process: no rescaling at all
+            stepped = _minibatch_step(policy, optimizer, batch, mine.to(device), weight, config, entropy_coef,
+                                      head_weights, average)
+            if stepped is None:  # none of this process's envs in the group
+                continue
+            terms, grad_norm = stepped
             minibatch_values = torch.stack(
                 [
                     terms.policy_loss,
@@ -405,7 +428,7 @@ def ppo_update(
             entropy_sums += terms.entropy_per_head
             ratio_max = torch.maximum(ratio_max, terms.ratio_extremes[0])
             ratio_min = torch.minimum(ratio_min, terms.ratio_extremes[1])
-            epoch_kl = epoch_kl + terms.approx_kl
+            epoch_kl = epoch_kl + (terms.approx_kl if weight == 1 else terms.approx_kl * weight)
             minibatches_run += 1
         epochs_completed += 1
         epoch_kl = epoch_kl / config.minibatches
@@ -426,6 +449,32 @@ def ppo_update(
         epochs_completed,
         early_stopped,
     )
+
+
+def _minibatch_step(
+    policy: FactoredLSTMPolicy,
+    optimizer: torch.optim.Optimizer,
+    batch: RolloutBatch,
+    mine: Tensor,
+    weight: float,
+    config: PPOConfig,
+    entropy_coef: float,
+    head_weights: Tensor | None,
+    average: Callable[[Tensor], None] | None,
+) -> tuple[LossTerms, Tensor] | None:
+    """One optimizer step on a minibatch of which this process holds the envs ``mine`` (its losses are
+    scaled by ``weight``, see ``ppo_update``); the losses and the gradient norm, or None for an empty
+    part, which still takes part in the gradient average with zeros."""
+    optimizer.zero_grad(set_to_none=True)
+    terms = None
+    if mine.numel() > 0:
+        terms = ppo_losses(policy, batch.select_envs(mine), config, entropy_coef, head_weights)
+        torch.autograd.backward(terms.total if weight == 1 else terms.total * weight)
+    if average is not None:
+        _average_gradients(policy, average)
+    grad_norm = torch.nn.utils.clip_grad_norm_(policy.parameters(), config.max_grad_norm)
+    optimizer.step()
+    return None if terms is None else (terms, grad_norm)
 
 
 def _standardize_across(advantages: Tensor, average: Callable[[Tensor], None]) -> Tensor:

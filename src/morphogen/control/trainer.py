@@ -39,9 +39,9 @@ from morphogen.control.imitation import ImitationConfig, ImitationStatistics, co
 from morphogen.control.integrity import non_finite_entries
 from morphogen.control.learned import PolicyAgent, PolicyInputs, build_policy
 from morphogen.control.normalization import RewardNormalizer, RunningMeanStd, ValueNormalizer
-from morphogen.control.options import SessionOptions
+from morphogen.control.options import DEFAULT_DEVICE, SessionOptions
 from morphogen.control.policy import ActionOutput, LSTMState
-from morphogen.control.ppo import PPOConfig, PPOStatistics, build_optimizer, ppo_update
+from morphogen.control.ppo import EnvShare, PPOConfig, PPOStatistics, build_optimizer, ppo_update
 from morphogen.control.rollout import RolloutBatch, RolloutBuffer
 from morphogen.core.lifecycle import GateConfig, GateMode
 from morphogen.core.slot import SlotConfig
@@ -74,6 +74,10 @@ class TrainConfig(SessionOptions):
 
     #: Episodes run side by side per round.
     n_envs: int = 4
+    #: Devices to spread the envs over in this process, e.g. ["cuda:0", "cuda:1"]: env i runs on
+    #: devices[i % len(devices)]; the policy, the training data and the shared batch stream live on the
+    #: first. None runs every env on `device` (which must be left out, or equal devices[0], when this is set).
+    devices: tuple[str, ...] | None = None
     #: PPO rounds (one update each).
     rounds: int = 20
     #: Width of the policy's trunk and LSTM.
@@ -94,12 +98,24 @@ class TrainConfig(SessionOptions):
         check_count("n_envs", self.n_envs, MAX_ENVS)
         check_count("rounds", self.rounds, MAX_ROUNDS)
         check_count("hidden_size", self.hidden_size, MAX_HIDDEN_SIZE)
+        if self.devices is not None:
+            if not self.devices or not all(isinstance(d, str) and d.strip() for d in self.devices):
+                raise ValueError(f"devices must name at least one device, none empty, got {list(self.devices)}")
+            if self.device not in (DEFAULT_DEVICE, self.devices[0]):
+                raise ValueError(f"device must be left out (or be {self.devices[0]}, the first of devices) when "
+                                 f"devices is set, got {self.device}: the policy lives on the first of devices")
         if self.ppo.minibatches > self.n_envs:
             raise ValueError(f"ppo.minibatches ({self.ppo.minibatches}) cannot exceed n_envs ({self.n_envs})")
 
     @property
     def episode_length(self) -> int:
         return self.episode.max_epochs
+
+    @property
+    def policy_device(self) -> str:
+        """Where the policy, the training data and the shared batch stream live: the first of `devices`,
+        else `device` (as configured; `runner.resolve_device` resolves `auto`)."""
+        return self.devices[0] if self.devices else self.device
 
 
 @dataclass(frozen=True)
@@ -116,6 +132,8 @@ class RoundSummary:
     seconds: float
     collect_seconds: float
     update_seconds: float
+    #: Each rank's times in a distributed run (`DistributedTrainer`), None in one process.
+    rank_times: events.RankTimes | None = None
 
 
 @dataclass
@@ -137,15 +155,20 @@ class PPOTrainer:
     """Owns the vector of episodes, the agent and the optimizer; `run_round` does one full round."""
 
     def __init__(self, config: TrainConfig, task: Task, telemetry: Telemetry | None = None, *,
-                 first_env: int = 0) -> None:
+                 first_env: int = 0, devices: list[str] | None = None) -> None:
         """`first_env` is the global index of the first env (not 0 only on a distributed rank, whose
-        `config.n_envs` is its own share of the envs)."""
+        `config.n_envs` is its own share of the envs). `devices` (resolved device strings, e.g. `auto`
+        resolved by `runner.resolve_device`; the task's data on the first) spreads the envs over them;
+        None uses `config.devices` as they are."""
         self.config, self.task = config, task
         episode_config = dataclasses.replace(config.episode, gamma=config.ppo.gamma)
         self.vector = VectorEpisodes(task, episode_config, config.n_envs, seed=config.seed, slots=config.slots,
-                                     pool_slots=config.pool_slots, first_env=first_env)
+                                     pool_slots=config.pool_slots, first_env=first_env,
+                                     devices=config.devices if devices is None else devices)
         #: Averages a tensor in place over the processes of a data-parallel update (None: one process).
         self.average: Callable[[torch.Tensor], None] | None = None
+        #: Which of the update's envs this process holds (None: one process, all of them).
+        self.share: EnvShare | None = None
         #: Escalation state read from a checkpoint, applied when the run's telemetry is attached.
         self._resumed_telemetry: dict[str, Any] | None = None
         self.detector = AnomalyDetector()  # replaced (keeping its state) by every `attach_telemetry`
@@ -347,15 +370,23 @@ class PPOTrainer:
         with self.timer.phase("update"):
             statistics = ppo_update(self.state.agent.policy, self.state.optimizer, batch, self.config.ppo,
                                     progress=round_index / self.config.rounds, generator=update_generator,
-                                    average=self.average)
+                                    average=self.average, share=self.share)
         self._undo_non_finite_update(before, round_index + 1)
         self.profiler.step()
         finished = time.perf_counter()
         self.state.next_round = round_index + 1
         result = RoundSummary(round=round_index + 1, statistics=statistics, seconds=finished - started,
-                              collect_seconds=collected - started, update_seconds=finished - collected, **summary)
+                              collect_seconds=collected - started, update_seconds=finished - collected,
+                              mean_return=summary["mean_return"], mean_final_accuracy=summary["mean_final_accuracy"],
+                              mean_parameters_added=summary["mean_parameters_added"],
+                              fossilized=summary["fossilized"], pruned=summary["pruned"])
+        result = self.combine_ranks(result)
         self._report_round(result)
         return result
+
+    def combine_ranks(self, summary: RoundSummary) -> RoundSummary:
+        """The round's summary over every process of the run: in one process, `summary` itself."""
+        return summary
 
     def _policy_backup(self) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
         """Copies of the policy's and the optimizer's state, to undo an update that diverged."""
@@ -409,6 +440,8 @@ class PPOTrainer:
         telemetry.emit(lstm.event(epoch=epoch, env_id=ALL_ENVS))
         if self.timer.enabled:
             telemetry.emit(self.timer.event(epoch=epoch, env_id=ALL_ENVS))
+        if summary.rank_times is not None:
+            telemetry.emit(summary.rank_times)
         telemetry.emit(events.RoundCompleted(
             epoch=epoch, env_id=ALL_ENVS, round=summary.round, mean_return=summary.mean_return,
             mean_final_accuracy=summary.mean_final_accuracy, mean_parameters_added=summary.mean_parameters_added,

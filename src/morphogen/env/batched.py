@@ -51,7 +51,7 @@ vector's one synchronize per phase then covers the group's work and its write-ba
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable, Iterable, Sequence
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass
 
@@ -393,16 +393,19 @@ def _one_dtype(episode: MorphogenesisEpisode) -> bool:
 
 
 TrainAlone = Callable[[Tensor, Tensor, Sequence[int]], None]
+#: The batch on every device an env runs on (`DevicePlacement.copy_batch`).
+CopyBatch = Callable[[Tensor, Tensor], Mapping[torch.device, tuple[Tensor, Tensor]]]
 
 
 def train_epoch_batched(episodes: Sequence[MorphogenesisEpisode], batches: Iterable[tuple[Tensor, Tensor]],
                         train_alone: TrainAlone, streams: Sequence[torch.cuda.Stream] | None = None,
-                        *, min_group_size: int = 2) -> EpochPlan:
+                        *, min_group_size: int = 2, copy_batch: CopyBatch | None = None) -> EpochPlan:
     """Train every env one epoch on the shared `batches`: identical architectures stacked, the rest alone.
 
     `train_alone(inputs, targets, indices)` trains the envs at `indices` one after another on a batch
     (the vector's per-env path). `streams` are the envs' CUDA streams (None on other devices). Each
-    group's time lands in its first env's "train" phase.
+    group's time lands in its first env's "train" phase. With envs on several devices, `copy_batch` gives
+    the batch on each of them (a group's envs share one device: it is part of their signature).
     """
     plan = plan_epoch(episodes, min_group_size)
     group_streams = [None if streams is None else streams[group[0]] for group in plan.groups]
@@ -411,9 +414,12 @@ def train_epoch_batched(episodes: Sequence[MorphogenesisEpisode], batches: Itera
         with _on_stream(stream, episodes[group[0]]):
             stacked.append(StackedEnvs([episodes[index] for index in group]))
     for inputs, targets in batches:
+        on_device = None if copy_batch is None or not plan.groups else copy_batch(inputs, targets)
         for group, stream, envs in zip(plan.groups, group_streams, stacked, strict=True):
-            with episodes[group[0]].timer.phase("train"), _on_stream(stream, episodes[group[0]], inputs, targets):
-                envs.step(inputs, targets)
+            first = episodes[group[0]]
+            group_inputs, group_targets = (inputs, targets) if on_device is None else on_device[first.device]
+            with first.timer.phase("train"), _on_stream(stream, first, group_inputs, group_targets):
+                envs.step(group_inputs, group_targets)
         if plan.alone:
             train_alone(inputs, targets, plan.alone)
     for group, stream, envs in zip(plan.groups, group_streams, stacked, strict=True):

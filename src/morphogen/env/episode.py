@@ -106,7 +106,9 @@ class MorphogenesisEpisode:
         self.telemetry = telemetry or Telemetry(None, level="off")
         self.env_id = env_id
         self.pool_slots = pool_slots
-        self.device = task.train.device
+        #: Where the model lives: the device of the task's validation split (a vector spreading envs over
+        #: devices hands each env a task whose validation split is on the env's device; see env/placement.py).
+        self.device = task.validation.device
         self.batch_size = self.config.batch_size or task.batch_size
         self.blueprint_ids = {name: i + 1 for i, name in enumerate(blueprint_names(task.topology))}
         self.model: MorphogeneticModel | None = None
@@ -173,8 +175,10 @@ class MorphogenesisEpisode:
     def step(self, action: Action) -> StepResult:
         """Act, train one epoch on this episode's own batch order, and finish the epoch."""
         succeeded, reason = self.apply_action(action)
-        self.train_epoch(self.task.train.iterate_batches(self.batch_size, generator=self.generator,
-                                                         augment=self.task.augment))
+        batches = self.task.train.iterate_batches(self.batch_size, generator=self.generator, augment=self.task.augment)
+        if self.task.train.device != self.device:
+            batches = ((inputs.to(self.device), targets.to(self.device)) for inputs, targets in batches)
+        self.train_epoch(batches)
         return self.finish_epoch(action, succeeded, reason)
 
     def apply_action(self, action: Action) -> tuple[bool, str]:

@@ -8,7 +8,10 @@ CUDA rules (DESIGN §7, §9.4): each env trains on its own persistent stream. A 
 current stream and read on an env's stream is marked with `record_stream`, so the caching allocator
 does not hand its memory to someone else while that stream may still read it. The input batch and
 every tensor derived from it on the producing stream (the augmented images) are recorded, not only
-the derived ones. One synchronize per phase, before the epoch's metrics are read.
+the derived ones. One synchronize per phase (per device), before the epoch's metrics are read.
+
+Several devices (`devices`): env i runs on `devices[i % len(devices)]`; the batch is produced on the
+first and copied once per other device (`env/placement.py` says what lives where).
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from morphogen.data import Task
 from morphogen.env.actions import Action
 from morphogen.env.batched import train_epoch_batched
 from morphogen.env.episode import EpisodeConfig, MorphogenesisEpisode, StepResult
+from morphogen.env.placement import DevicePlacement
 from morphogen.env.seeding import derive_seed
 from morphogen.env.snapshot import EpisodeSnapshot
 from morphogen.telemetry.anomalies import AnomalyDetector
@@ -35,22 +39,24 @@ class VectorEpisodes:
 
     def __init__(self, task: Task, config: EpisodeConfig, n_envs: int, *, seed: int = 0,
                  slots: Sequence[str] | None = None, telemetry: Telemetry | None = None,
-                 pool_slots: bool = False, first_env: int = 0) -> None:
+                 pool_slots: bool = False, first_env: int = 0,
+                 devices: Sequence[str | torch.device] | None = None) -> None:
         """`first_env` is the global index of this vector's first env: a distributed rank owning envs
-        `first_env .. first_env + n_envs - 1` of a larger run gives them the seeds and ids they have there."""
+        `first_env .. first_env + n_envs - 1` of a larger run gives them the seeds and ids they have there.
+        `devices` spreads the envs over devices (the task's data must be on the first); None: the task's device."""
         if n_envs < 1:
             raise ValueError(f"n_envs must be >= 1, got {n_envs}")
         if first_env < 0:
             raise ValueError(f"first_env must be >= 0, got {first_env}")
         self.task, self.config, self.seed, self.first_env = task, config, seed, first_env
+        self.placement = DevicePlacement(task, n_envs, devices)
         self.episodes = [
-            MorphogenesisEpisode(task, config, seed=seed, slots=slots, telemetry=telemetry, env_id=first_env + i,
-                                 pool_slots=pool_slots)
+            MorphogenesisEpisode(self.placement.task_for(i), config, seed=seed, slots=slots, telemetry=telemetry,
+                                 env_id=first_env + i, pool_slots=pool_slots)
             for i in range(n_envs)
         ]
         self.device = task.train.device
-        self.streams = ([torch.cuda.Stream(device=self.device) for _ in self.episodes]
-                        if self.device.type == "cuda" else None)
+        self.streams = self.placement.streams
         self.batch_size = config.batch_size or task.batch_size
         self.generator = torch.Generator(device="cpu")
         self.telemetry = telemetry or Telemetry(None, level="off")
@@ -87,12 +93,12 @@ class VectorEpisodes:
         outcomes = [episode.apply_action(action) for episode, action in zip(self.episodes, actions, strict=True)]
         batches = self.task.train.iterate_batches(self.batch_size, generator=self.generator, augment=self.task.augment)
         if self.config.batch_identical:
-            train_epoch_batched(self.episodes, batches, self._train_all, self.streams)
+            train_epoch_batched(self.episodes, batches, self._train_all, self.streams,
+                                copy_batch=self.placement.copy_batch)
         else:
             for inputs, targets in batches:
                 self._train_all(inputs, targets)
-        if self.streams is not None:
-            torch.cuda.synchronize(self.device)  # one sync per phase: all env streams done before reading metrics
+        self.placement.synchronize()  # one sync per phase and CUDA device: env streams done before reading metrics
         results = [episode.finish_epoch(action, succeeded, reason)
                    for episode, action, (succeeded, reason) in zip(self.episodes, actions, outcomes, strict=True)]
         # Once per vector step, on the env-epoch clock that keeps rising across episodes.
@@ -102,18 +108,18 @@ class VectorEpisodes:
     def _train_all(self, inputs: Tensor, targets: Tensor, indices: Sequence[int] | None = None) -> None:
         """Train every env (or those at `indices`) on one shared batch, timed under each env's "train" phase
         (on CUDA that is the time to queue the work; the device time lands in the phase's one synchronize)."""
-        chosen = range(self.n_envs) if indices is None else indices
-        if self.streams is None:
-            for index in chosen:
-                episode = self.episodes[index]
-                with episode.timer.phase("train"):
-                    episode.trainer.train_batch(inputs, targets)
-            return
-        producer = torch.cuda.current_stream(self.device)
-        for episode, stream in ((self.episodes[index], self.streams[index]) for index in chosen):
+        batches = self.placement.copy_batch(inputs, targets)  # one copy per device, not per env
+        streams = self.streams or [None] * self.n_envs
+        for index in range(self.n_envs) if indices is None else indices:
+            episode, stream, device = self.episodes[index], streams[index], self.placement.env_devices[index]
+            device_inputs, device_targets = batches[device]
             with episode.timer.phase("train"):
-                stream.wait_stream(producer)  # the batch is produced (copied/augmented) on the current stream
+                if stream is None:
+                    episode.trainer.train_batch(device_inputs, device_targets)
+                    continue
+                # The batch is produced (copied/augmented) on the current stream of the env's device.
+                stream.wait_stream(torch.cuda.current_stream(device))
                 with torch.cuda.stream(stream):
-                    inputs.record_stream(stream)
-                    targets.record_stream(stream)
-                    episode.trainer.train_batch(inputs, targets)
+                    device_inputs.record_stream(stream)
+                    device_targets.record_stream(stream)
+                    episode.trainer.train_batch(device_inputs, device_targets)

@@ -336,6 +336,34 @@ class PhaseTimes(Event):
 
 
 @dataclass(frozen=True)
+class RankTimes(Event):
+    """Wall seconds of each rank of a distributed round (tuple index = rank), to spot a straggler.
+
+    Ranks step their envs in lockstep, so a slow rank shows twice: its `collect_seconds` minus
+    `collect_wait_seconds` (its own work) is the largest, and the other ranks' `collect_wait_seconds`
+    (time inside the per-step all-gathers, waiting for it) grow. `all_reduce_seconds` is the time inside
+    the update's gradient, advantage and KL all-reduces.
+    """
+
+    kind: ClassVar[str] = "rank_times"
+    min_level: ClassVar[str] = "minimal"  # one per round, like `RoundCompleted`: a straggler shows at any level
+
+    round: int
+    collect_seconds: tuple[float, ...]
+    collect_wait_seconds: tuple[float, ...]
+    update_seconds: tuple[float, ...]
+    all_reduce_seconds: tuple[float, ...]
+
+    def scalars(self) -> dict[str, float]:
+        values: dict[str, float] = {}
+        for rank, (collect, wait, reduce) in enumerate(
+                zip(self.collect_seconds, self.collect_wait_seconds, self.all_reduce_seconds, strict=True)):
+            values.update({f"time/rank{rank}/collect": collect, f"time/rank{rank}/collect_wait": wait,
+                           f"time/rank{rank}/all_reduce": reduce})
+        return values
+
+
+@dataclass(frozen=True)
 class GradientHealthMeasured(Event):
     """Host and per-seed gradient health over one epoch (from the isolation monitor's report)."""
 
