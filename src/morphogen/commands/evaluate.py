@@ -55,9 +55,16 @@ class EvalConfig(CompileOptions):
     run_dir: str | None = None
     #: Telemetry level and thresholds of the recorded episodes (used only with `run_dir`).
     telemetry: TelemetryConfig = field(default_factory=TelemetryConfig)
+    #: Run the hosts' training forward and the policy's forward under torch.compile (as `train --compile`).
+    compile: bool = False
+    #: torch.compile mode: auto (reduce-overhead on CUDA, default elsewhere), default, reduce-overhead,
+    #: max-autotune or max-autotune-no-cudagraphs.
+    compile_mode: str = "auto"
+    #: torch.compile backend: inductor, or aot_eager / eager to tell a compiler problem from a model problem.
+    compile_backend: str = "inductor"
 
     def __post_init__(self) -> None:
-        super().__post_init__()
+        self.check_compile_options()
         if not self.policy:
             raise ValueError("policy must name the run directory of `morphogen train` (--policy RUN_DIR)")
         check_count("episodes", self.episodes, MAX_EVAL_EPISODES)

@@ -24,21 +24,17 @@ from morphogen.limits import MAX_HOST_PARAMETERS, MAX_SEED, MAX_TRAIN_SAMPLES, c
 from morphogen.telemetry.config import TelemetryConfig
 
 
-@dataclass(frozen=True)
 class CompileOptions:
-    """`--compile`: whether and how the host's training forward and the policy run under `torch.compile`."""
+    """`--compile` settings of a command config: the fields `compile`, `compile_mode` and `compile_backend`,
+    which each config declares last (so that its own keys come first in listings)."""
 
-    #: Compile the host's training forward and the policy's forward (see morphogen.core.compilation:
-    #: what is compiled, and what recompiles when a seed changes stage).
-    compile: bool = False
-    #: torch.compile mode: auto (reduce-overhead on CUDA, default elsewhere), default, reduce-overhead,
-    #: max-autotune or max-autotune-no-cudagraphs.
-    compile_mode: str = "auto"
-    #: torch.compile backend: inductor, or aot_eager / eager to tell a compiler problem from a model problem.
-    compile_backend: str = "inductor"
+    compile: bool
+    compile_mode: str
+    compile_backend: str
 
-    def __post_init__(self) -> None:
-        CompileSettings(self.compile_mode, self.compile_backend)  # raises naming the field
+    def check_compile_options(self) -> None:
+        """Raise `ValueError` naming the field if the mode or backend is unknown."""
+        CompileSettings(self.compile_mode, self.compile_backend)
 
     @property
     def compile_settings(self) -> CompileSettings | None:
@@ -76,9 +72,17 @@ class SessionOptions(CompileOptions):
     run_dir: str | None = None
     #: Telemetry level, TensorBoard, profiler window, anomaly thresholds.
     telemetry: TelemetryConfig = field(default_factory=TelemetryConfig)
+    #: Run the host's training forward and the policy's forward under torch.compile (see
+    #: morphogen.core.compilation: what is compiled, and what recompiles when a seed changes stage).
+    compile: bool = False
+    #: torch.compile mode: auto (reduce-overhead on CUDA, default elsewhere), default, reduce-overhead,
+    #: max-autotune or max-autotune-no-cudagraphs.
+    compile_mode: str = "auto"
+    #: torch.compile backend: inductor, or aot_eager / eager to tell a compiler problem from a model problem.
+    compile_backend: str = "inductor"
 
     def __post_init__(self) -> None:
-        super().__post_init__()
+        self.check_compile_options()
         check_count("seed", self.seed, MAX_SEED, lower=0)
         if self.max_train_samples is not None:
             check_count("max_train_samples", self.max_train_samples, MAX_TRAIN_SAMPLES)
