@@ -8,13 +8,14 @@ kernels, so these tests stay fast; the inductor path runs in tests/test_cli_comp
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 import torch
 import torch._dynamo
 from slot_driver import EASY_CONFIG, drive_to, perturb_seed
 from torch import Tensor
+from torch._dynamo.eval_frame import _debug_get_cache_entry_list
 
 from morphogen.core.blend import BlendKind
 from morphogen.core.compilation import RECOMPILE_LIMIT, CompileSettings
@@ -89,8 +90,12 @@ def test_settings_pick_the_mode_by_device_and_reject_unknown_names() -> None:
 def test_host_and_slots_forward_has_no_graph_break_in_any_stage(topology: str) -> None:
     model = _mixed_stages(topology).train()
     x = _batch(topology)
+    plan = model.execution_plan()
+    _, captured = model._host_forward(x, plan)
+    assert len(captured) == 1  # the TRAINING seed's input
     for function, arguments in ((MorphogeneticModel.forward, (model, x)),
-                                (MorphogeneticModel._forward_with_shadow, (model, x, model.execution_plan()))):
+                                (MorphogeneticModel._host_forward, (model, x, plan)),
+                                (MorphogeneticModel._shadow_pass, (model, captured, plan))):
         explanation = torch._dynamo.explain(function)(*arguments)
         assert explanation.graph_break_count == 0, explanation.break_reasons
         assert explanation.graph_count == 1
@@ -100,10 +105,14 @@ def test_host_and_slots_forward_has_no_graph_break_in_any_stage(topology: str) -
 def test_training_forward_traces_as_one_graph_with_a_seed_in_each_stage(stage: Stage) -> None:
     model = _model("cnn").train()
     _grow(model, "r0c1", "conv_light", stage, BlendKind.ADD)
-    traced = torch.compile(MorphogeneticModel._forward_with_shadow, fullgraph=True, backend="eager")
-    output, shadow = traced(model, _batch("cnn"), model.execution_plan())  # fullgraph: a break raises
+    plan = model.execution_plan()
+    host_forward = torch.compile(MorphogeneticModel._host_forward, fullgraph=True, backend="eager")
+    output, captured = host_forward(model, _batch("cnn"), plan)  # fullgraph: a graph break raises
     assert output.shape == (4, 5)
-    assert (shadow is not None) == (stage is Stage.TRAINING)
+    assert len(captured) == (1 if stage is Stage.TRAINING else 0)
+    if captured:
+        shadow_pass = torch.compile(MorphogeneticModel._shadow_pass, fullgraph=True, backend="eager")
+        assert shadow_pass(model, captured, plan).shape == (1, 4, 5)
 
 
 @pytest.mark.parametrize("topology", ["cnn", "transformer"])
@@ -115,7 +124,8 @@ def test_compiled_training_forward_matches_eager_outputs_and_gradients(topology:
     for model in (eager, compiled):
         output, shadow = model.forward_with_shadow(x)
         assert shadow is not None
-        (output.square().mean() + shadow.outputs.square().mean()).backward()
+        output.square().mean().backward()  # two backward passes, as the trainer makes them
+        shadow.outputs.square().mean().backward(inputs=list(shadow.parameters))
         gradients = [p.grad for p in model.parameters() if p.grad is not None]
         results.append((output, shadow, gradients))
     (eager_output, eager_shadow, eager_gradients), (output, shadow, gradients) = results
@@ -148,37 +158,46 @@ def test_plans_name_what_a_slot_runs_not_its_stage() -> None:
     assert plans[Stage.TRAINING][1:] == plans[Stage.BLENDING][1:] == ("conv_light", "[]", "add", True)
 
 
+def _entries(function: Callable[..., object]) -> int:
+    """Compiled graphs dynamo holds for `function` (one per plan and shapes it has seen)."""
+    return len(_debug_get_cache_entry_list(function.__code__))  # type: ignore[attr-defined]
+
+
 def test_a_germination_recompiles_the_model_at_most_once_and_later_stages_reuse_graphs() -> None:
+    """Counted per compiled function: the host forward, and the shadow pass that TRAINING seeds add."""
     model, other_env = _model("cnn", seed=0), _model("cnn", seed=1)
     settings = CompileSettings(backend="eager")
     model.compile_forward(settings)
     other_env.compile_forward(settings)
     x = _batch("cnn")
 
-    def train_step(target: MorphogeneticModel) -> int:
-        before = _graphs()
+    def train_step(target: MorphogeneticModel) -> tuple[int, int]:
+        """New graphs of (host forward, shadow pass) in one training step of `target`."""
+        before = _entries(MorphogeneticModel._host_forward), _entries(MorphogeneticModel._shadow_pass)
         output, shadow = target.forward_with_shadow(x)
-        loss = output.square().mean() + (0 if shadow is None else shadow.outputs.square().mean())
-        loss.backward()
-        return _graphs() - before
+        output.square().mean().backward()
+        if shadow is not None:
+            shadow.outputs.square().mean().backward(inputs=list(shadow.parameters))
+        return (_entries(MorphogeneticModel._host_forward) - before[0],
+                _entries(MorphogeneticModel._shadow_pass) - before[1])
 
-    assert train_step(model) == 1  # the first call compiles
-    assert train_step(model) == 0
-    assert train_step(other_env) == 0  # another env's model: same plan, its own weights, the same graph
+    assert train_step(model) == (1, 0)  # the first call compiles
+    assert train_step(model) == (0, 0)
+    assert train_step(other_env) == (0, 0)  # another env's model: same plan, its own weights, the same graph
     slot = model.germinate("r0c1", "conv_light")
-    assert train_step(model) == 0  # GERMINATED: the seed does not run yet
+    assert train_step(model) == (0, 0)  # GERMINATED: the seed does not run yet
     drive_to(slot, Stage.TRAINING)
-    assert train_step(model) == 1  # the germination's one recompile: the seed now runs (shadow pass)
+    assert train_step(model) == (1, 1)  # the germination's one recompile of each: the seed runs in the shadow pass
     drive_to(slot, Stage.BLENDING, alpha=0.3)
-    assert train_step(model) == 1  # blended in: another graph, once
+    assert train_step(model) == (1, 0)  # blended in: the host forward once more; no shadow pass any more
     slot.set_alpha_target(1.0, 0, 0)
-    assert train_step(model) == 0  # alpha is a buffer, not a constant: no recompile on a new value
+    assert train_step(model) == (0, 0)  # alpha is a buffer, not a constant: no recompile on a new value
     drive_to(slot, Stage.HOLDING)
     drive_to(slot, Stage.FOSSILIZED)
-    assert train_step(model) == 0  # HOLDING and FOSSILIZED run what BLENDING ran
+    assert train_step(model) == (0, 0)  # HOLDING and FOSSILIZED run what BLENDING ran
     other_slot = other_env.germinate("r0c1", "conv_light")
     drive_to(other_slot, Stage.FOSSILIZED)
-    assert train_step(other_env) == 0  # the other env reaching a plan already compiled reuses it
+    assert train_step(other_env) == (0, 0)  # the other env reaching a plan already compiled reuses it
     assert _graphs() <= RECOMPILE_LIMIT
 
 

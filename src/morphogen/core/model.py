@@ -167,13 +167,17 @@ class MorphogeneticModel(nn.Module):
         After `compile_forward` this runs compiled, specialized on `execution_plan()`.
         """
         plan = self.execution_plan()
-        if self._compile_settings is None:
-            output, shadow_outputs = self._forward_with_shadow(x, plan)
-        else:
-            function = compiled(MorphogeneticModel._forward_with_shadow, self._compile_settings, x.device)
-            output, shadow_outputs = function(self, x, plan)
-        if shadow_outputs is None:
+        host_forward, shadow_pass = MorphogeneticModel._host_forward, MorphogeneticModel._shadow_pass
+        if self._compile_settings is not None:
+            # Two graphs, two autograd nodes: the trainer backpropagates the host loss and the shadow loss
+            # separately, and one compiled node would free its saved tensors at the first of them.
+            host_forward = compiled(host_forward, self._compile_settings, x.device)
+            shadow_pass = compiled(shadow_pass, self._compile_settings, x.device)
+        output, captured = host_forward(self, x, plan)
+        if not captured:
             return output, None
+        with running_statistics(self._batch_norms):
+            shadow_outputs = shadow_pass(self, captured, plan)
         slot_ids = tuple(slot_id for slot_id, slot_plan in zip(self.slot_ids, plan, strict=True)
                          if slot_plan[0] == SHADOW)
         parameters = tuple(p for slot_id in slot_ids for p in self.slot(slot_id).seed_parameters() if p.requires_grad)
@@ -190,13 +194,13 @@ class MorphogeneticModel(nn.Module):
         """
         self._compile_settings = settings
 
-    def _forward_with_shadow(self, x: Tensor, plan: tuple[SlotPlan, ...]) -> tuple[Tensor, Tensor | None]:
-        """`forward_with_shadow` as tensors only: the output and the (K, B, ...) shadow outputs or None.
+    def _host_forward(self, x: Tensor, plan: tuple[SlotPlan, ...]) -> tuple[Tensor, tuple[Tensor, ...]]:
+        """The model's output and, when grad is on, the detached activation at each TRAINING slot.
 
         Reads slot behaviour from `plan`, never from the lifecycle, so a compiled copy specializes on it.
         """
         host = self.host
-        captured: dict[str, Tensor] = {}
+        captured: list[Tensor] = []
         position = 0
         for index, slot_id in enumerate(self._slot_by_point):
             x = host.run_segment(index, x)
@@ -205,23 +209,20 @@ class MorphogeneticModel(nn.Module):
             mode = str(plan[position][0])
             position += 1
             if mode == SHADOW and torch.is_grad_enabled():
-                captured[slot_id] = x.detach()
+                captured.append(x.detach())
             x = self.slot(slot_id).run(mode, x)
-        output = host.run_segment(len(self._slot_by_point), x)
-        if not captured:
-            return output, None
-        with running_statistics(self._batch_norms):
-            return output, self._shadow_pass(captured, plan)
+        return host.run_segment(len(self._slot_by_point), x), tuple(captured)
 
-    def _shadow_pass(self, captured: dict[str, Tensor], plan: tuple[SlotPlan, ...]) -> Tensor:
+    def _shadow_pass(self, captured: tuple[Tensor, ...], plan: tuple[SlotPlan, ...]) -> Tensor:
         """Run the layers after each TRAINING slot with that seed fully in, all seeds in one batch: (K, B, ...).
 
-        Rows join the batch at their own slot: before it, a row's activation would equal the host's,
-        which `captured` already holds, so nothing upstream is recomputed.
+        `captured` holds the host's activation at each TRAINING slot of `plan`, in execution order. Rows
+        join the batch at their own slot: before it, a row's activation would equal the host's, which
+        `captured` already holds, so nothing upstream is recomputed.
         """
         host = self.host
         x: Tensor | None = None
-        position = 0
+        position = shadows = 0
         for index, slot_id in enumerate(self._slot_by_point):
             if x is not None:
                 x = host.run_segment(index, x)
@@ -232,15 +233,15 @@ class MorphogeneticModel(nn.Module):
             position += 1
             if x is not None:
                 x = slot.run(mode, x)  # the host's own behaviour at this slot for the rows already in
-            if slot_id in captured:
+            if mode == SHADOW:
                 assert slot.blend is not None and slot.seed is not None
-                h = captured[slot_id]
+                h = captured[shadows]
+                shadows += 1
                 shadow = slot.blend(h, slot.seed(h), 1.0)  # (B, ...): this seed fully in
                 x = shadow if x is None else torch.cat([x, shadow])  # (k*B, ...)
         assert x is not None
         x = host.run_segment(len(self._slot_by_point), x)
-        batch = next(iter(captured.values())).shape[0]
-        return x.reshape(len(captured), batch, *x.shape[1:])  # (K, B, ...)
+        return x.reshape(len(captured), captured[0].shape[0], *x.shape[1:])  # (K, B, ...)
 
     def counterfactual_forward(self, x: Tensor, alphas: Tensor | Sequence[Sequence[float]]) -> Tensor:
         """Outputs for K alpha configurations at once: `alphas` is [K, n_slots] -> output [K, B, ...].
