@@ -36,7 +36,7 @@ from morphogen.core.slot import SlotConfig
 from morphogen.data import Task, load_task
 from morphogen.env.episode import EpisodeConfig, MorphogenesisEpisode
 from morphogen.env.training import OptimizerConfig
-from morphogen.runner import run_episode
+from morphogen.runner import resolve_device, run_episode
 
 #: Gates that let `fossilized_model` walk a seed straight to FOSSILIZED with a 0-epoch blend.
 _INSTANT_LIFECYCLE = SlotConfig(gates=GateConfig(mode=GateMode.PERMISSIVE, min_training_epochs=0), blend_epochs=0)
@@ -72,14 +72,28 @@ class CounterfactualCost:
     naive_loop_ratio: float
 
 
-def median_seconds(function: Callable[[], object], repeats: int, warmup: int = 1) -> float:
-    """Median wall time of `function()` over `repeats` calls, after `warmup` untimed calls."""
+def synchronize(device: torch.device) -> None:
+    """Wait for `device` to finish its queued work (CUDA and MPS run asynchronously; CPU needs nothing)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    elif device.type == "mps":
+        torch.mps.synchronize()
+
+
+def median_seconds(function: Callable[[], object], repeats: int, warmup: int = 1,
+                   device: torch.device | None = None) -> float:
+    """Median wall time of `function()` over `repeats` calls, after `warmup` untimed calls; with a `device`,
+    each time includes the device finishing the call's work."""
     for _ in range(warmup):
         function()
     times = []
     for _ in range(repeats):
+        if device is not None:
+            synchronize(device)
         started = time.perf_counter()
         function()
+        if device is not None:
+            synchronize(device)
         times.append(time.perf_counter() - started)
     return statistics.median(times)
 
@@ -171,7 +185,8 @@ def naive_cat_forward(model: MorphogeneticModel, x: Tensor, alphas: list[list[fl
         h = model.host.run_segment(index, h)
         if point in model.slot_ids:
             j = model.slot_ids.index(point)
-            per_sample = torch.tensor([row[j] for row in alphas], dtype=h.dtype).repeat_interleave(batch)  # (K*B,)
+            per_sample = torch.tensor([row[j] for row in alphas], dtype=h.dtype,
+                                      device=h.device).repeat_interleave(batch)  # (K*B,)
             h = model.slot(point)(h, alpha_override=per_sample)
     h = model.host.run_segment(len(points), h)
     return h.view(k, batch, *h.shape[1:])  # (K, B, classes)
@@ -214,10 +229,10 @@ def measure_counterfactual_cost(task: Task, batch: int, configs: Sequence[int], 
             torch.testing.assert_close(fused, variants[k]["cat"](), rtol=1e-4, atol=1e-4)
             torch.testing.assert_close(fused, variants[k]["loop"](), rtol=1e-4, atol=1e-4)
         for _ in range(repeats):
-            plain = median_seconds(lambda: model(x), repeats=1)
+            plain = median_seconds(lambda: model(x), repeats=1, device=x.device)
             for k in configs:
                 for name, function in variants[k].items():
-                    ratios[k][name].append(median_seconds(function, repeats=1, warmup=0) / plain)
+                    ratios[k][name].append(median_seconds(function, repeats=1, warmup=0, device=x.device) / plain)
     return [CounterfactualCost(k, statistics.median(ratios[k]["fused"]), statistics.median(ratios[k]["cat"]),
                                statistics.median(ratios[k]["loop"])) for k in configs]
 
@@ -263,7 +278,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--blueprint", default="conv_light", help="blueprint of that seed (default conv_light)")
     parser.add_argument("--repeats", type=int, default=15, help="timed calls per figure in (b) (default 15)")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--device", default="cpu", help="cpu (default), cuda, cuda:N, mps or auto")
     parser.add_argument("--threads", type=int, help="torch.set_num_threads (default: torch's choice)")
     parser.add_argument("--json", action="store_true", help="print the figures as JSON on stdout (table on stderr)")
     return parser
@@ -273,6 +288,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.threads is not None:
         torch.set_num_threads(args.threads)
+    try:
+        args.device = resolve_device(args.device)
+    except ValueError as error:
+        print(f"overhead: error: {error}", file=sys.stderr)
+        return 2
     task = load_task("digits", device=args.device, seed=args.seed)
     overhead = measure_episode_overhead(task, args.epochs, args.seed, args.episode_repeats)
     configs = [int(k) for k in args.configs.split(",")]

@@ -1,4 +1,5 @@
-"""PPO training throughput on digits for 1, 2, 4 and 8 envs, and where the time of a step goes.
+"""PPO training throughput on digits for 1, 8, 32 and 64 envs, where the time of a step goes, and how busy
+the GPU is.
 
 For each env count a fresh `PPOTrainer` runs `--warmup-rounds` untimed rounds, then `--rounds` timed ones
 (collect whole episodes of `--episode-length` epochs with one batched policy call per step, then one PPO
@@ -12,9 +13,17 @@ The time is split into:
 - other: the rest of collect (observation encoding, masks, applying actions, rewards, the rollout buffer,
   producing the shared batches).
 
-Everything runs in one process on the CPU, env after env, so the figures show how the fixed per-step
-costs (policy call, update) are shared out as envs are added. Run `python benchmarks/vector_throughput.py
---help`; `--json` also prints the figures as JSON.
+GPU busy (CUDA only; "n/a" elsewhere): one more round after the timed ones, under `torch.profiler`, with
+the summed self device time of every op (the kernels) divided by that round's wall time. Envs on their
+own streams can run kernels at the same time, so the figure can exceed 100%. The profiler slows the
+host side a little, so this round is not part of the throughput.
+
+`--compile` measures every env count twice, eager and with `--compile` (the policy's forward and every
+host's training forward compiled; see `morphogen.core.compilation`), and prints compiled / eager. The
+warm-up rounds then include compile time; graphs for growth plans first met in a timed round are
+compiled there, and counted.
+
+Run `python benchmarks/vector_throughput.py --help`; `--json` also prints the figures as JSON.
 """
 
 from __future__ import annotations
@@ -32,6 +41,7 @@ import torch
 
 from morphogen.control.trainer import PPOTrainer, TrainConfig
 from morphogen.data import Task, load_task
+from morphogen.runner import resolve_device
 from morphogen.telemetry.sinks import Telemetry
 
 PHASES = ("policy", "update", "train", "validate", "other")
@@ -48,6 +58,10 @@ class Throughput:
     env_steps_per_second: float
     #: Seconds per phase (PHASES) over the timed rounds.
     phase_seconds: dict[str, float]
+    #: Whether the hosts' training forward and the policy's forward ran compiled.
+    compiled: bool = False
+    #: Device kernel time / wall time of one profiled round; None off CUDA.
+    gpu_busy: float | None = None
 
     @property
     def shares(self) -> dict[str, float]:
@@ -75,11 +89,27 @@ def _env_phase_totals(trainer: PPOTrainer, phase: str) -> float:
     return sum(timer.totals.get(phase, 0.0) for timer in timers.values())
 
 
+def gpu_busy_fraction(trainer: PPOTrainer) -> float | None:
+    """Device kernel time over wall time of one more round run under `torch.profiler`; None off CUDA."""
+    if trainer.task.train.device.type != "cuda":
+        return None
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    started = time.perf_counter()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as profiler:
+        trainer.run_round()
+        torch.cuda.synchronize()
+    wall = time.perf_counter() - started
+    kernel_microseconds = sum(event.self_device_time_total for event in profiler.key_averages())
+    return kernel_microseconds / 1e6 / wall
+
+
 def measure(task: Task, envs: int, *, rounds: int, warmup_rounds: int, episode_length: int, hidden_size: int,
-            seed: int) -> Throughput:
+            seed: int, compile_forward: bool = False) -> Throughput:
     """Run `warmup_rounds` + `rounds` PPO rounds with `envs` envs; time the last `rounds`."""
-    base = TrainConfig(task=task.name, n_envs=envs, rounds=warmup_rounds + rounds, seed=seed,
-                       hidden_size=hidden_size)
+    base = TrainConfig(task=task.name, n_envs=envs, rounds=warmup_rounds + rounds + 1, seed=seed,
+                       hidden_size=hidden_size, device=str(task.train.device), compile=compile_forward)
     config = dataclasses.replace(base, episode=dataclasses.replace(base.episode, max_epochs=episode_length))
     # Level normal runs the phase timer; with no run directory nothing is written.
     trainer = PPOTrainer(config, task, Telemetry(None, level="normal"))
@@ -100,25 +130,36 @@ def measure(task: Task, envs: int, *, rounds: int, warmup_rounds: int, episode_l
               "other": collect - policy.seconds - train - validate}
     env_steps = envs * episode_length * rounds
     return Throughput(envs=envs, rounds=rounds, env_steps=env_steps, seconds=total,
-                      env_steps_per_second=env_steps / total, phase_seconds=phases)
+                      env_steps_per_second=env_steps / total, phase_seconds=phases, compiled=compile_forward,
+                      gpu_busy=gpu_busy_fraction(trainer))
 
 
 def format_table(results: Sequence[Throughput]) -> str:
-    """One row per env count: throughput, its ratio to the first row, and the share of time per phase."""
-    lines = [f"{'envs':>4}  {'env-steps':>9}  {'seconds':>8}  {'steps/s':>8}  {'vs first':>8}  "
-             + "  ".join(f"{name:>8}" for name in PHASES)]
+    """One row per env count (and mode): throughput, its ratio to the first eager row, compiled / eager at
+    the same env count, the share of time per phase, and GPU busy."""
+    eager = {result.envs: result for result in results if not result.compiled}
+    first = results[0].env_steps_per_second
+    lines = [f"{'envs':>4}  {'mode':>8}  {'env-steps':>9}  {'seconds':>8}  {'steps/s':>8}  {'vs first':>8}  "
+             f"{'vs eager':>8}  " + "  ".join(f"{name:>8}" for name in PHASES) + f"  {'GPU busy':>8}"]
     for result in results:
-        ratio = result.env_steps_per_second / results[0].env_steps_per_second
         shares = result.shares
-        lines.append(f"{result.envs:>4}  {result.env_steps:>9}  {result.seconds:>8.1f}  "
-                     f"{result.env_steps_per_second:>8.2f}  {ratio:>7.2f}x  "
-                     + "  ".join(f"{shares[name]:>8.1%}" for name in PHASES))
+        versus_eager = "-"
+        if result.compiled and result.envs in eager:
+            versus_eager = f"{result.env_steps_per_second / eager[result.envs].env_steps_per_second:.2f}x"
+        busy = "n/a" if result.gpu_busy is None else f"{result.gpu_busy:.1%}"
+        lines.append(f"{result.envs:>4}  {'compiled' if result.compiled else 'eager':>8}  {result.env_steps:>9}  "
+                     f"{result.seconds:>8.1f}  {result.env_steps_per_second:>8.2f}  "
+                     f"{result.env_steps_per_second / first:>7.2f}x  {versus_eager:>8}  "
+                     + "  ".join(f"{shares[name]:>8.1%}" for name in PHASES) + f"  {busy:>8}")
     return "\n".join(lines)
 
 
 def parse_arguments(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
-    parser.add_argument("--envs", default="1,2,4,8", help="comma-separated env counts (default 1,2,4,8)")
+    parser.add_argument("--envs", default="1,8,32,64", help="comma-separated env counts (default 1,8,32,64)")
+    parser.add_argument("--device", default="cpu", help="cpu (default), cuda, cuda:N, mps or auto")
+    parser.add_argument("--compile", action="store_true",
+                        help="measure every env count eager and compiled (--compile), and print the ratio")
     parser.add_argument("--rounds", type=int, default=3, help="timed rounds per env count (default 3)")
     parser.add_argument("--warmup-rounds", type=int, default=1, help="untimed rounds first (default 1)")
     parser.add_argument("--episode-length", type=int, default=4, help="epochs per episode (default 4)")
@@ -148,20 +189,30 @@ def parse_arguments(argv: Sequence[str] | None) -> argparse.Namespace:
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_arguments(argv)
     torch.set_num_threads(args.threads)
-    task = load_task("digits", seed=args.seed, max_train_samples=args.max_train_samples or None)
-    print(f"vector throughput: digits, {len(task.train)} train / {len(task.validation)} validation images, "
-          f"{args.episode_length}-epoch episodes, policy hidden {args.hidden_size}, {args.rounds} timed rounds "
-          f"after {args.warmup_rounds} warm-up, {torch.get_num_threads()} torch thread(s), torch {torch.__version__}",
-          flush=True)
+    try:
+        device = resolve_device(args.device)
+    except ValueError as error:
+        print(f"vector_throughput: error: {error}", file=sys.stderr)
+        return 2
+    task = load_task("digits", device=device, seed=args.seed, max_train_samples=args.max_train_samples or None)
+    where = torch.cuda.get_device_name(device) if task.train.device.type == "cuda" else device
+    print(f"vector throughput: digits on {where}, {len(task.train)} train / {len(task.validation)} validation "
+          f"images, {args.episode_length}-epoch episodes, policy hidden {args.hidden_size}, {args.rounds} timed "
+          f"rounds after {args.warmup_rounds} warm-up, {torch.get_num_threads()} torch thread(s), "
+          f"torch {torch.__version__}", flush=True)
     results = []
     for envs in args.env_counts:
-        started = time.perf_counter()
-        results.append(measure(task, envs, rounds=args.rounds, warmup_rounds=args.warmup_rounds,
-                               episode_length=args.episode_length, hidden_size=args.hidden_size, seed=args.seed))
-        print(f"  {envs} env(s) done in {time.perf_counter() - started:.1f} s", file=sys.stderr, flush=True)
+        for compile_forward in (False, True) if args.compile else (False,):
+            started = time.perf_counter()
+            results.append(measure(task, envs, rounds=args.rounds, warmup_rounds=args.warmup_rounds,
+                                   episode_length=args.episode_length, hidden_size=args.hidden_size, seed=args.seed,
+                                   compile_forward=compile_forward))
+            mode = "compiled" if compile_forward else "eager"
+            print(f"  {envs} env(s) {mode} done in {time.perf_counter() - started:.1f} s", file=sys.stderr,
+                  flush=True)
     print(format_table(results))
     print("shares are of collect + update time; policy = batched PolicyAgent.act, other = encoding, masks, "
-          "actions, rewards, buffer, batch production")
+          "actions, rewards, buffer, batch production; GPU busy = kernel time / wall time of one profiled round")
     if args.json:
         print(json.dumps([{**asdict(result), "shares": result.shares} for result in results], indent=2))
     return 0

@@ -17,6 +17,7 @@ from morphogen.control.checkpoint import CheckpointError
 from morphogen.control.distributed import DistributedSetupError, PeerLostError
 from morphogen.control.trainer import TrainConfig
 from morphogen.core.blueprints import UnknownBlueprintError
+from morphogen.core.compilation import COMPILE_BACKENDS, COMPILE_MODES
 from morphogen.core.hosts import UnknownSlotError
 from morphogen.data import DataError
 from morphogen.env.governor import DivergenceError
@@ -50,6 +51,15 @@ def _add_threads_flag(parser: argparse.ArgumentParser) -> None:
                         help="CPU threads for torch (default: $OMP_NUM_THREADS, else half the cores, at most 4)")
 
 
+def _add_compile_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--compile", action="store_true", default=None,
+                        help="run the host's training forward and the policy under torch.compile (README: --compile)")
+    parser.add_argument("--compile-mode", choices=list(COMPILE_MODES),
+                        help="torch.compile mode (default auto: reduce-overhead on CUDA, default elsewhere)")
+    parser.add_argument("--compile-backend", choices=list(COMPILE_BACKENDS),
+                        help="torch.compile backend (default inductor; aot_eager/eager to debug compile problems)")
+
+
 def _add_telemetry_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--telemetry", choices=["off", "minimal", "normal", "debug"],
                         help="telemetry level (default normal; rises to debug for a few epochs after an anomaly)")
@@ -80,6 +90,7 @@ def _add_run_parser(subparsers: Any) -> None:
     run.add_argument("--no-from-scratch", action="store_true",
                      help="skip training the grown model's final architecture from scratch")
     run.add_argument("--policy", help="run directory of `morphogen train`: act with its learned policy")
+    _add_compile_flags(run)
     _add_threads_flag(run)
 
 
@@ -115,6 +126,7 @@ def _add_train_parser(subparsers: Any) -> None:
                        help="with --distributed: collective backend (default nccl on CUDA, gloo otherwise)")
     train.add_argument("--dist-timeout", type=float, metavar="SECONDS",
                        help="with --distributed: give up on a silent rank after this long (default 600)")
+    _add_compile_flags(train)
     _add_threads_flag(train)
 
 
@@ -129,6 +141,7 @@ def _add_eval_parser(subparsers: Any) -> None:
     evaluate.add_argument("--run-dir", help="record config, events and eval.json here (default: record nothing)")
     evaluate.add_argument("--telemetry", choices=["off", "minimal", "normal", "debug"],
                           help="telemetry level of the recorded episodes (default normal; needs --run-dir)")
+    _add_compile_flags(evaluate)
     _add_threads_flag(evaluate)
 
 
@@ -194,7 +207,7 @@ def parse_arguments(parser: argparse.ArgumentParser, argv: Sequence[str] | None)
 def _flag_overrides(args: argparse.Namespace) -> dict[str, Any]:
     overrides: dict[str, Any] = {}
     for name in ("task", "seed", "device", "data_dir", "text_file", "max_train_samples", "run_dir",
-                 "pool_slots", "n_envs", "rounds", "hidden_size"):
+                 "pool_slots", "n_envs", "rounds", "hidden_size", "compile", "compile_mode", "compile_backend"):
         value = getattr(args, name, None)
         if value is not None:
             overrides[name] = value
@@ -284,8 +297,8 @@ def _train(args: argparse.Namespace) -> None:
         return
     overrides = _flag_overrides(args)
     if args.config or args.episode_length is not None or args.slots is not None or args.batch_envs:
-        raise UsageError("--resume continues a run with its saved config; only --rounds, --device, --devices and "
-                         "--telemetry may be given with it")
+        raise UsageError("--resume continues a run with its saved config; only --rounds, --device, --devices, "
+                         "--telemetry and the --compile flags may be given with it")
     with _distributed(args, overrides["devices"][0] if "devices" in overrides else overrides.get("device", "cpu")) \
             as context:
         # Lock before reading the checkpoint: a writer that finishes a round in between would be overwritten.
@@ -329,7 +342,7 @@ def _run(args: argparse.Namespace) -> None:
                                  slots=trained.slots, pool_slots=trained.pool_slots, host=host)
     device = resolve_device(config.device)
     task = load_session_task(config, device)
-    factory, _ = policy_controller_factory(args.policy, task, device, length)
+    factory, _ = policy_controller_factory(args.policy, task, device, length, config.compile_settings)
     run_command(config, factory, task=task)
 
 
@@ -345,7 +358,7 @@ def eval_config_from_args(args: argparse.Namespace) -> EvalConfig:
     from morphogen.commands.evaluate import EvalConfig
 
     values = read_config_values(args.config)
-    for name in ("policy", "episodes", "seed", "device", "run_dir"):
+    for name in ("policy", "episodes", "seed", "device", "run_dir", "compile", "compile_mode", "compile_backend"):
         if getattr(args, name) is not None:
             values[name] = getattr(args, name)
     if args.telemetry is not None:

@@ -197,6 +197,7 @@ def run_command(config: RunConfig, controller_factory: Callable[[MorphogenesisEp
         task = load_session_task(config, device)
     episode = MorphogenesisEpisode(task, config.episode, seed=config.seed, slots=config.slots,
                                    pool_slots=config.pool_slots)
+    episode.compile_settings = config.compile_settings
     # Build the model and the controller before anything is written: an unknown slot or blueprint then
     # fails without leaving a half-made run directory behind.
     episode.reset()
@@ -263,6 +264,7 @@ def _run_baseline(config: RunConfig, task: Task, run_dir: Path, display: Progres
     display.print(f"training the same host without growth ({config.episode.max_epochs} epochs)...")
     plain = MorphogenesisEpisode(task, config.episode, seed=config.seed, slots=config.slots,
                                  pool_slots=config.pool_slots)
+    plain.compile_settings = config.compile_settings
     epochs = display.add("no growth", config.episode.max_epochs)
     level = "off" if config.telemetry.level == "off" else "minimal"
     with Telemetry(run_dir / BASELINE_DIRNAME, level=level) as telemetry:
@@ -280,6 +282,7 @@ def _run_from_scratch(config: RunConfig, task: Task, architecture: dict[str, str
                   f"{config.episode.max_epochs} epochs)...")
     built = MorphogenesisEpisode(task, config.episode, seed=config.seed, slots=config.slots,
                                  pool_slots=config.pool_slots, architecture=architecture)
+    built.compile_settings = config.compile_settings
     epochs = display.add("from scratch", config.episode.max_epochs)
     outcome = run_episode(built, NoGrowthController(), lambda result: display.advance(epochs))
     display.remove(epochs)

@@ -296,3 +296,37 @@ def test_state_dict_round_trip_reproduces_outputs() -> None:
     # Carried returns make the next updates agree too, not only the current scale.
     for row in observations[5:]:
         torch.testing.assert_close(target_rewards.update(row, dones), source_rewards.update(row, dones))
+
+
+@pytest.mark.parametrize("momentum", [None, 0.1])
+def test_compiled_update_and_normalize_run_as_one_graph_and_match_eager(momentum: float | None) -> None:
+    """`update` (the Welford or EMA merge, in place on the buffers) and `normalize` trace without a graph
+    break (fullgraph=True raises on one) and leave the same statistics as eager calls."""
+    eager, traced = RunningMeanStd((3,), momentum=momentum), RunningMeanStd((3,), momentum=momentum)
+
+    def step(stats: RunningMeanStd, batch: torch.Tensor) -> torch.Tensor:
+        stats.update(batch)
+        return stats.normalize(batch)
+
+    compiled = torch.compile(step, fullgraph=True, backend="eager")
+    for seed in range(3):
+        batch = torch.randn(6, 3, generator=torch.Generator().manual_seed(seed)) * (seed + 1) + seed
+        torch.testing.assert_close(compiled(traced, batch), step(eager, batch), rtol=0, atol=0)
+    for name in ("mean", "var", "count"):
+        torch.testing.assert_close(getattr(traced, name), getattr(eager, name), rtol=0, atol=0)
+
+
+def test_value_and_reward_normalizers_trace_without_graph_breaks() -> None:
+    values, rewards = ValueNormalizer(), RewardNormalizer(4)
+
+    def value_step(targets: torch.Tensor) -> torch.Tensor:
+        values.update(targets)
+        return values.denormalize(values.normalize(targets))
+
+    def reward_step(raw: torch.Tensor, dones: torch.Tensor) -> torch.Tensor:
+        return rewards.update(raw, dones)
+
+    targets = torch.tensor([1.0, -2.0, 3.0, 0.5])
+    torch.testing.assert_close(torch.compile(value_step, fullgraph=True, backend="eager")(targets), targets)
+    scaled = torch.compile(reward_step, fullgraph=True, backend="eager")(targets, torch.zeros(4, dtype=torch.bool))
+    assert scaled.shape == (4,) and bool(torch.isfinite(scaled).all())

@@ -16,8 +16,9 @@ from morphogen.control.checkpoint import CheckpointError, check_layout, load_che
 from morphogen.control.controller import Controller, NoGrowthController
 from morphogen.control.heuristic import HeuristicController
 from morphogen.control.learned import PolicyController, agent_from_checkpoint
-from morphogen.control.options import load_session_task
+from morphogen.control.options import CompileOptions, load_session_task
 from morphogen.control.trainer import TrainConfig
+from morphogen.core.compilation import CompileSettings
 from morphogen.data import Task
 from morphogen.env.episode import MorphogenesisEpisode
 from morphogen.env.seeding import derive_seed
@@ -37,7 +38,7 @@ SCORES_FILENAME = "eval.json"
 
 
 @dataclass(frozen=True)
-class EvalConfig:
+class EvalConfig(CompileOptions):
     """Settings of `morphogen eval` (file keys and CLI flags share these names)."""
 
     #: Run directory of `morphogen train` whose policy is evaluated.
@@ -54,8 +55,16 @@ class EvalConfig:
     run_dir: str | None = None
     #: Telemetry level and thresholds of the recorded episodes (used only with `run_dir`).
     telemetry: TelemetryConfig = field(default_factory=TelemetryConfig)
+    #: Run the hosts' training forward and the policy's forward under torch.compile (as `train --compile`).
+    compile: bool = False
+    #: torch.compile mode: auto (reduce-overhead on CUDA, default elsewhere), default, reduce-overhead,
+    #: max-autotune or max-autotune-no-cudagraphs.
+    compile_mode: str = "auto"
+    #: torch.compile backend: inductor, or aot_eager / eager to tell a compiler problem from a model problem.
+    compile_backend: str = "inductor"
 
     def __post_init__(self) -> None:
+        self.check_compile_options()
         if not self.policy:
             raise ValueError("policy must name the run directory of `morphogen train` (--policy RUN_DIR)")
         check_count("episodes", self.episodes, MAX_EVAL_EPISODES)
@@ -100,6 +109,7 @@ def evaluate_command(config: EvalConfig, out: TextIO | None = None) -> list[Cont
     trained, state = read_policy_run(policy_dir, device)
     task = load_session_task(trained, device)  # with the host size the policy was trained with
     agent = agent_from_checkpoint(state, task.topology, device, source=policy_dir)
+    agent.policy.compile_forward(config.compile_settings)
     makers: dict[str, Callable[[MorphogenesisEpisode], Controller]] = {
         "learned": lambda episode: PolicyController(agent),
         "heuristic": lambda episode: HeuristicController(episode.action_space, task.topology),
@@ -122,6 +132,7 @@ def evaluate_command(config: EvalConfig, out: TextIO | None = None) -> list[Cont
                 episode = MorphogenesisEpisode(task, trained.episode, seed=episode_seed, slots=trained.slots,
                                                pool_slots=trained.pool_slots, telemetry=telemetry,
                                                env_id=position * config.episodes + index)
+                episode.compile_settings = config.compile_settings
                 episode.reset()
                 check_layout(state, {"slot_ids": episode.action_space.slot_ids}, policy_dir)
                 outcome = run_episode(episode, makers[name](episode))
@@ -163,9 +174,11 @@ def _print_table(scores: list[ControllerScores], out: TextIO) -> None:
           "over episodes that added any)", file=out)
 
 
-def policy_controller_factory(policy_dir: str, task: Task, device: str,
-                              episode_length: int) -> tuple[Callable[[MorphogenesisEpisode], Controller], TrainConfig]:
-    """For `morphogen run --policy`: a controller factory and the training config (checked against the run)."""
+def policy_controller_factory(policy_dir: str, task: Task, device: str, episode_length: int,
+                              compile_settings: CompileSettings | None = None,
+                              ) -> tuple[Callable[[MorphogenesisEpisode], Controller], TrainConfig]:
+    """For `morphogen run --policy`: a controller factory and the training config (checked against the run);
+    with `compile_settings` the policy's forward runs compiled."""
     config, state = read_policy_run(policy_dir, device)
     if config.task != task.name:
         raise CheckpointError(f"policy {policy_dir} was trained on task {config.task!r}, not {task.name!r}")
@@ -173,6 +186,7 @@ def policy_controller_factory(policy_dir: str, task: Task, device: str,
         raise CheckpointError(f"policy {policy_dir} was trained for {config.episode_length}-epoch episodes; "
                               f"this run has {episode_length} (use --epochs {config.episode_length})")
     agent = agent_from_checkpoint(state, task.topology, device, source=policy_dir)
+    agent.policy.compile_forward(compile_settings)
 
     def make(episode: MorphogenesisEpisode) -> Controller:
         check_layout(state, {"slot_ids": episode.action_space.slot_ids}, policy_dir)

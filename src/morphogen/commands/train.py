@@ -32,6 +32,8 @@ from morphogen.telemetry.resume import cut_events_to_round
 from morphogen.telemetry.sinks import EVENTS_FILENAME, Telemetry
 from morphogen.ui.progress import ProgressDisplay
 
+#: Config keys a resumed run may change besides rounds, telemetry and device: compiling changes speed, not the run.
+COMPILE_KEYS = ("compile", "compile_mode", "compile_backend")
 #: Stream of `derive_seed` for the global torch RNG of a training run.
 GLOBAL_RNG_STREAM = 5
 
@@ -43,7 +45,7 @@ def config_for_resume(run_dir: str | Path, overrides: dict[str, Any]) -> tuple[T
         values = json.loads(state["config"])
     except (TypeError, json.JSONDecodeError) as error:
         raise CheckpointError(f"checkpoint in {run_dir} has an unreadable config: {error}") from None
-    unsupported = sorted(set(overrides) - {"rounds", "telemetry", "device", "devices"})
+    unsupported = sorted(set(overrides) - {"rounds", "telemetry", "device", "devices", *COMPILE_KEYS})
     if unsupported:
         raise ConfigError(f"--resume continues a run with its saved config; cannot change {', '.join(unsupported)}")
     telemetry = overrides.pop("telemetry", None)

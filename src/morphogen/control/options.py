@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Self
 
+from morphogen.core.compilation import CompileSettings
 from morphogen.core.hosts import HostSizeError, check_host_size
 from morphogen.data import TASK_NAMES, TASK_TOPOLOGIES, Task, host_size, load_task
 from morphogen.limits import MAX_HOST_PARAMETERS, MAX_SEED, MAX_TRAIN_SAMPLES, check_count
@@ -26,8 +27,26 @@ from morphogen.telemetry.config import TelemetryConfig
 DEFAULT_DEVICE = "cpu"
 
 
+class CompileOptions:
+    """`--compile` settings of a command config: the fields `compile`, `compile_mode` and `compile_backend`,
+    which each config declares last (so that its own keys come first in listings)."""
+
+    compile: bool
+    compile_mode: str
+    compile_backend: str
+
+    def check_compile_options(self) -> None:
+        """Raise `ValueError` naming the field if the mode or backend is unknown."""
+        CompileSettings(self.compile_mode, self.compile_backend)
+
+    @property
+    def compile_settings(self) -> CompileSettings | None:
+        """The settings to compile with, or None when `compile` is off."""
+        return CompileSettings(self.compile_mode, self.compile_backend) if self.compile else None
+
+
 @dataclass(frozen=True)
-class SessionOptions:
+class SessionOptions(CompileOptions):
     """The task, host size, device, slots, run directory and telemetry of a `run` or `train` session."""
 
     #: Task name: digits, cifar10, text or mnist1d.
@@ -56,8 +75,17 @@ class SessionOptions:
     run_dir: str | None = None
     #: Telemetry level, TensorBoard, profiler window, anomaly thresholds.
     telemetry: TelemetryConfig = field(default_factory=TelemetryConfig)
+    #: Run the host's training forward and the policy's forward under torch.compile (see
+    #: morphogen.core.compilation: what is compiled, and what recompiles when a seed changes stage).
+    compile: bool = False
+    #: torch.compile mode: auto (reduce-overhead on CUDA, default elsewhere), default, reduce-overhead,
+    #: max-autotune or max-autotune-no-cudagraphs.
+    compile_mode: str = "auto"
+    #: torch.compile backend: inductor, or aot_eager / eager to tell a compiler problem from a model problem.
+    compile_backend: str = "inductor"
 
     def __post_init__(self) -> None:
+        self.check_compile_options()
         check_count("seed", self.seed, MAX_SEED, lower=0)
         if self.max_train_samples is not None:
             check_count("max_train_samples", self.max_train_samples, MAX_TRAIN_SAMPLES)

@@ -21,6 +21,11 @@ Rules:
 - Host syncs: ``act`` and ``predict_value`` make none. ``forward`` over T > 1 steps with episode
   starts makes one (to find the time steps where some episode starts; the LSTM then runs as one
   call over each span between them).
+- Compiled (``compile_forward``, ``--compile``): ``forward`` runs under ``torch.compile`` as one graph
+  (no graph break; ``nn.LSTM`` is traced with dynamo's ``allow_rnn``), and then runs the LSTM one
+  step at a time with resets, making no host sync. It specializes on T and on whether episode
+  starts or grad are given. The heads stay eager: sampling draws from a ``torch.Generator``, which
+  dynamo cannot put in a graph.
 """
 
 from __future__ import annotations
@@ -32,6 +37,8 @@ from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor, nn
+
+from morphogen.core.compilation import CompileSettings, compiled
 
 __all__ = [
     "MASKED_LOGIT",
@@ -163,6 +170,7 @@ class FactoredLSTMPolicy(nn.Module):
         self.value_head = nn.Linear(hidden_size, 1, **factory)
         self.register_buffer("head_relevance", _relevance_table(head_relevance, sizes, device))
         self._initialize_weights()
+        self._compile_settings: CompileSettings | None = None
 
     @property
     def n_heads(self) -> int:
@@ -211,12 +219,33 @@ class FactoredLSTMPolicy(nn.Module):
         """Encode ``observation [T, B, obs]`` into features ``[T, B, hidden]``; also return the final state.
 
         ``episode_starts [T, B]`` (bool) zeroes the state of an env before the step where it is True.
+        After ``compile_forward`` this runs compiled (``morphogen.core.compilation``).
         """
+        if self._compile_settings is None:
+            return self._encode(observation, state, episode_starts, blueprint_ids, False)
+        function = compiled(FactoredLSTMPolicy._encode, self._compile_settings, observation.device)
+        features, next_state = function(self, observation, state, episode_starts, blueprint_ids, True)
+        return features, next_state
+
+    def compile_forward(self, settings: CompileSettings | None) -> None:
+        """Run ``forward`` compiled with ``settings`` from now on (None: eagerly again); nothing compiles here."""
+        self._compile_settings = settings
+
+    def _encode(
+        self,
+        observation: Tensor,
+        state: LSTMState,
+        episode_starts: Tensor | None,
+        blueprint_ids: Tensor | None,
+        step_by_step: bool,
+    ) -> tuple[Tensor, LSTMState]:
+        """``forward``; ``step_by_step`` runs the LSTM one step at a time instead of once per span between
+        episode starts, which needs no host sync to find the spans (what a compiled graph needs)."""
         trunk_output = self.trunk(self._inputs(observation, blueprint_ids))  # [T, B, hidden]
         if episode_starts is None:
             lstm_output, state = self.lstm(trunk_output, state)
         else:
-            lstm_output, state = self._run_lstm_with_resets(trunk_output, state, episode_starts)
+            lstm_output, state = self._run_lstm_with_resets(trunk_output, state, episode_starts, step_by_step)
         features = self.lstm_norm(lstm_output + trunk_output)  # [T, B, hidden]
         return features, state
 
@@ -338,12 +367,14 @@ class FactoredLSTMPolicy(nn.Module):
         return torch.cat([observation, embedded], dim=-1)
 
     def _run_lstm_with_resets(
-        self, trunk_output: Tensor, state: LSTMState, episode_starts: Tensor
+        self, trunk_output: Tensor, state: LSTMState, episode_starts: Tensor, step_by_step: bool = False
     ) -> tuple[Tensor, LSTMState]:
         """Run the LSTM over ``trunk_output [T, B, hidden]``, zeroing the state where an episode starts."""
         steps = trunk_output.shape[0]
         boundaries = [0, steps]
-        if steps > 1:
+        if step_by_step:
+            boundaries = list(range(steps + 1))  # every step a span: no sync, T LSTM calls
+        elif steps > 1:
             # Host sync (one per call): the steps where some env starts an episode split the
             # sequence into spans, each run as a single nn.LSTM call.
             later_starts = episode_starts[1:].any(dim=1).nonzero().squeeze(-1) + 1

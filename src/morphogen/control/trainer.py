@@ -43,6 +43,7 @@ from morphogen.control.options import DEFAULT_DEVICE, SessionOptions
 from morphogen.control.policy import ActionOutput, LSTMState
 from morphogen.control.ppo import EnvShare, PPOConfig, PPOStatistics, build_optimizer, ppo_update
 from morphogen.control.rollout import RolloutBatch, RolloutBuffer
+from morphogen.core.compilation import CompileSettings
 from morphogen.core.lifecycle import GateConfig, GateMode
 from morphogen.core.slot import SlotConfig
 from morphogen.data import Task
@@ -104,6 +105,9 @@ class TrainConfig(SessionOptions):
             if self.device not in (DEFAULT_DEVICE, self.devices[0]):
                 raise ValueError(f"device must be left out (or be {self.devices[0]}, the first of devices) when "
                                  f"devices is set, got {self.device}: the policy lives on the first of devices")
+        if self.compile and self.episode.batch_identical:
+            raise ValueError("compile does not combine with episode.batch_identical (--batch-envs) yet: the batched "
+                             "path runs the eager forward under vmap; choose one")
         if self.ppo.minibatches > self.n_envs:
             raise ValueError(f"ppo.minibatches ({self.ppo.minibatches}) cannot exceed n_envs ({self.n_envs})")
 
@@ -190,11 +194,18 @@ class PPOTrainer:
             reward_normalizer=RewardNormalizer(config.n_envs, gamma=config.ppo.gamma, device=device),
             value_normalizer=ValueNormalizer(device=device),
         )
+        self.compile(config.compile_settings)
         mask_shapes = [(len(self.space.choices["op"]),)] + [
             (len(self.space.choices["op"]), len(self.space.choices[head])) for head in HEADS[1:]]
         self.buffer = RolloutBuffer(config.episode_length, config.n_envs, self.encoder.size, len(HEADS),
                                     config.hidden_size, mask_shapes=mask_shapes, n_slots=len(self.slot_ids),
                                     device=device)
+
+    def compile(self, settings: CompileSettings | None) -> None:
+        """Run the policy's forward and every env's host training forward under `torch.compile` (None: eagerly)."""
+        self.state.agent.policy.compile_forward(settings)
+        for episode in self.vector.episodes:
+            episode.compile_settings = settings  # applied to the model each reset builds
 
     def attach_telemetry(self, telemetry: Telemetry, run_dir: Path | None = None) -> None:
         """Route events to `telemetry`; set up the phase timer, anomaly detector and (with a run dir) profiler."""

@@ -6,6 +6,11 @@ that seed blended in at alpha 1. The shadow pass starts from the activations the
 computed (detached, so the host prefix never runs twice and receives nothing from it) and runs the
 layers after each TRAINING slot once for all of those seeds, as a [K*B] batch.
 
+`compile_forward(settings)` makes `forward_with_shadow` run under `torch.compile`, specialized on the
+model's `execution_plan()` (what each slot does), never on lifecycle state: see
+`morphogen.core.compilation` for what recompiles when. Compile through it, not with
+`torch.compile(model)`, which would guard on the stages themselves.
+
 `counterfactual_forward` evaluates K alpha configurations in one pass. The host prefix up to the
 first slot whose alpha differs across configurations is computed once; only from there on is the
 batch expanded to K*B samples, each carrying its own per-sample alpha. The seed of that first
@@ -24,9 +29,10 @@ import torch
 from torch import Tensor, nn
 
 from morphogen.core.blend import BlendKind
+from morphogen.core.compilation import CompileSettings, compiled
 from morphogen.core.hosts import SegmentedHost, UnknownSlotError
 from morphogen.core.lifecycle import BLENDED_STAGES, Stage
-from morphogen.core.slot import SeedSlot, SlotConfig
+from morphogen.core.slot import SHADOW, SeedSlot, SlotConfig, SlotPlan
 
 
 @contextmanager
@@ -82,6 +88,7 @@ class MorphogeneticModel(nn.Module):
         )
         self._slot_by_point: list[str | None] = [slot_id if slot_id in chosen else None for slot_id in points]
         self._batch_norms = [m for m in host.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
+        self._compile_settings: CompileSettings | None = None
 
     # ---------------------------------------------------------------- access
     @property
@@ -156,50 +163,85 @@ class MorphogeneticModel(nn.Module):
         from that path. The host's output and host gradients are exactly those of `forward(x)`. Batch
         norms after a slot normalize the shadow rows with the host's running statistics (see
         `running_statistics`), so the host's state is untouched too.
+
+        After `compile_forward` this runs compiled, specialized on `execution_plan()`.
+        """
+        plan = self.execution_plan()
+        host_forward, shadow_pass = MorphogeneticModel._host_forward, MorphogeneticModel._shadow_pass
+        if self._compile_settings is not None:
+            # Two graphs, two autograd nodes: the trainer backpropagates the host loss and the shadow loss
+            # separately, and one compiled node would free its saved tensors at the first of them.
+            host_forward = compiled(host_forward, self._compile_settings, x.device)
+            shadow_pass = compiled(shadow_pass, self._compile_settings, x.device)
+        output, captured = host_forward(self, x, plan)
+        if not captured:
+            return output, None
+        with running_statistics(self._batch_norms):
+            shadow_outputs = shadow_pass(self, captured, plan)
+        slot_ids = tuple(slot_id for slot_id, slot_plan in zip(self.slot_ids, plan, strict=True)
+                         if slot_plan[0] == SHADOW)
+        parameters = tuple(p for slot_id in slot_ids for p in self.slot(slot_id).seed_parameters() if p.requires_grad)
+        return output, ShadowOutput(slot_ids, shadow_outputs, parameters)
+
+    def execution_plan(self) -> tuple[SlotPlan, ...]:
+        """Every slot's `SeedSlot.plan()`, in execution order."""
+        return tuple(slot.plan() for slot in self.slots())
+
+    def compile_forward(self, settings: CompileSettings | None) -> None:
+        """Run `forward_with_shadow` compiled with `settings` from now on (None: eagerly again).
+
+        Nothing compiles here: the first call with each new execution plan does (`morphogen.core.compilation`).
+        """
+        self._compile_settings = settings
+
+    def _host_forward(self, x: Tensor, plan: tuple[SlotPlan, ...]) -> tuple[Tensor, tuple[Tensor, ...]]:
+        """The model's output and, when grad is on, the detached activation at each TRAINING slot.
+
+        Reads slot behaviour from `plan`, never from the lifecycle, so a compiled copy specializes on it.
         """
         host = self.host
-        captured: dict[str, Tensor] = {}
+        captured: list[Tensor] = []
+        position = 0
         for index, slot_id in enumerate(self._slot_by_point):
             x = host.run_segment(index, x)
             if slot_id is None:
                 continue
-            slot = self.slot(slot_id)
-            if slot.stage is Stage.TRAINING and slot.seed is not None and torch.is_grad_enabled():
-                captured[slot_id] = x.detach()
-            x = slot(x)
-        output = host.run_segment(len(self._slot_by_point), x)
-        if not captured:
-            return output, None
-        with running_statistics(self._batch_norms):
-            return output, self._shadow_pass(captured)
+            mode = str(plan[position][0])
+            position += 1
+            if mode == SHADOW and torch.is_grad_enabled():
+                captured.append(x.detach())
+            x = self.slot(slot_id).run(mode, x)
+        return host.run_segment(len(self._slot_by_point), x), tuple(captured)
 
-    def _shadow_pass(self, captured: dict[str, Tensor]) -> ShadowOutput:
-        """Run the layers after each TRAINING slot with that seed fully in, all seeds in one batch.
+    def _shadow_pass(self, captured: tuple[Tensor, ...], plan: tuple[SlotPlan, ...]) -> Tensor:
+        """Run the layers after each TRAINING slot with that seed fully in, all seeds in one batch: (K, B, ...).
 
-        Rows join the batch at their own slot: before it, a row's activation would equal the host's,
-        which `captured` already holds, so nothing upstream is recomputed.
+        `captured` holds the host's activation at each TRAINING slot of `plan`, in execution order. Rows
+        join the batch at their own slot: before it, a row's activation would equal the host's, which
+        `captured` already holds, so nothing upstream is recomputed.
         """
         host = self.host
         x: Tensor | None = None
+        position = shadows = 0
         for index, slot_id in enumerate(self._slot_by_point):
             if x is not None:
                 x = host.run_segment(index, x)
             if slot_id is None:
                 continue
             slot = self.slot(slot_id)
+            mode = str(plan[position][0])
+            position += 1
             if x is not None:
-                x = slot(x)  # the host's own behaviour at this slot for the rows already in
-            if slot_id in captured:
+                x = slot.run(mode, x)  # the host's own behaviour at this slot for the rows already in
+            if mode == SHADOW:
                 assert slot.blend is not None and slot.seed is not None
-                h = captured[slot_id]
+                h = captured[shadows]
+                shadows += 1
                 shadow = slot.blend(h, slot.seed(h), 1.0)  # (B, ...): this seed fully in
                 x = shadow if x is None else torch.cat([x, shadow])  # (k*B, ...)
         assert x is not None
         x = host.run_segment(len(self._slot_by_point), x)
-        slot_ids = tuple(captured)
-        batch = next(iter(captured.values())).shape[0]
-        parameters = tuple(p for slot_id in slot_ids for p in self.slot(slot_id).seed_parameters() if p.requires_grad)
-        return ShadowOutput(slot_ids, x.reshape(len(slot_ids), batch, *x.shape[1:]), parameters)  # (K, B, ...)
+        return x.reshape(len(captured), captured[0].shape[0], *x.shape[1:])  # (K, B, ...)
 
     def counterfactual_forward(self, x: Tensor, alphas: Tensor | Sequence[Sequence[float]]) -> Tensor:
         """Outputs for K alpha configurations at once: `alphas` is [K, n_slots] -> output [K, B, ...].

@@ -15,8 +15,10 @@ Forward rules (DESIGN §4.3):
   at the slot.
 
 Alpha lives in a 0-dim buffer that is refilled once per epoch, so a compiled forward does not
-specialize (and recompile) on every new alpha value. Lifecycle calls either make a legal transition
-or raise `IllegalTransitionError` and change nothing.
+specialize (and recompile) on every new alpha value. What a compiled forward does specialize on is
+the slot's `plan()` (its mode, and for a running seed its blueprint, blend and detach setting), passed
+to it as an argument rather than read from the lifecycle (see `morphogen.core.compilation`).
+Lifecycle calls either make a legal transition or raise `IllegalTransitionError` and change nothing.
 """
 
 from __future__ import annotations
@@ -45,6 +47,16 @@ from morphogen.core.lifecycle import (
     Stage,
     evaluate_gate,
 )
+
+IDENTITY = "identity"
+"""Slot mode: no seed runs; the slot returns its input."""
+SHADOW = "shadow"
+"""Slot mode: a TRAINING seed; the host path is the identity, the seed runs only in the shadow pass."""
+BLENDED = "blended"
+"""Slot mode: a BLENDING, HOLDING or FOSSILIZED seed blended in at its alpha."""
+
+SlotPlan = tuple[str | bool, ...]
+"""`(mode,)` for an idle slot, else `(mode, blueprint, options, blend kind, detach input)` (`SeedSlot.plan`)."""
 
 #: Whether a seed keeps reading a detached input after TRAINING, per topology. CNN seeds (2D and 1D)
 #: stay isolated (the host's features are not bent towards the seed); transformer seeds co-adapt, since
@@ -133,11 +145,33 @@ class SeedSlot(nn.Module):
         return sum(p.numel() for p in self.seed_parameters())
 
     # ---------------------------------------------------------------- forward
+    @property
+    def mode(self) -> str:
+        """What the forward pass does here: `IDENTITY`, `SHADOW` (a TRAINING seed) or `BLENDED`."""
+        if self.seed is None or self.stage not in RUNNING_STAGES:
+            return IDENTITY
+        return SHADOW if self.stage is Stage.TRAINING else BLENDED
+
+    def plan(self) -> SlotPlan:
+        """This slot's part of a model's execution plan: plain values a compiled forward specializes on.
+
+        A slot that does not run contributes `(IDENTITY,)` whatever seed it holds, so a GERMINATED seed
+        costs no compile; a running one adds what shapes its graph (blueprint and options, blend, detach).
+        """
+        mode = self.mode
+        if mode == IDENTITY:
+            return (IDENTITY,)
+        options = repr(sorted(self.blueprint_options.items()))
+        return (mode, str(self.blueprint), options, self.blend_kind.value, self.detach_input)
+
     def forward(self, h: Tensor, alpha_override: Tensor | float | None = None) -> Tensor:
-        stage = self.lifecycle.stage
-        if self.seed is None or stage not in RUNNING_STAGES:
+        return self.run(self.mode, h, alpha_override)
+
+    def run(self, mode: str, h: Tensor, alpha_override: Tensor | float | None = None) -> Tensor:
+        """The forward of a slot in `mode` (see `mode`); compiled callers pass the mode of their plan."""
+        if mode == IDENTITY:
             return h
-        if stage is Stage.TRAINING:
+        if mode == SHADOW:
             if alpha_override is not None:
                 # A "what if it were blended in" evaluation of a seed still learning behind the host.
                 assert self.blend is not None

@@ -23,6 +23,7 @@ from torch import Tensor
 
 from morphogen.core.alpha import AlphaMode
 from morphogen.core.blueprints import blueprint_names
+from morphogen.core.compilation import CompileSettings
 from morphogen.core.hosts import build_host
 from morphogen.core.isolation import IsolationMonitor, IsolationReport
 from morphogen.core.lifecycle import BLENDED_STAGES, IllegalTransitionError, Stage
@@ -118,6 +119,8 @@ class MorphogenesisEpisode:
         self.detector = detector
         #: Every event of the current episode, whatever the telemetry level (for its summary and story).
         self.history: list[events.Event] = []
+        #: `torch.compile` settings for every model this episode builds (`--compile`); None trains eagerly.
+        self.compile_settings: CompileSettings | None = None
 
     # ---------------------------------------------------------------- setup
     def build_model(self) -> MorphogeneticModel:
@@ -133,6 +136,7 @@ class MorphogenesisEpisode:
             with seeded(derive_seed(self.seed, 0, model.slot_ids.index(slot_id)), self.device):
                 model.install(slot_id, blueprint)
             model.slot(slot_id).drain_transitions()  # part of the architecture, not an event of this episode
+        model.compile_forward(self.compile_settings)
         return model
 
     def reset(self) -> EpisodeSnapshot:

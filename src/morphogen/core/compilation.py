@@ -1,0 +1,90 @@
+"""Optional `torch.compile` of the host forward and of the policy (`--compile`, DESIGN §7, §9.2).
+
+What is compiled: `MorphogeneticModel.forward_with_shadow` (the training forward: host, slots and the
+shadow pass of TRAINING seeds; autograd builds the backward through the compiled graph) and
+`FactoredLSTMPolicy.forward` (trunk, LSTM, norm). Validation (`counterfactual_forward`, whose alpha
+table is read on the host) and the policy's action heads (sampling draws from a `torch.Generator`,
+which dynamo cannot trace) stay eager. Debug layer statistics are `torch.compiler.disable`d.
+
+Rules:
+- Compiled code reads no lifecycle state. The model hands the compiled function an *execution plan*,
+  a tuple of plain strings and bools per slot (`SeedSlot.plan`); dynamo guards on that argument's
+  value. A plan seen before reuses its graph; a new plan compiles once. Stages that run the same code
+  (BLENDING, HOLDING, FOSSILIZED) share one plan, and a GERMINATED seed does not run, so a germination
+  costs one compile, when the seed enters TRAINING. Why not guard on the stage itself: with torch 2.13,
+  dynamo was seen to drop the identity guard on `slot.lifecycle.stage` when it equalled a global it
+  also read (`Stage.TRAINING`), and reused a TRAINING graph for a BLENDING seed (wrong outputs).
+- Graphs are cached per function, not per model: every env's model with the same plan (and shapes)
+  reuses one graph, whatever its weights (parameters are graph inputs). Dynamo's default of 8 entries
+  per function is too few for many envs in different growth states, so compiled calls run with the
+  limit raised to `RECOMPILE_LIMIT`; past it dynamo runs that function eagerly (correct, slower).
+- Mode "auto" is "reduce-overhead" on CUDA (CUDA graphs: launch overhead is what tiny hosts pay) and
+  "default" elsewhere (CUDA graphs do not exist on CPU). Modes apply to the inductor backend only;
+  "aot_eager" and "eager" exist to tell a compiler problem from a model problem.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+__all__ = ["COMPILE_BACKENDS", "COMPILE_MODES", "RECOMPILE_LIMIT", "CompileSettings", "compiled"]
+
+COMPILE_MODES = ("auto", "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+"""Accepted `compile_mode` values; "auto" picks by device (module docstring)."""
+COMPILE_BACKENDS = ("inductor", "aot_eager", "eager")
+"""Accepted `compile_backend` values (torch.compile backends)."""
+RECOMPILE_LIMIT = 64
+"""Compiled entries dynamo keeps per function while morphogen's compiled calls run (its default is 8)."""
+
+
+@dataclass(frozen=True)
+class CompileSettings:
+    """How `--compile` compiles: the torch.compile mode and backend."""
+
+    #: auto, default, reduce-overhead, max-autotune or max-autotune-no-cudagraphs (inductor only).
+    mode: str = "auto"
+    #: inductor (generates kernels), aot_eager or eager (trace only; for debugging compile problems).
+    backend: str = "inductor"
+
+    def __post_init__(self) -> None:
+        if self.mode not in COMPILE_MODES:
+            raise ValueError(f"compile_mode must be one of {', '.join(COMPILE_MODES)}, got {self.mode!r}")
+        if self.backend not in COMPILE_BACKENDS:
+            raise ValueError(f"compile_backend must be one of {', '.join(COMPILE_BACKENDS)}, got {self.backend!r}")
+
+    def resolved_mode(self, device: torch.device | str) -> str | None:
+        """The torch.compile mode for `device`; None for backends other than inductor (they take no mode)."""
+        if self.backend != "inductor":
+            return None
+        if self.mode != "auto":
+            return self.mode
+        return "reduce-overhead" if torch.device(device).type == "cuda" else "default"
+
+
+class _CompiledFunction:
+    """`torch.compile(function)` called with dynamo's recompile limit raised and RNN tracing allowed."""
+
+    def __init__(self, function: Callable[..., Any], settings: CompileSettings, device: torch.device) -> None:
+        self.settings, self.device = settings, device
+        self.function = torch.compile(function, backend=settings.backend, mode=settings.resolved_mode(device))
+
+    def __call__(self, *args: Any) -> Any:
+        # allow_rnn: trace nn.LSTM as one op instead of breaking the graph around it.
+        with torch._dynamo.config.patch(recompile_limit=RECOMPILE_LIMIT, allow_rnn=True):
+            return self.function(*args)
+
+
+_CACHE: dict[tuple[Callable[..., Any], CompileSettings, torch.device], _CompiledFunction] = {}
+
+
+def compiled(function: Callable[..., Any], settings: CompileSettings, device: torch.device) -> Callable[..., Any]:
+    """The one compiled wrapper of the plain (unbound) `function` per settings and device, shared by every
+    instance that calls it, so that they share dynamo's cache of graphs too."""
+    key = (function, settings, device)
+    if key not in _CACHE:
+        _CACHE[key] = _CompiledFunction(function, settings, device)
+    return _CACHE[key]
