@@ -70,3 +70,11 @@ def test_run_with_inductor_completes(tmp_path: Path, capsys: pytest.CaptureFixtu
     out, err = capsys.readouterr()
     assert code == 0, err
     assert "epoch   2/2" in out
+
+
+def test_compile_and_batched_envs_are_refused_together(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["train", "--compile", "--batch-envs", "--run-dir", str(tmp_path / "run")]) == EXIT_USER_ERROR
+    error = capsys.readouterr().err.strip().splitlines()
+    assert error == ["morphogen train: error: compile: does not combine with episode.batch_identical "
+                     "(--batch-envs) yet: the batched path runs the eager forward under vmap; choose one"]
+    assert not (tmp_path / "run").exists()

@@ -134,10 +134,3 @@ def test_cli_rejects_a_negative_imitation_round_count(tmp_path: Path, capsys: py
     assert error == ["morphogen train: error: imitation.rounds: must be >= 0, got -2"]
     assert not (tmp_path / "run").exists()
 
-
-def test_compile_and_batched_envs_are_refused_together(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["train", "--compile", "--batch-envs", "--run-dir", str(tmp_path / "run")]) == EXIT_USER_ERROR
-    error = capsys.readouterr().err.strip().splitlines()
-    assert error == ["morphogen train: error: compile: does not combine with episode.batch_identical "
-                     "(--batch-envs) yet: the batched path runs the eager forward under vmap; choose one"]
-    assert not (tmp_path / "run").exists()
