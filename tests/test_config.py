@@ -180,3 +180,13 @@ def test_unreadable_files_are_config_errors(tmp_path: Path, name: str, text: str
 def test_missing_file_is_a_config_error(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="does not exist"):
         read_config_file(tmp_path / "nope.toml")
+
+
+def test_shipped_config_files_build() -> None:
+    """Every config under configs/ (cited by the README) loads and validates as a `train` config."""
+    from morphogen.control.trainer import TrainConfig
+
+    files = sorted((Path(__file__).parent.parent / "configs").glob("*.toml"))
+    assert files, "configs/ holds the README's example configs"
+    for path in files:
+        build_config(TrainConfig, read_config_file(path))  # raises ConfigError naming the bad key
