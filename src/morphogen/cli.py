@@ -15,11 +15,11 @@ from morphogen.commands.listing import LISTINGS
 from morphogen.config import ConfigError, build_config, read_config_file, short_repr
 from morphogen.control.checkpoint import CheckpointError
 from morphogen.control.distributed import DistributedSetupError, PeerLostError
+from morphogen.control.options import SessionOptions
 from morphogen.control.trainer import TrainConfig
 from morphogen.core.blueprints import UnknownBlueprintError
 from morphogen.core.compilation import COMPILE_BACKENDS, COMPILE_MODES
 from morphogen.core.hosts import UnknownSlotError
-from morphogen.control.options import SessionOptions
 from morphogen.data import TASK_NAMES, DataError
 from morphogen.env.governor import DivergenceError
 from morphogen.env.training import task_optimizer_config

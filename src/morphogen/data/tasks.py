@@ -41,7 +41,8 @@ from morphogen.data.errors import DataError
 from morphogen.data.mnist1d import MNIST1D_NUM_CLASSES, generate_mnist1d
 from morphogen.data.text import encode_characters, next_character_windows, read_default_corpus, read_text_file
 
-__all__ = ["DEFAULT_HOST_SIZES", "DEFAULT_OPTIMIZERS", "TASK_NAMES", "TASK_TOPOLOGIES", "DataError", "Task", "host_size", "load_task"]
+__all__ = ["DEFAULT_HOST_SIZES", "DEFAULT_OPTIMIZERS", "TASK_NAMES", "TASK_TOPOLOGIES", "DataError", "Task",
+           "host_size", "load_task"]
 
 TASK_NAMES: tuple[str, ...] = ("digits", "cifar10", "text", "mnist1d")
 

@@ -265,8 +265,8 @@ class StackedEnvs:
             row = []
             for optimizer in optimizers:
                 settings = optimizer.param_groups[0]
-                assert isinstance(optimizer, torch.optim.SGD) and len(optimizer.param_groups) == 1 and settings["dampening"] == 0 \
-                    and not settings["nesterov"] and not settings["maximize"], \
+                assert isinstance(optimizer, torch.optim.SGD) and len(optimizer.param_groups) == 1 \
+                    and settings["dampening"] == 0 and not settings["nesterov"] and not settings["maximize"], \
                     "the batched step implements ModelTrainer's plain SGD only"
                 row.append([settings["lr"], settings["momentum"], settings["weight_decay"]])
             rows.append(row)

@@ -18,8 +18,8 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from morphogen.core.isolation import IsolationMonitor
 from morphogen.config import build_config
+from morphogen.core.isolation import IsolationMonitor
 from morphogen.core.model import MorphogeneticModel
 from morphogen.data import DEFAULT_OPTIMIZERS
 from morphogen.env.evaluation import task_loss
