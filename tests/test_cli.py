@@ -153,6 +153,16 @@ def test_an_optimizer_table_on_text_keeps_the_task_default_it_does_not_name(tmp_
     assert resolved.seed_lr == DEFAULT_OPTIMIZERS["text"]["seed_lr"]
 
 
+@pytest.mark.parametrize(("task", "name"), [("text", "adamw"), ("digits", "sgd")])
+def test_the_run_config_records_the_task_default_optimizer(task: str, name: str) -> None:
+    """Without an `[episode.optimizer]` table the config holds the task's default, resolved, so that the
+    run's config.json records it and a resumed run keeps it."""
+    from morphogen.cli import build_parser, run_config_from_args
+
+    resolved = run_config_from_args(build_parser().parse_args(["run", "--task", task])).episode.optimizer
+    assert resolved is not None and resolved.name == name
+
+
 def test_bad_config_value_names_its_path_and_range(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     config = write(tmp_path, "run.toml", "[episode]\nmax_epochs = 0\n")
     line = run_expecting_user_error(["run", "--config", config], capsys)

@@ -263,17 +263,22 @@ def _with_episode_length(values: dict[str, Any], length: int | None, flag: str) 
 
 
 def _with_task_optimizer(values: dict[str, Any]) -> dict[str, Any]:
-    """`values` with an `[episode.optimizer]` table laid over its task's default optimizer.
+    """`values` with `episode.optimizer` resolved: the config's `[episode.optimizer]` table (if any) laid
+    over its task's default optimizer.
 
     Without this, `host_lr = 1e-3` alone on `text` would build `OptimizerConfig`'s SGD defaults around it
-    instead of the task's AdamW. A table that is not one, or an unknown task, is left for `build_config`
-    and `load_task` to report. Without a table, `episode.optimizer` stays None: the task's default.
+    instead of the task's AdamW. Resolved here, the run's config.json records every optimizer setting, and
+    a resumed run keeps them even if the task's default changes later. An `episode` or `optimizer` that is
+    not a table, or an unknown task, is left for `build_config` and `load_task` to report.
     """
-    episode = values.get("episode")
+    episode = values.get("episode", {})
     task = values.get("task", SessionOptions.task)
-    if not isinstance(episode, dict) or not isinstance(episode.get("optimizer"), dict) or task not in TASK_NAMES:
+    if not isinstance(episode, dict) or task not in TASK_NAMES:
         return values
-    resolved = task_optimizer_config(task, episode["optimizer"])  # a bad key or value: one ConfigError line
+    table = episode.get("optimizer", {})
+    if not isinstance(table, dict):
+        return values
+    resolved = task_optimizer_config(task, table)  # a bad key or value: one ConfigError line
     values["episode"] = {**episode, "optimizer": dataclasses.asdict(resolved)}
     return values
 
