@@ -34,8 +34,9 @@ import torch
 
 from morphogen.control.controller import NoGrowthController
 from morphogen.control.heuristic import HeuristicController
-from morphogen.data import load_task
+from morphogen.data import DEFAULT_HOST_SIZES, load_task
 from morphogen.env.episode import EpisodeConfig, MorphogenesisEpisode
+from morphogen.env.training import task_optimizer_config
 from morphogen.runner import EpisodeOutcome, run_episode
 from morphogen.telemetry.events import CounterfactualMeasured, Event, StageTransition
 from morphogen.telemetry.story import SHADOW_PREFIX
@@ -133,7 +134,9 @@ def mean_standard_error(values: Sequence[float]) -> tuple[float, float]:
 
 
 def print_task_table(task: str, results: Sequence[JobResult]) -> None:
-    print(f"\n{task} ({len(results)} seeds)")
+    optimizer = task_optimizer_config(task)
+    print(f"\n{task} ({len(results)} seeds; host {DEFAULT_HOST_SIZES[task]}; {optimizer.name} host lr "
+          f"{optimizer.host_lr:g}, seed lr {optimizer.seed_lr:g})")
     print(f"  {'':14}{'val accuracy':>18}{'val loss':>18}{'parameters':>14}{'seconds':>14}")
     for variant in VARIANTS:
         figures = [r.variants[variant] for r in results]

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from morphogen.cli import EXIT_USER_ERROR, main
+from morphogen.data import DEFAULT_OPTIMIZERS
 from morphogen.telemetry import events
 from morphogen.telemetry.sinks import read_events
 
@@ -129,6 +130,37 @@ def test_unknown_config_key_names_its_path(tmp_path: Path, capsys: pytest.Captur
     config = write(tmp_path, "run.toml", "[episode.optimizer]\nbogus = 1\n")
     line = run_expecting_user_error(["run", "--config", config], capsys)
     assert "episode.optimizer.bogus: unknown key" in line and "host_lr" in line
+
+
+@pytest.mark.parametrize(("table", "expected"), [
+    ('name = "lion"', "episode.optimizer.name: must be one of sgd, adamw, got 'lion'"),
+    ("betas = [0.9, 1.5]", "episode.optimizer.betas: must be two numbers in [0, 1), got [0.9, 1.5]"),
+    ('host_lr = "fast"', "episode.optimizer.host_lr: expected a finite number"),
+])
+def test_bad_optimizer_value_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str], table: str,
+                                         expected: str) -> None:
+    config = write(tmp_path, "run.toml", f'task = "text"\n[episode.optimizer]\n{table}\n')
+    line = run_expecting_user_error(["run", "--config", config], capsys)
+    assert expected in line
+
+
+def test_an_optimizer_table_on_text_keeps_the_task_default_it_does_not_name(tmp_path: Path) -> None:
+    from morphogen.cli import build_parser, run_config_from_args
+
+    config = write(tmp_path, "run.toml", 'task = "text"\n[episode.optimizer]\nhost_lr = 0.0005\n')
+    resolved = run_config_from_args(build_parser().parse_args(["run", "--config", config])).episode.optimizer
+    assert resolved is not None and resolved.name == "adamw" and resolved.host_lr == 0.0005
+    assert resolved.seed_lr == DEFAULT_OPTIMIZERS["text"]["seed_lr"]
+
+
+@pytest.mark.parametrize(("task", "name"), [("text", "adamw"), ("digits", "sgd")])
+def test_the_run_config_records_the_task_default_optimizer(task: str, name: str) -> None:
+    """Without an `[episode.optimizer]` table the config holds the task's default, resolved, so that the
+    run's config.json records it and a resumed run keeps it."""
+    from morphogen.cli import build_parser, run_config_from_args
+
+    resolved = run_config_from_args(build_parser().parse_args(["run", "--task", task])).episode.optimizer
+    assert resolved is not None and resolved.name == name
 
 
 def test_bad_config_value_names_its_path_and_range(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -112,7 +112,8 @@ def test_int_is_accepted_where_a_float_is_expected() -> None:
     ("values", "message"),
     [
         ({"bogus": 1}, r"^bogus: unknown key; accepted: task, seed, "),
-        ({"episode": {"optimizer": {"bogus": 1}}}, r"^episode\.optimizer\.bogus: unknown key; accepted: host_lr, "),
+        ({"episode": {"optimizer": {"bogus": 1}}},
+         r"^episode\.optimizer\.bogus: unknown key; accepted: name, host_lr, "),
         ({"episode": {"max_epochs": "ten"}}, r"^episode\.max_epochs: expected an integer, got 'ten'"),
         ({"episode": {"max_epochs": True}}, r"^episode\.max_epochs: expected an integer, got True"),
         ({"episode": {"optimizer": {"host_lr": float("nan")}}},

@@ -15,12 +15,14 @@ from morphogen.commands.listing import LISTINGS
 from morphogen.config import ConfigError, build_config, read_config_file, short_repr
 from morphogen.control.checkpoint import CheckpointError
 from morphogen.control.distributed import DistributedSetupError, PeerLostError
+from morphogen.control.options import SessionOptions
 from morphogen.control.trainer import TrainConfig
 from morphogen.core.blueprints import UnknownBlueprintError
 from morphogen.core.compilation import COMPILE_BACKENDS, COMPILE_MODES
 from morphogen.core.hosts import UnknownSlotError
-from morphogen.data import DataError
+from morphogen.data import TASK_NAMES, DataError
 from morphogen.env.governor import DivergenceError
+from morphogen.env.training import task_optimizer_config
 from morphogen.run_lock import RunDirectoryLockError, hold_run_directory
 from morphogen.runner import RunConfig, run_command
 from morphogen.storage import DiskFullError
@@ -260,6 +262,27 @@ def _with_episode_length(values: dict[str, Any], length: int | None, flag: str) 
     return values
 
 
+def _with_task_optimizer(values: dict[str, Any]) -> dict[str, Any]:
+    """`values` with `episode.optimizer` resolved: the config's `[episode.optimizer]` table (if any) laid
+    over its task's default optimizer.
+
+    Without this, `host_lr = 1e-3` alone on `text` would build `OptimizerConfig`'s SGD defaults around it
+    instead of the task's AdamW. Resolved here, the run's config.json records every optimizer setting, and
+    a resumed run keeps them even if the task's default changes later. An `episode` or `optimizer` that is
+    not a table, or an unknown task, is left for `build_config` and `load_task` to report.
+    """
+    episode = values.get("episode", {})
+    task = values.get("task", SessionOptions.task)
+    if not isinstance(episode, dict) or task not in TASK_NAMES:
+        return values
+    table = episode.get("optimizer", {})
+    if not isinstance(table, dict):
+        return values
+    resolved = task_optimizer_config(task, table)  # a bad key or value: one ConfigError line
+    values["episode"] = {**episode, "optimizer": dataclasses.asdict(resolved)}
+    return values
+
+
 def read_config_values(path: str | None) -> dict[str, Any]:
     """The values of a config file; a `run_dir` that names the file's own directory is dropped.
 
@@ -282,7 +305,8 @@ def train_config_from_args(args: argparse.Namespace) -> TrainConfig:
         raise UsageError(f"--envs must be >= 1, got {args.n_envs}")
     if args.batch_envs and isinstance(values.get("episode") or {}, dict):  # another type fails in build_config
         values["episode"] = {**(values.get("episode") or {}), "batch_identical": True}
-    return build_config(TrainConfig, _with_episode_length(values, args.episode_length, "--episode-length"))
+    values = _with_task_optimizer(_with_episode_length(values, args.episode_length, "--episode-length"))
+    return build_config(TrainConfig, values)
 
 
 def _train(args: argparse.Namespace) -> None:
@@ -350,7 +374,7 @@ def run_config_from_args(args: argparse.Namespace) -> RunConfig:
     """Defaults, then the config file, then command-line flags."""
     values = read_config_values(args.config)
     _apply_overrides(values, _flag_overrides(args))
-    return build_config(RunConfig, _with_episode_length(values, args.epochs, "--epochs"))
+    return build_config(RunConfig, _with_task_optimizer(_with_episode_length(values, args.epochs, "--epochs")))
 
 
 def eval_config_from_args(args: argparse.Namespace) -> EvalConfig:

@@ -20,7 +20,7 @@ def test_resolved_host_is_the_task_host_size() -> None:
     assert SessionOptions().with_resolved_host().host == {"n_blocks": 2, "base_channels": 8, "kernel_size": 3}
     assert SessionOptions(task="mnist1d").with_resolved_host().host == {"n_blocks": 2, "base_channels": 8,
                                                                         "kernel_size": 5}
-    assert SessionOptions(task="text").with_resolved_host().host["d_model"] == 64
+    assert SessionOptions(task="text").with_resolved_host().host["d_model"] == 32
 
 
 def test_overrides_keep_the_other_defaults() -> None:
@@ -57,7 +57,7 @@ def test_bad_host_tables_name_the_key(config_class: type[SessionOptions], host: 
 
 
 def test_transformer_host_combinations_are_judged_by_the_constructor() -> None:
-    with pytest.raises(ConfigError, match=r"^host.d_model: must be divisible by n_heads \(3\), got 64$"):
+    with pytest.raises(ConfigError, match=r"^host.d_model: must be divisible by n_heads \(3\), got 32$"):
         build_config(RunConfig, {"task": "text", "host": {"n_heads": 3}})
     assert resolve_host_size("text", {"n_layers": 6, "n_segments": 3})["n_layers"] == 6
 

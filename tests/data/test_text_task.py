@@ -30,9 +30,9 @@ def test_vocabulary_and_preset(corpus_and_task: tuple[str, Task]) -> None:
     assert task.topology == "transformer" and task.objective == "language_model"
     assert task.host_kwargs == {
         "vocab_size": len(set(text)),
-        "d_model": 64,
+        "d_model": 32,
         "n_heads": 4,
-        "n_layers": 4,
+        "n_layers": 2,
         "block_size": 64,
         "n_segments": 2,
     }

@@ -237,3 +237,35 @@ def test_batched_step_never_syncs(digits: Task, monkeypatch: pytest.MonkeyPatch)
     stacked.write_back()
     syncs = count_syncs(monkeypatch, lambda: vector.step([WAIT] * 3))
     assert syncs == 3 * SYNCS_PER_STEP, "batching adds no sync to the per-env budget"
+
+
+def test_adamw_envs_train_alone_and_match_the_per_env_path(digits: Task, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The stacked step is SGD's: AdamW envs with batch_identical on must take the per-env path, not a
+    silent SGD step. Same path, same arithmetic: the two vectors agree exactly."""
+    adamw = dataclasses.replace(episode_config(), optimizer=OptimizerConfig(name="adamw", host_lr=3e-3))
+    reference, batched = make_vectors(digits, adamw, 3)
+    plan = plan_epoch(batched.episodes)
+    assert plan.groups == () and plan.alone == (0, 1, 2)
+    calls = count_alone_batches(monkeypatch)
+    expected, actual = reference.step([WAIT] * 3), batched.step([WAIT] * 3)
+    batched_trainers = {id(episode.trainer) for episode in batched.episodes}
+    assert {id(trainer) for trainer in calls if id(trainer) in batched_trainers} == batched_trainers
+    for lone, grouped, before, after in zip(reference.episodes, batched.episodes, expected, actual, strict=True):
+        assert isinstance(grouped.trainer.host_optimizer, torch.optim.AdamW)
+        assert after.snapshot.train_loss == before.snapshot.train_loss
+        assert lone.model is not None and grouped.model is not None
+        for (name, value), other in zip(lone.model.named_parameters(), grouped.model.parameters(), strict=True):
+            assert torch.equal(value, other), name
+
+
+def test_a_group_with_one_adamw_env_is_not_stacked(digits: Task) -> None:
+    """Envs of one architecture but different optimizers: the SGD ones still stack, the AdamW one is alone."""
+    vector = VectorEpisodes(digits, episode_config(), 3, seed=SEED)
+    vector.reset(ROUND)
+    episode = vector.episodes[1]
+    assert episode.model is not None
+    episode.trainer = ModelTrainer(episode.model, OptimizerConfig(name="adamw"), episode.monitor)
+    plan = plan_epoch(vector.episodes)
+    assert plan.groups == ((0, 2),) and plan.alone == (1,)
+    with pytest.raises(AssertionError, match="plain SGD only"):
+        StackedEnvs([episode])

@@ -35,7 +35,7 @@ def build_without_validating(vector: VectorEpisodes) -> None:
     for episode in vector.episodes:
         episode.model = episode.build_model()
         episode.monitor = IsolationMonitor(device=episode.device)
-        episode.trainer = ModelTrainer(episode.model, episode.config.optimizer, episode.monitor)
+        episode.trainer = ModelTrainer(episode.model, episode.optimizer_config, episode.monitor)
 
 
 def test_envs_go_round_robin_and_build_everything_on_their_device(digits: Task) -> None:

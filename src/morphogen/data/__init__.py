@@ -9,11 +9,20 @@ from morphogen's core, env or control layers.
 
 from morphogen.data.datasets import Augmentation, DeviceDataset, random_crop_flip
 from morphogen.data.errors import DataError
-from morphogen.data.tasks import DEFAULT_HOST_SIZES, TASK_NAMES, TASK_TOPOLOGIES, Task, host_size, load_task
+from morphogen.data.tasks import (
+    DEFAULT_HOST_SIZES,
+    DEFAULT_OPTIMIZERS,
+    TASK_NAMES,
+    TASK_TOPOLOGIES,
+    Task,
+    host_size,
+    load_task,
+)
 from morphogen.data.text import decode_characters
 
 __all__ = [
     "DEFAULT_HOST_SIZES",
+    "DEFAULT_OPTIMIZERS",
     "TASK_NAMES",
     "TASK_TOPOLOGIES",
     "Augmentation",

@@ -35,6 +35,10 @@ Hot path (per batch and group): no host sync, no loop over envs, no per-paramete
 call: Python work is one `split` plus one view per parameter tensor (the names `functional_call` is
 given), whatever the number of envs. Per epoch: one copy in and one copy out per (env, tensor).
 
+Optimizers: the stacked step is SGD's. `plan_epoch` never stacks an env whose optimizer is another one
+(`OptimizerConfig.name = "adamw"`, the `text` task's default): such envs are trained alone, on the
+per-env path, so `batch_identical` changes nothing for them.
+
 Coverage: CNN and 1D-CNN hosts and their blueprints batch natively. A transformer's causal attention
 (`scaled_dot_product_attention`) has no CPU batching rule in torch 2.13: vmap then runs it env by env
 (correct, no gain there, and torch warns once).
@@ -261,8 +265,8 @@ class StackedEnvs:
             row = []
             for optimizer in optimizers:
                 settings = optimizer.param_groups[0]
-                assert len(optimizer.param_groups) == 1 and settings["dampening"] == 0 \
-                    and not settings["nesterov"] and not settings["maximize"], \
+                assert isinstance(optimizer, torch.optim.SGD) and len(optimizer.param_groups) == 1 \
+                    and settings["dampening"] == 0 and not settings["nesterov"] and not settings["maximize"], \
                     "the batched step implements ModelTrainer's plain SGD only"
                 row.append([settings["lr"], settings["momentum"], settings["weight_decay"]])
             rows.append(row)
@@ -376,14 +380,24 @@ class EpochPlan:
 
 
 def plan_epoch(episodes: Sequence[MorphogenesisEpisode], min_group_size: int = 2) -> EpochPlan:
-    """Group envs by architecture; groups smaller than `min_group_size` are trained alone."""
+    """Group envs by architecture; groups smaller than `min_group_size`, and envs whose optimizer is not SGD,
+    are trained alone."""
     if min_group_size < 1:
         raise ValueError(f"min_group_size must be >= 1, got {min_group_size}")
-    grouped = group_by_architecture(episodes)
+    # Only SGD envs can be stacked; an env on another optimizer leaves its group and trains alone.
+    grouped = [[index for index in group if _trains_with_sgd(episodes[index])]
+               for group in group_by_architecture(episodes)]
     stackable = [group for group in grouped if len(group) >= min_group_size and _one_dtype(episodes[group[0]])]
     groups = tuple(tuple(group) for group in stackable)
-    alone = tuple(sorted(index for group in grouped if group not in stackable for index in group))
+    stacked = {index for group in stackable for index in group}
+    alone = tuple(index for index in range(len(episodes)) if index not in stacked)
     return EpochPlan(groups, alone)
+
+
+def _trains_with_sgd(episode: MorphogenesisEpisode) -> bool:
+    """Whether the env trains with SGD, the only optimizer the stacked step implements: an env on another
+    optimizer (AdamW) is trained alone by its own `ModelTrainer`, never silently stepped with SGD."""
+    return episode.trainer.config.name == "sgd"
 
 
 def _one_dtype(episode: MorphogenesisEpisode) -> bool:

@@ -37,7 +37,7 @@ from morphogen.env.governor import DivergenceError, Governor, GovernorConfig, Ro
 from morphogen.env.rewards import RewardBreakdown, RewardConfig, RewardMode, compute_reward
 from morphogen.env.seeding import derive_seed, seeded
 from morphogen.env.snapshot import EpisodeSnapshot, SlotSnapshot
-from morphogen.env.training import ModelTrainer, OptimizerConfig
+from morphogen.env.training import ModelTrainer, OptimizerConfig, task_optimizer_config
 from morphogen.limits import MAX_BATCH_SIZE, MAX_EPOCHS, check_count
 from morphogen.telemetry import events
 from morphogen.telemetry.anomalies import AnomalyDetector
@@ -61,7 +61,9 @@ class EpisodeConfig:
     batch_size: int | None = None
     #: Validation batch size (larger is faster; memory grows with the number of counterfactuals).
     validation_batch_size: int = 512
-    optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
+    #: Optimizer of the host and seeds; None uses the task's default (`task_optimizer_config`: AdamW for
+    #: `text`, SGD for the image tasks).
+    optimizer: OptimizerConfig | None = None
     slots: SlotConfig = field(default_factory=SlotConfig)
     governor: GovernorConfig = field(default_factory=GovernorConfig)
     reward_mode: RewardMode = RewardMode.CONTRIBUTION
@@ -111,6 +113,8 @@ class MorphogenesisEpisode:
         #: devices hands each env a task whose validation split is on the env's device; see env/placement.py).
         self.device = task.validation.device
         self.batch_size = self.config.batch_size or task.batch_size
+        #: The optimizer settings this episode trains with: the config's, else the task's default.
+        self.optimizer_config = self.config.optimizer or task_optimizer_config(task.name)
         self.blueprint_ids = {name: i + 1 for i, name in enumerate(blueprint_names(task.topology))}
         self.model: MorphogeneticModel | None = None
         #: Wall-clock time per phase (train, validate, act); shared with the caller when given.
@@ -144,7 +148,7 @@ class MorphogenesisEpisode:
         self.model = self.build_model()
         self.action_space = ActionSpace(self.model.slot_ids, self.task.topology)
         self.monitor = IsolationMonitor(device=self.device)
-        self.trainer = ModelTrainer(self.model, self.config.optimizer, self.monitor)
+        self.trainer = ModelTrainer(self.model, self.optimizer_config, self.monitor)
         classes = self.task.host_kwargs.get("num_classes") or self.task.host_kwargs.get("vocab_size")
         self.governor = Governor(self.model, self.config.governor,
                                  chance_accuracy=100.0 / classes if classes else None)

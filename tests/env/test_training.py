@@ -1,0 +1,113 @@
+"""The host's and seeds' optimizers (env/training.py): SGD or AdamW, per-task defaults, governor hooks."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from morphogen.config import ConfigError
+from morphogen.core.hosts import CNNHost
+from morphogen.core.isolation import IsolationMonitor
+from morphogen.core.lifecycle import GateConfig, GateMode, Stage
+from morphogen.core.model import MorphogeneticModel
+from morphogen.core.slot import SlotConfig
+from morphogen.data import DEFAULT_OPTIMIZERS, load_task
+from morphogen.env.episode import EpisodeConfig, MorphogenesisEpisode
+from morphogen.env.training import ModelTrainer, OptimizerConfig, task_optimizer_config
+
+ADAMW = OptimizerConfig(name="adamw", host_lr=1e-2, seed_lr=1e-2, host_weight_decay=0.1)
+
+
+def small_model() -> MorphogeneticModel:
+    torch.manual_seed(0)
+    host = CNNHost(num_classes=3, in_channels=1, n_blocks=2, base_channels=4)
+    return MorphogeneticModel(host, ("r0c0",), SlotConfig(gates=GateConfig(mode=GateMode.PERMISSIVE)))
+
+
+def batch() -> tuple[torch.Tensor, torch.Tensor]:
+    generator = torch.Generator().manual_seed(1)
+    return torch.randn(8, 1, 8, 8, generator=generator), torch.randint(0, 3, (8,), generator=generator)
+
+
+def training_seed(model: MorphogeneticModel) -> None:
+    slot = model.germinate("r0c0", "conv_light", epoch=0)
+    assert slot.advance(0).passed and slot.stage is Stage.TRAINING
+
+
+@pytest.mark.parametrize(("values", "message"), [
+    ({"name": "adam"}, "name must be one of sgd, adamw, got 'adam'"),
+    ({"betas": (0.9, 1.0)}, "betas must be two numbers in [0, 1)"),
+    ({"betas": (0.9,)}, "betas must be two numbers in [0, 1)"),
+    ({"eps": 0.0}, "eps must be > 0"),
+    ({"host_lr": -1.0}, "host_lr must be > 0"),
+])
+def test_optimizer_config_rejects_bad_values(values: dict[str, object], message: str) -> None:
+    with pytest.raises(ValueError, match=message.replace("[", r"\[").replace("(", r"\(").replace(")", r"\)")):
+        OptimizerConfig(**values)  # type: ignore[arg-type]
+
+
+def test_adamw_host_steps_exactly_as_without_the_training_seed() -> None:
+    """Host and seed each get their own AdamW over their own parameters; a TRAINING seed changes nothing the
+    host does (its parameters after a step are bit-identical to a seedless model's), and it learns itself."""
+    inputs, targets = batch()
+    plain, grown = small_model(), small_model()
+    training_seed(grown)
+    plain_trainer = ModelTrainer(plain, ADAMW, IsolationMonitor())
+    trainer = ModelTrainer(grown, ADAMW, IsolationMonitor())
+    seed = grown.slot("r0c0").seed
+    assert seed is not None
+    seed_before = [p.detach().clone() for p in seed.parameters()]
+    for _ in range(2):
+        plain_trainer.train_batch(inputs, targets)
+        trainer.train_batch(inputs, targets)
+    host_ids = {id(p) for p in grown.host_parameters()}
+    seed_ids = {id(p) for p in seed.parameters()}
+    assert isinstance(trainer.host_optimizer, torch.optim.AdamW)
+    assert {id(p) for group in trainer.host_optimizer.param_groups for p in group["params"]} == host_ids
+    seed_optimizer = trainer.seed_optimizers["r0c0"][1]
+    assert isinstance(seed_optimizer, torch.optim.AdamW)
+    assert {id(p) for group in seed_optimizer.param_groups for p in group["params"]} == seed_ids
+    assert seed_optimizer.param_groups[0]["weight_decay"] == ADAMW.seed_weight_decay
+    for expected, actual in zip(plain.host_parameters(), grown.host_parameters(), strict=True):
+        assert torch.equal(expected, actual)
+    assert any(not torch.equal(before, after) for before, after in zip(seed_before, seed.parameters(), strict=True))
+
+
+def test_back_off_and_momentum_reset_work_on_adamw() -> None:
+    model = small_model()
+    trainer = ModelTrainer(model, ADAMW, IsolationMonitor())
+    training_seed(model)
+    trainer.train_batch(*batch())
+    seed_optimizer = trainer.seed_optimizers["r0c0"][1]
+    assert trainer.host_optimizer.state and seed_optimizer.state
+    trainer.back_off("host", 0.5)
+    trainer.back_off("seeds", 0.25)
+    assert trainer.host_optimizer.param_groups[0]["lr"] == pytest.approx(5e-3)
+    assert seed_optimizer.param_groups[0]["lr"] == pytest.approx(2.5e-3)
+    trainer.reset_host_momentum()
+    assert not trainer.host_optimizer.state and not seed_optimizer.state
+    trainer.train_batch(*batch())  # AdamW starts its running averages and bias correction again
+    state = trainer.host_optimizer.state[model.host_parameters()[0]]
+    assert float(state["step"]) == 1.0
+
+
+def test_text_defaults_to_adamw_and_a_table_layers_over_the_task_default() -> None:
+    text = task_optimizer_config("text")
+    assert text.name == "adamw" and text.host_lr == DEFAULT_OPTIMIZERS["text"]["host_lr"]
+    assert task_optimizer_config("digits") == OptimizerConfig()  # the image tasks keep SGD
+    tuned = task_optimizer_config("text", {"host_lr": 5e-4})
+    assert tuned.name == "adamw" and tuned.host_lr == 5e-4 and tuned.seed_lr == text.seed_lr
+    assert task_optimizer_config("text", {"name": "sgd"}) == OptimizerConfig()  # no AdamW lr leaks into SGD
+    with pytest.raises(ConfigError, match=r"^episode\.optimizer\.name: must be one of sgd, adamw, got 'lion'$"):
+        task_optimizer_config("text", {"name": "lion"})
+
+
+def test_text_episode_trains_with_adamw_unless_the_config_says_otherwise() -> None:
+    task = load_task("text", max_train_samples=64, host={"d_model": 16, "n_layers": 2, "block_size": 16})
+    episode = MorphogenesisEpisode(task, EpisodeConfig(max_epochs=1))
+    episode.reset()
+    assert isinstance(episode.trainer.host_optimizer, torch.optim.AdamW)
+    assert episode.trainer.host_optimizer.param_groups[0]["lr"] == DEFAULT_OPTIMIZERS["text"]["host_lr"]
+    chosen = MorphogenesisEpisode(task, EpisodeConfig(max_epochs=1, optimizer=OptimizerConfig()))
+    chosen.reset()
+    assert isinstance(chosen.trainer.host_optimizer, torch.optim.SGD)
