@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import json
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -323,8 +324,8 @@ def _train(args: argparse.Namespace) -> None:
     if args.config or args.episode_length is not None or args.slots is not None or args.batch_envs:
         raise UsageError("--resume continues a run with its saved config; only --rounds, --device, --devices, "
                          "--telemetry and the --compile flags may be given with it")
-    with _distributed(args, overrides["devices"][0] if "devices" in overrides else overrides.get("device", "cpu")) \
-            as context:
+    policy_device = overrides["devices"][0] if "devices" in overrides else overrides.get("device")
+    with _distributed(args, policy_device or saved_policy_device(args.resume)) as context:
         # Lock before reading the checkpoint: a writer that finishes a round in between would be overwritten.
         # Of a distributed run's ranks, rank 0 alone writes, so it alone locks.
         main_rank = context is None or context.is_main
@@ -332,6 +333,20 @@ def _train(args: argparse.Namespace) -> None:
         with lock:
             config, state = config_for_resume(args.resume, overrides)
             train_command(config, resume_state=state, context=context)
+
+
+def saved_policy_device(run_dir: str) -> str:
+    """The device a run's policy was saved on (its config.json), which a resumed `--distributed` run keeps
+    unless `--device`/`--devices` say otherwise, so that it picks the same backend (NCCL for CUDA)."""
+    try:
+        values = json.loads((Path(run_dir) / "config.json").read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return "cpu"  # the resume itself then reports the unreadable run with one line
+    devices = values.get("devices") if isinstance(values, dict) else None
+    if isinstance(devices, list) and devices and isinstance(devices[0], str):
+        return devices[0]
+    device = values.get("device") if isinstance(values, dict) else None
+    return device if isinstance(device, str) else "cpu"
 
 
 @contextlib.contextmanager

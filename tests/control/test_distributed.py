@@ -6,6 +6,7 @@ through torchrun itself), each with a timeout, and kill whatever is left in a `f
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -20,7 +21,7 @@ import numpy as np
 import pytest
 import torch
 
-from morphogen.cli import EXIT_PEER_LOST, EXIT_USER_ERROR, main
+from morphogen.cli import EXIT_PEER_LOST, EXIT_USER_ERROR, main, saved_policy_device
 from morphogen.control.checkpoint import CHECKPOINT_NAME, load_checkpoint
 from morphogen.control.distributed import (
     DistributedSetupError,
@@ -80,6 +81,17 @@ def test_backend_follows_the_device_unless_overridden() -> None:
     assert choose_backend("cuda:1") == "nccl"
     assert choose_backend("cuda:0", "gloo") == "gloo"
     assert rank_device("cuda", 3) == "cuda:3" and rank_device("cpu", 3) == "cpu"
+
+
+def test_a_resumed_run_picks_the_backend_of_the_device_it_was_saved_on(tmp_path: Path) -> None:
+    """`--resume --distributed` without --device keeps the saved policy device, so a CUDA run stays on NCCL."""
+    for saved, expected in (({"device": "cuda:0"}, "cuda:0"), ({"device": "cpu", "devices": ["cuda:1", "cuda:0"]},
+                                                                "cuda:1"), ({"device": "cpu"}, "cpu")):
+        (tmp_path / "config.json").write_text(json.dumps(saved))
+        assert saved_policy_device(str(tmp_path)) == expected
+    assert choose_backend(saved_policy_device(str(tmp_path / "missing"))) == "gloo"  # the resume reports it
+    (tmp_path / "config.json").write_text(json.dumps({"device": "cuda"}))
+    assert choose_backend(saved_policy_device(str(tmp_path))) == "nccl"
 
 
 def test_distributed_outside_torchrun_is_one_line_and_exit_2(capsys: pytest.CaptureFixture[str],
