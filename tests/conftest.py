@@ -31,3 +31,15 @@ def sync_calls(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
 
         monkeypatch.setattr(torch.Tensor, name, counted)
     yield calls
+
+
+@pytest.fixture
+def fresh_dynamo() -> Iterator[None]:
+    """Compiled graphs and dynamo's counters are global: a compile test starts and ends with them empty
+    (modules that compile use it for every test: `pytestmark = pytest.mark.usefixtures("fresh_dynamo")`)."""
+    import torch._dynamo
+
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    yield
+    torch._dynamo.reset()

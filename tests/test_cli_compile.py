@@ -6,11 +6,9 @@ from __future__ import annotations
 
 import json
 import shutil
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import torch._dynamo
 
 from morphogen.cli import EXIT_USER_ERROR, main
 
@@ -19,11 +17,7 @@ TINY_TRAIN = ["--envs", "2", "--episode-length", "2", "--max-train-samples", "12
               "--slots", "r0c1", "--telemetry", "minimal"]
 
 
-@pytest.fixture(autouse=True)
-def fresh_dynamo() -> Iterator[None]:
-    torch._dynamo.reset()
-    yield
-    torch._dynamo.reset()
+pytestmark = pytest.mark.usefixtures("fresh_dynamo")
 
 
 def test_run_with_compile_completes_and_records_it(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -3,8 +3,6 @@ starts), and compiled acting and PPO re-evaluation match eager ones."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 import torch
 import torch._dynamo
@@ -16,11 +14,7 @@ from morphogen.core.compilation import CompileSettings
 BATCH, STEPS, SLOTS = 3, 5, 2
 
 
-@pytest.fixture(autouse=True)
-def fresh_dynamo() -> Iterator[None]:
-    torch._dynamo.reset()
-    yield
-    torch._dynamo.reset()
+pytestmark = pytest.mark.usefixtures("fresh_dynamo")
 
 
 def _slotted_policy(seed: int = 0) -> FactoredLSTMPolicy:

@@ -8,7 +8,7 @@ kernels, so these tests stay fast; the inductor path runs in tests/test_cli_comp
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import pytest
 import torch
@@ -27,13 +27,7 @@ from morphogen.core.slot import BLENDED, IDENTITY, SHADOW
 SEED_STAGES = (Stage.GERMINATED, Stage.TRAINING, Stage.BLENDING, Stage.HOLDING, Stage.FOSSILIZED)
 
 
-@pytest.fixture(autouse=True)
-def fresh_dynamo() -> Iterator[None]:
-    """Compiled graphs are cached per function across tests: start each test from an empty cache."""
-    torch._dynamo.reset()
-    torch._dynamo.utils.counters.clear()
-    yield
-    torch._dynamo.reset()
+pytestmark = pytest.mark.usefixtures("fresh_dynamo")
 
 
 def _graphs() -> int:

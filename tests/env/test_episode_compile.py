@@ -5,8 +5,6 @@ over 6 epochs of SGD that stays far below a tolerance of 1e-3 in loss and 0.5 ac
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 import torch
 import torch._dynamo
@@ -26,12 +24,7 @@ SCRIPT = (Action(Op.GERMINATE, "r0c1", "conv_light"), Action(), Action(Op.ADVANC
           Action(Op.FOSSILIZE, "r0c1"))
 
 
-@pytest.fixture(autouse=True)
-def fresh_dynamo() -> Iterator[None]:
-    torch._dynamo.reset()
-    torch._dynamo.utils.counters.clear()
-    yield
-    torch._dynamo.reset()
+pytestmark = pytest.mark.usefixtures("fresh_dynamo")
 
 
 def _play(settings: CompileSettings | None, level: str = "off") -> tuple[list[EpisodeSnapshot], list[str], int]:

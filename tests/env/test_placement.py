@@ -12,6 +12,7 @@ import contextlib
 
 import pytest
 import torch
+from test_vector_streams import StandInStream
 from torch import Tensor
 
 from morphogen.control.trainer import PPOTrainer, TrainConfig
@@ -90,15 +91,6 @@ def test_a_batch_is_copied_once_per_device_and_every_env_trains_on_its_device_co
     assert trained[1][1].device == META and trained[1][1] is trained[3][1]  # one meta copy, shared
     assert trained[1][2].device == META and trained[1][2] is trained[3][2]
     assert trained[1][1].shape == inputs.shape
-
-
-class StandInStream:
-    def __init__(self, name: str) -> None:
-        self.name = name
-        self.waited_for: list[str] = []
-
-    def wait_stream(self, other: StandInStream) -> None:
-        self.waited_for.append(other.name)
 
 
 def test_each_env_stream_waits_for_its_own_device_and_records_its_device_copy(
