@@ -38,6 +38,7 @@ from morphogen.env.actions import Action, Op
 from morphogen.env.episode import EpisodeConfig
 from morphogen.env.vector import VectorEpisodes
 from morphogen.telemetry.profiler import PhaseTimer
+from vector_throughput import parse_env_counts
 
 SCENARIOS = ("empty", "grown", "mixed")
 MIXED_BLUEPRINTS = ("conv_light", "norm", "conv_small")
@@ -134,12 +135,7 @@ def parse_arguments(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads (default 1)")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
-    try:
-        args.env_counts = [int(value) for value in args.envs.split(",") if value.strip()]
-    except ValueError:
-        parser.error(f"--envs must be comma-separated integers, got {args.envs!r}")
-    if not args.env_counts or min(args.env_counts) < 1:
-        parser.error(f"--envs needs env counts >= 1, got {args.envs!r}")
+    args.env_counts = parse_env_counts(parser, args.envs)
     args.scenarios = [value.strip() for value in args.scenario.split(",") if value.strip()]
     unknown = sorted(set(args.scenarios) - set(SCENARIOS))
     if unknown or not args.scenarios:

@@ -154,6 +154,17 @@ def format_table(results: Sequence[Throughput]) -> str:
     return "\n".join(lines)
 
 
+def parse_env_counts(parser: argparse.ArgumentParser, text: str) -> list[int]:
+    """`--envs 1,8,32` as a list of env counts >= 1; anything else ends with the parser's usage error."""
+    try:
+        counts = [int(value) for value in text.split(",") if value.strip()]
+    except ValueError:
+        parser.error(f"--envs must be comma-separated integers, got {text!r}")
+    if not counts or min(counts) < 1:
+        parser.error(f"--envs needs env counts >= 1, got {text!r}")
+    return counts
+
+
 def parse_arguments(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--envs", default="1,8,32,64", help="comma-separated env counts (default 1,8,32,64)")
@@ -172,12 +183,7 @@ def parse_arguments(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", action="store_true", help="also print the figures as JSON")
     args = parser.parse_args(argv)
-    try:
-        args.env_counts = [int(value) for value in args.envs.split(",") if value.strip()]
-    except ValueError:
-        parser.error(f"--envs must be comma-separated integers, got {args.envs!r}")
-    if not args.env_counts or min(args.env_counts) < 1:
-        parser.error(f"--envs needs env counts >= 1, got {args.envs!r}")
+    args.env_counts = parse_env_counts(parser, args.envs)
     for name in ("rounds", "episode_length", "hidden_size", "threads"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be >= 1")
