@@ -42,13 +42,14 @@ from morphogen.env.actions import Action, Op
 from morphogen.env.counterfactual import ALL_OFF
 from morphogen.env.episode import EpisodeConfig, MorphogenesisEpisode
 from morphogen.env.snapshot import EpisodeSnapshot
+from morphogen.run_directory import EVENTS_FILENAME
 from morphogen.runner import play_epoch
 from morphogen.telemetry import events
 from morphogen.telemetry.anomalies import AnomalyDetector
 from morphogen.telemetry.config import TelemetryConfig
 from morphogen.telemetry.events import LEVELS
 from morphogen.telemetry.profiler import PhaseTimer
-from morphogen.telemetry.sinks import EVENTS_FILENAME, Telemetry, read_events
+from morphogen.telemetry.sinks import Telemetry, read_events
 
 BASELINE_LEVEL = "off"
 #: The level the goal is about, and the largest acceptable ratio of its step time to `off`'s.

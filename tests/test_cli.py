@@ -224,3 +224,22 @@ def test_run_directory_that_cannot_be_created(tmp_path: Path, capsys: pytest.Cap
     blocker.write_text("")
     line = run_expecting_user_error(["run", "--max-train-samples", "64", "--run-dir", str(blocker / "run")], capsys)
     assert "run_dir: cannot create" in line
+
+
+def test_a_second_run_into_a_run_directory_is_refused_and_leaves_it_untouched(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    run_dir = tmp_path / "run"
+    tiny = ["--epochs", "1", "--max-train-samples", "64", "--no-from-scratch"]
+    assert main(["run", *tiny, "--run-dir", str(run_dir)]) == 0
+    before = {path: path.read_bytes() for path in run_dir.rglob("*") if path.is_file()}
+    capsys.readouterr()
+    line = run_expecting_user_error(["run", *tiny, "--run-dir", str(run_dir)], capsys)
+    assert line.endswith(f"run_dir: {run_dir} already holds another run (config.json, events.jsonl, summary.json, "
+                         "baseline); choose another --run-dir")
+    assert {path: path.read_bytes() for path in run_dir.rglob("*") if path.is_file()} == before
+
+
+@pytest.mark.parametrize("place", ["/", "/etc"])
+def test_run_directory_in_a_system_directory_is_refused(place: str, capsys: pytest.CaptureFixture[str]) -> None:
+    line = run_expecting_user_error(["run", "--max-train-samples", "64", "--run-dir", place], capsys)
+    assert f"run_dir: {place} is" in line and "directory of its own" in line

@@ -24,9 +24,14 @@ from morphogen.core.hosts import UnknownSlotError
 from morphogen.data import TASK_NAMES, DataError
 from morphogen.env.governor import DivergenceError
 from morphogen.env.training import task_optimizer_config
-from morphogen.run_lock import RunDirectoryLockError, hold_run_directory
+from morphogen.run_directory import (
+    CONFIG_FILENAME,
+    DiskFullError,
+    RunDirectoryLockError,
+    RunDirectoryRefused,
+    hold_run_directory,
+)
 from morphogen.runner import RunConfig, run_command
-from morphogen.storage import DiskFullError
 from morphogen.ui.report import RunDirectoryError, render_report
 from morphogen.ui.runs import RunsQueryError
 
@@ -35,7 +40,7 @@ if TYPE_CHECKING:
     from morphogen.control.distributed import DistributedContext
 
 USER_ERRORS = (ConfigError, DataError, UnknownBlueprintError, UnknownSlotError, CheckpointError, RunDirectoryError,
-               RunsQueryError, RunDirectoryLockError, DiskFullError, DistributedSetupError)
+               RunsQueryError, RunDirectoryLockError, RunDirectoryRefused, DiskFullError, DistributedSetupError)
 EXIT_USER_ERROR = 2
 #: Exit status when training kept diverging after every rollback and back-off (`DivergenceError`).
 EXIT_DIVERGED = 3
@@ -339,7 +344,7 @@ def saved_policy_device(run_dir: str) -> str:
     """The device a run's policy was saved on (its config.json), which a resumed `--distributed` run keeps
     unless `--device`/`--devices` say otherwise, so that it picks the same backend (NCCL for CUDA)."""
     try:
-        values = json.loads((Path(run_dir) / "config.json").read_text())
+        values = json.loads((Path(run_dir) / CONFIG_FILENAME).read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError):
         return "cpu"  # the resume itself then reports the unreadable run with one line
     devices = values.get("devices") if isinstance(values, dict) else None

@@ -22,7 +22,7 @@ import pytest
 import torch
 
 from morphogen.cli import EXIT_PEER_LOST, EXIT_USER_ERROR, main, saved_policy_device
-from morphogen.control.checkpoint import CHECKPOINT_NAME, load_checkpoint
+from morphogen.control.checkpoint import load_checkpoint
 from morphogen.control.distributed import (
     DistributedSetupError,
     choose_backend,
@@ -31,8 +31,9 @@ from morphogen.control.distributed import (
     rank_device,
     split_envs,
 )
+from morphogen.run_directory import CHECKPOINT_NAME, EVENTS_FILENAME
 from morphogen.telemetry.events import RankTimes
-from morphogen.telemetry.sinks import EVENTS_FILENAME, read_events
+from morphogen.telemetry.sinks import read_events
 
 SRC = Path(__file__).resolve().parents[2] / "src"
 WORKER = Path(__file__).with_name("distributed_worker.py")

@@ -12,9 +12,10 @@ from textual.pilot import Pilot
 from textual.widgets import DataTable, RichLog, Static
 
 from morphogen.cli import main
+from morphogen.run_directory import EVENTS_FILENAME
 from morphogen.ui.dashboard import Dashboard
 from morphogen.ui.live_state import RunView
-from morphogen.ui.run_files import EVENTS_FILENAME, read_timed_events
+from morphogen.ui.run_files import read_timed_events
 
 POLL = 0.05
 

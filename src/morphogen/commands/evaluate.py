@@ -23,9 +23,8 @@ from morphogen.data import Task
 from morphogen.env.episode import MorphogenesisEpisode
 from morphogen.env.seeding import derive_seed
 from morphogen.limits import MAX_EVAL_EPISODES, MAX_SEED, check_count
-from morphogen.run_lock import hold_run_directory
-from morphogen.runner import EpisodeOutcome, make_run_dir, resolve_device, run_episode, write_resolved_config
-from morphogen.storage import write_atomic
+from morphogen.run_directory import SCORES_FILENAME, hold_run_directory, make_run_dir, refuse_other_run, write_atomic
+from morphogen.runner import EpisodeOutcome, resolve_device, run_episode, write_resolved_config
 from morphogen.telemetry.config import TelemetryConfig
 from morphogen.telemetry.sinks import Telemetry
 from morphogen.ui.progress import ProgressDisplay
@@ -33,8 +32,6 @@ from morphogen.ui.progress import ProgressDisplay
 #: Evaluation seeds are drawn from a stream the training rounds never use.
 EVALUATION_STREAM = 99_991
 CONTROLLERS = ("learned", "heuristic", "no growth")
-SCORES_FILENAME = "eval.json"
-"""The comparison table as JSON, in the run directory of an `eval` given one."""
 
 
 @dataclass(frozen=True)
@@ -120,6 +117,7 @@ def evaluate_command(config: EvalConfig, out: TextIO | None = None) -> list[Cont
     lock = contextlib.ExitStack()  # one writer per run directory, from before its first file is written
     if run_dir is not None:
         lock.enter_context(hold_run_directory(run_dir))
+        refuse_other_run(run_dir)  # again, now that no other command can start a run there
         write_resolved_config(run_dir, config)
     telemetry = Telemetry(run_dir, config=config.telemetry if run_dir is not None else TelemetryConfig(level="off"))
     with lock, telemetry, ProgressDisplay(out) as display:

@@ -24,9 +24,8 @@ from typing import Any
 import torch
 
 from morphogen.control.integrity import non_finite_entries, state_checksum
-from morphogen.storage import write_atomic
+from morphogen.run_directory import CHECKPOINT_NAME, write_atomic
 
-CHECKPOINT_NAME = "checkpoint.pt"
 FORMAT_VERSION = 2
 #: Formats `load_checkpoint` reads: 1 (before checksums) and the current one.
 READABLE_FORMATS = (1, FORMAT_VERSION)

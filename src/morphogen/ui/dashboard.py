@@ -23,8 +23,9 @@ from textual.containers import Horizontal, Vertical
 from textual.screen import ModalScreen
 from textual.widgets import DataTable, Footer, RichLog, Static
 
+from morphogen.run_directory import CONFIG_FILENAME, EVENTS_FILENAME
 from morphogen.ui.live_state import EnvView, RunView
-from morphogen.ui.run_files import CONFIG_FILENAME, EVENTS_FILENAME, EventTail, TimedEvent, check_run_dir
+from morphogen.ui.run_files import EventTail, TimedEvent, check_run_dir
 from morphogen.ui.stages import stage_colour, stage_short
 
 POLL_SECONDS = 0.5

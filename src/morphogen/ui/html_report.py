@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from html import escape
 from pathlib import Path
 
+from morphogen.run_directory import REPORT_FILENAME, DiskFullError, write_atomic
 from morphogen.telemetry.events import (
     ALL_ENVS,
     AnomalyDetected,
@@ -34,11 +35,9 @@ from morphogen.telemetry.events import (
     RoundCompleted,
 )
 from morphogen.telemetry.story import SHADOW_PREFIX, WITHOUT_PREFIX, SeedStory, seed_stories
-from morphogen.ui.run_files import RunFiles, load_run_files, round_of_events
+from morphogen.ui.run_files import RunDirectoryError, RunFiles, load_run_files, round_of_events
 from morphogen.ui.stages import STAGE_COLOURS, stage_colour
 from morphogen.ui.svg import Segment, Series, line_chart, scatter_chart, timeline_chart
-
-REPORT_FILENAME = "report.html"
 
 STYLE = """
 body { font: 14px/1.45 system-ui, sans-serif; margin: 24px auto; max-width: 1180px; color: #212121; }
@@ -280,5 +279,11 @@ def render_html(run_dir: str | Path) -> str:
 def write_html_report(run_dir: str | Path, path: str | Path | None = None) -> Path:
     """Write `render_html(run_dir)` to `path` (default RUN_DIR/report.html) and return where."""
     target = Path(run_dir) / REPORT_FILENAME if path is None else Path(path)
-    target.write_text(render_html(run_dir), encoding="utf-8")
+    page = render_html(run_dir).encode("utf-8")
+    try:
+        write_atomic(target, page)  # whole or not at all, never through a link
+    except DiskFullError:
+        raise
+    except OSError as error:
+        raise RunDirectoryError(f"cannot write {target}: {error.strerror or error}") from None
     return target

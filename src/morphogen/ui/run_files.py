@@ -20,12 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from morphogen.run_directory import BASELINE_DIRNAME, CONFIG_FILENAME, EVENTS_FILENAME, SUMMARY_FILENAME
 from morphogen.telemetry.events import Event, RoundCompleted, event_from_dict
-
-EVENTS_FILENAME = "events.jsonl"
-CONFIG_FILENAME = "config.json"
-SUMMARY_FILENAME = "summary.json"
-BASELINE_DIRNAME = "baseline"
 
 
 class RunDirectoryError(ValueError):

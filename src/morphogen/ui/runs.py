@@ -32,8 +32,9 @@ from typing import Any, TextIO
 from rich.console import Console
 from rich.table import Column, Table
 
+from morphogen.run_directory import CONFIG_FILENAME, EVENTS_FILENAME, SUMMARY_FILENAME
 from morphogen.ui.progress import LINE_WIDTH
-from morphogen.ui.run_files import CONFIG_FILENAME, EVENTS_FILENAME, SUMMARY_FILENAME, check_run_dir
+from morphogen.ui.run_files import check_run_dir
 
 RUN_COLUMNS = ("run", "command", "task", "seed", "episodes", "epochs", "rounds", "final_accuracy", "parameters",
                "baseline_accuracy", "events", "started", "seconds")
