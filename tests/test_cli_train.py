@@ -212,7 +212,8 @@ def test_train_into_an_existing_run_without_resume(trained: TrainedRun, tmp_path
     run = copy_run(trained, tmp_path / "run")
     before = files_of(run)
     line = expect_user_error(["train", *TINY, "--rounds", "1", "--run-dir", str(run)], capsys)
-    assert "already holds another run (config.json, events.jsonl, checkpoint.pt)" in line and f"train --resume {run}" in line
+    assert "already holds another run (config.json, events.jsonl, checkpoint.pt)" in line
+    assert f"train --resume {run}" in line
     assert files_of(run) == before
 
 

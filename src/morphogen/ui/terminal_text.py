@@ -11,7 +11,11 @@ keeping newlines only when asked. Rich markup is a separate matter: print string
 
 from __future__ import annotations
 
+import dataclasses
 import unicodedata
+from typing import TypeVar
+
+Value = TypeVar("Value")
 
 _KEPT = frozenset("\n")
 
@@ -28,3 +32,16 @@ def printable(text: str, keep_newlines: bool = False) -> str:
     return "".join(character if (keep_newlines and character in _KEPT) or
                    unicodedata.category(character) not in ("Cc", "Cf", "Cs", "Co", "Cn", "Zl", "Zp")
                    else _escape(character) for character in text)
+
+
+def printable_fields(value: Value) -> Value:
+    """`value` (an event, or anything inside one) with `printable` applied to every string in it."""
+    if isinstance(value, str):
+        return printable(value)  # type: ignore[return-value]
+    if isinstance(value, tuple):
+        return tuple(printable_fields(item) for item in value)  # type: ignore[return-value]
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        changes = {item.name: printable_fields(getattr(value, item.name)) for item in dataclasses.fields(value)
+                   if item.init}
+        return dataclasses.replace(value, **changes)
+    return value
