@@ -24,6 +24,7 @@ from morphogen.core.hosts import UnknownSlotError
 from morphogen.data import TASK_NAMES, DataError
 from morphogen.env.governor import DivergenceError
 from morphogen.env.training import task_optimizer_config
+from morphogen.limits import MAX_TIMEOUT_SECONDS
 from morphogen.run_directory import (
     CONFIG_FILENAME,
     DiskFullError,
@@ -34,6 +35,7 @@ from morphogen.run_directory import (
 from morphogen.runner import RunConfig, run_command
 from morphogen.ui.report import RunDirectoryError, render_report
 from morphogen.ui.runs import RunsQueryError
+from morphogen.ui.terminal_text import printable
 
 if TYPE_CHECKING:
     from morphogen.commands.evaluate import EvalConfig
@@ -320,6 +322,8 @@ def _train(args: argparse.Namespace) -> None:
 
     if not args.distributed and (args.dist_backend is not None or args.dist_timeout is not None):
         raise UsageError("--dist-backend and --dist-timeout apply to --distributed runs; add --distributed")
+    if args.dist_timeout is not None and not 0 < args.dist_timeout <= MAX_TIMEOUT_SECONDS:  # NaN fails too
+        raise UsageError(f"--dist-timeout must be > 0 and <= {MAX_TIMEOUT_SECONDS:,} seconds, got {args.dist_timeout}")
     if args.resume is None:
         config = train_config_from_args(args)
         with _distributed(args, config.policy_device) as context:
@@ -456,7 +460,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], None]] = {
 
 def _one_line(error: BaseException) -> str:
     """The error's message as one line of at most `MAX_ERROR_LINE` characters."""
-    text = " ".join(str(error).split("\n"))
+    text = printable(" ".join(str(error).split("\n")))  # a run's strings may hold escape sequences
     if len(text) > MAX_ERROR_LINE:
         text = f"{text[:MAX_ERROR_LINE]}... ({len(text):,} characters in all)"
     return text
@@ -466,11 +470,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_arguments(build_parser(), argv)
     try:
         if hasattr(args, "threads"):
-            if args.threads is not None and args.threads < 1:
-                raise UsageError(f"--threads must be >= 1, got {args.threads}")
             from morphogen.commands.threads import set_threads
 
-            set_threads(args.threads)
+            try:
+                set_threads(args.threads)
+            except ValueError as error:  # out of bounds: the message names --threads and the bound
+                raise UsageError(str(error)) from None
         COMMANDS[args.command](args)
         return 0
     except (*USER_ERRORS, UsageError) as error:

@@ -69,6 +69,7 @@ from morphogen.control.trainer import PPOTrainer, RoundSummary, TrainConfig, _co
 from morphogen.data import Task
 from morphogen.env.actions import Action
 from morphogen.env.snapshot import EpisodeSnapshot
+from morphogen.limits import MAX_TIMEOUT_SECONDS
 from morphogen.telemetry import events
 from morphogen.telemetry.sinks import Telemetry
 
@@ -157,8 +158,9 @@ def init_distributed(device: str, *, backend: str | None = None,
         raise DistributedSetupError(f"--distributed needs the environment torchrun sets ({', '.join(missing)} "
                                     "missing): launch with torchrun --nproc-per-node N -m morphogen train "
                                     "--distributed ...")
-    if not timeout_s > 0:
-        raise DistributedSetupError(f"--dist-timeout must be > 0 seconds, got {timeout_s}")
+    if not 0 < timeout_s <= MAX_TIMEOUT_SECONDS:  # NaN fails too
+        raise DistributedSetupError(f"--dist-timeout must be > 0 and <= {MAX_TIMEOUT_SECONDS:,} seconds, "
+                                    f"got {timeout_s}")
     chosen = choose_backend(device, backend)
     rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     local_rank = int(os.environ["LOCAL_RANK"])

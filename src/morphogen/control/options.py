@@ -20,7 +20,7 @@ from typing import Self
 from morphogen.core.compilation import CompileSettings
 from morphogen.core.hosts import HostSizeError, check_host_size
 from morphogen.data import TASK_NAMES, TASK_TOPOLOGIES, Task, host_size, load_task
-from morphogen.limits import MAX_HOST_PARAMETERS, MAX_SEED, MAX_TRAIN_SAMPLES, check_count
+from morphogen.limits import MAX_HOST_PARAMETERS, MAX_SEED, MAX_TRAIN_SAMPLES, check_count, short_repr
 from morphogen.telemetry.config import TelemetryConfig
 
 #: The device a session runs on when none is named.
@@ -94,7 +94,8 @@ class SessionOptions(CompileOptions):
         if self.slots is not None and len(set(self.slots)) != len(self.slots):
             raise ValueError(f"slots names a slot more than once: {', '.join(self.slots)}")
         if not isinstance(self.host, Mapping):
-            raise ValueError(f"host must be a table of host size arguments (e.g. base_channels = 8), got {self.host!r}")
+            raise ValueError("host must be a table of host size arguments (e.g. base_channels = 8), "
+                             f"got {short_repr(self.host)}")
         # An unknown task is reported by load_task, with the valid names; its host cannot be checked here.
         if self.task in TASK_NAMES:
             resolve_host_size(self.task, self.host)

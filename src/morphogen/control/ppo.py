@@ -28,6 +28,7 @@ from torch import Tensor
 
 from morphogen.control.policy import FactoredLSTMPolicy
 from morphogen.control.rollout import RolloutBatch, generalized_advantage_estimation
+from morphogen.limits import MAX_PPO_EPOCHS, check_count
 
 __all__ = [
     "EnvShare",
@@ -191,6 +192,7 @@ class PPOConfig:
         if self.target_kl is not None:
             _check_number("target_kl", self.target_kl, "> 0 or None", self.target_kl > 0)
         _check_integer("epochs", self.epochs)
+        check_count("epochs", self.epochs, MAX_PPO_EPOCHS)
         _check_integer("minibatches", self.minibatches)
 
     def entropy_coef_at(self, progress: float) -> float:
