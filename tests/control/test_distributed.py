@@ -32,7 +32,7 @@ from morphogen.control.distributed import (
     split_envs,
 )
 from morphogen.run_directory import CHECKPOINT_NAME, EVENTS_FILENAME
-from morphogen.telemetry.events import RankTimes
+from morphogen.telemetry.events import PPOUpdateCompleted, RankTimes
 from morphogen.telemetry.sinks import read_events
 
 SRC = Path(__file__).resolve().parents[2] / "src"
@@ -217,9 +217,21 @@ def test_two_ranks_equal_one_process_with_two_minibatches(tmp_path: Path) -> Non
     config_file = tmp_path / "train.toml"
     config_file.write_text("[ppo]\nminibatches = 2\n")
     distributed, single = tmp_path / "distributed", tmp_path / "single"
-    train_ranks(2, ["--config", str(config_file), "--rounds", "2", *TINY, "--run-dir", str(distributed)])
-    assert main(["train", "--config", str(config_file), "--rounds", "2", *TINY, "--run-dir", str(single)]) == 0
+    normal = [*TINY[:-1], "normal"]  # PPO statistics are written from level normal on
+    train_ranks(2, ["--config", str(config_file), "--rounds", "2", *normal, "--run-dir", str(distributed)])
+    assert main(["train", "--config", str(config_file), "--rounds", "2", *normal, "--run-dir", str(single)]) == 0
     assert max_difference(policy_of(distributed), policy_of(single)) <= EQUIVALENCE_TOLERANCE
+    # The run's PPO statistics are the whole update's, not rank 0's share of it.
+    updates = [[e for e in read_events(run / EVENTS_FILENAME) if isinstance(e, PPOUpdateCompleted)]
+               for run in (distributed, single)]
+    assert len(updates[0]) == len(updates[1]) == 2
+    for spread, one in zip(*updates, strict=True):
+        for name in ("policy_loss", "value_loss", "entropy_loss", "approx_kl", "explained_variance", "grad_norm",
+                     "epochs_completed", "early_stopped"):
+            assert getattr(spread, name) == pytest.approx(getattr(one, name), rel=1e-4, abs=1e-6), name
+        assert spread.clip_fraction == pytest.approx(one.clip_fraction, rel=1e-4, abs=1e-6)
+        for (head, entropy), (_, reference) in zip(spread.entropy_per_head, one.entropy_per_head, strict=True):
+            assert entropy == pytest.approx(reference, rel=1e-4, abs=1e-6), head
 
 
 @pytest.mark.slow
