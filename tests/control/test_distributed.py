@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -254,3 +255,42 @@ def test_a_killed_rank_makes_the_other_exit_with_a_clear_error_and_the_checkpoin
     state = load_checkpoint(run_dir)  # intact: checksum and finiteness verified
     train_ranks(1, ["--resume", str(run_dir), "--rounds", str(int(state["round"]) + 1)])
     assert load_checkpoint(run_dir)["round"] == int(state["round"]) + 1
+
+
+def _rank_pids(launcher: int) -> dict[int, int]:
+    """{rank: pid} of the processes `launcher` (torchrun) started, read from their environment."""
+    found = {}
+    for task in Path(f"/proc/{launcher}/task").iterdir():
+        for child in (task / "children").read_text().split():
+            environment = Path(f"/proc/{child}/environ").read_bytes().split(b"\0")
+            rank = next((item[5:] for item in environment if item.startswith(b"RANK=")), None)
+            if rank is not None:
+                found[int(rank)] = int(child)
+    return found
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="finds torchrun's ranks through /proc")
+def test_under_torchrun_a_killed_rank_leaves_one_line_and_exit_4_on_the_survivor(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                "-m", "morphogen", "train", "--distributed", "--rounds", "50", *TINY, "--run-dir", str(run_dir)]
+    launcher = subprocess.Popen(torchrun, env=_environment(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True)
+    try:
+        deadline = time.monotonic() + RANK_TIMEOUT
+        while not (run_dir / CHECKPOINT_NAME).is_file():
+            assert launcher.poll() is None and time.monotonic() < deadline, "no checkpoint was written"
+            time.sleep(0.2)
+        os.kill(_rank_pids(launcher.pid)[1], signal.SIGKILL)
+        _, err = launcher.communicate(timeout=PEER_LOSS_DEADLINE)
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+            launcher.communicate()
+    ours = [line for line in err.splitlines() if line.startswith("morphogen train: ")]
+    assert len(ours) == 1, err
+    assert ours[0].startswith("morphogen train: error: rank 0 of 2 "), ours
+    assert "Traceback" not in err.split(ours[0])[0], "the survivor printed no traceback of its own"
+    assert re.search(r"rank +: 0 \(local_rank: 0\)\n +exitcode +: 4 ", err), "torchrun's summary: rank 0 exited 4"
+    load_checkpoint(run_dir)  # intact: checksum and finiteness verified

@@ -186,6 +186,13 @@ def init_distributed(device: str, *, backend: str | None = None,
     return DistributedContext(rank, world_size, local_rank, chosen, timeout_s)
 
 
+def _ignore_termination() -> None:
+    """This rank is stopping with `PeerLostError`: a SIGTERM from the launcher now (during the exit, when
+    Python no longer runs handlers) must not turn exit status 4 into a death by signal."""
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+
+
 def _stop_on_termination(rank: int, world_size: int) -> None:
     """Turn SIGTERM into `PeerLostError` (one line, exit 4): when a rank dies, torchrun ends the others
     with SIGTERM before their next collective would have noticed."""
@@ -193,6 +200,7 @@ def _stop_on_termination(rank: int, world_size: int) -> None:
         return  # signal handlers can only be set there; the collectives then report the lost rank
 
     def stop(signal_number: int, frame: object) -> None:
+        _ignore_termination()
         raise PeerLostError(f"rank {rank} of {world_size} was stopped by its launcher (SIGTERM), which happens when "
                             "another rank died or failed; the last checkpoint resumes with --resume")
 
@@ -227,6 +235,9 @@ def collective(what: str, context: DistributedContext) -> Iterator[None]:
         yield
         context.time.add(what, time.perf_counter() - started)
     except (RuntimeError, dist.DistError) as error:
+        if isinstance(error, PeerLostError):
+            raise
+        _ignore_termination()
         first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
         raise PeerLostError(f"rank {context.rank} of {context.world_size} lost the other ranks during the {what} "
                             f"(a rank died, hung past --dist-timeout {context.timeout_s:g}s, or stopped on an "
