@@ -64,11 +64,11 @@ def parse_line(line: str | bytes) -> TimedEvent:
         raise ValueError("nested too deep") from None
     if not isinstance(record, dict):
         raise ValueError(f"expected a JSON object, got {type(record).__name__}")
-    time = record.get("time")
-    if isinstance(time, bool) or not isinstance(time, int | float) or not math.isfinite(time):
+    time = summary_number(record, "time")
+    if time is None:
         raise ValueError("'time' is not a finite number")
     try:
-        return TimedEvent(float(time), event_from_dict(record))
+        return TimedEvent(time, event_from_dict(record))
     except (TypeError, OverflowError, RecursionError) as error:  # an integer past float range, too deep
         raise ValueError(f"unreadable record: {type(error).__name__}") from None
 
