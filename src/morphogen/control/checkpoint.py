@@ -10,7 +10,7 @@ never written as the latest checkpoint; the trainer undoes such an update before
 SHA-256 `checksum` of everything else (`control/integrity.py`). `load_checkpoint` recomputes it and
 scans for NaN/Inf again, so a damaged or tampered file is refused with one line naming it, by `train
 --resume`, `eval` and `run --policy` alike. Format-1 files (no checksum) are still read, with the
-finiteness check only. A full disk raises `DiskFullError` (see `morphogen.storage`).
+finiteness check only. A full disk raises `DiskFullError` (see `morphogen.run_directory`).
 """
 
 from __future__ import annotations
