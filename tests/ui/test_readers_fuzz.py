@@ -44,6 +44,13 @@ HUGE_LINE = "<a line past MAX_LINE_BYTES>"
 """Stands for a line longer than the readers read (written out by `write_run`; short in failure reports)."""
 
 
+def fuzz_settings(examples: int) -> Any:
+    """Hypothesis settings of these tests: `examples` runs, each within `DEADLINE_MS` (fixtures are per session)."""
+    return settings(max_examples=examples, deadline=DEADLINE_MS,
+                    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow,
+                                           HealthCheck.data_too_large])
+
+
 def _mutate(record: dict[str, Any], key: str, value: Any) -> str:
     changed = dict(record)
     changed[key] = value
@@ -119,9 +126,7 @@ def write_run(directory: Path, source: Path, lines: list[str], config: str | Non
     return directory
 
 
-@settings(max_examples=25, deadline=DEADLINE_MS, suppress_health_check=[HealthCheck.function_scoped_fixture,
-                                                                         HealthCheck.too_slow,
-                                                                         HealthCheck.data_too_large])
+@fuzz_settings(25)
 @given(data=st.data())
 def test_report_html_and_runs_end_in_exit_0_or_one_line(grown_run: Path, real_records: list[dict[str, Any]],
                                                          data: st.DataObject) -> None:
@@ -138,9 +143,7 @@ def test_report_html_and_runs_end_in_exit_0_or_one_line(grown_run: Path, real_re
         assert code == 0 and "intact" in out, "a damaged run never hides the others"
 
 
-@settings(max_examples=6, deadline=DEADLINE_MS, suppress_health_check=[HealthCheck.function_scoped_fixture,
-                                                                        HealthCheck.too_slow,
-                                                                        HealthCheck.data_too_large])
+@fuzz_settings(6)
 @given(data=st.data())
 def test_the_dashboard_shows_damaged_runs_to_the_end(grown_run: Path, real_records: list[dict[str, Any]],
                                                      data: st.DataObject) -> None:
