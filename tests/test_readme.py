@@ -30,8 +30,8 @@ def test_readme_gym_example_runs():
 def test_readme_config_examples_are_valid_run_configs():
     import tomllib
 
+    from morphogen.commands.run import RunConfig
     from morphogen.config import build_config
-    from morphogen.runner import RunConfig
 
     blocks = re.findall(r"```toml\n(.*?)```", README.read_text(), flags=re.S)
     assert len(blocks) >= 2, "README shows a run config and a [host] table"

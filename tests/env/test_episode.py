@@ -15,7 +15,7 @@ from morphogen.data import Task, load_task
 from morphogen.env.actions import Action, Op
 from morphogen.env.counterfactual import MAIN
 from morphogen.env.episode import EpisodeConfig, MorphogenesisEpisode
-from morphogen.runner import run_episode
+from morphogen.env.play import run_episode
 from morphogen.telemetry import events
 from morphogen.telemetry.sinks import EVENTS_FILENAME, Telemetry, read_events
 

@@ -8,12 +8,13 @@ from pathlib import Path
 
 import pytest
 
+from morphogen.commands.run import RunConfig, run_command
 from morphogen.config import build_config
 from morphogen.control.heuristic import HeuristicController
 from morphogen.core.lifecycle import BLENDED_STAGES, Stage
 from morphogen.data import load_task
 from morphogen.env.episode import EpisodeConfig, MorphogenesisEpisode
-from morphogen.runner import RunConfig, run_command, run_episode
+from morphogen.env.play import run_episode
 
 
 @pytest.mark.slow

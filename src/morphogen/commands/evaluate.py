@@ -11,20 +11,22 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
+from morphogen.commands.run import make_run_dir, write_resolved_config
 from morphogen.config import build_config, config_to_dict
 from morphogen.control.checkpoint import CheckpointError, check_layout, load_checkpoint
-from morphogen.control.controller import Controller, NoGrowthController
+from morphogen.control.controller import NoGrowthController
 from morphogen.control.heuristic import HeuristicController
 from morphogen.control.learned import PolicyController, agent_from_checkpoint
-from morphogen.control.options import CompileOptions, load_session_task
 from morphogen.control.trainer import TrainConfig
 from morphogen.core.compilation import CompileSettings
 from morphogen.data import Task
+from morphogen.devices import resolve_device
 from morphogen.env.episode import MorphogenesisEpisode
+from morphogen.env.play import Controller, EpisodeOutcome, run_episode
 from morphogen.env.seeding import derive_seed
 from morphogen.limits import MAX_EVAL_EPISODES, MAX_SEED, check_count
 from morphogen.run_lock import hold_run_directory
-from morphogen.runner import EpisodeOutcome, make_run_dir, resolve_device, run_episode, write_resolved_config
+from morphogen.session import CompileOptions, load_session_task
 from morphogen.storage import write_atomic
 from morphogen.telemetry.config import TelemetryConfig
 from morphogen.telemetry.sinks import Telemetry

@@ -11,6 +11,7 @@ from typing import Any, TextIO
 import torch
 from rich.progress import TaskID
 
+from morphogen.commands.run import make_run_dir, write_resolved_config
 from morphogen.config import ConfigError, build_config
 from morphogen.control.checkpoint import CHECKPOINT_NAME, CheckpointError, load_checkpoint
 from morphogen.control.distributed import (
@@ -22,11 +23,11 @@ from morphogen.control.distributed import (
     receive_run_directory,
     send_run_directory,
 )
-from morphogen.control.options import load_session_task
 from morphogen.control.trainer import PPOTrainer, RoundSummary, TrainConfig, format_round, train
+from morphogen.devices import resolve_device, resolve_devices
 from morphogen.env.seeding import derive_seed
 from morphogen.run_lock import hold_run_directory
-from morphogen.runner import make_run_dir, resolve_device, resolve_devices, write_resolved_config
+from morphogen.session import load_session_task
 from morphogen.storage import remove_stale_temporaries
 from morphogen.telemetry.resume import cut_events_to_round
 from morphogen.telemetry.sinks import EVENTS_FILENAME, Telemetry

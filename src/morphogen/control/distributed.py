@@ -59,7 +59,6 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from morphogen.control.controller import Controller
 from morphogen.control.learned import PolicyInputs
 from morphogen.control.normalization import RunningMeanStd, merge_moments
 from morphogen.control.policy import ActionOutput, LSTMState
@@ -68,6 +67,7 @@ from morphogen.control.rollout import RolloutBatch
 from morphogen.control.trainer import PPOTrainer, RoundSummary, TrainConfig, _config_dict
 from morphogen.data import Task
 from morphogen.env.actions import Action
+from morphogen.env.play import Controller
 from morphogen.env.snapshot import EpisodeSnapshot
 from morphogen.telemetry import events
 from morphogen.telemetry.sinks import Telemetry

@@ -6,25 +6,25 @@ import json
 import math
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TextIO
 
-from morphogen.config import ConfigError, config_to_dict, short_repr
-from morphogen.control.controller import Controller, NoGrowthController
+from morphogen.config import ConfigError, config_to_dict
+from morphogen.control.controller import NoGrowthController
 from morphogen.control.heuristic import HeuristicConfig, HeuristicController
-from morphogen.control.options import SessionOptions, load_session_task
 from morphogen.data import Task
+from morphogen.devices import resolve_device
 from morphogen.env.episode import EpisodeConfig, MorphogenesisEpisode, StepResult
-from morphogen.env.snapshot import EpisodeSnapshot
+from morphogen.env.play import Controller, EpisodeOutcome, run_episode
 from morphogen.run_lock import hold_run_directory
+from morphogen.session import SessionOptions, load_session_task
 from morphogen.storage import write_atomic
 from morphogen.telemetry.anomalies import AnomalyDetector
 from morphogen.telemetry.events import NON_FINITE_TOKENS
 from morphogen.telemetry.profiler import PhaseTimer, TraceProfiler
 from morphogen.telemetry.sinks import Telemetry
-from morphogen.telemetry.story import SeedStory, seed_stories
 from morphogen.ui.progress import ProgressDisplay
 from morphogen.ui.stages import fit_line, stage_short
 
@@ -40,47 +40,6 @@ class RunConfig(SessionOptions):
     from_scratch: bool = True
     episode: EpisodeConfig = field(default_factory=EpisodeConfig)
     heuristic: HeuristicConfig = field(default_factory=HeuristicConfig)
-
-
-@dataclass
-class EpisodeOutcome:
-    final_accuracy: float
-    final_loss: float
-    parameters: int
-    host_parameters: int
-    seconds: float
-    episode_return: float
-    stories: list[SeedStory]
-    phase_seconds: dict[str, float]
-
-
-def resolve_device(name: str, key: str = "device") -> str:
-    """The torch device string for a `device` setting; a device this machine lacks is a `ConfigError`
-    whose message starts with `key` (the setting that named it)."""
-    import torch
-
-    if name == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    try:
-        parsed: torch.device | None = torch.device(name)
-    except RuntimeError:
-        parsed = None
-    if parsed is None or parsed.type not in ("cpu", "cuda", "mps"):  # meta, xla, ... hold no data to train on
-        raise ConfigError(f"{key}: {short_repr(name)} is not a device morphogen trains on; "
-                          "use cpu, cuda, cuda:N, mps or auto")
-    if parsed.type == "cuda" and not torch.cuda.is_available():
-        raise ConfigError(f"{key}: {name!r} requested but CUDA is not available here; use --{key} cpu")
-    if parsed.type == "cuda" and parsed.index is not None and parsed.index >= torch.cuda.device_count():
-        raise ConfigError(f"{key}: {name!r} requested but this machine has {torch.cuda.device_count()} CUDA "
-                          f"device(s): cuda:0 .. cuda:{torch.cuda.device_count() - 1}")
-    if parsed.type == "mps" and not torch.backends.mps.is_available():
-        raise ConfigError(f"{key}: {name!r} requested but MPS is not available here; use --{key} cpu")
-    return name
-
-
-def resolve_devices(names: Sequence[str]) -> list[str]:
-    """`resolve_device` of each name of a `devices` list; a bad one is a `ConfigError` naming it."""
-    return [resolve_device(name, key="devices") for name in names]
 
 
 def make_run_dir(run_dir: str | None, runs_root: str, task: str) -> Path:
@@ -99,37 +58,6 @@ def make_run_dir(run_dir: str | None, runs_root: str, task: str) -> Path:
     except OSError as error:
         raise ConfigError(f"run_dir: cannot create {path}: {error.strerror or error}") from None
     return path
-
-
-def play_epoch(episode: MorphogenesisEpisode, controller: Controller, snapshot: EpisodeSnapshot) -> StepResult:
-    """One controller decision and one epoch of `episode`, then the telemetry epoch is closed."""
-    result = episode.step(controller.act(snapshot, episode.masks()))
-    episode.telemetry.end_epoch(result.snapshot.epoch)
-    return result
-
-
-def run_episode(episode: MorphogenesisEpisode, controller: Controller,
-                on_step: Callable[[StepResult], None] | None = None,
-                profiler: TraceProfiler | None = None) -> EpisodeOutcome:
-    """Play one whole episode of `controller` in `episode` (one profiler step per epoch)."""
-    started = time.perf_counter()
-    snapshot = episode.reset()
-    controller.reset()
-    result = None
-    while not episode.done:
-        result = play_epoch(episode, controller, snapshot)
-        snapshot = result.snapshot
-        if profiler is not None:
-            profiler.step()
-        if on_step is not None:
-            on_step(result)
-    assert episode.model is not None
-    return EpisodeOutcome(
-        final_accuracy=snapshot.val_accuracy, final_loss=snapshot.val_loss, parameters=snapshot.active_parameters,
-        host_parameters=snapshot.host_parameters, seconds=time.perf_counter() - started,
-        episode_return=episode.episode_return, stories=seed_stories(episode.history),
-        phase_seconds=episode.timer.totals,
-    )
 
 
 def format_step(result: StepResult) -> str:
