@@ -60,8 +60,9 @@ SlotPlan = tuple[str | bool, ...]
 
 #: Whether a seed keeps reading a detached input after TRAINING, per topology. CNN seeds (2D and 1D)
 #: stay isolated (the host's features are not bent towards the seed); transformer seeds co-adapt, since
-#: their residual stream is shared by every later layer and joint training converges faster there.
-DETACH_AFTER_TRAINING = {"cnn": True, "cnn1d": True, "transformer": False}
+#: their residual stream is shared by every later layer and joint training converges faster there. MLP
+#: feature seeds stay isolated like CNN seeds.
+DETACH_AFTER_TRAINING = {"cnn": True, "cnn1d": True, "transformer": False, "mlp": True}
 
 
 @dataclass(frozen=True)
