@@ -54,7 +54,8 @@ def test_run_compares_grown_no_growth_and_the_final_architecture_from_scratch(tm
                       "min_training_epochs": 1},
     })
     out = io.StringIO()
-    grown, baseline, run_dir = run_command(config, out=out)
+    result = run_command(config, out=out)
+    grown, baseline, run_dir = result.grown, result.baseline, result.run_dir
     summary = json.loads((run_dir / "summary.json").read_text())
     assert baseline is not None and summary["baseline"]["parameters"] == baseline.parameters
     scratch = summary["from_scratch"]

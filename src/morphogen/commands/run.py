@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
+import re
 import sys
 import time
 from collections.abc import Callable
@@ -14,6 +16,7 @@ from typing import TextIO
 from morphogen.config import ConfigError, config_to_dict
 from morphogen.control.controller import NoGrowthController
 from morphogen.control.heuristic import HeuristicConfig, HeuristicController
+from morphogen.core.model import MorphogeneticModel
 from morphogen.data import Task
 from morphogen.devices import resolve_device
 from morphogen.env.episode import EpisodeConfig, MorphogenesisEpisode, StepResult
@@ -81,12 +84,13 @@ def format_step(result: StepResult) -> str:
 
 
 def print_summary(grown: EpisodeOutcome, baseline: EpisodeOutcome | None, out: TextIO,
-                  from_scratch: EpisodeOutcome | None = None) -> None:
+                  from_scratch: EpisodeOutcome | None = None, metric_name: str = "accuracy") -> None:
     """The closing table: the grown model, the same host without growth, and the grown model's final
-    architecture trained from scratch; then the story of every seed."""
+    architecture trained from scratch; then the story of every seed. `metric_name` names the score row."""
     columns = [("grown", grown), ("no growth", baseline), ("from scratch", from_scratch)]
+    percent = "%" if metric_name == "accuracy" else ""
     cells: list[tuple[str, Callable[[EpisodeOutcome], str]]] = [
-        ("final val accuracy", lambda o: f"{o.final_accuracy:.2f}%"),
+        (f"final val {metric_name}"[:22], lambda o: f"{o.final_accuracy:.{2 if percent else 4}f}{percent}"),
         ("final val loss", lambda o: f"{o.final_loss:.4f}"),
         ("parameters", lambda o: f"{o.parameters:,}"),
         ("wall time", lambda o: f"{o.seconds:.1f} s"),
@@ -110,19 +114,33 @@ def _points(value: float | None) -> str:
     return "-" if value is None else f"{value:+.2f} pts"
 
 
+@dataclass(frozen=True)
+class RunResult:
+    """What `morphogen run` (and `morphogen.grow`) produced: the three trainings, the grown model, the run dir."""
+
+    grown: EpisodeOutcome
+    baseline: EpisodeOutcome | None
+    """The same host trained without growth (None when `baseline` is off)."""
+    from_scratch: EpisodeOutcome | None
+    """The grown model's final architecture trained from scratch (None when off or nothing was blended in)."""
+    model: MorphogeneticModel
+    """The grown model, on the run's device, in the state the episode ended in."""
+    run_dir: Path
+
+
 def run_command(config: RunConfig, controller_factory: Callable[[MorphogenesisEpisode], Controller] | None = None,
-                out: TextIO | None = None,
-                task: Task | None = None) -> tuple[EpisodeOutcome, EpisodeOutcome | None, Path]:
+                out: TextIO | None = None, task: Task | None = None) -> RunResult:
     """The whole `morphogen run`: load task, run the grown episode and the baseline, write the run dir.
 
     Progress and the summary go to `out`, by default the `sys.stdout` of the moment of the call (so that
-    redirecting stdout works).
+    redirecting stdout works). `task` replaces the one `config` names (a user's task built in Python).
     """
     out = sys.stdout if out is None else out
     config = config.with_resolved_host()  # config.json records the host's whole size
     device = resolve_device(config.device)
     if task is None:
         task = load_session_task(config, device)
+    config = dataclasses.replace(config, task_name=task.name)
     episode = MorphogenesisEpisode(task, config.episode, seed=config.seed, slots=config.slots,
                                    pool_slots=config.pool_slots)
     episode.compile_settings = config.compile_settings
@@ -133,13 +151,18 @@ def run_command(config: RunConfig, controller_factory: Callable[[MorphogenesisEp
         controller: Controller = HeuristicController(episode.action_space, task.topology, config.heuristic)
     else:
         controller = controller_factory(episode)
-    run_dir = make_run_dir(config.run_dir, config.runs_root, config.task)
+    run_dir = make_run_dir(config.run_dir, config.runs_root, run_name(task.name))
     with hold_run_directory(run_dir):  # one writer per run directory
         return _play_and_write(config, task, episode, controller, device, run_dir, out)
 
 
+def run_name(task_name: str) -> str:
+    """A task name as it may appear in a run directory's name: letters, digits, '-', '_' and '.', at most 40."""
+    return re.sub(r"[^A-Za-z0-9_.-]+", "-", task_name).strip("-.")[:40] or "task"
+
+
 def _play_and_write(config: RunConfig, task: Task, episode: MorphogenesisEpisode, controller: Controller,
-                    device: str, run_dir: Path, out: TextIO) -> tuple[EpisodeOutcome, EpisodeOutcome | None, Path]:
+                    device: str, run_dir: Path, out: TextIO) -> RunResult:
     """The grown episode, the baseline and the files of `run_command`, in a locked `run_dir`."""
     write_resolved_config(run_dir, config)
     with Telemetry(run_dir, config=config.telemetry) as telemetry, ProgressDisplay(out) as display:
@@ -169,14 +192,14 @@ def _play_and_write(config: RunConfig, task: Task, episode: MorphogenesisEpisode
         from_scratch = None
         if config.from_scratch and architecture:
             from_scratch = _run_from_scratch(config, task, architecture, display)
-    print_summary(grown, baseline, out, from_scratch)
+    print_summary(grown, baseline, out, from_scratch, task.metric_name)
     if episode.timer.enabled:
         print(f"\ntime by phase (grown model):\n{episode.timer.summary()}", file=out)
     summary = {"grown": _outcome_dict(grown), "baseline": None if baseline is None else _outcome_dict(baseline),
                "from_scratch": None if from_scratch is None else
                {**_outcome_dict(from_scratch), "architecture": architecture}}
     write_atomic(run_dir / "summary.json", (json.dumps(_strict(summary), indent=2) + "\n").encode())
-    return grown, baseline, run_dir
+    return RunResult(grown, baseline, from_scratch, episode.model, run_dir)
 
 
 BASELINE_DIRNAME = "baseline"

@@ -12,6 +12,7 @@ with as many targets as inputs is a `DataError` naming the split.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
@@ -142,3 +143,17 @@ def _topology_of(host: object) -> str:
         raise DataError(f"host must come from morphogen.host_from_module (or be a function building one), got "
                         f"{type(host).__name__}")
     return str(topology)
+
+
+def task_on_device(task: Task, device: str | torch.device) -> Task:
+    """`task` with its data on `device` (tensors moved once; streamed batches moved as they come)."""
+    target = torch.device(device)
+    return dataclasses.replace(task, train=_moved(task.train, target), validation=_moved(task.validation, target))
+
+
+def _moved(source: BatchSource, device: torch.device) -> BatchSource:
+    if isinstance(source, DeviceDataset):
+        return source.to(device)
+    if isinstance(source, StreamedBatches):
+        return StreamedBatches(source.data, device, source.split)
+    return source
