@@ -1,10 +1,11 @@
 """`--task package.module:function`: a user's own task, made by a function morphogen imports and calls.
 
-The function takes no required arguments (it may accept `seed` and `device`, which are then passed) and
-returns a `Task` from `morphogen.task_from_data` with its host, or a pair `(task, host)`. Whatever goes
-wrong, the module not importable, the function missing or raising, a wrong return value, is a
-`ConfigError` of one line naming the import path. The current directory is searched first, as
-`python -m` does, so that `morphogen run --task my_task:make` finds `./my_task.py`.
+The function takes no required arguments (it may accept `seed` and `device`, which are then passed), runs
+with torch's global generator seeded by the run's seed, and returns a `Task` from
+`morphogen.task_from_data` with its host, or a pair `(task, host)`. Whatever goes wrong, the module not
+importable, the function missing or raising, a wrong return value, is a `ConfigError` of one line naming
+the import path. The current directory is searched first, as `python -m` does, so that
+`morphogen run --task my_task:make` finds `./my_task.py`.
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ import os
 import re
 import sys
 from typing import Any
+
+import torch
 
 from morphogen.config import ConfigError, short_repr
 from morphogen.data import Task
@@ -46,11 +49,16 @@ def import_task(path: str, *, seed: int, device: str) -> Task:
         accepted = {name: value for name, value in offered.items() if name in parameters}
     except (TypeError, ValueError):  # a builtin or C function without a signature: call it bare
         accepted = {}
+    from morphogen.env.seeding import seeded  # the env layer loads only when a user task does
+
     try:
-        made = function(**accepted)
+        # Seeded: a function that builds its model or draws its data without a seed still makes the same task
+        # every time, so re-running a run's config.json reproduces it.
+        with seeded(seed, torch.device(device)):
+            made = function(**accepted)
     except Exception as error:  # the user's code: any exception is theirs to fix, reported as one line
         raise ConfigError(f"task: {path} raised {type(error).__name__}: {_first_line(error)}") from None
-    from morphogen.env.episode import task_with_host  # the env layer loads only when a user task does
+    from morphogen.env.episode import task_with_host
 
     task, host = made if isinstance(made, tuple) and len(made) == 2 else (made, None)
     if not isinstance(task, Task):
