@@ -14,11 +14,14 @@ from morphogen.core.slot import SeedSlot, SlotConfig
 from morphogen.data import DataError, Task
 from morphogen.data.user import task_from_data
 from morphogen.grow import grow
+from morphogen.grower import EpochReport, Grower
 
 __all__ = [
     "CNNHost",
     "Conv1dHost",
     "DataError",
+    "EpochReport",
+    "Grower",
     "HostBuildError",
     "ModuleHost",
     "MorphogeneticModel",
