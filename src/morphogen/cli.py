@@ -373,6 +373,8 @@ def _run(args: argparse.Namespace) -> None:
     from morphogen.session import load_session_task
 
     trained, _ = read_policy_run(args.policy, resolve_device(config.device))
+    if args.task is None and "task" not in read_config_values(args.config):
+        config = dataclasses.replace(config, task=trained.task)  # the task the policy was trained on
     length = args.epochs if args.epochs is not None else trained.episode_length
     # The policy acts on the host it was trained with: its slots and its size (another task's host size
     # does not apply; policy_controller_factory then reports the task mismatch).

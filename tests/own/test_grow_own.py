@@ -118,3 +118,19 @@ def test_a_run_of_a_task_built_in_python_says_how_to_run_it_again(tmp_path: Path
     code = main(["run", "--config", str(tmp_path / "run" / "config.json"), "--run-dir", str(tmp_path / "again")])
     assert code == EXIT_USER_ERROR
     assert "this run's task was built in Python (morphogen.grow)" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_train_and_eval_a_policy_on_a_users_task(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.chdir(HERE)
+    policy = tmp_path / "policy"
+    assert main(["train", "--task", "user_tasks:mlp_regression", "--envs", "2", "--rounds", "1",
+                 "--episode-length", "3", "--hidden-size", "32", "--run-dir", str(policy), "--threads", "1"]) == 0
+    assert json.loads((policy / "config.json").read_text())["task"] == "user_tasks:mlp_regression"
+    assert main(["eval", "--policy", str(policy), "--episodes", "1", "--run-dir", str(tmp_path / "eval"),
+                 "--threads", "1"]) == 0
+    assert main(["run", "--policy", str(policy), "--no-baseline", "--run-dir", str(tmp_path / "run"),
+                 "--threads", "1"]) == 0  # the policy's own task, as no --task names another
+    out = capsys.readouterr().out
+    assert "learned" in out and "task blobs (mlp host" in out

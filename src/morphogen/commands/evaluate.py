@@ -182,8 +182,9 @@ def policy_controller_factory(policy_dir: str, task: Task, device: str, episode_
     """For `morphogen run --policy`: a controller factory and the training config (checked against the run);
     with `compile_settings` the policy's forward runs compiled."""
     config, state = read_policy_run(policy_dir, device)
-    if config.task != task.name:
-        raise CheckpointError(f"policy {policy_dir} was trained on task {config.task!r}, not {task.name!r}")
+    named = task.name if task.source == "builtin" else task.source  # a user's task: the import path that made it
+    if config.task != named:
+        raise CheckpointError(f"policy {policy_dir} was trained on task {config.task!r}, not {named!r}")
     if episode_length != config.episode_length:
         raise CheckpointError(f"policy {policy_dir} was trained for {config.episode_length}-epoch episodes; "
                               f"this run has {episode_length} (use --epochs {config.episode_length})")
