@@ -134,3 +134,13 @@ def test_train_and_eval_a_policy_on_a_users_task(tmp_path: Path, monkeypatch: py
                  "--threads", "1"]) == 0  # the policy's own task, as no --task names another
     out = capsys.readouterr().out
     assert "learned" in out and "task blobs (mlp host" in out
+
+
+def test_list_shows_the_slots_and_blueprints_of_a_users_host(monkeypatch: pytest.MonkeyPatch,
+                                                             capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.chdir(HERE)
+    assert main(["list", "slots", "--task", "user_tasks:resnet"]) == 0
+    out = capsys.readouterr().out
+    assert "slots of the quadrants host (cnn)" in out and "layer3      16" in out
+    assert main(["list", "blueprints", "--task", "user_tasks:mlp_regression"]) == 0
+    assert "blueprints of the blobs host (mlp)" in capsys.readouterr().out
