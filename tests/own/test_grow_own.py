@@ -141,6 +141,6 @@ def test_list_shows_the_slots_and_blueprints_of_a_users_host(monkeypatch: pytest
     monkeypatch.chdir(HERE)
     assert main(["list", "slots", "--task", "user_tasks:resnet"]) == 0
     out = capsys.readouterr().out
-    assert "slots of the quadrants host (cnn)" in out and "layer3      16" in out
+    assert "slots of the quadrants host (cnn)" in out and "layer3     16" in out
     assert main(["list", "blueprints", "--task", "user_tasks:mlp_regression"]) == 0
     assert "blueprints of the blobs host (mlp)" in capsys.readouterr().out
