@@ -43,12 +43,13 @@ from morphogen.env.counterfactual import ALL_OFF
 from morphogen.env.episode import EpisodeConfig, MorphogenesisEpisode
 from morphogen.env.play import play_epoch
 from morphogen.env.snapshot import EpisodeSnapshot
+from morphogen.run_directory import EVENTS_FILENAME
 from morphogen.telemetry import events
 from morphogen.telemetry.anomalies import AnomalyDetector
 from morphogen.telemetry.config import TelemetryConfig
 from morphogen.telemetry.events import LEVELS
 from morphogen.telemetry.profiler import PhaseTimer
-from morphogen.telemetry.sinks import EVENTS_FILENAME, Telemetry, read_events
+from morphogen.telemetry.sinks import Telemetry, read_events
 
 BASELINE_LEVEL = "off"
 #: The level the goal is about, and the largest acceptable ratio of its step time to `off`'s.

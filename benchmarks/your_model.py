@@ -25,10 +25,10 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 
 import torch
-from growth import mean_standard_error, mean_std
 from torch import Tensor, nn
 
 import morphogen
+from growth import mean_standard_error, mean_std
 from morphogen.data import load_task
 
 VARIANTS = ("grown", "no growth", "from scratch")

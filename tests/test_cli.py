@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -224,3 +225,57 @@ def test_run_directory_that_cannot_be_created(tmp_path: Path, capsys: pytest.Cap
     blocker.write_text("")
     line = run_expecting_user_error(["run", "--max-train-samples", "64", "--run-dir", str(blocker / "run")], capsys)
     assert "run_dir: cannot create" in line
+
+
+def test_a_second_run_into_a_run_directory_is_refused_and_leaves_it_untouched(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    run_dir = tmp_path / "run"
+    tiny = ["--epochs", "1", "--max-train-samples", "64", "--no-from-scratch"]
+    assert main(["run", *tiny, "--run-dir", str(run_dir)]) == 0
+    before = {path: path.read_bytes() for path in run_dir.rglob("*") if path.is_file()}
+    capsys.readouterr()
+    line = run_expecting_user_error(["run", *tiny, "--run-dir", str(run_dir)], capsys)
+    assert line.endswith(f"run_dir: {run_dir} already holds another run (config.json, events.jsonl, summary.json, "
+                         "baseline); choose another --run-dir")
+    assert {path: path.read_bytes() for path in run_dir.rglob("*") if path.is_file()} == before
+
+
+@pytest.mark.parametrize("place", ["/", "/etc"])
+def test_run_directory_in_a_system_directory_is_refused(place: str, capsys: pytest.CaptureFixture[str]) -> None:
+    line = run_expecting_user_error(["run", "--max-train-samples", "64", "--run-dir", place], capsys)
+    assert f"run_dir: {place} is" in line and "directory of its own" in line
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["run", "--threads", "100000"], "--threads must be <= 1,024"),
+    (["train", "--distributed", "--dist-timeout", "inf"], "--dist-timeout must be > 0 and <= 604,800 seconds, got inf"),
+    (["train", "--distributed", "--dist-timeout", "1e20"], "--dist-timeout must be > 0 and <= 604,800 seconds"),
+    (["train", "--distributed", "--dist-timeout", "nan"], "--dist-timeout must be > 0 and <= 604,800 seconds"),
+])
+def test_numeric_flags_have_upper_bounds(argv: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert message in run_expecting_user_error(argv, capsys)
+
+
+@pytest.mark.parametrize(("table", "message"), [
+    ("[ppo]\nepochs = 1000000", "ppo.epochs: must be <= 10,000"),
+    ("seed = 100000000000000000000", "seed: must fit in 64 bits"),
+])
+def test_config_values_have_upper_bounds(table: str, message: str, tmp_path: Path,
+                                         capsys: pytest.CaptureFixture[str]) -> None:
+    config = tmp_path / "c.toml"
+    config.write_text(table)
+    assert message in run_expecting_user_error(["train", "--config", str(config)], capsys)
+
+
+def test_a_yaml_alias_bomb_is_quoted_in_one_short_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Eight levels of nine aliases: 43 million strings if anything expanded the value to quote it."""
+    anchors = '["x","x","x","x","x","x","x","x","x"]'
+    for level in range(8):
+        anchors = f"&l{level} {anchors}" if level == 0 else f"[{anchors}{f',*l{level - 1}' * 8}]"
+        anchors = anchors if level == 0 else f"&l{level} {anchors}"
+    config = tmp_path / "bomb.yaml"
+    config.write_text(f"host:\n  base_channels: {anchors}\n")
+    line = run_expecting_user_error(["run", "--config", str(config)], capsys)
+    assert "host.base_channels: expected an integer, got [[[[" in line
+    whole = re.search(r"\(([\d,]+) characters in all\)$", line)
+    assert whole is None or int(whole.group(1).replace(",", "")) < 5_000, "the value was quoted whole"

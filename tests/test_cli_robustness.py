@@ -15,8 +15,9 @@ import torch
 
 import morphogen.control.trainer as trainer_module
 from morphogen.cli import EXIT_DIVERGED, EXIT_USER_ERROR, main
-from morphogen.control.checkpoint import CHECKPOINT_NAME, load_checkpoint
-from morphogen.telemetry.sinks import EVENTS_FILENAME, read_events
+from morphogen.control.checkpoint import load_checkpoint
+from morphogen.run_directory import CHECKPOINT_NAME, EVENTS_FILENAME
+from morphogen.telemetry.sinks import read_events
 
 TINY = ["--envs", "1", "--episode-length", "2", "--max-train-samples", "100", "--hidden-size", "16"]
 

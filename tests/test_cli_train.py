@@ -22,8 +22,9 @@ import torch
 import morphogen.commands.evaluate
 import morphogen.session
 from morphogen.cli import EXIT_USER_ERROR, main
-from morphogen.control.checkpoint import CHECKPOINT_NAME, load_checkpoint
+from morphogen.control.checkpoint import load_checkpoint
 from morphogen.data import Task
+from morphogen.run_directory import CHECKPOINT_NAME
 from morphogen.session import SessionOptions
 
 TINY = ["--envs", "2", "--episode-length", "3", "--max-train-samples", "200", "--hidden-size", "16"]
@@ -211,7 +212,8 @@ def test_train_into_an_existing_run_without_resume(trained: TrainedRun, tmp_path
     run = copy_run(trained, tmp_path / "run")
     before = files_of(run)
     line = expect_user_error(["train", *TINY, "--rounds", "1", "--run-dir", str(run)], capsys)
-    assert "already holds a training run" in line and f"--resume {run}" in line
+    assert "already holds another run (config.json, events.jsonl, checkpoint.pt)" in line
+    assert f"train --resume {run}" in line
     assert files_of(run) == before
 
 

@@ -24,9 +24,9 @@ from pathlib import Path
 import pytest
 
 from morphogen.cli import main
-from morphogen.control.checkpoint import CHECKPOINT_NAME, load_checkpoint
-from morphogen.run_lock import LOCK_NAME
-from morphogen.telemetry.sinks import EVENTS_FILENAME, read_events
+from morphogen.control.checkpoint import load_checkpoint
+from morphogen.run_directory import CHECKPOINT_NAME, EVENTS_FILENAME, LOCK_NAME
+from morphogen.telemetry.sinks import read_events
 from morphogen.telemetry.story import seed_stories
 
 TINY = ["--envs", "1", "--episode-length", "2", "--max-train-samples", "100", "--hidden-size", "16"]
@@ -38,7 +38,7 @@ CHILD = textwrap.dedent("""
     import os, signal, sys
     import morphogen.control.checkpoint as checkpoint
     import morphogen.env.vector as vector
-    import morphogen.storage as storage
+    import morphogen.run_directory as storage
     from morphogen.cli import main
 
     point, count = sys.argv[1], int(sys.argv[2])

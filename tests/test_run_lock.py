@@ -14,14 +14,14 @@ from pathlib import Path
 import pytest
 
 from morphogen.cli import EXIT_USER_ERROR, main
-from morphogen.run_lock import LOCK_NAME, RunDirectoryBusy, hold_run_directory
+from morphogen.run_directory import LOCK_NAME, RunDirectoryBusy, hold_run_directory
 
 TINY = ["--envs", "1", "--episode-length", "2", "--max-train-samples", "100", "--hidden-size", "16"]
 
 # Holds the lock of argv[1], says so on stdout, then waits to be killed.
 HOLDER = textwrap.dedent("""
     import sys, time
-    from morphogen.run_lock import hold_run_directory
+    from morphogen.run_directory import hold_run_directory
     with hold_run_directory(sys.argv[1]):
         print("locked", flush=True)
         time.sleep(600)
@@ -56,7 +56,7 @@ def test_second_writer_is_refused_and_a_dead_holders_lock_is_taken_over(
                         f"(lock {run / LOCK_NAME}); wait for it to finish or choose another --run-dir")
         assert main(["run", "--epochs", "1", "--max-train-samples", "100", "--no-baseline",
                      "--run-dir", str(run)]) == EXIT_USER_ERROR
-        assert f"in use by process {holder.pid}" in one_error_line(capsys)
+        assert f"{run} already holds another run" in one_error_line(capsys)  # one run per directory
         assert {p.name: p.read_bytes() for p in run.iterdir() if p.name != LOCK_NAME} == before, \
             "a refused command must not touch the run"
     finally:
@@ -74,7 +74,7 @@ def test_lock_is_reentrant_in_one_process_and_exclusive_across_processes(tmp_pat
         assert (tmp_path / LOCK_NAME).read_text() == f"{os.getpid()}\n"
         probe = subprocess.run([sys.executable, "-c", textwrap.dedent("""
             import sys
-            from morphogen.run_lock import RunDirectoryBusy, hold_run_directory
+            from morphogen.run_directory import RunDirectoryBusy, hold_run_directory
             try:
                 with hold_run_directory(sys.argv[1]):
                     sys.exit(0)

@@ -24,18 +24,25 @@ from morphogen.core.hosts import UnknownSlotError
 from morphogen.data import TASK_NAMES, DataError
 from morphogen.env.governor import DivergenceError
 from morphogen.env.training import task_optimizer_config
-from morphogen.run_lock import RunDirectoryLockError, hold_run_directory
+from morphogen.limits import MAX_TIMEOUT_SECONDS
+from morphogen.run_directory import (
+    CONFIG_FILENAME,
+    DiskFullError,
+    RunDirectoryLockError,
+    RunDirectoryRefused,
+    hold_run_directory,
+)
 from morphogen.session import SessionOptions
-from morphogen.storage import DiskFullError
 from morphogen.ui.report import RunDirectoryError, render_report
 from morphogen.ui.runs import RunsQueryError
+from morphogen.ui.terminal_text import printable
 
 if TYPE_CHECKING:
     from morphogen.commands.evaluate import EvalConfig
     from morphogen.control.distributed import DistributedContext
 
 USER_ERRORS = (ConfigError, DataError, UnknownBlueprintError, UnknownSlotError, CheckpointError, RunDirectoryError,
-               RunsQueryError, RunDirectoryLockError, DiskFullError, DistributedSetupError)
+               RunsQueryError, RunDirectoryLockError, RunDirectoryRefused, DiskFullError, DistributedSetupError)
 EXIT_USER_ERROR = 2
 #: Exit status when training kept diverging after every rollback and back-off (`DivergenceError`).
 EXIT_DIVERGED = 3
@@ -315,6 +322,8 @@ def _train(args: argparse.Namespace) -> None:
 
     if not args.distributed and (args.dist_backend is not None or args.dist_timeout is not None):
         raise UsageError("--dist-backend and --dist-timeout apply to --distributed runs; add --distributed")
+    if args.dist_timeout is not None and not 0 < args.dist_timeout <= MAX_TIMEOUT_SECONDS:  # NaN fails too
+        raise UsageError(f"--dist-timeout must be > 0 and <= {MAX_TIMEOUT_SECONDS:,} seconds, got {args.dist_timeout}")
     if args.resume is None:
         config = train_config_from_args(args)
         with _distributed(args, config.policy_device) as context:
@@ -339,7 +348,7 @@ def saved_policy_device(run_dir: str) -> str:
     """The device a run's policy was saved on (its config.json), which a resumed `--distributed` run keeps
     unless `--device`/`--devices` say otherwise, so that it picks the same backend (NCCL for CUDA)."""
     try:
-        values = json.loads((Path(run_dir) / "config.json").read_text())
+        values = json.loads((Path(run_dir) / CONFIG_FILENAME).read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError):
         return "cpu"  # the resume itself then reports the unreadable run with one line
     devices = values.get("devices") if isinstance(values, dict) else None
@@ -453,7 +462,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], None]] = {
 
 def _one_line(error: BaseException) -> str:
     """The error's message as one line of at most `MAX_ERROR_LINE` characters."""
-    text = " ".join(str(error).split("\n"))
+    text = printable(" ".join(str(error).split("\n")))  # a run's strings may hold escape sequences
     if len(text) > MAX_ERROR_LINE:
         text = f"{text[:MAX_ERROR_LINE]}... ({len(text):,} characters in all)"
     return text
@@ -463,11 +472,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_arguments(build_parser(), argv)
     try:
         if hasattr(args, "threads"):
-            if args.threads is not None and args.threads < 1:
-                raise UsageError(f"--threads must be >= 1, got {args.threads}")
             from morphogen.commands.threads import set_threads
 
-            set_threads(args.threads)
+            try:
+                set_threads(args.threads)
+            except ValueError as error:  # out of bounds: the message names --threads and the bound
+                raise UsageError(str(error)) from None
         COMMANDS[args.command](args)
         return 0
     except (*USER_ERRORS, UsageError) as error:

@@ -12,7 +12,6 @@ import enum
 import json
 import math
 import re
-import reprlib
 import tomllib
 import types
 import typing
@@ -22,22 +21,9 @@ from typing import Any, TypeVar
 
 import yaml
 
-from morphogen.limits import MAX_STRING_LENGTH
+from morphogen.limits import MAX_INTEGER_SETTING, MAX_STRING_LENGTH, short_repr
 
 T = TypeVar("T")
-
-_REPR = reprlib.Repr()  # keyword arguments need Python 3.12
-_REPR.maxlevel, _REPR.maxstring, _REPR.maxother, _REPR.maxlist, _REPR.maxdict = 3, 60, 60, 6, 6
-
-
-def short_repr(value: Any) -> str:
-    """`repr(value)` cut to about 60 characters and 3 levels, so an error line stays one short line
-    whatever the user passed (a 1 MB string, a list nested 10,000 deep)."""
-    text = _REPR.repr(value)
-    if isinstance(value, str) and len(value) > 60:
-        text += f" ({len(value):,} characters)"
-    return text
-
 
 class ConfigError(ValueError):
     """A configuration the user wrote that cannot be used; the message names the key path."""
@@ -120,6 +106,9 @@ def _convert(value: Any, annotation: Any, path: str, default: Any = None) -> Any
         accepts, converter, expected = _SCALARS[annotation]
         if not accepts(value):
             raise ConfigError(f"{path}: expected {expected}, got {short_repr(value)}")
+        if annotation is int and abs(value) > MAX_INTEGER_SETTING:
+            raise ConfigError(f"{path}: must fit in 64 bits (at most {MAX_INTEGER_SETTING:,} in size), "
+                              f"got {short_repr(value)}")
         return converter(value)
     return value
 

@@ -6,6 +6,10 @@ at load time with one line, not discovered as an out-of-memory kill hours later.
 above anything the design needs (DESIGN §5-§7 defaults are 4 envs, 25-30 epochs, a 512-wide policy),
 so a real experiment never meets one; raise a constant here if a real one does.
 
+`short_repr(value)` is how every error message quotes a value a user gave: cut to about 60 characters
+and 3 levels, so that a 1 MB string or a YAML alias bomb (a list of a billion items built from a few
+lines) is quoted in one short line and in microseconds.
+
 `check_count(name, value, upper)` is for integer settings, `check_finite(name, value)` for floats
 (NaN and infinity are never a usable setting: an infinite learning rate turns every weight into NaN).
 Both raise `ValueError` naming the setting, the value and what is accepted, which `build_config`
@@ -15,6 +19,8 @@ turns into one `ConfigError` line with the key path.
 from __future__ import annotations
 
 import math
+import reprlib
+from typing import Any
 
 #: Largest base seed: torch, NumPy and Python all accept seeds below 2**63.
 MAX_SEED = 2**63 - 1
@@ -29,12 +35,20 @@ MAX_HIDDEN_SIZE = 4_096
 #: Parameters of a host built from a `[host]` table (4 GB of float32 weights, ~12 GB with gradients
 #: and momentum): `base_channels = 1000000` would ask for 72 TB.
 MAX_HOST_PARAMETERS = 1_000_000_000
+#: Passes over the rollout in one PPO update (`ppo.epochs`).
+MAX_PPO_EPOCHS = 10_000
+#: Any other integer setting: what fits in 64 bits (torch and NumPy refuse larger values with a traceback).
+MAX_INTEGER_SETTING = 2**63 - 1
 #: Training or validation batch size.
 MAX_BATCH_SIZE = 1_048_576
 #: Training samples kept by `max_train_samples`.
 MAX_TRAIN_SAMPLES = 1_000_000_000
 #: Episodes per controller in `morphogen eval`.
 MAX_EVAL_EPISODES = 100_000
+#: CPU threads torch may use (`--threads`, `OMP_NUM_THREADS`): more than any one machine has cores.
+MAX_THREADS = 1_024
+#: Seconds `--dist-timeout` may wait for a silent rank (a week; torch turns larger values into overflows).
+MAX_TIMEOUT_SECONDS = 604_800
 #: Characters in any string setting (a path is at most 4096 bytes on Linux).
 MAX_STRING_LENGTH = 4_096
 
@@ -51,3 +65,16 @@ def check_finite(name: str, value: float) -> None:
     """Raise `ValueError` if `value` is NaN or infinite."""
     if not math.isfinite(value):
         raise ValueError(f"{name} must be a finite number, got {value}")
+
+
+_REPR = reprlib.Repr()  # keyword arguments need Python 3.12
+_REPR.maxlevel, _REPR.maxstring, _REPR.maxother, _REPR.maxlist, _REPR.maxdict = 3, 60, 60, 6, 6
+
+
+def short_repr(value: Any) -> str:
+    """`repr(value)` cut to about 60 characters and 3 levels, so an error line stays one short line
+    whatever the user passed (a 1 MB string, a list nested 10,000 deep)."""
+    text = _REPR.repr(value)
+    if isinstance(value, str) and len(value) > 60:
+        text += f" ({len(value):,} characters)"
+    return text

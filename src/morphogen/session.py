@@ -22,7 +22,7 @@ from morphogen.core.compilation import CompileSettings
 from morphogen.core.hosts import HostSizeError, check_host_size
 from morphogen.data import TASK_NAMES, TASK_TOPOLOGIES, Task, host_size, load_task
 from morphogen.data.user import task_on_device
-from morphogen.limits import MAX_HOST_PARAMETERS, MAX_SEED, MAX_TRAIN_SAMPLES, check_count
+from morphogen.limits import MAX_HOST_PARAMETERS, MAX_SEED, MAX_TRAIN_SAMPLES, check_count, short_repr
 from morphogen.task_import import check_import_path, import_task, is_import_path
 from morphogen.telemetry.config import TelemetryConfig
 
@@ -111,6 +111,8 @@ class SessionOptions(CompileOptions):
                 raise ValueError(f"host: a [host] table sizes the built-in hosts; task {self.task} builds its own")
             if self.max_train_samples is not None:
                 raise ValueError(f"max_train_samples caps the built-in tasks; task {self.task} chooses its own data")
+            raise ValueError("host must be a table of host size arguments (e.g. base_channels = 8), "
+                             f"got {short_repr(self.host)}")
         # An unknown task is reported by load_task, with the valid names; its host cannot be checked here.
         elif self.task in TASK_NAMES:
             resolve_host_size(self.task, self.host)

@@ -14,7 +14,6 @@ import pytest
 import torch
 
 from morphogen.control.checkpoint import (
-    CHECKPOINT_NAME,
     FORMAT_VERSION,
     CheckpointError,
     check_layout,
@@ -24,7 +23,7 @@ from morphogen.control.checkpoint import (
 from morphogen.control.integrity import state_checksum
 from morphogen.control.trainer import PPOTrainer, TrainConfig
 from morphogen.data import Task, load_task
-from morphogen.storage import DiskFullError
+from morphogen.run_directory import CHECKPOINT_NAME, DiskFullError
 from morphogen.telemetry.config import TelemetryConfig
 
 TEXT = "the quick brown fox jumps over the lazy dog; pack my box with five dozen liquor jugs.\n" * 30

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -22,7 +23,7 @@ import pytest
 import torch
 
 from morphogen.cli import EXIT_PEER_LOST, EXIT_USER_ERROR, main, saved_policy_device
-from morphogen.control.checkpoint import CHECKPOINT_NAME, load_checkpoint
+from morphogen.control.checkpoint import load_checkpoint
 from morphogen.control.distributed import (
     DistributedSetupError,
     choose_backend,
@@ -31,8 +32,9 @@ from morphogen.control.distributed import (
     rank_device,
     split_envs,
 )
-from morphogen.telemetry.events import RankTimes
-from morphogen.telemetry.sinks import EVENTS_FILENAME, read_events
+from morphogen.run_directory import CHECKPOINT_NAME, EVENTS_FILENAME
+from morphogen.telemetry.events import PPOUpdateCompleted, RankTimes
+from morphogen.telemetry.sinks import read_events
 
 SRC = Path(__file__).resolve().parents[2] / "src"
 WORKER = Path(__file__).with_name("distributed_worker.py")
@@ -216,9 +218,21 @@ def test_two_ranks_equal_one_process_with_two_minibatches(tmp_path: Path) -> Non
     config_file = tmp_path / "train.toml"
     config_file.write_text("[ppo]\nminibatches = 2\n")
     distributed, single = tmp_path / "distributed", tmp_path / "single"
-    train_ranks(2, ["--config", str(config_file), "--rounds", "2", *TINY, "--run-dir", str(distributed)])
-    assert main(["train", "--config", str(config_file), "--rounds", "2", *TINY, "--run-dir", str(single)]) == 0
+    normal = [*TINY[:-1], "normal"]  # PPO statistics are written from level normal on
+    train_ranks(2, ["--config", str(config_file), "--rounds", "2", *normal, "--run-dir", str(distributed)])
+    assert main(["train", "--config", str(config_file), "--rounds", "2", *normal, "--run-dir", str(single)]) == 0
     assert max_difference(policy_of(distributed), policy_of(single)) <= EQUIVALENCE_TOLERANCE
+    # The run's PPO statistics are the whole update's, not rank 0's share of it.
+    updates = [[e for e in read_events(run / EVENTS_FILENAME) if isinstance(e, PPOUpdateCompleted)]
+               for run in (distributed, single)]
+    assert len(updates[0]) == len(updates[1]) == 2
+    for spread, one in zip(*updates, strict=True):
+        for name in ("policy_loss", "value_loss", "entropy_loss", "approx_kl", "explained_variance", "grad_norm",
+                     "epochs_completed", "early_stopped"):
+            assert getattr(spread, name) == pytest.approx(getattr(one, name), rel=1e-4, abs=1e-6), name
+        assert spread.clip_fraction == pytest.approx(one.clip_fraction, rel=1e-4, abs=1e-6)
+        for (head, entropy), (_, reference) in zip(spread.entropy_per_head, one.entropy_per_head, strict=True):
+            assert entropy == pytest.approx(reference, rel=1e-4, abs=1e-6), head
 
 
 @pytest.mark.slow
@@ -241,3 +255,42 @@ def test_a_killed_rank_makes_the_other_exit_with_a_clear_error_and_the_checkpoin
     state = load_checkpoint(run_dir)  # intact: checksum and finiteness verified
     train_ranks(1, ["--resume", str(run_dir), "--rounds", str(int(state["round"]) + 1)])
     assert load_checkpoint(run_dir)["round"] == int(state["round"]) + 1
+
+
+def _rank_pids(launcher: int) -> dict[int, int]:
+    """{rank: pid} of the processes `launcher` (torchrun) started, read from their environment."""
+    found = {}
+    for task in Path(f"/proc/{launcher}/task").iterdir():
+        for child in (task / "children").read_text().split():
+            environment = Path(f"/proc/{child}/environ").read_bytes().split(b"\0")
+            rank = next((item[5:] for item in environment if item.startswith(b"RANK=")), None)
+            if rank is not None:
+                found[int(rank)] = int(child)
+    return found
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="finds torchrun's ranks through /proc")
+def test_under_torchrun_a_killed_rank_leaves_one_line_and_exit_4_on_the_survivor(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                "-m", "morphogen", "train", "--distributed", "--rounds", "50", *TINY, "--run-dir", str(run_dir)]
+    launcher = subprocess.Popen(torchrun, env=_environment(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True)
+    try:
+        deadline = time.monotonic() + RANK_TIMEOUT
+        while not (run_dir / CHECKPOINT_NAME).is_file():
+            assert launcher.poll() is None and time.monotonic() < deadline, "no checkpoint was written"
+            time.sleep(0.2)
+        os.kill(_rank_pids(launcher.pid)[1], signal.SIGKILL)
+        _, err = launcher.communicate(timeout=PEER_LOSS_DEADLINE)
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+            launcher.communicate()
+    ours = [line for line in err.splitlines() if line.startswith("morphogen train: ")]
+    assert len(ours) == 1, err
+    assert ours[0].startswith("morphogen train: error: rank 0 of 2 "), ours
+    assert "Traceback" not in err.split(ours[0])[0], "the survivor printed no traceback of its own"
+    assert re.search(r"rank +: 0 \(local_rank: 0\)\n +exitcode +: 4 ", err), "torchrun's summary: rank 0 exited 4"
+    load_checkpoint(run_dir)  # intact: checksum and finiteness verified

@@ -13,13 +13,14 @@ import pytest
 
 from morphogen.cli import EXIT_USER_ERROR, main
 from morphogen.config import ConfigError, build_config
-from morphogen.control.checkpoint import CHECKPOINT_NAME, load_checkpoint
+from morphogen.control.checkpoint import load_checkpoint
 from morphogen.control.imitation import ImitationConfig, concatenate_batches
 from morphogen.control.trainer import PPOTrainer, TrainConfig, train
 from morphogen.core.lifecycle import GateMode, Stage
 from morphogen.data import Task
 from morphogen.env.actions import Action, Op
 from morphogen.env.snapshot import EpisodeSnapshot
+from morphogen.run_directory import CHECKPOINT_NAME
 from morphogen.telemetry.config import TelemetryConfig
 
 

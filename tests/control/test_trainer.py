@@ -9,11 +9,12 @@ from typing import Any
 import pytest
 import torch
 
-from morphogen.control.checkpoint import CHECKPOINT_NAME, load_checkpoint
+from morphogen.control.checkpoint import load_checkpoint
 from morphogen.control.ppo import PPOConfig
 from morphogen.control.trainer import PPOTrainer, TrainConfig, format_round, train
 from morphogen.data import Task
 from morphogen.env.actions import HEADS
+from morphogen.run_directory import CHECKPOINT_NAME
 from morphogen.telemetry.anomalies import Anomaly
 from morphogen.telemetry.config import TelemetryConfig
 from morphogen.telemetry.sinks import Telemetry

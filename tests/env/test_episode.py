@@ -16,8 +16,9 @@ from morphogen.env.actions import Action, Op
 from morphogen.env.counterfactual import MAIN
 from morphogen.env.episode import EpisodeConfig, MorphogenesisEpisode
 from morphogen.env.play import run_episode
+from morphogen.run_directory import EVENTS_FILENAME
 from morphogen.telemetry import events
-from morphogen.telemetry.sinks import EVENTS_FILENAME, Telemetry, read_events
+from morphogen.telemetry.sinks import Telemetry, read_events
 
 
 @pytest.fixture(scope="module")

@@ -11,6 +11,7 @@ from typing import Any, ClassVar
 import jsonschema
 import pytest
 
+from morphogen.run_directory import EVENTS_FILENAME
 from morphogen.telemetry.events import (
     ALL_ENVS,
     SCHEMA_VERSION,
@@ -37,7 +38,7 @@ from morphogen.telemetry.events import (
     event_types,
 )
 from morphogen.telemetry.schema import SCHEMA_PATH
-from morphogen.telemetry.sinks import EVENTS_FILENAME, Telemetry
+from morphogen.telemetry.sinks import Telemetry
 
 METRIC_PREFIXES = ("episode/", "growth/", "ppo/", "health/", "time/")
 

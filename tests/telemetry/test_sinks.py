@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from morphogen.run_directory import EVENTS_FILENAME
 from morphogen.telemetry.events import (
     ActionTaken,
     EpisodeCompleted,
@@ -20,7 +21,7 @@ from morphogen.telemetry.events import (
     SlotState,
     StageTransition,
 )
-from morphogen.telemetry.sinks import EVENTS_FILENAME, JsonLinesSink, MemorySink, Sink, Telemetry, read_events
+from morphogen.telemetry.sinks import JsonLinesSink, MemorySink, Sink, Telemetry, read_events
 
 EVENTS: list[Event] = [
     EpochCompleted(0, 0, 1.5, 1.25, 60.0, 1000, (SlotState("r0c0", "DORMANT", None, 0.0),), "WAIT", True),

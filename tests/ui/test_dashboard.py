@@ -12,9 +12,10 @@ from textual.pilot import Pilot
 from textual.widgets import DataTable, RichLog, Static
 
 from morphogen.cli import main
+from morphogen.run_directory import EVENTS_FILENAME
 from morphogen.ui.dashboard import Dashboard
 from morphogen.ui.live_state import RunView
-from morphogen.ui.run_files import EVENTS_FILENAME, read_timed_events
+from morphogen.ui.run_files import read_timed_events
 
 POLL = 0.05
 
@@ -149,3 +150,30 @@ def test_dashboard_of_something_that_is_not_a_run_is_one_line_and_exit_2(tmp_pat
     assert main(["dashboard", str(tmp_path)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("morphogen dashboard: error:") and "events.jsonl" in err[0]
+
+
+def test_damaged_input_is_skipped_and_strings_are_shown_as_text(grown_run: Path, tmp_path: Path) -> None:
+    """Torn and unknown lines, a non-finite time, Rich markup and escapes in strings, a broken config.json."""
+    run = tmp_path / "run"
+    shutil.copytree(grown_run, run)
+    text = (run / EVENTS_FILENAME).read_text().replace('"r0c1"', '"[/x]\\u001b[2J"')
+    lines = text.splitlines(keepends=True)
+    lines[2:2] = ['{"time": 1.0, "event": "from_the_future"}\n', '{"time": "Infinity", "event": "epoch_completed"}\n',
+                  '{"torn": \n', "[" * 50_000 + "\n"]
+    (run / EVENTS_FILENAME).write_text("".join(lines))
+    (run / "config.json").write_text("{not json")
+
+    async def drive() -> None:
+        app = Dashboard(run, replay=True, poll_seconds=POLL, replay_rate=200)  # a slot's cell grows as it goes
+        async with app.run_test(size=(200, 40)) as pilot:
+            await _wait_for(pilot, lambda: "[FINISHED]" in _text(app, "#header"))
+            assert "task ?" in _text(app, "#header")
+            table = app.query_one("#envs", DataTable)
+            labels = [str(column.label) for column in table.columns.values()]
+            assert "[/x]\\x1b[2J" in labels
+            for column, cell in zip(table.columns.values(), table.get_row("0"), strict=True):
+                assert column.content_width >= len(str(cell)), f"{column.label} cut to {column.content_width}"
+            await pilot.press("q")
+        assert app.return_code == 0
+
+    asyncio.run(drive())

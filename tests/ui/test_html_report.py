@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 import shutil
 import subprocess
@@ -23,6 +24,35 @@ def test_nice_ticks_are_round_and_cover_the_range() -> None:
     assert nice_ticks(0.0, 100.0) == [0.0, 20.0, 40.0, 60.0, 80.0, 100.0]
     assert nice_ticks(0.3, 0.9) == pytest.approx([0.2, 0.4, 0.6, 0.8, 1.0])
     assert nice_ticks(-0.28, 0.8) == pytest.approx([-0.5, 0.0, 0.5, 1.0])
+
+
+@pytest.mark.parametrize(("low", "high"), [(50.0, math.nextafter(50.0, 99)), (1e300, math.nextafter(1e300, 2e300)),
+                                           (-1e308, 1e308), (5e-324, 1e-323), (0.0, 1e-300), (-7.0, 1e15)])
+def test_nice_ticks_end_with_few_ticks_covering_any_finite_range(low: float, high: float) -> None:
+    ticks = nice_ticks(low, high)
+    assert 1 <= len(ticks) <= 8
+    assert ticks[0] <= low and (ticks[-1] >= high or len(ticks) == 1)
+
+
+def test_html_report_replaces_a_planted_link_instead_of_writing_through_it(
+        grown_run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    run = tmp_path / "run"
+    shutil.copytree(grown_run, run)
+    target = tmp_path / "authorized_keys"
+    target.write_text("ssh-ed25519 AAAA key\n")
+    (run / "report.html").symlink_to(target)
+    assert main(["report", str(run), "--html"]) == 0
+    assert target.read_text() == "ssh-ed25519 AAAA key\n"
+    assert not (run / "report.html").is_symlink() and "<svg" in (run / "report.html").read_text()
+
+
+def test_html_report_to_an_unwritable_place_is_one_line(grown_run: Path, tmp_path: Path,
+                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["report", str(grown_run), "--html", "--output", str(tmp_path / "missing" / "x" / "r.html")]) == 0
+    (tmp_path / "file").write_text("")
+    assert main(["report", str(grown_run), "--html", "--output", str(tmp_path / "file" / "r.html")]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and err[0].startswith(f"morphogen report: error: cannot write {tmp_path / 'file'}")
 
 
 def test_seed_segments_follow_the_stages_to_the_end_of_the_episode() -> None:

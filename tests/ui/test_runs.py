@@ -67,3 +67,60 @@ def test_compare_puts_two_runs_curves_side_by_side(runs_root: Path, tmp_path: Pa
     rows = [line.split() for line in lines[1:]]
     assert [row[0] for row in rows] == [str(epoch) for epoch in range(1, 9)]
     assert all(row[1] == row[2] and row[3] == row[4] for row in rows), "the same run twice gives equal columns"
+
+
+@pytest.mark.parametrize("where", [
+    "(SELECT count(*) FROM read_text('/etc/hostname')) > 0",
+    "(SELECT count(*) FROM glob('/*')) > 0",
+    "task = 'digits'; COPY (SELECT 1) TO 'copied.csv'",
+    "true); SET enable_external_access = true; SELECT (1",
+    "task = 'digits'; SELECT 1",
+])
+def test_where_is_one_expression_that_reaches_no_file(runs_root: Path, where: str, tmp_path: Path,
+                                                      monkeypatch: pytest.MonkeyPatch,
+                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.chdir(tmp_path)
+    assert main(["runs", str(runs_root), "--where", where]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and len(err.splitlines()) == 1 and err.startswith("morphogen runs: error: --where")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_the_connection_cannot_be_reopened_to_files(runs_root: Path, tmp_path: Path) -> None:
+    import duckdb
+
+    connection = connect(runs_root)
+    for statement in ("SET enable_external_access = true", f"COPY (SELECT 1) TO '{tmp_path / 'x.csv'}'",
+                      f"ATTACH '{tmp_path / 'x.db'}'", "SELECT * FROM read_text('/etc/hostname')"):
+        with pytest.raises(duckdb.Error):
+            connection.execute(statement)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_damaged_runs_are_read_in_part_or_named_and_never_hide_the_others(
+        runs_root: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    root = tmp_path / "runs[1]"  # glob characters in the root select nothing else
+    shutil.copytree(runs_root / "grown", root / "grown")
+    shutil.copytree(runs_root / "grown", tmp_path / "runs1" / "other")
+    damaged = root / "[bold red]x"
+    shutil.copytree(runs_root / "grown", damaged)
+    lines = (damaged / "events.jsonl").read_text().splitlines()
+    record = json.loads(lines[0])
+    record["time"] = "NaN"
+    lines[0] = json.dumps(record)
+    lines[1:1] = ['{"time": 1, "event": "from_the_future"}', '{"torn": ', "[" * 100_000]
+    (damaged / "events.jsonl").write_text("\n".join(lines) + '\n{"time": ')
+    config = json.loads((damaged / "config.json").read_text())
+    config["task"] = "[/bad]\x1b]52;c;aGk=\x07"
+    (damaged / "config.json").write_text(json.dumps(config))
+    (damaged / "summary.json").write_text('{"baseline": {"final_accuracy": "high", "parameters": 1e999}}')
+    (root / "empty").mkdir()
+    (root / "empty" / "events.jsonl").write_text('{"time": 1, "event"')
+    assert main(["runs", str(root)]) == 0
+    out, err = capsys.readouterr()
+    assert err == ""
+    rows = out.splitlines()
+    assert [row.split()[0] for row in rows[1:3]] == ["[bold", "grown"] and "other" not in out
+    assert "[/bad]\\x1b]52;c;aGk=\\x07" in rows[1] and "\x1b" not in out
+    assert rows[3:] == ["skipped run empty (no readable event; 1 line skipped)",
+                        "run [bold red]x: 5 lines skipped"]

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
-from morphogen.commands.run import make_run_dir, write_resolved_config
+from morphogen.commands.run import write_resolved_config
 from morphogen.config import build_config, config_to_dict
 from morphogen.control.checkpoint import CheckpointError, check_layout, load_checkpoint
 from morphogen.control.controller import NoGrowthController
@@ -25,9 +25,8 @@ from morphogen.env.episode import MorphogenesisEpisode
 from morphogen.env.play import Controller, EpisodeOutcome, run_episode
 from morphogen.env.seeding import derive_seed
 from morphogen.limits import MAX_EVAL_EPISODES, MAX_SEED, check_count
-from morphogen.run_lock import hold_run_directory
+from morphogen.run_directory import SCORES_FILENAME, hold_run_directory, make_run_dir, refuse_other_run, write_atomic
 from morphogen.session import CompileOptions, load_session_task
-from morphogen.storage import write_atomic
 from morphogen.telemetry.config import TelemetryConfig
 from morphogen.telemetry.sinks import Telemetry
 from morphogen.ui.progress import ProgressDisplay
@@ -35,8 +34,6 @@ from morphogen.ui.progress import ProgressDisplay
 #: Evaluation seeds are drawn from a stream the training rounds never use.
 EVALUATION_STREAM = 99_991
 CONTROLLERS = ("learned", "heuristic", "no growth")
-SCORES_FILENAME = "eval.json"
-"""The comparison table as JSON, in the run directory of an `eval` given one."""
 
 
 @dataclass(frozen=True)
@@ -122,6 +119,7 @@ def evaluate_command(config: EvalConfig, out: TextIO | None = None) -> list[Cont
     lock = contextlib.ExitStack()  # one writer per run directory, from before its first file is written
     if run_dir is not None:
         lock.enter_context(hold_run_directory(run_dir))
+        refuse_other_run(run_dir)  # again, now that no other command can start a run there
         write_resolved_config(run_dir, config)
     telemetry = Telemetry(run_dir, config=config.telemetry if run_dir is not None else TelemetryConfig(level="off"))
     with lock, telemetry, ProgressDisplay(out) as display:

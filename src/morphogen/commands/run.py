@@ -7,13 +7,12 @@ import json
 import math
 import re
 import sys
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TextIO
 
-from morphogen.config import ConfigError, config_to_dict
+from morphogen.config import config_to_dict
 from morphogen.control.controller import NoGrowthController
 from morphogen.control.heuristic import HeuristicConfig, HeuristicController
 from morphogen.core.model import MorphogeneticModel
@@ -21,9 +20,16 @@ from morphogen.data import Task
 from morphogen.devices import resolve_device
 from morphogen.env.episode import EpisodeConfig, MorphogenesisEpisode, StepResult
 from morphogen.env.play import Controller, EpisodeOutcome, run_episode
-from morphogen.run_lock import hold_run_directory
+from morphogen.run_directory import (
+    BASELINE_DIRNAME,
+    CONFIG_FILENAME,
+    SUMMARY_FILENAME,
+    hold_run_directory,
+    make_run_dir,
+    refuse_other_run,
+    write_atomic,
+)
 from morphogen.session import SessionOptions, load_session_task
-from morphogen.storage import write_atomic
 from morphogen.telemetry.anomalies import AnomalyDetector
 from morphogen.telemetry.events import NON_FINITE_TOKENS
 from morphogen.telemetry.profiler import PhaseTimer, TraceProfiler
@@ -45,22 +51,6 @@ class RunConfig(SessionOptions):
     heuristic: HeuristicConfig = field(default_factory=HeuristicConfig)
 
 
-def make_run_dir(run_dir: str | None, runs_root: str, task: str) -> Path:
-    """`run_dir` if given, else a new `runs_root/<time>-<task>` directory."""
-    if run_dir is not None:
-        path = Path(run_dir)
-    else:
-        stamp = time.strftime("%Y%m%d-%H%M%S")
-        path = Path(runs_root) / f"{stamp}-{task}"
-        suffix = 1
-        while path.exists():
-            suffix += 1
-            path = Path(runs_root) / f"{stamp}-{task}-{suffix}"
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-    except OSError as error:
-        raise ConfigError(f"run_dir: cannot create {path}: {error.strerror or error}") from None
-    return path
 
 
 def format_step(result: StepResult) -> str:
@@ -153,6 +143,7 @@ def run_command(config: RunConfig, controller_factory: Callable[[MorphogenesisEp
         controller = controller_factory(episode)
     run_dir = make_run_dir(config.run_dir, config.runs_root, run_name(task.name))
     with hold_run_directory(run_dir):  # one writer per run directory
+        refuse_other_run(run_dir)  # again, now that no other command can start a run there
         return _play_and_write(config, task, episode, controller, device, run_dir, out)
 
 
@@ -200,10 +191,8 @@ def _play_and_write(config: RunConfig, task: Task, episode: MorphogenesisEpisode
                {**_outcome_dict(from_scratch), "architecture": architecture}}
     write_atomic(run_dir / "summary.json", (json.dumps(_strict(summary), indent=2) + "\n").encode())
     return RunResult(grown, baseline, from_scratch, episode.model, run_dir)
-
-
-BASELINE_DIRNAME = "baseline"
-"""Subdirectory of a run directory holding the no-growth baseline's own `events.jsonl` (level minimal)."""
+    write_atomic(run_dir / SUMMARY_FILENAME, (json.dumps(_strict(summary), indent=2) + "\n").encode())
+    return grown, baseline, run_dir
 
 
 def _run_baseline(config: RunConfig, task: Task, run_dir: Path, display: ProgressDisplay) -> EpisodeOutcome:
@@ -245,7 +234,7 @@ def write_resolved_config(run_dir: Path, config: object) -> None:
     (`morphogen run --config RUN_DIR/config.json`) makes a new run directory instead of appending here."""
     values = config_to_dict(config)
     values["run_dir"] = None
-    write_atomic(run_dir / "config.json", (json.dumps(values, indent=2) + "\n").encode())
+    write_atomic(run_dir / CONFIG_FILENAME, (json.dumps(values, indent=2) + "\n").encode())
 
 
 def _outcome_dict(outcome: EpisodeOutcome) -> dict[str, object]:

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import os
 
+from morphogen.limits import MAX_THREADS, check_count
+
 MAX_DEFAULT_THREADS = 4
 """Upper bound of the default thread count."""
 
@@ -26,7 +28,7 @@ def default_threads() -> int:
     """The thread count used when `--threads` is not given (see the module docstring)."""
     exported = os.environ.get("OMP_NUM_THREADS", "")
     if exported.isdigit() and int(exported) >= 1:
-        return int(exported)
+        return min(int(exported), MAX_THREADS)
     return max(1, min(MAX_DEFAULT_THREADS, available_cores() // 2))
 
 
@@ -35,7 +37,6 @@ def set_threads(threads: int | None) -> int:
     import torch
 
     count = default_threads() if threads is None else threads
-    if count < 1:
-        raise ValueError(f"--threads must be >= 1, got {count}")
+    check_count("--threads", count, MAX_THREADS)
     torch.set_num_threads(count)
     return count

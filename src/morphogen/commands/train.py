@@ -11,9 +11,9 @@ from typing import Any, TextIO
 import torch
 from rich.progress import TaskID
 
-from morphogen.commands.run import make_run_dir, write_resolved_config
+from morphogen.commands.run import write_resolved_config
 from morphogen.config import ConfigError, build_config
-from morphogen.control.checkpoint import CHECKPOINT_NAME, CheckpointError, load_checkpoint
+from morphogen.control.checkpoint import CheckpointError, load_checkpoint
 from morphogen.control.distributed import (
     DistributedContext,
     DistributedTrainer,
@@ -26,11 +26,19 @@ from morphogen.control.distributed import (
 from morphogen.control.trainer import PPOTrainer, RoundSummary, TrainConfig, format_round, train
 from morphogen.devices import resolve_device, resolve_devices
 from morphogen.env.seeding import derive_seed
-from morphogen.run_lock import hold_run_directory
+from morphogen.run_directory import (
+    CHECKPOINT_NAME,
+    EVENTS_FILENAME,
+    IMITATION_FILENAME,
+    hold_run_directory,
+    make_run_dir,
+    refuse_other_run,
+    remove_stale_temporaries,
+    write_atomic,
+)
 from morphogen.session import load_session_task
-from morphogen.storage import remove_stale_temporaries
 from morphogen.telemetry.resume import cut_events_to_round
-from morphogen.telemetry.sinks import EVENTS_FILENAME, Telemetry
+from morphogen.telemetry.sinks import Telemetry
 from morphogen.ui.progress import ProgressDisplay
 
 #: Config keys a resumed run may change besides rounds, telemetry and device: compiling changes speed, not the run.
@@ -70,7 +78,7 @@ def train_command(config: TrainConfig, *, resume_state: dict[str, Any] | None = 
                   out: TextIO | None = None, context: DistributedContext | None = None) -> Path:
     """Train (or continue) a policy, printing one line per round to `out` (default: `sys.stdout` at call time).
 
-    The run directory is locked for the whole command (`morphogen.run_lock`); a resumed run first drops
+    The run directory is locked for the whole command (`morphogen.run_directory`); a resumed run first drops
     the events of rounds its checkpoint does not hold and the temporary files of killed writes.
 
     With a `context` (`train --distributed`, one call per rank) this rank trains its share of the envs
@@ -108,12 +116,11 @@ def train_command(config: TrainConfig, *, resume_state: dict[str, Any] | None = 
         if resume_state is not None:
             run_dir = Path(str(config.run_dir))
         else:
-            _refuse_existing_run(config.run_dir)
             run_dir = make_run_dir(config.run_dir, config.runs_root, config.task)
     with hold_run_directory(run_dir):
         with announce_failure(context):
             if resume_state is None:
-                _refuse_existing_run(str(run_dir))  # again, now that no other writer can create one
+                refuse_other_run(run_dir)  # again, now that no other command can start a run there
                 write_resolved_config(run_dir, config)
             remove_stale_temporaries(run_dir)
             dropped = cut_events_to_round(run_dir / EVENTS_FILENAME, trainer.state.next_round) if resume_state else 0
@@ -123,7 +130,7 @@ def train_command(config: TrainConfig, *, resume_state: dict[str, Any] | None = 
         _train_rounds(trainer, task.name, where, run_dir, dropped, out, context)
     if trainer.timer.enabled:
         print(trainer.timer.summary(), file=out)
-    print(f"checkpoint: {run_dir / 'checkpoint.pt'}", file=out)
+    print(f"checkpoint: {run_dir / CHECKPOINT_NAME}", file=out)
     return run_dir
 
 
@@ -144,14 +151,8 @@ def _imitate(trainer: PPOTrainer, run_dir: Path, display: ProgressDisplay, epoch
     display.print(f"imitation fit: action NLL {statistics.action_loss_before:.3f} -> {statistics.action_loss_after:.3f}"
                   f", agreement with the heuristic {100 * statistics.agreement:.1f}% of steps"
                   f", value loss {statistics.value_loss:.3f}")
-    (run_dir / "imitation.json").write_text(json.dumps(dataclasses.asdict(statistics), indent=2) + "\n")
+    write_atomic(run_dir / IMITATION_FILENAME, (json.dumps(dataclasses.asdict(statistics), indent=2) + "\n").encode())
     trainer.save(run_dir)
-
-
-def _refuse_existing_run(run_dir: str | None) -> None:
-    if run_dir is not None and (Path(run_dir) / CHECKPOINT_NAME).is_file():
-        raise ConfigError(f"run_dir: {run_dir} already holds a training run ({CHECKPOINT_NAME}); "
-                          f"continue it with --resume {run_dir} or choose another --run-dir")
 
 
 def _train_rounds(trainer: PPOTrainer, task_name: str, where: str, run_dir: Path, dropped: int,

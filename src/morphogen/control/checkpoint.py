@@ -10,7 +10,7 @@ never written as the latest checkpoint; the trainer undoes such an update before
 SHA-256 `checksum` of everything else (`control/integrity.py`). `load_checkpoint` recomputes it and
 scans for NaN/Inf again, so a damaged or tampered file is refused with one line naming it, by `train
 --resume`, `eval` and `run --policy` alike. Format-1 files (no checksum) are still read, with the
-finiteness check only. A full disk raises `DiskFullError` (see `morphogen.storage`).
+finiteness check only. A full disk raises `DiskFullError` (see `morphogen.run_directory`).
 """
 
 from __future__ import annotations
@@ -24,9 +24,8 @@ from typing import Any
 import torch
 
 from morphogen.control.integrity import non_finite_entries, state_checksum
-from morphogen.storage import write_atomic
+from morphogen.run_directory import CHECKPOINT_NAME, write_atomic
 
-CHECKPOINT_NAME = "checkpoint.pt"
 FORMAT_VERSION = 2
 #: Formats `load_checkpoint` reads: 1 (before checksums) and the current one.
 READABLE_FORMATS = (1, FORMAT_VERSION)

@@ -28,10 +28,17 @@ others, so every collective of a run is issued from this module, in this order):
    the update equals one process's update over all envs up to the summation order of floats, with
    any `ppo.minibatches` (at most the envs of one rank). The price: a rank computes only its part of
    each group, and the parts differ in size, so a minibatch lasts as long as its largest part.
-5. Round summary, after the update: one all-gather of each rank's means (return, accuracy, ...) and
-   times (collect, the part of it spent waiting in collectives, update, all-reduce); the means are
-   averaged, and rank 0 prints the slowest rank and writes every rank's times (`RankTimes`).
-6. Only rank 0 holds the run directory: it prints, writes telemetry and the checkpoint. The
+5. Round summary, after the update: one all-gather of each rank's means (return, accuracy, ...),
+   times (collect, the part of it spent waiting in collectives, update, all-reduce), PPO statistics
+   and the moments of its rollout's values and returns. The means are averaged; the PPO statistics
+   become those of the whole update (`combine_statistics`: the loss terms, clip fraction and head
+   entropies are averaged from each rank's share, the ratio extremes taken over the ranks, explained
+   variance and spreads computed from the merged moments), so the round line, the events and the
+   anomaly checks read the same numbers on every rank, and the numbers one process with all envs
+   reports, up to the summation order of floats (tested). Rank 0 prints the slowest rank and writes
+   every rank's times (`RankTimes`).
+6. Only rank 0 holds the run directory: it prints (anomaly lines included: the other ranks log only
+   errors), writes telemetry and the checkpoint. The
    checkpoint is the one a single process with `n_envs` envs writes (global config, reward
    normalizer returns of shape [n_envs]), so it resumes on any number of ranks that divides
    `n_envs`, or without `--distributed`.
@@ -47,7 +54,11 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import json
+import logging
+import math
 import os
+import signal
+import threading
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -62,13 +73,14 @@ from torch import Tensor
 from morphogen.control.learned import PolicyInputs
 from morphogen.control.normalization import RunningMeanStd, merge_moments
 from morphogen.control.policy import ActionOutput, LSTMState
-from morphogen.control.ppo import EnvShare
+from morphogen.control.ppo import EnvShare, PPOStatistics
 from morphogen.control.rollout import RolloutBatch
 from morphogen.control.trainer import PPOTrainer, RoundSummary, TrainConfig, _config_dict
 from morphogen.data import Task
 from morphogen.env.actions import Action
 from morphogen.env.play import Controller
 from morphogen.env.snapshot import EpisodeSnapshot
+from morphogen.limits import MAX_TIMEOUT_SECONDS
 from morphogen.telemetry import events
 from morphogen.telemetry.sinks import Telemetry
 
@@ -157,8 +169,9 @@ def init_distributed(device: str, *, backend: str | None = None,
         raise DistributedSetupError(f"--distributed needs the environment torchrun sets ({', '.join(missing)} "
                                     "missing): launch with torchrun --nproc-per-node N -m morphogen train "
                                     "--distributed ...")
-    if not timeout_s > 0:
-        raise DistributedSetupError(f"--dist-timeout must be > 0 seconds, got {timeout_s}")
+    if not 0 < timeout_s <= MAX_TIMEOUT_SECONDS:  # NaN fails too
+        raise DistributedSetupError(f"--dist-timeout must be > 0 and <= {MAX_TIMEOUT_SECONDS:,} seconds, "
+                                    f"got {timeout_s}")
     chosen = choose_backend(device, backend)
     rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     local_rank = int(os.environ["LOCAL_RANK"])
@@ -167,7 +180,31 @@ def init_distributed(device: str, *, backend: str | None = None,
             torch.cuda.set_device(nccl_device_index(device, local_rank))
         dist.init_process_group(chosen, rank=rank, world_size=world_size,
                                 timeout=datetime.timedelta(seconds=timeout_s))
+    if rank != 0:  # rank 0 alone prints (rule 6); the others' anomaly lines would repeat its own
+        logging.getLogger("morphogen.telemetry").setLevel(logging.ERROR)
+    _stop_on_termination(rank, world_size)
     return DistributedContext(rank, world_size, local_rank, chosen, timeout_s)
+
+
+def _ignore_termination() -> None:
+    """This rank is stopping with `PeerLostError`: a SIGTERM from the launcher now (during the exit, when
+    Python no longer runs handlers) must not turn exit status 4 into a death by signal."""
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+
+
+def _stop_on_termination(rank: int, world_size: int) -> None:
+    """Turn SIGTERM into `PeerLostError` (one line, exit 4): when a rank dies, torchrun ends the others
+    with SIGTERM before their next collective would have noticed."""
+    if threading.current_thread() is not threading.main_thread():
+        return  # signal handlers can only be set there; the collectives then report the lost rank
+
+    def stop(signal_number: int, frame: object) -> None:
+        _ignore_termination()
+        raise PeerLostError(f"rank {rank} of {world_size} was stopped by its launcher (SIGTERM), which happens when "
+                            "another rank died or failed; the last checkpoint resumes with --resume")
+
+    signal.signal(signal.SIGTERM, stop)
 
 
 def shutdown() -> None:
@@ -198,6 +235,9 @@ def collective(what: str, context: DistributedContext) -> Iterator[None]:
         yield
         context.time.add(what, time.perf_counter() - started)
     except (RuntimeError, dist.DistError) as error:
+        if isinstance(error, PeerLostError):
+            raise
+        _ignore_termination()
         first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
         raise PeerLostError(f"rank {context.rank} of {context.world_size} lost the other ranks during the {what} "
                             f"(a rank died, hung past --dist-timeout {context.timeout_s:g}s, or stopped on an "
@@ -255,6 +295,47 @@ class SharedRunningMeanStd(RunningMeanStd):
             counts, means, variances = rows[:, 0], rows[:, 1:1 + size], rows[:, 1 + size:]
             total, merged_mean, merged_var = combine_moments(counts, means, variances)
             self.merge_batch(merged_mean.reshape(self.shape), merged_var.reshape(self.shape), total)
+
+
+VALUE_MOMENTS = 7
+"""Length of `value_moments`: a count, then mean and variance of values, returns and returns - values."""
+_AVERAGED = ("policy_loss", "value_loss", "entropy_loss", "clip_fraction", "grad_norm")
+"""PPO statistics whose mean over the ranks' shares is the update's (see `ppo_update`)."""
+
+
+def value_moments(values: Tensor, returns: Tensor) -> Tensor:
+    """[count, mean and ddof-0 variance of values, of returns, of returns - values] of a rollout, float64."""
+    values, returns = values.detach().flatten().double(), returns.detach().flatten().double()
+    parts = [torch.tensor([float(values.numel())], dtype=torch.float64, device=values.device)]
+    for series in (values, returns, returns - values):
+        variance, mean = torch.var_mean(series, correction=0)
+        parts.append(torch.stack([mean, variance]))
+    return torch.cat(parts)
+
+
+def statistics_row(statistics: PPOStatistics) -> Tensor:
+    """The PPO statistics a rank contributes to the round's all-gather: `_AVERAGED`, the ratio extremes and
+    the head entropies, float64 on the CPU."""
+    numbers = [*(getattr(statistics, name) for name in _AVERAGED), statistics.ratio_max, statistics.ratio_min,
+               *statistics.entropy_per_head]
+    return torch.tensor(numbers, dtype=torch.float64)
+
+
+def combine_statistics(statistics: PPOStatistics, rows: Tensor) -> PPOStatistics:
+    """The whole update's statistics from every rank's `statistics_row` + `value_moments` (`rows`, one per
+    rank): shares averaged, extremes over the ranks, explained variance and spreads from merged moments."""
+    averaged = rows[:, :len(_AVERAGED)].mean(0).tolist()
+    extremes = len(_AVERAGED)
+    heads = len(statistics.entropy_per_head)
+    entropy = rows[:, extremes + 2:extremes + 2 + heads].mean(0).tolist()
+    moments = rows[:, extremes + 2 + heads:]  # (ranks, 7)
+    _, _, variance = combine_moments(moments[:, 0], moments[:, 1::2], moments[:, 2::2])
+    values_variance, returns_variance, residual_variance = variance.tolist()
+    explained = 1.0 - residual_variance / returns_variance if returns_variance > 0 else math.nan
+    return dataclasses.replace(
+        statistics, **dict(zip(_AVERAGED, averaged, strict=True)), entropy_per_head=tuple(entropy),
+        ratio_max=float(rows[:, extremes].max()), ratio_min=float(rows[:, extremes + 1].min()),
+        explained_variance=explained, value_std=math.sqrt(values_variance), return_std=math.sqrt(returns_variance))
 
 
 def format_rank_times(times: events.RankTimes) -> str:
@@ -325,6 +406,7 @@ class DistributedTrainer(PPOTrainer):
         self.state.reward_normalizer.stats = SharedRunningMeanStd(self.state.reward_normalizer.stats, context)
         self.state.value_normalizer.stats = SharedRunningMeanStd(self.state.value_normalizer.stats, context)
         self._global_state: LSTMState | None = None
+        self._value_moments = torch.zeros(VALUE_MOMENTS)
         self.broadcast_policy()
 
     def broadcast_policy(self) -> None:
@@ -377,13 +459,15 @@ class DistributedTrainer(PPOTrainer):
 
     def collect(self, round_index: int, demonstrators: Sequence[Controller] | None = None,
                 ) -> tuple[RolloutBatch, dict[str, float]]:
-        """This rank's episodes; notes the time spent inside collectives meanwhile (waiting for other ranks).
+        """This rank's episodes; notes the time spent inside collectives meanwhile (waiting for other ranks)
+        and the moments of the rollout's values and returns (for `combine_statistics`).
 
         Imitation (`demonstrators`) is refused before a distributed run starts (`train_command`)."""
         if demonstrators is not None:
             raise ValueError("the imitation warm start runs in one process, not on distributed ranks")
         before = self.context.time.total()
         batch, summary = super().collect(round_index)
+        self._value_moments = value_moments(batch.values, batch.returns)
         self._collective_seconds_after_collect = self.context.time.total()
         self._collect_wait_seconds = self._collective_seconds_after_collect - before
         return batch, summary
@@ -393,15 +477,18 @@ class DistributedTrainer(PPOTrainer):
         ranks (in rank order, the same on every rank) and rank 0 reports each rank's times."""
         all_reduce_seconds = self.context.time.total() - self._collective_seconds_after_collect
         means = ("mean_return", "mean_final_accuracy", "mean_parameters_added", "fossilized", "pruned")
-        row = torch.tensor([[*(getattr(summary, name) for name in means), summary.collect_seconds,
-                             self._collect_wait_seconds, summary.update_seconds, all_reduce_seconds]],
-                           dtype=torch.float64, device=self.state.agent.device)  # (1, 9)
-        rows = all_gather_rows(row, self.context).cpu()  # (ranks, 9); one sync per round, for the log line
+        numbers = [*(getattr(summary, name) for name in means), summary.collect_seconds, self._collect_wait_seconds,
+                   summary.update_seconds, all_reduce_seconds]
+        row = torch.cat([torch.tensor(numbers, dtype=torch.float64), statistics_row(summary.statistics),
+                         self._value_moments.double().cpu()]).unsqueeze(0).to(self.state.agent.device)
+        rows = all_gather_rows(row, self.context).cpu()  # (ranks, 9 + S + 7); one sync per round, for the log line
         averaged = rows[:, :len(means)].mean(0).tolist()
-        times = rows[:, len(means):].T.tolist()  # (4, ranks)
+        times = rows[:, len(means):len(numbers)].T.tolist()  # (4, ranks)
+        statistics = combine_statistics(summary.statistics, rows[:, len(numbers):])
         rank_times = events.RankTimes(epoch=summary.round * self.config.episode_length, env_id=events.ALL_ENVS,
                                       round=summary.round, collect_seconds=tuple(times[0]),
                                       collect_wait_seconds=tuple(times[1]), update_seconds=tuple(times[2]),
                                       all_reduce_seconds=tuple(times[3]))
-        return dataclasses.replace(summary, **dict(zip(means, averaged, strict=True)), rank_times=rank_times)
+        return dataclasses.replace(summary, **dict(zip(means, averaged, strict=True)), rank_times=rank_times,
+                                   statistics=statistics)
 

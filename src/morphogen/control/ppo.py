@@ -28,6 +28,7 @@ from torch import Tensor
 
 from morphogen.control.policy import FactoredLSTMPolicy
 from morphogen.control.rollout import RolloutBatch, generalized_advantage_estimation
+from morphogen.limits import MAX_PPO_EPOCHS, check_count
 
 __all__ = [
     "EnvShare",
@@ -191,6 +192,7 @@ class PPOConfig:
         if self.target_kl is not None:
             _check_number("target_kl", self.target_kl, "> 0 or None", self.target_kl > 0)
         _check_integer("epochs", self.epochs)
+        check_count("epochs", self.epochs, MAX_PPO_EPOCHS)
         _check_integer("minibatches", self.minibatches)
 
     def entropy_coef_at(self, progress: float) -> float:
@@ -268,6 +270,9 @@ class LossTerms(NamedTuple):
     """[H], mean over the samples where each head mattered."""
     ratio_extremes: Tensor
     """[2]: largest and smallest joint probability ratio new/old in the minibatch (for anomaly checks)."""
+    fraction_counts: Tensor
+    """[2 + 2H]: clipped and relevant (sample, head) pairs, then per head the entropy summed over the samples
+    where it mattered and their count: what `clip_fraction` and `entropy_per_head` are ratios of."""
 
 
 # ----------------------------------------------------------------------------------------------
@@ -314,6 +319,8 @@ def ppo_losses(
     with torch.no_grad():
         weight = relevant.to(entropy_per_sample.dtype)
         head_entropy = (entropy_per_sample * weight).sum(0) / weight.sum(0).clamp(min=1.0)  # [H]
+        counts = torch.cat([torch.stack([surrogate.clip_fraction * weight.sum().clamp(min=1.0), weight.sum()]),
+                            (entropy_per_sample * weight).sum(0), weight.sum(0)])  # [2 + 2H]
         ratio = torch.exp(evaluation.log_prob.flatten() - batch.log_probs.flatten())  # [T*B], joint
         ratio_extremes = torch.stack([ratio.max(), ratio.min()])
     return LossTerms(
@@ -325,6 +332,7 @@ def ppo_losses(
         clip_fraction=surrogate.clip_fraction,
         entropy_per_head=head_entropy,
         ratio_extremes=ratio_extremes,
+        fraction_counts=counts,
     )
 
 
@@ -358,6 +366,9 @@ def ppo_update(
     envs ``batch`` holds. It is applied to the advantage moments, to every minibatch's gradients
     before clipping, and to each epoch's KL, so that all processes take the same optimizer steps and
     the same early-stop decision. None (one process) leaves the update exactly as without it.
+    The returned loss terms, clip fraction and head entropies are then this process's share of
+    the update's (each minibatch's part weighted by its size over the group's size times the number
+    of processes): their mean over the processes is the update's, as `DistributedTrainer` reports it.
 
     Minibatches are groups of the *global* envs: every process draws the same permutation of all
     ``share.total`` envs and takes, in each group, the envs it holds (possibly none). Its terms are
@@ -397,7 +408,6 @@ def ppo_update(
     # Running sums on the device: policy, value, entropy losses, KL, clip fraction, grad norm.
     sums = torch.zeros(6, device=device)
     entropy_sums = torch.zeros(policy.n_heads, device=device)
-    minibatches_run = 0
     epochs_completed = 0
     early_stopped = False
     epoch_kl = torch.zeros((), device=device)
@@ -409,27 +419,21 @@ def ppo_update(
         for group in torch.tensor_split(order, config.minibatches):
             mine = group[(group >= share.first) & (group < share.first + batch.n_envs)] - share.first
             weight = mine.numel() * processes / group.numel()  # 1 on one process: no rescaling at all
-            stepped = _minibatch_step(policy, optimizer, batch, mine.to(device), weight, config, entropy_coef,
-                                      head_weights, average)
-            if stepped is None:  # none of this process's envs in the group
+            terms, grad_norm = _minibatch_step(policy, optimizer, batch, mine.to(device), weight, config,
+                                               entropy_coef, head_weights, average)
+            sums[5] += grad_norm.to(device)  # of the averaged gradient: the same on every process
+            if terms is None:  # none of this process's envs in the group
                 continue
-            terms, grad_norm = stepped
             minibatch_values = torch.stack(
-                [
-                    terms.policy_loss,
-                    terms.value_loss,
-                    terms.entropy_loss,
-                    terms.approx_kl,
-                    terms.clip_fraction,
-                    grad_norm.to(device),
-                ]
-            ).detach()
-            sums += minibatch_values
-            entropy_sums += terms.entropy_per_head
+                [terms.policy_loss, terms.value_loss, terms.entropy_loss, terms.approx_kl]).detach()
+            sums[:4] += minibatch_values if weight == 1 else minibatch_values * weight
+            # The clip fraction and head entropies are already the group's (`_minibatch_step`): weighted by the
+            # process's share like the rest, their mean over the processes is the group's too.
+            sums[4] += terms.clip_fraction if weight == 1 else terms.clip_fraction * weight
+            entropy_sums += terms.entropy_per_head if weight == 1 else terms.entropy_per_head * weight
             ratio_max = torch.maximum(ratio_max, terms.ratio_extremes[0])
             ratio_min = torch.minimum(ratio_min, terms.ratio_extremes[1])
             epoch_kl = epoch_kl + (terms.approx_kl if weight == 1 else terms.approx_kl * weight)
-            minibatches_run += 1
         epochs_completed += 1
         epoch_kl = epoch_kl / config.minibatches
         if average is not None:
@@ -439,6 +443,7 @@ def ppo_update(
             early_stopped = epochs_completed < config.epochs
             break
     spreads = torch.stack([ratio_max, ratio_min, batch.values.std(correction=0), batch.returns.std(correction=0)])
+    minibatches_run = epochs_completed * config.minibatches
     return _statistics(
         sums / minibatches_run,
         entropy_sums / minibatches_run,
@@ -461,20 +466,24 @@ def _minibatch_step(
     entropy_coef: float,
     head_weights: Tensor | None,
     average: Callable[[Tensor], None] | None,
-) -> tuple[LossTerms, Tensor] | None:
+) -> tuple[LossTerms | None, Tensor]:
     """One optimizer step on a minibatch of which this process holds the envs ``mine`` (its losses are
-    scaled by ``weight``, see ``ppo_update``); the losses and the gradient norm, or None for an empty
-    part, which still takes part in the gradient average with zeros."""
+    scaled by ``weight``, see ``ppo_update``); the losses (None for an empty part, which still takes
+    part in the gradient average with zeros) and the norm of the averaged gradient."""
     optimizer.zero_grad(set_to_none=True)
     terms = None
     if mine.numel() > 0:
         terms = ppo_losses(policy, batch.select_envs(mine), config, entropy_coef, head_weights)
         torch.autograd.backward(terms.total if weight == 1 else terms.total * weight)
     if average is not None:
-        _average_gradients(policy, average)
+        counts = terms.fraction_counts if terms is not None else torch.zeros(2 + 2 * policy.n_heads)
+        group_counts = _average_gradients(policy, average, counts)
+        if terms is not None:  # the group's fractions, from every process's counts (their mean: the same ratios)
+            clip_fraction, entropy_per_head = _fractions(group_counts)
+            terms = terms._replace(clip_fraction=clip_fraction, entropy_per_head=entropy_per_head)
     grad_norm = torch.nn.utils.clip_grad_norm_(policy.parameters(), config.max_grad_norm)
     optimizer.step()
-    return None if terms is None else (terms, grad_norm)
+    return terms, grad_norm
 
 
 def _standardize_across(advantages: Tensor, average: Callable[[Tensor], None]) -> Tensor:
@@ -486,20 +495,32 @@ def _standardize_across(advantages: Tensor, average: Callable[[Tensor], None]) -
     return (advantages - mean) / (variance.sqrt() + 1e-8)
 
 
-def _average_gradients(policy: torch.nn.Module, average: Callable[[Tensor], None]) -> None:
-    """Average every parameter's gradient over the processes through one flat buffer (one collective).
+def _average_gradients(policy: torch.nn.Module, average: Callable[[Tensor], None], extra: Tensor) -> Tensor:
+    """Average every parameter's gradient, and `extra`, over the processes through one flat buffer (one
+    collective); return the averaged `extra`.
 
     A parameter without a gradient here contributes zeros, and gets the averaged gradient: another
     process may have one for it, and all processes must step the same parameters.
     """
     parameters = [p for p in policy.parameters() if p.requires_grad]
-    flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in parameters])
+    flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in parameters]
+                     + [extra.to(parameters[0])])
     average(flat)
     offset = 0
     for parameter in parameters:
         size = parameter.numel()
         parameter.grad = flat[offset:offset + size].view_as(parameter).clone()
         offset += size
+    return flat[offset:]
+
+
+def _fractions(counts: Tensor) -> tuple[Tensor, Tensor]:
+    """Clip fraction and per-head entropy from `LossTerms.fraction_counts` (0 where nothing counted)."""
+    heads = (counts.numel() - 2) // 2
+    numerators = torch.cat([counts[:1], counts[2:2 + heads]])
+    denominators = torch.cat([counts[1:2], counts[2 + heads:]])
+    ratios = torch.where(denominators > 0, numerators / denominators.clamp(min=1e-30), torch.zeros_like(numerators))
+    return ratios[0], ratios[1:]
 
 
 def _statistics(

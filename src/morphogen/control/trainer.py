@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from morphogen.control.checkpoint import CHECKPOINT_NAME, CheckpointError, check_layout, save_checkpoint
+from morphogen.control.checkpoint import CheckpointError, check_layout, save_checkpoint
 from morphogen.control.heuristic import HeuristicController
 from morphogen.control.imitation import ImitationConfig, ImitationStatistics, concatenate_batches, imitation_fit
 from morphogen.control.integrity import non_finite_entries
@@ -54,6 +54,7 @@ from morphogen.env.seeding import derive_seed, seeded
 from morphogen.env.snapshot import EpisodeSnapshot
 from morphogen.env.vector import VectorEpisodes
 from morphogen.limits import MAX_ENVS, MAX_HIDDEN_SIZE, MAX_ROUNDS, check_count
+from morphogen.run_directory import CHECKPOINT_NAME, PROFILE_DIRNAME
 from morphogen.session import DEFAULT_DEVICE, SessionOptions
 from morphogen.telemetry import events
 from morphogen.telemetry.anomalies import Anomaly, AnomalyDetector, PPODiagnostics
@@ -225,7 +226,7 @@ class PPOTrainer:
         config = telemetry.config
         shift = max(0, self.config.episode_length + 1 - config.profile_warmup - config.profile_active)
         self.profiler = TraceProfiler(
-            (run_dir or Path(".")) / "profile", enabled=config.profile and run_dir is not None,
+            (run_dir or Path(".")) / PROFILE_DIRNAME, enabled=config.profile and run_dir is not None,
             wait=config.profile_wait + shift, warmup=config.profile_warmup, active=config.profile_active)
 
     # ---------------------------------------------------------------- layout and checkpoints

@@ -22,6 +22,7 @@ import torch
 from torch import Tensor, nn
 
 from morphogen.core.blueprints import CausalSelfAttention
+from morphogen.limits import short_repr
 
 Device = torch.device | str | None
 
@@ -326,7 +327,7 @@ def check_host_size(topology: str, size: Mapping[str, object]) -> int:
         if name not in accepted:
             raise HostSizeError(host, name, f"unknown key; accepted: {', '.join(accepted)}")
         if not isinstance(value, int) or isinstance(value, bool):
-            raise HostSizeError(host, name, f"expected an integer, got {value!r}")
+            raise HostSizeError(host, name, f"expected an integer, got {short_repr(value)}")
     # Data-fixed arguments (class count, channels, vocabulary) get a placeholder of 1: any size is valid there.
     fixed = {p.name: 1 for p in inspect.signature(host_class).parameters.values()
              if p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD and p.default is inspect.Parameter.empty}

@@ -172,7 +172,7 @@ def _split_graph(traced: fx.GraphModule, names: Sequence[str]) -> tuple[list[nn.
                                  "also reach the code after it (a residual connection?); put the slot after the "
                                  "enclosing block")
     boundaries = [inputs[0], *cuts, nodes[-1]]
-    segments = [_segment(traced, nodes, position, start, end) for start, end in pairwise(boundaries)]
+    segments: list[nn.Module] = [_segment(traced, nodes, position, start, end) for start, end in pairwise(boundaries)]
     return segments, [str(cut.target) for cut in cuts]
 
 

@@ -42,6 +42,7 @@ from morphogen.data.datasets import Augmentation, DeviceDataset, random_crop_fli
 from morphogen.data.errors import DataError
 from morphogen.data.mnist1d import MNIST1D_NUM_CLASSES, generate_mnist1d
 from morphogen.data.text import encode_characters, next_character_windows, read_default_corpus, read_text_file
+from morphogen.limits import short_repr
 
 __all__ = ["DEFAULT_HOST_SIZES", "DEFAULT_OPTIMIZERS", "TASK_NAMES", "TASK_TOPOLOGIES", "DataError", "Task",
            "host_size", "load_task"]
@@ -166,7 +167,7 @@ def load_task(
     if max_train_samples is not None and (
         isinstance(max_train_samples, bool) or not isinstance(max_train_samples, int) or max_train_samples < 1
     ):
-        raise DataError(f"max_train_samples must be None or a positive int, got {max_train_samples!r}")
+        raise DataError(f"max_train_samples must be None or a positive int, got {short_repr(max_train_samples)}")
     _warn_unused(name, "data_dir", data_dir, "cifar10")
     _warn_unused(name, "text_file", text_file, "text")
     target = torch.device(device)
@@ -192,7 +193,7 @@ def host_size(name: str, overrides: Mapping[str, object] | None = None) -> dict[
         if key not in DEFAULT_HOST_SIZES[name]:
             raise DataError(f"host.{key}: unknown key; accepted: {', '.join(DEFAULT_HOST_SIZES[name])}")
         if isinstance(value, bool) or not isinstance(value, int):
-            raise DataError(f"host.{key}: expected an integer, got {value!r}")
+            raise DataError(f"host.{key}: expected an integer, got {short_repr(value)}")
         if value < 1:
             raise DataError(f"host.{key}: must be >= 1, got {value}")
         size[key] = value

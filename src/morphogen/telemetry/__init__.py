@@ -1,5 +1,6 @@
 """Telemetry: typed events, sinks, gradient/LSTM/anomaly monitors and profilers; imports no other morphogen layer."""
 
+from morphogen.run_directory import EVENTS_FILENAME
 from morphogen.telemetry.anomalies import ANOMALY_KINDS, Anomaly, AnomalyDetector, PPODiagnostics
 from morphogen.telemetry.config import TelemetryConfig
 from morphogen.telemetry.debug import layer_statistics, layer_statistics_event
@@ -43,7 +44,7 @@ from morphogen.telemetry.gradients import (
 )
 from morphogen.telemetry.lstm_health import LSTMHealth, LSTMHealthReport
 from morphogen.telemetry.profiler import PhaseTimer, TraceProfiler
-from morphogen.telemetry.sinks import EVENTS_FILENAME, JsonLinesSink, MemorySink, Sink, Telemetry, read_events
+from morphogen.telemetry.sinks import JsonLinesSink, MemorySink, Sink, Telemetry, read_events
 from morphogen.telemetry.tensorboard import TensorBoardSink
 
 __all__ = [

@@ -20,6 +20,7 @@ from types import TracebackType
 import torch
 from torch.profiler import ProfilerAction, ProfilerActivity
 
+from morphogen.run_directory import PROFILE_DIRNAME
 from morphogen.telemetry.config import TelemetryConfig
 from morphogen.telemetry.events import PhaseTimes
 
@@ -29,7 +30,6 @@ PHASES = ("train", "validate", "act", "update")
 TIMED_LEVELS = ("normal", "debug")
 """Levels at which `PhaseTimer.from_config` builds a running timer."""
 
-PROFILE_DIRNAME = "profile"
 """Subdirectory of a run directory that profiler traces go to."""
 
 

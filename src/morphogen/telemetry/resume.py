@@ -17,8 +17,9 @@ an uninterrupted one.
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
+
+from morphogen.run_directory import truncate_file
 
 ROUND_COMPLETED = "round_completed"
 
@@ -62,5 +63,5 @@ def cut_events_to_round(path: str | Path, completed_round: int) -> int:
     size = path.stat().st_size
     end = events_end_of_round(path, completed_round)
     if end < size:
-        os.truncate(path, end)
+        truncate_file(path, end)  # never through a symbolic link
     return size - end

@@ -21,16 +21,14 @@ from pathlib import Path
 from types import TracebackType
 from typing import IO, Any, Protocol, runtime_checkable
 
+from morphogen.run_directory import EVENTS_FILENAME, TENSORBOARD_DIRNAME, open_for_append
 from morphogen.telemetry.anomalies import Anomaly
 from morphogen.telemetry.config import TelemetryConfig
 from morphogen.telemetry.escalation import TelemetryLevelController
 from morphogen.telemetry.events import ALL_ENVS, LEVELS, AnomalyDetected, Event, LayerStatistics, event_from_dict
-from morphogen.telemetry.tensorboard import TENSORBOARD_DIRNAME, TensorBoardSink
+from morphogen.telemetry.tensorboard import TensorBoardSink
 
 logger = logging.getLogger(__name__)
-
-EVENTS_FILENAME = "events.jsonl"
-"""Name of the JSON lines file the hub writes in a run directory."""
 
 _SINK_ERRORS = (OSError, TypeError, ValueError)
 _DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
@@ -54,8 +52,7 @@ class JsonLinesSink:
 
     def __init__(self, path: Path | str) -> None:
         self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._file: IO[str] = self.path.open("a", encoding="utf-8")
+        self._file: IO[str] = open_for_append(self.path)  # never through a symbolic link
 
     def write(self, event: Event) -> None:
         """Write `event` as one line and flush, so readers (the live dashboard) see it at once."""

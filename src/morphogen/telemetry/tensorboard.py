@@ -21,10 +21,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from morphogen.run_directory import EVENTS_FILENAME
 from morphogen.telemetry.events import ALL_ENVS, EpisodeCompleted, Event
-
-TENSORBOARD_DIRNAME = "tb"
-"""Subdirectory of a run directory that TensorBoard logs go to."""
 
 TRAINER_RUN = "trainer"
 """TensorBoard run (subdirectory of `tb`) of the events that are not about one env."""
@@ -32,7 +30,6 @@ TRAINER_RUN = "trainer"
 FLUSH_SECONDS = 10
 """How often the writers flush to disk, so a live `tensorboard --logdir` sees recent points."""
 
-_EVENTS_FILENAME = "events.jsonl"  # the JSON lines sink's file, next to `tb` in a run directory
 
 
 def env_run_name(env_id: int) -> str:
@@ -73,7 +70,7 @@ class TensorBoardSink:
         self.log_dir = Path(log_dir)
         self._writer_class: Any = SummaryWriter
         self._writers: dict[str, Any] = {}
-        self._epoch_offsets = completed_epochs(self.log_dir.parent / _EVENTS_FILENAME)
+        self._epoch_offsets = completed_epochs(self.log_dir.parent / EVENTS_FILENAME)
 
     def step_of(self, event: Event) -> int:
         """The TensorBoard step `event` is written at."""

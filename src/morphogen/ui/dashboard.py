@@ -23,9 +23,11 @@ from textual.containers import Horizontal, Vertical
 from textual.screen import ModalScreen
 from textual.widgets import DataTable, Footer, RichLog, Static
 
+from morphogen.run_directory import CONFIG_FILENAME, EVENTS_FILENAME
 from morphogen.ui.live_state import EnvView, RunView
-from morphogen.ui.run_files import CONFIG_FILENAME, EVENTS_FILENAME, EventTail, TimedEvent, check_run_dir
+from morphogen.ui.run_files import EventTail, RunDirectoryError, TimedEvent, check_run_dir, read_json_object
 from morphogen.ui.stages import stage_colour, stage_short
+from morphogen.ui.terminal_text import printable_fields
 
 POLL_SECONDS = 0.5
 """How often the dashboard reads new events."""
@@ -129,6 +131,10 @@ def env_detail_text(view: RunView, env: EnvView) -> Text:
     return text
 
 
+class DashboardStopped(RunDirectoryError):
+    """The dashboard app ended on an error (Textual has shown it); the command exits with status 2."""
+
+
 class InfoScreen(ModalScreen[None]):
     """A window over the dashboard (help, env details); escape or q closes it."""
 
@@ -175,11 +181,7 @@ class Dashboard(App[None]):
         self._slot_columns: list[str] = []
 
     def _read_config(self) -> dict[str, object]:
-        import json
-
-        path = self.run_dir / CONFIG_FILENAME
-        config = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
-        return config if isinstance(config, dict) else {}
+        return read_json_object(self.run_dir / CONFIG_FILENAME) or {}  # damaged: the view shows '?'
 
     @property
     def mode(self) -> str:
@@ -211,7 +213,7 @@ class Dashboard(App[None]):
         """Read new events (live) or the next slice of the recording (replay), then redraw."""
         if self.paused or not self.is_running:
             return  # not running: the app is shutting down and its widgets may already be gone (NoMatches)
-        self._pending.extend(self.tail.read_new())
+        self._pending.extend(TimedEvent(timed.time, printable_fields(timed.event)) for timed in self.tail.read_new())
         if self.replay:
             count = max(1, int(self.replay_rate * self.poll_seconds))
             batch, self._pending = self._pending[:count], self._pending[count:]
@@ -237,7 +239,7 @@ class Dashboard(App[None]):
         table = self.query_one("#envs", DataTable)
         for slot_id in self.view.slot_ids():
             if slot_id not in self._slot_columns:
-                table.add_column(slot_id, key=f"slot:{slot_id}")
+                table.add_column(Text(slot_id), key=f"slot:{slot_id}")  # Text: a slot id is never markup
                 self._slot_columns.append(slot_id)
         for env_id in sorted(self.view.envs):
             env = self.view.envs[env_id]
@@ -248,7 +250,7 @@ class Dashboard(App[None]):
             key = str(env_id)
             if key in table.rows:
                 for column, cell in zip(table.columns, cells, strict=True):
-                    table.update_cell(key, column, cell)
+                    table.update_cell(key, column, cell, update_width=True)  # a cell may outgrow its column
             else:
                 table.add_row(*cells, key=key)
 
@@ -272,4 +274,7 @@ class Dashboard(App[None]):
 
 def dashboard_command(run_dir: str | Path, *, replay: bool = False) -> None:
     """Run the dashboard on `run_dir` until the user quits (a bad run directory raises `RunDirectoryError`)."""
-    Dashboard(run_dir, replay=replay).run()
+    app = Dashboard(run_dir, replay=replay)
+    app.run()
+    if app.return_code:  # Textual printed what stopped it; the exit status must say so too
+        raise DashboardStopped(f"the dashboard of {run_dir} stopped on an error (exit status {app.return_code})")

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from html import escape
 from pathlib import Path
 
+from morphogen.run_directory import REPORT_FILENAME, DiskFullError, write_atomic
 from morphogen.telemetry.events import (
     ALL_ENVS,
     AnomalyDetected,
@@ -34,11 +35,9 @@ from morphogen.telemetry.events import (
     RoundCompleted,
 )
 from morphogen.telemetry.story import SHADOW_PREFIX, WITHOUT_PREFIX, SeedStory, seed_stories
-from morphogen.ui.run_files import RunFiles, load_run_files, round_of_events
+from morphogen.ui.run_files import RunDirectoryError, RunFiles, load_run_files, round_of_events, summary_number
 from morphogen.ui.stages import STAGE_COLOURS, stage_colour
 from morphogen.ui.svg import Segment, Series, line_chart, scatter_chart, timeline_chart
-
-REPORT_FILENAME = "report.html"
 
 STYLE = """
 body { font: 14px/1.45 system-ui, sans-serif; margin: 24px auto; max-width: 1180px; color: #212121; }
@@ -233,14 +232,18 @@ def summary_table(files: RunFiles) -> str:
     summary = files.summary or {}
     if not summary.get("grown"):
         return ""
-    columns = [("grown", summary.get("grown") or {}), ("no growth", summary.get("baseline") or {}),
-               ("from scratch", summary.get("from_scratch") or {})]
+    columns = [("grown", summary.get("grown")), ("no growth", summary.get("baseline")),
+               ("from scratch", summary.get("from_scratch"))]
     rows = [("final val accuracy", "final_accuracy", "{:.2f}%"), ("final val loss", "final_loss", "{:.4f}"),
-            ("parameters", "parameters", "{:,}"), ("wall time", "seconds", "{:.1f} s")]
+            ("parameters", "parameters", "{:,.0f}"), ("wall time", "seconds", "{:.1f} s")]
+
+    def cell(column: object, key: str, form: str) -> str:
+        value = summary_number(column, key)
+        return "-" if value is None else form.format(value)
+
     body = "".join(
-        f"<tr><td>{name}</td>" + "".join(f"<td class='num'>{form.format(column[key]) if column else '-'}</td>"
-                                         for _, column in columns) + "</tr>"
-        for name, key, form in rows)
+        f"<tr><td>{name}</td>" + "".join(f"<td class='num'>{cell(column, key, form)}</td>" for _, column in columns)
+        + "</tr>" for name, key, form in rows)
     header = "".join(f"<th>{escape(title)}</th>" for title, _ in columns)
     return f"<table><tr><th></th>{header}</tr>{body}</table>"
 
@@ -271,14 +274,21 @@ def render_html(run_dir: str | Path) -> str:
         f"<h2>Anomalies and rollbacks</h2>{health_table(files)}",
     ]
     title = f"morphogen {kind}: {config.get('task', '?')}"
+    damage = "" if files.damage_note() is None else f" ({files.damage_note()})"
     return (f"<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'><title>{escape(title)}</title>"
             f"<style>{STYLE}</style></head><body><h1>{escape(title)}</h1>"
             f"<p class='meta'>{escape(str(files.path))} · seed {escape(str(config.get('seed', '?')))} · "
-            f"{len(files.events)} events</p>{''.join(sections)}</body></html>\n")
+            f"{len(files.events)} events{escape(damage)}</p>{''.join(sections)}</body></html>\n")
 
 
 def write_html_report(run_dir: str | Path, path: str | Path | None = None) -> Path:
     """Write `render_html(run_dir)` to `path` (default RUN_DIR/report.html) and return where."""
     target = Path(run_dir) / REPORT_FILENAME if path is None else Path(path)
-    target.write_text(render_html(run_dir), encoding="utf-8")
+    page = render_html(run_dir).encode("utf-8")
+    try:
+        write_atomic(target, page)  # whole or not at all, never through a link
+    except DiskFullError:
+        raise
+    except OSError as error:
+        raise RunDirectoryError(f"cannot write {target}: {error.strerror or error}") from None
     return target

@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from morphogen.limits import MAX_ENVS, MAX_EPOCHS, MAX_ROUNDS
 from morphogen.telemetry.events import (
     ALL_ENVS,
     ActionTaken,
@@ -28,9 +29,17 @@ from morphogen.telemetry.events import (
     TelemetryLevelChanged,
 )
 from morphogen.ui.run_files import TimedEvent, config_value
+from morphogen.ui.terminal_text import printable
 
 LOG_LINES = 1000
 """Event-log lines kept in memory (older ones scroll away)."""
+
+
+def _count(value: object) -> int | None:
+    """`value` if it is a count a run could have (config.json is untrusted), else None."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        return None
+    return value if 1 <= value <= max(MAX_EPOCHS, MAX_ENVS, MAX_ROUNDS) else None
 
 
 @dataclass
@@ -89,12 +98,13 @@ class RunView:
     def from_config(cls, config: Mapping[str, Any]) -> RunView:
         """An empty view shaped by a run's `config.json` (a `train` run has `rounds`)."""
         training = "rounds" in config
+        task = config.get("task")
         return cls(
-            task=str(config.get("task", "?")),
+            task=printable(task) if isinstance(task, str) else "?",
             training=training,
-            rounds_total=config.get("rounds") if training else None,
-            n_envs=int(config.get("n_envs", 1)) if training else 1,
-            episode_length=config_value(config, "episode.max_epochs"),
+            rounds_total=_count(config.get("rounds")) if training else None,
+            n_envs=(_count(config.get("n_envs")) or 1) if training else 1,
+            episode_length=_count(config_value(config, "episode.max_epochs")),
         )
 
     # ---------------------------------------------------------------- derived numbers

@@ -24,7 +24,8 @@ from morphogen.telemetry.events import (
     TelemetryLevelChanged,
 )
 from morphogen.telemetry.story import SeedStory, seed_stories
-from morphogen.ui.run_files import RunDirectoryError, load_run_files, round_of_events
+from morphogen.ui.run_files import RunDirectoryError, load_run_files, round_of_events, summary_number
+from morphogen.ui.terminal_text import printable
 
 __all__ = ["RunDirectoryError", "load_run", "render_report"]
 
@@ -152,17 +153,27 @@ def _phase_section(history: Sequence[Event]) -> list[str]:
     return ["time by phase: " + ", ".join(f"{name} {seconds:.1f} s" for name, seconds in totals.items())]
 
 
+def _comparison_section(summary: dict[str, object] | None) -> list[str]:
+    """The grown model against no growth, from summary.json; nothing when it lacks either."""
+    summary = summary or {}
+    grown, baseline = summary.get("grown"), summary.get("baseline")
+    numbers = [summary_number(table, key) for table in (grown, baseline) for key in ("final_accuracy", "parameters")]
+    if any(number is None for number in numbers):
+        return []
+    grown_accuracy, grown_parameters, baseline_accuracy, baseline_parameters = numbers
+    return [f"grown {grown_accuracy:.2f}% with {grown_parameters:,.0f} parameters; "
+            f"no growth {baseline_accuracy:.2f}% with {baseline_parameters:,.0f}"]
+
+
 def render_report(run_dir: str | Path) -> str:
-    """The whole report as text."""
+    """The whole report as text, every string from the run with its control characters escaped."""
     files = load_run_files(run_dir)
     config, history, training = files.config, files.history, files.is_training
+    damage = files.damage_note()
     header = (f"run {files.path}: task {config.get('task', '?')}, seed {config.get('seed', '?')}, "
-              f"{len(history)} events")
+              f"{len(history)} events" + (f" ({damage})" if damage else ""))
     sections = [[header], _episode_section(history, training), _seed_section(history, training),
                 _reward_section(history), _training_section(history), _health_section(history, training),
-                _phase_section(history)]
-    grown, baseline = (files.summary or {}).get("grown") or {}, (files.summary or {}).get("baseline") or {}
-    if grown and baseline:
-        sections.append([f"grown {grown['final_accuracy']:.2f}% with {grown['parameters']:,} parameters; "
-                         f"no growth {baseline['final_accuracy']:.2f}% with {baseline['parameters']:,}"])
-    return "\n\n".join("\n".join(section) for section in sections if section)
+                _phase_section(history), _comparison_section(files.summary)]
+    text = "\n\n".join("\n".join(section) for section in sections if section)
+    return "\n".join(printable(line) for line in text.split("\n"))

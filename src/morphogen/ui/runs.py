@@ -1,82 +1,205 @@
-"""`morphogen runs [DIR]`: every run under a directory as one table, queried with DuckDB over the files as
-they are (no import step, no database file): each run directory's `events.jsonl`, `config.json` and
-`summary.json` are read in place by `read_json`, so a run still being written shows what it wrote so far.
+"""`morphogen runs [DIR]`: every run under a directory as one table, queried with DuckDB.
+
+Each run directory under DIR (its direct subdirectories holding an `events.jsonl`) is read with the
+tolerant readers of `run_files`: damaged lines are skipped and counted, a damaged `config.json` or
+`summary.json` reads as missing, and a run with no readable event is left out and named, so one bad
+run never hides the others. What was read is loaded into an in-memory DuckDB database; then DuckDB's
+access to files and the network is switched off and its configuration locked.
 
 Views (`run` is the run directory's name everywhere):
 
-- `events`: every event of every run, one row per JSON line; columns are the union of all event fields
+- `events`: every event of every run, one row per event; columns are the union of all event fields
   (`event`, `time`, `epoch`, `env_id`, `round`, `val_accuracy`, ...), NULL where an event lacks one.
+  Non-finite numbers (written as "NaN", "Infinity") and integers past 64 bits read as NULL.
 - `epochs`: `epoch_completed` events: run, env_id, round, epoch, val_accuracy, val_loss, train_loss,
   param_count, action. `round` is NULL here (epochs carry no round); `rounds` has the per-round means.
 - `episodes`: `episode_completed` events: run, env_id, epoch, final_accuracy, param_count, host_param_count,
   fossilized, pruned, episode_return.
 - `rounds`: `round_completed` events: run, round, mean_return, mean_final_accuracy, mean_parameters_added,
   seconds.
-- `configs`: each run's resolved config (nested settings as DuckDB structs: `configs.episode.max_epochs`).
+- `configs`: each run's resolved config (nested settings as DuckDB structs: `configs.episode.max_epochs`;
+  a setting whose type differs between runs is a JSON column).
 - `runs`: one row per run: run, command (run or train), task, seed, episodes, epochs, rounds,
   final_accuracy (the last episode's in a run, the last round's mean in a training run), parameters,
   baseline_accuracy and baseline_parameters (a run's no-growth episode, from summary.json), events,
   started (UTC), seconds (first to last event).
 
-`--where` filters `runs` with any SQL condition over its columns, e.g. `--where "task = 'digits' AND
-final_accuracy > 95"`. Only this module imports duckdb; the other commands never need it.
+`--where` is one SQL expression over the columns of `runs`, e.g. `--where "task = 'digits' AND
+final_accuracy > 95"`: a second statement, a `SET`, and any function that reaches files (`read_text`,
+`COPY`, `ATTACH`, ...) are refused with one line. Only this module imports duckdb; the other commands
+never need it.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import json
+import math
 import sys
-from collections.abc import Sequence
+import tempfile
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
 from rich.console import Console
 from rich.table import Column, Table
+from rich.text import Text
 
+from morphogen.run_directory import EVENTS_FILENAME
+from morphogen.telemetry.events import Event
 from morphogen.ui.progress import LINE_WIDTH
-from morphogen.ui.run_files import CONFIG_FILENAME, EVENTS_FILENAME, SUMMARY_FILENAME, check_run_dir
+from morphogen.ui.run_files import RunDirectoryError, RunFiles, check_run_dir, load_run_files, summary_number
+from morphogen.ui.terminal_text import printable
 
 RUN_COLUMNS = ("run", "command", "task", "seed", "episodes", "epochs", "rounds", "final_accuracy", "parameters",
                "baseline_accuracy", "events", "started", "seconds")
 """Columns of `runs` printed by `morphogen runs` (the view has a few more: see the module docstring)."""
+MAX_CONFIG_DEPTH = 16
+"""Config settings nested deeper than this read as NULL (real configs nest three deep)."""
+_INT64 = 2**63
 
 
 class RunsQueryError(ValueError):
     """A `--where` condition or a `--compare` run that cannot be used; the message says why."""
 
 
-def _run_name(column: str = "filename") -> str:
-    return f"regexp_extract({column}, '([^/\\\\]+)[/\\\\][^/\\\\]+$', 1)"
+@dataclasses.dataclass
+class Runs:
+    """An in-memory DuckDB connection with the views of the module docstring, and what reading left out."""
+
+    connection: Any
+    skipped_runs: list[str]
+    """Run directories left out, each with why."""
+    damaged_runs: list[str]
+    """Runs shown in spite of damage, each with what was skipped."""
+
+    def notes(self) -> list[str]:
+        """Lines saying which runs were left out and which were read in part."""
+        notes = [f"skipped run {note}" for note in self.skipped_runs]
+        return notes + [f"run {note}" for note in self.damaged_runs]
 
 
-def _json_source(root: Path, filename: str, json_format: str = "auto") -> str | None:
-    """A `read_json` over `root/*/filename`, or None when no run directory holds that file."""
-    if not any(root.glob(f"*/{filename}")):
+def _json_value(value: Any, depth: int = 0) -> Any:
+    """`value` with non-finite floats and integers past 64 bits as None, and anything deeper than
+    `MAX_CONFIG_DEPTH` as None: what DuckDB can type."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, bool) or value is None or isinstance(value, str):
+        return value
+    if isinstance(value, int):
+        return value if -_INT64 <= value < _INT64 else None
+    if depth >= MAX_CONFIG_DEPTH:
         return None
-    pattern = str(root / "*" / filename).replace("'", "''")
-    return (f"read_json('{pattern}', format='{json_format}', union_by_name=true, filename=true, "
-            "maximum_object_size=67108864)")
+    if isinstance(value, list):
+        return [_json_value(item, depth + 1) for item in value]
+    if isinstance(value, dict):
+        seen: set[str] = set()
+        table = {}
+        for key, item in value.items():
+            if key and key.lower() not in seen:  # DuckDB's struct fields are case-insensitive and never empty
+                seen.add(key.lower())
+                table[key] = _json_value(item, depth + 1)
+        return table
+    return None
+
+
+def _event_row(run: str, time: float, event: Event) -> dict[str, Any]:
+    record = event.to_dict()
+    for item in dataclasses.fields(event):
+        value = getattr(event, item.name)
+        if isinstance(value, float | int) and not isinstance(value, bool):
+            record[item.name] = _json_value(value)  # the "NaN" tokens of to_dict, and huge integers, as NULL
+    return {"run": run, "time": time, **record}
+
+
+def _run_row(run: str, files: RunFiles) -> dict[str, Any]:
+    """What `runs` takes from a run's config and summary, typed here so that damage reads as NULL."""
+    config, baseline = files.config, (files.summary or {}).get("baseline")
+    task, seed = config.get("task"), config.get("seed")
+    parameters = summary_number(baseline, "parameters")
+    return {"run": run, "task": task if isinstance(task, str) else None,
+            "seed": _json_value(seed) if isinstance(seed, int) and not isinstance(seed, bool) else None,
+            "has_rounds": "rounds" in config, "baseline_accuracy": summary_number(baseline, "final_accuracy"),
+            "baseline_parameters": None if parameters is None else _json_value(int(parameters))}
+
+
+def _write_lines(path: Path, rows: Iterable[dict[str, Any]]) -> int:
+    count = 0
+    with path.open("w", encoding="utf-8") as file:
+        for row in rows:
+            file.write(json.dumps(row, allow_nan=False) + "\n")
+            count += 1
+    return count
+
+
+def read_runs(root: Path) -> tuple[list[tuple[str, RunFiles]], list[str]]:
+    """(name, files) of every readable run directly under `root`, and the names of those left out with why."""
+    if not root.is_dir():
+        raise RunsQueryError(f"{root} is not a directory (expected the parent of run directories, e.g. runs/)")
+    runs, skipped = [], []
+    for path in sorted(root.iterdir()):
+        if not (path / EVENTS_FILENAME).is_file():
+            continue
+        name = printable(path.name)
+        try:
+            files = load_run_files(path)
+        except RunDirectoryError as error:
+            skipped.append(f"{name} ({error})")
+            continue
+        if not files.events:
+            skipped.append(f"{name} (no readable event{'; ' + str(files.damage_note()) if files.skipped else ''})")
+        else:
+            runs.append((path.name, files))
+    if not runs and not skipped:
+        raise RunsQueryError(f"no run under {root}: no {root}/*/{EVENTS_FILENAME}")
+    return runs, skipped
+
+
+def _load_table(connection: Any, name: str, path: Path, rows: int, empty: str) -> None:
+    """Table `name` from the JSON lines file `path` (morphogen's own clean copy), or `empty` when it has no rows."""
+    if rows == 0:
+        connection.execute(f"CREATE TABLE {name} ({empty})")
+        return
+    source = str(path).replace("'", "''")
+    connection.execute(f"CREATE TABLE {name} AS SELECT * FROM read_json('{source}', format='newline_delimited', "
+                       "sample_size=-1, maximum_object_size=16777216)")
 
 
 def connect(root: str | Path) -> Any:
-    """An in-memory DuckDB connection with the views of the module docstring over the runs under `root`.
+    """An in-memory DuckDB connection with the views of the module docstring over the runs under `root`."""
+    return open_runs(Path(root)).connection
 
-    A file DuckDB cannot read (say, a truncated config) is a `RunsQueryError` naming it.
-    """
+
+def open_runs(root: Path) -> Runs:
+    """Read the runs under `root` into DuckDB (see the module docstring); `RunsQueryError` if there are none."""
     import duckdb
 
-    try:
-        return _create_views(duckdb.connect(), Path(root))
-    except duckdb.Error as error:
-        raise RunsQueryError(f"cannot read the runs under {root}: {str(error).splitlines()[0]}") from None
+    runs, skipped = read_runs(root)
+    connection = duckdb.connect()
+    with tempfile.TemporaryDirectory(prefix="morphogen-runs-") as scratch:
+        folder = Path(scratch)
+        tables = {
+            "events": ([_event_row(name, t.time, t.event) for name, files in runs for t in files.events],
+                       "run VARCHAR, time DOUBLE, event VARCHAR"),
+            "configs": ([{**_json_value(files.config), "run": name} for name, files in runs], "run VARCHAR"),
+            "run_files": ([_run_row(name, files) for name, files in runs],
+                          "run VARCHAR, task VARCHAR, seed BIGINT, has_rounds BOOLEAN, baseline_accuracy DOUBLE, "
+                          "baseline_parameters BIGINT"),
+        }
+        try:
+            for table, (rows, empty) in tables.items():
+                count = _write_lines(folder / f"{table}.jsonl", rows)
+                _load_table(connection, table, folder / f"{table}.jsonl", count, empty)
+        except duckdb.Error as error:
+            raise RunsQueryError(f"cannot load the runs under {root}: {str(error).splitlines()[0]}") from None
+    _create_views(connection)
+    connection.execute("SET enable_external_access = false")  # no file or network from here on
+    connection.execute("SET lock_configuration = true")  # ... and no SET to undo that
+    damaged = [f"{printable(name)}: {files.damage_note()}" for name, files in runs if files.damage_note()]
+    return Runs(connection, skipped, damaged)
 
 
-def _create_views(connection: Any, root: Path) -> Any:
-    if not root.is_dir():
-        raise RunsQueryError(f"{root} is not a directory (expected the parent of run directories, e.g. runs/)")
-    events = _json_source(root, EVENTS_FILENAME, "newline_delimited")
-    if events is None:
-        raise RunsQueryError(f"no run under {root}: no {root}/*/{EVENTS_FILENAME}")
-    connection.execute(f"CREATE VIEW events AS SELECT {_run_name()} AS run, * EXCLUDE (filename) FROM {events}")
+def _create_views(connection: Any) -> None:
     columns = {row[0] for row in connection.execute("DESCRIBE events").fetchall()}
 
     def column(name: str) -> str:
@@ -87,33 +210,17 @@ def _create_views(connection: Any, root: Path) -> Any:
         """`name` in an expression, NULL when no event has that field."""
         return name if name in columns else "NULL"
 
-    connection.execute(f"""CREATE VIEW epochs AS SELECT run, env_id, {column('round')}, epoch, val_accuracy,
-        val_loss, train_loss, param_count, action FROM events WHERE event = 'epoch_completed'""")
-    connection.execute(f"""CREATE VIEW episodes AS SELECT run, env_id, epoch, final_accuracy, param_count,
-        host_param_count, {column('fossilized')}, {column('pruned')}, episode_return
-        FROM events WHERE event = 'episode_completed'""")
+    connection.execute(f"""CREATE VIEW epochs AS SELECT run, {column('env_id')}, {column('round')}, {column('epoch')},
+        {column('val_accuracy')}, {column('val_loss')}, {column('train_loss')}, {column('param_count')},
+        {column('action')} FROM events WHERE event = 'epoch_completed'""")
+    connection.execute(f"""CREATE VIEW episodes AS SELECT run, {column('env_id')}, {column('epoch')},
+        {column('final_accuracy')}, {column('param_count')}, {column('host_param_count')}, {column('fossilized')},
+        {column('pruned')}, {column('episode_return')} FROM events WHERE event = 'episode_completed'""")
     round_columns = ", ".join(column(c) for c in ("round", "mean_return", "mean_final_accuracy",
                                                    "mean_parameters_added", "seconds"))
     connection.execute(f"CREATE VIEW rounds AS SELECT run, {round_columns} FROM events "
                        "WHERE event = 'round_completed'")
-    configs = _json_source(root, CONFIG_FILENAME)
-    if configs is not None:
-        connection.execute(f"CREATE VIEW configs AS SELECT {_run_name()} AS run, * EXCLUDE (filename) FROM {configs}")
-    else:
-        connection.execute("CREATE VIEW configs AS SELECT NULL::VARCHAR AS run WHERE false")
-    config_columns = {row[0] for row in connection.execute("DESCRIBE configs").fetchall()}
-    summaries = _json_source(root, SUMMARY_FILENAME)
-    baseline = "NULL::DOUBLE AS baseline_accuracy, NULL::BIGINT AS baseline_parameters"
-    if summaries is not None:
-        connection.execute(f"CREATE VIEW summaries AS SELECT {_run_name()} AS run, * EXCLUDE (filename) "
-                           f"FROM {summaries}")
-        baseline = ("s.baseline.final_accuracy::DOUBLE AS baseline_accuracy, "
-                    "s.baseline.parameters::BIGINT AS baseline_parameters")
-    join_summary = "LEFT JOIN summaries s USING (run)" if summaries is not None else ""
-
-    def config(name: str, cast: str) -> str:
-        return f"c.{name}::{cast}" if name in config_columns else f"NULL::{cast}"
-
+    # Times far outside 1970..9999 (a damaged run) would make to_timestamp fail the whole query: NULL instead.
     connection.execute(f"""CREATE VIEW runs AS
         WITH per_run AS (
             SELECT run, count(*) AS events, min(time) AS first_time, max(time) AS last_time,
@@ -122,34 +229,54 @@ def _create_views(connection: Any, root: Path) -> Any:
                    max({value('round')}) FILTER (WHERE event = 'round_completed') AS rounds
             FROM events GROUP BY run),
         last_episode AS (SELECT run, arg_max(final_accuracy, time) AS accuracy, arg_max(param_count, time) AS params
-            FROM episodes JOIN (SELECT run, time, event, epoch, env_id FROM events WHERE event = 'episode_completed')
-            USING (run, epoch, env_id) GROUP BY run),
+            FROM events WHERE event = 'episode_completed' GROUP BY run),
         last_round AS (SELECT run, arg_max(mean_final_accuracy, round) AS accuracy FROM rounds GROUP BY run)
         SELECT p.run,
-               CASE WHEN p.rounds IS NOT NULL OR {config('rounds', 'BIGINT')} IS NOT NULL THEN 'train' ELSE 'run' END
-                   AS command,
-               {config('task', 'VARCHAR')} AS task, {config('seed', 'BIGINT')} AS seed,
-               p.episodes, p.epochs, p.rounds,
+               CASE WHEN p.rounds IS NOT NULL OR f.has_rounds THEN 'train' ELSE 'run' END AS command,
+               f.task, f.seed, p.episodes, p.epochs, p.rounds,
                round(coalesce(r.accuracy, e.accuracy), 2) AS final_accuracy, e.params AS parameters,
-               {baseline}, p.events,
-               date_trunc('second', to_timestamp(p.first_time)::TIMESTAMP) AS started,
+               f.baseline_accuracy, f.baseline_parameters, p.events,
+               CASE WHEN p.first_time BETWEEN 0 AND 253402300799
+                    THEN date_trunc('second', to_timestamp(p.first_time)::TIMESTAMP) END AS started,
                round(p.last_time - p.first_time, 1) AS seconds
-        FROM per_run p LEFT JOIN configs c USING (run) LEFT JOIN last_episode e USING (run)
-        LEFT JOIN last_round r USING (run) {join_summary}""")
-    return connection
+        FROM per_run p LEFT JOIN run_files f USING (run) LEFT JOIN last_episode e USING (run)
+        LEFT JOIN last_round r USING (run)""")
+
+
+def _one_expression(where: str) -> str:
+    """The SELECT that filters `runs` by `where`; `RunsQueryError` unless that is one SELECT statement."""
+    import duckdb
+
+    sql = f"SELECT {', '.join(RUN_COLUMNS)} FROM runs WHERE ({where}\n) ORDER BY started, run"
+    try:
+        statements = duckdb.extract_statements(sql)
+    except duckdb.Error as error:
+        raise RunsQueryError(f"--where {printable(where)!r}: {str(error).splitlines()[0]}") from None
+    if len(statements) != 1 or statements[0].type != duckdb.StatementType.SELECT:
+        raise RunsQueryError(f"--where {printable(where)!r}: one SQL expression over the columns of runs, "
+                             "e.g. \"task = 'digits'\" (no ';', no second statement)")
+    return sql
 
 
 def query_runs(root: str | Path, where: str | None = None) -> tuple[list[str], list[tuple[Any, ...]]]:
     """(column names, rows) of `runs` under `root`, filtered by the SQL condition `where`, oldest first."""
+    header, rows, _ = _query(Path(root), where)
+    return header, rows
+
+
+def _query(root: Path, where: str | None) -> tuple[list[str], list[tuple[Any, ...]], list[str]]:
     import duckdb
 
-    connection = connect(root)
-    condition = f"WHERE {where}" if where else ""
+    runs = open_runs(root)
+    sql = (f"SELECT {', '.join(RUN_COLUMNS)} FROM runs ORDER BY started, run" if where is None
+           else _one_expression(where))
     try:
-        cursor = connection.execute(f"SELECT {', '.join(RUN_COLUMNS)} FROM runs {condition} ORDER BY started, run")
+        cursor = runs.connection.execute(sql)
+        rows = cursor.fetchall()
     except duckdb.Error as error:
-        raise RunsQueryError(f"--where {where!r}: {str(error).splitlines()[0]}") from None
-    return [d[0] for d in cursor.description], cursor.fetchall()
+        shown = "" if where is None else f"--where {printable(where)!r}: "
+        raise RunsQueryError(f"{shown}{str(error).splitlines()[0]}") from None
+    return [d[0] for d in cursor.description], rows, runs.notes()
 
 
 def compare_runs(run_a: str | Path, run_b: str | Path) -> tuple[list[str], list[tuple[Any, ...]]]:
@@ -176,20 +303,22 @@ def compare_runs(run_a: str | Path, run_b: str | Path) -> tuple[list[str], list[
     return header, connection.execute(sql, {"a": a, "b": b}).fetchall()
 
 
-def _cell(value: Any) -> str:
+def _cell(value: Any) -> Text:
+    """A table cell as plain text: strings from a run are never read as Rich markup or control sequences."""
     if value is None:
-        return "-"
+        return Text("-")
     if isinstance(value, float):
-        return f"{value:.2f}" if abs(value) < 1e6 else f"{value:,.0f}"
+        return Text(f"{value:.2f}" if not math.isfinite(value) or abs(value) < 1e6 else f"{value:,.0f}")
     if isinstance(value, int):
-        return f"{value:,}" if abs(value) >= 10_000 else str(value)
-    return str(value)
+        return Text(f"{value:,}" if abs(value) >= 10_000 else str(value))
+    return Text(printable(str(value)))
 
 
 def print_table(header: Sequence[str], rows: Sequence[Sequence[Any]], out: TextIO) -> None:
+    """`rows` under `header` as an aligned table, numbers right-aligned."""
     numeric = [all(isinstance(row[i], (int, float)) or row[i] is None for row in rows) for i in range(len(header))]
-    columns = [Column(name, justify="right" if is_number else "left") for name, is_number in zip(header, numeric,
-                                                                                                strict=True)]
+    columns = [Column(Text(printable(name)), justify="right" if is_number else "left")
+               for name, is_number in zip(header, numeric, strict=True)]
     table = Table(*columns, box=None, pad_edge=False, header_style="bold")
     for row in rows:
         table.add_row(*(_cell(value) for value in row))
@@ -200,11 +329,14 @@ def runs_command(root: str | Path = "runs", *, where: str | None = None, compare
                  out: TextIO | None = None) -> None:
     """Print the runs table (or, with `compare`, two runs' curves side by side) to `out`."""
     out = sys.stdout if out is None else out
+    notes: list[str] = []
     if compare:
         header, rows = compare_runs(*compare)
     else:
-        header, rows = query_runs(root, where)
+        header, rows, notes = _query(Path(root), where)
     if not rows:
         print("no runs match" if where else "no runs", file=out)
-        return
-    print_table(header, rows, out)
+    else:
+        print_table(header, rows, out)
+    for note in notes:
+        print(note, file=out)

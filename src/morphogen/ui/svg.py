@@ -39,26 +39,28 @@ class Segment:
     label: str
 
 
+RELATIVE_RESOLUTION = 1e-9
+"""Values closer than this times their magnitude are drawn as one value: their ticks would print alike."""
+
+
 def nice_ticks(low: float, high: float, count: int = 5) -> list[float]:
-    """Round tick values (steps of 1, 2 or 5 times a power of ten, about `count` of them) covering [low, high]."""
+    """Round tick values (steps of 1, 2 or 5 times a power of ten, about `count` of them) covering [low, high].
+
+    At most `count + 3` ticks, whatever the values: ticks are indexed, never accumulated, so a step below
+    the values' float resolution cannot stall the walk.
+    """
     if not (math.isfinite(low) and math.isfinite(high)):
         return [0.0]
-    if high <= low:
+    span = high - low
+    if span <= RELATIVE_RESOLUTION * max(abs(low), abs(high)):
         return [low]
-    raw = (high - low) / count
-    power = 10 ** math.floor(math.log10(raw))
+    raw = span / count
+    if not (math.isfinite(span) and raw > 0):  # the ends of the float range, or subnormals: no round step fits
+        return [low, high]
+    power = 10.0 ** math.floor(math.log10(raw))
     step = next(m * power for m in (1, 2, 5, 10) if m * power >= raw)
-    first = math.floor(low / step) * step
-    ticks = []
-    value = first
-    while value <= high + step * 1e-9:
-        ticks.append(round(value, 12))
-        value += step
-    if ticks[0] > low:
-        ticks.insert(0, ticks[0] - step)
-    if ticks[-1] < high:
-        ticks.append(ticks[-1] + step)
-    return ticks
+    first, last = math.floor(low / step), math.ceil(high / step)
+    return [float(f"{index * step:.12g}") for index in range(first, last + 1)]  # 0.30000000000000004 -> 0.3
 
 
 def format_number(value: float) -> str:

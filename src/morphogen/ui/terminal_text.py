@@ -1,0 +1,47 @@
+"""Strings from a run directory made safe to print: control characters shown as escapes, never obeyed.
+
+A copied run directory is untrusted, and its strings (actions, slot ids, anomaly messages, config
+values) reach the terminal through `report`, `runs`, the dashboard and error lines. An escape
+sequence among them could rewrite the screen, set the window title or write the clipboard (OSC 52);
+a carriage return could overprint a line; a bidirectional override could reorder what is shown.
+`printable` replaces every such character (Unicode categories Cc and Cf) with its Python escape,
+keeping newlines only when asked. Rich markup is a separate matter: print strings from a run as
+`rich.text.Text`, never as markup.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import unicodedata
+from typing import TypeVar
+
+Value = TypeVar("Value")
+
+_KEPT = frozenset("\n")
+
+
+def _escape(character: str) -> str:
+    code = ord(character)
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}"
+
+
+def printable(text: str, keep_newlines: bool = False) -> str:
+    """`text` with control and format characters (and newlines, unless `keep_newlines`) as escapes."""
+    if text.isprintable():  # the common case, checked in C
+        return text
+    return "".join(character if (keep_newlines and character in _KEPT) or
+                   unicodedata.category(character) not in ("Cc", "Cf", "Cs", "Co", "Cn", "Zl", "Zp")
+                   else _escape(character) for character in text)
+
+
+def printable_fields(value: Value) -> Value:
+    """`value` (an event, or anything inside one) with `printable` applied to every string in it."""
+    if isinstance(value, str):
+        return printable(value)  # type: ignore[return-value]
+    if isinstance(value, tuple):
+        return tuple(printable_fields(item) for item in value)  # type: ignore[return-value]
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        changes = {item.name: printable_fields(getattr(value, item.name)) for item in dataclasses.fields(value)
+                   if item.init}
+        return dataclasses.replace(value, **changes)
+    return value
