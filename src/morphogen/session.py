@@ -58,9 +58,6 @@ class SessionOptions(CompileOptions):
     #: Task: digits, cifar10, text or mnist1d, or your own as `package.module:function` (a function that returns
     #: `morphogen.task_from_data(...)` with its host; see `morphogen.task_import`).
     task: str = "digits"
-    #: The task's own name, filled in by the command from the task it loaded (a user's task names itself);
-    #: reports show it. Setting it changes nothing else.
-    task_name: str | None = None
     #: Base seed of host initialisation, data order and (in training) every round's randomness.
     seed: int = 0
     #: Host size: constructor arguments of the task's host by name, e.g. `[host]` with `base_channels = 8`
@@ -83,6 +80,9 @@ class SessionOptions(CompileOptions):
     runs_root: str = "runs"
     #: Exact run directory; None makes runs_root/<time>-<task>.
     run_dir: str | None = None
+    #: The task's own name, filled in by the command from the task it loaded (a user's task names itself);
+    #: reports show it. Setting it changes nothing else.
+    task_name: str | None = None
     #: Telemetry level, TensorBoard, profiler window, anomaly thresholds.
     telemetry: TelemetryConfig = field(default_factory=TelemetryConfig)
     #: Run the host's training forward and the policy's forward under torch.compile (see
@@ -104,15 +104,14 @@ class SessionOptions(CompileOptions):
         if self.slots is not None and len(set(self.slots)) != len(self.slots):
             raise ValueError(f"slots names a slot more than once: {', '.join(self.slots)}")
         if not isinstance(self.host, Mapping):
-            raise ValueError(f"host must be a table of host size arguments (e.g. base_channels = 8), got {self.host!r}")
+            raise ValueError("host must be a table of host size arguments (e.g. base_channels = 8), "
+                             f"got {short_repr(self.host)}")
         if is_import_path(self.task):
             check_import_path(self.task)
             if self.host:
                 raise ValueError(f"host: a [host] table sizes the built-in hosts; task {self.task} builds its own")
             if self.max_train_samples is not None:
                 raise ValueError(f"max_train_samples caps the built-in tasks; task {self.task} chooses its own data")
-            raise ValueError("host must be a table of host size arguments (e.g. base_channels = 8), "
-                             f"got {short_repr(self.host)}")
         # An unknown task is reported by load_task, with the valid names; its host cannot be checked here.
         elif self.task in TASK_NAMES:
             resolve_host_size(self.task, self.host)
