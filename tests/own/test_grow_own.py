@@ -144,3 +144,13 @@ def test_list_shows_the_slots_and_blueprints_of_a_users_host(monkeypatch: pytest
     assert "slots of the quadrants host (cnn)" in out and "layer3     16" in out
     assert main(["list", "blueprints", "--task", "user_tasks:mlp_regression"]) == 0
     assert "blueprints of the blobs host (mlp)" in capsys.readouterr().out
+
+
+def test_report_and_runs_show_the_users_task_name(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    task, host = user_tasks.resnet()
+    morphogen.grow(task, host, run_dir=str(tmp_path / "runs" / "mine"), config=eager_config(epochs=1),
+                   out=io.StringIO())
+    assert main(["report", str(tmp_path / "runs" / "mine")]) == 0
+    assert "task quadrants" in capsys.readouterr().out
+    assert main(["runs", str(tmp_path / "runs")]) == 0
+    assert "quadrants" in capsys.readouterr().out
