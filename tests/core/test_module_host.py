@@ -96,7 +96,7 @@ def test_an_untraceable_model_that_runs_its_children_in_order_is_cut_between_the
 
 
 @pytest.mark.parametrize(("model", "slots", "example", "message"), [
-    (ResNet(), ["layer4"], torch.randn(2, 3, 12, 12), "no submodule named 'layer4' in ResNet; its children: stem"),
+    (ResNet(), ["layer4"], torch.randn(2, 3, 12, 12), "no submodule named 'layer4' in CifarResNet; its children: stem"),
     (ResNet(), ["layer1.0.conv1"], torch.randn(2, 3, 12, 12), "slot after 'layer1.0.conv1': it sits inside a branch"),
     (ResNet(), ["layer1", "layer1.0"], torch.randn(2, 3, 12, 12), "lies inside 'layer1', which also holds a slot"),
     (ResNet(), ["layer1", "fc"], torch.randn(2, 3, 12, 12), "slots have outputs of different ranks"),

@@ -3,55 +3,25 @@ an MLP; with small generated data each can learn from, and settings that make th
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import torch
 from torch import Tensor, nn
 
 from morphogen import RunConfig
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 from morphogen.control.heuristic import HeuristicConfig
 from morphogen.core.lifecycle import GateConfig, GateMode
 from morphogen.core.slot import SlotConfig
 from morphogen.env.episode import EpisodeConfig
+from your_model import CifarResNet
 
 
-class BasicBlock(nn.Module):
-    """conv-BN-ReLU-conv-BN plus a shortcut (a 1x1 conv when the shape changes), then ReLU."""
-
-    def __init__(self, in_channels: int, out_channels: int, stride: int) -> None:
-        super().__init__()
-        self.conv1 = nn.Conv2d(in_channels, out_channels, 3, stride, 1, bias=False)
-        self.bn1 = nn.BatchNorm2d(out_channels)
-        self.conv2 = nn.Conv2d(out_channels, out_channels, 3, 1, 1, bias=False)
-        self.bn2 = nn.BatchNorm2d(out_channels)
-        self.shortcut = nn.Sequential()
-        if stride != 1 or in_channels != out_channels:
-            self.shortcut = nn.Sequential(nn.Conv2d(in_channels, out_channels, 1, stride, bias=False),
-                                          nn.BatchNorm2d(out_channels))
-
-    def forward(self, x: Tensor) -> Tensor:
-        out = torch.relu(self.bn1(self.conv1(x)))
-        return torch.relu(self.bn2(self.conv2(out)) + self.shortcut(x))
-
-
-class ResNet(nn.Module):
-    """CIFAR layout: a stem, three stages of residual blocks (width w, 2w, 4w), global pooling, a linear head."""
-
-    def __init__(self, width: int = 4, num_classes: int = 4, blocks: int = 1) -> None:
-        super().__init__()
-        self.stem = nn.Sequential(nn.Conv2d(3, width, 3, padding=1, bias=False), nn.BatchNorm2d(width), nn.ReLU())
-        self.layer1 = self._stage(width, width, blocks, 1)
-        self.layer2 = self._stage(width, 2 * width, blocks, 2)
-        self.layer3 = self._stage(2 * width, 4 * width, blocks, 2)
-        self.fc = nn.Linear(4 * width, num_classes)
-
-    @staticmethod
-    def _stage(in_channels: int, out_channels: int, blocks: int, stride: int) -> nn.Sequential:
-        layers = [BasicBlock(in_channels, out_channels, stride)]
-        layers += [BasicBlock(out_channels, out_channels, 1) for _ in range(blocks - 1)]
-        return nn.Sequential(*layers)
-
-    def forward(self, x: Tensor) -> Tensor:
-        x = self.layer3(self.layer2(self.layer1(self.stem(x))))
-        return self.fc(torch.flatten(nn.functional.adaptive_avg_pool2d(x, 1), 1))
+def ResNet(width: int = 4, num_classes: int = 4, blocks: int = 1) -> nn.Module:
+    """The CIFAR-layout ResNet of `benchmarks/your_model.py` (stem, three residual stages, pooling, linear)."""
+    return CifarResNet(width=width, blocks=blocks, num_classes=num_classes)
 
 
 class GPTBlock(nn.Module):
