@@ -25,9 +25,9 @@ from pathlib import Path
 import torch
 
 from morphogen.control.distributed import DistributedTrainer, init_distributed, shutdown
-from morphogen.control.options import load_session_task
 from morphogen.control.trainer import TrainConfig
 from morphogen.env.episode import EpisodeConfig
+from morphogen.session import load_session_task
 
 SRC = Path(__file__).resolve().parents[1] / "src"
 

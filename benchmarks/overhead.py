@@ -34,9 +34,10 @@ from morphogen.core.lifecycle import BLENDED_STAGES, GateConfig, GateMode
 from morphogen.core.model import MorphogeneticModel
 from morphogen.core.slot import SlotConfig
 from morphogen.data import Task, load_task
+from morphogen.devices import resolve_device
 from morphogen.env.episode import EpisodeConfig, MorphogenesisEpisode
+from morphogen.env.play import run_episode
 from morphogen.env.training import OptimizerConfig
-from morphogen.runner import resolve_device, run_episode
 
 #: Gates that let `fossilized_model` walk a seed straight to FOSSILIZED with a 0-epoch blend.
 _INSTANT_LIFECYCLE = SlotConfig(gates=GateConfig(mode=GateMode.PERMISSIVE, min_training_epochs=0), blend_epochs=0)

@@ -8,7 +8,7 @@ before blending, so the steps cover germination, training, blending, holding and
 counterfactuals (`without:` configurations, and `all_off` once two seeds are blended) and seed gradient
 reports. Same seed, same batches: every level trains exactly the same numbers (checked).
 
-One timed step is one iteration of `runner.run_episode`'s loop: the controller's action (with the masks),
+One timed step is one iteration of `morphogen.env.play.run_episode`'s loop: the controller's action (with the masks),
 `episode.step`, `telemetry.end_epoch`. The four episodes advance in lockstep: a round is one step of each
 level at the same epoch, so a round compares identical work, and each round's ratios (level / off) come
 from seconds apart, which cancels drifts in machine load. The starting level rotates from round to round
@@ -41,9 +41,9 @@ from morphogen.data import Task, load_task
 from morphogen.env.actions import Action, Op
 from morphogen.env.counterfactual import ALL_OFF
 from morphogen.env.episode import EpisodeConfig, MorphogenesisEpisode
+from morphogen.env.play import play_epoch
 from morphogen.env.snapshot import EpisodeSnapshot
 from morphogen.run_directory import EVENTS_FILENAME
-from morphogen.runner import play_epoch
 from morphogen.telemetry import events
 from morphogen.telemetry.anomalies import AnomalyDetector
 from morphogen.telemetry.config import TelemetryConfig
@@ -133,7 +133,7 @@ class OverheadReport:
 
 def start_episode(task: Task, level: str, config: EpisodeConfig, seed: int, run_dir: Path,
                   stack: ExitStack) -> LevelEpisode:
-    """A reset episode wired to telemetry at `level` the way `runner.run_command` wires it."""
+    """A reset episode wired to telemetry at `level` the way `morphogen.commands.run.run_command` wires it."""
     telemetry_config = TelemetryConfig(level=level)
     episode = MorphogenesisEpisode(task, config, seed=seed)
     episode.telemetry = stack.enter_context(Telemetry(run_dir, config=telemetry_config))

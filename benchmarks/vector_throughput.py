@@ -41,7 +41,7 @@ import torch
 
 from morphogen.control.trainer import PPOTrainer, TrainConfig
 from morphogen.data import Task, load_task
-from morphogen.runner import resolve_device
+from morphogen.devices import resolve_device
 from morphogen.telemetry.sinks import Telemetry
 
 PHASES = ("policy", "update", "train", "validate", "other")

@@ -20,12 +20,12 @@ import pytest
 import torch
 
 import morphogen.commands.evaluate
-import morphogen.control.options
+import morphogen.session
 from morphogen.cli import EXIT_USER_ERROR, main
 from morphogen.control.checkpoint import load_checkpoint
-from morphogen.control.options import SessionOptions
 from morphogen.data import Task
 from morphogen.run_directory import CHECKPOINT_NAME
+from morphogen.session import SessionOptions
 
 TINY = ["--envs", "2", "--episode-length", "3", "--max-train-samples", "200", "--hidden-size", "16"]
 
@@ -177,7 +177,7 @@ def test_train_eval_and_run_policy_use_the_host_table_of_training(tmp_path: Path
     assert json.loads(load_checkpoint(run)["config"])["host"] == expected
 
     loaded: list[dict[str, int]] = []
-    real = morphogen.control.options.load_session_task
+    real = morphogen.session.load_session_task
 
     def recording(options: SessionOptions, device: str) -> Task:
         task = real(options, device)
@@ -185,7 +185,7 @@ def test_train_eval_and_run_policy_use_the_host_table_of_training(tmp_path: Path
         return task
 
     monkeypatch.setattr(morphogen.commands.evaluate, "load_session_task", recording)
-    monkeypatch.setattr(morphogen.control.options, "load_session_task", recording)  # what cli imports
+    monkeypatch.setattr(morphogen.session, "load_session_task", recording)  # what cli imports
     assert main(["eval", "--policy", str(run), "--episodes", "1"]) == 0
     assert main(["run", "--policy", str(run), "--no-baseline", "--max-train-samples", "200",
                  "--run-dir", str(tmp_path / "episode")]) == 0

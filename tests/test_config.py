@@ -8,12 +8,12 @@ from typing import Any
 
 import pytest
 
+from morphogen.commands.run import RunConfig
 from morphogen.config import ConfigError, build_config, config_to_dict, read_config_file
 from morphogen.core.alpha import AlphaCurve
 from morphogen.core.blend import BlendKind
 from morphogen.core.lifecycle import GateMode, Stage
 from morphogen.env.rewards import RewardMode
-from morphogen.runner import RunConfig
 
 TOML = """
 task = "digits"

@@ -6,11 +6,17 @@ from pathlib import Path
 README = Path(__file__).resolve().parents[1] / "README.md"
 
 
+def python_block(containing: str) -> str:
+    """The first ```python block of the README that contains `containing`."""
+    blocks = [block for block in re.findall(r"```python\n(.*?)```", README.read_text(), flags=re.S)
+              if containing in block]
+    assert blocks, f"README has no python example with {containing!r}"
+    return blocks[0]
+
+
 def test_readme_library_example_runs(capsys):
-    blocks = re.findall(r"```python\n(.*?)```", README.read_text(), flags=re.S)
-    assert blocks, "README has no python example"
     namespace: dict[str, object] = {}
-    exec(compile(blocks[0], str(README), "exec"), namespace)
+    exec(compile(python_block("model.germinate("), str(README), "exec"), namespace)
     slot = namespace["slot"]
     from morphogen import Stage
 
@@ -30,8 +36,8 @@ def test_readme_gym_example_runs():
 def test_readme_config_examples_are_valid_run_configs():
     import tomllib
 
+    from morphogen.commands.run import RunConfig
     from morphogen.config import build_config
-    from morphogen.runner import RunConfig
 
     blocks = re.findall(r"```toml\n(.*?)```", README.read_text(), flags=re.S)
     assert len(blocks) >= 2, "README shows a run config and a [host] table"
@@ -41,3 +47,24 @@ def test_readme_config_examples_are_valid_run_configs():
         config.with_resolved_host()
     host_example = next(block for block in blocks if "[host]" in block)
     assert "base_channels" in host_example
+
+
+def test_readme_own_model_example_runs(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)  # the example writes runs/my-net
+    namespace: dict[str, object] = {}
+    exec(compile(python_block("host_from_module(MyNet()"), str(README), "exec"), namespace)
+    out = capsys.readouterr().out
+    assert "cnn {'stage1': 8, 'stage2': 8}" in out and "no growth" in out and "from scratch" in out
+    result = namespace["result"]
+    assert result.run_dir == Path("runs/my-net") and (tmp_path / "runs/my-net/summary.json").exists()
+    assert result.grown.final_accuracy > 80.0
+
+
+def test_readme_task_function_runs_from_the_command_line(tmp_path, monkeypatch, capsys):
+    from morphogen.cli import main
+
+    (tmp_path / "my_task.py").write_text(python_block("def make_task"))
+    monkeypatch.chdir(tmp_path)
+    assert main(["run", "--task", "my_task:make_task", "--epochs", "2", "--no-from-scratch", "--threads", "1",
+                 "--run-dir", "run"]) == 0
+    assert "task sums (mlp host" in capsys.readouterr().out

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from morphogen.control.controller import Controller, NoGrowthController
+from morphogen.control.controller import NoGrowthController
 from morphogen.data import load_task
 from morphogen.env.episode import EpisodeConfig, MorphogenesisEpisode
-from morphogen.runner import run_episode
+from morphogen.env.play import Controller, run_episode
 from morphogen.telemetry.anomalies import Anomaly, AnomalyDetector
 from morphogen.telemetry.config import TelemetryConfig
 from morphogen.telemetry.events import LayerStatistics, TelemetryLevelChanged

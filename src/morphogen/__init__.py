@@ -4,22 +4,41 @@ A host network carries slots; a controller germinates seeds into them, trains ea
 host, blends it in, and keeps it or prunes it.
 """
 
-from morphogen.core.blueprints import blueprint_names, build_seed
-from morphogen.core.hosts import CNNHost, Conv1dHost, TransformerHost
+from morphogen.commands.run import RunConfig, RunResult
+from morphogen.core.blueprints import blueprint_names, build_seed, register_blueprint
+from morphogen.core.hosts import CNNHost, Conv1dHost, SegmentedHost, TransformerHost
 from morphogen.core.lifecycle import Stage
 from morphogen.core.model import MorphogeneticModel
+from morphogen.core.module_host import HostBuildError, ModuleHost, host_from_module
 from morphogen.core.slot import SeedSlot, SlotConfig
+from morphogen.data import DataError, Task
+from morphogen.data.user import task_from_data
+from morphogen.grow import grow
+from morphogen.grower import EpochReport, Grower
 
 __all__ = [
     "CNNHost",
     "Conv1dHost",
+    "DataError",
+    "EpochReport",
+    "Grower",
+    "HostBuildError",
+    "ModuleHost",
     "MorphogeneticModel",
+    "RunConfig",
+    "RunResult",
     "SeedSlot",
+    "SegmentedHost",
     "SlotConfig",
     "Stage",
+    "Task",
     "TransformerHost",
     "blueprint_names",
     "build_seed",
+    "grow",
+    "host_from_module",
+    "register_blueprint",
+    "task_from_data",
 ]
 __version__ = "0.1.0"
 

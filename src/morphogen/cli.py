@@ -13,10 +13,10 @@ from typing import TYPE_CHECKING, Any
 
 from morphogen import __version__
 from morphogen.commands.listing import LISTINGS
+from morphogen.commands.run import RunConfig, run_command
 from morphogen.config import ConfigError, build_config, read_config_file, short_repr
 from morphogen.control.checkpoint import CheckpointError
 from morphogen.control.distributed import DistributedSetupError, PeerLostError
-from morphogen.control.options import SessionOptions
 from morphogen.control.trainer import TrainConfig
 from morphogen.core.blueprints import UnknownBlueprintError
 from morphogen.core.compilation import COMPILE_BACKENDS, COMPILE_MODES
@@ -32,7 +32,7 @@ from morphogen.run_directory import (
     RunDirectoryRefused,
     hold_run_directory,
 )
-from morphogen.runner import RunConfig, run_command
+from morphogen.session import SessionOptions
 from morphogen.ui.report import RunDirectoryError, render_report
 from morphogen.ui.runs import RunsQueryError
 from morphogen.ui.terminal_text import printable
@@ -378,10 +378,12 @@ def _run(args: argparse.Namespace) -> None:
         run_command(config)
         return
     from morphogen.commands.evaluate import policy_controller_factory, read_policy_run
-    from morphogen.control.options import load_session_task
-    from morphogen.runner import resolve_device
+    from morphogen.devices import resolve_device
+    from morphogen.session import load_session_task
 
     trained, _ = read_policy_run(args.policy, resolve_device(config.device))
+    if args.task is None and "task" not in read_config_values(args.config):
+        config = dataclasses.replace(config, task=trained.task)  # the task the policy was trained on
     length = args.epochs if args.epochs is not None else trained.episode_length
     # The policy acts on the host it was trained with: its slots and its size (another task's host size
     # does not apply; policy_controller_factory then reports the task mismatch).

@@ -13,9 +13,9 @@ from pathlib import Path
 import torch
 
 from morphogen.control.distributed import DistributedTrainer, init_distributed, shutdown
-from morphogen.control.options import load_session_task
 from morphogen.control.trainer import TrainConfig
 from morphogen.env.episode import EpisodeConfig
+from morphogen.session import load_session_task
 
 
 def main(out_dir: Path, rounds: int) -> None:

@@ -15,8 +15,8 @@ from morphogen.data import Task, load_task
 from morphogen.env.actions import Action, Op
 from morphogen.env.counterfactual import MAIN
 from morphogen.env.episode import EpisodeConfig, MorphogenesisEpisode
+from morphogen.env.play import run_episode
 from morphogen.run_directory import EVENTS_FILENAME
-from morphogen.runner import run_episode
 from morphogen.telemetry import events
 from morphogen.telemetry.sinks import Telemetry, read_events
 

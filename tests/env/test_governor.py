@@ -3,6 +3,7 @@ real episode that is rolled back while the episode carries on."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -230,10 +231,11 @@ def test_nan_epoch_in_an_episode_is_rolled_back_and_the_episode_finishes(
     assert episode.model is not None and episode.model.slot("r0c1").stage is Stage.TRAINING
     good_host = host_state(episode.model)
 
-    real_loss = training.task_loss
-    monkeypatch.setattr(training, "task_loss", lambda logits, targets: real_loss(logits, targets) * math.nan)
+    real = episode.trainer.objective
+    episode.trainer.objective = dataclasses.replace(
+        real, loss=lambda logits, targets: training.task_loss(logits, targets) * math.nan)
     result = episode.step(Action())
-    monkeypatch.setattr(training, "task_loss", real_loss)
+    episode.trainer.objective = real
 
     assert result.rollback is not None and result.rollback.reason == "non-finite training loss"
     assert result.snapshot.rolled_back

@@ -8,12 +8,13 @@ from pathlib import Path
 
 import pytest
 
+from morphogen.commands.run import RunConfig, run_command
 from morphogen.config import build_config
 from morphogen.control.heuristic import HeuristicController
 from morphogen.core.lifecycle import BLENDED_STAGES, Stage
 from morphogen.data import load_task
 from morphogen.env.episode import EpisodeConfig, MorphogenesisEpisode
-from morphogen.runner import RunConfig, run_command, run_episode
+from morphogen.env.play import run_episode
 
 
 @pytest.mark.slow
@@ -53,7 +54,8 @@ def test_run_compares_grown_no_growth_and_the_final_architecture_from_scratch(tm
                       "min_training_epochs": 1},
     })
     out = io.StringIO()
-    grown, baseline, run_dir = run_command(config, out=out)
+    result = run_command(config, out=out)
+    grown, baseline, run_dir = result.grown, result.baseline, result.run_dir
     summary = json.loads((run_dir / "summary.json").read_text())
     assert baseline is not None and summary["baseline"]["parameters"] == baseline.parameters
     scratch = summary["from_scratch"]

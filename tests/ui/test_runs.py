@@ -111,7 +111,7 @@ def test_damaged_runs_are_read_in_part_or_named_and_never_hide_the_others(
     lines[1:1] = ['{"time": 1, "event": "from_the_future"}', '{"torn": ', "[" * 100_000]
     (damaged / "events.jsonl").write_text("\n".join(lines) + '\n{"time": ')
     config = json.loads((damaged / "config.json").read_text())
-    config["task"] = "[/bad]\x1b]52;c;aGk=\x07"
+    config["task"] = config["task_name"] = "[/bad]\x1b]52;c;aGk=\x07"
     (damaged / "config.json").write_text(json.dumps(config))
     (damaged / "summary.json").write_text('{"baseline": {"final_accuracy": "high", "parameters": 1e999}}')
     (root / "empty").mkdir()

@@ -11,20 +11,22 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
+from morphogen.commands.run import write_resolved_config
 from morphogen.config import build_config, config_to_dict
 from morphogen.control.checkpoint import CheckpointError, check_layout, load_checkpoint
-from morphogen.control.controller import Controller, NoGrowthController
+from morphogen.control.controller import NoGrowthController
 from morphogen.control.heuristic import HeuristicController
 from morphogen.control.learned import PolicyController, agent_from_checkpoint
-from morphogen.control.options import CompileOptions, load_session_task
 from morphogen.control.trainer import TrainConfig
 from morphogen.core.compilation import CompileSettings
 from morphogen.data import Task
+from morphogen.devices import resolve_device
 from morphogen.env.episode import MorphogenesisEpisode
+from morphogen.env.play import Controller, EpisodeOutcome, run_episode
 from morphogen.env.seeding import derive_seed
 from morphogen.limits import MAX_EVAL_EPISODES, MAX_SEED, check_count
 from morphogen.run_directory import SCORES_FILENAME, hold_run_directory, make_run_dir, refuse_other_run, write_atomic
-from morphogen.runner import EpisodeOutcome, resolve_device, run_episode, write_resolved_config
+from morphogen.session import CompileOptions, load_session_task
 from morphogen.telemetry.config import TelemetryConfig
 from morphogen.telemetry.sinks import Telemetry
 from morphogen.ui.progress import ProgressDisplay
@@ -178,8 +180,9 @@ def policy_controller_factory(policy_dir: str, task: Task, device: str, episode_
     """For `morphogen run --policy`: a controller factory and the training config (checked against the run);
     with `compile_settings` the policy's forward runs compiled."""
     config, state = read_policy_run(policy_dir, device)
-    if config.task != task.name:
-        raise CheckpointError(f"policy {policy_dir} was trained on task {config.task!r}, not {task.name!r}")
+    named = task.name if task.source == "builtin" else task.source  # a user's task: the import path that made it
+    if config.task != named:
+        raise CheckpointError(f"policy {policy_dir} was trained on task {config.task!r}, not {named!r}")
     if episode_length != config.episode_length:
         raise CheckpointError(f"policy {policy_dir} was trained for {config.episode_length}-epoch episodes; "
                               f"this run has {episode_length} (use --epochs {config.episode_length})")

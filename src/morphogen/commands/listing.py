@@ -16,6 +16,8 @@ from rich.table import Column, Table
 from morphogen.core.blueprints import parameter_count, registry_table
 from morphogen.core.hosts import build_host
 from morphogen.data import TASK_NAMES, Task, load_task
+from morphogen.env.episode import task_host
+from morphogen.task_import import import_task, is_import_path
 from morphogen.ui.progress import LINE_WIDTH
 
 TASK_DESCRIPTIONS = {
@@ -35,6 +37,8 @@ def _console(out: TextIO) -> Console:
 
 def slot_widths(task: Task, pool_slots: bool = False) -> dict[str, int]:
     """Slot id -> channels (or model width) of every injection point of the task's host, in execution order."""
+    if task.host is not None:  # a user's host (`--task package.module:function`)
+        return dict(task_host(task, "cpu").injection_points)
     host_kwargs: dict[str, int | bool] = dict(task.host_kwargs)
     if task.topology == "cnn" and pool_slots:
         host_kwargs["pool_slots"] = True
@@ -79,7 +83,8 @@ def list_command(what: str, *, task_name: str = "digits", pool_slots: bool = Fal
     if what == "tasks":
         list_tasks(out)
         return
-    task = load_task(task_name, device="cpu", data_dir=data_dir, text_file=text_file, max_train_samples=1)
+    task = (import_task(task_name, seed=0, device="cpu") if is_import_path(task_name) else
+            load_task(task_name, device="cpu", data_dir=data_dir, text_file=text_file, max_train_samples=1))
     if what == "slots":
         list_slots(task, pool_slots, out)
     else:

@@ -11,6 +11,7 @@ from typing import Any, TextIO
 import torch
 from rich.progress import TaskID
 
+from morphogen.commands.run import write_resolved_config
 from morphogen.config import ConfigError, build_config
 from morphogen.control.checkpoint import CheckpointError, load_checkpoint
 from morphogen.control.distributed import (
@@ -22,8 +23,8 @@ from morphogen.control.distributed import (
     receive_run_directory,
     send_run_directory,
 )
-from morphogen.control.options import load_session_task
 from morphogen.control.trainer import PPOTrainer, RoundSummary, TrainConfig, format_round, train
+from morphogen.devices import resolve_device, resolve_devices
 from morphogen.env.seeding import derive_seed
 from morphogen.run_directory import (
     CHECKPOINT_NAME,
@@ -35,7 +36,7 @@ from morphogen.run_directory import (
     remove_stale_temporaries,
     write_atomic,
 )
-from morphogen.runner import resolve_device, resolve_devices, write_resolved_config
+from morphogen.session import load_session_task
 from morphogen.telemetry.resume import cut_events_to_round
 from morphogen.telemetry.sinks import Telemetry
 from morphogen.ui.progress import ProgressDisplay

@@ -1,20 +1,15 @@
-"""What every controller offers the episode loop: reset at episode start, one action per epoch."""
+"""The controller that never grows: the no-growth baseline every comparison trains beside growth.
+
+What a controller must offer is the `morphogen.env.play.Controller` protocol."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Protocol
 
 import numpy as np
 
 from morphogen.env.actions import Action
 from morphogen.env.snapshot import EpisodeSnapshot
-
-
-class Controller(Protocol):
-    def reset(self) -> None: ...
-
-    def act(self, snapshot: EpisodeSnapshot, masks: Sequence[np.ndarray]) -> Action: ...
 
 
 class NoGrowthController:

@@ -70,7 +70,6 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from morphogen.control.controller import Controller
 from morphogen.control.learned import PolicyInputs
 from morphogen.control.normalization import RunningMeanStd, merge_moments
 from morphogen.control.policy import ActionOutput, LSTMState
@@ -79,6 +78,7 @@ from morphogen.control.rollout import RolloutBatch
 from morphogen.control.trainer import PPOTrainer, RoundSummary, TrainConfig, _config_dict
 from morphogen.data import Task
 from morphogen.env.actions import Action
+from morphogen.env.play import Controller
 from morphogen.env.snapshot import EpisodeSnapshot
 from morphogen.limits import MAX_TIMEOUT_SECONDS
 from morphogen.telemetry import events

@@ -33,6 +33,7 @@ DEFAULT_ROTATION = {
     "cnn1d": ("conv_heavy", "conv_light", "widen_x4", "attention", "depthwise", "bottleneck", "conv_small",
               "norm", "widen_x2", "widen_x8"),
     "transformer": ("lora", "mlp_small", "attention", "norm", "lora_large", "mlp"),
+    "mlp": ("mlp", "mlp_small", "lora_large", "lora", "norm"),
 }
 
 

@@ -33,13 +33,11 @@ import numpy as np
 import torch
 
 from morphogen.control.checkpoint import CheckpointError, check_layout, save_checkpoint
-from morphogen.control.controller import Controller
 from morphogen.control.heuristic import HeuristicController
 from morphogen.control.imitation import ImitationConfig, ImitationStatistics, concatenate_batches, imitation_fit
 from morphogen.control.integrity import non_finite_entries
 from morphogen.control.learned import PolicyAgent, PolicyInputs, build_policy
 from morphogen.control.normalization import RewardNormalizer, RunningMeanStd, ValueNormalizer
-from morphogen.control.options import DEFAULT_DEVICE, SessionOptions
 from morphogen.control.policy import ActionOutput, LSTMState
 from morphogen.control.ppo import EnvShare, PPOConfig, PPOStatistics, build_optimizer, ppo_update
 from morphogen.control.rollout import RolloutBatch, RolloutBuffer
@@ -51,11 +49,13 @@ from morphogen.env.actions import HEADS, Action, ActionSpace
 from morphogen.env.episode import EpisodeConfig
 from morphogen.env.governor import DivergenceError
 from morphogen.env.observation import ObservationEncoder
+from morphogen.env.play import Controller
 from morphogen.env.seeding import derive_seed, seeded
 from morphogen.env.snapshot import EpisodeSnapshot
 from morphogen.env.vector import VectorEpisodes
 from morphogen.limits import MAX_ENVS, MAX_HIDDEN_SIZE, MAX_ROUNDS, check_count
 from morphogen.run_directory import CHECKPOINT_NAME, PROFILE_DIRNAME
+from morphogen.session import DEFAULT_DEVICE, SessionOptions
 from morphogen.telemetry import events
 from morphogen.telemetry.anomalies import Anomaly, AnomalyDetector, PPODiagnostics
 from morphogen.telemetry.events import ALL_ENVS
@@ -119,7 +119,7 @@ class TrainConfig(SessionOptions):
     @property
     def policy_device(self) -> str:
         """Where the policy, the training data and the shared batch stream live: the first of `devices`,
-        else `device` (as configured; `runner.resolve_device` resolves `auto`)."""
+        else `device` (as configured; `morphogen.devices.resolve_device` resolves `auto`)."""
         return self.devices[0] if self.devices else self.device
 
 
@@ -163,7 +163,7 @@ class PPOTrainer:
                  first_env: int = 0, devices: list[str] | None = None) -> None:
         """`first_env` is the global index of the first env (not 0 only on a distributed rank, whose
         `config.n_envs` is its own share of the envs). `devices` (resolved device strings, e.g. `auto`
-        resolved by `runner.resolve_device`; the task's data on the first) spreads the envs over them;
+        resolved by `morphogen.devices.resolve_device`; the task's data on the first) spreads the envs over them;
         None uses `config.devices` as they are."""
         self.config, self.task = config, task
         episode_config = dataclasses.replace(config.episode, gamma=config.ppo.gamma)

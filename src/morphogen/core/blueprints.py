@@ -5,7 +5,8 @@ layer of `delta` (or a ReZero-style output scale) starts at zero, so germinating
 changes the host's function. Norms inside seeds are GroupNorm/LayerNorm, never BatchNorm: a seed
 must behave the same whatever the batch composition, including the fused counterfactual batch.
 
-Topologies: "cnn" (images [N, C, H, W]), "cnn1d" (sequences [N, C, L]) and "transformer" ([N, T, D]).
+Topologies: "cnn" (images [N, C, H, W]), "cnn1d" (sequences [N, C, L]), "transformer" ([N, T, D]) and
+"mlp" (features [N, F]); `register_blueprint` adds a user's own recipe to any of them.
 The two convolutional topologies share one set of recipes, written once over the number of spatial
 dimensions. Besides seeds of the slot's own width they have *widening* seeds (`widen_x2/x4/x8`,
 inverted residuals with e*C hidden channels): on a narrow host a seed of the slot's width adds almost
@@ -322,22 +323,72 @@ def _convolutional_blueprints(topology: str, dims: int) -> dict[str, Blueprint]:
             for name, build, description in recipes}
 
 
+def _residual_mlp_blueprints(topology: str, *, attention: bool) -> dict[str, Blueprint]:
+    """Seeds over the last dimension: tokens [N, T, D] (`attention` adds causal self-attention) or features [N, F]."""
+    blueprints = [
+        Blueprint("norm", topology, transformer_norm, "layer norm blended in by a zero-init scale"),
+        Blueprint("lora", topology, transformer_lora, "low-rank adapter, rank 8"),
+        Blueprint("lora_large", topology, transformer_lora_large, "low-rank adapter, rank 32"),
+        Blueprint("mlp_small", topology, transformer_mlp_small, "MLP with 2x hidden width"),
+        Blueprint("mlp", topology, transformer_mlp, "MLP with 4x hidden width"),
+    ]
+    if attention:
+        blueprints.insert(3, Blueprint("attention", topology, transformer_attention, "4-head causal self-attention"))
+    return {b.name: b for b in blueprints}
+
+
 _REGISTRY: dict[str, dict[str, Blueprint]] = {
     "cnn": _convolutional_blueprints("cnn", dims=2),
     "cnn1d": _convolutional_blueprints("cnn1d", dims=1),
-    "transformer": {b.name: b for b in (
-        Blueprint("norm", "transformer", transformer_norm, "layer norm blended in by a zero-init scale"),
-        Blueprint("lora", "transformer", transformer_lora, "low-rank adapter, rank 8"),
-        Blueprint("lora_large", "transformer", transformer_lora_large, "low-rank adapter, rank 32"),
-        Blueprint("attention", "transformer", transformer_attention, "4-head causal self-attention"),
-        Blueprint("mlp_small", "transformer", transformer_mlp_small, "MLP with 2x hidden width"),
-        Blueprint("mlp", "transformer", transformer_mlp, "MLP with 4x hidden width"),
-    )},
+    "transformer": _residual_mlp_blueprints("transformer", attention=True),
+    "mlp": _residual_mlp_blueprints("mlp", attention=False),
 }
 TOPOLOGIES = tuple(_REGISTRY)
-"""Host topologies that have blueprints: "cnn" (images), "cnn1d" (sequences), "transformer" (tokens)."""
-CHANNEL_DIM = {"cnn": 1, "cnn1d": 1, "transformer": -1}
-"""Where each topology's activations keep their channels: [N, C, H, W] and [N, C, L] first, [N, T, D] last."""
+"""Host topologies that have blueprints: "cnn" (images), "cnn1d" (sequences), "transformer" (tokens), "mlp"
+(features)."""
+CHANNEL_DIM = {"cnn": 1, "cnn1d": 1, "transformer": -1, "mlp": -1}
+"""Where each topology's activations keep their channels: [N, C, H, W] and [N, C, L] first, [N, T, D] and [N, F]
+last."""
+#: The activation shape a registered blueprint is checked on, per topology, for a width C.
+_PROBE_SHAPES: dict[str, Callable[[int], tuple[int, ...]]] = {
+    "cnn": lambda c: (3, c, 5, 5), "cnn1d": lambda c: (3, c, 7), "transformer": lambda c: (3, 5, c),
+    "mlp": lambda c: (3, c),
+}
+_PROBE_WIDTH = 16
+
+
+def register_blueprint(topology: str, name: str, builder: Callable[..., nn.Module], description: str = "") -> None:
+    """Add a seed recipe of your own: `builder(width, *, device=None, dtype=None, **options)` returns the module.
+
+    Checked here, once, at width 16 on a random activation of the topology's layout: the seed must keep
+    the shape, be the identity at birth (zero-initialise its last layer, as the built-in seeds do), have
+    parameters to train, and hold no BatchNorm (seeds see fused counterfactual batches). Raises
+    `UnknownBlueprintError` for an unknown topology or a name already taken, `ValueError` for a failed check.
+    """
+    _check_topology(topology)
+    if not name or not name.isidentifier():
+        raise ValueError(f"blueprint name must be an identifier (letters, digits, _), got {name!r}")
+    if name in _REGISTRY[topology]:
+        raise UnknownBlueprintError(f"{topology} blueprint {name!r} already exists; choose another name")
+    blueprint = Blueprint(name, topology, builder, description or f"user blueprint {name}")
+    seed = blueprint.build(_PROBE_WIDTH)
+    if not isinstance(seed, nn.Module):
+        raise ValueError(f"blueprint {name!r}: the builder returned {type(seed).__name__}, not an nn.Module")
+    if any(isinstance(module, nn.modules.batchnorm._BatchNorm) for module in seed.modules()):
+        raise ValueError(f"blueprint {name!r} holds a BatchNorm; use GroupNorm or LayerNorm (seeds see fused "
+                         "counterfactual batches)")
+    if not any(parameter.requires_grad for parameter in seed.parameters()):
+        raise ValueError(f"blueprint {name!r} has no trainable parameters")
+    probe = torch.randn(_PROBE_SHAPES[topology](_PROBE_WIDTH), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        output = seed.eval()(probe)
+    if not isinstance(output, Tensor) or output.shape != probe.shape:
+        shape = tuple(output.shape) if isinstance(output, Tensor) else type(output).__name__
+        raise ValueError(f"blueprint {name!r} must keep the activation's shape {tuple(probe.shape)}, returned {shape}")
+    if not torch.allclose(output, probe, atol=1e-6):
+        raise ValueError(f"blueprint {name!r} is not the identity at birth (max change "
+                         f"{(output - probe).abs().max().item():.3g}); zero-initialise its last layer")
+    _REGISTRY[topology][name] = blueprint
 
 
 def _check_topology(topology: str) -> None:

@@ -26,14 +26,16 @@ validation data is identical whatever they are.
 from __future__ import annotations
 
 import warnings
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Protocol
 
 import numpy as np
 import torch
 from sklearn.datasets import load_digits  # type: ignore[import-untyped]
 from sklearn.model_selection import train_test_split  # type: ignore[import-untyped]
+from torch import Tensor
 
 from morphogen.data.cifar import CIFAR10_NUM_CLASSES, EXPECTED_LAYOUT, read_cifar10, uint8_channel_mean_std
 from morphogen.data.datasets import Augmentation, DeviceDataset, random_crop_flip
@@ -93,18 +95,32 @@ MNIST1D_BATCH_SIZE = 100
 """40 steps per epoch on 4000 signals; the batch size of the MNIST-1D paper's reference models."""
 
 
+class BatchSource(Protocol):
+    """Where a task's batches come from: a `DeviceDataset`, or a user's `Dataset` / `DataLoader`
+    (`morphogen.data.user`)."""
+
+    @property
+    def device(self) -> torch.device: ...
+
+    def __len__(self) -> int: ...
+
+    def iterate_batches(self, batch_size: int, *, generator: torch.Generator | None = ..., shuffle: bool = ...,
+                        augment: Augmentation | None = ..., drop_last: bool = ...) -> Iterator[tuple[Tensor, Tensor]]:
+        ...
+
+
 @dataclass(frozen=True)
 class Task:
     """A dataset on a device, the host that fits it, and how to train on it."""
 
     name: str
-    """One of TASK_NAMES."""
+    """One of TASK_NAMES, or the name a user gave their own task."""
     topology: str
-    """"cnn", "cnn1d" or "transformer": which host class `host_kwargs` are for."""
+    """"cnn", "cnn1d", "transformer" or "mlp": the layout of the host's activations (which seeds fit it)."""
     host_kwargs: dict[str, int]
-    """Exactly the keyword arguments of that host's constructor."""
-    train: DeviceDataset
-    validation: DeviceDataset
+    """A built-in task: exactly the keyword arguments of its host's constructor. Empty for a user's host."""
+    train: BatchSource
+    validation: BatchSource
     batch_size: int
     """A batch size that works well for this task."""
     augment: Augmentation | None
@@ -114,6 +130,20 @@ class Task:
     logits [B, T, V])."""
     vocabulary: tuple[str, ...] | None = None
     """For "text": the character of each token id (decode with `decode_characters`); None otherwise."""
+    loss: Callable[[Tensor, Tensor], Tensor] | None = None
+    """The training loss `loss(outputs, targets)` -> the batch mean, a scalar; None is cross-entropy."""
+    metric: Callable[[Tensor, Tensor], Tensor] | None = None
+    """The validation score `metric(outputs, targets)` -> the batch mean, higher is better; None is accuracy in
+    percent with the built-in loss, and the negative loss with a task's own loss."""
+    metric_name: str = "accuracy"
+    """What the score is, for people: "accuracy", "negative loss" or the user's name for their metric."""
+    num_classes: int | None = None
+    """Classes of a classification task (chance accuracy is 100 / num_classes); None when not one."""
+    host: Any = None
+    """A user's host (`morphogen.host_from_module`): a `SegmentedHost` each episode copies, or a function of no
+    arguments that builds a fresh one; None builds the built-in host of `topology` from `host_kwargs`."""
+    source: str = "builtin"
+    """Where the task came from: "builtin", "python" (built in a user's code) or the import path that made it."""
 
 
 def load_task(
@@ -216,6 +246,7 @@ def _load_digits(device: torch.device, seed: int, max_train_samples: int | None,
         batch_size=DIGITS_BATCH_SIZE,
         augment=None,
         objective="classification",
+        num_classes=10,
     )
 
 
@@ -250,6 +281,7 @@ def _load_cifar10(
         batch_size=CIFAR10_BATCH_SIZE,
         augment=random_crop_flip,
         objective="classification",
+        num_classes=CIFAR10_NUM_CLASSES,
     )
 
 
@@ -275,6 +307,7 @@ def _load_mnist1d(device: torch.device, seed: int, max_train_samples: int | None
         batch_size=MNIST1D_BATCH_SIZE,
         augment=None,
         objective="classification",
+        num_classes=MNIST1D_NUM_CLASSES,
     )
 
 
@@ -304,4 +337,5 @@ def _load_text(
         augment=None,
         objective="language_model",
         vocabulary=encoded.vocabulary,
+        num_classes=len(encoded.vocabulary),
     )

@@ -67,12 +67,13 @@ from morphogen.core.isolation import SeedAccumulation
 from morphogen.core.lifecycle import Stage
 from morphogen.core.model import MorphogeneticModel, ShadowOutput
 from morphogen.env.episode import MorphogenesisEpisode
-from morphogen.env.evaluation import task_loss
-from morphogen.env.training import shadow_loss
+from morphogen.env.evaluation import Objective, task_loss
 
 HOST_GROUP = "host"
 #: Added to a group's gradient norm before dividing, as `torch.nn.utils.clip_grad_norm_` does.
 CLIP_EPSILON = 1e-6
+#: The built-in objective (cross-entropy): `VectorEpisodes` batches envs of built-in tasks only.
+_BUILT_IN = Objective(task_loss, None, custom=False)
 
 
 def architecture_signature(model: MorphogeneticModel) -> Hashable:
@@ -281,7 +282,7 @@ class StackedEnvs:
         if self.layout.shadow_start == self.layout.width:
             return (main,)
         assert shadow is not None
-        return main, shadow_loss(shadow.outputs, targets)
+        return main, _BUILT_IN.shadow_loss(shadow.outputs, targets)
 
     def step(self, inputs: Tensor, targets: Tensor) -> None:
         """Forward, backward, per-env per-group clip and SGD step of every env in the group on one batch."""

@@ -13,6 +13,9 @@ number of parameters, layers or batches.
 
 from __future__ import annotations
 
+import copy
+import dataclasses
+import math
 from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -24,15 +27,15 @@ from torch import Tensor
 from morphogen.core.alpha import AlphaMode
 from morphogen.core.blueprints import blueprint_names
 from morphogen.core.compilation import CompileSettings
-from morphogen.core.hosts import build_host
+from morphogen.core.hosts import SegmentedHost, build_host
 from morphogen.core.isolation import IsolationMonitor, IsolationReport
 from morphogen.core.lifecycle import BLENDED_STAGES, IllegalTransitionError, Stage
 from morphogen.core.model import MorphogeneticModel
 from morphogen.core.slot import SlotConfig
-from morphogen.data import Task
+from morphogen.data import DataError, Task
 from morphogen.env.actions import Action, ActionSpace, Op
 from morphogen.env.counterfactual import MAIN, CounterfactualResult, plan_counterfactuals
-from morphogen.env.evaluation import validate
+from morphogen.env.evaluation import Objective, validate
 from morphogen.env.governor import DivergenceError, Governor, GovernorConfig, Rollback
 from morphogen.env.rewards import RewardBreakdown, RewardConfig, RewardMode, compute_reward
 from morphogen.env.seeding import derive_seed, seeded
@@ -84,6 +87,34 @@ class EpisodeConfig:
             raise ValueError(f"gamma must be in (0, 1], got {self.gamma}")
 
 
+def task_host(task: Task, device: torch.device | str, *, pool_slots: bool = False) -> SegmentedHost:
+    """A fresh host for `task` on `device`: the built-in host of its topology, or the user's host (a copy of the
+    one given, or a new one from the function given; seed the global generator first for a seeded init)."""
+    if task.host is None:
+        host_kwargs: dict[str, int | bool] = dict(task.host_kwargs)
+        if task.topology in ("cnn", "cnn1d") and pool_slots:
+            host_kwargs["pool_slots"] = True
+        return build_host(task.topology, device=device, **host_kwargs)
+    built = copy.deepcopy(task.host) if isinstance(task.host, torch.nn.Module) else task.host()
+    if not isinstance(built, SegmentedHost):
+        raise DataError(f"task {task.name!r}: its host function returned a {type(built).__name__}; return "
+                        "morphogen.host_from_module(model, slots=..., example_input=...)")
+    return built.to(device)
+
+
+def task_with_host(task: Task, host: object = None) -> Task:
+    """`task` with `host` (a `SegmentedHost`, or a function of no arguments that builds one) as its host, and its
+    topology read from that host; with `host=None`, the task's own host. Raises `DataError` when there is none."""
+    chosen = task.host if host is None else host
+    if chosen is None:
+        if task.topology:
+            return task
+        raise DataError(f"task {task.name!r} has no host: pass one (morphogen.host_from_module)")
+    probe = dataclasses.replace(task, host=chosen)
+    topology = chosen.topology if isinstance(chosen, SegmentedHost) else task_host(probe, "cpu").topology
+    return dataclasses.replace(probe, topology=topology)
+
+
 @dataclass(frozen=True)
 class StepResult:
     snapshot: EpisodeSnapshot
@@ -115,6 +146,9 @@ class MorphogenesisEpisode:
         self.batch_size = self.config.batch_size or task.batch_size
         #: The optimizer settings this episode trains with: the config's, else the task's default.
         self.optimizer_config = self.config.optimizer or task_optimizer_config(task.name)
+        self.objective = Objective.of(task)
+        if not task.topology:
+            raise ValueError(f"task {task.name!r} has no host yet: give it one (morphogen.grow or task_with_host)")
         self.blueprint_ids = {name: i + 1 for i, name in enumerate(blueprint_names(task.topology))}
         self.model: MorphogeneticModel | None = None
         #: Wall-clock time per phase (train, validate, act); shared with the caller when given.
@@ -129,11 +163,8 @@ class MorphogenesisEpisode:
     # ---------------------------------------------------------------- setup
     def build_model(self) -> MorphogeneticModel:
         """The host for this task with slots, initialised from this episode's seed."""
-        host_kwargs: dict[str, int | bool] = dict(self.task.host_kwargs)
-        if self.task.topology in ("cnn", "cnn1d") and self.pool_slots:
-            host_kwargs["pool_slots"] = True
         with seeded(self.seed, self.device):
-            host = build_host(self.task.topology, device=self.device, **host_kwargs)
+            host = task_host(self.task, self.device, pool_slots=self.pool_slots)
         model = MorphogeneticModel(host, self.slot_request, self.config.slots)
         for slot_id, blueprint in self.architecture.items():
             model.slot(slot_id)  # an unknown slot raises here, naming the valid ones
@@ -148,10 +179,10 @@ class MorphogenesisEpisode:
         self.model = self.build_model()
         self.action_space = ActionSpace(self.model.slot_ids, self.task.topology)
         self.monitor = IsolationMonitor(device=self.device)
-        self.trainer = ModelTrainer(self.model, self.optimizer_config, self.monitor)
-        classes = self.task.host_kwargs.get("num_classes") or self.task.host_kwargs.get("vocab_size")
+        self.trainer = ModelTrainer(self.model, self.optimizer_config, self.monitor, self.objective)
+        classes = self.task.num_classes
         self.governor = Governor(self.model, self.config.governor,
-                                 chance_accuracy=100.0 / classes if classes else None)
+                                 chance_accuracy=100.0 / classes if classes and not self.objective.custom else None)
         self.generator = torch.Generator(device="cpu").manual_seed(self.seed)
         self.epoch = 0
         self.accuracies: deque[float] = deque(maxlen=HISTORY)
@@ -165,7 +196,7 @@ class MorphogenesisEpisode:
         if self.detector is not None:
             # A fresh host's gradients are not a drift from the last episode's converged ones.
             self.detector.forget_gradients(f"env{self.env_id}/")
-        result = self._validate()
+        result = self._first_validation()
         self.governor.observe_validation(result.loss(MAIN), result.accuracy(MAIN))
         self.snapshot = self._make_snapshot(result, None, Op.WAIT, True, None)
         return self.snapshot
@@ -287,6 +318,27 @@ class MorphogenesisEpisode:
         return self._validate()
 
     # ---------------------------------------------------------------- measurements
+    def _first_validation(self) -> CounterfactualResult:
+        """Validate the untrained model; on a user's task, what the model or its loss cannot take is a `DataError`.
+
+        This is the first time the user's data meets the user's model, before anything trains: a shape
+        mismatch, a loss that is not finite, an exception in their metric is reported here as one line.
+        """
+        if self.task.source == "builtin":
+            return self._validate()
+        try:
+            result = self._validate()
+        except DataError:
+            raise
+        except (RuntimeError, ValueError, TypeError, IndexError) as error:
+            message = str(error).strip().splitlines()
+            raise DataError(f"task {self.task.name!r}: the model and its loss failed on the validation data: "
+                            f"{type(error).__name__}: {message[0][:300] if message else ''}") from None
+        if not math.isfinite(result.loss(MAIN)) or not math.isfinite(result.accuracy(MAIN)):
+            raise DataError(f"task {self.task.name!r}: the loss or metric is not finite on the validation data before "
+                            f"training (loss {result.loss(MAIN)}, {self.task.metric_name} {result.accuracy(MAIN)})")
+        return result
+
     def _validate(self) -> CounterfactualResult:
         assert self.model is not None
         alphas = {s.slot_id: s.alpha.alpha for s in self.model.slots()
@@ -294,7 +346,7 @@ class MorphogenesisEpisode:
         training = [s.slot_id for s in self.model.slots() if s.stage is Stage.TRAINING and s.seed is not None]
         plan = plan_counterfactuals(self.model.slot_ids, alphas, training)
         with self.timer.phase("validate"):
-            return validate(self.model, self.task.validation, plan, self.config.validation_batch_size)
+            return validate(self.model, self.task.validation, plan, self.config.validation_batch_size, self.objective)
 
     def _record_signals(self, result: CounterfactualResult) -> None:
         assert self.model is not None

@@ -1,16 +1,24 @@
 """Task losses and the validation pass that evaluates the model and its counterfactuals together.
 
+An `Objective` is how a task judges outputs: a training loss and a validation score (higher is better).
+The built-in one is cross-entropy and accuracy in percent, computed for all K counterfactual
+configurations in one vectorized call; a task's own loss and metric run once per configuration.
 Metrics accumulate in device tensors across batches; `validate` synchronizes once, at its end.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
+
 import torch
 from torch import Tensor, nn
 
 from morphogen.core.model import MorphogeneticModel
-from morphogen.data import DeviceDataset
+from morphogen.data import BatchSource, DataError, Task
 from morphogen.env.counterfactual import CounterfactualPlan, CounterfactualResult
+
+LossFunction = Callable[[Tensor, Tensor], Tensor]
 
 OBJECTIVES = ("classification", "language_model")
 
@@ -18,6 +26,57 @@ OBJECTIVES = ("classification", "language_model")
 def task_loss(logits: Tensor, targets: Tensor) -> Tensor:
     """Mean cross-entropy for classification ([B, C] vs [B]) or language modelling ([B, T, V] vs [B, T])."""
     return nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
+
+
+@dataclass(frozen=True)
+class Objective:
+    """The training loss and the validation score of a task; `custom` when either is the task's own."""
+
+    loss: LossFunction
+    """`loss(outputs [B, ...], targets [B, ...])` -> the batch's mean loss, a scalar."""
+    metric: LossFunction | None
+    """`metric(outputs, targets)` -> the batch's mean score, higher is better; None scores by accuracy (built-in)
+    or, with a custom loss, by the negative loss."""
+    custom: bool
+
+    @classmethod
+    def of(cls, task: Task) -> Objective:
+        """The task's own loss and metric where it has them, else cross-entropy and accuracy."""
+        if task.loss is None and task.metric is None:
+            return cls(task_loss, None, custom=False)
+        return cls(task.loss or task_loss, task.metric, custom=True)
+
+    def checked_loss(self, outputs: Tensor, targets: Tensor) -> Tensor:
+        """`loss(outputs, targets)`, refused with a `DataError` when it is not a scalar tensor (no sync)."""
+        value = self.loss(outputs, targets)
+        if not isinstance(value, Tensor) or value.dim() != 0:
+            shape = tuple(value.shape) if isinstance(value, Tensor) else type(value).__name__
+            raise DataError(f"the task's loss must return a scalar tensor (the batch mean), returned {shape}")
+        return value
+
+    def shadow_loss(self, outputs: Tensor, targets: Tensor) -> Tensor:
+        """Sum over K shadow configurations of each one's loss: outputs (K, B, ...), targets (B, ...).
+
+        Summing keeps every seed's gradient that of its own loss (its rows are the only ones it affects).
+        """
+        k = outputs.shape[0]
+        if not self.custom:
+            return task_loss(outputs, targets.expand(k, *targets.shape)) * k  # targets (K, B, ...) as a view
+        return torch.stack([self.checked_loss(outputs[i], targets) for i in range(k)]).sum()
+
+    def loss_and_score(self, outputs: Tensor, targets: Tensor) -> tuple[Tensor, Tensor, int]:
+        """For outputs [K, B, ...]: summed loss [K], summed score [K] and the number of items they sum over."""
+        if not self.custom:
+            losses, correct = per_config_loss_and_correct(outputs, targets)
+            return losses, 100.0 * correct.to(losses.dtype), targets.numel()
+        batch = targets.shape[0]
+        losses = torch.stack([self.checked_loss(outputs[i], targets) for i in range(outputs.shape[0])])  # (K,)
+        if self.metric is None:
+            scores = -losses
+        else:
+            scores = torch.stack([torch.as_tensor(self.metric(outputs[i], targets)).reshape(())
+                                  for i in range(outputs.shape[0])]).to(losses.dtype)  # (K,)
+        return losses * batch, scores * batch, batch
 
 
 def per_config_loss_and_correct(outputs: Tensor, targets: Tensor) -> tuple[Tensor, Tensor]:
@@ -31,27 +90,28 @@ def per_config_loss_and_correct(outputs: Tensor, targets: Tensor) -> tuple[Tenso
 
 
 @torch.inference_mode()
-def validate(model: MorphogeneticModel, dataset: DeviceDataset, plan: CounterfactualPlan,
-             batch_size: int = 512) -> CounterfactualResult:
-    """Accuracy (points) and mean loss of every configuration in `plan`, in one pass over `dataset`.
+def validate(model: MorphogeneticModel, dataset: BatchSource, plan: CounterfactualPlan,
+             batch_size: int = 512, objective: Objective | None = None) -> CounterfactualResult:
+    """Score (accuracy points by default) and mean loss of every configuration in `plan`, in one pass over `dataset`.
 
     One host sync at the end (the `.tolist()` of the stacked [2, K] metrics).
     """
+    objective = objective or Objective(task_loss, None, custom=False)
     was_training = model.training
     model.eval()
     k = plan.size
     loss_sum = torch.zeros(k, device=dataset.device, dtype=torch.float64)
-    correct = torch.zeros(k, device=dataset.device, dtype=torch.int64)
+    score_sum = torch.zeros(k, device=dataset.device, dtype=torch.float64)
     count = 0
     alphas = [list(row) for row in plan.alphas]
     for inputs, targets in dataset.iterate_batches(batch_size, shuffle=False):
         outputs = model.counterfactual_forward(inputs, alphas)  # (K, B, ...)
-        batch_loss, batch_correct = per_config_loss_and_correct(outputs, targets)
+        batch_loss, batch_score, items = objective.loss_and_score(outputs, targets)
         loss_sum += batch_loss.to(torch.float64)
-        correct += batch_correct
-        count += targets.numel()
+        score_sum += batch_score.to(torch.float64)
+        count += items
     model.train(was_training)
-    loss_values, correct_values = torch.stack([loss_sum, correct.to(torch.float64)]).tolist()  # the one sync
-    accuracies = tuple(100.0 * c / count for c in correct_values)
-    losses = tuple(v / count for v in loss_values)
-    return CounterfactualResult(plan, accuracies, losses)
+    if count == 0:
+        raise DataError("the validation data yielded no batch")
+    loss_values, score_values = torch.stack([loss_sum, score_sum]).tolist()  # the one sync
+    return CounterfactualResult(plan, tuple(v / count for v in score_values), tuple(v / count for v in loss_values))

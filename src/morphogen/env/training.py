@@ -22,18 +22,8 @@ from morphogen.config import build_config
 from morphogen.core.isolation import IsolationMonitor
 from morphogen.core.model import MorphogeneticModel
 from morphogen.data import DEFAULT_OPTIMIZERS
-from morphogen.env.evaluation import task_loss
+from morphogen.env.evaluation import Objective, task_loss
 from morphogen.limits import check_finite
-
-
-def shadow_loss(outputs: Tensor, targets: Tensor) -> Tensor:
-    """Sum over the K shadow configurations of each one's mean task loss: outputs (K, B, ...), targets (B, ...).
-
-    Summing keeps every seed's gradient that of its own loss (its rows are the only ones it affects).
-    """
-    k = outputs.shape[0]
-    return task_loss(outputs, targets.expand(k, *targets.shape)) * k  # targets (K, B, ...) as a view
-
 
 OPTIMIZER_NAMES: tuple[str, ...] = ("sgd", "adamw")
 """Optimizers the host and seeds can train with: torch's `SGD` (with momentum) or `AdamW`."""
@@ -112,8 +102,11 @@ def task_optimizer_config(task: str, table: Mapping[str, Any] | None = None) -> 
 class ModelTrainer:
     """Owns the host optimizer, one optimizer per live seed, and the per-epoch loss accumulator."""
 
-    def __init__(self, model: MorphogeneticModel, config: OptimizerConfig, monitor: IsolationMonitor) -> None:
+    def __init__(self, model: MorphogeneticModel, config: OptimizerConfig, monitor: IsolationMonitor,
+                 objective: Objective | None = None) -> None:
         self.model, self.config, self.monitor = model, config, monitor
+        #: The task's loss (cross-entropy unless the task brings its own).
+        self.objective = objective or Objective(task_loss, None, custom=False)
         self.host_optimizer = config.build(model.host_parameters(), seed=False)
         self.seed_optimizers: dict[str, tuple[nn.Module, torch.optim.Optimizer]] = {}
         #: Product of the governor's back-offs of the seeds' learning rate in this episode.
@@ -144,10 +137,10 @@ class ModelTrainer:
         running = self.sync_seed_optimizers()
         model.zero_grad(set_to_none=True)
         output, shadow = model.forward_with_shadow(inputs)
-        loss = task_loss(output, targets)
+        loss = self.objective.checked_loss(output, targets)
         loss.backward()
         if shadow is not None and shadow.parameters:
-            shadow_loss(shadow.outputs, targets).backward(inputs=list(shadow.parameters))
+            self.objective.shadow_loss(shadow.outputs, targets).backward(inputs=list(shadow.parameters))
         host_parameters = model.host_parameters()
         self.monitor.accumulate(host_parameters, running)
         nn.utils.clip_grad_norm_(host_parameters, self.config.clip_norm, foreach=True)

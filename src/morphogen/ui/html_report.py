@@ -35,7 +35,14 @@ from morphogen.telemetry.events import (
     RoundCompleted,
 )
 from morphogen.telemetry.story import SHADOW_PREFIX, WITHOUT_PREFIX, SeedStory, seed_stories
-from morphogen.ui.run_files import RunDirectoryError, RunFiles, load_run_files, round_of_events, summary_number
+from morphogen.ui.run_files import (
+    RunDirectoryError,
+    RunFiles,
+    load_run_files,
+    round_of_events,
+    summary_number,
+    task_label,
+)
 from morphogen.ui.stages import STAGE_COLOURS, stage_colour
 from morphogen.ui.svg import Segment, Series, line_chart, scatter_chart, timeline_chart
 
@@ -273,7 +280,7 @@ def render_html(run_dir: str | Path) -> str:
         _section("PPO", *ppo_charts(files.history)),
         f"<h2>Anomalies and rollbacks</h2>{health_table(files)}",
     ]
-    title = f"morphogen {kind}: {config.get('task', '?')}"
+    title = f"morphogen {kind}: {task_label(config) or '?'}"
     damage = "" if files.damage_note() is None else f" ({files.damage_note()})"
     return (f"<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'><title>{escape(title)}</title>"
             f"<style>{STYLE}</style></head><body><h1>{escape(title)}</h1>"

@@ -28,7 +28,7 @@ from morphogen.telemetry.events import (
     StageTransition,
     TelemetryLevelChanged,
 )
-from morphogen.ui.run_files import TimedEvent, config_value
+from morphogen.ui.run_files import TimedEvent, config_value, task_label
 from morphogen.ui.terminal_text import printable
 
 LOG_LINES = 1000
@@ -98,9 +98,9 @@ class RunView:
     def from_config(cls, config: Mapping[str, Any]) -> RunView:
         """An empty view shaped by a run's `config.json` (a `train` run has `rounds`)."""
         training = "rounds" in config
-        task = config.get("task")
+        task = task_label(config)
         return cls(
-            task=printable(task) if isinstance(task, str) else "?",
+            task=printable(task) if task is not None else "?",
             training=training,
             rounds_total=_count(config.get("rounds")) if training else None,
             n_envs=(_count(config.get("n_envs")) or 1) if training else 1,

@@ -24,7 +24,7 @@ from morphogen.telemetry.events import (
     TelemetryLevelChanged,
 )
 from morphogen.telemetry.story import SeedStory, seed_stories
-from morphogen.ui.run_files import RunDirectoryError, load_run_files, round_of_events, summary_number
+from morphogen.ui.run_files import RunDirectoryError, load_run_files, round_of_events, summary_number, task_label
 from morphogen.ui.terminal_text import printable
 
 __all__ = ["RunDirectoryError", "load_run", "render_report"]
@@ -170,7 +170,7 @@ def render_report(run_dir: str | Path) -> str:
     files = load_run_files(run_dir)
     config, history, training = files.config, files.history, files.is_training
     damage = files.damage_note()
-    header = (f"run {files.path}: task {config.get('task', '?')}, seed {config.get('seed', '?')}, "
+    header = (f"run {files.path}: task {task_label(config) or '?'}, seed {config.get('seed', '?')}, "
               f"{len(history)} events" + (f" ({damage})" if damage else ""))
     sections = [[header], _episode_section(history, training), _seed_section(history, training),
                 _reward_section(history), _training_section(history), _health_section(history, training),

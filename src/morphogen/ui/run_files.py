@@ -248,3 +248,13 @@ def config_value(config: Mapping[str, Any], dotted: str, default: Any = None) ->
             return default
         value = value[key]
     return value
+
+
+def task_label(config: Mapping[str, Any]) -> str | None:
+    """The task a run's config names for people: its own name (`task_name`, which a user's task carries)
+    before the name or import path it was loaded by (`task`); None when neither is a string."""
+    for key in ("task_name", "task"):
+        value = config.get(key)
+        if isinstance(value, str) and value:
+            return value
+    return None

@@ -48,7 +48,14 @@ from rich.text import Text
 from morphogen.run_directory import EVENTS_FILENAME
 from morphogen.telemetry.events import Event
 from morphogen.ui.progress import LINE_WIDTH
-from morphogen.ui.run_files import RunDirectoryError, RunFiles, check_run_dir, load_run_files, summary_number
+from morphogen.ui.run_files import (
+    RunDirectoryError,
+    RunFiles,
+    check_run_dir,
+    load_run_files,
+    summary_number,
+    task_label,
+)
 from morphogen.ui.terminal_text import printable
 
 RUN_COLUMNS = ("run", "command", "task", "seed", "episodes", "epochs", "rounds", "final_accuracy", "parameters",
@@ -115,9 +122,9 @@ def _event_row(run: str, time: float, event: Event) -> dict[str, Any]:
 def _run_row(run: str, files: RunFiles) -> dict[str, Any]:
     """What `runs` takes from a run's config and summary, typed here so that damage reads as NULL."""
     config, baseline = files.config, (files.summary or {}).get("baseline")
-    task, seed = config.get("task"), config.get("seed")
+    task, seed = task_label(config), config.get("seed")
     parameters = summary_number(baseline, "parameters")
-    return {"run": run, "task": task if isinstance(task, str) else None,
+    return {"run": run, "task": task,
             "seed": _json_value(seed) if isinstance(seed, int) and not isinstance(seed, bool) else None,
             "has_rounds": "rounds" in config, "baseline_accuracy": summary_number(baseline, "final_accuracy"),
             "baseline_parameters": None if parameters is None else _json_value(int(parameters))}

@@ -2,22 +2,24 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
+import re
 import sys
-import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TextIO
 
-from morphogen.config import ConfigError, config_to_dict, short_repr
-from morphogen.control.controller import Controller, NoGrowthController
+from morphogen.config import config_to_dict
+from morphogen.control.controller import NoGrowthController
 from morphogen.control.heuristic import HeuristicConfig, HeuristicController
-from morphogen.control.options import SessionOptions, load_session_task
+from morphogen.core.model import MorphogeneticModel
 from morphogen.data import Task
+from morphogen.devices import resolve_device
 from morphogen.env.episode import EpisodeConfig, MorphogenesisEpisode, StepResult
-from morphogen.env.snapshot import EpisodeSnapshot
+from morphogen.env.play import Controller, EpisodeOutcome, run_episode
 from morphogen.run_directory import (
     BASELINE_DIRNAME,
     CONFIG_FILENAME,
@@ -27,11 +29,11 @@ from morphogen.run_directory import (
     refuse_other_run,
     write_atomic,
 )
+from morphogen.session import SessionOptions, load_session_task
 from morphogen.telemetry.anomalies import AnomalyDetector
 from morphogen.telemetry.events import NON_FINITE_TOKENS
 from morphogen.telemetry.profiler import PhaseTimer, TraceProfiler
 from morphogen.telemetry.sinks import Telemetry
-from morphogen.telemetry.story import SeedStory, seed_stories
 from morphogen.ui.progress import ProgressDisplay
 from morphogen.ui.stages import fit_line, stage_short
 
@@ -49,76 +51,6 @@ class RunConfig(SessionOptions):
     heuristic: HeuristicConfig = field(default_factory=HeuristicConfig)
 
 
-@dataclass
-class EpisodeOutcome:
-    final_accuracy: float
-    final_loss: float
-    parameters: int
-    host_parameters: int
-    seconds: float
-    episode_return: float
-    stories: list[SeedStory]
-    phase_seconds: dict[str, float]
-
-
-def resolve_device(name: str, key: str = "device") -> str:
-    """The torch device string for a `device` setting; a device this machine lacks is a `ConfigError`
-    whose message starts with `key` (the setting that named it)."""
-    import torch
-
-    if name == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    try:
-        parsed: torch.device | None = torch.device(name)
-    except RuntimeError:
-        parsed = None
-    if parsed is None or parsed.type not in ("cpu", "cuda", "mps"):  # meta, xla, ... hold no data to train on
-        raise ConfigError(f"{key}: {short_repr(name)} is not a device morphogen trains on; "
-                          "use cpu, cuda, cuda:N, mps or auto")
-    if parsed.type == "cuda" and not torch.cuda.is_available():
-        raise ConfigError(f"{key}: {name!r} requested but CUDA is not available here; use --{key} cpu")
-    if parsed.type == "cuda" and parsed.index is not None and parsed.index >= torch.cuda.device_count():
-        raise ConfigError(f"{key}: {name!r} requested but this machine has {torch.cuda.device_count()} CUDA "
-                          f"device(s): cuda:0 .. cuda:{torch.cuda.device_count() - 1}")
-    if parsed.type == "mps" and not torch.backends.mps.is_available():
-        raise ConfigError(f"{key}: {name!r} requested but MPS is not available here; use --{key} cpu")
-    return name
-
-
-def resolve_devices(names: Sequence[str]) -> list[str]:
-    """`resolve_device` of each name of a `devices` list; a bad one is a `ConfigError` naming it."""
-    return [resolve_device(name, key="devices") for name in names]
-
-
-def play_epoch(episode: MorphogenesisEpisode, controller: Controller, snapshot: EpisodeSnapshot) -> StepResult:
-    """One controller decision and one epoch of `episode`, then the telemetry epoch is closed."""
-    result = episode.step(controller.act(snapshot, episode.masks()))
-    episode.telemetry.end_epoch(result.snapshot.epoch)
-    return result
-
-
-def run_episode(episode: MorphogenesisEpisode, controller: Controller,
-                on_step: Callable[[StepResult], None] | None = None,
-                profiler: TraceProfiler | None = None) -> EpisodeOutcome:
-    """Play one whole episode of `controller` in `episode` (one profiler step per epoch)."""
-    started = time.perf_counter()
-    snapshot = episode.reset()
-    controller.reset()
-    result = None
-    while not episode.done:
-        result = play_epoch(episode, controller, snapshot)
-        snapshot = result.snapshot
-        if profiler is not None:
-            profiler.step()
-        if on_step is not None:
-            on_step(result)
-    assert episode.model is not None
-    return EpisodeOutcome(
-        final_accuracy=snapshot.val_accuracy, final_loss=snapshot.val_loss, parameters=snapshot.active_parameters,
-        host_parameters=snapshot.host_parameters, seconds=time.perf_counter() - started,
-        episode_return=episode.episode_return, stories=seed_stories(episode.history),
-        phase_seconds=episode.timer.totals,
-    )
 
 
 def format_step(result: StepResult) -> str:
@@ -142,12 +74,13 @@ def format_step(result: StepResult) -> str:
 
 
 def print_summary(grown: EpisodeOutcome, baseline: EpisodeOutcome | None, out: TextIO,
-                  from_scratch: EpisodeOutcome | None = None) -> None:
+                  from_scratch: EpisodeOutcome | None = None, metric_name: str = "accuracy") -> None:
     """The closing table: the grown model, the same host without growth, and the grown model's final
-    architecture trained from scratch; then the story of every seed."""
+    architecture trained from scratch; then the story of every seed. `metric_name` names the score row."""
     columns = [("grown", grown), ("no growth", baseline), ("from scratch", from_scratch)]
+    percent = "%" if metric_name == "accuracy" else ""
     cells: list[tuple[str, Callable[[EpisodeOutcome], str]]] = [
-        ("final val accuracy", lambda o: f"{o.final_accuracy:.2f}%"),
+        (f"final val {metric_name}"[:22], lambda o: f"{o.final_accuracy:.{2 if percent else 4}f}{percent}"),
         ("final val loss", lambda o: f"{o.final_loss:.4f}"),
         ("parameters", lambda o: f"{o.parameters:,}"),
         ("wall time", lambda o: f"{o.seconds:.1f} s"),
@@ -171,19 +104,33 @@ def _points(value: float | None) -> str:
     return "-" if value is None else f"{value:+.2f} pts"
 
 
+@dataclass(frozen=True)
+class RunResult:
+    """What `morphogen run` (and `morphogen.grow`) produced: the three trainings, the grown model, the run dir."""
+
+    grown: EpisodeOutcome
+    baseline: EpisodeOutcome | None
+    """The same host trained without growth (None when `baseline` is off)."""
+    from_scratch: EpisodeOutcome | None
+    """The grown model's final architecture trained from scratch (None when off or nothing was blended in)."""
+    model: MorphogeneticModel
+    """The grown model, on the run's device, in the state the episode ended in."""
+    run_dir: Path
+
+
 def run_command(config: RunConfig, controller_factory: Callable[[MorphogenesisEpisode], Controller] | None = None,
-                out: TextIO | None = None,
-                task: Task | None = None) -> tuple[EpisodeOutcome, EpisodeOutcome | None, Path]:
+                out: TextIO | None = None, task: Task | None = None) -> RunResult:
     """The whole `morphogen run`: load task, run the grown episode and the baseline, write the run dir.
 
     Progress and the summary go to `out`, by default the `sys.stdout` of the moment of the call (so that
-    redirecting stdout works).
+    redirecting stdout works). `task` replaces the one `config` names (a user's task built in Python).
     """
     out = sys.stdout if out is None else out
     config = config.with_resolved_host()  # config.json records the host's whole size
     device = resolve_device(config.device)
     if task is None:
         task = load_session_task(config, device)
+    config = dataclasses.replace(config, task_name=task.name)
     episode = MorphogenesisEpisode(task, config.episode, seed=config.seed, slots=config.slots,
                                    pool_slots=config.pool_slots)
     episode.compile_settings = config.compile_settings
@@ -194,14 +141,19 @@ def run_command(config: RunConfig, controller_factory: Callable[[MorphogenesisEp
         controller: Controller = HeuristicController(episode.action_space, task.topology, config.heuristic)
     else:
         controller = controller_factory(episode)
-    run_dir = make_run_dir(config.run_dir, config.runs_root, config.task)
+    run_dir = make_run_dir(config.run_dir, config.runs_root, run_name(task.name))
     with hold_run_directory(run_dir):  # one writer per run directory
         refuse_other_run(run_dir)  # again, now that no other command can start a run there
         return _play_and_write(config, task, episode, controller, device, run_dir, out)
 
 
+def run_name(task_name: str) -> str:
+    """A task name as it may appear in a run directory's name: letters, digits, '-', '_' and '.', at most 40."""
+    return re.sub(r"[^A-Za-z0-9_.-]+", "-", task_name).strip("-.")[:40] or "task"
+
+
 def _play_and_write(config: RunConfig, task: Task, episode: MorphogenesisEpisode, controller: Controller,
-                    device: str, run_dir: Path, out: TextIO) -> tuple[EpisodeOutcome, EpisodeOutcome | None, Path]:
+                    device: str, run_dir: Path, out: TextIO) -> RunResult:
     """The grown episode, the baseline and the files of `run_command`, in a locked `run_dir`."""
     write_resolved_config(run_dir, config)
     with Telemetry(run_dir, config=config.telemetry) as telemetry, ProgressDisplay(out) as display:
@@ -231,12 +183,14 @@ def _play_and_write(config: RunConfig, task: Task, episode: MorphogenesisEpisode
         from_scratch = None
         if config.from_scratch and architecture:
             from_scratch = _run_from_scratch(config, task, architecture, display)
-    print_summary(grown, baseline, out, from_scratch)
+    print_summary(grown, baseline, out, from_scratch, task.metric_name)
     if episode.timer.enabled:
         print(f"\ntime by phase (grown model):\n{episode.timer.summary()}", file=out)
     summary = {"grown": _outcome_dict(grown), "baseline": None if baseline is None else _outcome_dict(baseline),
                "from_scratch": None if from_scratch is None else
                {**_outcome_dict(from_scratch), "architecture": architecture}}
+    write_atomic(run_dir / "summary.json", (json.dumps(_strict(summary), indent=2) + "\n").encode())
+    return RunResult(grown, baseline, from_scratch, episode.model, run_dir)
     write_atomic(run_dir / SUMMARY_FILENAME, (json.dumps(_strict(summary), indent=2) + "\n").encode())
     return grown, baseline, run_dir
 

@@ -8,11 +8,11 @@ import dataclasses
 import pytest
 import torch
 
+from morphogen.commands.run import RunConfig
 from morphogen.config import ConfigError, build_config, config_to_dict
-from morphogen.control.options import SessionOptions, load_session_task, resolve_host_size
 from morphogen.control.trainer import TrainConfig
 from morphogen.core.hosts import build_host
-from morphogen.runner import RunConfig
+from morphogen.session import SessionOptions, load_session_task, resolve_host_size
 
 
 def test_resolved_host_is_the_task_host_size() -> None:

@@ -17,12 +17,18 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Self
 
+from morphogen.config import ConfigError
 from morphogen.core.compilation import CompileSettings
 from morphogen.core.hosts import HostSizeError, check_host_size
 from morphogen.data import TASK_NAMES, TASK_TOPOLOGIES, Task, host_size, load_task
+from morphogen.data.user import task_on_device
 from morphogen.limits import MAX_HOST_PARAMETERS, MAX_SEED, MAX_TRAIN_SAMPLES, check_count, short_repr
+from morphogen.task_import import check_import_path, import_task, is_import_path
 from morphogen.telemetry.config import TelemetryConfig
 
+#: The `task` recorded for a task that Python code built and handed over (`morphogen.grow`): it has no name a
+#: command could load it by.
+PYTHON_TASK = "python"
 #: The device a session runs on when none is named.
 DEFAULT_DEVICE = "cpu"
 
@@ -49,7 +55,8 @@ class CompileOptions:
 class SessionOptions(CompileOptions):
     """The task, host size, device, slots, run directory and telemetry of a `run` or `train` session."""
 
-    #: Task name: digits, cifar10, text or mnist1d.
+    #: Task: digits, cifar10, text or mnist1d, or your own as `package.module:function` (a function that returns
+    #: `morphogen.task_from_data(...)` with its host; see `morphogen.task_import`).
     task: str = "digits"
     #: Base seed of host initialisation, data order and (in training) every round's randomness.
     seed: int = 0
@@ -73,6 +80,9 @@ class SessionOptions(CompileOptions):
     runs_root: str = "runs"
     #: Exact run directory; None makes runs_root/<time>-<task>.
     run_dir: str | None = None
+    #: The task's own name, filled in by the command from the task it loaded (a user's task names itself);
+    #: reports show it. Setting it changes nothing else.
+    task_name: str | None = None
     #: Telemetry level, TensorBoard, profiler window, anomaly thresholds.
     telemetry: TelemetryConfig = field(default_factory=TelemetryConfig)
     #: Run the host's training forward and the policy's forward under torch.compile (see
@@ -96,12 +106,20 @@ class SessionOptions(CompileOptions):
         if not isinstance(self.host, Mapping):
             raise ValueError("host must be a table of host size arguments (e.g. base_channels = 8), "
                              f"got {short_repr(self.host)}")
+        if is_import_path(self.task):
+            check_import_path(self.task)
+            if self.host:
+                raise ValueError(f"host: a [host] table sizes the built-in hosts; task {self.task} builds its own")
+            if self.max_train_samples is not None:
+                raise ValueError(f"max_train_samples caps the built-in tasks; task {self.task} chooses its own data")
         # An unknown task is reported by load_task, with the valid names; its host cannot be checked here.
-        if self.task in TASK_NAMES:
+        elif self.task in TASK_NAMES:
             resolve_host_size(self.task, self.host)
 
     def with_resolved_host(self) -> Self:
         """These options with `host` holding every size argument of the task's host (defaults filled in)."""
+        if self.task not in TASK_NAMES:  # a user's task builds its own host
+            return self
         return dataclasses.replace(self, host=resolve_host_size(self.task, self.host))
 
 
@@ -125,6 +143,13 @@ def resolve_host_size(task: str, overrides: Mapping[str, object]) -> dict[str, i
 
 
 def load_session_task(options: SessionOptions, device: str) -> Task:
-    """Load the task of `options` on `device` with its host size, training-sample cap and data paths."""
+    """Load the task of `options` on `device` with its host size, training-sample cap and data paths; a task
+    named by an import path is made by the user's function (`morphogen.task_import`)."""
+    if options.task == PYTHON_TASK:
+        raise ConfigError("task: this run's task was built in Python (morphogen.grow); run it from Python again, or "
+                          "name a function that builds it: --task package.module:function")
+    if is_import_path(options.task):
+        return dataclasses.replace(task_on_device(import_task(options.task, seed=options.seed, device=device), device),
+                                   source=options.task)
     return load_task(options.task, device=device, data_dir=options.data_dir, text_file=options.text_file,
                      seed=options.seed, max_train_samples=options.max_train_samples, host=options.host)

@@ -1,0 +1,174 @@
+"""Growth on models a user writes: a CIFAR-style ResNet and an MLP grown through the public API.
+
+- `resnet`: a ResNet-20 of the CIFAR layout (3 stages of 3 residual blocks) at a quarter of its usual width
+  (4/8/16 channels instead of 16/32/64), on scikit-learn's digits resized to 32x32x3 tensors; slots after
+  each stage.
+- `mlp`: a two-hidden-layer MLP (width 32) on MNIST-1D's 40-sample signals as flat vectors; slots after
+  each hidden layer.
+
+Each is made a host by `morphogen.host_from_module` and grown by `morphogen.grow` with the default
+heuristic and strict gates, next to the same host without growth and the grown model's final
+architecture from scratch (each seed's own initialisation, data order and batch order). Printed per model:
+accuracy, loss, parameters and wall time (mean ± std over seeds) and the paired differences (mean ±
+standard error). Jobs run in `--jobs` processes of one torch thread each.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import statistics
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+
+import morphogen
+from growth import mean_standard_error, mean_std
+from morphogen.data import load_task
+
+VARIANTS = ("grown", "no growth", "from scratch")
+
+
+class BasicBlock(nn.Module):
+    def __init__(self, in_channels: int, out_channels: int, stride: int) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(in_channels, out_channels, 3, stride, 1, bias=False)
+        self.bn1 = nn.BatchNorm2d(out_channels)
+        self.conv2 = nn.Conv2d(out_channels, out_channels, 3, 1, 1, bias=False)
+        self.bn2 = nn.BatchNorm2d(out_channels)
+        self.shortcut: nn.Module = nn.Sequential()
+        if stride != 1 or in_channels != out_channels:
+            self.shortcut = nn.Sequential(nn.Conv2d(in_channels, out_channels, 1, stride, bias=False),
+                                          nn.BatchNorm2d(out_channels))
+
+    def forward(self, x: Tensor) -> Tensor:
+        out = torch.relu(self.bn1(self.conv1(x)))
+        return torch.relu(self.bn2(self.conv2(out)) + self.shortcut(x))
+
+
+class CifarResNet(nn.Module):
+    """ResNet-(6n+2) of the CIFAR paper layout: stem, stages of width w, 2w, 4w, global pooling, linear."""
+
+    def __init__(self, width: int = 4, blocks: int = 3, num_classes: int = 10) -> None:
+        super().__init__()
+        self.stem = nn.Sequential(nn.Conv2d(3, width, 3, padding=1, bias=False), nn.BatchNorm2d(width), nn.ReLU())
+        self.layer1 = self._stage(width, width, blocks, 1)
+        self.layer2 = self._stage(width, 2 * width, blocks, 2)
+        self.layer3 = self._stage(2 * width, 4 * width, blocks, 2)
+        self.fc = nn.Linear(4 * width, num_classes)
+
+    @staticmethod
+    def _stage(in_channels: int, out_channels: int, blocks: int, stride: int) -> nn.Sequential:
+        return nn.Sequential(BasicBlock(in_channels, out_channels, stride),
+                             *(BasicBlock(out_channels, out_channels, 1) for _ in range(blocks - 1)))
+
+    def forward(self, x: Tensor) -> Tensor:
+        x = self.layer3(self.layer2(self.layer1(self.stem(x))))
+        return self.fc(torch.flatten(nn.functional.adaptive_avg_pool2d(x, 1), 1))
+
+
+def mlp(inputs: int = 40, hidden: int = 32, classes: int = 10) -> nn.Sequential:
+    return nn.Sequential(nn.Linear(inputs, hidden), nn.ReLU(), nn.Linear(hidden, hidden), nn.ReLU(),
+                         nn.Linear(hidden, classes))
+
+
+def digits_32x32x3() -> tuple[tuple[Tensor, Tensor], tuple[Tensor, Tensor]]:
+    """The digits task's standardized 8x8 images, resized to 32x32 (bilinear) and repeated on 3 channels."""
+    task = load_task("digits")
+
+    def resize(images: Tensor) -> Tensor:
+        return nn.functional.interpolate(images, size=32, mode="bilinear", align_corners=False).repeat(1, 3, 1, 1)
+
+    return ((resize(task.train.inputs), task.train.targets),
+            (resize(task.validation.inputs), task.validation.targets))
+
+
+def mnist1d_flat() -> tuple[tuple[Tensor, Tensor], tuple[Tensor, Tensor]]:
+    task = load_task("mnist1d")
+    return ((task.train.inputs.flatten(1), task.train.targets),
+            (task.validation.inputs.flatten(1), task.validation.targets))
+
+
+@dataclass(frozen=True)
+class Model:
+    data: Callable[[], tuple[tuple[Tensor, Tensor], tuple[Tensor, Tensor]]]
+    module: Callable[[], nn.Module]
+    slots: tuple[str, ...]
+    batch_size: int
+
+
+MODELS = {
+    "resnet": Model(digits_32x32x3, CifarResNet, ("layer1", "layer2", "layer3"), 64),
+    "mlp": Model(mnist1d_flat, mlp, ("1", "3"), 100),
+}
+
+
+@dataclass(frozen=True)
+class Figures:
+    accuracy: float
+    loss: float
+    parameters: int
+    seconds: float
+
+
+def run_job(job: tuple[str, int, int]) -> tuple[str, int, dict[str, Figures], dict[str, str]]:
+    name, seed, epochs = job
+    torch.set_num_threads(1)
+    model = MODELS[name]
+    train, validation = model.data()
+    task = morphogen.task_from_data(name, train, validation, batch_size=model.batch_size, num_classes=10)
+    example = train[0][:2]
+
+    def host() -> morphogen.ModuleHost:  # called under the episode's seed: each seed its own initialisation
+        return morphogen.host_from_module(model.module(), list(model.slots), example_input=example)
+
+    with tempfile.TemporaryDirectory() as root:
+        result = morphogen.grow(task, host, epochs=epochs, seed=seed, run_dir=f"{root}/run", out=io.StringIO())
+    assert result.baseline is not None
+    scratch = result.from_scratch or result.baseline  # nothing grown: the final architecture is the host
+    figures = {variant: Figures(o.final_accuracy, o.final_loss, o.parameters, o.seconds)
+               for variant, o in zip(VARIANTS, (result.grown, result.baseline, scratch), strict=True)}
+    return name, seed, figures, result.model.architecture()
+
+
+def print_table(name: str, results: Sequence[tuple[str, int, dict[str, Figures], dict[str, str]]]) -> None:
+    print(f"\n{name} ({len(results)} seeds)")
+    print(f"  {'':14}{'val accuracy':>18}{'val loss':>18}{'parameters':>14}{'seconds':>14}")
+    for variant in VARIANTS:
+        figures = [r[2][variant] for r in results]
+        accuracy, loss = mean_std([f.accuracy for f in figures]), mean_std([f.loss for f in figures])
+        seconds = mean_std([f.seconds for f in figures])
+        print(f"  {variant:14}{accuracy[0]:>10.2f} ± {accuracy[1]:<5.2f}{loss[0]:>10.4f} ± {loss[1]:<5.3f}"
+              f"{statistics.fmean(f.parameters for f in figures):>14,.0f}{seconds[0]:>8.1f} ± {seconds[1]:<4.1f}")
+    for other in VARIANTS[1:]:
+        mean, error = mean_standard_error([r[2]["grown"].accuracy - r[2][other].accuracy for r in results])
+        print(f"  grown - {other}: {mean:+.2f} ± {error:.2f} points (mean ± standard error)")
+    print("  final architectures: " + "; ".join(", ".join(f"{b}@{s}" for s, b in r[3].items()) or "-"
+                                                for r in results))
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", default="resnet,mlp")
+    parser.add_argument("--seeds", type=int, default=5)
+    parser.add_argument("--epochs", type=int, default=30)
+    parser.add_argument("--jobs", type=int, default=2, help="worker processes, one torch thread each")
+    args = parser.parse_args(argv)
+    names = [name.strip() for name in args.models.split(",") if name.strip()]
+    jobs = [(name, seed, args.epochs) for name in names for seed in range(args.seeds)]
+    started = time.perf_counter()
+    with ProcessPoolExecutor(max_workers=args.jobs) as pool:
+        results = list(pool.map(run_job, jobs))
+    print(f"your-model benchmark: {args.epochs} epochs, seeds 0..{args.seeds - 1}, {args.jobs} processes x 1 thread, "
+          f"{time.perf_counter() - started:.0f} s in all")
+    for name in names:
+        print_table(name, [r for r in results if r[0] == name])
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,259 @@
+"""Any `nn.Module` as a host: cut a user's model after named submodules so that seeds can grow there.
+
+`host_from_module(model, slots=["layer1", "layer2"], example_input=x)` returns a `ModuleHost`, a
+`SegmentedHost` whose segments run the user's own submodules (shared, not copied: training the host
+trains the user's model). Two ways to cut:
+
+- an `nn.Sequential` is cut after the named children;
+- any other model is traced with `torch.fx`, the named submodules kept whole (leaves of the trace), and
+  the graph is split at their outputs. A cut is legal only where the named output is the one value that
+  flows on: a submodule inside a residual branch (its input also flows past it) cannot hold a slot.
+  A model that `torch.fx` cannot trace, but whose forward runs its children in order, is cut as a sequence.
+
+A shape probe with `example_input` then measures each slot's width and layout, and checks that the
+segments reproduce the model's output. Layouts: images [N, C, H, W] ("cnn"), sequences [N, C, L]
+("cnn1d"), tokens [N, T, D] ("transformer") and features [N, F] ("mlp"). A three-dimensional activation
+is read as tokens when the model holds a LayerNorm, an attention layer or an embedding, else as a
+sequence; `topology=` overrides that guess. Whatever cannot work raises `HostBuildError` naming the
+submodule and why, before any training.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from itertools import pairwise
+
+import torch
+from torch import Tensor, fx, nn
+
+from morphogen.core.hosts import SegmentedHost
+
+#: The layout of each topology's activations, by rank: what a shape probe accepts for it.
+TOPOLOGY_RANKS = {"cnn": 4, "cnn1d": 3, "transformer": 3, "mlp": 2}
+#: Modules whose presence makes a three-dimensional activation read as tokens [N, T, D].
+_TOKEN_MODULES = (nn.LayerNorm, nn.MultiheadAttention, nn.Embedding, nn.TransformerEncoderLayer,
+                  nn.TransformerDecoderLayer)
+
+
+class HostBuildError(ValueError):
+    """A model that cannot be made a host with the slots asked for; the message names the submodule and why."""
+
+
+class ModuleHost(SegmentedHost):
+    """A user's model cut into segments at named submodules; slot ids are the names with '.' as '_'."""
+
+    def __init__(self, segments: Sequence[nn.Module], points: dict[str, int], topology: str,
+                 submodules: dict[str, str]) -> None:
+        super().__init__()
+        self.segments.extend(segments)
+        self._points = dict(points)
+        self.topology = topology
+        #: Slot id -> the qualified name of the submodule the slot sits after.
+        self.submodules = dict(submodules)
+
+
+def slot_id_for(name: str) -> str:
+    """The slot id of the slot after submodule `name`: module dicts forbid '.', so `layer1.0` is `layer1_0`."""
+    return name.replace(".", "_")
+
+
+def host_from_module(model: nn.Module, slots: Sequence[str], example_input: Tensor, *,
+                     topology: str | None = None) -> ModuleHost:
+    """Make `model` a host with a slot after each submodule named in `slots` (qualified names, any order).
+
+    `example_input` is a small batch of real inputs (two samples suffice); it is run once, in eval mode and
+    without gradients, to measure the slots and to check the cut. Raises `HostBuildError`.
+    """
+    if not isinstance(model, nn.Module):
+        raise HostBuildError(f"host_from_module needs an nn.Module, got {type(model).__name__}")
+    if not isinstance(example_input, Tensor) or example_input.dim() == 0:
+        raise HostBuildError("example_input must be a batch tensor (a leading sample dimension), "
+                             f"got {type(example_input).__name__}")
+    names = list(dict.fromkeys(slots))
+    if not names or len(names) != len(slots):
+        raise HostBuildError(f"slots must name one or more distinct submodules, got {list(slots)}")
+    _check_names(model, names)
+    if topology is not None and topology not in TOPOLOGY_RANKS:
+        raise HostBuildError(f"unknown topology {topology!r}; valid: {', '.join(TOPOLOGY_RANKS)}")
+    segments, ordered = _cut(model, names)
+    outputs = _probe(model, segments, ordered, example_input)
+    chosen = topology or _guess_topology(model, outputs, ordered)
+    points: dict[str, int] = {}
+    for name, activation in zip(ordered, outputs, strict=True):
+        if activation.dim() != TOPOLOGY_RANKS[chosen]:
+            raise HostBuildError(f"slot after {name!r}: its output has shape {tuple(activation.shape)}, but a "
+                                 f"{chosen} host needs {TOPOLOGY_RANKS[chosen]} dimensions (all slots of a host share "
+                                 "one layout)")
+        points[slot_id_for(name)] = int(activation.shape[1] if chosen in ("cnn", "cnn1d") else activation.shape[-1])
+    if len(points) != len(ordered):
+        raise HostBuildError(f"slot names {ordered} collide once '.' becomes '_'; name other submodules")
+    return ModuleHost(segments, points, chosen, {slot_id_for(name): name for name in ordered})
+
+
+def _check_names(model: nn.Module, names: Sequence[str]) -> None:
+    known = dict(model.named_modules())
+    for name in names:
+        if name not in known or not name:
+            children = ", ".join(child for child, _ in model.named_children()) or "none"
+            raise HostBuildError(f"no submodule named {name!r} in {type(model).__name__}; its children: {children}")
+    for name in names:
+        for other in names:
+            if other != name and other.startswith(name + "."):
+                raise HostBuildError(f"slot after {other!r} lies inside {name!r}, which also holds a slot; "
+                                     "choose one of them")
+
+
+def _cut(model: nn.Module, names: Sequence[str]) -> tuple[list[nn.Module], list[str]]:
+    """The segments and the slot names in execution order."""
+    children = [name for name, _ in model.named_children()]
+    if isinstance(model, nn.Sequential):
+        if not all(name in children for name in names):
+            nested = next(name for name in names if name not in children)
+            raise HostBuildError(f"slot after {nested!r}: an nn.Sequential is cut between its children; name one of "
+                                 f"{', '.join(children)}")
+        return _cut_children(model, names)
+    try:
+        traced = _trace(model, names)
+    except HostBuildError:
+        raise
+    except Exception as error:  # fx raises many kinds (TraceError, TypeError, ...) on untraceable code
+        if all(name in children for name in names):
+            return _cut_children(model, names)
+        raise HostBuildError(f"cannot trace {type(model).__name__} with torch.fx ({_first_line(error)}); put the "
+                             "slots on its direct children if its forward runs them in order") from None
+    return _split_graph(traced, names)
+
+
+def _cut_children(model: nn.Module, names: Sequence[str]) -> tuple[list[nn.Module], list[str]]:
+    children = list(model.named_children())
+    cuts = sorted(i for i, (name, _) in enumerate(children) if name in names)
+    bounds = [0, *(cut + 1 for cut in cuts), len(children)]
+    segments: list[nn.Module] = [nn.Sequential(*(module for _, module in children[start:end]))
+                                 for start, end in pairwise(bounds)]
+    return segments, [children[i][0] for i in cuts]
+
+
+class _SlotLeafTracer(fx.Tracer):
+    """Traces through the model but keeps the slot submodules whole, so each is one node to cut after."""
+
+    def __init__(self, leaves: Sequence[str]) -> None:
+        super().__init__()
+        self.leaves = set(leaves)
+
+    def is_leaf_module(self, m: nn.Module, module_qualified_name: str) -> bool:
+        return module_qualified_name in self.leaves or super().is_leaf_module(m, module_qualified_name)
+
+
+def _trace(model: nn.Module, names: Sequence[str]) -> fx.GraphModule:
+    graph = _SlotLeafTracer(names).trace(model)
+    return fx.GraphModule(model, graph)
+
+
+def _split_graph(traced: fx.GraphModule, names: Sequence[str]) -> tuple[list[nn.Module], list[str]]:
+    """Split the traced graph after each named submodule's call; check that nothing else flows past a cut."""
+    nodes = list(traced.graph.nodes)
+    position = {node: i for i, node in enumerate(nodes)}
+    inputs = [node for node in nodes if node.op == "placeholder"]
+    if len(inputs) != 1:
+        raise HostBuildError(f"the model's forward takes {len(inputs)} inputs; a host takes one tensor")
+    cuts = []
+    for name in names:
+        calls = [node for node in nodes if node.op == "call_module" and node.target == name]
+        if len(calls) != 1:
+            raise HostBuildError(f"slot after {name!r}: forward calls it {len(calls)} times; a slot needs exactly one "
+                                 "call on the main path")
+        cuts.append(calls[0])
+    cuts.sort(key=position.__getitem__)
+    for cut in cuts:
+        crossing = [node.name for node in nodes[:position[cut]] if node.op != "get_attr"
+                    and any(position[user] > position[cut] for user in node.users)]
+        if crossing:
+            raise HostBuildError(f"slot after {cut.target!r}: it sits inside a branch: {', '.join(crossing)} "
+                                 "also reach the code after it (a residual connection?); put the slot after the "
+                                 "enclosing block")
+    boundaries = [inputs[0], *cuts, nodes[-1]]
+    segments: list[nn.Module] = [_segment(traced, nodes, position, start, end) for start, end in pairwise(boundaries)]
+    return segments, [str(cut.target) for cut in cuts]
+
+
+def _segment(traced: fx.GraphModule, nodes: list[fx.Node], position: dict[fx.Node, int], start: fx.Node,
+             end: fx.Node) -> fx.GraphModule:
+    """The nodes after `start` up to `end` as a module of one input (the value of `start`)."""
+    graph = fx.Graph()
+    values: dict[fx.Node, fx.Node] = {start: graph.placeholder("x")}
+
+    def value_of(node: fx.Node) -> fx.Node:
+        if node not in values:  # a parameter or buffer read in an earlier segment: read it here too
+            assert node.op == "get_attr", node
+            values[node] = graph.node_copy(node)
+        return values[node]
+
+    for node in nodes[position[start] + 1:position[end] + 1]:
+        if node.op == "output":
+            graph.output(fx.map_arg(node.args[0], value_of))
+        elif node.op != "placeholder":
+            values[node] = graph.node_copy(node, value_of)
+    if end.op != "output":
+        graph.output(values[end])
+    return fx.GraphModule(traced, graph)
+
+
+def _probe(model: nn.Module, segments: Sequence[nn.Module], names: Sequence[str], example: Tensor) -> list[Tensor]:
+    """Run the segments on `example` (eval mode, no grad): the activation at every cut, checked against the model."""
+    modes = [module.training for module in model.modules()]
+    model.eval()
+    try:
+        with torch.no_grad():
+            expected = _call(model, example, type(model).__name__)
+            activations: list[Tensor] = []
+            x = example
+            for index, segment in enumerate(segments):
+                x = _call(segment, x, "the model" if index == len(segments) - 1 else f"the part ending at "
+                                                                                     f"{names[index]!r}")
+                activations.append(x)
+    finally:
+        for module, mode in zip(model.modules(), modes, strict=True):
+            module.training = mode
+    output = activations.pop()
+    if not isinstance(expected, Tensor) or not isinstance(output, Tensor):
+        raise HostBuildError(f"{type(model).__name__}'s forward returns {type(expected).__name__}; a host returns "
+                             "one tensor")
+    if output.shape != expected.shape or not torch.allclose(output, expected, rtol=1e-4, atol=1e-5):
+        raise HostBuildError(f"cutting {type(model).__name__} after {', '.join(names)} changes its output; its "
+                             "forward does not run those parts in order")
+    for name, activation in zip(names, activations, strict=True):
+        if not isinstance(activation, Tensor):
+            raise HostBuildError(f"slot after {name!r}: its output is a {type(activation).__name__}, not one tensor")
+        if activation.dim() < 2:
+            raise HostBuildError(f"slot after {name!r}: its output has shape {tuple(activation.shape)}; a slot needs "
+                                 "[N, channels, ...] or [N, ..., features]")
+    return activations
+
+
+def _call(module: Callable[[Tensor], object], x: object, what: str) -> Tensor:
+    try:
+        return module(x)  # type: ignore[arg-type,return-value]  # checked by the caller
+    except Exception as error:  # the user's code: any exception means the example does not fit
+        raise HostBuildError(f"running {what} on example_input failed: {_first_line(error)}") from None
+
+
+def _guess_topology(model: nn.Module, activations: Sequence[Tensor], names: Sequence[str]) -> str:
+    ranks = {activation.dim() for activation in activations}
+    if len(ranks) > 1:
+        shapes = ", ".join(f"{name} {tuple(a.shape)}" for name, a in zip(names, activations, strict=True))
+        raise HostBuildError(f"slots have outputs of different ranks ({shapes}); all slots of a host share one layout")
+    rank = ranks.pop()
+    if rank == 4:
+        return "cnn"
+    if rank == 2:
+        return "mlp"
+    if rank == 3:
+        tokens = any(isinstance(module, _TOKEN_MODULES) for module in model.modules())
+        return "transformer" if tokens else "cnn1d"
+    raise HostBuildError(f"slot outputs have {rank} dimensions; hosts grow [N, F], [N, C, L], [N, T, D] or "
+                         "[N, C, H, W] activations")
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {text[0][:300]}" if text else type(error).__name__

@@ -1,0 +1,159 @@
+"""A user's own task: their tensors, `Dataset` or `DataLoader`s, with their loss and metric.
+
+`task_from_data(name, train, validation, ...)` accepts for each split
+- a pair of tensors `(inputs, targets)`: held on the device as a `DeviceDataset` (the fast path);
+- a `torch.utils.data.Dataset` of `(input, target)` samples: batched by a `DataLoader` each epoch, in an
+  order drawn from the episode's generator, so runs are reproducible;
+- a `DataLoader` (or any iterable that can be iterated once per epoch) of `(inputs, targets)` batches:
+  used as it is, its own batch size and order, streamed batch by batch (nothing forces it into memory).
+Batches of the last two are moved to the task's device as they come. A batch that is not a pair of tensors
+with as many targets as inputs is a `DataError` naming the split.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+from torch.utils.data import DataLoader, Dataset
+
+from morphogen.data.datasets import Augmentation, DeviceDataset
+from morphogen.data.errors import DataError
+from morphogen.data.tasks import BatchSource, Task
+
+DEFAULT_BATCH_SIZE = 64
+#: Topologies a user's host may have (see `morphogen.core.module_host`); the data layer names them as strings.
+USER_TOPOLOGIES = ("cnn", "cnn1d", "transformer", "mlp")
+LossFunction = Callable[[Tensor, Tensor], Tensor]
+
+
+class StreamedBatches:
+    """Batches from a user's `Dataset` or loader, moved to `device` one at a time."""
+
+    def __init__(self, data: Dataset[Any] | Iterable[Any], device: torch.device, split: str) -> None:
+        self.data, self.split = data, split
+        self._device = device
+
+    @property
+    def device(self) -> torch.device:
+        return self._device
+
+    @property
+    def is_dataset(self) -> bool:
+        """A map-style `Dataset` (batched here) rather than a loader (batched by its owner)."""
+        return isinstance(self.data, Dataset) and not isinstance(self.data, DataLoader) and hasattr(
+            self.data, "__getitem__")
+
+    def __len__(self) -> int:
+        """Samples per epoch when the data can say (a loader of unknown length counts 0)."""
+        data = self.data.dataset if isinstance(self.data, DataLoader) else self.data
+        try:
+            return len(data)  # type: ignore[arg-type]
+        except TypeError:
+            return 0
+
+    def iterate_batches(self, batch_size: int, *, generator: torch.Generator | None = None, shuffle: bool = True,
+                        augment: Augmentation | None = None,
+                        drop_last: bool = False) -> Iterator[tuple[Tensor, Tensor]]:
+        """One epoch of batches on the task's device. A `Dataset` is batched by `batch_size` (shuffled with
+        `generator` when `shuffle`); a loader keeps its own batching."""
+        if self.is_dataset:
+            cpu_generator = generator if generator is not None and generator.device.type == "cpu" else None
+            batches: Iterable[Any] = DataLoader(self.data, batch_size=batch_size, shuffle=shuffle,  # type: ignore[arg-type]
+                                                generator=cpu_generator, drop_last=drop_last)
+        else:
+            batches = self.data
+        for index, batch in enumerate(batches):
+            inputs, targets = self._checked(batch, index)
+            inputs = inputs.to(self._device, non_blocking=True)
+            targets = targets.to(self._device, non_blocking=True)
+            yield (inputs if augment is None else augment(inputs, generator)), targets
+
+    def _checked(self, batch: object, index: int) -> tuple[Tensor, Tensor]:
+        if not isinstance(batch, (tuple, list)) or len(batch) != 2 or not all(isinstance(t, Tensor) for t in batch):
+            kind = (f"{len(batch)}-item {type(batch).__name__}" if isinstance(batch, (tuple, list))
+                    else type(batch).__name__)
+            raise DataError(f"{self.split} batch {index}: expected a pair (inputs, targets) of tensors, got a {kind}")
+        inputs, targets = batch
+        if inputs.dim() == 0 or targets.dim() == 0 or inputs.shape[0] != targets.shape[0]:
+            raise DataError(f"{self.split} batch {index}: {tuple(inputs.shape)} inputs but {tuple(targets.shape)} "
+                            "targets; both need the same leading sample dimension")
+        return inputs, targets
+
+
+def task_from_data(name: str, train: object, validation: object, *, loss: LossFunction | None = None,
+                   metric: LossFunction | None = None, metric_name: str | None = None,
+                   num_classes: int | None = None, batch_size: int = DEFAULT_BATCH_SIZE, host: object = None,
+                   device: str | torch.device = "cpu", augment: Augmentation | None = None) -> Task:
+    """A task from your own data (see the module docstring for what `train` and `validation` may be).
+
+    `loss(outputs, targets)` returns the batch's mean loss (default: cross-entropy); `metric(outputs, targets)`
+    the batch's mean score, higher is better (default: accuracy in percent with the default loss, else the
+    negative loss). The lifecycle's gates read the score in its own units (accuracy points by default).
+    `host` is the model to grow (`morphogen.host_from_module`), or a function of no arguments that builds it;
+    it can also be given to `morphogen.grow`. Raises `DataError` for what cannot work.
+    """
+    if not isinstance(name, str) or not name.strip() or len(name) > 100:
+        raise DataError(f"task name must be a non-empty string of at most 100 characters, got {name!r}")
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise DataError(f"batch_size must be a positive integer, got {batch_size!r}")
+    if num_classes is not None and (isinstance(num_classes, bool) or not isinstance(num_classes, int)
+                                    or num_classes < 1):
+        raise DataError(f"num_classes must be a positive integer or None, got {num_classes!r}")
+    for what, function in (("loss", loss), ("metric", metric)):
+        if function is not None and not callable(function):
+            raise DataError(f"{what} must be a function (outputs, targets) -> scalar tensor, "
+                            f"got {type(function).__name__}")
+    target = torch.device(device)
+    train_source = _source(train, target, "train")
+    validation_source = _source(validation, target, "validation")
+    custom = loss is not None or metric is not None
+    return Task(
+        name=name.strip(), topology=_topology_of(host), host_kwargs={}, train=train_source,
+        validation=validation_source, batch_size=batch_size, augment=augment,
+        objective="custom" if custom else "classification", loss=loss, metric=metric,
+        metric_name=metric_name or ("accuracy" if metric is None and loss is None else
+                                    "negative loss" if metric is None else "metric"),
+        num_classes=num_classes, host=host, source="python")
+
+
+def _source(data: object, device: torch.device, split: str) -> BatchSource:
+    if isinstance(data, DeviceDataset):
+        return data.to(device)
+    if isinstance(data, (tuple, list)) and len(data) == 2 and all(isinstance(t, Tensor) for t in data):
+        try:
+            return DeviceDataset(data[0], data[1]).to(device)
+        except (TypeError, ValueError) as error:
+            raise DataError(f"{split}: {error}") from None
+    if isinstance(data, Dataset) or (isinstance(data, Iterable) and not isinstance(data, (str, bytes, Tensor))):
+        return StreamedBatches(data, device, split)
+    raise DataError(f"{split}: expected (inputs, targets) tensors, a Dataset or a DataLoader, "
+                    f"got {type(data).__name__}")
+
+
+def _topology_of(host: object) -> str:
+    """The topology of a user's host when it is already built; empty for none or a function that builds one."""
+    if host is None or (callable(host) and not isinstance(host, nn.Module)):
+        return ""
+    topology = getattr(host, "topology", "")
+    if not isinstance(host, nn.Module) or topology not in USER_TOPOLOGIES:
+        raise DataError(f"host must come from morphogen.host_from_module (or be a function building one), got "
+                        f"{type(host).__name__}")
+    return str(topology)
+
+
+def task_on_device(task: Task, device: str | torch.device) -> Task:
+    """`task` with its data on `device` (tensors moved once; streamed batches moved as they come)."""
+    target = torch.device(device)
+    return dataclasses.replace(task, train=_moved(task.train, target), validation=_moved(task.validation, target))
+
+
+def _moved(source: BatchSource, device: torch.device) -> BatchSource:
+    if isinstance(source, DeviceDataset):
+        return source.to(device)
+    if isinstance(source, StreamedBatches):
+        return StreamedBatches(source.data, device, source.split)
+    return source

@@ -1,0 +1,74 @@
+"""Playing an episode: a controller acts once per epoch until the episode is over.
+
+`Controller` is what the episode loop asks of whoever decides (the heuristic, a learned policy, no growth
+at all); `run_episode` plays a whole episode and returns its `EpisodeOutcome`. `morphogen run`, `eval`
+and the benchmarks all play episodes through here.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+
+from morphogen.env.actions import Action
+from morphogen.env.episode import MorphogenesisEpisode, StepResult
+from morphogen.env.snapshot import EpisodeSnapshot
+from morphogen.telemetry.profiler import TraceProfiler
+from morphogen.telemetry.story import SeedStory, seed_stories
+
+
+class Controller(Protocol):
+    """Decides the action of every epoch; `reset` is called at the start of each episode."""
+
+    def reset(self) -> None: ...
+
+    def act(self, snapshot: EpisodeSnapshot, masks: Sequence[np.ndarray]) -> Action: ...
+
+
+@dataclass
+class EpisodeOutcome:
+    """How an episode ended: final validation figures, size, time, return and the story of every seed."""
+
+    final_accuracy: float
+    final_loss: float
+    parameters: int
+    host_parameters: int
+    seconds: float
+    episode_return: float
+    stories: list[SeedStory]
+    phase_seconds: dict[str, float]
+
+
+def play_epoch(episode: MorphogenesisEpisode, controller: Controller, snapshot: EpisodeSnapshot) -> StepResult:
+    """One controller decision and one epoch of `episode`, then the telemetry epoch is closed."""
+    result = episode.step(controller.act(snapshot, episode.masks()))
+    episode.telemetry.end_epoch(result.snapshot.epoch)
+    return result
+
+
+def run_episode(episode: MorphogenesisEpisode, controller: Controller,
+                on_step: Callable[[StepResult], None] | None = None,
+                profiler: TraceProfiler | None = None) -> EpisodeOutcome:
+    """Play one whole episode of `controller` in `episode` (one profiler step per epoch)."""
+    started = time.perf_counter()
+    snapshot = episode.reset()
+    controller.reset()
+    result = None
+    while not episode.done:
+        result = play_epoch(episode, controller, snapshot)
+        snapshot = result.snapshot
+        if profiler is not None:
+            profiler.step()
+        if on_step is not None:
+            on_step(result)
+    assert episode.model is not None
+    return EpisodeOutcome(
+        final_accuracy=snapshot.val_accuracy, final_loss=snapshot.val_loss, parameters=snapshot.active_parameters,
+        host_parameters=snapshot.host_parameters, seconds=time.perf_counter() - started,
+        episode_return=episode.episode_return, stories=seed_stories(episode.history),
+        phase_seconds=episode.timer.totals,
+    )

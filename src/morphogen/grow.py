@@ -1,0 +1,50 @@
+"""`morphogen.grow`: `morphogen run` from Python, for a task and host of your own.
+
+    task = morphogen.task_from_data("mine", (x, y), (x_val, y_val))
+    host = morphogen.host_from_module(model, slots=["layer1", "layer2"], example_input=x[:2])
+    result = morphogen.grow(task, host, epochs=20)
+
+It plays one growth episode with the heuristic controller, trains the same host without growth and the
+grown model's final architecture from scratch beside it (each can be turned off), prints the same lines
+and table as `morphogen run`, and writes the same run directory, so `morphogen report`, `runs` and
+`dashboard` read it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import TextIO
+
+from morphogen.commands.run import RunConfig, RunResult, run_command
+from morphogen.config import ConfigError
+from morphogen.data import Task
+from morphogen.env.episode import task_with_host
+from morphogen.limits import MAX_EPOCHS, check_count
+from morphogen.session import PYTHON_TASK
+from morphogen.task_import import is_import_path
+
+
+def grow(task: Task, host: object = None, *, epochs: int | None = None, seed: int = 0, baseline: bool = True,
+         from_scratch: bool = True, device: str = "cpu", run_dir: str | None = None, runs_root: str = "runs",
+         config: RunConfig | None = None, out: TextIO | None = None) -> RunResult:
+    """Grow `host` (from `morphogen.host_from_module`, or a function of no arguments building one; default: the
+    task's own) on `task` for `epochs` epochs (default: the config's, 30); returns the three outcomes, the grown
+    model and the run directory.
+
+    Every other setting of `morphogen run` (gates, optimizer, heuristic, telemetry) comes from `config`, a
+    `RunConfig`; the keyword arguments here override its fields. Raises `DataError` or `ConfigError` (both
+    `ValueError`s) for what cannot work, before anything is written.
+    """
+    base = config or RunConfig()
+    if epochs is not None:
+        check_count("epochs", epochs, MAX_EPOCHS)
+    # config.json records where the task came from: its import path, or that Python code built it.
+    source = task.source if is_import_path(task.source) else PYTHON_TASK
+    try:
+        settings = dataclasses.replace(
+            base, task=source, task_name=task.name, seed=seed, baseline=baseline, from_scratch=from_scratch,
+            device=device, run_dir=run_dir, runs_root=runs_root, host={},
+            episode=dataclasses.replace(base.episode, max_epochs=epochs or base.episode.max_epochs))
+    except ValueError as error:
+        raise ConfigError(str(error)) from None
+    return run_command(settings, task=task_with_host(task, host), out=out)

@@ -1,0 +1,188 @@
+"""Growth inside your own training loop: three calls, and the loop, the host's optimizer and its schedule stay yours.
+
+    grower = morphogen.Grower(host, validation=(x_val, y_val), epochs=20)
+    optimizer = torch.optim.AdamW(grower.model.host_parameters(), lr=1e-3)
+    for epoch in range(20):
+        for inputs, targets in loader:
+            optimizer.zero_grad()
+            loss = grower.training_step(inputs, targets)  # forward; TRAINING seeds learn from their shadow
+            loss.backward()
+            grower.after_backward()                        # gradient health; the seeds' optimizers step
+            optimizer.step()
+        report = grower.end_epoch()                        # counterfactual validation; the controller acts
+
+What each call does, and why it must be there:
+- `training_step` runs the model with every TRAINING seed's shadow (the network with that seed blended in
+  at alpha 1), backpropagates the shadow loss into those seeds' parameters only, and returns the host
+  loss for you to backpropagate (under your autocast, scaled by your `GradScaler`, accumulated as you like).
+- `after_backward` reads the gradients of the host and of the live seeds for the gradient-health gate, then
+  clips and steps each live seed's own optimizer. Seeds keep their own optimizers (morphogen's seed
+  optimizer settings), so a new seed never has to be added to yours. With a `GradScaler`, pass it: the
+  seeds' gradients are unscaled with it, and their step is skipped when they are not finite.
+- `end_epoch` validates the model and its counterfactual configurations on the validation data, lets the
+  governor judge the epoch (a divergence rolls host and seeds back; with `optimizer=` given, your optimizer's
+  state is cleared and its learning rate backed off too), advances the seeds' lifecycle, and has the
+  controller decide the action the next epoch starts with.
+A forgotten call is an error that names it at the next `end_epoch`, never a silent refusal later.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+
+from morphogen.control.heuristic import HeuristicConfig, HeuristicController
+from morphogen.core.hosts import SegmentedHost
+from morphogen.core.model import MorphogeneticModel
+from morphogen.data.user import LossFunction, task_from_data
+from morphogen.env.actions import Action
+from morphogen.env.episode import EpisodeConfig, MorphogenesisEpisode, StepResult, task_with_host
+from morphogen.env.play import Controller
+from morphogen.env.snapshot import EpisodeSnapshot
+from morphogen.telemetry.sinks import Telemetry
+
+
+@dataclass(frozen=True)
+class EpochReport:
+    """What happened in one epoch of a `Grower`: the validation figures, the action and the next one."""
+
+    epoch: int
+    score: float
+    """The validation score (accuracy in percent unless the task brought its own metric)."""
+    loss: float
+    parameters: int
+    """Parameters of the model's output path: host plus blended seeds."""
+    action: str
+    """The action this epoch started with, e.g. "GERMINATE r0c1 conv_light", and whether it took effect."""
+    succeeded: bool
+    reason: str
+    rolled_back: bool
+    """The governor restored the last good state (training diverged)."""
+    next_action: str | None
+    """The action the next epoch starts with (already applied), None once the episode is over."""
+    stages: dict[str, str]
+    """Slot id -> stage of its seed ("dormant" when empty)."""
+    snapshot: EpisodeSnapshot
+
+
+class Grower:
+    """Growth of a host inside a training loop you write; see the module docstring for the three calls."""
+
+    def __init__(self, host: SegmentedHost, validation: object, *, epochs: int, loss: LossFunction | None = None,
+                 metric: LossFunction | None = None, metric_name: str | None = None, num_classes: int | None = None,
+                 optimizer: torch.optim.Optimizer | None = None, controller: Controller | None = None,
+                 episode: EpisodeConfig | None = None, heuristic: HeuristicConfig | None = None, seed: int = 0,
+                 slots: list[str] | None = None, telemetry: Telemetry | None = None,
+                 validation_batch_size: int = 512) -> None:
+        """`host` comes from `morphogen.host_from_module` and stays yours (no copy); `validation` is what
+        `task_from_data` takes for a split. `optimizer` is the host's optimizer, given so that a rollback can
+        reset it; `controller` defaults to the heuristic with `heuristic` settings."""
+        if not isinstance(host, SegmentedHost):
+            raise TypeError(f"Grower needs a host from morphogen.host_from_module, got {type(host).__name__}")
+        device = next(host.parameters()).device
+        # The grower trains nothing itself: the episode reads only the validation split, so it doubles as train.
+        task = task_from_data("own loop", validation, validation, loss=loss, metric=metric, metric_name=metric_name,
+                              num_classes=num_classes, device=device, host=lambda: host)
+        config = dataclasses.replace(episode or EpisodeConfig(), max_epochs=epochs,
+                                     validation_batch_size=validation_batch_size)
+        self.episode = MorphogenesisEpisode(task_with_host(task), config, seed=seed, slots=slots,
+                                            telemetry=telemetry)
+        self.optimizer = optimizer
+        self.snapshot = self.episode.reset()
+        assert self.episode.model is not None
+        self.model: MorphogeneticModel = self.episode.model
+        self.controller = controller or HeuristicController(self.episode.action_space, task_with_host(task).topology,
+                                                            heuristic)
+        self.controller.reset()
+        self._running: dict[str, list[nn.Parameter]] = {}
+        self._steps = self._after_backward_calls = 0
+        self._action, self._applied = self._decide(self.snapshot)
+
+    @property
+    def done(self) -> bool:
+        """The episode's epochs are all played."""
+        return self.episode.done
+
+    def training_step(self, inputs: Tensor, targets: Tensor) -> Tensor:
+        """The host loss of one batch, for you to backpropagate; the TRAINING seeds' shadow loss is already in
+        their gradients."""
+        if self.done:
+            raise RuntimeError("the growth episode is over (all its epochs were played); build a new Grower")
+        model, trainer = self.model, self.episode.trainer
+        model.train()
+        self._running = trainer.sync_seed_optimizers()
+        for parameters in self._running.values():
+            for parameter in parameters:
+                parameter.grad = None  # seeds are stepped here every batch, not by your optimizer
+        output, shadow = model.forward_with_shadow(inputs)
+        loss = trainer.objective.checked_loss(output, targets)
+        if shadow is not None and shadow.parameters:
+            trainer.objective.shadow_loss(shadow.outputs, targets).backward(inputs=list(shadow.parameters))
+        trainer.add_epoch_losses(loss.detach(), 1)
+        self._steps += 1
+        return loss
+
+    def after_backward(self, scaler: torch.amp.GradScaler | None = None) -> None:
+        """After `loss.backward()` and before your optimizer steps: gradient health, then the seeds' steps.
+
+        With a `GradScaler`, call `scaler.unscale_(optimizer)` first if you want the host's gradient health
+        measured unscaled, and pass `scaler` so that the seeds' gradients are unscaled (one host sync).
+        """
+        if self._after_backward_calls >= self._steps:
+            raise RuntimeError("after_backward() called more often than training_step() this epoch")
+        self._after_backward_calls += 1
+        trainer = self.episode.trainer
+        self.episode.monitor.accumulate(self.model.host_parameters(), self._running)
+        for slot_id, parameters in self._running.items():
+            if not parameters or not _unscaled(parameters, scaler):
+                continue
+            nn.utils.clip_grad_norm_(parameters, trainer.config.clip_norm, foreach=True)
+            trainer.seed_optimizers[slot_id][1].step()
+
+    def end_epoch(self) -> EpochReport:
+        """Validate, judge and advance the growth; the next epoch's action is decided and applied."""
+        if self._steps == 0:
+            raise RuntimeError("end_epoch() without a training_step() this epoch: call training_step(inputs, "
+                               "targets) for every batch")
+        if self._after_backward_calls != self._steps:
+            raise RuntimeError(f"after_backward() was called for {self._after_backward_calls} of {self._steps} "
+                               "batches this epoch: call it after loss.backward() and before optimizer.step()")
+        self._steps = self._after_backward_calls = 0
+        action, (succeeded, reason) = self._action, self._applied
+        result = self.episode.finish_epoch(action, succeeded, reason)
+        self.episode.telemetry.end_epoch(result.snapshot.epoch)
+        if result.rollback is not None and self.optimizer is not None:
+            self.optimizer.state.clear()  # its moments point the way that diverged
+            if result.rollback.backed_off == "host":
+                for group in self.optimizer.param_groups:
+                    group["lr"] *= self.episode.config.governor.backoff
+        self.snapshot = result.snapshot
+        next_action = None
+        if not result.done:
+            self._action, self._applied = self._decide(result.snapshot)
+            next_action = self._action.describe()
+        return self._report(result, action, next_action)
+
+    def _decide(self, snapshot: EpisodeSnapshot) -> tuple[Action, tuple[bool, str]]:
+        action = self.controller.act(snapshot, self.episode.masks())
+        return action, self.episode.apply_action(action)
+
+    def _report(self, result: StepResult, action: Action, next_action: str | None) -> EpochReport:
+        s = result.snapshot
+        return EpochReport(
+            epoch=s.epoch, score=s.val_accuracy, loss=s.val_loss, parameters=s.active_parameters,
+            action=action.describe(), succeeded=result.action_succeeded, reason=result.reason,
+            rolled_back=result.rollback is not None, next_action=next_action,
+            stages={slot.slot_id: slot.stage.value for slot in s.slots}, snapshot=s)
+
+
+def _unscaled(parameters: list[nn.Parameter], scaler: torch.amp.GradScaler | None) -> bool:
+    """Unscale the gradients of `parameters` with `scaler`; False when they are not finite (skip the step)."""
+    gradients = [p.grad for p in parameters if p.grad is not None]
+    if scaler is None or not scaler.is_enabled() or not gradients:
+        return bool(gradients)
+    torch._foreach_mul_(gradients, 1.0 / scaler.get_scale())  # get_scale() syncs: the fp16 path only
+    return bool(torch.stack([g.isfinite().all() for g in gradients]).all())

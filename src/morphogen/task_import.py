@@ -1,0 +1,91 @@
+"""`--task package.module:function`: a user's own task, made by a function morphogen imports and calls.
+
+The function takes no required arguments (it may accept `seed` and `device`, which are then passed), runs
+with torch's global generator seeded by the run's seed, and returns a `Task` from
+`morphogen.task_from_data` with its host, or a pair `(task, host)`. Whatever goes wrong, the module not
+importable, the function missing or raising, a wrong return value, is a `ConfigError` of one line naming
+the import path. The current directory is searched first, as `python -m` does, so that
+`morphogen run --task my_task:make` finds `./my_task.py`.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import os
+import re
+import sys
+from typing import Any
+
+import torch
+
+from morphogen.config import ConfigError, short_repr
+from morphogen.data import Task
+
+#: `package.module:function`: dotted identifiers, a colon, an identifier.
+_IMPORT_PATH = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*$")
+
+
+def is_import_path(task: str) -> bool:
+    """Whether a `task` setting names a function (`module:function`) rather than a built-in task."""
+    return ":" in task
+
+
+def check_import_path(task: str) -> None:
+    """Raise `ValueError` for a `module:function` setting that is not one."""
+    if not _IMPORT_PATH.match(task):
+        raise ValueError(f"task: {short_repr(task)} is neither a built-in task nor an import path "
+                         "package.module:function")
+
+
+def import_task(path: str, *, seed: int, device: str) -> Task:
+    """Import and call the function at `path`; its task with its host attached, on `device`."""
+    check_import_path(path)
+    module_name, function_name = path.split(":")
+    function = _import_function(path, module_name, function_name)
+    offered: dict[str, Any] = {"seed": seed, "device": device}
+    try:
+        parameters = inspect.signature(function).parameters
+        accepted = {name: value for name, value in offered.items() if name in parameters}
+    except (TypeError, ValueError):  # a builtin or C function without a signature: call it bare
+        accepted = {}
+    from morphogen.env.seeding import seeded  # the env layer loads only when a user task does
+
+    try:
+        # Seeded: a function that builds its model or draws its data without a seed still makes the same task
+        # every time, so re-running a run's config.json reproduces it.
+        with seeded(seed, torch.device(device)):
+            made = function(**accepted)
+    except Exception as error:  # the user's code: any exception is theirs to fix, reported as one line
+        raise ConfigError(f"task: {path} raised {type(error).__name__}: {_first_line(error)}") from None
+    from morphogen.env.episode import task_with_host
+
+    task, host = made if isinstance(made, tuple) and len(made) == 2 else (made, None)
+    if not isinstance(task, Task):
+        raise ConfigError(f"task: {path} returned {type(made).__name__}; return morphogen.task_from_data(...) "
+                          "or (task, host)")
+    try:
+        task = task_with_host(task, host)
+    except ValueError as error:
+        raise ConfigError(f"task: {path}: {_first_line(error)}") from None
+    return task
+
+
+def _import_function(path: str, module_name: str, function_name: str) -> Any:
+    here = os.getcwd()
+    if here not in sys.path:
+        sys.path.insert(0, here)
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as error:  # ImportError, or anything the module raises while it is imported
+        raise ConfigError(f"task: cannot import {module_name!r} for {path}: {type(error).__name__}: "
+                          f"{_first_line(error)}") from None
+    function = getattr(module, function_name, None)
+    if not callable(function):
+        raise ConfigError(f"task: module {module_name!r} has no function {function_name!r}")
+    return function
+
+
+def _first_line(error: BaseException) -> str:
+    lines = str(error).strip().splitlines()
+    return lines[0][:300] if lines else ""

@@ -1,0 +1,135 @@
+"""`host_from_module`: a user's model cut into a host at named submodules, checked before any training."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from torch import Tensor, nn
+
+from morphogen import HostBuildError, MorphogeneticModel, host_from_module
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "own"))
+from models import ResNet, TinyGPT, mlp
+
+
+def test_a_resnet_is_cut_after_its_stages_and_computes_exactly_the_model() -> None:
+    torch.manual_seed(0)
+    model, x = ResNet(width=4).eval(), torch.randn(3, 3, 12, 12)
+    host = host_from_module(model, ["layer3", "layer1", "layer2"], example_input=x)
+    assert host.topology == "cnn"
+    assert host.injection_points == {"layer1": 4, "layer2": 8, "layer3": 16}  # execution order, probed widths
+    grown = MorphogeneticModel(host).eval()
+    assert torch.equal(grown(x), model(x))
+    grown.germinate("layer2", "conv_light")  # identity at birth, as on morphogen's own hosts
+    assert torch.equal(grown(x), model(x))
+
+
+def test_the_host_shares_the_users_parameters() -> None:
+    model = mlp()
+    host = host_from_module(model, ["1"], example_input=torch.randn(2, 12))
+    assert {id(p) for p in host.parameters()} == {id(p) for p in model.parameters()}
+
+
+def test_layouts_are_read_from_the_shape_probe() -> None:
+    gpt = host_from_module(TinyGPT(), ["blocks.0", "blocks.1"], example_input=torch.randint(0, 8, (2, 12)))
+    assert gpt.topology == "transformer" and gpt.injection_points == {"blocks_0": 16, "blocks_1": 16}
+    assert gpt.submodules == {"blocks_0": "blocks.0", "blocks_1": "blocks.1"}
+    dense = host_from_module(mlp(), ["1", "3"], example_input=torch.randn(2, 12))
+    assert dense.topology == "mlp" and dense.injection_points == {"1": 16, "3": 16}
+    convolutional_1d = nn.Sequential(nn.Conv1d(1, 6, 3, padding=1), nn.ReLU(), nn.Flatten(), nn.Linear(6 * 10, 2))
+    sequence = host_from_module(convolutional_1d, ["1"], example_input=torch.randn(2, 1, 10))
+    assert sequence.topology == "cnn1d" and sequence.injection_points == {"1": 6}
+    tokens = host_from_module(convolutional_1d, ["1"], example_input=torch.randn(2, 1, 10), topology="transformer")
+    assert tokens.topology == "transformer" and tokens.injection_points == {"1": 10}  # the override reads [N, T, D]
+
+
+class TwoInputs(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.layer = nn.Linear(4, 4)
+
+    def forward(self, x: Tensor, y: Tensor) -> Tensor:
+        return self.layer(x) + y
+
+
+class CalledTwice(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.layer = nn.Linear(4, 4)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.layer(self.layer(x))
+
+
+class ReturnsPair(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.layer = nn.Linear(4, 4)
+
+    def forward(self, x: Tensor) -> tuple[Tensor, Tensor]:
+        h = self.layer(x)
+        return h, h
+
+
+class DataDependent(nn.Module):
+    """Untraceable (branches on a value), but its forward runs its children in order."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.first, self.second = nn.Linear(4, 4), nn.Linear(4, 2)
+
+    def forward(self, x: Tensor) -> Tensor:
+        h = self.first(x)
+        if h.sum() > 1e9:
+            h = h * 0
+        return self.second(h)
+
+
+def test_an_untraceable_model_that_runs_its_children_in_order_is_cut_between_them() -> None:
+    model = DataDependent()
+    x = torch.randn(3, 4)
+    host = host_from_module(model, ["first"], example_input=x)
+    assert torch.equal(MorphogeneticModel(host)(x), model(x))
+
+
+@pytest.mark.parametrize(("model", "slots", "example", "message"), [
+    (ResNet(), ["layer4"], torch.randn(2, 3, 12, 12), "no submodule named 'layer4' in CifarResNet; its children: stem"),
+    (ResNet(), ["layer1.0.conv1"], torch.randn(2, 3, 12, 12), "slot after 'layer1.0.conv1': it sits inside a branch"),
+    (ResNet(), ["layer1", "layer1.0"], torch.randn(2, 3, 12, 12), "lies inside 'layer1', which also holds a slot"),
+    (ResNet(), ["layer1", "fc"], torch.randn(2, 3, 12, 12), "slots have outputs of different ranks"),
+    (ResNet(), ["layer1"], torch.randn(2, 5, 12, 12), "running ResNet on example_input failed"),
+    (ResNet(), ["layer1"], torch.randn(2, 3, 12, 12), None),
+    (TwoInputs(), ["layer"], torch.randn(2, 4), "takes 2 inputs; a host takes one tensor"),
+    (CalledTwice(), ["layer"], torch.randn(2, 4), "forward calls it 2 times"),
+    (ReturnsPair(), ["layer"], torch.randn(2, 4), "forward returns tuple; a host returns one tensor"),
+    (DataDependent(), ["first.weight"], torch.randn(2, 4), "no submodule named 'first.weight'"),
+    (mlp(), ["1"], torch.randn(2, 12), None),
+    (mlp(), ["1"], torch.tensor(1.0), "example_input must be a batch tensor"),
+])
+def test_what_cannot_work_is_one_clear_error_naming_the_submodule(model: nn.Module, slots: list[str], example: Tensor,
+                                                                 message: str | None) -> None:
+    if message is None:
+        host_from_module(model, slots, example_input=example)
+        return
+    with pytest.raises(HostBuildError) as caught:
+        host_from_module(model, slots, example_input=example)
+    assert message in str(caught.value)
+    assert "\n" not in str(caught.value)
+
+
+def test_a_topology_that_does_not_fit_the_probe_is_refused() -> None:
+    with pytest.raises(HostBuildError, match="a cnn host needs 4 dimensions"):
+        host_from_module(mlp(), ["1"], example_input=torch.randn(2, 12), topology="cnn")
+    with pytest.raises(HostBuildError, match="unknown topology 'images'"):
+        host_from_module(mlp(), ["1"], example_input=torch.randn(2, 12), topology="images")
+
+
+def test_the_probe_leaves_batch_norm_statistics_and_modes_alone() -> None:
+    model = ResNet().train()
+    before = {name: buffer.clone() for name, buffer in model.named_buffers()}
+    host_from_module(model, ["layer1"], example_input=torch.randn(2, 3, 12, 12))
+    assert model.training and all(module.training for module in model.modules())
+    assert all(torch.equal(before[name], buffer) for name, buffer in model.named_buffers())

@@ -1,0 +1,93 @@
+"""`task_from_data`: a task from a user's tensors, Dataset or DataLoader, with their loss and metric."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.utils.data import DataLoader, IterableDataset, TensorDataset
+
+from morphogen import DataError, task_from_data
+from morphogen.data import DeviceDataset
+from morphogen.data.user import StreamedBatches, task_on_device
+
+
+def pairs(count: int = 10) -> tuple[torch.Tensor, torch.Tensor]:
+    return torch.arange(count, dtype=torch.float32)[:, None].repeat(1, 3), torch.arange(count)
+
+
+def test_tensors_are_held_as_a_device_dataset() -> None:
+    task = task_from_data("mine", pairs(), pairs(4))
+    assert isinstance(task.train, DeviceDataset) and len(task.train) == 10 and len(task.validation) == 4
+    assert task.name == "mine" and task.source == "python" and task.metric_name == "accuracy"
+    assert task.objective == "classification" and task.topology == ""  # no host yet
+
+
+def test_a_dataset_is_batched_each_epoch_in_an_order_drawn_from_the_generator() -> None:
+    task = task_from_data("mine", TensorDataset(*pairs()), TensorDataset(*pairs(4)))
+    assert isinstance(task.train, StreamedBatches) and len(task.train) == 10
+
+    def epoch(seed: int) -> list[int]:
+        batches = task.train.iterate_batches(4, generator=torch.Generator().manual_seed(seed))
+        return [int(t) for _, targets in batches for t in targets]
+
+    assert sorted(epoch(0)) == list(range(10))
+    assert epoch(0) == epoch(0) and epoch(0) != epoch(1)
+    in_order = [int(t) for _, targets in task.validation.iterate_batches(3, shuffle=False) for t in targets]
+    assert in_order == [0, 1, 2, 3]
+
+
+class Stream(IterableDataset[tuple[torch.Tensor, torch.Tensor]]):
+    """Yields samples one by one and counts how many were read: nothing may load it whole."""
+
+    def __init__(self) -> None:
+        self.read = 0
+
+    def __iter__(self):  # type: ignore[no-untyped-def]
+        for index in range(10):
+            self.read += 1
+            yield torch.full((3,), float(index)), torch.tensor(index)
+
+
+def test_a_loader_is_streamed_batch_by_batch_with_its_own_batching() -> None:
+    stream = Stream()
+    task = task_from_data("stream", DataLoader(stream, batch_size=4), pairs(4))
+    batches = task.train.iterate_batches(64)
+    inputs, targets = next(batches)
+    assert inputs.shape == (4, 3) and targets.tolist() == [0, 1, 2, 3]
+    assert stream.read <= 8  # the loader's own batch size (64 is ignored), read as it goes
+    assert sum(len(t) for _, t in batches) == 6
+    assert len(task.train) == 0  # a stream of unknown length says so
+
+
+def test_moving_a_task_to_a_device_moves_its_batches() -> None:
+    task = task_on_device(task_from_data("mine", TensorDataset(*pairs()), pairs(4)), "meta")
+    assert task.validation.device.type == "meta"
+    inputs, targets = next(task.train.iterate_batches(4))
+    assert inputs.device.type == "meta" and targets.device.type == "meta"
+
+
+@pytest.mark.parametrize(("train", "message"), [
+    ([(torch.zeros(2, 3),)], "train batch 0: expected a pair (inputs, targets) of tensors, got a 1-item tuple"),
+    ([{"x": torch.zeros(2, 3)}], "train batch 0: expected a pair (inputs, targets) of tensors, got a dict"),
+    ([(torch.zeros(2, 3), torch.zeros(3))], "train batch 0: (2, 3) inputs but (3,) targets"),
+])
+def test_a_loader_yielding_the_wrong_thing_is_a_data_error_naming_the_batch(train: object, message: str) -> None:
+    task = task_from_data("bad", train, pairs(4))
+    with pytest.raises(DataError) as caught:
+        list(task.train.iterate_batches(4))
+    assert str(caught.value).startswith(message)
+
+
+@pytest.mark.parametrize(("arguments", "message"), [
+    ({"name": ""}, "task name must be a non-empty string"),
+    ({"train": "data.csv"}, "train: expected (inputs, targets) tensors, a Dataset or a DataLoader, got str"),
+    ({"train": (torch.zeros(3, 2), torch.zeros(4))}, "train: DeviceDataset needs as many targets as inputs"),
+    ({"batch_size": 0}, "batch_size must be a positive integer"),
+    ({"loss": 3}, "loss must be a function"),
+    ({"num_classes": -1}, "num_classes must be a positive integer"),
+    ({"host": torch.nn.Linear(2, 2)}, "host must come from morphogen.host_from_module"),
+])
+def test_bad_arguments_are_one_clear_data_error(arguments: dict[str, object], message: str) -> None:
+    values: dict[str, object] = {"name": "mine", "train": pairs(), "validation": pairs(4), **arguments}
+    with pytest.raises(DataError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        task_from_data(**values)  # type: ignore[arg-type]

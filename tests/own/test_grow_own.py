@@ -1,0 +1,156 @@
+"""A user's own model and data, end to end: grown through `morphogen.grow` and through `run --task module:function`."""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+
+import pytest
+import user_tasks
+from models import ResNet, eager_config, quadrant_images
+
+import morphogen
+from morphogen.cli import EXIT_USER_ERROR, main
+from morphogen.core.lifecycle import BLENDED_STAGES
+
+HERE = Path(__file__).resolve().parent
+EAGER = HERE / "eager.toml"
+
+
+def grown_seeds(result: morphogen.RunResult) -> list[str]:
+    """Blueprints of the seeds that trained (reached TRAINING or later) in the grown episode."""
+    return [story.blueprint for story in result.grown.stories if "training" in story.stages]
+
+
+@pytest.mark.parametrize("make", [user_tasks.resnet, user_tasks.gpt, user_tasks.mlp_regression])
+def test_each_users_model_grows_a_seed_through_the_public_api(make: object, tmp_path: Path) -> None:
+    made = make()  # type: ignore[operator]
+    task, host = made if isinstance(made, tuple) else (made, None)
+    result = morphogen.grow(task, host, run_dir=str(tmp_path / "run"), config=eager_config(epochs=4), out=io.StringIO())
+    assert grown_seeds(result), "no seed trained"
+    assert any(slot.stage in BLENDED_STAGES for slot in result.model.slots()) or result.grown.stories
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["grown"]["seeds"]
+    config = json.loads((tmp_path / "run" / "config.json").read_text())
+    assert config["task"] == "python" and config["task_name"] == task.name
+
+
+def test_grow_compares_with_no_growth_and_from_scratch_on_a_users_resnet(tmp_path: Path) -> None:
+    task, host = user_tasks.resnet()
+    out = io.StringIO()
+    result = morphogen.grow(task, host, run_dir=str(tmp_path / "run"), out=out,
+                            config=eager_config(epochs=4, baseline=True, from_scratch=True))
+    assert result.baseline is not None
+    assert result.baseline.parameters == sum(p.numel() for p in host.parameters())
+    table = out.getvalue()
+    assert "grown" in table and "no growth" in table and "final val accuracy" in table
+    if result.model.architecture():
+        assert result.from_scratch is not None and result.from_scratch.parameters == result.grown.parameters
+
+
+def test_the_users_metric_names_the_score(tmp_path: Path) -> None:
+    out = io.StringIO()
+    result = morphogen.grow(user_tasks.mlp_regression(), run_dir=str(tmp_path / "run"), out=out,
+                            config=eager_config(epochs=2))
+    assert "final val hit rate" in out.getvalue()
+    assert 0.0 <= result.grown.final_accuracy <= 1.0  # the metric's own units: a fraction here
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("function", "name"), [("resnet", "quadrants"), ("gpt", "counting"),
+                                                ("mlp_regression", "blobs")])
+def test_run_grows_a_users_task_named_by_import_path(function: str, name: str, tmp_path: Path,
+                                                    monkeypatch: pytest.MonkeyPatch,
+                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.chdir(HERE)  # the current directory is searched first, as `python -m` does
+    run_dir = tmp_path / "run"
+    code = main(["run", "--task", f"user_tasks:{function}", "--config", str(EAGER), "--run-dir", str(run_dir),
+                 "--threads", "1"])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    assert f"task {name} (" in out
+    config = json.loads((run_dir / "config.json").read_text())
+    assert config["task"] == f"user_tasks:{function}" and config["task_name"] == name
+    assert json.loads((run_dir / "summary.json").read_text())["grown"]["seeds"]
+    # The recorded config reproduces the run.
+    code = main(["run", "--config", str(run_dir / "config.json"), "--run-dir", str(tmp_path / "again"),
+                 "--threads", "1"])
+    assert code == 0, capsys.readouterr().err
+    first = json.loads((run_dir / "summary.json").read_text())["grown"]
+    again = json.loads((tmp_path / "again" / "summary.json").read_text())["grown"]
+    assert again["final_accuracy"] == first["final_accuracy"] and again["parameters"] == first["parameters"]
+
+
+@pytest.mark.parametrize(("task", "message"), [
+    ("user_tasks:not_a_task", "task: user_tasks:not_a_task returned int; return morphogen.task_from_data(...)"),
+    ("user_tasks:raises", "task: user_tasks:raises raised RuntimeError: the dataset directory is missing"),
+    ("user_tasks:missing", "task: module 'user_tasks' has no function 'missing'"),
+    ("no_such_module:make", "task: cannot import 'no_such_module' for no_such_module:make: ModuleNotFoundError"),
+    ("user_tasks:wrong_shapes", "task 'wrong': the model and its loss failed on the validation data: RuntimeError"),
+    ("user_tasks:vector_loss", "the task's loss must return a scalar tensor (the batch mean), returned (64,)"),
+    ("user tasks:make", "task: 'user tasks:make' is neither a built-in task nor an import path"),
+])
+def test_a_bad_task_function_is_one_line_and_exit_2_and_writes_nothing(
+        task: str, message: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.chdir(HERE)
+    code = main(["run", "--task", task, "--epochs", "1", "--run-dir", str(tmp_path / "run"), "--threads", "1"])
+    _, err = capsys.readouterr()
+    assert code == EXIT_USER_ERROR
+    assert message in err and err.count("\n") == 1, err
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_host_table_or_a_sample_cap_with_a_users_task_is_refused(tmp_path: Path,
+                                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    code = main(["run", "--task", "user_tasks:resnet", "--max-train-samples", "10", "--run-dir", str(tmp_path)])
+    assert code == EXIT_USER_ERROR
+    assert "max_train_samples: caps the built-in tasks" in capsys.readouterr().err
+
+
+def test_a_run_of_a_task_built_in_python_says_how_to_run_it_again(tmp_path: Path,
+                                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    train = quadrant_images(64, 0)
+    task = morphogen.task_from_data("quadrants", train, train)
+    host = morphogen.host_from_module(ResNet(), ["layer1"], example_input=train[0][:2])
+    morphogen.grow(task, host, run_dir=str(tmp_path / "run"), config=eager_config(epochs=1), out=io.StringIO())
+    code = main(["run", "--config", str(tmp_path / "run" / "config.json"), "--run-dir", str(tmp_path / "again")])
+    assert code == EXIT_USER_ERROR
+    assert "this run's task was built in Python (morphogen.grow)" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_train_and_eval_a_policy_on_a_users_task(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.chdir(HERE)
+    policy = tmp_path / "policy"
+    assert main(["train", "--task", "user_tasks:mlp_regression", "--envs", "2", "--rounds", "1",
+                 "--episode-length", "3", "--hidden-size", "32", "--run-dir", str(policy), "--threads", "1"]) == 0
+    assert json.loads((policy / "config.json").read_text())["task"] == "user_tasks:mlp_regression"
+    assert main(["eval", "--policy", str(policy), "--episodes", "1", "--run-dir", str(tmp_path / "eval"),
+                 "--threads", "1"]) == 0
+    assert main(["run", "--policy", str(policy), "--no-baseline", "--run-dir", str(tmp_path / "run"),
+                 "--threads", "1"]) == 0  # the policy's own task, as no --task names another
+    out = capsys.readouterr().out
+    assert "learned" in out and "task blobs (mlp host" in out
+
+
+def test_list_shows_the_slots_and_blueprints_of_a_users_host(monkeypatch: pytest.MonkeyPatch,
+                                                             capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.chdir(HERE)
+    assert main(["list", "slots", "--task", "user_tasks:resnet"]) == 0
+    out = capsys.readouterr().out
+    assert "slots of the quadrants host (cnn)" in out and "layer3     16" in out
+    assert main(["list", "blueprints", "--task", "user_tasks:mlp_regression"]) == 0
+    assert "blueprints of the blobs host (mlp)" in capsys.readouterr().out
+
+
+def test_report_and_runs_show_the_users_task_name(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    task, host = user_tasks.resnet()
+    morphogen.grow(task, host, run_dir=str(tmp_path / "runs" / "mine"), config=eager_config(epochs=1),
+                   out=io.StringIO())
+    assert main(["report", str(tmp_path / "runs" / "mine")]) == 0
+    assert "task quadrants" in capsys.readouterr().out
+    assert main(["runs", str(tmp_path / "runs")]) == 0
+    assert "quadrants" in capsys.readouterr().out

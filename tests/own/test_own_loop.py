@@ -1,0 +1,132 @@
+"""Growth inside the user's own training loop (`morphogen.Grower`) and under a real `lightning.Trainer`."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from models import blobs, eager_config, mlp
+from torch.utils.data import DataLoader, TensorDataset
+
+import morphogen
+from morphogen import Grower
+from morphogen.core.lifecycle import BLENDED_STAGES, Stage
+
+
+def make_grower(epochs: int = 5, **options: object) -> tuple[Grower, DataLoader[tuple[torch.Tensor, ...]]]:
+    torch.manual_seed(0)
+    train, validation = blobs(192, 0), blobs(96, 1)
+    host = morphogen.host_from_module(mlp(), ["1", "3"], example_input=train[0][:2])
+    config = eager_config(epochs)
+    grower = Grower(host, validation, epochs=epochs, episode=config.episode, heuristic=config.heuristic,
+                    **options)  # type: ignore[arg-type]
+    return grower, DataLoader(TensorDataset(*train), batch_size=32, shuffle=True)
+
+
+def test_an_own_loop_with_adamw_a_scheduler_and_bf16_autocast_grows_seeds() -> None:
+    grower, loader = make_grower()
+    optimizer = torch.optim.AdamW(grower.model.host_parameters(), lr=1e-2)
+    schedule = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, 5)
+    host_before = [p.detach().clone() for p in grower.model.host_parameters()]
+    reports = []
+    for _ in range(5):
+        for inputs, targets in loader:
+            optimizer.zero_grad()
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                loss = grower.training_step(inputs, targets)
+            loss.backward()
+            grower.after_backward()
+            optimizer.step()
+        schedule.step()
+        reports.append(grower.end_epoch())
+    assert [r.epoch for r in reports] == [1, 2, 3, 4, 5] and grower.done and reports[-1].next_action is None
+    assert reports[1].action.startswith("GERMINATE") and reports[1].succeeded
+    assert any(slot.stage in BLENDED_STAGES for slot in grower.model.slots())
+    assert reports[-1].parameters > reports[0].parameters  # a seed was blended in
+    assert reports[-1].score > 80.0
+    assert any(not torch.equal(a, b) for a, b in zip(host_before, grower.model.host_parameters(), strict=True))
+
+
+def test_a_training_seed_learns_from_its_shadow_and_the_host_from_its_own_loss() -> None:
+    grower, loader = make_grower()
+    optimizer = torch.optim.SGD(grower.model.host_parameters(), lr=0.05)
+    for _ in range(1):  # epoch 1 waits; the controller germinates at its end, for epoch 2
+        for inputs, targets in loader:
+            optimizer.zero_grad()
+            grower.training_step(inputs, targets).backward()
+            grower.after_backward()
+            optimizer.step()
+        grower.end_epoch()
+    training = [slot for slot in grower.model.slots() if slot.stage is Stage.TRAINING]
+    assert training, "the controller germinated a seed"
+    before = [p.detach().clone() for p in training[0].seed_parameters()]
+    inputs, targets = next(iter(loader))
+    optimizer.zero_grad()
+    grower.training_step(inputs, targets).backward()
+    grower.after_backward()
+    assert any(not torch.equal(a, b) for a, b in zip(before, training[0].seed_parameters(), strict=True))
+
+
+def test_a_forgotten_after_backward_is_an_error_naming_it() -> None:
+    grower, loader = make_grower()
+    for inputs, targets in loader:
+        grower.training_step(inputs, targets).backward()
+    with pytest.raises(RuntimeError, match=r"after_backward\(\) was called for 0 of 6 batches this epoch"):
+        grower.end_epoch()
+    grower, loader = make_grower()
+    grower.training_step(*next(iter(loader))).backward()
+    grower.after_backward()
+    with pytest.raises(RuntimeError, match=r"called more often than training_step"):
+        grower.after_backward()
+
+
+def test_an_epoch_without_training_is_an_error_naming_training_step() -> None:
+    grower, _ = make_grower()
+    with pytest.raises(RuntimeError, match=r"end_epoch\(\) without a training_step\(\)"):
+        grower.end_epoch()
+
+
+def test_fp16_grad_scaler_and_gradient_accumulation() -> None:
+    grower, loader = make_grower(epochs=3)
+    optimizer = torch.optim.AdamW(grower.model.host_parameters(), lr=2e-2)
+    scaler = torch.amp.GradScaler("cpu", init_scale=1024.0)
+    for _ in range(3):
+        for index, (inputs, targets) in enumerate(loader):
+            loss = grower.training_step(inputs, targets) / 2  # two micro-batches per optimizer step
+            scaler.scale(loss).backward()
+            grower.after_backward(scaler)
+            if index % 2 == 1:
+                scaler.step(optimizer)
+                scaler.update()
+                optimizer.zero_grad()
+        report = grower.end_epoch()
+    assert report.score > 60.0 and all(torch.isfinite(p).all() for p in grower.model.parameters())
+
+
+lightning = pytest.importorskip("lightning.pytorch", reason="the lightning extra is not installed")
+
+
+class GrowingModule(lightning.LightningModule):  # type: ignore[misc,name-defined]
+    def __init__(self, grower: Grower) -> None:
+        super().__init__()
+        self.grower = grower
+        self.model = grower.model
+
+    def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_index: int) -> torch.Tensor:
+        return self.grower.training_step(*batch)
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.AdamW(self.model.host_parameters(), lr=1e-2)
+
+
+def test_a_lightning_trainer_grows_the_model_through_the_callback(tmp_path: object) -> None:
+    from morphogen.lightning import GrowthCallback
+
+    grower, loader = make_grower(epochs=4)
+    callback = GrowthCallback(grower)
+    trainer = lightning.Trainer(max_epochs=4, callbacks=[callback], accelerator="cpu", logger=False,
+                                enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+                                default_root_dir=str(tmp_path))
+    trainer.fit(GrowingModule(grower), loader)
+    assert [r.epoch for r in callback.reports] == [1, 2, 3, 4] and grower.done
+    assert any(r.action.startswith("GERMINATE") and r.succeeded for r in callback.reports)
+    assert callback.reports[-1].parameters > callback.reports[0].parameters

@@ -1,0 +1,66 @@
+"""Task functions as a user writes them for `morphogen run --task user_tasks:NAME` (tests/own on the path)."""
+
+from __future__ import annotations
+
+import torch
+from models import ResNet, TinyGPT, blobs, counting_sequences, mlp, quadrant_images
+from torch.utils.data import DataLoader, TensorDataset
+
+import morphogen
+from morphogen import Task
+
+
+def resnet(seed: int = 0) -> tuple[Task, morphogen.ModuleHost]:
+    """A ResNet of the user's on image tensors; the host is returned beside the task."""
+    train, validation = quadrant_images(192, seed), quadrant_images(96, 1000)
+    task = morphogen.task_from_data("quadrants", train, validation, batch_size=32, num_classes=4)
+    torch.manual_seed(seed)
+    return task, morphogen.host_from_module(ResNet(), ["layer1", "layer2", "layer3"], example_input=train[0][:2])
+
+
+def gpt() -> Task:
+    """A GPT-like model over token ids, its data streamed by DataLoaders; the host inside the task."""
+    train, validation = counting_sequences(192, 0), counting_sequences(64, 1)
+    example = train[0][:2]
+    return morphogen.task_from_data(
+        "counting", DataLoader(TensorDataset(*train), batch_size=32, shuffle=True),
+        DataLoader(TensorDataset(*validation), batch_size=64),
+        host=lambda: morphogen.host_from_module(TinyGPT(), ["blocks.0", "blocks.1"], example_input=example))
+
+
+def mlp_regression() -> Task:
+    """An MLP with its own loss (mean squared error on one-hot targets) and metric (accuracy as a fraction)."""
+    train, validation = blobs(192, 0), blobs(96, 1)
+
+    def loss(outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.mse_loss(outputs, torch.nn.functional.one_hot(targets, 3).float())
+
+    def hit_rate(outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        return (outputs.argmax(-1) == targets).float().mean()
+
+    host = morphogen.host_from_module(mlp(), ["1", "3"], example_input=train[0][:2])
+    return morphogen.task_from_data("blobs", TensorDataset(*train), TensorDataset(*validation), loss=loss,
+                                    metric=hit_rate, metric_name="hit rate", host=host, batch_size=32)
+
+
+def not_a_task() -> int:
+    return 3
+
+
+def raises() -> Task:
+    raise RuntimeError("the dataset directory is missing")
+
+
+def wrong_shapes() -> Task:
+    """Inputs of 5 features for an MLP that takes 12: the first validation batch fails."""
+    train = (torch.randn(64, 5), torch.randint(0, 3, (64,)))
+    host = morphogen.host_from_module(mlp(), ["1"], example_input=torch.randn(2, 12))
+    return morphogen.task_from_data("wrong", train, train, host=host)
+
+
+def vector_loss() -> Task:
+    """A loss that returns one value per sample instead of the batch mean."""
+    train = blobs(64, 0)
+    host = morphogen.host_from_module(mlp(), ["1"], example_input=train[0][:2])
+    return morphogen.task_from_data("vector", train, train, host=host,
+                                    loss=lambda outputs, targets: (outputs - outputs).sum(-1))
