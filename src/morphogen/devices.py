@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from morphogen.config import ConfigError, short_repr
+from morphogen.config import ConfigError
+from morphogen.limits import short_repr
 
 
 def resolve_device(name: str, key: str = "device") -> str:

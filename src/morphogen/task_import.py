@@ -19,8 +19,9 @@ from typing import Any
 
 import torch
 
-from morphogen.config import ConfigError, short_repr
+from morphogen.config import ConfigError
 from morphogen.data import Task
+from morphogen.limits import short_repr
 
 #: `package.module:function`: dotted identifiers, a colon, an identifier.
 _IMPORT_PATH = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*$")
