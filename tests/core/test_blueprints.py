@@ -97,9 +97,9 @@ def test_blueprint_of_the_other_topology_is_unknown() -> None:
 
 
 def test_unknown_topology_lists_the_valid_ones() -> None:
-    with pytest.raises(UnknownBlueprintError, match="cnn, cnn1d, transformer"):
-        blueprint_names("mlp")
-    with pytest.raises(UnknownBlueprintError, match="cnn, cnn1d, transformer"):
+    with pytest.raises(UnknownBlueprintError, match="cnn, cnn1d, transformer, mlp"):
+        blueprint_names("graph")
+    with pytest.raises(UnknownBlueprintError, match="cnn, cnn1d, transformer, mlp"):
         registry_table("rnn", 8)
 
 

@@ -100,7 +100,7 @@ def test_an_untraceable_model_that_runs_its_children_in_order_is_cut_between_the
     (ResNet(), ["layer1.0.conv1"], torch.randn(2, 3, 12, 12), "slot after 'layer1.0.conv1': it sits inside a branch"),
     (ResNet(), ["layer1", "layer1.0"], torch.randn(2, 3, 12, 12), "lies inside 'layer1', which also holds a slot"),
     (ResNet(), ["layer1", "fc"], torch.randn(2, 3, 12, 12), "slots have outputs of different ranks"),
-    (ResNet(), ["layer1"], torch.randn(2, 5, 12, 12), "running ResNet on example_input failed"),
+    (ResNet(), ["layer1"], torch.randn(2, 5, 12, 12), "running CifarResNet on example_input failed"),
     (ResNet(), ["layer1"], torch.randn(2, 3, 12, 12), None),
     (TwoInputs(), ["layer"], torch.randn(2, 4), "takes 2 inputs; a host takes one tensor"),
     (CalledTwice(), ["layer"], torch.randn(2, 4), "forward calls it 2 times"),

@@ -239,7 +239,7 @@ def test_an_attached_seed_does_pass_gradient_through_its_internals() -> None:
 
 
 def test_detach_default_per_topology() -> None:
-    assert DETACH_AFTER_TRAINING == {"cnn": True, "cnn1d": True, "transformer": False}
+    assert DETACH_AFTER_TRAINING == {"cnn": True, "cnn1d": True, "transformer": False, "mlp": False}
     assert SeedSlot("a", 8, "cnn").detach_input
     assert SeedSlot("a", 8, "cnn1d").detach_input
     assert not SeedSlot("a", 8, "transformer").detach_input

@@ -176,7 +176,7 @@ def test_constructor_rejects_bad_slot_ids_and_topology() -> None:
     with pytest.raises(ValueError, match="unique"):
         ObservationEncoder(["r0c0", "r0c0"], "cnn")
     with pytest.raises(ValueError, match="unknown topology"):
-        ObservationEncoder(SLOT_IDS, "mlp")
+        ObservationEncoder(SLOT_IDS, "graph")
 
 
 def test_sizes_follow_slots_and_topology() -> None:
