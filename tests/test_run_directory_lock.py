@@ -105,3 +105,21 @@ def test_a_live_holder_makes_hold_run_directory_raise_busy(tmp_path: Path) -> No
     finally:
         holder.kill()
         holder.wait()
+
+
+def test_a_full_disk_at_the_lock_is_one_line_and_leaves_no_lock_file(tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    import errno
+
+    from morphogen.run_directory import RunDirectoryLockError
+
+    def no_space(descriptor: int, data: bytes) -> int:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(os, "write", no_space)
+    with pytest.raises(RunDirectoryLockError, match="no space left on its disk"), hold_run_directory(tmp_path):
+        pass
+    monkeypatch.undo()
+    assert not (tmp_path / LOCK_NAME).exists()
+    with hold_run_directory(tmp_path):  # nothing stale is left to trip the next command
+        assert (tmp_path / LOCK_NAME).read_text() == f"{os.getpid()}\n"
