@@ -39,7 +39,7 @@ from morphogen.control.integrity import non_finite_entries
 from morphogen.control.learned import PolicyAgent, PolicyInputs, build_policy
 from morphogen.control.normalization import RewardNormalizer, RunningMeanStd, ValueNormalizer
 from morphogen.control.policy import ActionOutput, LSTMState
-from morphogen.control.ppo import EnvShare, PPOConfig, PPOStatistics, build_optimizer, ppo_update
+from morphogen.control.ppo import OneProcess, PPOConfig, PPOStatistics, UpdateProcesses, build_optimizer, ppo_update
 from morphogen.control.rollout import RolloutBatch, RolloutBuffer
 from morphogen.core.compilation import CompileSettings
 from morphogen.core.lifecycle import GateConfig, GateMode
@@ -170,10 +170,8 @@ class PPOTrainer:
         self.vector = VectorEpisodes(task, episode_config, config.n_envs, seed=config.seed, slots=config.slots,
                                      pool_slots=config.pool_slots, first_env=first_env,
                                      devices=config.devices if devices is None else devices)
-        #: Averages a tensor in place over the processes of a data-parallel update (None: one process).
-        self.average: Callable[[torch.Tensor], None] | None = None
-        #: Which of the update's envs this process holds (None: one process, all of them).
-        self.share: EnvShare | None = None
+        #: The processes taking part in each PPO update (a data-parallel run's ranks; here: this one alone).
+        self.processes: UpdateProcesses = OneProcess()
         #: Escalation state read from a checkpoint, applied when the run's telemetry is attached.
         self._resumed_telemetry: dict[str, Any] | None = None
         self.detector = AnomalyDetector()  # replaced (keeping its state) by every `attach_telemetry`
@@ -382,7 +380,7 @@ class PPOTrainer:
         with self.timer.phase("update"):
             statistics = ppo_update(self.state.agent.policy, self.state.optimizer, batch, self.config.ppo,
                                     progress=round_index / self.config.rounds, generator=update_generator,
-                                    average=self.average, share=self.share)
+                                    processes=self.processes)
         self._undo_non_finite_update(before, round_index + 1)
         self.profiler.step()
         finished = time.perf_counter()
