@@ -98,7 +98,7 @@ def test_unknown_slot_leaves_no_run_directory(tmp_path: Path, capsys: pytest.Cap
 
 def test_empty_slot_list(capsys: pytest.CaptureFixture[str]) -> None:
     line = run_expecting_user_error(["run", "--slots", " , "], capsys)
-    assert "--slots needs at least one slot id" in line
+    assert "--slots needs at least one name" in line
 
 
 def test_duplicate_slots(capsys: pytest.CaptureFixture[str]) -> None:

@@ -99,7 +99,8 @@ def _add_run_parser(subparsers: Any) -> None:
     run.add_argument("--no-baseline", action="store_true", help="skip the no-growth comparison")
     run.add_argument("--no-from-scratch", action="store_true",
                      help="skip training the grown model's final architecture from scratch")
-    run.add_argument("--policy", help="run directory of `morphogen train`: act with its learned policy")
+    run.add_argument("--policy", help="act with a learned policy: a run directory of `morphogen train`, or default "
+                                      "(the policy shipped with morphogen)")
     _add_compile_flags(run)
     _add_threads_flag(run)
 
@@ -109,6 +110,10 @@ def _add_train_parser(subparsers: Any) -> None:
                                   description="PPO over rounds of parallel episodes; a checkpoint every round.")
     train.add_argument("--config", help="TOML/JSON/YAML file with TrainConfig keys (flags override it)")
     train.add_argument("--task", help="digits (default), cifar10, text or mnist1d")
+    train.add_argument("--tasks", help="train one policy over several tasks, each with its default host, e.g. "
+                                       "digits,mnist1d ([[mix]] tables in --config set hosts and lengths too)")
+    train.add_argument("--paired-baseline", action="store_true", default=None,
+                       help="train a no-growth twin beside every env and reward what growth adds over it")
     train.add_argument("--envs", type=int, dest="n_envs", help="episodes side by side per round (default 4)")
     train.add_argument("--rounds", type=int, help="PPO rounds (default 20)")
     train.add_argument("--episode-length", "--epochs", type=int, dest="episode_length",
@@ -144,7 +149,15 @@ def _add_eval_parser(subparsers: Any) -> None:
     evaluate = subparsers.add_parser("eval", help="compare a learned policy, the heuristic and no growth",
                                      description="Learned policy, heuristic and no growth on the same fresh seeds.")
     evaluate.add_argument("--config", help="TOML/JSON/YAML file with EvalConfig keys (flags override it)")
-    evaluate.add_argument("--policy", help="run directory of `morphogen train` (required, here or in --config)")
+    evaluate.add_argument("--policy", help="run directory of `morphogen train`, or default (the policy shipped with "
+                                           "morphogen); required, here or in --config")
+    evaluate.add_argument("--task", help="task to play, as for run (default: the first task the policy trained on)")
+    evaluate.add_argument("--episode-length", "--epochs", type=int, dest="episode_length",
+                          help="epochs per episode (default: the policy's training episode length)")
+    evaluate.add_argument("--slots", help="comma-separated slot ids (default: all)")
+    evaluate.add_argument("--data-dir", help="CIFAR-10 directory (cifar-10-batches-py layout)")
+    evaluate.add_argument("--text-file", help="text file for the text task")
+    evaluate.add_argument("--max-train-samples", type=int, help="cap the training split")
     evaluate.add_argument("--episodes", type=int, help="episodes per controller (default 5)")
     evaluate.add_argument("--seed", type=int, help="base of the evaluation seeds (default 0)")
     evaluate.add_argument("--device", help="cpu (default), cuda, cuda:N, mps or auto")
@@ -217,7 +230,8 @@ def parse_arguments(parser: argparse.ArgumentParser, argv: Sequence[str] | None)
 def _flag_overrides(args: argparse.Namespace) -> dict[str, Any]:
     overrides: dict[str, Any] = {}
     for name in ("task", "seed", "device", "data_dir", "text_file", "max_train_samples", "run_dir",
-                 "pool_slots", "n_envs", "rounds", "hidden_size", "compile", "compile_mode", "compile_backend"):
+                 "pool_slots", "n_envs", "rounds", "hidden_size", "compile", "compile_mode", "compile_backend",
+                 "paired_baseline"):
         value = getattr(args, name, None)
         if value is not None:
             overrides[name] = value
@@ -226,11 +240,9 @@ def _flag_overrides(args: argparse.Namespace) -> dict[str, Any]:
                                                 ("profile", getattr(args, "profile", None))) if value is not None}
     if telemetry:
         overrides["telemetry"] = telemetry
-    if getattr(args, "slots", None) is not None:
-        slots = [s.strip() for s in args.slots.split(",") if s.strip()]
-        if not slots:
-            raise UsageError("--slots needs at least one slot id, e.g. --slots r0c1")
-        overrides["slots"] = slots
+    for name, example in (("slots", "r0c1"), ("tasks", "digits,mnist1d")):
+        if getattr(args, name, None) is not None:
+            overrides[name] = _comma_list(getattr(args, name), name, example)
     if getattr(args, "imitate_rounds", None) is not None:
         overrides["imitation"] = {"rounds": args.imitate_rounds}
     if getattr(args, "devices", None) is not None:
@@ -246,6 +258,14 @@ def _flag_overrides(args: argparse.Namespace) -> dict[str, Any]:
     if getattr(args, "no_from_scratch", False):
         overrides["from_scratch"] = False
     return overrides
+
+
+def _comma_list(text: str, flag: str, example: str) -> list[str]:
+    """The non-empty comma-separated names of `--flag text`; none at all is a `UsageError`."""
+    names = [name.strip() for name in text.split(",") if name.strip()]
+    if not names:
+        raise UsageError(f"--{flag} needs at least one name, e.g. --{flag} {example}")
+    return names
 
 
 def _apply_overrides(values: dict[str, Any], overrides: dict[str, Any]) -> None:
@@ -313,7 +333,9 @@ def train_config_from_args(args: argparse.Namespace) -> TrainConfig:
         raise UsageError(f"--envs must be >= 1, got {args.n_envs}")
     if args.batch_envs and isinstance(values.get("episode") or {}, dict):  # another type fails in build_config
         values["episode"] = {**(values.get("episode") or {}), "batch_identical": True}
-    values = _with_task_optimizer(_with_episode_length(values, args.episode_length, "--episode-length"))
+    values = _with_episode_length(values, args.episode_length, "--episode-length")
+    if not values.get("tasks") and not values.get("mix"):  # a mix trains each task with its own default optimizer
+        values = _with_task_optimizer(values)
     return build_config(TrainConfig, values)
 
 
@@ -377,23 +399,12 @@ def _run(args: argparse.Namespace) -> None:
     if args.policy is None:
         run_command(config)
         return
-    from morphogen.commands.evaluate import policy_controller_factory, read_policy_run
+    from morphogen.commands.evaluate import policy_controller_factory
     from morphogen.devices import resolve_device
-    from morphogen.session import load_session_task
 
-    trained, _ = read_policy_run(args.policy, resolve_device(config.device))
-    if args.task is None and "task" not in read_config_values(args.config):
-        config = dataclasses.replace(config, task=trained.task)  # the task the policy was trained on
-    length = args.epochs if args.epochs is not None else trained.episode_length
-    # The policy acts on the host it was trained with: its slots and its size (another task's host size
-    # does not apply; policy_controller_factory then reports the task mismatch).
-    host = trained.host if trained.task == config.task else config.host
-    config = dataclasses.replace(config, episode=dataclasses.replace(trained.episode, max_epochs=length),
-                                 slots=trained.slots, pool_slots=trained.pool_slots, host=host)
-    device = resolve_device(config.device)
-    task = load_session_task(config, device)
-    factory, _ = policy_controller_factory(args.policy, task, device, length, config.compile_settings)
-    run_command(config, factory, task=task)
+    # The policy acts on the task, host, slots and episode `run` chose, whatever it was trained on.
+    factory = policy_controller_factory(args.policy, resolve_device(config.device), config.compile_settings)
+    run_command(config, factory)
 
 
 def run_config_from_args(args: argparse.Namespace) -> RunConfig:
@@ -408,9 +419,12 @@ def eval_config_from_args(args: argparse.Namespace) -> EvalConfig:
     from morphogen.commands.evaluate import EvalConfig
 
     values = read_config_values(args.config)
-    for name in ("policy", "episodes", "seed", "device", "run_dir", "compile", "compile_mode", "compile_backend"):
+    for name in ("policy", "episodes", "seed", "device", "run_dir", "compile", "compile_mode", "compile_backend",
+                 "task", "episode_length", "data_dir", "text_file", "max_train_samples"):
         if getattr(args, name) is not None:
             values[name] = getattr(args, name)
+    if args.slots is not None:
+        values["slots"] = _comma_list(args.slots, "slots", "r0c1")
     if args.telemetry is not None:
         values["telemetry"] = {**(values.get("telemetry") or {}), "level": args.telemetry}
     if values.get("telemetry") and values.get("run_dir") is None:

@@ -103,24 +103,29 @@ class SessionOptions(CompileOptions):
             raise ValueError("slots must name at least one slot (leave it out to use every slot of the host)")
         if self.slots is not None and len(set(self.slots)) != len(self.slots):
             raise ValueError(f"slots names a slot more than once: {', '.join(self.slots)}")
-        if not isinstance(self.host, Mapping):
-            raise ValueError("host must be a table of host size arguments (e.g. base_channels = 8), "
-                             f"got {short_repr(self.host)}")
-        if is_import_path(self.task):
-            check_import_path(self.task)
-            if self.host:
-                raise ValueError(f"host: a [host] table sizes the built-in hosts; task {self.task} builds its own")
-            if self.max_train_samples is not None:
-                raise ValueError(f"max_train_samples caps the built-in tasks; task {self.task} chooses its own data")
-        # An unknown task is reported by load_task, with the valid names; its host cannot be checked here.
-        elif self.task in TASK_NAMES:
-            resolve_host_size(self.task, self.host)
+        check_task_host(self.task, self.host, self.max_train_samples)
 
     def with_resolved_host(self) -> Self:
         """These options with `host` holding every size argument of the task's host (defaults filled in)."""
         if self.task not in TASK_NAMES:  # a user's task builds its own host
             return self
         return dataclasses.replace(self, host=resolve_host_size(self.task, self.host))
+
+
+def check_task_host(task: str, host: object, max_train_samples: int | None) -> None:
+    """Raise `ValueError` naming the key if `host` (a `[host]` table) or `max_train_samples` cannot go with `task`."""
+    if not isinstance(host, Mapping):
+        raise ValueError("host must be a table of host size arguments (e.g. base_channels = 8), "
+                         f"got {short_repr(host)}")
+    if is_import_path(task):
+        check_import_path(task)
+        if host:
+            raise ValueError(f"host: a [host] table sizes the built-in hosts; task {task} builds its own")
+        if max_train_samples is not None:
+            raise ValueError(f"max_train_samples caps the built-in tasks; task {task} chooses its own data")
+    # An unknown task is reported by load_task, with the valid names; its host cannot be checked here.
+    elif task in TASK_NAMES:
+        resolve_host_size(task, host)
 
 
 def resolve_host_size(task: str, overrides: Mapping[str, object]) -> dict[str, int]:

@@ -1,8 +1,14 @@
-"""`morphogen eval`: the learned policy, the heuristic and no growth on the same fresh seeds."""
+"""`morphogen eval`: the learned policy, the heuristic and no growth on the same fresh seeds.
+
+The policy acts on any task and host (`control/growth_policy.py`): `task`, `[host]`, slots and the episode
+length are chosen as `morphogen run` chooses them; left out, eval plays the first setting the policy
+trained on. `--policy default` is the policy shipped in the package (`DEFAULT_POLICY_FILE`).
+"""
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import statistics
 import sys
@@ -13,20 +19,19 @@ from typing import Any, TextIO
 
 from morphogen.commands.run import write_resolved_config
 from morphogen.config import build_config, config_to_dict
-from morphogen.control.checkpoint import CheckpointError, check_layout, load_checkpoint
+from morphogen.control.checkpoint import CheckpointError, checkpoint_path, load_checkpoint
 from morphogen.control.controller import NoGrowthController
 from morphogen.control.heuristic import HeuristicController
 from morphogen.control.learned import PolicyController, agent_from_checkpoint
 from morphogen.control.trainer import TrainConfig
 from morphogen.core.compilation import CompileSettings
-from morphogen.data import Task
 from morphogen.devices import resolve_device
-from morphogen.env.episode import MorphogenesisEpisode
+from morphogen.env.episode import EpisodeConfig, MorphogenesisEpisode
 from morphogen.env.play import Controller, EpisodeOutcome, run_episode
 from morphogen.env.seeding import derive_seed
-from morphogen.limits import MAX_EVAL_EPISODES, MAX_SEED, check_count
+from morphogen.limits import MAX_EPOCHS, MAX_EVAL_EPISODES, MAX_SEED, MAX_TRAIN_SAMPLES, check_count
 from morphogen.run_directory import SCORES_FILENAME, hold_run_directory, make_run_dir, refuse_other_run, write_atomic
-from morphogen.session import CompileOptions, load_session_task
+from morphogen.session import CompileOptions, check_task_host, load_session_task
 from morphogen.telemetry.config import TelemetryConfig
 from morphogen.telemetry.sinks import Telemetry
 from morphogen.ui.progress import ProgressDisplay
@@ -34,14 +39,34 @@ from morphogen.ui.progress import ProgressDisplay
 #: Evaluation seeds are drawn from a stream the training rounds never use.
 EVALUATION_STREAM = 99_991
 CONTROLLERS = ("learned", "heuristic", "no growth")
+#: `--policy default`: the policy trained by the project on the built-in mix, shipped in the package (README).
+DEFAULT_POLICY = "default"
+DEFAULT_POLICY_FILE = Path(__file__).resolve().parents[1] / "control" / "default_policy.pt"
 
 
 @dataclass(frozen=True)
 class EvalConfig(CompileOptions):
     """Settings of `morphogen eval` (file keys and CLI flags share these names)."""
 
-    #: Run directory of `morphogen train` whose policy is evaluated.
+    #: Run directory (or checkpoint file) of `morphogen train` whose policy is evaluated; "default" for the
+    #: policy shipped in the package.
     policy: str = ""
+    #: Task to play (as `task` of `morphogen run`); None plays the first task the policy trained on, with its host.
+    task: str | None = None
+    #: Host size arguments changed from the task's defaults (a `[host]` table).
+    host: dict[str, int] = field(default_factory=dict)
+    #: Epochs per episode; None: the policy's training episode length (of that first setting).
+    episode_length: int | None = None
+    #: Slots to place (ids like r0c1); None places a slot at every injection point of the host.
+    slots: tuple[str, ...] | None = None
+    #: Also place slots after each pooling layer of the CNN host (ids r1c{i}).
+    pool_slots: bool = False
+    #: CIFAR-10 directory (torchvision's cifar-10-batches-py layout).
+    data_dir: str | None = None
+    #: Text file for the `text` task.
+    text_file: str | None = None
+    #: Cap on training samples; None uses the whole training split.
+    max_train_samples: int | None = None
     #: Episodes per controller.
     episodes: int = 5
     #: Base of the evaluation seeds (drawn from a stream the training rounds never use).
@@ -65,9 +90,18 @@ class EvalConfig(CompileOptions):
     def __post_init__(self) -> None:
         self.check_compile_options()
         if not self.policy:
-            raise ValueError("policy must name the run directory of `morphogen train` (--policy RUN_DIR)")
+            raise ValueError("policy must name the run directory of `morphogen train` (--policy RUN_DIR), or be "
+                             "default")
         check_count("episodes", self.episodes, MAX_EVAL_EPISODES)
         check_count("seed", self.seed, MAX_SEED, lower=0)
+        if self.task is not None:
+            check_task_host(self.task, self.host, self.max_train_samples)
+        elif self.host:
+            raise ValueError("host: a [host] table sizes the host of `task`; name the task too")
+        if self.episode_length is not None:
+            check_count("episode_length", self.episode_length, MAX_EPOCHS)
+        if self.max_train_samples is not None:
+            check_count("max_train_samples", self.max_train_samples, MAX_TRAIN_SAMPLES)
 
 
 @dataclass(frozen=True)
@@ -80,16 +114,41 @@ class ControllerScores:
     pruned: tuple[float, ...]
 
 
-def read_policy_run(policy_dir: str | Path, device: str) -> tuple[TrainConfig, dict[str, Any]]:
-    """The training config and checkpoint of a training run directory."""
-    state = load_checkpoint(policy_dir, map_location=device)
+def policy_source(policy: str) -> Path:
+    """The checkpoint `policy` names: a run directory of `morphogen train`, a checkpoint file, or "default"."""
+    return DEFAULT_POLICY_FILE if policy == DEFAULT_POLICY else checkpoint_path(policy)
+
+
+def read_policy_run(policy: str | Path, device: str) -> tuple[TrainConfig, dict[str, Any]]:
+    """The training config and checkpoint of a policy (see `policy_source`)."""
+    source = policy_source(str(policy))
+    state = load_checkpoint(source, map_location=device)
     try:
         values = json.loads(state["config"])
     except (TypeError, json.JSONDecodeError) as error:
-        raise CheckpointError(f"checkpoint in {policy_dir} has an unreadable config: {error}") from None
+        raise CheckpointError(f"checkpoint {source} has an unreadable config: {error}") from None
     values["device"] = device
     values["devices"] = None  # evaluation plays on `device`, whatever devices the policy was trained on
+    values["run_dir"] = None
     return build_config(TrainConfig, values), state
+
+
+def evaluation_setting(config: EvalConfig, trained: TrainConfig) -> tuple[TrainConfig, EpisodeConfig]:
+    """The session options (task, host, slots, data) and episode settings `eval` plays: those of `config`, or,
+    for what it leaves out, the first setting the policy trained on.
+
+    The episode keeps the policy's training settings (gates, reward, governor) at the chosen length; on another
+    task than it trained on, the host trains with that task's default optimizer."""
+    first = trained.training_mix()[0]
+    task, host = (first.task, first.host) if config.task is None else (config.task, config.host)
+    session = dataclasses.replace(
+        trained, task=task, host=host, tasks=None, mix=(), slots=config.slots, pool_slots=config.pool_slots,
+        data_dir=config.data_dir or trained.data_dir, text_file=config.text_file or trained.text_file,
+        max_train_samples=config.max_train_samples if config.task is not None else
+        first.max_train_samples or trained.max_train_samples)
+    length = config.episode_length or first.episode_length or trained.episode_length
+    optimizer = trained.episode.optimizer if task == trained.task else None
+    return session, dataclasses.replace(trained.episode, max_epochs=length, optimizer=optimizer)
 
 
 def _mean_std(values: tuple[float, ...]) -> str:
@@ -104,10 +163,11 @@ def evaluate_command(config: EvalConfig, out: TextIO | None = None) -> list[Cont
     (default: `sys.stdout` at call time); with `config.run_dir`, record everything there too."""
     out = sys.stdout if out is None else out
     device = resolve_device(config.device)
-    policy_dir = config.policy
-    trained, state = read_policy_run(policy_dir, device)
-    task = load_session_task(trained, device)  # with the host size the policy was trained with
-    agent = agent_from_checkpoint(state, task.topology, device, source=policy_dir)
+    source = policy_source(config.policy)
+    trained, state = read_policy_run(config.policy, device)
+    session, episode_config = evaluation_setting(config, trained)
+    task = load_session_task(session.with_resolved_host(), device)
+    agent = agent_from_checkpoint(state, device, source=source)
     agent.policy.compile_forward(config.compile_settings)
     makers: dict[str, Callable[[MorphogenesisEpisode], Controller]] = {
         "learned": lambda episode: PolicyController(agent),
@@ -115,7 +175,7 @@ def evaluate_command(config: EvalConfig, out: TextIO | None = None) -> list[Cont
         "no growth": lambda episode: NoGrowthController(),
     }
     outcomes: dict[str, list[tuple[EpisodeOutcome, int, int]]] = {name: [] for name in CONTROLLERS}
-    run_dir = None if config.run_dir is None else make_run_dir(config.run_dir, "runs", trained.task)
+    run_dir = None if config.run_dir is None else make_run_dir(config.run_dir, "runs", session.task)
     lock = contextlib.ExitStack()  # one writer per run directory, from before its first file is written
     if run_dir is not None:
         lock.enter_context(hold_run_directory(run_dir))
@@ -123,18 +183,17 @@ def evaluate_command(config: EvalConfig, out: TextIO | None = None) -> list[Cont
         write_resolved_config(run_dir, config)
     telemetry = Telemetry(run_dir, config=config.telemetry if run_dir is not None else TelemetryConfig(level="off"))
     with lock, telemetry, ProgressDisplay(out) as display:
-        display.print(f"morphogen eval: {config.episodes} episodes of {trained.episode_length} epochs on {task.name}, "
-                      f"policy {policy_dir}")
+        display.print(f"morphogen eval: {config.episodes} episodes of {episode_config.max_epochs} epochs on "
+                      f"{task.name} ({task.topology} host), policy {config.policy}")
         bar = display.add("episodes", config.episodes * len(CONTROLLERS))
         for index in range(config.episodes):
             episode_seed = derive_seed(config.seed, EVALUATION_STREAM, index)
             for position, name in enumerate(CONTROLLERS):
-                episode = MorphogenesisEpisode(task, trained.episode, seed=episode_seed, slots=trained.slots,
-                                               pool_slots=trained.pool_slots, telemetry=telemetry,
+                episode = MorphogenesisEpisode(task, episode_config, seed=episode_seed, slots=session.slots,
+                                               pool_slots=session.pool_slots, telemetry=telemetry,
                                                env_id=position * config.episodes + index)
                 episode.compile_settings = config.compile_settings
-                episode.reset()
-                check_layout(state, {"slot_ids": episode.action_space.slot_ids}, policy_dir)
+                episode.reset()  # the heuristic reads the action space the model's slots make
                 outcome = run_episode(episode, makers[name](episode))
                 outcomes[name].append((outcome, episode.fossilized, episode.pruned))
                 display.advance(bar, status=name)
@@ -174,23 +233,11 @@ def _print_table(scores: list[ControllerScores], out: TextIO) -> None:
           "over episodes that added any)", file=out)
 
 
-def policy_controller_factory(policy_dir: str, task: Task, device: str, episode_length: int,
-                              compile_settings: CompileSettings | None = None,
-                              ) -> tuple[Callable[[MorphogenesisEpisode], Controller], TrainConfig]:
-    """For `morphogen run --policy`: a controller factory and the training config (checked against the run);
-    with `compile_settings` the policy's forward runs compiled."""
-    config, state = read_policy_run(policy_dir, device)
-    named = task.name if task.source == "builtin" else task.source  # a user's task: the import path that made it
-    if config.task != named:
-        raise CheckpointError(f"policy {policy_dir} was trained on task {config.task!r}, not {named!r}")
-    if episode_length != config.episode_length:
-        raise CheckpointError(f"policy {policy_dir} was trained for {config.episode_length}-epoch episodes; "
-                              f"this run has {episode_length} (use --epochs {config.episode_length})")
-    agent = agent_from_checkpoint(state, task.topology, device, source=policy_dir)
+def policy_controller_factory(policy: str, device: str, compile_settings: CompileSettings | None = None,
+                              ) -> Callable[[MorphogenesisEpisode], Controller]:
+    """For `morphogen run --policy`: a controller factory acting with the policy on whatever task and host the run
+    plays; with `compile_settings` the policy's forward runs compiled."""
+    _, state = read_policy_run(policy, device)
+    agent = agent_from_checkpoint(state, device, source=policy_source(policy))
     agent.policy.compile_forward(compile_settings)
-
-    def make(episode: MorphogenesisEpisode) -> Controller:
-        check_layout(state, {"slot_ids": episode.action_space.slot_ids}, policy_dir)
-        return PolicyController(agent)
-
-    return make, config
+    return lambda episode: PolicyController(agent)

@@ -11,7 +11,7 @@ from typing import Any, TextIO
 import torch
 from rich.progress import TaskID
 
-from morphogen.commands.run import write_resolved_config
+from morphogen.commands.run import run_name, write_resolved_config
 from morphogen.config import ConfigError, build_config
 from morphogen.control.checkpoint import CheckpointError, load_checkpoint
 from morphogen.control.distributed import (
@@ -24,6 +24,7 @@ from morphogen.control.distributed import (
     send_run_directory,
 )
 from morphogen.control.trainer import EpisodeMeans, PPOTrainer, RoundSummary, TrainConfig, format_round, train
+from morphogen.data import Task
 from morphogen.devices import resolve_device, resolve_devices
 from morphogen.env.seeding import derive_seed
 from morphogen.run_directory import (
@@ -97,14 +98,14 @@ def train_command(config: TrainConfig, *, resume_state: dict[str, Any] | None = 
     if context is not None and config.imitation.rounds:
         raise ConfigError("imitation.rounds: the imitation warm start runs in one process; "
                           "drop --distributed or set imitation.rounds = 0")
-    task = load_session_task(config, device)
+    tasks = load_mix_tasks(config, device)
     # Training draws from generators seeded by (seed, round); the global RNG is seeded too (and saved in every
     # checkpoint, restored on resume) so that whatever may use it is replayed and checkpoints are reproducible.
     torch.manual_seed(derive_seed(config.seed, GLOBAL_RNG_STREAM))
     # Everything that can fail on the user's input (slots, layout, an existing run) fails before any file
     # of a run directory is created or written.
-    trainer = (PPOTrainer(config, task, devices=devices) if context is None else
-               DistributedTrainer(config, task, context, devices=devices))
+    trainer = (PPOTrainer(config, tasks, devices=devices) if context is None else
+               DistributedTrainer(config, tasks, context, devices=devices))
     if resume_state is not None:
         assert config.run_dir is not None, "config_for_resume sets run_dir"
         trainer.load_state_dict(resume_state, Path(config.run_dir))
@@ -116,7 +117,7 @@ def train_command(config: TrainConfig, *, resume_state: dict[str, Any] | None = 
         if resume_state is not None:
             run_dir = Path(str(config.run_dir))
         else:
-            run_dir = make_run_dir(config.run_dir, config.runs_root, config.task)
+            run_dir = make_run_dir(config.run_dir, config.runs_root, run_name(_run_label(config)))
     with hold_run_directory(run_dir):
         with announce_failure(context):
             if resume_state is None:
@@ -127,11 +128,26 @@ def train_command(config: TrainConfig, *, resume_state: dict[str, Any] | None = 
         if context is not None:
             send_run_directory(context, str(run_dir))
         where = f"device {device}" if devices is None else f"devices {','.join(devices)} (policy on {device})"
-        _train_rounds(trainer, task.name, where, run_dir, dropped, out, context)
+        _train_rounds(trainer, where, run_dir, dropped, out, context)
     if trainer.timer.enabled:
         print(trainer.timer.summary(), file=out)
     print(f"checkpoint: {run_dir / CHECKPOINT_NAME}", file=out)
     return run_dir
+
+
+def load_mix_tasks(config: TrainConfig, device: str) -> list[Task]:
+    """The task of every entry of the run's training mix, loaded on `device` with the entry's host size."""
+    tasks = []
+    for entry in config.training_mix():
+        options = dataclasses.replace(config, task=entry.task, host=entry.host, tasks=None, mix=(),
+                                      max_train_samples=entry.max_train_samples or config.max_train_samples)
+        tasks.append(load_session_task(options, device))
+    return tasks
+
+
+def _run_label(config: TrainConfig) -> str:
+    """What a training run's directory is named after: its task, or the tasks of its mix joined by '+'."""
+    return "+".join(dict.fromkeys(entry.task for entry in config.training_mix()))
 
 
 def _imitate(trainer: PPOTrainer, run_dir: Path, display: ProgressDisplay, epochs: TaskID | None) -> None:
@@ -155,7 +171,7 @@ def _imitate(trainer: PPOTrainer, run_dir: Path, display: ProgressDisplay, epoch
     trainer.save(run_dir)
 
 
-def _train_rounds(trainer: PPOTrainer, task_name: str, where: str, run_dir: Path, dropped: int,
+def _train_rounds(trainer: PPOTrainer, where: str, run_dir: Path, dropped: int,
                   out: TextIO, context: DistributedContext | None = None) -> None:
     """The round loop of `train_command` with its telemetry and progress display, in a locked `run_dir`;
     `where` says on which device(s) it runs."""
@@ -165,23 +181,26 @@ def _train_rounds(trainer: PPOTrainer, task_name: str, where: str, run_dir: Path
         first = trainer.state.next_round + 1
         envs = f"{config.n_envs} envs" if context is None else \
             f"{config.n_envs * context.world_size} envs on {context.world_size} ranks ({context.backend})"
-        display.print(f"morphogen train: task {task_name}, {envs} x {config.episode_length} epochs per "
-                      f"round, rounds {first}..{config.rounds}, {where}")
+        settings = ", ".join(f"{entry.label} ({entry.episode_length} epochs)" for entry in trainer.mix)
+        display.print(f"morphogen train: {'task' if len(trainer.mix) == 1 else 'mix'} {settings}, {envs} per round, "
+                      f"rounds {first}..{config.rounds}, {where}")
         display.print(f"run dir: {run_dir}")
         if dropped:
             display.print(f"resume: dropped {dropped:,} bytes of {EVENTS_FILENAME} written after the round-{first - 1} "
                           "checkpoint")
         rounds = display.add("rounds", config.rounds - first + 1)
-        epochs = display.add(f"round {first} epochs", config.episode_length, status=f"({config.n_envs} envs)")
+        epochs = display.add(f"round {first} epochs", trainer.group_of(first - 1).episode_length,
+                             status=f"({config.n_envs} envs)")
         trainer.on_step = lambda done: display.advance(epochs)
 
         def on_round(summary: RoundSummary) -> None:
-            display.print(format_round(summary))
+            display.print(format_round(summary, setting=len(trainer.mix) > 1))
             if summary.rank_times is not None:
                 display.print(format_rank_times(summary.rank_times))
             display.advance(rounds)
             if summary.round < config.rounds:
-                display.reset(epochs, description=f"round {summary.round + 1} epochs")
+                display.reset(epochs, description=f"round {summary.round + 1} epochs",
+                              total=trainer.group_of(summary.round).episode_length)
 
         with trainer.profiler:
             if config.imitation.rounds and not trainer.state.imitated:

@@ -70,11 +70,12 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
+from morphogen.control.growth_policy import GrowthInputs
 from morphogen.control.learned import PolicyInputs
 from morphogen.control.normalization import RunningMeanStd, merge_moments
-from morphogen.control.policy import ActionOutput, LSTMState
+from morphogen.control.policy import ActionOutput, LSTMState, map_observation
 from morphogen.control.ppo import MinibatchPart, PPOStatistics, check_minibatches
-from morphogen.control.trainer import PPOTrainer, Rollout, RoundSummary, TrainConfig, _config_dict
+from morphogen.control.trainer import EnvGroup, PPOTrainer, Rollout, RoundSummary, TrainConfig, _config_dict
 from morphogen.data import Task
 from morphogen.env.actions import Action
 from morphogen.env.play import Controller
@@ -444,14 +445,14 @@ def _rows(output: ActionOutput, rows: slice) -> ActionOutput:
 class DistributedTrainer(PPOTrainer):
     """A `PPOTrainer` for one rank: its share of the envs, collectives in the order of the module docstring."""
 
-    def __init__(self, config: TrainConfig, task: Task, context: DistributedContext,
+    def __init__(self, config: TrainConfig, tasks: Task | Sequence[Task], context: DistributedContext,
                  telemetry: Telemetry | None = None, *, devices: list[str] | None = None) -> None:
         """`devices` spreads this rank's envs over them as in `PPOTrainer` (None: `config.devices`)."""
         first, share = split_envs(config.n_envs, context.world_size, context.rank)
         if config.ppo.minibatches > share:
             raise DistributedSetupError(f"ppo.minibatches ({config.ppo.minibatches}) cannot exceed the envs of one "
                                         f"rank ({share} = {config.n_envs} envs / {context.world_size} ranks)")
-        super().__init__(dataclasses.replace(config, n_envs=share), task, telemetry, first_env=first, devices=devices)
+        super().__init__(dataclasses.replace(config, n_envs=share), tasks, telemetry, first_env=first, devices=devices)
         self.global_config, self.context = config, context
         self.rows = slice(first, first + share)
         self.processes = RankShare(first, config.n_envs, lambda tensor: average_(tensor, context))
@@ -490,23 +491,26 @@ class DistributedTrainer(PPOTrainer):
             super().save(run_dir)
 
     # ---------------------------------------------------------------- one round
-    def act_step(self, snapshots: list[EpisodeSnapshot], state: LSTMState, generator: torch.Generator,
-                 starts: Tensor) -> tuple[PolicyInputs, Tensor, ActionOutput, list[Action]]:
-        """Rule 2: gather every rank's inputs, act for all envs, keep this rank's rows."""
+    def act_step(self, group: EnvGroup, snapshots: list[EpisodeSnapshot], state: LSTMState,
+                 generator: torch.Generator, starts: Tensor,
+                 ) -> tuple[PolicyInputs, GrowthInputs, ActionOutput, list[Action]]:
+        """Rule 2: gather every rank's inputs, act for all envs, keep this rank's rows. Every rank plays the same
+        mix entry in a round, so every rank's inputs have the same numbers of slots and blueprints."""
         agent = self.state.agent
-        local = agent.inputs(snapshots, self.vector.masks())
-        gathered = PolicyInputs(all_gather_rows(local.raw_features, self.context),
-                                all_gather_rows(local.blueprint_ids, self.context),
+        local = agent.inputs(snapshots, group.vector.masks())
+        gathered = PolicyInputs(map_observation(local.raw, lambda tensor: all_gather_rows(tensor, self.context)),
                                 [all_gather_rows(mask, self.context) for mask in local.masks])
         # `collect` starts every env at a round's first step and none later; one sync on L bools per step.
         first_step = bool(starts.all())
         if first_step or self._global_state is None:
             self._global_state = agent.policy.initial_state(self.global_config.n_envs)
         all_starts = starts.new_full((self.global_config.n_envs,), first_step)
-        observations, output, actions = agent.act(gathered, self._global_state, generator=generator,
-                                                  episode_starts=all_starts, update_normalizer=True)
+        observations, output = agent.act(gathered, self._global_state, generator=generator,
+                                         episode_starts=all_starts, update_normalizer=True)
         self._global_state = output.state
-        return local, observations[self.rows], _rows(output, self.rows), actions[self.rows]
+        mine = _rows(output, self.rows)
+        return (local, map_observation(observations, lambda tensor: tensor[self.rows]), mine,
+                agent.decode(mine.actions, snapshots))
 
     def collect(self, round_index: int, demonstrators: Sequence[Controller] | None = None) -> Rollout:
         """This rank's episodes, with the seconds spent inside collectives meanwhile (waiting for other ranks).
@@ -532,7 +536,7 @@ class DistributedTrainer(PPOTrainer):
         averaged = rows[:, :len(means)].mean(0).tolist()
         times = rows[:, len(means):len(numbers)].T.tolist()  # (4, ranks)
         statistics = combine_statistics(summary.statistics, rows[:, len(numbers):])
-        rank_times = events.RankTimes(epoch=summary.round * self.config.episode_length, env_id=events.ALL_ENVS,
+        rank_times = events.RankTimes(epoch=summary.round * self.longest_episode, env_id=events.ALL_ENVS,
                                       round=summary.round, collect_seconds=tuple(times[0]),
                                       collect_wait_seconds=tuple(times[1]), update_seconds=tuple(times[2]),
                                       all_reduce_seconds=tuple(times[3]))

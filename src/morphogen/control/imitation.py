@@ -16,12 +16,14 @@ trainer normalizes values, as PPO's value loss is).
 from __future__ import annotations
 
 import math
+import operator
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor, nn
 
-from morphogen.control.policy import FactoredLSTMPolicy
+from morphogen.control.policy import RecurrentActorCritic, map_observation
 from morphogen.control.rollout import RolloutBatch
 from morphogen.limits import MAX_ROUNDS, check_count
 
@@ -77,81 +79,63 @@ class ImitationStatistics:
     value_loss: float
 
 
-def concatenate_batches(batches: list[RolloutBatch]) -> RolloutBatch:
-    """Rollouts of equal length side by side: envs of every batch along the env dimension."""
-    if not batches:
-        raise ValueError("no demonstrations to concatenate")
-
-    def cat(tensors: list[Tensor]) -> Tensor:
-        return torch.cat(tensors, dim=1)
-
-    first = batches[0]
-    masks = None
-    if first.action_masks is not None:
-        masks = tuple(cat([b.action_masks[i] for b in batches])  # type: ignore[index]
-                      for i in range(len(first.action_masks)))
-    return RolloutBatch(
-        observations=cat([b.observations for b in batches]),
-        actions=cat([b.actions for b in batches]),
-        log_probs=cat([b.log_probs for b in batches]),
-        log_prob_per_head=cat([b.log_prob_per_head for b in batches]),
-        values=cat([b.values for b in batches]),
-        advantages=cat([b.advantages for b in batches]),
-        returns=cat([b.returns for b in batches]),
-        episode_starts=cat([b.episode_starts for b in batches]),
-        initial_state=(cat([b.initial_state[0] for b in batches]), cat([b.initial_state[1] for b in batches])),
-        action_masks=masks,
-        blueprint_ids=None if first.blueprint_ids is None else cat([b.blueprint_ids for b in batches]),  # type: ignore[misc]
-    )
+def _fit_losses(policy: RecurrentActorCritic, batches: Sequence[RolloutBatch]) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """Over every step of `batches` (rollouts of any lengths and slot counts): the mean log-prob and the mean
+    probability of the demonstrated actions, the value loss, and the mean entropy per step (summed over the
+    heads that matter for the demonstrated op)."""
+    log_prob = probability = value_loss = entropy = torch.zeros(())
+    steps = sum(batch.actions.shape[0] * batch.actions.shape[1] for batch in batches)
+    for batch in batches:
+        evaluated = policy.evaluate_sequence(batch.observations, batch.initial_state, batch.episode_starts,
+                                             batch.actions, batch.action_masks)
+        share = batch.actions.shape[0] * batch.actions.shape[1] / steps
+        log_prob = log_prob + evaluated.log_prob.mean() * share
+        probability = probability + evaluated.log_prob.detach().exp().mean() * share
+        value_loss = value_loss + nn.functional.mse_loss(evaluated.value, batch.returns) * share
+        entropy = entropy + evaluated.entropy_per_head.sum(-1).mean() * share
+    return log_prob, probability, value_loss, entropy
 
 
-def _fit_losses(policy: FactoredLSTMPolicy, batch: RolloutBatch) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """Per-step log-prob of the demonstrated actions [T, B], the action loss, the value loss, and the mean
-    entropy per step (summed over the heads that matter for the demonstrated op)."""
-    evaluated = policy.evaluate_sequence(batch.observations, batch.initial_state, batch.episode_starts,
-                                         batch.actions, batch.action_masks, batch.blueprint_ids)
-    action_loss = -evaluated.log_prob.mean()
-    value_loss = nn.functional.mse_loss(evaluated.value, batch.returns)
-    return evaluated.log_prob, action_loss, value_loss, evaluated.entropy_per_head.sum(-1).mean()
+def imitation_fit(policy: RecurrentActorCritic, batches: Sequence[RolloutBatch],
+                  config: ImitationConfig) -> ImitationStatistics:
+    """Fit `policy` to the demonstrations in `batches` (full-batch Adam, `config.epochs` passes).
 
-
-def imitation_fit(policy: FactoredLSTMPolicy, batch: RolloutBatch, config: ImitationConfig) -> ImitationStatistics:
-    """Fit `policy` to the demonstrations in `batch` (full-batch Adam, `config.epochs` passes).
-
-    The whole demonstration set is one batch: it is small (rounds x envs episodes of a few dozen steps)
-    and the LSTM is re-run over whole episodes from their initial state, as in PPO.
+    Every demonstration is in each step of the fit: they are few (rounds x envs episodes of a few dozen
+    steps), and the LSTM is re-run over whole episodes from their initial state, as in PPO. Rounds of
+    different tasks (other slot counts, episode lengths) stay separate batches.
     """
     optimizer = torch.optim.Adam(policy.parameters(), lr=config.learning_rate, eps=1e-5)
     policy.train()
     with torch.no_grad():
-        _, before, _, _ = _fit_losses(policy, batch)
+        before, _, _, _ = _fit_losses(policy, batches)
     for _ in range(config.epochs):
-        _, action_loss, value_loss, entropy = _fit_losses(policy, batch)
-        loss = action_loss + config.value_coef * value_loss - config.entropy_coef * entropy
+        log_prob, _, value_loss, entropy = _fit_losses(policy, batches)
+        loss = -log_prob + config.value_coef * value_loss - config.entropy_coef * entropy
         optimizer.zero_grad(set_to_none=True)
         loss.backward()  # type: ignore[no-untyped-call]
         nn.utils.clip_grad_norm_(policy.parameters(), config.max_grad_norm, foreach=True)
         optimizer.step()
     with torch.no_grad():
-        log_prob, action_loss, value_loss, _ = _fit_losses(policy, batch)
+        log_prob, probability, value_loss, _ = _fit_losses(policy, batches)
         # Heads that do not matter for the op hold 0 in both, so whole rows can be compared.
-        agreement = (_greedy_actions(policy, batch) == batch.actions).all(dim=-1).float().mean()
-        statistics = torch.stack([before, action_loss, log_prob.exp().mean(), agreement, value_loss]).tolist()
-    return ImitationStatistics(episodes=batch.n_envs, action_loss_before=statistics[0],
-                               action_loss_after=statistics[1], match_probability=statistics[2],
-                               agreement=statistics[3], value_loss=statistics[4])
+        steps = sum(batch.actions.shape[0] * batch.actions.shape[1] for batch in batches)
+        agreed = sum((_greedy_actions(policy, batch) == batch.actions).all(dim=-1).float().sum() for batch in batches)
+        statistics = torch.stack([-before, -log_prob, probability, torch.as_tensor(agreed) / steps, value_loss])
+        numbers = statistics.tolist()
+    return ImitationStatistics(episodes=sum(batch.actions.shape[1] for batch in batches),
+                               action_loss_before=numbers[0], action_loss_after=numbers[1],
+                               match_probability=numbers[2], agreement=numbers[3], value_loss=numbers[4])
 
 
-def _greedy_actions(policy: FactoredLSTMPolicy, batch: RolloutBatch) -> Tensor:
+def _greedy_actions(policy: RecurrentActorCritic, batch: RolloutBatch) -> Tensor:
     """The actions [T, B, H] a deterministic policy takes at every stored step (same observations)."""
-    steps = batch.observations.shape[0]
+    steps = batch.actions.shape[0]
     state = batch.initial_state
     rows = []
     for step in range(steps):
         masks = None if batch.action_masks is None else [mask[step] for mask in batch.action_masks]
-        blueprint_ids = None if batch.blueprint_ids is None else batch.blueprint_ids[step]
-        output = policy.act(batch.observations[step], state, masks, blueprint_ids, deterministic=True,
-                            episode_starts=batch.episode_starts[step])
+        observation = map_observation(batch.observations, operator.itemgetter(step))
+        output = policy.act(observation, state, masks, deterministic=True, episode_starts=batch.episode_starts[step])
         rows.append(output.actions)
         state = output.state
     return torch.stack(rows)

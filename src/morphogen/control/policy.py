@@ -1,14 +1,22 @@
-"""Factored-action LSTM actor-critic: the learned growth controller, usable on any discrete-action task.
+"""Recurrent actor-critics over factored discrete actions: the learned growth controller and its generic kin.
 
-Architecture (DESIGN §6): a 4-dim embedding of each slot's blueprint id, concatenated to the
-observation -> trunk (Linear + LayerNorm + ReLU) -> one-layer LSTM -> LayerNorm(LSTM output + trunk
-output) -> one linear head per action factor, and a value head V(s) that does not depend on the op.
+`RecurrentActorCritic` holds what every such policy shares: a trunk from the observation to a feature
+vector, a one-layer LSTM, ``LayerNorm(LSTM output + trunk output)``, one categorical head per action
+factor and a value head V(s) that does not depend on the op. Subclasses say how an observation enters
+the trunk and how each head's logits are computed:
+
+- `FactoredLSTMPolicy`: a flat observation vector and one linear head per factor (any Gymnasium
+  MultiDiscrete task; `train_gym`).
+- `GrowthPolicy` (`control/growth_policy.py`): morphogen's controller, whose inputs and outputs do not
+  depend on the task, the host or its number of slots.
 
 Rules:
 
 - Head 0 is the op. ``head_relevance[op, head]`` says whether a head matters for an op. A head that
   does not matter is forced to its canonical value 0 and contributes neither log-prob nor entropy,
   so PPO never credits or blames a factor the environment ignored.
+- Heads are chosen in order, and a head's logits may depend on the choices of the heads before it
+  (the growth policy scores blueprints for the slot just chosen).
 - Masks say what is physically legal. Logits are masked in fp32 with ``MASKED_LOGIT`` (-1e4) rather
   than -inf: softmax gives illegal values probability exactly 0 (they are never sampled), while
   log-probs and entropies stay finite (no ``0 * inf = NaN``).
@@ -18,6 +26,8 @@ Rules:
 - Recurrent state is a tuple ``(h, c)``, each ``[1, B, hidden]`` as ``nn.LSTM`` expects. Where
   ``episode_starts`` is True the state is zeroed before that observation is processed, in ``act``
   and ``evaluate_sequence`` alike, so re-evaluating a rollout reproduces the log-probs of acting.
+- Observations are a tensor ``[..., features]`` or a NamedTuple of tensors sharing their leading
+  dimensions (``Observation``); ``map_observation`` applies a function to every tensor of one.
 - Host syncs: ``act`` and ``predict_value`` make none. ``forward`` over T > 1 steps with episode
   starts makes one (to find the time steps where some episode starts; the LSTM then runs as one
   call over each span between them).
@@ -30,9 +40,10 @@ Rules:
 
 from __future__ import annotations
 
+import abc
 import itertools
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 import torch
@@ -46,6 +57,9 @@ __all__ = [
     "EvaluateOutput",
     "FactoredLSTMPolicy",
     "LSTMState",
+    "Observation",
+    "RecurrentActorCritic",
+    "map_observation",
     "masked_logits",
 ]
 
@@ -55,7 +69,22 @@ MASKED_LOGIT = -1e4
 LSTMState = tuple[Tensor, Tensor]
 """``(h, c)``, each ``[1, B, hidden]``."""
 
+Observation = Any
+"""A tensor ``[..., features]``, or a NamedTuple of tensors with the same leading dimensions."""
+
 MaskSequence = Sequence[Tensor | None]
+
+
+def map_observation(observation: Observation, function: Callable[[Tensor], Tensor]) -> Observation:
+    """`function` applied to the tensor, or to every tensor of a NamedTuple observation (same type back)."""
+    if isinstance(observation, Tensor):
+        return function(observation)
+    return type(observation)(*(function(tensor) for tensor in observation))
+
+
+def leading_tensor(observation: Observation) -> Tensor:
+    """The tensor whose leading dimensions are the observation's (the first of a NamedTuple)."""
+    return observation if isinstance(observation, Tensor) else observation[0]
 
 
 class ActionOutput(NamedTuple):
@@ -119,67 +148,55 @@ def _choose(logits: Tensor, deterministic: bool, generator: torch.Generator | No
     return torch.multinomial(probabilities, 1, generator=generator).squeeze(-1)
 
 
-class FactoredLSTMPolicy(nn.Module):
-    """LSTM actor-critic over a factored discrete action ``(op, factor_1, ..., factor_{H-1})``.
+class RecurrentActorCritic(nn.Module, abc.ABC):
+    """Trunk -> LSTM -> factored heads and a value head; subclasses define the trunk's input and the logits.
 
-    ``action_sizes[0]`` is the number of ops. ``head_relevance`` (bool ``[n_ops, n_heads]``,
-    column 0 all True) says which heads matter for each op; None means all heads always matter
-    (a plain MultiDiscrete). With ``n_slots > 0`` every call takes ``blueprint_ids [..., n_slots]``
-    (long, 0 = no blueprint, 1..n_blueprints = a blueprint), embedded and appended to the features.
+    ``n_heads`` heads, head 0 the op with ``n_ops`` values. ``head_relevance`` (bool ``[n_ops, n_heads]``,
+    column 0 all True) says which heads matter for each op; None means all heads always matter.
     """
 
     head_relevance: Tensor
 
-    def __init__(
-        self,
-        observation_size: int,
-        action_sizes: Sequence[int],
-        *,
-        hidden_size: int = 512,
-        n_slots: int = 0,
-        n_blueprints: int = 0,
-        blueprint_embedding_size: int = 4,
-        head_relevance: Tensor | None = None,
-        device: torch.device | str | None = None,
-        dtype: torch.dtype | None = None,
-    ) -> None:
+    def __init__(self, trunk_input_size: int, n_ops: int, n_heads: int, *, hidden_size: int,
+                 head_relevance: Tensor | None, device: torch.device | str | None,
+                 dtype: torch.dtype | None) -> None:
         super().__init__()
-        sizes = tuple(int(size) for size in action_sizes)
-        _validate_sizes(observation_size, sizes, hidden_size, n_slots, n_blueprints, blueprint_embedding_size)
-        self.observation_size = observation_size
-        self.action_sizes = sizes
+        if trunk_input_size < 1 or n_ops < 1 or n_heads < 1 or hidden_size < 1:
+            raise ValueError(f"sizes must be >= 1: trunk input {trunk_input_size}, ops {n_ops}, heads {n_heads}, "
+                             f"hidden_size {hidden_size}")
         self.hidden_size = hidden_size
-        self.n_slots = n_slots
+        self.n_heads = n_heads
         factory: dict[str, Any] = {"device": device, "dtype": dtype}
-
-        self.blueprint_embedding: nn.Embedding | None = None
-        if n_slots > 0:
-            # Row 0 ("no blueprint") is a fixed zero vector.
-            self.blueprint_embedding = nn.Embedding(
-                n_blueprints + 1, blueprint_embedding_size, padding_idx=0, **factory
-            )
-        input_size = observation_size + n_slots * blueprint_embedding_size
-        self.trunk = nn.Sequential(
-            nn.Linear(input_size, hidden_size, **factory),
-            nn.LayerNorm(hidden_size, **factory),
-            nn.ReLU(),
-        )
+        self.trunk = nn.Sequential(nn.Linear(trunk_input_size, hidden_size, **factory),
+                                   nn.LayerNorm(hidden_size, **factory), nn.ReLU())
         self.lstm = nn.LSTM(hidden_size, hidden_size, **factory)
         self.lstm_norm = nn.LayerNorm(hidden_size, **factory)
-        self.action_heads = nn.ModuleList(nn.Linear(hidden_size, size, **factory) for size in sizes)
         self.value_head = nn.Linear(hidden_size, 1, **factory)
-        self.register_buffer("head_relevance", _relevance_table(head_relevance, sizes, device))
-        self._initialize_weights()
+        self.register_buffer("head_relevance", _relevance_table(head_relevance, n_ops, n_heads, device))
         self._compile_settings: CompileSettings | None = None
 
-    @property
-    def n_heads(self) -> int:
-        """Number of action factors, the op included."""
-        return len(self.action_sizes)
+    # ---------------------------------------------------------------- what subclasses define
+    @abc.abstractmethod
+    def _trunk_input(self, observation: Observation) -> Tensor:
+        """The trunk's input ``[..., trunk_input_size]`` for an observation with leading dimensions ``[...]``."""
 
-    def _initialize_weights(self) -> None:
-        """Orthogonal init: gain sqrt(2) in the ReLU trunk, 1 in the LSTM, 0.01 on the policy heads
-        (near-uniform initial policy) and 1 on the value head; all biases zero."""
+    def _head_context(self, features: Tensor, observation: Observation) -> Any:
+        """What the heads read, computed once per call from ``features [N, hidden]`` and the observation
+        (leading ``[N]``); by default the features alone."""
+        return features
+
+    @abc.abstractmethod
+    def _logits(self, head: int, context: Any, chosen: Sequence[Tensor]) -> Tensor:
+        """Unmasked logits ``[N, n]`` of `head` from the `_head_context` and the values ``chosen`` for the heads
+        before it (each ``[N]`` long)."""
+
+    @abc.abstractmethod
+    def _check_masks(self, action_masks: MaskSequence | None, observation: Observation) -> MaskSequence | None:
+        """Raise ValueError unless ``action_masks`` has one well-shaped bool entry (or None) per head."""
+
+    # ---------------------------------------------------------------- shared machinery
+    def _initialize_recurrent_weights(self) -> None:
+        """Orthogonal init: gain sqrt(2) in the ReLU trunk, 1 in the LSTM and on the value head; biases zero."""
         for module in self.trunk:
             if isinstance(module, nn.Linear):
                 nn.init.orthogonal_(module.weight, gain=math.sqrt(2.0))
@@ -189,10 +206,6 @@ class FactoredLSTMPolicy(nn.Module):
                 nn.init.orthogonal_(parameter, gain=1.0)
             else:
                 nn.init.zeros_(parameter)
-        for head in self.action_heads:
-            assert isinstance(head, nn.Linear)
-            nn.init.orthogonal_(head.weight, gain=0.01)
-            nn.init.zeros_(head.bias)
         nn.init.orthogonal_(self.value_head.weight, gain=1.0)
         nn.init.zeros_(self.value_head.bias)
 
@@ -209,39 +222,28 @@ class FactoredLSTMPolicy(nn.Module):
         """Bool ``[..., H]``: which heads matter for each op in ``ops [...]``."""
         return self.head_relevance[ops]
 
-    def forward(
-        self,
-        observation: Tensor,
-        state: LSTMState,
-        episode_starts: Tensor | None = None,
-        blueprint_ids: Tensor | None = None,
-    ) -> tuple[Tensor, LSTMState]:
-        """Encode ``observation [T, B, obs]`` into features ``[T, B, hidden]``; also return the final state.
+    def forward(self, observation: Observation, state: LSTMState,
+                episode_starts: Tensor | None = None) -> tuple[Tensor, LSTMState]:
+        """Encode ``observation`` (leading ``[T, B]``) into features ``[T, B, hidden]``; also return the final state.
 
         ``episode_starts [T, B]`` (bool) zeroes the state of an env before the step where it is True.
         After ``compile_forward`` this runs compiled (``morphogen.core.compilation``).
         """
         if self._compile_settings is None:
-            return self._encode(observation, state, episode_starts, blueprint_ids, False)
-        function = compiled(FactoredLSTMPolicy._encode, self._compile_settings, observation.device)
-        features, next_state = function(self, observation, state, episode_starts, blueprint_ids, True)
+            return self._encode(observation, state, episode_starts, False)
+        function = compiled(RecurrentActorCritic._encode, self._compile_settings, self.value_head.weight.device)
+        features, next_state = function(self, observation, state, episode_starts, True)
         return features, next_state
 
     def compile_forward(self, settings: CompileSettings | None) -> None:
         """Run ``forward`` compiled with ``settings`` from now on (None: eagerly again); nothing compiles here."""
         self._compile_settings = settings
 
-    def _encode(
-        self,
-        observation: Tensor,
-        state: LSTMState,
-        episode_starts: Tensor | None,
-        blueprint_ids: Tensor | None,
-        step_by_step: bool,
-    ) -> tuple[Tensor, LSTMState]:
+    def _encode(self, observation: Observation, state: LSTMState, episode_starts: Tensor | None,
+                step_by_step: bool) -> tuple[Tensor, LSTMState]:
         """``forward``; ``step_by_step`` runs the LSTM one step at a time instead of once per span between
         episode starts, which needs no host sync to find the spans (what a compiled graph needs)."""
-        trunk_output = self.trunk(self._inputs(observation, blueprint_ids))  # [T, B, hidden]
+        trunk_output = self.trunk(self._trunk_input(observation))  # [T, B, hidden]
         if episode_starts is None:
             lstm_output, state = self.lstm(trunk_output, state)
         else:
@@ -249,18 +251,10 @@ class FactoredLSTMPolicy(nn.Module):
         features = self.lstm_norm(lstm_output + trunk_output)  # [T, B, hidden]
         return features, state
 
-    def act(
-        self,
-        observation: Tensor,
-        state: LSTMState,
-        action_masks: MaskSequence | None = None,
-        blueprint_ids: Tensor | None = None,
-        *,
-        deterministic: bool = False,
-        generator: torch.Generator | None = None,
-        episode_starts: Tensor | None = None,
-    ) -> ActionOutput:
-        """Choose actions for ``observation [B, obs]``: sampled, or the most likely if ``deterministic``.
+    def act(self, observation: Observation, state: LSTMState, action_masks: MaskSequence | None = None, *,
+            deterministic: bool = False, generator: torch.Generator | None = None,
+            episode_starts: Tensor | None = None) -> ActionOutput:
+        """Choose actions for ``observation`` (leading ``[B]``): sampled, or the most likely if ``deterministic``.
 
         ``action_masks`` holds one entry per head (None = all legal): head 0 ``[B, n_ops]``, other
         heads ``[B, n_i]`` or op-conditioned ``[B, n_ops, n_i]`` (the row of the chosen op is used).
@@ -268,14 +262,11 @@ class FactoredLSTMPolicy(nn.Module):
         """
         with torch.no_grad():
             features, next_state = self.forward(
-                observation.unsqueeze(0),
-                state,
-                None if episode_starts is None else episode_starts.unsqueeze(0),
-                None if blueprint_ids is None else blueprint_ids.unsqueeze(0),
-            )
+                map_observation(observation, lambda tensor: tensor.unsqueeze(0)), state,
+                None if episode_starts is None else episode_starts.unsqueeze(0))
             features = features.squeeze(0)  # [B, hidden]
-            masks = self._check_masks(action_masks, observation.shape[:1])
-            heads = self._run_heads(features, masks, None, deterministic, generator)
+            masks = self._check_masks(action_masks, observation)
+            heads = self._run_heads(features, observation, masks, None, deterministic, generator)
             value = self.value_head(features).squeeze(-1).float()  # [B]
         return ActionOutput(
             actions=heads.actions,
@@ -286,41 +277,25 @@ class FactoredLSTMPolicy(nn.Module):
             state=next_state,
         )
 
-    def predict_value(
-        self,
-        observation: Tensor,
-        state: LSTMState,
-        blueprint_ids: Tensor | None = None,
-        *,
-        episode_starts: Tensor | None = None,
-    ) -> Tensor:
-        """V(s) ``[B]`` of ``observation [B, obs]`` seen after ``state``, e.g. to bootstrap a truncation."""
+    def predict_value(self, observation: Observation, state: LSTMState, *,
+                      episode_starts: Tensor | None = None) -> Tensor:
+        """V(s) ``[B]`` of ``observation`` (leading ``[B]``) seen after ``state``, e.g. to bootstrap a truncation."""
         with torch.no_grad():
             features, _ = self.forward(
-                observation.unsqueeze(0),
-                state,
-                None if episode_starts is None else episode_starts.unsqueeze(0),
-                None if blueprint_ids is None else blueprint_ids.unsqueeze(0),
-            )
+                map_observation(observation, lambda tensor: tensor.unsqueeze(0)), state,
+                None if episode_starts is None else episode_starts.unsqueeze(0))
             value: Tensor = self.value_head(features.squeeze(0)).squeeze(-1).float()
         return value
 
-    def evaluate_sequence(
-        self,
-        observation: Tensor,
-        initial_state: LSTMState,
-        episode_starts: Tensor,
-        actions: Tensor,
-        action_masks: MaskSequence | None = None,
-        blueprint_ids: Tensor | None = None,
-    ) -> EvaluateOutput:
+    def evaluate_sequence(self, observation: Observation, initial_state: LSTMState, episode_starts: Tensor,
+                          actions: Tensor, action_masks: MaskSequence | None = None) -> EvaluateOutput:
         """Log-probs, values and entropies of stored ``actions [T, B, H]``, with gradients (for PPO).
 
-        The LSTM re-runs over ``observation [T, B, obs]`` from ``initial_state`` (the state before
+        The LSTM re-runs over ``observation`` (leading ``[T, B]``) from ``initial_state`` (the state before
         step 0), zeroing the state where ``episode_starts [T, B]`` is True. Masks are as in ``act``
         with a leading T dimension; the op of each stored action selects op-conditioned mask rows.
         """
-        steps, batch = observation.shape[:2]
+        steps, batch = leading_tensor(observation).shape[:2]
         if tuple(actions.shape) != (steps, batch, self.n_heads):
             raise ValueError(
                 f"actions must have shape [T, B, n_heads] = [{steps}, {batch}, {self.n_heads}], "
@@ -330,13 +305,14 @@ class FactoredLSTMPolicy(nn.Module):
             raise ValueError(
                 f"episode_starts must have shape [T, B] = [{steps}, {batch}], got {tuple(episode_starts.shape)}"
             )
-        features, _ = self.forward(observation, initial_state, episode_starts, blueprint_ids)
-        masks = self._check_masks(action_masks, (steps, batch))
+        features, _ = self.forward(observation, initial_state, episode_starts)
+        masks = self._check_masks(action_masks, observation)
         flat_masks = None
         if masks is not None:
-            # [T, B, ...] -> [T*B, ...]
-            flat_masks = [None if mask is None else mask.flatten(0, 1) for mask in masks]
-        heads = self._run_heads(features.flatten(0, 1), flat_masks, actions.flatten(0, 1), False, None)  # each [T*B, H]
+            flat_masks = [None if mask is None else mask.flatten(0, 1) for mask in masks]  # [T, B, ...] -> [T*B, ...]
+        flat_observation = map_observation(observation, lambda tensor: tensor.flatten(0, 1))
+        heads = self._run_heads(features.flatten(0, 1), flat_observation, flat_masks, actions.flatten(0, 1), False,
+                                None)  # each [T*B, H]
         log_prob_per_head = heads.log_prob_per_head.reshape(steps, batch, -1)  # [T, B, H]
         return EvaluateOutput(
             log_prob=log_prob_per_head.sum(dim=-1),
@@ -345,30 +321,8 @@ class FactoredLSTMPolicy(nn.Module):
             log_prob_per_head=log_prob_per_head,
         )
 
-    def _inputs(self, observation: Tensor, blueprint_ids: Tensor | None) -> Tensor:
-        """Observation ``[..., obs]`` with the blueprint embeddings appended, in the parameters' dtype."""
-        if observation.shape[-1] != self.observation_size:
-            raise ValueError(
-                f"observation must have observation_size={self.observation_size} features in its last "
-                f"dimension, got shape {tuple(observation.shape)}"
-            )
-        observation = observation.to(self.value_head.weight.dtype)
-        if self.blueprint_embedding is None:
-            if blueprint_ids is not None:
-                raise ValueError("blueprint_ids were given but the policy was built with n_slots=0")
-            return observation
-        if blueprint_ids is None or tuple(blueprint_ids.shape) != (*observation.shape[:-1], self.n_slots):
-            got = None if blueprint_ids is None else tuple(blueprint_ids.shape)
-            raise ValueError(
-                f"the policy was built with n_slots={self.n_slots}: pass blueprint_ids of shape "
-                f"{(*observation.shape[:-1], self.n_slots)} (long, 0 = no blueprint), got {got}"
-            )
-        embedded = self.blueprint_embedding(blueprint_ids).flatten(-2)  # [..., n_slots * embedding]
-        return torch.cat([observation, embedded], dim=-1)
-
-    def _run_lstm_with_resets(
-        self, trunk_output: Tensor, state: LSTMState, episode_starts: Tensor, step_by_step: bool = False
-    ) -> tuple[Tensor, LSTMState]:
+    def _run_lstm_with_resets(self, trunk_output: Tensor, state: LSTMState, episode_starts: Tensor,
+                              step_by_step: bool = False) -> tuple[Tensor, LSTMState]:
         """Run the LSTM over ``trunk_output [T, B, hidden]``, zeroing the state where an episode starts."""
         steps = trunk_output.shape[0]
         boundaries = [0, steps]
@@ -389,36 +343,13 @@ class FactoredLSTMPolicy(nn.Module):
             outputs.append(output)
         return torch.cat(outputs), (hidden, cell)
 
-    def _check_masks(self, action_masks: MaskSequence | None, leading: Sequence[int]) -> MaskSequence | None:
-        """Raise ValueError unless ``action_masks`` has one well-shaped bool entry (or None) per head."""
-        if action_masks is None:
-            return None
-        if len(action_masks) != self.n_heads:
-            raise ValueError(f"action_masks must have one entry per head ({self.n_heads}), got {len(action_masks)}")
-        leading = tuple(leading)
-        n_ops = self.action_sizes[0]
-        for index, (mask, size) in enumerate(zip(action_masks, self.action_sizes, strict=True)):
-            if mask is None:
-                continue
-            accepted = [(*leading, size)] if index == 0 else [(*leading, size), (*leading, n_ops, size)]
-            if tuple(mask.shape) not in accepted or mask.dtype != torch.bool:
-                raise ValueError(
-                    f"action_masks[{index}] must be a bool tensor of shape "
-                    f"{' or '.join(map(str, accepted))}, got {mask.dtype} {tuple(mask.shape)}"
-                )
-        return action_masks
-
-    def _run_heads(
-        self,
-        features: Tensor,
-        masks: MaskSequence | None,
-        actions: Tensor | None,
-        deterministic: bool,
-        generator: torch.Generator | None,
-    ) -> _HeadOutput:
-        """Choose (``actions`` None) or score (``actions [N, H]``) each head from ``features [N, hidden]``."""
+    def _run_heads(self, features: Tensor, observation: Observation, masks: MaskSequence | None,
+                   actions: Tensor | None, deterministic: bool, generator: torch.Generator | None) -> _HeadOutput:
+        """Choose (``actions`` None) or score (``actions [N, H]``) each head in order from ``features [N, hidden]``."""
         n_rows = features.shape[0]
-        op_logits = masked_logits(self.action_heads[0](features), None if masks is None else masks[0])
+        rows = torch.arange(n_rows, device=features.device)
+        context = self._head_context(features, observation)
+        op_logits = masked_logits(self._logits(0, context, ()), None if masks is None else masks[0])
         op = _choose(op_logits, deterministic, generator) if actions is None else actions[:, 0]
         relevant = self.head_relevance[op]  # [N, H]
         chosen, log_probs, entropies = [op], [], []
@@ -428,8 +359,8 @@ class FactoredLSTMPolicy(nn.Module):
         for index in range(1, self.n_heads):
             mask = None if masks is None else masks[index]
             if mask is not None and mask.dim() == 3:
-                mask = mask[torch.arange(n_rows, device=mask.device), op]  # [N, n_ops, n_i] -> [N, n_i]
-            logits = masked_logits(self.action_heads[index](features), mask)
+                mask = mask[rows, op]  # [N, n_ops, n_i] -> [N, n_i]
+            logits = masked_logits(self._logits(index, context, chosen), mask)
             if actions is None:
                 choice = torch.where(relevant[:, index], _choose(logits, deterministic, generator), 0)
             else:
@@ -445,37 +376,81 @@ class FactoredLSTMPolicy(nn.Module):
         )
 
 
-def _validate_sizes(
-    observation_size: int,
-    action_sizes: tuple[int, ...],
-    hidden_size: int,
-    n_slots: int,
-    n_blueprints: int,
-    blueprint_embedding_size: int,
-) -> None:
-    """Raise ValueError naming the argument if a size is out of range."""
-    if observation_size < 1:
-        raise ValueError(f"observation_size must be >= 1, got {observation_size}")
-    if not action_sizes or any(size < 1 for size in action_sizes):
-        raise ValueError(f"action_sizes must be a non-empty sequence of sizes >= 1, got {action_sizes}")
-    if hidden_size < 1:
-        raise ValueError(f"hidden_size must be >= 1, got {hidden_size}")
-    if n_slots < 0 or n_blueprints < 0:
-        raise ValueError(f"n_slots and n_blueprints must be >= 0, got {n_slots} and {n_blueprints}")
-    if (n_slots == 0) != (n_blueprints == 0):
-        raise ValueError(
-            f"n_slots={n_slots} and n_blueprints={n_blueprints}: blueprint embeddings need both "
-            "(slots to embed and blueprints to embed them with); pass both > 0 or both 0"
-        )
-    if blueprint_embedding_size < 1:
-        raise ValueError(f"blueprint_embedding_size must be >= 1, got {blueprint_embedding_size}")
+def check_mask_shapes(action_masks: MaskSequence, leading: Sequence[int], n_ops: int,
+                      sizes: Sequence[int]) -> None:
+    """Raise ValueError unless every mask is bool ``[*leading, n_i]`` (op: only that) or ``[*leading, n_ops, n_i]``."""
+    if len(action_masks) != len(sizes):
+        raise ValueError(f"action_masks must have one entry per head ({len(sizes)}), got {len(action_masks)}")
+    leading = tuple(leading)
+    for index, (mask, size) in enumerate(zip(action_masks, sizes, strict=True)):
+        if mask is None:
+            continue
+        accepted = [(*leading, size)] if index == 0 else [(*leading, size), (*leading, n_ops, size)]
+        if tuple(mask.shape) not in accepted or mask.dtype != torch.bool:
+            raise ValueError(
+                f"action_masks[{index}] must be a bool tensor of shape "
+                f"{' or '.join(map(str, accepted))}, got {mask.dtype} {tuple(mask.shape)}"
+            )
 
 
-def _relevance_table(
-    head_relevance: Tensor | None, action_sizes: tuple[int, ...], device: torch.device | str | None
-) -> Tensor:
+class FactoredLSTMPolicy(RecurrentActorCritic):
+    """LSTM actor-critic over a flat observation and a factored discrete action ``(op, factor_1, ...)``.
+
+    ``action_sizes[0]`` is the number of ops; each head is one linear layer of the features. Used by
+    `train_gym` for any Gymnasium task with a Box observation and a (Multi)Discrete action.
+    """
+
+    def __init__(
+        self,
+        observation_size: int,
+        action_sizes: Sequence[int],
+        *,
+        hidden_size: int = 512,
+        head_relevance: Tensor | None = None,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> None:
+        sizes = tuple(int(size) for size in action_sizes)
+        if observation_size < 1:
+            raise ValueError(f"observation_size must be >= 1, got {observation_size}")
+        if not sizes or any(size < 1 for size in sizes):
+            raise ValueError(f"action_sizes must be a non-empty sequence of sizes >= 1, got {sizes}")
+        if hidden_size < 1:
+            raise ValueError(f"hidden_size must be >= 1, got {hidden_size}")
+        super().__init__(observation_size, sizes[0], len(sizes), hidden_size=hidden_size,
+                         head_relevance=head_relevance, device=device, dtype=dtype)
+        self.observation_size = observation_size
+        self.action_sizes = sizes
+        self.action_heads = nn.ModuleList(nn.Linear(hidden_size, size, device=device, dtype=dtype) for size in sizes)
+        self._initialize_recurrent_weights()
+        for head in self.action_heads:  # near-uniform initial policy
+            assert isinstance(head, nn.Linear)
+            nn.init.orthogonal_(head.weight, gain=0.01)
+            nn.init.zeros_(head.bias)
+
+    def _trunk_input(self, observation: Tensor) -> Tensor:
+        if observation.shape[-1] != self.observation_size:
+            raise ValueError(
+                f"observation must have observation_size={self.observation_size} features in its last "
+                f"dimension, got shape {tuple(observation.shape)}"
+            )
+        return observation.to(self.value_head.weight.dtype)
+
+    def _logits(self, head: int, context: Tensor, chosen: Sequence[Tensor]) -> Tensor:
+        logits: Tensor = self.action_heads[head](context)
+        return logits
+
+    def _check_masks(self, action_masks: MaskSequence | None, observation: Observation) -> MaskSequence | None:
+        if action_masks is not None:
+            check_mask_shapes(action_masks, leading_tensor(observation).shape[:-1], self.action_sizes[0],
+                              self.action_sizes)
+        return action_masks
+
+
+def _relevance_table(head_relevance: Tensor | None, n_ops: int, n_heads: int,
+                     device: torch.device | str | None) -> Tensor:
     """The validated bool ``[n_ops, n_heads]`` table; all True when ``head_relevance`` is None."""
-    shape = (action_sizes[0], len(action_sizes))
+    shape = (n_ops, n_heads)
     if head_relevance is None:
         return torch.ones(shape, dtype=torch.bool, device=device)
     if head_relevance.dtype != torch.bool or tuple(head_relevance.shape) != shape:

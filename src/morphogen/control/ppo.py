@@ -25,7 +25,7 @@ from typing import NamedTuple, Protocol
 import torch
 from torch import Tensor
 
-from morphogen.control.policy import FactoredLSTMPolicy
+from morphogen.control.policy import RecurrentActorCritic
 from morphogen.control.rollout import RolloutBatch
 from morphogen.limits import MAX_PPO_EPOCHS, check_count
 
@@ -282,7 +282,7 @@ def build_optimizer(policy: torch.nn.Module, config: PPOConfig) -> torch.optim.A
 
 
 def ppo_losses(
-    policy: FactoredLSTMPolicy,
+    policy: RecurrentActorCritic,
     batch: RolloutBatch,
     config: PPOConfig,
     entropy_coef: float,
@@ -298,7 +298,6 @@ def ppo_losses(
         batch.episode_starts,
         batch.actions,
         batch.action_masks,
-        batch.blueprint_ids,
     )
     relevant = policy.relevant_heads(batch.actions[..., 0]).flatten(0, 1)  # [T*B, H]
     surrogate = clipped_surrogate_loss(
@@ -385,7 +384,7 @@ _SUMMED = ("policy_loss", "value_loss", "entropy_loss", "clip_fraction", "entrop
 
 
 def ppo_update(
-    policy: FactoredLSTMPolicy,
+    policy: RecurrentActorCritic,
     optimizer: torch.optim.Optimizer,
     batch: RolloutBatch,
     config: PPOConfig,

@@ -24,7 +24,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-from morphogen.control.policy import ActionOutput, LSTMState
+from morphogen.control.policy import ActionOutput, LSTMState, Observation, map_observation
 
 __all__ = ["RolloutBatch", "RolloutBuffer", "generalized_advantage_estimation"]
 
@@ -76,8 +76,8 @@ def generalized_advantage_estimation(
 class RolloutBatch(NamedTuple):
     """One finished rollout of T steps of B envs, ready for a PPO update (all tensors on one device)."""
 
-    observations: Tensor
-    """[T, B, obs]"""
+    observations: Observation
+    """[T, B, obs], or a NamedTuple of tensors each [T, B, ...] (`GrowthInputs`)"""
     actions: Tensor
     """[T, B, H] long"""
     log_probs: Tensor
@@ -96,13 +96,6 @@ class RolloutBatch(NamedTuple):
     """(h, c), each [1, B, hidden]: the LSTM state before step 0"""
     action_masks: tuple[Tensor, ...] | None
     """one bool tensor per head, [T, B, *mask shape], or None if nothing was masked"""
-    blueprint_ids: Tensor | None
-    """[T, B, n_slots] long, or None for a policy without slots"""
-
-    @property
-    def n_steps(self) -> int:
-        """T, the length of every env's sequence."""
-        return int(self.actions.shape[0])
 
     @property
     def n_envs(self) -> int:
@@ -115,7 +108,7 @@ class RolloutBatch(NamedTuple):
         if self.action_masks is not None:
             masks = tuple(mask.index_select(1, env_indices) for mask in self.action_masks)
         return RolloutBatch(
-            observations=self.observations.index_select(1, env_indices),
+            observations=map_observation(self.observations, lambda tensor: tensor.index_select(1, env_indices)),
             actions=self.actions.index_select(1, env_indices),
             log_probs=self.log_probs.index_select(1, env_indices),
             log_prob_per_head=self.log_prob_per_head.index_select(1, env_indices),
@@ -128,7 +121,6 @@ class RolloutBatch(NamedTuple):
                 self.initial_state[1].index_select(1, env_indices),
             ),
             action_masks=masks,
-            blueprint_ids=None if self.blueprint_ids is None else self.blueprint_ids.index_select(1, env_indices),
         )
 
 
@@ -137,6 +129,8 @@ class RolloutBuffer:
 
     Use: ``reset(state)`` with the LSTM state before the first step, then ``add`` once per step,
     then ``finish(last_value, gamma=..., gae_lambda=...)`` for the batch; ``reset`` again to refill.
+    ``observation`` is the size of a flat observation, or an observation of one step of the B envs
+    (a NamedTuple of tensors, each [B, ...]) whose shapes and dtypes every row takes.
     ``mask_shapes`` gives the per-env shape of each head's mask (e.g. ``(n_ops,)`` for the op and
     ``(n_ops, n_slots)`` for an op-conditioned slot mask); None if the env has no masks.
     """
@@ -145,33 +139,36 @@ class RolloutBuffer:
         self,
         rollout_length: int,
         n_envs: int,
-        observation_size: int,
+        observation: int | Observation,
         n_heads: int,
         hidden_size: int,
         *,
         mask_shapes: Sequence[tuple[int, ...]] | None = None,
-        n_slots: int = 0,
         device: torch.device | str | None = None,
         dtype: torch.dtype = torch.float32,
     ) -> None:
         for name, size in (
             ("rollout_length", rollout_length),
             ("n_envs", n_envs),
-            ("observation_size", observation_size),
             ("n_heads", n_heads),
             ("hidden_size", hidden_size),
         ):
             if size < 1:
                 raise ValueError(f"{name} must be >= 1, got {size}")
+        if isinstance(observation, int) and observation < 1:
+            raise ValueError(f"observation_size must be >= 1, got {observation}")
         if mask_shapes is not None and len(mask_shapes) != n_heads:
             raise ValueError(f"mask_shapes must have one shape per head ({n_heads}), got {len(mask_shapes)}")
-        if n_slots < 0:
-            raise ValueError(f"n_slots must be >= 0, got {n_slots}")
         self.rollout_length = rollout_length
         self.n_envs = n_envs
         self.hidden_size = hidden_size
         steps_envs = (rollout_length, n_envs)
-        self.observations = torch.zeros((*steps_envs, observation_size), device=device, dtype=dtype)
+        if isinstance(observation, int):
+            self.observations = torch.zeros((*steps_envs, observation), device=device, dtype=dtype)
+        else:
+            self.observations = map_observation(observation, lambda tensor: torch.zeros(
+                (rollout_length, *tensor.shape), device=device,
+                dtype=dtype if tensor.dtype.is_floating_point else tensor.dtype))
         self.actions = torch.zeros((*steps_envs, n_heads), device=device, dtype=torch.long)
         self.log_probs = torch.zeros(steps_envs, device=device, dtype=dtype)
         self.log_prob_per_head = torch.zeros((*steps_envs, n_heads), device=device, dtype=dtype)
@@ -188,9 +185,6 @@ class RolloutBuffer:
             self.action_masks = tuple(
                 torch.zeros((*steps_envs, *shape), device=device, dtype=torch.bool) for shape in mask_shapes
             )
-        self.blueprint_ids: Tensor | None = None
-        if n_slots > 0:
-            self.blueprint_ids = torch.zeros((*steps_envs, n_slots), device=device, dtype=torch.long)
         self.initial_hidden = torch.zeros((1, n_envs, hidden_size), device=device, dtype=dtype)
         self.initial_cell = torch.zeros((1, n_envs, hidden_size), device=device, dtype=dtype)
         self.position = 0
@@ -215,7 +209,7 @@ class RolloutBuffer:
 
     def add(
         self,
-        observation: Tensor,
+        observation: Observation,
         episode_starts: Tensor,
         action: ActionOutput,
         reward: Tensor,
@@ -223,15 +217,14 @@ class RolloutBuffer:
         truncated: Tensor,
         *,
         action_masks: Sequence[Tensor] | None = None,
-        blueprint_ids: Tensor | None = None,
         truncation_values: Tensor | None = None,
     ) -> None:
-        """Write one step: ``observation [B, obs]`` (as the policy saw it), ``episode_starts [B]``, the
+        """Write one step: ``observation`` (leading [B], as the policy saw it), ``episode_starts [B]``, the
         policy's ``action`` for it, and the env's ``reward``, ``terminated``, ``truncated`` (each [B]).
 
         ``truncation_values [B]`` is V(final observation) for envs truncated at this step (other
         entries are ignored); it may be None only if no env was truncated. ``action_masks`` (one per
-        head, [B, *mask shape]) and ``blueprint_ids [B, n_slots]`` are required iff the buffer stores them.
+        head, [B, *mask shape]) are required iff the buffer stores them.
         """
         if not self._started:
             raise RuntimeError("call reset(initial_state) before add(): the LSTM state before step 0 is needed")
@@ -239,10 +232,12 @@ class RolloutBuffer:
             raise RuntimeError(f"the buffer is full ({self.rollout_length} steps): call finish(), then reset()")
         if (action_masks is None) != (self.action_masks is None):
             raise ValueError("pass action_masks iff the buffer was built with mask_shapes")
-        if (blueprint_ids is None) != (self.blueprint_ids is None):
-            raise ValueError("pass blueprint_ids iff the buffer was built with n_slots > 0")
         row = self.position
-        self.observations[row].copy_(observation)
+        if isinstance(self.observations, Tensor):
+            self.observations[row].copy_(observation)
+        else:
+            for stored, given in zip(self.observations, observation, strict=True):
+                stored[row].copy_(given)
         self.episode_starts[row].copy_(episode_starts)
         self.actions[row].copy_(action.actions)
         self.log_probs[row].copy_(action.log_prob)
@@ -259,8 +254,6 @@ class RolloutBuffer:
                 raise ValueError(f"action_masks must have one mask per head ({len(self.action_masks)})")
             for stored, mask in zip(self.action_masks, action_masks, strict=True):
                 stored[row].copy_(mask)
-        if blueprint_ids is not None and self.blueprint_ids is not None:
-            self.blueprint_ids[row].copy_(blueprint_ids)
         self.position += 1
 
     def finish(self, last_value: Tensor, *, gamma: float, gae_lambda: float) -> RolloutBatch:
@@ -288,7 +281,7 @@ class RolloutBuffer:
         )
         self._started = False
         return RolloutBatch(
-            observations=self.observations.clone(),
+            observations=map_observation(self.observations, Tensor.clone),
             actions=self.actions.clone(),
             log_probs=self.log_probs.clone(),
             log_prob_per_head=self.log_prob_per_head.clone(),
@@ -298,5 +291,4 @@ class RolloutBuffer:
             episode_starts=self.episode_starts.clone(),
             initial_state=(self.initial_hidden.clone(), self.initial_cell.clone()),
             action_masks=None if self.action_masks is None else tuple(mask.clone() for mask in self.action_masks),
-            blueprint_ids=None if self.blueprint_ids is None else self.blueprint_ids.clone(),
         )

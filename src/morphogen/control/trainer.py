@@ -1,9 +1,15 @@
-"""The PPO round loop: collect -> advantages -> update -> log -> checkpoint (DESIGN §6, STYLE §1).
+"""The PPO round loop: collect -> advantages -> update -> log -> checkpoint.
 
 One round runs `n_envs` whole episodes side by side (`VectorEpisodes`, one batched policy call per
 step), then one PPO update over those episodes as sequences (BPTT from the stored initial state).
 Every random choice of a round is drawn from generators seeded by (seed, round), so a run stopped
 after round k and resumed gives the same policy as an uninterrupted run.
+
+A run may train one policy over a mix of settings (`--tasks digits,mnist1d`, or `[[mix]]` entries of
+task, host size, episode length and weight): each round draws one entry by weight from (seed, round)
+and plays all its envs on that entry; the policy's inputs and outputs are the same for every entry
+(`control/growth_policy.py`). With `paired_baseline`, every env trains a no-growth twin on the same
+batches, and each step's reward is the env's minus the twin's (`env/vector.py`).
 
 An episode ends at its fixed length and the observation carries the epoch fraction, so the last step
 is treated as a termination (no bootstrap): the horizon is part of the task, not a cut-off.
@@ -33,29 +39,31 @@ import numpy as np
 import torch
 
 from morphogen.control.checkpoint import CheckpointError, check_layout, save_checkpoint
+from morphogen.control.growth_policy import GrowthInputs
 from morphogen.control.heuristic import HeuristicController
-from morphogen.control.imitation import ImitationConfig, ImitationStatistics, concatenate_batches, imitation_fit
+from morphogen.control.imitation import ImitationConfig, ImitationStatistics, imitation_fit
 from morphogen.control.integrity import non_finite_entries
-from morphogen.control.learned import PolicyAgent, PolicyInputs, build_policy
-from morphogen.control.normalization import RewardNormalizer, RunningMeanStd, ValueNormalizer
+from morphogen.control.learned import PolicyAgent, PolicyInputs, build_agent
+from morphogen.control.normalization import RewardNormalizer, ValueNormalizer
 from morphogen.control.policy import ActionOutput, LSTMState
 from morphogen.control.ppo import OneProcess, PPOConfig, PPOStatistics, UpdateProcesses, build_optimizer, ppo_update
 from morphogen.control.rollout import RolloutBatch, RolloutBuffer
+from morphogen.core.blueprints import blueprint_names
 from morphogen.core.compilation import CompileSettings
 from morphogen.core.lifecycle import GateConfig, GateMode
 from morphogen.core.slot import SlotConfig
-from morphogen.data import Task
-from morphogen.env.actions import HEADS, Action, ActionSpace
+from morphogen.data import TASK_NAMES, Task
+from morphogen.env.actions import FIXED_CHOICES, HEADS, Action
 from morphogen.env.episode import EpisodeConfig
 from morphogen.env.governor import DivergenceError
-from morphogen.env.observation import ObservationEncoder
+from morphogen.env.observation import BLUEPRINT_SIZE, GLOBAL_SIZE, SLOT_SIZE
 from morphogen.env.play import Controller
 from morphogen.env.seeding import derive_seed, seeded
 from morphogen.env.snapshot import EpisodeSnapshot
 from morphogen.env.vector import VectorEpisodes
-from morphogen.limits import MAX_ENVS, MAX_HIDDEN_SIZE, MAX_ROUNDS, check_count
+from morphogen.limits import MAX_ENVS, MAX_EPOCHS, MAX_HIDDEN_SIZE, MAX_ROUNDS, MAX_TRAIN_SAMPLES, check_count
 from morphogen.run_directory import CHECKPOINT_NAME, PROFILE_DIRNAME
-from morphogen.session import DEFAULT_DEVICE, SessionOptions
+from morphogen.session import DEFAULT_DEVICE, SessionOptions, check_task_host, resolve_host_size
 from morphogen.telemetry import events
 from morphogen.telemetry.anomalies import Anomaly, AnomalyDetector, PPODiagnostics
 from morphogen.telemetry.events import ALL_ENVS
@@ -68,6 +76,39 @@ MAX_POLICY_ROLLBACKS = 3
 
 def _training_episode() -> EpisodeConfig:
     return EpisodeConfig(max_epochs=25, slots=SlotConfig(gates=GateConfig(mode=GateMode.PERMISSIVE)))
+
+
+@dataclass(frozen=True)
+class MixEntry:
+    """One setting of a training mix (`[[mix]]` in a config file): a task, its host size, an episode length,
+    and how often a round plays it relative to the other entries."""
+
+    #: A built-in task or `package.module:function`, as `task` of `morphogen run`.
+    task: str
+    #: Host size arguments changed from the task's defaults, as a `[host]` table.
+    host: dict[str, int] = field(default_factory=dict)
+    #: Epochs per episode; None uses the run's `episode.max_epochs`.
+    episode_length: int | None = None
+    #: Relative frequency: a round plays this entry with probability weight / (sum of the weights).
+    weight: float = 1.0
+    #: Cap on training samples of this entry's task; None uses the run's `max_train_samples`.
+    max_train_samples: int | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.task, str) or not self.task:
+            raise ValueError(f"task must name a task, got {self.task!r}")
+        check_task_host(self.task, self.host, self.max_train_samples)
+        if self.episode_length is not None:
+            check_count("episode_length", self.episode_length, MAX_EPOCHS)
+        if self.max_train_samples is not None:
+            check_count("max_train_samples", self.max_train_samples, MAX_TRAIN_SAMPLES)
+        if not (math.isfinite(self.weight) and self.weight > 0):
+            raise ValueError(f"weight must be a finite number > 0, got {self.weight}")
+
+    @property
+    def label(self) -> str:
+        """The entry as round lines name it: the task, then its host size values (``digits 2x8x3``)."""
+        return f"{self.task} {'x'.join(str(value) for value in self.host.values())}".strip()
 
 
 @dataclass(frozen=True)
@@ -94,9 +135,24 @@ class TrainConfig(SessionOptions):
     ppo: PPOConfig = field(default_factory=PPOConfig)
     #: Rounds of watching the heuristic before PPO (behaviour cloning warm start); 0 by default.
     imitation: ImitationConfig = field(default_factory=ImitationConfig)
+    #: Train over these built-in or user tasks, each with its default host (`--tasks digits,mnist1d`); None
+    #: trains on `task` alone (or on `mix`).
+    tasks: tuple[str, ...] | None = None
+    #: Train over these settings (`[[mix]]` tables); empty uses `tasks`, else `task` with `host`.
+    mix: tuple[MixEntry, ...] = ()
+    #: Train a no-growth twin beside every env on the same batches and subtract its reward from the env's,
+    #: so that returns measure what growth added, not how well the host's seed trains.
+    paired_baseline: bool = False
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        if self.tasks is not None and self.mix:
+            raise ValueError("tasks and mix both say what to train on; give one of them")
+        if self.tasks is not None:
+            if not self.tasks:
+                raise ValueError("tasks must name at least one task")
+            for task in self.tasks:
+                check_task_host(task, {}, None)
         check_count("n_envs", self.n_envs, MAX_ENVS)
         check_count("rounds", self.rounds, MAX_ROUNDS)
         check_count("hidden_size", self.hidden_size, MAX_HIDDEN_SIZE)
@@ -115,6 +171,24 @@ class TrainConfig(SessionOptions):
     @property
     def episode_length(self) -> int:
         return self.episode.max_epochs
+
+    def training_mix(self) -> tuple[MixEntry, ...]:
+        """What the run trains on, every host size resolved and every episode length filled in."""
+        if self.mix:
+            entries = self.mix
+        elif self.tasks is not None:
+            entries = tuple(MixEntry(task) for task in self.tasks)
+        else:
+            entries = (MixEntry(self.task, dict(self.host)),)
+        return tuple(dataclasses.replace(
+            entry, episode_length=entry.episode_length or self.episode_length,
+            host=resolve_host_size(entry.task, entry.host) if entry.task in TASK_NAMES else dict(entry.host),
+        ) for entry in entries)
+
+    def with_resolved_host(self) -> TrainConfig:
+        """These options with every host size resolved, the mix's included (see `SessionOptions`)."""
+        resolved = super().with_resolved_host()
+        return dataclasses.replace(resolved, mix=self.training_mix()) if self.mix else resolved
 
     @property
     def policy_device(self) -> str:
@@ -137,6 +211,8 @@ class RoundSummary:
     seconds: float
     collect_seconds: float
     update_seconds: float
+    #: The mix entry the round played (`MixEntry.label`).
+    setting: str = ""
     #: Each rank's times in a distributed run (`DistributedTrainer`), None in one process.
     rank_times: events.RankTimes | None = None
 
@@ -159,6 +235,8 @@ class Rollout(NamedTuple):
     summary: EpisodeMeans
     #: The policy's LSTM state after the last step (its health is checked once per round).
     final_state: LSTMState
+    #: The mix entry it played (`MixEntry.label`).
+    setting: str = ""
     #: Seconds of the collection spent waiting for the other processes of a distributed run (0 in one process).
     waiting_seconds: float = 0.0
 
@@ -178,20 +256,62 @@ class TrainingState:
     imitated: bool = False
 
 
-class PPOTrainer:
-    """Owns the vector of episodes, the agent and the optimizer; `run_round` does one full round."""
+class EnvGroup:
+    """The envs of one mix entry: their vector of episodes and the rollout buffer of their rounds."""
 
-    def __init__(self, config: TrainConfig, task: Task, telemetry: Telemetry | None = None, *,
+    def __init__(self, entry: MixEntry, task: Task, config: TrainConfig, *, first_env: int,
+                 devices: Sequence[str] | None, round_epochs: int) -> None:
+        """`round_epochs` is the length of the mix's longest episode: the env-epoch clock of telemetry advances by
+        it every round, whatever the entry played, so that it never runs backwards."""
+        self.entry, self.task = entry, task
+        assert entry.episode_length is not None, "TrainConfig.training_mix fills every episode length"
+        episode = dataclasses.replace(config.episode, max_epochs=entry.episode_length, gamma=config.ppo.gamma)
+        self.vector = VectorEpisodes(task, episode, config.n_envs, seed=config.seed, slots=config.slots,
+                                     pool_slots=config.pool_slots, first_env=first_env, devices=devices,
+                                     baselines=config.paired_baseline, round_epochs=round_epochs)
+        probe = self.vector.episodes[0].build_model()
+        n_slots, n_blueprints = len(probe.slot_ids), len(blueprint_names(task.topology))
+        n_ops = len(FIXED_CHOICES["op"])
+        device = task.train.device
+        envs = config.n_envs
+        template = GrowthInputs(
+            globals=torch.zeros(envs, GLOBAL_SIZE), slots=torch.zeros(envs, n_slots, SLOT_SIZE),
+            slot_valid=torch.zeros(envs, n_slots, dtype=torch.bool),
+            blueprints=torch.zeros(envs, n_slots, n_blueprints, BLUEPRINT_SIZE),
+            blueprint_valid=torch.zeros(envs, n_blueprints, dtype=torch.bool))
+        sizes = {"slot": n_slots, "blueprint": n_blueprints, **{head: len(choices) for head, choices in
+                                                                 FIXED_CHOICES.items()}}
+        mask_shapes = [(n_ops,)] + [(n_ops, sizes[head]) for head in HEADS[1:]]
+        self.buffer = RolloutBuffer(entry.episode_length, envs, template, len(HEADS), config.hidden_size,
+                                    mask_shapes=mask_shapes, device=device)
+
+    @property
+    def episode_length(self) -> int:
+        return self.buffer.rollout_length
+
+
+class PPOTrainer:
+    """Owns the envs of every mix entry, the agent and the optimizer; `run_round` does one full round."""
+
+    def __init__(self, config: TrainConfig, tasks: Task | Sequence[Task], telemetry: Telemetry | None = None, *,
                  first_env: int = 0, devices: list[str] | None = None) -> None:
-        """`first_env` is the global index of the first env (not 0 only on a distributed rank, whose
+        """`tasks` are the loaded tasks of `config.training_mix()`, in its order (one `Task` for a one-entry mix).
+        `first_env` is the global index of the first env (not 0 only on a distributed rank, whose
         `config.n_envs` is its own share of the envs). `devices` (resolved device strings, e.g. `auto`
-        resolved by `morphogen.devices.resolve_device`; the task's data on the first) spreads the envs over them;
-        None uses `config.devices` as they are."""
-        self.config, self.task = config, task
-        episode_config = dataclasses.replace(config.episode, gamma=config.ppo.gamma)
-        self.vector = VectorEpisodes(task, episode_config, config.n_envs, seed=config.seed, slots=config.slots,
-                                     pool_slots=config.pool_slots, first_env=first_env,
-                                     devices=config.devices if devices is None else devices)
+        resolved by `morphogen.devices.resolve_device`; the tasks' data on the first) spreads the envs over
+        them; None uses `config.devices` as they are."""
+        self.config = config
+        self.mix = config.training_mix()
+        loaded = [tasks] if isinstance(tasks, Task) else list(tasks)
+        if len(loaded) != len(self.mix):
+            raise ValueError(f"{len(loaded)} tasks given for a mix of {len(self.mix)} entries; load one per entry")
+        self.tasks = loaded
+        self.longest_episode = max(entry.episode_length or 0 for entry in self.mix)
+        """Epochs of the longest episode of the mix (one round on the env-epoch clock of telemetry)."""
+        self.groups = [EnvGroup(entry, task, config, first_env=first_env,
+                                devices=config.devices if devices is None else devices,
+                                round_epochs=self.longest_episode)
+                       for entry, task in zip(self.mix, loaded, strict=True)]
         #: The processes taking part in each PPO update (a data-parallel run's ranks; here: this one alone).
         self.processes: UpdateProcesses = OneProcess()
         #: Escalation state read from a checkpoint, applied when the run's telemetry is attached.
@@ -201,32 +321,31 @@ class PPOTrainer:
         #: Called with the number of epochs every env has finished in the current round, after each
         #: lockstep step (progress displays); None calls nothing.
         self.on_step: Callable[[int], None] | None = None
-        probe = self.vector.episodes[0].build_model()
-        self.slot_ids = probe.slot_ids
-        self.encoder = ObservationEncoder(self.slot_ids, task.topology)
-        self.space = ActionSpace(self.slot_ids, task.topology)
-        device = task.train.device
+        device = loaded[0].train.device
         with seeded(derive_seed(config.seed, 7), device):
-            policy = build_policy(self.encoder, self.space, config.hidden_size, device=device)
-        normalizer = RunningMeanStd((self.encoder.size,), device=device)
+            agent = build_agent(config.hidden_size, device=device)
         self.state = TrainingState(
-            agent=PolicyAgent(policy, self.encoder, self.space, normalizer),
-            optimizer=build_optimizer(policy, config.ppo),
+            agent=agent,
+            optimizer=build_optimizer(agent.policy, config.ppo),
             reward_normalizer=RewardNormalizer(config.n_envs, gamma=config.ppo.gamma, device=device),
             value_normalizer=ValueNormalizer(device=device),
         )
         self.compile(config.compile_settings)
-        mask_shapes = [(len(self.space.choices["op"]),)] + [
-            (len(self.space.choices["op"]), len(self.space.choices[head])) for head in HEADS[1:]]
-        self.buffer = RolloutBuffer(config.episode_length, config.n_envs, self.encoder.size, len(HEADS),
-                                    config.hidden_size, mask_shapes=mask_shapes, n_slots=len(self.slot_ids),
-                                    device=device)
+
+    def group_of(self, round_index: int) -> EnvGroup:
+        """The mix entry round `round_index` plays, drawn by weight from (seed, round)."""
+        if len(self.groups) == 1:
+            return self.groups[0]
+        weights = np.array([entry.weight for entry in self.mix])
+        chooser = np.random.default_rng(derive_seed(self.config.seed, round_index, 17))
+        return self.groups[int(chooser.choice(len(self.groups), p=weights / weights.sum()))]
 
     def compile(self, settings: CompileSettings | None) -> None:
         """Run the policy's forward and every env's host training forward under `torch.compile` (None: eagerly)."""
         self.state.agent.policy.compile_forward(settings)
-        for episode in self.vector.episodes:
-            episode.compile_settings = settings  # applied to the model each reset builds
+        for group in self.groups:
+            for episode in group.vector.episodes:
+                episode.compile_settings = settings  # applied to the model each reset builds
 
     def attach_telemetry(self, telemetry: Telemetry, run_dir: Path | None = None) -> None:
         """Route events to `telemetry`; set up the phase timer, anomaly detector and (with a run dir) profiler."""
@@ -240,25 +359,24 @@ class PPOTrainer:
         self.telemetry = telemetry
         self.timer = PhaseTimer.from_config(telemetry.config)
         self.detector = detector
-        self.vector.attach(telemetry, self.timer, self.detector)
+        for group in self.groups:
+            group.vector.attach(telemetry, self.timer, self.detector)
         # The trace window is shifted to the end of the first round so that it contains a PPO update:
         # a round is `episode_length` env steps followed by the update step.
         config = telemetry.config
-        shift = max(0, self.config.episode_length + 1 - config.profile_warmup - config.profile_active)
+        shift = max(0, self.group_of(0).episode_length + 1 - config.profile_warmup - config.profile_active)
         self.profiler = TraceProfiler(
             (run_dir or Path(".")) / PROFILE_DIRNAME, enabled=config.profile and run_dir is not None,
             wait=config.profile_wait + shift, warmup=config.profile_warmup, active=config.profile_active)
 
     # ---------------------------------------------------------------- layout and checkpoints
     def layout(self) -> dict[str, Any]:
-        return {"task": self.task.name, "slot_ids": tuple(self.slot_ids), "observation_size": self.encoder.size,
-                "action_sizes": tuple(self.space.sizes), "hidden_size": self.config.hidden_size}
+        return {"hidden_size": self.config.hidden_size}
 
     def state_dict(self) -> dict[str, Any]:
         agent = self.state.agent
         return {
-            **{k: list(v) if isinstance(v, tuple) else v for k, v in self.layout().items()},
-            "episode_length": self.config.episode_length,
+            **self.layout(),
             "round": self.state.next_round,
             "policy": agent.policy.state_dict(),
             "optimizer": self.state.optimizer.state_dict(),
@@ -284,13 +402,11 @@ class PPOTrainer:
             self.state.reward_normalizer.load_state_dict(state["reward_normalizer"])
             self.state.value_normalizer.load_state_dict(state["value_normalizer"])
             torch.set_rng_state(state["rng"]["torch"])
-            if "anomaly_detector" in state:
-                self.detector.load_state_dict(state["anomaly_detector"])
+            self.detector.load_state_dict(state["anomaly_detector"])
             # Applied to the run's telemetry when `attach_telemetry` connects it.
             self._resumed_telemetry = state.get("telemetry")
-            self.state.policy_rollbacks_in_a_row = int(state.get("policy_rollbacks_in_a_row", 0))
-            # Checkpoints written before imitation existed: a run past round 0 has no use for it.
-            self.state.imitated = bool(state.get("imitated", int(state["round"]) > 0))
+            self.state.policy_rollbacks_in_a_row = int(state["policy_rollbacks_in_a_row"])
+            self.state.imitated = bool(state["imitated"])
             self.state.next_round = int(state["round"])
         except (RuntimeError, KeyError, TypeError, ValueError) as error:
             raise CheckpointError(f"checkpoint {source} does not fit this trainer: "
@@ -301,52 +417,53 @@ class PPOTrainer:
 
     # ---------------------------------------------------------------- one round
     def collect(self, round_index: int, demonstrators: Sequence[Controller] | None = None) -> Rollout:
-        """Play `n_envs` whole episodes with the current policy into the rollout buffer.
+        """Play `n_envs` whole episodes of the round's mix entry with the current policy into its rollout buffer.
 
         With `demonstrators` (one per env) they choose the actions instead, and the buffer stores their
         actions; the policy still runs on every observation (its LSTM state, values and the observation
         statistics evolve as in a PPO round), but its log-probs in the batch are those of its own samples.
         """
-        config, agent, vector = self.config, self.state.agent, self.vector
+        config, agent, group = self.config, self.state.agent, self.group_of(round_index)
+        vector, buffer, length = group.vector, group.buffer, group.episode_length
         generator = torch.Generator(device=agent.device).manual_seed(derive_seed(config.seed, round_index, 11))
         snapshots = vector.reset(round_index)
         self.state.reward_normalizer.reset()
         state = agent.policy.initial_state(config.n_envs)
-        self.buffer.reset(state)
+        buffer.reset(state)
         n = config.n_envs
         starts = torch.ones(n, dtype=torch.bool, device=agent.device)
         returns = np.zeros(n)
-        results = []
         # No torch.no_grad() here: the hosts train inside vector.step; the policy call is grad-free itself.
-        for step in range(config.episode_length):
+        for step in range(length):
             with self.timer.phase("policy"):
-                inputs, observations, output, actions = self.act_step(snapshots, state, generator, starts)
+                inputs, observations, output, actions = self.act_step(group, snapshots, state, generator, starts)
                 if demonstrators is not None:
                     env_masks = vector.masks()
                     actions = [d.act(s, m) for d, s, m in zip(demonstrators, snapshots, env_masks, strict=True)]
-                    encoded = torch.tensor([self.space.encode(action) for action in actions], device=agent.device)
-                    output = output._replace(actions=encoded)
+                    encoded = [episode.action_space.encode(action)
+                               for episode, action in zip(vector.episodes, actions, strict=True)]
+                    output = output._replace(actions=torch.tensor(encoded, device=agent.device))
             results = vector.step(actions)
             self.profiler.step()
             if self.on_step is not None:
                 self.on_step(step + 1)
-            raw_rewards = np.array([r.reward.total for r in results], dtype=np.float32)
+            raw_rewards = np.array([r.reward.total - (r.baseline_reward or 0.0) for r in results], dtype=np.float32)
             returns += raw_rewards
-            done = step == config.episode_length - 1
+            done = step == length - 1
             dones = torch.full((n,), done, dtype=torch.bool, device=agent.device)
             rewards = torch.from_numpy(raw_rewards).to(agent.device)
             if config.normalize_rewards:
                 rewards = self.state.reward_normalizer.update(rewards, dones).float()
-            self.buffer.add(observations, starts, output, rewards, dones, torch.zeros_like(dones),
-                            action_masks=inputs.masks, blueprint_ids=inputs.blueprint_ids)
+            buffer.add(observations, starts, output, rewards, dones, torch.zeros_like(dones),
+                       action_masks=inputs.masks)
             snapshots = [r.snapshot for r in results]
             state, starts = output.state, torch.zeros_like(starts)
         values = self.state.value_normalizer
         if config.normalize_values:
             # The value head speaks in standardized returns; GAE needs them in reward units.
-            self.buffer.values.copy_(values.denormalize(self.buffer.values))
-        batch = self.buffer.finish(torch.zeros(n, device=agent.device), gamma=config.ppo.gamma,
-                                   gae_lambda=config.ppo.gae_lambda)
+            buffer.values.copy_(values.denormalize(buffer.values))
+        batch = buffer.finish(torch.zeros(n, device=agent.device), gamma=config.ppo.gamma,
+                              gae_lambda=config.ppo.gae_lambda)
         if config.normalize_values:
             values.update(batch.returns)
             batch = batch._replace(values=values.normalize(batch.values), returns=values.normalize(batch.returns))
@@ -358,16 +475,17 @@ class PPOTrainer:
             fossilized=float(np.mean([e.fossilized for e in episodes])),
             pruned=float(np.mean([e.pruned for e in episodes])),
         )
-        return Rollout(batch, summary, state)
+        return Rollout(batch, summary, state, setting=group.entry.label)
 
-    def act_step(self, snapshots: list[EpisodeSnapshot], state: LSTMState, generator: torch.Generator,
-                 starts: torch.Tensor) -> tuple[PolicyInputs, torch.Tensor, ActionOutput, list[Action]]:
+    def act_step(self, group: EnvGroup, snapshots: list[EpisodeSnapshot], state: LSTMState,
+                 generator: torch.Generator, starts: torch.Tensor,
+                 ) -> tuple[PolicyInputs, GrowthInputs, ActionOutput, list[Action]]:
         """One batched policy call for every env of this trainer (updating the observation statistics)."""
         agent = self.state.agent
-        inputs = agent.inputs(snapshots, self.vector.masks())
-        observations, output, actions = agent.act(inputs, state, generator=generator, episode_starts=starts,
-                                                  update_normalizer=True)
-        return inputs, observations, output, actions
+        inputs = agent.inputs(snapshots, group.vector.masks())
+        observations, output = agent.act(inputs, state, generator=generator, episode_starts=starts,
+                                         update_normalizer=True)
+        return inputs, observations, output, agent.decode(output.actions, snapshots)
 
     def imitate(self, on_round: Callable[[int, EpisodeMeans], None] | None = None) -> ImitationStatistics:
         """Watch `config.imitation.rounds` rounds of heuristic-driven episodes, then fit the policy to them.
@@ -378,13 +496,15 @@ class PPOTrainer:
         config = self.config.imitation
         batches = []
         for index in range(config.rounds):
-            controllers = [HeuristicController(self.space, self.task.topology) for _ in self.vector.episodes]
+            group = self.group_of(MAX_ROUNDS + index)
+            controllers = [HeuristicController(episode.action_space, group.task.topology)
+                           for episode in group.vector.episodes]
             rollout = self.collect(MAX_ROUNDS + index, demonstrators=controllers)
             batches.append(rollout.batch)
             if on_round is not None:
                 on_round(index + 1, rollout.summary)
         with self.timer.phase("update"):
-            statistics = imitation_fit(self.state.agent.policy, concatenate_batches(batches), config)
+            statistics = imitation_fit(self.state.agent.policy, batches, config)
         self.state.imitated = True
         return statistics
 
@@ -408,7 +528,8 @@ class PPOTrainer:
                               mean_return=rollout.summary.mean_return,
                               mean_final_accuracy=rollout.summary.mean_final_accuracy,
                               mean_parameters_added=rollout.summary.mean_parameters_added,
-                              fossilized=rollout.summary.fossilized, pruned=rollout.summary.pruned)
+                              fossilized=rollout.summary.fossilized, pruned=rollout.summary.pruned,
+                              setting=rollout.setting)
         result = self.combine_ranks(result, rollout)
         self._report_round(result, rollout)
         return result
@@ -442,7 +563,7 @@ class PPOTrainer:
         anomaly = Anomaly("non_finite", f"the PPO update of round {round_number} left NaN/Inf in {len(bad)} policy "
                                         f"tensors ({bad[0]}, ...); it was undone and the learning rate halved to "
                                         f"{rate:.3g}", "lower ppo.learning_rate; check rewards and observations")
-        self.telemetry.report_anomalies([anomaly], epoch=round_number * self.config.episode_length)
+        self.telemetry.report_anomalies([anomaly], epoch=round_number * self.longest_episode)
         if self.state.policy_rollbacks_in_a_row >= MAX_POLICY_ROLLBACKS:
             raise DivergenceError(f"training stopped in round {round_number}: {MAX_POLICY_ROLLBACKS} PPO updates in "
                                   "a row left NaN/Inf in the policy and were undone; lower ppo.learning_rate "
@@ -451,16 +572,18 @@ class PPOTrainer:
     def _report_round(self, summary: RoundSummary, rollout: Rollout) -> None:
         """PPO, LSTM and phase-time events, and the anomaly check of this round's update."""
         stats, telemetry = summary.statistics, self.telemetry
-        epoch = summary.round * self.config.episode_length  # the env-epoch clock escalation counts in
+        epoch = summary.round * self.longest_episode  # the env-epoch clock escalation counts in
         lstm = self.detector.lstm_health.check(*rollout.final_state)  # one sync
         # Heads no sampled op needed have no entropy to judge (one sync).
         ops = rollout.batch.actions[..., 0]
         heads_used = self.state.agent.policy.relevant_heads(ops).flatten(0, 1).any(0).tolist()
-        used = [i for i, flag in enumerate(heads_used) if flag and self.space.sizes[i] > 1]
+        assert rollout.batch.action_masks is not None, "growth rollouts store their masks"
+        sizes = [mask.shape[-1] for mask in rollout.batch.action_masks]  # the round's choices per head
+        used = [i for i, flag in enumerate(heads_used) if flag and sizes[i] > 1]
         diagnostics = PPODiagnostics(
             ratio_max=stats.ratio_max, ratio_min=stats.ratio_min, value_std=stats.value_std,
             return_std=stats.return_std, entropy_per_head=tuple((HEADS[i], stats.entropy_per_head[i]) for i in used),
-            max_entropy_per_head=tuple((HEADS[i], math.log(self.space.sizes[i])) for i in used),
+            max_entropy_per_head=tuple((HEADS[i], math.log(sizes[i])) for i in used),
             approx_kl=stats.approx_kl, target_kl=self.config.ppo.target_kl, grad_norm=stats.grad_norm, lstm=lstm)
         telemetry.report_anomalies(self.detector.check(diagnostics), epoch=epoch)
         telemetry.emit(events.PPOUpdateCompleted(
@@ -486,14 +609,16 @@ def _config_dict(config: TrainConfig) -> dict[str, Any]:
     return config_to_dict(config)  # type: ignore[no-any-return]
 
 
-def format_round(summary: RoundSummary) -> str:
-    """The one line printed per round (about 120 columns); the entropy of every head is in telemetry and the report."""
+def format_round(summary: RoundSummary, *, setting: bool = False) -> str:
+    """The one line printed per round (about 120 columns; `setting` appends the mix entry the round played); the
+    entropy of every head is in telemetry and the report."""
     stats = summary.statistics
-    return (f"round {summary.round:3d}  return {summary.mean_return:+7.3f}  acc {summary.mean_final_accuracy:6.2f}%  "
+    line = (f"round {summary.round:3d}  return {summary.mean_return:+7.3f}  acc {summary.mean_final_accuracy:6.2f}%  "
             f"added {summary.mean_parameters_added:>7,.0f}  "
             f"fossil {summary.fossilized:.1f} pruned {summary.pruned:.1f}  "
             f"kl {stats.approx_kl:.4f}  vloss {stats.value_loss:.4f}  ev {stats.explained_variance:+.2f}  "
             f"{summary.seconds:5.1f}s")
+    return f"{line}  {summary.setting}" if setting else line
 
 
 def train(trainer: PPOTrainer, run_dir: Path,

@@ -40,6 +40,12 @@ ALPHA_TARGETS = (0.0, 0.3, 0.6, 1.0)
 ALPHA_SPEEDS = (0, 1, 3, 5)
 ALPHA_CURVES = (AlphaCurve.LINEAR, AlphaCurve.COSINE, AlphaCurve.SIGMOID)
 
+#: The values of every head whose choices do not depend on the model (all but `slot` and `blueprint`).
+FIXED_CHOICES: dict[str, tuple[object, ...]] = {
+    "op": tuple(Op), "blend": BLEND_KINDS, "blend_epochs": BLEND_EPOCHS, "alpha_target": ALPHA_TARGETS,
+    "alpha_speed": ALPHA_SPEEDS, "alpha_curve": ALPHA_CURVES,
+}
+
 _RELEVANT_HEADS: dict[Op, frozenset[str]] = {
     Op.WAIT: frozenset(),
     Op.GERMINATE: frozenset({"slot", "blueprint", "blend", "blend_epochs"}),
@@ -90,10 +96,7 @@ class ActionSpace:
         self.slot_ids = tuple(slot_ids)
         self.blueprints = blueprint_names(topology)
         self.choices: dict[str, tuple[object, ...]] = {
-            "op": tuple(Op), "slot": self.slot_ids, "blueprint": self.blueprints, "blend": BLEND_KINDS,
-            "blend_epochs": BLEND_EPOCHS, "alpha_target": ALPHA_TARGETS, "alpha_speed": ALPHA_SPEEDS,
-            "alpha_curve": ALPHA_CURVES,
-        }
+            **FIXED_CHOICES, "slot": self.slot_ids, "blueprint": self.blueprints}
 
     @property
     def sizes(self) -> tuple[int, ...]:

@@ -25,7 +25,6 @@ import torch
 from torch import Tensor
 
 from morphogen.core.alpha import AlphaMode
-from morphogen.core.blueprints import blueprint_names
 from morphogen.core.compilation import CompileSettings
 from morphogen.core.hosts import SegmentedHost, build_host
 from morphogen.core.isolation import IsolationMonitor, IsolationReport
@@ -37,6 +36,7 @@ from morphogen.env.actions import Action, ActionSpace, Op
 from morphogen.env.counterfactual import MAIN, CounterfactualResult, plan_counterfactuals
 from morphogen.env.evaluation import Objective, validate
 from morphogen.env.governor import DivergenceError, Governor, GovernorConfig, Rollback
+from morphogen.env.layout import ModelLayout, model_layout
 from morphogen.env.rewards import RewardBreakdown, RewardConfig, RewardMode, compute_reward
 from morphogen.env.seeding import derive_seed, seeded
 from morphogen.env.snapshot import EpisodeSnapshot, SlotSnapshot
@@ -123,6 +123,9 @@ class StepResult:
     action_succeeded: bool
     reason: str
     rollback: Rollback | None
+    #: The reward of the same epoch of the same host without growth (same seed, same batches), when a
+    #: `VectorEpisodes` trains such a twin beside the episode; None otherwise.
+    baseline_reward: float | None = None
 
 
 class MorphogenesisEpisode:
@@ -149,7 +152,8 @@ class MorphogenesisEpisode:
         self.objective = Objective.of(task)
         if not task.topology:
             raise ValueError(f"task {task.name!r} has no host yet: give it one (morphogen.grow or task_with_host)")
-        self.blueprint_ids = {name: i + 1 for i, name in enumerate(blueprint_names(task.topology))}
+        #: Accuracy of guessing on a classification task scored by accuracy (None for a task's own metric).
+        self.chance_accuracy = 100.0 / task.num_classes if task.num_classes and not self.objective.custom else None
         self.model: MorphogeneticModel | None = None
         #: Wall-clock time per phase (train, validate, act); shared with the caller when given.
         self.timer = timer or PhaseTimer()
@@ -180,9 +184,7 @@ class MorphogenesisEpisode:
         self.action_space = ActionSpace(self.model.slot_ids, self.task.topology)
         self.monitor = IsolationMonitor(device=self.device)
         self.trainer = ModelTrainer(self.model, self.optimizer_config, self.monitor, self.objective)
-        classes = self.task.num_classes
-        self.governor = Governor(self.model, self.config.governor,
-                                 chance_accuracy=100.0 / classes if classes and not self.objective.custom else None)
+        self.governor = Governor(self.model, self.config.governor, chance_accuracy=self.chance_accuracy)
         self.generator = torch.Generator(device="cpu").manual_seed(self.seed)
         self.epoch = 0
         self.accuracies: deque[float] = deque(maxlen=HISTORY)
@@ -197,6 +199,8 @@ class MorphogenesisEpisode:
             # A fresh host's gradients are not a drift from the last episode's converged ones.
             self.detector.forget_gradients(f"env{self.env_id}/")
         result = self._first_validation()
+        self.layout = self._measure_layout()
+        self.initial_val_loss = result.loss(MAIN)
         self.governor.observe_validation(result.loss(MAIN), result.accuracy(MAIN))
         self.snapshot = self._make_snapshot(result, None, Op.WAIT, True, None)
         return self.snapshot
@@ -318,6 +322,12 @@ class MorphogenesisEpisode:
         return self._validate()
 
     # ---------------------------------------------------------------- measurements
+    def _measure_layout(self) -> ModelLayout:
+        """Where the slots sit and what each blueprint would add, measured on the first validation input."""
+        assert self.model is not None
+        inputs, _ = next(iter(self.task.validation.iterate_batches(1, shuffle=False)))
+        return model_layout(self.model, inputs[:1].to(self.device))
+
     def _first_validation(self) -> CounterfactualResult:
         """Validate the untrained model; on a user's task, what the model or its loss cannot take is a `DataError`.
 
@@ -368,9 +378,9 @@ class MorphogenesisEpisode:
         assert self.model is not None
         slot = self.model.slot(slot_id)
         health = self.gradients.seeds.get(slot_id) if slot.seed is not None else None
+        place = self.layout.places[slot_id]
         return SlotSnapshot(
             slot_id=slot_id, stage=slot.stage, blueprint=slot.blueprint if slot.seed is not None else None,
-            blueprint_id=self.blueprint_ids[slot.blueprint] if slot.seed is not None and slot.blueprint else 0,
             alpha=slot.alpha.alpha, alpha_target=slot.alpha.target, alpha_progress=slot.alpha.progress,
             alpha_ramping=slot.alpha.mode is not AlphaMode.HOLD, epochs_in_stage=slot.lifecycle.epochs_in_stage,
             seed_age=slot.lifecycle.seed_age, seed_parameters=slot.seed_parameter_count(),
@@ -380,6 +390,8 @@ class MorphogenesisEpisode:
             gradient_health=None if health is None else health.health,
             gradient_ratio=None if health is None else health.gradient_ratio,
             accuracy_at_stage_start=slot.signals.accuracy_at_stage_start if slot.seed is not None else None,
+            width_fraction=place.width_fraction, resolution_fraction=place.resolution_fraction,
+            depth_fraction=place.depth_fraction,
         )
 
     def _make_snapshot(self, result: CounterfactualResult, train_loss: float | None, op: Op, succeeded: bool,
@@ -394,7 +406,9 @@ class MorphogenesisEpisode:
             host_parameters=self.model.host_param_count(), active_parameters=self.model.param_count(),
             slots=tuple(self._slot_snapshot(slot_id) for slot_id in self.model.slot_ids),
             accuracy_all_off=result.accuracy_all_off, last_op=int(op), last_action_succeeded=succeeded,
-            rolled_back=rollback is not None,
+            rolled_back=rollback is not None, topology=self.task.topology, chance_accuracy=self.chance_accuracy,
+            initial_val_loss=self.initial_val_loss, blueprints=self.layout.blueprints,
+            blueprint_parameters=self.layout.blueprint_parameters,
         )
 
     # ---------------------------------------------------------------- telemetry

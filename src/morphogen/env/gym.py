@@ -3,11 +3,10 @@
 `MorphogenesisEnv` wraps a `MorphogenesisEpisode`: one `step` is one host epoch (act, train,
 validate with counterfactuals, reward). Rules of the wrapper:
 
-- Observation: a float32 vector, the `ObservationEncoder` features followed by one blueprint id per
-  slot (as a float; 0 = no seed). `split_observation` undoes the concatenation and
-  `observation_names()` names every position. The features have no guaranteed finite range (the
-  parameter ratios are unbounded), so their Box bounds are infinite; the ids are bounded by
-  0..n_blueprints.
+- Observation: a float32 vector, the three parts of `encode_observation` flattened one after the
+  other: the global features, each slot's features, and each slot's blueprint features.
+  `split_observation` undoes the concatenation and `observation_names()` names every position. The
+  features have no guaranteed finite range, so the Box bounds are infinite.
 - Action: `MultiDiscrete(ActionSpace.sizes)`, one index per head in `HEADS` order. Actions the
   masks forbid are not errors: the episode refuses them and reports why (`info["reason"]`,
   `info["action_succeeded"]`), and the reward charges the failed attempt.
@@ -48,7 +47,16 @@ from morphogen.core.hosts import check_host_size
 from morphogen.data import TASK_TOPOLOGIES, Task, host_size, load_task
 from morphogen.env.actions import HEADS, ActionSpace
 from morphogen.env.episode import EpisodeConfig, MorphogenesisEpisode
-from morphogen.env.observation import EncodedObservation, ObservationEncoder
+from morphogen.env.observation import (
+    BLUEPRINT_FEATURES,
+    BLUEPRINT_SIZE,
+    GLOBAL_FEATURES,
+    GLOBAL_SIZE,
+    SLOT_FEATURES,
+    SLOT_SIZE,
+    EncodedObservation,
+    encode_observation,
+)
 from morphogen.env.snapshot import EpisodeSnapshot
 from morphogen.telemetry.sinks import Telemetry
 
@@ -113,14 +121,10 @@ class MorphogenesisEnv(gymnasium.Env[np.ndarray, np.ndarray]):
         self.render_mode = render_mode
         # A throwaway model tells which slots the request resolves to (and rejects unknown ones now).
         slot_ids = self._new_episode(seed=0).build_model().slot_ids
-        topology = self.task.topology
         #: The morphogen `ActionSpace` that turns MultiDiscrete indices into `Action`s.
-        self.action_codec = ActionSpace(slot_ids, topology)
-        self.encoder = ObservationEncoder(slot_ids, topology)
-        n_features, n_slots = self.encoder.size, self.encoder.n_slots
-        low = np.concatenate([np.full(n_features, -np.inf), np.zeros(n_slots)]).astype(np.float32)
-        high = np.concatenate([np.full(n_features, np.inf), np.full(n_slots, self.encoder.n_blueprints)])
-        self.observation_space = spaces.Box(low, high.astype(np.float32), dtype=np.float32)
+        self.action_codec = ActionSpace(slot_ids, self.task.topology)
+        size = len(self.observation_names())
+        self.observation_space = spaces.Box(-np.inf, np.inf, shape=(size,), dtype=np.float32)
         self.action_space = spaces.MultiDiscrete(np.asarray(self.action_codec.sizes, dtype=np.int64))
         #: The episode of the last `reset()`; None before the first.
         self.episode: MorphogenesisEpisode | None = None
@@ -129,23 +133,30 @@ class MorphogenesisEnv(gymnasium.Env[np.ndarray, np.ndarray]):
     @property
     def slot_ids(self) -> tuple[str, ...]:
         """Slots in observation and slot-head order."""
-        return self.encoder.slot_ids
+        return self.action_codec.slot_ids
 
     def observation_names(self) -> list[str]:
-        """The name of every observation position: the encoder's features, then ``blueprint_id/<slot>``."""
-        return self.encoder.feature_names() + [f"blueprint_id/{slot_id}" for slot_id in self.slot_ids]
+        """The name of every observation position: global features, ``slot/<id>/<feature>``, then
+        ``blueprint/<slot id>/<blueprint>/<feature>``."""
+        return [*GLOBAL_FEATURES,
+                *(f"slot/{slot_id}/{name}" for slot_id in self.slot_ids for name in SLOT_FEATURES),
+                *(f"blueprint/{slot_id}/{blueprint}/{name}" for slot_id in self.slot_ids
+                  for blueprint in self.action_codec.blueprints for name in BLUEPRINT_FEATURES)]
 
     def split_observation(self, observation: np.ndarray) -> EncodedObservation:
-        """Observation(s) [..., size] -> features float32 [..., n_features] and blueprint ids int64 [..., n_slots]."""
-        observation = np.asarray(observation)
-        expected = self.encoder.size + self.encoder.n_slots
+        """Observation(s) [..., size] -> globals [..., G], slots [..., S, F] and blueprints [..., S, K, B] (float32)."""
+        observation = np.asarray(observation, dtype=np.float32)
+        n_slots, n_blueprints = len(self.slot_ids), len(self.action_codec.blueprints)
+        slot_end = GLOBAL_SIZE + n_slots * SLOT_SIZE
+        expected = slot_end + n_slots * n_blueprints * BLUEPRINT_SIZE
         if observation.ndim == 0 or observation.shape[-1] != expected:
             raise ValueError(f"observation has shape {observation.shape}; expected (..., {expected}): "
                              "pass observations of this env (or a batch stacked on leading dimensions)")
-        n_features = self.encoder.size
+        leading = observation.shape[:-1]
         return EncodedObservation(
-            features=observation[..., :n_features].astype(np.float32),
-            blueprint_ids=np.rint(observation[..., n_features:]).astype(np.int64),
+            globals=observation[..., :GLOBAL_SIZE],
+            slots=observation[..., GLOBAL_SIZE:slot_end].reshape(*leading, n_slots, SLOT_SIZE),
+            blueprints=observation[..., slot_end:].reshape(*leading, n_slots, n_blueprints, BLUEPRINT_SIZE),
         )
 
     # ---------------------------------------------------------------- the Gymnasium API
@@ -214,8 +225,7 @@ class MorphogenesisEnv(gymnasium.Env[np.ndarray, np.ndarray]):
         return [int(index) for index in indices]
 
     def _observe(self, snapshot: EpisodeSnapshot) -> np.ndarray:
-        features, blueprint_ids = self.encoder.encode(snapshot)
-        return np.concatenate([features, blueprint_ids.astype(np.float32)])
+        return np.concatenate([part.reshape(-1) for part in encode_observation(snapshot)]).astype(np.float32)
 
     def _state_info(self, snapshot: EpisodeSnapshot) -> dict[str, Any]:
         assert self.episode is not None

@@ -1,21 +1,36 @@
-"""Feature encoding: an `EpisodeSnapshot` -> a flat float32 vector plus one blueprint id per slot.
+"""Feature encoding: an `EpisodeSnapshot` -> what the growth policy sees, the same way on every task and host.
 
-Rules of the encoding (DESIGN §5 step 3):
+An observation has three parts, whose sizes do not depend on the task, the host, its number of slots or
+the episode's length, so that one policy acts on any of them:
 
+- `globals` ``[GLOBAL_SIZE]``: the episode as a whole (progress as a fraction, accuracy and loss
+  history, how many slots are in each stage, the last action, parameters added);
+- `slots` ``[n_slots, SLOT_SIZE]``: one row per slot, the same features for every slot (its stage,
+  alpha, contributions, gradient health, its seed's kind and size, where it sits in the host);
+- `blueprints` ``[n_slots, n_blueprints, BLUEPRINT_SIZE]``: for each slot, each blueprint a GERMINATE
+  may name, described by its kind and the parameters it would add there, not by its index in a
+  registry, so blueprints registered by a user are described like the built-in ones.
+
+Rules of the encoding:
+
+- Scales mean the same on every task. Accuracies are read against the task's chance level:
+  ``score = (accuracy - chance) / (100 - chance)``, so 0 is guessing and 1 is perfect on any number of
+  classes (a task with its own metric has no chance level: its score is the metric / 100).
+  Contributions and gains are divided by the same ``100 - chance``. Losses are read against the
+  validation loss of the untrained model: ``log(loss / initial loss)``, 0 at the start and negative as
+  training improves. Epochs are fractions of the episode, parameter counts ``log1p`` of their ratio to
+  the host's, slot widths and resolutions fractions of the host's.
 - Every value that may be unmeasured is written as two features: the value (or `UNMEASURED` when
   it is None) followed by a ``*_measured`` flag (1.0 measured, 0.0 not). An unknown therefore never
-  looks like a measured 0: a measured 0 reads ``(0.0, 1.0)``, an unknown ``(-1.0, 0.0)``.
-- The last `HISTORY_LENGTH` accuracies and losses are right-aligned (``[-1]`` is the newest, which
-  is the current epoch's value), padded in front with `UNMEASURED`, and followed by a count of the
-  real entries over `HISTORY_LENGTH`, so the padding is always identifiable.
-- Scales are kept roughly O(1): accuracies and contributions in fractions (points / 100), epochs as
-  fractions of the episode, parameter counts relative to the host. Losses, gradient norms and
-  gradient ratios are heavy-tailed and written as ``log1p`` of the value clipped to
-  `MAGNITUDE_CEILING`; a non-finite magnitude (a diverged loss, an exploded gradient) is written as
-  the ceiling, since it is a measurement of "too large", not an absence of one.
-- Slots appear in the encoder's `slot_ids` order (the order of the action space's slot head), each
-  block prefixed ``slot/<id>/`` in `feature_names()`. Blueprint ids go out separately as integers
-  for the policy's embedding table: 0 is "no seed", 1..n_blueprints follow the registry order.
+  looks like a measured 0.
+- The last `HISTORY_LENGTH` scores and losses are right-aligned (``[-1]`` is the newest, the current
+  epoch's), padded in front with `UNMEASURED`, and followed by a count of the real entries over
+  `HISTORY_LENGTH`.
+- Heavy-tailed magnitudes (gradient norms and ratios) are ``log1p`` of the value clipped to
+  `MAGNITUDE_CEILING`; a non-finite magnitude is written as the ceiling (a measurement of "too
+  large", not an absence of one). Loss ratios are clipped to ±`LOG_RATIO_LIMIT`.
+- Slots appear in the snapshot's order (the model's, which is the slot head's). Nothing depends on
+  that order beyond the row a slot lands in: the policy treats slots as a set.
 - Pure Python/NumPy on plain numbers: nothing here touches a tensor or synchronizes.
 """
 
@@ -27,36 +42,90 @@ from typing import NamedTuple
 
 import numpy as np
 
-from morphogen.core.blueprints import blueprint_names
 from morphogen.core.lifecycle import Stage
 from morphogen.env.actions import Op
 from morphogen.env.snapshot import EpisodeSnapshot, SlotSnapshot
 
 __all__ = [
+    "BLUEPRINT_FEATURES",
+    "BLUEPRINT_KINDS",
+    "BLUEPRINT_SIZE",
+    "GLOBAL_FEATURES",
+    "GLOBAL_SIZE",
     "HISTORY_LENGTH",
+    "LOG_RATIO_LIMIT",
     "MAGNITUDE_CEILING",
+    "SLOT_FEATURES",
+    "SLOT_SIZE",
     "UNMEASURED",
     "EncodedObservation",
-    "ObservationEncoder",
+    "blueprint_kind",
+    "encode_observation",
     "log_magnitude",
 ]
 
 #: Written in place of a value that was not measured; always followed by its ``*_measured`` flag = 0.
-#: Negative so that it sits outside the range of every measured non-negative feature.
 UNMEASURED = -1.0
-#: How many recent validation accuracies and losses are encoded.
+#: How many recent validation scores and losses are encoded.
 HISTORY_LENGTH = 5
-#: Losses, gradient norms and ratios are clipped here before ``log1p`` (log1p(1e6) ~ 13.8).
+#: Gradient norms and ratios are clipped here before ``log1p`` (log1p(1e6) ~ 13.8).
 MAGNITUDE_CEILING = 1e6
+#: ``log(loss / initial loss)`` is clipped to ±this (a diverged loss reads as +this).
+LOG_RATIO_LIMIT = 10.0
+
+#: What a blueprint does to the host, as the policy sees it: deepen (a residual block of the slot's width),
+#: widen (an inverted residual wider than the slot), adapter (a low-rank update), attention, norm, block
+#: (a whole host block), other (a user's blueprint of unknown kind).
+BLUEPRINT_KINDS = ("deepen", "widen", "adapter", "attention", "norm", "block", "other")
+_BUILT_IN_KINDS = {
+    "norm": "norm", "attention": "attention", "depthwise": "deepen", "bottleneck": "deepen", "conv_small": "deepen",
+    "conv_light": "deepen", "conv_heavy": "deepen", "widen_x2": "widen", "widen_x4": "widen", "widen_x8": "widen",
+    "lora": "adapter", "lora_large": "adapter", "mlp_small": "deepen", "mlp": "deepen",
+}
+
+
+def blueprint_kind(name: str) -> str:
+    """The kind of a blueprint (one of `BLUEPRINT_KINDS`): a built-in's own, "other" for a user's."""
+    return _BUILT_IN_KINDS.get(name, "other")
+
+
+def _history_names(series: str) -> list[str]:
+    return [*(f"{series}[{offset}]" for offset in range(-HISTORY_LENGTH, 0)), f"{series}_count"]
+
+
+GLOBAL_FEATURES: tuple[str, ...] = (
+    "epoch_fraction", "score", "loss_ratio", "train_loss_ratio", "train_loss_ratio_measured",
+    *_history_names("score_history"), *_history_names("loss_ratio_history"),
+    "score_delta", "score_delta_measured",
+    *(f"stage_fraction/{stage.value}" for stage in Stage),
+    *(f"last_op/{op.name}" for op in Op),
+    "last_action_succeeded", "added_parameters", "gain_over_all_off", "gain_over_all_off_measured", "rolled_back",
+    "slot_share",
+)
+"""Names of the `globals` features, in order."""
+SLOT_FEATURES: tuple[str, ...] = (
+    *(f"stage/{stage.value}" for stage in Stage),
+    "alpha", "alpha_target", "alpha_progress", "alpha_ramping",
+    *(name for optional in ("contribution", "contribution_trend", "gradient_norm", "gradient_health",
+                            "gradient_ratio") for name in (optional, f"{optional}_measured")),
+    "epochs_in_stage", "seed_age", "seed_parameters", "width_fraction", "resolution_fraction", "depth_fraction",
+    *(f"seed_kind/{kind}" for kind in BLUEPRINT_KINDS),
+)
+"""Names of the features of each row of `slots`, in order."""
+BLUEPRINT_FEATURES: tuple[str, ...] = (*(f"kind/{kind}" for kind in BLUEPRINT_KINDS), "parameters")
+"""Names of the features of each blueprint of a slot, in order."""
+GLOBAL_SIZE, SLOT_SIZE, BLUEPRINT_SIZE = len(GLOBAL_FEATURES), len(SLOT_FEATURES), len(BLUEPRINT_FEATURES)
 
 
 class EncodedObservation(NamedTuple):
-    """What the policy sees for one env at one step."""
+    """What the policy sees for one env at one step (float32 arrays)."""
 
-    #: float32 [size], laid out as `ObservationEncoder.feature_names()`.
-    features: np.ndarray
-    #: int64 [n_slots]: blueprint id per slot in the encoder's slot order; 0 = no seed.
-    blueprint_ids: np.ndarray
+    #: [GLOBAL_SIZE], laid out as `GLOBAL_FEATURES`.
+    globals: np.ndarray
+    #: [n_slots, SLOT_SIZE], one row per slot in the snapshot's order, laid out as `SLOT_FEATURES`.
+    slots: np.ndarray
+    #: [n_slots, n_blueprints, BLUEPRINT_SIZE], laid out as `BLUEPRINT_FEATURES`.
+    blueprints: np.ndarray
 
 
 def log_magnitude(value: float) -> float:
@@ -66,134 +135,118 @@ def log_magnitude(value: float) -> float:
     return math.log1p(min(max(value, 0.0), MAGNITUDE_CEILING))
 
 
-class ObservationEncoder:
-    """Encodes snapshots of episodes whose model has `slot_ids`, for a host of `topology`."""
+def loss_ratio(loss: float, initial: float | None) -> float:
+    """``log(loss / initial)`` clipped to ±`LOG_RATIO_LIMIT`; a relative difference where either is <= 0
+    (a user's loss may be negative); 0 without an initial loss; a non-finite loss reads as the limit."""
+    if not math.isfinite(loss):
+        return LOG_RATIO_LIMIT
+    if initial is None or not math.isfinite(initial):
+        return 0.0
+    positive = loss > 0.0 and initial > 0.0
+    ratio = math.log(loss / initial) if positive else (loss - initial) / max(abs(initial), 1e-8)
+    return min(max(ratio, -LOG_RATIO_LIMIT), LOG_RATIO_LIMIT)
 
-    def __init__(self, slot_ids: Sequence[str], topology: str) -> None:
-        self.slot_ids = tuple(slot_ids)
-        if not self.slot_ids:
-            raise ValueError("slot_ids is empty: pass the model's slot ids (MorphogeneticModel.slot_ids)")
-        if len(set(self.slot_ids)) != len(self.slot_ids):
-            raise ValueError(f"slot_ids must be unique, got {self.slot_ids}")
-        self.topology = topology
-        self.blueprints = blueprint_names(topology)
-        self._names = tuple(self._base_names() + [
-            name for slot_id in self.slot_ids for name in self._slot_names(slot_id)
-        ])
 
-    @property
-    def n_slots(self) -> int:
-        return len(self.slot_ids)
+class _Scale(NamedTuple):
+    """How accuracy points become scores: ``(points - chance) / span``."""
 
-    @property
-    def n_blueprints(self) -> int:
-        """Blueprints of the topology; ids run 0 (no seed) .. n_blueprints."""
-        return len(self.blueprints)
+    chance: float
+    span: float
 
-    @property
-    def size(self) -> int:
-        """Length of the feature vector."""
-        return len(self._names)
+    def score(self, accuracy: float) -> float:
+        return (accuracy - self.chance) / self.span
 
-    def feature_names(self) -> list[str]:
-        """The name of every position of `EncodedObservation.features`, in order."""
-        return list(self._names)
 
-    # ---------------------------------------------------------------- names (the layout)
-    # The names below and the values in `_base_values`/`_slot_values` must stay in the same order;
-    # tests/env/test_observation.py checks every named position against a hand-computed value.
-    @staticmethod
-    def _base_names() -> list[str]:
-        names = ["epoch_fraction", "val_loss", "val_accuracy", "train_loss", "train_loss_measured"]
-        for series in ("accuracy_history", "loss_history"):
-            names += [f"{series}[{offset}]" for offset in range(-HISTORY_LENGTH, 0)]
-            names.append(f"{series}_count")
-        names += ["accuracy_delta", "accuracy_delta_measured"]
-        names += [f"stage_count/{stage.value}" for stage in Stage]
-        names += [f"last_op/{op.name}" for op in Op]
-        names += ["last_action_succeeded", "added_parameter_ratio",
-                  "gain_over_all_off", "gain_over_all_off_measured", "rolled_back"]
-        return names
+def _scale(snapshot: EpisodeSnapshot) -> _Scale:
+    chance = snapshot.chance_accuracy
+    if chance is None or not 0.0 <= chance < 100.0:
+        return _Scale(0.0, 100.0)
+    return _Scale(chance, 100.0 - chance)
 
-    @staticmethod
-    def _slot_names(slot_id: str) -> list[str]:
-        prefix = f"slot/{slot_id}/"
-        names = [f"stage/{stage.value}" for stage in Stage]
-        names += ["alpha", "alpha_target", "alpha_progress", "alpha_ramping"]
-        for optional in ("contribution", "contribution_trend", "gradient_norm", "gradient_health",
-                         "gradient_ratio"):
-            names += [optional, f"{optional}_measured"]
-        names += ["epochs_in_stage", "seed_age", "seed_parameter_ratio"]
-        return [prefix + name for name in names]
 
-    # ---------------------------------------------------------------- values
-    def encode(self, snapshot: EpisodeSnapshot) -> EncodedObservation:
-        """Features and blueprint ids of `snapshot`; raises ValueError if its slots are not this encoder's."""
-        slots = self._slots_in_order(snapshot)
-        values = self._base_values(snapshot)
-        for slot in slots:
-            values += self._slot_values(slot, snapshot)
-        assert len(values) == self.size, "feature values and feature_names() are out of step"
-        features = np.asarray(values, dtype=np.float32)
-        if not np.isfinite(features).all():
-            bad = [name for name, ok in zip(self._names, np.isfinite(features), strict=True) if not ok]
-            raise ValueError(f"non-finite observation features {bad}: the snapshot carries NaN/inf where "
-                             "a finite measurement (or None for 'not measured') is expected")
-        blueprint_ids = np.asarray([slot.blueprint_id for slot in slots], dtype=np.int64)
-        if blueprint_ids.min() < 0 or blueprint_ids.max() > self.n_blueprints:
-            raise ValueError(f"blueprint ids {blueprint_ids.tolist()} outside 0..{self.n_blueprints} for "
-                             f"topology {self.topology!r}: was the snapshot made for another topology?")
-        return EncodedObservation(features, blueprint_ids)
+def encode_observation(snapshot: EpisodeSnapshot) -> EncodedObservation:
+    """The policy's view of `snapshot`; raises ValueError naming the features a broken snapshot made non-finite."""
+    scale = _scale(snapshot)
+    global_values = np.asarray(_global_values(snapshot, scale), dtype=np.float32)
+    slot_rows = np.asarray([_slot_values(slot, snapshot, scale) for slot in snapshot.slots],
+                           dtype=np.float32).reshape(len(snapshot.slots), SLOT_SIZE)
+    blueprint_rows = _blueprint_values(snapshot)
+    for name, names, values in (("globals", GLOBAL_FEATURES, global_values),
+                                ("slots", SLOT_FEATURES, slot_rows.reshape(-1, SLOT_SIZE))):
+        finite_columns = np.asarray(np.isfinite(values).reshape(-1, len(names)).all(axis=0), dtype=bool)
+        finite = [bool(finite_columns[index]) for index in range(len(names))]
+        if not all(finite):
+            bad = [feature for feature, ok in zip(names, finite, strict=True) if not ok]
+            raise ValueError(f"non-finite {name} features {bad}: the snapshot carries NaN/inf where a finite "
+                             "measurement (or None for 'not measured') is expected")
+    return EncodedObservation(global_values, slot_rows, blueprint_rows)
 
-    def _slots_in_order(self, snapshot: EpisodeSnapshot) -> list[SlotSnapshot]:
-        by_id = {slot.slot_id: slot for slot in snapshot.slots}
-        snapshot_ids = [slot.slot_id for slot in snapshot.slots]
-        if len(by_id) != len(snapshot_ids) or set(by_id) != set(self.slot_ids):
-            raise ValueError(f"snapshot slots {snapshot_ids} do not match the encoder's slots "
-                             f"{list(self.slot_ids)}: build the encoder from the same model's slot_ids")
-        return [by_id[slot_id] for slot_id in self.slot_ids]
 
-    def _base_values(self, snapshot: EpisodeSnapshot) -> list[float]:
-        values = [
-            snapshot.progress,
-            log_magnitude(snapshot.val_loss),
-            snapshot.val_accuracy / 100.0,
-            *_optional(None if snapshot.train_loss is None else log_magnitude(snapshot.train_loss)),
-        ]
-        accuracies = snapshot.accuracy_history[-HISTORY_LENGTH:]
-        values += _right_aligned([accuracy / 100.0 for accuracy in accuracies])
-        values += _right_aligned([log_magnitude(loss) for loss in snapshot.loss_history[-HISTORY_LENGTH:]])
-        delta = (accuracies[-1] - accuracies[-2]) / 100.0 if len(accuracies) >= 2 else None
-        values += _optional(delta)
+def _global_values(snapshot: EpisodeSnapshot, scale: _Scale) -> list[float]:
+    initial = snapshot.initial_val_loss
+    values = [
+        snapshot.progress,
+        scale.score(snapshot.val_accuracy),
+        loss_ratio(snapshot.val_loss, initial),
+        *_optional(None if snapshot.train_loss is None else loss_ratio(snapshot.train_loss, initial)),
+    ]
+    accuracies = snapshot.accuracy_history[-HISTORY_LENGTH:]
+    values += _right_aligned([scale.score(accuracy) for accuracy in accuracies])
+    values += _right_aligned([loss_ratio(loss, initial) for loss in snapshot.loss_history[-HISTORY_LENGTH:]])
+    values += _optional((accuracies[-1] - accuracies[-2]) / scale.span if len(accuracies) >= 2 else None)
+    n_slots = max(len(snapshot.slots), 1)
+    counts = snapshot.stage_counts()
+    values += [counts[stage] / n_slots for stage in Stage]
+    last_op = _checked_op(snapshot.last_op)
+    values += [1.0 if op is last_op else 0.0 for op in Op]
+    values.append(1.0 if snapshot.last_action_succeeded else 0.0)
+    values.append(math.log1p(max(snapshot.added_parameters, 0) / max(snapshot.host_parameters, 1)))
+    all_off = snapshot.accuracy_all_off
+    values += _optional(None if all_off is None else (snapshot.val_accuracy - all_off) / scale.span)
+    values.append(1.0 if snapshot.rolled_back else 0.0)
+    values.append(1.0 / n_slots)
+    return values
 
-        counts = snapshot.stage_counts()
-        values += [counts[stage] / self.n_slots for stage in Stage]
-        last_op = _checked_op(snapshot.last_op)
-        values += [1.0 if op is last_op else 0.0 for op in Op]
-        values.append(1.0 if snapshot.last_action_succeeded else 0.0)
-        values.append(snapshot.added_parameters / max(snapshot.host_parameters, 1))
-        all_off = snapshot.accuracy_all_off
-        values += _optional(None if all_off is None else (snapshot.val_accuracy - all_off) / 100.0)
-        values.append(1.0 if snapshot.rolled_back else 0.0)
-        return values
 
-    @staticmethod
-    def _slot_values(slot: SlotSnapshot, snapshot: EpisodeSnapshot) -> list[float]:
-        epochs = max(snapshot.max_epochs, 1)
-        values = [1.0 if stage is slot.stage else 0.0 for stage in Stage]
-        values += [slot.alpha, slot.alpha_target, slot.alpha_progress, 1.0 if slot.alpha_ramping else 0.0]
-        contribution = slot.contribution
-        trend = None
-        if contribution is not None and slot.previous_contribution is not None:
-            trend = (contribution - slot.previous_contribution) / 100.0
-        values += _optional(None if contribution is None else contribution / 100.0)
-        values += _optional(trend)
-        values += _optional(None if slot.gradient_norm is None else log_magnitude(slot.gradient_norm))
-        values += _optional(slot.gradient_health)
-        values += _optional(None if slot.gradient_ratio is None else log_magnitude(slot.gradient_ratio))
-        values += [slot.epochs_in_stage / epochs, slot.seed_age / epochs,
-                   slot.seed_parameters / max(snapshot.host_parameters, 1)]
-        return values
+def _slot_values(slot: SlotSnapshot, snapshot: EpisodeSnapshot, scale: _Scale) -> list[float]:
+    epochs = max(snapshot.max_epochs, 1)
+    values = [1.0 if stage is slot.stage else 0.0 for stage in Stage]
+    values += [slot.alpha, slot.alpha_target, slot.alpha_progress, 1.0 if slot.alpha_ramping else 0.0]
+    contribution = slot.contribution
+    trend = None
+    if contribution is not None and slot.previous_contribution is not None:
+        trend = (contribution - slot.previous_contribution) / scale.span
+    values += _optional(None if contribution is None else contribution / scale.span)
+    values += _optional(trend)
+    values += _optional(None if slot.gradient_norm is None else log_magnitude(slot.gradient_norm))
+    values += _optional(slot.gradient_health)
+    values += _optional(None if slot.gradient_ratio is None else log_magnitude(slot.gradient_ratio))
+    values += [slot.epochs_in_stage / epochs, slot.seed_age / epochs,
+               math.log1p(max(slot.seed_parameters, 0) / max(snapshot.host_parameters, 1)),
+               slot.width_fraction, slot.resolution_fraction, slot.depth_fraction]
+    values += _kind_one_hot(None if slot.blueprint is None else blueprint_kind(slot.blueprint))
+    return values
+
+
+def _blueprint_values(snapshot: EpisodeSnapshot) -> np.ndarray:
+    """[n_slots, n_blueprints, BLUEPRINT_SIZE]: each blueprint's kind and the parameters it adds in each slot."""
+    n_slots, n_blueprints = len(snapshot.slots), len(snapshot.blueprints)
+    table = np.zeros((n_slots, n_blueprints, BLUEPRINT_SIZE), dtype=np.float32)
+    if n_blueprints == 0:
+        return table
+    if len(snapshot.blueprint_parameters) != n_slots or any(len(row) != n_blueprints
+                                                             for row in snapshot.blueprint_parameters):
+        raise ValueError(f"blueprint_parameters must have one row of {n_blueprints} counts per slot "
+                         f"({n_slots}); got {[len(row) for row in snapshot.blueprint_parameters]}")
+    kinds = np.asarray([_kind_one_hot(blueprint_kind(name)) for name in snapshot.blueprints], dtype=np.float32)
+    table[:, :, :len(BLUEPRINT_KINDS)] = kinds
+    host = max(snapshot.host_parameters, 1)
+    table[:, :, len(BLUEPRINT_KINDS)] = np.log1p(np.asarray(snapshot.blueprint_parameters, dtype=np.float64) / host)
+    return table
+
+
+def _kind_one_hot(kind: str | None) -> list[float]:
+    return [1.0 if kind == name else 0.0 for name in BLUEPRINT_KINDS]
 
 
 def _optional(value: float | None) -> list[float]:

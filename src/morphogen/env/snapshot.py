@@ -19,8 +19,6 @@ class SlotSnapshot:
     slot_id: str
     stage: Stage
     blueprint: str | None
-    #: Index of the blueprint in the topology's registry order plus one; 0 means "no seed".
-    blueprint_id: int
     alpha: float
     alpha_target: float
     alpha_progress: float
@@ -37,6 +35,12 @@ class SlotSnapshot:
     gradient_ratio: float | None
     #: Validation accuracy when the seed entered its current stage (to judge what the stage did).
     accuracy_at_stage_start: float | None = None
+    #: The slot's channels (or d_model) over those of the host's widest injection point.
+    width_fraction: float = 1.0
+    #: Positions (pixels, samples, tokens) of the activation at the slot over those of the input.
+    resolution_fraction: float = 1.0
+    #: Where the slot sits in the host: (its injection point's index + 1) / (injection points + 1).
+    depth_fraction: float = 0.5
 
 
 @dataclass(frozen=True)
@@ -62,6 +66,17 @@ class EpisodeSnapshot:
     last_action_succeeded: bool
     #: True when the governor rolled the model back during this epoch.
     rolled_back: bool = False
+    #: Host topology (cnn, cnn1d, transformer, mlp): what the blueprint names below belong to.
+    topology: str = ""
+    #: Accuracy of guessing (100 / classes) on a classification task scored by accuracy; None otherwise.
+    chance_accuracy: float | None = None
+    #: Validation loss of the untrained model (epoch 0): later losses are read relative to it.
+    initial_val_loss: float | None = None
+    #: The blueprints a GERMINATE may name, in the action space's order.
+    blueprints: tuple[str, ...] = ()
+    #: Parameters each blueprint would add in each slot: `blueprint_parameters[slot][blueprint]`, slots in
+    #: `slots` order, blueprints in `blueprints` order.
+    blueprint_parameters: tuple[tuple[int, ...], ...] = ()
 
     @property
     def added_parameters(self) -> int:
