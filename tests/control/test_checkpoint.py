@@ -131,7 +131,7 @@ def test_missing_file_and_foreign_file(tmp_path: Path) -> None:
         load_checkpoint(tmp_path)
     foreign = tmp_path / "weights.pt"
     torch.save({"weight": torch.zeros(3)}, foreign)
-    with pytest.raises(CheckpointError, match="is not a morphogen checkpoint of format 2"):
+    with pytest.raises(CheckpointError, match=f"is not a morphogen checkpoint of format {FORMAT_VERSION}"):
         load_checkpoint(foreign)
 
 
@@ -144,37 +144,50 @@ def test_checkpoint_missing_a_field_names_it(trainer: PPOTrainer, tmp_path: Path
 
 
 def test_check_layout_names_the_first_differing_field() -> None:
-    saved = {"task": "digits", "slot_ids": ["r0c0", "r0c1"], "observation_size": 10}
+    saved = {"hidden_size": 16, "slot_ids": ["r0c0", "r0c1"]}
     # Lists (as stored) and tuples (as built) of the same ids are the same layout.
-    check_layout(saved, {"task": "digits", "slot_ids": ("r0c0", "r0c1"), "observation_size": 10}, "ck")
-    with pytest.raises(CheckpointError, match=r"^checkpoint ck was built for slot_ids=\('r0c0', 'r0c1'\), "
-                                              r"but this run has slot_ids=\('r0c1',\)$"):
-        check_layout(saved, {"task": "digits", "slot_ids": ("r0c1",), "observation_size": 10}, "ck")
-    with pytest.raises(CheckpointError, match="observation_size=10, but this run has observation_size=12"):
-        check_layout(saved, {"observation_size": 12}, "ck")
+    check_layout(saved, {"hidden_size": 16, "slot_ids": ("r0c0", "r0c1")}, "ck")
+    with pytest.raises(CheckpointError, match=r"^checkpoint ck was built for hidden_size=16, but this run has "
+                                              r"hidden_size=32$"):
+        check_layout(saved, {"hidden_size": 32}, "ck")
 
 
-def test_checkpoint_of_another_slot_layout_is_refused_before_anything_changes(digits: Task, tmp_path: Path) -> None:
-    one_slot = PPOTrainer(tiny_config(slots=("r0c1",)), digits)
-    save_checkpoint(one_slot.state_dict(), tmp_path / CHECKPOINT_NAME)
-    all_slots = PPOTrainer(tiny_config(), digits)
-    before = {k: v.clone() for k, v in all_slots.state.agent.policy.state_dict().items()}
-    with pytest.raises(CheckpointError, match=r"was built for slot_ids=\('r0c1',\), but this run has "
-                                              r"slot_ids=\('r0c0', 'r0c1'\)"):
-        all_slots.load_state_dict(load_checkpoint(tmp_path), tmp_path)
-    after = all_slots.state.agent.policy.state_dict()
+def test_a_checkpoint_of_a_policy_of_another_width_is_refused_before_anything_changes(digits: Task,
+                                                                                      tmp_path: Path) -> None:
+    narrow = PPOTrainer(tiny_config(hidden_size=8), digits)
+    save_checkpoint(narrow.state_dict(), tmp_path / CHECKPOINT_NAME)
+    wide = PPOTrainer(tiny_config(), digits)
+    before = {k: v.clone() for k, v in wide.state.agent.policy.state_dict().items()}
+    with pytest.raises(CheckpointError, match=r"was built for hidden_size=8, but this run has hidden_size=16"):
+        wide.load_state_dict(load_checkpoint(tmp_path), tmp_path)
+    after = wide.state.agent.policy.state_dict()
     assert all(torch.equal(before[k], after[k]) for k in before)
-    assert all_slots.state.next_round == 0
+    assert wide.state.next_round == 0
 
 
-def test_checkpoint_of_another_task_is_refused(digits: Task, tmp_path: Path) -> None:
+def test_a_checkpoint_of_another_task_and_slot_layout_resumes(digits: Task, tmp_path: Path) -> None:
+    """The policy's weights do not depend on the task or the slots: a run on text continues from a digits one."""
     text_file = tmp_path / "corpus.txt"
     text_file.write_text(TEXT)
     text = load_task("text", text_file=text_file)
+    digits_trainer = PPOTrainer(tiny_config(slots=("r0c1",)), digits)
+    save_checkpoint(digits_trainer.state_dict(), tmp_path / CHECKPOINT_NAME)
     text_trainer = PPOTrainer(tiny_config(task="text", text_file=str(text_file)), text)
-    save_checkpoint(text_trainer.state_dict(), tmp_path / CHECKPOINT_NAME)
-    with pytest.raises(CheckpointError, match="was built for task='text', but this run has task='digits'"):
-        PPOTrainer(tiny_config(), digits).load_state_dict(load_checkpoint(tmp_path), tmp_path)
+    text_trainer.load_state_dict(load_checkpoint(tmp_path), tmp_path)
+    for name, tensor in digits_trainer.state.agent.policy.state_dict().items():
+        assert torch.equal(text_trainer.state.agent.policy.state_dict()[name], tensor), name
+
+
+@pytest.mark.parametrize("version", [1, 2])
+def test_a_checkpoint_of_an_earlier_format_is_refused_in_one_line(trainer: PPOTrainer, tmp_path: Path,
+                                                                  version: int) -> None:
+    path = tmp_path / CHECKPOINT_NAME
+    torch.save({"format_version": version, **trainer.state_dict()}, path)
+    with pytest.raises(CheckpointError) as caught:
+        load_checkpoint(path)
+    assert str(caught.value) == (f"checkpoint {path} is of format {version}, from an earlier morphogen whose policy "
+                                 "was tied to one task and slot layout; train a new one (morphogen train) or use "
+                                 "--policy default")
 
 
 # ------------------------------------------------------------------ integrity: checksum and finiteness
@@ -233,12 +246,6 @@ def test_non_finite_state_is_never_saved_and_never_loaded(trainer: PPOTrainer, t
     torch.save(payload, path)
     with pytest.raises(CheckpointError, match=rf"^checkpoint {path} holds non-finite values in policy\.{name}; "):
         load_checkpoint(path)
-
-
-def test_format_1_checkpoints_without_checksum_are_still_read(trainer: PPOTrainer, tmp_path: Path) -> None:
-    path = tmp_path / CHECKPOINT_NAME
-    torch.save({"format_version": 1, **trainer.state_dict()}, path)
-    assert load_checkpoint(path)["round"] == trainer.state.next_round
 
 
 def test_disk_full_during_a_checkpoint_keeps_the_previous_one(trainer: PPOTrainer, tmp_path: Path,

@@ -69,7 +69,7 @@ def make_slot(slot_id: str, stage: Stage = Stage.DORMANT, **overrides: Any) -> S
         slot_id=slot_id,
         stage=stage,
         blueprint="conv_light" if seeded else None,
-        blueprint_id=6 if seeded else 0,
+
         alpha=1.0 if stage in (Stage.HOLDING, Stage.FOSSILIZED) else 0.0,
         alpha_target=0.0,
         alpha_progress=0.0,

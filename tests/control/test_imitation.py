@@ -14,8 +14,8 @@ import pytest
 from morphogen.cli import EXIT_USER_ERROR, main
 from morphogen.config import ConfigError, build_config
 from morphogen.control.checkpoint import load_checkpoint
-from morphogen.control.imitation import ImitationConfig, concatenate_batches
-from morphogen.control.trainer import PPOTrainer, TrainConfig, train
+from morphogen.control.imitation import ImitationConfig, imitation_fit
+from morphogen.control.trainer import MixEntry, PPOTrainer, TrainConfig, train
 from morphogen.core.lifecycle import GateMode, Stage
 from morphogen.data import Task
 from morphogen.env.actions import Action, Op
@@ -54,9 +54,11 @@ def test_collect_stores_the_demonstrators_actions(digits: Task) -> None:
     ops = batch.actions[..., 0]  # [T, B]
     germinate = int(Op.GERMINATE)
     assert (ops[2] == germinate).all() and (ops[:2] == int(Op.WAIT)).all() and (ops[3:] == int(Op.WAIT)).all()
-    expected = trainer.space.encode(Action(op=Op.GERMINATE, slot=trainer.slot_ids[0], blueprint="conv_light"))
+    vector = trainer.groups[0].vector
+    space = vector.episodes[0].action_space
+    expected = space.encode(Action(op=Op.GERMINATE, slot=space.slot_ids[0], blueprint="conv_light"))
     assert batch.actions[2, 0].tolist() == expected
-    for episode in trainer.vector.episodes:  # the demonstrated germination took effect in every env
+    for episode in vector.episodes:  # the demonstrated germination took effect in every env
         assert episode.model is not None and next(episode.model.slots()).stage is not Stage.DORMANT
 
 
@@ -70,17 +72,20 @@ def test_imitation_makes_the_policy_reproduce_the_heuristic(digits: Task) -> Non
     assert 0.0 < statistics.match_probability <= 1.0
 
 
-def test_concatenate_batches_puts_envs_side_by_side(digits: Task) -> None:
-    trainer = PPOTrainer(imitation_config(), digits)
-    first = trainer.collect(0).batch
-    second = trainer.collect(1).batch
-    both = concatenate_batches([first, second])
-    assert both.observations.shape[:2] == (10, 4)
-    assert both.actions[:, 2:].equal(second.actions) and both.initial_state[0].shape[1] == 4
-    assert both.action_masks is not None and first.action_masks is not None
-    assert [m.shape[1] for m in both.action_masks] == [4] * len(first.action_masks)
-    with pytest.raises(ValueError, match="no demonstrations"):
-        concatenate_batches([])
+def test_imitation_fits_demonstrations_of_different_lengths_and_slot_counts(digits: Task,
+                                                                            mnist1d_three_blocks: Task) -> None:
+    """Rounds of a mix differ in episode length and in the number of slots: the fit takes them as they are."""
+    mix = (MixEntry("digits", episode_length=6), MixEntry("mnist1d", {"n_blocks": 3}, episode_length=4))
+    trainer = PPOTrainer(imitation_config(mix=mix), [digits, mnist1d_three_blocks])
+    short = trainer.collect(next(i for i in range(50) if trainer.group_of(i).entry.task == "mnist1d"),
+                            demonstrators=[GerminateOnce(), GerminateOnce()]).batch
+    long = trainer.collect(next(i for i in range(50) if trainer.group_of(i).entry.task == "digits"),
+                           demonstrators=[GerminateOnce(), GerminateOnce()]).batch
+    assert short.actions.shape[0] == 4 and long.actions.shape[0] == 6
+    assert short.observations.slots.shape[2] == 3 and long.observations.slots.shape[2] == 2
+    statistics = imitation_fit(trainer.state.agent.policy, [short, long], ImitationConfig(rounds=1, epochs=100))
+    assert statistics.episodes == 4
+    assert statistics.action_loss_after < 0.5 * statistics.action_loss_before
 
 
 def test_train_imitates_once_and_a_resumed_run_does_not_repeat_it(digits: Task, tmp_path: Path) -> None:

@@ -11,15 +11,14 @@ import pytest
 import torch
 
 from morphogen.control.checkpoint import CheckpointError, load_checkpoint
-from morphogen.control.learned import PolicyAgent, PolicyController, agent_from_checkpoint, build_policy
-from morphogen.control.normalization import RunningMeanStd
+from morphogen.control.learned import PolicyAgent, PolicyController, agent_from_checkpoint, build_agent
 from morphogen.control.trainer import PPOTrainer, TrainConfig
 from morphogen.core.lifecycle import GateConfig, GateMode
 from morphogen.core.slot import SlotConfig
 from morphogen.data import Task, load_task
 from morphogen.env.actions import HEAD_RELEVANCE, HEADS, Action, ActionSpace, Op
 from morphogen.env.episode import EpisodeConfig, MorphogenesisEpisode
-from morphogen.env.observation import ObservationEncoder
+from morphogen.env.observation import GLOBAL_SIZE, SLOT_SIZE
 from morphogen.telemetry.config import TelemetryConfig
 
 PERMISSIVE = EpisodeConfig(max_epochs=7, slots=SlotConfig(gates=GateConfig(mode=GateMode.PERMISSIVE)))
@@ -34,19 +33,13 @@ def digits() -> Task:
     return load_task("digits", max_train_samples=200, host={"n_blocks": 3})
 
 
-def biased_agent(slot_ids: Sequence[str]) -> PolicyAgent:
-    """A policy whose raw preferences are illegal: ops no seed allows yet, and the last slot for every op."""
-    encoder, space = ObservationEncoder(slot_ids, "cnn"), ActionSpace(slot_ids, "cnn")
+def biased_agent() -> PolicyAgent:
+    """A policy whose raw preferences are illegal: ops no seed allows yet."""
     torch.manual_seed(0)
-    policy = build_policy(encoder, space, hidden_size=16)
+    agent = build_agent(hidden_size=16)
     with torch.no_grad():
-        op_bias = policy.action_heads[0].bias
-        assert isinstance(op_bias, torch.Tensor)
-        op_bias.zero_()[list(ILLEGAL_AT_START)] = 8.0
-        slot_bias = policy.action_heads[HEADS.index("slot")].bias
-        assert isinstance(slot_bias, torch.Tensor)
-        slot_bias.zero_()[-1] = 8.0
-    return PolicyAgent(policy, encoder, space, RunningMeanStd((encoder.size,)))
+        agent.policy.op_head.bias.zero_()[list(ILLEGAL_AT_START)] = 8.0
+    return agent
 
 
 def assert_legal(space: ActionSpace, masks: Sequence[np.ndarray], action: Action) -> None:
@@ -60,24 +53,25 @@ def assert_legal(space: ActionSpace, masks: Sequence[np.ndarray], action: Action
 
 def test_stochastic_policy_controller_never_takes_a_masked_action(digits: Task) -> None:
     slots = ("r0c0", "r0c1", "r0c2")
-    agent = biased_agent(slots)  # prefers ops that need a seed, and slot r0c2
+    agent = biased_agent()  # prefers ops that need a seed
     episode = MorphogenesisEpisode(digits, PERMISSIVE, seed=0, slots=slots)
     episode.reset()
+    space = episode.action_space
     # A seed in r0c0 by hand: from here on GERMINATE is masked (a seed is training) and every op the policy
-    # prefers is legal, if at all, only on r0c0, never on the r0c2 its slot head prefers.
+    # prefers is legal, if at all, only on r0c0.
     snapshot = episode.step(Action(op=Op.GERMINATE, slot="r0c0", blueprint="norm")).snapshot
     masks = episode.masks()
-    _, unmasked, _ = agent.act(agent.inputs([snapshot], [masks])._replace(masks=[None] * len(HEADS)),
-                               agent.policy.initial_state(1), deterministic=True)
+    _, unmasked = agent.act(agent.inputs([snapshot], [masks])._replace(masks=[None] * len(HEADS)),
+                            agent.policy.initial_state(1), deterministic=True)
     with pytest.raises(AssertionError):
-        assert_legal(agent.space, masks, agent.space.decode(unmasked.actions[0].tolist()))
+        assert_legal(space, masks, space.decode(unmasked.actions[0].tolist()))
 
     controller = PolicyController(agent, deterministic=False, seed=1)
     taken = []
     while not episode.done:
         masks = episode.masks()
         action = controller.act(snapshot, masks)
-        assert_legal(agent.space, masks, action)
+        assert_legal(space, masks, action)
         taken.append(action)
         snapshot = episode.step(action).snapshot
     assert len(taken) == PERMISSIVE.max_epochs - 1
@@ -97,7 +91,8 @@ def trained_like_trainer(digits: Task) -> PPOTrainer:
         for parameter in agent.policy.parameters():
             parameter.add_(0.3 * torch.randn(parameter.shape, generator=generator))
     for _ in range(3):
-        agent.observation_normalizer.update(2.0 + 3.0 * torch.randn(8, agent.encoder.size, generator=generator))
+        agent.observation_normalizer.globals.update(2.0 + 3.0 * torch.randn(8, GLOBAL_SIZE, generator=generator))
+        agent.observation_normalizer.slots.update(-1.0 + 2.0 * torch.randn(8, SLOT_SIZE, generator=generator))
     return trainer
 
 
@@ -105,7 +100,7 @@ def test_agent_from_checkpoint_acts_exactly_like_the_saved_agent(digits: Task, t
     trainer = trained_like_trainer(digits)
     trainer.save(tmp_path)
     original = trainer.state.agent
-    rebuilt = agent_from_checkpoint(load_checkpoint(tmp_path), digits.topology, source=tmp_path)
+    rebuilt = agent_from_checkpoint(load_checkpoint(tmp_path), source=tmp_path)
     assert not rebuilt.policy.training
     for name, tensor in original.observation_normalizer.state_dict().items():
         assert torch.equal(rebuilt.observation_normalizer.state_dict()[name], tensor), name
@@ -118,10 +113,9 @@ def test_agent_from_checkpoint_acts_exactly_like_the_saved_agent(digits: Task, t
         masks = episode.masks()
         outputs = {}
         for name, agent in (("original", original), ("rebuilt", rebuilt)):
-            _, output, actions = agent.act(agent.inputs([snapshot], [masks]), states[name],
-                                           generator=generators[name])
+            _, output = agent.act(agent.inputs([snapshot], [masks]), states[name], generator=generators[name])
             states[name] = output.state
-            outputs[name] = (output, actions)
+            outputs[name] = (output, agent.decode(output.actions, [snapshot]))
         (mine, my_actions), (theirs, their_actions) = outputs["original"], outputs["rebuilt"]
         assert my_actions == their_actions
         assert torch.equal(mine.log_prob, theirs.log_prob) and torch.equal(mine.value, theirs.value)
@@ -130,9 +124,8 @@ def test_agent_from_checkpoint_acts_exactly_like_the_saved_agent(digits: Task, t
 
 
 @pytest.mark.parametrize(("field", "value", "message"), [
-    ("observation_size", 3, "was built for observation_size=3, but this run has observation_size="),
-    ("action_sizes", [6, 2], "was built for action_sizes=(6, 2), but this run has action_sizes=(6, 2, "),
     ("hidden_size", 32, "does not fit the policy it describes: "),
+    ("observation_normalizer", {}, "does not fit the policy it describes: "),
 ])
 def test_agent_from_checkpoint_refuses_a_checkpoint_it_cannot_rebuild(digits: Task, tmp_path: Path, field: str,
                                                                       value: object, message: str) -> None:
@@ -141,14 +134,14 @@ def test_agent_from_checkpoint_refuses_a_checkpoint_it_cannot_rebuild(digits: Ta
     state = load_checkpoint(tmp_path)
     state[field] = value
     with pytest.raises(CheckpointError) as caught:
-        agent_from_checkpoint(state, digits.topology, source="ck")
+        agent_from_checkpoint(state, source="ck")
     assert str(caught.value).startswith("checkpoint ck ") and message in str(caught.value)
     assert "\n" not in str(caught.value)
 
 
 def test_policy_controller_is_deterministic_by_default_and_reset_forgets_the_episode(digits: Task) -> None:
     slots = ("r0c1", "r0c2")
-    agent = biased_agent(slots)
+    agent = biased_agent()
     controller = PolicyController(agent)
     episode = MorphogenesisEpisode(digits, PERMISSIVE, seed=0, slots=slots)
     snapshot = episode.reset()

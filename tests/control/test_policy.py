@@ -139,17 +139,16 @@ def test_relevant_head_log_probs_sum_to_the_joint_log_prob() -> None:
 
 
 def test_evaluate_sequence_reproduces_act_across_an_episode_start() -> None:
-    policy = make_policy(n_slots=2, n_blueprints=3)
+    policy = make_policy()
     steps, batch = 7, 3
     generator = torch.Generator().manual_seed(5)
     observations = torch.randn(steps, batch, 6, generator=generator)
-    blueprint_ids = torch.randint(0, 4, (steps, batch, 2), generator=generator)
     masks = random_masks((steps, batch), generator)
     episode_starts = torch.zeros(steps, batch, dtype=torch.bool)
     episode_starts[3, 1] = True
     episode_starts[5, [0, 2]] = True
     # Start mid-episode from a non-zero state, as a rollout segment does.
-    state = policy.act(torch.randn(batch, 6), policy.initial_state(batch), blueprint_ids=blueprint_ids[0]).state
+    state = policy.act(torch.randn(batch, 6), policy.initial_state(batch)).state
     initial_state = state
     outputs = []
     for step in range(steps):
@@ -157,7 +156,6 @@ def test_evaluate_sequence_reproduces_act_across_an_episode_start() -> None:
             observations[step],
             state,
             [mask[step] for mask in masks],
-            blueprint_ids[step],
             generator=generator,
             episode_starts=episode_starts[step],
         )
@@ -169,7 +167,6 @@ def test_evaluate_sequence_reproduces_act_across_an_episode_start() -> None:
         episode_starts,
         torch.stack([o.actions for o in outputs]),
         masks,
-        blueprint_ids,
     )
     assert torch.allclose(evaluation.log_prob, torch.stack([o.log_prob for o in outputs]), atol=1e-5)
     assert torch.allclose(evaluation.value, torch.stack([o.value for o in outputs]), atol=1e-5)
@@ -182,13 +179,12 @@ def test_evaluate_sequence_reproduces_act_across_an_episode_start() -> None:
         torch.zeros_like(episode_starts),
         torch.stack([o.actions for o in outputs]),
         masks,
-        blueprint_ids,
     )
     assert not torch.allclose(no_resets.value[5:], evaluation.value[5:], atol=1e-5)
 
 
 def test_evaluate_sequence_gives_gradients_to_every_learned_part() -> None:
-    policy = make_policy(n_slots=2, n_blueprints=3)
+    policy = make_policy()
     steps, batch = 4, 2
     actions = torch.tensor([[2, 1, 3]]).expand(steps, batch, 3)  # op 2: every head matters
     evaluation = policy.evaluate_sequence(
@@ -197,17 +193,10 @@ def test_evaluate_sequence_gives_gradients_to_every_learned_part() -> None:
         torch.zeros(steps, batch, dtype=torch.bool),
         actions,
         None,
-        torch.randint(1, 4, (steps, batch, 2)),
     )
     (evaluation.log_prob.sum() + evaluation.value.sum()).backward()
     for name, parameter in policy.named_parameters():
         assert parameter.grad is not None and parameter.grad.abs().sum() > 0, name
-
-
-def test_blueprint_zero_is_a_fixed_zero_embedding() -> None:
-    policy = make_policy(n_slots=2, n_blueprints=3)
-    assert policy.blueprint_embedding is not None
-    assert (policy.blueprint_embedding.weight[0] == 0).all()
 
 
 def test_orthogonal_initialization_gains() -> None:
@@ -221,18 +210,13 @@ def test_orthogonal_initialization_gains() -> None:
 
 
 def test_state_dict_round_trip_reproduces_actions() -> None:
-    policy = make_policy(seed=0, n_slots=2, n_blueprints=3)
-    copy = make_policy(seed=1, n_slots=2, n_blueprints=3, head_relevance=None)
+    policy = make_policy(seed=0)
+    copy = make_policy(seed=1, head_relevance=None)
     copy.load_state_dict(policy.state_dict())
     assert torch.equal(copy.head_relevance, RELEVANCE)
     observation = torch.randn(8, 6)
-    blueprint_ids = torch.randint(0, 4, (8, 2))
-    first = policy.act(
-        observation, policy.initial_state(8), None, blueprint_ids, generator=torch.Generator().manual_seed(9)
-    )
-    second = copy.act(
-        observation, copy.initial_state(8), None, blueprint_ids, generator=torch.Generator().manual_seed(9)
-    )
+    first = policy.act(observation, policy.initial_state(8), None, generator=torch.Generator().manual_seed(9))
+    second = copy.act(observation, copy.initial_state(8), None, generator=torch.Generator().manual_seed(9))
     assert torch.equal(first.actions, second.actions)
     assert torch.equal(first.log_prob, second.log_prob)
     assert torch.equal(first.value, second.value)
@@ -264,7 +248,6 @@ def test_state_shapes_and_resets() -> None:
         ({"head_relevance": torch.ones(4, 2, dtype=torch.bool)}, "head_relevance must be a bool tensor"),
         ({"head_relevance": torch.ones(4, 3)}, "head_relevance must be a bool tensor"),
         ({"head_relevance": ~torch.eye(4, 3, dtype=torch.bool)}, r"head_relevance\[:, 0\]"),
-        ({"n_slots": 2}, "n_slots=2 and n_blueprints=0"),
         ({"hidden_size": 0}, "hidden_size"),
     ],
 )
@@ -274,16 +257,11 @@ def test_constructor_rejects_bad_arguments(kwargs: dict[str, object], message: s
 
 
 def test_call_arguments_are_checked() -> None:
-    policy = make_policy(n_slots=2, n_blueprints=3)
+    policy = make_policy()
     state = policy.initial_state(2)
-    ids = torch.zeros(2, 2, dtype=torch.long)
     with pytest.raises(ValueError, match="observation_size=6"):
-        policy.act(torch.zeros(2, 5), state, blueprint_ids=ids)
-    with pytest.raises(ValueError, match="blueprint_ids of shape"):
-        policy.act(torch.zeros(2, 6), state)
+        policy.act(torch.zeros(2, 5), state)
     with pytest.raises(ValueError, match="one entry per head"):
-        policy.act(torch.zeros(2, 6), state, [torch.ones(2, 4, dtype=torch.bool)], ids)
+        policy.act(torch.zeros(2, 6), state, [torch.ones(2, 4, dtype=torch.bool)])
     with pytest.raises(ValueError, match=r"action_masks\[1\]"):
-        policy.act(torch.zeros(2, 6), state, [None, torch.ones(2, 4, dtype=torch.bool), None], ids)
-    with pytest.raises(ValueError, match="n_slots=0"):
-        make_policy().act(torch.zeros(2, 6), state, blueprint_ids=ids)
+        policy.act(torch.zeros(2, 6), state, [None, torch.ones(2, 4, dtype=torch.bool), None])

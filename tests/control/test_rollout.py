@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import pytest
 import torch
 
@@ -28,7 +30,7 @@ def flags(*values: bool) -> torch.Tensor:
 
 
 def test_bootstraps_from_truncation_values_and_cuts_at_every_episode_end() -> None:
-    buffer = RolloutBuffer(3, 2, observation_size=1, n_heads=2, hidden_size=HIDDEN)
+    buffer = RolloutBuffer(3, 2, observation=1, n_heads=2, hidden_size=HIDDEN)
     buffer.reset((torch.zeros(1, 2, HIDDEN), torch.zeros(1, 2, HIDDEN)))
     observation = torch.zeros(2, 1)
     # env 0: values 1, 2, 3; rewards 0; truncated at step 1 with V(final observation) = 10.
@@ -67,7 +69,7 @@ def test_bootstraps_from_truncation_values_and_cuts_at_every_episode_end() -> No
 
 
 def test_truncation_without_its_bootstrap_value_is_an_error() -> None:
-    buffer = RolloutBuffer(1, 2, observation_size=1, n_heads=2, hidden_size=HIDDEN)
+    buffer = RolloutBuffer(1, 2, observation=1, n_heads=2, hidden_size=HIDDEN)
     buffer.reset((torch.zeros(1, 2, HIDDEN), torch.zeros(1, 2, HIDDEN)))
     buffer.add(
         torch.zeros(2, 1),
@@ -82,7 +84,7 @@ def test_truncation_without_its_bootstrap_value_is_an_error() -> None:
 
 
 def test_protocol_errors() -> None:
-    buffer = RolloutBuffer(1, 2, observation_size=1, n_heads=2, hidden_size=HIDDEN)
+    buffer = RolloutBuffer(1, 2, observation=1, n_heads=2, hidden_size=HIDDEN)
     step = (
         torch.zeros(2, 1),
         flags(True, True),
@@ -107,10 +109,17 @@ def test_protocol_errors() -> None:
 
 @pytest.mark.parametrize("bad", ["rollout_length", "n_envs", "hidden_size"])
 def test_constructor_rejects_empty_sizes(bad: str) -> None:
-    sizes = {"rollout_length": 2, "n_envs": 2, "observation_size": 1, "n_heads": 1, "hidden_size": 1}
+    sizes = {"rollout_length": 2, "n_envs": 2, "observation": 1, "n_heads": 1, "hidden_size": 1}
     sizes[bad] = 0
     with pytest.raises(ValueError, match=bad):
         RolloutBuffer(**sizes)
+
+
+class Pair(NamedTuple):
+    """An observation of two tensors, as the growth policy's inputs are: features and a flag per env."""
+
+    features: torch.Tensor
+    flag: torch.Tensor
 
 
 def fill(buffer: RolloutBuffer, batch: int, offset: float) -> None:
@@ -118,35 +127,34 @@ def fill(buffer: RolloutBuffer, batch: int, offset: float) -> None:
     for step in range(buffer.rollout_length):
         values = [offset + 10 * env + step for env in range(batch)]
         buffer.add(
-            torch.tensor(values).unsqueeze(-1),
+            Pair(torch.tensor(values).unsqueeze(-1), torch.tensor([[env, step] for env in range(batch)]) > 0),
             torch.full((batch,), step == 0),
             action_output(values),
             torch.zeros(batch),
             torch.zeros(batch, dtype=torch.bool),
             torch.zeros(batch, dtype=torch.bool),
             action_masks=[torch.full((batch, 4), step % 2 == 0), torch.ones(batch, 4, 3, dtype=torch.bool)],
-            blueprint_ids=torch.tensor([[env, step] for env in range(batch)]),
         )
 
 
 def test_batch_is_a_copy_and_select_envs_keeps_whole_sequences() -> None:
-    buffer = RolloutBuffer(
-        4, 3, observation_size=1, n_heads=2, hidden_size=HIDDEN, mask_shapes=[(4,), (4, 3)], n_slots=2
-    )
+    template = Pair(torch.zeros(3, 1), torch.zeros(3, 2, dtype=torch.bool))
+    buffer = RolloutBuffer(4, 3, template, n_heads=2, hidden_size=HIDDEN, mask_shapes=[(4,), (4, 3)])
     fill(buffer, 3, offset=0.0)
     batch = buffer.finish(torch.zeros(3), gamma=0.9, gae_lambda=0.9)
     fill(buffer, 3, offset=100.0)  # refilling must not change the batch already handed out
-    assert batch.observations[:, :, 0].T.tolist() == [[0, 1, 2, 3], [10, 11, 12, 13], [20, 21, 22, 23]]
-    assert batch.n_steps == 4 and batch.n_envs == 3
+    assert isinstance(batch.observations, Pair) and batch.observations.flag.dtype == torch.bool
+    assert batch.observations.features[:, :, 0].T.tolist() == [[0, 1, 2, 3], [10, 11, 12, 13], [20, 21, 22, 23]]
+    assert batch.actions.shape[:2] == (4, 3) and batch.n_envs == 3
     assert (batch.initial_state[0] == 0).all()
-    assert batch.action_masks is not None and batch.blueprint_ids is not None
+    assert batch.action_masks is not None
     assert batch.action_masks[0][:, 0, 0].tolist() == [True, False, True, False]
 
     selected = batch.select_envs(torch.tensor([2, 0]))
-    assert selected.observations[:, :, 0].T.tolist() == [[20, 21, 22, 23], [0, 1, 2, 3]]
+    assert selected.observations.features[:, :, 0].T.tolist() == [[20, 21, 22, 23], [0, 1, 2, 3]]
     assert torch.equal(selected.values, batch.values[:, [2, 0]])
     assert torch.equal(selected.advantages, batch.advantages[:, [2, 0]])
-    assert selected.blueprint_ids is not None and selected.blueprint_ids[:, :, 0].T.tolist() == [[2] * 4, [0] * 4]
+    assert selected.observations.flag[:, :, 0].T.tolist() == [[True] * 4, [False] * 4]
     assert selected.action_masks is not None and tuple(selected.action_masks[1].shape) == (4, 2, 4, 3)
     assert tuple(selected.initial_state[0].shape) == (1, 2, HIDDEN)
     assert selected.episode_starts[0].all() and not selected.episode_starts[1:].any()

@@ -76,13 +76,15 @@ def test_collect_fills_whole_episodes_and_one_round_updates(digits: Task, tmp_pa
     rollout = trainer.collect(0)
     batch, collected = rollout.batch, rollout.summary
     steps, envs = config.episode_length, config.n_envs
-    assert batch.n_steps == steps and batch.n_envs == envs
     assert batch.actions.shape == (steps, envs, len(HEADS))
     assert batch.episode_starts[0].all() and not batch.episode_starts[1:].any()
     assert torch.isfinite(batch.advantages).all() and torch.isfinite(batch.returns).all()
     assert 0.0 <= collected.mean_final_accuracy <= 100.0
     normalizer = trainer.state.agent.observation_normalizer
-    assert normalizer.count.item() == pytest.approx(steps * envs + normalizer.epsilon), "one update per observation"
+    assert normalizer.globals.count.item() == pytest.approx(steps * envs + normalizer.globals.epsilon), \
+        "one update per observation"
+    slots = len(trainer.groups[0].action_space.slot_ids)  # every slot of every observation, once
+    assert normalizer.slots.count.item() == pytest.approx(steps * envs * slots + normalizer.slots.epsilon)
 
     summaries = train(trainer, tmp_path)
     assert len(summaries) == 1 and summaries[0].round == 1 and trainer.state.next_round == 1

@@ -18,6 +18,7 @@ from morphogen.data import DeviceDataset, Task, load_task
 from morphogen.env.actions import HEADS, Op
 from morphogen.env.episode import EpisodeConfig
 from morphogen.env.gym import ENV_ID, MorphogenesisEnv, flat_action_masks
+from morphogen.env.observation import BLUEPRINT_SIZE, SLOT_FEATURES, SLOT_SIZE, encode_observation
 
 MAX_EPOCHS = 4
 CONFIG = EpisodeConfig(max_epochs=MAX_EPOCHS, batch_size=100)
@@ -96,16 +97,21 @@ def test_split_observation_gives_back_the_encoder_output(env: MorphogenesisEnv) 
     env.reset(seed=0)
     observation, *_ = env.step(germinate_first_slot(env))
     assert env.episode is not None
-    expected = env.encoder.encode(env.episode.snapshot)
+    expected = encode_observation(env.episode.snapshot)
 
-    features, blueprint_ids = env.split_observation(observation)
+    split = env.split_observation(observation)
 
-    np.testing.assert_array_equal(features, expected.features)
-    np.testing.assert_array_equal(blueprint_ids, expected.blueprint_ids)
-    assert blueprint_ids[0] == env.action_codec.blueprints.index("conv_heavy") + 1
-    assert blueprint_ids[1:].tolist() == [0] * (len(env.slot_ids) - 1)
+    for part, expected_part in zip(split, expected, strict=True):
+        np.testing.assert_array_equal(part, expected_part)
+    names = env.observation_names()
+    assert len(names) == len(set(names)) == observation.shape[0]
+    # The seed germinated in the first slot is a "deepen" kind; the other slots are empty.
+    kind = SLOT_FEATURES.index("seed_kind/deepen")
+    assert split.slots[0, kind] == 1.0 and (split.slots[1:, kind] == 0.0).all()
+    assert observation[names.index(f"slot/{env.slot_ids[0]}/seed_kind/deepen")] == 1.0
     batch = env.split_observation(np.stack([observation, observation]))  # (2, size)
-    assert batch.features.shape == (2, env.encoder.size) and batch.blueprint_ids.shape == (2, len(env.slot_ids))
+    assert batch.slots.shape == (2, len(env.slot_ids), SLOT_SIZE)
+    assert batch.blueprints.shape == (2, len(env.slot_ids), len(env.action_codec.blueprints), BLUEPRINT_SIZE)
     with pytest.raises(ValueError, match="expected"):
         env.split_observation(observation[:-1])
 
@@ -230,8 +236,8 @@ def test_slot_subset_shrinks_both_spaces(task: Task) -> None:
 
     assert one.slot_ids == (full.slot_ids[1],)
     assert one.action_space.nvec[HEADS.index("slot")] == 1
-    per_slot = (full.encoder.size - one.encoder.size) // (len(full.slot_ids) - 1)
-    assert one.observation_space.shape[0] == full.observation_space.shape[0] - (len(full.slot_ids) - 1) * (per_slot + 1)
+    per_slot = SLOT_SIZE + len(full.action_codec.blueprints) * BLUEPRINT_SIZE
+    assert one.observation_space.shape[0] == full.observation_space.shape[0] - (len(full.slot_ids) - 1) * per_slot
 
 
 def test_host_table_sizes_the_host_of_a_named_task() -> None:

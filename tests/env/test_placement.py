@@ -61,8 +61,8 @@ def test_the_trainer_keeps_policy_and_rollouts_on_the_first_device(digits: Task)
     config = TrainConfig(n_envs=2, hidden_size=16, episode=EpisodeConfig(max_epochs=2), devices=("cpu", "meta"))
     trainer = PPOTrainer(config, digits)
     assert {p.device for p in trainer.state.agent.policy.parameters()} == {CPU}
-    assert trainer.buffer.rewards.device == CPU
-    assert trainer.vector.placement.env_devices == [CPU, META]
+    assert trainer.groups[0].buffer.rewards.device == CPU
+    assert trainer.groups[0].vector.placement.env_devices == [CPU, META]
 
 
 def test_a_batch_is_copied_once_per_device_and_every_env_trains_on_its_device_copy(

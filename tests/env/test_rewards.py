@@ -43,7 +43,7 @@ MODE_COMPONENTS = {
 
 def make_slot(slot_id: str, stage: Stage = Stage.DORMANT, **overrides: Any) -> SlotSnapshot:
     fields: dict[str, Any] = dict(
-        slot_id=slot_id, stage=stage, blueprint=None, blueprint_id=0, alpha=0.0, alpha_target=0.0,
+        slot_id=slot_id, stage=stage, blueprint=None, alpha=0.0, alpha_target=0.0,
         alpha_progress=0.0, alpha_ramping=False, epochs_in_stage=0, seed_age=0, seed_parameters=0,
         contribution=None, previous_contribution=None, gradient_norm=None, gradient_health=None,
         gradient_ratio=None,

@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch import Tensor
 
-from morphogen.control.policy import FactoredLSTMPolicy
+from morphogen.control.growth_policy import GrowthInputs, GrowthPolicy
 from morphogen.control.trainer import PPOTrainer, TrainConfig
 from morphogen.data import Task, load_task
 from morphogen.env.actions import Action, Op
@@ -134,12 +134,12 @@ def test_collect_makes_one_batched_policy_call_per_step(digits: Task, monkeypatc
     config = dataclasses.replace(base, episode=dataclasses.replace(base.episode, max_epochs=3))
     trainer = PPOTrainer(config, digits)
     batch_sizes: list[int] = []
-    original = FactoredLSTMPolicy.act
+    original = GrowthPolicy.act
 
-    def counting_act(policy: FactoredLSTMPolicy, observation: Tensor, *args: Any, **kwargs: Any) -> Any:
-        batch_sizes.append(observation.shape[0])
+    def counting_act(policy: GrowthPolicy, observation: GrowthInputs, *args: Any, **kwargs: Any) -> Any:
+        batch_sizes.append(observation.globals.shape[0])
         return original(policy, observation, *args, **kwargs)
 
-    monkeypatch.setattr(FactoredLSTMPolicy, "act", counting_act)
+    monkeypatch.setattr(GrowthPolicy, "act", counting_act)
     trainer.collect(0)
     assert batch_sizes == [3, 3, 3], "one call per step, for all envs at once"

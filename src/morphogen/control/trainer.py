@@ -48,12 +48,11 @@ from morphogen.control.normalization import RewardNormalizer, ValueNormalizer
 from morphogen.control.policy import ActionOutput, LSTMState
 from morphogen.control.ppo import OneProcess, PPOConfig, PPOStatistics, UpdateProcesses, build_optimizer, ppo_update
 from morphogen.control.rollout import RolloutBatch, RolloutBuffer
-from morphogen.core.blueprints import blueprint_names
 from morphogen.core.compilation import CompileSettings
 from morphogen.core.lifecycle import GateConfig, GateMode
 from morphogen.core.slot import SlotConfig
 from morphogen.data import TASK_NAMES, Task
-from morphogen.env.actions import FIXED_CHOICES, HEADS, Action
+from morphogen.env.actions import FIXED_CHOICES, HEADS, Action, ActionSpace
 from morphogen.env.episode import EpisodeConfig
 from morphogen.env.governor import DivergenceError
 from morphogen.env.observation import BLUEPRINT_SIZE, GLOBAL_SIZE, SLOT_SIZE
@@ -270,7 +269,9 @@ class EnvGroup:
                                      pool_slots=config.pool_slots, first_env=first_env, devices=devices,
                                      baselines=config.paired_baseline, round_epochs=round_epochs)
         probe = self.vector.episodes[0].build_model()
-        n_slots, n_blueprints = len(probe.slot_ids), len(blueprint_names(task.topology))
+        #: The slots and blueprints of this entry's models (every env of it has the same).
+        self.action_space = ActionSpace(probe.slot_ids, task.topology)
+        n_slots, n_blueprints = len(probe.slot_ids), len(self.action_space.blueprints)
         n_ops = len(FIXED_CHOICES["op"])
         device = task.train.device
         envs = config.n_envs
@@ -440,8 +441,7 @@ class PPOTrainer:
                 if demonstrators is not None:
                     env_masks = vector.masks()
                     actions = [d.act(s, m) for d, s, m in zip(demonstrators, snapshots, env_masks, strict=True)]
-                    encoded = [episode.action_space.encode(action)
-                               for episode, action in zip(vector.episodes, actions, strict=True)]
+                    encoded = [group.action_space.encode(action) for action in actions]
                     output = output._replace(actions=torch.tensor(encoded, device=agent.device))
             results = vector.step(actions)
             self.profiler.step()
@@ -497,8 +497,7 @@ class PPOTrainer:
         batches = []
         for index in range(config.rounds):
             group = self.group_of(MAX_ROUNDS + index)
-            controllers = [HeuristicController(episode.action_space, group.task.topology)
-                           for episode in group.vector.episodes]
+            controllers = [HeuristicController(group.action_space, group.task.topology) for _ in group.vector.episodes]
             rollout = self.collect(MAX_ROUNDS + index, demonstrators=controllers)
             batches.append(rollout.batch)
             if on_round is not None:

@@ -143,7 +143,7 @@ def loss_ratio(loss: float, initial: float | None) -> float:
     if initial is None or not math.isfinite(initial):
         return 0.0
     positive = loss > 0.0 and initial > 0.0
-    ratio = math.log(loss / initial) if positive else (loss - initial) / max(abs(initial), 1e-8)
+    ratio = math.log(loss) - math.log(initial) if positive else (loss - initial) / max(abs(initial), 1e-8)
     return min(max(ratio, -LOG_RATIO_LIMIT), LOG_RATIO_LIMIT)
 
 
