@@ -20,6 +20,7 @@ import pytest
 import torch
 
 import morphogen.commands.evaluate
+import morphogen.commands.run
 import morphogen.session
 from morphogen.cli import EXIT_USER_ERROR, main
 from morphogen.control.checkpoint import load_checkpoint
@@ -81,12 +82,12 @@ def policy_of(directory: Path) -> dict[str, torch.Tensor]:
 
 def test_train_prints_a_line_per_round_and_writes_the_run_directory(trained: TrainedRun) -> None:
     lines = trained.output.splitlines()
-    assert lines[0].startswith("morphogen train: task digits, 2 envs x 3 epochs per round, rounds 1..3")
+    assert lines[0].startswith("morphogen train: task digits 2x8x3 (3 epochs), 2 envs per round, rounds 1..3")
     assert [line[:9] for line in lines if line.startswith("round")] == ["round   1", "round   2", "round   3"]
     assert lines[-1] == f"checkpoint: {trained.directory / CHECKPOINT_NAME}"
     assert {p.name for p in trained.directory.iterdir()} == {"checkpoint.pt", "config.json", "events.jsonl"}
     state = load_checkpoint(trained.directory)
-    assert state["round"] == 3 and state["episode_length"] == 3 and state["hidden_size"] == 16
+    assert state["round"] == 3 and state["hidden_size"] == 16 and json.loads(state["config"])["episode"]["max_epochs"] == 3
 
 
 def test_resume_through_the_cli_equals_the_uninterrupted_run(trained: TrainedRun, tmp_path: Path,
@@ -151,15 +152,48 @@ def test_eval_prints_the_comparison_table(trained: TrainedRun, capsys: pytest.Ca
 # ------------------------------------------------------------------------------------------ run --policy
 
 
-def test_run_with_the_policy_plays_an_episode_of_its_length(trained: TrainedRun, tmp_path: Path,
-                                                            capsys: pytest.CaptureFixture[str]) -> None:
+def test_run_with_the_policy_plays_the_episode_run_chooses(trained: TrainedRun, tmp_path: Path,
+                                                           capsys: pytest.CaptureFixture[str]) -> None:
+    """The policy was trained on 3-epoch digits episodes with 2 slots; it plays a 5-epoch episode on one slot."""
     run_dir = tmp_path / "episode"
     code = main(["run", "--policy", str(trained.directory), "--max-train-samples", "200", "--no-baseline",
-                 "--run-dir", str(run_dir)])
+                 "--epochs", "5", "--slots", "r0c1", "--run-dir", str(run_dir)])
     out, err = capsys.readouterr()
     assert code == 0, err
-    assert "epoch   3/3" in out and "epoch   4/" not in out, "the episode length comes from the policy"
+    assert "epoch   5/5" in out and "epoch   6/" not in out
     assert (run_dir / "summary.json").is_file()
+
+
+def test_a_policy_trained_on_digits_acts_on_mnist1d_in_eval(trained: TrainedRun, tmp_path: Path,
+                                                            capsys: pytest.CaptureFixture[str]) -> None:
+    """Another task, topology (1-D convolutions), host size (3 slots) and episode length than in training."""
+    config = tmp_path / "eval.toml"
+    config.write_text('task = "mnist1d"\n[host]\nn_blocks = 3\n')
+    record = tmp_path / "eval"
+    code = main(["eval", "--policy", str(trained.directory), "--config", str(config), "--max-train-samples", "200",
+                 "--episode-length", "4", "--episodes", "1", "--run-dir", str(record)])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    assert "4 epochs on mnist1d (cnn1d host)" in out
+    table = json.loads((record / "eval.json").read_text())
+    assert [row["name"] for row in table] == ["learned", "heuristic", "no growth"]
+    events = [json.loads(line) for line in (record / "events.jsonl").read_text().splitlines()]
+    learned = [event for event in events if event["event"] == "action_taken" and event["env_id"] == 0]
+    assert len(learned) == 4, "the learned policy chose an action in every epoch"
+    slots = {state["slot"] for event in events if event["event"] == "epoch_completed" for state in event["slots"]}
+    assert slots == {"r0c0", "r0c1", "r0c2"}
+
+
+def test_a_checkpoint_of_an_earlier_format_is_refused_in_one_line(trained: TrainedRun, tmp_path: Path,
+                                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    run = copy_run(trained, tmp_path / "run")
+    state = torch.load(run / CHECKPOINT_NAME, weights_only=True)
+    torch.save({**state, "format_version": 2}, run / CHECKPOINT_NAME)
+    for argv in (["eval", "--policy", str(run), "--episodes", "1"],
+                 ["run", "--policy", str(run), "--run-dir", str(tmp_path / "episode")]):
+        line = expect_user_error(argv, capsys)
+        assert "is of format 2, from an earlier morphogen whose policy was tied to one task and slot layout" in line
+    assert not (tmp_path / "episode").exists()
 
 
 # ------------------------------------------------------------------------------------------ host size
@@ -167,7 +201,8 @@ def test_run_with_the_policy_plays_an_episode_of_its_length(trained: TrainedRun,
 
 def test_train_eval_and_run_policy_use_the_host_table_of_training(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                                   capsys: pytest.CaptureFixture[str]) -> None:
-    """The `[host]` table of `train` is saved with the run, and `eval` and `run --policy` build that host."""
+    """The `[host]` table of `train` is saved with the run; `eval` builds that host by default, `run --policy` the
+    host its own config names."""
     config = tmp_path / "train.toml"
     config.write_text("[host]\nbase_channels = 4\nn_blocks = 2\n")
     run = tmp_path / "run"
@@ -185,10 +220,10 @@ def test_train_eval_and_run_policy_use_the_host_table_of_training(tmp_path: Path
         return task
 
     monkeypatch.setattr(morphogen.commands.evaluate, "load_session_task", recording)
-    monkeypatch.setattr(morphogen.session, "load_session_task", recording)  # what cli imports
+    monkeypatch.setattr(morphogen.commands.run, "load_session_task", recording)
     assert main(["eval", "--policy", str(run), "--episodes", "1"]) == 0
-    assert main(["run", "--policy", str(run), "--no-baseline", "--max-train-samples", "200",
-                 "--run-dir", str(tmp_path / "episode")]) == 0
+    assert main(["run", "--policy", str(run), "--no-baseline", "--max-train-samples", "200", "--epochs", "3",
+                 "--config", str(config), "--run-dir", str(tmp_path / "episode")]) == 0
     capsys.readouterr()
     assert loaded == [expected, expected]
     assert json.loads((tmp_path / "episode" / "config.json").read_text())["host"] == expected
@@ -253,29 +288,6 @@ def test_truncated_checkpoint_with_resume_and_with_eval(trained: TrainedRun, tmp
 def test_eval_needs_an_episode(trained: TrainedRun, capsys: pytest.CaptureFixture[str]) -> None:
     line = expect_user_error(["eval", "--policy", str(trained.directory), "--episodes", "0"], capsys)
     assert "episodes: must be >= 1, got 0" in line
-
-
-def test_run_policy_with_another_episode_length(trained: TrainedRun, tmp_path: Path,
-                                                capsys: pytest.CaptureFixture[str]) -> None:
-    before = files_of(trained.directory)
-    episode_dir = tmp_path / "episode"
-    line = expect_user_error(["run", "--policy", str(trained.directory), "--epochs", "5", "--max-train-samples",
-                              "200", "--run-dir", str(episode_dir)], capsys)
-    assert "trained for 3-epoch episodes; this run has 5 (use --epochs 3)" in line
-    assert not episode_dir.exists()
-    assert files_of(trained.directory) == before
-
-
-def test_run_policy_on_another_task(trained: TrainedRun, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    text_file = tmp_path / "corpus.txt"
-    text_file.write_text("a small corpus of plain words, repeated until it fills a few windows.\n" * 40)
-    before = files_of(trained.directory)
-    episode_dir = tmp_path / "episode"
-    line = expect_user_error(["run", "--policy", str(trained.directory), "--task", "text", "--text-file",
-                              str(text_file), "--run-dir", str(episode_dir)], capsys)
-    assert "was trained on task 'digits', not 'text'" in line
-    assert not episode_dir.exists()
-    assert files_of(trained.directory) == before
 
 
 def test_eval_records_into_a_run_directory_from_a_config_file(trained: TrainedRun, tmp_path: Path,
