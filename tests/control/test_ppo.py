@@ -285,7 +285,7 @@ if MATCH_TARGET_ID not in gymnasium.registry:
 
 def test_train_gym_learns_a_multidiscrete_task() -> None:
     config = PPOConfig(learning_rate=1e-3, entropy_coef=0.01, gamma=0.9, gae_lambda=0.9, minibatches=2)
-    returns = train_gym(MATCH_TARGET_ID, total_steps=3000, seed=0, config=config, rollout_length=32)
+    returns = train_gym(MATCH_TARGET_ID, total_steps=3000, seed=0, config=config, rollout_length=32).returns
     random_play = 8 * (1 / 3 + 1 / 4)
     assert np.mean(returns[:20]) < random_play + 2.5
     assert np.mean(returns[-20:]) > random_play + 5
@@ -295,9 +295,13 @@ def test_train_gym_is_reproducible_from_its_seed() -> None:
     first = train_gym(MATCH_TARGET_ID, total_steps=256, seed=3, rollout_length=16)
     second = train_gym(MATCH_TARGET_ID, total_steps=256, seed=3, rollout_length=16)
     other = train_gym(MATCH_TARGET_ID, total_steps=256, seed=4, rollout_length=16)
-    assert len(first) == 256 // 8
-    assert first == second
-    assert first != other
+    assert len(first.returns) == 256 // 8
+    # 4 envs end their 8-step episodes together, every 32 steps taken over all of them.
+    assert first.end_steps == [step for step in range(32, 257, 32) for _ in range(4)]
+    assert first.returns == second.returns
+    assert first.returns != other.returns
+    for a, b in zip(first.policy.parameters(), second.policy.parameters(), strict=True):
+        assert torch.equal(a, b)
 
 
 @pytest.mark.parametrize(("env_id", "message"), [("Pendulum-v1", "Discrete"), ("FrozenLake-v1", "Box observation")])
@@ -309,7 +313,7 @@ def test_train_gym_rejects_unsupported_spaces(env_id: str, message: str) -> None
 @pytest.mark.slow
 def test_train_gym_solves_cartpole_far_beyond_random_play() -> None:
     # Random play scores about 22 per episode.
-    returns = train_gym("CartPole-v1", total_steps=30_000, seed=0)
+    returns = train_gym("CartPole-v1", total_steps=30_000, seed=0).returns
     assert np.mean(returns[-20:]) > 150
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 import sys
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import gymnasium
 import numpy as np
@@ -23,6 +23,18 @@ from morphogen.control.rollout import RolloutBatch, RolloutBuffer
 
 RECENT_EPISODES = 20
 """The progress bar of `train_gym` shows the mean return of this many latest episodes."""
+
+
+class GymTraining(NamedTuple):
+    """What `train_gym` learned and how it got there."""
+
+    returns: list[float]
+    """The return of every finished episode, in the order they ended."""
+    end_steps: list[int]
+    """The env steps taken (over all envs) when each of those episodes ended."""
+    policy: FactoredLSTMPolicy
+    """The trained policy (it acts on observations standardized by `observation_normalizer`)."""
+    observation_normalizer: RunningMeanStd
 
 
 def _space_layout(env: gymnasium.Env[Any, Any], env_id: str) -> tuple[int, tuple[int, ...], np.ndarray]:
@@ -77,6 +89,8 @@ class _GymCollector:
         self.episode_starts = torch.ones(len(envs), dtype=torch.bool)
         self.running_returns = np.zeros(len(envs))
         self.episode_returns: list[float] = []
+        self.episode_end_steps: list[int] = []
+        self.steps = 0
 
     def _observe(self, raw_observations: Sequence[Any], *, update: bool) -> Tensor:
         """Raw observations stacked to [B, obs] float32 and standardized (updating the statistics if asked)."""
@@ -125,8 +139,10 @@ class _GymCollector:
                 truncation_values=truncation_values,
             )
             self.running_returns += rewards
+            self.steps += len(self.envs)
             for index in np.flatnonzero(done):
                 self.episode_returns.append(float(self.running_returns[index]))
+                self.episode_end_steps.append(self.steps)
                 self.running_returns[index] = 0.0
                 next_raw[index] = self.envs[int(index)].reset()[0]
             self.observation = self._observe(next_raw, update=True)
@@ -146,8 +162,8 @@ def train_gym(
     rollout_length: int = 128,
     hidden_size: int = 64,
     progress: bool | None = None,
-) -> list[float]:
-    """Train a FactoredLSTMPolicy with PPO on ``n_envs`` copies of a Gymnasium env; return episode returns.
+) -> GymTraining:
+    """Train a FactoredLSTMPolicy with PPO on ``n_envs`` copies of a Gymnasium env; return it with its episodes.
 
     The env needs a Box observation space and a Discrete or MultiDiscrete action space. Observations
     are standardized by running statistics and rewards divided by the running std of the discounted
@@ -188,7 +204,8 @@ def train_gym(
                 ppo_update(policy, optimizer, batch, config, round_index / n_rounds, generator=generator)
                 recent = collector.episode_returns[-RECENT_EPISODES:]
                 bar.update(rounds, advance=1, recent=f"return {np.mean(recent):.1f}" if recent else "")
-        return collector.episode_returns
+        return GymTraining(collector.episode_returns, collector.episode_end_steps, policy,
+                           collector.observation_normalizer)
     finally:
         for env in envs:
             env.close()

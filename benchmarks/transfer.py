@@ -1,0 +1,183 @@
+"""Does a learned growth policy transfer? It, the heuristic and no growth on the same fresh seeds, per setting.
+
+Settings are the tasks and host sizes the policy trained on and some it never saw (`SETTINGS`; the
+`digits32` setting feeds the digits images resized to 32x32x3 through the `cifar10` task's reader, from a
+directory this script writes in the CIFAR-10 format). Every episode is played as `morphogen eval` plays it
+(`evaluation_setting`: the policy's training episode settings at the setting's length). Per setting it prints
+mean ± std of final accuracy and parameters added per controller, then the differences paired by seed as
+mean ± standard error: learned - heuristic, learned - no growth, and how many seeds the learned policy led
+or trailed on. It also prints the share of the variance of each controller's final accuracy that the no-growth
+accuracy of the same seed explains (R², the host's seed: how well that initialization trains at all).
+
+The heuristic's and no growth's episodes do not depend on the policy: they are kept in `--cache` (JSON, keyed
+by setting and seed) and replayed from there when another policy is evaluated on the same seeds.
+
+    python benchmarks/transfer.py --policy default --seeds 20 --threads 1
+    python benchmarks/transfer.py --policy runs/<train run> --settings digits,mnist1d --seeds 5
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import pickle
+import statistics
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from morphogen.commands.evaluate import EVALUATION_STREAM, EvalConfig, evaluation_setting, read_policy_run
+from morphogen.control.controller import NoGrowthController
+from morphogen.control.heuristic import HeuristicController
+from morphogen.control.learned import PolicyController, agent_from_checkpoint
+from morphogen.data import load_task
+from morphogen.env.episode import MorphogenesisEpisode
+from morphogen.env.play import Controller, run_episode
+from morphogen.env.seeding import derive_seed
+from morphogen.session import load_session_task
+
+
+@dataclass(frozen=True)
+class Setting:
+    """A task and host size to evaluate on; `held_out` when the default policy never trained on it."""
+
+    task: str
+    host: dict[str, int] = field(default_factory=dict)
+    held_out: bool = False
+    episode_length: int | None = None
+
+
+SETTINGS = {
+    "digits": Setting("digits"),
+    "mnist1d": Setting("mnist1d"),
+    "mnist1d-3x12": Setting("mnist1d", {"n_blocks": 3, "base_channels": 12}, held_out=True),
+    "digits-2x4": Setting("digits", {"base_channels": 4}, held_out=True),
+    "digits32": Setting("cifar10", {"n_blocks": 2, "base_channels": 8}, held_out=True),
+}
+CONTROLLERS = ("learned", "heuristic", "no growth")
+
+
+def write_digits_as_cifar10(directory: Path) -> Path:
+    """scikit-learn's digits, resized to 32x32 (bilinear) on 3 channels as uint8, in CIFAR-10's on-disk format:
+    the digits task's training split in `data_batch_1..5`, its validation split in `test_batch`."""
+    folder = directory / "cifar-10-batches-py"
+    folder.mkdir(parents=True, exist_ok=True)
+    task = load_task("digits")
+
+    def as_bytes(images: torch.Tensor) -> np.ndarray:
+        resized = torch.nn.functional.interpolate(images, size=32, mode="bilinear", align_corners=False)
+        low, high = resized.amin(), resized.amax()
+        pixels = ((resized - low) / (high - low) * 255).round().to(torch.uint8).repeat(1, 3, 1, 1)
+        return pixels.reshape(len(images), -1).numpy()  # [N, 3072]: red, green, blue planes
+
+    train = as_bytes(task.train.inputs), task.train.targets.tolist()
+    parts = np.array_split(np.arange(len(train[1])), 5)
+    for number, part in enumerate(parts, start=1):
+        batch = {b"data": train[0][part], b"labels": [train[1][i] for i in part]}
+        (folder / f"data_batch_{number}").write_bytes(pickle.dumps(batch))
+    test = {b"data": as_bytes(task.validation.inputs), b"labels": task.validation.targets.tolist()}
+    (folder / "test_batch").write_bytes(pickle.dumps(test))
+    meta = {b"label_names": [str(digit).encode() for digit in range(10)]}
+    (folder / "batches.meta").write_bytes(pickle.dumps(meta))
+    return directory
+
+
+def evaluate_setting(name: str, policy: str, seeds: int, seed_base: int, cache: dict[str, Any],
+                     data_dir: Path) -> dict[str, list[tuple[float, float]]]:
+    """(final accuracy, parameters added) of every controller on every seed of one setting."""
+    setting = SETTINGS[name]
+    trained, state = read_policy_run(policy, "cpu")
+    config = EvalConfig(policy=policy, task=setting.task, host=setting.host, episode_length=setting.episode_length,
+                        data_dir=str(data_dir) if setting.task == "cifar10" else None)
+    session, episode_config = evaluation_setting(config, trained)
+    task = load_session_task(session.with_resolved_host(), "cpu")
+    agent = agent_from_checkpoint(state, "cpu", source=policy)
+    results: dict[str, list[tuple[float, float]]] = {controller: [] for controller in CONTROLLERS}
+    for index in range(seeds):
+        seed = derive_seed(seed_base, EVALUATION_STREAM, index)
+        for controller in CONTROLLERS:
+            key = f"{name}/{episode_config.max_epochs}/{seed}/{controller}"
+            if controller != "learned" and key in cache:
+                results[controller].append(tuple(cache[key]))  # type: ignore[arg-type]
+                continue
+            episode = MorphogenesisEpisode(task, episode_config, seed=seed)
+            episode.reset()
+            chosen: Controller = (PolicyController(agent) if controller == "learned" else
+                                  HeuristicController(episode.action_space, task.topology)
+                                  if controller == "heuristic" else NoGrowthController())
+            outcome = run_episode(episode, chosen)
+            result = (outcome.final_accuracy, float(outcome.parameters - outcome.host_parameters))
+            results[controller].append(result)
+            if controller != "learned":
+                cache[key] = result
+        line = "  ".join(f"{c} {results[c][-1][0]:.2f}%" for c in CONTROLLERS)
+        print(f"  {name} seed {index + 1}/{seeds}: {line}", flush=True)
+    return results
+
+
+def _mean_std(values: list[float]) -> str:
+    return f"{statistics.fmean(values):.2f} ± {statistics.pstdev(values):.2f}"
+
+
+def _mean_se(values: list[float]) -> str:
+    se = statistics.stdev(values) / len(values) ** 0.5 if len(values) > 1 else 0.0
+    return f"{statistics.fmean(values):+.2f} ± {se:.2f}"
+
+
+def _r_squared(values: list[float], reference: list[float]) -> float:
+    if statistics.pstdev(values) == 0 or statistics.pstdev(reference) == 0:
+        return float("nan")
+    return float(np.corrcoef(values, reference)[0, 1] ** 2)
+
+
+def report(name: str, results: dict[str, list[tuple[float, float]]]) -> str:
+    accuracy = {c: [a for a, _ in results[c]] for c in CONTROLLERS}
+    added = {c: [p for _, p in results[c]] for c in CONTROLLERS}
+    versus_heuristic = [a - b for a, b in zip(accuracy["learned"], accuracy["heuristic"], strict=True)]
+    versus_none = [a - b for a, b in zip(accuracy["learned"], accuracy["no growth"], strict=True)]
+    ahead = sum(d > 0 for d in versus_heuristic)
+    behind = sum(d < 0 for d in versus_heuristic)
+    setting = SETTINGS[name]
+    where = "held out" if setting.held_out else "trained on"
+    return (f"| {name} ({where}) | {_mean_std(accuracy['learned'])}% ({_mean_std(added['learned'])}) | "
+            f"{_mean_std(accuracy['heuristic'])}% ({_mean_std(added['heuristic'])}) | "
+            f"{_mean_std(accuracy['no growth'])}% | **{_mean_se(versus_heuristic)}** ({ahead} ahead, {behind} behind) | "
+            f"{_mean_se(versus_none)} | {_r_squared(accuracy['heuristic'], accuracy['no growth']):.2f} / "
+            f"{_r_squared(accuracy['learned'], accuracy['no growth']):.2f} |")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--policy", default="default", help="run directory of `morphogen train`, or default")
+    parser.add_argument("--settings", default=",".join(SETTINGS), help=f"comma-separated, of {', '.join(SETTINGS)}")
+    parser.add_argument("--seeds", type=int, default=20, help="fresh seeds per setting")
+    parser.add_argument("--seed", type=int, default=3000, help="base of the evaluation seeds (as eval --seed)")
+    parser.add_argument("--cache", default="benchmarks/transfer_cache.json",
+                        help="JSON file of the heuristic's and no growth's outcomes (read and extended)")
+    parser.add_argument("--threads", type=int, default=1)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    cache_path = Path(args.cache)
+    cache: dict[str, Any] = json.loads(cache_path.read_text()) if cache_path.is_file() else {}
+    rows = []
+    with tempfile.TemporaryDirectory() as scratch:
+        data_dir = write_digits_as_cifar10(Path(scratch))
+        for name in args.settings.split(","):
+            results = evaluate_setting(name, args.policy, args.seeds, args.seed, cache, data_dir)
+            cache_path.write_text(json.dumps(cache, indent=1) + "\n")
+            rows.append(report(name, results))
+            print(rows[-1], flush=True)
+    print(f"\npolicy {args.policy}, {args.seeds} seeds (base {args.seed}); accuracy mean ± std (parameters added); "
+          "differences paired by seed, mean ± standard error")
+    print("| setting | learned | heuristic | no growth | learned - heuristic | learned - no growth | "
+          "R² on no growth (heuristic / learned) |")
+    print("|---|---|---|---|---|---|---|")
+    print("\n".join(rows))
+
+
+if __name__ == "__main__":
+    main()
