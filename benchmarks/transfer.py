@@ -145,7 +145,8 @@ def report(name: str, results: dict[str, list[tuple[float, float]]]) -> str:
     where = "held out" if setting.held_out else "trained on"
     return (f"| {name} ({where}) | {_mean_std(accuracy['learned'])}% ({_mean_std(added['learned'])}) | "
             f"{_mean_std(accuracy['heuristic'])}% ({_mean_std(added['heuristic'])}) | "
-            f"{_mean_std(accuracy['no growth'])}% | **{_mean_se(versus_heuristic)}** ({ahead} ahead, {behind} behind) | "
+            f"{_mean_std(accuracy['no growth'])}% | **{_mean_se(versus_heuristic)}** "
+            f"({ahead} ahead, {behind} behind) | "
             f"{_mean_se(versus_none)} | {_r_squared(accuracy['heuristic'], accuracy['no growth']):.2f} / "
             f"{_r_squared(accuracy['learned'], accuracy['no growth']):.2f} |")
 

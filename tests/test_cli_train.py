@@ -87,7 +87,8 @@ def test_train_prints_a_line_per_round_and_writes_the_run_directory(trained: Tra
     assert lines[-1] == f"checkpoint: {trained.directory / CHECKPOINT_NAME}"
     assert {p.name for p in trained.directory.iterdir()} == {"checkpoint.pt", "config.json", "events.jsonl"}
     state = load_checkpoint(trained.directory)
-    assert state["round"] == 3 and state["hidden_size"] == 16 and json.loads(state["config"])["episode"]["max_epochs"] == 3
+    assert state["round"] == 3 and state["hidden_size"] == 16
+    assert json.loads(state["config"])["episode"]["max_epochs"] == 3
 
 
 def test_resume_through_the_cli_equals_the_uninterrupted_run(trained: TrainedRun, tmp_path: Path,
