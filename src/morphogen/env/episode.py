@@ -259,8 +259,8 @@ class MorphogenesisEpisode:
                 return False, "another seed is still germinated or training"
             # Seed weights come from (episode seed, epoch, slot), not from whatever the global RNG holds.
             with seeded(derive_seed(self.seed, epoch, model.slot_ids.index(action.slot)), self.device):
-                model.germinate(action.slot, action.blueprint, epoch, blend=action.style,
-                                blend_epochs=action.tempo)
+                model.germinate(action.slot, action.blueprint, epoch, blend=action.blend,
+                                blend_epochs=action.blend_epochs)
             return True, f"germinated {action.blueprint} in {action.slot}"
         if action.op is Op.ADVANCE:
             result = slot.advance(epoch)
