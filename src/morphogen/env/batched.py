@@ -1,4 +1,4 @@
-"""Train the envs of a vector whose architectures are identical in one vmapped call (DESIGN §7).
+"""Train the envs of a vector whose architectures are identical in one vmapped call.
 
 Why `torch.func` (stacked parameters + `functional_call` + `vmap`) and not hand-written grouped
 convolutions: it covers every host and blueprint (convolutions, batch/group/layer norm, attention, the
@@ -47,10 +47,11 @@ Equality with the per-env path: same math, not the same float summation order (a
 reduces in another order than N separate ones; per-tensor norms are sums of squares instead of
 `_foreach_norm`). Results agree to float32 rounding, about 1e-6 relative per batch, not bitwise.
 
-CUDA (DESIGN §7, §9.4): a group runs on the stream of its first env. That stream waits for the
-producing stream before reading the batch, and the batch tensors are `record_stream`ed on it; stacking
-waits for the current stream, whose work (validation, rollbacks) last wrote the envs' tensors. The
-vector's one synchronize per phase then covers the group's work and its write-back.
+CUDA (docs/architecture.md#devices-and-cuda-streams): a group runs on the stream of its first env. That
+stream waits for the producing stream before reading the batch, and the batch tensors are
+`record_stream`ed on it; stacking waits for the current stream, whose work (validation, rollbacks) last
+wrote the envs' tensors. The vector's one synchronize per phase then covers the group's work and its
+write-back.
 """
 
 from __future__ import annotations
@@ -445,7 +446,7 @@ def train_epoch_batched(episodes: Sequence[MorphogenesisEpisode], batches: Itera
 
 def _on_stream(stream: torch.cuda.Stream | None, episode: MorphogenesisEpisode,
                *used: Tensor) -> torch.cuda.StreamContext | nullcontext[None]:
-    """Enter `stream` after it waited for the current stream; `used` tensors are recorded on it (§9.4)."""
+    """Enter `stream` after it waited for the current stream; `used` tensors are recorded on it."""
     if stream is None:
         return nullcontext()
     stream.wait_stream(torch.cuda.current_stream(episode.device))

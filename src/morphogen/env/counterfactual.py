@@ -1,9 +1,9 @@
 """Which alpha configurations to evaluate alongside the real model, and what their results mean.
 
-Configurations (DESIGN §5 step 2): `main` (every alpha as it is), `without:<slot>` for each seed
+Configurations (docs/architecture.md#counterfactuals): `main` (every alpha as it is), `without:<slot>` for each seed
 blended in with alpha > 0, and `all_off` when 2..4 seeds are live (with one seed it equals that
 seed's `without`, with more it grows costly). A seed's contribution is acc(main) - acc(without it),
-in accuracy points. Beyond DESIGN, `with:<slot>` blends a TRAINING seed in at alpha 1: its shadow
+in accuracy points. `with:<slot>` blends a TRAINING seed in at alpha 1: its shadow
 contribution acc(with it) - acc(main) says what blending it would bring, which the model's own
 accuracy cannot show while the seed's output is not added.
 """
