@@ -11,7 +11,7 @@ the episode's length, so that one policy acts on any of them:
   may name, described by its kind and the parameters it would add there, not by its index in a
   registry, so blueprints registered by a user are described like the built-in ones.
 
-Rules of the encoding:
+Rules of the encoding (docs/architecture.md#controller):
 
 - Scales mean the same on every task. Accuracies are read against the task's chance level:
   ``score = (accuracy - chance) / (100 - chance)``, so 0 is guessing and 1 is perfect on any number of
