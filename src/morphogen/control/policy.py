@@ -1,9 +1,9 @@
 """Recurrent actor-critics over factored discrete actions: the learned growth controller and its generic kin.
 
-`RecurrentActorCritic` (docs/architecture.md#controller) holds what every such policy shares: a trunk from the observation to a feature
-vector, a one-layer LSTM, ``LayerNorm(LSTM output + trunk output)``, one categorical head per action
-factor and a value head V(s) that does not depend on the op. Subclasses say how an observation enters
-the trunk and how each head's logits are computed:
+`RecurrentActorCritic` (docs/architecture.md#controller) holds what every such policy shares: a trunk
+from the observation to a feature vector, a one-layer LSTM, ``LayerNorm(LSTM output + trunk output)``,
+one categorical head per action factor and a value head V(s) that does not depend on the op. Subclasses
+say how an observation enters the trunk and how each head's logits are computed:
 
 - `FactoredLSTMPolicy`: a flat observation vector and one linear head per factor (any Gymnasium
   MultiDiscrete task; `train_gym`).
