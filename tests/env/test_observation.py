@@ -71,8 +71,9 @@ def test_every_feature_has_its_hand_computed_value() -> None:
         (holding, make_slot("r0c1")), epoch=3, max_epochs=20, train_loss=1.0, val_loss=1.5, val_accuracy=64.0,
         accuracy_history=(55.0, 59.5, 64.0), loss_history=(2.0, 1.8, 1.5), host_parameters=10_000,
         active_parameters=10_500, last_op=int(Op.GERMINATE), last_action_succeeded=False, chance_accuracy=10.0,
-        initial_val_loss=3.0, blueprints=("conv_light", "widen_x4", "mine"), blueprint_parameters=((100, 2000, 0),
-                                                                                                  (300, 9000, 5)),
+        initial_val_loss=3.0, blueprints=("conv_light", "widen_x4", "mine"),
+        blueprint_parameters=((100, 2000, 0), (300, 9000, 5)), blueprint_flops=((500, 0, 7), (1000, 4000, 0)),
+        host_flops=2000,
     )
     observation = encode_observation(snapshot)
     # Scores are read against chance (10%), over the 90 points above it; losses against the initial loss 3.0.
@@ -112,10 +113,13 @@ def test_every_feature_has_its_hand_computed_value() -> None:
             assert value == pytest.approx(expected.get(name, 0.0), rel=1e-6, abs=1e-7), name
     assert observation.blueprints.shape == (2, 3, BLUEPRINT_SIZE)
     kinds = BLUEPRINT_KINDS.index
+    flops = ((500, 0, 7), (1000, 4000, 0))
     for slot, counts in enumerate(((100, 2000, 0), (300, 9000, 5))):
         for blueprint, (kind, count) in enumerate(zip(("deepen", "widen", "other"), counts, strict=True)):
             row = named(BLUEPRINT_FEATURES, observation.blueprints[slot, blueprint])
             assert row["parameters"] == pytest.approx(math.log1p(count / 10_000))
+            assert row["flops"] == pytest.approx(math.log1p(flops[slot][blueprint] / 2000))
+            assert row["flops_measured"] == 1.0
             assert row[f"kind/{kind}"] == 1.0 and sum(observation.blueprints[slot, blueprint, :kinds("other") + 1]) == 1
     assert observation.globals.dtype == observation.slots.dtype == observation.blueprints.dtype == np.float32
 
@@ -220,6 +224,12 @@ def test_non_finite_plain_value_raises_with_its_name() -> None:
     broken = make_slot("r0c0", Stage.BLENDING, alpha=float("nan"))
     with pytest.raises(ValueError, match=r"slots features \['alpha'\]"):
         encode_observation(make_snapshot((broken, make_slot("r0c1"))))
+
+
+def test_flops_of_a_host_nobody_counted_are_unmeasured() -> None:
+    observation = encode_observation(make_snapshot(blueprints=("norm",), blueprint_parameters=((4,), (4,))))
+    row = named(BLUEPRINT_FEATURES, observation.blueprints[0, 0])
+    assert (row["flops"], row["flops_measured"]) == (UNMEASURED, 0.0)
 
 
 def test_bad_last_op_and_blueprint_table_raise() -> None:

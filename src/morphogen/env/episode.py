@@ -420,7 +420,8 @@ class MorphogenesisEpisode:
             accuracy_all_off=result.accuracy_all_off, last_op=int(op), last_action_succeeded=succeeded,
             rolled_back=rollback is not None, topology=self.task.topology, chance_accuracy=self.chance_accuracy,
             initial_val_loss=self.initial_val_loss, blueprints=self.layout.blueprints,
-            blueprint_parameters=self.layout.blueprint_parameters,
+            blueprint_parameters=self.layout.blueprint_parameters, blueprint_flops=self.layout.blueprint_flops,
+            host_flops=self.layout.host_flops,
         )
 
     # ---------------------------------------------------------------- telemetry

@@ -3,8 +3,11 @@ how wide it is, and what each blueprint would add there, all relative to the hos
 
 Measured once per episode (`model_layout`): one example is run through the host's segments in
 evaluation mode without gradients (batch norms read their running statistics and write nothing), so
-the activation shape at every injection point is known whatever the host (built-in or a user's
-`host_from_module`). Blueprint sizes are counted on the meta device (no memory).
+the activation shape at every injection point, and the host's forward FLOPs per sample, are known
+whatever the host (built-in or a user's `host_from_module`). Blueprint sizes are counted on the meta
+device (no memory); a blueprint's forward FLOPs per sample at a slot are counted once per activation
+shape on a seed run on zeros. FLOPs are what `torch.utils.flop_counter.FlopCounterMode` counts (matrix
+products, convolutions, attention): a seed of norms alone costs 0.
 """
 
 from __future__ import annotations
@@ -14,8 +17,9 @@ from functools import cache
 
 import torch
 from torch import Tensor
+from torch.utils.flop_counter import FlopCounterMode
 
-from morphogen.core.blueprints import blueprint_names, parameter_count
+from morphogen.core.blueprints import blueprint_names, build_seed, parameter_count
 from morphogen.core.model import MorphogeneticModel
 
 
@@ -39,6 +43,10 @@ class ModelLayout:
     blueprints: tuple[str, ...]
     #: `blueprint_parameters[slot][blueprint]`: slots in the model's order, blueprints in `blueprints` order.
     blueprint_parameters: tuple[tuple[int, ...], ...]
+    #: Forward FLOPs per sample of each blueprint in each slot, laid out as `blueprint_parameters`.
+    blueprint_flops: tuple[tuple[int, ...], ...]
+    #: Forward FLOPs per sample of the host.
+    host_flops: int
 
 
 def _positions(activation: Tensor, topology: str) -> int:
@@ -56,6 +64,15 @@ def _seed_parameters(topology: str, blueprint: str, width: int) -> int:
     return parameter_count(topology, blueprint, width)
 
 
+@cache
+def _seed_flops(topology: str, blueprint: str, width: int, shape: tuple[int, ...]) -> int:
+    """Forward FLOPs of a seed on one activation of `shape` ([1, ...])."""
+    seed = build_seed(topology, blueprint, width).eval()
+    with torch.no_grad(), FlopCounterMode(display=False) as counter:
+        seed(torch.zeros(shape))
+    return int(counter.get_total_flops())
+
+
 def model_layout(model: MorphogeneticModel, example: Tensor) -> ModelLayout:
     """The layout of `model`, its slot places measured on `example` (one or more inputs of the task)."""
     host, topology = model.host, model.topology
@@ -65,11 +82,12 @@ def model_layout(model: MorphogeneticModel, example: Tensor) -> ModelLayout:
     training = host.training
     host.eval()
     try:
-        with torch.no_grad():
+        with torch.no_grad(), FlopCounterMode(display=False) as counter:
             h = example[:1]
             for index, point in enumerate(points):
                 h = host.run_segment(index, h)
                 shapes[point] = h
+            host.run_segment(len(points), h)
     finally:
         host.train(training)
     input_positions = max(_positions(example[:1], topology), 1)
@@ -85,4 +103,6 @@ def model_layout(model: MorphogeneticModel, example: Tensor) -> ModelLayout:
     blueprints = blueprint_names(topology)
     parameters = tuple(tuple(_seed_parameters(topology, name, points[slot_id]) for name in blueprints)
                        for slot_id in model.slot_ids)
-    return ModelLayout(places, blueprints, parameters)
+    flops = tuple(tuple(_seed_flops(topology, name, points[slot_id], tuple(shapes[slot_id].shape))
+                        for name in blueprints) for slot_id in model.slot_ids)
+    return ModelLayout(places, blueprints, parameters, flops, int(counter.get_total_flops()))

@@ -8,8 +8,9 @@ the episode's length, so that one policy acts on any of them:
 - `slots` ``[n_slots, SLOT_SIZE]``: one row per slot, the same features for every slot (its stage,
   alpha, contributions, gradient health, its seed's kind and size, where it sits in the host);
 - `blueprints` ``[n_slots, n_blueprints, BLUEPRINT_SIZE]``: for each slot, each blueprint a GERMINATE
-  may name, described by its kind and the parameters it would add there, not by its index in a
-  registry, so blueprints registered by a user are described like the built-in ones.
+  may name, described by its kind and the parameters and forward FLOPs it would add there (relative to
+  the host's), not by its index in a registry, so blueprints registered by a user are described like the
+  built-in ones.
 
 Rules of the encoding (docs/architecture.md#controller):
 
@@ -112,7 +113,8 @@ SLOT_FEATURES: tuple[str, ...] = (
     *(f"seed_kind/{kind}" for kind in BLUEPRINT_KINDS),
 )
 """Names of the features of each row of `slots`, in order."""
-BLUEPRINT_FEATURES: tuple[str, ...] = (*(f"kind/{kind}" for kind in BLUEPRINT_KINDS), "parameters")
+BLUEPRINT_FEATURES: tuple[str, ...] = (*(f"kind/{kind}" for kind in BLUEPRINT_KINDS), "parameters", "flops",
+                                        "flops_measured")
 """Names of the features of each blueprint of a slot, in order."""
 GLOBAL_SIZE, SLOT_SIZE, BLUEPRINT_SIZE = len(GLOBAL_FEATURES), len(SLOT_FEATURES), len(BLUEPRINT_FEATURES)
 
@@ -229,20 +231,32 @@ def _slot_values(slot: SlotSnapshot, snapshot: EpisodeSnapshot, scale: _Scale) -
 
 
 def _blueprint_values(snapshot: EpisodeSnapshot) -> np.ndarray:
-    """[n_slots, n_blueprints, BLUEPRINT_SIZE]: each blueprint's kind and the parameters it adds in each slot."""
+    """[n_slots, n_blueprints, BLUEPRINT_SIZE]: each blueprint's kind and the parameters and FLOPs it adds in
+    each slot, relative to the host's (FLOPs unmeasured when the snapshot counted none)."""
     n_slots, n_blueprints = len(snapshot.slots), len(snapshot.blueprints)
     table = np.zeros((n_slots, n_blueprints, BLUEPRINT_SIZE), dtype=np.float32)
     if n_blueprints == 0:
         return table
-    if len(snapshot.blueprint_parameters) != n_slots or any(len(row) != n_blueprints
-                                                             for row in snapshot.blueprint_parameters):
-        raise ValueError(f"blueprint_parameters must have one row of {n_blueprints} counts per slot "
-                         f"({n_slots}); got {[len(row) for row in snapshot.blueprint_parameters]}")
     kinds = np.asarray([_kind_one_hot(blueprint_kind(name)) for name in snapshot.blueprints], dtype=np.float32)
     table[:, :, :len(BLUEPRINT_KINDS)] = kinds
-    host = max(snapshot.host_parameters, 1)
-    table[:, :, len(BLUEPRINT_KINDS)] = np.log1p(np.asarray(snapshot.blueprint_parameters, dtype=np.float64) / host)
+    column = len(BLUEPRINT_KINDS)
+    table[:, :, column] = np.log1p(_per_slot(snapshot.blueprint_parameters, "blueprint_parameters", n_slots,
+                                             n_blueprints) / max(snapshot.host_parameters, 1))
+    if snapshot.host_flops > 0 and snapshot.blueprint_flops:
+        flops = _per_slot(snapshot.blueprint_flops, "blueprint_flops", n_slots, n_blueprints)
+        table[:, :, column + 1] = np.log1p(flops / snapshot.host_flops)
+        table[:, :, column + 2] = 1.0
+    else:
+        table[:, :, column + 1] = UNMEASURED
     return table
+
+
+def _per_slot(table: tuple[tuple[int, ...], ...], name: str, n_slots: int, n_blueprints: int) -> np.ndarray:
+    """`table` as float64 [n_slots, n_blueprints]; raises ValueError unless it has one row per slot."""
+    if len(table) != n_slots or any(len(row) != n_blueprints for row in table):
+        raise ValueError(f"{name} must have one row of {n_blueprints} counts per slot ({n_slots}); "
+                         f"got {[len(row) for row in table]}")
+    return np.asarray(table, dtype=np.float64)
 
 
 def _kind_one_hot(kind: str | None) -> list[float]:

@@ -77,6 +77,10 @@ class EpisodeSnapshot:
     #: Parameters each blueprint would add in each slot: `blueprint_parameters[slot][blueprint]`, slots in
     #: `slots` order, blueprints in `blueprints` order.
     blueprint_parameters: tuple[tuple[int, ...], ...] = ()
+    #: Forward FLOPs per sample each blueprint would add in each slot, laid out as `blueprint_parameters`.
+    blueprint_flops: tuple[tuple[int, ...], ...] = ()
+    #: Forward FLOPs per sample of the host (0 when not counted).
+    host_flops: int = 0
 
     @property
     def added_parameters(self) -> int:

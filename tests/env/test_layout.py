@@ -1,0 +1,39 @@
+"""Where slots sit and what blueprints cost, relative to the host, measured on a real model."""
+
+from __future__ import annotations
+
+import torch
+
+from morphogen.core.blueprints import blueprint_names
+from morphogen.core.hosts import CNNHost, TransformerHost
+from morphogen.core.model import MorphogeneticModel
+from morphogen.env.layout import model_layout
+
+
+def test_places_and_costs_of_a_three_block_image_host() -> None:
+    torch.manual_seed(0)
+    model = MorphogeneticModel(CNNHost(num_classes=10, in_channels=1, n_blocks=3, base_channels=4))
+    host = model.host
+    statistics = [buffer.clone() for buffer in host.buffers()]
+    layout = model_layout(model, torch.randn(5, 1, 8, 8))
+    # Widths 4, 8, 16; every block pools 8x8 -> 4x4 -> 2x2 -> 1x1 after its slot.
+    assert [place.width_fraction for place in layout.places.values()] == [0.25, 0.5, 1.0]
+    assert [place.resolution_fraction for place in layout.places.values()] == [1.0, 0.25, 0.0625]
+    assert [place.depth_fraction for place in layout.places.values()] == [0.25, 0.5, 0.75]
+    assert layout.blueprints == blueprint_names("cnn")
+    heavy = layout.blueprints.index("conv_heavy")
+    # Two 3x3 convolutions of 4 -> 4 channels over 8x8 pixels, 2 FLOPs per multiply-add.
+    assert layout.blueprint_flops[0][heavy] == 2 * (2 * 4 * 4 * 9 * 64)
+    assert layout.blueprint_flops[0][layout.blueprints.index("norm")] == 0
+    assert layout.blueprint_parameters[0][heavy] == 2 * (4 * 4 * 9 + 4) + 2 * 2 * 4
+    assert layout.host_flops > 0
+    # Measuring ran the host in evaluation mode: no running statistic moved, and the mode came back.
+    assert host.training and all(torch.equal(a, b) for a, b in zip(statistics, host.buffers(), strict=True))
+
+
+def test_a_transformer_host_keeps_every_token_at_every_slot() -> None:
+    model = MorphogeneticModel(TransformerHost(vocab_size=11, d_model=16, n_heads=2, n_layers=2, block_size=8))
+    layout = model_layout(model, torch.randint(0, 11, (3, 8)))
+    assert [place.resolution_fraction for place in layout.places.values()] == [1.0, 1.0]
+    assert [place.width_fraction for place in layout.places.values()] == [1.0, 1.0]
+    assert all(flops > 0 for flops in layout.blueprint_flops[0][1:])
