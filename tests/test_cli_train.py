@@ -185,6 +185,34 @@ def test_a_policy_trained_on_digits_acts_on_mnist1d_in_eval(trained: TrainedRun,
     assert slots == {"r0c0", "r0c1", "r0c2"}
 
 
+USER_TASK = """
+import torch
+import morphogen
+
+def make_task(seed=0):
+    x = torch.randn(300, 12)
+    y = (x[:, :6].sum(1) > x[:, 6:].sum(1)).long()
+    model = torch.nn.Sequential(torch.nn.Linear(12, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
+    host = morphogen.host_from_module(model, slots=["1"], example_input=x[:2])
+    return morphogen.task_from_data("sums", (x[:240], y[:240]), (x[240:], y[240:]), num_classes=2), host
+"""
+
+
+def test_a_policy_trained_on_digits_acts_on_a_users_own_model(trained: TrainedRun, tmp_path: Path,
+                                                             monkeypatch: pytest.MonkeyPatch,
+                                                             capsys: pytest.CaptureFixture[str]) -> None:
+    """A user's MLP (topology mlp, one slot, its own blueprints) through `--task module:function`."""
+    (tmp_path / "user_task.py").write_text(USER_TASK)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert main(["eval", "--policy", str(trained.directory), "--task", "user_task:make_task", "--episode-length",
+                 "3", "--episodes", "1"]) == 0
+    assert "3 epochs on sums (mlp host)" in capsys.readouterr().out
+    assert main(["run", "--policy", str(trained.directory), "--task", "user_task:make_task", "--epochs", "3",
+                 "--no-baseline", "--run-dir", "episode"]) == 0
+    assert "epoch   3/3" in capsys.readouterr().out
+
+
 def test_a_checkpoint_of_an_earlier_format_is_refused_in_one_line(trained: TrainedRun, tmp_path: Path,
                                                                   capsys: pytest.CaptureFixture[str]) -> None:
     run = copy_run(trained, tmp_path / "run")
