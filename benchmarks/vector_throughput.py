@@ -6,7 +6,8 @@ For each env count a fresh `PPOTrainer` runs `--warmup-rounds` untimed rounds, t
 update). Env-steps per second = envs x episode length x rounds / (collect + update seconds).
 
 The time is split into:
-- policy: `PolicyAgent.act` (observation normalization, the one batched policy call, decoding the actions);
+- policy: `PolicyAgent.act` (observation normalization and the one batched policy call; decoding the actions,
+  which waits for them, counts as other);
 - update: `ppo_update`;
 - train: host training of all envs on the shared batches (`train` phase of every env's timer);
 - validate: validation with counterfactuals (`validate` phase of every env's timer);
@@ -85,13 +86,13 @@ class _TimedCall:
 
 def _env_phase_totals(trainer: PPOTrainer, phase: str) -> float:
     """Seconds in `phase` over every env; envs that share one timer (as `PPOTrainer` attaches it) count once."""
-    timers = {id(episode.timer): episode.timer for episode in trainer.vector.episodes}
+    timers = {id(episode.timer): episode.timer for group in trainer.groups for episode in group.vector.episodes}
     return sum(timer.totals.get(phase, 0.0) for timer in timers.values())
 
 
 def gpu_busy_fraction(trainer: PPOTrainer) -> float | None:
     """Device kernel time over wall time of one more round run under `torch.profiler`; None off CUDA."""
-    if trainer.task.train.device.type != "cuda":
+    if trainer.tasks[0].train.device.type != "cuda":
         return None
     from torch.profiler import ProfilerActivity, profile
 
