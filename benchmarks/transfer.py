@@ -157,12 +157,13 @@ def main() -> None:
     parser.add_argument("--settings", default=",".join(SETTINGS), help=f"comma-separated, of {', '.join(SETTINGS)}")
     parser.add_argument("--seeds", type=int, default=20, help="fresh seeds per setting")
     parser.add_argument("--seed", type=int, default=3000, help="base of the evaluation seeds (as eval --seed)")
-    parser.add_argument("--cache", default="benchmarks/transfer_cache.json",
+    parser.add_argument("--cache", default="runs/transfer_cache.json",
                         help="JSON file of the heuristic's and no growth's outcomes (read and extended)")
     parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     cache_path = Path(args.cache)
+    cache_path.parent.mkdir(parents=True, exist_ok=True)
     cache: dict[str, Any] = json.loads(cache_path.read_text()) if cache_path.is_file() else {}
     rows = []
     with tempfile.TemporaryDirectory() as scratch:
