@@ -19,10 +19,12 @@ by setting and seed) and replayed from there when another policy is evaluated on
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import pickle
 import statistics
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,6 +33,7 @@ import numpy as np
 import torch
 
 from morphogen.commands.evaluate import EVALUATION_STREAM, EvalConfig, evaluation_setting, read_policy_run
+from morphogen.config import config_to_dict
 from morphogen.control.controller import NoGrowthController
 from morphogen.control.heuristic import HeuristicController
 from morphogen.control.learned import PolicyController, agent_from_checkpoint
@@ -86,9 +89,11 @@ def write_digits_as_cifar10(directory: Path) -> Path:
     return directory
 
 
-def evaluate_setting(name: str, policy: str, seeds: int, seed_base: int, cache: dict[str, Any],
-                     data_dir: Path) -> dict[str, list[tuple[float, float]]]:
-    """(final accuracy, parameters added) of every controller on every seed of one setting."""
+def evaluate_setting(name: str, policy: str, seeds: int, seed_base: int, cache: dict[str, Any], data_dir: Path,
+                     save: Callable[[dict[str, Any]], None], controllers: tuple[str, ...] = CONTROLLERS,
+                     ) -> dict[str, list[tuple[float, float]]]:
+    """(final accuracy, parameters added) of `controllers` on every seed of one setting; `cache` gains the
+    heuristic's and no growth's outcomes, keyed by setting, episode settings and seed."""
     setting = SETTINGS[name]
     trained, state = read_policy_run(policy, "cpu")
     config = EvalConfig(policy=policy, task=setting.task, host=setting.host, episode_length=setting.episode_length,
@@ -96,11 +101,13 @@ def evaluate_setting(name: str, policy: str, seeds: int, seed_base: int, cache: 
     session, episode_config = evaluation_setting(config, trained)
     task = load_session_task(session.with_resolved_host(), "cpu")
     agent = agent_from_checkpoint(state, "cpu", source=policy)
-    results: dict[str, list[tuple[float, float]]] = {controller: [] for controller in CONTROLLERS}
+    # The episode settings (gates, reward, length) come from the policy's training: part of the cache key.
+    episode_key = hashlib.sha1(json.dumps(config_to_dict(episode_config), sort_keys=True).encode()).hexdigest()[:12]
+    results: dict[str, list[tuple[float, float]]] = {controller: [] for controller in controllers}
     for index in range(seeds):
         seed = derive_seed(seed_base, EVALUATION_STREAM, index)
-        for controller in CONTROLLERS:
-            key = f"{name}/{episode_config.max_epochs}/{seed}/{controller}"
+        for controller in controllers:
+            key = f"{name}/{episode_key}/{seed}/{controller}"
             if controller != "learned" and key in cache:
                 results[controller].append(tuple(cache[key]))  # type: ignore[arg-type]
                 continue
@@ -114,7 +121,8 @@ def evaluate_setting(name: str, policy: str, seeds: int, seed_base: int, cache: 
             results[controller].append(result)
             if controller != "learned":
                 cache[key] = result
-        line = "  ".join(f"{c} {results[c][-1][0]:.2f}%" for c in CONTROLLERS)
+                save(cache)
+        line = "  ".join(f"{c} {results[c][-1][0]:.2f}%" for c in controllers)
         print(f"  {name} seed {index + 1}/{seeds}: {line}", flush=True)
     return results
 
@@ -160,6 +168,8 @@ def main() -> None:
     parser.add_argument("--cache", default="runs/transfer_cache.json",
                         help="JSON file of the heuristic's and no growth's outcomes (read and extended)")
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--baselines-only", action="store_true",
+                        help="play only the heuristic and no growth (fills the cache before a policy is ready)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     cache_path = Path(args.cache)
@@ -168,11 +178,14 @@ def main() -> None:
     rows = []
     with tempfile.TemporaryDirectory() as scratch:
         data_dir = write_digits_as_cifar10(Path(scratch))
+        controllers = CONTROLLERS[1:] if args.baselines_only else CONTROLLERS
         for name in args.settings.split(","):
-            results = evaluate_setting(name, args.policy, args.seeds, args.seed, cache, data_dir)
-            cache_path.write_text(json.dumps(cache, indent=1) + "\n")
-            rows.append(report(name, results))
-            print(rows[-1], flush=True)
+            results = evaluate_setting(name, args.policy, args.seeds, args.seed, cache, data_dir,
+                                       lambda table: cache_path.write_text(json.dumps(table, indent=1) + "\n"),
+                                       controllers)
+            if not args.baselines_only:
+                rows.append(report(name, results))
+                print(rows[-1], flush=True)
     print(f"\npolicy {args.policy}, {args.seeds} seeds (base {args.seed}); accuracy mean ± std (parameters added); "
           "differences paired by seed, mean ± standard error")
     print("| setting | learned | heuristic | no growth | learned - heuristic | learned - no growth | "
