@@ -15,7 +15,11 @@ def test_places_and_costs_of_a_three_block_image_host() -> None:
     model = MorphogeneticModel(CNNHost(num_classes=10, in_channels=1, n_blocks=3, base_channels=4))
     host = model.host
     statistics = [buffer.clone() for buffer in host.buffers()]
-    layout = model_layout(model, torch.randn(5, 1, 8, 8))
+    example = torch.randn(5, 1, 8, 8)
+    generator = torch.get_rng_state()
+    layout = model_layout(model, example)
+    # Counting builds seeds with random weights: the global generator must not move (a resumed run would differ).
+    assert torch.equal(torch.get_rng_state(), generator)
     # Widths 4, 8, 16; every block pools 8x8 -> 4x4 -> 2x2 -> 1x1 after its slot.
     assert [place.width_fraction for place in layout.places.values()] == [0.25, 0.5, 1.0]
     assert [place.resolution_fraction for place in layout.places.values()] == [1.0, 0.25, 0.0625]

@@ -130,8 +130,8 @@ def test_train_and_eval_a_policy_on_a_users_task(tmp_path: Path, monkeypatch: py
     assert json.loads((policy / "config.json").read_text())["task"] == "user_tasks:mlp_regression"
     assert main(["eval", "--policy", str(policy), "--episodes", "1", "--run-dir", str(tmp_path / "eval"),
                  "--threads", "1"]) == 0
-    assert main(["run", "--policy", str(policy), "--no-baseline", "--run-dir", str(tmp_path / "run"),
-                 "--threads", "1"]) == 0  # the policy's own task, as no --task names another
+    assert main(["run", "--policy", str(policy), "--task", "user_tasks:mlp_regression", "--epochs", "3",
+                 "--no-baseline", "--run-dir", str(tmp_path / "run"), "--threads", "1"]) == 0
     out = capsys.readouterr().out
     assert "learned" in out and "task blobs (mlp host" in out
 

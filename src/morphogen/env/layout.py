@@ -66,8 +66,10 @@ def _seed_parameters(topology: str, blueprint: str, width: int) -> int:
 
 @cache
 def _seed_flops(topology: str, blueprint: str, width: int, shape: tuple[int, ...]) -> int:
-    """Forward FLOPs of a seed on one activation of `shape` ([1, ...])."""
-    seed = build_seed(topology, blueprint, width).eval()
+    """Forward FLOPs of a seed on one activation of `shape` ([1, ...]). Its weights are drawn from a forked
+    generator: counting, done once per process, must not move the global one (a resumed run would differ)."""
+    with torch.random.fork_rng(devices=[]):
+        seed = build_seed(topology, blueprint, width).eval()
     with torch.no_grad(), FlopCounterMode(display=False) as counter:
         seed(torch.zeros(shape))
     return int(counter.get_total_flops())
