@@ -192,6 +192,24 @@ def collect_batch(policy: FactoredLSTMPolicy, steps: int = 8, envs: int = 4, see
     return buffer.finish(policy.predict_value(observation, state, episode_starts=starts), gamma=0.9, gae_lambda=0.9)
 
 
+def test_chunks_of_a_rollout_re_run_from_the_states_acting_had() -> None:
+    """Truncated BPTT: each 2-step chunk, re-run from the LSTM state acting had at its start, gives back the
+    log-probs and values of acting, episode starts inside the chunks included."""
+    policy = make_policy()
+    batch = collect_batch(policy, steps=8, envs=3)
+    chunks = batch.in_chunks(2)
+    assert chunks.actions.shape[:2] == (2, 12) and chunks.initial_state[0].shape == (1, 12, 16)
+    # Chunk k of env b is sequence k * 3 + b.
+    assert torch.equal(chunks.actions[:, 1 * 3 + 2], batch.actions[2:4, 2])
+    assert torch.equal(chunks.advantages[:, 3 * 3 + 0], batch.advantages[6:8, 0])
+    evaluation = policy.evaluate_sequence(chunks.observations, chunks.initial_state, chunks.episode_starts,
+                                          chunks.actions, chunks.action_masks)
+    torch.testing.assert_close(evaluation.log_prob, chunks.log_probs, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(evaluation.value, chunks.values, rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="must divide"):
+        batch.in_chunks(3)
+
+
 def test_update_reduces_the_loss_on_a_fixed_batch() -> None:
     policy = make_policy()
     batch = collect_batch(policy)

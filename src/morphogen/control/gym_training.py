@@ -161,6 +161,7 @@ def train_gym(
     n_envs: int = 4,
     rollout_length: int = 128,
     hidden_size: int = 64,
+    bptt_length: int | None = None,
     progress: bool | None = None,
 ) -> GymTraining:
     """Train a FactoredLSTMPolicy with PPO on ``n_envs`` copies of a Gymnasium env; return it with its episodes.
@@ -170,6 +171,9 @@ def train_gym(
     return (both clipped to 10), so one configuration suits envs of any reward scale. Training runs whole rounds of
     ``n_envs * rollout_length`` env steps until at least ``total_steps`` were taken. Everything is
     seeded from ``seed``; the returns of completed episodes come back in the order they ended.
+    ``bptt_length`` cuts every rollout into sequences of that many steps for the update (truncated BPTT, each
+    re-run from the LSTM state acting had at its start): shorter, more numerous sequences make cheaper and
+    more minibatches (``config.minibatches`` counts them); None re-runs whole rollouts.
     ``progress`` draws a bar with ETA and the recent mean return on stderr; None draws it only when
     stderr is a terminal, so logs and notebooks' captured output stay clean.
     """
@@ -181,6 +185,8 @@ def train_gym(
     ):
         if value < 1:
             raise ValueError(f"{name} must be >= 1, got {value}")
+    if bptt_length is not None and (bptt_length < 1 or rollout_length % bptt_length):
+        raise ValueError(f"bptt_length must divide rollout_length ({rollout_length}), got {bptt_length}")
     config = PPOConfig() if config is None else config
     envs = [gymnasium.make(env_id) for _ in range(n_envs)]
     try:
@@ -201,6 +207,8 @@ def train_gym(
             rounds = bar.add_task(env_id, total=n_rounds, recent="")
             for round_index in range(n_rounds):
                 batch = collector.collect(buffer, generator)
+                if bptt_length is not None:
+                    batch = batch.in_chunks(bptt_length)
                 ppo_update(policy, optimizer, batch, config, round_index / n_rounds, generator=generator)
                 recent = collector.episode_returns[-RECENT_EPISODES:]
                 bar.update(rounds, advance=1, recent=f"return {np.mean(recent):.1f}" if recent else "")

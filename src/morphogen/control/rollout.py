@@ -96,11 +96,41 @@ class RolloutBatch(NamedTuple):
     """(h, c), each [1, B, hidden]: the LSTM state before step 0"""
     action_masks: tuple[Tensor, ...] | None
     """one bool tensor per head, [T, B, *mask shape], or None if nothing was masked"""
+    step_states: LSTMState | None = None
+    """(h, c), each [T, B, hidden]: the LSTM state before every step (row 0 is `initial_state`), as acting saw
+    it; what `in_chunks` starts each chunk from. None when not kept."""
 
     @property
     def n_envs(self) -> int:
         """B, the number of env sequences."""
         return int(self.actions.shape[1])
+
+    def in_chunks(self, length: int) -> RolloutBatch:
+        """The batch cut into sequences of `length` steps (truncated BPTT): chunk k of env b becomes sequence
+        ``k * B + b``, re-run from the LSTM state acting had before its first step. Advantages and returns were
+        computed over the whole rollout and are only moved. `length` must divide T."""
+        steps, envs = self.actions.shape[:2]
+        if self.step_states is None:
+            raise ValueError("this batch kept no step states: collect it with a RolloutBuffer (which keeps them)")
+        if length < 1 or steps % length:
+            raise ValueError(f"chunks of {length} steps must divide the rollout's {steps} steps")
+        chunks = steps // length
+
+        def cut(tensor: Tensor) -> Tensor:  # [T, B, ...] -> [length, chunks * B, ...]
+            rest = tensor.shape[2:]
+            return tensor.reshape(chunks, length, envs, *rest).transpose(0, 1).reshape(length, chunks * envs, *rest)
+
+        def starts(tensor: Tensor) -> Tensor:  # [T, B, hidden] -> [1, chunks * B, hidden]
+            return tensor[::length].reshape(1, chunks * envs, tensor.shape[-1])
+
+        return RolloutBatch(
+            observations=map_observation(self.observations, cut), actions=cut(self.actions),
+            log_probs=cut(self.log_probs), log_prob_per_head=cut(self.log_prob_per_head), values=cut(self.values),
+            advantages=cut(self.advantages), returns=cut(self.returns), episode_starts=cut(self.episode_starts),
+            initial_state=(starts(self.step_states[0]), starts(self.step_states[1])),
+            action_masks=None if self.action_masks is None else tuple(cut(mask) for mask in self.action_masks),
+            step_states=(cut(self.step_states[0]), cut(self.step_states[1])),
+        )
 
     def select_envs(self, env_indices: Tensor) -> RolloutBatch:
         """The whole sequences of the envs in ``env_indices`` (long, on the batch's device)."""
@@ -121,6 +151,8 @@ class RolloutBatch(NamedTuple):
                 self.initial_state[1].index_select(1, env_indices),
             ),
             action_masks=masks,
+            step_states=None if self.step_states is None else (self.step_states[0].index_select(1, env_indices),
+                                                              self.step_states[1].index_select(1, env_indices)),
         )
 
 
@@ -185,8 +217,9 @@ class RolloutBuffer:
             self.action_masks = tuple(
                 torch.zeros((*steps_envs, *shape), device=device, dtype=torch.bool) for shape in mask_shapes
             )
-        self.initial_hidden = torch.zeros((1, n_envs, hidden_size), device=device, dtype=dtype)
-        self.initial_cell = torch.zeros((1, n_envs, hidden_size), device=device, dtype=dtype)
+        # The LSTM state before every step; row 0 is the state before the segment.
+        self.step_hidden = torch.zeros((rollout_length, n_envs, hidden_size), device=device, dtype=dtype)
+        self.step_cell = torch.zeros((rollout_length, n_envs, hidden_size), device=device, dtype=dtype)
         self.position = 0
         self._started = False
 
@@ -201,8 +234,8 @@ class RolloutBuffer:
         for name, tensor in zip(("h", "c"), initial_state, strict=True):
             if tuple(tensor.shape) != expected:
                 raise ValueError(f"initial_state {name} must have shape {expected}, got {tuple(tensor.shape)}")
-        self.initial_hidden.copy_(initial_state[0])
-        self.initial_cell.copy_(initial_state[1])
+        self.step_hidden[0].copy_(initial_state[0][0])
+        self.step_cell[0].copy_(initial_state[1][0])
         self.truncation_values_given.zero_()
         self.position = 0
         self._started = True
@@ -221,6 +254,7 @@ class RolloutBuffer:
     ) -> None:
         """Write one step: ``observation`` (leading [B], as the policy saw it), ``episode_starts [B]``, the
         policy's ``action`` for it, and the env's ``reward``, ``terminated``, ``truncated`` (each [B]).
+        ``action.state`` is kept as the state before the next step.
 
         ``truncation_values [B]`` is V(final observation) for envs truncated at this step (other
         entries are ignored); it may be None only if no env was truncated. ``action_masks`` (one per
@@ -243,6 +277,9 @@ class RolloutBuffer:
         self.log_probs[row].copy_(action.log_prob)
         self.log_prob_per_head[row].copy_(action.log_prob_per_head)
         self.values[row].copy_(action.value)
+        if row + 1 < self.rollout_length:
+            self.step_hidden[row + 1].copy_(action.state[0][0])
+            self.step_cell[row + 1].copy_(action.state[1][0])
         self.rewards[row].copy_(reward)
         self.terminated[row].copy_(terminated)
         self.truncated[row].copy_(truncated)
@@ -289,6 +326,7 @@ class RolloutBuffer:
             advantages=advantages,
             returns=returns,
             episode_starts=self.episode_starts.clone(),
-            initial_state=(self.initial_hidden.clone(), self.initial_cell.clone()),
+            initial_state=(self.step_hidden[:1].clone(), self.step_cell[:1].clone()),
             action_masks=None if self.action_masks is None else tuple(mask.clone() for mask in self.action_masks),
+            step_states=(self.step_hidden.clone(), self.step_cell.clone()),
         )
