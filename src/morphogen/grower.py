@@ -140,7 +140,7 @@ class Grower:
             if not parameters or not _unscaled(parameters, scaler):
                 continue
             nn.utils.clip_grad_norm_(parameters, trainer.config.clip_norm, foreach=True)
-            trainer.seed_optimizers[slot_id][1].step()
+            trainer.step_seed(slot_id)
 
     def end_epoch(self) -> EpochReport:
         """Validate, judge and advance the growth; the next epoch's action is decided and applied."""

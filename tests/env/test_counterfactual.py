@@ -195,6 +195,15 @@ def test_training_seeds_get_a_shadow_configuration_and_contribution() -> None:
     result = CounterfactualResult(plan, accuracies=(90.0, 88.0, 93.5), losses=(0.3, 0.4, 0.2))
     # without:r0c2 costs 2 points; blending the training seed in would add 3.5.
     assert result.contributions == {"r0c2": 2.0, "r0c0": 3.5}
+    # In loss: the model without r0c2 loses 0.1 nats more; blending r0c0 in would remove 0.1.
+    assert result.loss_contributions == pytest.approx({"r0c2": 0.1, "r0c0": 0.1})
+
+
+def test_loss_contributions_are_the_loss_each_seed_removes() -> None:
+    plan = plan_counterfactuals(SLOTS, {"r0c0": 1.0, "r0c2": 0.6})
+    # main, without:r0c0, without:r0c2, all_off (losses exact in binary)
+    result = CounterfactualResult(plan, accuracies=(90.0, 85.5, 91.25, 80.0), losses=(1.5, 1.75, 1.375, 2.0))
+    assert result.loss_contributions == {"r0c0": 0.25, "r0c2": -0.125}
 
 
 def test_episode_measures_the_shadow_of_a_training_seed() -> None:

@@ -13,7 +13,7 @@ from morphogen.core.model import MorphogeneticModel
 from morphogen.core.slot import SlotConfig
 from morphogen.data import DEFAULT_OPTIMIZERS, load_task
 from morphogen.env.episode import EpisodeConfig, MorphogenesisEpisode
-from morphogen.env.training import ModelTrainer, OptimizerConfig, task_optimizer_config
+from morphogen.env.training import ModelTrainer, OptimizerConfig, task_optimizer_config, warmup_factor
 
 ADAMW = OptimizerConfig(name="adamw", host_lr=1e-2, seed_lr=1e-2, host_weight_decay=0.1)
 
@@ -40,6 +40,7 @@ def training_seed(model: MorphogeneticModel) -> None:
     ({"betas": (0.9,)}, "betas must be two numbers in [0, 1)"),
     ({"eps": 0.0}, "eps must be > 0"),
     ({"host_lr": -1.0}, "host_lr must be > 0"),
+    ({"seed_warmup_steps": -1}, "seed_warmup_steps must be >= 0"),
 ])
 def test_optimizer_config_rejects_bad_values(values: dict[str, object], message: str) -> None:
     with pytest.raises(ValueError, match=message.replace("[", r"\[").replace("(", r"\(").replace(")", r"\)")):
@@ -89,6 +90,48 @@ def test_back_off_and_momentum_reset_work_on_adamw() -> None:
     trainer.train_batch(*batch())  # AdamW starts its running averages and bias correction again
     state = trainer.host_optimizer.state[model.host_parameters()[0]]
     assert float(state["step"]) == 1.0
+
+
+@pytest.mark.parametrize(("step", "warmup", "factor"),
+                         [(1, 4, 0.25), (2, 4, 0.5), (4, 4, 1.0), (9, 4, 1.0), (1, 0, 1.0), (1, 1, 1.0)])
+def test_warmup_factor_by_hand(step: int, warmup: int, factor: float) -> None:
+    assert warmup_factor(step, warmup) == factor
+
+
+def test_a_new_seed_starts_with_fresh_optimizer_state_and_a_rewarmed_learning_rate() -> None:
+    """The host has trained (its AdamW holds moments and a step count); a seed germinated now gets an optimizer
+    of its own with empty state, and its rate climbs seed_lr/4, /2, 3/4, then seed_lr over its first 4 steps."""
+    model = small_model()
+    config = OptimizerConfig(name="adamw", host_lr=1e-2, seed_lr=2e-2, seed_warmup_steps=4)
+    trainer = ModelTrainer(model, config, IsolationMonitor())
+    for _ in range(3):
+        trainer.train_batch(*batch())
+    training_seed(model)
+    trainer.sync_seed_optimizers()
+    seed_optimizer = trainer.seed_optimizers["r0c0"][1]
+    assert not seed_optimizer.state and trainer.warming_up()
+    rates = []
+    for _ in range(6):
+        trainer.train_batch(*batch())
+        rates.append(seed_optimizer.param_groups[0]["lr"])
+    assert rates == pytest.approx([5e-3, 1e-2, 1.5e-2, 2e-2, 2e-2, 2e-2])
+    assert not trainer.warming_up()
+    seed_step = seed_optimizer.state[model.seed_parameters("r0c0")[0]]["step"]
+    host_step = trainer.host_optimizer.state[model.host_parameters()[0]]["step"]
+    assert (float(seed_step), float(host_step)) == (6.0, 9.0)  # the seed's moments began with the seed
+    assert trainer.host_optimizer.param_groups[0]["lr"] == 1e-2  # the host's rate is not re-warmed
+
+
+def test_a_backed_off_seed_warms_up_to_its_backed_off_rate() -> None:
+    model = small_model()
+    trainer = ModelTrainer(model, OptimizerConfig(seed_lr=0.1, seed_warmup_steps=2), IsolationMonitor())
+    trainer.back_off("seeds", 0.5)
+    training_seed(model)
+    rates = []
+    for _ in range(3):
+        trainer.train_batch(*batch())
+        rates.append(trainer.seed_optimizers["r0c0"][1].param_groups[0]["lr"])
+    assert rates == pytest.approx([0.025, 0.05, 0.05])
 
 
 def test_text_defaults_to_adamw_and_a_table_layers_over_the_task_default() -> None:

@@ -28,12 +28,16 @@ class Op(enum.IntEnum):
     PRUNE = 3
     FOSSILIZE = 4
     ADVANCE = 5
+    GROW = 6
+    """Germinate one blueprint in every empty slot at once, each seed trained with the host from the start
+    (depth growth: a `block` in each slot of a host with a slot after every layer doubles its depth)."""
 
 
 HEADS = ("op", "slot", "blueprint", "style", "tempo", "alpha_target", "alpha_speed", "alpha_curve")
 #: Blend operator of a new seed.
 STYLES = (BlendKind.ADD, BlendKind.MULTIPLY, BlendKind.GATE)
-#: Epochs of the 0 -> 1 alpha ramp of a new seed when it starts blending.
+#: Epochs of the 0 -> 1 alpha ramp of a new seed when it starts blending (GROW: of a seed that is not the
+#: identity at birth; one that is enters at alpha 1).
 TEMPOS = (3, 5, 8)
 ALPHA_TARGETS = (0.0, 0.3, 0.6, 1.0)
 #: Epochs of a SET_ALPHA_TARGET ramp (0 snaps).
@@ -47,6 +51,7 @@ _RELEVANT_HEADS: dict[Op, frozenset[str]] = {
     Op.PRUNE: frozenset({"slot"}),
     Op.FOSSILIZE: frozenset({"slot"}),
     Op.ADVANCE: frozenset({"slot"}),
+    Op.GROW: frozenset({"blueprint", "tempo"}),
 }
 #: [n_ops, n_heads] bool: which heads matter for each op (the op head always does).
 HEAD_RELEVANCE = np.array(
@@ -76,6 +81,8 @@ class Action:
             return "WAIT"
         if self.op is Op.GERMINATE:
             return f"GERMINATE {self.blueprint}@{self.slot} ({self.style.value}, {self.tempo} ep)"
+        if self.op is Op.GROW:
+            return f"GROW {self.blueprint} in every empty slot ({self.tempo} ep)"
         if self.op is Op.SET_ALPHA_TARGET:
             return f"SET_ALPHA {self.slot}->{self.alpha_target:.1f} in {self.alpha_speed} ({self.alpha_curve.value})"
         return f"{self.op.name} {self.slot}"
@@ -145,6 +152,7 @@ class ActionSpace:
         for j, slot in enumerate(slots):
             ramping = slot.alpha.mode is not AlphaMode.HOLD
             slot_valid[Op.GERMINATE, j] = slot.stage is Stage.DORMANT and not seed_in_training
+            slot_valid[Op.GROW, j] = slot_valid[Op.GERMINATE, j]  # GROW needs one empty slot and fills them all
             slot_valid[Op.SET_ALPHA_TARGET, j] = (slot.stage in (Stage.BLENDING, Stage.HOLDING)) and not ramping
             slot_valid[Op.PRUNE, j] = (slot.stage in PRUNABLE_STAGES and slot.lifecycle.seed_age >= MIN_PRUNE_AGE
                                        and not ramping)

@@ -381,12 +381,12 @@ class EpochPlan:
 
 
 def plan_epoch(episodes: Sequence[MorphogenesisEpisode], min_group_size: int = 2) -> EpochPlan:
-    """Group envs by architecture; groups smaller than `min_group_size`, and envs whose optimizer is not SGD,
-    are trained alone."""
+    """Group envs by architecture; groups smaller than `min_group_size`, envs whose optimizer is not SGD and envs
+    with a seed whose learning rate is being re-warmed are trained alone."""
     if min_group_size < 1:
         raise ValueError(f"min_group_size must be >= 1, got {min_group_size}")
-    # Only SGD envs can be stacked; an env on another optimizer leaves its group and trains alone.
-    grouped = [[index for index in group if _trains_with_sgd(episodes[index])]
+    # Only SGD envs at constant rates can be stacked; another env leaves its group and trains alone.
+    grouped = [[index for index in group if _stackable(episodes[index])]
                for group in group_by_architecture(episodes)]
     stackable = [group for group in grouped if len(group) >= min_group_size and _one_dtype(episodes[group[0]])]
     groups = tuple(tuple(group) for group in stackable)
@@ -395,10 +395,13 @@ def plan_epoch(episodes: Sequence[MorphogenesisEpisode], min_group_size: int = 2
     return EpochPlan(groups, alone)
 
 
-def _trains_with_sgd(episode: MorphogenesisEpisode) -> bool:
-    """Whether the env trains with SGD, the only optimizer the stacked step implements: an env on another
-    optimizer (AdamW) is trained alone by its own `ModelTrainer`, never silently stepped with SGD."""
-    return episode.trainer.config.name == "sgd"
+def _stackable(episode: MorphogenesisEpisode) -> bool:
+    """Whether the env trains with SGD at rates fixed for the epoch, what the stacked step implements: an env
+    on another optimizer (AdamW), or with a seed whose learning rate is re-warmed step by step
+    (`OptimizerConfig.seed_warmup_steps`), is trained alone by its own `ModelTrainer`."""
+    trainer = episode.trainer
+    trainer.sync_seed_optimizers()  # a seed germinated by this epoch's action gets its optimizer (and warm-up) now
+    return trainer.config.name == "sgd" and not trainer.warming_up()
 
 
 def _one_dtype(episode: MorphogenesisEpisode) -> bool:

@@ -3,7 +3,8 @@
 Configurations (DESIGN §5 step 2): `main` (every alpha as it is), `without:<slot>` for each seed
 blended in with alpha > 0, and `all_off` when 2..4 seeds are live (with one seed it equals that
 seed's `without`, with more it grows costly). A seed's contribution is acc(main) - acc(without it),
-in accuracy points. Beyond DESIGN, `with:<slot>` blends a TRAINING seed in at alpha 1: its shadow
+in accuracy points, and its loss contribution loss(without it) - loss(main), in nats per token for a
+language model (positive: the seed lowers the loss). Beyond DESIGN, `with:<slot>` blends a TRAINING seed in at alpha 1: its shadow
 contribution acc(with it) - acc(main) says what blending it would bring, which the model's own
 accuracy cannot show while the seed's output is not added.
 """
@@ -64,6 +65,15 @@ class CounterfactualResult:
         main = self.accuracy(MAIN)
         measured = {slot_id: main - self.accuracy(without(slot_id)) for slot_id in self.plan.ablated}
         measured.update({slot_id: self.accuracy(shadow(slot_id)) - main for slot_id in self.plan.shadowed})
+        return measured
+
+    @property
+    def loss_contributions(self) -> dict[str, float]:
+        """Slot -> validation loss its seed removes (nats per token for a language model): loss(without it) -
+        loss(main) for a blended seed, and loss(main) - loss(with it at alpha 1) for a TRAINING seed."""
+        main = self.loss(MAIN)
+        measured = {slot_id: self.loss(without(slot_id)) - main for slot_id in self.plan.ablated}
+        measured.update({slot_id: main - self.loss(shadow(slot_id)) for slot_id in self.plan.shadowed})
         return measured
 
     @property

@@ -147,6 +147,9 @@ class MorphogenesisEpisode:
         #: The optimizer settings this episode trains with: the config's, else the task's default.
         self.optimizer_config = self.config.optimizer or task_optimizer_config(task.name)
         self.objective = Objective.of(task)
+        #: The slots' config, its gates judging by what fits the task: the validation loss for a language model.
+        self.slot_config = dataclasses.replace(self.config.slots,
+                                               gates=self.config.slots.gates.judging(task.objective))
         if not task.topology:
             raise ValueError(f"task {task.name!r} has no host yet: give it one (morphogen.grow or task_with_host)")
         self.blueprint_ids = {name: i + 1 for i, name in enumerate(blueprint_names(task.topology))}
@@ -165,7 +168,7 @@ class MorphogenesisEpisode:
         """The host for this task with slots, initialised from this episode's seed."""
         with seeded(self.seed, self.device):
             host = task_host(self.task, self.device, pool_slots=self.pool_slots)
-        model = MorphogeneticModel(host, self.slot_request, self.config.slots)
+        model = MorphogeneticModel(host, self.slot_request, self.slot_config)
         for slot_id, blueprint in self.architecture.items():
             model.slot(slot_id)  # an unknown slot raises here, naming the valid ones
             with seeded(derive_seed(self.seed, 0, model.slot_ids.index(slot_id)), self.device):
@@ -189,6 +192,7 @@ class MorphogenesisEpisode:
         self.losses: deque[float] = deque(maxlen=HISTORY)
         self.contributions: dict[str, float | None] = {}
         self.previous_contributions: dict[str, float | None] = {}
+        self.loss_contributions: dict[str, float | None] = {}
         self.gradients = IsolationReport(host_gradient_norm=float("nan"), batches=0, seeds={})
         self.episode_return = 0.0
         self.fossilized = self.pruned = 0
@@ -242,6 +246,8 @@ class MorphogenesisEpisode:
         assert model is not None
         if action.op is Op.WAIT:
             return True, "waited"
+        if action.op is Op.GROW:
+            return self._grow(action)
         if action.slot is None:
             raise ValueError(f"{action.op.name} needs a slot")
         slot = model.slot(action.slot)
@@ -271,6 +277,22 @@ class MorphogenesisEpisode:
         if slot.stage is Stage.PRUNED:
             self.pruned += 1
         return True, f"alpha target {action.alpha_target:.2f}"
+
+    def _grow(self, action: Action) -> tuple[bool, str]:
+        """GROW: graft `action.blueprint` into every empty slot, each trained with the host from the start."""
+        model, epoch = self.model, self.epoch
+        assert model is not None
+        if action.blueprint is None:
+            raise ValueError("GROW needs a blueprint")
+        if any(s.stage in (Stage.GERMINATED, Stage.TRAINING) for s in model.slots()):
+            return False, "another seed is still germinated or training"
+        empty = [slot.slot_id for slot in model.slots() if slot.stage is Stage.DORMANT]
+        if not empty:
+            return False, "no empty slot to grow into"
+        for slot_id in empty:
+            with seeded(derive_seed(self.seed, epoch, model.slot_ids.index(slot_id)), self.device):
+                model.graft(slot_id, action.blueprint, epoch, blend_epochs=action.tempo)
+        return True, f"grew {action.blueprint} into {', '.join(empty)}"
 
     def train_epoch(self, batches: Iterable[tuple[Tensor, Tensor]]) -> None:
         """Train host and live seeds on `batches` (this episode's own, or a vector's shared stream)."""
@@ -351,7 +373,7 @@ class MorphogenesisEpisode:
     def _record_signals(self, result: CounterfactualResult) -> None:
         assert self.model is not None
         accuracy = result.accuracy(MAIN)
-        contributions = result.contributions
+        contributions, loss_contributions = result.contributions, result.loss_contributions
         self.previous_contributions = dict(self.contributions)
         self.contributions = {}
         for slot in self.model.slots():
@@ -361,8 +383,11 @@ class MorphogenesisEpisode:
                 gradient_health=None if health is None else health.health,
                 gradient_ratio=None if health is None else health.gradient_ratio,
                 contribution=contributions.get(slot.slot_id),
+                loss=result.loss(MAIN),
+                loss_contribution=loss_contributions.get(slot.slot_id),
             )
             self.contributions[slot.slot_id] = contributions.get(slot.slot_id)
+        self.loss_contributions = {slot_id: loss_contributions.get(slot_id) for slot_id in self.model.slot_ids}
 
     def _slot_snapshot(self, slot_id: str) -> SlotSnapshot:
         assert self.model is not None
@@ -380,6 +405,8 @@ class MorphogenesisEpisode:
             gradient_health=None if health is None else health.health,
             gradient_ratio=None if health is None else health.gradient_ratio,
             accuracy_at_stage_start=slot.signals.accuracy_at_stage_start if slot.seed is not None else None,
+            loss_contribution=self.loss_contributions.get(slot_id) if slot.seed is not None else None,
+            loss_at_stage_start=slot.signals.loss_at_stage_start if slot.seed is not None else None,
         )
 
     def _make_snapshot(self, result: CounterfactualResult, train_loss: float | None, op: Op, succeeded: bool,
@@ -394,7 +421,7 @@ class MorphogenesisEpisode:
             host_parameters=self.model.host_param_count(), active_parameters=self.model.param_count(),
             slots=tuple(self._slot_snapshot(slot_id) for slot_id in self.model.slot_ids),
             accuracy_all_off=result.accuracy_all_off, last_op=int(op), last_action_succeeded=succeeded,
-            rolled_back=rollback is not None,
+            rolled_back=rollback is not None, criterion=self.slot_config.gates.judged_by,
         )
 
     # ---------------------------------------------------------------- telemetry

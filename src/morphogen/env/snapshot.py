@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from morphogen.core.lifecycle import Stage
+from morphogen.core.lifecycle import Criterion, Stage
 
 
 @dataclass(frozen=True)
@@ -37,6 +37,11 @@ class SlotSnapshot:
     gradient_ratio: float | None
     #: Validation accuracy when the seed entered its current stage (to judge what the stage did).
     accuracy_at_stage_start: float | None = None
+    #: Validation loss the seed removes: loss(model without this seed) - loss(model); for a TRAINING seed,
+    #: loss(model) - loss(its shadow). Nats per token for a language model.
+    loss_contribution: float | None = None
+    #: Validation loss when the seed entered its current stage.
+    loss_at_stage_start: float | None = None
 
 
 @dataclass(frozen=True)
@@ -62,6 +67,9 @@ class EpisodeSnapshot:
     last_action_succeeded: bool
     #: True when the governor rolled the model back during this epoch.
     rolled_back: bool = False
+    #: What the gates judge seeds by (the score, or the validation loss for a language model); the heuristic
+    #: judges by the same.
+    criterion: Criterion = Criterion.SCORE
 
     @property
     def added_parameters(self) -> int:

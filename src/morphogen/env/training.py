@@ -55,6 +55,11 @@ class OptimizerConfig:
     eps: float = 1e-8
     #: Max global L2 gradient norm, applied to the host and to each seed separately.
     clip_norm: float = 5.0
+    #: Optimizer steps over which a new seed's learning rate is re-warmed: it rises linearly from
+    #: seed_lr / N to seed_lr over its first N steps (0: no warm-up). Every seed's optimizer state starts
+    #: empty, and Adam's first steps on empty moments move each weight by about the learning rate whatever its
+    #: gradient; growth work (bert2BERT, LiGO, Gstack) re-warms the rate of new layers for that reason.
+    seed_warmup_steps: int = 0
 
     def __post_init__(self) -> None:
         if self.name not in OPTIMIZER_NAMES:
@@ -72,6 +77,8 @@ class OptimizerConfig:
                 raise ValueError(f"{name} must be in [0, 1), got {getattr(self, name)}")
         if len(self.betas) != 2 or not all(0.0 <= beta < 1.0 for beta in self.betas):
             raise ValueError(f"betas must be two numbers in [0, 1), got {list(self.betas)}")
+        if self.seed_warmup_steps < 0:
+            raise ValueError(f"seed_warmup_steps must be >= 0, got {self.seed_warmup_steps}")
 
     def build(self, parameters: Iterable[nn.Parameter], *, seed: bool, lr_scale: float = 1.0) -> torch.optim.Optimizer:
         """The optimizer of the host's (`seed=False`) or one seed's (`seed=True`) parameters, its learning
@@ -83,6 +90,13 @@ class OptimizerConfig:
                                      weight_decay=weight_decay, foreach=True)
         return torch.optim.SGD(parameters, lr=lr, momentum=self.seed_momentum if seed else self.host_momentum,
                                weight_decay=weight_decay, foreach=True)
+
+
+def warmup_factor(step: int, warmup_steps: int) -> float:
+    """The fraction of its learning rate a seed steps with on its `step`-th step (1-based): linear to 1."""
+    if warmup_steps <= 0:
+        return 1.0
+    return min(1.0, step / warmup_steps)
 
 
 def task_optimizer_config(task: str, table: Mapping[str, Any] | None = None) -> OptimizerConfig:
@@ -109,6 +123,8 @@ class ModelTrainer:
         self.objective = objective or Objective(task_loss, None, custom=False)
         self.host_optimizer = config.build(model.host_parameters(), seed=False)
         self.seed_optimizers: dict[str, tuple[nn.Module, torch.optim.Optimizer]] = {}
+        #: Steps each seed's optimizer has taken (for its learning-rate warm-up), by slot id.
+        self.seed_steps: dict[str, int] = {}
         #: Product of the governor's back-offs of the seeds' learning rate in this episode.
         self.seed_lr_scale = 1.0
         self._loss_sum: Tensor | None = None
@@ -122,10 +138,13 @@ class ModelTrainer:
             if slot.seed is None:
                 if kept is not None:
                     del self.seed_optimizers[slot.slot_id]
+                    del self.seed_steps[slot.slot_id]
                 continue
             if kept is None or kept[0] is not slot.seed:
+                # A new seed: fresh optimizer state, and its learning rate re-warmed from the first step.
                 optimizer = self.config.build(slot.seed_parameters(), seed=True, lr_scale=self.seed_lr_scale)
                 self.seed_optimizers[slot.slot_id] = (slot.seed, optimizer)
+                self.seed_steps[slot.slot_id] = 0
             if slot.is_running:
                 running[slot.slot_id] = [p for p in slot.seed_parameters() if p.requires_grad]
         return running
@@ -148,10 +167,24 @@ class ModelTrainer:
         for slot_id, parameters in running.items():
             if parameters:
                 nn.utils.clip_grad_norm_(parameters, self.config.clip_norm, foreach=True)
-                self.seed_optimizers[slot_id][1].step()
+                self.step_seed(slot_id)
         detached = loss.detach()
         self._loss_sum = detached.clone() if self._loss_sum is None else self._loss_sum.add_(detached)
         self.batches += 1
+
+    def step_seed(self, slot_id: str) -> None:
+        """Step the optimizer of the seed in `slot_id`, at its warmed-up share of the learning rate."""
+        optimizer = self.seed_optimizers[slot_id][1]
+        step = self.seed_steps[slot_id] = self.seed_steps[slot_id] + 1
+        if step <= self.config.seed_warmup_steps:
+            lr = self.config.seed_lr * self.seed_lr_scale * warmup_factor(step, self.config.seed_warmup_steps)
+            for group in optimizer.param_groups:
+                group["lr"] = lr
+        optimizer.step()
+
+    def warming_up(self) -> bool:
+        """Whether some seed's learning rate is still being re-warmed (it changes from one step to the next)."""
+        return any(step < self.config.seed_warmup_steps for step in self.seed_steps.values())
 
     def add_epoch_losses(self, loss_sum: Tensor, batches: int) -> None:
         """Add the summed training loss of `batches` batches trained elsewhere (the batched envs of a vector)."""
@@ -175,7 +208,7 @@ class ModelTrainer:
                 group["lr"] *= factor
             return
         assert what == "seeds", what
-        self.seed_lr_scale *= factor
+        self.seed_lr_scale *= factor  # a seed still warming up reads it at its next step
         for _, optimizer in self.seed_optimizers.values():
             for group in optimizer.param_groups:
                 group["lr"] *= factor
