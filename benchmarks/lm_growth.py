@@ -11,9 +11,10 @@ The `text` task on the whole standard-library corpus (every training window), th
   trained layer before it (stacking, Gstack) and is blended in from alpha 0.
 
 Every run trains until its training FLOPs reach the budget (`--budget-steps` training steps of the 4-layer
-model). FLOPs per training step (forward and backward of the host loss, and of the shadow loss while a
-seed trains behind the host) are counted once per execution plan with `torch.utils.flop_counter`; the
-validation passes are not training and are not counted. The controller acts once per `--chunk` batches
+model). Training FLOPs are what the episode's own account charges (`MorphogenesisEpisode.compute`: forward
+and backward of the model's output path, plus the shadow pass while a seed trains behind the host), counted
+once per execution plan by `morphogen.core.flops.FlopCounter`; validation passes are not training and are
+not counted. The controller acts once per `--chunk` batches
 (the episode's epoch here), after a validation pass: the points of the curves.
 
 Printed: each variant's final validation loss (mean ± std over seeds), the training FLOPs at which each
@@ -26,7 +27,6 @@ finishes; a rerun skips those already there, so an interrupted benchmark resumes
 from __future__ import annotations
 
 import argparse
-import copy
 import itertools
 import json
 import math
@@ -39,15 +39,12 @@ from pathlib import Path
 
 import torch
 from torch import Tensor
-from torch.utils.flop_counter import FlopCounterMode
 
 from morphogen.control.controller import NoGrowthController
 from morphogen.control.heuristic import HeuristicConfig, HeuristicController
-from morphogen.core.model import MorphogeneticModel
 from morphogen.data import DEFAULT_HOST_SIZES, Task, load_task
 from morphogen.env.actions import Op
 from morphogen.env.episode import EpisodeConfig, MorphogenesisEpisode
-from morphogen.env.evaluation import Objective
 from morphogen.env.play import Controller
 from morphogen.env.training import task_optimizer_config
 from morphogen.ui.svg import Series, line_chart
@@ -104,18 +101,6 @@ class RunRecord:
     seconds: float
 
 
-def step_flops(model: MorphogeneticModel, objective: Objective, inputs: Tensor, targets: Tensor) -> int:
-    """FLOPs of one training step of `model` in its current execution plan: the host loss's forward and backward,
-    and the shadow loss's while a seed trains behind the host. Counted on a copy, so nothing of the model moves."""
-    clone = copy.deepcopy(model)
-    with FlopCounterMode(display=False) as counter:
-        output, shadow = clone.forward_with_shadow(inputs)
-        objective.checked_loss(output, targets).backward()
-        if shadow is not None and shadow.parameters:
-            objective.shadow_loss(shadow.outputs, targets).backward(inputs=list(shadow.parameters))
-    return int(counter.get_total_flops())
-
-
 def endless_batches(task: Task, batch_size: int, generator: torch.Generator) -> Iterator[tuple[Tensor, Tensor]]:
     """Pass after pass over the training windows, each pass in an order drawn from `generator`."""
     while True:
@@ -127,14 +112,24 @@ def text_task(layers: int) -> Task:
     return load_task("text", host={"n_layers": layers, "n_segments": layers})
 
 
+def step_flops(episode: MorphogenesisEpisode, inputs: Tensor) -> int:
+    """Training FLOPs of one batch like `inputs` in the episode's present plan, as its compute account charges it."""
+    assert episode.model is not None
+    return episode.flop_counter.training_step(episode.model, tuple(inputs.shape), inputs.dtype).total
+
+
+def training_flops(episode: MorphogenesisEpisode) -> int:
+    """What the episode has spent on training so far: its output path and its seeds' shadow passes."""
+    return episode.compute.training + episode.compute.shadow
+
+
 def budget_flops(budget_steps: int) -> float:
-    """The budget: FLOPs of `budget_steps` training steps of the 4-layer host (on the first batch of seed 0)."""
+    """The budget: training FLOPs of `budget_steps` batches of the 4-layer host."""
     task = text_task(VARIANTS[0].layers)
     episode = MorphogenesisEpisode(task, EpisodeConfig(max_epochs=1), seed=0)
     episode.reset()
-    assert episode.model is not None
-    inputs, targets = next(task.train.iterate_batches(task.batch_size, shuffle=False))
-    return float(budget_steps * step_flops(episode.model, episode.objective, inputs, targets))
+    inputs, _ = next(task.train.iterate_batches(task.batch_size, shuffle=False))
+    return float(budget_steps * step_flops(episode, inputs))
 
 
 def run_job(job: Job, budget: float) -> RunRecord:
@@ -152,24 +147,19 @@ def run_job(job: Job, budget: float) -> RunRecord:
         episode.action_space, task.topology, HeuristicConfig(depth_blueprint=variant.depth_blueprint))
     controller.reset()
     batches = endless_batches(task, episode.batch_size, episode.generator)
-    flops_by_plan: dict[object, int] = {}
-    spent, grew_at = 0.0, None
+    grew_at = None
     points = [Point(0.0, snapshot.val_loss, snapshot.val_accuracy, snapshot.active_parameters)]
-    while spent < budget:
+    while training_flops(episode) < budget:
         action = controller.act(snapshot, episode.masks())
         succeeded, reason = episode.apply_action(action)
         if action.op is Op.GROW and succeeded:
-            grew_at = spent
+            grew_at = float(training_flops(episode))
         chunk = list(itertools.islice(batches, job.chunk))
-        plan = episode.model.execution_plan()
-        if plan not in flops_by_plan:
-            flops_by_plan[plan] = step_flops(episode.model, episode.objective, *chunk[0])
-        per_step = flops_by_plan[plan]
-        steps = min(len(chunk), math.ceil((budget - spent) / per_step))
+        steps = math.ceil((budget - training_flops(episode)) / step_flops(episode, chunk[0][0]))
         episode.train_epoch(chunk[:steps])
-        spent += steps * per_step
         snapshot = episode.finish_epoch(action, succeeded, reason).snapshot
-        points.append(Point(spent, snapshot.val_loss, snapshot.val_accuracy, snapshot.active_parameters))
+        points.append(Point(float(training_flops(episode)), snapshot.val_loss, snapshot.val_accuracy,
+                            snapshot.active_parameters))
     record = RunRecord(variant.name, job.seed, budget, points, grew_at, episode.model.architecture(),
                        time.perf_counter() - started)
     path = Path(job.out) / record_name(variant.name, job.seed)

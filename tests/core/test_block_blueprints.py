@@ -1,0 +1,101 @@
+"""Whole-block seeds of transformer hosts: `block` (identity at birth) and `block_copy` (a copy of the layer
+before the slot), through a model: germination, isolation while TRAINING, compilation and state_dict."""
+
+from __future__ import annotations
+
+import io
+
+import pytest
+import torch
+from slot_driver import EASY_CONFIG, drive_to
+from torch import nn
+
+from morphogen.core.blueprints import build_seed, copy_last_block, get_blueprint
+from morphogen.core.hosts import TransformerHost
+from morphogen.core.lifecycle import Stage
+from morphogen.core.model import MorphogeneticModel
+from morphogen.core.transformer_layers import TransformerBlock
+
+VOCABULARY, WIDTH, CONTEXT = 13, 32, 8
+
+
+def host(layers: int = 2) -> TransformerHost:
+    torch.manual_seed(0)
+    return TransformerHost(VOCABULARY, WIDTH, n_heads=4, n_layers=layers, block_size=CONTEXT, n_segments=layers)
+
+
+def tokens() -> torch.Tensor:
+    return torch.randint(0, VOCABULARY, (3, CONTEXT), generator=torch.Generator().manual_seed(1))
+
+
+def test_a_block_is_a_whole_pre_norm_layer_with_zero_output_projections() -> None:
+    seed = build_seed("transformer", "block", WIDTH)
+    assert isinstance(seed, TransformerBlock)
+    assert get_blueprint("transformer", "block").identity_at_birth
+    assert not get_blueprint("transformer", "block_copy").identity_at_birth
+    for projection in seed.output_projections:
+        assert not projection.weight.any() and not projection.bias.any()
+    # The other layers are GPT-initialised, so the block learns as soon as its projections move off zero.
+    assert 0.01 < float(seed.attention.qkv.weight.std()) < 0.03
+    h = torch.randn(2, CONTEXT, WIDTH)
+    assert torch.equal(seed(h), h)
+    assert sum(p.numel() for p in seed.parameters()) == sum(
+        p.numel() for p in TransformerBlock(WIDTH, 4).parameters())
+
+
+def test_a_zero_block_gets_a_gradient_into_its_projections_from_the_first_batch() -> None:
+    seed = build_seed("transformer", "block", WIDTH)
+    h = torch.randn(2, CONTEXT, WIDTH)
+    (seed(h) ** 2).sum().backward()
+    for projection in seed.output_projections:
+        assert projection.weight.grad is not None and projection.weight.grad.abs().sum() > 0
+
+
+def test_block_copy_germinates_as_the_trained_layer_before_its_slot() -> None:
+    model = MorphogeneticModel(host(), config=EASY_CONFIG)
+    with torch.no_grad():
+        for parameter in model.host.parameters():
+            parameter.add_(torch.randn_like(parameter) * 0.1)  # a "trained" host: no zero projections
+    for index, slot_id in enumerate(model.slot_ids):
+        seed = model.germinate(slot_id, "block_copy").seed
+        neighbour = model.host.segments[index][-1]
+        assert isinstance(seed, TransformerBlock) and isinstance(neighbour, TransformerBlock)
+        for (name, copied), original in zip(seed.state_dict().items(), neighbour.state_dict().values(), strict=True):
+            assert torch.equal(copied, original), name
+            assert copied.data_ptr() != original.data_ptr(), name  # a copy, not the same tensor
+        h = torch.randn(2, CONTEXT, WIDTH)
+        assert torch.equal(seed(h), neighbour(h))  # not the identity: the lifecycle blends it in from alpha 0
+
+
+def test_block_copy_needs_a_transformer_block_before_its_slot() -> None:
+    seed = build_seed("transformer", "block_copy", WIDTH)
+    with pytest.raises(ValueError, match="block_copy copies the transformer block just before its slot"):
+        copy_last_block(seed, nn.Sequential(nn.Linear(WIDTH, WIDTH)))
+    with pytest.raises(ValueError, match="germinate it with n_heads=4"):
+        copy_last_block(build_seed("transformer", "block_copy", WIDTH, n_heads=2), host().segments[0])
+
+
+@pytest.mark.parametrize("blueprint", ["block", "block_copy"])
+def test_block_seeds_round_trip_through_state_dict_in_every_stage(blueprint: str) -> None:
+    model = MorphogeneticModel(host(), config=EASY_CONFIG)
+    for slot_id, stage in zip(model.slot_ids, (Stage.TRAINING, Stage.FOSSILIZED), strict=True):
+        slot = model.germinate(slot_id, blueprint)
+        drive_to(slot, stage)
+        assert slot.seed is not None
+        with torch.no_grad():
+            for parameter in slot.seed.parameters():
+                parameter.add_(torch.randn_like(parameter) * 0.05)
+    buffer = io.BytesIO()
+    torch.save(model.state_dict(), buffer)
+    buffer.seek(0)
+    restored = MorphogeneticModel(host(), config=EASY_CONFIG)
+    restored.load_state_dict(torch.load(buffer, weights_only=False))
+    for slot_id in model.slot_ids:
+        assert restored.slot(slot_id).stage is model.slot(slot_id).stage
+        assert restored.slot(slot_id).blueprint == blueprint
+    x = tokens()
+    model.eval(), restored.eval()
+    with torch.no_grad():
+        assert torch.equal(restored(x), model(x))
+        alphas = [[1.0, 1.0], [0.0, 1.0]]  # the TRAINING block's shadow, and the fossil ablated
+        assert torch.equal(restored.counterfactual_forward(x, alphas), model.counterfactual_forward(x, alphas))
