@@ -1,4 +1,5 @@
-"""Multi-process PPO on `torch.distributed` (DESIGN §7): decentralized distributed PPO (Wijmans et al. 2020).
+"""Multi-process PPO on `torch.distributed` (docs/architecture.md#distributed): decentralized distributed
+PPO (Wijmans et al. 2020).
 
 `torchrun --nproc-per-node N -m morphogen train --distributed ...` starts N ranks. The run's
 `n_envs` envs are split into N equal shares: rank r owns global envs `r*L .. r*L + L - 1`

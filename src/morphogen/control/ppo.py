@@ -140,7 +140,7 @@ def explained_variance(values: Tensor, returns: Tensor) -> Tensor:
 
 @dataclass(frozen=True)
 class PPOConfig:
-    """Hyperparameters of the PPO update (defaults: DESIGN §6)."""
+    """Hyperparameters of the PPO update (docs/architecture.md#controller)."""
 
     learning_rate: float = 3e-4
     """Adam step size (read by ``build_optimizer``)."""

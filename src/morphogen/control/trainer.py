@@ -1,4 +1,4 @@
-"""The PPO round loop: collect -> advantages -> update -> log -> checkpoint (DESIGN §6, STYLE §1).
+"""The PPO round loop: collect -> advantages -> update -> log -> checkpoint (docs/architecture.md#controller).
 
 One round runs `n_envs` whole episodes side by side (`VectorEpisodes`, one batched policy call per
 step), then one PPO update over those episodes as sequences (BPTT from the stored initial state).

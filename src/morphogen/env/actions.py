@@ -58,7 +58,7 @@ HEAD_RELEVANCE = np.array(
     [[head == "op" or head in _RELEVANT_HEADS[op] for head in HEADS] for op in Op], dtype=bool
 )
 
-#: A seed must be at least this many epochs old before it may be pruned (DESIGN §5).
+#: A seed must be at least this many epochs old before it may be pruned: younger, its worth is not measured yet.
 MIN_PRUNE_AGE = 5
 _ADVANCEABLE = frozenset({Stage.GERMINATED, Stage.TRAINING, Stage.BLENDING})
 

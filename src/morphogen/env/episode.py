@@ -36,7 +36,7 @@ from morphogen.core.slot import SlotConfig
 from morphogen.data import DataError, Task
 from morphogen.env.actions import Action, ActionSpace, Op
 from morphogen.env.compute import ComputeAccount
-from morphogen.env.counterfactual import MAIN, CounterfactualResult, plan_counterfactuals
+from morphogen.env.counterfactual import MAIN, CounterfactualResult, alpha_configurations
 from morphogen.env.evaluation import Objective, validate
 from morphogen.env.governor import DivergenceError, Governor, GovernorConfig, Rollback
 from morphogen.env.rewards import RewardBreakdown, RewardConfig, RewardMode, compute_reward
@@ -375,11 +375,11 @@ class MorphogenesisEpisode:
         alphas = {s.slot_id: s.alpha.alpha for s in self.model.slots()
                   if s.stage in BLENDED_STAGES and s.alpha.alpha > 0.0}
         training = [s.slot_id for s in self.model.slots() if s.stage is Stage.TRAINING and s.seed is not None]
-        plan = plan_counterfactuals(self.model.slot_ids, alphas, training)
+        configurations = alpha_configurations(self.model.slot_ids, alphas, training)
         with self.timer.phase("validate"):
-            result = validate(self.model, self.task.validation, plan, self.config.validation_batch_size,
+            result = validate(self.model, self.task.validation, configurations, self.config.validation_batch_size,
                               self.objective)
-        self.compute.charge_validation(self.flop_counter, self.model, plan.alphas, dict(result.batch_shapes))
+        self.compute.charge_validation(self.flop_counter, self.model, configurations.alphas, dict(result.batch_shapes))
         return result
 
     def _record_signals(self, result: CounterfactualResult) -> None:
@@ -476,9 +476,9 @@ class MorphogenesisEpisode:
     def _emit_epoch(self, result: CounterfactualResult, action: Action, succeeded: bool,
                     reward: RewardBreakdown) -> None:
         snapshot, emit = self.snapshot, self._emit
-        if result.plan.size > 1:
+        if result.configurations.size > 1:
             emit(events.CounterfactualMeasured(
-                epoch=self.epoch, env_id=self.env_id, configs=result.plan.names, accuracies=result.accuracies,
+                epoch=self.epoch, env_id=self.env_id, configs=result.configurations.names, accuracies=result.accuracies,
                 losses=result.losses, contributions=tuple(result.contributions.items())))
         emit(events.RewardComputed(epoch=self.epoch, env_id=self.env_id, total=reward.total,
                                    components=reward.components))
