@@ -7,13 +7,15 @@ import io
 
 import pytest
 import torch
-from slot_driver import EASY_CONFIG, drive_to
+import torch._dynamo
+from slot_driver import EASY_CONFIG, drive_to, perturb_seed
 from torch import nn
 
 from morphogen.core.blueprints import build_seed, copy_last_block, get_blueprint
 from morphogen.core.hosts import TransformerHost
-from morphogen.core.lifecycle import Stage
+from morphogen.core.lifecycle import GateConfig, GateMode, IllegalTransitionError, Stage
 from morphogen.core.model import MorphogeneticModel
+from morphogen.core.slot import SlotConfig
 from morphogen.core.transformer_layers import TransformerBlock
 
 VOCABULARY, WIDTH, CONTEXT = 13, 32, 8
@@ -36,7 +38,7 @@ def test_a_block_is_a_whole_pre_norm_layer_with_zero_output_projections() -> Non
     for projection in seed.output_projections:
         assert not projection.weight.any() and not projection.bias.any()
     # The other layers are GPT-initialised, so the block learns as soon as its projections move off zero.
-    assert 0.01 < float(seed.attention.qkv.weight.std()) < 0.03
+    assert 0.01 < float(seed.attention.qkv.weight.detach().std()) < 0.03
     h = torch.randn(2, CONTEXT, WIDTH)
     assert torch.equal(seed(h), h)
     assert sum(p.numel() for p in seed.parameters()) == sum(
@@ -99,3 +101,91 @@ def test_block_seeds_round_trip_through_state_dict_in_every_stage(blueprint: str
         assert torch.equal(restored(x), model(x))
         alphas = [[1.0, 1.0], [0.0, 1.0]]  # the TRAINING block's shadow, and the fossil ablated
         assert torch.equal(restored.counterfactual_forward(x, alphas), model.counterfactual_forward(x, alphas))
+
+
+def test_a_new_block_takes_the_head_count_of_the_layer_before_it() -> None:
+    two_heads = TransformerHost(VOCABULARY, 16, n_heads=2, n_layers=2, block_size=CONTEXT, n_segments=2)
+    model = MorphogeneticModel(two_heads, config=EASY_CONFIG)
+    for slot_id, blueprint in zip(model.slot_ids, ("block", "block_copy"), strict=True):
+        slot = model.germinate(slot_id, blueprint)
+        assert isinstance(slot.seed, TransformerBlock) and slot.seed.attention.n_heads == 2
+        assert slot.blueprint_options == {"n_heads": 2}  # saved, so that a reload rebuilds it alike
+
+
+def test_block_copy_is_refused_without_the_layer_to_copy() -> None:
+    slot = MorphogeneticModel(host(), config=EASY_CONFIG).slot("r0c0")
+    with pytest.raises(ValueError, match="germinate it through MorphogeneticModel.germinate"):
+        slot.germinate("block_copy")
+    assert slot.stage is Stage.DORMANT and slot.seed is None
+
+
+@pytest.mark.usefixtures("fresh_dynamo")
+def test_block_seeds_compile_without_graph_breaks() -> None:
+    """A TRAINING block (shadow pass), a copied block blending in, a fossilized block: one graph each pass."""
+    model = MorphogeneticModel(host(layers=3), config=EASY_CONFIG).train()
+    for slot_id, blueprint, stage in (("r0c0", "block", Stage.TRAINING), ("r0c1", "block_copy", Stage.BLENDING),
+                                      ("r0c2", "block", Stage.FOSSILIZED)):
+        slot = model.germinate(slot_id, blueprint)
+        perturb_seed(slot, torch.Generator().manual_seed(3), scale=0.05)
+        drive_to(slot, stage, alpha=0.5)
+    x = tokens()
+    plan = model.execution_plan()
+    _, captured = model._host_forward(x, plan)
+    assert len(captured) == 1
+    for function, arguments in ((MorphogeneticModel.forward, (model, x)),
+                                (MorphogeneticModel._host_forward, (model, x, plan)),
+                                (MorphogeneticModel._shadow_pass, (model, captured, plan))):
+        explanation = torch._dynamo.explain(function)(*arguments)
+        assert explanation.graph_break_count == 0, explanation.break_reasons
+        assert explanation.graph_count == 1
+
+
+# ---------------------------------------------------------------- grafting: trained with the host from the start
+
+GRAFT_CONFIG = SlotConfig(blend_epochs=3, gates=GateConfig(mode=GateMode.STRICT))
+
+
+def test_a_grafted_zero_block_is_in_the_output_at_once_and_changes_nothing_yet() -> None:
+    model = MorphogeneticModel(host(), config=GRAFT_CONFIG)
+    x = tokens()
+    with torch.no_grad():
+        before = model(x)
+    for slot_id in model.slot_ids:
+        slot = model.graft(slot_id, "block", epoch=4)
+        # No TRAINING behind the host: blended in at alpha 1 straight away, and HOLDING (auto) since its ramp is done.
+        assert slot.stage is Stage.HOLDING and slot.alpha.alpha == 1.0 and not slot.detach_input
+        assert [record.to_stage for record in slot.drain_transitions()] == [
+            Stage.GERMINATED, Stage.TRAINING, Stage.BLENDING, Stage.HOLDING]
+    with torch.no_grad():
+        assert torch.equal(model(x), before)
+    # Its output projections learn from the model's own loss (no shadow pass).
+    output, shadow = model.forward_with_shadow(x)
+    assert shadow is None
+    output.square().mean().backward()
+    seed = model.slot("r0c1").seed
+    assert isinstance(seed, TransformerBlock) and seed.mlp_output.weight.grad is not None
+    assert seed.mlp_output.weight.grad.abs().sum() > 0
+
+
+def test_a_grafted_copy_ramps_in_from_alpha_zero_over_its_blend_epochs() -> None:
+    model = MorphogeneticModel(host(), config=GRAFT_CONFIG)
+    slot = model.graft("r0c0", "block_copy", epoch=4)
+    alphas = [slot.alpha.alpha]
+    stages = [slot.stage]
+    for epoch in (5, 6):
+        slot.step_epoch(epoch)
+        alphas.append(slot.alpha.alpha)
+        stages.append(slot.stage)
+    assert alphas == pytest.approx([1 / 3, 2 / 3, 1.0])  # its first epoch already trains at 1/3
+    assert stages == [Stage.BLENDING, Stage.BLENDING, Stage.HOLDING]
+    # The fossilize gate still has the last word: strict gates want a measured contribution.
+    assert not slot.fossilize(7).passed
+    slot.record_signals(gradient_health=1.0, contribution=3.0)
+    assert slot.fossilize(7).passed and slot.stage is Stage.FOSSILIZED
+
+
+def test_graft_needs_an_empty_slot() -> None:
+    model = MorphogeneticModel(host(), config=GRAFT_CONFIG)
+    model.graft("r0c0", "block")
+    with pytest.raises(IllegalTransitionError, match="germinate needs DORMANT"):
+        model.graft("r0c0", "block")

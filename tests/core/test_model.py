@@ -185,11 +185,10 @@ def _grown_model(topology: str, seed: int, dtype: torch.dtype | None = None) -> 
     rng = random.Random(11)
     placements = dict(zip(slot_ids, (*SEED_STAGES_TO_PLACE, Stage.EMBARGOED), strict=False))
     for index, (slot_id, stage) in enumerate(placements.items()):
-        slot = model.slot(slot_id)
         options = {"rank": 3} if topology == "transformer" and index == 0 else {}
         blueprint = "lora" if options else rng.choice(blueprint_names(topology))
-        slot.germinate(blueprint, blend=list(BlendKind)[index % 3], blend_epochs=4 if stage is Stage.BLENDING else 0,
-                       device=next(host.parameters()).device, dtype=dtype, **options)
+        slot = model.germinate(slot_id, blueprint, blend=list(BlendKind)[index % 3],
+                               blend_epochs=4 if stage is Stage.BLENDING else 0, **options)
         perturb_seed(slot, torch.Generator().manual_seed(index))
         slot.record_signals(accuracy=50.0 + index, gradient_health=0.9, gradient_ratio=0.2 + index,
                             contribution=1.5 * index)

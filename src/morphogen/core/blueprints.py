@@ -275,6 +275,18 @@ def transformer_block(d_model: int, *, n_heads: int = 4, device: Device = None,
     return block
 
 
+def _last_block(segment: nn.Module) -> TransformerBlock | None:
+    """The last `TransformerBlock` in `segment` (the host segment that ends at a slot), None when it has none."""
+    blocks = [module for module in segment.modules() if isinstance(module, TransformerBlock)]
+    return blocks[-1] if blocks else None
+
+
+def heads_of_last_block(segment: nn.Module) -> dict[str, Any]:
+    """`{"n_heads": ...}` of the layer before the slot, so that a new block splits its width as the host's do."""
+    block = _last_block(segment)
+    return {} if block is None else {"n_heads": block.attention.n_heads}
+
+
 @torch.no_grad()
 def copy_last_block(seed: nn.Module, segment: nn.Module) -> None:
     """Make `seed` (a `TransformerBlock`) a copy of the last `TransformerBlock` in `segment`, the host's
@@ -282,11 +294,10 @@ def copy_last_block(seed: nn.Module, segment: nn.Module) -> None:
 
     Raises `ValueError` when `segment` holds no `TransformerBlock`, or one of another shape or head count.
     """
-    blocks = [module for module in segment.modules() if isinstance(module, TransformerBlock)]
-    if not blocks or not isinstance(seed, TransformerBlock):
+    source = _last_block(segment)
+    if source is None or not isinstance(seed, TransformerBlock):
         raise ValueError("block_copy copies the transformer block just before its slot, and this host has none "
                          "there (a TransformerHost does); germinate `block` instead")
-    source = blocks[-1]
     if source.attention.n_heads != seed.attention.n_heads:
         raise ValueError(f"block_copy: the block before the slot has {source.attention.n_heads} heads; germinate "
                          f"it with n_heads={source.attention.n_heads} to copy it")
@@ -305,6 +316,9 @@ class Blueprint:
     """For a seed that starts as a copy of the host's layer before its slot (`block_copy`): called with the
     built seed and the host segment that ends at the slot, it loads that layer's weights into the seed.
     None: the seed is the identity at birth."""
+    options_from_neighbour: Callable[[nn.Module], dict[str, Any]] | None = None
+    """Options read off the host segment that ends at the slot, for those the caller does not give (a whole
+    block takes the head count of the layer before it)."""
 
     @property
     def identity_at_birth(self) -> bool:
@@ -360,10 +374,11 @@ def _residual_mlp_blueprints(topology: str, *, attention: bool) -> dict[str, Blu
         blueprints.insert(3, Blueprint("attention", topology, transformer_attention, "4-head causal self-attention"))
         blueprints += [
             Blueprint("block", topology, transformer_block,
-                      "whole pre-norm block (attention + MLP), output projections zero: identity at birth"),
+                      "whole pre-norm block (attention + MLP), output projections zero: identity at birth",
+                      options_from_neighbour=heads_of_last_block),
             Blueprint("block_copy", topology, transformer_block,
                       "whole block copied from the host layer before the slot (stacking; not identity at birth)",
-                      neighbour_init=copy_last_block),
+                      neighbour_init=copy_last_block, options_from_neighbour=heads_of_last_block),
         ]
     return {b.name: b for b in blueprints}
 

@@ -124,15 +124,30 @@ class MorphogeneticModel(nn.Module):
         """Germinate `blueprint` in `slot_id` on the host's device and dtype."""
         reference = next(self.host.parameters())
         slot = self.slot(slot_id)
-        slot.germinate(blueprint, epoch, device=reference.device, dtype=reference.dtype, **options)
+        slot.germinate(blueprint, epoch, device=reference.device, dtype=reference.dtype,
+                       neighbour=self.segment_before(slot_id), **options)
+        return slot
+
+    def graft(self, slot_id: str, blueprint: str, epoch: int = 0, **options: Any) -> SeedSlot:
+        """Germinate `blueprint` in `slot_id` to train with the host from the start (see `SeedSlot.graft`)."""
+        reference = next(self.host.parameters())
+        slot = self.slot(slot_id)
+        slot.graft(blueprint, epoch, device=reference.device, dtype=reference.dtype,
+                   neighbour=self.segment_before(slot_id), **options)
         return slot
 
     def install(self, slot_id: str, blueprint: str, *, blend: BlendKind | None = None, **options: Any) -> SeedSlot:
         """Install `blueprint` in `slot_id` as a fixed part of the architecture (see `SeedSlot.install`)."""
         reference = next(self.host.parameters())
         slot = self.slot(slot_id)
-        slot.install(blueprint, blend=blend, device=reference.device, dtype=reference.dtype, **options)
+        slot.install(blueprint, blend=blend, device=reference.device, dtype=reference.dtype,
+                     neighbour=self.segment_before(slot_id), **options)
         return slot
+
+    def segment_before(self, slot_id: str) -> nn.Module:
+        """The host segment that ends at `slot_id`: where a seed that copies the layer before its slot copies it."""
+        segment: nn.Module = self.host.segments[self.host.point_index(slot_id)]
+        return segment
 
     def architecture(self) -> dict[str, str]:
         """Slot id -> blueprint of every seed that is part of the output now (BLENDING, HOLDING, FOSSILIZED)."""
