@@ -131,7 +131,7 @@ def test_agent_from_checkpoint_acts_exactly_like_the_saved_agent(digits: Task, t
 
 @pytest.mark.parametrize(("field", "value", "message"), [
     ("observation_size", 3, "was built for observation_size=3, but this run has observation_size="),
-    ("action_sizes", [6, 2], "was built for action_sizes=(6, 2), but this run has action_sizes=(6, 2, "),
+    ("action_sizes", [6, 2], "was built for action_sizes=(6, 2), but this run has action_sizes=(7, 2, "),
     ("hidden_size", 32, "does not fit the policy it describes: "),
 ])
 def test_agent_from_checkpoint_refuses_a_checkpoint_it_cannot_rebuild(digits: Task, tmp_path: Path, field: str,

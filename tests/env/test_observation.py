@@ -215,8 +215,8 @@ def test_bad_blueprint_id_and_last_op_raise() -> None:
     with pytest.raises(ValueError, match="blueprint ids"):
         encoder.encode(make_snapshot((too_large, make_slot("r0c1"))))
     encoder.encode(make_snapshot((make_slot("r0c0", blueprint_id=encoder.n_blueprints), make_slot("r0c1"))))
-    with pytest.raises(ValueError, match="last_op=6"):
-        encoder.encode(make_snapshot(last_op=6))
+    with pytest.raises(ValueError, match="last_op=7"):
+        encoder.encode(make_snapshot(last_op=7))
 
 
 optional_points = st.none() | st.floats(-100.0, 100.0)
