@@ -261,7 +261,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--budget-steps", type=int, default=3000,
                         help="the training-FLOP budget, in training steps of the 4-layer model")
-    parser.add_argument("--chunk", type=int, default=110, help="training batches between validations")
+    parser.add_argument("--chunk", type=int, default=220, help="training batches between validations")
     parser.add_argument("--variants", default=",".join(v.name for v in VARIANTS),
                         help="comma-separated variant names (default: all four)")
     parser.add_argument("--jobs", type=int, default=2, help="worker processes")

@@ -114,7 +114,7 @@ def test_a_new_block_takes_the_head_count_of_the_layer_before_it() -> None:
 
 def test_block_copy_is_refused_without_the_layer_to_copy() -> None:
     slot = MorphogeneticModel(host(), config=EASY_CONFIG).slot("r0c0")
-    with pytest.raises(ValueError, match="germinate it through MorphogeneticModel.germinate"):
+    with pytest.raises(ValueError, match=r"germinate it through MorphogeneticModel\.germinate"):
         slot.germinate("block_copy")
     assert slot.stage is Stage.DORMANT and slot.seed is None
 

@@ -17,7 +17,6 @@ from morphogen.env.actions import Action, Op
 from morphogen.env.episode import EpisodeConfig, MorphogenesisEpisode
 from morphogen.env.play import play_epoch
 
-
 #: A small language model: 16 wide, 2 layers, a slot after each; windows of 16 characters.
 TINY_HOST = {"d_model": 16, "n_layers": 2, "block_size": 16}
 

@@ -15,6 +15,7 @@ from typing import TextIO
 from morphogen.config import config_to_dict
 from morphogen.control.controller import NoGrowthController
 from morphogen.control.heuristic import HeuristicConfig, HeuristicController
+from morphogen.core.lifecycle import Criterion
 from morphogen.core.model import MorphogeneticModel
 from morphogen.data import Task
 from morphogen.devices import resolve_device
@@ -75,9 +76,11 @@ def format_step(result: StepResult) -> str:
 
 
 def print_summary(grown: EpisodeOutcome, baseline: EpisodeOutcome | None, out: TextIO,
-                  from_scratch: EpisodeOutcome | None = None, metric_name: str = "accuracy") -> None:
+                  from_scratch: EpisodeOutcome | None = None, metric_name: str = "accuracy",
+                  criterion: Criterion = Criterion.SCORE) -> None:
     """The closing table: the grown model, the same host without growth, and the grown model's final
-    architecture trained from scratch; then the story of every seed. `metric_name` names the score row."""
+    architecture trained from scratch; then the story of every seed, its contributions in what `criterion`
+    judges (accuracy points, or nats of validation loss removed). `metric_name` names the score row."""
     columns = [("grown", grown), ("no growth", baseline), ("from scratch", from_scratch)]
     percent = "%" if metric_name == "accuracy" else ""
     cells: list[tuple[str, Callable[[EpisodeOutcome], str]]] = [
@@ -98,13 +101,21 @@ def print_summary(grown: EpisodeOutcome, baseline: EpisodeOutcome | None, out: T
         print("  none germinated", file=out)
     for story in grown.stories:
         ending = story.outcome if story.outcome_epoch is None else f"{story.outcome}@{story.outcome_epoch}"
+        if criterion is Criterion.LOSS:
+            predicted, measured = _nats(story.predicted_loss_contribution), _nats(story.loss_contribution)
+        else:
+            predicted, measured = _points(story.predicted_contribution), _points(story.contribution)
         print(f"  {story.blueprint:<11} {story.slot:<5} {story.stage_path():<44} {ending:<14} "
-              f"predicted {_points(story.predicted_contribution)}  measured {_points(story.contribution)}",
-              file=out)
+              f"predicted {predicted}  measured {measured}", file=out)
 
 
 def _points(value: float | None) -> str:
     return "-" if value is None else f"{value:+.2f} pts"
+
+
+def _nats(value: float | None) -> str:
+    """Validation loss a seed removes, in nats per token."""
+    return "-" if value is None else f"{value:+.4f} nats"
 
 
 @dataclass(frozen=True)
@@ -186,7 +197,7 @@ def _play_and_write(config: RunConfig, task: Task, episode: MorphogenesisEpisode
         from_scratch = None
         if config.from_scratch and architecture:
             from_scratch = _run_from_scratch(config, task, architecture, display)
-    print_summary(grown, baseline, out, from_scratch, task.metric_name)
+    print_summary(grown, baseline, out, from_scratch, task.metric_name, episode.slot_config.gates.judged_by)
     if episode.timer.enabled:
         print(f"\ntime by phase (grown model):\n{episode.timer.summary()}", file=out)
     summary = {"grown": _outcome_dict(grown), "baseline": None if baseline is None else _outcome_dict(baseline),
@@ -247,7 +258,8 @@ def _outcome_dict(outcome: EpisodeOutcome) -> dict[str, object]:
         "seconds": outcome.seconds, "episode_return": outcome.episode_return, "flops": outcome.flops.as_dict(),
         "seeds": [{"slot": s.slot, "blueprint": s.blueprint, "germinated": s.germinated, "stages": s.stages,
                    "outcome": s.outcome, "outcome_epoch": s.outcome_epoch, "contribution": s.contribution,
-                   "predicted_contribution": s.predicted_contribution}
+                   "predicted_contribution": s.predicted_contribution, "loss_contribution": s.loss_contribution,
+                   "predicted_loss_contribution": s.predicted_loss_contribution}
                   for s in outcome.stories],
     }
 

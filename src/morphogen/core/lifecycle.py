@@ -8,9 +8,9 @@ needs it: "not measured yet" must never look like "measured and fine".
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import math
-import dataclasses
 from dataclasses import dataclass, field
 
 
