@@ -1,5 +1,7 @@
 """Whole-block seeds of transformer hosts: `block` (identity at birth) and `block_copy` (a copy of the layer
-before the slot), through a model: germination, isolation while TRAINING, compilation and state_dict."""
+before the slot), through a model: germination, state_dict and grafting. Isolation while TRAINING and
+compilation without graph breaks are tested with every blueprint in test_slot_isolation.py and
+test_compilation.py."""
 
 from __future__ import annotations
 
@@ -7,8 +9,7 @@ import io
 
 import pytest
 import torch
-import torch._dynamo
-from slot_driver import EASY_CONFIG, drive_to, perturb_seed
+from slot_driver import EASY_CONFIG, drive_to
 from torch import nn
 
 from morphogen.core.blueprints import build_seed, copy_last_block, get_blueprint
@@ -117,27 +118,6 @@ def test_block_copy_is_refused_without_the_layer_to_copy() -> None:
     with pytest.raises(ValueError, match=r"germinate it through MorphogeneticModel\.germinate"):
         slot.germinate("block_copy")
     assert slot.stage is Stage.DORMANT and slot.seed is None
-
-
-@pytest.mark.usefixtures("fresh_dynamo")
-def test_block_seeds_compile_without_graph_breaks() -> None:
-    """A TRAINING block (shadow pass), a copied block blending in, a fossilized block: one graph each pass."""
-    model = MorphogeneticModel(host(layers=3), config=EASY_CONFIG).train()
-    for slot_id, blueprint, stage in (("r0c0", "block", Stage.TRAINING), ("r0c1", "block_copy", Stage.BLENDING),
-                                      ("r0c2", "block", Stage.FOSSILIZED)):
-        slot = model.germinate(slot_id, blueprint)
-        perturb_seed(slot, torch.Generator().manual_seed(3), scale=0.05)
-        drive_to(slot, stage, alpha=0.5)
-    x = tokens()
-    plan = model.execution_plan()
-    _, captured = model._host_forward(x, plan)
-    assert len(captured) == 1
-    for function, arguments in ((MorphogeneticModel.forward, (model, x)),
-                                (MorphogeneticModel._host_forward, (model, x, plan)),
-                                (MorphogeneticModel._shadow_pass, (model, captured, plan))):
-        explanation = torch._dynamo.explain(function)(*arguments)
-        assert explanation.graph_break_count == 0, explanation.break_reasons
-        assert explanation.graph_count == 1
 
 
 # ---------------------------------------------------------------- grafting: trained with the host from the start
