@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 from morphogen import __version__
 from morphogen.commands.listing import LISTINGS
 from morphogen.commands.run import RunConfig, run_command
-from morphogen.config import ConfigError, build_config, read_config_file, short_repr
+from morphogen.config import ConfigError, build_config, read_config_file
 from morphogen.control.checkpoint import CheckpointError
 from morphogen.control.distributed import DistributedSetupError, PeerLostError
 from morphogen.control.trainer import TrainConfig
@@ -24,7 +24,7 @@ from morphogen.core.hosts import UnknownSlotError
 from morphogen.data import TASK_NAMES, DataError
 from morphogen.env.governor import DivergenceError
 from morphogen.env.training import task_optimizer_config
-from morphogen.limits import MAX_TIMEOUT_SECONDS
+from morphogen.limits import MAX_TIMEOUT_SECONDS, short_repr
 from morphogen.run_directory import (
     CONFIG_FILENAME,
     DiskFullError,
@@ -215,6 +215,7 @@ def parse_arguments(parser: argparse.ArgumentParser, argv: Sequence[str] | None)
 
 
 def _flag_overrides(args: argparse.Namespace) -> dict[str, Any]:
+    """The config values the command line sets (flags left out set nothing)."""
     overrides: dict[str, Any] = {}
     for name in ("task", "seed", "device", "data_dir", "text_file", "max_train_samples", "run_dir",
                  "pool_slots", "n_envs", "rounds", "hidden_size", "compile", "compile_mode", "compile_backend"):
@@ -226,13 +227,23 @@ def _flag_overrides(args: argparse.Namespace) -> dict[str, Any]:
                                                 ("profile", getattr(args, "profile", None))) if value is not None}
     if telemetry:
         overrides["telemetry"] = telemetry
+    if getattr(args, "imitate_rounds", None) is not None:
+        overrides["imitation"] = {"rounds": args.imitate_rounds}
+    if getattr(args, "no_baseline", False):
+        overrides["baseline"] = False
+    if getattr(args, "no_from_scratch", False):
+        overrides["from_scratch"] = False
+    return {**overrides, **_list_overrides(args)}
+
+
+def _list_overrides(args: argparse.Namespace) -> dict[str, Any]:
+    """`--slots` and `--devices`, comma-separated lists on the command line."""
+    overrides: dict[str, Any] = {}
     if getattr(args, "slots", None) is not None:
         slots = [s.strip() for s in args.slots.split(",") if s.strip()]
         if not slots:
             raise UsageError("--slots needs at least one slot id, e.g. --slots r0c1")
         overrides["slots"] = slots
-    if getattr(args, "imitate_rounds", None) is not None:
-        overrides["imitation"] = {"rounds": args.imitate_rounds}
     if getattr(args, "devices", None) is not None:
         if getattr(args, "device", None) is not None:
             raise UsageError("--device and --devices both say where to run; give one (the policy lives on the "
@@ -241,10 +252,6 @@ def _flag_overrides(args: argparse.Namespace) -> dict[str, Any]:
         if not all(devices):
             raise UsageError(f"--devices needs comma-separated device names without empty ones, got {args.devices!r}")
         overrides["devices"] = devices
-    if getattr(args, "no_baseline", False):
-        overrides["baseline"] = False
-    if getattr(args, "no_from_scratch", False):
-        overrides["from_scratch"] = False
     return overrides
 
 
@@ -292,18 +299,8 @@ def _with_task_optimizer(values: dict[str, Any]) -> dict[str, Any]:
 
 
 def read_config_values(path: str | None) -> dict[str, Any]:
-    """The values of a config file; a `run_dir` that names the file's own directory is dropped.
-
-    A run directory's `config.json` of an older morphogen pinned its own `run_dir`; re-running that file
-    must make a new run, not append to the old one (run directories written now hold `run_dir: null`).
-    """
-    if path is None:
-        return {}
-    values = read_config_file(path)
-    pinned = values.get("run_dir")
-    if isinstance(pinned, str) and Path(pinned).resolve() == Path(path).resolve().parent:
-        values["run_dir"] = None
-    return values
+    """The values of the config file at `path` (none: no values)."""
+    return {} if path is None else read_config_file(path)
 
 
 def train_config_from_args(args: argparse.Namespace) -> TrainConfig:
@@ -318,17 +315,28 @@ def train_config_from_args(args: argparse.Namespace) -> TrainConfig:
 
 
 def _train(args: argparse.Namespace) -> None:
-    from morphogen.commands.train import config_for_resume, train_command
+    from morphogen.commands.train import train_command
 
+    _check_distributed_flags(args)
+    if args.resume is not None:
+        _resume(args)
+        return
+    config = train_config_from_args(args)
+    with _distributed(args, config.policy_device) as context:
+        train_command(config, context=context)
+
+
+def _check_distributed_flags(args: argparse.Namespace) -> None:
     if not args.distributed and (args.dist_backend is not None or args.dist_timeout is not None):
         raise UsageError("--dist-backend and --dist-timeout apply to --distributed runs; add --distributed")
     if args.dist_timeout is not None and not 0 < args.dist_timeout <= MAX_TIMEOUT_SECONDS:  # NaN fails too
         raise UsageError(f"--dist-timeout must be > 0 and <= {MAX_TIMEOUT_SECONDS:,} seconds, got {args.dist_timeout}")
-    if args.resume is None:
-        config = train_config_from_args(args)
-        with _distributed(args, config.policy_device) as context:
-            train_command(config, context=context)
-        return
+
+
+def _resume(args: argparse.Namespace) -> None:
+    """`train --resume RUN_DIR`: continue a run with its saved config and the few flags that may change."""
+    from morphogen.commands.train import config_for_resume, train_command
+
     overrides = _flag_overrides(args)
     if args.config or args.episode_length is not None or args.slots is not None or args.batch_envs:
         raise UsageError("--resume continues a run with its saved config; only --rounds, --device, --devices, "

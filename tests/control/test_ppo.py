@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import torch
 
+from morphogen.control.gym_training import train_gym
 from morphogen.control.policy import FactoredLSTMPolicy
 from morphogen.control.ppo import (
     EnvShare,
@@ -21,13 +22,11 @@ from morphogen.control.ppo import (
     clipped_surrogate_loss,
     entropy_bonus,
     explained_variance,
-    generalized_advantage_estimation,
     ppo_losses,
     ppo_update,
-    train_gym,
     value_loss,
 )
-from morphogen.control.rollout import RolloutBatch, RolloutBuffer
+from morphogen.control.rollout import RolloutBatch, RolloutBuffer, generalized_advantage_estimation
 
 # ----------------------------------------------------------------------------------------------
 # Pure maths

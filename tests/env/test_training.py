@@ -13,7 +13,7 @@ from morphogen.core.model import MorphogeneticModel
 from morphogen.core.slot import SlotConfig
 from morphogen.data import DEFAULT_OPTIMIZERS, load_task
 from morphogen.env.episode import EpisodeConfig, MorphogenesisEpisode
-from morphogen.env.training import ModelTrainer, OptimizerConfig, task_optimizer_config
+from morphogen.env.training import HostAndSeedTrainer, OptimizerConfig, task_optimizer_config
 
 ADAMW = OptimizerConfig(name="adamw", host_lr=1e-2, seed_lr=1e-2, host_weight_decay=0.1)
 
@@ -52,8 +52,8 @@ def test_adamw_host_steps_exactly_as_without_the_training_seed() -> None:
     inputs, targets = batch()
     plain, grown = small_model(), small_model()
     training_seed(grown)
-    plain_trainer = ModelTrainer(plain, ADAMW, IsolationMonitor())
-    trainer = ModelTrainer(grown, ADAMW, IsolationMonitor())
+    plain_trainer = HostAndSeedTrainer(plain, ADAMW, IsolationMonitor())
+    trainer = HostAndSeedTrainer(grown, ADAMW, IsolationMonitor())
     seed = grown.slot("r0c0").seed
     assert seed is not None
     seed_before = [p.detach().clone() for p in seed.parameters()]
@@ -75,7 +75,7 @@ def test_adamw_host_steps_exactly_as_without_the_training_seed() -> None:
 
 def test_back_off_and_momentum_reset_work_on_adamw() -> None:
     model = small_model()
-    trainer = ModelTrainer(model, ADAMW, IsolationMonitor())
+    trainer = HostAndSeedTrainer(model, ADAMW, IsolationMonitor())
     training_seed(model)
     trainer.train_batch(*batch())
     seed_optimizer = trainer.seed_optimizers["r0c0"][1]

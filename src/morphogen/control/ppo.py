@@ -12,8 +12,8 @@ Host syncs in ``ppo_update``: one per epoch for the KL early-stop check (none wh
 None), one per minibatch inside ``evaluate_sequence`` (where episodes start), and one at the end to
 convert all diagnostics to Python numbers. Nothing else leaves the device.
 
-``generalized_advantage_estimation`` lives next to the buffer that calls it (``rollout.py``) and is
-re-exported here with the rest of the PPO maths.
+GAE (``generalized_advantage_estimation``) lives next to the buffer that calls it, in ``rollout.py``;
+``train_gym``, this agent on any Gymnasium environment, in ``gym_training.py``.
 """
 
 from __future__ import annotations
@@ -21,13 +21,13 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 import torch
 from torch import Tensor
 
 from morphogen.control.policy import FactoredLSTMPolicy
-from morphogen.control.rollout import RolloutBatch, generalized_advantage_estimation
+from morphogen.control.rollout import RolloutBatch
 from morphogen.limits import MAX_PPO_EPOCHS, check_count
 
 __all__ = [
@@ -41,7 +41,6 @@ __all__ = [
     "clipped_surrogate_loss",
     "entropy_bonus",
     "explained_variance",
-    "generalized_advantage_estimation",
     "ppo_losses",
     "ppo_update",
     "value_loss",
@@ -558,11 +557,3 @@ def _statistics(
         early_stopped=early_stopped,
     )
 
-
-def __getattr__(name: str) -> Any:
-    """`train_gym` lives in `gym_training.py` (it builds on this module); it stays importable from here."""
-    if name == "train_gym":
-        from morphogen.control.gym_training import train_gym
-
-        return train_gym
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -33,8 +33,8 @@ from typing import Any, Protocol
 
 import numpy as np
 import torch
-from sklearn.datasets import load_digits  # type: ignore[import-untyped]
-from sklearn.model_selection import train_test_split  # type: ignore[import-untyped]
+from sklearn.datasets import load_digits
+from sklearn.model_selection import train_test_split
 from torch import Tensor
 
 from morphogen.data.cifar import CIFAR10_NUM_CLASSES, EXPECTED_LAYOUT, read_cifar10, uint8_channel_mean_std

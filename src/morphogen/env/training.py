@@ -20,7 +20,7 @@ from torch import Tensor, nn
 
 from morphogen.config import build_config
 from morphogen.core.isolation import IsolationMonitor
-from morphogen.core.model import MorphogeneticModel
+from morphogen.core.model import MorphogeneticModel, ShadowOutput
 from morphogen.data import DEFAULT_OPTIMIZERS
 from morphogen.env.evaluation import Objective, task_loss
 from morphogen.limits import check_finite
@@ -99,8 +99,11 @@ def task_optimizer_config(task: str, table: Mapping[str, Any] | None = None) -> 
     return build_config(OptimizerConfig, {**defaults, **given}, "episode.optimizer")
 
 
-class ModelTrainer:
-    """Owns the host optimizer, one optimizer per live seed, and the per-epoch loss accumulator."""
+class HostAndSeedTrainer:
+    """Trains an episode's model batch by batch: the host and every live seed, each with its own optimizer.
+
+    Owns those optimizers and the epoch's loss accumulator. (The policy's trainer is
+    `morphogen.control.trainer.PPOTrainer`.)"""
 
     def __init__(self, model: MorphogeneticModel, config: OptimizerConfig, monitor: IsolationMonitor,
                  objective: Objective | None = None) -> None:
@@ -138,9 +141,8 @@ class ModelTrainer:
         model.zero_grad(set_to_none=True)
         output, shadow = model.forward_with_shadow(inputs)
         loss = self.objective.checked_loss(output, targets)
-        loss.backward()
-        if shadow is not None and shadow.parameters:
-            self.objective.shadow_loss(shadow.outputs, targets).backward(inputs=list(shadow.parameters))
+        torch.autograd.backward(loss)
+        self.backward_shadow(shadow, targets)
         host_parameters = model.host_parameters()
         self.monitor.accumulate(host_parameters, running)
         nn.utils.clip_grad_norm_(host_parameters, self.config.clip_norm, foreach=True)
@@ -152,6 +154,13 @@ class ModelTrainer:
         detached = loss.detach()
         self._loss_sum = detached.clone() if self._loss_sum is None else self._loss_sum.add_(detached)
         self.batches += 1
+
+    def backward_shadow(self, shadow: ShadowOutput | None, targets: Tensor) -> None:
+        """Backpropagate the shadow loss of every TRAINING seed into that seed's parameters only
+        (docs/architecture.md#shadow-pass)."""
+        if shadow is not None and shadow.parameters:
+            shadow_loss = self.objective.shadow_loss(shadow.outputs, targets)
+            torch.autograd.backward(shadow_loss, inputs=list(shadow.parameters))
 
     def add_epoch_losses(self, loss_sum: Tensor, batches: int) -> None:
         """Add the summed training loss of `batches` batches trained elsewhere (the batched envs of a vector)."""

@@ -18,7 +18,7 @@ from pathlib import Path
 from types import TracebackType
 
 import torch
-from torch.profiler import ProfilerAction, ProfilerActivity
+from torch.profiler import ProfilerActivity
 
 from morphogen.run_directory import PROFILE_DIRNAME
 from morphogen.telemetry.config import TelemetryConfig
@@ -130,10 +130,6 @@ class TraceProfiler:
             warmup=config.profile_warmup,
             active=config.profile_active,
         )
-
-    def recording(self, step: int) -> bool:
-        """Whether step number `step` (0-based) falls in the recorded window."""
-        return self.schedule(step) in (ProfilerAction.RECORD, ProfilerAction.RECORD_AND_SAVE)
 
     def start(self) -> None:
         """Start profiling (creates the output directory)."""
