@@ -1,4 +1,9 @@
-"""The `morphogen` command. Errors a user can cause print one line and exit with code 2."""
+"""The `morphogen` command. Errors a user can cause print one line and exit with code 2.
+
+Imports are light here and each command imports what it uses when it runs: `morphogen --help`,
+`--version` and `list tasks` load neither torch nor the data, UI or plotting libraries
+(`benchmarks/startup.py` measures it).
+"""
 
 from __future__ import annotations
 
@@ -13,36 +18,31 @@ from typing import TYPE_CHECKING, Any
 
 from morphogen import __version__
 from morphogen.commands.listing import LISTINGS
-from morphogen.commands.run import RunConfig, run_command
 from morphogen.config import ConfigError, build_config, read_config_file
-from morphogen.control.checkpoint import CheckpointError
-from morphogen.control.distributed import DistributedSetupError, PeerLostError
-from morphogen.control.trainer import TrainConfig
-from morphogen.core.blueprints import UnknownBlueprintError
 from morphogen.core.compilation import COMPILE_BACKENDS, COMPILE_MODES
-from morphogen.core.hosts import UnknownSlotError
-from morphogen.data import TASK_NAMES, DataError
-from morphogen.env.governor import DivergenceError
-from morphogen.env.training import task_optimizer_config
+from morphogen.data.catalog import TASK_NAMES
 from morphogen.limits import MAX_TIMEOUT_SECONDS, short_repr
-from morphogen.run_directory import (
-    CONFIG_FILENAME,
-    DiskFullError,
-    RunDirectoryLockError,
-    RunDirectoryRefused,
-    hold_run_directory,
-)
-from morphogen.session import SessionOptions
-from morphogen.ui.report import RunDirectoryError, render_report
-from morphogen.ui.runs import RunsQueryError
+from morphogen.run_directory import CONFIG_FILENAME, hold_run_directory
 from morphogen.ui.terminal_text import printable
 
 if TYPE_CHECKING:
     from morphogen.commands.evaluate import EvalConfig
+    from morphogen.commands.run import RunConfig
     from morphogen.control.distributed import DistributedContext
+    from morphogen.control.trainer import TrainConfig
 
-USER_ERRORS = (ConfigError, DataError, UnknownBlueprintError, UnknownSlotError, CheckpointError, RunDirectoryError,
-               RunsQueryError, RunDirectoryLockError, RunDirectoryRefused, DiskFullError, DistributedSetupError)
+USER_ERRORS = (
+    ("morphogen.config", "ConfigError"), ("morphogen.data.errors", "DataError"),
+    ("morphogen.core.blueprints", "UnknownBlueprintError"), ("morphogen.core.hosts", "UnknownSlotError"),
+    ("morphogen.control.checkpoint", "CheckpointError"), ("morphogen.ui.run_files", "RunDirectoryError"),
+    ("morphogen.ui.runs", "RunsQueryError"), ("morphogen.run_directory", "RunDirectoryLockError"),
+    ("morphogen.run_directory", "RunDirectoryRefused"), ("morphogen.run_directory", "DiskFullError"),
+    ("morphogen.control.distributed", "DistributedSetupError"),
+)
+"""(module, class) of every error a user can cause: one line and `EXIT_USER_ERROR`. Named, not imported, so
+that the command imports only what it runs; an error's class is loaded whenever the error can occur."""
+DIVERGED = ("morphogen.env.governor", "DivergenceError")
+PEER_LOST = ("morphogen.control.distributed", "PeerLostError")
 EXIT_USER_ERROR = 2
 #: Exit status when training kept diverging after every rollback and back-off (`DivergenceError`).
 EXIT_DIVERGED = 3
@@ -286,6 +286,9 @@ def _with_task_optimizer(values: dict[str, Any]) -> dict[str, Any]:
     a resumed run keeps them even if the task's default changes later. An `episode` or `optimizer` that is
     not a table, or an unknown task, is left for `build_config` and `load_task` to report.
     """
+    from morphogen.env.training import task_optimizer_config
+    from morphogen.session import SessionOptions
+
     episode = values.get("episode", {})
     task = values.get("task", SessionOptions.task)
     if not isinstance(episode, dict) or task not in TASK_NAMES:
@@ -304,6 +307,8 @@ def read_config_values(path: str | None) -> dict[str, Any]:
 
 
 def train_config_from_args(args: argparse.Namespace) -> TrainConfig:
+    from morphogen.control.trainer import TrainConfig
+
     values = read_config_values(args.config)
     _apply_overrides(values, _flag_overrides(args))
     if args.n_envs is not None and args.n_envs < 1:
@@ -381,6 +386,8 @@ def _distributed(args: argparse.Namespace, device: str) -> Iterator[DistributedC
 
 
 def _run(args: argparse.Namespace) -> None:
+    from morphogen.commands.run import run_command
+
     config = run_config_from_args(args)
     if args.policy is None:
         run_command(config)
@@ -406,6 +413,8 @@ def _run(args: argparse.Namespace) -> None:
 
 def run_config_from_args(args: argparse.Namespace) -> RunConfig:
     """Defaults, then the config file, then command-line flags."""
+    from morphogen.commands.run import RunConfig
+
     values = read_config_values(args.config)
     _apply_overrides(values, _flag_overrides(args))
     return build_config(RunConfig, _with_task_optimizer(_with_episode_length(values, args.epochs, "--epochs")))
@@ -436,6 +445,8 @@ def _report(args: argparse.Namespace) -> None:
     if args.output is not None and not args.html:
         raise UsageError("--output is where --html writes; add --html")
     if not args.html:
+        from morphogen.ui.report import render_report
+
         print(render_report(args.run_dir))
         return
     from morphogen.ui.html_report import write_html_report
@@ -468,6 +479,11 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], None]] = {
 }
 
 
+def _loaded(*classes: tuple[str, str]) -> tuple[type[BaseException], ...]:
+    """The classes named (module, class) whose module is imported: an instance of one exists only then."""
+    return tuple(getattr(sys.modules[module], name) for module, name in classes if module in sys.modules)
+
+
 def _one_line(error: BaseException) -> str:
     """The error's message as one line of at most `MAX_ERROR_LINE` characters."""
     text = printable(" ".join(str(error).split("\n")))  # a run's strings may hold escape sequences
@@ -488,15 +504,17 @@ def main(argv: Sequence[str] | None = None) -> int:
                 raise UsageError(str(error)) from None
         COMMANDS[args.command](args)
         return 0
-    except (*USER_ERRORS, UsageError) as error:
-        print(f"morphogen {args.command}: error: {_one_line(error)}", file=sys.stderr)
-        return EXIT_USER_ERROR
-    except DivergenceError as error:
-        print(f"morphogen {args.command}: diverged: {_one_line(error)}", file=sys.stderr)
-        return EXIT_DIVERGED
-    except PeerLostError as error:
-        print(f"morphogen {args.command}: error: {_one_line(error)}", file=sys.stderr)
-        return EXIT_PEER_LOST
+    except Exception as error:
+        if isinstance(error, (*_loaded(*USER_ERRORS), UsageError)):
+            print(f"morphogen {args.command}: error: {_one_line(error)}", file=sys.stderr)
+            return EXIT_USER_ERROR
+        if isinstance(error, _loaded(DIVERGED)):
+            print(f"morphogen {args.command}: diverged: {_one_line(error)}", file=sys.stderr)
+            return EXIT_DIVERGED
+        if isinstance(error, _loaded(PEER_LOST)):
+            print(f"morphogen {args.command}: error: {_one_line(error)}", file=sys.stderr)
+            return EXIT_PEER_LOST
+        raise
     except KeyboardInterrupt:
         print(f"morphogen {args.command}: interrupted", file=sys.stderr)
         return 130

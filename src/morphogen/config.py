@@ -19,8 +19,6 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
-import yaml
-
 from morphogen.limits import MAX_INTEGER_SETTING, MAX_STRING_LENGTH, short_repr
 
 T = TypeVar("T")
@@ -178,16 +176,18 @@ def read_config_file(path: str | Path) -> dict[str, Any]:
     if not path.is_file():
         raise ConfigError(f"config file {path} does not exist")
     suffix = path.suffix.lower()
+    if suffix not in (".toml", ".json", ".yaml", ".yml"):
+        raise ConfigError(f"config file {path}: unknown format {suffix!r}; use .toml, .json, .yaml or .yml")
+    import yaml  # only when a config file is read: the command line starts without it
+
     try:
         text = path.read_text()
         if suffix == ".toml":
             data = tomllib.loads(text)
         elif suffix == ".json":
             data = json.loads(text)
-        elif suffix in (".yaml", ".yml"):
-            data = yaml.safe_load(text) or {}
         else:
-            raise ConfigError(f"config file {path}: unknown format {suffix!r}; use .toml, .json, .yaml or .yml")
+            data = yaml.safe_load(text) or {}
     except (tomllib.TOMLDecodeError, json.JSONDecodeError, yaml.YAMLError, UnicodeDecodeError) as error:
         first_line = (str(error).splitlines() or [type(error).__name__])[0]
         raise ConfigError(f"config file {path} is not valid {suffix[1:].upper()}: {first_line}") from None

@@ -44,7 +44,6 @@ from morphogen.env.training import HostAndSeedTrainer, OptimizerConfig, task_opt
 from morphogen.limits import MAX_BATCH_SIZE, MAX_EPOCHS, check_count
 from morphogen.telemetry import events
 from morphogen.telemetry.anomalies import AnomalyDetector
-from morphogen.telemetry.debug import layer_statistics_event
 from morphogen.telemetry.profiler import PhaseTimer
 from morphogen.telemetry.sinks import Telemetry
 
@@ -414,6 +413,8 @@ class MorphogenesisEpisode:
             self.telemetry.report_anomalies(self.detector.check(gradient_norms=norms), epoch=epoch,
                                             env_id=self.env_id)
         if self.telemetry.layer_statistics_enabled and self.model is not None:
+            from morphogen.telemetry.debug import layer_statistics_event  # loads torch's compiler: debug only
+
             self._emit(layer_statistics_event(self.model, name="model", epoch=epoch, env_id=self.env_id))
 
     def _emit(self, event: events.Event) -> None:
