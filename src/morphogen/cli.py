@@ -286,7 +286,7 @@ def _with_task_optimizer(values: dict[str, Any]) -> dict[str, Any]:
     a resumed run keeps them even if the task's default changes later. An `episode` or `optimizer` that is
     not a table, or an unknown task, is left for `build_config` and `load_task` to report.
     """
-    from morphogen.env.training import task_optimizer_config
+    from morphogen.env.optimizer import task_optimizer_config
     from morphogen.session import SessionOptions
 
     episode = values.get("episode", {})

@@ -26,7 +26,8 @@ from morphogen.data import Task, load_task
 from morphogen.env.actions import Action, Op
 from morphogen.env.batched import StackedEnvs, architecture_signature, training_groups
 from morphogen.env.episode import SYNCS_PER_STEP, EpisodeConfig, StepResult
-from morphogen.env.training import HostAndSeedTrainer, OptimizerConfig
+from morphogen.env.optimizer import OptimizerConfig
+from morphogen.env.training import HostAndSeedTrainer
 from morphogen.env.vector import VectorEpisodes
 
 SEED, ROUND = 3, 5

@@ -20,7 +20,8 @@ from morphogen.data import Task, load_task
 from morphogen.env.actions import Action, Op
 from morphogen.env.episode import EpisodeConfig, MorphogenesisEpisode
 from morphogen.env.governor import DivergenceError, Governor, GovernorConfig
-from morphogen.env.training import HostAndSeedTrainer, OptimizerConfig
+from morphogen.env.optimizer import OptimizerConfig
+from morphogen.env.training import HostAndSeedTrainer
 from morphogen.telemetry import events
 
 PERMISSIVE_SLOTS = SlotConfig(gates=GateConfig(mode=GateMode.PERMISSIVE, min_training_epochs=0), blend_epochs=0)

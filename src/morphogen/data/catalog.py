@@ -45,6 +45,6 @@ TEXT_OPTIMIZER = {"name": "adamw", "host_lr": 5e-3, "seed_lr": 5e-3, "host_weigh
 stayed far from fitting (39% character accuracy after 30 epochs on 1,000 windows); AdamW at lr 2e-3 took it
 to ~50.8%. For the default 2-layer width-32 host, lr 5e-3 beat 2e-3 (50.7% against 49.3%, tuning seed 100)."""
 DEFAULT_OPTIMIZERS: dict[str, dict[str, object]] = {"text": TEXT_OPTIMIZER}
-"""Each task's default optimizer, as `[episode.optimizer]` keys (`morphogen.env.training.OptimizerConfig`)
+"""Each task's default optimizer, as `[episode.optimizer]` keys (`morphogen.env.optimizer.OptimizerConfig`)
 over that class's defaults; a task not listed trains with those defaults (SGD, lr 0.01, momentum 0.9).
 Plain values: the data layer imports no other morphogen layer."""

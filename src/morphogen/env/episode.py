@@ -37,10 +37,11 @@ from morphogen.env.actions import Action, ActionSpace, Op
 from morphogen.env.counterfactual import MAIN, CounterfactualResult, alpha_configurations
 from morphogen.env.evaluation import Objective, validate
 from morphogen.env.governor import DivergenceError, Governor, GovernorConfig, Rollback
+from morphogen.env.optimizer import OptimizerConfig, task_optimizer_config
 from morphogen.env.rewards import RewardBreakdown, RewardConfig, RewardMode, compute_reward
 from morphogen.env.seeding import derive_seed, seeded
 from morphogen.env.snapshot import HISTORY_LENGTH, EpisodeSnapshot, SlotSnapshot
-from morphogen.env.training import HostAndSeedTrainer, OptimizerConfig, task_optimizer_config
+from morphogen.env.training import HostAndSeedTrainer
 from morphogen.limits import MAX_BATCH_SIZE, MAX_EPOCHS, check_count
 from morphogen.telemetry import events
 from morphogen.telemetry.anomalies import AnomalyDetector
