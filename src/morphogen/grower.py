@@ -39,6 +39,7 @@ from morphogen.core.hosts import SegmentedHost
 from morphogen.core.model import MorphogeneticModel
 from morphogen.data.user import LossFunction, task_from_data
 from morphogen.env.actions import Action
+from morphogen.env.compute import note_batch
 from morphogen.env.episode import EpisodeConfig, MorphogenesisEpisode, StepResult, task_with_host
 from morphogen.env.play import Controller
 from morphogen.env.snapshot import EpisodeSnapshot
@@ -121,6 +122,7 @@ class Grower:
         loss = trainer.objective.checked_loss(output, targets)
         trainer.backward_shadow(shadow, targets)
         trainer.add_epoch_losses(loss.detach(), 1)
+        note_batch(trainer.batch_shapes, inputs)
         self._steps += 1
         return loss
 

@@ -56,6 +56,7 @@ write-back.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass
@@ -64,9 +65,11 @@ import torch
 from torch import Tensor, nn
 from torch.func import functional_call, vmap
 
+from morphogen.core.flops import Shape
 from morphogen.core.isolation import SeedAccumulation
 from morphogen.core.lifecycle import Stage
 from morphogen.core.model import MorphogeneticModel, ShadowOutput
+from morphogen.env.compute import note_batch
 from morphogen.env.episode import MorphogenesisEpisode
 from morphogen.env.evaluation import Objective, task_loss
 
@@ -244,6 +247,8 @@ class StackedEnvs:
         self.gradient_sums = torch.zeros(n, len(layout.groups), 3, dtype=torch.float32, device=device)
         self.last_gradient: Tensor | None = None
         self.batches = 0
+        #: Shapes of the batches stepped this epoch, handed to each env's trainer for its FLOP charge.
+        self.batch_shapes: Counter[tuple[Shape, torch.dtype]] = Counter()
         monitor = self.episodes[0].monitor
         self.vanishing_threshold = monitor.vanishing_threshold
         self.exploding_threshold = monitor.exploding_threshold
@@ -310,6 +315,7 @@ class StackedEnvs:
                      for index, (loss, leaf) in enumerate(zip(losses, leaves, strict=True))]
         gradient = gradients[0] if len(gradients) == 1 else torch.cat(gradients, dim=1)  # (N, P)
         self._update(gradient, losses[0].detach())
+        note_batch(self.batch_shapes, inputs)
 
     @torch.no_grad()
     def _update(self, gradient: Tensor, losses: Tensor) -> None:
@@ -371,12 +377,14 @@ class StackedEnvs:
             for name in self.buffer_names:
                 buffers[name].copy_(self.state[name][env])
             episode.trainer.add_epoch_losses(self.loss_sum[env], self.batches)
+            episode.trainer.batch_shapes.update(self.batch_shapes)
             seeds = {layout.groups[group]: SeedAccumulation(self.gradient_sums[env, group], tensor_counts[group],
                                                             group_sizes[group])
                      for group in range(1, len(layout.groups))}
             ordered = {slot_id: seeds[slot_id] for slot_id in model.slot_ids if slot_id in seeds}  # slot order
             episode.monitor.add_accumulated(self.gradient_sums[env, 0, 0], group_sizes[0], self.batches, ordered)
         self.batches = 0
+        self.batch_shapes.clear()
 
 
 @dataclass(frozen=True)

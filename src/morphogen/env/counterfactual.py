@@ -13,6 +13,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+import torch
+
 MAIN = "main"
 ALL_OFF = "all_off"
 ALL_OFF_MIN_SEEDS, ALL_OFF_MAX_SEEDS = 2, 4
@@ -50,6 +52,8 @@ class CounterfactualResult:
     configurations: AlphaConfigurations
     accuracies: tuple[float, ...]
     losses: tuple[float, ...]
+    #: ((input shape, dtype), batches) of the validation pass that measured them: what its FLOPs are charged for.
+    batch_shapes: tuple[tuple[tuple[tuple[int, ...], torch.dtype], int], ...] = ()
 
     def accuracy(self, name: str) -> float:
         return self.accuracies[self.configurations.names.index(name)]

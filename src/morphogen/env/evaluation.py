@@ -8,14 +8,17 @@ Metrics accumulate in device tensors across batches; `validate` synchronizes onc
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor, nn
 
+from morphogen.core.flops import Shape
 from morphogen.core.model import MorphogeneticModel
 from morphogen.data import BatchSource, DataError, Task
+from morphogen.env.compute import note_batch
 from morphogen.env.counterfactual import AlphaConfigurations, CounterfactualResult
 
 LossFunction = Callable[[Tensor, Tensor], Tensor]
@@ -104,7 +107,9 @@ def validate(model: MorphogeneticModel, dataset: BatchSource, configurations: Al
     score_sum = torch.zeros(k, device=dataset.device, dtype=torch.float64)
     count = 0
     alphas = [list(row) for row in configurations.alphas]
+    shapes: Counter[tuple[Shape, torch.dtype]] = Counter()
     for inputs, targets in dataset.iterate_batches(batch_size, shuffle=False):
+        note_batch(shapes, inputs)
         outputs = model.counterfactual_forward(inputs, alphas)  # (K, B, ...)
         batch_loss, batch_score, items = objective.loss_and_score(outputs, targets)
         loss_sum += batch_loss.to(torch.float64)
@@ -115,4 +120,4 @@ def validate(model: MorphogeneticModel, dataset: BatchSource, configurations: Al
         raise DataError("the validation data yielded no batch")
     loss_values, score_values = torch.stack([loss_sum, score_sum]).tolist()  # the one sync
     return CounterfactualResult(configurations, tuple(v / count for v in score_values),
-                                tuple(v / count for v in loss_values))
+                                tuple(v / count for v in loss_values), tuple(shapes.items()))

@@ -11,11 +11,15 @@ device and read once per epoch by the episode.
 
 from __future__ import annotations
 
+from collections import Counter
+
 import torch
 from torch import Tensor, nn
 
+from morphogen.core.flops import Shape
 from morphogen.core.isolation import IsolationMonitor
 from morphogen.core.model import MorphogeneticModel, ShadowOutput
+from morphogen.env.compute import note_batch
 from morphogen.env.evaluation import Objective, task_loss
 from morphogen.env.optimizer import OptimizerConfig
 
@@ -37,6 +41,9 @@ class HostAndSeedTrainer:
         self.seed_lr_scale = 1.0
         self._loss_sum: Tensor | None = None
         self.batches = 0
+        #: (input shape, dtype) -> batches trained since the last `take_batch_shapes`: what the epoch's FLOPs
+        #: are charged for.
+        self.batch_shapes: Counter[tuple[Shape, torch.dtype]] = Counter()
 
     def sync_seed_optimizers(self) -> dict[str, list[nn.Parameter]]:
         """Create optimizers for new seeds, drop those of removed ones; return the running seeds' params."""
@@ -58,6 +65,7 @@ class HostAndSeedTrainer:
         """Forward, backward, per-group clip and optimizer steps on one batch."""
         model = self.model
         model.train()
+        note_batch(self.batch_shapes, inputs)
         running = self.sync_seed_optimizers()
         model.zero_grad(set_to_none=True)
         output, shadow = model.forward_with_shadow(inputs)
@@ -96,6 +104,11 @@ class HostAndSeedTrainer:
         mean = self._loss_sum / self.batches
         self._loss_sum, self.batches = None, 0
         return mean
+
+    def take_batch_shapes(self) -> Counter[tuple[Shape, torch.dtype]]:
+        """The shapes of the batches trained since the last call (and forget them)."""
+        shapes, self.batch_shapes = self.batch_shapes, Counter()
+        return shapes
 
     def back_off(self, what: str, factor: float) -> None:
         """Multiply the learning rate of the host (`what="host"`) or of every seed (`"seeds"`, also those
