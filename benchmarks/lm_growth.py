@@ -46,7 +46,7 @@ from morphogen.data import DEFAULT_HOST_SIZES, Task, load_task
 from morphogen.env.actions import Op
 from morphogen.env.episode import EpisodeConfig, MorphogenesisEpisode
 from morphogen.env.play import Controller
-from morphogen.env.training import task_optimizer_config
+from morphogen.env.optimizer import task_optimizer_config
 from morphogen.ui.svg import Series, line_chart
 
 

@@ -2,41 +2,37 @@
 
 Slots and blueprint sizes depend on the task's host, so both load the task (digits, the default, ships
 with scikit-learn; cifar10 needs `--data-dir`). The host is built on the `meta` device: listing costs
-no memory and no training.
+no memory and no training. `list tasks` reads only `morphogen.data.catalog`: it loads no torch.
 """
 
 from __future__ import annotations
 
 import sys
-from typing import TextIO
+from typing import TYPE_CHECKING, TextIO
 
-from rich.console import Console
-from rich.table import Column, Table
+from morphogen.data.catalog import TASK_DESCRIPTIONS, TASK_NAMES
 
-from morphogen.core.blueprints import parameter_count, registry_table
-from morphogen.core.hosts import build_host
-from morphogen.data import TASK_NAMES, Task, load_task
-from morphogen.env.episode import task_host
-from morphogen.task_import import import_task, is_import_path
-from morphogen.ui.progress import LINE_WIDTH
+if TYPE_CHECKING:
+    from rich.console import Console
 
-TASK_DESCRIPTIONS = {
-    "digits": "scikit-learn's 8x8 handwritten digits, 10 classes (no download)",
-    "cifar10": "CIFAR-10 32x32 colour images, 10 classes (needs --data-dir with cifar-10-batches-py)",
-    "text": "character-level language model on the Python standard library's sources (or --text-file)",
-    "mnist1d": "MNIST-1D: 40-step 1D sequences, 10 classes, generated offline (Conv1dHost)",
-}
-"""One line per task for `list tasks`; a task without an entry is listed with its name only."""
+    from morphogen.data import Task
 
 LISTINGS = ("tasks", "blueprints", "slots")
 
 
 def _console(out: TextIO) -> Console:
+    from rich.console import Console
+
+    from morphogen.ui.progress import LINE_WIDTH
+
     return Console(file=out, width=LINE_WIDTH, highlight=False)
 
 
 def slot_widths(task: Task, pool_slots: bool = False) -> dict[str, int]:
     """Slot id -> channels (or model width) of every injection point of the task's host, in execution order."""
+    from morphogen.core.hosts import build_host
+    from morphogen.env.episode import task_host
+
     if task.host is not None:  # a user's host (`--task package.module:function`)
         return dict(task_host(task, "cpu").injection_points)
     host_kwargs: dict[str, int | bool] = dict(task.host_kwargs)
@@ -46,6 +42,8 @@ def slot_widths(task: Task, pool_slots: bool = False) -> dict[str, int]:
 
 
 def list_tasks(out: TextIO) -> None:
+    from rich.table import Table
+
     table = Table("task", "what it is", box=None, pad_edge=False)
     for name in TASK_NAMES:
         table.add_row(name, TASK_DESCRIPTIONS.get(name, ""))
@@ -53,6 +51,8 @@ def list_tasks(out: TextIO) -> None:
 
 
 def list_slots(task: Task, pool_slots: bool, out: TextIO) -> None:
+    from rich.table import Column, Table
+
     table = Table("slot", Column("width", justify="right"), box=None, pad_edge=False)
     for slot, width in slot_widths(task, pool_slots).items():
         table.add_row(slot, str(width))
@@ -63,6 +63,10 @@ def list_slots(task: Task, pool_slots: bool, out: TextIO) -> None:
 
 def list_blueprints(task: Task, pool_slots: bool, out: TextIO) -> None:
     """Every blueprint of the task's topology with the parameters it adds in each slot."""
+    from rich.table import Column, Table
+
+    from morphogen.core.blueprints import parameter_count, registry_table
+
     widths = slot_widths(task, pool_slots)
     first_width = next(iter(widths.values()))
     slot_columns = (Column(f"{slot} (w {width})", justify="right") for slot, width in widths.items())
@@ -83,6 +87,9 @@ def list_command(what: str, *, task_name: str = "digits", pool_slots: bool = Fal
     if what == "tasks":
         list_tasks(out)
         return
+    from morphogen.data import load_task
+    from morphogen.task_import import import_task, is_import_path
+
     task = (import_task(task_name, seed=0, device="cpu") if is_import_path(task_name) else
             load_task(task_name, device="cpu", data_dir=data_dir, text_file=text_file, max_train_samples=1))
     if what == "slots":

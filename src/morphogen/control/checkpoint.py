@@ -5,12 +5,11 @@ the resolved config (as JSON text), plus the layout it was built for (task, slot
 action sizes, episode length) so that a mismatched checkpoint is refused with a clear message
 before anything of a run is overwritten.
 
-Integrity (format 2): `save_checkpoint` refuses a state holding NaN or infinity (a diverged policy is
+Integrity: `save_checkpoint` refuses a state holding NaN or infinity (a diverged policy is
 never written as the latest checkpoint; the trainer undoes such an update before saving) and stores a
 SHA-256 `checksum` of everything else (`control/integrity.py`). `load_checkpoint` recomputes it and
 scans for NaN/Inf again, so a damaged or tampered file is refused with one line naming it, by `train
---resume`, `eval` and `run --policy` alike. Format-1 files (no checksum) are still read, with the
-finiteness check only. A full disk raises `DiskFullError` (see `morphogen.run_directory`).
+--resume`, `eval` and `run --policy` alike. A full disk raises `DiskFullError` (see `morphogen.run_directory`).
 """
 
 from __future__ import annotations
@@ -26,13 +25,13 @@ import torch
 from morphogen.control.integrity import non_finite_entries, state_checksum
 from morphogen.run_directory import CHECKPOINT_NAME, write_atomic
 
+#: The checkpoint format written and read (`format_version` in the file).
 FORMAT_VERSION = 2
-#: Formats `load_checkpoint` reads: 1 (before checksums) and the current one.
-READABLE_FORMATS = (1, FORMAT_VERSION)
 LAYOUT_KEYS = ("task", "slot_ids", "observation_size", "action_sizes", "hidden_size")
 #: Everything resuming (`PPOTrainer.load_state_dict`) or acting (`agent_from_checkpoint`) reads.
 REQUIRED_KEYS = (*LAYOUT_KEYS, "episode_length", "round", "config", "policy", "optimizer",
-                 "observation_normalizer", "reward_normalizer", "value_normalizer", "rng")
+                 "observation_normalizer", "reward_normalizer", "value_normalizer", "rng", "anomaly_detector",
+                 "telemetry", "policy_rollbacks_in_a_row", "imitated")
 _TERMINAL_ESCAPES = re.compile(r"\x1b\[[0-9;]*m")
 
 
@@ -99,13 +98,12 @@ def load_checkpoint(run_or_file: str | Path, map_location: str | torch.device = 
         state = torch.load(path, map_location=map_location, weights_only=True)
     except Exception as error:  # torch.load raises many types on bad bytes; all mean "not a usable file"
         raise CheckpointError(_load_failure(path, error)) from None
-    if not isinstance(state, dict) or state.get("format_version") not in READABLE_FORMATS:
+    if not isinstance(state, dict) or state.get("format_version") != FORMAT_VERSION:
         raise CheckpointError(f"checkpoint {path} is not a morphogen checkpoint of format {FORMAT_VERSION}")
-    if state["format_version"] >= 2:
-        saved = state.pop("checksum", None)
-        if saved != state_checksum(state):
-            raise CheckpointError(f"checkpoint {path} is damaged: its contents do not match the checksum saved "
-                                  "with them (a disk or copy error?); use an intact copy of the run")
+    saved = state.pop("checksum", None)
+    if saved != state_checksum(state):
+        raise CheckpointError(f"checkpoint {path} is damaged: its contents do not match the checksum saved "
+                              "with them (a disk or copy error?); use an intact copy of the run")
     missing = [key for key in REQUIRED_KEYS if key not in state]
     if missing:
         raise CheckpointError(f"checkpoint {path} lacks {', '.join(missing)}")
