@@ -428,3 +428,14 @@ def test_depth_growth_can_copy_blocks_or_be_switched_off() -> None:
     assert action == Action(Op.GERMINATE, "r0c0", DEFAULT_ROTATION["transformer"][0])
     # Convolutional hosts grow seed by seed unless told otherwise.
     assert controller()[0].depth_blueprint == ""
+
+
+def test_a_refused_grow_turns_the_heuristic_to_growing_seed_by_seed() -> None:
+    # A user's transformer without a morphogen block before its slots has nothing for block_copy to copy.
+    heuristic, space = transformer_controller(depth_blueprint="block_copy")
+    masks = make_masks(space, {Op.GERMINATE: SLOTS, Op.GROW: SLOTS})
+    assert heuristic.act(make_snapshot(), masks).op is Op.GROW
+    refused = dataclasses.replace(make_snapshot(), last_op=int(Op.GROW), last_action_succeeded=False)
+    assert heuristic.act(refused, masks) == Action(Op.GERMINATE, "r0c0", DEFAULT_ROTATION["transformer"][0])
+    heuristic.reset()  # a new episode tries depth growth again
+    assert heuristic.act(make_snapshot(), masks).op is Op.GROW

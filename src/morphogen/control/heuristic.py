@@ -192,6 +192,9 @@ class HeuristicController:
         #: HOLDING slots whose seed the fossilize gate refused (e.g. a strict gate wanting more
         #: contribution than `fossilize_threshold`): they are pruned rather than asked again forever.
         self.fossilize_refused: set[str] = set()
+        #: Whether it still grows by depth: a refused GROW (a host without the layer `block_copy` copies, a
+        #: width the block's heads do not divide) turns it to growing seed by seed for the rest of the episode.
+        self.grows_by_depth = bool(self.depth_blueprint)
 
     def act(self, snapshot: EpisodeSnapshot, masks: Sequence[np.ndarray]) -> Action:
         """The action for this epoch; always legal under `masks`."""
@@ -199,6 +202,8 @@ class HeuristicController:
         if last.op is Op.FOSSILIZE and last.slot is not None and not snapshot.last_action_succeeded:
             self.fossilize_refused.add(last.slot)
         self.fossilize_refused &= {slot.slot_id for slot in snapshot.slots if slot.stage is Stage.HOLDING}
+        if last.op is Op.GROW and not snapshot.last_action_succeeded:
+            self.grows_by_depth = False
         self.last_action = self._decide(snapshot, masks)
         return self.last_action
 
@@ -210,9 +215,9 @@ class HeuristicController:
                 if action.op is Op.PRUNE and slot.blueprint is not None:
                     self.pruned_at[slot.blueprint] = snapshot.epoch
                 return action
-        if self.depth_blueprint and masks[0][Op.GROW] and self._should_germinate(snapshot):
+        if self.grows_by_depth and masks[0][Op.GROW] and self._should_germinate(snapshot):
             return Action(Op.GROW, blueprint=self.depth_blueprint)
-        if not self.depth_blueprint and masks[0][Op.GERMINATE] and self._should_germinate(snapshot):
+        if not self.grows_by_depth and masks[0][Op.GERMINATE] and self._should_germinate(snapshot):
             return self._germinate(snapshot, slot_mask[Op.GERMINATE])
         return Action()
 
