@@ -404,12 +404,12 @@ def transformer_controller(**config: Any) -> tuple[HeuristicController, ActionSp
 
 
 def test_a_transformer_grows_whole_blocks_into_every_slot_when_the_loss_slows() -> None:
-    assert DEFAULT_DEPTH_BLUEPRINT["transformer"] == "block"
+    assert DEFAULT_DEPTH_BLUEPRINT["transformer"] == "block_copy"
     heuristic, space = transformer_controller()
     masks = make_masks(space, {Op.GERMINATE: SLOTS, Op.GROW: SLOTS})
     slowing = (2.2, 1.9, 1.7, 1.65, 1.62)  # 0.5 then 0.08 nats over two windows of two epochs
     action = heuristic.act(make_snapshot(epoch=4, losses=slowing, history=RISING, criterion=Criterion.LOSS), masks)
-    assert action == Action(Op.GROW, blueprint="block")
+    assert action == Action(Op.GROW, blueprint="block_copy")
     steady = (2.2, 2.0, 1.8, 1.6, 1.4)
     assert heuristic.act(make_snapshot(epoch=4, losses=steady, history=RISING, criterion=Criterion.LOSS),
                          masks) == Action()
@@ -419,10 +419,10 @@ def test_a_transformer_grows_whole_blocks_into_every_slot_when_the_loss_slows() 
                          make_masks(space, {})) == Action()
 
 
-def test_depth_growth_can_copy_blocks_or_be_switched_off() -> None:
+def test_depth_growth_can_grow_zero_blocks_or_be_switched_off() -> None:
     masks_of = {Op.GERMINATE: SLOTS, Op.GROW: SLOTS}
-    copying, space = transformer_controller(depth_blueprint="block_copy")
-    assert copying.act(make_snapshot(), make_masks(space, masks_of)) == Action(Op.GROW, blueprint="block_copy")
+    zeros, space = transformer_controller(depth_blueprint="block")
+    assert zeros.act(make_snapshot(), make_masks(space, masks_of)) == Action(Op.GROW, blueprint="block")
     seed_by_seed, space = transformer_controller(depth_blueprint="")
     action = seed_by_seed.act(make_snapshot(), make_masks(space, masks_of))
     assert action == Action(Op.GERMINATE, "r0c0", DEFAULT_ROTATION["transformer"][0])

@@ -2,7 +2,8 @@
 
 Waits until the host has trained a few epochs and its learning slows down (validation loss improving
 at most half as fast as just before, or the score flat), then grows: on a transformer host by depth
-(GROW: a whole `block` into every empty slot at once, trained with the host from the start), elsewhere
+(GROW: a copy of each trained layer into the empty slot after it, all at once, trained with the host from
+the start), elsewhere
 by germinating the next blueprint of a round-robin (skipping blueprints pruned recently) and pushing
 the seed through TRAINING and BLENDING. It prunes a seed that never earns its way out of TRAINING or
 whose stage made the model worse, and in HOLDING fossilizes a seed that contributes, else prunes it.
@@ -40,9 +41,11 @@ DEFAULT_ROTATION = {
     "mlp": ("mlp", "mlp_small", "lora_large", "lora", "norm"),
 }
 #: Blueprint of depth growth per topology (`HeuristicConfig.depth_blueprint` left to the default): a transformer
-#: grows whole zero-initialised blocks, the growth that saved training compute on language models (Gstack,
-#: Du et al. 2024: a from-scratch model's loss with 46.6% fewer tokens); other topologies grow seed by seed.
-DEFAULT_DEPTH_BLUEPRINT = {"transformer": "block"}
+#: stacks copies of its trained layers (`block_copy`), the growth that saved most training compute on language
+#: models in Gstack (Du et al. 2024). On the whole `text` corpus (benchmarks/lm_growth.py) 2 -> 4 copied layers
+#: ended the FLOP budget ahead of the 2- and 4-layer models, zero-initialised blocks (`block`) behind both.
+#: Other topologies grow seed by seed.
+DEFAULT_DEPTH_BLUEPRINT = {"transformer": "block_copy"}
 
 
 @dataclass(frozen=True)
@@ -76,9 +79,9 @@ class HeuristicConfig:
     #: Blueprint order; None uses DEFAULT_ROTATION for the topology.
     rotation: tuple[str, ...] | None = None
     #: Depth growth: the blueprint GROW puts into every empty slot at once, trained with the host from the
-    #: start, instead of germinating one seed at a time from the rotation ("block": whole transformer blocks,
-    #: 2 -> 4 layers on the `text` host; "block_copy": copies of the layer before each slot). "" never grows
-    #: by depth. None: DEFAULT_DEPTH_BLUEPRINT for the topology ("block" on transformers), else "".
+    #: start, instead of germinating one seed at a time from the rotation ("block_copy": a copy of the layer
+    #: before each slot, 2 -> 4 layers on the `text` host; "block": zero-initialised blocks). "" never grows
+    #: by depth. None: DEFAULT_DEPTH_BLUEPRINT for the topology ("block_copy" on transformers), else "".
     depth_blueprint: str | None = None
     #: Judged by loss (a language model): it is a plateau when the validation loss fell by less than this
     #: many nats per token over `plateau_epochs` epochs.
