@@ -95,8 +95,8 @@ class RunRecord:
     seed: int
     budget_flops: float
     points: list[Point]
-    grew_at_flops: float | None
-    """Training FLOPs spent when the heuristic grew (None: it never did)."""
+    growths: list[float]
+    """Training FLOPs spent at each GROW of the heuristic (a pruned block's slot may be grown into again)."""
     architecture: dict[str, str]
     seconds: float
 
@@ -147,20 +147,20 @@ def run_job(job: Job, budget: float) -> RunRecord:
         episode.action_space, task.topology, HeuristicConfig(depth_blueprint=variant.depth_blueprint))
     controller.reset()
     batches = endless_batches(task, episode.batch_size, episode.generator)
-    grew_at = None
+    growths: list[float] = []
     points = [Point(0.0, snapshot.val_loss, snapshot.val_accuracy, snapshot.active_parameters)]
     while training_flops(episode) < budget:
         action = controller.act(snapshot, episode.masks())
         succeeded, reason = episode.apply_action(action)
         if action.op is Op.GROW and succeeded:
-            grew_at = float(training_flops(episode))
+            growths.append(float(training_flops(episode)))
         chunk = list(itertools.islice(batches, job.chunk))
         steps = math.ceil((budget - training_flops(episode)) / step_flops(episode, chunk[0][0]))
         episode.train_epoch(chunk[:steps])
         snapshot = episode.finish_epoch(action, succeeded, reason).snapshot
         points.append(Point(float(training_flops(episode)), snapshot.val_loss, snapshot.val_accuracy,
                             snapshot.active_parameters))
-    record = RunRecord(variant.name, job.seed, budget, points, grew_at, episode.model.architecture(),
+    record = RunRecord(variant.name, job.seed, budget, points, growths, episode.model.architecture(),
                        time.perf_counter() - started)
     path = Path(job.out) / record_name(variant.name, job.seed)
     path.write_text(json.dumps(asdict(record), indent=1) + "\n")
@@ -209,7 +209,7 @@ def summarize(records: Sequence[RunRecord]) -> list[str]:
     budget = records[0].budget_flops
     target = statistics.fmean(r.points[-1].loss for r in by_variant[SCRATCH])
     lines = [f"| variant | final val loss (nats/char) | final accuracy | parameters | FLOPs to reach {target:.4f} "
-             "(4 layers' final loss) | grew at | seconds |", "|---|---|---|---|---|---|---|"]
+             "(4 layers' final loss) | first GROW at | seconds |", "|---|---|---|---|---|---|---|"]
     for name, runs in by_variant.items():
         if not runs:
             continue
@@ -221,8 +221,10 @@ def summarize(records: Sequence[RunRecord]) -> list[str]:
             f"{mean_std(fractions)[0]:.2f} ± {mean_std(fractions)[1]:.2f} x budget" if len(fractions) == len(runs)
             else f"{len(fractions)} of {len(runs)} seeds reach it" + (
                 f" ({', '.join(f'{f:.2f}' for f in fractions)} x budget)" if fractions else ""))
-        grew = [r.grew_at_flops / budget for r in runs if r.grew_at_flops is not None]
-        grew_text = f"{statistics.fmean(grew):.2f} x budget" if grew else "-"
+        grew = [r.growths[0] / budget for r in runs if r.growths]
+        again = sum(max(len(r.growths) - 1, 0) for r in runs)
+        grew_text = (f"{statistics.fmean(grew):.2f} x budget" if grew else "-") + (
+            f" (again in {again} run{'s' if again > 1 else ''})" if again else "")
         seconds = mean_std([r.seconds for r in runs])
         lines.append(f"| {name} | {loss[0]:.4f} ± {loss[1]:.4f} | {accuracy[0]:.2f} ± {accuracy[1]:.2f}% | "
                      f"{statistics.fmean(r.points[-1].parameters for r in runs):,.0f} | {reach} | {grew_text} | "
@@ -245,14 +247,14 @@ def mean_curve(runs: Sequence[RunRecord], grid: Sequence[float]) -> tuple[tuple[
 def chart(records: Sequence[RunRecord]) -> str:
     """Validation loss against training FLOPs (in units of 1e12), each variant's mean over its seeds."""
     budget = records[0].budget_flops
-    grid = [budget * i / 60 for i in range(6, 61)]  # from a tenth of the budget: the first losses dwarf the rest
+    grid = [budget * i / 50 for i in range(12, 51)]  # from a quarter of the budget: the first losses dwarf the rest
     series = []
     for variant in VARIANTS:
         runs = [r for r in records if r.variant == variant.name]
         if runs:
             points = tuple((flops / 1e12, loss) for flops, loss in mean_curve(runs, grid))
             series.append(Series(f"{variant.name} ({len(runs)} seeds)", points, dashed=variant.depth_blueprint is None))
-    return line_chart(series, title="text, whole corpus: validation loss against training FLOPs",
+    return line_chart(series, title="text: validation loss vs training FLOPs",
                       x_label="training FLOPs (1e12)", y_label="validation loss (nats/char)")
 
 
