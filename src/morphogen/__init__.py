@@ -10,9 +10,11 @@ from morphogen.core.hosts import CNNHost, Conv1dHost, SegmentedHost, Transformer
 from morphogen.core.lifecycle import Stage
 from morphogen.core.model import MorphogeneticModel
 from morphogen.core.module_host import HostBuildError, ModuleHost, host_from_module
+from morphogen.core.plain import ExportError, GrownNetwork, grown_network
 from morphogen.core.slot import SeedSlot, SlotConfig
 from morphogen.data import DataError, Task
 from morphogen.data.user import task_from_data
+from morphogen.export import export_model, load_grown_model
 from morphogen.grow import grow
 from morphogen.grower import EpochReport, Grower
 
@@ -21,7 +23,9 @@ __all__ = [
     "Conv1dHost",
     "DataError",
     "EpochReport",
+    "ExportError",
     "Grower",
+    "GrownNetwork",
     "HostBuildError",
     "ModuleHost",
     "MorphogeneticModel",
@@ -35,8 +39,11 @@ __all__ = [
     "TransformerHost",
     "blueprint_names",
     "build_seed",
+    "export_model",
     "grow",
+    "grown_network",
     "host_from_module",
+    "load_grown_model",
     "register_blueprint",
     "task_from_data",
 ]

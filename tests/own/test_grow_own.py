@@ -4,15 +4,17 @@ from __future__ import annotations
 
 import io
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+import torch
 import user_tasks
 from models import ResNet, eager_config, quadrant_images
 
 import morphogen
 from morphogen.cli import EXIT_USER_ERROR, main
-from morphogen.core.lifecycle import BLENDED_STAGES
+from morphogen.core.plain import KEPT_STAGES
 
 HERE = Path(__file__).resolve().parent
 EAGER = HERE / "eager.toml"
@@ -23,17 +25,29 @@ def grown_seeds(result: morphogen.RunResult) -> list[str]:
     return [story.blueprint for story in result.grown.stories if "training" in story.stages]
 
 
-@pytest.mark.parametrize("make", [user_tasks.resnet, user_tasks.gpt, user_tasks.mlp_regression])
-def test_each_users_model_grows_a_seed_through_the_public_api(make: object, tmp_path: Path) -> None:
+@pytest.mark.parametrize(("make", "slot"), [(user_tasks.resnet, "layer1"), (user_tasks.gpt, "blocks_0"),
+                                            (user_tasks.mlp_regression, "1")])
+def test_each_users_model_grows_a_seed_and_exports_through_the_public_api(
+        make: object, slot: str, tmp_path: Path, run_without_morphogen: Callable[..., list[torch.Tensor]]) -> None:
     made = make()  # type: ignore[operator]
     task, host = made if isinstance(made, tuple) else (made, None)
-    result = morphogen.grow(task, host, run_dir=str(tmp_path / "run"), config=eager_config(epochs=4), out=io.StringIO())
+    # One slot, 5 epochs: its seed trains, blends in and ends HOLDING (no other seed is left BLENDING).
+    result = morphogen.grow(task, host, run_dir=str(tmp_path / "run"), config=eager_config(epochs=5, slots=(slot,)),
+                            out=io.StringIO())
     assert grown_seeds(result), "no seed trained"
-    assert any(slot.stage in BLENDED_STAGES for slot in result.model.slots()) or result.grown.stories
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["grown"]["seeds"]
     config = json.loads((tmp_path / "run" / "config.json").read_text())
     assert config["task"] == "python" and config["task_name"] == task.name
+    # Export: the kept seeds folded in, loaded and run where morphogen cannot be imported, on another batch size.
+    assert any(slot.stage in KEPT_STAGES for slot in result.model.slots()), "no seed to fold in"
+    inputs = next(iter(task.validation.iterate_batches(5, shuffle=False)))[0][:5]
+    files = [morphogen.export_model(result.model, inputs[:2], tmp_path / "grown.pt2"),
+             morphogen.export_model(result.model, inputs[:2], tmp_path / "grown.onnx", format="onnx")]
+    with torch.no_grad():
+        expected = result.model.eval()(inputs)
+    for outputs in run_without_morphogen(files, inputs):
+        torch.testing.assert_close(outputs, expected, rtol=0, atol=1e-5)
 
 
 def test_grow_compares_with_no_growth_and_from_scratch_on_a_users_resnet(tmp_path: Path) -> None:
