@@ -10,11 +10,12 @@ from pathlib import Path
 import pytest
 import torch
 import user_tasks
-from models import ResNet, eager_config, quadrant_images
+from models import ResNet, blobs, eager_config, mlp, quadrant_images
 
 import morphogen
 from morphogen.cli import EXIT_USER_ERROR, main
 from morphogen.core.plain import KEPT_STAGES
+from morphogen.export import example_input_of, rebuild_run
 
 HERE = Path(__file__).resolve().parent
 EAGER = HERE / "eager.toml"
@@ -63,6 +64,21 @@ def test_grow_compares_with_no_growth_and_from_scratch_on_a_users_resnet(tmp_pat
         assert result.from_scratch is not None and result.from_scratch.parameters == result.grown.parameters
 
 
+def test_the_users_own_module_holds_the_grown_host_weights_after_growth(tmp_path: Path) -> None:
+    train, validation = blobs(96, 0), blobs(48, 1)
+    net = mlp()
+    initial = {name: value.clone() for name, value in net.state_dict().items()}
+    host = morphogen.host_from_module(net, ["1"], example_input=train[0][:2])
+    task = morphogen.task_from_data("blobs", train, validation, num_classes=3, batch_size=32)
+    result = morphogen.grow(task, host, run_dir=str(tmp_path / "run"), config=eager_config(epochs=2), out=io.StringIO())
+    grown_host = result.model.host.state_dict()
+    for name, value in net.state_dict().items():  # the user's own keys, holding the trained host's values
+        assert not torch.equal(value, initial[name]), f"{name} was not trained"
+    assert all(torch.equal(value, grown_host[name]) for name, value in host.state_dict().items())
+    with torch.no_grad():
+        torch.testing.assert_close(net.eval()(validation[0]), result.model.host.eval()(validation[0]), rtol=0, atol=0)
+
+
 def test_the_users_metric_names_the_score(tmp_path: Path) -> None:
     out = io.StringIO()
     result = morphogen.grow(user_tasks.mlp_regression(), run_dir=str(tmp_path / "run"), out=out,
@@ -94,6 +110,15 @@ def test_run_grows_a_users_task_named_by_import_path(function: str, name: str, t
     first = json.loads((run_dir / "summary.json").read_text())["grown"]
     again = json.loads((tmp_path / "again" / "summary.json").read_text())["grown"]
     assert again["final_accuracy"] == first["final_accuracy"] and again["parameters"] == first["parameters"]
+    # Export rebuilds the host through the import path; a seed still BLENDING after 4 epochs is left out.
+    assert main(["export", str(run_dir), "--leave-out-blending"]) == 0, capsys.readouterr().err
+    model, task = rebuild_run(run_dir)
+    assert task is not None
+    inputs = example_input_of(task, 3)
+    with torch.no_grad():
+        expected = morphogen.grown_network(model, leave_out_blending=True)(inputs)
+        torch.testing.assert_close(torch.export.load(run_dir / "model.pt2").module()(inputs), expected,
+                                   rtol=0, atol=1e-5)
 
 
 @pytest.mark.parametrize(("task", "message"), [
