@@ -128,6 +128,7 @@ def test_run_grows_a_users_task_named_by_import_path(function: str, name: str, t
     ("no_such_module:make", "task: cannot import 'no_such_module' for no_such_module:make: ModuleNotFoundError"),
     ("user_tasks:wrong_shapes", "task 'wrong': the model and its loss failed on the validation data: RuntimeError"),
     ("user_tasks:vector_loss", "the task's loss must return a scalar tensor (the batch mean), returned (64,)"),
+    ("user_tasks:nan_loss", "task 'nan': the loss or metric is not finite on the validation data before training"),
     ("user tasks:make", "task: 'user tasks:make' is neither a built-in task nor an import path"),
 ])
 def test_a_bad_task_function_is_one_line_and_exit_2_and_writes_nothing(
