@@ -38,6 +38,7 @@ from morphogen.telemetry.profiler import PhaseTimer, TraceProfiler
 from morphogen.telemetry.sinks import Telemetry
 from morphogen.ui.progress import ProgressDisplay
 from morphogen.ui.stages import fit_line, stage_short
+from morphogen.ui.units import format_flops
 
 
 @dataclass(frozen=True)
@@ -85,6 +86,8 @@ def print_summary(grown: EpisodeOutcome, baseline: EpisodeOutcome | None, out: T
         (f"final val {metric_name}"[:22], lambda o: f"{o.final_accuracy:.{2 if percent else 4}f}{percent}"),
         ("final val loss", lambda o: f"{o.final_loss:.4f}"),
         ("parameters", lambda o: f"{o.parameters:,}"),
+        ("training FLOPs", lambda o: format_flops(o.flops.total)),
+        ("  measuring seeds", lambda o: f"{100 * o.flops.measurement / max(o.flops.total, 1):.1f}%"),
         ("wall time", lambda o: f"{o.seconds:.1f} s"),
     ]
     print("\n" + f"{'':22}" + "".join(f"{name:>14}" for name, _ in columns), file=out)
@@ -242,7 +245,7 @@ def _outcome_dict(outcome: EpisodeOutcome) -> dict[str, object]:
     return {
         "final_accuracy": outcome.final_accuracy, "final_loss": outcome.final_loss,
         "parameters": outcome.parameters, "host_parameters": outcome.host_parameters,
-        "seconds": outcome.seconds, "episode_return": outcome.episode_return,
+        "seconds": outcome.seconds, "episode_return": outcome.episode_return, "flops": outcome.flops.as_dict(),
         "seeds": [{"slot": s.slot, "blueprint": s.blueprint, "germinated": s.germinated, "stages": s.stages,
                    "outcome": s.outcome, "outcome_epoch": s.outcome_epoch, "contribution": s.contribution,
                    "predicted_contribution": s.predicted_contribution}
