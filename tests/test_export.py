@@ -8,6 +8,7 @@ import io
 import json
 import pickle
 import shutil
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -168,3 +169,11 @@ def test_a_blending_seed_can_be_left_out(grown: RunResult, tmp_path: Path, capsy
     inputs = validation_inputs()
     with torch.no_grad():
         torch.testing.assert_close(program(inputs), host(inputs), rtol=0, atol=1e-5)  # the host alone
+
+
+def test_onnx_without_its_extra_says_how_to_install_it(grown: RunResult, tmp_path: Path,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "onnxscript", None)  # as if `morphogen[onnx]` were not installed
+    with pytest.raises(morphogen.ExportError, match=r"pip install 'morphogen\[onnx\]'"):
+        morphogen.export_model(grown.model, validation_inputs(2), tmp_path / "grown.onnx", format="onnx")
+    assert not (tmp_path / "grown.onnx").exists()
