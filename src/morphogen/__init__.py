@@ -19,9 +19,11 @@ if TYPE_CHECKING:
     from morphogen.core.lifecycle import Stage
     from morphogen.core.model import MorphogeneticModel
     from morphogen.core.module_host import HostBuildError, ModuleHost, host_from_module
+    from morphogen.core.plain import ExportError, GrownNetwork, grown_network
     from morphogen.core.slot import SeedSlot, SlotConfig
     from morphogen.data import DataError, Task
     from morphogen.data.user import task_from_data
+    from morphogen.export import export_model, load_grown_model
     from morphogen.grow import grow
     from morphogen.grower import EpochReport, Grower
 
@@ -40,15 +42,18 @@ _HOMES = {
     "SeedSlot": "morphogen.core.slot", "SlotConfig": "morphogen.core.slot",
     "DataError": "morphogen.data", "Task": "morphogen.data",
     "task_from_data": "morphogen.data.user",
+    "ExportError": "morphogen.core.plain", "GrownNetwork": "morphogen.core.plain",
+    "grown_network": "morphogen.core.plain",
+    "export_model": "morphogen.export", "load_grown_model": "morphogen.export",
     "grow": "morphogen.grow",
     "EpochReport": "morphogen.grower", "Grower": "morphogen.grower",
 }
 """Where each public name lives."""
 
-__all__ = ["CNNHost", "Conv1dHost", "DataError", "EpochReport", "Grower", "HostBuildError", "ModuleHost",
-    "MorphogeneticModel", "RunConfig", "RunResult", "SeedSlot", "SegmentedHost", "SlotConfig", "Stage", "Task",
-    "TransformerHost", "blueprint_names", "build_seed", "grow", "host_from_module", "register_blueprint",
-    "task_from_data"]
+__all__ = ["CNNHost", "Conv1dHost", "DataError", "EpochReport", "ExportError", "Grower", "GrownNetwork",
+    "HostBuildError", "ModuleHost", "MorphogeneticModel", "RunConfig", "RunResult", "SeedSlot", "SegmentedHost",
+    "SlotConfig", "Stage", "Task", "TransformerHost", "blueprint_names", "build_seed", "export_model", "grow",
+    "grown_network", "host_from_module", "load_grown_model", "register_blueprint", "task_from_data"]
 
 
 def __getattr__(name: str) -> Any:

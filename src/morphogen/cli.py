@@ -37,7 +37,8 @@ USER_ERRORS = (
     ("morphogen.control.checkpoint", "CheckpointError"), ("morphogen.ui.run_files", "RunDirectoryError"),
     ("morphogen.ui.runs", "RunsQueryError"), ("morphogen.run_directory", "RunDirectoryLockError"),
     ("morphogen.run_directory", "RunDirectoryRefused"), ("morphogen.run_directory", "DiskFullError"),
-    ("morphogen.control.distributed", "DistributedSetupError"),
+    ("morphogen.control.distributed", "DistributedSetupError"), ("morphogen.core.plain", "ExportError"),
+    ("morphogen.model_file", "ModelFileError"),
 )
 """(module, class) of every error a user can cause: one line and `EXIT_USER_ERROR`. Named, not imported, so
 that the command imports only what it runs; an error's class is loaded whenever the error can occur."""
@@ -195,12 +196,25 @@ def _add_report_parser(subparsers: Any) -> None:
     report.add_argument("--output", help="where --html writes (default RUN_DIR/report.html)")
 
 
+def _add_export_parser(subparsers: Any) -> None:
+    export = subparsers.add_parser("export", help="write a run's grown model as a file that needs only torch or ONNX",
+                                   description="The grown architecture with its kept seeds folded in, as a "
+                                               "torch.export program (load: torch.export.load(PATH).module()) or an "
+                                               "ONNX model; nothing of morphogen is needed to run it.")
+    export.add_argument("run_dir", metavar="RUN_DIR", help="a run directory of `morphogen run`")
+    export.add_argument("--format", choices=["torch-export", "onnx"], default="torch-export",
+                        help="torch-export (default; a .pt2 file) or onnx (needs the onnx extra)")
+    export.add_argument("--output", help="where to write (default RUN_DIR/model.pt2 or RUN_DIR/model.onnx)")
+    export.add_argument("--leave-out-blending", action="store_true",
+                        help="leave seeds still BLENDING out instead of refusing to export")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="morphogen", description="Neural networks that grow while they train.")
     parser.add_argument("--version", action="version", version=f"morphogen {__version__}")
     subparsers = parser.add_subparsers(dest="command", required=True)
     for add in (_add_run_parser, _add_train_parser, _add_eval_parser, _add_report_parser, _add_dashboard_parser,
-                _add_runs_parser, _add_list_parser):
+                _add_runs_parser, _add_list_parser, _add_export_parser):
         add(subparsers)
     return parser
 
@@ -461,6 +475,12 @@ def _list(args: argparse.Namespace) -> None:
                  text_file=args.text_file)
 
 
+def _export(args: argparse.Namespace) -> None:
+    from morphogen.commands.export import export_command
+
+    export_command(args.run_dir, args.format, args.output, args.leave_out_blending)
+
+
 def _dashboard(args: argparse.Namespace) -> None:
     from morphogen.ui.dashboard import dashboard_command
 
@@ -475,7 +495,7 @@ def _runs(args: argparse.Namespace) -> None:
 
 COMMANDS: dict[str, Callable[[argparse.Namespace], None]] = {
     "run": _run, "train": _train, "eval": _eval, "report": _report, "dashboard": _dashboard, "runs": _runs,
-    "list": _list,
+    "list": _list, "export": _export,
 }
 
 

@@ -22,9 +22,11 @@ from morphogen.devices import resolve_device
 from morphogen.env.actions import Op
 from morphogen.env.episode import EpisodeConfig, MorphogenesisEpisode, StepResult
 from morphogen.env.play import Controller, EpisodeOutcome, run_episode
+from morphogen.model_file import save_model_file
 from morphogen.run_directory import (
     BASELINE_DIRNAME,
     CONFIG_FILENAME,
+    MODEL_FILENAME,
     SUMMARY_FILENAME,
     hold_run_directory,
     make_run_dir,
@@ -201,6 +203,7 @@ def _play_and_write(config: RunConfig, task: Task, episode: MorphogenesisEpisode
                "from_scratch": None if from_scratch is None else
                {**_outcome_dict(from_scratch), "architecture": architecture}}
     write_atomic(run_dir / SUMMARY_FILENAME, (json.dumps(_strict(summary), indent=2) + "\n").encode())
+    save_model_file(episode.model, run_dir / MODEL_FILENAME)  # for `morphogen export`
     return RunResult(grown, baseline, from_scratch, episode.model, run_dir)
 
 

@@ -97,7 +97,7 @@ def load_checkpoint(run_or_file: str | Path, map_location: str | torch.device = 
     try:
         state = torch.load(path, map_location=map_location, weights_only=True)
     except Exception as error:  # torch.load raises many types on bad bytes; all mean "not a usable file"
-        raise CheckpointError(_load_failure(path, error)) from None
+        raise CheckpointError(load_failure(path, error)) from None
     if not isinstance(state, dict) or state.get("format_version") != FORMAT_VERSION:
         raise CheckpointError(f"checkpoint {path} is not a morphogen checkpoint of format {FORMAT_VERSION}")
     saved = state.pop("checksum", None)
@@ -114,23 +114,23 @@ def load_checkpoint(run_or_file: str | Path, map_location: str | torch.device = 
     return state
 
 
-def _load_failure(path: Path, error: Exception) -> str:
-    """One line saying why `torch.load` could not read `path` (torch's own messages span many lines)."""
+def load_failure(path: Path, error: Exception, what: str = "checkpoint") -> str:
+    """One line saying why `torch.load` could not read the `what` at `path` (torch's own messages span many lines)."""
     text = _TERMINAL_ESCAPES.sub("", str(error))
     # torch words it "Unsupported global: GLOBAL x" (2.4-2.5) or "unsupported GLOBAL x whose module ..." (2.6+).
     refused = re.search(r"[Uu]nsupported global:? GLOBAL (\S+)", text)
     if refused:
-        return (f"checkpoint {path} was refused: it holds a {refused.group(1)} object, but a checkpoint holds only "
+        return (f"{what} {path} was refused: it holds a {refused.group(1)} object, but a {what} holds only "
                 "tensors and plain values (loading other objects could run code)")
     if "Weights only load failed" in text:
-        return (f"checkpoint {path} was refused: it holds something other than tensors and plain values "
+        return (f"{what} {path} was refused: it holds something other than tensors and plain values "
                 "(loading it could run code)")
     lines = [line.strip() for line in text.splitlines() if line.strip()]
     if "WeightsUnpickler error" in text or isinstance(error, KeyError) or not lines:
         detail = "not a file written by torch.save"
     else:
         detail = lines[0].split(". ")[0].rstrip(".")  # torch's first sentence says what failed
-    return f"checkpoint {path} is unreadable (truncated or corrupt?): {detail}"
+    return f"{what} {path} is unreadable (truncated or corrupt?): {detail}"
 
 
 def check_layout(state: dict[str, Any], expected: dict[str, Any], source: str | Path) -> None:

@@ -349,13 +349,12 @@ class MorphogenesisEpisode:
 
     # ---------------------------------------------------------------- measurements
     def _first_validation(self) -> CounterfactualResult:
-        """Validate the untrained model; on a user's task, what the model or its loss cannot take is a `DataError`.
+        """Validate the untrained model; what the model or its loss cannot take is a `DataError`.
 
-        This is the first time the user's data meets the user's model, before anything trains: a shape
-        mismatch, a loss that is not finite, an exception in their metric is reported here as one line.
+        This is the first time the task's data meets its model, before anything trains: a shape mismatch, a
+        loss that is not finite, an exception in a user's metric is reported here as one line. Built-in and
+        user tasks take the same path.
         """
-        if self.task.source == "builtin":
-            return self._validate()
         try:
             result = self._validate()
         except DataError:
