@@ -1,23 +1,26 @@
 """Whole-block seeds of transformer hosts: `block` (identity at birth) and `block_copy` (a copy of the layer
-before the slot), through a model: germination, state_dict and grafting. Isolation while TRAINING and
+before the slot), through a model: germination, state_dict, export and grafting. Isolation while TRAINING and
 compilation without graph breaks are tested with every blueprint in test_slot_isolation.py and
 test_compilation.py."""
 
 from __future__ import annotations
 
 import io
+from pathlib import Path
 
 import pytest
 import torch
-from slot_driver import EASY_CONFIG, drive_to
+from slot_driver import EASY_CONFIG, drive_to, perturb_seed
 from torch import nn
 
+import morphogen
 from morphogen.core.blueprints import build_seed, copy_last_block, get_blueprint
 from morphogen.core.hosts import TransformerHost
 from morphogen.core.lifecycle import GateConfig, GateMode, IllegalTransitionError, Stage
 from morphogen.core.model import MorphogeneticModel
 from morphogen.core.slot import SlotConfig
 from morphogen.core.transformer_layers import TransformerBlock
+from morphogen.model_file import load_model_state, read_model_file, save_model_file
 
 VOCABULARY, WIDTH, CONTEXT = 13, 32, 8
 
@@ -169,3 +172,22 @@ def test_graft_needs_an_empty_slot() -> None:
     model.graft("r0c0", "block")
     with pytest.raises(IllegalTransitionError, match="germinate needs DORMANT"):
         model.graft("r0c0", "block")
+
+
+def test_a_model_grown_by_whole_blocks_exports_and_round_trips_through_its_model_file(tmp_path: Path) -> None:
+    model = MorphogeneticModel(host(), config=GRAFT_CONFIG)
+    model.graft("r0c0", "block")
+    model.graft("r0c1", "block_copy", blend_epochs=1)  # a one-epoch ramp: at alpha 1, HOLDING, at once
+    for slot in model.slots():
+        assert slot.stage is Stage.HOLDING
+        perturb_seed(slot, torch.Generator().manual_seed(5), scale=0.05)  # trained blocks: nothing zero
+    x = tokens()
+    with torch.no_grad():
+        expected = model.eval()(x)
+    program = torch.export.load(morphogen.export_model(model, x, tmp_path / "grown.pt2"))
+    torch.testing.assert_close(program.module()(x), expected, rtol=0, atol=1e-5)
+    save_model_file(model, tmp_path / "model.pt")
+    restored = MorphogeneticModel(host(), config=GRAFT_CONFIG)
+    load_model_state(restored, read_model_file(tmp_path / "model.pt"), tmp_path / "model.pt")
+    with torch.no_grad():
+        assert torch.equal(restored.eval()(x), expected)
