@@ -78,3 +78,9 @@ def test_readme_task_function_runs_from_the_command_line(tmp_path, monkeypatch, 
     assert main(["run", "--task", "my_task:make_task", "--epochs", "2", "--no-from-scratch", "--threads", "1",
                  "--run-dir", "run"]) == 0
     assert "task sums (mlp host" in capsys.readouterr().out
+
+
+def test_readme_depth_growth_example_runs(capsys):
+    namespace: dict[str, object] = {}
+    exec(compile(python_block("model.graft("), str(README), "exec"), namespace)
+    assert capsys.readouterr().out.strip() == "{'r0c0': 'block', 'r0c1': 'block'} 56000"
