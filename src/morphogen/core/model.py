@@ -125,7 +125,7 @@ class MorphogeneticModel(nn.Module):
         reference = next(self.host.parameters())
         slot = self.slot(slot_id)
         slot.germinate(blueprint, epoch, device=reference.device, dtype=reference.dtype,
-                       neighbour=self.segment_before(slot_id), **options)
+                       neighbour=self._segment_before(slot_id), **options)
         return slot
 
     def graft(self, slot_id: str, blueprint: str, epoch: int = 0, **options: Any) -> SeedSlot:
@@ -133,7 +133,7 @@ class MorphogeneticModel(nn.Module):
         reference = next(self.host.parameters())
         slot = self.slot(slot_id)
         slot.graft(blueprint, epoch, device=reference.device, dtype=reference.dtype,
-                   neighbour=self.segment_before(slot_id), **options)
+                   neighbour=self._segment_before(slot_id), **options)
         return slot
 
     def install(self, slot_id: str, blueprint: str, *, blend: BlendKind | None = None, **options: Any) -> SeedSlot:
@@ -141,10 +141,10 @@ class MorphogeneticModel(nn.Module):
         reference = next(self.host.parameters())
         slot = self.slot(slot_id)
         slot.install(blueprint, blend=blend, device=reference.device, dtype=reference.dtype,
-                     neighbour=self.segment_before(slot_id), **options)
+                     neighbour=self._segment_before(slot_id), **options)
         return slot
 
-    def segment_before(self, slot_id: str) -> nn.Module:
+    def _segment_before(self, slot_id: str) -> nn.Module:
         """The host segment that ends at `slot_id`: where a seed that copies the layer before its slot copies it."""
         segment: nn.Module = self.host.segments[self.host.point_index(slot_id)]
         return segment
