@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
-import json
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -14,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 from morphogen import __version__
 from morphogen.commands.listing import LISTINGS
 from morphogen.commands.run import RunConfig, run_command
-from morphogen.config import ConfigError, build_config, read_config_file, short_repr
+from morphogen.config import ConfigError, build_config, read_config_file
 from morphogen.control.checkpoint import CheckpointError
 from morphogen.control.distributed import DistributedSetupError, PeerLostError
 from morphogen.control.trainer import TrainConfig
@@ -24,13 +23,14 @@ from morphogen.core.hosts import UnknownSlotError
 from morphogen.data import TASK_NAMES, DataError
 from morphogen.env.governor import DivergenceError
 from morphogen.env.training import task_optimizer_config
-from morphogen.limits import MAX_TIMEOUT_SECONDS
+from morphogen.limits import MAX_TIMEOUT_SECONDS, short_repr
 from morphogen.run_directory import (
     CONFIG_FILENAME,
     DiskFullError,
     RunDirectoryLockError,
     RunDirectoryRefused,
     hold_run_directory,
+    read_json_object,
 )
 from morphogen.session import SessionOptions
 from morphogen.ui.report import RunDirectoryError, render_report
@@ -347,14 +347,11 @@ def _train(args: argparse.Namespace) -> None:
 def saved_policy_device(run_dir: str) -> str:
     """The device a run's policy was saved on (its config.json), which a resumed `--distributed` run keeps
     unless `--device`/`--devices` say otherwise, so that it picks the same backend (NCCL for CUDA)."""
-    try:
-        values = json.loads((Path(run_dir) / CONFIG_FILENAME).read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
-        return "cpu"  # the resume itself then reports the unreadable run with one line
-    devices = values.get("devices") if isinstance(values, dict) else None
+    values = read_json_object(Path(run_dir) / CONFIG_FILENAME) or {}  # damaged: the resume reports it in one line
+    devices = values.get("devices")
     if isinstance(devices, list) and devices and isinstance(devices[0], str):
         return devices[0]
-    device = values.get("device") if isinstance(values, dict) else None
+    device = values.get("device")
     return device if isinstance(device, str) else "cpu"
 
 

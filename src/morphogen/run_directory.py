@@ -3,9 +3,10 @@
 Files (every command writes only these names; readers look only for them):
 
 - `config.json`: the resolved config; `events.jsonl`: one JSON object per event; `summary.json`: the
-  closing numbers of a `run`; `baseline/events.jsonl`: a `run`'s no-growth episode; `checkpoint.pt`
-  and `imitation.json`: a `train` run; `eval.json`: an `eval --run-dir` table; `report.html`: the
-  default place of `report --html`; `tb/` and `profile/`: TensorBoard scalars and profiler traces.
+  closing numbers of a `run`; `baseline/events.jsonl` and `from_scratch/events.jsonl`: a `run`'s
+  no-growth episode and its final architecture trained from scratch; `checkpoint.pt` and
+  `imitation.json`: a `train` run; `eval.json`: an `eval --run-dir` table; `report.html`: the default
+  place of `report --html`; `tb/` and `profile/`: TensorBoard scalars and profiler traces.
 
 Rules:
 
@@ -24,7 +25,15 @@ Rules:
   `O_EXCL` (which refuses an existing name, link or not) and renames it over the name, which replaces
   a link instead of writing through it; `open_for_append` and `truncate_file` refuse a link outright.
   A crash leaves either the old file or the new one, whole; `remove_stale_temporaries` deletes the
-  temporaries of killed writes, only under the lock (a live writer's look the same).
+  temporaries of killed writes, only under the lock (a live writer's look the same). Only a regular
+  file (or a link) is replaced: a device, a FIFO or a directory at the name is refused, so that
+  `report --output /dev/null` can never turn a device node into a file.
+- **Whole lines.** `append_line` writes one line with one `write` call; a write cut short (a full disk)
+  is undone with `ftruncate`, so the events file never ends in a torn fragment that the next line
+  would be glued to.
+- **Bounded reads of regular files.** `read_regular_file` opens without blocking and reads only a
+  regular file, at most a given number of bytes: a FIFO planted at `config.json` cannot hang a reader,
+  a link to `/dev/zero` cannot fill its memory.
 - **A full disk is the user's machine, not a bug**: `DiskFullError` names the path, the bytes needed
   and the bytes free, and the previous version of the file is intact.
 """
@@ -34,18 +43,21 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import json
 import os
 import shutil
+import stat
 import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 CONFIG_FILENAME = "config.json"
 EVENTS_FILENAME = "events.jsonl"
 SUMMARY_FILENAME = "summary.json"
 BASELINE_DIRNAME = "baseline"
+FROM_SCRATCH_DIRNAME = "from_scratch"
 CHECKPOINT_NAME = "checkpoint.pt"
 IMITATION_FILENAME = "imitation.json"
 SCORES_FILENAME = "eval.json"
@@ -54,8 +66,12 @@ TENSORBOARD_DIRNAME = "tb"
 PROFILE_DIRNAME = "profile"
 LOCK_NAME = ".lock"
 
-RUN_FILE_NAMES = (CONFIG_FILENAME, EVENTS_FILENAME, SUMMARY_FILENAME, BASELINE_DIRNAME, CHECKPOINT_NAME,
-                  IMITATION_FILENAME, SCORES_FILENAME, REPORT_FILENAME, TENSORBOARD_DIRNAME, PROFILE_DIRNAME)
+MAX_JSON_BYTES = 4_194_304
+"""Largest JSON file of a run directory read (`config.json`, `summary.json`: 4 MiB; morphogen writes a few kB)."""
+
+RUN_FILE_NAMES = (CONFIG_FILENAME, EVENTS_FILENAME, SUMMARY_FILENAME, BASELINE_DIRNAME, FROM_SCRATCH_DIRNAME,
+                  CHECKPOINT_NAME, IMITATION_FILENAME, SCORES_FILENAME, REPORT_FILENAME, TENSORBOARD_DIRNAME,
+                  PROFILE_DIRNAME)
 """Names whose presence means a directory already holds a run."""
 
 SYSTEM_DIRECTORIES = tuple(Path(name) for name in ("/bin", "/boot", "/dev", "/etc", "/lib", "/lib32", "/lib64",
@@ -115,13 +131,25 @@ def temporary_name(path: Path) -> Path:
     return path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
 
 
+def _refuse_special(path: Path) -> None:
+    """OSError if `path` exists and is neither a regular file nor a symbolic link (which would be replaced)."""
+    try:
+        mode = os.lstat(path).st_mode
+    except FileNotFoundError:
+        return
+    if not (stat.S_ISREG(mode) or stat.S_ISLNK(mode)):
+        kind = "a directory" if stat.S_ISDIR(mode) else "not a regular file"
+        raise OSError(errno.EEXIST, f"{path} is {kind}; morphogen replaces only files")
+
+
 def write_atomic(path: str | Path, data: bytes) -> None:
     """Replace `path` with `data` atomically, never writing through a link (see the module docstring).
 
-    `DiskFullError` if there is no room.
+    `DiskFullError` if there is no room; OSError if `path` is a directory, a device or a FIFO.
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
+    _refuse_special(path)
     temporary = temporary_name(path)
     try:
         descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NO_FOLLOW, 0o666)
@@ -142,28 +170,89 @@ def write_atomic(path: str | Path, data: bytes) -> None:
         os.close(directory)
 
 
-def open_for_append(path: str | Path) -> IO[str]:
-    """`path` opened for appending text, created if missing; OSError if it is a symbolic link."""
+def open_for_append(path: str | Path) -> int:
+    """A descriptor of `path` opened for appending, created if missing; OSError if it is a symbolic link
+    or not a regular file. Write to it with `append_line`; close it with `os.close`."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     try:
-        descriptor = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | _NO_FOLLOW, 0o666)
+        descriptor = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NONBLOCK | _NO_FOLLOW, 0o666)
     except OSError as error:
-        raise _refuse_link(path, error) from None
-    return os.fdopen(descriptor, "a", encoding="utf-8")
+        if error.errno != errno.ENXIO:  # ENXIO: a FIFO that nobody reads
+            raise _refuse_link(path, error) from None
+        descriptor = None
+    if descriptor is None or not stat.S_ISREG(os.fstat(descriptor).st_mode):
+        if descriptor is not None:
+            os.close(descriptor)
+        raise OSError(errno.EINVAL, f"{path} is not a regular file; morphogen appends only to files")
+    return descriptor
+
+
+def append_line(descriptor: int, line: bytes) -> None:
+    """Append `line` with one write; a write cut short (a full disk) is undone, so no torn line is left.
+
+    OSError (errno ENOSPC for a short write) if it could not be written whole.
+    """
+    end = os.lseek(descriptor, 0, os.SEEK_END)
+    try:
+        written = os.write(descriptor, line)
+    except OSError:
+        os.ftruncate(descriptor, end)  # a failed write may still have written a part
+        raise
+    if written != len(line):
+        os.ftruncate(descriptor, end)
+        raise OSError(errno.ENOSPC, f"{os.strerror(errno.ENOSPC)} (wrote {written:,} of {len(line):,} bytes)")
 
 
 def truncate_file(path: str | Path, size: int) -> None:
     """Cut the file at `path` to `size` bytes; OSError if it is a symbolic link."""
     path = Path(path)
     try:
-        descriptor = os.open(path, os.O_WRONLY | _NO_FOLLOW)
+        descriptor = os.open(path, os.O_WRONLY | os.O_NONBLOCK | _NO_FOLLOW)  # a FIFO: ENXIO, never a wait
     except OSError as error:
         raise _refuse_link(path, error) from None
     try:
         os.ftruncate(descriptor, size)
     finally:
         os.close(descriptor)
+
+
+def open_regular_file(path: str | Path) -> IO[bytes]:
+    """The regular file at `path` (a link to one is followed) opened for reading in binary.
+
+    OSError if it is missing, unreadable or not a regular file (a FIFO, a device, a directory): it is
+    checked before opening (opening a device can do things) and again after, and opening never blocks.
+    """
+    path = Path(path)
+    if not stat.S_ISREG(os.stat(path).st_mode):
+        raise OSError(errno.EINVAL, f"{path} is not a regular file")
+    descriptor = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    if not stat.S_ISREG(os.fstat(descriptor).st_mode):  # replaced in between
+        os.close(descriptor)
+        raise OSError(errno.EINVAL, f"{path} is not a regular file")
+    return os.fdopen(descriptor, "rb")
+
+
+def read_regular_file(path: str | Path, limit: int) -> bytes:
+    """The bytes of the regular file at `path`, if at most `limit` of them (at most `limit + 1` are read).
+
+    OSError as `open_regular_file` says, or with errno EFBIG when the file is larger than `limit`.
+    """
+    with open_regular_file(path) as handle:
+        data = handle.read(limit + 1)
+    if len(data) > limit:
+        raise OSError(errno.EFBIG, f"{path} is larger than {limit:,} bytes")
+    return data
+
+
+def read_json_object(path: str | Path, limit: int = MAX_JSON_BYTES) -> dict[str, Any] | None:
+    """The JSON object in the regular file `path`; None if it is missing, larger than `limit` bytes,
+    not a regular file, unparsable, nested too deep or not an object (a run's files are untrusted)."""
+    try:
+        value = json.loads(read_regular_file(path, limit))
+    except (OSError, ValueError, RecursionError):
+        return None
+    return value if isinstance(value, dict) else None
 
 
 def remove_stale_temporaries(directory: str | Path) -> list[Path]:
@@ -185,7 +274,7 @@ def remove_stale_temporaries(directory: str | Path) -> list[Path]:
 
 def _holder(path: Path) -> str:
     try:
-        descriptor = os.open(path, os.O_RDONLY | _NO_FOLLOW)
+        descriptor = os.open(path, os.O_RDONLY | os.O_NONBLOCK | _NO_FOLLOW)
         with os.fdopen(descriptor, "rb") as handle:
             text = handle.read(32).decode("ascii", errors="replace").strip()
     except OSError:
@@ -198,10 +287,14 @@ def _acquire(directory: Path) -> int:
     path = directory / LOCK_NAME
     while True:
         try:
-            descriptor = os.open(path, os.O_RDWR | os.O_CREAT | _NO_FOLLOW, 0o644)
+            descriptor = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NONBLOCK | _NO_FOLLOW, 0o644)
         except OSError as error:
             reason = _refuse_link(path, error)
             raise RunDirectoryLockError(f"cannot lock run directory {directory}: {reason.strerror or reason}") from None
+        if not stat.S_ISREG(os.fstat(descriptor).st_mode):
+            os.close(descriptor)
+            raise RunDirectoryLockError(f"cannot lock run directory {directory}: {path} is not a regular file "
+                                        "(remove it)")
         try:
             fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as error:

@@ -124,3 +124,16 @@ def test_damaged_runs_are_read_in_part_or_named_and_never_hide_the_others(
     assert "[/bad]\\x1b]52;c;aGk=\\x07" in rows[1] and "\x1b" not in out
     assert rows[3:] == ["skipped run empty (no readable event; 1 line skipped)",
                         "run [bold red]x: 5 lines skipped"]
+
+
+def test_a_root_whose_every_run_is_unreadable_names_them_and_exits_0(tmp_path: Path,
+                                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "torn").mkdir()
+    (tmp_path / "torn" / "events.jsonl").write_text('{"time": 1, "event"')
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "empty" / "events.jsonl").write_text("")
+    assert main(["runs", str(tmp_path)]) == 0
+    assert main(["runs", str(tmp_path), "--where", "task = 'digits'"]) == 0
+    out, err = capsys.readouterr()
+    notes = ["skipped run empty (no readable event)", "skipped run torn (no readable event; 1 line skipped)"]
+    assert err == "" and out.splitlines() == ["no runs", *notes, "no runs match", *notes]

@@ -7,6 +7,7 @@ import json
 import math
 import re
 import sys
+import textwrap
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,8 +35,8 @@ from morphogen.telemetry.anomalies import AnomalyDetector
 from morphogen.telemetry.events import NON_FINITE_TOKENS
 from morphogen.telemetry.profiler import PhaseTimer, TraceProfiler
 from morphogen.telemetry.sinks import Telemetry
-from morphogen.ui.progress import ProgressDisplay
-from morphogen.ui.stages import fit_line, stage_short
+from morphogen.ui.progress import LINE_WIDTH, ProgressDisplay
+from morphogen.ui.stages import stage_short
 
 
 @dataclass(frozen=True)
@@ -53,24 +54,44 @@ class RunConfig(SessionOptions):
 
 
 
-def format_step(result: StepResult) -> str:
-    """One progress line (at most 120 columns): epoch, accuracy, loss, parameters, each seed, the action.
+#: Columns the seeds part of an epoch line keeps at least before a refusal's reason moves to its own line.
+MIN_SEED_COLUMNS = 24
+#: Indentation of a refusal's reason printed below its epoch line.
+REASON_INDENT = "      "
 
-    Empty slots are left out, so that the line stays short; a seed shows as slot, blueprint, stage and
-    alpha while it is blended in.
+
+def format_step(result: StepResult) -> str:
+    """The progress line of one epoch: epoch, accuracy, loss, parameters, each seed, the action.
+
+    Empty slots are left out; a seed shows as slot, blueprint, stage and alpha while it is blended in.
+    Every line is at most `LINE_WIDTH` columns. When the line is too long the seeds part is cut (ending
+    in an ellipsis), never the action: a refusal's reason that still does not fit goes below, on lines
+    of its own, whole.
     """
     s = result.snapshot
     seeds = "  ".join(
         f"{slot.slot_id} {slot.blueprint} {stage_short(slot.stage.value)}"
         f"{f' a={slot.alpha:.2f}' if slot.alpha > 0 else ''}" for slot in s.slots if slot.blueprint is not None)
-    outcome = "ok" if result.action_succeeded else f"refused: {result.reason}"
-    rollback = "  ROLLBACK" if result.rollback is not None else ""
     from morphogen.env.actions import Op
 
     action = Op(s.last_op).name
-    line = (f"epoch {s.epoch:3d}/{s.max_epochs}  acc {s.val_accuracy:6.2f}%  loss {s.val_loss:.3f}  "
-            f"params {s.active_parameters:>9,}  | {seeds or 'no seeds'} | {action} {outcome}{rollback}")
-    return fit_line(line)
+    rollback = "  ROLLBACK" if result.rollback is not None else ""
+    head = (f"epoch {s.epoch:3d}/{s.max_epochs}  acc {s.val_accuracy:6.2f}%  loss {s.val_loss:.3f}  "
+            f"params {s.active_parameters:>9,}  | ")
+    outcome = "ok" if result.action_succeeded else f"refused: {result.reason}"
+    tail = f" | {action} {outcome}{rollback}"
+    room = LINE_WIDTH - len(head) - len(tail)
+    if room >= min(len(seeds or "no seeds"), MIN_SEED_COLUMNS):
+        return head + _cut(seeds or "no seeds", room) + tail
+    tail = f" | {action} refused{rollback}"
+    line = head + _cut(seeds or "no seeds", LINE_WIDTH - len(head) - len(tail)) + tail
+    reason = textwrap.wrap(result.reason, LINE_WIDTH, initial_indent=REASON_INDENT, subsequent_indent=REASON_INDENT)
+    return "\n".join([line, *reason])
+
+
+def _cut(text: str, width: int) -> str:
+    """`text` cut to `width` columns (at least one), ending in an ellipsis when something was cut."""
+    return text if len(text) <= width else text[: max(width - 1, 0)] + "…"
 
 
 def print_summary(grown: EpisodeOutcome, baseline: EpisodeOutcome | None, out: TextIO,
@@ -94,8 +115,7 @@ def print_summary(grown: EpisodeOutcome, baseline: EpisodeOutcome | None, out: T
     if not grown.stories:
         print("  none germinated", file=out)
     for story in grown.stories:
-        ending = story.outcome if story.outcome_epoch is None else f"{story.outcome}@{story.outcome_epoch}"
-        print(f"  {story.blueprint:<11} {story.slot:<5} {story.stage_path():<44} {ending:<14} "
+        print(f"  {story.blueprint:<11} {story.slot:<5} {story.path_before_outcome():<44} {story.ending():<14} "
               f"predicted {_points(story.predicted_contribution)}  measured {_points(story.contribution)}",
               file=out)
 

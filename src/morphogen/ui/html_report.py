@@ -289,7 +289,11 @@ def render_html(run_dir: str | Path) -> str:
 
 
 def write_html_report(run_dir: str | Path, path: str | Path | None = None) -> Path:
-    """Write `render_html(run_dir)` to `path` (default RUN_DIR/report.html) and return where."""
+    """Write `render_html(run_dir)` to `path` (default RUN_DIR/report.html) and return where.
+
+    Written atomically (missing parent directories are made): a link at `path` is replaced, never
+    written through; a directory, a device or a FIFO there is refused with `RunDirectoryError`.
+    """
     target = Path(run_dir) / REPORT_FILENAME if path is None else Path(path)
     page = render_html(run_dir).encode("utf-8")
     try:

@@ -84,11 +84,9 @@ def _seed_section(history: Sequence[Event], training: bool) -> list[str]:
         lines.append(f"seeds ({len(stories_by_round)}):")
     for round_number, story in stories_by_round:
         contribution = "-" if story.contribution is None else f"{story.contribution:+.2f} pts"
-        ending = story.outcome if story.outcome_epoch is None else f"{story.outcome}@{story.outcome_epoch}"
         where = f"round {round_number} env {story.env_id}" if training else f"env {story.env_id}"
         lines.append(f"  {where}  {story.blueprint:<11} {story.slot:<5} germinated@{story.germinated:<3} "
-                     f"{story.stage_path():<40} "
-                     f"{ending:<15} contribution {contribution}")
+                     f"{story.path_before_outcome():<40} {story.ending():<15} contribution {contribution}")
     return lines
 
 

@@ -235,7 +235,8 @@ def _create_views(connection: Any) -> None:
                    count(*) FILTER (WHERE event = 'epoch_completed') AS epochs,
                    max({value('round')}) FILTER (WHERE event = 'round_completed') AS rounds
             FROM events GROUP BY run),
-        last_episode AS (SELECT run, arg_max(final_accuracy, time) AS accuracy, arg_max(param_count, time) AS params
+        last_episode AS (SELECT run, arg_max({value('final_accuracy')}, time) AS accuracy,
+                                arg_max({value('param_count')}, time) AS params
             FROM events WHERE event = 'episode_completed' GROUP BY run),
         last_round AS (SELECT run, arg_max(mean_final_accuracy, round) AS accuracy FROM rounds GROUP BY run)
         SELECT p.run,
