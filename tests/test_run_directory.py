@@ -118,10 +118,16 @@ def test_a_new_run_takes_an_empty_or_missing_directory_and_makes_a_fresh_one(tmp
     assert first != second and second.parent == first.parent
 
 
-@pytest.mark.parametrize("place", ["/", "/etc", "/usr/lib", "/tmp", "~"])
-def test_system_and_home_directories_are_refused(place: str) -> None:
-    with pytest.raises(RunDirectoryRefused, match="directory of its own"):
+@pytest.mark.parametrize(("place", "what"), [
+    ("/", "is the root directory"), ("/etc", "is a system directory"),
+    ("/usr/lib/x", "is inside the system directory /usr"), ("/tmp", "is a top-level directory"),
+    ("~", "is the home directory"),
+])
+def test_system_and_home_directories_are_refused(place: str, what: str) -> None:
+    with pytest.raises(RunDirectoryRefused) as caught:
         make_run_dir(str(Path(place).expanduser()), "runs", "digits")
+    assert str(caught.value) == (f"run_dir: {Path(place).expanduser()} {what}; give a directory of its own, "
+                                 "e.g. runs/my-run")
 
 
 def test_a_line_cut_short_by_a_full_disk_is_undone(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

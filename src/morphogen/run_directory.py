@@ -51,7 +51,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, NamedTuple
 
 CONFIG_FILENAME = "config.json"
 EVENTS_FILENAME = "events.jsonl"
@@ -68,6 +68,8 @@ LOCK_NAME = ".lock"
 
 MAX_JSON_BYTES = 4_194_304
 """Largest JSON file of a run directory read (`config.json`, `summary.json`: 4 MiB; morphogen writes a few kB)."""
+MAX_LINE_BYTES = 1_048_576
+"""Longest events line read (1 MiB; the longest event telemetry writes is a few kB): longer ones are skipped."""
 
 RUN_FILE_NAMES = (CONFIG_FILENAME, EVENTS_FILENAME, SUMMARY_FILENAME, BASELINE_DIRNAME, FROM_SCRATCH_DIRNAME,
                   CHECKPOINT_NAME, IMITATION_FILENAME, SCORES_FILENAME, REPORT_FILENAME, TENSORBOARD_DIRNAME,
@@ -139,7 +141,7 @@ def _refuse_special(path: Path) -> None:
         return
     if not (stat.S_ISREG(mode) or stat.S_ISLNK(mode)):
         kind = "a directory" if stat.S_ISDIR(mode) else "not a regular file"
-        raise OSError(errno.EEXIST, f"{path} is {kind}; morphogen replaces only files")
+        raise OSError(errno.EEXIST, f"it is {kind}; morphogen replaces only files", str(path))
 
 
 def write_atomic(path: str | Path, data: bytes) -> None:
@@ -184,7 +186,7 @@ def open_for_append(path: str | Path) -> int:
     if descriptor is None or not stat.S_ISREG(os.fstat(descriptor).st_mode):
         if descriptor is not None:
             os.close(descriptor)
-        raise OSError(errno.EINVAL, f"{path} is not a regular file; morphogen appends only to files")
+        raise OSError(errno.EINVAL, "not a regular file; morphogen appends only to files", str(path))
     return descriptor
 
 
@@ -225,11 +227,11 @@ def open_regular_file(path: str | Path) -> IO[bytes]:
     """
     path = Path(path)
     if not stat.S_ISREG(os.stat(path).st_mode):
-        raise OSError(errno.EINVAL, f"{path} is not a regular file")
+        raise OSError(errno.EINVAL, "not a regular file", str(path))
     descriptor = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     if not stat.S_ISREG(os.fstat(descriptor).st_mode):  # replaced in between
         os.close(descriptor)
-        raise OSError(errno.EINVAL, f"{path} is not a regular file")
+        raise OSError(errno.EINVAL, "not a regular file", str(path))
     return os.fdopen(descriptor, "rb")
 
 
@@ -241,8 +243,33 @@ def read_regular_file(path: str | Path, limit: int) -> bytes:
     with open_regular_file(path) as handle:
         data = handle.read(limit + 1)
     if len(data) > limit:
-        raise OSError(errno.EFBIG, f"{path} is larger than {limit:,} bytes")
+        raise OSError(errno.EFBIG, f"larger than {limit:,} bytes", str(path))
     return data
+
+
+class Line(NamedTuple):
+    """One line of a file as `read_line` returns it."""
+
+    text: bytes | None
+    """The line with its newline; None for a line longer than the limit, skipped unread."""
+    size: int
+    """Bytes it takes in the file (0 at the end of the file)."""
+    complete: bool
+    """Whether it ends in a newline (the file's last line may be torn, or still being written)."""
+
+
+def read_line(handle: IO[bytes], limit: int) -> Line:
+    """The next line of `handle`, holding at most `limit + 1` bytes of it in memory whatever its length."""
+    text = handle.readline(limit + 1)
+    if text.endswith(b"\n") or len(text) <= limit:
+        return Line(bytes(text), len(text), text.endswith(b"\n"))
+    size = len(text)
+    while not text.endswith(b"\n"):
+        text = handle.readline(limit)
+        if not text:
+            return Line(None, size, False)
+        size += len(text)
+    return Line(None, size, True)
 
 
 def read_json_object(path: str | Path, limit: int = MAX_JSON_BYTES) -> dict[str, Any] | None:
@@ -353,11 +380,18 @@ def hold_run_directory(directory: str | Path) -> Iterator[Path]:
 def refuse_system_directory(path: Path) -> None:
     """`RunDirectoryRefused` if `path` (resolved) is `/`, the home directory or a system directory."""
     resolved = path.resolve()
-    refused = resolved in TOP_DIRECTORIES or resolved == Path.home().resolve() or any(
-        resolved == system or system in resolved.parents for system in SYSTEM_DIRECTORIES)
-    if refused:
-        raise RunDirectoryRefused(f"run_dir: {path} is {'/' if resolved == Path('/') else 'a system or home'} "
-                                  "directory; give a directory of its own, e.g. runs/my-run")
+    system = next((system for system in SYSTEM_DIRECTORIES if resolved == system or system in resolved.parents), None)
+    if resolved == Path("/"):
+        what = "the root directory"
+    elif resolved == Path.home().resolve():
+        what = "the home directory"
+    elif system is not None:
+        what = "a system directory" if resolved == system else f"inside the system directory {system}"
+    elif resolved in TOP_DIRECTORIES:
+        what = "a top-level directory"
+    else:
+        return
+    raise RunDirectoryRefused(f"run_dir: {path} is {what}; give a directory of its own, e.g. runs/my-run")
 
 
 def refuse_other_run(path: Path) -> None:

@@ -35,21 +35,21 @@ import os
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from morphogen.run_directory import (
     BASELINE_DIRNAME,
     CONFIG_FILENAME,
     EVENTS_FILENAME,
     FROM_SCRATCH_DIRNAME,
+    MAX_LINE_BYTES,
     SUMMARY_FILENAME,
     open_regular_file,
     read_json_object,
+    read_line,
 )
 from morphogen.telemetry.events import Event, RoundCompleted, event_from_dict
 
-MAX_LINE_BYTES = 1_048_576
-"""Longest events line read (1 MiB; the longest event telemetry writes is a few kB)."""
 MAX_EVENTS = 2_000_000
 """Events kept per events file (a 100-round, 64-env training run writes about 200,000)."""
 
@@ -120,25 +120,19 @@ class EventTail:
                     events.append(event)
         return events
 
-    def _next_line(self, file: Any, final: bool) -> bytes | None:
-        """The next whole line (`_TOO_LONG` for one past the limit, skipped to its end), None at the end."""
-        line = file.readline(MAX_LINE_BYTES + 1)
-        if line.endswith(b"\n"):
-            self._offset += len(line)
-            return bytes(line)
-        if len(line) <= MAX_LINE_BYTES:  # the end of the file: nothing, or a line still being written
-            if line and final:
-                self._offset += len(line)
-                self.skipped += 1
-            return None
-        consumed = len(line)
-        while not line.endswith(b"\n"):
-            line = file.readline(MAX_LINE_BYTES)
-            if not line:
-                return None  # the long line is still being written: read it again when it has its end
-            consumed += len(line)
-        self._offset += consumed
-        return _TOO_LONG
+    def _next_line(self, file: IO[bytes], final: bool) -> bytes | None:
+        """The next whole line (`_TOO_LONG` for one past the limit, skipped to its end), None at the end.
+
+        A last line without its newline is left to be read again, unless `final`: then it is skipped.
+        """
+        line = read_line(file, MAX_LINE_BYTES)
+        if line.complete:
+            self._offset += line.size
+            return _TOO_LONG if line.text is None else line.text
+        if line.size and final:
+            self._offset += line.size
+            self.skipped += 1
+        return None
 
     def _parse(self, line: bytes) -> TimedEvent | None:
         if not line.strip():
