@@ -32,6 +32,10 @@ def test_run_prints_the_comparison_and_writes_the_run_directory(tmp_path: Path,
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["baseline"] is not None
     assert 0.0 <= summary["grown"]["final_accuracy"] <= 100.0
+    for outcome in (summary["grown"], summary["baseline"]):
+        flops = outcome["flops"]
+        assert flops["total"] == sum(flops[key] for key in ("training", "shadow", "validation", "counterfactual")) > 0
+    assert "training FLOPs" in out and "MFLOP" in out  # 3 epochs of 200 digits: about 600 MFLOP
     written = read_events(run_dir / "events.jsonl")
     assert [e.epoch for e in written if isinstance(e, events.EpochCompleted)] == [1, 2, 3]
     assert isinstance(written[-2], events.EpisodeCompleted)

@@ -39,6 +39,7 @@ from morphogen.core.hosts import SegmentedHost
 from morphogen.core.model import MorphogeneticModel
 from morphogen.data.user import LossFunction, task_from_data
 from morphogen.env.actions import Action
+from morphogen.env.compute import note_batch
 from morphogen.env.episode import EpisodeConfig, MorphogenesisEpisode, StepResult, task_with_host
 from morphogen.env.play import Controller
 from morphogen.env.snapshot import EpisodeSnapshot
@@ -122,6 +123,7 @@ class Grower:
         if shadow is not None and shadow.parameters:
             trainer.objective.shadow_loss(shadow.outputs, targets).backward(inputs=list(shadow.parameters))
         trainer.add_epoch_losses(loss.detach(), 1)
+        note_batch(trainer.batch_shapes, inputs)
         self._steps += 1
         return loss
 

@@ -17,6 +17,7 @@ def test_report_of_a_run_shows_epochs_seeds_rewards_and_the_comparison(tmp_path,
     assert "seeds" in report and "reward by component" in report and "terminal" in report
     assert "health: no rollbacks, no anomalies" in report
     assert "no growth" in report and "time by phase" in report
+    assert "FLOP;" in report and report.rstrip().endswith("FLOP")  # both models' training FLOPs
 
 
 def test_report_of_a_training_run_lists_its_rounds(tmp_path, capsys):

@@ -32,10 +32,12 @@ def test_runs_table_has_one_row_per_run_with_its_results(runs_root: Path) -> Non
     assert grown["final_accuracy"] == pytest.approx(summary["grown"]["final_accuracy"], abs=0.005)
     assert grown["parameters"] == summary["grown"]["parameters"]
     assert grown["baseline_accuracy"] == pytest.approx(summary["baseline"]["final_accuracy"])
+    assert grown["gflops"] == pytest.approx(summary["grown"]["flops"]["total"] / 1e9, abs=0.0005)
     trained = table["trained"]
     last_round = [e for e in read_events(runs_root / "trained" / "events.jsonl") if isinstance(e, RoundCompleted)][-1]
     assert (trained["command"], trained["rounds"], trained["episodes"]) == ("train", 2, 4)
     assert trained["final_accuracy"] == pytest.approx(last_round.mean_final_accuracy, abs=0.005)
+    assert trained["gflops"] is None  # a training run writes no summary.json
 
 
 def test_views_are_the_events_as_written(runs_root: Path) -> None:

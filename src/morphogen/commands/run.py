@@ -24,6 +24,7 @@ from morphogen.env.play import Controller, EpisodeOutcome, run_episode
 from morphogen.run_directory import (
     BASELINE_DIRNAME,
     CONFIG_FILENAME,
+    FROM_SCRATCH_DIRNAME,
     SUMMARY_FILENAME,
     hold_run_directory,
     make_run_dir,
@@ -37,6 +38,7 @@ from morphogen.telemetry.profiler import PhaseTimer, TraceProfiler
 from morphogen.telemetry.sinks import Telemetry
 from morphogen.ui.progress import LINE_WIDTH, ProgressDisplay
 from morphogen.ui.stages import stage_short
+from morphogen.ui.units import format_flops
 
 
 @dataclass(frozen=True)
@@ -104,6 +106,8 @@ def print_summary(grown: EpisodeOutcome, baseline: EpisodeOutcome | None, out: T
         (f"final val {metric_name}"[:22], lambda o: f"{o.final_accuracy:.{2 if percent else 4}f}{percent}"),
         ("final val loss", lambda o: f"{o.final_loss:.4f}"),
         ("parameters", lambda o: f"{o.parameters:,}"),
+        ("training FLOPs", lambda o: format_flops(o.flops.total)),
+        ("  measuring seeds", lambda o: f"{100 * o.flops.measurement / max(o.flops.total, 1):.1f}%"),
         ("wall time", lambda o: f"{o.seconds:.1f} s"),
     ]
     print("\n" + f"{'':22}" + "".join(f"{name:>14}" for name, _ in columns), file=out)
@@ -202,49 +206,48 @@ def _play_and_write(config: RunConfig, task: Task, episode: MorphogenesisEpisode
         architecture = episode.model.architecture()
         from_scratch = None
         if config.from_scratch and architecture:
-            from_scratch = _run_from_scratch(config, task, architecture, display)
+            from_scratch = _run_from_scratch(config, task, architecture, run_dir, display)
     print_summary(grown, baseline, out, from_scratch, task.metric_name)
     if episode.timer.enabled:
         print(f"\ntime by phase (grown model):\n{episode.timer.summary()}", file=out)
     summary = {"grown": _outcome_dict(grown), "baseline": None if baseline is None else _outcome_dict(baseline),
                "from_scratch": None if from_scratch is None else
                {**_outcome_dict(from_scratch), "architecture": architecture}}
-    write_atomic(run_dir / "summary.json", (json.dumps(_strict(summary), indent=2) + "\n").encode())
-    return RunResult(grown, baseline, from_scratch, episode.model, run_dir)
     write_atomic(run_dir / SUMMARY_FILENAME, (json.dumps(_strict(summary), indent=2) + "\n").encode())
-    return grown, baseline, run_dir
+    return RunResult(grown, baseline, from_scratch, episode.model, run_dir)
 
 
 def _run_baseline(config: RunConfig, task: Task, run_dir: Path, display: ProgressDisplay) -> EpisodeOutcome:
-    """The same host without growth, with a progress bar and its epochs in RUN_DIR/baseline/events.jsonl.
-
-    Its events live apart from the grown run's so that readers of `events.jsonl` see one episode, and
-    the HTML report can draw both accuracy curves.
-    """
+    """The same host without growth, with a progress bar and its epochs in RUN_DIR/baseline/events.jsonl."""
     display.print(f"training the same host without growth ({config.episode.max_epochs} epochs)...")
-    plain = MorphogenesisEpisode(task, config.episode, seed=config.seed, slots=config.slots,
-                                 pool_slots=config.pool_slots)
-    plain.compile_settings = config.compile_settings
-    epochs = display.add("no growth", config.episode.max_epochs)
-    level = "off" if config.telemetry.level == "off" else "minimal"
-    with Telemetry(run_dir / BASELINE_DIRNAME, level=level) as telemetry:
-        plain.telemetry = telemetry
-        outcome = run_episode(plain, NoGrowthController(), lambda result: display.advance(epochs))
-    display.remove(epochs)
-    return outcome
+    return _run_without_growth(config, task, run_dir / BASELINE_DIRNAME, display, "no growth")
 
 
-def _run_from_scratch(config: RunConfig, task: Task, architecture: dict[str, str],
+def _run_from_scratch(config: RunConfig, task: Task, architecture: dict[str, str], run_dir: Path,
                       display: ProgressDisplay) -> EpisodeOutcome:
-    """The grown model's final architecture, every seed installed at epoch 0, trained without growth."""
+    """The grown model's final architecture, every seed installed at epoch 0, trained without growth; its
+    epochs in RUN_DIR/from_scratch/events.jsonl."""
     seeds = ", ".join(f"{blueprint} in {slot}" for slot, blueprint in architecture.items())
     display.print(f"training the final architecture from scratch (host + {seeds}, "
                   f"{config.episode.max_epochs} epochs)...")
-    built = MorphogenesisEpisode(task, config.episode, seed=config.seed, slots=config.slots,
-                                 pool_slots=config.pool_slots, architecture=architecture)
-    built.compile_settings = config.compile_settings
-    epochs = display.add("from scratch", config.episode.max_epochs)
-    outcome = run_episode(built, NoGrowthController(), lambda result: display.advance(epochs))
+    return _run_without_growth(config, task, run_dir / FROM_SCRATCH_DIRNAME, display, "from scratch", architecture)
+
+
+def _run_without_growth(config: RunConfig, task: Task, events_dir: Path, display: ProgressDisplay, name: str,
+                        architecture: dict[str, str] | None = None) -> EpisodeOutcome:
+    """One comparison episode (the host, or `architecture` built at epoch 0) with a progress bar.
+
+    Its epochs go to `events_dir/events.jsonl` at telemetry `minimal`, apart from the grown run's events,
+    so that readers of `events.jsonl` see one episode and the HTML report can draw every curve.
+    """
+    episode = MorphogenesisEpisode(task, config.episode, seed=config.seed, slots=config.slots,
+                                   pool_slots=config.pool_slots, architecture=architecture)
+    episode.compile_settings = config.compile_settings
+    epochs = display.add(name, config.episode.max_epochs)
+    level = "off" if config.telemetry.level == "off" else "minimal"
+    with Telemetry(events_dir, level=level) as telemetry:
+        episode.telemetry = telemetry
+        outcome = run_episode(episode, NoGrowthController(), lambda result: display.advance(epochs))
     display.remove(epochs)
     return outcome
 
@@ -261,7 +264,7 @@ def _outcome_dict(outcome: EpisodeOutcome) -> dict[str, object]:
     return {
         "final_accuracy": outcome.final_accuracy, "final_loss": outcome.final_loss,
         "parameters": outcome.parameters, "host_parameters": outcome.host_parameters,
-        "seconds": outcome.seconds, "episode_return": outcome.episode_return,
+        "seconds": outcome.seconds, "episode_return": outcome.episode_return, "flops": outcome.flops.as_dict(),
         "seeds": [{"slot": s.slot, "blueprint": s.blueprint, "germinated": s.germinated, "stages": s.stages,
                    "outcome": s.outcome, "outcome_epoch": s.outcome_epoch, "contribution": s.contribution,
                    "predicted_contribution": s.predicted_contribution}

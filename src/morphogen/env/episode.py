@@ -27,6 +27,7 @@ from torch import Tensor
 from morphogen.core.alpha import AlphaMode
 from morphogen.core.blueprints import blueprint_names
 from morphogen.core.compilation import CompileSettings
+from morphogen.core.flops import FlopCounter
 from morphogen.core.hosts import SegmentedHost, build_host
 from morphogen.core.isolation import IsolationMonitor, IsolationReport
 from morphogen.core.lifecycle import BLENDED_STAGES, IllegalTransitionError, Stage
@@ -34,7 +35,8 @@ from morphogen.core.model import MorphogeneticModel
 from morphogen.core.slot import SlotConfig
 from morphogen.data import DataError, Task
 from morphogen.env.actions import Action, ActionSpace, Op
-from morphogen.env.counterfactual import MAIN, CounterfactualResult, plan_counterfactuals
+from morphogen.env.compute import ComputeAccount
+from morphogen.env.counterfactual import MAIN, CounterfactualResult, alpha_configurations
 from morphogen.env.evaluation import Objective, validate
 from morphogen.env.governor import DivergenceError, Governor, GovernorConfig, Rollback
 from morphogen.env.rewards import RewardBreakdown, RewardConfig, RewardMode, compute_reward
@@ -159,6 +161,10 @@ class MorphogenesisEpisode:
         self.history: list[events.Event] = []
         #: `torch.compile` settings for every model this episode builds (`--compile`); None trains eagerly.
         self.compile_settings: CompileSettings | None = None
+        #: FLOP counts per execution plan and batch shape, kept across episodes (every reset builds the same host).
+        self.flop_counter = FlopCounter()
+        #: FLOPs the current episode has spent so far.
+        self.compute = ComputeAccount()
 
     # ---------------------------------------------------------------- setup
     def build_model(self) -> MorphogeneticModel:
@@ -193,6 +199,7 @@ class MorphogenesisEpisode:
         self.episode_return = 0.0
         self.fossilized = self.pruned = 0
         self.history = []
+        self.compute = ComputeAccount()
         if self.detector is not None:
             # A fresh host's gradients are not a drift from the last episode's converged ones.
             self.detector.forget_gradients(f"env{self.env_id}/")
@@ -252,8 +259,8 @@ class MorphogenesisEpisode:
                 return False, "another seed is still germinated or training"
             # Seed weights come from (episode seed, epoch, slot), not from whatever the global RNG holds.
             with seeded(derive_seed(self.seed, epoch, model.slot_ids.index(action.slot)), self.device):
-                model.germinate(action.slot, action.blueprint, epoch, blend=action.style,
-                                blend_epochs=action.tempo)
+                model.germinate(action.slot, action.blueprint, epoch, blend=action.blend,
+                                blend_epochs=action.blend_epochs)
             return True, f"germinated {action.blueprint} in {action.slot}"
         if action.op is Op.ADVANCE:
             result = slot.advance(epoch)
@@ -282,6 +289,8 @@ class MorphogenesisEpisode:
         """After training: governor, validation with counterfactuals, slot clocks, reward, telemetry."""
         assert self.model is not None
         self.epoch += 1
+        # Charged before anything can change the plan the epoch trained in (a rollback, a stage change).
+        self.compute.charge_training(self.flop_counter, self.model, self.trainer.take_batch_shapes())
         train_loss = self.trainer.take_epoch_loss().item()  # sync 1/3: the governor judges this number
         self.gradients = self.monitor.materialize()  # sync 2/3
         self._report_gradients()
@@ -344,9 +353,12 @@ class MorphogenesisEpisode:
         alphas = {s.slot_id: s.alpha.alpha for s in self.model.slots()
                   if s.stage in BLENDED_STAGES and s.alpha.alpha > 0.0}
         training = [s.slot_id for s in self.model.slots() if s.stage is Stage.TRAINING and s.seed is not None]
-        plan = plan_counterfactuals(self.model.slot_ids, alphas, training)
+        configurations = alpha_configurations(self.model.slot_ids, alphas, training)
         with self.timer.phase("validate"):
-            return validate(self.model, self.task.validation, plan, self.config.validation_batch_size, self.objective)
+            result = validate(self.model, self.task.validation, configurations, self.config.validation_batch_size,
+                              self.objective)
+        self.compute.charge_validation(self.flop_counter, self.model, configurations.alphas, dict(result.batch_shapes))
+        return result
 
     def _record_signals(self, result: CounterfactualResult) -> None:
         assert self.model is not None
@@ -437,9 +449,9 @@ class MorphogenesisEpisode:
     def _emit_epoch(self, result: CounterfactualResult, action: Action, succeeded: bool,
                     reward: RewardBreakdown) -> None:
         snapshot, emit = self.snapshot, self._emit
-        if result.plan.size > 1:
+        if result.configurations.size > 1:
             emit(events.CounterfactualMeasured(
-                epoch=self.epoch, env_id=self.env_id, configs=result.plan.names, accuracies=result.accuracies,
+                epoch=self.epoch, env_id=self.env_id, configs=result.configurations.names, accuracies=result.accuracies,
                 losses=result.losses, contributions=tuple(result.contributions.items())))
         emit(events.RewardComputed(epoch=self.epoch, env_id=self.env_id, total=reward.total,
                                    components=reward.components))

@@ -7,14 +7,16 @@ and the benchmarks all play episodes through here.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 import numpy as np
 
 from morphogen.env.actions import Action
+from morphogen.env.compute import ComputeAccount
 from morphogen.env.episode import MorphogenesisEpisode, StepResult
 from morphogen.env.snapshot import EpisodeSnapshot
 from morphogen.telemetry.profiler import TraceProfiler
@@ -41,6 +43,8 @@ class EpisodeOutcome:
     episode_return: float
     stories: list[SeedStory]
     phase_seconds: dict[str, float]
+    flops: ComputeAccount = field(default_factory=ComputeAccount)
+    """The FLOPs the episode spent: training, shadow passes, validation and counterfactuals."""
 
 
 def play_epoch(episode: MorphogenesisEpisode, controller: Controller, snapshot: EpisodeSnapshot) -> StepResult:
@@ -70,5 +74,5 @@ def run_episode(episode: MorphogenesisEpisode, controller: Controller,
         final_accuracy=snapshot.val_accuracy, final_loss=snapshot.val_loss, parameters=snapshot.active_parameters,
         host_parameters=snapshot.host_parameters, seconds=time.perf_counter() - started,
         episode_return=episode.episode_return, stories=seed_stories(episode.history),
-        phase_seconds=episode.timer.totals,
+        phase_seconds=episode.timer.totals, flops=dataclasses.replace(episode.compute),
     )

@@ -1,8 +1,8 @@
 """One training batch of a morphogenetic model: host and every live seed, each with its own optimizer.
 
-A TRAINING seed learns in closed loop (DESIGN §4.3): its gradient comes from the loss of the network
-with its output blended in at alpha 1 (the shadow pass), restricted to its own parameters, while the
-host and blended seeds learn from the real model's loss.
+A TRAINING seed learns in closed loop (docs/architecture.md#shadow-pass): its gradient comes from the
+loss of the network with its output blended in at alpha 1 (the shadow pass), restricted to its own
+parameters, while the host and blended seeds learn from the real model's loss.
 
 Gradients are clipped per group (host, then each seed) so a young seed's large gradients cannot eat
 the host's step budget, and vice versa. Nothing here synchronizes: the loss is accumulated on the
@@ -11,6 +11,7 @@ device and read once per epoch by the episode.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -19,9 +20,11 @@ import torch
 from torch import Tensor, nn
 
 from morphogen.config import build_config
+from morphogen.core.flops import Shape
 from morphogen.core.isolation import IsolationMonitor
 from morphogen.core.model import MorphogeneticModel
 from morphogen.data import DEFAULT_OPTIMIZERS
+from morphogen.env.compute import note_batch
 from morphogen.env.evaluation import Objective, task_loss
 from morphogen.limits import check_finite
 
@@ -31,7 +34,7 @@ OPTIMIZER_NAMES: tuple[str, ...] = ("sgd", "adamw")
 
 @dataclass(frozen=True)
 class OptimizerConfig:
-    """Optimizer of the host and of each seed (DESIGN §5 step 1): one kind for both, each its own settings.
+    """Optimizer of the host and of each seed: one kind for both, each its own settings.
 
     The defaults are the SGD the image tasks train with. A task may choose another default
     (`morphogen.data.DEFAULT_OPTIMIZERS`, resolved by `task_optimizer_config`): `text` trains its
@@ -113,6 +116,9 @@ class ModelTrainer:
         self.seed_lr_scale = 1.0
         self._loss_sum: Tensor | None = None
         self.batches = 0
+        #: (input shape, dtype) -> batches trained since the last `take_batch_shapes`: what the epoch's FLOPs
+        #: are charged for.
+        self.batch_shapes: Counter[tuple[Shape, torch.dtype]] = Counter()
 
     def sync_seed_optimizers(self) -> dict[str, list[nn.Parameter]]:
         """Create optimizers for new seeds, drop those of removed ones; return the running seeds' params."""
@@ -134,6 +140,7 @@ class ModelTrainer:
         """Forward, backward, per-group clip and optimizer steps on one batch."""
         model = self.model
         model.train()
+        note_batch(self.batch_shapes, inputs)
         running = self.sync_seed_optimizers()
         model.zero_grad(set_to_none=True)
         output, shadow = model.forward_with_shadow(inputs)
@@ -166,6 +173,11 @@ class ModelTrainer:
         mean = self._loss_sum / self.batches
         self._loss_sum, self.batches = None, 0
         return mean
+
+    def take_batch_shapes(self) -> Counter[tuple[Shape, torch.dtype]]:
+        """The shapes of the batches trained since the last call (and forget them)."""
+        shapes, self.batch_shapes = self.batch_shapes, Counter()
+        return shapes
 
     def back_off(self, what: str, factor: float) -> None:
         """Multiply the learning rate of the host (`what="host"`) or of every seed (`"seeds"`, also those

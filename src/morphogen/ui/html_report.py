@@ -45,6 +45,7 @@ from morphogen.ui.run_files import (
 )
 from morphogen.ui.stages import STAGE_COLOURS, stage_colour
 from morphogen.ui.svg import Segment, Series, line_chart, scatter_chart, timeline_chart
+from morphogen.ui.units import format_flops
 
 STYLE = """
 body { font: 14px/1.45 system-ui, sans-serif; margin: 24px auto; max-width: 1180px; color: #212121; }
@@ -242,9 +243,13 @@ def summary_table(files: RunFiles) -> str:
     columns = [("grown", summary.get("grown")), ("no growth", summary.get("baseline")),
                ("from scratch", summary.get("from_scratch"))]
     rows = [("final val accuracy", "final_accuracy", "{:.2f}%"), ("final val loss", "final_loss", "{:.4f}"),
-            ("parameters", "parameters", "{:,.0f}"), ("wall time", "seconds", "{:.1f} s")]
+            ("parameters", "parameters", "{:,.0f}"), ("training FLOPs", "flops", ""),
+            ("wall time", "seconds", "{:.1f} s")]
 
     def cell(column: object, key: str, form: str) -> str:
+        if key == "flops":  # a table of its own: {"total": ..., "training": ..., ...}
+            total = summary_number(column.get("flops") if isinstance(column, dict) else None, "total")
+            return "-" if total is None else format_flops(total)
         value = summary_number(column, key)
         return "-" if value is None else form.format(value)
 

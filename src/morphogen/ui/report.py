@@ -26,6 +26,7 @@ from morphogen.telemetry.events import (
 from morphogen.telemetry.story import SeedStory, seed_stories
 from morphogen.ui.run_files import RunDirectoryError, load_run_files, round_of_events, summary_number, task_label
 from morphogen.ui.terminal_text import printable
+from morphogen.ui.units import format_flops
 
 __all__ = ["RunDirectoryError", "load_run", "render_report"]
 
@@ -159,8 +160,11 @@ def _comparison_section(summary: dict[str, object] | None) -> list[str]:
     if any(number is None for number in numbers):
         return []
     grown_accuracy, grown_parameters, baseline_accuracy, baseline_parameters = numbers
-    return [f"grown {grown_accuracy:.2f}% with {grown_parameters:,.0f} parameters; "
-            f"no growth {baseline_accuracy:.2f}% with {baseline_parameters:,.0f}"]
+    flops = [summary_number(table.get("flops") if isinstance(table, dict) else None, "total")
+             for table in (grown, baseline)]
+    grown_flops, baseline_flops = ("" if value is None else f" and {format_flops(value)}" for value in flops)
+    return [f"grown {grown_accuracy:.2f}% with {grown_parameters:,.0f} parameters{grown_flops}; "
+            f"no growth {baseline_accuracy:.2f}% with {baseline_parameters:,.0f}{baseline_flops}"]
 
 
 def render_report(run_dir: str | Path) -> str:

@@ -21,6 +21,7 @@ Views (`run` is the run directory's name everywhere):
   a setting whose type differs between runs is a JSON column).
 - `runs`: one row per run: run, command (run or train), task, seed, episodes, epochs, rounds,
   final_accuracy (the last episode's in a run, the last round's mean in a training run), parameters,
+  gflops (a run's training FLOPs in billions: host, seeds, shadow passes and validation; from summary.json),
   baseline_accuracy and baseline_parameters (a run's no-growth episode, from summary.json), events,
   started (UTC), seconds (first to last event).
 
@@ -59,7 +60,7 @@ from morphogen.ui.run_files import (
 from morphogen.ui.terminal_text import printable
 
 RUN_COLUMNS = ("run", "command", "task", "seed", "episodes", "epochs", "rounds", "final_accuracy", "parameters",
-               "baseline_accuracy", "events", "started", "seconds")
+               "gflops", "baseline_accuracy", "events", "started", "seconds")
 """Columns of `runs` printed by `morphogen runs` (the view has a few more: see the module docstring)."""
 MAX_CONFIG_DEPTH = 16
 """Config settings nested deeper than this read as NULL (real configs nest three deep)."""
@@ -121,13 +122,16 @@ def _event_row(run: str, time: float, event: Event) -> dict[str, Any]:
 
 def _run_row(run: str, files: RunFiles) -> dict[str, Any]:
     """What `runs` takes from a run's config and summary, typed here so that damage reads as NULL."""
-    config, baseline = files.config, (files.summary or {}).get("baseline")
+    config, summary = files.config, files.summary or {}
+    baseline, grown = summary.get("baseline"), summary.get("grown")
     task, seed = task_label(config), config.get("seed")
     parameters = summary_number(baseline, "parameters")
+    flops = summary_number(grown.get("flops") if isinstance(grown, dict) else None, "total")
     return {"run": run, "task": task,
             "seed": _json_value(seed) if isinstance(seed, int) and not isinstance(seed, bool) else None,
             "has_rounds": "rounds" in config, "baseline_accuracy": summary_number(baseline, "final_accuracy"),
-            "baseline_parameters": None if parameters is None else _json_value(int(parameters))}
+            "baseline_parameters": None if parameters is None else _json_value(int(parameters)),
+            "gflops": None if flops is None else round(flops / 1e9, 3)}
 
 
 def _write_lines(path: Path, rows: Iterable[dict[str, Any]]) -> int:
@@ -191,7 +195,7 @@ def open_runs(root: Path) -> Runs:
             "configs": ([{**_json_value(files.config), "run": name} for name, files in runs], "run VARCHAR"),
             "run_files": ([_run_row(name, files) for name, files in runs],
                           "run VARCHAR, task VARCHAR, seed BIGINT, has_rounds BOOLEAN, baseline_accuracy DOUBLE, "
-                          "baseline_parameters BIGINT"),
+                          "baseline_parameters BIGINT, gflops DOUBLE"),
         }
         try:
             for table, (rows, empty) in tables.items():
@@ -243,7 +247,7 @@ def _create_views(connection: Any) -> None:
                CASE WHEN p.rounds IS NOT NULL OR f.has_rounds THEN 'train' ELSE 'run' END AS command,
                f.task, f.seed, p.episodes, p.epochs, p.rounds,
                round(coalesce(r.accuracy, e.accuracy), 2) AS final_accuracy, e.params AS parameters,
-               f.baseline_accuracy, f.baseline_parameters, p.events,
+               f.gflops, f.baseline_accuracy, f.baseline_parameters, p.events,
                CASE WHEN p.first_time BETWEEN 0 AND 253402300799
                     THEN date_trunc('second', to_timestamp(p.first_time)::TIMESTAMP) END AS started,
                round(p.last_time - p.first_time, 1) AS seconds

@@ -1,0 +1,70 @@
+"""The compute an episode spends, in FLOPs, by what it buys: training, shadow passes, validation, counterfactuals.
+
+The episode charges each epoch once, after it trained and when it validates: the batches it trained (how
+many of each shape, noted by `ModelTrainer`) times the cached count of one batch in the model's plan
+(`morphogen.core.flops.FlopCounter`), and the validation batches times the count of one batch under the
+epoch's counterfactual configurations. Nothing is counted per step.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from morphogen.core.flops import FlopCounter, Shape
+from morphogen.core.model import MorphogeneticModel
+
+#: (input shape, input dtype) -> batches of that shape: what an epoch trained or validated on.
+BatchShapes = Mapping[tuple[Shape, torch.dtype], int]
+
+
+@dataclass
+class ComputeAccount:
+    """FLOPs spent so far in an episode; `total` is what `morphogen run` reports as its training FLOPs."""
+
+    training: int = 0
+    """Forward and backward of the host and the blended seeds on the training batches."""
+    shadow: int = 0
+    """The TRAINING seeds' shadow passes on the training batches (forward, and backward into the seeds)."""
+    validation: int = 0
+    """The model's own forward on the validation data, once per epoch (and once before training)."""
+    counterfactual: int = 0
+    """The counterfactual configurations evaluated next to it (each seed ablated, each TRAINING seed blended in)."""
+
+    @property
+    def total(self) -> int:
+        return self.training + self.shadow + self.validation + self.counterfactual
+
+    @property
+    def measurement(self) -> int:
+        """What measuring the seeds costs: shadow passes and counterfactual configurations."""
+        return self.shadow + self.counterfactual
+
+    def as_dict(self) -> dict[str, int]:
+        """The figures as summary.json records them (`total` first)."""
+        return {"total": self.total, "training": self.training, "shadow": self.shadow,
+                "validation": self.validation, "counterfactual": self.counterfactual}
+
+    def charge_training(self, counter: FlopCounter, model: MorphogeneticModel, shapes: BatchShapes) -> None:
+        """Add the training batches `shapes` of one epoch, trained in the model's present plan."""
+        for (shape, dtype), batches in shapes.items():
+            step = counter.training_step(model, shape, dtype)
+            self.training += step.main * batches
+            self.shadow += step.shadow * batches
+
+    def charge_validation(self, counter: FlopCounter, model: MorphogeneticModel,
+                          alphas: Sequence[Sequence[float]], shapes: BatchShapes) -> None:
+        """Add one validation pass over batches `shapes` under the configurations `alphas` (row 0: the model's own)."""
+        for (shape, dtype), batches in shapes.items():
+            batch = counter.validation_batch(model, alphas, shape, dtype)
+            self.validation += batch.main * batches
+            self.counterfactual += batch.counterfactual * batches
+
+
+def note_batch(shapes: Counter[tuple[Shape, torch.dtype]], inputs: torch.Tensor) -> None:
+    """Count one batch of `inputs`'s shape in `shapes` (a dictionary update: no sync, no FLOP counting)."""
+    shapes[(tuple(inputs.shape), inputs.dtype)] += 1
+

@@ -1,0 +1,88 @@
+"""FLOP counts of training steps and validation batches: a hand count, the shadow's share, the cache."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from morphogen import CNNHost, MorphogeneticModel, host_from_module
+from morphogen.core.flops import FlopCounter, meta_copy
+
+BATCH, IN_CHANNELS, OUT_CHANNELS, SIDE, KERNEL, CLASSES = 6, 3, 4, 5, 3, 10
+
+
+def conv_linear_model() -> MorphogeneticModel:
+    """One 3x3 convolution (no bias) and one linear layer, with a slot between them."""
+    network = nn.Sequential(nn.Conv2d(IN_CHANNELS, OUT_CHANNELS, KERNEL, padding=1, bias=False), nn.ReLU(),
+                            nn.Flatten(), nn.Linear(OUT_CHANNELS * SIDE * SIDE, CLASSES))
+    host = host_from_module(network, ["1"], example_input=torch.randn(2, IN_CHANNELS, SIDE, SIDE))
+    return MorphogeneticModel(host)
+
+
+def test_a_plain_host_costs_what_a_hand_count_of_its_conv_and_linear_layers_says() -> None:
+    # A multiply-add is 2 FLOPs. The convolution: every output value (N*C_out*H*W) sums C_in*k*k products.
+    convolution = 2 * BATCH * OUT_CHANNELS * SIDE * SIDE * IN_CHANNELS * KERNEL * KERNEL
+    linear = 2 * BATCH * (OUT_CHANNELS * SIDE * SIDE) * CLASSES
+    # Backward: the linear layer's input gradient and weight gradient cost what its forward does, each; the
+    # convolution needs only its weight gradient (the network's input asks for none).
+    counter = FlopCounter()
+    step = counter.training_step(conv_linear_model(), (BATCH, IN_CHANNELS, SIDE, SIDE), torch.float32)
+    assert step.main == 2 * convolution + 3 * linear
+    assert step.shadow == 0  # no seed is TRAINING
+    validation = counter.validation_batch(conv_linear_model(), [[0.0]], (BATCH, IN_CHANNELS, SIDE, SIDE),
+                                          torch.float32)
+    assert (validation.main, validation.counterfactual) == (convolution + linear, 0)
+
+
+def test_a_training_seed_is_charged_to_the_shadow_and_its_counterfactual_to_validation() -> None:
+    model = MorphogeneticModel(CNNHost(10, 1, n_blocks=2, base_channels=4))
+    shape = (8, 1, 8, 8)
+    counter = FlopCounter()
+    bare = counter.training_step(model, shape, torch.float32)
+    model.germinate("r0c0", "conv_light")
+    model.slot("r0c0").advance(0)  # TRAINING: the host path is unchanged, the shadow pass is new
+    training = counter.training_step(model, shape, torch.float32)
+    assert training.main == bare.main and training.shadow > 0
+    plain = counter.validation_batch(model, [[0.0, 0.0]], shape, torch.float32)
+    with_shadow = counter.validation_batch(model, [[0.0, 0.0], [1.0, 0.0]], shape, torch.float32)
+    assert with_shadow.main == plain.main  # the model's own forward is the same with or without the shadow
+    assert plain.counterfactual == 0 and with_shadow.counterfactual > 0
+
+
+def test_an_unchanged_plan_is_not_counted_again() -> None:
+    model = MorphogeneticModel(CNNHost(10, 1, n_blocks=2, base_channels=4))
+    counter = FlopCounter()
+    first = counter.training_step(model, (8, 1, 8, 8), torch.float32)
+    assert counter.counts_made == 1
+    for _ in range(3):
+        assert counter.training_step(model, (8, 1, 8, 8), torch.float32) == first
+    assert counter.counts_made == 1
+    counter.training_step(model, (3, 1, 8, 8), torch.float32)  # the last, smaller batch of an epoch
+    assert counter.counts_made == 2
+    model.germinate("r0c1", "conv_small")  # GERMINATED: the seed does not run, the plan is unchanged
+    counter.training_step(model, (8, 1, 8, 8), torch.float32)
+    assert counter.counts_made == 2
+    model.slot("r0c1").advance(0)  # TRAINING: a new plan
+    counter.training_step(model, (8, 1, 8, 8), torch.float32)
+    assert counter.counts_made == 3
+
+
+def test_counting_leaves_the_model_untouched() -> None:
+    model = MorphogeneticModel(CNNHost(10, 1, n_blocks=2, base_channels=4))
+    model.germinate("r0c0", "conv_light")
+    model.slot("r0c0").advance(0)
+    before = {name: tensor.clone() for name, tensor in model.state_dict().items() if isinstance(tensor, torch.Tensor)}
+    FlopCounter().training_step(model, (8, 1, 8, 8), torch.float32)
+    after = model.state_dict()
+    assert all(torch.equal(before[name], after[name]) for name in before)
+    assert all(parameter.grad is None for parameter in model.parameters())
+
+
+def test_a_meta_copy_shares_tied_weights_and_allocates_nothing() -> None:
+    from morphogen import TransformerHost
+
+    host = TransformerHost(vocab_size=11, d_model=8, n_heads=2, n_layers=2, block_size=6, n_segments=2)
+    copy = meta_copy(MorphogeneticModel(host))
+    assert all(parameter.device.type == "meta" for parameter in copy.parameters())
+    head = copy.host.segments[-1].output.weight
+    assert head is copy.host.segments[0][0].token.weight

@@ -1,0 +1,62 @@
+"""An episode's FLOPs: every trained and validated batch charged once, at the count of its plan and shape."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from morphogen.core.flops import FlopCounter
+from morphogen.core.lifecycle import Stage
+from morphogen.data import Task, load_task
+from morphogen.env.actions import Action, Op
+from morphogen.env.episode import EpisodeConfig, MorphogenesisEpisode
+
+TRAIN_SAMPLES, BATCH, VALIDATION_BATCH = 150, 64, 128
+
+
+@pytest.fixture(scope="module")
+def digits() -> Task:
+    return load_task("digits", max_train_samples=TRAIN_SAMPLES)
+
+
+def batches(samples: int, size: int) -> dict[tuple[int, ...], int]:
+    """Batch sizes of one pass over `samples` in batches of `size`: the full ones and the remainder."""
+    counts = {size: samples // size}
+    if samples % size:
+        counts[samples % size] = 1
+    return counts
+
+
+def test_an_episode_charges_every_batch_it_trained_and_validated(digits: Task) -> None:
+    config = EpisodeConfig(max_epochs=3, batch_size=BATCH, validation_batch_size=VALIDATION_BATCH)
+    episode = MorphogenesisEpisode(digits, config, seed=0)
+    episode.reset()
+    episode.step(Action())
+    episode.step(Action(Op.GERMINATE, "r0c0", "conv_light"))  # GERMINATED, then auto-advanced to TRAINING
+    assert episode.model is not None and episode.model.slot("r0c0").stage is Stage.TRAINING
+    episode.step(Action())
+
+    # The oracle: a fresh counter, a fresh model in each epoch's state, the batches a pass makes.
+    sample = tuple(digits.validation.inputs.shape[1:])
+    counter, bare = FlopCounter(), episode.build_model()
+    expected_training = expected_shadow = 0
+    for model in (bare, episode.model, episode.model):  # epoch 1 bare, epochs 2 and 3 with the TRAINING seed
+        for size, count in batches(TRAIN_SAMPLES, BATCH).items():
+            step = counter.training_step(model, (size, *sample), torch.float32)
+            expected_training += step.main * count
+            expected_shadow += step.shadow * count
+    validation_passes = [(bare, [[0.0, 0.0]])] * 2 + [(episode.model, [[0.0, 0.0], [1.0, 0.0]])] * 2
+    expected_validation = expected_counterfactual = 0
+    for model, alphas in validation_passes:  # before training, then after each epoch
+        for size, count in batches(len(digits.validation), VALIDATION_BATCH).items():
+            batch = counter.validation_batch(model, alphas, (size, *sample), torch.float32)
+            expected_validation += batch.main * count
+            expected_counterfactual += batch.counterfactual * count
+
+    account = episode.compute
+    assert account.training == expected_training
+    assert account.shadow == expected_shadow > 0  # the seed trained behind the host in epochs 2 and 3
+    assert account.validation == expected_validation
+    assert account.counterfactual == expected_counterfactual > 0  # shadow contribution, epochs 2-3
+    assert account.total == expected_training + expected_shadow + expected_validation + expected_counterfactual
+    assert episode.flop_counter.counts_made <= 8  # two plans x two shapes, for training and for validation
