@@ -181,8 +181,6 @@ def _add_list_parser(subparsers: Any) -> None:
     listing.add_argument("what", choices=LISTINGS, help="what to list")
     listing.add_argument("--task", default="digits", help="task whose host is listed (default digits)")
     listing.add_argument("--pool-slots", action="store_true", help="also list the slots after pools")
-    listing.add_argument("--data-dir", help="CIFAR-10 directory (for --task cifar10)")
-    listing.add_argument("--text-file", help="text file for the text task")
 
 
 def _add_report_parser(subparsers: Any) -> None:
@@ -435,8 +433,7 @@ def _report(args: argparse.Namespace) -> None:
 def _list(args: argparse.Namespace) -> None:
     from morphogen.commands.listing import list_command
 
-    list_command(args.what, task_name=args.task, pool_slots=args.pool_slots, data_dir=args.data_dir,
-                 text_file=args.text_file)
+    list_command(args.what, task_name=args.task, pool_slots=args.pool_slots)
 
 
 def _dashboard(args: argparse.Namespace) -> None:

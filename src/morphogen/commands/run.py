@@ -168,7 +168,8 @@ def run_command(config: RunConfig, controller_factory: Callable[[MorphogenesisEp
     run_dir = make_run_dir(config.run_dir, config.runs_root, run_name(task.name))
     with hold_run_directory(run_dir):  # one writer per run directory
         refuse_other_run(run_dir)  # again, now that no other command can start a run there
-        return _play_and_write(config, task, episode, controller, device, run_dir, out)
+        controller_name = "heuristic" if controller_factory is None else "policy"
+        return _play_and_write(config, task, episode, controller, controller_name, device, run_dir, out)
 
 
 def run_name(task_name: str) -> str:
@@ -177,8 +178,12 @@ def run_name(task_name: str) -> str:
 
 
 def _play_and_write(config: RunConfig, task: Task, episode: MorphogenesisEpisode, controller: Controller,
-                    device: str, run_dir: Path, out: TextIO) -> RunResult:
-    """The grown episode, the baseline and the files of `run_command`, in a locked `run_dir`."""
+                    controller_name: str, device: str, run_dir: Path, out: TextIO) -> RunResult:
+    """The grown episode, the baseline and the files of `run_command`, in a locked `run_dir`.
+
+    `controller_name` ("heuristic" or "policy") goes into summary.json: readers show the reward only
+    for runs that a reward steered.
+    """
     write_resolved_config(run_dir, config)
     with Telemetry(run_dir, config=config.telemetry) as telemetry, ProgressDisplay(out) as display:
         episode.telemetry = telemetry
@@ -210,7 +215,8 @@ def _play_and_write(config: RunConfig, task: Task, episode: MorphogenesisEpisode
     print_summary(grown, baseline, out, from_scratch, task.metric_name)
     if episode.timer.enabled:
         print(f"\ntime by phase (grown model):\n{episode.timer.summary()}", file=out)
-    summary = {"grown": _outcome_dict(grown), "baseline": None if baseline is None else _outcome_dict(baseline),
+    summary = {"controller": controller_name, "grown": _outcome_dict(grown),
+               "baseline": None if baseline is None else _outcome_dict(baseline),
                "from_scratch": None if from_scratch is None else
                {**_outcome_dict(from_scratch), "architecture": architecture}}
     write_atomic(run_dir / SUMMARY_FILENAME, (json.dumps(_strict(summary), indent=2) + "\n").encode())

@@ -181,6 +181,13 @@ class RunFiles:
         """Whether this is a `morphogen train` run (its config has rounds, or it wrote rounds)."""
         return "rounds" in self.config or any(isinstance(t.event, RoundCompleted) for t in self.events)
 
+    @property
+    def steered_by_reward(self) -> bool:
+        """Whether a reward steered this run: a training run, or a `run` whose summary.json does not name
+        the heuristic as its controller (a `run --policy`, or a run still going). The heuristic computes
+        the reward's components but never reads them, so its runs are not shown a reward."""
+        return self.is_training or (self.summary or {}).get("controller") != "heuristic"
+
     def damage_note(self) -> str | None:
         """One line saying what was skipped or unreadable, or None for an intact run."""
         parts = [f"{self.skipped:,} line{'s' if self.skipped != 1 else ''} skipped"] if self.skipped else []

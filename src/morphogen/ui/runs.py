@@ -22,8 +22,9 @@ Views (`run` is the run directory's name everywhere):
 - `runs`: one row per run: run, command (run or train), task, seed, episodes, epochs, rounds,
   final_accuracy (the last episode's in a run, the last round's mean in a training run), parameters,
   gflops (a run's training FLOPs in billions: host, seeds, shadow passes and validation; from summary.json),
-  baseline_accuracy and baseline_parameters (a run's no-growth episode, from summary.json), events,
-  started (UTC), seconds (first to last event).
+  baseline_accuracy and baseline_parameters (a run's no-growth episode, from summary.json),
+  from_scratch_accuracy and from_scratch_parameters (the grown model's final architecture trained from
+  scratch, from summary.json), events, started (UTC), seconds (first to last event).
 
 `--where` is one SQL expression over the columns of `runs`, e.g. `--where "task = 'digits' AND
 final_accuracy > 95"`: a second statement, a `SET`, and any function that reaches files (`read_text`,
@@ -60,7 +61,7 @@ from morphogen.ui.run_files import (
 from morphogen.ui.terminal_text import printable
 
 RUN_COLUMNS = ("run", "command", "task", "seed", "episodes", "epochs", "rounds", "final_accuracy", "parameters",
-               "gflops", "baseline_accuracy", "events", "started", "seconds")
+               "gflops", "baseline_accuracy", "from_scratch_accuracy", "events", "started", "seconds")
 """Columns of `runs` printed by `morphogen runs` (the view has a few more: see the module docstring)."""
 MAX_CONFIG_DEPTH = 16
 """Config settings nested deeper than this read as NULL (real configs nest three deep)."""
@@ -123,15 +124,17 @@ def _event_row(run: str, time: float, event: Event) -> dict[str, Any]:
 def _run_row(run: str, files: RunFiles) -> dict[str, Any]:
     """What `runs` takes from a run's config and summary, typed here so that damage reads as NULL."""
     config, summary = files.config, files.summary or {}
-    baseline, grown = summary.get("baseline"), summary.get("grown")
+    grown = summary.get("grown")
     task, seed = task_label(config), config.get("seed")
-    parameters = summary_number(baseline, "parameters")
     flops = summary_number(grown.get("flops") if isinstance(grown, dict) else None, "total")
-    return {"run": run, "task": task,
-            "seed": _json_value(seed) if isinstance(seed, int) and not isinstance(seed, bool) else None,
-            "has_rounds": "rounds" in config, "baseline_accuracy": summary_number(baseline, "final_accuracy"),
-            "baseline_parameters": None if parameters is None else _json_value(int(parameters)),
-            "gflops": None if flops is None else round(flops / 1e9, 3)}
+    row = {"run": run, "task": task,
+           "seed": _json_value(seed) if isinstance(seed, int) and not isinstance(seed, bool) else None,
+           "has_rounds": "rounds" in config, "gflops": None if flops is None else round(flops / 1e9, 3)}
+    for column, key in (("baseline", "baseline"), ("from_scratch", "from_scratch")):
+        parameters = summary_number(summary.get(key), "parameters")
+        row[f"{column}_accuracy"] = summary_number(summary.get(key), "final_accuracy")
+        row[f"{column}_parameters"] = None if parameters is None else _json_value(int(parameters))
+    return row
 
 
 def _write_lines(path: Path, rows: Iterable[dict[str, Any]]) -> int:
@@ -194,8 +197,9 @@ def open_runs(root: Path) -> Runs:
                        "run VARCHAR, time DOUBLE, event VARCHAR"),
             "configs": ([{**_json_value(files.config), "run": name} for name, files in runs], "run VARCHAR"),
             "run_files": ([_run_row(name, files) for name, files in runs],
-                          "run VARCHAR, task VARCHAR, seed BIGINT, has_rounds BOOLEAN, baseline_accuracy DOUBLE, "
-                          "baseline_parameters BIGINT, gflops DOUBLE"),
+                          "run VARCHAR, task VARCHAR, seed BIGINT, has_rounds BOOLEAN, gflops DOUBLE, "
+                          "baseline_accuracy DOUBLE, baseline_parameters BIGINT, from_scratch_accuracy DOUBLE, "
+                          "from_scratch_parameters BIGINT"),
         }
         try:
             for table, (rows, empty) in tables.items():
@@ -247,7 +251,8 @@ def _create_views(connection: Any) -> None:
                CASE WHEN p.rounds IS NOT NULL OR f.has_rounds THEN 'train' ELSE 'run' END AS command,
                f.task, f.seed, p.episodes, p.epochs, p.rounds,
                round(coalesce(r.accuracy, e.accuracy), 2) AS final_accuracy, e.params AS parameters,
-               f.gflops, f.baseline_accuracy, f.baseline_parameters, p.events,
+               f.gflops, f.baseline_accuracy, f.baseline_parameters, f.from_scratch_accuracy,
+               f.from_scratch_parameters, p.events,
                CASE WHEN p.first_time BETWEEN 0 AND 253402300799
                     THEN date_trunc('second', to_timestamp(p.first_time)::TIMESTAMP) END AS started,
                round(p.last_time - p.first_time, 1) AS seconds
