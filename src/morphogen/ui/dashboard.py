@@ -217,9 +217,11 @@ class Dashboard(App[None]):
             return  # not running: the app is shutting down and its widgets may already be gone (NoMatches)
         try:
             new = self.tail.read_new()
-        except (OSError, RunDirectoryError) as error:  # the events file was replaced by something unreadable
-            self.stopped_on = f"cannot read {self.tail.path}: {getattr(error, 'strerror', None) or error}"
-            self.exit(return_code=2)
+        except RunDirectoryError as error:  # the events file was replaced by something unreadable
+            self._stop(str(error))
+            return
+        except OSError as error:
+            self._stop(f"cannot read {self.tail.path}: {error.strerror or error}")
             return
         self._pending.extend(TimedEvent(timed.time, printable_fields(timed.event)) for timed in new)
         if self.replay:
@@ -233,6 +235,11 @@ class Dashboard(App[None]):
             if line is not None:
                 log.write(line)
         self.refresh_view()
+
+    def _stop(self, reason: str) -> None:
+        """End the app with exit status 2; `dashboard_command` prints `reason` as the command's one line."""
+        self.stopped_on = reason
+        self.exit(return_code=2)
 
     # ---------------------------------------------------------------- drawing
     def refresh_view(self) -> None:
