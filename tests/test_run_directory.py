@@ -18,6 +18,7 @@ from morphogen.run_directory import (
     hold_run_directory,
     make_run_dir,
     open_for_append,
+    own_directory,
     remove_stale_temporaries,
     temporary_name,
     truncate_file,
@@ -160,3 +161,18 @@ def test_appending_refuses_what_is_not_a_file(tmp_path: Path) -> None:
     os.mkfifo(tmp_path / "events.jsonl")
     with pytest.raises(OSError, match="not a regular file"):
         open_for_append(tmp_path / "events.jsonl")
+
+
+def test_the_run_directorys_own_directories_are_never_planted_links(tmp_path: Path) -> None:
+    """A copied run's `tb` or `profile` may point anywhere: TensorBoard and the profiler would write there."""
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "tb").symlink_to(elsewhere)
+    (run / "profile").write_text("")
+    with pytest.raises(RunDirectoryRefused, match="is a symbolic link"):
+        own_directory(run / "tb")
+    with pytest.raises(RunDirectoryRefused, match="is not a directory"):
+        own_directory(run / "profile")
+    assert own_directory(run / "tb2" / "env0").is_dir() and list(elsewhere.iterdir()) == []

@@ -23,7 +23,8 @@ Rules:
 - **Whole files, never through links.** A run directory may be copied from elsewhere, so its names
   may be symbolic links planted to redirect a write. `write_atomic` writes a temporary file with
   `O_EXCL` (which refuses an existing name, link or not) and renames it over the name, which replaces
-  a link instead of writing through it; `open_for_append` and `truncate_file` refuse a link outright.
+  a link instead of writing through it; `open_for_append`, `truncate_file` and `own_directory` (the
+  `tb/` and `profile/` directories) refuse a link outright.
   A crash leaves either the old file or the new one, whole; `remove_stale_temporaries` deletes the
   temporaries of killed writes, only under the lock (a live writer's look the same). Only a regular
   file (or a link) is replaced: a device, a FIFO or a directory at the name is refused, so that
@@ -204,6 +205,23 @@ def append_line(descriptor: int, line: bytes) -> None:
     if written != len(line):
         os.ftruncate(descriptor, end)
         raise OSError(errno.ENOSPC, f"{os.strerror(errno.ENOSPC)} (wrote {written:,} of {len(line):,} bytes)")
+
+
+def own_directory(path: str | Path) -> Path:
+    """`path`, a directory inside a run directory (`tb/`, `profile/`), made if missing.
+
+    `RunDirectoryRefused` if it is a symbolic link (a copied run's `tb` could point anywhere, and the files
+    written into it would land there) or not a directory.
+    """
+    path = Path(path)
+    if path.is_symlink():
+        raise RunDirectoryRefused(f"{path} is a symbolic link; morphogen does not write through links in a "
+                                  "run directory (remove it)")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except FileExistsError:
+        raise RunDirectoryRefused(f"{path} is not a directory (remove it)") from None
+    return path
 
 
 def truncate_file(path: str | Path, size: int) -> None:

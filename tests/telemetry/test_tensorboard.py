@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+from morphogen.run_directory import RunDirectoryRefused
 from morphogen.telemetry.config import TelemetryConfig
 from morphogen.telemetry.events import (
     ALL_ENVS,
@@ -102,3 +103,13 @@ def test_a_resume_counts_past_epochs_over_damaged_lines(tmp_path: Path) -> None:
         events.write('{"event": "episode_completed", "env_id": "zero", "epoch": 2}\n[1, 2]\n{"episode_completed": \n'
                      '{"event": "episode_completed", "env_id": 0, "epoch": 1e999}\n' + "[" * 100_000 + "\n")
     assert completed_epochs(tmp_path / "events.jsonl") == {0: 3}
+
+
+def test_a_planted_tb_link_is_refused_before_anything_is_written(tmp_path: Path) -> None:
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "tb").symlink_to(elsewhere)
+    with pytest.raises(RunDirectoryRefused, match="symbolic link"):
+        Telemetry(tmp_path / "run", config=TelemetryConfig(tensorboard=True))
+    assert list(elsewhere.iterdir()) == []

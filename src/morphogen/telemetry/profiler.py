@@ -20,7 +20,7 @@ from types import TracebackType
 import torch
 from torch.profiler import ProfilerAction, ProfilerActivity
 
-from morphogen.run_directory import PROFILE_DIRNAME
+from morphogen.run_directory import PROFILE_DIRNAME, own_directory
 from morphogen.telemetry.config import TelemetryConfig
 from morphogen.telemetry.events import PhaseTimes
 
@@ -139,7 +139,7 @@ class TraceProfiler:
         """Start profiling (creates the output directory)."""
         if not self.enabled or self._profiler is not None:
             return
-        self.output_dir.mkdir(parents=True, exist_ok=True)
+        own_directory(self.output_dir)  # never through a link planted in a copied run
         self._profiler = torch.profiler.profile(
             activities=profiler_activities(),
             schedule=self.schedule,

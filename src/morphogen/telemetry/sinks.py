@@ -116,11 +116,18 @@ class Telemetry:
         self._levels = TelemetryLevelController(config.level, config.escalation_epochs)
         self._closed = False
         self.run_dir = None if run_dir is None else Path(run_dir)
+        tensorboard = config.tensorboard and config.level != "off"
+        if tensorboard and self.run_dir is None:
+            raise ValueError("TensorBoard logging writes into RUN_DIR/tb: give a run_dir, or set tensorboard=False")
         self._sinks = self._default_sinks() if sinks is None else list(sinks)
-        if config.tensorboard and config.level != "off":
-            if self.run_dir is None:
-                raise ValueError("TensorBoard logging writes into RUN_DIR/tb: give a run_dir, or set tensorboard=False")
-            self._sinks.append(TensorBoardSink(self.run_dir / TENSORBOARD_DIRNAME))
+        if tensorboard:
+            assert self.run_dir is not None
+            try:
+                self._sinks.append(TensorBoardSink(self.run_dir / TENSORBOARD_DIRNAME))
+            except BaseException:
+                for sink in self._sinks if sinks is None else ():  # the events file opened above
+                    sink.close()
+                raise
         self._failures = [0] * len(self._sinks)
 
     def _default_sinks(self) -> list[Sink]:

@@ -21,7 +21,7 @@ import json
 from pathlib import Path
 from typing import Any, TypeGuard
 
-from morphogen.run_directory import EVENTS_FILENAME, MAX_LINE_BYTES, open_regular_file, read_line
+from morphogen.run_directory import EVENTS_FILENAME, MAX_LINE_BYTES, open_regular_file, own_directory, read_line
 from morphogen.telemetry.events import ALL_ENVS, EpisodeCompleted, Event
 
 TRAINER_RUN = "trainer"
@@ -80,7 +80,7 @@ class TensorBoardSink:
                 "TensorBoard logging needs the tensorboard package: pip install 'morphogen[tensorboard]' "
                 "(or run without --tensorboard)"
             ) from error
-        self.log_dir = Path(log_dir)
+        self.log_dir = own_directory(log_dir)  # never through a link planted in a copied run
         self._writer_class: Any = SummaryWriter
         self._writers: dict[str, Any] = {}
         self._epoch_offsets = completed_epochs(self.log_dir.parent / EVENTS_FILENAME)
@@ -95,7 +95,8 @@ class TensorBoardSink:
     def _writer(self, env_id: int) -> Any:
         run = env_run_name(env_id)
         if run not in self._writers:
-            self._writers[run] = self._writer_class(log_dir=str(self.log_dir / run), flush_secs=FLUSH_SECONDS)
+            directory = own_directory(self.log_dir / run)
+            self._writers[run] = self._writer_class(log_dir=str(directory), flush_secs=FLUSH_SECONDS)
         return self._writers[run]
 
     def write(self, event: Event) -> None:
