@@ -39,7 +39,7 @@ import json
 import math
 import sys
 import tempfile
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -65,6 +65,10 @@ RUN_COLUMNS = ("run", "command", "task", "seed", "episodes", "epochs", "rounds",
 """Columns of `runs` printed by `morphogen runs` (the view has a few more: see the module docstring)."""
 MAX_CONFIG_DEPTH = 16
 """Config settings nested deeper than this read as NULL (real configs nest three deep)."""
+MAX_CONFIG_SETTINGS = 2_000
+"""Distinct settings (dotted key paths) of all runs' configs in the `configs` view: each is a DuckDB column,
+and 50,000 of them took 30 s and 1.4 GB. A config that would pass the cap is left out of `configs` and
+named (a run's config has about 120; a few versions of them together stay far below)."""
 _INT64 = 2**63
 
 
@@ -110,6 +114,40 @@ def _json_value(value: Any, depth: int = 0) -> Any:
                 table[key] = _json_value(item, depth + 1)
         return table
     return None
+
+
+def _setting_paths(value: Any, prefix: str = "", depth: int = 0) -> Iterator[str]:
+    """The dotted path of every key of `value` at any depth (lists looked into, as `[]`): DuckDB's columns."""
+    if depth >= MAX_CONFIG_DEPTH:
+        return
+    if isinstance(value, dict):
+        for key, item in value.items():
+            path = f"{prefix}.{str(key).lower()}"
+            yield path
+            yield from _setting_paths(item, path, depth + 1)
+    elif isinstance(value, list):
+        for item in value:
+            yield from _setting_paths(item, f"{prefix}[]", depth + 1)
+
+
+def _config_rows(runs: Sequence[tuple[str, RunFiles]]) -> tuple[list[dict[str, Any]], dict[str, str]]:
+    """The `configs` rows of `runs`, and a note for each run whose config was left out for its size."""
+    rows: list[dict[str, Any]] = []
+    notes: dict[str, str] = {}
+    columns: set[str] = set()
+    for name, files in runs:
+        paths: set[str] = set()
+        for path in _setting_paths(files.config):
+            if path not in columns:
+                paths.add(path)
+            if len(columns) + len(paths) > MAX_CONFIG_SETTINGS:
+                notes[name] = (f"config.json left out of configs (with the other runs' settings it passes "
+                               f"{MAX_CONFIG_SETTINGS:,} columns)")
+                break
+        else:
+            columns |= paths
+            rows.append({**_json_value(files.config), "run": name})
+    return rows, notes
 
 
 def _event_row(run: str, time: float, event: Event) -> dict[str, Any]:
@@ -189,13 +227,14 @@ def open_runs(root: Path) -> Runs:
     import duckdb
 
     runs, skipped = read_runs(root)
+    configs, config_notes = _config_rows(runs)
     connection = duckdb.connect()
     with tempfile.TemporaryDirectory(prefix="morphogen-runs-") as scratch:
         folder = Path(scratch)
         tables = {
             "events": ([_event_row(name, t.time, t.event) for name, files in runs for t in files.events],
                        "run VARCHAR, time DOUBLE, event VARCHAR"),
-            "configs": ([{**_json_value(files.config), "run": name} for name, files in runs], "run VARCHAR"),
+            "configs": (configs, "run VARCHAR"),
             "run_files": ([_run_row(name, files) for name, files in runs],
                           "run VARCHAR, task VARCHAR, seed BIGINT, has_rounds BOOLEAN, gflops DOUBLE, "
                           "baseline_accuracy DOUBLE, baseline_parameters BIGINT, from_scratch_accuracy DOUBLE, "
@@ -210,7 +249,9 @@ def open_runs(root: Path) -> Runs:
     _create_views(connection)
     connection.execute("SET enable_external_access = false")  # no file or network from here on
     connection.execute("SET lock_configuration = true")  # ... and no SET to undo that
-    damaged = [f"{printable(name)}: {files.damage_note()}" for name, files in runs if files.damage_note()]
+    notes = {name: [files.damage_note(), config_notes.get(name)] for name, files in runs}
+    damaged = [f"{printable(name)}: {', '.join(note for note in parts if note)}" for name, parts in notes.items()
+               if any(parts)]
     return Runs(connection, skipped, damaged)
 
 
