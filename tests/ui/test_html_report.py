@@ -7,7 +7,9 @@ import math
 import re
 import shutil
 import subprocess
+import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -17,6 +19,7 @@ from morphogen.telemetry.sinks import read_events
 from morphogen.telemetry.story import SeedStory
 from morphogen.ui.html_report import contribution_pairs, render_html, seed_segments
 from morphogen.ui.report import render_report
+from morphogen.ui.run_files import load_run_files
 from morphogen.ui.stages import STAGE_COLOURS
 from morphogen.ui.svg import nice_ticks
 
@@ -143,3 +146,32 @@ def test_chromium_draws_the_report_without_console_errors(grown_run: Path, tmp_p
     for stage in ("training", "blending"):
         hex_colour = STAGE_COLOURS[stage]
         assert tuple(int(hex_colour[i:i + 2], 16) for i in (1, 3, 5)) in drawn, f"{stage} bars are drawn"
+
+
+class CountedEvents(list):  # type: ignore[type-arg]
+    """A run's events that count how often a reader walks through them."""
+
+    walks = 0
+
+    def __iter__(self):  # type: ignore[no-untyped-def]
+        CountedEvents.walks += 1
+        return super().__iter__()
+
+
+@pytest.mark.parametrize("render", [render_html, render_report], ids=["html", "text"])
+def test_readers_walk_the_events_a_fixed_number_of_times(grown_run: Path, tmp_path: Path,
+                                                         monkeypatch: pytest.MonkeyPatch, render: Any) -> None:
+    """Not once per event: a 200,000-event run took minutes when every event walked all of them again."""
+    walks = []
+    for copies in (1, 10):
+        run = tmp_path / f"run{copies}"
+        shutil.copytree(grown_run, run)
+        (run / "events.jsonl").write_text((grown_run / "events.jsonl").read_text() * copies)
+        files = load_run_files(run)
+        files.events = CountedEvents(files.events)
+        module = sys.modules[render.__module__]
+        monkeypatch.setattr(module, "load_run_files", lambda _, loaded=files: loaded)
+        CountedEvents.walks = 0
+        render(run)
+        walks.append(CountedEvents.walks)
+    assert walks[0] == walks[1], walks

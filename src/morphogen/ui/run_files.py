@@ -29,6 +29,7 @@ resumed run appends after the last completed round.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
@@ -176,9 +177,10 @@ class RunFiles:
     def history(self) -> list[Event]:
         return [timed.event for timed in self.events]
 
-    @property
+    @functools.cached_property
     def is_training(self) -> bool:
-        """Whether this is a `morphogen train` run (its config has rounds, or it wrote rounds)."""
+        """Whether this is a `morphogen train` run (its config has rounds, or it wrote rounds); computed once,
+        since it reads every event and the views ask it per event."""
         return "rounds" in self.config or any(isinstance(t.event, RoundCompleted) for t in self.events)
 
     @property
