@@ -5,39 +5,21 @@ channels or the model width, never the number of classes, input channels or voca
 decides. So a built-in task's host is built from its default size alone, without its data (`cifar10`
 needs no `--data-dir` to be listed), on the `meta` device: listing costs no memory and no training.
 A user's task (`--task package.module:function`) is built by its function, which brings its own host.
+`list tasks` reads only `morphogen.data.catalog`: it loads no torch.
 """
 
 from __future__ import annotations
 
 import sys
 from dataclasses import dataclass
-from typing import TextIO
+from typing import TYPE_CHECKING, TextIO
 
-from rich.console import Console
-from rich.table import Column, Table
+from morphogen.data.catalog import DEFAULT_HOST_SIZES, TASK_DESCRIPTIONS, TASK_NAMES, TASK_TOPOLOGIES
 
-from morphogen.core.blueprints import parameter_count, registry_table
-from morphogen.core.hosts import build_host
-from morphogen.data import TASK_NAMES, DataError
-from morphogen.data.tasks import TASK_TOPOLOGIES, host_size
-from morphogen.env.episode import task_host
-from morphogen.task_import import import_task, is_import_path
-from morphogen.ui.progress import LINE_WIDTH
-
-TASK_DESCRIPTIONS = {
-    "digits": "scikit-learn's 8x8 handwritten digits, 10 classes (no download)",
-    "cifar10": "CIFAR-10 32x32 colour images, 10 classes (run and train need --data-dir with cifar-10-batches-py)",
-    "text": "character-level language model on the Python standard library's sources (or --text-file)",
-    "mnist1d": "MNIST-1D: 40-step 1D sequences, 10 classes, generated offline (Conv1dHost)",
-}
-"""One line per task for `list tasks`; a task without an entry is listed with its name only."""
+if TYPE_CHECKING:
+    from rich.console import Console
 
 LISTINGS = ("tasks", "blueprints", "slots")
-
-
-def _console(out: TextIO) -> Console:
-    return Console(file=out, width=LINE_WIDTH, highlight=False)
-
 
 #: Constructor arguments that a built-in task's data fixes; no slot's width depends on them, so listing
 #: builds the host with these stand-ins instead of loading the data.
@@ -55,16 +37,30 @@ class ListedHost:
     widths: dict[str, int]
 
 
+def _console(out: TextIO) -> Console:
+    from rich.console import Console
+
+    from morphogen.ui.progress import LINE_WIDTH
+
+    return Console(file=out, width=LINE_WIDTH, highlight=False)
+
+
 def listed_host(task_name: str, pool_slots: bool = False) -> ListedHost:
     """The host of a built-in task (from its default size, without data) or of a user's task (its function's)."""
+    from morphogen.core.hosts import build_host
+    from morphogen.data.errors import DataError
+    from morphogen.task_import import import_task, is_import_path
+
     if is_import_path(task_name):
+        from morphogen.env.episode import task_host
+
         task = import_task(task_name, seed=0, device="cpu")
         host = task_host(task, "cpu", pool_slots=pool_slots)
         return ListedHost(task.name, task.topology, dict(host.injection_points))
     if task_name not in TASK_NAMES:
         raise DataError(f"unknown task {task_name!r}; valid task names: {', '.join(TASK_NAMES)}")
     topology = TASK_TOPOLOGIES[task_name]
-    arguments: dict[str, int | bool] = {**DATA_ARGUMENTS[topology], **host_size(task_name)}
+    arguments: dict[str, int | bool] = {**DATA_ARGUMENTS[topology], **DEFAULT_HOST_SIZES[task_name]}
     if topology in ("cnn", "cnn1d") and pool_slots:  # as `task_host` builds a run's host
         arguments["pool_slots"] = True
     host = build_host(topology, device="meta", **arguments)
@@ -72,6 +68,8 @@ def listed_host(task_name: str, pool_slots: bool = False) -> ListedHost:
 
 
 def list_tasks(out: TextIO) -> None:
+    from rich.table import Table
+
     table = Table("task", "what it is", box=None, pad_edge=False)
     for name in TASK_NAMES:
         table.add_row(name, TASK_DESCRIPTIONS.get(name, ""))
@@ -79,6 +77,8 @@ def list_tasks(out: TextIO) -> None:
 
 
 def list_slots(host: ListedHost, out: TextIO) -> None:
+    from rich.table import Column, Table
+
     table = Table("slot", Column("width", justify="right"), box=None, pad_edge=False)
     for slot, width in host.widths.items():
         table.add_row(slot, str(width))
@@ -89,6 +89,10 @@ def list_slots(host: ListedHost, out: TextIO) -> None:
 
 def list_blueprints(host: ListedHost, out: TextIO) -> None:
     """Every blueprint of the host's topology with the parameters it adds in each slot."""
+    from rich.table import Column, Table
+
+    from morphogen.core.blueprints import parameter_count, registry_table
+
     first_width = next(iter(host.widths.values()))
     slot_columns = (Column(f"{slot} (w {width})", justify="right") for slot, width in host.widths.items())
     table = Table("blueprint", *slot_columns, "what it is", box=None, pad_edge=False)

@@ -19,12 +19,15 @@ from morphogen.control.heuristic import HeuristicConfig, HeuristicController
 from morphogen.core.model import MorphogeneticModel
 from morphogen.data import Task
 from morphogen.devices import resolve_device
+from morphogen.env.actions import Op
 from morphogen.env.episode import EpisodeConfig, MorphogenesisEpisode, StepResult
 from morphogen.env.play import Controller, EpisodeOutcome, run_episode
+from morphogen.model_file import save_model_file
 from morphogen.run_directory import (
     BASELINE_DIRNAME,
     CONFIG_FILENAME,
     FROM_SCRATCH_DIRNAME,
+    MODEL_FILENAME,
     SUMMARY_FILENAME,
     hold_run_directory,
     make_run_dir,
@@ -55,7 +58,6 @@ class RunConfig(SessionOptions):
 
 
 
-
 #: Columns the seeds part of an epoch line keeps at least before a refusal's reason moves to its own line.
 MIN_SEED_COLUMNS = 24
 #: Indentation of a refusal's reason printed below its epoch line.
@@ -74,8 +76,6 @@ def format_step(result: StepResult) -> str:
     seeds = "  ".join(
         f"{slot.slot_id} {slot.blueprint} {stage_short(slot.stage.value)}"
         f"{f' a={slot.alpha:.2f}' if slot.alpha > 0 else ''}" for slot in s.slots if slot.blueprint is not None)
-    from morphogen.env.actions import Op
-
     action = Op(s.last_op).name
     rollback = "  ROLLBACK" if result.rollback is not None else ""
     head = (f"epoch {s.epoch:3d}/{s.max_epochs}  acc {s.val_accuracy:6.2f}%  loss {s.val_loss:.3f}  "
@@ -220,6 +220,7 @@ def _play_and_write(config: RunConfig, task: Task, episode: MorphogenesisEpisode
                "from_scratch": None if from_scratch is None else
                {**_outcome_dict(from_scratch), "architecture": architecture}}
     write_atomic(run_dir / SUMMARY_FILENAME, (json.dumps(_strict(summary), indent=2) + "\n").encode())
+    save_model_file(episode.model, run_dir / MODEL_FILENAME)  # for `morphogen export`
     return RunResult(grown, baseline, from_scratch, episode.model, run_dir)
 
 

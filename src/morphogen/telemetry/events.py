@@ -13,7 +13,7 @@ since training began (the clock the escalation of telemetry levels counts in).
 
 Records are strict JSON (RFC 8259 has no NaN or Infinity): a float field holding NaN, +inf or -inf
 is written as the string "NaN", "Infinity" or "-Infinity" (`NON_FINITE_TOKENS`) and read back as the
-float. Version 1 records, written with bare NaN tokens that strict readers reject, are still read.
+float.
 
 Adding a field with a default keeps `SCHEMA_VERSION`; renaming, removing or retyping one bumps it.
 """
@@ -21,7 +21,6 @@ Adding a field with a default keeps `SCHEMA_VERSION`; renaming, removing or rety
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
 import types
 import typing
@@ -32,10 +31,7 @@ from typing import Any, ClassVar
 from morphogen.limits import short_repr
 
 SCHEMA_VERSION = 2
-"""Version of the event schema written in every record as "schema_version" (2: non-finite floats as strings)."""
-
-READABLE_SCHEMA_VERSIONS = (1, SCHEMA_VERSION)
-"""Versions `event_from_dict` reads (version 1 differs only in writing non-finite floats as bare NaN)."""
+"""Version of the event schema written in every record as "schema_version"; the only one `event_from_dict` reads."""
 
 NON_FINITE_TOKENS = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
 """How a non-finite float field is written in a record (strict JSON has no token for them)."""
@@ -475,7 +471,7 @@ def event_from_dict(record: Mapping[str, Any]) -> Event:
     if event_type is None or not isinstance(kind, str):
         raise ValueError(f"unknown event kind {kind!r}; known kinds: {', '.join(sorted(_EVENT_TYPES))}")
     version = record.get("schema_version")
-    if version not in READABLE_SCHEMA_VERSIONS:
+    if version != SCHEMA_VERSION:
         raise ValueError(
             f"{kind} record has schema_version {version!r}; this morphogen reads version {SCHEMA_VERSION}"
         )
@@ -511,11 +507,16 @@ def _from_json(value: Any, annotation: Any, path: str) -> Any:
     return _scalar_from_json(value, annotation, path)
 
 
-@functools.cache
+_FIELDS_AND_HINTS: dict[type[Any], tuple[dict[str, dataclasses.Field[Any]], dict[str, Any]]] = {}
+
+
 def _fields_and_hints(annotation: type[Any]) -> tuple[dict[str, dataclasses.Field[Any]], dict[str, Any]]:
     """A dataclass's fields by name and its resolved type hints, computed once per class
     (`typing.get_type_hints` evaluates every annotation string: it was 2/3 of the time to read events)."""
-    return {field.name: field for field in dataclasses.fields(annotation)}, typing.get_type_hints(annotation)
+    if annotation not in _FIELDS_AND_HINTS:
+        fields = {field.name: field for field in dataclasses.fields(annotation)}
+        _FIELDS_AND_HINTS[annotation] = fields, typing.get_type_hints(annotation)
+    return _FIELDS_AND_HINTS[annotation]
 
 
 def _dataclass_from_json(value: Any, annotation: type[Any], path: str) -> Any:
