@@ -81,7 +81,8 @@ def test_fixed_actions_walk_a_seed_to_fossilized(digits: Task) -> None:
     assert slot.alpha.alpha == 1.0
     snapshot = result.snapshot
     assert snapshot.active_parameters == snapshot.host_parameters + slot.seed_parameter_count()
-    assert snapshot.slots[0].contribution is not None
+    # Measured while HOLDING, where the fossilize decision reads it; no decision reads a fossilized seed's.
+    assert snapshot.slots[0].contribution is None and slot.signals.contribution is not None
 
     path = [(e.from_stage, e.to_stage) for e in episode.history if isinstance(e, events.StageTransition)]
     assert path == [("dormant", "germinated"), ("germinated", "training"), ("training", "blending"),

@@ -90,9 +90,9 @@ def _plain_step(model: MorphogeneticModel, x: Tensor) -> None:
     model(x).sum().backward()
 
 
-def _shadow_step(model: MorphogeneticModel, x: Tensor) -> None:
-    """A whole training step: the output path and the shadow pass, each with its backward."""
-    output, shadow = model.forward_with_shadow(x)
+def _shadow_step(model: MorphogeneticModel, x: Tensor, rows: int | None) -> None:
+    """A whole training step: the output path and the shadow pass (on `rows` samples), each with its backward."""
+    output, shadow = model.forward_with_shadow(x, rows)
     output.sum().backward()
     if shadow is not None and shadow.parameters:
         shadow.outputs.sum().backward(inputs=list(shadow.parameters))
@@ -117,13 +117,15 @@ class FlopCounter:
         self._validation: dict[Hashable, ValidationFlops] = {}
         self.counts_made = 0
 
-    def training_step(self, model: MorphogeneticModel, shape: Shape, dtype: torch.dtype) -> StepFlops:
-        """FLOPs of one training batch of `shape` (inputs of `dtype`) in the model's present plan."""
-        key = (plan_key(model), shape, dtype)
+    def training_step(self, model: MorphogeneticModel, shape: Shape, dtype: torch.dtype,
+                      shadow_rows: int | None = None) -> StepFlops:
+        """FLOPs of one training batch of `shape` (inputs of `dtype`) in the model's present plan, the shadow
+        pass on its first `shadow_rows` samples (None: all)."""
+        key = (plan_key(model), shape, dtype, shadow_rows)
         cached = self._training.get(key)
         if cached is None:
-            main, total = self._on_copy(model, shape, dtype, lambda copy, x: (_count(_plain_step, copy, x),
-                                                                               _count(_shadow_step, copy, x)))
+            main, total = self._on_copy(model, shape, dtype, lambda copy, x: (
+                _count(_plain_step, copy, x), _count(_shadow_step, copy, x, shadow_rows)))
             cached = self._training[key] = StepFlops(main, total - main)
         return cached
 

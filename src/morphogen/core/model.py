@@ -20,6 +20,7 @@ different inputs and run on all K*B samples.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -33,6 +34,12 @@ from morphogen.core.compilation import CompileSettings, compiled
 from morphogen.core.hosts import SegmentedHost, UnknownSlotError
 from morphogen.core.lifecycle import BLENDED_STAGES, Stage
 from morphogen.core.slot import SHADOW, SeedSlot, SlotConfig, SlotPlan
+
+
+def shadow_rows(batch: int, fraction: float) -> int | None:
+    """How many samples of a batch of `batch` the shadow pass runs on (`forward_with_shadow`): `fraction` of
+    them, at least one; None for the whole batch."""
+    return None if fraction >= 1.0 else max(1, math.ceil(batch * fraction))
 
 
 @contextmanager
@@ -61,10 +68,15 @@ class ShadowOutput:
     slot_ids: tuple[str, ...]
     """The TRAINING slots, in execution order; row k of `outputs` has only the seed of slot k blended in."""
     outputs: Tensor
-    """(K, B, ...): one output per TRAINING seed for the same B inputs."""
+    """(K, B, ...): one output per TRAINING seed for the same B inputs (the first B of the batch: `rows`)."""
     parameters: tuple[nn.Parameter, ...]
     """The trainable parameters of those seeds: the only ones a shadow loss may update
     (`loss.backward(inputs=list(parameters))`), so the layers after the slots learn nothing from it."""
+
+    @property
+    def rows(self) -> int:
+        """How many samples of the batch the shadow ran on (the first ones): its targets are `targets[:rows]`."""
+        return int(self.outputs.shape[1])
 
 
 class MorphogeneticModel(nn.Module):
@@ -154,8 +166,11 @@ class MorphogeneticModel(nn.Module):
                 x = self.seed_slots[slot_id](x)
         return host.run_segment(len(self._slot_by_point), x)
 
-    def forward_with_shadow(self, x: Tensor) -> tuple[Tensor, ShadowOutput | None]:
+    def forward_with_shadow(self, x: Tensor, shadow_rows: int | None = None) -> tuple[Tensor, ShadowOutput | None]:
         """The host forward and, when seeds are TRAINING, their shadow outputs (None when none is).
+
+        The shadow pass runs on the first `shadow_rows` samples of the batch (None: all of them): the seeds'
+        gradients then come from fewer samples, for a shadow pass that costs that fraction.
 
         Train a TRAINING seed by stepping its optimizer on `task_loss(shadow.outputs[k], targets)`
         backpropagated with `backward(inputs=list(shadow.parameters))`: the seed sees what its own
@@ -176,6 +191,8 @@ class MorphogeneticModel(nn.Module):
         output, captured = host_forward(self, x, plan)
         if not captured:
             return output, None
+        if shadow_rows is not None:
+            captured = tuple(h[:shadow_rows] for h in captured)  # (rows, ...) each
         with running_statistics(self._batch_norms):
             shadow_outputs = shadow_pass(self, captured, plan)
         slot_ids = tuple(slot_id for slot_id, slot_plan in zip(self.slot_ids, plan, strict=True)

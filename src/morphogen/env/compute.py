@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import torch
 
 from morphogen.core.flops import FlopCounter, Shape
-from morphogen.core.model import MorphogeneticModel
+from morphogen.core.model import MorphogeneticModel, shadow_rows
 
 #: (input shape, input dtype) -> batches of that shape: what an epoch trained or validated on.
 BatchShapes = Mapping[tuple[Shape, torch.dtype], int]
@@ -48,10 +48,12 @@ class ComputeAccount:
         return {"total": self.total, "training": self.training, "shadow": self.shadow,
                 "validation": self.validation, "counterfactual": self.counterfactual}
 
-    def charge_training(self, counter: FlopCounter, model: MorphogeneticModel, shapes: BatchShapes) -> None:
-        """Add the training batches `shapes` of one epoch, trained in the model's present plan."""
+    def charge_training(self, counter: FlopCounter, model: MorphogeneticModel, shapes: BatchShapes,
+                        shadow_fraction: float = 1.0) -> None:
+        """Add the training batches `shapes` of one epoch, trained in the model's present plan with the shadow
+        pass on `shadow_fraction` of each batch."""
         for (shape, dtype), batches in shapes.items():
-            step = counter.training_step(model, shape, dtype)
+            step = counter.training_step(model, shape, dtype, shadow_rows(shape[0], shadow_fraction))
             self.training += step.main * batches
             self.shadow += step.shadow * batches
 

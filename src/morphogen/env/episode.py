@@ -36,7 +36,7 @@ from morphogen.core.slot import SlotConfig
 from morphogen.data import DataError, Task
 from morphogen.env.actions import Action, ActionSpace, Op
 from morphogen.env.compute import ComputeAccount
-from morphogen.env.counterfactual import MAIN, CounterfactualResult, plan_counterfactuals
+from morphogen.env.counterfactual import MAIN, CounterfactualResult, CounterfactualSchedule, plan_counterfactuals
 from morphogen.env.evaluation import Objective, validate
 from morphogen.env.governor import DivergenceError, Governor, GovernorConfig, Rollback
 from morphogen.env.rewards import RewardBreakdown, RewardConfig, RewardMode, compute_reward
@@ -75,6 +75,15 @@ class EpisodeConfig:
     reward: RewardConfig = field(default_factory=RewardConfig)
     #: Discount used by potential-based shaping (match the PPO gamma).
     gamma: float = 0.995
+    #: Which counterfactual configurations validation evaluates: "for_decisions" (only those a gate or the
+    #: heuristic reads next: a TRAINING seed's shadow once it has nearly trained long enough to blend, the
+    #: ablation of a seed in or about to enter HOLDING) or "every_epoch" (every seed's, every epoch, and all seeds off: what a learned
+    #: policy observes; `morphogen train` uses it).
+    counterfactuals: CounterfactualSchedule = CounterfactualSchedule.FOR_DECISIONS
+    #: Fraction of each training batch (its first samples) that the TRAINING seeds' shadow pass runs on. The
+    #: shadow pass runs every layer after the seed's slot forward and backward again, so it is the main
+    #: cost of training a seed behind the host; half the batch halves it.
+    shadow_fraction: float = 0.5
     #: In a `VectorEpisodes`, train the envs whose architectures are identical in one vmapped call per
     #: batch (`env/batched.py`) instead of one after another; results agree to float32 rounding. A lone
     #: episode has nothing to batch with and trains as always.
@@ -87,6 +96,8 @@ class EpisodeConfig:
         check_count("validation_batch_size", self.validation_batch_size, MAX_BATCH_SIZE)
         if not 0.0 < self.gamma <= 1.0:
             raise ValueError(f"gamma must be in (0, 1], got {self.gamma}")
+        if not 0.0 < self.shadow_fraction <= 1.0:
+            raise ValueError(f"shadow_fraction must be in (0, 1], got {self.shadow_fraction}")
 
 
 def task_host(task: Task, device: torch.device | str, *, pool_slots: bool = False) -> SegmentedHost:
@@ -185,7 +196,8 @@ class MorphogenesisEpisode:
         self.model = self.build_model()
         self.action_space = ActionSpace(self.model.slot_ids, self.task.topology)
         self.monitor = IsolationMonitor(device=self.device)
-        self.trainer = ModelTrainer(self.model, self.optimizer_config, self.monitor, self.objective)
+        self.trainer = ModelTrainer(self.model, self.optimizer_config, self.monitor, self.objective,
+                                    self.config.shadow_fraction)
         classes = self.task.num_classes
         self.governor = Governor(self.model, self.config.governor,
                                  chance_accuracy=100.0 / classes if classes and not self.objective.custom else None)
@@ -290,7 +302,8 @@ class MorphogenesisEpisode:
         assert self.model is not None
         self.epoch += 1
         # Charged before anything can change the plan the epoch trained in (a rollback, a stage change).
-        self.compute.charge_training(self.flop_counter, self.model, self.trainer.take_batch_shapes())
+        self.compute.charge_training(self.flop_counter, self.model, self.trainer.take_batch_shapes(),
+                                     self.config.shadow_fraction)
         train_loss = self.trainer.take_epoch_loss().item()  # sync 1/3: the governor judges this number
         self.gradients = self.monitor.materialize()  # sync 2/3
         self._report_gradients()
@@ -353,7 +366,17 @@ class MorphogenesisEpisode:
         alphas = {s.slot_id: s.alpha.alpha for s in self.model.slots()
                   if s.stage in BLENDED_STAGES and s.alpha.alpha > 0.0}
         training = [s.slot_id for s in self.model.slots() if s.stage is Stage.TRAINING and s.seed is not None]
-        plan = plan_counterfactuals(self.model.slot_ids, alphas, training)
+        if self.config.counterfactuals is CounterfactualSchedule.EVERY_EPOCH:
+            plan = plan_counterfactuals(self.model.slot_ids, alphas, training)
+        else:
+            # The blending gate reads the shadow from the epoch the seed has trained `min_training_epochs`
+            # (validation comes before the epoch is counted); the fossilize gate and the heuristic read the
+            # ablation of a HOLDING seed, or of a BLENDING one whose ramp ends at this epoch's tick.
+            training = [slot_id for slot_id in training if self.model.slot(slot_id).lifecycle.epochs_in_stage
+                        >= self.model.slot(slot_id).config.gates.min_training_epochs - 1]
+            holding = [s.slot_id for s in self.model.slots() if s.stage is Stage.HOLDING
+                       or (s.stage is Stage.BLENDING and s.alpha.steps_done + 1 >= s.alpha.steps_total)]
+            plan = plan_counterfactuals(self.model.slot_ids, alphas, training, ablate=holding, all_off=False)
         with self.timer.phase("validate"):
             result = validate(self.model, self.task.validation, plan, self.config.validation_batch_size,
                               self.objective)

@@ -22,7 +22,7 @@ from torch import Tensor, nn
 from morphogen.config import build_config
 from morphogen.core.flops import Shape
 from morphogen.core.isolation import IsolationMonitor
-from morphogen.core.model import MorphogeneticModel
+from morphogen.core.model import MorphogeneticModel, shadow_rows
 from morphogen.data import DEFAULT_OPTIMIZERS
 from morphogen.env.compute import note_batch
 from morphogen.env.evaluation import Objective, task_loss
@@ -106,8 +106,10 @@ class ModelTrainer:
     """Owns the host optimizer, one optimizer per live seed, and the per-epoch loss accumulator."""
 
     def __init__(self, model: MorphogeneticModel, config: OptimizerConfig, monitor: IsolationMonitor,
-                 objective: Objective | None = None) -> None:
+                 objective: Objective | None = None, shadow_fraction: float = 1.0) -> None:
         self.model, self.config, self.monitor = model, config, monitor
+        #: Fraction of each batch the TRAINING seeds' shadow pass runs on (`EpisodeConfig.shadow_fraction`).
+        self.shadow_fraction = shadow_fraction
         #: The task's loss (cross-entropy unless the task brings its own).
         self.objective = objective or Objective(task_loss, None, custom=False)
         self.host_optimizer = config.build(model.host_parameters(), seed=False)
@@ -143,11 +145,11 @@ class ModelTrainer:
         note_batch(self.batch_shapes, inputs)
         running = self.sync_seed_optimizers()
         model.zero_grad(set_to_none=True)
-        output, shadow = model.forward_with_shadow(inputs)
+        output, shadow = model.forward_with_shadow(inputs, shadow_rows(inputs.shape[0], self.shadow_fraction))
         loss = self.objective.checked_loss(output, targets)
         loss.backward()
         if shadow is not None and shadow.parameters:
-            self.objective.shadow_loss(shadow.outputs, targets).backward(inputs=list(shadow.parameters))
+            self.objective.shadow_loss(shadow.outputs, targets[:shadow.rows]).backward(inputs=list(shadow.parameters))
         host_parameters = model.host_parameters()
         self.monitor.accumulate(host_parameters, running)
         nn.utils.clip_grad_norm_(host_parameters, self.config.clip_norm, foreach=True)
