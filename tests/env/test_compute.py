@@ -7,8 +7,8 @@ import torch
 
 from morphogen.core.flops import FlopCounter
 from morphogen.core.lifecycle import Stage
-from morphogen.data import Task, load_task
 from morphogen.core.model import shadow_rows
+from morphogen.data import Task, load_task
 from morphogen.env.actions import Action, Op
 from morphogen.env.counterfactual import CounterfactualSchedule
 from morphogen.env.episode import EpisodeConfig, MorphogenesisEpisode

@@ -11,7 +11,8 @@ Every configuration but `main` costs a forward pass over the validation data fro
 a controller's decisions need them (`CounterfactualSchedule.FOR_DECISIONS`), the episode plans a seed's
 configuration only in the epochs whose measurement a gate or the heuristic reads next: a TRAINING seed's
 shadow once it has trained nearly long enough to blend, the ablation of a HOLDING seed and of a BLENDING
-one whose ramp ends this epoch; never a fossilized seed's, never `all_off`. A learned policy observes every measurement every epoch (`EVERY_EPOCH`).
+one whose ramp ends this epoch; never a fossilized seed's, never `all_off`. A learned policy observes
+every measurement every epoch (`EVERY_EPOCH`).
 """
 
 from __future__ import annotations

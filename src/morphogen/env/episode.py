@@ -77,8 +77,8 @@ class EpisodeConfig:
     gamma: float = 0.995
     #: Which counterfactual configurations validation evaluates: "for_decisions" (only those a gate or the
     #: heuristic reads next: a TRAINING seed's shadow once it has nearly trained long enough to blend, the
-    #: ablation of a seed in or about to enter HOLDING) or "every_epoch" (every seed's, every epoch, and all seeds off: what a learned
-    #: policy observes; `morphogen train` uses it).
+    #: ablation of a seed in or about to enter HOLDING) or "every_epoch" (every seed's, every epoch, and all
+    #: seeds off: what a learned policy observes; `morphogen train` uses it).
     counterfactuals: CounterfactualSchedule = CounterfactualSchedule.FOR_DECISIONS
     #: Fraction of each training batch (its first samples) that the TRAINING seeds' shadow pass runs on. The
     #: shadow pass runs every layer after the seed's slot forward and backward again, so it is the main
