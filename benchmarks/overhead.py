@@ -188,7 +188,7 @@ def naive_cat_forward(model: MorphogeneticModel, x: Tensor, alphas: list[list[fl
             j = model.slot_ids.index(point)
             per_sample = torch.tensor([row[j] for row in alphas], dtype=h.dtype,
                                       device=h.device).repeat_interleave(batch)  # (K*B,)
-            h = model.slot(point)(h, alpha_override=per_sample)
+            h = model.slot(point)(h, per_sample)
     h = model.host.run_segment(len(points), h)
     return h.view(k, batch, *h.shape[1:])  # (K, B, classes)
 

@@ -60,9 +60,9 @@ GOAL_LEVEL, GOAL_RATIO = "normal", 1.03
 #: 1-2, blending 3-4, holding 5-9 and fossilized from 10; r0c0 training 6-7, blending 8-9 and holding from
 #: 10. From epoch 9 two seeds are blended with alpha > 0, so validation also runs `all_off`.
 SCRIPT: tuple[tuple[int, Action], ...] = (
-    (0, Action(Op.GERMINATE, slot="r0c1", blueprint="conv_light", style=BlendKind.ADD, tempo=3)),
+    (0, Action(Op.GERMINATE, slot="r0c1", blueprint="conv_light", blend=BlendKind.ADD, blend_epochs=3)),
     (2, Action(Op.ADVANCE, slot="r0c1")),
-    (5, Action(Op.GERMINATE, slot="r0c0", blueprint="conv_small", style=BlendKind.ADD, tempo=3)),
+    (5, Action(Op.GERMINATE, slot="r0c0", blueprint="conv_small", blend=BlendKind.ADD, blend_epochs=3)),
     (7, Action(Op.ADVANCE, slot="r0c0")),
     (9, Action(Op.FOSSILIZE, slot="r0c1")),
 )

@@ -3,7 +3,7 @@
 The bounds keep a run on one machine of the kind morphogen targets (a workstation or one GPU node):
 a typo such as `--hidden-size 1000000` (16 TB of LSTM weights) or `max_epochs = 1e12` must be refused
 at load time with one line, not discovered as an out-of-memory kill hours later. Each bound is far
-above anything the design needs (DESIGN §5-§7 defaults are 4 envs, 25-30 epochs, a 512-wide policy),
+above anything the defaults need (4 envs, 25-30 epochs, a 512-wide policy),
 so a real experiment never meets one; raise a constant here if a real one does.
 
 `short_repr(value)` is how every error message quotes a value a user gave: cut to about 60 characters

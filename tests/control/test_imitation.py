@@ -49,7 +49,7 @@ class GerminateOnce:
 def test_collect_stores_the_demonstrators_actions(digits: Task) -> None:
     trainer = PPOTrainer(imitation_config(), digits)
     demonstrators = [GerminateOnce(), GerminateOnce()]
-    batch, _ = trainer.collect(0, demonstrators=demonstrators)
+    batch = trainer.collect(0, demonstrators=demonstrators).batch
     assert [d.calls for d in demonstrators] == [10, 10]
     ops = batch.actions[..., 0]  # [T, B]
     germinate = int(Op.GERMINATE)
@@ -72,8 +72,8 @@ def test_imitation_makes_the_policy_reproduce_the_heuristic(digits: Task) -> Non
 
 def test_concatenate_batches_puts_envs_side_by_side(digits: Task) -> None:
     trainer = PPOTrainer(imitation_config(), digits)
-    first, _ = trainer.collect(0)
-    second, _ = trainer.collect(1)
+    first = trainer.collect(0).batch
+    second = trainer.collect(1).batch
     both = concatenate_batches([first, second])
     assert both.observations.shape[:2] == (10, 4)
     assert both.actions[:, 2:].equal(second.actions) and both.initial_state[0].shape[1] == 4

@@ -73,13 +73,14 @@ def test_collect_fills_whole_episodes_and_one_round_updates(digits: Task, tmp_pa
     config = tiny_config(rounds=1, n_envs=2)
     trainer = PPOTrainer(config, digits)
     before = policy_parameters(trainer)
-    batch, collected = trainer.collect(0)
+    rollout = trainer.collect(0)
+    batch, collected = rollout.batch, rollout.summary
     steps, envs = config.episode_length, config.n_envs
     assert batch.n_steps == steps and batch.n_envs == envs
     assert batch.actions.shape == (steps, envs, len(HEADS))
     assert batch.episode_starts[0].all() and not batch.episode_starts[1:].any()
     assert torch.isfinite(batch.advantages).all() and torch.isfinite(batch.returns).all()
-    assert 0.0 <= collected["mean_final_accuracy"] <= 100.0
+    assert 0.0 <= collected.mean_final_accuracy <= 100.0
     normalizer = trainer.state.agent.observation_normalizer
     assert normalizer.count.item() == pytest.approx(steps * envs + normalizer.epsilon), "one update per observation"
 
@@ -96,7 +97,7 @@ def test_collect_fills_whole_episodes_and_one_round_updates(digits: Task, tmp_pa
 
 def test_value_head_learns_standardized_returns(digits: Task) -> None:
     trainer = PPOTrainer(tiny_config(rounds=1), digits)
-    batch, _ = trainer.collect(0)
+    batch = trainer.collect(0).batch
     normalizer = trainer.state.value_normalizer
     # One round of returns is all the normalizer has seen, so the batch's targets come out standardized...
     assert abs(batch.returns.mean().item()) < 0.05

@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
-import itertools
-
 import pytest
 import torch
+from torch import Tensor
 
 from morphogen.core.hosts import (
     CNNHost,
     Conv1dHost,
     HostSizeError,
+    SegmentedHost,
     TransformerHost,
     UnknownSlotError,
     build_host,
@@ -38,6 +38,15 @@ def _tokens() -> torch.Tensor:
     return torch.randint(0, 17, (3, 8), generator=torch.Generator().manual_seed(1))
 
 
+def _activations(host: SegmentedHost, x: Tensor) -> dict[str, Tensor]:
+    """The activation at every injection point, segment by segment."""
+    activations = {}
+    for index, slot in enumerate(host.slot_ids):
+        x = host.run_segment(index, x)
+        activations[slot] = x
+    return activations
+
+
 def test_cnn_injection_points() -> None:
     assert CNNHost(10, 1).injection_points == {"r0c0": 32, "r0c1": 64, "r0c2": 128}
     assert list(_cnn(pool_slots=True).injection_points.items()) == [
@@ -53,7 +62,7 @@ def test_cnn_activation_shapes_match_the_points() -> None:
     expected_sizes = {"r0c0": 8, "r1c0": 4, "r0c1": 4, "r1c1": 2, "r0c2": 2, "r1c2": 1}
     for slot, channels in host.injection_points.items():
         size = expected_sizes[slot]
-        assert host.forward_to(slot, x).shape == (4, channels, size, size)
+        assert _activations(host, x)[slot].shape == (4, channels, size, size)
     assert host(x).shape == (4, 10)
 
 
@@ -61,33 +70,25 @@ def test_transformer_injection_points() -> None:
     assert _transformer().injection_points == {"r0c0": 16, "r0c1": 16}
     assert _transformer(n_layers=4, n_segments=4).slot_ids == ("r0c0", "r0c1", "r0c2", "r0c3")
     host = _transformer()
-    assert host.forward_to("r0c1", _tokens()).shape == (3, 8, 16)
+    assert _activations(host, _tokens())["r0c1"].shape == (3, 8, 16)
     assert host(_tokens()).shape == (3, 8, 17)
 
 
 @pytest.mark.parametrize("host_name", ["cnn", "cnn_pool", "transformer"])
-def test_forward_to_and_forward_from_compose_to_forward(host_name: str) -> None:
+def test_segments_run_one_at_a_time_compose_to_forward(host_name: str) -> None:
     host = {"cnn": lambda: _cnn(), "cnn_pool": lambda: _cnn(True), "transformer": _transformer}[host_name]()
     x = _tokens() if host_name == "transformer" else _images()
     with torch.no_grad():
-        full = host(x)
-        slots = host.slot_ids
-        for slot in slots:
-            assert torch.equal(host.forward_from(slot, host.forward_to(slot, x)), full)
-        for earlier, later in itertools.pairwise(slots):
-            resumed = host.forward_to(later, host.forward_to(earlier, x), from_slot=earlier)
-            assert torch.equal(resumed, host.forward_to(later, x))
+        assert len(_activations(host, x)) == len(host.slot_ids)
+        h = x
+        for index in range(len(host.segments)):
+            h = host.run_segment(index, h)
+        assert torch.equal(h, host(x))
 
 
-def test_forward_to_rejects_bad_slots() -> None:
-    host = _cnn()
-    x = _images()
-    with pytest.raises(ValueError, match="comes after"):
-        host.forward_to("r0c0", host.forward_to("r0c2", x), from_slot="r0c2")
+def test_unknown_slots_are_refused_with_the_valid_ids() -> None:
     with pytest.raises(UnknownSlotError, match="r0c0, r0c1, r0c2"):
-        host.forward_to("r7c7", x)
-    with pytest.raises(UnknownSlotError, match="r0c0, r0c1, r0c2"):
-        host.forward_from("nope", x)
+        _cnn().point_index("r7c7")
 
 
 def test_transformer_embeddings_are_tied() -> None:
@@ -183,7 +184,7 @@ def test_conv1d_host_has_the_cnn_block_structure_in_one_dimension() -> None:
     expected_lengths = {"r0c0": 40, "r1c0": 20, "r0c1": 20, "r1c1": 10, "r0c2": 10, "r1c2": 5}
     x = _sequences()
     for slot, channels in host.injection_points.items():
-        assert host.forward_to(slot, x).shape == (4, channels, expected_lengths[slot])
+        assert _activations(host, x)[slot].shape == (4, channels, expected_lengths[slot])
     assert host(x).shape == (4, 10)
     kinds = [type(m) for m in host.modules() if not isinstance(m, (torch.nn.Sequential, torch.nn.ModuleList))]
     assert torch.nn.Conv1d in kinds and torch.nn.BatchNorm1d in kinds and torch.nn.Conv2d not in kinds
@@ -198,15 +199,6 @@ def test_conv1d_host_parameter_count_oracle() -> None:
     norms = 2 * 4 + 2 * 8
     head = 8 * 10 + 10
     assert sum(p.numel() for p in host.parameters()) == convs + norms + head
-
-
-def test_conv1d_forward_to_and_forward_from_compose_to_forward() -> None:
-    host = _conv1d(pool_slots=True)
-    x = _sequences()
-    with torch.no_grad():
-        full = host(x)
-        for slot in host.slot_ids:
-            assert torch.equal(host.forward_from(slot, host.forward_to(slot, x)), full)
 
 
 def test_host_size_arguments_come_from_the_constructor_signature() -> None:

@@ -1,7 +1,8 @@
 """Seed lifecycle: a hypothesis state machine over a SeedSlot, the gates, and the embargo clock.
 
-The state machine keeps its own model of what each call must do (DESIGN §4.1, §4.2) and checks the slot
-against it after every step: a call either makes legal transitions or raises and changes nothing.
+The state machine keeps its own model of what each call must do (docs/architecture.md#lifecycle,
+#alpha-and-blends) and checks the slot against it after every step: a call either makes legal transitions
+or raises and changes nothing.
 """
 
 from __future__ import annotations
@@ -67,7 +68,7 @@ class ExpectedSignals:
 
 def spec_gate(target: Stage, slot: SeedSlot, signals: ExpectedSignals, config: GateConfig,
               epochs_in_stage: int) -> bool:
-    """DESIGN §4.1 gates, written from the table (not from the implementation)."""
+    """The gates of docs/architecture.md#lifecycle, written from its list (not from the implementation)."""
     strict = config.mode is GateMode.STRICT
     if target is S.TRAINING:
         return slot.stage is S.GERMINATED

@@ -78,11 +78,13 @@ def _forward_with_alphas(model: MorphogeneticModel, row: list[float]) -> Tensor:
     shadows = {slot.slot_id: alpha for slot, alpha in zip(model.slots(), row, strict=True)
                if slot.stage is Stage.TRAINING and alpha != 0.0}
     x, host = _batch(model.topology), model.host
-    for index, slot_id in enumerate(model._slot_by_point):
+    for index, point in enumerate(host.slot_ids):
         x = host.run_segment(index, x)
-        if slot_id is not None:
-            x = model.slot(slot_id)(x, alpha_override=shadows.get(slot_id))
-    return host.run_segment(len(model._slot_by_point), x)
+        if point in shadows:
+            x = model.slot(point).shadow(x, shadows[point])
+        elif point in model.slot_ids:
+            x = model.slot(point)(x)
+    return host.run_segment(len(host.slot_ids), x)
 
 
 @pytest.mark.parametrize("topology", ["cnn", "transformer"])

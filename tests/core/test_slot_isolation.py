@@ -1,5 +1,6 @@
-"""Gradient isolation of SeedSlot (DESIGN §4.3): a TRAINING seed is invisible to the host, bit for bit;
-a blended seed with a detached input gives the host its skip-path gradient and nothing through its internals."""
+"""Gradient isolation of SeedSlot (docs/architecture.md#shadow-pass): a TRAINING seed is invisible to the
+host, bit for bit; a blended seed with a detached input gives the host its skip-path gradient and nothing
+through its internals."""
 
 from __future__ import annotations
 

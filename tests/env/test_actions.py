@@ -25,11 +25,11 @@ from morphogen.env.actions import (
     ALPHA_CURVES,
     ALPHA_SPEEDS,
     ALPHA_TARGETS,
+    BLEND_EPOCHS,
+    BLEND_KINDS,
     HEAD_RELEVANCE,
     HEADS,
     MIN_PRUNE_AGE,
-    STYLES,
-    TEMPOS,
     Action,
     ActionSpace,
     Op,
@@ -54,7 +54,7 @@ def tiny_model(gates: GateConfig | None = None) -> MorphogeneticModel:
 
 def test_sizes_follow_the_head_order() -> None:
     n_blueprints = len(blueprint_names("cnn"))
-    assert space().sizes == (len(Op), 3, n_blueprints, len(STYLES), len(TEMPOS), len(ALPHA_TARGETS),
+    assert space().sizes == (len(Op), 3, n_blueprints, len(BLEND_KINDS), len(BLEND_EPOCHS), len(ALPHA_TARGETS),
                              len(ALPHA_SPEEDS), len(ALPHA_CURVES))
 
 
@@ -96,7 +96,7 @@ def test_irrelevant_heads_encode_to_zero_and_decode_to_defaults() -> None:
 def test_head_relevance_table() -> None:
     relevant = {op: {head for head, used in zip(HEADS, HEAD_RELEVANCE[op], strict=True) if used} for op in Op}
     assert relevant[Op.WAIT] == {"op"}
-    assert relevant[Op.GERMINATE] == {"op", "slot", "blueprint", "style", "tempo"}
+    assert relevant[Op.GERMINATE] == {"op", "slot", "blueprint", "blend", "blend_epochs"}
     assert relevant[Op.SET_ALPHA_TARGET] == {"op", "slot", "alpha_target", "alpha_speed", "alpha_curve"}
     for op in (Op.PRUNE, Op.FOSSILIZE, Op.ADVANCE):
         assert relevant[op] == {"op", "slot"}
@@ -105,8 +105,8 @@ def test_head_relevance_table() -> None:
 def test_encode_rejects_a_value_outside_the_choices() -> None:
     with pytest.raises(ValueError, match="slot='r9c9' is not one of"):
         space().encode(Action(Op.PRUNE, "r9c9"))
-    with pytest.raises(ValueError, match="tempo=4"):
-        space().encode(Action(Op.GERMINATE, "r0c0", "norm", tempo=4))
+    with pytest.raises(ValueError, match="blend_epochs=4"):
+        space().encode(Action(Op.GERMINATE, "r0c0", "norm", blend_epochs=4))
 
 
 def test_an_action_space_needs_a_slot() -> None:

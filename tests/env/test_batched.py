@@ -24,7 +24,7 @@ from morphogen.core.lifecycle import GateConfig, GateMode, Stage
 from morphogen.core.slot import SlotConfig
 from morphogen.data import Task, load_task
 from morphogen.env.actions import Action, Op
-from morphogen.env.batched import StackedEnvs, architecture_signature, plan_epoch
+from morphogen.env.batched import StackedEnvs, architecture_signature, training_groups
 from morphogen.env.episode import SYNCS_PER_STEP, EpisodeConfig, StepResult
 from morphogen.env.training import ModelTrainer, OptimizerConfig
 from morphogen.env.vector import VectorEpisodes
@@ -137,9 +137,9 @@ def count_alone_batches(monkeypatch: pytest.MonkeyPatch) -> list[ModelTrainer]:
     return calls
 
 
-def run_both(reference: VectorEpisodes, batched: VectorEpisodes, plan: Sequence[Sequence[Action]],
+def run_both(reference: VectorEpisodes, batched: VectorEpisodes, steps: Sequence[Sequence[Action]],
              between: Callable[[int, VectorEpisodes], None] | None = None) -> None:
-    for step, actions in enumerate(plan):
+    for step, actions in enumerate(steps):
         expected, actual = reference.step(actions), batched.step(actions)
         assert_same_envs(reference, batched, expected, actual, step)
         if between is not None:
@@ -163,12 +163,12 @@ def test_germination_splits_groups_and_identical_seeds_stay_batched(digits: Task
     another and trains alone; env 3 keeps no seed and trains alone once the others have left its group."""
     reference, batched = make_vectors(digits, episode_config(seed_weight_decay=1e-3, clip_norm=1.0), 4)
     calls = count_alone_batches(monkeypatch)
-    plan = [[WAIT] * 4,
-            [GERMINATE_CONV, GERMINATE_CONV, GERMINATE_NORM, WAIT],
-            [WAIT] * 4,
-            [ADVANCE, ADVANCE, WAIT, WAIT],
-            [WAIT] * 4]
-    run_both(reference, batched, plan)
+    actions = [[WAIT] * 4,
+               [GERMINATE_CONV, GERMINATE_CONV, GERMINATE_NORM, WAIT],
+               [WAIT] * 4,
+               [ADVANCE, ADVANCE, WAIT, WAIT],
+               [WAIT] * 4]
+    run_both(reference, batched, actions)
     stages = [episode.model.slot("r0c0").stage for episode in batched.episodes if episode.model is not None]
     assert stages[:2] == [Stage.BLENDING] * 2, "the identical seeds must have been trained into BLENDING"
     alone = {id(trainer) for trainer in calls}
@@ -216,15 +216,15 @@ def test_heuristic_episode_makes_the_same_decisions(digits: Task) -> None:
 def test_architecture_signature_groups_what_trains_alike(digits: Task) -> None:
     vector = VectorEpisodes(digits, episode_config(), 4, seed=SEED)
     vector.reset(ROUND)
-    assert plan_epoch(vector.episodes).groups == ((0, 1, 2, 3),)
+    assert training_groups(vector.episodes).groups == ((0, 1, 2, 3),)
     vector.step([GERMINATE_CONV, GERMINATE_CONV, GERMINATE_NORM, WAIT])
-    plan = plan_epoch(vector.episodes)
-    assert plan.groups == ((0, 1),) and plan.alone == (2, 3)
+    grouping = training_groups(vector.episodes)
+    assert grouping.groups == ((0, 1),) and grouping.alone == (2, 3)
     models = [episode.model for episode in vector.episodes]
     assert models[0] is not None and models[3] is not None
     models[0].slot("r0c0").prune(1, "test")  # a pruned (embargoed) slot holds no seed: the env is empty again
     assert architecture_signature(models[0]) == architecture_signature(models[3])
-    assert plan_epoch(vector.episodes, min_group_size=1).groups == ((0, 3), (1,), (2,))
+    assert training_groups(vector.episodes, min_group_size=1).groups == ((0, 3), (1,), (2,))
 
 
 def test_batched_step_never_syncs(digits: Task, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -244,8 +244,8 @@ def test_adamw_envs_train_alone_and_match_the_per_env_path(digits: Task, monkeyp
     silent SGD step. Same path, same arithmetic: the two vectors agree exactly."""
     adamw = dataclasses.replace(episode_config(), optimizer=OptimizerConfig(name="adamw", host_lr=3e-3))
     reference, batched = make_vectors(digits, adamw, 3)
-    plan = plan_epoch(batched.episodes)
-    assert plan.groups == () and plan.alone == (0, 1, 2)
+    grouping = training_groups(batched.episodes)
+    assert grouping.groups == () and grouping.alone == (0, 1, 2)
     calls = count_alone_batches(monkeypatch)
     expected, actual = reference.step([WAIT] * 3), batched.step([WAIT] * 3)
     batched_trainers = {id(episode.trainer) for episode in batched.episodes}
@@ -265,7 +265,7 @@ def test_a_group_with_one_adamw_env_is_not_stacked(digits: Task) -> None:
     episode = vector.episodes[1]
     assert episode.model is not None
     episode.trainer = ModelTrainer(episode.model, OptimizerConfig(name="adamw"), episode.monitor)
-    plan = plan_epoch(vector.episodes)
-    assert plan.groups == ((0, 2),) and plan.alone == (1,)
+    grouping = training_groups(vector.episodes)
+    assert grouping.groups == ((0, 2),) and grouping.alone == (1,)
     with pytest.raises(AssertionError, match="plain SGD only"):
         StackedEnvs([episode])

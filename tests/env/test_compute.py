@@ -60,7 +60,7 @@ def test_an_episode_charges_every_batch_it_trained_and_validated(digits: Task) -
     assert account.training == expected_training
     assert account.shadow == expected_shadow > 0  # the seed trained behind the host in epochs 2 and 3
     assert account.validation == expected_validation
-    assert account.counterfactual == expected_counterfactual > 0  # the seed's shadow contribution, epochs 2 and 3
+    assert account.counterfactual == expected_counterfactual > 0  # shadow contribution, epochs 2-3
     assert account.total == expected_training + expected_shadow + expected_validation + expected_counterfactual
     assert episode.flop_counter.counts_made <= 8  # two plans x two shapes, for training and for validation
 

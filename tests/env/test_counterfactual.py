@@ -1,4 +1,4 @@
-"""Tests for counterfactual planning, attribution, and the fused validation pass.
+"""Tests for which counterfactual configurations are evaluated, attribution, and the fused validation pass.
 
 Planned configurations and contributions are written out by hand; the fused pass is checked against
 one plain `model(x)` per configuration with the slots' alphas forced, scored in float64 NumPy.
@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from morphogen.core.hosts import CNNHost
-from morphogen.core.lifecycle import GateConfig, GateMode, Stage
+from morphogen.core.lifecycle import BLENDED_STAGES, GateConfig, GateMode, Stage
 from morphogen.core.model import MorphogeneticModel
 from morphogen.core.slot import SlotConfig
 from morphogen.data import DeviceDataset
@@ -20,8 +20,8 @@ from morphogen.env.counterfactual import (
     MAIN,
     CounterfactualResult,
     CounterfactualSchedule,
-    plan_counterfactuals,
-    without,
+    alpha_configurations,
+    without_seed,
 )
 from morphogen.env.evaluation import per_config_loss_and_correct, validate
 
@@ -32,54 +32,54 @@ SLOTS = ("r0c0", "r0c1", "r0c2")
 
 
 def test_no_blended_seed_plans_only_main() -> None:
-    plan = plan_counterfactuals(SLOTS, {})
-    assert plan.names == (MAIN,)
-    assert plan.alphas == ((0.0, 0.0, 0.0),)
-    assert plan.ablated == ()
-    assert plan.size == 1
+    configurations = alpha_configurations(SLOTS, {})
+    assert configurations.names == (MAIN,)
+    assert configurations.alphas == ((0.0, 0.0, 0.0),)
+    assert configurations.ablated == ()
+    assert configurations.size == 1
 
 
 def test_one_seed_plans_main_and_without_it_but_not_all_off() -> None:
-    plan = plan_counterfactuals(SLOTS, {"r0c1": 0.5})
-    assert plan.names == (MAIN, "without:r0c1")
-    assert plan.alphas == ((0.0, 0.5, 0.0), (0.0, 0.0, 0.0))
-    assert plan.ablated == ("r0c1",)
+    configurations = alpha_configurations(SLOTS, {"r0c1": 0.5})
+    assert configurations.names == (MAIN, "without:r0c1")
+    assert configurations.alphas == ((0.0, 0.5, 0.0), (0.0, 0.0, 0.0))
+    assert configurations.ablated == ("r0c1",)
 
 
 def test_a_seed_at_alpha_zero_is_not_ablated() -> None:
-    plan = plan_counterfactuals(SLOTS, {"r0c0": 0.0, "r0c2": 1.0})
-    assert plan.names == (MAIN, "without:r0c2")
-    assert plan.alphas == ((0.0, 0.0, 1.0), (0.0, 0.0, 0.0))
+    configurations = alpha_configurations(SLOTS, {"r0c0": 0.0, "r0c2": 1.0})
+    assert configurations.names == (MAIN, "without:r0c2")
+    assert configurations.alphas == ((0.0, 0.0, 1.0), (0.0, 0.0, 0.0))
 
 
 def test_two_seeds_plan_each_without_and_all_off() -> None:
-    plan = plan_counterfactuals(SLOTS, {"r0c2": 0.3, "r0c0": 1.0})
-    assert plan.names == (MAIN, "without:r0c0", "without:r0c2", ALL_OFF)
-    assert plan.alphas == ((1.0, 0.0, 0.3), (0.0, 0.0, 0.3), (1.0, 0.0, 0.0), (0.0, 0.0, 0.0))
-    assert plan.ablated == ("r0c0", "r0c2")
+    configurations = alpha_configurations(SLOTS, {"r0c2": 0.3, "r0c0": 1.0})
+    assert configurations.names == (MAIN, "without:r0c0", "without:r0c2", ALL_OFF)
+    assert configurations.alphas == ((1.0, 0.0, 0.3), (0.0, 0.0, 0.3), (1.0, 0.0, 0.0), (0.0, 0.0, 0.0))
+    assert configurations.ablated == ("r0c0", "r0c2")
 
 
 @pytest.mark.parametrize(("live", "has_all_off"), [(1, False), (2, True), (3, True), (4, True), (5, False)])
 def test_all_off_only_for_two_to_four_live_seeds(live: int, has_all_off: bool) -> None:
     slot_ids = [f"s{i}" for i in range(6)]
-    plan = plan_counterfactuals(slot_ids, {slot_id: 1.0 for slot_id in slot_ids[:live]})
-    assert (ALL_OFF in plan.names) is has_all_off
-    assert plan.size == 1 + live + int(has_all_off)
+    configurations = alpha_configurations(slot_ids, {slot_id: 1.0 for slot_id in slot_ids[:live]})
+    assert (ALL_OFF in configurations.names) is has_all_off
+    assert configurations.size == 1 + live + int(has_all_off)
     if has_all_off:
-        assert plan.alphas[plan.names.index(ALL_OFF)] == (0.0,) * 6
+        assert configurations.alphas[configurations.names.index(ALL_OFF)] == (0.0,) * 6
 
 
 def test_without_names_the_slot() -> None:
-    assert without("r1c2") == "without:r1c2"
+    assert without_seed("r1c2") == "without:r1c2"
 
 
 # ---------------------------------------------------------------- attribution
 
 
 def test_contributions_are_main_minus_without_in_points() -> None:
-    plan = plan_counterfactuals(SLOTS, {"r0c0": 1.0, "r0c2": 0.6})
+    configurations = alpha_configurations(SLOTS, {"r0c0": 1.0, "r0c2": 0.6})
     # main, without:r0c0, without:r0c2, all_off
-    result = CounterfactualResult(plan, accuracies=(90.0, 85.5, 91.25, 80.0), losses=(0.3, 0.5, 0.28, 0.7))
+    result = CounterfactualResult(configurations, accuracies=(90.0, 85.5, 91.25, 80.0), losses=(0.3, 0.5, 0.28, 0.7))
     assert result.contributions == {"r0c0": 4.5, "r0c2": -1.25}
     assert result.accuracy(MAIN) == 90.0
     assert result.loss("without:r0c0") == 0.5
@@ -87,8 +87,8 @@ def test_contributions_are_main_minus_without_in_points() -> None:
 
 
 def test_all_off_accuracy_is_none_when_not_planned() -> None:
-    plan = plan_counterfactuals(SLOTS, {"r0c1": 1.0})
-    result = CounterfactualResult(plan, accuracies=(70.0, 72.0), losses=(1.0, 0.9))
+    configurations = alpha_configurations(SLOTS, {"r0c1": 1.0})
+    result = CounterfactualResult(configurations, accuracies=(70.0, 72.0), losses=(1.0, 0.9))
     assert result.accuracy_all_off is None
     assert result.contributions == {"r0c1": -2.0}
 
@@ -166,16 +166,16 @@ def test_validate_matches_a_separate_forward_per_configuration() -> None:
     generator = torch.Generator().manual_seed(4)
     inputs = torch.randn(53, 1, 8, 8, generator=generator)
     targets = torch.randint(0, 5, (53,), generator=generator)
-    alphas = {s.slot_id: s.alpha.alpha for s in model.slots() if s.is_blended}
-    plan = plan_counterfactuals(model.slot_ids, alphas)
-    assert plan.names == (MAIN, "without:r0c0", "without:r0c2", ALL_OFF)
+    alphas = {s.slot_id: s.alpha.alpha for s in model.slots() if s.stage in BLENDED_STAGES}
+    configurations = alpha_configurations(model.slot_ids, alphas)
+    assert configurations.names == (MAIN, "without:r0c0", "without:r0c2", ALL_OFF)
     model.train()
 
-    result = validate(model, DeviceDataset(inputs, targets), plan, batch_size=16)  # 4 batches, the last one short
+    result = validate(model, DeviceDataset(inputs, targets), configurations, batch_size=16)  # 4 batches, 1 short
 
     assert model.training, "validate must restore the train/eval mode it found"
     accuracies = []
-    for name, row in zip(plan.names, plan.alphas, strict=True):
+    for name, row in zip(configurations.names, configurations.alphas, strict=True):
         accuracy, loss = separate_metrics(model, inputs, targets, row)
         assert result.accuracy(name) == pytest.approx(accuracy, abs=1e-9), name
         assert result.loss(name) == pytest.approx(loss, rel=1e-5), name
@@ -187,13 +187,13 @@ def test_validate_matches_a_separate_forward_per_configuration() -> None:
 
 
 def test_training_seeds_get_a_shadow_configuration_and_contribution() -> None:
-    from morphogen.env.counterfactual import CounterfactualResult, shadow
+    from morphogen.env.counterfactual import CounterfactualResult, with_seed
 
-    plan = plan_counterfactuals(("r0c0", "r0c1", "r0c2"), {"r0c2": 0.5}, training=("r0c0",))
-    assert plan.names == ("main", "without:r0c2", "with:r0c0")
-    assert plan.alphas[2] == (1.0, 0.0, 0.5)  # the TRAINING seed blended in fully, the rest as they are
-    assert plan.shadowed == ("r0c0",) and shadow("r0c0") == "with:r0c0"
-    result = CounterfactualResult(plan, accuracies=(90.0, 88.0, 93.5), losses=(0.3, 0.4, 0.2))
+    configurations = alpha_configurations(("r0c0", "r0c1", "r0c2"), {"r0c2": 0.5}, training=("r0c0",))
+    assert configurations.names == ("main", "without:r0c2", "with:r0c0")
+    assert configurations.alphas[2] == (1.0, 0.0, 0.5)  # the TRAINING seed blended in fully, the rest as they are
+    assert configurations.shadowed == ("r0c0",) and with_seed("r0c0") == "with:r0c0"
+    result = CounterfactualResult(configurations, accuracies=(90.0, 88.0, 93.5), losses=(0.3, 0.4, 0.2))
     # without:r0c2 costs 2 points; blending the training seed in would add 3.5.
     assert result.contributions == {"r0c2": 2.0, "r0c0": 3.5}
 
@@ -214,9 +214,10 @@ def test_episode_measures_the_shadow_of_a_training_seed() -> None:
 
 
 def test_a_plan_can_ablate_some_seeds_and_leave_all_off_out() -> None:
-    plan = plan_counterfactuals(SLOTS, {"r0c0": 1.0, "r0c1": 1.0, "r0c2": 0.5}, ablate=("r0c1",), all_off=False)
-    assert plan.names == ("main", "without:r0c1") and plan.ablated == ("r0c1",)
-    assert plan.alphas[0] == (1.0, 1.0, 0.5)  # main keeps every seed at its alpha
+    configurations = alpha_configurations(SLOTS, {"r0c0": 1.0, "r0c1": 1.0, "r0c2": 0.5}, ablate=("r0c1",),
+                                          all_off=False)
+    assert configurations.names == ("main", "without:r0c1") and configurations.ablated == ("r0c1",)
+    assert configurations.alphas[0] == (1.0, 1.0, 0.5)  # main keeps every seed at its alpha
 
 
 @pytest.mark.slow

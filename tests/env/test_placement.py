@@ -95,8 +95,9 @@ def test_a_batch_is_copied_once_per_device_and_every_env_trains_on_its_device_co
 
 def test_each_env_stream_waits_for_its_own_device_and_records_its_device_copy(
         digits: Task, monkeypatch: pytest.MonkeyPatch) -> None:
-    """DESIGN §9.4 on several devices: the copy an env stream reads is recorded on that stream, after the
-    stream waited for the current stream of the env's device (where the copy was made)."""
+    """Stream rules (docs/architecture.md#devices-and-cuda-streams) on several devices: the copy an env
+    stream reads is recorded on that stream, after the stream waited for the current stream of the env's
+    device (where the copy was made)."""
     vector = VectorEpisodes(digits, EpisodeConfig(max_epochs=2), 4, devices=["cpu", "meta"])
     build_without_validating(vector)
     producers = {CPU: StandInStream("cpu producer"), META: StandInStream("meta producer")}

@@ -1,4 +1,5 @@
-"""Tests for the reward formulas; expected values are worked out by hand from the DESIGN §5 formulas."""
+"""Tests for the reward formulas; expected values are worked out by hand from the formulas in
+docs/architecture.md#rewards and env/rewards.py."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""DESIGN §9.4: a batch read on an env's side stream is `record_stream`-ed on that stream.
+"""docs/architecture.md#devices-and-cuda-streams: a batch read on an env's side stream is
+`record_stream`-ed on that stream.
 
 There is no GPU here, so CUDA's stream API is replaced by stand-ins that record what the vector
 asks of it; the rule checked is the one a real device needs: every tensor a side stream reads

@@ -152,7 +152,7 @@ def test_heads_without_entropy_to_lose_are_skipped() -> None:
     detector = _warmed_up_detector()
     diagnostics = dataclasses.replace(
         HEALTHY,
-        entropy_per_head=(("op", 1.2), ("tempo", 0.0), ("blueprint", 0.0)),
+        entropy_per_head=(("op", 1.2), ("blend_epochs", 0.0), ("blueprint", 0.0)),
         max_entropy_per_head=(("op", math.log(6)), ("blueprint", 0.0)),
     )
     assert detector.check(diagnostics) == []

@@ -1,4 +1,5 @@
-"""TelemetryConfig: validation messages, and every field changes what telemetry does (DESIGN §9.8)."""
+"""TelemetryConfig: validation messages, and every field changes what telemetry does (no dead flags:
+docs/architecture.md#telemetry)."""
 
 from __future__ import annotations
 

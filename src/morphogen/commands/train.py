@@ -23,7 +23,7 @@ from morphogen.control.distributed import (
     receive_run_directory,
     send_run_directory,
 )
-from morphogen.control.trainer import PPOTrainer, RoundSummary, TrainConfig, format_round, train
+from morphogen.control.trainer import EpisodeMeans, PPOTrainer, RoundSummary, TrainConfig, format_round, train
 from morphogen.devices import resolve_device, resolve_devices
 from morphogen.env.seeding import derive_seed
 from morphogen.run_directory import (
@@ -140,10 +140,10 @@ def _imitate(trainer: PPOTrainer, run_dir: Path, display: ProgressDisplay, epoch
     display.print(f"imitation: the policy watches the heuristic for {config.rounds} rounds, then fits "
                   f"{config.epochs} epochs")
 
-    def on_round(index: int, summary: dict[str, float]) -> None:
-        display.print(f"imitation {index:3d}  return {summary['mean_return']:+7.3f}  "
-                      f"acc {summary['mean_final_accuracy']:6.2f}%  added {summary['mean_parameters_added']:>7,.0f}  "
-                      f"fossil {summary['fossilized']:.1f} pruned {summary['pruned']:.1f}")
+    def on_round(index: int, summary: EpisodeMeans) -> None:
+        display.print(f"imitation {index:3d}  return {summary.mean_return:+7.3f}  "
+                      f"acc {summary.mean_final_accuracy:6.2f}%  added {summary.mean_parameters_added:>7,.0f}  "
+                      f"fossil {summary.fossilized:.1f} pruned {summary.pruned:.1f}")
         display.reset(epochs, description=f"imitation {index + 1} epochs" if index < config.rounds
                       else "round 1 epochs")
 

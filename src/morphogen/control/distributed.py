@@ -1,4 +1,5 @@
-"""Multi-process PPO on `torch.distributed` (DESIGN §7): decentralized distributed PPO (Wijmans et al. 2020).
+"""Multi-process PPO on `torch.distributed` (docs/architecture.md#distributed): decentralized distributed
+PPO (Wijmans et al. 2020).
 
 `torchrun --nproc-per-node N -m morphogen train --distributed ...` starts N ranks. The run's
 `n_envs` envs are split into N equal shares: rank r owns global envs `r*L .. r*L + L - 1`
@@ -20,11 +21,11 @@ others, so every collective of a run is issued from this module, in this order):
 3. Reward and value normalizers merge their statistics across ranks by parallel moments (Chan et
    al. 1979): each rank's batch (count, mean, variance) is all-gathered and combined in rank order,
    then merged into the running statistics, so every rank holds the same statistics.
-4. Update: `ppo_update(average=...)` all-reduces the advantage moments once, every minibatch's
+4. Update: `ppo_update(processes=RankShare(...))` all-reduces the advantage moments once, every minibatch's
    flattened gradients (one all-reduce, then the mean), and each epoch's KL. All ranks then clip
    the same gradients and take the same Adam step: parameters stay bit-identical (tested).
    Minibatches are groups of the global envs, drawn the same way one process draws them; each
-   rank takes its envs of a group and weights its gradient by their share of it (`ppo_update`), so
+   rank takes its envs of a group and weights its gradient by their share of it (`RankShare`), so
    the update equals one process's update over all envs up to the summation order of floats, with
    any `ppo.minibatches` (at most the envs of one rank). The price: a rank computes only its part of
    each group, and the parts differ in size, so a minibatch lasts as long as its largest part.
@@ -60,7 +61,7 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -73,9 +74,8 @@ from torch import Tensor
 from morphogen.control.learned import PolicyInputs
 from morphogen.control.normalization import RunningMeanStd, merge_moments
 from morphogen.control.policy import ActionOutput, LSTMState
-from morphogen.control.ppo import EnvShare, PPOStatistics
-from morphogen.control.rollout import RolloutBatch
-from morphogen.control.trainer import PPOTrainer, RoundSummary, TrainConfig, _config_dict
+from morphogen.control.ppo import MinibatchPart, PPOStatistics, check_minibatches
+from morphogen.control.trainer import PPOTrainer, Rollout, RoundSummary, TrainConfig, _config_dict
 from morphogen.data import Task
 from morphogen.env.actions import Action
 from morphogen.env.play import Controller
@@ -107,9 +107,17 @@ class CollectiveTime:
     """
 
     seconds: dict[str, float] = field(default_factory=dict)
+    #: Seconds of each kind already returned by `take`.
+    taken: dict[str, float] = field(default_factory=dict)
 
     def add(self, what: str, seconds: float) -> None:
         self.seconds[what] = self.seconds.get(what, 0.0) + seconds
+
+    def take(self, what: str) -> float:
+        """Seconds inside collectives of kind `what` since the last `take` of that kind (or since the start)."""
+        total = self.seconds.get(what, 0.0)
+        taken, self.taken[what] = self.taken.get(what, 0.0), total
+        return max(total - taken, 0.0)
 
     def total(self) -> float:
         """Seconds inside collectives of every kind so far."""
@@ -259,6 +267,55 @@ def all_gather_rows(tensor: Tensor, context: DistributedContext) -> Tensor:
     return torch.cat(parts)
 
 
+@dataclass(frozen=True)
+class RankShare:
+    """The `UpdateProcesses` of a data-parallel PPO update: this process holds global envs `first ..
+    first + n - 1` of `total` (every process as many), and `average` averages a tensor over the processes.
+
+    Minibatches are groups of the *global* envs: every process draws the same permutation of all `total`
+    envs and takes, in each group, the envs it holds (possibly none). Its loss is a mean over its part, so it
+    is weighted by its part's size times the number of processes over the group's size: the averaged
+    gradient is then that of the group's mean loss, and the update the one a single process holding every
+    env takes, up to the summation order of floats (tested with `minibatches > 1`). A process with no env in
+    a group still takes part in its all-reduce, with a zero gradient.
+    """
+
+    first: int
+    total: int
+    average: Callable[[Tensor], None]
+
+    def minibatches(self, n_envs: int, count: int, generator: torch.Generator | None) -> list[MinibatchPart]:
+        if self.first < 0 or self.first + n_envs > self.total or self.total % n_envs:
+            raise ValueError(f"envs {self.first}..{self.first + n_envs - 1} of {self.total} are not an equal share "
+                             "of the update's envs")
+        check_minibatches(count, self.total)
+        processes = self.total // n_envs
+        order = torch.randperm(self.total, generator=generator)
+        parts = []
+        for group in torch.tensor_split(order, count):
+            mine = group[(group >= self.first) & (group < self.first + n_envs)] - self.first
+            parts.append(MinibatchPart(mine, mine.numel() * processes / group.numel()))
+        return parts
+
+    def average_gradients(self, policy: torch.nn.Module, counts: Tensor) -> Tensor:
+        """Average every parameter's gradient, and `counts`, over the processes through one flat buffer (one
+        collective); return the averaged `counts`.
+
+        A parameter without a gradient here contributes zeros, and gets the averaged gradient: another
+        process may have one for it, and all processes must step the same parameters.
+        """
+        parameters = [p for p in policy.parameters() if p.requires_grad]
+        flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in parameters]
+                         + [counts.to(parameters[0])])
+        self.average(flat)
+        offset = 0
+        for parameter in parameters:
+            size = parameter.numel()
+            parameter.grad = flat[offset:offset + size].view_as(parameter).clone()
+            offset += size
+        return flat[offset:]
+
+
 def combine_moments(counts: Tensor, means: Tensor, variances: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     """Count, mean and ddof-0 variance of the union of K batches given as `counts [K]`, `means [K, ...]`,
     `variances [K, ...]` (Chan et al. 1979, merged left to right)."""
@@ -397,16 +454,11 @@ class DistributedTrainer(PPOTrainer):
                                         f"rank ({share} = {config.n_envs} envs / {context.world_size} ranks)")
         super().__init__(dataclasses.replace(config, n_envs=share), task, telemetry, first_env=first, devices=devices)
         self.global_config, self.context = config, context
-        #: Seconds inside collectives when this round's collect ended, and how many of them it spent there.
-        self._collective_seconds_after_collect = 0.0
-        self._collect_wait_seconds = 0.0
         self.rows = slice(first, first + share)
-        self.average = lambda tensor: average_(tensor, context)
-        self.share = EnvShare(first, config.n_envs)
+        self.processes = RankShare(first, config.n_envs, lambda tensor: average_(tensor, context))
         self.state.reward_normalizer.stats = SharedRunningMeanStd(self.state.reward_normalizer.stats, context)
         self.state.value_normalizer.stats = SharedRunningMeanStd(self.state.value_normalizer.stats, context)
         self._global_state: LSTMState | None = None
-        self._value_moments = torch.zeros(VALUE_MOMENTS)
         self.broadcast_policy()
 
     def broadcast_policy(self) -> None:
@@ -457,30 +509,26 @@ class DistributedTrainer(PPOTrainer):
         self._global_state = output.state
         return local, observations[self.rows], _rows(output, self.rows), actions[self.rows]
 
-    def collect(self, round_index: int, demonstrators: Sequence[Controller] | None = None,
-                ) -> tuple[RolloutBatch, dict[str, float]]:
-        """This rank's episodes; notes the time spent inside collectives meanwhile (waiting for other ranks)
-        and the moments of the rollout's values and returns (for `combine_statistics`).
+    def collect(self, round_index: int, demonstrators: Sequence[Controller] | None = None) -> Rollout:
+        """This rank's episodes, with the seconds spent inside collectives meanwhile (waiting for other ranks).
 
         Imitation (`demonstrators`) is refused before a distributed run starts (`train_command`)."""
         if demonstrators is not None:
             raise ValueError("the imitation warm start runs in one process, not on distributed ranks")
         before = self.context.time.total()
-        batch, summary = super().collect(round_index)
-        self._value_moments = value_moments(batch.values, batch.returns)
-        self._collective_seconds_after_collect = self.context.time.total()
-        self._collect_wait_seconds = self._collective_seconds_after_collect - before
-        return batch, summary
+        rollout = super().collect(round_index)
+        return rollout._replace(waiting_seconds=self.context.time.total() - before)
 
-    def combine_ranks(self, summary: RoundSummary) -> RoundSummary:
+    def combine_ranks(self, summary: RoundSummary, rollout: Rollout) -> RoundSummary:
         """Rule 5: one all-gather of every rank's round means and times; the means are averaged over the
         ranks (in rank order, the same on every rank) and rank 0 reports each rank's times."""
-        all_reduce_seconds = self.context.time.total() - self._collective_seconds_after_collect
+        all_reduce_seconds = self.context.time.take("all-reduce")  # the update's: collecting makes none
         means = ("mean_return", "mean_final_accuracy", "mean_parameters_added", "fossilized", "pruned")
-        numbers = [*(getattr(summary, name) for name in means), summary.collect_seconds, self._collect_wait_seconds,
+        numbers = [*(getattr(summary, name) for name in means), summary.collect_seconds, rollout.waiting_seconds,
                    summary.update_seconds, all_reduce_seconds]
+        moments = value_moments(rollout.batch.values, rollout.batch.returns)
         row = torch.cat([torch.tensor(numbers, dtype=torch.float64), statistics_row(summary.statistics),
-                         self._value_moments.double().cpu()]).unsqueeze(0).to(self.state.agent.device)
+                         moments.double().cpu()]).unsqueeze(0).to(self.state.agent.device)
         rows = all_gather_rows(row, self.context).cpu()  # (ranks, 9 + S + 7); one sync per round, for the log line
         averaged = rows[:, :len(means)].mean(0).tolist()
         times = rows[:, len(means):len(numbers)].T.tolist()  # (4, ranks)

@@ -1,5 +1,5 @@
 """`train_gym`: the PPO agent of `ppo.py` on any Gymnasium environment with a Box observation and a
-Discrete or MultiDiscrete action space (importable as `morphogen.control.ppo.train_gym` too).
+Discrete or MultiDiscrete action space.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Rule-based growth controller (DESIGN §6).
+"""Rule-based growth controller (docs/architecture.md#controller).
 
 Waits until the host has trained a few epochs and its learning slows down (validation loss improving
 at most half as fast as just before, or accuracy flat), then germinates the next blueprint in a

@@ -7,7 +7,7 @@ into 1.29e29 by a bad disk or copy) is refused instead of acted on.
 
 `non_finite_entries(state)` names the floating-point tensors and floats holding NaN or infinity. It
 synchronizes once per device (all tensors of a device are judged in one reduction), not once per
-tensor (DESIGN §9.7).
+tensor.
 """
 
 from __future__ import annotations

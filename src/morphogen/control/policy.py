@@ -1,6 +1,6 @@
 """Factored-action LSTM actor-critic: the learned growth controller, usable on any discrete-action task.
 
-Architecture (DESIGN §6): a 4-dim embedding of each slot's blueprint id, concatenated to the
+Architecture (docs/architecture.md#controller): a 4-dim embedding of each slot's blueprint id, concatenated to the
 observation -> trunk (Linear + LayerNorm + ReLU) -> one-layer LSTM -> LayerNorm(LSTM output + trunk
 output) -> one linear head per action factor, and a value head V(s) that does not depend on the op.
 

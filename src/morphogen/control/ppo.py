@@ -12,8 +12,7 @@ Host syncs in ``ppo_update``: one per epoch for the KL early-stop check (none wh
 None), one per minibatch inside ``evaluate_sequence`` (where episodes start), and one at the end to
 convert all diagnostics to Python numbers. Nothing else leaves the device.
 
-``generalized_advantage_estimation`` lives next to the buffer that calls it (``rollout.py``) and is
-re-exported here with the rest of the PPO maths.
+Advantages come with the batch (``rollout.py`` computes them with GAE when a rollout finishes).
 """
 
 from __future__ import annotations
@@ -21,27 +20,29 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import NamedTuple, Protocol
 
 import torch
 from torch import Tensor
 
 from morphogen.control.policy import FactoredLSTMPolicy
-from morphogen.control.rollout import RolloutBatch, generalized_advantage_estimation
+from morphogen.control.rollout import RolloutBatch
 from morphogen.limits import MAX_PPO_EPOCHS, check_count
 
 __all__ = [
-    "EnvShare",
     "LossTerms",
+    "MinibatchPart",
+    "OneProcess",
     "PPOConfig",
     "PPOStatistics",
     "SurrogateResult",
+    "UpdateProcesses",
     "annealed_coefficient",
     "build_optimizer",
+    "check_minibatches",
     "clipped_surrogate_loss",
     "entropy_bonus",
     "explained_variance",
-    "generalized_advantage_estimation",
     "ppo_losses",
     "ppo_update",
     "value_loss",
@@ -60,6 +61,8 @@ class SurrogateResult(NamedTuple):
     """Fraction of (sample, relevant head) pairs whose ratio left ``[1 - clip, 1 + clip]``."""
     approx_kl: Tensor
     """Mean of ``(r - 1) - log r`` over samples, r the joint ratio."""
+    clipped: Tensor
+    """Number of (sample, relevant head) pairs whose ratio left ``[1 - clip, 1 + clip]``."""
 
 
 def clipped_surrogate_loss(
@@ -81,11 +84,12 @@ def clipped_surrogate_loss(
     surrogate = torch.minimum(ratio * advantage, ratio.clamp(1.0 - clip_range, 1.0 + clip_range) * advantage)
     loss = -(surrogate * weight).sum(dim=-1).mean()
     with torch.no_grad():
-        clipped = ((ratio - 1.0).abs() > clip_range) & relevant_heads
-        clip_fraction = clipped.sum() / relevant_heads.sum().clamp(min=1)
+        clipped = (((ratio - 1.0).abs() > clip_range) & relevant_heads).sum()
+        clip_fraction = clipped / relevant_heads.sum().clamp(min=1)
         joint_log_ratio = log_ratio.sum(dim=-1)  # [N]
         approx_kl = (joint_log_ratio.exp() - 1.0 - joint_log_ratio).mean()
-    return SurrogateResult(loss, clip_fraction.to(log_prob_per_head.dtype), approx_kl)
+    dtype = log_prob_per_head.dtype
+    return SurrogateResult(loss, clip_fraction.to(dtype), approx_kl, clipped.to(dtype))
 
 
 def value_loss(values: Tensor, old_values: Tensor, returns: Tensor, clip_range: float | None = None) -> Tensor:
@@ -136,7 +140,7 @@ def explained_variance(values: Tensor, returns: Tensor) -> Tensor:
 
 @dataclass(frozen=True)
 class PPOConfig:
-    """Hyperparameters of the PPO update (defaults: DESIGN §6)."""
+    """Hyperparameters of the PPO update (docs/architecture.md#controller)."""
 
     learning_rate: float = 3e-4
     """Adam step size (read by ``build_optimizer``)."""
@@ -249,11 +253,6 @@ class PPOStatistics:
     return_std: float = math.nan
     """Standard deviation of the rollout's returns (the value targets)."""
 
-    @property
-    def total_loss(self) -> float:
-        """The minimized loss: policy_loss + value_loss + entropy_loss."""
-        return self.policy_loss + self.value_loss + self.entropy_loss
-
 
 class LossTerms(NamedTuple):
     """Losses and diagnostics of one minibatch, all tensors (``total`` carries gradients)."""
@@ -265,14 +264,12 @@ class LossTerms(NamedTuple):
     entropy_loss: Tensor
     """Already multiplied by minus the entropy coefficient."""
     approx_kl: Tensor
-    clip_fraction: Tensor
-    entropy_per_head: Tensor
-    """[H], mean over the samples where each head mattered."""
     ratio_extremes: Tensor
     """[2]: largest and smallest joint probability ratio new/old in the minibatch (for anomaly checks)."""
-    fraction_counts: Tensor
+    counts: Tensor
     """[2 + 2H]: clipped and relevant (sample, head) pairs, then per head the entropy summed over the samples
-    where it mattered and their count: what `clip_fraction` and `entropy_per_head` are ratios of."""
+    where it mattered and their count: the clip fraction and the head entropies are ratios of these, summed
+    over the processes of a data-parallel update before they are divided."""
 
 
 # ----------------------------------------------------------------------------------------------
@@ -318,8 +315,7 @@ def ppo_losses(
     entropy_term = -entropy_coef * entropy_bonus(entropy_per_sample, head_weights)
     with torch.no_grad():
         weight = relevant.to(entropy_per_sample.dtype)
-        head_entropy = (entropy_per_sample * weight).sum(0) / weight.sum(0).clamp(min=1.0)  # [H]
-        counts = torch.cat([torch.stack([surrogate.clip_fraction * weight.sum().clamp(min=1.0), weight.sum()]),
+        counts = torch.cat([torch.stack([surrogate.clipped, weight.sum()]),
                             (entropy_per_sample * weight).sum(0), weight.sum(0)])  # [2 + 2H]
         ratio = torch.exp(evaluation.log_prob.flatten() - batch.log_probs.flatten())  # [T*B], joint
         ratio_extremes = torch.stack([ratio.max(), ratio.min()])
@@ -329,20 +325,63 @@ def ppo_losses(
         value_loss=critic,
         entropy_loss=entropy_term,
         approx_kl=surrogate.approx_kl,
-        clip_fraction=surrogate.clip_fraction,
-        entropy_per_head=head_entropy,
         ratio_extremes=ratio_extremes,
-        fraction_counts=counts,
+        counts=counts,
     )
 
 
-@dataclass(frozen=True)
-class EnvShare:
-    """The env sequences one process of a data-parallel update holds: global envs ``first .. first + n - 1``
-    of ``total`` (every process holds as many as the others)."""
+class MinibatchPart(NamedTuple):
+    """The envs of one minibatch that this process holds, and the weight of its part's mean loss."""
 
-    first: int
-    total: int
+    envs: Tensor
+    """Long indices into this process's batch (possibly empty)."""
+    weight: float
+    """Scales this part's mean loss so that the mean over the processes is the minibatch's mean loss (1 alone)."""
+
+
+class UpdateProcesses(Protocol):
+    """The processes taking part in one PPO update: how they split its minibatches and average tensors.
+
+    `OneProcess` is the whole update in this process; `control/distributed.py` has the data-parallel one.
+    """
+
+    def minibatches(self, n_envs: int, count: int, generator: torch.Generator | None) -> list[MinibatchPart]:
+        """This process's part of each of `count` minibatches of one epoch (its batch holds `n_envs` envs)."""
+        ...
+
+    def average(self, tensor: Tensor) -> None:
+        """Replace `tensor` in place by its mean over the processes."""
+        ...
+
+    def average_gradients(self, policy: torch.nn.Module, counts: Tensor) -> Tensor:
+        """Average the policy's gradients over the processes; return `counts` summed the same way (averaged)."""
+        ...
+
+
+def check_minibatches(count: int, n_envs: int) -> None:
+    """Raise ValueError unless `count` minibatches of whole env sequences can be made from `n_envs` envs."""
+    if count > n_envs:
+        raise ValueError(f"PPOConfig.minibatches={count} exceeds the {n_envs} env sequences in the update; "
+                         "minibatches are groups of whole sequences, so use at most one per env")
+
+
+class OneProcess:
+    """The whole update in this process: each epoch's env sequences shuffled into `count` groups, weight 1."""
+
+    def minibatches(self, n_envs: int, count: int, generator: torch.Generator | None) -> list[MinibatchPart]:
+        check_minibatches(count, n_envs)
+        order = torch.randperm(n_envs, generator=generator)
+        return [MinibatchPart(group, 1.0) for group in torch.tensor_split(order, count)]
+
+    def average(self, tensor: Tensor) -> None:
+        """Nothing to average with."""
+
+    def average_gradients(self, policy: torch.nn.Module, counts: Tensor) -> Tensor:
+        return counts
+
+
+#: Diagnostics summed over the minibatches of an update, each weighted by this process's part.
+_SUMMED = ("policy_loss", "value_loss", "entropy_loss", "clip_fraction", "entropy_per_head")
 
 
 def ppo_update(
@@ -353,40 +392,20 @@ def ppo_update(
     progress: float,
     *,
     generator: torch.Generator | None = None,
-    average: Callable[[Tensor], None] | None = None,
-    share: EnvShare | None = None,
+    processes: UpdateProcesses | None = None,
 ) -> PPOStatistics:
     """Run up to ``config.epochs`` epochs of PPO on ``batch``; ``progress`` in [0, 1] anneals the entropy.
 
     Each epoch shuffles the env sequences (with ``generator``, a CPU generator) into
-    ``config.minibatches`` groups. Syncs: see the module docstring.
+    ``config.minibatches`` groups; each group takes one clipped gradient step on its mean loss. An epoch
+    whose mean approximate KL exceeds ``config.target_kl`` is the last. Syncs: see the module docstring.
 
-    ``average``, when given, replaces a tensor in place by its mean over every process taking part in
-    one update (data-parallel PPO, ``control/distributed.py``); ``share`` says which of the update's
-    envs ``batch`` holds. It is applied to the advantage moments, to every minibatch's gradients
-    before clipping, and to each epoch's KL, so that all processes take the same optimizer steps and
-    the same early-stop decision. None (one process) leaves the update exactly as without it.
-    The returned loss terms, clip fraction and head entropies are then this process's share of
-    the update's (each minibatch's part weighted by its size over the group's size times the number
-    of processes): their mean over the processes is the update's, as `DistributedTrainer` reports it.
-
-    Minibatches are groups of the *global* envs: every process draws the same permutation of all
-    ``share.total`` envs and takes, in each group, the envs it holds (possibly none). Its terms are
-    means over its part, so its gradient and KL are weighted by its part's size times the number of
-    processes over the group's size before the average: the averaged gradient is that of the group's
-    mean loss, and the update is the one a single process holding every env takes, up to the
-    summation order of floats (tested with ``minibatches > 1``). A process with no env in a group
-    still takes part in its all-reduce, with a zero gradient.
+    ``processes`` (default: `OneProcess`) says how the processes of a data-parallel update split the
+    minibatches and average the advantage moments, the gradients and the KL, so that every process takes
+    the same steps (`control/distributed.py`). The returned loss terms, clip fraction and head entropies
+    are then this process's weighted share of the update's: their mean over the processes is the update's.
     """
-    share = share or EnvShare(0, batch.n_envs)
-    if share.first < 0 or share.first + batch.n_envs > share.total or share.total % batch.n_envs:
-        raise ValueError(f"{share} does not hold the batch's {batch.n_envs} envs as an equal share of the total")
-    if config.minibatches > share.total:
-        raise ValueError(
-            f"PPOConfig.minibatches={config.minibatches} exceeds the {share.total} env sequences in the "
-            "update; minibatches are groups of whole sequences, so use at most one per env"
-        )
-    processes = share.total // batch.n_envs
+    processes = processes or OneProcess()
     head_weights = None
     if config.entropy_head_weights is not None:
         if len(config.entropy_head_weights) != policy.n_heads:
@@ -397,125 +416,75 @@ def ppo_update(
         head_weights = batch.values.new_tensor(config.entropy_head_weights)
     entropy_coef = config.entropy_coef_at(progress)
     if config.normalize_advantages:
-        advantages = batch.advantages
-        if average is None:
-            standardized = (advantages - advantages.mean()) / (advantages.std(correction=0) + 1e-8)
-        else:
-            standardized = _standardize_across(advantages, average)
-        batch = batch._replace(advantages=standardized)
+        batch = batch._replace(advantages=_standardized(batch.advantages, processes.average))
 
     device = batch.values.device
-    # Running sums on the device: policy, value, entropy losses, KL, clip fraction, grad norm.
-    sums = torch.zeros(6, device=device)
-    entropy_sums = torch.zeros(policy.n_heads, device=device)
-    epochs_completed = 0
-    early_stopped = False
-    epoch_kl = torch.zeros((), device=device)
+    sums = {name: torch.zeros(policy.n_heads if name == "entropy_per_head" else (), device=device)
+            for name in _SUMMED}
+    grad_norm_sum = torch.zeros((), device=device)
     ratio_max = torch.full((), -math.inf, device=device)
     ratio_min = torch.full((), math.inf, device=device)
+    epoch_kl = torch.zeros((), device=device)
+    epochs_completed, early_stopped = 0, False
     for _ in range(config.epochs):
         epoch_kl = torch.zeros((), device=device)
-        order = torch.randperm(share.total, generator=generator)
-        for group in torch.tensor_split(order, config.minibatches):
-            mine = group[(group >= share.first) & (group < share.first + batch.n_envs)] - share.first
-            weight = mine.numel() * processes / group.numel()  # 1 on one process: no rescaling at all
-            terms, grad_norm = _minibatch_step(policy, optimizer, batch, mine.to(device), weight, config,
-                                               entropy_coef, head_weights, average)
-            sums[5] += grad_norm.to(device)  # of the averaged gradient: the same on every process
+        for part in processes.minibatches(batch.n_envs, config.minibatches, generator):
+            optimizer.zero_grad(set_to_none=True)
+            terms = None
+            if part.envs.numel() > 0:
+                terms = ppo_losses(policy, batch.select_envs(part.envs.to(device)), config, entropy_coef, head_weights)
+                torch.autograd.backward(terms.total * part.weight)
+            counts = terms.counts if terms is not None else torch.zeros(2 + 2 * policy.n_heads, device=device)
+            # The minibatch's clip fraction and head entropies, from every process's counts.
+            clip_fraction, entropy_per_head = _fractions(processes.average_gradients(policy, counts))
+            grad_norm_sum += torch.nn.utils.clip_grad_norm_(policy.parameters(), config.max_grad_norm).to(device)
+            optimizer.step()
             if terms is None:  # none of this process's envs in the group
                 continue
-            minibatch_values = torch.stack(
-                [terms.policy_loss, terms.value_loss, terms.entropy_loss, terms.approx_kl]).detach()
-            sums[:4] += minibatch_values if weight == 1 else minibatch_values * weight
-            # The clip fraction and head entropies are already the group's (`_minibatch_step`): weighted by the
-            # process's share like the rest, their mean over the processes is the group's too.
-            sums[4] += terms.clip_fraction if weight == 1 else terms.clip_fraction * weight
-            entropy_sums += terms.entropy_per_head if weight == 1 else terms.entropy_per_head * weight
+            minibatch = {"policy_loss": terms.policy_loss, "value_loss": terms.value_loss,
+                         "entropy_loss": terms.entropy_loss, "clip_fraction": clip_fraction,
+                         "entropy_per_head": entropy_per_head}
+            for name, value in minibatch.items():
+                sums[name] += value.detach() * part.weight
             ratio_max = torch.maximum(ratio_max, terms.ratio_extremes[0])
             ratio_min = torch.minimum(ratio_min, terms.ratio_extremes[1])
-            epoch_kl = epoch_kl + (terms.approx_kl if weight == 1 else terms.approx_kl * weight)
+            epoch_kl = epoch_kl + terms.approx_kl * part.weight
         epochs_completed += 1
         epoch_kl = epoch_kl / config.minibatches
-        if average is not None:
-            average(epoch_kl)  # every process must take the same early-stop decision
+        processes.average(epoch_kl)  # every process must take the same early-stop decision
         # Host sync, once per epoch: whether to run another epoch is decided on the host.
         if config.target_kl is not None and epoch_kl.item() > config.target_kl:
             early_stopped = epochs_completed < config.epochs
             break
-    spreads = torch.stack([ratio_max, ratio_min, batch.values.std(correction=0), batch.returns.std(correction=0)])
     minibatches_run = epochs_completed * config.minibatches
-    return _statistics(
-        sums / minibatches_run,
-        entropy_sums / minibatches_run,
-        epoch_kl,
-        explained_variance(batch.values.flatten(), batch.returns.flatten()),
-        spreads,
-        entropy_coef,
-        epochs_completed,
-        early_stopped,
+    numbers = _to_python({  # host sync: the one transfer of all diagnostics at the end of the update
+        **{name: total / minibatches_run for name, total in sums.items()},
+        "grad_norm": grad_norm_sum / minibatches_run,  # of the averaged gradient: the same on every process
+        "approx_kl": epoch_kl,
+        "explained_variance": explained_variance(batch.values.flatten(), batch.returns.flatten()),
+        "ratio_max": ratio_max, "ratio_min": ratio_min,
+        "value_std": batch.values.std(correction=0), "return_std": batch.returns.std(correction=0),
+    })
+    return PPOStatistics(
+        **{name: values[0] for name, values in numbers.items() if name != "entropy_per_head"},
+        entropy_per_head=tuple(numbers["entropy_per_head"]),
+        entropy_coef=entropy_coef,
+        epochs_completed=epochs_completed,
+        early_stopped=early_stopped,
     )
 
 
-def _minibatch_step(
-    policy: FactoredLSTMPolicy,
-    optimizer: torch.optim.Optimizer,
-    batch: RolloutBatch,
-    mine: Tensor,
-    weight: float,
-    config: PPOConfig,
-    entropy_coef: float,
-    head_weights: Tensor | None,
-    average: Callable[[Tensor], None] | None,
-) -> tuple[LossTerms | None, Tensor]:
-    """One optimizer step on a minibatch of which this process holds the envs ``mine`` (its losses are
-    scaled by ``weight``, see ``ppo_update``); the losses (None for an empty part, which still takes
-    part in the gradient average with zeros) and the norm of the averaged gradient."""
-    optimizer.zero_grad(set_to_none=True)
-    terms = None
-    if mine.numel() > 0:
-        terms = ppo_losses(policy, batch.select_envs(mine), config, entropy_coef, head_weights)
-        torch.autograd.backward(terms.total if weight == 1 else terms.total * weight)
-    if average is not None:
-        counts = terms.fraction_counts if terms is not None else torch.zeros(2 + 2 * policy.n_heads)
-        group_counts = _average_gradients(policy, average, counts)
-        if terms is not None:  # the group's fractions, from every process's counts (their mean: the same ratios)
-            clip_fraction, entropy_per_head = _fractions(group_counts)
-            terms = terms._replace(clip_fraction=clip_fraction, entropy_per_head=entropy_per_head)
-    grad_norm = torch.nn.utils.clip_grad_norm_(policy.parameters(), config.max_grad_norm)
-    optimizer.step()
-    return terms, grad_norm
-
-
-def _standardize_across(advantages: Tensor, average: Callable[[Tensor], None]) -> Tensor:
+def _standardized(advantages: Tensor, average: Callable[[Tensor], None]) -> Tensor:
     """Advantages standardized by the mean and (ddof 0) std over all processes' advantages (equal counts)."""
     mean = advantages.mean().reshape(1)
     average(mean)
-    variance = (advantages - mean).square().mean().reshape(1)  # second pass: as exact as `std` on one process
+    variance = (advantages - mean).square().mean().reshape(1)  # second pass: as exact as `std`
     average(variance)
     return (advantages - mean) / (variance.sqrt() + 1e-8)
 
 
-def _average_gradients(policy: torch.nn.Module, average: Callable[[Tensor], None], extra: Tensor) -> Tensor:
-    """Average every parameter's gradient, and `extra`, over the processes through one flat buffer (one
-    collective); return the averaged `extra`.
-
-    A parameter without a gradient here contributes zeros, and gets the averaged gradient: another
-    process may have one for it, and all processes must step the same parameters.
-    """
-    parameters = [p for p in policy.parameters() if p.requires_grad]
-    flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in parameters]
-                     + [extra.to(parameters[0])])
-    average(flat)
-    offset = 0
-    for parameter in parameters:
-        size = parameter.numel()
-        parameter.grad = flat[offset:offset + size].view_as(parameter).clone()
-        offset += size
-    return flat[offset:]
-
-
 def _fractions(counts: Tensor) -> tuple[Tensor, Tensor]:
-    """Clip fraction and per-head entropy from `LossTerms.fraction_counts` (0 where nothing counted)."""
+    """Clip fraction and per-head entropy from `LossTerms.counts` (0 where nothing counted)."""
     heads = (counts.numel() - 2) // 2
     numerators = torch.cat([counts[:1], counts[2:2 + heads]])
     denominators = torch.cat([counts[1:2], counts[2 + heads:]])
@@ -523,46 +492,11 @@ def _fractions(counts: Tensor) -> tuple[Tensor, Tensor]:
     return ratios[0], ratios[1:]
 
 
-def _statistics(
-    means: Tensor,
-    entropy_means: Tensor,
-    last_epoch_kl: Tensor,
-    explained: Tensor,
-    spreads: Tensor,
-    entropy_coef: float,
-    epochs_completed: int,
-    early_stopped: bool,
-) -> PPOStatistics:
-    """Convert the update's device tensors to a PPOStatistics."""
-    # Host sync: the one transfer of all diagnostics at the end of the update.
-    numbers = torch.cat(
-        [means, last_epoch_kl.reshape(1), explained.reshape(1).to(means), spreads.to(means), entropy_means]
-    ).tolist()
-    policy_loss, value_term, entropy_term, _, clip_fraction, grad_norm, approx_kl, variance = numbers[:8]
-    ratio_max, ratio_min, value_std, return_std = numbers[8:12]
-    return PPOStatistics(
-        policy_loss=policy_loss,
-        value_loss=value_term,
-        entropy_loss=entropy_term,
-        approx_kl=approx_kl,
-        clip_fraction=clip_fraction,
-        explained_variance=variance,
-        entropy_per_head=tuple(numbers[12:]),
-        ratio_max=ratio_max,
-        ratio_min=ratio_min,
-        value_std=value_std,
-        return_std=return_std,
-        grad_norm=grad_norm,
-        entropy_coef=entropy_coef,
-        epochs_completed=epochs_completed,
-        early_stopped=early_stopped,
-    )
-
-
-def __getattr__(name: str) -> Any:
-    """`train_gym` lives in `gym_training.py` (it builds on this module); it stays importable from here."""
-    if name == "train_gym":
-        from morphogen.control.gym_training import train_gym
-
-        return train_gym
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+def _to_python(tensors: dict[str, Tensor]) -> dict[str, list[float]]:
+    """Each tensor as a list of Python floats, through one host sync for all of them."""
+    flat = torch.cat([tensor.detach().reshape(-1).float() for tensor in tensors.values()]).tolist()
+    numbers, offset = {}, 0
+    for name, tensor in tensors.items():
+        numbers[name] = flat[offset:offset + tensor.numel()]
+        offset += tensor.numel()
+    return numbers

@@ -1,4 +1,4 @@
-"""The PPO round loop: collect -> advantages -> update -> log -> checkpoint (DESIGN §6, STYLE §1).
+"""The PPO round loop: collect -> advantages -> update -> log -> checkpoint (docs/architecture.md#controller).
 
 One round runs `n_envs` whole episodes side by side (`VectorEpisodes`, one batched policy call per
 step), then one PPO update over those episodes as sequences (BPTT from the stored initial state).
@@ -27,7 +27,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -39,7 +39,7 @@ from morphogen.control.integrity import non_finite_entries
 from morphogen.control.learned import PolicyAgent, PolicyInputs, build_policy
 from morphogen.control.normalization import RewardNormalizer, RunningMeanStd, ValueNormalizer
 from morphogen.control.policy import ActionOutput, LSTMState
-from morphogen.control.ppo import EnvShare, PPOConfig, PPOStatistics, build_optimizer, ppo_update
+from morphogen.control.ppo import OneProcess, PPOConfig, PPOStatistics, UpdateProcesses, build_optimizer, ppo_update
 from morphogen.control.rollout import RolloutBatch, RolloutBuffer
 from morphogen.core.compilation import CompileSettings
 from morphogen.core.lifecycle import GateConfig, GateMode
@@ -143,6 +143,28 @@ class RoundSummary:
     rank_times: events.RankTimes | None = None
 
 
+class EpisodeMeans(NamedTuple):
+    """Means over the episodes of one round of envs."""
+
+    mean_return: float
+    mean_final_accuracy: float
+    mean_parameters_added: float
+    #: Seeds fossilized and pruned per episode.
+    fossilized: float
+    pruned: float
+
+
+class Rollout(NamedTuple):
+    """What `PPOTrainer.collect` played: the batch the update learns from, and what the round reports of it."""
+
+    batch: RolloutBatch
+    summary: EpisodeMeans
+    #: The policy's LSTM state after the last step (its health is checked once per round).
+    final_state: LSTMState
+    #: Seconds of the collection spent waiting for the other processes of a distributed run (0 in one process).
+    waiting_seconds: float = 0.0
+
+
 @dataclass
 class TrainingState:
     """Everything that changes across rounds (and so goes into a checkpoint)."""
@@ -172,10 +194,8 @@ class PPOTrainer:
         self.vector = VectorEpisodes(task, episode_config, config.n_envs, seed=config.seed, slots=config.slots,
                                      pool_slots=config.pool_slots, first_env=first_env,
                                      devices=config.devices if devices is None else devices)
-        #: Averages a tensor in place over the processes of a data-parallel update (None: one process).
-        self.average: Callable[[torch.Tensor], None] | None = None
-        #: Which of the update's envs this process holds (None: one process, all of them).
-        self.share: EnvShare | None = None
+        #: The processes taking part in each PPO update (a data-parallel run's ranks; here: this one alone).
+        self.processes: UpdateProcesses = OneProcess()
         #: Escalation state read from a checkpoint, applied when the run's telemetry is attached.
         self._resumed_telemetry: dict[str, Any] | None = None
         self.detector = AnomalyDetector()  # replaced (keeping its state) by every `attach_telemetry`
@@ -282,8 +302,7 @@ class PPOTrainer:
         save_checkpoint(self.state_dict(), run_dir / CHECKPOINT_NAME)
 
     # ---------------------------------------------------------------- one round
-    def collect(self, round_index: int, demonstrators: Sequence[Controller] | None = None,
-                ) -> tuple[RolloutBatch, dict[str, float]]:
+    def collect(self, round_index: int, demonstrators: Sequence[Controller] | None = None) -> Rollout:
         """Play `n_envs` whole episodes with the current policy into the rollout buffer.
 
         With `demonstrators` (one per env) they choose the actions instead, and the buffer stores their
@@ -334,15 +353,14 @@ class PPOTrainer:
             values.update(batch.returns)
             batch = batch._replace(values=values.normalize(batch.values), returns=values.normalize(batch.returns))
         episodes = vector.episodes
-        summary = {
-            "mean_return": float(returns.mean()),
-            "mean_final_accuracy": float(np.mean([s.val_accuracy for s in snapshots])),
-            "mean_parameters_added": float(np.mean([s.added_parameters for s in snapshots])),
-            "fossilized": float(np.mean([e.fossilized for e in episodes])),
-            "pruned": float(np.mean([e.pruned for e in episodes])),
-        }
-        self.final_state = state
-        return batch, summary
+        summary = EpisodeMeans(
+            mean_return=float(returns.mean()),
+            mean_final_accuracy=float(np.mean([s.val_accuracy for s in snapshots])),
+            mean_parameters_added=float(np.mean([s.added_parameters for s in snapshots])),
+            fossilized=float(np.mean([e.fossilized for e in episodes])),
+            pruned=float(np.mean([e.pruned for e in episodes])),
+        )
+        return Rollout(batch, summary, state)
 
     def act_step(self, snapshots: list[EpisodeSnapshot], state: LSTMState, generator: torch.Generator,
                  starts: torch.Tensor) -> tuple[PolicyInputs, torch.Tensor, ActionOutput, list[Action]]:
@@ -353,7 +371,7 @@ class PPOTrainer:
                                                   update_normalizer=True)
         return inputs, observations, output, actions
 
-    def imitate(self, on_round: Callable[[int, dict[str, float]], None] | None = None) -> ImitationStatistics:
+    def imitate(self, on_round: Callable[[int, EpisodeMeans], None] | None = None) -> ImitationStatistics:
         """Watch `config.imitation.rounds` rounds of heuristic-driven episodes, then fit the policy to them.
 
         The episodes use indices past every PPO round (`MAX_ROUNDS + i`), so their hosts and batch orders
@@ -363,10 +381,10 @@ class PPOTrainer:
         batches = []
         for index in range(config.rounds):
             controllers = [HeuristicController(self.space, self.task.topology) for _ in self.vector.episodes]
-            batch, summary = self.collect(MAX_ROUNDS + index, demonstrators=controllers)
-            batches.append(batch)
+            rollout = self.collect(MAX_ROUNDS + index, demonstrators=controllers)
+            batches.append(rollout.batch)
             if on_round is not None:
-                on_round(index + 1, summary)
+                on_round(index + 1, rollout.summary)
         with self.timer.phase("update"):
             statistics = imitation_fit(self.state.agent.policy, concatenate_batches(batches), config)
         self.state.imitated = True
@@ -375,30 +393,29 @@ class PPOTrainer:
     def run_round(self) -> RoundSummary:
         round_index = self.state.next_round
         started = time.perf_counter()
-        batch, summary = self.collect(round_index)
+        rollout = self.collect(round_index)
         collected = time.perf_counter()
         update_generator = torch.Generator(device="cpu").manual_seed(derive_seed(self.config.seed, round_index, 13))
-        # Heads no sampled op needed have no entropy to judge (one sync per round).
-        self.heads_used = self.state.agent.policy.relevant_heads(batch.actions[..., 0]).flatten(0, 1).any(0).tolist()
         before = self._policy_backup()
         with self.timer.phase("update"):
-            statistics = ppo_update(self.state.agent.policy, self.state.optimizer, batch, self.config.ppo,
+            statistics = ppo_update(self.state.agent.policy, self.state.optimizer, rollout.batch, self.config.ppo,
                                     progress=round_index / self.config.rounds, generator=update_generator,
-                                    average=self.average, share=self.share)
+                                    processes=self.processes)
         self._undo_non_finite_update(before, round_index + 1)
         self.profiler.step()
         finished = time.perf_counter()
         self.state.next_round = round_index + 1
         result = RoundSummary(round=round_index + 1, statistics=statistics, seconds=finished - started,
                               collect_seconds=collected - started, update_seconds=finished - collected,
-                              mean_return=summary["mean_return"], mean_final_accuracy=summary["mean_final_accuracy"],
-                              mean_parameters_added=summary["mean_parameters_added"],
-                              fossilized=summary["fossilized"], pruned=summary["pruned"])
-        result = self.combine_ranks(result)
-        self._report_round(result)
+                              mean_return=rollout.summary.mean_return,
+                              mean_final_accuracy=rollout.summary.mean_final_accuracy,
+                              mean_parameters_added=rollout.summary.mean_parameters_added,
+                              fossilized=rollout.summary.fossilized, pruned=rollout.summary.pruned)
+        result = self.combine_ranks(result, rollout)
+        self._report_round(result, rollout)
         return result
 
-    def combine_ranks(self, summary: RoundSummary) -> RoundSummary:
+    def combine_ranks(self, summary: RoundSummary, rollout: Rollout) -> RoundSummary:
         """The round's summary over every process of the run: in one process, `summary` itself."""
         return summary
 
@@ -433,12 +450,15 @@ class PPOTrainer:
                                   "a row left NaN/Inf in the policy and were undone; lower ppo.learning_rate "
                                   f"(the checkpoint holds the last finite policy, of round {round_number - 1})")
 
-    def _report_round(self, summary: RoundSummary) -> None:
+    def _report_round(self, summary: RoundSummary, rollout: Rollout) -> None:
         """PPO, LSTM and phase-time events, and the anomaly check of this round's update."""
         stats, telemetry = summary.statistics, self.telemetry
         epoch = summary.round * self.config.episode_length  # the env-epoch clock escalation counts in
-        lstm = self.detector.lstm_health.check(*self.final_state)  # one sync
-        used = [i for i, flag in enumerate(self.heads_used) if flag and self.space.sizes[i] > 1]
+        lstm = self.detector.lstm_health.check(*rollout.final_state)  # one sync
+        # Heads no sampled op needed have no entropy to judge (one sync).
+        ops = rollout.batch.actions[..., 0]
+        heads_used = self.state.agent.policy.relevant_heads(ops).flatten(0, 1).any(0).tolist()
+        used = [i for i, flag in enumerate(heads_used) if flag and self.space.sizes[i] > 1]
         diagnostics = PPODiagnostics(
             ratio_max=stats.ratio_max, ratio_min=stats.ratio_min, value_std=stats.value_std,
             return_std=stats.return_std, entropy_per_head=tuple((HEADS[i], stats.entropy_per_head[i]) for i in used),

@@ -54,7 +54,7 @@ def curve_value(curve: AlphaCurve, t: float, steepness: float = 12.0) -> float:
 
 @dataclass
 class AlphaController:
-    """State of one seed's alpha ramp (DESIGN §4.2). Retargeting is only allowed from HOLD."""
+    """State of one seed's alpha ramp (docs/architecture.md#alpha-and-blends). Retargeting is only allowed from HOLD."""
 
     alpha: float = 0.0
     start: float = 0.0

@@ -10,7 +10,7 @@ Topologies: "cnn" (images [N, C, H, W]), "cnn1d" (sequences [N, C, L]), "transfo
 The two convolutional topologies share one set of recipes, written once over the number of spatial
 dimensions. Besides seeds of the slot's own width they have *widening* seeds (`widen_x2/x4/x8`,
 inverted residuals with e*C hidden channels): on a narrow host a seed of the slot's width adds almost
-no capacity, a widening one does (DESIGN §4.4).
+no capacity, a widening one does (docs/architecture.md#blueprints-and-hosts).
 """
 
 from __future__ import annotations

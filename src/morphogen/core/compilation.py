@@ -1,4 +1,4 @@
-"""Optional `torch.compile` of the host forward and of the policy (`--compile`, DESIGN §7, §9.2).
+"""Optional `torch.compile` of the host forward and of the policy (`--compile`; docs/architecture.md#compiled-code).
 
 What is compiled: `MorphogeneticModel.forward_with_shadow` (the training forward: host, slots and the
 shadow pass of TRAINING seeds; autograd builds the backward through the compiled graph) and

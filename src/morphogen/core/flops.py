@@ -87,15 +87,15 @@ def _count(run: Callable[..., None], *args: object) -> int:
 
 def _plain_step(model: MorphogeneticModel, x: Tensor) -> None:
     """Forward and backward of the model's output path alone (TRAINING seeds are the identity there)."""
-    model(x).sum().backward()
+    torch.autograd.backward(model(x).sum())
 
 
 def _shadow_step(model: MorphogeneticModel, x: Tensor, rows: int | None) -> None:
     """A whole training step: the output path and the shadow pass (on `rows` samples), each with its backward."""
     output, shadow = model.forward_with_shadow(x, rows)
-    output.sum().backward()
+    torch.autograd.backward(output.sum())
     if shadow is not None and shadow.parameters:
-        shadow.outputs.sum().backward(inputs=list(shadow.parameters))
+        torch.autograd.backward(shadow.outputs.sum(), inputs=list(shadow.parameters))
 
 
 @torch.inference_mode()

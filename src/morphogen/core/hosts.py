@@ -1,9 +1,10 @@
 """Host networks: the fixed architectures that carry slots.
 
 A host is a chain of segments separated by named injection points. The host protocol
-(`SegmentedHost`) is: `injection_points` (slot id -> channels, in execution order), `forward(x)`,
-`forward_to(slot, x, from_slot=None)` and `forward_from(slot, h)`. The architecture never changes
-after construction; growth happens only in the slots that `MorphogeneticModel` places at the points.
+(`SegmentedHost`) is: `injection_points` (slot id -> channels, in execution order), `segments` (one
+more than the points) run one at a time by `run_segment(index, h)`, and `forward(x)`, all segments in
+order. The architecture never changes after construction; growth happens only in the slots that
+`MorphogeneticModel` places at the points, whose passes walk the segments with `run_segment`.
 
 Hosts: `CNNHost` (images [N, C, H, W]), `Conv1dHost` (sequences [N, C, L]) and `TransformerHost`
 (token ids [N, T]), one per topology in `HOST_CLASSES`. A host's *size arguments* are its
@@ -69,22 +70,6 @@ class SegmentedHost(nn.Module):
         for segment in self.segments:
             x = segment(x)
         return x
-
-    def forward_to(self, slot: str, x: Tensor, from_slot: str | None = None) -> Tensor:
-        """Activation at `slot`, starting from the input or from the activation at `from_slot`."""
-        end = self.point_index(slot)
-        start = 0 if from_slot is None else self.point_index(from_slot) + 1
-        if start > end + 1:
-            raise ValueError(f"from_slot {from_slot!r} comes after slot {slot!r}")
-        for index in range(start, end + 1):
-            x = self.run_segment(index, x)
-        return x
-
-    def forward_from(self, slot: str, h: Tensor) -> Tensor:
-        """Output of the host given the activation `h` at `slot`."""
-        for index in range(self.point_index(slot) + 1, len(self.segments)):
-            h = self.run_segment(index, h)
-        return h
 
 
 class HostSizeError(ValueError):

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 
 class Stage(enum.Enum):
-    """Where a seed is in its life (DESIGN §4.1)."""
+    """Where a seed is in its life (docs/architecture.md#lifecycle)."""
 
     DORMANT = "dormant"
     GERMINATED = "germinated"
@@ -57,7 +57,7 @@ NEXT_STAGE: dict[Stage, Stage] = {
 
 
 class IllegalTransitionError(ValueError):
-    """A lifecycle move that DESIGN §4.1 does not allow; nothing was changed."""
+    """A lifecycle move the transition table (`LEGAL_TRANSITIONS`) does not allow; nothing was changed."""
 
 
 class GateMode(enum.Enum):
@@ -69,7 +69,7 @@ class GateMode(enum.Enum):
 
 @dataclass(frozen=True)
 class GateConfig:
-    """Thresholds of the lifecycle gates (DESIGN §4.1)."""
+    """Thresholds of the lifecycle gates (docs/architecture.md#lifecycle)."""
 
     mode: GateMode = GateMode.STRICT
     #: Epochs a seed must spend in TRAINING before it may blend. Trained in closed loop, a seed's shadow

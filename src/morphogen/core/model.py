@@ -1,27 +1,29 @@
 """MorphogeneticModel: a host with a SeedSlot at each chosen injection point.
 
-`forward_with_shadow` is the training forward (DESIGN §4.3): the host's output, bit-identical to a
-model without TRAINING seeds, plus the *shadow* outputs, one per TRAINING seed, of the network with
-that seed blended in at alpha 1. The shadow pass starts from the activations the host forward already
-computed (detached, so the host prefix never runs twice and receives nothing from it) and runs the
-layers after each TRAINING slot once for all of those seeds, as a [K*B] batch.
+Every forward pass is one walk over the host's segments (`_walk`) with the slots in between; the passes
+differ only in what they do at a slot:
+- `forward`: each slot in its current mode (`SlotMode`): identity, or a blended seed at its alpha.
+- `forward_with_shadow`, the training forward: the host's output, bit-identical to a model without
+  TRAINING seeds, plus the *shadow* outputs, one per TRAINING seed, of the network with that seed
+  blended in at alpha 1 (`SeedSlot.shadow`). The shadow pass starts from the activations the host
+  forward already computed (detached, so the host prefix never runs twice and receives nothing from
+  it) and runs the layers after each TRAINING slot once for all of those seeds, as a [K*B] batch.
+- `counterfactual_forward`: K alpha configurations in one pass. The host prefix up to the first slot
+  whose alpha differs across configurations is computed once; only from there on is the batch expanded
+  to K*B samples, each carrying its own per-sample alpha. The seed of that first differing slot also
+  runs once, on B samples; only its blend is done K ways. Slots after it see K different inputs and
+  run on all K*B samples.
 
 `compile_forward(settings)` makes `forward_with_shadow` run under `torch.compile`, specialized on the
-model's `execution_plan()` (what each slot does), never on lifecycle state: see
+model's `execution_plan()` (a `SlotPlan` per slot: what it runs), never on lifecycle state: see
 `morphogen.core.compilation` for what recompiles when. Compile through it, not with
 `torch.compile(model)`, which would guard on the stages themselves.
-
-`counterfactual_forward` evaluates K alpha configurations in one pass. The host prefix up to the
-first slot whose alpha differs across configurations is computed once; only from there on is the
-batch expanded to K*B samples, each carrying its own per-sample alpha. The seed of that first
-differing slot also runs once, on B samples; only its blend is done K ways. Slots after it see K
-different inputs and run on all K*B samples.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, cast
@@ -33,7 +35,12 @@ from morphogen.core.blend import BlendKind
 from morphogen.core.compilation import CompileSettings, compiled
 from morphogen.core.hosts import SegmentedHost, UnknownSlotError
 from morphogen.core.lifecycle import BLENDED_STAGES, Stage
-from morphogen.core.slot import SHADOW, SeedSlot, SlotConfig, SlotPlan
+from morphogen.core.slot import SeedSlot, SlotConfig, SlotMode, SlotPlan
+
+ExecutionPlan = tuple[SlotPlan, ...]
+"""Every slot's `SlotPlan`, in execution order: what a compiled training forward specializes on."""
+SlotStep = Callable[[int, SeedSlot, Tensor], Tensor]
+"""What a pass does at a slot: (slot position, slot, activation there) -> the activation the walk goes on with."""
 
 
 def shadow_rows(batch: int, fraction: float) -> int | None:
@@ -98,7 +105,11 @@ class MorphogeneticModel(nn.Module):
         self.seed_slots = nn.ModuleDict(
             {slot_id: SeedSlot(slot_id, points[slot_id], host.topology, config).to(device) for slot_id in ordered}
         )
-        self._slot_by_point: list[str | None] = [slot_id if slot_id in chosen else None for slot_id in points]
+        self._slot_ids = tuple(ordered)
+        #: Per injection point of the host, the position of its slot in `slot_ids` (None: no slot there).
+        self._slot_at_point = [ordered.index(point) if point in chosen else None for point in points]
+        #: Per slot position, the index of its injection point.
+        self._point_of_slot = [list(points).index(slot_id) for slot_id in ordered]
         self._batch_norms = [m for m in host.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
         self._compile_settings: CompileSettings | None = None
 
@@ -106,7 +117,7 @@ class MorphogeneticModel(nn.Module):
     @property
     def slot_ids(self) -> tuple[str, ...]:
         """Slot ids in execution order; this is the column order of `counterfactual_forward` alphas."""
-        return tuple(self.seed_slots.keys())
+        return self._slot_ids
 
     @property
     def topology(self) -> str:
@@ -158,13 +169,30 @@ class MorphogeneticModel(nn.Module):
         return sum(p.numel() for p in self.host.parameters())
 
     # ---------------------------------------------------------------- forward
-    def forward(self, x: Tensor) -> Tensor:
+    # Every pass is one walk over the host's segments (`_walk`); what differs is what each does at a slot.
+
+    def _walk(self, x: Tensor, at_slot: SlotStep, after: int | None = None) -> Tensor:
+        """Run the host's segments to its output, mapping the activation at each slot with `at_slot`.
+
+        `at_slot(position, slot, h)` gets the slot's position in `slot_ids` (its column in an execution plan
+        or an alpha table). `x` is the host's input, or with `after` the activation just past the slot at
+        that position: the walk resumes from the segment after it.
+        """
         host = self.host
-        for index, slot_id in enumerate(self._slot_by_point):
+        start = 0 if after is None else self._point_of_slot[after] + 1
+        for index in range(start, len(self._slot_at_point)):
             x = host.run_segment(index, x)
-            if slot_id is not None:
-                x = self.seed_slots[slot_id](x)
-        return host.run_segment(len(self._slot_by_point), x)
+            position = self._slot_at_point[index]
+            if position is not None:
+                x = at_slot(position, self._slot_at(position), x)
+        return host.run_segment(len(self._slot_at_point), x)
+
+    def _slot_at(self, position: int) -> SeedSlot:
+        return cast(SeedSlot, self.seed_slots[self._slot_ids[position]])  # ModuleDict is typed as holding any Module
+
+    def forward(self, x: Tensor) -> Tensor:
+        """The model's output, each slot in its current mode (the host's output when no seed is blended in)."""
+        return self._walk(x, lambda position, slot, h: slot(h))
 
     def forward_with_shadow(self, x: Tensor, shadow_rows: int | None = None) -> tuple[Tensor, ShadowOutput | None]:
         """The host forward and, when seeds are TRAINING, their shadow outputs (None when none is).
@@ -195,12 +223,13 @@ class MorphogeneticModel(nn.Module):
             captured = tuple(h[:shadow_rows] for h in captured)  # (rows, ...) each
         with running_statistics(self._batch_norms):
             shadow_outputs = shadow_pass(self, captured, plan)
-        slot_ids = tuple(slot_id for slot_id, slot_plan in zip(self.slot_ids, plan, strict=True)
-                         if slot_plan[0] == SHADOW)
-        parameters = tuple(p for slot_id in slot_ids for p in self.slot(slot_id).seed_parameters() if p.requires_grad)
-        return output, ShadowOutput(slot_ids, shadow_outputs, parameters)
+        training = [position for position, slot_plan in enumerate(plan) if slot_plan.mode is SlotMode.SHADOW]
+        parameters = tuple(p for position in training for p in self._slot_at(position).seed_parameters()
+                           if p.requires_grad)
+        return output, ShadowOutput(tuple(self._slot_ids[position] for position in training), shadow_outputs,
+                                    parameters)
 
-    def execution_plan(self) -> tuple[SlotPlan, ...]:
+    def execution_plan(self) -> ExecutionPlan:
         """Every slot's `SeedSlot.plan()`, in execution order."""
         return tuple(slot.plan() for slot in self.slots())
 
@@ -211,53 +240,40 @@ class MorphogeneticModel(nn.Module):
         """
         self._compile_settings = settings
 
-    def _host_forward(self, x: Tensor, plan: tuple[SlotPlan, ...]) -> tuple[Tensor, tuple[Tensor, ...]]:
+    def _host_forward(self, x: Tensor, plan: ExecutionPlan) -> tuple[Tensor, tuple[Tensor, ...]]:
         """The model's output and, when grad is on, the detached activation at each TRAINING slot.
 
         Reads slot behaviour from `plan`, never from the lifecycle, so a compiled copy specializes on it.
         """
-        host = self.host
         captured: list[Tensor] = []
-        position = 0
-        for index, slot_id in enumerate(self._slot_by_point):
-            x = host.run_segment(index, x)
-            if slot_id is None:
-                continue
-            mode = str(plan[position][0])
-            position += 1
-            if mode == SHADOW and torch.is_grad_enabled():
-                captured.append(x.detach())
-            x = self.slot(slot_id).run(mode, x)
-        return host.run_segment(len(self._slot_by_point), x), tuple(captured)
+        capture = torch.is_grad_enabled()
 
-    def _shadow_pass(self, captured: tuple[Tensor, ...], plan: tuple[SlotPlan, ...]) -> Tensor:
+        def at_slot(position: int, slot: SeedSlot, h: Tensor) -> Tensor:
+            mode = plan[position].mode
+            if mode is SlotMode.SHADOW and capture:
+                captured.append(h.detach())
+            return slot.run(mode, h)
+
+        return self._walk(x, at_slot), tuple(captured)
+
+    def _shadow_pass(self, captured: tuple[Tensor, ...], plan: ExecutionPlan) -> Tensor:
         """Run the layers after each TRAINING slot with that seed fully in, all seeds in one batch: (K, B, ...).
 
         `captured` holds the host's activation at each TRAINING slot of `plan`, in execution order. Rows
         join the batch at their own slot: before it, a row's activation would equal the host's, which
         `captured` already holds, so nothing upstream is recomputed.
         """
-        host = self.host
-        x: Tensor | None = None
-        position = shadows = 0
-        for index, slot_id in enumerate(self._slot_by_point):
-            if x is not None:
-                x = host.run_segment(index, x)
-            if slot_id is None:
-                continue
-            slot = self.slot(slot_id)
-            mode = str(plan[position][0])
-            position += 1
-            if x is not None:
-                x = slot.run(mode, x)  # the host's own behaviour at this slot for the rows already in
-            if mode == SHADOW:
-                assert slot.blend is not None and slot.seed is not None
-                h = captured[shadows]
-                shadows += 1
-                shadow = slot.blend(h, slot.seed(h), 1.0)  # (B, ...): this seed fully in
-                x = shadow if x is None else torch.cat([x, shadow])  # (k*B, ...)
-        assert x is not None
-        x = host.run_segment(len(self._slot_by_point), x)
+        training = [position for position, slot_plan in enumerate(plan) if slot_plan.mode is SlotMode.SHADOW]
+
+        def at_slot(position: int, slot: SeedSlot, h: Tensor) -> Tensor:
+            h = slot.run(plan[position].mode, h)  # the host's own behaviour at this slot for the rows already in
+            if position not in training:
+                return h
+            shadow = slot.shadow(captured[training.index(position)])  # (B, ...): this seed fully in
+            return torch.cat([h, shadow])  # (k*B, ...)
+
+        first = training[0]
+        x = self._walk(self._slot_at(first).shadow(captured[0]), at_slot, after=first)
         return x.reshape(len(captured), captured[0].shape[0], *x.shape[1:])  # (K, B, ...)
 
     def counterfactual_forward(self, x: Tensor, alphas: Tensor | Sequence[Sequence[float]]) -> Tensor:
@@ -273,34 +289,31 @@ class MorphogeneticModel(nn.Module):
         if k == 0 or any(len(row) != len(self.seed_slots) for row in table):
             raise ValueError(f"alphas must be [K >= 1, {len(self.seed_slots)}] (one column per slot "
                              f"{self.slot_ids}), got {k} rows")
-        columns = {slot_id: [row[j] for row in table] for j, slot_id in enumerate(self.slot_ids)}
+        columns = [[row[position] for row in table] for position in range(len(self._slot_ids))]
         batch = x.shape[0]
         expanded = False
-        host = self.host
-        for index, slot_id in enumerate(self._slot_by_point):
-            x = host.run_segment(index, x)
-            if slot_id is None:
-                continue
-            slot = self.slot(slot_id)
-            column = columns[slot_id]
+
+        def at_slot(position: int, slot: SeedSlot, h: Tensor) -> Tensor:
+            nonlocal expanded
+            column, mode = columns[position], slot.mode
             # A TRAINING seed only runs here where a configuration blends it in (its shadow).
-            shadow = slot.stage is Stage.TRAINING and any(value != 0.0 for value in column)
-            if slot.seed is None or not (slot.stage in BLENDED_STAGES or shadow):
-                x = slot(x)
-                continue
+            if mode is SlotMode.IDENTITY or (mode is SlotMode.SHADOW and not any(column)):
+                return h
+
+            def blend(h: Tensor, alpha: Tensor | float) -> Tensor:
+                return slot.shadow(h, alpha) if mode is SlotMode.SHADOW else slot.run(mode, h, alpha)
+
             if not expanded and all(value == column[0] for value in column):
-                x = slot(x, alpha_override=column[0])
-                continue
+                return blend(h, column[0])
             if not expanded:
                 # First slot whose alpha differs: run its seed once on B samples, blend K ways.
-                alphas_k = torch.tensor(column, device=x.device, dtype=x.dtype)  # (K,)
-                blended = slot.blend_configurations(x, slot.seed_output(x), alphas_k)  # (K, B, ...)
-                x = blended.reshape(k * batch, *x.shape[1:])  # (K*B, ...)
                 expanded = True
-                continue
-            per_sample = torch.tensor(column, device=x.device, dtype=x.dtype).repeat_interleave(batch)  # (K*B,)
-            x = slot(x, alpha_override=per_sample)
-        x = host.run_segment(len(self._slot_by_point), x)
+                alphas_k = torch.tensor(column, device=h.device, dtype=h.dtype)  # (K,)
+                blended = slot.blend_configurations(h, slot.seed_output(h), alphas_k)  # (K, B, ...)
+                return blended.reshape(k * batch, *h.shape[1:])  # (K*B, ...)
+            return blend(h, torch.tensor(column, device=h.device, dtype=h.dtype).repeat_interleave(batch))  # (K*B,)
+
+        x = self._walk(x, at_slot)
         if not expanded:
             return x.unsqueeze(0).expand(k, *x.shape)  # (K, B, ...)
         return x.reshape(k, batch, *x.shape[1:])  # (K, B, ...)

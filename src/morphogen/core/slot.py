@@ -1,14 +1,15 @@
 """SeedSlot: one named injection point of a host, holding at most one seed through its lifecycle.
 
-Forward rules (DESIGN §4.3):
-- no seed, or a seed that is not running: identity; the seed is not executed.
-- TRAINING: identity; the host path is exactly that of a model without the seed (outputs, gradients
-  and state bit-identical). The seed learns in closed loop on its *shadow*: the network with the seed
-  blended in at alpha 1 on the detached activation, which `MorphogeneticModel.forward_with_shadow`
-  runs next to the host forward. An `alpha_override` evaluates that shadow here (counterfactuals).
-  The predecessor's open-loop `h + (s - s.detach())` handed the seed the host's gradient at the slot
-  without its output ever reaching the loss; seeds overshot and hurt when blended.
-- BLENDING / HOLDING / FOSSILIZED: `blend(h, s, alpha)`. With `detach_input` the seed reads
+What a slot runs is its `SlotMode`, named by its stage:
+- `IDENTITY` (no seed, or a seed that is not running): the slot returns its input; the seed is not executed.
+- `SHADOW` (a TRAINING seed): identity on the host path, which is exactly that of a model without the
+  seed (outputs, gradients and state bit-identical). The seed learns in closed loop on its *shadow*
+  (`SeedSlot.shadow`): the network with the seed blended in at alpha 1 on the detached activation,
+  which `MorphogeneticModel.forward_with_shadow` runs next to the host forward and
+  `counterfactual_forward` evaluates at validation. An open-loop `h + (s - s.detach())` instead would
+  hand the seed the host's gradient at the slot without its output ever reaching the loss; seeds
+  trained that way overshot and hurt when blended (shadow contributions of -40 to -75 points).
+- `BLENDED` (BLENDING / HOLDING / FOSSILIZED): `blend(h, s, alpha)`. With `detach_input` the seed reads
   `h.detach()`, and `s + (h - h.detach())` restores the identity part of the residual seed for the
   host's gradient: the host still gets its full gradient through the skip path, never through the
   seed's internals. Without that term, a detached seed at alpha = 1 would cut the host's gradient
@@ -16,16 +17,18 @@ Forward rules (DESIGN §4.3):
 
 Alpha lives in a 0-dim buffer that is refilled once per epoch, so a compiled forward does not
 specialize (and recompile) on every new alpha value. What a compiled forward does specialize on is
-the slot's `plan()` (its mode, and for a running seed its blueprint, blend and detach setting), passed
-to it as an argument rather than read from the lifecycle (see `morphogen.core.compilation`).
+the slot's `plan()` (a `SlotPlan`: its mode, and for a running seed its blueprint, options, blend and
+detach setting), passed to it as an argument rather than read from the lifecycle (see
+`morphogen.core.compilation`).
 Lifecycle calls either make a legal transition or raise `IllegalTransitionError` and change nothing.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import enum
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor, nn
@@ -34,7 +37,6 @@ from morphogen.core.alpha import AlphaController, AlphaCurve, AlphaMode
 from morphogen.core.blend import Blend, BlendKind, add_blend, gate_blend, multiply_blend
 from morphogen.core.blueprints import CHANNEL_DIM, build_seed
 from morphogen.core.lifecycle import (
-    BLENDED_STAGES,
     NEXT_STAGE,
     PRUNABLE_STAGES,
     RUNNING_STAGES,
@@ -48,15 +50,34 @@ from morphogen.core.lifecycle import (
     evaluate_gate,
 )
 
-IDENTITY = "identity"
-"""Slot mode: no seed runs; the slot returns its input."""
-SHADOW = "shadow"
-"""Slot mode: a TRAINING seed; the host path is the identity, the seed runs only in the shadow pass."""
-BLENDED = "blended"
-"""Slot mode: a BLENDING, HOLDING or FOSSILIZED seed blended in at its alpha."""
 
-SlotPlan = tuple[str | bool, ...]
-"""`(mode,)` for an idle slot, else `(mode, blueprint, options, blend kind, detach input)` (`SeedSlot.plan`)."""
+class SlotMode(enum.Enum):
+    """What a slot runs in the forward pass (module docstring)."""
+
+    IDENTITY = "identity"
+    """No seed runs; the slot returns its input."""
+    SHADOW = "shadow"
+    """A TRAINING seed: the host path is the identity, the seed runs only in the shadow pass."""
+    BLENDED = "blended"
+    """A BLENDING, HOLDING or FOSSILIZED seed blended in at its alpha."""
+
+
+class SlotPlan(NamedTuple):
+    """A slot's part of a model's execution plan: what a compiled forward specializes on (`SeedSlot.plan`).
+
+    Plain, hashable values only. An idle slot is `SlotPlan(SlotMode.IDENTITY)` whatever seed it holds.
+    """
+
+    mode: SlotMode
+    blueprint: str = ""
+    #: The blueprint's options, as a sorted repr (dicts are not hashable).
+    options: str = ""
+    blend: BlendKind | None = None
+    detach_input: bool = False
+
+
+IDLE = SlotPlan(SlotMode.IDENTITY)
+"""The plan of a slot whose seed, if any, does not run."""
 
 #: Whether a seed keeps reading a detached input after TRAINING, per topology. CNN seeds (2D and 1D)
 #: stay isolated (the host's features are not bent towards the seed); transformer seeds co-adapt, since
@@ -134,10 +155,6 @@ class SeedSlot(nn.Module):
     def is_running(self) -> bool:
         return self.lifecycle.stage in RUNNING_STAGES
 
-    @property
-    def is_blended(self) -> bool:
-        return self.lifecycle.stage in BLENDED_STAGES
-
     def seed_parameters(self) -> list[nn.Parameter]:
         """Parameters of the seed and of its blend gate (empty when the slot holds no seed)."""
         modules = [m for m in (self.seed, self.blend) if m is not None]
@@ -148,42 +165,48 @@ class SeedSlot(nn.Module):
 
     # ---------------------------------------------------------------- forward
     @property
-    def mode(self) -> str:
-        """What the forward pass does here: `IDENTITY`, `SHADOW` (a TRAINING seed) or `BLENDED`."""
+    def mode(self) -> SlotMode:
+        """What the forward pass runs here, by the stage (module docstring)."""
         if self.seed is None or self.stage not in RUNNING_STAGES:
-            return IDENTITY
-        return SHADOW if self.stage is Stage.TRAINING else BLENDED
+            return SlotMode.IDENTITY
+        return SlotMode.SHADOW if self.stage is Stage.TRAINING else SlotMode.BLENDED
 
     def plan(self) -> SlotPlan:
         """This slot's part of a model's execution plan: plain values a compiled forward specializes on.
 
-        A slot that does not run contributes `(IDENTITY,)` whatever seed it holds, so a GERMINATED seed
-        costs no compile; a running one adds what shapes its graph (blueprint and options, blend, detach).
+        A slot that does not run contributes `IDLE` whatever seed it holds, so a GERMINATED seed costs no
+        compile; a running one adds what shapes its graph (blueprint and options, blend, detach).
         """
         mode = self.mode
-        if mode == IDENTITY:
-            return (IDENTITY,)
+        if mode is SlotMode.IDENTITY:
+            return IDLE
         options = repr(sorted(self.blueprint_options.items()))
-        return (mode, str(self.blueprint), options, self.blend_kind.value, self.detach_input)
+        return SlotPlan(mode, str(self.blueprint), options, self.blend_kind, self.detach_input)
 
-    def forward(self, h: Tensor, alpha_override: Tensor | float | None = None) -> Tensor:
-        return self.run(self.mode, h, alpha_override)
+    def forward(self, h: Tensor, alpha: Tensor | float | None = None) -> Tensor:
+        """The slot on the host path in its current mode; `alpha` overrides a blended seed's alpha."""
+        return self.run(self.mode, h, alpha)
 
-    def run(self, mode: str, h: Tensor, alpha_override: Tensor | float | None = None) -> Tensor:
-        """The forward of a slot in `mode` (see `mode`); compiled callers pass the mode of their plan."""
-        if mode == IDENTITY:
-            return h
-        if mode == SHADOW:
-            if alpha_override is not None:
-                # A "what if it were blended in" evaluation of a seed still learning behind the host.
-                assert self.blend is not None
-                shadow: Tensor = self.blend(h, self.seed_output(h), alpha_override)
-                return shadow
+    def run(self, mode: SlotMode, h: Tensor, alpha: Tensor | float | None = None) -> Tensor:
+        """The slot on the host path in `mode` (compiled callers pass the mode of their plan): `h` itself,
+        except for a blended seed, whose output is blended in at its alpha or at `alpha` (a scalar, or one
+        value per sample: [N])."""
+        if mode is not SlotMode.BLENDED:
             return h
         assert self.blend is not None
-        alpha = self.alpha_value if alpha_override is None else alpha_override
-        blended: Tensor = self.blend(h, self.seed_output(h), alpha)
+        blended: Tensor = self.blend(h, self.seed_output(h), self.alpha_value if alpha is None else alpha)
         return blended
+
+    def shadow(self, h: Tensor, alpha: Tensor | float = 1.0) -> Tensor:
+        """A TRAINING seed's shadow: its output on `h` blended into `h` at `alpha` (1: fully in).
+
+        The shadow pass calls it on the host's detached activation, so the seed's gradient comes only
+        from what its own output does to the loss; validation calls it at the alphas of the `with:`
+        configurations (one per sample: [N]).
+        """
+        assert self.blend is not None and self.seed is not None
+        shadow: Tensor = self.blend(h, self.seed(h), alpha)
+        return shadow
 
     def seed_output(self, h: Tensor) -> Tensor:
         """The seed's output `s` for a blended stage, before blending (input detached per `detach_input`)."""
@@ -425,11 +448,11 @@ class SeedSlot(nn.Module):
         self.signals = SeedSignals(**state["signals"])
         self.blueprint, self.blueprint_options = state["blueprint"], dict(state["blueprint_options"])
         self.blend_kind, self.blend_epochs = BlendKind(state["blend_kind"]), int(state["blend_epochs"])
-        self.detach_input = bool(state.get("detach_input", self.detach_input))  # absent in older state
+        self.detach_input = bool(state["detach_input"])
         if self.stage in SEED_STAGES:
             assert self.blueprint is not None
             device = self.alpha_value.device
-            dtype = _dtype_from_name(state.get("seed_dtype"))
+            dtype = _dtype_from_name(state["seed_dtype"])
             self.seed = build_seed(self.topology, self.blueprint, self.channels, device=device, dtype=dtype,
                                    **self.blueprint_options)
             self.blend = Blend(self.blend_kind, self.channels, channel_dim=CHANNEL_DIM[self.topology], device=device,
@@ -441,7 +464,7 @@ class SeedSlot(nn.Module):
 
 
 def _dtype_from_name(name: object) -> torch.dtype | None:
-    """The torch dtype saved as its name (e.g. "float64"); None (older state) means the default dtype."""
+    """The torch dtype saved as its name (e.g. "float64"); None (a seed without parameters) means the default."""
     if name is None:
         return None
     dtype = getattr(torch, str(name), None)

@@ -1,4 +1,4 @@
-"""The factored action space: op, slot, blueprint, style, tempo, alpha target, alpha speed, alpha curve.
+"""The factored action space: op, slot, blueprint, blend, blend epochs, alpha target, alpha speed, alpha curve.
 
 Masks encode only what is physically legal now (a gate may still refuse a legal move; that refusal
 is reported, not masked). The op mask is [n_ops]; every other head gets an op-conditioned mask
@@ -30,11 +30,11 @@ class Op(enum.IntEnum):
     ADVANCE = 5
 
 
-HEADS = ("op", "slot", "blueprint", "style", "tempo", "alpha_target", "alpha_speed", "alpha_curve")
-#: Blend operator of a new seed.
-STYLES = (BlendKind.ADD, BlendKind.MULTIPLY, BlendKind.GATE)
+HEADS = ("op", "slot", "blueprint", "blend", "blend_epochs", "alpha_target", "alpha_speed", "alpha_curve")
+#: Blend operator of a new seed (how its output joins the host's).
+BLEND_KINDS = (BlendKind.ADD, BlendKind.MULTIPLY, BlendKind.GATE)
 #: Epochs of the 0 -> 1 alpha ramp of a new seed when it starts blending.
-TEMPOS = (3, 5, 8)
+BLEND_EPOCHS = (3, 5, 8)
 ALPHA_TARGETS = (0.0, 0.3, 0.6, 1.0)
 #: Epochs of a SET_ALPHA_TARGET ramp (0 snaps).
 ALPHA_SPEEDS = (0, 1, 3, 5)
@@ -42,7 +42,7 @@ ALPHA_CURVES = (AlphaCurve.LINEAR, AlphaCurve.COSINE, AlphaCurve.SIGMOID)
 
 _RELEVANT_HEADS: dict[Op, frozenset[str]] = {
     Op.WAIT: frozenset(),
-    Op.GERMINATE: frozenset({"slot", "blueprint", "style", "tempo"}),
+    Op.GERMINATE: frozenset({"slot", "blueprint", "blend", "blend_epochs"}),
     Op.SET_ALPHA_TARGET: frozenset({"slot", "alpha_target", "alpha_speed", "alpha_curve"}),
     Op.PRUNE: frozenset({"slot"}),
     Op.FOSSILIZE: frozenset({"slot"}),
@@ -53,7 +53,7 @@ HEAD_RELEVANCE = np.array(
     [[head == "op" or head in _RELEVANT_HEADS[op] for head in HEADS] for op in Op], dtype=bool
 )
 
-#: A seed must be at least this many epochs old before it may be pruned (DESIGN §5).
+#: A seed must be at least this many epochs old before it may be pruned: younger, its worth is not measured yet.
 MIN_PRUNE_AGE = 5
 _ADVANCEABLE = frozenset({Stage.GERMINATED, Stage.TRAINING, Stage.BLENDING})
 
@@ -65,8 +65,8 @@ class Action:
     op: Op = Op.WAIT
     slot: str | None = None
     blueprint: str | None = None
-    style: BlendKind = BlendKind.ADD
-    tempo: int = TEMPOS[0]
+    blend: BlendKind = BlendKind.ADD
+    blend_epochs: int = BLEND_EPOCHS[0]
     alpha_target: float = ALPHA_TARGETS[0]
     alpha_speed: int = ALPHA_SPEEDS[0]
     alpha_curve: AlphaCurve = AlphaCurve.LINEAR
@@ -75,7 +75,7 @@ class Action:
         if self.op is Op.WAIT:
             return "WAIT"
         if self.op is Op.GERMINATE:
-            return f"GERMINATE {self.blueprint}@{self.slot} ({self.style.value}, {self.tempo} ep)"
+            return f"GERMINATE {self.blueprint}@{self.slot} ({self.blend.value}, {self.blend_epochs} ep)"
         if self.op is Op.SET_ALPHA_TARGET:
             return f"SET_ALPHA {self.slot}->{self.alpha_target:.1f} in {self.alpha_speed} ({self.alpha_curve.value})"
         return f"{self.op.name} {self.slot}"
@@ -90,8 +90,8 @@ class ActionSpace:
         self.slot_ids = tuple(slot_ids)
         self.blueprints = blueprint_names(topology)
         self.choices: dict[str, tuple[object, ...]] = {
-            "op": tuple(Op), "slot": self.slot_ids, "blueprint": self.blueprints, "style": STYLES,
-            "tempo": TEMPOS, "alpha_target": ALPHA_TARGETS, "alpha_speed": ALPHA_SPEEDS,
+            "op": tuple(Op), "slot": self.slot_ids, "blueprint": self.blueprints, "blend": BLEND_KINDS,
+            "blend_epochs": BLEND_EPOCHS, "alpha_target": ALPHA_TARGETS, "alpha_speed": ALPHA_SPEEDS,
             "alpha_curve": ALPHA_CURVES,
         }
 
@@ -110,8 +110,8 @@ class ActionSpace:
             op=op,
             slot=values["slot"] if "slot" in relevant else None,  # type: ignore[arg-type]
             blueprint=values["blueprint"] if "blueprint" in relevant else None,  # type: ignore[arg-type]
-            style=values["style"] if "style" in relevant else canonical.style,  # type: ignore[arg-type]
-            tempo=values["tempo"] if "tempo" in relevant else canonical.tempo,  # type: ignore[arg-type]
+            blend=values["blend"] if "blend" in relevant else canonical.blend,  # type: ignore[arg-type]
+            blend_epochs=values["blend_epochs"] if "blend_epochs" in relevant else canonical.blend_epochs,  # type: ignore[arg-type]
             alpha_target=values["alpha_target"] if "alpha_target" in relevant else canonical.alpha_target,  # type: ignore[arg-type]
             alpha_speed=values["alpha_speed"] if "alpha_speed" in relevant else canonical.alpha_speed,  # type: ignore[arg-type]
             alpha_curve=values["alpha_curve"] if "alpha_curve" in relevant else canonical.alpha_curve,  # type: ignore[arg-type]
@@ -120,8 +120,8 @@ class ActionSpace:
     def encode(self, action: Action) -> list[int]:
         """Action -> indices, with heads irrelevant to its op at the canonical index 0."""
         named: dict[str, object] = {
-            "op": action.op, "slot": action.slot, "blueprint": action.blueprint, "style": action.style,
-            "tempo": action.tempo, "alpha_target": action.alpha_target, "alpha_speed": action.alpha_speed,
+            "op": action.op, "slot": action.slot, "blueprint": action.blueprint, "blend": action.blend,
+            "blend_epochs": action.blend_epochs, "alpha_target": action.alpha_target, "alpha_speed": action.alpha_speed,
             "alpha_curve": action.alpha_curve,
         }
         relevant = _RELEVANT_HEADS[action.op] | {"op"}

@@ -1,4 +1,4 @@
-"""Train the envs of a vector whose architectures are identical in one vmapped call (DESIGN §7).
+"""Train the envs of a vector whose architectures are identical in one vmapped call.
 
 Why `torch.func` (stacked parameters + `functional_call` + `vmap`) and not hand-written grouped
 convolutions: it covers every host and blueprint (convolutions, batch/group/layer norm, attention, the
@@ -35,7 +35,7 @@ Hot path (per batch and group): no host sync, no loop over envs, no per-paramete
 call: Python work is one `split` plus one view per parameter tensor (the names `functional_call` is
 given), whatever the number of envs. Per epoch: one copy in and one copy out per (env, tensor).
 
-Optimizers: the stacked step is SGD's. `plan_epoch` never stacks an env whose optimizer is another one
+Optimizers: the stacked step is SGD's. `training_groups` never stacks an env whose optimizer is another one
 (`OptimizerConfig.name = "adamw"`, the `text` task's default): such envs are trained alone, on the
 per-env path, so `batch_identical` changes nothing for them.
 
@@ -47,10 +47,11 @@ Equality with the per-env path: same math, not the same float summation order (a
 reduces in another order than N separate ones; per-tensor norms are sums of squares instead of
 `_foreach_norm`). Results agree to float32 rounding, about 1e-6 relative per batch, not bitwise.
 
-CUDA (DESIGN §7, §9.4): a group runs on the stream of its first env. That stream waits for the
-producing stream before reading the batch, and the batch tensors are `record_stream`ed on it; stacking
-waits for the current stream, whose work (validation, rollbacks) last wrote the envs' tensors. The
-vector's one synchronize per phase then covers the group's work and its write-back.
+CUDA (docs/architecture.md#devices-and-cuda-streams): a group runs on the stream of its first env. That
+stream waits for the producing stream before reading the batch, and the batch tensors are
+`record_stream`ed on it; stacking waits for the current stream, whose work (validation, rollbacks) last
+wrote the envs' tensors. The vector's one synchronize per phase then covers the group's work and its
+write-back.
 """
 
 from __future__ import annotations
@@ -380,7 +381,7 @@ class StackedEnvs:
 
 
 @dataclass(frozen=True)
-class EpochPlan:
+class TrainingGroups:
     """How one epoch of a vector is trained: stacked groups, and the envs trained alone."""
 
     groups: tuple[tuple[int, ...], ...]
@@ -389,7 +390,7 @@ class EpochPlan:
     """Env indices whose architecture no other env shares: trained by their own `ModelTrainer`."""
 
 
-def plan_epoch(episodes: Sequence[MorphogenesisEpisode], min_group_size: int = 2) -> EpochPlan:
+def training_groups(episodes: Sequence[MorphogenesisEpisode], min_group_size: int = 2) -> TrainingGroups:
     """Group envs by architecture; groups smaller than `min_group_size`, and envs whose optimizer is not SGD,
     are trained alone."""
     if min_group_size < 1:
@@ -401,7 +402,7 @@ def plan_epoch(episodes: Sequence[MorphogenesisEpisode], min_group_size: int = 2
     groups = tuple(tuple(group) for group in stackable)
     stacked = {index for group in stackable for index in group}
     alone = tuple(index for index in range(len(episodes)) if index not in stacked)
-    return EpochPlan(groups, alone)
+    return TrainingGroups(groups, alone)
 
 
 def _trains_with_sgd(episode: MorphogenesisEpisode) -> bool:
@@ -423,7 +424,7 @@ CopyBatch = Callable[[Tensor, Tensor], Mapping[torch.device, tuple[Tensor, Tenso
 
 def train_epoch_batched(episodes: Sequence[MorphogenesisEpisode], batches: Iterable[tuple[Tensor, Tensor]],
                         train_alone: TrainAlone, streams: Sequence[torch.cuda.Stream] | None = None,
-                        *, min_group_size: int = 2, copy_batch: CopyBatch | None = None) -> EpochPlan:
+                        *, min_group_size: int = 2, copy_batch: CopyBatch | None = None) -> TrainingGroups:
     """Train every env one epoch on the shared `batches`: identical architectures stacked, the rest alone.
 
     `train_alone(inputs, targets, indices)` trains the envs at `indices` one after another on a batch
@@ -431,30 +432,30 @@ def train_epoch_batched(episodes: Sequence[MorphogenesisEpisode], batches: Itera
     group's time lands in its first env's "train" phase. With envs on several devices, `copy_batch` gives
     the batch on each of them (a group's envs share one device: it is part of their signature).
     """
-    plan = plan_epoch(episodes, min_group_size)
-    group_streams = [None if streams is None else streams[group[0]] for group in plan.groups]
+    grouping = training_groups(episodes, min_group_size)
+    group_streams = [None if streams is None else streams[group[0]] for group in grouping.groups]
     stacked = []
-    for group, stream in zip(plan.groups, group_streams, strict=True):
+    for group, stream in zip(grouping.groups, group_streams, strict=True):
         with _on_stream(stream, episodes[group[0]]):
             stacked.append(StackedEnvs([episodes[index] for index in group]))
     for inputs, targets in batches:
-        on_device = None if copy_batch is None or not plan.groups else copy_batch(inputs, targets)
-        for group, stream, envs in zip(plan.groups, group_streams, stacked, strict=True):
+        on_device = None if copy_batch is None or not grouping.groups else copy_batch(inputs, targets)
+        for group, stream, envs in zip(grouping.groups, group_streams, stacked, strict=True):
             first = episodes[group[0]]
             group_inputs, group_targets = (inputs, targets) if on_device is None else on_device[first.device]
             with first.timer.phase("train"), _on_stream(stream, first, group_inputs, group_targets):
                 envs.step(group_inputs, group_targets)
-        if plan.alone:
-            train_alone(inputs, targets, plan.alone)
-    for group, stream, envs in zip(plan.groups, group_streams, stacked, strict=True):
+        if grouping.alone:
+            train_alone(inputs, targets, grouping.alone)
+    for group, stream, envs in zip(grouping.groups, group_streams, stacked, strict=True):
         with episodes[group[0]].timer.phase("train"), _on_stream(stream, episodes[group[0]]):
             envs.write_back()
-    return plan
+    return grouping
 
 
 def _on_stream(stream: torch.cuda.Stream | None, episode: MorphogenesisEpisode,
                *used: Tensor) -> torch.cuda.StreamContext | nullcontext[None]:
-    """Enter `stream` after it waited for the current stream; `used` tensors are recorded on it (§9.4)."""
+    """Enter `stream` after it waited for the current stream; `used` tensors are recorded on it."""
     if stream is None:
         return nullcontext()
     stream.wait_stream(torch.cuda.current_stream(episode.device))

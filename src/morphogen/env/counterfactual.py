@@ -1,9 +1,9 @@
 """Which alpha configurations to evaluate alongside the real model, and what their results mean.
 
-Configurations (DESIGN §5 step 2): `main` (every alpha as it is), `without:<slot>` for each seed
+Configurations (docs/architecture.md#counterfactuals): `main` (every alpha as it is), `without:<slot>` for each seed
 blended in with alpha > 0, and `all_off` when 2..4 seeds are live (with one seed it equals that
 seed's `without`, with more it grows costly). A seed's contribution is acc(main) - acc(without it),
-in accuracy points. Beyond DESIGN, `with:<slot>` blends a TRAINING seed in at alpha 1: its shadow
+in accuracy points. `with:<slot>` blends a TRAINING seed in at alpha 1: its shadow
 contribution acc(with it) - acc(main) says what blending it would bring, which the model's own
 accuracy cannot show while the seed's output is not added.
 
@@ -37,16 +37,16 @@ class CounterfactualSchedule(enum.Enum):
     """Only the configurations whose measurement a gate or the heuristic reads next (module docstring)."""
 
 
-def without(slot_id: str) -> str:
+def without_seed(slot_id: str) -> str:
     return f"without:{slot_id}"
 
 
-def shadow(slot_id: str) -> str:
+def with_seed(slot_id: str) -> str:
     return f"with:{slot_id}"
 
 
 @dataclass(frozen=True)
-class CounterfactualPlan:
+class AlphaConfigurations:
     """K named alpha configurations: `alphas[k][j]` is slot j's alpha in configuration k."""
 
     slot_ids: tuple[str, ...]
@@ -64,37 +64,38 @@ class CounterfactualPlan:
 
 @dataclass(frozen=True)
 class CounterfactualResult:
-    """Validation accuracy (points) and mean loss per configuration of a plan."""
+    """Validation accuracy (points) and mean loss per configuration of `configurations`."""
 
-    plan: CounterfactualPlan
+    configurations: AlphaConfigurations
     accuracies: tuple[float, ...]
     losses: tuple[float, ...]
     #: ((input shape, dtype), batches) of the validation pass that measured them: what its FLOPs are charged for.
     batch_shapes: tuple[tuple[tuple[tuple[int, ...], torch.dtype], int], ...] = ()
 
     def accuracy(self, name: str) -> float:
-        return self.accuracies[self.plan.names.index(name)]
+        return self.accuracies[self.configurations.names.index(name)]
 
     def loss(self, name: str) -> float:
-        return self.losses[self.plan.names.index(name)]
+        return self.losses[self.configurations.names.index(name)]
 
     @property
     def contributions(self) -> dict[str, float]:
         """Slot -> accuracy points its seed adds: acc(main) - acc(without it) for a blended seed, and
         acc(with it at alpha 1) - acc(main) for a TRAINING seed (its shadow contribution)."""
         main = self.accuracy(MAIN)
-        measured = {slot_id: main - self.accuracy(without(slot_id)) for slot_id in self.plan.ablated}
-        measured.update({slot_id: self.accuracy(shadow(slot_id)) - main for slot_id in self.plan.shadowed})
+        configurations = self.configurations
+        measured = {slot_id: main - self.accuracy(without_seed(slot_id)) for slot_id in configurations.ablated}
+        measured.update({slot_id: self.accuracy(with_seed(slot_id)) - main for slot_id in configurations.shadowed})
         return measured
 
     @property
     def accuracy_all_off(self) -> float | None:
-        return self.accuracy(ALL_OFF) if ALL_OFF in self.plan.names else None
+        return self.accuracy(ALL_OFF) if ALL_OFF in self.configurations.names else None
 
 
-def plan_counterfactuals(slot_ids: Sequence[str], alphas: Mapping[str, float],
+def alpha_configurations(slot_ids: Sequence[str], alphas: Mapping[str, float],
                          training: Sequence[str] = (), *, ablate: Sequence[str] | None = None,
-                         all_off: bool = True) -> CounterfactualPlan:
+                         all_off: bool = True) -> AlphaConfigurations:
     """Plan the configurations for blended seeds `alphas` (slot -> current alpha; absent = no seed) and
     for the shadows of the TRAINING seeds in `training`.
 
@@ -107,13 +108,13 @@ def plan_counterfactuals(slot_ids: Sequence[str], alphas: Mapping[str, float],
     names, rows = [MAIN], [current]
     for slot_id in ablated:
         j = list(slot_ids).index(slot_id)
-        names.append(without(slot_id))
+        names.append(without_seed(slot_id))
         rows.append((*current[:j], 0.0, *current[j + 1 :]))
     if all_off and ALL_OFF_MIN_SEEDS <= len(live) <= ALL_OFF_MAX_SEEDS:
         names.append(ALL_OFF)
         rows.append(tuple(0.0 for _ in slot_ids))
     for slot_id in training:
         j = list(slot_ids).index(slot_id)
-        names.append(shadow(slot_id))
+        names.append(with_seed(slot_id))
         rows.append((*current[:j], 1.0, *current[j + 1 :]))
-    return CounterfactualPlan(tuple(slot_ids), tuple(names), tuple(rows), tuple(ablated), tuple(training))
+    return AlphaConfigurations(tuple(slot_ids), tuple(names), tuple(rows), tuple(ablated), tuple(training))

@@ -36,7 +36,7 @@ from morphogen.core.slot import SlotConfig
 from morphogen.data import DataError, Task
 from morphogen.env.actions import Action, ActionSpace, Op
 from morphogen.env.compute import ComputeAccount
-from morphogen.env.counterfactual import MAIN, CounterfactualResult, CounterfactualSchedule, plan_counterfactuals
+from morphogen.env.counterfactual import MAIN, CounterfactualResult, CounterfactualSchedule, alpha_configurations
 from morphogen.env.evaluation import Objective, validate
 from morphogen.env.governor import DivergenceError, Governor, GovernorConfig, Rollback
 from morphogen.env.rewards import RewardBreakdown, RewardConfig, RewardMode, compute_reward
@@ -271,8 +271,8 @@ class MorphogenesisEpisode:
                 return False, "another seed is still germinated or training"
             # Seed weights come from (episode seed, epoch, slot), not from whatever the global RNG holds.
             with seeded(derive_seed(self.seed, epoch, model.slot_ids.index(action.slot)), self.device):
-                model.germinate(action.slot, action.blueprint, epoch, blend=action.style,
-                                blend_epochs=action.tempo)
+                model.germinate(action.slot, action.blueprint, epoch, blend=action.blend,
+                                blend_epochs=action.blend_epochs)
             return True, f"germinated {action.blueprint} in {action.slot}"
         if action.op is Op.ADVANCE:
             result = slot.advance(epoch)
@@ -367,7 +367,7 @@ class MorphogenesisEpisode:
                   if s.stage in BLENDED_STAGES and s.alpha.alpha > 0.0}
         training = [s.slot_id for s in self.model.slots() if s.stage is Stage.TRAINING and s.seed is not None]
         if self.config.counterfactuals is CounterfactualSchedule.EVERY_EPOCH:
-            plan = plan_counterfactuals(self.model.slot_ids, alphas, training)
+            configurations = alpha_configurations(self.model.slot_ids, alphas, training)
         else:
             # The blending gate reads the shadow from the epoch the seed has trained `min_training_epochs`
             # (validation comes before the epoch is counted); the fossilize gate and the heuristic read the
@@ -376,11 +376,13 @@ class MorphogenesisEpisode:
                         >= self.model.slot(slot_id).config.gates.min_training_epochs - 1]
             holding = [s.slot_id for s in self.model.slots() if s.stage is Stage.HOLDING
                        or (s.stage is Stage.BLENDING and s.alpha.steps_done + 1 >= s.alpha.steps_total)]
-            plan = plan_counterfactuals(self.model.slot_ids, alphas, training, ablate=holding, all_off=False)
+            configurations = alpha_configurations(self.model.slot_ids, alphas, training, ablate=holding,
+                                                  all_off=False)
         with self.timer.phase("validate"):
-            result = validate(self.model, self.task.validation, plan, self.config.validation_batch_size,
+            result = validate(self.model, self.task.validation, configurations, self.config.validation_batch_size,
                               self.objective)
-        self.compute.charge_validation(self.flop_counter, self.model, plan.alphas, dict(result.batch_shapes))
+        self.compute.charge_validation(self.flop_counter, self.model, configurations.alphas,
+                                       dict(result.batch_shapes))
         return result
 
     def _record_signals(self, result: CounterfactualResult) -> None:
@@ -472,9 +474,9 @@ class MorphogenesisEpisode:
     def _emit_epoch(self, result: CounterfactualResult, action: Action, succeeded: bool,
                     reward: RewardBreakdown) -> None:
         snapshot, emit = self.snapshot, self._emit
-        if result.plan.size > 1:
+        if result.configurations.size > 1:
             emit(events.CounterfactualMeasured(
-                epoch=self.epoch, env_id=self.env_id, configs=result.plan.names, accuracies=result.accuracies,
+                epoch=self.epoch, env_id=self.env_id, configs=result.configurations.names, accuracies=result.accuracies,
                 losses=result.losses, contributions=tuple(result.contributions.items())))
         emit(events.RewardComputed(epoch=self.epoch, env_id=self.env_id, total=reward.total,
                                    components=reward.components))

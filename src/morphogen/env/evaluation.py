@@ -19,7 +19,7 @@ from morphogen.core.flops import Shape
 from morphogen.core.model import MorphogeneticModel
 from morphogen.data import BatchSource, DataError, Task
 from morphogen.env.compute import note_batch
-from morphogen.env.counterfactual import CounterfactualPlan, CounterfactualResult
+from morphogen.env.counterfactual import AlphaConfigurations, CounterfactualResult
 
 LossFunction = Callable[[Tensor, Tensor], Tensor]
 
@@ -93,20 +93,20 @@ def per_config_loss_and_correct(outputs: Tensor, targets: Tensor) -> tuple[Tenso
 
 
 @torch.inference_mode()
-def validate(model: MorphogeneticModel, dataset: BatchSource, plan: CounterfactualPlan,
+def validate(model: MorphogeneticModel, dataset: BatchSource, configurations: AlphaConfigurations,
              batch_size: int = 512, objective: Objective | None = None) -> CounterfactualResult:
-    """Score (accuracy points by default) and mean loss of every configuration in `plan`, in one pass over `dataset`.
+    """Score (accuracy points by default) and mean loss of every configuration, in one pass over `dataset`.
 
     One host sync at the end (the `.tolist()` of the stacked [2, K] metrics).
     """
     objective = objective or Objective(task_loss, None, custom=False)
     was_training = model.training
     model.eval()
-    k = plan.size
+    k = configurations.size
     loss_sum = torch.zeros(k, device=dataset.device, dtype=torch.float64)
     score_sum = torch.zeros(k, device=dataset.device, dtype=torch.float64)
     count = 0
-    alphas = [list(row) for row in plan.alphas]
+    alphas = [list(row) for row in configurations.alphas]
     shapes: Counter[tuple[Shape, torch.dtype]] = Counter()
     for inputs, targets in dataset.iterate_batches(batch_size, shuffle=False):
         note_batch(shapes, inputs)
@@ -119,5 +119,5 @@ def validate(model: MorphogeneticModel, dataset: BatchSource, plan: Counterfactu
     if count == 0:
         raise DataError("the validation data yielded no batch")
     loss_values, score_values = torch.stack([loss_sum, score_sum]).tolist()  # the one sync
-    return CounterfactualResult(plan, tuple(v / count for v in score_values), tuple(v / count for v in loss_values),
-                                tuple(shapes.items()))
+    return CounterfactualResult(configurations, tuple(v / count for v in score_values),
+                                tuple(v / count for v in loss_values), tuple(shapes.items()))

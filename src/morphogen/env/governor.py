@@ -1,4 +1,4 @@
-"""Governor: roll the model back to its last good state when training diverges (DESIGN §5 step 6).
+"""Governor: roll the model back to its last good state when training diverges.
 
 After every healthy epoch it copies the host's and the seeds' state into buffers it reuses. An epoch
 is divergent when any of these holds:

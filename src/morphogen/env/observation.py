@@ -1,6 +1,6 @@
 """Feature encoding: an `EpisodeSnapshot` -> a flat float32 vector plus one blueprint id per slot.
 
-Rules of the encoding (DESIGN §5 step 3):
+Rules of the encoding (docs/architecture.md#controller):
 
 - Every value that may be unmeasured is written as two features: the value (or `UNMEASURED` when
   it is None) followed by a ``*_measured`` flag (1.0 measured, 0.0 not). An unknown therefore never

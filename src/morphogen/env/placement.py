@@ -1,4 +1,4 @@
-"""Which device each env of a vector runs on, and the per-device copies of what its envs share (DESIGN §7).
+"""Which device each env of a vector runs on, and the per-device copies of what its envs share.
 
 One process can spread a vector's envs over several devices (`morphogen train --devices cuda:0,cuda:1`).
 Env i runs on `devices[i % len(devices)]` (round robin: with envs that do not divide evenly, no device
@@ -12,12 +12,12 @@ What lives where:
   validates on that device's copy (`task_for`).
 - Each env's model, optimizers and gradient monitor are built on its device by its episode.
 
-CUDA rules (DESIGN §7, §9.4): every env on a CUDA device trains on its own persistent stream on that
-device. A batch copied to a device is allocated on that device's current stream, and the copy is
-ordered before that stream's later work (a peer copy synchronizes the source's and destination's
-current streams); an env stream first waits for the current stream of its device, then marks the
-batch it reads with `record_stream` (`VectorEpisodes._train_all`). After an epoch, one synchronize
-per CUDA device (`synchronize`), before the envs' metrics are read.
+CUDA rules (docs/architecture.md#devices-and-cuda-streams): every env on a CUDA device trains on its own
+persistent stream on that device. A batch copied to a device is allocated on that device's current
+stream, and the copy is ordered before that stream's later work (a peer copy synchronizes the source's
+and destination's current streams); an env stream first waits for the current stream of its device, then
+marks the batch it reads with `record_stream` (`VectorEpisodes._train_all`). After an epoch, one
+synchronize per CUDA device (`synchronize`), before the envs' metrics are read.
 
 Identical device strings are allowed (`cpu,cpu`): the envs then share one device and one copy of the
 data, and the run is bitwise the run with that single device (tested).

@@ -1,4 +1,4 @@
-"""Reward modes (DESIGN §5 step 5): pure functions from two snapshots and an action to named components.
+"""Reward modes (docs/architecture.md#rewards): pure functions from two snapshots and an action to named components.
 
 The four modes and the components they sum (every mode reports the same components at every step,
 zeros included, so telemetry columns are stable):
@@ -10,7 +10,7 @@ zeros included, so telemetry columns are stable):
 
 Decisions worth knowing:
 
-- Rent. ``parameter_rent`` is the DESIGN formula ``-min(w ln(1 + added / max(host, floor)), cap)``.
+- Rent. ``parameter_rent`` is ``-min(w ln(1 + added / max(host, floor)), cap)``.
   Dense modes charge it per step divided by ``max_epochs`` (a seed held all episode pays the formula
   once in total), and at the last step charge it once more in full for the size of the final model.
   Sparse mode charges only that final full formula.
@@ -188,7 +188,7 @@ class RewardBreakdown:
 
 # ---------------------------------------------------------------- the formulas
 def parameter_rent(added: int, host: int, config: RewardConfig) -> float:
-    """Rent as a reward (<= 0): ``-min(w ln(1 + added / max(host, floor)), cap)`` (DESIGN §5 step 5)."""
+    """Rent as a reward (<= 0): ``-min(w ln(1 + added / max(host, floor)), cap)``."""
     if added < 0 or host < 0:
         raise ValueError(f"parameter counts must be >= 0, got added={added}, host={host}")
     ratio = added / max(host, config.rent_floor_parameters)

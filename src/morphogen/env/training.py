@@ -1,8 +1,8 @@
 """One training batch of a morphogenetic model: host and every live seed, each with its own optimizer.
 
-A TRAINING seed learns in closed loop (DESIGN §4.3): its gradient comes from the loss of the network
-with its output blended in at alpha 1 (the shadow pass), restricted to its own parameters, while the
-host and blended seeds learn from the real model's loss.
+A TRAINING seed learns in closed loop (docs/architecture.md#shadow-pass): its gradient comes from the
+loss of the network with its output blended in at alpha 1 (the shadow pass), restricted to its own
+parameters, while the host and blended seeds learn from the real model's loss.
 
 Gradients are clipped per group (host, then each seed) so a young seed's large gradients cannot eat
 the host's step budget, and vice versa. Nothing here synchronizes: the loss is accumulated on the
@@ -34,7 +34,7 @@ OPTIMIZER_NAMES: tuple[str, ...] = ("sgd", "adamw")
 
 @dataclass(frozen=True)
 class OptimizerConfig:
-    """Optimizer of the host and of each seed (DESIGN §5 step 1): one kind for both, each its own settings.
+    """Optimizer of the host and of each seed: one kind for both, each its own settings.
 
     The defaults are the SGD the image tasks train with. A task may choose another default
     (`morphogen.data.DEFAULT_OPTIMIZERS`, resolved by `task_optimizer_config`): `text` trains its

@@ -1,14 +1,14 @@
-"""Many episodes stepped in lockstep on one shared batch stream (DESIGN §3 data flow, §7).
+"""Many episodes stepped in lockstep on one shared batch stream (docs/architecture.md#one-step).
 
 Every env trains on the same training batches in the same order (they differ in host seed and in
 what their controllers grow), so data is loaded and augmented once per batch, not once per env, and
 the controller sees all envs at once: one batched policy call per step.
 
-CUDA rules (DESIGN §7, §9.4): each env trains on its own persistent stream. A batch produced on the
-current stream and read on an env's stream is marked with `record_stream`, so the caching allocator
-does not hand its memory to someone else while that stream may still read it. The input batch and
-every tensor derived from it on the producing stream (the augmented images) are recorded, not only
-the derived ones. One synchronize per phase (per device), before the epoch's metrics are read.
+CUDA rules (docs/architecture.md#devices-and-cuda-streams): each env trains on its own persistent stream. A batch
+produced on the current stream and read on an env's stream is marked with `record_stream`, so the caching allocator
+does not hand its memory to someone else while that stream may still read it. The input batch and every tensor derived
+from it on the producing stream (the augmented images) are recorded, not only the derived ones. One synchronize per
+phase (per device), before the epoch's metrics are read.
 
 Several devices (`devices`): env i runs on `devices[i % len(devices)]`; the batch is produced on the
 first and copied once per other device (`env/placement.py` says what lives where).

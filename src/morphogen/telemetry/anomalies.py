@@ -1,6 +1,6 @@
 """Anomaly detection over PPO diagnostics, gradient norms and LSTM state health.
 
-One entry point, `AnomalyDetector.check()`, runs every detector (DESIGN §9.8: none may be left
+One entry point, `AnomalyDetector.check()`, runs every detector (none may be left
 unwired) on plain Python numbers, so it never touches a device: compute the diagnostics with one
 sync first (see `LSTMHealth.materialize` and the PPO update's statistics), then check them.
 

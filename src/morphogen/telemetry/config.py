@@ -1,8 +1,8 @@
 """Telemetry settings: level, escalation, TensorBoard, profiling, and the anomaly detectors' thresholds.
 
-Every field is read somewhere in `morphogen.telemetry` (DESIGN §9.8); the docstring of each field
-says where. Values are checked when the config is built; an error names the field, the bad value
-and what is accepted.
+Every field is read somewhere in `morphogen.telemetry` (no dead flags: docs/architecture.md#telemetry);
+the docstring of each field says where. Values are checked when the config is built; an error names the
+field, the bad value and what is accepted.
 """
 
 from __future__ import annotations

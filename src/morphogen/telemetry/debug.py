@@ -1,15 +1,17 @@
 """Per-layer statistics of a module's parameters and gradients, for debug-level telemetry.
 
 Rules:
-- One host sync per call: every statistic of every tensor is computed on its device, the rows are
-  moved to one device (DESIGN §9.3) and stacked, and a single `.tolist()` brings them to the host.
-  Nothing is checked per parameter with `.item()` (DESIGN §9.7).
-- Norms come from `torch._foreach_norm` per (device, dtype) bucket, in float32 (float64 stays
-  float64), so half-precision tensors do not overflow (DESIGN §9.5). The other statistics loop over
-  the tensors in Python, converting one tensor at a time: no copy of all parameters is built.
-- `layer_statistics` is wrapped in `torch.compiler.disable` (DESIGN §9.2): its loop over parameters
-  would otherwise be unrolled into a compiled graph (one graph per model shape, recompiled when a
-  seed is added). Called from compiled code, it causes a graph break and runs eagerly.
+- One host sync per call: every statistic of every tensor is computed on its device, the rows are moved
+  to one device (stacking rows from several devices would fail) and stacked, and a single `.tolist()`
+  brings them to the host. Nothing is checked per parameter with `.item()`, which would be one sync per
+  parameter.
+- Norms come from `torch._foreach_norm` per (device, dtype) bucket, in float32 (float64 stays float64),
+  so half-precision tensors do not overflow (a sum of squares in their own dtype would). The other
+  statistics loop over the tensors in Python, converting one tensor at a time: no copy of all parameters
+  is built.
+- `layer_statistics` is wrapped in `torch.compiler.disable` (docs/architecture.md#compiled-code): its
+  loop over parameters would otherwise be unrolled into a compiled graph (one graph per model shape,
+  recompiled when a seed is added). Called from compiled code, it causes a graph break and runs eagerly.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Gradient statistics per parameter group: global L2 norm, vanishing and exploding tensor counts.
 
-Rules (DESIGN §8, §9):
+Rules (docs/architecture.md#telemetry):
 - Norms are per-tensor (`torch._foreach_norm`) and computed in float32, or float64 for float64
   gradients, so float16/bfloat16 gradients do not overflow the way a sum of squares in their own
   dtype does. No temporary tensor the size of all gradients is built (no `torch.cat` of gradients):

@@ -2,7 +2,7 @@
 
 `PhaseTimer` costs two `time.perf_counter()` calls per phase. It measures wall-clock time on the
 host: on CUDA a phase ends when its Python code returns, which includes the device work only where
-the phase synchronizes (the loop synchronizes once per phase, DESIGN §7). Phases may nest; each
+the phase synchronizes (the loop synchronizes once per phase: docs/architecture.md#sync-budgets). Phases may nest; each
 phase's total includes the phases inside it.
 
 `TraceProfiler` records CPU activity always, plus CUDA and MPS when this torch build and machine

@@ -1,6 +1,6 @@
 """Where events go: sinks, the `Telemetry` hub that filters by level, and a reader for JSON lines.
 
-Rules (DESIGN §9.9): a sink that fails with OSError, TypeError or ValueError never stops training.
+Rules (docs/architecture.md#telemetry): a sink that fails with OSError, TypeError or ValueError never stops training.
 The hub logs the first failure of each sink with its traceback (a full disk: one line without it),
 counts the rest, and reports the count when it closes. Any other exception is a bug and propagates.
 

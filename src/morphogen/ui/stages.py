@@ -8,7 +8,7 @@ from __future__ import annotations
 
 STAGES = ("dormant", "germinated", "training", "blending", "holding", "fossilized", "pruned", "embargoed",
           "resetting")
-"""Every stage in lifecycle order (DESIGN §4.1)."""
+"""Every stage in lifecycle order (docs/architecture.md#lifecycle)."""
 
 STAGE_COLOURS = {
     "dormant": "#9e9e9e",
