@@ -23,6 +23,7 @@ from __future__ import annotations
 import copy
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 from torch import Tensor, nn
@@ -98,6 +99,16 @@ def _shadow_step(model: MorphogeneticModel, x: Tensor, rows: int | None) -> None
         torch.autograd.backward(shadow.outputs.sum(), inputs=list(shadow.parameters))
 
 
+def _probe(model: MorphogeneticModel, x: Tensor) -> None:
+    model.growth_signals(x, lambda output: output.sum())
+
+
+@torch.no_grad()
+def _host_forward(model: MorphogeneticModel, x: Tensor) -> None:
+    """The model's forward with every slot as it is (the host alone where no seed is blended in)."""
+    model(x)
+
+
 @torch.inference_mode()
 def _validation_batch(model: MorphogeneticModel, x: Tensor, alphas: Sequence[Sequence[float]]) -> None:
     model.counterfactual_forward(x, alphas)
@@ -115,6 +126,7 @@ class FlopCounter:
     def __init__(self) -> None:
         self._training: dict[Hashable, StepFlops] = {}
         self._validation: dict[Hashable, ValidationFlops] = {}
+        self._costs: dict[Hashable, SeedCost] = {}
         self.counts_made = 0
 
     def training_step(self, model: MorphogeneticModel, shape: Shape, dtype: torch.dtype,
@@ -142,6 +154,34 @@ class FlopCounter:
             cached = self._validation[key] = ValidationFlops(main, total - main)
         return cached
 
+    def probe(self, model: MorphogeneticModel, shape: Shape, dtype: torch.dtype) -> int:
+        """FLOPs of `MorphogeneticModel.growth_signals` on a batch of `shape`: a forward and the input gradients."""
+        key = ("probe", plan_key(model), shape, dtype)
+        cached = self._validation.get(key)
+        if cached is None:
+            flops, _ = self._on_copy(model, shape, dtype, lambda copy, x: (_count(_probe, copy, x), 0))
+            cached = self._validation[key] = ValidationFlops(flops, 0)
+        return cached.main
+
+    def seed_cost(self, model: MorphogeneticModel, slot_id: str, blueprint: str, shape: Shape,
+                  dtype: torch.dtype) -> SeedCost:
+        """What `blueprint` installed in the empty slot `slot_id` would add (forward FLOPs per batch of `shape`)."""
+        key = (slot_id, blueprint, shape, dtype)
+        cached = self._costs.get(key)
+        if cached is None:
+            self.counts_made += 1
+            copied = meta_copy(model)
+            assert isinstance(copied, MorphogeneticModel)
+            copied.eval()
+            x = torch.empty(shape, dtype=dtype, device="meta")
+            host = _count(_host_forward, copied, x)
+            with torch.random.fork_rng(devices=[]):  # building the seed draws nothing from the training's generator
+                slot = copied.install(slot_id, blueprint)
+            seed = _count(_host_forward, copied, x) - host
+            parameters, host_parameters = slot.seed_parameter_count(), copied.host_param_count()
+            cached = self._costs[key] = SeedCost(parameters, seed, parameters / host_parameters, seed / max(host, 1))
+        return cached
+
     def _on_copy(self, model: MorphogeneticModel, shape: Shape, dtype: torch.dtype,
                  count: CountOnCopy) -> tuple[int, int]:
         """Run `count(copy, inputs)` on a meta copy of `model` in training mode; on a real copy when the
@@ -160,6 +200,17 @@ def _counted(model: nn.Module, x: Tensor, count: CountOnCopy) -> tuple[int, int]
     model.compile_forward(None)  # a compiled forward would count nothing it did not trace
     model.train()
     return count(model, x)
+
+
+class SeedCost(NamedTuple):
+    """What a blueprint would add to a model in a slot: its parameters and forward FLOPs, also relative to the host's
+    (the features a controller can compare blueprints by, whatever the host)."""
+
+    parameters: int
+    flops: int
+    """Forward FLOPs it adds per batch of the shape it was counted at."""
+    relative_parameters: float
+    relative_flops: float
 
 
 def plan_key(model: MorphogeneticModel) -> Hashable:

@@ -26,7 +26,7 @@ import math
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any, NamedTuple, cast
 
 import torch
 from torch import Tensor, nn
@@ -51,6 +51,23 @@ def shadow_rows(batch: int, fraction: float) -> int | None:
     """How many samples of a batch of `batch` the shadow pass runs on (`forward_with_shadow`): `fraction` of
     them, at least one; None for the whole batch."""
     return None if fraction >= 1.0 else max(1, math.ceil(batch * fraction))
+
+
+class GrowthSignal(NamedTuple):
+    """What growth could gain at an empty slot (`MorphogeneticModel.growth_signals`), as 0-dim device tensors."""
+
+    depth: Tensor
+    """At the slot's activation, where a deepening seed adds its output."""
+    width: Tensor | None
+    """At the consumer's output, where a widening seed adds its channels' contribution (None: no width site)."""
+
+
+def _signal(activation: Tensor, gradient: Tensor | None, batch: int) -> Tensor:
+    """sqrt(mean ||dl/da||^2 * mean ||a||^2) over the samples, from the gradient of the batch's mean loss."""
+    if gradient is None:  # the loss does not depend on this activation
+        return activation.new_zeros(())
+    per_sample = (gradient * batch).flatten(1).square().sum(1)  # (B,): a sample's own loss gradient, squared
+    return (per_sample.mean() * activation.detach().flatten(1).square().sum(1).mean()).sqrt()
 
 
 def _with_tap(step: SlotStep, position: int, slot: SeedSlot, tap: Tensor | None, x: Tensor) -> Tensor:
@@ -403,3 +420,47 @@ class MorphogeneticModel(nn.Module):
 
     def stages(self) -> dict[str, Stage]:
         return {slot.slot_id: slot.stage for slot in self.slots()}
+
+    def growth_signals(self, x: Tensor, loss: Callable[[Tensor], Tensor]) -> dict[str, GrowthSignal]:
+        """How much the loss could gain from growth at each empty slot, measured on the batch `x`.
+
+        Per empty slot: `depth`, at the slot's activation (where a deepening seed adds its output), and
+        `width`, at the consumer's output (where a widening seed adds the new channels' contribution; None
+        without a width site). Each is sqrt(mean ||dl/da||^2 * mean ||a||^2) over the samples, the gradient
+        norm of a sample's loss at activation `a` times the activation's norm: the first-order loss change a
+        perturbation of `a` in proportion to its size can make, whatever the activation's scale (a batch
+        norm after it makes the loss blind to that scale). Tensors on the device: read them once (one sync).
+
+        Runs in eval mode (batch norms read their running statistics, dropout is off) and with `autograd.grad`,
+        so no parameter gradient, buffer or random generator of the training is touched.
+        """
+        was_training = self.training
+        self.eval()
+        empty = {position for position, slot in enumerate(self.slots()) if slot.seed is None}
+        probed = frozenset(position for position in empty if self._slot_at(position).width_site is not None)
+        depth: dict[int, Tensor] = {}
+        width: dict[int, Tensor] = {}
+
+        def at_slot(position: int, slot: SeedSlot, h: Tensor) -> Tensor:
+            if position in empty:  # at the consumer's output for a slot with a width site, else at the slot
+                (width if position in probed else depth)[position] = h
+            return slot(h)
+
+        def at_point(position: int, slot: SeedSlot, h: Tensor) -> Tensor:  # a widening seed's or empty slot's point
+            if position in probed:
+                depth[position] = h
+            return h
+
+        try:
+            with torch.enable_grad():
+                output = self._walk(x, at_slot, widening=probed | self._widening(self.execution_plan()),
+                                    at_point=at_point)
+                points = [*depth.values(), *width.values()]
+                gradients = torch.autograd.grad(loss(output), points, allow_unused=True) if points else ()
+        finally:
+            self.train(was_training)
+        batch = x.shape[0]
+        measured = [_signal(h, g, batch) for h, g in zip(points, gradients, strict=True)]
+        depths, widths = dict(zip(depth, measured[:len(depth)], strict=True)), dict(zip(width, measured[len(depth):],
+                                                                                           strict=True))
+        return {self._slot_ids[p]: GrowthSignal(depths[p], widths.get(p)) for p in sorted(depths)}

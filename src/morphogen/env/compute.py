@@ -33,20 +33,22 @@ class ComputeAccount:
     """The model's own forward on the validation data, once per epoch (and once before training)."""
     counterfactual: int = 0
     """The counterfactual configurations evaluated next to it (each seed ablated, each TRAINING seed blended in)."""
+    probe: int = 0
+    """Growth signals measured for a controller that chooses where and how to grow by them."""
 
     @property
     def total(self) -> int:
-        return self.training + self.shadow + self.validation + self.counterfactual
+        return self.training + self.shadow + self.validation + self.counterfactual + self.probe
 
     @property
     def measurement(self) -> int:
-        """What measuring the seeds costs: shadow passes and counterfactual configurations."""
-        return self.shadow + self.counterfactual
+        """What measuring the seeds costs: shadow passes, counterfactual configurations and growth signals."""
+        return self.shadow + self.counterfactual + self.probe
 
     def as_dict(self) -> dict[str, int]:
         """The figures as summary.json records them (`total` first)."""
         return {"total": self.total, "training": self.training, "shadow": self.shadow,
-                "validation": self.validation, "counterfactual": self.counterfactual}
+                "validation": self.validation, "counterfactual": self.counterfactual, "probe": self.probe}
 
     def charge_training(self, counter: FlopCounter, model: MorphogeneticModel, shapes: BatchShapes,
                         shadow_fraction: float = 1.0) -> None:

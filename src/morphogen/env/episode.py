@@ -39,6 +39,7 @@ from morphogen.env.compute import ComputeAccount
 from morphogen.env.counterfactual import MAIN, CounterfactualResult, CounterfactualSchedule, alpha_configurations
 from morphogen.env.evaluation import Objective, validate
 from morphogen.env.governor import DivergenceError, Governor, GovernorConfig, Rollback
+from morphogen.env.growth_signals import CandidateSource, SlotGrowth, could_germinate, measure_growth
 from morphogen.env.rewards import RewardBreakdown, RewardConfig, RewardMode, compute_reward
 from morphogen.env.seeding import derive_seed, seeded
 from morphogen.env.snapshot import EpisodeSnapshot, SlotSnapshot
@@ -82,8 +83,12 @@ class EpisodeConfig:
     counterfactuals: CounterfactualSchedule = CounterfactualSchedule.FOR_DECISIONS
     #: Fraction of each training batch (its first samples) that the TRAINING seeds' shadow pass runs on. The
     #: shadow pass runs every layer after the seed's slot forward and backward again, so it is the main
-    #: cost of training a seed behind the host; half the batch halves it.
-    shadow_fraction: float = 0.5
+    #: cost of training a seed behind the host. On 5 seeds of digits and mnist1d (benchmarks/growth.py) 3/4
+    #: of the batch grew as well as the whole batch; half of it grew less.
+    shadow_fraction: float = 0.75
+    #: Training samples (the first ones, in a fixed order) on which growth signals are measured, for a controller
+    #: that chooses where and how to grow by them (`env/growth_signals.py`).
+    probe_samples: int = 128
     #: In a `VectorEpisodes`, train the envs whose architectures are identical in one vmapped call per
     #: batch (`env/batched.py`) instead of one after another; results agree to float32 rounding. A lone
     #: episode has nothing to batch with and trains as always.
@@ -96,6 +101,7 @@ class EpisodeConfig:
         check_count("validation_batch_size", self.validation_batch_size, MAX_BATCH_SIZE)
         if not 0.0 < self.gamma <= 1.0:
             raise ValueError(f"gamma must be in (0, 1], got {self.gamma}")
+        check_count("probe_samples", self.probe_samples, MAX_BATCH_SIZE)
         if not 0.0 < self.shadow_fraction <= 1.0:
             raise ValueError(f"shadow_fraction must be in (0, 1], got {self.shadow_fraction}")
 
@@ -176,6 +182,11 @@ class MorphogenesisEpisode:
         self.flop_counter = FlopCounter()
         #: FLOPs the current episode has spent so far.
         self.compute = ComputeAccount()
+        #: The blueprints the controller compares by growth signals, by epoch (`Controller.growth_candidates`);
+        #: None measures none.
+        self.growth_candidates: CandidateSource | None = None
+        #: Empty slot -> its growth signals and candidate costs, measured after the last epoch when asked.
+        self.growth: dict[str, SlotGrowth] = {}
 
     # ---------------------------------------------------------------- setup
     def build_model(self) -> MorphogeneticModel:
@@ -212,6 +223,7 @@ class MorphogenesisEpisode:
         self.fossilized = self.pruned = 0
         self.history = []
         self.compute = ComputeAccount()
+        self.growth = {}
         if self.detector is not None:
             # A fresh host's gradients are not a drift from the last episode's converged ones.
             self.detector.forget_gradients(f"env{self.env_id}/")
@@ -316,6 +328,7 @@ class MorphogenesisEpisode:
         for slot in self.model.slots():
             slot.step_epoch(self.epoch)
         self._emit_transitions()
+        self._measure_growth()
         previous = self.snapshot
         self.snapshot = self._make_snapshot(result, train_loss, action.op, succeeded, rollback)
         reward = compute_reward(self.config.reward_mode, previous, self.snapshot, action, succeeded,
@@ -385,6 +398,21 @@ class MorphogenesisEpisode:
                                        dict(result.batch_shapes))
         return result
 
+    def _measure_growth(self) -> None:
+        """Growth signals and candidate costs for the controller, when it asks and a seed could be germinated."""
+        assert self.model is not None
+        self.growth = {}
+        if self.growth_candidates is None or self.done or not could_germinate(self.model):
+            return
+        candidates = self.growth_candidates(self.epoch)
+        if not candidates:
+            return
+        inputs, targets = next(iter(self.task.train.iterate_batches(self.config.probe_samples, shuffle=False)))
+        batch = (inputs.to(self.device), targets.to(self.device))
+        with self.timer.phase("probe"):
+            self.growth, flops = measure_growth(self.model, batch, self.objective, self.flop_counter, candidates)
+        self.compute.probe += flops
+
     def _record_signals(self, result: CounterfactualResult) -> None:
         assert self.model is not None
         accuracy = result.accuracy(MAIN)
@@ -405,6 +433,7 @@ class MorphogenesisEpisode:
         assert self.model is not None
         slot = self.model.slot(slot_id)
         health = self.gradients.seeds.get(slot_id) if slot.seed is not None else None
+        growth = self.growth.get(slot_id)
         return SlotSnapshot(
             slot_id=slot_id, stage=slot.stage, blueprint=slot.blueprint if slot.seed is not None else None,
             blueprint_id=self.blueprint_ids[slot.blueprint] if slot.seed is not None and slot.blueprint else 0,
@@ -417,6 +446,8 @@ class MorphogenesisEpisode:
             gradient_health=None if health is None else health.health,
             gradient_ratio=None if health is None else health.gradient_ratio,
             accuracy_at_stage_start=slot.signals.accuracy_at_stage_start if slot.seed is not None else None,
+            depth_signal=None if growth is None else growth.depth,
+            width_signal=None if growth is None else growth.width, seed_costs=() if growth is None else growth.costs,
         )
 
     def _make_snapshot(self, result: CounterfactualResult, train_loss: float | None, op: Op, succeeded: bool,
