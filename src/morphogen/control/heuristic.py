@@ -4,8 +4,8 @@ Waits until the host has trained a few epochs and its learning slows down (valid
 at most half as fast as just before, or accuracy flat), then germinates a seed: by default where growth
 signals per FLOP are best, deeper (the next blueprint of its rotation) or wider (new channels of the layers
 around the slot) (`control/growth_choice.py`); with `choice = "rotation"`, or when no signal was measured, the
-next slot and blueprint in turn. Blueprints pruned recently are skipped. It pushes the seed through TRAINING and BLENDING,
-prunes a seed that never earns its way out of TRAINING or whose stage made accuracy worse, and in
+next slot and blueprint in turn. Blueprints pruned recently are skipped. It pushes the seed through
+TRAINING and BLENDING, prunes a seed that never earns its way out of TRAINING or whose stage made accuracy worse, and in
 HOLDING fossilizes a seed that contributes, else prunes it. It reads only the episode snapshot and
 the action masks.
 
