@@ -13,8 +13,9 @@ from typing import TextIO
 from rich.console import Console
 from rich.table import Column, Table
 
-from morphogen.core.blueprints import parameter_count, registry_table
-from morphogen.core.hosts import build_host
+from morphogen.core.blueprints import BlueprintKind, get_blueprint, parameter_count, registry_table
+from morphogen.core.hosts import SegmentedHost, build_host
+from morphogen.core.model import MorphogeneticModel
 from morphogen.data import TASK_NAMES, Task, load_task
 from morphogen.env.episode import task_host
 from morphogen.task_import import import_task, is_import_path
@@ -35,14 +36,19 @@ def _console(out: TextIO) -> Console:
     return Console(file=out, width=LINE_WIDTH, highlight=False)
 
 
-def slot_widths(task: Task, pool_slots: bool = False) -> dict[str, int]:
-    """Slot id -> channels (or model width) of every injection point of the task's host, in execution order."""
+def _meta_host(task: Task, pool_slots: bool) -> SegmentedHost:
+    """The task's host, on the meta device for a built-in one (no memory), on the CPU for a user's."""
     if task.host is not None:  # a user's host (`--task package.module:function`)
-        return dict(task_host(task, "cpu").injection_points)
+        return task_host(task, "cpu")
     host_kwargs: dict[str, int | bool] = dict(task.host_kwargs)
     if task.topology == "cnn" and pool_slots:
         host_kwargs["pool_slots"] = True
-    return dict(build_host(task.topology, device="meta", **host_kwargs).injection_points)
+    return build_host(task.topology, device="meta", **host_kwargs)
+
+
+def slot_widths(task: Task, pool_slots: bool = False) -> dict[str, int]:
+    """Slot id -> channels (or model width) of every injection point of the task's host, in execution order."""
+    return dict(_meta_host(task, pool_slots).injection_points)
 
 
 def list_tasks(out: TextIO) -> None:
@@ -61,14 +67,24 @@ def list_slots(task: Task, pool_slots: bool, out: TextIO) -> None:
     console.print(table)
 
 
+def _seed_parameters(model: MorphogeneticModel, slot_id: str, blueprint: str) -> str:
+    """The parameters `blueprint` adds in `slot_id` (a widening one: given the layers around it), or "-" where
+    the slot has no layers to widen."""
+    slot = model.slot(slot_id)
+    if get_blueprint(model.topology, blueprint).kind is BlueprintKind.WIDEN and slot.width_site is None:
+        return "-"
+    return f"{parameter_count(model.topology, blueprint, slot.channels, site=slot.width_site):,}"
+
+
 def list_blueprints(task: Task, pool_slots: bool, out: TextIO) -> None:
     """Every blueprint of the task's topology with the parameters it adds in each slot."""
     widths = slot_widths(task, pool_slots)
+    model = MorphogeneticModel(_meta_host(task, pool_slots))
     first_width = next(iter(widths.values()))
     slot_columns = (Column(f"{slot} (w {width})", justify="right") for slot, width in widths.items())
     table = Table("blueprint", *slot_columns, "what it is", box=None, pad_edge=False)
     for name, _, description in registry_table(task.topology, first_width):
-        counts = (f"{parameter_count(task.topology, name, width):,}" for width in widths.values())
+        counts = (_seed_parameters(model, slot_id, name) for slot_id in widths)
         table.add_row(name, *counts, description)
     console = _console(out)
     console.print(f"blueprints of the {task.name} host ({task.topology}): parameters each adds in each slot "
