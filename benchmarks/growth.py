@@ -36,8 +36,8 @@ from morphogen.control.controller import NoGrowthController
 from morphogen.control.heuristic import HeuristicController
 from morphogen.data import DEFAULT_HOST_SIZES, load_task
 from morphogen.env.episode import EpisodeConfig, MorphogenesisEpisode
+from morphogen.env.optimizer import task_optimizer_config
 from morphogen.env.play import EpisodeOutcome, run_episode
-from morphogen.env.training import task_optimizer_config
 from morphogen.telemetry.events import CounterfactualMeasured, Event, StageTransition
 from morphogen.telemetry.story import SHADOW_PREFIX
 from morphogen.ui.units import format_flops

@@ -36,8 +36,8 @@ from morphogen.core.slot import SlotConfig
 from morphogen.data import Task, load_task
 from morphogen.devices import resolve_device
 from morphogen.env.episode import EpisodeConfig, MorphogenesisEpisode
+from morphogen.env.optimizer import OptimizerConfig
 from morphogen.env.play import run_episode
-from morphogen.env.training import OptimizerConfig
 
 #: Gates that let `fossilized_model` walk a seed straight to FOSSILIZED with a 0-epoch blend.
 _INSTANT_LIFECYCLE = SlotConfig(gates=GateConfig(mode=GateMode.PERMISSIVE, min_training_epochs=0), blend_epochs=0)

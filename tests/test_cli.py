@@ -240,7 +240,7 @@ def test_a_second_run_into_a_run_directory_is_refused_and_leaves_it_untouched(
     capsys.readouterr()
     line = run_expecting_user_error(["run", *tiny, "--run-dir", str(run_dir)], capsys)
     assert line.endswith(f"run_dir: {run_dir} already holds another run (config.json, events.jsonl, summary.json, "
-                         "baseline); choose another --run-dir")
+                         "model.pt, baseline); choose another --run-dir")
     assert {path: path.read_bytes() for path in run_dir.rglob("*") if path.is_file()} == before
 
 

@@ -120,9 +120,7 @@ class Grower:
                 parameter.grad = None  # seeds are stepped here every batch, not by your optimizer
         output, shadow = model.forward_with_shadow(inputs, shadow_rows(inputs.shape[0], trainer.shadow_fraction))
         loss = trainer.objective.checked_loss(output, targets)
-        if shadow is not None and shadow.parameters:
-            trainer.objective.shadow_loss(shadow.outputs, targets[:shadow.rows]).backward(
-                inputs=list(shadow.parameters))
+        trainer.backward_shadow(shadow, targets)
         trainer.add_epoch_losses(loss.detach(), 1)
         note_batch(trainer.batch_shapes, inputs)
         self._steps += 1

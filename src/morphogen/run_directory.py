@@ -3,9 +3,11 @@
 Files (every command writes only these names; readers look only for them):
 
 - `config.json`: the resolved config; `events.jsonl`: one JSON object per event; `summary.json`: the
-  closing numbers of a `run`; `baseline/events.jsonl`: a `run`'s no-growth episode; `checkpoint.pt`
-  and `imitation.json`: a `train` run; `eval.json`: an `eval --run-dir` table; `report.html`: the
-  default place of `report --html`; `tb/` and `profile/`: TensorBoard scalars and profiler traces.
+  closing numbers of a `run`; `model.pt`: the model a `run` grew (`morphogen.model_file`), which
+  `morphogen export` writes as `model.pt2` or `model.onnx`; `baseline/events.jsonl`: a `run`'s
+  no-growth episode; `checkpoint.pt` and `imitation.json`: a `train` run; `eval.json`: an `eval
+  --run-dir` table; `report.html`: the default place of `report --html`; `tb/` and `profile/`:
+  TensorBoard scalars and profiler traces.
 
 Rules:
 
@@ -45,6 +47,7 @@ from typing import IO
 CONFIG_FILENAME = "config.json"
 EVENTS_FILENAME = "events.jsonl"
 SUMMARY_FILENAME = "summary.json"
+MODEL_FILENAME = "model.pt"
 BASELINE_DIRNAME = "baseline"
 CHECKPOINT_NAME = "checkpoint.pt"
 IMITATION_FILENAME = "imitation.json"
@@ -54,8 +57,9 @@ TENSORBOARD_DIRNAME = "tb"
 PROFILE_DIRNAME = "profile"
 LOCK_NAME = ".lock"
 
-RUN_FILE_NAMES = (CONFIG_FILENAME, EVENTS_FILENAME, SUMMARY_FILENAME, BASELINE_DIRNAME, CHECKPOINT_NAME,
-                  IMITATION_FILENAME, SCORES_FILENAME, REPORT_FILENAME, TENSORBOARD_DIRNAME, PROFILE_DIRNAME)
+RUN_FILE_NAMES = (CONFIG_FILENAME, EVENTS_FILENAME, SUMMARY_FILENAME, MODEL_FILENAME, BASELINE_DIRNAME,
+                  CHECKPOINT_NAME, IMITATION_FILENAME, SCORES_FILENAME, REPORT_FILENAME, TENSORBOARD_DIRNAME,
+                  PROFILE_DIRNAME)
 """Names whose presence means a directory already holds a run."""
 
 SYSTEM_DIRECTORIES = tuple(Path(name) for name in ("/bin", "/boot", "/dev", "/etc", "/lib", "/lib32", "/lib64",

@@ -235,12 +235,6 @@ def test_non_finite_state_is_never_saved_and_never_loaded(trainer: PPOTrainer, t
         load_checkpoint(path)
 
 
-def test_format_1_checkpoints_without_checksum_are_still_read(trainer: PPOTrainer, tmp_path: Path) -> None:
-    path = tmp_path / CHECKPOINT_NAME
-    torch.save({"format_version": 1, **trainer.state_dict()}, path)
-    assert load_checkpoint(path)["round"] == trainer.state.next_round
-
-
 def test_disk_full_during_a_checkpoint_keeps_the_previous_one(trainer: PPOTrainer, tmp_path: Path,
                                                               monkeypatch: pytest.MonkeyPatch) -> None:
     path = tmp_path / CHECKPOINT_NAME

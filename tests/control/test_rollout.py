@@ -137,7 +137,7 @@ def test_batch_is_a_copy_and_select_envs_keeps_whole_sequences() -> None:
     batch = buffer.finish(torch.zeros(3), gamma=0.9, gae_lambda=0.9)
     fill(buffer, 3, offset=100.0)  # refilling must not change the batch already handed out
     assert batch.observations[:, :, 0].T.tolist() == [[0, 1, 2, 3], [10, 11, 12, 13], [20, 21, 22, 23]]
-    assert batch.n_steps == 4 and batch.n_envs == 3
+    assert batch.actions.shape[0] == 4 and batch.n_envs == 3
     assert (batch.initial_state[0] == 0).all()
     assert batch.action_masks is not None and batch.blueprint_ids is not None
     assert batch.action_masks[0][:, 0, 0].tolist() == [True, False, True, False]

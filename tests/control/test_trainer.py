@@ -76,7 +76,7 @@ def test_collect_fills_whole_episodes_and_one_round_updates(digits: Task, tmp_pa
     rollout = trainer.collect(0)
     batch, collected = rollout.batch, rollout.summary
     steps, envs = config.episode_length, config.n_envs
-    assert batch.n_steps == steps and batch.n_envs == envs
+    assert batch.actions.shape[0] == steps and batch.n_envs == envs
     assert batch.actions.shape == (steps, envs, len(HEADS))
     assert batch.episode_starts[0].all() and not batch.episode_starts[1:].any()
     assert torch.isfinite(batch.advantages).all() and torch.isfinite(batch.returns).all()

@@ -14,12 +14,11 @@ from morphogen.core.blueprints import blueprint_names
 from morphogen.core.lifecycle import Stage
 from morphogen.env.actions import Op
 from morphogen.env.observation import (
-    HISTORY_LENGTH,
     MAGNITUDE_CEILING,
     UNMEASURED,
     ObservationEncoder,
 )
-from morphogen.env.snapshot import EpisodeSnapshot, SlotSnapshot
+from morphogen.env.snapshot import HISTORY_LENGTH, EpisodeSnapshot, SlotSnapshot
 
 SLOT_IDS = ("r0c0", "r0c1")
 

@@ -15,7 +15,7 @@ from morphogen.cli import main
 from morphogen.run_directory import EVENTS_FILENAME
 from morphogen.ui.dashboard import Dashboard
 from morphogen.ui.live_state import RunView
-from morphogen.ui.run_files import read_timed_events
+from morphogen.ui.run_files import EventTail
 
 POLL = 0.05
 
@@ -111,7 +111,7 @@ def test_keys_pause_help_detail_and_quit(grown_run: Path) -> None:
 
 
 def test_replay_feeds_a_finished_run_progressively(grown_run: Path) -> None:
-    total = len(read_timed_events(grown_run / EVENTS_FILENAME))
+    total = len(EventTail(grown_run / EVENTS_FILENAME).read_new(final=True))
     per_tick, slow_timer = 10, 600.0  # the timer never fires in the test: ticks are driven by hand
 
     async def drive() -> None:
@@ -136,7 +136,7 @@ def test_view_speed_and_eta_count_env_steps(trained_run: Path) -> None:
 
     view = RunView.from_config(json.loads((trained_run / "config.json").read_text()))
     assert (view.training, view.rounds_total, view.n_envs, view.episode_length) == (True, 2, 2, 4)
-    events = read_timed_events(trained_run / EVENTS_FILENAME)
+    events = EventTail(trained_run / EVENTS_FILENAME).read_new(final=True)
     half = [timed for timed in events][: len(events) // 2]
     for timed in half:
         view.apply(timed)

@@ -23,7 +23,7 @@ def runs_root(grown_run: Path, trained_run: Path, tmp_path_factory: pytest.TempP
 
 
 def test_runs_table_has_one_row_per_run_with_its_results(runs_root: Path) -> None:
-    header, rows = query_runs(runs_root)
+    header, rows, _ = query_runs(runs_root)
     table = {row[0]: dict(zip(header, row, strict=True)) for row in rows}
     assert set(table) == {"grown", "trained"}
     summary = json.loads((runs_root / "grown" / "summary.json").read_text())

@@ -18,11 +18,14 @@ from morphogen.control.heuristic import HeuristicConfig, HeuristicController
 from morphogen.core.model import MorphogeneticModel
 from morphogen.data import Task
 from morphogen.devices import resolve_device
+from morphogen.env.actions import Op
 from morphogen.env.episode import EpisodeConfig, MorphogenesisEpisode, StepResult
 from morphogen.env.play import Controller, EpisodeOutcome, run_episode
+from morphogen.model_file import save_model_file
 from morphogen.run_directory import (
     BASELINE_DIRNAME,
     CONFIG_FILENAME,
+    MODEL_FILENAME,
     SUMMARY_FILENAME,
     hold_run_directory,
     make_run_dir,
@@ -52,8 +55,6 @@ class RunConfig(SessionOptions):
     heuristic: HeuristicConfig = field(default_factory=HeuristicConfig)
 
 
-
-
 def format_step(result: StepResult) -> str:
     """One progress line (at most 120 columns): epoch, accuracy, loss, parameters, each seed, the action.
 
@@ -66,8 +67,6 @@ def format_step(result: StepResult) -> str:
         f"{f' a={slot.alpha:.2f}' if slot.alpha > 0 else ''}" for slot in s.slots if slot.blueprint is not None)
     outcome = "ok" if result.action_succeeded else f"refused: {result.reason}"
     rollback = "  ROLLBACK" if result.rollback is not None else ""
-    from morphogen.env.actions import Op
-
     action = Op(s.last_op).name
     line = (f"epoch {s.epoch:3d}/{s.max_epochs}  acc {s.val_accuracy:6.2f}%  loss {s.val_loss:.3f}  "
             f"params {s.active_parameters:>9,}  | {seeds or 'no seeds'} | {action} {outcome}{rollback}")
@@ -192,10 +191,9 @@ def _play_and_write(config: RunConfig, task: Task, episode: MorphogenesisEpisode
     summary = {"grown": _outcome_dict(grown), "baseline": None if baseline is None else _outcome_dict(baseline),
                "from_scratch": None if from_scratch is None else
                {**_outcome_dict(from_scratch), "architecture": architecture}}
-    write_atomic(run_dir / "summary.json", (json.dumps(_strict(summary), indent=2) + "\n").encode())
-    return RunResult(grown, baseline, from_scratch, episode.model, run_dir)
     write_atomic(run_dir / SUMMARY_FILENAME, (json.dumps(_strict(summary), indent=2) + "\n").encode())
-    return grown, baseline, run_dir
+    save_model_file(episode.model, run_dir / MODEL_FILENAME)  # for `morphogen export`
+    return RunResult(grown, baseline, from_scratch, episode.model, run_dir)
 
 
 def _run_baseline(config: RunConfig, task: Task, run_dir: Path, display: ProgressDisplay) -> EpisodeOutcome:

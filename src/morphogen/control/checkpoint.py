@@ -5,12 +5,11 @@ the resolved config (as JSON text), plus the layout it was built for (task, slot
 action sizes, episode length) so that a mismatched checkpoint is refused with a clear message
 before anything of a run is overwritten.
 
-Integrity (format 2): `save_checkpoint` refuses a state holding NaN or infinity (a diverged policy is
+Integrity: `save_checkpoint` refuses a state holding NaN or infinity (a diverged policy is
 never written as the latest checkpoint; the trainer undoes such an update before saving) and stores a
 SHA-256 `checksum` of everything else (`control/integrity.py`). `load_checkpoint` recomputes it and
 scans for NaN/Inf again, so a damaged or tampered file is refused with one line naming it, by `train
---resume`, `eval` and `run --policy` alike. Format-1 files (no checksum) are still read, with the
-finiteness check only. A full disk raises `DiskFullError` (see `morphogen.run_directory`).
+--resume`, `eval` and `run --policy` alike. A full disk raises `DiskFullError` (see `morphogen.run_directory`).
 """
 
 from __future__ import annotations
@@ -26,13 +25,13 @@ import torch
 from morphogen.control.integrity import non_finite_entries, state_checksum
 from morphogen.run_directory import CHECKPOINT_NAME, write_atomic
 
+#: The checkpoint format written and read (`format_version` in the file).
 FORMAT_VERSION = 2
-#: Formats `load_checkpoint` reads: 1 (before checksums) and the current one.
-READABLE_FORMATS = (1, FORMAT_VERSION)
 LAYOUT_KEYS = ("task", "slot_ids", "observation_size", "action_sizes", "hidden_size")
 #: Everything resuming (`PPOTrainer.load_state_dict`) or acting (`agent_from_checkpoint`) reads.
 REQUIRED_KEYS = (*LAYOUT_KEYS, "episode_length", "round", "config", "policy", "optimizer",
-                 "observation_normalizer", "reward_normalizer", "value_normalizer", "rng")
+                 "observation_normalizer", "reward_normalizer", "value_normalizer", "rng", "anomaly_detector",
+                 "telemetry", "policy_rollbacks_in_a_row", "imitated")
 _TERMINAL_ESCAPES = re.compile(r"\x1b\[[0-9;]*m")
 
 
@@ -98,14 +97,13 @@ def load_checkpoint(run_or_file: str | Path, map_location: str | torch.device = 
     try:
         state = torch.load(path, map_location=map_location, weights_only=True)
     except Exception as error:  # torch.load raises many types on bad bytes; all mean "not a usable file"
-        raise CheckpointError(_load_failure(path, error)) from None
-    if not isinstance(state, dict) or state.get("format_version") not in READABLE_FORMATS:
+        raise CheckpointError(load_failure(path, error)) from None
+    if not isinstance(state, dict) or state.get("format_version") != FORMAT_VERSION:
         raise CheckpointError(f"checkpoint {path} is not a morphogen checkpoint of format {FORMAT_VERSION}")
-    if state["format_version"] >= 2:
-        saved = state.pop("checksum", None)
-        if saved != state_checksum(state):
-            raise CheckpointError(f"checkpoint {path} is damaged: its contents do not match the checksum saved "
-                                  "with them (a disk or copy error?); use an intact copy of the run")
+    saved = state.pop("checksum", None)
+    if saved != state_checksum(state):
+        raise CheckpointError(f"checkpoint {path} is damaged: its contents do not match the checksum saved "
+                              "with them (a disk or copy error?); use an intact copy of the run")
     missing = [key for key in REQUIRED_KEYS if key not in state]
     if missing:
         raise CheckpointError(f"checkpoint {path} lacks {', '.join(missing)}")
@@ -116,23 +114,23 @@ def load_checkpoint(run_or_file: str | Path, map_location: str | torch.device = 
     return state
 
 
-def _load_failure(path: Path, error: Exception) -> str:
-    """One line saying why `torch.load` could not read `path` (torch's own messages span many lines)."""
+def load_failure(path: Path, error: Exception, what: str = "checkpoint") -> str:
+    """One line saying why `torch.load` could not read the `what` at `path` (torch's own messages span many lines)."""
     text = _TERMINAL_ESCAPES.sub("", str(error))
     # torch words it "Unsupported global: GLOBAL x" (2.4-2.5) or "unsupported GLOBAL x whose module ..." (2.6+).
     refused = re.search(r"[Uu]nsupported global:? GLOBAL (\S+)", text)
     if refused:
-        return (f"checkpoint {path} was refused: it holds a {refused.group(1)} object, but a checkpoint holds only "
+        return (f"{what} {path} was refused: it holds a {refused.group(1)} object, but a {what} holds only "
                 "tensors and plain values (loading other objects could run code)")
     if "Weights only load failed" in text:
-        return (f"checkpoint {path} was refused: it holds something other than tensors and plain values "
+        return (f"{what} {path} was refused: it holds something other than tensors and plain values "
                 "(loading it could run code)")
     lines = [line.strip() for line in text.splitlines() if line.strip()]
     if "WeightsUnpickler error" in text or isinstance(error, KeyError) or not lines:
         detail = "not a file written by torch.save"
     else:
         detail = lines[0].split(". ")[0].rstrip(".")  # torch's first sentence says what failed
-    return f"checkpoint {path} is unreadable (truncated or corrupt?): {detail}"
+    return f"{what} {path} is unreadable (truncated or corrupt?): {detail}"
 
 
 def check_layout(state: dict[str, Any], expected: dict[str, Any], source: str | Path) -> None:

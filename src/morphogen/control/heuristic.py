@@ -25,8 +25,7 @@ from morphogen.control.growth_choice import best_growth
 from morphogen.core.blueprints import UnknownBlueprintError
 from morphogen.core.lifecycle import Stage
 from morphogen.env.actions import Action, ActionSpace, Op
-from morphogen.env.episode import HISTORY
-from morphogen.env.snapshot import EpisodeSnapshot, SlotSnapshot
+from morphogen.env.snapshot import HISTORY_LENGTH, EpisodeSnapshot, SlotSnapshot
 
 #: Blueprint order tried by default, per topology: the conv seeds that added most on small digits and
 #: mnist1d hosts first (measured: +1.0 and +2.2 points over no growth), then widening and cheaper ones.
@@ -88,12 +87,13 @@ class HeuristicConfig:
                      "training_patience"):
             if getattr(self, name) < 0:
                 raise ValueError(f"heuristic {name} must be >= 0, got {getattr(self, name)}")
-        if not 1 <= self.plateau_epochs < HISTORY:
-            # The snapshot keeps the last HISTORY accuracies; a longer plateau test could never pass.
-            raise ValueError(f"heuristic plateau_epochs must be in [1, {HISTORY - 1}], got {self.plateau_epochs}")
-        if not 1 <= self.slowing_window <= (HISTORY - 1) // 2:
+        if not 1 <= self.plateau_epochs < HISTORY_LENGTH:
+            # The snapshot keeps the last HISTORY_LENGTH accuracies; a longer plateau test could never pass.
+            raise ValueError(f"heuristic plateau_epochs must be in [1, {HISTORY_LENGTH - 1}], "
+                             f"got {self.plateau_epochs}")
+        if not 1 <= self.slowing_window <= (HISTORY_LENGTH - 1) // 2:
             # Two windows of this many epochs need 2 * window + 1 losses from the snapshot's history.
-            raise ValueError(f"heuristic slowing_window must be in [1, {(HISTORY - 1) // 2}], "
+            raise ValueError(f"heuristic slowing_window must be in [1, {(HISTORY_LENGTH - 1) // 2}], "
                              f"got {self.slowing_window}")
         if not 0.0 <= self.slowing_ratio < 1.0:  # NaN fails too
             raise ValueError(f"heuristic slowing_ratio must be in [0, 1), got {self.slowing_ratio}")
@@ -175,27 +175,31 @@ class HeuristicController:
 
     def _manage_seed(self, slot: SlotSnapshot, snapshot: EpisodeSnapshot,
                      slot_mask: dict[Op, dict[str, bool]]) -> Action | None:
-        config, slot_id = self.config, slot.slot_id
-        if slot.stage is Stage.GERMINATED and slot_mask[Op.ADVANCE][slot_id]:
-            return Action(Op.ADVANCE, slot_id)
-        if slot.stage is Stage.TRAINING and slot.epochs_in_stage >= config.min_training_epochs \
-                + config.training_patience and slot_mask[Op.PRUNE][slot_id]:
-            return Action(Op.PRUNE, slot_id)  # the blending gate kept refusing: this seed would not pay
-        if slot.stage is Stage.TRAINING and slot.epochs_in_stage >= config.min_training_epochs \
-                and slot_mask[Op.ADVANCE][slot_id]:
-            return Action(Op.ADVANCE, slot_id)
-        # Only needed when the slot config does not auto-advance into HOLDING.
-        if slot.stage is Stage.BLENDING and slot.alpha >= 1.0 and not slot.alpha_ramping \
-                and slot_mask[Op.ADVANCE][slot_id]:
-            return Action(Op.ADVANCE, slot_id)
-        if slot.stage in (Stage.BLENDING, Stage.HOLDING) and slot.accuracy_at_stage_start is not None \
-                and slot.accuracy_at_stage_start - snapshot.val_accuracy > config.worse_threshold \
-                and slot_mask[Op.PRUNE][slot_id]:
-            return Action(Op.PRUNE, slot_id)
+        """The first move this seed asks for that the masks allow; in HOLDING, the verdict on it."""
+        for op in self._seed_moves(slot, snapshot):
+            if slot_mask[op][slot.slot_id]:
+                return Action(op, slot.slot_id)
         if slot.stage is Stage.HOLDING and slot.contribution is not None \
-                and slot.epochs_in_stage >= config.min_holding_epochs:
+                and slot.epochs_in_stage >= self.config.min_holding_epochs:
             return self._judge_holding(slot, slot_mask)
         return None
+
+    def _seed_moves(self, slot: SlotSnapshot, snapshot: EpisodeSnapshot) -> list[Op]:
+        """The moves a seed asks for now, most urgent first."""
+        config, moves = self.config, []
+        if slot.stage is Stage.GERMINATED:
+            moves.append(Op.ADVANCE)
+        if slot.stage is Stage.TRAINING:
+            if slot.epochs_in_stage >= config.min_training_epochs + config.training_patience:
+                moves.append(Op.PRUNE)  # the blending gate kept refusing: this seed would not pay
+            if slot.epochs_in_stage >= config.min_training_epochs:
+                moves.append(Op.ADVANCE)
+        if slot.stage is Stage.BLENDING and slot.alpha >= 1.0 and not slot.alpha_ramping:
+            moves.append(Op.ADVANCE)  # only needed when the slot config does not auto-advance into HOLDING
+        if slot.stage in (Stage.BLENDING, Stage.HOLDING) and slot.accuracy_at_stage_start is not None \
+                and slot.accuracy_at_stage_start - snapshot.val_accuracy > config.worse_threshold:
+            moves.append(Op.PRUNE)  # its stage made the model worse
+        return moves
 
     def _judge_holding(self, slot: SlotSnapshot, slot_mask: dict[Op, dict[str, bool]]) -> Action | None:
         """Fossilize a contributing seed; prune one that does not, or that the fossilize gate refused."""

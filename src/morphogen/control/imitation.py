@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -81,28 +82,17 @@ def concatenate_batches(batches: list[RolloutBatch]) -> RolloutBatch:
     """Rollouts of equal length side by side: envs of every batch along the env dimension."""
     if not batches:
         raise ValueError("no demonstrations to concatenate")
+    return RolloutBatch(*(_joined([getattr(batch, name) for batch in batches]) for name in RolloutBatch._fields))
 
-    def cat(tensors: list[Tensor]) -> Tensor:
-        return torch.cat(tensors, dim=1)
 
-    first = batches[0]
-    masks = None
-    if first.action_masks is not None:
-        masks = tuple(cat([b.action_masks[i] for b in batches])  # type: ignore[index]
-                      for i in range(len(first.action_masks)))
-    return RolloutBatch(
-        observations=cat([b.observations for b in batches]),
-        actions=cat([b.actions for b in batches]),
-        log_probs=cat([b.log_probs for b in batches]),
-        log_prob_per_head=cat([b.log_prob_per_head for b in batches]),
-        values=cat([b.values for b in batches]),
-        advantages=cat([b.advantages for b in batches]),
-        returns=cat([b.returns for b in batches]),
-        episode_starts=cat([b.episode_starts for b in batches]),
-        initial_state=(cat([b.initial_state[0] for b in batches]), cat([b.initial_state[1] for b in batches])),
-        action_masks=masks,
-        blueprint_ids=None if first.blueprint_ids is None else cat([b.blueprint_ids for b in batches]),  # type: ignore[misc]
-    )
+def _joined(values: list[Any]) -> Any:
+    """One field of every batch, joined along the env dimension (dim 1 of every tensor: [T, B, ...] and the
+    LSTM state's [1, B, hidden]); tuples of tensors item by item; None stays None."""
+    if values[0] is None:
+        return None
+    if isinstance(values[0], Tensor):
+        return torch.cat(values, dim=1)
+    return tuple(_joined(list(items)) for items in zip(*values, strict=True))
 
 
 def _fit_losses(policy: FactoredLSTMPolicy, batch: RolloutBatch) -> tuple[Tensor, Tensor, Tensor, Tensor]:

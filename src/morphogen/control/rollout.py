@@ -100,11 +100,6 @@ class RolloutBatch(NamedTuple):
     """[T, B, n_slots] long, or None for a policy without slots"""
 
     @property
-    def n_steps(self) -> int:
-        """T, the length of every env's sequence."""
-        return int(self.actions.shape[0])
-
-    @property
     def n_envs(self) -> int:
         """B, the number of env sequences."""
         return int(self.actions.shape[1])

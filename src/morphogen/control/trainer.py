@@ -291,8 +291,7 @@ class PPOTrainer:
             # Applied to the run's telemetry when `attach_telemetry` connects it.
             self._resumed_telemetry = state.get("telemetry")
             self.state.policy_rollbacks_in_a_row = int(state.get("policy_rollbacks_in_a_row", 0))
-            # Checkpoints written before imitation existed: a run past round 0 has no use for it.
-            self.state.imitated = bool(state.get("imitated", int(state["round"]) > 0))
+            self.state.imitated = bool(state["imitated"])
             self.state.next_round = int(state["round"])
         except (RuntimeError, KeyError, TypeError, ValueError) as error:
             raise CheckpointError(f"checkpoint {source} does not fit this trainer: "

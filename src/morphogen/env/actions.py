@@ -150,7 +150,7 @@ class ActionSpace:
                                        and not ramping)
             slot_valid[Op.FOSSILIZE, j] = slot.stage is Stage.HOLDING
             slot_valid[Op.ADVANCE, j] = slot.stage in _ADVANCEABLE and not (slot.stage is Stage.BLENDING and ramping)
-        op_mask = slot_valid.any(axis=1)
+        op_mask = np.asarray(slot_valid.any(axis=1))
         op_mask[Op.WAIT] = True
         masks: list[np.ndarray] = [op_mask]
         for head in HEADS[1:]:

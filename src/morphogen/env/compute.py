@@ -1,7 +1,7 @@
 """The compute an episode spends, in FLOPs, by what it buys: training, shadow passes, validation, counterfactuals.
 
 The episode charges each epoch once, after it trained and when it validates: the batches it trained (how
-many of each shape, noted by `ModelTrainer`) times the cached count of one batch in the model's plan
+many of each shape, noted by `HostAndSeedTrainer`) times the cached count of one batch in the model's plan
 (`morphogen.core.flops.FlopCounter`), and the validation batches times the count of one batch under the
 epoch's counterfactual configurations. Nothing is counted per step.
 """

@@ -40,18 +40,17 @@ from morphogen.env.counterfactual import MAIN, CounterfactualResult, Counterfact
 from morphogen.env.evaluation import Objective, validate
 from morphogen.env.governor import DivergenceError, Governor, GovernorConfig, Rollback
 from morphogen.env.growth_signals import CandidateSource, SlotGrowth, could_germinate, measure_growth
+from morphogen.env.optimizer import OptimizerConfig, task_optimizer_config
 from morphogen.env.rewards import RewardBreakdown, RewardConfig, RewardMode, compute_reward
 from morphogen.env.seeding import derive_seed, seeded
-from morphogen.env.snapshot import EpisodeSnapshot, SlotSnapshot
-from morphogen.env.training import ModelTrainer, OptimizerConfig, task_optimizer_config
+from morphogen.env.snapshot import HISTORY_LENGTH, EpisodeSnapshot, SlotSnapshot
+from morphogen.env.training import HostAndSeedTrainer
 from morphogen.limits import MAX_BATCH_SIZE, MAX_EPOCHS, check_count
 from morphogen.telemetry import events
 from morphogen.telemetry.anomalies import AnomalyDetector
-from morphogen.telemetry.debug import layer_statistics_event
 from morphogen.telemetry.profiler import PhaseTimer
 from morphogen.telemetry.sinks import Telemetry
 
-HISTORY = 5
 #: Host syncs (`.item()`, `.tolist()`, `.cpu()`) one `step` makes at telemetry `normal`, whatever the
 #: model's size: the epoch's training loss, the gradient report, the validation metrics.
 SYNCS_PER_STEP = 3
@@ -207,15 +206,15 @@ class MorphogenesisEpisode:
         self.model = self.build_model()
         self.action_space = ActionSpace(self.model.slot_ids, self.task.topology)
         self.monitor = IsolationMonitor(device=self.device)
-        self.trainer = ModelTrainer(self.model, self.optimizer_config, self.monitor, self.objective,
-                                    self.config.shadow_fraction)
+        self.trainer = HostAndSeedTrainer(self.model, self.optimizer_config, self.monitor, self.objective,
+                                          self.config.shadow_fraction)
         classes = self.task.num_classes
         self.governor = Governor(self.model, self.config.governor,
                                  chance_accuracy=100.0 / classes if classes and not self.objective.custom else None)
         self.generator = torch.Generator(device="cpu").manual_seed(self.seed)
         self.epoch = 0
-        self.accuracies: deque[float] = deque(maxlen=HISTORY)
-        self.losses: deque[float] = deque(maxlen=HISTORY)
+        self.accuracies: deque[float] = deque(maxlen=HISTORY_LENGTH)
+        self.losses: deque[float] = deque(maxlen=HISTORY_LENGTH)
         self.contributions: dict[str, float | None] = {}
         self.previous_contributions: dict[str, float | None] = {}
         self.gradients = IsolationReport(host_gradient_norm=float("nan"), batches=0, seeds={})
@@ -354,13 +353,12 @@ class MorphogenesisEpisode:
 
     # ---------------------------------------------------------------- measurements
     def _first_validation(self) -> CounterfactualResult:
-        """Validate the untrained model; on a user's task, what the model or its loss cannot take is a `DataError`.
+        """Validate the untrained model; what the model or its loss cannot take is a `DataError`.
 
-        This is the first time the user's data meets the user's model, before anything trains: a shape
-        mismatch, a loss that is not finite, an exception in their metric is reported here as one line.
+        This is the first time the task's data meets its model, before anything trains: a shape mismatch, a
+        loss that is not finite, an exception in a user's metric is reported here as one line. Built-in and
+        user tasks take the same path.
         """
-        if self.task.source == "builtin":
-            return self._validate()
         try:
             result = self._validate()
         except DataError:
@@ -482,6 +480,8 @@ class MorphogenesisEpisode:
             self.telemetry.report_anomalies(self.detector.check(gradient_norms=norms), epoch=epoch,
                                             env_id=self.env_id)
         if self.telemetry.layer_statistics_enabled and self.model is not None:
+            from morphogen.telemetry.debug import layer_statistics_event  # loads torch's compiler: debug only
+
             self._emit(layer_statistics_event(self.model, name="model", epoch=epoch, env_id=self.env_id))
 
     def _emit(self, event: events.Event) -> None:

@@ -188,7 +188,7 @@ class MorphogenesisEnv(gymnasium.Env[np.ndarray, np.ndarray]):
         flat = flat_action_masks(tuple(self.episode.masks()))
         return np.concatenate(flat).astype(bool)
 
-    def render(self) -> str | None:  # type: ignore[override]  # gymnasium types it as RenderFrame | list | None
+    def render(self) -> str | None:
         """With `render_mode="ansi"`: the episode's state as text (see `render_text`); else None."""
         if self.render_mode != "ansi":
             return None

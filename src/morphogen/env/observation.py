@@ -30,10 +30,9 @@ import numpy as np
 from morphogen.core.blueprints import blueprint_names
 from morphogen.core.lifecycle import Stage
 from morphogen.env.actions import Op
-from morphogen.env.snapshot import EpisodeSnapshot, SlotSnapshot
+from morphogen.env.snapshot import HISTORY_LENGTH, EpisodeSnapshot, SlotSnapshot
 
 __all__ = [
-    "HISTORY_LENGTH",
     "MAGNITUDE_CEILING",
     "UNMEASURED",
     "EncodedObservation",
@@ -44,8 +43,6 @@ __all__ = [
 #: Written in place of a value that was not measured; always followed by its ``*_measured`` flag = 0.
 #: Negative so that it sits outside the range of every measured non-negative feature.
 UNMEASURED = -1.0
-#: How many recent validation accuracies and losses are encoded.
-HISTORY_LENGTH = 5
 #: Losses, gradient norms and ratios are clipped here before ``log1p`` (log1p(1e6) ~ 13.8).
 MAGNITUDE_CEILING = 1e6
 

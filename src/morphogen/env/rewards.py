@@ -177,14 +177,6 @@ class RewardBreakdown:
             raise ValueError(f"non-finite reward components {bad}: {dict(items)}")
         return cls(math.fsum(value for _, value in items), items)
 
-    def component(self, name: str) -> float:
-        """The value of one component; KeyError names the components this breakdown has."""
-        for component_name, value in self.components:
-            if component_name == name:
-                return value
-        raise KeyError(f"no reward component {name!r}; this breakdown has "
-                       f"{[component_name for component_name, _ in self.components]}")
-
 
 # ---------------------------------------------------------------- the formulas
 def parameter_rent(added: int, host: int, config: RewardConfig) -> float:

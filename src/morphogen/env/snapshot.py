@@ -12,6 +12,9 @@ from dataclasses import dataclass
 from morphogen.core.flops import SeedCost
 from morphogen.core.lifecycle import Stage
 
+HISTORY_LENGTH = 5
+"""How many of the latest validation accuracies and losses a snapshot keeps (`accuracy_history`, `loss_history`)."""
+
 
 @dataclass(frozen=True)
 class SlotSnapshot:

@@ -13,7 +13,7 @@ since training began (the clock the escalation of telemetry levels counts in).
 
 Records are strict JSON (RFC 8259 has no NaN or Infinity): a float field holding NaN, +inf or -inf
 is written as the string "NaN", "Infinity" or "-Infinity" (`NON_FINITE_TOKENS`) and read back as the
-float. Version 1 records, written with bare NaN tokens that strict readers reject, are still read.
+float.
 
 Adding a field with a default keeps `SCHEMA_VERSION`; renaming, removing or retyping one bumps it.
 """
@@ -29,10 +29,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 SCHEMA_VERSION = 2
-"""Version of the event schema written in every record as "schema_version" (2: non-finite floats as strings)."""
-
-READABLE_SCHEMA_VERSIONS = (1, SCHEMA_VERSION)
-"""Versions `event_from_dict` reads (version 1 differs only in writing non-finite floats as bare NaN)."""
+"""Version of the event schema written in every record as "schema_version"; the only one `event_from_dict` reads."""
 
 NON_FINITE_TOKENS = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
 """How a non-finite float field is written in a record (strict JSON has no token for them)."""
@@ -472,7 +469,7 @@ def event_from_dict(record: Mapping[str, Any]) -> Event:
     if event_type is None or not isinstance(kind, str):
         raise ValueError(f"unknown event kind {kind!r}; known kinds: {', '.join(sorted(_EVENT_TYPES))}")
     version = record.get("schema_version")
-    if version not in READABLE_SCHEMA_VERSIONS:
+    if version != SCHEMA_VERSION:
         raise ValueError(
             f"{kind} record has schema_version {version!r}; this morphogen reads version {SCHEMA_VERSION}"
         )

@@ -28,13 +28,7 @@ from morphogen.ui.run_files import RunDirectoryError, load_run_files, round_of_e
 from morphogen.ui.terminal_text import printable
 from morphogen.ui.units import format_flops
 
-__all__ = ["RunDirectoryError", "load_run", "render_report"]
-
-
-def load_run(run_dir: str | Path) -> tuple[dict[str, object], list[Event]]:
-    """The resolved config and the events of a run directory."""
-    files = load_run_files(run_dir)
-    return files.config, files.history
+__all__ = ["RunDirectoryError", "render_report"]
 
 
 def _epoch_rows(epochs: Sequence[tuple[int, EpochCompleted]], with_round: bool) -> list[str]:

@@ -143,11 +143,6 @@ _TOO_LONG = b"\0too long\0"
 """What `EventTail._next_line` returns for a line past `MAX_LINE_BYTES` (never a real line: no newline)."""
 
 
-def read_timed_events(path: Path | str) -> list[TimedEvent]:
-    """Every event of a finished events file with its time (empty when the file does not exist)."""
-    return EventTail(path).read_new(final=True)
-
-
 @dataclass
 class RunFiles:
     """What a run directory holds, read once; `skipped` lines of its events files were not events, and

@@ -269,16 +269,12 @@ def _one_expression(where: str) -> str:
     return sql
 
 
-def query_runs(root: str | Path, where: str | None = None) -> tuple[list[str], list[tuple[Any, ...]]]:
-    """(column names, rows) of `runs` under `root`, filtered by the SQL condition `where`, oldest first."""
-    header, rows, _ = _query(Path(root), where)
-    return header, rows
-
-
-def _query(root: Path, where: str | None) -> tuple[list[str], list[tuple[Any, ...]], list[str]]:
+def query_runs(root: str | Path, where: str | None = None) -> tuple[list[str], list[tuple[Any, ...]], list[str]]:
+    """(column names, rows, notes on what was skipped) of `runs` under `root`, filtered by the SQL condition
+    `where`, oldest first."""
     import duckdb
 
-    runs = open_runs(root)
+    runs = open_runs(Path(root))
     sql = (f"SELECT {', '.join(RUN_COLUMNS)} FROM runs ORDER BY started, run" if where is None
            else _one_expression(where))
     try:
@@ -344,7 +340,7 @@ def runs_command(root: str | Path = "runs", *, where: str | None = None, compare
     if compare:
         header, rows = compare_runs(*compare)
     else:
-        header, rows, notes = _query(Path(root), where)
+        header, rows, notes = query_runs(root, where)
     if not rows:
         print("no runs match" if where else "no runs", file=out)
     else:
