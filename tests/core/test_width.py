@@ -22,6 +22,7 @@ from morphogen.core.blueprints import UnknownBlueprintError
 from morphogen.core.flops import FlopCounter
 from morphogen.core.hosts import SegmentedHost
 from morphogen.core.lifecycle import Stage
+from morphogen.core.plain import grown_network
 from morphogen.core.width import NoWidthSiteError
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "own"))
@@ -193,3 +194,22 @@ def test_flops_of_a_widening_seed_match_a_hand_count() -> None:
     _place(model, "1", Stage.FOSSILIZED, 1)
     grown = counter.validation_batch(model, [[1.0, 0.0]], (batch, 12), torch.float32).main
     assert grown - bare == 2 * batch * (12 * 16 + 16 * 16)  # a multiply-add is 2 FLOPs
+
+
+def test_the_plain_network_of_a_grown_model_holds_its_wider_layers_and_exports() -> None:
+    torch.manual_seed(0)
+    model = MorphogeneticModel(CNNHost(5, 1, n_blocks=3, base_channels=4), config=EASY_CONFIG)
+    _place(model, "r0c0", Stage.FOSSILIZED, 1)
+    _place(model, "r0c1", Stage.HOLDING, 2)  # its tap is read inside the segment where r0c0 injects
+    slot = model.germinate("r0c2", "conv_light")
+    perturb_seed(slot, torch.Generator().manual_seed(3))
+    drive_to(slot, Stage.FOSSILIZED)
+    model.eval()
+    network = grown_network(model)
+    x = torch.randn(3, 1, 8, 8, generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        torch.testing.assert_close(network(x), model(x), rtol=0, atol=1e-6)
+    kept = sum(model.slot(slot_id).seed_parameter_count() for slot_id in model.slot_ids)
+    assert sum(p.numel() for p in network.parameters()) == model.host_param_count() + kept
+    exported = torch.export.export(network, (x,))
+    torch.testing.assert_close(exported.module()(x), model(x), rtol=0, atol=1e-6)

@@ -36,7 +36,7 @@ from morphogen.core.compilation import CompileSettings, compiled
 from morphogen.core.hosts import SegmentedHost, UnknownSlotError
 from morphogen.core.lifecycle import BLENDED_STAGES, Stage
 from morphogen.core.slot import SeedSlot, SlotConfig, SlotMode, SlotPlan
-from morphogen.core.width import WidthSite, find_width_site
+from morphogen.core.width import WidthSite, find_width_site, run_cut_segment
 
 Captured = tuple[tuple[Tensor, Tensor | None], ...]
 """Per TRAINING slot, in execution order: the host's detached activation there, and for a widening seed the
@@ -240,22 +240,13 @@ class MorphogeneticModel(nn.Module):
     def _run_segment(self, index: int, x: Tensor, at_slot: SlotStep, widening: frozenset[int],
                      taps: dict[int, Tensor]) -> Tensor:
         """Segment `index`, cut where a widening seed reads its tap or injects its output inside it."""
-        # (cut, order, position): an injection after the consumer comes before a tap read at the same cut.
+        def inject(position: int, h: Tensor, tap: Tensor | None) -> Tensor:
+            return _with_tap(at_slot, position, self._slot_at(position), tap, h)
+
         sites = self._sites_in(widening)
-        events = sorted([(site.inject_cut, 0, p) for p, site in sites if site.inject_segment == index]
-                        + [(site.tap_cut, 1, p) for p, site in sites if site.tap_segment == index])
-        if not events:
+        if not sites:
             return self.host.run_segment(index, x)
-        segment, done = self.host.segments[index], 0
-        for cut, order, position in events:
-            x = segment[done:cut](x)
-            done = cut
-            if order == 1:
-                taps[position] = x
-                continue
-            x = _with_tap(at_slot, position, self._slot_at(position), taps.get(position), x)
-        output: Tensor = segment[done:](x)
-        return output
+        return run_cut_segment(self.host.segments[index], index, x, sites, inject, taps)
 
     def _sites_in(self, widening: frozenset[int]) -> list[tuple[int, WidthSite]]:
         sites = [(position, self._slot_at(position).width_site) for position in sorted(widening)]

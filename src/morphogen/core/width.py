@@ -27,7 +27,7 @@ neither has a site.
 from __future__ import annotations
 
 import copy
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -152,3 +152,31 @@ class WidthSeed(nn.Module):
         hidden: Tensor = self.after_producer(self.producer(tap))  # (N, k, ...)
         added: Tensor = self.consumer(self.before_consumer(hidden))  # the consumer's output shape
         return added
+
+
+def run_cut_segment(segment: nn.Module, index: int, x: Tensor, sites: Sequence[tuple[int, WidthSite]],
+                    inject: Callable[[int, Tensor, Tensor | None], Tensor], taps: dict[int, Tensor]) -> Tensor:
+    """Segment `index` of a host, cut where the widening seeds of `sites` ((key, site) pairs) read their tap or
+    add their output inside it.
+
+    A tap is stored in `taps[key]`; at an injection `inject(key, consumer output, tap)` gives the activation
+    the segment goes on with. An injection after the consumer comes before a tap read at the same cut (the
+    next slot's producer reads the consumer's output with the new channels in). Without a cut in this
+    segment, it runs whole.
+    """
+    events = sorted([(site.inject_cut, 0, key) for key, site in sites if site.inject_segment == index]
+                    + [(site.tap_cut, 1, key) for key, site in sites if site.tap_segment == index])
+    if not events:
+        whole: Tensor = segment(x)
+        return whole
+    assert isinstance(segment, nn.Sequential)  # a width site is found only between nn.Sequential segments
+    done = 0
+    for cut, order, key in events:
+        x = segment[done:cut](x)
+        done = cut
+        if order == 1:
+            taps[key] = x
+        else:
+            x = inject(key, x, taps.get(key))
+    output: Tensor = segment[done:](x)
+    return output
