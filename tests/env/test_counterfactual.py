@@ -235,7 +235,7 @@ def test_for_decisions_measures_only_what_the_gates_and_the_heuristic_read_next(
 
     task = load_task("digits", max_train_samples=128)
     gates = GateConfig(min_training_epochs=3, strict_min_improvement=-100.0, strict_min_gradient_ratio=0.0)
-    actions = [Action(Op.GERMINATE, "r0c1", "conv_light", tempo=3), *[Action()] * 3, Action(Op.ADVANCE, "r0c1"),
+    actions = [Action(Op.GERMINATE, "r0c1", "conv_light", blend_epochs=3), *[Action()] * 3, Action(Op.ADVANCE, "r0c1"),
                *[Action()] * 5]
     measured: dict[CounterfactualSchedule, list[dict[str, float]]] = {}
     for schedule in CounterfactualSchedule:

@@ -28,7 +28,8 @@ def digits() -> Task:
 
 def test_heuristic_episode_grows_and_writes_its_events(digits: Task, tmp_path: Path) -> None:
     config = EpisodeConfig(max_epochs=8)
-    eager = HeuristicConfig(warmup_epochs=1, plateau_epochs=1, plateau_threshold=100.0, min_training_epochs=2)
+    eager = HeuristicConfig(warmup_epochs=1, plateau_epochs=1, plateau_threshold=100.0, min_training_epochs=2,
+                            choice="rotation")  # the choice by growth signals: tests/control/test_growth_choice.py
     with Telemetry(tmp_path, level="normal") as telemetry:
         episode = MorphogenesisEpisode(digits, config, seed=0, slots=["r0c1"], telemetry=telemetry)
         episode.reset()

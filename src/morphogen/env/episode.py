@@ -25,7 +25,8 @@ import torch
 from torch import Tensor
 
 from morphogen.core.alpha import AlphaMode
-from morphogen.core.blueprints import blueprint_names
+from morphogen.core.blend import BlendKind
+from morphogen.core.blueprints import BlueprintKind, blueprint_names, get_blueprint
 from morphogen.core.compilation import CompileSettings
 from morphogen.core.flops import FlopCounter
 from morphogen.core.hosts import SegmentedHost, build_host
@@ -280,9 +281,13 @@ class MorphogenesisEpisode:
                 raise ValueError("GERMINATE needs a blueprint")
             if any(s.stage in (Stage.GERMINATED, Stage.TRAINING) for s in model.slots()):
                 return False, "another seed is still germinated or training"
+            widening = get_blueprint(self.task.topology, action.blueprint).kind is BlueprintKind.WIDEN
+            if widening and slot.width_site is None:  # the factored action masks cannot say it
+                return False, f"{action.slot} has no layers around it to widen: {slot.width_problem}"
             # Seed weights come from (episode seed, epoch, slot), not from whatever the global RNG holds.
             with seeded(derive_seed(self.seed, epoch, model.slot_ids.index(action.slot)), self.device):
-                model.germinate(action.slot, action.blueprint, epoch, blend=action.blend,
+                # A widening seed adds its channels' output: the blend head does not apply to it.
+                model.germinate(action.slot, action.blueprint, epoch, blend=BlendKind.ADD if widening else action.blend,
                                 blend_epochs=action.blend_epochs)
             return True, f"germinated {action.blueprint} in {action.slot}"
         if action.op is Op.ADVANCE:
