@@ -3,11 +3,12 @@
 Grows the CIFAR-layout ResNet of `benchmarks/your_model.py` (ResNet-20 at width 4, 17,534 parameters, slots
 after its three stages) on digits resized to 32x32x3 with the default heuristic, once per setting:
 - `every epoch, whole batch`: every counterfactual configuration every epoch, the shadow pass on every sample;
-- `for decisions, half batch` (the default): only the configurations a gate or the heuristic reads next, the
-  shadow pass on half of each batch.
+- `for decisions, 3/4 batch` (the default): only the configurations a gate or the heuristic reads next, the
+  shadow pass on 3/4 of each batch.
+Both run the default heuristic, which also measures growth signals (`probe`) when a seed could be germinated.
 Printed per setting (mean over seeds): final accuracy, total FLOPs, and the shares of training, shadow
-passes, validation and counterfactual configurations; FLOPs are counted, not timed, so the shares do not
-depend on the machine's load.
+passes, validation, counterfactual configurations and growth-signal probes; FLOPs are counted, not timed, so
+the shares do not depend on the machine's load.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from your_model import MODELS
 
 SETTINGS = {
     "every epoch, whole batch": (CounterfactualSchedule.EVERY_EPOCH, 1.0),
-    "for decisions, half batch": (CounterfactualSchedule.FOR_DECISIONS, 0.5),
+    "for decisions, 3/4 batch": (CounterfactualSchedule.FOR_DECISIONS, 0.75),
 }
 
 
@@ -66,16 +67,16 @@ def run_job(job: tuple[str, int, int]) -> Result:
 
 def print_table(results: Sequence[Result]) -> None:
     print(f"  {'setting':28}{'accuracy':>10}{'FLOPs':>14}{'training':>10}{'shadow':>9}{'validation':>12}"
-          f"{'counterf.':>11}{'measuring':>11}")
+          f"{'counterf.':>11}{'probe':>8}{'measuring':>11}")
     for setting in SETTINGS:
         rows = [r for r in results if r.setting == setting]
         total = statistics.fmean(r.flops["total"] for r in rows)
         shares = {key: statistics.fmean(r.flops[key] / r.flops["total"] for r in rows)
-                  for key in ("training", "shadow", "validation", "counterfactual")}
+                  for key in ("training", "shadow", "validation", "counterfactual", "probe")}
         accuracy = statistics.fmean(r.accuracy for r in rows)
         print(f"  {setting:28}{accuracy:>9.2f}%{format_flops(total):>14}{shares['training']:>10.1%}"
               f"{shares['shadow']:>9.1%}{shares['validation']:>12.1%}{shares['counterfactual']:>11.1%}"
-              f"{shares['shadow'] + shares['counterfactual']:>11.1%}")
+              f"{shares['probe']:>8.1%}{shares['shadow'] + shares['counterfactual'] + shares['probe']:>11.1%}")
     for result in results:
         grown = ", ".join(f"{b}@{s}" for s, b in result.architecture.items()) or "-"
         print(f"  {result.setting}, seed {result.seed}: {grown}")
