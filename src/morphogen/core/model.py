@@ -435,7 +435,8 @@ class MorphogeneticModel(nn.Module):
         def at_slot(position: int, slot: SeedSlot, h: Tensor) -> Tensor:
             if position in empty:  # at the consumer's output for a slot with a width site, else at the slot
                 (width if position in probed else depth)[position] = h
-            return slot(h)
+            output: Tensor = slot(h)
+            return output
 
         def at_point(position: int, slot: SeedSlot, h: Tensor) -> Tensor:  # a widening seed's or empty slot's point
             if position in probed:

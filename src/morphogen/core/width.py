@@ -84,7 +84,7 @@ class WidthSite:
         return inputs // self.channels
 
 
-def find_width_site(segments: Sequence[nn.Module], point: int, channels: int) -> WidthSite | str:
+def find_width_site(segments: Sequence[nn.Module] | nn.ModuleList, point: int, channels: int) -> WidthSite | str:
     """The width site of the slot at injection point `point` (after `segments[point]`), or why it has none."""
     before, after = segments[point], segments[point + 1]
     if not isinstance(before, nn.Sequential) or not isinstance(after, nn.Sequential):
@@ -95,19 +95,30 @@ def find_width_site(segments: Sequence[nn.Module], point: int, channels: int) ->
         return "no convolution or linear layer on both sides of it"
     tap_cut, inject_index = producers[-1], consumers[0]
     producer, consumer = before[tap_cut], after[inject_index]
-    following, between = tuple(before[tap_cut + 1:]), tuple(after[:inject_index])
+    assert isinstance(producer, LAYERS) and isinstance(consumer, LAYERS)
+    following = tuple(module for index, module in enumerate(before) if index > tap_cut)
+    between = tuple(module for index, module in enumerate(after) if index < inject_index)
+    problem = _site_problem(producer, following, between, consumer, channels)
+    if problem:
+        return problem
+    return WidthSite(point, tap_cut, point + 1, inject_index + 1, producer, following, between, consumer, channels)
+
+
+def _site_problem(producer: Layer, following: Sequence[nn.Module], between: Sequence[nn.Module], consumer: Layer,
+                  channels: int) -> str:
+    """Why a producer and a consumer cannot be widened together around a slot of `channels`; "" when they can."""
     if any(not isinstance(module, (*NORMS, *ELEMENTWISE)) for module in following):
         return f"{type(producer).__name__} before it is followed by other modules than norms and activations"
     if any(not isinstance(module, CHANNELWISE) for module in between):
         return "other modules than pooling, flattening and activations lie between it and the next layer"
-    for layer in (producer, consumer):
-        if not isinstance(layer, nn.Linear) and layer.groups != 1:
-            return f"its {type(layer).__name__} is grouped"
+    grouped = [layer for layer in (producer, consumer) if not isinstance(layer, nn.Linear) and layer.groups != 1]
+    if grouped:
+        return f"its {type(grouped[0]).__name__} is grouped"
     outputs = producer.out_features if isinstance(producer, nn.Linear) else producer.out_channels
     inputs = consumer.in_features if isinstance(consumer, nn.Linear) else consumer.in_channels
     if outputs != channels or inputs % channels:
         return f"the layers' widths ({outputs} out, {inputs} in) do not match the slot's {channels} channels"
-    return WidthSite(point, tap_cut, point + 1, inject_index + 1, producer, following, between, consumer, channels)
+    return ""
 
 
 def _layer_like(layer: Layer, in_size: int, out_size: int, *, bias: bool, device: Device,
@@ -115,9 +126,9 @@ def _layer_like(layer: Layer, in_size: int, out_size: int, *, bias: bool, device
     """A layer of `layer`'s kind and geometry with other input and output sizes."""
     if isinstance(layer, nn.Linear):
         return nn.Linear(in_size, out_size, bias=bias, device=device, dtype=dtype)
-    return type(layer)(in_size, out_size, layer.kernel_size, stride=layer.stride, padding=layer.padding,  # type: ignore[arg-type]
-                       dilation=layer.dilation, bias=bias, padding_mode=layer.padding_mode, device=device,
-                       dtype=dtype)
+    convolution: Callable[..., Layer] = type(layer)  # Conv1d or Conv2d: the geometry is the layer's own
+    return convolution(in_size, out_size, layer.kernel_size, stride=layer.stride, padding=layer.padding,
+                       dilation=layer.dilation, bias=bias, padding_mode=layer.padding_mode, device=device, dtype=dtype)
 
 
 class WidthSeed(nn.Module):

@@ -277,19 +277,7 @@ class MorphogenesisEpisode:
             raise ValueError(f"{action.op.name} needs a slot")
         slot = model.slot(action.slot)
         if action.op is Op.GERMINATE:
-            if action.blueprint is None:
-                raise ValueError("GERMINATE needs a blueprint")
-            if any(s.stage in (Stage.GERMINATED, Stage.TRAINING) for s in model.slots()):
-                return False, "another seed is still germinated or training"
-            widening = get_blueprint(self.task.topology, action.blueprint).kind is BlueprintKind.WIDEN
-            if widening and slot.width_site is None:  # the factored action masks cannot say it
-                return False, f"{action.slot} has no layers around it to widen: {slot.width_problem}"
-            # Seed weights come from (episode seed, epoch, slot), not from whatever the global RNG holds.
-            with seeded(derive_seed(self.seed, epoch, model.slot_ids.index(action.slot)), self.device):
-                # A widening seed adds its channels' output: the blend head does not apply to it.
-                model.germinate(action.slot, action.blueprint, epoch, blend=BlendKind.ADD if widening else action.blend,
-                                blend_epochs=action.blend_epochs)
-            return True, f"germinated {action.blueprint} in {action.slot}"
+            return self._germinate(action)
         if action.op is Op.ADVANCE:
             result = slot.advance(epoch)
             return result.passed, result.reason
@@ -306,6 +294,26 @@ class MorphogenesisEpisode:
         if slot.stage is Stage.PRUNED:
             self.pruned += 1
         return True, f"alpha target {action.alpha_target:.2f}"
+
+    def _germinate(self, action: Action) -> tuple[bool, str]:
+        """GERMINATE: a seed of the action's blueprint in its slot, unless another seed is still learning or the
+        slot cannot take a widening seed (refusals the factored action masks cannot express)."""
+        model, epoch = self.model, self.epoch
+        assert model is not None and action.slot is not None
+        if action.blueprint is None:
+            raise ValueError("GERMINATE needs a blueprint")
+        if any(s.stage in (Stage.GERMINATED, Stage.TRAINING) for s in model.slots()):
+            return False, "another seed is still germinated or training"
+        slot = model.slot(action.slot)
+        widening = get_blueprint(self.task.topology, action.blueprint).kind is BlueprintKind.WIDEN
+        if widening and slot.width_site is None:
+            return False, f"{action.slot} has no layers around it to widen: {slot.width_problem}"
+        # Seed weights come from (episode seed, epoch, slot), not from whatever the global RNG holds.
+        with seeded(derive_seed(self.seed, epoch, model.slot_ids.index(action.slot)), self.device):
+            # A widening seed adds its channels' output: the blend head does not apply to it.
+            model.germinate(action.slot, action.blueprint, epoch, blend=BlendKind.ADD if widening else action.blend,
+                            blend_epochs=action.blend_epochs)
+        return True, f"germinated {action.blueprint} in {action.slot}"
 
     def train_epoch(self, batches: Iterable[tuple[Tensor, Tensor]]) -> None:
         """Train host and live seeds on `batches` (this episode's own, or a vector's shared stream)."""
