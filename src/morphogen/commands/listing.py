@@ -19,6 +19,9 @@ from morphogen.data.catalog import DEFAULT_HOST_SIZES, TASK_DESCRIPTIONS, TASK_N
 if TYPE_CHECKING:
     from rich.console import Console
 
+    from morphogen.core.hosts import SegmentedHost
+    from morphogen.core.model import MorphogeneticModel
+
 LISTINGS = ("tasks", "blueprints", "slots")
 
 #: Constructor arguments that a built-in task's data fixes; no slot's width depends on them, so listing
@@ -35,6 +38,7 @@ class ListedHost:
     task: str
     topology: str
     widths: dict[str, int]
+    host: SegmentedHost  # on the meta device for a built-in task: no memory
 
 
 def _console(out: TextIO) -> Console:
@@ -56,7 +60,7 @@ def listed_host(task_name: str, pool_slots: bool = False) -> ListedHost:
 
         task = import_task(task_name, seed=0, device="cpu")
         host = task_host(task, "cpu", pool_slots=pool_slots)
-        return ListedHost(task.name, task.topology, dict(host.injection_points))
+        return ListedHost(task.name, task.topology, dict(host.injection_points), host)
     if task_name not in TASK_NAMES:
         raise DataError(f"unknown task {task_name!r}; valid task names: {', '.join(TASK_NAMES)}")
     topology = TASK_TOPOLOGIES[task_name]
@@ -64,7 +68,7 @@ def listed_host(task_name: str, pool_slots: bool = False) -> ListedHost:
     if topology in ("cnn", "cnn1d") and pool_slots:  # as `task_host` builds a run's host
         arguments["pool_slots"] = True
     host = build_host(topology, device="meta", **arguments)
-    return ListedHost(task_name, topology, dict(host.injection_points))
+    return ListedHost(task_name, topology, dict(host.injection_points), host)
 
 
 def list_tasks(out: TextIO) -> None:
@@ -87,21 +91,34 @@ def list_slots(host: ListedHost, out: TextIO) -> None:
     console.print(table)
 
 
+def _seed_parameters(model: MorphogeneticModel, slot_id: str, blueprint: str) -> str:
+    """The parameters `blueprint` adds in `slot_id` (a widening one: given the layers around it), or "-" where
+    the slot has no layers to widen."""
+    from morphogen.core.blueprints import BlueprintKind, get_blueprint, parameter_count
+
+    slot = model.slot(slot_id)
+    if get_blueprint(model.topology, blueprint).kind is BlueprintKind.WIDEN and slot.width_site is None:
+        return "-"
+    return f"{parameter_count(model.topology, blueprint, slot.channels, site=slot.width_site):,}"
+
+
 def list_blueprints(host: ListedHost, out: TextIO) -> None:
     """Every blueprint of the host's topology with the parameters it adds in each slot."""
     from rich.table import Column, Table
 
-    from morphogen.core.blueprints import parameter_count, registry_table
+    from morphogen.core.blueprints import registry_table
+    from morphogen.core.model import MorphogeneticModel
 
-    first_width = next(iter(host.widths.values()))
-    slot_columns = (Column(f"{slot} (w {width})", justify="right") for slot, width in host.widths.items())
+    model = MorphogeneticModel(host.host)
+    widths = host.widths
+    first_width = next(iter(widths.values()))
+    slot_columns = (Column(f"{slot} (w {width})", justify="right") for slot, width in widths.items())
     table = Table("blueprint", *slot_columns, "what it is", box=None, pad_edge=False)
     for name, _, description in registry_table(host.topology, first_width):
-        counts = (f"{parameter_count(host.topology, name, width):,}" for width in host.widths.values())
-        table.add_row(name, *counts, description)
+        table.add_row(name, *(_seed_parameters(model, slot_id, name) for slot_id in widths), description)
     console = _console(out)
     console.print(f"blueprints of the {host.task} host ({host.topology}): parameters each adds in each slot "
-                  "(w = slot width)")
+                  "(w = slot width; - where the slot has no layers around it to widen)")
     console.print(table)
 
 

@@ -1,9 +1,11 @@
 """Rule-based growth controller (docs/architecture.md#controller).
 
 Waits until the host has trained a few epochs and its learning slows down (validation loss improving
-at most half as fast as just before, or accuracy flat), then germinates the next blueprint in a
-round-robin (skipping blueprints pruned recently), pushes the seed through TRAINING and BLENDING,
-prunes a seed that never earns its way out of TRAINING or whose stage made accuracy worse, and in
+at most half as fast as just before, or accuracy flat), then germinates a seed: by default where growth
+signals per FLOP are best, deeper (the next blueprint of its rotation) or wider (new channels of the layers
+around the slot) (`control/growth_choice.py`); with `choice = "rotation"`, or when no signal was measured, the
+next slot and blueprint in turn. Blueprints pruned recently are skipped. It pushes the seed through
+TRAINING and BLENDING, prunes a seed that never earns its way out of TRAINING or whose stage made accuracy worse, and in
 HOLDING fossilizes a seed that contributes, else prunes it. It reads only the episode snapshot and
 the action masks.
 
@@ -19,6 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from morphogen.control.growth_choice import best_growth
 from morphogen.core.blueprints import UnknownBlueprintError
 from morphogen.core.lifecycle import Stage
 from morphogen.env.actions import Action, ActionSpace, Op
@@ -34,6 +37,11 @@ DEFAULT_ROTATION = {
     "transformer": ("lora", "mlp_small", "attention", "norm", "lora_large", "mlp"),
     "mlp": ("mlp", "mlp_small", "lora_large", "lora", "norm"),
 }
+#: The widening blueprint `choice = "signal"` weighs against the next deepening one, per topology (a
+#: transformer's residual stream cannot be widened locally).
+DEFAULT_WIDENING = {"cnn": "wider", "cnn1d": "wider", "mlp": "wider"}
+#: How the heuristic picks the next seed: by measured growth signal per FLOP, or slots and blueprints in turn.
+CHOICES = ("signal", "rotation")
 
 
 @dataclass(frozen=True)
@@ -66,6 +74,13 @@ class HeuristicConfig:
     prune_penalty_epochs: int = 10
     #: Blueprint order; None uses DEFAULT_ROTATION for the topology.
     rotation: tuple[str, ...] | None = None
+    #: How the next seed is chosen. "signal": at every empty slot, the next deepening blueprint of the rotation
+    #: and the widening blueprint are scored by measured growth signal over the FLOPs they would add
+    #: (`control/growth_choice.py`), and the best one is germinated; "rotation": slots and blueprints in turn.
+    choice: str = "signal"
+    #: The widening blueprint "signal" weighs; None uses DEFAULT_WIDENING for the topology (none for a
+    #: transformer).
+    widening: str | None = None
 
     def __post_init__(self) -> None:
         for name in ("warmup_epochs", "min_training_epochs", "prune_penalty_epochs", "min_holding_epochs",
@@ -84,6 +99,8 @@ class HeuristicConfig:
             raise ValueError(f"heuristic slowing_ratio must be in [0, 1), got {self.slowing_ratio}")
         if self.rotation is not None and not self.rotation:
             raise ValueError("heuristic rotation must name at least one blueprint (leave it out for the default)")
+        if self.choice not in CHOICES:
+            raise ValueError(f"heuristic choice must be one of {', '.join(CHOICES)}, got {self.choice!r}")
 
 
 def has_plateaued(history: Sequence[float], epochs: int, threshold: float) -> bool:
@@ -119,6 +136,11 @@ class HeuristicController:
                 f"heuristic.rotation: unknown {topology} blueprint(s) {', '.join(map(repr, unknown))}; "
                 f"valid: {', '.join(action_space.blueprints)}")
         self.rotation = tuple(rotation)
+        widening = DEFAULT_WIDENING.get(topology) if self.config.widening is None else self.config.widening
+        if widening is not None and widening not in action_space.blueprints:
+            raise UnknownBlueprintError(f"heuristic.widening: unknown {topology} blueprint {widening!r}; "
+                                        f"valid: {', '.join(action_space.blueprints)}")
+        self.widening = widening
         self.reset()
 
     def reset(self) -> None:
@@ -200,7 +222,39 @@ class HeuristicController:
         return has_plateaued(snapshot.accuracy_history, config.plateau_epochs, config.plateau_threshold) \
             or is_slowing(snapshot.loss_history, config.slowing_window, config.slowing_ratio)
 
+    def growth_candidates(self, epoch: int) -> tuple[str, ...]:
+        """The blueprints `choice = "signal"` would compare at `epoch`, for the episode to measure (none in
+        "rotation" mode)."""
+        if self.config.choice != "signal":
+            return ()
+        deepening = self._next_deepening(epoch)
+        return tuple(name for name in (deepening, self.widening)
+                     if name is not None and not self._held_back(name, epoch))
+
+    def _held_back(self, blueprint: str, epoch: int) -> bool:
+        """A blueprint pruned less than `prune_penalty_epochs` ago is not tried again yet."""
+        pruned = self.pruned_at.get(blueprint)
+        return pruned is not None and epoch - pruned < self.config.prune_penalty_epochs
+
+    def _next_deepening(self, epoch: int) -> str | None:
+        """The next blueprint of the rotation, other than the widening one, that is not held back."""
+        for offset in range(len(self.rotation)):
+            name = self.rotation[(self.next_blueprint + offset) % len(self.rotation)]
+            if name != self.widening and not self._held_back(name, epoch):
+                return name
+        return None
+
     def _germinate(self, snapshot: EpisodeSnapshot, allowed: dict[str, bool]) -> Action:
+        if self.config.choice == "signal":
+            candidates = self.growth_candidates(snapshot.epoch)
+            deepening = next((name for name in candidates if name != self.widening), None)
+            widening = self.widening if self.widening in candidates else None
+            best = best_growth(snapshot.slots, [s for s in self.space.slot_ids if allowed[s]], deepening, widening)
+            if best is not None:
+                if best.blueprint == deepening:
+                    self.next_blueprint = self.rotation.index(deepening) + 1
+                return Action(Op.GERMINATE, best.slot, best.blueprint)
+        # No signals measured (another episode loop, or "rotation"): slots and blueprints in turn.
         slots = [s for s in self.space.slot_ids if allowed[s]]
         slot_id = slots[self.next_slot % len(slots)]
         self.next_slot += 1
