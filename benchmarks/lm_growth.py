@@ -45,8 +45,8 @@ from morphogen.control.heuristic import HeuristicConfig, HeuristicController
 from morphogen.data import DEFAULT_HOST_SIZES, Task, load_task
 from morphogen.env.actions import Op
 from morphogen.env.episode import EpisodeConfig, MorphogenesisEpisode
-from morphogen.env.play import Controller
 from morphogen.env.optimizer import task_optimizer_config
+from morphogen.env.play import Controller
 from morphogen.ui.svg import Series, line_chart
 
 

@@ -26,6 +26,12 @@ def test_readme_library_example_runs(capsys):
     assert "blending" in capsys.readouterr().out.lower()
 
 
+def test_readme_width_growth_example_runs(capsys):
+    namespace: dict[str, object] = {}
+    exec(compile(python_block('germinate("r0c0", "wider")'), str(README), "exec"), namespace)
+    assert "Conv2d(1, 8" in capsys.readouterr().out  # the producer: block 0's convolution
+
+
 def test_readme_gym_example_runs():
     blocks = re.findall(r"```python\n(.*?)```", README.read_text(), flags=re.S)
     gym_blocks = [block for block in blocks if "MorphogenesisEnv" in block]

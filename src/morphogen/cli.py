@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
-import json
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -22,7 +21,7 @@ from morphogen.config import ConfigError, build_config, read_config_file
 from morphogen.core.compilation import COMPILE_BACKENDS, COMPILE_MODES
 from morphogen.data.catalog import TASK_NAMES
 from morphogen.limits import MAX_TIMEOUT_SECONDS, short_repr
-from morphogen.run_directory import CONFIG_FILENAME, hold_run_directory
+from morphogen.run_directory import CONFIG_FILENAME, hold_run_directory, read_json_object
 from morphogen.ui.terminal_text import printable
 
 if TYPE_CHECKING:
@@ -182,8 +181,6 @@ def _add_list_parser(subparsers: Any) -> None:
     listing.add_argument("what", choices=LISTINGS, help="what to list")
     listing.add_argument("--task", default="digits", help="task whose host is listed (default digits)")
     listing.add_argument("--pool-slots", action="store_true", help="also list the slots after pools")
-    listing.add_argument("--data-dir", help="CIFAR-10 directory (for --task cifar10)")
-    listing.add_argument("--text-file", help="text file for the text task")
 
 
 def _add_report_parser(subparsers: Any) -> None:
@@ -374,14 +371,11 @@ def _resume(args: argparse.Namespace) -> None:
 def saved_policy_device(run_dir: str) -> str:
     """The device a run's policy was saved on (its config.json), which a resumed `--distributed` run keeps
     unless `--device`/`--devices` say otherwise, so that it picks the same backend (NCCL for CUDA)."""
-    try:
-        values = json.loads((Path(run_dir) / CONFIG_FILENAME).read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
-        return "cpu"  # the resume itself then reports the unreadable run with one line
-    devices = values.get("devices") if isinstance(values, dict) else None
+    values = read_json_object(Path(run_dir) / CONFIG_FILENAME) or {}  # damaged: the resume reports it in one line
+    devices = values.get("devices")
     if isinstance(devices, list) and devices and isinstance(devices[0], str):
         return devices[0]
-    device = values.get("device") if isinstance(values, dict) else None
+    device = values.get("device")
     return device if isinstance(device, str) else "cpu"
 
 
@@ -471,8 +465,7 @@ def _report(args: argparse.Namespace) -> None:
 def _list(args: argparse.Namespace) -> None:
     from morphogen.commands.listing import list_command
 
-    list_command(args.what, task_name=args.task, pool_slots=args.pool_slots, data_dir=args.data_dir,
-                 text_file=args.text_file)
+    list_command(args.what, task_name=args.task, pool_slots=args.pool_slots)
 
 
 def _export(args: argparse.Namespace) -> None:

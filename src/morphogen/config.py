@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from morphogen.limits import MAX_INTEGER_SETTING, MAX_STRING_LENGTH, short_repr
+from morphogen.run_directory import MAX_JSON_BYTES, read_regular_file
 
 T = TypeVar("T")
 
@@ -170,18 +171,26 @@ def _located_message(message: str, field_names: list[str], given: list[str], fal
     return f"{prefix}{name}: {message}"
 
 
+#: Largest config file read (a real one is a few kB; a run directory's config.json too).
+MAX_CONFIG_BYTES = MAX_JSON_BYTES
+
+
 def read_config_file(path: str | Path) -> dict[str, Any]:
-    """Read a TOML, JSON or YAML file into a mapping (by extension)."""
+    """Read a TOML, JSON or YAML file of at most `MAX_CONFIG_BYTES` into a mapping (by extension)."""
     path = Path(path)
-    if not path.is_file():
+    if not path.exists():
         raise ConfigError(f"config file {path} does not exist")
+    try:
+        raw = read_regular_file(path, MAX_CONFIG_BYTES)  # a FIFO, a device or a huge file: one line, no wait
+    except OSError as error:
+        raise ConfigError(f"config file {path}: {error.strerror or error}") from None
     suffix = path.suffix.lower()
     if suffix not in (".toml", ".json", ".yaml", ".yml"):
         raise ConfigError(f"config file {path}: unknown format {suffix!r}; use .toml, .json, .yaml or .yml")
     import yaml  # only when a config file is read: the command line starts without it
 
     try:
-        text = path.read_text()
+        text = raw.decode("utf-8")
         if suffix == ".toml":
             data = tomllib.loads(text)
         elif suffix == ".json":

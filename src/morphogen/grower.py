@@ -36,7 +36,7 @@ from torch import Tensor, nn
 
 from morphogen.control.heuristic import HeuristicConfig, HeuristicController
 from morphogen.core.hosts import SegmentedHost
-from morphogen.core.model import MorphogeneticModel
+from morphogen.core.model import MorphogeneticModel, shadow_rows
 from morphogen.data.user import LossFunction, task_from_data
 from morphogen.env.actions import Action
 from morphogen.env.compute import note_batch
@@ -118,7 +118,7 @@ class Grower:
         for parameters in self._running.values():
             for parameter in parameters:
                 parameter.grad = None  # seeds are stepped here every batch, not by your optimizer
-        output, shadow = model.forward_with_shadow(inputs)
+        output, shadow = model.forward_with_shadow(inputs, shadow_rows(inputs.shape[0], trainer.shadow_fraction))
         loss = trainer.objective.checked_loss(output, targets)
         trainer.backward_shadow(shadow, targets)
         trainer.add_epoch_losses(loss.detach(), 1)

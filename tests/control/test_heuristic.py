@@ -439,3 +439,11 @@ def test_a_refused_grow_turns_the_heuristic_to_growing_seed_by_seed() -> None:
     assert heuristic.act(refused, masks) == Action(Op.GERMINATE, "r0c0", DEFAULT_ROTATION["transformer"][0])
     heuristic.reset()  # a new episode tries depth growth again
     assert heuristic.act(make_snapshot(), masks).op is Op.GROW
+
+
+def test_a_host_without_layers_to_copy_grows_seed_by_seed_from_the_first_germination() -> None:
+    # The masks say GROW cannot graft `block_copy` here (ActionSpace.masks asks the model): no GROW is wasted.
+    heuristic, space = transformer_controller()
+    masks = make_masks(space, {Op.GERMINATE: SLOTS, Op.GROW: SLOTS})
+    masks[2][Op.GROW, space.blueprints.index("block_copy")] = False
+    assert heuristic.act(make_snapshot(), masks) == Action(Op.GERMINATE, "r0c0", DEFAULT_ROTATION["transformer"][0])

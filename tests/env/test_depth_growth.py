@@ -123,3 +123,34 @@ def test_the_heuristic_grows_a_language_model_by_depth_when_its_loss_slows(small
     # Copies of the trained layers blended in over 3 epochs: the first trained at alpha 1/3, then 2/3.
     assert [(slot.blueprint, slot.stage) for slot in snapshot.slots] == [("block_copy", Stage.BLENDING)] * 2
     assert [slot.alpha for slot in snapshot.slots] == pytest.approx([2 / 3] * 2)
+
+
+class _Tokens(torch.nn.Module):
+    """A user's token model without morphogen's blocks: embeddings, two linear layers, a head."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = torch.nn.Embedding(8, 16)
+        self.layers = torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.Linear(16, 16))
+        self.head = torch.nn.Linear(16, 8)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.head(self.layers(self.embed(ids)))
+
+
+def test_grow_offers_only_what_the_host_can_graft(tiny_text: Task) -> None:
+    """A copy of the layer before a slot needs that layer: a user's model without blocks is offered `block`, not
+    `block_copy`; a widening blueprint is never offered to GROW."""
+    from morphogen.core.model import MorphogeneticModel
+    from morphogen.core.module_host import host_from_module
+    from morphogen.env.actions import ActionSpace
+
+    own = MorphogeneticModel(host_from_module(_Tokens(), ["layers.0", "layers.1"], torch.zeros(2, 6, dtype=torch.long),
+                                              topology="transformer"))
+    space = ActionSpace(own.slot_ids, "transformer")
+    offered = dict(zip(space.blueprints, space.masks(own)[2][Op.GROW], strict=True))
+    assert offered["block"] and not offered["block_copy"]
+    episode = started(tiny_text)
+    assert episode.model is not None
+    assert all(episode.masks()[2][Op.GROW])  # the TransformerHost has a block before every slot
+

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import shutil
 from collections.abc import Callable
 from pathlib import Path
@@ -177,3 +178,22 @@ def test_damaged_input_is_skipped_and_strings_are_shown_as_text(grown_run: Path,
         assert app.return_code == 0
 
     asyncio.run(drive())
+
+
+def test_an_events_file_turned_unreadable_stops_the_dashboard_with_one_line(grown_run: Path, tmp_path: Path) -> None:
+    """A FIFO put in place of the events file while the dashboard follows it: one line and exit 2, no wait."""
+    run = tmp_path / "run"
+    shutil.copytree(grown_run, run)
+
+    async def drive() -> Dashboard:
+        app = Dashboard(run, poll_seconds=POLL)
+        async with app.run_test(size=(140, 40)) as pilot:
+            await _wait_for(pilot, lambda: bool(app.view.envs))
+            (run / EVENTS_FILENAME).unlink()
+            os.mkfifo(run / EVENTS_FILENAME)
+            await _wait_for(pilot, lambda: not app.is_running)
+        return app
+
+    app = asyncio.run(asyncio.wait_for(drive(), timeout=60))
+    assert app.return_code == 2
+    assert app.stopped_on == f"cannot read {run / EVENTS_FILENAME}: not a regular file"

@@ -3,11 +3,13 @@
 Waits until the host has trained a few epochs and its learning slows down (validation loss improving
 at most half as fast as just before, or the score flat), then grows: on a transformer host by depth
 (GROW: a copy of each trained layer into the empty slot after it, all at once, trained with the host from
-the start), elsewhere
-by germinating the next blueprint of a round-robin (skipping blueprints pruned recently) and pushing
-the seed through TRAINING and BLENDING. It prunes a seed that never earns its way out of TRAINING or
-whose stage made the model worse, and in HOLDING fossilizes a seed that contributes, else prunes it.
-It reads only the episode snapshot and the action masks.
+the start); elsewhere it germinates a seed, by default where growth signals per FLOP are best, deeper (the
+next blueprint of its rotation) or wider (new channels of the layers around the slot)
+(`control/growth_choice.py`); with `choice = "rotation"`, or when no signal was measured, the next slot and
+blueprint in turn. Blueprints pruned recently are skipped. It pushes the seed through TRAINING and
+BLENDING, prunes a seed that never earns its way out of TRAINING or whose stage made the model worse, and
+in HOLDING fossilizes a seed that contributes, else prunes it. It reads only the episode snapshot and the
+action masks.
 
 It judges by what the gates judge (`EpisodeSnapshot.criterion`): accuracy points (the task's score),
 or for a language model the validation loss in nats per token, each with its own thresholds.
@@ -25,6 +27,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from morphogen.control.growth_choice import best_growth
 from morphogen.core.blueprints import UnknownBlueprintError
 from morphogen.core.lifecycle import Criterion, Stage
 from morphogen.env.actions import Action, ActionSpace, Op
@@ -46,6 +49,11 @@ DEFAULT_ROTATION = {
 #: ended the FLOP budget ahead of the 2- and 4-layer models, zero-initialised blocks (`block`) behind both.
 #: Other topologies grow seed by seed.
 DEFAULT_DEPTH_BLUEPRINT = {"transformer": "block_copy"}
+#: The widening blueprint `choice = "signal"` weighs against the next deepening one, per topology (a
+#: transformer's residual stream cannot be widened locally).
+DEFAULT_WIDENING = {"cnn": "wider", "cnn1d": "wider", "mlp": "wider"}
+#: How the heuristic picks the next seed: by measured growth signal per FLOP, or slots and blueprints in turn.
+CHOICES = ("signal", "rotation")
 
 
 @dataclass(frozen=True)
@@ -92,6 +100,13 @@ class HeuristicConfig:
     #: Judged by loss: fossilize a holding seed that lowers the validation loss by more than this many nats per
     #: token, else prune it.
     loss_fossilize_threshold: float = 0.005
+    #: How the next seed is chosen. "signal": at every empty slot, the next deepening blueprint of the rotation
+    #: and the widening blueprint are scored by measured growth signal over the FLOPs they would add
+    #: (`control/growth_choice.py`), and the best one is germinated; "rotation": slots and blueprints in turn.
+    choice: str = "signal"
+    #: The widening blueprint "signal" weighs; None uses DEFAULT_WIDENING for the topology (none for a
+    #: transformer).
+    widening: str | None = None
 
     def __post_init__(self) -> None:
         for name in ("warmup_epochs", "min_training_epochs", "prune_penalty_epochs", "min_holding_epochs",
@@ -114,6 +129,8 @@ class HeuristicConfig:
             if not getattr(self, name) >= 0:  # NaN fails too
                 raise ValueError(f"heuristic {name} must be >= 0 nats per token, got {getattr(self, name)}")
 
+        if self.choice not in CHOICES:
+            raise ValueError(f"heuristic choice must be one of {', '.join(CHOICES)}, got {self.choice!r}")
 
 class _Measure(NamedTuple):
     """What the heuristic judges by, as numbers where higher is better, with the thresholds in their unit."""
@@ -185,6 +202,12 @@ class HeuristicController:
             raise UnknownBlueprintError(
                 f"heuristic.depth_blueprint: unknown {topology} blueprint {self.depth_blueprint!r}; "
                 f"valid: {', '.join(action_space.blueprints)} (or \"\" to grow seed by seed)")
+        widening = DEFAULT_WIDENING.get(topology) if self.config.widening is None else self.config.widening
+        if widening is not None and widening not in action_space.blueprints:
+            raise UnknownBlueprintError(f"heuristic.widening: unknown {topology} blueprint {widening!r}; "
+                                        f"valid: {', '.join(action_space.blueprints)}")
+        self.widening = widening
+        self._depth_index = action_space.blueprints.index(self.depth_blueprint) if self.depth_blueprint else 0
         self.reset()
 
     def reset(self) -> None:
@@ -218,6 +241,8 @@ class HeuristicController:
                 if action.op is Op.PRUNE and slot.blueprint is not None:
                     self.pruned_at[slot.blueprint] = snapshot.epoch
                 return action
+        if self.grows_by_depth and masks[0][Op.GROW] and not masks[2][Op.GROW][self._depth_index]:
+            self.grows_by_depth = False  # this host has no layer for the depth blueprint to copy: seed by seed
         if self.grows_by_depth and masks[0][Op.GROW] and self._should_germinate(snapshot):
             return Action(Op.GROW, blueprint=self.depth_blueprint)
         if not self.grows_by_depth and masks[0][Op.GERMINATE] and self._should_germinate(snapshot):
@@ -276,7 +301,39 @@ class HeuristicController:
         return has_plateaued(measure.history(snapshot), config.plateau_epochs, measure.plateau_threshold) \
             or is_slowing(snapshot.loss_history, config.slowing_window, config.slowing_ratio)
 
+    def growth_candidates(self, epoch: int) -> tuple[str, ...]:
+        """The blueprints `choice = "signal"` would compare at `epoch`, for the episode to measure (none in
+        "rotation" mode)."""
+        if self.config.choice != "signal":
+            return ()
+        deepening = self._next_deepening(epoch)
+        return tuple(name for name in (deepening, self.widening)
+                     if name is not None and not self._held_back(name, epoch))
+
+    def _held_back(self, blueprint: str, epoch: int) -> bool:
+        """A blueprint pruned less than `prune_penalty_epochs` ago is not tried again yet."""
+        pruned = self.pruned_at.get(blueprint)
+        return pruned is not None and epoch - pruned < self.config.prune_penalty_epochs
+
+    def _next_deepening(self, epoch: int) -> str | None:
+        """The next blueprint of the rotation, other than the widening one, that is not held back."""
+        for offset in range(len(self.rotation)):
+            name = self.rotation[(self.next_blueprint + offset) % len(self.rotation)]
+            if name != self.widening and not self._held_back(name, epoch):
+                return name
+        return None
+
     def _germinate(self, snapshot: EpisodeSnapshot, allowed: dict[str, bool]) -> Action:
+        if self.config.choice == "signal":
+            candidates = self.growth_candidates(snapshot.epoch)
+            deepening = next((name for name in candidates if name != self.widening), None)
+            widening = self.widening if self.widening in candidates else None
+            best = best_growth(snapshot.slots, [s for s in self.space.slot_ids if allowed[s]], deepening, widening)
+            if best is not None:
+                if best.blueprint == deepening:
+                    self.next_blueprint = self.rotation.index(deepening) + 1
+                return Action(Op.GERMINATE, best.slot, best.blueprint)
+        # No signals measured (another episode loop, or "rotation"): slots and blueprints in turn.
         slots = [s for s in self.space.slot_ids if allowed[s]]
         slot_id = slots[self.next_slot % len(slots)]
         self.next_slot += 1

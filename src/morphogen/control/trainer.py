@@ -46,6 +46,7 @@ from morphogen.core.lifecycle import GateConfig, GateMode
 from morphogen.core.slot import SlotConfig
 from morphogen.data import Task
 from morphogen.env.actions import HEADS, Action, ActionSpace
+from morphogen.env.counterfactual import CounterfactualSchedule
 from morphogen.env.episode import EpisodeConfig
 from morphogen.env.governor import DivergenceError
 from morphogen.env.observation import ObservationEncoder
@@ -67,7 +68,8 @@ MAX_POLICY_ROLLBACKS = 3
 
 
 def _training_episode() -> EpisodeConfig:
-    return EpisodeConfig(max_epochs=25, slots=SlotConfig(gates=GateConfig(mode=GateMode.PERMISSIVE)))
+    return EpisodeConfig(max_epochs=25, slots=SlotConfig(gates=GateConfig(mode=GateMode.PERMISSIVE)),
+                         counterfactuals=CounterfactualSchedule.EVERY_EPOCH)  # the policy observes them all
 
 
 @dataclass(frozen=True)

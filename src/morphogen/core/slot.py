@@ -35,7 +35,7 @@ from torch import Tensor, nn
 
 from morphogen.core.alpha import AlphaController, AlphaCurve, AlphaMode
 from morphogen.core.blend import Blend, BlendKind, add_blend, gate_blend, multiply_blend
-from morphogen.core.blueprints import CHANNEL_DIM, build_seed, get_blueprint
+from morphogen.core.blueprints import CHANNEL_DIM, BlueprintKind, build_seed, get_blueprint
 from morphogen.core.lifecycle import (
     NEXT_STAGE,
     PRUNABLE_STAGES,
@@ -49,6 +49,7 @@ from morphogen.core.lifecycle import (
     Stage,
     evaluate_gate,
 )
+from morphogen.core.width import NoWidthSiteError, WidthSite
 
 
 class SlotMode(enum.Enum):
@@ -74,6 +75,8 @@ class SlotPlan(NamedTuple):
     options: str = ""
     blend: BlendKind | None = None
     detach_input: bool = False
+    #: The seed widens the layers around the slot: it runs at their injection point, not at the slot.
+    widens: bool = False
 
 
 IDLE = SlotPlan(SlotMode.IDENTITY)
@@ -145,6 +148,12 @@ class SeedSlot(nn.Module):
         self.signals = SeedSignals()
         self.transitions: list[TransitionRecord] = []
         self.register_buffer("alpha_value", torch.zeros(()), persistent=False)
+        #: The layers around the slot that a widening seed widens (set by `MorphogeneticModel`), or None.
+        self.width_site: WidthSite | None = None
+        #: Why the slot has no width site (shown when a widening blueprint is refused).
+        self.width_problem = "it is not part of a model (MorphogeneticModel finds the layers around a slot)"
+        #: A widening seed's input, the producer's input, handed over by the model's walk just before the slot runs.
+        self.tap: Tensor | None = None
 
     # ---------------------------------------------------------------- read-only views
     @property
@@ -162,6 +171,11 @@ class SeedSlot(nn.Module):
 
     def seed_parameter_count(self) -> int:
         return sum(p.numel() for p in self.seed_parameters())
+
+    @property
+    def widens(self) -> bool:
+        """Whether the slot holds a widening seed (new channels of the layers around it)."""
+        return self.seed is not None and get_blueprint(self.topology, str(self.blueprint)).kind is BlueprintKind.WIDEN
 
     # ---------------------------------------------------------------- forward
     @property
@@ -181,7 +195,7 @@ class SeedSlot(nn.Module):
         if mode is SlotMode.IDENTITY:
             return IDLE
         options = repr(sorted(self.blueprint_options.items()))
-        return SlotPlan(mode, str(self.blueprint), options, self.blend_kind, self.detach_input)
+        return SlotPlan(mode, str(self.blueprint), options, self.blend_kind, self.detach_input, self.widens)
 
     def forward(self, h: Tensor, alpha: Tensor | float | None = None) -> Tensor:
         """The slot on the host path in its current mode; `alpha` overrides a blended seed's alpha."""
@@ -205,12 +219,24 @@ class SeedSlot(nn.Module):
         configurations (one per sample: [N]).
         """
         assert self.blend is not None and self.seed is not None
-        shadow: Tensor = self.blend(h, self.seed(h), alpha)
+        seeded = h + self.seed(self._tap()) if self.widens else self.seed(h)
+        shadow: Tensor = self.blend(h, seeded, alpha)
         return shadow
 
+    def _tap(self) -> Tensor:
+        assert self.tap is not None, "a widening seed runs inside the model's walk, which hands it the producer's input"
+        return self.tap
+
     def seed_output(self, h: Tensor) -> Tensor:
-        """The seed's output `s` for a blended stage, before blending (input detached per `detach_input`)."""
+        """The seed's output `s` for a blended stage, before blending (input detached per `detach_input`).
+
+        A widening seed's `h` is the consumer's output; `s` adds what the new channels bring to it.
+        """
         assert self.seed is not None
+        if self.widens:
+            tap = self._tap()
+            added: Tensor = self.seed(tap.detach() if self.detach_input else tap)
+            return h + added
         if self.detach_input:
             s: Tensor = self.seed(h.detach())
             return s + (h - h.detach())  # value unchanged; gives the host its skip-path gradient back
@@ -263,7 +289,7 @@ class SeedSlot(nn.Module):
         recipe = get_blueprint(self.topology, blueprint)
         if neighbour is not None and recipe.options_from_neighbour is not None:
             options = {**recipe.options_from_neighbour(neighbour), **options}
-        seed = recipe.build(self.channels, device=device, dtype=dtype, **options)
+        seed = self._build_seed(blueprint, blend_kind, device, dtype, options)
         if recipe.neighbour_init is not None:
             if neighbour is None:
                 raise ValueError(f"blueprint {blueprint!r} starts as a copy of the host's layer before slot "
@@ -305,6 +331,17 @@ class SeedSlot(nn.Module):
         self.alpha.tick()  # the first epoch of the ramp already blends the seed in
         self._sync_alpha()
         self._finish_ramp(epoch)
+    def _build_seed(self, blueprint: str, blend: BlendKind, device: torch.device | str | None,
+                    dtype: torch.dtype | None, options: dict[str, Any]) -> nn.Module:
+        """The seed module of `blueprint`; a widening one at this slot's width site, blended by adding."""
+        if get_blueprint(self.topology, blueprint).kind is BlueprintKind.WIDEN:
+            if self.width_site is None:
+                raise NoWidthSiteError(f"slot {self.slot_id} cannot widen the layers around it: {self.width_problem}")
+            if blend is not BlendKind.ADD:
+                raise ValueError(f"a widening seed adds its channels' output ({blueprint!r} blends by add, got "
+                                 f"{blend.value})")
+        return build_seed(self.topology, blueprint, self.channels, device=device, dtype=dtype, site=self.width_site,
+                          **options)
 
     def install(self, blueprint: str, epoch: int = 0, *, blend: BlendKind | None = None,
                 device: torch.device | str | None = None, dtype: torch.dtype | None = None,
@@ -498,8 +535,7 @@ class SeedSlot(nn.Module):
             assert self.blueprint is not None
             device = self.alpha_value.device
             dtype = _dtype_from_name(state["seed_dtype"])
-            self.seed = build_seed(self.topology, self.blueprint, self.channels, device=device, dtype=dtype,
-                                   **self.blueprint_options)
+            self.seed = self._build_seed(self.blueprint, self.blend_kind, device, dtype, self.blueprint_options)
             self.blend = Blend(self.blend_kind, self.channels, channel_dim=CHANNEL_DIM[self.topology], device=device,
                                dtype=dtype)
             self._freeze_if_ramping_down()

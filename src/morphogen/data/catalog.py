@@ -8,7 +8,7 @@ from __future__ import annotations
 
 TASK_DESCRIPTIONS: dict[str, str] = {
     "digits": "scikit-learn's 8x8 handwritten digits, 10 classes (no download)",
-    "cifar10": "CIFAR-10 32x32 colour images, 10 classes (needs --data-dir with cifar-10-batches-py)",
+    "cifar10": "CIFAR-10 32x32 colour images, 10 classes (run and train need --data-dir with cifar-10-batches-py)",
     "text": "character-level language model on the Python standard library's sources (or --text-file)",
     "mnist1d": "MNIST-1D: 40-step 1D sequences, 10 classes, generated offline (Conv1dHost)",
 }

@@ -19,6 +19,7 @@ from morphogen.core.blend import BlendKind
 from morphogen.core.blueprints import blueprint_names
 from morphogen.core.lifecycle import PRUNABLE_STAGES, Stage
 from morphogen.core.model import MorphogeneticModel
+from morphogen.core.slot import SeedSlot
 
 
 class Op(enum.IntEnum):
@@ -158,14 +159,26 @@ class ActionSpace:
                                        and not ramping)
             slot_valid[Op.FOSSILIZE, j] = slot.stage is Stage.HOLDING
             slot_valid[Op.ADVANCE, j] = slot.stage in _ADVANCEABLE and not (slot.stage is Stage.BLENDING and ramping)
+        graftable = self._graftable(model, slots) if slot_valid[Op.GROW].any() else None
+        if graftable is not None and not graftable.any():
+            slot_valid[Op.GROW] = False
         op_mask = np.asarray(slot_valid.any(axis=1))
         op_mask[Op.WAIT] = True
         masks: list[np.ndarray] = [op_mask]
         for head in HEADS[1:]:
             mask = slot_valid.copy() if head == "slot" else np.ones((n_ops, len(self.choices[head])), dtype=bool)
+            if head == "blueprint" and graftable is not None and graftable.any():
+                mask[Op.GROW] = graftable
             # Heads an op ignores are pinned to the canonical choice 0.
             irrelevant = ~HEAD_RELEVANCE[:, HEADS.index(head)]
             mask[irrelevant] = False
             mask[irrelevant, 0] = True
             masks.append(mask)
         return masks
+
+    def _graftable(self, model: MorphogeneticModel, slots: list[SeedSlot]) -> np.ndarray:
+        """[n_blueprints]: whether GROW can graft each blueprint into every empty slot (no widening one; a
+        copy of the layer before the slot only where the host has that layer)."""
+        empty = [slot.slot_id for slot in slots if slot.stage is Stage.DORMANT]
+        return np.array([all(model.can_graft(slot_id, name) for slot_id in empty)
+                          for name in self.blueprints], dtype=bool)

@@ -68,7 +68,7 @@ from torch.func import functional_call, vmap
 from morphogen.core.flops import Shape
 from morphogen.core.isolation import SeedAccumulation
 from morphogen.core.lifecycle import Stage
-from morphogen.core.model import MorphogeneticModel, ShadowOutput
+from morphogen.core.model import MorphogeneticModel, ShadowOutput, shadow_rows
 from morphogen.env.compute import note_batch
 from morphogen.env.episode import MorphogenesisEpisode
 from morphogen.env.evaluation import Objective, task_loss
@@ -114,8 +114,8 @@ class _TrainingForward(nn.Module):
         super().__init__()
         self.model = model
 
-    def forward(self, x: Tensor) -> tuple[Tensor, ShadowOutput | None]:
-        return self.model.forward_with_shadow(x)
+    def forward(self, x: Tensor, shadow_fraction: float) -> tuple[Tensor, ShadowOutput | None]:
+        return self.model.forward_with_shadow(x, shadow_rows(x.shape[0], shadow_fraction))
 
 
 @dataclass(frozen=True)
@@ -253,6 +253,7 @@ class StackedEnvs:
         self.vanishing_threshold = monitor.vanishing_threshold
         self.exploding_threshold = monitor.exploding_threshold
         self.clip_norm = self.episodes[0].trainer.config.clip_norm
+        self.shadow_fraction = self.episodes[0].trainer.shadow_fraction  # one episode config per vector
         # Fixed for the epoch, so that a batch builds nothing but the views of the flat matrix.
         main_tensors = sum(1 for group in layout.tensor_groups if layout.groups[group] in self._main_groups)
         self.leaf_sizes = (list(layout.sizes[:main_tensors]), list(layout.sizes[main_tensors:]))
@@ -291,12 +292,12 @@ class StackedEnvs:
     def _env_losses(self, trainable: dict[str, Tensor], state: dict[str, Tensor], inputs: Tensor,
                     targets: Tensor) -> tuple[Tensor, ...]:
         """One env's task loss (and shadow loss when a TRAINING seed learns), run under vmap."""
-        output, shadow = functional_call(self.forward_module, {**trainable, **state}, (inputs,))
+        output, shadow = functional_call(self.forward_module, {**trainable, **state}, (inputs, self.shadow_fraction))
         main = task_loss(output, targets)
         if self.layout.shadow_start == self.layout.width:
             return (main,)
         assert shadow is not None
-        return main, _BUILT_IN.shadow_loss(shadow.outputs, targets)
+        return main, _BUILT_IN.shadow_loss(shadow.outputs, targets[:shadow.rows])
 
     def step(self, inputs: Tensor, targets: Tensor) -> None:
         """Forward, backward, per-env per-group clip and SGD step of every env in the group on one batch."""

@@ -25,7 +25,8 @@ import torch
 from torch import Tensor
 
 from morphogen.core.alpha import AlphaMode
-from morphogen.core.blueprints import blueprint_names
+from morphogen.core.blend import BlendKind
+from morphogen.core.blueprints import BlueprintKind, blueprint_names, get_blueprint
 from morphogen.core.compilation import CompileSettings
 from morphogen.core.flops import FlopCounter
 from morphogen.core.hosts import SegmentedHost, build_host
@@ -36,9 +37,10 @@ from morphogen.core.slot import SlotConfig
 from morphogen.data import DataError, Task
 from morphogen.env.actions import Action, ActionSpace, Op
 from morphogen.env.compute import ComputeAccount
-from morphogen.env.counterfactual import MAIN, CounterfactualResult, alpha_configurations
+from morphogen.env.counterfactual import MAIN, CounterfactualResult, CounterfactualSchedule, alpha_configurations
 from morphogen.env.evaluation import Objective, validate
 from morphogen.env.governor import DivergenceError, Governor, GovernorConfig, Rollback
+from morphogen.env.growth_signals import CandidateSource, SlotGrowth, could_germinate, measure_growth
 from morphogen.env.optimizer import OptimizerConfig, task_optimizer_config
 from morphogen.env.rewards import RewardBreakdown, RewardConfig, RewardMode, compute_reward
 from morphogen.env.seeding import derive_seed, seeded
@@ -74,6 +76,19 @@ class EpisodeConfig:
     reward: RewardConfig = field(default_factory=RewardConfig)
     #: Discount used by potential-based shaping (match the PPO gamma).
     gamma: float = 0.995
+    #: Which counterfactual configurations validation evaluates: "for_decisions" (only those a gate or the
+    #: heuristic reads next: a TRAINING seed's shadow once it has nearly trained long enough to blend, the
+    #: ablation of a seed in or about to enter HOLDING) or "every_epoch" (every seed's, every epoch, and all
+    #: seeds off: what a learned policy observes; `morphogen train` uses it).
+    counterfactuals: CounterfactualSchedule = CounterfactualSchedule.FOR_DECISIONS
+    #: Fraction of each training batch (its first samples) that the TRAINING seeds' shadow pass runs on. The
+    #: shadow pass runs every layer after the seed's slot forward and backward again, so it is the main
+    #: cost of training a seed behind the host. On 5 seeds of digits and mnist1d (benchmarks/growth.py) 3/4
+    #: of the batch grew as well as the whole batch; half of it grew less.
+    shadow_fraction: float = 0.75
+    #: Training samples (the first ones, in a fixed order) on which growth signals are measured, for a controller
+    #: that chooses where and how to grow by them (`env/growth_signals.py`).
+    probe_samples: int = 128
     #: In a `VectorEpisodes`, train the envs whose architectures are identical in one vmapped call per
     #: batch (`env/batched.py`) instead of one after another; results agree to float32 rounding. A lone
     #: episode has nothing to batch with and trains as always.
@@ -86,6 +101,9 @@ class EpisodeConfig:
         check_count("validation_batch_size", self.validation_batch_size, MAX_BATCH_SIZE)
         if not 0.0 < self.gamma <= 1.0:
             raise ValueError(f"gamma must be in (0, 1], got {self.gamma}")
+        check_count("probe_samples", self.probe_samples, MAX_BATCH_SIZE)
+        if not 0.0 < self.shadow_fraction <= 1.0:
+            raise ValueError(f"shadow_fraction must be in (0, 1], got {self.shadow_fraction}")
 
 
 def task_host(task: Task, device: torch.device | str, *, pool_slots: bool = False) -> SegmentedHost:
@@ -167,6 +185,11 @@ class MorphogenesisEpisode:
         self.flop_counter = FlopCounter()
         #: FLOPs the current episode has spent so far.
         self.compute = ComputeAccount()
+        #: The blueprints the controller compares by growth signals, by epoch (`Controller.growth_candidates`);
+        #: None measures none.
+        self.growth_candidates: CandidateSource | None = None
+        #: Empty slot -> its growth signals and candidate costs, measured after the last epoch when asked.
+        self.growth: dict[str, SlotGrowth] = {}
 
     # ---------------------------------------------------------------- setup
     def build_model(self) -> MorphogeneticModel:
@@ -187,7 +210,8 @@ class MorphogenesisEpisode:
         self.model = self.build_model()
         self.action_space = ActionSpace(self.model.slot_ids, self.task.topology)
         self.monitor = IsolationMonitor(device=self.device)
-        self.trainer = HostAndSeedTrainer(self.model, self.optimizer_config, self.monitor, self.objective)
+        self.trainer = HostAndSeedTrainer(self.model, self.optimizer_config, self.monitor, self.objective,
+                                          self.config.shadow_fraction)
         classes = self.task.num_classes
         self.governor = Governor(self.model, self.config.governor,
                                  chance_accuracy=100.0 / classes if classes and not self.objective.custom else None)
@@ -203,6 +227,7 @@ class MorphogenesisEpisode:
         self.fossilized = self.pruned = 0
         self.history = []
         self.compute = ComputeAccount()
+        self.growth = {}
         if self.detector is not None:
             # A fresh host's gradients are not a drift from the last episode's converged ones.
             self.detector.forget_gradients(f"env{self.env_id}/")
@@ -258,15 +283,7 @@ class MorphogenesisEpisode:
             raise ValueError(f"{action.op.name} needs a slot")
         slot = model.slot(action.slot)
         if action.op is Op.GERMINATE:
-            if action.blueprint is None:
-                raise ValueError("GERMINATE needs a blueprint")
-            if any(s.stage in (Stage.GERMINATED, Stage.TRAINING) for s in model.slots()):
-                return False, "another seed is still germinated or training"
-            # Seed weights come from (episode seed, epoch, slot), not from whatever the global RNG holds.
-            with seeded(derive_seed(self.seed, epoch, model.slot_ids.index(action.slot)), self.device):
-                model.germinate(action.slot, action.blueprint, epoch, blend=action.blend,
-                                blend_epochs=action.blend_epochs)
-            return True, f"germinated {action.blueprint} in {action.slot}"
+            return self._germinate(action)
         if action.op is Op.ADVANCE:
             result = slot.advance(epoch)
             return result.passed, result.reason
@@ -290,6 +307,8 @@ class MorphogenesisEpisode:
         assert model is not None
         if action.blueprint is None:
             raise ValueError("GROW needs a blueprint")
+        if get_blueprint(self.task.topology, action.blueprint).kind is BlueprintKind.WIDEN:
+            return False, f"GROW adds layers; {action.blueprint} widens layers and is germinated slot by slot"
         if any(s.stage in (Stage.GERMINATED, Stage.TRAINING) for s in model.slots()):
             return False, "another seed is still germinated or training"
         empty = [slot.slot_id for slot in model.slots() if slot.stage is Stage.DORMANT]
@@ -299,6 +318,26 @@ class MorphogenesisEpisode:
             with seeded(derive_seed(self.seed, epoch, model.slot_ids.index(slot_id)), self.device):
                 model.graft(slot_id, action.blueprint, epoch, blend_epochs=action.blend_epochs)
         return True, f"grew {action.blueprint} into {', '.join(empty)}"
+
+    def _germinate(self, action: Action) -> tuple[bool, str]:
+        """GERMINATE: a seed of the action's blueprint in its slot, unless another seed is still learning or the
+        slot cannot take a widening seed (refusals the factored action masks cannot express)."""
+        model, epoch = self.model, self.epoch
+        assert model is not None and action.slot is not None
+        if action.blueprint is None:
+            raise ValueError("GERMINATE needs a blueprint")
+        if any(s.stage in (Stage.GERMINATED, Stage.TRAINING) for s in model.slots()):
+            return False, "another seed is still germinated or training"
+        slot = model.slot(action.slot)
+        widening = get_blueprint(self.task.topology, action.blueprint).kind is BlueprintKind.WIDEN
+        if widening and slot.width_site is None:
+            return False, f"{action.slot} has no layers around it to widen: {slot.width_problem}"
+        # Seed weights come from (episode seed, epoch, slot), not from whatever the global RNG holds.
+        with seeded(derive_seed(self.seed, epoch, model.slot_ids.index(action.slot)), self.device):
+            # A widening seed adds its channels' output: the blend head does not apply to it.
+            model.germinate(action.slot, action.blueprint, epoch, blend=BlendKind.ADD if widening else action.blend,
+                            blend_epochs=action.blend_epochs)
+        return True, f"germinated {action.blueprint} in {action.slot}"
 
     def train_epoch(self, batches: Iterable[tuple[Tensor, Tensor]]) -> None:
         """Train host and live seeds on `batches` (this episode's own, or a vector's shared stream)."""
@@ -311,7 +350,8 @@ class MorphogenesisEpisode:
         assert self.model is not None
         self.epoch += 1
         # Charged before anything can change the plan the epoch trained in (a rollback, a stage change).
-        self.compute.charge_training(self.flop_counter, self.model, self.trainer.take_batch_shapes())
+        self.compute.charge_training(self.flop_counter, self.model, self.trainer.take_batch_shapes(),
+                                     self.config.shadow_fraction)
         train_loss = self.trainer.take_epoch_loss().item()  # sync 1/3: the governor judges this number
         self.gradients = self.monitor.materialize()  # sync 2/3
         self._report_gradients()
@@ -324,6 +364,7 @@ class MorphogenesisEpisode:
         for slot in self.model.slots():
             slot.step_epoch(self.epoch)
         self._emit_transitions()
+        self._measure_growth()
         previous = self.snapshot
         self.snapshot = self._make_snapshot(result, train_loss, action.op, succeeded, rollback)
         reward = compute_reward(self.config.reward_mode, previous, self.snapshot, action, succeeded,
@@ -373,12 +414,39 @@ class MorphogenesisEpisode:
         alphas = {s.slot_id: s.alpha.alpha for s in self.model.slots()
                   if s.stage in BLENDED_STAGES and s.alpha.alpha > 0.0}
         training = [s.slot_id for s in self.model.slots() if s.stage is Stage.TRAINING and s.seed is not None]
-        configurations = alpha_configurations(self.model.slot_ids, alphas, training)
+        if self.config.counterfactuals is CounterfactualSchedule.EVERY_EPOCH:
+            configurations = alpha_configurations(self.model.slot_ids, alphas, training)
+        else:
+            # The blending gate reads the shadow from the epoch the seed has trained `min_training_epochs`
+            # (validation comes before the epoch is counted); the fossilize gate and the heuristic read the
+            # ablation of a HOLDING seed, or of a BLENDING one whose ramp ends at this epoch's tick.
+            training = [slot_id for slot_id in training if self.model.slot(slot_id).lifecycle.epochs_in_stage
+                        >= self.model.slot(slot_id).config.gates.min_training_epochs - 1]
+            holding = [s.slot_id for s in self.model.slots() if s.stage is Stage.HOLDING
+                       or (s.stage is Stage.BLENDING and s.alpha.steps_done + 1 >= s.alpha.steps_total)]
+            configurations = alpha_configurations(self.model.slot_ids, alphas, training, ablate=holding,
+                                                  all_off=False)
         with self.timer.phase("validate"):
             result = validate(self.model, self.task.validation, configurations, self.config.validation_batch_size,
                               self.objective)
-        self.compute.charge_validation(self.flop_counter, self.model, configurations.alphas, dict(result.batch_shapes))
+        self.compute.charge_validation(self.flop_counter, self.model, configurations.alphas,
+                                       dict(result.batch_shapes))
         return result
+
+    def _measure_growth(self) -> None:
+        """Growth signals and candidate costs for the controller, when it asks and a seed could be germinated."""
+        assert self.model is not None
+        self.growth = {}
+        if self.growth_candidates is None or self.done or not could_germinate(self.model):
+            return
+        candidates = self.growth_candidates(self.epoch)
+        if not candidates:
+            return
+        inputs, targets = next(iter(self.task.train.iterate_batches(self.config.probe_samples, shuffle=False)))
+        batch = (inputs.to(self.device), targets.to(self.device))
+        with self.timer.phase("probe"):
+            self.growth, flops = measure_growth(self.model, batch, self.objective, self.flop_counter, candidates)
+        self.compute.probe += flops
 
     def _record_signals(self, result: CounterfactualResult) -> None:
         assert self.model is not None
@@ -403,6 +471,7 @@ class MorphogenesisEpisode:
         assert self.model is not None
         slot = self.model.slot(slot_id)
         health = self.gradients.seeds.get(slot_id) if slot.seed is not None else None
+        growth = self.growth.get(slot_id)
         return SlotSnapshot(
             slot_id=slot_id, stage=slot.stage, blueprint=slot.blueprint if slot.seed is not None else None,
             blueprint_id=self.blueprint_ids[slot.blueprint] if slot.seed is not None and slot.blueprint else 0,
@@ -417,6 +486,8 @@ class MorphogenesisEpisode:
             accuracy_at_stage_start=slot.signals.accuracy_at_stage_start if slot.seed is not None else None,
             loss_contribution=self.loss_contributions.get(slot_id) if slot.seed is not None else None,
             loss_at_stage_start=slot.signals.loss_at_stage_start if slot.seed is not None else None,
+            depth_signal=None if growth is None else growth.depth,
+            width_signal=None if growth is None else growth.width, seed_costs=() if growth is None else growth.costs,
         )
 
     def _make_snapshot(self, result: CounterfactualResult, train_loss: float | None, op: Op, succeeded: bool,

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from morphogen.core.flops import SeedCost
 from morphogen.core.lifecycle import Criterion, Stage
 
 HISTORY_LENGTH = 5
@@ -45,6 +46,13 @@ class SlotSnapshot:
     loss_contribution: float | None = None
     #: Validation loss when the seed entered its current stage.
     loss_at_stage_start: float | None = None
+    #: For an empty slot, when a controller asked for growth signals: what the loss could gain at the slot's
+    #: activation (deepening) and at the next layer's output (widening; None without layers to widen), as
+    #: `MorphogeneticModel.growth_signals` measures them.
+    depth_signal: float | None = None
+    width_signal: float | None = None
+    #: For an empty slot, when a controller asked: (blueprint, what it would add) for each of its candidates.
+    seed_costs: tuple[tuple[str, SeedCost], ...] = ()
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,7 @@ from torch import Tensor, nn
 
 from morphogen.core.flops import Shape
 from morphogen.core.isolation import IsolationMonitor
-from morphogen.core.model import MorphogeneticModel, ShadowOutput
+from morphogen.core.model import MorphogeneticModel, ShadowOutput, shadow_rows
 from morphogen.env.compute import note_batch
 from morphogen.env.evaluation import Objective, task_loss
 from morphogen.env.optimizer import OptimizerConfig, warmup_factor
@@ -31,8 +31,10 @@ class HostAndSeedTrainer:
     `morphogen.control.trainer.PPOTrainer`.)"""
 
     def __init__(self, model: MorphogeneticModel, config: OptimizerConfig, monitor: IsolationMonitor,
-                 objective: Objective | None = None) -> None:
+                 objective: Objective | None = None, shadow_fraction: float = 1.0) -> None:
         self.model, self.config, self.monitor = model, config, monitor
+        #: Fraction of each batch the TRAINING seeds' shadow pass runs on (`EpisodeConfig.shadow_fraction`).
+        self.shadow_fraction = shadow_fraction
         #: The task's loss (cross-entropy unless the task brings its own).
         self.objective = objective or Objective(task_loss, None, custom=False)
         self.host_optimizer = config.build(model.host_parameters(), seed=False)
@@ -73,7 +75,7 @@ class HostAndSeedTrainer:
         note_batch(self.batch_shapes, inputs)
         running = self.sync_seed_optimizers()
         model.zero_grad(set_to_none=True)
-        output, shadow = model.forward_with_shadow(inputs)
+        output, shadow = model.forward_with_shadow(inputs, shadow_rows(inputs.shape[0], self.shadow_fraction))
         loss = self.objective.checked_loss(output, targets)
         torch.autograd.backward(loss)
         self.backward_shadow(shadow, targets)
@@ -107,7 +109,7 @@ class HostAndSeedTrainer:
         """Backpropagate the shadow loss of every TRAINING seed into that seed's parameters only
         (docs/architecture.md#shadow-pass)."""
         if shadow is not None and shadow.parameters:
-            shadow_loss = self.objective.shadow_loss(shadow.outputs, targets)
+            shadow_loss = self.objective.shadow_loss(shadow.outputs, targets[:shadow.rows])  # the rows it ran on
             torch.autograd.backward(shadow_loss, inputs=list(shadow.parameters))
 
     def add_epoch_losses(self, loss_sum: Tensor, batches: int) -> None:

@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 
     from torch.profiler import ProfilerAction, ProfilerActivity
 
-from morphogen.run_directory import PROFILE_DIRNAME
+from morphogen.run_directory import PROFILE_DIRNAME, own_directory
 from morphogen.telemetry.config import TelemetryConfig
 from morphogen.telemetry.events import PhaseTimes
 
@@ -152,7 +152,7 @@ class TraceProfiler:
             return
         import torch.profiler
 
-        self.output_dir.mkdir(parents=True, exist_ok=True)
+        own_directory(self.output_dir)  # never through a link planted in a copied run
         self._profiler = torch.profiler.profile(
             activities=profiler_activities(),
             schedule=self.schedule,

@@ -40,7 +40,16 @@ class SeedStory:
     predicted_loss_contribution: float | None = None
 
     def stage_path(self) -> str:
+        """Every stage entered after germination, as `stage@epoch`, the outcome included."""
         return " ".join(f"{stage}@{epoch}" for stage, epoch in self.stages.items())
+
+    def path_before_outcome(self) -> str:
+        """`stage_path` without the outcome, which `ending` shows (so that a story never says it twice)."""
+        return " ".join(f"{stage}@{epoch}" for stage, epoch in self.stages.items() if stage not in TERMINAL_OUTCOMES)
+
+    def ending(self) -> str:
+        """How the seed ended, with the epoch: `fossilized@18`, `pruned@28`, or `alive`."""
+        return self.outcome if self.outcome_epoch is None else f"{self.outcome}@{self.outcome_epoch}"
 
 
 def seed_stories(history: Iterable[Event]) -> list[SeedStory]:
