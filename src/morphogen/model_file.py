@@ -26,6 +26,7 @@ from morphogen.control.integrity import state_checksum
 from morphogen.core.blueprints import build_seed
 from morphogen.core.lifecycle import SEED_STAGES, Stage
 from morphogen.core.model import MorphogeneticModel
+from morphogen.core.slot import SeedSlot
 from morphogen.run_directory import write_atomic
 
 FORMAT_VERSION = 1
@@ -79,7 +80,7 @@ def load_model_state(model: MorphogeneticModel, payload: dict[str, Any], source:
                              f"slots {list(model.slot_ids)}")
     state: dict[str, Any] = payload["model"]
     for slot in model.slots():
-        _check_seed_size(state, slot.slot_id, model.topology, slot.channels, source)
+        _check_seed_size(state, slot, model.topology, source)
     try:
         model.load_state_dict(state)
     except Exception as error:  # shapes, missing keys, bad extra state: the file does not fit this model
@@ -88,8 +89,9 @@ def load_model_state(model: MorphogeneticModel, payload: dict[str, Any], source:
         raise ModelFileError(f"model file {source} does not fit the model its run's config builds: {detail}") from None
 
 
-def _check_seed_size(state: dict[str, Any], slot_id: str, topology: str, channels: int, source: str | Path) -> None:
+def _check_seed_size(state: dict[str, Any], slot: SeedSlot, topology: str, source: str | Path) -> None:
     """Refuse a slot whose saved seed description would build more (or other) tensors than the file holds."""
+    slot_id = slot.slot_id
     extra = state.get(f"seed_slots.{slot_id}._extra_state")
     if not isinstance(extra, dict):
         raise ModelFileError(f"model file {source} lacks the state of slot {slot_id}")
@@ -103,7 +105,8 @@ def _check_seed_size(state: dict[str, Any], slot_id: str, topology: str, channel
     if not isinstance(blueprint, str) or not isinstance(options, dict):
         raise ModelFileError(f"model file {source}: slot {slot_id} holds a seed without a blueprint")
     try:
-        described = build_seed(topology, blueprint, channels, device="meta", **options).state_dict()
+        described = build_seed(topology, blueprint, slot.channels, device="meta", site=slot.width_site,
+                               **options).state_dict()
     except Exception as error:  # an unknown blueprint or option: the file was not written for this model
         raise ModelFileError(f"model file {source}: slot {slot_id}'s seed {blueprint!r} cannot be built here: "
                              f"{type(error).__name__}: {str(error)[:200]}") from None
