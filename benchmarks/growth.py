@@ -36,10 +36,11 @@ from morphogen.control.controller import NoGrowthController
 from morphogen.control.heuristic import HeuristicController
 from morphogen.data import DEFAULT_HOST_SIZES, load_task
 from morphogen.env.episode import EpisodeConfig, MorphogenesisEpisode
+from morphogen.env.optimizer import task_optimizer_config
 from morphogen.env.play import EpisodeOutcome, run_episode
-from morphogen.env.training import task_optimizer_config
 from morphogen.telemetry.events import CounterfactualMeasured, Event, StageTransition
 from morphogen.telemetry.story import SHADOW_PREFIX
+from morphogen.ui.units import format_flops
 
 VARIANTS = ("grown", "no growth", "from scratch")
 SHADOW_AFTER_EPOCHS = 5
@@ -53,6 +54,7 @@ class Job:
     epochs: int
     threads: int
     max_train_samples: int | None
+    shadow_fraction: float = EpisodeConfig.shadow_fraction
 
 
 @dataclass
@@ -61,6 +63,8 @@ class Figures:
     loss: float
     parameters: int
     seconds: float
+    flops: int
+    """Training FLOPs: host and seeds forward and backward, shadow passes, validation and counterfactuals."""
 
 
 @dataclass
@@ -76,7 +80,8 @@ class JobResult:
 
 
 def _figures(outcome: EpisodeOutcome) -> Figures:
-    return Figures(outcome.final_accuracy, outcome.final_loss, outcome.parameters, outcome.seconds)
+    return Figures(outcome.final_accuracy, outcome.final_loss, outcome.parameters, outcome.seconds,
+                   outcome.flops.total)
 
 
 def late_shadow_contributions(history: Sequence[Event], after: int) -> list[float]:
@@ -102,7 +107,7 @@ def run_job(job: Job) -> JobResult:
     """The three episodes of one (task, seed)."""
     torch.set_num_threads(job.threads)
     task = load_task(job.task, seed=job.seed, max_train_samples=job.max_train_samples)
-    config = EpisodeConfig(max_epochs=job.epochs)
+    config = EpisodeConfig(max_epochs=job.epochs, shadow_fraction=job.shadow_fraction)
     episode = MorphogenesisEpisode(task, config, seed=job.seed)
     episode.reset()
     grown = run_episode(episode, HeuristicController(episode.action_space, task.topology))
@@ -137,15 +142,18 @@ def print_task_table(task: str, results: Sequence[JobResult]) -> None:
     optimizer = task_optimizer_config(task)
     print(f"\n{task} ({len(results)} seeds; host {DEFAULT_HOST_SIZES[task]}; {optimizer.name} host lr "
           f"{optimizer.host_lr:g}, seed lr {optimizer.seed_lr:g})")
-    print(f"  {'':14}{'val accuracy':>18}{'val loss':>18}{'parameters':>14}{'seconds':>14}")
+    print(f"  {'':14}{'val accuracy':>18}{'val loss':>18}{'parameters':>14}{'FLOPs':>12}{'seconds':>14}")
     for variant in VARIANTS:
         figures = [r.variants[variant] for r in results]
         accuracy = mean_std([f.accuracy for f in figures])
         loss = mean_std([f.loss for f in figures])
         parameters = statistics.fmean(f.parameters for f in figures)
+        flops = statistics.fmean(f.flops for f in figures)
         seconds = mean_std([f.seconds for f in figures])
         print(f"  {variant:14}{accuracy[0]:>10.2f} ± {accuracy[1]:<5.2f}{loss[0]:>10.4f} ± {loss[1]:<5.3f}"
-              f"{parameters:>14,.0f}{seconds[0]:>8.1f} ± {seconds[1]:<4.1f}")
+              f"{parameters:>14,.0f}{format_flops(flops):>12}{seconds[0]:>8.1f} ± {seconds[1]:<4.1f}")
+    ratios = [r.variants["grown"].flops / r.variants["from scratch"].flops for r in results]
+    print(f"  training FLOPs, grown / from scratch: {statistics.fmean(ratios):.2f} (mean over seeds)")
     for other in ("no growth", "from scratch"):
         differences = [r.variants["grown"].accuracy - r.variants[other].accuracy for r in results]
         mean, error = mean_standard_error(differences)
@@ -176,14 +184,18 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--jobs", type=int, default=2, help="worker processes")
     parser.add_argument("--threads", type=int, default=1, help="torch threads per worker")
     parser.add_argument("--json", default=None, help="also write every episode's figures to this file")
+    parser.add_argument("--shadow-fraction", type=float, default=EpisodeConfig.shadow_fraction,
+                        help="fraction of each batch the TRAINING seeds' shadow pass runs on")
     args = parser.parse_args(argv)
     tasks = [name.strip() for name in args.tasks.split(",") if name.strip()]
-    jobs = [Job(task, seed, args.epochs, args.threads, args.text_train_samples if task == "text" else None)
+    jobs = [Job(task, seed, args.epochs, args.threads, args.text_train_samples if task == "text" else None,
+                args.shadow_fraction)
             for task in tasks for seed in range(args.seeds)]
     started = time.perf_counter()
     with ProcessPoolExecutor(max_workers=args.jobs) as pool:
         results = list(pool.map(run_job, jobs))
-    print(f"growth benchmark: {args.epochs} epochs per episode, seeds 0..{args.seeds - 1}, "
+    print(f"growth benchmark: {args.epochs} epochs per episode, seeds 0..{args.seeds - 1}, shadow pass on "
+          f"{args.shadow_fraction:g} of each batch, "
           f"{args.jobs} processes x {args.threads} thread(s), {time.perf_counter() - started:.0f} s in all")
     for task in tasks:
         print_task_table(task, [r for r in results if r.task == task])

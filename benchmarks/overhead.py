@@ -29,6 +29,7 @@ from torch import Tensor, nn
 
 from morphogen.control.heuristic import HeuristicController
 from morphogen.core.blend import BlendKind
+from morphogen.core.flops import FlopCounter
 from morphogen.core.hosts import build_host
 from morphogen.core.lifecycle import BLENDED_STAGES, GateConfig, GateMode
 from morphogen.core.model import MorphogeneticModel
@@ -36,8 +37,8 @@ from morphogen.core.slot import SlotConfig
 from morphogen.data import Task, load_task
 from morphogen.devices import resolve_device
 from morphogen.env.episode import EpisodeConfig, MorphogenesisEpisode
+from morphogen.env.optimizer import OptimizerConfig
 from morphogen.env.play import run_episode
-from morphogen.env.training import OptimizerConfig
 
 #: Gates that let `fossilized_model` walk a seed straight to FOSSILIZED with a 0-epoch blend.
 _INSTANT_LIFECYCLE = SlotConfig(gates=GateConfig(mode=GateMode.PERMISSIVE, min_training_epochs=0), blend_epochs=0)
@@ -60,6 +61,8 @@ class EpisodeOverhead:
     plain_seconds: float
     ratio: float
     episode_phase_seconds: dict[str, float]
+    #: Seconds the episode spent in its FLOP counter's calls (counting on model copies; the median episode's).
+    accounting_seconds: float
     final_seeds: list[FinalSeed]
     episode_accuracy: float
     plain_accuracy: float
@@ -141,11 +144,30 @@ def train_plainly(model: MorphogeneticModel, task: Task, epochs: int, batch_size
     return accuracy
 
 
+def time_flop_counting(counter: FlopCounter) -> list[float]:
+    """Time every call of this counter's methods (the instance's own, the class is left alone): the one-element
+    list it returns holds the seconds so far."""
+    spent = [0.0]
+    for name in ("training_step", "validation_batch", "probe", "seed_cost"):
+        method = getattr(counter, name)
+
+        def timed(*args: object, _method: Callable[..., object] = method, **kwargs: object) -> object:
+            started = time.perf_counter()
+            try:
+                return _method(*args, **kwargs)
+            finally:
+                spent[0] += time.perf_counter() - started
+
+        setattr(counter, name, timed)
+    return spent
+
+
 def measure_episode_overhead(task: Task, epochs: int, seed: int, repeats: int) -> EpisodeOverhead:
     config = EpisodeConfig(max_epochs=epochs)
-    episode_times, plain_times, phases = [], [], []
+    episode_times, plain_times, phases, accounting = [], [], [], []
     for _ in range(repeats):
         episode = MorphogenesisEpisode(task, config, seed=seed)
+        accounting.append(time_flop_counting(episode.flop_counter))
         episode.reset()
         controller = HeuristicController(episode.action_space, task.topology)
         outcome = run_episode(episode, controller)
@@ -161,7 +183,7 @@ def measure_episode_overhead(task: Task, epochs: int, seed: int, repeats: int) -
     return EpisodeOverhead(
         epochs=epochs, episode_seconds=statistics.median(episode_times), plain_seconds=statistics.median(plain_times),
         ratio=statistics.median(e / p for e, p in zip(episode_times, plain_times, strict=True)),
-        episode_phase_seconds=phases[middle], final_seeds=seeds,
+        episode_phase_seconds=phases[middle], accounting_seconds=accounting[middle][0], final_seeds=seeds,
         episode_accuracy=outcome.final_accuracy, plain_accuracy=plain_accuracy)
 
 
@@ -255,6 +277,8 @@ def format_table(overhead: EpisodeOverhead, costs: list[CounterfactualCost], arg
         f"(val acc {overhead.plain_accuracy:.2f}%)",
         f"    {'overhead ratio (median of ratios)':<34}{overhead.ratio:8.2f} x",
         f"    episode phases: {phases}",
+        f"    of which FLOP accounting: {overhead.accounting_seconds:.2f} s "
+        f"({100 * overhead.accounting_seconds / overhead.episode_seconds:.0f}% of the episode)",
         "",
         f"(b) K configurations / one plain forward, batch {args.batch}, seed {args.blueprint}@{args.slot}, "
         f"median of {args.repeats}",

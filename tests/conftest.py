@@ -43,3 +43,49 @@ def fresh_dynamo() -> Iterator[None]:
     torch._dynamo.utils.counters.clear()
     yield
     torch._dynamo.reset()
+
+
+#: Runs exported models in a fresh Python in which `import morphogen` fails: argv is a JSON list of jobs
+#: (format, model file, inputs file, outputs file); each job's outputs are saved with torch.save.
+_LOAD_WITHOUT_MORPHOGEN = """
+import json, sys
+sys.modules["morphogen"] = None  # from here on, any import of morphogen raises ImportError
+try:
+    import morphogen
+except ImportError:
+    pass
+else:
+    raise SystemExit("morphogen could be imported")
+import torch
+for form, model_path, inputs_path, outputs_path in json.loads(sys.argv[1]):
+    inputs = torch.load(inputs_path)
+    if form == "torch-export":
+        outputs = torch.export.load(model_path).module()(inputs)
+    else:
+        import onnxruntime
+        session = onnxruntime.InferenceSession(model_path, providers=["CPUExecutionProvider"])
+        outputs = torch.from_numpy(session.run(None, {session.get_inputs()[0].name: inputs.numpy()})[0])
+    torch.save(outputs.detach(), outputs_path)
+assert not any(name == "morphogen" or name.startswith("morphogen.") for name in sys.modules if sys.modules[name])
+"""
+
+
+@pytest.fixture
+def run_without_morphogen(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., list[torch.Tensor]]:
+    """`run(files, inputs)`: the outputs of each exported model file (a .pt2 torch.export program or an .onnx model)
+    on `inputs`, computed in a fresh process where morphogen cannot be imported."""
+    import json
+    import subprocess
+    import sys
+
+    def run(files: list[object], inputs: torch.Tensor) -> list[torch.Tensor]:
+        folder = tmp_path_factory.mktemp("without-morphogen")
+        torch.save(inputs.cpu(), folder / "inputs.pt")
+        jobs = [("onnx" if str(path).endswith(".onnx") else "torch-export", str(path), str(folder / "inputs.pt"),
+                 str(folder / f"outputs{index}.pt")) for index, path in enumerate(files)]
+        finished = subprocess.run([sys.executable, "-c", _LOAD_WITHOUT_MORPHOGEN, json.dumps(jobs)],
+                                  capture_output=True, text=True, timeout=600, check=False)
+        assert finished.returncode == 0, finished.stderr[-3000:]
+        return [torch.load(job[3]) for job in jobs]
+
+    return run

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import re
 from pathlib import Path
 
 import pytest
@@ -240,7 +239,7 @@ def test_a_second_run_into_a_run_directory_is_refused_and_leaves_it_untouched(
     capsys.readouterr()
     line = run_expecting_user_error(["run", *tiny, "--run-dir", str(run_dir)], capsys)
     assert line.endswith(f"run_dir: {run_dir} already holds another run (config.json, events.jsonl, summary.json, "
-                         "baseline); choose another --run-dir")
+                         "model.pt, baseline); choose another --run-dir")
     assert {path: path.read_bytes() for path in run_dir.rglob("*") if path.is_file()} == before
 
 
@@ -281,5 +280,4 @@ def test_a_yaml_alias_bomb_is_quoted_in_one_short_line(tmp_path: Path, capsys: p
     config.write_text(f"host:\n  base_channels: {anchors}\n")
     line = run_expecting_user_error(["run", "--config", str(config)], capsys)
     assert "host.base_channels: expected an integer, got [[[[" in line
-    whole = re.search(r"\(([\d,]+) characters in all\)$", line)
-    assert whole is None or int(whole.group(1).replace(",", "")) < 5_000, "the value was quoted whole"
+    assert len(line) < 200, "the value is quoted in at most 80 characters"

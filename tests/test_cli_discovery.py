@@ -11,7 +11,10 @@ import torch
 
 from morphogen import __version__
 from morphogen.cli import EXIT_USER_ERROR, build_parser, main
+from morphogen.commands.listing import listed_host
 from morphogen.commands.threads import MAX_DEFAULT_THREADS, default_threads
+from morphogen.data import load_task
+from morphogen.env.episode import task_host
 
 TINY_RUN = ["run", "--epochs", "2", "--max-train-samples", "100", "--slots", "r0c1", "--no-baseline"]
 
@@ -54,10 +57,19 @@ def test_list_blueprints_gives_parameters_per_slot(capsys: pytest.CaptureFixture
     assert "conv_heavy" in out
 
 
-def test_list_of_a_task_that_needs_data_is_one_line_and_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["list", "slots", "--task", "cifar10"]) == EXIT_USER_ERROR
+def test_list_needs_no_data_for_slot_widths(capsys: pytest.CaptureFixture[str]) -> None:
+    """Slot widths depend on the host's size only: cifar10 is listed without its data (no --data-dir)."""
+    assert main(["list", "slots", "--task", "cifar10"]) == 0
+    rows = [line.split() for line in capsys.readouterr().out.splitlines()[2:]]
+    assert rows == [["r0c0", "32"], ["r0c1", "64"], ["r0c2", "128"]]
+    assert main(["list", "blueprints", "--task", "text"]) == 0
+    assert "r0c0 (w 32)" in capsys.readouterr().out
+
+
+def test_list_of_an_unknown_task_is_one_line_and_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["list", "slots", "--task", "cifar100"]) == EXIT_USER_ERROR
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith("morphogen list: error:") and "data_dir" in err[0]
+    assert err == ["morphogen list: error: unknown task 'cifar100'; valid task names: digits, cifar10, text, mnist1d"]
 
 
 def test_run_and_train_accept_the_same_words_for_the_episode_length() -> None:
@@ -97,8 +109,6 @@ def test_a_saved_config_reruns_into_a_new_run_directory(tmp_path: Path, monkeypa
     saved = json.loads((first / "config.json").read_text())
     assert saved["run_dir"] is None, "the saved config does not pin its run directory"
     events_before = (first / "events.jsonl").read_bytes()
-    # An older run's config.json pinned run_dir to its own directory: that is ignored too.
-    (first / "config.json").write_text(json.dumps({**saved, "run_dir": str(first)}))
     assert main(["run", "--config", str(first / "config.json")]) == 0
     assert (first / "events.jsonl").read_bytes() == events_before, "the old run is untouched"
     new_runs = [path for path in (tmp_path / "runs").iterdir() if (path / "events.jsonl").is_file()]
@@ -110,3 +120,11 @@ def test_progress_lines_fit_120_columns(tmp_path: Path, capsys: pytest.CaptureFi
                  "--run-dir", str(tmp_path / "r")]) == 0
     out = capsys.readouterr().out
     assert max(len(line) for line in out.splitlines()) <= 120
+
+
+@pytest.mark.parametrize("task", ["digits", "text", "mnist1d"])
+def test_listed_slot_widths_are_those_of_the_host_built_from_the_data(task: str) -> None:
+    loaded = load_task(task, max_train_samples=64)
+    for pool_slots in (False, True):
+        built = task_host(loaded, "meta", pool_slots=pool_slots).injection_points
+        assert listed_host(task, pool_slots).widths == dict(built)

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from morphogen.commands.run import RunConfig
-from morphogen.config import ConfigError, build_config, config_to_dict, read_config_file
+from morphogen.config import MAX_CONFIG_BYTES, ConfigError, build_config, config_to_dict, read_config_file
 from morphogen.core.alpha import AlphaCurve
 from morphogen.core.blend import BlendKind
 from morphogen.core.lifecycle import GateMode, Stage
@@ -181,6 +182,18 @@ def test_unreadable_files_are_config_errors(tmp_path: Path, name: str, text: str
 def test_missing_file_is_a_config_error(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="does not exist"):
         read_config_file(tmp_path / "nope.toml")
+
+
+def test_a_config_that_is_no_file_or_too_large_is_refused_unread(tmp_path: Path) -> None:
+    """A FIFO would wait for a writer forever, /dev/zero never ends, a huge file is read whole before parsing."""
+    os.mkfifo(tmp_path / "fifo.toml")
+    (tmp_path / "zero.json").symlink_to("/dev/zero")
+    (tmp_path / "huge.toml").write_text(f'task = "{"x" * MAX_CONFIG_BYTES}"\n')
+    for name, reason in (("fifo.toml", "not a regular file"), ("zero.json", "not a regular file"),
+                         ("huge.toml", f"larger than {MAX_CONFIG_BYTES:,} bytes")):
+        with pytest.raises(ConfigError) as caught:
+            read_config_file(tmp_path / name)
+        assert str(caught.value) == f"config file {tmp_path / name}: {reason}"
 
 
 def test_shipped_config_files_build() -> None:

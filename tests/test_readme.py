@@ -3,6 +3,8 @@
 import re
 from pathlib import Path
 
+import pytest
+
 README = Path(__file__).resolve().parents[1] / "README.md"
 
 
@@ -22,6 +24,12 @@ def test_readme_library_example_runs(capsys):
 
     assert slot.stage is Stage.BLENDING
     assert "blending" in capsys.readouterr().out.lower()
+
+
+def test_readme_width_growth_example_runs(capsys):
+    namespace: dict[str, object] = {}
+    exec(compile(python_block('germinate("r0c0", "wider")'), str(README), "exec"), namespace)
+    assert "Conv2d(1, 8" in capsys.readouterr().out  # the producer: block 0's convolution
 
 
 def test_readme_gym_example_runs():
@@ -49,15 +57,23 @@ def test_readme_config_examples_are_valid_run_configs():
     assert "base_channels" in host_example
 
 
+@pytest.mark.slow
 def test_readme_own_model_example_runs(tmp_path, monkeypatch, capsys):
+    import torch
+
     monkeypatch.chdir(tmp_path)  # the example writes runs/my-net
     namespace: dict[str, object] = {}
-    exec(compile(python_block("host_from_module(MyNet()"), str(README), "exec"), namespace)
+    exec(compile(python_block("host_from_module(net"), str(README), "exec"), namespace)
     out = capsys.readouterr().out
     assert "cnn {'stage1': 8, 'stage2': 8}" in out and "no growth" in out and "from scratch" in out
     result = namespace["result"]
     assert result.run_dir == Path("runs/my-net") and (tmp_path / "runs/my-net/summary.json").exists()
-    assert result.grown.final_accuracy > 80.0
+    assert result.grown.final_accuracy > 80.0 and result.grown.stories  # seeds were tried
+    assert out.rstrip().endswith("True")  # the exported program computes what the grown model computes
+    assert (tmp_path / "runs/my-net/model.pt").exists() and (tmp_path / "runs/my-net/grown.pt2").exists()
+    net, x = namespace["net"], namespace["x"]
+    with torch.no_grad():  # the user's own module holds the grown host's weights
+        torch.testing.assert_close(net.eval()(x), result.model.host.eval()(x), rtol=0, atol=0)
 
 
 def test_readme_task_function_runs_from_the_command_line(tmp_path, monkeypatch, capsys):
@@ -68,3 +84,9 @@ def test_readme_task_function_runs_from_the_command_line(tmp_path, monkeypatch, 
     assert main(["run", "--task", "my_task:make_task", "--epochs", "2", "--no-from-scratch", "--threads", "1",
                  "--run-dir", "run"]) == 0
     assert "task sums (mlp host" in capsys.readouterr().out
+
+
+def test_readme_depth_growth_example_runs(capsys):
+    namespace: dict[str, object] = {}
+    exec(compile(python_block("model.graft("), str(README), "exec"), namespace)
+    assert capsys.readouterr().out.strip() == "{'r0c0': 'block', 'r0c1': 'block'} 56000"

@@ -14,9 +14,11 @@ from morphogen.run_directory import (
     DiskFullError,
     RunDirectoryLockError,
     RunDirectoryRefused,
+    append_line,
     hold_run_directory,
     make_run_dir,
     open_for_append,
+    own_directory,
     remove_stale_temporaries,
     temporary_name,
     truncate_file,
@@ -117,7 +119,60 @@ def test_a_new_run_takes_an_empty_or_missing_directory_and_makes_a_fresh_one(tmp
     assert first != second and second.parent == first.parent
 
 
-@pytest.mark.parametrize("place", ["/", "/etc", "/usr/lib", "/tmp", "~"])
-def test_system_and_home_directories_are_refused(place: str) -> None:
-    with pytest.raises(RunDirectoryRefused, match="directory of its own"):
+@pytest.mark.parametrize(("place", "what"), [
+    ("/", "is the root directory"), ("/etc", "is a system directory"),
+    ("/usr/lib/x", "is inside the system directory /usr"), ("/tmp", "is a top-level directory"),
+    ("~", "is the home directory"),
+])
+def test_system_and_home_directories_are_refused(place: str, what: str) -> None:
+    with pytest.raises(RunDirectoryRefused) as caught:
         make_run_dir(str(Path(place).expanduser()), "runs", "digits")
+    assert str(caught.value) == (f"run_dir: {Path(place).expanduser()} {what}; give a directory of its own, "
+                                 "e.g. runs/my-run")
+
+
+def test_a_line_cut_short_by_a_full_disk_is_undone(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = tmp_path / "events.jsonl"
+    descriptor = open_for_append(path)
+    try:
+        append_line(descriptor, b'{"first": 1}\n')
+        real_write = os.write
+        monkeypatch.setattr(os, "write", lambda fd, data: real_write(fd, data[: len(data) // 2]))
+        with pytest.raises(OSError) as caught:
+            append_line(descriptor, b'{"second": 2, "padding": "xxxxxxxxxxxxxxxx"}\n')
+        assert caught.value.errno == errno.ENOSPC
+        monkeypatch.undo()
+        append_line(descriptor, b'{"third": 3}\n')
+    finally:
+        os.close(descriptor)
+    assert path.read_bytes() == b'{"first": 1}\n{"third": 3}\n', "no torn fragment glued to the next line"
+
+
+@pytest.mark.parametrize("kind", ["fifo", "directory"])
+def test_write_atomic_replaces_only_files_and_links(tmp_path: Path, kind: str) -> None:
+    path = tmp_path / "report.html"
+    os.mkfifo(path) if kind == "fifo" else path.mkdir()
+    with pytest.raises(OSError, match="morphogen replaces only files"):
+        write_atomic(path, b"<html>")
+    assert (path.is_dir() if kind == "directory" else path.is_fifo()) and list(tmp_path.iterdir()) == [path]
+
+
+def test_appending_refuses_what_is_not_a_file(tmp_path: Path) -> None:
+    os.mkfifo(tmp_path / "events.jsonl")
+    with pytest.raises(OSError, match="not a regular file"):
+        open_for_append(tmp_path / "events.jsonl")
+
+
+def test_the_run_directorys_own_directories_are_never_planted_links(tmp_path: Path) -> None:
+    """A copied run's `tb` or `profile` may point anywhere: TensorBoard and the profiler would write there."""
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "tb").symlink_to(elsewhere)
+    (run / "profile").write_text("")
+    with pytest.raises(RunDirectoryRefused, match="is a symbolic link"):
+        own_directory(run / "tb")
+    with pytest.raises(RunDirectoryRefused, match="is not a directory"):
+        own_directory(run / "profile")
+    assert own_directory(run / "tb2" / "env0").is_dir() and list(elsewhere.iterdir()) == []

@@ -1,11 +1,15 @@
-"""The `morphogen` command. Errors a user can cause print one line and exit with code 2."""
+"""The `morphogen` command. Errors a user can cause print one line and exit with code 2.
+
+Imports are light here and each command imports what it uses when it runs: `morphogen --help`,
+`--version` and `list tasks` load neither torch nor the data, UI or plotting libraries
+(`benchmarks/startup.py` measures it).
+"""
 
 from __future__ import annotations
 
 import argparse
 import contextlib
 import dataclasses
-import json
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -13,36 +17,32 @@ from typing import TYPE_CHECKING, Any
 
 from morphogen import __version__
 from morphogen.commands.listing import LISTINGS
-from morphogen.commands.run import RunConfig, run_command
-from morphogen.config import ConfigError, build_config, read_config_file, short_repr
-from morphogen.control.checkpoint import CheckpointError
-from morphogen.control.distributed import DistributedSetupError, PeerLostError
-from morphogen.control.trainer import TrainConfig
-from morphogen.core.blueprints import UnknownBlueprintError
+from morphogen.config import ConfigError, build_config, read_config_file
 from morphogen.core.compilation import COMPILE_BACKENDS, COMPILE_MODES
-from morphogen.core.hosts import UnknownSlotError
-from morphogen.data import TASK_NAMES, DataError
-from morphogen.env.governor import DivergenceError
-from morphogen.env.training import task_optimizer_config
-from morphogen.limits import MAX_TIMEOUT_SECONDS
-from morphogen.run_directory import (
-    CONFIG_FILENAME,
-    DiskFullError,
-    RunDirectoryLockError,
-    RunDirectoryRefused,
-    hold_run_directory,
-)
-from morphogen.session import SessionOptions
-from morphogen.ui.report import RunDirectoryError, render_report
-from morphogen.ui.runs import RunsQueryError
+from morphogen.data.catalog import TASK_NAMES
+from morphogen.limits import MAX_TIMEOUT_SECONDS, short_repr
+from morphogen.run_directory import CONFIG_FILENAME, hold_run_directory, read_json_object
 from morphogen.ui.terminal_text import printable
 
 if TYPE_CHECKING:
     from morphogen.commands.evaluate import EvalConfig
+    from morphogen.commands.run import RunConfig
     from morphogen.control.distributed import DistributedContext
+    from morphogen.control.trainer import TrainConfig
 
-USER_ERRORS = (ConfigError, DataError, UnknownBlueprintError, UnknownSlotError, CheckpointError, RunDirectoryError,
-               RunsQueryError, RunDirectoryLockError, RunDirectoryRefused, DiskFullError, DistributedSetupError)
+USER_ERRORS = (
+    ("morphogen.config", "ConfigError"), ("morphogen.data.errors", "DataError"),
+    ("morphogen.core.blueprints", "UnknownBlueprintError"), ("morphogen.core.hosts", "UnknownSlotError"),
+    ("morphogen.control.checkpoint", "CheckpointError"), ("morphogen.ui.run_files", "RunDirectoryError"),
+    ("morphogen.ui.runs", "RunsQueryError"), ("morphogen.run_directory", "RunDirectoryLockError"),
+    ("morphogen.run_directory", "RunDirectoryRefused"), ("morphogen.run_directory", "DiskFullError"),
+    ("morphogen.control.distributed", "DistributedSetupError"), ("morphogen.core.plain", "ExportError"),
+    ("morphogen.model_file", "ModelFileError"),
+)
+"""(module, class) of every error a user can cause: one line and `EXIT_USER_ERROR`. Named, not imported, so
+that the command imports only what it runs; an error's class is loaded whenever the error can occur."""
+DIVERGED = ("morphogen.env.governor", "DivergenceError")
+PEER_LOST = ("morphogen.control.distributed", "PeerLostError")
 EXIT_USER_ERROR = 2
 #: Exit status when training kept diverging after every rollback and back-off (`DivergenceError`).
 EXIT_DIVERGED = 3
@@ -194,8 +194,6 @@ def _add_list_parser(subparsers: Any) -> None:
     listing.add_argument("what", choices=LISTINGS, help="what to list")
     listing.add_argument("--task", default="digits", help="task whose host is listed (default digits)")
     listing.add_argument("--pool-slots", action="store_true", help="also list the slots after pools")
-    listing.add_argument("--data-dir", help="CIFAR-10 directory (for --task cifar10)")
-    listing.add_argument("--text-file", help="text file for the text task")
 
 
 def _add_report_parser(subparsers: Any) -> None:
@@ -208,12 +206,25 @@ def _add_report_parser(subparsers: Any) -> None:
     report.add_argument("--output", help="where --html writes (default RUN_DIR/report.html)")
 
 
+def _add_export_parser(subparsers: Any) -> None:
+    export = subparsers.add_parser("export", help="write a run's grown model as a file that needs only torch or ONNX",
+                                   description="The grown architecture with its kept seeds folded in, as a "
+                                               "torch.export program (load: torch.export.load(PATH).module()) or an "
+                                               "ONNX model; nothing of morphogen is needed to run it.")
+    export.add_argument("run_dir", metavar="RUN_DIR", help="a run directory of `morphogen run`")
+    export.add_argument("--format", choices=["torch-export", "onnx"], default="torch-export",
+                        help="torch-export (default; a .pt2 file) or onnx (needs the onnx extra)")
+    export.add_argument("--output", help="where to write (default RUN_DIR/model.pt2 or RUN_DIR/model.onnx)")
+    export.add_argument("--leave-out-blending", action="store_true",
+                        help="leave seeds still BLENDING out instead of refusing to export")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="morphogen", description="Neural networks that grow while they train.")
     parser.add_argument("--version", action="version", version=f"morphogen {__version__}")
     subparsers = parser.add_subparsers(dest="command", required=True)
     for add in (_add_run_parser, _add_train_parser, _add_eval_parser, _add_report_parser, _add_dashboard_parser,
-                _add_runs_parser, _add_list_parser):
+                _add_runs_parser, _add_list_parser, _add_export_parser):
         add(subparsers)
     return parser
 
@@ -228,6 +239,7 @@ def parse_arguments(parser: argparse.ArgumentParser, argv: Sequence[str] | None)
 
 
 def _flag_overrides(args: argparse.Namespace) -> dict[str, Any]:
+    """The config values the command line sets (flags left out set nothing)."""
     overrides: dict[str, Any] = {}
     for name in ("task", "seed", "device", "data_dir", "text_file", "max_train_samples", "run_dir",
                  "pool_slots", "n_envs", "rounds", "hidden_size", "compile", "compile_mode", "compile_backend",
@@ -240,11 +252,21 @@ def _flag_overrides(args: argparse.Namespace) -> dict[str, Any]:
                                                 ("profile", getattr(args, "profile", None))) if value is not None}
     if telemetry:
         overrides["telemetry"] = telemetry
+    if getattr(args, "imitate_rounds", None) is not None:
+        overrides["imitation"] = {"rounds": args.imitate_rounds}
+    if getattr(args, "no_baseline", False):
+        overrides["baseline"] = False
+    if getattr(args, "no_from_scratch", False):
+        overrides["from_scratch"] = False
+    return {**overrides, **_list_overrides(args)}
+
+
+def _list_overrides(args: argparse.Namespace) -> dict[str, Any]:
+    """`--slots`, `--tasks` and `--devices`, comma-separated lists on the command line."""
+    overrides: dict[str, Any] = {}
     for name, example in (("slots", "r0c1"), ("tasks", "digits,mnist1d")):
         if getattr(args, name, None) is not None:
             overrides[name] = _comma_list(getattr(args, name), name, example)
-    if getattr(args, "imitate_rounds", None) is not None:
-        overrides["imitation"] = {"rounds": args.imitate_rounds}
     if getattr(args, "devices", None) is not None:
         if getattr(args, "device", None) is not None:
             raise UsageError("--device and --devices both say where to run; give one (the policy lives on the "
@@ -253,10 +275,6 @@ def _flag_overrides(args: argparse.Namespace) -> dict[str, Any]:
         if not all(devices):
             raise UsageError(f"--devices needs comma-separated device names without empty ones, got {args.devices!r}")
         overrides["devices"] = devices
-    if getattr(args, "no_baseline", False):
-        overrides["baseline"] = False
-    if getattr(args, "no_from_scratch", False):
-        overrides["from_scratch"] = False
     return overrides
 
 
@@ -299,6 +317,9 @@ def _with_task_optimizer(values: dict[str, Any]) -> dict[str, Any]:
     a resumed run keeps them even if the task's default changes later. An `episode` or `optimizer` that is
     not a table, or an unknown task, is left for `build_config` and `load_task` to report.
     """
+    from morphogen.env.optimizer import task_optimizer_config
+    from morphogen.session import SessionOptions
+
     episode = values.get("episode", {})
     task = values.get("task", SessionOptions.task)
     if not isinstance(episode, dict) or task not in TASK_NAMES:
@@ -312,21 +333,13 @@ def _with_task_optimizer(values: dict[str, Any]) -> dict[str, Any]:
 
 
 def read_config_values(path: str | None) -> dict[str, Any]:
-    """The values of a config file; a `run_dir` that names the file's own directory is dropped.
-
-    A run directory's `config.json` of an older morphogen pinned its own `run_dir`; re-running that file
-    must make a new run, not append to the old one (run directories written now hold `run_dir: null`).
-    """
-    if path is None:
-        return {}
-    values = read_config_file(path)
-    pinned = values.get("run_dir")
-    if isinstance(pinned, str) and Path(pinned).resolve() == Path(path).resolve().parent:
-        values["run_dir"] = None
-    return values
+    """The values of the config file at `path` (none: no values)."""
+    return {} if path is None else read_config_file(path)
 
 
 def train_config_from_args(args: argparse.Namespace) -> TrainConfig:
+    from morphogen.control.trainer import TrainConfig
+
     values = read_config_values(args.config)
     _apply_overrides(values, _flag_overrides(args))
     if args.n_envs is not None and args.n_envs < 1:
@@ -340,17 +353,28 @@ def train_config_from_args(args: argparse.Namespace) -> TrainConfig:
 
 
 def _train(args: argparse.Namespace) -> None:
-    from morphogen.commands.train import config_for_resume, train_command
+    from morphogen.commands.train import train_command
 
+    _check_distributed_flags(args)
+    if args.resume is not None:
+        _resume(args)
+        return
+    config = train_config_from_args(args)
+    with _distributed(args, config.policy_device) as context:
+        train_command(config, context=context)
+
+
+def _check_distributed_flags(args: argparse.Namespace) -> None:
     if not args.distributed and (args.dist_backend is not None or args.dist_timeout is not None):
         raise UsageError("--dist-backend and --dist-timeout apply to --distributed runs; add --distributed")
     if args.dist_timeout is not None and not 0 < args.dist_timeout <= MAX_TIMEOUT_SECONDS:  # NaN fails too
         raise UsageError(f"--dist-timeout must be > 0 and <= {MAX_TIMEOUT_SECONDS:,} seconds, got {args.dist_timeout}")
-    if args.resume is None:
-        config = train_config_from_args(args)
-        with _distributed(args, config.policy_device) as context:
-            train_command(config, context=context)
-        return
+
+
+def _resume(args: argparse.Namespace) -> None:
+    """`train --resume RUN_DIR`: continue a run with its saved config and the few flags that may change."""
+    from morphogen.commands.train import config_for_resume, train_command
+
     overrides = _flag_overrides(args)
     if args.config or args.episode_length is not None or args.slots is not None or args.batch_envs:
         raise UsageError("--resume continues a run with its saved config; only --rounds, --device, --devices, "
@@ -369,14 +393,11 @@ def _train(args: argparse.Namespace) -> None:
 def saved_policy_device(run_dir: str) -> str:
     """The device a run's policy was saved on (its config.json), which a resumed `--distributed` run keeps
     unless `--device`/`--devices` say otherwise, so that it picks the same backend (NCCL for CUDA)."""
-    try:
-        values = json.loads((Path(run_dir) / CONFIG_FILENAME).read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
-        return "cpu"  # the resume itself then reports the unreadable run with one line
-    devices = values.get("devices") if isinstance(values, dict) else None
+    values = read_json_object(Path(run_dir) / CONFIG_FILENAME) or {}  # damaged: the resume reports it in one line
+    devices = values.get("devices")
     if isinstance(devices, list) and devices and isinstance(devices[0], str):
         return devices[0]
-    device = values.get("device") if isinstance(values, dict) else None
+    device = values.get("device")
     return device if isinstance(device, str) else "cpu"
 
 
@@ -395,6 +416,8 @@ def _distributed(args: argparse.Namespace, device: str) -> Iterator[DistributedC
 
 
 def _run(args: argparse.Namespace) -> None:
+    from morphogen.commands.run import run_command
+
     config = run_config_from_args(args)
     if args.policy is None:
         run_command(config)
@@ -409,6 +432,8 @@ def _run(args: argparse.Namespace) -> None:
 
 def run_config_from_args(args: argparse.Namespace) -> RunConfig:
     """Defaults, then the config file, then command-line flags."""
+    from morphogen.commands.run import RunConfig
+
     values = read_config_values(args.config)
     _apply_overrides(values, _flag_overrides(args))
     return build_config(RunConfig, _with_task_optimizer(_with_episode_length(values, args.epochs, "--epochs")))
@@ -442,6 +467,8 @@ def _report(args: argparse.Namespace) -> None:
     if args.output is not None and not args.html:
         raise UsageError("--output is where --html writes; add --html")
     if not args.html:
+        from morphogen.ui.report import render_report
+
         print(render_report(args.run_dir))
         return
     from morphogen.ui.html_report import write_html_report
@@ -452,8 +479,13 @@ def _report(args: argparse.Namespace) -> None:
 def _list(args: argparse.Namespace) -> None:
     from morphogen.commands.listing import list_command
 
-    list_command(args.what, task_name=args.task, pool_slots=args.pool_slots, data_dir=args.data_dir,
-                 text_file=args.text_file)
+    list_command(args.what, task_name=args.task, pool_slots=args.pool_slots)
+
+
+def _export(args: argparse.Namespace) -> None:
+    from morphogen.commands.export import export_command
+
+    export_command(args.run_dir, args.format, args.output, args.leave_out_blending)
 
 
 def _dashboard(args: argparse.Namespace) -> None:
@@ -470,8 +502,13 @@ def _runs(args: argparse.Namespace) -> None:
 
 COMMANDS: dict[str, Callable[[argparse.Namespace], None]] = {
     "run": _run, "train": _train, "eval": _eval, "report": _report, "dashboard": _dashboard, "runs": _runs,
-    "list": _list,
+    "list": _list, "export": _export,
 }
+
+
+def _loaded(*classes: tuple[str, str]) -> tuple[type[BaseException], ...]:
+    """The classes named (module, class) whose module is imported: an instance of one exists only then."""
+    return tuple(getattr(sys.modules[module], name) for module, name in classes if module in sys.modules)
 
 
 def _one_line(error: BaseException) -> str:
@@ -494,15 +531,17 @@ def main(argv: Sequence[str] | None = None) -> int:
                 raise UsageError(str(error)) from None
         COMMANDS[args.command](args)
         return 0
-    except (*USER_ERRORS, UsageError) as error:
-        print(f"morphogen {args.command}: error: {_one_line(error)}", file=sys.stderr)
-        return EXIT_USER_ERROR
-    except DivergenceError as error:
-        print(f"morphogen {args.command}: diverged: {_one_line(error)}", file=sys.stderr)
-        return EXIT_DIVERGED
-    except PeerLostError as error:
-        print(f"morphogen {args.command}: error: {_one_line(error)}", file=sys.stderr)
-        return EXIT_PEER_LOST
+    except Exception as error:
+        if isinstance(error, (*_loaded(*USER_ERRORS), UsageError)):
+            print(f"morphogen {args.command}: error: {_one_line(error)}", file=sys.stderr)
+            return EXIT_USER_ERROR
+        if isinstance(error, _loaded(DIVERGED)):
+            print(f"morphogen {args.command}: diverged: {_one_line(error)}", file=sys.stderr)
+            return EXIT_DIVERGED
+        if isinstance(error, _loaded(PEER_LOST)):
+            print(f"morphogen {args.command}: error: {_one_line(error)}", file=sys.stderr)
+            return EXIT_PEER_LOST
+        raise
     except KeyboardInterrupt:
         print(f"morphogen {args.command}: interrupted", file=sys.stderr)
         return 130

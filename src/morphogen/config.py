@@ -19,9 +19,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
-import yaml
-
 from morphogen.limits import MAX_INTEGER_SETTING, MAX_STRING_LENGTH, short_repr
+from morphogen.run_directory import MAX_JSON_BYTES, read_regular_file
 
 T = TypeVar("T")
 
@@ -96,21 +95,31 @@ def _convert(value: Any, annotation: Any, path: str, default: Any = None) -> Any
     if isinstance(annotation, type) and issubclass(annotation, enum.Enum):
         return _convert_enum(value, annotation, path)
     if origin in (tuple, frozenset):
-        if not isinstance(value, (list, tuple)):
-            raise ConfigError(f"{path}: expected a list, got {short_repr(value)}")
-        args = typing.get_args(annotation)
-        item = args[0] if args else Any
-        converted = [_convert(v, item, f"{path}[{i}]") for i, v in enumerate(value)]
-        return tuple(converted) if origin is tuple else frozenset(converted)
+        return _convert_sequence(value, annotation, path)
     if annotation in _SCALARS:
-        accepts, converter, expected = _SCALARS[annotation]
-        if not accepts(value):
-            raise ConfigError(f"{path}: expected {expected}, got {short_repr(value)}")
-        if annotation is int and abs(value) > MAX_INTEGER_SETTING:
-            raise ConfigError(f"{path}: must fit in 64 bits (at most {MAX_INTEGER_SETTING:,} in size), "
-                              f"got {short_repr(value)}")
-        return converter(value)
+        return _convert_scalar(value, annotation, path)
     return value
+
+
+def _convert_sequence(value: Any, annotation: Any, path: str) -> tuple[Any, ...] | frozenset[Any]:
+    """A list in a config file as the tuple or frozenset `annotation` asks for, each item converted."""
+    if not isinstance(value, (list, tuple)):
+        raise ConfigError(f"{path}: expected a list, got {short_repr(value)}")
+    args = typing.get_args(annotation)
+    item = args[0] if args else Any
+    converted = [_convert(v, item, f"{path}[{i}]") for i, v in enumerate(value)]
+    return tuple(converted) if typing.get_origin(annotation) is tuple else frozenset(converted)
+
+
+def _convert_scalar(value: Any, annotation: Any, path: str) -> Any:
+    """A bool, int, float or str setting, checked (an int must fit in 64 bits)."""
+    accepts, converter, expected = _SCALARS[annotation]
+    if not accepts(value):
+        raise ConfigError(f"{path}: expected {expected}, got {short_repr(value)}")
+    if annotation is int and abs(value) > MAX_INTEGER_SETTING:
+        raise ConfigError(f"{path}: must fit in 64 bits (at most {MAX_INTEGER_SETTING:,} in size), "
+                          f"got {short_repr(value)}")
+    return converter(value)
 
 
 def build_config(cls: type[T], values: Mapping[str, Any], path: str = "", base: T | None = None) -> T:
@@ -162,22 +171,32 @@ def _located_message(message: str, field_names: list[str], given: list[str], fal
     return f"{prefix}{name}: {message}"
 
 
+#: Largest config file read (a real one is a few kB; a run directory's config.json too).
+MAX_CONFIG_BYTES = MAX_JSON_BYTES
+
+
 def read_config_file(path: str | Path) -> dict[str, Any]:
-    """Read a TOML, JSON or YAML file into a mapping (by extension)."""
+    """Read a TOML, JSON or YAML file of at most `MAX_CONFIG_BYTES` into a mapping (by extension)."""
     path = Path(path)
-    if not path.is_file():
+    if not path.exists():
         raise ConfigError(f"config file {path} does not exist")
-    suffix = path.suffix.lower()
     try:
-        text = path.read_text()
+        raw = read_regular_file(path, MAX_CONFIG_BYTES)  # a FIFO, a device or a huge file: one line, no wait
+    except OSError as error:
+        raise ConfigError(f"config file {path}: {error.strerror or error}") from None
+    suffix = path.suffix.lower()
+    if suffix not in (".toml", ".json", ".yaml", ".yml"):
+        raise ConfigError(f"config file {path}: unknown format {suffix!r}; use .toml, .json, .yaml or .yml")
+    import yaml  # only when a config file is read: the command line starts without it
+
+    try:
+        text = raw.decode("utf-8")
         if suffix == ".toml":
             data = tomllib.loads(text)
         elif suffix == ".json":
             data = json.loads(text)
-        elif suffix in (".yaml", ".yml"):
-            data = yaml.safe_load(text) or {}
         else:
-            raise ConfigError(f"config file {path}: unknown format {suffix!r}; use .toml, .json, .yaml or .yml")
+            data = yaml.safe_load(text) or {}
     except (tomllib.TOMLDecodeError, json.JSONDecodeError, yaml.YAMLError, UnicodeDecodeError) as error:
         first_line = (str(error).splitlines() or [type(error).__name__])[0]
         raise ConfigError(f"config file {path} is not valid {suffix[1:].upper()}: {first_line}") from None

@@ -17,6 +17,7 @@ from typing import TextIO
 
 from morphogen.commands.run import RunConfig, RunResult, run_command
 from morphogen.config import ConfigError
+from morphogen.core.hosts import SegmentedHost
 from morphogen.data import Task
 from morphogen.env.episode import task_with_host
 from morphogen.limits import MAX_EPOCHS, check_count
@@ -34,6 +35,10 @@ def grow(task: Task, host: object = None, *, epochs: int | None = None, seed: in
     Every other setting of `morphogen run` (gates, optimizer, heuristic, telemetry) comes from `config`, a
     `RunConfig`; the keyword arguments here override its fields. Raises `DataError` or `ConfigError` (both
     `ValueError`s) for what cannot work, before anything is written.
+
+    Each training (grown, no growth, from scratch) starts from a copy of `host`; when the host is a module (not a
+    function), it receives the grown model's host weights at the end, and so does the model it was made from
+    (`host_from_module` shares its parameters). The seeds live in `result.model` (export: `export_model`).
     """
     base = config or RunConfig()
     if epochs is not None:
@@ -47,4 +52,10 @@ def grow(task: Task, host: object = None, *, epochs: int | None = None, seed: in
             episode=dataclasses.replace(base.episode, max_epochs=epochs or base.episode.max_epochs))
     except ValueError as error:
         raise ConfigError(str(error)) from None
-    return run_command(settings, task=task_with_host(task, host), out=out)
+    with_host = task_with_host(task, host)
+    result = run_command(settings, task=with_host, out=out)
+    if isinstance(with_host.host, SegmentedHost):
+        # Each training ran on a copy of the host; the grown one's weights go back into it, and so into the user's
+        # own modules, whose parameters a host from `host_from_module` shares.
+        with_host.host.load_state_dict(result.model.host.state_dict())
+    return result

@@ -36,7 +36,7 @@ from torch import Tensor, nn
 
 from morphogen.control.heuristic import HeuristicConfig, HeuristicController
 from morphogen.core.hosts import SegmentedHost
-from morphogen.core.model import MorphogeneticModel
+from morphogen.core.model import MorphogeneticModel, shadow_rows
 from morphogen.data.user import LossFunction, task_from_data
 from morphogen.env.actions import Action
 from morphogen.env.compute import note_batch
@@ -118,10 +118,9 @@ class Grower:
         for parameters in self._running.values():
             for parameter in parameters:
                 parameter.grad = None  # seeds are stepped here every batch, not by your optimizer
-        output, shadow = model.forward_with_shadow(inputs)
+        output, shadow = model.forward_with_shadow(inputs, shadow_rows(inputs.shape[0], trainer.shadow_fraction))
         loss = trainer.objective.checked_loss(output, targets)
-        if shadow is not None and shadow.parameters:
-            trainer.objective.shadow_loss(shadow.outputs, targets).backward(inputs=list(shadow.parameters))
+        trainer.backward_shadow(shadow, targets)
         trainer.add_epoch_losses(loss.detach(), 1)
         note_batch(trainer.batch_shapes, inputs)
         self._steps += 1
@@ -142,7 +141,7 @@ class Grower:
             if not parameters or not _unscaled(parameters, scaler):
                 continue
             nn.utils.clip_grad_norm_(parameters, trainer.config.clip_norm, foreach=True)
-            trainer.seed_optimizers[slot_id][1].step()
+            trainer.step_seed(slot_id)
 
     def end_epoch(self) -> EpochReport:
         """Validate, judge and advance the growth; the next epoch's action is decided and applied."""

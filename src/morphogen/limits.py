@@ -6,8 +6,8 @@ at load time with one line, not discovered as an out-of-memory kill hours later.
 above anything the defaults need (4 envs, 25-30 epochs, a 512-wide policy),
 so a real experiment never meets one; raise a constant here if a real one does.
 
-`short_repr(value)` is how every error message quotes a value a user gave: cut to about 60 characters
-and 3 levels, so that a 1 MB string or a YAML alias bomb (a list of a billion items built from a few
+`short_repr(value)` is how every error message quotes a value a user gave: cut to 80 characters and
+3 levels, so that a 1 MB string or a YAML alias bomb (a list of a billion items built from a few
 lines) is quoted in one short line and in microseconds.
 
 `check_count(name, value, upper)` is for integer settings, `check_finite(name, value)` for floats
@@ -71,10 +71,17 @@ _REPR = reprlib.Repr()  # keyword arguments need Python 3.12
 _REPR.maxlevel, _REPR.maxstring, _REPR.maxother, _REPR.maxlist, _REPR.maxdict = 3, 60, 60, 6, 6
 
 
+#: Longest quote of a value in an error message (a nested list's repr, cut to 3 levels of 6 items, can
+#: still be over a thousand characters).
+MAX_QUOTE = 80
+
+
 def short_repr(value: Any) -> str:
-    """`repr(value)` cut to about 60 characters and 3 levels, so an error line stays one short line
-    whatever the user passed (a 1 MB string, a list nested 10,000 deep)."""
+    """`repr(value)` cut to `MAX_QUOTE` characters and 3 levels, so an error line stays one short line
+    whatever the user passed (a 1 MB string, a list nested 10,000 deep, a YAML alias bomb)."""
     text = _REPR.repr(value)
+    if len(text) > MAX_QUOTE:
+        text = text[: MAX_QUOTE - 3] + "..."
     if isinstance(value, str) and len(value) > 60:
         text += f" ({len(value):,} characters)"
     return text

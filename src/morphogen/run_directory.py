@@ -3,9 +3,12 @@
 Files (every command writes only these names; readers look only for them):
 
 - `config.json`: the resolved config; `events.jsonl`: one JSON object per event; `summary.json`: the
-  closing numbers of a `run`; `baseline/events.jsonl`: a `run`'s no-growth episode; `checkpoint.pt`
-  and `imitation.json`: a `train` run; `eval.json`: an `eval --run-dir` table; `report.html`: the
-  default place of `report --html`; `tb/` and `profile/`: TensorBoard scalars and profiler traces.
+  closing numbers of a `run`; `model.pt`: the model a `run` grew (`morphogen.model_file`), which
+  `morphogen export` writes as `model.pt2` or `model.onnx`; `baseline/events.jsonl` and
+  `from_scratch/events.jsonl`: a `run`'s no-growth episode and its final architecture trained from
+  scratch; `checkpoint.pt` and `imitation.json`: a `train` run; `eval.json`: an `eval --run-dir` table;
+  `report.html`: the default place of `report --html`; `tb/` and `profile/`: TensorBoard scalars and
+  profiler traces.
 
 Rules:
 
@@ -22,9 +25,18 @@ Rules:
 - **Whole files, never through links.** A run directory may be copied from elsewhere, so its names
   may be symbolic links planted to redirect a write. `write_atomic` writes a temporary file with
   `O_EXCL` (which refuses an existing name, link or not) and renames it over the name, which replaces
-  a link instead of writing through it; `open_for_append` and `truncate_file` refuse a link outright.
+  a link instead of writing through it; `open_for_append`, `truncate_file` and `own_directory` (the
+  `tb/` and `profile/` directories) refuse a link outright.
   A crash leaves either the old file or the new one, whole; `remove_stale_temporaries` deletes the
-  temporaries of killed writes, only under the lock (a live writer's look the same).
+  temporaries of killed writes, only under the lock (a live writer's look the same). Only a regular
+  file (or a link) is replaced: a device, a FIFO or a directory at the name is refused, so that
+  `report --output /dev/null` can never turn a device node into a file.
+- **Whole lines.** `append_line` writes one line with one `write` call; a write cut short (a full disk)
+  is undone with `ftruncate`, so the events file never ends in a torn fragment that the next line
+  would be glued to.
+- **Bounded reads of regular files.** `read_regular_file` opens without blocking and reads only a
+  regular file, at most a given number of bytes: a FIFO planted at `config.json` cannot hang a reader,
+  a link to `/dev/zero` cannot fill its memory.
 - **A full disk is the user's machine, not a bug**: `DiskFullError` names the path, the bytes needed
   and the bytes free, and the previous version of the file is intact.
 """
@@ -34,18 +46,22 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import json
 import os
 import shutil
+import stat
 import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
-from typing import IO
+from typing import IO, Any, NamedTuple
 
 CONFIG_FILENAME = "config.json"
 EVENTS_FILENAME = "events.jsonl"
 SUMMARY_FILENAME = "summary.json"
+MODEL_FILENAME = "model.pt"
 BASELINE_DIRNAME = "baseline"
+FROM_SCRATCH_DIRNAME = "from_scratch"
 CHECKPOINT_NAME = "checkpoint.pt"
 IMITATION_FILENAME = "imitation.json"
 SCORES_FILENAME = "eval.json"
@@ -54,8 +70,14 @@ TENSORBOARD_DIRNAME = "tb"
 PROFILE_DIRNAME = "profile"
 LOCK_NAME = ".lock"
 
-RUN_FILE_NAMES = (CONFIG_FILENAME, EVENTS_FILENAME, SUMMARY_FILENAME, BASELINE_DIRNAME, CHECKPOINT_NAME,
-                  IMITATION_FILENAME, SCORES_FILENAME, REPORT_FILENAME, TENSORBOARD_DIRNAME, PROFILE_DIRNAME)
+MAX_JSON_BYTES = 4_194_304
+"""Largest JSON file of a run directory read (`config.json`, `summary.json`: 4 MiB; morphogen writes a few kB)."""
+MAX_LINE_BYTES = 1_048_576
+"""Longest events line read (1 MiB; the longest event telemetry writes is a few kB): longer ones are skipped."""
+
+RUN_FILE_NAMES = (CONFIG_FILENAME, EVENTS_FILENAME, SUMMARY_FILENAME, MODEL_FILENAME, BASELINE_DIRNAME,
+                  FROM_SCRATCH_DIRNAME, CHECKPOINT_NAME, IMITATION_FILENAME, SCORES_FILENAME, REPORT_FILENAME,
+                  TENSORBOARD_DIRNAME, PROFILE_DIRNAME)
 """Names whose presence means a directory already holds a run."""
 
 SYSTEM_DIRECTORIES = tuple(Path(name) for name in ("/bin", "/boot", "/dev", "/etc", "/lib", "/lib32", "/lib64",
@@ -115,13 +137,25 @@ def temporary_name(path: Path) -> Path:
     return path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
 
 
+def _refuse_special(path: Path) -> None:
+    """OSError if `path` exists and is neither a regular file nor a symbolic link (which would be replaced)."""
+    try:
+        mode = os.lstat(path).st_mode
+    except FileNotFoundError:
+        return
+    if not (stat.S_ISREG(mode) or stat.S_ISLNK(mode)):
+        kind = "a directory" if stat.S_ISDIR(mode) else "not a regular file"
+        raise OSError(errno.EEXIST, f"it is {kind}; morphogen replaces only files", str(path))
+
+
 def write_atomic(path: str | Path, data: bytes) -> None:
     """Replace `path` with `data` atomically, never writing through a link (see the module docstring).
 
-    `DiskFullError` if there is no room.
+    `DiskFullError` if there is no room; OSError if `path` is a directory, a device or a FIFO.
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
+    _refuse_special(path)
     temporary = temporary_name(path)
     try:
         descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NO_FOLLOW, 0o666)
@@ -142,28 +176,131 @@ def write_atomic(path: str | Path, data: bytes) -> None:
         os.close(directory)
 
 
-def open_for_append(path: str | Path) -> IO[str]:
-    """`path` opened for appending text, created if missing; OSError if it is a symbolic link."""
+def open_for_append(path: str | Path) -> int:
+    """A descriptor of `path` opened for appending, created if missing; OSError if it is a symbolic link
+    or not a regular file. Write to it with `append_line`; close it with `os.close`."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     try:
-        descriptor = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | _NO_FOLLOW, 0o666)
+        descriptor = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NONBLOCK | _NO_FOLLOW, 0o666)
     except OSError as error:
-        raise _refuse_link(path, error) from None
-    return os.fdopen(descriptor, "a", encoding="utf-8")
+        if error.errno != errno.ENXIO:  # ENXIO: a FIFO that nobody reads
+            raise _refuse_link(path, error) from None
+        descriptor = None
+    if descriptor is None or not stat.S_ISREG(os.fstat(descriptor).st_mode):
+        if descriptor is not None:
+            os.close(descriptor)
+        raise OSError(errno.EINVAL, "not a regular file; morphogen appends only to files", str(path))
+    return descriptor
+
+
+def append_line(descriptor: int, line: bytes) -> None:
+    """Append `line` with one write; a write cut short (a full disk) is undone, so no torn line is left.
+
+    OSError (errno ENOSPC for a short write) if it could not be written whole.
+    """
+    end = os.lseek(descriptor, 0, os.SEEK_END)
+    try:
+        written = os.write(descriptor, line)
+    except OSError:
+        os.ftruncate(descriptor, end)  # a failed write may still have written a part
+        raise
+    if written != len(line):
+        os.ftruncate(descriptor, end)
+        raise OSError(errno.ENOSPC, f"{os.strerror(errno.ENOSPC)} (wrote {written:,} of {len(line):,} bytes)")
+
+
+def own_directory(path: str | Path) -> Path:
+    """`path`, a directory inside a run directory (`tb/`, `profile/`), made if missing.
+
+    `RunDirectoryRefused` if it is a symbolic link (a copied run's `tb` could point anywhere, and the files
+    written into it would land there) or not a directory.
+    """
+    path = Path(path)
+    if path.is_symlink():
+        raise RunDirectoryRefused(f"{path} is a symbolic link; morphogen does not write through links in a "
+                                  "run directory (remove it)")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except FileExistsError:
+        raise RunDirectoryRefused(f"{path} is not a directory (remove it)") from None
+    return path
 
 
 def truncate_file(path: str | Path, size: int) -> None:
     """Cut the file at `path` to `size` bytes; OSError if it is a symbolic link."""
     path = Path(path)
     try:
-        descriptor = os.open(path, os.O_WRONLY | _NO_FOLLOW)
+        descriptor = os.open(path, os.O_WRONLY | os.O_NONBLOCK | _NO_FOLLOW)  # a FIFO: ENXIO, never a wait
     except OSError as error:
         raise _refuse_link(path, error) from None
     try:
         os.ftruncate(descriptor, size)
     finally:
         os.close(descriptor)
+
+
+def open_regular_file(path: str | Path) -> IO[bytes]:
+    """The regular file at `path` (a link to one is followed) opened for reading in binary.
+
+    OSError if it is missing, unreadable or not a regular file (a FIFO, a device, a directory): it is
+    checked before opening (opening a device can do things) and again after, and opening never blocks.
+    """
+    path = Path(path)
+    if not stat.S_ISREG(os.stat(path).st_mode):
+        raise OSError(errno.EINVAL, "not a regular file", str(path))
+    descriptor = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    if not stat.S_ISREG(os.fstat(descriptor).st_mode):  # replaced in between
+        os.close(descriptor)
+        raise OSError(errno.EINVAL, "not a regular file", str(path))
+    return os.fdopen(descriptor, "rb")
+
+
+def read_regular_file(path: str | Path, limit: int) -> bytes:
+    """The bytes of the regular file at `path`, if at most `limit` of them (at most `limit + 1` are read).
+
+    OSError as `open_regular_file` says, or with errno EFBIG when the file is larger than `limit`.
+    """
+    with open_regular_file(path) as handle:
+        data = handle.read(limit + 1)
+    if len(data) > limit:
+        raise OSError(errno.EFBIG, f"larger than {limit:,} bytes", str(path))
+    return data
+
+
+class Line(NamedTuple):
+    """One line of a file as `read_line` returns it."""
+
+    text: bytes | None
+    """The line with its newline; None for a line longer than the limit, skipped unread."""
+    size: int
+    """Bytes it takes in the file (0 at the end of the file)."""
+    complete: bool
+    """Whether it ends in a newline (the file's last line may be torn, or still being written)."""
+
+
+def read_line(handle: IO[bytes], limit: int) -> Line:
+    """The next line of `handle`, holding at most `limit + 1` bytes of it in memory whatever its length."""
+    text = handle.readline(limit + 1)
+    if text.endswith(b"\n") or len(text) <= limit:
+        return Line(bytes(text), len(text), text.endswith(b"\n"))
+    size = len(text)
+    while not text.endswith(b"\n"):
+        text = handle.readline(limit)
+        if not text:
+            return Line(None, size, False)
+        size += len(text)
+    return Line(None, size, True)
+
+
+def read_json_object(path: str | Path, limit: int = MAX_JSON_BYTES) -> dict[str, Any] | None:
+    """The JSON object in the regular file `path`; None if it is missing, larger than `limit` bytes,
+    not a regular file, unparsable, nested too deep or not an object (a run's files are untrusted)."""
+    try:
+        value = json.loads(read_regular_file(path, limit))
+    except (OSError, ValueError, RecursionError):
+        return None
+    return value if isinstance(value, dict) else None
 
 
 def remove_stale_temporaries(directory: str | Path) -> list[Path]:
@@ -185,7 +322,7 @@ def remove_stale_temporaries(directory: str | Path) -> list[Path]:
 
 def _holder(path: Path) -> str:
     try:
-        descriptor = os.open(path, os.O_RDONLY | _NO_FOLLOW)
+        descriptor = os.open(path, os.O_RDONLY | os.O_NONBLOCK | _NO_FOLLOW)
         with os.fdopen(descriptor, "rb") as handle:
             text = handle.read(32).decode("ascii", errors="replace").strip()
     except OSError:
@@ -198,10 +335,14 @@ def _acquire(directory: Path) -> int:
     path = directory / LOCK_NAME
     while True:
         try:
-            descriptor = os.open(path, os.O_RDWR | os.O_CREAT | _NO_FOLLOW, 0o644)
+            descriptor = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NONBLOCK | _NO_FOLLOW, 0o644)
         except OSError as error:
             reason = _refuse_link(path, error)
             raise RunDirectoryLockError(f"cannot lock run directory {directory}: {reason.strerror or reason}") from None
+        if not stat.S_ISREG(os.fstat(descriptor).st_mode):
+            os.close(descriptor)
+            raise RunDirectoryLockError(f"cannot lock run directory {directory}: {path} is not a regular file "
+                                        "(remove it)")
         try:
             fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as error:
@@ -260,11 +401,18 @@ def hold_run_directory(directory: str | Path) -> Iterator[Path]:
 def refuse_system_directory(path: Path) -> None:
     """`RunDirectoryRefused` if `path` (resolved) is `/`, the home directory or a system directory."""
     resolved = path.resolve()
-    refused = resolved in TOP_DIRECTORIES or resolved == Path.home().resolve() or any(
-        resolved == system or system in resolved.parents for system in SYSTEM_DIRECTORIES)
-    if refused:
-        raise RunDirectoryRefused(f"run_dir: {path} is {'/' if resolved == Path('/') else 'a system or home'} "
-                                  "directory; give a directory of its own, e.g. runs/my-run")
+    system = next((system for system in SYSTEM_DIRECTORIES if resolved == system or system in resolved.parents), None)
+    if resolved == Path("/"):
+        what = "the root directory"
+    elif resolved == Path.home().resolve():
+        what = "the home directory"
+    elif system is not None:
+        what = "a system directory" if resolved == system else f"inside the system directory {system}"
+    elif resolved in TOP_DIRECTORIES:
+        what = "a top-level directory"
+    else:
+        return
+    raise RunDirectoryRefused(f"run_dir: {path} is {what}; give a directory of its own, e.g. runs/my-run")
 
 
 def refuse_other_run(path: Path) -> None:

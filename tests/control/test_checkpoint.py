@@ -215,17 +215,24 @@ def test_one_changed_weight_is_refused_as_damaged(trainer: PPOTrainer, tmp_path:
                                  "with them (a disk or copy error?); use an intact copy of the run")
 
 
-def test_flipped_bytes_anywhere_are_refused_in_one_line_naming_the_file(trainer: PPOTrainer, tmp_path: Path) -> None:
+def test_flipped_bytes_are_refused_in_one_line_or_change_nothing(trainer: PPOTrainer, tmp_path: Path) -> None:
     path = tmp_path / CHECKPOINT_NAME
     save_checkpoint(trainer.state_dict(), path)
     data = bytearray(path.read_bytes())
+    intact = load_checkpoint(path)
+    refused = 0
     for start in range(0, len(data) - 64, len(data) // 7):
         broken = bytearray(data)
         broken[start:start + 64] = bytes(b ^ 0xFF for b in broken[start:start + 64])
         path.write_bytes(bytes(broken))
-        with pytest.raises(CheckpointError) as caught:
-            load_checkpoint(path)
-        assert "\n" not in str(caught.value) and str(path) in str(caught.value), start
+        try:
+            loaded = load_checkpoint(path)
+        except CheckpointError as error:
+            assert "\n" not in str(error) and str(path) in str(error), start
+            refused += 1
+        else:  # the flip hit bytes the zip format ignores (alignment padding): what loads must be the original
+            assert state_checksum(loaded) == state_checksum(intact), start
+    assert refused >= 6
 
 
 def test_non_finite_state_is_never_saved_and_never_loaded(trainer: PPOTrainer, tmp_path: Path) -> None:

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from morphogen.control.heuristic import (
+    DEFAULT_DEPTH_BLUEPRINT,
     DEFAULT_ROTATION,
     HeuristicConfig,
     HeuristicController,
@@ -16,7 +17,7 @@ from morphogen.control.heuristic import (
     is_slowing,
 )
 from morphogen.core.blueprints import UnknownBlueprintError
-from morphogen.core.lifecycle import Stage
+from morphogen.core.lifecycle import Criterion, Stage
 from morphogen.env.actions import HEADS, Action, ActionSpace, Op
 from morphogen.env.snapshot import EpisodeSnapshot, SlotSnapshot
 
@@ -90,14 +91,14 @@ def make_slot(slot_id: str, stage: Stage = Stage.DORMANT, **overrides: Any) -> S
 
 def make_snapshot(
     *slots: SlotSnapshot, epoch: int = 10, history: tuple[float, ...] = PLATEAU, max_epochs: int = 30,
-    losses: tuple[float, ...] | None = None,
+    losses: tuple[float, ...] | None = None, criterion: Criterion = Criterion.SCORE,
 ) -> EpisodeSnapshot:
     given = {slot.slot_id: slot for slot in slots}
     return EpisodeSnapshot(
         epoch=epoch,
         max_epochs=max_epochs,
         train_loss=0.1,
-        val_loss=0.1,
+        val_loss=0.1 if losses is None else losses[-1],
         val_accuracy=history[-1],
         accuracy_history=history,
         loss_history=(0.1,) * len(history) if losses is None else losses,
@@ -107,6 +108,7 @@ def make_snapshot(
         accuracy_all_off=None,
         last_op=0,
         last_action_succeeded=True,
+        criterion=criterion,
     )
 
 
@@ -319,6 +321,11 @@ def test_unknown_blueprint_in_rotation_is_a_user_error() -> None:
         controller(rotation=("conv_light", "nope"))
 
 
+def test_unknown_depth_blueprint_is_a_user_error() -> None:
+    with pytest.raises(UnknownBlueprintError, match=r"heuristic\.depth_blueprint.*'tower'.*valid: .*block"):
+        HeuristicController(ActionSpace(SLOTS, "transformer"), "transformer", HeuristicConfig(depth_blueprint="tower"))
+
+
 def test_transformer_topology_uses_its_own_rotation() -> None:
     space = ActionSpace(("s0", "s1"), "transformer")
     assert HeuristicController(space, "transformer").rotation == DEFAULT_ROTATION["transformer"]
@@ -336,8 +343,107 @@ def test_transformer_topology_uses_its_own_rotation() -> None:
         ({"slowing_ratio": 1.0}, "slowing_ratio"),
         ({"slowing_ratio": float("nan")}, "slowing_ratio"),
         ({"training_patience": -1}, "training_patience"),
+        ({"loss_plateau_threshold": -0.01}, "loss_plateau_threshold"),
+        ({"loss_worse_threshold": float("nan")}, "loss_worse_threshold"),
+        ({"loss_fossilize_threshold": -1.0}, "loss_fossilize_threshold"),
     ],
 )
 def test_config_rejects_bad_values(overrides: dict[str, Any], message: str) -> None:
     with pytest.raises(ValueError, match=message):
         HeuristicConfig(**overrides)
+
+
+# ---------------------------------------------------------------- a language model: judged in nats, grown by depth
+
+#: Validation losses (nats per token) on a plateau: they fell 0.006 over the last 3 epochs, under 0.01, and
+#: they are not slowing down (0.005 then 0.003 over two windows of two epochs: more than half).
+LOSS_PLATEAU = (1.600, 1.598, 1.595, 1.594, 1.592)
+#: Falling 0.02 nats per epoch, steadily.
+LOSS_FALLING = (1.70, 1.68, 1.66, 1.64, 1.62)
+
+
+def test_a_language_model_plateaus_on_its_loss_not_its_accuracy() -> None:
+    heuristic, space = controller()
+    masks = make_masks(space, ALL_EMPTY)
+    on_plateau = make_snapshot(history=RISING, losses=LOSS_PLATEAU, criterion=Criterion.LOSS)
+    assert heuristic.act(on_plateau, masks).op is Op.GERMINATE
+    # The same accuracies and losses judged by the score: the accuracy still rises, nothing to do.
+    assert heuristic.act(dataclasses.replace(on_plateau, criterion=Criterion.SCORE), masks) == Action()
+    # An accuracy plateau does not count for a language model whose loss still falls steadily.
+    falling = make_snapshot(history=PLATEAU, losses=LOSS_FALLING, criterion=Criterion.LOSS)
+    assert heuristic.act(falling, masks) == Action()
+
+
+@pytest.mark.parametrize(("loss_contribution", "op"), [(0.008, Op.FOSSILIZE), (0.005, Op.PRUNE), (-0.1, Op.PRUNE)])
+def test_a_language_model_keeps_a_seed_that_lowers_the_loss(loss_contribution: float, op: Op) -> None:
+    heuristic, space = controller()
+    assert HeuristicConfig().loss_fossilize_threshold == 0.005
+    masks = make_masks(space, {Op.FOSSILIZE: ("r0c1",), Op.PRUNE: ("r0c1",)})
+    # No accuracy point to show (0.0), which the score criterion would prune.
+    holding = make_slot("r0c1", Stage.HOLDING, contribution=0.0, loss_contribution=loss_contribution,
+                        epochs_in_stage=1)
+    snapshot = make_snapshot(holding, history=RISING, losses=LOSS_FALLING, criterion=Criterion.LOSS)
+    assert heuristic.act(snapshot, masks) == Action(op, "r0c1")
+
+
+def test_a_language_model_prunes_a_seed_whose_stage_raised_the_loss() -> None:
+    heuristic, space = controller()
+    assert HeuristicConfig().loss_worse_threshold == 0.05
+    masks = make_masks(space, {Op.PRUNE: ("r0c2",)})
+    rising = (1.50, 1.50, 1.51, 1.53, 1.56)
+    hurt = make_slot("r0c2", Stage.BLENDING, loss_at_stage_start=1.50, alpha_ramping=True)
+    assert heuristic.act(make_snapshot(hurt, losses=rising, criterion=Criterion.LOSS), masks) == Action(
+        Op.PRUNE, "r0c2")
+    slightly = make_slot("r0c2", Stage.BLENDING, loss_at_stage_start=1.52, alpha_ramping=True)
+    assert heuristic.act(make_snapshot(slightly, losses=rising, criterion=Criterion.LOSS), masks) == Action()
+
+
+def transformer_controller(**config: Any) -> tuple[HeuristicController, ActionSpace]:
+    space = ActionSpace(SLOTS, "transformer")
+    return HeuristicController(space, "transformer", HeuristicConfig(**config)), space
+
+
+def test_a_transformer_grows_whole_blocks_into_every_slot_when_the_loss_slows() -> None:
+    assert DEFAULT_DEPTH_BLUEPRINT["transformer"] == "block_copy"
+    heuristic, space = transformer_controller()
+    masks = make_masks(space, {Op.GERMINATE: SLOTS, Op.GROW: SLOTS})
+    slowing = (2.2, 1.9, 1.7, 1.65, 1.62)  # 0.5 then 0.08 nats over two windows of two epochs
+    action = heuristic.act(make_snapshot(epoch=4, losses=slowing, history=RISING, criterion=Criterion.LOSS), masks)
+    assert action == Action(Op.GROW, blueprint="block_copy")
+    steady = (2.2, 2.0, 1.8, 1.6, 1.4)
+    assert heuristic.act(make_snapshot(epoch=4, losses=steady, history=RISING, criterion=Criterion.LOSS),
+                         masks) == Action()
+    # Not during the warm-up, and not when GROW is masked (a seed still training, no empty slot).
+    assert heuristic.act(make_snapshot(epoch=2, losses=slowing, criterion=Criterion.LOSS), masks) == Action()
+    assert heuristic.act(make_snapshot(epoch=4, losses=slowing, criterion=Criterion.LOSS),
+                         make_masks(space, {})) == Action()
+
+
+def test_depth_growth_can_grow_zero_blocks_or_be_switched_off() -> None:
+    masks_of = {Op.GERMINATE: SLOTS, Op.GROW: SLOTS}
+    zeros, space = transformer_controller(depth_blueprint="block")
+    assert zeros.act(make_snapshot(), make_masks(space, masks_of)) == Action(Op.GROW, blueprint="block")
+    seed_by_seed, space = transformer_controller(depth_blueprint="")
+    action = seed_by_seed.act(make_snapshot(), make_masks(space, masks_of))
+    assert action == Action(Op.GERMINATE, "r0c0", DEFAULT_ROTATION["transformer"][0])
+    # Convolutional hosts grow seed by seed unless told otherwise.
+    assert controller()[0].depth_blueprint == ""
+
+
+def test_a_refused_grow_turns_the_heuristic_to_growing_seed_by_seed() -> None:
+    # A user's transformer without a morphogen block before its slots has nothing for block_copy to copy.
+    heuristic, space = transformer_controller(depth_blueprint="block_copy")
+    masks = make_masks(space, {Op.GERMINATE: SLOTS, Op.GROW: SLOTS})
+    assert heuristic.act(make_snapshot(), masks).op is Op.GROW
+    refused = dataclasses.replace(make_snapshot(), last_op=int(Op.GROW), last_action_succeeded=False)
+    assert heuristic.act(refused, masks) == Action(Op.GERMINATE, "r0c0", DEFAULT_ROTATION["transformer"][0])
+    heuristic.reset()  # a new episode tries depth growth again
+    assert heuristic.act(make_snapshot(), masks).op is Op.GROW
+
+
+def test_a_host_without_layers_to_copy_grows_seed_by_seed_from_the_first_germination() -> None:
+    # The masks say GROW cannot graft `block_copy` here (ActionSpace.masks asks the model): no GROW is wasted.
+    heuristic, space = transformer_controller()
+    masks = make_masks(space, {Op.GERMINATE: SLOTS, Op.GROW: SLOTS})
+    masks[2][Op.GROW, space.blueprints.index("block_copy")] = False
+    assert heuristic.act(make_snapshot(), masks) == Action(Op.GERMINATE, "r0c0", DEFAULT_ROTATION["transformer"][0])

@@ -9,6 +9,7 @@ from torch import nn
 
 from morphogen.core.blend import BlendKind
 from morphogen.core.blueprints import (
+    BlueprintKind,
     UnknownBlueprintError,
     blueprint_names,
     build_seed,
@@ -19,12 +20,18 @@ from morphogen.core.blueprints import (
 from morphogen.core.hosts import CNNHost, Conv1dHost, SegmentedHost, TransformerHost
 from morphogen.core.lifecycle import Stage
 from morphogen.core.model import MorphogeneticModel
+from morphogen.core.width import NoWidthSiteError
 
 CNN_NAMES = ("norm", "attention", "depthwise", "bottleneck", "conv_small", "conv_light", "conv_heavy",
-             "widen_x2", "widen_x4", "widen_x8")
-TRANSFORMER_NAMES = ("norm", "lora", "lora_large", "attention", "mlp_small", "mlp")
+             "widen_x2", "widen_x4", "widen_x8", "wider", "wider_half")
+TRANSFORMER_NAMES = ("norm", "lora", "lora_large", "attention", "mlp_small", "mlp", "block", "block_copy")
 NAMES = {"cnn": CNN_NAMES, "cnn1d": CNN_NAMES, "transformer": TRANSFORMER_NAMES}
 ALL_BLUEPRINTS = [(topology, name) for topology, names in NAMES.items() for name in names]
+#: Every blueprint but a copy of the host's layer (`block_copy`), which is not the identity at birth.
+IDENTITY_AT_BIRTH = [(topology, name) for topology, name in ALL_BLUEPRINTS
+                     if get_blueprint(topology, name).identity_at_birth]
+#: Seeds that are shape-preserving modules at the slot (the widening ones are tested in test_width.py).
+DEEPENING = [(topology, name) for topology, name in ALL_BLUEPRINTS if not name.startswith("wider")]
 
 
 def _host(topology: str) -> tuple[SegmentedHost, torch.Tensor]:
@@ -43,15 +50,25 @@ def test_registry_names_and_order() -> None:
         assert blueprint_names(topology) == names
 
 
-@pytest.mark.parametrize(("topology", "name"), ALL_BLUEPRINTS)
+def _deepening(topology: str) -> list[str]:
+    """The blueprints whose seed is a shape-preserving module at the slot (widening ones need a model's layers)."""
+    return [name for name in blueprint_names(topology) if get_blueprint(topology, name).kind is BlueprintKind.DEEPEN]
+
+
+@pytest.mark.parametrize(("topology", "name"), IDENTITY_AT_BIRTH)
 def test_every_blueprint_is_identity_at_birth_in_every_slot(topology: str, name: str) -> None:
     host, x = _host(topology)
     with torch.no_grad():
         bare = host(x)
+    widening = get_blueprint(topology, name).kind is BlueprintKind.WIDEN
     for slot_id in host.slot_ids:
-        for kind in BlendKind:
+        for kind in [BlendKind.ADD] if widening else list(BlendKind):  # new channels' output is added
             model = MorphogeneticModel(host, [slot_id], config=EASY_CONFIG)
             slot = model.slot(slot_id)
+            if widening and slot.width_site is None:  # after a pooling slot: no layer before it in its segment
+                with pytest.raises(NoWidthSiteError, match=f"slot {slot_id} cannot widen"):
+                    slot.germinate(name)
+                continue
             slot.germinate(name, blend=kind)
             for stage in (Stage.TRAINING, Stage.BLENDING, Stage.HOLDING):
                 drive_to(slot, stage)
@@ -66,7 +83,7 @@ def test_every_blueprint_is_identity_at_birth_in_every_slot(topology: str, name:
 def test_seeds_are_shape_preserving_at_any_resolution(topology: str) -> None:
     shapes = {"cnn": [(2, 8, 5, 7), (2, 8, 1, 1)], "cnn1d": [(2, 8, 40), (2, 8, 3), (2, 8, 1)],
               "transformer": [(2, 5, 8), (1, 1, 8)]}[topology]
-    for name in blueprint_names(topology):
+    for name in _deepening(topology):
         seed = build_seed(topology, name, 8, n_heads=2) if name == "attention" and topology == "transformer" \
             else build_seed(topology, name, 8)
         for shape in shapes:
@@ -75,7 +92,7 @@ def test_seeds_are_shape_preserving_at_any_resolution(topology: str) -> None:
 
 @pytest.mark.parametrize("topology", list(NAMES))
 def test_seeds_never_use_batch_norm(topology: str) -> None:
-    for name in blueprint_names(topology):
+    for name in _deepening(topology):
         seed = build_seed(topology, name, 32)
         assert not any(isinstance(module, nn.modules.batchnorm._BatchNorm) for module in seed.modules()), name
 
@@ -128,7 +145,7 @@ def test_options_reach_the_module() -> None:
 @pytest.mark.parametrize(("topology", "width"), [("cnn", 8), ("cnn", 48), ("cnn1d", 8), ("cnn1d", 24),
                                                  ("transformer", 16), ("transformer", 64)])
 def test_parameter_count_matches_the_built_module(topology: str, width: int) -> None:
-    for name in blueprint_names(topology):
+    for name in _deepening(topology):
         seed = build_seed(topology, name, width)
         assert parameter_count(topology, name, width) == sum(p.numel() for p in seed.parameters()), name
 
@@ -188,7 +205,7 @@ def _slot_activation(topology: str, generator: torch.Generator) -> torch.Tensor:
     return torch.randn(shape, generator=generator).relu()
 
 
-@pytest.mark.parametrize(("topology", "name"), ALL_BLUEPRINTS)
+@pytest.mark.parametrize(("topology", "name"), DEEPENING)
 def test_every_seed_learns_from_step_one(topology: str, name: str) -> None:
     """Identity at birth must not mean stuck: the first batch moves some parameter off its init, and
     after one optimizer step the gradient reaches every parameter of the seed."""
@@ -227,8 +244,11 @@ def test_registry_table_rows(topology: str, width: int) -> None:
     rows = registry_table(topology, width)
     assert [row[0] for row in rows] == list(blueprint_names(topology))
     for name, count, description in rows:
+        if get_blueprint(topology, name).kind is BlueprintKind.WIDEN:
+            assert count is None  # it depends on the host's layers around the slot
+            continue
         assert count == parameter_count(topology, name, width)
-        assert count > 0
+        assert count is not None and count > 0
         assert description and description == get_blueprint(topology, name).description
     counts = dict((name, count) for name, count, _ in rows)
     if topology in ("cnn", "cnn1d"):

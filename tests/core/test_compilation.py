@@ -58,11 +58,16 @@ def _grow(model: MorphogeneticModel, slot_id: str, blueprint: str, stage: Stage,
     drive_to(slot, stage, alpha=alpha)
 
 
-def _mixed_stages(topology: str) -> MorphogeneticModel:
+#: Seeds of `_mixed_stages` per case: a case is a topology, and "transformer blocks" grows whole layers.
+MIXED_BLUEPRINTS = {"cnn": ("conv_light", "attention", "depthwise"), "transformer": ("lora", "mlp_small", "norm"),
+                    "transformer blocks": ("block", "block_copy", "block")}
+
+
+def _mixed_stages(case: str) -> MorphogeneticModel:
     """Three slots: one TRAINING (shadow pass), one BLENDING with a gate, one FOSSILIZED."""
-    model = _model(topology)
+    model = _model(case.split()[0])
     first, second, third = model.slot_ids
-    blueprints = ("conv_light", "attention", "depthwise") if topology == "cnn" else ("lora", "mlp_small", "norm")
+    blueprints = MIXED_BLUEPRINTS[case]
     _grow(model, first, blueprints[0], Stage.TRAINING, BlendKind.ADD)
     _grow(model, second, blueprints[1], Stage.BLENDING, BlendKind.GATE, alpha=0.4)
     _grow(model, third, blueprints[2], Stage.FOSSILIZED, BlendKind.MULTIPLY)
@@ -80,10 +85,10 @@ def test_settings_pick_the_mode_by_device_and_reject_unknown_names() -> None:
         CompileSettings(backend="tvm")
 
 
-@pytest.mark.parametrize("topology", ["cnn", "transformer"])
-def test_host_and_slots_forward_has_no_graph_break_in_any_stage(topology: str) -> None:
-    model = _mixed_stages(topology).train()
-    x = _batch(topology)
+@pytest.mark.parametrize("case", list(MIXED_BLUEPRINTS))
+def test_host_and_slots_forward_has_no_graph_break_in_any_stage(case: str) -> None:
+    model = _mixed_stages(case).train()
+    x = _batch(case.split()[0])
     plan = model.execution_plan()
     _, captured = model._host_forward(x, plan)
     assert len(captured) == 1  # the TRAINING seed's input
@@ -109,11 +114,11 @@ def test_training_forward_traces_as_one_graph_with_a_seed_in_each_stage(stage: S
         assert shadow_pass(model, captured, plan).shape == (1, 4, 5)
 
 
-@pytest.mark.parametrize("topology", ["cnn", "transformer"])
-def test_compiled_training_forward_matches_eager_outputs_and_gradients(topology: str) -> None:
-    eager, compiled = _mixed_stages(topology).train(), _mixed_stages(topology).train()
+@pytest.mark.parametrize("case", list(MIXED_BLUEPRINTS))
+def test_compiled_training_forward_matches_eager_outputs_and_gradients(case: str) -> None:
+    eager, compiled = _mixed_stages(case).train(), _mixed_stages(case).train()
     compiled.compile_forward(CompileSettings(backend="aot_eager"))
-    x = _batch(topology)
+    x = _batch(case.split()[0])
     results = []
     for model in (eager, compiled):
         output, shadow = model.forward_with_shadow(x)

@@ -53,18 +53,54 @@ def test_an_unchanged_plan_is_not_counted_again() -> None:
     model = MorphogeneticModel(CNNHost(10, 1, n_blocks=2, base_channels=4))
     counter = FlopCounter()
     first = counter.training_step(model, (8, 1, 8, 8), torch.float32)
-    assert counter.counts_made == 1
+    made = counter.counts_made
+    assert made > 0
     for _ in range(3):
         assert counter.training_step(model, (8, 1, 8, 8), torch.float32) == first
-    assert counter.counts_made == 1
-    counter.training_step(model, (3, 1, 8, 8), torch.float32)  # the last, smaller batch of an epoch
-    assert counter.counts_made == 2
+    # The last, smaller batch of an epoch: scaled from the count per sample, as a count of its own would say.
+    last = counter.training_step(model, (3, 1, 8, 8), torch.float32)
+    assert counter.counts_made == made
+    assert 8 * last.main == 3 * first.main
     model.germinate("r0c1", "conv_small")  # GERMINATED: the seed does not run, the plan is unchanged
     counter.training_step(model, (8, 1, 8, 8), torch.float32)
-    assert counter.counts_made == 2
+    assert counter.counts_made == made
     model.slot("r0c1").advance(0)  # TRAINING: a new plan
     counter.training_step(model, (8, 1, 8, 8), torch.float32)
-    assert counter.counts_made == 3
+    assert counter.counts_made > made
+
+
+def test_validation_is_counted_once_per_pattern_of_alphas_not_per_value() -> None:
+    model = MorphogeneticModel(CNNHost(10, 1, n_blocks=2, base_channels=4))
+    for slot_id in model.slot_ids:
+        model.germinate(slot_id, "conv_light")
+        model.slot(slot_id).advance(0)
+    counter, shape = FlopCounter(), (8, 1, 8, 8)
+    ramp = [counter.validation_batch(model, [[a, 0.0], [a, 1.0]], shape, torch.float32) for a in (0.2, 0.4)]
+    made = counter.counts_made
+    ramp.append(counter.validation_batch(model, [[0.6, 0.0], [0.6, 1.0]], shape, torch.float32))
+    assert counter.counts_made == made and ramp[0] == ramp[1] == ramp[2]
+    counter.validation_batch(model, [[0.5, 0.0], [0.0, 1.0]], shape, torch.float32)  # expands at the first slot
+    assert counter.counts_made > made
+
+
+class PerBatch(nn.Module):
+    """A layer whose cost does not grow with the batch: a product of two weight matrices on every call."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = nn.Parameter(torch.randn(6, 6)), nn.Parameter(torch.randn(6, 6))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x @ (self.a @ self.b)
+
+
+def test_a_model_whose_flops_are_not_per_sample_is_counted_at_each_batch_size() -> None:
+    network = nn.Sequential(nn.Linear(6, 6), nn.ReLU(), PerBatch())
+    model = MorphogeneticModel(host_from_module(network, ["1"], example_input=torch.randn(2, 6)))
+    counter = FlopCounter()
+    for batch in (8, 3):
+        validation = counter.validation_batch(model, [[0.0]], (batch, 6), torch.float32)
+        assert validation.main == 2 * batch * 36 + 2 * 6 * 36 + 2 * batch * 36  # the weight product: per call
 
 
 def test_counting_leaves_the_model_untouched() -> None:

@@ -19,7 +19,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, ru
 
 from morphogen.core.alpha import AlphaCurve, AlphaMode
 from morphogen.core.blend import BlendKind
-from morphogen.core.blueprints import UnknownBlueprintError, blueprint_names
+from morphogen.core.blueprints import BlueprintKind, UnknownBlueprintError, blueprint_names, get_blueprint
 from morphogen.core.lifecycle import (
     LEGAL_TRANSITIONS,
     PRUNABLE_STAGES,
@@ -35,7 +35,8 @@ from morphogen.core.slot import SeedSlot, SlotConfig
 
 S = Stage
 EMPTY_STAGES = frozenset({S.DORMANT, S.PRUNED, S.EMBARGOED, S.RESETTING})
-CNN_BLUEPRINTS = blueprint_names("cnn")
+CNN_BLUEPRINTS = tuple(name for name in blueprint_names("cnn")  # a lone slot has no layers around it to widen
+                       if get_blueprint("cnn", name).kind is BlueprintKind.DEEPEN)
 
 
 def test_transition_table_is_the_design_table() -> None:

@@ -13,7 +13,7 @@ from slot_driver import EASY_CONFIG, drive_to, perturb_seed
 from torch import Tensor
 
 from morphogen.core.blend import BlendKind
-from morphogen.core.blueprints import blueprint_names, parameter_count
+from morphogen.core.blueprints import BlueprintKind, blueprint_names, get_blueprint, parameter_count
 from morphogen.core.hosts import CNNHost, SegmentedHost, TransformerHost, UnknownSlotError
 from morphogen.core.lifecycle import BLENDED_STAGES, Stage
 from morphogen.core.model import MorphogeneticModel
@@ -42,7 +42,9 @@ def _batch(topology: str, batch: int = 3) -> Tensor:
 
 def _place_seed(model: MorphogeneticModel, slot_id: str, rng: random.Random, stage: Stage) -> SeedSlot:
     """Germinate a random blueprint with random (non-zero) weights in `slot_id` and drive it to `stage`."""
-    slot = model.germinate(slot_id, rng.choice(blueprint_names(model.topology)), blend=rng.choice(list(BlendKind)))
+    deepening = [name for name in blueprint_names(model.topology)  # test_width.py has the widening ones
+                 if get_blueprint(model.topology, name).kind is BlueprintKind.DEEPEN]
+    slot = model.germinate(slot_id, rng.choice(deepening), blend=rng.choice(list(BlendKind)))
     perturb_seed(slot, torch.Generator().manual_seed(rng.randrange(2**31)))
     drive_to(slot, stage, alpha=rng.uniform(0.1, 1.0))
     return slot
@@ -185,11 +187,10 @@ def _grown_model(topology: str, seed: int, dtype: torch.dtype | None = None) -> 
     rng = random.Random(11)
     placements = dict(zip(slot_ids, (*SEED_STAGES_TO_PLACE, Stage.EMBARGOED), strict=False))
     for index, (slot_id, stage) in enumerate(placements.items()):
-        slot = model.slot(slot_id)
         options = {"rank": 3} if topology == "transformer" and index == 0 else {}
         blueprint = "lora" if options else rng.choice(blueprint_names(topology))
-        slot.germinate(blueprint, blend=list(BlendKind)[index % 3], blend_epochs=4 if stage is Stage.BLENDING else 0,
-                       device=next(host.parameters()).device, dtype=dtype, **options)
+        slot = model.germinate(slot_id, blueprint, blend=list(BlendKind)[index % 3],
+                               blend_epochs=4 if stage is Stage.BLENDING else 0, **options)
         perturb_seed(slot, torch.Generator().manual_seed(index))
         slot.record_signals(accuracy=50.0 + index, gradient_health=0.9, gradient_ratio=0.2 + index,
                             contribution=1.5 * index)

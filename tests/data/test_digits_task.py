@@ -8,8 +8,10 @@ import numpy as np
 import pytest
 import torch
 from sklearn.datasets import load_digits
+from sklearn.model_selection import train_test_split
 
 from morphogen.data import Task, load_task
+from morphogen.data.digits import read_digits, stratified_split
 
 
 @pytest.fixture(scope="module")
@@ -89,3 +91,20 @@ def test_tensors_are_created_on_the_requested_device() -> None:
     task = load_task("digits", device="meta")
     for dataset in (task.train, task.validation):
         assert dataset.inputs.device.type == "meta" and dataset.targets.device.type == "meta"
+
+
+def test_the_digits_file_is_what_scikit_learn_loads() -> None:
+    images, labels = read_digits()
+    reference = load_digits()
+    assert np.array_equal(images, reference.images) and np.array_equal(labels, reference.target)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 7])
+@pytest.mark.parametrize("fraction", [0.2, 0.1])
+@pytest.mark.parametrize("labels", ["digits", "ties"])
+def test_stratified_split_selects_what_train_test_split_selects(seed: int, fraction: float, labels: str) -> None:
+    """The same sets as scikit-learn's stratified `train_test_split`, also where class remainders tie."""
+    y = read_digits()[1] if labels == "digits" else np.repeat(np.arange(7), [13, 13, 13, 9, 9, 5, 3])
+    train, test = train_test_split(np.arange(len(y)), test_size=fraction, stratify=y, random_state=seed)
+    ours = stratified_split(y, fraction, seed)
+    assert np.array_equal(ours[0], np.sort(train)) and np.array_equal(ours[1], np.sort(test))

@@ -67,6 +67,7 @@ def test_sizes_follow_the_head_order() -> None:
         Action(Op.PRUNE, "r0c0"),
         Action(Op.FOSSILIZE, "r0c1"),
         Action(Op.ADVANCE, "r0c2"),
+        Action(Op.GROW, blueprint="conv_heavy", blend_epochs=5),
     ],
     ids=lambda action: action.op.name,
 )
@@ -100,6 +101,7 @@ def test_head_relevance_table() -> None:
     assert relevant[Op.SET_ALPHA_TARGET] == {"op", "slot", "alpha_target", "alpha_speed", "alpha_curve"}
     for op in (Op.PRUNE, Op.FOSSILIZE, Op.ADVANCE):
         assert relevant[op] == {"op", "slot"}
+    assert relevant[Op.GROW] == {"op", "blueprint", "blend_epochs"}  # every empty slot: no slot to choose
 
 
 def test_encode_rejects_a_value_outside_the_choices() -> None:
@@ -118,6 +120,7 @@ def test_describe_names_the_op_and_slot() -> None:
     assert Action().describe() == "WAIT"
     assert Action(Op.GERMINATE, "r0c1", "norm").describe() == "GERMINATE norm@r0c1 (add, 3 ep)"
     assert Action(Op.PRUNE, "r0c0").describe() == "PRUNE r0c0"
+    assert Action(Op.GROW, blueprint="block").describe() == "GROW block in every empty slot (3 ep)"
 
 
 # ---------------------------------------------------------------- masks by hand
@@ -129,7 +132,8 @@ def row(masks: list[np.ndarray], head: str, op: Op) -> list[bool]:
 
 def test_masks_of_a_fresh_model() -> None:
     masks = space().masks(tiny_model())
-    assert masks[0].tolist() == [True, True, False, False, False, False]  # WAIT, GERMINATE
+    assert masks[0].tolist() == [True, True, False, False, False, False, True]  # WAIT, GERMINATE, GROW
+    assert row(masks, "slot", Op.GROW) == [True, False, False]  # GROW picks no slot: the canonical choice
     assert row(masks, "slot", Op.GERMINATE) == [True, True, True]
     assert row(masks, "slot", Op.PRUNE) == [False, False, False]
 
@@ -141,7 +145,7 @@ def test_masks_with_a_training_seed_then_an_old_enough_one() -> None:
     assert model.slot("r0c1").stage is Stage.TRAINING
     masks = space().masks(model)
     # No second seed while one trains; the young seed may advance but not yet be pruned.
-    assert masks[0].tolist() == [True, False, False, False, False, True]
+    assert masks[0].tolist() == [True, False, False, False, False, True, False]  # no GROW either
     assert row(masks, "slot", Op.ADVANCE) == [False, True, False]
     model.slot("r0c1").lifecycle.seed_age = MIN_PRUNE_AGE
     masks = space().masks(model)
@@ -166,6 +170,7 @@ def test_masks_of_holding_and_fossilized_seeds() -> None:
     assert row(masks, "slot", Op.PRUNE) == [True, False, False]  # a fossil is never pruned
     assert row(masks, "slot", Op.ADVANCE) == [False, False, False]  # HOLDING -> FOSSILIZED is FOSSILIZE's job
     assert row(masks, "slot", Op.GERMINATE) == [False, True, False]
+    assert masks[0][Op.GROW]  # one slot is still empty: GROW fills it
 
 
 def test_irrelevant_head_rows_allow_only_the_canonical_choice() -> None:

@@ -1,4 +1,4 @@
-"""Batched envs (env/batched.py): the vmapped path trains every env as its own `ModelTrainer` would.
+"""Batched envs (env/batched.py): the vmapped path trains every env as its own `HostAndSeedTrainer` would.
 
 Tolerance: the batched path computes the same formulas in another float summation order (a grouped
 convolution reduces over its inputs in another order than N separate convolutions; per-tensor norms
@@ -26,7 +26,8 @@ from morphogen.data import Task, load_task
 from morphogen.env.actions import Action, Op
 from morphogen.env.batched import StackedEnvs, architecture_signature, training_groups
 from morphogen.env.episode import SYNCS_PER_STEP, EpisodeConfig, StepResult
-from morphogen.env.training import ModelTrainer, OptimizerConfig
+from morphogen.env.optimizer import OptimizerConfig
+from morphogen.env.training import HostAndSeedTrainer
 from morphogen.env.vector import VectorEpisodes
 
 SEED, ROUND = 3, 5
@@ -61,7 +62,7 @@ def close(expected: Tensor, actual: Tensor, what: str) -> None:
     torch.testing.assert_close(actual, expected, rtol=RTOL, atol=ATOL, msg=lambda message: f"{what}: {message}")
 
 
-def momentum_buffers(trainer: ModelTrainer) -> dict[str, Tensor]:
+def momentum_buffers(trainer: HostAndSeedTrainer) -> dict[str, Tensor]:
     """Every momentum buffer of an env's optimizers, by parameter name."""
     assert trainer.model is not None
     names = {id(p): name for name, p in trainer.model.named_parameters()}
@@ -124,16 +125,16 @@ def count_syncs(monkeypatch: pytest.MonkeyPatch, work: Callable[[], object]) -> 
     return len(calls)
 
 
-def count_alone_batches(monkeypatch: pytest.MonkeyPatch) -> list[ModelTrainer]:
-    """Record every `ModelTrainer.train_batch` call (the per-env path), then train as usual."""
-    calls: list[ModelTrainer] = []
-    original = ModelTrainer.train_batch
+def count_alone_batches(monkeypatch: pytest.MonkeyPatch) -> list[HostAndSeedTrainer]:
+    """Record every `HostAndSeedTrainer.train_batch` call (the per-env path), then train as usual."""
+    calls: list[HostAndSeedTrainer] = []
+    original = HostAndSeedTrainer.train_batch
 
-    def recording(trainer: ModelTrainer, inputs: Tensor, targets: Tensor) -> None:
+    def recording(trainer: HostAndSeedTrainer, inputs: Tensor, targets: Tensor) -> None:
         calls.append(trainer)
         original(trainer, inputs, targets)
 
-    monkeypatch.setattr(ModelTrainer, "train_batch", recording)
+    monkeypatch.setattr(HostAndSeedTrainer, "train_batch", recording)
     return calls
 
 
@@ -264,7 +265,7 @@ def test_a_group_with_one_adamw_env_is_not_stacked(digits: Task) -> None:
     vector.reset(ROUND)
     episode = vector.episodes[1]
     assert episode.model is not None
-    episode.trainer = ModelTrainer(episode.model, OptimizerConfig(name="adamw"), episode.monitor)
+    episode.trainer = HostAndSeedTrainer(episode.model, OptimizerConfig(name="adamw"), episode.monitor)
     grouping = training_groups(vector.episodes)
     assert grouping.groups == ((0, 2),) and grouping.alone == (1,)
     with pytest.raises(AssertionError, match="plain SGD only"):

@@ -7,8 +7,10 @@ import torch
 
 from morphogen.core.flops import FlopCounter
 from morphogen.core.lifecycle import Stage
+from morphogen.core.model import shadow_rows
 from morphogen.data import Task, load_task
 from morphogen.env.actions import Action, Op
+from morphogen.env.counterfactual import CounterfactualSchedule
 from morphogen.env.episode import EpisodeConfig, MorphogenesisEpisode
 
 TRAIN_SAMPLES, BATCH, VALIDATION_BATCH = 150, 64, 128
@@ -28,7 +30,8 @@ def batches(samples: int, size: int) -> dict[tuple[int, ...], int]:
 
 
 def test_an_episode_charges_every_batch_it_trained_and_validated(digits: Task) -> None:
-    config = EpisodeConfig(max_epochs=3, batch_size=BATCH, validation_batch_size=VALIDATION_BATCH)
+    config = EpisodeConfig(max_epochs=3, batch_size=BATCH, validation_batch_size=VALIDATION_BATCH,
+                           counterfactuals=CounterfactualSchedule.EVERY_EPOCH, shadow_fraction=0.5)
     episode = MorphogenesisEpisode(digits, config, seed=0)
     episode.reset()
     episode.step(Action())
@@ -42,7 +45,7 @@ def test_an_episode_charges_every_batch_it_trained_and_validated(digits: Task) -
     expected_training = expected_shadow = 0
     for model in (bare, episode.model, episode.model):  # epoch 1 bare, epochs 2 and 3 with the TRAINING seed
         for size, count in batches(TRAIN_SAMPLES, BATCH).items():
-            step = counter.training_step(model, (size, *sample), torch.float32)
+            step = counter.training_step(model, (size, *sample), torch.float32, shadow_rows(size, 0.5))
             expected_training += step.main * count
             expected_shadow += step.shadow * count
     validation_passes = [(bare, [[0.0, 0.0]])] * 2 + [(episode.model, [[0.0, 0.0], [1.0, 0.0]])] * 2
@@ -59,4 +62,19 @@ def test_an_episode_charges_every_batch_it_trained_and_validated(digits: Task) -
     assert account.validation == expected_validation
     assert account.counterfactual == expected_counterfactual > 0  # shadow contribution, epochs 2-3
     assert account.total == expected_training + expected_shadow + expected_validation + expected_counterfactual
-    assert episode.flop_counter.counts_made <= 8  # two plans x two shapes, for training and for validation
+    # Two plans x two shapes, for training and for validation; and, once per env, what each blueprint would add
+    # in each slot (the layout a learned policy reads).
+    layout_counts = len(episode.model.slot_ids) * len(episode.layout.blueprints)
+    assert episode.flop_counter.counts_made <= 8 + layout_counts
+
+
+def test_the_shadow_on_half_the_batch_costs_half_the_shadow() -> None:
+    from morphogen import CNNHost, MorphogeneticModel
+
+    model = MorphogeneticModel(CNNHost(10, 1, n_blocks=2, base_channels=4))
+    model.germinate("r0c0", "conv_light")
+    model.slot("r0c0").advance(0)
+    counter = FlopCounter()
+    whole = counter.training_step(model, (64, 1, 8, 8), torch.float32)
+    half = counter.training_step(model, (64, 1, 8, 8), torch.float32, shadow_rows(64, 0.5))
+    assert half.main == whole.main and 2 * half.shadow == whole.shadow

@@ -19,6 +19,7 @@ from morphogen.env.counterfactual import (
     ALL_OFF,
     MAIN,
     CounterfactualResult,
+    CounterfactualSchedule,
     alpha_configurations,
     without_seed,
 )
@@ -195,6 +196,16 @@ def test_training_seeds_get_a_shadow_configuration_and_contribution() -> None:
     result = CounterfactualResult(configurations, accuracies=(90.0, 88.0, 93.5), losses=(0.3, 0.4, 0.2))
     # without:r0c2 costs 2 points; blending the training seed in would add 3.5.
     assert result.contributions == {"r0c2": 2.0, "r0c0": 3.5}
+    # In loss: the model without r0c2 loses 0.1 nats more; blending r0c0 in would remove 0.1.
+    assert result.loss_contributions == pytest.approx({"r0c2": 0.1, "r0c0": 0.1})
+
+
+def test_loss_contributions_are_the_loss_each_seed_removes() -> None:
+    configurations = alpha_configurations(SLOTS, {"r0c0": 1.0, "r0c2": 0.6})
+    # main, without:r0c0, without:r0c2, all_off (losses exact in binary)
+    result = CounterfactualResult(configurations, accuracies=(90.0, 85.5, 91.25, 80.0),
+                                  losses=(1.5, 1.75, 1.375, 2.0))
+    assert result.loss_contributions == {"r0c0": 0.25, "r0c2": -0.125}
 
 
 def test_episode_measures_the_shadow_of_a_training_seed() -> None:
@@ -202,10 +213,59 @@ def test_episode_measures_the_shadow_of_a_training_seed() -> None:
     from morphogen.env.actions import Action, Op
     from morphogen.env.episode import EpisodeConfig, MorphogenesisEpisode
 
-    episode = MorphogenesisEpisode(load_task("digits", max_train_samples=128), EpisodeConfig(max_epochs=3))
+    config = EpisodeConfig(max_epochs=3, counterfactuals=CounterfactualSchedule.EVERY_EPOCH)
+    episode = MorphogenesisEpisode(load_task("digits", max_train_samples=128), config)
     episode.reset()
     result = episode.step(Action(Op.GERMINATE, "r0c1", "conv_light"))
     training = next(slot for slot in result.snapshot.slots if slot.slot_id == "r0c1")
     assert training.stage.value == "training"
     assert training.contribution is not None  # measured, even though the seed's output is not added yet
     assert episode.model.slot("r0c1").signals.contribution == training.contribution
+
+
+def test_a_plan_can_ablate_some_seeds_and_leave_all_off_out() -> None:
+    configurations = alpha_configurations(SLOTS, {"r0c0": 1.0, "r0c1": 1.0, "r0c2": 0.5}, ablate=("r0c1",),
+                                          all_off=False)
+    assert configurations.names == ("main", "without:r0c1") and configurations.ablated == ("r0c1",)
+    assert configurations.alphas[0] == (1.0, 1.0, 0.5)  # main keeps every seed at its alpha
+
+
+@pytest.mark.slow
+def test_for_decisions_measures_only_what_the_gates_and_the_heuristic_read_next() -> None:
+    """The shadow from the epoch before the blending gate may pass; a HOLDING seed's ablation; nothing else.
+
+    The seeds walk the same path as under EVERY_EPOCH: training reads no measurement, so the models and
+    every measurement taken are identical; only configurations no decision reads are left out.
+    """
+    from morphogen.core.lifecycle import GateConfig, Stage
+    from morphogen.core.slot import SlotConfig
+    from morphogen.data import load_task
+    from morphogen.env.actions import Action, Op
+    from morphogen.env.episode import EpisodeConfig, MorphogenesisEpisode
+
+    task = load_task("digits", max_train_samples=128)
+    gates = GateConfig(min_training_epochs=3, strict_min_improvement=-100.0, strict_min_gradient_ratio=0.0)
+    actions = [Action(Op.GERMINATE, "r0c1", "conv_light", blend_epochs=3), *[Action()] * 3, Action(Op.ADVANCE, "r0c1"),
+               *[Action()] * 5]
+    measured: dict[CounterfactualSchedule, list[dict[str, float]]] = {}
+    for schedule in CounterfactualSchedule:
+        config = EpisodeConfig(max_epochs=len(actions), counterfactuals=schedule,
+                               slots=SlotConfig(gates=gates))
+        episode = MorphogenesisEpisode(task, config, seed=0)
+        episode.reset()
+        stages, measured[schedule] = [], []
+        for action in actions:
+            episode.step(action)
+            measured[schedule].append({slot: value for slot, value in episode.contributions.items()
+                                       if value is not None})
+            stages.append(episode.model.slot("r0c1").stage)
+    # Validation sees TRAINING in epochs 1-4, BLENDING in 5-7 (alpha 0, 1/3, 2/3), HOLDING in 8-10.
+    assert stages == [Stage.TRAINING] * 4 + [Stage.BLENDING] * 2 + [Stage.HOLDING] * 4
+    every, needed = measured[CounterfactualSchedule.EVERY_EPOCH], measured[CounterfactualSchedule.FOR_DECISIONS]
+    # Every epoch but the first of BLENDING, whose alpha was still 0 when validation ran.
+    assert [bool(epoch) for epoch in every] == [True] * 4 + [False] + [True] * 5
+    # TRAINING: the shadow from its third epoch on (2 epochs counted when validation runs); BLENDING: only
+    # in the epoch whose tick ends the ramp (the fossilize gate may read it right after); HOLDING: every epoch.
+    assert [bool(epoch) for epoch in needed] == [False, False, True, True, False, False, True, True, True, True]
+    for every_epoch, for_decisions in zip(every, needed, strict=True):
+        assert all(every_epoch[slot] == value for slot, value in for_decisions.items())

@@ -28,7 +28,8 @@ def digits() -> Task:
 
 def test_heuristic_episode_grows_and_writes_its_events(digits: Task, tmp_path: Path) -> None:
     config = EpisodeConfig(max_epochs=8)
-    eager = HeuristicConfig(warmup_epochs=1, plateau_epochs=1, plateau_threshold=100.0, min_training_epochs=2)
+    eager = HeuristicConfig(warmup_epochs=1, plateau_epochs=1, plateau_threshold=100.0, min_training_epochs=2,
+                            choice="rotation")  # the choice by growth signals: tests/control/test_growth_choice.py
     with Telemetry(tmp_path, level="normal") as telemetry:
         episode = MorphogenesisEpisode(digits, config, seed=0, slots=["r0c1"], telemetry=telemetry)
         episode.reset()
@@ -81,7 +82,8 @@ def test_fixed_actions_walk_a_seed_to_fossilized(digits: Task) -> None:
     assert slot.alpha.alpha == 1.0
     snapshot = result.snapshot
     assert snapshot.active_parameters == snapshot.host_parameters + slot.seed_parameter_count()
-    assert snapshot.slots[0].contribution is not None
+    # Measured while HOLDING, where the fossilize decision reads it; no decision reads a fossilized seed's.
+    assert snapshot.slots[0].contribution is None and slot.signals.contribution is not None
 
     path = [(e.from_stage, e.to_stage) for e in episode.history if isinstance(e, events.StageTransition)]
     assert path == [("dormant", "germinated"), ("germinated", "training"), ("training", "blending"),

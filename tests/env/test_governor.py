@@ -20,7 +20,8 @@ from morphogen.data import Task, load_task
 from morphogen.env.actions import Action, Op
 from morphogen.env.episode import EpisodeConfig, MorphogenesisEpisode
 from morphogen.env.governor import DivergenceError, Governor, GovernorConfig
-from morphogen.env.training import ModelTrainer, OptimizerConfig
+from morphogen.env.optimizer import OptimizerConfig
+from morphogen.env.training import HostAndSeedTrainer
 from morphogen.telemetry import events
 
 PERMISSIVE_SLOTS = SlotConfig(gates=GateConfig(mode=GateMode.PERMISSIVE, min_training_epochs=0), blend_epochs=0)
@@ -196,7 +197,7 @@ def test_momentum_reset_after_rollback_lets_a_fossilized_seed_train_on() -> None
     """A NaN epoch leaves NaN momentum in every optimizer, fossilized seeds' included; the reset must clear all."""
     model = tiny_model()
     fossilize(model, "r0c0")
-    trainer = ModelTrainer(model, OptimizerConfig(), IsolationMonitor())
+    trainer = HostAndSeedTrainer(model, OptimizerConfig(), IsolationMonitor())
     governor = Governor(model)
     generator = torch.Generator().manual_seed(1)
     inputs = torch.randn(8, 1, 8, 8, generator=generator)
@@ -305,7 +306,7 @@ def test_rollbacks_back_off_what_diverged_and_give_up_after_n_in_a_row() -> None
 
 def test_back_off_halves_the_host_or_every_seed_learning_rate() -> None:
     model = tiny_model()
-    trainer = ModelTrainer(model, OptimizerConfig(host_lr=0.1, seed_lr=0.2), IsolationMonitor())
+    trainer = HostAndSeedTrainer(model, OptimizerConfig(host_lr=0.1, seed_lr=0.2), IsolationMonitor())
     trainer.back_off("host", 0.5)
     assert trainer.host_optimizer.param_groups[0]["lr"] == pytest.approx(0.05)
     model.germinate("r0c1", "conv_light", epoch=0)

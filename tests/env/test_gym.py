@@ -87,8 +87,8 @@ def test_reset_observation_and_masks_match_the_spaces(env: MorphogenesisEnv) -> 
     by_op = info["action_mask_by_op"]
     assert by_op[0].shape == (len(Op),)
     assert [mask.shape for mask in by_op[1:]] == [(len(Op), int(size)) for size in nvec[1:]]
-    # Untrained host, empty slots: only WAIT and GERMINATE are legal, on every slot.
-    np.testing.assert_array_equal(info["action_mask"][0], [1, 1, 0, 0, 0, 0])
+    # Untrained host, empty slots: only WAIT, GERMINATE (on every slot) and GROW are legal.
+    np.testing.assert_array_equal(info["action_mask"][0], [1, 1, 0, 0, 0, 0, 1])
     np.testing.assert_array_equal(info["action_mask"][1], np.ones(len(env.slot_ids), dtype=np.int8))
     assert info["epoch"] == 0
 

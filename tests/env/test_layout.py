@@ -31,6 +31,9 @@ def test_places_and_costs_of_a_three_block_image_host() -> None:
     assert layout.blueprint_flops[0][layout.blueprints.index("norm")] == 0
     assert layout.blueprint_parameters[0][heavy] == 2 * (4 * 4 * 9 + 4) + 2 * 2 * 4
     assert layout.host_flops > 0
+    # A widening seed is counted at its slot's layers: as many new channels as the slot has (4 at r0c0).
+    wider = layout.blueprints.index("wider")
+    assert layout.blueprint_parameters[0][wider] > 0 and layout.blueprint_flops[0][wider] > 0
     # Measuring ran the host in evaluation mode: no running statistic moved, and the mode came back.
     assert host.training and all(torch.equal(a, b) for a, b in zip(statistics, host.buffers(), strict=True))
 
@@ -41,3 +44,7 @@ def test_a_transformer_host_keeps_every_token_at_every_slot() -> None:
     assert [place.resolution_fraction for place in layout.places.values()] == [1.0, 1.0]
     assert [place.width_fraction for place in layout.places.values()] == [1.0, 1.0]
     assert all(flops > 0 for flops in layout.blueprint_flops[0][1:])
+    # A copy of the block before the slot costs what a whole block does.
+    names = layout.blueprints
+    parameters = layout.blueprint_parameters[0]
+    assert parameters[names.index("block_copy")] == parameters[names.index("block")] > 0

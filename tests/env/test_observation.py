@@ -18,7 +18,6 @@ from morphogen.env.observation import (
     BLUEPRINT_SIZE,
     GLOBAL_FEATURES,
     GLOBAL_SIZE,
-    HISTORY_LENGTH,
     LOG_RATIO_LIMIT,
     MAGNITUDE_CEILING,
     SLOT_FEATURES,
@@ -28,7 +27,7 @@ from morphogen.env.observation import (
     encode_observation,
     loss_ratio,
 )
-from morphogen.env.snapshot import EpisodeSnapshot, SlotSnapshot
+from morphogen.env.snapshot import HISTORY_LENGTH, EpisodeSnapshot, SlotSnapshot
 
 SLOT_IDS = ("r0c0", "r0c1")
 
@@ -233,8 +232,8 @@ def test_flops_of_a_host_nobody_counted_are_unmeasured() -> None:
 
 
 def test_bad_last_op_and_blueprint_table_raise() -> None:
-    with pytest.raises(ValueError, match="last_op=6"):
-        encode_observation(make_snapshot(last_op=6))
+    with pytest.raises(ValueError, match="last_op=7"):
+        encode_observation(make_snapshot(last_op=7))
     with pytest.raises(ValueError, match="one row of 2 counts per slot"):
         encode_observation(make_snapshot(blueprints=("norm", "lora"), blueprint_parameters=((1, 2),)))
 

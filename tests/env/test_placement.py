@@ -20,7 +20,7 @@ from morphogen.core.isolation import IsolationMonitor
 from morphogen.data import Task, load_task
 from morphogen.env.episode import EpisodeConfig
 from morphogen.env.placement import DevicePlacement
-from morphogen.env.training import ModelTrainer
+from morphogen.env.training import HostAndSeedTrainer
 from morphogen.env.vector import VectorEpisodes
 
 CPU, META = torch.device("cpu"), torch.device("meta")
@@ -36,7 +36,7 @@ def build_without_validating(vector: VectorEpisodes) -> None:
     for episode in vector.episodes:
         episode.model = episode.build_model()
         episode.monitor = IsolationMonitor(device=episode.device)
-        episode.trainer = ModelTrainer(episode.model, episode.optimizer_config, episode.monitor)
+        episode.trainer = HostAndSeedTrainer(episode.model, episode.optimizer_config, episode.monitor)
 
 
 def test_envs_go_round_robin_and_build_everything_on_their_device(digits: Task) -> None:

@@ -1,11 +1,10 @@
-"""The host's and seeds' optimizers (env/training.py): SGD or AdamW, per-task defaults, governor hooks."""
+"""Training host and seeds (env/training.py) with SGD or AdamW: isolation of the shadow, governor hooks."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from morphogen.config import ConfigError
 from morphogen.core.hosts import CNNHost
 from morphogen.core.isolation import IsolationMonitor
 from morphogen.core.lifecycle import GateConfig, GateMode, Stage
@@ -13,7 +12,8 @@ from morphogen.core.model import MorphogeneticModel
 from morphogen.core.slot import SlotConfig
 from morphogen.data import DEFAULT_OPTIMIZERS, load_task
 from morphogen.env.episode import EpisodeConfig, MorphogenesisEpisode
-from morphogen.env.training import ModelTrainer, OptimizerConfig, task_optimizer_config
+from morphogen.env.optimizer import OptimizerConfig
+from morphogen.env.training import HostAndSeedTrainer
 
 ADAMW = OptimizerConfig(name="adamw", host_lr=1e-2, seed_lr=1e-2, host_weight_decay=0.1)
 
@@ -34,26 +34,14 @@ def training_seed(model: MorphogeneticModel) -> None:
     assert slot.advance(0).passed and slot.stage is Stage.TRAINING
 
 
-@pytest.mark.parametrize(("values", "message"), [
-    ({"name": "adam"}, "name must be one of sgd, adamw, got 'adam'"),
-    ({"betas": (0.9, 1.0)}, "betas must be two numbers in [0, 1)"),
-    ({"betas": (0.9,)}, "betas must be two numbers in [0, 1)"),
-    ({"eps": 0.0}, "eps must be > 0"),
-    ({"host_lr": -1.0}, "host_lr must be > 0"),
-])
-def test_optimizer_config_rejects_bad_values(values: dict[str, object], message: str) -> None:
-    with pytest.raises(ValueError, match=message.replace("[", r"\[").replace("(", r"\(").replace(")", r"\)")):
-        OptimizerConfig(**values)  # type: ignore[arg-type]
-
-
 def test_adamw_host_steps_exactly_as_without_the_training_seed() -> None:
     """Host and seed each get their own AdamW over their own parameters; a TRAINING seed changes nothing the
     host does (its parameters after a step are bit-identical to a seedless model's), and it learns itself."""
     inputs, targets = batch()
     plain, grown = small_model(), small_model()
     training_seed(grown)
-    plain_trainer = ModelTrainer(plain, ADAMW, IsolationMonitor())
-    trainer = ModelTrainer(grown, ADAMW, IsolationMonitor())
+    plain_trainer = HostAndSeedTrainer(plain, ADAMW, IsolationMonitor())
+    trainer = HostAndSeedTrainer(grown, ADAMW, IsolationMonitor())
     seed = grown.slot("r0c0").seed
     assert seed is not None
     seed_before = [p.detach().clone() for p in seed.parameters()]
@@ -75,7 +63,7 @@ def test_adamw_host_steps_exactly_as_without_the_training_seed() -> None:
 
 def test_back_off_and_momentum_reset_work_on_adamw() -> None:
     model = small_model()
-    trainer = ModelTrainer(model, ADAMW, IsolationMonitor())
+    trainer = HostAndSeedTrainer(model, ADAMW, IsolationMonitor())
     training_seed(model)
     trainer.train_batch(*batch())
     seed_optimizer = trainer.seed_optimizers["r0c0"][1]
@@ -91,17 +79,6 @@ def test_back_off_and_momentum_reset_work_on_adamw() -> None:
     assert float(state["step"]) == 1.0
 
 
-def test_text_defaults_to_adamw_and_a_table_layers_over_the_task_default() -> None:
-    text = task_optimizer_config("text")
-    assert text.name == "adamw" and text.host_lr == DEFAULT_OPTIMIZERS["text"]["host_lr"]
-    assert task_optimizer_config("digits") == OptimizerConfig()  # the image tasks keep SGD
-    tuned = task_optimizer_config("text", {"host_lr": 5e-4})
-    assert tuned.name == "adamw" and tuned.host_lr == 5e-4 and tuned.seed_lr == text.seed_lr
-    assert task_optimizer_config("text", {"name": "sgd"}) == OptimizerConfig()  # no AdamW lr leaks into SGD
-    with pytest.raises(ConfigError, match=r"^episode\.optimizer\.name: must be one of sgd, adamw, got 'lion'$"):
-        task_optimizer_config("text", {"name": "lion"})
-
-
 def test_text_episode_trains_with_adamw_unless_the_config_says_otherwise() -> None:
     task = load_task("text", max_train_samples=64, host={"d_model": 16, "n_layers": 2, "block_size": 16})
     episode = MorphogenesisEpisode(task, EpisodeConfig(max_epochs=1))
@@ -111,3 +88,39 @@ def test_text_episode_trains_with_adamw_unless_the_config_says_otherwise() -> No
     chosen = MorphogenesisEpisode(task, EpisodeConfig(max_epochs=1, optimizer=OptimizerConfig()))
     chosen.reset()
     assert isinstance(chosen.trainer.host_optimizer, torch.optim.SGD)
+
+
+def test_a_new_seed_starts_with_fresh_optimizer_state_and_a_rewarmed_learning_rate() -> None:
+    """The host has trained (its AdamW holds moments and a step count); a seed germinated now gets an optimizer
+    of its own with empty state, and its rate climbs seed_lr/4, /2, 3/4, then seed_lr over its first 4 steps."""
+    model = small_model()
+    config = OptimizerConfig(name="adamw", host_lr=1e-2, seed_lr=2e-2, seed_warmup_steps=4)
+    trainer = HostAndSeedTrainer(model, config, IsolationMonitor())
+    for _ in range(3):
+        trainer.train_batch(*batch())
+    training_seed(model)
+    trainer.sync_seed_optimizers()
+    seed_optimizer = trainer.seed_optimizers["r0c0"][1]
+    assert not seed_optimizer.state and trainer.warming_up()
+    rates = []
+    for _ in range(6):
+        trainer.train_batch(*batch())
+        rates.append(seed_optimizer.param_groups[0]["lr"])
+    assert rates == pytest.approx([5e-3, 1e-2, 1.5e-2, 2e-2, 2e-2, 2e-2])
+    assert not trainer.warming_up()
+    seed_step = seed_optimizer.state[model.seed_parameters("r0c0")[0]]["step"]
+    host_step = trainer.host_optimizer.state[model.host_parameters()[0]]["step"]
+    assert (float(seed_step), float(host_step)) == (6.0, 9.0)  # the seed's moments began with the seed
+    assert trainer.host_optimizer.param_groups[0]["lr"] == 1e-2  # the host's rate is not re-warmed
+
+
+def test_a_backed_off_seed_warms_up_to_its_backed_off_rate() -> None:
+    model = small_model()
+    trainer = HostAndSeedTrainer(model, OptimizerConfig(seed_lr=0.1, seed_warmup_steps=2), IsolationMonitor())
+    trainer.back_off("seeds", 0.5)
+    training_seed(model)
+    rates = []
+    for _ in range(3):
+        trainer.train_batch(*batch())
+        rates.append(trainer.seed_optimizers["r0c0"][1].param_groups[0]["lr"])
+    assert rates == pytest.approx([0.025, 0.05, 0.05])

@@ -15,7 +15,7 @@ from morphogen.data import Task, load_task
 from morphogen.env.actions import Action, Op
 from morphogen.env.episode import EpisodeConfig, MorphogenesisEpisode
 from morphogen.env.seeding import derive_seed
-from morphogen.env.training import ModelTrainer
+from morphogen.env.training import HostAndSeedTrainer
 from morphogen.env.vector import VectorEpisodes
 from morphogen.telemetry.config import TelemetryConfig
 
@@ -30,19 +30,19 @@ def digits() -> Task:
     return load_task("digits", max_train_samples=200)
 
 
-Call = tuple[ModelTrainer, Tensor, Tensor]
+Call = tuple[HostAndSeedTrainer, Tensor, Tensor]
 
 
 def record_batches(monkeypatch: pytest.MonkeyPatch) -> list[Call]:
-    """Make `ModelTrainer.train_batch` record which trainer got which batch (then train as usual)."""
+    """Make `HostAndSeedTrainer.train_batch` record which trainer got which batch (then train as usual)."""
     calls: list[Call] = []
-    original = ModelTrainer.train_batch
+    original = HostAndSeedTrainer.train_batch
 
-    def recording(trainer: ModelTrainer, inputs: Tensor, targets: Tensor) -> None:
+    def recording(trainer: HostAndSeedTrainer, inputs: Tensor, targets: Tensor) -> None:
         calls.append((trainer, inputs, targets))
         original(trainer, inputs, targets)
 
-    monkeypatch.setattr(ModelTrainer, "train_batch", recording)
+    monkeypatch.setattr(HostAndSeedTrainer, "train_batch", recording)
     return calls
 
 

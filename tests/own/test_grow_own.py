@@ -4,15 +4,18 @@ from __future__ import annotations
 
 import io
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+import torch
 import user_tasks
-from models import ResNet, eager_config, quadrant_images
+from models import ResNet, blobs, eager_config, mlp, quadrant_images
 
 import morphogen
 from morphogen.cli import EXIT_USER_ERROR, main
-from morphogen.core.lifecycle import BLENDED_STAGES
+from morphogen.core.plain import KEPT_STAGES
+from morphogen.export import example_input_of, rebuild_run
 
 HERE = Path(__file__).resolve().parent
 EAGER = HERE / "eager.toml"
@@ -23,17 +26,29 @@ def grown_seeds(result: morphogen.RunResult) -> list[str]:
     return [story.blueprint for story in result.grown.stories if "training" in story.stages]
 
 
-@pytest.mark.parametrize("make", [user_tasks.resnet, user_tasks.gpt, user_tasks.mlp_regression])
-def test_each_users_model_grows_a_seed_through_the_public_api(make: object, tmp_path: Path) -> None:
+@pytest.mark.parametrize(("make", "slot"), [(user_tasks.resnet, "layer1"), (user_tasks.gpt, "blocks_0"),
+                                            (user_tasks.mlp_regression, "1")])
+def test_each_users_model_grows_a_seed_and_exports_through_the_public_api(
+        make: object, slot: str, tmp_path: Path, run_without_morphogen: Callable[..., list[torch.Tensor]]) -> None:
     made = make()  # type: ignore[operator]
     task, host = made if isinstance(made, tuple) else (made, None)
-    result = morphogen.grow(task, host, run_dir=str(tmp_path / "run"), config=eager_config(epochs=4), out=io.StringIO())
+    # One slot, 5 epochs: its seed trains, blends in and ends HOLDING (no other seed is left BLENDING).
+    result = morphogen.grow(task, host, run_dir=str(tmp_path / "run"), config=eager_config(epochs=5, slots=(slot,)),
+                            out=io.StringIO())
     assert grown_seeds(result), "no seed trained"
-    assert any(slot.stage in BLENDED_STAGES for slot in result.model.slots()) or result.grown.stories
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["grown"]["seeds"]
     config = json.loads((tmp_path / "run" / "config.json").read_text())
     assert config["task"] == "python" and config["task_name"] == task.name
+    # Export: the kept seeds folded in, loaded and run where morphogen cannot be imported, on another batch size.
+    assert any(slot.stage in KEPT_STAGES for slot in result.model.slots()), "no seed to fold in"
+    inputs = next(iter(task.validation.iterate_batches(5, shuffle=False)))[0][:5]
+    files = [morphogen.export_model(result.model, inputs[:2], tmp_path / "grown.pt2"),
+             morphogen.export_model(result.model, inputs[:2], tmp_path / "grown.onnx", format="onnx")]
+    with torch.no_grad():
+        expected = result.model.eval()(inputs)
+    for outputs in run_without_morphogen(files, inputs):
+        torch.testing.assert_close(outputs, expected, rtol=0, atol=1e-5)
 
 
 def test_grow_compares_with_no_growth_and_from_scratch_on_a_users_resnet(tmp_path: Path) -> None:
@@ -47,6 +62,21 @@ def test_grow_compares_with_no_growth_and_from_scratch_on_a_users_resnet(tmp_pat
     assert "grown" in table and "no growth" in table and "final val accuracy" in table
     if result.model.architecture():
         assert result.from_scratch is not None and result.from_scratch.parameters == result.grown.parameters
+
+
+def test_the_users_own_module_holds_the_grown_host_weights_after_growth(tmp_path: Path) -> None:
+    train, validation = blobs(96, 0), blobs(48, 1)
+    net = mlp()
+    initial = {name: value.clone() for name, value in net.state_dict().items()}
+    host = morphogen.host_from_module(net, ["1"], example_input=train[0][:2])
+    task = morphogen.task_from_data("blobs", train, validation, num_classes=3, batch_size=32)
+    result = morphogen.grow(task, host, run_dir=str(tmp_path / "run"), config=eager_config(epochs=2), out=io.StringIO())
+    grown_host = result.model.host.state_dict()
+    for name, value in net.state_dict().items():  # the user's own keys, holding the trained host's values
+        assert not torch.equal(value, initial[name]), f"{name} was not trained"
+    assert all(torch.equal(value, grown_host[name]) for name, value in host.state_dict().items())
+    with torch.no_grad():
+        torch.testing.assert_close(net.eval()(validation[0]), result.model.host.eval()(validation[0]), rtol=0, atol=0)
 
 
 def test_the_users_metric_names_the_score(tmp_path: Path) -> None:
@@ -80,6 +110,15 @@ def test_run_grows_a_users_task_named_by_import_path(function: str, name: str, t
     first = json.loads((run_dir / "summary.json").read_text())["grown"]
     again = json.loads((tmp_path / "again" / "summary.json").read_text())["grown"]
     assert again["final_accuracy"] == first["final_accuracy"] and again["parameters"] == first["parameters"]
+    # Export rebuilds the host through the import path; a seed still BLENDING after 4 epochs is left out.
+    assert main(["export", str(run_dir), "--leave-out-blending"]) == 0, capsys.readouterr().err
+    model, task = rebuild_run(run_dir)
+    assert task is not None
+    inputs = example_input_of(task, 3)
+    with torch.no_grad():
+        expected = morphogen.grown_network(model, leave_out_blending=True)(inputs)
+        torch.testing.assert_close(torch.export.load(run_dir / "model.pt2").module()(inputs), expected,
+                                   rtol=0, atol=1e-5)
 
 
 @pytest.mark.parametrize(("task", "message"), [
@@ -89,6 +128,7 @@ def test_run_grows_a_users_task_named_by_import_path(function: str, name: str, t
     ("no_such_module:make", "task: cannot import 'no_such_module' for no_such_module:make: ModuleNotFoundError"),
     ("user_tasks:wrong_shapes", "task 'wrong': the model and its loss failed on the validation data: RuntimeError"),
     ("user_tasks:vector_loss", "the task's loss must return a scalar tensor (the batch mean), returned (64,)"),
+    ("user_tasks:nan_loss", "task 'nan': the loss or metric is not finite on the validation data before training"),
     ("user tasks:make", "task: 'user tasks:make' is neither a built-in task nor an import path"),
 ])
 def test_a_bad_task_function_is_one_line_and_exit_2_and_writes_nothing(

@@ -64,3 +64,11 @@ def vector_loss() -> Task:
     host = morphogen.host_from_module(mlp(), ["1"], example_input=train[0][:2])
     return morphogen.task_from_data("vector", train, train, host=host,
                                     loss=lambda outputs, targets: (outputs - outputs).sum(-1))
+
+
+def nan_loss() -> Task:
+    """A loss that is not a number (a log of a negative value, say)."""
+    train = blobs(64, 0)
+    host = morphogen.host_from_module(mlp(), ["1"], example_input=train[0][:2])
+    return morphogen.task_from_data("nan", train, train, host=host,
+                                    loss=lambda outputs, targets: outputs.mean() * float("nan"))

@@ -26,7 +26,7 @@ def test_controller_escalates_for_n_epochs_then_returns() -> None:
     assert up == LevelChanged(2, ALL_ENVS, from_level="normal", to_level="debug", reason="anomaly: kl_spike")
     assert controller.level == "debug"
     assert controller.end_epoch(epoch=3) is None and controller.end_epoch(epoch=4) is None
-    assert controller.level == "debug" and controller.epochs_left == 1
+    assert controller.level == "debug" and controller.state_dict() == {"epochs_left": 1}
     down = controller.end_epoch(epoch=5)
     assert down is not None and (down.from_level, down.to_level, down.epoch) == ("debug", "normal", 5)
     assert "3 epochs" in down.reason
@@ -56,7 +56,7 @@ def test_controller_state_round_trip_and_validation() -> None:
     controller.end_epoch(epoch=1)
     restored = TelemetryLevelController("normal", escalation_epochs=5)
     restored.load_state_dict(controller.state_dict())
-    assert restored.level == "debug" and restored.epochs_left == 4
+    assert restored.level == "debug" and restored.state_dict() == {"epochs_left": 4}
     with pytest.raises(ValueError, match=r"epochs_left must be in \[0, 5\]"):
         restored.load_state_dict({"epochs_left": 6})
     with pytest.raises(ValueError, match="escalation_epochs must be >= 0"):

@@ -25,7 +25,7 @@ def test_rms_per_sample_by_hand() -> None:
     assert report.hidden_rms_max == pytest.approx(0.5)
     assert report.cell_rms_mean == pytest.approx(2.25)
     assert report.cell_rms_max == pytest.approx(2.5)
-    assert report.non_finite == 0 and report.healthy
+    assert report.non_finite == 0 and not report.exploding and not report.vanishing
     event = report.event(epoch=7, env_id=-1)
     assert event.cell_rms_max == report.cell_rms_max and event.epoch == 7
 
@@ -41,7 +41,7 @@ def test_vanishing_needs_every_sample_below_the_threshold() -> None:
     # sample RMS: 1e-4 and sqrt(4e-6 / 2) ~ 1.41e-3
     assert not LSTMHealth(vanishing_threshold=1e-3).check(hidden, cell).vanishing
     report = LSTMHealth(vanishing_threshold=1.5e-3).check(hidden, cell)
-    assert report.vanishing and not report.healthy
+    assert report.vanishing and not report.exploding
 
 
 @pytest.mark.parametrize("bad", [math.nan, math.inf, -math.inf])
@@ -49,7 +49,6 @@ def test_non_finite_entries_are_counted(bad: float) -> None:
     hidden, cell = _states([[0.5, bad]], [[bad, bad]])
     report = LSTMHealth().check(hidden, cell)
     assert report.non_finite == 3
-    assert not report.healthy
     assert not report.vanishing
 
 

@@ -4,8 +4,10 @@ last line go, everything the checkpoint saw stays byte for byte."""
 from __future__ import annotations
 
 import json
+import tracemalloc
 from pathlib import Path
 
+from morphogen.run_directory import MAX_LINE_BYTES
 from morphogen.telemetry.resume import cut_events_to_round
 
 
@@ -46,3 +48,19 @@ def test_a_file_without_the_rounds_of_the_checkpoint_is_all_newer(tmp_path: Path
 def test_a_missing_file_stays_missing(tmp_path: Path) -> None:
     assert cut_events_to_round(tmp_path / "events.jsonl", 3) == 0
     assert not (tmp_path / "events.jsonl").exists()
+
+
+def test_a_huge_line_is_stepped_over_in_bounded_memory(tmp_path: Path) -> None:
+    """A copied run's events may hold a line of any length: the cut reads at most MAX_LINE_BYTES of it at once."""
+    path = tmp_path / "events.jsonl"
+    huge = line("epoch_completed", action="x" * (16 * MAX_LINE_BYTES))
+    kept = round_lines(1) + huge + round_lines(2)
+    path.write_text(kept + round_lines(3))
+    tracemalloc.start()
+    try:
+        cut_events_to_round(path, 2)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert path.read_text() == kept
+    assert peak < 4 * MAX_LINE_BYTES, f"{peak:,} bytes held for a {len(huge):,}-byte line"

@@ -37,3 +37,15 @@ def test_stories_follow_each_seed_from_germination_to_its_end():
     assert (second.env_id, second.outcome, second.outcome_epoch, second.contribution) == (1, "pruned", 14, None)
     assert "embargoed" not in second.stages
     assert (third.blueprint, third.outcome, third.stages) == ("attention", "alive", {})
+
+
+def test_stories_carry_the_loss_a_seed_removes_before_and_after_blending():
+    shadow = CounterfactualMeasured(epoch=5, env_id=0, configs=("main", "with:r0c0"), accuracies=(50.0, 50.25),
+                                    losses=(1.5, 1.375), contributions=(("r0c0", 0.25),))
+    blended = CounterfactualMeasured(epoch=8, env_id=0, configs=("main", "without:r0c0"), accuracies=(52.0, 49.0),
+                                     losses=(1.25, 1.75), contributions=(("r0c0", 3.0),))
+    history = [move(3, "r0c0", "block", "dormant", "germinated"), move(3, "r0c0", "block", "germinated", "training"),
+               shadow, move(6, "r0c0", "block", "training", "blending"), blended]
+    (story,) = seed_stories(history)
+    assert (story.predicted_contribution, story.predicted_loss_contribution) == (0.25, 0.125)
+    assert (story.contribution, story.loss_contribution) == (3.0, 0.5)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import jsonschema
 
-from morphogen.telemetry.events import SCHEMA_VERSION, GovernorRollback
+from morphogen.telemetry.events import GovernorRollback
 from morphogen.telemetry.schema import events_json_schema
 from morphogen.telemetry.sinks import JsonLinesSink, read_events
 
@@ -39,12 +39,3 @@ def test_non_finite_floats_are_tokens_that_strict_readers_accept_and_the_schema_
     first, second = read_events(path)
     assert isinstance(first, GovernorRollback) and isinstance(second, GovernorRollback)
     assert math.isnan(first.loss) and first.threshold == math.inf and second.loss == -math.inf
-
-
-def test_version_1_records_with_bare_nan_are_still_read(tmp_path: Path) -> None:
-    path = tmp_path / "events.jsonl"
-    path.write_text('{"time": 1.0, "event": "governor_rollback", "schema_version": 1, "epoch": 1, "env_id": 0, '
-                    '"reason": "r", "loss": NaN, "threshold": Infinity, "pruned_slots": []}\n')
-    (event,) = read_events(path)
-    assert isinstance(event, GovernorRollback) and math.isnan(event.loss) and event.threshold == math.inf
-    assert SCHEMA_VERSION == 2

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 import torch
+from torch.profiler import ProfilerAction
 
 from morphogen.config import ConfigError, build_config
 from morphogen.telemetry.anomalies import Anomaly, AnomalyDetector, PPODiagnostics
@@ -81,7 +82,8 @@ def _sink_types(config: TelemetryConfig, run_dir: Path) -> list[str]:
 
 def _recorded_steps(config: TelemetryConfig, run_dir: Path) -> tuple[bool, list[bool]]:
     profiler = TraceProfiler.from_config(run_dir, config)
-    return profiler.enabled, [profiler.recording(step) for step in range(8)]
+    recorded = (ProfilerAction.RECORD, ProfilerAction.RECORD_AND_SAVE)
+    return profiler.enabled, [profiler.schedule(step) in recorded for step in range(8)]
 
 
 def _layer_statistics_enabled(config: TelemetryConfig, _: Path) -> bool:

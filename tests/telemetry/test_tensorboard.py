@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+from morphogen.run_directory import RunDirectoryRefused
 from morphogen.telemetry.config import TelemetryConfig
 from morphogen.telemetry.events import (
     ALL_ENVS,
@@ -18,7 +19,7 @@ from morphogen.telemetry.events import (
     StageTransition,
 )
 from morphogen.telemetry.sinks import Telemetry
-from morphogen.telemetry.tensorboard import TensorBoardSink
+from morphogen.telemetry.tensorboard import TensorBoardSink, completed_epochs
 
 
 def _epoch(epoch: int, accuracy: float, env_id: int = 0) -> EpochCompleted:
@@ -92,3 +93,23 @@ def test_missing_tensorboard_says_how_to_install(tmp_path: Path, monkeypatch: py
     monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", None)
     with pytest.raises(ImportError, match=r"pip install 'morphogen\[tensorboard\]'"):
         TensorBoardSink(tmp_path / "tb")
+
+
+def test_a_resume_counts_past_epochs_over_damaged_lines(tmp_path: Path) -> None:
+    """The events of a copied run may hold damage: a resumed sink skips it instead of failing the run."""
+    with Telemetry(tmp_path, config=TelemetryConfig(tensorboard=False)) as telemetry:
+        telemetry.emit(EpisodeCompleted(3, 0, 60.0, 1100, 1000, 0, 0, 1.5))
+    with (tmp_path / "events.jsonl").open("a") as events:
+        events.write('{"event": "episode_completed", "env_id": "zero", "epoch": 2}\n[1, 2]\n{"episode_completed": \n'
+                     '{"event": "episode_completed", "env_id": 0, "epoch": 1e999}\n' + "[" * 100_000 + "\n")
+    assert completed_epochs(tmp_path / "events.jsonl") == {0: 3}
+
+
+def test_a_planted_tb_link_is_refused_before_anything_is_written(tmp_path: Path) -> None:
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "tb").symlink_to(elsewhere)
+    with pytest.raises(RunDirectoryRefused, match="symbolic link"):
+        Telemetry(tmp_path / "run", config=TelemetryConfig(tensorboard=True))
+    assert list(elsewhere.iterdir()) == []

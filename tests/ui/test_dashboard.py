@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import shutil
 from collections.abc import Callable
 from pathlib import Path
@@ -15,7 +16,7 @@ from morphogen.cli import main
 from morphogen.run_directory import EVENTS_FILENAME
 from morphogen.ui.dashboard import Dashboard
 from morphogen.ui.live_state import RunView
-from morphogen.ui.run_files import read_timed_events
+from morphogen.ui.run_files import EventTail
 
 POLL = 0.05
 
@@ -111,7 +112,7 @@ def test_keys_pause_help_detail_and_quit(grown_run: Path) -> None:
 
 
 def test_replay_feeds_a_finished_run_progressively(grown_run: Path) -> None:
-    total = len(read_timed_events(grown_run / EVENTS_FILENAME))
+    total = len(EventTail(grown_run / EVENTS_FILENAME).read_new(final=True))
     per_tick, slow_timer = 10, 600.0  # the timer never fires in the test: ticks are driven by hand
 
     async def drive() -> None:
@@ -136,7 +137,7 @@ def test_view_speed_and_eta_count_env_steps(trained_run: Path) -> None:
 
     view = RunView.from_config(json.loads((trained_run / "config.json").read_text()))
     assert (view.training, view.rounds_total, view.n_envs, view.episode_length) == (True, 2, 2, 4)
-    events = read_timed_events(trained_run / EVENTS_FILENAME)
+    events = EventTail(trained_run / EVENTS_FILENAME).read_new(final=True)
     half = [timed for timed in events][: len(events) // 2]
     for timed in half:
         view.apply(timed)
@@ -177,3 +178,22 @@ def test_damaged_input_is_skipped_and_strings_are_shown_as_text(grown_run: Path,
         assert app.return_code == 0
 
     asyncio.run(drive())
+
+
+def test_an_events_file_turned_unreadable_stops_the_dashboard_with_one_line(grown_run: Path, tmp_path: Path) -> None:
+    """A FIFO put in place of the events file while the dashboard follows it: one line and exit 2, no wait."""
+    run = tmp_path / "run"
+    shutil.copytree(grown_run, run)
+
+    async def drive() -> Dashboard:
+        app = Dashboard(run, poll_seconds=POLL)
+        async with app.run_test(size=(140, 40)) as pilot:
+            await _wait_for(pilot, lambda: bool(app.view.envs))
+            (run / EVENTS_FILENAME).unlink()
+            os.mkfifo(run / EVENTS_FILENAME)
+            await _wait_for(pilot, lambda: not app.is_running)
+        return app
+
+    app = asyncio.run(asyncio.wait_for(drive(), timeout=60))
+    assert app.return_code == 2
+    assert app.stopped_on == f"cannot read {run / EVENTS_FILENAME}: not a regular file"

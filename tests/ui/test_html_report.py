@@ -2,18 +2,24 @@
 
 from __future__ import annotations
 
+import json
 import math
 import re
 import shutil
 import subprocess
+import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from morphogen.cli import main
 from morphogen.telemetry.events import CounterfactualMeasured, EpochCompleted, SlotState
+from morphogen.telemetry.sinks import read_events
 from morphogen.telemetry.story import SeedStory
 from morphogen.ui.html_report import contribution_pairs, render_html, seed_segments
+from morphogen.ui.report import render_report
+from morphogen.ui.run_files import load_run_files
 from morphogen.ui.stages import STAGE_COLOURS
 from morphogen.ui.svg import nice_ticks
 
@@ -87,16 +93,30 @@ def test_html_of_a_run_is_self_contained_with_every_figure(grown_run: Path,
     page = (grown_run / "report.html").read_text()
     assert "<script" not in page and "<link" not in page and "@import" not in page
     assert re.findall(r"https?://[^\"' ]+", page) == ["http://www.w3.org/2000/svg"] * page.count("<svg ")
-    for title in ("validation accuracy", "parameters", "seeds by stage", "predicted (shadow) vs measured",
-                  "reward by component"):
+    for title in ("validation accuracy", "parameters", "seeds by stage", "predicted (shadow) vs measured"):
         assert title in page, title
-    assert "no growth" in page, "the baseline is drawn next to the grown run"
     assert page.count(STAGE_COLOURS["training"]) >= 2, "the timeline colours seeds by stage"
+
+
+def test_a_heuristic_runs_charts_hold_every_comparison_and_no_reward(grown_run: Path) -> None:
+    """The heuristic never reads a reward: its run shows none; the comparisons are curves next to the grown one."""
+    summary = json.loads((grown_run / "summary.json").read_text())
+    assert summary["controller"] == "heuristic" and summary["from_scratch"] is not None
+    page = render_html(grown_run)
+    assert "<h2>Reward</h2>" not in page and "reward by component" not in page
+    accuracy = page[page.index("validation accuracy"):page.index("</svg>", page.index("validation accuracy"))]
+    epochs = sum(isinstance(e, EpochCompleted) for e in read_events(grown_run / "from_scratch" / "events.jsonl"))
+    for name in ("grown", "no growth", "from scratch"):
+        assert f">{name}</text>" in accuracy, f"{name} is in the legend"
+    assert accuracy.count("<title>from scratch: ") == epochs > 0, "one point per epoch of the from-scratch run"
+    text = render_report(grown_run)
+    assert "reward by component" not in text and "; from scratch " in text.splitlines()[-1]
 
 
 def test_html_of_a_training_run_has_ppo_curves_per_round(trained_run: Path) -> None:
     page = render_html(trained_run)
-    for title in ("final accuracy per round", "PPO losses", "PPO KL and clipping", "policy entropy per head"):
+    for title in ("final accuracy per round", "PPO losses", "PPO KL and clipping", "policy entropy per head",
+                  "reward by component"):
         assert title in page, title
 
 
@@ -126,3 +146,32 @@ def test_chromium_draws_the_report_without_console_errors(grown_run: Path, tmp_p
     for stage in ("training", "blending"):
         hex_colour = STAGE_COLOURS[stage]
         assert tuple(int(hex_colour[i:i + 2], 16) for i in (1, 3, 5)) in drawn, f"{stage} bars are drawn"
+
+
+class CountedEvents(list):  # type: ignore[type-arg]
+    """A run's events that count how often a reader walks through them."""
+
+    walks = 0
+
+    def __iter__(self):  # type: ignore[no-untyped-def]
+        CountedEvents.walks += 1
+        return super().__iter__()
+
+
+@pytest.mark.parametrize("render", [render_html, render_report], ids=["html", "text"])
+def test_readers_walk_the_events_a_fixed_number_of_times(grown_run: Path, tmp_path: Path,
+                                                         monkeypatch: pytest.MonkeyPatch, render: Any) -> None:
+    """Not once per event: a 200,000-event run took minutes when every event walked all of them again."""
+    walks = []
+    for copies in (1, 10):
+        run = tmp_path / f"run{copies}"
+        shutil.copytree(grown_run, run)
+        (run / "events.jsonl").write_text((grown_run / "events.jsonl").read_text() * copies)
+        files = load_run_files(run)
+        files.events = CountedEvents(files.events)
+        module = sys.modules[render.__module__]
+        monkeypatch.setattr(module, "load_run_files", lambda _, loaded=files: loaded)
+        CountedEvents.walks = 0
+        render(run)
+        walks.append(CountedEvents.walks)
+    assert walks[0] == walks[1], walks

@@ -1,91 +1,135 @@
 """`morphogen list tasks|blueprints|slots`: what can be named on the command line, without provoking errors.
 
-Slots and blueprint sizes depend on the task's host, so both load the task (digits, the default, ships
-with scikit-learn; cifar10 needs `--data-dir`). The host is built on the `meta` device: listing costs
-no memory and no training.
+Slots and blueprint sizes depend on the task's host, and only on its size: a slot's width is a block's
+channels or the model width, never the number of classes, input channels or vocabulary that the data
+decides. So a built-in task's host is built from its default size alone, without its data (`cifar10`
+needs no `--data-dir` to be listed), on the `meta` device: listing costs no memory and no training.
+A user's task (`--task package.module:function`) is built by its function, which brings its own host.
+`list tasks` reads only `morphogen.data.catalog`: it loads no torch.
 """
 
 from __future__ import annotations
 
 import sys
-from typing import TextIO
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, TextIO
 
-from rich.console import Console
-from rich.table import Column, Table
+from morphogen.data.catalog import DEFAULT_HOST_SIZES, TASK_DESCRIPTIONS, TASK_NAMES, TASK_TOPOLOGIES
 
-from morphogen.core.blueprints import parameter_count, registry_table
-from morphogen.core.hosts import build_host
-from morphogen.data import TASK_NAMES, Task, load_task
-from morphogen.env.episode import task_host
-from morphogen.task_import import import_task, is_import_path
-from morphogen.ui.progress import LINE_WIDTH
+if TYPE_CHECKING:
+    from rich.console import Console
 
-TASK_DESCRIPTIONS = {
-    "digits": "scikit-learn's 8x8 handwritten digits, 10 classes (no download)",
-    "cifar10": "CIFAR-10 32x32 colour images, 10 classes (needs --data-dir with cifar-10-batches-py)",
-    "text": "character-level language model on the Python standard library's sources (or --text-file)",
-    "mnist1d": "MNIST-1D: 40-step 1D sequences, 10 classes, generated offline (Conv1dHost)",
-}
-"""One line per task for `list tasks`; a task without an entry is listed with its name only."""
+    from morphogen.core.hosts import SegmentedHost
+    from morphogen.core.model import MorphogeneticModel
 
 LISTINGS = ("tasks", "blueprints", "slots")
 
+#: Constructor arguments that a built-in task's data fixes; no slot's width depends on them, so listing
+#: builds the host with these stand-ins instead of loading the data.
+DATA_ARGUMENTS: dict[str, dict[str, int]] = {"cnn": {"num_classes": 2, "in_channels": 1},
+                                             "cnn1d": {"num_classes": 2, "in_channels": 1},
+                                             "transformer": {"vocab_size": 2}}
+
+
+@dataclass(frozen=True)
+class ListedHost:
+    """What a listing shows of a task's host: its task, topology and slot widths in execution order."""
+
+    task: str
+    topology: str
+    widths: dict[str, int]
+    host: SegmentedHost  # on the meta device for a built-in task: no memory
+
 
 def _console(out: TextIO) -> Console:
+    from rich.console import Console
+
+    from morphogen.ui.progress import LINE_WIDTH
+
     return Console(file=out, width=LINE_WIDTH, highlight=False)
 
 
-def slot_widths(task: Task, pool_slots: bool = False) -> dict[str, int]:
-    """Slot id -> channels (or model width) of every injection point of the task's host, in execution order."""
-    if task.host is not None:  # a user's host (`--task package.module:function`)
-        return dict(task_host(task, "cpu").injection_points)
-    host_kwargs: dict[str, int | bool] = dict(task.host_kwargs)
-    if task.topology == "cnn" and pool_slots:
-        host_kwargs["pool_slots"] = True
-    return dict(build_host(task.topology, device="meta", **host_kwargs).injection_points)
+def listed_host(task_name: str, pool_slots: bool = False) -> ListedHost:
+    """The host of a built-in task (from its default size, without data) or of a user's task (its function's)."""
+    from morphogen.core.hosts import build_host
+    from morphogen.data.errors import DataError
+    from morphogen.task_import import import_task, is_import_path
+
+    if is_import_path(task_name):
+        from morphogen.env.episode import task_host
+
+        task = import_task(task_name, seed=0, device="cpu")
+        host = task_host(task, "cpu", pool_slots=pool_slots)
+        return ListedHost(task.name, task.topology, dict(host.injection_points), host)
+    if task_name not in TASK_NAMES:
+        raise DataError(f"unknown task {task_name!r}; valid task names: {', '.join(TASK_NAMES)}")
+    topology = TASK_TOPOLOGIES[task_name]
+    arguments: dict[str, int | bool] = {**DATA_ARGUMENTS[topology], **DEFAULT_HOST_SIZES[task_name]}
+    if topology in ("cnn", "cnn1d") and pool_slots:  # as `task_host` builds a run's host
+        arguments["pool_slots"] = True
+    host = build_host(topology, device="meta", **arguments)
+    return ListedHost(task_name, topology, dict(host.injection_points), host)
 
 
 def list_tasks(out: TextIO) -> None:
+    from rich.table import Table
+
     table = Table("task", "what it is", box=None, pad_edge=False)
     for name in TASK_NAMES:
         table.add_row(name, TASK_DESCRIPTIONS.get(name, ""))
     _console(out).print(table)
 
 
-def list_slots(task: Task, pool_slots: bool, out: TextIO) -> None:
+def list_slots(host: ListedHost, out: TextIO) -> None:
+    from rich.table import Column, Table
+
     table = Table("slot", Column("width", justify="right"), box=None, pad_edge=False)
-    for slot, width in slot_widths(task, pool_slots).items():
+    for slot, width in host.widths.items():
         table.add_row(slot, str(width))
     console = _console(out)
-    console.print(f"slots of the {task.name} host ({task.topology}), in execution order:")
+    console.print(f"slots of the {host.task} host ({host.topology}), in execution order:")
     console.print(table)
 
 
-def list_blueprints(task: Task, pool_slots: bool, out: TextIO) -> None:
-    """Every blueprint of the task's topology with the parameters it adds in each slot."""
-    widths = slot_widths(task, pool_slots)
+def _seed_parameters(model: MorphogeneticModel, slot_id: str, blueprint: str) -> str:
+    """The parameters `blueprint` adds in `slot_id` (a widening one: given the layers around it), or "-" where
+    the slot has no layers to widen."""
+    from morphogen.core.blueprints import BlueprintKind, get_blueprint, parameter_count
+
+    slot = model.slot(slot_id)
+    if get_blueprint(model.topology, blueprint).kind is BlueprintKind.WIDEN and slot.width_site is None:
+        return "-"
+    return f"{parameter_count(model.topology, blueprint, slot.channels, site=slot.width_site):,}"
+
+
+def list_blueprints(host: ListedHost, out: TextIO) -> None:
+    """Every blueprint of the host's topology with the parameters it adds in each slot."""
+    from rich.table import Column, Table
+
+    from morphogen.core.blueprints import registry_table
+    from morphogen.core.model import MorphogeneticModel
+
+    model = MorphogeneticModel(host.host)
+    widths = host.widths
     first_width = next(iter(widths.values()))
     slot_columns = (Column(f"{slot} (w {width})", justify="right") for slot, width in widths.items())
     table = Table("blueprint", *slot_columns, "what it is", box=None, pad_edge=False)
-    for name, _, description in registry_table(task.topology, first_width):
-        counts = (f"{parameter_count(task.topology, name, width):,}" for width in widths.values())
-        table.add_row(name, *counts, description)
+    for name, _, description in registry_table(host.topology, first_width):
+        table.add_row(name, *(_seed_parameters(model, slot_id, name) for slot_id in widths), description)
     console = _console(out)
-    console.print(f"blueprints of the {task.name} host ({task.topology}): parameters each adds in each slot "
-                  "(w = slot width)")
+    console.print(f"blueprints of the {host.task} host ({host.topology}): parameters each adds in each slot "
+                  "(w = slot width; - where the slot has no layers around it to widen)")
     console.print(table)
 
 
-def list_command(what: str, *, task_name: str = "digits", pool_slots: bool = False, data_dir: str | None = None,
-                 text_file: str | None = None, out: TextIO | None = None) -> None:
+def list_command(what: str, *, task_name: str = "digits", pool_slots: bool = False, out: TextIO | None = None) -> None:
     """Print the listing `what` (one of LISTINGS) to `out` (default: `sys.stdout` at call time)."""
     out = sys.stdout if out is None else out
     if what == "tasks":
         list_tasks(out)
         return
-    task = (import_task(task_name, seed=0, device="cpu") if is_import_path(task_name) else
-            load_task(task_name, device="cpu", data_dir=data_dir, text_file=text_file, max_train_samples=1))
+    host = listed_host(task_name, pool_slots)
     if what == "slots":
-        list_slots(task, pool_slots, out)
+        list_slots(host, out)
     else:
-        list_blueprints(task, pool_slots, out)
+        list_blueprints(host, out)

@@ -7,6 +7,7 @@ import json
 import math
 import re
 import sys
+import textwrap
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -15,14 +16,19 @@ from typing import TextIO
 from morphogen.config import config_to_dict
 from morphogen.control.controller import NoGrowthController
 from morphogen.control.heuristic import HeuristicConfig, HeuristicController
+from morphogen.core.lifecycle import Criterion
 from morphogen.core.model import MorphogeneticModel
 from morphogen.data import Task
 from morphogen.devices import resolve_device
+from morphogen.env.actions import Op
 from morphogen.env.episode import EpisodeConfig, MorphogenesisEpisode, StepResult
 from morphogen.env.play import Controller, EpisodeOutcome, run_episode
+from morphogen.model_file import save_model_file
 from morphogen.run_directory import (
     BASELINE_DIRNAME,
     CONFIG_FILENAME,
+    FROM_SCRATCH_DIRNAME,
+    MODEL_FILENAME,
     SUMMARY_FILENAME,
     hold_run_directory,
     make_run_dir,
@@ -34,8 +40,8 @@ from morphogen.telemetry.anomalies import AnomalyDetector
 from morphogen.telemetry.events import NON_FINITE_TOKENS
 from morphogen.telemetry.profiler import PhaseTimer, TraceProfiler
 from morphogen.telemetry.sinks import Telemetry
-from morphogen.ui.progress import ProgressDisplay
-from morphogen.ui.stages import fit_line, stage_short
+from morphogen.ui.progress import LINE_WIDTH, ProgressDisplay
+from morphogen.ui.stages import stage_short
 from morphogen.ui.units import format_flops
 
 
@@ -53,31 +59,50 @@ class RunConfig(SessionOptions):
 
 
 
+#: Columns the seeds part of an epoch line keeps at least before a refusal's reason moves to its own line.
+MIN_SEED_COLUMNS = 24
+#: Indentation of a refusal's reason printed below its epoch line.
+REASON_INDENT = "      "
+
 
 def format_step(result: StepResult) -> str:
-    """One progress line (at most 120 columns): epoch, accuracy, loss, parameters, each seed, the action.
+    """The progress line of one epoch: epoch, accuracy, loss, parameters, each seed, the action.
 
-    Empty slots are left out, so that the line stays short; a seed shows as slot, blueprint, stage and
-    alpha while it is blended in.
+    Empty slots are left out; a seed shows as slot, blueprint, stage and alpha while it is blended in.
+    Every line is at most `LINE_WIDTH` columns. When the line is too long the seeds part is cut (ending
+    in an ellipsis), never the action: a refusal's reason that still does not fit goes below, on lines
+    of its own, whole.
     """
     s = result.snapshot
     seeds = "  ".join(
         f"{slot.slot_id} {slot.blueprint} {stage_short(slot.stage.value)}"
         f"{f' a={slot.alpha:.2f}' if slot.alpha > 0 else ''}" for slot in s.slots if slot.blueprint is not None)
-    outcome = "ok" if result.action_succeeded else f"refused: {result.reason}"
-    rollback = "  ROLLBACK" if result.rollback is not None else ""
-    from morphogen.env.actions import Op
-
     action = Op(s.last_op).name
-    line = (f"epoch {s.epoch:3d}/{s.max_epochs}  acc {s.val_accuracy:6.2f}%  loss {s.val_loss:.3f}  "
-            f"params {s.active_parameters:>9,}  | {seeds or 'no seeds'} | {action} {outcome}{rollback}")
-    return fit_line(line)
+    rollback = "  ROLLBACK" if result.rollback is not None else ""
+    head = (f"epoch {s.epoch:3d}/{s.max_epochs}  acc {s.val_accuracy:6.2f}%  loss {s.val_loss:.3f}  "
+            f"params {s.active_parameters:>9,}  | ")
+    outcome = "ok" if result.action_succeeded else f"refused: {result.reason}"
+    tail = f" | {action} {outcome}{rollback}"
+    room = LINE_WIDTH - len(head) - len(tail)
+    if room >= min(len(seeds or "no seeds"), MIN_SEED_COLUMNS):
+        return head + _cut(seeds or "no seeds", room) + tail
+    tail = f" | {action} refused{rollback}"
+    line = head + _cut(seeds or "no seeds", LINE_WIDTH - len(head) - len(tail)) + tail
+    reason = textwrap.wrap(result.reason, LINE_WIDTH, initial_indent=REASON_INDENT, subsequent_indent=REASON_INDENT)
+    return "\n".join([line, *reason])
+
+
+def _cut(text: str, width: int) -> str:
+    """`text` cut to `width` columns (at least one), ending in an ellipsis when something was cut."""
+    return text if len(text) <= width else text[: max(width - 1, 0)] + "…"
 
 
 def print_summary(grown: EpisodeOutcome, baseline: EpisodeOutcome | None, out: TextIO,
-                  from_scratch: EpisodeOutcome | None = None, metric_name: str = "accuracy") -> None:
+                  from_scratch: EpisodeOutcome | None = None, metric_name: str = "accuracy",
+                  criterion: Criterion = Criterion.SCORE) -> None:
     """The closing table: the grown model, the same host without growth, and the grown model's final
-    architecture trained from scratch; then the story of every seed. `metric_name` names the score row."""
+    architecture trained from scratch; then the story of every seed, its contributions in what `criterion`
+    judges (accuracy points, or nats of validation loss removed). `metric_name` names the score row."""
     columns = [("grown", grown), ("no growth", baseline), ("from scratch", from_scratch)]
     percent = "%" if metric_name == "accuracy" else ""
     cells: list[tuple[str, Callable[[EpisodeOutcome], str]]] = [
@@ -97,14 +122,21 @@ def print_summary(grown: EpisodeOutcome, baseline: EpisodeOutcome | None, out: T
     if not grown.stories:
         print("  none germinated", file=out)
     for story in grown.stories:
-        ending = story.outcome if story.outcome_epoch is None else f"{story.outcome}@{story.outcome_epoch}"
-        print(f"  {story.blueprint:<11} {story.slot:<5} {story.stage_path():<44} {ending:<14} "
-              f"predicted {_points(story.predicted_contribution)}  measured {_points(story.contribution)}",
-              file=out)
+        if criterion is Criterion.LOSS:
+            predicted, measured = _nats(story.predicted_loss_contribution), _nats(story.loss_contribution)
+        else:
+            predicted, measured = _points(story.predicted_contribution), _points(story.contribution)
+        print(f"  {story.blueprint:<11} {story.slot:<5} {story.path_before_outcome():<44} {story.ending():<14} "
+              f"predicted {predicted}  measured {measured}", file=out)
 
 
 def _points(value: float | None) -> str:
     return "-" if value is None else f"{value:+.2f} pts"
+
+
+def _nats(value: float | None) -> str:
+    """Validation loss a seed removes, in nats per token."""
+    return "-" if value is None else f"{value:+.4f} nats"
 
 
 @dataclass(frozen=True)
@@ -147,7 +179,8 @@ def run_command(config: RunConfig, controller_factory: Callable[[MorphogenesisEp
     run_dir = make_run_dir(config.run_dir, config.runs_root, run_name(task.name))
     with hold_run_directory(run_dir):  # one writer per run directory
         refuse_other_run(run_dir)  # again, now that no other command can start a run there
-        return _play_and_write(config, task, episode, controller, device, run_dir, out)
+        controller_name = "heuristic" if controller_factory is None else "policy"
+        return _play_and_write(config, task, episode, controller, controller_name, device, run_dir, out)
 
 
 def run_name(task_name: str) -> str:
@@ -156,8 +189,12 @@ def run_name(task_name: str) -> str:
 
 
 def _play_and_write(config: RunConfig, task: Task, episode: MorphogenesisEpisode, controller: Controller,
-                    device: str, run_dir: Path, out: TextIO) -> RunResult:
-    """The grown episode, the baseline and the files of `run_command`, in a locked `run_dir`."""
+                    controller_name: str, device: str, run_dir: Path, out: TextIO) -> RunResult:
+    """The grown episode, the baseline and the files of `run_command`, in a locked `run_dir`.
+
+    `controller_name` ("heuristic" or "policy") goes into summary.json: readers show the reward only
+    for runs that a reward steered.
+    """
     write_resolved_config(run_dir, config)
     with Telemetry(run_dir, config=config.telemetry) as telemetry, ProgressDisplay(out) as display:
         episode.telemetry = telemetry
@@ -185,49 +222,50 @@ def _play_and_write(config: RunConfig, task: Task, episode: MorphogenesisEpisode
         architecture = episode.model.architecture()
         from_scratch = None
         if config.from_scratch and architecture:
-            from_scratch = _run_from_scratch(config, task, architecture, display)
-    print_summary(grown, baseline, out, from_scratch, task.metric_name)
+            from_scratch = _run_from_scratch(config, task, architecture, run_dir, display)
+    print_summary(grown, baseline, out, from_scratch, task.metric_name, episode.slot_config.gates.judged_by)
     if episode.timer.enabled:
         print(f"\ntime by phase (grown model):\n{episode.timer.summary()}", file=out)
-    summary = {"grown": _outcome_dict(grown), "baseline": None if baseline is None else _outcome_dict(baseline),
+    summary = {"controller": controller_name, "grown": _outcome_dict(grown),
+               "baseline": None if baseline is None else _outcome_dict(baseline),
                "from_scratch": None if from_scratch is None else
                {**_outcome_dict(from_scratch), "architecture": architecture}}
-    write_atomic(run_dir / "summary.json", (json.dumps(_strict(summary), indent=2) + "\n").encode())
-    return RunResult(grown, baseline, from_scratch, episode.model, run_dir)
     write_atomic(run_dir / SUMMARY_FILENAME, (json.dumps(_strict(summary), indent=2) + "\n").encode())
-    return grown, baseline, run_dir
+    save_model_file(episode.model, run_dir / MODEL_FILENAME)  # for `morphogen export`
+    return RunResult(grown, baseline, from_scratch, episode.model, run_dir)
 
 
 def _run_baseline(config: RunConfig, task: Task, run_dir: Path, display: ProgressDisplay) -> EpisodeOutcome:
-    """The same host without growth, with a progress bar and its epochs in RUN_DIR/baseline/events.jsonl.
-
-    Its events live apart from the grown run's so that readers of `events.jsonl` see one episode, and
-    the HTML report can draw both accuracy curves.
-    """
+    """The same host without growth, with a progress bar and its epochs in RUN_DIR/baseline/events.jsonl."""
     display.print(f"training the same host without growth ({config.episode.max_epochs} epochs)...")
-    plain = MorphogenesisEpisode(task, config.episode, seed=config.seed, slots=config.slots,
-                                 pool_slots=config.pool_slots)
-    plain.compile_settings = config.compile_settings
-    epochs = display.add("no growth", config.episode.max_epochs)
-    level = "off" if config.telemetry.level == "off" else "minimal"
-    with Telemetry(run_dir / BASELINE_DIRNAME, level=level) as telemetry:
-        plain.telemetry = telemetry
-        outcome = run_episode(plain, NoGrowthController(), lambda result: display.advance(epochs))
-    display.remove(epochs)
-    return outcome
+    return _run_without_growth(config, task, run_dir / BASELINE_DIRNAME, display, "no growth")
 
 
-def _run_from_scratch(config: RunConfig, task: Task, architecture: dict[str, str],
+def _run_from_scratch(config: RunConfig, task: Task, architecture: dict[str, str], run_dir: Path,
                       display: ProgressDisplay) -> EpisodeOutcome:
-    """The grown model's final architecture, every seed installed at epoch 0, trained without growth."""
+    """The grown model's final architecture, every seed installed at epoch 0, trained without growth; its
+    epochs in RUN_DIR/from_scratch/events.jsonl."""
     seeds = ", ".join(f"{blueprint} in {slot}" for slot, blueprint in architecture.items())
     display.print(f"training the final architecture from scratch (host + {seeds}, "
                   f"{config.episode.max_epochs} epochs)...")
-    built = MorphogenesisEpisode(task, config.episode, seed=config.seed, slots=config.slots,
-                                 pool_slots=config.pool_slots, architecture=architecture)
-    built.compile_settings = config.compile_settings
-    epochs = display.add("from scratch", config.episode.max_epochs)
-    outcome = run_episode(built, NoGrowthController(), lambda result: display.advance(epochs))
+    return _run_without_growth(config, task, run_dir / FROM_SCRATCH_DIRNAME, display, "from scratch", architecture)
+
+
+def _run_without_growth(config: RunConfig, task: Task, events_dir: Path, display: ProgressDisplay, name: str,
+                        architecture: dict[str, str] | None = None) -> EpisodeOutcome:
+    """One comparison episode (the host, or `architecture` built at epoch 0) with a progress bar.
+
+    Its epochs go to `events_dir/events.jsonl` at telemetry `minimal`, apart from the grown run's events,
+    so that readers of `events.jsonl` see one episode and the HTML report can draw every curve.
+    """
+    episode = MorphogenesisEpisode(task, config.episode, seed=config.seed, slots=config.slots,
+                                   pool_slots=config.pool_slots, architecture=architecture)
+    episode.compile_settings = config.compile_settings
+    epochs = display.add(name, config.episode.max_epochs)
+    level = "off" if config.telemetry.level == "off" else "minimal"
+    with Telemetry(events_dir, level=level) as telemetry:
+        episode.telemetry = telemetry
+        outcome = run_episode(episode, NoGrowthController(), lambda result: display.advance(epochs))
     display.remove(epochs)
     return outcome
 
@@ -247,7 +285,8 @@ def _outcome_dict(outcome: EpisodeOutcome) -> dict[str, object]:
         "seconds": outcome.seconds, "episode_return": outcome.episode_return, "flops": outcome.flops.as_dict(),
         "seeds": [{"slot": s.slot, "blueprint": s.blueprint, "germinated": s.germinated, "stages": s.stages,
                    "outcome": s.outcome, "outcome_epoch": s.outcome_epoch, "contribution": s.contribution,
-                   "predicted_contribution": s.predicted_contribution}
+                   "predicted_contribution": s.predicted_contribution, "loss_contribution": s.loss_contribution,
+                   "predicted_loss_contribution": s.predicted_loss_contribution}
                   for s in outcome.stories],
     }
 

@@ -88,13 +88,7 @@ def train_command(config: TrainConfig, *, resume_state: dict[str, Any] | None = 
     """
     out = sys.stdout if out is None else out
     config = config.with_resolved_host()  # config.json and the checkpoint record the host's whole size
-    device = resolve_device(config.device)
-    devices = resolve_devices(config.devices) if config.devices else None
-    if context is not None:
-        device = rank_device(device, context.local_rank)
-        devices = None if devices is None else [rank_device(name, context.local_rank) for name in devices]
-    if devices is not None:
-        device = devices[0]  # the policy, the training data and the shared batches live on the first device
+    device, devices = _process_devices(config, context)
     if context is not None and config.imitation.rounds:
         raise ConfigError("imitation.rounds: the imitation warm start runs in one process; "
                           "drop --distributed or set imitation.rounds = 0")
@@ -120,11 +114,7 @@ def train_command(config: TrainConfig, *, resume_state: dict[str, Any] | None = 
             run_dir = make_run_dir(config.run_dir, config.runs_root, run_name(_run_label(config)))
     with hold_run_directory(run_dir):
         with announce_failure(context):
-            if resume_state is None:
-                refuse_other_run(run_dir)  # again, now that no other command can start a run there
-                write_resolved_config(run_dir, config)
-            remove_stale_temporaries(run_dir)
-            dropped = cut_events_to_round(run_dir / EVENTS_FILENAME, trainer.state.next_round) if resume_state else 0
+            dropped = _prepare_run_directory(trainer, config, run_dir, resuming=resume_state is not None)
         if context is not None:
             send_run_directory(context, str(run_dir))
         where = f"device {device}" if devices is None else f"devices {','.join(devices)} (policy on {device})"
@@ -148,6 +138,27 @@ def load_mix_tasks(config: TrainConfig, device: str) -> list[Task]:
 def _run_label(config: TrainConfig) -> str:
     """What a training run's directory is named after: its task, or the tasks of its mix joined by '+'."""
     return "+".join(dict.fromkeys(entry.task for entry in config.training_mix()))
+def _process_devices(config: TrainConfig, context: DistributedContext | None) -> tuple[str, list[str] | None]:
+    """The policy's device and the devices of this process's envs (None: the policy's), a rank's own under
+    `--distributed`."""
+    device = resolve_device(config.device)
+    devices = resolve_devices(config.devices) if config.devices else None
+    if context is not None:
+        device = rank_device(device, context.local_rank)
+        devices = None if devices is None else [rank_device(name, context.local_rank) for name in devices]
+    if devices is not None:
+        device = devices[0]  # the policy, the training data and the shared batches live on the first device
+    return device, devices
+
+
+def _prepare_run_directory(trainer: PPOTrainer, config: TrainConfig, run_dir: Path, *, resuming: bool) -> int:
+    """Write a new run's config, or cut a resumed run's events back to its checkpoint; clear the temporaries
+    of killed writes. Returns the bytes of events dropped. The run directory is locked."""
+    if not resuming:
+        refuse_other_run(run_dir)  # again, now that no other command can start a run there
+        write_resolved_config(run_dir, config)  # the whole run's config (a rank's trainer holds its share)
+    remove_stale_temporaries(run_dir)
+    return cut_events_to_round(run_dir / EVENTS_FILENAME, trainer.state.next_round) if resuming else 0
 
 
 def _imitate(trainer: PPOTrainer, run_dir: Path, display: ProgressDisplay, epochs: TaskID | None) -> None:

@@ -27,10 +27,12 @@ import torch
 from morphogen.control.integrity import non_finite_entries, state_checksum
 from morphogen.run_directory import CHECKPOINT_NAME, write_atomic
 
+#: The checkpoint format written and read (`format_version` in the file).
 FORMAT_VERSION = 3
 #: Everything resuming (`PPOTrainer.load_state_dict`) or acting (`agent_from_checkpoint`) reads.
 REQUIRED_KEYS = ("hidden_size", "round", "config", "policy", "optimizer", "observation_normalizer",
-                 "reward_normalizer", "value_normalizer", "rng")
+                 "reward_normalizer", "value_normalizer", "rng", "anomaly_detector", "telemetry",
+                 "policy_rollbacks_in_a_row", "imitated")
 _TERMINAL_ESCAPES = re.compile(r"\x1b\[[0-9;]*m")
 
 
@@ -96,7 +98,7 @@ def load_checkpoint(run_or_file: str | Path, map_location: str | torch.device = 
     try:
         state = torch.load(path, map_location=map_location, weights_only=True)
     except Exception as error:  # torch.load raises many types on bad bytes; all mean "not a usable file"
-        raise CheckpointError(_load_failure(path, error)) from None
+        raise CheckpointError(load_failure(path, error)) from None
     version = state.get("format_version") if isinstance(state, dict) else None
     if version in (1, 2):
         raise CheckpointError(f"checkpoint {path} is of format {version}, from an earlier morphogen whose policy was "
@@ -118,23 +120,23 @@ def load_checkpoint(run_or_file: str | Path, map_location: str | torch.device = 
     return state
 
 
-def _load_failure(path: Path, error: Exception) -> str:
-    """One line saying why `torch.load` could not read `path` (torch's own messages span many lines)."""
+def load_failure(path: Path, error: Exception, what: str = "checkpoint") -> str:
+    """One line saying why `torch.load` could not read the `what` at `path` (torch's own messages span many lines)."""
     text = _TERMINAL_ESCAPES.sub("", str(error))
     # torch words it "Unsupported global: GLOBAL x" (2.4-2.5) or "unsupported GLOBAL x whose module ..." (2.6+).
     refused = re.search(r"[Uu]nsupported global:? GLOBAL (\S+)", text)
     if refused:
-        return (f"checkpoint {path} was refused: it holds a {refused.group(1)} object, but a checkpoint holds only "
+        return (f"{what} {path} was refused: it holds a {refused.group(1)} object, but a {what} holds only "
                 "tensors and plain values (loading other objects could run code)")
     if "Weights only load failed" in text:
-        return (f"checkpoint {path} was refused: it holds something other than tensors and plain values "
+        return (f"{what} {path} was refused: it holds something other than tensors and plain values "
                 "(loading it could run code)")
     lines = [line.strip() for line in text.splitlines() if line.strip()]
     if "WeightsUnpickler error" in text or isinstance(error, KeyError) or not lines:
         detail = "not a file written by torch.save"
     else:
         detail = lines[0].split(". ")[0].rstrip(".")  # torch's first sentence says what failed
-    return f"checkpoint {path} is unreadable (truncated or corrupt?): {detail}"
+    return f"{what} {path} is unreadable (truncated or corrupt?): {detail}"
 
 
 def check_layout(state: dict[str, Any], expected: dict[str, Any], source: str | Path) -> None:

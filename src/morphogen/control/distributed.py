@@ -217,8 +217,13 @@ def _stop_on_termination(rank: int, world_size: int) -> None:
 
 
 def shutdown() -> None:
-    """Leave the process group (no-op when none was joined)."""
+    """Leave the process group (no-op when none was joined).
+
+    The barrier first: with gloo, a rank that tears down while its peer is still sending makes the peer's
+    connection thread abort the process ("terminate called without an active exception").
+    """
     if dist.is_initialized():
+        dist.barrier()
         dist.destroy_process_group()
 
 

@@ -1,11 +1,18 @@
 """Rule-based growth controller (docs/architecture.md#controller).
 
 Waits until the host has trained a few epochs and its learning slows down (validation loss improving
-at most half as fast as just before, or accuracy flat), then germinates the next blueprint in a
-round-robin (skipping blueprints pruned recently), pushes the seed through TRAINING and BLENDING,
-prunes a seed that never earns its way out of TRAINING or whose stage made accuracy worse, and in
-HOLDING fossilizes a seed that contributes, else prunes it. It reads only the episode snapshot and
-the action masks.
+at most half as fast as just before, or the score flat), then grows: on a transformer host by depth
+(GROW: a copy of each trained layer into the empty slot after it, all at once, trained with the host from
+the start); elsewhere it germinates a seed, by default where growth signals per FLOP are best, deeper (the
+next blueprint of its rotation) or wider (new channels of the layers around the slot)
+(`control/growth_choice.py`); with `choice = "rotation"`, or when no signal was measured, the next slot and
+blueprint in turn. Blueprints pruned recently are skipped. It pushes the seed through TRAINING and
+BLENDING, prunes a seed that never earns its way out of TRAINING or whose stage made the model worse, and
+in HOLDING fossilizes a seed that contributes, else prunes it. It reads only the episode snapshot and the
+action masks.
+
+It judges by what the gates judge (`EpisodeSnapshot.criterion`): accuracy points (the task's score),
+or for a language model the validation loss in nats per token, each with its own thresholds.
 
 Why a slowing trend and not only a flat line: a language model's loss keeps improving slowly for
 hundreds of epochs, so an accuracy plateau may never come; and a seed that starts while the host
@@ -16,14 +23,15 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
+from morphogen.control.growth_choice import best_growth
 from morphogen.core.blueprints import UnknownBlueprintError
-from morphogen.core.lifecycle import Stage
+from morphogen.core.lifecycle import Criterion, Stage
 from morphogen.env.actions import Action, ActionSpace, Op
-from morphogen.env.episode import HISTORY
-from morphogen.env.snapshot import EpisodeSnapshot, SlotSnapshot
+from morphogen.env.snapshot import HISTORY_LENGTH, EpisodeSnapshot, SlotSnapshot
 
 #: Blueprint order tried by default, per topology: the conv seeds that added most on small digits and
 #: mnist1d hosts first (measured: +1.0 and +2.2 points over no growth), then widening and cheaper ones.
@@ -35,6 +43,17 @@ DEFAULT_ROTATION = {
     "transformer": ("lora", "mlp_small", "attention", "norm", "lora_large", "mlp"),
     "mlp": ("mlp", "mlp_small", "lora_large", "lora", "norm"),
 }
+#: Blueprint of depth growth per topology (`HeuristicConfig.depth_blueprint` left to the default): a transformer
+#: stacks copies of its trained layers (`block_copy`), the growth that saved most training compute on language
+#: models in Gstack (Du et al. 2024). On the whole `text` corpus (benchmarks/lm_growth.py) 2 -> 4 copied layers
+#: ended the FLOP budget ahead of the 2- and 4-layer models, zero-initialised blocks (`block`) behind both.
+#: Other topologies grow seed by seed.
+DEFAULT_DEPTH_BLUEPRINT = {"transformer": "block_copy"}
+#: The widening blueprint `choice = "signal"` weighs against the next deepening one, per topology (a
+#: transformer's residual stream cannot be widened locally).
+DEFAULT_WIDENING = {"cnn": "wider", "cnn1d": "wider", "mlp": "wider"}
+#: How the heuristic picks the next seed: by measured growth signal per FLOP, or slots and blueprints in turn.
+CHOICES = ("signal", "rotation")
 
 
 @dataclass(frozen=True)
@@ -67,27 +86,85 @@ class HeuristicConfig:
     prune_penalty_epochs: int = 10
     #: Blueprint order; None uses DEFAULT_ROTATION for the topology.
     rotation: tuple[str, ...] | None = None
+    #: Depth growth: the blueprint GROW puts into every empty slot at once, trained with the host from the
+    #: start, instead of germinating one seed at a time from the rotation ("block_copy": a copy of the layer
+    #: before each slot, 2 -> 4 layers on the `text` host; "block": zero-initialised blocks). "" never grows
+    #: by depth. None: DEFAULT_DEPTH_BLUEPRINT for the topology ("block_copy" on transformers), else "".
+    depth_blueprint: str | None = None
+    #: Judged by loss (a language model): it is a plateau when the validation loss fell by less than this
+    #: many nats per token over `plateau_epochs` epochs.
+    loss_plateau_threshold: float = 0.01
+    #: Judged by loss: prune a blending/holding seed whose stage raised the validation loss by more than this
+    #: many nats per token.
+    loss_worse_threshold: float = 0.05
+    #: Judged by loss: fossilize a holding seed that lowers the validation loss by more than this many nats per
+    #: token, else prune it.
+    loss_fossilize_threshold: float = 0.005
+    #: How the next seed is chosen. "signal": at every empty slot, the next deepening blueprint of the rotation
+    #: and the widening blueprint are scored by measured growth signal over the FLOPs they would add
+    #: (`control/growth_choice.py`), and the best one is germinated; "rotation": slots and blueprints in turn.
+    choice: str = "signal"
+    #: The widening blueprint "signal" weighs; None uses DEFAULT_WIDENING for the topology (none for a
+    #: transformer).
+    widening: str | None = None
 
     def __post_init__(self) -> None:
         for name in ("warmup_epochs", "min_training_epochs", "prune_penalty_epochs", "min_holding_epochs",
                      "training_patience"):
             if getattr(self, name) < 0:
                 raise ValueError(f"heuristic {name} must be >= 0, got {getattr(self, name)}")
-        if not 1 <= self.plateau_epochs < HISTORY:
-            # The snapshot keeps the last HISTORY accuracies; a longer plateau test could never pass.
-            raise ValueError(f"heuristic plateau_epochs must be in [1, {HISTORY - 1}], got {self.plateau_epochs}")
-        if not 1 <= self.slowing_window <= (HISTORY - 1) // 2:
+        if not 1 <= self.plateau_epochs < HISTORY_LENGTH:
+            # The snapshot keeps the last HISTORY_LENGTH accuracies; a longer plateau test could never pass.
+            raise ValueError(f"heuristic plateau_epochs must be in [1, {HISTORY_LENGTH - 1}], "
+                             f"got {self.plateau_epochs}")
+        if not 1 <= self.slowing_window <= (HISTORY_LENGTH - 1) // 2:
             # Two windows of this many epochs need 2 * window + 1 losses from the snapshot's history.
-            raise ValueError(f"heuristic slowing_window must be in [1, {(HISTORY - 1) // 2}], "
+            raise ValueError(f"heuristic slowing_window must be in [1, {(HISTORY_LENGTH - 1) // 2}], "
                              f"got {self.slowing_window}")
         if not 0.0 <= self.slowing_ratio < 1.0:  # NaN fails too
             raise ValueError(f"heuristic slowing_ratio must be in [0, 1), got {self.slowing_ratio}")
         if self.rotation is not None and not self.rotation:
             raise ValueError("heuristic rotation must name at least one blueprint (leave it out for the default)")
+        for name in ("loss_plateau_threshold", "loss_worse_threshold", "loss_fossilize_threshold"):
+            if not getattr(self, name) >= 0:  # NaN fails too
+                raise ValueError(f"heuristic {name} must be >= 0 nats per token, got {getattr(self, name)}")
+
+        if self.choice not in CHOICES:
+            raise ValueError(f"heuristic choice must be one of {', '.join(CHOICES)}, got {self.choice!r}")
+
+class _Measure(NamedTuple):
+    """What the heuristic judges by, as numbers where higher is better, with the thresholds in their unit."""
+
+    by_loss: bool
+    plateau_threshold: float
+    worse_threshold: float
+    fossilize_threshold: float
+
+    @classmethod
+    def of(cls, criterion: Criterion, config: HeuristicConfig) -> _Measure:
+        """Accuracy points for `Criterion.SCORE`, nats per token of validation loss for `Criterion.LOSS`."""
+        if criterion is Criterion.LOSS:
+            return cls(True, config.loss_plateau_threshold, config.loss_worse_threshold,
+                       config.loss_fossilize_threshold)
+        return cls(False, config.plateau_threshold, config.worse_threshold, config.fossilize_threshold)
+
+    def history(self, snapshot: EpisodeSnapshot) -> Sequence[float]:
+        """The recent validation scores, or negated losses (so that a falling loss is a rising score)."""
+        return [-loss for loss in snapshot.loss_history] if self.by_loss else snapshot.accuracy_history
+
+    def lost_in_stage(self, slot: SlotSnapshot, snapshot: EpisodeSnapshot) -> float | None:
+        """How much worse the model is now than when the seed entered its stage (None: not measured)."""
+        if self.by_loss:
+            return None if slot.loss_at_stage_start is None else snapshot.val_loss - slot.loss_at_stage_start
+        return None if slot.accuracy_at_stage_start is None else slot.accuracy_at_stage_start - snapshot.val_accuracy
+
+    def contribution(self, slot: SlotSnapshot) -> float | None:
+        """What the seed adds: accuracy points, or nats per token of validation loss it removes."""
+        return slot.loss_contribution if self.by_loss else slot.contribution
 
 
 def has_plateaued(history: Sequence[float], epochs: int, threshold: float) -> bool:
-    """True when the accuracy gained over the last `epochs` epochs is below `threshold` points."""
+    """True when the score (higher is better) gained over the last `epochs` epochs is below `threshold`."""
     if len(history) < epochs + 1:
         return False
     window = list(history)[-(epochs + 1):]
@@ -119,6 +196,18 @@ class HeuristicController:
                 f"heuristic.rotation: unknown {topology} blueprint(s) {', '.join(map(repr, unknown))}; "
                 f"valid: {', '.join(action_space.blueprints)}")
         self.rotation = tuple(rotation)
+        depth = self.config.depth_blueprint
+        self.depth_blueprint = DEFAULT_DEPTH_BLUEPRINT.get(topology, "") if depth is None else depth
+        if self.depth_blueprint and self.depth_blueprint not in action_space.blueprints:
+            raise UnknownBlueprintError(
+                f"heuristic.depth_blueprint: unknown {topology} blueprint {self.depth_blueprint!r}; "
+                f"valid: {', '.join(action_space.blueprints)} (or \"\" to grow seed by seed)")
+        widening = DEFAULT_WIDENING.get(topology) if self.config.widening is None else self.config.widening
+        if widening is not None and widening not in action_space.blueprints:
+            raise UnknownBlueprintError(f"heuristic.widening: unknown {topology} blueprint {widening!r}; "
+                                        f"valid: {', '.join(action_space.blueprints)}")
+        self.widening = widening
+        self._depth_index = action_space.blueprints.index(self.depth_blueprint) if self.depth_blueprint else 0
         self.reset()
 
     def reset(self) -> None:
@@ -129,6 +218,9 @@ class HeuristicController:
         #: HOLDING slots whose seed the fossilize gate refused (e.g. a strict gate wanting more
         #: contribution than `fossilize_threshold`): they are pruned rather than asked again forever.
         self.fossilize_refused: set[str] = set()
+        #: Whether it still grows by depth: a refused GROW (a host without the layer `block_copy` copies, a
+        #: width the block's heads do not divide) turns it to growing seed by seed for the rest of the episode.
+        self.grows_by_depth = bool(self.depth_blueprint)
 
     def act(self, snapshot: EpisodeSnapshot, masks: Sequence[np.ndarray]) -> Action:
         """The action for this epoch; always legal under `masks`."""
@@ -136,6 +228,8 @@ class HeuristicController:
         if last.op is Op.FOSSILIZE and last.slot is not None and not snapshot.last_action_succeeded:
             self.fossilize_refused.add(last.slot)
         self.fossilize_refused &= {slot.slot_id for slot in snapshot.slots if slot.stage is Stage.HOLDING}
+        if last.op is Op.GROW and not snapshot.last_action_succeeded:
+            self.grows_by_depth = False
         self.last_action = self._decide(snapshot, masks)
         return self.last_action
 
@@ -147,39 +241,49 @@ class HeuristicController:
                 if action.op is Op.PRUNE and slot.blueprint is not None:
                     self.pruned_at[slot.blueprint] = snapshot.epoch
                 return action
-        if masks[0][Op.GERMINATE] and self._should_germinate(snapshot):
+        if self.grows_by_depth and masks[0][Op.GROW] and not masks[2][Op.GROW][self._depth_index]:
+            self.grows_by_depth = False  # this host has no layer for the depth blueprint to copy: seed by seed
+        if self.grows_by_depth and masks[0][Op.GROW] and self._should_germinate(snapshot):
+            return Action(Op.GROW, blueprint=self.depth_blueprint)
+        if not self.grows_by_depth and masks[0][Op.GERMINATE] and self._should_germinate(snapshot):
             return self._germinate(snapshot, slot_mask[Op.GERMINATE])
         return Action()
 
     def _manage_seed(self, slot: SlotSnapshot, snapshot: EpisodeSnapshot,
                      slot_mask: dict[Op, dict[str, bool]]) -> Action | None:
-        config, slot_id = self.config, slot.slot_id
-        if slot.stage is Stage.GERMINATED and slot_mask[Op.ADVANCE][slot_id]:
-            return Action(Op.ADVANCE, slot_id)
-        if slot.stage is Stage.TRAINING and slot.epochs_in_stage >= config.min_training_epochs \
-                + config.training_patience and slot_mask[Op.PRUNE][slot_id]:
-            return Action(Op.PRUNE, slot_id)  # the blending gate kept refusing: this seed would not pay
-        if slot.stage is Stage.TRAINING and slot.epochs_in_stage >= config.min_training_epochs \
-                and slot_mask[Op.ADVANCE][slot_id]:
-            return Action(Op.ADVANCE, slot_id)
-        # Only needed when the slot config does not auto-advance into HOLDING.
-        if slot.stage is Stage.BLENDING and slot.alpha >= 1.0 and not slot.alpha_ramping \
-                and slot_mask[Op.ADVANCE][slot_id]:
-            return Action(Op.ADVANCE, slot_id)
-        if slot.stage in (Stage.BLENDING, Stage.HOLDING) and slot.accuracy_at_stage_start is not None \
-                and slot.accuracy_at_stage_start - snapshot.val_accuracy > config.worse_threshold \
-                and slot_mask[Op.PRUNE][slot_id]:
-            return Action(Op.PRUNE, slot_id)
-        if slot.stage is Stage.HOLDING and slot.contribution is not None \
-                and slot.epochs_in_stage >= config.min_holding_epochs:
-            return self._judge_holding(slot, slot_mask)
+        """The first move this seed asks for that the masks allow; in HOLDING, the verdict on it."""
+        measure = _Measure.of(snapshot.criterion, self.config)
+        for op in self._seed_moves(slot, snapshot, measure):
+            if slot_mask[op][slot.slot_id]:
+                return Action(op, slot.slot_id)
+        contribution = measure.contribution(slot)
+        if slot.stage is Stage.HOLDING and contribution is not None \
+                and slot.epochs_in_stage >= self.config.min_holding_epochs:
+            return self._judge_holding(slot, contribution > measure.fossilize_threshold, slot_mask)
         return None
 
-    def _judge_holding(self, slot: SlotSnapshot, slot_mask: dict[Op, dict[str, bool]]) -> Action | None:
+    def _seed_moves(self, slot: SlotSnapshot, snapshot: EpisodeSnapshot, measure: _Measure) -> list[Op]:
+        """The moves a seed asks for now, most urgent first."""
+        config, moves = self.config, []
+        if slot.stage is Stage.GERMINATED:
+            moves.append(Op.ADVANCE)
+        if slot.stage is Stage.TRAINING:
+            if slot.epochs_in_stage >= config.min_training_epochs + config.training_patience:
+                moves.append(Op.PRUNE)  # the blending gate kept refusing: this seed would not pay
+            if slot.epochs_in_stage >= config.min_training_epochs:
+                moves.append(Op.ADVANCE)
+        if slot.stage is Stage.BLENDING and slot.alpha >= 1.0 and not slot.alpha_ramping:
+            moves.append(Op.ADVANCE)  # only needed when the slot config does not auto-advance into HOLDING
+        lost = measure.lost_in_stage(slot, snapshot)
+        if slot.stage in (Stage.BLENDING, Stage.HOLDING) and lost is not None and lost > measure.worse_threshold:
+            moves.append(Op.PRUNE)  # its stage made the model worse
+        return moves
+
+    def _judge_holding(self, slot: SlotSnapshot, contributes: bool,
+                       slot_mask: dict[Op, dict[str, bool]]) -> Action | None:
         """Fossilize a contributing seed; prune one that does not, or that the fossilize gate refused."""
-        assert slot.contribution is not None
         slot_id = slot.slot_id
-        keep = slot.contribution > self.config.fossilize_threshold and slot_id not in self.fossilize_refused
+        keep = contributes and slot_id not in self.fossilize_refused
         if keep and slot_mask[Op.FOSSILIZE][slot_id]:
             return Action(Op.FOSSILIZE, slot_id)
         if not keep and slot_mask[Op.PRUNE][slot_id]:
@@ -193,10 +297,43 @@ class HeuristicController:
         # Leave room for a seed to train and blend before the episode ends.
         if snapshot.max_epochs - snapshot.epoch < config.min_training_epochs // 2 + 2:
             return False
-        return has_plateaued(snapshot.accuracy_history, config.plateau_epochs, config.plateau_threshold) \
+        measure = _Measure.of(snapshot.criterion, config)
+        return has_plateaued(measure.history(snapshot), config.plateau_epochs, measure.plateau_threshold) \
             or is_slowing(snapshot.loss_history, config.slowing_window, config.slowing_ratio)
 
+    def growth_candidates(self, epoch: int) -> tuple[str, ...]:
+        """The blueprints `choice = "signal"` would compare at `epoch`, for the episode to measure (none in
+        "rotation" mode)."""
+        if self.config.choice != "signal":
+            return ()
+        deepening = self._next_deepening(epoch)
+        return tuple(name for name in (deepening, self.widening)
+                     if name is not None and not self._held_back(name, epoch))
+
+    def _held_back(self, blueprint: str, epoch: int) -> bool:
+        """A blueprint pruned less than `prune_penalty_epochs` ago is not tried again yet."""
+        pruned = self.pruned_at.get(blueprint)
+        return pruned is not None and epoch - pruned < self.config.prune_penalty_epochs
+
+    def _next_deepening(self, epoch: int) -> str | None:
+        """The next blueprint of the rotation, other than the widening one, that is not held back."""
+        for offset in range(len(self.rotation)):
+            name = self.rotation[(self.next_blueprint + offset) % len(self.rotation)]
+            if name != self.widening and not self._held_back(name, epoch):
+                return name
+        return None
+
     def _germinate(self, snapshot: EpisodeSnapshot, allowed: dict[str, bool]) -> Action:
+        if self.config.choice == "signal":
+            candidates = self.growth_candidates(snapshot.epoch)
+            deepening = next((name for name in candidates if name != self.widening), None)
+            widening = self.widening if self.widening in candidates else None
+            best = best_growth(snapshot.slots, [s for s in self.space.slot_ids if allowed[s]], deepening, widening)
+            if best is not None:
+                if best.blueprint == deepening:
+                    self.next_blueprint = self.rotation.index(deepening) + 1
+                return Action(Op.GERMINATE, best.slot, best.blueprint)
+        # No signals measured (another episode loop, or "rotation"): slots and blueprints in turn.
         slots = [s for s in self.space.slot_ids if allowed[s]]
         slot_id = slots[self.next_slot % len(slots)]
         self.next_slot += 1

@@ -53,6 +53,7 @@ from morphogen.core.lifecycle import GateConfig, GateMode
 from morphogen.core.slot import SlotConfig
 from morphogen.data import TASK_NAMES, Task
 from morphogen.env.actions import FIXED_CHOICES, HEADS, Action, ActionSpace
+from morphogen.env.counterfactual import CounterfactualSchedule
 from morphogen.env.episode import EpisodeConfig
 from morphogen.env.governor import DivergenceError
 from morphogen.env.observation import BLUEPRINT_SIZE, GLOBAL_SIZE, SLOT_SIZE
@@ -74,7 +75,8 @@ MAX_POLICY_ROLLBACKS = 3
 
 
 def _training_episode() -> EpisodeConfig:
-    return EpisodeConfig(max_epochs=25, slots=SlotConfig(gates=GateConfig(mode=GateMode.PERMISSIVE)))
+    return EpisodeConfig(max_epochs=25, slots=SlotConfig(gates=GateConfig(mode=GateMode.PERMISSIVE)),
+                         counterfactuals=CounterfactualSchedule.EVERY_EPOCH)  # the policy observes them all
 
 
 @dataclass(frozen=True)

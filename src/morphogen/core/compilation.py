@@ -27,9 +27,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
 __all__ = ["COMPILE_BACKENDS", "COMPILE_MODES", "RECOMPILE_LIMIT", "CompileSettings", "compiled"]
 
@@ -37,6 +38,8 @@ COMPILE_MODES = ("auto", "default", "reduce-overhead", "max-autotune", "max-auto
 """Accepted `compile_mode` values; "auto" picks by device (module docstring)."""
 COMPILE_BACKENDS = ("inductor", "aot_eager", "eager")
 """Accepted `compile_backend` values (torch.compile backends)."""
+# This module imports torch only where it compiles, so that the command line can offer these choices
+# without loading torch.
 RECOMPILE_LIMIT = 64
 """Compiled entries dynamo keeps per function while morphogen's compiled calls run (its default is 8)."""
 
@@ -62,17 +65,22 @@ class CompileSettings:
             return None
         if self.mode != "auto":
             return self.mode
-        return "reduce-overhead" if torch.device(device).type == "cuda" else "default"
+        kind = device.type if not isinstance(device, str) else device.split(":")[0]
+        return "reduce-overhead" if kind == "cuda" else "default"
 
 
 class _CompiledFunction:
     """`torch.compile(function)` called with dynamo's recompile limit raised and RNN tracing allowed."""
 
     def __init__(self, function: Callable[..., Any], settings: CompileSettings, device: torch.device) -> None:
+        import torch
+
         self.settings, self.device = settings, device
         self.function = torch.compile(function, backend=settings.backend, mode=settings.resolved_mode(device))
 
     def __call__(self, *args: Any) -> Any:
+        import torch
+
         # allow_rnn: trace nn.LSTM as one op instead of breaking the graph around it.
         with torch._dynamo.config.patch(recompile_limit=RECOMPILE_LIMIT, allow_rnn=True):
             return self.function(*args)

@@ -1,10 +1,15 @@
 """FLOPs of a morphogenetic model's training step and validation batch, counted once per plan and shape.
 
-What a batch costs depends only on what each slot runs (`MorphogeneticModel.execution_plan()`), which seeds
-learn, and the batch's shape, never on the values: so each (plan, shape) is counted once, with
-`torch.utils.flop_counter.FlopCounterMode`, on a copy of the model whose tensors live on the `meta`
-device (no memory, no arithmetic), and the count is cached. Callers multiply it by the batches they ran.
-Nothing here touches the real model's parameters, buffers or gradients, and nothing runs per step.
+What a batch costs depends only on what each slot runs (`MorphogeneticModel.execution_plan()`), which
+seeds learn, and the shape of a sample, never on the values: so each (plan, sample shape) is counted once,
+with `torch.utils.flop_counter.FlopCounterMode`, and the count is cached. Every operation it counts (matrix
+products, convolutions, attention) is linear in the batch: a count on a batch of 2 samples gives the FLOPs of
+one sample, which scale to every batch. The first count is also made on 4 samples: a model whose two counts
+are not in proportion (an operation that runs once per call, not per sample) is counted at each batch's own
+shape instead. Counts run on a CPU copy of the model with zero tensors (`zero_copy`: the real values are
+never copied); the `meta` device would need no memory but runs about 25 times slower, so it only serves a
+model that cannot run on the CPU copy. Callers multiply a count by the batches they ran. Nothing here
+touches the real model's parameters, buffers or gradients, and nothing runs per step.
 
 A training step is split into what the model's output path costs (`StepFlops.main`: forward and backward
 of the host and the blended seeds, as a model without TRAINING seeds would train) and what the shadow pass
@@ -13,9 +18,7 @@ backward into the seeds' parameters). A validation batch is split into the model
 (`ValidationFlops.main`) and what the other counterfactual configurations add.
 
 The backward is counted from a sum of the outputs: its FLOPs do not depend on the loss function, which
-`FlopCounterMode` does not count anyway (it counts matrix products, convolutions and attention). A model
-that cannot run on the meta device (a user's forward that reads a value) is counted on a real copy
-with zero inputs instead; the count is the same.
+`FlopCounterMode` does not count anyway.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from __future__ import annotations
 import copy
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 from torch import Tensor, nn
@@ -63,6 +67,25 @@ class ValidationFlops:
         return self.main + self.counterfactual
 
 
+#: The batch sizes a count per sample is made from (2, not 1: a batch norm over features needs two samples).
+COUNT_SAMPLES = (2, 4)
+
+
+def zero_copy(model: nn.Module) -> nn.Module:
+    """A deep copy of `model` on the CPU whose parameters and buffers are zeros of the same shapes and dtypes.
+
+    The real tensors are never read: the copy's memo maps each of them to its twin. Shared (tied) tensors stay
+    shared.
+    """
+    memo: dict[int, object] = {}
+    for parameter in model.parameters():
+        memo[id(parameter)] = nn.Parameter(torch.zeros(parameter.shape, dtype=parameter.dtype),
+                                           requires_grad=parameter.requires_grad)
+    for buffer in model.buffers():
+        memo[id(buffer)] = torch.zeros(buffer.shape, dtype=buffer.dtype)
+    return copy.deepcopy(model, memo)
+
+
 def meta_copy(model: nn.Module) -> nn.Module:
     """A deep copy of `model` whose parameters and buffers are empty tensors on the meta device.
 
@@ -90,12 +113,27 @@ def _plain_step(model: MorphogeneticModel, x: Tensor) -> None:
     torch.autograd.backward(model(x).sum())
 
 
-def _shadow_step(model: MorphogeneticModel, x: Tensor) -> None:
-    """A whole training step: the output path and the shadow pass, each with its backward."""
-    output, shadow = model.forward_with_shadow(x)
+def _shadow_step(model: MorphogeneticModel, x: Tensor, rows: int | None) -> None:
+    """A whole training step: the output path and the shadow pass (on `rows` samples), each with its backward."""
+    output, shadow = model.forward_with_shadow(x, rows)
     torch.autograd.backward(output.sum())
     if shadow is not None and shadow.parameters:
         torch.autograd.backward(shadow.outputs.sum(), inputs=list(shadow.parameters))
+
+
+def _probe(model: MorphogeneticModel, x: Tensor) -> None:
+    model.growth_signals(x, lambda output: output.sum())
+
+
+@torch.no_grad()
+def _forward(model: MorphogeneticModel, x: Tensor) -> None:
+    """The model's forward with every slot as it is."""
+    model(x)
+
+
+@torch.no_grad()
+def _host_alone(model: MorphogeneticModel, x: Tensor) -> None:
+    model.host(x)
 
 
 @torch.inference_mode()
@@ -106,51 +144,109 @@ def _validation_batch(model: MorphogeneticModel, x: Tensor, alphas: Sequence[Seq
 class FlopCounter:
     """Cached FLOP counts of one host architecture's training steps and validation batches.
 
-    Keys are the model's execution plan, which seeds' parameters learn, and the batch's shape and dtype
-    (with the alpha configurations for validation): a count is made the first time a key is seen, on a
-    meta copy of the model. One counter serves every model built from the same host; `counts_made` says
-    how many counts it ran.
+    Keys are the model's execution plan, which seeds' parameters learn, and the shape and dtype of one
+    sample (with the pattern of the alpha configurations for validation): counts are made the first time a
+    key is seen, on a zero copy of the model, and scaled to every batch size (module docstring). One counter
+    serves every model built from the same host; `counts_made` says how many copies it counted on.
     """
 
     def __init__(self) -> None:
-        self._training: dict[Hashable, StepFlops] = {}
-        self._validation: dict[Hashable, ValidationFlops] = {}
+        self._per_sample: dict[Hashable, tuple[int, int]] = {}
+        self._costs: dict[Hashable, SeedCost] = {}
+        #: Whether the model's counts are proportional to the batch (checked on the first count).
+        self._proportional: bool | None = None
         self.counts_made = 0
 
-    def training_step(self, model: MorphogeneticModel, shape: Shape, dtype: torch.dtype) -> StepFlops:
-        """FLOPs of one training batch of `shape` (inputs of `dtype`) in the model's present plan."""
-        key = (plan_key(model), shape, dtype)
-        cached = self._training.get(key)
-        if cached is None:
-            main, total = self._on_copy(model, shape, dtype, lambda copy, x: (_count(_plain_step, copy, x),
-                                                                               _count(_shadow_step, copy, x)))
-            cached = self._training[key] = StepFlops(main, total - main)
-        return cached
+    def training_step(self, model: MorphogeneticModel, shape: Shape, dtype: torch.dtype,
+                      shadow_rows: int | None = None) -> StepFlops:
+        """FLOPs of one training batch of `shape` (inputs of `dtype`) in the model's present plan, the shadow
+        pass on its first `shadow_rows` samples (None: all)."""
+        rows = shape[0] if shadow_rows is None else shadow_rows
+
+        def count(counted: Shape, counted_rows: int | None) -> tuple[int, int]:
+            main, total = self._on_copy(model, counted, dtype, lambda copy, x: (
+                _count(_plain_step, copy, x), _count(_shadow_step, copy, x, counted_rows)))
+            return main, total - main
+
+        main, shadow = self._scaled(("training", plan_key(model), dtype, shadow_rows is None), shape, rows, count)
+        return StepFlops(main, shadow)
 
     def validation_batch(self, model: MorphogeneticModel, alphas: Sequence[Sequence[float]], shape: Shape,
                          dtype: torch.dtype) -> ValidationFlops:
         """FLOPs of one validation batch of `shape` evaluated under the alpha configurations `alphas`
         (row 0 the model's own, as `env.counterfactual` plans them)."""
         table = tuple(tuple(float(value) for value in row) for row in alphas)
-        key = (plan_key(model), table, shape, dtype)
-        cached = self._validation.get(key)
-        if cached is None:
-            main, total = self._on_copy(model, shape, dtype, lambda copy, x: (
+
+        def count(counted: Shape, _: int | None) -> tuple[int, int]:
+            main, total = self._on_copy(model, counted, dtype, lambda copy, x: (
                 _count(_validation_batch, copy, x, table[:1]), _count(_validation_batch, copy, x, table)))
-            cached = self._validation[key] = ValidationFlops(main, total - main)
-        return cached
+            return main, total - main
+
+        key = ("validation", plan_key(model), alpha_pattern(table), dtype)
+        return ValidationFlops(*self._scaled(key, shape, shape[0], count))
+
+    def probe(self, model: MorphogeneticModel, shape: Shape, dtype: torch.dtype) -> int:
+        """FLOPs of `MorphogeneticModel.growth_signals` on a batch of `shape`: a forward and the input gradients."""
+        def count(counted: Shape, _: int | None) -> tuple[int, int]:
+            return self._on_copy(model, counted, dtype, lambda copy, x: (_count(_probe, copy, x), 0))
+
+        return self._scaled(("probe", plan_key(model), dtype), shape, shape[0], count)[0]
+
+    def seed_cost(self, model: MorphogeneticModel, slot_id: str, blueprint: str, shape: Shape,
+                  dtype: torch.dtype) -> SeedCost:
+        """What `blueprint` installed in the empty slot `slot_id` would add: its parameters and forward FLOPs per
+        batch of `shape`, also relative to the host's (the host alone, without any seed)."""
+        key = (slot_id, blueprint, shape[1:], dtype)
+        cached = self._costs.get(key)
+        if cached is None:
+            self.counts_made += 1
+            copied = zero_copy(model)
+            assert isinstance(copied, MorphogeneticModel)
+            copied.compile_forward(None)
+            copied.eval()
+            x = torch.zeros((COUNT_SAMPLES[0], *shape[1:]), dtype=dtype)
+            host = _count(_host_alone, copied, x)
+            before = _count(_forward, copied, x)
+            with torch.random.fork_rng(devices=[]):  # building the seed draws nothing from the training's generator
+                slot = copied.install(slot_id, blueprint)
+            seed = _count(_forward, copied, x) - before
+            parameters, host_parameters = slot.seed_parameter_count(), copied.host_param_count()
+            cached = self._costs[key] = SeedCost(parameters, seed // COUNT_SAMPLES[0], parameters / host_parameters,
+                                                 seed / max(host, 1))
+        return SeedCost(cached.parameters, cached.flops * shape[0], cached.relative_parameters,
+                        cached.relative_flops)
+
+    def _scaled(self, key: tuple[Hashable, ...], shape: Shape, rows: int,
+                count: Callable[[Shape, int | None], tuple[int, int]]) -> tuple[int, int]:
+        """Two counts for a batch of `shape`, the second over `rows` of its samples (`count(shape, rows)` counts
+        them): from the counts per sample, made once per sample shape, or counted at this batch's own shape
+        when the model's FLOPs are not proportional to its batch."""
+        per_sample = self._per_sample.get((*key, shape[1:]))
+        if per_sample is not None:
+            return per_sample[0] * shape[0], per_sample[1] * rows
+        exact = self._per_sample.get((*key, shape, rows))
+        if exact is not None:
+            return exact
+        small = count((COUNT_SAMPLES[0], *shape[1:]), None)
+        if self._proportional is None:  # checked once, on the first count: the host's layers decide it
+            large = count((COUNT_SAMPLES[1], *shape[1:]), None)
+            ratio = COUNT_SAMPLES[1] // COUNT_SAMPLES[0]
+            self._proportional = all(b == ratio * a for a, b in zip(small, large, strict=True))
+        if self._proportional and all(a % COUNT_SAMPLES[0] == 0 for a in small):
+            self._per_sample[(*key, shape[1:])] = (small[0] // COUNT_SAMPLES[0], small[1] // COUNT_SAMPLES[0])
+            return self._scaled(key, shape, rows, count)
+        exact = self._per_sample[(*key, shape, rows)] = count(shape, rows)
+        return exact
 
     def _on_copy(self, model: MorphogeneticModel, shape: Shape, dtype: torch.dtype,
                  count: CountOnCopy) -> tuple[int, int]:
-        """Run `count(copy, inputs)` on a meta copy of `model` in training mode; on a real copy when the
-        model cannot run on the meta device."""
+        """Run `count(copy, inputs)` on a zero copy of `model` in training mode, inputs of `shape` (zeros); on a
+        meta copy when the model cannot run on the CPU copy."""
         self.counts_made += 1
         try:
-            return _counted(meta_copy(model), torch.empty(shape, dtype=dtype, device="meta"), count)
+            return _counted(zero_copy(model), torch.zeros(shape, dtype=dtype), count)
         except (RuntimeError, NotImplementedError):
-            reference = next(model.parameters())
-            real = copy.deepcopy(model)
-            return _counted(real, torch.zeros(shape, dtype=dtype, device=reference.device), count)
+            return _counted(meta_copy(model), torch.empty(shape, dtype=dtype, device="meta"), count)
 
 
 def _counted(model: nn.Module, x: Tensor, count: CountOnCopy) -> tuple[int, int]:
@@ -158,6 +254,25 @@ def _counted(model: nn.Module, x: Tensor, count: CountOnCopy) -> tuple[int, int]
     model.compile_forward(None)  # a compiled forward would count nothing it did not trace
     model.train()
     return count(model, x)
+
+
+class SeedCost(NamedTuple):
+    """What a blueprint would add to a model in a slot: its parameters and forward FLOPs, also relative to the host's
+    (the features a controller can compare blueprints by, whatever the host)."""
+
+    parameters: int
+    flops: int
+    """Forward FLOPs it adds per batch of the shape it was counted at."""
+    relative_parameters: float
+    relative_flops: float
+
+
+def alpha_pattern(table: Sequence[Sequence[float]]) -> Hashable:
+    """What a validation batch's FLOPs depend on in an alpha table: per slot, which configurations are 0 and
+    which share a value (a TRAINING seed runs where one is not 0; the batch expands at the first slot whose
+    values differ), not the values themselves, which change every epoch of a ramp."""
+    columns = list(zip(*table, strict=True)) if table else []
+    return len(table), tuple(tuple((value == 0.0, column.index(value)) for value in column) for column in columns)
 
 
 def plan_key(model: MorphogeneticModel) -> Hashable:

@@ -22,7 +22,7 @@ from collections.abc import Callable, Mapping
 import torch
 from torch import Tensor, nn
 
-from morphogen.core.blueprints import CausalSelfAttention
+from morphogen.core.transformer_layers import TransformerBlock, init_gpt_
 from morphogen.limits import short_repr
 
 Device = torch.device | str | None
@@ -163,31 +163,6 @@ class Conv1dHost(_ConvBlocksHost):
                          device=device, dtype=dtype)
 
 
-class TransformerBlock(nn.Module):
-    """Pre-norm GPT block: x + attn(ln(x)), then x + mlp(ln(x))."""
-
-    def __init__(self, d_model: int, n_heads: int, *, device: Device = None,
-                 dtype: torch.dtype | None = None) -> None:
-        super().__init__()
-        self.attention_norm = nn.LayerNorm(d_model, device=device, dtype=dtype)
-        self.attention = CausalSelfAttention(d_model, n_heads, device=device, dtype=dtype)
-        self.mlp_norm = nn.LayerNorm(d_model, device=device, dtype=dtype)
-        self.mlp = nn.Sequential(nn.Linear(d_model, 4 * d_model, device=device, dtype=dtype), nn.GELU(),
-                                 nn.Linear(4 * d_model, d_model, device=device, dtype=dtype))
-
-    @property
-    def mlp_output(self) -> nn.Linear:
-        """The MLP's output projection (a residual projection, scaled down at init)."""
-        layer = self.mlp[2]
-        assert isinstance(layer, nn.Linear)
-        return layer
-
-    def forward(self, x: Tensor) -> Tensor:
-        x = x + self.attention(self.attention_norm(x))
-        mlp_out: Tensor = self.mlp(self.mlp_norm(x))
-        return x + mlp_out
-
-
 class TokenEmbedding(nn.Module):
     """Token + learned position embeddings: [N, T] ids -> [N, T, D]."""
 
@@ -255,18 +230,8 @@ class TransformerHost(SegmentedHost):
         self._init_weights(n_layers)
 
     def _init_weights(self, n_layers: int) -> None:
-        for module in self.modules():
-            if isinstance(module, nn.Linear):
-                nn.init.normal_(module.weight, std=0.02)
-                if module.bias is not None:
-                    nn.init.zeros_(module.bias)
-            elif isinstance(module, nn.Embedding):
-                nn.init.normal_(module.weight, std=0.02)
         # Residual projections scaled down with depth (GPT-2) so the residual stream starts near unit scale.
-        for block in self.modules():
-            if isinstance(block, TransformerBlock):
-                nn.init.normal_(block.attention.proj.weight, std=0.02 / math.sqrt(2 * n_layers))
-                nn.init.normal_(block.mlp_output.weight, std=0.02 / math.sqrt(2 * n_layers))
+        init_gpt_(self, residual_std=0.02 / math.sqrt(2 * n_layers))
 
 
 HOST_CLASSES: dict[str, type[SegmentedHost]] = {"cnn": CNNHost, "cnn1d": Conv1dHost, "transformer": TransformerHost}

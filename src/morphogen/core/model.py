@@ -22,24 +22,69 @@ model's `execution_plan()` (a `SlotPlan` per slot: what it runs), never on lifec
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any, NamedTuple, cast
 
 import torch
 from torch import Tensor, nn
 
 from morphogen.core.blend import BlendKind
+from morphogen.core.blueprints import BlueprintKind, get_blueprint
 from morphogen.core.compilation import CompileSettings, compiled
 from morphogen.core.hosts import SegmentedHost, UnknownSlotError
 from morphogen.core.lifecycle import BLENDED_STAGES, Stage
 from morphogen.core.slot import SeedSlot, SlotConfig, SlotMode, SlotPlan
+from morphogen.core.width import WidthSite, find_width_site, run_cut_segment
 
+Captured = tuple[tuple[Tensor, Tensor | None], ...]
+"""Per TRAINING slot, in execution order: the host's detached activation there, and for a widening seed the
+detached input of the producer it widens (None for other seeds)."""
 ExecutionPlan = tuple[SlotPlan, ...]
 """Every slot's `SlotPlan`, in execution order: what a compiled training forward specializes on."""
 SlotStep = Callable[[int, SeedSlot, Tensor], Tensor]
 """What a pass does at a slot: (slot position, slot, activation there) -> the activation the walk goes on with."""
+
+
+def shadow_rows(batch: int, fraction: float) -> int | None:
+    """How many samples of a batch of `batch` the shadow pass runs on (`forward_with_shadow`): `fraction` of
+    them, at least one; None for the whole batch."""
+    return None if fraction >= 1.0 else max(1, math.ceil(batch * fraction))
+
+
+class GrowthSignal(NamedTuple):
+    """What growth could gain at an empty slot (`MorphogeneticModel.growth_signals`), as 0-dim device tensors."""
+
+    depth: Tensor
+    """At the slot's activation, where a deepening seed adds its output."""
+    width: Tensor | None
+    """At the consumer's output, where a widening seed adds its channels' contribution (None: no width site)."""
+
+
+def _signal(activation: Tensor, gradient: Tensor | None, batch: int) -> Tensor:
+    """sqrt(mean ||dl/da||^2 * mean ||a||^2) over the samples, from the gradient of the batch's mean loss."""
+    if gradient is None:  # the loss does not depend on this activation
+        return activation.new_zeros(())
+    per_sample = (gradient * batch).flatten(1).square().sum(1)  # (B,): a sample's own loss gradient, squared
+    return (per_sample.mean() * activation.detach().flatten(1).square().sum(1).mean()).sqrt()
+
+
+def _with_tap(step: SlotStep, position: int, slot: SeedSlot, tap: Tensor | None, x: Tensor) -> Tensor:
+    """`step(position, slot, x)` with `slot.tap` set to `tap` for a widening seed, reset afterwards (no
+    activation is kept).
+
+    Configurations or shadow rows added to the batch since the tap was read repeat it, configuration-major
+    as they were laid out ((K*B, ...)); rows that join at the slot itself bring their own tap.
+    """
+    if tap is not None and tap.shape[0] != x.shape[0] and x.shape[0] % tap.shape[0] == 0:
+        tap = tap.repeat(x.shape[0] // tap.shape[0], *([1] * (tap.dim() - 1)))  # (K*B, ...)
+    slot.tap = tap
+    try:
+        return step(position, slot, x)
+    finally:
+        slot.tap = None
 
 
 @contextmanager
@@ -68,10 +113,15 @@ class ShadowOutput:
     slot_ids: tuple[str, ...]
     """The TRAINING slots, in execution order; row k of `outputs` has only the seed of slot k blended in."""
     outputs: Tensor
-    """(K, B, ...): one output per TRAINING seed for the same B inputs."""
+    """(K, B, ...): one output per TRAINING seed for the same B inputs (the first B of the batch: `rows`)."""
     parameters: tuple[nn.Parameter, ...]
     """The trainable parameters of those seeds: the only ones a shadow loss may update
     (`loss.backward(inputs=list(parameters))`), so the layers after the slots learn nothing from it."""
+
+    @property
+    def rows(self) -> int:
+        """How many samples of the batch the shadow ran on (the first ones): its targets are `targets[:rows]`."""
+        return int(self.outputs.shape[1])
 
 
 class MorphogeneticModel(nn.Module):
@@ -100,6 +150,9 @@ class MorphogeneticModel(nn.Module):
         self._point_of_slot = [list(points).index(slot_id) for slot_id in ordered]
         self._batch_norms = [m for m in host.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
         self._compile_settings: CompileSettings | None = None
+        for position, slot in enumerate(self.slots()):
+            site = find_width_site(host.segments, self._point_of_slot[position], slot.channels)
+            slot.width_site, slot.width_problem = (site, "") if isinstance(site, WidthSite) else (None, site)
 
     # ---------------------------------------------------------------- access
     @property
@@ -124,15 +177,38 @@ class MorphogeneticModel(nn.Module):
         """Germinate `blueprint` in `slot_id` on the host's device and dtype."""
         reference = next(self.host.parameters())
         slot = self.slot(slot_id)
-        slot.germinate(blueprint, epoch, device=reference.device, dtype=reference.dtype, **options)
+        slot.germinate(blueprint, epoch, device=reference.device, dtype=reference.dtype,
+                       neighbour=self._segment_before(slot_id), **options)
+        return slot
+
+    def graft(self, slot_id: str, blueprint: str, epoch: int = 0, **options: Any) -> SeedSlot:
+        """Germinate `blueprint` in `slot_id` to train with the host from the start (see `SeedSlot.graft`)."""
+        reference = next(self.host.parameters())
+        slot = self.slot(slot_id)
+        slot.graft(blueprint, epoch, device=reference.device, dtype=reference.dtype,
+                   neighbour=self._segment_before(slot_id), **options)
         return slot
 
     def install(self, slot_id: str, blueprint: str, *, blend: BlendKind | None = None, **options: Any) -> SeedSlot:
         """Install `blueprint` in `slot_id` as a fixed part of the architecture (see `SeedSlot.install`)."""
         reference = next(self.host.parameters())
         slot = self.slot(slot_id)
-        slot.install(blueprint, blend=blend, device=reference.device, dtype=reference.dtype, **options)
+        slot.install(blueprint, blend=blend, device=reference.device, dtype=reference.dtype,
+                     neighbour=self._segment_before(slot_id), **options)
         return slot
+
+    def can_graft(self, slot_id: str, blueprint: str) -> bool:
+        """Whether `blueprint` can be grafted into `slot_id`: it adds a layer (a widening seed does not), and a
+        copy of the layer before the slot (`block_copy`) finds that layer in this host."""
+        recipe = get_blueprint(self.topology, blueprint)
+        if recipe.kind is BlueprintKind.WIDEN:
+            return False
+        return recipe.neighbour_fits is None or recipe.neighbour_fits(self._segment_before(slot_id))
+
+    def _segment_before(self, slot_id: str) -> nn.Module:
+        """The host segment that ends at `slot_id`: where a seed that copies the layer before its slot copies it."""
+        segment: nn.Module = self.host.segments[self.host.point_index(slot_id)]
+        return segment
 
     def architecture(self) -> dict[str, str]:
         """Slot id -> blueprint of every seed that is part of the output now (BLENDING, HOLDING, FOSSILIZED)."""
@@ -159,31 +235,64 @@ class MorphogeneticModel(nn.Module):
     # ---------------------------------------------------------------- forward
     # Every pass is one walk over the host's segments (`_walk`); what differs is what each does at a slot.
 
-    def _walk(self, x: Tensor, at_slot: SlotStep, after: int | None = None) -> Tensor:
+    def _walk(self, x: Tensor, at_slot: SlotStep, after: int | None = None, widening: frozenset[int] = frozenset(),
+              at_point: SlotStep | None = None) -> Tensor:
         """Run the host's segments to its output, mapping the activation at each slot with `at_slot`.
 
         `at_slot(position, slot, h)` gets the slot's position in `slot_ids` (its column in an execution plan
         or an alpha table). `x` is the host's input, or with `after` the activation just past the slot at
         that position: the walk resumes from the segment after it.
+
+        The slots at `widening` hold running widening seeds (`morphogen.core.width`): `at_slot` runs for them
+        at their injection point, the consumer's output inside the next segment, with `slot.tap` (the
+        producer's input) set; at their own point the walk calls `at_point` (default: nothing happens there).
         """
-        host = self.host
+        taps: dict[int, Tensor] = {}
         start = 0 if after is None else self._point_of_slot[after] + 1
         for index in range(start, len(self._slot_at_point)):
-            x = host.run_segment(index, x)
+            x = self._run_segment(index, x, at_slot, widening, taps)
             position = self._slot_at_point[index]
-            if position is not None:
-                x = at_slot(position, self._slot_at(position), x)
-        return host.run_segment(len(self._slot_at_point), x)
+            if position is None:
+                continue
+            slot = self._slot_at(position)
+            if position not in widening:
+                x = at_slot(position, slot, x)
+            elif at_point is not None:
+                x = _with_tap(at_point, position, slot, taps.get(position), x)
+        return self._run_segment(len(self._slot_at_point), x, at_slot, widening, taps)
+
+    def _run_segment(self, index: int, x: Tensor, at_slot: SlotStep, widening: frozenset[int],
+                     taps: dict[int, Tensor]) -> Tensor:
+        """Segment `index`, cut where a widening seed reads its tap or injects its output inside it."""
+        def inject(position: int, h: Tensor, tap: Tensor | None) -> Tensor:
+            return _with_tap(at_slot, position, self._slot_at(position), tap, h)
+
+        sites = self._sites_in(widening)
+        if not sites:
+            return self.host.run_segment(index, x)
+        return run_cut_segment(self.host.segments[index], index, x, sites, inject, taps)
+
+    def _sites_in(self, widening: frozenset[int]) -> list[tuple[int, WidthSite]]:
+        sites = [(position, self._slot_at(position).width_site) for position in sorted(widening)]
+        return [(position, site) for position, site in sites if site is not None]
+
+    def _widening(self, plan: ExecutionPlan) -> frozenset[int]:
+        """Positions of the slots whose running seed widens the layers around them, in `plan`."""
+        return frozenset(position for position, slot_plan in enumerate(plan)
+                         if slot_plan.widens and slot_plan.mode is not SlotMode.IDENTITY)
 
     def _slot_at(self, position: int) -> SeedSlot:
         return cast(SeedSlot, self.seed_slots[self._slot_ids[position]])  # ModuleDict is typed as holding any Module
 
     def forward(self, x: Tensor) -> Tensor:
         """The model's output, each slot in its current mode (the host's output when no seed is blended in)."""
-        return self._walk(x, lambda position, slot, h: slot(h))
+        return self._walk(x, lambda position, slot, h: slot(h), widening=self._widening(self.execution_plan()))
 
-    def forward_with_shadow(self, x: Tensor) -> tuple[Tensor, ShadowOutput | None]:
+    def forward_with_shadow(self, x: Tensor, shadow_rows: int | None = None) -> tuple[Tensor, ShadowOutput | None]:
         """The host forward and, when seeds are TRAINING, their shadow outputs (None when none is).
+
+        The shadow pass runs on the first `shadow_rows` samples of the batch (None: all of them): the seeds'
+        gradients then come from fewer samples, for a shadow pass that costs that fraction.
 
         Train a TRAINING seed by stepping its optimizer on `task_loss(shadow.outputs[k], targets)`
         backpropagated with `backward(inputs=list(shadow.parameters))`: the seed sees what its own
@@ -204,6 +313,9 @@ class MorphogeneticModel(nn.Module):
         output, captured = host_forward(self, x, plan)
         if not captured:
             return output, None
+        if shadow_rows is not None:
+            captured = tuple((h[:shadow_rows], None if tap is None else tap[:shadow_rows])
+                             for h, tap in captured)  # (rows, ...) each
         with running_statistics(self._batch_norms):
             shadow_outputs = shadow_pass(self, captured, plan)
         training = [position for position, slot_plan in enumerate(plan) if slot_plan.mode is SlotMode.SHADOW]
@@ -223,41 +335,61 @@ class MorphogeneticModel(nn.Module):
         """
         self._compile_settings = settings
 
-    def _host_forward(self, x: Tensor, plan: ExecutionPlan) -> tuple[Tensor, tuple[Tensor, ...]]:
-        """The model's output and, when grad is on, the detached activation at each TRAINING slot.
+    def _host_forward(self, x: Tensor, plan: ExecutionPlan) -> tuple[Tensor, Captured]:
+        """The model's output and, when grad is on, the detached activation at each TRAINING slot (with the
+        detached producer input of a widening seed, None for the others).
 
         Reads slot behaviour from `plan`, never from the lifecycle, so a compiled copy specializes on it.
         """
-        captured: list[Tensor] = []
+        captured: list[tuple[Tensor, Tensor | None]] = []
         capture = torch.is_grad_enabled()
+        widening = self._widening(plan)
 
         def at_slot(position: int, slot: SeedSlot, h: Tensor) -> Tensor:
             mode = plan[position].mode
-            if mode is SlotMode.SHADOW and capture:
-                captured.append(h.detach())
+            if mode is SlotMode.SHADOW and capture and position not in widening:
+                captured.append((h.detach(), None))
             return slot.run(mode, h)
 
-        return self._walk(x, at_slot), tuple(captured)
+        def at_point(position: int, slot: SeedSlot, h: Tensor) -> Tensor:
+            if plan[position].mode is SlotMode.SHADOW and capture:  # where its shadow rows will join the pass
+                assert slot.tap is not None
+                captured.append((h.detach(), slot.tap.detach()))
+            return h
 
-    def _shadow_pass(self, captured: tuple[Tensor, ...], plan: ExecutionPlan) -> Tensor:
+        return self._walk(x, at_slot, widening=widening, at_point=at_point), tuple(captured)
+
+    def _shadow_pass(self, captured: Captured, plan: ExecutionPlan) -> Tensor:
         """Run the layers after each TRAINING slot with that seed fully in, all seeds in one batch: (K, B, ...).
 
         `captured` holds the host's activation at each TRAINING slot of `plan`, in execution order. Rows
         join the batch at their own slot: before it, a row's activation would equal the host's, which
-        `captured` already holds, so nothing upstream is recomputed.
+        `captured` already holds, so nothing upstream is recomputed. A widening seed's rows join at its slot
+        too and get the seed at its injection point, inside the next segment, where they are the last B rows.
         """
         training = [position for position, slot_plan in enumerate(plan) if slot_plan.mode is SlotMode.SHADOW]
+        widening, rows = self._widening(plan), captured[0][0].shape[0]
 
         def at_slot(position: int, slot: SeedSlot, h: Tensor) -> Tensor:
-            h = slot.run(plan[position].mode, h)  # the host's own behaviour at this slot for the rows already in
+            mode = plan[position].mode
+            if position in widening and mode is SlotMode.SHADOW:
+                slot.tap = captured[training.index(position)][1]  # the walk resets it after this call
+                return torch.cat([h[:-rows], slot.shadow(h[-rows:])])  # (k*B, ...): only its own rows get it
+            h = slot.run(mode, h)  # the host's own behaviour at this slot for the rows already in
             if position not in training:
                 return h
-            shadow = slot.shadow(captured[training.index(position)])  # (B, ...): this seed fully in
+            shadow = slot.shadow(captured[training.index(position)][0])  # (B, ...): this seed fully in
             return torch.cat([h, shadow])  # (k*B, ...)
 
+        def at_point(position: int, slot: SeedSlot, h: Tensor) -> Tensor:
+            if plan[position].mode is not SlotMode.SHADOW:
+                return h
+            return torch.cat([h, captured[training.index(position)][0]])  # (k*B, ...): seeded at the injection
+
         first = training[0]
-        x = self._walk(self._slot_at(first).shadow(captured[0]), at_slot, after=first)
-        return x.reshape(len(captured), captured[0].shape[0], *x.shape[1:])  # (K, B, ...)
+        start = captured[0][0] if first in widening else self._slot_at(first).shadow(captured[0][0])
+        x = self._walk(start, at_slot, after=first, widening=widening, at_point=at_point)
+        return x.reshape(len(captured), rows, *x.shape[1:])  # (K, B, ...)
 
     def counterfactual_forward(self, x: Tensor, alphas: Tensor | Sequence[Sequence[float]]) -> Tensor:
         """Outputs for K alpha configurations at once: `alphas` is [K, n_slots] -> output [K, B, ...].
@@ -296,10 +428,55 @@ class MorphogeneticModel(nn.Module):
                 return blended.reshape(k * batch, *h.shape[1:])  # (K*B, ...)
             return blend(h, torch.tensor(column, device=h.device, dtype=h.dtype).repeat_interleave(batch))  # (K*B,)
 
-        x = self._walk(x, at_slot)
+        x = self._walk(x, at_slot, widening=self._widening(self.execution_plan()))
         if not expanded:
             return x.unsqueeze(0).expand(k, *x.shape)  # (K, B, ...)
         return x.reshape(k, batch, *x.shape[1:])  # (K, B, ...)
 
     def stages(self) -> dict[str, Stage]:
         return {slot.slot_id: slot.stage for slot in self.slots()}
+
+    def growth_signals(self, x: Tensor, loss: Callable[[Tensor], Tensor]) -> dict[str, GrowthSignal]:
+        """How much the loss could gain from growth at each empty slot, measured on the batch `x`.
+
+        Per empty slot: `depth`, at the slot's activation (where a deepening seed adds its output), and
+        `width`, at the consumer's output (where a widening seed adds the new channels' contribution; None
+        without a width site). Each is sqrt(mean ||dl/da||^2 * mean ||a||^2) over the samples, the gradient
+        norm of a sample's loss at activation `a` times the activation's norm: the first-order loss change a
+        perturbation of `a` in proportion to its size can make, whatever the activation's scale (a batch
+        norm after it makes the loss blind to that scale). Tensors on the device: read them once (one sync).
+
+        Runs in eval mode (batch norms read their running statistics, dropout is off) and with `autograd.grad`,
+        so no parameter gradient, buffer or random generator of the training is touched.
+        """
+        was_training = self.training
+        self.eval()
+        empty = {position for position, slot in enumerate(self.slots()) if slot.seed is None}
+        probed = frozenset(position for position in empty if self._slot_at(position).width_site is not None)
+        depth: dict[int, Tensor] = {}
+        width: dict[int, Tensor] = {}
+
+        def at_slot(position: int, slot: SeedSlot, h: Tensor) -> Tensor:
+            if position in empty:  # at the consumer's output for a slot with a width site, else at the slot
+                (width if position in probed else depth)[position] = h
+            output: Tensor = slot(h)
+            return output
+
+        def at_point(position: int, slot: SeedSlot, h: Tensor) -> Tensor:  # a widening seed's or empty slot's point
+            if position in probed:
+                depth[position] = h
+            return h
+
+        try:
+            with torch.enable_grad():
+                output = self._walk(x, at_slot, widening=probed | self._widening(self.execution_plan()),
+                                    at_point=at_point)
+                points = [*depth.values(), *width.values()]
+                gradients = torch.autograd.grad(loss(output), points, allow_unused=True) if points else ()
+        finally:
+            self.train(was_training)
+        batch = x.shape[0]
+        measured = [_signal(h, g, batch) for h, g in zip(points, gradients, strict=True)]
+        depths, widths = dict(zip(depth, measured[:len(depth)], strict=True)), dict(zip(width, measured[len(depth):],
+                                                                                           strict=True))
+        return {self._slot_ids[p]: GrowthSignal(depths[p], widths.get(p)) for p in sorted(depths)}

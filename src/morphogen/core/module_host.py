@@ -156,24 +156,31 @@ def _split_graph(traced: fx.GraphModule, names: Sequence[str]) -> tuple[list[nn.
     inputs = [node for node in nodes if node.op == "placeholder"]
     if len(inputs) != 1:
         raise HostBuildError(f"the model's forward takes {len(inputs)} inputs; a host takes one tensor")
-    cuts = []
-    for name in names:
-        calls = [node for node in nodes if node.op == "call_module" and node.target == name]
-        if len(calls) != 1:
-            raise HostBuildError(f"slot after {name!r}: forward calls it {len(calls)} times; a slot needs exactly one "
-                                 "call on the main path")
-        cuts.append(calls[0])
-    cuts.sort(key=position.__getitem__)
+    cuts = sorted((_only_call(nodes, name) for name in names), key=position.__getitem__)
     for cut in cuts:
-        crossing = [node.name for node in nodes[:position[cut]] if node.op != "get_attr"
-                    and any(position[user] > position[cut] for user in node.users)]
-        if crossing:
-            raise HostBuildError(f"slot after {cut.target!r}: it sits inside a branch: {', '.join(crossing)} "
-                                 "also reach the code after it (a residual connection?); put the slot after the "
-                                 "enclosing block")
+        _check_nothing_flows_past(cut, nodes, position)
     boundaries = [inputs[0], *cuts, nodes[-1]]
     segments: list[nn.Module] = [_segment(traced, nodes, position, start, end) for start, end in pairwise(boundaries)]
     return segments, [str(cut.target) for cut in cuts]
+
+
+def _only_call(nodes: list[fx.Node], name: str) -> fx.Node:
+    """The one call of submodule `name` in the graph; a slot cannot follow a submodule called twice or never."""
+    calls = [node for node in nodes if node.op == "call_module" and node.target == name]
+    if len(calls) != 1:
+        raise HostBuildError(f"slot after {name!r}: forward calls it {len(calls)} times; a slot needs exactly one "
+                             "call on the main path")
+    return calls[0]
+
+
+def _check_nothing_flows_past(cut: fx.Node, nodes: list[fx.Node], position: dict[fx.Node, int]) -> None:
+    """Refuse a cut that another value crosses: the segments would lose it."""
+    crossing = [node.name for node in nodes[:position[cut]] if node.op != "get_attr"
+                and any(position[user] > position[cut] for user in node.users)]
+    if crossing:
+        raise HostBuildError(f"slot after {cut.target!r}: it sits inside a branch: {', '.join(crossing)} "
+                             "also reach the code after it (a residual connection?); put the slot after the "
+                             "enclosing block")
 
 
 def _segment(traced: fx.GraphModule, nodes: list[fx.Node], position: dict[fx.Node, int], start: fx.Node,

@@ -35,7 +35,7 @@ from torch import Tensor, nn
 
 from morphogen.core.alpha import AlphaController, AlphaCurve, AlphaMode
 from morphogen.core.blend import Blend, BlendKind, add_blend, gate_blend, multiply_blend
-from morphogen.core.blueprints import CHANNEL_DIM, build_seed
+from morphogen.core.blueprints import CHANNEL_DIM, BlueprintKind, build_seed, get_blueprint
 from morphogen.core.lifecycle import (
     NEXT_STAGE,
     PRUNABLE_STAGES,
@@ -49,6 +49,7 @@ from morphogen.core.lifecycle import (
     Stage,
     evaluate_gate,
 )
+from morphogen.core.width import NoWidthSiteError, WidthSite
 
 
 class SlotMode(enum.Enum):
@@ -74,6 +75,8 @@ class SlotPlan(NamedTuple):
     options: str = ""
     blend: BlendKind | None = None
     detach_input: bool = False
+    #: The seed widens the layers around the slot: it runs at their injection point, not at the slot.
+    widens: bool = False
 
 
 IDLE = SlotPlan(SlotMode.IDENTITY)
@@ -145,6 +148,12 @@ class SeedSlot(nn.Module):
         self.signals = SeedSignals()
         self.transitions: list[TransitionRecord] = []
         self.register_buffer("alpha_value", torch.zeros(()), persistent=False)
+        #: The layers around the slot that a widening seed widens (set by `MorphogeneticModel`), or None.
+        self.width_site: WidthSite | None = None
+        #: Why the slot has no width site (shown when a widening blueprint is refused).
+        self.width_problem = "it is not part of a model (MorphogeneticModel finds the layers around a slot)"
+        #: A widening seed's input, the producer's input, handed over by the model's walk just before the slot runs.
+        self.tap: Tensor | None = None
 
     # ---------------------------------------------------------------- read-only views
     @property
@@ -162,6 +171,11 @@ class SeedSlot(nn.Module):
 
     def seed_parameter_count(self) -> int:
         return sum(p.numel() for p in self.seed_parameters())
+
+    @property
+    def widens(self) -> bool:
+        """Whether the slot holds a widening seed (new channels of the layers around it)."""
+        return self.seed is not None and get_blueprint(self.topology, str(self.blueprint)).kind is BlueprintKind.WIDEN
 
     # ---------------------------------------------------------------- forward
     @property
@@ -181,7 +195,7 @@ class SeedSlot(nn.Module):
         if mode is SlotMode.IDENTITY:
             return IDLE
         options = repr(sorted(self.blueprint_options.items()))
-        return SlotPlan(mode, str(self.blueprint), options, self.blend_kind, self.detach_input)
+        return SlotPlan(mode, str(self.blueprint), options, self.blend_kind, self.detach_input, self.widens)
 
     def forward(self, h: Tensor, alpha: Tensor | float | None = None) -> Tensor:
         """The slot on the host path in its current mode; `alpha` overrides a blended seed's alpha."""
@@ -205,12 +219,24 @@ class SeedSlot(nn.Module):
         configurations (one per sample: [N]).
         """
         assert self.blend is not None and self.seed is not None
-        shadow: Tensor = self.blend(h, self.seed(h), alpha)
+        seeded = h + self.seed(self._tap()) if self.widens else self.seed(h)
+        shadow: Tensor = self.blend(h, seeded, alpha)
         return shadow
 
+    def _tap(self) -> Tensor:
+        assert self.tap is not None, "a widening seed runs inside the model's walk, which hands it the producer's input"
+        return self.tap
+
     def seed_output(self, h: Tensor) -> Tensor:
-        """The seed's output `s` for a blended stage, before blending (input detached per `detach_input`)."""
+        """The seed's output `s` for a blended stage, before blending (input detached per `detach_input`).
+
+        A widening seed's `h` is the consumer's output; `s` adds what the new channels bring to it.
+        """
         assert self.seed is not None
+        if self.widens:
+            tap = self._tap()
+            added: Tensor = self.seed(tap.detach() if self.detach_input else tap)
+            return h + added
         if self.detach_input:
             s: Tensor = self.seed(h.detach())
             return s + (h - h.detach())  # value unchanged; gives the host its skip-path gradient back
@@ -237,6 +263,7 @@ class SeedSlot(nn.Module):
         previous = self.lifecycle.stage
         self.lifecycle.transition(target, epoch)
         self.signals.accuracy_at_stage_start = self.signals.accuracy
+        self.signals.loss_at_stage_start = self.signals.loss
         self.transitions.append(TransitionRecord(epoch, self.slot_id, self.blueprint or "", previous, target, reason))
 
     def _sync_alpha(self) -> None:
@@ -244,11 +271,13 @@ class SeedSlot(nn.Module):
 
     def germinate(self, blueprint: str, epoch: int = 0, *, blend: BlendKind | None = None,
                   blend_epochs: int | None = None, device: torch.device | str | None = None,
-                  dtype: torch.dtype | None = None, **options: Any) -> None:
+                  dtype: torch.dtype | None = None, neighbour: nn.Module | None = None, **options: Any) -> None:
         """Build a seed from `blueprint` in this empty slot (DORMANT -> GERMINATED).
 
         `blend` and `blend_epochs` choose this seed's blend operator and the length of its ramp into
-        the host; by default they come from the slot config.
+        the host; by default they come from the slot config. `neighbour` is the host segment that ends at
+        this slot, which a seed that starts as a copy of the layer before it (`block_copy`) needs;
+        `MorphogeneticModel.germinate` passes it.
         """
         if blend_epochs is not None and blend_epochs < 0:
             raise ValueError(f"blend_epochs must be >= 0, got {blend_epochs}")
@@ -257,26 +286,72 @@ class SeedSlot(nn.Module):
         device = device if device is not None else self.alpha_value.device
         blend_kind = blend or self.config.blend
         # Build everything before touching the slot, so a refused blueprint or option changes nothing.
-        seed = build_seed(self.topology, blueprint, self.channels, device=device, dtype=dtype, **options)
+        recipe = get_blueprint(self.topology, blueprint)
+        if neighbour is not None and recipe.options_from_neighbour is not None:
+            options = {**recipe.options_from_neighbour(neighbour), **options}
+        seed = self._build_seed(blueprint, blend_kind, device, dtype, options)
+        if recipe.neighbour_init is not None:
+            if neighbour is None:
+                raise ValueError(f"blueprint {blueprint!r} starts as a copy of the host's layer before slot "
+                                 f"{self.slot_id}: germinate it through MorphogeneticModel.germinate")
+            recipe.neighbour_init(seed, neighbour)
         blend_module = Blend(blend_kind, self.channels, channel_dim=CHANNEL_DIM[self.topology], device=device,
                              dtype=dtype)
         self.seed, self.blend, self.blend_kind = seed, blend_module, blend_kind
         self.blend_epochs = self.config.blend_epochs if blend_epochs is None else blend_epochs
         self.blueprint, self.blueprint_options = blueprint, dict(options)
+        detach = self.config.detach_input  # a seed installed or grafted before may have changed it
+        self.detach_input = DETACH_AFTER_TRAINING[self.topology] if detach is None else detach
         self.alpha = AlphaController(steepness=self.alpha.steepness)
-        self.signals = SeedSignals(accuracy=self.signals.accuracy)
+        self.signals = SeedSignals(accuracy=self.signals.accuracy, loss=self.signals.loss)
         self._sync_alpha()
         self._move(Stage.GERMINATED, epoch, f"germinated {blueprint}")
 
+    def graft(self, blueprint: str, epoch: int = 0, *, blend: BlendKind | None = None,
+              blend_epochs: int | None = None, device: torch.device | str | None = None,
+              dtype: torch.dtype | None = None, neighbour: nn.Module | None = None, **options: Any) -> None:
+        """Germinate `blueprint` to train with the host from the start: BLENDING at once, no TRAINING behind it.
+
+        How depth growth adds a layer (the GROW action): the new layer learns jointly with the host, as in
+        the depth-growth work whose compute savings morphogen measures (Gstack, LiGO, bert2BERT), rather than
+        behind it (on `text`, seeds trained behind the host captured under a tenth of what the same capacity
+        gives trained with it). A seed that is the identity at birth enters at alpha 1: it changes nothing
+        yet, and a ramp would only scale its gradient down. One that is not (`block_copy`) ramps from alpha 0
+        to 1 over `blend_epochs` epochs, the first of them already at 1 / `blend_epochs`. Its input is not
+        detached, and the fossilize gate still judges it in HOLDING.
+        """
+        self.germinate(blueprint, epoch, blend=blend, blend_epochs=blend_epochs, device=device, dtype=dtype,
+                       neighbour=neighbour, **options)
+        self.detach_input = False
+        reason = f"grafted {blueprint}: trains with the host from the start"
+        self._move(Stage.TRAINING, epoch, reason)
+        self._move(Stage.BLENDING, epoch, reason)
+        identity = get_blueprint(self.topology, blueprint).identity_at_birth
+        self.alpha.retarget(1.0, 0 if identity else self.blend_epochs, self.config.blend_curve)
+        self.alpha.tick()  # the first epoch of the ramp already blends the seed in
+        self._sync_alpha()
+        self._finish_ramp(epoch)
+    def _build_seed(self, blueprint: str, blend: BlendKind, device: torch.device | str | None,
+                    dtype: torch.dtype | None, options: dict[str, Any]) -> nn.Module:
+        """The seed module of `blueprint`; a widening one at this slot's width site, blended by adding."""
+        if get_blueprint(self.topology, blueprint).kind is BlueprintKind.WIDEN:
+            if self.width_site is None:
+                raise NoWidthSiteError(f"slot {self.slot_id} cannot widen the layers around it: {self.width_problem}")
+            if blend is not BlendKind.ADD:
+                raise ValueError(f"a widening seed adds its channels' output ({blueprint!r} blends by add, got "
+                                 f"{blend.value})")
+        return build_seed(self.topology, blueprint, self.channels, device=device, dtype=dtype, site=self.width_site,
+                          **options)
+
     def install(self, blueprint: str, epoch: int = 0, *, blend: BlendKind | None = None,
                 device: torch.device | str | None = None, dtype: torch.dtype | None = None,
-                **options: Any) -> None:
+                neighbour: nn.Module | None = None, **options: Any) -> None:
         """Place a seed as a fixed part of the architecture: FOSSILIZED at alpha 1 from the start.
 
         Its input is not detached, so it trains with the host like any other layer. This is how a grown
         model's final architecture is trained from scratch for comparison (`morphogen run`).
         """
-        self.germinate(blueprint, epoch, blend=blend, device=device, dtype=dtype, **options)
+        self.germinate(blueprint, epoch, blend=blend, device=device, dtype=dtype, neighbour=neighbour, **options)
         for stage in (Stage.TRAINING, Stage.BLENDING, Stage.HOLDING, Stage.FOSSILIZED):
             self._move(stage, epoch, f"installed {blueprint} as part of the architecture")
         self.alpha.retarget(1.0, 0)
@@ -301,7 +376,7 @@ class SeedSlot(nn.Module):
         self._move(target, epoch, reason)
         if target is Stage.BLENDING:
             # From here on contribution means acc(with) - acc(without) at the real alpha, not the shadow.
-            self.signals.contribution = None
+            self.signals.contribution = self.signals.loss_contribution = None
         if target is Stage.BLENDING and not self.alpha.ramping:
             self.alpha.retarget(1.0, self.blend_epochs, self.config.blend_curve)
             self._sync_alpha()
@@ -323,7 +398,7 @@ class SeedSlot(nn.Module):
         self._move(Stage.PRUNED, epoch, reason)
         self.seed, self.blend = None, None
         self.alpha = AlphaController(steepness=self.alpha.steepness)
-        self.signals = SeedSignals(accuracy=self.signals.accuracy)
+        self.signals = SeedSignals(accuracy=self.signals.accuracy, loss=self.signals.loss)
         self._sync_alpha()
         self.lifecycle.embargo_remaining = self.config.embargo_epochs
 
@@ -403,12 +478,19 @@ class SeedSlot(nn.Module):
             self._enter(target, epoch, f"auto: {result.reason}")
 
     def record_signals(self, *, accuracy: float | None = None, gradient_health: float | None = None,
-                       gradient_ratio: float | None = None, contribution: float | None = None) -> None:
+                       gradient_ratio: float | None = None, contribution: float | None = None,
+                       loss: float | None = None, loss_contribution: float | None = None) -> None:
         """Store the latest measurements the gates read; a None argument leaves that signal as it was."""
         if accuracy is not None:
             self.signals.accuracy = accuracy
             if self.signals.accuracy_at_stage_start is None:
                 self.signals.accuracy_at_stage_start = accuracy
+        if loss is not None:
+            self.signals.loss = loss
+            if self.signals.loss_at_stage_start is None:
+                self.signals.loss_at_stage_start = loss
+        if loss_contribution is not None:
+            self.signals.loss_contribution = loss_contribution
         if gradient_health is not None:
             self.signals.gradient_health = gradient_health
         if gradient_ratio is not None:
@@ -453,8 +535,7 @@ class SeedSlot(nn.Module):
             assert self.blueprint is not None
             device = self.alpha_value.device
             dtype = _dtype_from_name(state["seed_dtype"])
-            self.seed = build_seed(self.topology, self.blueprint, self.channels, device=device, dtype=dtype,
-                                   **self.blueprint_options)
+            self.seed = self._build_seed(self.blueprint, self.blend_kind, device, dtype, self.blueprint_options)
             self.blend = Blend(self.blend_kind, self.channels, channel_dim=CHANNEL_DIM[self.topology], device=device,
                                dtype=dtype)
             self._freeze_if_ramping_down()

@@ -74,12 +74,6 @@ class DeviceDataset:
         """A dataset with both tensors on `device` (the same tensors when they already are)."""
         return DeviceDataset(self.inputs.to(device), self.targets.to(device))
 
-    def num_batches(self, batch_size: int, drop_last: bool = False) -> int:
-        """How many batches one epoch of `iterate_batches(batch_size, drop_last=...)` yields."""
-        _check_batch_size(batch_size)
-        full, remainder = divmod(len(self), batch_size)
-        return full if drop_last or remainder == 0 else full + 1
-
     def iterate_batches(
         self,
         batch_size: int,

@@ -33,54 +33,18 @@ from typing import Any, Protocol
 
 import numpy as np
 import torch
-from sklearn.datasets import load_digits  # type: ignore[import-untyped]
-from sklearn.model_selection import train_test_split  # type: ignore[import-untyped]
 from torch import Tensor
 
+from morphogen.data.catalog import DEFAULT_HOST_SIZES, TASK_NAMES
 from morphogen.data.cifar import CIFAR10_NUM_CLASSES, EXPECTED_LAYOUT, read_cifar10, uint8_channel_mean_std
 from morphogen.data.datasets import Augmentation, DeviceDataset, random_crop_flip
+from morphogen.data.digits import read_digits, stratified_split
 from morphogen.data.errors import DataError
 from morphogen.data.mnist1d import MNIST1D_NUM_CLASSES, generate_mnist1d
 from morphogen.data.text import encode_characters, next_character_windows, read_default_corpus, read_text_file
 from morphogen.limits import short_repr
 
-__all__ = ["DEFAULT_HOST_SIZES", "DEFAULT_OPTIMIZERS", "TASK_NAMES", "TASK_TOPOLOGIES", "DataError", "Task",
-           "host_size", "load_task"]
-
-TASK_NAMES: tuple[str, ...] = ("digits", "cifar10", "text", "mnist1d")
-
-CNN_HOST_SIZE = {"n_blocks": 3, "base_channels": 32, "kernel_size": 3}
-"""CNNHost size for `cifar10`: 3 blocks of width 32/64/128."""
-DIGITS_HOST_SIZE = {"n_blocks": 2, "base_channels": 8, "kernel_size": 3}
-"""CNNHost size for `digits`: 2 blocks of width 8/16 (1,442 parameters, ~97.7% without growth). Small on
-purpose, so that growth has room: the 3-block width-32 host (94k parameters) reaches ~99.4%, and a
-conv seed at r0c0 of this host trained from scratch with it reaches ~98.5%."""
-TRANSFORMER_HOST_SIZE = {"d_model": 32, "n_heads": 4, "n_layers": 2, "block_size": 64, "n_segments": 2}
-"""TransformerHost size for `text`: 2 layers of width 32, ~31k parameters for a ~100-character vocabulary.
-Measured on 1,000 training windows, 30 epochs, AdamW (tuning seed 100): it reaches ~50.7% character accuracy,
-as much as the 4-layer width-64 host (210k parameters, ~50.8%) in a third of the time; width 16 reaches ~44.6%."""
-MNIST1D_HOST_SIZE = {"n_blocks": 2, "base_channels": 8, "kernel_size": 5}
-"""Conv1dHost size for `mnist1d`: 2 blocks of width 8/16 (898 parameters; 40 points pool to 20, 10), ~90%
-without growth. Deliberately small, below the ~5k-parameter CNN of the MNIST-1D paper (94%), so that
-growth has room: a 3-block width-8 host reaches ~95%, and this host with a conv_heavy seed in r0c1
-trained from scratch ~95.6%."""
-
-TASK_TOPOLOGIES: dict[str, str] = {"digits": "cnn", "cifar10": "cnn", "text": "transformer", "mnist1d": "cnn1d"}
-"""The host topology of each task."""
-DEFAULT_HOST_SIZES: dict[str, dict[str, int]] = {
-    "digits": DIGITS_HOST_SIZE, "cifar10": CNN_HOST_SIZE, "text": TRANSFORMER_HOST_SIZE, "mnist1d": MNIST1D_HOST_SIZE,
-}
-"""Each task's host size: the host constructor arguments a `[host]` table may override, with their defaults."""
-
-TEXT_OPTIMIZER = {"name": "adamw", "host_lr": 5e-3, "seed_lr": 5e-3, "host_weight_decay": 0.01,
-                  "seed_weight_decay": 0.0}
-"""AdamW for the `text` transformer: under the image tasks' SGD (lr 0.01, momentum 0.9) the 210k-parameter host
-stayed far from fitting (39% character accuracy after 30 epochs on 1,000 windows); AdamW at lr 2e-3 took it
-to ~50.8%. For the default 2-layer width-32 host, lr 5e-3 beat 2e-3 (50.7% against 49.3%, tuning seed 100)."""
-DEFAULT_OPTIMIZERS: dict[str, dict[str, object]] = {"text": TEXT_OPTIMIZER}
-"""Each task's default optimizer, as `[episode.optimizer]` keys (`morphogen.env.training.OptimizerConfig`)
-over that class's defaults; a task not listed trains with those defaults (SGD, lr 0.01, momentum 0.9).
-Plain values: the data layer imports no other morphogen layer."""
+__all__ = ["BatchSource", "DataError", "Task", "host_size", "load_task"]
 
 DIGITS_VALIDATION_FRACTION = 0.2
 DIGITS_SPLIT_SEED = 0
@@ -217,16 +181,9 @@ def _kept_training_indices(count: int, max_train_samples: int | None, seed: int)
 
 def _load_digits(device: torch.device, seed: int, max_train_samples: int | None, size: dict[str, int]) -> Task:
     """Pixels scaled to [0, 1], then one mean/std over all training pixels (the single channel)."""
-    digits = load_digits()
-    images = digits.images.astype(np.float64)[:, None] / 16.0  # (N, 1, 8, 8), pixel values 0..16 -> [0, 1]
-    labels = digits.target.astype(np.int64)
-    train_indices, validation_indices = train_test_split(
-        np.arange(len(labels)),
-        test_size=DIGITS_VALIDATION_FRACTION,
-        stratify=labels,
-        random_state=DIGITS_SPLIT_SEED,
-    )
-    train_indices, validation_indices = np.sort(train_indices), np.sort(validation_indices)
+    pixels, labels = read_digits()
+    images = pixels.astype(np.float64)[:, None] / 16.0  # (N, 1, 8, 8), pixel values 0..16 -> [0, 1]
+    train_indices, validation_indices = stratified_split(labels, DIGITS_VALIDATION_FRACTION, DIGITS_SPLIT_SEED)
     mean, std = images[train_indices].mean(), images[train_indices].std()
     standardized = ((images - mean) / std).astype(np.float32)
     kept = _kept_training_indices(len(train_indices), max_train_samples, seed)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Iterable, Iterator
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import Tensor, nn
@@ -65,7 +65,7 @@ class StreamedBatches:
             batches: Iterable[Any] = DataLoader(self.data, batch_size=batch_size, shuffle=shuffle,  # type: ignore[arg-type]
                                                 generator=cpu_generator, drop_last=drop_last)
         else:
-            batches = self.data
+            batches = cast(Iterable[Any], self.data)  # not a Dataset: a loader or another iterable of batches
         for index, batch in enumerate(batches):
             inputs, targets = self._checked(batch, index)
             inputs = inputs.to(self._device, non_blocking=True)
@@ -96,17 +96,7 @@ def task_from_data(name: str, train: object, validation: object, *, loss: LossFu
     `host` is the model to grow (`morphogen.host_from_module`), or a function of no arguments that builds it;
     it can also be given to `morphogen.grow`. Raises `DataError` for what cannot work.
     """
-    if not isinstance(name, str) or not name.strip() or len(name) > 100:
-        raise DataError(f"task name must be a non-empty string of at most 100 characters, got {name!r}")
-    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-        raise DataError(f"batch_size must be a positive integer, got {batch_size!r}")
-    if num_classes is not None and (isinstance(num_classes, bool) or not isinstance(num_classes, int)
-                                    or num_classes < 1):
-        raise DataError(f"num_classes must be a positive integer or None, got {num_classes!r}")
-    for what, function in (("loss", loss), ("metric", metric)):
-        if function is not None and not callable(function):
-            raise DataError(f"{what} must be a function (outputs, targets) -> scalar tensor, "
-                            f"got {type(function).__name__}")
+    _check_task_arguments(name, batch_size, num_classes, loss, metric)
     target = torch.device(device)
     train_source = _source(train, target, "train")
     validation_source = _source(validation, target, "validation")
@@ -118,6 +108,25 @@ def task_from_data(name: str, train: object, validation: object, *, loss: LossFu
         metric_name=metric_name or ("accuracy" if metric is None and loss is None else
                                     "negative loss" if metric is None else "metric"),
         num_classes=num_classes, host=host, source="python")
+
+
+def _check_task_arguments(name: object, batch_size: object, num_classes: object, loss: object,
+                          metric: object) -> None:
+    """Raise `DataError` naming the first argument of `task_from_data` that cannot work."""
+    if not isinstance(name, str) or not name.strip() or len(name) > 100:
+        raise DataError(f"task name must be a non-empty string of at most 100 characters, got {name!r}")
+    if not _is_positive_int(batch_size):
+        raise DataError(f"batch_size must be a positive integer, got {batch_size!r}")
+    if num_classes is not None and not _is_positive_int(num_classes):
+        raise DataError(f"num_classes must be a positive integer or None, got {num_classes!r}")
+    for what, function in (("loss", loss), ("metric", metric)):
+        if function is not None and not callable(function):
+            raise DataError(f"{what} must be a function (outputs, targets) -> scalar tensor, "
+                            f"got {type(function).__name__}")
+
+
+def _is_positive_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
 
 
 def _source(data: object, device: torch.device, split: str) -> BatchSource:
@@ -148,10 +157,12 @@ def _topology_of(host: object) -> str:
 def task_on_device(task: Task, device: str | torch.device) -> Task:
     """`task` with its data on `device` (tensors moved once; streamed batches moved as they come)."""
     target = torch.device(device)
-    return dataclasses.replace(task, train=_moved(task.train, target), validation=_moved(task.validation, target))
+    return dataclasses.replace(task, train=source_on_device(task.train, target),
+                               validation=source_on_device(task.validation, target))
 
 
-def _moved(source: BatchSource, device: torch.device) -> BatchSource:
+def source_on_device(source: BatchSource, device: torch.device) -> BatchSource:
+    """`source` on `device`: a `DeviceDataset` copied there, streamed batches moved there as they come."""
     if isinstance(source, DeviceDataset):
         return source.to(device)
     if isinstance(source, StreamedBatches):

@@ -19,6 +19,7 @@ from morphogen.core.blend import BlendKind
 from morphogen.core.blueprints import blueprint_names
 from morphogen.core.lifecycle import PRUNABLE_STAGES, Stage
 from morphogen.core.model import MorphogeneticModel
+from morphogen.core.slot import SeedSlot
 
 
 class Op(enum.IntEnum):
@@ -28,12 +29,16 @@ class Op(enum.IntEnum):
     PRUNE = 3
     FOSSILIZE = 4
     ADVANCE = 5
+    GROW = 6
+    """Germinate one blueprint in every empty slot at once, each seed trained with the host from the start
+    (depth growth: a `block` in each slot of a host with a slot after every layer doubles its depth)."""
 
 
 HEADS = ("op", "slot", "blueprint", "blend", "blend_epochs", "alpha_target", "alpha_speed", "alpha_curve")
 #: Blend operator of a new seed (how its output joins the host's).
 BLEND_KINDS = (BlendKind.ADD, BlendKind.MULTIPLY, BlendKind.GATE)
-#: Epochs of the 0 -> 1 alpha ramp of a new seed when it starts blending.
+#: Epochs of the 0 -> 1 alpha ramp of a new seed when it starts blending (GROW: of a seed that is not the
+#: identity at birth; one that is enters at alpha 1).
 BLEND_EPOCHS = (3, 5, 8)
 ALPHA_TARGETS = (0.0, 0.3, 0.6, 1.0)
 #: Epochs of a SET_ALPHA_TARGET ramp (0 snaps).
@@ -53,6 +58,7 @@ _RELEVANT_HEADS: dict[Op, frozenset[str]] = {
     Op.PRUNE: frozenset({"slot"}),
     Op.FOSSILIZE: frozenset({"slot"}),
     Op.ADVANCE: frozenset({"slot"}),
+    Op.GROW: frozenset({"blueprint", "blend_epochs"}),
 }
 #: [n_ops, n_heads] bool: which heads matter for each op (the op head always does).
 HEAD_RELEVANCE = np.array(
@@ -82,6 +88,8 @@ class Action:
             return "WAIT"
         if self.op is Op.GERMINATE:
             return f"GERMINATE {self.blueprint}@{self.slot} ({self.blend.value}, {self.blend_epochs} ep)"
+        if self.op is Op.GROW:
+            return f"GROW {self.blueprint} in every empty slot ({self.blend_epochs} ep)"
         if self.op is Op.SET_ALPHA_TARGET:
             return f"SET_ALPHA {self.slot}->{self.alpha_target:.1f} in {self.alpha_speed} ({self.alpha_curve.value})"
         return f"{self.op.name} {self.slot}"
@@ -148,19 +156,32 @@ class ActionSpace:
         for j, slot in enumerate(slots):
             ramping = slot.alpha.mode is not AlphaMode.HOLD
             slot_valid[Op.GERMINATE, j] = slot.stage is Stage.DORMANT and not seed_in_training
+            slot_valid[Op.GROW, j] = slot_valid[Op.GERMINATE, j]  # GROW needs one empty slot and fills them all
             slot_valid[Op.SET_ALPHA_TARGET, j] = (slot.stage in (Stage.BLENDING, Stage.HOLDING)) and not ramping
             slot_valid[Op.PRUNE, j] = (slot.stage in PRUNABLE_STAGES and slot.lifecycle.seed_age >= MIN_PRUNE_AGE
                                        and not ramping)
             slot_valid[Op.FOSSILIZE, j] = slot.stage is Stage.HOLDING
             slot_valid[Op.ADVANCE, j] = slot.stage in _ADVANCEABLE and not (slot.stage is Stage.BLENDING and ramping)
-        op_mask = slot_valid.any(axis=1)
+        graftable = self._graftable(model, slots) if slot_valid[Op.GROW].any() else None
+        if graftable is not None and not graftable.any():
+            slot_valid[Op.GROW] = False
+        op_mask = np.asarray(slot_valid.any(axis=1))
         op_mask[Op.WAIT] = True
         masks: list[np.ndarray] = [op_mask]
         for head in HEADS[1:]:
             mask = slot_valid.copy() if head == "slot" else np.ones((n_ops, len(self.choices[head])), dtype=bool)
+            if head == "blueprint" and graftable is not None and graftable.any():
+                mask[Op.GROW] = graftable
             # Heads an op ignores are pinned to the canonical choice 0.
             irrelevant = ~HEAD_RELEVANCE[:, HEADS.index(head)]
             mask[irrelevant] = False
             mask[irrelevant, 0] = True
             masks.append(mask)
         return masks
+
+    def _graftable(self, model: MorphogeneticModel, slots: list[SeedSlot]) -> np.ndarray:
+        """[n_blueprints]: whether GROW can graft each blueprint into every empty slot (no widening one; a
+        copy of the layer before the slot only where the host has that layer)."""
+        empty = [slot.slot_id for slot in slots if slot.stage is Stage.DORMANT]
+        return np.array([all(model.can_graft(slot_id, name) for slot_id in empty)
+                          for name in self.blueprints], dtype=bool)

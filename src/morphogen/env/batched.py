@@ -20,12 +20,12 @@ group and epoch (`StackedEnvs`):
   too) as one; `autograd.grad` of the sum of the per-env losses gives each env its own gradient (no
   parameter is shared between envs, so the sum separates). The isolation monitor's statistics, the
   per-env clipping of each group (host, each seed) and the SGD step with momentum and weight decay
-  are a handful of whole-matrix operations, with the same formulas as `ModelTrainer` (`clip_grad_norm_`
+  are a handful of whole-matrix operations, with the same formulas as `HostAndSeedTrainer` (`clip_grad_norm_`
   and `torch.optim.SGD`, dampening 0, no Nesterov).
 - At the end of the epoch, before validation reads the models and before any action can change an
   architecture, `write_back` copies parameters, momentum buffers, buffers, the last batch's clipped
   gradients, the epoch's loss sum and the monitor's statistics into each env: afterwards every env is
-  in the state `ModelTrainer.train_batch` would have left it in.
+  in the state `HostAndSeedTrainer.train_batch` would have left it in.
 
 Batch norm: each env has its own stacked running statistics; under vmap the train-mode statistics are
 computed per env (per env and channel), and the in-place running-statistics update writes each env's
@@ -68,7 +68,7 @@ from torch.func import functional_call, vmap
 from morphogen.core.flops import Shape
 from morphogen.core.isolation import SeedAccumulation
 from morphogen.core.lifecycle import Stage
-from morphogen.core.model import MorphogeneticModel, ShadowOutput
+from morphogen.core.model import MorphogeneticModel, ShadowOutput, shadow_rows
 from morphogen.env.compute import note_batch
 from morphogen.env.episode import MorphogenesisEpisode
 from morphogen.env.evaluation import Objective, task_loss
@@ -114,8 +114,8 @@ class _TrainingForward(nn.Module):
         super().__init__()
         self.model = model
 
-    def forward(self, x: Tensor) -> tuple[Tensor, ShadowOutput | None]:
-        return self.model.forward_with_shadow(x)
+    def forward(self, x: Tensor, shadow_fraction: float) -> tuple[Tensor, ShadowOutput | None]:
+        return self.model.forward_with_shadow(x, shadow_rows(x.shape[0], shadow_fraction))
 
 
 @dataclass(frozen=True)
@@ -151,7 +151,7 @@ def trainable_groups(model: MorphogeneticModel,
                      running: dict[str, list[nn.Parameter]]) -> list[tuple[str, list[nn.Parameter], bool]]:
     """(group, parameters, learns from the shadow loss) in flat order: host, blended seeds, TRAINING seeds.
 
-    `running` is `ModelTrainer.sync_seed_optimizers()`: the trainable parameters of each running seed.
+    `running` is `HostAndSeedTrainer.sync_seed_optimizers()`: the trainable parameters of each running seed.
     A running seed with nothing trainable (ramping down, frozen) is not a group: nothing steps it.
     """
     main: list[tuple[str, list[nn.Parameter], bool]] = [(HOST_GROUP, model.host_parameters(), False)]
@@ -164,6 +164,24 @@ def trainable_groups(model: MorphogeneticModel,
         else:
             main.append((slot_id, parameters, False))
     return main + shadow
+
+
+def flat_layout(model: MorphogeneticModel, groups: list[tuple[str, list[nn.Parameter], bool]]) -> FlatLayout:
+    """The columns of the flat matrix of `model`'s trainable tensors, in the order of `trainable_groups`."""
+    names_by_id = {id(p): name for name, p in model.named_parameters()}
+    names, group_of_tensor, shadow_start, width = [], [], None, 0
+    for group_index, (_, parameters, shadow) in enumerate(groups):
+        if shadow and shadow_start is None:
+            shadow_start = width
+        for parameter in parameters:
+            names.append(names_by_id[id(parameter)])
+            group_of_tensor.append(group_index)
+            width += parameter.numel()
+    named = dict(model.named_parameters())
+    return FlatLayout(
+        names=tuple(names), shapes=tuple(named[name].shape for name in names),
+        sizes=tuple(named[name].numel() for name in names), groups=tuple(group for group, _, _ in groups),
+        tensor_groups=tuple(group_of_tensor), shadow_start=width if shadow_start is None else shadow_start)
 
 
 class StackedEnvs:
@@ -183,22 +201,9 @@ class StackedEnvs:
         template = models[0]
         self.template = template
         self.forward_module = _TrainingForward(template)
-        names_by_id = {id(p): name for name, p in template.named_parameters()}
         groups = trainable_groups(template, running[0])
         self._main_groups = {group for group, _, shadow in groups if not shadow}
-        names, group_of_tensor, shadow_start, width = [], [], None, 0
-        for group_index, (_, parameters, shadow) in enumerate(groups):
-            if shadow and shadow_start is None:
-                shadow_start = width
-            for parameter in parameters:
-                names.append(names_by_id[id(parameter)])
-                group_of_tensor.append(group_index)
-                width += parameter.numel()
-        named = dict(template.named_parameters())
-        self.layout = FlatLayout(
-            names=tuple(names), shapes=tuple(named[name].shape for name in names),
-            sizes=tuple(named[name].numel() for name in names), groups=tuple(group for group, _, _ in groups),
-            tensor_groups=tuple(group_of_tensor), shadow_start=width if shadow_start is None else shadow_start)
+        self.layout = flat_layout(template, groups)
         self.optimizers = [self._optimizers(episode) for episode in self.episodes]
         self._stack(models)
 
@@ -219,16 +224,7 @@ class StackedEnvs:
         device, dtype = reference.device, reference.dtype
         named = [dict(model.named_parameters()) for model in models]
         trainable = set(layout.names)
-        columns, momentum_columns = [], []
-        for name, group in zip(layout.names, layout.tensor_groups, strict=True):
-            parameters = [parameters[name] for parameters in named]
-            columns.append(torch.stack([p.detach() for p in parameters]).reshape(n, -1))  # (N, size)
-            buffers = [self.optimizers[env][group].state.get(p, {}).get("momentum_buffer")
-                       for env, p in enumerate(parameters)]
-            momentum_columns.append(torch.stack([torch.zeros_like(p) if b is None else b
-                                                 for p, b in zip(parameters, buffers, strict=True)]).reshape(n, -1))
-        self.flat = torch.cat(columns, dim=1)  # (N, P)
-        self.momentum = torch.cat(momentum_columns, dim=1)  # (N, P)
+        self.flat, self.momentum = self._stack_trainable(named)  # (N, P) each
         # Everything else the forward reads: buffers (updated in place by batch norm) and frozen parameters.
         self.state: dict[str, Tensor] = {
             name: torch.stack([parameters[name].detach() for parameters in named])  # (N, ...), a copy
@@ -246,7 +242,7 @@ class StackedEnvs:
         self.negative_lr = -per_column[..., 0]
         self.momentum_factor = per_column[..., 1].contiguous()
         self.weight_decay = per_column[..., 2].contiguous()
-        self.loss_sum = torch.zeros(n, dtype=dtype, device=device)  # the loss's dtype, as ModelTrainer sums it
+        self.loss_sum = torch.zeros(n, dtype=dtype, device=device)  # the loss's dtype, as HostAndSeedTrainer sums it
         #: Per env and group, summed over batches: gradient norm, vanishing count, exploding count.
         self.gradient_sums = torch.zeros(n, len(layout.groups), 3, dtype=torch.float32, device=device)
         self.last_gradient: Tensor | None = None
@@ -257,12 +253,25 @@ class StackedEnvs:
         self.vanishing_threshold = monitor.vanishing_threshold
         self.exploding_threshold = monitor.exploding_threshold
         self.clip_norm = self.episodes[0].trainer.config.clip_norm
+        self.shadow_fraction = self.episodes[0].trainer.shadow_fraction  # one episode config per vector
         # Fixed for the epoch, so that a batch builds nothing but the views of the flat matrix.
         main_tensors = sum(1 for group in layout.tensor_groups if layout.groups[group] in self._main_groups)
         self.leaf_sizes = (list(layout.sizes[:main_tensors]), list(layout.sizes[main_tensors:]))
         self.call_names = tuple(f"model.{name}" for name in layout.names)  # names inside `_TrainingForward`
         self.call_state = {f"model.{name}": value for name, value in self.state.items()}
         self.template.train()  # validation restores the mode it found, so it holds for the whole epoch
+
+    def _stack_trainable(self, named: Sequence[dict[str, nn.Parameter]]) -> tuple[Tensor, Tensor]:
+        """(N, P) matrices of every env's trainable parameters and of their SGD momentum (0 where none yet)."""
+        n, columns, momentum_columns = len(named), [], []
+        for name, group in zip(self.layout.names, self.layout.tensor_groups, strict=True):
+            parameters = [parameters[name] for parameters in named]
+            columns.append(torch.stack([p.detach() for p in parameters]).reshape(n, -1))  # (N, size)
+            buffers = [self.optimizers[env][group].state.get(p, {}).get("momentum_buffer")
+                       for env, p in enumerate(parameters)]
+            momentum_columns.append(torch.stack([torch.zeros_like(p) if b is None else b
+                                                 for p, b in zip(parameters, buffers, strict=True)]).reshape(n, -1))
+        return torch.cat(columns, dim=1), torch.cat(momentum_columns, dim=1)  # (N, P), (N, P)
 
     def _optimizer_settings(self, dtype: torch.dtype, device: torch.device) -> Tensor:
         """(N, G, 3): learning rate, momentum and weight decay of each env's optimizer of each group, read
@@ -274,7 +283,7 @@ class StackedEnvs:
                 settings = optimizer.param_groups[0]
                 assert isinstance(optimizer, torch.optim.SGD) and len(optimizer.param_groups) == 1 \
                     and settings["dampening"] == 0 and not settings["nesterov"] and not settings["maximize"], \
-                    "the batched step implements ModelTrainer's plain SGD only"
+                    "the batched step implements HostAndSeedTrainer's plain SGD only"
                 row.append([settings["lr"], settings["momentum"], settings["weight_decay"]])
             rows.append(row)
         return torch.tensor(rows, dtype=dtype, device=device)
@@ -283,12 +292,12 @@ class StackedEnvs:
     def _env_losses(self, trainable: dict[str, Tensor], state: dict[str, Tensor], inputs: Tensor,
                     targets: Tensor) -> tuple[Tensor, ...]:
         """One env's task loss (and shadow loss when a TRAINING seed learns), run under vmap."""
-        output, shadow = functional_call(self.forward_module, {**trainable, **state}, (inputs,))
+        output, shadow = functional_call(self.forward_module, {**trainable, **state}, (inputs, self.shadow_fraction))
         main = task_loss(output, targets)
         if self.layout.shadow_start == self.layout.width:
             return (main,)
         assert shadow is not None
-        return main, _BUILT_IN.shadow_loss(shadow.outputs, targets)
+        return main, _BUILT_IN.shadow_loss(shadow.outputs, targets[:shadow.rows])
 
     def step(self, inputs: Tensor, targets: Tensor) -> None:
         """Forward, backward, per-env per-group clip and SGD step of every env in the group on one batch."""
@@ -311,7 +320,7 @@ class StackedEnvs:
 
     @torch.no_grad()
     def _update(self, gradient: Tensor, losses: Tensor) -> None:
-        """Monitor statistics, per-group clipping and SGD, as `ModelTrainer.train_batch` does per env."""
+        """Monitor statistics, per-group clipping and SGD, as `HostAndSeedTrainer.train_batch` does per env."""
         n, tensors, groups = gradient.shape[0], len(self.layout.sizes), len(self.layout.groups)
         accumulate = torch.float64 if gradient.dtype == torch.float64 else torch.float32
         squares = gradient.to(accumulate).square()  # (N, P)
@@ -337,7 +346,7 @@ class StackedEnvs:
     def write_back(self) -> None:
         """Copy each env's parameters, momentum, buffers, last gradients, loss and gradient statistics back.
 
-        Afterwards each env's model, optimizers, `ModelTrainer` loss accumulator and isolation monitor are
+        Afterwards each env's model, optimizers, `HostAndSeedTrainer` loss accumulator and isolation monitor are
         as if it had trained the epoch's batches alone. A group that trained no batch changes nothing.
         """
         if self.batches == 0:
@@ -386,16 +395,16 @@ class TrainingGroups:
     groups: tuple[tuple[int, ...], ...]
     """Env indices trained together, one vmapped call per group and batch."""
     alone: tuple[int, ...]
-    """Env indices whose architecture no other env shares: trained by their own `ModelTrainer`."""
+    """Env indices whose architecture no other env shares: trained by their own `HostAndSeedTrainer`."""
 
 
 def training_groups(episodes: Sequence[MorphogenesisEpisode], min_group_size: int = 2) -> TrainingGroups:
-    """Group envs by architecture; groups smaller than `min_group_size`, and envs whose optimizer is not SGD,
-    are trained alone."""
+    """Group envs by architecture; groups smaller than `min_group_size`, envs whose optimizer is not SGD and envs
+    with a seed whose learning rate is being re-warmed are trained alone."""
     if min_group_size < 1:
         raise ValueError(f"min_group_size must be >= 1, got {min_group_size}")
-    # Only SGD envs can be stacked; an env on another optimizer leaves its group and trains alone.
-    grouped = [[index for index in group if _trains_with_sgd(episodes[index])]
+    # Only SGD envs at constant rates can be stacked; another env leaves its group and trains alone.
+    grouped = [[index for index in group if _stackable(episodes[index])]
                for group in group_by_architecture(episodes)]
     stackable = [group for group in grouped if len(group) >= min_group_size and _one_dtype(episodes[group[0]])]
     groups = tuple(tuple(group) for group in stackable)
@@ -404,10 +413,13 @@ def training_groups(episodes: Sequence[MorphogenesisEpisode], min_group_size: in
     return TrainingGroups(groups, alone)
 
 
-def _trains_with_sgd(episode: MorphogenesisEpisode) -> bool:
-    """Whether the env trains with SGD, the only optimizer the stacked step implements: an env on another
-    optimizer (AdamW) is trained alone by its own `ModelTrainer`, never silently stepped with SGD."""
-    return episode.trainer.config.name == "sgd"
+def _stackable(episode: MorphogenesisEpisode) -> bool:
+    """Whether the env trains with SGD at rates fixed for the epoch, what the stacked step implements: an env
+    on another optimizer (AdamW), or with a seed whose learning rate is re-warmed step by step
+    (`OptimizerConfig.seed_warmup_steps`), is trained alone by its own `HostAndSeedTrainer`."""
+    trainer = episode.trainer
+    trainer.sync_seed_optimizers()  # a seed germinated by this epoch's action gets its optimizer (and warm-up) now
+    return trainer.config.name == "sgd" and not trainer.warming_up()
 
 
 def _one_dtype(episode: MorphogenesisEpisode) -> bool:
@@ -416,14 +428,15 @@ def _one_dtype(episode: MorphogenesisEpisode) -> bool:
     return len({parameter.dtype for parameter in episode.model.parameters()}) == 1
 
 
-TrainAlone = Callable[[Tensor, Tensor, Sequence[int]], None]
+TrainEnvsOnBatch = Callable[[Tensor, Tensor, Sequence[int]], None]
+"""Trains the envs at the given indices on one batch (inputs, targets), one after another."""
 #: The batch on every device an env runs on (`DevicePlacement.copy_batch`).
-CopyBatch = Callable[[Tensor, Tensor], Mapping[torch.device, tuple[Tensor, Tensor]]]
+BatchPerDevice = Callable[[Tensor, Tensor], Mapping[torch.device, tuple[Tensor, Tensor]]]
 
 
 def train_epoch_batched(episodes: Sequence[MorphogenesisEpisode], batches: Iterable[tuple[Tensor, Tensor]],
-                        train_alone: TrainAlone, streams: Sequence[torch.cuda.Stream] | None = None,
-                        *, min_group_size: int = 2, copy_batch: CopyBatch | None = None) -> TrainingGroups:
+                        train_alone: TrainEnvsOnBatch, streams: Sequence[torch.cuda.Stream | None] | None = None,
+                        *, min_group_size: int = 2, copy_batch: BatchPerDevice | None = None) -> TrainingGroups:
     """Train every env one epoch on the shared `batches`: identical architectures stacked, the rest alone.
 
     `train_alone(inputs, targets, indices)` trains the envs at `indices` one after another on a batch

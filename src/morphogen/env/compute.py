@@ -1,7 +1,7 @@
 """The compute an episode spends, in FLOPs, by what it buys: training, shadow passes, validation, counterfactuals.
 
 The episode charges each epoch once, after it trained and when it validates: the batches it trained (how
-many of each shape, noted by `ModelTrainer`) times the cached count of one batch in the model's plan
+many of each shape, noted by `HostAndSeedTrainer`) times the cached count of one batch in the model's plan
 (`morphogen.core.flops.FlopCounter`), and the validation batches times the count of one batch under the
 epoch's counterfactual configurations. Nothing is counted per step.
 """
@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import torch
 
 from morphogen.core.flops import FlopCounter, Shape
-from morphogen.core.model import MorphogeneticModel
+from morphogen.core.model import MorphogeneticModel, shadow_rows
 
 #: (input shape, input dtype) -> batches of that shape: what an epoch trained or validated on.
 BatchShapes = Mapping[tuple[Shape, torch.dtype], int]
@@ -33,25 +33,29 @@ class ComputeAccount:
     """The model's own forward on the validation data, once per epoch (and once before training)."""
     counterfactual: int = 0
     """The counterfactual configurations evaluated next to it (each seed ablated, each TRAINING seed blended in)."""
+    probe: int = 0
+    """Growth signals measured for a controller that chooses where and how to grow by them."""
 
     @property
     def total(self) -> int:
-        return self.training + self.shadow + self.validation + self.counterfactual
+        return self.training + self.shadow + self.validation + self.counterfactual + self.probe
 
     @property
     def measurement(self) -> int:
-        """What measuring the seeds costs: shadow passes and counterfactual configurations."""
-        return self.shadow + self.counterfactual
+        """What measuring the seeds costs: shadow passes, counterfactual configurations and growth signals."""
+        return self.shadow + self.counterfactual + self.probe
 
     def as_dict(self) -> dict[str, int]:
         """The figures as summary.json records them (`total` first)."""
         return {"total": self.total, "training": self.training, "shadow": self.shadow,
-                "validation": self.validation, "counterfactual": self.counterfactual}
+                "validation": self.validation, "counterfactual": self.counterfactual, "probe": self.probe}
 
-    def charge_training(self, counter: FlopCounter, model: MorphogeneticModel, shapes: BatchShapes) -> None:
-        """Add the training batches `shapes` of one epoch, trained in the model's present plan."""
+    def charge_training(self, counter: FlopCounter, model: MorphogeneticModel, shapes: BatchShapes,
+                        shadow_fraction: float = 1.0) -> None:
+        """Add the training batches `shapes` of one epoch, trained in the model's present plan with the shadow
+        pass on `shadow_fraction` of each batch."""
         for (shape, dtype), batches in shapes.items():
-            step = counter.training_step(model, shape, dtype)
+            step = counter.training_step(model, shape, dtype, shadow_rows(shape[0], shadow_fraction))
             self.training += step.main * batches
             self.shadow += step.shadow * batches
 

@@ -25,6 +25,8 @@ import torch
 from torch import Tensor
 
 from morphogen.core.alpha import AlphaMode
+from morphogen.core.blend import BlendKind
+from morphogen.core.blueprints import BlueprintKind, get_blueprint
 from morphogen.core.compilation import CompileSettings
 from morphogen.core.flops import FlopCounter
 from morphogen.core.hosts import SegmentedHost, build_host
@@ -35,22 +37,22 @@ from morphogen.core.slot import SlotConfig
 from morphogen.data import DataError, Task
 from morphogen.env.actions import Action, ActionSpace, Op
 from morphogen.env.compute import ComputeAccount
-from morphogen.env.counterfactual import MAIN, CounterfactualResult, alpha_configurations
+from morphogen.env.counterfactual import MAIN, CounterfactualResult, CounterfactualSchedule, alpha_configurations
 from morphogen.env.evaluation import Objective, validate
 from morphogen.env.governor import DivergenceError, Governor, GovernorConfig, Rollback
+from morphogen.env.growth_signals import CandidateSource, SlotGrowth, could_germinate, measure_growth
 from morphogen.env.layout import ModelLayout, model_layout
+from morphogen.env.optimizer import OptimizerConfig, task_optimizer_config
 from morphogen.env.rewards import RewardBreakdown, RewardConfig, RewardMode, compute_reward
 from morphogen.env.seeding import derive_seed, seeded
-from morphogen.env.snapshot import EpisodeSnapshot, SlotSnapshot
-from morphogen.env.training import ModelTrainer, OptimizerConfig, task_optimizer_config
+from morphogen.env.snapshot import HISTORY_LENGTH, EpisodeSnapshot, SlotSnapshot
+from morphogen.env.training import HostAndSeedTrainer
 from morphogen.limits import MAX_BATCH_SIZE, MAX_EPOCHS, check_count
 from morphogen.telemetry import events
 from morphogen.telemetry.anomalies import AnomalyDetector
-from morphogen.telemetry.debug import layer_statistics_event
 from morphogen.telemetry.profiler import PhaseTimer
 from morphogen.telemetry.sinks import Telemetry
 
-HISTORY = 5
 #: Host syncs (`.item()`, `.tolist()`, `.cpu()`) one `step` makes at telemetry `normal`, whatever the
 #: model's size: the epoch's training loss, the gradient report, the validation metrics.
 SYNCS_PER_STEP = 3
@@ -75,6 +77,19 @@ class EpisodeConfig:
     reward: RewardConfig = field(default_factory=RewardConfig)
     #: Discount used by potential-based shaping (match the PPO gamma).
     gamma: float = 0.995
+    #: Which counterfactual configurations validation evaluates: "for_decisions" (only those a gate or the
+    #: heuristic reads next: a TRAINING seed's shadow once it has nearly trained long enough to blend, the
+    #: ablation of a seed in or about to enter HOLDING) or "every_epoch" (every seed's, every epoch, and all
+    #: seeds off: what a learned policy observes; `morphogen train` uses it).
+    counterfactuals: CounterfactualSchedule = CounterfactualSchedule.FOR_DECISIONS
+    #: Fraction of each training batch (its first samples) that the TRAINING seeds' shadow pass runs on. The
+    #: shadow pass runs every layer after the seed's slot forward and backward again, so it is the main
+    #: cost of training a seed behind the host. On 5 seeds of digits and mnist1d (benchmarks/growth.py) 3/4
+    #: of the batch grew as well as the whole batch; half of it grew less.
+    shadow_fraction: float = 0.75
+    #: Training samples (the first ones, in a fixed order) on which growth signals are measured, for a controller
+    #: that chooses where and how to grow by them (`env/growth_signals.py`).
+    probe_samples: int = 128
     #: In a `VectorEpisodes`, train the envs whose architectures are identical in one vmapped call per
     #: batch (`env/batched.py`) instead of one after another; results agree to float32 rounding. A lone
     #: episode has nothing to batch with and trains as always.
@@ -87,6 +102,9 @@ class EpisodeConfig:
         check_count("validation_batch_size", self.validation_batch_size, MAX_BATCH_SIZE)
         if not 0.0 < self.gamma <= 1.0:
             raise ValueError(f"gamma must be in (0, 1], got {self.gamma}")
+        check_count("probe_samples", self.probe_samples, MAX_BATCH_SIZE)
+        if not 0.0 < self.shadow_fraction <= 1.0:
+            raise ValueError(f"shadow_fraction must be in (0, 1], got {self.shadow_fraction}")
 
 
 def task_host(task: Task, device: torch.device | str, *, pool_slots: bool = False) -> SegmentedHost:
@@ -152,6 +170,9 @@ class MorphogenesisEpisode:
         #: The optimizer settings this episode trains with: the config's, else the task's default.
         self.optimizer_config = self.config.optimizer or task_optimizer_config(task.name)
         self.objective = Objective.of(task)
+        #: The slots' config, its gates judging by what fits the task: the validation loss for a language model.
+        self.slot_config = dataclasses.replace(self.config.slots,
+                                               gates=self.config.slots.gates.judging(task.objective))
         if not task.topology:
             raise ValueError(f"task {task.name!r} has no host yet: give it one (morphogen.grow or task_with_host)")
         #: Accuracy of guessing on a classification task scored by accuracy (None for a task's own metric).
@@ -169,13 +190,18 @@ class MorphogenesisEpisode:
         self.flop_counter = FlopCounter()
         #: FLOPs the current episode has spent so far.
         self.compute = ComputeAccount()
+        #: The blueprints the controller compares by growth signals, by epoch (`Controller.growth_candidates`);
+        #: None measures none.
+        self.growth_candidates: CandidateSource | None = None
+        #: Empty slot -> its growth signals and candidate costs, measured after the last epoch when asked.
+        self.growth: dict[str, SlotGrowth] = {}
 
     # ---------------------------------------------------------------- setup
     def build_model(self) -> MorphogeneticModel:
         """The host for this task with slots, initialised from this episode's seed."""
         with seeded(self.seed, self.device):
             host = task_host(self.task, self.device, pool_slots=self.pool_slots)
-        model = MorphogeneticModel(host, self.slot_request, self.config.slots)
+        model = MorphogeneticModel(host, self.slot_request, self.slot_config)
         for slot_id, blueprint in self.architecture.items():
             model.slot(slot_id)  # an unknown slot raises here, naming the valid ones
             with seeded(derive_seed(self.seed, 0, model.slot_ids.index(slot_id)), self.device):
@@ -189,19 +215,22 @@ class MorphogenesisEpisode:
         self.model = self.build_model()
         self.action_space = ActionSpace(self.model.slot_ids, self.task.topology)
         self.monitor = IsolationMonitor(device=self.device)
-        self.trainer = ModelTrainer(self.model, self.optimizer_config, self.monitor, self.objective)
+        self.trainer = HostAndSeedTrainer(self.model, self.optimizer_config, self.monitor, self.objective,
+                                          self.config.shadow_fraction)
         self.governor = Governor(self.model, self.config.governor, chance_accuracy=self.chance_accuracy)
         self.generator = torch.Generator(device="cpu").manual_seed(self.seed)
         self.epoch = 0
-        self.accuracies: deque[float] = deque(maxlen=HISTORY)
-        self.losses: deque[float] = deque(maxlen=HISTORY)
+        self.accuracies: deque[float] = deque(maxlen=HISTORY_LENGTH)
+        self.losses: deque[float] = deque(maxlen=HISTORY_LENGTH)
         self.contributions: dict[str, float | None] = {}
         self.previous_contributions: dict[str, float | None] = {}
+        self.loss_contributions: dict[str, float | None] = {}
         self.gradients = IsolationReport(host_gradient_norm=float("nan"), batches=0, seeds={})
         self.episode_return = 0.0
         self.fossilized = self.pruned = 0
         self.history = []
         self.compute = ComputeAccount()
+        self.growth = {}
         if self.detector is not None:
             # A fresh host's gradients are not a drift from the last episode's converged ones.
             self.detector.forget_gradients(f"env{self.env_id}/")
@@ -253,19 +282,13 @@ class MorphogenesisEpisode:
         assert model is not None
         if action.op is Op.WAIT:
             return True, "waited"
+        if action.op is Op.GROW:
+            return self._grow(action)
         if action.slot is None:
             raise ValueError(f"{action.op.name} needs a slot")
         slot = model.slot(action.slot)
         if action.op is Op.GERMINATE:
-            if action.blueprint is None:
-                raise ValueError("GERMINATE needs a blueprint")
-            if any(s.stage in (Stage.GERMINATED, Stage.TRAINING) for s in model.slots()):
-                return False, "another seed is still germinated or training"
-            # Seed weights come from (episode seed, epoch, slot), not from whatever the global RNG holds.
-            with seeded(derive_seed(self.seed, epoch, model.slot_ids.index(action.slot)), self.device):
-                model.germinate(action.slot, action.blueprint, epoch, blend=action.blend,
-                                blend_epochs=action.blend_epochs)
-            return True, f"germinated {action.blueprint} in {action.slot}"
+            return self._germinate(action)
         if action.op is Op.ADVANCE:
             result = slot.advance(epoch)
             return result.passed, result.reason
@@ -283,6 +306,44 @@ class MorphogenesisEpisode:
             self.pruned += 1
         return True, f"alpha target {action.alpha_target:.2f}"
 
+    def _grow(self, action: Action) -> tuple[bool, str]:
+        """GROW: graft `action.blueprint` into every empty slot, each trained with the host from the start."""
+        model, epoch = self.model, self.epoch
+        assert model is not None
+        if action.blueprint is None:
+            raise ValueError("GROW needs a blueprint")
+        if get_blueprint(self.task.topology, action.blueprint).kind is BlueprintKind.WIDEN:
+            return False, f"GROW adds layers; {action.blueprint} widens layers and is germinated slot by slot"
+        if any(s.stage in (Stage.GERMINATED, Stage.TRAINING) for s in model.slots()):
+            return False, "another seed is still germinated or training"
+        empty = [slot.slot_id for slot in model.slots() if slot.stage is Stage.DORMANT]
+        if not empty:
+            return False, "no empty slot to grow into"
+        for slot_id in empty:
+            with seeded(derive_seed(self.seed, epoch, model.slot_ids.index(slot_id)), self.device):
+                model.graft(slot_id, action.blueprint, epoch, blend_epochs=action.blend_epochs)
+        return True, f"grew {action.blueprint} into {', '.join(empty)}"
+
+    def _germinate(self, action: Action) -> tuple[bool, str]:
+        """GERMINATE: a seed of the action's blueprint in its slot, unless another seed is still learning or the
+        slot cannot take a widening seed (refusals the factored action masks cannot express)."""
+        model, epoch = self.model, self.epoch
+        assert model is not None and action.slot is not None
+        if action.blueprint is None:
+            raise ValueError("GERMINATE needs a blueprint")
+        if any(s.stage in (Stage.GERMINATED, Stage.TRAINING) for s in model.slots()):
+            return False, "another seed is still germinated or training"
+        slot = model.slot(action.slot)
+        widening = get_blueprint(self.task.topology, action.blueprint).kind is BlueprintKind.WIDEN
+        if widening and slot.width_site is None:
+            return False, f"{action.slot} has no layers around it to widen: {slot.width_problem}"
+        # Seed weights come from (episode seed, epoch, slot), not from whatever the global RNG holds.
+        with seeded(derive_seed(self.seed, epoch, model.slot_ids.index(action.slot)), self.device):
+            # A widening seed adds its channels' output: the blend head does not apply to it.
+            model.germinate(action.slot, action.blueprint, epoch, blend=BlendKind.ADD if widening else action.blend,
+                            blend_epochs=action.blend_epochs)
+        return True, f"germinated {action.blueprint} in {action.slot}"
+
     def train_epoch(self, batches: Iterable[tuple[Tensor, Tensor]]) -> None:
         """Train host and live seeds on `batches` (this episode's own, or a vector's shared stream)."""
         with self.timer.phase("train"):
@@ -294,7 +355,8 @@ class MorphogenesisEpisode:
         assert self.model is not None
         self.epoch += 1
         # Charged before anything can change the plan the epoch trained in (a rollback, a stage change).
-        self.compute.charge_training(self.flop_counter, self.model, self.trainer.take_batch_shapes())
+        self.compute.charge_training(self.flop_counter, self.model, self.trainer.take_batch_shapes(),
+                                     self.config.shadow_fraction)
         train_loss = self.trainer.take_epoch_loss().item()  # sync 1/3: the governor judges this number
         self.gradients = self.monitor.materialize()  # sync 2/3
         self._report_gradients()
@@ -307,6 +369,7 @@ class MorphogenesisEpisode:
         for slot in self.model.slots():
             slot.step_epoch(self.epoch)
         self._emit_transitions()
+        self._measure_growth()
         previous = self.snapshot
         self.snapshot = self._make_snapshot(result, train_loss, action.op, succeeded, rollback)
         reward = compute_reward(self.config.reward_mode, previous, self.snapshot, action, succeeded,
@@ -335,16 +398,15 @@ class MorphogenesisEpisode:
         """Where the slots sit and what each blueprint would add, measured on the first validation input."""
         assert self.model is not None
         inputs, _ = next(iter(self.task.validation.iterate_batches(1, shuffle=False)))
-        return model_layout(self.model, inputs[:1].to(self.device))
+        return model_layout(self.model, inputs[:1].to(self.device), self.flop_counter)
 
     def _first_validation(self) -> CounterfactualResult:
-        """Validate the untrained model; on a user's task, what the model or its loss cannot take is a `DataError`.
+        """Validate the untrained model; what the model or its loss cannot take is a `DataError`.
 
-        This is the first time the user's data meets the user's model, before anything trains: a shape
-        mismatch, a loss that is not finite, an exception in their metric is reported here as one line.
+        This is the first time the task's data meets its model, before anything trains: a shape mismatch, a
+        loss that is not finite, an exception in a user's metric is reported here as one line. Built-in and
+        user tasks take the same path.
         """
-        if self.task.source == "builtin":
-            return self._validate()
         try:
             result = self._validate()
         except DataError:
@@ -363,17 +425,44 @@ class MorphogenesisEpisode:
         alphas = {s.slot_id: s.alpha.alpha for s in self.model.slots()
                   if s.stage in BLENDED_STAGES and s.alpha.alpha > 0.0}
         training = [s.slot_id for s in self.model.slots() if s.stage is Stage.TRAINING and s.seed is not None]
-        configurations = alpha_configurations(self.model.slot_ids, alphas, training)
+        if self.config.counterfactuals is CounterfactualSchedule.EVERY_EPOCH:
+            configurations = alpha_configurations(self.model.slot_ids, alphas, training)
+        else:
+            # The blending gate reads the shadow from the epoch the seed has trained `min_training_epochs`
+            # (validation comes before the epoch is counted); the fossilize gate and the heuristic read the
+            # ablation of a HOLDING seed, or of a BLENDING one whose ramp ends at this epoch's tick.
+            training = [slot_id for slot_id in training if self.model.slot(slot_id).lifecycle.epochs_in_stage
+                        >= self.model.slot(slot_id).config.gates.min_training_epochs - 1]
+            holding = [s.slot_id for s in self.model.slots() if s.stage is Stage.HOLDING
+                       or (s.stage is Stage.BLENDING and s.alpha.steps_done + 1 >= s.alpha.steps_total)]
+            configurations = alpha_configurations(self.model.slot_ids, alphas, training, ablate=holding,
+                                                  all_off=False)
         with self.timer.phase("validate"):
             result = validate(self.model, self.task.validation, configurations, self.config.validation_batch_size,
                               self.objective)
-        self.compute.charge_validation(self.flop_counter, self.model, configurations.alphas, dict(result.batch_shapes))
+        self.compute.charge_validation(self.flop_counter, self.model, configurations.alphas,
+                                       dict(result.batch_shapes))
         return result
+
+    def _measure_growth(self) -> None:
+        """Growth signals and candidate costs for the controller, when it asks and a seed could be germinated."""
+        assert self.model is not None
+        self.growth = {}
+        if self.growth_candidates is None or self.done or not could_germinate(self.model):
+            return
+        candidates = self.growth_candidates(self.epoch)
+        if not candidates:
+            return
+        inputs, targets = next(iter(self.task.train.iterate_batches(self.config.probe_samples, shuffle=False)))
+        batch = (inputs.to(self.device), targets.to(self.device))
+        with self.timer.phase("probe"):
+            self.growth, flops = measure_growth(self.model, batch, self.objective, self.flop_counter, candidates)
+        self.compute.probe += flops
 
     def _record_signals(self, result: CounterfactualResult) -> None:
         assert self.model is not None
         accuracy = result.accuracy(MAIN)
-        contributions = result.contributions
+        contributions, loss_contributions = result.contributions, result.loss_contributions
         self.previous_contributions = dict(self.contributions)
         self.contributions = {}
         for slot in self.model.slots():
@@ -383,14 +472,18 @@ class MorphogenesisEpisode:
                 gradient_health=None if health is None else health.health,
                 gradient_ratio=None if health is None else health.gradient_ratio,
                 contribution=contributions.get(slot.slot_id),
+                loss=result.loss(MAIN),
+                loss_contribution=loss_contributions.get(slot.slot_id),
             )
             self.contributions[slot.slot_id] = contributions.get(slot.slot_id)
+        self.loss_contributions = {slot_id: loss_contributions.get(slot_id) for slot_id in self.model.slot_ids}
 
     def _slot_snapshot(self, slot_id: str) -> SlotSnapshot:
         assert self.model is not None
         slot = self.model.slot(slot_id)
         health = self.gradients.seeds.get(slot_id) if slot.seed is not None else None
         place = self.layout.places[slot_id]
+        growth = self.growth.get(slot_id)
         return SlotSnapshot(
             slot_id=slot_id, stage=slot.stage, blueprint=slot.blueprint if slot.seed is not None else None,
             alpha=slot.alpha.alpha, alpha_target=slot.alpha.target, alpha_progress=slot.alpha.progress,
@@ -404,6 +497,10 @@ class MorphogenesisEpisode:
             accuracy_at_stage_start=slot.signals.accuracy_at_stage_start if slot.seed is not None else None,
             width_fraction=place.width_fraction, resolution_fraction=place.resolution_fraction,
             depth_fraction=place.depth_fraction,
+            loss_contribution=self.loss_contributions.get(slot_id) if slot.seed is not None else None,
+            loss_at_stage_start=slot.signals.loss_at_stage_start if slot.seed is not None else None,
+            depth_signal=None if growth is None else growth.depth,
+            width_signal=None if growth is None else growth.width, seed_costs=() if growth is None else growth.costs,
         )
 
     def _make_snapshot(self, result: CounterfactualResult, train_loss: float | None, op: Op, succeeded: bool,
@@ -421,7 +518,7 @@ class MorphogenesisEpisode:
             rolled_back=rollback is not None, topology=self.task.topology, chance_accuracy=self.chance_accuracy,
             initial_val_loss=self.initial_val_loss, blueprints=self.layout.blueprints,
             blueprint_parameters=self.layout.blueprint_parameters, blueprint_flops=self.layout.blueprint_flops,
-            host_flops=self.layout.host_flops,
+            host_flops=self.layout.host_flops, criterion=self.slot_config.gates.judged_by,
         )
 
     # ---------------------------------------------------------------- telemetry
@@ -441,6 +538,8 @@ class MorphogenesisEpisode:
             self.telemetry.report_anomalies(self.detector.check(gradient_norms=norms), epoch=epoch,
                                             env_id=self.env_id)
         if self.telemetry.layer_statistics_enabled and self.model is not None:
+            from morphogen.telemetry.debug import layer_statistics_event  # loads torch's compiler: debug only
+
             self._emit(layer_statistics_event(self.model, name="model", epoch=epoch, env_id=self.env_id))
 
     def _emit(self, event: events.Event) -> None:

@@ -46,6 +46,7 @@ from gymnasium import spaces
 from morphogen.core.hosts import check_host_size
 from morphogen.data import TASK_TOPOLOGIES, Task, host_size, load_task
 from morphogen.env.actions import HEADS, ActionSpace
+from morphogen.env.counterfactual import CounterfactualSchedule
 from morphogen.env.episode import EpisodeConfig, MorphogenesisEpisode
 from morphogen.env.observation import (
     BLUEPRINT_FEATURES,
@@ -114,7 +115,8 @@ class MorphogenesisEnv(gymnasium.Env[np.ndarray, np.ndarray]):
             raise ValueError(f"MorphogenesisEnv renders only as text (render_mode={render_mode!r}); pass "
                              "render_mode='ansi' or None, and read the episode's telemetry for more")
         self.task = _resolve_task(task, device, max_train_samples, data_dir, text_file, host)
-        self.episode_config = episode_config or EpisodeConfig()
+        # An agent observes every measurement every epoch, whatever its decisions read.
+        self.episode_config = episode_config or EpisodeConfig(counterfactuals=CounterfactualSchedule.EVERY_EPOCH)
         self.slots = None if slots is None else tuple(slots)
         self.telemetry = telemetry
         self.env_id = env_id
@@ -197,7 +199,7 @@ class MorphogenesisEnv(gymnasium.Env[np.ndarray, np.ndarray]):
         flat = flat_action_masks(tuple(self.episode.masks()))
         return np.concatenate(flat).astype(bool)
 
-    def render(self) -> str | None:  # type: ignore[override]  # gymnasium types it as RenderFrame | list | None
+    def render(self) -> str | None:
         """With `render_mode="ansi"`: the episode's state as text (see `render_text`); else None."""
         if self.render_mode != "ansi":
             return None

@@ -4,22 +4,22 @@ how wide it is, and what each blueprint would add there, all relative to the hos
 Measured once per episode (`model_layout`): one example is run through the host's segments in
 evaluation mode without gradients (batch norms read their running statistics and write nothing), so
 the activation shape at every injection point, and the host's forward FLOPs per sample, are known
-whatever the host (built-in or a user's `host_from_module`). Blueprint sizes are counted on the meta
-device (no memory); a blueprint's forward FLOPs per sample at a slot are counted once per activation
-shape on a seed run on zeros. FLOPs are what `torch.utils.flop_counter.FlopCounterMode` counts (matrix
-products, convolutions, attention): a seed of norms alone costs 0.
+whatever the host (built-in or a user's `host_from_module`). What each blueprint adds in each slot
+(parameters, forward FLOPs per sample) is `FlopCounter.seed_cost`'s count, the one the heuristic compares
+blueprints by. FLOPs are what `torch.utils.flop_counter.FlopCounterMode` counts (matrix products,
+convolutions, attention): a seed of norms alone costs 0.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import cache
 
 import torch
 from torch import Tensor
 from torch.utils.flop_counter import FlopCounterMode
 
-from morphogen.core.blueprints import blueprint_names, build_seed, parameter_count
+from morphogen.core.blueprints import blueprint_names
+from morphogen.core.flops import FlopCounter, SeedCost
 from morphogen.core.model import MorphogeneticModel
 
 
@@ -58,25 +58,14 @@ def _positions(activation: Tensor, topology: str) -> int:
     return 1
 
 
-@cache
-def _seed_parameters(topology: str, blueprint: str, width: int) -> int:
-    """Parameters of a seed; blueprints are never re-registered under a name, so a count never changes."""
-    return parameter_count(topology, blueprint, width)
+def model_layout(model: MorphogeneticModel, example: Tensor, counter: FlopCounter | None = None) -> ModelLayout:
+    """The layout of `model`, its slot places measured on `example` (one or more inputs of the task).
 
-
-@cache
-def _seed_flops(topology: str, blueprint: str, width: int, shape: tuple[int, ...]) -> int:
-    """Forward FLOPs of a seed on one activation of `shape` ([1, ...]). Its weights are drawn from a forked
-    generator: counting, done once per process, must not move the global one (a resumed run would differ)."""
-    with torch.random.fork_rng(devices=[]):
-        seed = build_seed(topology, blueprint, width).eval()
-    with torch.no_grad(), FlopCounterMode(display=False) as counter:
-        seed(torch.zeros(shape))
-    return int(counter.get_total_flops())
-
-
-def model_layout(model: MorphogeneticModel, example: Tensor) -> ModelLayout:
-    """The layout of `model`, its slot places measured on `example` (one or more inputs of the task)."""
+    Blueprint costs come from `counter` (`FlopCounter.seed_cost`, which keeps them across an env's episodes;
+    a new one when None). A blueprint that cannot go into a slot (a widening one where no layers surround
+    it, a copy of a layer this host lacks) adds nothing there: GERMINATE of it is refused.
+    """
+    counter = FlopCounter() if counter is None else counter
     host, topology = model.host, model.topology
     points = host.injection_points
     widest = max(points.values())
@@ -84,7 +73,7 @@ def model_layout(model: MorphogeneticModel, example: Tensor) -> ModelLayout:
     training = host.training
     host.eval()
     try:
-        with torch.no_grad(), FlopCounterMode(display=False) as counter:
+        with torch.no_grad(), FlopCounterMode(display=False) as host_counter:
             h = example[:1]
             for index, point in enumerate(points):
                 h = host.run_segment(index, h)
@@ -103,8 +92,18 @@ def model_layout(model: MorphogeneticModel, example: Tensor) -> ModelLayout:
         for slot_id in model.slot_ids
     }
     blueprints = blueprint_names(topology)
-    parameters = tuple(tuple(_seed_parameters(topology, name, points[slot_id]) for name in blueprints)
-                       for slot_id in model.slot_ids)
-    flops = tuple(tuple(_seed_flops(topology, name, points[slot_id], tuple(shapes[slot_id].shape))
-                        for name in blueprints) for slot_id in model.slot_ids)
-    return ModelLayout(places, blueprints, parameters, flops, int(counter.get_total_flops()))
+    shape, dtype = tuple(example[:1].shape), example.dtype
+    costs = [[_seed_cost(counter, model, slot_id, name, shape, dtype) for name in blueprints]
+             for slot_id in model.slot_ids]
+    parameters = tuple(tuple(cost.parameters for cost in row) for row in costs)
+    flops = tuple(tuple(cost.flops for cost in row) for row in costs)
+    return ModelLayout(places, blueprints, parameters, flops, int(host_counter.get_total_flops()))
+
+
+def _seed_cost(counter: FlopCounter, model: MorphogeneticModel, slot_id: str, blueprint: str,
+               shape: tuple[int, ...], dtype: torch.dtype) -> SeedCost:
+    """What `blueprint` adds in `slot_id` for one sample, or nothing where it cannot go there."""
+    try:
+        return counter.seed_cost(model, slot_id, blueprint, shape, dtype)
+    except ValueError:  # NoWidthSiteError, or block_copy with no block before the slot
+        return SeedCost(0, 0, 0.0, 0.0)

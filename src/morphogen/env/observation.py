@@ -45,7 +45,7 @@ import numpy as np
 
 from morphogen.core.lifecycle import Stage
 from morphogen.env.actions import Op
-from morphogen.env.snapshot import EpisodeSnapshot, SlotSnapshot
+from morphogen.env.snapshot import HISTORY_LENGTH, EpisodeSnapshot, SlotSnapshot
 
 __all__ = [
     "BLUEPRINT_FEATURES",
@@ -67,9 +67,7 @@ __all__ = [
 
 #: Written in place of a value that was not measured; always followed by its ``*_measured`` flag = 0.
 UNMEASURED = -1.0
-#: How many recent validation scores and losses are encoded.
-HISTORY_LENGTH = 5
-#: Gradient norms and ratios are clipped here before ``log1p`` (log1p(1e6) ~ 13.8).
+#: Losses, gradient norms and ratios are clipped here before ``log1p`` (log1p(1e6) ~ 13.8).
 MAGNITUDE_CEILING = 1e6
 #: ``log(loss / initial loss)`` is clipped to ±this (a diverged loss reads as +this).
 LOG_RATIO_LIMIT = 10.0
@@ -82,6 +80,7 @@ _BUILT_IN_KINDS = {
     "norm": "norm", "attention": "attention", "depthwise": "deepen", "bottleneck": "deepen", "conv_small": "deepen",
     "conv_light": "deepen", "conv_heavy": "deepen", "widen_x2": "widen", "widen_x4": "widen", "widen_x8": "widen",
     "lora": "adapter", "lora_large": "adapter", "mlp_small": "deepen", "mlp": "deepen",
+    "wider": "widen", "wider_half": "widen", "block": "block", "block_copy": "block",
 }
 
 

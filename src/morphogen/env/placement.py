@@ -32,6 +32,7 @@ import torch
 from torch import Tensor
 
 from morphogen.data import Task
+from morphogen.data.user import source_on_device
 
 
 class DevicePlacement:
@@ -53,12 +54,13 @@ class DevicePlacement:
         self.tasks: dict[torch.device, Task] = {}
         for device in dict.fromkeys(self.env_devices):
             self.tasks[device] = task if device == primary else dataclasses.replace(
-                task, validation=task.validation.to(device))
+                task, validation=source_on_device(task.validation, device))
         #: Each env's persistent CUDA stream on its device (None for an env on another kind of device);
         #: None when no env is on a CUDA device.
         self.streams: list[torch.cuda.Stream | None] | None = None
         if any(device.type == "cuda" for device in self.env_devices):
-            self.streams = [torch.cuda.Stream(device=device) if device.type == "cuda" else None
+            self.streams = [torch.cuda.Stream(device=device)  # type: ignore[no-untyped-call]
+                            if device.type == "cuda" else None
                             for device in self.env_devices]
 
     def task_for(self, env: int) -> Task:

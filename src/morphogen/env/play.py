@@ -24,7 +24,12 @@ from morphogen.telemetry.story import SeedStory, seed_stories
 
 
 class Controller(Protocol):
-    """Decides the action of every epoch; `reset` is called at the start of each episode."""
+    """Decides the action of every epoch; `reset` is called at the start of each episode.
+
+    A controller that chooses where and how to grow by growth signals also has a method
+    `growth_candidates(epoch) -> Sequence[str]`, the blueprints it would compare: the episode then measures
+    the signals and those candidates' costs into the snapshot's slots (`env/growth_signals.py`).
+    """
 
     def reset(self) -> None: ...
 
@@ -59,6 +64,7 @@ def run_episode(episode: MorphogenesisEpisode, controller: Controller,
                 profiler: TraceProfiler | None = None) -> EpisodeOutcome:
     """Play one whole episode of `controller` in `episode` (one profiler step per epoch)."""
     started = time.perf_counter()
+    episode.growth_candidates = getattr(controller, "growth_candidates", None)
     snapshot = episode.reset()
     controller.reset()
     result = None

@@ -94,7 +94,7 @@ class RewardConfig:
     potential_holding: float = 5.5
     #: Potential of a FOSSILIZED seed.
     potential_fossilized: float = 6.0
-    #: Cost of attempting GERMINATE (WAIT is free).
+    #: Cost of attempting GERMINATE or GROW (WAIT is free).
     germinate_cost: float = 0.02
     #: Cost of attempting SET_ALPHA_TARGET.
     set_alpha_target_cost: float = 0.005
@@ -147,6 +147,7 @@ class RewardConfig:
         costs = {
             Op.WAIT: 0.0,
             Op.GERMINATE: self.germinate_cost,
+            Op.GROW: self.germinate_cost,
             Op.SET_ALPHA_TARGET: self.set_alpha_target_cost,
             Op.PRUNE: self.prune_cost,
             Op.FOSSILIZE: self.fossilize_cost,
@@ -176,14 +177,6 @@ class RewardBreakdown:
         if bad:
             raise ValueError(f"non-finite reward components {bad}: {dict(items)}")
         return cls(math.fsum(value for _, value in items), items)
-
-    def component(self, name: str) -> float:
-        """The value of one component; KeyError names the components this breakdown has."""
-        for component_name, value in self.components:
-            if component_name == name:
-                return value
-        raise KeyError(f"no reward component {name!r}; this breakdown has "
-                       f"{[component_name for component_name, _ in self.components]}")
 
 
 # ---------------------------------------------------------------- the formulas

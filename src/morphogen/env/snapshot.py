@@ -9,7 +9,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from morphogen.core.lifecycle import Stage
+from morphogen.core.flops import SeedCost
+from morphogen.core.lifecycle import Criterion, Stage
+
+HISTORY_LENGTH = 5
+"""How many of the latest validation accuracies and losses a snapshot keeps (`accuracy_history`, `loss_history`)."""
 
 
 @dataclass(frozen=True)
@@ -41,6 +45,18 @@ class SlotSnapshot:
     resolution_fraction: float = 1.0
     #: Where the slot sits in the host: (its injection point's index + 1) / (injection points + 1).
     depth_fraction: float = 0.5
+    #: Validation loss the seed removes: loss(model without this seed) - loss(model); for a TRAINING seed,
+    #: loss(model) - loss(its shadow). Nats per token for a language model.
+    loss_contribution: float | None = None
+    #: Validation loss when the seed entered its current stage.
+    loss_at_stage_start: float | None = None
+    #: For an empty slot, when a controller asked for growth signals: what the loss could gain at the slot's
+    #: activation (deepening) and at the next layer's output (widening; None without layers to widen), as
+    #: `MorphogeneticModel.growth_signals` measures them.
+    depth_signal: float | None = None
+    width_signal: float | None = None
+    #: For an empty slot, when a controller asked: (blueprint, what it would add) for each of its candidates.
+    seed_costs: tuple[tuple[str, SeedCost], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -81,6 +97,9 @@ class EpisodeSnapshot:
     blueprint_flops: tuple[tuple[int, ...], ...] = ()
     #: Forward FLOPs per sample of the host (0 when not counted).
     host_flops: int = 0
+    #: What the gates judge seeds by (the score, or the validation loss for a language model); the heuristic
+    #: judges by the same.
+    criterion: Criterion = Criterion.SCORE
 
     @property
     def added_parameters(self) -> int:

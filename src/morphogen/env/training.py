@@ -12,106 +12,35 @@ device and read once per epoch by the episode.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
-from typing import Any
 
 import torch
 from torch import Tensor, nn
 
-from morphogen.config import build_config
 from morphogen.core.flops import Shape
 from morphogen.core.isolation import IsolationMonitor
-from morphogen.core.model import MorphogeneticModel
-from morphogen.data import DEFAULT_OPTIMIZERS
+from morphogen.core.model import MorphogeneticModel, ShadowOutput, shadow_rows
 from morphogen.env.compute import note_batch
 from morphogen.env.evaluation import Objective, task_loss
-from morphogen.limits import check_finite
-
-OPTIMIZER_NAMES: tuple[str, ...] = ("sgd", "adamw")
-"""Optimizers the host and seeds can train with: torch's `SGD` (with momentum) or `AdamW`."""
+from morphogen.env.optimizer import OptimizerConfig, warmup_factor
 
 
-@dataclass(frozen=True)
-class OptimizerConfig:
-    """Optimizer of the host and of each seed: one kind for both, each its own settings.
+class HostAndSeedTrainer:
+    """Trains an episode's model batch by batch: the host and every live seed, each with its own optimizer.
 
-    The defaults are the SGD the image tasks train with. A task may choose another default
-    (`morphogen.data.DEFAULT_OPTIMIZERS`, resolved by `task_optimizer_config`): `text` trains its
-    transformer with AdamW, under which SGD at lr 0.01 leaves it far from fitting.
-    """
-
-    #: "sgd" (momentum, coupled L2 weight decay) or "adamw" (Adam with decoupled weight decay).
-    name: str = "sgd"
-    host_lr: float = 0.01
-    #: SGD momentum of the host (AdamW uses `betas`).
-    host_momentum: float = 0.9
-    #: L2 penalty (SGD) or decoupled decay (AdamW) of the host's parameters.
-    host_weight_decay: float = 5e-4
-    seed_lr: float = 0.01
-    #: SGD momentum of each seed (AdamW uses `betas`).
-    seed_momentum: float = 0.9
-    seed_weight_decay: float = 0.0
-    #: AdamW's coefficients of the running averages of the gradient and of its square (host and seeds).
-    betas: tuple[float, float] = (0.9, 0.999)
-    #: AdamW's term added to the denominator for numerical stability.
-    eps: float = 1e-8
-    #: Max global L2 gradient norm, applied to the host and to each seed separately.
-    clip_norm: float = 5.0
-
-    def __post_init__(self) -> None:
-        if self.name not in OPTIMIZER_NAMES:
-            raise ValueError(f"name must be one of {', '.join(OPTIMIZER_NAMES)}, got {self.name!r}")
-        for name in ("host_lr", "seed_lr", "clip_norm", "host_weight_decay", "seed_weight_decay", "eps"):
-            check_finite(name, getattr(self, name))
-        for name in ("host_lr", "seed_lr", "clip_norm", "eps"):
-            if not getattr(self, name) > 0:  # NaN fails too
-                raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
-        for name in ("host_weight_decay", "seed_weight_decay"):
-            if not getattr(self, name) >= 0:  # torch's optimizers raise on a negative decay when the episode starts
-                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
-        for name in ("host_momentum", "seed_momentum"):
-            if not 0.0 <= getattr(self, name) < 1.0:
-                raise ValueError(f"{name} must be in [0, 1), got {getattr(self, name)}")
-        if len(self.betas) != 2 or not all(0.0 <= beta < 1.0 for beta in self.betas):
-            raise ValueError(f"betas must be two numbers in [0, 1), got {list(self.betas)}")
-
-    def build(self, parameters: Iterable[nn.Parameter], *, seed: bool, lr_scale: float = 1.0) -> torch.optim.Optimizer:
-        """The optimizer of the host's (`seed=False`) or one seed's (`seed=True`) parameters, its learning
-        rate multiplied by `lr_scale` (the governor's back-offs so far)."""
-        lr = (self.seed_lr if seed else self.host_lr) * lr_scale
-        weight_decay = self.seed_weight_decay if seed else self.host_weight_decay
-        if self.name == "adamw":
-            return torch.optim.AdamW(parameters, lr=lr, betas=self.betas, eps=self.eps,
-                                     weight_decay=weight_decay, foreach=True)
-        return torch.optim.SGD(parameters, lr=lr, momentum=self.seed_momentum if seed else self.host_momentum,
-                               weight_decay=weight_decay, foreach=True)
-
-
-def task_optimizer_config(task: str, table: Mapping[str, Any] | None = None) -> OptimizerConfig:
-    """Task `task`'s default optimizer with the keys of `table` (an `[episode.optimizer]` table) over it.
-
-    A table that names another optimizer than the task's default (`name = "sgd"` on `text`) starts from
-    `OptimizerConfig`'s own defaults instead, so that no AdamW learning rate leaks into SGD. Bad keys and
-    values raise `ConfigError` naming `episode.optimizer.KEY`.
-    """
-    defaults = dict(DEFAULT_OPTIMIZERS.get(task, {}))
-    given = dict(table or {})
-    if "name" in given and given["name"] != defaults.get("name", OptimizerConfig.name):
-        defaults = {}
-    return build_config(OptimizerConfig, {**defaults, **given}, "episode.optimizer")
-
-
-class ModelTrainer:
-    """Owns the host optimizer, one optimizer per live seed, and the per-epoch loss accumulator."""
+    Owns those optimizers and the epoch's loss accumulator. (The policy's trainer is
+    `morphogen.control.trainer.PPOTrainer`.)"""
 
     def __init__(self, model: MorphogeneticModel, config: OptimizerConfig, monitor: IsolationMonitor,
-                 objective: Objective | None = None) -> None:
+                 objective: Objective | None = None, shadow_fraction: float = 1.0) -> None:
         self.model, self.config, self.monitor = model, config, monitor
+        #: Fraction of each batch the TRAINING seeds' shadow pass runs on (`EpisodeConfig.shadow_fraction`).
+        self.shadow_fraction = shadow_fraction
         #: The task's loss (cross-entropy unless the task brings its own).
         self.objective = objective or Objective(task_loss, None, custom=False)
         self.host_optimizer = config.build(model.host_parameters(), seed=False)
         self.seed_optimizers: dict[str, tuple[nn.Module, torch.optim.Optimizer]] = {}
+        #: Steps each seed's optimizer has taken (for its learning-rate warm-up), by slot id.
+        self.seed_steps: dict[str, int] = {}
         #: Product of the governor's back-offs of the seeds' learning rate in this episode.
         self.seed_lr_scale = 1.0
         self._loss_sum: Tensor | None = None
@@ -128,10 +57,13 @@ class ModelTrainer:
             if slot.seed is None:
                 if kept is not None:
                     del self.seed_optimizers[slot.slot_id]
+                    del self.seed_steps[slot.slot_id]
                 continue
             if kept is None or kept[0] is not slot.seed:
+                # A new seed: fresh optimizer state, and its learning rate re-warmed from the first step.
                 optimizer = self.config.build(slot.seed_parameters(), seed=True, lr_scale=self.seed_lr_scale)
                 self.seed_optimizers[slot.slot_id] = (slot.seed, optimizer)
+                self.seed_steps[slot.slot_id] = 0
             if slot.is_running:
                 running[slot.slot_id] = [p for p in slot.seed_parameters() if p.requires_grad]
         return running
@@ -143,11 +75,10 @@ class ModelTrainer:
         note_batch(self.batch_shapes, inputs)
         running = self.sync_seed_optimizers()
         model.zero_grad(set_to_none=True)
-        output, shadow = model.forward_with_shadow(inputs)
+        output, shadow = model.forward_with_shadow(inputs, shadow_rows(inputs.shape[0], self.shadow_fraction))
         loss = self.objective.checked_loss(output, targets)
-        loss.backward()
-        if shadow is not None and shadow.parameters:
-            self.objective.shadow_loss(shadow.outputs, targets).backward(inputs=list(shadow.parameters))
+        torch.autograd.backward(loss)
+        self.backward_shadow(shadow, targets)
         host_parameters = model.host_parameters()
         self.monitor.accumulate(host_parameters, running)
         nn.utils.clip_grad_norm_(host_parameters, self.config.clip_norm, foreach=True)
@@ -155,10 +86,31 @@ class ModelTrainer:
         for slot_id, parameters in running.items():
             if parameters:
                 nn.utils.clip_grad_norm_(parameters, self.config.clip_norm, foreach=True)
-                self.seed_optimizers[slot_id][1].step()
+                self.step_seed(slot_id)
         detached = loss.detach()
         self._loss_sum = detached.clone() if self._loss_sum is None else self._loss_sum.add_(detached)
         self.batches += 1
+
+    def step_seed(self, slot_id: str) -> None:
+        """Step the optimizer of the seed in `slot_id`, at its warmed-up share of the learning rate."""
+        optimizer = self.seed_optimizers[slot_id][1]
+        step = self.seed_steps[slot_id] = self.seed_steps[slot_id] + 1
+        if step <= self.config.seed_warmup_steps:
+            lr = self.config.seed_lr * self.seed_lr_scale * warmup_factor(step, self.config.seed_warmup_steps)
+            for group in optimizer.param_groups:
+                group["lr"] = lr
+        optimizer.step()
+
+    def warming_up(self) -> bool:
+        """Whether some seed's learning rate is still being re-warmed (it changes from one step to the next)."""
+        return any(step < self.config.seed_warmup_steps for step in self.seed_steps.values())
+
+    def backward_shadow(self, shadow: ShadowOutput | None, targets: Tensor) -> None:
+        """Backpropagate the shadow loss of every TRAINING seed into that seed's parameters only
+        (docs/architecture.md#shadow-pass)."""
+        if shadow is not None and shadow.parameters:
+            shadow_loss = self.objective.shadow_loss(shadow.outputs, targets[:shadow.rows])  # the rows it ran on
+            torch.autograd.backward(shadow_loss, inputs=list(shadow.parameters))
 
     def add_epoch_losses(self, loss_sum: Tensor, batches: int) -> None:
         """Add the summed training loss of `batches` batches trained elsewhere (the batched envs of a vector)."""
@@ -187,7 +139,7 @@ class ModelTrainer:
                 group["lr"] *= factor
             return
         assert what == "seeds", what
-        self.seed_lr_scale *= factor
+        self.seed_lr_scale *= factor  # a seed still warming up reads it at its next step
         for _, optimizer in self.seed_optimizers.values():
             for group in optimizer.param_groups:
                 group["lr"] *= factor

@@ -109,11 +109,6 @@ class AnomalyDetector:
         """Builds the `LSTMHealthReport` for `PPODiagnostics.lstm` with this config's thresholds."""
         self._collapsed_heads: set[str] = set()
 
-    @property
-    def collapsed_heads(self) -> frozenset[str]:
-        """Heads currently flagged as entropy-collapsed (cleared only above `entropy_collapse_high`)."""
-        return frozenset(self._collapsed_heads)
-
     def forget_gradients(self, prefix: str) -> None:
         """Restart the gradient-drift averages of keys starting with `prefix` (e.g. a new episode's)."""
         self._gradient_averages.forget(prefix)

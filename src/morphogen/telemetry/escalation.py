@@ -34,11 +34,6 @@ class TelemetryLevelController:
         """The effective level: debug while escalated, else the configured one."""
         return ESCALATED_LEVEL if self._epochs_left > 0 else self.configured_level
 
-    @property
-    def epochs_left(self) -> int:
-        """Epochs until the level returns to the configured one (0 when not escalated)."""
-        return self._epochs_left
-
     def escalate(self, *, epoch: int, reason: str, env_id: int = ALL_ENVS) -> TelemetryLevelChanged | None:
         """Raise the level to debug for `escalation_epochs` epochs; the event if the level changed."""
         if self.escalation_epochs == 0 or self.configured_level in ("off", ESCALATED_LEVEL):

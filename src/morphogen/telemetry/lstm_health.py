@@ -36,11 +36,6 @@ class LSTMHealthReport:
     vanishing: bool
     """Every sample's h RMS is below the vanishing threshold: the LSTM outputs (almost) nothing."""
 
-    @property
-    def healthy(self) -> bool:
-        """Neither exploding nor vanishing, and every entry finite."""
-        return not (self.exploding or self.vanishing or self.non_finite)
-
     def event(self, *, epoch: int, env_id: int) -> LSTMHealthMeasured:
         """This report as a telemetry event."""
         return LSTMHealthMeasured(

@@ -16,11 +16,16 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from types import TracebackType
+from typing import TYPE_CHECKING
 
 import torch
-from torch.profiler import ProfilerAction, ProfilerActivity
 
-from morphogen.run_directory import PROFILE_DIRNAME
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from torch.profiler import ProfilerAction, ProfilerActivity
+
+from morphogen.run_directory import PROFILE_DIRNAME, own_directory
 from morphogen.telemetry.config import TelemetryConfig
 from morphogen.telemetry.events import PhaseTimes
 
@@ -94,6 +99,8 @@ class PhaseTimer:
 
 def profiler_activities() -> list[ProfilerActivity]:
     """CPU always; CUDA if a GPU is visible; MPS if this torch has the activity and the backend works."""
+    from torch.profiler import ProfilerActivity
+
     activities = [ProfilerActivity.CPU]
     if torch.cuda.is_available():
         activities.append(ProfilerActivity.CUDA)
@@ -117,8 +124,16 @@ class TraceProfiler:
             raise ValueError(f"need wait >= 0, warmup >= 0 and active >= 1; got {wait}, {warmup}, {active}")
         self.output_dir = Path(output_dir)
         self.enabled = enabled
-        self.schedule = torch.profiler.schedule(wait=wait, warmup=warmup, active=active, repeat=1)
+        self.wait, self.warmup, self.active = wait, warmup, active
         self._profiler: torch.profiler.profile | None = None
+
+    @property
+    def schedule(self) -> Callable[[int], ProfilerAction]:
+        """The profiler's action at each step (0-based) of the window. `torch.profiler` is imported here and
+        in `start`, not with this module: it loads torch's compiler, which a run without `--profile` never needs."""
+        import torch.profiler
+
+        return torch.profiler.schedule(wait=self.wait, warmup=self.warmup, active=self.active, repeat=1)
 
     @classmethod
     def from_config(cls, run_dir: Path | str, config: TelemetryConfig) -> TraceProfiler:
@@ -131,15 +146,13 @@ class TraceProfiler:
             active=config.profile_active,
         )
 
-    def recording(self, step: int) -> bool:
-        """Whether step number `step` (0-based) falls in the recorded window."""
-        return self.schedule(step) in (ProfilerAction.RECORD, ProfilerAction.RECORD_AND_SAVE)
-
     def start(self) -> None:
         """Start profiling (creates the output directory)."""
         if not self.enabled or self._profiler is not None:
             return
-        self.output_dir.mkdir(parents=True, exist_ok=True)
+        import torch.profiler
+
+        own_directory(self.output_dir)  # never through a link planted in a copied run
         self._profiler = torch.profiler.profile(
             activities=profiler_activities(),
             schedule=self.schedule,

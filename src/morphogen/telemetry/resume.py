@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from morphogen.run_directory import truncate_file
+from morphogen.run_directory import MAX_LINE_BYTES, open_regular_file, read_line, truncate_file
 
 ROUND_COMPLETED = "round_completed"
 
@@ -41,12 +41,10 @@ def _completed_round(line: bytes) -> int | None:
 def events_end_of_round(path: str | Path, completed_round: int) -> int:
     """Byte offset just after the last complete `round_completed` line of a round <= `completed_round` (0 if none)."""
     offset = end = 0
-    with Path(path).open("rb") as handle:
-        for line in handle:
-            offset += len(line)
-            if not line.endswith(b"\n"):
-                break  # a torn last line is never a record
-            round_number = _completed_round(line)
+    with open_regular_file(path) as handle:
+        while (line := read_line(handle, MAX_LINE_BYTES)).complete:  # a torn last line is never a record
+            offset += line.size
+            round_number = None if line.text is None else _completed_round(line.text)
             if round_number is not None and round_number <= completed_round:
                 end = offset
     return end

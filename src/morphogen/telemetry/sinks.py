@@ -14,14 +14,15 @@ from __future__ import annotations
 import errno
 import json
 import logging
+import os
 import sys
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import IO, Any, Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
-from morphogen.run_directory import EVENTS_FILENAME, TENSORBOARD_DIRNAME, open_for_append
+from morphogen.run_directory import EVENTS_FILENAME, TENSORBOARD_DIRNAME, append_line, open_for_append
 from morphogen.telemetry.anomalies import Anomaly
 from morphogen.telemetry.config import TelemetryConfig
 from morphogen.telemetry.escalation import TelemetryLevelController
@@ -44,27 +45,31 @@ class Sink(Protocol):
 
 
 class JsonLinesSink:
-    """Appends one JSON object per event to a file, flushed after every line.
+    """Appends one JSON object per event to a file, each line with one unbuffered write.
 
     Each record is `event.to_dict()` with a "time" key (wall-clock seconds since the epoch) first.
-    The parent directory is created if missing.
+    The parent directory is created if missing. A line that cannot be written whole (a full disk) is
+    undone and raises OSError: the file never ends in a torn fragment, and nothing that failed is kept
+    in memory to be written later, out of order.
     """
 
     def __init__(self, path: Path | str) -> None:
         self.path = Path(path)
-        self._file: IO[str] = open_for_append(self.path)  # never through a symbolic link
+        self._descriptor: int | None = open_for_append(self.path)  # never through a symbolic link
 
     def write(self, event: Event) -> None:
-        """Write `event` as one line and flush, so readers (the live dashboard) see it at once."""
+        """Write `event` as one line, at once visible to readers (the live dashboard)."""
+        if self._descriptor is None:
+            raise ValueError(f"{self!r} is closed")
         record = {"time": time.time(), **event.to_dict()}
-        # One write call per line keeps a concurrent reader from seeing half a record, except the last.
         # allow_nan=False: records are strict JSON (to_dict already wrote non-finite floats as tokens).
-        self._file.write(json.dumps(record, allow_nan=False) + "\n")
-        self._file.flush()
+        append_line(self._descriptor, (json.dumps(record, allow_nan=False) + "\n").encode("utf-8"))
 
     def close(self) -> None:
         """Close the file; closing twice is harmless."""
-        self._file.close()
+        if self._descriptor is not None:
+            descriptor, self._descriptor = self._descriptor, None
+            os.close(descriptor)
 
     def __repr__(self) -> str:
         return f"JsonLinesSink({str(self.path)!r})"
@@ -111,11 +116,18 @@ class Telemetry:
         self._levels = TelemetryLevelController(config.level, config.escalation_epochs)
         self._closed = False
         self.run_dir = None if run_dir is None else Path(run_dir)
+        tensorboard = config.tensorboard and config.level != "off"
+        if tensorboard and self.run_dir is None:
+            raise ValueError("TensorBoard logging writes into RUN_DIR/tb: give a run_dir, or set tensorboard=False")
         self._sinks = self._default_sinks() if sinks is None else list(sinks)
-        if config.tensorboard and config.level != "off":
-            if self.run_dir is None:
-                raise ValueError("TensorBoard logging writes into RUN_DIR/tb: give a run_dir, or set tensorboard=False")
-            self._sinks.append(TensorBoardSink(self.run_dir / TENSORBOARD_DIRNAME))
+        if tensorboard:
+            assert self.run_dir is not None
+            try:
+                self._sinks.append(TensorBoardSink(self.run_dir / TENSORBOARD_DIRNAME))
+            except BaseException:
+                for sink in self._sinks if sinks is None else ():  # the events file opened above
+                    sink.close()
+                raise
         self._failures = [0] * len(self._sinks)
 
     def _default_sinks(self) -> list[Sink]:

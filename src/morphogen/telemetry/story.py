@@ -11,6 +11,8 @@ TERMINAL_OUTCOMES = ("fossilized", "pruned")
 #: Counterfactual configuration names (written by env/counterfactual.py): `with:<slot>` blends a TRAINING
 #: seed in at alpha 1 (its shadow), `without:<slot>` removes a blended seed.
 SHADOW_PREFIX, WITHOUT_PREFIX = "with:", "without:"
+#: The configuration of the model as it is, next to which the others are measured.
+MAIN_CONFIG = "main"
 
 
 @dataclass
@@ -32,9 +34,22 @@ class SeedStory:
     #: Last shadow contribution measured while the seed was TRAINING: what blending it in was predicted
     #: to add, in accuracy points (None if it never trained behind the host).
     predicted_contribution: float | None = None
+    #: The same two in validation loss removed (nats per token for a language model): loss without the seed
+    #: minus loss with it, and while TRAINING the model's loss minus its shadow's.
+    loss_contribution: float | None = None
+    predicted_loss_contribution: float | None = None
 
     def stage_path(self) -> str:
+        """Every stage entered after germination, as `stage@epoch`, the outcome included."""
         return " ".join(f"{stage}@{epoch}" for stage, epoch in self.stages.items())
+
+    def path_before_outcome(self) -> str:
+        """`stage_path` without the outcome, which `ending` shows (so that a story never says it twice)."""
+        return " ".join(f"{stage}@{epoch}" for stage, epoch in self.stages.items() if stage not in TERMINAL_OUTCOMES)
+
+    def ending(self) -> str:
+        """How the seed ended, with the epoch: `fossilized@18`, `pruned@28`, or `alive`."""
+        return self.outcome if self.outcome_epoch is None else f"{self.outcome}@{self.outcome_epoch}"
 
 
 def seed_stories(history: Iterable[Event]) -> list[SeedStory]:
@@ -58,12 +73,23 @@ def seed_stories(history: Iterable[Event]) -> list[SeedStory]:
                 story_or_none.outcome_reason = event.reason
                 del current[key]
         elif isinstance(event, CounterfactualMeasured):
-            for slot, contribution in event.contributions:
-                story_or_none = current.get((event.env_id, slot))
-                if story_or_none is None:
-                    continue
-                if SHADOW_PREFIX + slot in event.configs:
-                    story_or_none.predicted_contribution = contribution
-                elif WITHOUT_PREFIX + slot in event.configs:
-                    story_or_none.contribution = contribution
+            _note_contributions(event, current)
     return stories
+
+
+def _note_contributions(event: CounterfactualMeasured, current: dict[tuple[int, str], SeedStory]) -> None:
+    """Write the contributions `event` measured into the stories of the live seeds it measured."""
+    losses = dict(zip(event.configs, event.losses, strict=True))
+    main_loss = losses.get(MAIN_CONFIG)
+    for slot, contribution in event.contributions:
+        story = current.get((event.env_id, slot))
+        if story is None:
+            continue
+        if SHADOW_PREFIX + slot in event.configs:
+            story.predicted_contribution = contribution
+            if main_loss is not None:
+                story.predicted_loss_contribution = main_loss - losses[SHADOW_PREFIX + slot]
+        elif WITHOUT_PREFIX + slot in event.configs:
+            story.contribution = contribution
+            if main_loss is not None:
+                story.loss_contribution = losses[WITHOUT_PREFIX + slot] - main_loss

@@ -19,9 +19,9 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
-from morphogen.run_directory import EVENTS_FILENAME
+from morphogen.run_directory import EVENTS_FILENAME, MAX_LINE_BYTES, open_regular_file, own_directory, read_line
 from morphogen.telemetry.events import ALL_ENVS, EpisodeCompleted, Event
 
 TRAINER_RUN = "trainer"
@@ -40,20 +40,33 @@ def env_run_name(env_id: int) -> str:
 def completed_epochs(events_file: Path) -> dict[int, int]:
     """Env id -> epochs of its episodes completed in `events_file` (JSON lines); {} when there is none.
 
-    Only `episode_completed` records are parsed; a last line still being written is skipped.
+    Only `episode_completed` records are read; a last line still being written, and a damaged line
+    (the file may come from another machine), are skipped.
     """
-    if not events_file.is_file():
+    try:
+        handle = open_regular_file(events_file)
+    except OSError:
         return {}
     offsets: dict[int, int] = {}
-    with events_file.open(encoding="utf-8") as lines:
-        for line in lines:
-            if f'"{EpisodeCompleted.kind}"' not in line or not line.endswith("\n"):
+    kind = f'"{EpisodeCompleted.kind}"'.encode()
+    with handle:
+        while (line := read_line(handle, MAX_LINE_BYTES)).complete:
+            if line.text is None or kind not in line.text:
                 continue
-            record = json.loads(line)
-            if record.get("event") == EpisodeCompleted.kind:
-                env_id = int(record["env_id"])
-                offsets[env_id] = offsets.get(env_id, 0) + int(record["epoch"])
+            try:
+                record = json.loads(line.text)
+            except (ValueError, RecursionError):
+                continue
+            if not isinstance(record, dict) or record.get("event") != EpisodeCompleted.kind:
+                continue
+            env_id, epoch = record.get("env_id"), record.get("epoch")
+            if _is_count(env_id) and _is_count(epoch):
+                offsets[env_id] = offsets.get(env_id, 0) + epoch
     return offsets
+
+
+def _is_count(value: object) -> TypeGuard[int]:
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 2**63
 
 
 class TensorBoardSink:
@@ -67,7 +80,7 @@ class TensorBoardSink:
                 "TensorBoard logging needs the tensorboard package: pip install 'morphogen[tensorboard]' "
                 "(or run without --tensorboard)"
             ) from error
-        self.log_dir = Path(log_dir)
+        self.log_dir = own_directory(log_dir)  # never through a link planted in a copied run
         self._writer_class: Any = SummaryWriter
         self._writers: dict[str, Any] = {}
         self._epoch_offsets = completed_epochs(self.log_dir.parent / EVENTS_FILENAME)
@@ -82,7 +95,8 @@ class TensorBoardSink:
     def _writer(self, env_id: int) -> Any:
         run = env_run_name(env_id)
         if run not in self._writers:
-            self._writers[run] = self._writer_class(log_dir=str(self.log_dir / run), flush_secs=FLUSH_SECONDS)
+            directory = own_directory(self.log_dir / run)
+            self._writers[run] = self._writer_class(log_dir=str(directory), flush_secs=FLUSH_SECONDS)
         return self._writers[run]
 
     def write(self, event: Event) -> None:

@@ -23,9 +23,9 @@ from textual.containers import Horizontal, Vertical
 from textual.screen import ModalScreen
 from textual.widgets import DataTable, Footer, RichLog, Static
 
-from morphogen.run_directory import CONFIG_FILENAME, EVENTS_FILENAME
+from morphogen.run_directory import CONFIG_FILENAME, EVENTS_FILENAME, read_json_object
 from morphogen.ui.live_state import EnvView, RunView
-from morphogen.ui.run_files import EventTail, RunDirectoryError, TimedEvent, check_run_dir, read_json_object
+from morphogen.ui.run_files import EventTail, RunDirectoryError, TimedEvent, check_run_dir
 from morphogen.ui.stages import stage_colour, stage_short
 from morphogen.ui.terminal_text import printable_fields
 
@@ -179,6 +179,8 @@ class Dashboard(App[None]):
         self.view = RunView.from_config(self._read_config())
         self._pending: list[TimedEvent] = []
         self._slot_columns: list[str] = []
+        self.stopped_on: str | None = None
+        """Why the dashboard stopped by itself (the command's error line), or None."""
 
     def _read_config(self) -> dict[str, object]:
         return read_json_object(self.run_dir / CONFIG_FILENAME) or {}  # damaged: the view shows '?'
@@ -213,7 +215,15 @@ class Dashboard(App[None]):
         """Read new events (live) or the next slice of the recording (replay), then redraw."""
         if self.paused or not self.is_running:
             return  # not running: the app is shutting down and its widgets may already be gone (NoMatches)
-        self._pending.extend(TimedEvent(timed.time, printable_fields(timed.event)) for timed in self.tail.read_new())
+        try:
+            new = self.tail.read_new()
+        except RunDirectoryError as error:  # the events file was replaced by something unreadable
+            self._stop(str(error))
+            return
+        except OSError as error:
+            self._stop(f"cannot read {self.tail.path}: {error.strerror or error}")
+            return
+        self._pending.extend(TimedEvent(timed.time, printable_fields(timed.event)) for timed in new)
         if self.replay:
             count = max(1, int(self.replay_rate * self.poll_seconds))
             batch, self._pending = self._pending[:count], self._pending[count:]
@@ -225,6 +235,11 @@ class Dashboard(App[None]):
             if line is not None:
                 log.write(line)
         self.refresh_view()
+
+    def _stop(self, reason: str) -> None:
+        """End the app with exit status 2; `dashboard_command` prints `reason` as the command's one line."""
+        self.stopped_on = reason
+        self.exit(return_code=2)
 
     # ---------------------------------------------------------------- drawing
     def refresh_view(self) -> None:
@@ -276,5 +291,7 @@ def dashboard_command(run_dir: str | Path, *, replay: bool = False) -> None:
     """Run the dashboard on `run_dir` until the user quits (a bad run directory raises `RunDirectoryError`)."""
     app = Dashboard(run_dir, replay=replay)
     app.run()
+    if app.stopped_on is not None:
+        raise DashboardStopped(app.stopped_on)
     if app.return_code:  # Textual printed what stopped it; the exit status must say so too
         raise DashboardStopped(f"the dashboard of {run_dir} stopped on an error (exit status {app.return_code})")

@@ -3,12 +3,13 @@
 The page holds inline SVG only (see `ui/svg.py`): no script, no stylesheet or font from a network, so it
 opens offline, in a mail attachment or an artifact store, exactly as written. Its sections:
 
-- accuracy and parameters over epochs against the no-growth baseline (`run`), or the per-round means
-  (`train`);
+- accuracy and parameters over epochs against the no-growth baseline and the final architecture
+  trained from scratch (`run`), or the per-round means (`train`);
 - a timeline with one bar per seed, coloured by lifecycle stage (a `run`'s seeds, or the last round's);
 - contributions: predicted (the shadow contribution measured while the seed trained behind the host,
   the `with:<slot>` counterfactual) against measured (acc with it minus acc without it once blended);
-- reward components per epoch (`run`) or per round (`train`), PPO curves per round;
+- reward components per epoch (a `run` with a learned policy) or per round (`train`), PPO curves per
+  round (a heuristic run has no reward section: the heuristic never reads the reward);
 - anomalies and rollbacks.
 
 Like the text report it reads only the run directory (`ui/run_files.py`).
@@ -75,7 +76,8 @@ def _epochs(events: Sequence[Event], env_id: int = 0) -> list[EpochCompleted]:
 
 
 def growth_charts(files: RunFiles) -> list[str]:
-    """Accuracy and parameters: per epoch against the baseline for a run, per round for a training run."""
+    """Accuracy and parameters: per epoch for a run, against no growth and the final architecture trained
+    from scratch (those it recorded), per round for a training run."""
     if files.is_training:
         rounds = [e for e in files.history if isinstance(e, RoundCompleted)]
         return [
@@ -84,15 +86,16 @@ def growth_charts(files: RunFiles) -> list[str]:
             line_chart([Series("parameters added", tuple((r.round, r.mean_parameters_added) for r in rounds))],
                        title="parameters added per round (mean over envs)", x_label="round", y_label="parameters"),
         ]
-    grown = _epochs(files.history)
-    baseline = _epochs([timed.event for timed in files.baseline_events])
+    curves = [("grown", _epochs(files.history), False),
+              ("no growth", _epochs([timed.event for timed in files.baseline_events]), True),
+              ("from scratch", _epochs([timed.event for timed in files.from_scratch_events]), True)]
+    shown = [(name, epochs, dashed) for name, epochs, dashed in curves if epochs or name == "grown"]
     return [
-        line_chart([Series("grown", tuple((e.epoch, e.val_accuracy) for e in grown)),
-                    Series("no growth", tuple((e.epoch, e.val_accuracy) for e in baseline), dashed=True)],
-                   title="validation accuracy", x_label="epoch", y_label="accuracy %"),
-        line_chart([Series("grown", tuple((e.epoch, float(e.param_count)) for e in grown)),
-                    Series("no growth", tuple((e.epoch, float(e.param_count)) for e in baseline), dashed=True)],
-                   title="parameters", x_label="epoch", y_label="parameters"),
+        line_chart([Series(name, tuple((e.epoch, e.val_accuracy) for e in epochs), dashed)
+                    for name, epochs, dashed in shown], title="validation accuracy", x_label="epoch",
+                   y_label="accuracy %"),
+        line_chart([Series(name, tuple((e.epoch, float(e.param_count)) for e in epochs), dashed)
+                    for name, epochs, dashed in shown], title="parameters", x_label="epoch", y_label="parameters"),
     ]
 
 
@@ -281,7 +284,7 @@ def render_html(run_dir: str | Path) -> str:
         _section("Result", summary_table(files)),
         _section("Growth", *growth_charts(files)),
         _section("Seeds", timeline_section(files), contributions),
-        _section("Reward", reward_chart(files)),
+        _section("Reward", reward_chart(files)) if files.steered_by_reward else "",
         _section("PPO", *ppo_charts(files.history)),
         f"<h2>Anomalies and rollbacks</h2>{health_table(files)}",
     ]
@@ -294,7 +297,11 @@ def render_html(run_dir: str | Path) -> str:
 
 
 def write_html_report(run_dir: str | Path, path: str | Path | None = None) -> Path:
-    """Write `render_html(run_dir)` to `path` (default RUN_DIR/report.html) and return where."""
+    """Write `render_html(run_dir)` to `path` (default RUN_DIR/report.html) and return where.
+
+    Written atomically (missing parent directories are made): a link at `path` is replaced, never
+    written through; a directory, a device or a FIFO there is refused with `RunDirectoryError`.
+    """
     target = Path(run_dir) / REPORT_FILENAME if path is None else Path(path)
     page = render_html(run_dir).encode("utf-8")
     try:

@@ -20,6 +20,7 @@ from morphogen.telemetry.events import (
     AnomalyDetected,
     EpisodeCompleted,
     EpochCompleted,
+    Event,
     GovernorRollback,
     PPOUpdateCompleted,
     RewardComputed,
@@ -170,43 +171,50 @@ class RunView:
         event = timed.event
         self.first_time = timed.time if self.first_time is None else self.first_time
         self.last_time = timed.time
-        where = self._where(event.env_id, event.epoch)
-        line: str | None = None
+        line = self._fold(event, self._where(event.env_id, event.epoch))
+        if line is not None:
+            self.log.append(line)
+        return line
+
+    def _fold(self, event: Event, where: str) -> str | None:
+        if isinstance(event, EpochCompleted | RewardComputed | EpisodeCompleted):
+            return self._fold_env_event(event, where)
+        if isinstance(event, AnomalyDetected | GovernorRollback):
+            return self._alert(event, where)
+        if isinstance(event, PPOUpdateCompleted):
+            self.ppo = event
+            return None
+        if isinstance(event, RoundCompleted):
+            return self._round_completed(event, where)
+        if isinstance(event, TelemetryLevelChanged):
+            self.telemetry_level = event.to_level
+            return f"{where}: telemetry {event.from_level} -> {event.to_level} ({event.reason})"
+        if isinstance(event, ActionTaken) and event.op != "WAIT":
+            outcome = "" if event.succeeded else f" refused: {event.reason}"
+            target = " ".join(part for part in (event.slot, event.blueprint) if part)
+            return f"{where}: {event.op} {target}{outcome}"
+        if isinstance(event, StageTransition):
+            return f"{where}: {event.slot} {event.blueprint} {event.from_stage} -> {event.to_stage} ({event.reason})"
+        return None
+
+    def _fold_env_event(self, event: EpochCompleted | RewardComputed | EpisodeCompleted, where: str) -> str | None:
+        env = self._env(event.env_id)
         if isinstance(event, EpochCompleted):
-            env = self._env(event.env_id)
             env.round, env.epoch, env.val_accuracy = self.round, event.epoch, event.val_accuracy
             env.param_count, env.slots = event.param_count, event.slots
             env.action, env.action_succeeded = event.action, event.action_succeeded
             self.env_steps += 1
-        elif isinstance(event, RewardComputed):
-            self._env(event.env_id).last_reward = dict(event.components)
+            return None
+        if isinstance(event, RewardComputed):
+            env.last_reward = dict(event.components)
             for name, value in event.components:
                 self.round_rewards[name] = self.round_rewards.get(name, 0.0) + value
-        elif isinstance(event, ActionTaken) and event.op != "WAIT":
-            outcome = "" if event.succeeded else f" refused: {event.reason}"
-            target = " ".join(part for part in (event.slot, event.blueprint) if part)
-            line = f"{where}: {event.op} {target}{outcome}"
-        elif isinstance(event, StageTransition):
-            line = f"{where}: {event.slot} {event.blueprint} {event.from_stage} -> {event.to_stage} ({event.reason})"
-        elif isinstance(event, EpisodeCompleted):
-            env = self._env(event.env_id)
-            env.episodes_completed += 1
-            env.last_return = event.episode_return
-            self.finished = self.finished or not self.training
-            line = (f"{where}: episode done, acc {event.final_accuracy:.2f}%, {event.fossilized} fossilized, "
-                    f"{event.pruned} pruned, return {event.episode_return:+.3f}")
-        elif isinstance(event, (AnomalyDetected, GovernorRollback)):
-            line = self._alert(event, where)
-        elif isinstance(event, PPOUpdateCompleted):
-            self.ppo = event
-        elif isinstance(event, RoundCompleted):
-            line = self._round_completed(event, where)
-        elif isinstance(event, TelemetryLevelChanged):
-            self.telemetry_level = event.to_level
-            line = f"{where}: telemetry {event.from_level} -> {event.to_level} ({event.reason})"
-        if line is not None:
-            self.log.append(line)
-        return line
+            return None
+        env.episodes_completed += 1
+        env.last_return = event.episode_return
+        self.finished = self.finished or not self.training
+        return (f"{where}: episode done, acc {event.final_accuracy:.2f}%, {event.fossilized} fossilized, "
+                f"{event.pruned} pruned, return {event.episode_return:+.3f}")
 
     def _alert(self, event: AnomalyDetected | GovernorRollback, where: str) -> str:
         env = "trainer" if event.env_id == ALL_ENVS else f"env {event.env_id}"

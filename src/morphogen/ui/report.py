@@ -28,13 +28,7 @@ from morphogen.ui.run_files import RunDirectoryError, load_run_files, round_of_e
 from morphogen.ui.terminal_text import printable
 from morphogen.ui.units import format_flops
 
-__all__ = ["RunDirectoryError", "load_run", "render_report"]
-
-
-def load_run(run_dir: str | Path) -> tuple[dict[str, object], list[Event]]:
-    """The resolved config and the events of a run directory."""
-    files = load_run_files(run_dir)
-    return files.config, files.history
+__all__ = ["RunDirectoryError", "render_report"]
 
 
 def _epoch_rows(epochs: Sequence[tuple[int, EpochCompleted]], with_round: bool) -> list[str]:
@@ -85,11 +79,9 @@ def _seed_section(history: Sequence[Event], training: bool) -> list[str]:
         lines.append(f"seeds ({len(stories_by_round)}):")
     for round_number, story in stories_by_round:
         contribution = "-" if story.contribution is None else f"{story.contribution:+.2f} pts"
-        ending = story.outcome if story.outcome_epoch is None else f"{story.outcome}@{story.outcome_epoch}"
         where = f"round {round_number} env {story.env_id}" if training else f"env {story.env_id}"
         lines.append(f"  {where}  {story.blueprint:<11} {story.slot:<5} germinated@{story.germinated:<3} "
-                     f"{story.stage_path():<40} "
-                     f"{ending:<15} contribution {contribution}")
+                     f"{story.path_before_outcome():<40} {story.ending():<15} contribution {contribution}")
     return lines
 
 
@@ -155,18 +147,19 @@ def _phase_section(history: Sequence[Event]) -> list[str]:
 
 
 def _comparison_section(summary: dict[str, object] | None) -> list[str]:
-    """The grown model against no growth, from summary.json; nothing when it lacks either."""
+    """The grown model, then no growth and the final architecture from scratch where summary.json holds
+    them; nothing when it lacks the grown model's figures."""
     summary = summary or {}
-    grown, baseline = summary.get("grown"), summary.get("baseline")
-    numbers = [summary_number(table, key) for table in (grown, baseline) for key in ("final_accuracy", "parameters")]
-    if any(number is None for number in numbers):
-        return []
-    grown_accuracy, grown_parameters, baseline_accuracy, baseline_parameters = numbers
-    flops = [summary_number(table.get("flops") if isinstance(table, dict) else None, "total")
-             for table in (grown, baseline)]
-    grown_flops, baseline_flops = ("" if value is None else f" and {format_flops(value)}" for value in flops)
-    return [f"grown {grown_accuracy:.2f}% with {grown_parameters:,.0f} parameters{grown_flops}; "
-            f"no growth {baseline_accuracy:.2f}% with {baseline_parameters:,.0f}{baseline_flops}"]
+    parts = []
+    for name, key in (("grown", "grown"), ("no growth", "baseline"), ("from scratch", "from_scratch")):
+        table = summary.get(key)
+        accuracy, parameters = summary_number(table, "final_accuracy"), summary_number(table, "parameters")
+        if accuracy is None or parameters is None:
+            continue
+        flops = summary_number(table.get("flops") if isinstance(table, dict) else None, "total")
+        parts.append(f"{name} {accuracy:.2f}% with {parameters:,.0f} parameters"
+                     + ("" if flops is None else f" and {format_flops(flops)}"))
+    return ["; ".join(parts)] if parts and parts[0].startswith("grown ") else []
 
 
 def render_report(run_dir: str | Path) -> str:
@@ -176,8 +169,9 @@ def render_report(run_dir: str | Path) -> str:
     damage = files.damage_note()
     header = (f"run {files.path}: task {task_label(config) or '?'}, seed {config.get('seed', '?')}, "
               f"{len(history)} events" + (f" ({damage})" if damage else ""))
-    sections = [[header], _episode_section(history, training), _seed_section(history, training),
-                _reward_section(history), _training_section(history), _health_section(history, training),
-                _phase_section(history), _comparison_section(files.summary)]
+    reward = _reward_section(history) if files.steered_by_reward else []
+    sections = [[header], _episode_section(history, training), _seed_section(history, training), reward,
+                _training_section(history), _health_section(history, training), _phase_section(history),
+                _comparison_section(files.summary)]
     text = "\n\n".join("\n".join(section) for section in sections if section)
     return "\n".join(printable(line) for line in text.split("\n"))

@@ -1,8 +1,9 @@
 """Reading a run directory as telemetry wrote it: events with their wall-clock times, read whole or tailed.
 
 A run directory holds `config.json` (the resolved config), `events.jsonl` (one JSON object per event,
-each with the sink's "time"), `summary.json` after a `run` finished, and `baseline/events.jsonl` (the
-no-growth episode of a `run`). Readers here never import the model, env or controller, so they work on
+each with the sink's "time"), `summary.json` after a `run` finished, and `baseline/events.jsonl` and
+`from_scratch/events.jsonl` (the no-growth episode and the final architecture trained from scratch,
+of a `run`). Readers here never import the model, env or controller, so they work on
 a run copied from another machine, and on a run that is still being written: `EventTail` returns only
 complete lines and picks up where it stopped.
 
@@ -15,8 +16,10 @@ A copied run directory is untrusted input. Every reader here is bounded and tole
 - a line longer than `MAX_LINE_BYTES` is skipped without being parsed, and at most `MAX_EVENTS`
   events are kept per file (the rest are counted as skipped), so memory stays below roughly
   `MAX_EVENTS` events plus one line whatever the file holds;
-- `config.json` and `summary.json` over `MAX_JSON_BYTES`, unparsable or not an object read as
-  missing (`unreadable` names them).
+- `config.json` and `summary.json` over `run_directory.MAX_JSON_BYTES` (4 MiB), unparsable or not an object, and the
+  comparisons' events files that cannot be read, read as missing (`unreadable` names them);
+- only regular files are read, opened without blocking (`morphogen.run_directory.open_regular_file`):
+  a FIFO or a link to a device planted at a name is unreadable, never a wait or an endless read.
 
 Rounds: events carry no round number of their own (only per-round events do), but the trainer writes
 a `RoundCompleted` after the episodes of each round, so an event belongs to round 1 + the number of
@@ -26,22 +29,30 @@ resumed run appends after the last completed round.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
+import os
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
-from morphogen.run_directory import BASELINE_DIRNAME, CONFIG_FILENAME, EVENTS_FILENAME, SUMMARY_FILENAME
+from morphogen.run_directory import (
+    BASELINE_DIRNAME,
+    CONFIG_FILENAME,
+    EVENTS_FILENAME,
+    FROM_SCRATCH_DIRNAME,
+    MAX_LINE_BYTES,
+    SUMMARY_FILENAME,
+    open_regular_file,
+    read_json_object,
+    read_line,
+)
 from morphogen.telemetry.events import Event, RoundCompleted, event_from_dict
 
-MAX_LINE_BYTES = 1_048_576
-"""Longest events line read (1 MiB; the longest event telemetry writes is a few kB)."""
 MAX_EVENTS = 2_000_000
 """Events kept per events file (a 100-round, 64-env training run writes about 200,000)."""
-MAX_JSON_BYTES = 4_194_304
-"""Largest `config.json` or `summary.json` read (4 MiB; telemetry writes a few kB)."""
 
 
 class RunDirectoryError(ValueError):
@@ -90,10 +101,16 @@ class EventTail:
 
     def read_new(self, final: bool = False) -> list[TimedEvent]:
         """The events of every complete line added since the previous call, in order."""
-        if not self.path.is_file():
+        try:
+            file = open_regular_file(self.path)  # a FIFO or a device planted here never blocks nor floods us
+        except FileNotFoundError:
             return []
+        except OSError as error:
+            if not self.path.exists():
+                return []
+            raise RunDirectoryError(f"cannot read {self.path}: {error.strerror or error}") from None
         events = []
-        with self.path.open("rb") as file:
+        with file:
             file.seek(self._offset)
             while line := self._next_line(file, final):
                 if line is _TOO_LONG:
@@ -104,25 +121,19 @@ class EventTail:
                     events.append(event)
         return events
 
-    def _next_line(self, file: Any, final: bool) -> bytes | None:
-        """The next whole line (`_TOO_LONG` for one past the limit, skipped to its end), None at the end."""
-        line = file.readline(MAX_LINE_BYTES + 1)
-        if line.endswith(b"\n"):
-            self._offset += len(line)
-            return bytes(line)
-        if len(line) <= MAX_LINE_BYTES:  # the end of the file: nothing, or a line still being written
-            if line and final:
-                self._offset += len(line)
-                self.skipped += 1
-            return None
-        consumed = len(line)
-        while not line.endswith(b"\n"):
-            line = file.readline(MAX_LINE_BYTES)
-            if not line:
-                return None  # the long line is still being written: read it again when it has its end
-            consumed += len(line)
-        self._offset += consumed
-        return _TOO_LONG
+    def _next_line(self, file: IO[bytes], final: bool) -> bytes | None:
+        """The next whole line (`_TOO_LONG` for one past the limit, skipped to its end), None at the end.
+
+        A last line without its newline is left to be read again, unless `final`: then it is skipped.
+        """
+        line = read_line(file, MAX_LINE_BYTES)
+        if line.complete:
+            self._offset += line.size
+            return _TOO_LONG if line.text is None else line.text
+        if line.size and final:
+            self._offset += line.size
+            self.skipped += 1
+        return None
 
     def _parse(self, line: bytes) -> TimedEvent | None:
         if not line.strip():
@@ -143,11 +154,6 @@ _TOO_LONG = b"\0too long\0"
 """What `EventTail._next_line` returns for a line past `MAX_LINE_BYTES` (never a real line: no newline)."""
 
 
-def read_timed_events(path: Path | str) -> list[TimedEvent]:
-    """Every event of a finished events file with its time (empty when the file does not exist)."""
-    return EventTail(path).read_new(final=True)
-
-
 @dataclass
 class RunFiles:
     """What a run directory holds, read once; `skipped` lines of its events files were not events, and
@@ -157,6 +163,7 @@ class RunFiles:
     config: dict[str, Any]
     events: list[TimedEvent]
     baseline_events: list[TimedEvent] = field(default_factory=list)
+    from_scratch_events: list[TimedEvent] = field(default_factory=list)
     summary: dict[str, Any] | None = None
     skipped: int = 0
     unreadable: tuple[str, ...] = ()
@@ -165,29 +172,24 @@ class RunFiles:
     def history(self) -> list[Event]:
         return [timed.event for timed in self.events]
 
-    @property
+    @functools.cached_property
     def is_training(self) -> bool:
-        """Whether this is a `morphogen train` run (its config has rounds, or it wrote rounds)."""
+        """Whether this is a `morphogen train` run (its config has rounds, or it wrote rounds); computed once,
+        since it reads every event and the views ask it per event."""
         return "rounds" in self.config or any(isinstance(t.event, RoundCompleted) for t in self.events)
+
+    @property
+    def steered_by_reward(self) -> bool:
+        """Whether a reward steered this run: a training run, or a `run` whose summary.json does not name
+        the heuristic as its controller (a `run --policy`, or a run still going). The heuristic computes
+        the reward's components but never reads them, so its runs are not shown a reward."""
+        return self.is_training or (self.summary or {}).get("controller") != "heuristic"
 
     def damage_note(self) -> str | None:
         """One line saying what was skipped or unreadable, or None for an intact run."""
         parts = [f"{self.skipped:,} line{'s' if self.skipped != 1 else ''} skipped"] if self.skipped else []
         parts += [f"{name} unreadable" for name in self.unreadable]
         return ", ".join(parts) or None
-
-
-def read_json_object(path: Path) -> dict[str, Any] | None:
-    """The JSON object in `path`; None if it is missing, too large, unparsable or not an object."""
-    try:
-        with path.open("rb") as file:
-            text = file.read(MAX_JSON_BYTES + 1)
-        if len(text) > MAX_JSON_BYTES:
-            return None
-        value = json.loads(text)
-    except (OSError, ValueError, RecursionError):
-        return None
-    return value if isinstance(value, dict) else None
 
 
 def summary_number(table: object, key: str) -> float | None:
@@ -207,24 +209,40 @@ def check_run_dir(run_dir: str | Path) -> Path:
     path = Path(run_dir)
     if not path.is_dir():
         raise RunDirectoryError(f"{path} is not a directory (expected a run directory under runs/)")
-    if not (path / EVENTS_FILENAME).is_file():
+    events = path / EVENTS_FILENAME
+    if not events.exists():
         raise RunDirectoryError(f"{path} has no {EVENTS_FILENAME} (was the run made with --telemetry off?)")
+    if not events.is_file():
+        raise RunDirectoryError(f"{events} is not a regular file")
     return path
 
 
 def load_run_files(run_dir: str | Path) -> RunFiles:
-    """Config, events (with times), baseline events and summary of a run directory, skipping damage."""
+    """Config, events (with times), the comparisons' events and summary of a run directory, skipping damage.
+
+    `RunDirectoryError` when its own events cannot be read; the other files read as missing when damaged.
+    """
     path = check_run_dir(run_dir)
-    events, baseline = EventTail(path / EVENTS_FILENAME), EventTail(path / BASELINE_DIRNAME / EVENTS_FILENAME)
+    events = EventTail(path / EVENTS_FILENAME)
     try:
-        timed, baseline_timed = events.read_new(final=True), baseline.read_new(final=True)
+        timed = events.read_new(final=True)
     except OSError as error:
         raise RunDirectoryError(f"{path}: cannot read its events: {error.strerror or error}") from None
+    skipped, unreadable, comparisons = events.skipped, [], {}
+    for directory in (BASELINE_DIRNAME, FROM_SCRATCH_DIRNAME):
+        tail = EventTail(path / directory / EVENTS_FILENAME)
+        try:
+            comparisons[directory] = tail.read_new(final=True)
+        except (OSError, RunDirectoryError):
+            comparisons[directory] = []
+            unreadable.append(f"{directory}/{EVENTS_FILENAME}")
+        skipped += tail.skipped
     objects = {name: read_json_object(path / name) for name in (CONFIG_FILENAME, SUMMARY_FILENAME)}
-    unreadable = tuple(name for name, value in objects.items() if value is None and (path / name).exists())
-    return RunFiles(path=path, config=objects[CONFIG_FILENAME] or {}, events=timed, baseline_events=baseline_timed,
-                    summary=objects[SUMMARY_FILENAME], skipped=events.skipped + baseline.skipped,
-                    unreadable=unreadable)
+    unreadable += [name for name, value in objects.items() if value is None and os.path.lexists(path / name)]
+    return RunFiles(path=path, config=objects[CONFIG_FILENAME] or {}, events=timed,
+                    baseline_events=comparisons[BASELINE_DIRNAME],
+                    from_scratch_events=comparisons[FROM_SCRATCH_DIRNAME], summary=objects[SUMMARY_FILENAME],
+                    skipped=skipped, unreadable=tuple(unreadable))
 
 
 def round_of_events(history: Iterable[Event]) -> Iterator[tuple[int, Event]]:

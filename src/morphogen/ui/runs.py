@@ -22,8 +22,9 @@ Views (`run` is the run directory's name everywhere):
 - `runs`: one row per run: run, command (run or train), task, seed, episodes, epochs, rounds,
   final_accuracy (the last episode's in a run, the last round's mean in a training run), parameters,
   gflops (a run's training FLOPs in billions: host, seeds, shadow passes and validation; from summary.json),
-  baseline_accuracy and baseline_parameters (a run's no-growth episode, from summary.json), events,
-  started (UTC), seconds (first to last event).
+  baseline_accuracy and baseline_parameters (a run's no-growth episode, from summary.json),
+  from_scratch_accuracy and from_scratch_parameters (the grown model's final architecture trained from
+  scratch, from summary.json), events, started (UTC), seconds (first to last event).
 
 `--where` is one SQL expression over the columns of `runs`, e.g. `--where "task = 'digits' AND
 final_accuracy > 95"`: a second statement, a `SET`, and any function that reaches files (`read_text`,
@@ -38,7 +39,7 @@ import json
 import math
 import sys
 import tempfile
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -60,10 +61,14 @@ from morphogen.ui.run_files import (
 from morphogen.ui.terminal_text import printable
 
 RUN_COLUMNS = ("run", "command", "task", "seed", "episodes", "epochs", "rounds", "final_accuracy", "parameters",
-               "gflops", "baseline_accuracy", "events", "started", "seconds")
+               "gflops", "baseline_accuracy", "from_scratch_accuracy", "events", "started", "seconds")
 """Columns of `runs` printed by `morphogen runs` (the view has a few more: see the module docstring)."""
 MAX_CONFIG_DEPTH = 16
 """Config settings nested deeper than this read as NULL (real configs nest three deep)."""
+MAX_CONFIG_SETTINGS = 2_000
+"""Distinct settings (dotted key paths) of all runs' configs in the `configs` view: each is a DuckDB column,
+and 50,000 of them took 30 s and 1.4 GB. A config that would pass the cap is left out of `configs` and
+named (a run's config has about 120; a few versions of them together stay far below)."""
 _INT64 = 2**63
 
 
@@ -111,6 +116,40 @@ def _json_value(value: Any, depth: int = 0) -> Any:
     return None
 
 
+def _setting_paths(value: Any, prefix: str = "", depth: int = 0) -> Iterator[str]:
+    """The dotted path of every key of `value` at any depth (lists looked into, as `[]`): DuckDB's columns."""
+    if depth >= MAX_CONFIG_DEPTH:
+        return
+    if isinstance(value, dict):
+        for key, item in value.items():
+            path = f"{prefix}.{str(key).lower()}"
+            yield path
+            yield from _setting_paths(item, path, depth + 1)
+    elif isinstance(value, list):
+        for item in value:
+            yield from _setting_paths(item, f"{prefix}[]", depth + 1)
+
+
+def _config_rows(runs: Sequence[tuple[str, RunFiles]]) -> tuple[list[dict[str, Any]], dict[str, str]]:
+    """The `configs` rows of `runs`, and a note for each run whose config was left out for its size."""
+    rows: list[dict[str, Any]] = []
+    notes: dict[str, str] = {}
+    columns: set[str] = set()
+    for name, files in runs:
+        paths: set[str] = set()
+        for path in _setting_paths(files.config):
+            if path not in columns:
+                paths.add(path)
+            if len(columns) + len(paths) > MAX_CONFIG_SETTINGS:
+                notes[name] = (f"config.json left out of configs (with the other runs' settings it passes "
+                               f"{MAX_CONFIG_SETTINGS:,} columns)")
+                break
+        else:
+            columns |= paths
+            rows.append({**_json_value(files.config), "run": name})
+    return rows, notes
+
+
 def _event_row(run: str, time: float, event: Event) -> dict[str, Any]:
     record = event.to_dict()
     for item in dataclasses.fields(event):
@@ -123,15 +162,17 @@ def _event_row(run: str, time: float, event: Event) -> dict[str, Any]:
 def _run_row(run: str, files: RunFiles) -> dict[str, Any]:
     """What `runs` takes from a run's config and summary, typed here so that damage reads as NULL."""
     config, summary = files.config, files.summary or {}
-    baseline, grown = summary.get("baseline"), summary.get("grown")
+    grown = summary.get("grown")
     task, seed = task_label(config), config.get("seed")
-    parameters = summary_number(baseline, "parameters")
     flops = summary_number(grown.get("flops") if isinstance(grown, dict) else None, "total")
-    return {"run": run, "task": task,
-            "seed": _json_value(seed) if isinstance(seed, int) and not isinstance(seed, bool) else None,
-            "has_rounds": "rounds" in config, "baseline_accuracy": summary_number(baseline, "final_accuracy"),
-            "baseline_parameters": None if parameters is None else _json_value(int(parameters)),
-            "gflops": None if flops is None else round(flops / 1e9, 3)}
+    row = {"run": run, "task": task,
+           "seed": _json_value(seed) if isinstance(seed, int) and not isinstance(seed, bool) else None,
+           "has_rounds": "rounds" in config, "gflops": None if flops is None else round(flops / 1e9, 3)}
+    for column, key in (("baseline", "baseline"), ("from_scratch", "from_scratch")):
+        parameters = summary_number(summary.get(key), "parameters")
+        row[f"{column}_accuracy"] = summary_number(summary.get(key), "final_accuracy")
+        row[f"{column}_parameters"] = None if parameters is None else _json_value(int(parameters))
+    return row
 
 
 def _write_lines(path: Path, rows: Iterable[dict[str, Any]]) -> int:
@@ -186,16 +227,18 @@ def open_runs(root: Path) -> Runs:
     import duckdb
 
     runs, skipped = read_runs(root)
+    configs, config_notes = _config_rows(runs)
     connection = duckdb.connect()
     with tempfile.TemporaryDirectory(prefix="morphogen-runs-") as scratch:
         folder = Path(scratch)
         tables = {
             "events": ([_event_row(name, t.time, t.event) for name, files in runs for t in files.events],
                        "run VARCHAR, time DOUBLE, event VARCHAR"),
-            "configs": ([{**_json_value(files.config), "run": name} for name, files in runs], "run VARCHAR"),
+            "configs": (configs, "run VARCHAR"),
             "run_files": ([_run_row(name, files) for name, files in runs],
-                          "run VARCHAR, task VARCHAR, seed BIGINT, has_rounds BOOLEAN, baseline_accuracy DOUBLE, "
-                          "baseline_parameters BIGINT, gflops DOUBLE"),
+                          "run VARCHAR, task VARCHAR, seed BIGINT, has_rounds BOOLEAN, gflops DOUBLE, "
+                          "baseline_accuracy DOUBLE, baseline_parameters BIGINT, from_scratch_accuracy DOUBLE, "
+                          "from_scratch_parameters BIGINT"),
         }
         try:
             for table, (rows, empty) in tables.items():
@@ -206,7 +249,9 @@ def open_runs(root: Path) -> Runs:
     _create_views(connection)
     connection.execute("SET enable_external_access = false")  # no file or network from here on
     connection.execute("SET lock_configuration = true")  # ... and no SET to undo that
-    damaged = [f"{printable(name)}: {files.damage_note()}" for name, files in runs if files.damage_note()]
+    notes = {name: [files.damage_note(), config_notes.get(name)] for name, files in runs}
+    damaged = [f"{printable(name)}: {', '.join(note for note in parts if note)}" for name, parts in notes.items()
+               if any(parts)]
     return Runs(connection, skipped, damaged)
 
 
@@ -239,14 +284,16 @@ def _create_views(connection: Any) -> None:
                    count(*) FILTER (WHERE event = 'epoch_completed') AS epochs,
                    max({value('round')}) FILTER (WHERE event = 'round_completed') AS rounds
             FROM events GROUP BY run),
-        last_episode AS (SELECT run, arg_max(final_accuracy, time) AS accuracy, arg_max(param_count, time) AS params
+        last_episode AS (SELECT run, arg_max({value('final_accuracy')}, time) AS accuracy,
+                                arg_max({value('param_count')}, time) AS params
             FROM events WHERE event = 'episode_completed' GROUP BY run),
         last_round AS (SELECT run, arg_max(mean_final_accuracy, round) AS accuracy FROM rounds GROUP BY run)
         SELECT p.run,
                CASE WHEN p.rounds IS NOT NULL OR f.has_rounds THEN 'train' ELSE 'run' END AS command,
                f.task, f.seed, p.episodes, p.epochs, p.rounds,
                round(coalesce(r.accuracy, e.accuracy), 2) AS final_accuracy, e.params AS parameters,
-               f.gflops, f.baseline_accuracy, f.baseline_parameters, p.events,
+               f.gflops, f.baseline_accuracy, f.baseline_parameters, f.from_scratch_accuracy,
+               f.from_scratch_parameters, p.events,
                CASE WHEN p.first_time BETWEEN 0 AND 253402300799
                     THEN date_trunc('second', to_timestamp(p.first_time)::TIMESTAMP) END AS started,
                round(p.last_time - p.first_time, 1) AS seconds
@@ -269,16 +316,12 @@ def _one_expression(where: str) -> str:
     return sql
 
 
-def query_runs(root: str | Path, where: str | None = None) -> tuple[list[str], list[tuple[Any, ...]]]:
-    """(column names, rows) of `runs` under `root`, filtered by the SQL condition `where`, oldest first."""
-    header, rows, _ = _query(Path(root), where)
-    return header, rows
-
-
-def _query(root: Path, where: str | None) -> tuple[list[str], list[tuple[Any, ...]], list[str]]:
+def query_runs(root: str | Path, where: str | None = None) -> tuple[list[str], list[tuple[Any, ...]], list[str]]:
+    """(column names, rows, notes on what was skipped) of `runs` under `root`, filtered by the SQL condition
+    `where`, oldest first."""
     import duckdb
 
-    runs = open_runs(root)
+    runs = open_runs(Path(root))
     sql = (f"SELECT {', '.join(RUN_COLUMNS)} FROM runs ORDER BY started, run" if where is None
            else _one_expression(where))
     try:
@@ -344,7 +387,7 @@ def runs_command(root: str | Path = "runs", *, where: str | None = None, compare
     if compare:
         header, rows = compare_runs(*compare)
     else:
-        header, rows, notes = _query(Path(root), where)
+        header, rows, notes = query_runs(root, where)
     if not rows:
         print("no runs match" if where else "no runs", file=out)
     else:

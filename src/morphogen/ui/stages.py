@@ -46,7 +46,3 @@ def stage_short(stage: str) -> str:
     """The short name of `stage`; the stage itself, upper-cased, when unknown."""
     return STAGE_SHORT.get(stage, stage.upper())
 
-
-def fit_line(line: str, width: int = 120) -> str:
-    """`line` cut to `width` columns, ending in an ellipsis when something was cut."""
-    return line if len(line) <= width else line[: width - 1] + "…"

@@ -168,17 +168,21 @@ def line_chart(series: Sequence[Series], *, title: str, x_label: str, y_label: s
     frame = _Frame(_ticks_of([x for s in drawn for x, _ in s.points]),
                    _ticks_of([y for s in drawn for _, y in s.points]), top=MARGIN_TOP + LEGEND_ROW * legend_rows + 4)
     parts = frame.axes(title, x_label, y_label)
-    for index, line in enumerate(drawn):
-        colour = PALETTE[index % len(PALETTE)]
-        finite = [(x, y) for x, y in line.points if math.isfinite(y)]
-        path = " ".join(f"{frame.x(x):.1f},{frame.y(y):.1f}" for x, y in finite)
-        dash = ' stroke-dasharray="5 3"' if line.dashed else ""
-        parts.append(f'<polyline points="{path}" fill="none" stroke="{colour}" stroke-width="2"{dash}/>')
-        if len(finite) <= 120:
-            for x, y in finite:
-                parts.append(f'<circle cx="{frame.x(x):.1f}" cy="{frame.y(y):.1f}" r="2.5" fill="{colour}">'
-                             f"<title>{escape(line.name)}: {format_number(x)}, {y:.4g}</title></circle>")
+    for line, colour in zip(drawn, colours, strict=True):
+        parts += _polyline(frame, line, colour)
     return _svg(parts + legend, title)
+
+
+def _polyline(frame: _Frame, line: Series, colour: str) -> list[str]:
+    """One series as a line through its finite points, with a dot (and a tooltip) per point up to 120."""
+    finite = [(x, y) for x, y in line.points if math.isfinite(y)]
+    path = " ".join(f"{frame.x(x):.1f},{frame.y(y):.1f}" for x, y in finite)
+    dash = ' stroke-dasharray="5 3"' if line.dashed else ""
+    parts = [f'<polyline points="{path}" fill="none" stroke="{colour}" stroke-width="2"{dash}/>']
+    if len(finite) <= 120:
+        parts += [f'<circle cx="{frame.x(x):.1f}" cy="{frame.y(y):.1f}" r="2.5" fill="{colour}">'
+                  f"<title>{escape(line.name)}: {format_number(x)}, {y:.4g}</title></circle>" for x, y in finite]
+    return parts
 
 
 def scatter_chart(points: Sequence[tuple[float, float, str]], *, title: str, x_label: str, y_label: str) -> str:

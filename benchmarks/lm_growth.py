@@ -1,0 +1,303 @@
+"""Depth growth on a language model under a fixed training-FLOP budget: does growing 2 -> 4 layers save compute?
+
+The `text` task on the whole standard-library corpus (every training window), the default host width
+(32, 4 heads, AdamW at the task's default learning rate), four variants per seed:
+- `4 layers`: a 4-layer host trained from scratch, never growing;
+- `2 layers`: the default 2-layer host, never growing;
+- `2 -> 4 zero`: the 2-layer host under the heuristic with `depth_blueprint = "block"`: when its validation
+  loss slows down it GROWs a zero-initialised whole block into both slots (one after each layer), each
+  trained with the host from then on (fresh optimizer state, learning rate re-warmed);
+- `2 -> 4 copy`: the same with `depth_blueprint = "block_copy"`: each new block starts as a copy of the
+  trained layer before it (stacking, Gstack) and is blended in from alpha 0.
+
+Every run trains until its training FLOPs reach the budget (`--budget-steps` training steps of the 4-layer
+model). Training FLOPs are what the episode's own account charges (`MorphogenesisEpisode.compute`: forward
+and backward of the model's output path, plus the shadow pass while a seed trains behind the host), counted
+once per execution plan by `morphogen.core.flops.FlopCounter`; validation passes are not training and are
+not counted. The controller acts once per `--chunk` batches
+(the episode's epoch here), after a validation pass: the points of the curves.
+
+Printed: each variant's final validation loss (mean ± std over seeds), the training FLOPs at which each
+grown model first reaches the validation loss the 4-layer model from scratch ends the budget at (mean of
+its seeds), as a fraction of the budget, and when growth happened. `--svg FILE` draws validation loss
+against training FLOPs (mean over seeds). Each (variant, seed) writes `OUT/<variant>-<seed>.json` as it
+finishes; a rerun skips those already there, so an interrupted benchmark resumes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import math
+import statistics
+import time
+from collections.abc import Iterator, Sequence
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+from morphogen.control.controller import NoGrowthController
+from morphogen.control.heuristic import HeuristicConfig, HeuristicController
+from morphogen.data import DEFAULT_HOST_SIZES, Task, load_task
+from morphogen.env.actions import Op
+from morphogen.env.episode import EpisodeConfig, MorphogenesisEpisode
+from morphogen.env.optimizer import task_optimizer_config
+from morphogen.env.play import Controller
+from morphogen.ui.svg import Series, line_chart
+
+
+@dataclass(frozen=True)
+class Variant:
+    name: str
+    layers: int
+    """Layers of the host it starts from (one slot after each)."""
+    depth_blueprint: str | None
+    """What the heuristic grows by depth; None never grows."""
+
+
+VARIANTS = (
+    Variant("4 layers", 4, None),
+    Variant("2 layers", 2, None),
+    Variant("2 -> 4 zero", 2, "block"),
+    Variant("2 -> 4 copy", 2, "block_copy"),
+)
+SCRATCH, SMALL = VARIANTS[0].name, VARIANTS[1].name
+GROWN = tuple(variant.name for variant in VARIANTS[2:])
+
+
+@dataclass(frozen=True)
+class Job:
+    variant: Variant
+    seed: int
+    budget_steps: int
+    chunk: int
+    threads: int
+    out: str
+
+
+@dataclass
+class Point:
+    flops: float
+    """Training FLOPs spent so far."""
+    loss: float
+    """Validation loss, nats per character."""
+    accuracy: float
+    parameters: int
+
+
+@dataclass
+class RunRecord:
+    variant: str
+    seed: int
+    budget_flops: float
+    points: list[Point]
+    growths: list[float]
+    """Training FLOPs spent at each GROW of the heuristic (a pruned block's slot may be grown into again)."""
+    architecture: dict[str, str]
+    seconds: float
+
+
+def endless_batches(task: Task, batch_size: int, generator: torch.Generator) -> Iterator[tuple[Tensor, Tensor]]:
+    """Pass after pass over the training windows, each pass in an order drawn from `generator`."""
+    while True:
+        yield from task.train.iterate_batches(batch_size, generator=generator)
+
+
+def text_task(layers: int) -> Task:
+    """The `text` task on its whole corpus, with a `layers`-layer host and one slot after each layer."""
+    return load_task("text", host={"n_layers": layers, "n_segments": layers})
+
+
+def step_flops(episode: MorphogenesisEpisode, inputs: Tensor) -> int:
+    """Training FLOPs of one batch like `inputs` in the episode's present plan, as its compute account charges it."""
+    assert episode.model is not None
+    return episode.flop_counter.training_step(episode.model, tuple(inputs.shape), inputs.dtype).total
+
+
+def training_flops(episode: MorphogenesisEpisode) -> int:
+    """What the episode has spent on training so far: its output path and its seeds' shadow passes."""
+    return episode.compute.training + episode.compute.shadow
+
+
+def budget_flops(budget_steps: int) -> float:
+    """The budget: training FLOPs of `budget_steps` batches of the 4-layer host."""
+    task = text_task(VARIANTS[0].layers)
+    episode = MorphogenesisEpisode(task, EpisodeConfig(max_epochs=1), seed=0)
+    episode.reset()
+    inputs, _ = next(task.train.iterate_batches(task.batch_size, shuffle=False))
+    return float(budget_steps * step_flops(episode, inputs))
+
+
+def run_job(job: Job, budget: float) -> RunRecord:
+    """One variant and seed: train in chunks until the training FLOPs reach `budget`, validating after each."""
+    torch.set_num_threads(job.threads)
+    started = time.perf_counter()
+    variant = job.variant
+    task = text_task(variant.layers)
+    small_step = budget / job.budget_steps / 2  # a lower bound of a 2-layer step: chunks enough for any variant
+    config = EpisodeConfig(max_epochs=math.ceil(budget / (job.chunk * small_step)) + 1)
+    episode = MorphogenesisEpisode(task, config, seed=job.seed)
+    snapshot = episode.reset()
+    assert episode.model is not None
+    controller: Controller = NoGrowthController() if variant.depth_blueprint is None else HeuristicController(
+        episode.action_space, task.topology, HeuristicConfig(depth_blueprint=variant.depth_blueprint))
+    controller.reset()
+    batches = endless_batches(task, episode.batch_size, episode.generator)
+    growths: list[float] = []
+    points = [Point(0.0, snapshot.val_loss, snapshot.val_accuracy, snapshot.active_parameters)]
+    while training_flops(episode) < budget:
+        action = controller.act(snapshot, episode.masks())
+        succeeded, reason = episode.apply_action(action)
+        if action.op is Op.GROW and succeeded:
+            growths.append(float(training_flops(episode)))
+        chunk = list(itertools.islice(batches, job.chunk))
+        steps = math.ceil((budget - training_flops(episode)) / step_flops(episode, chunk[0][0]))
+        episode.train_epoch(chunk[:steps])
+        snapshot = episode.finish_epoch(action, succeeded, reason).snapshot
+        points.append(Point(float(training_flops(episode)), snapshot.val_loss, snapshot.val_accuracy,
+                            snapshot.active_parameters))
+    record = RunRecord(variant.name, job.seed, budget, points, growths, episode.model.architecture(),
+                       time.perf_counter() - started)
+    path = Path(job.out) / record_name(variant.name, job.seed)
+    path.write_text(json.dumps(asdict(record), indent=1) + "\n")
+    return record
+
+
+def record_name(variant: str, seed: int) -> str:
+    return f"{variant.replace(' ', '').replace('->', '-to-')}-{seed}.json"
+
+
+def load_record(path: Path) -> RunRecord:
+    data = json.loads(path.read_text())
+    data["points"] = [Point(**point) for point in data["points"]]
+    return RunRecord(**data)
+
+
+def flops_to_reach(points: Sequence[Point], target: float) -> float | None:
+    """Training FLOPs at which the validation loss first reaches `target`, interpolated linearly between the two
+    validations around the crossing; None when it never does."""
+    for before, after in itertools.pairwise(points):
+        if after.loss <= target:
+            if before.loss <= target:
+                return before.flops
+            fraction = (before.loss - target) / (before.loss - after.loss)
+            return before.flops + fraction * (after.flops - before.flops)
+    return None
+
+
+def loss_at(points: Sequence[Point], flops: float) -> float:
+    """The validation loss at `flops`, interpolated linearly between validations."""
+    for before, after in itertools.pairwise(points):
+        if after.flops >= flops:
+            fraction = (flops - before.flops) / (after.flops - before.flops) if after.flops > before.flops else 1.0
+            return before.loss + fraction * (after.loss - before.loss)
+    return points[-1].loss
+
+
+def mean_std(values: Sequence[float]) -> tuple[float, float]:
+    return statistics.fmean(values), statistics.stdev(values) if len(values) > 1 else 0.0
+
+
+def summarize(records: Sequence[RunRecord]) -> list[str]:
+    """The table's lines: final loss per variant, and FLOPs of the grown models to reach the scratch model's loss."""
+    by_variant = {variant.name: sorted((r for r in records if r.variant == variant.name), key=lambda r: r.seed)
+                  for variant in VARIANTS}
+    budget = records[0].budget_flops
+    target = statistics.fmean(r.points[-1].loss for r in by_variant[SCRATCH])
+    lines = [f"| variant | final val loss (nats/char) | final accuracy | parameters | FLOPs to reach {target:.4f} "
+             "(4 layers' final loss) | first GROW at | seconds |", "|---|---|---|---|---|---|---|"]
+    for name, runs in by_variant.items():
+        if not runs:
+            continue
+        loss = mean_std([r.points[-1].loss for r in runs])
+        accuracy = mean_std([r.points[-1].accuracy for r in runs])
+        reached = [flops_to_reach(r.points, target) for r in runs]
+        fractions = [value / budget for value in reached if value is not None]
+        reach = "-" if name == SCRATCH else (
+            f"{mean_std(fractions)[0]:.2f} ± {mean_std(fractions)[1]:.2f} x budget" if len(fractions) == len(runs)
+            else f"{len(fractions)} of {len(runs)} seeds reach it" + (
+                f" ({', '.join(f'{f:.2f}' for f in fractions)} x budget)" if fractions else ""))
+        grew = [r.growths[0] / budget for r in runs if r.growths]
+        again = sum(max(len(r.growths) - 1, 0) for r in runs)
+        grew_text = (f"{statistics.fmean(grew):.2f} x budget" if grew else "-") + (
+            f" (again in {again} run{'s' if again > 1 else ''})" if again else "")
+        seconds = mean_std([r.seconds for r in runs])
+        lines.append(f"| {name} | {loss[0]:.4f} ± {loss[1]:.4f} | {accuracy[0]:.2f} ± {accuracy[1]:.2f}% | "
+                     f"{statistics.fmean(r.points[-1].parameters for r in runs):,.0f} | {reach} | {grew_text} | "
+                     f"{seconds[0]:.0f} ± {seconds[1]:.0f} |")
+    small = [r.points[-1].loss for r in by_variant[SMALL]]
+    for name in GROWN:
+        grown = [r.points[-1].loss for r in by_variant[name]]
+        if grown and len(grown) == len(small):
+            differences = [s - g for s, g in zip(small, grown, strict=True)]
+            mean, std = mean_std(differences)
+            lines.append(f"\n{name} ends below 2 layers by {mean:+.4f} ± {std:.4f} nats (paired by seed; seed-to-seed "
+                         f"std of the two: {mean_std(small)[1]:.4f}, {mean_std(grown)[1]:.4f})")
+    return lines
+
+
+def mean_curve(runs: Sequence[RunRecord], grid: Sequence[float]) -> tuple[tuple[float, float], ...]:
+    return tuple((flops, statistics.fmean(loss_at(r.points, flops) for r in runs)) for flops in grid)
+
+
+def chart(records: Sequence[RunRecord]) -> str:
+    """Validation loss against training FLOPs (in units of 1e12), each variant's mean over its seeds."""
+    budget = records[0].budget_flops
+    grid = [budget * i / 50 for i in range(12, 51)]  # from a quarter of the budget: the first losses dwarf the rest
+    series = []
+    for variant in VARIANTS:
+        runs = [r for r in records if r.variant == variant.name]
+        if runs:
+            points = tuple((flops / 1e12, loss) for flops, loss in mean_curve(runs, grid))
+            series.append(Series(f"{variant.name} ({len(runs)} seeds)", points, dashed=variant.depth_blueprint is None))
+    return line_chart(series, title="text: validation loss vs training FLOPs",
+                      x_label="training FLOPs (1e12)", y_label="validation loss (nats/char)")
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seeds", type=int, default=3)
+    parser.add_argument("--budget-steps", type=int, default=3000,
+                        help="the training-FLOP budget, in training steps of the 4-layer model")
+    parser.add_argument("--chunk", type=int, default=220, help="training batches between validations")
+    parser.add_argument("--variants", default=",".join(v.name for v in VARIANTS),
+                        help="comma-separated variant names (default: all four)")
+    parser.add_argument("--jobs", type=int, default=2, help="worker processes")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads per worker")
+    parser.add_argument("--out", default="runs/lm_growth", help="directory of the per-run records (resumable)")
+    parser.add_argument("--svg", default=None, help="write the chart of validation loss against FLOPs here")
+    args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    chosen = {name.strip() for name in args.variants.split(",")}
+    unknown = chosen - {v.name for v in VARIANTS}
+    if unknown:
+        parser.error(f"unknown variant(s) {', '.join(sorted(unknown))}; valid: {', '.join(v.name for v in VARIANTS)}")
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    budget = budget_flops(args.budget_steps)
+    jobs = [Job(variant, seed, args.budget_steps, args.chunk, args.threads, str(out))
+            for seed in range(args.seeds) for variant in VARIANTS if variant.name in chosen
+            and not (out / record_name(variant.name, seed)).exists()]
+    started = time.perf_counter()
+    with ProcessPoolExecutor(max_workers=args.jobs) as pool:
+        for record in pool.map(run_job, jobs, itertools.repeat(budget)):
+            print(f"{record.variant} seed {record.seed}: final loss {record.points[-1].loss:.4f}, "
+                  f"{record.seconds:.0f} s", flush=True)
+    records = [load_record(path) for path in sorted(out.glob("*.json"))]
+    records = [r for r in records if r.budget_flops == budget and r.seed < args.seeds]
+    optimizer = task_optimizer_config("text")
+    print(f"\nlm growth: text on the whole corpus, host {DEFAULT_HOST_SIZES['text']} (layers as named), "
+          f"{optimizer.name} lr {optimizer.host_lr:g}; budget {budget:.3g} training FLOPs ({args.budget_steps} steps "
+          f"of 4 layers), validation every {args.chunk} batches; {args.jobs} processes x {args.threads} thread(s), "
+          f"{time.perf_counter() - started:.0f} s for {len(jobs)} new runs\n")
+    print("\n".join(summarize(records)))
+    if args.svg is not None:
+        Path(args.svg).write_text(chart(records))
+
+
+if __name__ == "__main__":
+    main()

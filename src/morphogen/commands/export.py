@@ -1,0 +1,58 @@
+"""`morphogen export RUN_DIR`: the model a run grew, as a file that needs only torch (or an ONNX runtime).
+
+The model is rebuilt as `run --config RUN_DIR/config.json` builds it, loaded from `RUN_DIR/model.pt`, and
+traced on the CPU with the first validation inputs of the run's task (see `morphogen.export`). The output
+goes to `--output`, by default `RUN_DIR/model.pt2` (or `model.onnx`). It never replaces one of the run's
+own files, and writing into the run directory holds its lock, like every other writer.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+from pathlib import Path
+from typing import TextIO
+
+from morphogen.core.lifecycle import Stage
+from morphogen.core.model import MorphogeneticModel
+from morphogen.core.plain import KEPT_STAGES, ExportError
+from morphogen.export import FORMATS, example_input_of, export_model, rebuild_run
+from morphogen.run_directory import RUN_FILE_NAMES, hold_run_directory
+
+
+def export_command(run_dir: str, format: str = "torch-export", output: str | None = None,
+                   leave_out_blending: bool = False, out: TextIO | None = None) -> Path:
+    """Export the grown model of `run_dir`; prints what went in and how to load it. Returns the path written."""
+    out = sys.stdout if out is None else out
+    if format not in FORMATS:
+        raise ExportError(f"unknown export format {format!r}; valid: {', '.join(FORMATS)}")
+    run = Path(run_dir)
+    path = run / f"model{FORMATS[format]}" if output is None else Path(output)
+    inside = path.resolve().parent == run.resolve()
+    if inside and path.name in RUN_FILE_NAMES:
+        raise ExportError(f"--output {path} would replace the run's own {path.name}; choose another name")
+    model, task = rebuild_run(run, "cpu")
+    assert task is not None  # rebuilt from the run's config: its task was loaded
+    example = example_input_of(task)
+    lock = hold_run_directory(run) if inside else contextlib.nullcontext()
+    with lock:
+        written = export_model(model, example, path, format=format, leave_out_blending=leave_out_blending)
+    _print_summary(model, written, format, out)
+    return written
+
+
+def _print_summary(model: MorphogeneticModel, written: Path, format: str, out: TextIO) -> None:
+    """What went into the exported file, what was left out, and how to load it."""
+    kept = [f"{slot.blueprint} in {slot.slot_id} ({slot.stage.value})" for slot in model.slots()
+            if slot.stage in KEPT_STAGES]
+    left_out = [f"{slot.blueprint} in {slot.slot_id} ({slot.stage.value})" for slot in model.slots()
+                if slot.stage in (Stage.GERMINATED, Stage.TRAINING, Stage.BLENDING)]
+    parameters = model.host_param_count() + sum(slot.seed_parameter_count() for slot in model.slots()
+                                                if slot.stage in KEPT_STAGES)
+    print(f"wrote {written} ({format}, {parameters:,} parameters)", file=out)
+    print(f"  seeds folded in: {', '.join(kept) or 'none'}", file=out)
+    if left_out:
+        print(f"  left out: {', '.join(left_out)}", file=out)
+    loader = (f"torch.export.load({str(written)!r}).module()" if format == "torch-export" else
+              f"onnxruntime.InferenceSession({str(written)!r})")
+    print(f"  load it without morphogen: {loader}", file=out)

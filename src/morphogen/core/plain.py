@@ -1,0 +1,127 @@
+"""The grown architecture as a plain module: the host's segments with every kept seed folded in.
+
+`grown_network(model)` copies a `MorphogeneticModel` into a `GrownNetwork`, an ordinary feed-forward
+`nn.Module` in eval mode: segment 0, the seed folded in at the first slot, segment 1, ... No lifecycle, alpha
+buffer, shadow pass or counterfactual is left, so `torch.export` and ONNX see a plain graph.
+
+Which seeds go in (the model's output decides):
+- HOLDING and FOSSILIZED seeds are folded in at their alpha, which is 1 for both (a seed enters HOLDING
+  only once its ramp reached 1). A HOLDING seed is not judged yet, but it is part of every accuracy the run
+  reported, so leaving it out would export another model than the one measured.
+- GERMINATED and TRAINING seeds are left out: they learn behind the host and are not part of its output,
+  so the network without them computes exactly what the grown model computes.
+- A BLENDING seed is refused (`ExportError` naming the slot and its alpha): its alpha is still ramping, and
+  the model is halfway between two architectures. `leave_out_blending=True` drops it instead (the output
+  then differs from the grown model's).
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Mapping, Sequence
+
+from torch import Tensor, nn
+
+from morphogen.core.blend import Blend
+from morphogen.core.lifecycle import Stage
+from morphogen.core.model import MorphogeneticModel
+from morphogen.core.width import WidthSite, run_cut_segment
+
+#: Stages whose seed is folded into the plain network.
+KEPT_STAGES = frozenset({Stage.HOLDING, Stage.FOSSILIZED})
+
+
+class ExportError(ValueError):
+    """A grown model that cannot be written as a plain network (the message says why and what to do)."""
+
+
+class FoldedSeed(nn.Module):
+    """A kept seed with its blend at a fixed alpha: `blend(h, seed(h), alpha)`."""
+
+    def __init__(self, seed: nn.Module, blend: Blend, alpha: float) -> None:
+        super().__init__()
+        self.seed, self.blend, self.alpha = seed, blend, alpha
+
+    def forward(self, h: Tensor) -> Tensor:
+        output: Tensor = self.blend(h, self.seed(h), self.alpha)
+        return output
+
+
+class FoldedWidening(nn.Module):
+    """A kept widening seed at a fixed alpha: what its new channels add to the consumer's output, times alpha."""
+
+    def __init__(self, seed: nn.Module, alpha: float) -> None:
+        super().__init__()
+        self.seed, self.alpha = seed, alpha
+
+    def forward(self, consumer_output: Tensor, tap: Tensor) -> Tensor:
+        added: Tensor = self.seed(tap)
+        return consumer_output + self.alpha * added
+
+
+class GrownNetwork(nn.Module):
+    """`segments[0] -> seeds[0] -> segments[1] -> ... -> segments[-1]`; an empty point holds an `nn.Identity`.
+
+    A kept widening seed (`widenings`, by point) reads its producer's input inside the segment before its point
+    and adds to its consumer's output inside the segment after it (`morphogen.core.width`); its point holds an
+    `nn.Identity`.
+    """
+
+    def __init__(self, segments: Sequence[nn.Module], seeds: Sequence[nn.Module],
+                 widenings: Mapping[int, tuple[WidthSite, FoldedWidening]] | None = None) -> None:
+        super().__init__()
+        if len(segments) != len(seeds) + 1:
+            raise ValueError(f"a network of {len(seeds)} points needs {len(seeds) + 1} segments, got {len(segments)}")
+        self.segments = nn.ModuleList(segments)
+        self.seeds = nn.ModuleList(seeds)
+        widenings = dict(widenings or {})
+        self.widenings = nn.ModuleDict({str(point): folded for point, (_, folded) in widenings.items()})
+        #: Where each widening cuts the segments (plain numbers: the site's layers are the segments' own).
+        self._sites = [(point, site) for point, (site, _) in sorted(widenings.items())]
+
+    def forward(self, x: Tensor) -> Tensor:
+        taps: dict[int, Tensor] = {}
+
+        def inject(point: int, consumer_output: Tensor, tap: Tensor | None) -> Tensor:
+            assert tap is not None
+            widened: Tensor = self.widenings[str(point)](consumer_output, tap)
+            return widened
+
+        for index, segment in enumerate(self.segments):
+            x = run_cut_segment(segment, index, x, self._sites, inject, taps)
+            if index < len(self.seeds):
+                x = self.seeds[index](x)
+        return x
+
+
+def grown_network(model: MorphogeneticModel, *, leave_out_blending: bool = False) -> GrownNetwork:
+    """A copy of `model` as a `GrownNetwork` in eval mode (see the module docstring for which seeds go in).
+
+    The copy shares nothing with `model`: training or moving one leaves the other as it was.
+    Raises `ExportError` for a BLENDING seed unless `leave_out_blending`.
+    """
+    blending = [slot for slot in model.slots() if slot.stage is Stage.BLENDING]
+    if blending and not leave_out_blending:
+        seeds = ", ".join(f"{slot.blueprint} in {slot.slot_id} (alpha {slot.alpha.alpha:.2f})" for slot in blending)
+        raise ExportError(f"seeds still BLENDING: {seeds}; their alpha is still ramping. Train until they are "
+                          "HOLDING or FOSSILIZED, or leave them out (--leave-out-blending, leave_out_blending=True)")
+    host = model.host
+    folded: list[nn.Module] = []
+    widenings: dict[int, tuple[WidthSite, FoldedWidening]] = {}
+    for point, slot_id in enumerate(host.injection_points):
+        slot = model.slot(slot_id) if slot_id in model.seed_slots else None
+        if slot is None or slot.stage not in KEPT_STAGES:
+            folded.append(nn.Identity())
+            continue
+        assert slot.seed is not None and slot.blend is not None
+        if slot.widens:
+            assert slot.width_site is not None
+            widenings[point] = (slot.width_site, FoldedWidening(slot.seed, float(slot.alpha.alpha)))
+            folded.append(nn.Identity())
+            continue
+        folded.append(FoldedSeed(slot.seed, slot.blend, float(slot.alpha.alpha)))
+    segments = [host.segments[index] for index in range(len(folded) + 1)]
+    # One deepcopy of everything at once, so that modules shared between segments stay shared in the copy (the
+    # sites refer to layers of the segments: copied with them).
+    network = GrownNetwork(*copy.deepcopy((segments, folded, widenings)))
+    return network.eval()

@@ -1,0 +1,193 @@
+"""Width growth: new channels (or neurons) in the layers on both sides of a slot, function-preserving at birth.
+
+A slot's *width site* is the pair of layers around it: the *producer*, the last convolution or linear layer
+before the slot, and the *consumer*, the first one after it. Widening the site gives the producer `k` more
+output channels and the consumer `k` more input channels. The new channels go through what follows the
+producer (its activation; where the producer is followed by a norm, a one-group GroupNorm of their own: a
+host's BatchNorm has no statistics for them, and seeds never hold one, since they see fused counterfactual
+batches),
+then through what lies between the slot and the consumer (pooling, flattening), and enter the consumer by
+new weights that start at zero (as in GradMax, Evci et al. 2022): at birth the network computes exactly
+what it computed before, and the new weights get a gradient from the first batch, after which the new
+producer channels learn too.
+
+The new weights live in a `WidthSeed`, held by the slot like any seed and taken through the same lifecycle:
+it reads the producer's input (the *tap*) and adds its output to the consumer's output (the *injection*),
+where the slot blends it in with its alpha. Mathematically the network is then the host with wider layers,
+the weights from the old to the new channels (and back) held at zero.
+
+Which slots have a site (`find_width_site`): the segment before the slot and the one after it are
+`nn.Sequential`s (the built-in CNN and 1D-CNN hosts, a user's `nn.Sequential` cut by `host_from_module`);
+the producer is followed only by norms, activations and dropout; only channel-wise modules (pooling,
+flattening, activations, dropout) lie between the slot and the consumer; neither layer is grouped. A
+transformer's residual stream cannot be widened locally, and a traced user model's segments are graphs:
+neither has a site.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+
+Device = torch.device | str | None
+Layer = nn.Conv1d | nn.Conv2d | nn.Linear
+
+#: Layers whose width a site grows.
+LAYERS = (nn.Conv1d, nn.Conv2d, nn.Linear)
+#: Norms that may follow a producer: the new channels get a GroupNorm of their own instead.
+NORMS = (nn.BatchNorm1d, nn.BatchNorm2d, nn.GroupNorm, nn.LayerNorm)
+#: Element-wise modules that may follow a producer: the new channels go through a copy of them.
+ELEMENTWISE = (nn.ReLU, nn.GELU, nn.SiLU, nn.Tanh, nn.Sigmoid, nn.LeakyReLU, nn.ELU, nn.Dropout, nn.Identity)
+#: Channel-wise modules that may lie between the slot and the consumer: applied to the new channels as they are.
+CHANNELWISE = (*ELEMENTWISE, nn.MaxPool1d, nn.MaxPool2d, nn.AvgPool1d, nn.AvgPool2d, nn.AdaptiveAvgPool1d,
+               nn.AdaptiveAvgPool2d, nn.AdaptiveMaxPool1d, nn.AdaptiveMaxPool2d, nn.Flatten)
+
+
+class NoWidthSiteError(ValueError):
+    """A widening blueprint germinated in a slot whose surrounding layers cannot be widened; says why."""
+
+
+@dataclass(frozen=True)
+class WidthSite:
+    """Where a slot's surrounding layers sit in the host's segments, and what a width seed copies from them."""
+
+    tap_segment: int
+    """Index of the segment that holds the producer (the segment before the slot)."""
+    tap_cut: int
+    """Position of the producer in that segment: its input is the tap."""
+    inject_segment: int
+    """Index of the segment that holds the consumer (the segment after the slot)."""
+    inject_cut: int
+    """Position just after the consumer in that segment: the injection adds to the consumer's output there."""
+    producer: Layer
+    after_producer: tuple[nn.Module, ...]
+    """What follows the producer in its segment (norms, activations, dropout)."""
+    before_consumer: tuple[nn.Module, ...]
+    """What lies between the slot and the consumer (channel-wise modules)."""
+    consumer: Layer
+    channels: int
+    """The slot's width: the producer's output channels."""
+
+    @property
+    def consumer_channels(self) -> int:
+        """Channels (or features) of the consumer's output, where the width seed's output is added."""
+        return self.consumer.out_features if isinstance(self.consumer, nn.Linear) else self.consumer.out_channels
+
+    @property
+    def inputs_per_channel(self) -> int:
+        """Consumer inputs fed by one slot channel: 1, or the positions a Flatten before a linear consumer lays out."""
+        inputs = self.consumer.in_features if isinstance(self.consumer, nn.Linear) else self.consumer.in_channels
+        return inputs // self.channels
+
+
+def find_width_site(segments: Sequence[nn.Module] | nn.ModuleList, point: int, channels: int) -> WidthSite | str:
+    """The width site of the slot at injection point `point` (after `segments[point]`), or why it has none."""
+    before, after = segments[point], segments[point + 1]
+    if not isinstance(before, nn.Sequential) or not isinstance(after, nn.Sequential):
+        return "the layers around it are not plain sequences of modules (nn.Sequential)"
+    producers = [index for index, module in enumerate(before) if isinstance(module, LAYERS)]
+    consumers = [index for index, module in enumerate(after) if isinstance(module, LAYERS)]
+    if not producers or not consumers:
+        return "no convolution or linear layer on both sides of it"
+    tap_cut, inject_index = producers[-1], consumers[0]
+    producer, consumer = before[tap_cut], after[inject_index]
+    assert isinstance(producer, LAYERS) and isinstance(consumer, LAYERS)
+    following = tuple(module for index, module in enumerate(before) if index > tap_cut)
+    between = tuple(module for index, module in enumerate(after) if index < inject_index)
+    problem = _site_problem(producer, following, between, consumer, channels)
+    if problem:
+        return problem
+    return WidthSite(point, tap_cut, point + 1, inject_index + 1, producer, following, between, consumer, channels)
+
+
+def _site_problem(producer: Layer, following: Sequence[nn.Module], between: Sequence[nn.Module], consumer: Layer,
+                  channels: int) -> str:
+    """Why a producer and a consumer cannot be widened together around a slot of `channels`; "" when they can."""
+    if any(not isinstance(module, (*NORMS, *ELEMENTWISE)) for module in following):
+        return f"{type(producer).__name__} before it is followed by other modules than norms and activations"
+    if any(not isinstance(module, CHANNELWISE) for module in between):
+        return "other modules than pooling, flattening and activations lie between it and the next layer"
+    grouped = [layer for layer in (producer, consumer) if not isinstance(layer, nn.Linear) and layer.groups != 1]
+    if grouped:
+        return f"its {type(grouped[0]).__name__} is grouped"
+    outputs = producer.out_features if isinstance(producer, nn.Linear) else producer.out_channels
+    inputs = consumer.in_features if isinstance(consumer, nn.Linear) else consumer.in_channels
+    if outputs != channels or inputs % channels:
+        return f"the layers' widths ({outputs} out, {inputs} in) do not match the slot's {channels} channels"
+    return ""
+
+
+def _layer_like(layer: Layer, in_size: int, out_size: int, *, bias: bool, device: Device,
+                dtype: torch.dtype | None) -> Layer:
+    """A layer of `layer`'s kind and geometry with other input and output sizes."""
+    if isinstance(layer, nn.Linear):
+        return nn.Linear(in_size, out_size, bias=bias, device=device, dtype=dtype)
+    convolution: Callable[..., Layer] = type(layer)  # Conv1d or Conv2d: the geometry is the layer's own
+    return convolution(in_size, out_size, layer.kernel_size, stride=layer.stride, padding=layer.padding,
+                       dilation=layer.dilation, bias=bias, padding_mode=layer.padding_mode, device=device, dtype=dtype)
+
+
+class WidthSeed(nn.Module):
+    """`k` new channels of a width site: the producer's new rows, their norm and activation, and the consumer's
+    new (zero-initialised) columns. `forward(tap)` is what they add to the consumer's output."""
+
+    def __init__(self, site: WidthSite, channels: int, *, device: Device = None,
+                 dtype: torch.dtype | None = None) -> None:
+        super().__init__()
+        if channels < 1:
+            raise ValueError(f"a width seed adds at least one channel, got channels={channels}")
+        producer = site.producer
+        producer_inputs = producer.in_features if isinstance(producer, nn.Linear) else producer.in_channels
+        self.producer = _layer_like(producer, producer_inputs, channels, bias=producer.bias is not None,
+                                    device=device, dtype=dtype)
+        following: list[nn.Module] = []
+        for module in site.after_producer:
+            if isinstance(module, NORMS):
+                # One group: each sample's new channels are normalized together, so their means relative to one
+                # another survive as they do under the host's BatchNorm. One group per channel (an instance
+                # norm) erased them: on digits, 3 of 5 seeds grew a `wider` seed that way, 5 of 5 with one group.
+                following.append(nn.GroupNorm(1, channels, device=device, dtype=dtype))
+            else:
+                following.append(copy.deepcopy(module))
+        self.after_producer = nn.Sequential(*following)
+        self.before_consumer = nn.Sequential(*(copy.deepcopy(module) for module in site.before_consumer))
+        self.consumer = _layer_like(site.consumer, channels * site.inputs_per_channel, site.consumer_channels,
+                                    bias=False, device=device, dtype=dtype)
+        nn.init.zeros_(self.consumer.weight)  # function-preserving at birth; gets a gradient from the first batch
+
+    def forward(self, tap: Tensor) -> Tensor:
+        hidden: Tensor = self.after_producer(self.producer(tap))  # (N, k, ...)
+        added: Tensor = self.consumer(self.before_consumer(hidden))  # the consumer's output shape
+        return added
+
+
+def run_cut_segment(segment: nn.Module, index: int, x: Tensor, sites: Sequence[tuple[int, WidthSite]],
+                    inject: Callable[[int, Tensor, Tensor | None], Tensor], taps: dict[int, Tensor]) -> Tensor:
+    """Segment `index` of a host, cut where the widening seeds of `sites` ((key, site) pairs) read their tap or
+    add their output inside it.
+
+    A tap is stored in `taps[key]`; at an injection `inject(key, consumer output, tap)` gives the activation
+    the segment goes on with. An injection after the consumer comes before a tap read at the same cut (the
+    next slot's producer reads the consumer's output with the new channels in). Without a cut in this
+    segment, it runs whole.
+    """
+    events = sorted([(site.inject_cut, 0, key) for key, site in sites if site.inject_segment == index]
+                    + [(site.tap_cut, 1, key) for key, site in sites if site.tap_segment == index])
+    if not events:
+        whole: Tensor = segment(x)
+        return whole
+    assert isinstance(segment, nn.Sequential)  # a width site is found only between nn.Sequential segments
+    done = 0
+    for cut, order, key in events:
+        x = segment[done:cut](x)
+        done = cut
+        if order == 1:
+            taps[key] = x
+        else:
+            x = inject(key, x, taps.get(key))
+    output: Tensor = segment[done:](x)
+    return output

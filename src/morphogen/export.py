@@ -1,0 +1,166 @@
+"""A grown model out of morphogen: a file that plain torch (or any ONNX runtime) loads and runs.
+
+    model = morphogen.load_grown_model("runs/my-run")        # or result.model after morphogen.grow
+    morphogen.export_model(model, example_input, "grown.pt2")  # torch.export program
+    program = torch.export.load("grown.pt2").module()          # elsewhere: torch only, no morphogen
+
+`export_model` folds the kept seeds into the host (`morphogen.core.plain`: HOLDING and FOSSILIZED seeds
+in at alpha 1, TRAINING seeds left out, BLENDING seeds refused unless `leave_out_blending`), traces that
+network with `torch.export` with a dynamic batch dimension, checks the program against the network on
+the example input, and writes it atomically: a `torch.export` program (`.pt2`, `torch.export.save`) or,
+with the `onnx` extra, an ONNX model. The network is traced on the device and in the dtype of the model.
+
+`load_grown_model(run_dir)` rebuilds a run's model: the host from the run's `config.json` as `run --config`
+builds it (a built-in task with its `[host]` table, or the user's task function named by its import path),
+then the state of `RUN_DIR/model.pt`. A task built in Python (`morphogen.grow`) has no import path, so its
+host is passed in: `load_grown_model(run_dir, host=morphogen.host_from_module(MyNet(), ...))` loads the
+grown weights into that host, and so into `MyNet`'s own parameters, which it shares.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import logging
+import warnings
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+from morphogen.commands.run import RunConfig
+from morphogen.config import ConfigError, build_config, read_config_file
+from morphogen.core.hosts import SegmentedHost
+from morphogen.core.model import MorphogeneticModel
+from morphogen.core.plain import ExportError, GrownNetwork, grown_network
+from morphogen.data import Task
+from morphogen.env.episode import MorphogenesisEpisode
+from morphogen.model_file import load_model_state, read_model_file
+from morphogen.run_directory import CONFIG_FILENAME, MODEL_FILENAME, write_atomic
+from morphogen.session import PYTHON_TASK, load_session_task
+
+#: Export formats and the file suffix each is written with by default.
+FORMATS = {"torch-export": ".pt2", "onnx": ".onnx"}
+#: Largest difference allowed between the exported program and the network it was traced from.
+TOLERANCE = 1e-5
+
+
+def export_model(model: MorphogeneticModel, example_input: Tensor, path: str | Path, *,
+                 format: str = "torch-export", leave_out_blending: bool = False) -> Path:
+    """Write `model`'s grown architecture to `path` as a `torch.export` program or an ONNX model; returns the path.
+
+    `example_input` is a batch of real inputs (one sample is enough); the batch dimension stays dynamic.
+    Raises `ExportError` for a BLENDING seed (unless `leave_out_blending`), a network `torch.export`
+    cannot trace, a missing `onnx` extra or a path that cannot be written.
+    """
+    if format not in FORMATS:
+        raise ExportError(f"unknown export format {format!r}; valid: {', '.join(FORMATS)}")
+    if not isinstance(example_input, Tensor) or example_input.dim() == 0 or example_input.shape[0] == 0:
+        raise ExportError("example_input must be a batch of inputs with a leading sample dimension")
+    network = grown_network(model, leave_out_blending=leave_out_blending)
+    reference = next(network.parameters(), None)
+    example = example_input if reference is None else example_input.to(reference.device)
+    if example.shape[0] == 1:  # torch.export specializes a dimension of size 1; two samples keep it dynamic
+        example = torch.cat([example, example])
+    program = _traced(network, example)
+    data = _program_bytes(program) if format == "torch-export" else _onnx_bytes(program)
+    path = Path(path)
+    try:
+        write_atomic(path, data)
+    except OSError as error:
+        raise ExportError(f"cannot write {path}: {error.strerror or error}") from None
+    return path
+
+
+def _traced(network: GrownNetwork, example: Tensor) -> torch.export.ExportedProgram:
+    """`network` traced by `torch.export` with a dynamic batch, checked against the network on `example`."""
+    with torch.no_grad():
+        expected = network(example)
+        try:
+            program = torch.export.export(network, (example,), dynamic_shapes=({0: torch.export.Dim("batch")},))
+        except Exception as dynamic_error:  # a model whose code fixes the batch size: export that size
+            try:
+                program = torch.export.export(network, (example,))
+            except Exception as error:  # torch.export raises many kinds for code it cannot trace
+                raise ExportError(f"torch.export cannot trace the grown network: {_first_line(error)}") from None
+            warnings.warn(f"exported with a fixed batch size of {example.shape[0]}: the batch dimension could not "
+                          f"stay dynamic ({_first_line(dynamic_error)})", stacklevel=3)
+        difference = (program.module()(example) - expected).abs().max().item()
+    if not difference <= TOLERANCE:
+        raise ExportError(f"the exported program differs from the grown network by {difference:.2e} on the example "
+                          "input; please report this")
+    return program
+
+
+def _program_bytes(program: torch.export.ExportedProgram) -> bytes:
+    buffer = io.BytesIO()
+    torch.export.save(program, buffer)
+    return buffer.getvalue()
+
+
+def _onnx_bytes(program: torch.export.ExportedProgram) -> bytes:
+    try:
+        import onnxscript  # noqa: F401  # the ONNX exporter needs it; say so before torch.onnx fails deep inside
+    except ImportError:
+        raise ExportError("ONNX export needs the onnx extra: pip install 'morphogen[onnx]'") from None
+    # torch.onnx prints its progress, logs that torchvision's operators are missing and warns about its own
+    # deprecated internals: none of it concerns the user's network.
+    onnx_logger = logging.getLogger("torch.onnx")
+    level = onnx_logger.level
+    onnx_logger.setLevel(logging.ERROR)
+    try:
+        with contextlib.redirect_stdout(io.StringIO()), warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)
+            onnx_program = torch.onnx.export(program, dynamo=True, verbose=False, external_data=False)
+    except Exception as error:
+        raise ExportError(f"torch.onnx cannot translate the grown network: {_first_line(error)}") from None
+    finally:
+        onnx_logger.setLevel(level)
+    assert onnx_program is not None  # the dynamo exporter always returns its program
+    return bytes(onnx_program.model_proto.SerializeToString())
+
+
+def load_grown_model(run_dir: str | Path, host: SegmentedHost | None = None, *,
+                     device: str = "cpu") -> MorphogeneticModel:
+    """The model a run grew (`RUN_DIR/model.pt`), rebuilt on `device`; see the module docstring.
+
+    `host` (from `morphogen.host_from_module`) is required for a task built in Python, and receives the
+    grown host weights. Raises `ModelFileError` or `ConfigError` (both `ValueError`s).
+    """
+    model, _ = rebuild_run(run_dir, device, host)
+    return model
+
+
+def rebuild_run(run_dir: str | Path, device: str = "cpu",
+                host: SegmentedHost | None = None) -> tuple[MorphogeneticModel, Task | None]:
+    """A run's grown model on `device`, and its task (None when `host` was given and no task was loaded)."""
+    run = Path(run_dir)
+    if not run.is_dir():
+        raise ConfigError(f"{run} is not a run directory")
+    payload = read_model_file(run / MODEL_FILENAME)  # first: a run without a model fails before any data loads
+    config = build_config(RunConfig, read_config_file(run / CONFIG_FILENAME))
+    task = None
+    if host is not None:
+        model = MorphogeneticModel(host.to(device), config.slots, config.episode.slots)
+    else:
+        if config.task == PYTHON_TASK:
+            raise ConfigError(f"run {run} grew a task built in Python (morphogen.grow), which its config.json cannot "
+                              "rebuild; in Python: morphogen.load_grown_model(RUN_DIR, host=YOUR_HOST), then "
+                              "morphogen.export_model(model, example_input, PATH)")
+        task = load_session_task(config, device)
+        model = MorphogenesisEpisode(task, config.episode, seed=config.seed, slots=config.slots,
+                                     pool_slots=config.pool_slots).build_model()
+    load_model_state(model, payload, run / MODEL_FILENAME)
+    return model, task
+
+
+def example_input_of(task: Task, samples: int = 2) -> Tensor:
+    """The first `samples` validation inputs of `task`: what an export traces the network with."""
+    for inputs, _ in task.validation.iterate_batches(samples, shuffle=False):
+        return inputs[:samples]
+    raise ExportError(f"task {task.name!r} has no validation data to trace the network with")
+
+
+def _first_line(error: BaseException) -> str:
+    lines = [line.strip() for line in str(error).strip().splitlines() if line.strip()]
+    return f"{type(error).__name__}: {lines[0][:300]}" if lines else type(error).__name__

@@ -1,0 +1,84 @@
+"""The heuristic's choice between deepening and widening, and where, from constructed growth signals."""
+
+from __future__ import annotations
+
+from test_heuristic import ALL_EMPTY, SLOTS, controller, make_masks, make_slot, make_snapshot
+
+from morphogen.control.growth_choice import MIN_RELATIVE_FLOPS, best_growth, growth_options
+from morphogen.core.flops import SeedCost
+from morphogen.core.lifecycle import Stage
+from morphogen.env.actions import Action, Op
+from morphogen.env.snapshot import SlotSnapshot
+
+
+def cost(relative_flops: float) -> SeedCost:
+    return SeedCost(parameters=100, flops=int(1e6 * relative_flops), relative_parameters=0.1,
+                    relative_flops=relative_flops)
+
+
+def measured(slot_id: str, depth: float, width: float | None, deepening_flops: float = 3.0,
+             widening_flops: float = 1.0) -> SlotSnapshot:
+    """An empty slot with growth signals, the next deepening blueprint (conv_heavy) and `wider` costed."""
+    costs = [("conv_heavy", cost(deepening_flops))]
+    if width is not None:
+        costs.append(("wider", cost(widening_flops)))
+    return make_slot(slot_id, depth_signal=depth, width_signal=width, seed_costs=tuple(costs))
+
+
+def test_the_best_signal_per_flop_wins_across_kinds_and_slots() -> None:
+    slots = [measured("r0c0", depth=0.9, width=1.0), measured("r0c1", depth=0.6, width=0.7, widening_flops=0.5),
+             measured("r0c2", depth=0.5, width=None)]
+    scores = {(o.slot, o.blueprint): round(o.score, 3) for o in growth_options(slots, SLOTS, "conv_heavy", "wider")}
+    assert scores == {("r0c0", "conv_heavy"): 0.3, ("r0c0", "wider"): 1.0, ("r0c1", "conv_heavy"): 0.2,
+                      ("r0c1", "wider"): 1.4, ("r0c2", "conv_heavy"): round(0.5 / 3, 3)}
+    best = best_growth(slots, SLOTS, "conv_heavy", "wider")
+    assert best is not None and (best.slot, best.blueprint) == ("r0c1", "wider")
+
+
+def test_deepening_wins_where_the_gradient_wants_depth_more_than_width_per_flop() -> None:
+    slots = [measured("r0c0", depth=3.0, width=0.2, deepening_flops=2.0, widening_flops=1.0)]
+    best = best_growth(slots, SLOTS, "conv_heavy", "wider")
+    assert best is not None and (best.slot, best.blueprint) == ("r0c0", "conv_heavy")
+
+
+def test_only_allowed_slots_with_measured_signals_and_costs_are_candidates() -> None:
+    slots = [measured("r0c0", depth=5.0, width=5.0), make_slot("r0c1"),  # r0c1 was not measured
+             measured("r0c2", depth=0.1, width=None)]  # no layers to widen at r0c2
+    options = growth_options(slots, ["r0c1", "r0c2"], "conv_heavy", "wider")
+    assert [(o.slot, o.blueprint) for o in options] == [("r0c2", "conv_heavy")]
+    assert best_growth(slots, ["r0c1"], "conv_heavy", "wider") is None
+    assert [o.blueprint for o in growth_options(slots, SLOTS, None, "wider")] == ["wider"]  # no deepening left
+
+
+def test_a_blueprint_that_costs_no_counted_flop_is_not_free() -> None:
+    slots = [measured("r0c0", depth=1.0, width=None, deepening_flops=0.0)]
+    (option,) = growth_options(slots, SLOTS, "conv_heavy", None)
+    assert option.score == 1.0 / MIN_RELATIVE_FLOPS
+
+
+def test_the_heuristic_germinates_what_the_signals_choose() -> None:
+    heuristic, space = controller()
+    assert heuristic.growth_candidates(10) == ("conv_heavy", "wider")
+    snapshot = make_snapshot(measured("r0c0", depth=0.9, width=1.0), measured("r0c1", depth=2.0, width=0.1),
+                             measured("r0c2", depth=0.2, width=0.2))
+    assert heuristic.act(snapshot, make_masks(space, ALL_EMPTY)) == Action(Op.GERMINATE, "r0c0", "wider")
+    assert heuristic.growth_candidates(10) == ("conv_heavy", "wider")  # widening does not move the rotation
+    deeper = make_snapshot(measured("r0c1", depth=9.0, width=0.1), measured("r0c0", depth=0.1, width=0.1))
+    assert heuristic.act(deeper, make_masks(space, ALL_EMPTY)) == Action(Op.GERMINATE, "r0c1", "conv_heavy")
+    assert heuristic.growth_candidates(10) == ("conv_light", "wider")  # the rotation's next deepening blueprint
+
+
+def test_a_pruned_widening_is_held_back_like_any_blueprint() -> None:
+    heuristic, space = controller(prune_penalty_epochs=10, min_training_epochs=2, training_patience=0)
+    training = make_slot("r0c0", Stage.TRAINING, blueprint="wider", epochs_in_stage=2)
+    masks = make_masks(space, {Op.PRUNE: ("r0c0",)})
+    assert heuristic.act(make_snapshot(training, epoch=10), masks) == Action(Op.PRUNE, "r0c0")
+    assert heuristic.growth_candidates(15) == ("conv_heavy",)
+    assert heuristic.growth_candidates(20) == ("conv_heavy", "wider")
+
+
+def test_rotation_mode_measures_nothing_and_ignores_signals() -> None:
+    heuristic, space = controller(choice="rotation")
+    assert heuristic.growth_candidates(10) == ()
+    snapshot = make_snapshot(measured("r0c1", depth=9.0, width=9.0))
+    assert heuristic.act(snapshot, make_masks(space, ALL_EMPTY)) == Action(Op.GERMINATE, "r0c0", "conv_heavy")

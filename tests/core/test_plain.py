@@ -1,0 +1,82 @@
+"""grown_network: the grown model as a plain module computes what the model computes, with kept seeds folded in,
+TRAINING seeds left out and BLENDING seeds refused (or left out when asked)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from slot_driver import EASY_CONFIG, drive_to, perturb_seed
+from torch import Tensor
+
+from morphogen.core.blend import BlendKind
+from morphogen.core.hosts import CNNHost, TransformerHost
+from morphogen.core.lifecycle import Stage
+from morphogen.core.model import MorphogeneticModel
+from morphogen.core.plain import ExportError, FoldedSeed, grown_network
+
+#: Per topology: a seed blueprint and the stages placed in the host's slots, in order.
+LAYOUTS = {
+    "cnn": ("conv_heavy", {"r0c0": Stage.FOSSILIZED, "r0c1": Stage.TRAINING, "r0c2": Stage.HOLDING}),
+    "transformer": ("mlp_small", {"r0c0": Stage.HOLDING, "r0c1": Stage.GERMINATED, "r0c3": Stage.FOSSILIZED}),
+}
+
+
+def grown(topology: str, stages: dict[str, Stage], blueprint: str) -> MorphogeneticModel:
+    """A small model whose seeds sit in `stages`, each seed's weights perturbed so that it changes its input."""
+    torch.manual_seed(0)
+    host = (CNNHost(5, 1, n_blocks=3, base_channels=8) if topology == "cnn" else
+            TransformerHost(vocab_size=11, d_model=16, n_heads=2, n_layers=4, block_size=6, n_segments=4))
+    model = MorphogeneticModel(host, config=EASY_CONFIG)
+    generator = torch.Generator().manual_seed(1)
+    for index, (slot_id, stage) in enumerate(stages.items()):
+        blend = BlendKind.GATE if index == 0 else BlendKind.ADD
+        slot = model.germinate(slot_id, blueprint, blend=blend)
+        drive_to(slot, stage, alpha=0.4)
+        perturb_seed(slot, generator)
+    return model.eval()
+
+
+def example(topology: str) -> Tensor:
+    generator = torch.Generator().manual_seed(7)
+    return (torch.randn(4, 1, 8, 8, generator=generator) if topology == "cnn" else
+            torch.randint(0, 11, (4, 6), generator=generator))
+
+
+@pytest.mark.parametrize("topology", list(LAYOUTS))
+def test_the_plain_network_computes_what_the_grown_model_computes(topology: str) -> None:
+    blueprint, stages = LAYOUTS[topology]
+    model = grown(topology, stages, blueprint)
+    network = grown_network(model)
+    x = example(topology)
+    with torch.no_grad():
+        torch.testing.assert_close(network(x), model(x), rtol=0, atol=1e-6)
+    folded = [slot_id for slot_id, seed in zip(model.host.injection_points, network.seeds, strict=True)
+              if isinstance(seed, FoldedSeed)]
+    assert folded == [slot_id for slot_id, stage in stages.items() if stage in (Stage.HOLDING, Stage.FOSSILIZED)]
+    kept = sum(model.slot(slot_id).seed_parameter_count() for slot_id in folded)
+    assert sum(p.numel() for p in network.parameters()) == model.host_param_count() + kept
+    assert not network.training
+
+
+def test_the_network_is_a_copy() -> None:
+    blueprint, stages = LAYOUTS["cnn"]
+    model = grown("cnn", stages, blueprint)
+    x = example("cnn")
+    network = grown_network(model)
+    with torch.no_grad():
+        before = network(x)
+        for parameter in model.parameters():
+            parameter.add_(1.0)
+        torch.testing.assert_close(network(x), before, rtol=0, atol=0)
+    assert model.slot("r0c1").stage is Stage.TRAINING  # the model itself is left as it was
+
+
+def test_a_blending_seed_is_refused_naming_its_slot_and_alpha_or_left_out_when_asked() -> None:
+    model = grown("cnn", {"r0c0": Stage.FOSSILIZED, "r0c1": Stage.BLENDING}, "conv_light")
+    with pytest.raises(ExportError, match=r"conv_light in r0c1 \(alpha 0\.40\).*leave-out-blending"):
+        grown_network(model)
+    network = grown_network(model, leave_out_blending=True)
+    x = example("cnn")
+    with torch.no_grad():
+        without_blending = model.counterfactual_forward(x, [[1.0, 0.0, 0.0]])[0]  # the BLENDING seed at alpha 0
+        torch.testing.assert_close(network(x), without_blending, rtol=0, atol=1e-6)

@@ -1,0 +1,179 @@
+"""`morphogen export RUN_DIR` on a built-in task: the program needs only torch (or ONNX Runtime) and matches the
+grown model; bad input (no saved model, a damaged, hostile or forged model.pt, an unwritable output, a task built
+in Python) is one line and exit 2, and leaves every file of the run directory as it was."""
+
+from __future__ import annotations
+
+import io
+import json
+import pickle
+import shutil
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import torch
+
+import morphogen
+from morphogen.cli import EXIT_USER_ERROR, main
+from morphogen.commands.run import RunConfig, RunResult, run_command
+from morphogen.control.heuristic import HeuristicConfig
+from morphogen.control.integrity import state_checksum
+from morphogen.core.lifecycle import GateConfig, GateMode, Stage
+from morphogen.core.slot import SlotConfig
+from morphogen.data import load_task
+from morphogen.env.episode import EpisodeConfig
+from morphogen.run_directory import MODEL_FILENAME
+
+
+@pytest.fixture(scope="module")
+def grown(tmp_path_factory: pytest.TempPathFactory) -> RunResult:
+    """A 5-epoch digits run whose one slot ends with a seed HOLDING (settings that grow at once)."""
+    gates = GateConfig(mode=GateMode.PERMISSIVE, min_training_epochs=1)
+    config = RunConfig(
+        task="digits", max_train_samples=300, slots=("r0c0",), baseline=False, from_scratch=False,
+        run_dir=str(tmp_path_factory.mktemp("export") / "run"),
+        episode=EpisodeConfig(max_epochs=5, slots=SlotConfig(gates=gates, blend_epochs=1)),
+        heuristic=HeuristicConfig(warmup_epochs=0, plateau_epochs=1, plateau_threshold=1e9, min_training_epochs=1))
+    result = run_command(config, out=io.StringIO())
+    assert result.model.slot("r0c0").stage is Stage.HOLDING
+    return result
+
+
+def validation_inputs(count: int = 7) -> torch.Tensor:
+    return load_task("digits").validation.inputs[:count]
+
+
+def contents(run: Path) -> dict[str, bytes]:
+    return {path.name: path.read_bytes() for path in sorted(run.iterdir()) if path.is_file()}
+
+
+def one_line(capsys: pytest.CaptureFixture[str]) -> str:
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err, err
+    return err
+
+
+def test_both_formats_load_without_morphogen_and_match_the_grown_model(
+        grown: RunResult, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+        run_without_morphogen: Callable[..., list[torch.Tensor]]) -> None:
+    run = Path(shutil.copytree(grown.run_dir, tmp_path / "run"))
+    assert main(["export", str(run)]) == 0
+    assert main(["export", str(run), "--format", "onnx", "--output", str(tmp_path / "elsewhere" / "grown.onnx")]) == 0
+    out = capsys.readouterr().out
+    assert "wrote" in out and "seeds folded in: conv_heavy in r0c0 (holding)" in out
+    assert "torch.export.load(" in out and "onnxruntime.InferenceSession(" in out
+    inputs = validation_inputs()  # 7 samples: not the batch size the program was traced with
+    with torch.no_grad():
+        expected = grown.model.eval()(inputs)
+        torch.testing.assert_close(morphogen.load_grown_model(run).eval()(inputs), expected, rtol=0, atol=0)
+    outputs = run_without_morphogen([run / "model.pt2", tmp_path / "elsewhere" / "grown.onnx"], inputs)
+    for output in outputs:
+        torch.testing.assert_close(output, expected, rtol=0, atol=1e-5)
+
+
+def forge(run: Path, change: Callable[[dict[str, object]], None]) -> None:
+    """Rewrite the run's model.pt with `change` applied, with a checksum that matches (as a forger would)."""
+    payload = torch.load(run / MODEL_FILENAME, weights_only=True)
+    payload.pop("checksum")
+    change(payload["model"])
+    payload["checksum"] = state_checksum(payload)
+    torch.save(payload, run / MODEL_FILENAME)
+
+
+def slot_state(state: dict[str, object]) -> dict[str, object]:
+    extra = state["seed_slots.r0c0._extra_state"]
+    assert isinstance(extra, dict)
+    return extra
+
+
+def blending(state: dict[str, object]) -> None:
+    slot_state(state)["lifecycle"]["stage"] = "blending"  # type: ignore[index]
+    slot_state(state)["alpha"]["alpha"] = 0.5  # type: ignore[index]
+
+
+def other_blueprint(state: dict[str, object]) -> None:
+    slot_state(state)["blueprint"] = "widen_x8"
+
+
+def huge_option(state: dict[str, object]) -> None:
+    slot_state(state)["blueprint_options"] = {"rank": 10**12}
+
+
+def damaged(run: Path) -> None:
+    """One weight changed, as a bad disk or copy would (the stored checksum no longer matches)."""
+    payload = torch.load(run / MODEL_FILENAME, weights_only=True)
+    payload["model"]["seed_slots.r0c0.seed.body.0.weight"].view(-1)[0] = 1.29e29
+    torch.save(payload, run / MODEL_FILENAME)
+
+
+def truncated(run: Path) -> None:
+    data = (run / MODEL_FILENAME).read_bytes()
+    (run / MODEL_FILENAME).write_bytes(data[:len(data) // 2])
+
+
+class Hostile:
+    def __reduce__(self) -> tuple[object, tuple[str]]:
+        return (print, ("this must never run",))
+
+
+def hostile(run: Path) -> None:
+    (run / MODEL_FILENAME).write_bytes(pickle.dumps({"kind": Hostile()}, protocol=2))
+
+
+def python_task(run: Path) -> None:
+    config = json.loads((run / "config.json").read_text())
+    (run / "config.json").write_text(json.dumps({**config, "task": "python"}))
+
+
+@pytest.mark.parametrize(("prepare", "arguments", "message"), [
+    (lambda run: (run / MODEL_FILENAME).unlink(), [], "no saved model at"),
+    (damaged, [], "is damaged: its contents do not match the checksum"),
+    (truncated, [], "is unreadable (truncated or corrupt?)"),
+    (hostile, [], "was refused: it holds"),
+    (lambda run: forge(run, blending), [], "seeds still BLENDING: conv_heavy in r0c0 (alpha 0.50)"),
+    (lambda run: forge(run, other_blueprint), [], "slot r0c0's seed 'widen_x8' does not match the weights saved"),
+    (lambda run: forge(run, huge_option), [], "slot r0c0's seed 'conv_heavy' cannot be built here"),
+    (python_task, [], "grew a task built in Python (morphogen.grow)"),
+    (lambda run: (run / "file").write_text(""), ["--output", "{run}/file/model.pt2"], "cannot write"),
+    (lambda run: None, ["--output", "{run}/config.json"], "would replace the run's own config.json"),
+    (lambda run: None, ["--format", "tflite"], None),
+], ids=["missing", "damaged", "truncated", "hostile", "blending", "forged-blueprint", "forged-option", "python-task",
+        "unwritable", "run-file", "format"])
+def test_bad_input_is_one_line_exit_2_and_the_run_directory_is_untouched(
+        grown: RunResult, tmp_path: Path, capsys: pytest.CaptureFixture[str], prepare: Callable[[Path], None],
+        arguments: list[str], message: str | None) -> None:
+    run = Path(shutil.copytree(grown.run_dir, tmp_path / "run"))
+    prepare(run)
+    before = contents(run)
+    if message is None:  # argparse refuses the flag itself, with the subcommand's usage
+        with pytest.raises(SystemExit) as exit_info:
+            main(["export", str(run), *arguments])
+        assert exit_info.value.code == EXIT_USER_ERROR
+    else:
+        assert main(["export", str(run), *(argument.format(run=run) for argument in arguments)]) == EXIT_USER_ERROR
+        err = one_line(capsys)
+        assert err.startswith("morphogen export: error: ") and message in err, err
+    assert contents(run) == before
+    assert "this must never run" not in capsys.readouterr().out
+
+
+def test_a_blending_seed_can_be_left_out(grown: RunResult, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    run = Path(shutil.copytree(grown.run_dir, tmp_path / "run"))
+    forge(run, blending)
+    assert main(["export", str(run), "--leave-out-blending"]) == 0
+    assert "left out: conv_heavy in r0c0 (blending)" in capsys.readouterr().out
+    program = torch.export.load(run / "model.pt2").module()
+    host = grown.model.host.eval()
+    inputs = validation_inputs()
+    with torch.no_grad():
+        torch.testing.assert_close(program(inputs), host(inputs), rtol=0, atol=1e-5)  # the host alone
+
+
+def test_onnx_without_its_extra_says_how_to_install_it(grown: RunResult, tmp_path: Path,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "onnxscript", None)  # as if `morphogen[onnx]` were not installed
+    with pytest.raises(morphogen.ExportError, match=r"pip install 'morphogen\[onnx\]'"):
+        morphogen.export_model(grown.model, validation_inputs(2), tmp_path / "grown.onnx", format="onnx")
+    assert not (tmp_path / "grown.onnx").exists()
