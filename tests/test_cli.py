@@ -34,7 +34,8 @@ def test_run_prints_the_comparison_and_writes_the_run_directory(tmp_path: Path,
     assert 0.0 <= summary["grown"]["final_accuracy"] <= 100.0
     for outcome in (summary["grown"], summary["baseline"]):
         flops = outcome["flops"]
-        assert flops["total"] == sum(flops[key] for key in ("training", "shadow", "validation", "counterfactual")) > 0
+        parts = ("training", "shadow", "validation", "counterfactual", "probe")
+        assert flops["total"] == sum(flops[key] for key in parts) > 0
     assert "training FLOPs" in out and "MFLOP" in out  # 3 epochs of 200 digits: about 600 MFLOP
     written = read_events(run_dir / "events.jsonl")
     assert [e.epoch for e in written if isinstance(e, events.EpochCompleted)] == [1, 2, 3]

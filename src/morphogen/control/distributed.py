@@ -54,6 +54,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import gc
 import json
 import logging
 import math
@@ -220,11 +221,14 @@ def shutdown() -> None:
     """Leave the process group (no-op when none was joined).
 
     The barrier first: with gloo, a rank that tears down while its peer is still sending makes the peer's
-    connection thread abort the process ("terminate called without an active exception").
+    connection thread abort the process ("terminate called without an active exception"). The collection
+    after: gloo work objects left in reference cycles would otherwise be freed during interpreter shutdown,
+    where freeing the tensors they hold aborts the process the same way.
     """
     if dist.is_initialized():
         dist.barrier()
         dist.destroy_process_group()
+        gc.collect()
 
 
 def split_envs(n_envs: int, world_size: int, rank: int) -> tuple[int, int]:

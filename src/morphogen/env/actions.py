@@ -95,6 +95,22 @@ class Action:
         return f"{self.op.name} {self.slot}"
 
 
+def _slot_validity(slots: Sequence[SeedSlot]) -> np.ndarray:
+    """[n_ops, n_slots]: whether each op is physically legal in each slot now."""
+    seed_in_training = any(s.stage in (Stage.GERMINATED, Stage.TRAINING) for s in slots)
+    slot_valid = np.zeros((len(Op), len(slots)), dtype=bool)
+    for j, slot in enumerate(slots):
+        ramping = slot.alpha.mode is not AlphaMode.HOLD
+        slot_valid[Op.GERMINATE, j] = slot.stage is Stage.DORMANT and not seed_in_training
+        slot_valid[Op.GROW, j] = slot_valid[Op.GERMINATE, j]  # GROW needs one empty slot and fills them all
+        slot_valid[Op.SET_ALPHA_TARGET, j] = (slot.stage in (Stage.BLENDING, Stage.HOLDING)) and not ramping
+        slot_valid[Op.PRUNE, j] = (slot.stage in PRUNABLE_STAGES and slot.lifecycle.seed_age >= MIN_PRUNE_AGE
+                                   and not ramping)
+        slot_valid[Op.FOSSILIZE, j] = slot.stage is Stage.HOLDING
+        slot_valid[Op.ADVANCE, j] = slot.stage in _ADVANCEABLE and not (slot.stage is Stage.BLENDING and ramping)
+    return slot_valid
+
+
 class ActionSpace:
     """Index encoding of `Action`s for a model's slots and its topology's blueprints."""
 
@@ -151,17 +167,7 @@ class ActionSpace:
         """Physical-validity masks: op [n_ops], then [n_ops, n_choices] per other head."""
         n_ops = len(Op)
         slots = [model.slot(slot_id) for slot_id in self.slot_ids]
-        seed_in_training = any(s.stage in (Stage.GERMINATED, Stage.TRAINING) for s in slots)
-        slot_valid = np.zeros((n_ops, len(slots)), dtype=bool)
-        for j, slot in enumerate(slots):
-            ramping = slot.alpha.mode is not AlphaMode.HOLD
-            slot_valid[Op.GERMINATE, j] = slot.stage is Stage.DORMANT and not seed_in_training
-            slot_valid[Op.GROW, j] = slot_valid[Op.GERMINATE, j]  # GROW needs one empty slot and fills them all
-            slot_valid[Op.SET_ALPHA_TARGET, j] = (slot.stage in (Stage.BLENDING, Stage.HOLDING)) and not ramping
-            slot_valid[Op.PRUNE, j] = (slot.stage in PRUNABLE_STAGES and slot.lifecycle.seed_age >= MIN_PRUNE_AGE
-                                       and not ramping)
-            slot_valid[Op.FOSSILIZE, j] = slot.stage is Stage.HOLDING
-            slot_valid[Op.ADVANCE, j] = slot.stage in _ADVANCEABLE and not (slot.stage is Stage.BLENDING and ramping)
+        slot_valid = _slot_validity(slots)
         graftable = self._graftable(model, slots) if slot_valid[Op.GROW].any() else None
         if graftable is not None and not graftable.any():
             slot_valid[Op.GROW] = False

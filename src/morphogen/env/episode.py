@@ -481,26 +481,29 @@ class MorphogenesisEpisode:
     def _slot_snapshot(self, slot_id: str) -> SlotSnapshot:
         assert self.model is not None
         slot = self.model.slot(slot_id)
-        health = self.gradients.seeds.get(slot_id) if slot.seed is not None else None
-        place = self.layout.places[slot_id]
+        seeded = slot.seed is not None
+        health = self.gradients.seeds.get(slot_id) if seeded else None
+        norm, health_value, ratio = (None, None, None) if health is None else (
+            health.gradient_norm, health.health, health.gradient_ratio)
+        # What was measured of the seed: contribution, the previous one, loss contribution, and the accuracy and
+        # loss when it entered its stage; nothing for an empty slot.
+        contribution, previous, loss_contribution, accuracy_start, loss_start = (
+            self.contributions.get(slot_id), self.previous_contributions.get(slot_id),
+            self.loss_contributions.get(slot_id), slot.signals.accuracy_at_stage_start,
+            slot.signals.loss_at_stage_start) if seeded else (None, None, None, None, None)
         growth = self.growth.get(slot_id)
+        depth, width, costs = (None, None, ()) if growth is None else (growth.depth, growth.width, growth.costs)
+        place = self.layout.places[slot_id]
         return SlotSnapshot(
-            slot_id=slot_id, stage=slot.stage, blueprint=slot.blueprint if slot.seed is not None else None,
+            slot_id=slot_id, stage=slot.stage, blueprint=slot.blueprint if seeded else None,
             alpha=slot.alpha.alpha, alpha_target=slot.alpha.target, alpha_progress=slot.alpha.progress,
             alpha_ramping=slot.alpha.mode is not AlphaMode.HOLD, epochs_in_stage=slot.lifecycle.epochs_in_stage,
             seed_age=slot.lifecycle.seed_age, seed_parameters=slot.seed_parameter_count(),
-            contribution=self.contributions.get(slot_id) if slot.seed is not None else None,
-            previous_contribution=self.previous_contributions.get(slot_id) if slot.seed is not None else None,
-            gradient_norm=None if health is None else health.gradient_norm,
-            gradient_health=None if health is None else health.health,
-            gradient_ratio=None if health is None else health.gradient_ratio,
-            accuracy_at_stage_start=slot.signals.accuracy_at_stage_start if slot.seed is not None else None,
-            width_fraction=place.width_fraction, resolution_fraction=place.resolution_fraction,
-            depth_fraction=place.depth_fraction,
-            loss_contribution=self.loss_contributions.get(slot_id) if slot.seed is not None else None,
-            loss_at_stage_start=slot.signals.loss_at_stage_start if slot.seed is not None else None,
-            depth_signal=None if growth is None else growth.depth,
-            width_signal=None if growth is None else growth.width, seed_costs=() if growth is None else growth.costs,
+            contribution=contribution, previous_contribution=previous, gradient_norm=norm,
+            gradient_health=health_value, gradient_ratio=ratio, accuracy_at_stage_start=accuracy_start,
+            loss_contribution=loss_contribution, loss_at_stage_start=loss_start,
+            depth_signal=depth, width_signal=width, seed_costs=costs, width_fraction=place.width_fraction,
+            resolution_fraction=place.resolution_fraction, depth_fraction=place.depth_fraction,
         )
 
     def _make_snapshot(self, result: CounterfactualResult, train_loss: float | None, op: Op, succeeded: bool,
