@@ -46,12 +46,15 @@ def test_readme_config_examples_are_valid_run_configs():
 
     from morphogen.commands.run import RunConfig
     from morphogen.config import build_config
+    from morphogen.control.trainer import TrainConfig
 
     blocks = re.findall(r"```toml\n(.*?)```", README.read_text(), flags=re.S)
     assert len(blocks) >= 2, "README shows a run config and a [host] table"
     for block in blocks:
         text = "\n".join(line.strip() for line in block.splitlines())  # the blocks sit indented in a list
-        config = build_config(RunConfig, tomllib.loads(text))
+        values = tomllib.loads(text)
+        # A training mix is a `morphogen train` config; every other block configures `morphogen run`.
+        config = build_config(TrainConfig if "mix" in values else RunConfig, values)
         config.with_resolved_host()
     host_example = next(block for block in blocks if "[host]" in block)
     assert "base_channels" in host_example

@@ -441,10 +441,7 @@ class PPOTrainer:
             with self.timer.phase("policy"):
                 inputs, observations, output, actions = self.act_step(group, snapshots, state, generator, starts)
                 if demonstrators is not None:
-                    env_masks = vector.masks()
-                    actions = [d.act(s, m) for d, s, m in zip(demonstrators, snapshots, env_masks, strict=True)]
-                    encoded = [group.action_space.encode(action) for action in actions]
-                    output = output._replace(actions=torch.tensor(encoded, device=agent.device))
+                    output, actions = _demonstrated(group, demonstrators, snapshots, output)
             results = vector.step(actions)
             self.profiler.step()
             if self.on_step is not None:
@@ -636,3 +633,12 @@ def train(trainer: PPOTrainer, run_dir: Path,
         if on_round is not None:
             on_round(summary)
     return summaries
+
+
+def _demonstrated(group: EnvGroup, demonstrators: Sequence[Controller], snapshots: Sequence[EpisodeSnapshot],
+                  output: ActionOutput) -> tuple[ActionOutput, list[Action]]:
+    """The demonstrators' actions for this step, and the policy's output carrying them in place of its own."""
+    masks = group.vector.masks()
+    actions = [d.act(s, m) for d, s, m in zip(demonstrators, snapshots, masks, strict=True)]
+    encoded = [group.action_space.encode(action) for action in actions]
+    return output._replace(actions=torch.tensor(encoded, device=output.actions.device)), actions
