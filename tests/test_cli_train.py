@@ -342,3 +342,22 @@ def test_eval_telemetry_without_a_run_directory_is_a_usage_error(trained: Traine
                                                                  capsys: pytest.CaptureFixture[str]) -> None:
     line = expect_user_error(["eval", "--policy", str(trained.directory), "--telemetry", "debug"], capsys)
     assert "give --run-dir DIR" in line
+
+
+def test_the_shipped_policy_plays_run_and_eval_without_a_training_run(tmp_path: Path,
+                                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    """`--policy default` is the checkpoint in the package: it loads, names what it was trained on, and acts on a
+    task and host of the user's choosing."""
+    from morphogen.commands.evaluate import DEFAULT_POLICY_FILE, read_policy_run
+
+    assert DEFAULT_POLICY_FILE.is_file()
+    trained, _ = read_policy_run("default", "cpu")
+    assert [entry.task for entry in trained.training_mix()] == ["digits", "mnist1d", "digits"]
+    code = main(["run", "--policy", "default", "--task", "mnist1d", "--max-train-samples", "200", "--no-baseline",
+                 "--no-from-scratch", "--epochs", "3", "--run-dir", str(tmp_path / "episode")])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    assert "epoch   3/3" in out
+    assert main(["eval", "--policy", "default", "--task", "digits", "--max-train-samples", "200",
+                 "--episode-length", "3", "--episodes", "1"]) == 0
+    assert "3 epochs on digits (cnn host)" in capsys.readouterr().out
