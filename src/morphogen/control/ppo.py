@@ -405,24 +405,14 @@ def ppo_update(
     are then this process's weighted share of the update's: their mean over the processes is the update's.
     """
     processes = processes or OneProcess()
-    head_weights = None
-    if config.entropy_head_weights is not None:
-        if len(config.entropy_head_weights) != policy.n_heads:
-            raise ValueError(
-                f"PPOConfig.entropy_head_weights has {len(config.entropy_head_weights)} weights but the "
-                f"policy has {policy.n_heads} heads; give one weight per head"
-            )
-        head_weights = batch.values.new_tensor(config.entropy_head_weights)
+    head_weights = _entropy_head_weights(policy, config, batch.values)
     entropy_coef = config.entropy_coef_at(progress)
     if config.normalize_advantages:
         batch = batch._replace(advantages=_standardized(batch.advantages, processes.average))
 
     device = batch.values.device
-    sums = {name: torch.zeros(policy.n_heads if name == "entropy_per_head" else (), device=device)
-            for name in _SUMMED}
+    totals = _Totals(policy.n_heads, device)
     grad_norm_sum = torch.zeros((), device=device)
-    ratio_max = torch.full((), -math.inf, device=device)
-    ratio_min = torch.full((), math.inf, device=device)
     epoch_kl = torch.zeros((), device=device)
     epochs_completed, early_stopped = 0, False
     for _ in range(config.epochs):
@@ -433,20 +423,13 @@ def ppo_update(
             if part.envs.numel() > 0:
                 terms = ppo_losses(policy, batch.select_envs(part.envs.to(device)), config, entropy_coef, head_weights)
                 torch.autograd.backward(terms.total * part.weight)
-            counts = terms.counts if terms is not None else torch.zeros(2 + 2 * policy.n_heads, device=device)
             # The minibatch's clip fraction and head entropies, from every process's counts.
-            clip_fraction, entropy_per_head = _fractions(processes.average_gradients(policy, counts))
+            fractions = _fractions(processes.average_gradients(policy, totals.counts_of(terms)))
             grad_norm_sum += torch.nn.utils.clip_grad_norm_(policy.parameters(), config.max_grad_norm).to(device)
             optimizer.step()
             if terms is None:  # none of this process's envs in the group
                 continue
-            minibatch = {"policy_loss": terms.policy_loss, "value_loss": terms.value_loss,
-                         "entropy_loss": terms.entropy_loss, "clip_fraction": clip_fraction,
-                         "entropy_per_head": entropy_per_head}
-            for name, value in minibatch.items():
-                sums[name] += value.detach() * part.weight
-            ratio_max = torch.maximum(ratio_max, terms.ratio_extremes[0])
-            ratio_min = torch.minimum(ratio_min, terms.ratio_extremes[1])
+            totals.add(terms, *fractions, part.weight)
             epoch_kl = epoch_kl + terms.approx_kl * part.weight
         epochs_completed += 1
         epoch_kl = epoch_kl / config.minibatches
@@ -457,11 +440,11 @@ def ppo_update(
             break
     minibatches_run = epochs_completed * config.minibatches
     numbers = _to_python({  # host sync: the one transfer of all diagnostics at the end of the update
-        **{name: total / minibatches_run for name, total in sums.items()},
+        **{name: total / minibatches_run for name, total in totals.sums.items()},
         "grad_norm": grad_norm_sum / minibatches_run,  # of the averaged gradient: the same on every process
         "approx_kl": epoch_kl,
         "explained_variance": explained_variance(batch.values.flatten(), batch.returns.flatten()),
-        "ratio_max": ratio_max, "ratio_min": ratio_min,
+        "ratio_max": totals.ratio_max, "ratio_min": totals.ratio_min,
         "value_std": batch.values.std(correction=0), "return_std": batch.returns.std(correction=0),
     })
     return PPOStatistics(
@@ -471,6 +454,41 @@ def ppo_update(
         epochs_completed=epochs_completed,
         early_stopped=early_stopped,
     )
+
+
+def _entropy_head_weights(policy: RecurrentActorCritic, config: PPOConfig, like: Tensor) -> Tensor | None:
+    """`config.entropy_head_weights` as a tensor beside `like`, one per head of `policy` (None: every head 1)."""
+    if config.entropy_head_weights is None:
+        return None
+    if len(config.entropy_head_weights) != policy.n_heads:
+        raise ValueError(f"PPOConfig.entropy_head_weights has {len(config.entropy_head_weights)} weights but the "
+                         f"policy has {policy.n_heads} heads; give one weight per head")
+    return like.new_tensor(config.entropy_head_weights)
+
+
+class _Totals:
+    """The update's weighted sums of its minibatches' loss terms, and the extremes of their probability ratios,
+    kept on the device until the one transfer at the end."""
+
+    def __init__(self, n_heads: int, device: torch.device) -> None:
+        self.n_heads, self.device = n_heads, device
+        self.sums = {name: torch.zeros(n_heads if name == "entropy_per_head" else (), device=device)
+                     for name in _SUMMED}
+        self.ratio_max = torch.full((), -math.inf, device=device)
+        self.ratio_min = torch.full((), math.inf, device=device)
+
+    def counts_of(self, terms: LossTerms | None) -> Tensor:
+        """The minibatch's clip and entropy counts; zeros where this process had none of its envs."""
+        return terms.counts if terms is not None else torch.zeros(2 + 2 * self.n_heads, device=self.device)
+
+    def add(self, terms: LossTerms, clip_fraction: Tensor, entropy_per_head: Tensor, weight: float) -> None:
+        minibatch = {"policy_loss": terms.policy_loss, "value_loss": terms.value_loss,
+                     "entropy_loss": terms.entropy_loss, "clip_fraction": clip_fraction,
+                     "entropy_per_head": entropy_per_head}
+        for name, value in minibatch.items():
+            self.sums[name] += value.detach() * weight
+        self.ratio_max = torch.maximum(self.ratio_max, terms.ratio_extremes[0])
+        self.ratio_min = torch.minimum(self.ratio_min, terms.ratio_extremes[1])
 
 
 def _standardized(advantages: Tensor, average: Callable[[Tensor], None]) -> Tensor:
