@@ -48,3 +48,19 @@ def test_a_transformer_host_keeps_every_token_at_every_slot() -> None:
     names = layout.blueprints
     parameters = layout.blueprint_parameters[0]
     assert parameters[names.index("block_copy")] == parameters[names.index("block")] > 0
+
+
+def test_a_controller_that_reads_no_blueprints_is_not_given_their_costs() -> None:
+    """The heuristic and no growth skip counting every blueprint in every slot (a learned policy gets them)."""
+    from morphogen.control.controller import NoGrowthController
+    from morphogen.data import load_task
+    from morphogen.env.episode import EpisodeConfig, MorphogenesisEpisode
+    from morphogen.env.play import run_episode
+
+    task = load_task("digits", max_train_samples=64)
+    described = MorphogenesisEpisode(task, EpisodeConfig(max_epochs=1), seed=0)
+    assert described.reset().blueprint_parameters[0]  # by default every blueprint is described
+    episode = MorphogenesisEpisode(task, EpisodeConfig(max_epochs=1), seed=0)
+    run_episode(episode, NoGrowthController())
+    assert episode.snapshot.blueprints == ()
+    assert episode.flop_counter.counts_made < described.flop_counter.counts_made - 20

@@ -15,6 +15,8 @@ from morphogen.env.snapshot import EpisodeSnapshot
 class NoGrowthController:
     """Always waits: the episode then trains the bare host (the no-growth baseline)."""
 
+    reads_blueprints = False
+
     def reset(self) -> None:
         """Nothing to forget between episodes."""
 

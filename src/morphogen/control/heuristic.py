@@ -186,6 +186,9 @@ def is_slowing(losses: Sequence[float], window: int, ratio: float) -> bool:
 class HeuristicController:
     """Decides one `Action` per epoch from the episode snapshot."""
 
+    #: It compares blueprints by growth signals (`growth_candidates`), not by the snapshot's descriptions.
+    reads_blueprints = False
+
     def __init__(self, action_space: ActionSpace, topology: str, config: HeuristicConfig | None = None) -> None:
         self.space = action_space
         self.config = config or HeuristicConfig()

@@ -193,6 +193,9 @@ class MorphogenesisEpisode:
         #: The blueprints the controller compares by growth signals, by epoch (`Controller.growth_candidates`);
         #: None measures none.
         self.growth_candidates: CandidateSource | None = None
+        #: Whether snapshots describe every blueprint in every slot (what it would add), as a learned policy
+        #: reads them; `run_episode` turns it off for controllers that do not (`reads_blueprints = False`).
+        self.describe_blueprints = True
         #: Empty slot -> its growth signals and candidate costs, measured after the last epoch when asked.
         self.growth: dict[str, SlotGrowth] = {}
 
@@ -398,7 +401,8 @@ class MorphogenesisEpisode:
         """Where the slots sit and what each blueprint would add, measured on the first validation input."""
         assert self.model is not None
         inputs, _ = next(iter(self.task.validation.iterate_batches(1, shuffle=False)))
-        return model_layout(self.model, inputs[:1].to(self.device), self.flop_counter)
+        return model_layout(self.model, inputs[:1].to(self.device), self.flop_counter,
+                            with_costs=self.describe_blueprints)
 
     def _first_validation(self) -> CounterfactualResult:
         """Validate the untrained model; what the model or its loss cannot take is a `DataError`.

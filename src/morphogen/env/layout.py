@@ -58,12 +58,14 @@ def _positions(activation: Tensor, topology: str) -> int:
     return 1
 
 
-def model_layout(model: MorphogeneticModel, example: Tensor, counter: FlopCounter | None = None) -> ModelLayout:
+def model_layout(model: MorphogeneticModel, example: Tensor, counter: FlopCounter | None = None, *,
+                 with_costs: bool = True) -> ModelLayout:
     """The layout of `model`, its slot places measured on `example` (one or more inputs of the task).
 
     Blueprint costs come from `counter` (`FlopCounter.seed_cost`, which keeps them across an env's episodes;
     a new one when None). A blueprint that cannot go into a slot (a widening one where no layers surround
-    it, a copy of a layer this host lacks) adds nothing there: GERMINATE of it is refused.
+    it, a copy of a layer this host lacks) adds nothing there: GERMINATE of it is refused. Without
+    `with_costs` (a controller that reads no blueprint descriptions) no blueprint is described.
     """
     counter = FlopCounter() if counter is None else counter
     host, topology = model.host, model.topology
@@ -91,7 +93,7 @@ def model_layout(model: MorphogeneticModel, example: Tensor, counter: FlopCounte
                            depth_fraction=(order.index(slot_id) + 1) / (len(order) + 1))
         for slot_id in model.slot_ids
     }
-    blueprints = blueprint_names(topology)
+    blueprints = blueprint_names(topology) if with_costs else ()
     shape, dtype = tuple(example[:1].shape), example.dtype
     costs = [[_seed_cost(counter, model, slot_id, name, shape, dtype) for name in blueprints]
              for slot_id in model.slot_ids]

@@ -28,7 +28,9 @@ class Controller(Protocol):
 
     A controller that chooses where and how to grow by growth signals also has a method
     `growth_candidates(epoch) -> Sequence[str]`, the blueprints it would compare: the episode then measures
-    the signals and those candidates' costs into the snapshot's slots (`env/growth_signals.py`).
+    the signals and those candidates' costs into the snapshot's slots (`env/growth_signals.py`). One that
+    reads no blueprint descriptions (the heuristic, no growth) has `reads_blueprints = False`: the episode
+    then does not count what every blueprint would add in every slot.
     """
 
     def reset(self) -> None: ...
@@ -65,6 +67,7 @@ def run_episode(episode: MorphogenesisEpisode, controller: Controller,
     """Play one whole episode of `controller` in `episode` (one profiler step per epoch)."""
     started = time.perf_counter()
     episode.growth_candidates = getattr(controller, "growth_candidates", None)
+    episode.describe_blueprints = getattr(controller, "reads_blueprints", True)
     snapshot = episode.reset()
     controller.reset()
     result = None
