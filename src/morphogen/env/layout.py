@@ -12,6 +12,7 @@ convolutions, attention): a seed of norms alone costs 0.
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 
 import torch
@@ -45,7 +46,7 @@ class ModelLayout:
     blueprint_parameters: tuple[tuple[int, ...], ...]
     #: Forward FLOPs per sample of each blueprint in each slot, laid out as `blueprint_parameters`.
     blueprint_flops: tuple[tuple[int, ...], ...]
-    #: Forward FLOPs per sample of the host.
+    #: Forward FLOPs per sample of the host (0: not counted, when no blueprint is described).
     host_flops: int
 
 
@@ -74,8 +75,10 @@ def model_layout(model: MorphogeneticModel, example: Tensor, counter: FlopCounte
     shapes: dict[str, Tensor] = {}
     training = host.training
     host.eval()
+    # The host's FLOPs only matter beside the blueprints' (counting is not free: the first count costs ~0.2 s).
+    host_counter = FlopCounterMode(display=False) if with_costs else None
     try:
-        with torch.no_grad(), FlopCounterMode(display=False) as host_counter:
+        with torch.no_grad(), host_counter or contextlib.nullcontext():
             h = example[:1]
             for index, point in enumerate(points):
                 h = host.run_segment(index, h)
@@ -99,7 +102,8 @@ def model_layout(model: MorphogeneticModel, example: Tensor, counter: FlopCounte
              for slot_id in model.slot_ids]
     parameters = tuple(tuple(cost.parameters for cost in row) for row in costs)
     flops = tuple(tuple(cost.flops for cost in row) for row in costs)
-    return ModelLayout(places, blueprints, parameters, flops, int(host_counter.get_total_flops()))
+    host_flops = 0 if host_counter is None else int(host_counter.get_total_flops())
+    return ModelLayout(places, blueprints, parameters, flops, host_flops)
 
 
 def _seed_cost(counter: FlopCounter, model: MorphogeneticModel, slot_id: str, blueprint: str,
