@@ -154,3 +154,12 @@ def test_grow_offers_only_what_the_host_can_graft(tiny_text: Task) -> None:
     assert episode.model is not None
     assert all(episode.masks()[2][Op.GROW])  # the TransformerHost has a block before every slot
 
+
+
+def test_a_grow_that_cannot_graft_every_slot_is_refused_and_changes_nothing() -> None:
+    episode = MorphogenesisEpisode(load_task("digits", max_train_samples=64), EpisodeConfig(max_epochs=2), seed=0)
+    episode.reset()
+    assert episode.model is not None
+    succeeded, reason = episode.apply_action(Action(Op.GROW, blueprint="wider"))
+    assert not succeeded and reason.startswith("GROW adds layers; wider cannot be grafted into r0c0, r0c1")
+    assert all(slot.stage is Stage.DORMANT for slot in episode.model.slots())

@@ -315,13 +315,16 @@ class MorphogenesisEpisode:
         assert model is not None
         if action.blueprint is None:
             raise ValueError("GROW needs a blueprint")
-        if get_blueprint(self.task.topology, action.blueprint).kind is BlueprintKind.WIDEN:
-            return False, f"GROW adds layers; {action.blueprint} widens layers and is germinated slot by slot"
         if any(s.stage in (Stage.GERMINATED, Stage.TRAINING) for s in model.slots()):
             return False, "another seed is still germinated or training"
         empty = [slot.slot_id for slot in model.slots() if slot.stage is Stage.DORMANT]
         if not empty:
             return False, "no empty slot to grow into"
+        # Checked for every slot before any graft, so that a refusal leaves no slot half grown.
+        unfit = [slot_id for slot_id in empty if not model.can_graft(slot_id, action.blueprint)]
+        if unfit:
+            return False, (f"GROW adds layers; {action.blueprint} cannot be grafted into {', '.join(unfit)} "
+                           "(a widening blueprint, or a copy of a layer this host lacks there)")
         for slot_id in empty:
             with seeded(derive_seed(self.seed, epoch, model.slot_ids.index(slot_id)), self.device):
                 model.graft(slot_id, action.blueprint, epoch, blend_epochs=action.blend_epochs)
