@@ -3,15 +3,17 @@
 Both learn `--env` (default Acrobot-v1, which no test of ours uses) for `--steps` environment steps per
 seed, one after the other in this process with one torch thread, on the same seeds. SB3 runs with the
 settings rl-baselines3-zoo tuned for the env (`ZOO`: its `hyperparams/ppo.yml`, normalized observations
-and rewards included); ours with the settings tuned here for it (`OURS`: the zoo's envs, rollout, gamma
-and GAE lambda, no entropy bonus; truncated BPTT over 32-step sequences), or the `train_gym` arguments and
-`PPOConfig` keys given as `--ours KEY=VALUE`.
+and rewards included); ours twice (`OURS`: the zoo's envs, rollout, gamma and GAE lambda, no entropy
+bonus): with a feed-forward policy as the zoo's (`recurrent=False`, its epochs and minibatch size: the same
+network, so the difference is the PPO implementation), and with the LSTM policy morphogen's controller
+uses (truncated BPTT over 32-step sequences). `--ours KEY=VALUE ...` runs one agent of ours with those
+`train_gym` arguments and `PPOConfig` keys instead.
 
 Printed per agent: the mean return of the episodes that ended in the last 10% of the steps (where the
 agent got to), the mean return of all episodes (how fast it got there: the area under the learning curve
-over the episodes), and wall seconds; then ours minus SB3's and the wall-time ratio ours / SB3 (both ran
-under the same load). Run `python benchmarks/ppo_vs_sb3.py --help`; needs the dev extras (sb3-contrib
-pulls stable-baselines3).
+over the episodes), and wall seconds; then each of ours minus SB3's and the wall-time ratio ours / SB3
+(all ran one after the other under the same load). Run `python benchmarks/ppo_vs_sb3.py --help`; needs the
+dev extras (sb3-contrib pulls stable-baselines3).
 """
 
 from __future__ import annotations
@@ -33,14 +35,24 @@ ZOO: dict[str, dict[str, Any]] = {
     "Acrobot-v1": {"normalize": True, "n_envs": 16, "n_steps": 256, "gae_lambda": 0.94, "gamma": 0.99,
                    "n_epochs": 4, "ent_coef": 0.0},
 }
-#: Our agent's settings per env (`train_gym` arguments and `PPOConfig` keys), tuned like the zoo's: the zoo's
-#: envs, rollout length, gamma and GAE lambda, no entropy bonus, gradients clipped to 0.5; rollouts cut into
-#: 32-step sequences (truncated BPTT), 16 minibatches of them, 10 epochs at Adam 3e-4, no KL early stop.
-OURS: dict[str, list[str]] = {
-    "Acrobot-v1": ["n_envs=16", "rollout_length=256", "bptt_length=32", "gamma=0.99", "gae_lambda=0.94",
-                   "entropy_coef=0.0", "max_grad_norm=0.5", "learning_rate=0.0003", "minibatches=16", "epochs=10",
-                   "target_kl=None"],
+#: Our agents' settings per env (`train_gym` arguments and `PPOConfig` keys), tuned like the zoo's: the zoo's
+#: envs, rollout length, gamma and GAE lambda, no entropy bonus, gradients clipped to 0.5, Adam 3e-4, no KL early
+#: stop. The feed-forward policy (two tanh layers of 64, as the zoo's) takes the zoo's 4 epochs of 64-sample
+#: minibatches (steps drawn one by one: 1-step sequences); the LSTM policy cuts rollouts into 32-step sequences
+#: (truncated BPTT), 16 minibatches, 10 epochs.
+OURS: dict[str, dict[str, list[str]]] = {
+    "Acrobot-v1": {
+        "ours, feed-forward": ["recurrent=0", "n_envs=16", "rollout_length=256", "bptt_length=1", "gamma=0.99",
+                               "gae_lambda=0.94",
+                               "entropy_coef=0.0", "max_grad_norm=0.5", "learning_rate=0.0003", "minibatches=64",
+                               "epochs=4", "target_kl=None"],
+        "ours, LSTM": ["n_envs=16", "rollout_length=256", "bptt_length=32", "gamma=0.99", "gae_lambda=0.94",
+                       "entropy_coef=0.0", "max_grad_norm=0.5", "learning_rate=0.0003", "minibatches=16", "epochs=10",
+                       "target_kl=None"],
+    },
 }
+#: `--ours` keys that are `train_gym` arguments; the others are `PPOConfig` keys.
+TRAIN_GYM_ARGUMENTS = ("n_envs", "rollout_length", "hidden_size", "bptt_length", "recurrent")
 #: The last share of the steps whose episodes make the "final" return.
 FINAL_SHARE = 0.1
 
@@ -103,14 +115,16 @@ def run_ours(env_id: str, steps: int, seed: int, options: dict[str, Any]) -> Res
 
 
 def _parse_ours(pairs: list[str]) -> dict[str, Any]:
-    """`KEY=VALUE` pairs: `n_envs`, `rollout_length`, `hidden_size`, `bptt_length` for `train_gym`, the rest
-    `PPOConfig` keys."""
+    """`KEY=VALUE` pairs: `n_envs`, `rollout_length`, `hidden_size`, `bptt_length`, `recurrent` (0 or 1) for
+    `train_gym`, the rest `PPOConfig` keys."""
     options: dict[str, Any] = {}
     config: dict[str, Any] = {}
     for pair in pairs:
         key, _, text = pair.partition("=")
         value: Any = None if text == "None" else float(text) if "." in text or "e" in text else int(text)
-        (options if key in ("n_envs", "rollout_length", "hidden_size", "bptt_length") else config)[key] = value
+        if key == "recurrent":
+            value = bool(value)
+        (options if key in TRAIN_GYM_ARGUMENTS else config)[key] = value
     if config:
         options["config"] = PPOConfig(**config)
     return options
@@ -122,34 +136,38 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=150_000)
     parser.add_argument("--seeds", default="0,1,2")
     parser.add_argument("--ours", nargs="*", default=None, metavar="KEY=VALUE",
-                        help="train_gym arguments or PPOConfig keys for our agent (default: OURS for the env)")
+                        help="train_gym arguments or PPOConfig keys for one agent of ours (default: OURS's agents)")
     args = parser.parse_args()
     torch.set_num_threads(1)
     seeds = [int(seed) for seed in args.seeds.split(",")]
-    options = _parse_ours(OURS[args.env] if args.ours is None else args.ours)
-    rows = []
+    agents = OURS[args.env] if args.ours is None else {"ours": args.ours}
+    options = {name: _parse_ours(pairs) for name, pairs in agents.items()}
+    runs: dict[str, list[Result]] = {name: [] for name in (*options, "SB3 zoo")}
     for seed in seeds:
-        sb3 = run_sb3(args.env, args.steps, seed)
-        ours = run_ours(args.env, args.steps, seed, options)
-        rows.append((seed, ours, sb3))
-        print(f"seed {seed}: ours final {ours.final(args.steps):8.2f} all {ours.overall:8.2f} {ours.seconds:6.1f}s"
-              f" | SB3 final {sb3.final(args.steps):8.2f} all {sb3.overall:8.2f} {sb3.seconds:6.1f}s", flush=True)
+        runs["SB3 zoo"].append(run_sb3(args.env, args.steps, seed))
+        for name, settings in options.items():
+            runs[name].append(run_ours(args.env, args.steps, seed, settings))
+        print(f"seed {seed}: " + " | ".join(f"{name} final {results[-1].final(args.steps):8.2f} all "
+                                           f"{results[-1].overall:8.2f} {results[-1].seconds:6.1f}s"
+                                           for name, results in runs.items()), flush=True)
 
     def summary(values: list[float]) -> str:
         spread = statistics.stdev(values) if len(values) > 1 else 0.0
         return f"{statistics.fmean(values):8.2f} ± {spread:6.2f}"
 
     print(f"\n{args.env}, {args.steps:,} steps, seeds {args.seeds} (mean ± std over seeds; one torch thread)")
-    print(f"{'agent':<8}{'final return':>20}{'all episodes':>20}{'wall s':>18}")
-    for name, index in (("ours", 1), ("SB3 zoo", 2)):
-        results = [row[index] for row in rows]
-        print(f"{name:<8}{summary([r.final(args.steps) for r in results]):>20}"
+    print(f"{'agent':<20}{'final return':>20}{'all episodes':>20}{'wall s':>18}")
+    for name, results in runs.items():
+        print(f"{name:<20}{summary([r.final(args.steps) for r in results]):>20}"
               f"{summary([r.overall for r in results]):>20}{summary([r.seconds for r in results]):>18}")
-    leads = [ours.final(args.steps) - sb3.final(args.steps) for _, ours, sb3 in rows]
-    overall = [ours.overall - sb3.overall for _, ours, sb3 in rows]
-    ratios = [ours.seconds / sb3.seconds for _, ours, sb3 in rows]
-    print(f"ours - SB3: final {summary(leads)}, all episodes {summary(overall)}; "
-          f"wall time ours / SB3 {statistics.fmean(ratios):.2f}x")
+    sb3 = runs["SB3 zoo"]
+    for name in options:
+        ours = runs[name]
+        leads = [a.final(args.steps) - b.final(args.steps) for a, b in zip(ours, sb3, strict=True)]
+        overall = [a.overall - b.overall for a, b in zip(ours, sb3, strict=True)]
+        ratios = [a.seconds / b.seconds for a, b in zip(ours, sb3, strict=True)]
+        print(f"{name} - SB3: final {summary(leads)}, all episodes {summary(overall)}; "
+              f"wall time {name} / SB3 {statistics.fmean(ratios):.2f}x")
 
 
 if __name__ == "__main__":

@@ -265,3 +265,26 @@ def test_call_arguments_are_checked() -> None:
         policy.act(torch.zeros(2, 6), state, [torch.ones(2, 4, dtype=torch.bool)])
     with pytest.raises(ValueError, match=r"action_masks\[1\]"):
         policy.act(torch.zeros(2, 6), state, [None, torch.ones(2, 4, dtype=torch.bool), None])
+
+
+def test_a_feed_forward_policy_has_no_memory_and_passes_the_state_through() -> None:
+    policy = make_policy(recurrent=False)
+    assert policy.lstm is None and not any("lstm" in name for name, _ in policy.named_parameters())
+    generator = torch.Generator().manual_seed(2)
+    observations = torch.randn(5, 3, 6, generator=generator)
+    state = policy.initial_state(3)
+    outputs = []
+    for step in range(5):
+        outputs.append(policy.act(observations[step], state, generator=generator))
+        assert outputs[-1].state is state  # nothing to remember
+    # Each step's action depends on that step's observation alone: the same observation at another step, after
+    # another history, scores the same.
+    evaluation = policy.evaluate_sequence(observations, state, torch.zeros(5, 3, dtype=torch.bool),
+                                          torch.stack([o.actions for o in outputs]))
+    assert torch.allclose(evaluation.log_prob, torch.stack([o.log_prob for o in outputs]), atol=1e-6)
+    shuffled = policy.evaluate_sequence(observations.flip(0), state, torch.zeros(5, 3, dtype=torch.bool),
+                                        torch.stack([o.actions for o in outputs]).flip(0))
+    assert torch.allclose(shuffled.log_prob.flip(0), evaluation.log_prob, atol=1e-6)
+    (evaluation.log_prob.sum() + evaluation.value.sum()).backward()
+    for name, parameter in policy.named_parameters():
+        assert parameter.grad is not None and parameter.grad.abs().sum() > 0, name

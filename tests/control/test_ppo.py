@@ -309,6 +309,15 @@ def test_train_gym_learns_a_multidiscrete_task() -> None:
     assert np.mean(returns[-20:]) > random_play + 5
 
 
+def test_train_gym_learns_a_multidiscrete_task_with_a_feed_forward_policy() -> None:
+    config = PPOConfig(learning_rate=1e-3, entropy_coef=0.01, gamma=0.9, gae_lambda=0.9, minibatches=2)
+    training = train_gym(MATCH_TARGET_ID, total_steps=3000, seed=0, config=config, rollout_length=32, recurrent=False)
+    assert training.policy.lstm is None
+    random_play = 8 * (1 / 3 + 1 / 4)
+    assert np.mean(training.returns[:20]) < random_play + 2.5
+    assert np.mean(training.returns[-20:]) > random_play + 5
+
+
 def test_train_gym_is_reproducible_from_its_seed() -> None:
     first = train_gym(MATCH_TARGET_ID, total_steps=256, seed=3, rollout_length=16)
     second = train_gym(MATCH_TARGET_ID, total_steps=256, seed=3, rollout_length=16)

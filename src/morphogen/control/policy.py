@@ -23,6 +23,8 @@ Rules:
 - The caller guarantees that for every legal op, each head that matters has at least one legal
   value; the op mask is where that is enforced (an op whose heads have no legal value is masked).
   A head that does not matter may have an all-False mask row: it is forced to 0 anyway.
+- A policy built with ``recurrent=False`` has no LSTM (a two-layer tanh trunk makes the features) and
+  passes the state through unchanged, so rollouts and updates treat both kinds alike.
 - Recurrent state is a tuple ``(h, c)``, each ``[1, B, hidden]`` as ``nn.LSTM`` expects. Where
   ``episode_starts`` is True the state is zeroed before that observation is processed, in ``act``
   and ``evaluate_sequence`` alike, so re-evaluating a rollout reproduces the log-probs of acting.
@@ -159,18 +161,27 @@ class RecurrentActorCritic(nn.Module, abc.ABC):
 
     def __init__(self, trunk_input_size: int, n_ops: int, n_heads: int, *, hidden_size: int,
                  head_relevance: Tensor | None, device: torch.device | str | None,
-                 dtype: torch.dtype | None) -> None:
+                 dtype: torch.dtype | None, recurrent: bool = True) -> None:
         super().__init__()
         if trunk_input_size < 1 or n_ops < 1 or n_heads < 1 or hidden_size < 1:
             raise ValueError(f"sizes must be >= 1: trunk input {trunk_input_size}, ops {n_ops}, heads {n_heads}, "
                              f"hidden_size {hidden_size}")
         self.hidden_size = hidden_size
         self.n_heads = n_heads
+        self.recurrent = recurrent
         factory: dict[str, Any] = {"device": device, "dtype": dtype}
-        self.trunk = nn.Sequential(nn.Linear(trunk_input_size, hidden_size, **factory),
-                                   nn.LayerNorm(hidden_size, **factory), nn.ReLU())
-        self.lstm = nn.LSTM(hidden_size, hidden_size, **factory)
-        self.lstm_norm = nn.LayerNorm(hidden_size, **factory)
+        self.lstm: nn.LSTM | None = None
+        self.lstm_norm: nn.Module = nn.Identity()
+        if recurrent:
+            self.trunk = nn.Sequential(nn.Linear(trunk_input_size, hidden_size, **factory),
+                                       nn.LayerNorm(hidden_size, **factory), nn.ReLU())
+            self.lstm = nn.LSTM(hidden_size, hidden_size, **factory)
+            self.lstm_norm = nn.LayerNorm(hidden_size, **factory)
+        else:
+            # Two tanh layers, as the classic-control baselines use: on Acrobot the recurrent trunk above often
+            # never found the goal (benchmarks/ppo_vs_sb3.py), where this one did on every seed.
+            self.trunk = nn.Sequential(nn.Linear(trunk_input_size, hidden_size, **factory), nn.Tanh(),
+                                       nn.Linear(hidden_size, hidden_size, **factory), nn.Tanh())
         self.value_head = nn.Linear(hidden_size, 1, **factory)
         self.register_buffer("head_relevance", _relevance_table(head_relevance, n_ops, n_heads, device))
         self._compile_settings: CompileSettings | None = None
@@ -196,12 +207,12 @@ class RecurrentActorCritic(nn.Module, abc.ABC):
 
     # ---------------------------------------------------------------- shared machinery
     def _initialize_recurrent_weights(self) -> None:
-        """Orthogonal init: gain sqrt(2) in the ReLU trunk, 1 in the LSTM and on the value head; biases zero."""
+        """Orthogonal init: gain sqrt(2) in the trunk, 1 in the LSTM and on the value head; biases zero."""
         for module in self.trunk:
             if isinstance(module, nn.Linear):
                 nn.init.orthogonal_(module.weight, gain=math.sqrt(2.0))
                 nn.init.zeros_(module.bias)
-        for name, parameter in self.lstm.named_parameters():
+        for name, parameter in () if self.lstm is None else self.lstm.named_parameters():
             if name.startswith("weight"):
                 nn.init.orthogonal_(parameter, gain=1.0)
             else:
@@ -244,6 +255,8 @@ class RecurrentActorCritic(nn.Module, abc.ABC):
         """``forward``; ``step_by_step`` runs the LSTM one step at a time instead of once per span between
         episode starts, which needs no host sync to find the spans (what a compiled graph needs)."""
         trunk_output = self.trunk(self._trunk_input(observation))  # [T, B, hidden]
+        if self.lstm is None:  # feed-forward: the features are the trunk's, the state passes through unchanged
+            return trunk_output, state
         if episode_starts is None:
             lstm_output, state = self.lstm(trunk_output, state)
         else:
@@ -335,6 +348,7 @@ class RecurrentActorCritic(nn.Module, abc.ABC):
             boundaries = [0, *later_starts.tolist(), steps]
         hidden, cell = state
         outputs = []
+        assert self.lstm is not None, "a recurrent policy"
         for begin, end in itertools.pairwise(boundaries):
             reset = episode_starts[begin].view(1, -1, 1)  # [1, B, 1]
             hidden = hidden.masked_fill(reset, 0.0)
@@ -397,7 +411,9 @@ class FactoredLSTMPolicy(RecurrentActorCritic):
     """LSTM actor-critic over a flat observation and a factored discrete action ``(op, factor_1, ...)``.
 
     ``action_sizes[0]`` is the number of ops; each head is one linear layer of the features. Used by
-    `train_gym` for any Gymnasium task with a Box observation and a (Multi)Discrete action.
+    `train_gym` for any Gymnasium task with a Box observation and a (Multi)Discrete action. With
+    ``recurrent=False`` it has no LSTM: two tanh layers make the features and the state passes through
+    unchanged (for tasks whose observation says all there is to know, such as classic control).
     """
 
     def __init__(
@@ -409,6 +425,7 @@ class FactoredLSTMPolicy(RecurrentActorCritic):
         head_relevance: Tensor | None = None,
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
+        recurrent: bool = True,
     ) -> None:
         sizes = tuple(int(size) for size in action_sizes)
         if observation_size < 1:
@@ -418,7 +435,7 @@ class FactoredLSTMPolicy(RecurrentActorCritic):
         if hidden_size < 1:
             raise ValueError(f"hidden_size must be >= 1, got {hidden_size}")
         super().__init__(observation_size, sizes[0], len(sizes), hidden_size=hidden_size,
-                         head_relevance=head_relevance, device=device, dtype=dtype)
+                         head_relevance=head_relevance, device=device, dtype=dtype, recurrent=recurrent)
         self.observation_size = observation_size
         self.action_sizes = sizes
         self.action_heads = nn.ModuleList(nn.Linear(hidden_size, size, device=device, dtype=dtype) for size in sizes)
