@@ -93,3 +93,12 @@ def test_readme_depth_growth_example_runs(capsys):
     namespace: dict[str, object] = {}
     exec(compile(python_block("model.graft("), str(README), "exec"), namespace)
     assert capsys.readouterr().out.strip() == "{'r0c0': 'block', 'r0c1': 'block'} 56000"
+
+
+@pytest.mark.slow
+def test_readme_train_gym_example_runs():
+    namespace: dict[str, object] = {}
+    exec(compile(python_block("train_gym("), str(README), "exec"), namespace)
+    result = namespace["result"]
+    assert result.policy.lstm is None  # the last call: recurrent=False
+    assert sum(result.returns[-20:]) / 20 > 100  # random play scores about 22
