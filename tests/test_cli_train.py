@@ -361,3 +361,19 @@ def test_the_shipped_policy_plays_run_and_eval_without_a_training_run(tmp_path: 
     assert main(["eval", "--policy", "default", "--task", "digits", "--max-train-samples", "200",
                  "--episode-length", "3", "--episodes", "1"]) == 0
     assert "3 epochs on digits (cnn host)" in capsys.readouterr().out
+
+
+def test_a_feed_forward_policy_trains_and_evaluates_from_its_checkpoint(tmp_path: Path,
+                                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    """`train --feed-forward` keeps no LSTM (nor judges one); `eval` tells it from its weights."""
+    run = tmp_path / "run"
+    assert main(["train", *TINY, "--rounds", "1", "--feed-forward", "--run-dir", str(run)]) == 0
+    out = capsys.readouterr().out
+    assert "round   1" in out and "lstm" not in out.lower()
+    assert not any(key.startswith("lstm.") for key in policy_of(run))
+    assert json.loads((run / "config.json").read_text())["recurrent"] is False
+    events = (run / "events.jsonl").read_text()
+    assert '"ppo_update_completed"' in events and "lstm_health" not in events
+    assert main(["eval", "--policy", str(run), "--max-train-samples", "200", "--episode-length", "3",
+                 "--episodes", "1"]) == 0
+    assert "3 epochs on digits (cnn host)" in capsys.readouterr().out

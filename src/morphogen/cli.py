@@ -127,6 +127,8 @@ def _add_train_parser(subparsers: Any) -> None:
     train.add_argument("--text-file", help="text file for the text task")
     train.add_argument("--max-train-samples", type=int, help="cap the training split")
     train.add_argument("--hidden-size", type=int, help="policy width (default 512)")
+    train.add_argument("--feed-forward", dest="recurrent", action="store_false", default=None,
+                       help="a policy without an LSTM: two tanh layers over each epoch's observation")
     train.add_argument("--imitate-rounds", type=int, metavar="N",
                        help="first watch the heuristic for N rounds and imitate it, then PPO (default 0)")
     train.add_argument("--batch-envs", action="store_true", help="train envs of identical architecture in one "
@@ -243,7 +245,7 @@ def _flag_overrides(args: argparse.Namespace) -> dict[str, Any]:
     overrides: dict[str, Any] = {}
     for name in ("task", "seed", "device", "data_dir", "text_file", "max_train_samples", "run_dir",
                  "pool_slots", "n_envs", "rounds", "hidden_size", "compile", "compile_mode", "compile_backend",
-                 "paired_baseline"):
+                 "paired_baseline", "recurrent"):
         value = getattr(args, name, None)
         if value is not None:
             overrides[name] = value

@@ -73,15 +73,16 @@ def _mlp(sizes: Sequence[int], factory: dict[str, Any]) -> nn.Sequential:
 
 
 class GrowthPolicy(RecurrentActorCritic):
-    """The transferable growth controller (see the module docstring); `hidden_size` is the LSTM's width."""
+    """The transferable growth controller (see the module docstring); `hidden_size` is the LSTM's width.
+    `recurrent=False` has no LSTM: two tanh layers make the features from this epoch's observation alone."""
 
     def __init__(self, *, hidden_size: int = 128, device: torch.device | str | None = None,
-                 dtype: torch.dtype | None = None) -> None:
+                 dtype: torch.dtype | None = None, recurrent: bool = True) -> None:
         embedding = max(hidden_size // 2, 8)
         relevance = torch.as_tensor(HEAD_RELEVANCE)
         n_ops = relevance.shape[0]
         super().__init__(GLOBAL_SIZE + 2 * embedding, n_ops, len(HEADS), hidden_size=hidden_size,
-                         head_relevance=relevance, device=device, dtype=dtype)
+                         head_relevance=relevance, device=device, dtype=dtype, recurrent=recurrent)
         factory: dict[str, Any] = {"device": device, "dtype": dtype}
         self.embedding_size = embedding
         #: Number of values of each head with a fixed choice list (None for the slot and blueprint heads).

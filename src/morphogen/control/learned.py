@@ -147,9 +147,10 @@ class PolicyController:
         return self.agent.decode(output.actions, [snapshot])[0]
 
 
-def build_agent(hidden_size: int, device: torch.device | str | None = None) -> PolicyAgent:
-    """A fresh agent: a `GrowthPolicy` of width `hidden_size` and an empty observation normalizer."""
-    policy = GrowthPolicy(hidden_size=hidden_size, device=device)
+def build_agent(hidden_size: int, device: torch.device | str | None = None, *, recurrent: bool = True) -> PolicyAgent:
+    """A fresh agent: a `GrowthPolicy` of width `hidden_size` (with an LSTM unless `recurrent=False`) and an empty
+    observation normalizer."""
+    policy = GrowthPolicy(hidden_size=hidden_size, device=device, recurrent=recurrent)
     return PolicyAgent(policy, ObservationNormalizer(device=device))
 
 
@@ -157,7 +158,9 @@ def agent_from_checkpoint(state: dict[str, Any], device: torch.device | str | No
                           source: str | Path = "checkpoint") -> PolicyAgent:
     """Rebuild the agent a training checkpoint describes (policy weights and observation statistics); it acts
     on any task and host. `source` names the checkpoint in messages."""
-    agent = build_agent(int(state["hidden_size"]), device=device)
+    # The weights say whether the policy has an LSTM: a feed-forward one has no `lstm.` entries.
+    recurrent = any(str(key).startswith("lstm.") for key in state["policy"])
+    agent = build_agent(int(state["hidden_size"]), device=device, recurrent=recurrent)
     try:
         agent.policy.load_state_dict(state["policy"])
         agent.observation_normalizer.load_state_dict(state["observation_normalizer"])

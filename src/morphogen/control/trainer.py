@@ -126,6 +126,9 @@ class TrainConfig(SessionOptions):
     rounds: int = 20
     #: Width of the policy's trunk and LSTM.
     hidden_size: int = 512
+    #: An LSTM policy, which remembers earlier epochs of the episode; False trains a feed-forward one (two tanh
+    #: layers over this epoch's observation: README "The shipped policy" compares the two).
+    recurrent: bool = True
     #: Scale rewards by the running std of the discounted return.
     normalize_rewards: bool = True
     #: Train the value head on returns standardized by their running mean/std (its outputs are
@@ -326,7 +329,7 @@ class PPOTrainer:
         self.on_step: Callable[[int], None] | None = None
         device = loaded[0].train.device
         with seeded(derive_seed(config.seed, 7), device):
-            agent = build_agent(config.hidden_size, device=device)
+            agent = build_agent(config.hidden_size, device=device, recurrent=config.recurrent)
         self.state = TrainingState(
             agent=agent,
             optimizer=build_optimizer(agent.policy, config.ppo),
@@ -571,7 +574,8 @@ class PPOTrainer:
         """PPO, LSTM and phase-time events, and the anomaly check of this round's update."""
         stats, telemetry = summary.statistics, self.telemetry
         epoch = summary.round * self.longest_episode  # the env-epoch clock escalation counts in
-        lstm = self.detector.lstm_health.check(*rollout.final_state)  # one sync
+        # A feed-forward policy's state is the zeros it started from: no memory to judge.
+        lstm = self.detector.lstm_health.check(*rollout.final_state) if self.config.recurrent else None  # one sync
         # Heads no sampled op needed have no entropy to judge (one sync).
         ops = rollout.batch.actions[..., 0]
         heads_used = self.state.agent.policy.relevant_heads(ops).flatten(0, 1).any(0).tolist()
@@ -590,7 +594,8 @@ class PPOTrainer:
             entropy_per_head=tuple(zip(HEADS, stats.entropy_per_head, strict=True)), approx_kl=stats.approx_kl,
             clip_fraction=stats.clip_fraction, explained_variance=stats.explained_variance,
             grad_norm=stats.grad_norm, epochs_completed=stats.epochs_completed, early_stopped=stats.early_stopped))
-        telemetry.emit(lstm.event(epoch=epoch, env_id=ALL_ENVS))
+        if lstm is not None:
+            telemetry.emit(lstm.event(epoch=epoch, env_id=ALL_ENVS))
         if self.timer.enabled:
             telemetry.emit(self.timer.event(epoch=epoch, env_id=ALL_ENVS))
         if summary.rank_times is not None:
