@@ -59,7 +59,8 @@ SETTINGS = {
     "mnist1d": Setting("mnist1d"),
     "mnist1d-3x12": Setting("mnist1d", {"n_blocks": 3, "base_channels": 12}, held_out=True),
     "digits-2x4": Setting("digits", {"base_channels": 4}, held_out=True),
-    "digits32": Setting("cifar10", {"n_blocks": 2, "base_channels": 8}, held_out=True),
+    # 3 blocks: a 2x8 host trains to only 37% in 30 epochs on these images (seed 0, no growth), a 3x8 one to 87.5%.
+    "digits32": Setting("cifar10", {"n_blocks": 3, "base_channels": 8}, held_out=True),
 }
 CONTROLLERS = ("learned", "heuristic", "no growth")
 
