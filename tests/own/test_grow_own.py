@@ -64,6 +64,20 @@ def test_grow_compares_with_no_growth_and_from_scratch_on_a_users_resnet(tmp_pat
         assert result.from_scratch is not None and result.from_scratch.parameters == result.grown.parameters
 
 
+def test_the_table_says_the_architecture_is_the_host_only_when_no_seed_was_kept(tmp_path: Path) -> None:
+    """A run without the from-scratch comparison must not claim that nothing was blended in."""
+    task, host = user_tasks.resnet()
+    out = io.StringIO()
+    result = morphogen.grow(task, host, run_dir=str(tmp_path / "run"), out=out, baseline=True, from_scratch=False,
+                            config=eager_config(epochs=5, slots=("layer1",)))
+    assert result.model.architecture(), "the seed was not kept"
+    assert result.from_scratch is None and "no seed was blended in" not in out.getvalue()
+    out = io.StringIO()
+    host_only = morphogen.grow(task, host, run_dir=str(tmp_path / "host only"), out=out, epochs=2, baseline=False)
+    assert not host_only.model.architecture()  # two epochs: too short for a seed to blend in
+    assert "no seed was blended in, so the final architecture is the host itself" in out.getvalue()
+
+
 def test_the_users_own_module_holds_the_grown_host_weights_after_growth(tmp_path: Path) -> None:
     train, validation = blobs(96, 0), blobs(48, 1)
     net = mlp()

@@ -99,10 +99,11 @@ def _cut(text: str, width: int) -> str:
 
 def print_summary(grown: EpisodeOutcome, baseline: EpisodeOutcome | None, out: TextIO,
                   from_scratch: EpisodeOutcome | None = None, metric_name: str = "accuracy",
-                  criterion: Criterion = Criterion.SCORE) -> None:
+                  criterion: Criterion = Criterion.SCORE, *, nothing_kept: bool = False) -> None:
     """The closing table: the grown model, the same host without growth, and the grown model's final
     architecture trained from scratch; then the story of every seed, its contributions in what `criterion`
-    judges (accuracy points, or nats of validation loss removed). `metric_name` names the score row."""
+    judges (accuracy points, or nats of validation loss removed). `metric_name` names the score row;
+    `nothing_kept` says that no from-scratch run was trained because the final architecture is the host."""
     columns = [("grown", grown), ("no growth", baseline), ("from scratch", from_scratch)]
     percent = "%" if metric_name == "accuracy" else ""
     cells: list[tuple[str, Callable[[EpisodeOutcome], str]]] = [
@@ -116,7 +117,7 @@ def print_summary(grown: EpisodeOutcome, baseline: EpisodeOutcome | None, out: T
     print("\n" + f"{'':22}" + "".join(f"{name:>14}" for name, _ in columns), file=out)
     for label, cell in cells:
         print(f"{label:22}" + "".join(f"{'-' if o is None else cell(o):>14}" for _, o in columns), file=out)
-    if from_scratch is None and baseline is not None:
+    if nothing_kept:
         print("(from scratch: no seed was blended in, so the final architecture is the host itself)", file=out)
     print(f"\nseeds ({len(grown.stories)}):", file=out)
     if not grown.stories:
@@ -223,7 +224,8 @@ def _play_and_write(config: RunConfig, task: Task, episode: MorphogenesisEpisode
         from_scratch = None
         if config.from_scratch and architecture:
             from_scratch = _run_from_scratch(config, task, architecture, run_dir, display)
-    print_summary(grown, baseline, out, from_scratch, task.metric_name, episode.slot_config.gates.judged_by)
+    print_summary(grown, baseline, out, from_scratch, task.metric_name, episode.slot_config.gates.judged_by,
+                  nothing_kept=config.from_scratch and not architecture)
     if episode.timer.enabled:
         print(f"\ntime by phase (grown model):\n{episode.timer.summary()}", file=out)
     summary = {"controller": controller_name, "grown": _outcome_dict(grown),
