@@ -168,7 +168,6 @@ class RecurrentActorCritic(nn.Module, abc.ABC):
                              f"hidden_size {hidden_size}")
         self.hidden_size = hidden_size
         self.n_heads = n_heads
-        self.recurrent = recurrent
         factory: dict[str, Any] = {"device": device, "dtype": dtype}
         self.lstm: nn.LSTM | None = None
         self.lstm_norm: nn.Module = nn.Identity()

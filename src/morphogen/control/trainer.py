@@ -575,7 +575,8 @@ class PPOTrainer:
         stats, telemetry = summary.statistics, self.telemetry
         epoch = summary.round * self.longest_episode  # the env-epoch clock escalation counts in
         # A feed-forward policy's state is the zeros it started from: no memory to judge.
-        lstm = self.detector.lstm_health.check(*rollout.final_state) if self.config.recurrent else None  # one sync
+        has_memory = self.state.agent.policy.lstm is not None
+        lstm = self.detector.lstm_health.check(*rollout.final_state) if has_memory else None  # one sync
         # Heads no sampled op needed have no entropy to judge (one sync).
         ops = rollout.batch.actions[..., 0]
         heads_used = self.state.agent.policy.relevant_heads(ops).flatten(0, 1).any(0).tolist()
