@@ -162,12 +162,14 @@ def test_germinates_when_the_loss_slows_down_though_accuracy_still_rises() -> No
     assert heuristic.act(make_snapshot(history=RISING, losses=steady), make_masks(space, ALL_EMPTY)) == Action()
 
 
-def test_waits_when_too_few_epochs_remain_for_a_seed() -> None:
-    # min_training_epochs 5 -> needs at least 5 // 2 + 2 = 4 epochs left.
+def test_waits_when_a_seed_could_not_leave_training_before_the_end() -> None:
+    # min_training_epochs 5: the seed trains 5 epochs, and its first blending epoch must fit: 7 epochs left.
     heuristic, space = controller()
     assert HeuristicConfig().min_training_epochs == 5
-    assert heuristic.act(make_snapshot(epoch=27, max_epochs=30), make_masks(space, ALL_EMPTY)) == Action()
-    assert heuristic.act(make_snapshot(epoch=26, max_epochs=30), make_masks(space, ALL_EMPTY)).op is Op.GERMINATE
+    assert heuristic.act(make_snapshot(epoch=24, max_epochs=30), make_masks(space, ALL_EMPTY)) == Action()
+    assert heuristic.act(make_snapshot(epoch=23, max_epochs=30), make_masks(space, ALL_EMPTY)).op is Op.GERMINATE
+    late = controller(min_training_epochs=2)[0]
+    assert late.act(make_snapshot(epoch=26, max_epochs=30), make_masks(space, ALL_EMPTY)).op is Op.GERMINATE
 
 
 def test_waits_when_the_mask_forbids_germination() -> None:

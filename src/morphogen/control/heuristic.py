@@ -297,8 +297,8 @@ class HeuristicController:
         config = self.config
         if snapshot.epoch < config.warmup_epochs:
             return False
-        # Leave room for a seed to train and blend before the episode ends.
-        if snapshot.max_epochs - snapshot.epoch < config.min_training_epochs // 2 + 2:
+        # A seed still in TRAINING at the end never reaches the output: its FLOPs would buy nothing.
+        if snapshot.max_epochs - snapshot.epoch < config.min_training_epochs + 2:
             return False
         measure = _Measure.of(snapshot.criterion, config)
         return has_plateaued(measure.history(snapshot), config.plateau_epochs, measure.plateau_threshold) \
