@@ -196,7 +196,8 @@ def report_task(task: str, results: dict[str, dict[str, object]], args: argparse
             print(f"  {point.label}: dominated in (accuracy, {name}) by {', '.join(beaten) if beaten else 'none'}")
         if pairs:
             ratio = statistics.fmean(r for r, _ in pairs)
-            difference = statistics.fmean(d for _, d in pairs)
+            # Accuracies are multiples of 1/validation-size points: round away the float error of their means.
+            difference = round(statistics.fmean(d for _, d in pairs), 9)
             met = ratio <= FLOPS_TARGET and difference >= -EQUAL_ACCURACY
             print(f"  {point.label}: training FLOPs / final architecture from scratch {ratio:.2f} (target <= "
                   f"{FLOPS_TARGET}), accuracy difference {difference:+.2f} points (within {EQUAL_ACCURACY}: "
