@@ -11,11 +11,15 @@ heuristic and strict gates, next to the same host without growth and the grown m
 architecture from scratch (each seed's own initialisation, data order and batch order). Printed per model:
 accuracy, loss, parameters and wall time (mean ± std over seeds) and the paired differences (mean ±
 standard error). Jobs run in `--jobs` processes of one torch thread each.
+
+`--fixed-widths 8,16` also trains the ResNet at those base widths without growth (same data, epochs and
+seeds): how much accuracy more capacity can buy on this task at all, the room growth has to work in.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import io
 import statistics
 import tempfile
@@ -29,7 +33,11 @@ from torch import Tensor, nn
 
 import morphogen
 from growth import mean_standard_error, mean_std
+from morphogen.commands.run import RunConfig
+from morphogen.control.controller import NoGrowthController
 from morphogen.data import load_task
+from morphogen.env.episode import MorphogenesisEpisode, task_with_host
+from morphogen.env.play import run_episode
 
 VARIANTS = ("grown", "no growth", "from scratch")
 
@@ -136,6 +144,40 @@ def run_job(job: tuple[str, int, int]) -> tuple[str, int, dict[str, Figures], di
     return name, seed, figures, result.model.architecture()
 
 
+def run_fixed_resnet(job: tuple[int, int, int]) -> tuple[int, int, Figures]:
+    """The ResNet at base width `width`, no growth, trained as `grow` trains its no-growth comparison."""
+    width, seed, epochs = job
+    torch.set_num_threads(1)
+    model = MODELS["resnet"]
+    train, validation = model.data()
+    task = morphogen.task_from_data("resnet", train, validation, batch_size=model.batch_size, num_classes=10)
+    example = train[0][:2]
+
+    def host() -> morphogen.ModuleHost:
+        return morphogen.host_from_module(CifarResNet(width=width), list(model.slots), example_input=example)
+
+    config = dataclasses.replace(RunConfig().episode, max_epochs=epochs)
+    outcome = run_episode(MorphogenesisEpisode(task_with_host(task, host), config, seed=seed), NoGrowthController())
+    return width, seed, Figures(outcome.final_accuracy, outcome.final_loss, outcome.parameters, outcome.seconds)
+
+
+def print_fixed_widths(results: Sequence[tuple[int, int, Figures]],
+                       grown: Sequence[tuple[str, int, dict[str, Figures], dict[str, str]]]) -> None:
+    """Each fixed width's accuracy, and its paired gain over the width the benchmark grows (when it ran)."""
+    print("\nresnet at fixed widths, no growth")
+    host = {r[1]: r[2]["no growth"].accuracy for r in grown if r[0] == "resnet"}
+    for width in sorted({r[0] for r in results}):
+        figures = sorted(((seed, f) for w, seed, f in results if w == width), key=lambda pair: pair[0])
+        accuracy = mean_std([f.accuracy for _, f in figures])
+        line = (f"  width {width:<3}{accuracy[0]:>8.2f} ± {accuracy[1]:<5.2f}{figures[0][1].parameters:>10,} params"
+                f"{statistics.fmean(f.seconds for _, f in figures):>8.0f} s")
+        paired = [f.accuracy - host[seed] for seed, f in figures if seed in host]
+        if len(paired) >= 2:
+            gain, error = mean_standard_error(paired)
+            line += f"   vs the grown ResNet's host without growth, paired by seed: {gain:+.2f} ± {error:.2f} points"
+        print(line)
+
+
 def print_table(name: str, results: Sequence[tuple[str, int, dict[str, Figures], dict[str, str]]]) -> None:
     print(f"\n{name} ({len(results)} seeds)")
     print(f"  {'':14}{'val accuracy':>18}{'val loss':>18}{'parameters':>14}{'seconds':>14}")
@@ -158,16 +200,23 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--seeds", type=int, default=5)
     parser.add_argument("--epochs", type=int, default=30)
     parser.add_argument("--jobs", type=int, default=2, help="worker processes, one torch thread each")
+    parser.add_argument("--fixed-widths", default="", help="also train the ResNet at these base widths, no growth")
     args = parser.parse_args(argv)
     names = [name.strip() for name in args.models.split(",") if name.strip()]
+    widths = [int(width) for width in args.fixed_widths.split(",") if width.strip()]
     jobs = [(name, seed, args.epochs) for name in names for seed in range(args.seeds)]
     started = time.perf_counter()
     with ProcessPoolExecutor(max_workers=args.jobs) as pool:
+        fixed_jobs = [(width, seed, args.epochs) for width in widths for seed in range(args.seeds)]
+        fixed = pool.map(run_fixed_resnet, fixed_jobs)  # submitted now, beside the growth jobs
         results = list(pool.map(run_job, jobs))
+        fixed_results = list(fixed)
     print(f"your-model benchmark: {args.epochs} epochs, seeds 0..{args.seeds - 1}, {args.jobs} processes x 1 thread, "
           f"{time.perf_counter() - started:.0f} s in all")
     for name in names:
         print_table(name, [r for r in results if r[0] == name])
+    if fixed_results:
+        print_fixed_widths(fixed_results, results)
 
 
 if __name__ == "__main__":
