@@ -150,7 +150,21 @@ def test_germinates_after_warmup_once_accuracy_plateaus() -> None:
 
 def test_waits_while_accuracy_still_rises() -> None:
     heuristic, space = controller()
-    assert heuristic.act(make_snapshot(history=RISING), make_masks(space, ALL_EMPTY)) == Action()
+    assert heuristic.act(make_snapshot(epoch=5, history=RISING), make_masks(space, ALL_EMPTY)) == Action()
+
+
+def test_germinates_the_first_seed_by_a_third_of_the_episode_though_learning_has_not_slowed() -> None:
+    heuristic, space = controller()
+    steady = (1.0, 0.8, 0.6, 0.4, 0.2)
+    assert HeuristicConfig().first_growth_by == 0.33
+    rising = make_snapshot(epoch=9, history=RISING, losses=steady)
+    assert heuristic.act(rising, make_masks(space, ALL_EMPTY)) == Action()  # 9 < 0.33 * 30
+    action = heuristic.act(make_snapshot(epoch=10, history=RISING, losses=steady), make_masks(space, ALL_EMPTY))
+    assert action.op is Op.GERMINATE
+    # Only the first seed: later ones wait for the signal again.
+    assert heuristic.act(make_snapshot(epoch=20, history=RISING, losses=steady), make_masks(space, ALL_EMPTY)) == Action()
+    patient = controller(first_growth_by=1.0)[0]
+    assert patient.act(make_snapshot(epoch=20, history=RISING, losses=steady), make_masks(space, ALL_EMPTY)) == Action()
 
 
 def test_germinates_when_the_loss_slows_down_though_accuracy_still_rises() -> None:
@@ -344,6 +358,8 @@ def test_transformer_topology_uses_its_own_rotation() -> None:
         ({"slowing_window": 3}, "slowing_window"),  # two windows of 3 need 7 losses, the snapshot keeps 5
         ({"slowing_ratio": 1.0}, "slowing_ratio"),
         ({"slowing_ratio": float("nan")}, "slowing_ratio"),
+        ({"first_growth_by": 0.0}, "first_growth_by"),
+        ({"first_growth_by": float("nan")}, "first_growth_by"),
         ({"training_patience": -1}, "training_patience"),
         ({"loss_plateau_threshold": -0.01}, "loss_plateau_threshold"),
         ({"loss_worse_threshold": float("nan")}, "loss_worse_threshold"),
