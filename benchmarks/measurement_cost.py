@@ -27,7 +27,7 @@ import morphogen
 from morphogen.env.counterfactual import CounterfactualSchedule
 from morphogen.env.episode import EpisodeConfig
 from morphogen.ui.units import format_flops
-from your_model import MODELS
+from your_model import task_and_host
 
 SETTINGS = {
     "every epoch, whole batch": (CounterfactualSchedule.EVERY_EPOCH, 1.0),
@@ -47,14 +47,7 @@ class Result:
 def run_job(job: tuple[str, int, int]) -> Result:
     setting, seed, epochs = job
     torch.set_num_threads(1)
-    model = MODELS["resnet"]
-    train, validation = model.data()
-    task = morphogen.task_from_data("resnet", train, validation, batch_size=model.batch_size, num_classes=10)
-    example = train[0][:2]
-
-    def host() -> morphogen.ModuleHost:
-        return morphogen.host_from_module(model.module(), list(model.slots), example_input=example)
-
+    task, host = task_and_host("resnet")
     schedule, fraction = SETTINGS[setting]
     config = morphogen.RunConfig(episode=EpisodeConfig(max_epochs=epochs, counterfactuals=schedule,
                                                        shadow_fraction=fraction))

@@ -124,17 +124,24 @@ class Figures:
     seconds: float
 
 
-def run_job(job: tuple[str, int, int]) -> tuple[str, int, dict[str, Figures], dict[str, str]]:
-    name, seed, epochs = job
-    torch.set_num_threads(1)
+def task_and_host(name: str, width: int | None = None) -> tuple[morphogen.Task, Callable[[], morphogen.ModuleHost]]:
+    """Model `name`'s task and a function that builds its host; `width` builds the ResNet at that base width."""
     model = MODELS[name]
     train, validation = model.data()
     task = morphogen.task_from_data(name, train, validation, batch_size=model.batch_size, num_classes=10)
     example = train[0][:2]
 
     def host() -> morphogen.ModuleHost:  # called under the episode's seed: each seed its own initialisation
-        return morphogen.host_from_module(model.module(), list(model.slots), example_input=example)
+        module = model.module() if width is None else CifarResNet(width=width)
+        return morphogen.host_from_module(module, list(model.slots), example_input=example)
 
+    return task, host
+
+
+def run_job(job: tuple[str, int, int]) -> tuple[str, int, dict[str, Figures], dict[str, str]]:
+    name, seed, epochs = job
+    torch.set_num_threads(1)
+    task, host = task_and_host(name)
     with tempfile.TemporaryDirectory() as root:
         result = morphogen.grow(task, host, epochs=epochs, seed=seed, run_dir=f"{root}/run", out=io.StringIO())
     assert result.baseline is not None
@@ -148,14 +155,7 @@ def run_fixed_resnet(job: tuple[int, int, int]) -> tuple[int, int, Figures]:
     """The ResNet at base width `width`, no growth, trained as `grow` trains its no-growth comparison."""
     width, seed, epochs = job
     torch.set_num_threads(1)
-    model = MODELS["resnet"]
-    train, validation = model.data()
-    task = morphogen.task_from_data("resnet", train, validation, batch_size=model.batch_size, num_classes=10)
-    example = train[0][:2]
-
-    def host() -> morphogen.ModuleHost:
-        return morphogen.host_from_module(CifarResNet(width=width), list(model.slots), example_input=example)
-
+    task, host = task_and_host("resnet", width)
     config = dataclasses.replace(RunConfig().episode, max_epochs=epochs)
     outcome = run_episode(MorphogenesisEpisode(task_with_host(task, host), config, seed=seed), NoGrowthController())
     return width, seed, Figures(outcome.final_accuracy, outcome.final_loss, outcome.parameters, outcome.seconds)

@@ -162,9 +162,10 @@ def test_germinates_the_first_seed_by_a_third_of_the_episode_though_learning_has
     action = heuristic.act(make_snapshot(epoch=10, history=RISING, losses=steady), make_masks(space, ALL_EMPTY))
     assert action.op is Op.GERMINATE
     # Only the first seed: later ones wait for the signal again.
-    assert heuristic.act(make_snapshot(epoch=20, history=RISING, losses=steady), make_masks(space, ALL_EMPTY)) == Action()
+    late = make_snapshot(epoch=20, history=RISING, losses=steady)
+    assert heuristic.act(late, make_masks(space, ALL_EMPTY)) == Action()
     patient = controller(first_growth_by=1.0)[0]
-    assert patient.act(make_snapshot(epoch=20, history=RISING, losses=steady), make_masks(space, ALL_EMPTY)) == Action()
+    assert patient.act(late, make_masks(space, ALL_EMPTY)) == Action()
 
 
 def test_germinates_when_the_loss_slows_down_though_accuracy_still_rises() -> None:
