@@ -306,8 +306,10 @@ class HeuristicController:
         config = self.config
         if snapshot.epoch < config.warmup_epochs:
             return False
-        # A seed still in TRAINING at the end never reaches the output: its FLOPs would buy nothing.
-        if snapshot.max_epochs - snapshot.epoch < config.min_training_epochs + 2:
+        # A germinated seed still in TRAINING at the end never reaches the output: its FLOPs would buy nothing. A
+        # grafted one (GROW) is in the output from its first batch and needs only room to earn its cost.
+        room = config.min_training_epochs // 2 + 2 if self.grows_by_depth else config.min_training_epochs + 2
+        if snapshot.max_epochs - snapshot.epoch < room:
             return False
         if not self.has_grown and snapshot.epoch >= config.first_growth_by * snapshot.max_epochs:
             return True
