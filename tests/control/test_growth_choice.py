@@ -5,9 +5,10 @@ from __future__ import annotations
 from test_heuristic import ALL_EMPTY, SLOTS, controller, make_masks, make_slot, make_snapshot
 
 from morphogen.control.growth_choice import MIN_RELATIVE_FLOPS, best_growth, growth_options
+from morphogen.control.heuristic import HeuristicConfig, HeuristicController
 from morphogen.core.flops import SeedCost
 from morphogen.core.lifecycle import Stage
-from morphogen.env.actions import Action, Op
+from morphogen.env.actions import Action, ActionSpace, Op
 from morphogen.env.snapshot import SlotSnapshot
 
 
@@ -82,3 +83,17 @@ def test_rotation_mode_measures_nothing_and_ignores_signals() -> None:
     assert heuristic.growth_candidates(10) == ()
     snapshot = make_snapshot(measured("r0c1", depth=9.0, width=9.0))
     assert heuristic.act(snapshot, make_masks(space, ALL_EMPTY)) == Action(Op.GERMINATE, "r0c0", "conv_heavy")
+
+
+def test_an_mlp_host_grows_by_the_rotation_unless_told_to_choose_by_signal() -> None:
+    space = ActionSpace(SLOTS, "mlp")
+    snapshot = make_snapshot(measured("r0c0", depth=0.1, width=0.1), measured("r0c2", depth=9.0, width=9.0))
+    heuristic = HeuristicController(space, "mlp")
+    assert heuristic.growth_candidates(10) == ()  # nothing to measure
+    assert heuristic.act(snapshot, make_masks(space, ALL_EMPTY)) == Action(Op.GERMINATE, "r0c0", "mlp")
+    by_signal = HeuristicController(space, "mlp", HeuristicConfig(choice="signal"))
+    assert by_signal.growth_candidates(10) == ("mlp", "wider")
+    costs = (("mlp", cost(3.0)), ("wider", cost(1.0)))
+    wants_depth = make_snapshot(make_slot("r0c0", depth_signal=0.1, width_signal=0.1, seed_costs=costs),
+                                make_slot("r0c2", depth_signal=9.0, width_signal=0.1, seed_costs=costs))
+    assert by_signal.act(wants_depth, make_masks(space, ALL_EMPTY)) == Action(Op.GERMINATE, "r0c2", "mlp")
