@@ -37,6 +37,7 @@ from morphogen.commands.run import RunConfig
 from morphogen.control.controller import NoGrowthController
 from morphogen.data import load_task
 from morphogen.env.episode import MorphogenesisEpisode, task_with_host
+from morphogen.env.optimizer import SCHEDULES, OptimizerConfig
 from morphogen.env.play import run_episode
 
 VARIANTS = ("grown", "no growth", "from scratch")
@@ -138,12 +139,20 @@ def task_and_host(name: str, width: int | None = None) -> tuple[morphogen.Task, 
     return task, host
 
 
-def run_job(job: tuple[str, int, int]) -> tuple[str, int, dict[str, Figures], dict[str, str]]:
-    name, seed, epochs = job
+def run_config(schedule: str) -> RunConfig:
+    """`morphogen run`'s settings with the learning-rate schedule `schedule` (the task's SGD otherwise)."""
+    config = RunConfig()
+    return dataclasses.replace(config, episode=dataclasses.replace(config.episode,
+                                                                   optimizer=OptimizerConfig(schedule=schedule)))
+
+
+def run_job(job: tuple[str, int, int, str]) -> tuple[str, int, dict[str, Figures], dict[str, str]]:
+    name, seed, epochs, schedule = job
     torch.set_num_threads(1)
     task, host = task_and_host(name)
     with tempfile.TemporaryDirectory() as root:
-        result = morphogen.grow(task, host, epochs=epochs, seed=seed, run_dir=f"{root}/run", out=io.StringIO())
+        result = morphogen.grow(task, host, epochs=epochs, seed=seed, run_dir=f"{root}/run", out=io.StringIO(),
+                                config=run_config(schedule))
     assert result.baseline is not None
     scratch = result.from_scratch or result.baseline  # nothing grown: the final architecture is the host
     figures = {variant: Figures(o.final_accuracy, o.final_loss, o.parameters, o.seconds)
@@ -151,12 +160,12 @@ def run_job(job: tuple[str, int, int]) -> tuple[str, int, dict[str, Figures], di
     return name, seed, figures, result.model.architecture()
 
 
-def run_fixed_resnet(job: tuple[int, int, int]) -> tuple[int, int, Figures]:
+def run_fixed_resnet(job: tuple[int, int, int, str]) -> tuple[int, int, Figures]:
     """The ResNet at base width `width`, no growth, trained as `grow` trains its no-growth comparison."""
-    width, seed, epochs = job
+    width, seed, epochs, schedule = job
     torch.set_num_threads(1)
     task, host = task_and_host("resnet", width)
-    config = dataclasses.replace(RunConfig().episode, max_epochs=epochs)
+    config = dataclasses.replace(run_config(schedule).episode, max_epochs=epochs)
     outcome = run_episode(MorphogenesisEpisode(task_with_host(task, host), config, seed=seed), NoGrowthController())
     return width, seed, Figures(outcome.final_accuracy, outcome.final_loss, outcome.parameters, outcome.seconds)
 
@@ -201,18 +210,20 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--epochs", type=int, default=30)
     parser.add_argument("--jobs", type=int, default=2, help="worker processes, one torch thread each")
     parser.add_argument("--fixed-widths", default="", help="also train the ResNet at these base widths, no growth")
+    parser.add_argument("--schedule", default="constant", choices=SCHEDULES,
+                        help="learning-rate schedule of host and seeds (the models train with SGD, lr 0.01)")
     args = parser.parse_args(argv)
     names = [name.strip() for name in args.models.split(",") if name.strip()]
     widths = [int(width) for width in args.fixed_widths.split(",") if width.strip()]
-    jobs = [(name, seed, args.epochs) for name in names for seed in range(args.seeds)]
+    jobs = [(name, seed, args.epochs, args.schedule) for name in names for seed in range(args.seeds)]
     started = time.perf_counter()
     with ProcessPoolExecutor(max_workers=args.jobs) as pool:
-        fixed_jobs = [(width, seed, args.epochs) for width in widths for seed in range(args.seeds)]
+        fixed_jobs = [(width, seed, args.epochs, args.schedule) for width in widths for seed in range(args.seeds)]
         fixed = pool.map(run_fixed_resnet, fixed_jobs)  # submitted now, beside the growth jobs
         results = list(pool.map(run_job, jobs))
         fixed_results = list(fixed)
-    print(f"your-model benchmark: {args.epochs} epochs, seeds 0..{args.seeds - 1}, {args.jobs} processes x 1 thread, "
-          f"{time.perf_counter() - started:.0f} s in all")
+    print(f"your-model benchmark: {args.epochs} epochs, {args.schedule} learning rate, seeds 0..{args.seeds - 1}, "
+          f"{args.jobs} processes x 1 thread, {time.perf_counter() - started:.0f} s in all")
     for name in names:
         print_table(name, [r for r in results if r[0] == name])
     if fixed_results:

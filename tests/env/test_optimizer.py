@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from morphogen.config import ConfigError
@@ -16,6 +18,7 @@ from morphogen.env.optimizer import OptimizerConfig, task_optimizer_config, warm
     ({"eps": 0.0}, "eps must be > 0"),
     ({"host_lr": -1.0}, "host_lr must be > 0"),
     ({"seed_warmup_steps": -1}, "seed_warmup_steps must be >= 0"),
+    ({"schedule": "linear"}, "schedule must be one of constant, cosine, got 'linear'"),
 ])
 def test_optimizer_config_rejects_bad_values(values: dict[str, object], message: str) -> None:
     with pytest.raises(ValueError, match=message.replace("[", r"\[").replace("(", r"\(").replace(")", r"\)")):
@@ -28,6 +31,18 @@ def test_warmup_factor_by_hand(step: int, warmup: int, factor: float) -> None:
     assert warmup_factor(step, warmup) == factor
 
 
+@pytest.mark.parametrize(("epoch", "factor"), [(0, 1.0), (5, 0.5), (9, (1 + math.cos(math.pi * 0.9)) / 2)])
+def test_the_cosine_schedule_starts_at_the_full_rate_and_ends_near_zero(epoch: int, factor: float) -> None:
+    assert OptimizerConfig(schedule="cosine").schedule_factor(epoch, 10) == pytest.approx(factor)
+    assert OptimizerConfig().schedule_factor(epoch, 10) == 1.0  # constant
+    assert 0.0 < OptimizerConfig(schedule="cosine").schedule_factor(9, 10) < 0.03
+
+
+def test_the_schedule_knows_only_the_episode_s_epochs() -> None:
+    with pytest.raises(ValueError, match="epoch 10 is not one of the episode's 10 epochs"):
+        OptimizerConfig(schedule="cosine").schedule_factor(10, 10)
+
+
 def test_text_defaults_to_adamw_and_a_table_layers_over_the_task_default() -> None:
     text = task_optimizer_config("text")
     assert text.name == "adamw" and text.host_lr == DEFAULT_OPTIMIZERS["text"]["host_lr"]
@@ -37,3 +52,5 @@ def test_text_defaults_to_adamw_and_a_table_layers_over_the_task_default() -> No
     assert task_optimizer_config("text", {"name": "sgd"}) == OptimizerConfig()  # no AdamW lr leaks into SGD
     with pytest.raises(ConfigError, match=r"^episode\.optimizer\.name: must be one of sgd, adamw, got 'lion'$"):
         task_optimizer_config("text", {"name": "lion"})
+    with pytest.raises(ConfigError, match=r"^episode\.optimizer\.schedule: must be one of constant, cosine"):
+        task_optimizer_config("digits", {"schedule": "step"})

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
@@ -11,6 +13,7 @@ from morphogen.core.lifecycle import GateConfig, GateMode, Stage
 from morphogen.core.model import MorphogeneticModel
 from morphogen.core.slot import SlotConfig
 from morphogen.data import DEFAULT_OPTIMIZERS, load_task
+from morphogen.env.actions import Action
 from morphogen.env.episode import EpisodeConfig, MorphogenesisEpisode
 from morphogen.env.optimizer import OptimizerConfig
 from morphogen.env.training import HostAndSeedTrainer
@@ -124,3 +127,40 @@ def test_a_backed_off_seed_warms_up_to_its_backed_off_rate() -> None:
         trainer.train_batch(*batch())
         rates.append(trainer.seed_optimizers["r0c0"][1].param_groups[0]["lr"])
     assert rates == pytest.approx([0.025, 0.05, 0.05])
+
+
+def test_the_cosine_schedule_sets_host_and_seed_rates_and_composes_with_back_off_and_warm_up() -> None:
+    model = small_model()
+    config = OptimizerConfig(host_lr=0.1, seed_lr=0.2, seed_warmup_steps=2, schedule="cosine")
+    trainer = HostAndSeedTrainer(model, config, IsolationMonitor())
+    host_rate = lambda: trainer.host_optimizer.param_groups[0]["lr"]  # noqa: E731
+    trainer.start_epoch(0, 4)
+    assert host_rate() == pytest.approx(0.1)
+    trainer.start_epoch(2, 4)
+    assert host_rate() == pytest.approx(0.05)  # (1 + cos(pi / 2)) / 2
+    trainer.back_off("host", 0.5)
+    trainer.back_off("seeds", 0.5)
+    training_seed(model)  # germinated in epoch 2: it starts at its scheduled, backed-off rate, warming up
+    trainer.train_batch(*batch())
+    seed_rate = lambda: trainer.seed_optimizers["r0c0"][1].param_groups[0]["lr"]  # noqa: E731
+    assert seed_rate() == pytest.approx(0.2 * 0.5 * 0.5 * 0.5)  # schedule, back-off, first of 2 warm-up steps
+    trainer.train_batch(*batch())
+    assert seed_rate() == pytest.approx(0.2 * 0.5 * 0.5)
+    factor = (1 + math.cos(math.pi * 3 / 4)) / 2
+    trainer.start_epoch(3, 4)
+    assert host_rate() == pytest.approx(0.1 * 0.5 * factor) and seed_rate() == pytest.approx(0.2 * 0.5 * factor)
+
+
+def test_an_episode_decays_its_rates_along_the_cosine_and_a_constant_one_leaves_them() -> None:
+    task = load_task("digits", max_train_samples=64)
+    rates = {}
+    for schedule in ("cosine", "constant"):
+        episode = MorphogenesisEpisode(task, EpisodeConfig(max_epochs=4, optimizer=OptimizerConfig(schedule=schedule)))
+        episode.reset()
+        seen = []
+        while not episode.done:
+            episode.step(Action())
+            seen.append(episode.trainer.host_optimizer.param_groups[0]["lr"])
+        rates[schedule] = seen
+    assert rates["cosine"] == pytest.approx([0.01 * (1 + math.cos(math.pi * epoch / 4)) / 2 for epoch in range(4)])
+    assert rates["constant"] == [0.01] * 4

@@ -269,6 +269,7 @@ class MorphogenesisEpisode:
         if self.done:
             raise RuntimeError("episode is over; call reset()")
         with self.timer.phase("act"):
+            self.trainer.start_epoch(self.epoch, self.config.max_epochs)
             try:
                 succeeded, reason = self._execute(action)
             except (IllegalTransitionError, ValueError) as error:

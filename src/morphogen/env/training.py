@@ -43,6 +43,8 @@ class HostAndSeedTrainer:
         self.seed_steps: dict[str, int] = {}
         #: Product of the governor's back-offs of the seeds' learning rate in this episode.
         self.seed_lr_scale = 1.0
+        #: The learning-rate schedule's factor for the epoch being trained (`OptimizerConfig.schedule_factor`).
+        self.schedule_factor = 1.0
         self._loss_sum: Tensor | None = None
         self.batches = 0
         #: (input shape, dtype) -> batches trained since the last `take_batch_shapes`: what the epoch's FLOPs
@@ -61,7 +63,8 @@ class HostAndSeedTrainer:
                 continue
             if kept is None or kept[0] is not slot.seed:
                 # A new seed: fresh optimizer state, and its learning rate re-warmed from the first step.
-                optimizer = self.config.build(slot.seed_parameters(), seed=True, lr_scale=self.seed_lr_scale)
+                optimizer = self.config.build(slot.seed_parameters(), seed=True,
+                                              lr_scale=self.seed_lr_scale * self.schedule_factor)
                 self.seed_optimizers[slot.slot_id] = (slot.seed, optimizer)
                 self.seed_steps[slot.slot_id] = 0
             if slot.is_running:
@@ -96,7 +99,8 @@ class HostAndSeedTrainer:
         optimizer = self.seed_optimizers[slot_id][1]
         step = self.seed_steps[slot_id] = self.seed_steps[slot_id] + 1
         if step <= self.config.seed_warmup_steps:
-            lr = self.config.seed_lr * self.seed_lr_scale * warmup_factor(step, self.config.seed_warmup_steps)
+            lr = (self.config.seed_lr * self.seed_lr_scale * self.schedule_factor
+                  * warmup_factor(step, self.config.seed_warmup_steps))
             for group in optimizer.param_groups:
                 group["lr"] = lr
         optimizer.step()
@@ -130,6 +134,20 @@ class HostAndSeedTrainer:
         """The shapes of the batches trained since the last call (and forget them)."""
         shapes, self.batch_shapes = self.batch_shapes, Counter()
         return shapes
+
+    def start_epoch(self, epoch: int, epochs: int) -> None:
+        """Set the learning rates of the host and of every seed for epoch `epoch` (from 0) of `epochs`, as the
+        config's schedule says. Rates are multiplied by the change of the schedule's factor, as the governor's
+        back-offs multiply them, so both compose (and a host optimizer of the user's keeps its own rate under
+        the constant schedule, whose factor never changes)."""
+        factor = self.config.schedule_factor(epoch, epochs)
+        if factor == self.schedule_factor:
+            return
+        change, self.schedule_factor = factor / self.schedule_factor, factor
+        optimizers = [self.host_optimizer, *(optimizer for _, optimizer in self.seed_optimizers.values())]
+        for optimizer in optimizers:
+            for group in optimizer.param_groups:
+                group["lr"] *= change
 
     def back_off(self, what: str, factor: float) -> None:
         """Multiply the learning rate of the host (`what="host"`) or of every seed (`"seeds"`, also those
