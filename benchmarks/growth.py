@@ -22,6 +22,7 @@ per process: several small-model processes with the default thread count oversub
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import statistics
@@ -36,7 +37,7 @@ from morphogen.control.controller import NoGrowthController
 from morphogen.control.heuristic import HeuristicController
 from morphogen.data import DEFAULT_HOST_SIZES, load_task
 from morphogen.env.episode import EpisodeConfig, MorphogenesisEpisode
-from morphogen.env.optimizer import task_optimizer_config
+from morphogen.env.optimizer import SCHEDULES, task_optimizer_config
 from morphogen.env.play import EpisodeOutcome, run_episode
 from morphogen.telemetry.events import CounterfactualMeasured, Event, StageTransition
 from morphogen.telemetry.story import SHADOW_PREFIX
@@ -55,6 +56,8 @@ class Job:
     threads: int
     max_train_samples: int | None
     shadow_fraction: float = EpisodeConfig.shadow_fraction
+    #: The learning-rate schedule (`OptimizerConfig.schedule`) over the task's own optimizer settings.
+    schedule: str = "constant"
 
 
 @dataclass
@@ -107,7 +110,8 @@ def run_job(job: Job) -> JobResult:
     """The three episodes of one (task, seed)."""
     torch.set_num_threads(job.threads)
     task = load_task(job.task, seed=job.seed, max_train_samples=job.max_train_samples)
-    config = EpisodeConfig(max_epochs=job.epochs, shadow_fraction=job.shadow_fraction)
+    optimizer = dataclasses.replace(task_optimizer_config(job.task), schedule=job.schedule)
+    config = EpisodeConfig(max_epochs=job.epochs, shadow_fraction=job.shadow_fraction, optimizer=optimizer)
     episode = MorphogenesisEpisode(task, config, seed=job.seed)
     episode.reset()
     grown = run_episode(episode, HeuristicController(episode.action_space, task.topology))
@@ -186,15 +190,18 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--json", default=None, help="also write every episode's figures to this file")
     parser.add_argument("--shadow-fraction", type=float, default=EpisodeConfig.shadow_fraction,
                         help="fraction of each batch the TRAINING seeds' shadow pass runs on")
+    parser.add_argument("--schedule", default="constant", choices=SCHEDULES,
+                        help="learning-rate schedule of host and seeds over each episode")
     args = parser.parse_args(argv)
     tasks = [name.strip() for name in args.tasks.split(",") if name.strip()]
     jobs = [Job(task, seed, args.epochs, args.threads, args.text_train_samples if task == "text" else None,
-                args.shadow_fraction)
+                args.shadow_fraction, args.schedule)
             for task in tasks for seed in range(args.seeds)]
     started = time.perf_counter()
     with ProcessPoolExecutor(max_workers=args.jobs) as pool:
         results = list(pool.map(run_job, jobs))
-    print(f"growth benchmark: {args.epochs} epochs per episode, seeds 0..{args.seeds - 1}, shadow pass on "
+    print(f"growth benchmark: {args.epochs} epochs per episode, {args.schedule} learning rate, seeds "
+          f"0..{args.seeds - 1}, shadow pass on "
           f"{args.shadow_fraction:g} of each batch, "
           f"{args.jobs} processes x {args.threads} thread(s), {time.perf_counter() - started:.0f} s in all")
     for task in tasks:

@@ -1,5 +1,6 @@
 """`morphogen run`'s closing table tells each seed's worth in what the gates judged: points, or nats of loss."""
 
+import dataclasses
 import io
 
 from morphogen.commands.run import print_summary
@@ -22,3 +23,20 @@ def test_a_language_model_tells_its_seeds_worth_in_nats() -> None:
         print_summary(outcome([block]), None, out, criterion=criterion)
         seeds = out.getvalue().split("seeds (1):")[1]
         assert shown in seeds and "predicted -" in seeds and hidden not in seeds
+
+
+def test_the_table_shows_the_last_epochs_and_says_when_the_final_gap_is_within_one_epoch_s_swing() -> None:
+    grown = dataclasses.replace(outcome([]), final_accuracy=92.22, recent_scores=(98.61, 93.33, 93.61, 88.61, 92.22))
+    steady = dataclasses.replace(outcome([]), final_accuracy=98.33, recent_scores=(98.06, 98.33, 98.33, 98.06, 98.33))
+    out = io.StringIO()
+    print_summary(grown, steady, out)
+    row = next(line for line in out.getvalue().splitlines() if line.startswith("  last 5 epochs"))
+    assert row.split()[3:] == ["88.61-98.61", "98.06-98.33", "-"]
+    assert "may be noise" not in out.getvalue()  # 6.11 apart: more than any epoch moved (5.28)
+    close = dataclasses.replace(grown, final_accuracy=94.00, recent_scores=(98.61, 93.33, 93.61, 88.61, 94.00))
+    out = io.StringIO()
+    print_summary(close, steady, out)
+    assert "end 4.33 apart, less than one epoch moved their accuracy near the end (5.39)" in out.getvalue()
+    out = io.StringIO()
+    print_summary(steady, steady, out)  # nothing grown: the same training, no gap to judge
+    assert "may be noise" not in out.getvalue()

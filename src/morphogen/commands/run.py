@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import math
 import re
@@ -109,6 +110,7 @@ def print_summary(grown: EpisodeOutcome, baseline: EpisodeOutcome | None, out: T
     cells: list[tuple[str, Callable[[EpisodeOutcome], str]]] = [
         (f"final val {metric_name}"[:22], lambda o: f"{o.final_accuracy:.{2 if percent else 4}f}{percent}"),
         ("final val loss", lambda o: f"{o.final_loss:.4f}"),
+        (f"  last {len(grown.recent_scores)} epochs", lambda o: _score_range(o, 2 if percent else 4)),
         ("parameters", lambda o: f"{o.parameters:,}"),
         ("training FLOPs", lambda o: format_flops(o.flops.total)),
         ("  measuring seeds", lambda o: f"{100 * o.flops.measurement / max(o.flops.total, 1):.1f}%"),
@@ -119,6 +121,12 @@ def print_summary(grown: EpisodeOutcome, baseline: EpisodeOutcome | None, out: T
         print(f"{label:22}" + "".join(f"{'-' if o is None else cell(o):>14}" for _, o in columns), file=out)
     if nothing_kept:
         print("(from scratch: no seed was blended in, so the final architecture is the host itself)", file=out)
+    gap = None if baseline is None else abs(grown.final_accuracy - baseline.final_accuracy)
+    swing = None if baseline is None else epoch_swing(grown, baseline)
+    if gap is not None and swing is not None and 0 < gap < swing:
+        print(f"(grown and no growth end {gap:.2f} apart, less than one epoch moved their {metric_name} near the "
+              f"end ({swing:.2f}): a difference this small may be noise. "
+              "A decaying learning rate, [episode.optimizer] schedule = \"cosine\", lets training settle.)", file=out)
     print(f"\nseeds ({len(grown.stories)}):", file=out)
     if not grown.stories:
         print("  none germinated", file=out)
@@ -129,6 +137,20 @@ def print_summary(grown: EpisodeOutcome, baseline: EpisodeOutcome | None, out: T
             predicted, measured = _points(story.predicted_contribution), _points(story.contribution)
         print(f"  {story.blueprint:<11} {story.slot:<5} {story.path_before_outcome():<44} {story.ending():<14} "
               f"predicted {predicted}  measured {measured}", file=out)
+
+
+def _score_range(outcome: EpisodeOutcome, decimals: int) -> str:
+    """The lowest and highest validation score of the outcome's last epochs ("-" when none was kept)."""
+    scores = outcome.recent_scores
+    return f"{min(scores):.{decimals}f}-{max(scores):.{decimals}f}" if scores else "-"
+
+
+def epoch_swing(*outcomes: EpisodeOutcome) -> float | None:
+    """The largest change of the validation score from one epoch to the next over the outcomes' last epochs
+    (None when none kept two): a final difference below it is one that another epoch could undo."""
+    changes = [abs(after - before) for o in outcomes
+               for before, after in itertools.pairwise(o.recent_scores)]
+    return max(changes, default=None)
 
 
 def _points(value: float | None) -> str:
@@ -285,6 +307,7 @@ def _outcome_dict(outcome: EpisodeOutcome) -> dict[str, object]:
         "final_accuracy": outcome.final_accuracy, "final_loss": outcome.final_loss,
         "parameters": outcome.parameters, "host_parameters": outcome.host_parameters,
         "seconds": outcome.seconds, "episode_return": outcome.episode_return, "flops": outcome.flops.as_dict(),
+        "recent_scores": list(outcome.recent_scores),
         "seeds": [{"slot": s.slot, "blueprint": s.blueprint, "germinated": s.germinated, "stages": s.stages,
                    "outcome": s.outcome, "outcome_epoch": s.outcome_epoch, "contribution": s.contribution,
                    "predicted_contribution": s.predicted_contribution, "loss_contribution": s.loss_contribution,

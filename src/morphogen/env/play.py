@@ -52,6 +52,9 @@ class EpisodeOutcome:
     phase_seconds: dict[str, float]
     flops: ComputeAccount = field(default_factory=ComputeAccount)
     """The FLOPs the episode spent: training, shadow passes, validation and counterfactuals."""
+    recent_scores: tuple[float, ...] = ()
+    """The validation scores of the last epochs (up to `HISTORY_LENGTH`), the final one last: how much the
+    final figure could have moved had the episode ended an epoch or two sooner or later."""
 
 
 def play_epoch(episode: MorphogenesisEpisode, controller: Controller, snapshot: EpisodeSnapshot) -> StepResult:
@@ -84,4 +87,5 @@ def run_episode(episode: MorphogenesisEpisode, controller: Controller,
         host_parameters=snapshot.host_parameters, seconds=time.perf_counter() - started,
         episode_return=episode.episode_return, stories=seed_stories(episode.history),
         phase_seconds=episode.timer.totals, flops=dataclasses.replace(episode.compute),
+        recent_scores=tuple(snapshot.accuracy_history),
     )
