@@ -129,7 +129,9 @@ def test_a_backed_off_seed_warms_up_to_its_backed_off_rate() -> None:
     assert rates == pytest.approx([0.025, 0.05, 0.05])
 
 
-def test_the_cosine_schedule_sets_host_and_seed_rates_and_composes_with_back_off_and_warm_up() -> None:
+def test_the_cosine_schedule_decays_the_host_over_the_episode_and_each_seed_from_its_birth() -> None:
+    """Host rates follow the cosine over the episode; a seed's over the epochs left when it was germinated, so a
+    late seed starts at the full rate. Both compose with the governor's back-off and the seed's warm-up."""
     model = small_model()
     config = OptimizerConfig(host_lr=0.1, seed_lr=0.2, seed_warmup_steps=2, schedule="cosine")
     trainer = HostAndSeedTrainer(model, config, IsolationMonitor())
@@ -140,15 +142,16 @@ def test_the_cosine_schedule_sets_host_and_seed_rates_and_composes_with_back_off
     assert host_rate() == pytest.approx(0.05)  # (1 + cos(pi / 2)) / 2
     trainer.back_off("host", 0.5)
     trainer.back_off("seeds", 0.5)
-    training_seed(model)  # germinated in epoch 2: it starts at its scheduled, backed-off rate, warming up
+    training_seed(model)  # germinated in epoch 2: the first of its 2 epochs, at its full (backed-off) rate
     trainer.train_batch(*batch())
     seed_rate = lambda: trainer.seed_optimizers["r0c0"][1].param_groups[0]["lr"]  # noqa: E731
-    assert seed_rate() == pytest.approx(0.2 * 0.5 * 0.5 * 0.5)  # schedule, back-off, first of 2 warm-up steps
+    assert seed_rate() == pytest.approx(0.2 * 0.5 * 0.5)  # back-off, first of 2 warm-up steps
     trainer.train_batch(*batch())
-    assert seed_rate() == pytest.approx(0.2 * 0.5 * 0.5)
-    factor = (1 + math.cos(math.pi * 3 / 4)) / 2
+    assert seed_rate() == pytest.approx(0.2 * 0.5)
     trainer.start_epoch(3, 4)
-    assert host_rate() == pytest.approx(0.1 * 0.5 * factor) and seed_rate() == pytest.approx(0.2 * 0.5 * factor)
+    host_factor = (1 + math.cos(math.pi * 3 / 4)) / 2
+    assert host_rate() == pytest.approx(0.1 * 0.5 * host_factor)
+    assert seed_rate() == pytest.approx(0.2 * 0.5 * 0.5)  # epoch 1 of its 2: (1 + cos(pi / 2)) / 2
 
 
 def test_an_episode_decays_its_rates_along_the_cosine_and_a_constant_one_leaves_them() -> None:

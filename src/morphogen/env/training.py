@@ -24,6 +24,13 @@ from morphogen.env.evaluation import Objective, task_loss
 from morphogen.env.optimizer import OptimizerConfig, warmup_factor
 
 
+def _scale(optimizer: torch.optim.Optimizer, change: float) -> None:
+    """Multiply every learning rate of `optimizer` by `change` (nothing to do when it is 1)."""
+    if change != 1.0:
+        for group in optimizer.param_groups:
+            group["lr"] *= change
+
+
 class HostAndSeedTrainer:
     """Trains an episode's model batch by batch: the host and every live seed, each with its own optimizer.
 
@@ -43,8 +50,15 @@ class HostAndSeedTrainer:
         self.seed_steps: dict[str, int] = {}
         #: Product of the governor's back-offs of the seeds' learning rate in this episode.
         self.seed_lr_scale = 1.0
-        #: The learning-rate schedule's factor for the epoch being trained (`OptimizerConfig.schedule_factor`).
+        #: The learning-rate schedule's factor of the host for the epoch being trained
+        #: (`OptimizerConfig.schedule_factor`), and the epoch and the episode's epochs it was set for.
         self.schedule_factor = 1.0
+        self.epoch, self.epochs = 0, 1
+        #: Each seed's epoch of birth (its optimizer's first epoch) and its own schedule factor, by slot id: a
+        #: seed's rates follow the schedule over the epochs left from its birth, so a late seed starts at the
+        #: full rate, as new layers are re-warmed in growth methods, instead of the host's decayed one.
+        self.seed_born: dict[str, int] = {}
+        self.seed_schedule: dict[str, float] = {}
         self._loss_sum: Tensor | None = None
         self.batches = 0
         #: (input shape, dtype) -> batches trained since the last `take_batch_shapes`: what the epoch's FLOPs
@@ -59,12 +73,13 @@ class HostAndSeedTrainer:
             if slot.seed is None:
                 if kept is not None:
                     del self.seed_optimizers[slot.slot_id]
-                    del self.seed_steps[slot.slot_id]
+                    del self.seed_steps[slot.slot_id], self.seed_born[slot.slot_id], self.seed_schedule[slot.slot_id]
                 continue
             if kept is None or kept[0] is not slot.seed:
                 # A new seed: fresh optimizer state, and its learning rate re-warmed from the first step.
-                optimizer = self.config.build(slot.seed_parameters(), seed=True,
-                                              lr_scale=self.seed_lr_scale * self.schedule_factor)
+                self.seed_born[slot.slot_id] = self.epoch
+                factor = self.seed_schedule[slot.slot_id] = self._seed_factor(slot.slot_id)
+                optimizer = self.config.build(slot.seed_parameters(), seed=True, lr_scale=self.seed_lr_scale * factor)
                 self.seed_optimizers[slot.slot_id] = (slot.seed, optimizer)
                 self.seed_steps[slot.slot_id] = 0
             if slot.is_running:
@@ -99,7 +114,7 @@ class HostAndSeedTrainer:
         optimizer = self.seed_optimizers[slot_id][1]
         step = self.seed_steps[slot_id] = self.seed_steps[slot_id] + 1
         if step <= self.config.seed_warmup_steps:
-            lr = (self.config.seed_lr * self.seed_lr_scale * self.schedule_factor
+            lr = (self.config.seed_lr * self.seed_lr_scale * self.seed_schedule[slot_id]
                   * warmup_factor(step, self.config.seed_warmup_steps))
             for group in optimizer.param_groups:
                 group["lr"] = lr
@@ -140,14 +155,19 @@ class HostAndSeedTrainer:
         config's schedule says. Rates are multiplied by the change of the schedule's factor, as the governor's
         back-offs multiply them, so both compose (and a host optimizer of the user's keeps its own rate under
         the constant schedule, whose factor never changes)."""
+        self.epoch, self.epochs = epoch, epochs
         factor = self.config.schedule_factor(epoch, epochs)
-        if factor == self.schedule_factor:
-            return
-        change, self.schedule_factor = factor / self.schedule_factor, factor
-        optimizers = [self.host_optimizer, *(optimizer for _, optimizer in self.seed_optimizers.values())]
-        for optimizer in optimizers:
-            for group in optimizer.param_groups:
-                group["lr"] *= change
+        _scale(self.host_optimizer, factor / self.schedule_factor)
+        self.schedule_factor = factor
+        for slot_id, (_, optimizer) in self.seed_optimizers.items():
+            factor = self._seed_factor(slot_id)
+            _scale(optimizer, factor / self.seed_schedule[slot_id])
+            self.seed_schedule[slot_id] = factor
+
+    def _seed_factor(self, slot_id: str) -> float:
+        """The schedule's factor of the seed in `slot_id` this epoch: the schedule over its epochs since birth."""
+        born = self.seed_born[slot_id]
+        return self.config.schedule_factor(self.epoch - born, self.epochs - born)
 
     def back_off(self, what: str, factor: float) -> None:
         """Multiply the learning rate of the host (`what="host"`) or of every seed (`"seeds"`, also those
