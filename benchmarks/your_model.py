@@ -191,7 +191,7 @@ def print_fixed_widths(results: Sequence[tuple[int, int, Figures]],
         paired = [f.accuracy - host[seed] for seed, f in figures if seed in host]
         if len(paired) >= 2:
             gain, error = mean_standard_error(paired)
-            line += f"   vs the grown ResNet's host without growth, paired by seed: {gain:+.2f} ± {error:.2f} points"
+            line += f"   vs width {HOST_WIDTH} (the grown host), paired by seed: {gain:+.2f} ± {error:.2f} points"
         print(line)
 
 
