@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from morphogen.control.controller import NoGrowthController
 from morphogen.control.heuristic import DEFAULT_ROTATION, HeuristicConfig, HeuristicController
 from morphogen.core.lifecycle import GateConfig, GateMode, Stage
 from morphogen.core.slot import SlotConfig
@@ -100,3 +101,12 @@ def test_step_after_the_end_raises(digits: Task) -> None:
     assert episode.step(Action()).done
     with pytest.raises(RuntimeError, match="reset"):
         episode.step(Action())
+
+
+@pytest.mark.parametrize("epochs", [3, 7])
+def test_an_outcome_keeps_the_scores_of_its_last_trained_epochs_not_the_untrained_start(epochs: int) -> None:
+    task = load_task("digits", max_train_samples=64)
+    episode = MorphogenesisEpisode(task, EpisodeConfig(max_epochs=epochs))
+    scores: list[float] = []
+    outcome = run_episode(episode, NoGrowthController(), lambda result: scores.append(result.snapshot.val_accuracy))
+    assert outcome.recent_scores == tuple(scores[-5:]) and outcome.recent_scores[-1] == outcome.final_accuracy
