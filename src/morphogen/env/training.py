@@ -152,9 +152,9 @@ class HostAndSeedTrainer:
 
     def start_epoch(self, epoch: int, epochs: int) -> None:
         """Set the learning rates of the host and of every seed for epoch `epoch` (from 0) of `epochs`, as the
-        config's schedule says. Rates are multiplied by the change of the schedule's factor, as the governor's
-        back-offs multiply them, so both compose (and a host optimizer of the user's keeps its own rate under
-        the constant schedule, whose factor never changes)."""
+        config's schedule says: the host's over the episode, each seed's over the epochs left at its birth.
+        Rates are multiplied by the change of the schedule's factor, as the governor's back-offs multiply them,
+        so both compose."""
         self.epoch, self.epochs = epoch, epochs
         factor = self.config.schedule_factor(epoch, epochs)
         _scale(self.host_optimizer, factor / self.schedule_factor)
