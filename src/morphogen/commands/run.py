@@ -121,12 +121,9 @@ def print_summary(grown: EpisodeOutcome, baseline: EpisodeOutcome | None, out: T
         print(f"{label:22}" + "".join(f"{'-' if o is None else cell(o):>14}" for _, o in columns), file=out)
     if nothing_kept:
         print("(from scratch: no seed was blended in, so the final architecture is the host itself)", file=out)
-    gap = None if baseline is None else abs(grown.final_accuracy - baseline.final_accuracy)
-    swing = None if baseline is None else epoch_swing(grown, baseline)
-    if gap is not None and swing is not None and 0 < gap < swing:
-        print(f"(grown and no growth end {gap:.2f} apart, less than one epoch moved their {metric_name} near the "
-              f"end ({swing:.2f}): a difference this small may be noise. "
-              "A decaying learning rate, [episode.optimizer] schedule = \"cosine\", lets training settle.)", file=out)
+    note = None if baseline is None else noise_note(grown, baseline, metric_name)
+    if note:
+        print(note, file=out)
     print(f"\nseeds ({len(grown.stories)}):", file=out)
     if not grown.stories:
         print("  none germinated", file=out)
@@ -143,6 +140,17 @@ def _score_range(outcome: EpisodeOutcome, decimals: int) -> str:
     """The lowest and highest validation score of the outcome's last epochs ("-" when none was kept)."""
     scores = outcome.recent_scores
     return f"{min(scores):.{decimals}f}-{max(scores):.{decimals}f}" if scores else "-"
+
+
+def noise_note(grown: EpisodeOutcome, baseline: EpisodeOutcome, metric_name: str) -> str:
+    """A line saying that grown and no growth end closer than one epoch moved them, or "" when they do not
+    (or end equal: nothing was grown, the same training)."""
+    gap, swing = abs(grown.final_accuracy - baseline.final_accuracy), epoch_swing(grown, baseline)
+    if swing is None or not 0 < gap < swing:
+        return ""
+    return (f"(grown and no growth end {gap:.2f} apart, less than one epoch moved their {metric_name} near the "
+            f"end ({swing:.2f}): a difference this small may be noise. "
+            "A decaying learning rate, [episode.optimizer] schedule = \"cosine\", lets training settle.)")
 
 
 def epoch_swing(*outcomes: EpisodeOutcome) -> float | None:
