@@ -173,14 +173,12 @@ class HostAndSeedTrainer:
         """Multiply the learning rate of the host (`what="host"`) or of every seed (`"seeds"`, also those
         germinated later) by `factor`: the governor's response to a divergence it rolled back."""
         if what == "host":
-            for group in self.host_optimizer.param_groups:
-                group["lr"] *= factor
+            _scale(self.host_optimizer, factor)
             return
         assert what == "seeds", what
         self.seed_lr_scale *= factor  # a seed still warming up reads it at its next step
         for _, optimizer in self.seed_optimizers.values():
-            for group in optimizer.param_groups:
-                group["lr"] *= factor
+            _scale(optimizer, factor)
 
     def reset_host_momentum(self) -> None:
         """Forget the momentum of the host and of every kept seed (after a rollback it points the way that
