@@ -2,13 +2,17 @@
 
 - `resnet`: a ResNet-20 of the CIFAR layout (3 stages of 3 residual blocks) at a quarter of its usual width
   (4/8/16 channels instead of 16/32/64), on scikit-learn's digits resized to 32x32x3 tensors; slots after
-  each stage.
+  each of its 9 residual blocks, grown by depth: the heuristic puts a `conv_wide` seed (a residual block
+  with 4x the slot's channels inside) into every empty slot at once (`[heuristic] depth_blueprint`), the
+  inner width a residual stage cannot be widened by in place. `resnet_by_seeds` is the same ResNet grown
+  seed by seed by the default heuristic, with slots after each stage (`--models resnet_by_seeds`).
 - `mlp`: a two-hidden-layer MLP (width 32) on MNIST-1D's 40-sample signals as flat vectors; slots after
   each hidden layer.
 
-Each is made a host by `morphogen.host_from_module` and grown by `morphogen.grow` with the default
-heuristic and strict gates, next to the same host without growth and the grown model's final
-architecture from scratch (each seed's own initialisation, data order and batch order). Printed per model:
+Each is made a host by `morphogen.host_from_module` and grown by `morphogen.grow` with the heuristic
+(defaults but for the ResNet's depth growth) and strict gates, next to the same host without growth and the
+grown model's final architecture from scratch (each seed's own initialisation, data order and batch order).
+Printed per model:
 accuracy, loss, parameters and wall time (mean ± std over seeds) and the paired differences (mean ±
 standard error). Jobs run in `--jobs` processes of one torch thread each.
 
@@ -115,10 +119,15 @@ class Model:
     module: Callable[[], nn.Module]
     slots: tuple[str, ...]
     batch_size: int
+    #: `[heuristic]` settings that differ from the defaults.
+    heuristic: tuple[tuple[str, str], ...] = ()
 
 
+#: The ResNet's residual blocks by name (`layer1.0` ... `layer3.2`): where its slots are when it grows by depth.
+RESNET_BLOCKS = tuple(f"layer{stage}.{block}" for stage in (1, 2, 3) for block in range(3))
 MODELS = {
-    "resnet": Model(digits_32x32x3, CifarResNet, ("layer1", "layer2", "layer3"), 64),
+    "resnet": Model(digits_32x32x3, CifarResNet, RESNET_BLOCKS, 64, (("depth_blueprint", "conv_wide"),)),
+    "resnet_by_seeds": Model(digits_32x32x3, CifarResNet, ("layer1", "layer2", "layer3"), 64),
     "mlp": Model(mnist1d_flat, mlp, ("1", "3"), 100),
 }
 
@@ -145,11 +154,13 @@ def task_and_host(name: str, width: int | None = None) -> tuple[morphogen.Task, 
     return task, host
 
 
-def run_config(schedule: str) -> RunConfig:
-    """`morphogen run`'s settings with the learning-rate schedule `schedule` (the task's SGD otherwise)."""
+def run_config(schedule: str, heuristic: Sequence[tuple[str, str]] = ()) -> RunConfig:
+    """`morphogen run`'s settings with the learning-rate schedule `schedule` (the task's SGD otherwise) and the
+    `heuristic` settings (name, value)."""
     config = RunConfig()
-    return dataclasses.replace(config, episode=dataclasses.replace(config.episode,
-                                                                   optimizer=OptimizerConfig(schedule=schedule)))
+    return dataclasses.replace(
+        config, episode=dataclasses.replace(config.episode, optimizer=OptimizerConfig(schedule=schedule)),
+        heuristic=dataclasses.replace(config.heuristic, **dict(heuristic)))
 
 
 def run_job(job: tuple[str, int, int, str]) -> tuple[str, int, dict[str, Figures], dict[str, str]]:
@@ -158,7 +169,7 @@ def run_job(job: tuple[str, int, int, str]) -> tuple[str, int, dict[str, Figures
     task, host = task_and_host(name)
     with tempfile.TemporaryDirectory() as root:
         result = morphogen.grow(task, host, epochs=epochs, seed=seed, run_dir=f"{root}/run", out=io.StringIO(),
-                                config=run_config(schedule))
+                                config=run_config(schedule, MODELS[name].heuristic))
     assert result.baseline is not None
     scratch = result.from_scratch or result.baseline  # nothing grown: the final architecture is the host
     figures = {variant: Figures(o.final_accuracy, o.final_loss, o.parameters, o.seconds)

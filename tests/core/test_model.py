@@ -188,7 +188,10 @@ def _grown_model(topology: str, seed: int, dtype: torch.dtype | None = None) -> 
     placements = dict(zip(slot_ids, (*SEED_STAGES_TO_PLACE, Stage.EMBARGOED), strict=False))
     for index, (slot_id, stage) in enumerate(placements.items()):
         options = {"rank": 3} if topology == "transformer" and index == 0 else {}
-        blueprint = "lora" if options else rng.choice(blueprint_names(topology))
+        fitting = [name for name in blueprint_names(topology)  # a widening seed needs a width site at its slot
+                   if get_blueprint(topology, name).kind is not BlueprintKind.WIDEN
+                   or model.slot(slot_id).width_site is not None]
+        blueprint = "lora" if options else rng.choice(fitting)
         slot = model.germinate(slot_id, blueprint, blend=list(BlendKind)[index % 3],
                                blend_epochs=4 if stage is Stage.BLENDING else 0, **options)
         perturb_seed(slot, torch.Generator().manual_seed(index))

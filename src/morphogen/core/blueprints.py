@@ -180,6 +180,28 @@ def _conv_heavy(dims: int, channels: int, device: Device, dtype: torch.dtype | N
                                   *_preactivation_conv(dims, channels, device, dtype, zero=True)))
 
 
+#: Inner width of `conv_wide` as a multiple of the slot's channels.
+WIDE_BLOCK_EXPANSION = 4
+
+
+def _conv_wide(dims: int, channels: int, device: Device, dtype: torch.dtype | None) -> nn.Module:
+    """A residual block as a ResNet's, with `WIDE_BLOCK_EXPANSION` times the slot's channels inside:
+    `h + conv(relu(norm(conv(h))))`, the second conv zero so the seed is identity at birth.
+
+    Grafted after every block of a narrow residual network (`[heuristic] depth_blueprint = "conv_wide"`), these
+    add the inner width that a residual stage cannot be widened by in place (benchmarks/your_model.py).
+    """
+    hidden = WIDE_BLOCK_EXPANSION * channels
+    kernel = SPATIAL_KERNEL[dims]
+    return Residual(nn.Sequential(
+        _conv(dims, channels, hidden, kernel, device, dtype),  # (N, e*C, ...)
+        # One group, as for a width seed's new channels (core/width.py): the channels' relative means survive.
+        nn.GroupNorm(1, hidden, device=device, dtype=dtype),
+        nn.ReLU(),
+        _zero_(_conv(dims, hidden, channels, kernel, device, dtype)),  # (N, C, ...)
+    ))
+
+
 def _widening(expansion: int) -> ConvRecipe:
     """Inverted residual (MobileNetV2) of expansion `expansion`: `h + down(act(mid(act(up(h)))))`.
 
@@ -403,6 +425,8 @@ def _convolutional_blueprints(topology: str, dims: int) -> dict[str, Blueprint]:
     ]
     recipes += [(f"widen_x{e}", _widening(e), f"inverted residual: 1x1 up to {e}*C, depthwise {spatial}, 1x1 down")
                 for e in WIDENING_FACTORS]
+    recipes.append(("conv_wide", _conv_wide, f"residual block: {spatial} conv to {WIDE_BLOCK_EXPANSION}*C, group "
+                                             f"norm, ReLU, {spatial} conv back to C"))
     return {name: Blueprint(name, topology, _for_dims(build, dims), description)
             for name, build, description in recipes}
 
