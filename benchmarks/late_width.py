@@ -25,55 +25,16 @@ import torch
 from torch import Tensor, nn
 
 from growth import mean_standard_error, mean_std
-from your_model import HOST_WIDTH, digits_32x32x3
+from your_model import HOST_WIDTH, BasicBlock, CifarResNet, digits_32x32x3
 
 EPOCHS, BATCH, LEARNING_RATE = 30, 64, 0.01
 
 
-class WideBlock(nn.Module):
-    """The benchmark ResNet's residual block with `inner` channels between its two convolutions."""
-
-    def __init__(self, in_channels: int, out_channels: int, stride: int, inner: int) -> None:
-        super().__init__()
-        self.conv1 = nn.Conv2d(in_channels, inner, 3, stride, 1, bias=False)
-        self.bn1 = nn.BatchNorm2d(inner)
-        self.conv2 = nn.Conv2d(inner, out_channels, 3, 1, 1, bias=False)
-        self.bn2 = nn.BatchNorm2d(out_channels)
-        self.shortcut: nn.Module = nn.Sequential()
-        if stride != 1 or in_channels != out_channels:
-            self.shortcut = nn.Sequential(nn.Conv2d(in_channels, out_channels, 1, stride, bias=False),
-                                          nn.BatchNorm2d(out_channels))
-
-    def forward(self, x: Tensor) -> Tensor:
-        return torch.relu(self.bn2(self.conv2(torch.relu(self.bn1(self.conv1(x))))) + self.shortcut(x))
-
-
-class InnerWideResNet(nn.Module):
-    """ResNet-20 of the CIFAR layout at base width `width`, each block `expansion` times wider inside."""
-
-    def __init__(self, expansion: int, width: int = HOST_WIDTH, blocks: int = 3) -> None:
-        super().__init__()
-        self.stem = nn.Sequential(nn.Conv2d(3, width, 3, padding=1, bias=False), nn.BatchNorm2d(width), nn.ReLU())
-
-        def stage(in_channels: int, out_channels: int, stride: int) -> nn.Sequential:
-            return nn.Sequential(*(WideBlock(in_channels if i == 0 else out_channels, out_channels,
-                                             stride if i == 0 else 1, expansion * out_channels)
-                                   for i in range(blocks)))
-
-        self.layer1, self.layer2 = stage(width, width, 1), stage(width, 2 * width, 2)
-        self.layer3 = stage(2 * width, 4 * width, 2)
-        self.fc = nn.Linear(4 * width, 10)
-
-    def forward(self, x: Tensor) -> Tensor:
-        x = self.layer3(self.layer2(self.layer1(self.stem(x))))
-        return self.fc(torch.flatten(nn.functional.adaptive_avg_pool2d(x, 1), 1))
-
-
-def new_channel_masks(net: InnerWideResNet, expansion: int) -> dict[nn.Parameter, Tensor]:
+def new_channel_masks(net: CifarResNet, expansion: int) -> dict[nn.Parameter, Tensor]:
     """Per parameter of the new inner channels, a mask that is 0 on them; their outgoing weights are zeroed."""
     masks: dict[nn.Parameter, Tensor] = {}
     for block in net.modules():
-        if not isinstance(block, WideBlock):
+        if not isinstance(block, BasicBlock):
             continue
         old = block.conv1.out_channels // expansion
         with torch.no_grad():
@@ -95,7 +56,7 @@ def train(job: tuple[str, int, int, int]) -> tuple[str, int, float]:
     torch.set_num_threads(1)
     torch.manual_seed(seed)
     (x, y), (x_validation, y_validation) = digits_32x32x3()
-    net = InnerWideResNet(1 if name == "host" else expansion)
+    net = CifarResNet(expansion=1 if name == "host" else expansion)
     masks = new_channel_masks(net, expansion) if name == "late" else {}
     optimizer = torch.optim.SGD(net.parameters(), lr=LEARNING_RATE, momentum=0.9, weight_decay=5e-4)
     order = torch.Generator().manual_seed(seed)

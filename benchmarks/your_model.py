@@ -54,11 +54,15 @@ HOST_WIDTH = 4
 
 
 class BasicBlock(nn.Module):
-    def __init__(self, in_channels: int, out_channels: int, stride: int) -> None:
+    """The residual block of the CIFAR ResNets; `inner` channels between its convolutions (default: as many as
+    it outputs)."""
+
+    def __init__(self, in_channels: int, out_channels: int, stride: int, inner: int | None = None) -> None:
         super().__init__()
-        self.conv1 = nn.Conv2d(in_channels, out_channels, 3, stride, 1, bias=False)
-        self.bn1 = nn.BatchNorm2d(out_channels)
-        self.conv2 = nn.Conv2d(out_channels, out_channels, 3, 1, 1, bias=False)
+        inner = inner or out_channels
+        self.conv1 = nn.Conv2d(in_channels, inner, 3, stride, 1, bias=False)
+        self.bn1 = nn.BatchNorm2d(inner)
+        self.conv2 = nn.Conv2d(inner, out_channels, 3, 1, 1, bias=False)
         self.bn2 = nn.BatchNorm2d(out_channels)
         self.shortcut: nn.Module = nn.Sequential()
         if stride != 1 or in_channels != out_channels:
@@ -71,20 +75,22 @@ class BasicBlock(nn.Module):
 
 
 class CifarResNet(nn.Module):
-    """ResNet-(6n+2) of the CIFAR paper layout: stem, stages of width w, 2w, 4w, global pooling, linear."""
+    """ResNet-(6n+2) of the CIFAR paper layout: stem, stages of width w, 2w, 4w, global pooling, linear; each
+    block `expansion` times wider inside (benchmarks/late_width.py)."""
 
-    def __init__(self, width: int = HOST_WIDTH, blocks: int = 3, num_classes: int = 10) -> None:
+    def __init__(self, width: int = HOST_WIDTH, blocks: int = 3, num_classes: int = 10, expansion: int = 1) -> None:
         super().__init__()
         self.stem = nn.Sequential(nn.Conv2d(3, width, 3, padding=1, bias=False), nn.BatchNorm2d(width), nn.ReLU())
-        self.layer1 = self._stage(width, width, blocks, 1)
-        self.layer2 = self._stage(width, 2 * width, blocks, 2)
-        self.layer3 = self._stage(2 * width, 4 * width, blocks, 2)
+        self.layer1 = self._stage(width, width, blocks, 1, expansion)
+        self.layer2 = self._stage(width, 2 * width, blocks, 2, expansion)
+        self.layer3 = self._stage(2 * width, 4 * width, blocks, 2, expansion)
         self.fc = nn.Linear(4 * width, num_classes)
 
     @staticmethod
-    def _stage(in_channels: int, out_channels: int, blocks: int, stride: int) -> nn.Sequential:
-        return nn.Sequential(BasicBlock(in_channels, out_channels, stride),
-                             *(BasicBlock(out_channels, out_channels, 1) for _ in range(blocks - 1)))
+    def _stage(in_channels: int, out_channels: int, blocks: int, stride: int, expansion: int) -> nn.Sequential:
+        inner = expansion * out_channels
+        return nn.Sequential(BasicBlock(in_channels, out_channels, stride, inner),
+                             *(BasicBlock(out_channels, out_channels, 1, inner) for _ in range(blocks - 1)))
 
     def forward(self, x: Tensor) -> Tensor:
         x = self.layer3(self.layer2(self.layer1(self.stem(x))))
