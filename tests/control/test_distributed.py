@@ -43,8 +43,9 @@ TINY = ["--envs", "4", "--episode-length", "2", "--max-train-samples", "100", "-
 #: Seconds any launched rank may run before the test kills it and fails.
 RANK_TIMEOUT = 240
 #: The 2-rank policy equals the 1-process one up to float32 summation order (gradient mean of two
-#: half-means instead of one mean, moments merged from two halves); measured ~3e-8 after 2 rounds.
-EQUIVALENCE_TOLERANCE = 1e-6
+#: half-means instead of one mean, moments merged from two halves); measured ~3e-8 after 2 rounds, and
+#: 2.9e-6 once the untrained policy could pick `conv_wide` (larger seeds, other episodes).
+EQUIVALENCE_TOLERANCE = 1e-5
 #: A killed rank must make the survivor exit within this many seconds (gloo fails at the next collective).
 PEER_LOSS_DEADLINE = 60
 
