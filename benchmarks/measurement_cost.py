@@ -47,7 +47,7 @@ class Result:
 def run_job(job: tuple[str, int, int]) -> Result:
     setting, seed, epochs = job
     torch.set_num_threads(1)
-    task, host = task_and_host("resnet")
+    task, host = task_and_host("resnet_by_seeds")  # slots after its three stages, grown seed by seed
     schedule, fraction = SETTINGS[setting]
     config = morphogen.RunConfig(episode=EpisodeConfig(max_epochs=epochs, counterfactuals=schedule,
                                                        shadow_fraction=fraction))
