@@ -97,8 +97,9 @@ class HeuristicConfig:
     rotation: tuple[str, ...] | None = None
     #: Depth growth: the blueprint GROW puts into every empty slot at once, trained with the host from the
     #: start, instead of germinating one seed at a time from the rotation ("block_copy": a copy of the layer
-    #: before each slot, 2 -> 4 layers on the `text` host; "block": zero-initialised blocks). "" never grows
-    #: by depth. None: DEFAULT_DEPTH_BLUEPRINT for the topology ("block_copy" on transformers), else "".
+    #: before each slot, 2 -> 4 layers on the `text` host; "block": zero-initialised blocks; "conv_wide": a wide
+    #: residual block after every block of a user's ResNet). "" never grows by depth. None:
+    #: DEFAULT_DEPTH_BLUEPRINT for the topology ("block_copy" on transformers), else "".
     depth_blueprint: str | None = None
     #: Judged by loss (a language model): it is a plateau when the validation loss fell by less than this
     #: many nats per token over `plateau_epochs` epochs.
