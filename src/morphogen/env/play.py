@@ -87,5 +87,6 @@ def run_episode(episode: MorphogenesisEpisode, controller: Controller,
         host_parameters=snapshot.host_parameters, seconds=time.perf_counter() - started,
         episode_return=episode.episode_return, stories=seed_stories(episode.history),
         phase_seconds=episode.timer.totals, flops=dataclasses.replace(episode.compute),
-        recent_scores=tuple(snapshot.accuracy_history)[-snapshot.epoch:],  # trained epochs only, not the start
+        # Trained epochs only, not the start (none before the first: a slice [-0:] would keep the start).
+        recent_scores=tuple(snapshot.accuracy_history)[-snapshot.epoch:] if snapshot.epoch else (),
     )
