@@ -7,7 +7,13 @@ benchmark (SGD lr 0.01, momentum 0.9, weight decay 5e-4, batch 64, cosine over 3
 - `wide`: every block with `--expansion` times the channels between its two convolutions, from scratch;
 - `late E`: the same wide blocks whose new inner channels start with zero outgoing weights and stay out of
   training until epoch E (the network computes the host's function until then): width added mid-training,
-  function-preserving, which is what growth does.
+  function-preserving, which is what growth does;
+- `serial E`, `parallel E`, `prerelu E` (`--branches`): the host's blocks left as they are, each given a
+  branch with `--expansion` times its output channels (3x3 conv, norm, ReLU, 3x3 conv starting at zero)
+  that joins at epoch E (`--branch-epoch`): `serial` reads the block's output and adds to it (what
+  morphogen's `conv_wide` seed after a block is), `parallel` reads the block's input and adds to its output,
+  `prerelu` reads the block's input and adds before the block's last ReLU. The branch's norm is a one-group
+  GroupNorm, as in morphogen's seeds, or a BatchNorm (`--branch-norm batch`).
 
 It measures the room growth has on this model and the time at which adding width still pays; morphogen's
 growth of the same model is in `your_model.py`. Accuracy per variant (mean ± std over seeds) and its gain
@@ -50,14 +56,70 @@ def new_channel_masks(net: CifarResNet, expansion: int) -> dict[nn.Parameter, Te
     return masks
 
 
-def train(job: tuple[str, int, int, int]) -> tuple[str, int, float]:
-    """Validation accuracy of variant `name` (host, wide, late) trained from `seed`; `start` is late's epoch."""
-    name, seed, expansion, start = job
+BRANCHES = ("serial", "parallel", "prerelu")
+
+
+class Branch(nn.Module):
+    """conv 3x3 (to `hidden` channels) -> norm -> ReLU -> conv 3x3 (to `out_channels`, zero at birth)."""
+
+    def __init__(self, in_channels: int, hidden: int, out_channels: int, stride: int, norm: str) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(in_channels, hidden, 3, stride, 1, bias=False)
+        self.norm = nn.BatchNorm2d(hidden) if norm == "batch" else nn.GroupNorm(1, hidden)
+        self.conv2 = nn.Conv2d(hidden, out_channels, 3, 1, 1, bias=False)
+        nn.init.zeros_(self.conv2.weight)
+
+    def forward(self, x: Tensor) -> Tensor:
+        added: Tensor = self.conv2(torch.relu(self.norm(self.conv1(x))))
+        return added
+
+
+class BranchedBlock(nn.Module):
+    """A host block with a `Branch` beside it: after it (`serial`), or from its input to its output
+    (`parallel`) or to the sum before its last ReLU (`prerelu`)."""
+
+    def __init__(self, block: BasicBlock, site: str, expansion: int, norm: str) -> None:
+        super().__init__()
+        self.block, self.site = block, site
+        inputs, outputs = block.conv1.in_channels, block.conv2.out_channels
+        serial = site == "serial"
+        self.branch = Branch(outputs if serial else inputs, expansion * outputs, outputs,
+                             1 if serial else block.conv1.stride[0], norm)
+
+    def forward(self, x: Tensor) -> Tensor:
+        block = self.block
+        if self.site == "serial":
+            y: Tensor = block(x)
+            return y + self.branch(y)
+        if self.site == "parallel":
+            return block(x) + self.branch(x)
+        inner = torch.relu(block.bn1(block.conv1(x)))
+        return torch.relu(block.bn2(block.conv2(inner)) + block.shortcut(x) + self.branch(x))
+
+
+def add_branches(net: CifarResNet, site: str, expansion: int, norm: str) -> list[nn.Parameter]:
+    """Give every block of `net` a branch at `site`; the branches' parameters."""
+    added: list[nn.Parameter] = []
+    for stage in (net.layer1, net.layer2, net.layer3):
+        for index, block in enumerate(stage):
+            branched = BranchedBlock(block, site, expansion, norm)
+            stage[index] = branched
+            added += branched.branch.parameters()
+    return added
+
+
+def train(job: tuple[str, int, int, int, str]) -> tuple[str, int, float]:
+    """Validation accuracy of variant `name` (host, wide, late, a branch site) trained from `seed`; `start`
+    is the epoch at which late channels or branches join, `norm` the branches' norm."""
+    name, seed, expansion, start, norm = job
     torch.set_num_threads(1)
     torch.manual_seed(seed)
     (x, y), (x_validation, y_validation) = digits_32x32x3()
-    net = CifarResNet(expansion=1 if name == "host" else expansion)
+    net = CifarResNet(expansion=expansion if name in ("wide", "late") else 1)
     masks = new_channel_masks(net, expansion) if name == "late" else {}
+    # A branch's parameters get no gradient before `start` (SGD then leaves them, weight decay included),
+    # so its zero second conv keeps the host's function until then.
+    branch = add_branches(net, name, expansion, norm) if name in BRANCHES else []
     optimizer = torch.optim.SGD(net.parameters(), lr=LEARNING_RATE, momentum=0.9, weight_decay=5e-4)
     order = torch.Generator().manual_seed(seed)
     for epoch in range(EPOCHS):
@@ -72,6 +134,8 @@ def train(job: tuple[str, int, int, int]) -> tuple[str, int, float]:
             optimizer.zero_grad()
             loss.backward()
             if frozen:
+                for parameter in branch:
+                    parameter.grad = None
                 for parameter, mask in masks.items():
                     assert parameter.grad is not None
                     parameter.grad.mul_(mask)
@@ -84,6 +148,8 @@ def train(job: tuple[str, int, int, int]) -> tuple[str, int, float]:
     net.eval()
     with torch.no_grad():
         accuracy = (net(x_validation).argmax(1) == y_validation).float().mean().item() * 100
+    if name in BRANCHES:
+        return f"{name} {start}" + (" bn" if norm == "batch" else ""), seed, accuracy
     return f"late {start}" if name == "late" else name, seed, accuracy
 
 
@@ -92,11 +158,20 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--seeds", type=int, default=5)
     parser.add_argument("--expansion", type=int, default=4)
     parser.add_argument("--late", default="6,12", help="epochs at which the new channels start learning")
+    parser.add_argument("--branches", default="", help=f"branch sites to train too: some of {', '.join(BRANCHES)}")
+    parser.add_argument("--branch-epoch", type=int, default=6, help="epoch at which the branches start learning")
+    parser.add_argument("--branch-norm", choices=("group", "batch"), default="group")
+    parser.add_argument("--no-wide", action="store_true", help="leave out the wide network from scratch")
     parser.add_argument("--jobs", type=int, default=2, help="worker processes, one torch thread each")
     args = parser.parse_args(argv)
     starts = [int(epoch) for epoch in args.late.split(",") if epoch.strip()]
-    variants = [("host", 0), ("wide", 0), *(("late", start) for start in starts)]
-    jobs = [(name, seed, args.expansion, start) for name, start in variants for seed in range(args.seeds)]
+    sites = [site.strip() for site in args.branches.split(",") if site.strip()]
+    if any(site not in BRANCHES for site in sites):
+        parser.error(f"--branches: choose among {', '.join(BRANCHES)}")
+    variants = [("host", 0), *([] if args.no_wide else [("wide", 0)]), *(("late", start) for start in starts),
+                *((site, args.branch_epoch) for site in sites)]
+    jobs = [(name, seed, args.expansion, start, args.branch_norm) for name, start in variants
+            for seed in range(args.seeds)]
     with ProcessPoolExecutor(max_workers=args.jobs) as pool:
         results = list(pool.map(train, jobs))
     host = {seed: accuracy for name, seed, accuracy in results if name == "host"}
