@@ -221,6 +221,8 @@ def print_table(name: str, results: Sequence[tuple[str, int, dict[str, Figures],
         seconds = mean_std([f.seconds for f in figures])
         print(f"  {variant:14}{accuracy[0]:>10.2f} ± {accuracy[1]:<5.2f}{loss[0]:>10.4f} ± {loss[1]:<5.3f}"
               f"{statistics.fmean(f.parameters for f in figures):>14,.0f}{seconds[0]:>8.1f} ± {seconds[1]:<4.1f}")
+    for variant in VARIANTS:  # in seed order: how far apart runs land says what a mean of five can show
+        print(f"  {variant + ' by seed:':24}" + "  ".join(f"{r[2][variant].accuracy:.2f}" for r in results))
     for other in VARIANTS[1:]:
         mean, error = mean_standard_error([r[2]["grown"].accuracy - r[2][other].accuracy for r in results])
         print(f"  grown - {other}: {mean:+.2f} ± {error:.2f} points (mean ± standard error)")

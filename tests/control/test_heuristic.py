@@ -460,6 +460,18 @@ def test_a_refused_grow_turns_the_heuristic_to_growing_seed_by_seed() -> None:
     assert heuristic.act(make_snapshot(), masks).op is Op.GROW
 
 
+def test_depth_growth_happens_once_and_pruned_blocks_are_not_grafted_again() -> None:
+    heuristic, space = transformer_controller()
+    masks = make_masks(space, {Op.GERMINATE: SLOTS, Op.GROW: SLOTS})
+    assert heuristic.act(make_snapshot(), masks).op is Op.GROW
+    grown = dataclasses.replace(make_snapshot(), last_op=int(Op.GROW), last_action_succeeded=True)
+    # Later every slot is empty again (its block pruned) and the loss slows: no GROW, and no seed either.
+    assert heuristic.act(grown, masks) == Action()
+    assert heuristic.act(make_snapshot(epoch=12), masks) == Action()
+    heuristic.reset()  # a new episode grows again
+    assert heuristic.act(make_snapshot(), masks).op is Op.GROW
+
+
 def test_a_host_without_layers_to_copy_grows_seed_by_seed_from_the_first_germination() -> None:
     # The masks say GROW cannot graft `block_copy` here (ActionSpace.masks asks the model): no GROW is wasted.
     heuristic, space = transformer_controller()
