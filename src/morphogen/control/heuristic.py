@@ -267,12 +267,16 @@ class HeuristicController:
                 if action.op is Op.PRUNE and slot.blueprint is not None:
                     self.pruned_at[slot.blueprint] = snapshot.epoch
                 return action
+        return self._grow(snapshot, masks, slot_mask[Op.GERMINATE])
+
+    def _grow(self, snapshot: EpisodeSnapshot, masks: Sequence[np.ndarray], allowed: dict[str, bool]) -> Action:
+        """GROW (by depth, once an episode), GERMINATE (seed by seed) or nothing, when growth is due."""
         if self.grows_by_depth and masks[0][Op.GROW] and not masks[2][Op.GROW][self._depth_index]:
             self.grows_by_depth = False  # this host has no layer for the depth blueprint to copy: seed by seed
         if self.grows_by_depth and not self.depth_grown and masks[0][Op.GROW] and self._should_germinate(snapshot):
             return Action(Op.GROW, blueprint=self.depth_blueprint)
         if not self.grows_by_depth and masks[0][Op.GERMINATE] and self._should_germinate(snapshot):
-            return self._germinate(snapshot, slot_mask[Op.GERMINATE])
+            return self._germinate(snapshot, allowed)
         return Action()
 
     def _manage_seed(self, slot: SlotSnapshot, snapshot: EpisodeSnapshot,
