@@ -271,9 +271,11 @@ class HeuristicController:
 
     def _grow(self, snapshot: EpisodeSnapshot, masks: Sequence[np.ndarray], allowed: dict[str, bool]) -> Action:
         """GROW (by depth, once an episode), GERMINATE (seed by seed) or nothing, when growth is due."""
+        if self.depth_grown:
+            return Action()  # nor seed by seed afterwards: the grown blocks are the episode's growth
         if self.grows_by_depth and masks[0][Op.GROW] and not masks[2][Op.GROW][self._depth_index]:
             self.grows_by_depth = False  # this host has no layer for the depth blueprint to copy: seed by seed
-        if self.grows_by_depth and not self.depth_grown and masks[0][Op.GROW] and self._should_germinate(snapshot):
+        if self.grows_by_depth and masks[0][Op.GROW] and self._should_germinate(snapshot):
             return Action(Op.GROW, blueprint=self.depth_blueprint)
         if not self.grows_by_depth and masks[0][Op.GERMINATE] and self._should_germinate(snapshot):
             return self._germinate(snapshot, allowed)
