@@ -105,7 +105,7 @@ def _check_seed_size(state: dict[str, Any], slot: SeedSlot, topology: str, sourc
     if not isinstance(blueprint, str) or not isinstance(options, dict):
         raise ModelFileError(f"model file {source}: slot {slot_id} holds a seed without a blueprint")
     try:
-        described = build_seed(topology, blueprint, slot.channels, device="meta", site=slot.width_site,
+        described = build_seed(topology, blueprint, slot.channels, device="meta", site=slot.site_for(blueprint),
                                **options).state_dict()
     except Exception as error:  # an unknown blueprint or option: the file was not written for this model
         raise ModelFileError(f"model file {source}: slot {slot_id}'s seed {blueprint!r} cannot be built here: "

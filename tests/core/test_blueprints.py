@@ -17,21 +17,24 @@ from morphogen.core.blueprints import (
     parameter_count,
     registry_table,
 )
+from morphogen.core.branch import NoBranchSiteError
 from morphogen.core.hosts import CNNHost, Conv1dHost, SegmentedHost, TransformerHost
 from morphogen.core.lifecycle import Stage
 from morphogen.core.model import MorphogeneticModel
 from morphogen.core.width import NoWidthSiteError
 
 CNN_NAMES = ("norm", "attention", "depthwise", "bottleneck", "conv_small", "conv_light", "conv_heavy",
-             "widen_x2", "widen_x4", "widen_x8", "conv_wide", "wider", "wider_half")
+             "widen_x2", "widen_x4", "widen_x8", "conv_wide", "wider", "wider_half", "branch_wide")
 TRANSFORMER_NAMES = ("norm", "lora", "lora_large", "attention", "mlp_small", "mlp", "block", "block_copy")
 NAMES = {"cnn": CNN_NAMES, "cnn1d": CNN_NAMES, "transformer": TRANSFORMER_NAMES}
 ALL_BLUEPRINTS = [(topology, name) for topology, names in NAMES.items() for name in names]
 #: Every blueprint but a copy of the host's layer (`block_copy`), which is not the identity at birth.
 IDENTITY_AT_BIRTH = [(topology, name) for topology, name in ALL_BLUEPRINTS
                      if get_blueprint(topology, name).identity_at_birth]
-#: Seeds that are shape-preserving modules at the slot (the widening ones are tested in test_width.py).
-DEEPENING = [(topology, name) for topology, name in ALL_BLUEPRINTS if not name.startswith("wider")]
+#: Seeds that are shape-preserving modules at the slot (the widening and branch ones are tested in test_width.py
+#: and test_branch.py).
+DEEPENING = [(topology, name) for topology, name in ALL_BLUEPRINTS
+             if get_blueprint(topology, name).kind is BlueprintKind.DEEPEN]
 
 
 def _host(topology: str) -> tuple[SegmentedHost, torch.Tensor]:
@@ -60,7 +63,12 @@ def test_every_blueprint_is_identity_at_birth_in_every_slot(topology: str, name:
     host, x = _host(topology)
     with torch.no_grad():
         bare = host(x)
-    widening = get_blueprint(topology, name).kind is BlueprintKind.WIDEN
+    kind_of_seed = get_blueprint(topology, name).kind
+    if kind_of_seed is BlueprintKind.BRANCH:  # a built-in host measures no segment input: test_branch.py grows them
+        with pytest.raises(NoBranchSiteError, match="cannot grow a branch"):
+            MorphogeneticModel(host, config=EASY_CONFIG).germinate(host.slot_ids[0], name)
+        return
+    widening = kind_of_seed is BlueprintKind.WIDEN
     for slot_id in host.slot_ids:
         for kind in [BlendKind.ADD] if widening else list(BlendKind):  # new channels' output is added
             model = MorphogeneticModel(host, [slot_id], config=EASY_CONFIG)
@@ -244,7 +252,7 @@ def test_registry_table_rows(topology: str, width: int) -> None:
     rows = registry_table(topology, width)
     assert [row[0] for row in rows] == list(blueprint_names(topology))
     for name, count, description in rows:
-        if get_blueprint(topology, name).kind is BlueprintKind.WIDEN:
+        if get_blueprint(topology, name).kind is not BlueprintKind.DEEPEN:
             assert count is None  # it depends on the host's layers around the slot
             continue
         assert count == parameter_count(topology, name, width)

@@ -92,14 +92,14 @@ def list_slots(host: ListedHost, out: TextIO) -> None:
 
 
 def _seed_parameters(model: MorphogeneticModel, slot_id: str, blueprint: str) -> str:
-    """The parameters `blueprint` adds in `slot_id` (a widening one: given the layers around it), or "-" where
-    the slot has no layers to widen."""
-    from morphogen.core.blueprints import BlueprintKind, get_blueprint, parameter_count
+    """The parameters `blueprint` adds in `slot_id` (a widening or branch one: given the layers around it), or
+    "-" where the slot has no site for it."""
+    from morphogen.core.blueprints import parameter_count
 
     slot = model.slot(slot_id)
-    if get_blueprint(model.topology, blueprint).kind is BlueprintKind.WIDEN and slot.width_site is None:
+    if slot.site_problem(blueprint):
         return "-"
-    return f"{parameter_count(model.topology, blueprint, slot.channels, site=slot.width_site):,}"
+    return f"{parameter_count(model.topology, blueprint, slot.channels, site=slot.site_for(blueprint)):,}"
 
 
 def list_blueprints(host: ListedHost, out: TextIO) -> None:
@@ -118,7 +118,7 @@ def list_blueprints(host: ListedHost, out: TextIO) -> None:
         table.add_row(name, *(_seed_parameters(model, slot_id, name) for slot_id in widths), description)
     console = _console(out)
     console.print(f"blueprints of the {host.task} host ({host.topology}): parameters each adds in each slot "
-                  "(w = slot width; - where the slot has no layers around it to widen)")
+                  "(w = slot width; - where the slot has no layers around it to widen or branch beside)")
     console.print(table)
 
 

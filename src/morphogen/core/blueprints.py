@@ -25,6 +25,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from morphogen.core.branch import BRANCH_EXPANSION, BranchSite, NoBranchSiteError, wide_branch
 from morphogen.core.transformer_layers import GPT_INIT_STD, CausalSelfAttention, TransformerBlock, init_gpt_
 from morphogen.core.width import NoWidthSiteError, WidthSeed, WidthSite
 
@@ -340,6 +341,9 @@ class BlueprintKind(enum.Enum):
     """A module between two segments, shape-preserving: `builder(width, *, device, dtype)`."""
     WIDEN = "widen"
     """New channels of the layers around the slot (`morphogen.core.width`): `builder(site, *, device, dtype)`."""
+    BRANCH = "branch"
+    """A path beside the segment that ends at the slot (`morphogen.core.branch`): `builder(site, *, device,
+    dtype)`."""
 
 
 @dataclass(frozen=True)
@@ -373,9 +377,16 @@ class Blueprint:
         return tuple(n for n, p in signature.parameters.items()
                      if p.kind is inspect.Parameter.KEYWORD_ONLY and n not in ("device", "dtype"))
 
+    @property
+    def reads_input_of_segment(self) -> bool:
+        """Whether the seed reads an activation before its slot (the model's walk hands it over as the slot's tap):
+        a widening seed the producer's input, a branch the input of the segment that ends at the slot."""
+        return self.kind is not BlueprintKind.DEEPEN
+
     def build(self, width: int, *, device: Device = None, dtype: torch.dtype | None = None,
-              site: WidthSite | None = None, **options: Any) -> nn.Module:
-        """The seed for a slot of `width` channels; a widening blueprint needs the slot's width `site`."""
+              site: WidthSite | BranchSite | None = None, **options: Any) -> nn.Module:
+        """The seed for a slot of `width` channels; a widening or branch blueprint needs the slot's site of its
+        kind (`SeedSlot.site_for`)."""
         unexpected = sorted(set(options) - set(self.options))
         if unexpected:
             accepted = ", ".join(self.options) or "none"
@@ -384,7 +395,12 @@ class Blueprint:
             )
         if self.kind is BlueprintKind.DEEPEN:
             return self.builder(width, device=device, dtype=dtype, **options)
-        if site is None:
+        if self.kind is BlueprintKind.BRANCH:
+            if not isinstance(site, BranchSite):
+                raise NoBranchSiteError(f"blueprint {self.name!r} grows beside a segment: germinate it in a model's "
+                                        "slot whose segment input was measured (morphogen.core.branch)")
+            return self.builder(site, device=device, dtype=dtype, **options)
+        if not isinstance(site, WidthSite):
             raise NoWidthSiteError(f"blueprint {self.name!r} widens the layers around a slot: germinate it in a "
                                    "model's slot that has them (morphogen.core.width)")
         return self.builder(site, device=device, dtype=dtype, **options)
@@ -454,11 +470,21 @@ def _residual_mlp_blueprints(topology: str, *, attention: bool) -> dict[str, Blu
     return {b.name: b for b in blueprints}
 
 
+def _branch_blueprints(topology: str) -> dict[str, Blueprint]:
+    """Paths beside the segment before a slot, for the topologies whose segments a probe can measure."""
+    unit = "features" if topology == "mlp" else "channels"
+    return {"branch_wide": Blueprint("branch_wide", topology, wide_branch,
+                                     f"path beside the segment before the slot, {BRANCH_EXPANSION}x its {unit} "
+                                     "inside", BlueprintKind.BRANCH)}
+
+
 _REGISTRY: dict[str, dict[str, Blueprint]] = {
-    "cnn": {**_convolutional_blueprints("cnn", dims=2), **_widening_blueprints("cnn")},
-    "cnn1d": {**_convolutional_blueprints("cnn1d", dims=1), **_widening_blueprints("cnn1d")},
+    "cnn": {**_convolutional_blueprints("cnn", dims=2), **_widening_blueprints("cnn"), **_branch_blueprints("cnn")},
+    "cnn1d": {**_convolutional_blueprints("cnn1d", dims=1), **_widening_blueprints("cnn1d"),
+              **_branch_blueprints("cnn1d")},
     "transformer": _residual_mlp_blueprints("transformer", attention=True),
-    "mlp": {**_residual_mlp_blueprints("mlp", attention=False), **_widening_blueprints("mlp")},
+    "mlp": {**_residual_mlp_blueprints("mlp", attention=False), **_widening_blueprints("mlp"),
+            **_branch_blueprints("mlp")},
 }
 TOPOLOGIES = tuple(_REGISTRY)
 """Host topologies that have blueprints: "cnn" (images), "cnn1d" (sequences), "transformer" (tokens), "mlp"
@@ -529,13 +555,16 @@ def get_blueprint(topology: str, name: str) -> Blueprint:
 
 
 def build_seed(topology: str, name: str, width: int, *, device: Device = None,
-               dtype: torch.dtype | None = None, site: WidthSite | None = None, **options: Any) -> nn.Module:
-    """Build the seed module `name` for a slot of `width` channels (or d_model); a widening one at `site`."""
+               dtype: torch.dtype | None = None, site: WidthSite | BranchSite | None = None,
+               **options: Any) -> nn.Module:
+    """Build the seed module `name` for a slot of `width` channels (or d_model); a widening or branch one at
+    `site`."""
     return get_blueprint(topology, name).build(width, device=device, dtype=dtype, site=site, **options)
 
 
-def parameter_count(topology: str, name: str, width: int, *, site: WidthSite | None = None, **options: Any) -> int:
-    """Parameters a seed of this blueprint adds at this width, or at this width `site` for a widening one (built
+def parameter_count(topology: str, name: str, width: int, *, site: WidthSite | BranchSite | None = None,
+                    **options: Any) -> int:
+    """Parameters a seed of this blueprint adds at this width, or at `site` for a widening or branch one (built
     on the meta device: no memory)."""
     seed = build_seed(topology, name, width, device="meta", site=site, **options)
     return sum(p.numel() for p in seed.parameters())
@@ -543,7 +572,7 @@ def parameter_count(topology: str, name: str, width: int, *, site: WidthSite | N
 
 def registry_table(topology: str, width: int) -> list[tuple[str, int | None, str]]:
     """(name, parameter count at `width`, description) for every blueprint of a topology; the count of a
-    widening blueprint depends on the host's layers around the slot: None here (`morphogen list blueprints`
+    widening or branch blueprint depends on the host's layers around the slot: None here (`morphogen list blueprints`
     shows it per slot of a task's host)."""
     _check_topology(topology)
     return [(b.name, parameter_count(topology, b.name, width) if b.kind is BlueprintKind.DEEPEN else None,

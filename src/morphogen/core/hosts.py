@@ -44,6 +44,9 @@ class SegmentedHost(nn.Module):
         super().__init__()
         self.segments = nn.ModuleList()
         self._points: dict[str, int] = {}
+        #: Slot id -> (per-sample shape entering the segment that ends at the slot, per-sample shape at the slot),
+        #: where a shape probe measured them (`host_from_module`): what a branch seed beside that segment maps.
+        self.measured_shapes: dict[str, tuple[tuple[int, ...], tuple[int, ...]]] = {}
 
     @property
     def injection_points(self) -> dict[str, int]:

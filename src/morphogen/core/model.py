@@ -33,6 +33,7 @@ from torch import Tensor, nn
 
 from morphogen.core.blend import BlendKind
 from morphogen.core.blueprints import BlueprintKind, get_blueprint
+from morphogen.core.branch import BranchSite, find_branch_site
 from morphogen.core.compilation import CompileSettings, compiled
 from morphogen.core.hosts import SegmentedHost, UnknownSlotError
 from morphogen.core.lifecycle import BLENDED_STAGES, Stage
@@ -153,6 +154,9 @@ class MorphogeneticModel(nn.Module):
         for position, slot in enumerate(self.slots()):
             site = find_width_site(host.segments, self._point_of_slot[position], slot.channels)
             slot.width_site, slot.width_problem = (site, "") if isinstance(site, WidthSite) else (None, site)
+            entering, at_slot = host.measured_shapes.get(slot.slot_id, (None, ()))
+            branch = find_branch_site(host.topology, entering, at_slot)
+            slot.branch_site, slot.branch_problem = (branch, "") if isinstance(branch, BranchSite) else (None, branch)
 
     # ---------------------------------------------------------------- access
     @property
@@ -198,11 +202,14 @@ class MorphogeneticModel(nn.Module):
         return slot
 
     def can_graft(self, slot_id: str, blueprint: str) -> bool:
-        """Whether `blueprint` can be grafted into `slot_id`: it adds a layer (a widening seed does not), and a
-        copy of the layer before the slot (`block_copy`) finds that layer in this host."""
+        """Whether `blueprint` can be grafted into `slot_id`: it adds a layer or a branch beside the segment before
+        the slot where the slot has a branch site (a widening seed does not), and a copy of the layer before the
+        slot (`block_copy`) finds that layer in this host."""
         recipe = get_blueprint(self.topology, blueprint)
         if recipe.kind is BlueprintKind.WIDEN:
             return False
+        if recipe.kind is BlueprintKind.BRANCH:
+            return self.slot(slot_id).branch_site is not None
         return recipe.neighbour_fits is None or recipe.neighbour_fits(self._segment_before(slot_id))
 
     def _segment_before(self, slot_id: str) -> nn.Module:
@@ -246,17 +253,20 @@ class MorphogeneticModel(nn.Module):
         The slots at `widening` hold running widening seeds (`morphogen.core.width`): `at_slot` runs for them
         at their injection point, the consumer's output inside the next segment, with `slot.tap` (the
         producer's input) set; at their own point the walk calls `at_point` (default: nothing happens there).
+        Every other slot runs with `slot.tap` set to the input of the segment before it, which a branch seed
+        reads (`morphogen.core.branch`; holding the reference costs nothing).
         """
         taps: dict[int, Tensor] = {}
         start = 0 if after is None else self._point_of_slot[after] + 1
         for index in range(start, len(self._slot_at_point)):
+            entering = x
             x = self._run_segment(index, x, at_slot, widening, taps)
             position = self._slot_at_point[index]
             if position is None:
                 continue
             slot = self._slot_at(position)
             if position not in widening:
-                x = at_slot(position, slot, x)
+                x = _with_tap(at_slot, position, slot, entering, x)
             elif at_point is not None:
                 x = _with_tap(at_point, position, slot, taps.get(position), x)
         return self._run_segment(len(self._slot_at_point), x, at_slot, widening, taps)
@@ -337,7 +347,7 @@ class MorphogeneticModel(nn.Module):
 
     def _host_forward(self, x: Tensor, plan: ExecutionPlan) -> tuple[Tensor, Captured]:
         """The model's output and, when grad is on, the detached activation at each TRAINING slot (with the
-        detached producer input of a widening seed, None for the others).
+        detached tap of a widening or branch seed, None for the others).
 
         Reads slot behaviour from `plan`, never from the lifecycle, so a compiled copy specializes on it.
         """
@@ -348,7 +358,8 @@ class MorphogeneticModel(nn.Module):
         def at_slot(position: int, slot: SeedSlot, h: Tensor) -> Tensor:
             mode = plan[position].mode
             if mode is SlotMode.SHADOW and capture and position not in widening:
-                captured.append((h.detach(), None))
+                tap = slot.tap if plan[position].branches else None
+                captured.append((h.detach(), None if tap is None else tap.detach()))
             return slot.run(mode, h)
 
         def at_point(position: int, slot: SeedSlot, h: Tensor) -> Tensor:
@@ -378,7 +389,9 @@ class MorphogeneticModel(nn.Module):
             h = slot.run(mode, h)  # the host's own behaviour at this slot for the rows already in
             if position not in training:
                 return h
-            shadow = slot.shadow(captured[training.index(position)][0])  # (B, ...): this seed fully in
+            activation, tap = captured[training.index(position)]
+            slot.tap = tap  # a branch seed's own rows bring their input; the walk resets it after this call
+            shadow = slot.shadow(activation)  # (B, ...): this seed fully in
             return torch.cat([h, shadow])  # (k*B, ...)
 
         def at_point(position: int, slot: SeedSlot, h: Tensor) -> Tensor:
@@ -387,7 +400,8 @@ class MorphogeneticModel(nn.Module):
             return torch.cat([h, captured[training.index(position)][0]])  # (k*B, ...): seeded at the injection
 
         first = training[0]
-        start = captured[0][0] if first in widening else self._slot_at(first).shadow(captured[0][0])
+        start = captured[0][0] if first in widening else _with_tap(lambda _, slot, h: slot.shadow(h), first,
+                                                                   self._slot_at(first), captured[0][1], captured[0][0])
         x = self._walk(start, at_slot, after=first, widening=widening, at_point=at_point)
         return x.reshape(len(captured), rows, *x.shape[1:])  # (K, B, ...)
 

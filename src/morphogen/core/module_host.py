@@ -87,7 +87,11 @@ def host_from_module(model: nn.Module, slots: Sequence[str], example_input: Tens
         points[slot_id_for(name)] = int(activation.shape[1] if chosen in ("cnn", "cnn1d") else activation.shape[-1])
     if len(points) != len(ordered):
         raise HostBuildError(f"slot names {ordered} collide once '.' becomes '_'; name other submodules")
-    return ModuleHost(segments, points, chosen, {slot_id_for(name): name for name in ordered})
+    host = ModuleHost(segments, points, chosen, {slot_id_for(name): name for name in ordered})
+    entering = [tuple(example_input.shape[1:]), *(tuple(a.shape[1:]) for a in outputs)]
+    host.measured_shapes = {slot_id: (entering[index], tuple(outputs[index].shape[1:]))
+                            for index, slot_id in enumerate(points)}
+    return host
 
 
 def _check_names(model: nn.Module, names: Sequence[str]) -> None:

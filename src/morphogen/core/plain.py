@@ -59,21 +59,38 @@ class FoldedWidening(nn.Module):
         return consumer_output + self.alpha * added
 
 
+class FoldedBranch(nn.Module):
+    """A kept branch seed at a fixed alpha: `blend(h, h + branch(x), alpha)` with `x` the input of the segment
+    before its point and `h` that segment's output."""
+
+    def __init__(self, seed: nn.Module, blend: Blend, alpha: float) -> None:
+        super().__init__()
+        self.seed, self.blend, self.alpha = seed, blend, alpha
+
+    def forward(self, h: Tensor, entering: Tensor) -> Tensor:
+        added: Tensor = self.seed(entering)
+        output: Tensor = self.blend(h, h + added, self.alpha)
+        return output
+
+
 class GrownNetwork(nn.Module):
     """`segments[0] -> seeds[0] -> segments[1] -> ... -> segments[-1]`; an empty point holds an `nn.Identity`.
 
     A kept widening seed (`widenings`, by point) reads its producer's input inside the segment before its point
-    and adds to its consumer's output inside the segment after it (`morphogen.core.width`); its point holds an
-    `nn.Identity`.
+    and adds to its consumer's output inside the segment after it (`morphogen.core.width`); a kept branch seed
+    (`branches`, by point) reads the input of the segment before its point and adds at the point
+    (`morphogen.core.branch`). The points of both hold an `nn.Identity`.
     """
 
     def __init__(self, segments: Sequence[nn.Module], seeds: Sequence[nn.Module],
-                 widenings: Mapping[int, tuple[WidthSite, FoldedWidening]] | None = None) -> None:
+                 widenings: Mapping[int, tuple[WidthSite, FoldedWidening]] | None = None,
+                 branches: Mapping[int, FoldedBranch] | None = None) -> None:
         super().__init__()
         if len(segments) != len(seeds) + 1:
             raise ValueError(f"a network of {len(seeds)} points needs {len(seeds) + 1} segments, got {len(segments)}")
         self.segments = nn.ModuleList(segments)
         self.seeds = nn.ModuleList(seeds)
+        self.branches = nn.ModuleDict({str(point): folded for point, folded in (branches or {}).items()})
         widenings = dict(widenings or {})
         self.widenings = nn.ModuleDict({str(point): folded for point, (_, folded) in widenings.items()})
         #: Where each widening cuts the segments (plain numbers: the site's layers are the segments' own).
@@ -88,7 +105,10 @@ class GrownNetwork(nn.Module):
             return widened
 
         for index, segment in enumerate(self.segments):
+            entering = x
             x = run_cut_segment(segment, index, x, self._sites, inject, taps)
+            if str(index) in self.branches:
+                x = self.branches[str(index)](x, entering)
             if index < len(self.seeds):
                 x = self.seeds[index](x)
         return x
@@ -108,6 +128,7 @@ def grown_network(model: MorphogeneticModel, *, leave_out_blending: bool = False
     host = model.host
     folded: list[nn.Module] = []
     widenings: dict[int, tuple[WidthSite, FoldedWidening]] = {}
+    branches: dict[int, FoldedBranch] = {}
     for point, slot_id in enumerate(host.injection_points):
         slot = model.slot(slot_id) if slot_id in model.seed_slots else None
         if slot is None or slot.stage not in KEPT_STAGES:
@@ -119,9 +140,13 @@ def grown_network(model: MorphogeneticModel, *, leave_out_blending: bool = False
             widenings[point] = (slot.width_site, FoldedWidening(slot.seed, float(slot.alpha.alpha)))
             folded.append(nn.Identity())
             continue
+        if slot.branches:
+            branches[point] = FoldedBranch(slot.seed, slot.blend, float(slot.alpha.alpha))
+            folded.append(nn.Identity())
+            continue
         folded.append(FoldedSeed(slot.seed, slot.blend, float(slot.alpha.alpha)))
     segments = [host.segments[index] for index in range(len(folded) + 1)]
     # One deepcopy of everything at once, so that modules shared between segments stay shared in the copy (the
     # sites refer to layers of the segments: copied with them).
-    network = GrownNetwork(*copy.deepcopy((segments, folded, widenings)))
+    network = GrownNetwork(*copy.deepcopy((segments, folded, widenings, branches)))
     return network.eval()

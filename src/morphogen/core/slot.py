@@ -36,6 +36,7 @@ from torch import Tensor, nn
 from morphogen.core.alpha import AlphaController, AlphaCurve, AlphaMode
 from morphogen.core.blend import Blend, BlendKind, add_blend, gate_blend, multiply_blend
 from morphogen.core.blueprints import CHANNEL_DIM, BlueprintKind, build_seed, get_blueprint
+from morphogen.core.branch import BranchSite, NoBranchSiteError
 from morphogen.core.lifecycle import (
     NEXT_STAGE,
     PRUNABLE_STAGES,
@@ -77,6 +78,8 @@ class SlotPlan(NamedTuple):
     detach_input: bool = False
     #: The seed widens the layers around the slot: it runs at their injection point, not at the slot.
     widens: bool = False
+    #: The seed is a branch beside the segment before the slot: it reads that segment's input.
+    branches: bool = False
 
 
 IDLE = SlotPlan(SlotMode.IDENTITY)
@@ -152,7 +155,12 @@ class SeedSlot(nn.Module):
         self.width_site: WidthSite | None = None
         #: Why the slot has no width site (shown when a widening blueprint is refused).
         self.width_problem = "it is not part of a model (MorphogeneticModel finds the layers around a slot)"
-        #: A widening seed's input, the producer's input, handed over by the model's walk just before the slot runs.
+        #: What a branch beside the segment before the slot maps (set by `MorphogeneticModel`), or None.
+        self.branch_site: BranchSite | None = None
+        #: Why the slot has no branch site (shown when a branch blueprint is refused).
+        self.branch_problem = "it is not part of a model (MorphogeneticModel reads the host's measured shapes)"
+        #: The input of a widening or branch seed (the producer's input, or the input of the segment before the
+        #: slot), handed over by the model's walk just before the slot runs.
         self.tap: Tensor | None = None
 
     # ---------------------------------------------------------------- read-only views
@@ -175,7 +183,36 @@ class SeedSlot(nn.Module):
     @property
     def widens(self) -> bool:
         """Whether the slot holds a widening seed (new channels of the layers around it)."""
-        return self.seed is not None and get_blueprint(self.topology, str(self.blueprint)).kind is BlueprintKind.WIDEN
+        return self._holds(BlueprintKind.WIDEN)
+
+    @property
+    def branches(self) -> bool:
+        """Whether the slot holds a branch seed (a path beside the segment before it)."""
+        return self._holds(BlueprintKind.BRANCH)
+
+    @property
+    def reads_tap(self) -> bool:
+        """Whether the slot's seed reads `tap` (widening and branch seeds) rather than the activation at the slot."""
+        return self.widens or self.branches
+
+    def _holds(self, kind: BlueprintKind) -> bool:
+        return self.seed is not None and get_blueprint(self.topology, str(self.blueprint)).kind is kind
+
+    def site_for(self, blueprint: str) -> WidthSite | BranchSite | None:
+        """The site a seed of `blueprint` needs here: the width site for a widening one, the branch site for a
+        branch, None for a deepening one (or where the slot has no site of that kind)."""
+        kind = get_blueprint(self.topology, blueprint).kind
+        return self.width_site if kind is BlueprintKind.WIDEN else self.branch_site if kind is BlueprintKind.BRANCH \
+            else None
+
+    def site_problem(self, blueprint: str) -> str:
+        """Why `blueprint` cannot grow here for want of a site; "" when it can."""
+        kind = get_blueprint(self.topology, blueprint).kind
+        if kind is BlueprintKind.DEEPEN or self.site_for(blueprint) is not None:
+            return ""
+        if kind is BlueprintKind.WIDEN:
+            return f"slot {self.slot_id} cannot widen the layers around it: {self.width_problem}"
+        return f"slot {self.slot_id} cannot grow a branch beside the segment before it: {self.branch_problem}"
 
     # ---------------------------------------------------------------- forward
     @property
@@ -195,7 +232,8 @@ class SeedSlot(nn.Module):
         if mode is SlotMode.IDENTITY:
             return IDLE
         options = repr(sorted(self.blueprint_options.items()))
-        return SlotPlan(mode, str(self.blueprint), options, self.blend_kind, self.detach_input, self.widens)
+        return SlotPlan(mode, str(self.blueprint), options, self.blend_kind, self.detach_input, self.widens,
+                        self.branches)
 
     def forward(self, h: Tensor, alpha: Tensor | float | None = None) -> Tensor:
         """The slot on the host path in its current mode; `alpha` overrides a blended seed's alpha."""
@@ -219,21 +257,22 @@ class SeedSlot(nn.Module):
         configurations (one per sample: [N]).
         """
         assert self.blend is not None and self.seed is not None
-        seeded = h + self.seed(self._tap()) if self.widens else self.seed(h)
+        seeded = h + self.seed(self._tap()) if self.reads_tap else self.seed(h)
         shadow: Tensor = self.blend(h, seeded, alpha)
         return shadow
 
     def _tap(self) -> Tensor:
-        assert self.tap is not None, "a widening seed runs inside the model's walk, which hands it the producer's input"
+        assert self.tap is not None, "a widening or branch seed runs inside the model's walk, which hands it its input"
         return self.tap
 
     def seed_output(self, h: Tensor) -> Tensor:
         """The seed's output `s` for a blended stage, before blending (input detached per `detach_input`).
 
-        A widening seed's `h` is the consumer's output; `s` adds what the new channels bring to it.
+        A widening seed's `h` is the consumer's output; `s` adds what the new channels bring to it (a branch's
+        what the branch brings to the activation at the slot).
         """
         assert self.seed is not None
-        if self.widens:
+        if self.reads_tap:
             tap = self._tap()
             added: Tensor = self.seed(tap.detach() if self.detach_input else tap)
             return h + added
@@ -333,15 +372,17 @@ class SeedSlot(nn.Module):
         self._finish_ramp(epoch)
     def _build_seed(self, blueprint: str, blend: BlendKind, device: torch.device | str | None,
                     dtype: torch.dtype | None, options: dict[str, Any]) -> nn.Module:
-        """The seed module of `blueprint`; a widening one at this slot's width site, blended by adding."""
-        if get_blueprint(self.topology, blueprint).kind is BlueprintKind.WIDEN:
-            if self.width_site is None:
-                raise NoWidthSiteError(f"slot {self.slot_id} cannot widen the layers around it: {self.width_problem}")
-            if blend is not BlendKind.ADD:
-                raise ValueError(f"a widening seed adds its channels' output ({blueprint!r} blends by add, got "
-                                 f"{blend.value})")
-        return build_seed(self.topology, blueprint, self.channels, device=device, dtype=dtype, site=self.width_site,
-                          **options)
+        """The seed module of `blueprint`; a widening or branch one at this slot's site of its kind, blended by
+        adding."""
+        kind = get_blueprint(self.topology, blueprint).kind
+        problem = self.site_problem(blueprint)
+        if problem:
+            raise NoBranchSiteError(problem) if kind is BlueprintKind.BRANCH else NoWidthSiteError(problem)
+        if kind is not BlueprintKind.DEEPEN and blend is not BlendKind.ADD:
+            what = "widening seed adds its channels'" if kind is BlueprintKind.WIDEN else "branch seed adds its"
+            raise ValueError(f"a {what} output ({blueprint!r} blends by add, got {blend.value})")
+        return build_seed(self.topology, blueprint, self.channels, device=device, dtype=dtype,
+                          site=self.site_for(blueprint), **options)
 
     def install(self, blueprint: str, epoch: int = 0, *, blend: BlendKind | None = None,
                 device: torch.device | str | None = None, dtype: torch.dtype | None = None,

@@ -333,7 +333,7 @@ class MorphogenesisEpisode:
 
     def _germinate(self, action: Action) -> tuple[bool, str]:
         """GERMINATE: a seed of the action's blueprint in its slot, unless another seed is still learning or the
-        slot cannot take a widening seed (refusals the factored action masks cannot express)."""
+        slot cannot take a widening or branch seed (refusals the factored action masks cannot express)."""
         model, epoch = self.model, self.epoch
         assert model is not None and action.slot is not None
         if action.blueprint is None:
@@ -341,13 +341,14 @@ class MorphogenesisEpisode:
         if any(s.stage in (Stage.GERMINATED, Stage.TRAINING) for s in model.slots()):
             return False, "another seed is still germinated or training"
         slot = model.slot(action.slot)
-        widening = get_blueprint(self.task.topology, action.blueprint).kind is BlueprintKind.WIDEN
-        if widening and slot.width_site is None:
-            return False, f"{action.slot} has no layers around it to widen: {slot.width_problem}"
+        problem = slot.site_problem(action.blueprint)
+        if problem:
+            return False, problem
+        adds = get_blueprint(self.task.topology, action.blueprint).kind is not BlueprintKind.DEEPEN
         # Seed weights come from (episode seed, epoch, slot), not from whatever the global RNG holds.
         with seeded(derive_seed(self.seed, epoch, model.slot_ids.index(action.slot)), self.device):
-            # A widening seed adds its channels' output: the blend head does not apply to it.
-            model.germinate(action.slot, action.blueprint, epoch, blend=BlendKind.ADD if widening else action.blend,
+            # A widening or branch seed adds its output: the blend head does not apply to it.
+            model.germinate(action.slot, action.blueprint, epoch, blend=BlendKind.ADD if adds else action.blend,
                             blend_epochs=action.blend_epochs)
         return True, f"germinated {action.blueprint} in {action.slot}"
 

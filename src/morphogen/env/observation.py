@@ -73,14 +73,14 @@ MAGNITUDE_CEILING = 1e6
 LOG_RATIO_LIMIT = 10.0
 
 #: What a blueprint does to the host, as the policy sees it: deepen (a residual block of the slot's width),
-#: widen (an inverted residual wider than the slot), adapter (a low-rank update), attention, norm, block
-#: (a whole host block), other (a user's blueprint of unknown kind).
+#: widen (an inverted residual wider than the slot, new channels, or a wide branch), adapter (a low-rank
+#: update), attention, norm, block (a whole host block), other (a user's blueprint of unknown kind).
 BLUEPRINT_KINDS = ("deepen", "widen", "adapter", "attention", "norm", "block", "other")
 _BUILT_IN_KINDS = {
     "norm": "norm", "attention": "attention", "depthwise": "deepen", "bottleneck": "deepen", "conv_small": "deepen",
     "conv_light": "deepen", "conv_heavy": "deepen", "widen_x2": "widen", "widen_x4": "widen", "widen_x8": "widen",
     "lora": "adapter", "lora_large": "adapter", "mlp_small": "deepen", "mlp": "deepen",
-    "wider": "widen", "wider_half": "widen", "block": "block", "block_copy": "block",
+    "wider": "widen", "wider_half": "widen", "branch_wide": "widen", "block": "block", "block_copy": "block",
 }
 
 

@@ -1,0 +1,193 @@
+"""Branch seeds (`branch_wide`): a path beside the segment before a slot, reading that segment's input.
+
+Checked on a user's ResNet cut after every block (the site where a branch runs beside each block, one of them
+strided), a user's 1D CNN and an MLP: identity at birth, the counterfactual and shadow passes against plain
+forwards, isolation while TRAINING, state_dict, export, and the refusals where a slot has no branch site.
+"""
+
+from __future__ import annotations
+
+import copy
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from slot_driver import EASY_CONFIG, drive_to, perturb_seed
+from torch import Tensor, nn
+
+from morphogen import CNNHost, MorphogeneticModel, TransformerHost, host_from_module
+from morphogen.core.blend import BlendKind
+from morphogen.core.blueprints import UnknownBlueprintError
+from morphogen.core.branch import BranchSite, NoBranchSiteError, find_branch_site
+from morphogen.core.hosts import SegmentedHost
+from morphogen.core.lifecycle import Stage
+from morphogen.core.plain import grown_network
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "own"))
+from models import ResNet, mlp
+
+BLOCKS = ["layer1.0", "layer2.0", "layer3.0"]
+
+
+def _resnet() -> tuple[SegmentedHost, Tensor]:
+    torch.manual_seed(0)
+    host = host_from_module(ResNet(width=4), BLOCKS, example_input=torch.randn(2, 3, 12, 12))
+    return host.eval(), torch.randn(3, 3, 12, 12, generator=torch.Generator().manual_seed(1))
+
+
+def _hosts() -> dict[str, tuple[SegmentedHost, Tensor]]:
+    torch.manual_seed(0)
+    sequence = nn.Sequential(nn.Conv1d(2, 4, 5, padding=2), nn.ReLU(), nn.Conv1d(4, 6, 5, stride=2, padding=2),
+                             nn.ReLU(), nn.Flatten(), nn.Linear(6 * 10, 3))
+    generator = torch.Generator().manual_seed(1)
+    return {
+        "resnet": _resnet(),
+        "cnn1d": (host_from_module(sequence, ["1", "3"], example_input=torch.randn(2, 2, 20)).eval(),
+                  torch.randn(3, 2, 20, generator=generator)),
+        "mlp": (host_from_module(mlp(), ["1", "3"], example_input=torch.randn(2, 12)).eval(),
+                torch.randn(3, 12, generator=generator)),
+    }
+
+
+def _place(model: MorphogeneticModel, slot_id: str, stage: Stage, seed: int, alpha: float = 1.0) -> None:
+    slot = model.germinate(slot_id, "branch_wide")
+    perturb_seed(slot, torch.Generator().manual_seed(seed))
+    drive_to(slot, stage, alpha=alpha)
+
+
+@pytest.mark.parametrize("kind", ["resnet", "cnn1d", "mlp"])
+def test_a_branch_seed_is_the_identity_at_birth_and_changes_the_output_once_trained(kind: str) -> None:
+    host, x = _hosts()[kind]
+    with torch.no_grad():
+        bare = host(x)
+    for slot_id in host.slot_ids:
+        model = MorphogeneticModel(host, [slot_id], config=EASY_CONFIG)
+        slot = model.germinate(slot_id, "branch_wide")
+        assert slot.branch_site is not None and slot.seed_parameter_count() > 0
+        for stage in (Stage.TRAINING, Stage.BLENDING, Stage.HOLDING, Stage.FOSSILIZED):
+            drive_to(slot, stage)
+            with torch.no_grad():
+                torch.testing.assert_close(model(x), bare, rtol=0, atol=1e-6, msg=f"{slot_id} {stage.name}")
+        perturb_seed(slot, torch.Generator().manual_seed(2))
+        with torch.no_grad():
+            assert not torch.allclose(model(x), bare, atol=1e-4), slot_id
+
+
+def test_a_branch_maps_the_blocks_input_to_its_output_with_the_blocks_stride() -> None:
+    host, _ = _resnet()
+    model = MorphogeneticModel(host)
+    # layer1.0 follows the stem (3 channels of the image in, 4 out); layer2.0 halves 12x12 and doubles 4 channels.
+    assert model.slot("layer1_0").branch_site == BranchSite(2, 3, 4, 1)
+    assert model.slot("layer2_0").branch_site == BranchSite(2, 4, 8, 2)
+    assert model.slot("layer3_0").branch_site == BranchSite(2, 8, 16, 2)
+    assert find_branch_site("cnn", (4, 12, 12), (8, 5, 5)) == \
+        "no strided convolution maps the segment's input (4, 12, 12) to the slot's (8, 5, 5)"
+
+
+def test_slots_without_a_measured_segment_input_refuse_a_branch_with_the_reason() -> None:
+    built_in = MorphogeneticModel(CNNHost(5, 1, n_blocks=2, base_channels=4))
+    with pytest.raises(NoBranchSiteError, match=r"r0c0 cannot grow a branch .* \(hosts from host_from_module do\)"):
+        built_in.germinate("r0c0", "branch_wide")
+    assert not built_in.can_graft("r0c0", "branch_wide")
+    transformer = TransformerHost(vocab_size=11, d_model=16, n_heads=2, n_layers=2, block_size=6, n_segments=2)
+    with pytest.raises(UnknownBlueprintError, match="unknown transformer blueprint 'branch_wide'"):
+        MorphogeneticModel(transformer).germinate("r0c0", "branch_wide")
+    host, _ = _resnet()
+    with pytest.raises(ValueError, match="a branch seed adds its output"):
+        MorphogeneticModel(host).germinate("layer1_0", "branch_wide", blend=BlendKind.GATE)
+    assert MorphogeneticModel(host).can_graft("layer2_0", "branch_wide")
+
+
+def _reference(model: MorphogeneticModel, row: list[float], x: Tensor) -> Tensor:
+    """One configuration by a plain forward of a copy (a TRAINING seed with a non-zero alpha blended in)."""
+    copied = copy.deepcopy(model)
+    for slot, alpha in zip(copied.slots(), row, strict=True):
+        if slot.stage is Stage.TRAINING and alpha != 0.0:
+            drive_to(slot, Stage.BLENDING)
+        if slot.stage in (Stage.BLENDING, Stage.HOLDING, Stage.FOSSILIZED):
+            slot.alpha_value.fill_(alpha)
+    with torch.no_grad():
+        return copied(x)
+
+
+def test_counterfactual_and_shadow_passes_agree_with_plain_forwards_around_branch_seeds() -> None:
+    """Branches at adjacent blocks: the second one reads the first one's output, which the batch's expansion to
+    K configurations (or its shadow rows) has already multiplied."""
+    host, x = _resnet()
+    model = MorphogeneticModel(host, config=EASY_CONFIG).eval()
+    _place(model, "layer1_0", Stage.HOLDING, 1)
+    _place(model, "layer2_0", Stage.TRAINING, 2)
+    _place(model, "layer3_0", Stage.BLENDING, 3, alpha=0.5)
+    rows = [[1.0, 0.0, 0.5], [0.0, 0.0, 0.5], [1.0, 1.0, 0.5], [1.0, 0.0, 0.0], [0.3, 0.7, 1.0]]
+    with torch.no_grad():
+        outputs = model.counterfactual_forward(x, rows)
+    for k, row in enumerate(rows):
+        torch.testing.assert_close(outputs[k], _reference(model, row, x), rtol=1e-5, atol=1e-5, msg=str(row))
+    output, shadow = model.forward_with_shadow(x)
+    assert shadow is not None and shadow.slot_ids == ("layer2_0",)
+    torch.testing.assert_close(output, outputs[0])
+    torch.testing.assert_close(shadow.outputs[0], outputs[2], rtol=1e-5, atol=1e-5)
+
+
+def test_two_training_branch_seeds_each_get_their_own_input_in_the_shadow_pass() -> None:
+    host, x = _resnet()
+    model = MorphogeneticModel(host, config=EASY_CONFIG).eval()
+    _place(model, "layer1_0", Stage.TRAINING, 1)
+    _place(model, "layer3_0", Stage.TRAINING, 2)
+    _, shadow = model.forward_with_shadow(x)
+    assert shadow is not None and shadow.slot_ids == ("layer1_0", "layer3_0")
+    torch.testing.assert_close(shadow.outputs[0], _reference(model, [1.0, 0.0, 0.0], x), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(shadow.outputs[1], _reference(model, [0.0, 0.0, 1.0], x), rtol=1e-5, atol=1e-5)
+
+
+def test_a_training_branch_seed_learns_only_from_its_shadow() -> None:
+    host, x = _resnet()
+    host.train()
+    bare = copy.deepcopy(host)
+    model = MorphogeneticModel(host, config=EASY_CONFIG)
+    _place(model, "layer2_0", Stage.TRAINING, 1)
+    targets = torch.randint(0, 4, (x.shape[0],))
+    output, shadow = model.forward_with_shadow(x)
+    torch.testing.assert_close(output, bare(x), rtol=0, atol=0)
+    assert shadow is not None
+    nn.functional.cross_entropy(shadow.outputs[0], targets).backward(inputs=list(shadow.parameters))
+    assert all(parameter.grad is None for parameter in host.parameters())
+    assert all(parameter.grad is not None for parameter in model.seed_parameters("layer2_0"))
+
+
+def test_a_grafted_branch_trains_with_the_host_and_round_trips_through_state_dict() -> None:
+    host, x = _resnet()
+    host.train()
+    model = MorphogeneticModel(host)
+    for slot_id in model.slot_ids:
+        assert model.can_graft(slot_id, "branch_wide")
+        model.graft(slot_id, "branch_wide")
+    nn.functional.cross_entropy(model(x), torch.randint(0, 4, (x.shape[0],))).backward()
+    seed = model.slot("layer2_0").seed
+    assert seed is not None and all(p.grad is not None for p in seed.parameters())
+    assert all(p.grad is not None for p in host.parameters() if p.requires_grad)
+    restored = MorphogeneticModel(copy.deepcopy(host))
+    for slot_id in model.slot_ids:
+        restored.graft(slot_id, "branch_wide")
+    restored.load_state_dict(model.state_dict())
+    with torch.no_grad():
+        torch.testing.assert_close(restored.eval()(x), model.eval()(x), rtol=0, atol=0)
+
+
+def test_the_plain_network_of_a_grown_model_holds_its_branches_and_exports() -> None:
+    host, x = _resnet()
+    model = MorphogeneticModel(host, config=EASY_CONFIG)
+    _place(model, "layer1_0", Stage.FOSSILIZED, 1)
+    _place(model, "layer2_0", Stage.HOLDING, 2)
+    slot = model.germinate("layer3_0", "conv_light")
+    perturb_seed(slot, torch.Generator().manual_seed(3))
+    drive_to(slot, Stage.FOSSILIZED)
+    model.eval()
+    network = grown_network(model)
+    with torch.no_grad():
+        torch.testing.assert_close(network(x), model(x), rtol=0, atol=1e-6)
+    kept = sum(model.slot(slot_id).seed_parameter_count() for slot_id in model.slot_ids)
+    assert sum(p.numel() for p in network.parameters()) == model.host_param_count() + kept
+    exported = torch.export.export(network, (x,))
+    torch.testing.assert_close(exported.module()(x), model(x), rtol=0, atol=1e-6)
