@@ -19,6 +19,7 @@ from morphogen.core.blueprints import blueprint_names
 from morphogen.core.hosts import CNNHost
 from morphogen.core.lifecycle import GateConfig, GateMode, Stage
 from morphogen.core.model import MorphogeneticModel
+from morphogen.core.module_host import host_from_module
 from morphogen.core.slot import SlotConfig
 from morphogen.data import DeviceDataset, Task, load_task
 from morphogen.env.actions import (
@@ -136,6 +137,18 @@ def test_masks_of_a_fresh_model() -> None:
     assert row(masks, "slot", Op.GROW) == [True, False, False]  # GROW picks no slot: the canonical choice
     assert row(masks, "slot", Op.GERMINATE) == [True, True, True]
     assert row(masks, "slot", Op.PRUNE) == [False, False, False]
+
+
+def test_germinate_masks_out_blueprints_no_empty_slot_has_a_site_for() -> None:
+    names = blueprint_names("cnn")
+    masks = space().masks(tiny_model())  # a built-in host measures no segment input: no slot takes a branch
+    germinate = dict(zip(names, row(masks, "blueprint", Op.GERMINATE), strict=True))
+    assert not germinate["branch_wide"] and germinate["wider"] and germinate["conv_light"]
+    net = torch.nn.Sequential(torch.nn.Conv2d(1, 4, 3, padding=1), torch.nn.ReLU(), torch.nn.Conv2d(4, 4, 3, padding=1),
+                              torch.nn.ReLU(), torch.nn.Flatten(), torch.nn.Linear(4 * 8 * 8, 3))
+    model = MorphogeneticModel(host_from_module(net, ["1", "3"], example_input=torch.randn(2, 1, 8, 8)))
+    masks = ActionSpace(model.slot_ids, "cnn").masks(model)
+    assert dict(zip(names, row(masks, "blueprint", Op.GERMINATE), strict=True))["branch_wide"]
 
 
 def test_masks_with_a_training_seed_then_an_old_enough_one() -> None:

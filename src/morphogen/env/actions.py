@@ -178,12 +178,22 @@ class ActionSpace:
             mask = slot_valid.copy() if head == "slot" else np.ones((n_ops, len(self.choices[head])), dtype=bool)
             if head == "blueprint" and graftable is not None and graftable.any():
                 mask[Op.GROW] = graftable
+            if head == "blueprint" and slot_valid[Op.GERMINATE].any():
+                mask[Op.GERMINATE] = self._placeable(slots)
             # Heads an op ignores are pinned to the canonical choice 0.
             irrelevant = ~HEAD_RELEVANCE[:, HEADS.index(head)]
             mask[irrelevant] = False
             mask[irrelevant, 0] = True
             masks.append(mask)
         return masks
+
+    def _placeable(self, slots: list[SeedSlot]) -> np.ndarray:
+        """[n_blueprints]: whether some empty slot has the site each blueprint needs (a widening one the layers
+        around it, a branch a measured segment input); all True where none would be."""
+        empty = [slot for slot in slots if slot.stage is Stage.DORMANT]
+        placeable = np.array([any(not slot.site_problem(name) for slot in empty) for name in self.blueprints],
+                             dtype=bool)
+        return placeable if placeable.any() else np.ones(len(self.blueprints), dtype=bool)
 
     def _graftable(self, model: MorphogeneticModel, slots: list[SeedSlot]) -> np.ndarray:
         """[n_blueprints]: whether GROW can graft each blueprint into every empty slot (no widening one; a
