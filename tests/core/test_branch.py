@@ -20,6 +20,7 @@ from morphogen import CNNHost, MorphogeneticModel, TransformerHost, host_from_mo
 from morphogen.core.blend import BlendKind
 from morphogen.core.blueprints import UnknownBlueprintError
 from morphogen.core.branch import BranchSite, NoBranchSiteError, find_branch_site
+from morphogen.core.flops import FlopCounter
 from morphogen.core.hosts import SegmentedHost
 from morphogen.core.lifecycle import Stage
 from morphogen.core.plain import grown_network
@@ -191,3 +192,14 @@ def test_the_plain_network_of_a_grown_model_holds_its_branches_and_exports() -> 
     assert sum(p.numel() for p in network.parameters()) == model.host_param_count() + kept
     exported = torch.export.export(network, (x,))
     torch.testing.assert_close(exported.module()(x), model(x), rtol=0, atol=1e-6)
+
+
+def test_flops_of_a_branch_match_a_hand_count() -> None:
+    """Validation of an MLP: a branch beside its first layer maps the 12 inputs to 4 x 16 features and back to 16."""
+    host = host_from_module(mlp(), ["1", "3"], example_input=torch.randn(2, 12))
+    model = MorphogeneticModel(host, config=EASY_CONFIG)
+    counter, batch = FlopCounter(), 5
+    bare = counter.validation_batch(model, [[0.0, 0.0]], (batch, 12), torch.float32).main
+    _place(model, "1", Stage.FOSSILIZED, 1)
+    grown = counter.validation_batch(model, [[1.0, 0.0]], (batch, 12), torch.float32).main
+    assert grown - bare == 2 * batch * (12 * 64 + 64 * 16)  # a multiply-add is 2 FLOPs

@@ -211,24 +211,35 @@ def test_report_and_runs_show_the_users_task_name(tmp_path: Path, capsys: pytest
     assert "quadrants" in capsys.readouterr().out
 
 
+#: What enters each block of the test ResNet (the first block's segment starts at the image) and what leaves it.
+_ENTERING, _CHANNELS = [3, 4, 4, 8, 8, 16], [4, 4, 8, 8, 16, 16]
+
+
+@pytest.mark.parametrize(("blueprint", "added_weights"), [
+    # a 3x3 conv to 4x the slot's channels and one back, their biases, the GroupNorm's affine
+    ("conv_wide", sum(2 * 9 * 4 * c * c + 4 * c + c + 2 * 4 * c for c in _CHANNELS)),
+    # the same beside the block: the first conv reads what enters it
+    ("branch_wide", sum(9 * i * 4 * c + 9 * 4 * c * c + 4 * c + c + 2 * 4 * c for i, c in zip(_ENTERING, _CHANNELS,
+                                                                                             strict=True))),
+])
 def test_a_users_resnet_grows_a_wide_block_after_every_residual_block_at_once(
-        tmp_path: Path, run_without_morphogen: Callable[..., list[torch.Tensor]]) -> None:
-    """Depth growth of a residual network: `conv_wide` grafted into the slot after each block in one GROW."""
+        blueprint: str, added_weights: int, tmp_path: Path,
+        run_without_morphogen: Callable[..., list[torch.Tensor]]) -> None:
+    """Depth growth of a residual network: `conv_wide` (after each block) or `branch_wide` (beside it) grafted
+    into the slot after each block in one GROW."""
     train, validation = quadrant_images(192, 0), quadrant_images(96, 1000)
     task = morphogen.task_from_data("quadrants", train, validation, batch_size=32, num_classes=4)
     torch.manual_seed(0)
     blocks = ["layer1.0", "layer1.1", "layer2.0", "layer2.1", "layer3.0", "layer3.1"]
     host = morphogen.host_from_module(ResNet(blocks=2), blocks, example_input=train[0][:2])
     config = eager_config(epochs=4)
-    config = dataclasses.replace(config, heuristic=dataclasses.replace(config.heuristic, depth_blueprint="conv_wide"))
+    config = dataclasses.replace(config, heuristic=dataclasses.replace(config.heuristic, depth_blueprint=blueprint))
     result = morphogen.grow(task, host, run_dir=str(tmp_path / "run"), config=config, out=io.StringIO())
-    grafted = [story for story in result.grown.stories if story.blueprint == "conv_wide"]
+    grafted = [story for story in result.grown.stories if story.blueprint == blueprint]
     assert sorted(story.slot for story in grafted) == [block.replace(".", "_") for block in blocks]
     assert len({story.stages["training"] for story in grafted}) == 1  # all in one epoch
-    # Each adds a 3x3 conv to 4x the slot's channels and one back: 2 * 9 * 4 * C^2 weights, and biases.
     added = sum(p.numel() for slot in result.model.slots() if slot.seed is not None for p in slot.seed.parameters())
-    channels = [4, 4, 8, 8, 16, 16]
-    assert added == sum(2 * 9 * 4 * c * c + 4 * c + c + 2 * 4 * c for c in channels)
+    assert added == added_weights
     inputs = validation[0][:5]
     with torch.no_grad():
         expected = result.model.eval()(inputs)
