@@ -45,6 +45,7 @@ import morphogen
 from growth import mean_standard_error, mean_std
 from morphogen.commands.run import RunConfig
 from morphogen.control.controller import NoGrowthController
+from morphogen.core.lifecycle import Criterion
 from morphogen.data import load_task
 from morphogen.env.episode import MorphogenesisEpisode, task_with_host
 from morphogen.env.optimizer import SCHEDULES, OptimizerConfig
@@ -163,22 +164,25 @@ def task_and_host(name: str, width: int | None = None) -> tuple[morphogen.Task, 
     return task, host
 
 
-def run_config(schedule: str, heuristic: Sequence[tuple[str, str]] = ()) -> RunConfig:
-    """`morphogen run`'s settings with the learning-rate schedule `schedule` (the task's SGD otherwise) and the
-    `heuristic` settings (name, value)."""
+def run_config(schedule: str, heuristic: Sequence[tuple[str, str]] = (), criterion: str | None = None) -> RunConfig:
+    """`morphogen run`'s settings with the learning-rate schedule `schedule` (the task's SGD otherwise), the
+    `heuristic` settings (name, value) and the gates' `criterion` (None: the task's, accuracy here)."""
     config = RunConfig()
-    return dataclasses.replace(
-        config, episode=dataclasses.replace(config.episode, optimizer=OptimizerConfig(schedule=schedule)),
-        heuristic=dataclasses.replace(config.heuristic, **dict(heuristic)))
+    slots = config.episode.slots
+    gates = dataclasses.replace(slots.gates, criterion=None if criterion is None else Criterion(criterion))
+    episode = dataclasses.replace(config.episode, optimizer=OptimizerConfig(schedule=schedule),
+                                  slots=dataclasses.replace(slots, gates=gates))
+    return dataclasses.replace(config, episode=episode, heuristic=dataclasses.replace(config.heuristic,
+                                                                                      **dict(heuristic)))
 
 
-def run_job(job: tuple[str, int, int, str]) -> tuple[str, int, dict[str, Figures], dict[str, str]]:
-    name, seed, epochs, schedule = job
+def run_job(job: tuple[str, int, int, str, str | None]) -> tuple[str, int, dict[str, Figures], dict[str, str]]:
+    name, seed, epochs, schedule, criterion = job
     torch.set_num_threads(1)
     task, host = task_and_host(name)
     with tempfile.TemporaryDirectory() as root:
         result = morphogen.grow(task, host, epochs=epochs, seed=seed, run_dir=f"{root}/run", out=io.StringIO(),
-                                config=run_config(schedule, MODELS[name].heuristic))
+                                config=run_config(schedule, MODELS[name].heuristic, criterion))
     assert result.baseline is not None
     scratch = result.from_scratch or result.baseline  # nothing grown: the final architecture is the host
     figures = {variant: Figures(o.final_accuracy, o.final_loss, o.parameters, o.seconds)
@@ -242,18 +246,21 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--fixed-widths", default="", help="also train the ResNet at these base widths, no growth")
     parser.add_argument("--schedule", default="constant", choices=SCHEDULES,
                         help="learning-rate schedule of host and seeds (the models train with SGD, lr 0.01)")
+    parser.add_argument("--criterion", default=None, choices=[c.value for c in Criterion],
+                        help="what the gates and the heuristic judge seeds by (default: accuracy points)")
     args = parser.parse_args(argv)
     names = [name.strip() for name in args.models.split(",") if name.strip()]
     widths = [int(width) for width in args.fixed_widths.split(",") if width.strip()]
-    jobs = [(name, seed, args.epochs, args.schedule) for name in names for seed in range(args.seeds)]
+    jobs = [(name, seed, args.epochs, args.schedule, args.criterion) for name in names for seed in range(args.seeds)]
     started = time.perf_counter()
     with ProcessPoolExecutor(max_workers=args.jobs) as pool:
         fixed_jobs = [(width, seed, args.epochs, args.schedule) for width in widths for seed in range(args.seeds)]
         fixed = pool.map(run_fixed_resnet, fixed_jobs)  # submitted now, beside the growth jobs
         results = list(pool.map(run_job, jobs))
         fixed_results = list(fixed)
-    print(f"your-model benchmark: {args.epochs} epochs, {args.schedule} learning rate, seeds 0..{args.seeds - 1}, "
-          f"{args.jobs} processes x 1 thread, {time.perf_counter() - started:.0f} s in all")
+    judged = f", gates judge by {args.criterion}" if args.criterion else ""
+    print(f"your-model benchmark: {args.epochs} epochs, {args.schedule} learning rate{judged}, "
+          f"seeds 0..{args.seeds - 1}, {args.jobs} processes x 1 thread, {time.perf_counter() - started:.0f} s in all")
     for name in names:
         print_table(name, [r for r in results if r[0] == name])
     if fixed_results:

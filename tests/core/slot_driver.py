@@ -6,9 +6,13 @@
 
 from __future__ import annotations
 
+import copy
+
 import torch
+from torch import Tensor
 
 from morphogen.core.lifecycle import GateConfig, GateMode, Stage
+from morphogen.core.model import MorphogeneticModel
 from morphogen.core.slot import SeedSlot, SlotConfig
 
 EASY_CONFIG = SlotConfig(
@@ -39,3 +43,16 @@ def perturb_seed(slot: SeedSlot, generator: torch.Generator, scale: float = 0.3)
     for parameter in slot.seed_parameters():
         noise = torch.randn(parameter.shape, generator=generator, dtype=parameter.dtype)
         parameter.add_(scale * noise.to(parameter.device))
+
+
+def configuration_output(model: MorphogeneticModel, row: list[float], x: Tensor) -> Tensor:
+    """One alpha configuration by a plain forward of a copy: blended seeds at the row's alpha, a TRAINING seed
+    with a non-zero alpha blended in at that alpha (what `counterfactual_forward` must give for that row)."""
+    copied = copy.deepcopy(model)
+    for slot, alpha in zip(copied.slots(), row, strict=True):
+        if slot.stage is Stage.TRAINING and alpha != 0.0:
+            drive_to(slot, Stage.BLENDING)
+        if slot.stage in (Stage.BLENDING, Stage.HOLDING, Stage.FOSSILIZED):
+            slot.alpha_value.fill_(alpha)  # what the forward reads
+    with torch.no_grad():
+        return copied(x)

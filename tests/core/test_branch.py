@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from slot_driver import EASY_CONFIG, drive_to, perturb_seed
+from slot_driver import EASY_CONFIG, configuration_output, drive_to, perturb_seed
 from torch import Tensor, nn
 
 from morphogen import CNNHost, MorphogeneticModel, TransformerHost, host_from_module
@@ -100,17 +100,6 @@ def test_slots_without_a_measured_segment_input_refuse_a_branch_with_the_reason(
     assert MorphogeneticModel(host).can_graft("layer2_0", "branch_wide")
 
 
-def _reference(model: MorphogeneticModel, row: list[float], x: Tensor) -> Tensor:
-    """One configuration by a plain forward of a copy (a TRAINING seed with a non-zero alpha blended in)."""
-    copied = copy.deepcopy(model)
-    for slot, alpha in zip(copied.slots(), row, strict=True):
-        if slot.stage is Stage.TRAINING and alpha != 0.0:
-            drive_to(slot, Stage.BLENDING)
-        if slot.stage in (Stage.BLENDING, Stage.HOLDING, Stage.FOSSILIZED):
-            slot.alpha_value.fill_(alpha)
-    with torch.no_grad():
-        return copied(x)
-
 
 def test_counterfactual_and_shadow_passes_agree_with_plain_forwards_around_branch_seeds() -> None:
     """Branches at adjacent blocks: the second one reads the first one's output, which the batch's expansion to
@@ -124,7 +113,7 @@ def test_counterfactual_and_shadow_passes_agree_with_plain_forwards_around_branc
     with torch.no_grad():
         outputs = model.counterfactual_forward(x, rows)
     for k, row in enumerate(rows):
-        torch.testing.assert_close(outputs[k], _reference(model, row, x), rtol=1e-5, atol=1e-5, msg=str(row))
+        torch.testing.assert_close(outputs[k], configuration_output(model, row, x), rtol=1e-5, atol=1e-5, msg=str(row))
     output, shadow = model.forward_with_shadow(x)
     assert shadow is not None and shadow.slot_ids == ("layer2_0",)
     torch.testing.assert_close(output, outputs[0])
@@ -138,8 +127,8 @@ def test_two_training_branch_seeds_each_get_their_own_input_in_the_shadow_pass()
     _place(model, "layer3_0", Stage.TRAINING, 2)
     _, shadow = model.forward_with_shadow(x)
     assert shadow is not None and shadow.slot_ids == ("layer1_0", "layer3_0")
-    torch.testing.assert_close(shadow.outputs[0], _reference(model, [1.0, 0.0, 0.0], x), rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(shadow.outputs[1], _reference(model, [0.0, 0.0, 1.0], x), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(shadow.outputs[0], configuration_output(model, [1.0, 0.0, 0.0], x), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(shadow.outputs[1], configuration_output(model, [0.0, 0.0, 1.0], x), rtol=1e-5, atol=1e-5)
 
 
 def test_a_training_branch_seed_learns_only_from_its_shadow() -> None:

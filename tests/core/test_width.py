@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from slot_driver import EASY_CONFIG, drive_to, perturb_seed
+from slot_driver import EASY_CONFIG, configuration_output, drive_to, perturb_seed
 from torch import Tensor, nn
 
 from morphogen import CNNHost, Conv1dHost, MorphogeneticModel, TransformerHost, host_from_module
@@ -116,18 +116,6 @@ def _place(model: MorphogeneticModel, slot_id: str, stage: Stage, seed: int, alp
     drive_to(slot, stage, alpha=alpha)
 
 
-def _reference(model: MorphogeneticModel, row: list[float], x: Tensor) -> Tensor:
-    """One configuration by a plain forward of a copy: blended seeds at the row's alpha, a TRAINING seed with a
-    non-zero alpha blended in at that alpha."""
-    copied = copy.deepcopy(model)
-    for slot, alpha in zip(copied.slots(), row, strict=True):
-        if slot.stage is Stage.TRAINING and alpha != 0.0:
-            drive_to(slot, Stage.BLENDING)
-        if slot.stage in (Stage.BLENDING, Stage.HOLDING, Stage.FOSSILIZED):
-            slot.alpha_value.fill_(alpha)  # what the forward reads
-    with torch.no_grad():
-        return copied(x)
-
 
 def test_counterfactual_and_shadow_passes_agree_with_plain_forwards_around_widening_seeds() -> None:
     """Adjacent widening seeds in a CNN: the first one's injection sits after the second one's tap, so the
@@ -143,7 +131,7 @@ def test_counterfactual_and_shadow_passes_agree_with_plain_forwards_around_widen
     with torch.no_grad():
         outputs = model.counterfactual_forward(x, rows)
     for k, row in enumerate(rows):
-        torch.testing.assert_close(outputs[k], _reference(model, row, x), rtol=1e-5, atol=1e-5, msg=str(row))
+        torch.testing.assert_close(outputs[k], configuration_output(model, row, x), rtol=1e-5, atol=1e-5, msg=str(row))
     # The shadow pass (eval mode: batch norms read their running statistics, as the shadow pass always does)
     # computes the TRAINING seed's configuration of the same network.
     output, shadow = model.forward_with_shadow(x)
