@@ -13,6 +13,7 @@ from torch import Tensor
 
 from morphogen.core.lifecycle import GateConfig, GateMode, Stage
 from morphogen.core.model import MorphogeneticModel
+from morphogen.core.plain import grown_network
 from morphogen.core.slot import SeedSlot, SlotConfig
 
 EASY_CONFIG = SlotConfig(
@@ -56,3 +57,31 @@ def configuration_output(model: MorphogeneticModel, row: list[float], x: Tensor)
             slot.alpha_value.fill_(alpha)  # what the forward reads
     with torch.no_grad():
         return copied(x)
+
+
+def assert_passes_match_plain_forwards(model: MorphogeneticModel, x: Tensor) -> None:
+    """For a three-slot model whose middle seed is TRAINING: `counterfactual_forward` gives every configuration's
+    plain forward, and the shadow pass (eval mode: batch norms read their running statistics, as the shadow pass
+    always does) computes the TRAINING seed's configuration of the same network."""
+    rows = [[1.0, 0.0, 0.5], [0.0, 0.0, 0.5], [1.0, 1.0, 0.5], [1.0, 0.0, 0.0], [0.3, 0.7, 1.0]]
+    with torch.no_grad():
+        outputs = model.counterfactual_forward(x, rows)
+    for k, row in enumerate(rows):
+        torch.testing.assert_close(outputs[k], configuration_output(model, row, x), rtol=1e-5, atol=1e-5, msg=str(row))
+    output, shadow = model.forward_with_shadow(x)
+    assert shadow is not None and shadow.slot_ids == (model.slot_ids[1],)
+    torch.testing.assert_close(output, outputs[0])
+    torch.testing.assert_close(shadow.outputs[0], outputs[2], rtol=1e-5, atol=1e-5)
+
+
+def assert_plain_network_matches(model: MorphogeneticModel, x: Tensor) -> None:
+    """`grown_network(model)` computes what the model computes, holds the host's and the kept seeds' parameters,
+    and exports with `torch.export` to a program that computes it too."""
+    model.eval()
+    network = grown_network(model)
+    with torch.no_grad():
+        torch.testing.assert_close(network(x), model(x), rtol=0, atol=1e-6)
+    kept = sum(model.slot(slot_id).seed_parameter_count() for slot_id in model.slot_ids)
+    assert sum(p.numel() for p in network.parameters()) == model.host_param_count() + kept
+    exported = torch.export.export(network, (x,))
+    torch.testing.assert_close(exported.module()(x), model(x), rtol=0, atol=1e-6)

@@ -13,17 +13,22 @@ from pathlib import Path
 
 import pytest
 import torch
-from slot_driver import EASY_CONFIG, configuration_output, drive_to, perturb_seed
+from slot_driver import (
+    EASY_CONFIG,
+    assert_passes_match_plain_forwards,
+    assert_plain_network_matches,
+    configuration_output,
+    drive_to,
+    perturb_seed,
+)
 from torch import Tensor, nn
 
 from morphogen import CNNHost, MorphogeneticModel, TransformerHost, host_from_module
 from morphogen.core.blend import BlendKind
 from morphogen.core.blueprints import UnknownBlueprintError
 from morphogen.core.branch import BranchSite, NoBranchSiteError, find_branch_site
-from morphogen.core.flops import FlopCounter
 from morphogen.core.hosts import SegmentedHost
 from morphogen.core.lifecycle import Stage
-from morphogen.core.plain import grown_network
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "own"))
 from models import ResNet, mlp
@@ -109,15 +114,7 @@ def test_counterfactual_and_shadow_passes_agree_with_plain_forwards_around_branc
     _place(model, "layer1_0", Stage.HOLDING, 1)
     _place(model, "layer2_0", Stage.TRAINING, 2)
     _place(model, "layer3_0", Stage.BLENDING, 3, alpha=0.5)
-    rows = [[1.0, 0.0, 0.5], [0.0, 0.0, 0.5], [1.0, 1.0, 0.5], [1.0, 0.0, 0.0], [0.3, 0.7, 1.0]]
-    with torch.no_grad():
-        outputs = model.counterfactual_forward(x, rows)
-    for k, row in enumerate(rows):
-        torch.testing.assert_close(outputs[k], configuration_output(model, row, x), rtol=1e-5, atol=1e-5, msg=str(row))
-    output, shadow = model.forward_with_shadow(x)
-    assert shadow is not None and shadow.slot_ids == ("layer2_0",)
-    torch.testing.assert_close(output, outputs[0])
-    torch.testing.assert_close(shadow.outputs[0], outputs[2], rtol=1e-5, atol=1e-5)
+    assert_passes_match_plain_forwards(model, x)
 
 
 def test_two_training_branch_seeds_each_get_their_own_input_in_the_shadow_pass() -> None:
@@ -173,22 +170,5 @@ def test_the_plain_network_of_a_grown_model_holds_its_branches_and_exports() -> 
     slot = model.germinate("layer3_0", "conv_light")
     perturb_seed(slot, torch.Generator().manual_seed(3))
     drive_to(slot, Stage.FOSSILIZED)
-    model.eval()
-    network = grown_network(model)
-    with torch.no_grad():
-        torch.testing.assert_close(network(x), model(x), rtol=0, atol=1e-6)
-    kept = sum(model.slot(slot_id).seed_parameter_count() for slot_id in model.slot_ids)
-    assert sum(p.numel() for p in network.parameters()) == model.host_param_count() + kept
-    exported = torch.export.export(network, (x,))
-    torch.testing.assert_close(exported.module()(x), model(x), rtol=0, atol=1e-6)
+    assert_plain_network_matches(model, x)
 
-
-def test_flops_of_a_branch_match_a_hand_count() -> None:
-    """Validation of an MLP: a branch beside its first layer maps the 12 inputs to 4 x 16 features and back to 16."""
-    host = host_from_module(mlp(), ["1", "3"], example_input=torch.randn(2, 12))
-    model = MorphogeneticModel(host, config=EASY_CONFIG)
-    counter, batch = FlopCounter(), 5
-    bare = counter.validation_batch(model, [[0.0, 0.0]], (batch, 12), torch.float32).main
-    _place(model, "1", Stage.FOSSILIZED, 1)
-    grown = counter.validation_batch(model, [[1.0, 0.0]], (batch, 12), torch.float32).main
-    assert grown - bare == 2 * batch * (12 * 64 + 64 * 16)  # a multiply-add is 2 FLOPs

@@ -13,7 +13,13 @@ from pathlib import Path
 
 import pytest
 import torch
-from slot_driver import EASY_CONFIG, configuration_output, drive_to, perturb_seed
+from slot_driver import (
+    EASY_CONFIG,
+    assert_passes_match_plain_forwards,
+    assert_plain_network_matches,
+    drive_to,
+    perturb_seed,
+)
 from torch import Tensor, nn
 
 from morphogen import CNNHost, Conv1dHost, MorphogeneticModel, TransformerHost, host_from_module
@@ -22,7 +28,6 @@ from morphogen.core.blueprints import UnknownBlueprintError
 from morphogen.core.flops import FlopCounter
 from morphogen.core.hosts import SegmentedHost
 from morphogen.core.lifecycle import Stage
-from morphogen.core.plain import grown_network
 from morphogen.core.width import NoWidthSiteError
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "own"))
@@ -127,17 +132,7 @@ def test_counterfactual_and_shadow_passes_agree_with_plain_forwards_around_widen
     _place(model, "r0c1", Stage.TRAINING, 2)
     _place(model, "r0c2", Stage.BLENDING, 3, alpha=0.5)
     x = torch.randn(3, 1, 8, 8, generator=torch.Generator().manual_seed(4))
-    rows = [[1.0, 0.0, 0.5], [0.0, 0.0, 0.5], [1.0, 1.0, 0.5], [1.0, 0.0, 0.0], [0.3, 0.7, 1.0]]
-    with torch.no_grad():
-        outputs = model.counterfactual_forward(x, rows)
-    for k, row in enumerate(rows):
-        torch.testing.assert_close(outputs[k], configuration_output(model, row, x), rtol=1e-5, atol=1e-5, msg=str(row))
-    # The shadow pass (eval mode: batch norms read their running statistics, as the shadow pass always does)
-    # computes the TRAINING seed's configuration of the same network.
-    output, shadow = model.forward_with_shadow(x)
-    assert shadow is not None and shadow.slot_ids == ("r0c1",)
-    torch.testing.assert_close(output, outputs[0])
-    torch.testing.assert_close(shadow.outputs[0], outputs[2], rtol=1e-5, atol=1e-5)
+    assert_passes_match_plain_forwards(model, x)
 
 
 def test_a_training_widening_seed_learns_only_from_its_shadow() -> None:
@@ -173,15 +168,19 @@ def test_state_dict_round_trips_the_wider_layers_exactly() -> None:
         torch.testing.assert_close(restored.eval()(x), model.eval()(x), rtol=0, atol=0)
 
 
-def test_flops_of_a_widening_seed_match_a_hand_count() -> None:
-    """Validation of an MLP: the slot's k = 16 new neurons cost their producer rows and consumer columns."""
+@pytest.mark.parametrize(("blueprint", "multiply_adds"), [
+    ("wider", 12 * 16 + 16 * 16),  # the slot's k = 16 new neurons: their producer rows and consumer columns
+    ("branch_wide", 12 * 64 + 64 * 16),  # a branch beside the first layer: 12 inputs to 4 x 16 features, to 16
+])
+def test_flops_of_a_widening_or_branch_seed_match_a_hand_count(blueprint: str, multiply_adds: int) -> None:
+    """Validation of an MLP with the seed in its first slot."""
     host = host_from_module(_mlp(), ["1", "3"], example_input=torch.randn(2, 12))
     model = MorphogeneticModel(host, config=EASY_CONFIG)
     counter, batch = FlopCounter(), 5
     bare = counter.validation_batch(model, [[0.0, 0.0]], (batch, 12), torch.float32).main
-    _place(model, "1", Stage.FOSSILIZED, 1)
+    drive_to(model.germinate("1", blueprint), Stage.FOSSILIZED)
     grown = counter.validation_batch(model, [[1.0, 0.0]], (batch, 12), torch.float32).main
-    assert grown - bare == 2 * batch * (12 * 16 + 16 * 16)  # a multiply-add is 2 FLOPs
+    assert grown - bare == 2 * batch * multiply_adds  # a multiply-add is 2 FLOPs
 
 
 def test_the_plain_network_of_a_grown_model_holds_its_wider_layers_and_exports() -> None:
@@ -192,12 +191,5 @@ def test_the_plain_network_of_a_grown_model_holds_its_wider_layers_and_exports()
     slot = model.germinate("r0c2", "conv_light")
     perturb_seed(slot, torch.Generator().manual_seed(3))
     drive_to(slot, Stage.FOSSILIZED)
-    model.eval()
-    network = grown_network(model)
     x = torch.randn(3, 1, 8, 8, generator=torch.Generator().manual_seed(4))
-    with torch.no_grad():
-        torch.testing.assert_close(network(x), model(x), rtol=0, atol=1e-6)
-    kept = sum(model.slot(slot_id).seed_parameter_count() for slot_id in model.slot_ids)
-    assert sum(p.numel() for p in network.parameters()) == model.host_param_count() + kept
-    exported = torch.export.export(network, (x,))
-    torch.testing.assert_close(exported.module()(x), model(x), rtol=0, atol=1e-6)
+    assert_plain_network_matches(model, x)
