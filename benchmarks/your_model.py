@@ -24,6 +24,8 @@ seeds): how much accuracy more capacity can buy on this task at all, the room gr
 
 `--schedule cosine` decays the learning rates over the 30 epochs (`[episode.optimizer] schedule`); at the
 default constant rate the ResNet's accuracy swings by points from one epoch to the next up to the last.
+`--criterion loss` has the gates and the heuristic judge seeds by validation loss instead of accuracy points
+(`[episode.slots.gates] criterion`).
 """
 
 from __future__ import annotations

@@ -32,6 +32,26 @@ def test_readme_width_growth_example_runs(capsys):
     assert "Conv2d(1, 8" in capsys.readouterr().out  # the producer: block 0's convolution
 
 
+def test_readme_branch_example_runs(capsys):
+    namespace: dict[str, object] = {}
+    exec(compile(python_block('germinate("3", "branch_wide")'), str(README), "exec"), namespace)
+    assert "BranchSite(dims=2, in_channels=8, channels=16, stride=2)" in capsys.readouterr().out
+
+
+def test_readme_residual_growth_config_builds_the_settings_it_describes():
+    import textwrap
+
+    from morphogen.core.lifecycle import Criterion
+
+    namespace: dict[str, object] = {}
+    source = textwrap.dedent(python_block('depth_blueprint="branch_wide"'))  # the block sits indented in a list
+    exec(compile(source, str(README), "exec"), namespace)
+    config = namespace["config"]
+    assert config.heuristic.depth_blueprint == "branch_wide"
+    assert config.episode.slots.gates.criterion is Criterion.LOSS
+    assert config.episode.optimizer.schedule == "cosine"
+
+
 def test_readme_gym_example_runs():
     blocks = re.findall(r"```python\n(.*?)```", README.read_text(), flags=re.S)
     gym_blocks = [block for block in blocks if "MorphogenesisEnv" in block]

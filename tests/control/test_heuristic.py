@@ -472,6 +472,16 @@ def test_depth_growth_happens_once_and_pruned_blocks_are_not_grafted_again() -> 
     assert heuristic.act(make_snapshot(), masks).op is Op.GROW
 
 
+def test_a_rollback_that_pruned_the_grown_blocks_lets_depth_growth_happen_again() -> None:
+    heuristic, space = transformer_controller()
+    masks = make_masks(space, {Op.GERMINATE: SLOTS, Op.GROW: SLOTS})
+    assert heuristic.act(make_snapshot(), masks).op is Op.GROW
+    # The graft epoch diverged: the governor restored the host and pruned every grafted block.
+    rolled_back = dataclasses.replace(make_snapshot(), last_op=int(Op.GROW), last_action_succeeded=True,
+                                      rolled_back=True)
+    assert heuristic.act(rolled_back, masks).op is Op.GROW
+
+
 def test_a_host_without_layers_to_copy_grows_seed_by_seed_from_the_first_germination() -> None:
     # The masks say GROW cannot graft `block_copy` here (ActionSpace.masks asks the model): no GROW is wasted.
     heuristic, space = transformer_controller()

@@ -61,6 +61,10 @@ CHOICES = ("signal", "rotation")
 DEFAULT_CHOICE = {"mlp": "rotation"}
 
 
+#: Stages of a seed that growth put in place and that a rollback leaves (a fossilized one) or prunes.
+_GROWN_STAGES = frozenset({Stage.TRAINING, Stage.BLENDING, Stage.HOLDING, Stage.FOSSILIZED})
+
+
 @dataclass(frozen=True)
 class HeuristicConfig:
     """Thresholds of the rule-based controller."""
@@ -255,6 +259,11 @@ class HeuristicController:
         if last.op is Op.GROW:
             self.depth_grown |= snapshot.last_action_succeeded
             self.grows_by_depth &= snapshot.last_action_succeeded
+        if snapshot.rolled_back and not any(slot.stage in _GROWN_STAGES for slot in snapshot.slots):
+            # The governor undid the growth (it prunes every live seed): the episode has not grown yet. On the
+            # ResNet of benchmarks/your_model.py one run's graft epoch fell to chance, and that run then
+            # ended with the host alone.
+            self.depth_grown = False
         self.last_action = self._decide(snapshot, masks)
         self.has_grown |= self.last_action.op in (Op.GERMINATE, Op.GROW)
         return self.last_action
