@@ -479,7 +479,10 @@ def test_a_rollback_that_pruned_the_grown_blocks_lets_depth_growth_happen_again(
     # The graft epoch diverged: the governor restored the host and pruned every grafted block.
     rolled_back = dataclasses.replace(make_snapshot(), last_op=int(Op.GROW), last_action_succeeded=True,
                                       rolled_back=True)
-    assert heuristic.act(rolled_back, masks).op is Op.GROW
+    epoch = rolled_back.epoch
+    assert heuristic.act(rolled_back, masks) == Action()  # the restored host trains for warmup_epochs first
+    assert heuristic.act(make_snapshot(epoch=epoch + HeuristicConfig().warmup_epochs - 1), masks) == Action()
+    assert heuristic.act(make_snapshot(epoch=epoch + HeuristicConfig().warmup_epochs), masks).op is Op.GROW
 
 
 def test_a_host_without_layers_to_copy_grows_seed_by_seed_from_the_first_germination() -> None:

@@ -249,6 +249,8 @@ class HeuristicController:
         #: mostly pruned again, and each graft and prune shook a batch-norm host at a constant rate (on the
         #: ResNet of benchmarks/your_model.py, a prune two epochs before the end left one run at 63.61%).
         self.depth_grown = False
+        #: The epoch from which growth may be considered again after a rollback undid it.
+        self.growth_resumes_at = 0
 
     def act(self, snapshot: EpisodeSnapshot, masks: Sequence[np.ndarray]) -> Action:
         """The action for this epoch; always legal under `masks`."""
@@ -262,8 +264,9 @@ class HeuristicController:
         if snapshot.rolled_back and not any(slot.stage in _GROWN_STAGES for slot in snapshot.slots):
             # The governor undid the growth (it prunes every live seed): the episode has not grown yet. On the
             # ResNet of benchmarks/your_model.py one run's graft epoch fell to chance, and that run then
-            # ended with the host alone.
+            # ended with the host alone. The restored host first trains for `warmup_epochs` again.
             self.depth_grown = False
+            self.growth_resumes_at = snapshot.epoch + self.config.warmup_epochs
         self.last_action = self._decide(snapshot, masks)
         self.has_grown |= self.last_action.op in (Op.GERMINATE, Op.GROW)
         return self.last_action
@@ -333,7 +336,7 @@ class HeuristicController:
 
     def _should_germinate(self, snapshot: EpisodeSnapshot) -> bool:
         config = self.config
-        if snapshot.epoch < config.warmup_epochs:
+        if snapshot.epoch < max(config.warmup_epochs, self.growth_resumes_at):
             return False
         # A germinated seed still in TRAINING at the end never reaches the output: its FLOPs would buy nothing. A
         # grafted one (GROW) is in the output from its first batch and needs only room to earn its cost.
