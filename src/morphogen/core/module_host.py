@@ -10,12 +10,12 @@ trains the user's model). Two ways to cut:
   flows on: a submodule inside a residual branch (its input also flows past it) cannot hold a slot.
   A model that `torch.fx` cannot trace, but whose forward runs its children in order, is cut as a sequence.
 
-A shape probe with `example_input` then measures each slot's width and layout, and checks that the
-segments reproduce the model's output. Layouts: images [N, C, H, W] ("cnn"), sequences [N, C, L]
-("cnn1d"), tokens [N, T, D] ("transformer") and features [N, F] ("mlp"). A three-dimensional activation
-is read as tokens when the model holds a LayerNorm, an attention layer or an embedding, else as a
-sequence; `topology=` overrides that guess. Whatever cannot work raises `HostBuildError` naming the
-submodule and why, before any training.
+A shape probe with `example_input` then measures each slot's width and layout (and what enters each
+segment, which a branch seed beside it maps), and checks that the segments reproduce the model's output.
+Layouts: images [N, C, H, W] ("cnn"), sequences [N, C, L] ("cnn1d"), tokens [N, T, D] ("transformer") and
+features [N, F] ("mlp"). A three-dimensional activation is read as tokens when the model holds a LayerNorm,
+an attention layer or an embedding, else as a sequence; `topology=` overrides that guess. Whatever cannot
+work raises `HostBuildError` naming the submodule and why, before any training.
 """
 
 from __future__ import annotations
@@ -78,20 +78,26 @@ def host_from_module(model: nn.Module, slots: Sequence[str], example_input: Tens
     segments, ordered = _cut(model, names)
     outputs = _probe(model, segments, ordered, example_input)
     chosen = topology or _guess_topology(model, outputs, ordered)
-    points: dict[str, int] = {}
-    for name, activation in zip(ordered, outputs, strict=True):
-        if activation.dim() != TOPOLOGY_RANKS[chosen]:
-            raise HostBuildError(f"slot after {name!r}: its output has shape {tuple(activation.shape)}, but a "
-                                 f"{chosen} host needs {TOPOLOGY_RANKS[chosen]} dimensions (all slots of a host share "
-                                 "one layout)")
-        points[slot_id_for(name)] = int(activation.shape[1] if chosen in ("cnn", "cnn1d") else activation.shape[-1])
-    if len(points) != len(ordered):
-        raise HostBuildError(f"slot names {ordered} collide once '.' becomes '_'; name other submodules")
-    host = ModuleHost(segments, points, chosen, {slot_id_for(name): name for name in ordered})
+    host = ModuleHost(segments, _widths(ordered, outputs, chosen), chosen,
+                      {slot_id_for(name): name for name in ordered})
     entering = [tuple(example_input.shape[1:]), *(tuple(a.shape[1:]) for a in outputs)]
     host.measured_shapes = {slot_id: (entering[index], tuple(outputs[index].shape[1:]))
-                            for index, slot_id in enumerate(points)}
+                            for index, slot_id in enumerate(host.slot_ids)}
     return host
+
+
+def _widths(names: Sequence[str], outputs: Sequence[Tensor], topology: str) -> dict[str, int]:
+    """Slot id -> width of the slot after each named submodule, from its probed output in `topology`'s layout."""
+    points: dict[str, int] = {}
+    for name, activation in zip(names, outputs, strict=True):
+        if activation.dim() != TOPOLOGY_RANKS[topology]:
+            raise HostBuildError(f"slot after {name!r}: its output has shape {tuple(activation.shape)}, but a "
+                                 f"{topology} host needs {TOPOLOGY_RANKS[topology]} dimensions (all slots of a host "
+                                 "share one layout)")
+        points[slot_id_for(name)] = int(activation.shape[1] if topology in ("cnn", "cnn1d") else activation.shape[-1])
+    if len(points) != len(names):
+        raise HostBuildError(f"slot names {list(names)} collide once '.' becomes '_'; name other submodules")
+    return points
 
 
 def _check_names(model: nn.Module, names: Sequence[str]) -> None:
