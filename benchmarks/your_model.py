@@ -243,6 +243,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", default="resnet,mlp")
     parser.add_argument("--seeds", type=int, default=5)
+    parser.add_argument("--first-seed", type=int, default=0, help="seeds run from here (fresh seeds: 5)")
     parser.add_argument("--epochs", type=int, default=30)
     parser.add_argument("--jobs", type=int, default=2, help="worker processes, one torch thread each")
     parser.add_argument("--fixed-widths", default="", help="also train the ResNet at these base widths, no growth")
@@ -253,16 +254,18 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = parser.parse_args(argv)
     names = [name.strip() for name in args.models.split(",") if name.strip()]
     widths = [int(width) for width in args.fixed_widths.split(",") if width.strip()]
-    jobs = [(name, seed, args.epochs, args.schedule, args.criterion) for name in names for seed in range(args.seeds)]
+    seeds = range(args.first_seed, args.first_seed + args.seeds)
+    jobs = [(name, seed, args.epochs, args.schedule, args.criterion) for name in names for seed in seeds]
     started = time.perf_counter()
     with ProcessPoolExecutor(max_workers=args.jobs) as pool:
-        fixed_jobs = [(width, seed, args.epochs, args.schedule) for width in widths for seed in range(args.seeds)]
+        fixed_jobs = [(width, seed, args.epochs, args.schedule) for width in widths for seed in seeds]
         fixed = pool.map(run_fixed_resnet, fixed_jobs)  # submitted now, beside the growth jobs
         results = list(pool.map(run_job, jobs))
         fixed_results = list(fixed)
     judged = f", gates judge by {args.criterion}" if args.criterion else ""
     print(f"your-model benchmark: {args.epochs} epochs, {args.schedule} learning rate{judged}, "
-          f"seeds 0..{args.seeds - 1}, {args.jobs} processes x 1 thread, {time.perf_counter() - started:.0f} s in all")
+          f"seeds {seeds[0]}..{seeds[-1]}, {args.jobs} processes x 1 thread, "
+          f"{time.perf_counter() - started:.0f} s in all")
     for name in names:
         print_table(name, [r for r in results if r[0] == name])
     if fixed_results:
