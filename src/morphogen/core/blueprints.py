@@ -377,12 +377,6 @@ class Blueprint:
         return tuple(n for n, p in signature.parameters.items()
                      if p.kind is inspect.Parameter.KEYWORD_ONLY and n not in ("device", "dtype"))
 
-    @property
-    def reads_input_of_segment(self) -> bool:
-        """Whether the seed reads an activation before its slot (the model's walk hands it over as the slot's tap):
-        a widening seed the producer's input, a branch the input of the segment that ends at the slot."""
-        return self.kind is not BlueprintKind.DEEPEN
-
     def build(self, width: int, *, device: Device = None, dtype: torch.dtype | None = None,
               site: WidthSite | BranchSite | None = None, **options: Any) -> nn.Module:
         """The seed for a slot of `width` channels; a widening or branch blueprint needs the slot's site of its
