@@ -5,7 +5,9 @@
   each of its 9 residual blocks, grown by depth: the heuristic puts a `conv_wide` seed (a residual block
   with 4x the slot's channels inside) into every empty slot at once (`[heuristic] depth_blueprint`), the
   inner width a residual stage cannot be widened by in place. `resnet_branch` grows a `branch_wide` seed
-  beside every block instead (reading the block's input, adding to its output: `morphogen.core.branch`).
+  beside every block instead (reading the block's input, adding to its output: `morphogen.core.branch`), and
+  `resnet_inside` a `wider_inside` seed inside every block (its two convolutions four times as wide between
+  them: `morphogen.core.width`).
   `resnet_by_seeds` is the same ResNet grown seed by seed by the default heuristic, with slots after each
   stage (`--models resnet_by_seeds`).
 - `mlp`: a two-hidden-layer MLP (width 32) on MNIST-1D's 40-sample signals as flat vectors; slots after
@@ -139,6 +141,7 @@ RESNET_BLOCKS = tuple(f"layer{stage}.{block}" for stage in (1, 2, 3) for block i
 MODELS = {
     "resnet": Model(digits_32x32x3, CifarResNet, RESNET_BLOCKS, 64, (("depth_blueprint", "conv_wide"),)),
     "resnet_branch": Model(digits_32x32x3, CifarResNet, RESNET_BLOCKS, 64, (("depth_blueprint", "branch_wide"),)),
+    "resnet_inside": Model(digits_32x32x3, CifarResNet, RESNET_BLOCKS, 64, (("depth_blueprint", "wider_inside"),)),
     "resnet_by_seeds": Model(digits_32x32x3, CifarResNet, ("layer1", "layer2", "layer3"), 64),
     "mlp": Model(mnist1d_flat, mlp, ("1", "3"), 100),
 }

@@ -44,9 +44,11 @@ def _model_with_seed(host: SegmentedHost, slot_id: str, blueprint: str, stage: S
     return model
 
 
-#: Branch seeds need a host that measured its segments' inputs: test_branch.py checks their isolation on one.
+#: Branch seeds need a host that measured its segments' inputs, and widening inside a block a host with blocks:
+#: test_branch.py and test_inside_width.py check their isolation on one.
 ALL_BLUEPRINTS = [(topology, name) for topology in ("cnn", "transformer") for name in blueprint_names(topology)
-                  if get_blueprint(topology, name).kind is not BlueprintKind.BRANCH]
+                  if get_blueprint(topology, name).kind is not BlueprintKind.BRANCH
+                  and not get_blueprint(topology, name).inside_only]
 
 
 def _shadow_backward(model: MorphogeneticModel, x: Tensor, targets: Tensor) -> Tensor:

@@ -32,7 +32,7 @@ import torch
 from torch import Tensor, nn
 
 from morphogen.core.blend import BlendKind
-from morphogen.core.blueprints import BlueprintKind, get_blueprint
+from morphogen.core.blueprints import BlueprintKind, blueprint_names, get_blueprint
 from morphogen.core.branch import BranchSite, find_branch_site
 from morphogen.core.compilation import CompileSettings, compiled
 from morphogen.core.hosts import SegmentedHost, UnknownSlotError
@@ -151,8 +151,12 @@ class MorphogeneticModel(nn.Module):
         self._point_of_slot = [list(points).index(slot_id) for slot_id in ordered]
         self._batch_norms = [m for m in host.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
         self._compile_settings: CompileSettings | None = None
+        # Only topologies with widening blueprints look inside a segment: a transformer block's MLP could widen,
+        # but no seed of that topology would, and the width signal of its slots stays unmeasured.
+        inside = any(get_blueprint(host.topology, name).kind is BlueprintKind.WIDEN
+                     for name in blueprint_names(host.topology))
         for position, slot in enumerate(self.slots()):
-            site = find_width_site(host.segments, self._point_of_slot[position], slot.channels)
+            site = find_width_site(host.segments, self._point_of_slot[position], slot.channels, inside=inside)
             slot.width_site, slot.width_problem = (site, "") if isinstance(site, WidthSite) else (None, site)
             entering, at_slot = host.measured_shapes.get(slot.slot_id, (None, ()))
             branch = find_branch_site(host.topology, entering, at_slot)
@@ -202,12 +206,17 @@ class MorphogeneticModel(nn.Module):
         return slot
 
     def can_graft(self, slot_id: str, blueprint: str) -> bool:
-        """Whether `blueprint` can be grafted into `slot_id`: it adds a layer or a branch beside the segment before
-        the slot where the slot has a branch site (a widening seed does not), and a copy of the layer before the
-        slot (`block_copy`) finds that layer in this host."""
+        """Whether `blueprint` can be grafted into `slot_id`: it adds a layer, a branch beside the segment before
+        the slot where the slot has a branch site, or new channels inside that segment where it has a width site
+        there (a residual block's inner width); a copy of the layer before the slot (`block_copy`) where this host
+        has that layer.
+
+        Widening the layers *around* a slot is left to GERMINATE, as before inside sites existed: policies trained
+        then saw GROW masked for every widening blueprint on the built-in hosts, whose sites are all around."""
         recipe = get_blueprint(self.topology, blueprint)
         if recipe.kind is BlueprintKind.WIDEN:
-            return False
+            site = self.slot(slot_id).site_for(blueprint)
+            return isinstance(site, WidthSite) and site.inside
         if recipe.kind is BlueprintKind.BRANCH:
             return self.slot(slot_id).branch_site is not None
         return recipe.neighbour_fits is None or recipe.neighbour_fits(self._segment_before(slot_id))
@@ -242,31 +251,32 @@ class MorphogeneticModel(nn.Module):
     # ---------------------------------------------------------------- forward
     # Every pass is one walk over the host's segments (`_walk`); what differs is what each does at a slot.
 
-    def _walk(self, x: Tensor, at_slot: SlotStep, after: int | None = None, widening: frozenset[int] = frozenset(),
-              at_point: SlotStep | None = None) -> Tensor:
+    def _walk(self, x: Tensor, at_slot: SlotStep, start: int = 0, widening: frozenset[int] = frozenset(),
+              at_point: SlotStep | None = None, entering: Callable[[int, Tensor], Tensor] | None = None) -> Tensor:
         """Run the host's segments to its output, mapping the activation at each slot with `at_slot`.
 
         `at_slot(position, slot, h)` gets the slot's position in `slot_ids` (its column in an execution plan
-        or an alpha table). `x` is the host's input, or with `after` the activation just past the slot at
-        that position: the walk resumes from the segment after it.
+        or an alpha table). `x` is the input of segment `start` (0: the host's input).
 
         The slots at `widening` hold running widening seeds (`morphogen.core.width`): `at_slot` runs for them
-        at their injection point, the consumer's output inside the next segment, with `slot.tap` (the
-        producer's input) set; at their own point the walk calls `at_point` (default: nothing happens there).
-        Every other slot runs with `slot.tap` set to the input of the segment before it, which a branch seed
-        reads (`morphogen.core.branch`; holding the reference costs nothing).
+        at their injection point, the consumer's output inside the next segment (or inside the segment before
+        them, for a site there), with `slot.tap` (the producer's input) set; at their own point the walk calls
+        `at_point` (default: nothing happens there). Every other slot runs with `slot.tap` set to the input of
+        the segment before it, which a branch seed reads (`morphogen.core.branch`; holding the reference costs
+        nothing). `entering(index, x)`, if given, maps the input of each segment before it runs.
         """
         taps: dict[int, Tensor] = {}
-        start = 0 if after is None else self._point_of_slot[after] + 1
         for index in range(start, len(self._slot_at_point)):
-            entering = x
+            if entering is not None:
+                x = entering(index, x)
+            segment_input = x
             x = self._run_segment(index, x, at_slot, widening, taps)
             position = self._slot_at_point[index]
             if position is None:
                 continue
             slot = self._slot_at(position)
             if position not in widening:
-                x = _with_tap(at_slot, position, slot, entering, x)
+                x = _with_tap(at_slot, position, slot, segment_input, x)
             elif at_point is not None:
                 x = _with_tap(at_point, position, slot, taps.get(position), x)
         return self._run_segment(len(self._slot_at_point), x, at_slot, widening, taps)
@@ -290,6 +300,12 @@ class MorphogeneticModel(nn.Module):
         """Positions of the slots whose running seed widens the layers around them, in `plan`."""
         return frozenset(position for position, slot_plan in enumerate(plan)
                          if slot_plan.widens and slot_plan.mode is not SlotMode.IDENTITY)
+
+    def _inside(self, positions: Iterator[int] | frozenset[int] | list[int]) -> dict[int, int]:
+        """Segment index -> position, for the slots among `positions` whose width site is inside the segment
+        before them: their seed changes that segment, so their rows must enter at its input."""
+        return {self._point_of_slot[position]: position for position in positions
+                if (site := self._slot_at(position).width_site) is not None and site.inside}
 
     def _slot_at(self, position: int) -> SeedSlot:
         return cast(SeedSlot, self.seed_slots[self._slot_ids[position]])  # ModuleDict is typed as holding any Module
@@ -354,6 +370,7 @@ class MorphogeneticModel(nn.Module):
         captured: list[tuple[Tensor, Tensor | None]] = []
         capture = torch.is_grad_enabled()
         widening = self._widening(plan)
+        inside = self._inside([p for p in widening if plan[p].mode is SlotMode.SHADOW])
 
         def at_slot(position: int, slot: SeedSlot, h: Tensor) -> Tensor:
             mode = plan[position].mode
@@ -363,12 +380,17 @@ class MorphogeneticModel(nn.Module):
             return slot.run(mode, h)
 
         def at_point(position: int, slot: SeedSlot, h: Tensor) -> Tensor:
-            if plan[position].mode is SlotMode.SHADOW and capture:  # where its shadow rows will join the pass
-                assert slot.tap is not None
+            if plan[position].mode is SlotMode.SHADOW and capture and position not in inside.values():
+                assert slot.tap is not None  # its shadow rows will join the pass here
                 captured.append((h.detach(), slot.tap.detach()))
             return h
 
-        return self._walk(x, at_slot, widening=widening, at_point=at_point), tuple(captured)
+        def entering(index: int, h: Tensor) -> Tensor:
+            if capture and index in inside:  # a site inside this segment: its shadow rows join at its input
+                captured.append((h.detach(), None))
+            return h
+
+        return self._walk(x, at_slot, widening=widening, at_point=at_point, entering=entering), tuple(captured)
 
     def _shadow_pass(self, captured: Captured, plan: ExecutionPlan) -> Tensor:
         """Run the layers after each TRAINING slot with that seed fully in, all seeds in one batch: (K, B, ...).
@@ -380,11 +402,17 @@ class MorphogeneticModel(nn.Module):
         """
         training = [position for position, slot_plan in enumerate(plan) if slot_plan.mode is SlotMode.SHADOW]
         widening, rows = self._widening(plan), captured[0][0].shape[0]
+        inside = self._inside([position for position in training if position in widening])
+        first = training[0]
 
         def at_slot(position: int, slot: SeedSlot, h: Tensor) -> Tensor:
             mode = plan[position].mode
             if position in widening and mode is SlotMode.SHADOW:
-                slot.tap = captured[training.index(position)][1]  # the walk resets it after this call
+                # The walk resets the tap after this call. Inside a segment its rows ran through the producer
+                # in this pass (the last ones); around a slot, the host forward captured their tap.
+                tap = slot.tap if position in inside.values() else captured[training.index(position)][1]
+                assert tap is not None
+                slot.tap = tap[-rows:]
                 return torch.cat([h[:-rows], slot.shadow(h[-rows:])])  # (k*B, ...): only its own rows get it
             h = slot.run(mode, h)  # the host's own behaviour at this slot for the rows already in
             if position not in training:
@@ -395,14 +423,26 @@ class MorphogeneticModel(nn.Module):
             return torch.cat([h, shadow])  # (k*B, ...)
 
         def at_point(position: int, slot: SeedSlot, h: Tensor) -> Tensor:
-            if plan[position].mode is not SlotMode.SHADOW:
+            if plan[position].mode is not SlotMode.SHADOW or position in inside.values():
                 return h
             return torch.cat([h, captured[training.index(position)][0]])  # (k*B, ...): seeded at the injection
 
-        first = training[0]
-        start = captured[0][0] if first in widening else _with_tap(lambda _, slot, h: slot.shadow(h), first,
-                                                                   self._slot_at(first), captured[0][1], captured[0][0])
-        x = self._walk(start, at_slot, after=first, widening=widening, at_point=at_point)
+        def entering(index: int, h: Tensor) -> Tensor:
+            position = inside.get(index)
+            if position is None or position == first:
+                return h
+            return torch.cat([h, captured[training.index(position)][0]])  # (k*B, ...): seeded inside this segment
+
+        point = self._point_of_slot[first]
+        if first in inside.values():
+            start, segment = captured[0][0], point
+        elif first in widening:
+            start, segment = captured[0][0], point + 1
+        else:
+            start = _with_tap(lambda _, slot, h: slot.shadow(h), first, self._slot_at(first), captured[0][1],
+                              captured[0][0])
+            segment = point + 1
+        x = self._walk(start, at_slot, segment, widening=widening, at_point=at_point, entering=entering)
         return x.reshape(len(captured), rows, *x.shape[1:])  # (K, B, ...)
 
     def counterfactual_forward(self, x: Tensor, alphas: Tensor | Sequence[Sequence[float]]) -> Tensor:
@@ -442,7 +482,21 @@ class MorphogeneticModel(nn.Module):
                 return blended.reshape(k * batch, *h.shape[1:])  # (K*B, ...)
             return blend(h, torch.tensor(column, device=h.device, dtype=h.dtype).repeat_interleave(batch))  # (K*B,)
 
-        x = self._walk(x, at_slot, widening=self._widening(self.execution_plan()))
+        widening = self._widening(self.execution_plan())
+        inside = self._inside(widening)
+
+        def entering(index: int, h: Tensor) -> Tensor:
+            # A seed inside this segment whose alpha differs: every configuration runs the whole segment.
+            nonlocal expanded
+            position = inside.get(index)
+            if expanded or position is None or all(value == columns[position][0] for value in columns[position]):
+                return h
+            if self._slot_at(position).mode is SlotMode.SHADOW and not any(columns[position]):
+                return h
+            expanded = True
+            return h.repeat(k, *([1] * (h.dim() - 1)))  # (K*B, ...), configuration-major
+
+        x = self._walk(x, at_slot, widening=widening, entering=entering)
         if not expanded:
             return x.unsqueeze(0).expand(k, *x.shape)  # (K, B, ...)
         return x.reshape(k, batch, *x.shape[1:])  # (K, B, ...)

@@ -201,15 +201,20 @@ class SeedSlot(nn.Module):
     def site_for(self, blueprint: str) -> WidthSite | BranchSite | None:
         """The site a seed of `blueprint` needs here: the width site for a widening one, the branch site for a
         branch, None for a deepening one (or where the slot has no site of that kind)."""
-        kind = get_blueprint(self.topology, blueprint).kind
-        return self.width_site if kind is BlueprintKind.WIDEN else self.branch_site if kind is BlueprintKind.BRANCH \
-            else None
+        recipe = get_blueprint(self.topology, blueprint)
+        if recipe.kind is BlueprintKind.WIDEN:
+            site = self.width_site
+            return site if site is not None and (site.inside or not recipe.inside_only) else None
+        return self.branch_site if recipe.kind is BlueprintKind.BRANCH else None
 
     def site_problem(self, blueprint: str) -> str:
         """Why `blueprint` cannot grow here for want of a site; "" when it can."""
         kind = get_blueprint(self.topology, blueprint).kind
         if kind is BlueprintKind.DEEPEN or self.site_for(blueprint) is not None:
             return ""
+        if kind is BlueprintKind.WIDEN and self.width_site is not None:  # around the slot, and it needs inside
+            return (f"slot {self.slot_id} widens the layers around it, not inside a block before it, which "
+                    f"{blueprint!r} needs")
         if kind is BlueprintKind.WIDEN:
             return f"slot {self.slot_id} cannot widen the layers around it: {self.width_problem}"
         return f"slot {self.slot_id} cannot grow a branch beside the segment before it: {self.branch_problem}"

@@ -20,8 +20,14 @@ Which slots have a site (`find_width_site`): the segment before the slot and the
 `nn.Sequential`s (the built-in CNN and 1D-CNN hosts, a user's `nn.Sequential` cut by `host_from_module`);
 the producer is followed only by norms, activations and dropout; only channel-wise modules (pooling,
 flattening, activations, dropout) lie between the slot and the consumer; neither layer is grouped. A
-transformer's residual stream cannot be widened locally, and a traced user model's segments are graphs:
-neither has a site.
+transformer's residual stream cannot be widened locally.
+
+A segment that is a block of its own (a residual block, a traced user model's piece: anything but an
+`nn.Sequential` of layers) gives its slot a site *inside* it instead (`find_inside_width_site`): the last
+pair of layers in it that `torch.fx` traces as producer -> norms and activations -> consumer, such as a
+residual block's two convolutions. Its width is not the residual stream's, so it can grow where the stream
+cannot. The tap and the injection are then both in that segment, which runs as a traced copy of itself that
+calls the injection after the consumer (`WidthSite.instrumented`, sharing the segment's modules).
 """
 
 from __future__ import annotations
@@ -31,7 +37,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor, fx, nn
 
 Device = torch.device | str | None
 Layer = nn.Conv1d | nn.Conv2d | nn.Linear
@@ -45,6 +51,15 @@ ELEMENTWISE = (nn.ReLU, nn.GELU, nn.SiLU, nn.Tanh, nn.Sigmoid, nn.LeakyReLU, nn.
 #: Channel-wise modules that may lie between the slot and the consumer: applied to the new channels as they are.
 CHANNELWISE = (*ELEMENTWISE, nn.MaxPool1d, nn.MaxPool2d, nn.AvgPool1d, nn.AvgPool2d, nn.AdaptiveAvgPool1d,
                nn.AdaptiveAvgPool2d, nn.AdaptiveMaxPool1d, nn.AdaptiveMaxPool2d, nn.Flatten)
+
+#: Element-wise functions (and tensor methods) that may follow a producer inside a traced block, and the module
+#: the new channels go through instead.
+ELEMENTWISE_CALLS: dict[object, Callable[[], nn.Module]] = {
+    torch.relu: nn.ReLU, nn.functional.relu: nn.ReLU, "relu": nn.ReLU, torch.tanh: nn.Tanh, "tanh": nn.Tanh,
+    torch.sigmoid: nn.Sigmoid, "sigmoid": nn.Sigmoid, nn.functional.gelu: nn.GELU, nn.functional.silu: nn.SiLU,
+}
+Inject = Callable[[Tensor, Tensor], Tensor]
+"""(consumer output, tap) -> what the segment goes on with: how a site's instrumented segment adds new channels."""
 
 
 class NoWidthSiteError(ValueError):
@@ -70,7 +85,16 @@ class WidthSite:
     """What lies between the slot and the consumer (channel-wise modules)."""
     consumer: Layer
     channels: int
-    """The slot's width: the producer's output channels."""
+    """The width the site grows: the producer's output channels (the slot's, for a site around it)."""
+    instrumented: fx.GraphModule | None = None
+    """For a site inside the segment before the slot: that segment traced, taking `(x, inject)` and calling
+    `inject(consumer output, tap)` after the consumer; it shares the segment's modules (None: a site around the
+    slot, cut at `tap_cut` and `inject_cut`)."""
+
+    @property
+    def inside(self) -> bool:
+        """Whether the site is inside the segment before its slot (its tap and injection both there)."""
+        return self.instrumented is not None
 
     @property
     def consumer_channels(self) -> int:
@@ -84,8 +108,20 @@ class WidthSite:
         return inputs // self.channels
 
 
-def find_width_site(segments: Sequence[nn.Module] | nn.ModuleList, point: int, channels: int) -> WidthSite | str:
-    """The width site of the slot at injection point `point` (after `segments[point]`), or why it has none."""
+def find_width_site(segments: Sequence[nn.Module] | nn.ModuleList, point: int, channels: int, *,
+                    inside: bool = True) -> WidthSite | str:
+    """The width site of the slot at injection point `point` (after `segments[point]`), or why it has none: around
+    the slot, else (with `inside`) inside the segment before it."""
+    around = _site_around(segments, point, channels)
+    before = segments[point]
+    if isinstance(around, WidthSite) or not inside or (
+            isinstance(before, nn.Sequential) and any(isinstance(child, LAYERS) for child in before)):
+        return around  # a sequence of layers is widened around its slots, never inside
+    found = find_inside_width_site(before, point)
+    return found if isinstance(found, WidthSite) else f"{around}, and {found}"
+
+
+def _site_around(segments: Sequence[nn.Module] | nn.ModuleList, point: int, channels: int) -> WidthSite | str:
     before, after = segments[point], segments[point + 1]
     if not isinstance(before, nn.Sequential) or not isinstance(after, nn.Sequential):
         return "the layers around it are not plain sequences of modules (nn.Sequential)"
@@ -102,6 +138,75 @@ def find_width_site(segments: Sequence[nn.Module] | nn.ModuleList, point: int, c
     if problem:
         return problem
     return WidthSite(point, tap_cut, point + 1, inject_index + 1, producer, following, between, consumer, channels)
+
+
+def find_inside_width_site(segment: nn.Module, point: int) -> WidthSite | str:
+    """The width site inside `segment`, the segment before the slot at injection point `point`, or why it has none.
+
+    The last producer -> consumer pair (by the consumer's place in the traced graph) whose producer output
+    reaches the consumer only through norms and element-wise activations, each used once, with both layers
+    called once and the layers' widths matching: in a residual block, its two convolutions.
+    """
+    try:
+        traced = fx.symbolic_trace(segment)
+    except Exception as error:  # fx raises many kinds on code it cannot trace
+        return f"the segment before it cannot be traced with torch.fx ({str(error).splitlines()[0][:120]})"
+    modules = dict(traced.named_modules())
+    nodes = list(traced.graph.nodes)
+    calls = [node.target for node in nodes if node.op == "call_module"]
+    inputs = [node for node in nodes if node.op == "placeholder"]
+    pairs = [pair for pair in (_producer_chain(node, modules) for node in nodes) if pair is not None]
+    pairs = [(producer, chain, consumer) for producer, chain, consumer in pairs
+             if calls.count(producer.target) == 1 and calls.count(consumer.target) == 1]
+    if len(inputs) != 1 or not pairs:
+        return "no pair of convolution or linear layers joined by norms and activations inside the segment before it"
+    producer_node, chain, consumer_node = pairs[-1]
+    producer, consumer = modules[str(producer_node.target)], modules[str(consumer_node.target)]
+    assert isinstance(producer, LAYERS) and isinstance(consumer, LAYERS)
+    following = tuple(modules[str(node.target)] if node.op == "call_module" else ELEMENTWISE_CALLS[node.target]()
+                      for node in chain)
+    channels = producer.out_features if isinstance(producer, nn.Linear) else producer.out_channels
+    problem = _site_problem(producer, following, (), consumer, channels)
+    if problem:
+        return problem
+    return WidthSite(point, -1, point, -1, producer, following, (), consumer, channels,
+                     instrumented=_instrumented(traced, inputs[0], producer_node, consumer_node))
+
+
+def _producer_chain(consumer: fx.Node, modules: dict[str, nn.Module]) -> tuple[fx.Node, list[fx.Node], fx.Node] | None:
+    """(producer, the norms and activations between, `consumer`) when `consumer` is a layer fed that way, else None."""
+    if consumer.op != "call_module" or not isinstance(modules[str(consumer.target)], LAYERS):
+        return None
+    chain: list[fx.Node] = []
+    node = consumer.args[0] if len(consumer.args) == 1 and not consumer.kwargs else None
+    while isinstance(node, fx.Node) and len(node.users) == 1:
+        if node.op == "call_module" and isinstance(modules[str(node.target)], LAYERS):
+            return node, chain[::-1], consumer
+        passes = (node.op == "call_module" and isinstance(modules[str(node.target)], (*NORMS, *ELEMENTWISE))) or (
+            node.op in ("call_function", "call_method") and node.target in ELEMENTWISE_CALLS
+            and set(node.kwargs) <= {"inplace"} and len(node.args) == 1)
+        if not passes:
+            return None
+        chain.append(node)
+        node = node.args[0]
+    return None
+
+
+def _call_inject(inject: Inject, consumer_output: Tensor, tap: Tensor) -> Tensor:
+    return inject(consumer_output, tap)
+
+
+def _instrumented(traced: fx.GraphModule, entering: fx.Node, producer: fx.Node, consumer: fx.Node) -> fx.GraphModule:
+    """`traced` taking `(x, inject)` and going on after `consumer` with `inject(consumer output, producer input)`."""
+    graph = traced.graph
+    with graph.inserting_after(entering):
+        inject = graph.placeholder("inject")
+    tap = producer.args[0]
+    with graph.inserting_after(consumer):
+        injected = graph.call_function(_call_inject, (inject, consumer, tap))
+    consumer.replace_all_uses_with(injected, delete_user_cb=lambda user: user is not injected)
+    graph.lint()
+    return fx.GraphModule(traced, graph)
 
 
 def _site_problem(producer: Layer, following: Sequence[nn.Module], between: Sequence[nn.Module], consumer: Layer,
@@ -173,14 +278,25 @@ def run_cut_segment(segment: nn.Module, index: int, x: Tensor, sites: Sequence[t
     A tap is stored in `taps[key]`; at an injection `inject(key, consumer output, tap)` gives the activation
     the segment goes on with. An injection after the consumer comes before a tap read at the same cut (the
     next slot's producer reads the consumer's output with the new channels in). Without a cut in this
-    segment, it runs whole.
+    segment, it runs whole; with a site inside it, as that site's instrumented copy.
     """
+    inside = [(key, site) for key, site in sites if site.inside and site.tap_segment == index]
+    if inside:
+        (key, site), = inside  # a segment holds the site of the slot after it only, and no cut of another site
+        assert site.instrumented is not None
+
+        def at_consumer(consumer_output: Tensor, tap: Tensor) -> Tensor:
+            taps[key] = tap
+            return inject(key, consumer_output, tap)
+
+        instrumented: Tensor = site.instrumented(x, at_consumer)
+        return instrumented
     events = sorted([(site.inject_cut, 0, key) for key, site in sites if site.inject_segment == index]
                     + [(site.tap_cut, 1, key) for key, site in sites if site.tap_segment == index])
     if not events:
         whole: Tensor = segment(x)
         return whole
-    assert isinstance(segment, nn.Sequential)  # a width site is found only between nn.Sequential segments
+    assert isinstance(segment, nn.Sequential)  # a site around a slot is found only between nn.Sequential segments
     done = 0
     for cut, order, key in events:
         x = segment[done:cut](x)
