@@ -151,6 +151,11 @@ class MorphogeneticModel(nn.Module):
         self._point_of_slot = [list(points).index(slot_id) for slot_id in ordered]
         self._batch_norms = [m for m in host.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
         self._compile_settings: CompileSettings | None = None
+        self._find_sites()
+
+    def _find_sites(self) -> None:
+        """Each slot's width and branch sites, or why it has none."""
+        host = self.host
         # Only topologies with widening blueprints look inside a segment: a transformer block's MLP could widen,
         # but no seed of that topology would, and the width signal of its slots stays unmeasured.
         inside = any(get_blueprint(host.topology, name).kind is BlueprintKind.WIDEN

@@ -152,12 +152,8 @@ def find_inside_width_site(segment: nn.Module, point: int) -> WidthSite | str:
     except Exception as error:  # fx raises many kinds on code it cannot trace
         return f"the segment before it cannot be traced with torch.fx ({str(error).splitlines()[0][:120]})"
     modules = dict(traced.named_modules())
-    nodes = list(traced.graph.nodes)
-    calls = [node.target for node in nodes if node.op == "call_module"]
-    inputs = [node for node in nodes if node.op == "placeholder"]
-    pairs = [pair for pair in (_producer_chain(node, modules) for node in nodes) if pair is not None]
-    pairs = [(producer, chain, consumer) for producer, chain, consumer in pairs
-             if calls.count(producer.target) == 1 and calls.count(consumer.target) == 1]
+    inputs = [node for node in traced.graph.nodes if node.op == "placeholder"]
+    pairs = _layer_pairs(traced.graph, modules)
     if len(inputs) != 1 or not pairs:
         return "no pair of convolution or linear layers joined by norms and activations inside the segment before it"
     producer_node, chain, consumer_node = pairs[-1]
@@ -171,6 +167,15 @@ def find_inside_width_site(segment: nn.Module, point: int) -> WidthSite | str:
         return problem
     return WidthSite(point, -1, point, -1, producer, following, (), consumer, channels,
                      instrumented=_instrumented(traced, inputs[0], producer_node, consumer_node))
+
+
+def _layer_pairs(graph: fx.Graph, modules: dict[str, nn.Module]) -> list[tuple[fx.Node, list[fx.Node], fx.Node]]:
+    """Every (producer, chain, consumer) of `graph` in the consumers' order, each layer called once in it."""
+    nodes = list(graph.nodes)
+    calls = [node.target for node in nodes if node.op == "call_module"]
+    pairs = [pair for pair in (_producer_chain(node, modules) for node in nodes) if pair is not None]
+    return [(producer, chain, consumer) for producer, chain, consumer in pairs
+            if calls.count(producer.target) == 1 and calls.count(consumer.target) == 1]
 
 
 def _producer_chain(consumer: fx.Node, modules: dict[str, nn.Module]) -> tuple[fx.Node, list[fx.Node], fx.Node] | None:
