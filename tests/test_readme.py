@@ -122,3 +122,9 @@ def test_readme_train_gym_example_runs():
     result = namespace["result"]
     assert result.policy.lstm is None  # the last call: recurrent=False
     assert sum(result.returns[-20:]) / 20 > 100  # random play scores about 22
+
+
+def test_readme_inside_width_example_runs(capsys):
+    namespace: dict[str, object] = {}
+    exec(compile(python_block('graft("2", "wider_inside")'), str(README), "exec"), namespace)
+    assert "True Conv2d(8, 8" in capsys.readouterr().out
