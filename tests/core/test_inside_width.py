@@ -181,3 +181,20 @@ def test_only_inside_sites_are_grafted_and_blocks_without_a_layer_pair_refuse_wi
     with pytest.raises(NoWidthSiteError, match="no pair of convolution or linear layers joined by norms"):
         model.germinate("0", "wider")
     assert not model.can_graft("0", "wider")
+
+
+def test_the_training_forward_with_inside_seeds_traces_as_one_graph_and_matches_eager() -> None:
+    """The instrumented block and its injection closure compile without a graph break (fullgraph raises on one)."""
+    host, x = _resnet()
+    model = MorphogeneticModel(host.train(), config=EASY_CONFIG)
+    _place(model, "layer1_0", Stage.BLENDING, 1, alpha=0.5)
+    _place(model, "layer2_0", Stage.TRAINING, 2)
+    plan = model.execution_plan()
+    host_forward = torch.compile(MorphogeneticModel._host_forward, fullgraph=True, backend="eager")
+    shadow_pass = torch.compile(MorphogeneticModel._shadow_pass, fullgraph=True, backend="eager")
+    eager = copy.deepcopy(model)
+    output, captured = host_forward(model, x, plan)
+    eager_output, eager_captured = MorphogeneticModel._host_forward(eager, x, plan)
+    torch.testing.assert_close(output, eager_output, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(shadow_pass(model, captured, plan),
+                               MorphogeneticModel._shadow_pass(eager, eager_captured, plan), rtol=1e-5, atol=1e-6)
