@@ -7,14 +7,24 @@
 from __future__ import annotations
 
 import copy
+import sys
+from pathlib import Path
 
 import torch
 from torch import Tensor
 
+from morphogen.core.hosts import SegmentedHost
 from morphogen.core.lifecycle import GateConfig, GateMode, Stage
 from morphogen.core.model import MorphogeneticModel
+from morphogen.core.module_host import host_from_module
 from morphogen.core.plain import grown_network
 from morphogen.core.slot import SeedSlot, SlotConfig
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "own"))
+from models import ResNet
+
+#: The first block of each stage of `resnet_host`'s ResNet: where its slots are (two of the three blocks strided).
+RESNET_BLOCKS = ["layer1.0", "layer2.0", "layer3.0"]
 
 EASY_CONFIG = SlotConfig(
     blend_epochs=0,
@@ -36,6 +46,22 @@ def drive_to(slot: SeedSlot, stage: Stage, *, alpha: float = 1.0) -> None:
         assert alpha > 0.0, "a ramp that ends at 0 prunes the seed"
         slot.set_alpha_target(alpha, 0, 0)
     assert slot.stage is stage
+
+
+def resnet_host() -> tuple[SegmentedHost, Tensor]:
+    """A user's CIFAR-layout ResNet (width 4, one block per stage) cut after each block, in eval mode, and a batch."""
+    torch.manual_seed(0)
+    host = host_from_module(ResNet(width=4), RESNET_BLOCKS, example_input=torch.randn(2, 3, 12, 12))
+    return host.eval(), torch.randn(3, 3, 12, 12, generator=torch.Generator().manual_seed(1))
+
+
+def place_seed(model: MorphogeneticModel, slot_id: str, blueprint: str, stage: Stage, seed: int,
+               alpha: float = 1.0) -> None:
+    """Germinate `blueprint` in `slot_id` (a model built with `EASY_CONFIG`), perturb it with `seed` so that it
+    changes its input, and drive it to `stage` (BLENDING at `alpha`)."""
+    slot = model.germinate(slot_id, blueprint)
+    perturb_seed(slot, torch.Generator().manual_seed(seed))
+    drive_to(slot, stage, alpha=alpha)
 
 
 @torch.no_grad()
@@ -85,3 +111,21 @@ def assert_plain_network_matches(model: MorphogeneticModel, x: Tensor) -> None:
     assert sum(p.numel() for p in network.parameters()) == model.host_param_count() + kept
     exported = torch.export.export(network, (x,))
     torch.testing.assert_close(exported.module()(x), model(x), rtol=0, atol=1e-6)
+
+
+def assert_identity_at_birth_until_perturbed(host: SegmentedHost, x: Tensor, blueprint: str) -> None:
+    """In each slot of `host` alone, a seed of `blueprint` leaves the output as it was through every stage, and
+    changes it once its weights are perturbed (so the first check could fail)."""
+    with torch.no_grad():
+        bare = host(x)
+    for slot_id in host.slot_ids:
+        model = MorphogeneticModel(host, [slot_id], config=EASY_CONFIG)
+        slot = model.germinate(slot_id, blueprint)
+        assert slot.seed_parameter_count() > 0
+        for stage in (Stage.TRAINING, Stage.BLENDING, Stage.HOLDING, Stage.FOSSILIZED):
+            drive_to(slot, stage)
+            with torch.no_grad():
+                torch.testing.assert_close(model(x), bare, rtol=0, atol=1e-6, msg=f"{slot_id} {stage.name}")
+        perturb_seed(slot, torch.Generator().manual_seed(2))
+        with torch.no_grad():
+            assert not torch.allclose(model(x), bare, atol=1e-4), slot_id

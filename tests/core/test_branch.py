@@ -1,5 +1,8 @@
 """Branch seeds (`branch_wide`): a path beside the segment before a slot, reading that segment's input.
 
+(Isolation, grafting and state_dict are checked here for new channels inside the block too, `wider_inside`:
+both seeds read the block's input. The rest of inside widening is in test_inside_width.py.)
+
 Checked on a user's ResNet cut after every block (the site where a branch runs beside each block, one of them
 strided), a user's 1D CNN and an MLP: identity at birth, the counterfactual and shadow passes against plain
 forwards, isolation while TRAINING, state_dict, export, and the refusals where a slot has no branch site.
@@ -8,18 +11,20 @@ forwards, isolation while TRAINING, state_dict, export, and the refusals where a
 from __future__ import annotations
 
 import copy
-import sys
-from pathlib import Path
 
 import pytest
 import torch
+from models import mlp
 from slot_driver import (
     EASY_CONFIG,
+    assert_identity_at_birth_until_perturbed,
     assert_passes_match_plain_forwards,
     assert_plain_network_matches,
     configuration_output,
     drive_to,
     perturb_seed,
+    place_seed,
+    resnet_host,
 )
 from torch import Tensor, nn
 
@@ -30,16 +35,9 @@ from morphogen.core.branch import BranchSite, NoBranchSiteError, find_branch_sit
 from morphogen.core.hosts import SegmentedHost
 from morphogen.core.lifecycle import Stage
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "own"))
-from models import ResNet, mlp
-
-BLOCKS = ["layer1.0", "layer2.0", "layer3.0"]
-
-
-def _resnet() -> tuple[SegmentedHost, Tensor]:
-    torch.manual_seed(0)
-    host = host_from_module(ResNet(width=4), BLOCKS, example_input=torch.randn(2, 3, 12, 12))
-    return host.eval(), torch.randn(3, 3, 12, 12, generator=torch.Generator().manual_seed(1))
+_resnet = resnet_host
+#: The seeds that read the input of the segment before their slot: a branch beside it, new channels inside it.
+READING_THE_BLOCK = ["branch_wide", "wider_inside"]
 
 
 def _hosts() -> dict[str, tuple[SegmentedHost, Tensor]]:
@@ -57,27 +55,15 @@ def _hosts() -> dict[str, tuple[SegmentedHost, Tensor]]:
 
 
 def _place(model: MorphogeneticModel, slot_id: str, stage: Stage, seed: int, alpha: float = 1.0) -> None:
-    slot = model.germinate(slot_id, "branch_wide")
-    perturb_seed(slot, torch.Generator().manual_seed(seed))
-    drive_to(slot, stage, alpha=alpha)
+    place_seed(model, slot_id, "branch_wide", stage, seed, alpha)
 
 
 @pytest.mark.parametrize("kind", ["resnet", "cnn1d", "mlp"])
 def test_a_branch_seed_is_the_identity_at_birth_and_changes_the_output_once_trained(kind: str) -> None:
     host, x = _hosts()[kind]
-    with torch.no_grad():
-        bare = host(x)
-    for slot_id in host.slot_ids:
-        model = MorphogeneticModel(host, [slot_id], config=EASY_CONFIG)
-        slot = model.germinate(slot_id, "branch_wide")
-        assert slot.branch_site is not None and slot.seed_parameter_count() > 0
-        for stage in (Stage.TRAINING, Stage.BLENDING, Stage.HOLDING, Stage.FOSSILIZED):
-            drive_to(slot, stage)
-            with torch.no_grad():
-                torch.testing.assert_close(model(x), bare, rtol=0, atol=1e-6, msg=f"{slot_id} {stage.name}")
-        perturb_seed(slot, torch.Generator().manual_seed(2))
-        with torch.no_grad():
-            assert not torch.allclose(model(x), bare, atol=1e-4), slot_id
+    model = MorphogeneticModel(host)
+    assert all(slot.branch_site is not None for slot in model.slots())
+    assert_identity_at_birth_until_perturbed(host, x, "branch_wide")
 
 
 def test_a_branch_maps_the_blocks_input_to_its_output_with_the_blocks_stride() -> None:
@@ -106,14 +92,16 @@ def test_slots_without_a_measured_segment_input_refuse_a_branch_with_the_reason(
 
 
 
-def test_counterfactual_and_shadow_passes_agree_with_plain_forwards_around_branch_seeds() -> None:
-    """Branches at adjacent blocks: the second one reads the first one's output, which the batch's expansion to
-    K configurations (or its shadow rows) has already multiplied."""
+@pytest.mark.parametrize("blueprint", READING_THE_BLOCK)
+def test_counterfactual_and_shadow_passes_agree_with_plain_forwards_around_seeds_reading_the_block(
+        blueprint: str) -> None:
+    """Seeds at adjacent blocks: the second one reads the first one's output, which the batch's expansion to K
+    configurations (or its shadow rows) has already multiplied; one inside a block expands before the block."""
     host, x = _resnet()
     model = MorphogeneticModel(host, config=EASY_CONFIG).eval()
-    _place(model, "layer1_0", Stage.HOLDING, 1)
-    _place(model, "layer2_0", Stage.TRAINING, 2)
-    _place(model, "layer3_0", Stage.BLENDING, 3, alpha=0.5)
+    place_seed(model, "layer1_0", blueprint, Stage.HOLDING, 1)
+    place_seed(model, "layer2_0", blueprint, Stage.TRAINING, 2)
+    place_seed(model, "layer3_0", blueprint, Stage.BLENDING, 3, alpha=0.5)
     assert_passes_match_plain_forwards(model, x)
 
 
@@ -128,12 +116,13 @@ def test_two_training_branch_seeds_each_get_their_own_input_in_the_shadow_pass()
     torch.testing.assert_close(shadow.outputs[1], configuration_output(model, [0.0, 0.0, 1.0], x), rtol=1e-5, atol=1e-5)
 
 
-def test_a_training_branch_seed_learns_only_from_its_shadow() -> None:
+@pytest.mark.parametrize("blueprint", READING_THE_BLOCK)
+def test_a_training_seed_beside_or_inside_a_block_learns_only_from_its_shadow(blueprint: str) -> None:
     host, x = _resnet()
     host.train()
     bare = copy.deepcopy(host)
     model = MorphogeneticModel(host, config=EASY_CONFIG)
-    _place(model, "layer2_0", Stage.TRAINING, 1)
+    place_seed(model, "layer2_0", blueprint, Stage.TRAINING, 1)
     targets = torch.randint(0, 4, (x.shape[0],))
     output, shadow = model.forward_with_shadow(x)
     torch.testing.assert_close(output, bare(x), rtol=0, atol=0)
@@ -143,20 +132,22 @@ def test_a_training_branch_seed_learns_only_from_its_shadow() -> None:
     assert all(parameter.grad is not None for parameter in model.seed_parameters("layer2_0"))
 
 
-def test_a_grafted_branch_trains_with_the_host_and_round_trips_through_state_dict() -> None:
+@pytest.mark.parametrize("blueprint", READING_THE_BLOCK)
+def test_seeds_grafted_beside_or_inside_blocks_train_with_the_host_and_round_trip_through_state_dict(
+        blueprint: str) -> None:
     host, x = _resnet()
     host.train()
     model = MorphogeneticModel(host)
     for slot_id in model.slot_ids:
-        assert model.can_graft(slot_id, "branch_wide")
-        model.graft(slot_id, "branch_wide")
+        assert model.can_graft(slot_id, blueprint)
+        model.graft(slot_id, blueprint)
     nn.functional.cross_entropy(model(x), torch.randint(0, 4, (x.shape[0],))).backward()
     seed = model.slot("layer2_0").seed
     assert seed is not None and all(p.grad is not None for p in seed.parameters())
     assert all(p.grad is not None for p in host.parameters() if p.requires_grad)
     restored = MorphogeneticModel(copy.deepcopy(host))
     for slot_id in model.slot_ids:
-        restored.graft(slot_id, "branch_wide")
+        restored.graft(slot_id, blueprint)
     restored.load_state_dict(model.state_dict())
     with torch.no_grad():
         torch.testing.assert_close(restored.eval()(x), model.eval()(x), rtol=0, atol=0)

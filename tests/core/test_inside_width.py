@@ -3,56 +3,41 @@
 Checked on a user's ResNet cut after every block (one block of each stage, two of them strided): the site is
 the block's conv1 -> bn1 -> ReLU -> conv2 chain, the seed is the identity at birth, a blended seed is the block
 with a wider inside (built by hand), the counterfactual and shadow passes match plain forwards (also beside
-branch seeds and with several seeds TRAINING), a TRAINING seed learns only from its shadow, grafting, state_dict,
-export, and the refusals.
+branch seeds and with several seeds TRAINING), compilation, export, and the refusals. Isolation while TRAINING,
+grafting and state_dict are checked with the branch seeds' (test_branch.py), which read the block's input too.
 """
 
 from __future__ import annotations
 
 import copy
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 from slot_driver import (
     EASY_CONFIG,
-    assert_passes_match_plain_forwards,
+    RESNET_BLOCKS,
+    assert_identity_at_birth_until_perturbed,
     assert_plain_network_matches,
     configuration_output,
-    drive_to,
-    perturb_seed,
+    place_seed,
+    resnet_host,
 )
 from torch import Tensor, nn
 
 from morphogen import CNNHost, MorphogeneticModel, host_from_module
-from morphogen.core.hosts import SegmentedHost
 from morphogen.core.lifecycle import Stage
 from morphogen.core.width import NoWidthSiteError, WidthSeed
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "own"))
-from models import ResNet
-
-BLOCKS = ["layer1.0", "layer2.0", "layer3.0"]
-
-
-def _resnet() -> tuple[SegmentedHost, Tensor]:
-    torch.manual_seed(0)
-    host = host_from_module(ResNet(width=4), BLOCKS, example_input=torch.randn(2, 3, 12, 12))
-    return host.eval(), torch.randn(3, 3, 12, 12, generator=torch.Generator().manual_seed(1))
 
 
 def _place(model: MorphogeneticModel, slot_id: str, stage: Stage, seed: int, blueprint: str = "wider",
            alpha: float = 1.0) -> None:
-    slot = model.germinate(slot_id, blueprint)
-    perturb_seed(slot, torch.Generator().manual_seed(seed))
-    drive_to(slot, stage, alpha=alpha)
+    place_seed(model, slot_id, blueprint, stage, seed, alpha)
 
 
 def test_a_residual_blocks_two_convolutions_are_the_site_inside_it() -> None:
-    host, _ = _resnet()
+    host, _ = resnet_host()
     model = MorphogeneticModel(host)
-    for slot_id, block in zip(model.slot_ids, BLOCKS, strict=True):
+    for slot_id, block in zip(model.slot_ids, RESNET_BLOCKS, strict=True):
         site = model.slot(slot_id).width_site
         assert site is not None and site.inside, slot_id
         assert site.producer is host.get_submodule(f"segments.{site.tap_segment}").get_submodule(f"{block}.conv1")
@@ -62,24 +47,13 @@ def test_a_residual_blocks_two_convolutions_are_the_site_inside_it() -> None:
 
 
 def test_an_inside_widening_seed_is_the_identity_at_birth_and_changes_the_output_once_trained() -> None:
-    host, x = _resnet()
-    with torch.no_grad():
-        bare = host(x)
-    for slot_id in host.slot_ids:
-        model = MorphogeneticModel(host, [slot_id], config=EASY_CONFIG)
-        slot = model.germinate(slot_id, "wider")
-        for stage in (Stage.TRAINING, Stage.BLENDING, Stage.HOLDING, Stage.FOSSILIZED):
-            drive_to(slot, stage)
-            with torch.no_grad():
-                torch.testing.assert_close(model(x), bare, rtol=0, atol=1e-6, msg=f"{slot_id} {stage.name}")
-        perturb_seed(slot, torch.Generator().manual_seed(2))
-        with torch.no_grad():
-            assert not torch.allclose(model(x), bare, atol=1e-4), slot_id
+    host, x = resnet_host()
+    assert_identity_at_birth_until_perturbed(host, x, "wider")
 
 
 def test_a_blended_inside_seed_is_the_block_with_more_channels_between_its_convolutions() -> None:
     """The oracle: the strided block of stage 2 computed by hand, its new channels beside conv1's and into conv2."""
-    host, x = _resnet()
+    host, x = resnet_host()
     model = MorphogeneticModel(host, ["layer2_0"], config=EASY_CONFIG)
     _place(model, "layer2_0", Stage.BLENDING, 3, alpha=0.5)
     seed = model.slot("layer2_0").seed
@@ -95,18 +69,9 @@ def test_a_blended_inside_seed_is_the_block_with_more_channels_between_its_convo
         torch.testing.assert_close(model(x), expected, rtol=1e-5, atol=1e-5)
 
 
-def test_counterfactual_and_shadow_passes_agree_with_plain_forwards_around_inside_seeds() -> None:
-    host, x = _resnet()
-    model = MorphogeneticModel(host, config=EASY_CONFIG).eval()
-    _place(model, "layer1_0", Stage.HOLDING, 1)
-    _place(model, "layer2_0", Stage.TRAINING, 2)
-    _place(model, "layer3_0", Stage.BLENDING, 3, alpha=0.5)
-    assert_passes_match_plain_forwards(model, x)
-
-
 def test_counterfactual_and_shadow_passes_agree_beside_branch_and_deepening_seeds() -> None:
     """A TRAINING branch before a TRAINING inside seed: the second one's rows join at its block's input."""
-    host, x = _resnet()
+    host, x = resnet_host()
     model = MorphogeneticModel(host, config=EASY_CONFIG).eval()
     _place(model, "layer1_0", Stage.TRAINING, 1, blueprint="branch_wide")
     _place(model, "layer2_0", Stage.TRAINING, 2)
@@ -123,41 +88,8 @@ def test_counterfactual_and_shadow_passes_agree_beside_branch_and_deepening_seed
         torch.testing.assert_close(outputs[k], configuration_output(model, row, x), rtol=1e-5, atol=1e-5, msg=str(row))
 
 
-def test_a_training_inside_seed_learns_only_from_its_shadow() -> None:
-    host, x = _resnet()
-    host.train()
-    bare = copy.deepcopy(host)
-    model = MorphogeneticModel(host, config=EASY_CONFIG)
-    _place(model, "layer2_0", Stage.TRAINING, 1)
-    targets = torch.randint(0, 4, (x.shape[0],))
-    output, shadow = model.forward_with_shadow(x)
-    torch.testing.assert_close(output, bare(x), rtol=0, atol=0)
-    assert shadow is not None
-    nn.functional.cross_entropy(shadow.outputs[0], targets).backward(inputs=list(shadow.parameters))
-    assert all(parameter.grad is None for parameter in host.parameters())
-    assert all(parameter.grad is not None for parameter in model.seed_parameters("layer2_0"))
-
-
-def test_inside_seeds_graft_train_with_the_host_and_round_trip_through_state_dict() -> None:
-    host, x = _resnet()
-    host.train()
-    model = MorphogeneticModel(host)
-    for slot_id in model.slot_ids:
-        assert model.can_graft(slot_id, "wider")
-        model.graft(slot_id, "wider")
-    nn.functional.cross_entropy(model(x), torch.randint(0, 4, (x.shape[0],))).backward()
-    assert all(p.grad is not None for p in model.seed_parameters("layer2_0"))
-    assert all(p.grad is not None for p in host.parameters() if p.requires_grad)
-    restored = MorphogeneticModel(copy.deepcopy(host))
-    for slot_id in model.slot_ids:
-        restored.graft(slot_id, "wider")
-    restored.load_state_dict(model.state_dict())
-    with torch.no_grad():
-        torch.testing.assert_close(restored.eval()(x), model.eval()(x), rtol=0, atol=0)
-
-
 def test_the_plain_network_of_a_grown_model_holds_its_inside_seeds_and_exports() -> None:
-    host, x = _resnet()
+    host, x = resnet_host()
     model = MorphogeneticModel(host, config=EASY_CONFIG)
     _place(model, "layer1_0", Stage.FOSSILIZED, 1)
     _place(model, "layer2_0", Stage.HOLDING, 2, blueprint="branch_wide")
@@ -185,7 +117,7 @@ def test_only_inside_sites_are_grafted_and_blocks_without_a_layer_pair_refuse_wi
 
 def test_the_training_forward_with_inside_seeds_traces_as_one_graph_and_matches_eager() -> None:
     """The instrumented block and its injection closure compile without a graph break (fullgraph raises on one)."""
-    host, x = _resnet()
+    host, x = resnet_host()
     model = MorphogeneticModel(host.train(), config=EASY_CONFIG)
     _place(model, "layer1_0", Stage.BLENDING, 1, alpha=0.5)
     _place(model, "layer2_0", Stage.TRAINING, 2)
