@@ -8,12 +8,15 @@ benchmark (SGD lr 0.01, momentum 0.9, weight decay 5e-4, batch 64, cosine over 3
 - `late E`: the same wide blocks whose new inner channels start with zero outgoing weights and stay out of
   training until epoch E (the network computes the host's function until then): width added mid-training,
   function-preserving, which is what growth does;
-- `serial E`, `parallel E`, `prerelu E` (`--branches`): the host's blocks left as they are, each given a
+- `serial E`, `parallel E`, `prerelu E`, `inside E` (`--branches`): the host's blocks left as they are, each given a
   branch with `--expansion` times its output channels (3x3 conv, norm, ReLU, 3x3 conv starting at zero)
   that joins at epoch E (`--branch-epoch`): `serial` reads the block's output and adds to it (what
   morphogen's `conv_wide` seed after a block is), `parallel` reads the block's input and adds to its output,
-  `prerelu` reads the block's input and adds before the block's last ReLU. The branch's norm is a one-group
-  GroupNorm, as in morphogen's seeds, or a BatchNorm (`--branch-norm batch`).
+  `prerelu` reads the block's input and adds before the block's last ReLU, and `inside` is new channels between
+  the block's convolutions with a norm of their own (`--expansion` - 1 times the block's channels: read from
+  the block's input, added to its second convolution's output before its batch norm, as morphogen's
+  `wider_inside` seed). The branch's norm is a one-group GroupNorm, as in morphogen's seeds, or a BatchNorm
+  (`--branch-norm batch`).
 
 It measures the room growth has on this model and the time at which adding width still pays; morphogen's
 growth of the same model is in `your_model.py`. Accuracy per variant (mean ± std over seeds) and its gain
@@ -56,7 +59,7 @@ def new_channel_masks(net: CifarResNet, expansion: int) -> dict[nn.Parameter, Te
     return masks
 
 
-BRANCHES = ("serial", "parallel", "prerelu")
+BRANCHES = ("serial", "parallel", "prerelu", "inside")
 
 
 class Branch(nn.Module):
@@ -76,15 +79,17 @@ class Branch(nn.Module):
 
 class BranchedBlock(nn.Module):
     """A host block with a `Branch` beside it: after it (`serial`), or from its input to its output
-    (`parallel`) or to the sum before its last ReLU (`prerelu`)."""
+    (`parallel`), to the sum before its last ReLU (`prerelu`) or to its second convolution's output (`inside`)."""
 
     def __init__(self, block: BasicBlock, site: str, expansion: int, norm: str) -> None:
         super().__init__()
         self.block, self.site = block, site
         inputs, outputs = block.conv1.in_channels, block.conv2.out_channels
         serial = site == "serial"
-        self.branch = Branch(outputs if serial else inputs, expansion * outputs, outputs,
-                             1 if serial else block.conv1.stride[0], norm)
+        # Inside, the branch is the block's new inner channels (morphogen's `wider_inside`): 4x as wide in all.
+        hidden = (expansion - 1 if site == "inside" else expansion) * outputs
+        self.branch = Branch(outputs if serial else inputs, hidden, outputs, 1 if serial else block.conv1.stride[0],
+                             norm)
 
     def forward(self, x: Tensor) -> Tensor:
         block = self.block
@@ -94,6 +99,8 @@ class BranchedBlock(nn.Module):
         if self.site == "parallel":
             return block(x) + self.branch(x)
         inner = torch.relu(block.bn1(block.conv1(x)))
+        if self.site == "inside":
+            return torch.relu(block.bn2(block.conv2(inner) + self.branch(x)) + block.shortcut(x))
         return torch.relu(block.bn2(block.conv2(inner)) + block.shortcut(x) + self.branch(x))
 
 
