@@ -276,6 +276,20 @@ def test_loading_replaces_seeds_in_other_slots() -> None:
     assert target.slot("r0c0").seed is None and target.slot("r0c1").blueprint == "conv_small"
 
 
+def test_seeds_germinated_or_loaded_in_an_evaluating_model_evaluate_too() -> None:
+    """New modules start in training mode; a seed must not normalize or drop out as in training while the model
+    around it evaluates (validation right after a germination)."""
+    model = MorphogeneticModel(_host("cnn"), config=EASY_CONFIG).eval()
+    slot = model.germinate("r0c1", "conv_heavy")
+    assert slot.seed is not None and slot.blend is not None
+    assert not any(module.training for module in (*slot.seed.modules(), *slot.blend.modules()))
+    restored = MorphogeneticModel(_host("cnn"), config=EASY_CONFIG).eval()
+    restored.load_state_dict(model.state_dict())
+    assert not any(module.training for module in restored.modules())
+    model.train()
+    assert model.germinate("r0c0", "conv_small").seed.training  # type: ignore[union-attr]
+
+
 def test_unknown_slot_ids_name_the_valid_ones() -> None:
     host = _host("cnn")
     with pytest.raises(UnknownSlotError, match="r0c0, r0c1, r0c2"):

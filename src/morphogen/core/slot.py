@@ -341,6 +341,9 @@ class SeedSlot(nn.Module):
             recipe.neighbour_init(seed, neighbour)
         blend_module = Blend(blend_kind, self.channels, channel_dim=CHANNEL_DIM[self.topology], device=device,
                              dtype=dtype)
+        # New modules start in training mode; a seed germinated in an evaluating model evaluates as well.
+        seed.train(self.training)
+        blend_module.train(self.training)
         self.seed, self.blend, self.blend_kind = seed, blend_module, blend_kind
         self.blend_epochs = self.config.blend_epochs if blend_epochs is None else blend_epochs
         self.blueprint, self.blueprint_options = blueprint, dict(options)
@@ -584,6 +587,8 @@ class SeedSlot(nn.Module):
             self.seed = self._build_seed(self.blueprint, self.blend_kind, device, dtype, self.blueprint_options)
             self.blend = Blend(self.blend_kind, self.channels, channel_dim=CHANNEL_DIM[self.topology], device=device,
                                dtype=dtype)
+            self.seed.train(self.training)
+            self.blend.train(self.training)
             self._freeze_if_ramping_down()
         else:
             self.seed, self.blend = None, None
