@@ -5,6 +5,8 @@ benchmark (SGD lr 0.01, momentum 0.9, weight decay 5e-4, batch 64, cosine over 3
 
 - `host`: every residual block as written (inner width = the stream's width);
 - `wide`: every block with `--expansion` times the channels between its two convolutions, from scratch;
+- `host init` (`--host-init`): the host, its blocks' second convolutions drawn as in the wide blocks (their
+  fan-in is `--expansion` times larger, so their initial weights are that many times smaller in variance);
 - `late E`: the same wide blocks whose new inner channels start with zero outgoing weights and stay out of
   training until epoch E (the network computes the host's function until then): width added mid-training,
   function-preserving, which is what growth does;
@@ -57,6 +59,15 @@ def new_channel_masks(net: CifarResNet, expansion: int) -> dict[nn.Parameter, Te
                 mask[:, old:] = 0
             masks[parameter] = mask
     return masks
+
+
+@torch.no_grad()
+def init_as_wide(net: CifarResNet, expansion: int) -> None:
+    """Scale every block's second convolution as the wide block's is drawn: its fan-in is `expansion` times larger,
+    and torch's default bound goes as one over its square root."""
+    for block in net.modules():
+        if isinstance(block, BasicBlock):
+            block.conv2.weight.mul_(1 / math.sqrt(expansion))
 
 
 BRANCHES = ("serial", "parallel", "prerelu", "inside")
@@ -124,6 +135,8 @@ def train(job: tuple[str, int, int, int, str]) -> tuple[str, int, float]:
     (x, y), (x_validation, y_validation) = digits_32x32x3()
     net = CifarResNet(expansion=expansion if name in ("wide", "late") else 1)
     masks = new_channel_masks(net, expansion) if name == "late" else {}
+    if name == "host init":
+        init_as_wide(net, expansion)
     # A branch's parameters get no gradient before `start` (SGD then leaves them, weight decay included),
     # so its zero second conv keeps the host's function until then.
     branch = add_branches(net, name, expansion, norm) if name in BRANCHES else []
@@ -169,13 +182,16 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--branch-epoch", type=int, default=6, help="epoch at which the branches start learning")
     parser.add_argument("--branch-norm", choices=("group", "batch"), default="group")
     parser.add_argument("--no-wide", action="store_true", help="leave out the wide network from scratch")
+    parser.add_argument("--host-init", action="store_true",
+                        help="also the host with its second convolutions initialised as in the wide blocks")
     parser.add_argument("--jobs", type=int, default=2, help="worker processes, one torch thread each")
     args = parser.parse_args(argv)
     starts = [int(epoch) for epoch in args.late.split(",") if epoch.strip()]
     sites = [site.strip() for site in args.branches.split(",") if site.strip()]
     if any(site not in BRANCHES for site in sites):
         parser.error(f"--branches: choose among {', '.join(BRANCHES)}")
-    variants = [("host", 0), *([] if args.no_wide else [("wide", 0)]), *(("late", start) for start in starts),
+    variants = [("host", 0), *([("host init", 0)] if args.host_init else []),
+                *([] if args.no_wide else [("wide", 0)]), *(("late", start) for start in starts),
                 *((site, args.branch_epoch) for site in sites)]
     jobs = [(name, seed, args.expansion, start, args.branch_norm) for name, start in variants
             for seed in range(args.seeds)]

@@ -7,7 +7,8 @@
   inner width a residual stage cannot be widened by in place. `resnet_branch` grows a `branch_wide` seed
   beside every block instead (reading the block's input, adding to its output: `morphogen.core.branch`), and
   `resnet_inside` a `wider_inside` seed inside every block (its two convolutions four times as wide between
-  them: `morphogen.core.width`).
+  them: `morphogen.core.width`); `resnet_inside_early` grows it at epoch 2 (`warmup_epochs = 1`,
+  `first_growth_by = 0.05`) rather than when the validation loss slows down.
   `resnet_by_seeds` is the same ResNet grown seed by seed by the default heuristic, with slots after each
   stage (`--models resnet_by_seeds`).
 - `mlp`: a two-hidden-layer MLP (width 32) on MNIST-1D's 40-sample signals as flat vectors; slots after
@@ -133,7 +134,7 @@ class Model:
     slots: tuple[str, ...]
     batch_size: int
     #: `[heuristic]` settings that differ from the defaults.
-    heuristic: tuple[tuple[str, str], ...] = ()
+    heuristic: tuple[tuple[str, str | int | float], ...] = ()
 
 
 #: The ResNet's residual blocks by name (`layer1.0` ... `layer3.2`): where its slots are when it grows by depth.
@@ -142,6 +143,8 @@ MODELS = {
     "resnet": Model(digits_32x32x3, CifarResNet, RESNET_BLOCKS, 64, (("depth_blueprint", "conv_wide"),)),
     "resnet_branch": Model(digits_32x32x3, CifarResNet, RESNET_BLOCKS, 64, (("depth_blueprint", "branch_wide"),)),
     "resnet_inside": Model(digits_32x32x3, CifarResNet, RESNET_BLOCKS, 64, (("depth_blueprint", "wider_inside"),)),
+    "resnet_inside_early": Model(digits_32x32x3, CifarResNet, RESNET_BLOCKS, 64, (
+        ("depth_blueprint", "wider_inside"), ("warmup_epochs", 1), ("first_growth_by", 0.05))),
     "resnet_by_seeds": Model(digits_32x32x3, CifarResNet, ("layer1", "layer2", "layer3"), 64),
     "mlp": Model(mnist1d_flat, mlp, ("1", "3"), 100),
 }
@@ -169,7 +172,8 @@ def task_and_host(name: str, width: int | None = None) -> tuple[morphogen.Task, 
     return task, host
 
 
-def run_config(schedule: str, heuristic: Sequence[tuple[str, str]] = (), criterion: str | None = None) -> RunConfig:
+def run_config(schedule: str, heuristic: Sequence[tuple[str, str | int | float]] = (),
+               criterion: str | None = None) -> RunConfig:
     """`morphogen run`'s settings with the learning-rate schedule `schedule` (the task's SGD otherwise), the
     `heuristic` settings (name, value) and the gates' `criterion` (None: the task's, accuracy here)."""
     config = RunConfig()
