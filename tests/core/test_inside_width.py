@@ -19,6 +19,7 @@ from slot_driver import (
     assert_identity_at_birth_until_perturbed,
     assert_plain_network_matches,
     configuration_output,
+    perturb_seed,
     place_seed,
     resnet_host,
 )
@@ -130,3 +131,34 @@ def test_the_training_forward_with_inside_seeds_traces_as_one_graph_and_matches_
     torch.testing.assert_close(output, eager_output, rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(shadow_pass(model, captured, plan),
                                MorphogeneticModel._shadow_pass(eager, eager_captured, plan), rtol=1e-5, atol=1e-6)
+
+
+def test_a_block_written_as_torchvisions_has_its_site_inside_with_one_relu_module_called_twice() -> None:
+    """torchvision's BasicBlock calls one in-place `nn.ReLU` twice and adds the skip in place: the chain between
+    its convolutions is still conv1 -> bn1 -> relu -> conv2, and the grafted seed is the identity at birth."""
+
+    class Block(nn.Module):
+        def __init__(self, channels: int) -> None:
+            super().__init__()
+            self.conv1, self.bn1 = nn.Conv2d(channels, channels, 3, padding=1, bias=False), nn.BatchNorm2d(channels)
+            self.relu = nn.ReLU(inplace=True)
+            self.conv2, self.bn2 = nn.Conv2d(channels, channels, 3, padding=1, bias=False), nn.BatchNorm2d(channels)
+
+        def forward(self, x: Tensor) -> Tensor:
+            out = self.bn2(self.conv2(self.relu(self.bn1(self.conv1(x)))))
+            out += x
+            return self.relu(out)
+
+    torch.manual_seed(0)
+    network = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), Block(8), Block(8), nn.AdaptiveAvgPool2d(1), nn.Flatten(),
+                            nn.Linear(8, 4))
+    x = torch.randn(4, 3, 8, 8)
+    model = MorphogeneticModel(host_from_module(network, ["1", "2"], example_input=x[:2])).eval()
+    site = model.slot("2").width_site
+    assert site is not None and site.inside and site.producer is network[2].conv1 and site.consumer is network[2].conv2
+    before = model(x)
+    slot = model.graft("2", "wider_inside")
+    assert torch.equal(model(x), before)
+    perturb_seed(slot, torch.Generator().manual_seed(1))
+    model.train()(x).sum().backward()
+    assert all(p.grad is not None for p in slot.seed_parameters())
