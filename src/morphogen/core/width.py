@@ -62,6 +62,16 @@ Inject = Callable[[Tensor, Tensor], Tensor]
 """(consumer output, tap) -> what the segment goes on with: how a site's instrumented segment adds new channels."""
 
 
+def _out_size(layer: Layer) -> int:
+    """Output channels of a convolution, output features of a linear layer."""
+    return layer.out_features if isinstance(layer, nn.Linear) else layer.out_channels
+
+
+def _in_size(layer: Layer) -> int:
+    """Input channels of a convolution, input features of a linear layer."""
+    return layer.in_features if isinstance(layer, nn.Linear) else layer.in_channels
+
+
 class NoWidthSiteError(ValueError):
     """A widening blueprint germinated in a slot whose surrounding layers cannot be widened; says why."""
 
@@ -99,12 +109,12 @@ class WidthSite:
     @property
     def consumer_channels(self) -> int:
         """Channels (or features) of the consumer's output, where the width seed's output is added."""
-        return self.consumer.out_features if isinstance(self.consumer, nn.Linear) else self.consumer.out_channels
+        return _out_size(self.consumer)
 
     @property
     def inputs_per_channel(self) -> int:
         """Consumer inputs fed by one slot channel: 1, or the positions a Flatten before a linear consumer lays out."""
-        inputs = self.consumer.in_features if isinstance(self.consumer, nn.Linear) else self.consumer.in_channels
+        inputs = _in_size(self.consumer)
         return inputs // self.channels
 
 
@@ -161,7 +171,7 @@ def find_inside_width_site(segment: nn.Module, point: int) -> WidthSite | str:
     assert isinstance(producer, LAYERS) and isinstance(consumer, LAYERS)
     following = tuple(modules[str(node.target)] if node.op == "call_module" else ELEMENTWISE_CALLS[node.target]()
                       for node in chain)
-    channels = producer.out_features if isinstance(producer, nn.Linear) else producer.out_channels
+    channels = _out_size(producer)
     problem = _site_problem(producer, following, (), consumer, channels)
     if problem:
         return problem
@@ -224,8 +234,7 @@ def _site_problem(producer: Layer, following: Sequence[nn.Module], between: Sequ
     grouped = [layer for layer in (producer, consumer) if not isinstance(layer, nn.Linear) and layer.groups != 1]
     if grouped:
         return f"its {type(grouped[0]).__name__} is grouped"
-    outputs = producer.out_features if isinstance(producer, nn.Linear) else producer.out_channels
-    inputs = consumer.in_features if isinstance(consumer, nn.Linear) else consumer.in_channels
+    outputs, inputs = _out_size(producer), _in_size(consumer)
     if outputs != channels or inputs % channels:
         return f"the layers' widths ({outputs} out, {inputs} in) do not match the slot's {channels} channels"
     return ""
@@ -251,7 +260,7 @@ class WidthSeed(nn.Module):
         if channels < 1:
             raise ValueError(f"a width seed adds at least one channel, got channels={channels}")
         producer = site.producer
-        producer_inputs = producer.in_features if isinstance(producer, nn.Linear) else producer.in_channels
+        producer_inputs = _in_size(producer)
         self.producer = _layer_like(producer, producer_inputs, channels, bias=producer.bias is not None,
                                     device=device, dtype=dtype)
         following: list[nn.Module] = []
