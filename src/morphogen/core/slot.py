@@ -378,6 +378,7 @@ class SeedSlot(nn.Module):
         self.alpha.tick()  # the first epoch of the ramp already blends the seed in
         self._sync_alpha()
         self._finish_ramp(epoch)
+
     def _build_seed(self, blueprint: str, blend: BlendKind, device: torch.device | str | None,
                     dtype: torch.dtype | None, options: dict[str, Any]) -> nn.Module:
         """The seed module of `blueprint`; a widening or branch one at this slot's site of its kind, blended by
