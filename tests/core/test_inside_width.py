@@ -70,6 +70,32 @@ def test_a_blended_inside_seed_is_the_block_with_more_channels_between_its_convo
         torch.testing.assert_close(model(x), expected, rtol=1e-5, atol=1e-5)
 
 
+def test_wider_inside_normalizes_its_new_channels_as_the_block_does_and_judges_each_sample_alone() -> None:
+    """After the block's BatchNorm, `wider_inside`'s new channels get a BatchNorm of their own with its settings
+    (`wider` keeps a one-group GroupNorm); it learns running statistics in training, and in eval mode a
+    sample's counterfactual outputs do not depend on the batch it is validated in."""
+    host, x = resnet_host()
+    model = MorphogeneticModel(host, ["layer2_0"], config=EASY_CONFIG)
+    _place(model, "layer2_0", Stage.BLENDING, 3, blueprint="wider_inside")
+    seed = model.slot("layer2_0").seed
+    assert isinstance(seed, WidthSeed)
+    norm, block_norm = seed.after_producer[0], host.get_submodule("segments.1").get_submodule("layer2.0.bn1")
+    assert type(norm) is nn.BatchNorm2d and isinstance(block_norm, nn.BatchNorm2d)
+    assert norm.num_features == 3 * block_norm.num_features
+    assert (norm.eps, norm.momentum, norm.affine) == (block_norm.eps, block_norm.momentum, block_norm.affine)
+    model.train()
+    model(x)
+    assert norm.num_batches_tracked.item() == 1 and norm.running_mean.abs().sum() > 0
+    model.eval()
+    alphas = [[1.0], [0.0]]
+    whole = model.counterfactual_forward(x, alphas)
+    one_by_one = torch.cat([model.counterfactual_forward(x[i:i + 1], alphas) for i in range(x.shape[0])], dim=1)
+    torch.testing.assert_close(whole, one_by_one, rtol=1e-5, atol=1e-6)
+    wider = MorphogeneticModel(resnet_host()[0], ["layer2_0"], config=EASY_CONFIG)
+    _place(wider, "layer2_0", Stage.BLENDING, 3, blueprint="wider")
+    assert type(wider.slot("layer2_0").seed.after_producer[0]) is nn.GroupNorm  # type: ignore[union-attr]
+
+
 def test_counterfactual_and_shadow_passes_agree_beside_branch_and_deepening_seeds() -> None:
     """A TRAINING branch before a TRAINING inside seed: the second one's rows join at its block's input."""
     host, x = resnet_host()
