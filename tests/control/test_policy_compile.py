@@ -95,3 +95,24 @@ def test_compiled_sequence_evaluation_matches_eager_values_and_gradients() -> No
             assert gradient is None
             continue
         torch.testing.assert_close(gradient, eager_gradient, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (CUDA graphs)")
+def test_compiled_acting_under_cuda_graphs_keeps_every_steps_state() -> None:
+    """`auto` compiles with CUDA graphs on CUDA, whose next replay overwrites a replay's outputs: the states
+    kept from earlier steps must still read as eager acting computed them."""
+    eager, compiled = _growth_policy().cuda(), _growth_policy().cuda()
+    compiled.compile_forward(CompileSettings())
+    observations, starts = _sequence(1)
+    observations, starts = GrowthInputs(*(tensor.cuda() for tensor in observations)), starts.cuda()
+    states = [eager.initial_state(BATCH), compiled.initial_state(BATCH)]
+    kept: list[list[torch.Tensor]] = [[], []]
+    for step in range(STEPS):
+        outputs = [policy.act(_step(observations, step), state, deterministic=True, episode_starts=starts[step])
+                   for policy, state in zip((eager, compiled), states, strict=True)]
+        assert torch.equal(outputs[0].actions, outputs[1].actions)
+        states = [output.state for output in outputs]
+        for held, state in zip(kept, states, strict=True):
+            held.append(state[0])
+    for eager_hidden, compiled_hidden in zip(*kept, strict=True):  # read after every later replay
+        torch.testing.assert_close(compiled_hidden, eager_hidden, rtol=1e-4, atol=1e-5)

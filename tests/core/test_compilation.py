@@ -18,7 +18,7 @@ from torch import Tensor
 from torch._dynamo.eval_frame import _debug_get_cache_entry_list
 
 from morphogen.core.blend import BlendKind
-from morphogen.core.compilation import RECOMPILE_LIMIT, CompileSettings
+from morphogen.core.compilation import RECOMPILE_LIMIT, CompileSettings, _CompiledFunction
 from morphogen.core.hosts import CNNHost, TransformerHost
 from morphogen.core.lifecycle import Stage
 from morphogen.core.model import MorphogeneticModel
@@ -83,6 +83,22 @@ def test_settings_pick_the_mode_by_device_and_reject_unknown_names() -> None:
         CompileSettings(mode="fast")
     with pytest.raises(ValueError, match="compile_backend must be one of"):
         CompileSettings(backend="tvm")
+
+
+def test_under_cuda_graphs_a_compiled_function_returns_copies_the_next_replay_cannot_overwrite() -> None:
+    """The policy keeps its LSTM state across calls; a CUDA graph's next replay overwrites its outputs in place.
+    (Building the wrapper compiles nothing, so this runs without CUDA: the compiled call is stood in for.)"""
+    kept = (torch.ones(2), (torch.zeros(3), torch.full((1,), 5.0)))
+    for device, settings, copies in ((torch.device("cuda"), CompileSettings(), True),
+                                     (torch.device("cuda"), CompileSettings(mode="max-autotune-no-cudagraphs"), False),
+                                     (torch.device("cpu"), CompileSettings(), False)):
+        wrapper = _CompiledFunction(lambda: kept, settings, device)
+        assert wrapper.cuda_graphs is copies
+        wrapper.function = lambda: kept
+        features, (hidden, cell) = wrapper()
+        for returned, original in zip((features, hidden, cell), (kept[0], *kept[1]), strict=True):
+            torch.testing.assert_close(returned, original)
+            assert (returned.data_ptr() != original.data_ptr()) is copies, (device, settings)
 
 
 @pytest.mark.parametrize("case", list(MIXED_BLUEPRINTS))

@@ -21,6 +21,10 @@ Rules:
 - Mode "auto" is "reduce-overhead" on CUDA (CUDA graphs: launch overhead is what tiny hosts pay) and
   "default" elsewhere (CUDA graphs do not exist on CPU). Modes apply to the inductor backend only;
   "aot_eager" and "eager" exist to tell a compiler problem from a model problem.
+- Under CUDA graphs a graph's outputs live in its static memory and its next replay overwrites them, so a
+  compiled function returns copies: the policy keeps its LSTM state from one step to the next (on an H100,
+  `train --device cuda --compile` failed reading it, "accessing tensor output of CUDAGraphs that has been
+  overwritten by a subsequent run"). The copies cost one small device copy per output and call.
 """
 
 from __future__ import annotations
@@ -32,9 +36,11 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["COMPILE_BACKENDS", "COMPILE_MODES", "RECOMPILE_LIMIT", "CompileSettings", "compiled"]
+__all__ = ["COMPILE_BACKENDS", "COMPILE_MODES", "CUDA_GRAPH_MODES", "RECOMPILE_LIMIT", "CompileSettings", "compiled"]
 
 COMPILE_MODES = ("auto", "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+#: The modes in which inductor replays CUDA graphs on a CUDA device.
+CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")
 """Accepted `compile_mode` values; "auto" picks by device (module docstring)."""
 COMPILE_BACKENDS = ("inductor", "aot_eager", "eager")
 """Accepted `compile_backend` values (torch.compile backends)."""
@@ -76,14 +82,21 @@ class _CompiledFunction:
         import torch
 
         self.settings, self.device = settings, device
-        self.function = torch.compile(function, backend=settings.backend, mode=settings.resolved_mode(device))
+        mode = settings.resolved_mode(device)
+        self.function = torch.compile(function, backend=settings.backend, mode=mode)
+        #: Whether calls replay CUDA graphs, whose outputs the next replay overwrites (module docstring).
+        self.cuda_graphs = torch.device(device).type == "cuda" and mode in CUDA_GRAPH_MODES
 
     def __call__(self, *args: Any) -> Any:
         import torch
+        from torch.utils import _pytree
 
         # allow_rnn: trace nn.LSTM as one op instead of breaking the graph around it.
         with torch._dynamo.config.patch(recompile_limit=RECOMPILE_LIMIT, allow_rnn=True):
-            return self.function(*args)
+            outputs = self.function(*args)
+        if self.cuda_graphs:
+            outputs = _pytree.tree_map_only(torch.Tensor, torch.clone, outputs)
+        return outputs
 
 
 _CACHE: dict[tuple[Callable[..., Any], CompileSettings, torch.device], _CompiledFunction] = {}
