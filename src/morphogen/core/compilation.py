@@ -23,8 +23,9 @@ Rules:
   "aot_eager" and "eager" exist to tell a compiler problem from a model problem.
 - Under CUDA graphs a graph's outputs live in its static memory and its next replay overwrites them, so a
   compiled function returns copies: the policy keeps its LSTM state from one step to the next (on an H100,
-  `train --device cuda --compile` failed reading it, "accessing tensor output of CUDAGraphs that has been
-  overwritten by a subsequent run"). The copies cost one small device copy per output and call.
+  PPO training compiled on CUDA, `benchmarks/vector_throughput.py --device cuda --compile`, failed reading
+  it: "accessing tensor output of CUDAGraphs that has been overwritten by a subsequent run"). The copies
+  cost one small device copy per output and call.
 """
 
 from __future__ import annotations
