@@ -40,9 +40,9 @@ if TYPE_CHECKING:
 __all__ = ["COMPILE_BACKENDS", "COMPILE_MODES", "CUDA_GRAPH_MODES", "RECOMPILE_LIMIT", "CompileSettings", "compiled"]
 
 COMPILE_MODES = ("auto", "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
-#: The modes in which inductor replays CUDA graphs on a CUDA device.
-CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")
 """Accepted `compile_mode` values; "auto" picks by device (module docstring)."""
+CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")
+"""The modes in which inductor replays CUDA graphs on a CUDA device."""
 COMPILE_BACKENDS = ("inductor", "aot_eager", "eager")
 """Accepted `compile_backend` values (torch.compile backends)."""
 # This module imports torch only where it compiles, so that the command line can offer these choices
