@@ -30,6 +30,7 @@ import argparse
 import itertools
 import json
 import math
+import multiprocessing
 import statistics
 import time
 from collections.abc import Iterator, Sequence
@@ -43,6 +44,7 @@ from torch import Tensor
 from morphogen.control.controller import NoGrowthController
 from morphogen.control.heuristic import HeuristicConfig, HeuristicController
 from morphogen.data import DEFAULT_HOST_SIZES, Task, load_task
+from morphogen.data.user import task_on_device
 from morphogen.env.actions import Op
 from morphogen.env.episode import EpisodeConfig, MorphogenesisEpisode
 from morphogen.env.optimizer import task_optimizer_config
@@ -77,6 +79,9 @@ class Job:
     chunk: int
     threads: int
     out: str
+    width: int = DEFAULT_HOST_SIZES["text"]["d_model"]
+    heads: int = DEFAULT_HOST_SIZES["text"]["n_heads"]
+    device: str = "cpu"
 
 
 @dataclass
@@ -107,9 +112,12 @@ def endless_batches(task: Task, batch_size: int, generator: torch.Generator) -> 
         yield from task.train.iterate_batches(batch_size, generator=generator)
 
 
-def text_task(layers: int) -> Task:
-    """The `text` task on its whole corpus, with a `layers`-layer host and one slot after each layer."""
-    return load_task("text", host={"n_layers": layers, "n_segments": layers})
+def text_task(layers: int, width: int = DEFAULT_HOST_SIZES["text"]["d_model"],
+              heads: int = DEFAULT_HOST_SIZES["text"]["n_heads"], device: str = "cpu") -> Task:
+    """The `text` task on its whole corpus on `device`, with a `layers`-layer host of `width` (d_model) and `heads`
+    attention heads, and one slot after each layer."""
+    task = load_task("text", host={"n_layers": layers, "n_segments": layers, "d_model": width, "n_heads": heads})
+    return task if device == "cpu" else task_on_device(task, device)
 
 
 def step_flops(episode: MorphogenesisEpisode, inputs: Tensor) -> int:
@@ -123,9 +131,9 @@ def training_flops(episode: MorphogenesisEpisode) -> int:
     return episode.compute.training + episode.compute.shadow
 
 
-def budget_flops(budget_steps: int) -> float:
+def budget_flops(budget_steps: int, width: int, heads: int) -> float:
     """The budget: training FLOPs of `budget_steps` batches of the 4-layer host."""
-    task = text_task(VARIANTS[0].layers)
+    task = text_task(VARIANTS[0].layers, width, heads)
     episode = MorphogenesisEpisode(task, EpisodeConfig(max_epochs=1), seed=0)
     episode.reset()
     inputs, _ = next(task.train.iterate_batches(task.batch_size, shuffle=False))
@@ -137,7 +145,7 @@ def run_job(job: Job, budget: float) -> RunRecord:
     torch.set_num_threads(job.threads)
     started = time.perf_counter()
     variant = job.variant
-    task = text_task(variant.layers)
+    task = text_task(variant.layers, job.width, job.heads, job.device)
     small_step = budget / job.budget_steps / 2  # a lower bound of a 2-layer step: chunks enough for any variant
     config = EpisodeConfig(max_epochs=math.ceil(budget / (job.chunk * small_step)) + 1)
     episode = MorphogenesisEpisode(task, config, seed=job.seed)
@@ -207,7 +215,8 @@ def summarize(records: Sequence[RunRecord]) -> list[str]:
     by_variant = {variant.name: sorted((r for r in records if r.variant == variant.name), key=lambda r: r.seed)
                   for variant in VARIANTS}
     budget = records[0].budget_flops
-    target = statistics.fmean(r.points[-1].loss for r in by_variant[SCRATCH])
+    # Without the 4-layer runs there is no loss to reach: that column is left empty.
+    target = statistics.fmean(r.points[-1].loss for r in by_variant[SCRATCH]) if by_variant[SCRATCH] else math.nan
     lines = [f"| variant | final val loss (nats/char) | final accuracy | parameters | FLOPs to reach {target:.4f} "
              "(4 layers' final loss) | first GROW at | seconds |", "|---|---|---|---|---|---|---|"]
     for name, runs in by_variant.items():
@@ -217,7 +226,7 @@ def summarize(records: Sequence[RunRecord]) -> list[str]:
         accuracy = mean_std([r.points[-1].accuracy for r in runs])
         reached = [flops_to_reach(r.points, target) for r in runs]
         fractions = [value / budget for value in reached if value is not None]
-        reach = "-" if name == SCRATCH else (
+        reach = "-" if name == SCRATCH or math.isnan(target) else (
             f"{mean_std(fractions)[0]:.2f} ± {mean_std(fractions)[1]:.2f} x budget" if len(fractions) == len(runs)
             else f"{len(fractions)} of {len(runs)} seeds reach it" + (
                 f" ({', '.join(f'{f:.2f}' for f in fractions)} x budget)" if fractions else ""))
@@ -266,6 +275,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--chunk", type=int, default=220, help="training batches between validations")
     parser.add_argument("--variants", default=",".join(v.name for v in VARIANTS),
                         help="comma-separated variant names (default: all four)")
+    parser.add_argument("--width", type=int, default=DEFAULT_HOST_SIZES["text"]["d_model"],
+                        help="d_model of every variant (default: the task's host)")
+    parser.add_argument("--heads", type=int, default=DEFAULT_HOST_SIZES["text"]["n_heads"], help="attention heads")
+    parser.add_argument("--device", default="cpu", help="where the models train (cpu, cuda, cuda:N)")
     parser.add_argument("--jobs", type=int, default=2, help="worker processes")
     parser.add_argument("--threads", type=int, default=1, help="torch threads per worker")
     parser.add_argument("--out", default="runs/lm_growth", help="directory of the per-run records (resumable)")
@@ -278,19 +291,23 @@ def main(argv: Sequence[str] | None = None) -> None:
         parser.error(f"unknown variant(s) {', '.join(sorted(unknown))}; valid: {', '.join(v.name for v in VARIANTS)}")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    budget = budget_flops(args.budget_steps)
-    jobs = [Job(variant, seed, args.budget_steps, args.chunk, args.threads, str(out))
+    budget = budget_flops(args.budget_steps, args.width, args.heads)
+    jobs = [Job(variant, seed, args.budget_steps, args.chunk, args.threads, str(out), args.width, args.heads,
+                args.device)
             for seed in range(args.seeds) for variant in VARIANTS if variant.name in chosen
             and not (out / record_name(variant.name, seed)).exists()]
     started = time.perf_counter()
-    with ProcessPoolExecutor(max_workers=args.jobs) as pool:
+    # CUDA cannot be used in a forked child of a process that touched it: workers of a GPU run are spawned.
+    context = multiprocessing.get_context("fork" if args.device == "cpu" else "spawn")
+    with ProcessPoolExecutor(max_workers=args.jobs, mp_context=context) as pool:
         for record in pool.map(run_job, jobs, itertools.repeat(budget)):
             print(f"{record.variant} seed {record.seed}: final loss {record.points[-1].loss:.4f}, "
                   f"{record.seconds:.0f} s", flush=True)
     records = [load_record(path) for path in sorted(out.glob("*.json"))]
     records = [r for r in records if r.budget_flops == budget and r.seed < args.seeds]
     optimizer = task_optimizer_config("text")
-    print(f"\nlm growth: text on the whole corpus, host {DEFAULT_HOST_SIZES['text']} (layers as named), "
+    host = {**DEFAULT_HOST_SIZES["text"], "d_model": args.width, "n_heads": args.heads}
+    print(f"\nlm growth: text on the whole corpus on {args.device}, host {host} (layers as named), "
           f"{optimizer.name} lr {optimizer.host_lr:g}; budget {budget:.3g} training FLOPs ({args.budget_steps} steps "
           f"of 4 layers), validation every {args.chunk} batches; {args.jobs} processes x {args.threads} thread(s), "
           f"{time.perf_counter() - started:.0f} s for {len(jobs)} new runs\n")
