@@ -114,5 +114,7 @@ def test_compiled_acting_under_cuda_graphs_keeps_every_steps_state() -> None:
         states = [output.state for output in outputs]
         for held, state in zip(kept, states, strict=True):
             held.append(state[0])
-    for eager_hidden, compiled_hidden in zip(*kept, strict=True):  # read after every later replay
-        torch.testing.assert_close(compiled_hidden, eager_hidden, rtol=1e-4, atol=1e-5)
+    # Read after every later replay. An overwritten state would differ wholesale; the kernels of CUDA's compiled and
+    # eager paths round differently (up to 6.4e-5 apart on an H100), hence the looser bounds than on CPU.
+    for eager_hidden, compiled_hidden in zip(*kept, strict=True):
+        torch.testing.assert_close(compiled_hidden, eager_hidden, rtol=1e-3, atol=5e-4)

@@ -256,10 +256,14 @@ class RecurrentActorCritic(nn.Module, abc.ABC):
         trunk_output = self.trunk(self._trunk_input(observation))  # [T, B, hidden]
         if self.lstm is None:  # feed-forward: the features are the trunk's, the state passes through unchanged
             return trunk_output, state
+        shapes = (state[0].shape, state[1].shape)
         if episode_starts is None:
             lstm_output, state = self.lstm(trunk_output, state)
         else:
             lstm_output, state = self._run_lstm_with_resets(trunk_output, state, episode_starts, step_by_step)
+        # Compiled on CUDA (torch 2.11 on an H100), the traced nn.LSTM returned its state as [1, 1, B, hidden]
+        # instead of [1, B, hidden], which the next step's LSTM call refuses; a view back costs nothing.
+        state = (state[0].reshape(shapes[0]), state[1].reshape(shapes[1]))
         features = self.lstm_norm(lstm_output + trunk_output)  # [T, B, hidden]
         return features, state
 
