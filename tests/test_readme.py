@@ -44,10 +44,11 @@ def test_readme_residual_growth_config_builds_the_settings_it_describes():
     from morphogen.core.lifecycle import Criterion
 
     namespace: dict[str, object] = {}
-    source = textwrap.dedent(python_block('depth_blueprint="branch_wide"'))  # the block sits indented in a list
+    source = textwrap.dedent(python_block('depth_blueprint="wider_inside"'))  # the block sits indented in a list
     exec(compile(source, str(README), "exec"), namespace)
     config = namespace["config"]
-    assert config.heuristic.depth_blueprint == "branch_wide"
+    assert config.heuristic.depth_blueprint == "wider_inside"
+    assert (config.heuristic.warmup_epochs, config.heuristic.first_growth_by) == (1, 0.05)
     assert config.episode.slots.gates.criterion is Criterion.LOSS
     assert config.episode.optimizer.schedule == "cosine"
 
