@@ -8,7 +8,9 @@
   beside every block instead (reading the block's input, adding to its output: `morphogen.core.branch`), and
   `resnet_inside` a `wider_inside` seed inside every block (its two convolutions four times as wide between
   them: `morphogen.core.width`); `resnet_inside_early` grows it at epoch 2 (`warmup_epochs = 1`,
-  `first_growth_by = 0.05`) rather than when the validation loss slows down.
+  `first_growth_by = 0.05`) rather than when the validation loss slows down, and `resnet_inside_late` after
+  17 of the 30 epochs (`warmup_epochs = 17`, `first_growth_by = 0.55`): late enough that the grown run's
+  training FLOPs come below 0.7 of its final architecture's from scratch.
   `resnet_by_seeds` is the same ResNet grown seed by seed by the default heuristic, with slots after each
   stage (`--models resnet_by_seeds`).
 - `mlp`: a two-hidden-layer MLP (width 32) on MNIST-1D's 40-sample signals as flat vectors; slots after
@@ -18,8 +20,9 @@ Each is made a host by `morphogen.host_from_module` and grown by `morphogen.grow
 (defaults but for the ResNet's depth growth) and strict gates, next to the same host without growth and the
 grown model's final architecture from scratch (each seed's own initialisation, data order and batch order).
 Printed per model:
-accuracy, loss, parameters and wall time (mean ± std over seeds) and the paired differences (mean ±
-standard error). Jobs run in `--jobs` processes of one torch thread each.
+accuracy, loss, parameters, training FLOPs (mean) and wall time (mean ± std over seeds), the paired
+differences (mean ± standard error) and the grown run's training FLOPs over its final architecture's from
+scratch. Jobs run in `--jobs` processes of one torch thread each.
 
 `--fixed-widths 8,16` also trains the ResNet at those base widths without growth (same data, epochs and
 seeds): how much accuracy more capacity can buy on this task at all, the room growth has to work in. With
@@ -55,6 +58,7 @@ from morphogen.data import load_task
 from morphogen.env.episode import MorphogenesisEpisode, task_with_host
 from morphogen.env.optimizer import SCHEDULES, OptimizerConfig
 from morphogen.env.play import run_episode
+from morphogen.ui.units import format_flops
 
 VARIANTS = ("grown", "no growth", "from scratch")
 #: The ResNet's base width as the benchmark grows it: a quarter of the CIFAR paper's 16.
@@ -145,6 +149,8 @@ MODELS = {
     "resnet_inside": Model(digits_32x32x3, CifarResNet, RESNET_BLOCKS, 64, (("depth_blueprint", "wider_inside"),)),
     "resnet_inside_early": Model(digits_32x32x3, CifarResNet, RESNET_BLOCKS, 64, (
         ("depth_blueprint", "wider_inside"), ("warmup_epochs", 1), ("first_growth_by", 0.05))),
+    "resnet_inside_late": Model(digits_32x32x3, CifarResNet, RESNET_BLOCKS, 64, (
+        ("depth_blueprint", "wider_inside"), ("warmup_epochs", 17), ("first_growth_by", 0.55))),
     "resnet_by_seeds": Model(digits_32x32x3, CifarResNet, ("layer1", "layer2", "layer3"), 64),
     "mlp": Model(mnist1d_flat, mlp, ("1", "3"), 100),
 }
@@ -156,6 +162,8 @@ class Figures:
     loss: float
     parameters: int
     seconds: float
+    flops: int
+    """Training FLOPs: host and seeds forward and backward, shadow passes, validation and counterfactuals."""
 
 
 def task_and_host(name: str, width: int | None = None) -> tuple[morphogen.Task, Callable[[], morphogen.ModuleHost]]:
@@ -194,7 +202,7 @@ def run_job(job: tuple[str, int, int, str, str | None]) -> tuple[str, int, dict[
                                 config=run_config(schedule, MODELS[name].heuristic, criterion))
     assert result.baseline is not None
     scratch = result.from_scratch or result.baseline  # nothing grown: the final architecture is the host
-    figures = {variant: Figures(o.final_accuracy, o.final_loss, o.parameters, o.seconds)
+    figures = {variant: Figures(o.final_accuracy, o.final_loss, o.parameters, o.seconds, o.flops.total)
                for variant, o in zip(VARIANTS, (result.grown, result.baseline, scratch), strict=True)}
     return name, seed, figures, result.model.architecture()
 
@@ -206,7 +214,8 @@ def run_fixed_resnet(job: tuple[int, int, int, str]) -> tuple[int, int, Figures]
     task, host = task_and_host("resnet", width)
     config = dataclasses.replace(run_config(schedule).episode, max_epochs=epochs)
     outcome = run_episode(MorphogenesisEpisode(task_with_host(task, host), config, seed=seed), NoGrowthController())
-    return width, seed, Figures(outcome.final_accuracy, outcome.final_loss, outcome.parameters, outcome.seconds)
+    return width, seed, Figures(outcome.final_accuracy, outcome.final_loss, outcome.parameters, outcome.seconds,
+                                outcome.flops.total)
 
 
 def print_fixed_widths(results: Sequence[tuple[int, int, Figures]],
@@ -230,18 +239,22 @@ def print_fixed_widths(results: Sequence[tuple[int, int, Figures]],
 
 def print_table(name: str, results: Sequence[tuple[str, int, dict[str, Figures], dict[str, str]]]) -> None:
     print(f"\n{name} ({len(results)} seeds)")
-    print(f"  {'':14}{'val accuracy':>18}{'val loss':>18}{'parameters':>14}{'seconds':>14}")
+    print(f"  {'':14}{'val accuracy':>18}{'val loss':>18}{'parameters':>14}{'FLOPs':>12}{'seconds':>14}")
     for variant in VARIANTS:
         figures = [r[2][variant] for r in results]
         accuracy, loss = mean_std([f.accuracy for f in figures]), mean_std([f.loss for f in figures])
         seconds = mean_std([f.seconds for f in figures])
         print(f"  {variant:14}{accuracy[0]:>10.2f} ± {accuracy[1]:<5.2f}{loss[0]:>10.4f} ± {loss[1]:<5.3f}"
-              f"{statistics.fmean(f.parameters for f in figures):>14,.0f}{seconds[0]:>8.1f} ± {seconds[1]:<4.1f}")
+              f"{statistics.fmean(f.parameters for f in figures):>14,.0f}"
+              f"{format_flops(statistics.fmean(f.flops for f in figures)):>12}{seconds[0]:>8.1f} ± {seconds[1]:<4.1f}")
     for variant in VARIANTS:  # in seed order: how far apart runs land says what a mean of five can show
         print(f"  {variant + ' by seed:':24}" + "  ".join(f"{r[2][variant].accuracy:.2f}" for r in results))
     for other in VARIANTS[1:]:
         mean, error = mean_standard_error([r[2]["grown"].accuracy - r[2][other].accuracy for r in results])
         print(f"  grown - {other}: {mean:+.2f} ± {error:.2f} points (mean ± standard error)")
+    ratios = [r[2]["grown"].flops / r[2]["from scratch"].flops for r in results]
+    print(f"  grown / from scratch, training FLOPs: {statistics.fmean(ratios):.2f} (mean over seeds; "
+          f"{min(ratios):.2f} to {max(ratios):.2f})")
     print("  final architectures: " + "; ".join(", ".join(f"{b}@{s}" for s, b in r[3].items()) or "-"
                                                 for r in results))
 
