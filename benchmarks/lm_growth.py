@@ -82,6 +82,8 @@ class Job:
     width: int = DEFAULT_HOST_SIZES["text"]["d_model"]
     heads: int = DEFAULT_HOST_SIZES["text"]["n_heads"]
     device: str = "cpu"
+    lr: float | None = None
+    """AdamW learning rate of host and seeds (None: the task's)."""
 
 
 @dataclass
@@ -147,7 +149,8 @@ def run_job(job: Job, budget: float) -> RunRecord:
     variant = job.variant
     task = text_task(variant.layers, job.width, job.heads, job.device)
     small_step = budget / job.budget_steps / 2  # a lower bound of a 2-layer step: chunks enough for any variant
-    config = EpisodeConfig(max_epochs=math.ceil(budget / (job.chunk * small_step)) + 1)
+    optimizer = task_optimizer_config("text", None if job.lr is None else {"host_lr": job.lr, "seed_lr": job.lr})
+    config = EpisodeConfig(max_epochs=math.ceil(budget / (job.chunk * small_step)) + 1, optimizer=optimizer)
     episode = MorphogenesisEpisode(task, config, seed=job.seed)
     snapshot = episode.reset()
     assert episode.model is not None
@@ -279,9 +282,11 @@ def main(argv: Sequence[str] | None = None) -> None:
                         help="d_model of every variant (default: the task's host)")
     parser.add_argument("--heads", type=int, default=DEFAULT_HOST_SIZES["text"]["n_heads"], help="attention heads")
     parser.add_argument("--device", default="cpu", help="where the models train (cpu, cuda, cuda:N)")
+    parser.add_argument("--lr", type=float, default=None,
+                        help="AdamW learning rate of every variant (default: the task's, 5e-3, chosen for width 32)")
     parser.add_argument("--jobs", type=int, default=2, help="worker processes")
     parser.add_argument("--threads", type=int, default=1, help="torch threads per worker")
-    parser.add_argument("--out", default="runs/lm_growth", help="directory of the per-run records (resumable)")
+    parser.add_argument("--out", default="runs/lm_growth", help="directory of the per-run records (resumable; one per width, lr and device)")
     parser.add_argument("--svg", default=None, help="write the chart of validation loss against FLOPs here")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
@@ -293,7 +298,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     out.mkdir(parents=True, exist_ok=True)
     budget = budget_flops(args.budget_steps, args.width, args.heads)
     jobs = [Job(variant, seed, args.budget_steps, args.chunk, args.threads, str(out), args.width, args.heads,
-                args.device)
+                args.device, args.lr)
             for seed in range(args.seeds) for variant in VARIANTS if variant.name in chosen
             and not (out / record_name(variant.name, seed)).exists()]
     started = time.perf_counter()
@@ -305,7 +310,7 @@ def main(argv: Sequence[str] | None = None) -> None:
                   f"{record.seconds:.0f} s", flush=True)
     records = [load_record(path) for path in sorted(out.glob("*.json"))]
     records = [r for r in records if r.budget_flops == budget and r.seed < args.seeds]
-    optimizer = task_optimizer_config("text")
+    optimizer = task_optimizer_config("text", None if args.lr is None else {"host_lr": args.lr})
     host = {**DEFAULT_HOST_SIZES["text"], "d_model": args.width, "n_heads": args.heads}
     print(f"\nlm growth: text on the whole corpus on {args.device}, host {host} (layers as named), "
           f"{optimizer.name} lr {optimizer.host_lr:g}; budget {budget:.3g} training FLOPs ({args.budget_steps} steps "
