@@ -1,7 +1,8 @@
 """Depth growth on a language model under a fixed training-FLOP budget: does growing 2 -> 4 layers save compute?
 
-The `text` task on the whole standard-library corpus (every training window), the default host width
-(32, 4 heads, AdamW at the task's default learning rate), four variants per seed:
+The `text` task on the whole standard-library corpus (every training window), by default at the host's width
+(32, 4 heads) and AdamW at the task's learning rate (`--width`, `--heads`, `--lr` change them; `--device`
+says where the runs train), four variants per seed:
 - `4 layers`: a 4-layer host trained from scratch, never growing;
 - `2 layers`: the default 2-layer host, never growing;
 - `2 -> 4 zero`: the 2-layer host under the heuristic with `depth_blueprint = "block"`: when its validation
@@ -47,7 +48,7 @@ from morphogen.data import DEFAULT_HOST_SIZES, Task, load_task
 from morphogen.data.user import task_on_device
 from morphogen.env.actions import Op
 from morphogen.env.episode import EpisodeConfig, MorphogenesisEpisode
-from morphogen.env.optimizer import task_optimizer_config
+from morphogen.env.optimizer import OptimizerConfig, task_optimizer_config
 from morphogen.env.play import Controller
 from morphogen.ui.svg import Series, line_chart
 
@@ -122,6 +123,11 @@ def text_task(layers: int, width: int = DEFAULT_HOST_SIZES["text"]["d_model"],
     return task if device == "cpu" else task_on_device(task, device)
 
 
+def text_optimizer(lr: float | None) -> OptimizerConfig:
+    """The `text` task's optimizer, with host and seeds at `lr` when given."""
+    return task_optimizer_config("text", None if lr is None else {"host_lr": lr, "seed_lr": lr})
+
+
 def step_flops(episode: MorphogenesisEpisode, inputs: Tensor) -> int:
     """Training FLOPs of one batch like `inputs` in the episode's present plan, as its compute account charges it."""
     assert episode.model is not None
@@ -149,8 +155,8 @@ def run_job(job: Job, budget: float) -> RunRecord:
     variant = job.variant
     task = text_task(variant.layers, job.width, job.heads, job.device)
     small_step = budget / job.budget_steps / 2  # a lower bound of a 2-layer step: chunks enough for any variant
-    optimizer = task_optimizer_config("text", None if job.lr is None else {"host_lr": job.lr, "seed_lr": job.lr})
-    config = EpisodeConfig(max_epochs=math.ceil(budget / (job.chunk * small_step)) + 1, optimizer=optimizer)
+    config = EpisodeConfig(max_epochs=math.ceil(budget / (job.chunk * small_step)) + 1,
+                           optimizer=text_optimizer(job.lr))
     episode = MorphogenesisEpisode(task, config, seed=job.seed)
     snapshot = episode.reset()
     assert episode.model is not None
@@ -286,7 +292,8 @@ def main(argv: Sequence[str] | None = None) -> None:
                         help="AdamW learning rate of every variant (default: the task's, 5e-3, chosen for width 32)")
     parser.add_argument("--jobs", type=int, default=2, help="worker processes")
     parser.add_argument("--threads", type=int, default=1, help="torch threads per worker")
-    parser.add_argument("--out", default="runs/lm_growth", help="directory of the per-run records (resumable; one per width, lr and device)")
+    parser.add_argument("--out", default="runs/lm_growth",
+                        help="directory of the per-run records (resumable; one per width, lr and device)")
     parser.add_argument("--svg", default=None, help="write the chart of validation loss against FLOPs here")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
@@ -310,7 +317,7 @@ def main(argv: Sequence[str] | None = None) -> None:
                   f"{record.seconds:.0f} s", flush=True)
     records = [load_record(path) for path in sorted(out.glob("*.json"))]
     records = [r for r in records if r.budget_flops == budget and r.seed < args.seeds]
-    optimizer = task_optimizer_config("text", None if args.lr is None else {"host_lr": args.lr})
+    optimizer = text_optimizer(args.lr)
     host = {**DEFAULT_HOST_SIZES["text"], "d_model": args.width, "n_heads": args.heads}
     print(f"\nlm growth: text on the whole corpus on {args.device}, host {host} (layers as named), "
           f"{optimizer.name} lr {optimizer.host_lr:g}; budget {budget:.3g} training FLOPs ({args.budget_steps} steps "
