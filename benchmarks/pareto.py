@@ -8,6 +8,11 @@ process, `--jobs` processes):
   2x4), and each grown model's final architecture (host + every seed blended in at the end) trained from
   scratch for the same epochs.
 
+`--config FILE` grows with a run config's `[heuristic]` and `[episode]` settings (e.g.
+`configs/grow_for_compute.toml`; the episode length stays `--epochs`), its jobs kept apart from the default
+heuristic's in `--results`; `--first-seed` starts the seeds elsewhere than 0 (fresh seeds for a setting tuned
+on the first ones).
+
 Every job's figures go to `--results` (JSON lines) as soon as it ends, and a job already there is not run
 again: the sweep can be stopped and resumed, or run task by task (`--tasks`) or kind by kind (`--only`).
 
@@ -24,6 +29,7 @@ only within one run of this script.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import statistics
@@ -35,8 +41,10 @@ from pathlib import Path
 
 import torch
 
+from morphogen.commands.run import RunConfig
+from morphogen.config import build_config, read_config_file
 from morphogen.control.controller import NoGrowthController
-from morphogen.control.heuristic import HeuristicController
+from morphogen.control.heuristic import HeuristicConfig, HeuristicController
 from morphogen.data import load_task
 from morphogen.env.episode import EpisodeConfig, MorphogenesisEpisode
 from morphogen.env.play import EpisodeOutcome, run_episode
@@ -64,10 +72,13 @@ class Job:
     seed: int
     epochs: int
     threads: int
+    config: str = ""
+    """A run config file whose `[heuristic]` and `[episode]` settings a grown job uses; "" for the defaults."""
 
     @property
     def key(self) -> str:
-        return f"{self.kind}/{self.task}/{self.blocks}x{self.width}/seed{self.seed}/epochs{self.epochs}"
+        kind = f"{self.kind}[{Path(self.config).stem}]" if self.config else self.kind
+        return f"{kind}/{self.task}/{self.blocks}x{self.width}/seed{self.seed}/epochs{self.epochs}"
 
 
 @dataclass(frozen=True)
@@ -86,13 +97,16 @@ def run_job(job: Job) -> dict[str, object]:
     """One job's figures: {"key", "point"} for a fixed host; grown and from-scratch points for a grown one."""
     torch.set_num_threads(job.threads)
     task = load_task(job.task, seed=job.seed, host={"n_blocks": job.blocks, "base_channels": job.width})
-    config = EpisodeConfig(max_epochs=job.epochs)
+    config, heuristic = EpisodeConfig(max_epochs=job.epochs), HeuristicConfig()
+    if job.config:
+        settings = build_config(RunConfig, read_config_file(job.config))
+        config, heuristic = dataclasses.replace(settings.episode, max_epochs=job.epochs), settings.heuristic
     episode = MorphogenesisEpisode(task, config, seed=job.seed)
     if job.kind == "fixed":
         return {"key": job.key, "job": asdict(job), "point": asdict(_point(run_episode(episode,
                                                                                        NoGrowthController())))}
     episode.reset()
-    grown = run_episode(episode, HeuristicController(episode.action_space, task.topology))
+    grown = run_episode(episode, HeuristicController(episode.action_space, task.topology, heuristic))
     assert episode.model is not None
     architecture = episode.model.architecture()
     scratch = None
@@ -167,6 +181,9 @@ def report_task(task: str, results: dict[str, dict[str, object]], args: argparse
     """The table, the dominance check and the FLOPs ratio of one task; the plots when asked."""
     def records(kind: str, blocks: int, width: int) -> list[dict[str, object]]:
         return [r for r in results.values() if r["job"]["kind"] == kind and r["job"]["task"] == task  # type: ignore[index]
+                # The fixed sweep with every seed it has; grown runs of this --config and these seeds only.
+                and (kind == "fixed" or (r["job"].get("config", "") == args.config  # type: ignore[index, attr-defined]
+                                         and r["job"]["seed"] in range(args.first_seed, args.first_seed + args.seeds)))  # type: ignore[index]
                 and r["job"]["blocks"] == blocks and r["job"]["width"] == width  # type: ignore[index]
                 and r["job"]["epochs"] == args.epochs]  # type: ignore[index]
 
@@ -235,6 +252,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--grow-from", default="2x8,2x4", help="hosts the heuristic grows (blocks x width)")
     parser.add_argument("--only", choices=("fixed", "grown"), help="run one kind of job only")
     parser.add_argument("--seeds", type=int, default=5)
+    parser.add_argument("--first-seed", type=int, default=0, help="the first of the --seeds seeds")
+    parser.add_argument("--config", default="", help="run config file whose [heuristic] and [episode] settings "
+                        "the grown jobs use (default: the heuristic's defaults)")
     parser.add_argument("--epochs", type=int, default=30)
     parser.add_argument("--jobs", type=int, default=2, help="worker processes (at most 2 on a shared machine)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads per worker")
@@ -246,14 +266,17 @@ def main(argv: Sequence[str] | None = None) -> None:
     args.widths = [int(w) for w in args.widths.split(",")]
     args.grow_from = [_size(size) for size in args.grow_from.split(",")]
     tasks = [name.strip() for name in args.tasks.split(",") if name.strip()]
+    seeds = range(args.first_seed, args.first_seed + args.seeds)
+    if args.config:
+        build_config(RunConfig, read_config_file(args.config))  # a bad file: one line now, not in every worker
     jobs = []
     for task in tasks:
         if args.only in (None, "fixed"):
-            jobs += [Job("fixed", task, b, w, seed, args.epochs, args.threads)
-                     for b in args.blocks for w in args.widths for seed in range(args.seeds)]
+            jobs += [Job("fixed", task, b, w, seed, args.epochs, args.threads) for b in args.blocks
+                     for w in args.widths for seed in seeds]
         if args.only in (None, "grown"):
-            jobs += [Job("grown", task, b, w, seed, args.epochs, args.threads)
-                     for b, w in args.grow_from for seed in range(args.seeds)]
+            jobs += [Job("grown", task, b, w, seed, args.epochs, args.threads, args.config)
+                     for b, w in args.grow_from for seed in seeds]
     path = Path(args.results)
     if not args.report_only:
         run_missing(jobs, path, args.jobs)

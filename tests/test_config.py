@@ -197,10 +197,26 @@ def test_a_config_that_is_no_file_or_too_large_is_refused_unread(tmp_path: Path)
 
 
 def test_shipped_config_files_build() -> None:
-    """Every config under configs/ (cited by the README) loads and validates as a `train` config."""
+    """Every config under configs/ (cited by the README) loads and validates as the config of the command its
+    first line names (`morphogen train` or `morphogen run`)."""
+    from morphogen.commands.run import RunConfig
     from morphogen.control.trainer import TrainConfig
 
     files = sorted((Path(__file__).parent.parent / "configs").glob("*.toml"))
-    assert files, "configs/ holds the README's example configs"
+    assert {path.name for path in files} >= {"default_policy.toml", "grow_for_compute.toml"}
     for path in files:
-        build_config(TrainConfig, read_config_file(path))  # raises ConfigError naming the bad key
+        command = path.read_text().split("morphogen ", 1)[1].split()[0]
+        # Raises ConfigError naming a bad key.
+        build_config({"train": TrainConfig, "run": RunConfig}[command], read_config_file(path))
+
+
+def test_the_compute_saving_config_grows_late_by_depth_and_keeps_what_lowers_the_loss() -> None:
+    """configs/grow_for_compute.toml: the settings the README's compute figures were measured with."""
+    from morphogen.commands.run import RunConfig
+    from morphogen.core.lifecycle import Criterion
+
+    config = build_config(RunConfig, read_config_file(Path(__file__).parent.parent / "configs/grow_for_compute.toml"))
+    heuristic, gates = config.heuristic, config.episode.slots.gates
+    assert (heuristic.depth_blueprint, heuristic.warmup_epochs, heuristic.first_growth_by) == ("conv_light", 15, 0.5)
+    assert heuristic.loss_fossilize_threshold == 0.0 and gates.loss_min_contribution == 0.0
+    assert gates.criterion is Criterion.LOSS and config.episode.max_epochs == 30

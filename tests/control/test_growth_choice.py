@@ -69,6 +69,14 @@ def test_the_heuristic_germinates_what_the_signals_choose() -> None:
     assert heuristic.growth_candidates(10) == ("conv_light", "wider")  # the rotation's next deepening blueprint
 
 
+def test_a_heuristic_growing_by_depth_asks_for_no_growth_signals() -> None:
+    """GROW grafts one blueprint into every slot: measuring candidates for it would buy nothing."""
+    heuristic, _ = controller(depth_blueprint="conv_light")
+    assert heuristic.growth_candidates(10) == ()
+    heuristic.grows_by_depth = False  # a refused GROW: seed by seed from now on, chosen by the signals again
+    assert heuristic.growth_candidates(10) == ("conv_heavy", "wider")
+
+
 def test_a_pruned_widening_is_held_back_like_any_blueprint() -> None:
     heuristic, space = controller(prune_penalty_epochs=10, min_training_epochs=2, training_patience=0)
     training = make_slot("r0c0", Stage.TRAINING, blueprint="wider", epochs_in_stage=2)

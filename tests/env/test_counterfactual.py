@@ -269,3 +269,40 @@ def test_for_decisions_measures_only_what_the_gates_and_the_heuristic_read_next(
     assert [bool(epoch) for epoch in needed] == [False, False, True, True, False, False, True, True, True, True]
     for every_epoch, for_decisions in zip(every, needed, strict=True):
         assert all(every_epoch[slot] == value for slot, value in for_decisions.items())
+
+
+@pytest.mark.slow
+def test_seeds_grafted_together_are_ablated_one_an_epoch_and_judged_as_before() -> None:
+    """GROW puts a seed into every slot at once; the heuristic judges one an epoch, the one measured. Ablating
+    only that one changes no decision and no figure of the run, and halves what the counterfactuals cost here.
+    The settings are configs/grow_for_compute.toml's, growing two epochs in instead of fifteen."""
+    import dataclasses
+    from pathlib import Path
+
+    from morphogen.commands.run import RunConfig
+    from morphogen.config import build_config, read_config_file
+    from morphogen.control.heuristic import HeuristicController
+    from morphogen.data import load_task
+    from morphogen.env.episode import MorphogenesisEpisode
+    from morphogen.telemetry import events
+
+    recipe = build_config(RunConfig, read_config_file(Path(__file__).parents[2] / "configs/grow_for_compute.toml"))
+    task = load_task("digits", max_train_samples=256)
+    runs = {}
+    for limit in (None, 1):
+        config = dataclasses.replace(recipe.episode, max_epochs=8, ablations_per_epoch=limit)
+        episode = MorphogenesisEpisode(task, config, seed=0)
+        snapshot = episode.reset()
+        heuristic = HeuristicController(episode.action_space, task.topology,
+                                        dataclasses.replace(recipe.heuristic, warmup_epochs=2, first_growth_by=0.1))
+        measured = []
+        while not episode.done:
+            snapshot = episode.step(heuristic.act(snapshot, episode.masks())).snapshot
+            measured.append(sorted(slot for slot, value in episode.contributions.items() if value is not None))
+        actions = [(e.op, e.slot, e.succeeded) for e in episode.history if isinstance(e, events.ActionTaken)]
+        runs[limit] = (snapshot.val_accuracy, snapshot.val_loss, actions, measured, episode.compute.counterfactual)
+    (accuracy, loss, actions, every, every_cost), (accuracy_1, loss_1, actions_1, one, one_cost) = runs[None], runs[1]
+    assert ("GROW", None, True) in actions and actions.count(("FOSSILIZE", "r0c0", True)) == 1
+    assert (accuracy_1, loss_1, actions_1) == (accuracy, loss, actions)
+    assert ["r0c0", "r0c1"] in every and max(len(slots) for slots in one) == 1
+    assert one_cost < 0.6 * every_cost

@@ -352,8 +352,8 @@ class HeuristicController:
     def growth_candidates(self, epoch: int) -> tuple[str, ...]:
         """The blueprints `choice = "signal"` would compare at `epoch`, for the episode to measure (none in
         "rotation" mode)."""
-        if self.choice != "signal":
-            return ()
+        if self.choice != "signal" or self.grows_by_depth or self.depth_grown:
+            return ()  # growing by depth (GROW) compares no seeds: measuring them would buy nothing
         deepening = self._next_deepening(epoch)
         return tuple(name for name in (deepening, self.widening)
                      if name is not None and not self._held_back(name, epoch))

@@ -47,7 +47,7 @@ from morphogen.env.rewards import RewardBreakdown, RewardConfig, RewardMode, com
 from morphogen.env.seeding import derive_seed, seeded
 from morphogen.env.snapshot import HISTORY_LENGTH, EpisodeSnapshot, SlotSnapshot
 from morphogen.env.training import HostAndSeedTrainer
-from morphogen.limits import MAX_BATCH_SIZE, MAX_EPOCHS, check_count
+from morphogen.limits import MAX_BATCH_SIZE, MAX_EPOCHS, MAX_INTEGER_SETTING, check_count
 from morphogen.telemetry import events
 from morphogen.telemetry.anomalies import AnomalyDetector
 from morphogen.telemetry.profiler import PhaseTimer
@@ -82,6 +82,11 @@ class EpisodeConfig:
     #: ablation of a seed in or about to enter HOLDING) or "every_epoch" (every seed's, every epoch, and all
     #: seeds off: what a learned policy observes; `morphogen train` uses it).
     counterfactuals: CounterfactualSchedule = CounterfactualSchedule.FOR_DECISIONS
+    #: Under "for_decisions", seeds in or about to enter HOLDING ablated per epoch, the one measured least
+    #: recently first (None: all of them). The heuristic judges one seed an epoch, the one measured: seeds
+    #: grafted together (GROW) otherwise wait their turn ablated every epoch, which was 16-19% of the FLOPs of
+    #: a ResNet grown late in every block (benchmarks/your_model.py).
+    ablations_per_epoch: int | None = 1
     #: Fraction of each training batch (its first samples) that the TRAINING seeds' shadow pass runs on. The
     #: shadow pass runs every layer after the seed's slot forward and backward again, so it is the main
     #: cost of training a seed behind the host. On 5 seeds of digits and mnist1d (benchmarks/growth.py) 3/4
@@ -103,6 +108,8 @@ class EpisodeConfig:
         if not 0.0 < self.gamma <= 1.0:
             raise ValueError(f"gamma must be in (0, 1], got {self.gamma}")
         check_count("probe_samples", self.probe_samples, MAX_BATCH_SIZE)
+        if self.ablations_per_epoch is not None:
+            check_count("ablations_per_epoch", self.ablations_per_epoch, MAX_INTEGER_SETTING)
         if not 0.0 < self.shadow_fraction <= 1.0:
             raise ValueError(f"shadow_fraction must be in (0, 1], got {self.shadow_fraction}")
 
@@ -234,6 +241,8 @@ class MorphogenesisEpisode:
         self.history = []
         self.compute = ComputeAccount()
         self.growth = {}
+        #: Waiting seed -> the epoch of its last ablation (`_due_for_ablation`).
+        self.ablated_at: dict[str, int] = {}
         if self.detector is not None:
             # A fresh host's gradients are not a drift from the last episode's converged ones.
             self.detector.forget_gradients(f"env{self.env_id}/")
@@ -442,8 +451,9 @@ class MorphogenesisEpisode:
             # ablation of a HOLDING seed, or of a BLENDING one whose ramp ends at this epoch's tick.
             training = [slot_id for slot_id in training if self.model.slot(slot_id).lifecycle.epochs_in_stage
                         >= self.model.slot(slot_id).config.gates.min_training_epochs - 1]
-            holding = [s.slot_id for s in self.model.slots() if s.stage is Stage.HOLDING
-                       or (s.stage is Stage.BLENDING and s.alpha.steps_done + 1 >= s.alpha.steps_total)]
+            holding = self._due_for_ablation([
+                s.slot_id for s in self.model.slots() if s.stage is Stage.HOLDING
+                or (s.stage is Stage.BLENDING and s.alpha.steps_done + 1 >= s.alpha.steps_total)])
             configurations = alpha_configurations(self.model.slot_ids, alphas, training, ablate=holding,
                                                   all_off=False)
         with self.timer.phase("validate"):
@@ -452,6 +462,19 @@ class MorphogenesisEpisode:
         self.compute.charge_validation(self.flop_counter, self.model, configurations.alphas,
                                        dict(result.batch_shapes))
         return result
+
+    def _due_for_ablation(self, waiting: list[str]) -> list[str]:
+        """The seeds of `waiting` (slot order) to ablate this epoch: at most `ablations_per_epoch`, those measured
+        in HOLDING least recently first (slot order among equals, the order the heuristic judges in), so that
+        every waiting seed is measured in turn whatever the controller judges."""
+        assert self.model is not None
+        self.ablated_at = {slot_id: epoch for slot_id, epoch in self.ablated_at.items() if slot_id in waiting}
+        limit = self.config.ablations_per_epoch
+        chosen = waiting if limit is None else sorted(waiting, key=lambda s: self.ablated_at.get(s, -1))[:limit]
+        # A seed measured while its ramp ends is judged on a later figure: that one does not count as its turn.
+        self.ablated_at.update({slot_id: self.epoch for slot_id in chosen
+                                if self.model.slot(slot_id).stage is Stage.HOLDING})
+        return [slot_id for slot_id in waiting if slot_id in chosen]
 
     def _measure_growth(self) -> None:
         """Growth signals and candidate costs for the controller, when it asks and a seed could be germinated."""
