@@ -40,3 +40,17 @@ def test_the_table_shows_the_last_epochs_and_says_when_the_final_gap_is_within_o
     out = io.StringIO()
     print_summary(steady, steady, out)  # nothing grown: the same training, no gap to judge
     assert "may be noise" not in out.getvalue()
+
+
+def test_the_table_says_what_the_grown_run_cost_against_its_architecture_from_scratch() -> None:
+    from morphogen.env.compute import ComputeAccount
+
+    grown = dataclasses.replace(outcome([]), flops=ComputeAccount(training=600, validation=20))
+    scratch = dataclasses.replace(outcome([]), flops=ComputeAccount(training=950, validation=50))
+    out = io.StringIO()
+    print_summary(grown, None, out, from_scratch=scratch)
+    assert next(line for line in out.getvalue().splitlines() if line.startswith("  of from scratch")).split() == [
+        "of", "from", "scratch", "0.62x"]
+    out = io.StringIO()
+    print_summary(grown, None, out)  # no architecture trained from scratch: nothing to compare with
+    assert "of from scratch" not in out.getvalue()

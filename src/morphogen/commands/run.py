@@ -119,6 +119,9 @@ def print_summary(grown: EpisodeOutcome, baseline: EpisodeOutcome | None, out: T
     print("\n" + f"{'':22}" + "".join(f"{name:>14}" for name, _ in columns), file=out)
     for label, cell in cells:
         print(f"{label:22}" + "".join(f"{'-' if o is None else cell(o):>14}" for _, o in columns), file=out)
+        if label == "training FLOPs" and from_scratch is not None and from_scratch.flops.total > 0:
+            # What growing saved (or cost) against training the architecture it ended with from the start.
+            print(f"{'  of from scratch':22}{grown.flops.total / from_scratch.flops.total:>13.2f}x", file=out)
     if nothing_kept:
         print("(from scratch: no seed was blended in, so the final architecture is the host itself)", file=out)
     note = None if baseline is None else noise_note(grown, baseline, metric_name)
