@@ -85,6 +85,8 @@ class Job:
     device: str = "cpu"
     lr: float | None = None
     """AdamW learning rate of host and seeds (None: the task's)."""
+    grow_at: float | None = None
+    """Grow once this fraction of the budget is spent (None: when the heuristic's loss signal says)."""
 
 
 @dataclass
@@ -148,6 +150,20 @@ def budget_flops(budget_steps: int, width: int, heads: int) -> float:
     return float(budget_steps * step_flops(episode, inputs))
 
 
+def growth_timing(depth_blueprint: str, job: Job, budget: float, max_epochs: int) -> HeuristicConfig:
+    """The heuristic's settings: its defaults, or with `job.grow_at` a warm-up of the validations (epochs) the
+    starting host needs to spend that fraction of the budget, then growth at once."""
+    if job.grow_at is None:
+        return HeuristicConfig(depth_blueprint=depth_blueprint)
+    task = text_task(job.variant.layers, job.width, job.heads)
+    episode = MorphogenesisEpisode(task, EpisodeConfig(max_epochs=1), seed=0)
+    episode.reset()
+    inputs, _ = next(task.train.iterate_batches(task.batch_size, shuffle=False))
+    warmup = max(round(job.grow_at * budget / (job.chunk * step_flops(episode, inputs))), 1)
+    return HeuristicConfig(depth_blueprint=depth_blueprint, warmup_epochs=warmup,
+                           first_growth_by=min(warmup / max_epochs, 1.0))
+
+
 def run_job(job: Job, budget: float) -> RunRecord:
     """One variant and seed: train in chunks until the training FLOPs reach `budget`, validating after each."""
     torch.set_num_threads(job.threads)
@@ -161,7 +177,7 @@ def run_job(job: Job, budget: float) -> RunRecord:
     snapshot = episode.reset()
     assert episode.model is not None
     controller: Controller = NoGrowthController() if variant.depth_blueprint is None else HeuristicController(
-        episode.action_space, task.topology, HeuristicConfig(depth_blueprint=variant.depth_blueprint))
+        episode.action_space, task.topology, growth_timing(variant.depth_blueprint, job, budget, config.max_epochs))
     controller.reset()
     batches = endless_batches(task, episode.batch_size, episode.generator)
     growths: list[float] = []
@@ -219,15 +235,19 @@ def mean_std(values: Sequence[float]) -> tuple[float, float]:
     return statistics.fmean(values), statistics.stdev(values) if len(values) > 1 else 0.0
 
 
-def summarize(records: Sequence[RunRecord]) -> list[str]:
-    """The table's lines: final loss per variant, and FLOPs of the grown models to reach the scratch model's loss."""
+def summarize(records: Sequence[RunRecord], target: float | None = None) -> list[str]:
+    """The table's lines: final loss per variant, and FLOPs of the grown models to reach `target` (default: the
+    final loss of the 4-layer model from scratch, mean over its seeds)."""
     by_variant = {variant.name: sorted((r for r in records if r.variant == variant.name), key=lambda r: r.seed)
                   for variant in VARIANTS}
     budget = records[0].budget_flops
     # Without the 4-layer runs there is no loss to reach: that column is left empty.
-    target = statistics.fmean(r.points[-1].loss for r in by_variant[SCRATCH]) if by_variant[SCRATCH] else math.nan
+    given = target
+    if target is None:
+        target = statistics.fmean(r.points[-1].loss for r in by_variant[SCRATCH]) if by_variant[SCRATCH] else math.nan
+    named = "4 layers' final loss" if given is None else "--target"
     lines = [f"| variant | final val loss (nats/char) | final accuracy | parameters | FLOPs to reach {target:.4f} "
-             "(4 layers' final loss) | first GROW at | seconds |", "|---|---|---|---|---|---|---|"]
+             f"({named}) | first GROW at | seconds |", "|---|---|---|---|---|---|---|"]
     for name, runs in by_variant.items():
         if not runs:
             continue
@@ -290,6 +310,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--device", default="cpu", help="where the models train (cpu, cuda, cuda:N)")
     parser.add_argument("--lr", type=float, default=None,
                         help="AdamW learning rate of every variant (default: the task's, 5e-3, chosen for width 32)")
+    parser.add_argument("--grow-at", type=float, default=None,
+                        help="grow once this fraction of the budget is spent (default: when the loss slows down)")
+    parser.add_argument("--target", type=float, default=None,
+                        help="the loss whose FLOPs to reach are reported (default: the 4-layer runs' final loss)")
     parser.add_argument("--jobs", type=int, default=2, help="worker processes")
     parser.add_argument("--threads", type=int, default=1, help="torch threads per worker")
     parser.add_argument("--out", default="runs/lm_growth",
@@ -305,7 +329,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     out.mkdir(parents=True, exist_ok=True)
     budget = budget_flops(args.budget_steps, args.width, args.heads)
     jobs = [Job(variant, seed, args.budget_steps, args.chunk, args.threads, str(out), args.width, args.heads,
-                args.device, args.lr)
+                args.device, args.lr, args.grow_at)
             for seed in range(args.seeds) for variant in VARIANTS if variant.name in chosen
             and not (out / record_name(variant.name, seed)).exists()]
     started = time.perf_counter()
@@ -323,7 +347,7 @@ def main(argv: Sequence[str] | None = None) -> None:
           f"{optimizer.name} lr {optimizer.host_lr:g}; budget {budget:.3g} training FLOPs ({args.budget_steps} steps "
           f"of 4 layers), validation every {args.chunk} batches; {args.jobs} processes x {args.threads} thread(s), "
           f"{time.perf_counter() - started:.0f} s for {len(jobs)} new runs\n")
-    print("\n".join(summarize(records)))
+    print("\n".join(summarize(records, args.target)))
     if args.svg is not None:
         Path(args.svg).write_text(chart(records))
 
