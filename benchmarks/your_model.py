@@ -10,7 +10,7 @@
   them: `morphogen.core.width`); `resnet_inside_early` grows it at epoch 2 (`warmup_epochs = 1`,
   `first_growth_by = 0.05`) rather than when the validation loss slows down, and `resnet_inside_late` after
   17 of the 30 epochs (`warmup_epochs = 17`, `first_growth_by = 0.55`), where 17 host epochs and 13 wide ones
-  would cost about 0.6 of the wide network's 30 before any measuring (measured: 0.81, README).
+  would cost about 0.6 of the wide network's 30 before any measuring (measured: 0.67, README).
   `resnet_by_seeds` is the same ResNet grown seed by seed by the default heuristic, with slots after each
   stage (`--models resnet_by_seeds`).
 - `mlp`: a two-hidden-layer MLP (width 32) on MNIST-1D's 40-sample signals as flat vectors; slots after

@@ -273,9 +273,10 @@ def test_for_decisions_measures_only_what_the_gates_and_the_heuristic_read_next(
 
 @pytest.mark.slow
 def test_seeds_grafted_together_are_ablated_one_an_epoch_and_judged_as_before() -> None:
-    """GROW puts a seed into every slot at once; the heuristic judges one an epoch, the one measured. Ablating
-    only that one changes no decision and no figure of the run, and halves what the counterfactuals cost here.
-    The settings are configs/grow_for_compute.toml's, growing two epochs in instead of fifteen."""
+    """GROW puts a seed into every slot at once; the heuristic judges one an epoch, the one measured. Where it can
+    judge each seed when it is measured (here), ablating only that one changes no decision and no figure of the
+    run, and halves what the counterfactuals cost. The settings are configs/grow_for_compute.toml's, growing two
+    epochs in instead of fifteen."""
     import dataclasses
     from pathlib import Path
 

@@ -466,7 +466,7 @@ class MorphogenesisEpisode:
     def _due_for_ablation(self, waiting: list[str]) -> list[str]:
         """The seeds of `waiting` (slot order) to ablate this epoch: at most `ablations_per_epoch`, those measured
         in HOLDING least recently first (slot order among equals, the order the heuristic judges in), so that
-        every waiting seed is measured in turn whatever the controller judges."""
+        every waiting seed is measured in turn whether or not the controller judges the one measured."""
         assert self.model is not None
         self.ablated_at = {slot_id: epoch for slot_id, epoch in self.ablated_at.items() if slot_id in waiting}
         limit = self.config.ablations_per_epoch
