@@ -174,6 +174,16 @@ def test_bad_config_value_names_its_path_and_range(tmp_path: Path, capsys: pytes
     assert "episode.max_epochs: must be >= 1, got 0" in line
 
 
+def test_ablations_per_epoch_is_a_positive_count_or_none(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from morphogen.commands.run import RunConfig
+    from morphogen.config import build_config
+
+    config = write(tmp_path, "run.toml", "[episode]\nablations_per_epoch = 0\n")
+    line = run_expecting_user_error(["run", "--config", config], capsys)
+    assert "episode.ablations_per_epoch: must be >= 1, got 0" in line
+    assert build_config(RunConfig, {"episode": {"ablations_per_epoch": None}}).episode.ablations_per_epoch is None
+
+
 def test_bad_enum_value_lists_the_choices(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     config = write(tmp_path, "run.yaml", "episode:\n  slots:\n    gates:\n      mode: lenient\n")
     line = run_expecting_user_error(["run", "--config", config], capsys)
