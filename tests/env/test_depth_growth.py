@@ -73,8 +73,12 @@ def test_grow_grafts_a_block_into_every_empty_slot_and_doubles_the_depth(tiny_te
         assert float(optimizer.state[model.seed_parameters(slot_id)[0]]["step"]) == batches
         assert optimizer.param_groups[0]["lr"] == pytest.approx(5e-3 * batches / 100)  # still warming up
     episode.finish_epoch(Action(Op.GROW, blueprint="block"), succeeded, reason)
-    # Judged by loss: each block's loss contribution (the loss without it minus with it) is measured.
-    assert all(slot.loss_contribution is not None for slot in episode.snapshot.slots)
+    # Judged by loss: a block's loss contribution (the loss without it minus with it) is measured, one waiting
+    # block an epoch (`ablations_per_epoch`), the first in slot order first; the next one the epoch after.
+    measured = [slot.slot_id for slot in episode.snapshot.slots if slot.loss_contribution is not None]
+    assert measured == ["r0c0"]
+    episode.step(Action())
+    assert [slot.slot_id for slot in episode.snapshot.slots if slot.loss_contribution is not None] == ["r0c1"]
 
 
 def test_grow_with_copies_blends_them_in_from_alpha_zero(tiny_text: Task) -> None:

@@ -116,12 +116,7 @@ def print_summary(grown: EpisodeOutcome, baseline: EpisodeOutcome | None, out: T
         ("  measuring seeds", lambda o: f"{100 * o.flops.measurement / max(o.flops.total, 1):.1f}%"),
         ("wall time", lambda o: f"{o.seconds:.1f} s"),
     ]
-    print("\n" + f"{'':22}" + "".join(f"{name:>14}" for name, _ in columns), file=out)
-    for label, cell in cells:
-        print(f"{label:22}" + "".join(f"{'-' if o is None else cell(o):>14}" for _, o in columns), file=out)
-        if label == "training FLOPs" and from_scratch is not None and from_scratch.flops.total > 0:
-            # What growing saved (or cost) against training the architecture it ended with from the start.
-            print(f"{'  of from scratch':22}{grown.flops.total / from_scratch.flops.total:>13.2f}x", file=out)
+    print("\n".join(_table_lines(columns, cells)), file=out)
     if nothing_kept:
         print("(from scratch: no seed was blended in, so the final architecture is the host itself)", file=out)
     note = None if baseline is None else noise_note(grown, baseline, metric_name)
@@ -137,6 +132,20 @@ def print_summary(grown: EpisodeOutcome, baseline: EpisodeOutcome | None, out: T
             predicted, measured = _points(story.predicted_contribution), _points(story.contribution)
         print(f"  {story.blueprint:<11} {story.slot:<5} {story.path_before_outcome():<44} {story.ending():<14} "
               f"predicted {predicted}  measured {measured}", file=out)
+
+
+def _table_lines(columns: list[tuple[str, EpisodeOutcome | None]],
+                 cells: list[tuple[str, Callable[[EpisodeOutcome], str]]]) -> list[str]:
+    """The closing table's lines, a column per outcome ("-" where none); after the training FLOPs, the grown
+    run's as a fraction of its final architecture's from scratch: what growing saved, or cost."""
+    lines = ["\n" + f"{'':22}" + "".join(f"{name:>14}" for name, _ in columns)]
+    (_, grown), (_, from_scratch) = columns[0], columns[-1]
+    for label, cell in cells:
+        lines.append(f"{label:22}" + "".join(f"{'-' if o is None else cell(o):>14}" for _, o in columns))
+        if label == "training FLOPs" and grown is not None and from_scratch is not None \
+                and from_scratch.flops.total > 0:
+            lines.append(f"{'  of from scratch':22}{grown.flops.total / from_scratch.flops.total:>13.2f}x")
+    return lines
 
 
 def _score_range(outcome: EpisodeOutcome, decimals: int) -> str:
