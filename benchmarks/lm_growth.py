@@ -141,13 +141,18 @@ def training_flops(episode: MorphogenesisEpisode) -> int:
     return episode.compute.training + episode.compute.shadow
 
 
-def budget_flops(budget_steps: int, width: int, heads: int) -> float:
-    """The budget: training FLOPs of `budget_steps` batches of the 4-layer host."""
-    task = text_task(VARIANTS[0].layers, width, heads)
+def host_step_flops(layers: int, width: int, heads: int) -> int:
+    """Training FLOPs of one batch of the `layers`-layer host, before any growth."""
+    task = text_task(layers, width, heads)
     episode = MorphogenesisEpisode(task, EpisodeConfig(max_epochs=1), seed=0)
     episode.reset()
     inputs, _ = next(task.train.iterate_batches(task.batch_size, shuffle=False))
-    return float(budget_steps * step_flops(episode, inputs))
+    return step_flops(episode, inputs)
+
+
+def budget_flops(budget_steps: int, width: int, heads: int) -> float:
+    """The budget: training FLOPs of `budget_steps` batches of the 4-layer host."""
+    return float(budget_steps * host_step_flops(VARIANTS[0].layers, width, heads))
 
 
 def growth_timing(depth_blueprint: str, job: Job, budget: float, max_epochs: int) -> HeuristicConfig:
@@ -155,11 +160,8 @@ def growth_timing(depth_blueprint: str, job: Job, budget: float, max_epochs: int
     starting host needs to spend that fraction of the budget, then growth at once."""
     if job.grow_at is None:
         return HeuristicConfig(depth_blueprint=depth_blueprint)
-    task = text_task(job.variant.layers, job.width, job.heads)
-    episode = MorphogenesisEpisode(task, EpisodeConfig(max_epochs=1), seed=0)
-    episode.reset()
-    inputs, _ = next(task.train.iterate_batches(task.batch_size, shuffle=False))
-    warmup = max(round(job.grow_at * budget / (job.chunk * step_flops(episode, inputs))), 1)
+    step = host_step_flops(job.variant.layers, job.width, job.heads)
+    warmup = max(round(job.grow_at * budget / (job.chunk * step)), 1)
     return HeuristicConfig(depth_blueprint=depth_blueprint, warmup_epochs=warmup,
                            first_growth_by=min(warmup / max_epochs, 1.0))
 
