@@ -41,7 +41,7 @@ from morphogen.data.user import LossFunction, task_from_data
 from morphogen.env.actions import Action
 from morphogen.env.compute import note_batch
 from morphogen.env.episode import EpisodeConfig, MorphogenesisEpisode, StepResult, task_with_host
-from morphogen.env.play import Controller
+from morphogen.env.play import Controller, connect
 from morphogen.env.snapshot import EpisodeSnapshot
 from morphogen.telemetry.sinks import Telemetry
 
@@ -97,6 +97,8 @@ class Grower:
         self.model: MorphogeneticModel = self.episode.model
         self.controller = controller or HeuristicController(self.episode.action_space, task_with_host(task).topology,
                                                             heuristic)
+        # The episode measures what the controller chooses by (the heuristic's growth signals), as `run` does.
+        connect(self.episode, self.controller)
         self.controller.reset()
         self._running: dict[str, list[nn.Parameter]] = {}
         self._steps = self._after_backward_calls = 0

@@ -190,6 +190,15 @@ def test_a_checkpoint_of_an_earlier_format_is_refused_in_one_line(trainer: PPOTr
                                  "--policy default")
 
 
+def test_a_policy_that_read_no_growth_signals_is_refused_in_one_line(trainer: PPOTrainer, tmp_path: Path) -> None:
+    path = tmp_path / CHECKPOINT_NAME
+    torch.save({"format_version": 3, **trainer.state_dict()}, path)
+    with pytest.raises(CheckpointError) as caught:
+        load_checkpoint(path)
+    assert str(caught.value) == (f"checkpoint {path} is of format 3, from an earlier morphogen whose policy read no "
+                                 "growth signals; train a new one (morphogen train) or use --policy default")
+
+
 # ------------------------------------------------------------------ integrity: checksum and finiteness
 
 

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from test_heuristic import ALL_EMPTY, SLOTS, controller, make_masks, make_slot, make_snapshot
 
-from morphogen.control.growth_choice import MIN_RELATIVE_FLOPS, best_growth, growth_options
+from morphogen.control.growth_choice import best_growth, growth_options
 from morphogen.control.heuristic import HeuristicConfig, HeuristicController
 from morphogen.core.flops import SeedCost
 from morphogen.core.lifecycle import Stage
 from morphogen.env.actions import Action, ActionSpace, Op
+from morphogen.env.growth_signals import MIN_RELATIVE_FLOPS
 from morphogen.env.snapshot import SlotSnapshot
 
 

@@ -62,6 +62,29 @@ def test_collect_stores_the_demonstrators_actions(digits: Task) -> None:
         assert episode.model is not None and next(episode.model.slots()).stage is not Stage.DORMANT
 
 
+class SignalRecorder:
+    """Waits, recording each epoch whether every empty slot's growth signal was measured."""
+
+    def __init__(self) -> None:
+        self.measured: list[bool] = []
+
+    def reset(self) -> None:
+        self.measured = []
+
+    def act(self, snapshot: EpisodeSnapshot, masks: Sequence[np.ndarray]) -> Action:
+        self.measured.append(all(slot.depth_signal is not None for slot in snapshot.slots))
+        return Action()
+
+
+def test_training_episodes_measure_the_growth_signals_the_policy_and_the_heuristic_read(digits: Task) -> None:
+    """Every epoch after the first (nothing is measured before the host has trained) carries every empty slot's
+    signal, so the policy sees them and the heuristic it watches chooses by them, as it does in `run`."""
+    trainer = PPOTrainer(imitation_config(), digits)
+    recorders = [SignalRecorder(), SignalRecorder()]
+    trainer.collect(0, demonstrators=recorders)
+    assert [recorder.measured for recorder in recorders] == [[False] + [True] * 9] * 2
+
+
 def test_imitation_makes_the_policy_reproduce_the_heuristic(digits: Task) -> None:
     trainer = PPOTrainer(imitation_config(), digits)
     statistics = trainer.imitate()

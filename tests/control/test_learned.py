@@ -13,12 +13,14 @@ import torch
 from morphogen.control.checkpoint import CheckpointError, load_checkpoint
 from morphogen.control.learned import PolicyAgent, PolicyController, agent_from_checkpoint, build_agent
 from morphogen.control.trainer import PPOTrainer, TrainConfig
-from morphogen.core.lifecycle import GateConfig, GateMode
+from morphogen.core.lifecycle import GateConfig, GateMode, Stage
 from morphogen.core.slot import SlotConfig
 from morphogen.data import Task, load_task
 from morphogen.env.actions import HEAD_RELEVANCE, HEADS, Action, ActionSpace, Op
 from morphogen.env.episode import EpisodeConfig, MorphogenesisEpisode
 from morphogen.env.observation import GLOBAL_SIZE, SLOT_SIZE
+from morphogen.env.play import run_episode
+from morphogen.env.snapshot import EpisodeSnapshot
 from morphogen.telemetry.config import TelemetryConfig
 
 PERMISSIVE = EpisodeConfig(max_epochs=7, slots=SlotConfig(gates=GateConfig(mode=GateMode.PERMISSIVE)))
@@ -150,3 +152,15 @@ def test_policy_controller_is_deterministic_by_default_and_reset_forgets_the_epi
     controller.reset()
     assert torch.equal(controller.state[0], agent.policy.initial_state(1)[0])
     assert controller.act(snapshot, episode.masks()) == first
+
+
+def test_a_policy_controller_plays_episodes_that_measure_every_blueprints_growth_signal(digits: Task) -> None:
+    agent = build_agent(hidden_size=16)
+    episode = MorphogenesisEpisode(digits, dataclasses.replace(PERMISSIVE, max_epochs=3), seed=0)
+    snapshots: list[EpisodeSnapshot] = []
+    run_episode(episode, PolicyController(agent), on_step=lambda result: snapshots.append(result.snapshot))
+    empty_and_open = [s for s in snapshots[:-1] if all(slot.stage is Stage.DORMANT for slot in s.slots)]
+    assert empty_and_open, "the untrained policy germinated at once: nothing to check"
+    for snapshot in empty_and_open:
+        assert all(slot.depth_signal is not None for slot in snapshot.slots)
+        assert {name for name, _ in snapshot.slots[0].seed_costs} >= {"conv_light", "wider", "norm"}

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 from torch import nn
 
 from morphogen import CNNHost, MorphogeneticModel, host_from_module
+from morphogen.core.branch import NoBranchSiteError
 from morphogen.core.flops import FlopCounter, meta_copy
 
 BATCH, IN_CHANNELS, OUT_CHANNELS, SIDE, KERNEL, CLASSES = 6, 3, 4, 5, 3, 10
@@ -81,6 +83,20 @@ def test_validation_is_counted_once_per_pattern_of_alphas_not_per_value() -> Non
     assert counter.counts_made == made and ramp[0] == ramp[1] == ramp[2]
     counter.validation_batch(model, [[0.5, 0.0], [0.0, 1.0]], shape, torch.float32)  # expands at the first slot
     assert counter.counts_made > made
+
+
+def test_a_blueprint_that_cannot_go_into_a_slot_is_refused_again_without_another_count() -> None:
+    """Growth signals are measured with every blueprint's cost in every empty slot, each epoch: one that cannot go
+    there (a branch on a host without measured segment inputs) must not cost a model copy each time."""
+    model = MorphogeneticModel(CNNHost(10, 1, n_blocks=2, base_channels=4))
+    counter, shape = FlopCounter(), (8, 1, 8, 8)
+    for attempt in range(3):
+        with pytest.raises(NoBranchSiteError):
+            counter.seed_cost(model, "r0c1", "branch_wide", shape, torch.float32)
+        if attempt == 0:
+            made = counter.counts_made
+    assert counter.counts_made == made == 1
+    assert counter.seed_cost(model, "r0c1", "conv_small", shape, torch.float32).parameters > 0
 
 
 class PerBatch(nn.Module):

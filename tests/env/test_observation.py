@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Any
 
@@ -12,6 +13,7 @@ from hypothesis import strategies as st
 
 from morphogen.core.lifecycle import Stage
 from morphogen.env.actions import Op
+from morphogen.env.growth_signals import MIN_RELATIVE_FLOPS
 from morphogen.env.observation import (
     BLUEPRINT_FEATURES,
     BLUEPRINT_KINDS,
@@ -296,3 +298,36 @@ def test_any_snapshot_encodes_to_finite_features_of_the_advertised_sizes(snapsho
         assert sum(row[f"stage/{stage.value}"] for stage in Stage) == 1.0
     assert sum(features[f"last_op/{op.name}"] for op in Op) == 1.0
     assert sum(features[f"stage_fraction/{stage.value}"] for stage in Stage) == pytest.approx(1.0)
+
+
+def test_growth_signals_are_read_against_the_loss_and_per_relative_flop() -> None:
+    """A deepening or unknown blueprint reads the slot's depth signal, a channel-widening one its width signal;
+    both over |validation loss|, and per FLOP relative to the host's (the heuristic's score)."""
+    measured = make_slot("r0c0", depth_signal=3.0, width_signal=1.5)
+    no_width_site = make_slot("r0c1", depth_signal=0.75, width_signal=None)
+    seeded = make_slot("r0c2", Stage.TRAINING, blueprint="conv_light")  # not empty: nothing measured
+    snapshot = make_snapshot((measured, no_width_site, seeded), val_loss=1.5, topology="cnn",
+                             blueprints=("conv_light", "wider", "mine"),
+                             blueprint_parameters=((100, 200, 0), (100, 200, 8), (100, 200, 8)),
+                             blueprint_flops=((500, 4000, 0), (500, 4000, 0), (500, 4000, 0)), host_flops=2000)
+    observation = encode_observation(snapshot)
+
+    def signals(slot: int, blueprint: int) -> tuple[float, float, float]:
+        row = named(BLUEPRINT_FEATURES, observation.blueprints[slot, blueprint])
+        return row["growth_signal"], row["growth_signal_per_flop"], row["growth_signal_measured"]
+
+    # r0c0: conv_light reads 3.0 / 1.5 = 2 at 500 / 2000 of the host's FLOPs; wider reads 1.5 / 1.5 = 1 at 2x.
+    assert signals(0, 0) == pytest.approx((math.log1p(2.0), math.log1p(2.0 / 0.25), 1.0))
+    assert signals(0, 1) == pytest.approx((math.log1p(1.0), math.log1p(1.0 / 2.0), 1.0))
+    assert signals(0, 2) == (UNMEASURED, UNMEASURED, 0.0)  # adds no parameters there: it cannot go in r0c0
+    # r0c1: no layers to widen, so no width signal; the user's blueprint reads the depth signal, and its FLOPs
+    # (0, as a norm's) count as MIN_RELATIVE_FLOPS of the host's.
+    assert signals(1, 0) == pytest.approx((math.log1p(0.5), math.log1p(0.5 / 0.25), 1.0))
+    assert signals(1, 1) == (UNMEASURED, UNMEASURED, 0.0)
+    assert signals(1, 2) == pytest.approx((math.log1p(0.5), math.log1p(0.5 / MIN_RELATIVE_FLOPS), 1.0))
+    assert all(signals(2, index) == (UNMEASURED, UNMEASURED, 0.0) for index in range(3))
+    # An episode that measured no signals (none asked for, or no seed could be germinated) says so everywhere.
+    unmeasured = encode_observation(dataclasses.replace(snapshot, slots=tuple(
+        dataclasses.replace(slot, depth_signal=None, width_signal=None) for slot in snapshot.slots)))
+    flags = unmeasured.blueprints[..., BLUEPRINT_FEATURES.index("growth_signal_measured")]
+    assert not flags.any()

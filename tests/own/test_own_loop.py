@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 from models import blobs, eager_config, mlp
@@ -9,6 +11,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 import morphogen
 from morphogen import Grower
+from morphogen.control.growth_choice import best_growth
 from morphogen.core.lifecycle import BLENDED_STAGES, Stage
 
 
@@ -130,3 +133,26 @@ def test_a_lightning_trainer_grows_the_model_through_the_callback(tmp_path: obje
     assert [r.epoch for r in callback.reports] == [1, 2, 3, 4] and grower.done
     assert any(r.action.startswith("GERMINATE") and r.succeeded for r in callback.reports)
     assert callback.reports[-1].parameters > callback.reports[0].parameters
+
+
+def test_the_grower_measures_the_growth_signals_its_heuristic_chooses_by() -> None:
+    """As in `run`, a heuristic choosing by signal gets every empty slot's growth signals in the user's loop, and
+    germinates the candidate they score best."""
+    torch.manual_seed(0)
+    train, validation = blobs(192, 0), blobs(96, 1)
+    host = morphogen.host_from_module(mlp(), ["1", "3"], example_input=train[0][:2])
+    config = eager_config(5)
+    grower = Grower(host, validation, epochs=5, episode=config.episode,
+                    heuristic=dataclasses.replace(config.heuristic, choice="signal"))
+    optimizer = torch.optim.SGD(grower.model.host_parameters(), lr=0.1)
+    for inputs, targets in DataLoader(TensorDataset(*train), batch_size=32):
+        optimizer.zero_grad()
+        grower.training_step(inputs, targets).backward()
+        grower.after_backward()
+        optimizer.step()
+    report = grower.end_epoch()
+    slots = grower.snapshot.slots
+    assert all(slot.depth_signal is not None for slot in slots)
+    best = best_growth(slots, [slot.slot_id for slot in slots], "mlp", "wider")  # the rotation's first, and widening
+    assert best is not None and report.next_action is not None
+    assert report.next_action.startswith(f"GERMINATE {best.blueprint}@{best.slot} ")

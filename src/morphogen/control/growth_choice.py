@@ -14,11 +14,8 @@ from __future__ import annotations
 from collections.abc import Collection
 from typing import NamedTuple
 
+from morphogen.env.growth_signals import MIN_RELATIVE_FLOPS
 from morphogen.env.snapshot import SlotSnapshot
-
-#: Relative FLOPs below which a blueprint counts as this cheap: FlopCounterMode does not count norms and
-#: element-wise scaling, so a norm seed would otherwise cost nothing and win every comparison.
-MIN_RELATIVE_FLOPS = 0.01
 
 
 class GrowthOption(NamedTuple):

@@ -131,6 +131,9 @@ class PolicyAgent:
 class PolicyController:
     """Plays one episode at a time with a trained policy (deterministic by default), on any task and host."""
 
+    #: Its observation carries every blueprint's growth signal in every empty slot (`env/observation.py`).
+    reads_growth_signals = True
+
     def __init__(self, agent: PolicyAgent, *, deterministic: bool = True, seed: int = 0) -> None:
         self.agent, self.deterministic = agent, deterministic
         self.generator = torch.Generator(device=agent.device).manual_seed(seed)

@@ -273,6 +273,9 @@ class EnvGroup:
         self.vector = VectorEpisodes(task, episode, config.n_envs, seed=config.seed, slots=config.slots,
                                      pool_slots=config.pool_slots, first_env=first_env, devices=devices,
                                      baselines=config.paired_baseline, round_epochs=round_epochs)
+        for episode_of_env in self.vector.episodes:
+            # The policy reads every blueprint's growth signal; the heuristic it watches first compares its own.
+            episode_of_env.growth_candidates = episode_of_env.every_blueprint
         probe = self.vector.episodes[0].build_model()
         #: The slots and blueprints of this entry's models (every env of it has the same).
         self.action_space = ActionSpace(probe.slot_ids, task.topology)

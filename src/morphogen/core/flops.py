@@ -32,6 +32,7 @@ import torch
 from torch import Tensor, nn
 from torch.utils.flop_counter import FlopCounterMode
 
+from morphogen.core.lifecycle import IllegalTransitionError
 from morphogen.core.model import MorphogeneticModel
 
 Shape = tuple[int, ...]
@@ -153,6 +154,8 @@ class FlopCounter:
     def __init__(self) -> None:
         self._per_sample: dict[Hashable, tuple[int, int]] = {}
         self._costs: dict[Hashable, SeedCost] = {}
+        #: What `seed_cost` could not install where, by the same key: the error it raised.
+        self._refusals: dict[Hashable, ValueError] = {}
         #: Whether the model's counts are proportional to the batch (checked on the first count).
         self._proportional: bool | None = None
         self.counts_made = 0
@@ -197,6 +200,9 @@ class FlopCounter:
         """What `blueprint` installed in the empty slot `slot_id` would add: its parameters and forward FLOPs per
         batch of `shape`, also relative to the host's (the host alone, without any seed)."""
         key = (slot_id, blueprint, shape[1:], dtype)
+        refusal = self._refusals.get(key)
+        if refusal is not None:  # it cannot go there: refused as at the first try, without another copy
+            raise type(refusal)(*refusal.args)
         cached = self._costs.get(key)
         if cached is None:
             self.counts_made += 1
@@ -207,8 +213,14 @@ class FlopCounter:
             x = torch.zeros((COUNT_SAMPLES[0], *shape[1:]), dtype=dtype)
             host = _count(_host_alone, copied, x)
             before = _count(_forward, copied, x)
-            with torch.random.fork_rng(devices=[]):  # building the seed draws nothing from the training's generator
-                slot = copied.install(slot_id, blueprint)
+            try:
+                with torch.random.fork_rng(devices=[]):  # building the seed draws nothing from the training's RNG
+                    slot = copied.install(slot_id, blueprint)
+            except ValueError as error:
+                # No layers to widen, no layer to copy: the host decides that, so it lasts. An occupied slot does not.
+                if not isinstance(error, IllegalTransitionError):
+                    self._refusals[key] = error
+                raise
             seed = _count(_forward, copied, x) - before
             parameters, host_parameters = slot.seed_parameter_count(), copied.host_param_count()
             cached = self._costs[key] = SeedCost(parameters, seed // COUNT_SAMPLES[0], parameters / host_parameters,

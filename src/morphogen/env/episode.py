@@ -476,6 +476,11 @@ class MorphogenesisEpisode:
                                 if self.model.slot(slot_id).stage is Stage.HOLDING})
         return [slot_id for slot_id in waiting if slot_id in chosen]
 
+    def every_blueprint(self, epoch: int) -> tuple[str, ...]:
+        """Every blueprint of the action space, whatever the epoch: the growth candidates of a controller that may
+        germinate any of them (a `CandidateSource`)."""
+        return self.action_space.blueprints
+
     def _measure_growth(self) -> None:
         """Growth signals and candidate costs for the controller, when it asks and a seed could be germinated."""
         assert self.model is not None

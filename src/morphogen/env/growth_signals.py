@@ -26,6 +26,10 @@ from morphogen.core.model import MorphogeneticModel
 from morphogen.core.width import NoWidthSiteError
 from morphogen.env.evaluation import Objective
 
+#: Relative FLOPs below which a blueprint counts as this cheap when a signal is divided by its cost: FlopCounterMode
+#: does not count norms and element-wise scaling, so a norm seed would otherwise cost nothing and win every
+#: comparison.
+MIN_RELATIVE_FLOPS = 0.01
 #: What a controller's `growth_candidates(epoch)` returns: the blueprints it would compare at that epoch.
 CandidateSource = Callable[[int], Sequence[str]]
 

@@ -213,8 +213,10 @@ class MorphogenesisEnv(gymnasium.Env[np.ndarray, np.ndarray]):
 
     # ---------------------------------------------------------------- internals
     def _new_episode(self, seed: int) -> MorphogenesisEpisode:
-        return MorphogenesisEpisode(self.task, self.episode_config, seed=seed, slots=self.slots,
-                                    telemetry=self.telemetry, env_id=self.env_id)
+        episode = MorphogenesisEpisode(self.task, self.episode_config, seed=seed, slots=self.slots,
+                                       telemetry=self.telemetry, env_id=self.env_id)
+        episode.growth_candidates = episode.every_blueprint  # the observation carries every blueprint's signal
+        return episode
 
     def _checked_indices(self, action: np.ndarray) -> list[int]:
         indices = np.asarray(action)

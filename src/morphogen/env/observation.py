@@ -10,7 +10,9 @@ the episode's length, so that one policy acts on any of them:
 - `blueprints` ``[n_slots, n_blueprints, BLUEPRINT_SIZE]``: for each slot, each blueprint a GERMINATE
   may name, described by its kind and the parameters and forward FLOPs it would add there (relative to
   the host's), not by its index in a registry, so blueprints registered by a user are described like the
-  built-in ones.
+  built-in ones; and, where the episode measured them (`env/growth_signals.py`), the growth signal the
+  blueprint would act on there (the slot's depth signal, or its width signal for new channels) and that
+  signal per relative FLOP: the heuristic's score for choosing where and how to grow.
 
 Rules of the encoding (docs/architecture.md#controller):
 
@@ -19,7 +21,8 @@ Rules of the encoding (docs/architecture.md#controller):
   classes (a task with its own metric has no chance level: its score is the metric / 100).
   Contributions and gains are divided by the same ``100 - chance``. Losses are read against the
   validation loss of the untrained model: ``log(loss / initial loss)``, 0 at the start and negative as
-  training improves. Epochs are fractions of the episode, parameter counts ``log1p`` of their ratio to
+  training improves. Growth signals (first-order loss changes) are read against the current validation
+  loss, as ``log1p(signal / |loss|)``. Epochs are fractions of the episode, parameter counts ``log1p`` of their ratio to
   the host's, slot widths and resolutions fractions of the host's.
 - Every value that may be unmeasured is written as two features: the value (or `UNMEASURED` when
   it is None) followed by a ``*_measured`` flag (1.0 measured, 0.0 not). An unknown therefore never
@@ -43,8 +46,10 @@ from typing import NamedTuple
 
 import numpy as np
 
+from morphogen.core.blueprints import BlueprintKind, UnknownBlueprintError, get_blueprint
 from morphogen.core.lifecycle import Stage
 from morphogen.env.actions import Op
+from morphogen.env.growth_signals import MIN_RELATIVE_FLOPS
 from morphogen.env.snapshot import HISTORY_LENGTH, EpisodeSnapshot, SlotSnapshot
 
 __all__ = [
@@ -113,7 +118,8 @@ SLOT_FEATURES: tuple[str, ...] = (
 )
 """Names of the features of each row of `slots`, in order."""
 BLUEPRINT_FEATURES: tuple[str, ...] = (*(f"kind/{kind}" for kind in BLUEPRINT_KINDS), "parameters", "flops",
-                                        "flops_measured")
+                                        "flops_measured", "growth_signal", "growth_signal_per_flop",
+                                        "growth_signal_measured")
 """Names of the features of each blueprint of a slot, in order."""
 GLOBAL_SIZE, SLOT_SIZE, BLUEPRINT_SIZE = len(GLOBAL_FEATURES), len(SLOT_FEATURES), len(BLUEPRINT_FEATURES)
 
@@ -230,8 +236,10 @@ def _slot_values(slot: SlotSnapshot, snapshot: EpisodeSnapshot, scale: _Scale) -
 
 
 def _blueprint_values(snapshot: EpisodeSnapshot) -> np.ndarray:
-    """[n_slots, n_blueprints, BLUEPRINT_SIZE]: each blueprint's kind and the parameters and FLOPs it adds in
-    each slot, relative to the host's (FLOPs unmeasured when the snapshot counted none)."""
+    """[n_slots, n_blueprints, BLUEPRINT_SIZE]: each blueprint's kind, the parameters and FLOPs it adds in each
+    slot relative to the host's (FLOPs unmeasured when the snapshot counted none), and the growth signal it
+    would act on there, alone and per relative FLOP (unmeasured where the episode measured no signals, and where
+    the blueprint cannot go: it would add no parameters)."""
     n_slots, n_blueprints = len(snapshot.slots), len(snapshot.blueprints)
     table = np.zeros((n_slots, n_blueprints, BLUEPRINT_SIZE), dtype=np.float32)
     if n_blueprints == 0:
@@ -239,15 +247,51 @@ def _blueprint_values(snapshot: EpisodeSnapshot) -> np.ndarray:
     kinds = np.asarray([_kind_one_hot(blueprint_kind(name)) for name in snapshot.blueprints], dtype=np.float32)
     table[:, :, :len(BLUEPRINT_KINDS)] = kinds
     column = len(BLUEPRINT_KINDS)
-    table[:, :, column] = np.log1p(_per_slot(snapshot.blueprint_parameters, "blueprint_parameters", n_slots,
-                                             n_blueprints) / max(snapshot.host_parameters, 1))
+    parameters = _per_slot(snapshot.blueprint_parameters, "blueprint_parameters", n_slots, n_blueprints)
+    table[:, :, column] = np.log1p(parameters / max(snapshot.host_parameters, 1))
+    relative_flops = None
     if snapshot.host_flops > 0 and snapshot.blueprint_flops:
-        flops = _per_slot(snapshot.blueprint_flops, "blueprint_flops", n_slots, n_blueprints)
-        table[:, :, column + 1] = np.log1p(flops / snapshot.host_flops)
+        relative_flops = _per_slot(snapshot.blueprint_flops, "blueprint_flops", n_slots, n_blueprints) \
+            / snapshot.host_flops
+        table[:, :, column + 1] = np.log1p(relative_flops)
         table[:, :, column + 2] = 1.0
     else:
         table[:, :, column + 1] = UNMEASURED
+    table[:, :, column + 3:column + 5] = UNMEASURED
+    signals = _relative_signals(snapshot)
+    if signals is None:
+        return table
+    widens = [_adds_channels(snapshot.topology, name) for name in snapshot.blueprints]
+    for row, (depth, width) in enumerate(signals):
+        for index, new_channels in enumerate(widens):
+            signal = width if new_channels else depth
+            if signal is None or parameters[row, index] == 0:  # no signal where the blueprint cannot go
+                continue
+            table[row, index, column + 3] = log_magnitude(signal)
+            if relative_flops is not None:
+                per_flop = signal / max(float(relative_flops[row, index]), MIN_RELATIVE_FLOPS)
+                table[row, index, column + 4] = log_magnitude(per_flop)
+            table[row, index, column + 5] = 1.0
     return table
+
+
+def _relative_signals(snapshot: EpisodeSnapshot) -> list[tuple[float | None, float | None]] | None:
+    """Each slot's (depth, width) growth signals over |validation loss|; None when no slot has any, or the loss
+    is not a finite non-zero number to read them against."""
+    loss = abs(snapshot.val_loss)
+    if not (math.isfinite(loss) and loss > 0.0) or all(slot.depth_signal is None for slot in snapshot.slots):
+        return None
+    return [(None if slot.depth_signal is None else slot.depth_signal / loss,
+             None if slot.width_signal is None else slot.width_signal / loss) for slot in snapshot.slots]
+
+
+def _adds_channels(topology: str, name: str) -> bool:
+    """Whether `name` grows new channels of the layers around a slot (read by the width signal), not a module
+    that adds its output at the slot (the depth signal); an unknown name counts as the latter."""
+    try:
+        return get_blueprint(topology, name).kind is BlueprintKind.WIDEN
+    except (UnknownBlueprintError, ValueError):
+        return False
 
 
 def _per_slot(table: tuple[tuple[int, ...], ...], name: str, n_slots: int, n_blueprints: int) -> np.ndarray:

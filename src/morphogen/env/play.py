@@ -28,7 +28,9 @@ class Controller(Protocol):
 
     A controller that chooses where and how to grow by growth signals also has a method
     `growth_candidates(epoch) -> Sequence[str]`, the blueprints it would compare: the episode then measures
-    the signals and those candidates' costs into the snapshot's slots (`env/growth_signals.py`). One that
+    the signals and those candidates' costs into the snapshot's slots (`env/growth_signals.py`). One that may
+    germinate any blueprint and reads the signals from its observation (the learned policy) has
+    `reads_growth_signals = True`: the episode measures them for every blueprint. One that
     reads no blueprint descriptions (the heuristic, no growth) has `reads_blueprints = False`: the episode
     then does not count what every blueprint would add in every slot.
     """
@@ -64,13 +66,22 @@ def play_epoch(episode: MorphogenesisEpisode, controller: Controller, snapshot: 
     return result
 
 
+def connect(episode: MorphogenesisEpisode, controller: object) -> None:
+    """Have `episode` measure what `controller` reads: growth signals of its candidates (of every blueprint for
+    one that `reads_growth_signals`), and what each blueprint would add in each slot unless it reads none."""
+    candidates = getattr(controller, "growth_candidates", None)
+    if candidates is None and getattr(controller, "reads_growth_signals", False):
+        candidates = episode.every_blueprint
+    episode.growth_candidates = candidates
+    episode.describe_blueprints = getattr(controller, "reads_blueprints", True)
+
+
 def run_episode(episode: MorphogenesisEpisode, controller: Controller,
                 on_step: Callable[[StepResult], None] | None = None,
                 profiler: TraceProfiler | None = None) -> EpisodeOutcome:
     """Play one whole episode of `controller` in `episode` (one profiler step per epoch)."""
     started = time.perf_counter()
-    episode.growth_candidates = getattr(controller, "growth_candidates", None)
-    episode.describe_blueprints = getattr(controller, "reads_blueprints", True)
+    connect(episode, controller)
     snapshot = episode.reset()
     controller.reset()
     result = None
