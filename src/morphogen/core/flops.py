@@ -202,7 +202,7 @@ class FlopCounter:
         key = (slot_id, blueprint, shape[1:], dtype)
         refusal = self._refusals.get(key)
         if refusal is not None:  # it cannot go there: refused as at the first try, without another copy
-            raise type(refusal)(*refusal.args)
+            raise refusal.with_traceback(None)  # a fresh traceback, not one that grows with every refusal
         cached = self._costs.get(key)
         if cached is None:
             self.counts_made += 1

@@ -46,7 +46,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from morphogen.core.blueprints import BlueprintKind, UnknownBlueprintError, get_blueprint
+from morphogen.core.blueprints import BlueprintKind, get_blueprint
 from morphogen.core.lifecycle import Stage
 from morphogen.env.actions import Op
 from morphogen.env.growth_signals import MIN_RELATIVE_FLOPS
@@ -290,7 +290,7 @@ def _adds_channels(topology: str, name: str) -> bool:
     that adds its output at the slot (the depth signal); an unknown name counts as the latter."""
     try:
         return get_blueprint(topology, name).kind is BlueprintKind.WIDEN
-    except (UnknownBlueprintError, ValueError):
+    except ValueError:  # an unknown blueprint (UnknownBlueprintError) or topology
         return False
 
 
