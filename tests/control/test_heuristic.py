@@ -177,14 +177,26 @@ def test_germinates_when_the_loss_slows_down_though_accuracy_still_rises() -> No
     assert heuristic.act(make_snapshot(history=RISING, losses=steady), make_masks(space, ALL_EMPTY)) == Action()
 
 
-def test_waits_when_a_seed_could_not_leave_training_before_the_end() -> None:
-    # min_training_epochs 5: the seed trains 5 epochs, and its first blending epoch must fit: 7 epochs left.
+def test_waits_when_a_seed_could_not_reach_the_output_before_the_end() -> None:
+    # min_training_epochs 5: the first seed trains 5 epochs, and its first blending epoch must fit: 7 epochs left.
     heuristic, space = controller()
     assert HeuristicConfig().min_training_epochs == 5
     assert heuristic.act(make_snapshot(epoch=24, max_epochs=30), make_masks(space, ALL_EMPTY)) == Action()
     assert heuristic.act(make_snapshot(epoch=23, max_epochs=30), make_masks(space, ALL_EMPTY)).op is Op.GERMINATE
     late = controller(min_training_epochs=2)[0]
     assert late.act(make_snapshot(epoch=26, max_epochs=30), make_masks(space, ALL_EMPTY)).op is Op.GERMINATE
+
+
+def test_a_further_seed_waits_when_it_could_not_be_judged_before_the_end() -> None:
+    # After a first seed, another trains 5 epochs, blends over 3, holds 1 and is judged the epoch after:
+    # started with fewer than 10 epochs left it would end the episode unjudged, its FLOPs buying nothing.
+    for config, last_start in (({}, 20), ({"min_training_epochs": 2, "min_holding_epochs": 0}, 24)):
+        heuristic, space = controller(**config)
+        assert heuristic.act(make_snapshot(epoch=10, max_epochs=30), make_masks(space, ALL_EMPTY)).op is Op.GERMINATE
+        late = make_snapshot(epoch=last_start + 1, max_epochs=30)
+        assert heuristic.act(late, make_masks(space, ALL_EMPTY)) == Action()
+        assert heuristic.act(make_snapshot(epoch=last_start, max_epochs=30), make_masks(space, ALL_EMPTY)).op \
+            is Op.GERMINATE
 
 
 def test_waits_when_the_mask_forbids_germination() -> None:
