@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from test_heuristic import ALL_EMPTY, SLOTS, controller, make_masks, make_slot, make_snapshot
 
+from morphogen.commands.run import RunConfig
+from morphogen.config import build_config, read_config_file
 from morphogen.control.growth_choice import best_growth, growth_options
 from morphogen.control.heuristic import HeuristicConfig, HeuristicController
 from morphogen.core.flops import SeedCost
@@ -106,3 +110,14 @@ def test_an_mlp_host_grows_by_the_rotation_unless_told_to_choose_by_signal() -> 
     wants_depth = make_snapshot(make_slot("r0c0", depth_signal=0.1, width_signal=0.1, seed_costs=costs),
                                 make_slot("r0c2", depth_signal=9.0, width_signal=0.1, seed_costs=costs))
     assert by_signal.act(wants_depth, make_masks(space, ALL_EMPTY)) == Action(Op.GERMINATE, "r0c2", "mlp")
+
+
+def test_the_lean_config_widens_by_half_where_the_default_widens_by_double() -> None:
+    """configs/grow_lean.toml, the README's FLOP-lean growth: the heuristic weighs `wider_half` for widening."""
+    lean = build_config(RunConfig, read_config_file(Path(__file__).parents[2] / "configs/grow_lean.toml"))
+    heuristic = HeuristicController(ActionSpace(SLOTS, "cnn"), "cnn", lean.heuristic)
+    assert heuristic.growth_candidates(10) == ("conv_heavy", "wider_half")
+    slot = make_slot("r0c0", depth_signal=0.1, width_signal=1.0,
+                     seed_costs=(("conv_heavy", cost(3.0)), ("wider_half", cost(0.5))))
+    action = heuristic.act(make_snapshot(slot), make_masks(heuristic.space, ALL_EMPTY))
+    assert action == Action(Op.GERMINATE, "r0c0", "wider_half")
