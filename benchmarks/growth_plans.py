@@ -1,0 +1,187 @@
+"""How much room does the heuristic leave? Scripted growth plans against it, paired by seed, on one setting.
+
+A learned controller can beat the heuristic only where some other sequence of decisions ends better. This plays,
+on the same fresh seeds, the heuristic and a set of alternatives (`PLANS`): the heuristic with other thresholds,
+and fixed schedules (germinate this blueprint in this slot at this epoch) whose seeds the heuristic then cares
+for as it does its own (advance, blend, judge, prune). Episodes are played as `benchmarks/transfer.py` plays
+them: the shipped policy's training episode settings (strict gates, 30 epochs), so the heuristic's figures are
+those of its table. Per plan it prints the final accuracy and parameters added (mean ± std), training FLOPs,
+and the difference from the heuristic paired by seed (mean ± standard error, seeds ahead and behind); then the
+mean over seeds of the best plan's lead on each seed, an upper bound of what choosing among these plans seed by
+seed could gain (biased upwards: the maximum of noisy outcomes).
+
+    python benchmarks/growth_plans.py --setting mnist1d --seeds 16 --jobs 2
+    python benchmarks/growth_plans.py --setting digits --plans heuristic,lean --seeds 8
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from collections.abc import Sequence
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from morphogen.commands.evaluate import EVALUATION_STREAM, EvalConfig, evaluation_setting, read_policy_run
+from morphogen.control.heuristic import HeuristicConfig, HeuristicController
+from morphogen.env.actions import Action, Op
+from morphogen.env.episode import MorphogenesisEpisode
+from morphogen.env.play import run_episode
+from morphogen.env.seeding import derive_seed
+from morphogen.env.snapshot import EpisodeSnapshot
+from morphogen.session import load_session_task
+
+#: (task, host) per setting, as in benchmarks/transfer.py.
+SETTINGS: dict[str, tuple[str, dict[str, int]]] = {
+    "digits": ("digits", {}),
+    "mnist1d": ("mnist1d", {}),
+    "digits-2x4": ("digits", {"base_channels": 4}),
+    "mnist1d-3x12": ("mnist1d", {"n_blocks": 3, "base_channels": 12}),
+}
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The heuristic with `heuristic` thresholds; with a `schedule` of (epoch, slot, blueprint) it germinates
+    those seeds (each at the first epoch from then on that the masks allow it) and none of its own."""
+
+    description: str
+    heuristic: dict[str, Any] = field(default_factory=dict)
+    schedule: tuple[tuple[int, str, str], ...] = ()
+
+
+PLANS = {
+    "heuristic": Plan("the heuristic (first seed by a third of the episode, chosen by growth signal per FLOP)"),
+    "first by 0.15": Plan("the heuristic, first seed by 0.15 of the episode", {"first_growth_by": 0.15}),
+    "first by 0.5": Plan("the heuristic, first seed by half the episode", {"first_growth_by": 0.5}),
+    "lean": Plan("the heuristic widening by half (configs/grow_lean.toml)", {"widening": "wider_half"}),
+    "wider r0c0 @5": Plan("wider in r0c0 at epoch 5", schedule=((5, "r0c0", "wider"),)),
+    "wider r0c1 @5": Plan("wider in r0c1 at epoch 5", schedule=((5, "r0c1", "wider"),)),
+    "conv_heavy r0c0 @10": Plan("conv_heavy in r0c0 at epoch 10", schedule=((10, "r0c0", "conv_heavy"),)),
+    "wider r0c0 @3 + r0c1 @12": Plan("wider in r0c0 at epoch 3, in r0c1 at 12",
+                                    schedule=((3, "r0c0", "wider"), (12, "r0c1", "wider"))),
+    "wider r0c0 @5 + conv_light r0c1 @14": Plan("wider in r0c0 at epoch 5, conv_light in r0c1 at 14",
+                                               schedule=((5, "r0c0", "wider"), (14, "r0c1", "conv_light"))),
+}
+
+
+class ScriptedGrowth:
+    """Germinates a fixed schedule; the heuristic cares for the seeds (and would germinate nothing else)."""
+
+    reads_blueprints = False
+
+    def __init__(self, heuristic: HeuristicController, schedule: Sequence[tuple[int, str, str]]) -> None:
+        self.heuristic = heuristic
+        self.schedule = sorted(schedule)
+        self.pending: list[tuple[int, str, str]] = []
+
+    def reset(self) -> None:
+        self.heuristic.reset()
+        self.pending = list(self.schedule)
+
+    def act(self, snapshot: EpisodeSnapshot, masks: Sequence[np.ndarray]) -> Action:
+        action = self.heuristic.act(snapshot, masks)
+        if action.op in (Op.GERMINATE, Op.GROW):
+            action = Action()
+        if action.op is Op.WAIT and self.pending and self.pending[0][0] <= snapshot.epoch:
+            _, slot, blueprint = self.pending[0]
+            if masks[1][Op.GERMINATE][self.heuristic.space.slot_ids.index(slot)]:
+                self.pending.pop(0)
+                return Action(Op.GERMINATE, slot, blueprint)
+        return action
+
+
+def play(setting: str, plan_name: str, seed_index: int, seed_base: int, threads: int) -> dict[str, Any]:
+    """One episode of `plan_name` on `setting`; its final accuracy, parameters added and training FLOPs."""
+    torch.set_num_threads(threads)
+    task_name, host = SETTINGS[setting]
+    trained, _ = read_policy_run("default", "cpu")
+    session, episode_config = evaluation_setting(EvalConfig(policy="default", task=task_name, host=host), trained)
+    task = load_session_task(session.with_resolved_host(), "cpu")
+    seed = derive_seed(seed_base, EVALUATION_STREAM, seed_index)
+    episode = MorphogenesisEpisode(task, episode_config, seed=seed)
+    episode.reset()
+    plan = PLANS[plan_name]
+    heuristic = HeuristicController(episode.action_space, task.topology, HeuristicConfig(**plan.heuristic))
+    controller = ScriptedGrowth(heuristic, plan.schedule) if plan.schedule else heuristic
+    started = time.perf_counter()
+    outcome = run_episode(episode, controller)
+    kept = [f"{s.blueprint}@{s.slot}" for s in outcome.stories if s.outcome == "fossilized"]
+    return {"key": f"{setting}/{plan_name}/{seed_base}/{seed_index}", "plan": plan_name, "seed": seed_index,
+            "accuracy": outcome.final_accuracy, "parameters": outcome.parameters - outcome.host_parameters,
+            "flops": outcome.flops.total, "kept": kept, "seconds": time.perf_counter() - started}
+
+
+def report(records: list[dict[str, Any]], plans: Sequence[str]) -> str:
+    """The table: per plan, figures and the paired difference from the heuristic; then the per-seed best."""
+    by_plan = {name: {r["seed"]: r for r in records if r["plan"] == name} for name in plans}
+    reference = by_plan["heuristic"]
+    lines = ["| plan | accuracy | parameters added | GFLOP | - heuristic (ahead / behind) |", "|---|---|---|---|---|"]
+    for name in plans:
+        runs = by_plan[name]
+        accuracy = [r["accuracy"] for r in runs.values()]
+        spread = statistics.pstdev(accuracy) if len(accuracy) > 1 else 0.0
+        diffs = [runs[s]["accuracy"] - reference[s]["accuracy"] for s in runs if s in reference]
+        error = statistics.stdev(diffs) / len(diffs) ** 0.5 if len(diffs) > 1 else 0.0
+        paired = "-" if name == "heuristic" else (f"{statistics.fmean(diffs):+.2f} ± {error:.2f} "
+                                                  f"({sum(d > 0 for d in diffs)} / {sum(d < 0 for d in diffs)})")
+        lines.append(f"| {name} | {statistics.fmean(accuracy):.2f} ± {spread:.2f}% | "
+                     f"{statistics.fmean(r['parameters'] for r in runs.values()):,.0f} | "
+                     f"{statistics.fmean(r['flops'] for r in runs.values()) / 1e9:.1f} | {paired} |")
+    seeds = [s for s in reference if all(s in by_plan[name] for name in plans)]
+    best = [max(by_plan[name][s]["accuracy"] for name in plans) - reference[s]["accuracy"] for s in seeds]
+    if best:
+        lines.append(f"\nbest of the {len(plans)} plans on each of {len(seeds)} seeds, over the heuristic: "
+                     f"{statistics.fmean(best):+.2f} points (an upper bound: the maximum of noisy outcomes)")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--setting", default="mnist1d", choices=sorted(SETTINGS))
+    parser.add_argument("--plans", default=",".join(PLANS), help=f"comma-separated, of: {', '.join(PLANS)}")
+    parser.add_argument("--seeds", type=int, default=16)
+    parser.add_argument("--seed", type=int, default=7000, help="base of the seeds (not the transfer table's 3000)")
+    parser.add_argument("--jobs", type=int, default=2, help="worker processes")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads per worker")
+    parser.add_argument("--results", default="runs/growth_plans.jsonl", help="JSON lines of every episode (resumed)")
+    args = parser.parse_args()
+    plans = args.plans.split(",")
+    unknown = [name for name in plans if name not in PLANS]
+    if unknown:
+        parser.error(f"unknown plan(s) {', '.join(map(repr, unknown))}; valid: {', '.join(PLANS)}")
+    if "heuristic" not in plans:
+        plans.insert(0, "heuristic")
+    path = Path(args.results)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    done = {}
+    if path.is_file():
+        for line in path.read_text().splitlines():
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError:
+                continue  # a line cut short by a killed run
+            done[record["key"]] = record
+    jobs = [(args.setting, name, index, args.seed, args.threads) for index in range(args.seeds) for name in plans]
+    missing = [job for job in jobs if f"{job[0]}/{job[1]}/{job[3]}/{job[2]}" not in done]
+    with ProcessPoolExecutor(max_workers=args.jobs) as pool, path.open("a") as out:
+        for record in pool.map(play, *zip(*missing, strict=True)) if missing else ():
+            done[record["key"]] = record
+            out.write(json.dumps(record) + "\n")
+            out.flush()
+            print(f"  {record['plan']} seed {record['seed']}: {record['accuracy']:.2f}% {record['kept']}", flush=True)
+    records = [done[f"{s}/{n}/{b}/{i}"] for s, n, i, b, _ in jobs]
+    print(f"\n{args.setting}, {args.seeds} seeds (base {args.seed}); accuracy mean ± std; differences paired by seed, "
+          "mean ± standard error")
+    print(report(records, plans))
+
+
+if __name__ == "__main__":
+    main()
