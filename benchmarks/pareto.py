@@ -22,8 +22,8 @@ dominates; the grown run's training FLOPs against its final architecture's from 
 *dominates* a grown point in (accuracy, parameters) when it has at most as many parameters and its mean
 accuracy is higher by more than the standard error of the difference (sqrt(se_a^2 + se_b^2)); likewise in
 (accuracy, training FLOPs). `--plot DIR` writes one SVG per task and cost (accuracy against log10 of
-parameters, and of training FLOPs). Wall times come from processes sharing the machine: compare them
-only within one run of this script.
+parameters, and of training FLOPs; `--plot-configs` draws other configs' grown points from `--results` too).
+Wall times come from processes sharing the machine: compare them only within one run of this script.
 """
 
 from __future__ import annotations
@@ -179,10 +179,10 @@ def _points(records: Iterable[dict[str, object]], field: str = "point") -> list[
 
 def report_task(task: str, results: dict[str, dict[str, object]], args: argparse.Namespace) -> None:
     """The table, the dominance check and the FLOPs ratio of one task; the plots when asked."""
-    def records(kind: str, blocks: int, width: int) -> list[dict[str, object]]:
+    def records(kind: str, blocks: int, width: int, config: str = args.config) -> list[dict[str, object]]:
         return [r for r in results.values() if r["job"]["kind"] == kind and r["job"]["task"] == task  # type: ignore[index]
-                # The fixed sweep with every seed it has; grown runs of this --config and these seeds only.
-                and (kind == "fixed" or (r["job"].get("config", "") == args.config  # type: ignore[index, attr-defined]
+                # The fixed sweep with every seed it has; grown runs of this config and these seeds only.
+                and (kind == "fixed" or (r["job"].get("config", "") == config  # type: ignore[index, attr-defined]
                                          and r["job"]["seed"] in range(args.first_seed, args.first_seed + args.seeds)))  # type: ignore[index]
                 and r["job"]["blocks"] == blocks and r["job"]["width"] == width  # type: ignore[index]
                 and r["job"]["epochs"] == args.epochs]  # type: ignore[index]
@@ -220,7 +220,11 @@ def report_task(task: str, results: dict[str, dict[str, object]], args: argparse
                   f"{FLOPS_TARGET}), accuracy difference {difference:+.2f} points (within {EQUAL_ACCURACY}: "
                   f"{'yes' if difference >= -EQUAL_ACCURACY else 'no'}): {'met' if met else 'not met'}")
     if args.plot:
-        write_plots(task, fixed, grown, args)
+        # Grown points of other configs (--plot-configs) join the charts, labelled by the config's name.
+        others = [summarize(f"grown from {b}x{w} ({Path(config).stem if config else 'default'})", points)
+                  for config in args.plot_configs for b, w in args.grow_from
+                  if (points := _points(records("grown", b, w, config)))]
+        write_plots(task, fixed, grown + others, args)
 
 
 def write_plots(task: str, fixed: Sequence[Summary], grown: Sequence[Summary], args: argparse.Namespace) -> None:
@@ -260,11 +264,14 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--threads", type=int, default=1, help="torch threads per worker")
     parser.add_argument("--results", default="pareto_results.jsonl", help="JSON lines file of every job's figures")
     parser.add_argument("--plot", default=None, help="folder for the SVG charts (none when left out)")
+    parser.add_argument("--plot-configs", default="", help="comma-separated config files (\"\" for the defaults) whose "
+                        "grown points --results holds, drawn on the charts too")
     parser.add_argument("--report-only", action="store_true", help="print the tables from --results, run nothing")
     args = parser.parse_args(argv)
     args.blocks = [int(b) for b in args.blocks.split(",")]
     args.widths = [int(w) for w in args.widths.split(",")]
     args.grow_from = [_size(size) for size in args.grow_from.split(",")]
+    args.plot_configs = [name.strip() for name in args.plot_configs.split(",")] if args.plot_configs else []
     tasks = [name.strip() for name in args.tasks.split(",") if name.strip()]
     seeds = range(args.first_seed, args.first_seed + args.seeds)
     if args.config:
