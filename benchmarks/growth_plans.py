@@ -17,6 +17,7 @@ seed could gain (biased upwards: the maximum of noisy outcomes).
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import statistics
 import time
@@ -31,20 +32,17 @@ import torch
 
 from morphogen.commands.evaluate import EVALUATION_STREAM, EvalConfig, evaluation_setting, read_policy_run
 from morphogen.control.heuristic import HeuristicConfig, HeuristicController
+from morphogen.data.tasks import Task
 from morphogen.env.actions import Action, Op
-from morphogen.env.episode import MorphogenesisEpisode
+from morphogen.env.episode import EpisodeConfig, MorphogenesisEpisode
 from morphogen.env.play import run_episode
 from morphogen.env.seeding import derive_seed
 from morphogen.env.snapshot import EpisodeSnapshot
 from morphogen.session import load_session_task
+from transfer import SETTINGS as TRANSFER_SETTINGS
 
-#: (task, host) per setting, as in benchmarks/transfer.py.
-SETTINGS: dict[str, tuple[str, dict[str, int]]] = {
-    "digits": ("digits", {}),
-    "mnist1d": ("mnist1d", {}),
-    "digits-2x4": ("digits", {"base_channels": 4}),
-    "mnist1d-3x12": ("mnist1d", {"n_blocks": 3, "base_channels": 12}),
-}
+#: The settings of benchmarks/transfer.py that need no data directory (all but `digits32`).
+SETTINGS = {name: setting for name, setting in TRANSFER_SETTINGS.items() if setting.task != "cifar10"}
 
 
 @dataclass(frozen=True)
@@ -98,13 +96,20 @@ class ScriptedGrowth:
         return action
 
 
+@functools.cache
+def _setting(name: str) -> tuple[Task, EpisodeConfig]:
+    """The task and episode settings `benchmarks/transfer.py` plays `name` with, built once per worker."""
+    setting = SETTINGS[name]
+    trained, _ = read_policy_run("default", "cpu")
+    session, episode_config = evaluation_setting(EvalConfig(policy="default", task=setting.task, host=setting.host),
+                                                 trained)
+    return load_session_task(session.with_resolved_host(), "cpu"), episode_config
+
+
 def play(setting: str, plan_name: str, seed_index: int, seed_base: int, threads: int) -> dict[str, Any]:
     """One episode of `plan_name` on `setting`; its final accuracy, parameters added and training FLOPs."""
     torch.set_num_threads(threads)
-    task_name, host = SETTINGS[setting]
-    trained, _ = read_policy_run("default", "cpu")
-    session, episode_config = evaluation_setting(EvalConfig(policy="default", task=task_name, host=host), trained)
-    task = load_session_task(session.with_resolved_host(), "cpu")
+    task, episode_config = _setting(setting)
     seed = derive_seed(seed_base, EVALUATION_STREAM, seed_index)
     episode = MorphogenesisEpisode(task, episode_config, seed=seed)
     episode.reset()
