@@ -189,7 +189,9 @@ def report_task(task: str, results: dict[str, dict[str, object]], args: argparse
 
     fixed = [summarize(f"fixed {b}x{w}", _points(records("fixed", b, w)))
              for b in args.blocks for w in args.widths if records("fixed", b, w)]
-    grown, scratch, ratios = [], [], []
+    grown: list[Summary] = []
+    scratch: list[Summary | None] = []
+    ratios: list[list[tuple[float, float]]] = []
     for blocks, width in args.grow_from:
         found = records("grown", blocks, width)
         if not found:
@@ -200,11 +202,13 @@ def report_task(task: str, results: dict[str, dict[str, object]], args: argparse
                   else Point(**host_runs[r["job"]["seed"]]["point"]))  # type: ignore[index, arg-type]
                  for r in found if r.get("from_scratch") or r["job"]["seed"] in host_runs]  # type: ignore[index]
         grown.append(summarize(f"grown from {blocks}x{width}", _points(found)))
-        scratch.append(summarize("  its final architecture from scratch", [built for _, built in pairs]))
+        # A run that grew nothing, with no fixed run of its host in --results, has no architecture to compare.
+        scratch.append(summarize("  its final architecture from scratch", [built for _, built in pairs])
+                       if pairs else None)
         ratios.append([(point.flops / built.flops, point.accuracy - built.accuracy) for point, built in pairs])
     print(f"\n{task} ({args.epochs} epochs; accuracy mean ± std over seeds)")
     print(f"  {'':40}{'accuracy':>16}{'parameters':>12}{'FLOPs':>14}{'seconds':>9}")
-    for row in [*fixed, *(row for pair in zip(grown, scratch, strict=True) for row in pair)]:
+    for row in [*fixed, *(row for pair in zip(grown, scratch, strict=True) for row in pair if row is not None)]:
         print(f"  {row.label:40}{row.accuracy:>9.2f} ± {row.accuracy_std:<4.2f}{row.parameters:>12,.0f}"
               f"{format_flops(row.flops):>14}{row.seconds:>9.1f}")
     for point, pairs in zip(grown, ratios, strict=True):
