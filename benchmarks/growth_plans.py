@@ -12,11 +12,13 @@ seed could gain (biased upwards: the maximum of noisy outcomes).
 
     python benchmarks/growth_plans.py --setting mnist1d --seeds 16 --jobs 2
     python benchmarks/growth_plans.py --setting digits --plans heuristic,lean --seeds 8
+    python benchmarks/growth_plans.py --setting mnist1d-2x4 --plans "heuristic,judged by accuracy" --seeds 30
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import functools
 import json
 import statistics
@@ -32,6 +34,7 @@ import torch
 
 from morphogen.commands.evaluate import EVALUATION_STREAM, EvalConfig, evaluation_setting, read_policy_run
 from morphogen.control.heuristic import HeuristicConfig, HeuristicController
+from morphogen.core.lifecycle import Criterion
 from morphogen.data.tasks import Task
 from morphogen.env.actions import Action, Op
 from morphogen.env.episode import EpisodeConfig, MorphogenesisEpisode
@@ -40,9 +43,11 @@ from morphogen.env.seeding import derive_seed
 from morphogen.env.snapshot import EpisodeSnapshot
 from morphogen.session import load_session_task
 from transfer import SETTINGS as TRANSFER_SETTINGS
+from transfer import Setting
 
-#: The settings of benchmarks/transfer.py that need no data directory (all but `digits32`).
+#: The settings of benchmarks/transfer.py that need no data directory (all but `digits32`), and mnist1d from 2x4.
 SETTINGS = {name: setting for name, setting in TRANSFER_SETTINGS.items() if setting.task != "cifar10"}
+SETTINGS["mnist1d-2x4"] = Setting("mnist1d", {"base_channels": 4}, held_out=True)
 
 
 @dataclass(frozen=True)
@@ -53,6 +58,8 @@ class Plan:
     description: str
     heuristic: dict[str, Any] = field(default_factory=dict)
     schedule: tuple[tuple[int, str, str], ...] = ()
+    gates: dict[str, Any] = field(default_factory=dict)
+    """`GateConfig` fields changed from the setting's gates."""
 
 
 PLANS = {
@@ -60,6 +67,8 @@ PLANS = {
     "first by 0.15": Plan("the heuristic, first seed by 0.15 of the episode", {"first_growth_by": 0.15}),
     "first by 0.5": Plan("the heuristic, first seed by half the episode", {"first_growth_by": 0.5}),
     "lean": Plan("the heuristic widening by half (configs/grow_lean.toml)", {"widening": "wider_half"}),
+    "judged by accuracy": Plan("the heuristic with the gates judging accuracy points, not validation loss",
+                               gates={"criterion": Criterion.SCORE}),
     "wider r0c0 @5": Plan("wider in r0c0 at epoch 5", schedule=((5, "r0c0", "wider"),)),
     "wider r0c1 @5": Plan("wider in r0c1 at epoch 5", schedule=((5, "r0c1", "wider"),)),
     "conv_heavy r0c0 @10": Plan("conv_heavy in r0c0 at epoch 10", schedule=((10, "r0c0", "conv_heavy"),)),
@@ -110,10 +119,14 @@ def play(setting: str, plan_name: str, seed_index: int, seed_base: int, threads:
     """One episode of `plan_name` on `setting`; its final accuracy, parameters added and training FLOPs."""
     torch.set_num_threads(threads)
     task, episode_config = _setting(setting)
+    plan = PLANS[plan_name]
+    if plan.gates:
+        slots = episode_config.slots
+        episode_config = dataclasses.replace(episode_config, slots=dataclasses.replace(
+            slots, gates=dataclasses.replace(slots.gates, **plan.gates)))
     seed = derive_seed(seed_base, EVALUATION_STREAM, seed_index)
     episode = MorphogenesisEpisode(task, episode_config, seed=seed)
     episode.reset()
-    plan = PLANS[plan_name]
     heuristic = HeuristicController(episode.action_space, task.topology, HeuristicConfig(**plan.heuristic))
     controller = ScriptedGrowth(heuristic, plan.schedule) if plan.schedule else heuristic
     started = time.perf_counter()
@@ -156,7 +169,8 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=7000, help="base of the seeds (not the transfer table's 3000)")
     parser.add_argument("--jobs", type=int, default=2, help="worker processes")
     parser.add_argument("--threads", type=int, default=1, help="torch threads per worker")
-    parser.add_argument("--results", default="runs/growth_plans.jsonl", help="JSON lines of every episode (resumed)")
+    parser.add_argument("--results", default="runs/growth_plans.jsonl",
+                        help="JSON lines of every episode (resumed: start a new file when the code's defaults change)")
     args = parser.parse_args()
     plans = args.plans.split(",")
     unknown = [name for name in plans if name not in PLANS]

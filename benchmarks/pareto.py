@@ -266,7 +266,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--epochs", type=int, default=30)
     parser.add_argument("--jobs", type=int, default=2, help="worker processes (at most 2 on a shared machine)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads per worker")
-    parser.add_argument("--results", default="pareto_results.jsonl", help="JSON lines file of every job's figures")
+    parser.add_argument("--results", default="benchmarks/results/pareto.jsonl",
+                        help="JSON lines file of every job's figures")
     parser.add_argument("--plot", default=None, help="folder for the SVG charts (none when left out)")
     parser.add_argument("--plot-configs", default="", help="comma-separated config files (\"\" for the defaults) whose "
                         "grown points --results holds, drawn on the charts too")

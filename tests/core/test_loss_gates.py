@@ -1,4 +1,4 @@
-"""Gates of a language model: judged by validation loss in nats per token, not by accuracy points."""
+"""Gates of a language model and a classifier: judged by validation loss in nats, not by accuracy points."""
 
 from __future__ import annotations
 
@@ -28,15 +28,18 @@ def _healthy(**measured: float) -> SeedSignals:
     return SeedSignals(gradient_health=1.0, gradient_ratio=1.0, **measured)  # type: ignore[arg-type]
 
 
-def test_a_language_model_is_judged_by_loss_and_a_classifier_by_its_score() -> None:
+def test_cross_entropy_tasks_are_judged_by_loss_and_a_task_with_its_own_loss_by_its_score() -> None:
     assert criterion_for("language_model") is Criterion.LOSS
-    assert criterion_for("classification") is Criterion.SCORE
+    assert criterion_for("classification") is Criterion.LOSS
+    # A user's own loss may be on any scale: thresholds in nats would mean nothing there.
     assert criterion_for("custom") is Criterion.SCORE
     assert GateConfig().criterion is None and GateConfig().judged_by is Criterion.SCORE
     assert GateConfig().judging("language_model").judged_by is Criterion.LOSS
-    assert GateConfig().judging("classification").judged_by is Criterion.SCORE
+    assert GateConfig().judging("classification").judged_by is Criterion.LOSS
+    assert GateConfig().judging("custom").judged_by is Criterion.SCORE
     # A criterion the user chose is kept whatever the task.
     assert GateConfig(criterion=Criterion.SCORE).judging("language_model").judged_by is Criterion.SCORE
+    assert GateConfig(criterion=Criterion.SCORE).judging("classification").judged_by is Criterion.SCORE
 
 
 def test_documented_loss_thresholds() -> None:

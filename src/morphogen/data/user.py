@@ -92,7 +92,8 @@ def task_from_data(name: str, train: object, validation: object, *, loss: LossFu
 
     `loss(outputs, targets)` returns the batch's mean loss (default: cross-entropy); `metric(outputs, targets)`
     the batch's mean score, higher is better (default: accuracy in percent with the default loss, else the
-    negative loss). The lifecycle's gates read the score in its own units (accuracy points by default).
+    negative loss). With neither given the gates judge seeds by the validation cross-entropy (nats); with
+    either, by the score in its own units (`GateConfig.criterion` chooses otherwise).
     `host` is the model to grow (`morphogen.host_from_module`), or a function of no arguments that builds it;
     it can also be given to `morphogen.grow`. Raises `DataError` for what cannot work.
     """
