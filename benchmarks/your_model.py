@@ -31,7 +31,8 @@ seeds): how much accuracy more capacity can buy on this task at all, the room gr
 `--schedule cosine` decays the learning rates over the 30 epochs (`[episode.optimizer] schedule`); at the
 default constant rate the ResNet's accuracy swings by points from one epoch to the next up to the last.
 `--criterion loss` has the gates and the heuristic judge seeds by validation loss instead of accuracy points
-(`[episode.slots.gates] criterion`).
+(`[episode.slots.gates] criterion`). The default, `score`, judges accuracy points, as the README's rows without
+`--criterion` were measured, though `morphogen run` and `grow` now judge a classifier by its loss.
 """
 
 from __future__ import annotations
@@ -183,7 +184,8 @@ def task_and_host(name: str, width: int | None = None) -> tuple[morphogen.Task, 
 def run_config(schedule: str, heuristic: Sequence[tuple[str, str | int | float]] = (),
                criterion: str | None = None) -> RunConfig:
     """`morphogen run`'s settings with the learning-rate schedule `schedule` (the task's SGD otherwise), the
-    `heuristic` settings (name, value) and the gates' `criterion` (None: the task's, accuracy here)."""
+    `heuristic` settings (name, value) and the gates' `criterion` (None: the task's, validation loss for these
+    classifiers)."""
     config = RunConfig()
     slots = config.episode.slots
     gates = dataclasses.replace(slots.gates, criterion=None if criterion is None else Criterion(criterion))
@@ -269,7 +271,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--fixed-widths", default="", help="also train the ResNet at these base widths, no growth")
     parser.add_argument("--schedule", default="constant", choices=SCHEDULES,
                         help="learning-rate schedule of host and seeds (the models train with SGD, lr 0.01)")
-    parser.add_argument("--criterion", default=None, choices=[c.value for c in Criterion],
+    parser.add_argument("--criterion", default=Criterion.SCORE.value, choices=[c.value for c in Criterion],
                         help="what the gates and the heuristic judge seeds by (default: accuracy points)")
     args = parser.parse_args(argv)
     names = [name.strip() for name in args.models.split(",") if name.strip()]
@@ -282,7 +284,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         fixed = pool.map(run_fixed_resnet, fixed_jobs)  # submitted now, beside the growth jobs
         results = list(pool.map(run_job, jobs))
         fixed_results = list(fixed)
-    judged = f", gates judge by {args.criterion}" if args.criterion else ""
+    judged = f", gates judge by {args.criterion}"
     print(f"your-model benchmark: {args.epochs} epochs, {args.schedule} learning rate{judged}, "
           f"seeds {seeds[0]}..{seeds[-1]}, {args.jobs} processes x 1 thread, "
           f"{time.perf_counter() - started:.0f} s in all")
