@@ -11,8 +11,9 @@ through TRAINING and BLENDING, prunes a seed that never earns its way out of TRA
 model worse, and in HOLDING fossilizes a seed that contributes, else prunes it. It reads only the episode
 snapshot and the action masks.
 
-It judges by what the gates judge (`EpisodeSnapshot.criterion`): accuracy points (the task's score),
-or for a language model the validation loss in nats per token, each with its own thresholds.
+It judges by what the gates judge (`EpisodeSnapshot.criterion`): the validation loss in nats for a language
+model and a classifier, or the task's own score for a task with its own loss or metric, each with its own
+thresholds.
 
 Why a slowing trend and not only a flat line: a language model's loss keeps improving slowly for
 hundreds of epochs, so an accuracy plateau may never come; and a seed that starts while the host
@@ -71,9 +72,9 @@ class HeuristicConfig:
 
     #: Epochs the host trains before any seed is considered.
     warmup_epochs: int = 3
-    #: The plateau test looks at the accuracy gain over this many epochs...
+    #: The plateau test looks at the gain over this many epochs...
     plateau_epochs: int = 3
-    #: ...and calls it a plateau when the gain is below this many points.
+    #: ...and, judged by score, calls it a plateau when the gain is below this many points.
     plateau_threshold: float = 0.5
     #: The slowing test compares the validation-loss improvement over the last `slowing_window` epochs...
     slowing_window: int = 2
@@ -105,8 +106,8 @@ class HeuristicConfig:
     #: residual block after every block of a user's ResNet). "" never grows by depth. None:
     #: DEFAULT_DEPTH_BLUEPRINT for the topology ("block_copy" on transformers), else "".
     depth_blueprint: str | None = None
-    #: Judged by loss (a language model): it is a plateau when the validation loss fell by less than this
-    #: many nats per token over `plateau_epochs` epochs.
+    #: Judged by loss (a language model or a classifier): it is a plateau when the validation loss fell by less
+    #: than this many nats (per token, or per sample) over `plateau_epochs` epochs.
     loss_plateau_threshold: float = 0.01
     #: Judged by loss: prune a blending/holding seed whose stage raised the validation loss by more than this
     #: many nats per token.
@@ -159,7 +160,7 @@ class _Measure(NamedTuple):
 
     @classmethod
     def of(cls, criterion: Criterion, config: HeuristicConfig) -> _Measure:
-        """Accuracy points for `Criterion.SCORE`, nats per token of validation loss for `Criterion.LOSS`."""
+        """The score's points for `Criterion.SCORE`, nats of validation loss for `Criterion.LOSS`."""
         if criterion is Criterion.LOSS:
             return cls(True, config.loss_plateau_threshold, config.loss_worse_threshold,
                        config.loss_fossilize_threshold)
