@@ -19,6 +19,7 @@ by setting and seed) and replayed from there when another policy is evaluated on
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import hashlib
 import json
 import pickle
@@ -102,8 +103,11 @@ def evaluate_setting(name: str, policy: str, seeds: int, seed_base: int, cache: 
     session, episode_config = evaluation_setting(config, trained)
     task = load_session_task(session.with_resolved_host(), "cpu")
     agent = agent_from_checkpoint(state, "cpu", source=policy)
-    # The episode settings (gates, reward, length) come from the policy's training: part of the cache key.
-    episode_key = hashlib.sha1(json.dumps(config_to_dict(episode_config), sort_keys=True).encode()).hexdigest()[:12]
+    # The episode settings (gates, reward, length) come from the policy's training: part of the cache key, with
+    # the gates' criterion as the task resolves it, so that a change of that default does not replay old episodes.
+    gates = episode_config.slots.gates.judging(task.objective)
+    keyed = dataclasses.replace(episode_config, slots=dataclasses.replace(episode_config.slots, gates=gates))
+    episode_key = hashlib.sha1(json.dumps(config_to_dict(keyed), sort_keys=True).encode()).hexdigest()[:12]
     results: dict[str, list[tuple[float, float]]] = {controller: [] for controller in controllers}
     for index in range(seeds):
         seed = derive_seed(seed_base, EVALUATION_STREAM, index)
