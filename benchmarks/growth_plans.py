@@ -43,7 +43,7 @@ from morphogen.env.seeding import derive_seed
 from morphogen.env.snapshot import EpisodeSnapshot
 from morphogen.session import load_session_task
 from transfer import SETTINGS as TRANSFER_SETTINGS
-from transfer import Setting
+from transfer import Setting, with_gates
 
 #: The settings of benchmarks/transfer.py that need no data directory (all but `digits32`), and mnist1d from 2x4.
 SETTINGS = {name: setting for name, setting in TRANSFER_SETTINGS.items() if setting.task != "cifar10"}
@@ -121,9 +121,7 @@ def play(setting: str, plan_name: str, seed_index: int, seed_base: int, threads:
     task, episode_config = _setting(setting)
     plan = PLANS[plan_name]
     if plan.gates:
-        slots = episode_config.slots
-        episode_config = dataclasses.replace(episode_config, slots=dataclasses.replace(
-            slots, gates=dataclasses.replace(slots.gates, **plan.gates)))
+        episode_config = with_gates(episode_config, dataclasses.replace(episode_config.slots.gates, **plan.gates))
     seed = derive_seed(seed_base, EVALUATION_STREAM, seed_index)
     episode = MorphogenesisEpisode(task, episode_config, seed=seed)
     episode.reset()

@@ -38,8 +38,9 @@ from morphogen.config import config_to_dict
 from morphogen.control.controller import NoGrowthController
 from morphogen.control.heuristic import HeuristicController
 from morphogen.control.learned import PolicyController, agent_from_checkpoint
+from morphogen.core.lifecycle import GateConfig
 from morphogen.data import load_task
-from morphogen.env.episode import MorphogenesisEpisode
+from morphogen.env.episode import EpisodeConfig, MorphogenesisEpisode
 from morphogen.env.play import Controller, run_episode
 from morphogen.env.seeding import derive_seed
 from morphogen.session import load_session_task
@@ -91,6 +92,11 @@ def write_digits_as_cifar10(directory: Path) -> Path:
     return directory
 
 
+def with_gates(config: EpisodeConfig, gates: GateConfig) -> EpisodeConfig:
+    """`config` with `gates` in place of its slots' gates."""
+    return dataclasses.replace(config, slots=dataclasses.replace(config.slots, gates=gates))
+
+
 def evaluate_setting(name: str, policy: str, seeds: int, seed_base: int, cache: dict[str, Any], data_dir: Path,
                      save: Callable[[dict[str, Any]], None], controllers: tuple[str, ...] = CONTROLLERS,
                      ) -> dict[str, list[tuple[float, float]]]:
@@ -105,8 +111,7 @@ def evaluate_setting(name: str, policy: str, seeds: int, seed_base: int, cache: 
     agent = agent_from_checkpoint(state, "cpu", source=policy)
     # The episode settings (gates, reward, length) come from the policy's training: part of the cache key, with
     # the gates' criterion as the task resolves it, so that a change of that default does not replay old episodes.
-    gates = episode_config.slots.gates.judging(task.objective)
-    keyed = dataclasses.replace(episode_config, slots=dataclasses.replace(episode_config.slots, gates=gates))
+    keyed = with_gates(episode_config, episode_config.slots.gates.judging(task.objective))
     episode_key = hashlib.sha1(json.dumps(config_to_dict(keyed), sort_keys=True).encode()).hexdigest()[:12]
     results: dict[str, list[tuple[float, float]]] = {controller: [] for controller in controllers}
     for index in range(seeds):
