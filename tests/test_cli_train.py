@@ -14,7 +14,7 @@ import shutil
 import statistics
 from collections.abc import Iterator
 from pathlib import Path
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import pytest
 import torch
@@ -25,6 +25,8 @@ import morphogen.session
 from morphogen.cli import EXIT_USER_ERROR, main
 from morphogen.control.checkpoint import load_checkpoint
 from morphogen.data import Task
+from morphogen.env.episode import EpisodeConfig, MorphogenesisEpisode
+from morphogen.env.optimizer import OptimizerConfig
 from morphogen.run_directory import CHECKPOINT_NAME
 from morphogen.session import SessionOptions
 
@@ -336,6 +338,50 @@ def test_eval_records_into_a_run_directory_from_a_config_file(trained: TrainedRu
     finished = [e.env_id for e in written if isinstance(e, events.EpisodeCompleted)]
     assert finished == [0, 1, 2], "episode i of controller c is env c * episodes + i"
     assert not any(isinstance(e, events.RewardComputed) for e in written), "minimal level from the flag"
+
+
+def test_eval_trains_its_hosts_with_the_optimizer_table_of_its_config(trained: TrainedRun, tmp_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch,
+                                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    """An `[optimizer]` table (the keys of run's `[episode.optimizer]`) is how every played host trains: laid over
+    the task's default optimizer, recorded in config.json."""
+    played: list[OptimizerConfig | None] = []
+    episode_class = morphogen.commands.evaluate.MorphogenesisEpisode
+
+    def recording(task: Task, config: EpisodeConfig, **kwargs: Any) -> MorphogenesisEpisode:
+        played.append(config.optimizer)
+        return episode_class(task, config, **kwargs)
+
+    monkeypatch.setattr(morphogen.commands.evaluate, "MorphogenesisEpisode", recording)
+    config = tmp_path / "eval.toml"
+    config.write_text('task = "digits"\n[optimizer]\nschedule = "cosine"\nhost_lr = 0.05\n')
+    record = tmp_path / "eval"
+    assert main(["eval", "--policy", str(trained.directory), "--config", str(config), "--max-train-samples", "200",
+                 "--episode-length", "2", "--episodes", "1", "--run-dir", str(record)]) == 0
+    capsys.readouterr()
+    assert len(played) == 3, "one episode per controller"
+    assert all(optimizer is not None and (optimizer.schedule, optimizer.host_lr, optimizer.seed_lr) == ("cosine", 0.05,
+               0.01) for optimizer in played), played
+    recorded = json.loads((record / "config.json").read_text())["optimizer"]
+    assert (recorded["schedule"], recorded["host_lr"], recorded["name"]) == ("cosine", 0.05, "sgd")
+
+
+def test_an_eval_optimizer_table_keeps_the_tasks_own_optimizer_and_needs_the_task(
+        trained: TrainedRun, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from morphogen.cli import build_parser, eval_config_from_args
+
+    config = tmp_path / "eval.toml"
+    config.write_text('task = "text"\n[optimizer]\nhost_lr = 1e-3\n')
+    args = build_parser().parse_args(["eval", "--policy", str(trained.directory), "--config", str(config)])
+    optimizer = eval_config_from_args(args).optimizer
+    assert optimizer is not None
+    assert (optimizer.name, optimizer.host_lr, optimizer.seed_lr) == ("adamw", 1e-3, 5e-3), "no SGD defaults"
+    config.write_text('[optimizer]\nschedule = "cosine"\n')
+    line = expect_user_error(["eval", "--policy", str(trained.directory), "--config", str(config)], capsys)
+    assert "an [optimizer] table says how the hosts of `task` train; name the task too" in line
+    config.write_text('task = "digits"\n[optimizer]\nschedule = "sometimes"\n')
+    line = expect_user_error(["eval", "--policy", str(trained.directory), "--config", str(config)], capsys)
+    assert "optimizer.schedule: must be one of constant, cosine, got 'sometimes'" in line
 
 
 def test_eval_telemetry_without_a_run_directory_is_a_usage_error(trained: TrainedRun,

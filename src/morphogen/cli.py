@@ -319,19 +319,25 @@ def _with_task_optimizer(values: dict[str, Any]) -> dict[str, Any]:
     a resumed run keeps them even if the task's default changes later. An `episode` or `optimizer` that is
     not a table, or an unknown task, is left for `build_config` and `load_task` to report.
     """
-    from morphogen.env.optimizer import task_optimizer_config
     from morphogen.session import SessionOptions
 
     episode = values.get("episode", {})
-    task = values.get("task", SessionOptions.task)
-    if not isinstance(episode, dict) or task not in TASK_NAMES:
-        return values
-    table = episode.get("optimizer", {})
-    if not isinstance(table, dict):
-        return values
-    resolved = task_optimizer_config(task, table)  # a bad key or value: one ConfigError line
-    values["episode"] = {**episode, "optimizer": dataclasses.asdict(resolved)}
+    if isinstance(episode, dict):
+        resolved = _resolved_optimizer(episode.get("optimizer", {}), values.get("task", SessionOptions.task),
+                                       "episode.optimizer")
+        if resolved is not None:
+            values["episode"] = {**episode, "optimizer": resolved}
     return values
+
+
+def _resolved_optimizer(table: Any, task: Any, path: str) -> dict[str, Any] | None:
+    """Optimizer `table` laid over built-in `task`'s default optimizer, as plain values; None (left for
+    `build_config` to check) where `table` is not a table or `task` is not a built-in one."""
+    from morphogen.env.optimizer import task_optimizer_config
+
+    if not isinstance(table, dict) or task not in TASK_NAMES:
+        return None
+    return dataclasses.asdict(task_optimizer_config(task, table, path))  # a bad key or value: one ConfigError line
 
 
 def read_config_values(path: str | None) -> dict[str, Any]:
@@ -456,6 +462,9 @@ def eval_config_from_args(args: argparse.Namespace) -> EvalConfig:
         values["telemetry"] = {**(values.get("telemetry") or {}), "level": args.telemetry}
     if values.get("telemetry") and values.get("run_dir") is None:
         raise UsageError("--telemetry sets the level of recorded events; give --run-dir DIR to record them")
+    resolved = _resolved_optimizer(values.get("optimizer"), values.get("task"), "optimizer")
+    if resolved is not None:
+        values["optimizer"] = resolved
     return build_config(EvalConfig, values)
 
 

@@ -27,6 +27,7 @@ from morphogen.control.trainer import TrainConfig
 from morphogen.core.compilation import CompileSettings
 from morphogen.devices import resolve_device
 from morphogen.env.episode import EpisodeConfig, MorphogenesisEpisode
+from morphogen.env.optimizer import OptimizerConfig
 from morphogen.env.play import Controller, EpisodeOutcome, run_episode
 from morphogen.env.seeding import derive_seed
 from morphogen.limits import MAX_EPOCHS, MAX_EVAL_EPISODES, MAX_SEED, MAX_TRAIN_SAMPLES, check_count
@@ -67,6 +68,10 @@ class EvalConfig(CompileOptions):
     text_file: str | None = None
     #: Cap on training samples; None uses the whole training split.
     max_train_samples: int | None = None
+    #: How host and seeds train in the played episodes (an `[optimizer]` table: the keys of `run`'s
+    #: `[episode.optimizer]`, over `task`'s default optimizer); None: the policy's training optimizer on the
+    #: task it trained on, else the task's default.
+    optimizer: OptimizerConfig | None = None
     #: Episodes per controller.
     episodes: int = 5
     #: Base of the evaluation seeds (drawn from a stream the training rounds never use).
@@ -98,6 +103,8 @@ class EvalConfig(CompileOptions):
             check_task_host(self.task, self.host, self.max_train_samples)
         elif self.host:
             raise ValueError("host: a [host] table sizes the host of `task`; name the task too")
+        elif self.optimizer is not None:
+            raise ValueError("optimizer: an [optimizer] table says how the hosts of `task` train; name the task too")
         if self.episode_length is not None:
             check_count("episode_length", self.episode_length, MAX_EPOCHS)
         if self.max_train_samples is not None:
@@ -138,7 +145,8 @@ def evaluation_setting(config: EvalConfig, trained: TrainConfig) -> tuple[TrainC
     for what it leaves out, the first setting the policy trained on.
 
     The episode keeps the policy's training settings (gates, reward, governor) at the chosen length; on another
-    task than it trained on, the host trains with that task's default optimizer."""
+    task than it trained on, the host trains with that task's default optimizer, and with `config.optimizer`
+    where given."""
     first = trained.training_mix()[0]
     task, host = (first.task, first.host) if config.task is None else (config.task, config.host)
     session = dataclasses.replace(
@@ -147,7 +155,8 @@ def evaluation_setting(config: EvalConfig, trained: TrainConfig) -> tuple[TrainC
         max_train_samples=config.max_train_samples if config.task is not None else
         first.max_train_samples or trained.max_train_samples)
     length = config.episode_length or first.episode_length or trained.episode_length
-    optimizer = trained.episode.optimizer if task == trained.task else None
+    optimizer = (config.optimizer if config.optimizer is not None else
+                 trained.episode.optimizer if task == trained.task else None)
     return session, dataclasses.replace(trained.episode, max_epochs=length, optimizer=optimizer)
 
 

@@ -114,15 +114,16 @@ def warmup_factor(step: int, warmup_steps: int) -> float:
     return min(1.0, step / warmup_steps)
 
 
-def task_optimizer_config(task: str, table: Mapping[str, Any] | None = None) -> OptimizerConfig:
+def task_optimizer_config(task: str, table: Mapping[str, Any] | None = None,
+                          path: str = "episode.optimizer") -> OptimizerConfig:
     """Task `task`'s default optimizer with the keys of `table` (an `[episode.optimizer]` table) over it.
 
     A table that names another optimizer than the task's default (`name = "sgd"` on `text`) starts from
     `OptimizerConfig`'s own defaults instead, so that no AdamW learning rate leaks into SGD. Bad keys and
-    values raise `ConfigError` naming `episode.optimizer.KEY`.
+    values raise `ConfigError` naming `PATH.KEY` (`path`: where the table sits in the config).
     """
     defaults = dict(DEFAULT_OPTIMIZERS.get(task, {}))
     given = dict(table or {})
     if "name" in given and given["name"] != defaults.get("name", OptimizerConfig.name):
         defaults = {}
-    return build_config(OptimizerConfig, {**defaults, **given}, "episode.optimizer")
+    return build_config(OptimizerConfig, {**defaults, **given}, path)
