@@ -65,6 +65,7 @@ def test_readme_gym_example_runs():
 def test_readme_config_examples_are_valid_run_configs():
     import tomllib
 
+    from morphogen.commands.evaluate import EvalConfig
     from morphogen.commands.run import RunConfig
     from morphogen.config import build_config
     from morphogen.control.trainer import TrainConfig
@@ -74,7 +75,12 @@ def test_readme_config_examples_are_valid_run_configs():
     for block in blocks:
         text = "\n".join(line.strip() for line in block.splitlines())  # the blocks sit indented in a list
         values = tomllib.loads(text)
-        # A training mix is a `morphogen train` config; every other block configures `morphogen run`.
+        # A training mix is a `morphogen train` config, a policy to play one of `morphogen eval`; every other
+        # block configures `morphogen run`.
+        if "policy" in values:
+            evaluation = build_config(EvalConfig, values)
+            assert evaluation.optimizer is not None and evaluation.optimizer.schedule == "cosine"
+            continue
         config = build_config(TrainConfig if "mix" in values else RunConfig, values)
         config.with_resolved_host()
     host_example = next(block for block in blocks if "[host]" in block)
