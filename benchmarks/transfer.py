@@ -70,6 +70,8 @@ SETTINGS = {
     # seed (SGD, 11 steps an epoch), too noisy for ten or twenty seeds to tell controllers apart.
     "digits32": Setting("cifar10", {"n_blocks": 3, "base_channels": 8}, held_out=True,
                         optimizer={"schedule": "cosine"}),
+    # A user's own model and input format: the MLP of your_model.py on MNIST-1D signals as flat vectors.
+    "user-mlp": Setting("your_model:mlp_task", held_out=True),
 }
 CONTROLLERS = ("learned", "heuristic", "no growth")
 

@@ -181,6 +181,12 @@ def task_and_host(name: str, width: int | None = None) -> tuple[morphogen.Task, 
     return task, host
 
 
+def mlp_task(seed: int = 0) -> tuple[morphogen.Task, Callable[[], morphogen.ModuleHost]]:
+    """The `mlp` model as `--task your_model:mlp_task` takes it (from the benchmarks directory): a user's MLP
+    on flat MNIST-1D signals, each episode building its own initialisation. `seed` is the command's."""
+    return task_and_host("mlp")
+
+
 def run_config(schedule: str, heuristic: Sequence[tuple[str, str | int | float]] = (),
                criterion: str | None = None) -> RunConfig:
     """`morphogen run`'s settings with the learning-rate schedule `schedule` (the task's SGD otherwise), the
