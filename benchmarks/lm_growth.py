@@ -1,8 +1,8 @@
 """Depth growth on a language model under a fixed training-FLOP budget: does growing 2 -> 4 layers save compute?
 
 The `text` task on the whole standard-library corpus (every training window), by default at the host's width
-(32, 4 heads) and AdamW at the task's learning rate (`--width`, `--heads`, `--lr` change them; `--device`
-says where the runs train), four variants per seed:
+(32, 4 heads) and AdamW at the task's learning rate (`--width`, `--heads`, `--lr` change them; `--text-file`
+trains on another corpus; `--device` says where the runs train), four variants per seed:
 - `4 layers`: a 4-layer host trained from scratch, never growing;
 - `2 layers`: the default 2-layer host, never growing;
 - `2 -> 4 zero`: the 2-layer host under the heuristic with `depth_blueprint = "block"`: when its validation
@@ -22,7 +22,8 @@ Printed: each variant's final validation loss (mean ± std over seeds), the trai
 grown model first reaches the validation loss the 4-layer model from scratch ends the budget at (mean of
 its seeds), as a fraction of the budget, and when growth happened. `--svg FILE` draws validation loss
 against training FLOPs (mean over seeds). Each (variant, seed) writes `OUT/<variant>-<seed>.json` as it
-finishes; a rerun skips those already there, so an interrupted benchmark resumes.
+finishes; a rerun skips those already there, so an interrupted benchmark resumes. `--report` runs nothing and
+prints the table of the records in `--out` (made elsewhere, on a GPU say).
 """
 
 from __future__ import annotations
@@ -87,6 +88,8 @@ class Job:
     """AdamW learning rate of host and seeds (None: the task's)."""
     grow_at: float | None = None
     """Grow once this fraction of the budget is spent (None: when the heuristic's loss signal says)."""
+    text_file: str | None = None
+    """The corpus (None: the task's default, the standard library's top-level sources)."""
 
 
 @dataclass
@@ -118,10 +121,12 @@ def endless_batches(task: Task, batch_size: int, generator: torch.Generator) -> 
 
 
 def text_task(layers: int, width: int = DEFAULT_HOST_SIZES["text"]["d_model"],
-              heads: int = DEFAULT_HOST_SIZES["text"]["n_heads"], device: str = "cpu") -> Task:
-    """The `text` task on its whole corpus on `device`, with a `layers`-layer host of `width` (d_model) and `heads`
-    attention heads, and one slot after each layer."""
-    task = load_task("text", host={"n_layers": layers, "n_segments": layers, "d_model": width, "n_heads": heads})
+              heads: int = DEFAULT_HOST_SIZES["text"]["n_heads"], device: str = "cpu",
+              text_file: str | None = None) -> Task:
+    """The `text` task on its whole corpus (`text_file`, or the default) on `device`, with a `layers`-layer host of
+    `width` (d_model) and `heads` attention heads, and one slot after each layer."""
+    task = load_task("text", text_file=text_file,
+                     host={"n_layers": layers, "n_segments": layers, "d_model": width, "n_heads": heads})
     return task if device == "cpu" else task_on_device(task, device)
 
 
@@ -141,18 +146,18 @@ def training_flops(episode: MorphogenesisEpisode) -> int:
     return episode.compute.training + episode.compute.shadow
 
 
-def host_step_flops(layers: int, width: int, heads: int) -> int:
-    """Training FLOPs of one batch of the `layers`-layer host, before any growth."""
-    task = text_task(layers, width, heads)
+def host_step_flops(layers: int, width: int, heads: int, text_file: str | None = None) -> int:
+    """Training FLOPs of one batch of the `layers`-layer host, before any growth (the corpus sets the vocabulary)."""
+    task = text_task(layers, width, heads, text_file=text_file)
     episode = MorphogenesisEpisode(task, EpisodeConfig(max_epochs=1), seed=0)
     episode.reset()
     inputs, _ = next(task.train.iterate_batches(task.batch_size, shuffle=False))
     return step_flops(episode, inputs)
 
 
-def budget_flops(budget_steps: int, width: int, heads: int) -> float:
+def budget_flops(budget_steps: int, width: int, heads: int, text_file: str | None = None) -> float:
     """The budget: training FLOPs of `budget_steps` batches of the 4-layer host."""
-    return float(budget_steps * host_step_flops(VARIANTS[0].layers, width, heads))
+    return float(budget_steps * host_step_flops(VARIANTS[0].layers, width, heads, text_file))
 
 
 def growth_timing(depth_blueprint: str, job: Job, budget: float, max_epochs: int) -> HeuristicConfig:
@@ -160,7 +165,7 @@ def growth_timing(depth_blueprint: str, job: Job, budget: float, max_epochs: int
     starting host needs to spend that fraction of the budget, then growth at once."""
     if job.grow_at is None:
         return HeuristicConfig(depth_blueprint=depth_blueprint)
-    step = host_step_flops(job.variant.layers, job.width, job.heads)
+    step = host_step_flops(job.variant.layers, job.width, job.heads, job.text_file)
     warmup = max(round(job.grow_at * budget / (job.chunk * step)), 1)
     return HeuristicConfig(depth_blueprint=depth_blueprint, warmup_epochs=warmup,
                            first_growth_by=min(warmup / max_epochs, 1.0))
@@ -171,7 +176,7 @@ def run_job(job: Job, budget: float) -> RunRecord:
     torch.set_num_threads(job.threads)
     started = time.perf_counter()
     variant = job.variant
-    task = text_task(variant.layers, job.width, job.heads, job.device)
+    task = text_task(variant.layers, job.width, job.heads, job.device, job.text_file)
     small_step = budget / job.budget_steps / 2  # a lower bound of a 2-layer step: chunks enough for any variant
     config = EpisodeConfig(max_epochs=math.ceil(budget / (job.chunk * small_step)) + 1,
                            optimizer=text_optimizer(job.lr))
@@ -248,12 +253,14 @@ def summarize(records: Sequence[RunRecord], target: float | None = None) -> list
     if target is None:
         target = statistics.fmean(r.points[-1].loss for r in by_variant[SCRATCH]) if by_variant[SCRATCH] else math.nan
     named = "4 layers' final loss" if given is None else "--target"
-    lines = [f"| variant | final val loss (nats/char) | final accuracy | parameters | FLOPs to reach {target:.4f} "
-             f"({named}) | first GROW at | seconds |", "|---|---|---|---|---|---|---|"]
+    lines = [f"| variant | final val loss (nats/char) | best val loss | final accuracy | parameters | FLOPs to reach "
+             f"{target:.4f} ({named}) | first GROW at | seconds |", "|---|---|---|---|---|---|---|---|"]
     for name, runs in by_variant.items():
         if not runs:
             continue
         loss = mean_std([r.points[-1].loss for r in runs])
+        # Below the final loss only where the model overfits its corpus within the budget.
+        best = mean_std([min(point.loss for point in r.points) for r in runs])
         accuracy = mean_std([r.points[-1].accuracy for r in runs])
         reached = [flops_to_reach(r.points, target) for r in runs]
         fractions = [value / budget for value in reached if value is not None]
@@ -266,7 +273,8 @@ def summarize(records: Sequence[RunRecord], target: float | None = None) -> list
         grew_text = (f"{statistics.fmean(grew):.2f} x budget" if grew else "-") + (
             f" (again in {again} run{'s' if again > 1 else ''})" if again else "")
         seconds = mean_std([r.seconds for r in runs])
-        lines.append(f"| {name} | {loss[0]:.4f} ± {loss[1]:.4f} | {accuracy[0]:.2f} ± {accuracy[1]:.2f}% | "
+        lines.append(f"| {name} | {loss[0]:.4f} ± {loss[1]:.4f} | {best[0]:.4f} ± {best[1]:.4f} | "
+                     f"{accuracy[0]:.2f} ± {accuracy[1]:.2f}% | "
                      f"{statistics.fmean(r.points[-1].parameters for r in runs):,.0f} | {reach} | {grew_text} | "
                      f"{seconds[0]:.0f} ± {seconds[1]:.0f} |")
     small = [r.points[-1].loss for r in by_variant[SMALL]]
@@ -316,10 +324,15 @@ def main(argv: Sequence[str] | None = None) -> None:
                         help="grow once this fraction of the budget is spent (default: when the loss slows down)")
     parser.add_argument("--target", type=float, default=None,
                         help="the loss whose FLOPs to reach are reported (default: the 4-layer runs' final loss)")
+    parser.add_argument("--text-file", default=None,
+                        help="a UTF-8 corpus to train on (default: the standard library's top-level sources, ~1e6 "
+                             "characters, which a model as wide as 128 overfits within the budget)")
     parser.add_argument("--jobs", type=int, default=2, help="worker processes")
     parser.add_argument("--threads", type=int, default=1, help="torch threads per worker")
     parser.add_argument("--out", default="runs/lm_growth",
                         help="directory of the per-run records (resumable; one per width, lr and device)")
+    parser.add_argument("--report", action="store_true",
+                        help="run nothing: print the table (and --svg) of the records already in --out")
     parser.add_argument("--svg", default=None, help="write the chart of validation loss against FLOPs here")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
@@ -328,10 +341,13 @@ def main(argv: Sequence[str] | None = None) -> None:
     if unknown:
         parser.error(f"unknown variant(s) {', '.join(sorted(unknown))}; valid: {', '.join(v.name for v in VARIANTS)}")
     out = Path(args.out)
+    if args.report:
+        report(out, args.target, args.svg)
+        return
     out.mkdir(parents=True, exist_ok=True)
-    budget = budget_flops(args.budget_steps, args.width, args.heads)
+    budget = budget_flops(args.budget_steps, args.width, args.heads, args.text_file)
     jobs = [Job(variant, seed, args.budget_steps, args.chunk, args.threads, str(out), args.width, args.heads,
-                args.device, args.lr, args.grow_at)
+                args.device, args.lr, args.grow_at, args.text_file)
             for seed in range(args.seeds) for variant in VARIANTS if variant.name in chosen
             and not (out / record_name(variant.name, seed)).exists()]
     started = time.perf_counter()
@@ -345,13 +361,28 @@ def main(argv: Sequence[str] | None = None) -> None:
     records = [r for r in records if r.budget_flops == budget and r.seed < args.seeds]
     optimizer = text_optimizer(args.lr)
     host = {**DEFAULT_HOST_SIZES["text"], "d_model": args.width, "n_heads": args.heads}
-    print(f"\nlm growth: text on the whole corpus on {args.device}, host {host} (layers as named), "
+    corpus = args.text_file or "the default corpus"
+    print(f"\nlm growth: text on {corpus} (all of it) on {args.device}, host {host} (layers as named), "
           f"{optimizer.name} lr {optimizer.host_lr:g}; budget {budget:.3g} training FLOPs ({args.budget_steps} steps "
           f"of 4 layers), validation every {args.chunk} batches; {args.jobs} processes x {args.threads} thread(s), "
           f"{time.perf_counter() - started:.0f} s for {len(jobs)} new runs\n")
     print("\n".join(summarize(records, args.target)))
     if args.svg is not None:
         Path(args.svg).write_text(chart(records))
+
+
+def report(out: Path, target: float | None, svg: str | None) -> None:
+    """The table of the records in `out` as they are (for runs made elsewhere, on a GPU say): one budget only."""
+    records = [load_record(path) for path in sorted(out.glob("*.json"))]
+    if not records:
+        raise SystemExit(f"no records (*.json) in {out}")
+    budgets = {r.budget_flops for r in records}
+    if len(budgets) > 1:
+        raise SystemExit(f"{out} holds runs of {len(budgets)} budgets; one directory per width, lr and corpus")
+    print(f"lm growth: {len(records)} records in {out}, budget {records[0].budget_flops:.3g} training FLOPs\n")
+    print("\n".join(summarize(records, target)))
+    if svg is not None:
+        Path(svg).write_text(chart(records))
 
 
 if __name__ == "__main__":
