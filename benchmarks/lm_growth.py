@@ -342,7 +342,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         parser.error(f"unknown variant(s) {', '.join(sorted(unknown))}; valid: {', '.join(v.name for v in VARIANTS)}")
     out = Path(args.out)
     if args.report:
-        report(out, args.target, args.svg)
+        problem = report(out, args.target, args.svg)
+        if problem:
+            parser.error(problem)
         return
     out.mkdir(parents=True, exist_ok=True)
     budget = budget_flops(args.budget_steps, args.width, args.heads, args.text_file)
@@ -371,18 +373,20 @@ def main(argv: Sequence[str] | None = None) -> None:
         Path(args.svg).write_text(chart(records))
 
 
-def report(out: Path, target: float | None, svg: str | None) -> None:
-    """The table of the records in `out` as they are (for runs made elsewhere, on a GPU say): one budget only."""
+def report(out: Path, target: float | None, svg: str | None) -> str | None:
+    """Print the table of the records in `out` as they are (for runs made elsewhere, on a GPU say); what is wrong
+    with `out` instead, if anything."""
     records = [load_record(path) for path in sorted(out.glob("*.json"))]
     if not records:
-        raise SystemExit(f"no records (*.json) in {out}")
+        return f"no records (*.json) in {out}"
     budgets = {r.budget_flops for r in records}
     if len(budgets) > 1:
-        raise SystemExit(f"{out} holds runs of {len(budgets)} budgets; one directory per width, lr and corpus")
+        return f"{out} holds runs of {len(budgets)} budgets; one directory per width, lr and corpus"
     print(f"lm growth: {len(records)} records in {out}, budget {records[0].budget_flops:.3g} training FLOPs\n")
     print("\n".join(summarize(records, target)))
     if svg is not None:
         Path(svg).write_text(chart(records))
+    return None
 
 
 if __name__ == "__main__":
