@@ -330,7 +330,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--jobs", type=int, default=2, help="worker processes")
     parser.add_argument("--threads", type=int, default=1, help="torch threads per worker")
     parser.add_argument("--out", default="runs/lm_growth",
-                        help="directory of the per-run records (resumable; one per width, lr and device)")
+                        help="directory of the per-run records (resumable; one per width, lr, corpus and device)")
     parser.add_argument("--report", action="store_true",
                         help="run nothing: print the table (and --svg) of the records already in --out")
     parser.add_argument("--svg", default=None, help="write the chart of validation loss against FLOPs here")
@@ -368,9 +368,14 @@ def main(argv: Sequence[str] | None = None) -> None:
           f"{optimizer.name} lr {optimizer.host_lr:g}; budget {budget:.3g} training FLOPs ({args.budget_steps} steps "
           f"of 4 layers), validation every {args.chunk} batches; {args.jobs} processes x {args.threads} thread(s), "
           f"{time.perf_counter() - started:.0f} s for {len(jobs)} new runs\n")
-    print("\n".join(summarize(records, args.target)))
-    if args.svg is not None:
-        Path(args.svg).write_text(chart(records))
+    print_results(records, args.target, args.svg)
+
+
+def print_results(records: Sequence[RunRecord], target: float | None, svg: str | None) -> None:
+    """The table of `records`, and their chart written to `svg` when given."""
+    print("\n".join(summarize(records, target)))
+    if svg is not None:
+        Path(svg).write_text(chart(records))
 
 
 def report(out: Path, target: float | None, svg: str | None) -> str | None:
@@ -383,9 +388,7 @@ def report(out: Path, target: float | None, svg: str | None) -> str | None:
     if len(budgets) > 1:
         return f"{out} holds runs of {len(budgets)} budgets; one directory per width, lr and corpus"
     print(f"lm growth: {len(records)} records in {out}, budget {records[0].budget_flops:.3g} training FLOPs\n")
-    print("\n".join(summarize(records, target)))
-    if svg is not None:
-        Path(svg).write_text(chart(records))
+    print_results(records, target, svg)
     return None
 
 
