@@ -10,10 +10,11 @@ import numpy as np
 import pytest
 import torch
 
+from morphogen.control.advice import HeuristicAdvisor
 from morphogen.control.checkpoint import CheckpointError, load_checkpoint
 from morphogen.control.learned import PolicyAgent, PolicyController, agent_from_checkpoint, build_agent
 from morphogen.control.trainer import PPOTrainer, TrainConfig
-from morphogen.core.lifecycle import GateConfig, GateMode, Stage
+from morphogen.core.lifecycle import GateConfig, GateMode
 from morphogen.core.slot import SlotConfig
 from morphogen.data import Task, load_task
 from morphogen.env.actions import HEAD_RELEVANCE, HEADS, Action, ActionSpace, Op
@@ -63,7 +64,7 @@ def test_stochastic_policy_controller_never_takes_a_masked_action(digits: Task) 
     # prefers is legal, if at all, only on r0c0.
     snapshot = episode.step(Action(op=Op.GERMINATE, slot="r0c0", blueprint="norm")).snapshot
     masks = episode.masks()
-    _, unmasked = agent.act(agent.inputs([snapshot], [masks])._replace(masks=[None] * len(HEADS)),
+    _, unmasked = agent.act(agent.inputs([snapshot], [masks], [HeuristicAdvisor()])._replace(masks=[None] * len(HEADS)),
                             agent.policy.initial_state(1), deterministic=True)
     with pytest.raises(AssertionError):
         assert_legal(space, masks, space.decode(unmasked.actions[0].tolist()))
@@ -111,13 +112,16 @@ def test_agent_from_checkpoint_acts_exactly_like_the_saved_agent(digits: Task, t
     snapshot = episode.reset()
     states = {"original": original.policy.initial_state(1), "rebuilt": rebuilt.policy.initial_state(1)}
     generators = {name: torch.Generator().manual_seed(9) for name in states}
+    advisors = {name: HeuristicAdvisor() for name in states}
     for _ in range(4):  # the recurrent state carries over between steps in both agents alike
         masks = episode.masks()
         outputs = {}
         for name, agent in (("original", original), ("rebuilt", rebuilt)):
-            _, output = agent.act(agent.inputs([snapshot], [masks]), states[name], generator=generators[name])
+            _, output = agent.act(agent.inputs([snapshot], [masks], [advisors[name]]), states[name],
+                                  generator=generators[name])
             states[name] = output.state
             outputs[name] = (output, agent.decode(output.actions, [snapshot]))
+            advisors[name].taken(outputs[name][1][0])
         (mine, my_actions), (theirs, their_actions) = outputs["original"], outputs["rebuilt"]
         assert my_actions == their_actions
         assert torch.equal(mine.log_prob, theirs.log_prob) and torch.equal(mine.value, theirs.value)
@@ -158,9 +162,19 @@ def test_a_policy_controller_plays_episodes_that_measure_every_blueprints_growth
     agent = build_agent(hidden_size=16)
     episode = MorphogenesisEpisode(digits, dataclasses.replace(PERMISSIVE, max_epochs=3), seed=0)
     snapshots: list[EpisodeSnapshot] = []
-    run_episode(episode, PolicyController(agent), on_step=lambda result: snapshots.append(result.snapshot))
-    empty_and_open = [s for s in snapshots[:-1] if all(slot.stage is Stage.DORMANT for slot in s.slots)]
-    assert empty_and_open, "the untrained policy germinated at once: nothing to check"
+
+    class Waiting(PolicyController):
+        """The policy acts (and so reads every observation), but the episode only ever waits: its slots stay
+        empty whatever the untrained policy would choose."""
+
+        def act(self, snapshot: EpisodeSnapshot, masks: Sequence[np.ndarray]) -> Action:
+            snapshots.append(snapshot)
+            super().act(snapshot, masks)
+            return Action()
+
+    run_episode(episode, Waiting(agent))
+    empty_and_open = snapshots[1:]  # the first is the reset's, before any epoch measured anything
+    assert empty_and_open
     for snapshot in empty_and_open:
         assert all(slot.depth_signal is not None for slot in snapshot.slots)
         assert {name for name, _ in snapshot.slots[0].seed_costs} >= {"conv_light", "wider", "norm"}

@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from morphogen.core.lifecycle import Stage
-from morphogen.env.actions import Op
+from morphogen.env.actions import Action, Op
 from morphogen.env.growth_signals import MIN_RELATIVE_FLOPS
 from morphogen.env.observation import (
     BLUEPRINT_FEATURES,
@@ -331,3 +331,28 @@ def test_growth_signals_are_read_against_the_loss_and_per_relative_flop() -> Non
         dataclasses.replace(slot, depth_signal=None, width_signal=None) for slot in snapshot.slots)))
     flags = unmeasured.blueprints[..., BLUEPRINT_FEATURES.index("growth_signal_measured")]
     assert not flags.any()
+
+
+def test_advice_marks_its_op_its_slot_and_its_blueprint_there_and_no_advice_marks_nothing() -> None:
+    snapshot = make_snapshot(tuple(make_slot(slot_id) for slot_id in ("r0c0", "r0c1", "r0c2")), topology="cnn",
+                             blueprints=("conv_light", "wider"), blueprint_parameters=((1, 2),) * 3)
+    advised = encode_observation(snapshot, Action(Op.GERMINATE, "r0c1", "wider"))
+    features = named(GLOBAL_FEATURES, advised.globals)
+    assert features["advice_given"] == 1.0
+    assert [features[f"advice/{op.name}"] for op in Op] == [1.0 if op is Op.GERMINATE else 0.0 for op in Op]
+    assert advised.slots[:, SLOT_FEATURES.index("advised")].tolist() == [0.0, 1.0, 0.0]
+    marks = advised.blueprints[..., BLUEPRINT_FEATURES.index("advised")]
+    assert marks.tolist() == [[0.0, 0.0], [0.0, 1.0], [0.0, 0.0]]
+    # GROW names a blueprint for every empty slot at once.
+    grow = encode_observation(snapshot, Action(Op.GROW, blueprint="conv_light"))
+    assert grow.blueprints[..., BLUEPRINT_FEATURES.index("advised")].tolist() == [[1.0, 0.0]] * 3
+    # Without advice (the Gymnasium env, a policy trained without it) every advice feature is 0, and so is a WAIT's
+    # slot and blueprint; the rest of the observation is the same either way.
+    for plain in (encode_observation(snapshot), encode_observation(snapshot, Action())):
+        assert not plain.slots[:, SLOT_FEATURES.index("advised")].any()
+        assert not plain.blueprints[..., BLUEPRINT_FEATURES.index("advised")].any()
+    unadvised = named(GLOBAL_FEATURES, encode_observation(snapshot).globals)
+    assert unadvised["advice_given"] == 0.0 and not any(unadvised[f"advice/{op.name}"] for op in Op)
+    advice_columns = [GLOBAL_FEATURES.index(name) for name in GLOBAL_FEATURES if name.startswith("advice")]
+    assert np.array_equal(np.delete(advised.globals, advice_columns), np.delete(encode_observation(snapshot).globals,
+                                                                                 advice_columns))

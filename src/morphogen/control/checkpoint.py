@@ -4,9 +4,10 @@ A checkpoint holds the policy, the optimizer, the normalizers, the RNG states, t
 the resolved config (as JSON text), plus the policy's width. The policy's inputs and outputs do not
 depend on the task or the host (`control/growth_policy.py`), so a checkpoint acts on any of them.
 
-Format 4 is that transferable policy reading growth signals (each blueprint's measured signal in each empty
-slot, `env/observation.py`). Format 3 policies read none; checkpoints of formats 1 and 2 held a policy tied to
-one task and slot layout. All are refused with one line saying so.
+Format 5 is that transferable policy reading growth signals (each blueprint's measured signal in each empty
+slot, `env/observation.py`) and the heuristic's advice (`control/advice.py`). Format 4 policies read no advice,
+format 3 ones no growth signals either; checkpoints of formats 1 and 2 held a policy tied to one task and slot
+layout. All are refused with one line saying so.
 
 Integrity: `save_checkpoint` refuses a state holding NaN or infinity (a diverged policy is never written
 as the latest checkpoint; the trainer undoes such an update before saving) and stores a SHA-256
@@ -29,7 +30,7 @@ from morphogen.control.integrity import non_finite_entries, state_checksum
 from morphogen.run_directory import CHECKPOINT_NAME, write_atomic
 
 #: The checkpoint format written and read (`format_version` in the file).
-FORMAT_VERSION = 4
+FORMAT_VERSION = 5
 #: Everything resuming (`PPOTrainer.load_state_dict`) or acting (`agent_from_checkpoint`) reads.
 REQUIRED_KEYS = ("hidden_size", "round", "config", "policy", "optimizer", "observation_normalizer",
                  "reward_normalizer", "value_normalizer", "rng", "anomaly_detector", "telemetry",
@@ -105,9 +106,10 @@ def load_checkpoint(run_or_file: str | Path, map_location: str | torch.device = 
         raise CheckpointError(f"checkpoint {path} is of format {version}, from an earlier morphogen whose policy was "
                               "tied to one task and slot layout; train a new one (morphogen train) or use "
                               "--policy default")
-    if version == 3:
-        raise CheckpointError(f"checkpoint {path} is of format 3, from an earlier morphogen whose policy read no "
-                              "growth signals; train a new one (morphogen train) or use --policy default")
+    if version in (3, 4):
+        unread = "growth signals" if version == 3 else "advice from the heuristic"
+        raise CheckpointError(f"checkpoint {path} is of format {version}, from an earlier morphogen whose policy read "
+                              f"no {unread}; train a new one (morphogen train) or use --policy default")
     if not isinstance(state, dict) or version != FORMAT_VERSION:
         raise CheckpointError(f"checkpoint {path} is not a morphogen checkpoint of format {FORMAT_VERSION}")
     saved = state.pop("checksum", None)

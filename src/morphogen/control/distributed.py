@@ -72,6 +72,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
+from morphogen.control.advice import HeuristicAdvisor
 from morphogen.control.growth_policy import GrowthInputs
 from morphogen.control.learned import PolicyInputs
 from morphogen.control.normalization import RunningMeanStd, merge_moments
@@ -502,12 +503,13 @@ class DistributedTrainer(PPOTrainer):
 
     # ---------------------------------------------------------------- one round
     def act_step(self, group: EnvGroup, snapshots: list[EpisodeSnapshot], state: LSTMState,
-                 generator: torch.Generator, starts: Tensor,
+                 generator: torch.Generator, starts: Tensor, advisors: Sequence[HeuristicAdvisor],
                  ) -> tuple[PolicyInputs, GrowthInputs, ActionOutput, list[Action]]:
         """Rule 2: gather every rank's inputs, act for all envs, keep this rank's rows. Every rank plays the same
-        mix entry in a round, so every rank's inputs have the same numbers of slots and blueprints."""
+        mix entry in a round, so every rank's inputs have the same numbers of slots and blueprints. Each of this
+        rank's envs is advised by its own advisor."""
         agent = self.state.agent
-        local = agent.inputs(snapshots, group.vector.masks())
+        local = agent.inputs(snapshots, group.vector.masks(), advisors)
         gathered = PolicyInputs(map_observation(local.raw, lambda tensor: all_gather_rows(tensor, self.context)),
                                 [all_gather_rows(mask, self.context) for mask in local.masks])
         # `collect` starts every env at a round's first step and none later; one sync on L bools per step.

@@ -22,6 +22,7 @@ still learns has more epochs to be trained behind it and to pay back its paramet
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -255,6 +256,25 @@ class HeuristicController:
 
     def act(self, snapshot: EpisodeSnapshot, masks: Sequence[np.ndarray]) -> Action:
         """The action for this epoch; always legal under `masks`."""
+        self._observe(snapshot)
+        action = self._decide(snapshot, masks)
+        self._commit(action, snapshot)
+        return action
+
+    def fork(self) -> HeuristicController:
+        """A copy to propose from: what it decides changes nothing here (`HeuristicAdvisor`)."""
+        twin = copy.copy(self)
+        twin.pruned_at, twin.fossilize_refused = dict(self.pruned_at), set(self.fossilize_refused)
+        return twin
+
+    def follow(self, snapshot: EpisodeSnapshot, action: Action) -> None:
+        """Keep in step with an episode another controller acts in, as if this one had chosen `action` at
+        `snapshot` (what it proposed there, from a copy, is forgotten): `HeuristicAdvisor` uses it."""
+        self._observe(snapshot)
+        self._commit(action, snapshot)
+
+    def _observe(self, snapshot: EpisodeSnapshot) -> None:
+        """What the outcome of the last action tells: a refused fossilize, a GROW that took, a rollback."""
         last = self.last_action
         if last.op is Op.FOSSILIZE and last.slot is not None and not snapshot.last_action_succeeded:
             self.fossilize_refused.add(last.slot)
@@ -268,17 +288,21 @@ class HeuristicController:
             # ended with the host alone. The restored host first trains for `warmup_epochs` again.
             self.depth_grown = False
             self.growth_resumes_at = snapshot.epoch + self.config.warmup_epochs
-        self.last_action = self._decide(snapshot, masks)
-        self.has_grown |= self.last_action.op in (Op.GERMINATE, Op.GROW)
-        return self.last_action
+
+    def _commit(self, action: Action, snapshot: EpisodeSnapshot) -> None:
+        """Remember the action taken at `snapshot`: the next epoch reads its outcome, a pruned blueprint waits."""
+        self.last_action = action
+        self.has_grown |= action.op in (Op.GERMINATE, Op.GROW)
+        if action.op is Op.PRUNE:
+            blueprint = next((slot.blueprint for slot in snapshot.slots if slot.slot_id == action.slot), None)
+            if blueprint is not None:
+                self.pruned_at[blueprint] = snapshot.epoch
 
     def _decide(self, snapshot: EpisodeSnapshot, masks: Sequence[np.ndarray]) -> Action:
         slot_mask = {op: dict(zip(self.space.slot_ids, masks[1][op], strict=True)) for op in Op}
         for slot in snapshot.slots:
             action = self._manage_seed(slot, snapshot, slot_mask)
             if action is not None:
-                if action.op is Op.PRUNE and slot.blueprint is not None:
-                    self.pruned_at[slot.blueprint] = snapshot.epoch
                 return action
         return self._grow(snapshot, masks, slot_mask[Op.GERMINATE])
 

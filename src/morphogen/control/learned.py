@@ -17,6 +17,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from morphogen.control.advice import HeuristicAdvisor, advise_all
 from morphogen.control.checkpoint import CheckpointError
 from morphogen.control.growth_policy import BLUEPRINT_HEAD, SLOT_HEAD, GrowthInputs, GrowthPolicy
 from morphogen.control.normalization import RunningMeanStd
@@ -99,8 +100,13 @@ class PolicyAgent:
         self.device = next(policy.parameters()).device
         self._spaces: dict[tuple[tuple[str, ...], str], ActionSpace] = {}
 
-    def inputs(self, snapshots: Sequence[EpisodeSnapshot], masks: Sequence[Sequence[np.ndarray]]) -> PolicyInputs:
-        observations = stack_observations([encode_observation(snapshot) for snapshot in snapshots], self.device)
+    def inputs(self, snapshots: Sequence[EpisodeSnapshot], masks: Sequence[Sequence[np.ndarray]],
+               advisors: Sequence[HeuristicAdvisor]) -> PolicyInputs:
+        """The batch's encoded observations, each with its env's advice (`advisors`, one per env, which then
+        expect the action taken: `record_taken`), and masks."""
+        advice = advise_all(advisors, snapshots, masks, [self.space_of(snapshot) for snapshot in snapshots])
+        observations = stack_observations([encode_observation(snapshot, hint)
+                                           for snapshot, hint in zip(snapshots, advice, strict=True)], self.device)
         n_slots, n_blueprints = observations.slots.shape[1], observations.blueprint_valid.shape[1]
         return PolicyInputs(observations, stack_masks(masks, n_slots, n_blueprints, self.device))
 
@@ -138,16 +144,20 @@ class PolicyController:
         self.agent, self.deterministic = agent, deterministic
         self.generator = torch.Generator(device=agent.device).manual_seed(seed)
         self.state = agent.policy.initial_state(1)
+        self.advisor = HeuristicAdvisor()
 
     def reset(self) -> None:
         self.state = self.agent.policy.initial_state(1)
+        self.advisor.reset()
 
     @torch.no_grad()
     def act(self, snapshot: EpisodeSnapshot, masks: Sequence[np.ndarray]) -> Action:
-        inputs = self.agent.inputs([snapshot], [masks])
+        inputs = self.agent.inputs([snapshot], [masks], [self.advisor])
         _, output = self.agent.act(inputs, self.state, deterministic=self.deterministic, generator=self.generator)
         self.state = output.state
-        return self.agent.decode(output.actions, [snapshot])[0]
+        action = self.agent.decode(output.actions, [snapshot])[0]
+        self.advisor.taken(action)
+        return action
 
 
 def build_agent(hidden_size: int, device: torch.device | str | None = None, *, recurrent: bool = True) -> PolicyAgent:

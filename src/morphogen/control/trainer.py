@@ -38,6 +38,7 @@ from typing import Any, NamedTuple
 import numpy as np
 import torch
 
+from morphogen.control.advice import HeuristicAdvisor, record_taken
 from morphogen.control.checkpoint import CheckpointError, check_layout, save_checkpoint
 from morphogen.control.growth_policy import GrowthInputs
 from morphogen.control.heuristic import HeuristicController
@@ -442,12 +443,15 @@ class PPOTrainer:
         n = config.n_envs
         starts = torch.ones(n, dtype=torch.bool, device=agent.device)
         returns = np.zeros(n)
+        advisors = [HeuristicAdvisor() for _ in range(n)]
         # No torch.no_grad() here: the hosts train inside vector.step; the policy call is grad-free itself.
         for step in range(length):
             with self.timer.phase("policy"):
-                inputs, observations, output, actions = self.act_step(group, snapshots, state, generator, starts)
+                inputs, observations, output, actions = self.act_step(group, snapshots, state, generator, starts,
+                                                                      advisors)
                 if demonstrators is not None:
                     output, actions = _demonstrated(group, demonstrators, snapshots, output)
+                record_taken(advisors, actions)
             results = vector.step(actions)
             self.profiler.step()
             if self.on_step is not None:
@@ -483,11 +487,12 @@ class PPOTrainer:
         return Rollout(batch, summary, state, setting=group.entry.label)
 
     def act_step(self, group: EnvGroup, snapshots: list[EpisodeSnapshot], state: LSTMState,
-                 generator: torch.Generator, starts: torch.Tensor,
+                 generator: torch.Generator, starts: torch.Tensor, advisors: Sequence[HeuristicAdvisor],
                  ) -> tuple[PolicyInputs, GrowthInputs, ActionOutput, list[Action]]:
-        """One batched policy call for every env of this trainer (updating the observation statistics)."""
+        """One batched policy call for every env of this trainer (updating the observation statistics); each
+        env's advisor then expects the action taken."""
         agent = self.state.agent
-        inputs = agent.inputs(snapshots, group.vector.masks())
+        inputs = agent.inputs(snapshots, group.vector.masks(), advisors)
         observations, output = agent.act(inputs, state, generator=generator, episode_starts=starts,
                                          update_normalizer=True)
         return inputs, observations, output, agent.decode(output.actions, snapshots)

@@ -117,7 +117,7 @@ class ActionSpace:
     def __init__(self, slot_ids: Sequence[str], topology: str) -> None:
         if not slot_ids:
             raise ValueError("an action space needs at least one slot; give the model one or more slots")
-        self.slot_ids = tuple(slot_ids)
+        self.slot_ids, self.topology = tuple(slot_ids), topology
         self.blueprints = blueprint_names(topology)
         self.choices: dict[str, tuple[object, ...]] = {
             **FIXED_CHOICES, "slot": self.slot_ids, "blueprint": self.blueprints}

@@ -4,15 +4,22 @@ An observation has three parts, whose sizes do not depend on the task, the host,
 the episode's length, so that one policy acts on any of them:
 
 - `globals` ``[GLOBAL_SIZE]``: the episode as a whole (progress as a fraction, accuracy and loss
-  history, how many slots are in each stage, the last action, parameters added);
+  history, how many slots are in each stage, the last action, parameters added, the advised op);
 - `slots` ``[n_slots, SLOT_SIZE]``: one row per slot, the same features for every slot (its stage,
-  alpha, contributions, gradient health, its seed's kind and size, where it sits in the host);
+  alpha, contributions, gradient health, its seed's kind and size, where it sits in the host, whether the
+  advice names it);
 - `blueprints` ``[n_slots, n_blueprints, BLUEPRINT_SIZE]``: for each slot, each blueprint a GERMINATE
   may name, described by its kind and the parameters and forward FLOPs it would add there (relative to
   the host's), not by its index in a registry, so blueprints registered by a user are described like the
   built-in ones; and, where the episode measured them (`env/growth_signals.py`), the growth signal the
   blueprint would act on there (the slot's depth signal, or its width signal for new channels) and that
-  signal per relative FLOP: the heuristic's score for choosing where and how to grow.
+  signal per relative FLOP: the heuristic's score for choosing where and how to grow; and whether the advice
+  names it there.
+
+*Advice* is an `Action` the caller passes along with the snapshot: what the rule-based controller would do
+now (`control/advice.py`). Its op is marked in the globals (after `advice_given`), its slot in that slot's
+row, its blueprint in that slot's blueprint rows (a GROW's in every slot's). Without advice every such
+feature is 0 (the Gymnasium env passes none).
 
 Rules of the encoding (docs/architecture.md#controller):
 
@@ -48,7 +55,7 @@ import numpy as np
 
 from morphogen.core.blueprints import BlueprintKind, get_blueprint
 from morphogen.core.lifecycle import Stage
-from morphogen.env.actions import Op
+from morphogen.env.actions import Action, Op
 from morphogen.env.growth_signals import MIN_RELATIVE_FLOPS
 from morphogen.env.snapshot import HISTORY_LENGTH, EpisodeSnapshot, SlotSnapshot
 
@@ -105,7 +112,7 @@ GLOBAL_FEATURES: tuple[str, ...] = (
     *(f"stage_fraction/{stage.value}" for stage in Stage),
     *(f"last_op/{op.name}" for op in Op),
     "last_action_succeeded", "added_parameters", "gain_over_all_off", "gain_over_all_off_measured", "rolled_back",
-    "slot_share",
+    "slot_share", "advice_given", *(f"advice/{op.name}" for op in Op),
 )
 """Names of the `globals` features, in order."""
 SLOT_FEATURES: tuple[str, ...] = (
@@ -114,12 +121,12 @@ SLOT_FEATURES: tuple[str, ...] = (
     *(name for optional in ("contribution", "contribution_trend", "gradient_norm", "gradient_health",
                             "gradient_ratio") for name in (optional, f"{optional}_measured")),
     "epochs_in_stage", "seed_age", "seed_parameters", "width_fraction", "resolution_fraction", "depth_fraction",
-    *(f"seed_kind/{kind}" for kind in BLUEPRINT_KINDS),
+    *(f"seed_kind/{kind}" for kind in BLUEPRINT_KINDS), "advised",
 )
 """Names of the features of each row of `slots`, in order."""
 BLUEPRINT_FEATURES: tuple[str, ...] = (*(f"kind/{kind}" for kind in BLUEPRINT_KINDS), "parameters", "flops",
                                         "flops_measured", "growth_signal", "growth_signal_per_flop",
-                                        "growth_signal_measured")
+                                        "growth_signal_measured", "advised")
 """Names of the features of each blueprint of a slot, in order."""
 GLOBAL_SIZE, SLOT_SIZE, BLUEPRINT_SIZE = len(GLOBAL_FEATURES), len(SLOT_FEATURES), len(BLUEPRINT_FEATURES)
 
@@ -171,13 +178,20 @@ def _scale(snapshot: EpisodeSnapshot) -> _Scale:
     return _Scale(chance, 100.0 - chance)
 
 
-def encode_observation(snapshot: EpisodeSnapshot) -> EncodedObservation:
-    """The policy's view of `snapshot`; raises ValueError naming the features a broken snapshot made non-finite."""
+def encode_observation(snapshot: EpisodeSnapshot, advice: Action | None = None) -> EncodedObservation:
+    """The policy's view of `snapshot`, with `advice` (what the rule-based controller would do now; None: no
+    advice, `advice_given` 0) marked in the globals, the slot and the blueprint it names; raises ValueError naming
+    the features a broken snapshot made non-finite."""
     scale = _scale(snapshot)
-    global_values = np.asarray(_global_values(snapshot, scale), dtype=np.float32)
-    slot_rows = np.asarray([_slot_values(slot, snapshot, scale) for slot in snapshot.slots],
-                           dtype=np.float32).reshape(len(snapshot.slots), SLOT_SIZE)
+    global_values = np.asarray(_global_values(snapshot, scale) + _advice_values(advice), dtype=np.float32)
+    slot_rows = np.asarray([[*_slot_values(slot, snapshot, scale), _names(advice, "slot", slot.slot_id)]
+                            for slot in snapshot.slots], dtype=np.float32).reshape(len(snapshot.slots), SLOT_SIZE)
     blueprint_rows = _blueprint_values(snapshot)
+    if advice is not None and advice.slot is not None and advice.blueprint in snapshot.blueprints:
+        rows = [row for row, slot in enumerate(snapshot.slots) if slot.slot_id == advice.slot]
+        blueprint_rows[rows, snapshot.blueprints.index(advice.blueprint), -1] = 1.0
+    elif advice is not None and advice.op is Op.GROW and advice.blueprint in snapshot.blueprints:
+        blueprint_rows[:, snapshot.blueprints.index(advice.blueprint), -1] = 1.0  # GROW fills every empty slot
     for name, names, values in (("globals", GLOBAL_FEATURES, global_values),
                                 ("slots", SLOT_FEATURES, slot_rows.reshape(-1, SLOT_SIZE))):
         finite_columns = np.asarray(np.isfinite(values).reshape(-1, len(names)).all(axis=0), dtype=bool)
@@ -213,6 +227,16 @@ def _global_values(snapshot: EpisodeSnapshot, scale: _Scale) -> list[float]:
     values.append(1.0 if snapshot.rolled_back else 0.0)
     values.append(1.0 / n_slots)
     return values
+
+
+def _advice_values(advice: Action | None) -> list[float]:
+    """`advice_given`, then the advised op one-hot (all zero without advice)."""
+    return [0.0 if advice is None else 1.0, *(1.0 if advice is not None and op is advice.op else 0.0 for op in Op)]
+
+
+def _names(advice: Action | None, field: str, value: str) -> float:
+    """1.0 where the advice names `value` in `field` (its slot), else 0.0."""
+    return 1.0 if advice is not None and getattr(advice, field) == value else 0.0
 
 
 def _slot_values(slot: SlotSnapshot, snapshot: EpisodeSnapshot, scale: _Scale) -> list[float]:
