@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import warnings
+from collections.abc import Sequence
 
 import gymnasium
 import numpy as np
@@ -12,13 +13,24 @@ import pytest
 import torch
 from gymnasium.utils.env_checker import check_env
 
+from morphogen.control.advice import HeuristicAdvisor
+from morphogen.control.heuristic import HeuristicController
 from morphogen.core.blueprints import blueprint_names
 from morphogen.core.hosts import UnknownSlotError
 from morphogen.data import DeviceDataset, Task, load_task
-from morphogen.env.actions import HEADS, Op
+from morphogen.env.actions import HEADS, Action, Op
 from morphogen.env.episode import EpisodeConfig
 from morphogen.env.gym import ENV_ID, MorphogenesisEnv, flat_action_masks
-from morphogen.env.observation import BLUEPRINT_SIZE, SLOT_FEATURES, SLOT_SIZE, encode_observation
+from morphogen.env.observation import (
+    BLUEPRINT_FEATURES,
+    BLUEPRINT_SIZE,
+    GLOBAL_FEATURES,
+    SLOT_FEATURES,
+    SLOT_SIZE,
+    encode_observation,
+)
+from morphogen.env.play import run_episode
+from morphogen.env.snapshot import EpisodeSnapshot
 
 MAX_EPOCHS = 4
 CONFIG = EpisodeConfig(max_epochs=MAX_EPOCHS, batch_size=100)
@@ -314,3 +326,39 @@ def test_maskable_ppo_trains_on_the_env_without_a_wrapper(task: Task) -> None:
     assert env.action_space.contains(action)
     offsets = np.concatenate([[0], np.cumsum(env.action_space.nvec)[:-1]])
     assert env.action_masks()[offsets + action].all(), "every head's choice is allowed by the masks"
+
+
+def test_an_advised_env_marks_the_advice_and_following_it_plays_the_heuristics_episode(task: Task) -> None:
+    config = dataclasses.replace(CONFIG, max_epochs=12)  # room for the first seed to reach the output
+    env = MorphogenesisEnv(task, episode_config=config, advisor=HeuristicAdvisor())
+    observation, _ = env.reset(seed=3)
+    played = []
+    for _ in range(config.max_epochs):
+        features = env.split_observation(observation)
+        globals_ = dict(zip(GLOBAL_FEATURES, features.globals.tolist(), strict=True))
+        assert globals_["advice_given"] == 1.0
+        advised_op = next(op for op in Op if globals_[f"advice/{op.name}"] == 1.0)
+        advised_slots = [slot for slot, row in zip(env.slot_ids, features.slots, strict=True)
+                         if row[SLOT_FEATURES.index("advised")] == 1.0]
+        # What the advice says, as the action to take: the op, and the slot and blueprint it marks.
+        action = Action(advised_op, advised_slots[0] if advised_slots else None)
+        if advised_op is Op.GERMINATE:
+            row = env.slot_ids.index(advised_slots[0])
+            marked = features.blueprints[row, :, BLUEPRINT_FEATURES.index("advised")]
+            action = dataclasses.replace(action, blueprint=env.action_codec.blueprints[int(np.argmax(marked))])
+        played.append(action)
+        observation, *_ = env.step(np.asarray(env.action_codec.encode(action), dtype=np.int64))
+    assert any(action.op is Op.GERMINATE for action in played), "the heuristic grew in this episode"
+    # The same episode played by the heuristic itself takes the same actions.
+    heuristic_actions: list[Action] = []
+
+    class Recorded(HeuristicController):
+        def act(self, snapshot: EpisodeSnapshot, masks: Sequence[np.ndarray]) -> Action:
+            heuristic_actions.append(super().act(snapshot, masks))
+            return heuristic_actions[-1]
+
+    episode = env._new_episode(3)
+    run_episode(episode, Recorded(env.action_codec, task.topology))
+    assert heuristic_actions == played
+    plain = MorphogenesisEnv(task, episode_config=config).reset(seed=3)[0]
+    assert plain[GLOBAL_FEATURES.index("advice_given")] == 0.0

@@ -26,6 +26,8 @@ validate with counterfactuals, reward). Rules of the wrapper:
 - Maskable PPO: `action_masks()` returns the flat masks concatenated into one bool vector (sum of
   the head sizes), the layout sb3-contrib's `MaskablePPO` asks an env for, so it needs no
   `ActionMasker` wrapper.
+- Advice: with `advisor=` (e.g. `morphogen.control.advice.HeuristicAdvisor()`), every observation carries
+  what that advisor proposes for the step (the `advice` features); without one they are 0.
 - Rendering: `render_mode="ansi"` makes `render()` return the epoch, accuracy, parameters and one
   line per slot (blueprint, stage, alpha) as text.
 - Registration: `import morphogen` registers `ENV_ID`, so `gymnasium.make("morphogen/Morphogenesis-v0")`
@@ -55,6 +57,7 @@ from morphogen.env.observation import (
     GLOBAL_SIZE,
     SLOT_FEATURES,
     SLOT_SIZE,
+    Advisor,
     EncodedObservation,
     encode_observation,
 )
@@ -110,6 +113,7 @@ class MorphogenesisEnv(gymnasium.Env[np.ndarray, np.ndarray]):
         telemetry: Telemetry | None = None,
         env_id: int = 0,
         render_mode: str | None = None,
+        advisor: Advisor | None = None,
     ) -> None:
         if render_mode not in (None, "ansi"):
             raise ValueError(f"MorphogenesisEnv renders only as text (render_mode={render_mode!r}); pass "
@@ -121,6 +125,8 @@ class MorphogenesisEnv(gymnasium.Env[np.ndarray, np.ndarray]):
         self.telemetry = telemetry
         self.env_id = env_id
         self.render_mode = render_mode
+        #: Proposes the advice each observation carries (None: no advice, its features 0).
+        self.advisor = advisor
         # A throwaway model tells which slots the request resolves to (and rejects unknown ones now).
         slot_ids = self._new_episode(seed=0).build_model().slot_ids
         #: The morphogen `ActionSpace` that turns MultiDiscrete indices into `Action`s.
@@ -174,6 +180,8 @@ class MorphogenesisEnv(gymnasium.Env[np.ndarray, np.ndarray]):
         episode_seed = seed if seed is not None else int(self.np_random.integers(_SEED_LIMIT, dtype=np.uint64))
         self.episode = self._new_episode(episode_seed)
         snapshot = self.episode.reset()
+        if self.advisor is not None:
+            self.advisor.reset()
         return self._observe(snapshot), self._state_info(snapshot)
 
     def step(self, action: np.ndarray) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
@@ -182,6 +190,8 @@ class MorphogenesisEnv(gymnasium.Env[np.ndarray, np.ndarray]):
         if episode is None:
             raise RuntimeError("call reset() before step()")
         decoded = self.action_codec.decode(self._checked_indices(action))
+        if self.advisor is not None:
+            self.advisor.taken(decoded)
         result = episode.step(decoded)
         info = {
             **self._state_info(result.snapshot),
@@ -229,7 +239,11 @@ class MorphogenesisEnv(gymnasium.Env[np.ndarray, np.ndarray]):
         return [int(index) for index in indices]
 
     def _observe(self, snapshot: EpisodeSnapshot) -> np.ndarray:
-        return np.concatenate([part.reshape(-1) for part in encode_observation(snapshot)]).astype(np.float32)
+        assert self.episode is not None
+        advice = None if self.advisor is None else \
+            self.advisor.advise(snapshot, self.episode.masks(), self.action_codec)
+        parts = encode_observation(snapshot, advice)
+        return np.concatenate([part.reshape(-1) for part in parts]).astype(np.float32)
 
     def _state_info(self, snapshot: EpisodeSnapshot) -> dict[str, Any]:
         assert self.episode is not None

@@ -19,7 +19,7 @@ the episode's length, so that one policy acts on any of them:
 *Advice* is an `Action` the caller passes along with the snapshot: what the rule-based controller would do
 now (`control/advice.py`). Its op is marked in the globals (after `advice_given`), its slot in that slot's
 row, its blueprint in that slot's blueprint rows (a GROW's in every slot's). Without advice every such
-feature is 0 (the Gymnasium env passes none).
+feature is 0 (the Gymnasium env passes none unless given an `advisor`).
 
 Rules of the encoding (docs/architecture.md#controller):
 
@@ -49,13 +49,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import NamedTuple
+from typing import NamedTuple, Protocol
 
 import numpy as np
 
 from morphogen.core.blueprints import BlueprintKind, get_blueprint
 from morphogen.core.lifecycle import Stage
-from morphogen.env.actions import Action, Op
+from morphogen.env.actions import Action, ActionSpace, Op
 from morphogen.env.growth_signals import MIN_RELATIVE_FLOPS
 from morphogen.env.snapshot import HISTORY_LENGTH, EpisodeSnapshot, SlotSnapshot
 
@@ -71,6 +71,7 @@ __all__ = [
     "SLOT_FEATURES",
     "SLOT_SIZE",
     "UNMEASURED",
+    "Advisor",
     "EncodedObservation",
     "blueprint_kind",
     "encode_observation",
@@ -129,6 +130,17 @@ BLUEPRINT_FEATURES: tuple[str, ...] = (*(f"kind/{kind}" for kind in BLUEPRINT_KI
                                         "growth_signal_measured", "advised")
 """Names of the features of each blueprint of a slot, in order."""
 GLOBAL_SIZE, SLOT_SIZE, BLUEPRINT_SIZE = len(GLOBAL_FEATURES), len(SLOT_FEATURES), len(BLUEPRINT_FEATURES)
+
+
+class Advisor(Protocol):
+    """Whatever proposes the advice an observation carries, one episode at a time (`control/advice.py`'s
+    `HeuristicAdvisor`): `advise` before each step, `taken` with the action the episode then took."""
+
+    def reset(self) -> None: ...
+
+    def advise(self, snapshot: EpisodeSnapshot, masks: Sequence[np.ndarray], space: ActionSpace) -> Action: ...
+
+    def taken(self, action: Action) -> None: ...
 
 
 class EncodedObservation(NamedTuple):
