@@ -190,22 +190,15 @@ def test_a_checkpoint_of_an_earlier_format_is_refused_in_one_line(trainer: PPOTr
                                  "--policy default")
 
 
-def test_a_policy_that_read_no_growth_signals_is_refused_in_one_line(trainer: PPOTrainer, tmp_path: Path) -> None:
+@pytest.mark.parametrize(("version", "unread"), [(3, "growth signals"), (4, "advice from the heuristic")])
+def test_a_policy_that_read_fewer_inputs_is_refused_in_one_line(trainer: PPOTrainer, tmp_path: Path, version: int,
+                                                               unread: str) -> None:
     path = tmp_path / CHECKPOINT_NAME
-    torch.save({"format_version": 3, **trainer.state_dict()}, path)
+    torch.save({"format_version": version, **trainer.state_dict()}, path)
     with pytest.raises(CheckpointError) as caught:
         load_checkpoint(path)
-    assert str(caught.value) == (f"checkpoint {path} is of format 3, from an earlier morphogen whose policy read no "
-                                 "growth signals; train a new one (morphogen train) or use --policy default")
-
-
-def test_a_policy_that_read_no_advice_is_refused_in_one_line(trainer: PPOTrainer, tmp_path: Path) -> None:
-    path = tmp_path / CHECKPOINT_NAME
-    torch.save({"format_version": 4, **trainer.state_dict()}, path)
-    with pytest.raises(CheckpointError) as caught:
-        load_checkpoint(path)
-    assert str(caught.value) == (f"checkpoint {path} is of format 4, from an earlier morphogen whose policy read no "
-                                 "advice from the heuristic; train a new one (morphogen train) or use --policy default")
+    assert str(caught.value) == (f"checkpoint {path} is of format {version}, from an earlier morphogen whose policy "
+                                 f"read no {unread}; train a new one (morphogen train) or use --policy default")
 
 
 # ------------------------------------------------------------------ integrity: checksum and finiteness
