@@ -34,7 +34,7 @@ from morphogen.control.policy import (
     check_mask_shapes,
 )
 from morphogen.env.actions import FIXED_CHOICES, HEAD_RELEVANCE, HEADS
-from morphogen.env.observation import BLUEPRINT_SIZE, GLOBAL_SIZE, SLOT_SIZE
+from morphogen.env.observation import ADVICE_OP_COLUMNS, BLUEPRINT_SIZE, GLOBAL_SIZE, SLOT_SIZE
 
 __all__ = ["BLUEPRINT_HEAD", "SLOT_HEAD", "GrowthInputs", "GrowthPolicy"]
 
@@ -91,6 +91,9 @@ class GrowthPolicy(RecurrentActorCritic):
         self.slot_encoder = _mlp((SLOT_SIZE, embedding, embedding), factory)
         self.blueprint_encoder = _mlp((BLUEPRINT_SIZE, embedding, embedding), factory)
         self.op_head = nn.Linear(hidden_size, n_ops, **factory)
+        #: Added to the advised op's logit (`env/observation.py`'s advice): one weight for every op, so following
+        #: the advice carries over to an op never advised in training (GROW on a transformer).
+        self.advice_weight = nn.Parameter(torch.zeros((), **factory))
         self.slot_scorer = _mlp((hidden_size + embedding, embedding, 1), factory)
         self.blueprint_scorer = _mlp((hidden_size + 2 * embedding, embedding, 1), factory)
         self.choice_heads = nn.ModuleDict({
@@ -126,7 +129,8 @@ class GrowthPolicy(RecurrentActorCritic):
     def _logits(self, head: int, context: _Context, chosen: Sequence[Tensor]) -> Tensor:
         features, slots, inputs = context
         if head == 0:
-            logits: Tensor = self.op_head(features)
+            advised = inputs.globals[..., ADVICE_OP_COLUMNS].to(features.dtype)  # [N, n_ops], raw 0/1 flags
+            logits: Tensor = self.op_head(features) + self.advice_weight * advised
             return logits
         n_slots = slots.shape[1]
         if head == SLOT_HEAD:

@@ -23,7 +23,13 @@ from morphogen.control.growth_policy import BLUEPRINT_HEAD, SLOT_HEAD, GrowthInp
 from morphogen.control.normalization import RunningMeanStd
 from morphogen.control.policy import ActionOutput, LSTMState
 from morphogen.env.actions import Action, ActionSpace
-from morphogen.env.observation import GLOBAL_SIZE, SLOT_SIZE, EncodedObservation, encode_observation
+from morphogen.env.observation import (
+    ADVICE_COLUMNS,
+    GLOBAL_SIZE,
+    SLOT_SIZE,
+    EncodedObservation,
+    encode_observation,
+)
 from morphogen.env.snapshot import EpisodeSnapshot
 
 
@@ -55,8 +61,12 @@ class ObservationNormalizer(nn.Module):
             self.slots.merge_batch(mean, variance, count)
 
     def normalize(self, inputs: GrowthInputs) -> GrowthInputs:
-        return inputs._replace(globals=self.globals.normalize(inputs.globals),
-                               slots=self.slots.normalize(inputs.slots))
+        """Standardized features; the advice's flags are left as they are (`ADVICE_COLUMNS`)."""
+        normalized = self.globals.normalize(inputs.globals)
+        start, stop = ADVICE_COLUMNS.start, ADVICE_COLUMNS.stop
+        globals_ = torch.cat([normalized[..., :start], inputs.globals[..., start:stop].to(normalized.dtype),
+                              normalized[..., stop:]], dim=-1)
+        return inputs._replace(globals=globals_, slots=self.slots.normalize(inputs.slots))
 
 
 def stack_observations(encoded: Sequence[EncodedObservation], device: torch.device | str) -> GrowthInputs:

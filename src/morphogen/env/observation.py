@@ -60,6 +60,8 @@ from morphogen.env.growth_signals import MIN_RELATIVE_FLOPS
 from morphogen.env.snapshot import HISTORY_LENGTH, EpisodeSnapshot, SlotSnapshot
 
 __all__ = [
+    "ADVICE_COLUMNS",
+    "ADVICE_OP_COLUMNS",
     "BLUEPRINT_FEATURES",
     "BLUEPRINT_KINDS",
     "BLUEPRINT_SIZE",
@@ -130,6 +132,12 @@ BLUEPRINT_FEATURES: tuple[str, ...] = (*(f"kind/{kind}" for kind in BLUEPRINT_KI
                                         "growth_signal_measured", "advised")
 """Names of the features of each blueprint of a slot, in order."""
 GLOBAL_SIZE, SLOT_SIZE, BLUEPRINT_SIZE = len(GLOBAL_FEATURES), len(SLOT_FEATURES), len(BLUEPRINT_FEATURES)
+#: The advice's features among the globals (`advice_given`, then the advised op one-hot): 0/1 flags that a policy
+#: reads as they are, unstandardized, so an op it never saw advised (GROW on a transformer, for a policy trained
+#: on convolutional hosts) reads 1 as every other op does.
+ADVICE_COLUMNS = slice(GLOBAL_FEATURES.index("advice_given"), GLOBAL_FEATURES.index("advice_given") + 1 + len(Op))
+#: The advised op one-hot among the globals, in `Op` order.
+ADVICE_OP_COLUMNS = slice(ADVICE_COLUMNS.start + 1, ADVICE_COLUMNS.stop)
 
 
 class Advisor(Protocol):
