@@ -13,7 +13,7 @@ from morphogen.core.slot import SlotConfig
 from morphogen.data import load_task
 from morphogen.env.actions import FIXED_CHOICES, HEAD_RELEVANCE, HEADS, Op
 from morphogen.env.episode import EpisodeConfig, MorphogenesisEpisode
-from morphogen.env.observation import BLUEPRINT_SIZE, GLOBAL_SIZE, SLOT_SIZE
+from morphogen.env.observation import ADVICE_COLUMNS, ADVICE_OP_COLUMNS, BLUEPRINT_SIZE, GLOBAL_SIZE, SLOT_SIZE
 
 N_OPS = len(FIXED_CHOICES["op"])
 
@@ -116,3 +116,44 @@ def test_one_policy_acts_on_any_number_of_slots_and_episode_length_within_the_ma
             snapshot = episode.step(action).snapshot
         assert len(ops) == length
     assert np.isfinite(agent.policy.value_head.weight.detach().numpy()).all()
+
+
+def test_the_advice_weight_makes_any_advised_op_the_most_likely_one_grow_included() -> None:
+    """One weight for every op: an untrained op head plus a large advice weight picks whatever op is advised, also
+    one (GROW) that no training step ever advised."""
+    torch.manual_seed(0)
+    policy = GrowthPolicy(hidden_size=16)
+    with torch.no_grad():
+        policy.advice_weight.fill_(20.0)
+    inputs = random_inputs((len(Op),), 2, 3, torch.Generator().manual_seed(2))
+    advice = torch.zeros(len(Op), len(Op))
+    advice[torch.arange(len(Op)), torch.arange(len(Op))] = 1.0  # env i is advised op i
+    globals_ = inputs.globals.clone()
+    globals_[:, ADVICE_OP_COLUMNS] = advice
+    output = policy.act(inputs._replace(globals=globals_), policy.initial_state(len(Op)), deterministic=True)
+    assert output.actions[:, 0].tolist() == [int(op) for op in Op]
+    with torch.no_grad():
+        policy.advice_weight.zero_()
+    unadvised = policy.act(inputs._replace(globals=globals_), policy.initial_state(len(Op)), deterministic=True)
+    assert unadvised.actions[:, 0].tolist() != [int(op) for op in Op]
+
+
+def test_the_observation_normalizer_leaves_the_advice_flags_as_they_are() -> None:
+    agent = build_agent(hidden_size=16)
+    generator = torch.Generator().manual_seed(3)
+    for _ in range(3):  # statistics from observations whose advice is always WAIT
+        batch = random_inputs((8,), 2, 3, generator)
+        flags = torch.zeros(8, ADVICE_COLUMNS.stop - ADVICE_COLUMNS.start)
+        flags[:, 0], flags[:, 1 + int(Op.WAIT)] = 1.0, 1.0
+        globals_ = batch.globals.clone()
+        globals_[:, ADVICE_COLUMNS] = flags
+        agent.observation_normalizer.update(batch._replace(globals=globals_))
+    grow = random_inputs((1,), 2, 3, generator)
+    globals_ = grow.globals.clone()
+    globals_[:, ADVICE_COLUMNS] = 0.0
+    globals_[:, ADVICE_COLUMNS.start], globals_[:, ADVICE_OP_COLUMNS.start + int(Op.GROW)] = 1.0, 1.0
+    normalized = agent.observation_normalizer.normalize(grow._replace(globals=globals_))
+    torch.testing.assert_close(normalized.globals[:, ADVICE_COLUMNS], globals_[:, ADVICE_COLUMNS])
+    others = torch.ones(GLOBAL_SIZE, dtype=torch.bool)
+    others[ADVICE_COLUMNS] = False
+    assert not torch.equal(normalized.globals[:, others], globals_[:, others])  # the rest is standardized
