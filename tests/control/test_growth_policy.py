@@ -118,13 +118,11 @@ def test_one_policy_acts_on_any_number_of_slots_and_episode_length_within_the_ma
     assert np.isfinite(agent.policy.value_head.weight.detach().numpy()).all()
 
 
-def test_the_advice_weight_makes_any_advised_op_the_most_likely_one_grow_included() -> None:
-    """One weight for every op: an untrained op head plus a large advice weight picks whatever op is advised, also
-    one (GROW) that no training step ever advised."""
+def test_a_new_policy_follows_any_advised_op_grow_included() -> None:
+    """One weight for every op, started at a prior to follow: whatever op is advised is the most likely, also one
+    (GROW) that no training step may ever advise."""
     torch.manual_seed(0)
     policy = GrowthPolicy(hidden_size=16)
-    with torch.no_grad():
-        policy.advice_weight.fill_(20.0)
     inputs = random_inputs((len(Op),), 2, 3, torch.Generator().manual_seed(2))
     advice = torch.zeros(len(Op), len(Op))
     advice[torch.arange(len(Op)), torch.arange(len(Op))] = 1.0  # env i is advised op i

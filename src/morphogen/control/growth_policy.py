@@ -72,6 +72,11 @@ def _mlp(sizes: Sequence[int], factory: dict[str, Any]) -> nn.Sequential:
     return nn.Sequential(*layers)
 
 
+#: The advice weight of a new policy: the advised op's logit starts this far above the others (probability about
+#: 0.95 against seven near-uniform ops), so an untrained policy follows the advice.
+ADVICE_PRIOR = 5.0
+
+
 class GrowthPolicy(RecurrentActorCritic):
     """The transferable growth controller (see the module docstring); `hidden_size` is the LSTM's width.
     `recurrent=False` has no LSTM: two tanh layers make the features from this epoch's observation alone."""
@@ -92,8 +97,10 @@ class GrowthPolicy(RecurrentActorCritic):
         self.blueprint_encoder = _mlp((BLUEPRINT_SIZE, embedding, embedding), factory)
         self.op_head = nn.Linear(hidden_size, n_ops, **factory)
         #: Added to the advised op's logit (`env/observation.py`'s advice): one weight for every op, so following
-        #: the advice carries over to an op never advised in training (GROW on a transformer).
-        self.advice_weight = nn.Parameter(torch.zeros((), **factory))
+        #: the advice carries over to an op never advised in training (GROW on a transformer). It starts at
+        #: `ADVICE_PRIOR`, a policy that follows the advice; started at 0, imitation left it at 0.08 (the op head
+        #: learned to follow the ops it saw advised, and ignored GROW on the `text` task).
+        self.advice_weight = nn.Parameter(torch.full((), ADVICE_PRIOR, **factory))
         self.slot_scorer = _mlp((hidden_size + embedding, embedding, 1), factory)
         self.blueprint_scorer = _mlp((hidden_size + 2 * embedding, embedding, 1), factory)
         self.choice_heads = nn.ModuleDict({
