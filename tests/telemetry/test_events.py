@@ -218,6 +218,7 @@ def _record(**changes: Any) -> dict[str, Any]:
         (_record(surprise=1), "unknown fields ['surprise']"),
         (_record(epoch="3"), "stage_transition.epoch: expected int"),
         (_record(epoch=True), "stage_transition.epoch: expected int"),
+        (_record(epoch=10**400), "stage_transition.epoch: expected int"),  # past 64 bits: read as a float, overflows
         (_record(slot=None), "stage_transition.slot: expected str"),
     ],
 )
@@ -229,6 +230,9 @@ def test_bad_records_raise_value_error(record: dict[str, Any], message: str) -> 
 def test_nested_values_are_type_checked() -> None:
     record = SAMPLES[0].to_dict()
     record["slots"][0]["alpha"] = "half"
+    with pytest.raises(ValueError, match=r"epoch_completed\.slots\[0\]\.alpha: expected float"):
+        event_from_dict(record)
+    record["slots"][0]["alpha"] = 10**400  # an integer no float holds
     with pytest.raises(ValueError, match=r"epoch_completed\.slots\[0\]\.alpha: expected float"):
         event_from_dict(record)
     pairs = SAMPLES[6].to_dict()

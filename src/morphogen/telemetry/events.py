@@ -548,13 +548,20 @@ def _tuple_from_json(value: Any, arguments: tuple[Any, ...], path: str) -> tuple
     )
 
 
+#: The largest magnitude of an integer field: morphogen writes counts and epochs that fit in 64 bits, and a larger
+#: one in an untrusted file would overflow whatever reads it as a float (a chart's axis, a mean).
+MAX_INTEGER = 2**63 - 1
+
+
 def _scalar_from_json(value: Any, annotation: Any, path: str) -> Any:
     # bool is a subclass of int in Python, so it is rejected explicitly where a number is wanted.
-    if annotation is float and isinstance(value, int | float) and not isinstance(value, bool):
+    if annotation is float and isinstance(value, float):
+        return value
+    if annotation is float and isinstance(value, int) and not isinstance(value, bool) and abs(value) <= MAX_INTEGER:
         return float(value)
     if annotation is float and isinstance(value, str) and value in NON_FINITE_TOKENS:
         return NON_FINITE_TOKENS[value]
-    if annotation is int and isinstance(value, int) and not isinstance(value, bool):
+    if annotation is int and isinstance(value, int) and not isinstance(value, bool) and abs(value) <= MAX_INTEGER:
         return value
     if annotation in (bool, str) and isinstance(value, annotation):
         return value
