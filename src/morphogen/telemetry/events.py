@@ -553,15 +553,17 @@ def _tuple_from_json(value: Any, arguments: tuple[Any, ...], path: str) -> tuple
 MAX_INTEGER = 2**63 - 1
 
 
+def _bounded_integer(value: Any) -> bool:
+    """An int within `MAX_INTEGER` (bool is a subclass of int in Python, so it is rejected explicitly)."""
+    return isinstance(value, int) and not isinstance(value, bool) and abs(value) <= MAX_INTEGER
+
+
 def _scalar_from_json(value: Any, annotation: Any, path: str) -> Any:
-    # bool is a subclass of int in Python, so it is rejected explicitly where a number is wanted.
-    if annotation is float and isinstance(value, float):
-        return value
-    if annotation is float and isinstance(value, int) and not isinstance(value, bool) and abs(value) <= MAX_INTEGER:
+    if annotation is float and (isinstance(value, float) or _bounded_integer(value)):
         return float(value)
     if annotation is float and isinstance(value, str) and value in NON_FINITE_TOKENS:
         return NON_FINITE_TOKENS[value]
-    if annotation is int and isinstance(value, int) and not isinstance(value, bool) and abs(value) <= MAX_INTEGER:
+    if annotation is int and _bounded_integer(value):
         return value
     if annotation in (bool, str) and isinstance(value, annotation):
         return value
