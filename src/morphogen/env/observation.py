@@ -204,7 +204,7 @@ def encode_observation(snapshot: EpisodeSnapshot, advice: Action | None = None) 
     the features a broken snapshot made non-finite."""
     scale = _scale(snapshot)
     global_values = np.asarray(_global_values(snapshot, scale) + _advice_values(advice), dtype=np.float32)
-    slot_rows = np.asarray([[*_slot_values(slot, snapshot, scale), _names(advice, "slot", slot.slot_id)]
+    slot_rows = np.asarray([[*_slot_values(slot, snapshot, scale), _advises_slot(advice, slot.slot_id)]
                             for slot in snapshot.slots], dtype=np.float32).reshape(len(snapshot.slots), SLOT_SIZE)
     blueprint_rows = _blueprint_values(snapshot)
     if advice is not None and advice.slot is not None and advice.blueprint in snapshot.blueprints:
@@ -254,9 +254,9 @@ def _advice_values(advice: Action | None) -> list[float]:
     return [0.0 if advice is None else 1.0, *(1.0 if advice is not None and op is advice.op else 0.0 for op in Op)]
 
 
-def _names(advice: Action | None, field: str, value: str) -> float:
-    """1.0 where the advice names `value` in `field` (its slot), else 0.0."""
-    return 1.0 if advice is not None and getattr(advice, field) == value else 0.0
+def _advises_slot(advice: Action | None, slot_id: str) -> float:
+    """1.0 where the advice names slot `slot_id`, else 0.0."""
+    return 1.0 if advice is not None and advice.slot == slot_id else 0.0
 
 
 def _slot_values(slot: SlotSnapshot, snapshot: EpisodeSnapshot, scale: _Scale) -> list[float]:
