@@ -103,13 +103,23 @@ def test_an_mlp_host_grows_by_the_rotation_unless_told_to_choose_by_signal() -> 
     snapshot = make_snapshot(measured("r0c0", depth=0.1, width=0.1), measured("r0c2", depth=9.0, width=9.0))
     heuristic = HeuristicController(space, "mlp")
     assert heuristic.growth_candidates(10) == ()  # nothing to measure
-    assert heuristic.act(snapshot, make_masks(space, ALL_EMPTY)) == Action(Op.GERMINATE, "r0c0", "mlp")
+    assert heuristic.act(snapshot, make_masks(space, ALL_EMPTY)) == Action(Op.GERMINATE, "r0c0", "branch_wide")
     by_signal = HeuristicController(space, "mlp", HeuristicConfig(choice="signal"))
-    assert by_signal.growth_candidates(10) == ("mlp", "wider")
-    costs = (("mlp", cost(3.0)), ("wider", cost(1.0)))
+    assert by_signal.growth_candidates(10) == ("branch_wide", "wider")
+    costs = (("branch_wide", cost(3.0)), ("wider", cost(1.0)))
     wants_depth = make_snapshot(make_slot("r0c0", depth_signal=0.1, width_signal=0.1, seed_costs=costs),
                                 make_slot("r0c2", depth_signal=9.0, width_signal=0.1, seed_costs=costs))
-    assert by_signal.act(wants_depth, make_masks(space, ALL_EMPTY)) == Action(Op.GERMINATE, "r0c2", "mlp")
+    assert by_signal.act(wants_depth, make_masks(space, ALL_EMPTY)) == Action(Op.GERMINATE, "r0c2", "branch_wide")
+
+
+def test_the_rotation_skips_a_blueprint_no_empty_slot_has_a_site_for() -> None:
+    """An MLP whose slots have no measured segment input cannot take the rotation's first blueprint, a branch:
+    the rotation germinates the next one, a legal action, instead of one the episode refuses."""
+    space = ActionSpace(SLOTS, "mlp")
+    heuristic = HeuristicController(space, "mlp")
+    masks = make_masks(space, ALL_EMPTY)
+    masks[2][Op.GERMINATE, space.blueprints.index("branch_wide")] = False
+    assert heuristic.act(make_snapshot(), masks) == Action(Op.GERMINATE, "r0c0", "mlp")
 
 
 def test_the_lean_config_widens_by_half_where_the_default_widens_by_double() -> None:
