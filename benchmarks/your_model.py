@@ -14,10 +14,12 @@
   `resnet_by_seeds` is the same ResNet grown seed by seed by the default heuristic, with slots after each
   stage (`--models resnet_by_seeds`).
 - `mlp`: a two-hidden-layer MLP (width 32) on MNIST-1D's 40-sample signals as flat vectors; slots after
-  each hidden layer.
+  each hidden layer, grown seed by seed by the default heuristic. `mlp_early` grows its first seed at epoch 2
+  and `mlp_late` after half the episode (the same settings as the ResNet's); `mlp_branch_all` grows a
+  `branch_wide` seed beside both hidden layers at once (`depth_blueprint = "branch_wide"`).
 
 Each is made a host by `morphogen.host_from_module` and grown by `morphogen.grow` with the heuristic
-(defaults but for the ResNet's depth growth) and strict gates, next to the same host without growth and the
+(defaults but for the settings named above) and strict gates, next to the same host without growth and the
 grown model's final architecture from scratch (each seed's own initialisation, data order and batch order).
 Printed per model:
 accuracy, loss, parameters, training FLOPs (mean) and wall time (mean ± std over seeds), the paired
@@ -154,6 +156,9 @@ MODELS = {
         ("depth_blueprint", "wider_inside"), ("warmup_epochs", 17), ("first_growth_by", 0.55))),
     "resnet_by_seeds": Model(digits_32x32x3, CifarResNet, ("layer1", "layer2", "layer3"), 64),
     "mlp": Model(mnist1d_flat, mlp, ("1", "3"), 100),
+    "mlp_early": Model(mnist1d_flat, mlp, ("1", "3"), 100, (("warmup_epochs", 1), ("first_growth_by", 0.05))),
+    "mlp_late": Model(mnist1d_flat, mlp, ("1", "3"), 100, (("warmup_epochs", 15), ("first_growth_by", 0.5))),
+    "mlp_branch_all": Model(mnist1d_flat, mlp, ("1", "3"), 100, (("depth_blueprint", "branch_wide"),)),
 }
 
 
