@@ -13,6 +13,14 @@ seed could gain (biased upwards: the maximum of noisy outcomes).
     python benchmarks/growth_plans.py --setting mnist1d --seeds 16 --jobs 2
     python benchmarks/growth_plans.py --setting digits --plans heuristic,lean --seeds 8
     python benchmarks/growth_plans.py --setting mnist1d-2x4 --plans "heuristic,judged by accuracy" --seeds 30
+
+Besides the named plans, `--plans` takes single germinations written `BLUEPRINT SLOT @EPOCH`, and `--sweep 4,8`
+plays every one of them the setting's action space allows (each blueprint in each slot at each of those epochs):
+choose among them on a few seeds, then confirm the best on fresh ones, since the best of many plans on few seeds
+is the maximum of noisy outcomes:
+
+    python benchmarks/growth_plans.py --setting digits --sweep 4,8 --seeds 3 --seed 5000 --top 5
+    python benchmarks/growth_plans.py --setting digits --plans "conv_wide r0c0 @4" --seeds 20 --seed 3000
 """
 
 from __future__ import annotations
@@ -21,6 +29,7 @@ import argparse
 import dataclasses
 import functools
 import json
+import re
 import statistics
 import time
 from collections.abc import Sequence
@@ -79,6 +88,29 @@ PLANS = {
 }
 
 
+#: A single germination named in `--plans`: blueprint, slot, epoch.
+_SINGLE = re.compile(r"^(\S+) (\S+) @(\d+)$")
+
+
+def plan_named(name: str) -> Plan:
+    """A plan of `PLANS`, or the single germination `BLUEPRINT SLOT @EPOCH`; KeyError for any other name."""
+    single = _SINGLE.match(name)
+    if name in PLANS or single is None:
+        return PLANS[name]
+    blueprint, slot, epoch = single.groups()
+    return Plan(f"{blueprint} in {slot} at epoch {epoch}", schedule=((int(epoch), slot, blueprint),))
+
+
+def sweep(setting: str, epochs: Sequence[int]) -> list[str]:
+    """Every single germination of `setting`'s action space at each of `epochs`, as `--plans` names it."""
+    task, episode_config = _setting(setting)
+    episode = MorphogenesisEpisode(task, episode_config, seed=0)
+    episode.reset()  # builds the model, whose slots the action space lists
+    space = episode.action_space
+    return [f"{blueprint} {slot} @{epoch}" for blueprint in space.blueprints for slot in space.slot_ids
+            for epoch in epochs]
+
+
 class ScriptedGrowth:
     """Germinates a fixed schedule; the heuristic cares for the seeds (and would germinate nothing else)."""
 
@@ -99,7 +131,9 @@ class ScriptedGrowth:
             action = Action()
         if action.op is Op.WAIT and self.pending and self.pending[0][0] <= snapshot.epoch:
             _, slot, blueprint = self.pending[0]
-            if masks[1][Op.GERMINATE][self.heuristic.space.slot_ids.index(slot)]:
+            space = self.heuristic.space
+            if masks[1][Op.GERMINATE][space.slot_ids.index(slot)] and \
+                    masks[2][Op.GERMINATE][space.blueprints.index(blueprint)]:
                 self.pending.pop(0)
                 return Action(Op.GERMINATE, slot, blueprint)
         return action
@@ -119,7 +153,7 @@ def play(setting: str, plan_name: str, seed_index: int, seed_base: int, threads:
     """One episode of `plan_name` on `setting`; its final accuracy, parameters added and training FLOPs."""
     torch.set_num_threads(threads)
     task, episode_config = _setting(setting)
-    plan = PLANS[plan_name]
+    plan = plan_named(plan_name)
     if plan.gates:
         episode_config = with_gates(episode_config, dataclasses.replace(episode_config.slots.gates, **plan.gates))
     seed = derive_seed(seed_base, EVALUATION_STREAM, seed_index)
@@ -135,12 +169,18 @@ def play(setting: str, plan_name: str, seed_index: int, seed_base: int, threads:
             "flops": outcome.flops.total, "kept": kept, "seconds": time.perf_counter() - started}
 
 
-def report(records: list[dict[str, Any]], plans: Sequence[str]) -> str:
-    """The table: per plan, figures and the paired difference from the heuristic; then the per-seed best."""
+def report(records: list[dict[str, Any]], plans: Sequence[str], top: int | None = None) -> str:
+    """The table: per plan, figures and the paired difference from the heuristic (with `top`, only the heuristic
+    and the `top` plans of highest mean accuracy, best first); then the per-seed best."""
     by_plan = {name: {r["seed"]: r for r in records if r["plan"] == name} for name in plans}
     reference = by_plan["heuristic"]
     lines = ["| plan | accuracy | parameters added | GFLOP | - heuristic (ahead / behind) |", "|---|---|---|---|---|"]
-    for name in plans:
+    shown = list(plans)
+    if top is not None:
+        ranked = sorted((name for name in plans if name != "heuristic"),
+                        key=lambda name: -statistics.fmean(r["accuracy"] for r in by_plan[name].values()))
+        shown = ["heuristic", *ranked[:top]]
+    for name in shown:
         runs = by_plan[name]
         accuracy = [r["accuracy"] for r in runs.values()]
         spread = statistics.pstdev(accuracy) if len(accuracy) > 1 else 0.0
@@ -162,7 +202,10 @@ def report(records: list[dict[str, Any]], plans: Sequence[str]) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--setting", default="mnist1d", choices=sorted(SETTINGS))
-    parser.add_argument("--plans", default=",".join(PLANS), help=f"comma-separated, of: {', '.join(PLANS)}")
+    parser.add_argument("--plans", default=",".join(PLANS),
+                        help=f"comma-separated, of: {', '.join(PLANS)}; or 'BLUEPRINT SLOT @EPOCH'")
+    parser.add_argument("--sweep", default="", help="comma-separated epochs: every single germination at each")
+    parser.add_argument("--top", type=int, default=None, help="show only the best this many plans")
     parser.add_argument("--seeds", type=int, default=16)
     parser.add_argument("--seed", type=int, default=7000, help="base of the seeds (not the transfer table's 3000)")
     parser.add_argument("--jobs", type=int, default=2, help="worker processes")
@@ -170,8 +213,8 @@ def main() -> None:
     parser.add_argument("--results", default="runs/growth_plans.jsonl",
                         help="JSON lines of every episode (resumed: start a new file when the code's defaults change)")
     args = parser.parse_args()
-    plans = args.plans.split(",")
-    unknown = [name for name in plans if name not in PLANS]
+    plans = sweep(args.setting, [int(e) for e in args.sweep.split(",")]) if args.sweep else args.plans.split(",")
+    unknown = [name for name in plans if name not in PLANS and not _SINGLE.match(name)]
     if unknown:
         parser.error(f"unknown plan(s) {', '.join(map(repr, unknown))}; valid: {', '.join(PLANS)}")
     if "heuristic" not in plans:
@@ -197,7 +240,7 @@ def main() -> None:
     records = [done[f"{s}/{n}/{b}/{i}"] for s, n, i, b, _ in jobs]
     print(f"\n{args.setting}, {args.seeds} seeds (base {args.seed}); accuracy mean ± std; differences paired by seed, "
           "mean ± standard error")
-    print(report(records, plans))
+    print(report(records, plans, args.top))
 
 
 if __name__ == "__main__":
