@@ -27,8 +27,9 @@ differences (mean ± standard error) and the grown run's training FLOPs over its
 scratch. Jobs run in `--jobs` processes of one torch thread each.
 
 `--fixed-widths 8,16` also trains the ResNet at those base widths without growth (same data, epochs and
-seeds): how much accuracy more capacity can buy on this task at all, the room growth has to work in. With
-`--models ''` only those run, paired with width 4 when it is among them.
+seeds): how much accuracy more capacity can buy on this task at all, the room growth has to work in; with
+`--fixed-model mlp`, the MLP at those hidden widths. With `--models ''` only those run, paired with the width
+the benchmark grows from when it is among them.
 
 `--schedule cosine` decays the learning rates over the 30 epochs (`[episode.optimizer] schedule`); at the
 default constant rate the ResNet's accuracy swings by points from one epoch to the next up to the last.
@@ -172,15 +173,23 @@ class Figures:
     """Training FLOPs: host and seeds forward and backward, shadow passes, validation and counterfactuals."""
 
 
+#: The models `--fixed-widths` trains at other widths: the module at a width, and the width the benchmark grows.
+FIXED_FAMILIES: dict[str, tuple[Callable[[int], nn.Module], int]] = {
+    "resnet": (lambda width: CifarResNet(width=width), HOST_WIDTH),
+    "mlp": (lambda width: mlp(hidden=width), 32),
+}
+
+
 def task_and_host(name: str, width: int | None = None) -> tuple[morphogen.Task, Callable[[], morphogen.ModuleHost]]:
-    """Model `name`'s task and a function that builds its host; `width` builds the ResNet at that base width."""
+    """Model `name`'s task and a function that builds its host; `width` builds it at that width (a model of
+    `FIXED_FAMILIES`)."""
     model = MODELS[name]
     train, validation = model.data()
     task = morphogen.task_from_data(name, train, validation, batch_size=model.batch_size, num_classes=10)
     example = train[0][:2]
 
     def host() -> morphogen.ModuleHost:  # called under the episode's seed: each seed its own initialisation
-        module = model.module() if width is None else CifarResNet(width=width)
+        module = model.module() if width is None else FIXED_FAMILIES[name][0](width)
         return morphogen.host_from_module(module, list(model.slots), example_input=example)
 
     return task, host
@@ -220,33 +229,35 @@ def run_job(job: tuple[str, int, int, str, str | None]) -> tuple[str, int, dict[
     return name, seed, figures, result.model.architecture()
 
 
-def run_fixed_resnet(job: tuple[int, int, int, str]) -> tuple[int, int, Figures]:
-    """The ResNet at base width `width`, no growth, trained as `grow` trains its no-growth comparison."""
-    width, seed, epochs, schedule = job
+def run_fixed(job: tuple[str, int, int, int, str]) -> tuple[int, int, Figures]:
+    """Model `family` at width `width`, no growth, trained as `grow` trains its no-growth comparison."""
+    family, width, seed, epochs, schedule = job
     torch.set_num_threads(1)
-    task, host = task_and_host("resnet", width)
+    task, host = task_and_host(family, width)
     config = dataclasses.replace(run_config(schedule).episode, max_epochs=epochs)
     outcome = run_episode(MorphogenesisEpisode(task_with_host(task, host), config, seed=seed), NoGrowthController())
     return width, seed, Figures(outcome.final_accuracy, outcome.final_loss, outcome.parameters, outcome.seconds,
                                 outcome.flops.total)
 
 
-def print_fixed_widths(results: Sequence[tuple[int, int, Figures]],
+def print_fixed_widths(family: str, results: Sequence[tuple[int, int, Figures]],
                        grown: Sequence[tuple[str, int, dict[str, Figures], dict[str, str]]]) -> None:
     """Each fixed width's accuracy, and its paired gain over the width the benchmark grows (when it ran)."""
-    print("\nresnet at fixed widths, no growth")
-    host = {r[1]: r[2]["no growth"].accuracy for r in grown if r[0] == "resnet"}
+    print(f"\n{family} at fixed widths, no growth")
+    host_width = FIXED_FAMILIES[family][1]
+    host = {r[1]: r[2]["no growth"].accuracy for r in grown if r[0] == family}
     if not host:  # the growth runs were left out (--models ''): pair with the host's width when it was trained
-        host = {seed: f.accuracy for w, seed, f in results if w == HOST_WIDTH}
+        host = {seed: f.accuracy for w, seed, f in results if w == host_width}
     for width in sorted({r[0] for r in results}):
         figures = sorted(((seed, f) for w, seed, f in results if w == width), key=lambda pair: pair[0])
         accuracy = mean_std([f.accuracy for _, f in figures])
         line = (f"  width {width:<3}{accuracy[0]:>8.2f} ± {accuracy[1]:<5.2f}{figures[0][1].parameters:>10,} params"
+                f"{format_flops(statistics.fmean(f.flops for _, f in figures)):>12}"
                 f"{statistics.fmean(f.seconds for _, f in figures):>8.0f} s")
         paired = [f.accuracy - host[seed] for seed, f in figures if seed in host]
         if len(paired) >= 2:
             gain, error = mean_standard_error(paired)
-            line += f"   vs width {HOST_WIDTH} (the grown host), paired by seed: {gain:+.2f} ± {error:.2f} points"
+            line += f"   vs width {host_width} (the grown host), paired by seed: {gain:+.2f} ± {error:.2f} points"
         print(line)
 
 
@@ -279,7 +290,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--first-seed", type=int, default=0, help="seeds run from here (fresh seeds: 5)")
     parser.add_argument("--epochs", type=int, default=30)
     parser.add_argument("--jobs", type=int, default=2, help="worker processes, one torch thread each")
-    parser.add_argument("--fixed-widths", default="", help="also train the ResNet at these base widths, no growth")
+    parser.add_argument("--fixed-widths", default="", help="also train a model at these widths, no growth")
+    parser.add_argument("--fixed-model", default="resnet", choices=sorted(FIXED_FAMILIES),
+                        help="the model --fixed-widths trains: the ResNet (base width) or the MLP (hidden width)")
     parser.add_argument("--schedule", default="constant", choices=SCHEDULES,
                         help="learning-rate schedule of host and seeds (the models train with SGD, lr 0.01)")
     parser.add_argument("--criterion", default=Criterion.SCORE.value, choices=[c.value for c in Criterion],
@@ -291,8 +304,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     jobs = [(name, seed, args.epochs, args.schedule, args.criterion) for name in names for seed in seeds]
     started = time.perf_counter()
     with ProcessPoolExecutor(max_workers=args.jobs) as pool:
-        fixed_jobs = [(width, seed, args.epochs, args.schedule) for width in widths for seed in seeds]
-        fixed = pool.map(run_fixed_resnet, fixed_jobs)  # submitted now, beside the growth jobs
+        fixed_jobs = [(args.fixed_model, width, seed, args.epochs, args.schedule) for width in widths for seed in seeds]
+        fixed = pool.map(run_fixed, fixed_jobs)  # submitted now, beside the growth jobs
         results = list(pool.map(run_job, jobs))
         fixed_results = list(fixed)
     judged = f", gates judge by {args.criterion}"
@@ -302,7 +315,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     for name in names:
         print_table(name, [r for r in results if r[0] == name])
     if fixed_results:
-        print_fixed_widths(fixed_results, results)
+        print_fixed_widths(args.fixed_model, fixed_results, results)
 
 
 if __name__ == "__main__":
