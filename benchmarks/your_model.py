@@ -16,7 +16,9 @@
 - `mlp`: a two-hidden-layer MLP (width 32) on MNIST-1D's 40-sample signals as flat vectors; slots after
   each hidden layer, grown seed by seed by the default heuristic. `mlp_early` grows its first seed at epoch 2
   and `mlp_late` after half the episode (the same settings as the ResNet's); `mlp_branch_all` grows a
-  `branch_wide` seed beside both hidden layers at once (`depth_blueprint = "branch_wide"`).
+  `branch_wide` seed beside both hidden layers at once (`depth_blueprint = "branch_wide"`), and
+  `mlp_branch_all_late` does so after half the episode (as `configs/grow_for_compute.toml` grows the built-in
+  CNNs).
 
 Each is made a host by `morphogen.host_from_module` and grown by `morphogen.grow` with the heuristic
 (defaults but for the settings named above) and strict gates, next to the same host without growth and the
@@ -160,6 +162,9 @@ MODELS = {
     "mlp_early": Model(mnist1d_flat, mlp, ("1", "3"), 100, (("warmup_epochs", 1), ("first_growth_by", 0.05))),
     "mlp_late": Model(mnist1d_flat, mlp, ("1", "3"), 100, (("warmup_epochs", 15), ("first_growth_by", 0.5))),
     "mlp_branch_all": Model(mnist1d_flat, mlp, ("1", "3"), 100, (("depth_blueprint", "branch_wide"),)),
+    "mlp_branch_all_late": Model(mnist1d_flat, mlp, ("1", "3"), 100, (
+        ("depth_blueprint", "branch_wide"), ("warmup_epochs", 15), ("first_growth_by", 0.5),
+        ("loss_fossilize_threshold", 0.0))),
 }
 
 
