@@ -131,3 +131,14 @@ def test_the_lean_config_widens_by_half_where_the_default_widens_by_double() -> 
                      seed_costs=(("conv_heavy", cost(3.0)), ("wider_half", cost(0.5))))
     action = heuristic.act(make_snapshot(slot), make_masks(heuristic.space, ALL_EMPTY))
     assert action == Action(Op.GERMINATE, "r0c0", "wider_half")
+
+
+def test_a_deepening_blueprint_no_slot_has_a_site_for_gives_way_to_the_next_one() -> None:
+    """A rotation that starts with a branch, on a host where no slot has a branch site (no cost was measured for
+    it): the signals choose among the widening one now, and the next deepening blueprint is compared next."""
+    heuristic, space = controller(rotation=("branch_wide", "conv_heavy"))
+    assert heuristic.growth_candidates(10) == ("branch_wide", "wider")
+    no_branch_site = make_slot("r0c0", depth_signal=9.0, width_signal=0.1, seed_costs=(("wider", cost(1.0)),))
+    masks = make_masks(space, {Op.GERMINATE: ("r0c0",)})
+    assert heuristic.act(make_snapshot(no_branch_site), masks) == Action(Op.GERMINATE, "r0c0", "wider")
+    assert heuristic.growth_candidates(11) == ("conv_heavy", "wider")

@@ -414,18 +414,30 @@ class HeuristicController:
         return None
 
     def _germinate(self, snapshot: EpisodeSnapshot, allowed: dict[str, bool], blueprint_mask: np.ndarray) -> Action:
-        if self.choice == "signal":
-            candidates = self.growth_candidates(snapshot.epoch)
-            deepening = next((name for name in candidates if name != self.widening), None)
-            widening = self.widening if self.widening in candidates else None
-            best = best_growth(snapshot.slots, [s for s in self.space.slot_ids if allowed[s]], deepening, widening)
-            if best is not None:
-                if best.blueprint == deepening:
-                    self.next_blueprint = self.rotation.index(deepening) + 1
-                return Action(Op.GERMINATE, best.slot, best.blueprint)
-        # No signals measured (another episode loop, or "rotation"): slots and blueprints in turn, skipping a
-        # blueprint no empty slot has a site for (a branch where no segment input was measured).
         slots = [s for s in self.space.slot_ids if allowed[s]]
+        chosen = self._by_signal(snapshot, slots) if self.choice == "signal" else None
+        return chosen if chosen is not None else self._by_rotation(snapshot, slots, blueprint_mask)
+
+    def _by_signal(self, snapshot: EpisodeSnapshot, slots: list[str]) -> Action | None:
+        """The candidate with the best measured signal per FLOP in `slots`; None where none was measured."""
+        candidates = self.growth_candidates(snapshot.epoch)
+        deepening = next((name for name in candidates if name != self.widening), None)
+        widening = self.widening if self.widening in candidates else None
+        best = best_growth(snapshot.slots, slots, deepening, widening)
+        measured = [dict(slot.seed_costs) for slot in snapshot.slots if slot.depth_signal is not None]
+        if deepening is not None and measured and not any(deepening in costs for costs in measured):
+            # No slot has a site for it (a branch on a host whose segments were not measured): the rotation's
+            # next deepening blueprint is measured from the next epoch instead of leaving only the widening one.
+            self.next_blueprint = self.rotation.index(deepening) + 1
+        if best is None:
+            return None
+        if best.blueprint == deepening:
+            self.next_blueprint = self.rotation.index(deepening) + 1
+        return Action(Op.GERMINATE, best.slot, best.blueprint)
+
+    def _by_rotation(self, snapshot: EpisodeSnapshot, slots: list[str], blueprint_mask: np.ndarray) -> Action:
+        """Slots and blueprints in turn (no signals measured: another episode loop, or "rotation"), skipping a
+        blueprint no empty slot has a site for (a branch where no segment input was measured)."""
         slot_id = slots[self.next_slot % len(slots)]
         self.next_slot += 1
         placeable = dict(zip(self.space.blueprints, blueprint_mask, strict=True))
