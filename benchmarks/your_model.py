@@ -19,6 +19,10 @@
   `branch_wide` seed beside both hidden layers at once (`depth_blueprint = "branch_wide"`), and
   `mlp_branch_all_late` does so after half the episode (as `configs/grow_for_compute.toml` grows the built-in
   CNNs).
+- `cnn1d`: a user's small 1-D CNN (two convolution-ReLU-pool stages of 8 and 16 channels, then a linear layer)
+  on MNIST-1D's signals; slots after each ReLU, grown by the default heuristic (its first seed `branch_wide`,
+  then by growth signal). `cnn1d_by_signal` lets the signals choose the first seed too (`first_seed = ""`, the
+  default before 2026-11-28), `cnn1d_branch_all` grows `branch_wide` beside both convolutions at once.
 
 Each is made a host by `morphogen.host_from_module` and grown by `morphogen.grow` with the heuristic
 (defaults but for the settings named above) and strict gates, next to the same host without growth and the
@@ -120,6 +124,18 @@ def mlp(inputs: int = 40, hidden: int = 32, classes: int = 10) -> nn.Sequential:
                          nn.Linear(hidden, classes))
 
 
+def cnn1d(channels: int = 8, length: int = 40, classes: int = 10) -> nn.Sequential:
+    """Two convolution-ReLU-pool stages and a linear classifier over [N, 1, length] signals."""
+    return nn.Sequential(nn.Conv1d(1, channels, 5, padding=2), nn.ReLU(), nn.MaxPool1d(2),
+                         nn.Conv1d(channels, 2 * channels, 5, padding=2), nn.ReLU(), nn.MaxPool1d(2),
+                         nn.Flatten(), nn.Linear(2 * channels * (length // 4), classes))
+
+
+def mnist1d_signals() -> tuple[tuple[Tensor, Tensor], tuple[Tensor, Tensor]]:
+    task = load_task("mnist1d")
+    return (task.train.inputs, task.train.targets), (task.validation.inputs, task.validation.targets)
+
+
 def digits_32x32x3() -> tuple[tuple[Tensor, Tensor], tuple[Tensor, Tensor]]:
     """The digits task's standardized 8x8 images, resized to 32x32 (bilinear) and repeated on 3 channels."""
     task = load_task("digits")
@@ -165,6 +181,9 @@ MODELS = {
     "mlp_branch_all_late": Model(mnist1d_flat, mlp, ("1", "3"), 100, (
         ("depth_blueprint", "branch_wide"), ("warmup_epochs", 15), ("first_growth_by", 0.5),
         ("loss_fossilize_threshold", 0.0))),
+    "cnn1d": Model(mnist1d_signals, cnn1d, ("1", "4"), 100),
+    "cnn1d_by_signal": Model(mnist1d_signals, cnn1d, ("1", "4"), 100, (("first_seed", ""),)),
+    "cnn1d_branch_all": Model(mnist1d_signals, cnn1d, ("1", "4"), 100, (("depth_blueprint", "branch_wide"),)),
 }
 
 
@@ -182,6 +201,7 @@ class Figures:
 FIXED_FAMILIES: dict[str, tuple[Callable[[int], nn.Module], int]] = {
     "resnet": (lambda width: CifarResNet(width=width), HOST_WIDTH),
     "mlp": (lambda width: mlp(hidden=width), 32),
+    "cnn1d": (lambda width: cnn1d(channels=width), 8),
 }
 
 
@@ -297,7 +317,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--jobs", type=int, default=2, help="worker processes, one torch thread each")
     parser.add_argument("--fixed-widths", default="", help="also train a model at these widths, no growth")
     parser.add_argument("--fixed-model", default="resnet", choices=sorted(FIXED_FAMILIES),
-                        help="the model --fixed-widths trains: the ResNet (base width) or the MLP (hidden width)")
+                        help="the model --fixed-widths trains: the ResNet (base width), the MLP (hidden width) "
+                             "or the 1-D CNN (first stage's channels)")
     parser.add_argument("--schedule", default="constant", choices=SCHEDULES,
                         help="learning-rate schedule of host and seeds (the models train with SGD, lr 0.01)")
     parser.add_argument("--criterion", default=Criterion.SCORE.value, choices=[c.value for c in Criterion],

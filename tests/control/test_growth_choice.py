@@ -104,12 +104,29 @@ def test_an_mlp_host_grows_by_the_rotation_unless_told_to_choose_by_signal() -> 
     heuristic = HeuristicController(space, "mlp")
     assert heuristic.growth_candidates(10) == ()  # nothing to measure
     assert heuristic.act(snapshot, make_masks(space, ALL_EMPTY)) == Action(Op.GERMINATE, "r0c0", "branch_wide")
-    by_signal = HeuristicController(space, "mlp", HeuristicConfig(choice="signal"))
-    assert by_signal.growth_candidates(10) == ("branch_wide", "wider")
-    costs = (("branch_wide", cost(3.0)), ("wider", cost(1.0)))
+    by_signal = HeuristicController(space, "mlp", HeuristicConfig(choice="signal", first_seed=""))
+    assert by_signal.growth_candidates(10) == ("mlp", "wider")
+    costs = (("mlp", cost(3.0)), ("wider", cost(1.0)))
     wants_depth = make_snapshot(make_slot("r0c0", depth_signal=0.1, width_signal=0.1, seed_costs=costs),
                                 make_slot("r0c2", depth_signal=9.0, width_signal=0.1, seed_costs=costs))
-    assert by_signal.act(wants_depth, make_masks(space, ALL_EMPTY)) == Action(Op.GERMINATE, "r0c2", "branch_wide")
+    assert by_signal.act(wants_depth, make_masks(space, ALL_EMPTY)) == Action(Op.GERMINATE, "r0c2", "mlp")
+
+
+def test_the_first_seed_is_a_branch_where_a_slot_has_a_site_for_one() -> None:
+    """On a 1-D CNN the first seed is `branch_wide` wherever some slot can take it, whatever the signals favour;
+    where none can (the built-in hosts), and for every later seed, the signals choose."""
+    space = ActionSpace(SLOTS, "cnn1d")
+    wants_width = make_snapshot(make_slot("r0c0", depth_signal=0.1, width_signal=9.0,
+                                          seed_costs=(("conv_heavy", cost(3.0)), ("wider", cost(1.0)))))
+    heuristic = HeuristicController(space, "cnn1d")
+    assert heuristic.act(wants_width, make_masks(space, ALL_EMPTY)) == Action(Op.GERMINATE, "r0c0", "branch_wide")
+    assert heuristic.growth_candidates(11) == ("conv_heavy", "wider")  # grown once: the signals choose from now
+    no_branch_site = make_masks(space, ALL_EMPTY)
+    no_branch_site[2][Op.GERMINATE, space.blueprints.index("branch_wide")] = False
+    built_in = HeuristicController(space, "cnn1d")
+    assert built_in.act(wants_width, no_branch_site) == Action(Op.GERMINATE, "r0c0", "wider")
+    told = HeuristicController(space, "cnn1d", HeuristicConfig(first_seed=""))
+    assert told.act(wants_width, make_masks(space, ALL_EMPTY)) == Action(Op.GERMINATE, "r0c0", "wider")
 
 
 def test_the_rotation_skips_a_blueprint_no_empty_slot_has_a_site_for() -> None:
@@ -133,12 +150,15 @@ def test_the_lean_config_widens_by_half_where_the_default_widens_by_double() -> 
     assert action == Action(Op.GERMINATE, "r0c0", "wider_half")
 
 
-def test_a_deepening_blueprint_no_slot_has_a_site_for_gives_way_to_the_next_one() -> None:
-    """A rotation that starts with a branch, on a host where no slot has a branch site (no cost was measured for
-    it): the signals choose among the widening one now, and the next deepening blueprint is compared next."""
+def test_a_deepening_blueprint_no_slot_has_a_site_for_is_not_weighed() -> None:
+    """A rotation that starts with a branch, on a host where no slot has a branch site (the masks rule it out):
+    the signals weigh the next deepening blueprint against the widening one, as if the branch were not listed."""
     heuristic, space = controller(rotation=("branch_wide", "conv_heavy"))
-    assert heuristic.growth_candidates(10) == ("branch_wide", "wider")
-    no_branch_site = make_slot("r0c0", depth_signal=9.0, width_signal=0.1, seed_costs=(("wider", cost(1.0)),))
+    assert heuristic.growth_candidates(10) == ("branch_wide", "wider")  # no masks seen yet
     masks = make_masks(space, {Op.GERMINATE: ("r0c0",)})
-    assert heuristic.act(make_snapshot(no_branch_site), masks) == Action(Op.GERMINATE, "r0c0", "wider")
-    assert heuristic.growth_candidates(11) == ("conv_heavy", "wider")
+    masks[2][Op.GERMINATE, space.blueprints.index("branch_wide")] = False
+    assert heuristic.act(make_snapshot(epoch=1), masks) == Action()  # warm-up: it waits, and learns the sites
+    assert heuristic.growth_candidates(10) == ("conv_heavy", "wider")
+    deepening_pays = make_slot("r0c0", depth_signal=9.0, width_signal=0.1,
+                               seed_costs=(("conv_heavy", cost(3.0)), ("wider", cost(1.0))))
+    assert heuristic.act(make_snapshot(deepening_pays), masks) == Action(Op.GERMINATE, "r0c0", "conv_heavy")

@@ -36,19 +36,22 @@ from morphogen.env.actions import BLEND_EPOCHS, Action, ActionSpace, Op
 from morphogen.env.snapshot import HISTORY_LENGTH, EpisodeSnapshot, SlotSnapshot
 
 #: Blueprint order tried by default, per topology: the conv seeds that added most on small digits and
-#: mnist1d hosts first (measured: +1.0 and +2.2 points over no growth), then widening and cheaper ones. An MLP
-#: starts with a wide path beside the layer before the slot (`branch_wide`), which a learned policy chose there:
-#: on benchmarks/your_model.py's MLP (mnist1d, 40 fresh seeds) +6.9 points over starting with the `mlp` seed.
-#: First in the convolutional rotations it changed nothing on the built-in hosts (which have no branch sites)
-#: and cost 0.6 points on mnist1d 3x12, so they keep theirs.
+#: mnist1d hosts first (measured: +1.0 and +2.2 points over no growth), then widening and cheaper ones.
 DEFAULT_ROTATION = {
     "cnn": ("conv_heavy", "conv_light", "widen_x4", "attention", "depthwise", "bottleneck", "conv_small", "norm",
             "widen_x2", "widen_x8"),
     "cnn1d": ("conv_heavy", "conv_light", "widen_x4", "attention", "depthwise", "bottleneck", "conv_small",
               "norm", "widen_x2", "widen_x8"),
     "transformer": ("lora", "mlp_small", "attention", "norm", "lora_large", "mlp"),
-    "mlp": ("branch_wide", "mlp", "mlp_small", "lora_large", "lora", "norm"),
+    "mlp": ("mlp", "mlp_small", "lora_large", "lora", "norm"),
 }
+#: The first seed of an episode grown seed by seed, per topology, wherever some empty slot has a site for it,
+#: before `choice` decides: a wide path beside the layer before the slot (`branch_wide`). Only a user's module
+#: has such sites (`host_from_module` measures each segment's input); the built-in hosts do not, and grow as
+#: before. A learned policy chose it on the MLP of benchmarks/your_model.py: there +6.9 points over the rotation's
+#: `mlp` seed (40 fresh seeds); on its 1-D CNN +8.7 over the seed the growth signals chose (`wider`, which they
+#: favour per FLOP: weighed against each other, the signals picked the branch in 2 runs of 10).
+DEFAULT_FIRST_SEED = {"mlp": "branch_wide", "cnn1d": "branch_wide"}
 #: Blueprint of depth growth per topology (`HeuristicConfig.depth_blueprint` left to the default): a transformer
 #: stacks copies of its trained layers (`block_copy`), the growth that saved most training compute on language
 #: models in Gstack (Du et al. 2024). On the whole `text` corpus (benchmarks/lm_growth.py) 2 -> 4 copied layers
@@ -128,6 +131,9 @@ class HeuristicConfig:
     #: The widening blueprint "signal" weighs; None uses DEFAULT_WIDENING for the topology (none for a
     #: transformer).
     widening: str | None = None
+    #: The episode's first seed where some empty slot has a site for it, before `choice` decides; None uses
+    #: DEFAULT_FIRST_SEED for the topology ("branch_wide" on MLP and 1-D CNN hosts), "" leaves it to `choice`.
+    first_seed: str | None = None
 
     def __post_init__(self) -> None:
         for name in ("warmup_epochs", "min_training_epochs", "prune_penalty_epochs", "min_holding_epochs",
@@ -223,19 +229,23 @@ class HeuristicController:
                 f"valid: {', '.join(action_space.blueprints)}")
         self.rotation = tuple(rotation)
         depth = self.config.depth_blueprint
-        self.depth_blueprint = DEFAULT_DEPTH_BLUEPRINT.get(topology, "") if depth is None else depth
-        if self.depth_blueprint and self.depth_blueprint not in action_space.blueprints:
-            raise UnknownBlueprintError(
-                f"heuristic.depth_blueprint: unknown {topology} blueprint {self.depth_blueprint!r}; "
-                f"valid: {', '.join(action_space.blueprints)} (or \"\" to grow seed by seed)")
+        self.depth_blueprint = self._known(
+            "depth_blueprint", topology, DEFAULT_DEPTH_BLUEPRINT.get(topology, "") if depth is None else depth,
+            ' (or "" to grow seed by seed)')
         widening = DEFAULT_WIDENING.get(topology) if self.config.widening is None else self.config.widening
-        if widening is not None and widening not in action_space.blueprints:
-            raise UnknownBlueprintError(f"heuristic.widening: unknown {topology} blueprint {widening!r}; "
-                                        f"valid: {', '.join(action_space.blueprints)}")
-        self.widening = widening
+        self.widening = self._known("widening", topology, widening) if widening is not None else None
+        first = DEFAULT_FIRST_SEED.get(topology, "") if self.config.first_seed is None else self.config.first_seed
+        self.first_seed = self._known("first_seed", topology, first, ' (or "" for none)')
         self.choice = DEFAULT_CHOICE.get(topology, "signal") if self.config.choice is None else self.config.choice
         self._depth_index = action_space.blueprints.index(self.depth_blueprint) if self.depth_blueprint else 0
         self.reset()
+
+    def _known(self, field: str, topology: str, blueprint: str, alternative: str = "") -> str:
+        """`blueprint` if the action space has it ("" passes), else UnknownBlueprintError naming `field`."""
+        if blueprint and blueprint not in self.space.blueprints:
+            raise UnknownBlueprintError(f"heuristic.{field}: unknown {topology} blueprint {blueprint!r}; "
+                                        f"valid: {', '.join(self.space.blueprints)}{alternative}")
+        return blueprint
 
     def reset(self) -> None:
         self.next_blueprint = 0
@@ -257,9 +267,14 @@ class HeuristicController:
         self.depth_grown = False
         #: The epoch from which growth may be considered again after a rollback undid it.
         self.growth_resumes_at = 0
+        #: [n_blueprints]: those some empty slot had a site for when a germination was last legal (a branch needs
+        #: a measured segment input, which a user's module has and the built-in hosts do not); None before.
+        self.germinable: np.ndarray | None = None
 
     def act(self, snapshot: EpisodeSnapshot, masks: Sequence[np.ndarray]) -> Action:
         """The action for this epoch; always legal under `masks`."""
+        if masks[0][Op.GERMINATE]:
+            self.germinable = np.asarray(masks[2][Op.GERMINATE], dtype=bool)
         self._observe(snapshot)
         action = self._decide(snapshot, masks)
         self._commit(action, snapshot)
@@ -319,7 +334,7 @@ class HeuristicController:
         if self.grows_by_depth and masks[0][Op.GROW] and self._should_germinate(snapshot):
             return Action(Op.GROW, blueprint=self.depth_blueprint)
         if not self.grows_by_depth and masks[0][Op.GERMINATE] and self._should_germinate(snapshot):
-            return self._germinate(snapshot, allowed, masks[2][Op.GERMINATE])
+            return self._germinate(snapshot, allowed)
         return Action()
 
     def _manage_seed(self, slot: SlotSnapshot, snapshot: EpisodeSnapshot,
@@ -394,8 +409,8 @@ class HeuristicController:
     def growth_candidates(self, epoch: int) -> tuple[str, ...]:
         """The blueprints `choice = "signal"` would compare at `epoch`, for the episode to measure (none in
         "rotation" mode)."""
-        if self.choice != "signal" or self.grows_by_depth or self.depth_grown:
-            return ()  # growing by depth (GROW) compares no seeds: measuring them would buy nothing
+        if self.choice != "signal" or self.grows_by_depth or self.depth_grown or self._first_seed_due(epoch):
+            return ()  # growing by depth (GROW) or the first seed compares no seeds: measuring would buy nothing
         deepening = self._next_deepening(epoch)
         return tuple(name for name in (deepening, self.widening)
                      if name is not None and not self._held_back(name, epoch))
@@ -406,17 +421,30 @@ class HeuristicController:
         return pruned is not None and epoch - pruned < self.config.prune_penalty_epochs
 
     def _next_deepening(self, epoch: int) -> str | None:
-        """The next blueprint of the rotation, other than the widening one, that is not held back."""
+        """The next blueprint of the rotation, other than the widening one, that is not held back and that some
+        slot had a site for."""
         for offset in range(len(self.rotation)):
             name = self.rotation[(self.next_blueprint + offset) % len(self.rotation)]
-            if name != self.widening and not self._held_back(name, epoch):
+            if name != self.widening and not self._held_back(name, epoch) and self._has_site(name):
                 return name
         return None
 
-    def _germinate(self, snapshot: EpisodeSnapshot, allowed: dict[str, bool], blueprint_mask: np.ndarray) -> Action:
+    def _has_site(self, blueprint: str) -> bool:
+        return self.germinable is None or bool(self.germinable[self.space.blueprints.index(blueprint)])
+
+    def _first_seed_due(self, epoch: int) -> bool:
+        """Whether the next germination is the configured first seed (none yet, and some slot has its site)."""
+        first = self.first_seed
+        return bool(first) and not self.has_grown and self._has_site(first) and not self._held_back(first, epoch)
+
+    def _germinate(self, snapshot: EpisodeSnapshot, allowed: dict[str, bool]) -> Action:
         slots = [s for s in self.space.slot_ids if allowed[s]]
+        if self._first_seed_due(snapshot.epoch):
+            slot_id = slots[self.next_slot % len(slots)]
+            self.next_slot += 1
+            return Action(Op.GERMINATE, slot_id, self.first_seed)
         chosen = self._by_signal(snapshot, slots) if self.choice == "signal" else None
-        return chosen if chosen is not None else self._by_rotation(snapshot, slots, blueprint_mask)
+        return chosen if chosen is not None else self._by_rotation(snapshot, slots)
 
     def _by_signal(self, snapshot: EpisodeSnapshot, slots: list[str]) -> Action | None:
         """The candidate with the best measured signal per FLOP in `slots`; None where none was measured."""
@@ -424,26 +452,20 @@ class HeuristicController:
         deepening = next((name for name in candidates if name != self.widening), None)
         widening = self.widening if self.widening in candidates else None
         best = best_growth(snapshot.slots, slots, deepening, widening)
-        measured = [dict(slot.seed_costs) for slot in snapshot.slots if slot.depth_signal is not None]
-        if deepening is not None and measured and not any(deepening in costs for costs in measured):
-            # No slot has a site for it (a branch on a host whose segments were not measured): the rotation's
-            # next deepening blueprint is measured from the next epoch instead of leaving only the widening one.
-            self.next_blueprint = self.rotation.index(deepening) + 1
         if best is None:
             return None
         if best.blueprint == deepening:
             self.next_blueprint = self.rotation.index(deepening) + 1
         return Action(Op.GERMINATE, best.slot, best.blueprint)
 
-    def _by_rotation(self, snapshot: EpisodeSnapshot, slots: list[str], blueprint_mask: np.ndarray) -> Action:
+    def _by_rotation(self, snapshot: EpisodeSnapshot, slots: list[str]) -> Action:
         """Slots and blueprints in turn (no signals measured: another episode loop, or "rotation"), skipping a
         blueprint no empty slot has a site for (a branch where no segment input was measured)."""
         slot_id = slots[self.next_slot % len(slots)]
         self.next_slot += 1
-        placeable = dict(zip(self.space.blueprints, blueprint_mask, strict=True))
         for offset in range(len(self.rotation)):
             name = self.rotation[(self.next_blueprint + offset) % len(self.rotation)]
-            if placeable[name] and not self._held_back(name, snapshot.epoch):
+            if self._has_site(name) and not self._held_back(name, snapshot.epoch):
                 self.next_blueprint += offset + 1
                 return Action(Op.GERMINATE, slot_id, name)
         return Action()
