@@ -23,6 +23,8 @@
   on MNIST-1D's signals; slots after each ReLU, grown by the default heuristic (its first seed `branch_wide`,
   then by growth signal). `cnn1d_by_signal` lets the signals choose the first seed too (`first_seed = ""`, the
   default before 2026-11-28), `cnn1d_branch_all` grows `branch_wide` beside both convolutions at once.
+- `cnn2d`: the same design in 2-D (4 and 8 channels) on the digits task's 8x8 images; `cnn2d_branch_first`
+  names its first seed `branch_wide` (`first_seed`), which the default now does too.
 
 Each is made a host by `morphogen.host_from_module` and grown by `morphogen.grow` with the heuristic
 (defaults but for the settings named above) and strict gates, next to the same host without growth and the
@@ -131,6 +133,18 @@ def cnn1d(channels: int = 8, length: int = 40, classes: int = 10) -> nn.Sequenti
                          nn.Flatten(), nn.Linear(2 * channels * (length // 4), classes))
 
 
+def cnn2d(channels: int = 4, classes: int = 10) -> nn.Sequential:
+    """Two convolution-ReLU-pool stages and a linear classifier over the digits task's [N, 1, 8, 8] images."""
+    return nn.Sequential(nn.Conv2d(1, channels, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+                         nn.Conv2d(channels, 2 * channels, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+                         nn.Flatten(), nn.Linear(2 * channels * 4, classes))
+
+
+def digits_images() -> tuple[tuple[Tensor, Tensor], tuple[Tensor, Tensor]]:
+    task = load_task("digits")
+    return (task.train.inputs, task.train.targets), (task.validation.inputs, task.validation.targets)
+
+
 def mnist1d_signals() -> tuple[tuple[Tensor, Tensor], tuple[Tensor, Tensor]]:
     task = load_task("mnist1d")
     return (task.train.inputs, task.train.targets), (task.validation.inputs, task.validation.targets)
@@ -183,6 +197,8 @@ MODELS = {
         ("loss_fossilize_threshold", 0.0))),
     "cnn1d": Model(mnist1d_signals, cnn1d, ("1", "4"), 100),
     "cnn1d_by_signal": Model(mnist1d_signals, cnn1d, ("1", "4"), 100, (("first_seed", ""),)),
+    "cnn2d": Model(digits_images, cnn2d, ("1", "4"), 64),
+    "cnn2d_branch_first": Model(digits_images, cnn2d, ("1", "4"), 64, (("first_seed", "branch_wide"),)),
     "cnn1d_branch_all": Model(mnist1d_signals, cnn1d, ("1", "4"), 100, (("depth_blueprint", "branch_wide"),)),
 }
 
@@ -202,6 +218,7 @@ FIXED_FAMILIES: dict[str, tuple[Callable[[int], nn.Module], int]] = {
     "resnet": (lambda width: CifarResNet(width=width), HOST_WIDTH),
     "mlp": (lambda width: mlp(hidden=width), 32),
     "cnn1d": (lambda width: cnn1d(channels=width), 8),
+    "cnn2d": (lambda width: cnn2d(channels=width), 4),
 }
 
 
@@ -318,7 +335,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--fixed-widths", default="", help="also train a model at these widths, no growth")
     parser.add_argument("--fixed-model", default="resnet", choices=sorted(FIXED_FAMILIES),
                         help="the model --fixed-widths trains: the ResNet (base width), the MLP (hidden width) "
-                             "or the 1-D CNN (first stage's channels)")
+                             "or a small CNN, cnn1d or cnn2d (first stage's channels)")
     parser.add_argument("--schedule", default="constant", choices=SCHEDULES,
                         help="learning-rate schedule of host and seeds (the models train with SGD, lr 0.01)")
     parser.add_argument("--criterion", default=Criterion.SCORE.value, choices=[c.value for c in Criterion],

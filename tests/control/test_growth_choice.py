@@ -103,7 +103,8 @@ def test_an_mlp_host_grows_by_the_rotation_unless_told_to_choose_by_signal() -> 
     snapshot = make_snapshot(measured("r0c0", depth=0.1, width=0.1), measured("r0c2", depth=9.0, width=9.0))
     heuristic = HeuristicController(space, "mlp")
     assert heuristic.growth_candidates(10) == ()  # nothing to measure
-    assert heuristic.act(snapshot, make_masks(space, ALL_EMPTY)) == Action(Op.GERMINATE, "r0c0", "branch_wide")
+    assert heuristic.act(snapshot, make_masks(space, ALL_EMPTY, branch_sites=True)) == \
+        Action(Op.GERMINATE, "r0c0", "branch_wide")
     by_signal = HeuristicController(space, "mlp", HeuristicConfig(choice="signal", first_seed=""))
     assert by_signal.growth_candidates(10) == ("mlp", "wider")
     costs = (("mlp", cost(3.0)), ("wider", cost(1.0)))
@@ -119,14 +120,13 @@ def test_the_first_seed_is_a_branch_where_a_slot_has_a_site_for_one() -> None:
     wants_width = make_snapshot(make_slot("r0c0", depth_signal=0.1, width_signal=9.0,
                                           seed_costs=(("conv_heavy", cost(3.0)), ("wider", cost(1.0)))))
     heuristic = HeuristicController(space, "cnn1d")
-    assert heuristic.act(wants_width, make_masks(space, ALL_EMPTY)) == Action(Op.GERMINATE, "r0c0", "branch_wide")
+    sites = make_masks(space, ALL_EMPTY, branch_sites=True)
+    assert heuristic.act(wants_width, sites) == Action(Op.GERMINATE, "r0c0", "branch_wide")
     assert heuristic.growth_candidates(11) == ("conv_heavy", "wider")  # grown once: the signals choose from now
-    no_branch_site = make_masks(space, ALL_EMPTY)
-    no_branch_site[2][Op.GERMINATE, space.blueprints.index("branch_wide")] = False
     built_in = HeuristicController(space, "cnn1d")
-    assert built_in.act(wants_width, no_branch_site) == Action(Op.GERMINATE, "r0c0", "wider")
+    assert built_in.act(wants_width, make_masks(space, ALL_EMPTY)) == Action(Op.GERMINATE, "r0c0", "wider")
     told = HeuristicController(space, "cnn1d", HeuristicConfig(first_seed=""))
-    assert told.act(wants_width, make_masks(space, ALL_EMPTY)) == Action(Op.GERMINATE, "r0c0", "wider")
+    assert told.act(wants_width, sites) == Action(Op.GERMINATE, "r0c0", "wider")
 
 
 def test_the_rotation_skips_a_blueprint_no_empty_slot_has_a_site_for() -> None:
@@ -134,9 +134,7 @@ def test_the_rotation_skips_a_blueprint_no_empty_slot_has_a_site_for() -> None:
     the rotation germinates the next one, a legal action, instead of one the episode refuses."""
     space = ActionSpace(SLOTS, "mlp")
     heuristic = HeuristicController(space, "mlp")
-    masks = make_masks(space, ALL_EMPTY)
-    masks[2][Op.GERMINATE, space.blueprints.index("branch_wide")] = False
-    assert heuristic.act(make_snapshot(), masks) == Action(Op.GERMINATE, "r0c0", "mlp")
+    assert heuristic.act(make_snapshot(), make_masks(space, ALL_EMPTY)) == Action(Op.GERMINATE, "r0c0", "mlp")
 
 
 def test_the_lean_config_widens_by_half_where_the_default_widens_by_double() -> None:
@@ -156,7 +154,6 @@ def test_a_deepening_blueprint_no_slot_has_a_site_for_is_not_weighed() -> None:
     heuristic, space = controller(rotation=("branch_wide", "conv_heavy"))
     assert heuristic.growth_candidates(10) == ("branch_wide", "wider")  # no masks seen yet
     masks = make_masks(space, {Op.GERMINATE: ("r0c0",)})
-    masks[2][Op.GERMINATE, space.blueprints.index("branch_wide")] = False
     assert heuristic.act(make_snapshot(epoch=1), masks) == Action()  # warm-up: it waits, and learns the sites
     assert heuristic.growth_candidates(10) == ("conv_heavy", "wider")
     deepening_pays = make_slot("r0c0", depth_signal=9.0, width_signal=0.1,

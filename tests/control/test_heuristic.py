@@ -112,8 +112,9 @@ def make_snapshot(
     )
 
 
-def make_masks(space: ActionSpace, allowed: dict[Op, tuple[str, ...]]) -> list[np.ndarray]:
-    """Op and slot masks where each op in `allowed` is legal in exactly the listed slots; WAIT always."""
+def make_masks(space: ActionSpace, allowed: dict[Op, tuple[str, ...]], branch_sites: bool = False) -> list[np.ndarray]:
+    """Op and slot masks where each op in `allowed` is legal in exactly the listed slots; WAIT always. Unless
+    `branch_sites`, no slot can take a branch seed, as on the built-in hosts."""
     n_ops = len(Op)
     slot_mask = np.zeros((n_ops, len(SLOTS)), dtype=bool)
     slot_mask[Op.WAIT, 0] = True
@@ -123,6 +124,8 @@ def make_masks(space: ActionSpace, allowed: dict[Op, tuple[str, ...]]) -> list[n
     op_mask = slot_mask.any(axis=1)
     others = [np.ones((n_ops, size), dtype=bool) for size in space.sizes[2:]]
     assert len(others) == len(HEADS) - 2
+    if not branch_sites and "branch_wide" in space.blueprints:
+        others[0][Op.GERMINATE, space.blueprints.index("branch_wide")] = False
     return [op_mask, slot_mask, *others]
 
 

@@ -49,9 +49,9 @@ DEFAULT_ROTATION = {
 #: before `choice` decides: a wide path beside the layer before the slot (`branch_wide`). Only a user's module
 #: has such sites (`host_from_module` measures each segment's input); the built-in hosts do not, and grow as
 #: before. A learned policy chose it on the MLP of benchmarks/your_model.py: there +6.9 points over the rotation's
-#: `mlp` seed (40 fresh seeds); on its 1-D CNN +8.7 over the seed the growth signals chose (`wider`, which they
-#: favour per FLOP: weighed against each other, the signals picked the branch in 2 runs of 10).
-DEFAULT_FIRST_SEED = {"mlp": "branch_wide", "cnn1d": "branch_wide"}
+#: `mlp` seed (40 fresh seeds); on its 1-D and 2-D CNNs +8.3 and +1.3 over the seed the growth signals chose
+#: (`wider`, which they favour per FLOP: weighed against each other, the signals picked the branch in 2 runs of 10).
+DEFAULT_FIRST_SEED = {"mlp": "branch_wide", "cnn1d": "branch_wide", "cnn": "branch_wide"}
 #: Blueprint of depth growth per topology (`HeuristicConfig.depth_blueprint` left to the default): a transformer
 #: stacks copies of its trained layers (`block_copy`), the growth that saved most training compute on language
 #: models in Gstack (Du et al. 2024). On the whole `text` corpus (benchmarks/lm_growth.py) 2 -> 4 copied layers
@@ -132,7 +132,7 @@ class HeuristicConfig:
     #: transformer).
     widening: str | None = None
     #: The episode's first seed where some empty slot has a site for it, before `choice` decides; None uses
-    #: DEFAULT_FIRST_SEED for the topology ("branch_wide" on MLP and 1-D CNN hosts), "" leaves it to `choice`.
+    #: DEFAULT_FIRST_SEED for the topology ("branch_wide" but on transformers), "" leaves it to `choice`.
     first_seed: str | None = None
 
     def __post_init__(self) -> None:
@@ -433,9 +433,11 @@ class HeuristicController:
         return self.germinable is None or bool(self.germinable[self.space.blueprints.index(blueprint)])
 
     def _first_seed_due(self, epoch: int) -> bool:
-        """Whether the next germination is the configured first seed (none yet, and some slot has its site)."""
-        first = self.first_seed
-        return bool(first) and not self.has_grown and self._has_site(first) and not self._held_back(first, epoch)
+        """Whether the next germination is the configured first seed: none yet, and the masks seen said some slot
+        has its site (before any, growth signals are measured as if it had none)."""
+        first, known = self.first_seed, self.germinable is not None
+        return bool(first) and known and not self.has_grown and self._has_site(first) and \
+            not self._held_back(first, epoch)
 
     def _germinate(self, snapshot: EpisodeSnapshot, allowed: dict[str, bool]) -> Action:
         slots = [s for s in self.space.slot_ids if allowed[s]]
