@@ -76,6 +76,8 @@ SETTINGS = {
                             optimizer={"schedule": "cosine"}),
     # A user's own model and input format: the MLP of your_model.py on MNIST-1D signals as flat vectors.
     "user-mlp": Setting("your_model:mlp_task", held_out=True),
+    # A user's small 1-D CNN (your_model.py): branch sites, which no built-in host has.
+    "user-cnn1d": Setting("your_model:cnn1d_task", held_out=True),
 }
 CONTROLLERS = ("learned", "heuristic", "no growth")
 

@@ -243,6 +243,11 @@ def mlp_task(seed: int = 0) -> tuple[morphogen.Task, Callable[[], morphogen.Modu
     return task_and_host("mlp")
 
 
+def cnn1d_task(seed: int = 0) -> tuple[morphogen.Task, Callable[[], morphogen.ModuleHost]]:
+    """The `cnn1d` model as `--task your_model:cnn1d_task` takes it: a user's small 1-D CNN on MNIST-1D."""
+    return task_and_host("cnn1d")
+
+
 def run_config(schedule: str, heuristic: Sequence[tuple[str, str | int | float]] = (),
                criterion: str | None = None) -> RunConfig:
     """`morphogen run`'s settings with the learning-rate schedule `schedule` (the task's SGD otherwise), the
