@@ -3,7 +3,8 @@
 Waits until the host has trained a few epochs and its learning slows down (validation loss improving
 at most half as fast as just before, or the score flat), then grows: on a transformer host by depth
 (GROW: a copy of each trained layer into the empty slot after it, all at once, trained with the host from
-the start); elsewhere it germinates a seed, by default where growth signals per FLOP are best, deeper (the
+the start); elsewhere it germinates a seed: first a wide path beside a layer (`branch_wide`) where some slot of
+a user's module has a site for one, then by default where growth signals per FLOP are best, deeper (the
 next blueprint of its rotation) or wider (new channels of the layers around the slot)
 (`control/growth_choice.py`); with `choice = "rotation"` (the default on an MLP host), or when no signal was
 measured, the next slot and blueprint in turn. Blueprints pruned recently are skipped. It pushes the seed
