@@ -140,31 +140,32 @@ def cnn2d(channels: int = 4, classes: int = 10) -> nn.Sequential:
                          nn.Flatten(), nn.Linear(2 * channels * 4, classes))
 
 
-def digits_images() -> tuple[tuple[Tensor, Tensor], tuple[Tensor, Tensor]]:
-    task = load_task("digits")
-    return (task.train.inputs, task.train.targets), (task.validation.inputs, task.validation.targets)
+Split = tuple[tuple[Tensor, Tensor], tuple[Tensor, Tensor]]
 
 
-def mnist1d_signals() -> tuple[tuple[Tensor, Tensor], tuple[Tensor, Tensor]]:
-    task = load_task("mnist1d")
-    return (task.train.inputs, task.train.targets), (task.validation.inputs, task.validation.targets)
+def task_tensors(name: str, inputs: Callable[[Tensor], Tensor] = lambda x: x) -> Split:
+    """Built-in task `name`'s (training inputs, targets), (validation inputs, targets), `inputs` applied."""
+    task = load_task(name)
+    return ((inputs(task.train.inputs), task.train.targets),
+            (inputs(task.validation.inputs), task.validation.targets))
 
 
-def digits_32x32x3() -> tuple[tuple[Tensor, Tensor], tuple[Tensor, Tensor]]:
+def digits_images() -> Split:
+    return task_tensors("digits")
+
+
+def mnist1d_signals() -> Split:
+    return task_tensors("mnist1d")
+
+
+def digits_32x32x3() -> Split:
     """The digits task's standardized 8x8 images, resized to 32x32 (bilinear) and repeated on 3 channels."""
-    task = load_task("digits")
-
-    def resize(images: Tensor) -> Tensor:
-        return nn.functional.interpolate(images, size=32, mode="bilinear", align_corners=False).repeat(1, 3, 1, 1)
-
-    return ((resize(task.train.inputs), task.train.targets),
-            (resize(task.validation.inputs), task.validation.targets))
+    return task_tensors("digits", lambda images: nn.functional.interpolate(
+        images, size=32, mode="bilinear", align_corners=False).repeat(1, 3, 1, 1))
 
 
-def mnist1d_flat() -> tuple[tuple[Tensor, Tensor], tuple[Tensor, Tensor]]:
-    task = load_task("mnist1d")
-    return ((task.train.inputs.flatten(1), task.train.targets),
-            (task.validation.inputs.flatten(1), task.validation.targets))
+def mnist1d_flat() -> Split:
+    return task_tensors("mnist1d", lambda signals: signals.flatten(1))
 
 
 @dataclass(frozen=True)

@@ -443,11 +443,15 @@ class HeuristicController:
     def _germinate(self, snapshot: EpisodeSnapshot, allowed: dict[str, bool]) -> Action:
         slots = [s for s in self.space.slot_ids if allowed[s]]
         if self._first_seed_due(snapshot.epoch):
-            slot_id = slots[self.next_slot % len(slots)]
-            self.next_slot += 1
-            return Action(Op.GERMINATE, slot_id, self.first_seed)
+            return Action(Op.GERMINATE, self._slot_in_turn(slots), self.first_seed)
         chosen = self._by_signal(snapshot, slots) if self.choice == "signal" else None
         return chosen if chosen is not None else self._by_rotation(snapshot, slots)
+
+    def _slot_in_turn(self, slots: list[str]) -> str:
+        """The next of the allowed `slots` in turn."""
+        slot_id = slots[self.next_slot % len(slots)]
+        self.next_slot += 1
+        return slot_id
 
     def _by_signal(self, snapshot: EpisodeSnapshot, slots: list[str]) -> Action | None:
         """The candidate with the best measured signal per FLOP in `slots`; None where none was measured."""
@@ -464,8 +468,7 @@ class HeuristicController:
     def _by_rotation(self, snapshot: EpisodeSnapshot, slots: list[str]) -> Action:
         """Slots and blueprints in turn (no signals measured: another episode loop, or "rotation"), skipping a
         blueprint no empty slot has a site for (a branch where no segment input was measured)."""
-        slot_id = slots[self.next_slot % len(slots)]
-        self.next_slot += 1
+        slot_id = self._slot_in_turn(slots)
         for offset in range(len(self.rotation)):
             name = self.rotation[(self.next_blueprint + offset) % len(self.rotation)]
             if self._has_site(name) and not self._held_back(name, snapshot.epoch):
