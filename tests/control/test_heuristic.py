@@ -380,6 +380,9 @@ def test_transformer_topology_uses_its_own_rotation() -> None:
         ({"loss_plateau_threshold": -0.01}, "loss_plateau_threshold"),
         ({"loss_worse_threshold": float("nan")}, "loss_worse_threshold"),
         ({"loss_fossilize_threshold": -1.0}, "loss_fossilize_threshold"),
+        ({"relative_plateau_threshold": -0.01}, "relative_plateau_threshold"),
+        ({"relative_worse_threshold": float("nan")}, "relative_worse_threshold"),
+        ({"relative_fossilize_threshold": -1.0}, "relative_fossilize_threshold"),
     ],
 )
 def test_config_rejects_bad_values(overrides: dict[str, Any], message: str) -> None:
@@ -430,6 +433,44 @@ def test_a_language_model_prunes_a_seed_whose_stage_raised_the_loss() -> None:
         Op.PRUNE, "r0c2")
     slightly = make_slot("r0c2", Stage.BLENDING, loss_at_stage_start=1.52, alpha_ramping=True)
     assert heuristic.act(make_snapshot(slightly, losses=rising, criterion=Criterion.LOSS), masks) == Action()
+
+
+# ---------------------------------------------------------------- a task with its own loss: judged in shares of it
+
+@pytest.mark.parametrize("scale", [1e-5, 1.0, 300.0])
+def test_a_task_with_its_own_loss_is_judged_alike_on_every_scale(scale: float) -> None:
+    heuristic, space = controller()
+    relative = Criterion.RELATIVE_LOSS
+    assert HeuristicConfig().relative_plateau_threshold == 0.02
+    empty = make_masks(space, ALL_EMPTY)
+    # Fell 1.5% over the last 3 epochs (a plateau), then 6% (still learning): the same at any unit of the loss.
+    plateau = tuple(scale * loss for loss in (0.410, 0.405, 0.403, 0.401, 0.399))
+    falling = tuple(scale * loss for loss in (0.450, 0.435, 0.420, 0.405, 0.395))
+    assert heuristic.act(make_snapshot(history=RISING, losses=plateau, criterion=relative), empty).op is Op.GERMINATE
+    assert heuristic.act(make_snapshot(history=PLATEAU, losses=falling, criterion=relative), empty) == Action()
+    # A holding seed is kept when it removes more than 1% of the loss, else pruned.
+    judge = make_masks(space, {Op.FOSSILIZE: ("r0c1",), Op.PRUNE: ("r0c1",)})
+    for share, op in ((0.03, Op.FOSSILIZE), (0.005, Op.PRUNE)):
+        holding = make_slot("r0c1", Stage.HOLDING, contribution=0.0, loss_contribution=share * plateau[-1],
+                            epochs_in_stage=1)
+        assert heuristic.act(make_snapshot(holding, history=RISING, losses=plateau, criterion=relative),
+                             judge) == Action(op, "r0c1")
+    # A blending seed whose stage raised the loss by a third is pruned; by a tenth, it is left to the gates.
+    prune = make_masks(space, {Op.PRUNE: ("r0c2",)})
+    rising = tuple(scale * loss for loss in (0.30, 0.30, 0.32, 0.36, 0.40))
+    for start, expected in ((0.30, Action(Op.PRUNE, "r0c2")), (0.36, Action())):
+        blending = make_slot("r0c2", Stage.BLENDING, loss_at_stage_start=scale * start, alpha_ramping=True)
+        assert heuristic.act(make_snapshot(blending, losses=rising, criterion=relative), prune) == expected
+
+
+def test_a_loss_that_is_not_positive_never_plateaus_under_the_relative_criterion() -> None:
+    heuristic, space = controller()
+    negative = (-0.5, -0.5, -0.5, -0.5, -0.5)  # flat, but no share of it means anything: growth waits
+    snapshot = make_snapshot(epoch=6, history=RISING, losses=negative, criterion=Criterion.RELATIVE_LOSS)
+    masks = make_masks(space, ALL_EMPTY)
+    assert heuristic.act(snapshot, masks) == Action()
+    # ... for `first_growth_by` (a third of the episode).
+    assert heuristic.act(dataclasses.replace(snapshot, epoch=10), masks).op is Op.GERMINATE
 
 
 def transformer_controller(**config: Any) -> tuple[HeuristicController, ActionSpace]:

@@ -28,15 +28,15 @@ def _healthy(**measured: float) -> SeedSignals:
     return SeedSignals(gradient_health=1.0, gradient_ratio=1.0, **measured)  # type: ignore[arg-type]
 
 
-def test_cross_entropy_tasks_are_judged_by_loss_and_a_task_with_its_own_loss_by_its_score() -> None:
+def test_cross_entropy_tasks_are_judged_by_loss_and_a_task_with_its_own_loss_by_shares_of_it() -> None:
     assert criterion_for("language_model") is Criterion.LOSS
     assert criterion_for("classification") is Criterion.LOSS
-    # A user's own loss may be on any scale: thresholds in nats would mean nothing there.
-    assert criterion_for("custom") is Criterion.SCORE
+    # A user's own loss may be on any scale: thresholds in nats or points would mean nothing there.
+    assert criterion_for("custom") is Criterion.RELATIVE_LOSS
     assert GateConfig().criterion is None and GateConfig().judged_by is Criterion.SCORE
     assert GateConfig().judging("language_model").judged_by is Criterion.LOSS
     assert GateConfig().judging("classification").judged_by is Criterion.LOSS
-    assert GateConfig().judging("custom").judged_by is Criterion.SCORE
+    assert GateConfig().judging("custom").judged_by is Criterion.RELATIVE_LOSS
     # A criterion the user chose is kept whatever the task.
     assert GateConfig(criterion=Criterion.SCORE).judging("language_model").judged_by is Criterion.SCORE
     assert GateConfig(criterion=Criterion.SCORE).judging("classification").judged_by is Criterion.SCORE
@@ -93,7 +93,49 @@ def test_fossilize_gate_judges_the_loss_removed(loss_contribution: float | None,
         assert "nats" in result.reason
 
 
-@pytest.mark.parametrize("field", ["loss_min_improvement", "loss_min_contribution"])
+@pytest.mark.parametrize("field", ["loss_min_improvement", "loss_min_contribution", "relative_min_improvement",
+                                   "relative_min_contribution"])
 def test_loss_thresholds_must_be_finite(field: str) -> None:
     with pytest.raises(ValueError, match=field):
         GateConfig(**{field: math.inf})
+
+
+RELATIVE_GATES = GateConfig(mode=GateMode.STRICT, criterion=Criterion.RELATIVE_LOSS)
+
+
+@pytest.mark.parametrize("scale", [1e-6, 1.0, 1e4])
+@pytest.mark.parametrize(
+    ("share", "target", "passes"),
+    [
+        (0.05, Stage.BLENDING, True),
+        (0.01, Stage.BLENDING, True),  # exactly the 1% threshold passes
+        (0.005, Stage.BLENDING, False),
+        (-0.1, Stage.BLENDING, False),
+        (0.03, Stage.FOSSILIZED, True),
+        (0.015, Stage.FOSSILIZED, False),  # keeping a seed asks for 2% of the loss
+    ],
+)
+def test_relative_gates_judge_the_share_of_the_loss_on_any_scale(scale: float, share: float, target: Stage,
+                                                                 passes: bool) -> None:
+    # A regression's mean squared error in millimetres or in kilometres: the same seed, the same verdict.
+    loss = 0.4 * scale
+    signals = _healthy(loss=loss, loss_contribution=share * loss, contribution=-share * loss)
+    stage = Stage.TRAINING if target is Stage.BLENDING else Stage.HOLDING
+    result = evaluate_gate(target, _in(stage), signals, RELATIVE_GATES)
+    assert result.passed is passes, result.reason
+    assert "of the loss" in result.reason or passes
+
+
+def test_a_relative_gate_says_why_a_loss_that_is_not_positive_cannot_be_judged() -> None:
+    # A Gaussian negative log-likelihood can fall below zero; no share of it means anything.
+    signals = _healthy(loss=-0.3, loss_contribution=0.1)
+    result = evaluate_gate(Stage.BLENDING, _in(Stage.TRAINING), signals, RELATIVE_GATES)
+    assert not result.passed
+    assert "has no shares" in result.reason and 'criterion to "loss" or "score"' in result.reason
+    unmeasured = evaluate_gate(Stage.FOSSILIZED, _in(Stage.HOLDING), _healthy(loss=0.3), RELATIVE_GATES)
+    assert not unmeasured.passed and unmeasured.reason == "counterfactual contribution not measured"
+
+
+def test_documented_relative_thresholds() -> None:
+    assert GateConfig().relative_min_improvement == 0.01
+    assert GateConfig().relative_min_contribution == 0.02

@@ -93,9 +93,9 @@ def eager_config(epochs: int = 5, **overrides: object) -> RunConfig:
     """Settings under which the heuristic germinates at once and a seed can blend in within a few epochs."""
     gates = GateConfig(mode=GateMode.PERMISSIVE, min_training_epochs=1)
     episode = EpisodeConfig(max_epochs=epochs, slots=SlotConfig(gates=gates, blend_epochs=1))
-    # Every epoch counts as a plateau, whether the heuristic judges by score or by loss.
+    # Every epoch counts as a plateau, whether the heuristic judges by score, by loss or by shares of the loss.
     heuristic = HeuristicConfig(warmup_epochs=0, plateau_epochs=1, plateau_threshold=1e9, loss_plateau_threshold=1e9,
-                                min_training_epochs=1)
+                                relative_plateau_threshold=1e9, min_training_epochs=1)
     values: dict[str, object] = {"episode": episode, "heuristic": heuristic, "baseline": False,
                                  "from_scratch": False, **overrides}
     return RunConfig(**values)  # type: ignore[arg-type]

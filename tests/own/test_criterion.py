@@ -1,4 +1,5 @@
-"""What a seed is judged by: a classifier's validation loss by default, the score of a task with its own metric."""
+"""What a seed is judged by: a classifier's validation loss by default, the share of the validation loss it removes
+for a task with its own loss or metric."""
 
 from __future__ import annotations
 
@@ -34,12 +35,13 @@ def test_a_built_in_classifier_and_a_users_classifier_are_judged_by_validation_l
     assert judged_by(blobs_task()) is Criterion.LOSS
 
 
-def test_a_task_with_its_own_metric_or_loss_is_judged_by_its_score() -> None:
+def test_a_task_with_its_own_metric_or_loss_is_judged_by_shares_of_its_loss() -> None:
     def agreement(outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         return (outputs.argmax(-1) == targets).float().mean()
 
-    assert judged_by(blobs_task(metric=agreement)) is Criterion.SCORE
-    assert judged_by(blobs_task(loss=torch.nn.functional.cross_entropy)) is Criterion.SCORE
+    assert judged_by(blobs_task(metric=agreement)) is Criterion.RELATIVE_LOSS
+    assert judged_by(blobs_task(loss=torch.nn.functional.cross_entropy)) is Criterion.RELATIVE_LOSS
+    assert judged_by(blobs_task(metric=agreement), GateConfig(criterion=Criterion.SCORE)) is Criterion.SCORE
 
 
 def test_the_criterion_a_user_sets_is_kept() -> None:

@@ -20,6 +20,7 @@ from morphogen.control.heuristic import HeuristicConfig, HeuristicController
 from morphogen.core.lifecycle import Criterion
 from morphogen.core.model import MorphogeneticModel
 from morphogen.data import Task
+from morphogen.data.tasks import NEGATIVE_LOSS
 from morphogen.devices import resolve_device
 from morphogen.env.actions import Op
 from morphogen.env.episode import EpisodeConfig, MorphogenesisEpisode, StepResult
@@ -66,8 +67,8 @@ MIN_SEED_COLUMNS = 24
 REASON_INDENT = "      "
 
 
-def format_step(result: StepResult) -> str:
-    """The progress line of one epoch: epoch, accuracy, loss, parameters, each seed, the action.
+def format_step(result: StepResult, metric_name: str = "accuracy") -> str:
+    """The progress line of one epoch: epoch, score (`metric_name`'s), loss, parameters, each seed, the action.
 
     Empty slots are left out; a seed shows as slot, blueprint, stage and alpha while it is blended in.
     Every line is at most `LINE_WIDTH` columns. When the line is too long the seeds part is cut (ending
@@ -80,7 +81,8 @@ def format_step(result: StepResult) -> str:
         f"{f' a={slot.alpha:.2f}' if slot.alpha > 0 else ''}" for slot in s.slots if slot.blueprint is not None)
     action = Op(s.last_op).name
     rollback = "  ROLLBACK" if result.rollback is not None else ""
-    head = (f"epoch {s.epoch:3d}/{s.max_epochs}  acc {s.val_accuracy:6.2f}%  loss {s.val_loss:.3f}  "
+    score = _score_part(s.val_accuracy, metric_name)
+    head = (f"epoch {s.epoch:3d}/{s.max_epochs}  {score}loss {_loss_text(s.val_loss, 3)}  "
             f"params {s.active_parameters:>9,}  | ")
     outcome = "ok" if result.action_succeeded else f"refused: {result.reason}"
     tail = f" | {action} {outcome}{rollback}"
@@ -91,6 +93,14 @@ def format_step(result: StepResult) -> str:
     line = head + _cut(seeds or "no seeds", LINE_WIDTH - len(head) - len(tail)) + tail
     reason = textwrap.wrap(result.reason, LINE_WIDTH, initial_indent=REASON_INDENT, subsequent_indent=REASON_INDENT)
     return "\n".join([line, *reason])
+
+
+def _score_part(score: float, metric_name: str) -> str:
+    """An epoch line's score: accuracy in percent, a task's own metric as a number, nothing for the negative loss
+    (the loss beside it says it)."""
+    if metric_name == "accuracy":
+        return f"acc {score:6.2f}%  "
+    return "" if metric_name == NEGATIVE_LOSS else f"score {score:.4g}  "
 
 
 def _cut(text: str, width: int) -> str:
@@ -107,15 +117,18 @@ def print_summary(grown: EpisodeOutcome, baseline: EpisodeOutcome | None, out: T
     `nothing_kept` says that no from-scratch run was trained because the final architecture is the host."""
     columns = [("grown", grown), ("no growth", baseline), ("from scratch", from_scratch)]
     percent = "%" if metric_name == "accuracy" else ""
+    last = f"  last {len(grown.recent_scores)} epochs"
     cells: list[tuple[str, Callable[[EpisodeOutcome], str]]] = [
-        (f"final val {metric_name}"[:22], lambda o: f"{o.final_accuracy:.{2 if percent else 4}f}{percent}"),
-        ("final val loss", lambda o: f"{o.final_loss:.4f}"),
-        (f"  last {len(grown.recent_scores)} epochs", lambda o: _score_range(o, 2 if percent else 4)),
+        (_cut(f"final val {metric_name}", 30), lambda o: f"{o.final_accuracy:.{2 if percent else 4}f}{percent}"),
+        ("final val loss", lambda o: _loss_text(o.final_loss)),
+        (last, lambda o: _score_range(o, 2 if percent else 4)),
         ("parameters", lambda o: f"{o.parameters:,}"),
         ("training FLOPs", lambda o: format_flops(o.flops.total)),
         ("  measuring seeds", lambda o: f"{100 * o.flops.measurement / max(o.flops.total, 1):.1f}%"),
         ("wall time", lambda o: f"{o.seconds:.1f} s"),
     ]
+    if metric_name == NEGATIVE_LOSS:  # the score is the loss, negated: show the loss alone, and its range
+        cells[:3] = [cells[1], (last, _loss_range)]
     print("\n".join(_table_lines(columns, cells)), file=out)
     if nothing_kept:
         print("(from scratch: no seed was blended in, so the final architecture is the host itself)", file=out)
@@ -128,6 +141,9 @@ def print_summary(grown: EpisodeOutcome, baseline: EpisodeOutcome | None, out: T
     for story in grown.stories:
         if criterion is Criterion.LOSS:
             predicted, measured = _nats(story.predicted_loss_contribution), _nats(story.loss_contribution)
+        elif criterion is Criterion.RELATIVE_LOSS:
+            predicted = _share_of_loss(story.predicted_relative_loss_contribution)
+            measured = _share_of_loss(story.relative_loss_contribution)
         else:
             predicted, measured = _points(story.predicted_contribution), _points(story.contribution)
         print(f"  {story.blueprint:<11} {story.slot:<5} {story.path_before_outcome():<44} {story.ending():<14} "
@@ -138,20 +154,41 @@ def _table_lines(columns: list[tuple[str, EpisodeOutcome | None]],
                  cells: list[tuple[str, Callable[[EpisodeOutcome], str]]]) -> list[str]:
     """The closing table's lines, a column per outcome ("-" where none); after the training FLOPs, the grown
     run's as a fraction of its final architecture's from scratch: what growing saved, or cost."""
-    lines = ["\n" + f"{'':22}" + "".join(f"{name:>14}" for name, _ in columns)]
+    rows = [(label, ["-" if o is None else cell(o) for _, o in columns]) for label, cell in cells]
+    # Columns as wide as their widest cell (a range of negative scores is), labels as their longest.
+    width = max(14, *(len(text) + 2 for _, texts in rows for text in texts))
+    label_width = max(22, *(len(label) + 1 for label, _ in rows))
+    lines = ["\n" + " " * label_width + "".join(f"{name:>{width}}" for name, _ in columns)]
     (_, grown), (_, from_scratch) = columns[0], columns[-1]
-    for label, cell in cells:
-        lines.append(f"{label:22}" + "".join(f"{'-' if o is None else cell(o):>14}" for _, o in columns))
+    for label, texts in rows:
+        lines.append(f"{label:{label_width}}" + "".join(f"{text:>{width}}" for text in texts))
         if label == "training FLOPs" and grown is not None and from_scratch is not None \
                 and from_scratch.flops.total > 0:
-            lines.append(f"{'  of from scratch':22}{grown.flops.total / from_scratch.flops.total:>13.2f}x")
+            ratio = grown.flops.total / from_scratch.flops.total
+            lines.append(f"{'  of from scratch':{label_width}}{ratio:>{width - 1}.2f}x")
     return lines
 
 
 def _score_range(outcome: EpisodeOutcome, decimals: int) -> str:
     """The lowest and highest validation score of the outcome's last epochs ("-" when none was kept)."""
     scores = outcome.recent_scores
-    return f"{min(scores):.{decimals}f}-{max(scores):.{decimals}f}" if scores else "-"
+    return _range(f"{min(scores):.{decimals}f}", f"{max(scores):.{decimals}f}") if scores else "-"
+
+
+def _loss_range(outcome: EpisodeOutcome) -> str:
+    """The lowest and highest validation loss of the last epochs, for a task whose score is the negated loss."""
+    scores = outcome.recent_scores
+    return _range(_loss_text(-max(scores)), _loss_text(-min(scores))) if scores else "-"
+
+
+def _range(low: str, high: str) -> str:
+    """`low-high`, or `low to high` where a dash could be read as a minus sign."""
+    return f"{low} to {high}" if "-" in low + high else f"{low}-{high}"
+
+
+def _loss_text(loss: float, decimals: int = 4) -> str:
+    """A validation loss to `decimals` decimals, or as many significant digits when it is below a hundredth."""
+    return f"{loss:.{decimals}f}" if abs(loss) >= 0.01 or loss == 0.0 else f"{loss:.{decimals - 1}e}"
 
 
 def noise_note(grown: EpisodeOutcome, baseline: EpisodeOutcome, metric_name: str) -> str:
@@ -175,6 +212,11 @@ def epoch_swing(*outcomes: EpisodeOutcome) -> float | None:
 
 def _points(value: float | None) -> str:
     return "-" if value is None else f"{value:+.2f} pts"
+
+
+def _share_of_loss(value: float | None) -> str:
+    """The share of the validation loss a seed removes, in percent."""
+    return "-" if value is None else f"{100 * value:+.2f}% of loss"
 
 
 def _nats(value: float | None) -> str:
@@ -250,7 +292,7 @@ def _play_and_write(config: RunConfig, task: Task, episode: MorphogenesisEpisode
         epochs = display.add("grown", config.episode.max_epochs)
 
         def on_step(result: StepResult) -> None:
-            display.print(format_step(result))
+            display.print(format_step(result, task.metric_name))
             display.advance(epochs)
 
         with TraceProfiler.from_config(run_dir, config.telemetry) as profiler:
@@ -331,7 +373,9 @@ def _outcome_dict(outcome: EpisodeOutcome) -> dict[str, object]:
         "seeds": [{"slot": s.slot, "blueprint": s.blueprint, "germinated": s.germinated, "stages": s.stages,
                    "outcome": s.outcome, "outcome_epoch": s.outcome_epoch, "contribution": s.contribution,
                    "predicted_contribution": s.predicted_contribution, "loss_contribution": s.loss_contribution,
-                   "predicted_loss_contribution": s.predicted_loss_contribution}
+                   "predicted_loss_contribution": s.predicted_loss_contribution,
+                   "relative_loss_contribution": s.relative_loss_contribution,
+                   "predicted_relative_loss_contribution": s.predicted_relative_loss_contribution}
                   for s in outcome.stories],
     }
 

@@ -24,6 +24,7 @@ still learns has more epochs to be trained behind it and to pay back its paramet
 from __future__ import annotations
 
 import copy
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -32,7 +33,7 @@ import numpy as np
 
 from morphogen.control.growth_choice import best_growth
 from morphogen.core.blueprints import UnknownBlueprintError
-from morphogen.core.lifecycle import Criterion, Stage
+from morphogen.core.lifecycle import Criterion, Stage, relative_loss_contribution
 from morphogen.env.actions import BLEND_EPOCHS, Action, ActionSpace, Op
 from morphogen.env.snapshot import HISTORY_LENGTH, EpisodeSnapshot, SlotSnapshot
 
@@ -124,6 +125,15 @@ class HeuristicConfig:
     #: Judged by loss: fossilize a holding seed that lowers the validation loss by more than this many nats per
     #: token, else prune it.
     loss_fossilize_threshold: float = 0.005
+    #: Judged by relative loss (a task with its own loss): it is a plateau when the log of the validation loss
+    #: fell by less than this over `plateau_epochs` epochs (0.02: the loss fell by less than about 2%).
+    relative_plateau_threshold: float = 0.02
+    #: Judged by relative loss: prune a blending/holding seed whose stage raised the log of the validation loss
+    #: by more than this (0.2: the loss rose by more than about 22%).
+    relative_worse_threshold: float = 0.2
+    #: Judged by relative loss: fossilize a holding seed that removes more than this share of the validation
+    #: loss, else prune it.
+    relative_fossilize_threshold: float = 0.01
     #: How the next seed is chosen. "signal": at every empty slot, the next deepening blueprint of the rotation
     #: and the widening blueprint are scored by measured growth signal over the FLOPs they would add
     #: (`control/growth_choice.py`), and the best one is germinated; "rotation": slots and blueprints in turn.
@@ -155,9 +165,10 @@ class HeuristicConfig:
             raise ValueError(f"heuristic slowing_ratio must be in [0, 1), got {self.slowing_ratio}")
         if self.rotation is not None and not self.rotation:
             raise ValueError("heuristic rotation must name at least one blueprint (leave it out for the default)")
-        for name in ("loss_plateau_threshold", "loss_worse_threshold", "loss_fossilize_threshold"):
+        for name in (f"{kind}_{threshold}_threshold" for kind in ("loss", "relative")
+                     for threshold in ("plateau", "worse", "fossilize")):
             if not getattr(self, name) >= 0:  # NaN fails too
-                raise ValueError(f"heuristic {name} must be >= 0 nats per token, got {getattr(self, name)}")
+                raise ValueError(f"heuristic {name} must be >= 0, got {getattr(self, name)}")
 
         if self.choice is not None and self.choice not in CHOICES:
             raise ValueError(f"heuristic choice must be one of {', '.join(CHOICES)}, got {self.choice!r}")
@@ -165,32 +176,58 @@ class HeuristicConfig:
 class _Measure(NamedTuple):
     """What the heuristic judges by, as numbers where higher is better, with the thresholds in their unit."""
 
-    by_loss: bool
+    criterion: Criterion
     plateau_threshold: float
     worse_threshold: float
     fossilize_threshold: float
 
     @classmethod
     def of(cls, criterion: Criterion, config: HeuristicConfig) -> _Measure:
-        """The score's points for `Criterion.SCORE`, nats of validation loss for `Criterion.LOSS`."""
+        """The score's points for `Criterion.SCORE`, nats of validation loss for `Criterion.LOSS`, the log of the
+        validation loss (and shares of it) for `Criterion.RELATIVE_LOSS`."""
         if criterion is Criterion.LOSS:
-            return cls(True, config.loss_plateau_threshold, config.loss_worse_threshold,
+            return cls(criterion, config.loss_plateau_threshold, config.loss_worse_threshold,
                        config.loss_fossilize_threshold)
-        return cls(False, config.plateau_threshold, config.worse_threshold, config.fossilize_threshold)
+        if criterion is Criterion.RELATIVE_LOSS:
+            return cls(criterion, config.relative_plateau_threshold, config.relative_worse_threshold,
+                       config.relative_fossilize_threshold)
+        return cls(criterion, config.plateau_threshold, config.worse_threshold, config.fossilize_threshold)
 
     def history(self, snapshot: EpisodeSnapshot) -> Sequence[float]:
-        """The recent validation scores, or negated losses (so that a falling loss is a rising score)."""
-        return [-loss for loss in snapshot.loss_history] if self.by_loss else snapshot.accuracy_history
+        """The recent validation scores, or negated losses or log losses (so that a falling loss is a rising
+        score)."""
+        if self.criterion is Criterion.LOSS:
+            return [-loss for loss in snapshot.loss_history]
+        if self.criterion is Criterion.RELATIVE_LOSS:
+            return [-_log(loss) for loss in snapshot.loss_history]
+        return snapshot.accuracy_history
 
     def lost_in_stage(self, slot: SlotSnapshot, snapshot: EpisodeSnapshot) -> float | None:
         """How much worse the model is now than when the seed entered its stage (None: not measured)."""
-        if self.by_loss:
-            return None if slot.loss_at_stage_start is None else snapshot.val_loss - slot.loss_at_stage_start
-        return None if slot.accuracy_at_stage_start is None else slot.accuracy_at_stage_start - snapshot.val_accuracy
+        if self.criterion is Criterion.SCORE:
+            if slot.accuracy_at_stage_start is None:
+                return None
+            return slot.accuracy_at_stage_start - snapshot.val_accuracy
+        if slot.loss_at_stage_start is None:
+            return None
+        if self.criterion is Criterion.RELATIVE_LOSS:
+            return _log(snapshot.val_loss) - _log(slot.loss_at_stage_start)
+        return snapshot.val_loss - slot.loss_at_stage_start
 
-    def contribution(self, slot: SlotSnapshot) -> float | None:
-        """What the seed adds: accuracy points, or nats per token of validation loss it removes."""
-        return slot.loss_contribution if self.by_loss else slot.contribution
+    def contribution(self, slot: SlotSnapshot, snapshot: EpisodeSnapshot) -> float | None:
+        """What the seed adds: accuracy points, nats per token of validation loss it removes, or the share of the
+        validation loss it removes."""
+        if self.criterion is Criterion.LOSS:
+            return slot.loss_contribution
+        if self.criterion is Criterion.RELATIVE_LOSS:
+            return relative_loss_contribution(slot.loss_contribution, snapshot.val_loss)
+        return slot.contribution
+
+
+def _log(loss: float) -> float:
+    """log(loss), NaN for a loss that is not positive: no plateau or loss is then found in it, and growth waits
+    for `first_growth_by`."""
+    return math.log(loss) if loss > 0.0 else math.nan
 
 
 def has_plateaued(history: Sequence[float], epochs: int, threshold: float) -> bool:
@@ -345,7 +382,7 @@ class HeuristicController:
         for op in self._seed_moves(slot, snapshot, measure):
             if slot_mask[op][slot.slot_id]:
                 return Action(op, slot.slot_id)
-        contribution = measure.contribution(slot)
+        contribution = measure.contribution(slot, snapshot)
         if slot.stage is Stage.HOLDING and contribution is not None \
                 and slot.epochs_in_stage >= self.config.min_holding_epochs:
             return self._judge_holding(slot, contribution > measure.fossilize_threshold, slot_mask)

@@ -77,6 +77,10 @@ class Criterion(enum.Enum):
     """The validation cross-entropy in nats (per token for a language model, per sample for a classifier): a
     finer and steadier measure than a step of accuracy on a few hundred validation samples, where one sample is
     0.28 points of digits, and a seed that lowers the loss by 0.01 nats may not move the accuracy at all."""
+    RELATIVE_LOSS = "relative_loss"
+    """The validation loss as a fraction of itself: a seed's worth is the share of the model's loss it removes.
+    For a task with its own loss (a regression's mean squared error, say), whose scale no fixed threshold can
+    know: the same seed is judged the same whether the targets are in metres or millimetres."""
 
 
 LANGUAGE_MODEL = "language_model"
@@ -87,14 +91,16 @@ CLASSIFICATION = "classification"
 
 def criterion_for(objective: str) -> Criterion:
     """The criterion a task of `objective` is judged by: the validation cross-entropy for a language model and a
-    classifier; the task's own score for a task with its own loss (`objective = "custom"`), whose scale is unknown.
+    classifier; the share of the validation loss a seed removes for a task with its own loss or metric
+    (`objective = "custom"`), whose scale is unknown (judged by its score points before, such a task's seeds
+    passed no gate whenever its loss was small: a regression on standardized targets grew nothing).
 
     Why the loss for a classifier: on digits the accuracy gate refused seeds whose shadow lowered the validation
     loss by 13-40%, because their accuracy step on 360 validation samples was below 0.5 points; judged by the
     loss, the heuristic ended more accurate on digits and mnist1d from both hosts tried, for the same training
     FLOPs (README "Judged by validation loss").
     """
-    return Criterion.LOSS if objective in (LANGUAGE_MODEL, CLASSIFICATION) else Criterion.SCORE
+    return Criterion.LOSS if objective in (LANGUAGE_MODEL, CLASSIFICATION) else Criterion.RELATIVE_LOSS
 
 
 @dataclass(frozen=True)
@@ -114,9 +120,10 @@ class GateConfig:
     strict_min_gradient_ratio: float = 0.10
     #: Strict mode: counterfactual contribution in accuracy points needed to fossilize.
     strict_min_contribution: float = 1.0
-    #: What the strict gates judge: "score" (the two thresholds above, in the task's score) or "loss" (the
-    #: two below, in nats of validation cross-entropy). None: `criterion_for` the task's objective ("loss" for
-    #: a language model and a classifier, "score" for a task with its own loss).
+    #: What the strict gates judge: "score" (the two thresholds above, in the task's score), "loss" (the two
+    #: below, in nats of validation cross-entropy) or "relative_loss" (the last two, in shares of the
+    #: validation loss). None: `criterion_for` the task's objective ("loss" for a language model and a
+    #: classifier, "relative_loss" for a task with its own loss or metric).
     criterion: Criterion | None = None
     #: Strict mode, judged by loss: nats per token a TRAINING seed blended in at full strength (its shadow)
     #: must lower the validation loss by, to blend. About a fifth of what a 2 -> 4 layer growth of the `text`
@@ -124,6 +131,12 @@ class GateConfig:
     loss_min_improvement: float = 0.005
     #: Strict mode, judged by loss: nats the validation loss must rise by without the seed, to fossilize.
     loss_min_contribution: float = 0.01
+    #: Strict mode, judged by relative loss: the share of the model's validation loss a TRAINING seed blended in
+    #: at full strength (its shadow) must remove, to blend (0.01: 1%).
+    relative_min_improvement: float = 0.01
+    #: Strict mode, judged by relative loss: the share of the model's validation loss its removal must add, to
+    #: fossilize.
+    relative_min_contribution: float = 0.02
     #: Stages entered automatically once their gate passes (FOSSILIZED is never allowed here).
     auto_advance: frozenset[Stage] = frozenset({Stage.TRAINING, Stage.HOLDING})
 
@@ -140,6 +153,9 @@ class GateConfig:
         for name in ("loss_min_improvement", "loss_min_contribution"):
             if not math.isfinite(getattr(self, name)):
                 raise ValueError(f"{name} must be a finite number of nats per token, got {getattr(self, name)}")
+        for name in ("relative_min_improvement", "relative_min_contribution"):
+            if not math.isfinite(getattr(self, name)):
+                raise ValueError(f"{name} must be a finite share of the validation loss, got {getattr(self, name)}")
 
     def judging(self, objective: str) -> GateConfig:
         """These gates with `criterion` resolved for a task of `objective` (kept when set explicitly)."""
@@ -263,7 +279,8 @@ def _blending_gate(lifecycle: SeedLifecycle, signals: SeedSignals, config: GateC
         # strength against the model's, measured in the same validation pass.
         shadow, threshold, unit = _judged_contribution(signals, config, blending=True)
         if shadow is None or math.isnan(shadow):
-            return GateResult(False, f"shadow contribution (the {unit} it would add if blended in) not measured")
+            return GateResult(False, _not_measured("shadow contribution (what the seed would add if blended in)",
+                                                   signals, config))
         if _below(shadow, threshold):
             return GateResult(False, f"blended in, the seed would add {shadow:+.{_DIGITS[unit]}f} {unit} < "
                               f"{threshold}", shadow)
@@ -275,17 +292,39 @@ def _blending_gate(lifecycle: SeedLifecycle, signals: SeedSignals, config: GateC
     return GateResult(True, "trained long enough and healthy", signals.gradient_health)
 
 
+def relative_loss_contribution(loss_contribution: float | None, loss: float | None) -> float | None:
+    """The share of the model's validation `loss` that a seed's `loss_contribution` removes (None: not measured,
+    or a loss that is not positive, of which no share means anything)."""
+    if loss_contribution is None or loss is None or not loss > 0.0:
+        return None
+    return loss_contribution / loss
+
+
 def _judged_contribution(signals: SeedSignals, config: GateConfig, *,
                          blending: bool) -> tuple[float | None, float, str]:
-    """(contribution, strict threshold, unit) under the gates' criterion: score points or nats of loss removed."""
-    if config.judged_by is Criterion.LOSS:
+    """(contribution, strict threshold, unit) under the gates' criterion: score points, nats of loss removed,
+    or the share of the loss removed."""
+    criterion = config.judged_by
+    if criterion is Criterion.LOSS:
         return (signals.loss_contribution, config.loss_min_improvement if blending else config.loss_min_contribution,
                 "nats")
+    if criterion is Criterion.RELATIVE_LOSS:
+        return (relative_loss_contribution(signals.loss_contribution, signals.loss),
+                config.relative_min_improvement if blending else config.relative_min_contribution, "of the loss")
     return signals.contribution, config.strict_min_improvement if blending else config.strict_min_contribution, "points"
 
 
-#: Decimals a contribution is written with, per unit: a hundredth of a point, a ten-thousandth of a nat.
-_DIGITS = {"points": 2, "nats": 4}
+def _not_measured(what: str, signals: SeedSignals, config: GateConfig) -> str:
+    """Why the contribution `what` cannot be judged: not measured yet, or no share of a loss that is not positive."""
+    if config.judged_by is Criterion.RELATIVE_LOSS and signals.loss is not None and not signals.loss > 0.0:
+        return (f"{what}: a validation loss of {signals.loss:.4g} has no shares to judge by; set the gates' "
+                'criterion to "loss" or "score"')
+    return f"{what} not measured"
+
+
+#: Decimals a contribution is written with, per unit: a hundredth of a point, a ten-thousandth of a nat or of
+#: the loss.
+_DIGITS = {"points": 2, "nats": 4, "of the loss": 4}
 
 
 def _fossilize_gate(lifecycle: SeedLifecycle, signals: SeedSignals, config: GateConfig) -> GateResult:
@@ -293,7 +332,7 @@ def _fossilize_gate(lifecycle: SeedLifecycle, signals: SeedSignals, config: Gate
         return GateResult(False, f"seed is {lifecycle.stage.name}, not HOLDING")
     contribution, threshold, unit = _judged_contribution(signals, config, blending=False)
     if contribution is None or math.isnan(contribution):
-        return GateResult(False, "counterfactual contribution not measured")
+        return GateResult(False, _not_measured("counterfactual contribution", signals, config))
     if signals.gradient_health is None:
         return GateResult(False, "gradient health not measured")
     if _below(signals.gradient_health, config.min_gradient_health):

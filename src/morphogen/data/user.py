@@ -22,7 +22,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from morphogen.data.datasets import Augmentation, DeviceDataset
 from morphogen.data.errors import DataError
-from morphogen.data.tasks import BatchSource, Task
+from morphogen.data.tasks import NEGATIVE_LOSS, BatchSource, Task
 
 DEFAULT_BATCH_SIZE = 64
 #: Topologies a user's host may have (see `morphogen.core.module_host`); the data layer names them as strings.
@@ -107,7 +107,7 @@ def task_from_data(name: str, train: object, validation: object, *, loss: LossFu
         validation=validation_source, batch_size=batch_size, augment=augment,
         objective="custom" if custom else "classification", loss=loss, metric=metric,
         metric_name=metric_name or ("accuracy" if metric is None and loss is None else
-                                    "negative loss" if metric is None else "metric"),
+                                    NEGATIVE_LOSS if metric is None else "metric"),
         num_classes=num_classes, host=host, source="python")
 
 

@@ -38,6 +38,10 @@ class SeedStory:
     #: minus loss with it, and while TRAINING the model's loss minus its shadow's.
     loss_contribution: float | None = None
     predicted_loss_contribution: float | None = None
+    #: The same two as shares of the model's validation loss they were measured against (None where that loss
+    #: was not positive): what the gates judge by a task with its own loss.
+    relative_loss_contribution: float | None = None
+    predicted_relative_loss_contribution: float | None = None
 
     def stage_path(self) -> str:
         """Every stage entered after germination, as `stage@epoch`, the outcome included."""
@@ -89,7 +93,14 @@ def _note_contributions(event: CounterfactualMeasured, current: dict[tuple[int, 
             story.predicted_contribution = contribution
             if main_loss is not None:
                 story.predicted_loss_contribution = main_loss - losses[SHADOW_PREFIX + slot]
+                story.predicted_relative_loss_contribution = _share(story.predicted_loss_contribution, main_loss)
         elif WITHOUT_PREFIX + slot in event.configs:
             story.contribution = contribution
             if main_loss is not None:
                 story.loss_contribution = losses[WITHOUT_PREFIX + slot] - main_loss
+                story.relative_loss_contribution = _share(story.loss_contribution, main_loss)
+
+
+def _share(loss_removed: float, loss: float) -> float | None:
+    """`loss_removed` as a share of the model's `loss` (None when that loss is not positive)."""
+    return loss_removed / loss if loss > 0.0 else None
