@@ -25,6 +25,12 @@
   default before 2026-11-28), `cnn1d_branch_all` grows `branch_wide` beside both convolutions at once.
 - `cnn2d`: the same design in 2-D (4 and 8 channels) on the digits task's 8x8 images; `cnn2d_branch_first`
   names its first seed `branch_wide` (`first_seed`), which the default now does too.
+- `regression`: an MLP (10-16-16-1) with a regression's own loss, the mean squared error, on scikit-learn's
+  Friedman #1 problem (`make_friedman1`: 10 uniform inputs, 5 of them in a nonlinear target, noise 1.0; 3,000
+  training and 1,000 validation samples, the target standardized by the training split's mean and std); slots
+  after each hidden layer, the default heuristic and gates, which judge a task with its own loss by the share
+  of its validation loss a seed removes. Its table compares validation losses, paired by seed as relative
+  changes (`--criterion score`: judged by its score, the negated loss, in points, as before 2026-11-28).
 
 Each is made a host by `morphogen.host_from_module` and grown by `morphogen.grow` with the heuristic
 (defaults but for the settings named above) and strict gates, next to the same host without growth and the
@@ -42,8 +48,9 @@ the benchmark grows from when it is among them.
 `--schedule cosine` decays the learning rates over the 30 epochs (`[episode.optimizer] schedule`); at the
 default constant rate the ResNet's accuracy swings by points from one epoch to the next up to the last.
 `--criterion loss` has the gates and the heuristic judge seeds by validation loss instead of accuracy points
-(`[episode.slots.gates] criterion`). The default, `score`, judges accuracy points, as the README's rows without
-`--criterion` were measured, though `morphogen run` and `grow` now judge a classifier by its loss.
+(`[episode.slots.gates] criterion`). The default judges a classifier by accuracy points (`score`), as the
+README's rows without `--criterion` were measured, though `morphogen run` and `grow` now judge a classifier by
+its loss, and leaves the regression to its task's criterion (`relative_loss`).
 """
 
 from __future__ import annotations
@@ -168,6 +175,23 @@ def mnist1d_flat() -> Split:
     return task_tensors("mnist1d", lambda signals: signals.flatten(1))
 
 
+def friedman1() -> Split:
+    """scikit-learn's Friedman #1 regression (4,000 samples, noise 1.0, drawn once), targets standardized by the
+    3,000 training samples' mean and std."""
+    from sklearn.datasets import make_friedman1
+
+    features, target = make_friedman1(n_samples=4000, noise=1.0, random_state=0)
+    x = torch.tensor(features, dtype=torch.float32)
+    y = torch.tensor(target, dtype=torch.float32).unsqueeze(1)  # (4000, 1)
+    y = (y - y[:3000].mean()) / y[:3000].std()
+    return (x[:3000], y[:3000]), (x[3000:], y[3000:])
+
+
+def regression_mlp(inputs: int = 10, hidden: int = 16) -> nn.Sequential:
+    return nn.Sequential(nn.Linear(inputs, hidden), nn.ReLU(), nn.Linear(hidden, hidden), nn.ReLU(),
+                         nn.Linear(hidden, 1))
+
+
 @dataclass(frozen=True)
 class Model:
     data: Callable[[], tuple[tuple[Tensor, Tensor], tuple[Tensor, Tensor]]]
@@ -176,6 +200,8 @@ class Model:
     batch_size: int
     #: `[heuristic]` settings that differ from the defaults.
     heuristic: tuple[tuple[str, str | int | float], ...] = ()
+    #: The model's own loss (None: cross-entropy, a classifier judged by accuracy).
+    loss: Callable[[Tensor, Tensor], Tensor] | None = None
 
 
 #: The ResNet's residual blocks by name (`layer1.0` ... `layer3.2`): where its slots are when it grows by depth.
@@ -201,6 +227,7 @@ MODELS = {
     "cnn2d": Model(digits_images, cnn2d, ("1", "4"), 64),
     "cnn2d_branch_first": Model(digits_images, cnn2d, ("1", "4"), 64, (("first_seed", "branch_wide"),)),
     "cnn1d_branch_all": Model(mnist1d_signals, cnn1d, ("1", "4"), 100, (("depth_blueprint", "branch_wide"),)),
+    "regression": Model(friedman1, regression_mlp, ("1", "3"), 64, loss=nn.functional.mse_loss),
 }
 
 
@@ -220,6 +247,7 @@ FIXED_FAMILIES: dict[str, tuple[Callable[[int], nn.Module], int]] = {
     "mlp": (lambda width: mlp(hidden=width), 32),
     "cnn1d": (lambda width: cnn1d(channels=width), 8),
     "cnn2d": (lambda width: cnn2d(channels=width), 4),
+    "regression": (lambda width: regression_mlp(hidden=width), 16),
 }
 
 
@@ -228,7 +256,8 @@ def task_and_host(name: str, width: int | None = None) -> tuple[morphogen.Task, 
     `FIXED_FAMILIES`)."""
     model = MODELS[name]
     train, validation = model.data()
-    task = morphogen.task_from_data(name, train, validation, batch_size=model.batch_size, num_classes=10)
+    task = morphogen.task_from_data(name, train, validation, batch_size=model.batch_size, loss=model.loss,
+                                    num_classes=None if model.loss else 10)
     example = train[0][:2]
 
     def host() -> morphogen.ModuleHost:  # called under the episode's seed: each seed its own initialisation
@@ -265,6 +294,8 @@ def run_config(schedule: str, heuristic: Sequence[tuple[str, str | int | float]]
 
 def run_job(job: tuple[str, int, int, str, str | None]) -> tuple[str, int, dict[str, Figures], dict[str, str]]:
     name, seed, epochs, schedule, criterion = job
+    if criterion is None:  # a classifier by accuracy points, as the README's rows were measured; a regression
+        criterion = None if MODELS[name].loss else Criterion.SCORE.value  # by its task's criterion
     torch.set_num_threads(1)
     task, host = task_and_host(name)
     with tempfile.TemporaryDirectory() as root:
@@ -296,22 +327,27 @@ def print_fixed_widths(family: str, results: Sequence[tuple[int, int, Figures]],
     host = {r[1]: r[2]["no growth"].accuracy for r in grown if r[0] == family}
     if not host:  # the growth runs were left out (--models ''): pair with the host's width when it was trained
         host = {seed: f.accuracy for w, seed, f in results if w == host_width}
+    regression = MODELS[family].loss is not None  # its score is the negated loss: compared as relative losses
     for width in sorted({r[0] for r in results}):
         figures = sorted(((seed, f) for w, seed, f in results if w == width), key=lambda pair: pair[0])
-        accuracy = mean_std([f.accuracy for _, f in figures])
-        line = (f"  width {width:<3}{accuracy[0]:>8.2f} ± {accuracy[1]:<5.2f}{figures[0][1].parameters:>10,} params"
-                f"{format_flops(statistics.fmean(f.flops for _, f in figures)):>12}"
+        score = mean_std([f.loss if regression else f.accuracy for _, f in figures])
+        digits = 4 if regression else 2
+        line = (f"  width {width:<3}{score[0]:>8.{digits}f} ± {score[1]:<6.{digits}f}{figures[0][1].parameters:>10,} "
+                f"params{format_flops(statistics.fmean(f.flops for _, f in figures)):>12}"
                 f"{statistics.fmean(f.seconds for _, f in figures):>8.0f} s")
-        paired = [f.accuracy - host[seed] for seed, f in figures if seed in host]
+        paired = [100 * (-f.loss / host[seed] - 1) if regression else f.accuracy - host[seed]
+                  for seed, f in figures if seed in host]
         if len(paired) >= 2:
             gain, error = mean_standard_error(paired)
-            line += f"   vs width {host_width} (the grown host), paired by seed: {gain:+.2f} ± {error:.2f} points"
+            unit = "% validation loss" if regression else " points"
+            line += f"   vs width {host_width} (the grown host), paired by seed: {gain:+.2f} ± {error:.2f}{unit}"
         print(line)
 
 
 def print_table(name: str, results: Sequence[tuple[str, int, dict[str, Figures], dict[str, str]]]) -> None:
     print(f"\n{name} ({len(results)} seeds)")
-    print(f"  {'':14}{'val accuracy':>18}{'val loss':>18}{'parameters':>14}{'FLOPs':>12}{'seconds':>14}")
+    score = "val -loss" if MODELS[name].loss else "val accuracy"
+    print(f"  {'':14}{score:>18}{'val loss':>18}{'parameters':>14}{'FLOPs':>12}{'seconds':>14}")
     for variant in VARIANTS:
         figures = [r[2][variant] for r in results]
         accuracy, loss = mean_std([f.accuracy for f in figures]), mean_std([f.loss for f in figures])
@@ -320,8 +356,14 @@ def print_table(name: str, results: Sequence[tuple[str, int, dict[str, Figures],
               f"{statistics.fmean(f.parameters for f in figures):>14,.0f}"
               f"{format_flops(statistics.fmean(f.flops for f in figures)):>12}{seconds[0]:>8.1f} ± {seconds[1]:<4.1f}")
     for variant in VARIANTS:  # in seed order: how far apart runs land says what a mean of five can show
-        print(f"  {variant + ' by seed:':24}" + "  ".join(f"{r[2][variant].accuracy:.2f}" for r in results))
+        by_seed = [f"{r[2][variant].loss:.4g}" if MODELS[name].loss else f"{r[2][variant].accuracy:.2f}"
+                   for r in results]
+        print(f"  {variant + ' by seed:':24}" + "  ".join(by_seed))
     for other in VARIANTS[1:]:
+        if MODELS[name].loss:  # a loss of its own, on any scale: compared as the relative change of the loss
+            mean, error = mean_standard_error([100 * (r[2]["grown"].loss / r[2][other].loss - 1) for r in results])
+            print(f"  grown vs {other}, validation loss: {mean:+.1f} ± {error:.1f}% (mean ± standard error)")
+            continue
         mean, error = mean_standard_error([r[2]["grown"].accuracy - r[2][other].accuracy for r in results])
         print(f"  grown - {other}: {mean:+.2f} ± {error:.2f} points (mean ± standard error)")
     ratios = [r[2]["grown"].flops / r[2]["from scratch"].flops for r in results]
@@ -344,8 +386,9 @@ def main(argv: Sequence[str] | None = None) -> None:
                              "or a small CNN, cnn1d or cnn2d (first stage's channels)")
     parser.add_argument("--schedule", default="constant", choices=SCHEDULES,
                         help="learning-rate schedule of host and seeds (the models train with SGD, lr 0.01)")
-    parser.add_argument("--criterion", default=Criterion.SCORE.value, choices=[c.value for c in Criterion],
-                        help="what the gates and the heuristic judge seeds by (default: accuracy points)")
+    parser.add_argument("--criterion", default=None, choices=[c.value for c in Criterion],
+                        help="what the gates and the heuristic judge seeds by (default: accuracy points for a "
+                             "classifier, the task's criterion for the regression)")
     args = parser.parse_args(argv)
     names = [name.strip() for name in args.models.split(",") if name.strip()]
     widths = [int(width) for width in args.fixed_widths.split(",") if width.strip()]
@@ -357,7 +400,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         fixed = pool.map(run_fixed, fixed_jobs)  # submitted now, beside the growth jobs
         results = list(pool.map(run_job, jobs))
         fixed_results = list(fixed)
-    judged = f", gates judge by {args.criterion}"
+    judged = f", gates judge by {args.criterion or 'score (a classifier) or the task criterion'}"
     print(f"your-model benchmark: {args.epochs} epochs, {args.schedule} learning rate{judged}, "
           f"seeds {seeds[0]}..{seeds[-1]}, {args.jobs} processes x 1 thread, "
           f"{time.perf_counter() - started:.0f} s in all")

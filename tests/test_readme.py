@@ -135,3 +135,15 @@ def test_readme_inside_width_example_runs(capsys):
     namespace: dict[str, object] = {}
     exec(compile(python_block('graft("2", "wider_inside")'), str(README), "exec"), namespace)
     assert "True Conv2d(8, 8" in capsys.readouterr().out
+
+
+def test_readme_regression_example_grows_and_lowers_the_loss(tmp_path, monkeypatch, capsys):
+    # A task with its own loss, judged by the share of the loss a seed removes: before, it grew nothing.
+    monkeypatch.chdir(tmp_path)
+    namespace: dict[str, object] = {}
+    exec(compile(python_block("make_friedman1"), str(README), "exec"), namespace)
+    result = namespace["result"]
+    assert result.model.architecture(), "no seed was kept"
+    assert result.grown.final_loss < result.baseline.final_loss
+    out = capsys.readouterr().out
+    assert "% of loss" in out and "final val loss" in out and "negative loss" not in out

@@ -197,8 +197,10 @@ def noise_note(grown: EpisodeOutcome, baseline: EpisodeOutcome, metric_name: str
     gap, swing = abs(grown.final_accuracy - baseline.final_accuracy), epoch_swing(grown, baseline)
     if swing is None or not 0 < gap < swing:
         return ""
-    return (f"(grown and no growth end {gap:.2f} apart, less than one epoch moved their {metric_name} near the "
-            f"end ({swing:.2f}): a difference this small may be noise. "
+    number = "{:.2f}" if metric_name == "accuracy" else "{:.3g}"  # a task's own metric or loss: any scale
+    measure = "loss" if metric_name == NEGATIVE_LOSS else metric_name
+    return (f"(grown and no growth end {number.format(gap)} apart, less than one epoch moved their {measure} near "
+            f"the end ({number.format(swing)}): a difference this small may be noise. "
             "A decaying learning rate, [episode.optimizer] schedule = \"cosine\", lets training settle.)")
 
 
