@@ -94,6 +94,22 @@ def test_the_users_own_module_holds_the_grown_host_weights_after_growth(tmp_path
         torch.testing.assert_close(net.eval()(validation[0]), result.model.host.eval()(validation[0]), rtol=0, atol=0)
 
 
+def test_dense_outputs_under_the_default_loss_say_which_loss_to_pass(tmp_path: Path) -> None:
+    # Per-pixel classes, as a segmentation network gives them: scores on dimension 1 of [N, C, H, W].
+    images = torch.randn(48, 1, 6, 6)
+    labels = (images[:, 0] > 0).long()  # (48, 6, 6)
+    net = torch.nn.Sequential(torch.nn.Conv2d(1, 4, 3, padding=1), torch.nn.ReLU(), torch.nn.Conv2d(4, 2, 1))
+    host = morphogen.host_from_module(net, ["1"], example_input=images[:2])
+    task = morphogen.task_from_data("pixels", (images[:32], labels[:32]), (images[32:], labels[32:]))
+    with pytest.raises(morphogen.DataError, match=r"pass loss=torch.nn.functional.cross_entropy\)$"):
+        morphogen.grow(task, host, run_dir=str(tmp_path / "default"), config=eager_config(epochs=2), out=io.StringIO())
+    dense = morphogen.task_from_data("pixels", (images[:32], labels[:32]), (images[32:], labels[32:]),
+                                     loss=torch.nn.functional.cross_entropy)
+    result = morphogen.grow(dense, host, run_dir=str(tmp_path / "own"), config=eager_config(epochs=4),
+                            out=io.StringIO())
+    assert grown_seeds(result)
+
+
 def test_the_users_metric_names_the_score(tmp_path: Path) -> None:
     out = io.StringIO()
     result = morphogen.grow(user_tasks.mlp_regression(), run_dir=str(tmp_path / "run"), out=out,

@@ -431,8 +431,11 @@ class MorphogenesisEpisode:
             raise
         except (RuntimeError, ValueError, TypeError, IndexError) as error:
             message = str(error).strip().splitlines()
+            hint = "" if self.objective.custom else (
+                " (the default loss, cross-entropy, reads class scores on the last dimension, [N, C] or [N, T, C]; "
+                "for classes on dimension 1, as [N, C, H, W], pass loss=torch.nn.functional.cross_entropy)")
             raise DataError(f"task {self.task.name!r}: the model and its loss failed on the validation data: "
-                            f"{type(error).__name__}: {message[0][:300] if message else ''}") from None
+                            f"{type(error).__name__}: {message[0][:300] if message else ''}{hint}") from None
         if not math.isfinite(result.loss(MAIN)) or not math.isfinite(result.accuracy(MAIN)):
             raise DataError(f"task {self.task.name!r}: the loss or metric is not finite on the validation data before "
                             f"training (loss {result.loss(MAIN)}, {self.task.metric_name} {result.accuracy(MAIN)})")
