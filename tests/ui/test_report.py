@@ -49,3 +49,44 @@ def test_training_report_has_round_and_env_columns(trained_run, capsys):
     assert [row.split()[:2] for row in episodes] == [["1", "0"], ["1", "1"], ["2", "0"], ["2", "1"]]
     epochs = lines[lines.index("epochs of round 2 (env 0):") + 2:][:4]
     assert [row.split()[:3] for row in epochs] == [["2", "0", str(epoch)] for epoch in range(1, 5)]
+
+
+def test_report_of_a_regression_shows_the_loss_and_shares_of_it(tmp_path, capsys):
+    import io
+
+    import torch
+
+    import morphogen
+
+    torch.manual_seed(0)
+    x = torch.randn(400, 6)
+    y = torch.sin(2 * x[:, :3]).sum(1, keepdim=True)  # (400, 1)
+    net = torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.ReLU(), torch.nn.Linear(8, 1))
+    host = morphogen.host_from_module(net, ["1"], example_input=x[:2])
+    task = morphogen.task_from_data("sines", (x[:300], y[:300]), (x[300:], y[300:]), loss=torch.nn.functional.mse_loss)
+    run_dir = tmp_path / "run"
+    morphogen.grow(task, host, epochs=3, run_dir=str(run_dir), out=io.StringIO())
+    assert main(["report", str(run_dir)]) == 0
+    report = capsys.readouterr().out
+    epochs = report[report.index("epochs (env 0):"):].splitlines()
+    assert epochs[1].split()[:4] == ["env", "epoch", "val", "loss"]  # no negated loss beside the loss
+    assert "%" not in "\n".join(epochs[:5])
+    comparison = report.rstrip().splitlines()[-1]
+    assert comparison.startswith("grown loss ") and "no growth loss " in comparison
+
+
+def test_the_score_a_summary_names_is_read_with_bounds() -> None:
+    from morphogen.telemetry.story import SeedStory
+    from morphogen.ui.run_files import ScoreKind, score_kind
+
+    assert score_kind(None) == ScoreKind() == score_kind({"score": "accuracy"})
+    assert score_kind({"score": {"name": "R2", "criterion": "relative_loss"}}) == ScoreKind("R2", "relative_loss")
+    # Untrusted: a name too long or not a string, an unknown criterion, read as the defaults.
+    assert score_kind({"score": {"name": "x" * 101, "criterion": "rm -rf"}}) == ScoreKind()
+    assert score_kind({"score": {"name": 3, "criterion": None}}) == ScoreKind()
+    story = SeedStory(0, "r0c0", "wider", 1, contribution=1.5, loss_contribution=0.02,
+                      relative_loss_contribution=0.04)
+    assert ScoreKind().contribution(story) == "+1.50 pts"
+    assert ScoreKind("accuracy", "loss").contribution(story) == "+0.0200 nats"
+    assert ScoreKind("negative loss", "relative_loss").contribution(story) == "+4.00% of loss"
+    assert ScoreKind("R2", "relative_loss").format(0.98765) == "0.9877" and ScoreKind().format(97.5) == "97.50%"

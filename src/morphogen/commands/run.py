@@ -20,7 +20,6 @@ from morphogen.control.heuristic import HeuristicConfig, HeuristicController
 from morphogen.core.lifecycle import Criterion
 from morphogen.core.model import MorphogeneticModel
 from morphogen.data import Task
-from morphogen.data.tasks import NEGATIVE_LOSS
 from morphogen.devices import resolve_device
 from morphogen.env.actions import Op
 from morphogen.env.episode import EpisodeConfig, MorphogenesisEpisode, StepResult
@@ -42,9 +41,10 @@ from morphogen.telemetry.anomalies import AnomalyDetector
 from morphogen.telemetry.events import NON_FINITE_TOKENS
 from morphogen.telemetry.profiler import PhaseTimer, TraceProfiler
 from morphogen.telemetry.sinks import Telemetry
+from morphogen.telemetry.story import NEGATIVE_LOSS
 from morphogen.ui.progress import LINE_WIDTH, ProgressDisplay
 from morphogen.ui.stages import stage_short
-from morphogen.ui.units import format_flops
+from morphogen.ui.units import format_flops, format_loss
 
 
 @dataclass(frozen=True)
@@ -82,7 +82,7 @@ def format_step(result: StepResult, metric_name: str = "accuracy") -> str:
     action = Op(s.last_op).name
     rollback = "  ROLLBACK" if result.rollback is not None else ""
     score = _score_part(s.val_accuracy, metric_name)
-    head = (f"epoch {s.epoch:3d}/{s.max_epochs}  {score}loss {_loss_text(s.val_loss, 3)}  "
+    head = (f"epoch {s.epoch:3d}/{s.max_epochs}  {score}loss {format_loss(s.val_loss, 3)}  "
             f"params {s.active_parameters:>9,}  | ")
     outcome = "ok" if result.action_succeeded else f"refused: {result.reason}"
     tail = f" | {action} {outcome}{rollback}"
@@ -120,7 +120,7 @@ def print_summary(grown: EpisodeOutcome, baseline: EpisodeOutcome | None, out: T
     last = f"  last {len(grown.recent_scores)} epochs"
     cells: list[tuple[str, Callable[[EpisodeOutcome], str]]] = [
         (_cut(f"final val {metric_name}", 30), lambda o: f"{o.final_accuracy:.{2 if percent else 4}f}{percent}"),
-        ("final val loss", lambda o: _loss_text(o.final_loss)),
+        ("final val loss", lambda o: format_loss(o.final_loss)),
         (last, lambda o: _score_range(o, 2 if percent else 4)),
         ("parameters", lambda o: f"{o.parameters:,}"),
         ("training FLOPs", lambda o: format_flops(o.flops.total)),
@@ -178,17 +178,12 @@ def _score_range(outcome: EpisodeOutcome, decimals: int) -> str:
 def _loss_range(outcome: EpisodeOutcome) -> str:
     """The lowest and highest validation loss of the last epochs, for a task whose score is the negated loss."""
     scores = outcome.recent_scores
-    return _range(_loss_text(-max(scores)), _loss_text(-min(scores))) if scores else "-"
+    return _range(format_loss(-max(scores)), format_loss(-min(scores))) if scores else "-"
 
 
 def _range(low: str, high: str) -> str:
     """`low-high`, or `low to high` where a dash could be read as a minus sign."""
     return f"{low} to {high}" if "-" in low + high else f"{low}-{high}"
-
-
-def _loss_text(loss: float, decimals: int = 4) -> str:
-    """A validation loss to `decimals` decimals, or as many significant digits when it is below a hundredth."""
-    return f"{loss:.{decimals}f}" if abs(loss) >= 0.01 or loss == 0.0 else f"{loss:.{decimals - 1}e}"
 
 
 def noise_note(grown: EpisodeOutcome, baseline: EpisodeOutcome, metric_name: str) -> str:
@@ -314,7 +309,9 @@ def _play_and_write(config: RunConfig, task: Task, episode: MorphogenesisEpisode
                   nothing_kept=config.from_scratch and not architecture)
     if episode.timer.enabled:
         print(f"\ntime by phase (grown model):\n{episode.timer.summary()}", file=out)
-    summary = {"controller": controller_name, "grown": _outcome_dict(grown),
+    summary = {"controller": controller_name,
+               "score": {"name": task.metric_name, "criterion": episode.slot_config.gates.judged_by.value},
+               "grown": _outcome_dict(grown),
                "baseline": None if baseline is None else _outcome_dict(baseline),
                "from_scratch": None if from_scratch is None else
                {**_outcome_dict(from_scratch), "architecture": architecture}}

@@ -55,8 +55,6 @@ CIFAR10_BATCH_SIZE = 128
 TEXT_BATCH_SIZE = 32
 TEXT_TRAIN_FRACTION = 0.9
 """The first 90% of the characters train, the last 10% validate (no window straddles the cut)."""
-#: The score's name of a task with its own loss and no metric: the score is the loss, negated.
-NEGATIVE_LOSS = "negative loss"
 MNIST1D_BATCH_SIZE = 100
 """40 steps per epoch on 4000 signals; the batch size of the MNIST-1D paper's reference models."""
 
@@ -102,8 +100,8 @@ class Task:
     """The validation score `metric(outputs, targets)` -> the batch mean, higher is better; None is accuracy in
     percent with the built-in loss, and the negative loss with a task's own loss."""
     metric_name: str = "accuracy"
-    """What the score is, for people: "accuracy", "negative loss" (`NEGATIVE_LOSS`) or the user's name for their
-    metric."""
+    """What the score is, for people: "accuracy", "negative loss" (`telemetry.story.NEGATIVE_LOSS`) or the user's
+    name for their metric."""
     num_classes: int | None = None
     """Classes of a classification task (chance accuracy is 100 / num_classes); None when not one."""
     host: Any = None

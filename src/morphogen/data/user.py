@@ -22,7 +22,8 @@ from torch.utils.data import DataLoader, Dataset
 
 from morphogen.data.datasets import Augmentation, DeviceDataset
 from morphogen.data.errors import DataError
-from morphogen.data.tasks import NEGATIVE_LOSS, BatchSource, Task
+from morphogen.data.tasks import BatchSource, Task
+from morphogen.telemetry.story import NEGATIVE_LOSS
 
 DEFAULT_BATCH_SIZE = 64
 #: Topologies a user's host may have (see `morphogen.core.module_host`); the data layer names them as strings.

@@ -13,6 +13,9 @@ TERMINAL_OUTCOMES = ("fossilized", "pruned")
 SHADOW_PREFIX, WITHOUT_PREFIX = "with:", "without:"
 #: The configuration of the model as it is, next to which the others are measured.
 MAIN_CONFIG = "main"
+#: The score's name of a task with its own loss and no metric (the loss, negated): the run's output and the
+#: readers of its summary show the loss itself for it.
+NEGATIVE_LOSS = "negative loss"
 
 
 @dataclass

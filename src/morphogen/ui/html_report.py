@@ -35,18 +35,19 @@ from morphogen.telemetry.events import (
     RewardComputed,
     RoundCompleted,
 )
-from morphogen.telemetry.story import SHADOW_PREFIX, WITHOUT_PREFIX, SeedStory, seed_stories
+from morphogen.telemetry.story import NEGATIVE_LOSS, SHADOW_PREFIX, WITHOUT_PREFIX, SeedStory, seed_stories
 from morphogen.ui.run_files import (
     RunDirectoryError,
     RunFiles,
     load_run_files,
     round_of_events,
+    score_kind,
     summary_number,
     task_label,
 )
 from morphogen.ui.stages import STAGE_COLOURS, stage_colour
 from morphogen.ui.svg import Segment, Series, line_chart, scatter_chart, timeline_chart
-from morphogen.ui.units import format_flops
+from morphogen.ui.units import format_flops, format_loss
 
 STYLE = """
 body { font: 14px/1.45 system-ui, sans-serif; margin: 24px auto; max-width: 1180px; color: #212121; }
@@ -90,10 +91,12 @@ def growth_charts(files: RunFiles) -> list[str]:
               ("no growth", _epochs([timed.event for timed in files.baseline_events]), True),
               ("from scratch", _epochs([timed.event for timed in files.from_scratch_events]), True)]
     shown = [(name, epochs, dashed) for name, epochs, dashed in curves if epochs or name == "grown"]
+    score = score_kind(files.summary)
+    title, axis = ("validation accuracy", "accuracy %") if score.is_accuracy else (
+        f"validation {score.name}", score.name)
     return [
         line_chart([Series(name, tuple((e.epoch, e.val_accuracy) for e in epochs), dashed)
-                    for name, epochs, dashed in shown], title="validation accuracy", x_label="epoch",
-                   y_label="accuracy %"),
+                    for name, epochs, dashed in shown], title=title, x_label="epoch", y_label=axis),
         line_chart([Series(name, tuple((e.epoch, float(e.param_count)) for e in epochs), dashed)
                     for name, epochs, dashed in shown], title="parameters", x_label="epoch", y_label="parameters"),
     ]
@@ -245,7 +248,10 @@ def summary_table(files: RunFiles) -> str:
         return ""
     columns = [("grown", summary.get("grown")), ("no growth", summary.get("baseline")),
                ("from scratch", summary.get("from_scratch"))]
-    rows = [("final val accuracy", "final_accuracy", "{:.2f}%"), ("final val loss", "final_loss", "{:.4f}"),
+    score = score_kind(summary)
+    score_row = [] if score.name == NEGATIVE_LOSS else [  # the loss row says it for a negated loss
+        (f"final val {score.name}", "final_accuracy", "{:.2f}%" if score.is_accuracy else "{:.4g}")]
+    rows = [*score_row, ("final val loss", "final_loss", ""),
             ("parameters", "parameters", "{:,.0f}"), ("training FLOPs", "flops", ""),
             ("wall time", "seconds", "{:.1f} s")]
 
@@ -254,10 +260,13 @@ def summary_table(files: RunFiles) -> str:
             total = summary_number(column.get("flops") if isinstance(column, dict) else None, "total")
             return "-" if total is None else format_flops(total)
         value = summary_number(column, key)
-        return "-" if value is None else form.format(value)
+        if value is None:
+            return "-"
+        return format_loss(value) if key == "final_loss" else form.format(value)
 
     body = "".join(
-        f"<tr><td>{name}</td>" + "".join(f"<td class='num'>{cell(column, key, form)}</td>" for _, column in columns)
+        f"<tr><td>{escape(name)}</td>"
+        + "".join(f"<td class='num'>{cell(column, key, form)}</td>" for _, column in columns)
         + "</tr>" for name, key, form in rows)
     header = "".join(f"<th>{escape(title)}</th>" for title, _ in columns)
     return f"<table><tr><th></th>{header}</tr>{body}</table>"

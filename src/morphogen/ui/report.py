@@ -23,32 +23,48 @@ from morphogen.telemetry.events import (
     RoundCompleted,
     TelemetryLevelChanged,
 )
-from morphogen.telemetry.story import SeedStory, seed_stories
-from morphogen.ui.run_files import RunDirectoryError, load_run_files, round_of_events, summary_number, task_label
+from morphogen.telemetry.story import NEGATIVE_LOSS, SeedStory, seed_stories
+from morphogen.ui.run_files import (
+    RunDirectoryError,
+    ScoreKind,
+    load_run_files,
+    round_of_events,
+    score_kind,
+    summary_number,
+    task_label,
+)
 from morphogen.ui.terminal_text import printable
-from morphogen.ui.units import format_flops
+from morphogen.ui.units import format_flops, format_loss
 
 __all__ = ["RunDirectoryError", "render_report"]
 
 
-def _epoch_rows(epochs: Sequence[tuple[int, EpochCompleted]], with_round: bool) -> list[str]:
+def _epoch_rows(epochs: Sequence[tuple[int, EpochCompleted]], with_round: bool, score: ScoreKind) -> list[str]:
     round_header = f"{'round':>5}  " if with_round else ""
-    lines = [f"  {round_header}{'env':>3}  {'epoch':>5}  {'val acc':>8}  {'val loss':>8}  {'params':>9}  action"]
+    shows_score = score.name != NEGATIVE_LOSS  # a negated loss: the loss column says it
+    title = f"{_cut(f'val {score.label}', 10):>10}  " if shows_score else ""
+    lines = [f"  {round_header}{'env':>3}  {'epoch':>5}  {title}{'val loss':>10}  {'params':>9}  action"]
     for round_number, e in epochs:
         outcome = "" if e.action_succeeded else "  (refused)"
         round_cell = f"{round_number:>5}  " if with_round else ""
-        lines.append(f"  {round_cell}{e.env_id:>3}  {e.epoch:>5}  {e.val_accuracy:>7.2f}%  {e.val_loss:>8.4f}  "
+        score_cell = f"{score.format(e.val_accuracy):>10}  " if shows_score else ""
+        lines.append(f"  {round_cell}{e.env_id:>3}  {e.epoch:>5}  {score_cell}{format_loss(e.val_loss):>10}  "
                      f"{e.param_count:>9,}  {e.action}{outcome}")
     return lines
 
 
-def _episode_section(history: Sequence[Event], training: bool) -> list[str]:
+def _cut(text: str, width: int) -> str:
+    """`text` cut to `width` characters, ending in an ellipsis when something was cut."""
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def _episode_section(history: Sequence[Event], training: bool, score: ScoreKind) -> list[str]:
     """A run: every epoch of env 0. A training run: one row per episode, then the last round's env 0 epochs."""
     epochs = [(r, e) for r, e in round_of_events(history) if isinstance(e, EpochCompleted)]
     if not epochs:
         return []
     if not training:
-        return ["epochs (env 0):", *_epoch_rows([(r, e) for r, e in epochs if e.env_id == 0], False)]
+        return ["epochs (env 0):", *_epoch_rows([(r, e) for r, e in epochs if e.env_id == 0], False, score)]
     lines = ["episodes:", f"  {'round':>5}  {'env':>3}  {'final acc':>9}  {'params':>9}  {'added':>8}  "
              f"{'fossilized':>10}  {'pruned':>6}  {'return':>8}"]
     for round_number, e in round_of_events(history):
@@ -58,10 +74,10 @@ def _episode_section(history: Sequence[Event], training: bool) -> list[str]:
                          f"{e.episode_return:>+8.3f}")
     last = max(r for r, _ in epochs)
     return [*lines, "", f"epochs of round {last} (env 0):",
-            *_epoch_rows([(r, e) for r, e in epochs if r == last and e.env_id == 0], True)]
+            *_epoch_rows([(r, e) for r, e in epochs if r == last and e.env_id == 0], True, score)]
 
 
-def _seed_section(history: Sequence[Event], training: bool) -> list[str]:
+def _seed_section(history: Sequence[Event], training: bool, score: ScoreKind) -> list[str]:
     stories_by_round: list[tuple[int, SeedStory]] = []
     for round_number, events_of_round in _group_by_round(history).items():
         stories_by_round.extend((round_number, story) for story in seed_stories(events_of_round))
@@ -78,7 +94,7 @@ def _seed_section(history: Sequence[Event], training: bool) -> list[str]:
     else:
         lines.append(f"seeds ({len(stories_by_round)}):")
     for round_number, story in stories_by_round:
-        contribution = "-" if story.contribution is None else f"{story.contribution:+.2f} pts"
+        contribution = score.contribution(story)
         where = f"round {round_number} env {story.env_id}" if training else f"env {story.env_id}"
         lines.append(f"  {where}  {story.blueprint:<11} {story.slot:<5} germinated@{story.germinated:<3} "
                      f"{story.path_before_outcome():<40} {story.ending():<15} contribution {contribution}")
@@ -150,14 +166,19 @@ def _comparison_section(summary: dict[str, object] | None) -> list[str]:
     """The grown model, then no growth and the final architecture from scratch where summary.json holds
     them; nothing when it lacks the grown model's figures."""
     summary = summary or {}
+    score = score_kind(summary)
     parts = []
     for name, key in (("grown", "grown"), ("no growth", "baseline"), ("from scratch", "from_scratch")):
         table = summary.get(key)
         accuracy, parameters = summary_number(table, "final_accuracy"), summary_number(table, "parameters")
         if accuracy is None or parameters is None:
             continue
+        if score.name == NEGATIVE_LOSS:  # the loss itself, not its negation
+            shown = f"loss {-accuracy:.4g}"
+        else:
+            shown = score.format(accuracy) if score.is_accuracy else f"{score.name} {score.format(accuracy)}"
         flops = summary_number(table.get("flops") if isinstance(table, dict) else None, "total")
-        parts.append(f"{name} {accuracy:.2f}% with {parameters:,.0f} parameters"
+        parts.append(f"{name} {shown} with {parameters:,.0f} parameters"
                      + ("" if flops is None else f" and {format_flops(flops)}"))
     return ["; ".join(parts)] if parts and parts[0].startswith("grown ") else []
 
@@ -170,7 +191,9 @@ def render_report(run_dir: str | Path) -> str:
     header = (f"run {files.path}: task {task_label(config) or '?'}, seed {config.get('seed', '?')}, "
               f"{len(history)} events" + (f" ({damage})" if damage else ""))
     reward = _reward_section(history) if files.steered_by_reward else []
-    sections = [[header], _episode_section(history, training), _seed_section(history, training), reward,
+    score = score_kind(files.summary)
+    sections = [[header], _episode_section(history, training, score), _seed_section(history, training, score),
+                reward,
                 _training_section(history), _health_section(history, training), _phase_section(history),
                 _comparison_section(files.summary)]
     text = "\n\n".join("\n".join(section) for section in sections if section)

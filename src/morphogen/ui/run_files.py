@@ -50,6 +50,7 @@ from morphogen.run_directory import (
     read_line,
 )
 from morphogen.telemetry.events import Event, RoundCompleted, event_from_dict
+from morphogen.telemetry.story import SeedStory
 
 MAX_EVENTS = 2_000_000
 """Events kept per events file (a 100-round, 64-env training run writes about 200,000)."""
@@ -202,6 +203,55 @@ def summary_number(table: object, key: str) -> float | None:
     except OverflowError:  # an integer past the float range
         return None
     return number if math.isfinite(number) else None
+
+
+#: What summary.json's "score" may say the gates judged seeds by (anything else reads as "score").
+CRITERIA = ("score", "loss", "relative_loss")
+
+
+@dataclass(frozen=True)
+class ScoreKind:
+    """What a run's validation score is and what its seeds were judged by: summary.json's "score" table
+    ({"name": ..., "criterion": ...}); accuracy judged by points where a run does not say (runs before it did)."""
+
+    name: str = "accuracy"
+    criterion: str = "score"
+
+    @property
+    def is_accuracy(self) -> bool:
+        return self.name == "accuracy"
+
+    @property
+    def label(self) -> str:
+        """The score's name for a column or a chart, short for accuracy."""
+        return "acc" if self.is_accuracy else self.name
+
+    def format(self, value: float) -> str:
+        """A score as a reader expects it: accuracy in percent, any other in four significant digits."""
+        return f"{value:.2f}%" if self.is_accuracy else f"{value:.4g}"
+
+    def contribution(self, story: SeedStory) -> str:
+        """What a seed was last measured to add, in the unit its gates judged: points, nats or a share of the
+        loss ("-" when not measured)."""
+        if self.criterion == "loss":
+            value, text = story.loss_contribution, "{:+.4f} nats"
+        elif self.criterion == "relative_loss":
+            share = story.relative_loss_contribution
+            value, text = None if share is None else 100 * share, "{:+.2f}% of loss"
+        else:
+            value, text = story.contribution, "{:+.2f} pts"
+        return "-" if value is None else text.format(value)
+
+
+def score_kind(summary: Mapping[str, Any] | None) -> ScoreKind:
+    """The `ScoreKind` summary.json records (an untrusted file: a name of at most 100 characters, a known
+    criterion), or accuracy judged by points."""
+    table = (summary or {}).get("score")
+    if not isinstance(table, dict):
+        return ScoreKind()
+    name, criterion = table.get("name"), table.get("criterion")
+    return ScoreKind(name if isinstance(name, str) and 0 < len(name) <= 100 else "accuracy",
+                     criterion if criterion in CRITERIA else "score")
 
 
 def check_run_dir(run_dir: str | Path) -> Path:

@@ -9,3 +9,9 @@ def format_flops(flops: float) -> str:
         if abs(flops) >= factor:
             return f"{flops / factor:.3g} {prefix}FLOP"
     return f"{flops:.3g} FLOP"
+
+
+def format_loss(loss: float, decimals: int = 4) -> str:
+    """A validation loss to `decimals` decimals, or as many significant digits when it is below a hundredth (a
+    regression's mean squared error can be 1e-5)."""
+    return f"{loss:.{decimals}f}" if abs(loss) >= 0.01 or loss == 0.0 else f"{loss:.{decimals - 1}e}"
