@@ -24,13 +24,16 @@
   then by growth signal). `cnn1d_by_signal` lets the signals choose the first seed too (`first_seed = ""`, the
   default before 2026-11-28), `cnn1d_branch_all` grows `branch_wide` beside both convolutions at once.
 - `cnn2d`: the same design in 2-D (4 and 8 channels) on the digits task's 8x8 images; `cnn2d_branch_first`
-  names its first seed `branch_wide` (`first_seed`), which the default now does too.
+  names its first seed `branch_wide` (`first_seed`), which the default now does too, and `cnn2d_by_signal`
+  lets the growth signals choose it (`first_seed = ""`).
 - `regression`: an MLP (10-16-16-1) with a regression's own loss, the mean squared error, on scikit-learn's
   Friedman #1 problem (`make_friedman1`: 10 uniform inputs, 5 of them in a nonlinear target, noise 1.0; 3,000
   training and 1,000 validation samples, the target standardized by the training split's mean and std); slots
   after each hidden layer, the default heuristic and gates, which judge a task with its own loss by the share
   of its validation loss a seed removes. Its table compares validation losses, paired by seed as relative
   changes (`--criterion score`: judged by its score, the negated loss, in points, as before 2026-11-28).
+  `friedman2` and `friedman3` (4 inputs, noise-free) and `linear_regression` (a linear target with noise, where
+  no capacity is needed) grow the same network on the other problems, inputs standardized too.
 
 Each is made a host by `morphogen.host_from_module` and grown by `morphogen.grow` with the heuristic
 (defaults but for the settings named above) and strict gates, next to the same host without growth and the
@@ -181,13 +184,38 @@ def friedman1() -> Split:
     from sklearn.datasets import make_friedman1
 
     features, target = make_friedman1(n_samples=4000, noise=1.0, random_state=0)
+    return _regression_split(features, target, standardize_inputs=False)
+
+
+def other_regression(kind: str) -> Callable[[], Split]:
+    """scikit-learn's Friedman #2 or #3 (noise-free) or a linear problem (`make_regression`: 10 inputs, 5 used,
+    noise 10), 4,000 samples drawn once; inputs and targets standardized by the 3,000 training samples."""
+
+    def split() -> Split:
+        from sklearn import datasets
+
+        if kind == "linear":
+            features, target = datasets.make_regression(n_samples=4000, n_features=10, n_informative=5,
+                                                        noise=10.0, random_state=0)
+        else:
+            features, target = getattr(datasets, f"make_{kind}")(n_samples=4000, noise=0.0, random_state=0)
+        return _regression_split(features, target, standardize_inputs=True)
+
+    return split
+
+
+def _regression_split(features: object, target: object, *, standardize_inputs: bool) -> Split:
+    """The first 3,000 samples train, the last 1,000 validate; standardized by the training split."""
     x = torch.tensor(features, dtype=torch.float32)
-    y = torch.tensor(target, dtype=torch.float32).unsqueeze(1)  # (4000, 1)
+    y = torch.tensor(target, dtype=torch.float32).unsqueeze(1)  # (N, 1)
+    if standardize_inputs:
+        x = (x - x[:3000].mean(0)) / x[:3000].std(0)
     y = (y - y[:3000].mean()) / y[:3000].std()
     return (x[:3000], y[:3000]), (x[3000:], y[3000:])
 
 
 def regression_mlp(inputs: int = 10, hidden: int = 16) -> nn.Sequential:
+    """Two hidden layers of `hidden` ReLU units and one output."""
     return nn.Sequential(nn.Linear(inputs, hidden), nn.ReLU(), nn.Linear(hidden, hidden), nn.ReLU(),
                          nn.Linear(hidden, 1))
 
@@ -226,8 +254,15 @@ MODELS = {
     "cnn1d_by_signal": Model(mnist1d_signals, cnn1d, ("1", "4"), 100, (("first_seed", ""),)),
     "cnn2d": Model(digits_images, cnn2d, ("1", "4"), 64),
     "cnn2d_branch_first": Model(digits_images, cnn2d, ("1", "4"), 64, (("first_seed", "branch_wide"),)),
+    "cnn2d_by_signal": Model(digits_images, cnn2d, ("1", "4"), 64, (("first_seed", ""),)),
     "cnn1d_branch_all": Model(mnist1d_signals, cnn1d, ("1", "4"), 100, (("depth_blueprint", "branch_wide"),)),
     "regression": Model(friedman1, regression_mlp, ("1", "3"), 64, loss=nn.functional.mse_loss),
+    "friedman2": Model(other_regression("friedman2"), lambda: regression_mlp(inputs=4), ("1", "3"), 64,
+                       loss=nn.functional.mse_loss),
+    "friedman3": Model(other_regression("friedman3"), lambda: regression_mlp(inputs=4), ("1", "3"), 64,
+                       loss=nn.functional.mse_loss),
+    "linear_regression": Model(other_regression("linear"), regression_mlp, ("1", "3"), 64,
+                               loss=nn.functional.mse_loss),
 }
 
 
@@ -391,6 +426,9 @@ def main(argv: Sequence[str] | None = None) -> None:
                              "classifier, the task's criterion for the regression)")
     args = parser.parse_args(argv)
     names = [name.strip() for name in args.models.split(",") if name.strip()]
+    unknown = [name for name in names if name not in MODELS]
+    if unknown:
+        parser.error(f"unknown model {', '.join(unknown)}; known: {', '.join(MODELS)}")
     widths = [int(width) for width in args.fixed_widths.split(",") if width.strip()]
     seeds = range(args.first_seed, args.first_seed + args.seeds)
     jobs = [(name, seed, args.epochs, args.schedule, args.criterion) for name in names for seed in seeds]

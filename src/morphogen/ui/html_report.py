@@ -92,11 +92,10 @@ def growth_charts(files: RunFiles) -> list[str]:
               ("from scratch", _epochs([timed.event for timed in files.from_scratch_events]), True)]
     shown = [(name, epochs, dashed) for name, epochs, dashed in curves if epochs or name == "grown"]
     score = score_kind(files.summary)
-    title, axis = ("validation accuracy", "accuracy %") if score.is_accuracy else (
-        f"validation {score.name}", score.name)
     return [
         line_chart([Series(name, tuple((e.epoch, e.val_accuracy) for e in epochs), dashed)
-                    for name, epochs, dashed in shown], title=title, x_label="epoch", y_label=axis),
+                    for name, epochs, dashed in shown], title=f"validation {score.name}", x_label="epoch",
+                   y_label=score.axis),
         line_chart([Series(name, tuple((e.epoch, float(e.param_count)) for e in epochs), dashed)
                     for name, epochs, dashed in shown], title="parameters", x_label="epoch", y_label="parameters"),
     ]

@@ -226,6 +226,11 @@ class ScoreKind:
         """The score's name for a column or a chart, short for accuracy."""
         return "acc" if self.is_accuracy else self.name
 
+    @property
+    def axis(self) -> str:
+        """The score's name on a chart's axis, with its unit for accuracy."""
+        return "accuracy %" if self.is_accuracy else self.name
+
     def format(self, value: float) -> str:
         """A score as a reader expects it: accuracy in percent, any other in four significant digits."""
         return f"{value:.2f}%" if self.is_accuracy else f"{value:.4g}"
