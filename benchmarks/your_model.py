@@ -387,7 +387,8 @@ def print_table(name: str, results: Sequence[tuple[str, int, dict[str, Figures],
         figures = [r[2][variant] for r in results]
         accuracy, loss = mean_std([f.accuracy for f in figures]), mean_std([f.loss for f in figures])
         seconds = mean_std([f.seconds for f in figures])
-        print(f"  {variant:14}{accuracy[0]:>10.2f} ± {accuracy[1]:<5.2f}{loss[0]:>10.4f} ± {loss[1]:<5.3f}"
+        losses = f"{loss[0]:>10.4g} ± {loss[1]:<5.2g}" if MODELS[name].loss else f"{loss[0]:>10.4f} ± {loss[1]:<5.3f}"
+        print(f"  {variant:14}{accuracy[0]:>10.2f} ± {accuracy[1]:<5.2f}{losses}"
               f"{statistics.fmean(f.parameters for f in figures):>14,.0f}"
               f"{format_flops(statistics.fmean(f.flops for f in figures)):>12}{seconds[0]:>8.1f} ± {seconds[1]:<4.1f}")
     for variant in VARIANTS:  # in seed order: how far apart runs land says what a mean of five can show
