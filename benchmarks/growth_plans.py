@@ -78,6 +78,8 @@ PLANS = {
     "lean": Plan("the heuristic widening by half (configs/grow_lean.toml)", {"widening": "wider_half"}),
     "judged by accuracy": Plan("the heuristic with the gates judging accuracy points, not validation loss",
                                gates={"criterion": Criterion.SCORE}),
+    "judged by relative loss": Plan("the heuristic with the gates judging the share of the validation loss a seed "
+                                    "removes (a task with its own loss)", gates={"criterion": Criterion.RELATIVE_LOSS}),
     "wider r0c0 @5": Plan("wider in r0c0 at epoch 5", schedule=((5, "r0c0", "wider"),)),
     "wider r0c1 @5": Plan("wider in r0c1 at epoch 5", schedule=((5, "r0c1", "wider"),)),
     "conv_heavy r0c0 @10": Plan("conv_heavy in r0c0 at epoch 10", schedule=((10, "r0c0", "conv_heavy"),)),
