@@ -178,3 +178,37 @@ def test_onnx_without_its_extra_says_how_to_install_it(grown: RunResult, tmp_pat
     with pytest.raises(morphogen.ExportError, match=r"pip install 'morphogen\[onnx\]'"):
         morphogen.export_model(grown.model, validation_inputs(2), tmp_path / "grown.onnx", format="onnx")
     assert not (tmp_path / "grown.onnx").exists()
+
+
+def test_the_final_architecture_trained_from_scratch_is_returned_saved_and_exported(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    gates = GateConfig(mode=GateMode.PERMISSIVE, min_training_epochs=1)
+    config = RunConfig(
+        task="digits", max_train_samples=300, slots=("r0c0",), baseline=False, from_scratch=True,
+        run_dir=str(tmp_path / "run"), episode=EpisodeConfig(max_epochs=4, slots=SlotConfig(gates=gates, blend_epochs=1)),
+        heuristic=HeuristicConfig(warmup_epochs=0, plateau_epochs=1, plateau_threshold=1e9, min_training_epochs=1,
+                                  choice="rotation"))
+    result = run_command(config, out=io.StringIO())
+    scratch = result.from_scratch_model
+    assert scratch is not None and result.from_scratch is not None
+    assert scratch.architecture() == result.model.architecture() == {"r0c0": "conv_heavy"}
+    assert scratch.param_count() == result.from_scratch.parameters
+    inputs = validation_inputs()
+    with torch.no_grad():
+        expected = scratch.eval()(inputs)
+        assert not torch.equal(expected, result.model.eval()(inputs))  # trained apart from the grown model
+        loaded = morphogen.load_grown_model(result.run_dir, from_scratch=True)
+        torch.testing.assert_close(loaded.eval()(inputs), expected, rtol=0, atol=0)
+    assert main(["export", str(result.run_dir), "--from-scratch"]) == 0
+    assert "seeds folded in: conv_heavy in r0c0" in capsys.readouterr().out
+    program = torch.export.load(result.run_dir / "model_from_scratch.pt2").module()
+    torch.testing.assert_close(program(inputs), expected, rtol=0, atol=1e-5)
+
+
+def test_a_run_without_the_from_scratch_training_says_so(grown: RunResult, tmp_path: Path,
+                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    run = Path(shutil.copytree(grown.run_dir, tmp_path / "run"))
+    before = contents(run)
+    assert main(["export", str(run), "--from-scratch"]) == EXIT_USER_ERROR
+    assert "trained no final architecture from scratch" in one_line(capsys)
+    assert contents(run) == before

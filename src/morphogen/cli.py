@@ -219,6 +219,9 @@ def _add_export_parser(subparsers: Any) -> None:
     export.add_argument("--output", help="where to write (default RUN_DIR/model.pt2 or RUN_DIR/model.onnx)")
     export.add_argument("--leave-out-blending", action="store_true",
                         help="leave seeds still BLENDING out instead of refusing to export")
+    export.add_argument("--from-scratch", action="store_true",
+                        help="export the grown model's final architecture as the run trained it from scratch "
+                             "(default output RUN_DIR/model_from_scratch.pt2)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -496,7 +499,7 @@ def _list(args: argparse.Namespace) -> None:
 def _export(args: argparse.Namespace) -> None:
     from morphogen.commands.export import export_command
 
-    export_command(args.run_dir, args.format, args.output, args.leave_out_blending)
+    export_command(args.run_dir, args.format, args.output, args.leave_out_blending, from_scratch=args.from_scratch)
 
 
 def _dashboard(args: argparse.Namespace) -> None:

@@ -14,7 +14,9 @@ with the `onnx` extra, an ONNX model. The network is traced on the device and in
 builds it (a built-in task with its `[host]` table, or the user's task function named by its import path),
 then the state of `RUN_DIR/model.pt`. A task built in Python (`morphogen.grow`) has no import path, so its
 host is passed in: `load_grown_model(run_dir, host=morphogen.host_from_module(MyNet(), ...))` loads the
-grown weights into that host, and so into `MyNet`'s own parameters, which it shares.
+grown weights into that host, and so into `MyNet`'s own parameters, which it shares. With
+`from_scratch=True` it rebuilds the grown model's final architecture as the run trained it from scratch
+(`RUN_DIR/from_scratch/model.pt`, written when that comparison ran).
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ from morphogen.core.plain import ExportError, GrownNetwork, grown_network
 from morphogen.data import Task
 from morphogen.env.episode import MorphogenesisEpisode
 from morphogen.model_file import load_model_state, read_model_file
-from morphogen.run_directory import CONFIG_FILENAME, MODEL_FILENAME, write_atomic
+from morphogen.run_directory import CONFIG_FILENAME, FROM_SCRATCH_DIRNAME, MODEL_FILENAME, write_atomic
 from morphogen.session import PYTHON_TASK, load_session_task
 
 #: Export formats and the file suffix each is written with by default.
@@ -120,24 +122,30 @@ def _onnx_bytes(program: torch.export.ExportedProgram) -> bytes:
     return bytes(onnx_program.model_proto.SerializeToString())
 
 
-def load_grown_model(run_dir: str | Path, host: SegmentedHost | None = None, *,
-                     device: str = "cpu") -> MorphogeneticModel:
-    """The model a run grew (`RUN_DIR/model.pt`), rebuilt on `device`; see the module docstring.
+def load_grown_model(run_dir: str | Path, host: SegmentedHost | None = None, *, device: str = "cpu",
+                     from_scratch: bool = False) -> MorphogeneticModel:
+    """The model a run grew (`RUN_DIR/model.pt`), rebuilt on `device`; see the module docstring. `from_scratch`:
+    its final architecture as the run trained it from scratch instead (`RUN_DIR/from_scratch/model.pt`).
 
     `host` (from `morphogen.host_from_module`) is required for a task built in Python, and receives the
-    grown host weights. Raises `ModelFileError` or `ConfigError` (both `ValueError`s).
+    model's host weights. Raises `ModelFileError` or `ConfigError` (both `ValueError`s).
     """
-    model, _ = rebuild_run(run_dir, device, host)
+    model, _ = rebuild_run(run_dir, device, host, from_scratch=from_scratch)
     return model
 
 
-def rebuild_run(run_dir: str | Path, device: str = "cpu",
-                host: SegmentedHost | None = None) -> tuple[MorphogeneticModel, Task | None]:
-    """A run's grown model on `device`, and its task (None when `host` was given and no task was loaded)."""
+def rebuild_run(run_dir: str | Path, device: str = "cpu", host: SegmentedHost | None = None, *,
+                from_scratch: bool = False) -> tuple[MorphogeneticModel, Task | None]:
+    """A run's grown model (or, `from_scratch`, its final architecture trained from scratch) on `device`, and
+    its task (None when `host` was given and no task was loaded)."""
     run = Path(run_dir)
     if not run.is_dir():
         raise ConfigError(f"{run} is not a run directory")
-    payload = read_model_file(run / MODEL_FILENAME)  # first: a run without a model fails before any data loads
+    model_file = run / FROM_SCRATCH_DIRNAME / MODEL_FILENAME if from_scratch else run / MODEL_FILENAME
+    if from_scratch and not model_file.exists() and (run / MODEL_FILENAME).exists():
+        raise ConfigError(f"run {run} trained no final architecture from scratch (no seed was kept, or "
+                          "from_scratch was off): it has no from_scratch/model.pt")
+    payload = read_model_file(model_file)  # first: a run without a model fails before any data loads
     config = build_config(RunConfig, read_config_file(run / CONFIG_FILENAME))
     task = None
     if host is not None:
@@ -150,7 +158,7 @@ def rebuild_run(run_dir: str | Path, device: str = "cpu",
         task = load_session_task(config, device)
         model = MorphogenesisEpisode(task, config.episode, seed=config.seed, slots=config.slots,
                                      pool_slots=config.pool_slots).build_model()
-    load_model_state(model, payload, run / MODEL_FILENAME)
+    load_model_state(model, payload, model_file)
     return model, task
 
 

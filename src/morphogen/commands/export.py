@@ -2,8 +2,10 @@
 
 The model is rebuilt as `run --config RUN_DIR/config.json` builds it, loaded from `RUN_DIR/model.pt`, and
 traced on the CPU with the first validation inputs of the run's task (see `morphogen.export`). The output
-goes to `--output`, by default `RUN_DIR/model.pt2` (or `model.onnx`). It never replaces one of the run's
-own files, and writing into the run directory holds its lock, like every other writer.
+goes to `--output`, by default `RUN_DIR/model.pt2` (or `model.onnx`). `--from-scratch` exports the grown
+model's final architecture as the run trained it from scratch (`RUN_DIR/from_scratch/model.pt`), by default to
+`RUN_DIR/model_from_scratch.pt2`. It never replaces one of the run's own files, and writing into the run
+directory holds its lock, like every other writer.
 """
 
 from __future__ import annotations
@@ -21,17 +23,19 @@ from morphogen.run_directory import RUN_FILE_NAMES, hold_run_directory
 
 
 def export_command(run_dir: str, format: str = "torch-export", output: str | None = None,
-                   leave_out_blending: bool = False, out: TextIO | None = None) -> Path:
-    """Export the grown model of `run_dir`; prints what went in and how to load it. Returns the path written."""
+                   leave_out_blending: bool = False, out: TextIO | None = None, from_scratch: bool = False) -> Path:
+    """Export the grown model of `run_dir` (`from_scratch`: its final architecture as the run trained it from
+    scratch); prints what went in and how to load it. Returns the path written."""
     out = sys.stdout if out is None else out
     if format not in FORMATS:
         raise ExportError(f"unknown export format {format!r}; valid: {', '.join(FORMATS)}")
     run = Path(run_dir)
-    path = run / f"model{FORMATS[format]}" if output is None else Path(output)
+    default_name = f"{'model_from_scratch' if from_scratch else 'model'}{FORMATS[format]}"
+    path = run / default_name if output is None else Path(output)
     inside = path.resolve().parent == run.resolve()
     if inside and path.name in RUN_FILE_NAMES:
         raise ExportError(f"--output {path} would replace the run's own {path.name}; choose another name")
-    model, task = rebuild_run(run, "cpu")
+    model, task = rebuild_run(run, "cpu", from_scratch=from_scratch)
     assert task is not None  # rebuilt from the run's config: its task was loaded
     example = example_input_of(task)
     lock = hold_run_directory(run) if inside else contextlib.nullcontext()

@@ -233,6 +233,9 @@ class RunResult:
     model: MorphogeneticModel
     """The grown model, on the run's device, in the state the episode ended in."""
     run_dir: Path
+    from_scratch_model: MorphogeneticModel | None = None
+    """The grown model's final architecture trained from scratch (None when that training did not run): the
+    architecture growth found, for a user who would rather have it trained from the start."""
 
 
 def run_command(config: RunConfig, controller_factory: Callable[[MorphogenesisEpisode], Controller] | None = None,
@@ -302,9 +305,9 @@ def _play_and_write(config: RunConfig, task: Task, episode: MorphogenesisEpisode
             baseline = _run_baseline(config, task, run_dir, display)
         assert episode.model is not None
         architecture = episode.model.architecture()
-        from_scratch = None
+        from_scratch, from_scratch_model = None, None
         if config.from_scratch and architecture:
-            from_scratch = _run_from_scratch(config, task, architecture, run_dir, display)
+            from_scratch, from_scratch_model = _run_from_scratch(config, task, architecture, run_dir, display)
     print_summary(grown, baseline, out, from_scratch, task.metric_name, episode.slot_config.gates.judged_by,
                   nothing_kept=config.from_scratch and not architecture)
     if episode.timer.enabled:
@@ -317,19 +320,21 @@ def _play_and_write(config: RunConfig, task: Task, episode: MorphogenesisEpisode
                {**_outcome_dict(from_scratch), "architecture": architecture}}
     write_atomic(run_dir / SUMMARY_FILENAME, (json.dumps(_strict(summary), indent=2) + "\n").encode())
     save_model_file(episode.model, run_dir / MODEL_FILENAME)  # for `morphogen export`
-    return RunResult(grown, baseline, from_scratch, episode.model, run_dir)
+    if from_scratch_model is not None:  # for `morphogen export --from-scratch`
+        save_model_file(from_scratch_model, run_dir / FROM_SCRATCH_DIRNAME / MODEL_FILENAME)
+    return RunResult(grown, baseline, from_scratch, episode.model, run_dir, from_scratch_model)
 
 
 def _run_baseline(config: RunConfig, task: Task, run_dir: Path, display: ProgressDisplay) -> EpisodeOutcome:
     """The same host without growth, with a progress bar and its epochs in RUN_DIR/baseline/events.jsonl."""
     display.print(f"training the same host without growth ({config.episode.max_epochs} epochs)...")
-    return _run_without_growth(config, task, run_dir / BASELINE_DIRNAME, display, "no growth")
+    return _run_without_growth(config, task, run_dir / BASELINE_DIRNAME, display, "no growth")[0]
 
 
 def _run_from_scratch(config: RunConfig, task: Task, architecture: dict[str, str], run_dir: Path,
-                      display: ProgressDisplay) -> EpisodeOutcome:
-    """The grown model's final architecture, every seed installed at epoch 0, trained without growth; its
-    epochs in RUN_DIR/from_scratch/events.jsonl."""
+                      display: ProgressDisplay) -> tuple[EpisodeOutcome, MorphogeneticModel]:
+    """The grown model's final architecture, every seed installed at epoch 0, trained without growth, and the
+    model it trained; its epochs in RUN_DIR/from_scratch/events.jsonl."""
     seeds = ", ".join(f"{blueprint} in {slot}" for slot, blueprint in architecture.items())
     display.print(f"training the final architecture from scratch (host + {seeds}, "
                   f"{config.episode.max_epochs} epochs)...")
@@ -337,8 +342,9 @@ def _run_from_scratch(config: RunConfig, task: Task, architecture: dict[str, str
 
 
 def _run_without_growth(config: RunConfig, task: Task, events_dir: Path, display: ProgressDisplay, name: str,
-                        architecture: dict[str, str] | None = None) -> EpisodeOutcome:
-    """One comparison episode (the host, or `architecture` built at epoch 0) with a progress bar.
+                        architecture: dict[str, str] | None = None) -> tuple[EpisodeOutcome, MorphogeneticModel]:
+    """One comparison episode (the host, or `architecture` built at epoch 0) with a progress bar; its outcome
+    and the model it trained.
 
     Its epochs go to `events_dir/events.jsonl` at telemetry `minimal`, apart from the grown run's events,
     so that readers of `events.jsonl` see one episode and the HTML report can draw every curve.
@@ -352,7 +358,8 @@ def _run_without_growth(config: RunConfig, task: Task, events_dir: Path, display
         episode.telemetry = telemetry
         outcome = run_episode(episode, NoGrowthController(), lambda result: display.advance(epochs))
     display.remove(epochs)
-    return outcome
+    assert episode.model is not None
+    return outcome, episode.model
 
 
 def write_resolved_config(run_dir: Path, config: object) -> None:
