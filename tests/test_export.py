@@ -185,7 +185,8 @@ def test_the_final_architecture_trained_from_scratch_is_returned_saved_and_expor
     gates = GateConfig(mode=GateMode.PERMISSIVE, min_training_epochs=1)
     config = RunConfig(
         task="digits", max_train_samples=300, slots=("r0c0",), baseline=False, from_scratch=True,
-        run_dir=str(tmp_path / "run"), episode=EpisodeConfig(max_epochs=4, slots=SlotConfig(gates=gates, blend_epochs=1)),
+        run_dir=str(tmp_path / "run"),
+        episode=EpisodeConfig(max_epochs=4, slots=SlotConfig(gates=gates, blend_epochs=1)),
         heuristic=HeuristicConfig(warmup_epochs=0, plateau_epochs=1, plateau_threshold=1e9, min_training_epochs=1,
                                   choice="rotation"))
     result = run_command(config, out=io.StringIO())
