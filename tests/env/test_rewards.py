@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from morphogen.core.lifecycle import Stage
+from morphogen.core.lifecycle import Criterion, Stage
 from morphogen.env.actions import Action, Op
 from morphogen.env.rewards import (
     RewardBreakdown,
@@ -25,6 +25,7 @@ from morphogen.env.rewards import (
     parameter_rent,
     shaping_reward,
     stage_potential,
+    terminal_reward,
 )
 from morphogen.env.snapshot import EpisodeSnapshot, SlotSnapshot
 
@@ -272,6 +273,24 @@ def test_terminal_and_rollback_terms() -> None:
     reward = compute_reward(RewardMode.SIMPLIFIED, previous, current, Action(), True, True, weighted)
     assert dict(reward.components)["terminal"] == pytest.approx(1.6)
     assert dict(reward.components)["rollback"] == -0.25
+
+
+@pytest.mark.parametrize("unit", [1e-6, 1.0, 250.0])
+def test_a_task_with_its_own_loss_is_rewarded_for_the_share_of_the_loss_growth_removed(unit: float) -> None:
+    relative = Criterion.RELATIVE_LOSS
+    config = RewardConfig(terminal_accuracy_weight=50.0)
+
+    def terminal(loss: float) -> float:  # the score is the negated loss: judged by it, growth is worth ~nothing
+        snapshot = make_snapshot(val_loss=loss * unit, val_accuracy=-loss * unit, criterion=relative)
+        return terminal_reward(snapshot, config)
+
+    # A loss a fifth lower than the no-growth twin's: 50 / 100 * 10 * ln(1 / 0.8) = 1.12, in any unit of the loss.
+    assert terminal(0.08) - terminal(0.10) == pytest.approx(0.5 * 10 * math.log(1.25))
+    # A loss that is not positive or not finite has no log: the terminal reads the score, as for accuracy.
+    assert terminal_reward(make_snapshot(val_loss=-0.5, val_accuracy=0.5, criterion=relative), config) == 0.25
+    assert terminal_reward(make_snapshot(val_loss=math.inf, val_accuracy=-7.0, criterion=relative), config) == -3.5
+    # A classifier's terminal is its accuracy, whatever its loss.
+    assert terminal_reward(make_snapshot(val_loss=0.1, val_accuracy=80.0, criterion=Criterion.LOSS), config) == 40.0
 
 
 def test_sparse_is_zero_before_done_except_rollback() -> None:

@@ -205,6 +205,10 @@ def test_train_and_eval_a_policy_on_a_users_task(tmp_path: Path, monkeypatch: py
                  "--no-baseline", "--run-dir", str(tmp_path / "run"), "--threads", "1"]) == 0
     out = capsys.readouterr().out
     assert "learned" in out and "task blobs (mlp host" in out
+    # A task with its own loss is compared by its loss, not by accuracy points it does not have.
+    assert "loss vs no growth %" in out and "final acc %" not in out
+    scores = json.loads((tmp_path / "eval" / "eval.json").read_text())
+    assert all(len(score["losses"]) == 1 for score in scores)
 
 
 def test_list_shows_the_slots_and_blueprints_of_a_users_host(monkeypatch: pytest.MonkeyPatch,

@@ -35,6 +35,7 @@ from morphogen.run_directory import SCORES_FILENAME, hold_run_directory, make_ru
 from morphogen.session import CompileOptions, check_task_host, load_session_task
 from morphogen.telemetry.config import TelemetryConfig
 from morphogen.telemetry.sinks import Telemetry
+from morphogen.telemetry.story import NEGATIVE_LOSS
 from morphogen.ui.progress import ProgressDisplay
 
 #: Evaluation seeds are drawn from a stream the training rounds never use.
@@ -119,6 +120,8 @@ class ControllerScores:
     gain_per_thousand: tuple[float, ...]
     fossilized: tuple[float, ...]
     pruned: tuple[float, ...]
+    losses: tuple[float, ...] = ()
+    """Final validation losses (what a task with its own loss is compared by)."""
 
 
 def policy_source(policy: str) -> Path:
@@ -206,10 +209,13 @@ def evaluate_command(config: EvalConfig, out: TextIO | None = None) -> list[Cont
                 outcome = run_episode(episode, makers[name](episode))
                 outcomes[name].append((outcome, episode.fossilized, episode.pruned))
                 display.advance(bar, status=name)
-            line = "  ".join(f"{name} {outcomes[name][-1][0].final_accuracy:.2f}%" for name in CONTROLLERS)
+            line = "  ".join(f"{name} {_final(outcomes[name][-1][0], task.metric_name)}" for name in CONTROLLERS)
             display.print(f"episode {index + 1}/{config.episodes} (seed {episode_seed % 100_000}): {line}")
     scores = _scores(outcomes)
-    _print_table(scores, out)
+    if task.metric_name == "accuracy":
+        _print_table(scores, out)
+    else:
+        _print_loss_table(scores, out)
     if run_dir is not None:
         table = [config_to_dict(score) for score in scores]
         write_atomic(run_dir / SCORES_FILENAME, (json.dumps(table, indent=2) + "\n").encode())
@@ -227,8 +233,17 @@ def _scores(outcomes: dict[str, list[tuple[EpisodeOutcome, int, int]]]) -> list[
                       for (o, _, _), base, extra in zip(runs, baseline, added, strict=True) if extra > 0)
         scores.append(ControllerScores(
             name=name, accuracies=tuple(o.final_accuracy for o, _, _ in runs), added=added, gain_per_thousand=gains,
-            fossilized=tuple(float(f) for _, f, _ in runs), pruned=tuple(float(p) for _, _, p in runs)))
+            fossilized=tuple(float(f) for _, f, _ in runs), pruned=tuple(float(p) for _, _, p in runs),
+            losses=tuple(o.final_loss for o, _, _ in runs)))
     return scores
+
+
+def _final(outcome: EpisodeOutcome, metric_name: str) -> str:
+    """An episode's final score as a progress line shows it: accuracy in percent, the loss where the score is the
+    negated loss, any other metric in four significant digits."""
+    if metric_name == "accuracy":
+        return f"{outcome.final_accuracy:.2f}%"
+    return f"loss {outcome.final_loss:.4g}" if metric_name == NEGATIVE_LOSS else f"{outcome.final_accuracy:.4g}"
 
 
 def _print_table(scores: list[ControllerScores], out: TextIO) -> None:
@@ -240,6 +255,22 @@ def _print_table(scores: list[ControllerScores], out: TextIO) -> None:
               f"{_mean_std(s.fossilized):>16}{_mean_std(s.pruned):>16}", file=out)
     print("(acc pts / 1k params: accuracy gained over no growth on the same seed per 1,000 added parameters, "
           "over episodes that added any)", file=out)
+
+
+def _print_loss_table(scores: list[ControllerScores], out: TextIO) -> None:
+    """The comparison for a task with its own loss or metric, whose scale only its author knows: final
+    validation loss, and its change against no growth on the same seed, in percent."""
+    baseline = next(s.losses for s in scores if s.name == "no growth")
+    header = f"{'controller':<11}{'final loss':>22}{'loss vs no growth %':>22}{'params added':>20}" \
+             f"{'fossilized':>16}{'pruned':>16}"
+    print("\n" + header, file=out)
+    for s in scores:
+        losses = f"{statistics.fmean(s.losses):.4g} ± {statistics.pstdev(s.losses):.2g}" if s.losses else "-"
+        change = tuple(100.0 * (loss / base - 1.0) for loss, base in zip(s.losses, baseline, strict=True) if base > 0)
+        print(f"{s.name:<11}{losses:>22}{_mean_std(change):>22}{_mean_std(s.added):>20}"
+              f"{_mean_std(s.fossilized):>16}{_mean_std(s.pruned):>16}", file=out)
+    print("(loss vs no growth: the final validation loss against no growth's on the same seed, mean over seeds)",
+          file=out)
 
 
 def policy_controller_factory(policy: str, device: str, compile_settings: CompileSettings | None = None,
