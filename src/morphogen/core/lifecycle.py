@@ -132,8 +132,10 @@ class GateConfig:
     #: Strict mode, judged by loss: nats the validation loss must rise by without the seed, to fossilize.
     loss_min_contribution: float = 0.01
     #: Strict mode, judged by relative loss: the share of the model's validation loss a TRAINING seed blended in
-    #: at full strength (its shadow) must remove, to blend (0.01: 1%).
-    relative_min_improvement: float = 0.01
+    #: at full strength (its shadow) must remove, to blend (0.05: 5%). At 1%, on four regressions (10 seeds
+    #: each, benchmarks/your_model.py), seeds predicted to remove 1.5-3.4% were kept and left the loss higher
+    #: than without growth on half their runs; at 5% the same gains came with a third fewer parameters.
+    relative_min_improvement: float = 0.05
     #: Strict mode, judged by relative loss: the share of the model's validation loss its removal must add, to
     #: fossilize.
     relative_min_contribution: float = 0.02
