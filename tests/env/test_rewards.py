@@ -220,6 +220,22 @@ def test_contributions_are_capped_by_the_gain_over_all_seeds_off() -> None:
     assert contribution_reward(make_snapshot(first, second, val_accuracy=80.0), CONFIG) == pytest.approx(0.8)
 
 
+@pytest.mark.parametrize("unit", [1e-5, 1.0, 400.0])
+def test_a_task_with_its_own_loss_is_credited_for_the_share_of_the_loss_a_seed_removes(unit: float) -> None:
+    relative = Criterion.RELATIVE_LOSS
+    # Removing the seed makes the loss a fifth larger: 10 * ln(1.2) = 1.82 points, times the 0.1 scale; the
+    # score in the slot (the negated loss, whatever its unit) is not read.
+    kept = make_slot("r0c0", Stage.HOLDING, alpha=1.0, contribution=1e-9, loss_contribution=0.2 * unit)
+    harmful = make_slot("r0c1", Stage.HOLDING, alpha=1.0, contribution=0.0, loss_contribution=-0.5 * unit)
+    unmeasured = make_slot("r0c2", Stage.HOLDING, alpha=1.0, contribution=5.0)
+    snapshot = make_snapshot(kept, harmful, unmeasured, val_loss=unit, criterion=relative, accuracy_all_off=-9.0)
+    # Without the harmful seed the loss would be half: 10 * ln(0.5) = -6.93, charged in full; no all-off cap.
+    assert contribution_reward(snapshot, CONFIG) == pytest.approx(0.1 * 10 * (math.log(1.2) + math.log(0.5)))
+    before, after = make_snapshot(val_loss=1.2 * unit, criterion=relative), make_snapshot(val_loss=unit,
+                                                                                         criterion=relative)
+    assert loss_delta_reward(before, after, CONFIG) == pytest.approx(math.log(1.2))
+
+
 # ---------------------------------------------------------------- costs, terminal, loss
 def test_action_costs() -> None:
     assert action_cost(Op.WAIT, True, CONFIG) == 0.0

@@ -28,6 +28,10 @@ Decisions worth knowing:
 - Action costs are charged when an op is attempted, plus ``failed_action_cost`` when it did not
   take effect (a refused gate), so spamming refused moves is not free. WAIT costs nothing.
 - A governor rollback during the epoch costs ``rollback_penalty`` in every mode.
+- A task judged by relative loss (its own loss, on a scale only its author knows) is rewarded in log-loss
+  points: the terminal reads ``-relative_loss_points * ln(loss)``, a seed's contribution is
+  ``relative_loss_points * ln(loss without it / loss with it)`` (no all-seeds-off cap: that configuration
+  is measured in the task's score), and the loss mode's delta is ``ln(previous / current)``.
 """
 
 from __future__ import annotations
@@ -218,18 +222,30 @@ def shaping_reward(previous: EpisodeSnapshot, current: EpisodeSnapshot, done: bo
 
 def contribution_reward(snapshot: EpisodeSnapshot, config: RewardConfig) -> float:
     """Credited counterfactual contributions (clipped, share-capped, alpha-scaled) times the scale."""
+    relative = snapshot.criterion is Criterion.RELATIVE_LOSS
     credited: list[tuple[float, float]] = []  # (alpha, clipped contribution in points)
     for slot in snapshot.slots:
-        if slot.stage in BLENDED_STAGES and slot.alpha > 0.0 and slot.contribution is not None:
-            clipped = min(max(slot.contribution, -config.contribution_clip), config.contribution_clip)
+        points = _relative_points(slot.loss_contribution, snapshot.val_loss, config) if relative else \
+            slot.contribution
+        if slot.stage in BLENDED_STAGES and slot.alpha > 0.0 and points is not None:
+            clipped = min(max(points, -config.contribution_clip), config.contribution_clip)
             credited.append((slot.alpha, clipped))
     claimed = math.fsum(points for _, points in credited if points > 0.0)
     share = 1.0
-    if snapshot.accuracy_all_off is not None and claimed > 0.0:
+    # The all-seeds-off configuration is measured in the task's score, which relative points are not.
+    if snapshot.accuracy_all_off is not None and claimed > 0.0 and not relative:
         gained = max(snapshot.val_accuracy - snapshot.accuracy_all_off, 0.0)
         share = min(gained / claimed, 1.0)
     total = math.fsum(alpha * points * share if points > 0.0 else points for alpha, points in credited)
     return config.contribution_scale * total
+
+
+def _relative_points(loss_removed: float | None, loss: float, config: RewardConfig) -> float | None:
+    """A seed's contribution in the points of a task judged by relative loss: `relative_loss_points` times
+    ln(loss without it / loss with it), as the terminal reward counts them (None: not measured, or no log)."""
+    if loss_removed is None or not 0.0 < loss < math.inf or not loss + loss_removed > 0.0:
+        return None
+    return config.relative_loss_points * math.log1p(loss_removed / loss)
 
 
 def action_cost(op: Op, succeeded: bool, config: RewardConfig) -> float:
@@ -252,7 +268,8 @@ def terminal_reward(snapshot: EpisodeSnapshot, config: RewardConfig) -> float:
 
 
 def loss_delta_reward(previous: EpisodeSnapshot, current: EpisodeSnapshot, config: RewardConfig) -> float:
-    """``(previous loss - current loss) * loss_delta_scale``, clipped to ±loss_delta_clip.
+    """``(previous loss - current loss) * loss_delta_scale``, clipped to ±loss_delta_clip; for a task judged by
+    relative loss, ``ln(previous loss / current loss)`` in place of the difference.
 
     A non-finite current loss counts as the worst case; a non-finite previous loss leaves no baseline
     to compare with, so the step gets 0.
@@ -262,6 +279,8 @@ def loss_delta_reward(previous: EpisodeSnapshot, current: EpisodeSnapshot, confi
     if not math.isfinite(previous.val_loss):
         return 0.0
     delta = (previous.val_loss - current.val_loss) * config.loss_delta_scale
+    if current.criterion is Criterion.RELATIVE_LOSS and previous.val_loss > 0.0 and current.val_loss > 0.0:
+        delta = math.log(previous.val_loss / current.val_loss) * config.loss_delta_scale  # the loss's unit cancels
     return min(max(delta, -config.loss_delta_clip), config.loss_delta_clip)
 
 
