@@ -22,6 +22,15 @@ def runs_root(grown_run: Path, trained_run: Path, tmp_path_factory: pytest.TempP
     return root
 
 
+def test_runs_can_be_queried_by_what_their_score_is(runs_root: Path) -> None:
+    # A run's summary names its score: `--where "score = 'negative loss'"` finds the regressions.
+    summary = json.loads((runs_root / "grown" / "summary.json").read_text())
+    _, rows, _ = query_runs(runs_root, where="score = 'accuracy' AND final_loss > 0")
+    assert [row[0] for row in rows] == ["grown"]  # a training run has no summary of a grown model
+    _, none, _ = query_runs(runs_root, where=f"final_loss > {summary['grown']['final_loss'] + 1e-6}")
+    assert none == []
+
+
 def test_runs_table_has_one_row_per_run_with_its_results(runs_root: Path) -> None:
     header, rows, _ = query_runs(runs_root)
     table = {row[0]: dict(zip(header, row, strict=True)) for row in rows}

@@ -22,6 +22,8 @@ Views (`run` is the run directory's name everywhere):
 - `runs`: one row per run: run, command (run or train), task, seed, episodes, epochs, rounds,
   final_accuracy (the last episode's in a run, the last round's mean in a training run), parameters,
   gflops (a run's training FLOPs in billions: host, seeds, shadow passes and validation; from summary.json),
+  score (what final_accuracy is: "accuracy", "negative loss" for a task with its own loss, or the name of a
+  user's metric) and final_loss (the grown model's final validation loss; both from a run's summary.json),
   baseline_accuracy and baseline_parameters (a run's no-growth episode, from summary.json),
   from_scratch_accuracy and from_scratch_parameters (the grown model's final architecture trained from
   scratch, from summary.json), events, started (UTC), seconds (first to last event).
@@ -55,6 +57,7 @@ from morphogen.ui.run_files import (
     RunFiles,
     check_run_dir,
     load_run_files,
+    score_kind,
     summary_number,
     task_label,
 )
@@ -167,7 +170,8 @@ def _run_row(run: str, files: RunFiles) -> dict[str, Any]:
     flops = summary_number(grown.get("flops") if isinstance(grown, dict) else None, "total")
     row = {"run": run, "task": task,
            "seed": _json_value(seed) if isinstance(seed, int) and not isinstance(seed, bool) else None,
-           "has_rounds": "rounds" in config, "gflops": None if flops is None else round(flops / 1e9, 3)}
+           "has_rounds": "rounds" in config, "gflops": None if flops is None else round(flops / 1e9, 3),
+           "score": score_kind(summary).name if grown else None, "final_loss": summary_number(grown, "final_loss")}
     for column, key in (("baseline", "baseline"), ("from_scratch", "from_scratch")):
         parameters = summary_number(summary.get(key), "parameters")
         row[f"{column}_accuracy"] = summary_number(summary.get(key), "final_accuracy")
@@ -237,8 +241,8 @@ def open_runs(root: Path) -> Runs:
             "configs": (configs, "run VARCHAR"),
             "run_files": ([_run_row(name, files) for name, files in runs],
                           "run VARCHAR, task VARCHAR, seed BIGINT, has_rounds BOOLEAN, gflops DOUBLE, "
-                          "baseline_accuracy DOUBLE, baseline_parameters BIGINT, from_scratch_accuracy DOUBLE, "
-                          "from_scratch_parameters BIGINT"),
+                          "score VARCHAR, final_loss DOUBLE, baseline_accuracy DOUBLE, baseline_parameters BIGINT, "
+                          "from_scratch_accuracy DOUBLE, from_scratch_parameters BIGINT"),
         }
         try:
             for table, (rows, empty) in tables.items():
@@ -292,7 +296,7 @@ def _create_views(connection: Any) -> None:
                CASE WHEN p.rounds IS NOT NULL OR f.has_rounds THEN 'train' ELSE 'run' END AS command,
                f.task, f.seed, p.episodes, p.epochs, p.rounds,
                round(coalesce(r.accuracy, e.accuracy), 2) AS final_accuracy, e.params AS parameters,
-               f.gflops, f.baseline_accuracy, f.baseline_parameters, f.from_scratch_accuracy,
+               f.gflops, f.score, f.final_loss, f.baseline_accuracy, f.baseline_parameters, f.from_scratch_accuracy,
                f.from_scratch_parameters, p.events,
                CASE WHEN p.first_time BETWEEN 0 AND 253402300799
                     THEN date_trunc('second', to_timestamp(p.first_time)::TIMESTAMP) END AS started,
