@@ -43,7 +43,9 @@ from morphogen.telemetry.profiler import PhaseTimer, TraceProfiler
 from morphogen.telemetry.sinks import Telemetry
 from morphogen.telemetry.story import NEGATIVE_LOSS
 from morphogen.ui.progress import LINE_WIDTH, ProgressDisplay
+from morphogen.ui.run_files import ScoreKind
 from morphogen.ui.stages import stage_short
+from morphogen.ui.terminal_text import cut
 from morphogen.ui.units import format_flops, format_loss
 
 
@@ -88,9 +90,9 @@ def format_step(result: StepResult, metric_name: str = "accuracy") -> str:
     tail = f" | {action} {outcome}{rollback}"
     room = LINE_WIDTH - len(head) - len(tail)
     if room >= min(len(seeds or "no seeds"), MIN_SEED_COLUMNS):
-        return head + _cut(seeds or "no seeds", room) + tail
+        return head + cut(seeds or "no seeds", room) + tail
     tail = f" | {action} refused{rollback}"
-    line = head + _cut(seeds or "no seeds", LINE_WIDTH - len(head) - len(tail)) + tail
+    line = head + cut(seeds or "no seeds", LINE_WIDTH - len(head) - len(tail)) + tail
     reason = textwrap.wrap(result.reason, LINE_WIDTH, initial_indent=REASON_INDENT, subsequent_indent=REASON_INDENT)
     return "\n".join([line, *reason])
 
@@ -101,11 +103,6 @@ def _score_part(score: float, metric_name: str) -> str:
     if metric_name == "accuracy":
         return f"acc {score:6.2f}%  "
     return "" if metric_name == NEGATIVE_LOSS else f"score {score:.4g}  "
-
-
-def _cut(text: str, width: int) -> str:
-    """`text` cut to `width` columns (at least one), ending in an ellipsis when something was cut."""
-    return text if len(text) <= width else text[: max(width - 1, 0)] + "…"
 
 
 def print_summary(grown: EpisodeOutcome, baseline: EpisodeOutcome | None, out: TextIO,
@@ -119,7 +116,7 @@ def print_summary(grown: EpisodeOutcome, baseline: EpisodeOutcome | None, out: T
     percent = "%" if metric_name == "accuracy" else ""
     last = f"  last {len(grown.recent_scores)} epochs"
     cells: list[tuple[str, Callable[[EpisodeOutcome], str]]] = [
-        (_cut(f"final val {metric_name}", 30), lambda o: f"{o.final_accuracy:.{2 if percent else 4}f}{percent}"),
+        (cut(f"final val {metric_name}", 30), lambda o: f"{o.final_accuracy:.{2 if percent else 4}f}{percent}"),
         ("final val loss", lambda o: format_loss(o.final_loss)),
         (last, lambda o: _score_range(o, 2 if percent else 4)),
         ("parameters", lambda o: f"{o.parameters:,}"),
@@ -138,14 +135,9 @@ def print_summary(grown: EpisodeOutcome, baseline: EpisodeOutcome | None, out: T
     print(f"\nseeds ({len(grown.stories)}):", file=out)
     if not grown.stories:
         print("  none germinated", file=out)
+    judged = ScoreKind(metric_name, criterion.value)
     for story in grown.stories:
-        if criterion is Criterion.LOSS:
-            predicted, measured = _nats(story.predicted_loss_contribution), _nats(story.loss_contribution)
-        elif criterion is Criterion.RELATIVE_LOSS:
-            predicted = _share_of_loss(story.predicted_relative_loss_contribution)
-            measured = _share_of_loss(story.relative_loss_contribution)
-        else:
-            predicted, measured = _points(story.predicted_contribution), _points(story.contribution)
+        predicted, measured = judged.contribution(story, predicted=True), judged.contribution(story)
         print(f"  {story.blueprint:<11} {story.slot:<5} {story.path_before_outcome():<44} {story.ending():<14} "
               f"predicted {predicted}  measured {measured}", file=out)
 
@@ -205,20 +197,6 @@ def epoch_swing(*outcomes: EpisodeOutcome) -> float | None:
     changes = [abs(after - before) for o in outcomes
                for before, after in itertools.pairwise(o.recent_scores)]
     return max(changes, default=None)
-
-
-def _points(value: float | None) -> str:
-    return "-" if value is None else f"{value:+.2f} pts"
-
-
-def _share_of_loss(value: float | None) -> str:
-    """The share of the validation loss a seed removes, in percent."""
-    return "-" if value is None else f"{100 * value:+.2f}% of loss"
-
-
-def _nats(value: float | None) -> str:
-    """Validation loss a seed removes, in nats per token."""
-    return "-" if value is None else f"{value:+.4f} nats"
 
 
 @dataclass(frozen=True)

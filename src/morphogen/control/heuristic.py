@@ -33,9 +33,10 @@ import numpy as np
 
 from morphogen.control.growth_choice import best_growth
 from morphogen.core.blueprints import UnknownBlueprintError
-from morphogen.core.lifecycle import Criterion, Stage, relative_loss_contribution
+from morphogen.core.lifecycle import Criterion, Stage
 from morphogen.env.actions import BLEND_EPOCHS, Action, ActionSpace, Op
 from morphogen.env.snapshot import HISTORY_LENGTH, EpisodeSnapshot, SlotSnapshot
+from morphogen.telemetry.story import share_of_loss
 
 #: Blueprint order tried by default, per topology: the conv seeds that added most on small digits and
 #: mnist1d hosts first (measured: +1.0 and +2.2 points over no growth), then widening and cheaper ones.
@@ -220,7 +221,7 @@ class _Measure(NamedTuple):
         if self.criterion is Criterion.LOSS:
             return slot.loss_contribution
         if self.criterion is Criterion.RELATIVE_LOSS:
-            return relative_loss_contribution(slot.loss_contribution, snapshot.val_loss)
+            return share_of_loss(slot.loss_contribution, snapshot.val_loss)
         return slot.contribution
 
 

@@ -13,6 +13,8 @@ import enum
 import math
 from dataclasses import dataclass, field
 
+from morphogen.telemetry.story import share_of_loss
+
 
 class Stage(enum.Enum):
     """Where a seed is in its life (docs/architecture.md#lifecycle)."""
@@ -294,14 +296,6 @@ def _blending_gate(lifecycle: SeedLifecycle, signals: SeedSignals, config: GateC
     return GateResult(True, "trained long enough and healthy", signals.gradient_health)
 
 
-def relative_loss_contribution(loss_contribution: float | None, loss: float | None) -> float | None:
-    """The share of the model's validation `loss` that a seed's `loss_contribution` removes (None: not measured,
-    or a loss that is not positive, of which no share means anything)."""
-    if loss_contribution is None or loss is None or not loss > 0.0:
-        return None
-    return loss_contribution / loss
-
-
 def _judged_contribution(signals: SeedSignals, config: GateConfig, *,
                          blending: bool) -> tuple[float | None, float, str]:
     """(contribution, strict threshold, unit) under the gates' criterion: score points, nats of loss removed,
@@ -311,7 +305,7 @@ def _judged_contribution(signals: SeedSignals, config: GateConfig, *,
         return (signals.loss_contribution, config.loss_min_improvement if blending else config.loss_min_contribution,
                 "nats")
     if criterion is Criterion.RELATIVE_LOSS:
-        return (relative_loss_contribution(signals.loss_contribution, signals.loss),
+        return (share_of_loss(signals.loss_contribution, signals.loss),
                 config.relative_min_improvement if blending else config.relative_min_contribution, "of the loss")
     return signals.contribution, config.strict_min_improvement if blending else config.strict_min_contribution, "points"
 

@@ -96,14 +96,17 @@ def _note_contributions(event: CounterfactualMeasured, current: dict[tuple[int, 
             story.predicted_contribution = contribution
             if main_loss is not None:
                 story.predicted_loss_contribution = main_loss - losses[SHADOW_PREFIX + slot]
-                story.predicted_relative_loss_contribution = _share(story.predicted_loss_contribution, main_loss)
+                story.predicted_relative_loss_contribution = share_of_loss(story.predicted_loss_contribution, main_loss)
         elif WITHOUT_PREFIX + slot in event.configs:
             story.contribution = contribution
             if main_loss is not None:
                 story.loss_contribution = losses[WITHOUT_PREFIX + slot] - main_loss
-                story.relative_loss_contribution = _share(story.loss_contribution, main_loss)
+                story.relative_loss_contribution = share_of_loss(story.loss_contribution, main_loss)
 
 
-def _share(loss_removed: float, loss: float) -> float | None:
-    """`loss_removed` as a share of the model's `loss` (None when that loss is not positive)."""
-    return loss_removed / loss if loss > 0.0 else None
+def share_of_loss(loss_removed: float | None, loss: float | None) -> float | None:
+    """`loss_removed` as a share of the model's validation `loss` (None: not measured, or a loss that is not
+    positive, of which no share means anything)."""
+    if loss_removed is None or loss is None or not loss > 0.0:
+        return None
+    return loss_removed / loss

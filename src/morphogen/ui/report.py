@@ -33,7 +33,7 @@ from morphogen.ui.run_files import (
     summary_number,
     task_label,
 )
-from morphogen.ui.terminal_text import printable
+from morphogen.ui.terminal_text import cut, printable
 from morphogen.ui.units import format_flops, format_loss
 
 __all__ = ["RunDirectoryError", "render_report"]
@@ -42,7 +42,7 @@ __all__ = ["RunDirectoryError", "render_report"]
 def _epoch_rows(epochs: Sequence[tuple[int, EpochCompleted]], with_round: bool, score: ScoreKind) -> list[str]:
     round_header = f"{'round':>5}  " if with_round else ""
     shows_score = score.name != NEGATIVE_LOSS  # a negated loss: the loss column says it
-    title = f"{_cut(f'val {score.label}', 10):>10}  " if shows_score else ""
+    title = f"{cut(f'val {score.label}', 10):>10}  " if shows_score else ""
     lines = [f"  {round_header}{'env':>3}  {'epoch':>5}  {title}{'val loss':>10}  {'params':>9}  action"]
     for round_number, e in epochs:
         outcome = "" if e.action_succeeded else "  (refused)"
@@ -51,11 +51,6 @@ def _epoch_rows(epochs: Sequence[tuple[int, EpochCompleted]], with_round: bool, 
         lines.append(f"  {round_cell}{e.env_id:>3}  {e.epoch:>5}  {score_cell}{format_loss(e.val_loss):>10}  "
                      f"{e.param_count:>9,}  {e.action}{outcome}")
     return lines
-
-
-def _cut(text: str, width: int) -> str:
-    """`text` cut to `width` characters, ending in an ellipsis when something was cut."""
-    return text if len(text) <= width else text[: width - 1] + "…"
 
 
 def _episode_section(history: Sequence[Event], training: bool, score: ScoreKind) -> list[str]:

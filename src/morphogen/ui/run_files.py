@@ -235,16 +235,17 @@ class ScoreKind:
         """A score as a reader expects it: accuracy in percent, any other in four significant digits."""
         return f"{value:.2f}%" if self.is_accuracy else f"{value:.4g}"
 
-    def contribution(self, story: SeedStory) -> str:
-        """What a seed was last measured to add, in the unit its gates judged: points, nats or a share of the
-        loss ("-" when not measured)."""
+    def contribution(self, story: SeedStory, *, predicted: bool = False) -> str:
+        """What a seed was last measured to add (`predicted`: what its shadow said while it trained behind the
+        host), in the unit its gates judged: points, nats or a share of the loss ("-" when not measured)."""
         if self.criterion == "loss":
-            value, text = story.loss_contribution, "{:+.4f} nats"
+            value = story.predicted_loss_contribution if predicted else story.loss_contribution
+            text = "{:+.4f} nats"
         elif self.criterion == "relative_loss":
-            share = story.relative_loss_contribution
+            share = story.predicted_relative_loss_contribution if predicted else story.relative_loss_contribution
             value, text = None if share is None else 100 * share, "{:+.2f}% of loss"
         else:
-            value, text = story.contribution, "{:+.2f} pts"
+            value, text = story.predicted_contribution if predicted else story.contribution, "{:+.2f} pts"
         return "-" if value is None else text.format(value)
 
 

@@ -45,3 +45,8 @@ def printable_fields(value: Value) -> Value:
                    if item.init}
         return dataclasses.replace(value, **changes)
     return value
+
+
+def cut(text: str, width: int) -> str:
+    """`text` cut to `width` columns (at least one), ending in an ellipsis when something was cut."""
+    return text if len(text) <= width else text[: max(width - 1, 0)] + "…"
