@@ -1,0 +1,140 @@
+"""A model's inputs: one tensor, or several tensors that share their first (sample) dimension.
+
+A batch's inputs are what a model is called with: a `Tensor` (`model(x)`), a tuple or list of tensors
+(positional arguments, `model(tokens, mask)`) or a dict of tensors by name (keyword arguments,
+`model(tokens=..., mask=...)`). Every tensor holds one row per sample. The functions here are the only
+places that look inside that structure: how many samples a batch holds, some of its rows, its rows
+repeated, the batch on another device. They are pure; none syncs with a device.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Union
+
+import torch
+from torch import Tensor
+
+#: A model's inputs: one tensor, or a tuple, list or dict of tensors with one row per sample each.
+Inputs = Union[Tensor, tuple[Tensor, ...], list[Tensor], dict[str, Tensor]]  # noqa: UP007  # a runtime alias
+#: Most tensors one sample's inputs may be made of: more is not a batch but a mistake.
+MAX_INPUT_TENSORS = 64
+
+
+def problem(inputs: object) -> str | None:
+    """Why `inputs` are not a model's inputs (one line), or None when they are."""
+    if isinstance(inputs, Tensor):
+        return None if inputs.dim() > 0 else "a scalar tensor, without a sample dimension"
+    if isinstance(inputs, Mapping):
+        values, kind = list(inputs.values()), "dict"
+        if not all(isinstance(key, str) and key.isidentifier() for key in inputs):
+            return "a dict whose keys are not all argument names"
+    elif isinstance(inputs, (tuple, list)):
+        values, kind = list(inputs), type(inputs).__name__
+    else:
+        return f"a {type(inputs).__name__}, not a tensor or a tuple or dict of tensors"
+    if not values or len(values) > MAX_INPUT_TENSORS:
+        return f"a {kind} of {len(values)} items (a model takes 1 to {MAX_INPUT_TENSORS} tensors)"
+    if not all(isinstance(value, Tensor) for value in values):
+        kinds = ", ".join(type(value).__name__ for value in values[:8])
+        return f"a {kind} of {kinds}: every input must be a tensor"
+    if any(value.dim() == 0 for value in values):
+        return f"a {kind} holding a scalar tensor, without a sample dimension"
+    sizes = {int(value.shape[0]) for value in values}
+    if len(sizes) > 1:
+        return f"a {kind} of tensors with different numbers of samples ({', '.join(map(str, sorted(sizes)))})"
+    return None
+
+
+def tensors(inputs: Inputs) -> list[Tensor]:
+    """The tensors of `inputs`, in argument order."""
+    if isinstance(inputs, Tensor):
+        return [inputs]
+    return list(inputs.values()) if isinstance(inputs, dict) else list(inputs)
+
+
+def map_tensors(function: Callable[[Tensor], Tensor], inputs: Inputs) -> Inputs:
+    """`inputs` with `function` applied to each tensor, in the same structure."""
+    if isinstance(inputs, Tensor):
+        return function(inputs)
+    if isinstance(inputs, dict):
+        return {key: function(value) for key, value in inputs.items()}
+    mapped = [function(value) for value in inputs]
+    return tuple(mapped) if isinstance(inputs, tuple) else mapped
+
+
+def rows(inputs: Inputs) -> int:
+    """Samples in the batch: the first dimension of its tensors."""
+    return int(tensors(inputs)[0].shape[0])
+
+
+def take_rows(inputs: Inputs, index: slice | Tensor) -> Inputs:
+    """The rows `index` (a slice, or a tensor of row indices) of every tensor."""
+    if isinstance(index, slice):
+        return map_tensors(lambda value: value[index], inputs)
+    return map_tensors(lambda value: value.index_select(0, index), inputs)
+
+
+def repeat_rows(inputs: Inputs, times: int) -> Inputs:
+    """Every tensor repeated `times` along the sample dimension, block after block ((times*B, ...))."""
+    return map_tensors(lambda value: value.repeat(times, *([1] * (value.dim() - 1))), inputs)
+
+
+def to_device(inputs: Inputs, device: torch.device | str, *, non_blocking: bool = False) -> Inputs:
+    """`inputs` on `device`; tensors already there are not copied."""
+    return map_tensors(lambda value: value.to(device, non_blocking=non_blocking), inputs)
+
+
+def call(function: Callable[..., object], inputs: Inputs) -> object:
+    """`function` called as a model is called with `inputs`: positionally for a tuple or list, by name for a dict."""
+    if isinstance(inputs, Tensor):
+        return function(inputs)
+    if isinstance(inputs, dict):
+        return function(**inputs)
+    return function(*inputs)
+
+
+@dataclass(frozen=True)
+class InputSpec:
+    """The shapes and dtypes of a batch's inputs, without their values: what FLOP counts are keyed by and made on.
+
+    `rows` is the batch's samples; `samples` holds one sample's shape and the dtype of each tensor, in argument
+    order; `kind` is the structure ("tensor", "tuple", "list" or "dict", with `keys`). Hashable.
+    """
+
+    rows: int
+    samples: tuple[tuple[tuple[int, ...], torch.dtype], ...]
+    kind: str = "tensor"
+    keys: tuple[str, ...] = ()
+
+    @classmethod
+    def of(cls, inputs: Inputs) -> InputSpec:
+        """The spec of a batch (reads shapes only: no sync)."""
+        kind = "tensor" if isinstance(inputs, Tensor) else "dict" if isinstance(inputs, dict) else type(
+            inputs).__name__
+        keys = tuple(inputs) if isinstance(inputs, dict) else ()
+        return cls(rows(inputs), tuple((tuple(value.shape[1:]), value.dtype) for value in tensors(inputs)), kind,
+                   keys)
+
+    @classmethod
+    def tensor(cls, shape: tuple[int, ...], dtype: torch.dtype = torch.float32) -> InputSpec:
+        """The spec of one tensor of `shape` (samples first) and `dtype`."""
+        return cls(int(shape[0]), ((tuple(shape[1:]), dtype),))
+
+    @property
+    def per_sample(self) -> tuple[object, ...]:
+        """Everything but the number of rows: equal for batches whose counts scale with their size."""
+        return (self.samples, self.kind, self.keys)
+
+    def with_rows(self, rows: int) -> InputSpec:
+        return InputSpec(rows, self.samples, self.kind, self.keys)
+
+    def zeros(self, device: torch.device | str | None = None) -> Inputs:
+        """A batch of zeros of this spec (FLOP counts do not depend on the values)."""
+        values = [torch.zeros((self.rows, *shape), dtype=dtype, device=device) for shape, dtype in self.samples]
+        if self.kind == "tensor":
+            return values[0]
+        if self.kind == "dict":
+            return dict(zip(self.keys, values, strict=True))
+        return tuple(values) if self.kind == "tuple" else values
