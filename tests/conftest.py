@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from typing import cast
 
 import pytest
 import torch
@@ -58,13 +59,17 @@ else:
     raise SystemExit("morphogen could be imported")
 import torch
 for form, model_path, inputs_path, outputs_path in json.loads(sys.argv[1]):
-    inputs = torch.load(inputs_path)
+    inputs = torch.load(inputs_path)  # one tensor, or a tuple or dict of them: the model's arguments
+    arguments = tuple(inputs) if isinstance(inputs, (tuple, list)) else () if isinstance(inputs, dict) else (inputs,)
+    keywords = inputs if isinstance(inputs, dict) else {}
     if form == "torch-export":
-        outputs = torch.export.load(model_path).module()(inputs)
+        outputs = torch.export.load(model_path).module()(*arguments, **keywords)
     else:
         import onnxruntime
         session = onnxruntime.InferenceSession(model_path, providers=["CPUExecutionProvider"])
-        outputs = torch.from_numpy(session.run(None, {session.get_inputs()[0].name: inputs.numpy()})[0])
+        feeds = [*arguments, *keywords.values()]
+        outputs = torch.from_numpy(session.run(None, {slot.name: value.numpy()
+                                                      for slot, value in zip(session.get_inputs(), feeds)})[0])
     torch.save(outputs.detach(), outputs_path)
 assert not any(name == "morphogen" or name.startswith("morphogen.") for name in sys.modules if sys.modules[name])
 """
@@ -78,9 +83,11 @@ def run_without_morphogen(tmp_path_factory: pytest.TempPathFactory) -> Callable[
     import subprocess
     import sys
 
-    def run(files: list[object], inputs: torch.Tensor) -> list[torch.Tensor]:
+    def run(files: list[object], inputs: object) -> list[torch.Tensor]:
+        from morphogen.inputs import Inputs, to_device
+
         folder = tmp_path_factory.mktemp("without-morphogen")
-        torch.save(inputs.cpu(), folder / "inputs.pt")
+        torch.save(to_device(cast(Inputs, inputs), "cpu"), folder / "inputs.pt")
         jobs = [("onnx" if str(path).endswith(".onnx") else "torch-export", str(path), str(folder / "inputs.pt"),
                  str(folder / f"outputs{index}.pt")) for index, path in enumerate(files)]
         finished = subprocess.run([sys.executable, "-c", _LOAD_WITHOUT_MORPHOGEN, json.dumps(jobs)],

@@ -22,13 +22,15 @@ grown weights into that host, and so into `MyNet`'s own parameters, which it sha
 from __future__ import annotations
 
 import contextlib
+import inspect
 import io
 import logging
 import warnings
 from pathlib import Path
+from typing import Any
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from morphogen.commands.run import RunConfig
 from morphogen.config import ConfigError, build_config, read_config_file
@@ -37,6 +39,8 @@ from morphogen.core.model import MorphogeneticModel
 from morphogen.core.plain import ExportError, GrownNetwork, grown_network
 from morphogen.data import Task
 from morphogen.env.episode import MorphogenesisEpisode
+from morphogen.inputs import Inputs, InputSpec, repeat_rows, rows, take_rows, to_device
+from morphogen.inputs import problem as inputs_problem
 from morphogen.model_file import load_model_state, read_model_file
 from morphogen.run_directory import CONFIG_FILENAME, FROM_SCRATCH_DIRNAME, MODEL_FILENAME, write_atomic
 from morphogen.session import PYTHON_TASK, load_session_task
@@ -47,23 +51,27 @@ FORMATS = {"torch-export": ".pt2", "onnx": ".onnx"}
 TOLERANCE = 1e-5
 
 
-def export_model(model: MorphogeneticModel, example_input: Tensor, path: str | Path, *,
+def export_model(model: MorphogeneticModel, example_input: Inputs, path: str | Path, *,
                  format: str = "torch-export", leave_out_blending: bool = False) -> Path:
     """Write `model`'s grown architecture to `path` as a `torch.export` program or an ONNX model; returns the path.
 
-    `example_input` is a batch of real inputs (one sample is enough); the batch dimension stays dynamic.
-    Raises `ExportError` for a BLENDING seed (unless `leave_out_blending`), a network `torch.export`
-    cannot trace, a missing `onnx` extra or a path that cannot be written.
+    `example_input` is a batch of real inputs (one sample is enough), as the model takes them: a tensor, or a
+    tuple or dict of tensors, which the program then takes as positional or keyword arguments, as the user's
+    own model does. The batch dimension stays dynamic. Raises `ExportError` for a BLENDING seed (unless
+    `leave_out_blending`), a network `torch.export` cannot trace, a missing `onnx` extra or a path that
+    cannot be written.
     """
     if format not in FORMATS:
         raise ExportError(f"unknown export format {format!r}; valid: {', '.join(FORMATS)}")
-    if not isinstance(example_input, Tensor) or example_input.dim() == 0 or example_input.shape[0] == 0:
-        raise ExportError("example_input must be a batch of inputs with a leading sample dimension")
+    problem = inputs_problem(example_input)
+    if problem is not None or rows(example_input) == 0:
+        raise ExportError("example_input must be a batch of the model's inputs (a tensor, or a tuple or dict of "
+                          f"tensors) with a leading sample dimension; got {problem or 'no samples'}")
     network = grown_network(model, leave_out_blending=leave_out_blending)
     reference = next(network.parameters(), None)
-    example = example_input if reference is None else example_input.to(reference.device)
-    if example.shape[0] == 1:  # torch.export specializes a dimension of size 1; two samples keep it dynamic
-        example = torch.cat([example, example])
+    example = example_input if reference is None else to_device(example_input, reference.device)
+    if rows(example) == 1:  # torch.export specializes a dimension of size 1; two samples keep it dynamic
+        example = repeat_rows(example, 2)
     program = _traced(network, example)
     data = _program_bytes(program) if format == "torch-export" else _onnx_bytes(program)
     path = Path(path)
@@ -74,20 +82,58 @@ def export_model(model: MorphogeneticModel, example_input: Tensor, path: str | P
     return path
 
 
-def _traced(network: GrownNetwork, example: Tensor) -> torch.export.ExportedProgram:
+class _CalledAsTheModel(nn.Module):
+    """`network`, which takes a model's several inputs as one tuple or dict, called with them as arguments: by
+    position (`kind` "tuple" or "list") or by name ("dict"), as the user's own model is."""
+
+    def __init__(self, network: GrownNetwork, kind: str) -> None:
+        super().__init__()
+        self.network, self.kind = network, kind
+
+    def forward(self, *args: Tensor, **kwargs: Tensor) -> Tensor:
+        inputs: Inputs = kwargs if self.kind == "dict" else tuple(args) if self.kind == "tuple" else list(args)
+        output: Tensor = self.network(inputs)
+        return output
+
+
+def _export_arguments(network: GrownNetwork, example: Inputs, batch: object) -> tuple[
+        nn.Module, tuple[Tensor, ...], dict[str, Tensor], dict[str, Any] | tuple[Any, ...] | None]:
+    """What `torch.export` traces for `example`: the module, its positional and keyword arguments, and their
+    dynamic shapes (the batch dimension of every tensor `batch`; None: every dimension static)."""
+    dynamic = None if batch is None else {0: batch}
+    if isinstance(example, Tensor):
+        return network, (example,), {}, None if dynamic is None else (dynamic,)
+    if isinstance(example, dict):
+        # torch.export reads the arguments' names from the forward's signature: give it the dict's keys.
+        by_name = inspect.Signature([inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD),
+                                     *(inspect.Parameter(key, inspect.Parameter.KEYWORD_ONLY) for key in example)])
+
+        def forward(self: _CalledAsTheModel, *args: Tensor, **kwargs: Tensor) -> Tensor:
+            return _CalledAsTheModel.forward(self, *args, **kwargs)
+
+        forward.__signature__ = by_name  # type: ignore[attr-defined]
+        called = type("CalledByName", (_CalledAsTheModel,), {"forward": forward})(network, "dict")
+        return called, (), dict(example), None if dynamic is None else {key: dynamic for key in example}
+    called = _CalledAsTheModel(network, InputSpec.of(example).kind)
+    return called, tuple(example), {}, None if dynamic is None else {"args": tuple(dynamic for _ in example)}
+
+
+def _traced(network: GrownNetwork, example: Inputs) -> torch.export.ExportedProgram:
     """`network` traced by `torch.export` with a dynamic batch, checked against the network on `example`."""
     with torch.no_grad():
         expected = network(example)
         try:
-            program = torch.export.export(network, (example,), dynamic_shapes=({0: torch.export.Dim("batch")},))
+            module, args, kwargs, shapes = _export_arguments(network, example, torch.export.Dim("batch"))
+            program = torch.export.export(module, args, kwargs, dynamic_shapes=shapes)
         except Exception as dynamic_error:  # a model whose code fixes the batch size: export that size
             try:
-                program = torch.export.export(network, (example,))
+                module, args, kwargs, _ = _export_arguments(network, example, None)
+                program = torch.export.export(module, args, kwargs)
             except Exception as error:  # torch.export raises many kinds for code it cannot trace
                 raise ExportError(f"torch.export cannot trace the grown network: {_first_line(error)}") from None
-            warnings.warn(f"exported with a fixed batch size of {example.shape[0]}: the batch dimension could not "
+            warnings.warn(f"exported with a fixed batch size of {rows(example)}: the batch dimension could not "
                           f"stay dynamic ({_first_line(dynamic_error)})", stacklevel=3)
-        difference = (program.module()(example) - expected).abs().max().item()
+        difference = (program.module()(*args, **kwargs) - expected).abs().max().item()
     if not difference <= TOLERANCE:
         raise ExportError(f"the exported program differs from the grown network by {difference:.2e} on the example "
                           "input; please report this")
@@ -162,10 +208,10 @@ def rebuild_run(run_dir: str | Path, device: str = "cpu", host: SegmentedHost | 
     return model, task
 
 
-def example_input_of(task: Task, samples: int = 2) -> Tensor:
+def example_input_of(task: Task, samples: int = 2) -> Inputs:
     """The first `samples` validation inputs of `task`: what an export traces the network with."""
     for inputs, _ in task.validation.iterate_batches(samples, shuffle=False):
-        return inputs[:samples]
+        return take_rows(inputs, slice(0, samples))
     raise ExportError(f"task {task.name!r} has no validation data to trace the network with")
 
 

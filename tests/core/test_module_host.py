@@ -102,12 +102,12 @@ def test_an_untraceable_model_that_runs_its_children_in_order_is_cut_between_the
     (ResNet(), ["layer1", "fc"], torch.randn(2, 3, 12, 12), "slots have outputs of different ranks"),
     (ResNet(), ["layer1"], torch.randn(2, 5, 12, 12), "running CifarResNet on example_input failed"),
     (ResNet(), ["layer1"], torch.randn(2, 3, 12, 12), None),
-    (TwoInputs(), ["layer"], torch.randn(2, 4), "takes 2 inputs; a host takes one tensor"),
+    (TwoInputs(), ["layer"], torch.randn(2, 4), "forward takes 2 inputs; give them all in example_input"),
     (CalledTwice(), ["layer"], torch.randn(2, 4), "forward calls it 2 times"),
     (ReturnsPair(), ["layer"], torch.randn(2, 4), "forward returns tuple; a host returns one tensor"),
     (DataDependent(), ["first.weight"], torch.randn(2, 4), "no submodule named 'first.weight'"),
     (mlp(), ["1"], torch.randn(2, 12), None),
-    (mlp(), ["1"], torch.tensor(1.0), "example_input must be a batch tensor"),
+    (mlp(), ["1"], torch.tensor(1.0), "example_input must be a batch of the model's inputs"),
 ])
 def test_what_cannot_work_is_one_clear_error_naming_the_submodule(model: nn.Module, slots: list[str], example: Tensor,
                                                                  message: str | None) -> None:

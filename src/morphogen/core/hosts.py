@@ -23,6 +23,7 @@ import torch
 from torch import Tensor, nn
 
 from morphogen.core.transformer_layers import TransformerBlock, init_gpt_
+from morphogen.inputs import Inputs, take_rows
 from morphogen.limits import short_repr
 
 Device = torch.device | str | None
@@ -32,10 +33,53 @@ class UnknownSlotError(ValueError):
     """A slot id the host does not have."""
 
 
+class SideInputs(nn.Module):
+    """A model's inputs, held for the segments after the first that read them (a mask every block reads).
+
+    The first segment binds the batch's inputs (`bind`); a later segment reads one of them (`read`, by position
+    or name) with as many rows as the activation it runs on: the first rows where the pass runs on the first
+    samples only (`narrow`, the shadow pass), repeated block after block where configurations or shadow rows
+    were stacked on the batch ((K*B, ...), configuration-major, as the model lays them out).
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._bound: list[Inputs] = []  # a list mutated in place: no module attribute is reassigned in a forward
+
+    def bind(self, inputs: Inputs) -> Inputs:
+        self._bound[:] = [inputs]
+        return inputs
+
+    def narrow(self, rows: int) -> None:
+        """Keep the first `rows` samples of the bound inputs."""
+        if self._bound:
+            self._bound[:] = [take_rows(self._bound[0], slice(0, rows))]
+
+    def read(self, key: int | str | None, like: Tensor) -> Tensor:
+        """Input `key` (None: the one tensor) with `like`'s number of rows."""
+        if not self._bound:
+            raise RuntimeError("a segment after the first ran before the first segment bound the model's inputs")
+        bound = self._bound[0]
+        value = bound if key is None else bound[key]  # type: ignore[index]  # the structure the host was cut for
+        assert isinstance(value, Tensor)
+        wanted, held = like.shape[0], value.shape[0]
+        if wanted == held:
+            return value
+        if wanted % held:
+            raise RuntimeError(f"a segment runs on {wanted} rows, not a multiple of the {held} the inputs hold")
+        return value.repeat(wanted // held, *([1] * (value.dim() - 1)))  # (K*B, ...)
+
+    def release(self) -> None:
+        """Drop the bound inputs (nothing holds the batch after the pass)."""
+        self._bound.clear()
+
+
 class SegmentedHost(nn.Module):
     """A host whose forward pass is `segments[0] -> point 0 -> segments[1] -> ... -> segments[-1]`.
 
-    Subclasses fill `self.segments` (len = number of injection points + 1) and `self._points`.
+    Subclasses fill `self.segments` (len = number of injection points + 1) and `self._points`. The first
+    segment takes the model's inputs (`morphogen.inputs`: a tensor, or a tuple or dict of tensors for a user's
+    model of several inputs); every later one the activation at the point before it.
     """
 
     topology: str = ""
@@ -47,6 +91,11 @@ class SegmentedHost(nn.Module):
         #: Slot id -> (per-sample shape entering the segment that ends at the slot, per-sample shape at the slot),
         #: where a shape probe measured them (`host_from_module`): what a branch seed beside that segment maps.
         self.measured_shapes: dict[str, tuple[tuple[int, ...], tuple[int, ...]]] = {}
+        #: Where the segments after the first read the model's inputs (`host_from_module`, for a model whose blocks
+        #: read an input such as a mask); None where no segment does.
+        self.side_inputs: SideInputs | None = None
+        #: What the first segment takes (`morphogen.inputs.InputSpec.kind`): "tensor", "tuple", "list" or "dict".
+        self.input_kind = "tensor"
 
     @property
     def injection_points(self) -> dict[str, int]:
@@ -64,14 +113,15 @@ class SegmentedHost(nn.Module):
         except ValueError:
             raise UnknownSlotError(f"unknown slot {slot!r}; this host has: {', '.join(self._points)}") from None
 
-    def run_segment(self, index: int, h: Tensor) -> Tensor:
-        """Segment `index` maps the activation at point index-1 (or the input) to point `index` (or the output)."""
+    def run_segment(self, index: int, h: Inputs) -> Tensor:
+        """Segment `index` maps the activation at point index-1 (or the inputs) to point `index` (or the output)."""
         output: Tensor = self.segments[index](h)
         return output
 
-    def forward(self, x: Tensor) -> Tensor:
+    def forward(self, x: Inputs) -> Tensor:
         for segment in self.segments:
             x = segment(x)
+        assert isinstance(x, Tensor)
         return x
 
 

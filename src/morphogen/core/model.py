@@ -39,6 +39,7 @@ from morphogen.core.hosts import SegmentedHost, UnknownSlotError
 from morphogen.core.lifecycle import BLENDED_STAGES, Stage
 from morphogen.core.slot import SeedSlot, SlotConfig, SlotMode, SlotPlan
 from morphogen.core.width import WidthSite, find_width_site, run_cut_segment
+from morphogen.inputs import Inputs, repeat_rows, rows, tensors
 
 Captured = tuple[tuple[Tensor, Tensor | None], ...]
 """Per TRAINING slot, in execution order: the host's detached activation there, and for a widening seed the
@@ -162,6 +163,8 @@ class MorphogeneticModel(nn.Module):
                      for name in blueprint_names(host.topology))
         for position, slot in enumerate(self.slots()):
             site = find_width_site(host.segments, self._point_of_slot[position], slot.channels, inside=inside)
+            if isinstance(site, WidthSite) and site.inside and site.tap_segment == 0 and host.input_kind != "tensor":
+                site = "its layers to widen are in the first segment, which takes the model's several inputs"
             slot.width_site, slot.width_problem = (site, "") if isinstance(site, WidthSite) else (None, site)
             entering, at_slot = host.measured_shapes.get(slot.slot_id, (None, ()))
             branch = find_branch_site(host.topology, entering, at_slot)
@@ -256,12 +259,12 @@ class MorphogeneticModel(nn.Module):
     # ---------------------------------------------------------------- forward
     # Every pass is one walk over the host's segments (`_walk`); what differs is what each does at a slot.
 
-    def _walk(self, x: Tensor, at_slot: SlotStep, start: int = 0, widening: frozenset[int] = frozenset(),
-              at_point: SlotStep | None = None, entering: Callable[[int, Tensor], Tensor] | None = None) -> Tensor:
+    def _walk(self, x: Inputs, at_slot: SlotStep, start: int = 0, widening: frozenset[int] = frozenset(),
+              at_point: SlotStep | None = None, entering: Callable[[int, Inputs], Inputs] | None = None) -> Tensor:
         """Run the host's segments to its output, mapping the activation at each slot with `at_slot`.
 
         `at_slot(position, slot, h)` gets the slot's position in `slot_ids` (its column in an execution plan
-        or an alpha table). `x` is the input of segment `start` (0: the host's input).
+        or an alpha table). `x` is the input of segment `start` (0: the model's inputs, `morphogen.inputs`).
 
         The slots at `widening` hold running widening seeds (`morphogen.core.width`): `at_slot` runs for them
         at their injection point, the consumer's output inside the next segment (or inside the segment before
@@ -274,19 +277,22 @@ class MorphogeneticModel(nn.Module):
         for index in range(start, len(self._slot_at_point)):
             if entering is not None:
                 x = entering(index, x)
-            segment_input = x
-            x = self._run_segment(index, x, at_slot, widening, taps)
+            segment_input = x if isinstance(x, Tensor) else None  # a model's several inputs are no branch's tap
+            h = self._run_segment(index, x, at_slot, widening, taps)
             position = self._slot_at_point[index]
             if position is None:
+                x = h
                 continue
             slot = self._slot_at(position)
             if position not in widening:
-                x = _with_tap(at_slot, position, slot, segment_input, x)
+                x = _with_tap(at_slot, position, slot, segment_input, h)
             elif at_point is not None:
-                x = _with_tap(at_point, position, slot, taps.get(position), x)
+                x = _with_tap(at_point, position, slot, taps.get(position), h)
+            else:
+                x = h
         return self._run_segment(len(self._slot_at_point), x, at_slot, widening, taps)
 
-    def _run_segment(self, index: int, x: Tensor, at_slot: SlotStep, widening: frozenset[int],
+    def _run_segment(self, index: int, x: Inputs, at_slot: SlotStep, widening: frozenset[int],
                      taps: dict[int, Tensor]) -> Tensor:
         """Segment `index`, cut where a widening seed reads its tap or injects its output inside it."""
         def inject(position: int, h: Tensor, tap: Tensor | None) -> Tensor:
@@ -315,11 +321,14 @@ class MorphogeneticModel(nn.Module):
     def _slot_at(self, position: int) -> SeedSlot:
         return cast(SeedSlot, self.seed_slots[self._slot_ids[position]])  # ModuleDict is typed as holding any Module
 
-    def forward(self, x: Tensor) -> Tensor:
-        """The model's output, each slot in its current mode (the host's output when no seed is blended in)."""
+    def forward(self, x: Inputs) -> Tensor:
+        """The model's output, each slot in its current mode (the host's output when no seed is blended in).
+
+        `x` is a batch of the host's inputs: a tensor, or for a user's model of several inputs a tuple or dict of
+        tensors (`morphogen.inputs`), passed as one argument."""
         return self._walk(x, lambda position, slot, h: slot(h), widening=self._widening(self.execution_plan()))
 
-    def forward_with_shadow(self, x: Tensor, shadow_rows: int | None = None) -> tuple[Tensor, ShadowOutput | None]:
+    def forward_with_shadow(self, x: Inputs, shadow_rows: int | None = None) -> tuple[Tensor, ShadowOutput | None]:
         """The host forward and, when seeds are TRAINING, their shadow outputs (None when none is).
 
         The shadow pass runs on the first `shadow_rows` samples of the batch (None: all of them): the seeds'
@@ -339,14 +348,17 @@ class MorphogeneticModel(nn.Module):
         if self._compile_settings is not None:
             # Two graphs, two autograd nodes: the trainer backpropagates the host loss and the shadow loss
             # separately, and one compiled node would free its saved tensors at the first of them.
-            host_forward = compiled(host_forward, self._compile_settings, x.device)
-            shadow_pass = compiled(shadow_pass, self._compile_settings, x.device)
+            device = tensors(x)[0].device
+            host_forward = compiled(host_forward, self._compile_settings, device)
+            shadow_pass = compiled(shadow_pass, self._compile_settings, device)
         output, captured = host_forward(self, x, plan)
         if not captured:
             return output, None
         if shadow_rows is not None:
             captured = tuple((h[:shadow_rows], None if tap is None else tap[:shadow_rows])
                              for h, tap in captured)  # (rows, ...) each
+            if self.host.side_inputs is not None:  # the layers after the slots read the inputs of those rows only
+                self.host.side_inputs.narrow(shadow_rows)
         with running_statistics(self._batch_norms):
             shadow_outputs = shadow_pass(self, captured, plan)
         training = [position for position, slot_plan in enumerate(plan) if slot_plan.mode is SlotMode.SHADOW]
@@ -366,7 +378,7 @@ class MorphogeneticModel(nn.Module):
         """
         self._compile_settings = settings
 
-    def _host_forward(self, x: Tensor, plan: ExecutionPlan) -> tuple[Tensor, Captured]:
+    def _host_forward(self, x: Inputs, plan: ExecutionPlan) -> tuple[Tensor, Captured]:
         """The model's output and, when grad is on, the detached activation at each TRAINING slot (with the
         detached tap of a widening or branch seed, None for the others).
 
@@ -390,8 +402,9 @@ class MorphogeneticModel(nn.Module):
                 captured.append((h.detach(), slot.tap.detach()))
             return h
 
-        def entering(index: int, h: Tensor) -> Tensor:
+        def entering(index: int, h: Inputs) -> Inputs:
             if capture and index in inside:  # a site inside this segment: its shadow rows join at its input
+                assert isinstance(h, Tensor)  # no site inside the first segment of a model of several inputs
                 captured.append((h.detach(), None))
             return h
 
@@ -432,10 +445,11 @@ class MorphogeneticModel(nn.Module):
                 return h
             return torch.cat([h, captured[training.index(position)][0]])  # (k*B, ...): seeded at the injection
 
-        def entering(index: int, h: Tensor) -> Tensor:
+        def entering(index: int, h: Inputs) -> Inputs:
             position = inside.get(index)
             if position is None or position == first:
                 return h
+            assert isinstance(h, Tensor)  # a later segment's input: an activation
             return torch.cat([h, captured[training.index(position)][0]])  # (k*B, ...): seeded inside this segment
 
         point = self._point_of_slot[first]
@@ -450,7 +464,7 @@ class MorphogeneticModel(nn.Module):
         x = self._walk(start, at_slot, segment, widening=widening, at_point=at_point, entering=entering)
         return x.reshape(len(captured), rows, *x.shape[1:])  # (K, B, ...)
 
-    def counterfactual_forward(self, x: Tensor, alphas: Tensor | Sequence[Sequence[float]]) -> Tensor:
+    def counterfactual_forward(self, x: Inputs, alphas: Tensor | Sequence[Sequence[float]]) -> Tensor:
         """Outputs for K alpha configurations at once: `alphas` is [K, n_slots] -> output [K, B, ...].
 
         `alphas` describes configurations, so it is read on the host: pass a CPU tensor or nested
@@ -464,7 +478,7 @@ class MorphogeneticModel(nn.Module):
             raise ValueError(f"alphas must be [K >= 1, {len(self.seed_slots)}] (one column per slot "
                              f"{self.slot_ids}), got {k} rows")
         columns = [[row[position] for row in table] for position in range(len(self._slot_ids))]
-        batch = x.shape[0]
+        batch = rows(x)
         expanded = False
 
         def at_slot(position: int, slot: SeedSlot, h: Tensor) -> Tensor:
@@ -490,7 +504,7 @@ class MorphogeneticModel(nn.Module):
         widening = self._widening(self.execution_plan())
         inside = self._inside(widening)
 
-        def entering(index: int, h: Tensor) -> Tensor:
+        def entering(index: int, h: Inputs) -> Inputs:
             # A seed inside this segment whose alpha differs: every configuration runs the whole segment.
             nonlocal expanded
             position = inside.get(index)
@@ -499,7 +513,7 @@ class MorphogeneticModel(nn.Module):
             if self._slot_at(position).mode is SlotMode.SHADOW and not any(columns[position]):
                 return h
             expanded = True
-            return h.repeat(k, *([1] * (h.dim() - 1)))  # (K*B, ...), configuration-major
+            return repeat_rows(h, k)  # (K*B, ...), configuration-major
 
         x = self._walk(x, at_slot, widening=widening, entering=entering)
         if not expanded:
@@ -509,7 +523,7 @@ class MorphogeneticModel(nn.Module):
     def stages(self) -> dict[str, Stage]:
         return {slot.slot_id: slot.stage for slot in self.slots()}
 
-    def growth_signals(self, x: Tensor, loss: Callable[[Tensor], Tensor]) -> dict[str, GrowthSignal]:
+    def growth_signals(self, x: Inputs, loss: Callable[[Tensor], Tensor]) -> dict[str, GrowthSignal]:
         """How much the loss could gain from growth at each empty slot, measured on the batch `x`.
 
         Per empty slot: `depth`, at the slot's activation (where a deepening seed adds its output), and
@@ -548,7 +562,7 @@ class MorphogeneticModel(nn.Module):
                 gradients = torch.autograd.grad(loss(output), points, allow_unused=True) if points else ()
         finally:
             self.train(was_training)
-        batch = x.shape[0]
+        batch = rows(x)
         measured = [_signal(h, g, batch) for h, g in zip(points, gradients, strict=True)]
         depths, widths = dict(zip(depth, measured[:len(depth)], strict=True)), dict(zip(width, measured[len(depth):],
                                                                                            strict=True))

@@ -20,13 +20,17 @@ work raises `HostBuildError` naming the submodule and why, before any training.
 
 from __future__ import annotations
 
+import inspect
+import operator
 from collections.abc import Callable, Sequence
 from itertools import pairwise
 
 import torch
 from torch import Tensor, fx, nn
 
-from morphogen.core.hosts import SegmentedHost
+from morphogen.core.hosts import SegmentedHost, SideInputs
+from morphogen.inputs import Inputs, InputSpec, call
+from morphogen.inputs import problem as inputs_problem
 
 #: The layout of each topology's activations, by rank: what a shape probe accepts for it.
 TOPOLOGY_RANKS = {"cnn": 4, "cnn1d": 3, "transformer": 3, "mlp": 2}
@@ -57,32 +61,40 @@ def slot_id_for(name: str) -> str:
     return name.replace(".", "_")
 
 
-def host_from_module(model: nn.Module, slots: Sequence[str], example_input: Tensor, *,
+def host_from_module(model: nn.Module, slots: Sequence[str], example_input: Inputs, *,
                      topology: str | None = None) -> ModuleHost:
     """Make `model` a host with a slot after each submodule named in `slots` (qualified names, any order).
 
-    `example_input` is a small batch of real inputs (two samples suffice); it is run once, in eval mode and
-    without gradients, to measure the slots and to check the cut. Raises `HostBuildError`.
+    `example_input` is a small batch of real inputs (two samples suffice), given as the model takes them: a
+    tensor, a tuple of tensors (positional arguments) or a dict of tensors (arguments by name); forward
+    parameters it does not give keep their defaults. It is run once, in eval mode and without gradients, to
+    measure the slots and to check the cut. Raises `HostBuildError`.
     """
     if not isinstance(model, nn.Module):
         raise HostBuildError(f"host_from_module needs an nn.Module, got {type(model).__name__}")
-    if not isinstance(example_input, Tensor) or example_input.dim() == 0:
-        raise HostBuildError("example_input must be a batch tensor (a leading sample dimension), "
-                             f"got {type(example_input).__name__}")
+    problem = inputs_problem(example_input)
+    if problem is not None:
+        raise HostBuildError("example_input must be a batch of the model's inputs (a tensor, or a tuple or dict of "
+                             f"tensors, each with a leading sample dimension); got {problem}")
     names = list(dict.fromkeys(slots))
     if not names or len(names) != len(slots):
         raise HostBuildError(f"slots must name one or more distinct submodules, got {list(slots)}")
     _check_names(model, names)
     if topology is not None and topology not in TOPOLOGY_RANKS:
         raise HostBuildError(f"unknown topology {topology!r}; valid: {', '.join(TOPOLOGY_RANKS)}")
-    segments, ordered = _cut(model, names)
+    segments, ordered, side_inputs = _cut(model, names, example_input)
     outputs = _probe(model, segments, ordered, example_input)
     chosen = topology or _guess_topology(model, outputs, ordered)
     host = ModuleHost(segments, _widths(ordered, outputs, chosen), chosen,
                       {slot_id_for(name): name for name in ordered})
-    entering = [tuple(example_input.shape[1:]), *(tuple(a.shape[1:]) for a in outputs)]
-    host.measured_shapes = {slot_id: (entering[index], tuple(outputs[index].shape[1:]))
-                            for index, slot_id in enumerate(host.slot_ids)}
+    host.side_inputs, host.input_kind = side_inputs, InputSpec.of(example_input).kind
+    # What enters each segment, which a branch seed beside it maps: the first takes the model's inputs, which a
+    # branch can read only where they are one tensor.
+    entering = [tuple(example_input.shape[1:]) if isinstance(example_input, Tensor) else None,
+                *(tuple(a.shape[1:]) for a in outputs)]
+    host.measured_shapes = {slot_id: (shape, tuple(outputs[index].shape[1:]))
+                            for index, slot_id in enumerate(host.slot_ids)
+                            if (shape := entering[index]) is not None}
     return host
 
 
@@ -113,25 +125,70 @@ def _check_names(model: nn.Module, names: Sequence[str]) -> None:
                                      "choose one of them")
 
 
-def _cut(model: nn.Module, names: Sequence[str]) -> tuple[list[nn.Module], list[str]]:
-    """The segments and the slot names in execution order."""
+def _cut(model: nn.Module, names: Sequence[str],
+         example: Inputs) -> tuple[list[nn.Module], list[str], SideInputs | None]:
+    """The segments, the slot names in execution order, and where later segments read the model's inputs."""
     children = [name for name, _ in model.named_children()]
+    several = not isinstance(example, Tensor)
     if isinstance(model, nn.Sequential):
+        if several:
+            raise HostBuildError(f"an nn.Sequential takes one tensor, but example_input is a {type(example).__name__} "
+                                 "of several; give the model's inputs as one tensor")
         if not all(name in children for name in names):
             nested = next(name for name in names if name not in children)
             raise HostBuildError(f"slot after {nested!r}: an nn.Sequential is cut between its children; name one of "
                                  f"{', '.join(children)}")
-        return _cut_children(model, names)
+        return (*_cut_children(model, names), None)
+    given, defaults = _arguments(model, example)
     try:
-        traced = _trace(model, names)
+        traced = _trace(model, names, defaults)
     except HostBuildError:
         raise
     except Exception as error:  # fx raises many kinds (TraceError, TypeError, ...) on untraceable code
-        if all(name in children for name in names):
-            return _cut_children(model, names)
-        raise HostBuildError(f"cannot trace {type(model).__name__} with torch.fx ({_first_line(error)}); put the "
-                             "slots on its direct children if its forward runs them in order") from None
-    return _split_graph(traced, names)
+        if not several and all(name in children for name in names):
+            return (*_cut_children(model, names), None)
+        raise HostBuildError(f"cannot trace {type(model).__name__} with torch.fx ({_first_line(error)}); "
+                             + ("a model of several inputs must trace" if several else "put the slots on its direct "
+                                "children if its forward runs them in order")) from None
+    return _split_graph(traced, names, given)
+
+
+def _arguments(model: nn.Module, example: Inputs) -> tuple[dict[str, int | str | None], dict[str, object]]:
+    """Which parameters of `model.forward` the example gives (name -> its key in the inputs: a position, a
+    name, or None for the one tensor), and the defaults of the others, with which the model is traced."""
+    try:
+        parameters = [p for p in inspect.signature(model.forward).parameters.values()
+                      if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+    except (TypeError, ValueError):  # no signature to read: fx traces what it finds
+        return {}, {}
+    positional = [p.name for p in parameters if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    model_name = type(model).__name__
+    given: dict[str, int | str | None]
+    if isinstance(example, Tensor):
+        given = {positional[0]: None} if positional else {}
+    elif isinstance(example, dict):
+        by_name = {p.name for p in parameters if p.kind is not p.POSITIONAL_ONLY}
+        unknown = [key for key in example if key not in by_name]
+        if unknown:
+            raise HostBuildError(f"example_input names {unknown[0]!r}, which {model_name}.forward does not take; its "
+                                 f"parameters: {', '.join(p.name for p in parameters) or 'none'}")
+        given = {key: key for key in example}
+    else:
+        if len(example) > len(positional):
+            raise HostBuildError(f"example_input gives {len(example)} inputs, but {model_name}.forward takes "
+                                 f"{len(positional)} positional parameters")
+        given = {name: index for index, name in enumerate(positional[:len(example)])}
+    defaults: dict[str, object] = {}
+    for parameter in parameters:
+        if parameter.name in given:
+            continue
+        if parameter.default is parameter.empty:
+            if isinstance(example, Tensor):
+                continue  # refused once traced, with the number of inputs the model takes
+            raise HostBuildError(f"{model_name}.forward's parameter {parameter.name!r} has no default, and "
+                                 "example_input does not give it")
+        defaults[parameter.name] = parameter.default
+    return given, defaults
 
 
 def _cut_children(model: nn.Module, names: Sequence[str]) -> tuple[list[nn.Module], list[str]]:
@@ -154,24 +211,47 @@ class _SlotLeafTracer(fx.Tracer):
         return module_qualified_name in self.leaves or super().is_leaf_module(m, module_qualified_name)
 
 
-def _trace(model: nn.Module, names: Sequence[str]) -> fx.GraphModule:
-    graph = _SlotLeafTracer(names).trace(model)
+def _trace(model: nn.Module, names: Sequence[str], defaults: dict[str, object]) -> fx.GraphModule:
+    """`model` traced with the slot submodules kept whole and the parameters in `defaults` fixed at them."""
+    graph = _SlotLeafTracer(names).trace(model, concrete_args=defaults or None)
     return fx.GraphModule(model, graph)
 
 
-def _split_graph(traced: fx.GraphModule, names: Sequence[str]) -> tuple[list[nn.Module], list[str]]:
-    """Split the traced graph after each named submodule's call; check that nothing else flows past a cut."""
+class _Inputs:
+    """The model's inputs in a traced graph: the placeholders the example gives (each with its key in the inputs)
+    and the fixed ones (each with the value it was traced with)."""
+
+    def __init__(self, placeholders: list[fx.Node], given: dict[str, int | str | None]) -> None:
+        self.given = {node: given[str(node.target)] for node in placeholders if str(node.target) in given}
+        self.fixed = {node: node.args[0] if node.args else None for node in placeholders if node not in self.given}
+        self.several = any(key is not None for key in self.given.values())
+
+
+def _split_graph(traced: fx.GraphModule, names: Sequence[str],
+                 given: dict[str, int | str | None]) -> tuple[list[nn.Module], list[str], SideInputs | None]:
+    """Split the traced graph after each named submodule's call; check that nothing but the model's inputs flows
+    past a cut (a later segment reads those from the `SideInputs` the first one binds)."""
     nodes = list(traced.graph.nodes)
     position = {node: i for i, node in enumerate(nodes)}
-    inputs = [node for node in nodes if node.op == "placeholder"]
-    if len(inputs) != 1:
-        raise HostBuildError(f"the model's forward takes {len(inputs)} inputs; a host takes one tensor")
+    placeholders = [node for node in nodes if node.op == "placeholder"]
+    if not given and len(placeholders) == 1:  # a forward fx reads no signature of: its one input
+        given = {str(placeholders[0].target): None}
+    inputs = _Inputs(placeholders, given)
+    unfixed = [node for node in inputs.fixed if not node.args]
+    if unfixed or not inputs.given:
+        raise HostBuildError(f"the model's forward takes {len(placeholders)} inputs; give them all in example_input "
+                             "as a tuple (by position) or a dict (by name) of tensors")
     cuts = sorted((_only_call(nodes, name) for name in names), key=position.__getitem__)
     for cut in cuts:
         _check_nothing_flows_past(cut, nodes, position)
-    boundaries = [inputs[0], *cuts, nodes[-1]]
-    segments: list[nn.Module] = [_segment(traced, nodes, position, start, end) for start, end in pairwise(boundaries)]
-    return segments, [str(cut.target) for cut in cuts]
+    read_later = any(position[user] > position[cuts[0]] for node in inputs.given for user in node.users)
+    side_inputs = SideInputs() if read_later else None
+    if side_inputs is not None:
+        traced.side_inputs = side_inputs  # the segments' graphs read it as an attribute of their root
+    boundaries: list[fx.Node | None] = [None, *cuts, nodes[-1]]
+    segments: list[nn.Module] = [_segment(traced, nodes, position, start, end, inputs, side_inputs is not None)
+                                 for start, end in pairwise(boundaries)]
+    return segments, [str(cut.target) for cut in cuts], side_inputs
 
 
 def _only_call(nodes: list[fx.Node], name: str) -> fx.Node:
@@ -184,8 +264,8 @@ def _only_call(nodes: list[fx.Node], name: str) -> fx.Node:
 
 
 def _check_nothing_flows_past(cut: fx.Node, nodes: list[fx.Node], position: dict[fx.Node, int]) -> None:
-    """Refuse a cut that another value crosses: the segments would lose it."""
-    crossing = [node.name for node in nodes[:position[cut]] if node.op != "get_attr"
+    """Refuse a cut that a computed value crosses: the segments would lose it (the model's inputs may cross)."""
+    crossing = [node.name for node in nodes[:position[cut]] if node.op not in ("get_attr", "placeholder")
                 and any(position[user] > position[cut] for user in node.users)]
     if crossing:
         raise HostBuildError(f"slot after {cut.target!r}: it sits inside a branch: {', '.join(crossing)} "
@@ -193,19 +273,33 @@ def _check_nothing_flows_past(cut: fx.Node, nodes: list[fx.Node], position: dict
                              "enclosing block")
 
 
-def _segment(traced: fx.GraphModule, nodes: list[fx.Node], position: dict[fx.Node, int], start: fx.Node,
-             end: fx.Node) -> fx.GraphModule:
-    """The nodes after `start` up to `end` as a module of one input (the value of `start`)."""
+def _segment(traced: fx.GraphModule, nodes: list[fx.Node], position: dict[fx.Node, int], start: fx.Node | None,
+             end: fx.Node | None, inputs: _Inputs, side: bool) -> fx.GraphModule:
+    """The nodes after `start` (None: the first segment) up to `end` as a module of one input: the value of
+    `start`, or the model's inputs (one tensor, or a tuple or dict of them, which it binds when `side`)."""
     graph = fx.Graph()
-    values: dict[fx.Node, fx.Node] = {start: graph.placeholder("x")}
+    values: dict[fx.Node, fx.node.Argument] = dict(inputs.fixed)
+    if start is None:
+        first = graph.placeholder("inputs" if inputs.several else "x")
+        bound = graph.call_method("bind", (graph.get_attr("side_inputs"), first)) if side else first
+        for node, key in inputs.given.items():
+            values[node] = bound if key is None else graph.call_function(operator.getitem, (bound, key))
+    else:
+        values[start] = graph.placeholder("x")
 
-    def value_of(node: fx.Node) -> fx.Node:
-        if node not in values:  # a parameter or buffer read in an earlier segment: read it here too
-            assert node.op == "get_attr", node
-            values[node] = graph.node_copy(node)
+    def value_of(node: fx.Node) -> fx.node.Argument:
+        if node not in values:  # a parameter or buffer read in an earlier segment, or an input: read it here too
+            if node in inputs.given:
+                assert start is not None  # the first segment maps every input before it runs
+                values[node] = graph.call_method("read", (graph.get_attr("side_inputs"), inputs.given[node],
+                                                          values[start]))
+            else:
+                assert node.op == "get_attr", node
+                values[node] = graph.node_copy(node)
         return values[node]
 
-    for node in nodes[position[start] + 1:position[end] + 1]:
+    assert end is not None  # only the first segment starts at None
+    for node in nodes[0 if start is None else position[start] + 1:position[end] + 1]:
         if node.op == "output":
             graph.output(fx.map_arg(node.args[0], value_of))
         elif node.op != "placeholder":
@@ -215,15 +309,15 @@ def _segment(traced: fx.GraphModule, nodes: list[fx.Node], position: dict[fx.Nod
     return fx.GraphModule(traced, graph)
 
 
-def _probe(model: nn.Module, segments: Sequence[nn.Module], names: Sequence[str], example: Tensor) -> list[Tensor]:
+def _probe(model: nn.Module, segments: Sequence[nn.Module], names: Sequence[str], example: Inputs) -> list[Tensor]:
     """Run the segments on `example` (eval mode, no grad): the activation at every cut, checked against the model."""
     modes = [module.training for module in model.modules()]
     model.eval()
     try:
         with torch.no_grad():
-            expected = _call(model, example, type(model).__name__)
+            expected = _call(lambda inputs: call(model, inputs), example, type(model).__name__)
             activations: list[Tensor] = []
-            x = example
+            x: object = example
             for index, segment in enumerate(segments):
                 x = _call(segment, x, "the model" if index == len(segments) - 1 else f"the part ending at "
                                                                                      f"{names[index]!r}")

@@ -23,9 +23,11 @@ from collections.abc import Mapping, Sequence
 from torch import Tensor, nn
 
 from morphogen.core.blend import Blend
+from morphogen.core.hosts import SideInputs
 from morphogen.core.lifecycle import Stage
 from morphogen.core.model import MorphogeneticModel
 from morphogen.core.width import WidthSite, run_cut_segment
+from morphogen.inputs import Inputs
 
 #: Stages whose seed is folded into the plain network.
 KEPT_STAGES = frozenset({Stage.HOLDING, Stage.FOSSILIZED})
@@ -95,8 +97,11 @@ class GrownNetwork(nn.Module):
         self.widenings = nn.ModuleDict({str(point): folded for point, (_, folded) in widenings.items()})
         #: Where each widening cuts the segments (plain numbers: the site's layers are the segments' own).
         self._sites = [(point, site) for point, (site, _) in sorted(widenings.items())]
+        #: Where the segments after the first read the inputs of a model of several inputs (its segments' own).
+        self._side_inputs = [module for module in self.segments.modules() if isinstance(module, SideInputs)]
 
-    def forward(self, x: Tensor) -> Tensor:
+    def forward(self, x: Inputs) -> Tensor:
+        """The network's output for a batch of the host's inputs (a tensor, or a tuple or dict of tensors)."""
         taps: dict[int, Tensor] = {}
 
         def inject(point: int, consumer_output: Tensor, tap: Tensor | None) -> Tensor:
@@ -106,11 +111,14 @@ class GrownNetwork(nn.Module):
 
         for index, segment in enumerate(self.segments):
             entering = x
-            x = run_cut_segment(segment, index, x, self._sites, inject, taps)
+            h = run_cut_segment(segment, index, x, self._sites, inject, taps)
             if str(index) in self.branches:
-                x = self.branches[str(index)](x, entering)
-            if index < len(self.seeds):
-                x = self.seeds[index](x)
+                assert isinstance(entering, Tensor)  # a branch reads a tensor (no branch beside several inputs)
+                h = self.branches[str(index)](h, entering)
+            x = self.seeds[index](h) if index < len(self.seeds) else h
+        for side_inputs in self._side_inputs:  # the pass is over: nothing keeps the batch's inputs
+            side_inputs.release()
+        assert isinstance(x, Tensor)
         return x
 
 

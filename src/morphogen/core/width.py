@@ -38,6 +38,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, fx, nn
 
+from morphogen.inputs import Inputs
+
 Device = torch.device | str | None
 Layer = nn.Conv1d | nn.Conv2d | nn.Linear
 
@@ -301,7 +303,7 @@ class WidthSeed(nn.Module):
         return added
 
 
-def run_cut_segment(segment: nn.Module, index: int, x: Tensor, sites: Sequence[tuple[int, WidthSite]],
+def run_cut_segment(segment: nn.Module, index: int, x: Inputs, sites: Sequence[tuple[int, WidthSite]],
                     inject: Callable[[int, Tensor, Tensor | None], Tensor], taps: dict[int, Tensor]) -> Tensor:
     """Segment `index` of a host, cut where the widening seeds of `sites` ((key, site) pairs) read their tap or
     add their output inside it.
@@ -320,6 +322,7 @@ def run_cut_segment(segment: nn.Module, index: int, x: Tensor, sites: Sequence[t
             taps[key] = tap
             return inject(key, consumer_output, tap)
 
+        assert isinstance(x, Tensor)  # no site inside the first segment of a model of several inputs
         instrumented: Tensor = site.instrumented(x, at_consumer)
         return instrumented
     events = sorted([(site.inject_cut, 0, key) for key, site in sites if site.inject_segment == index]
@@ -327,14 +330,15 @@ def run_cut_segment(segment: nn.Module, index: int, x: Tensor, sites: Sequence[t
     if not events:
         whole: Tensor = segment(x)
         return whole
-    assert isinstance(segment, nn.Sequential)  # a site around a slot is found only between nn.Sequential segments
-    done = 0
+    # A site around a slot is found only between nn.Sequential segments, which take one tensor.
+    assert isinstance(segment, nn.Sequential) and isinstance(x, Tensor)
+    h, done = x, 0
     for cut, order, key in events:
-        x = segment[done:cut](x)
+        h = segment[done:cut](h)
         done = cut
         if order == 1:
-            taps[key] = x
+            taps[key] = h
         else:
-            x = inject(key, x, taps.get(key))
-    output: Tensor = segment[done:](x)
+            h = inject(key, h, taps.get(key))
+    output: Tensor = segment[done:](h)
     return output

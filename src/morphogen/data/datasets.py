@@ -23,6 +23,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from morphogen.inputs import Inputs, rows, take_rows, tensors, to_device
+from morphogen.inputs import problem as inputs_problem
+
 Augmentation = Callable[[Tensor, torch.Generator | None], Tensor]
 """A batched train-time transform: (inputs [B, ...], generator or None) -> inputs of the same shape."""
 
@@ -30,49 +33,57 @@ PaddingMode = Literal["reflect", "zeros"]
 
 
 class DeviceDataset:
-    """Inputs and targets held as tensors on one device; an epoch is a permutation and slices."""
+    """Inputs and targets held as tensors on one device; an epoch is a permutation and slices.
 
-    def __init__(self, inputs: Tensor, targets: Tensor) -> None:
-        if not isinstance(inputs, Tensor) or not isinstance(targets, Tensor):
+    The inputs are one tensor or, for a model of several inputs, a tuple or dict of tensors (`morphogen.inputs`).
+    """
+
+    def __init__(self, inputs: Inputs, targets: Tensor) -> None:
+        values = (list(inputs.values()) if isinstance(inputs, dict)
+                  else inputs if isinstance(inputs, (tuple, list)) else [inputs])
+        if not isinstance(targets, Tensor) or not all(isinstance(value, Tensor) for value in values):
             raise TypeError(
                 f"DeviceDataset needs torch tensors, got {type(inputs).__name__} and "
                 f"{type(targets).__name__}; "
                 "convert with torch.as_tensor"
             )
-        if inputs.dim() == 0 or targets.dim() == 0:
+        problem = inputs_problem(inputs)
+        if problem is not None or targets.dim() == 0:
             raise ValueError(
-                "DeviceDataset needs inputs and targets with a leading sample dimension, got scalars"
+                "DeviceDataset needs inputs (a tensor, or a tuple or dict of tensors) and targets with a leading "
+                f"sample dimension; got {problem or 'scalar targets'}"
             )
-        if inputs.shape[0] != targets.shape[0]:
+        if rows(inputs) != targets.shape[0]:
             raise ValueError(
-                f"DeviceDataset needs as many targets as inputs: got {inputs.shape[0]} inputs and "
+                f"DeviceDataset needs as many targets as inputs: got {rows(inputs)} inputs and "
                 f"{targets.shape[0]} targets; pass tensors with the same first dimension"
             )
-        if inputs.device != targets.device:
+        if any(value.device != targets.device for value in tensors(inputs)):
             raise ValueError(
-                f"DeviceDataset needs inputs and targets on one device: got {inputs.device} and "
+                f"DeviceDataset needs inputs and targets on one device: got {tensors(inputs)[0].device} and "
                 f"{targets.device}; move both with .to(device) first"
             )
         self.inputs = inputs
         self.targets = targets
 
     def __len__(self) -> int:
-        return int(self.inputs.shape[0])
+        return int(self.targets.shape[0])
 
     def __repr__(self) -> str:
+        shapes = ", ".join(f"{tuple(value.shape[1:])} {value.dtype}" for value in tensors(self.inputs))
         return (
-            f"DeviceDataset(samples={len(self)}, inputs={tuple(self.inputs.shape[1:])} {self.inputs.dtype}, "
+            f"DeviceDataset(samples={len(self)}, inputs={shapes}, "
             f"targets={tuple(self.targets.shape[1:])} {self.targets.dtype}, device={self.device})"
         )
 
     @property
     def device(self) -> torch.device:
-        """The device both tensors live on."""
-        return self.inputs.device
+        """The device all tensors live on."""
+        return self.targets.device
 
     def to(self, device: str | torch.device) -> DeviceDataset:
-        """A dataset with both tensors on `device` (the same tensors when they already are)."""
-        return DeviceDataset(self.inputs.to(device), self.targets.to(device))
+        """A dataset with all tensors on `device` (the same tensors when they already are)."""
+        return DeviceDataset(to_device(self.inputs, device), self.targets.to(device))
 
     def iterate_batches(
         self,
@@ -82,7 +93,7 @@ class DeviceDataset:
         shuffle: bool = True,
         augment: Augmentation | None = None,
         drop_last: bool = False,
-    ) -> Iterator[tuple[Tensor, Tensor]]:
+    ) -> Iterator[tuple[Inputs, Tensor]]:
         """One epoch of (inputs, targets) batches; every sample appears exactly once.
 
         Arguments are checked and the permutation is drawn now, not at the first `next()`.
@@ -115,17 +126,20 @@ class DeviceDataset:
         generator: torch.Generator | None,
         augment: Augmentation | None,
         drop_last: bool,
-    ) -> Iterator[tuple[Tensor, Tensor]]:
+    ) -> Iterator[tuple[Inputs, Tensor]]:
+        if augment is not None and not isinstance(self.inputs, Tensor):
+            raise ValueError("an augmentation transforms one input tensor; this dataset holds several")
         stop = len(self) - len(self) % batch_size if drop_last else len(self)
         for start in range(0, stop, batch_size):
             end = min(start + batch_size, stop)
             if order is None:
-                inputs, targets = self.inputs[start:end], self.targets[start:end]
+                inputs, targets = take_rows(self.inputs, slice(start, end)), self.targets[start:end]
             else:
                 indices = order[start:end]
-                inputs = self.inputs.index_select(0, indices)  # (B, ...)
+                inputs = take_rows(self.inputs, indices)  # (B, ...)
                 targets = self.targets.index_select(0, indices)  # (B, ...)
             if augment is not None:
+                assert isinstance(inputs, Tensor)
                 inputs = augment(inputs, generator)
             yield inputs, targets
 

@@ -42,6 +42,7 @@ from morphogen.data.digits import read_digits, stratified_split
 from morphogen.data.errors import DataError
 from morphogen.data.mnist1d import MNIST1D_NUM_CLASSES, generate_mnist1d
 from morphogen.data.text import encode_characters, next_character_windows, read_default_corpus, read_text_file
+from morphogen.inputs import Inputs
 from morphogen.limits import short_repr
 
 __all__ = ["BatchSource", "DataError", "Task", "host_size", "load_task"]
@@ -69,7 +70,7 @@ class BatchSource(Protocol):
     def __len__(self) -> int: ...
 
     def iterate_batches(self, batch_size: int, *, generator: torch.Generator | None = ..., shuffle: bool = ...,
-                        augment: Augmentation | None = ..., drop_last: bool = ...) -> Iterator[tuple[Tensor, Tensor]]:
+                        augment: Augmentation | None = ..., drop_last: bool = ...) -> Iterator[tuple[Inputs, Tensor]]:
         ...
 
 

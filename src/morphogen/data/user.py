@@ -1,13 +1,14 @@
 """A user's own task: their tensors, `Dataset` or `DataLoader`s, with their loss and metric.
 
 `task_from_data(name, train, validation, ...)` accepts for each split
-- a pair of tensors `(inputs, targets)`: held on the device as a `DeviceDataset` (the fast path);
+- a pair `(inputs, targets)` of tensors: held on the device as a `DeviceDataset` (the fast path);
 - a `torch.utils.data.Dataset` of `(input, target)` samples: batched by a `DataLoader` each epoch, in an
   order drawn from the episode's generator, so runs are reproducible;
 - a `DataLoader` (or any iterable that can be iterated once per epoch) of `(inputs, targets)` batches:
   used as it is, its own batch size and order, streamed batch by batch (nothing forces it into memory).
-Batches of the last two are moved to the task's device as they come. A batch that is not a pair of tensors
-with as many targets as inputs is a `DataError` naming the split.
+Batches of the last two are moved to the task's device as they come. The inputs of a model of several inputs
+are a tuple (its positional arguments) or a dict (by name) of tensors (`morphogen.inputs`), in every form above.
+A batch that is not a pair (inputs, targets) with as many targets as inputs is a `DataError` naming the split.
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ from torch.utils.data import DataLoader, Dataset
 from morphogen.data.datasets import Augmentation, DeviceDataset
 from morphogen.data.errors import DataError
 from morphogen.data.tasks import BatchSource, Task
+from morphogen.inputs import Inputs, rows, to_device
+from morphogen.inputs import problem as inputs_problem
 from morphogen.telemetry.story import NEGATIVE_LOSS
 
 DEFAULT_BATCH_SIZE = 64
@@ -58,7 +61,7 @@ class StreamedBatches:
 
     def iterate_batches(self, batch_size: int, *, generator: torch.Generator | None = None, shuffle: bool = True,
                         augment: Augmentation | None = None,
-                        drop_last: bool = False) -> Iterator[tuple[Tensor, Tensor]]:
+                        drop_last: bool = False) -> Iterator[tuple[Inputs, Tensor]]:
         """One epoch of batches on the task's device. A `Dataset` is batched by `batch_size` (shuffled with
         `generator` when `shuffle`); a loader keeps its own batching."""
         if self.is_dataset:
@@ -69,18 +72,27 @@ class StreamedBatches:
             batches = cast(Iterable[Any], self.data)  # not a Dataset: a loader or another iterable of batches
         for index, batch in enumerate(batches):
             inputs, targets = self._checked(batch, index)
-            inputs = inputs.to(self._device, non_blocking=True)
+            inputs = to_device(inputs, self._device, non_blocking=True)
             targets = targets.to(self._device, non_blocking=True)
-            yield (inputs if augment is None else augment(inputs, generator)), targets
+            if augment is not None:
+                if not isinstance(inputs, Tensor):
+                    raise DataError(f"{self.split}: an augmentation transforms one input tensor; its batches hold "
+                                    "several")
+                inputs = augment(inputs, generator)
+            yield inputs, targets
 
-    def _checked(self, batch: object, index: int) -> tuple[Tensor, Tensor]:
-        if not isinstance(batch, (tuple, list)) or len(batch) != 2 or not all(isinstance(t, Tensor) for t in batch):
+    def _checked(self, batch: object, index: int) -> tuple[Inputs, Tensor]:
+        if not isinstance(batch, (tuple, list)) or len(batch) != 2 or not isinstance(batch[1], Tensor):
             kind = (f"{len(batch)}-item {type(batch).__name__}" if isinstance(batch, (tuple, list))
                     else type(batch).__name__)
             raise DataError(f"{self.split} batch {index}: expected a pair (inputs, targets) of tensors, got a {kind}")
         inputs, targets = batch
-        if inputs.dim() == 0 or targets.dim() == 0 or inputs.shape[0] != targets.shape[0]:
-            raise DataError(f"{self.split} batch {index}: {tuple(inputs.shape)} inputs but {tuple(targets.shape)} "
+        problem = inputs_problem(inputs)
+        if problem is not None:
+            raise DataError(f"{self.split} batch {index}: its inputs are {problem}")
+        if targets.dim() == 0 or rows(inputs) != targets.shape[0]:
+            shape = tuple(inputs.shape) if isinstance(inputs, Tensor) else f"{rows(inputs)} samples of"
+            raise DataError(f"{self.split} batch {index}: {shape} inputs but {tuple(targets.shape)} "
                             "targets; both need the same leading sample dimension")
         return inputs, targets
 
@@ -134,7 +146,8 @@ def _is_positive_int(value: object) -> bool:
 def _source(data: object, device: torch.device, split: str) -> BatchSource:
     if isinstance(data, DeviceDataset):
         return data.to(device)
-    if isinstance(data, (tuple, list)) and len(data) == 2 and all(isinstance(t, Tensor) for t in data):
+    if isinstance(data, (tuple, list)) and len(data) == 2 and isinstance(data[1], Tensor) and (
+            isinstance(data[0], Tensor) or inputs_problem(data[0]) is None):
         try:
             return DeviceDataset(data[0], data[1]).to(device)
         except (TypeError, ValueError) as error:
