@@ -51,6 +51,7 @@ from morphogen.env.actions import Op
 from morphogen.env.episode import EpisodeConfig, MorphogenesisEpisode
 from morphogen.env.optimizer import OptimizerConfig, task_optimizer_config
 from morphogen.env.play import Controller
+from morphogen.inputs import Inputs, InputSpec
 from morphogen.ui.svg import Series, line_chart
 
 
@@ -114,7 +115,7 @@ class RunRecord:
     seconds: float
 
 
-def endless_batches(task: Task, batch_size: int, generator: torch.Generator) -> Iterator[tuple[Tensor, Tensor]]:
+def endless_batches(task: Task, batch_size: int, generator: torch.Generator) -> Iterator[tuple[Inputs, Tensor]]:
     """Pass after pass over the training windows, each pass in an order drawn from `generator`."""
     while True:
         yield from task.train.iterate_batches(batch_size, generator=generator)
@@ -135,10 +136,10 @@ def text_optimizer(lr: float | None) -> OptimizerConfig:
     return task_optimizer_config("text", None if lr is None else {"host_lr": lr, "seed_lr": lr})
 
 
-def step_flops(episode: MorphogenesisEpisode, inputs: Tensor) -> int:
+def step_flops(episode: MorphogenesisEpisode, inputs: Inputs) -> int:
     """Training FLOPs of one batch like `inputs` in the episode's present plan, as its compute account charges it."""
     assert episode.model is not None
-    return episode.flop_counter.training_step(episode.model, tuple(inputs.shape), inputs.dtype).total
+    return episode.flop_counter.training_step(episode.model, InputSpec.of(inputs)).total
 
 
 def training_flops(episode: MorphogenesisEpisode) -> int:

@@ -34,6 +34,10 @@
   changes (`--criterion score`: judged by its score, the negated loss, in points, as before 2026-11-28).
   `friedman2` and `friedman3` (4 inputs, noise-free) and `linear_regression` (a linear target with noise, where
   no capacity is needed) grow the same network on the other problems, inputs standardized too.
+- `padded`: a model of two inputs, token ids and a padding mask that every block reads (`PaddedClassifier`: an
+  embedding, two pre-norm attention blocks of width 16 that ignore padding, a mean over the real tokens and a
+  linear head) on generated padded sequences (`padded_sequences`: 3 to 16 tokens of 16, then padding of random
+  tokens; the class counts which of two marker tokens occur among the real tokens); slots after each block.
 
 Each is made a host by `morphogen.host_from_module` and grown by `morphogen.grow` with the heuristic
 (defaults but for the settings named above) and strict gates, next to the same host without growth and the
@@ -80,6 +84,7 @@ from morphogen.data import load_task
 from morphogen.env.episode import MorphogenesisEpisode, task_with_host
 from morphogen.env.optimizer import SCHEDULES, OptimizerConfig
 from morphogen.env.play import run_episode
+from morphogen.inputs import Inputs, take_rows
 from morphogen.ui.units import format_flops
 
 VARIANTS = ("grown", "no growth", "from scratch")
@@ -150,7 +155,7 @@ def cnn2d(channels: int = 4, classes: int = 10) -> nn.Sequential:
                          nn.Flatten(), nn.Linear(2 * channels * 4, classes))
 
 
-Split = tuple[tuple[Tensor, Tensor], tuple[Tensor, Tensor]]
+Split = tuple[tuple[Inputs, Tensor], tuple[Inputs, Tensor]]
 
 
 def task_tensors(name: str, inputs: Callable[[Tensor], Tensor] = lambda x: x) -> Split:
@@ -214,6 +219,57 @@ def _regression_split(features: object, target: object, *, standardize_inputs: b
     return (x[:3000], y[:3000]), (x[3000:], y[3000:])
 
 
+class PaddedBlock(nn.Module):
+    """Pre-norm block over padded sequences: self-attention that ignores padding (`key_padding_mask`), an MLP."""
+
+    def __init__(self, width: int, heads: int = 2) -> None:
+        super().__init__()
+        self.norm1, self.norm2 = nn.LayerNorm(width), nn.LayerNorm(width)
+        self.attention = nn.MultiheadAttention(width, heads, batch_first=True)
+        self.mlp = nn.Sequential(nn.Linear(width, 2 * width), nn.GELU(), nn.Linear(2 * width, width))
+
+    def forward(self, x: Tensor, padding: Tensor) -> Tensor:
+        h = self.norm1(x)
+        x = x + self.attention(h, h, h, key_padding_mask=padding, need_weights=False)[0]
+        return x + self.mlp(self.norm2(x))
+
+
+class PaddedClassifier(nn.Module):
+    """A model of two inputs, as a text classifier takes them: token ids [N, T] and a padding mask [N, T] (True:
+    padding), which every block reads; class scores [N, C] from the mean over the real tokens."""
+
+    def __init__(self, vocab: int = 8, width: int = 16, classes: int = 3, layers: int = 2) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(vocab, width)
+        self.blocks = nn.ModuleList(PaddedBlock(width) for _ in range(layers))
+        self.head = nn.Linear(width, classes)
+
+    def forward(self, ids: Tensor, padding: Tensor) -> Tensor:
+        x = self.embed(ids)
+        for block in self.blocks:
+            x = block(x, padding)
+        keep = (~padding).unsqueeze(-1).to(x.dtype)
+        return self.head((x * keep).sum(1) / keep.sum(1).clamp_min(1.0))
+
+
+def padded_sequences(count: int, seed: int, vocab: int = 8, length: int = 10) -> tuple[tuple[Tensor, Tensor], Tensor]:
+    """((ids, padding), labels): sequences of 3 to `length` real tokens, then padding; every position, padding
+    too, holds token 1 with probability 1/4 and another token otherwise, so a model that ignores the mask is
+    misled. The label is the number of 1s among the real tokens, modulo 3."""
+    generator = torch.Generator().manual_seed(seed)
+    ids = torch.randint(2, vocab, (count, length), generator=generator)
+    ids[torch.rand(count, length, generator=generator) < 0.25] = 1
+    lengths = torch.randint(3, length + 1, (count,), generator=generator)
+    padding = torch.arange(length)[None, :] >= lengths[:, None]
+    labels = ((ids == 1) & ~padding).sum(1) % 3
+    return (ids, padding), labels
+
+
+def padded() -> Split:
+    """4,000 training and 1,000 validation padded sequences (`padded_sequences`, 16 tokens of a vocabulary of 16)."""
+    return padded_sequences(4000, 0, vocab=16, length=16), padded_sequences(1000, 1, vocab=16, length=16)
+
+
 def regression_mlp(inputs: int = 10, hidden: int = 16) -> nn.Sequential:
     """Two hidden layers of `hidden` ReLU units and one output."""
     return nn.Sequential(nn.Linear(inputs, hidden), nn.ReLU(), nn.Linear(hidden, hidden), nn.ReLU(),
@@ -230,6 +286,8 @@ class Model:
     heuristic: tuple[tuple[str, str | int | float], ...] = ()
     #: The model's own loss (None: cross-entropy, a classifier judged by accuracy).
     loss: Callable[[Tensor, Tensor], Tensor] | None = None
+    #: Classes of a classifier (chance accuracy is 100 / classes).
+    classes: int = 10
 
 
 #: The ResNet's residual blocks by name (`layer1.0` ... `layer3.2`): where its slots are when it grows by depth.
@@ -256,6 +314,7 @@ MODELS = {
     "cnn2d_branch_first": Model(digits_images, cnn2d, ("1", "4"), 64, (("first_seed", "branch_wide"),)),
     "cnn2d_by_signal": Model(digits_images, cnn2d, ("1", "4"), 64, (("first_seed", ""),)),
     "cnn1d_branch_all": Model(mnist1d_signals, cnn1d, ("1", "4"), 100, (("depth_blueprint", "branch_wide"),)),
+    "padded": Model(padded, lambda: PaddedClassifier(vocab=16), ("blocks.0", "blocks.1"), 64, classes=3),
     "regression": Model(friedman1, regression_mlp, ("1", "3"), 64, loss=nn.functional.mse_loss),
     "friedman2": Model(other_regression("friedman2"), lambda: regression_mlp(inputs=4), ("1", "3"), 64,
                        loss=nn.functional.mse_loss),
@@ -292,8 +351,8 @@ def task_and_host(name: str, width: int | None = None) -> tuple[morphogen.Task, 
     model = MODELS[name]
     train, validation = model.data()
     task = morphogen.task_from_data(name, train, validation, batch_size=model.batch_size, loss=model.loss,
-                                    num_classes=None if model.loss else 10)
-    example = train[0][:2]
+                                    num_classes=None if model.loss else model.classes)
+    example = take_rows(train[0], slice(0, 2))
 
     def host() -> morphogen.ModuleHost:  # called under the episode's seed: each seed its own initialisation
         module = model.module() if width is None else FIXED_FAMILIES[name][0](width)

@@ -43,6 +43,7 @@ from morphogen.env.compute import note_batch
 from morphogen.env.episode import EpisodeConfig, MorphogenesisEpisode, StepResult, task_with_host
 from morphogen.env.play import Controller, connect
 from morphogen.env.snapshot import EpisodeSnapshot
+from morphogen.inputs import Inputs, rows
 from morphogen.telemetry.sinks import Telemetry
 
 
@@ -109,9 +110,9 @@ class Grower:
         """The episode's epochs are all played."""
         return self.episode.done
 
-    def training_step(self, inputs: Tensor, targets: Tensor) -> Tensor:
+    def training_step(self, inputs: Inputs, targets: Tensor) -> Tensor:
         """The host loss of one batch, for you to backpropagate; the TRAINING seeds' shadow loss is already in
-        their gradients."""
+        their gradients. `inputs` are what the model is called with: a tensor, or a tuple, list or dict of them."""
         if self.done:
             raise RuntimeError("the growth episode is over (all its epochs were played); build a new Grower")
         model, trainer = self.model, self.episode.trainer
@@ -120,7 +121,7 @@ class Grower:
         for parameters in self._running.values():
             for parameter in parameters:
                 parameter.grad = None  # seeds are stepped here every batch, not by your optimizer
-        output, shadow = model.forward_with_shadow(inputs, shadow_rows(inputs.shape[0], trainer.shadow_fraction))
+        output, shadow = model.forward_with_shadow(inputs, shadow_rows(rows(inputs), trainer.shadow_fraction))
         loss = trainer.objective.checked_loss(output, targets)
         trainer.backward_shadow(shadow, targets)
         trainer.add_epoch_losses(loss.detach(), 1)

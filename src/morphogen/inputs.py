@@ -27,21 +27,24 @@ def problem(inputs: object) -> str | None:
     if isinstance(inputs, Tensor):
         return None if inputs.dim() > 0 else "a scalar tensor, without a sample dimension"
     if isinstance(inputs, Mapping):
-        values, kind = list(inputs.values()), "dict"
         if not all(isinstance(key, str) and key.isidentifier() for key in inputs):
             return "a dict whose keys are not all argument names"
-    elif isinstance(inputs, (tuple, list)):
-        values, kind = list(inputs), type(inputs).__name__
-    else:
-        return f"a {type(inputs).__name__}, not a tensor or a tuple or dict of tensors"
+        return _problem_of_values(list(inputs.values()), "dict")
+    if isinstance(inputs, (tuple, list)):
+        return _problem_of_values(list(inputs), type(inputs).__name__)
+    return f"a {type(inputs).__name__}, not a tensor or a tuple or dict of tensors"
+
+
+def _problem_of_values(values: list[object], kind: str) -> str | None:
     if not values or len(values) > MAX_INPUT_TENSORS:
         return f"a {kind} of {len(values)} items (a model takes 1 to {MAX_INPUT_TENSORS} tensors)"
     if not all(isinstance(value, Tensor) for value in values):
         kinds = ", ".join(type(value).__name__ for value in values[:8])
         return f"a {kind} of {kinds}: every input must be a tensor"
-    if any(value.dim() == 0 for value in values):
+    checked = [value for value in values if isinstance(value, Tensor)]
+    if any(value.dim() == 0 for value in checked):
         return f"a {kind} holding a scalar tensor, without a sample dimension"
-    sizes = {int(value.shape[0]) for value in values}
+    sizes = {int(value.shape[0]) for value in checked}
     if len(sizes) > 1:
         return f"a {kind} of tensors with different numbers of samples ({', '.join(map(str, sorted(sizes)))})"
     return None

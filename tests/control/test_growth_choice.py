@@ -129,6 +129,17 @@ def test_the_first_seed_is_a_branch_where_a_slot_has_a_site_for_one() -> None:
     assert told.act(wants_width, sites) == Action(Op.GERMINATE, "r0c0", "wider")
 
 
+def test_a_branch_first_seed_goes_to_a_slot_where_a_branch_has_a_site() -> None:
+    """Beside the first block of a model of several inputs (a padding mask) no branch can read its input: the first
+    seed goes to the next slot that can take it, not to one the episode would refuse."""
+    space = ActionSpace(SLOTS, "cnn1d")
+    snapshot = make_snapshot(make_slot("r0c0", can_branch=False), make_slot("r0c1", can_branch=True),
+                             make_slot("r0c2", can_branch=True))
+    heuristic = HeuristicController(space, "cnn1d")
+    assert heuristic.act(snapshot, make_masks(space, ALL_EMPTY, branch_sites=True)) == \
+        Action(Op.GERMINATE, "r0c1", "branch_wide")
+
+
 def test_the_rotation_skips_a_blueprint_no_empty_slot_has_a_site_for() -> None:
     """An MLP whose slots have no measured segment input cannot take the rotation's first blueprint, a branch:
     the rotation germinates the next one, a legal action, instead of one the episode refuses."""

@@ -8,7 +8,8 @@ from torch import nn
 
 from morphogen import CNNHost, MorphogeneticModel, host_from_module
 from morphogen.core.branch import NoBranchSiteError
-from morphogen.core.flops import FlopCounter, meta_copy
+from morphogen.core.flops import FlopCounter, StepFlops, meta_copy
+from morphogen.inputs import InputSpec
 
 BATCH, IN_CHANNELS, OUT_CHANNELS, SIDE, KERNEL, CLASSES = 6, 3, 4, 5, 3, 10
 
@@ -28,25 +29,25 @@ def test_a_plain_host_costs_what_a_hand_count_of_its_conv_and_linear_layers_says
     # Backward: the linear layer's input gradient and weight gradient cost what its forward does, each; the
     # convolution needs only its weight gradient (the network's input asks for none).
     counter = FlopCounter()
-    step = counter.training_step(conv_linear_model(), (BATCH, IN_CHANNELS, SIDE, SIDE), torch.float32)
+    step = counter.training_step(conv_linear_model(), InputSpec.tensor((BATCH, IN_CHANNELS, SIDE, SIDE)))
     assert step.main == 2 * convolution + 3 * linear
     assert step.shadow == 0  # no seed is TRAINING
-    validation = counter.validation_batch(conv_linear_model(), [[0.0]], (BATCH, IN_CHANNELS, SIDE, SIDE),
-                                          torch.float32)
+    validation = counter.validation_batch(conv_linear_model(), [[0.0]],
+                                          InputSpec.tensor((BATCH, IN_CHANNELS, SIDE, SIDE)))
     assert (validation.main, validation.counterfactual) == (convolution + linear, 0)
 
 
 def test_a_training_seed_is_charged_to_the_shadow_and_its_counterfactual_to_validation() -> None:
     model = MorphogeneticModel(CNNHost(10, 1, n_blocks=2, base_channels=4))
-    shape = (8, 1, 8, 8)
+    spec = InputSpec.tensor((8, 1, 8, 8))
     counter = FlopCounter()
-    bare = counter.training_step(model, shape, torch.float32)
+    bare = counter.training_step(model, spec)
     model.germinate("r0c0", "conv_light")
     model.slot("r0c0").advance(0)  # TRAINING: the host path is unchanged, the shadow pass is new
-    training = counter.training_step(model, shape, torch.float32)
+    training = counter.training_step(model, spec)
     assert training.main == bare.main and training.shadow > 0
-    plain = counter.validation_batch(model, [[0.0, 0.0]], shape, torch.float32)
-    with_shadow = counter.validation_batch(model, [[0.0, 0.0], [1.0, 0.0]], shape, torch.float32)
+    plain = counter.validation_batch(model, [[0.0, 0.0]], spec)
+    with_shadow = counter.validation_batch(model, [[0.0, 0.0], [1.0, 0.0]], spec)
     assert with_shadow.main == plain.main  # the model's own forward is the same with or without the shadow
     assert plain.counterfactual == 0 and with_shadow.counterfactual > 0
 
@@ -54,20 +55,20 @@ def test_a_training_seed_is_charged_to_the_shadow_and_its_counterfactual_to_vali
 def test_an_unchanged_plan_is_not_counted_again() -> None:
     model = MorphogeneticModel(CNNHost(10, 1, n_blocks=2, base_channels=4))
     counter = FlopCounter()
-    first = counter.training_step(model, (8, 1, 8, 8), torch.float32)
+    first = counter.training_step(model, InputSpec.tensor((8, 1, 8, 8)))
     made = counter.counts_made
     assert made > 0
     for _ in range(3):
-        assert counter.training_step(model, (8, 1, 8, 8), torch.float32) == first
+        assert counter.training_step(model, InputSpec.tensor((8, 1, 8, 8))) == first
     # The last, smaller batch of an epoch: scaled from the count per sample, as a count of its own would say.
-    last = counter.training_step(model, (3, 1, 8, 8), torch.float32)
+    last = counter.training_step(model, InputSpec.tensor((3, 1, 8, 8)))
     assert counter.counts_made == made
     assert 8 * last.main == 3 * first.main
     model.germinate("r0c1", "conv_small")  # GERMINATED: the seed does not run, the plan is unchanged
-    counter.training_step(model, (8, 1, 8, 8), torch.float32)
+    counter.training_step(model, InputSpec.tensor((8, 1, 8, 8)))
     assert counter.counts_made == made
     model.slot("r0c1").advance(0)  # TRAINING: a new plan
-    counter.training_step(model, (8, 1, 8, 8), torch.float32)
+    counter.training_step(model, InputSpec.tensor((8, 1, 8, 8)))
     assert counter.counts_made > made
 
 
@@ -76,12 +77,12 @@ def test_validation_is_counted_once_per_pattern_of_alphas_not_per_value() -> Non
     for slot_id in model.slot_ids:
         model.germinate(slot_id, "conv_light")
         model.slot(slot_id).advance(0)
-    counter, shape = FlopCounter(), (8, 1, 8, 8)
-    ramp = [counter.validation_batch(model, [[a, 0.0], [a, 1.0]], shape, torch.float32) for a in (0.2, 0.4)]
+    counter, spec = FlopCounter(), InputSpec.tensor((8, 1, 8, 8))
+    ramp = [counter.validation_batch(model, [[a, 0.0], [a, 1.0]], spec) for a in (0.2, 0.4)]
     made = counter.counts_made
-    ramp.append(counter.validation_batch(model, [[0.6, 0.0], [0.6, 1.0]], shape, torch.float32))
+    ramp.append(counter.validation_batch(model, [[0.6, 0.0], [0.6, 1.0]], spec))
     assert counter.counts_made == made and ramp[0] == ramp[1] == ramp[2]
-    counter.validation_batch(model, [[0.5, 0.0], [0.0, 1.0]], shape, torch.float32)  # expands at the first slot
+    counter.validation_batch(model, [[0.5, 0.0], [0.0, 1.0]], spec)  # expands at the first slot
     assert counter.counts_made > made
 
 
@@ -89,14 +90,14 @@ def test_a_blueprint_that_cannot_go_into_a_slot_is_refused_again_without_another
     """Growth signals are measured with every blueprint's cost in every empty slot, each epoch: one that cannot go
     there (a branch on a host without measured segment inputs) must not cost a model copy each time."""
     model = MorphogeneticModel(CNNHost(10, 1, n_blocks=2, base_channels=4))
-    counter, shape = FlopCounter(), (8, 1, 8, 8)
+    counter, spec = FlopCounter(), InputSpec.tensor((8, 1, 8, 8))
     for attempt in range(3):
         with pytest.raises(NoBranchSiteError):
-            counter.seed_cost(model, "r0c1", "branch_wide", shape, torch.float32)
+            counter.seed_cost(model, "r0c1", "branch_wide", spec)
         if attempt == 0:
             made = counter.counts_made
     assert counter.counts_made == made == 1
-    assert counter.seed_cost(model, "r0c1", "conv_small", shape, torch.float32).parameters > 0
+    assert counter.seed_cost(model, "r0c1", "conv_small", spec).parameters > 0
 
 
 class PerBatch(nn.Module):
@@ -115,7 +116,7 @@ def test_a_model_whose_flops_are_not_per_sample_is_counted_at_each_batch_size() 
     model = MorphogeneticModel(host_from_module(network, ["1"], example_input=torch.randn(2, 6)))
     counter = FlopCounter()
     for batch in (8, 3):
-        validation = counter.validation_batch(model, [[0.0]], (batch, 6), torch.float32)
+        validation = counter.validation_batch(model, [[0.0]], InputSpec.tensor((batch, 6)))
         assert validation.main == 2 * batch * 36 + 2 * 6 * 36 + 2 * batch * 36  # the weight product: per call
 
 
@@ -124,7 +125,7 @@ def test_counting_leaves_the_model_untouched() -> None:
     model.germinate("r0c0", "conv_light")
     model.slot("r0c0").advance(0)
     before = {name: tensor.clone() for name, tensor in model.state_dict().items() if isinstance(tensor, torch.Tensor)}
-    FlopCounter().training_step(model, (8, 1, 8, 8), torch.float32)
+    FlopCounter().training_step(model, InputSpec.tensor((8, 1, 8, 8)))
     after = model.state_dict()
     assert all(torch.equal(before[name], after[name]) for name in before)
     assert all(parameter.grad is None for parameter in model.parameters())
@@ -138,3 +139,56 @@ def test_a_meta_copy_shares_tied_weights_and_allocates_nothing() -> None:
     assert all(parameter.device.type == "meta" for parameter in copy.parameters())
     head = copy.host.segments[-1].output.weight
     assert head is copy.host.segments[0][0].token.weight
+
+
+def test_counts_are_kept_per_sample_spec_and_scaled_to_every_batch_of_it() -> None:
+    """A count is keyed by one sample's shapes and dtypes (`InputSpec.per_sample`), not by the batch's rows: a
+    batch of another size is scaled from it, one of another dtype or sequence length is counted anew."""
+    from morphogen import TransformerHost
+
+    host = TransformerHost(vocab_size=11, d_model=8, n_heads=2, n_layers=2, block_size=6, n_segments=2)
+    model, counter = MorphogeneticModel(host), FlopCounter()
+    full = counter.training_step(model, InputSpec.tensor((8, 6), torch.int64))
+    made = counter.counts_made
+    last = counter.training_step(model, InputSpec.tensor((3, 6), torch.int64))
+    assert counter.counts_made == made and 8 * last.main == 3 * full.main
+    assert counter.training_step(model, InputSpec.tensor((8, 6), torch.int32)) == full  # a new key, the same FLOPs
+    assert counter.counts_made > made
+    made = counter.counts_made
+    shorter = counter.training_step(model, InputSpec.tensor((8, 4), torch.int64))
+    assert counter.counts_made > made and 0 < shorter.main < full.main
+    probe = counter.probe(model, InputSpec.tensor((8, 6), torch.int64))
+    assert 2 * counter.probe(model, InputSpec.tensor((4, 6), torch.int64)) == probe > 0
+    cost = counter.seed_cost(model, "r0c0", "mlp_small", InputSpec.tensor((8, 6), torch.int64))
+    made = counter.counts_made
+    smaller = counter.seed_cost(model, "r0c0", "mlp_small", InputSpec.tensor((2, 6), torch.int64))
+    assert counter.counts_made == made and cost.flops > 0 and smaller == cost._replace(flops=cost.flops // 4)
+
+
+class Masked(nn.Module):
+    """A model of two inputs, called `model(x, mask)`: two linear layers, the first on the masked features."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.first, self.second = nn.Linear(6, 8), nn.Linear(8, 3)
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        return self.second(torch.relu(self.first(x * mask)))
+
+
+def test_a_model_called_with_a_tuple_of_inputs_costs_what_a_hand_count_says() -> None:
+    host = host_from_module(Masked(), ["first"], example_input=(torch.randn(2, 6), torch.ones(2, 6)))
+    model, counter = MorphogeneticModel(host), FlopCounter()
+    spec = InputSpec.of((torch.randn(BATCH, 6), torch.ones(BATCH, 6)))
+    assert spec.kind == "tuple"
+    first, second = 2 * BATCH * 6 * 8, 2 * BATCH * 8 * 3
+    # The first layer's backward is its weight gradient alone: neither input asks for a gradient.
+    assert counter.training_step(model, spec) == StepFlops(2 * first + 3 * second, 0)
+    assert counter.validation_batch(model, [[0.0]], spec).main == first + second
+    made = counter.counts_made
+    assert 2 * counter.validation_batch(model, [[0.0]], spec.with_rows(3)).main == first + second  # scaled
+    assert counter.counts_made == made
+    model.germinate("first", "mlp_small")
+    model.slot("first").advance(0)  # TRAINING: a shadow pass over the layers after the slot, on half the batch
+    whole, half = counter.training_step(model, spec), counter.training_step(model, spec, BATCH // 2)
+    assert whole.main == half.main == 2 * first + 3 * second and whole.shadow == 2 * half.shadow > 0

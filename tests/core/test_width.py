@@ -27,6 +27,7 @@ from morphogen.core.flops import FlopCounter
 from morphogen.core.hosts import SegmentedHost
 from morphogen.core.lifecycle import Stage
 from morphogen.core.width import NoWidthSiteError
+from morphogen.inputs import InputSpec
 
 
 def _mlp() -> nn.Sequential:
@@ -169,9 +170,9 @@ def test_flops_of_a_widening_or_branch_seed_match_a_hand_count(blueprint: str, m
     host = host_from_module(_mlp(), ["1", "3"], example_input=torch.randn(2, 12))
     model = MorphogeneticModel(host, config=EASY_CONFIG)
     counter, batch = FlopCounter(), 5
-    bare = counter.validation_batch(model, [[0.0, 0.0]], (batch, 12), torch.float32).main
+    bare = counter.validation_batch(model, [[0.0, 0.0]], InputSpec.tensor((batch, 12))).main
     drive_to(model.germinate("1", blueprint), Stage.FOSSILIZED)
-    grown = counter.validation_batch(model, [[1.0, 0.0]], (batch, 12), torch.float32).main
+    grown = counter.validation_batch(model, [[1.0, 0.0]], InputSpec.tensor((batch, 12))).main
     assert grown - bare == 2 * batch * multiply_adds  # a multiply-add is 2 FLOPs
 
 

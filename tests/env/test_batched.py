@@ -17,15 +17,17 @@ from collections.abc import Callable, Sequence
 
 import pytest
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
+from morphogen import host_from_module
 from morphogen.control.heuristic import HeuristicConfig, HeuristicController
 from morphogen.core.lifecycle import GateConfig, GateMode, Stage
 from morphogen.core.slot import SlotConfig
 from morphogen.data import Task, load_task
+from morphogen.data.user import task_from_data
 from morphogen.env.actions import Action, Op
 from morphogen.env.batched import StackedEnvs, architecture_signature, training_groups
-from morphogen.env.episode import SYNCS_PER_STEP, EpisodeConfig, StepResult
+from morphogen.env.episode import SYNCS_PER_STEP, EpisodeConfig, StepResult, task_with_host
 from morphogen.env.optimizer import OptimizerConfig
 from morphogen.env.training import HostAndSeedTrainer
 from morphogen.env.vector import VectorEpisodes
@@ -270,3 +272,41 @@ def test_a_group_with_one_adamw_env_is_not_stacked(digits: Task) -> None:
     assert grouping.groups == ((0, 2),) and grouping.alone == (1,)
     with pytest.raises(AssertionError, match="plain SGD only"):
         StackedEnvs([episode])
+
+
+class MaskedMLP(nn.Module):
+    """A user's model of two inputs, called `model(x, mask)`: an MLP on the masked features."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layers = nn.Sequential(nn.Linear(12, 16), nn.ReLU(), nn.Linear(16, 16), nn.ReLU(), nn.Linear(16, 3))
+
+    def forward(self, x: Tensor, mask: Tensor) -> Tensor:
+        return self.layers(x * mask)
+
+
+def masked_task() -> Task:
+    """Three classes of 12 features; every batch's inputs are a tuple `(x, mask)`, as the model takes them."""
+    generator = torch.Generator().manual_seed(0)
+    x, labels = torch.randn(160, 12, generator=generator), torch.randint(0, 3, (160,), generator=generator)
+    x[torch.arange(160), labels] += 2.0
+    mask = (torch.rand(160, 12, generator=generator) > 0.2).float()
+    example = (x[:2], mask[:2])
+    return task_with_host(task_from_data("masked", ((x[:128], mask[:128]), labels[:128]),
+                                         ((x[128:], mask[128:]), labels[128:]), batch_size=32,
+                                         host=lambda: host_from_module(MaskedMLP(), ["layers.1", "layers.3"],
+                                                                       example_input=example)))
+
+
+def test_envs_of_a_model_of_two_inputs_train_stacked_as_they_would_alone(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Batches of `(x, mask)` go through the vmapped step (and a TRAINING seed's shadow pass) like through each
+    env's own trainer, and every batch is charged to every env."""
+    reference, batched = make_vectors(masked_task(), episode_config(), 2)
+    calls = count_alone_batches(monkeypatch)
+    germinate = Action(op=Op.GERMINATE, slot="layers_3", blueprint="mlp_small")
+    run_both(reference, batched, [[WAIT] * 2, [germinate] * 2, [WAIT] * 2])
+    batched_trainers = {id(episode.trainer) for episode in batched.episodes}
+    assert not [trainer for trainer in calls if id(trainer) in batched_trainers], "both envs train stacked"
+    for lone, grouped in zip(reference.episodes, batched.episodes, strict=True):
+        assert grouped.model is not None and grouped.model.slot("layers_3").stage is Stage.TRAINING
+        assert grouped.compute == lone.compute and grouped.compute.shadow > 0

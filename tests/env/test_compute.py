@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections import Counter
+
 import pytest
 import torch
 
@@ -10,8 +12,10 @@ from morphogen.core.lifecycle import Stage
 from morphogen.core.model import shadow_rows
 from morphogen.data import Task, load_task
 from morphogen.env.actions import Action, Op
+from morphogen.env.compute import note_batch
 from morphogen.env.counterfactual import CounterfactualSchedule
 from morphogen.env.episode import EpisodeConfig, MorphogenesisEpisode
+from morphogen.inputs import InputSpec
 
 TRAIN_SAMPLES, BATCH, VALIDATION_BATCH = 150, 64, 128
 
@@ -21,7 +25,7 @@ def digits() -> Task:
     return load_task("digits", max_train_samples=TRAIN_SAMPLES)
 
 
-def batches(samples: int, size: int) -> dict[tuple[int, ...], int]:
+def batches(samples: int, size: int) -> dict[int, int]:
     """Batch sizes of one pass over `samples` in batches of `size`: the full ones and the remainder."""
     counts = {size: samples // size}
     if samples % size:
@@ -45,14 +49,14 @@ def test_an_episode_charges_every_batch_it_trained_and_validated(digits: Task) -
     expected_training = expected_shadow = 0
     for model in (bare, episode.model, episode.model):  # epoch 1 bare, epochs 2 and 3 with the TRAINING seed
         for size, count in batches(TRAIN_SAMPLES, BATCH).items():
-            step = counter.training_step(model, (size, *sample), torch.float32, shadow_rows(size, 0.5))
+            step = counter.training_step(model, InputSpec.tensor((size, *sample)), shadow_rows(size, 0.5))
             expected_training += step.main * count
             expected_shadow += step.shadow * count
     validation_passes = [(bare, [[0.0, 0.0]])] * 2 + [(episode.model, [[0.0, 0.0], [1.0, 0.0]])] * 2
     expected_validation = expected_counterfactual = 0
     for model, alphas in validation_passes:  # before training, then after each epoch
         for size, count in batches(len(digits.validation), VALIDATION_BATCH).items():
-            batch = counter.validation_batch(model, alphas, (size, *sample), torch.float32)
+            batch = counter.validation_batch(model, alphas, InputSpec.tensor((size, *sample)))
             expected_validation += batch.main * count
             expected_counterfactual += batch.counterfactual * count
 
@@ -75,6 +79,19 @@ def test_the_shadow_on_half_the_batch_costs_half_the_shadow() -> None:
     model.germinate("r0c0", "conv_light")
     model.slot("r0c0").advance(0)
     counter = FlopCounter()
-    whole = counter.training_step(model, (64, 1, 8, 8), torch.float32)
-    half = counter.training_step(model, (64, 1, 8, 8), torch.float32, shadow_rows(64, 0.5))
+    whole = counter.training_step(model, InputSpec.tensor((64, 1, 8, 8)))
+    half = counter.training_step(model, InputSpec.tensor((64, 1, 8, 8)), shadow_rows(64, 0.5))
     assert half.main == whole.main and 2 * half.shadow == whole.shadow
+
+
+def test_batches_of_several_inputs_are_noted_by_their_spec_without_reading_a_value(sync_calls: list[str]) -> None:
+    """What an epoch is charged for: each batch's spec (rows, each input's sample shape and dtype, the structure),
+    noted without a sync, so a model called with tokens and a mask is charged per batch like any other."""
+    tokens, mask = torch.zeros(8, 6, dtype=torch.int64), torch.ones(8, 6, dtype=torch.bool)
+    shapes: Counter[InputSpec] = Counter()
+    for batch in ((tokens, mask), (tokens, mask), (tokens[:3], mask[:3]), {"tokens": tokens, "mask": mask}):
+        note_batch(shapes, batch)
+    assert sync_calls == []
+    assert shapes == {InputSpec.of((tokens, mask)): 2, InputSpec.of((tokens[:3], mask[:3])): 1,
+                      InputSpec.of({"tokens": tokens, "mask": mask}): 1}
+    assert {spec.rows for spec in shapes} == {8, 3}

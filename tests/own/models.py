@@ -16,7 +16,7 @@ from morphogen.control.heuristic import HeuristicConfig
 from morphogen.core.lifecycle import GateConfig, GateMode
 from morphogen.core.slot import SlotConfig
 from morphogen.env.episode import EpisodeConfig
-from your_model import CifarResNet
+from your_model import CifarResNet, PaddedClassifier, padded_sequences  # noqa: F401  # re-exported for tests
 
 
 def ResNet(width: int = 4, num_classes: int = 4, blocks: int = 1) -> nn.Module:
@@ -55,56 +55,6 @@ class TinyGPT(nn.Module):
     def forward(self, ids: Tensor) -> Tensor:
         x = self.embed(ids) + self.position[:, :ids.shape[1]]
         return self.head(self.norm(self.blocks(x)))
-
-
-class PaddedBlock(nn.Module):
-    """Pre-norm block over padded sequences: self-attention that ignores padding (`key_padding_mask`), an MLP."""
-
-    def __init__(self, width: int, heads: int = 2) -> None:
-        super().__init__()
-        self.norm1, self.norm2 = nn.LayerNorm(width), nn.LayerNorm(width)
-        self.attention = nn.MultiheadAttention(width, heads, batch_first=True)
-        self.mlp = nn.Sequential(nn.Linear(width, 2 * width), nn.GELU(), nn.Linear(2 * width, width))
-
-    def forward(self, x: Tensor, padding: Tensor) -> Tensor:
-        h = self.norm1(x)
-        x = x + self.attention(h, h, h, key_padding_mask=padding, need_weights=False)[0]
-        return x + self.mlp(self.norm2(x))
-
-
-class PaddedClassifier(nn.Module):
-    """Two inputs, as a text classifier takes them: token ids [N, T] and a padding mask [N, T] (True: padding),
-    which every block reads; class scores [N, C] from the mean over the real tokens."""
-
-    def __init__(self, vocab: int = 8, width: int = 16, classes: int = 3, layers: int = 2) -> None:
-        super().__init__()
-        self.embed = nn.Embedding(vocab, width)
-        self.blocks = nn.ModuleList(PaddedBlock(width) for _ in range(layers))
-        self.head = nn.Linear(width, classes)
-
-    def forward(self, ids: Tensor, padding: Tensor, scale: float = 1.0) -> Tensor:
-        x = self.embed(ids) * scale
-        for block in self.blocks:
-            x = block(x, padding)
-        keep = (~padding).unsqueeze(-1).to(x.dtype)
-        return self.head((x * keep).sum(1) / keep.sum(1).clamp_min(1.0))
-
-
-def padded_sequences(count: int, seed: int, vocab: int = 8, length: int = 10) -> tuple[tuple[Tensor, Tensor], Tensor]:
-    """((ids, padding), labels): the label counts which of tokens 1 and 2 occur among the real tokens; the
-    padding holds random tokens too, so a model that ignores the mask is misled."""
-    generator = torch.Generator().manual_seed(seed)
-    ids = torch.randint(3, vocab, (count, length), generator=generator)
-    marks = torch.randint(0, length, (count, 2), generator=generator)
-    present = torch.rand(count, 2, generator=generator) < 0.5
-    for token in range(2):
-        rows = present[:, token].nonzero().squeeze(1)
-        ids[rows, marks[rows, token]] = token + 1
-    lengths = torch.randint(3, length + 1, (count,), generator=generator)
-    padding = torch.arange(length)[None, :] >= lengths[:, None]
-    real = ~padding
-    labels = ((ids == 1) & real).any(1).long() + ((ids == 2) & real).any(1).long()
-    return (ids, padding), labels
 
 
 def mlp(inputs: int = 12, hidden: int = 16, classes: int = 3) -> nn.Sequential:

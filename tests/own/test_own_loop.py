@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 
 import pytest
 import torch
 from models import blobs, eager_config, mlp
+from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 import morphogen
 from morphogen import Grower
+from morphogen.control.controller import NoGrowthController
 from morphogen.control.growth_choice import best_growth
 from morphogen.core.lifecycle import BLENDED_STAGES, Stage
 
@@ -80,6 +83,42 @@ def test_a_forgotten_after_backward_is_an_error_naming_it() -> None:
     grower.after_backward()
     with pytest.raises(RuntimeError, match=r"called more often than training_step"):
         grower.after_backward()
+
+
+class MaskedMLP(nn.Module):
+    """The MLP of `mlp()` called with two inputs, `model(x, mask)`: the same layers on the masked features."""
+
+    def __init__(self, layers: nn.Sequential) -> None:
+        super().__init__()
+        self.layers = layers
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        return self.layers(x * mask)
+
+
+def test_a_model_of_two_inputs_trains_in_an_own_loop_and_is_charged_the_flops_of_its_layers() -> None:
+    """Batches of `(x, mask)` go through `training_step` as the model takes them; the episode charges them what the
+    same layers cost on one tensor (the mask's product is element-wise: FlopCounterMode counts none)."""
+    (train, targets), validation = blobs(192, 0), blobs(96, 1)
+    layers = mlp()
+    accounts, scores = [], []
+    for network, slots, wrap in ((copy.deepcopy(layers), ["1", "3"], lambda x: x),
+                                 (MaskedMLP(copy.deepcopy(layers)), ["layers.1", "layers.3"],
+                                  lambda x: (x, torch.ones_like(x)))):
+        host = morphogen.host_from_module(network, slots, example_input=wrap(train[:2]))
+        grower = Grower(host, (wrap(validation[0]), validation[1]), epochs=2, controller=NoGrowthController())
+        optimizer = torch.optim.SGD(grower.model.host_parameters(), lr=0.1)
+        for _ in range(2):
+            for start in range(0, 192, 32):
+                optimizer.zero_grad()
+                grower.training_step(wrap(train[start:start + 32]), targets[start:start + 32]).backward()
+                grower.after_backward()
+                optimizer.step()
+            report = grower.end_epoch()
+        accounts.append(grower.episode.compute.as_dict())
+        scores.append(report.score)
+    assert accounts[1] == accounts[0] and accounts[1]["training"] > 0 and accounts[1]["validation"] > 0
+    assert scores[1] == scores[0]  # the same layers from the same seed, on inputs masked by ones
 
 
 def test_an_epoch_without_training_is_an_error_naming_training_step() -> None:

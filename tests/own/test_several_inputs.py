@@ -53,12 +53,51 @@ def test_the_cut_model_computes_what_the_model_computes_on_any_batch(as_dict: bo
         assert not torch.allclose(model(other), net(other_ids, torch.zeros_like(other_padding)))
 
 
-def test_a_parameter_the_example_does_not_give_keeps_its_default() -> None:
-    ids, padding = _batch(3)
-    net, host = _host((ids, padding))  # `scale` is not given: traced at its default 1.0
-    net.eval()
+class _WithOptions(nn.Module):
+    """A forward with options beside its input, as models often have."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.first, self.second = nn.Linear(4, 4), nn.Linear(4, 2)
+
+    def forward(self, x: Tensor, mask: Tensor | None = None, scale: float = 2.0) -> Tensor:
+        h = self.first(x) * scale
+        if mask is not None:
+            h = h * mask
+        return self.second(h)
+
+
+class _MaskedMLP(nn.Module):
+    """Features and a mask over them, read by both hidden layers."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.first, self.second, self.head = nn.Linear(4, 8), nn.Linear(8, 8), nn.Linear(8, 2)
+
+    def forward(self, x: Tensor, mask: Tensor) -> Tensor:
+        h = torch.relu(self.first(x * mask))
+        return self.head(torch.relu(self.second(h)) * mask.mean(1, keepdim=True))
+
+
+def test_a_branch_grows_beside_every_segment_but_the_one_that_takes_the_inputs() -> None:
+    x, mask = torch.randn(2, 4), torch.ones(2, 4)
+    host = morphogen.host_from_module(_MaskedMLP(), slots=["first", "second"], example_input=(x, mask))
+    model = MorphogeneticModel(host)
+    assert model.slot("first").branch_site is None and model.slot("second").branch_site is not None
+    assert not model.can_graft("first", "branch_wide") and model.can_graft("second", "branch_wide")
+
+
+def test_parameters_the_example_does_not_give_keep_their_defaults() -> None:
+    net = _WithOptions().eval()
+    x = torch.randn(5, 4)
+    host = morphogen.host_from_module(net, slots=["first"], example_input=x[:2])  # mask None, scale 2.0
+    assert host.side_inputs is None, "nothing after the cut reads an input"
     with torch.no_grad():
-        torch.testing.assert_close(MorphogeneticModel(host).eval()((ids, padding)), net(ids, padding))
+        torch.testing.assert_close(MorphogeneticModel(host).eval()(x), net(x))
+        mask = torch.ones(2, 4)
+        host = morphogen.host_from_module(net, slots=["first"], example_input={"x": x[:2], "mask": mask})
+        torch.testing.assert_close(MorphogeneticModel(host).eval()({"x": x[:2], "mask": 0 * mask}),
+                                   net(x[:2], 0 * mask))
 
 
 @pytest.mark.parametrize(("model", "example", "message"), [
@@ -159,3 +198,26 @@ def test_batches_whose_inputs_disagree_are_one_data_error() -> None:
     task = morphogen.task_from_data("bad", bad, bad, num_classes=3)
     with pytest.raises(DataError, match="train batch 0: its inputs are a tuple of tensors with different numbers"):
         next(iter(task.train.iterate_batches(4)))
+
+
+@pytest.mark.usefixtures("fresh_dynamo")
+def test_compiled_training_passes_match_eager_ones_without_graph_breaks_or_recompiles() -> None:
+    import torch._dynamo
+
+    from morphogen.core.compilation import CompileSettings
+
+    ids, padding = _batch(8)
+    _, host = _host((ids[:2], padding[:2]))
+    model = MorphogeneticModel(host, config=EASY_CONFIG)
+    _training_seeds(model)
+    eager, eager_shadow = model.forward_with_shadow((ids, padding), 6)
+    model.compile_forward(CompileSettings(backend="aot_eager"))
+    for seed in (2, 3):  # other batches of the same shape reuse the graphs
+        other = _batch(8, seed)
+        model.forward_with_shadow(other, 6)
+    compiled, compiled_shadow = model.forward_with_shadow((ids, padding), 6)
+    assert eager_shadow is not None and compiled_shadow is not None
+    torch.testing.assert_close(compiled, eager, rtol=0, atol=1e-5)
+    torch.testing.assert_close(compiled_shadow.outputs, eager_shadow.outputs, rtol=0, atol=1e-5)
+    counters = torch._dynamo.utils.counters
+    assert not counters["graph_break"] and counters["stats"]["unique_graphs"] == 2

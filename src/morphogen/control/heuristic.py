@@ -32,7 +32,7 @@ from typing import NamedTuple
 import numpy as np
 
 from morphogen.control.growth_choice import best_growth
-from morphogen.core.blueprints import UnknownBlueprintError
+from morphogen.core.blueprints import BlueprintKind, UnknownBlueprintError, get_blueprint
 from morphogen.core.lifecycle import Criterion, Stage
 from morphogen.env.actions import BLEND_EPOCHS, Action, ActionSpace, Op
 from morphogen.env.snapshot import HISTORY_LENGTH, EpisodeSnapshot, SlotSnapshot
@@ -275,6 +275,8 @@ class HeuristicController:
         self.widening = self._known("widening", topology, widening) if widening is not None else None
         first = DEFAULT_FIRST_SEED.get(topology, "") if self.config.first_seed is None else self.config.first_seed
         self.first_seed = self._known("first_seed", topology, first, ' (or "" for none)')
+        #: A branch first seed goes only where a branch has a site.
+        self.first_seed_branches = bool(first) and get_blueprint(topology, first).kind is BlueprintKind.BRANCH
         self.choice = DEFAULT_CHOICE.get(topology, "signal") if self.config.choice is None else self.config.choice
         self._depth_index = action_space.blueprints.index(self.depth_blueprint) if self.depth_blueprint else 0
         self.reset()
@@ -481,6 +483,10 @@ class HeuristicController:
     def _germinate(self, snapshot: EpisodeSnapshot, allowed: dict[str, bool]) -> Action:
         slots = [s for s in self.space.slot_ids if allowed[s]]
         if self._first_seed_due(snapshot.epoch):
+            if self.first_seed_branches:
+                # Only slots whose segment input was measured take a branch (not beside a model's several inputs).
+                sited = {s.slot_id for s in snapshot.slots if s.can_branch}
+                slots = [slot_id for slot_id in slots if slot_id in sited] or slots
             return Action(Op.GERMINATE, self._slot_in_turn(slots), self.first_seed)
         chosen = self._by_signal(snapshot, slots) if self.choice == "signal" else None
         return chosen if chosen is not None else self._by_rotation(snapshot, slots)

@@ -1,15 +1,17 @@
-"""FLOPs of a morphogenetic model's training step and validation batch, counted once per plan and shape.
+"""FLOPs of a morphogenetic model's training step and validation batch, counted once per plan and input spec.
 
 What a batch costs depends only on what each slot runs (`MorphogeneticModel.execution_plan()`), which
-seeds learn, and the shape of a sample, never on the values: so each (plan, sample shape) is counted once,
+seeds learn, and the shapes and dtypes of one sample's inputs (`InputSpec.per_sample`: one tensor, or each
+tensor of a tuple, list or dict of them), never on the values: so each (plan, sample spec) is counted once,
 with `torch.utils.flop_counter.FlopCounterMode`, and the count is cached. Every operation it counts (matrix
 products, convolutions, attention) is linear in the batch: a count on a batch of 2 samples gives the FLOPs of
 one sample, which scale to every batch. The first count is also made on 4 samples: a model whose two counts
 are not in proportion (an operation that runs once per call, not per sample) is counted at each batch's own
-shape instead. Counts run on a CPU copy of the model with zero tensors (`zero_copy`: the real values are
-never copied); the `meta` device would need no memory but runs about 25 times slower, so it only serves a
-model that cannot run on the CPU copy. Callers multiply a count by the batches they ran. Nothing here
-touches the real model's parameters, buffers or gradients, and nothing runs per step.
+spec instead. Counts run on a CPU copy of the model with zero tensors (`zero_copy`: the real values are
+never copied) and zero inputs (`InputSpec.zeros`); the `meta` device would need no memory but runs about 25
+times slower, so it only serves a model that cannot run on the CPU copy. Callers multiply a count by the
+batches they ran. Nothing here touches the real model's parameters, buffers or gradients, and nothing runs
+per step.
 
 A training step is split into what the model's output path costs (`StepFlops.main`: forward and backward
 of the host and the blended seeds, as a model without TRAINING seeds would train) and what the shadow pass
@@ -29,15 +31,17 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 import torch
-from torch import Tensor, nn
+from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
 from morphogen.core.lifecycle import IllegalTransitionError
 from morphogen.core.model import MorphogeneticModel
+from morphogen.inputs import Inputs, InputSpec
 
-Shape = tuple[int, ...]
 #: `(model copy, inputs) -> (FLOPs, FLOPs)`: the two counts `FlopCounter` makes on one copy.
-CountOnCopy = Callable[[MorphogeneticModel, Tensor], tuple[int, int]]
+CountOnCopy = Callable[[MorphogeneticModel, Inputs], tuple[int, int]]
+#: `(spec of the batch to count, rows of its shadow pass or None) -> (FLOPs, FLOPs)`: what `_scaled` scales.
+CountOfSpec = Callable[[InputSpec, int | None], tuple[int, int]]
 
 
 @dataclass(frozen=True)
@@ -109,12 +113,12 @@ def _count(run: Callable[..., None], *args: object) -> int:
     return int(counter.get_total_flops())
 
 
-def _plain_step(model: MorphogeneticModel, x: Tensor) -> None:
+def _plain_step(model: MorphogeneticModel, x: Inputs) -> None:
     """Forward and backward of the model's output path alone (TRAINING seeds are the identity there)."""
     torch.autograd.backward(model(x).sum())
 
 
-def _shadow_step(model: MorphogeneticModel, x: Tensor, rows: int | None) -> None:
+def _shadow_step(model: MorphogeneticModel, x: Inputs, rows: int | None) -> None:
     """A whole training step: the output path and the shadow pass (on `rows` samples), each with its backward."""
     output, shadow = model.forward_with_shadow(x, rows)
     torch.autograd.backward(output.sum())
@@ -122,33 +126,34 @@ def _shadow_step(model: MorphogeneticModel, x: Tensor, rows: int | None) -> None
         torch.autograd.backward(shadow.outputs.sum(), inputs=list(shadow.parameters))
 
 
-def _probe(model: MorphogeneticModel, x: Tensor) -> None:
+def _probe(model: MorphogeneticModel, x: Inputs) -> None:
     model.growth_signals(x, lambda output: output.sum())
 
 
 @torch.no_grad()
-def _forward(model: MorphogeneticModel, x: Tensor) -> None:
+def _forward(model: MorphogeneticModel, x: Inputs) -> None:
     """The model's forward with every slot as it is."""
     model(x)
 
 
 @torch.no_grad()
-def _host_alone(model: MorphogeneticModel, x: Tensor) -> None:
+def _host_alone(model: MorphogeneticModel, x: Inputs) -> None:
     model.host(x)
 
 
 @torch.inference_mode()
-def _validation_batch(model: MorphogeneticModel, x: Tensor, alphas: Sequence[Sequence[float]]) -> None:
+def _validation_batch(model: MorphogeneticModel, x: Inputs, alphas: Sequence[Sequence[float]]) -> None:
     model.counterfactual_forward(x, alphas)
 
 
 class FlopCounter:
     """Cached FLOP counts of one host architecture's training steps and validation batches.
 
-    Keys are the model's execution plan, which seeds' parameters learn, and the shape and dtype of one
-    sample (with the pattern of the alpha configurations for validation): counts are made the first time a
-    key is seen, on a zero copy of the model, and scaled to every batch size (module docstring). One counter
-    serves every model built from the same host; `counts_made` says how many copies it counted on.
+    Keys are the model's execution plan, which seeds' parameters learn, and the shapes and dtypes of one
+    sample's inputs (`InputSpec.per_sample`; with the pattern of the alpha configurations for validation):
+    counts are made the first time a key is seen, on a zero copy of the model, and scaled to every batch size
+    (module docstring). One counter serves every model built from the same host; `counts_made` says how many
+    copies it counted on.
     """
 
     def __init__(self) -> None:
@@ -160,46 +165,45 @@ class FlopCounter:
         self._proportional: bool | None = None
         self.counts_made = 0
 
-    def training_step(self, model: MorphogeneticModel, shape: Shape, dtype: torch.dtype,
-                      shadow_rows: int | None = None) -> StepFlops:
-        """FLOPs of one training batch of `shape` (inputs of `dtype`) in the model's present plan, the shadow
-        pass on its first `shadow_rows` samples (None: all)."""
-        rows = shape[0] if shadow_rows is None else shadow_rows
+    def training_step(self, model: MorphogeneticModel, spec: InputSpec, shadow_rows: int | None = None) -> StepFlops:
+        """FLOPs of one training batch of inputs `spec` in the model's present plan, the shadow pass on its first
+        `shadow_rows` samples (None: all)."""
+        rows = spec.rows if shadow_rows is None else shadow_rows
 
-        def count(counted: Shape, counted_rows: int | None) -> tuple[int, int]:
-            main, total = self._on_copy(model, counted, dtype, lambda copy, x: (
+        def count(counted: InputSpec, counted_rows: int | None) -> tuple[int, int]:
+            main, total = self._on_copy(model, counted, lambda copy, x: (
                 _count(_plain_step, copy, x), _count(_shadow_step, copy, x, counted_rows)))
             return main, total - main
 
-        main, shadow = self._scaled(("training", plan_key(model), dtype, shadow_rows is None), shape, rows, count)
+        main, shadow = self._scaled(("training", plan_key(model), shadow_rows is None), spec, rows, count)
         return StepFlops(main, shadow)
 
-    def validation_batch(self, model: MorphogeneticModel, alphas: Sequence[Sequence[float]], shape: Shape,
-                         dtype: torch.dtype) -> ValidationFlops:
-        """FLOPs of one validation batch of `shape` evaluated under the alpha configurations `alphas`
+    def validation_batch(self, model: MorphogeneticModel, alphas: Sequence[Sequence[float]],
+                         spec: InputSpec) -> ValidationFlops:
+        """FLOPs of one validation batch of inputs `spec` evaluated under the alpha configurations `alphas`
         (row 0 the model's own, as `env.counterfactual` plans them)."""
         table = tuple(tuple(float(value) for value in row) for row in alphas)
 
-        def count(counted: Shape, _: int | None) -> tuple[int, int]:
-            main, total = self._on_copy(model, counted, dtype, lambda copy, x: (
+        def count(counted: InputSpec, _: int | None) -> tuple[int, int]:
+            main, total = self._on_copy(model, counted, lambda copy, x: (
                 _count(_validation_batch, copy, x, table[:1]), _count(_validation_batch, copy, x, table)))
             return main, total - main
 
-        key = ("validation", plan_key(model), alpha_pattern(table), dtype)
-        return ValidationFlops(*self._scaled(key, shape, shape[0], count))
+        key = ("validation", plan_key(model), alpha_pattern(table))
+        return ValidationFlops(*self._scaled(key, spec, spec.rows, count))
 
-    def probe(self, model: MorphogeneticModel, shape: Shape, dtype: torch.dtype) -> int:
-        """FLOPs of `MorphogeneticModel.growth_signals` on a batch of `shape`: a forward and the input gradients."""
-        def count(counted: Shape, _: int | None) -> tuple[int, int]:
-            return self._on_copy(model, counted, dtype, lambda copy, x: (_count(_probe, copy, x), 0))
+    def probe(self, model: MorphogeneticModel, spec: InputSpec) -> int:
+        """FLOPs of `MorphogeneticModel.growth_signals` on a batch of inputs `spec`: a forward and the input
+        gradients."""
+        def count(counted: InputSpec, _: int | None) -> tuple[int, int]:
+            return self._on_copy(model, counted, lambda copy, x: (_count(_probe, copy, x), 0))
 
-        return self._scaled(("probe", plan_key(model), dtype), shape, shape[0], count)[0]
+        return self._scaled(("probe", plan_key(model)), spec, spec.rows, count)[0]
 
-    def seed_cost(self, model: MorphogeneticModel, slot_id: str, blueprint: str, shape: Shape,
-                  dtype: torch.dtype) -> SeedCost:
+    def seed_cost(self, model: MorphogeneticModel, slot_id: str, blueprint: str, spec: InputSpec) -> SeedCost:
         """What `blueprint` installed in the empty slot `slot_id` would add: its parameters and forward FLOPs per
-        batch of `shape`, also relative to the host's (the host alone, without any seed)."""
-        key = (slot_id, blueprint, shape[1:], dtype)
+        batch of inputs `spec`, also relative to the host's (the host alone, without any seed)."""
+        key = (slot_id, blueprint, spec.per_sample)
         refusal = self._refusals.get(key)
         if refusal is not None:  # it cannot go there: refused as at the first try, without another copy
             raise refusal.with_traceback(None)  # a fresh traceback, not one that grows with every refusal
@@ -210,7 +214,7 @@ class FlopCounter:
             assert isinstance(copied, MorphogeneticModel)
             copied.compile_forward(None)
             copied.eval()
-            x = torch.zeros((COUNT_SAMPLES[0], *shape[1:]), dtype=dtype)
+            x = spec.with_rows(COUNT_SAMPLES[0]).zeros()
             host = _count(_host_alone, copied, x)
             before = _count(_forward, copied, x)
             try:
@@ -225,43 +229,41 @@ class FlopCounter:
             parameters, host_parameters = slot.seed_parameter_count(), copied.host_param_count()
             cached = self._costs[key] = SeedCost(parameters, seed // COUNT_SAMPLES[0], parameters / host_parameters,
                                                  seed / max(host, 1))
-        return SeedCost(cached.parameters, cached.flops * shape[0], cached.relative_parameters,
+        return SeedCost(cached.parameters, cached.flops * spec.rows, cached.relative_parameters,
                         cached.relative_flops)
 
-    def _scaled(self, key: tuple[Hashable, ...], shape: Shape, rows: int,
-                count: Callable[[Shape, int | None], tuple[int, int]]) -> tuple[int, int]:
-        """Two counts for a batch of `shape`, the second over `rows` of its samples (`count(shape, rows)` counts
-        them): from the counts per sample, made once per sample shape, or counted at this batch's own shape
+    def _scaled(self, key: tuple[Hashable, ...], spec: InputSpec, rows: int, count: CountOfSpec) -> tuple[int, int]:
+        """Two counts for a batch of inputs `spec`, the second over `rows` of its samples (`count(spec, rows)`
+        counts them): from the counts per sample, made once per sample spec, or counted at this batch's own spec
         when the model's FLOPs are not proportional to its batch."""
-        per_sample = self._per_sample.get((*key, shape[1:]))
+        per_sample = self._per_sample.get((*key, spec.per_sample))
         if per_sample is not None:
-            return per_sample[0] * shape[0], per_sample[1] * rows
-        exact = self._per_sample.get((*key, shape, rows))
+            return per_sample[0] * spec.rows, per_sample[1] * rows
+        exact = self._per_sample.get((*key, spec, rows))
         if exact is not None:
             return exact
-        small = count((COUNT_SAMPLES[0], *shape[1:]), None)
+        small = count(spec.with_rows(COUNT_SAMPLES[0]), None)
         if self._proportional is None:  # checked once, on the first count: the host's layers decide it
-            large = count((COUNT_SAMPLES[1], *shape[1:]), None)
+            large = count(spec.with_rows(COUNT_SAMPLES[1]), None)
             ratio = COUNT_SAMPLES[1] // COUNT_SAMPLES[0]
             self._proportional = all(b == ratio * a for a, b in zip(small, large, strict=True))
         if self._proportional and all(a % COUNT_SAMPLES[0] == 0 for a in small):
-            self._per_sample[(*key, shape[1:])] = (small[0] // COUNT_SAMPLES[0], small[1] // COUNT_SAMPLES[0])
-            return self._scaled(key, shape, rows, count)
-        exact = self._per_sample[(*key, shape, rows)] = count(shape, rows)
+            self._per_sample[(*key, spec.per_sample)] = (small[0] // COUNT_SAMPLES[0], small[1] // COUNT_SAMPLES[0])
+            return self._scaled(key, spec, rows, count)
+        exact = self._per_sample[(*key, spec, rows)] = count(spec, rows)
         return exact
 
-    def _on_copy(self, model: MorphogeneticModel, shape: Shape, dtype: torch.dtype,
-                 count: CountOnCopy) -> tuple[int, int]:
-        """Run `count(copy, inputs)` on a zero copy of `model` in training mode, inputs of `shape` (zeros); on a
+    def _on_copy(self, model: MorphogeneticModel, spec: InputSpec, count: CountOnCopy) -> tuple[int, int]:
+        """Run `count(copy, inputs)` on a zero copy of `model` in training mode, inputs of `spec` (zeros); on a
         meta copy when the model cannot run on the CPU copy."""
         self.counts_made += 1
         try:
-            return _counted(zero_copy(model), torch.zeros(shape, dtype=dtype), count)
+            return _counted(zero_copy(model), spec.zeros(), count)
         except (RuntimeError, NotImplementedError):
-            return _counted(meta_copy(model), torch.empty(shape, dtype=dtype, device="meta"), count)
+            return _counted(meta_copy(model), spec.zeros("meta"), count)
 
 
-def _counted(model: nn.Module, x: Tensor, count: CountOnCopy) -> tuple[int, int]:
+def _counted(model: nn.Module, x: Inputs, count: CountOnCopy) -> tuple[int, int]:
     assert isinstance(model, MorphogeneticModel)
     model.compile_forward(None)  # a compiled forward would count nothing it did not trace
     model.train()
@@ -274,7 +276,7 @@ class SeedCost(NamedTuple):
 
     parameters: int
     flops: int
-    """Forward FLOPs it adds per batch of the shape it was counted at."""
+    """Forward FLOPs it adds per batch of the inputs it was counted at."""
     relative_parameters: float
     relative_flops: float
 
@@ -288,7 +290,7 @@ def alpha_pattern(table: Sequence[Sequence[float]]) -> Hashable:
 
 
 def plan_key(model: MorphogeneticModel) -> Hashable:
-    """What a batch's FLOPs depend on besides its shape: the execution plan, and which running seeds learn
+    """What a batch's FLOPs depend on besides its inputs: the execution plan, and which running seeds learn
     (a seed ramping down is frozen: no weight gradient)."""
     learning = tuple(slot.is_running and any(p.requires_grad for p in slot.seed_parameters()) for slot in model.slots())
     return model.execution_plan(), learning

@@ -161,34 +161,36 @@ def _arguments(model: nn.Module, example: Inputs) -> tuple[dict[str, int | str |
                       if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
     except (TypeError, ValueError):  # no signature to read: fx traces what it finds
         return {}, {}
-    positional = [p.name for p in parameters if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
-    model_name = type(model).__name__
-    given: dict[str, int | str | None]
-    if isinstance(example, Tensor):
-        given = {positional[0]: None} if positional else {}
-    elif isinstance(example, dict):
-        by_name = {p.name for p in parameters if p.kind is not p.POSITIONAL_ONLY}
-        unknown = [key for key in example if key not in by_name]
-        if unknown:
-            raise HostBuildError(f"example_input names {unknown[0]!r}, which {model_name}.forward does not take; its "
-                                 f"parameters: {', '.join(p.name for p in parameters) or 'none'}")
-        given = {key: key for key in example}
-    else:
-        if len(example) > len(positional):
-            raise HostBuildError(f"example_input gives {len(example)} inputs, but {model_name}.forward takes "
-                                 f"{len(positional)} positional parameters")
-        given = {name: index for index, name in enumerate(positional[:len(example)])}
+    given = _given(type(model).__name__, parameters, example)
     defaults: dict[str, object] = {}
     for parameter in parameters:
         if parameter.name in given:
             continue
-        if parameter.default is parameter.empty:
-            if isinstance(example, Tensor):
-                continue  # refused once traced, with the number of inputs the model takes
-            raise HostBuildError(f"{model_name}.forward's parameter {parameter.name!r} has no default, and "
-                                 "example_input does not give it")
-        defaults[parameter.name] = parameter.default
+        if parameter.default is not parameter.empty:
+            defaults[parameter.name] = parameter.default
+        elif not isinstance(example, Tensor):  # one tensor: refused once traced, with the inputs the model takes
+            raise HostBuildError(f"{type(model).__name__}.forward's parameter {parameter.name!r} has no default, "
+                                 "and example_input does not give it")
     return given, defaults
+
+
+def _given(model_name: str, parameters: list[inspect.Parameter], example: Inputs) -> dict[str, int | str | None]:
+    """The parameters `example` gives: the first one (a tensor), the first positional ones (a tuple or list), or
+    those named by the dict's keys."""
+    positional = [p.name for p in parameters if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    if isinstance(example, Tensor):
+        return {positional[0]: None} if positional else {}
+    if isinstance(example, dict):
+        by_name = [p.name for p in parameters if p.kind is not p.POSITIONAL_ONLY]
+        unknown = [key for key in example if key not in by_name]
+        if unknown:
+            raise HostBuildError(f"example_input names {unknown[0]!r}, which {model_name}.forward does not take; its "
+                                 f"parameters: {', '.join(by_name) or 'none'}")
+        return {key: key for key in example}
+    if len(example) > len(positional):
+        raise HostBuildError(f"example_input gives {len(example)} inputs, but {model_name}.forward takes "
+                             f"{len(positional)} positional parameters")
+    return {name: index for index, name in enumerate(positional[:len(example)])}
 
 
 def _cut_children(model: nn.Module, names: Sequence[str]) -> tuple[list[nn.Module], list[str]]:
@@ -222,9 +224,14 @@ class _Inputs:
     and the fixed ones (each with the value it was traced with)."""
 
     def __init__(self, placeholders: list[fx.Node], given: dict[str, int | str | None]) -> None:
+        if not given and len(placeholders) == 1:  # a forward fx reads no signature of: its one input
+            given = {str(placeholders[0].target): None}
         self.given = {node: given[str(node.target)] for node in placeholders if str(node.target) in given}
         self.fixed = {node: node.args[0] if node.args else None for node in placeholders if node not in self.given}
         self.several = any(key is not None for key in self.given.values())
+        if not self.given or any(not node.args for node in self.fixed):  # an input neither given nor defaulted
+            raise HostBuildError(f"the model's forward takes {len(placeholders)} inputs; give them all in "
+                                 "example_input as a tuple (by position) or a dict (by name) of tensors")
 
 
 def _split_graph(traced: fx.GraphModule, names: Sequence[str],
@@ -233,14 +240,7 @@ def _split_graph(traced: fx.GraphModule, names: Sequence[str],
     past a cut (a later segment reads those from the `SideInputs` the first one binds)."""
     nodes = list(traced.graph.nodes)
     position = {node: i for i, node in enumerate(nodes)}
-    placeholders = [node for node in nodes if node.op == "placeholder"]
-    if not given and len(placeholders) == 1:  # a forward fx reads no signature of: its one input
-        given = {str(placeholders[0].target): None}
-    inputs = _Inputs(placeholders, given)
-    unfixed = [node for node in inputs.fixed if not node.args]
-    if unfixed or not inputs.given:
-        raise HostBuildError(f"the model's forward takes {len(placeholders)} inputs; give them all in example_input "
-                             "as a tuple (by position) or a dict (by name) of tensors")
+    inputs = _Inputs([node for node in nodes if node.op == "placeholder"], given)
     cuts = sorted((_only_call(nodes, name) for name in names), key=position.__getitem__)
     for cut in cuts:
         _check_nothing_flows_past(cut, nodes, position)

@@ -65,13 +65,13 @@ import torch
 from torch import Tensor, nn
 from torch.func import functional_call, vmap
 
-from morphogen.core.flops import Shape
 from morphogen.core.isolation import SeedAccumulation
 from morphogen.core.lifecycle import Stage
 from morphogen.core.model import MorphogeneticModel, ShadowOutput, shadow_rows
 from morphogen.env.compute import note_batch
 from morphogen.env.episode import MorphogenesisEpisode
 from morphogen.env.evaluation import Objective, task_loss
+from morphogen.inputs import Inputs, InputSpec, rows, tensors
 
 HOST_GROUP = "host"
 #: Added to a group's gradient norm before dividing, as `torch.nn.utils.clip_grad_norm_` does.
@@ -114,8 +114,8 @@ class _TrainingForward(nn.Module):
         super().__init__()
         self.model = model
 
-    def forward(self, x: Tensor, shadow_fraction: float) -> tuple[Tensor, ShadowOutput | None]:
-        return self.model.forward_with_shadow(x, shadow_rows(x.shape[0], shadow_fraction))
+    def forward(self, x: Inputs, shadow_fraction: float) -> tuple[Tensor, ShadowOutput | None]:
+        return self.model.forward_with_shadow(x, shadow_rows(rows(x), shadow_fraction))
 
 
 @dataclass(frozen=True)
@@ -248,7 +248,7 @@ class StackedEnvs:
         self.last_gradient: Tensor | None = None
         self.batches = 0
         #: Shapes of the batches stepped this epoch, handed to each env's trainer for its FLOP charge.
-        self.batch_shapes: Counter[tuple[Shape, torch.dtype]] = Counter()
+        self.batch_shapes: Counter[InputSpec] = Counter()
         monitor = self.episodes[0].monitor
         self.vanishing_threshold = monitor.vanishing_threshold
         self.exploding_threshold = monitor.exploding_threshold
@@ -289,7 +289,7 @@ class StackedEnvs:
         return torch.tensor(rows, dtype=dtype, device=device)
 
     # ---------------------------------------------------------------- the hot path
-    def _env_losses(self, trainable: dict[str, Tensor], state: dict[str, Tensor], inputs: Tensor,
+    def _env_losses(self, trainable: dict[str, Tensor], state: dict[str, Tensor], inputs: Inputs,
                     targets: Tensor) -> tuple[Tensor, ...]:
         """One env's task loss (and shadow loss when a TRAINING seed learns), run under vmap."""
         output, shadow = functional_call(self.forward_module, {**trainable, **state}, (inputs, self.shadow_fraction))
@@ -299,7 +299,7 @@ class StackedEnvs:
         assert shadow is not None
         return main, _BUILT_IN.shadow_loss(shadow.outputs, targets[:shadow.rows])
 
-    def step(self, inputs: Tensor, targets: Tensor) -> None:
+    def step(self, inputs: Inputs, targets: Tensor) -> None:
         """Forward, backward, per-env per-group clip and SGD step of every env in the group on one batch."""
         n = self.flat.shape[0]
         split = self.layout.shadow_start
@@ -321,10 +321,10 @@ class StackedEnvs:
     @torch.no_grad()
     def _update(self, gradient: Tensor, losses: Tensor) -> None:
         """Monitor statistics, per-group clipping and SGD, as `HostAndSeedTrainer.train_batch` does per env."""
-        n, tensors, groups = gradient.shape[0], len(self.layout.sizes), len(self.layout.groups)
+        n, tensor_count, groups = gradient.shape[0], len(self.layout.sizes), len(self.layout.groups)
         accumulate = torch.float64 if gradient.dtype == torch.float64 else torch.float32
         squares = gradient.to(accumulate).square()  # (N, P)
-        tensor_squares = squares.new_zeros(n, tensors).index_add_(1, self.tensor_of_column, squares)  # (N, T)
+        tensor_squares = squares.new_zeros(n, tensor_count).index_add_(1, self.tensor_of_column, squares)  # (N, T)
         tensor_norms = tensor_squares.sqrt()
         group_norms = tensor_squares.new_zeros(n, groups).index_add_(1, self.tensor_groups, tensor_squares).sqrt()
         flags = torch.stack([tensor_norms < self.vanishing_threshold,
@@ -428,13 +428,13 @@ def _one_dtype(episode: MorphogenesisEpisode) -> bool:
     return len({parameter.dtype for parameter in episode.model.parameters()}) == 1
 
 
-TrainEnvsOnBatch = Callable[[Tensor, Tensor, Sequence[int]], None]
+TrainEnvsOnBatch = Callable[[Inputs, Tensor, Sequence[int]], None]
 """Trains the envs at the given indices on one batch (inputs, targets), one after another."""
 #: The batch on every device an env runs on (`DevicePlacement.copy_batch`).
-BatchPerDevice = Callable[[Tensor, Tensor], Mapping[torch.device, tuple[Tensor, Tensor]]]
+BatchPerDevice = Callable[[Inputs, Tensor], Mapping[torch.device, tuple[Inputs, Tensor]]]
 
 
-def train_epoch_batched(episodes: Sequence[MorphogenesisEpisode], batches: Iterable[tuple[Tensor, Tensor]],
+def train_epoch_batched(episodes: Sequence[MorphogenesisEpisode], batches: Iterable[tuple[Inputs, Tensor]],
                         train_alone: TrainEnvsOnBatch, streams: Sequence[torch.cuda.Stream | None] | None = None,
                         *, min_group_size: int = 2, copy_batch: BatchPerDevice | None = None) -> TrainingGroups:
     """Train every env one epoch on the shared `batches`: identical architectures stacked, the rest alone.
@@ -455,7 +455,7 @@ def train_epoch_batched(episodes: Sequence[MorphogenesisEpisode], batches: Itera
         for group, stream, envs in zip(grouping.groups, group_streams, stacked, strict=True):
             first = episodes[group[0]]
             group_inputs, group_targets = (inputs, targets) if on_device is None else on_device[first.device]
-            with first.timer.phase("train"), _on_stream(stream, first, group_inputs, group_targets):
+            with first.timer.phase("train"), _on_stream(stream, first, *tensors(group_inputs), group_targets):
                 envs.step(group_inputs, group_targets)
         if grouping.alone:
             train_alone(inputs, targets, grouping.alone)

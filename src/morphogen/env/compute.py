@@ -1,9 +1,9 @@
 """The compute an episode spends, in FLOPs, by what it buys: training, shadow passes, validation, counterfactuals.
 
 The episode charges each epoch once, after it trained and when it validates: the batches it trained (how
-many of each shape, noted by `HostAndSeedTrainer`) times the cached count of one batch in the model's plan
-(`morphogen.core.flops.FlopCounter`), and the validation batches times the count of one batch under the
-epoch's counterfactual configurations. Nothing is counted per step.
+many of each `InputSpec`, the shapes and dtypes of a batch's inputs, noted by `HostAndSeedTrainer`) times
+the cached count of one batch in the model's plan (`morphogen.core.flops.FlopCounter`), and the validation
+batches times the count of one batch under the epoch's counterfactual configurations. Nothing is counted per step.
 """
 
 from __future__ import annotations
@@ -12,13 +12,12 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-import torch
-
-from morphogen.core.flops import FlopCounter, Shape
+from morphogen.core.flops import FlopCounter
 from morphogen.core.model import MorphogeneticModel, shadow_rows
+from morphogen.inputs import Inputs, InputSpec
 
-#: (input shape, input dtype) -> batches of that shape: what an epoch trained or validated on.
-BatchShapes = Mapping[tuple[Shape, torch.dtype], int]
+#: Input spec (shapes and dtypes of the batch's inputs) -> batches of that spec: what an epoch trained or validated on.
+BatchShapes = Mapping[InputSpec, int]
 
 
 @dataclass
@@ -54,21 +53,21 @@ class ComputeAccount:
                         shadow_fraction: float = 1.0) -> None:
         """Add the training batches `shapes` of one epoch, trained in the model's present plan with the shadow
         pass on `shadow_fraction` of each batch."""
-        for (shape, dtype), batches in shapes.items():
-            step = counter.training_step(model, shape, dtype, shadow_rows(shape[0], shadow_fraction))
+        for spec, batches in shapes.items():
+            step = counter.training_step(model, spec, shadow_rows(spec.rows, shadow_fraction))
             self.training += step.main * batches
             self.shadow += step.shadow * batches
 
     def charge_validation(self, counter: FlopCounter, model: MorphogeneticModel,
                           alphas: Sequence[Sequence[float]], shapes: BatchShapes) -> None:
         """Add one validation pass over batches `shapes` under the configurations `alphas` (row 0: the model's own)."""
-        for (shape, dtype), batches in shapes.items():
-            batch = counter.validation_batch(model, alphas, shape, dtype)
+        for spec, batches in shapes.items():
+            batch = counter.validation_batch(model, alphas, spec)
             self.validation += batch.main * batches
             self.counterfactual += batch.counterfactual * batches
 
 
-def note_batch(shapes: Counter[tuple[Shape, torch.dtype]], inputs: torch.Tensor) -> None:
-    """Count one batch of `inputs`'s shape in `shapes` (a dictionary update: no sync, no FLOP counting)."""
-    shapes[(tuple(inputs.shape), inputs.dtype)] += 1
+def note_batch(shapes: Counter[InputSpec], inputs: Inputs) -> None:
+    """Count one batch of `inputs`'s spec in `shapes` (a dictionary update: no sync, no FLOP counting)."""
+    shapes[InputSpec.of(inputs)] += 1
 

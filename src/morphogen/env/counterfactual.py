@@ -22,7 +22,7 @@ import enum
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-import torch
+from morphogen.inputs import InputSpec
 
 MAIN = "main"
 ALL_OFF = "all_off"
@@ -70,8 +70,8 @@ class CounterfactualResult:
     configurations: AlphaConfigurations
     accuracies: tuple[float, ...]
     losses: tuple[float, ...]
-    #: ((input shape, dtype), batches) of the validation pass that measured them: what its FLOPs are charged for.
-    batch_shapes: tuple[tuple[tuple[tuple[int, ...], torch.dtype], int], ...] = ()
+    #: (input spec, batches) of the validation pass that measured them: what its FLOPs are charged for.
+    batch_shapes: tuple[tuple[InputSpec, int], ...] = ()
 
     def accuracy(self, name: str) -> float:
         return self.accuracies[self.configurations.names.index(name)]

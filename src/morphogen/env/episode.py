@@ -47,6 +47,7 @@ from morphogen.env.rewards import RewardBreakdown, RewardConfig, RewardMode, com
 from morphogen.env.seeding import derive_seed, seeded
 from morphogen.env.snapshot import HISTORY_LENGTH, EpisodeSnapshot, SlotSnapshot
 from morphogen.env.training import HostAndSeedTrainer
+from morphogen.inputs import Inputs, take_rows, to_device
 from morphogen.limits import MAX_BATCH_SIZE, MAX_EPOCHS, MAX_INTEGER_SETTING, check_count
 from morphogen.telemetry import events
 from morphogen.telemetry.anomalies import AnomalyDetector
@@ -266,9 +267,10 @@ class MorphogenesisEpisode:
     def step(self, action: Action) -> StepResult:
         """Act, train one epoch on this episode's own batch order, and finish the epoch."""
         succeeded, reason = self.apply_action(action)
-        batches = self.task.train.iterate_batches(self.batch_size, generator=self.generator, augment=self.task.augment)
+        batches: Iterable[tuple[Inputs, Tensor]] = self.task.train.iterate_batches(
+            self.batch_size, generator=self.generator, augment=self.task.augment)
         if self.task.train.device != self.device:
-            batches = ((inputs.to(self.device), targets.to(self.device)) for inputs, targets in batches)
+            batches = ((to_device(inputs, self.device), targets.to(self.device)) for inputs, targets in batches)
         self.train_epoch(batches)
         return self.finish_epoch(action, succeeded, reason)
 
@@ -361,7 +363,7 @@ class MorphogenesisEpisode:
                             blend_epochs=action.blend_epochs)
         return True, f"germinated {action.blueprint} in {action.slot}"
 
-    def train_epoch(self, batches: Iterable[tuple[Tensor, Tensor]]) -> None:
+    def train_epoch(self, batches: Iterable[tuple[Inputs, Tensor]]) -> None:
         """Train host and live seeds on `batches` (this episode's own, or a vector's shared stream)."""
         with self.timer.phase("train"):
             for inputs, targets in batches:
@@ -415,7 +417,7 @@ class MorphogenesisEpisode:
         """Where the slots sit and what each blueprint would add, measured on the first validation input."""
         assert self.model is not None
         inputs, _ = next(iter(self.task.validation.iterate_batches(1, shuffle=False)))
-        return model_layout(self.model, inputs[:1].to(self.device), self.flop_counter,
+        return model_layout(self.model, to_device(take_rows(inputs, slice(0, 1)), self.device), self.flop_counter,
                             with_costs=self.describe_blueprints)
 
     def _first_validation(self) -> CounterfactualResult:
@@ -494,7 +496,7 @@ class MorphogenesisEpisode:
         if not candidates:
             return
         inputs, targets = next(iter(self.task.train.iterate_batches(self.config.probe_samples, shuffle=False)))
-        batch = (inputs.to(self.device), targets.to(self.device))
+        batch = (to_device(inputs, self.device), targets.to(self.device))
         with self.timer.phase("probe"):
             self.growth, flops = measure_growth(self.model, batch, self.objective, self.flop_counter, candidates)
         self.compute.probe += flops
@@ -544,6 +546,7 @@ class MorphogenesisEpisode:
             loss_contribution=loss_contribution, loss_at_stage_start=loss_start,
             depth_signal=depth, width_signal=width, seed_costs=costs, width_fraction=place.width_fraction,
             resolution_fraction=place.resolution_fraction, depth_fraction=place.depth_fraction,
+            can_branch=slot.branch_site is not None,
         )
 
     def _make_snapshot(self, result: CounterfactualResult, train_loss: float | None, op: Op, succeeded: bool,

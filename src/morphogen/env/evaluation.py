@@ -15,11 +15,11 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from morphogen.core.flops import Shape
 from morphogen.core.model import MorphogeneticModel
 from morphogen.data import BatchSource, DataError, Task
 from morphogen.env.compute import note_batch
 from morphogen.env.counterfactual import AlphaConfigurations, CounterfactualResult
+from morphogen.inputs import InputSpec
 
 LossFunction = Callable[[Tensor, Tensor], Tensor]
 
@@ -107,7 +107,7 @@ def validate(model: MorphogeneticModel, dataset: BatchSource, configurations: Al
     score_sum = torch.zeros(k, device=dataset.device, dtype=torch.float64)
     count = 0
     alphas = [list(row) for row in configurations.alphas]
-    shapes: Counter[tuple[Shape, torch.dtype]] = Counter()
+    shapes: Counter[InputSpec] = Counter()
     for inputs, targets in dataset.iterate_batches(batch_size, shuffle=False):
         note_batch(shapes, inputs)
         outputs = model.counterfactual_forward(inputs, alphas)  # (K, B, ...)

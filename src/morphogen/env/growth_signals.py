@@ -25,6 +25,7 @@ from morphogen.core.lifecycle import Stage
 from morphogen.core.model import MorphogeneticModel
 from morphogen.core.width import NoWidthSiteError
 from morphogen.env.evaluation import Objective
+from morphogen.inputs import Inputs, InputSpec
 
 #: Relative FLOPs below which a blueprint counts as this cheap when a signal is divided by its cost: FlopCounterMode
 #: does not count norms and element-wise scaling, so a norm seed would otherwise cost nothing and win every
@@ -49,13 +50,13 @@ def could_germinate(model: MorphogeneticModel) -> bool:
     return Stage.DORMANT in stages and Stage.GERMINATED not in stages and Stage.TRAINING not in stages
 
 
-def measure_growth(model: MorphogeneticModel, batch: tuple[Tensor, Tensor], objective: Objective,
+def measure_growth(model: MorphogeneticModel, batch: tuple[Inputs, Tensor], objective: Objective,
                    counter: FlopCounter, candidates: Sequence[str]) -> tuple[dict[str, SlotGrowth], int]:
     """Signals and candidate costs of every empty slot, and the probe's FLOPs; one host sync (the signals)."""
     inputs, targets = batch
     signals = model.growth_signals(inputs, lambda output: objective.checked_loss(output, targets))
     values = torch.stack([value for signal in signals.values() for value in signal if value is not None]).tolist()
-    shape, dtype = tuple(inputs.shape), inputs.dtype
+    spec = InputSpec.of(inputs)
     measured: dict[str, SlotGrowth] = {}
     for slot_id, signal in signals.items():
         depth = values.pop(0)
@@ -63,8 +64,8 @@ def measure_growth(model: MorphogeneticModel, batch: tuple[Tensor, Tensor], obje
         costs = []
         for blueprint in candidates:
             try:
-                costs.append((blueprint, counter.seed_cost(model, slot_id, blueprint, shape, dtype)))
+                costs.append((blueprint, counter.seed_cost(model, slot_id, blueprint, spec)))
             except (NoWidthSiteError, ValueError):  # a widening candidate where the slot has no layers to widen
                 continue
         measured[slot_id] = SlotGrowth(depth, width, tuple(costs))
-    return measured, counter.probe(model, shape, dtype)
+    return measured, counter.probe(model, spec)

@@ -22,6 +22,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from morphogen.core.blueprints import blueprint_names
 from morphogen.core.flops import FlopCounter, SeedCost
 from morphogen.core.model import MorphogeneticModel
+from morphogen.inputs import Inputs, InputSpec, take_rows, tensors
 
 
 @dataclass(frozen=True)
@@ -59,9 +60,10 @@ def _positions(activation: Tensor, topology: str) -> int:
     return 1
 
 
-def model_layout(model: MorphogeneticModel, example: Tensor, counter: FlopCounter | None = None, *,
+def model_layout(model: MorphogeneticModel, example: Inputs, counter: FlopCounter | None = None, *,
                  with_costs: bool = True) -> ModelLayout:
-    """The layout of `model`, its slot places measured on `example` (one or more inputs of the task).
+    """The layout of `model`, its slot places measured on `example` (one or more inputs of the task: a tensor, or
+    a tuple, list or dict of tensors).
 
     Blueprint costs come from `counter` (`FlopCounter.seed_cost`, which keeps them across an env's episodes;
     a new one when None). A blueprint that cannot go into a slot (a widening one where no layers surround
@@ -73,20 +75,20 @@ def model_layout(model: MorphogeneticModel, example: Tensor, counter: FlopCounte
     points = host.injection_points
     widest = max(points.values())
     shapes: dict[str, Tensor] = {}
+    first = take_rows(example, slice(0, 1))
     training = host.training
     host.eval()
     # The host's FLOPs only matter beside the blueprints' (counting is not free: the first count costs ~0.2 s).
     host_counter = FlopCounterMode(display=False) if with_costs else None
     try:
         with torch.no_grad(), host_counter or contextlib.nullcontext():
-            h = example[:1]
+            h = host.run_segment(0, first)  # the first segment takes the model's inputs, structured or not
             for index, point in enumerate(points):
-                h = host.run_segment(index, h)
                 shapes[point] = h
-            host.run_segment(len(points), h)
+                h = host.run_segment(index + 1, h)
     finally:
         host.train(training)
-    input_positions = max(_positions(example[:1], topology), 1)
+    input_positions = max(_positions(tensors(first)[0], topology), 1)  # the first input (a model's tokens)
     order = list(points)
     # A user's model may take inputs of another layout than its slots (a flat vector reshaped inside): the
     # fraction is then capped at 1, the input's own resolution.
@@ -97,8 +99,8 @@ def model_layout(model: MorphogeneticModel, example: Tensor, counter: FlopCounte
         for slot_id in model.slot_ids
     }
     blueprints = blueprint_names(topology) if with_costs else ()
-    shape, dtype = tuple(example[:1].shape), example.dtype
-    costs = [[_seed_cost(counter, model, slot_id, name, shape, dtype) for name in blueprints]
+    spec = InputSpec.of(first)
+    costs = [[_seed_cost(counter, model, slot_id, name, spec) for name in blueprints]
              for slot_id in model.slot_ids]
     parameters = tuple(tuple(cost.parameters for cost in row) for row in costs)
     flops = tuple(tuple(cost.flops for cost in row) for row in costs)
@@ -107,9 +109,9 @@ def model_layout(model: MorphogeneticModel, example: Tensor, counter: FlopCounte
 
 
 def _seed_cost(counter: FlopCounter, model: MorphogeneticModel, slot_id: str, blueprint: str,
-               shape: tuple[int, ...], dtype: torch.dtype) -> SeedCost:
-    """What `blueprint` adds in `slot_id` for one sample, or nothing where it cannot go there."""
+               spec: InputSpec) -> SeedCost:
+    """What `blueprint` adds in `slot_id` for one sample (`spec` of one row), or nothing where it cannot go there."""
     try:
-        return counter.seed_cost(model, slot_id, blueprint, shape, dtype)
+        return counter.seed_cost(model, slot_id, blueprint, spec)
     except ValueError:  # NoWidthSiteError, or block_copy with no block before the slot
         return SeedCost(0, 0, 0.0, 0.0)

@@ -33,6 +33,7 @@ from torch import Tensor
 
 from morphogen.data import Task
 from morphogen.data.user import source_on_device
+from morphogen.inputs import Inputs, to_device
 
 
 class DevicePlacement:
@@ -72,11 +73,11 @@ class DevicePlacement:
         """The distinct CUDA devices envs run on."""
         return [device for device in self.tasks if device.type == "cuda"]
 
-    def copy_batch(self, inputs: Tensor, targets: Tensor) -> dict[torch.device, tuple[Tensor, Tensor]]:
+    def copy_batch(self, inputs: Inputs, targets: Tensor) -> dict[torch.device, tuple[Inputs, Tensor]]:
         """The batch on every device an env runs on: the tensors themselves on the primary device, one
         asynchronous copy on each other (never one per env)."""
         return {device: (inputs, targets) if device == self.primary else
-                (inputs.to(device, non_blocking=True), targets.to(device, non_blocking=True))
+                (to_device(inputs, device, non_blocking=True), targets.to(device, non_blocking=True))
                 for device in self.tasks}
 
     def synchronize(self) -> None:

@@ -50,6 +50,9 @@ class SlotSnapshot:
     loss_contribution: float | None = None
     #: Validation loss when the seed entered its current stage.
     loss_at_stage_start: float | None = None
+    #: Whether a branch seed has a site beside the segment before the slot (its input was measured; not where
+    #: that input is a model's several inputs, nor on the built-in hosts).
+    can_branch: bool = False
     #: For an empty slot, when a controller asked for growth signals: what the loss could gain at the slot's
     #: activation (deepening) and at the next layer's output (widening; None without layers to widen), as
     #: `MorphogeneticModel.growth_signals` measures them.

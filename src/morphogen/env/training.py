@@ -16,12 +16,12 @@ from collections import Counter
 import torch
 from torch import Tensor, nn
 
-from morphogen.core.flops import Shape
 from morphogen.core.isolation import IsolationMonitor
 from morphogen.core.model import MorphogeneticModel, ShadowOutput, shadow_rows
 from morphogen.env.compute import note_batch
 from morphogen.env.evaluation import Objective, task_loss
 from morphogen.env.optimizer import OptimizerConfig, warmup_factor
+from morphogen.inputs import Inputs, InputSpec, rows
 
 
 def _scale(optimizer: torch.optim.Optimizer, change: float) -> None:
@@ -61,9 +61,9 @@ class HostAndSeedTrainer:
         self.seed_schedule: dict[str, float] = {}
         self._loss_sum: Tensor | None = None
         self.batches = 0
-        #: (input shape, dtype) -> batches trained since the last `take_batch_shapes`: what the epoch's FLOPs
-        #: are charged for.
-        self.batch_shapes: Counter[tuple[Shape, torch.dtype]] = Counter()
+        #: Input spec (shapes and dtypes) -> batches trained since the last `take_batch_shapes`: what the epoch's
+        #: FLOPs are charged for.
+        self.batch_shapes: Counter[InputSpec] = Counter()
 
     def sync_seed_optimizers(self) -> dict[str, list[nn.Parameter]]:
         """Create optimizers for new seeds, drop those of removed ones; return the running seeds' params."""
@@ -86,14 +86,14 @@ class HostAndSeedTrainer:
                 running[slot.slot_id] = [p for p in slot.seed_parameters() if p.requires_grad]
         return running
 
-    def train_batch(self, inputs: Tensor, targets: Tensor) -> None:
+    def train_batch(self, inputs: Inputs, targets: Tensor) -> None:
         """Forward, backward, per-group clip and optimizer steps on one batch."""
         model = self.model
         model.train()
         note_batch(self.batch_shapes, inputs)
         running = self.sync_seed_optimizers()
         model.zero_grad(set_to_none=True)
-        output, shadow = model.forward_with_shadow(inputs, shadow_rows(inputs.shape[0], self.shadow_fraction))
+        output, shadow = model.forward_with_shadow(inputs, shadow_rows(rows(inputs), self.shadow_fraction))
         loss = self.objective.checked_loss(output, targets)
         torch.autograd.backward(loss)
         self.backward_shadow(shadow, targets)
@@ -145,8 +145,8 @@ class HostAndSeedTrainer:
         self._loss_sum, self.batches = None, 0
         return mean
 
-    def take_batch_shapes(self) -> Counter[tuple[Shape, torch.dtype]]:
-        """The shapes of the batches trained since the last call (and forget them)."""
+    def take_batch_shapes(self) -> Counter[InputSpec]:
+        """The input specs of the batches trained since the last call (and forget them)."""
         shapes, self.batch_shapes = self.batch_shapes, Counter()
         return shapes
 

@@ -36,6 +36,7 @@ from morphogen.env.episode import EpisodeConfig, MorphogenesisEpisode, StepResul
 from morphogen.env.placement import DevicePlacement
 from morphogen.env.seeding import derive_seed
 from morphogen.env.snapshot import EpisodeSnapshot
+from morphogen.inputs import Inputs, tensors
 from morphogen.telemetry.anomalies import AnomalyDetector
 from morphogen.telemetry.profiler import PhaseTimer
 from morphogen.telemetry.sinks import Telemetry
@@ -113,7 +114,8 @@ class VectorEpisodes:
             raise ValueError(f"expected {self.n_envs} actions, got {len(actions)}")
         outcomes = [episode.apply_action(action) for episode, action in zip(self.episodes, actions, strict=True)]
         waits = [twin.apply_action(Action()) for twin in self.twins]
-        batches = self.task.train.iterate_batches(self.batch_size, generator=self.generator, augment=self.task.augment)
+        batches: Iterable[tuple[Inputs, Tensor]] = self.task.train.iterate_batches(
+            self.batch_size, generator=self.generator, augment=self.task.augment)
         if self.twins:
             batches = self._training_twins(batches)
         if self.config.batch_identical:
@@ -134,7 +136,7 @@ class VectorEpisodes:
         self.telemetry.end_epoch(self.episode_index * self.round_epochs + self.episodes[0].epoch)
         return results
 
-    def _training_twins(self, batches: Iterable[tuple[Tensor, Tensor]]) -> Iterator[tuple[Tensor, Tensor]]:
+    def _training_twins(self, batches: Iterable[tuple[Inputs, Tensor]]) -> Iterator[tuple[Inputs, Tensor]]:
         """`batches`, each first trained on by every no-growth twin (on its env's device)."""
         for inputs, targets in batches:
             copies = self.placement.copy_batch(inputs, targets)
@@ -142,7 +144,7 @@ class VectorEpisodes:
                 twin.trainer.train_batch(*copies[device])
             yield inputs, targets
 
-    def _train_all(self, inputs: Tensor, targets: Tensor, indices: Sequence[int] | None = None) -> None:
+    def _train_all(self, inputs: Inputs, targets: Tensor, indices: Sequence[int] | None = None) -> None:
         """Train every env (or those at `indices`) on one shared batch, timed under each env's "train" phase
         (on CUDA that is the time to queue the work; the device time lands in the phase's one synchronize)."""
         batches = self.placement.copy_batch(inputs, targets)  # one copy per device, not per env
@@ -157,6 +159,6 @@ class VectorEpisodes:
                 # The batch is produced (copied/augmented) on the current stream of the env's device.
                 stream.wait_stream(torch.cuda.current_stream(device))
                 with torch.cuda.stream(stream):
-                    device_inputs.record_stream(stream)
-                    device_targets.record_stream(stream)
+                    for tensor in (*tensors(device_inputs), device_targets):
+                        tensor.record_stream(stream)
                     episode.trainer.train_batch(device_inputs, device_targets)
