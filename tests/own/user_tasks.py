@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import torch
-from models import ResNet, TinyGPT, blobs, counting_sequences, mlp, quadrant_images
+from models import PaddedClassifier, ResNet, TinyGPT, blobs, counting_sequences, mlp, padded_sequences, quadrant_images
 from torch.utils.data import DataLoader, TensorDataset
 
 import morphogen
@@ -41,6 +41,16 @@ def mlp_regression() -> Task:
     host = morphogen.host_from_module(mlp(), ["1", "3"], example_input=train[0][:2])
     return morphogen.task_from_data("blobs", TensorDataset(*train), TensorDataset(*validation), loss=loss,
                                     metric=hit_rate, metric_name="hit rate", host=host, batch_size=32)
+
+
+def padded() -> Task:
+    """A model of two inputs, token ids and a padding mask, its batches dicts by argument name from a DataLoader."""
+    (ids, padding), labels = padded_sequences(256, 0)
+    dicts = [({"ids": ids[i:i + 32], "padding": padding[i:i + 32]}, labels[i:i + 32]) for i in range(0, 256, 32)]
+    example = {"ids": ids[:2], "padding": padding[:2]}
+    return morphogen.task_from_data(
+        "padded", dicts[:6], dicts[6:], num_classes=3,
+        host=lambda: morphogen.host_from_module(PaddedClassifier(), ["blocks.0", "blocks.1"], example_input=example))
 
 
 def not_a_task() -> int:
