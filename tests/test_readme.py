@@ -147,3 +147,21 @@ def test_readme_regression_example_grows_and_lowers_the_loss(tmp_path, monkeypat
     assert result.grown.final_loss < result.baseline.final_loss
     out = capsys.readouterr().out
     assert "% of loss" in out and "final val loss" in out and "negative loss" not in out
+
+
+@pytest.mark.slow
+def test_readme_several_inputs_example_grows_and_exports_a_program_called_as_the_model(tmp_path, monkeypatch,
+                                                                                      capsys):
+    import torch
+
+    monkeypatch.chdir(tmp_path)  # the example writes runs/count-ones
+    namespace: dict[str, object] = {}
+    exec(compile(python_block("key_padding_mask"), str(README), "exec"), namespace)
+    out = capsys.readouterr().out
+    assert "no growth" in out and out.rstrip().endswith("True")  # the program computes what the model computes
+    result, ids, padding = namespace["result"], namespace["ids"], namespace["padding"]
+    assert result.grown.stories, "no seed was tried"
+    assert namespace["host"].side_inputs is not None  # the blocks after the first read the mask
+    program = torch.export.load(tmp_path / "runs/count-ones/grown.pt2").module()
+    with torch.no_grad():  # the mask matters to the grown model
+        assert not torch.allclose(program(ids[:8], padding[:8]), program(ids[:8], torch.zeros_like(padding[:8])))
