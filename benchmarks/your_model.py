@@ -37,7 +37,8 @@
 - `padded`: a model of two inputs, token ids and a padding mask that every block reads (`PaddedClassifier`: an
   embedding, two pre-norm attention blocks of width 16 that ignore padding, a mean over the real tokens and a
   linear head) on generated padded sequences (`padded_sequences`: 3 to 16 tokens of 16, then padding of random
-  tokens; the class counts which of two marker tokens occur among the real tokens); slots after each block.
+  tokens, 1s among them; the class is the number of 1s among the real tokens, modulo 3); slots after each block;
+  AdamW, as `grow` trains a user's transformer.
 
 Each is made a host by `morphogen.host_from_module` and grown by `morphogen.grow` with the heuristic
 (defaults but for the settings named above) and strict gates, next to the same host without growth and the
@@ -71,6 +72,7 @@ import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -81,6 +83,7 @@ from morphogen.commands.run import RunConfig
 from morphogen.control.controller import NoGrowthController
 from morphogen.core.lifecycle import Criterion
 from morphogen.data import load_task
+from morphogen.data.catalog import TOPOLOGY_OPTIMIZERS
 from morphogen.env.episode import MorphogenesisEpisode, task_with_host
 from morphogen.env.optimizer import SCHEDULES, OptimizerConfig
 from morphogen.env.play import run_episode
@@ -288,6 +291,8 @@ class Model:
     loss: Callable[[Tensor, Tensor], Tensor] | None = None
     #: Classes of a classifier (chance accuracy is 100 / classes).
     classes: int = 10
+    #: `[episode.optimizer]` settings over SGD's defaults (the `--schedule` given is kept).
+    optimizer: tuple[tuple[str, object], ...] = ()
 
 
 #: The ResNet's residual blocks by name (`layer1.0` ... `layer3.2`): where its slots are when it grows by depth.
@@ -314,7 +319,8 @@ MODELS = {
     "cnn2d_branch_first": Model(digits_images, cnn2d, ("1", "4"), 64, (("first_seed", "branch_wide"),)),
     "cnn2d_by_signal": Model(digits_images, cnn2d, ("1", "4"), 64, (("first_seed", ""),)),
     "cnn1d_branch_all": Model(mnist1d_signals, cnn1d, ("1", "4"), 100, (("depth_blueprint", "branch_wide"),)),
-    "padded": Model(padded, lambda: PaddedClassifier(vocab=16), ("blocks.0", "blocks.1"), 64, classes=3),
+    "padded": Model(padded, lambda: PaddedClassifier(vocab=16), ("blocks.0", "blocks.1"), 64, classes=3,
+                    optimizer=tuple(TOPOLOGY_OPTIMIZERS["transformer"].items())),  # as grow trains a transformer
     "regression": Model(friedman1, regression_mlp, ("1", "3"), 64, loss=nn.functional.mse_loss),
     "friedman2": Model(other_regression("friedman2"), lambda: regression_mlp(inputs=4), ("1", "3"), 64,
                        loss=nn.functional.mse_loss),
@@ -373,14 +379,15 @@ def cnn1d_task(seed: int = 0) -> tuple[morphogen.Task, Callable[[], morphogen.Mo
 
 
 def run_config(schedule: str, heuristic: Sequence[tuple[str, str | int | float]] = (),
-               criterion: str | None = None) -> RunConfig:
+               criterion: str | None = None, optimizer: Sequence[tuple[str, object]] = ()) -> RunConfig:
     """`morphogen run`'s settings with the learning-rate schedule `schedule` (the task's SGD otherwise), the
     `heuristic` settings (name, value) and the gates' `criterion` (None: the task's, validation loss for these
     classifiers)."""
     config = RunConfig()
     slots = config.episode.slots
     gates = dataclasses.replace(slots.gates, criterion=None if criterion is None else Criterion(criterion))
-    episode = dataclasses.replace(config.episode, optimizer=OptimizerConfig(schedule=schedule),
+    settings: dict[str, Any] = {**dict(optimizer), "schedule": schedule}
+    episode = dataclasses.replace(config.episode, optimizer=OptimizerConfig(**settings),
                                   slots=dataclasses.replace(slots, gates=gates))
     return dataclasses.replace(config, episode=episode, heuristic=dataclasses.replace(config.heuristic,
                                                                                       **dict(heuristic)))
@@ -394,7 +401,8 @@ def run_job(job: tuple[str, int, int, str, str | None]) -> tuple[str, int, dict[
     task, host = task_and_host(name)
     with tempfile.TemporaryDirectory() as root:
         result = morphogen.grow(task, host, epochs=epochs, seed=seed, run_dir=f"{root}/run", out=io.StringIO(),
-                                config=run_config(schedule, MODELS[name].heuristic, criterion))
+                                config=run_config(schedule, MODELS[name].heuristic, criterion,
+                                                  MODELS[name].optimizer))
     assert result.baseline is not None
     scratch = result.from_scratch or result.baseline  # nothing grown: the final architecture is the host
     figures = {variant: Figures(o.final_accuracy, o.final_loss, o.parameters, o.seconds, o.flops.total)

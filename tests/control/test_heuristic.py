@@ -541,9 +541,16 @@ def test_a_rollback_that_pruned_the_grown_blocks_lets_depth_growth_happen_again(
     assert heuristic.act(make_snapshot(epoch=epoch + HeuristicConfig().warmup_epochs), masks).op is Op.GROW
 
 
-def test_a_host_without_layers_to_copy_grows_seed_by_seed_from_the_first_germination() -> None:
-    # The masks say GROW cannot graft `block_copy` here (ActionSpace.masks asks the model): no GROW is wasted.
+def test_a_host_without_layers_to_copy_grows_zero_initialised_blocks_by_default() -> None:
+    # The masks say GROW cannot graft `block_copy` here (a user's transformer: its blocks are its own classes),
+    # but can graft `block`: the default grows those, and no GROW is wasted.
     heuristic, space = transformer_controller()
     masks = make_masks(space, {Op.GERMINATE: SLOTS, Op.GROW: SLOTS})
     masks[2][Op.GROW, space.blueprints.index("block_copy")] = False
+    assert heuristic.act(make_snapshot(), masks) == Action(Op.GROW, blueprint="block")
+    # Told to copy layers, it grows seed by seed instead; where no block fits either, so does the default.
+    told, _ = transformer_controller(depth_blueprint="block_copy")
+    assert told.act(make_snapshot(), masks) == Action(Op.GERMINATE, "r0c0", DEFAULT_ROTATION["transformer"][0])
+    masks[2][Op.GROW, space.blueprints.index("block")] = False
+    heuristic.reset()
     assert heuristic.act(make_snapshot(), masks) == Action(Op.GERMINATE, "r0c0", DEFAULT_ROTATION["transformer"][0])

@@ -54,3 +54,21 @@ def test_text_defaults_to_adamw_and_a_table_layers_over_the_task_default() -> No
         task_optimizer_config("text", {"name": "lion"})
     with pytest.raises(ConfigError, match=r"^episode\.optimizer\.schedule: must be one of constant, cosine"):
         task_optimizer_config("digits", {"schedule": "step"})
+
+
+def test_a_users_transformer_trains_with_adamw_and_other_models_with_sgd() -> None:
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "own"))
+    import user_tasks
+
+    from morphogen.env.episode import MorphogenesisEpisode, task_with_host
+
+    assert task_optimizer_config("my-task", topology="transformer") == task_optimizer_config("text")
+    assert task_optimizer_config("my-task", topology="cnn") == OptimizerConfig()
+    assert task_optimizer_config("digits", topology="transformer") == OptimizerConfig()  # a built-in task's own
+    transformer = MorphogenesisEpisode(task_with_host(user_tasks.gpt()))
+    assert transformer.optimizer_config.name == "adamw"
+    regression = MorphogenesisEpisode(task_with_host(user_tasks.mlp_regression()))
+    assert regression.optimizer_config == OptimizerConfig()

@@ -70,7 +70,7 @@ class EpisodeConfig:
     #: Validation batch size (larger is faster; memory grows with the number of counterfactuals).
     validation_batch_size: int = 512
     #: Optimizer of the host and seeds; None uses the task's default (`task_optimizer_config`: AdamW for
-    #: `text`, SGD for the image tasks).
+    #: `text` and a user's transformer, SGD for the image tasks and a user's other models).
     optimizer: OptimizerConfig | None = None
     slots: SlotConfig = field(default_factory=SlotConfig)
     governor: GovernorConfig = field(default_factory=GovernorConfig)
@@ -176,7 +176,7 @@ class MorphogenesisEpisode:
         self.device = task.validation.device
         self.batch_size = self.config.batch_size or task.batch_size
         #: The optimizer settings this episode trains with: the config's, else the task's default.
-        self.optimizer_config = self.config.optimizer or task_optimizer_config(task.name)
+        self.optimizer_config = self.config.optimizer or task_optimizer_config(task.name, topology=task.topology)
         self.objective = Objective.of(task)
         #: The slots' config, its gates judging by what fits the task: the validation loss for a language model.
         self.slot_config = dataclasses.replace(self.config.slots,

@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from morphogen.config import build_config
-from morphogen.data.catalog import DEFAULT_OPTIMIZERS
+from morphogen.data.catalog import DEFAULT_OPTIMIZERS, TASK_NAMES, TOPOLOGY_OPTIMIZERS
 from morphogen.limits import check_finite
 
 OPTIMIZER_NAMES: tuple[str, ...] = ("sgd", "adamw")
@@ -115,14 +115,15 @@ def warmup_factor(step: int, warmup_steps: int) -> float:
 
 
 def task_optimizer_config(task: str, table: Mapping[str, Any] | None = None,
-                          path: str = "episode.optimizer") -> OptimizerConfig:
-    """Task `task`'s default optimizer with the keys of `table` (an `[episode.optimizer]` table) over it.
+                          path: str = "episode.optimizer", *, topology: str = "") -> OptimizerConfig:
+    """Task `task`'s default optimizer with the keys of `table` (an `[episode.optimizer]` table) over it; a task
+    without one of its own (a user's) takes that of its host's `topology` (AdamW for a transformer).
 
     A table that names another optimizer than the task's default (`name = "sgd"` on `text`) starts from
     `OptimizerConfig`'s own defaults instead, so that no AdamW learning rate leaks into SGD. Bad keys and
     values raise `ConfigError` naming `PATH.KEY` (`path`: where the table sits in the config).
     """
-    defaults = dict(DEFAULT_OPTIMIZERS.get(task, {}))
+    defaults = dict(DEFAULT_OPTIMIZERS.get(task, {} if task in TASK_NAMES else TOPOLOGY_OPTIMIZERS.get(topology, {})))
     given = dict(table or {})
     if "name" in given and given["name"] != defaults.get("name", OptimizerConfig.name):
         defaults = {}
