@@ -348,6 +348,7 @@ FIXED_FAMILIES: dict[str, tuple[Callable[[int], nn.Module], int]] = {
     "cnn1d": (lambda width: cnn1d(channels=width), 8),
     "cnn2d": (lambda width: cnn2d(channels=width), 4),
     "regression": (lambda width: regression_mlp(hidden=width), 16),
+    "padded": (lambda width: PaddedClassifier(vocab=16, width=width), 16),
 }
 
 
@@ -415,7 +416,7 @@ def run_fixed(job: tuple[str, int, int, int, str]) -> tuple[int, int, Figures]:
     family, width, seed, epochs, schedule = job
     torch.set_num_threads(1)
     task, host = task_and_host(family, width)
-    config = dataclasses.replace(run_config(schedule).episode, max_epochs=epochs)
+    config = dataclasses.replace(run_config(schedule, optimizer=MODELS[family].optimizer).episode, max_epochs=epochs)
     outcome = run_episode(MorphogenesisEpisode(task_with_host(task, host), config, seed=seed), NoGrowthController())
     return width, seed, Figures(outcome.final_accuracy, outcome.final_loss, outcome.parameters, outcome.seconds,
                                 outcome.flops.total)
