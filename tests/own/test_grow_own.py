@@ -193,23 +193,28 @@ def test_a_run_of_a_task_built_in_python_says_how_to_run_it_again(tmp_path: Path
 
 
 @pytest.mark.slow
-def test_train_and_eval_a_policy_on_a_users_task(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+@pytest.mark.parametrize(("function", "shown"), [("mlp_regression", "task blobs (mlp host"),
+                                               ("padded", "task padded (transformer host")])
+def test_train_and_eval_a_policy_on_a_users_task(function: str, shown: str, tmp_path: Path,
+                                                 monkeypatch: pytest.MonkeyPatch,
                                                  capsys: pytest.CaptureFixture[str]) -> None:
     monkeypatch.chdir(HERE)
     policy = tmp_path / "policy"
-    assert main(["train", "--task", "user_tasks:mlp_regression", "--envs", "2", "--rounds", "1",
+    assert main(["train", "--task", f"user_tasks:{function}", "--envs", "2", "--rounds", "1",
                  "--episode-length", "3", "--hidden-size", "32", "--run-dir", str(policy), "--threads", "1"]) == 0
-    assert json.loads((policy / "config.json").read_text())["task"] == "user_tasks:mlp_regression"
+    assert json.loads((policy / "config.json").read_text())["task"] == f"user_tasks:{function}"
     assert main(["eval", "--policy", str(policy), "--episodes", "1", "--run-dir", str(tmp_path / "eval"),
                  "--threads", "1"]) == 0
-    assert main(["run", "--policy", str(policy), "--task", "user_tasks:mlp_regression", "--epochs", "3",
+    assert main(["run", "--policy", str(policy), "--task", f"user_tasks:{function}", "--epochs", "3",
                  "--no-baseline", "--run-dir", str(tmp_path / "run"), "--threads", "1"]) == 0
     out = capsys.readouterr().out
-    assert "learned" in out and "task blobs (mlp host" in out
-    # A task with its own loss is compared by its loss, not by accuracy points it does not have.
-    assert "loss vs no growth %" in out and "final acc %" not in out
+    assert "learned" in out and shown in out
     scores = json.loads((tmp_path / "eval" / "eval.json").read_text())
-    assert all(len(score["losses"]) == 1 for score in scores)
+    if function == "mlp_regression":  # its own loss: compared by its loss, not by accuracy points it does not have
+        assert "loss vs no growth %" in out and "final acc %" not in out
+        assert all(len(score["losses"]) == 1 for score in scores)
+    else:  # a model of two inputs (token ids and a padding mask) under the learned controller
+        assert "final acc %" in out
 
 
 def test_list_shows_the_slots_and_blueprints_of_a_users_host(monkeypatch: pytest.MonkeyPatch,
