@@ -72,3 +72,9 @@ def test_a_users_transformer_trains_with_adamw_and_other_models_with_sgd() -> No
     assert transformer.optimizer_config.name == "adamw"
     regression = MorphogenesisEpisode(task_with_host(user_tasks.mlp_regression()))
     assert regression.optimizer_config == OptimizerConfig()
+
+
+def test_the_summary_names_the_optimizer_its_rate_and_a_schedule_other_than_constant() -> None:
+    assert OptimizerConfig().summary == "SGD lr 0.01"
+    assert task_optimizer_config("text").summary == "AdamW lr 0.005"
+    assert OptimizerConfig(schedule="cosine", host_lr=0.1).summary == "SGD lr 0.1 cosine"

@@ -132,6 +132,8 @@ def test_run_grows_a_users_task_named_by_import_path(function: str, name: str, t
     out, err = capsys.readouterr()
     assert code == 0, err
     assert f"task {name} (" in out
+    # The first line says how the host trains: AdamW for a transformer (the GPT, the padded classifier), else SGD.
+    assert ("AdamW lr 0.005" if function in ("gpt", "padded") else "SGD lr 0.01") in out.splitlines()[0]
     config = json.loads((run_dir / "config.json").read_text())
     assert config["task"] == f"user_tasks:{function}" and config["task_name"] == name
     assert json.loads((run_dir / "summary.json").read_text())["grown"]["seeds"]

@@ -265,7 +265,7 @@ def _play_and_write(config: RunConfig, task: Task, episode: MorphogenesisEpisode
         episode.detector = AnomalyDetector(config.telemetry)
         display.print(f"morphogen run: task {task.name} ({task.topology} host, {len(task.train)} train / "
                       f"{len(task.validation)} validation), {config.episode.max_epochs} epochs, seed {config.seed}, "
-                      f"device {device}")
+                      f"device {device}, {episode.optimizer_config.summary}")
         display.print(f"run dir: {run_dir}")
         epochs = display.add("grown", config.episode.max_epochs)
 

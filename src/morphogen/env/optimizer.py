@@ -87,6 +87,12 @@ class OptimizerConfig:
         if self.schedule not in SCHEDULES:
             raise ValueError(f"schedule must be one of {', '.join(SCHEDULES)}, got {self.schedule!r}")
 
+    @property
+    def summary(self) -> str:
+        """The optimizer in a few words, as a run's first line shows it: "AdamW lr 0.005", "SGD lr 0.01 cosine"."""
+        schedule = "" if self.schedule == "constant" else f" {self.schedule}"
+        return f"{'AdamW' if self.name == 'adamw' else 'SGD'} lr {self.host_lr:g}{schedule}"
+
     def schedule_factor(self, epoch: int, epochs: int) -> float:
         """What the learning rates are multiplied by in epoch `epoch` (from 0) of `epochs` under `schedule`."""
         if self.schedule == "constant":
