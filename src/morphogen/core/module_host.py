@@ -328,7 +328,7 @@ def _probe(model: nn.Module, segments: Sequence[nn.Module], names: Sequence[str]
     output = activations.pop()
     if not isinstance(expected, Tensor) or not isinstance(output, Tensor):
         raise HostBuildError(f"{type(model).__name__}'s forward returns {type(expected).__name__}; a host returns "
-                             "one tensor")
+                             "one tensor (wrap the model in a module whose forward returns the one your loss reads)")
     if output.shape != expected.shape or not torch.allclose(output, expected, rtol=1e-4, atol=1e-5):
         raise HostBuildError(f"cutting {type(model).__name__} after {', '.join(names)} changes its output; its "
                              "forward does not run those parts in order")
