@@ -18,7 +18,7 @@ from morphogen.core.lifecycle import Stage
 from morphogen.core.model import MorphogeneticModel
 from morphogen.core.module_host import HostBuildError
 from morphogen.data import DataError
-from morphogen.inputs import Inputs, call
+from morphogen.inputs import Inputs, call, take_rows
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "core"))
 from slot_driver import EASY_CONFIG, drive_to, perturb_seed
@@ -221,3 +221,75 @@ def test_compiled_training_passes_match_eager_ones_without_graph_breaks_or_recom
     torch.testing.assert_close(compiled_shadow.outputs, eager_shadow.outputs, rtol=0, atol=1e-5)
     counters = torch._dynamo.utils.counters
     assert not counters["graph_break"] and counters["stats"]["unique_graphs"] == 2
+
+
+class _CausalBlock(nn.Module):
+    """Self-attention under a mask the model computes once and hands to every block."""
+
+    def __init__(self, width: int) -> None:
+        super().__init__()
+        self.norm = nn.LayerNorm(width)
+        self.attention = nn.MultiheadAttention(width, 2, batch_first=True)
+
+    def forward(self, x: Tensor, mask: Tensor) -> Tensor:
+        h = self.norm(x)
+        return x + self.attention(h, h, h, attn_mask=mask, need_weights=False)[0]
+
+
+class _MasksFromInputs(nn.Module):
+    """As Hugging Face-style models do: the forward turns its inputs into masks once (a causal mask from the
+    length of `ids`, padding from `attention_mask`, 1 for a real token) and every block reads them."""
+
+    def __init__(self, width: int = 16) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(8, width)
+        self.first, self.second = _CausalBlock(width), _CausalBlock(width)
+        self.head = nn.Linear(width, 8)
+
+    def forward(self, ids: Tensor, attention_mask: Tensor | None = None) -> Tensor:
+        length = ids.shape[1]
+        causal = ids.new_ones(length, length, dtype=torch.bool).triu(1)  # fx traces a size read from an input
+        x = self.second(self.first(self.embed(ids), causal), causal)
+        if attention_mask is not None:
+            x = x * attention_mask.unsqueeze(-1).to(x.dtype)  # padding positions predict from nothing
+        return self.head(x)
+
+
+@pytest.mark.parametrize("with_mask", [False, True])
+def test_values_the_model_computes_from_its_inputs_reach_every_block(with_mask: bool) -> None:
+    """A mask computed from the inputs crosses the cuts: later segments compute it again from the inputs."""
+    generator = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, 8, (6, 7), generator=generator)
+    attention_mask = (torch.arange(7) < torch.randint(2, 8, (6, 1), generator=generator)).long()
+    inputs: Inputs = (ids, attention_mask) if with_mask else ids
+    torch.manual_seed(0)
+    net = _MasksFromInputs().eval()
+    host = morphogen.host_from_module(net, slots=["first", "second"],
+                                      example_input=(ids[:2], attention_mask[:2]) if with_mask else ids[:2])
+    assert host.side_inputs is not None and host.topology == "transformer"
+    model = MorphogeneticModel(host.eval(), config=EASY_CONFIG).eval()
+    with torch.no_grad():
+        torch.testing.assert_close(model(inputs), call(net, inputs), rtol=0, atol=1e-6)
+    _training_seeds(model)
+    _, shadow = model.forward_with_shadow(inputs, 4)
+    assert shadow is not None
+    with torch.no_grad():  # each seed's shadow equals the model with only that seed in, on the first 4 rows
+        first_rows = take_rows(inputs, slice(0, 4))
+        for k, slot_id in enumerate(shadow.slot_ids):
+            alphas = [[1.0 if other == slot_id else 0.0 for other in model.slot_ids]]
+            expected = model.counterfactual_forward(first_rows, alphas)[0]
+            torch.testing.assert_close(shadow.outputs[k].detach(), expected, rtol=0, atol=1e-5)
+
+
+def test_a_value_computed_from_the_main_path_still_may_not_cross_a_cut() -> None:
+    class Residual(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.inner, self.outer = nn.Linear(4, 4), nn.Linear(4, 4)
+
+        def forward(self, x: Tensor) -> Tensor:
+            h = torch.relu(self.outer(x))
+            return h + self.inner(h)  # `h` reaches the code after `inner`
+
+    with pytest.raises(HostBuildError, match="sits inside a branch: relu"):
+        morphogen.host_from_module(Residual(), slots=["inner"], example_input=torch.randn(2, 4))

@@ -232,6 +232,25 @@ class _Inputs:
         if not self.given or any(not node.args for node in self.fixed):  # an input neither given nor defaulted
             raise HostBuildError(f"the model's forward takes {len(placeholders)} inputs; give them all in "
                                  "example_input as a tuple (by position) or a dict (by name) of tensors")
+        #: Nodes computed from the inputs, parameters and constants alone (filled by `derive`).
+        self.derived: set[fx.Node] = set()
+
+    def derive(self, nodes: list[fx.Node]) -> None:
+        """Find the nodes computed from the inputs, parameters and constants alone by functions and methods (a
+        mask made from the inputs, positions from their length): a later segment recomputes them rather than
+        receive them. No module call is recomputed: its cost, or its state (dropout, batch-norm statistics),
+        would change by running twice."""
+        self.derived = {*self.given, *self.fixed}
+        for node in nodes:
+            if node.op == "get_attr" or (node.op in ("call_function", "call_method")
+                                         and all(arg in self.derived for arg in node.all_input_nodes)):
+                self.derived.add(node)
+
+    def read_after(self, cut: fx.Node, position: dict[fx.Node, int]) -> bool:
+        """Whether code after `cut` reads an input or a value computed from one (a later segment then needs
+        the inputs)."""
+        return any(position[user] > position[cut] for node in self.derived if node.op != "get_attr"
+                   and node not in self.fixed for user in node.users)
 
 
 def _split_graph(traced: fx.GraphModule, names: Sequence[str],
@@ -241,11 +260,11 @@ def _split_graph(traced: fx.GraphModule, names: Sequence[str],
     nodes = list(traced.graph.nodes)
     position = {node: i for i, node in enumerate(nodes)}
     inputs = _Inputs([node for node in nodes if node.op == "placeholder"], given)
+    inputs.derive(nodes)
     cuts = sorted((_only_call(nodes, name) for name in names), key=position.__getitem__)
     for cut in cuts:
-        _check_nothing_flows_past(cut, nodes, position)
-    read_later = any(position[user] > position[cuts[0]] for node in inputs.given for user in node.users)
-    side_inputs = SideInputs() if read_later else None
+        _check_nothing_flows_past(cut, nodes, position, inputs.derived)
+    side_inputs = SideInputs() if inputs.read_after(cuts[0], position) else None
     if side_inputs is not None:
         traced.side_inputs = side_inputs  # the segments' graphs read it as an attribute of their root
     boundaries: list[fx.Node | None] = [None, *cuts, nodes[-1]]
@@ -263,9 +282,11 @@ def _only_call(nodes: list[fx.Node], name: str) -> fx.Node:
     return calls[0]
 
 
-def _check_nothing_flows_past(cut: fx.Node, nodes: list[fx.Node], position: dict[fx.Node, int]) -> None:
-    """Refuse a cut that a computed value crosses: the segments would lose it (the model's inputs may cross)."""
-    crossing = [node.name for node in nodes[:position[cut]] if node.op not in ("get_attr", "placeholder")
+def _check_nothing_flows_past(cut: fx.Node, nodes: list[fx.Node], position: dict[fx.Node, int],
+                              derived: set[fx.Node]) -> None:
+    """Refuse a cut that a value computed from the main path crosses: the segments would lose it (the model's
+    inputs, and what is computed from them alone, may cross: later segments read or recompute them)."""
+    crossing = [node.name for node in nodes[:position[cut]] if node not in derived
                 and any(position[user] > position[cut] for user in node.users)]
     if crossing:
         raise HostBuildError(f"slot after {cut.target!r}: it sits inside a branch: {', '.join(crossing)} "
@@ -288,14 +309,14 @@ def _segment(traced: fx.GraphModule, nodes: list[fx.Node], position: dict[fx.Nod
         values[start] = graph.placeholder("x")
 
     def value_of(node: fx.Node) -> fx.node.Argument:
-        if node not in values:  # a parameter or buffer read in an earlier segment, or an input: read it here too
+        if node not in values:  # an input, a parameter or a value computed from them in an earlier segment
             if node in inputs.given:
                 assert start is not None  # the first segment maps every input before it runs
                 values[node] = graph.call_method("read", (graph.get_attr("side_inputs"), inputs.given[node],
                                                           values[start]))
-            else:
-                assert node.op == "get_attr", node
-                values[node] = graph.node_copy(node)
+            else:  # read or computed here again
+                assert node in inputs.derived, node
+                values[node] = graph.node_copy(node, value_of)
         return values[node]
 
     assert end is not None  # only the first segment starts at None
