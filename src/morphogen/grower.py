@@ -44,6 +44,7 @@ from morphogen.env.episode import EpisodeConfig, MorphogenesisEpisode, StepResul
 from morphogen.env.play import Controller, connect
 from morphogen.env.snapshot import EpisodeSnapshot
 from morphogen.inputs import Inputs, rows
+from morphogen.inputs import problem as inputs_problem
 from morphogen.telemetry.sinks import Telemetry
 
 
@@ -115,6 +116,11 @@ class Grower:
         their gradients. `inputs` are what the model is called with: a tensor, or a tuple, list or dict of them."""
         if self.done:
             raise RuntimeError("the growth episode is over (all its epochs were played); build a new Grower")
+        if self._steps == 0:  # the first batch says what the model is called with; later ones are not checked
+            problem = inputs_problem(inputs)
+            if problem is not None:
+                raise ValueError(f"training_step's inputs must be a tensor, or a tuple or dict of tensors, each "
+                                 f"with a leading sample dimension; got {problem}")
         model, trainer = self.model, self.episode.trainer
         model.train()
         self._running = trainer.sync_seed_optimizers()

@@ -121,6 +121,16 @@ def test_a_model_of_two_inputs_trains_in_an_own_loop_and_is_charged_the_flops_of
     assert scores[1] == scores[0]  # the same layers from the same seed, on inputs masked by ones
 
 
+def test_inputs_that_are_not_tensors_are_one_clear_error_at_the_first_step() -> None:
+    grower, loader = make_grower()
+    inputs, targets = next(iter(loader))
+    with pytest.raises(ValueError, match=r"inputs must be a tensor, .*got a tuple of Tensor, list: every input"):
+        grower.training_step((inputs, [1, 2]), targets)  # type: ignore[arg-type]
+    grower.training_step(inputs, targets).backward()  # nothing was counted: the grower goes on
+    grower.after_backward()
+    assert grower.end_epoch().parameters > 0
+
+
 def test_an_epoch_without_training_is_an_error_naming_training_step() -> None:
     grower, _ = make_grower()
     with pytest.raises(RuntimeError, match=r"end_epoch\(\) without a training_step\(\)"):
