@@ -293,3 +293,17 @@ def test_a_value_computed_from_the_main_path_still_may_not_cross_a_cut() -> None
 
     with pytest.raises(HostBuildError, match="sits inside a branch: relu"):
         morphogen.host_from_module(Residual(), slots=["inner"], example_input=torch.randn(2, 4))
+
+
+def test_a_slot_where_tokens_are_folded_into_the_batch_is_refused() -> None:
+    """Shadow rows and counterfactual configurations are whole samples: a slot needs one row per sample."""
+    class Folded(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.per_token, self.head = nn.Linear(4, 4), nn.Linear(4, 2)
+
+        def forward(self, x: Tensor) -> Tensor:  # (N, T, 4) -> (N*T, 4) -> (N, T, 2)
+            return self.head(self.per_token(x.reshape(-1, 4))).reshape(x.shape[0], x.shape[1], 2)
+
+    with pytest.raises(HostBuildError, match="slot after 'per_token': its output has 6 rows for a batch of 2"):
+        morphogen.host_from_module(Folded(), slots=["per_token"], example_input=torch.randn(2, 3, 4))

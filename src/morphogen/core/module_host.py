@@ -29,7 +29,7 @@ import torch
 from torch import Tensor, fx, nn
 
 from morphogen.core.hosts import SegmentedHost, SideInputs
-from morphogen.inputs import Inputs, InputSpec, call
+from morphogen.inputs import Inputs, InputSpec, call, rows
 from morphogen.inputs import problem as inputs_problem
 
 #: The layout of each topology's activations, by rank: what a shape probe accepts for it.
@@ -343,6 +343,8 @@ def _probe(model: nn.Module, segments: Sequence[nn.Module], names: Sequence[str]
                 x = _call(segment, x, "the model" if index == len(segments) - 1 else f"the part ending at "
                                                                                      f"{names[index]!r}")
                 activations.append(x)
+                if index < len(names):  # checked before the next part runs on it
+                    _check_one_row_per_sample(names[index], x, rows(example))
     finally:
         for module, mode in zip(model.modules(), modes, strict=True):
             module.training = mode
@@ -360,6 +362,13 @@ def _probe(model: nn.Module, segments: Sequence[nn.Module], names: Sequence[str]
             raise HostBuildError(f"slot after {name!r}: its output has shape {tuple(activation.shape)}; a slot needs "
                                  "[N, channels, ...] or [N, ..., features]")
     return activations
+
+
+def _check_one_row_per_sample(name: str, activation: object, samples: int) -> None:
+    """Shadow rows and stacked configurations are whole samples: a slot's activation holds one row per sample."""
+    if isinstance(activation, Tensor) and activation.dim() > 0 and activation.shape[0] != samples:
+        raise HostBuildError(f"slot after {name!r}: its output has {activation.shape[0]} rows for a batch of "
+                             f"{samples} samples; a slot needs one row per sample (not tokens folded into the batch)")
 
 
 def _call(module: Callable[[Tensor], object], x: object, what: str) -> Tensor:
