@@ -78,3 +78,25 @@ def test_the_summary_names_the_optimizer_its_rate_and_a_schedule_other_than_cons
     assert OptimizerConfig().summary == "SGD lr 0.01"
     assert task_optimizer_config("text").summary == "AdamW lr 0.005"
     assert OptimizerConfig(schedule="cosine", host_lr=0.1).summary == "SGD lr 0.1 cosine"
+
+
+def test_a_users_transformer_told_sgd_by_the_run_s_settings_gets_a_note_saying_so() -> None:
+    import dataclasses
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "own"))
+    import user_tasks
+
+    from morphogen.commands.run import optimizer_note
+    from morphogen.env.episode import task_with_host
+
+    transformer = dataclasses.replace(task_with_host(user_tasks.gpt()), source="user_tasks:gpt")
+    note = optimizer_note(transformer, OptimizerConfig(schedule="cosine"))  # a table without `name`
+    assert note == 'note: the optimizer settings make this transformer train with SGD; without them, AdamW lr 0.005 ' \
+        '(name = "adamw")'
+    assert len(note) <= 120
+    assert optimizer_note(transformer, None) == ""  # the default: AdamW, nothing to say
+    assert optimizer_note(transformer, task_optimizer_config("text")) == ""
+    regression = task_with_host(user_tasks.mlp_regression())
+    assert optimizer_note(regression, OptimizerConfig(schedule="cosine")) == ""  # SGD is its default too

@@ -23,6 +23,7 @@ from morphogen.data import Task
 from morphogen.devices import resolve_device
 from morphogen.env.actions import Op
 from morphogen.env.episode import EpisodeConfig, MorphogenesisEpisode, StepResult
+from morphogen.env.optimizer import OptimizerConfig, task_optimizer_config
 from morphogen.env.play import Controller, EpisodeOutcome, run_episode
 from morphogen.model_file import save_model_file
 from morphogen.run_directory import (
@@ -246,6 +247,16 @@ def run_command(config: RunConfig, controller_factory: Callable[[MorphogenesisEp
         return _play_and_write(config, task, episode, controller, controller_name, device, run_dir, out)
 
 
+def optimizer_note(task: Task, chosen: OptimizerConfig | None) -> str:
+    """A line for a transformer of the user's own that trains with SGD because the run's optimizer settings say so
+    (a config table or an `OptimizerConfig` builds on SGD's defaults unless it names AdamW), else ""."""
+    default = task_optimizer_config(task.name, topology=task.topology)
+    if task.source == "builtin" or chosen is None or chosen.name == default.name:
+        return ""
+    return (f"note: the optimizer settings make this {task.topology} train with {chosen.summary.split()[0]}; "
+            f"without them, {default.summary} (name = \"{default.name}\")")
+
+
 def run_name(task_name: str) -> str:
     """A task name as it may appear in a run directory's name: letters, digits, '-', '_' and '.', at most 40."""
     return re.sub(r"[^A-Za-z0-9_.-]+", "-", task_name).strip("-.")[:40] or "task"
@@ -267,6 +278,9 @@ def _play_and_write(config: RunConfig, task: Task, episode: MorphogenesisEpisode
                       f"{len(task.validation)} validation), {config.episode.max_epochs} epochs, seed {config.seed}, "
                       f"device {device}, {episode.optimizer_config.summary}")
         display.print(f"run dir: {run_dir}")
+        note = optimizer_note(task, config.episode.optimizer)
+        if note:
+            display.print(note)
         epochs = display.add("grown", config.episode.max_epochs)
 
         def on_step(result: StepResult) -> None:
