@@ -253,7 +253,7 @@ def optimizer_note(task: Task, chosen: OptimizerConfig | None) -> str:
     default = task_optimizer_config(task.name, topology=task.topology)
     if task.source == "builtin" or chosen is None or chosen.name == default.name:
         return ""
-    return (f"note: the optimizer settings make this {task.topology} train with {chosen.summary.split()[0]}; "
+    return (f"note: the optimizer settings make this {task.topology} train with {chosen.label}; "
             f"without them, {default.summary} (name = \"{default.name}\")")
 
 

@@ -278,18 +278,15 @@ class MorphogeneticModel(nn.Module):
             if entering is not None:
                 x = entering(index, x)
             segment_input = x if isinstance(x, Tensor) else None  # a model's several inputs are no branch's tap
-            h = self._run_segment(index, x, at_slot, widening, taps)
+            x = self._run_segment(index, x, at_slot, widening, taps)
             position = self._slot_at_point[index]
             if position is None:
-                x = h
                 continue
             slot = self._slot_at(position)
             if position not in widening:
-                x = _with_tap(at_slot, position, slot, segment_input, h)
+                x = _with_tap(at_slot, position, slot, segment_input, x)
             elif at_point is not None:
-                x = _with_tap(at_point, position, slot, taps.get(position), h)
-            else:
-                x = h
+                x = _with_tap(at_point, position, slot, taps.get(position), x)
         return self._run_segment(len(self._slot_at_point), x, at_slot, widening, taps)
 
     def _run_segment(self, index: int, x: Inputs, at_slot: SlotStep, widening: frozenset[int],

@@ -88,10 +88,15 @@ class OptimizerConfig:
             raise ValueError(f"schedule must be one of {', '.join(SCHEDULES)}, got {self.schedule!r}")
 
     @property
+    def label(self) -> str:
+        """The optimizer's name as people write it: "SGD" or "AdamW"."""
+        return "AdamW" if self.name == "adamw" else "SGD"
+
+    @property
     def summary(self) -> str:
         """The optimizer in a few words, as a run's first line shows it: "AdamW lr 0.005", "SGD lr 0.01 cosine"."""
         schedule = "" if self.schedule == "constant" else f" {self.schedule}"
-        return f"{'AdamW' if self.name == 'adamw' else 'SGD'} lr {self.host_lr:g}{schedule}"
+        return f"{self.label} lr {self.host_lr:g}{schedule}"
 
     def schedule_factor(self, epoch: int, epochs: int) -> float:
         """What the learning rates are multiplied by in epoch `epoch` (from 0) of `epochs` under `schedule`."""
