@@ -23,7 +23,6 @@ from torch import Tensor
 
 from morphogen.control.checkpoint import load_failure
 from morphogen.control.integrity import state_checksum
-from morphogen.core.blueprints import build_seed
 from morphogen.core.lifecycle import SEED_STAGES, Stage
 from morphogen.core.model import MorphogeneticModel
 from morphogen.core.slot import SeedSlot
@@ -80,7 +79,7 @@ def load_model_state(model: MorphogeneticModel, payload: dict[str, Any], source:
                              f"slots {list(model.slot_ids)}")
     state: dict[str, Any] = payload["model"]
     for slot in model.slots():
-        _check_seed_size(state, slot, model.topology, source)
+        _check_seed_size(state, slot, source)
     try:
         model.load_state_dict(state)
     except Exception as error:  # shapes, missing keys, bad extra state: the file does not fit this model
@@ -89,7 +88,7 @@ def load_model_state(model: MorphogeneticModel, payload: dict[str, Any], source:
         raise ModelFileError(f"model file {source} does not fit the model its run's config builds: {detail}") from None
 
 
-def _check_seed_size(state: dict[str, Any], slot: SeedSlot, topology: str, source: str | Path) -> None:
+def _check_seed_size(state: dict[str, Any], slot: SeedSlot, source: str | Path) -> None:
     """Refuse a slot whose saved seed description would build more (or other) tensors than the file holds."""
     slot_id = slot.slot_id
     extra = state.get(f"seed_slots.{slot_id}._extra_state")
@@ -105,8 +104,7 @@ def _check_seed_size(state: dict[str, Any], slot: SeedSlot, topology: str, sourc
     if not isinstance(blueprint, str) or not isinstance(options, dict):
         raise ModelFileError(f"model file {source}: slot {slot_id} holds a seed without a blueprint")
     try:
-        described = build_seed(topology, blueprint, slot.channels, device="meta", site=slot.site_for(blueprint),
-                               **options).state_dict()
+        described = slot.seed_module(blueprint, device="meta", **options).state_dict()
     except Exception as error:  # an unknown blueprint or option: the file was not written for this model
         raise ModelFileError(f"model file {source}: slot {slot_id}'s seed {blueprint!r} cannot be built here: "
                              f"{type(error).__name__}: {str(error)[:200]}") from None

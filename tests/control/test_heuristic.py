@@ -506,7 +506,8 @@ def test_depth_growth_can_grow_zero_blocks_or_be_switched_off() -> None:
 
 
 def test_a_refused_grow_turns_the_heuristic_to_growing_seed_by_seed() -> None:
-    # A user's transformer without a morphogen block before its slots has nothing for block_copy to copy.
+    # A host without a block before its slots (a user's token model of plain linear layers) has nothing for
+    # block_copy to copy.
     heuristic, space = transformer_controller(depth_blueprint="block_copy")
     masks = make_masks(space, {Op.GERMINATE: SLOTS, Op.GROW: SLOTS})
     assert heuristic.act(make_snapshot(), masks).op is Op.GROW
@@ -542,7 +543,7 @@ def test_a_rollback_that_pruned_the_grown_blocks_lets_depth_growth_happen_again(
 
 
 def test_a_host_without_layers_to_copy_grows_zero_initialised_blocks_by_default() -> None:
-    # The masks say GROW cannot graft `block_copy` here (a user's transformer: its blocks are its own classes),
+    # The masks say GROW cannot graft `block_copy` here (no block before the slots: a user's linear layers),
     # but can graft `block`: the default grows those, and no GROW is wasted.
     heuristic, space = transformer_controller()
     masks = make_masks(space, {Op.GERMINATE: SLOTS, Op.GROW: SLOTS})

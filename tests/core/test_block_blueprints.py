@@ -11,14 +11,13 @@ from pathlib import Path
 import pytest
 import torch
 from slot_driver import EASY_CONFIG, drive_to, perturb_seed
-from torch import nn
 
 import morphogen
-from morphogen.core.blueprints import build_seed, copy_last_block, get_blueprint
+from morphogen.core.blueprints import build_seed, get_blueprint
 from morphogen.core.hosts import TransformerHost
 from morphogen.core.lifecycle import GateConfig, GateMode, IllegalTransitionError, Stage
 from morphogen.core.model import MorphogeneticModel
-from morphogen.core.slot import SlotConfig
+from morphogen.core.slot import SeedSlot, SlotConfig
 from morphogen.core.transformer_layers import TransformerBlock
 from morphogen.model_file import load_model_state, read_model_file, save_model_file
 
@@ -73,12 +72,14 @@ def test_block_copy_germinates_as_the_trained_layer_before_its_slot() -> None:
         assert torch.equal(seed(h), neighbour(h))  # not the identity: the lifecycle blends it in from alpha 0
 
 
-def test_block_copy_needs_a_transformer_block_before_its_slot() -> None:
-    seed = build_seed("transformer", "block_copy", WIDTH)
-    with pytest.raises(ValueError, match="block_copy copies the transformer block just before its slot"):
-        copy_last_block(seed, nn.Sequential(nn.Linear(WIDTH, WIDTH)))
-    with pytest.raises(ValueError, match="germinate it with n_heads=4"):
-        copy_last_block(build_seed("transformer", "block_copy", WIDTH, n_heads=2), host().segments[0])
+def test_block_copy_takes_the_layer_as_it_is() -> None:
+    model = MorphogeneticModel(host(), config=EASY_CONFIG)
+    with pytest.raises(ValueError, match=r"copies the layer before its slot \(TransformerBlock \{'n_heads': 4\}\) "
+                                         r"as it is; options \{'n_heads': 2\} would change it"):
+        model.germinate("r0c0", "block_copy", n_heads=2)
+    assert model.slot("r0c0").stage is Stage.DORMANT
+    # A model file of an earlier morphogen saved the copy's head count among its options: the same count loads.
+    assert isinstance(model.germinate("r0c0", "block_copy", n_heads=4).seed, TransformerBlock)
 
 
 @pytest.mark.parametrize("blueprint", ["block", "block_copy"])
@@ -110,15 +111,16 @@ def test_block_seeds_round_trip_through_state_dict_in_every_stage(blueprint: str
 def test_a_new_block_takes_the_head_count_of_the_layer_before_it() -> None:
     two_heads = TransformerHost(VOCABULARY, 16, n_heads=2, n_layers=2, block_size=CONTEXT, n_segments=2)
     model = MorphogeneticModel(two_heads, config=EASY_CONFIG)
-    for slot_id, blueprint in zip(model.slot_ids, ("block", "block_copy"), strict=True):
+    for slot_id, blueprint, options in zip(model.slot_ids, ("block", "block_copy"), ({"n_heads": 2}, {}), strict=True):
         slot = model.germinate(slot_id, blueprint)
         assert isinstance(slot.seed, TransformerBlock) and slot.seed.attention.n_heads == 2
-        assert slot.blueprint_options == {"n_heads": 2}  # saved, so that a reload rebuilds it alike
+        assert slot.blueprint_options == options  # saved, so that a reload rebuilds it alike (a copy: from the layer)
 
 
 def test_block_copy_is_refused_without_the_layer_to_copy() -> None:
-    slot = MorphogeneticModel(host(), config=EASY_CONFIG).slot("r0c0")
-    with pytest.raises(ValueError, match=r"germinate it through MorphogeneticModel\.germinate"):
+    slot = SeedSlot("r0c0", WIDTH, "transformer", EASY_CONFIG)  # in no model: no host layer before it
+    with pytest.raises(ValueError, match=r"'block_copy' copies the host's layer just before slot r0c0, and the host "
+                                         "has none there"):
         slot.germinate("block_copy")
     assert slot.stage is Stage.DORMANT and slot.seed is None
 

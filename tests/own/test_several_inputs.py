@@ -19,6 +19,7 @@ from morphogen.core.model import MorphogeneticModel
 from morphogen.core.module_host import HostBuildError
 from morphogen.data import DataError
 from morphogen.inputs import Inputs, call, take_rows
+from morphogen.model_file import load_model_state, read_model_file, save_model_file
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "core"))
 from slot_driver import EASY_CONFIG, drive_to, perturb_seed
@@ -114,20 +115,21 @@ def test_inputs_that_cannot_work_are_one_clear_error(model: nn.Module, example: 
         morphogen.host_from_module(model, slots=slots, example_input=example)
 
 
-def _training_seeds(model: MorphogeneticModel) -> None:
+def _training_seeds(model: MorphogeneticModel, blueprint: str = "mlp_small") -> None:
     """A TRAINING seed (perturbed: not the identity) in each slot."""
     for index, slot_id in enumerate(model.slot_ids):
-        slot = model.germinate(slot_id, "mlp_small")
+        slot = model.germinate(slot_id, blueprint)
         perturb_seed(slot, torch.Generator().manual_seed(10 + index))
         drive_to(slot, Stage.TRAINING)
 
 
 @pytest.mark.parametrize("shadow_rows", [None, 4])
-def test_each_seeds_shadow_reads_the_mask_of_its_own_rows(shadow_rows: int | None) -> None:
+@pytest.mark.parametrize("blueprint", ["mlp_small", "block_copy"])  # a copy of a block reads the mask itself
+def test_each_seeds_shadow_reads_the_mask_of_its_own_rows(shadow_rows: int | None, blueprint: str) -> None:
     ids, padding = _batch(6)
     _, host = _host((ids[:2], padding[:2]))
     model = MorphogeneticModel(host.eval(), config=EASY_CONFIG).eval()
-    _training_seeds(model)
+    _training_seeds(model, blueprint)
     output, shadow = model.forward_with_shadow((ids, padding), shadow_rows)
     assert shadow is not None and shadow.slot_ids == ("blocks_0", "blocks_1")
     rows = shadow.rows
@@ -146,6 +148,57 @@ def test_each_seeds_shadow_reads_the_mask_of_its_own_rows(shadow_rows: int | Non
             alone = model.counterfactual_forward((ids, padding), [alphas])[0]
             torch.testing.assert_close(fused[row], alone, rtol=0, atol=1e-5)
     torch.testing.assert_close(output.detach(), fused[0], rtol=0, atol=1e-5)
+
+
+def _stacked(net: PaddedClassifier) -> PaddedClassifier:
+    """`net` with every block followed by itself: what copies of its blocks after each make of it."""
+    deeper = PaddedClassifier()
+    deeper.load_state_dict(net.state_dict(), strict=False)
+    deeper.blocks = nn.ModuleList(block for block in net.blocks for _ in range(2))
+    return deeper.eval()
+
+
+def test_a_copy_of_a_users_block_stacks_it_reading_the_same_mask(tmp_path: Path) -> None:
+    ids, padding = _batch(6)
+    net, host = _host((ids[:2], padding[:2]))
+    assert [type(host.layer_before(slot_id)).__name__ for slot_id in host.slot_ids] == ["GraphModule"] * 2
+    model = MorphogeneticModel(host, config=EASY_CONFIG).eval()
+    for slot_id in model.slot_ids:
+        assert model.can_graft(slot_id, "block_copy")
+        model.install(slot_id, "block_copy")  # in the output at alpha 1
+    blocks = net.blocks
+    copies = [model.slot(slot_id).seed for slot_id in model.slot_ids]
+    for block, copied in zip(blocks, copies, strict=True):
+        assert copied is not None and copied is not block
+        for (name, value), original in zip(copied.state_dict().items(), block.state_dict().values(), strict=True):
+            assert torch.equal(value, original) and value.data_ptr() != original.data_ptr(), name
+    assert model.param_count() == sum(p.numel() for p in net.parameters()) + 2 * sum(
+        p.numel() for p in blocks[0].parameters())
+    with torch.no_grad():
+        expected = _stacked(net)(ids, padding)
+        torch.testing.assert_close(model((ids, padding)), expected, rtol=0, atol=1e-5)
+        # A model file and a fresh host of the same model: the copies are rebuilt from its blocks, then loaded.
+        path = tmp_path / "model.pt"
+        save_model_file(model, path)
+        _, fresh = _host((ids[:2], padding[:2]), seed=5)
+        restored = MorphogeneticModel(fresh, config=EASY_CONFIG).eval()
+        load_model_state(restored, read_model_file(path), path)
+        torch.testing.assert_close(restored((ids, padding)), expected, rtol=0, atol=1e-5)
+        program = torch.export.load(morphogen.export_model(model, (ids, padding), tmp_path / "grown.pt2")).module()
+        torch.testing.assert_close(program(ids, padding), expected, rtol=0, atol=1e-5)
+
+
+def test_only_a_block_of_the_main_path_is_copied() -> None:
+    ids, padding = _batch(2)
+    # A slot after the embedding: it takes the model's inputs, not an activation; after one linear layer: no block.
+    host = morphogen.host_from_module(PaddedClassifier(), slots=["embed", "blocks.1"], example_input=(ids, padding))
+    assert host.layer_before("embed") is None and host.layer_before("blocks_1") is not None
+    linear = morphogen.host_from_module(nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 4)), slots=["0"],
+                                        example_input=torch.zeros(2, 4))
+    assert linear.layer_before("0") is None
+    with pytest.raises(ValueError, match="'block_copy' copies the host's layer just before slot embed, and the host "
+                                         "has none there"):
+        MorphogeneticModel(host).germinate("embed", "block_copy")
 
 
 class _PaddedDataset(Dataset[tuple[dict[str, Tensor], Tensor]]):

@@ -94,12 +94,10 @@ def list_slots(host: ListedHost, out: TextIO) -> None:
 def _seed_parameters(model: MorphogeneticModel, slot_id: str, blueprint: str) -> str:
     """The parameters `blueprint` adds in `slot_id` (a widening or branch one: given the layers around it), or
     "-" where the slot has no site for it."""
-    from morphogen.core.blueprints import parameter_count
-
     slot = model.slot(slot_id)
     if slot.site_problem(blueprint):
         return "-"
-    return f"{parameter_count(model.topology, blueprint, slot.channels, site=slot.site_for(blueprint)):,}"
+    return f"{sum(p.numel() for p in slot.seed_module(blueprint, device='meta').parameters()):,}"
 
 
 def list_blueprints(host: ListedHost, out: TextIO) -> None:

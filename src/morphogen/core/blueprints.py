@@ -17,6 +17,7 @@ no capacity, a widening one does (docs/architecture.md#blueprints-and-hosts).
 
 from __future__ import annotations
 
+import copy
 import enum
 import inspect
 import math
@@ -28,6 +29,7 @@ import torch
 from torch import Tensor, nn
 
 from morphogen.core.branch import BRANCH_EXPANSION, BranchSite, NoBranchSiteError, wide_branch
+from morphogen.core.hosts import SideInputs
 from morphogen.core.transformer_layers import GPT_INIT_STD, CausalSelfAttention, TransformerBlock, init_gpt_
 from morphogen.core.width import NoWidthSiteError, WidthSeed, WidthSite
 
@@ -302,38 +304,26 @@ def transformer_block(d_model: int, *, n_heads: int = 4, device: Device = None,
     return block
 
 
-def _last_block(segment: nn.Module) -> TransformerBlock | None:
-    """The last `TransformerBlock` in `segment` (the host segment that ends at a slot), None when it has none."""
-    blocks = [module for module in segment.modules() if isinstance(module, TransformerBlock)]
-    return blocks[-1] if blocks else None
+def heads_of(layer: nn.Module | None) -> dict[str, Any]:
+    """`{"n_heads": ...}` of the host's layer before the slot where it is a `TransformerBlock`, so that a new block
+    splits its width as the host's do."""
+    return {"n_heads": layer.attention.n_heads} if isinstance(layer, TransformerBlock) else {}
 
 
-def ends_with_block(segment: nn.Module) -> bool:
-    """Whether `segment` holds a `TransformerBlock` for `block_copy` to copy."""
-    return _last_block(segment) is not None
-
-
-def heads_of_last_block(segment: nn.Module) -> dict[str, Any]:
-    """`{"n_heads": ...}` of the layer before the slot, so that a new block splits its width as the host's do."""
-    block = _last_block(segment)
-    return {} if block is None else {"n_heads": block.attention.n_heads}
-
-
-@torch.no_grad()
-def copy_last_block(seed: nn.Module, segment: nn.Module) -> None:
-    """Make `seed` (a `TransformerBlock`) a copy of the last `TransformerBlock` in `segment`, the host's
-    segment that ends at the seed's slot: stacking (Gstack), where a new layer starts as a trained neighbour.
-
-    Raises `ValueError` when `segment` holds no `TransformerBlock`, or one of another shape or head count.
-    """
-    source = _last_block(segment)
-    if source is None or not isinstance(seed, TransformerBlock):
-        raise ValueError("block_copy copies the transformer block just before its slot, and this host has none "
-                         "there (a TransformerHost does); germinate `block` instead")
-    if source.attention.n_heads != seed.attention.n_heads:
-        raise ValueError(f"block_copy: the block before the slot has {source.attention.n_heads} heads; germinate "
-                         f"it with n_heads={source.attention.n_heads} to copy it")
-    seed.load_state_dict(source.state_dict())  # a shape mismatch raises here, naming the tensor
+def copy_of_layer(blueprint: str, layer: nn.Module, *, device: Device = None, dtype: torch.dtype | None = None,
+                  **options: Any) -> nn.Module:
+    """`layer` copied, weights and all, as a seed on `device` and `dtype`: stacking (Gstack), where a new layer
+    starts as a trained neighbour. The copy reads what the host's layer reads beside its input (a mask) from the
+    host's `SideInputs`, which it shares rather than copies. Raises `ValueError` for options that would change
+    the copy (a head count other than the layer's)."""
+    if options and options != heads_of(layer):
+        raise ValueError(f"{blueprint!r} copies the layer before its slot ({type(layer).__name__} "
+                         f"{heads_of(layer) or ''}) as it is; options {options} would change it")
+    shared: dict[int, Any] = {id(module): module for module in layer.modules() if isinstance(module, SideInputs)}
+    seed = copy.deepcopy(layer, shared)
+    if device is not None or dtype is not None:
+        seed = seed.to(device=device, dtype=dtype)
+    return seed.requires_grad_(True)
 
 
 class BlueprintKind(enum.Enum):
@@ -357,15 +347,13 @@ class Blueprint:
     builder: Callable[..., nn.Module]
     description: str
     kind: BlueprintKind = BlueprintKind.DEEPEN
-    neighbour_init: Callable[[nn.Module, nn.Module], None] | None = None
-    """For a seed that starts as a copy of the host's layer before its slot (`block_copy`): called with the
-    built seed and the host segment that ends at the slot, it loads that layer's weights into the seed.
-    None: the seed is the identity at birth."""
-    options_from_neighbour: Callable[[nn.Module], dict[str, Any]] | None = None
-    """Options read off the host segment that ends at the slot, for those the caller does not give (a whole
-    block takes the head count of the layer before it)."""
-    neighbour_fits: Callable[[nn.Module], bool] | None = None
-    """For a seed with `neighbour_init`: whether the host segment that ends at a slot has the layer to copy."""
+    copies_layer_before: bool = False
+    """The seed is a copy of the host's layer before its slot (`SegmentedHost.layer_before`), weights and all:
+    stacking (`block_copy`). `builder` then only describes it where no host is at hand. Not the identity at
+    birth."""
+    options_from_neighbour: Callable[[nn.Module | None], dict[str, Any]] | None = None
+    """Options read off the host's layer before the slot (None where it has none), for those the caller does not
+    give (a whole block takes the head count of the layer before it)."""
     inside_only: bool = False
     """For a widening blueprint: it grows only a width site inside the segment before its slot (a residual
     block's inner width, `WidthSite.inside`), never the layers around a slot."""
@@ -373,7 +361,7 @@ class Blueprint:
     @property
     def identity_at_birth(self) -> bool:
         """Whether germinating this seed leaves the host's function unchanged (every blueprint but a copy)."""
-        return self.neighbour_init is None
+        return not self.copies_layer_before
 
     @property
     def options(self) -> tuple[str, ...]:
@@ -462,11 +450,10 @@ def _residual_mlp_blueprints(topology: str, *, attention: bool) -> dict[str, Blu
         blueprints += [
             Blueprint("block", topology, transformer_block,
                       "whole pre-norm block (attention + MLP), output projections zero: identity at birth",
-                      options_from_neighbour=heads_of_last_block),
+                      options_from_neighbour=heads_of),
             Blueprint("block_copy", topology, transformer_block,
-                      "whole block copied from the host layer before the slot (stacking; not identity at birth)",
-                      neighbour_init=copy_last_block, options_from_neighbour=heads_of_last_block,
-                      neighbour_fits=ends_with_block),
+                      "copy of the host's layer before the slot, weights and all (stacking; not identity at birth)",
+                      copies_layer_before=True),
         ]
     return {b.name: b for b in blueprints}
 

@@ -113,6 +113,11 @@ class SegmentedHost(nn.Module):
         except ValueError:
             raise UnknownSlotError(f"unknown slot {slot!r}; this host has: {', '.join(self._points)}") from None
 
+    def layer_before(self, slot: str) -> nn.Module | None:
+        """The host's layer just before `slot`, as a module called on the slot's activation alone: what a seed that
+        starts as a copy of it copies (`block_copy`, stacking). None where this host has no such layer there."""
+        return None
+
     def run_segment(self, index: int, h: Inputs) -> Tensor:
         """Segment `index` maps the activation at point index-1 (or the inputs) to point `index` (or the output)."""
         output: Tensor = self.segments[index](h)
@@ -281,6 +286,11 @@ class TransformerHost(SegmentedHost):
             self._points[f"r0c{i}"] = d_model
         self.segments.append(LanguageModelHead(embedding.token, d_model, device=device, dtype=dtype))
         self._init_weights(n_layers)
+
+    def layer_before(self, slot: str) -> nn.Module | None:
+        """The last `TransformerBlock` of the segment that ends at `slot`."""
+        blocks = [m for m in self.segments[self.point_index(slot)].modules() if isinstance(m, TransformerBlock)]
+        return blocks[-1] if blocks else None
 
     def _init_weights(self, n_layers: int) -> None:
         # Residual projections scaled down with depth (GPT-2) so the residual stream starts near unit scale.

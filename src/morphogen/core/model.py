@@ -166,6 +166,7 @@ class MorphogeneticModel(nn.Module):
             if isinstance(site, WidthSite) and site.inside and site.tap_segment == 0 and host.input_kind != "tensor":
                 site = "its layers to widen are in the first segment, which takes the model's several inputs"
             slot.width_site, slot.width_problem = (site, "") if isinstance(site, WidthSite) else (None, site)
+            slot.set_layer_before(host.layer_before(slot.slot_id))
             entering, at_slot = host.measured_shapes.get(slot.slot_id, (None, ()))
             branch = find_branch_site(host.topology, entering, at_slot)
             slot.branch_site, slot.branch_problem = (branch, "") if isinstance(branch, BranchSite) else (None, branch)
@@ -193,24 +194,21 @@ class MorphogeneticModel(nn.Module):
         """Germinate `blueprint` in `slot_id` on the host's device and dtype."""
         reference = next(self.host.parameters())
         slot = self.slot(slot_id)
-        slot.germinate(blueprint, epoch, device=reference.device, dtype=reference.dtype,
-                       neighbour=self._segment_before(slot_id), **options)
+        slot.germinate(blueprint, epoch, device=reference.device, dtype=reference.dtype, **options)
         return slot
 
     def graft(self, slot_id: str, blueprint: str, epoch: int = 0, **options: Any) -> SeedSlot:
         """Germinate `blueprint` in `slot_id` to train with the host from the start (see `SeedSlot.graft`)."""
         reference = next(self.host.parameters())
         slot = self.slot(slot_id)
-        slot.graft(blueprint, epoch, device=reference.device, dtype=reference.dtype,
-                   neighbour=self._segment_before(slot_id), **options)
+        slot.graft(blueprint, epoch, device=reference.device, dtype=reference.dtype, **options)
         return slot
 
     def install(self, slot_id: str, blueprint: str, *, blend: BlendKind | None = None, **options: Any) -> SeedSlot:
         """Install `blueprint` in `slot_id` as a fixed part of the architecture (see `SeedSlot.install`)."""
         reference = next(self.host.parameters())
         slot = self.slot(slot_id)
-        slot.install(blueprint, blend=blend, device=reference.device, dtype=reference.dtype,
-                     neighbour=self._segment_before(slot_id), **options)
+        slot.install(blueprint, blend=blend, device=reference.device, dtype=reference.dtype, **options)
         return slot
 
     def can_graft(self, slot_id: str, blueprint: str) -> bool:
@@ -227,12 +225,7 @@ class MorphogeneticModel(nn.Module):
             return isinstance(site, WidthSite) and site.inside
         if recipe.kind is BlueprintKind.BRANCH:
             return self.slot(slot_id).branch_site is not None
-        return recipe.neighbour_fits is None or recipe.neighbour_fits(self._segment_before(slot_id))
-
-    def _segment_before(self, slot_id: str) -> nn.Module:
-        """The host segment that ends at `slot_id`: where a seed that copies the layer before its slot copies it."""
-        segment: nn.Module = self.host.segments[self.host.point_index(slot_id)]
-        return segment
+        return not recipe.copies_layer_before or self.slot(slot_id).layer_before is not None
 
     def architecture(self) -> dict[str, str]:
         """Slot id -> blueprint of every seed that is part of the output now (BLENDING, HOLDING, FOSSILIZED)."""

@@ -47,13 +47,23 @@ class ModuleHost(SegmentedHost):
     """A user's model cut into segments at named submodules; slot ids are the names with '.' as '_'."""
 
     def __init__(self, segments: Sequence[nn.Module], points: dict[str, int], topology: str,
-                 submodules: dict[str, str]) -> None:
+                 submodules: dict[str, str], layers: dict[str, nn.Module] | None = None) -> None:
         super().__init__()
         self.segments.extend(segments)
         self._points = dict(points)
         self.topology = topology
         #: Slot id -> the qualified name of the submodule the slot sits after.
         self.submodules = dict(submodules)
+        # Slot id -> that submodule, called as the model calls it but on the slot's activation (the other inputs it
+        # reads, a mask, come from `side_inputs`). A plain dict: the modules are the segments' own, not registered
+        # twice, so they appear once in state_dict and move with the host.
+        self._layers = dict(layers or {})
+
+    def layer_before(self, slot: str) -> nn.Module | None:
+        """The submodule the slot sits after, where it has parameters, maps the slot's activation to the same shape
+        and reads nothing else of the main path (what the shape probe found): a user's transformer block."""
+        self.point_index(slot)  # raises UnknownSlotError
+        return self._layers.get(slot)
 
 
 def slot_id_for(name: str) -> str:
@@ -82,11 +92,12 @@ def host_from_module(model: nn.Module, slots: Sequence[str], example_input: Inpu
     _check_names(model, names)
     if topology is not None and topology not in TOPOLOGY_RANKS:
         raise HostBuildError(f"unknown topology {topology!r}; valid: {', '.join(TOPOLOGY_RANKS)}")
-    segments, ordered, side_inputs = _cut(model, names, example_input)
-    outputs = _probe(model, segments, ordered, example_input)
+    segments, ordered, side_inputs, layer_calls = _cut(model, names, example_input)
+    outputs, layers = _probe(model, segments, ordered, example_input, layer_calls)
     chosen = topology or _guess_topology(model, outputs, ordered)
-    host = ModuleHost(segments, _widths(ordered, outputs, chosen), chosen,
-                      {slot_id_for(name): name for name in ordered})
+    slot_ids = [slot_id_for(name) for name in ordered]
+    host = ModuleHost(segments, _widths(ordered, outputs, chosen), chosen, dict(zip(slot_ids, ordered, strict=True)),
+                      {slot_id: layer for slot_id, layer in zip(slot_ids, layers, strict=True) if layer is not None})
     host.side_inputs, host.input_kind = side_inputs, InputSpec.of(example_input).kind
     # What enters each segment, which a branch seed beside it maps: the first takes the model's inputs, which a
     # branch can read only where they are one tensor.
@@ -126,8 +137,9 @@ def _check_names(model: nn.Module, names: Sequence[str]) -> None:
 
 
 def _cut(model: nn.Module, names: Sequence[str],
-         example: Inputs) -> tuple[list[nn.Module], list[str], SideInputs | None]:
-    """The segments, the slot names in execution order, and where later segments read the model's inputs."""
+         example: Inputs) -> tuple[list[nn.Module], list[str], SideInputs | None, list[nn.Module | None]]:
+    """The segments, the slot names in execution order, where later segments read the model's inputs, and each
+    named submodule as a module of the slot's activation alone (None: it reads more of the main path)."""
     children = [name for name, _ in model.named_children()]
     several = not isinstance(example, Tensor)
     if isinstance(model, nn.Sequential):
@@ -138,7 +150,7 @@ def _cut(model: nn.Module, names: Sequence[str],
             nested = next(name for name in names if name not in children)
             raise HostBuildError(f"slot after {nested!r}: an nn.Sequential is cut between its children; name one of "
                                  f"{', '.join(children)}")
-        return (*_cut_children(model, names), None)
+        return _children_cut(model, names)
     given, defaults = _arguments(model, example)
     try:
         traced = _trace(model, names, defaults)
@@ -146,7 +158,7 @@ def _cut(model: nn.Module, names: Sequence[str],
         raise
     except Exception as error:  # fx raises many kinds (TraceError, TypeError, ...) on untraceable code
         if not several and all(name in children for name in names):
-            return (*_cut_children(model, names), None)
+            return _children_cut(model, names)
         raise HostBuildError(f"cannot trace {type(model).__name__} with torch.fx ({_first_line(error)}); "
                              + ("a model of several inputs must trace" if several else "put the slots on its direct "
                                 "children if its forward runs them in order")) from None
@@ -191,6 +203,19 @@ def _given(model_name: str, parameters: list[inspect.Parameter], example: Inputs
         raise HostBuildError(f"example_input gives {len(example)} inputs, but {model_name}.forward takes "
                              f"{len(positional)} positional parameters")
     return {name: index for index, name in enumerate(positional[:len(example)])}
+
+
+def _children_cut(model: nn.Module,
+                  names: Sequence[str]) -> tuple[list[nn.Module], list[str], None, list[nn.Module | None]]:
+    """A cut between children run in order: each named child is called on the activation alone."""
+    segments, ordered = _cut_children(model, names)
+    modules = dict(model.named_children())
+    return segments, ordered, None, [modules[name] if _is_block(modules[name]) else None for name in ordered]
+
+
+def _is_block(module: nn.Module) -> bool:
+    """Whether `module` is made of layers (a block), not one linear map or norm, which a copy stacks little of."""
+    return next(module.children(), None) is not None
 
 
 def _cut_children(model: nn.Module, names: Sequence[str]) -> tuple[list[nn.Module], list[str]]:
@@ -246,6 +271,11 @@ class _Inputs:
                                          and all(arg in self.derived for arg in node.all_input_nodes)):
                 self.derived.add(node)
 
+    def read_by(self, node: fx.Node) -> bool:
+        """Whether `node` takes an input, or a value computed from the inputs, as an argument."""
+        return any(arg in self.derived and arg.op != "get_attr" and arg not in self.fixed
+                   for arg in node.all_input_nodes)
+
     def read_after(self, cut: fx.Node, position: dict[fx.Node, int]) -> bool:
         """Whether code after `cut` reads an input or a value computed from one (a later segment then needs
         the inputs)."""
@@ -253,10 +283,11 @@ class _Inputs:
                    and node not in self.fixed for user in node.users)
 
 
-def _split_graph(traced: fx.GraphModule, names: Sequence[str],
-                 given: dict[str, int | str | None]) -> tuple[list[nn.Module], list[str], SideInputs | None]:
+def _split_graph(traced: fx.GraphModule, names: Sequence[str], given: dict[str, int | str | None]
+                 ) -> tuple[list[nn.Module], list[str], SideInputs | None, list[nn.Module | None]]:
     """Split the traced graph after each named submodule's call; check that nothing but the model's inputs flows
-    past a cut (a later segment reads those from the `SideInputs` the first one binds)."""
+    past a cut (a later segment reads those from the `SideInputs` the first one binds). Also each named
+    submodule's call on the slot's activation alone, which reads its other inputs from the `SideInputs` too."""
     nodes = list(traced.graph.nodes)
     position = {node: i for i, node in enumerate(nodes)}
     inputs = _Inputs([node for node in nodes if node.op == "placeholder"], given)
@@ -264,13 +295,36 @@ def _split_graph(traced: fx.GraphModule, names: Sequence[str],
     cuts = sorted((_only_call(nodes, name) for name in names), key=position.__getitem__)
     for cut in cuts:
         _check_nothing_flows_past(cut, nodes, position, inputs.derived)
-    side_inputs = SideInputs() if inputs.read_after(cuts[0], position) else None
+    callable_alone = [_main_argument(traced, cut, inputs) is not None for cut in cuts]
+    reads = inputs.read_after(cuts[0], position) or any(
+        alone and inputs.read_by(cut) for alone, cut in zip(callable_alone, cuts, strict=True))
+    side_inputs = SideInputs() if reads else None
     if side_inputs is not None:
         traced.side_inputs = side_inputs  # the segments' graphs read it as an attribute of their root
     boundaries: list[fx.Node | None] = [None, *cuts, nodes[-1]]
     segments: list[nn.Module] = [_segment(traced, nodes, position, start, end, inputs, side_inputs is not None)
                                  for start, end in pairwise(boundaries)]
-    return segments, [str(cut.target) for cut in cuts], side_inputs
+    return segments, [str(cut.target) for cut in cuts], side_inputs, [_layer_call(traced, cut, inputs) for cut in cuts]
+
+
+def _main_argument(traced: fx.GraphModule, cut: fx.Node, inputs: _Inputs) -> fx.Node | None:
+    """The one value of the main path that submodule `cut` takes, where it is a block; None where it takes two or
+    none (the first layer takes the model's inputs), or is no block."""
+    main = [node for node in cut.all_input_nodes if node not in inputs.derived]
+    return main[0] if len(main) == 1 and _is_block(traced.get_submodule(str(cut.target))) else None
+
+
+def _layer_call(traced: fx.GraphModule, cut: fx.Node, inputs: _Inputs) -> fx.GraphModule | None:
+    """The call of submodule `cut` as a module of one input, the value on the main path it takes; its other
+    arguments (a mask) read or recomputed from the model's inputs. None where `_main_argument` finds none."""
+    main = _main_argument(traced, cut, inputs)
+    if main is None:
+        return None
+    graph = fx.Graph()
+    x = graph.placeholder("x")
+    values: dict[fx.Node, fx.node.Argument] = {**inputs.fixed, main: x}
+    graph.output(graph.node_copy(cut, _value_reader(graph, values, inputs, x)))
+    return fx.GraphModule(traced, graph)
 
 
 def _only_call(nodes: list[fx.Node], name: str) -> fx.Node:
@@ -307,18 +361,7 @@ def _segment(traced: fx.GraphModule, nodes: list[fx.Node], position: dict[fx.Nod
             values[node] = bound if key is None else graph.call_function(operator.getitem, (bound, key))
     else:
         values[start] = graph.placeholder("x")
-
-    def value_of(node: fx.Node) -> fx.node.Argument:
-        if node not in values:  # an input, a parameter or a value computed from them in an earlier segment
-            if node in inputs.given:
-                assert start is not None  # the first segment maps every input before it runs
-                values[node] = graph.call_method("read", (graph.get_attr("side_inputs"), inputs.given[node],
-                                                          values[start]))
-            else:  # read or computed here again
-                assert node in inputs.derived, node
-                values[node] = graph.node_copy(node, value_of)
-        return values[node]
-
+    value_of = _value_reader(graph, values, inputs, None if start is None else values[start])
     assert end is not None  # only the first segment starts at None
     for node in nodes[0 if start is None else position[start] + 1:position[end] + 1]:
         if node.op == "output":
@@ -330,10 +373,32 @@ def _segment(traced: fx.GraphModule, nodes: list[fx.Node], position: dict[fx.Nod
     return fx.GraphModule(traced, graph)
 
 
-def _probe(model: nn.Module, segments: Sequence[nn.Module], names: Sequence[str], example: Inputs) -> list[Tensor]:
-    """Run the segments on `example` (eval mode, no grad): the activation at every cut, checked against the model."""
+def _value_reader(graph: fx.Graph, values: dict[fx.Node, fx.node.Argument], inputs: _Inputs,
+                  like: fx.node.Argument) -> Callable[[fx.Node], fx.node.Argument]:
+    """The value in `graph` of a node of the traced model: mapped in `values`, else an input read from the
+    `SideInputs` with the rows of `like` (the part's own input), or a value computed from the inputs again."""
+
+    def value_of(node: fx.Node) -> fx.node.Argument:
+        if node not in values:  # an input, a parameter or a value computed from them in an earlier segment
+            if node in inputs.given:
+                assert like is not None  # the first segment maps every input before it runs
+                values[node] = graph.call_method("read", (graph.get_attr("side_inputs"), inputs.given[node], like))
+            else:  # read or computed here again
+                assert node in inputs.derived, node
+                values[node] = graph.node_copy(node, value_of)
+        return values[node]
+
+    return value_of
+
+
+def _probe(model: nn.Module, segments: Sequence[nn.Module], names: Sequence[str], example: Inputs,
+           layers: Sequence[nn.Module | None]) -> tuple[list[Tensor], list[nn.Module | None]]:
+    """Run the segments on `example` (eval mode, no grad): the activation at every cut, checked against the model,
+    and the `layers` (one per cut) that a copy could stand after their own: they map the activation at their cut
+    to its shape."""
     modes = [module.training for module in model.modules()]
     model.eval()
+    copyable: list[nn.Module | None] = []
     try:
         with torch.no_grad():
             expected = _call(lambda inputs: call(model, inputs), example, type(model).__name__)
@@ -343,8 +408,9 @@ def _probe(model: nn.Module, segments: Sequence[nn.Module], names: Sequence[str]
                 x = _call(segment, x, "the model" if index == len(segments) - 1 else f"the part ending at "
                                                                                      f"{names[index]!r}")
                 activations.append(x)
-                if index < len(names):  # checked before the next part runs on it
+                if index < len(names):  # checked before the next part runs on it (its inputs are bound now)
                     _check_one_row_per_sample(names[index], x, rows(example))
+                    copyable.append(layers[index] if _keeps_shape(layers[index], x) else None)
     finally:
         for module, mode in zip(model.modules(), modes, strict=True):
             module.training = mode
@@ -361,7 +427,18 @@ def _probe(model: nn.Module, segments: Sequence[nn.Module], names: Sequence[str]
         if activation.dim() < 2:
             raise HostBuildError(f"slot after {name!r}: its output has shape {tuple(activation.shape)}; a slot needs "
                                  "[N, channels, ...] or [N, ..., features]")
-    return activations
+    return activations, copyable
+
+
+def _keeps_shape(layer: nn.Module | None, activation: object) -> bool:
+    """Whether `layer` has parameters to train and runs on `activation`, its own output, to the same shape."""
+    if layer is None or not isinstance(activation, Tensor) or not any(p.requires_grad for p in layer.parameters()):
+        return False
+    try:
+        output = layer(activation)
+    except Exception:  # the user's code: it does not take its own output (an embedding, a projection to another width)
+        return False
+    return isinstance(output, Tensor) and output.shape == activation.shape
 
 
 def _check_one_row_per_sample(name: str, activation: object, samples: int) -> None:

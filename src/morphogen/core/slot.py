@@ -35,7 +35,7 @@ from torch import Tensor, nn
 
 from morphogen.core.alpha import AlphaController, AlphaCurve, AlphaMode
 from morphogen.core.blend import Blend, BlendKind, add_blend, gate_blend, multiply_blend
-from morphogen.core.blueprints import CHANNEL_DIM, BlueprintKind, build_seed, get_blueprint
+from morphogen.core.blueprints import CHANNEL_DIM, BlueprintKind, build_seed, copy_of_layer, get_blueprint
 from morphogen.core.branch import BranchSite, NoBranchSiteError
 from morphogen.core.lifecycle import (
     NEXT_STAGE,
@@ -159,6 +159,9 @@ class SeedSlot(nn.Module):
         self.branch_site: BranchSite | None = None
         #: Why the slot has no branch site (shown when a branch blueprint is refused).
         self.branch_problem = "it is not part of a model (MorphogeneticModel reads the host's measured shapes)"
+        # The host's layer before the slot (`SegmentedHost.layer_before`, set by `MorphogeneticModel`), in a tuple:
+        # a module attribute would register the host's layer as the slot's too.
+        self._layer_before: tuple[nn.Module, ...] = ()
         #: The input of a widening or branch seed (the producer's input, or the input of the segment before the
         #: slot), handed over by the model's walk just before the slot runs.
         self.tap: Tensor | None = None
@@ -198,6 +201,16 @@ class SeedSlot(nn.Module):
     def _holds(self, kind: BlueprintKind) -> bool:
         return self.seed is not None and get_blueprint(self.topology, str(self.blueprint)).kind is kind
 
+    @property
+    def layer_before(self) -> nn.Module | None:
+        """The host's layer just before this slot, which a seed of a copying blueprint (`block_copy`) copies."""
+        return self._layer_before[0] if self._layer_before else None
+
+    def set_layer_before(self, layer: nn.Module | None) -> None:
+        """Tell the slot the host's layer before it (a method, not a setter: `nn.Module` would register a module
+        assigned as an attribute as the slot's own)."""
+        self._layer_before = () if layer is None else (layer,)
+
     def site_for(self, blueprint: str) -> WidthSite | BranchSite | None:
         """The site a seed of `blueprint` needs here: the width site for a widening one, the branch site for a
         branch, None for a deepening one (or where the slot has no site of that kind)."""
@@ -209,7 +222,12 @@ class SeedSlot(nn.Module):
 
     def site_problem(self, blueprint: str) -> str:
         """Why `blueprint` cannot grow here for want of a site; "" when it can."""
-        kind = get_blueprint(self.topology, blueprint).kind
+        recipe = get_blueprint(self.topology, blueprint)
+        kind = recipe.kind
+        if recipe.copies_layer_before:
+            return "" if self.layer_before is not None else (
+                f"{blueprint!r} copies the host's layer just before slot {self.slot_id}, and the host has none there "
+                "(a TransformerHost's block, or a layer of your model that maps the slot's activation to its shape)")
         if kind is BlueprintKind.DEEPEN or self.site_for(blueprint) is not None:
             return ""
         if kind is BlueprintKind.WIDEN and self.width_site is not None:  # around the slot, and it needs inside
@@ -315,13 +333,11 @@ class SeedSlot(nn.Module):
 
     def germinate(self, blueprint: str, epoch: int = 0, *, blend: BlendKind | None = None,
                   blend_epochs: int | None = None, device: torch.device | str | None = None,
-                  dtype: torch.dtype | None = None, neighbour: nn.Module | None = None, **options: Any) -> None:
+                  dtype: torch.dtype | None = None, **options: Any) -> None:
         """Build a seed from `blueprint` in this empty slot (DORMANT -> GERMINATED).
 
         `blend` and `blend_epochs` choose this seed's blend operator and the length of its ramp into
-        the host; by default they come from the slot config. `neighbour` is the host segment that ends at
-        this slot, which a seed that starts as a copy of the layer before it (`block_copy`) needs;
-        `MorphogeneticModel.germinate` passes it.
+        the host; by default they come from the slot config.
         """
         if blend_epochs is not None and blend_epochs < 0:
             raise ValueError(f"blend_epochs must be >= 0, got {blend_epochs}")
@@ -331,14 +347,9 @@ class SeedSlot(nn.Module):
         blend_kind = blend or self.config.blend
         # Build everything before touching the slot, so a refused blueprint or option changes nothing.
         recipe = get_blueprint(self.topology, blueprint)
-        if neighbour is not None and recipe.options_from_neighbour is not None:
-            options = {**recipe.options_from_neighbour(neighbour), **options}
+        if recipe.options_from_neighbour is not None:
+            options = {**recipe.options_from_neighbour(self.layer_before), **options}
         seed = self._build_seed(blueprint, blend_kind, device, dtype, options)
-        if recipe.neighbour_init is not None:
-            if neighbour is None:
-                raise ValueError(f"blueprint {blueprint!r} starts as a copy of the host's layer before slot "
-                                 f"{self.slot_id}: germinate it through MorphogeneticModel.germinate")
-            recipe.neighbour_init(seed, neighbour)
         blend_module = Blend(blend_kind, self.channels, channel_dim=CHANNEL_DIM[self.topology], device=device,
                              dtype=dtype)
         # New modules start in training mode; a seed germinated in an evaluating model evaluates as well.
@@ -356,7 +367,7 @@ class SeedSlot(nn.Module):
 
     def graft(self, blueprint: str, epoch: int = 0, *, blend: BlendKind | None = None,
               blend_epochs: int | None = None, device: torch.device | str | None = None,
-              dtype: torch.dtype | None = None, neighbour: nn.Module | None = None, **options: Any) -> None:
+              dtype: torch.dtype | None = None, **options: Any) -> None:
         """Germinate `blueprint` to train with the host from the start: BLENDING at once, no TRAINING behind it.
 
         How depth growth adds a layer (the GROW action): the new layer learns jointly with the host, as in
@@ -368,7 +379,7 @@ class SeedSlot(nn.Module):
         detached, and the fossilize gate still judges it in HOLDING.
         """
         self.germinate(blueprint, epoch, blend=blend, blend_epochs=blend_epochs, device=device, dtype=dtype,
-                       neighbour=neighbour, **options)
+                       **options)
         self.detach_input = False
         reason = f"grafted {blueprint}: trains with the host from the start"
         self._move(Stage.TRAINING, epoch, reason)
@@ -381,27 +392,41 @@ class SeedSlot(nn.Module):
 
     def _build_seed(self, blueprint: str, blend: BlendKind, device: torch.device | str | None,
                     dtype: torch.dtype | None, options: dict[str, Any]) -> nn.Module:
-        """The seed module of `blueprint`; a widening or branch one at this slot's site of its kind, blended by
-        adding."""
+        """The seed module of `blueprint` (`seed_module`); a widening or branch one blended by adding."""
         kind = get_blueprint(self.topology, blueprint).kind
-        problem = self.site_problem(blueprint)
-        if problem:
-            raise NoBranchSiteError(problem) if kind is BlueprintKind.BRANCH else NoWidthSiteError(problem)
         if kind is not BlueprintKind.DEEPEN and blend is not BlendKind.ADD:
             what = "widening seed adds its channels'" if kind is BlueprintKind.WIDEN else "branch seed adds its"
             raise ValueError(f"a {what} output ({blueprint!r} blends by add, got {blend.value})")
+        return self.seed_module(blueprint, device=device, dtype=dtype, **options)
+
+    def seed_module(self, blueprint: str, *, device: torch.device | str | None = None,
+                    dtype: torch.dtype | None = None, **options: Any) -> nn.Module:
+        """The module a seed of `blueprint` would be in this slot, not placed in it: a widening or branch one at
+        this slot's site of its kind, a copying one (`block_copy`) a copy of the host's layer before the slot.
+
+        Raises `NoWidthSiteError` or `NoBranchSiteError` where the slot has no site for it, `ValueError` where
+        there is no layer to copy."""
+        recipe = get_blueprint(self.topology, blueprint)
+        problem = self.site_problem(blueprint)
+        if problem:
+            if recipe.kind is BlueprintKind.BRANCH:
+                raise NoBranchSiteError(problem)
+            raise NoWidthSiteError(problem) if recipe.kind is BlueprintKind.WIDEN else ValueError(problem)
+        if recipe.copies_layer_before:
+            layer = self.layer_before
+            assert layer is not None  # else a problem above
+            return copy_of_layer(blueprint, layer, device=device, dtype=dtype, **options)
         return build_seed(self.topology, blueprint, self.channels, device=device, dtype=dtype,
                           site=self.site_for(blueprint), **options)
 
     def install(self, blueprint: str, epoch: int = 0, *, blend: BlendKind | None = None,
-                device: torch.device | str | None = None, dtype: torch.dtype | None = None,
-                neighbour: nn.Module | None = None, **options: Any) -> None:
+                device: torch.device | str | None = None, dtype: torch.dtype | None = None, **options: Any) -> None:
         """Place a seed as a fixed part of the architecture: FOSSILIZED at alpha 1 from the start.
 
         Its input is not detached, so it trains with the host like any other layer. This is how a grown
         model's final architecture is trained from scratch for comparison (`morphogen run`).
         """
-        self.germinate(blueprint, epoch, blend=blend, device=device, dtype=dtype, neighbour=neighbour, **options)
+        self.germinate(blueprint, epoch, blend=blend, device=device, dtype=dtype, **options)
         for stage in (Stage.TRAINING, Stage.BLENDING, Stage.HOLDING, Stage.FOSSILIZED):
             self._move(stage, epoch, f"installed {blueprint} as part of the architecture")
         self.alpha.retarget(1.0, 0)
