@@ -38,7 +38,9 @@
   embedding, two pre-norm attention blocks of width 16 that ignore padding, a mean over the real tokens and a
   linear head) on generated padded sequences (`padded_sequences`: 3 to 16 tokens of 16, then padding of random
   tokens, 1s among them; the class is the number of 1s among the real tokens, modulo 3); slots after each block;
-  AdamW, as `grow` trains a user's transformer.
+  AdamW, as `grow` trains a user's transformer. The heuristic grows copies of both blocks (`block_copy`);
+  `padded_zero_blocks` grows zero-initialised morphogen blocks (`block`) instead, as before a user's own block
+  could be copied.
 
 Each is made a host by `morphogen.host_from_module` and grown by `morphogen.grow` with the heuristic
 (defaults but for the settings named above) and strict gates, next to the same host without growth and the
@@ -321,6 +323,9 @@ MODELS = {
     "cnn1d_branch_all": Model(mnist1d_signals, cnn1d, ("1", "4"), 100, (("depth_blueprint", "branch_wide"),)),
     "padded": Model(padded, lambda: PaddedClassifier(vocab=16), ("blocks.0", "blocks.1"), 64, classes=3,
                     optimizer=tuple(TOPOLOGY_OPTIMIZERS["transformer"].items())),  # as grow trains a transformer
+    "padded_zero_blocks": Model(padded, lambda: PaddedClassifier(vocab=16), ("blocks.0", "blocks.1"), 64, classes=3,
+                                optimizer=tuple(TOPOLOGY_OPTIMIZERS["transformer"].items()),
+                                heuristic=(("depth_blueprint", "block"),)),  # zero-initialised blocks, not copies
     "regression": Model(friedman1, regression_mlp, ("1", "3"), 64, loss=nn.functional.mse_loss),
     "friedman2": Model(other_regression("friedman2"), lambda: regression_mlp(inputs=4), ("1", "3"), 64,
                        loss=nn.functional.mse_loss),

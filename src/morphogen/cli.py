@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     from morphogen.commands.run import RunConfig
     from morphogen.control.distributed import DistributedContext
     from morphogen.control.trainer import TrainConfig
+    from morphogen.data.tasks import Task
 
 USER_ERRORS = (
     ("morphogen.config", "ConfigError"), ("morphogen.data.errors", "DataError"),
@@ -429,25 +430,48 @@ def _distributed(args: argparse.Namespace, device: str) -> Iterator[DistributedC
 def _run(args: argparse.Namespace) -> None:
     from morphogen.commands.run import run_command
 
-    config = run_config_from_args(args)
+    config, task = _run_config_and_task(args)
     if args.policy is None:
-        run_command(config)
+        run_command(config, task=task)
         return
     from morphogen.commands.evaluate import policy_controller_factory
     from morphogen.devices import resolve_device
 
     # The policy acts on the task, host, slots and episode `run` chose, whatever it was trained on.
     factory = policy_controller_factory(args.policy, resolve_device(config.device), config.compile_settings)
-    run_command(config, factory)
+    run_command(config, factory, task=task)
 
 
 def run_config_from_args(args: argparse.Namespace) -> RunConfig:
     """Defaults, then the config file, then command-line flags."""
+    return _run_config_and_task(args, load=False)[0]
+
+
+def _run_config_and_task(args: argparse.Namespace, *, load: bool = True) -> tuple[RunConfig, Task | None]:
+    """The run's config and, where resolving its optimizer needed it, its task (already loaded).
+
+    A task of the user's own (`--task module:function`) trains with its host's topology's default optimizer
+    (AdamW for a transformer), which is known only once the user's function has built the task. So an
+    `[episode.optimizer]` table that does not name an optimizer is laid over that default after loading the task
+    here, once; `run` then plays that task. `load=False` leaves such a table over SGD's defaults.
+    """
     from morphogen.commands.run import RunConfig
 
     values = read_config_values(args.config)
     _apply_overrides(values, _flag_overrides(args))
-    return build_config(RunConfig, _with_task_optimizer(_with_episode_length(values, args.epochs, "--epochs")))
+    values = _with_episode_length(values, args.epochs, "--epochs")
+    config = build_config(RunConfig, _with_task_optimizer(values))
+    episode = values.get("episode")
+    table = episode.get("optimizer") if isinstance(episode, dict) else None
+    if not load or config.task in TASK_NAMES or not isinstance(table, dict) or "name" in table:
+        return config, None
+    from morphogen.devices import resolve_device
+    from morphogen.env.optimizer import task_optimizer_config
+    from morphogen.session import load_session_task
+
+    task = load_session_task(config.with_resolved_host(), resolve_device(config.device))
+    optimizer = task_optimizer_config(task.name, table, "episode.optimizer", topology=task.topology)
+    return dataclasses.replace(config, episode=dataclasses.replace(config.episode, optimizer=optimizer)), task
 
 
 def eval_config_from_args(args: argparse.Namespace) -> EvalConfig:

@@ -155,6 +155,29 @@ def test_run_grows_a_users_task_named_by_import_path(function: str, name: str, t
         torch.testing.assert_close(call(program, inputs), expected, rtol=0, atol=1e-5)  # as the user's model is
 
 
+@pytest.mark.parametrize(("table", "first_line", "optimizer"), [
+    ('schedule = "cosine"', "AdamW lr 0.005 cosine", "adamw"),  # over the transformer's default: AdamW
+    ('name = "sgd"\nhost_lr = 0.05', "SGD lr 0.05", "sgd"),  # named: from SGD's defaults, and the default is told
+])
+def test_an_optimizer_table_is_laid_over_the_default_of_the_users_model(
+        table: str, first_line: str, optimizer: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """The default of a task of the user's own depends on its model (AdamW for a transformer), which the command
+    knows only once the user's function has built the task: a table that names no optimizer still builds on it."""
+    monkeypatch.chdir(HERE)
+    config = tmp_path / "run.toml"
+    config.write_text(EAGER.read_text().replace("max_epochs = 4", "max_epochs = 1") + f"[episode.optimizer]\n{table}\n")
+    code = main(["run", "--task", "user_tasks:gpt", "--config", str(config), "--run-dir", str(tmp_path / "run"),
+                 "--threads", "1"])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    assert out.splitlines()[0].endswith(first_line)
+    assert ('note: the optimizer settings make this transformer train with SGD; without them, AdamW lr 0.005'
+            in out) == (optimizer == "sgd")
+    recorded = json.loads((tmp_path / "run" / "config.json").read_text())["episode"]["optimizer"]
+    assert recorded["name"] == optimizer
+
+
 @pytest.mark.parametrize(("task", "message"), [
     ("user_tasks:not_a_task", "task: user_tasks:not_a_task returned int; return morphogen.task_from_data(...)"),
     ("user_tasks:raises", "task: user_tasks:raises raised RuntimeError: the dataset directory is missing"),

@@ -249,7 +249,8 @@ def run_command(config: RunConfig, controller_factory: Callable[[MorphogenesisEp
 
 def optimizer_note(task: Task, chosen: OptimizerConfig | None) -> str:
     """A line for a transformer of the user's own that trains with SGD because the run's optimizer settings say so
-    (a config table or an `OptimizerConfig` builds on SGD's defaults unless it names AdamW), else ""."""
+    (`name = "sgd"`, or an `OptimizerConfig` made in Python, which builds on SGD's defaults unless it names AdamW),
+    else ""."""
     default = task_optimizer_config(task.name, topology=task.topology)
     if task.source == "builtin" or chosen is None or chosen.name == default.name:
         return ""
