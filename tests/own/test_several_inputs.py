@@ -201,6 +201,49 @@ def test_only_a_block_of_the_main_path_is_copied() -> None:
         MorphogeneticModel(host).germinate("embed", "block_copy")
 
 
+class _EncoderClassifier(nn.Module):
+    """A text classifier built on torch's own `nn.TransformerEncoder`, its padding read by every layer."""
+
+    def __init__(self, pool_padding: bool = False) -> None:
+        super().__init__()
+        self.pool_padding = pool_padding
+        self.embed = nn.Embedding(8, 16)
+        layer = nn.TransformerEncoderLayer(16, 2, 32, dropout=0.0, batch_first=True)
+        self.encoder = nn.TransformerEncoder(layer, 2, norm=nn.LayerNorm(16))  # nested tensors when it infers
+        self.head = nn.Linear(16, 3)
+
+    def forward(self, ids: Tensor, padding: Tensor) -> Tensor:
+        x = self.encoder(self.embed(ids), src_key_padding_mask=padding)
+        if self.pool_padding:  # padded positions too: what the encoder's inference fast path sets to zero
+            return self.head(x.mean(1))
+        keep = (~padding).unsqueeze(-1).to(x.dtype)
+        return self.head((x * keep).sum(1) / keep.sum(1))
+
+
+@pytest.mark.parametrize("pool_padding", [False, True])
+def test_the_layers_of_torchs_transformer_encoder_hold_slots_and_copies(pool_padding: bool, tmp_path: Path) -> None:
+    """fx keeps torch.nn modules whole and cannot trace `nn.TransformerEncoder.forward`: a slot after one of its
+    layers is cut from the layers' calls, as the encoder makes them while it trains."""
+    ids, padding = _batch(6)
+    torch.manual_seed(0)
+    net = _EncoderClassifier(pool_padding)
+    host = morphogen.host_from_module(net, slots=["encoder.layers.0", "encoder.layers.1"],
+                                      example_input=(ids[:2], padding[:2]))
+    assert host.topology == "transformer" and host.slot_ids == ("encoder_layers_0", "encoder_layers_1")
+    model = MorphogeneticModel(host, config=EASY_CONFIG)
+    torch.testing.assert_close(model((ids, padding)), net(ids, padding), rtol=0, atol=1e-5)  # training mode
+    for slot_id in model.slot_ids:
+        model.install(slot_id, "block_copy")
+    deeper = _EncoderClassifier(pool_padding)
+    deeper.load_state_dict(net.state_dict())
+    deeper.encoder.layers = nn.ModuleList(layer for layer in net.encoder.layers for _ in range(2))
+    torch.testing.assert_close(model((ids, padding)), deeper(ids, padding), rtol=0, atol=1e-5)
+    model.eval()
+    with torch.no_grad():
+        program = torch.export.load(morphogen.export_model(model, (ids, padding), tmp_path / "grown.pt2")).module()
+        torch.testing.assert_close(program(ids, padding), model((ids, padding)), rtol=0, atol=1e-5)
+
+
 class _PaddedDataset(Dataset[tuple[dict[str, Tensor], Tensor]]):
     """Samples as a data pipeline gives them: a dict of inputs by argument name, and a label."""
 

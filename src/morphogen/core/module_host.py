@@ -235,7 +235,38 @@ class _SlotLeafTracer(fx.Tracer):
         self.leaves = set(leaves)
 
     def is_leaf_module(self, m: nn.Module, module_qualified_name: str) -> bool:
-        return module_qualified_name in self.leaves or super().is_leaf_module(m, module_qualified_name)
+        if module_qualified_name in self.leaves:
+            return True
+        # A torch.nn container of a slot's submodule (nn.TransformerEncoder holding `encoder.layers.0`) is traced
+        # through, not kept whole as fx keeps torch.nn modules.
+        return not self._holds_slot(module_qualified_name) and super().is_leaf_module(m, module_qualified_name)
+
+    def _holds_slot(self, name: str) -> bool:
+        return any(leaf.startswith(name + ".") for leaf in self.leaves)
+
+    def call_module(self, m: nn.Module, forward: Callable[..., object], args: tuple[object, ...],
+                    kwargs: dict[str, object]) -> object:
+        if isinstance(m, nn.TransformerEncoder) and self._holds_slot(self.path_of_module(m)):
+            return self._encoder_layers(m, args, kwargs)
+        return super().call_module(m, forward, args, kwargs)
+
+    def _encoder_layers(self, encoder: nn.TransformerEncoder, args: tuple[object, ...],
+                        kwargs: dict[str, object]) -> object:
+        """What `nn.TransformerEncoder.forward` computes outside its inference fast path, as calls of its layers:
+        its forward branches on its inputs' values (mask checks, nested tensors), which fx cannot trace. Each layer
+        reads the masks as given (it converts them as the encoder would), and `is_causal` only where the caller
+        said it: the encoder's guess from the mask's values is a hint for speed, never needed for the result."""
+        bound = inspect.signature(nn.TransformerEncoder.forward).bind(encoder, *args, **kwargs)
+        bound.apply_defaults()
+        given = bound.arguments
+        output = given["src"]
+        for layer in encoder.layers:
+            output = self.call_module(layer, layer.forward, (output,), {
+                "src_mask": given["mask"], "src_key_padding_mask": given["src_key_padding_mask"],
+                "is_causal": given["is_causal"] is True})
+        if encoder.norm is not None:
+            output = self.call_module(encoder.norm, encoder.norm.forward, (output,), {})
+        return output
 
 
 def _trace(model: nn.Module, names: Sequence[str], defaults: dict[str, object]) -> fx.GraphModule:
@@ -401,7 +432,8 @@ def _probe(model: nn.Module, segments: Sequence[nn.Module], names: Sequence[str]
     copyable: list[nn.Module | None] = []
     try:
         with torch.no_grad():
-            expected = _call(lambda inputs: call(model, inputs), example, type(model).__name__)
+            with torch.enable_grad():  # as the model trains: no inference fast path (nested tensors drop padding)
+                expected = _call(lambda inputs: _detached(call(model, inputs)), example, type(model).__name__)
             activations: list[Tensor] = []
             x: object = example
             for index, segment in enumerate(segments):
@@ -428,6 +460,10 @@ def _probe(model: nn.Module, segments: Sequence[nn.Module], names: Sequence[str]
             raise HostBuildError(f"slot after {name!r}: its output has shape {tuple(activation.shape)}; a slot needs "
                                  "[N, channels, ...] or [N, ..., features]")
     return activations, copyable
+
+
+def _detached(output: object) -> object:
+    return output.detach() if isinstance(output, Tensor) else output
 
 
 def _keeps_shape(layer: nn.Module | None, activation: object) -> bool:
