@@ -297,15 +297,18 @@ def test_batches_whose_inputs_disagree_are_one_data_error() -> None:
 
 
 @pytest.mark.usefixtures("fresh_dynamo")
-def test_compiled_training_passes_match_eager_ones_without_graph_breaks_or_recompiles() -> None:
+@pytest.mark.parametrize("blueprint", ["mlp_small", "block_copy"])
+def test_compiled_training_passes_match_eager_ones_without_graph_breaks_or_recompiles(blueprint: str) -> None:
     import torch._dynamo
 
     from morphogen.core.compilation import CompileSettings
 
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
     ids, padding = _batch(8)
     _, host = _host((ids[:2], padding[:2]))
     model = MorphogeneticModel(host, config=EASY_CONFIG)
-    _training_seeds(model)
+    _training_seeds(model, blueprint)
     eager, eager_shadow = model.forward_with_shadow((ids, padding), 6)
     model.compile_forward(CompileSettings(backend="aot_eager"))
     for seed in (2, 3):  # other batches of the same shape reuse the graphs
