@@ -498,7 +498,12 @@ def eval_config_from_args(args: argparse.Namespace) -> EvalConfig:
 def _eval(args: argparse.Namespace) -> None:
     from morphogen.commands.evaluate import evaluate_command
 
-    evaluate_command(eval_config_from_args(args))
+    config = eval_config_from_args(args)
+    # A task of the user's own: a table that names no optimizer is laid over its model's default once it is built.
+    table = read_config_values(args.config).get("optimizer")
+    user_table = (config.optimizer is not None and config.task not in TASK_NAMES and isinstance(table, dict)
+                  and "name" not in table)
+    evaluate_command(config, optimizer_table=table if user_table else None)
 
 
 def _report(args: argparse.Namespace) -> None:

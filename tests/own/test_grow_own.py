@@ -178,6 +178,17 @@ def test_an_optimizer_table_is_laid_over_the_default_of_the_users_model(
     assert recorded["name"] == optimizer
 
 
+def test_eval_lays_an_optimizer_table_over_the_default_of_the_users_model(tmp_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(HERE)
+    config = tmp_path / "eval.toml"
+    config.write_text('policy = "default"\ntask = "user_tasks:gpt"\nepisodes = 1\nepisode_length = 1\n'
+                      '[optimizer]\nschedule = "cosine"\n')
+    assert main(["eval", "--config", str(config), "--run-dir", str(tmp_path / "eval"), "--threads", "1"]) == 0
+    recorded = json.loads((tmp_path / "eval" / "config.json").read_text())["optimizer"]
+    assert (recorded["name"], recorded["schedule"]) == ("adamw", "cosine")
+
+
 @pytest.mark.parametrize(("task", "message"), [
     ("user_tasks:not_a_task", "task: user_tasks:not_a_task returned int; return morphogen.task_from_data(...)"),
     ("user_tasks:raises", "task: user_tasks:raises raised RuntimeError: the dataset directory is missing"),

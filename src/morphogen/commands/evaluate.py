@@ -12,7 +12,7 @@ import dataclasses
 import json
 import statistics
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
@@ -27,7 +27,7 @@ from morphogen.control.trainer import TrainConfig
 from morphogen.core.compilation import CompileSettings
 from morphogen.devices import resolve_device
 from morphogen.env.episode import EpisodeConfig, MorphogenesisEpisode
-from morphogen.env.optimizer import OptimizerConfig
+from morphogen.env.optimizer import OptimizerConfig, task_optimizer_config
 from morphogen.env.play import Controller, EpisodeOutcome, run_episode
 from morphogen.env.seeding import derive_seed
 from morphogen.limits import MAX_EPOCHS, MAX_EVAL_EPISODES, MAX_SEED, MAX_TRAIN_SAMPLES, check_count
@@ -170,15 +170,23 @@ def _mean_std(values: tuple[float, ...]) -> str:
     return f"{statistics.fmean(values):8.2f} ± {spread:5.2f}"
 
 
-def evaluate_command(config: EvalConfig, out: TextIO | None = None) -> list[ControllerScores]:
+def evaluate_command(config: EvalConfig, out: TextIO | None = None, *,
+                     optimizer_table: Mapping[str, Any] | None = None) -> list[ControllerScores]:
     """Play `config.episodes` fresh seeds with each controller and print the comparison table to `out`
-    (default: `sys.stdout` at call time); with `config.run_dir`, record everything there too."""
+    (default: `sys.stdout` at call time); with `config.run_dir`, record everything there too.
+
+    `optimizer_table`: an `[optimizer]` table that names no optimizer, for a task of the user's own, to lay over
+    that task's default (AdamW for a transformer) once it is loaded; it replaces `config.optimizer`."""
     out = sys.stdout if out is None else out
     device = resolve_device(config.device)
     source = policy_source(config.policy)
     trained, state = read_policy_run(config.policy, device)
     session, episode_config = evaluation_setting(config, trained)
     task = load_session_task(session.with_resolved_host(), device)
+    if optimizer_table is not None:
+        optimizer = task_optimizer_config(task.name, optimizer_table, "optimizer", topology=task.topology)
+        config = dataclasses.replace(config, optimizer=optimizer)
+        episode_config = dataclasses.replace(episode_config, optimizer=optimizer)
     agent = agent_from_checkpoint(state, device, source=source)
     agent.policy.compile_forward(config.compile_settings)
     makers: dict[str, Callable[[MorphogenesisEpisode], Controller]] = {
