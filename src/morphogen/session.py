@@ -83,6 +83,10 @@ class SessionOptions(CompileOptions):
     #: The task's own name, filled in by the command from the task it loaded (a user's task names itself);
     #: reports show it. Setting it changes nothing else.
     task_name: str | None = None
+    #: What the task's score is ("accuracy", "negative loss" for a task with its own loss, or its own metric's
+    #: name), filled in by `run` from the task it loaded; the dashboard labels scores with it. Setting it changes
+    #: nothing else.
+    task_metric: str | None = None
     #: Telemetry level, TensorBoard, profiler window, anomaly thresholds.
     telemetry: TelemetryConfig = field(default_factory=TelemetryConfig)
     #: Run the host's training forward and the policy's forward under torch.compile (see

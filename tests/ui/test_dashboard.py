@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import shutil
 from collections.abc import Callable
@@ -111,6 +112,29 @@ def test_keys_pause_help_detail_and_quit(grown_run: Path) -> None:
     asyncio.run(drive())
 
 
+def test_a_score_other_than_accuracy_is_shown_by_its_name(grown_run: Path, tmp_path: Path) -> None:
+    """A task with its own loss or metric (config.json's `task_metric`): its scores are not read as percent."""
+    run = tmp_path / "run"
+    shutil.copytree(grown_run, run)
+    config = json.loads((run / "config.json").read_text())
+    assert config["task_metric"] == "accuracy"  # `run` records what the task's score is
+    config["task_metric"] = "negative loss\x1b[2J"  # an untrusted file: shown as text
+    (run / "config.json").write_text(json.dumps(config))
+
+    async def drive() -> None:
+        app = Dashboard(run, poll_seconds=POLL)
+        async with app.run_test(size=(140, 40)) as pilot:
+            await _wait_for(pilot, lambda: "[FINISHED]" in _text(app, "#header"))
+            table = app.query_one("#envs", DataTable)
+            assert str(list(table.columns.values())[3].label) == "val negative loss\\x1b[2J"
+            score = _row(app, 0)[3]
+            assert not score.endswith("%") and float(score) > 0  # an accuracy here, shown as the named score is
+            assert any("episode done, negative loss" in line for line in _log_lines(app))
+            await pilot.press("q")
+
+    asyncio.run(drive())
+
+
 def test_replay_feeds_a_finished_run_progressively(grown_run: Path) -> None:
     total = len(EventTail(grown_run / EVENTS_FILENAME).read_new(final=True))
     per_tick, slow_timer = 10, 600.0  # the timer never fires in the test: ticks are driven by hand
@@ -133,8 +157,6 @@ def test_replay_feeds_a_finished_run_progressively(grown_run: Path) -> None:
 
 
 def test_view_speed_and_eta_count_env_steps(trained_run: Path) -> None:
-    import json
-
     view = RunView.from_config(json.loads((trained_run / "config.json").read_text()))
     assert (view.training, view.rounds_total, view.n_envs, view.episode_length) == (True, 2, 2, 4)
     events = EventTail(trained_run / EVENTS_FILENAME).read_new(final=True)

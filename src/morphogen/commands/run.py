@@ -229,7 +229,7 @@ def run_command(config: RunConfig, controller_factory: Callable[[MorphogenesisEp
     device = resolve_device(config.device)
     if task is None:
         task = load_session_task(config, device)
-    config = dataclasses.replace(config, task_name=task.name)
+    config = dataclasses.replace(config, task_name=task.name, task_metric=task.metric_name)
     episode = MorphogenesisEpisode(task, config.episode, seed=config.seed, slots=config.slots,
                                    pool_slots=config.pool_slots)
     episode.compile_settings = config.compile_settings

@@ -116,9 +116,10 @@ def anomaly_text(view: RunView) -> Text:
 def env_detail_text(view: RunView, env: EnvView) -> Text:
     text = Text(f"env {env.env_id}: round {env.round}, epoch {env.epoch}/{view.episode_length or '?'}\n\n",
                 style="bold")
-    accuracy = "-" if env.val_accuracy is None else f"{env.val_accuracy:.2f}%"
+    accuracy = "-" if env.val_accuracy is None else view.score.format(env.val_accuracy)
     parameters = "-" if env.param_count is None else f"{env.param_count:,}"
-    text.append(f"val accuracy {accuracy}   parameters {parameters}   episodes done {env.episodes_completed}\n")
+    text.append(f"val {view.score.name} {accuracy}   parameters {parameters}   "
+                f"episodes done {env.episodes_completed}\n")
     outcome = "ok" if env.action_succeeded else "refused"
     text.append(f"last action {env.action or '-'} ({outcome})\n\nslots:\n")
     for slot in env.slots:
@@ -206,7 +207,7 @@ class Dashboard(App[None]):
 
     def on_mount(self) -> None:
         table = self.query_one("#envs", DataTable)
-        table.add_columns("env", "round", "epoch", "val acc", "params")
+        table.add_columns("env", "round", "epoch", Text(f"val {self.view.score.label}"), "params")
         self.poll()
         self.set_interval(self.poll_seconds, self.poll)
 
@@ -258,7 +259,7 @@ class Dashboard(App[None]):
                 self._slot_columns.append(slot_id)
         for env_id in sorted(self.view.envs):
             env = self.view.envs[env_id]
-            accuracy = "-" if env.val_accuracy is None else f"{env.val_accuracy:6.2f}%"
+            accuracy = "-" if env.val_accuracy is None else self.view.score.format(env.val_accuracy)
             parameters = "-" if env.param_count is None else f"{env.param_count:,}"
             cells = [str(env_id), str(env.round), f"{env.epoch}/{self.view.episode_length or '?'}", accuracy,
                      parameters, *(slot_cell(env, slot_id) for slot_id in self._slot_columns)]

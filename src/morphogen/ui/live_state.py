@@ -29,7 +29,7 @@ from morphogen.telemetry.events import (
     StageTransition,
     TelemetryLevelChanged,
 )
-from morphogen.ui.run_files import TimedEvent, config_value, task_label
+from morphogen.ui.run_files import ScoreKind, TimedEvent, config_value, task_label
 from morphogen.ui.terminal_text import printable
 
 LOG_LINES = 1000
@@ -41,6 +41,13 @@ def _count(value: object) -> int | None:
     if isinstance(value, bool) or not isinstance(value, int):
         return None
     return value if 1 <= value <= max(MAX_EPOCHS, MAX_ENVS, MAX_ROUNDS) else None
+
+
+def _score(name: object) -> ScoreKind:
+    """The score a run's config.json names (untrusted: a printable name of at most 100 characters), else accuracy."""
+    if not isinstance(name, str) or not 0 < len(name) <= 100:
+        return ScoreKind()
+    return ScoreKind(printable(name))
 
 
 @dataclass
@@ -77,6 +84,8 @@ class RunView:
 
     task: str = "?"
     training: bool = False
+    #: What `val_accuracy` and the final scores are (config.json's `task_metric`; accuracy where it says none).
+    score: ScoreKind = field(default_factory=ScoreKind)
     rounds_total: int | None = None
     n_envs: int = 1
     episode_length: int | None = None
@@ -106,6 +115,7 @@ class RunView:
             rounds_total=_count(config.get("rounds")) if training else None,
             n_envs=(_count(config.get("n_envs")) or 1) if training else 1,
             episode_length=_count(config_value(config, "episode.max_epochs")),
+            score=_score(config.get("task_metric")),
         )
 
     # ---------------------------------------------------------------- derived numbers
@@ -213,7 +223,8 @@ class RunView:
         env.episodes_completed += 1
         env.last_return = event.episode_return
         self.finished = self.finished or not self.training
-        return (f"{where}: episode done, acc {event.final_accuracy:.2f}%, {event.fossilized} fossilized, "
+        return (f"{where}: episode done, {self.score.label} {self.score.format(event.final_accuracy)}, "
+                f"{event.fossilized} fossilized, "
                 f"{event.pruned} pruned, return {event.episode_return:+.3f}")
 
     def _alert(self, event: AnomalyDetected | GovernorRollback, where: str) -> str:
@@ -231,4 +242,4 @@ class RunView:
         if self.rounds_total is not None and event.round >= self.rounds_total:
             self.finished = True
         return (f"{where}: round {event.round} done, return {event.mean_return:+.3f}, "
-                f"acc {event.mean_final_accuracy:.2f}%, {event.seconds:.1f} s")
+                f"{self.score.label} {self.score.format(event.mean_final_accuracy)}, {event.seconds:.1f} s")
