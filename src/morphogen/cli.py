@@ -344,6 +344,14 @@ def _resolved_optimizer(table: Any, task: Any, path: str) -> dict[str, Any] | No
     return dataclasses.asdict(task_optimizer_config(task, table, path))  # a bad key or value: one ConfigError line
 
 
+def _over_users_default(table: Any, task: str | None) -> dict[str, Any] | None:
+    """An optimizer `table` that names no optimizer, for a task of the user's own: the command lays it over the
+    default of the user's model (AdamW for a transformer) once the task is built; else None."""
+    if task is None or task in TASK_NAMES or not isinstance(table, dict) or "name" in table:
+        return None
+    return table
+
+
 def read_config_values(path: str | None) -> dict[str, Any]:
     """The values of the config file at `path` (none: no values)."""
     return {} if path is None else read_config_file(path)
@@ -462,8 +470,8 @@ def _run_config_and_task(args: argparse.Namespace, *, load: bool = True) -> tupl
     values = _with_episode_length(values, args.epochs, "--epochs")
     config = build_config(RunConfig, _with_task_optimizer(values))
     episode = values.get("episode")
-    table = episode.get("optimizer") if isinstance(episode, dict) else None
-    if not load or config.task in TASK_NAMES or not isinstance(table, dict) or "name" in table:
+    table = _over_users_default(episode.get("optimizer") if isinstance(episode, dict) else None, config.task)
+    if not load or table is None:
         return config, None
     from morphogen.devices import resolve_device
     from morphogen.env.optimizer import task_optimizer_config
@@ -499,11 +507,8 @@ def _eval(args: argparse.Namespace) -> None:
     from morphogen.commands.evaluate import evaluate_command
 
     config = eval_config_from_args(args)
-    # A task of the user's own: a table that names no optimizer is laid over its model's default once it is built.
-    table = read_config_values(args.config).get("optimizer")
-    user_table = (config.optimizer is not None and config.task not in TASK_NAMES and isinstance(table, dict)
-                  and "name" not in table)
-    evaluate_command(config, optimizer_table=table if user_table else None)
+    table = None if config.optimizer is None else read_config_values(args.config).get("optimizer")
+    evaluate_command(config, optimizer_table=_over_users_default(table, config.task))
 
 
 def _report(args: argparse.Namespace) -> None:
