@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import re
 import sys
 from pathlib import Path
+from typing import NamedTuple
 
 import pytest
 import torch
 from torch import Tensor, nn
 
+import morphogen
 from morphogen import HostBuildError, MorphogeneticModel, host_from_module
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "own"))
@@ -118,6 +121,58 @@ def test_what_cannot_work_is_one_clear_error_naming_the_submodule(model: nn.Modu
         host_from_module(model, slots, example_input=example)
     assert message in str(caught.value)
     assert "\n" not in str(caught.value)
+
+
+class _LogitsAndFeatures(nn.Module):
+    """A model that returns its features beside its class scores, as a tuple, a dict or an object of outputs."""
+
+    def __init__(self, returns: str) -> None:
+        super().__init__()
+        self.returns = returns
+        self.body = nn.Sequential(nn.Linear(4, 8), nn.ReLU())
+        self.block = nn.Sequential(nn.Linear(8, 8), nn.ReLU())
+        self.head = nn.Linear(8, 3)
+
+    def forward(self, x: Tensor) -> object:
+        features = self.block(self.body(x))
+        logits = self.head(features)
+        if self.returns == "tuple":
+            return logits, features
+        if self.returns == "dict":
+            return {"features": features, "logits": logits}
+        return _Outputs(logits, features)
+
+
+class _Outputs(NamedTuple):
+    logits: Tensor
+    features: Tensor
+
+
+@pytest.mark.parametrize(("returns", "output"), [("tuple", 0), ("dict", "logits"), ("object", "logits")])
+def test_output_names_the_one_the_loss_reads(returns: str, output: int | str, tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    net = _LogitsAndFeatures(returns)
+    x = torch.randn(5, 4)
+    host = host_from_module(net, ["body"], example_input=x[:2], output=output)
+    assert not [key for key in host.state_dict() if "picked" in key], "the pick holds no state"
+    model = MorphogeneticModel(host)
+    expected = net(x)
+    logits = expected[0] if returns == "tuple" else expected["logits"] if returns == "dict" else expected.logits
+    torch.testing.assert_close(model(x), logits, rtol=0, atol=0)
+    model.germinate("body", "mlp")
+    program = torch.export.load(morphogen.export_model(model.eval(), x[:2], tmp_path / "grown.pt2")).module()
+    torch.testing.assert_close(program(x), model(x), rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize(("output", "message"), [
+    (2, "output=2: _LogitsAndFeatures's forward returns a tuple without it"),
+    ("logits", "output='logits': _LogitsAndFeatures's forward returns a tuple without it"),
+    (1.5, "output must be a position (int) or a key or attribute name (str), got 1.5"),
+])
+def test_an_output_the_forward_does_not_return_is_refused(output: object, message: str) -> None:
+    with pytest.raises(HostBuildError, match=re.escape(message)):
+        host_from_module(_LogitsAndFeatures("tuple"), ["body"], example_input=torch.randn(2, 4),
+                         output=output)  # type: ignore[arg-type]
 
 
 def test_a_topology_that_does_not_fit_the_probe_is_refused() -> None:

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import inspect
 import operator
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from itertools import pairwise
 
 import torch
@@ -72,13 +72,15 @@ def slot_id_for(name: str) -> str:
 
 
 def host_from_module(model: nn.Module, slots: Sequence[str], example_input: Inputs, *,
-                     topology: str | None = None) -> ModuleHost:
+                     topology: str | None = None, output: int | str | None = None) -> ModuleHost:
     """Make `model` a host with a slot after each submodule named in `slots` (qualified names, any order).
 
     `example_input` is a small batch of real inputs (two samples suffice), given as the model takes them: a
     tensor, a tuple of tensors (positional arguments) or a dict of tensors (arguments by name); forward
     parameters it does not give keep their defaults. It is run once, in eval mode and without gradients, to
-    measure the slots and to check the cut. Raises `HostBuildError`.
+    measure the slots and to check the cut. `output` names the one output the loss reads where the forward
+    returns several: its position in a tuple or list, its key in a dict, or the name of an attribute; the host
+    (and the grown model, and its export) returns that one. Raises `HostBuildError`.
     """
     if not isinstance(model, nn.Module):
         raise HostBuildError(f"host_from_module needs an nn.Module, got {type(model).__name__}")
@@ -92,8 +94,12 @@ def host_from_module(model: nn.Module, slots: Sequence[str], example_input: Inpu
     _check_names(model, names)
     if topology is not None and topology not in TOPOLOGY_RANKS:
         raise HostBuildError(f"unknown topology {topology!r}; valid: {', '.join(TOPOLOGY_RANKS)}")
+    if output is not None and (isinstance(output, bool) or not isinstance(output, int | str)):
+        raise HostBuildError(f"output must be a position (int) or a key or attribute name (str), got {output!r}")
     segments, ordered, side_inputs, layer_calls = _cut(model, names, example_input)
-    outputs, layers = _probe(model, segments, ordered, example_input, layer_calls)
+    if output is not None:
+        _pick_in(segments[-1], output)
+    outputs, layers = _probe(model, segments, ordered, example_input, layer_calls, output)
     chosen = topology or _guess_topology(model, outputs, ordered)
     slot_ids = [slot_id_for(name) for name in ordered]
     host = ModuleHost(segments, _widths(ordered, outputs, chosen), chosen, dict(zip(slot_ids, ordered, strict=True)),
@@ -107,6 +113,40 @@ def host_from_module(model: nn.Module, slots: Sequence[str], example_input: Inpu
                             for index, slot_id in enumerate(host.slot_ids)
                             if (shape := entering[index]) is not None}
     return host
+
+
+class _PickOutput(nn.Module):
+    """The one output named by `key` of the several a model's forward returns."""
+
+    def __init__(self, key: int | str) -> None:
+        super().__init__()
+        self.key = key
+
+    def forward(self, outputs: object) -> Tensor:
+        return _pick_output(outputs, self.key)  # type: ignore[return-value]  # the shape probe checks it is a tensor
+
+
+def _pick_in(part: nn.Module, key: int | str) -> None:
+    """Make the model's last part return output `key`: a step at its end, with no parameters, so that its
+    state_dict and the layers a width site reads stay as they are."""
+    if isinstance(part, fx.GraphModule):
+        part.add_submodule("picked_output", _PickOutput(key))
+        end = next(node for node in part.graph.nodes if node.op == "output")
+        with part.graph.inserting_before(end):
+            picked = part.graph.call_module("picked_output", (end.args[0],))
+        end.args = (picked,)
+        part.recompile()
+    else:
+        assert isinstance(part, nn.Sequential)  # a cut between children
+        part.append(_PickOutput(key))
+
+
+def _pick_output(outputs: object, key: int | str) -> object:
+    """Output `key` of several: a position in a tuple or list, a key of a dict, else the name of an attribute (a
+    named tuple's or a dataclass's field)."""
+    if isinstance(key, int):
+        return outputs[key]  # type: ignore[index]  # not a sequence: TypeError, a user's mistake
+    return outputs[key] if isinstance(outputs, Mapping) else getattr(outputs, key)
 
 
 def _widths(names: Sequence[str], outputs: Sequence[Tensor], topology: str) -> dict[str, int]:
@@ -423,7 +463,7 @@ def _value_reader(graph: fx.Graph, values: dict[fx.Node, fx.node.Argument], inpu
 
 
 def _probe(model: nn.Module, segments: Sequence[nn.Module], names: Sequence[str], example: Inputs,
-           layers: Sequence[nn.Module | None]) -> tuple[list[Tensor], list[nn.Module | None]]:
+           layers: Sequence[nn.Module | None], key: int | str | None) -> tuple[list[Tensor], list[nn.Module | None]]:
     """Run the segments on `example` (eval mode, no grad): the activation at every cut, checked against the model,
     and the `layers` (one per cut) that a copy could stand after their own: they map the activation at their cut
     to its shape."""
@@ -433,7 +473,9 @@ def _probe(model: nn.Module, segments: Sequence[nn.Module], names: Sequence[str]
     try:
         with torch.no_grad():
             with torch.enable_grad():  # as the model trains: no inference fast path (nested tensors drop padding)
-                expected = _call(lambda inputs: _detached(call(model, inputs)), example, type(model).__name__)
+                expected: object = _call(lambda inputs: _detached(call(model, inputs)), example, type(model).__name__)
+            if key is not None:
+                expected = _picked_output(type(model).__name__, expected, key)
             activations: list[Tensor] = []
             x: object = example
             for index, segment in enumerate(segments):
@@ -449,7 +491,8 @@ def _probe(model: nn.Module, segments: Sequence[nn.Module], names: Sequence[str]
     output = activations.pop()
     if not isinstance(expected, Tensor) or not isinstance(output, Tensor):
         raise HostBuildError(f"{type(model).__name__}'s forward returns {type(expected).__name__}; a host returns "
-                             "one tensor (wrap the model in a module whose forward returns the one your loss reads)")
+                             "one tensor: name the one your loss reads, output=0 (a position) or output=\"logits\" (a "
+                             "key or attribute)")
     if output.shape != expected.shape or not torch.allclose(output, expected, rtol=1e-4, atol=1e-5):
         raise HostBuildError(f"cutting {type(model).__name__} after {', '.join(names)} changes its output; its "
                              "forward does not run those parts in order")
@@ -460,6 +503,14 @@ def _probe(model: nn.Module, segments: Sequence[nn.Module], names: Sequence[str]
             raise HostBuildError(f"slot after {name!r}: its output has shape {tuple(activation.shape)}; a slot needs "
                                  "[N, channels, ...] or [N, ..., features]")
     return activations, copyable
+
+
+def _picked_output(model_name: str, outputs: object, key: int | str) -> object:
+    try:
+        return _pick_output(outputs, key)
+    except (IndexError, KeyError, TypeError, AttributeError):
+        raise HostBuildError(f"output={key!r}: {model_name}'s forward returns a {type(outputs).__name__} without "
+                             "it") from None
 
 
 def _detached(output: object) -> object:
