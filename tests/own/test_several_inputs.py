@@ -394,6 +394,30 @@ def test_a_value_computed_from_the_main_path_still_may_not_cross_a_cut() -> None
         morphogen.host_from_module(Residual(), slots=["inner"], example_input=torch.randn(2, 4))
 
 
+class _TokenDropout(nn.Module):
+    """Hides a random tenth of the real tokens from every block: random numbers drawn by a function."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(8, 16)
+        self.blocks = nn.ModuleList(PaddedClassifier().blocks)
+        self.head = nn.Linear(16, 3)
+
+    def forward(self, ids: Tensor, padding: Tensor) -> Tensor:
+        hidden = padding | (torch.rand_like(padding, dtype=torch.float) < 0.1)
+        x = self.embed(ids)
+        for block in self.blocks:
+            x = block(x, hidden)
+        return self.head(x.mean(1))
+
+
+def test_random_numbers_a_later_part_would_draw_again_are_refused() -> None:
+    ids, padding = _batch(2)
+    with pytest.raises(HostBuildError, match=r"slot after 'blocks.0': the code after it reads or_, computed from "
+                                             "random numbers drawn before it"):
+        morphogen.host_from_module(_TokenDropout(), slots=["blocks.0"], example_input=(ids, padding))
+
+
 def test_a_slot_where_tokens_are_folded_into_the_batch_is_refused() -> None:
     """Shadow rows and counterfactual configurations are whole samples: a slot needs one row per sample."""
     class Folded(nn.Module):

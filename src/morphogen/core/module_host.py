@@ -330,6 +330,8 @@ class _Inputs:
                                  "example_input as a tuple (by position) or a dict (by name) of tensors")
         #: Nodes computed from the inputs, parameters and constants alone (filled by `derive`).
         self.derived: set[fx.Node] = set()
+        #: Nodes that draw random numbers, or compute from such a draw by functions and methods.
+        self.drawn: set[fx.Node] = set()
 
     def derive(self, nodes: list[fx.Node]) -> None:
         """Find the nodes computed from the inputs, parameters and constants alone by functions and methods (a
@@ -338,8 +340,10 @@ class _Inputs:
         would change by running twice."""
         self.derived = {*self.given, *self.fixed}
         for node in nodes:
-            if node.op == "get_attr" or (node.op in ("call_function", "call_method")
-                                         and all(arg in self.derived for arg in node.all_input_nodes)):
+            computed = node.op in ("call_function", "call_method")
+            if (computed and any(arg in self.drawn for arg in node.all_input_nodes)) or _draws(node):
+                self.drawn.add(node)  # random: computed again, it would differ
+            elif node.op == "get_attr" or (computed and all(arg in self.derived for arg in node.all_input_nodes)):
                 self.derived.add(node)
 
     def read_by(self, node: fx.Node) -> bool:
@@ -365,7 +369,7 @@ def _split_graph(traced: fx.GraphModule, names: Sequence[str], given: dict[str, 
     inputs.derive(nodes)
     cuts = sorted((_only_call(nodes, name) for name in names), key=position.__getitem__)
     for cut in cuts:
-        _check_nothing_flows_past(cut, nodes, position, inputs.derived)
+        _check_nothing_flows_past(cut, nodes, position, inputs)
     callable_alone = [_main_argument(traced, cut, inputs) is not None for cut in cuts]
     reads = inputs.read_after(cuts[0], position) or any(
         alone and inputs.read_by(cut) for alone, cut in zip(callable_alone, cuts, strict=True))
@@ -407,14 +411,36 @@ def _only_call(nodes: list[fx.Node], name: str) -> fx.Node:
     return calls[0]
 
 
+#: Functions and tensor methods that draw random numbers: a later part cannot compute their values again.
+_RANDOM_FUNCTIONS = {torch.rand, torch.randn, torch.randint, torch.rand_like, torch.randn_like, torch.randint_like,
+                     torch.randperm, torch.bernoulli, torch.multinomial, torch.normal, torch.poisson,
+                     nn.functional.dropout, nn.functional.dropout1d, nn.functional.dropout2d,
+                     nn.functional.dropout3d, nn.functional.alpha_dropout, nn.functional.feature_alpha_dropout}
+_RANDOM_METHODS = {"bernoulli", "bernoulli_", "uniform_", "normal_", "random_", "exponential_", "geometric_",
+                   "cauchy_", "log_normal_", "multinomial"}
+
+
+def _draws(node: fx.Node) -> bool:
+    """Whether `node` draws random numbers."""
+    if node.op == "call_function":
+        return node.target in _RANDOM_FUNCTIONS
+    return node.op == "call_method" and node.target in _RANDOM_METHODS
+
+
 def _check_nothing_flows_past(cut: fx.Node, nodes: list[fx.Node], position: dict[fx.Node, int],
-                              derived: set[fx.Node]) -> None:
+                              inputs: _Inputs) -> None:
     """Refuse a cut that a value computed from the main path crosses: the segments would lose it (the model's
     inputs, and what is computed from them alone, may cross: later segments read or recompute them)."""
-    crossing = [node.name for node in nodes[:position[cut]] if node not in derived
+    crossing = [node for node in nodes[:position[cut]] if node not in inputs.derived
                 and any(position[user] > position[cut] for user in node.users)]
+    drawn = [node.name for node in crossing if node in inputs.drawn]
+    if drawn:
+        raise HostBuildError(f"slot after {cut.target!r}: the code after it reads {', '.join(drawn)}, computed from "
+                             "random numbers drawn before it, which a later part would draw again: draw them in a "
+                             "module (as nn.Dropout does) or give them as an input")
     if crossing:
-        raise HostBuildError(f"slot after {cut.target!r}: it sits inside a branch: {', '.join(crossing)} "
+        names = ", ".join(node.name for node in crossing)
+        raise HostBuildError(f"slot after {cut.target!r}: it sits inside a branch: {names} "
                              "also reach the code after it (a residual connection?); put the slot after the "
                              "enclosing block")
 
