@@ -41,6 +41,8 @@
   AdamW, as `grow` trains a user's transformer. The heuristic grows copies of both blocks (`block_copy`);
   `padded_zero_blocks` grows zero-initialised morphogen blocks (`block`) instead, as before a user's own block
   could be copied.
+- `encoder`: the same classifier built on torch's `nn.TransformerEncoder` (`EncoderClassifier`), slots after its
+  two layers; the heuristic grows copies of them.
 
 Each is made a host by `morphogen.host_from_module` and grown by `morphogen.grow` with the heuristic
 (defaults but for the settings named above) and strict gates, next to the same host without growth and the
@@ -257,6 +259,24 @@ class PaddedClassifier(nn.Module):
         return self.head((x * keep).sum(1) / keep.sum(1).clamp_min(1.0))
 
 
+class EncoderClassifier(nn.Module):
+    """The padded-sequence classifier built on torch's own `nn.TransformerEncoder` (pre-norm layers, 2 heads, a 2x
+    MLP, no dropout), the padding mask read by every layer."""
+
+    def __init__(self, vocab: int = 16, width: int = 16, classes: int = 3, layers: int = 2) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(vocab, width)
+        layer = nn.TransformerEncoderLayer(width, 2, 2 * width, dropout=0.0, activation="gelu", batch_first=True,
+                                           norm_first=True)
+        self.encoder = nn.TransformerEncoder(layer, layers, enable_nested_tensor=False)
+        self.head = nn.Linear(width, classes)
+
+    def forward(self, ids: Tensor, padding: Tensor) -> Tensor:
+        x = self.encoder(self.embed(ids), src_key_padding_mask=padding)
+        keep = (~padding).unsqueeze(-1).to(x.dtype)
+        return self.head((x * keep).sum(1) / keep.sum(1).clamp_min(1.0))
+
+
 def padded_sequences(count: int, seed: int, vocab: int = 8, length: int = 10) -> tuple[tuple[Tensor, Tensor], Tensor]:
     """((ids, padding), labels): sequences of 3 to `length` real tokens, then padding; every position, padding
     too, holds token 1 with probability 1/4 and another token otherwise, so a model that ignores the mask is
@@ -323,6 +343,8 @@ MODELS = {
     "cnn1d_branch_all": Model(mnist1d_signals, cnn1d, ("1", "4"), 100, (("depth_blueprint", "branch_wide"),)),
     "padded": Model(padded, lambda: PaddedClassifier(vocab=16), ("blocks.0", "blocks.1"), 64, classes=3,
                     optimizer=tuple(TOPOLOGY_OPTIMIZERS["transformer"].items())),  # as grow trains a transformer
+    "encoder": Model(padded, EncoderClassifier, ("encoder.layers.0", "encoder.layers.1"), 64, classes=3,
+                     optimizer=tuple(TOPOLOGY_OPTIMIZERS["transformer"].items())),
     "padded_zero_blocks": Model(padded, lambda: PaddedClassifier(vocab=16), ("blocks.0", "blocks.1"), 64, classes=3,
                                 optimizer=tuple(TOPOLOGY_OPTIMIZERS["transformer"].items()),
                                 heuristic=(("depth_blueprint", "block"),)),  # zero-initialised blocks, not copies
