@@ -82,20 +82,7 @@ def host_from_module(model: nn.Module, slots: Sequence[str], example_input: Inpu
     returns several: its position in a tuple or list, its key in a dict, or the name of an attribute; the host
     (and the grown model, and its export) returns that one. Raises `HostBuildError`.
     """
-    if not isinstance(model, nn.Module):
-        raise HostBuildError(f"host_from_module needs an nn.Module, got {type(model).__name__}")
-    problem = inputs_problem(example_input)
-    if problem is not None:
-        raise HostBuildError("example_input must be a batch of the model's inputs (a tensor, or a tuple or dict of "
-                             f"tensors, each with a leading sample dimension); got {problem}")
-    names = list(dict.fromkeys(slots))
-    if not names or len(names) != len(slots):
-        raise HostBuildError(f"slots must name one or more distinct submodules, got {list(slots)}")
-    _check_names(model, names)
-    if topology is not None and topology not in TOPOLOGY_RANKS:
-        raise HostBuildError(f"unknown topology {topology!r}; valid: {', '.join(TOPOLOGY_RANKS)}")
-    if output is not None and (isinstance(output, bool) or not isinstance(output, int | str)):
-        raise HostBuildError(f"output must be a position (int) or a key or attribute name (str), got {output!r}")
+    names = _checked_arguments(model, slots, example_input, topology, output)
     segments, ordered, side_inputs, layer_calls = _cut(model, names, example_input)
     if output is not None:
         _pick_in(segments[-1], output)
@@ -113,6 +100,26 @@ def host_from_module(model: nn.Module, slots: Sequence[str], example_input: Inpu
                             for index, slot_id in enumerate(host.slot_ids)
                             if (shape := entering[index]) is not None}
     return host
+
+
+def _checked_arguments(model: nn.Module, slots: Sequence[str], example_input: Inputs, topology: str | None,
+                       output: object) -> list[str]:
+    """The slot names, once every argument of `host_from_module` is one it can work with."""
+    if not isinstance(model, nn.Module):
+        raise HostBuildError(f"host_from_module needs an nn.Module, got {type(model).__name__}")
+    problem = inputs_problem(example_input)
+    if problem is not None:
+        raise HostBuildError("example_input must be a batch of the model's inputs (a tensor, or a tuple or dict of "
+                             f"tensors, each with a leading sample dimension); got {problem}")
+    names = list(dict.fromkeys(slots))
+    if not names or len(names) != len(slots):
+        raise HostBuildError(f"slots must name one or more distinct submodules, got {list(slots)}")
+    _check_names(model, names)
+    if topology is not None and topology not in TOPOLOGY_RANKS:
+        raise HostBuildError(f"unknown topology {topology!r}; valid: {', '.join(TOPOLOGY_RANKS)}")
+    if output is not None and (isinstance(output, bool) or not isinstance(output, int | str)):
+        raise HostBuildError(f"output must be a position (int) or a key or attribute name (str), got {output!r}")
+    return names
 
 
 class _PickOutput(nn.Module):
