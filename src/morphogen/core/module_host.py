@@ -11,7 +11,8 @@ trains the user's model). Two ways to cut:
   A model that `torch.fx` cannot trace, but whose forward runs its children in order, is cut as a sequence.
 
 A shape probe with `example_input` then measures each slot's width and layout (and what enters each
-segment, which a branch seed beside it maps), and checks that the segments reproduce the model's output.
+segment, which a branch seed beside it maps), checks that the segments reproduce the model's output, and finds
+each slotted block that a copy could stack (`ModuleHost.layer_before`).
 Layouts: images [N, C, H, W] ("cnn"), sequences [N, C, L] ("cnn1d"), tokens [N, T, D] ("transformer") and
 features [N, F] ("mlp"). A three-dimensional activation is read as tokens when the model holds a LayerNorm,
 an attention layer or an embedding, else as a sequence; `topology=` overrides that guess. Whatever cannot
