@@ -261,6 +261,11 @@ def test_list_shows_the_slots_and_blueprints_of_a_users_host(monkeypatch: pytest
     assert "slots of the quadrants host (cnn)" in out and "layer3     16" in out
     assert main(["list", "blueprints", "--task", "user_tasks:mlp_regression"]) == 0
     assert "blueprints of the blobs host (mlp)" in capsys.readouterr().out
+    # A user's transformer: the submodule after which each slot sits, and whether `block_copy` can stack it.
+    assert main(["list", "slots", "--task", "user_tasks:padded"]) == 0
+    rows = [line.split() for line in capsys.readouterr().out.splitlines()[1:]]
+    assert rows == [["slot", "width", "after", "block_copy"], ["blocks_0", "16", "blocks.0", "copies", "it"],
+                    ["blocks_1", "16", "blocks.1", "copies", "it"]]
 
 
 def test_report_and_runs_show_the_users_task_name(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

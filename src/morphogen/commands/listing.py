@@ -83,9 +83,20 @@ def list_tasks(out: TextIO) -> None:
 def list_slots(host: ListedHost, out: TextIO) -> None:
     from rich.table import Column, Table
 
-    table = Table("slot", Column("width", justify="right"), box=None, pad_edge=False)
+    from morphogen.core.blueprints import blueprint_names, get_blueprint
+    from morphogen.core.module_host import ModuleHost
+    from morphogen.ui.terminal_text import printable
+
+    own = host.host if isinstance(host.host, ModuleHost) else None
+    topology = host.topology
+    copying = [name for name in blueprint_names(topology) if get_blueprint(topology, name).copies_layer_before]
+    # A user's model: the submodule after each slot, and whether the topology's copy can stack it.
+    columns = ("after", *copying[:1]) if own is not None else ()
+    table = Table("slot", Column("width", justify="right"), *columns, box=None, pad_edge=False)
     for slot, width in host.widths.items():
-        table.add_row(slot, str(width))
+        copies = "copies it" if own is not None and own.layer_before(slot) is not None else "-"
+        cells = [] if own is None else [own.submodules[slot], *([copies] if copying else [])]
+        table.add_row(slot, str(width), *(printable(cell) for cell in cells))
     console = _console(out)
     console.print(f"slots of the {host.task} host ({host.topology}), in execution order:")
     console.print(table)
