@@ -78,6 +78,8 @@ SETTINGS = {
     "user-mlp": Setting("your_model:mlp_task", held_out=True),
     # A user's small 1-D CNN (your_model.py): branch sites, which no built-in host has.
     "user-cnn1d": Setting("your_model:cnn1d_task", held_out=True),
+    # A user's transformer of two inputs (token ids, a padding mask), AdamW: grown by copies of its own blocks.
+    "user-transformer": Setting("your_model:padded_task", held_out=True),
 }
 CONTROLLERS = ("learned", "heuristic", "no growth")
 

@@ -406,6 +406,11 @@ def cnn1d_task(seed: int = 0) -> tuple[morphogen.Task, Callable[[], morphogen.Mo
     return task_and_host("cnn1d")
 
 
+def padded_task(seed: int = 0) -> tuple[morphogen.Task, Callable[[], morphogen.ModuleHost]]:
+    """The `padded` model as `--task your_model:padded_task` takes it: a user's transformer of two inputs."""
+    return task_and_host("padded")
+
+
 def run_config(schedule: str, heuristic: Sequence[tuple[str, str | int | float]] = (),
                criterion: str | None = None, optimizer: Sequence[tuple[str, object]] = ()) -> RunConfig:
     """`morphogen run`'s settings with the learning-rate schedule `schedule` (the task's SGD otherwise), the
