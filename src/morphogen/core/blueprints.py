@@ -351,7 +351,7 @@ class Blueprint:
     """The seed is a copy of the host's layer before its slot (`SegmentedHost.layer_before`), weights and all:
     stacking (`block_copy`). `builder` then only describes it where no host is at hand. Not the identity at
     birth."""
-    options_from_neighbour: Callable[[nn.Module | None], dict[str, Any]] | None = None
+    options_from_layer_before: Callable[[nn.Module | None], dict[str, Any]] | None = None
     """Options read off the host's layer before the slot (None where it has none), for those the caller does not
     give (a whole block takes the head count of the layer before it)."""
     inside_only: bool = False
@@ -450,7 +450,7 @@ def _residual_mlp_blueprints(topology: str, *, attention: bool) -> dict[str, Blu
         blueprints += [
             Blueprint("block", topology, transformer_block,
                       "whole pre-norm block (attention + MLP), output projections zero: identity at birth",
-                      options_from_neighbour=heads_of),
+                      options_from_layer_before=heads_of),
             Blueprint("block_copy", topology, transformer_block,
                       "copy of the host's layer before the slot, weights and all (stacking; not identity at birth)",
                       copies_layer_before=True),

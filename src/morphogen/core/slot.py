@@ -347,8 +347,8 @@ class SeedSlot(nn.Module):
         blend_kind = blend or self.config.blend
         # Build everything before touching the slot, so a refused blueprint or option changes nothing.
         recipe = get_blueprint(self.topology, blueprint)
-        if recipe.options_from_neighbour is not None:
-            options = {**recipe.options_from_neighbour(self.layer_before), **options}
+        if recipe.options_from_layer_before is not None:
+            options = {**recipe.options_from_layer_before(self.layer_before), **options}
         seed = self._build_seed(blueprint, blend_kind, device, dtype, options)
         blend_module = Blend(blend_kind, self.channels, channel_dim=CHANNEL_DIM[self.topology], device=device,
                              dtype=dtype)

@@ -29,7 +29,7 @@ from morphogen.telemetry.events import (
     StageTransition,
     TelemetryLevelChanged,
 )
-from morphogen.ui.run_files import ScoreKind, TimedEvent, config_value, task_label
+from morphogen.ui.run_files import ScoreKind, TimedEvent, config_value, score_name, task_label
 from morphogen.ui.terminal_text import printable
 
 LOG_LINES = 1000
@@ -41,13 +41,6 @@ def _count(value: object) -> int | None:
     if isinstance(value, bool) or not isinstance(value, int):
         return None
     return value if 1 <= value <= max(MAX_EPOCHS, MAX_ENVS, MAX_ROUNDS) else None
-
-
-def _score(name: object) -> ScoreKind:
-    """The score a run's config.json names (untrusted: a printable name of at most 100 characters), else accuracy."""
-    if not isinstance(name, str) or not 0 < len(name) <= 100:
-        return ScoreKind()
-    return ScoreKind(printable(name))
 
 
 @dataclass
@@ -115,7 +108,7 @@ class RunView:
             rounds_total=_count(config.get("rounds")) if training else None,
             n_envs=(_count(config.get("n_envs")) or 1) if training else 1,
             episode_length=_count(config_value(config, "episode.max_epochs")),
-            score=_score(config.get("task_metric")),
+            score=ScoreKind(printable(score_name(config.get("task_metric")))),
         )
 
     # ---------------------------------------------------------------- derived numbers

@@ -255,9 +255,13 @@ def score_kind(summary: Mapping[str, Any] | None) -> ScoreKind:
     table = (summary or {}).get("score")
     if not isinstance(table, dict):
         return ScoreKind()
-    name, criterion = table.get("name"), table.get("criterion")
-    return ScoreKind(name if isinstance(name, str) and 0 < len(name) <= 100 else "accuracy",
-                     criterion if criterion in CRITERIA else "score")
+    criterion = table.get("criterion")
+    return ScoreKind(score_name(table.get("name")), criterion if criterion in CRITERIA else "score")
+
+
+def score_name(name: object) -> str:
+    """A score's name as a run's file gives it (untrusted: a name of at most 100 characters), else "accuracy"."""
+    return name if isinstance(name, str) and 0 < len(name) <= 100 else "accuracy"
 
 
 def check_run_dir(run_dir: str | Path) -> Path:
