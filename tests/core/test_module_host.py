@@ -188,3 +188,112 @@ def test_the_probe_leaves_batch_norm_statistics_and_modes_alone() -> None:
     host_from_module(model, ["layer1"], example_input=torch.randn(2, 3, 12, 12))
     assert model.training and all(module.training for module in model.modules())
     assert all(torch.equal(before[name], buffer) for name, buffer in model.named_buffers())
+
+
+class _FunctionalDropout(nn.Module):
+    """A network written with functional calls, its dropout following the model's mode (`training=self.training`)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv1, self.conv2 = nn.Conv2d(1, 4, 3, padding=1), nn.Conv2d(4, 8, 3, padding=1)
+        self.fc = nn.Linear(8 * 2 * 2, 10)
+
+    def forward(self, x: Tensor) -> Tensor:
+        x = nn.functional.max_pool2d(torch.relu(self.conv1(x)), 2)
+        x = nn.functional.max_pool2d(torch.relu(self.conv2(x)), 2)
+        return self.fc(nn.functional.dropout(x.flatten(1), 0.5, training=self.training))
+
+
+@pytest.mark.parametrize("traced_in", ["train", "eval"])
+def test_a_functional_dropout_given_the_models_mode_follows_the_hosts(traced_in: str, tmp_path: Path) -> None:
+    """fx fixes `self.training` at its value while tracing: the dropout would drop in every validation and export,
+    or never. The host's follows its mode, as the model's does."""
+    torch.manual_seed(0)
+    model, x = _FunctionalDropout().train(traced_in == "train"), torch.randn(6, 1, 8, 8)
+    grown = MorphogeneticModel(host_from_module(model, ["conv1", "conv2"], example_input=x[:2]))
+    assert model.training is (traced_in == "train")  # the mode it was given back
+    model.eval(), grown.eval()
+    assert torch.equal(grown(x), model(x))
+    model.train(), grown.train()
+    torch.manual_seed(1)
+    dropped = grown(x)
+    torch.manual_seed(1)
+    assert torch.equal(dropped, model(x)) and not torch.equal(dropped, grown.eval()(x))
+    program = torch.export.load(morphogen.export_model(grown, x[:2], tmp_path / "grown.pt2")).module()
+    assert torch.equal(program(x), model.eval()(x))
+
+
+class _TrainsOtherwise(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.first, self.second = nn.Linear(4, 8), nn.Linear(8, 2)
+
+    def forward(self, x: Tensor) -> Tensor:
+        h = self.first(x)
+        if self.training:  # fx would keep one branch
+            h = h + 1.0
+        return self.second(h)
+
+
+def test_a_forward_that_branches_on_the_mode_is_refused_in_one_line() -> None:
+    with pytest.raises(HostBuildError, match=r"cannot cut _TrainsOtherwise: its forward runs other code in training "
+                                             r"than in eval mode \(from add\)"):
+        host_from_module(_TrainsOtherwise(), ["first"], example_input=torch.randn(2, 4))
+
+
+class _ResidualLoop(nn.Module):
+    """Pre-norm residual blocks whose sums are written in the model's own forward, as many hand-written models do."""
+
+    def __init__(self, width: int = 8, depth: int = 3, inplace: bool = False) -> None:
+        super().__init__()
+        self.embed, self.inplace = nn.Linear(4, width), inplace
+        self.norms = nn.ModuleList(nn.LayerNorm(width) for _ in range(depth))
+        self.mlps = nn.ModuleList(nn.Sequential(nn.Linear(width, 2 * width), nn.GELU(), nn.Linear(2 * width, width))
+                                  for _ in range(depth))
+        self.head = nn.Linear(width, 3)
+
+    def forward(self, x: Tensor) -> Tensor:
+        h = self.embed(x)  # (N, T, width)
+        for norm, block in zip(self.norms, self.mlps, strict=True):
+            if self.inplace:
+                h += block(norm(h))
+            else:
+                h = h + block(norm(h))
+        return self.head(h.mean(1))
+
+
+@pytest.mark.parametrize("inplace", [False, True])
+def test_a_slot_after_a_block_whose_residual_sum_the_forward_writes_sits_after_the_sum(inplace: bool,
+                                                                                       tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    model, x = _ResidualLoop(inplace=inplace).eval(), torch.randn(5, 6, 4)
+    host = host_from_module(model, ["mlps.0", "mlps.1"], example_input=x[:2])
+    assert host.topology == "transformer" and host.injection_points == {"mlps_0": 8, "mlps_1": 8}
+    grown = MorphogeneticModel(host).eval()
+    assert torch.equal(grown(x), model(x))
+    h = torch.randn(2, 6, 8)
+    layer = host.layer_before("mlps_1")  # the block with its sum: what `block_copy` stacks
+    assert layer is not None and torch.equal(layer(h), h + model.mlps[1](model.norms[1](h)))
+    grown.install("mlps_1", "block_copy")  # a copy of the block and its sum, in the output at alpha 1
+    with torch.no_grad():
+        expected = model.embed(x)
+        for index in (0, 1, 1, 2):
+            expected = expected + model.mlps[index](model.norms[index](expected))
+        torch.testing.assert_close(grown(x), model.head(expected.mean(1)), rtol=0, atol=1e-6)
+    program = torch.export.load(morphogen.export_model(grown, x[:2], tmp_path / "grown.pt2")).module()
+    torch.testing.assert_close(program(x), grown(x), rtol=0, atol=1e-6)
+
+
+def test_a_sum_whose_other_value_flows_on_is_still_refused() -> None:
+    class Forked(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.stem, self.first, self.second = nn.Linear(4, 4), nn.Linear(4, 4), nn.Linear(4, 2)
+
+        def forward(self, x: Tensor) -> Tensor:
+            h = self.stem(x)
+            y = h + self.first(h)
+            return self.second(y) + h.sum(1, keepdim=True)  # `h` reaches the code after the sum
+
+    with pytest.raises(HostBuildError, match="slot after 'first': it sits inside a branch: stem"):
+        host_from_module(Forked(), ["first"], example_input=torch.randn(2, 4))

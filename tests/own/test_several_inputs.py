@@ -388,7 +388,7 @@ def test_a_value_computed_from_the_main_path_still_may_not_cross_a_cut() -> None
 
         def forward(self, x: Tensor) -> Tensor:
             h = torch.relu(self.outer(x))
-            return h + self.inner(h)  # `h` reaches the code after `inner`
+            return h * self.inner(h)  # `h` reaches the code after `inner` (a gate, not a residual sum)
 
     with pytest.raises(HostBuildError, match="sits inside a branch: relu"):
         morphogen.host_from_module(Residual(), slots=["inner"], example_input=torch.randn(2, 4))

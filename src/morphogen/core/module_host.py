@@ -7,7 +7,10 @@ trains the user's model). Two ways to cut:
 - an `nn.Sequential` is cut after the named children;
 - any other model is traced with `torch.fx`, the named submodules kept whole (leaves of the trace), and
   the graph is split at their outputs. A cut is legal only where the named output is the one value that
-  flows on: a submodule inside a residual branch (its input also flows past it) cannot hold a slot.
+  flows on: a submodule inside a residual branch (its input also flows past it) cannot hold a slot. Where the
+  forward adds the submodule's output to the main path and reads it nowhere else (`x = x + block(x)` written
+  in the model's own forward), the slot sits after that sum. fx fixes `self.training` at trace time: a
+  functional dropout given it becomes its module (`core/training_mode.py`), other uses are refused.
   A model that `torch.fx` cannot trace, but whose forward runs its children in order, is cut as a sequence.
 
 A shape probe with `example_input` then measures each slot's width and layout (and what enters each
@@ -21,15 +24,17 @@ work raises `HostBuildError` naming the submodule and why, before any training.
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import operator
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from itertools import pairwise
 
 import torch
 from torch import Tensor, fx, nn
 
 from morphogen.core.hosts import SegmentedHost, SideInputs
+from morphogen.core.training_mode import TrainingModeError, trace_in_both_modes
 from morphogen.inputs import Inputs, InputSpec, call, rows
 from morphogen.inputs import problem as inputs_problem
 
@@ -318,9 +323,12 @@ class _SlotLeafTracer(fx.Tracer):
 
 
 def _trace(model: nn.Module, names: Sequence[str], defaults: dict[str, object]) -> fx.GraphModule:
-    """`model` traced with the slot submodules kept whole and the parameters in `defaults` fixed at them."""
-    graph = _SlotLeafTracer(names).trace(model, concrete_args=defaults or None)
-    return fx.GraphModule(model, graph)
+    """`model` traced with the slot submodules kept whole and the parameters in `defaults` fixed at them; a
+    functional dropout given `training=self.training` becomes its module (`core/training_mode.py`)."""
+    try:
+        return trace_in_both_modes(model, lambda: _SlotLeafTracer(names).trace(model, concrete_args=defaults or None))
+    except TrainingModeError as error:
+        raise HostBuildError(f"cannot cut {type(model).__name__}: {error}") from None
 
 
 class _Inputs:
@@ -368,45 +376,101 @@ class _Inputs:
 
 def _split_graph(traced: fx.GraphModule, names: Sequence[str], given: dict[str, int | str | None]
                  ) -> tuple[list[nn.Module], list[str], SideInputs | None, list[nn.Module | None]]:
-    """Split the traced graph after each named submodule's call; check that nothing but the model's inputs flows
-    past a cut (a later segment reads those from the `SideInputs` the first one binds). Also each named
-    submodule's call on the slot's activation alone, which reads its other inputs from the `SideInputs` too."""
+    """Split the traced graph after each named submodule's call (or the residual sum it ends in, `_slot_end`);
+    check that nothing but the model's inputs flows past a cut (a later segment reads those from the
+    `SideInputs` the first one binds). Also each slot's layer as a module of the activation before it alone,
+    which reads its other inputs from the `SideInputs` too."""
     nodes = list(traced.graph.nodes)
     position = {node: i for i, node in enumerate(nodes)}
     inputs = _Inputs([node for node in nodes if node.op == "placeholder"], given)
     inputs.derive(nodes)
-    cuts = sorted((_only_call(nodes, name) for name in names), key=position.__getitem__)
-    for cut in cuts:
-        _check_nothing_flows_past(cut, nodes, position, inputs)
-    callable_alone = [_main_argument(traced, cut, inputs) is not None for cut in cuts]
+    ordered, cuts = _cuts(nodes, names, position, inputs)
+    layers = [_layer_nodes(traced, _only_call(nodes, name), cut, inputs, position)
+              for name, cut in zip(ordered, cuts, strict=True)]
     reads = inputs.read_after(cuts[0], position) or any(
-        alone and inputs.read_by(cut) for alone, cut in zip(callable_alone, cuts, strict=True))
+        inputs.read_by(node) for layer in layers if layer is not None for node in layer[1])
     side_inputs = SideInputs() if reads else None
     if side_inputs is not None:
         traced.side_inputs = side_inputs  # the segments' graphs read it as an attribute of their root
     boundaries: list[fx.Node | None] = [None, *cuts, nodes[-1]]
     segments: list[nn.Module] = [_segment(traced, nodes, position, start, end, inputs, side_inputs is not None)
                                  for start, end in pairwise(boundaries)]
-    return segments, [str(cut.target) for cut in cuts], side_inputs, [_layer_call(traced, cut, inputs) for cut in cuts]
+    return segments, ordered, side_inputs, [_layer_call(traced, layer, inputs) for layer in layers]
 
 
-def _main_argument(traced: fx.GraphModule, cut: fx.Node, inputs: _Inputs) -> fx.Node | None:
-    """The one value of the main path that submodule `cut` takes, where it is a block; None where it takes two or
-    none (the first layer takes the model's inputs), or is no block."""
-    main = [node for node in cut.all_input_nodes if node not in inputs.derived]
-    return main[0] if len(main) == 1 and _is_block(traced.get_submodule(str(cut.target))) else None
+def _cuts(nodes: list[fx.Node], names: Sequence[str], position: dict[fx.Node, int],
+          inputs: _Inputs) -> tuple[list[str], list[fx.Node]]:
+    """The slot names in execution order and the node each slot sits after (`_slot_end`), each checked to be on
+    the main path."""
+    ends = {name: _slot_end(_only_call(nodes, name)) for name in names}
+    ordered = sorted(names, key=lambda name: position[ends[name]])
+    for name in ordered:
+        _check_nothing_flows_past(name, ends[name], nodes, position, inputs)
+    return ordered, [ends[name] for name in ordered]
 
 
-def _layer_call(traced: fx.GraphModule, cut: fx.Node, inputs: _Inputs) -> fx.GraphModule | None:
-    """The call of submodule `cut` as a module of one input, the value on the main path it takes; its other
-    arguments (a mask) read or recomputed from the model's inputs. None where `_main_argument` finds none."""
-    main = _main_argument(traced, cut, inputs)
-    if main is None:
+#: Sums that end a residual connection written in the caller's forward (`x = x + block(x)`, `x += block(x)`).
+_SUMS = {operator.add, operator.iadd, torch.add}
+
+
+def _slot_end(call: fx.Node) -> fx.Node:
+    """Where the slot after submodule `call` sits: after the call, or where the forward adds its output to another
+    value and nothing else reads it (a residual connection written in the caller: `x = x + block(x)`), after the
+    sum, so that the slot sits on the main path."""
+    users = list(call.users)
+    if len(users) == 1:
+        (user,) = users
+        if user.op == "call_function" and user.target in _SUMS and not user.kwargs and len(user.args) == 2 and \
+                call in user.args and user.args[0] is not user.args[1]:
+            return user
+    return call
+
+
+def _layer_nodes(traced: fx.GraphModule, call: fx.Node, end: fx.Node, inputs: _Inputs,
+                 position: dict[fx.Node, int]) -> tuple[fx.Node, list[fx.Node]] | None:
+    """The slot's layer as (the one value of the main path it takes, the nodes that compute the slot's activation
+    from it): submodule `call`, or with a residual sum after it (`end`), the path from the value added to through
+    the sum. None where it takes two values of the main path or none (the first layer takes the model's inputs), or
+    where the submodule is no block (one linear map or norm, which a copy stacks little of)."""
+    if end is call:
+        main = [node for node in call.all_input_nodes if node not in inputs.derived]
+        block = _is_block(traced.get_submodule(str(call.target)))
+        return (main[0], [call]) if len(main) == 1 and block else None
+    (added,) = [argument for argument in end.args if argument is not call]
+    if not isinstance(added, fx.Node) or added in inputs.derived:
         return None
+    computing = _ancestors_after(end, position[added], position)
+    reads = {node for member in computing for node in member.all_input_nodes} - set(computing)
+    if any(node is not added and node not in inputs.derived for node in reads):
+        return None
+    return added, sorted(computing, key=position.__getitem__)
+
+
+def _ancestors_after(node: fx.Node, start: int, position: dict[fx.Node, int]) -> set[fx.Node]:
+    """`node` and the nodes it is computed from that come after position `start`."""
+    found, pending = set(), [node]
+    while pending:
+        current = pending.pop()
+        if current not in found and position[current] > start:
+            found.add(current)
+            pending.extend(current.all_input_nodes)
+    return found
+
+
+def _layer_call(traced: fx.GraphModule, layer: tuple[fx.Node, list[fx.Node]] | None,
+                inputs: _Inputs) -> fx.GraphModule | None:
+    """A slot's layer (`_layer_nodes`) as a module of one input, the value on the main path it takes; its other
+    arguments (a mask) read or recomputed from the model's inputs. None where there is none."""
+    if layer is None:
+        return None
+    main, computing = layer
     graph = fx.Graph()
     x = graph.placeholder("x")
     values: dict[fx.Node, fx.node.Argument] = {**inputs.fixed, main: x}
-    graph.output(graph.node_copy(cut, _value_reader(graph, values, inputs, x)))
+    value_of = _value_reader(graph, values, inputs, x)
+    for node in computing:
+        values[node] = graph.node_copy(node, value_of)
+    graph.output(values[computing[-1]])
     return fx.GraphModule(traced, graph)
 
 
@@ -435,7 +499,7 @@ def _draws(node: fx.Node) -> bool:
     return node.op == "call_method" and node.target in _RANDOM_METHODS
 
 
-def _check_nothing_flows_past(cut: fx.Node, nodes: list[fx.Node], position: dict[fx.Node, int],
+def _check_nothing_flows_past(name: str, cut: fx.Node, nodes: list[fx.Node], position: dict[fx.Node, int],
                               inputs: _Inputs) -> None:
     """Refuse a cut that a value computed from the main path crosses: the segments would lose it (the model's
     inputs, and what is computed from them alone, may cross: later segments read or recompute them)."""
@@ -443,12 +507,12 @@ def _check_nothing_flows_past(cut: fx.Node, nodes: list[fx.Node], position: dict
                 and any(position[user] > position[cut] for user in node.users)]
     drawn = [node.name for node in crossing if node in inputs.drawn]
     if drawn:
-        raise HostBuildError(f"slot after {cut.target!r}: the code after it reads {', '.join(drawn)}, computed from "
+        raise HostBuildError(f"slot after {name!r}: the code after it reads {', '.join(drawn)}, computed from "
                              "random numbers drawn before it, which a later part would draw again: draw them in a "
                              "module (as nn.Dropout does) or give them as an input")
     if crossing:
-        names = ", ".join(node.name for node in crossing)
-        raise HostBuildError(f"slot after {cut.target!r}: it sits inside a branch: {names} "
+        flowing = ", ".join(node.name for node in crossing)
+        raise HostBuildError(f"slot after {name!r}: it sits inside a branch: {flowing} "
                              "also reach the code after it (a residual connection?); put the slot after the "
                              "enclosing block")
 
@@ -501,27 +565,22 @@ def _probe(model: nn.Module, segments: Sequence[nn.Module], names: Sequence[str]
     """Run the segments on `example` (eval mode, no grad): the activation at every cut, checked against the model,
     and the `layers` (one per cut) that a copy could stand after their own: they map the activation at their cut
     to its shape."""
-    modes = [module.training for module in model.modules()]
-    model.eval()
     copyable: list[nn.Module | None] = []
-    try:
-        with torch.no_grad():
-            with torch.enable_grad():  # as the model trains: no inference fast path (nested tensors drop padding)
-                expected: object = _call(lambda inputs: _detached(call(model, inputs)), example, type(model).__name__)
-            if key is not None:
-                expected = _picked_output(type(model).__name__, expected, key)
-            activations: list[Tensor] = []
-            x: object = example
-            for index, segment in enumerate(segments):
-                x = _call(segment, x, "the model" if index == len(segments) - 1 else f"the part ending at "
-                                                                                     f"{names[index]!r}")
-                activations.append(x)
-                if index < len(names):  # checked before the next part runs on it (its inputs are bound now)
-                    _check_one_row_per_sample(names[index], x, rows(example))
-                    copyable.append(layers[index] if _keeps_shape(layers[index], x) else None)
-    finally:
-        for module, mode in zip(model.modules(), modes, strict=True):
-            module.training = mode
+    # The segments hold modules of their own (a functional dropout's module), which the model's mode does not set.
+    with _evaluating(model, *segments), torch.no_grad():
+        with torch.enable_grad():  # as the model trains: no inference fast path (nested tensors drop padding)
+            expected: object = _call(lambda inputs: _detached(call(model, inputs)), example, type(model).__name__)
+        if key is not None:
+            expected = _picked_output(type(model).__name__, expected, key)
+        activations: list[Tensor] = []
+        x: object = example
+        for index, segment in enumerate(segments):
+            x = _call(segment, x, "the model" if index == len(segments) - 1 else f"the part ending at "
+                                                                                 f"{names[index]!r}")
+            activations.append(x)
+            if index < len(names):  # checked before the next part runs on it (its inputs are bound now)
+                _check_one_row_per_sample(names[index], x, rows(example))
+                copyable.append(layers[index] if _keeps_shape(layers[index], x) else None)
     output = activations.pop()
     if not isinstance(expected, Tensor) or not isinstance(output, Tensor):
         raise HostBuildError(f"{type(model).__name__}'s forward returns {type(expected).__name__}; a host returns "
@@ -537,6 +596,20 @@ def _probe(model: nn.Module, segments: Sequence[nn.Module], names: Sequence[str]
             raise HostBuildError(f"slot after {name!r}: its output has shape {tuple(activation.shape)}; a slot needs "
                                  "[N, channels, ...] or [N, ..., features]")
     return activations, copyable
+
+
+@contextlib.contextmanager
+def _evaluating(*parts: nn.Module) -> Iterator[None]:
+    """Every module of `parts` in eval mode, each given back its own mode afterwards."""
+    modules = [module for part in parts for module in part.modules()]
+    modes = [module.training for module in modules]
+    try:
+        for part in parts:
+            part.eval()
+        yield
+    finally:
+        for module, mode in zip(modules, modes, strict=True):
+            module.training = mode
 
 
 def _picked_output(model_name: str, outputs: object, key: int | str) -> object:
