@@ -223,6 +223,46 @@ def test_a_functional_dropout_given_the_models_mode_follows_the_hosts(traced_in:
     assert torch.equal(program(x), model.eval()(x))
 
 
+class _CausalSelfAttention(nn.Module):
+    """nanoGPT's attention: its dropout probability is chosen by the mode in the forward."""
+
+    def __init__(self, width: int = 8, dropout: float = 0.3) -> None:
+        super().__init__()
+        self.qkv, self.out, self.dropout = nn.Linear(width, 3 * width), nn.Linear(width, width), dropout
+
+    def forward(self, x: Tensor) -> Tensor:
+        q, k, v = self.qkv(x).unsqueeze(1).chunk(3, dim=-1)  # one head: (N, 1, T, width) each
+        attended = nn.functional.scaled_dot_product_attention(q, k, v, dropout_p=self.dropout if self.training else 0.0,
+                                                              is_causal=True)
+        return x + self.out(attended.squeeze(1))
+
+
+class _SmallGPT(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed, self.head = nn.Embedding(5, 8), nn.Linear(8, 5)
+        self.blocks = nn.Sequential(_CausalSelfAttention(), _CausalSelfAttention())
+
+    def forward(self, ids: Tensor) -> Tensor:
+        return self.head(self.blocks(self.embed(ids)))
+
+
+def test_constants_the_forward_chooses_by_the_mode_follow_the_hosts_mode(tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    model, ids = _SmallGPT(), torch.randint(0, 5, (4, 6))
+    # A slot's submodule runs whole; the second block, traced through, has its dropout probability in the graph.
+    grown = MorphogeneticModel(host_from_module(model, ["blocks.0"], example_input=ids[:2]))
+    model.eval(), grown.eval()
+    assert torch.equal(grown(ids), model(ids))
+    model.train(), grown.train()
+    torch.manual_seed(1)
+    dropped = grown(ids)
+    torch.manual_seed(1)
+    assert torch.equal(dropped, model(ids)) and not torch.equal(dropped, grown.eval()(ids))
+    program = torch.export.load(morphogen.export_model(grown, ids[:2], tmp_path / "grown.pt2")).module()
+    assert torch.equal(program(ids), model.eval()(ids))
+
+
 class _TrainsOtherwise(nn.Module):
     def __init__(self) -> None:
         super().__init__()

@@ -9,8 +9,9 @@ trains the user's model). Two ways to cut:
   the graph is split at their outputs. A cut is legal only where the named output is the one value that
   flows on: a submodule inside a residual branch (its input also flows past it) cannot hold a slot. Where the
   forward adds the submodule's output to the main path and reads it nowhere else (`x = x + block(x)` written
-  in the model's own forward), the slot sits after that sum. fx fixes `self.training` at trace time: a
-  functional dropout given it becomes its module (`core/training_mode.py`), other uses are refused.
+  in the model's own forward), the slot sits after that sum. fx fixes `self.training` at trace time: a call
+  whose constant arguments the forward chose by it follows the host's mode (`core/training_mode.py`); a branch
+  on it is refused.
   A model that `torch.fx` cannot trace, but whose forward runs its children in order, is cut as a sequence.
 
 A shape probe with `example_input` then measures each slot's width and layout (and what enters each
@@ -323,8 +324,8 @@ class _SlotLeafTracer(fx.Tracer):
 
 
 def _trace(model: nn.Module, names: Sequence[str], defaults: dict[str, object]) -> fx.GraphModule:
-    """`model` traced with the slot submodules kept whole and the parameters in `defaults` fixed at them; a
-    functional dropout given `training=self.training` becomes its module (`core/training_mode.py`)."""
+    """`model` traced with the slot submodules kept whole and the parameters in `defaults` fixed at them; a call
+    given constants chosen by `self.training` (a functional dropout) follows the mode (`core/training_mode.py`)."""
     try:
         return trace_in_both_modes(model, lambda: _SlotLeafTracer(names).trace(model, concrete_args=defaults or None))
     except TrainingModeError as error:
