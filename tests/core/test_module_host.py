@@ -337,3 +337,16 @@ def test_a_sum_whose_other_value_flows_on_is_still_refused() -> None:
 
     with pytest.raises(HostBuildError, match="slot after 'first': it sits inside a branch: stem"):
         host_from_module(Forked(), ["first"], example_input=torch.randn(2, 4))
+
+
+def test_a_sum_with_a_parameter_leaves_the_slot_after_the_call() -> None:
+    """Position embeddings added to the token embeddings are no residual connection: the slot stays after `embed`,
+    and the next part adds them."""
+    torch.manual_seed(0)
+    model, ids = TinyGPT().eval(), torch.randint(0, 8, (3, 12))
+    with torch.no_grad():
+        model.position.normal_()
+    host = host_from_module(model, ["embed", "blocks.0", "blocks.1"], example_input=ids[:2])
+    with torch.no_grad():
+        assert torch.equal(host.run_segment(0, ids), model.embed(ids))
+        assert torch.equal(MorphogeneticModel(host).eval()(ids), model(ids))

@@ -403,7 +403,7 @@ def _cuts(nodes: list[fx.Node], names: Sequence[str], position: dict[fx.Node, in
           inputs: _Inputs) -> tuple[list[str], list[fx.Node]]:
     """The slot names in execution order and the node each slot sits after (`_slot_end`), each checked to be on
     the main path."""
-    ends = {name: _slot_end(_only_call(nodes, name)) for name in names}
+    ends = {name: _slot_end(_only_call(nodes, name), inputs) for name in names}
     ordered = sorted(names, key=lambda name: position[ends[name]])
     for name in ordered:
         _check_nothing_flows_past(name, ends[name], nodes, position, inputs)
@@ -414,17 +414,20 @@ def _cuts(nodes: list[fx.Node], names: Sequence[str], position: dict[fx.Node, in
 _SUMS = {operator.add, operator.iadd, torch.add}
 
 
-def _slot_end(call: fx.Node) -> fx.Node:
-    """Where the slot after submodule `call` sits: after the call, or where the forward adds its output to another
-    value and nothing else reads it (a residual connection written in the caller: `x = x + block(x)`), after the
-    sum, so that the slot sits on the main path."""
+def _slot_end(call: fx.Node, inputs: _Inputs) -> fx.Node:
+    """Where the slot after submodule `call` sits: after the call, or where the forward adds its output to a value
+    of the main path and nothing else reads it (a residual connection written in the caller: `x = x + block(x)`),
+    after the sum, so that the slot sits on the main path. (A sum with the inputs or a parameter, such as position
+    embeddings, leaves the slot after the call: a later part reads or computes that value again.)"""
     users = list(call.users)
-    if len(users) == 1:
-        (user,) = users
-        if user.op == "call_function" and user.target in _SUMS and not user.kwargs and len(user.args) == 2 and \
-                call in user.args and user.args[0] is not user.args[1]:
-            return user
-    return call
+    if len(users) != 1:
+        return call
+    (user,) = users
+    if user.op != "call_function" or user.target not in _SUMS or user.kwargs or len(user.args) != 2:
+        return call
+    others = [argument for argument in user.args if argument is not call]
+    main = len(others) == 1 and isinstance(others[0], fx.Node) and others[0] not in inputs.derived
+    return user if main else call
 
 
 def _layer_nodes(traced: fx.GraphModule, call: fx.Node, end: fx.Node, inputs: _Inputs,
