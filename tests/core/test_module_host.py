@@ -284,9 +284,9 @@ def test_a_forward_that_branches_on_the_mode_is_refused_in_one_line() -> None:
 class _ResidualLoop(nn.Module):
     """Pre-norm residual blocks whose sums are written in the model's own forward, as many hand-written models do."""
 
-    def __init__(self, width: int = 8, depth: int = 3, inplace: bool = False) -> None:
+    def __init__(self, width: int = 8, depth: int = 3, form: str = "sum") -> None:
         super().__init__()
-        self.embed, self.inplace = nn.Linear(4, width), inplace
+        self.embed, self.form = nn.Linear(4, width), form
         self.norms = nn.ModuleList(nn.LayerNorm(width) for _ in range(depth))
         self.mlps = nn.ModuleList(nn.Sequential(nn.Linear(width, 2 * width), nn.GELU(), nn.Linear(2 * width, width))
                                   for _ in range(depth))
@@ -295,18 +295,20 @@ class _ResidualLoop(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         h = self.embed(x)  # (N, T, width)
         for norm, block in zip(self.norms, self.mlps, strict=True):
-            if self.inplace:
+            if self.form == "inplace":
                 h += block(norm(h))
+            elif self.form == "dropout":  # through a dropout that follows the mode, as in many transformers
+                h = h + nn.functional.dropout(block(norm(h)), 0.1, training=self.training)
             else:
                 h = h + block(norm(h))
         return self.head(h.mean(1))
 
 
-@pytest.mark.parametrize("inplace", [False, True])
-def test_a_slot_after_a_block_whose_residual_sum_the_forward_writes_sits_after_the_sum(inplace: bool,
+@pytest.mark.parametrize("form", ["sum", "inplace", "dropout"])
+def test_a_slot_after_a_block_whose_residual_sum_the_forward_writes_sits_after_the_sum(form: str,
                                                                                        tmp_path: Path) -> None:
     torch.manual_seed(0)
-    model, x = _ResidualLoop(inplace=inplace).eval(), torch.randn(5, 6, 4)
+    model, x = _ResidualLoop(form=form).eval(), torch.randn(5, 6, 4)
     host = host_from_module(model, ["mlps.0", "mlps.1"], example_input=x[:2])
     assert host.topology == "transformer" and host.injection_points == {"mlps_0": 8, "mlps_1": 8}
     grown = MorphogeneticModel(host).eval()

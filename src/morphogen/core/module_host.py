@@ -385,7 +385,7 @@ def _split_graph(traced: fx.GraphModule, names: Sequence[str], given: dict[str, 
     position = {node: i for i, node in enumerate(nodes)}
     inputs = _Inputs([node for node in nodes if node.op == "placeholder"], given)
     inputs.derive(nodes)
-    ordered, cuts = _cuts(nodes, names, position, inputs)
+    ordered, cuts = _cuts(traced, nodes, names, position, inputs)
     layers = [_layer_nodes(traced, _only_call(nodes, name), cut, inputs, position)
               for name, cut in zip(ordered, cuts, strict=True)]
     reads = inputs.read_after(cuts[0], position) or any(
@@ -399,11 +399,12 @@ def _split_graph(traced: fx.GraphModule, names: Sequence[str], given: dict[str, 
     return segments, ordered, side_inputs, [_layer_call(traced, layer, inputs) for layer in layers]
 
 
-def _cuts(nodes: list[fx.Node], names: Sequence[str], position: dict[fx.Node, int],
+def _cuts(traced: fx.GraphModule, nodes: list[fx.Node], names: Sequence[str], position: dict[fx.Node, int],
           inputs: _Inputs) -> tuple[list[str], list[fx.Node]]:
     """The slot names in execution order and the node each slot sits after (`_slot_end`), each checked to be on
     the main path."""
-    ends = {name: _slot_end(_only_call(nodes, name), inputs) for name in names}
+    modules = dict(traced.named_modules())
+    ends = {name: _slot_end(_only_call(nodes, name), inputs, modules) for name in names}
     ordered = sorted(names, key=lambda name: position[ends[name]])
     for name in ordered:
         _check_nothing_flows_past(name, ends[name], nodes, position, inputs)
@@ -414,20 +415,29 @@ def _cuts(nodes: list[fx.Node], names: Sequence[str], position: dict[fx.Node, in
 _SUMS = {operator.add, operator.iadd, torch.add}
 
 
-def _slot_end(call: fx.Node, inputs: _Inputs) -> fx.Node:
+def _slot_end(call: fx.Node, inputs: _Inputs, modules: Mapping[str, nn.Module]) -> fx.Node:
     """Where the slot after submodule `call` sits: after the call, or where the forward adds its output to a value
-    of the main path and nothing else reads it (a residual connection written in the caller: `x = x + block(x)`),
-    after the sum, so that the slot sits on the main path. (A sum with the inputs or a parameter, such as position
-    embeddings, leaves the slot after the call: a later part reads or computes that value again.)"""
-    users = list(call.users)
-    if len(users) != 1:
-        return call
-    (user,) = users
-    if user.op != "call_function" or user.target not in _SUMS or user.kwargs or len(user.args) != 2:
-        return call
-    others = [argument for argument in user.args if argument is not call]
-    main = len(others) == 1 and isinstance(others[0], fx.Node) and others[0] not in inputs.derived
-    return user if main else call
+    of the main path and nothing else reads it (a residual connection written in the caller: `x = x + block(x)`,
+    also through a dropout, an activation or a scale: `x + drop(block(x))`), after the sum, so that the slot sits
+    on the main path. A sum with the inputs or a parameter only (position embeddings) is no such connection."""
+    node = call
+    while len(node.users) == 1:
+        (user,) = node.users
+        others = [argument for argument in user.all_input_nodes if argument is not node]
+        main = [argument for argument in others if argument not in inputs.derived]
+        if _is_residual_sum(user, main):
+            return user
+        parameterless = user.op != "call_module" or next(modules[str(user.target)].parameters(), None) is None
+        if main or not parameterless or user.op in ("output", "placeholder"):
+            break
+        node = user  # element-wise on the branch: a dropout, an activation, a scale by a parameter
+    return call
+
+
+def _is_residual_sum(node: fx.Node, main: list[fx.Node]) -> bool:
+    """Whether `node` adds two values, one of them the one value of the main path in `main`."""
+    return node.op == "call_function" and node.target in _SUMS and not node.kwargs and len(node.args) == 2 and \
+        len(main) == 1 and main[0] in node.args
 
 
 def _layer_nodes(traced: fx.GraphModule, call: fx.Node, end: fx.Node, inputs: _Inputs,
@@ -440,9 +450,9 @@ def _layer_nodes(traced: fx.GraphModule, call: fx.Node, end: fx.Node, inputs: _I
         main = [node for node in call.all_input_nodes if node not in inputs.derived]
         block = _is_block(traced.get_submodule(str(call.target)))
         return (main[0], [call]) if len(main) == 1 and block else None
-    (added,) = [argument for argument in end.args if argument is not call]
-    if not isinstance(added, fx.Node) or added in inputs.derived:
-        return None
+    # The value added to: the sum's argument not computed from the call, on the main path (`_slot_end`).
+    (added,) = [node for node in end.all_input_nodes if call not in _ancestors_after(node, position[call] - 1,
+                                                                                       position)]
     computing = _ancestors_after(end, position[added], position)
     reads = {node for member in computing for node in member.all_input_nodes} - set(computing)
     if any(node is not added and node not in inputs.derived for node in reads):
