@@ -352,3 +352,34 @@ def test_a_sum_with_a_parameter_leaves_the_slot_after_the_call() -> None:
     with torch.no_grad():
         assert torch.equal(host.run_segment(0, ids), model.embed(ids))
         assert torch.equal(MorphogeneticModel(host).eval()(ids), model(ids))
+
+
+class _TutorialLM(nn.Module):
+    """PyTorch's transformer tutorial model: its causal mask is made from the length of the embeddings, or with
+    `mask_first` from the length of the token ids."""
+
+    def __init__(self, mask_first: bool) -> None:
+        super().__init__()
+        self.mask_first = mask_first
+        self.embedding, self.linear = nn.Embedding(7, 8), nn.Linear(8, 7)
+        layer = nn.TransformerEncoderLayer(8, 2, 16, 0.0, batch_first=True)
+        self.encoder = nn.TransformerEncoder(layer, 2, enable_nested_tensor=False)
+
+    def forward(self, ids: Tensor) -> Tensor:
+        mask = nn.Transformer.generate_square_subsequent_mask(ids.size(1)) if self.mask_first else None
+        x = self.embedding(ids) * 2.0
+        if mask is None:
+            mask = nn.Transformer.generate_square_subsequent_mask(x.size(1))
+        return self.linear(self.encoder(x, mask=mask, is_causal=True))
+
+
+def test_a_mask_made_from_the_size_of_an_activation_is_refused_with_what_to_do_instead() -> None:
+    ids, slots = torch.randint(0, 7, (3, 5)), ["encoder.layers.0", "encoder.layers.1"]
+    with pytest.raises(HostBuildError, match=r"slot after 'encoder\.layers\.0': the code after it reads triu, "
+                                             r"computed from the size of a value on the main path.*compute it from "
+                                             r"the model's inputs"):
+        host_from_module(_TutorialLM(mask_first=False), slots, example_input=ids[:2])
+    torch.manual_seed(0)
+    model = _TutorialLM(mask_first=True).eval()
+    grown = MorphogeneticModel(host_from_module(model, slots, example_input=ids[:2])).eval()
+    torch.testing.assert_close(grown(ids), model(ids), rtol=0, atol=1e-6)

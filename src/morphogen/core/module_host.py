@@ -524,11 +524,34 @@ def _check_nothing_flows_past(name: str, cut: fx.Node, nodes: list[fx.Node], pos
         raise HostBuildError(f"slot after {name!r}: the code after it reads {', '.join(drawn)}, computed from "
                              "random numbers drawn before it, which a later part would draw again: draw them in a "
                              "module (as nn.Dropout does) or give them as an input")
+    sized = [node for node in crossing if _from_sizes(node, inputs)]
+    if sized and len(sized) == len(crossing):
+        flowing = ", ".join(node.name for node in sized)
+        raise HostBuildError(f"slot after {name!r}: the code after it reads {flowing}, computed from the size of a "
+                             "value on the main path, which a later part cannot read: compute it from the model's "
+                             "inputs (the length of the token ids, not of their embeddings), or give it as an input")
     if crossing:
         flowing = ", ".join(node.name for node in crossing)
         raise HostBuildError(f"slot after {name!r}: it sits inside a branch: {flowing} "
                              "also reach the code after it (a residual connection?); put the slot after the "
                              "enclosing block")
+
+
+#: Tensor methods and attributes that read a tensor's size, not its values.
+_SIZE_READS = {"size", "dim", "numel", "shape", "ndim"}
+
+
+def _from_sizes(node: fx.Node, inputs: _Inputs, known: dict[fx.Node, bool] | None = None) -> bool:
+    """Whether `node` is computed by functions and methods from sizes of tensors (and the inputs, parameters and
+    constants) alone: `mask = causal_mask(x.size(1))` with `x` on the main path."""
+    known = {} if known is None else known
+    if node not in known:
+        reads_size = (node.op == "call_method" and node.target in _SIZE_READS) or (
+            node.op == "call_function" and node.target is getattr and str(node.args[1]) in _SIZE_READS)
+        known[node] = node in inputs.derived or reads_size or (
+            node.op in ("call_function", "call_method")
+            and all(_from_sizes(argument, inputs, known) for argument in node.all_input_nodes))
+    return known[node]
 
 
 def _segment(traced: fx.GraphModule, nodes: list[fx.Node], position: dict[fx.Node, int], start: fx.Node | None,
