@@ -212,6 +212,12 @@ def test_a_functional_dropout_given_the_models_mode_follows_the_hosts(traced_in:
     model, x = _FunctionalDropout().train(traced_in == "train"), torch.randn(6, 1, 8, 8)
     grown = MorphogeneticModel(host_from_module(model, ["conv1", "conv2"], example_input=x[:2]))
     assert model.training is (traced_in == "train")  # the mode it was given back
+    _assert_it_follows_the_mode(grown, model, x, tmp_path)
+
+
+def _assert_it_follows_the_mode(grown: MorphogeneticModel, model: nn.Module, x: Tensor, tmp_path: Path) -> None:
+    """The grown model computes what the model computes in eval mode, drops the same as it in training mode (the
+    same random numbers), and exports its eval-mode function."""
     model.eval(), grown.eval()
     assert torch.equal(grown(x), model(x))
     model.train(), grown.train()
@@ -252,15 +258,7 @@ def test_constants_the_forward_chooses_by_the_mode_follow_the_hosts_mode(tmp_pat
     model, ids = _SmallGPT(), torch.randint(0, 5, (4, 6))
     # A slot's submodule runs whole; the second block, traced through, has its dropout probability in the graph.
     grown = MorphogeneticModel(host_from_module(model, ["blocks.0"], example_input=ids[:2]))
-    model.eval(), grown.eval()
-    assert torch.equal(grown(ids), model(ids))
-    model.train(), grown.train()
-    torch.manual_seed(1)
-    dropped = grown(ids)
-    torch.manual_seed(1)
-    assert torch.equal(dropped, model(ids)) and not torch.equal(dropped, grown.eval()(ids))
-    program = torch.export.load(morphogen.export_model(grown, ids[:2], tmp_path / "grown.pt2")).module()
-    assert torch.equal(program(ids), model.eval()(ids))
+    _assert_it_follows_the_mode(grown, model, ids, tmp_path)
 
 
 class _TrainsOtherwise(nn.Module):
