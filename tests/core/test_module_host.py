@@ -381,3 +381,14 @@ def test_a_mask_made_from_the_size_of_an_activation_is_refused_with_what_to_do_i
     model = _TutorialLM(mask_first=True).eval()
     grown = MorphogeneticModel(host_from_module(model, slots, example_input=ids[:2])).eval()
     torch.testing.assert_close(grown(ids), model(ids), rtol=0, atol=1e-6)
+
+
+def test_a_block_traced_through_may_size_a_factory_by_numbers_it_reads_from_shapes() -> None:
+    """TinyGPT's blocks make their causal mask with `torch.ones(t, t)`, `t` read from the activation's shape: fx
+    cannot trace that call, but traces `torch.ones((t, t))`, which it becomes while tracing."""
+    torch.manual_seed(0)
+    model, ids = TinyGPT().eval(), torch.randint(0, 8, (3, 12))
+    host = host_from_module(model, ["embed", "blocks.0"], example_input=ids[:2])  # blocks.1 is traced through
+    assert torch.equal(MorphogeneticModel(host).eval()(ids), model(ids))
+    assert all(type(getattr(torch, name)).__name__ == "builtin_function_or_method"  # torch's own again
+               for name in ("ones", "zeros", "empty", "rand", "randn"))

@@ -281,12 +281,44 @@ def _cut_children(model: nn.Module, names: Sequence[str]) -> tuple[list[nn.Modul
     return segments, [children[i][0] for i in cuts]
 
 
+#: Factories that take their size as separate numbers (`torch.ones(t, t)`), which fx cannot trace where a number
+#: is traced (`t = x.shape[1]`); the same sizes as one tuple it traces (`_sizes_as_one_tuple`).
+_SIZED_FACTORIES = ("ones", "zeros", "empty", "rand", "randn")
+
+
+@contextlib.contextmanager
+def _sizes_as_one_tuple() -> Iterator[None]:
+    """While tracing, `torch.ones(t, t)` and the like with a traced size call the factory with `(t, t)`."""
+    originals = {name: getattr(torch, name) for name in _SIZED_FACTORIES}
+
+    def taking_a_tuple(factory: Callable[..., Tensor]) -> Callable[..., Tensor]:
+        def call(*size: object, **kwargs: object) -> Tensor:
+            traced = any(isinstance(value, fx.Proxy) for value in size)
+            if traced and all(isinstance(value, (int, fx.Proxy)) for value in size):
+                return factory(tuple(size), **kwargs)
+            return factory(*size, **kwargs)
+        return call
+
+    try:
+        for name, factory in originals.items():
+            setattr(torch, name, taking_a_tuple(factory))
+        yield
+    finally:
+        for name, factory in originals.items():
+            setattr(torch, name, factory)
+
+
 class _SlotLeafTracer(fx.Tracer):
     """Traces through the model but keeps the slot submodules whole, so each is one node to cut after."""
 
     def __init__(self, leaves: Sequence[str]) -> None:
         super().__init__()
         self.leaves = set(leaves)
+
+    def trace(self, root: nn.Module | Callable[..., object], concrete_args: dict[str, object] | None = None
+              ) -> fx.Graph:
+        with _sizes_as_one_tuple():
+            return super().trace(root, concrete_args)
 
     def is_leaf_module(self, m: nn.Module, module_qualified_name: str) -> bool:
         if module_qualified_name in self.leaves:
