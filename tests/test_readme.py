@@ -96,6 +96,7 @@ def test_readme_own_model_example_runs(tmp_path, monkeypatch, capsys):
     exec(compile(python_block("host_from_module(net"), str(README), "exec"), namespace)
     out = capsys.readouterr().out
     assert "cnn {'stage1': 8, 'stage2': 8}" in out and "no growth" in out and "from scratch" in out
+    assert "'stem': 8," in out and "'stage1': 8, 'stage1.conv': 8," in out and "'head': 10}" in out  # slot_points
     result = namespace["result"]
     assert result.run_dir == Path("runs/my-net") and (tmp_path / "runs/my-net/summary.json").exists()
     assert result.grown.final_accuracy > 80.0 and result.grown.stories  # seeds were tried

@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     from morphogen.core.hosts import CNNHost, Conv1dHost, SegmentedHost, TransformerHost
     from morphogen.core.lifecycle import Stage
     from morphogen.core.model import MorphogeneticModel
-    from morphogen.core.module_host import HostBuildError, ModuleHost, host_from_module
+    from morphogen.core.module_host import HostBuildError, ModuleHost, host_from_module, slot_points
     from morphogen.core.plain import ExportError, GrownNetwork, grown_network
     from morphogen.core.slot import SeedSlot, SlotConfig
     from morphogen.data import DataError, Task
@@ -38,7 +38,7 @@ _HOMES = {
     "Stage": "morphogen.core.lifecycle",
     "MorphogeneticModel": "morphogen.core.model",
     "HostBuildError": "morphogen.core.module_host", "ModuleHost": "morphogen.core.module_host",
-    "host_from_module": "morphogen.core.module_host",
+    "host_from_module": "morphogen.core.module_host", "slot_points": "morphogen.core.module_host",
     "SeedSlot": "morphogen.core.slot", "SlotConfig": "morphogen.core.slot",
     "DataError": "morphogen.data", "Task": "morphogen.data",
     "task_from_data": "morphogen.data.user",
@@ -53,7 +53,7 @@ _HOMES = {
 __all__ = ["CNNHost", "Conv1dHost", "DataError", "EpochReport", "ExportError", "Grower", "GrownNetwork",
     "HostBuildError", "ModuleHost", "MorphogeneticModel", "RunConfig", "RunResult", "SeedSlot", "SegmentedHost",
     "SlotConfig", "Stage", "Task", "TransformerHost", "blueprint_names", "build_seed", "export_model", "grow",
-    "grown_network", "host_from_module", "load_grown_model", "register_blueprint", "task_from_data"]
+    "grown_network", "host_from_module", "load_grown_model", "register_blueprint", "slot_points", "task_from_data"]
 
 
 def __getattr__(name: str) -> Any:

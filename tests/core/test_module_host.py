@@ -392,3 +392,21 @@ def test_a_block_traced_through_may_size_a_factory_by_numbers_it_reads_from_shap
     assert torch.equal(MorphogeneticModel(host).eval()(ids), model(ids))
     assert all(type(getattr(torch, name)).__name__ == "builtin_function_or_method"  # torch's own again
                for name in ("ones", "zeros", "empty", "rand", "randn"))
+
+
+def test_slot_points_lists_every_submodule_a_slot_can_follow_with_its_width() -> None:
+    class Twice(nn.Module):  # `shared` runs twice: no slot can follow it
+        def __init__(self) -> None:
+            super().__init__()
+            self.first, self.shared, self.head = nn.Linear(4, 6), nn.Linear(6, 6), nn.Linear(6, 2)
+
+        def forward(self, x: Tensor) -> Tensor:
+            return self.head(self.shared(self.shared(self.first(x))))
+
+    assert morphogen.slot_points(Twice(), torch.randn(2, 4)) == {"first": 6, "head": 2}
+    points = morphogen.slot_points(TinyGPT(), torch.randint(0, 8, (2, 12)))
+    assert {"embed", "blocks.0", "blocks.1", "norm"} <= set(points) and points["blocks.0"] == 16
+    for name in points:  # each one builds a host
+        host_from_module(TinyGPT(), [name], example_input=torch.randint(0, 8, (2, 12)))
+    with pytest.raises(HostBuildError, match=r"no submodule named 'block\.0'.*morphogen\.slot_points"):
+        host_from_module(TinyGPT(), ["block.0"], example_input=torch.randint(0, 8, (2, 12)))

@@ -35,7 +35,7 @@ import torch
 from torch import Tensor, fx, nn
 
 from morphogen.core.hosts import SegmentedHost, SideInputs
-from morphogen.core.training_mode import TrainingModeError, trace_in_both_modes
+from morphogen.core.training_mode import ModeDependentCall, TrainingModeError, trace_in_both_modes
 from morphogen.inputs import Inputs, InputSpec, call, rows
 from morphogen.inputs import problem as inputs_problem
 
@@ -109,9 +109,33 @@ def host_from_module(model: nn.Module, slots: Sequence[str], example_input: Inpu
     return host
 
 
+def slot_points(model: nn.Module, example_input: Inputs, *, output: int | str | None = None) -> dict[str, int]:
+    """Where `host_from_module` can put a slot: each submodule's qualified name -> the slot's width (channels,
+    features or d_model), for every submodule that a host with that one slot accepts, in the order the model
+    defines them. It tries every submodule (a trace and a shape probe each), to choose slots by, not per step.
+
+    A point inside a block's residual branch, a submodule called twice, or one whose output is not one tensor
+    is left out; so is one whose cut the probe finds changes the model's output. Raises `HostBuildError` for an
+    `example_input` or `output` that no slot could work with."""
+    _checked_arguments(model, [], example_input, None, output, slots_needed=False)
+    points: dict[str, int] = {}
+    seen: set[int] = set()
+    for name, module in model.named_modules(remove_duplicate=False):
+        if not name or id(module) in seen:
+            continue
+        seen.add(id(module))
+        try:
+            host = host_from_module(model, [name], example_input, output=output)
+        except HostBuildError:
+            continue
+        points[name] = host.injection_points[slot_id_for(name)]
+    return points
+
+
 def _checked_arguments(model: nn.Module, slots: Sequence[str], example_input: Inputs, topology: str | None,
-                       output: object) -> list[str]:
-    """The slot names, once every argument of `host_from_module` is one it can work with."""
+                       output: object, *, slots_needed: bool = True) -> list[str]:
+    """The slot names, once every argument of `host_from_module` is one it can work with (`slots_needed` False:
+    every argument but the slots)."""
     if not isinstance(model, nn.Module):
         raise HostBuildError(f"host_from_module needs an nn.Module, got {type(model).__name__}")
     problem = inputs_problem(example_input)
@@ -119,7 +143,7 @@ def _checked_arguments(model: nn.Module, slots: Sequence[str], example_input: In
         raise HostBuildError("example_input must be a batch of the model's inputs (a tensor, or a tuple or dict of "
                              f"tensors, each with a leading sample dimension); got {problem}")
     names = list(dict.fromkeys(slots))
-    if not names or len(names) != len(slots):
+    if slots_needed and (not names or len(names) != len(slots)):
         raise HostBuildError(f"slots must name one or more distinct submodules, got {list(slots)}")
     _check_names(model, names)
     if topology is not None and topology not in TOPOLOGY_RANKS:
@@ -182,7 +206,8 @@ def _check_names(model: nn.Module, names: Sequence[str]) -> None:
     for name in names:
         if name not in known or not name:
             children = ", ".join(child for child, _ in model.named_children()) or "none"
-            raise HostBuildError(f"no submodule named {name!r} in {type(model).__name__}; its children: {children}")
+            raise HostBuildError(f"no submodule named {name!r} in {type(model).__name__}; its children: {children} "
+                                 "(morphogen.slot_points(model, example_input) lists where slots can go)")
     for name in names:
         for other in names:
             if other != name and other.startswith(name + "."):
@@ -443,6 +468,10 @@ def _cuts(traced: fx.GraphModule, nodes: list[fx.Node], names: Sequence[str], po
     return ordered, [ends[name] for name in ordered]
 
 
+#: Modules that may lie between a branch's last layer and its residual sum: dropouts (a ReLU module does not: a
+#: slot after the norm before it stays inside the branch, where the user named it).
+_BRANCH_END_MODULES = (nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.Dropout3d, nn.AlphaDropout, nn.FeatureAlphaDropout,
+                       nn.Identity, ModeDependentCall)
 #: Sums that end a residual connection written in the caller's forward (`x = x + block(x)`, `x += block(x)`).
 _SUMS = {operator.add, operator.iadd, torch.add}
 
@@ -450,8 +479,9 @@ _SUMS = {operator.add, operator.iadd, torch.add}
 def _slot_end(call: fx.Node, inputs: _Inputs, modules: Mapping[str, nn.Module]) -> fx.Node:
     """Where the slot after submodule `call` sits: after the call, or where the forward adds its output to a value
     of the main path and nothing else reads it (a residual connection written in the caller: `x = x + block(x)`,
-    also through a dropout, an activation or a scale: `x + drop(block(x))`), after the sum, so that the slot sits
-    on the main path. A sum with the inputs or a parameter only (position embeddings) is no such connection."""
+    also through a dropout, an activation function or a scale: `x + drop(block(x))`), after the sum, so that the
+    slot sits on the main path. A sum with the inputs or a parameter only (position embeddings) is no such
+    connection."""
     node = call
     while len(node.users) == 1:
         (user,) = node.users
@@ -459,10 +489,11 @@ def _slot_end(call: fx.Node, inputs: _Inputs, modules: Mapping[str, nn.Module]) 
         main = [argument for argument in others if argument not in inputs.derived]
         if _is_residual_sum(user, main):
             return user
-        parameterless = user.op != "call_module" or next(modules[str(user.target)].parameters(), None) is None
-        if main or not parameterless or user.op in ("output", "placeholder"):
+        passes = user.op in ("call_function", "call_method") or (
+            user.op == "call_module" and isinstance(modules[str(user.target)], _BRANCH_END_MODULES))
+        if main or not passes:
             break
-        node = user  # element-wise on the branch: a dropout, an activation, a scale by a parameter
+        node = user  # on the branch's way to the sum: a dropout, an activation function, a scale by a parameter
     return call
 
 
