@@ -410,3 +410,23 @@ def test_slot_points_lists_every_submodule_a_slot_can_follow_with_its_width() ->
         host_from_module(TinyGPT(), [name], example_input=torch.randint(0, 8, (2, 12)))
     with pytest.raises(HostBuildError, match=r"no submodule named 'block\.0'.*morphogen\.slot_points"):
         host_from_module(TinyGPT(), ["block.0"], example_input=torch.randint(0, 8, (2, 12)))
+
+
+def test_a_slot_after_an_attention_whose_weights_the_forward_drops_sits_after_its_residual_sum() -> None:
+    class Encoder(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.embed, self.head = nn.Linear(4, 8), nn.Linear(8, 3)
+            self.attention, self.norm = nn.MultiheadAttention(8, 2, batch_first=True), nn.LayerNorm(8)
+
+        def forward(self, x: Tensor) -> Tensor:
+            h = self.embed(x)
+            attended, _ = self.attention(h, h, h, need_weights=False)  # `_` is read by nothing
+            return self.head(self.norm(h + attended).mean(1))
+
+    torch.manual_seed(0)
+    model, x = Encoder().eval(), torch.randn(3, 5, 4)
+    host = host_from_module(model, ["attention"], example_input=x[:2])
+    assert torch.equal(MorphogeneticModel(host).eval()(x), model(x))
+    layer, h = host.layer_before("attention"), torch.randn(2, 5, 8)
+    assert layer is not None and torch.equal(layer(h), h + model.attention(h, h, h, need_weights=False)[0])

@@ -483,8 +483,9 @@ def _slot_end(call: fx.Node, inputs: _Inputs, modules: Mapping[str, nn.Module]) 
     slot sits on the main path. A sum with the inputs or a parameter only (position embeddings) is no such
     connection."""
     node = call
-    while len(node.users) == 1:
-        (user,) = node.users
+    # Values nothing reads (the `_` of `out, _ = attention(x, x, x)`) do not count.
+    while len(users := [user for user in node.users if user.users]) == 1:
+        (user,) = users
         others = [argument for argument in user.all_input_nodes if argument is not node]
         main = [argument for argument in others if argument not in inputs.derived]
         if _is_residual_sum(user, main):
