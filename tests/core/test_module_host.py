@@ -430,3 +430,21 @@ def test_a_slot_after_an_attention_whose_weights_the_forward_drops_sits_after_it
     assert torch.equal(MorphogeneticModel(host).eval()(x), model(x))
     layer, h = host.layer_before("attention"), torch.randn(2, 5, 8)
     assert layer is not None and torch.equal(layer(h), h + model.attention(h, h, h, need_weights=False)[0])
+
+
+def test_a_slot_after_an_lstm_sits_after_the_output_the_forward_reads() -> None:
+    class Recurrent(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.embed, self.lstm, self.head = nn.Linear(3, 8), nn.LSTM(8, 8, batch_first=True), nn.Linear(8, 4)
+
+        def forward(self, x: Tensor) -> Tensor:
+            out, (_, _) = self.lstm(self.embed(x))  # the state is read by nothing
+            return self.head(out[:, -1])
+
+    torch.manual_seed(0)
+    model, x = Recurrent().eval(), torch.randn(3, 7, 3)
+    host = host_from_module(model, ["lstm"], example_input=x[:2])
+    assert host.topology == "transformer" and host.injection_points == {"lstm": 8}  # [N, T, D]: tokens
+    assert torch.equal(MorphogeneticModel(host).eval()(x), model(x))
+    assert host.layer_before("lstm") is None  # one of its outputs: nothing a copy could stack

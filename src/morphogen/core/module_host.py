@@ -43,7 +43,7 @@ from morphogen.inputs import problem as inputs_problem
 TOPOLOGY_RANKS = {"cnn": 4, "cnn1d": 3, "transformer": 3, "mlp": 2}
 #: Modules whose presence makes a three-dimensional activation read as tokens [N, T, D].
 _TOKEN_MODULES = (nn.LayerNorm, nn.MultiheadAttention, nn.Embedding, nn.TransformerEncoderLayer,
-                  nn.TransformerDecoderLayer)
+                  nn.TransformerDecoderLayer, nn.RNNBase)
 
 
 class HostBuildError(ValueError):
@@ -438,6 +438,7 @@ def _split_graph(traced: fx.GraphModule, names: Sequence[str], given: dict[str, 
     check that nothing but the model's inputs flows past a cut (a later segment reads those from the
     `SideInputs` the first one binds). Also each slot's layer as a module of the activation before it alone,
     which reads its other inputs from the `SideInputs` too."""
+    _erase_unread_items(traced.graph)
     nodes = list(traced.graph.nodes)
     position = {node: i for i, node in enumerate(nodes)}
     inputs = _Inputs([node for node in nodes if node.op == "placeholder"], given)
@@ -454,6 +455,14 @@ def _split_graph(traced: fx.GraphModule, names: Sequence[str], given: dict[str, 
     segments: list[nn.Module] = [_segment(traced, nodes, position, start, end, inputs, side_inputs is not None)
                                  for start, end in pairwise(boundaries)]
     return segments, ordered, side_inputs, [_layer_call(traced, layer, inputs) for layer in layers]
+
+
+def _erase_unread_items(graph: fx.Graph) -> None:
+    """Erase the items of several returned values that nothing reads (the `_` of `out, _ = lstm(x)`), so that a
+    slot after the call sits after the one that is read."""
+    for node in reversed(list(graph.nodes)):  # an unread item's own unread items go first
+        if node.op == "call_function" and node.target is operator.getitem and not node.users:
+            graph.erase_node(node)
 
 
 def _cuts(traced: fx.GraphModule, nodes: list[fx.Node], names: Sequence[str], position: dict[fx.Node, int],
@@ -482,10 +491,9 @@ def _slot_end(call: fx.Node, inputs: _Inputs, modules: Mapping[str, nn.Module]) 
     also through a dropout, an activation function or a scale: `x + drop(block(x))`), after the sum, so that the
     slot sits on the main path. A sum with the inputs or a parameter only (position embeddings) is no such
     connection."""
-    node = call
-    # Values nothing reads (the `_` of `out, _ = attention(x, x, x)`) do not count.
-    while len(users := [user for user in node.users if user.users]) == 1:
-        (user,) = users
+    node = start = _element_read(call)
+    while len(node.users) == 1:
+        (user,) = node.users
         others = [argument for argument in user.all_input_nodes if argument is not node]
         main = [argument for argument in others if argument not in inputs.derived]
         if _is_residual_sum(user, main):
@@ -495,6 +503,16 @@ def _slot_end(call: fx.Node, inputs: _Inputs, modules: Mapping[str, nn.Module]) 
         if main or not passes:
             break
         node = user  # on the branch's way to the sum: a dropout, an activation function, a scale by a parameter
+    return start
+
+
+def _element_read(call: fx.Node) -> fx.Node:
+    """Where `call` returns several values and the forward reads one of them (`out, _ = lstm(x)`, the unread ones
+    erased), that one: a slot after an LSTM sits after its output sequence. Otherwise `call`."""
+    users = list(call.users)
+    if len(users) == 1 and users[0].op == "call_function" and users[0].target is operator.getitem and \
+            isinstance(users[0].args[1], int):
+        return users[0]
     return call
 
 
@@ -510,6 +528,8 @@ def _layer_nodes(traced: fx.GraphModule, call: fx.Node, end: fx.Node, inputs: _I
     from it): submodule `call`, or with a residual sum after it (`end`), the path from the value added to through
     the sum. None where it takes two values of the main path or none (the first layer takes the model's inputs), or
     where the submodule is no block (one linear map or norm, which a copy stacks little of)."""
+    if end is not call and end.args[0] is call:
+        return None  # one value of several the submodule returns: no block to copy
     if end is call:
         main = [node for node in call.all_input_nodes if node not in inputs.derived]
         block = _is_block(traced.get_submodule(str(call.target)))
