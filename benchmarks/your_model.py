@@ -43,6 +43,9 @@
   could be copied.
 - `encoder`: the same classifier built on torch's `nn.TransformerEncoder` (`EncoderClassifier`), slots after its
   two layers; the heuristic grows copies of them.
+- `padded_flat`: the same classifier written by hand (`FlatClassifier`): its layers in lists, the residual sums
+  and a functional dropout (0.1, `training=self.training`) in the model's forward; slots after each attention
+  and each MLP, which sit after their residual sums; the heuristic grows copies of those sub-blocks.
 
 Each is made a host by `morphogen.host_from_module` and grown by `morphogen.grow` with the heuristic
 (defaults but for the settings named above) and strict gates, next to the same host without growth and the
@@ -277,6 +280,33 @@ class EncoderClassifier(nn.Module):
         return self.head((x * keep).sum(1) / keep.sum(1).clamp_min(1.0))
 
 
+class FlatClassifier(nn.Module):
+    """The padded-sequence classifier as many write it by hand: its layers in lists, the residual sums and the
+    dropout (`training=self.training`) in the model's own forward, not in block modules."""
+
+    def __init__(self, vocab: int = 16, width: int = 16, classes: int = 3, layers: int = 2,
+                 dropout: float = 0.1) -> None:
+        super().__init__()
+        self.embed, self.dropout = nn.Embedding(vocab, width), dropout
+        self.attention_norms = nn.ModuleList(nn.LayerNorm(width) for _ in range(layers))
+        self.attentions = nn.ModuleList(nn.MultiheadAttention(width, 2, batch_first=True) for _ in range(layers))
+        self.mlp_norms = nn.ModuleList(nn.LayerNorm(width) for _ in range(layers))
+        self.mlps = nn.ModuleList(nn.Sequential(nn.Linear(width, 2 * width), nn.GELU(), nn.Linear(2 * width, width))
+                                  for _ in range(layers))
+        self.head = nn.Linear(width, classes)
+
+    def forward(self, ids: Tensor, padding: Tensor) -> Tensor:
+        x = self.embed(ids)
+        layers = zip(self.attention_norms, self.attentions, self.mlp_norms, self.mlps, strict=True)
+        for attention_norm, attention, mlp_norm, mlp in layers:
+            h = attention_norm(x)
+            attended, _ = attention(h, h, h, key_padding_mask=padding, need_weights=False)
+            x = x + nn.functional.dropout(attended, self.dropout, training=self.training)
+            x = x + nn.functional.dropout(mlp(mlp_norm(x)), self.dropout, training=self.training)
+        keep = (~padding).unsqueeze(-1).to(x.dtype)
+        return self.head((x * keep).sum(1) / keep.sum(1).clamp_min(1.0))
+
+
 def padded_sequences(count: int, seed: int, vocab: int = 8, length: int = 10) -> tuple[tuple[Tensor, Tensor], Tensor]:
     """((ids, padding), labels): sequences of 3 to `length` real tokens, then padding; every position, padding
     too, holds token 1 with probability 1/4 and another token otherwise, so a model that ignores the mask is
@@ -345,6 +375,8 @@ MODELS = {
                     optimizer=tuple(TOPOLOGY_OPTIMIZERS["transformer"].items())),  # as grow trains a transformer
     "encoder": Model(padded, EncoderClassifier, ("encoder.layers.0", "encoder.layers.1"), 64, classes=3,
                      optimizer=tuple(TOPOLOGY_OPTIMIZERS["transformer"].items())),
+    "padded_flat": Model(padded, FlatClassifier, ("attentions.0", "mlps.0", "attentions.1", "mlps.1"), 64, classes=3,
+                         optimizer=tuple(TOPOLOGY_OPTIMIZERS["transformer"].items())),
     "padded_zero_blocks": Model(padded, lambda: PaddedClassifier(vocab=16), ("blocks.0", "blocks.1"), 64, classes=3,
                                 optimizer=tuple(TOPOLOGY_OPTIMIZERS["transformer"].items()),
                                 heuristic=(("depth_blueprint", "block"),)),  # zero-initialised blocks, not copies
