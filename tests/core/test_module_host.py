@@ -295,6 +295,8 @@ class _ResidualLoop(nn.Module):
         for norm, block in zip(self.norms, self.mlps, strict=True):
             if self.form == "inplace":
                 h += block(norm(h))
+            elif self.form == "block_first":
+                h = block(norm(h)) + h
             elif self.form == "dropout":  # through a dropout that follows the mode, as in many transformers
                 h = h + nn.functional.dropout(block(norm(h)), 0.1, training=self.training)
             else:
@@ -302,7 +304,7 @@ class _ResidualLoop(nn.Module):
         return self.head(h.mean(1))
 
 
-@pytest.mark.parametrize("form", ["sum", "inplace", "dropout"])
+@pytest.mark.parametrize("form", ["sum", "inplace", "block_first", "dropout"])
 def test_a_slot_after_a_block_whose_residual_sum_the_forward_writes_sits_after_the_sum(form: str,
                                                                                        tmp_path: Path) -> None:
     torch.manual_seed(0)

@@ -528,7 +528,7 @@ def _layer_nodes(traced: fx.GraphModule, call: fx.Node, end: fx.Node, inputs: _I
     from it): submodule `call`, or with a residual sum after it (`end`), the path from the value added to through
     the sum. None where it takes two values of the main path or none (the first layer takes the model's inputs), or
     where the submodule is no block (one linear map or norm, which a copy stacks little of)."""
-    if end is not call and end.args[0] is call:
+    if end is _element_read(call) is not call:
         return None  # one value of several the submodule returns: no block to copy
     if end is call:
         main = [node for node in call.all_input_nodes if node not in inputs.derived]
