@@ -35,7 +35,7 @@ import torch
 from torch import Tensor, fx, nn
 
 from morphogen.core.hosts import SegmentedHost, SideInputs
-from morphogen.core.training_mode import ModeDependentCall, TrainingModeError, trace_in_both_modes
+from morphogen.core.training_mode import ModeDependentCall, TrainingModeError, modes_kept, trace_in_both_modes
 from morphogen.inputs import Inputs, InputSpec, call, rows
 from morphogen.inputs import problem as inputs_problem
 
@@ -119,11 +119,9 @@ def slot_points(model: nn.Module, example_input: Inputs, *, output: int | str | 
     `example_input` or `output` that no slot could work with."""
     _checked_arguments(model, [], example_input, None, output, slots_needed=False)
     points: dict[str, int] = {}
-    seen: set[int] = set()
-    for name, module in model.named_modules(remove_duplicate=False):
-        if not name or id(module) in seen:
+    for name, _ in model.named_modules():  # a module registered twice is listed once, by its first name
+        if not name:
             continue
-        seen.add(id(module))
         try:
             host = host_from_module(model, [name], example_input, output=output)
         except HostBuildError:
@@ -688,7 +686,9 @@ def _probe(model: nn.Module, segments: Sequence[nn.Module], names: Sequence[str]
     to its shape."""
     copyable: list[nn.Module | None] = []
     # The segments hold modules of their own (a functional dropout's module), which the model's mode does not set.
-    with _evaluating(model, *segments), torch.no_grad():
+    with modes_kept(model, *segments), torch.no_grad():
+        for part in (model, *segments):
+            part.eval()
         with torch.enable_grad():  # as the model trains: no inference fast path (nested tensors drop padding)
             expected: object = _call(lambda inputs: _detached(call(model, inputs)), example, type(model).__name__)
         if key is not None:
@@ -717,20 +717,6 @@ def _probe(model: nn.Module, segments: Sequence[nn.Module], names: Sequence[str]
             raise HostBuildError(f"slot after {name!r}: its output has shape {tuple(activation.shape)}; a slot needs "
                                  "[N, channels, ...] or [N, ..., features]")
     return activations, copyable
-
-
-@contextlib.contextmanager
-def _evaluating(*parts: nn.Module) -> Iterator[None]:
-    """Every module of `parts` in eval mode, each given back its own mode afterwards."""
-    modules = [module for part in parts for module in part.modules()]
-    modes = [module.training for module in modules]
-    try:
-        for part in parts:
-            part.eval()
-        yield
-    finally:
-        for module, mode in zip(modules, modes, strict=True):
-            module.training = mode
 
 
 def _picked_output(model_name: str, outputs: object, key: int | str) -> object:

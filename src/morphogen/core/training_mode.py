@@ -11,7 +11,8 @@ branch on `self.training`) is refused in one line: no single graph computes both
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from torch import fx, nn
@@ -44,20 +45,28 @@ class ModeDependentCall(nn.Module):
         return f"{getattr(self.function, '__name__', self.function)}, training/eval: {self.differing}"
 
 
+@contextlib.contextmanager
+def modes_kept(*parts: nn.Module) -> Iterator[None]:
+    """Every module of `parts` given back the mode (training or eval) it had on entry."""
+    modules = [module for part in parts for module in part.modules()]
+    modes = [module.training for module in modules]
+    try:
+        yield
+    finally:
+        for module, mode in zip(modules, modes, strict=True):
+            module.training = mode
+
+
 def trace_in_both_modes(model: nn.Module, trace: Callable[[], fx.Graph]) -> fx.GraphModule:
     """`model` traced by `trace()` in training mode, each function call whose constant arguments differ from the
     eval-mode trace made a `ModeDependentCall`. Every module's mode is restored afterwards.
 
     Raises `TrainingModeError` where the graphs of the two modes differ otherwise."""
-    modes = [module.training for module in model.modules()]
-    try:
+    with modes_kept(model):
         model.train()
         training = trace()
         model.eval()
         evaluating = trace()
-    finally:
-        for module, mode in zip(model.modules(), modes, strict=True):
-            module.training = mode
     traced = fx.GraphModule(model, training)
     nodes, others = list(training.nodes), list(evaluating.nodes)
     if [(n.op, n.target) for n in nodes] != [(n.op, n.target) for n in others]:
