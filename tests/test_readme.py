@@ -167,3 +167,12 @@ def test_readme_several_inputs_example_grows_and_exports_a_program_called_as_the
     program = torch.export.load(tmp_path / "runs/count-ones/grown.pt2").module()
     with torch.no_grad():  # the mask matters to the grown model
         assert not torch.allclose(program(ids[:8], padding[:8]), program(ids[:8], torch.zeros_like(padding[:8])))
+
+
+def test_readme_grower_resume_example_runs(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)  # it writes checkpoint.pt where it runs
+    namespace: dict[str, object] = {}
+    exec(compile(python_block("grower.load_state_dict("), str(README), "exec"), namespace)
+    report, grower = namespace["report"], namespace["grower"]
+    assert report.epoch == 8 and grower.done and (tmp_path / "checkpoint.pt").is_file()
+    assert capsys.readouterr().out.startswith("8 {")

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -41,11 +42,14 @@ from morphogen.data.user import LossFunction, task_from_data
 from morphogen.env.actions import Action
 from morphogen.env.compute import note_batch
 from morphogen.env.episode import EpisodeConfig, MorphogenesisEpisode, StepResult, task_with_host
-from morphogen.env.play import Controller, connect
+from morphogen.env.play import Controller, SavableController, connect
 from morphogen.env.snapshot import EpisodeSnapshot
 from morphogen.inputs import Inputs, rows
 from morphogen.inputs import problem as inputs_problem
 from morphogen.telemetry.sinks import Telemetry
+
+#: The version of what `Grower.state_dict` writes; a state of another is refused when loaded.
+GROWER_STATE_FORMAT = 1
 
 
 @dataclass(frozen=True)
@@ -175,6 +179,38 @@ class Grower:
             self._action, self._applied = self._decide(result.snapshot)
             next_action = self._action.describe()
         return self._report(result, action, next_action)
+
+    def state_dict(self) -> dict[str, Any]:
+        """Everything the growth needs to go on where it stands, saved between epochs (after `end_epoch`): the
+        model (host, seeds and their stages), the seeds' optimizers, the governor, the controller's memory and the
+        action the next epoch starts with. Plain values and tensors: `torch.load(path)` reads it with its default
+        `weights_only=True`. Your optimizer's state is yours to save beside it."""
+        if self._steps:
+            raise RuntimeError("save a Grower between epochs (after end_epoch()), not in the middle of one")
+        if not isinstance(self.controller, SavableController):
+            raise TypeError(f"the controller {type(self.controller).__name__} cannot be saved: give it "
+                            "state_dict() and load_state_dict(state, space), as the heuristic has")
+        return {"format": GROWER_STATE_FORMAT, "episode": self.episode.state_dict(),
+                "controller": self.controller.state_dict(), "next_action": self._action.state(),
+                "applied": [self._applied[0], self._applied[1]]}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Go on from `state_dict`, on a Grower built as the saved one was (the same host architecture, slots,
+        validation data, settings and controller), before its first `training_step`. The model's host
+        parameters are loaded in place, so an optimizer built on them keeps working; load its own state too."""
+        if self._steps:
+            raise RuntimeError("load a Grower's state before its first training_step(), not in the middle of an epoch")
+        if not isinstance(state, dict) or state.get("format") != GROWER_STATE_FORMAT:
+            found = state.get("format") if isinstance(state, dict) else type(state).__name__
+            raise ValueError(f"not a Grower state of format {GROWER_STATE_FORMAT} (found {found!r}): save it with "
+                             "Grower.state_dict() of this version of morphogen")
+        if not isinstance(self.controller, SavableController):
+            raise TypeError(f"the controller {type(self.controller).__name__} cannot be restored: give it "
+                            "state_dict() and load_state_dict(state, space), as the heuristic has")
+        self.snapshot = self.episode.load_state_dict(state["episode"])
+        self.controller.load_state_dict(state["controller"], self.episode.action_space)
+        succeeded, reason = state["applied"]
+        self._action, self._applied = Action.from_state(state["next_action"]), (bool(succeeded), str(reason))
 
     def _decide(self, snapshot: EpisodeSnapshot) -> tuple[Action, tuple[bool, str]]:
         action = self.controller.act(snapshot, self.episode.masks())

@@ -5,6 +5,8 @@ The module's `training_step` returns `grower.training_step(inputs, targets)` and
 right moments: `after_backward` after every backward pass (with the precision plugin's `GradScaler`
 under 16-bit mixed precision), `end_epoch` at the end of every training epoch, whose figures it logs
 as `growth/score`, `growth/loss` and `growth/parameters`. Train for the grower's number of epochs.
+Lightning's checkpoints carry the grower's state (`Grower.state_dict`), so `trainer.fit(..., ckpt_path=...)`
+goes on growing where the checkpoint was taken, at the end of an epoch.
 """
 
 from __future__ import annotations
@@ -33,3 +35,11 @@ class GrowthCallback(pl.Callback):
         self.reports.append(report)
         pl_module.log_dict({"growth/score": report.score, "growth/loss": report.loss,
                             "growth/parameters": float(report.parameters)})
+
+    def state_dict(self) -> dict[str, Any]:
+        """The grower's state, which Lightning writes into its checkpoints (taken at the end of an epoch)."""
+        return {"grower": self.grower.state_dict()}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Go on from a checkpoint's grower state (`trainer.fit(..., ckpt_path=...)`)."""
+        self.grower.load_state_dict(state_dict["grower"])

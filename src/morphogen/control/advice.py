@@ -11,6 +11,7 @@ to such hosts (README, "The shipped policy").
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -34,6 +35,19 @@ class HeuristicAdvisor:
     def reset(self) -> None:
         """A new episode begins (on any task and host)."""
         self._heuristic, self._pending = None, None
+
+    def state_dict(self) -> dict[str, Any]:
+        """The heuristic it keeps in step with the episode (None before its first advice), between epochs."""
+        if self._pending is not None:
+            raise RuntimeError("the advisor is saved between epochs, not between advise and taken")
+        return {"heuristic": None if self._heuristic is None else self._heuristic.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any], space: ActionSpace) -> None:
+        """Continue the episode `state_dict` was saved in, of action space `space`."""
+        self.reset()
+        if state["heuristic"] is not None:
+            self._heuristic = HeuristicController(space, space.topology)
+            self._heuristic.load_state_dict(state["heuristic"])
 
     def advise(self, snapshot: EpisodeSnapshot, masks: Sequence[np.ndarray], space: ActionSpace) -> Action:
         """The heuristic's action for `snapshot` in an episode of action space `space`; `taken` must follow."""

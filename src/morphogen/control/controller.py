@@ -5,10 +5,11 @@ What a controller must offer is the `morphogen.env.play.Controller` protocol."""
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
-from morphogen.env.actions import Action
+from morphogen.env.actions import Action, ActionSpace
 from morphogen.env.snapshot import EpisodeSnapshot
 
 
@@ -22,3 +23,10 @@ class NoGrowthController:
 
     def act(self, snapshot: EpisodeSnapshot, masks: Sequence[np.ndarray]) -> Action:
         return Action()
+
+    def state_dict(self) -> dict[str, Any]:
+        """Nothing: it remembers nothing of an episode."""
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any], space: ActionSpace) -> None:
+        """Nothing to restore."""

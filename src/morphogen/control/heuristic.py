@@ -27,7 +27,7 @@ import copy
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -321,6 +321,32 @@ class HeuristicController:
         #: [n_blueprints]: those some empty slot had a site for when a germination was last legal (a branch needs
         #: a measured segment input, which a user's module has and the built-in hosts do not); None before.
         self.germinable: np.ndarray | None = None
+
+    def state_dict(self) -> dict[str, object]:
+        """What it remembers of the episode so far (plain values), for a run saved between epochs."""
+        return {"depth_blueprint": self.depth_blueprint, "next_blueprint": self.next_blueprint,
+                "next_slot": self.next_slot, "pruned_at": dict(self.pruned_at), "last_action": self.last_action.state(),
+                "has_grown": self.has_grown, "fossilize_refused": sorted(self.fossilize_refused),
+                "grows_by_depth": self.grows_by_depth, "depth_grown": self.depth_grown,
+                "growth_resumes_at": self.growth_resumes_at,
+                "germinable": None if self.germinable is None else self.germinable.tolist()}
+
+    def load_state_dict(self, state: dict[str, Any], space: ActionSpace | None = None) -> None:
+        """Continue the episode `state_dict` was saved in (the same settings; `space`, when given, must be its)."""
+        if space is not None and (space.slot_ids, space.topology) != (self.space.slot_ids, self.space.topology):
+            raise ValueError(f"the saved heuristic acted on slots {list(self.space.slot_ids)}, "
+                             f"not {list(space.slot_ids)}")
+        depth = str(state["depth_blueprint"])
+        self.depth_blueprint = self._known("depth_blueprint", self.space.topology, depth)
+        self._depth_index = self.space.blueprints.index(depth) if depth else 0
+        self.next_blueprint, self.next_slot = int(state["next_blueprint"]), int(state["next_slot"])
+        self.pruned_at = {str(k): int(v) for k, v in state["pruned_at"].items()}
+        self.last_action = Action.from_state(state["last_action"])
+        self.has_grown, self.depth_grown = bool(state["has_grown"]), bool(state["depth_grown"])
+        self.fossilize_refused = {str(slot) for slot in state["fossilize_refused"]}
+        self.grows_by_depth, self.growth_resumes_at = bool(state["grows_by_depth"]), int(state["growth_resumes_at"])
+        germinable = state["germinable"]
+        self.germinable = None if germinable is None else np.asarray(germinable, dtype=bool)
 
     def act(self, snapshot: EpisodeSnapshot, masks: Sequence[np.ndarray]) -> Action:
         """The action for this epoch; always legal under `masks`."""

@@ -160,6 +160,21 @@ class PolicyController:
         self.state = self.agent.policy.initial_state(1)
         self.advisor.reset()
 
+    def state_dict(self) -> dict[str, Any]:
+        """Its recurrent state, its sampling generator and its advisor, between epochs (the policy's weights are
+        its checkpoint's, not part of this)."""
+        return {"recurrent": [tensor.detach().clone() for tensor in self.state],
+                "generator": self.generator.get_state(), "advisor": self.advisor.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any], space: ActionSpace) -> None:
+        """Continue the episode `state_dict` was saved in, of action space `space`."""
+        saved = [tensor.to(self.agent.device) for tensor in state["recurrent"]]
+        if len(saved) != 2 or any(s.shape != t.shape for s, t in zip(saved, self.state, strict=True)):
+            raise ValueError("the saved recurrent state does not fit this policy (another width or kind)")
+        self.state = (saved[0], saved[1])
+        self.generator.set_state(state["generator"])
+        self.advisor.load_state_dict(state["advisor"], space)
+
     @torch.no_grad()
     def act(self, snapshot: EpisodeSnapshot, masks: Sequence[np.ndarray]) -> Action:
         inputs = self.agent.inputs([snapshot], [masks], [self.advisor])

@@ -11,6 +11,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -82,6 +83,23 @@ class Action:
     alpha_target: float = ALPHA_TARGETS[0]
     alpha_speed: int = ALPHA_SPEEDS[0]
     alpha_curve: AlphaCurve = AlphaCurve.LINEAR
+
+    def state(self) -> dict[str, object]:
+        """The action as plain values (what `torch.load(weights_only=True)` reads back)."""
+        return {"op": self.op.name, "slot": self.slot, "blueprint": self.blueprint, "blend": self.blend.value,
+                "blend_epochs": self.blend_epochs, "alpha_target": self.alpha_target,
+                "alpha_speed": self.alpha_speed, "alpha_curve": self.alpha_curve.value}
+
+    @classmethod
+    def from_state(cls, state: dict[str, Any]) -> Action:
+        """The action `state` wrote; a missing or malformed field is a ValueError."""
+        try:
+            return cls(Op[state["op"]], None if state["slot"] is None else str(state["slot"]),
+                       None if state["blueprint"] is None else str(state["blueprint"]), BlendKind(state["blend"]),
+                       int(state["blend_epochs"]), float(state["alpha_target"]), int(state["alpha_speed"]),
+                       AlphaCurve(state["alpha_curve"]))
+        except (KeyError, TypeError, ValueError) as error:
+            raise ValueError(f"not an action saved by this version of morphogen ({error!r})") from None
 
     def describe(self) -> str:
         if self.op is Op.WAIT:

@@ -19,6 +19,7 @@ import math
 from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import torch
@@ -45,7 +46,7 @@ from morphogen.env.layout import ModelLayout, model_layout
 from morphogen.env.optimizer import OptimizerConfig, task_optimizer_config
 from morphogen.env.rewards import RewardBreakdown, RewardConfig, RewardMode, compute_reward
 from morphogen.env.seeding import derive_seed, seeded
-from morphogen.env.snapshot import HISTORY_LENGTH, EpisodeSnapshot, SlotSnapshot
+from morphogen.env.snapshot import HISTORY_LENGTH, EpisodeSnapshot, SlotSnapshot, snapshot_from_state, snapshot_state
 from morphogen.env.training import HostAndSeedTrainer
 from morphogen.inputs import Inputs, take_rows, to_device
 from morphogen.limits import MAX_BATCH_SIZE, MAX_EPOCHS, MAX_INTEGER_SETTING, check_count
@@ -257,6 +258,49 @@ class MorphogenesisEpisode:
     @property
     def done(self) -> bool:
         return self.epoch >= self.config.max_epochs
+
+    # ---------------------------------------------------------------- saving between epochs
+    def state_dict(self) -> dict[str, Any]:
+        """Everything a later epoch reads, between two epochs: the model (host, seeds and their stages), the seeds'
+        optimizers, the governor, the histories and counters, the FLOPs spent. Plain values and tensors only.
+        The events of the epochs played are not kept (`history` restarts empty where this is loaded)."""
+        assert self.model is not None, "call reset() first"
+        return {
+            "model": self.model.state_dict(), "trainer": self.trainer.state_dict(),
+            "governor": self.governor.state_dict(), "generator": self.generator.get_state(),
+            "epoch": self.epoch, "accuracies": list(self.accuracies), "losses": list(self.losses),
+            "contributions": dict(self.contributions), "previous_contributions": dict(self.previous_contributions),
+            "loss_contributions": dict(self.loss_contributions), "episode_return": self.episode_return,
+            "fossilized": self.fossilized, "pruned": self.pruned, "compute": dataclasses.asdict(self.compute),
+            "ablated_at": dict(self.ablated_at), "initial_val_loss": self.initial_val_loss,
+            "snapshot": snapshot_state(self.snapshot),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> EpisodeSnapshot:
+        """Continue from `state_dict` on an episode reset on the same task and host (same slots, same config);
+        returns the snapshot of the last epoch played, from which the next action is decided."""
+        assert self.model is not None, "call reset() first"
+        self.model.load_state_dict(state["model"])
+        for slot in self.model.slots():
+            slot.drain_transitions()  # stages restored, not entered
+        self.trainer.load_state_dict(state["trainer"])
+        self.governor.load_state_dict(state["governor"])
+        self.generator.set_state(state["generator"])
+        self.epoch = int(state["epoch"])
+        self.accuracies = deque((float(x) for x in state["accuracies"]), maxlen=HISTORY_LENGTH)
+        self.losses = deque((float(x) for x in state["losses"]), maxlen=HISTORY_LENGTH)
+        self.contributions = _optional_floats(state["contributions"])
+        self.previous_contributions = _optional_floats(state["previous_contributions"])
+        self.loss_contributions = _optional_floats(state["loss_contributions"])
+        self.episode_return = float(state["episode_return"])
+        self.fossilized, self.pruned = int(state["fossilized"]), int(state["pruned"])
+        self.compute = ComputeAccount(**{key: int(value) for key, value in state["compute"].items()})
+        self.ablated_at = {str(k): int(v) for k, v in state["ablated_at"].items()}
+        self.initial_val_loss = float(state["initial_val_loss"])
+        self.snapshot = snapshot_from_state(state["snapshot"])
+        self.history = []
+        self.growth = {}
+        return self.snapshot
 
     def masks(self) -> list[np.ndarray]:
         """Physical-validity masks of the action heads (see `ActionSpace.masks`)."""
@@ -627,3 +671,8 @@ class MorphogenesisEpisode:
                 epoch=self.epoch, env_id=self.env_id, final_accuracy=snapshot.val_accuracy,
                 param_count=snapshot.active_parameters, host_param_count=snapshot.host_parameters,
                 fossilized=self.fossilized, pruned=self.pruned, episode_return=self.episode_return))
+
+
+def _optional_floats(values: dict[str, Any]) -> dict[str, float | None]:
+    """Slot id -> a measured value or None (not measured), as saved."""
+    return {str(k): None if v is None else float(v) for k, v in values.items()}

@@ -26,6 +26,7 @@ import math
 import statistics
 from collections import deque
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -135,6 +136,23 @@ class Governor:
                 kept.copy_(value)
         for key in set(self._snapshot) - set(state):
             del self._snapshot[key]
+
+    def state_dict(self) -> dict[str, Any]:
+        """The windows of losses it judges by, its counters and the last good state (tensors shared, not copied)."""
+        return {"losses": list(self.losses), "validation_losses": list(self.validation_losses),
+                "best_accuracy": self.best_accuracy, "rollbacks": self.rollbacks, "in_a_row": self.in_a_row,
+                "last_good": dict(self._snapshot)}
+
+    @torch.no_grad()
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore what `state_dict` gave; the last good state is copied onto the host's device."""
+        self.losses = deque((float(x) for x in state["losses"]), maxlen=self.config.window)
+        self.validation_losses = deque((float(x) for x in state["validation_losses"]), maxlen=self.config.window)
+        self.best_accuracy = float(state["best_accuracy"])
+        self.rollbacks, self.in_a_row = int(state["rollbacks"]), int(state["in_a_row"])
+        # Its keys are those of the model when it was taken, which may hold other seeds than the model now.
+        device = next(self.model.host.parameters()).device
+        self._snapshot = {str(key): value.detach().to(device).clone() for key, value in state["last_good"].items()}
 
     def threshold(self) -> float:
         """The training loss above which the current window calls an epoch divergent."""

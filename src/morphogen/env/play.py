@@ -11,11 +11,11 @@ import dataclasses
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
-from morphogen.env.actions import Action
+from morphogen.env.actions import Action, ActionSpace
 from morphogen.env.compute import ComputeAccount
 from morphogen.env.episode import MorphogenesisEpisode, StepResult
 from morphogen.env.snapshot import EpisodeSnapshot
@@ -38,6 +38,16 @@ class Controller(Protocol):
     def reset(self) -> None: ...
 
     def act(self, snapshot: EpisodeSnapshot, masks: Sequence[np.ndarray]) -> Action: ...
+
+
+@runtime_checkable
+class SavableController(Protocol):
+    """A controller whose memory of an episode can be saved between epochs and restored (a `Grower`'s
+    `state_dict`): the heuristic, the learned policy and no growth are."""
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state: dict[str, Any], space: ActionSpace) -> None: ...
 
 
 @dataclass

@@ -7,7 +7,8 @@ measured" and must stay distinguishable from a measured zero.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
+from typing import Any
 
 from morphogen.core.flops import SeedCost
 from morphogen.core.lifecycle import Criterion, Stage
@@ -117,3 +118,37 @@ class EpisodeSnapshot:
         for slot in self.slots:
             counts[slot.stage] += 1
         return counts
+
+
+def snapshot_state(snapshot: EpisodeSnapshot) -> dict[str, Any]:
+    """`snapshot` as plain values (numbers, strings, lists and dicts: what `torch.load(weights_only=True)` reads)."""
+    state: dict[str, Any] = {field.name: _plain(getattr(snapshot, field.name)) for field in fields(snapshot)}
+    state["slots"] = [{field.name: _plain(getattr(slot, field.name)) for field in fields(slot)}
+                      for slot in snapshot.slots]
+    return state
+
+
+def snapshot_from_state(state: dict[str, Any]) -> EpisodeSnapshot:
+    """The snapshot `snapshot_state` wrote; a missing or malformed field is a ValueError naming it."""
+    try:
+        slots = tuple(SlotSnapshot(**{
+            **slot, "stage": Stage(slot["stage"]),
+            "seed_costs": tuple((str(name), SeedCost(*cost)) for name, cost in slot["seed_costs"])})
+            for slot in state["slots"])
+        return EpisodeSnapshot(**{
+            **state, "slots": slots, "criterion": Criterion(state["criterion"]),
+            "accuracy_history": tuple(state["accuracy_history"]), "loss_history": tuple(state["loss_history"]),
+            "blueprints": tuple(state["blueprints"]),
+            "blueprint_parameters": tuple(tuple(row) for row in state["blueprint_parameters"]),
+            "blueprint_flops": tuple(tuple(row) for row in state["blueprint_flops"])})
+    except (KeyError, TypeError, ValueError) as error:
+        raise ValueError(f"not an episode snapshot saved by this version of morphogen ({error})") from None
+
+
+def _plain(value: object) -> object:
+    """Enums as their values, tuples as lists, recursively."""
+    if isinstance(value, Stage | Criterion):
+        return value.value
+    if isinstance(value, tuple | list):
+        return [_plain(item) for item in value]
+    return value

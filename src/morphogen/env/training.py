@@ -12,6 +12,7 @@ device and read once per epoch by the episode.
 from __future__ import annotations
 
 from collections import Counter
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -64,6 +65,38 @@ class HostAndSeedTrainer:
         #: Input spec (shapes and dtypes) -> batches trained since the last `take_batch_shapes`: what the epoch's
         #: FLOPs are charged for.
         self.batch_shapes: Counter[InputSpec] = Counter()
+
+    def state_dict(self) -> dict[str, Any]:
+        """Optimizer states and learning-rate bookkeeping, between epochs (none of an epoch's losses pending)."""
+        if self._loss_sum is not None or self.batch_shapes:
+            raise RuntimeError("the trainer is saved between epochs, not while one is being trained")
+        # Optimizers of seeds pruned since the last batch are dropped at the next one: they are not saved.
+        live = [slot_id for slot_id, (seed, _) in self.seed_optimizers.items() if self.model.slot(slot_id).seed is seed]
+        return {"host_optimizer": self.host_optimizer.state_dict(),
+                "seed_optimizers": {slot_id: self.seed_optimizers[slot_id][1].state_dict() for slot_id in live},
+                "seed_steps": {slot_id: self.seed_steps[slot_id] for slot_id in live},
+                "seed_born": {slot_id: self.seed_born[slot_id] for slot_id in live},
+                "seed_schedule": {slot_id: self.seed_schedule[slot_id] for slot_id in live},
+                "seed_lr_scale": self.seed_lr_scale,
+                "schedule_factor": self.schedule_factor, "epoch": self.epoch, "epochs": self.epochs}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore `state_dict` onto a model whose seeds were loaded first (each seed's optimizer is rebuilt on
+        its parameters, then given its saved state)."""
+        self.host_optimizer.load_state_dict(state["host_optimizer"])
+        self.seed_optimizers = {}
+        for slot_id, optimizer_state in state["seed_optimizers"].items():
+            slot = self.model.slot(slot_id)
+            if slot.seed is None:
+                raise ValueError(f"the saved trainer has an optimizer for a seed in {slot_id!r}, which holds none")
+            optimizer = self.config.build(slot.seed_parameters(), seed=True)
+            optimizer.load_state_dict(optimizer_state)
+            self.seed_optimizers[slot_id] = (slot.seed, optimizer)
+        self.seed_steps = {str(k): int(v) for k, v in state["seed_steps"].items()}
+        self.seed_born = {str(k): int(v) for k, v in state["seed_born"].items()}
+        self.seed_schedule = {str(k): float(v) for k, v in state["seed_schedule"].items()}
+        self.seed_lr_scale, self.schedule_factor = float(state["seed_lr_scale"]), float(state["schedule_factor"])
+        self.epoch, self.epochs = int(state["epoch"]), int(state["epochs"])
 
     def sync_seed_optimizers(self) -> dict[str, list[nn.Parameter]]:
         """Create optimizers for new seeds, drop those of removed ones; return the running seeds' params."""

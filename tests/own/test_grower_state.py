@@ -1,0 +1,191 @@
+"""A growing run in the user's own loop saved between epochs and resumed: it goes on exactly as if never stopped."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+import torch
+from models import blobs, eager_config, mlp
+from torch.utils.data import DataLoader, TensorDataset
+
+import morphogen
+from morphogen import Grower
+from morphogen.control.learned import PolicyController, build_agent
+from morphogen.core.lifecycle import Stage
+from morphogen.env.actions import Action
+from morphogen.env.optimizer import OptimizerConfig
+from morphogen.grower import EpochReport
+
+EPOCHS = 10
+TRAIN, VALIDATION = blobs(192, 0), blobs(96, 1)
+
+
+def build(controller: str = "heuristic") -> tuple[Grower, torch.optim.Optimizer, torch.optim.lr_scheduler.LRScheduler]:
+    """The same Grower, optimizer and schedule every time: what a user's script rebuilds before loading a state."""
+    torch.manual_seed(0)
+    host = morphogen.host_from_module(mlp(), ["1", "3"], example_input=TRAIN[0][:2])
+    config = eager_config(EPOCHS)
+    keeps_any = dataclasses.replace(config.heuristic, fossilize_threshold=0.0, loss_fossilize_threshold=0.0,
+                                    relative_fossilize_threshold=0.0)  # so that a seed is kept within EPOCHS
+    options: dict[str, object] = {}
+    if controller == "policy":
+        options["controller"] = PolicyController(build_agent(16), deterministic=False, seed=3)
+    # The seeds' rates re-warmed over 20 steps and decayed by their own schedule: state a resume must carry.
+    seed_rates = OptimizerConfig(name="adamw", seed_lr=0.02, seed_warmup_steps=20, schedule="cosine")
+    episode = dataclasses.replace(config.episode, optimizer=seed_rates)
+    grower = Grower(host, VALIDATION, epochs=EPOCHS, episode=episode, heuristic=keeps_any,
+                    **options)  # type: ignore[arg-type]
+    optimizer = torch.optim.AdamW(grower.model.host_parameters(), lr=1e-2)
+    return grower, optimizer, torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, EPOCHS)
+
+
+def train_epoch(grower: Grower, optimizer: torch.optim.Optimizer,
+                schedule: torch.optim.lr_scheduler.LRScheduler, epoch: int) -> EpochReport:
+    """One epoch in a batch order fixed by the epoch number, so that a resumed run sees the same batches."""
+    order = torch.randperm(len(TRAIN[1]), generator=torch.Generator().manual_seed(epoch))
+    for rows in order.split(32):
+        optimizer.zero_grad()
+        grower.training_step(TRAIN[0][rows], TRAIN[1][rows]).backward()
+        grower.after_backward()
+        optimizer.step()
+    schedule.step()
+    return grower.end_epoch()
+
+
+def figures(report: EpochReport) -> tuple[object, ...]:
+    return report.epoch, report.score, report.loss, report.parameters, report.action, report.next_action, report.stages
+
+
+def resumed(cut: int, path: Path, controller: str = "heuristic") -> tuple[list[EpochReport], Grower]:
+    """Train `cut` epochs, save everything to `path`, build all anew, load, and train the rest."""
+    grower, optimizer, schedule = build(controller)
+    for epoch in range(cut):
+        train_epoch(grower, optimizer, schedule, epoch)
+    torch.save({"grower": grower.state_dict(), "optimizer": optimizer.state_dict(),
+                "schedule": schedule.state_dict()}, path)
+    del grower, optimizer, schedule
+    grower, optimizer, schedule = build(controller)
+    saved = torch.load(path)  # weights_only=True: the state is plain values and tensors
+    grower.load_state_dict(saved["grower"])
+    optimizer.load_state_dict(saved["optimizer"])
+    schedule.load_state_dict(saved["schedule"])
+    return [train_epoch(grower, optimizer, schedule, epoch) for epoch in range(cut, EPOCHS)], grower
+
+
+def test_a_grower_saved_in_any_stage_of_its_seeds_goes_on_exactly_as_if_never_stopped(tmp_path: Path) -> None:
+    grower, optimizer, schedule = build()
+    reference = [train_epoch(grower, optimizer, schedule, epoch) for epoch in range(EPOCHS)]
+    stages_at_cut = {Stage(stage) for report in reference[:-1] for stage in report.stages.values()}
+    # The cuts fall while a seed trains behind the host, blends in, is held and is kept: every state is exercised.
+    assert {Stage.TRAINING, Stage.BLENDING, Stage.HOLDING, Stage.FOSSILIZED} <= stages_at_cut
+    for cut in range(1, EPOCHS):
+        reports, continued = resumed(cut, tmp_path / f"cut{cut}.pt")
+        assert [figures(r) for r in reports] == [figures(r) for r in reference[cut:]], f"resumed after epoch {cut}"
+        for (name, a), (_, b) in zip(grower.model.state_dict().items(), continued.model.state_dict().items(),
+                                     strict=True):
+            assert not isinstance(a, torch.Tensor) or torch.equal(a, b), f"{name} after a cut at epoch {cut}"
+        assert continued.episode.compute.total == grower.episode.compute.total
+        assert continued.episode.episode_return == grower.episode.episode_return
+
+
+def same(a: object, b: object) -> bool:
+    """Equal values, tensors compared element by element, containers recursively."""
+    if isinstance(a, torch.Tensor):
+        return isinstance(b, torch.Tensor) and a.dtype == b.dtype and torch.equal(a, b)
+    if isinstance(a, dict):
+        return isinstance(b, dict) and a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
+    if isinstance(a, list | tuple):
+        return isinstance(b, list | tuple) and len(a) == len(b) and all(map(same, a, b))
+    return a == b or (a != a and b != b)  # NaN stands for a value not measured
+
+
+@pytest.mark.parametrize("controller", ["heuristic", "policy"])
+def test_a_loaded_state_is_the_saved_state_in_every_field(controller: str) -> None:
+    grower, optimizer, schedule = build(controller)
+    for epoch in range(5):
+        train_epoch(grower, optimizer, schedule, epoch)
+    saved = grower.state_dict()
+    loaded, _, _ = build(controller)
+    loaded.load_state_dict(saved)
+    assert same(loaded.state_dict(), saved)
+
+
+def test_the_learned_policy_resumes_with_its_recurrent_state_and_sampling(tmp_path: Path) -> None:
+    grower, optimizer, schedule = build("policy")
+    reference = [train_epoch(grower, optimizer, schedule, epoch) for epoch in range(EPOCHS)]
+    reports, _ = resumed(3, tmp_path / "policy.pt", "policy")
+    assert [figures(r) for r in reports] == [figures(r) for r in reference[3:]]
+
+
+def test_saving_or_loading_in_the_middle_of_an_epoch_is_an_error() -> None:
+    grower, optimizer, schedule = build()
+    train_epoch(grower, optimizer, schedule, 0)
+    state = grower.state_dict()
+    grower.training_step(TRAIN[0][:32], TRAIN[1][:32]).backward()
+    with pytest.raises(RuntimeError, match="between epochs"):
+        grower.state_dict()
+    with pytest.raises(RuntimeError, match="before its first training_step"):
+        grower.load_state_dict(state)
+
+
+def test_a_state_of_another_kind_or_format_is_refused_in_one_line() -> None:
+    grower, _, _ = build()
+    with pytest.raises(ValueError, match=r"not a Grower state of format 1 \(found 0\)"):
+        grower.load_state_dict({**grower.state_dict(), "format": 0})
+    with pytest.raises(ValueError, match="found 'list'"):
+        grower.load_state_dict([])  # type: ignore[arg-type]
+
+
+def test_a_controller_that_cannot_be_saved_is_named() -> None:
+    class Waits:
+        def reset(self) -> None:
+            """Nothing to forget."""
+
+        def act(self, snapshot: object, masks: object) -> Action:
+            return Action()
+
+    torch.manual_seed(0)
+    host = morphogen.host_from_module(mlp(), ["1", "3"], example_input=TRAIN[0][:2])
+    grower = Grower(host, VALIDATION, epochs=2, controller=Waits())
+    with pytest.raises(TypeError, match="the controller Waits cannot be saved"):
+        grower.state_dict()
+
+
+lightning = pytest.importorskip("lightning.pytorch", reason="the lightning extra is not installed")
+
+
+class GrowingModule(lightning.LightningModule):  # type: ignore[misc,name-defined]
+    def __init__(self, grower: Grower) -> None:
+        super().__init__()
+        self.grower = grower
+        self.model = grower.model
+
+    def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_index: int) -> torch.Tensor:
+        return self.grower.training_step(*batch)
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.AdamW(self.model.host_parameters(), lr=1e-2)
+
+
+def fit(epochs: int, root: Path, checkpoint: Path | None = None) -> tuple[Grower, list[EpochReport]]:
+    from morphogen.lightning import GrowthCallback
+
+    grower, _, _ = build()
+    callback = GrowthCallback(grower)
+    trainer = lightning.Trainer(max_epochs=epochs, callbacks=[callback], accelerator="cpu", logger=False,
+                                enable_progress_bar=False, enable_model_summary=False, default_root_dir=str(root))
+    loader = DataLoader(TensorDataset(*TRAIN), batch_size=32)
+    trainer.fit(GrowingModule(grower), loader, ckpt_path=None if checkpoint is None else str(checkpoint))
+    return grower, callback.reports
+
+
+def test_a_lightning_checkpoint_resumes_the_growth(tmp_path: Path) -> None:
+    whole, reference = fit(EPOCHS, tmp_path / "whole")
+    fit(3, tmp_path / "first")
+    checkpoint = next((tmp_path / "first").rglob("*.ckpt"))
+    continued, reports = fit(EPOCHS, tmp_path / "rest", checkpoint)
+    assert [r.epoch for r in reports] == list(range(4, EPOCHS + 1)) and continued.done
+    assert [figures(r) for r in reports] == [figures(r) for r in reference[3:]]
+    assert all(torch.equal(a, b) for a, b in zip(whole.model.parameters(), continued.model.parameters(), strict=True))
