@@ -102,21 +102,27 @@ VARIANTS = ("grown", "no growth", "from scratch")
 HOST_WIDTH = 4
 
 
+#: Convolution and batch norm per number of spatial dimensions: the ResNet on images (2) or on signals (1).
+_LAYERS: dict[int, tuple[type[nn.Conv1d | nn.Conv2d], type[nn.BatchNorm1d | nn.BatchNorm2d]]] = {
+    1: (nn.Conv1d, nn.BatchNorm1d), 2: (nn.Conv2d, nn.BatchNorm2d)}
+
+
 class BasicBlock(nn.Module):
     """The residual block of the CIFAR ResNets; `inner` channels between its convolutions (default: as many as
-    it outputs)."""
+    it outputs); `dims` 1 for signals [N, C, L]."""
 
-    def __init__(self, in_channels: int, out_channels: int, stride: int, inner: int | None = None) -> None:
+    def __init__(self, in_channels: int, out_channels: int, stride: int, inner: int | None = None,
+                 dims: int = 2) -> None:
         super().__init__()
+        conv, norm = _LAYERS[dims]
         inner = inner or out_channels
-        self.conv1 = nn.Conv2d(in_channels, inner, 3, stride, 1, bias=False)
-        self.bn1 = nn.BatchNorm2d(inner)
-        self.conv2 = nn.Conv2d(inner, out_channels, 3, 1, 1, bias=False)
-        self.bn2 = nn.BatchNorm2d(out_channels)
+        self.conv1 = conv(in_channels, inner, 3, stride, 1, bias=False)
+        self.bn1 = norm(inner)
+        self.conv2 = conv(inner, out_channels, 3, 1, 1, bias=False)
+        self.bn2 = norm(out_channels)
         self.shortcut: nn.Module = nn.Sequential()
         if stride != 1 or in_channels != out_channels:
-            self.shortcut = nn.Sequential(nn.Conv2d(in_channels, out_channels, 1, stride, bias=False),
-                                          nn.BatchNorm2d(out_channels))
+            self.shortcut = nn.Sequential(conv(in_channels, out_channels, 1, stride, bias=False), norm(out_channels))
 
     def forward(self, x: Tensor) -> Tensor:
         out = torch.relu(self.bn1(self.conv1(x)))
@@ -125,25 +131,37 @@ class BasicBlock(nn.Module):
 
 class CifarResNet(nn.Module):
     """ResNet-(6n+2) of the CIFAR paper layout: stem, stages of width w, 2w, 4w, global pooling, linear; each
-    block `expansion` times wider inside (benchmarks/late_width.py)."""
+    block `expansion` times wider inside (benchmarks/late_width.py). `dims=1, in_channels=1`: the same on
+    MNIST-1D's signals."""
 
-    def __init__(self, width: int = HOST_WIDTH, blocks: int = 3, num_classes: int = 10, expansion: int = 1) -> None:
+    def __init__(self, width: int = HOST_WIDTH, blocks: int = 3, num_classes: int = 10, expansion: int = 1,
+                 dims: int = 2, in_channels: int = 3) -> None:
         super().__init__()
-        self.stem = nn.Sequential(nn.Conv2d(3, width, 3, padding=1, bias=False), nn.BatchNorm2d(width), nn.ReLU())
-        self.layer1 = self._stage(width, width, blocks, 1, expansion)
-        self.layer2 = self._stage(width, 2 * width, blocks, 2, expansion)
-        self.layer3 = self._stage(2 * width, 4 * width, blocks, 2, expansion)
+        conv, norm = _LAYERS[dims]
+        self.dims = dims
+        self.stem = nn.Sequential(conv(in_channels, width, 3, padding=1, bias=False), norm(width), nn.ReLU())
+        self.layer1 = self._stage(width, width, blocks, 1, expansion, dims)
+        self.layer2 = self._stage(width, 2 * width, blocks, 2, expansion, dims)
+        self.layer3 = self._stage(2 * width, 4 * width, blocks, 2, expansion, dims)
         self.fc = nn.Linear(4 * width, num_classes)
 
     @staticmethod
-    def _stage(in_channels: int, out_channels: int, blocks: int, stride: int, expansion: int) -> nn.Sequential:
+    def _stage(in_channels: int, out_channels: int, blocks: int, stride: int, expansion: int,
+               dims: int) -> nn.Sequential:
         inner = expansion * out_channels
-        return nn.Sequential(BasicBlock(in_channels, out_channels, stride, inner),
-                             *(BasicBlock(out_channels, out_channels, 1, inner) for _ in range(blocks - 1)))
+        return nn.Sequential(BasicBlock(in_channels, out_channels, stride, inner, dims),
+                             *(BasicBlock(out_channels, out_channels, 1, inner, dims) for _ in range(blocks - 1)))
 
     def forward(self, x: Tensor) -> Tensor:
         x = self.layer3(self.layer2(self.layer1(self.stem(x))))
-        return self.fc(torch.flatten(nn.functional.adaptive_avg_pool2d(x, 1), 1))
+        pooled = (nn.functional.adaptive_avg_pool2d(x, 1) if self.dims == 2
+                  else nn.functional.adaptive_avg_pool1d(x, 1))
+        return self.fc(torch.flatten(pooled, 1))
+
+
+def resnet1d(width: int = 2 * HOST_WIDTH) -> CifarResNet:
+    """The CIFAR-layout ResNet-20 on MNIST-1D's [N, 1, 40] signals (stages at lengths 40, 20, 10)."""
+    return CifarResNet(width=width, dims=1, in_channels=1)
 
 
 def mlp(inputs: int = 40, hidden: int = 32, classes: int = 10) -> nn.Sequential:
@@ -349,6 +367,9 @@ class Model:
 
 #: The ResNet's residual blocks by name (`layer1.0` ... `layer3.2`): where its slots are when it grows by depth.
 RESNET_BLOCKS = tuple(f"layer{stage}.{block}" for stage in (1, 2, 3) for block in range(3))
+#: Those of its blocks that map their input to the same shape (not the first of stages 2 and 3, which downsample):
+#: where a copy of the block can follow it.
+SHAPE_KEEPING_BLOCKS = tuple(name for name in RESNET_BLOCKS if name not in ("layer2.0", "layer3.0"))
 MODELS = {
     "resnet": Model(digits_32x32x3, CifarResNet, RESNET_BLOCKS, 64, (("depth_blueprint", "conv_wide"),)),
     "resnet_branch": Model(digits_32x32x3, CifarResNet, RESNET_BLOCKS, 64, (("depth_blueprint", "branch_wide"),)),
@@ -358,6 +379,14 @@ MODELS = {
     "resnet_inside_late": Model(digits_32x32x3, CifarResNet, RESNET_BLOCKS, 64, (
         ("depth_blueprint", "wider_inside"), ("warmup_epochs", 17), ("first_growth_by", 0.55))),
     "resnet_by_seeds": Model(digits_32x32x3, CifarResNet, ("layer1", "layer2", "layer3"), 64),
+    "resnet1d": Model(mnist1d_signals, resnet1d, RESNET_BLOCKS, 100),
+    # Stacking: a copy of every block that keeps its input's shape is grafted after it, at epoch 2, or after half
+    # the epochs and kept if it lowers the validation loss at all (as configs/grow_for_compute.toml does).
+    "resnet1d_copy_early": Model(mnist1d_signals, resnet1d, SHAPE_KEEPING_BLOCKS, 100, (
+        ("depth_blueprint", "block_copy"), ("warmup_epochs", 1), ("first_growth_by", 0.05))),
+    "resnet1d_copy_late": Model(mnist1d_signals, resnet1d, SHAPE_KEEPING_BLOCKS, 100, (
+        ("depth_blueprint", "block_copy"), ("warmup_epochs", 15), ("first_growth_by", 0.5),
+        ("loss_fossilize_threshold", 0.0))),
     "mlp": Model(mnist1d_flat, mlp, ("1", "3"), 100),
     "mlp_early": Model(mnist1d_flat, mlp, ("1", "3"), 100, (("warmup_epochs", 1), ("first_growth_by", 0.05))),
     "mlp_late": Model(mnist1d_flat, mlp, ("1", "3"), 100, (("warmup_epochs", 15), ("first_growth_by", 0.5))),
@@ -403,6 +432,7 @@ class Figures:
 #: The models `--fixed-widths` trains at other widths: the module at a width, and the width the benchmark grows.
 FIXED_FAMILIES: dict[str, tuple[Callable[[int], nn.Module], int]] = {
     "resnet": (lambda width: CifarResNet(width=width), HOST_WIDTH),
+    "resnet1d": (resnet1d, 2 * HOST_WIDTH),
     "mlp": (lambda width: mlp(hidden=width), 32),
     "cnn1d": (lambda width: cnn1d(channels=width), 8),
     "cnn2d": (lambda width: cnn2d(channels=width), 4),

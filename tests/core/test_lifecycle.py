@@ -35,8 +35,9 @@ from morphogen.core.slot import SeedSlot, SlotConfig
 
 S = Stage
 EMPTY_STAGES = frozenset({S.DORMANT, S.PRUNED, S.EMBARGOED, S.RESETTING})
-CNN_BLUEPRINTS = tuple(name for name in blueprint_names("cnn")  # a lone slot has no layers around it to widen
-                       if get_blueprint("cnn", name).kind is BlueprintKind.DEEPEN)
+CNN_BLUEPRINTS = tuple(name for name in blueprint_names("cnn")  # a lone slot has no layers around it to widen,
+                       if get_blueprint("cnn", name).kind is BlueprintKind.DEEPEN  # nor a layer before it to copy
+                       and not get_blueprint("cnn", name).copies_layer_before)
 
 
 def test_transition_table_is_the_design_table() -> None:

@@ -43,7 +43,8 @@ def _batch(topology: str, batch: int = 3) -> Tensor:
 def _place_seed(model: MorphogeneticModel, slot_id: str, rng: random.Random, stage: Stage) -> SeedSlot:
     """Germinate a random blueprint with random (non-zero) weights in `slot_id` and drive it to `stage`."""
     deepening = [name for name in blueprint_names(model.topology)  # test_width.py has the widening ones
-                 if get_blueprint(model.topology, name).kind is BlueprintKind.DEEPEN]
+                 if get_blueprint(model.topology, name).kind is BlueprintKind.DEEPEN
+                 and not model.slot(slot_id).site_problem(name)]  # a copy needs a layer of the host's own to copy
     slot = model.germinate(slot_id, rng.choice(deepening), blend=rng.choice(list(BlendKind)))
     perturb_seed(slot, torch.Generator().manual_seed(rng.randrange(2**31)))
     drive_to(slot, stage, alpha=rng.uniform(0.1, 1.0))
@@ -188,9 +189,9 @@ def _grown_model(topology: str, seed: int, dtype: torch.dtype | None = None) -> 
     placements = dict(zip(slot_ids, (*SEED_STAGES_TO_PLACE, Stage.EMBARGOED), strict=False))
     for index, (slot_id, stage) in enumerate(placements.items()):
         options = {"rank": 3} if topology == "transformer" and index == 0 else {}
-        fitting = [name for name in blueprint_names(topology)  # a widening seed needs a width site at its slot
-                   if get_blueprint(topology, name).kind is not BlueprintKind.WIDEN
-                   or model.slot(slot_id).width_site is not None]
+        fitting = [name for name in blueprint_names(topology)  # a widening seed needs a width site at its slot,
+                   if (get_blueprint(topology, name).kind is not BlueprintKind.WIDEN  # a copy a layer to copy
+                       or model.slot(slot_id).width_site is not None) and not model.slot(slot_id).site_problem(name)]
         blueprint = "lora" if options else rng.choice(fitting)
         slot = model.germinate(slot_id, blueprint, blend=list(BlendKind)[index % 3],
                                blend_epochs=4 if stage is Stage.BLENDING else 0, **options)

@@ -478,14 +478,26 @@ def _branch_blueprints(topology: str) -> dict[str, Blueprint]:
                                      "inside", BlueprintKind.BRANCH)}
 
 
+def _copy_blueprint(topology: str, stand_in: Callable[..., nn.Module]) -> dict[str, Blueprint]:
+    """Stacking for a user's own blocks (listed last: earlier blueprints keep their ids): a copy of the block before
+    the slot, where it keeps the activation's shape (a residual block of a ResNet, not one that downsamples).
+    `stand_in` only describes its size where no host is at hand."""
+    return {"block_copy": Blueprint("block_copy", topology, stand_in,
+                                    "copy of the host's layer before the slot, weights and all (stacking; not "
+                                    "identity at birth; only where that layer keeps the shape)",
+                                    copies_layer_before=True)}
+
+
 _REGISTRY: dict[str, dict[str, Blueprint]] = {
     "cnn": {**_convolutional_blueprints("cnn", dims=2), **_widening_blueprints("cnn"), **_branch_blueprints("cnn"),
-            **_inside_widening_blueprints("cnn")},
+            **_inside_widening_blueprints("cnn"), **_copy_blueprint("cnn", _for_dims(_conv_heavy, 2))},
     "cnn1d": {**_convolutional_blueprints("cnn1d", dims=1), **_widening_blueprints("cnn1d"),
-              **_branch_blueprints("cnn1d"), **_inside_widening_blueprints("cnn1d")},
+              **_branch_blueprints("cnn1d"), **_inside_widening_blueprints("cnn1d"),
+              **_copy_blueprint("cnn1d", _for_dims(_conv_heavy, 1))},
     "transformer": _residual_mlp_blueprints("transformer", attention=True),
     "mlp": {**_residual_mlp_blueprints("mlp", attention=False), **_widening_blueprints("mlp"),
-            **_branch_blueprints("mlp"), **_inside_widening_blueprints("mlp")},
+            **_branch_blueprints("mlp"), **_inside_widening_blueprints("mlp"),
+            **_copy_blueprint("mlp", transformer_mlp)},
 }
 TOPOLOGIES = tuple(_REGISTRY)
 """Host topologies that have blueprints: "cnn" (images), "cnn1d" (sequences), "transformer" (tokens), "mlp"
