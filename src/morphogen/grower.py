@@ -24,6 +24,9 @@ What each call does, and why it must be there:
   state is cleared and its learning rate backed off too), advances the seeds' lifecycle, and has the
   controller decide the action the next epoch starts with.
 A forgotten call is an error that names it at the next `end_epoch`, never a silent refusal later.
+
+Between epochs, `state_dict()` saves where the growth stands and `load_state_dict()` resumes it on a Grower built
+the same way: a stopped job goes on exactly as if it had not stopped.
 """
 
 from __future__ import annotations

@@ -154,19 +154,7 @@ def test_a_controller_that_cannot_be_saved_is_named() -> None:
 
 
 lightning = pytest.importorskip("lightning.pytorch", reason="the lightning extra is not installed")
-
-
-class GrowingModule(lightning.LightningModule):  # type: ignore[misc,name-defined]
-    def __init__(self, grower: Grower) -> None:
-        super().__init__()
-        self.grower = grower
-        self.model = grower.model
-
-    def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_index: int) -> torch.Tensor:
-        return self.grower.training_step(*batch)
-
-    def configure_optimizers(self) -> torch.optim.Optimizer:
-        return torch.optim.AdamW(self.model.host_parameters(), lr=1e-2)
+from lightning_module import GrowingModule  # noqa: E402  # needs the extra checked just above
 
 
 def fit(epochs: int, root: Path, checkpoint: Path | None = None) -> tuple[Grower, list[EpochReport]]:

@@ -155,19 +155,7 @@ def test_fp16_grad_scaler_and_gradient_accumulation() -> None:
 
 
 lightning = pytest.importorskip("lightning.pytorch", reason="the lightning extra is not installed")
-
-
-class GrowingModule(lightning.LightningModule):  # type: ignore[misc,name-defined]
-    def __init__(self, grower: Grower) -> None:
-        super().__init__()
-        self.grower = grower
-        self.model = grower.model
-
-    def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_index: int) -> torch.Tensor:
-        return self.grower.training_step(*batch)
-
-    def configure_optimizers(self) -> torch.optim.Optimizer:
-        return torch.optim.AdamW(self.model.host_parameters(), lr=1e-2)
+from lightning_module import GrowingModule  # noqa: E402  # needs the extra checked just above
 
 
 def test_a_lightning_trainer_grows_the_model_through_the_callback(tmp_path: object) -> None:
