@@ -190,11 +190,8 @@ class Grower:
         `weights_only=True`. Your optimizer's state is yours to save beside it."""
         if self._steps:
             raise RuntimeError("save a Grower between epochs (after end_epoch()), not in the middle of one")
-        if not isinstance(self.controller, SavableController):
-            raise TypeError(f"the controller {type(self.controller).__name__} cannot be saved: give it "
-                            "state_dict() and load_state_dict(state, space), as the heuristic has")
         return {"format": GROWER_STATE_FORMAT, "episode": self.episode.state_dict(),
-                "controller": self.controller.state_dict(), "next_action": self._action.state(),
+                "controller": self._savable_controller("saved").state_dict(), "next_action": self._action.state(),
                 "applied": [self._applied[0], self._applied[1]]}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -207,13 +204,18 @@ class Grower:
             found = state.get("format") if isinstance(state, dict) else type(state).__name__
             raise ValueError(f"not a Grower state of format {GROWER_STATE_FORMAT} (found {found!r}): save it with "
                              "Grower.state_dict() of this version of morphogen")
-        if not isinstance(self.controller, SavableController):
-            raise TypeError(f"the controller {type(self.controller).__name__} cannot be restored: give it "
-                            "state_dict() and load_state_dict(state, space), as the heuristic has")
+        controller = self._savable_controller("restored")
         self.snapshot = self.episode.load_state_dict(state["episode"])
-        self.controller.load_state_dict(state["controller"], self.episode.action_space)
+        controller.load_state_dict(state["controller"], self.episode.action_space)
         succeeded, reason = state["applied"]
         self._action, self._applied = Action.from_state(state["next_action"]), (bool(succeeded), str(reason))
+
+    def _savable_controller(self, what: str) -> SavableController:
+        """The controller, where its memory of the episode can be saved; else a TypeError naming it."""
+        if not isinstance(self.controller, SavableController):
+            raise TypeError(f"the controller {type(self.controller).__name__} cannot be {what}: give it "
+                            "state_dict() and load_state_dict(state, space), as the heuristic has")
+        return self.controller
 
     def _decide(self, snapshot: EpisodeSnapshot) -> tuple[Action, tuple[bool, str]]:
         action = self.controller.act(snapshot, self.episode.masks())

@@ -47,7 +47,7 @@ class HeuristicAdvisor:
         self.reset()
         if state["heuristic"] is not None:
             self._heuristic = HeuristicController(space, space.topology)
-            self._heuristic.load_state_dict(state["heuristic"])
+            self._heuristic.load_state_dict(state["heuristic"], space)
 
     def advise(self, snapshot: EpisodeSnapshot, masks: Sequence[np.ndarray], space: ActionSpace) -> Action:
         """The heuristic's action for `snapshot` in an episode of action space `space`; `taken` must follow."""

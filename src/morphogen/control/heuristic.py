@@ -331,9 +331,9 @@ class HeuristicController:
                 "growth_resumes_at": self.growth_resumes_at,
                 "germinable": None if self.germinable is None else self.germinable.tolist()}
 
-    def load_state_dict(self, state: dict[str, Any], space: ActionSpace | None = None) -> None:
-        """Continue the episode `state_dict` was saved in (the same settings; `space`, when given, must be its)."""
-        if space is not None and (space.slot_ids, space.topology) != (self.space.slot_ids, self.space.topology):
+    def load_state_dict(self, state: dict[str, Any], space: ActionSpace) -> None:
+        """Continue the episode `state_dict` was saved in (the same settings, in action space `space`)."""
+        if (space.slot_ids, space.topology) != (self.space.slot_ids, self.space.topology):
             raise ValueError(f"the saved heuristic acted on slots {list(self.space.slot_ids)}, "
                              f"not {list(space.slot_ids)}")
         depth = str(state["depth_blueprint"])
