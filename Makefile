@@ -30,11 +30,13 @@ chromium:
 		apt-get update -qq && apt-get install -y -qq chromium >/dev/null; \
 	fi
 
+# One test process per core (pytest-xdist's `-n auto`): every test runs its torch with one thread (tests/conftest.py),
+# so on 2 cores two processes take half the time of one.
 test: $(STAMP) chromium
-	$(BIN)/python -m pytest -q -m "slow or not slow"
+	$(BIN)/python -m pytest -q -n auto -m "slow or not slow"
 
 test-fast: $(STAMP)
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n auto
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests benchmarks
