@@ -102,6 +102,9 @@ def _add_run_parser(subparsers: Any) -> None:
                      help="skip training the grown model's final architecture from scratch")
     run.add_argument("--policy", help="act with a learned policy: a run directory of `morphogen train`, or default "
                                       "(the policy shipped with morphogen)")
+    run.add_argument("--resume", metavar="RUN_DIR",
+                     help="continue a stopped run from the epoch it last finished, with its saved config (only "
+                          "--device, --policy and --threads may be given with it)")
     _add_compile_flags(run)
     _add_threads_flag(run)
 
@@ -438,16 +441,37 @@ def _distributed(args: argparse.Namespace, device: str) -> Iterator[DistributedC
 def _run(args: argparse.Namespace) -> None:
     from morphogen.commands.run import run_command
 
-    config, task = _run_config_and_task(args)
+    config, task = _resumed_run_config(args) if args.resume is not None else _run_config_and_task(args)
+    resume = args.resume is not None
     if args.policy is None:
-        run_command(config, task=task)
+        run_command(config, task=task, resume=resume)
         return
     from morphogen.commands.evaluate import policy_controller_factory
     from morphogen.devices import resolve_device
 
     # The policy acts on the task, host, slots and episode `run` chose, whatever it was trained on.
     factory = policy_controller_factory(args.policy, resolve_device(config.device), config.compile_settings)
-    run_command(config, factory, task=task)
+    run_command(config, factory, task=task, resume=resume)
+
+
+def _resumed_run_config(args: argparse.Namespace) -> tuple[RunConfig, None]:
+    """`run --resume RUN_DIR`: the run's saved config.json, on the device `--device` names if given."""
+    from morphogen.commands.run import RunConfig, resumable_run_dir
+    from morphogen.session import PYTHON_TASK
+
+    given = sorted(f"--{name.replace('_', '-')}" for name, value in vars(args).items()
+                   if name not in ("command", "resume", "device", "policy", "threads") and value not in (None, False))
+    if given:
+        raise UsageError(f"--resume continues a run with its saved config; only --device, --policy and --threads "
+                         f"may be given with it, not {', '.join(given)}")
+    values = read_config_file(resumable_run_dir(args.resume) / CONFIG_FILENAME)
+    if values.get("task") == PYTHON_TASK:
+        raise UsageError(f"the run in {args.resume} grew a task built in Python; resume it from Python with "
+                         "morphogen.grow(task, host, run_dir=..., resume=True)")
+    values["run_dir"] = args.resume
+    if args.device is not None:
+        values["device"] = args.device
+    return build_config(RunConfig, values), None
 
 
 def run_config_from_args(args: argparse.Namespace) -> RunConfig:

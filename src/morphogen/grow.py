@@ -27,7 +27,7 @@ from morphogen.task_import import is_import_path
 
 def grow(task: Task, host: object = None, *, epochs: int | None = None, seed: int = 0, baseline: bool = True,
          from_scratch: bool = True, device: str = "cpu", run_dir: str | None = None, runs_root: str = "runs",
-         config: RunConfig | None = None, out: TextIO | None = None) -> RunResult:
+         config: RunConfig | None = None, out: TextIO | None = None, resume: bool = False) -> RunResult:
     """Grow `host` (from `morphogen.host_from_module`, or a function of no arguments building one; default: the
     task's own) on `task` for `epochs` epochs (default: the config's, 30); returns the three outcomes, the grown
     model and the run directory.
@@ -39,6 +39,9 @@ def grow(task: Task, host: object = None, *, epochs: int | None = None, seed: in
     Each training (grown, no growth, from scratch) starts from a copy of `host`; when the host is a module (not a
     function), it receives the grown model's host weights at the end, and so does the model it was made from
     (`host_from_module` shares its parameters). The seeds live in `result.model` (export: `export_model`).
+
+    Each training saves where it stands after every epoch; `resume=True` goes on from there in `run_dir`, a run
+    stopped before its summary, called with the same task, host and arguments as the run it continues.
     """
     base = config or RunConfig()
     if epochs is not None:
@@ -53,7 +56,7 @@ def grow(task: Task, host: object = None, *, epochs: int | None = None, seed: in
     except ValueError as error:
         raise ConfigError(str(error)) from None
     with_host = task_with_host(task, host)
-    result = run_command(settings, task=with_host, out=out)
+    result = run_command(settings, task=with_host, out=out, resume=resume)
     if isinstance(with_host.host, SegmentedHost):
         # Each training ran on a copy of the host; the grown one's weights go back into it, and so into the user's
         # own modules, whose parameters a host from `host_from_module` shares.

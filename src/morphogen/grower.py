@@ -45,7 +45,7 @@ from morphogen.data.user import LossFunction, task_from_data
 from morphogen.env.actions import Action
 from morphogen.env.compute import note_batch
 from morphogen.env.episode import EpisodeConfig, MorphogenesisEpisode, StepResult, task_with_host
-from morphogen.env.play import Controller, SavableController, connect
+from morphogen.env.play import Controller, connect, savable
 from morphogen.env.snapshot import EpisodeSnapshot
 from morphogen.inputs import Inputs, rows
 from morphogen.inputs import problem as inputs_problem
@@ -191,7 +191,7 @@ class Grower:
         if self._steps:
             raise RuntimeError("save a Grower between epochs (after end_epoch()), not in the middle of one")
         return {"format": GROWER_STATE_FORMAT, "episode": self.episode.state_dict(),
-                "controller": self._savable_controller("saved").state_dict(), "next_action": self._action.state(),
+                "controller": savable(self.controller, "saved").state_dict(), "next_action": self._action.state(),
                 "applied": [self._applied[0], self._applied[1]]}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -204,18 +204,11 @@ class Grower:
             found = state.get("format") if isinstance(state, dict) else type(state).__name__
             raise ValueError(f"not a Grower state of format {GROWER_STATE_FORMAT} (found {found!r}): save it with "
                              "Grower.state_dict() of this version of morphogen")
-        controller = self._savable_controller("restored")
+        controller = savable(self.controller, "restored")
         self.snapshot = self.episode.load_state_dict(state["episode"])
         controller.load_state_dict(state["controller"], self.episode.action_space)
         succeeded, reason = state["applied"]
         self._action, self._applied = Action.from_state(state["next_action"]), (bool(succeeded), str(reason))
-
-    def _savable_controller(self, what: str) -> SavableController:
-        """The controller, where its memory of the episode can be saved; else a TypeError naming it."""
-        if not isinstance(self.controller, SavableController):
-            raise TypeError(f"the controller {type(self.controller).__name__} cannot be {what}: give it "
-                            "state_dict() and load_state_dict(state, space), as the heuristic has")
-        return self.controller
 
     def _decide(self, snapshot: EpisodeSnapshot) -> tuple[Action, tuple[bool, str]]:
         action = self.controller.act(snapshot, self.episode.masks())

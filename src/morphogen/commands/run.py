@@ -6,14 +6,18 @@ import dataclasses
 import itertools
 import json
 import math
+import os
 import re
 import sys
 import textwrap
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TextIO
+from typing import Any, TextIO
 
+from rich.progress import TaskID
+
+from morphogen.commands.run_state import cut_events, load_training_state, remove_training_state, save_training_state
 from morphogen.config import config_to_dict
 from morphogen.control.controller import NoGrowthController
 from morphogen.control.heuristic import HeuristicConfig, HeuristicController
@@ -29,9 +33,11 @@ from morphogen.model_file import save_model_file
 from morphogen.run_directory import (
     BASELINE_DIRNAME,
     CONFIG_FILENAME,
+    EVENTS_FILENAME,
     FROM_SCRATCH_DIRNAME,
     MODEL_FILENAME,
     SUMMARY_FILENAME,
+    RunDirectoryRefused,
     hold_run_directory,
     make_run_dir,
     refuse_other_run,
@@ -218,11 +224,13 @@ class RunResult:
 
 
 def run_command(config: RunConfig, controller_factory: Callable[[MorphogenesisEpisode], Controller] | None = None,
-                out: TextIO | None = None, task: Task | None = None) -> RunResult:
+                out: TextIO | None = None, task: Task | None = None, *, resume: bool = False) -> RunResult:
     """The whole `morphogen run`: load task, run the grown episode and the baseline, write the run dir.
 
     Progress and the summary go to `out`, by default the `sys.stdout` of the moment of the call (so that
-    redirecting stdout works). `task` replaces the one `config` names (a user's task built in Python).
+    redirecting stdout works). `task` replaces the one `config` names (a user's task built in Python). Each
+    training saves its state after every epoch (`commands/run_state.py`); `resume` goes on from those states in
+    `config.run_dir`, a run stopped before its summary, with the config it was started with.
     """
     out = sys.stdout if out is None else out
     config = config.with_resolved_host()  # config.json records the host's whole size
@@ -240,11 +248,66 @@ def run_command(config: RunConfig, controller_factory: Callable[[MorphogenesisEp
         controller: Controller = HeuristicController(episode.action_space, task.topology, config.heuristic)
     else:
         controller = controller_factory(episode)
-    run_dir = make_run_dir(config.run_dir, config.runs_root, run_name(task.name))
+    saving = _Saving(_config_text(config), "heuristic" if controller_factory is None else "policy", resume)
+    run_dir = resumable_run_dir(config.run_dir) if resume else \
+        make_run_dir(config.run_dir, config.runs_root, run_name(task.name))
     with hold_run_directory(run_dir):  # one writer per run directory
-        refuse_other_run(run_dir)  # again, now that no other command can start a run there
-        controller_name = "heuristic" if controller_factory is None else "policy"
-        return _play_and_write(config, task, episode, controller, controller_name, device, run_dir, out)
+        # Again, now that no other command can start (or finish) a run there.
+        if resume:
+            refuse_finished_run(run_dir)
+        else:
+            refuse_other_run(run_dir)
+        return _play_and_write(config, task, episode, controller, saving, device, run_dir, out)
+
+
+def resumable_run_dir(run_dir: str | None) -> Path:
+    """The directory of a run that `run --resume` can continue; `RunDirectoryRefused` naming what is missing."""
+    if run_dir is None:
+        raise RunDirectoryRefused("resuming a run needs its run directory (--resume RUN_DIR, or run_dir=...)")
+    path = Path(run_dir)
+    if not (path / CONFIG_FILENAME).is_file():
+        raise RunDirectoryRefused(f"{path} holds no run of `morphogen run` to resume (no {CONFIG_FILENAME})")
+    refuse_finished_run(path)
+    return path
+
+
+def refuse_finished_run(path: Path) -> None:
+    """`RunDirectoryRefused` when the run in `path` has already written its summary: there is nothing to resume."""
+    if os.path.lexists(path / SUMMARY_FILENAME):
+        raise RunDirectoryRefused(f"the run in {path} is finished ({SUMMARY_FILENAME} is written); nothing to resume")
+
+
+@dataclass(frozen=True)
+class _Saving:
+    """How a run saves each of its trainings after every epoch, and whether it goes on from what they saved."""
+
+    config: str
+    """The run's config as JSON text: a saved state is resumed only by the same run."""
+    controller: str
+    """Who decides in the grown training: "heuristic" or "policy" (summary.json's `controller`)."""
+    resuming: bool
+
+    def state(self, directory: Path) -> dict[str, Any] | None:
+        """The state saved in `directory` when resuming (its events cut back to it), else None."""
+        if not self.resuming:
+            return None
+        state = load_training_state(directory, config=self.config, controller=self.controller)
+        cut_events(directory / EVENTS_FILENAME, state)
+        return state
+
+    def saver(self, directory: Path, telemetry: Telemetry) -> Callable[[dict[str, Any]], None]:
+        """What saves a training's state into `directory` after each epoch (with the size of its events)."""
+        events = directory / EVENTS_FILENAME if telemetry.configured_level != "off" else None
+        return lambda state: save_training_state(directory, state, config=self.config, controller=self.controller,
+                                                 events=events)
+
+
+def _config_text(config: RunConfig) -> str:
+    """`config` as JSON text without where it runs (`run_dir`, `runs_root`, `device`: a resumed run may move)."""
+    values = config_to_dict(config)
+    for key in ("run_dir", "runs_root", "device"):
+        values.pop(key, None)
+    return json.dumps(values, sort_keys=True)
 
 
 def optimizer_note(task: Task, chosen: OptimizerConfig | None) -> str:
@@ -264,13 +327,11 @@ def run_name(task_name: str) -> str:
 
 
 def _play_and_write(config: RunConfig, task: Task, episode: MorphogenesisEpisode, controller: Controller,
-                    controller_name: str, device: str, run_dir: Path, out: TextIO) -> RunResult:
-    """The grown episode, the baseline and the files of `run_command`, in a locked `run_dir`.
-
-    `controller_name` ("heuristic" or "policy") goes into summary.json: readers show the reward only
-    for runs that a reward steered.
-    """
-    write_resolved_config(run_dir, config)
+                    saving: _Saving, device: str, run_dir: Path, out: TextIO) -> RunResult:
+    """The grown episode, the baseline and the files of `run_command`, in a locked `run_dir`."""
+    if not saving.resuming:
+        write_resolved_config(run_dir, config)
+    state = saving.state(run_dir)
     with Telemetry(run_dir, config=config.telemetry) as telemetry, ProgressDisplay(out) as display:
         episode.telemetry = telemetry
         episode.timer = PhaseTimer.from_config(config.telemetry)
@@ -282,30 +343,31 @@ def _play_and_write(config: RunConfig, task: Task, episode: MorphogenesisEpisode
         note = optimizer_note(task, config.episode.optimizer)
         if note:
             display.print(note)
-        epochs = display.add("grown", config.episode.max_epochs)
+        epochs = _progress(display, "grown", config.episode.max_epochs, state)
 
         def on_step(result: StepResult) -> None:
             display.print(format_step(result, task.metric_name))
             display.advance(epochs)
 
         with TraceProfiler.from_config(run_dir, config.telemetry) as profiler:
-            grown = run_episode(episode, controller, on_step, profiler)
+            grown = run_episode(episode, controller, on_step, profiler, resume=state,
+                                after_epoch=saving.saver(run_dir, telemetry))
         if episode.timer.enabled:
             telemetry.emit(episode.timer.event(epoch=episode.epoch, env_id=episode.env_id))
         display.remove(epochs)
         baseline = None
         if config.baseline:
-            baseline = _run_baseline(config, task, run_dir, display)
+            baseline = _run_baseline(config, task, run_dir, display, saving)
         assert episode.model is not None
         architecture = episode.model.architecture()
         from_scratch, from_scratch_model = None, None
         if config.from_scratch and architecture:
-            from_scratch, from_scratch_model = _run_from_scratch(config, task, architecture, run_dir, display)
+            from_scratch, from_scratch_model = _run_from_scratch(config, task, architecture, run_dir, display, saving)
     print_summary(grown, baseline, out, from_scratch, task.metric_name, episode.slot_config.gates.judged_by,
                   nothing_kept=config.from_scratch and not architecture)
     if episode.timer.enabled:
         print(f"\ntime by phase (grown model):\n{episode.timer.summary()}", file=out)
-    summary = {"controller": controller_name,
+    summary = {"controller": saving.controller,
                "score": {"name": task.metric_name, "criterion": episode.slot_config.gates.judged_by.value},
                "grown": _outcome_dict(grown),
                "baseline": None if baseline is None else _outcome_dict(baseline),
@@ -315,27 +377,42 @@ def _play_and_write(config: RunConfig, task: Task, episode: MorphogenesisEpisode
     save_model_file(episode.model, run_dir / MODEL_FILENAME)  # for `morphogen export`
     if from_scratch_model is not None:  # for `morphogen export --from-scratch`
         save_model_file(from_scratch_model, run_dir / FROM_SCRATCH_DIRNAME / MODEL_FILENAME)
+    for directory in (run_dir, run_dir / BASELINE_DIRNAME, run_dir / FROM_SCRATCH_DIRNAME):
+        remove_training_state(directory)  # the run is whole: nothing is left to resume
     return RunResult(grown, baseline, from_scratch, episode.model, run_dir, from_scratch_model)
 
 
-def _run_baseline(config: RunConfig, task: Task, run_dir: Path, display: ProgressDisplay) -> EpisodeOutcome:
+def _progress(display: ProgressDisplay, name: str, epochs: int, state: dict[str, Any] | None) -> TaskID | None:
+    """A progress bar of a training's epochs, advanced to where its saved `state` stands (and said so)."""
+    bar = display.add(name, epochs)
+    if state is not None:
+        played = int(state["episode"]["epoch"])
+        display.print(f"resume: {name} from epoch {played} of {epochs}")
+        display.advance(bar, played)
+    return bar
+
+
+def _run_baseline(config: RunConfig, task: Task, run_dir: Path, display: ProgressDisplay,
+                  saving: _Saving) -> EpisodeOutcome:
     """The same host without growth, with a progress bar and its epochs in RUN_DIR/baseline/events.jsonl."""
     display.print(f"training the same host without growth ({config.episode.max_epochs} epochs)...")
-    return _run_without_growth(config, task, run_dir / BASELINE_DIRNAME, display, "no growth")[0]
+    return _run_without_growth(config, task, run_dir / BASELINE_DIRNAME, display, "no growth", saving)[0]
 
 
 def _run_from_scratch(config: RunConfig, task: Task, architecture: dict[str, str], run_dir: Path,
-                      display: ProgressDisplay) -> tuple[EpisodeOutcome, MorphogeneticModel]:
+                      display: ProgressDisplay, saving: _Saving) -> tuple[EpisodeOutcome, MorphogeneticModel]:
     """The grown model's final architecture, every seed installed at epoch 0, trained without growth, and the
     model it trained; its epochs in RUN_DIR/from_scratch/events.jsonl."""
     seeds = ", ".join(f"{blueprint} in {slot}" for slot, blueprint in architecture.items())
     display.print(f"training the final architecture from scratch (host + {seeds}, "
                   f"{config.episode.max_epochs} epochs)...")
-    return _run_without_growth(config, task, run_dir / FROM_SCRATCH_DIRNAME, display, "from scratch", architecture)
+    return _run_without_growth(config, task, run_dir / FROM_SCRATCH_DIRNAME, display, "from scratch", saving,
+                               architecture)
 
 
 def _run_without_growth(config: RunConfig, task: Task, events_dir: Path, display: ProgressDisplay, name: str,
-                        architecture: dict[str, str] | None = None) -> tuple[EpisodeOutcome, MorphogeneticModel]:
+                        saving: _Saving, architecture: dict[str, str] | None = None,
+                        ) -> tuple[EpisodeOutcome, MorphogeneticModel]:
     """One comparison episode (the host, or `architecture` built at epoch 0) with a progress bar; its outcome
     and the model it trained.
 
@@ -345,11 +422,13 @@ def _run_without_growth(config: RunConfig, task: Task, events_dir: Path, display
     episode = MorphogenesisEpisode(task, config.episode, seed=config.seed, slots=config.slots,
                                    pool_slots=config.pool_slots, architecture=architecture)
     episode.compile_settings = config.compile_settings
-    epochs = display.add(name, config.episode.max_epochs)
+    state = saving.state(events_dir)
+    epochs = _progress(display, name, config.episode.max_epochs, state)
     level = "off" if config.telemetry.level == "off" else "minimal"
     with Telemetry(events_dir, level=level) as telemetry:
         episode.telemetry = telemetry
-        outcome = run_episode(episode, NoGrowthController(), lambda result: display.advance(epochs))
+        outcome = run_episode(episode, NoGrowthController(), lambda result: display.advance(epochs), resume=state,
+                              after_epoch=saving.saver(events_dir, telemetry))
     display.remove(epochs)
     assert episode.model is not None
     return outcome, episode.model

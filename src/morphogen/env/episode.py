@@ -54,6 +54,7 @@ from morphogen.telemetry import events
 from morphogen.telemetry.anomalies import AnomalyDetector
 from morphogen.telemetry.profiler import PhaseTimer
 from morphogen.telemetry.sinks import Telemetry
+from morphogen.telemetry.story import STORY_EVENTS
 
 #: Host syncs (`.item()`, `.tolist()`, `.cpu()`) one `step` makes at telemetry `normal`, whatever the
 #: model's size: the epoch's training loss, the gradient report, the validation metrics.
@@ -263,7 +264,7 @@ class MorphogenesisEpisode:
     def state_dict(self) -> dict[str, Any]:
         """Everything a later epoch reads, between two epochs: the model (host, seeds and their stages), the seeds'
         optimizers, the governor, the histories and counters, the FLOPs spent. Plain values and tensors only.
-        The events of the epochs played are not kept (`history` restarts empty where this is loaded)."""
+        Of the events of the epochs played, those the seeds' stories are told from are kept (`STORY_EVENTS`)."""
         assert self.model is not None, "call reset() first"
         return {
             "model": self.model.state_dict(), "trainer": self.trainer.state_dict(),
@@ -274,6 +275,7 @@ class MorphogenesisEpisode:
             "fossilized": self.fossilized, "pruned": self.pruned, "compute": dataclasses.asdict(self.compute),
             "ablated_at": dict(self.ablated_at), "initial_val_loss": self.initial_val_loss,
             "snapshot": snapshot_state(self.snapshot),
+            "story_events": [event.to_dict() for event in self.history if isinstance(event, STORY_EVENTS)],
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> EpisodeSnapshot:
@@ -298,7 +300,8 @@ class MorphogenesisEpisode:
         self.ablated_at = {str(k): int(v) for k, v in state["ablated_at"].items()}
         self.initial_val_loss = float(state["initial_val_loss"])
         self.snapshot = snapshot_from_state(state["snapshot"])
-        self.history = []
+        # A state saved before stories were kept has none: the seeds' stories then start here.
+        self.history = [events.event_from_dict(record) for record in state.get("story_events", [])]
         self.growth = {}
         return self.snapshot
 

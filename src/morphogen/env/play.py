@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
+import torch
 
 from morphogen.env.actions import Action, ActionSpace
 from morphogen.env.compute import ComputeAccount
@@ -86,15 +87,55 @@ def connect(episode: MorphogenesisEpisode, controller: object) -> None:
     episode.describe_blueprints = getattr(controller, "reads_blueprints", True)
 
 
+def savable(controller: object, what: str) -> SavableController:
+    """`controller`, where its memory of an episode can be saved; else a TypeError naming it (`what` it cannot be:
+    "saved", "restored")."""
+    if not isinstance(controller, SavableController):
+        raise TypeError(f"the controller {type(controller).__name__} cannot be {what}: give it "
+                        "state_dict() and load_state_dict(state, space), as the heuristic has")
+    return controller
+
+
+def play_state(episode: MorphogenesisEpisode, controller: Controller, seconds: float) -> dict[str, Any]:
+    """Where a played episode stands between two epochs, for `run_episode(resume=...)`: the episode, the
+    controller's memory, the telemetry's escalation, the anomaly detector, the phase timer, torch's global generator
+    (dropout in a user's model draws from it) and the seconds played. Plain values and tensors only."""
+    return {"episode": episode.state_dict(), "controller": savable(controller, "saved").state_dict(),
+            "torch_rng": torch.get_rng_state(),
+            "seconds": seconds, "telemetry": episode.telemetry.state_dict(), "timer": episode.timer.state_dict(),
+            "detector": None if episode.detector is None else episode.detector.state_dict()}
+
+
+def _load_play_state(episode: MorphogenesisEpisode, controller: Controller,
+                     state: Mapping[str, Any]) -> EpisodeSnapshot:
+    """Put `episode` (just reset) and `controller` where `play_state` saved them; the snapshot to act on next."""
+    snapshot = episode.load_state_dict(state["episode"])
+    savable(controller, "restored").load_state_dict(state["controller"], episode.action_space)
+    episode.telemetry.load_state_dict(state["telemetry"])
+    episode.timer.load_state_dict(state["timer"])
+    if episode.detector is not None and state["detector"] is not None:
+        episode.detector.load_state_dict(state["detector"])
+    torch.set_rng_state(state["torch_rng"])
+    return snapshot
+
+
 def run_episode(episode: MorphogenesisEpisode, controller: Controller,
                 on_step: Callable[[StepResult], None] | None = None,
-                profiler: TraceProfiler | None = None) -> EpisodeOutcome:
-    """Play one whole episode of `controller` in `episode` (one profiler step per epoch)."""
+                profiler: TraceProfiler | None = None, *, resume: Mapping[str, Any] | None = None,
+                after_epoch: Callable[[dict[str, Any]], None] | None = None) -> EpisodeOutcome:
+    """Play one whole episode of `controller` in `episode` (one profiler step per epoch).
+
+    `resume`, a `play_state` saved between two epochs, has the episode go on from there (an episode saved at its
+    end is not played again); `after_epoch` receives the `play_state` after every epoch played, to save it.
+    """
     started = time.perf_counter()
     connect(episode, controller)
     snapshot = episode.reset()
     controller.reset()
-    result = None
+    seconds_before = 0.0
+    if resume is not None:
+        snapshot = _load_play_state(episode, controller, resume)
+        seconds_before = float(resume["seconds"])
     while not episode.done:
         result = play_epoch(episode, controller, snapshot)
         snapshot = result.snapshot
@@ -102,10 +143,17 @@ def run_episode(episode: MorphogenesisEpisode, controller: Controller,
             profiler.step()
         if on_step is not None:
             on_step(result)
+        if after_epoch is not None:
+            after_epoch(play_state(episode, controller, seconds_before + time.perf_counter() - started))
+    return episode_outcome(episode, snapshot, seconds_before + time.perf_counter() - started)
+
+
+def episode_outcome(episode: MorphogenesisEpisode, snapshot: EpisodeSnapshot, seconds: float) -> EpisodeOutcome:
+    """How `episode`, whose last snapshot is `snapshot`, ended after `seconds` of play."""
     assert episode.model is not None
     return EpisodeOutcome(
         final_accuracy=snapshot.val_accuracy, final_loss=snapshot.val_loss, parameters=snapshot.active_parameters,
-        host_parameters=snapshot.host_parameters, seconds=time.perf_counter() - started,
+        host_parameters=snapshot.host_parameters, seconds=seconds,
         episode_return=episode.episode_return, stories=seed_stories(episode.history),
         phase_seconds=episode.timer.totals, flops=dataclasses.replace(episode.compute),
         # Trained epochs only, not the start (none before the first: a slice [-0:] would keep the start).

@@ -12,11 +12,11 @@ have them, and writes a trace readable by TensorBoard's profiler plugin or Perfe
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from types import TracebackType
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -69,6 +69,16 @@ class PhaseTimer:
     def totals(self) -> dict[str, float]:
         """Seconds per phase since the timer was created, in first-seen order."""
         return dict(self._totals)
+
+    def state_dict(self) -> dict[str, Any]:
+        """The seconds and counts per phase so far, for a run that resumes: its totals go on from them."""
+        return {"totals": dict(self._totals), "counts": dict(self._counts), "lap_start": dict(self._lap_start)}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restore what `state_dict` returned."""
+        self._totals = {str(name): float(value) for name, value in state["totals"].items()}
+        self._counts = {str(name): int(value) for name, value in state["counts"].items()}
+        self._lap_start = {str(name): float(value) for name, value in state["lap_start"].items()}
 
     def lap(self) -> tuple[tuple[str, float], ...]:
         """Seconds per phase since the previous `lap()` (or since creation): the content of a `PhaseTimes`."""

@@ -16,6 +16,8 @@ MAIN_CONFIG = "main"
 #: The score's name of a task with its own loss and no metric (the loss, negated): the run's output and the
 #: readers of its summary show the loss itself for it.
 NEGATIVE_LOSS = "negative loss"
+#: The events a story is built from: what a saved episode keeps of its history to tell its seeds' stories later.
+STORY_EVENTS = (StageTransition, CounterfactualMeasured)
 
 
 @dataclass

@@ -1,0 +1,97 @@
+"""What `morphogen run --resume` goes on from: each training of a run (grown, no growth, from scratch) saved after
+every epoch into its own directory's `resume.pt`.
+
+A training's file holds where its episode stands (`env.play.play_state`: the model, the seeds' optimizers, the
+controller's memory, torch's global generator, the seconds played), the run's config as JSON text (a resumed run
+must be the same run), which controller played it and how many bytes of the training's `events.jsonl` had been
+written. Resuming cuts `events.jsonl` back to that size, so that the epoch replayed after a kill is not counted
+twice and a line torn by the kill is gone. Files are written atomically and read with `weights_only=True`, with a
+checksum: a damaged or foreign file is refused in one line. The files go once the run has written its summary
+and model.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from morphogen.control.checkpoint import CheckpointError, load_failure
+from morphogen.control.integrity import state_checksum
+from morphogen.run_directory import RESUME_FILENAME, truncate_file, write_atomic
+
+#: The version of what `save_training_state` writes; a file of another is refused.
+RUN_STATE_FORMAT = 1
+_REQUIRED_KEYS = ("config", "controller_name", "events_bytes", "episode", "controller", "torch_rng", "seconds",
+                  "telemetry", "timer", "detector")
+
+
+def save_training_state(directory: Path, state: dict[str, Any], *, config: str, controller: str,
+                        events: Path | None) -> None:
+    """Write `directory/resume.pt`: `state` (an `env.play.play_state`) with the run's `config` text, the
+    `controller`'s name and the size of `events` (None: the training writes none)."""
+    payload: dict[str, Any] = {
+        "format": RUN_STATE_FORMAT, "config": config, "controller_name": controller,
+        "events_bytes": events.stat().st_size if events is not None and events.is_file() else 0, **state}
+    payload["checksum"] = state_checksum(payload)
+    buffer = io.BytesIO()
+    torch.save(payload, buffer)
+    write_atomic(directory / RESUME_FILENAME, buffer.getvalue())
+
+
+def load_training_state(directory: Path, *, config: str, controller: str) -> dict[str, Any] | None:
+    """The state saved in `directory/resume.pt` (None when there is none), checked: its format and checksum, and
+    that it was saved by the same run (`config` text) played by the same `controller`."""
+    path = directory / RESUME_FILENAME
+    if not os.path.lexists(path):
+        return None
+    if path.is_symlink() or not path.is_file():
+        raise CheckpointError(f"{path} is not a regular file; a run writes its resume state as one")
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as error:  # torch.load raises many types on bad bytes; all mean "not a usable file"
+        raise CheckpointError(load_failure(path, error, "resume state")) from None
+    if not isinstance(state, dict) or state.get("format") != RUN_STATE_FORMAT:
+        raise CheckpointError(f"{path} is not the resume state of a morphogen run of format {RUN_STATE_FORMAT}")
+    if state.pop("checksum", None) != state_checksum(state):
+        raise CheckpointError(f"{path} is damaged: its contents do not match the checksum saved with them")
+    missing = [key for key in _REQUIRED_KEYS if key not in state]
+    if missing:
+        raise CheckpointError(f"{path} lacks {', '.join(missing)}")
+    if state["config"] != config:
+        raise CheckpointError(f"{path} was saved by a run of another config than the one resuming it (was config.json "
+                              "changed?); a resumed run keeps the config it started with")
+    if state["controller_name"] != controller:
+        raise CheckpointError(f"{path} was played by the {state['controller_name']} controller, not the {controller}: "
+                              + ("resume it with --policy RUN" if state["controller_name"] == "policy" else
+                                 "resume it without --policy"))
+    return state
+
+
+def cut_events(events: Path, state: dict[str, Any] | None) -> int:
+    """Cut `events` back to what the training had written when `state` was saved (to nothing without a state: the
+    training then starts over); returns the bytes removed. A file shorter than the state saw is refused."""
+    saved = 0 if state is None else state["events_bytes"]
+    if not isinstance(saved, int) or saved < 0:
+        raise CheckpointError(f"a resume state of {events.parent} gives no valid events size")
+    if not events.is_file():
+        if saved:
+            raise CheckpointError(f"{events} is missing; the resume state saw {saved:,} bytes of it")
+        return 0
+    size = events.stat().st_size
+    if size < saved:
+        raise CheckpointError(f"{events} holds {size:,} bytes, fewer than the {saved:,} its resume state saw; "
+                              "it was changed since")
+    if size > saved:
+        truncate_file(events, saved)  # never through a symbolic link
+    return size - saved
+
+
+def remove_training_state(directory: Path) -> None:
+    """Remove `directory/resume.pt` (a finished run does not need it); a missing one is fine."""
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(directory / RESUME_FILENAME)

@@ -1,0 +1,196 @@
+"""`morphogen run --resume` (and `grow(..., resume=True)`): a run killed in any of its three trainings goes on
+to the summary, model and events an uninterrupted run writes."""
+
+from __future__ import annotations
+
+import io
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+import morphogen
+import morphogen.commands.run as run_module
+from morphogen.cli import main
+from morphogen.commands.run import RunConfig, run_command
+from morphogen.config import build_config
+from morphogen.model_file import read_model_file
+from morphogen.run_directory import BASELINE_DIRNAME, EVENTS_FILENAME, FROM_SCRATCH_DIRNAME, RESUME_FILENAME
+
+EPOCHS = 6
+#: A 6-epoch digits run on 300 samples that grows at once, so that all three trainings run (about 2 s).
+SETTINGS: dict[str, Any] = {
+    "task": "digits", "max_train_samples": 300,
+    "episode": {"max_epochs": EPOCHS, "slots": {"blend_epochs": 1,
+                                                "gates": {"mode": "permissive", "min_training_epochs": 1}}},
+    "heuristic": {"warmup_epochs": 0, "plateau_epochs": 1, "plateau_threshold": 1e9, "min_training_epochs": 1},
+}
+TRAININGS = ("", BASELINE_DIRNAME, FROM_SCRATCH_DIRNAME)
+#: Fields that hold wall-clock time, different in any two runs.
+CLOCK_FIELDS = ("time", "seconds", "phases")
+
+
+class Killed(BaseException):
+    """Stands for SIGKILL: nothing after it runs, no `except Exception` catches it."""
+
+
+def config(run_dir: Path) -> RunConfig:
+    return build_config(RunConfig, {**SETTINGS, "run_dir": str(run_dir)})
+
+
+def without_clock(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {key: without_clock(item) for key, item in value.items() if key not in CLOCK_FIELDS}
+    if isinstance(value, list):
+        return [without_clock(item) for item in value]
+    return value
+
+
+def written(run_dir: Path) -> dict[str, Any]:
+    """What a run leaves for its readers, less wall-clock times: summary, events of each training, model."""
+    files: dict[str, Any] = {"summary": without_clock(json.loads((run_dir / "summary.json").read_text()))}
+    for training in TRAININGS:
+        lines = (run_dir / training / EVENTS_FILENAME).read_text().splitlines()
+        files[f"{training}/events"] = [without_clock(json.loads(line)) for line in lines]
+    for model in ("model.pt", f"{FROM_SCRATCH_DIRNAME}/model.pt"):
+        state = read_model_file(run_dir / model)["model"]
+        files[model] = {key: value.tolist() for key, value in state.items() if isinstance(value, torch.Tensor)}
+    return files
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    run_dir = tmp_path_factory.mktemp("resume") / "whole"
+    result = run_command(config(run_dir), out=io.StringIO())
+    assert result.from_scratch is not None, "the settings must grow a seed, so that all three trainings run"
+    assert not any((run_dir / training / RESUME_FILENAME).exists() for training in TRAININGS)  # a whole run: none
+    return written(run_dir)
+
+
+def kill_after(monkeypatch: pytest.MonkeyPatch, saves: int) -> None:
+    """Kill the run once it has saved `saves` epochs, in the middle of the next one: part of that epoch's events
+    written, the last line torn."""
+    original = run_module.save_training_state
+    count = 0
+
+    def save_then_die(directory: Path, *args: Any, **kwargs: Any) -> None:
+        nonlocal count
+        original(directory, *args, **kwargs)
+        count += 1
+        if count == saves:
+            with (directory / EVENTS_FILENAME).open("a") as events:
+                events.write('{"time": 1, "event": "action_taken", "schema_version": 2, "epoch": 99}\n{"time": 1, "ev')
+            raise Killed
+
+    monkeypatch.setattr(run_module, "save_training_state", save_then_die)
+
+
+@pytest.mark.parametrize("saves", [2, EPOCHS, EPOCHS + 3, 2 * EPOCHS + 4],
+                         ids=["grown, seed training", "grown, at its end", "no growth", "from scratch"])
+def test_a_run_killed_anywhere_resumes_to_what_an_uninterrupted_run_writes(
+        saves: int, uninterrupted: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    run_dir = tmp_path / "run"
+    kill_after(monkeypatch, saves)
+    with pytest.raises(Killed):
+        run_command(config(run_dir), out=io.StringIO())
+    monkeypatch.undo()
+    assert not (run_dir / "summary.json").exists()
+    assert main(["run", "--config", str(tmp_path / "none.toml"), "--resume", str(run_dir)]) == 2  # flags refused
+    assert "only --device, --policy and --threads" in capsys.readouterr().err
+    assert main(["run", "--resume", str(run_dir)]) == 0
+    out = capsys.readouterr().out
+    assert f"resume: grown from epoch {min(saves, EPOCHS)} of {EPOCHS}" in out
+    assert written(run_dir) == uninterrupted
+    assert not any((run_dir / training / RESUME_FILENAME).exists() for training in TRAININGS)
+    assert main(["run", "--resume", str(run_dir)]) == 2
+    assert "is finished (summary.json is written); nothing to resume" in capsys.readouterr().err
+
+
+def test_grow_resumes_a_users_task_built_in_python(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    generator = torch.Generator().manual_seed(0)
+    x = torch.randn(256, 8, generator=generator)
+    y = (x[:, :4].sum(1) > 0).long()
+    task = morphogen.task_from_data("halves", (x[:192], y[:192]), (x[192:], y[192:]))
+
+    def host() -> morphogen.SegmentedHost:
+        net = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 16), torch.nn.ReLU(),
+                                  torch.nn.Linear(16, 2))
+        return morphogen.host_from_module(net, slots=["1", "3"], example_input=x[:2])
+
+    settings = build_config(RunConfig, {key: value for key, value in SETTINGS.items() if key != "task"
+                                        and key != "max_train_samples"})
+    whole = morphogen.grow(task, host, run_dir=str(tmp_path / "whole"), config=settings, out=io.StringIO())
+    kill_after(monkeypatch, EPOCHS + 2)
+    with pytest.raises(Killed):
+        morphogen.grow(task, host, run_dir=str(tmp_path / "cut"), config=settings, out=io.StringIO())
+    monkeypatch.undo()
+    assert main(["run", "--resume", str(tmp_path / "cut")]) == 2  # the CLI cannot rebuild a task made in Python
+    assert "resume it from Python with morphogen.grow(task, host, run_dir=..., resume=True)" in capsys.readouterr().err
+    resumed = morphogen.grow(task, host, run_dir=str(tmp_path / "cut"), config=settings, out=io.StringIO(),
+                             resume=True)
+    assert (resumed.grown.final_loss, resumed.baseline.final_loss) == (whole.grown.final_loss,
+                                                                       whole.baseline.final_loss)
+    assert [story.ending() for story in resumed.grown.stories] == [story.ending() for story in whole.grown.stories]
+    state = resumed.model.state_dict()
+    for key, value in whole.model.state_dict().items():
+        assert torch.equal(state[key], value) if isinstance(value, torch.Tensor) else state[key] == value, key
+
+
+def test_what_cannot_be_resumed_is_one_line_and_exit_2(uninterrupted: dict[str, Any], tmp_path: Path,
+                                                      monkeypatch: pytest.MonkeyPatch,
+                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    run_dir = tmp_path / "run"
+    kill_after(monkeypatch, 3)
+    with pytest.raises(Killed):
+        run_command(config(run_dir), out=io.StringIO())
+    monkeypatch.undo()
+    saved = (run_dir / RESUME_FILENAME).read_bytes()
+
+    def refused(*args: str) -> str:
+        assert main(["run", "--resume", *args]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "Traceback" not in err, err
+        return err
+
+    assert "no run of `morphogen run` to resume (no config.json)" in refused(str(tmp_path / "nothing"))
+    assert "`morphogen run --resume" in refused_new_run(run_dir, capsys)
+    assert "was played by the heuristic controller, not the policy: resume it without --policy" in refused(
+        str(run_dir), "--policy", "default")
+    (run_dir / RESUME_FILENAME).write_bytes(saved[: len(saved) // 2])
+    assert "resume state" in (line := refused(str(run_dir))) and "unreadable (truncated or corrupt?)" in line
+    forged = torch.load(io.BytesIO(saved), weights_only=True)
+    forged["episode"]["epoch"] += 1  # the checksum stays that of the saved state
+    torch.save(forged, run_dir / RESUME_FILENAME)
+    assert "is damaged: its contents do not match the checksum" in refused(str(run_dir))
+    (run_dir / RESUME_FILENAME).write_bytes(saved)
+    config_file = run_dir / "config.json"
+    original = config_file.read_text()
+    config_file.write_text(original.replace('"seed": 0', '"seed": 1'))
+    assert "was saved by a run of another config" in refused(str(run_dir))
+    config_file.write_text(original)
+    events = run_dir / EVENTS_FILENAME
+    events.write_bytes(events.read_bytes()[:10])
+    assert "fewer than the" in refused(str(run_dir))
+
+
+def refused_new_run(run_dir: Path, capsys: pytest.CaptureFixture[str]) -> str:
+    """A new run into the stopped run's directory is refused, with the way to continue it."""
+    assert main(["run", "--run-dir", str(run_dir)]) == 2
+    return capsys.readouterr().err
+
+
+def test_a_resumed_run_keeps_its_place_when_copied_elsewhere(uninterrupted: dict[str, Any], tmp_path: Path,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """The run directory holds everything a resume reads: a stopped run moved to another disk goes on there."""
+    kill_after(monkeypatch, EPOCHS + 1)
+    with pytest.raises(Killed):
+        run_command(config(tmp_path / "here"), out=io.StringIO())
+    monkeypatch.undo()
+    shutil.copytree(tmp_path / "here", tmp_path / "there")
+    assert main(["run", "--resume", str(tmp_path / "there")]) == 0
+    assert written(tmp_path / "there") == uninterrupted
