@@ -194,3 +194,66 @@ def test_a_resumed_run_keeps_its_place_when_copied_elsewhere(uninterrupted: dict
     shutil.copytree(tmp_path / "here", tmp_path / "there")
     assert main(["run", "--resume", str(tmp_path / "there")]) == 0
     assert written(tmp_path / "there") == uninterrupted
+
+
+def test_saving_every_few_epochs_replays_from_the_last_saved_one(uninterrupted: dict[str, Any], tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch,
+                                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    """`save_every = 4` saves epochs 4 and 6 (the last) of each training: killed after epoch 4's save, a run
+    replays epochs 5 and 6."""
+    run_dir = tmp_path / "run"
+    kill_after(monkeypatch, 1)
+    with pytest.raises(Killed):
+        run_command(build_config(RunConfig, {**SETTINGS, "run_dir": str(run_dir), "save_every": 4}), out=io.StringIO())
+    monkeypatch.undo()
+    assert main(["run", "--resume", str(run_dir)]) == 0
+    assert f"resume: grown from epoch 4 of {EPOCHS}" in capsys.readouterr().out
+    assert written(run_dir) == uninterrupted
+
+
+def test_a_run_that_saves_nothing_starts_over_when_resumed(uninterrupted: dict[str, Any], tmp_path: Path,
+                                                           monkeypatch: pytest.MonkeyPatch,
+                                                           capsys: pytest.CaptureFixture[str]) -> None:
+    run_dir = tmp_path / "run"
+    original = run_module.run_episode
+    calls = 0
+
+    def stop_in_the_second_training(*args: Any, **kwargs: Any) -> Any:
+        nonlocal calls
+        calls += 1
+        if calls == 2:
+            raise Killed
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(run_module, "run_episode", stop_in_the_second_training)
+    with pytest.raises(Killed):
+        run_command(build_config(RunConfig, {**SETTINGS, "run_dir": str(run_dir), "save_every": 0}), out=io.StringIO())
+    monkeypatch.undo()
+    assert not (run_dir / RESUME_FILENAME).exists()
+    assert main(["run", "--resume", str(run_dir)]) == 0
+    assert "the grown training saved no epoch (save_every = 0, or it stopped in its first); it starts over" in \
+        capsys.readouterr().out
+    assert written(run_dir) == uninterrupted
+
+
+def test_a_run_of_the_learned_policy_resumes_with_the_same_policy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    """The policy's memory (its LSTM state, its sampling generator) travels in the state: the resumed run acts as
+    the uninterrupted one."""
+    from morphogen.commands.evaluate import policy_controller_factory
+
+    def policy_run(run_dir: Path) -> None:
+        settings = build_config(RunConfig, {**SETTINGS, "run_dir": str(run_dir), "baseline": False})
+        run_command(settings, policy_controller_factory("default", "cpu", settings.compile_settings), io.StringIO())
+
+    policy_run(tmp_path / "whole")
+    kill_after(monkeypatch, 3)
+    with pytest.raises(Killed):
+        policy_run(tmp_path / "cut")
+    monkeypatch.undo()
+    assert main(["run", "--resume", str(tmp_path / "cut")]) == 2
+    assert "was played by the policy controller, not the heuristic: resume it with --policy" in capsys.readouterr().err
+    assert main(["run", "--resume", str(tmp_path / "cut"), "--policy", "default"]) == 0
+    whole, resumed = (json.loads((tmp_path / name / "summary.json").read_text()) for name in ("whole", "cut"))
+    assert resumed["controller"] == "policy"
+    assert without_clock(resumed) == without_clock(whole)

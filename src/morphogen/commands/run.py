@@ -29,6 +29,7 @@ from morphogen.env.actions import Op
 from morphogen.env.episode import EpisodeConfig, MorphogenesisEpisode, StepResult
 from morphogen.env.optimizer import OptimizerConfig, task_optimizer_config
 from morphogen.env.play import Controller, EpisodeOutcome, run_episode
+from morphogen.limits import MAX_EPOCHS, check_count
 from morphogen.model_file import save_model_file
 from morphogen.run_directory import (
     BASELINE_DIRNAME,
@@ -65,8 +66,15 @@ class RunConfig(SessionOptions):
     #: Also train the grown model's final architecture (host + the seeds blended in at the end) from
     #: scratch for the same epochs: what growing it bought over simply building it that way.
     from_scratch: bool = True
+    #: Epochs between two saves of each training's state (`resume.pt`, which `--resume` goes on from); a
+    #: training's last epoch is always saved. 0: never (the run cannot be resumed).
+    save_every: int = 1
     episode: EpisodeConfig = field(default_factory=EpisodeConfig)
     heuristic: HeuristicConfig = field(default_factory=HeuristicConfig)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check_count("save_every", self.save_every, MAX_EPOCHS, lower=0)
 
 
 
@@ -279,7 +287,7 @@ def refuse_finished_run(path: Path) -> None:
 
 @dataclass(frozen=True)
 class _Saving:
-    """How a run saves each of its trainings after every epoch, and whether it goes on from what they saved."""
+    """How a run saves each of its trainings between epochs, and whether it goes on from what they saved."""
 
     config: str
     """The run's config as JSON text: a saved state is resumed only by the same run."""
@@ -343,6 +351,9 @@ def _play_and_write(config: RunConfig, task: Task, episode: MorphogenesisEpisode
         note = optimizer_note(task, config.episode.optimizer)
         if note:
             display.print(note)
+        if saving.resuming and state is None:
+            display.print("resume: the grown training saved no epoch (save_every = 0, or it stopped in its first); "
+                          "it starts over")
         epochs = _progress(display, "grown", config.episode.max_epochs, state)
 
         def on_step(result: StepResult) -> None:
@@ -351,7 +362,7 @@ def _play_and_write(config: RunConfig, task: Task, episode: MorphogenesisEpisode
 
         with TraceProfiler.from_config(run_dir, config.telemetry) as profiler:
             grown = run_episode(episode, controller, on_step, profiler, resume=state,
-                                after_epoch=saving.saver(run_dir, telemetry))
+                                save=saving.saver(run_dir, telemetry), save_every=config.save_every)
         if episode.timer.enabled:
             telemetry.emit(episode.timer.event(epoch=episode.epoch, env_id=episode.env_id))
         display.remove(epochs)
@@ -428,7 +439,7 @@ def _run_without_growth(config: RunConfig, task: Task, events_dir: Path, display
     with Telemetry(events_dir, level=level) as telemetry:
         episode.telemetry = telemetry
         outcome = run_episode(episode, NoGrowthController(), lambda result: display.advance(epochs), resume=state,
-                              after_epoch=saving.saver(events_dir, telemetry))
+                              save=saving.saver(events_dir, telemetry), save_every=config.save_every)
     display.remove(epochs)
     assert episode.model is not None
     return outcome, episode.model

@@ -122,11 +122,12 @@ def _load_play_state(episode: MorphogenesisEpisode, controller: Controller,
 def run_episode(episode: MorphogenesisEpisode, controller: Controller,
                 on_step: Callable[[StepResult], None] | None = None,
                 profiler: TraceProfiler | None = None, *, resume: Mapping[str, Any] | None = None,
-                after_epoch: Callable[[dict[str, Any]], None] | None = None) -> EpisodeOutcome:
+                save: Callable[[dict[str, Any]], None] | None = None, save_every: int = 1) -> EpisodeOutcome:
     """Play one whole episode of `controller` in `episode` (one profiler step per epoch).
 
     `resume`, a `play_state` saved between two epochs, has the episode go on from there (an episode saved at its
-    end is not played again); `after_epoch` receives the `play_state` after every epoch played, to save it.
+    end is not played again); `save` receives the `play_state` after every `save_every`-th epoch and the last
+    (`save_every` 0: never).
     """
     started = time.perf_counter()
     connect(episode, controller)
@@ -143,8 +144,8 @@ def run_episode(episode: MorphogenesisEpisode, controller: Controller,
             profiler.step()
         if on_step is not None:
             on_step(result)
-        if after_epoch is not None:
-            after_epoch(play_state(episode, controller, seconds_before + time.perf_counter() - started))
+        if save is not None and save_every and (episode.epoch % save_every == 0 or episode.done):
+            save(play_state(episode, controller, seconds_before + time.perf_counter() - started))
     return episode_outcome(episode, snapshot, seconds_before + time.perf_counter() - started)
 
 
