@@ -18,7 +18,13 @@ from morphogen.cli import main
 from morphogen.commands.run import RunConfig, run_command
 from morphogen.config import build_config
 from morphogen.model_file import read_model_file
-from morphogen.run_directory import BASELINE_DIRNAME, EVENTS_FILENAME, FROM_SCRATCH_DIRNAME, RESUME_FILENAME
+from morphogen.run_directory import (
+    BASELINE_DIRNAME,
+    EVENTS_FILENAME,
+    FROM_SCRATCH_DIRNAME,
+    RESUME_FILENAME,
+    temporary_name,
+)
 
 EPOCHS = 6
 #: A 6-epoch digits run on 300 samples that grows at once, so that all three trainings run (about 2 s).
@@ -99,6 +105,8 @@ def test_a_run_killed_anywhere_resumes_to_what_an_uninterrupted_run_writes(
         run_command(config(run_dir), out=io.StringIO())
     monkeypatch.undo()
     assert not (run_dir / "summary.json").exists()
+    stale = temporary_name(run_dir / RESUME_FILENAME)  # a save that the kill cut short
+    stale.write_bytes(b"half a file")
     assert main(["run", "--config", str(tmp_path / "none.toml"), "--resume", str(run_dir)]) == 2  # flags refused
     assert "only --device, --policy and --threads" in capsys.readouterr().err
     assert main(["run", "--resume", str(run_dir)]) == 0
@@ -106,6 +114,7 @@ def test_a_run_killed_anywhere_resumes_to_what_an_uninterrupted_run_writes(
     assert f"resume: grown from epoch {min(saves, EPOCHS)} of {EPOCHS}" in out
     assert written(run_dir) == uninterrupted
     assert not any((run_dir / training / RESUME_FILENAME).exists() for training in TRAININGS)
+    assert not stale.exists()
     assert main(["run", "--resume", str(run_dir)]) == 2
     assert "is finished (summary.json is written); nothing to resume" in capsys.readouterr().err
 

@@ -42,6 +42,7 @@ from morphogen.run_directory import (
     hold_run_directory,
     make_run_dir,
     refuse_other_run,
+    remove_stale_temporaries,
     write_atomic,
 )
 from morphogen.session import SessionOptions, load_session_task
@@ -296,9 +297,11 @@ class _Saving:
     resuming: bool
 
     def state(self, directory: Path) -> dict[str, Any] | None:
-        """The state saved in `directory` when resuming (its events cut back to it), else None."""
+        """The state saved in `directory` when resuming (its events cut back to it, the temporary files of saves a
+        kill cut short removed), else None."""
         if not self.resuming:
             return None
+        remove_stale_temporaries(directory)  # the run directory's lock is held
         state = load_training_state(directory, config=self.config, controller=self.controller)
         cut_events(directory / EVENTS_FILENAME, state)
         return state
