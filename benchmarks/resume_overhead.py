@@ -1,11 +1,13 @@
-"""What saving for `run --resume` costs: a whole `morphogen run` that saves every epoch, against the same run with
-`save_every = 0` (nothing saved), as a ratio of wall time.
+"""What saving for `run --resume` costs: the seconds a `morphogen run` spends saving each training's state after
+an epoch, as a share of the seconds it spends playing the epochs.
 
-Each repeat runs both, one after the other in alternating order (so that a drift in machine load hits both
-alike), into temporary run directories, with the same seed: the same epochs, the same numbers. The table gives
-the median seconds of each, the median ratio of the pairs, the seconds spent inside the saves (timed around
-`save_training_state`) per saved epoch, and the size of one training's `resume.pt`. Run
-`python benchmarks/resume_overhead.py --help`.
+Each repeat is a whole run (grown, no growth, from scratch; 30 epochs each) that saves after every epoch, into a
+temporary run directory. Every epoch (`env.play.play_epoch`: the controller's action, training, validation) and
+every save (`save_training_state`: the state gathered, checksummed, serialized and written with fsync) is timed
+where it happens, so the ratio compares work done seconds apart and a drift in machine load hits both alike
+(timing two whole runs against each other measured the load of this shared machine more than the saves). The
+table gives the median epoch and save, their ratio over the run (median over repeats), and the size of one
+training's `resume.pt`. Run `python benchmarks/resume_overhead.py --help`.
 """
 
 from __future__ import annotations
@@ -15,13 +17,14 @@ import io
 import statistics
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
 
 import morphogen.commands.run as run_module
+import morphogen.env.play as play_module
 from morphogen.commands.run import RunConfig, run_command
 from morphogen.config import build_config
 from morphogen.run_directory import RESUME_FILENAME
@@ -33,54 +36,56 @@ SETTINGS: dict[str, dict[str, Any]] = {
 }
 
 
-class SaveTimer:
-    """Wraps `save_training_state` to add up the seconds spent in it and keep the last file's size."""
-
-    def __init__(self) -> None:
-        self.seconds, self.saves, self.last_size = 0.0, 0, 0
-        self._original = run_module.save_training_state
-
-    def __call__(self, directory: Path, *args: Any, **kwargs: Any) -> None:
+def timed(function: Callable[..., Any], seconds: list[float]) -> Callable[..., Any]:
+    """`function`, appending the seconds of each call to `seconds`."""
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
         started = time.perf_counter()
-        self._original(directory, *args, **kwargs)
-        self.seconds += time.perf_counter() - started
-        self.saves += 1
-        self.last_size = (directory / RESUME_FILENAME).stat().st_size
-
-
-def timed_run(values: dict[str, Any], save_every: int, timer: SaveTimer) -> float:
-    """Seconds of one whole run (grown, no growth, from scratch) of `values` saving every `save_every` epochs."""
-    with tempfile.TemporaryDirectory() as root:
-        config = build_config(RunConfig, {**values, "save_every": save_every, "run_dir": str(Path(root) / "run")})
-        run_module.save_training_state = timer
         try:
-            started = time.perf_counter()
-            run_command(config, out=io.StringIO())
-            return time.perf_counter() - started
+            return function(*args, **kwargs)
         finally:
-            run_module.save_training_state = timer._original
+            seconds.append(time.perf_counter() - started)
+    return wrapper
+
+
+def one_run(values: dict[str, Any]) -> tuple[list[float], list[float], int]:
+    """The seconds of every epoch and of every save of one whole run of `values`, and the grown training's
+    `resume.pt` size in bytes (read before the run removes it)."""
+    epochs: list[float] = []
+    saves: list[float] = []
+    size = 0
+    original_play, original_save = play_module.play_epoch, run_module.save_training_state
+
+    def save_and_measure(directory: Path, *args: Any, **kwargs: Any) -> None:
+        nonlocal size
+        original_save(directory, *args, **kwargs)
+        size = size or (directory / RESUME_FILENAME).stat().st_size
+
+    play_module.play_epoch = timed(original_play, epochs)
+    run_module.save_training_state = timed(save_and_measure, saves)
+    try:
+        with tempfile.TemporaryDirectory() as root:
+            run_command(build_config(RunConfig, {**values, "run_dir": str(Path(root) / "run")}), out=io.StringIO())
+    finally:
+        play_module.play_epoch, run_module.save_training_state = original_play, original_save
+    return epochs, saves, size
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--repeats", type=int, default=3, help="pairs of runs per setting (default 3)")
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=3, help="whole runs per setting (default 3)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
-    print("| setting | saving every epoch (s) | saving nothing (s) | ratio | saving per epoch (ms) | resume.pt |")
+    print("| setting | epochs and saves | epoch (ms, median) | save (ms, median) | saving / playing | resume.pt |")
     print("|---|---|---|---|---|---|")
     for name, values in SETTINGS.items():
-        saving, plain, ratios = [], [], []
-        timer = SaveTimer()
-        for repeat in range(args.repeats):
-            order = (1, 0) if repeat % 2 == 0 else (0, 1)
-            seconds = {every: timed_run(values, every, timer if every else SaveTimer()) for every in order}
-            saving.append(seconds[1])
-            plain.append(seconds[0])
-            ratios.append(seconds[1] / seconds[0])
-        per_save_ms = 1000 * timer.seconds / max(timer.saves, 1)
-        print(f"| {name} | {statistics.median(saving):.2f} | {statistics.median(plain):.2f} | "
-              f"{statistics.median(ratios):.3f} | {per_save_ms:.1f} | {timer.last_size / 1024:.0f} KiB |", flush=True)
+        runs = [one_run(values) for _ in range(args.repeats)]
+        epochs = [seconds for run in runs for seconds in run[0]]
+        saves = [seconds for run in runs for seconds in run[1]]
+        share = statistics.median(sum(run[1]) / sum(run[0]) for run in runs)
+        print(f"| {name} | {len(epochs)} and {len(saves)} | {1000 * statistics.median(epochs):.1f} | "
+              f"{1000 * statistics.median(saves):.1f} | {100 * share:.1f}% | {runs[0][2] / 1024:.0f} KiB |",
+              flush=True)
 
 
 if __name__ == "__main__":
