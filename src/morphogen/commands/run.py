@@ -347,13 +347,7 @@ def _play_and_write(config: RunConfig, task: Task, episode: MorphogenesisEpisode
         episode.telemetry = telemetry
         episode.timer = PhaseTimer.from_config(config.telemetry)
         episode.detector = AnomalyDetector(config.telemetry)
-        display.print(f"morphogen run: task {task.name} ({task.topology} host, {len(task.train)} train / "
-                      f"{len(task.validation)} validation), {config.episode.max_epochs} epochs, seed {config.seed}, "
-                      f"device {device}, {episode.optimizer_config.summary}")
-        display.print(f"run dir: {run_dir}")
-        note = optimizer_note(task, config.episode.optimizer)
-        if note:
-            display.print(note)
+        _print_header(display, config, task, episode, device, run_dir)
         if saving.resuming and state is None:
             display.print("resume: the grown training saved no epoch (save_every = 0, or it stopped in its first); "
                           "it starts over")
@@ -394,6 +388,18 @@ def _play_and_write(config: RunConfig, task: Task, episode: MorphogenesisEpisode
     for directory in (run_dir, run_dir / BASELINE_DIRNAME, run_dir / FROM_SCRATCH_DIRNAME):
         remove_training_state(directory)  # the run is whole: nothing is left to resume
     return RunResult(grown, baseline, from_scratch, episode.model, run_dir, from_scratch_model)
+
+
+def _print_header(display: ProgressDisplay, config: RunConfig, task: Task, episode: MorphogenesisEpisode, device: str,
+                  run_dir: Path) -> None:
+    """The run's first lines: the task, its host and data, the episode, the device, the optimizer, the run dir."""
+    display.print(f"morphogen run: task {task.name} ({task.topology} host, {len(task.train)} train / "
+                  f"{len(task.validation)} validation), {config.episode.max_epochs} epochs, seed {config.seed}, "
+                  f"device {device}, {episode.optimizer_config.summary}")
+    display.print(f"run dir: {run_dir}")
+    note = optimizer_note(task, config.episode.optimizer)
+    if note:
+        display.print(note)
 
 
 def _progress(display: ProgressDisplay, name: str, epochs: int, state: dict[str, Any] | None) -> TaskID | None:
