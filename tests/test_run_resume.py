@@ -167,6 +167,11 @@ def test_what_cannot_be_resumed_is_one_line_and_exit_2(uninterrupted: dict[str, 
         return err
 
     assert "no run of `morphogen run` to resume (no config.json)" in refused(str(tmp_path / "nothing"))
+    training = tmp_path / "policy-training"
+    training.mkdir()
+    (training / "config.json").write_text("{}")
+    (training / "checkpoint.pt").write_bytes(b"")
+    assert f"`morphogen train --resume {training}` continues it" in refused(str(training))
     assert "`morphogen run --resume" in refused_new_run(run_dir, capsys)
     assert "was played by the heuristic controller, not the policy: resume it without --policy" in refused(
         str(run_dir), "--policy", "default")

@@ -33,6 +33,7 @@ from morphogen.limits import MAX_EPOCHS, check_count
 from morphogen.model_file import save_model_file
 from morphogen.run_directory import (
     BASELINE_DIRNAME,
+    CHECKPOINT_NAME,
     CONFIG_FILENAME,
     EVENTS_FILENAME,
     FROM_SCRATCH_DIRNAME,
@@ -274,6 +275,9 @@ def resumable_run_dir(run_dir: str | None) -> Path:
     if run_dir is None:
         raise RunDirectoryRefused("resuming a run needs its run directory (--resume RUN_DIR, or run_dir=...)")
     path = Path(run_dir)
+    if os.path.lexists(path / CHECKPOINT_NAME):
+        raise RunDirectoryRefused(f"{path} holds a run of `morphogen train`; `morphogen train --resume {path}` "
+                                  "continues it")
     if not (path / CONFIG_FILENAME).is_file():
         raise RunDirectoryRefused(f"{path} holds no run of `morphogen run` to resume (no {CONFIG_FILENAME})")
     refuse_finished_run(path)
