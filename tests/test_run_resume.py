@@ -17,6 +17,7 @@ import morphogen.commands.run as run_module
 from morphogen.cli import main
 from morphogen.commands.run import RunConfig, run_command
 from morphogen.config import build_config
+from morphogen.control.integrity import state_checksum
 from morphogen.model_file import read_model_file
 from morphogen.run_directory import (
     BASELINE_DIRNAME,
@@ -181,6 +182,11 @@ def test_what_cannot_be_resumed_is_one_line_and_exit_2(uninterrupted: dict[str, 
     forged["episode"]["epoch"] += 1  # the checksum stays that of the saved state
     torch.save(forged, run_dir / RESUME_FILENAME)
     assert "is damaged: its contents do not match the checksum" in refused(str(run_dir))
+    forged["torch_rng"] = torch.zeros(3)  # a generator state of floats, the checksum made to match
+    forged.pop("checksum")
+    forged["checksum"] = state_checksum(forged)
+    torch.save(forged, run_dir / RESUME_FILENAME)
+    assert "its generator, episode or seconds are of the wrong kind" in refused(str(run_dir))
     (run_dir / RESUME_FILENAME).write_bytes(saved)
     config_file = run_dir / "config.json"
     original = config_file.read_text()

@@ -59,9 +59,7 @@ def load_training_state(directory: Path, *, config: str, controller: str) -> dic
         raise CheckpointError(f"{path} is not the resume state of a morphogen run of format {RUN_STATE_FORMAT}")
     if state.pop("checksum", None) != state_checksum(state):
         raise CheckpointError(f"{path} is damaged: its contents do not match the checksum saved with them")
-    missing = [key for key in _REQUIRED_KEYS if key not in state]
-    if missing:
-        raise CheckpointError(f"{path} lacks {', '.join(missing)}")
+    _check_kinds(state, path)
     if state["config"] != config:
         raise CheckpointError(f"{path} was saved by a run of another config than the one resuming it (was config.json "
                               "changed?); a resumed run keeps the config it started with")
@@ -70,6 +68,18 @@ def load_training_state(directory: Path, *, config: str, controller: str) -> dic
                               + ("resume it with --policy RUN" if state["controller_name"] == "policy" else
                                  "resume it without --policy"))
     return state
+
+
+def _check_kinds(state: dict[str, Any], path: Path) -> None:
+    """`CheckpointError` unless `state` holds every key a resume reads, the generator and seconds of their kinds."""
+    missing = [key for key in _REQUIRED_KEYS if key not in state]
+    if missing:
+        raise CheckpointError(f"{path} lacks {', '.join(missing)}")
+    generator, seconds = state["torch_rng"], state["seconds"]
+    if not (isinstance(generator, torch.Tensor) and generator.dtype == torch.uint8 and generator.dim() == 1) or \
+            not isinstance(state["episode"], dict) or not isinstance(seconds, float) or not seconds >= 0.0:
+        raise CheckpointError(f"{path} is not the resume state of a morphogen run: its generator, episode or seconds "
+                              "are of the wrong kind")
 
 
 def cut_events(events: Path, state: dict[str, Any] | None) -> int:
