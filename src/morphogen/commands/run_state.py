@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch.utils._pytree import tree_map_only
 
 from morphogen.control.checkpoint import CheckpointError, load_failure
 from morphogen.control.integrity import state_checksum
@@ -37,6 +38,9 @@ def save_training_state(directory: Path, state: dict[str, Any], *, config: str, 
     payload: dict[str, Any] = {
         "format": RUN_STATE_FORMAT, "config": config, "controller_name": controller,
         "events_bytes": events.stat().st_size if events is not None and events.is_file() else 0, **state}
+    # One copy of a GPU model's tensors to the host, which the checksum and torch.save then both read (each would
+    # copy them again); on the CPU `.cpu()` returns the tensor itself.
+    payload = tree_map_only(torch.Tensor, lambda tensor: tensor.detach().cpu(), payload)
     payload["checksum"] = state_checksum(payload)
     buffer = io.BytesIO()
     torch.save(payload, buffer)
