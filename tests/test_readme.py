@@ -162,7 +162,7 @@ def test_readme_several_inputs_example_grows_and_exports_a_program_called_as_the
     assert "no growth" in out and out.rstrip().endswith("True")  # the program computes what the model computes
     result, ids, padding = namespace["result"], namespace["ids"], namespace["padding"]
     assert result.grown.stories, "no seed was tried"
-    assert result.grown.final_loss < result.baseline.final_loss  # whole blocks grown (0.50 against 0.65 here)
+    assert result.grown.final_loss < result.baseline.final_loss  # whole blocks grown (0.74 against 0.78 here)
     assert namespace["host"].side_inputs is not None  # the blocks after the first read the mask
     program = torch.export.load(tmp_path / "runs/count-ones/grown.pt2").module()
     with torch.no_grad():  # the mask matters to the grown model

@@ -191,7 +191,7 @@ def test_what_cannot_be_resumed_is_one_line_and_exit_2(uninterrupted: dict[str, 
     config_file = run_dir / "config.json"
     original = config_file.read_text()
     config_file.write_text(original.replace('"seed": 0', '"seed": 1'))
-    assert "was saved by a run of another config" in refused(str(run_dir))
+    assert "was saved with another config than the one resuming it" in refused(str(run_dir))
     config_file.write_text(original)
     events = run_dir / EVENTS_FILENAME
     events.write_bytes(events.read_bytes()[:10])

@@ -170,6 +170,10 @@ def _add_eval_parser(subparsers: Any) -> None:
     evaluate.add_argument("--run-dir", help="record config, events and eval.json here (default: record nothing)")
     evaluate.add_argument("--telemetry", choices=["off", "minimal", "normal", "debug"],
                           help="telemetry level of the recorded episodes (default normal; needs --run-dir)")
+    evaluate.add_argument("--resume", metavar="RUN_DIR",
+                          help="continue an evaluation stopped before its table (one recorded with --run-dir) after "
+                               "the episode it last finished, with its saved config (only --device and --threads may "
+                               "be given with it)")
     _add_compile_flags(evaluate)
     _add_threads_flag(evaluate)
 
@@ -459,11 +463,7 @@ def _resumed_run_config(args: argparse.Namespace) -> tuple[RunConfig, None]:
     from morphogen.commands.run import RunConfig, resumable_run_dir
     from morphogen.session import PYTHON_TASK
 
-    given = sorted(f"--{name.replace('_', '-')}" for name, value in vars(args).items()
-                   if name not in ("command", "resume", "device", "policy", "threads") and value not in (None, False))
-    if given:
-        raise UsageError(f"--resume continues a run with its saved config; only --device, --policy and --threads "
-                         f"may be given with it, not {', '.join(given)}")
+    _refuse_flags_beside_resume(args, ("device", "policy", "threads"), "a run")
     values = read_config_file(resumable_run_dir(args.resume) / CONFIG_FILENAME)
     if values.get("task") == PYTHON_TASK:
         raise UsageError(f"the run in {args.resume} grew a task built in Python; resume it from Python with "
@@ -472,6 +472,16 @@ def _resumed_run_config(args: argparse.Namespace) -> tuple[RunConfig, None]:
     if args.device is not None:
         values["device"] = args.device
     return build_config(RunConfig, values), None
+
+
+def _refuse_flags_beside_resume(args: argparse.Namespace, allowed: tuple[str, ...], what: str) -> None:
+    """`UsageError` naming the flags given with `--resume` other than the `allowed` ones."""
+    given = sorted(f"--{name.replace('_', '-')}" for name, value in vars(args).items()
+                   if name not in ("command", "resume", *allowed) and value not in (None, False))
+    if given:
+        flags = [f"--{name}" for name in allowed]
+        raise UsageError(f"--resume continues {what} with its saved config; only {', '.join(flags[:-1])} and "
+                         f"{flags[-1]} may be given with it, not {', '.join(given)}")
 
 
 def run_config_from_args(args: argparse.Namespace) -> RunConfig:
@@ -530,9 +540,24 @@ def eval_config_from_args(args: argparse.Namespace) -> EvalConfig:
 def _eval(args: argparse.Namespace) -> None:
     from morphogen.commands.evaluate import evaluate_command
 
+    if args.resume is not None:
+        evaluate_command(_resumed_eval_config(args), resume=True)
+        return
     config = eval_config_from_args(args)
     table = None if config.optimizer is None else read_config_values(args.config).get("optimizer")
     evaluate_command(config, optimizer_table=_over_users_default(table, config.task))
+
+
+def _resumed_eval_config(args: argparse.Namespace) -> EvalConfig:
+    """`eval --resume RUN_DIR`: the evaluation's saved config.json, on the device `--device` names if given."""
+    from morphogen.commands.evaluate import EvalConfig, resumable_eval_dir
+
+    _refuse_flags_beside_resume(args, ("device", "threads"), "an evaluation")
+    values = read_config_file(resumable_eval_dir(args.resume) / CONFIG_FILENAME)
+    values["run_dir"] = args.resume
+    if args.device is not None:
+        values["device"] = args.device
+    return build_config(EvalConfig, values)
 
 
 def _report(args: argparse.Namespace) -> None:

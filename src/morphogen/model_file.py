@@ -14,19 +14,15 @@ the file itself carries. Whatever is wrong is one `ModelFileError` line naming t
 
 from __future__ import annotations
 
-import io
 from pathlib import Path
 from typing import Any
 
-import torch
 from torch import Tensor
 
-from morphogen.control.checkpoint import load_failure
-from morphogen.control.integrity import state_checksum
+from morphogen.control.integrity import checksum_matches, read_torch_file, write_checksummed
 from morphogen.core.lifecycle import SEED_STAGES, Stage
 from morphogen.core.model import MorphogeneticModel
 from morphogen.core.slot import SeedSlot
-from morphogen.run_directory import write_atomic
 
 FORMAT_VERSION = 1
 #: What the file says it is, so that a checkpoint or another torch file is not taken for a model.
@@ -43,10 +39,7 @@ def save_model_file(model: MorphogeneticModel, path: str | Path) -> None:
              for key, value in model.state_dict().items()}
     payload: dict[str, Any] = {"format_version": FORMAT_VERSION, "kind": KIND, "topology": model.topology,
                                "slot_ids": list(model.slot_ids), "model": state}
-    payload["checksum"] = state_checksum(payload)
-    buffer = io.BytesIO()
-    torch.save(payload, buffer)
-    write_atomic(path, buffer.getvalue())
+    write_checksummed(payload, path)
 
 
 def read_model_file(path: str | Path) -> dict[str, Any]:
@@ -55,14 +48,10 @@ def read_model_file(path: str | Path) -> dict[str, Any]:
     if not path.is_file():
         raise ModelFileError(f"no saved model at {path}: a run directory of `morphogen run` (or morphogen.grow) "
                              "holds one once its run has finished")
-    try:
-        payload = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as error:  # torch.load raises many types on bad bytes; all mean "not a usable file"
-        raise ModelFileError(load_failure(path, error, what="model file")) from None
+    payload = read_torch_file(path, what="model file", error=ModelFileError)
     if not isinstance(payload, dict) or payload.get("kind") != KIND or payload.get("format_version") != FORMAT_VERSION:
         raise ModelFileError(f"{path} is not a morphogen model file of format {FORMAT_VERSION}")
-    saved = payload.pop("checksum", None)
-    if saved != state_checksum(payload):
+    if not checksum_matches(payload):
         raise ModelFileError(f"model file {path} is damaged: its contents do not match the checksum saved with them "
                              "(a disk or copy error?); use an intact copy of the run")
     state = payload.get("model")

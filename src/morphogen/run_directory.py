@@ -64,6 +64,7 @@ BASELINE_DIRNAME = "baseline"
 FROM_SCRATCH_DIRNAME = "from_scratch"
 CHECKPOINT_NAME = "checkpoint.pt"
 RESUME_FILENAME = "resume.pt"
+EVAL_RESUME_FILENAME = "eval_resume.pt"
 IMITATION_FILENAME = "imitation.json"
 SCORES_FILENAME = "eval.json"
 REPORT_FILENAME = "report.html"
@@ -78,7 +79,7 @@ MAX_LINE_BYTES = 1_048_576
 
 RUN_FILE_NAMES = (CONFIG_FILENAME, EVENTS_FILENAME, SUMMARY_FILENAME, MODEL_FILENAME, BASELINE_DIRNAME,
                   FROM_SCRATCH_DIRNAME, CHECKPOINT_NAME, IMITATION_FILENAME, SCORES_FILENAME, REPORT_FILENAME,
-                  TENSORBOARD_DIRNAME, PROFILE_DIRNAME, RESUME_FILENAME)
+                  TENSORBOARD_DIRNAME, PROFILE_DIRNAME, RESUME_FILENAME, EVAL_RESUME_FILENAME)
 """Names whose presence means a directory already holds a run."""
 
 SYSTEM_DIRECTORIES = tuple(Path(name) for name in ("/bin", "/boot", "/dev", "/etc", "/lib", "/lib32", "/lib64",
@@ -420,8 +421,9 @@ def refuse_other_run(path: Path) -> None:
     """`RunDirectoryRefused` naming the run files `path` already holds (a new run may not mix with them)."""
     present = [name for name in RUN_FILE_NAMES if os.path.lexists(path / name)]
     if present:
-        hint = f"; `morphogen train --resume {path}` continues it" if CHECKPOINT_NAME in present else \
-            f"; `morphogen run --resume {path}` continues it" if RESUME_FILENAME in present else ""
+        command = "train" if CHECKPOINT_NAME in present else "run" if RESUME_FILENAME in present else \
+            "eval" if EVAL_RESUME_FILENAME in present else ""
+        hint = f"; `morphogen {command} --resume {path}` continues it" if command else ""
         raise RunDirectoryRefused(f"run_dir: {path} already holds another run ({', '.join(present)}){hint}; "
                                   "choose another --run-dir")
 

@@ -10,14 +10,18 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import os
 import statistics
 import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, NamedTuple, TextIO
+
+import torch
 
 from morphogen.commands.run import write_resolved_config
+from morphogen.commands.run_state import cut_events, read_resume_state, remove_training_state, write_resume_state
 from morphogen.config import build_config, config_to_dict
 from morphogen.control.checkpoint import CheckpointError, checkpoint_path, load_checkpoint
 from morphogen.control.controller import NoGrowthController
@@ -28,10 +32,24 @@ from morphogen.core.compilation import CompileSettings
 from morphogen.devices import resolve_device
 from morphogen.env.episode import EpisodeConfig, MorphogenesisEpisode
 from morphogen.env.optimizer import OptimizerConfig, task_optimizer_config
-from morphogen.env.play import Controller, EpisodeOutcome, run_episode
+from morphogen.env.play import Controller, run_episode
 from morphogen.env.seeding import derive_seed
 from morphogen.limits import MAX_EPOCHS, MAX_EVAL_EPISODES, MAX_SEED, MAX_TRAIN_SAMPLES, check_count
-from morphogen.run_directory import SCORES_FILENAME, hold_run_directory, make_run_dir, refuse_other_run, write_atomic
+from morphogen.run_directory import (
+    CHECKPOINT_NAME,
+    CONFIG_FILENAME,
+    EVAL_RESUME_FILENAME,
+    EVENTS_FILENAME,
+    RESUME_FILENAME,
+    SCORES_FILENAME,
+    SUMMARY_FILENAME,
+    RunDirectoryRefused,
+    hold_run_directory,
+    make_run_dir,
+    refuse_other_run,
+    remove_stale_temporaries,
+    write_atomic,
+)
 from morphogen.session import CompileOptions, check_task_host, load_session_task
 from morphogen.telemetry.config import TelemetryConfig
 from morphogen.telemetry.sinks import Telemetry
@@ -170,10 +188,22 @@ def _mean_std(values: tuple[float, ...]) -> str:
     return f"{statistics.fmean(values):8.2f} ± {spread:5.2f}"
 
 
+class _Played(NamedTuple):
+    """What the comparison reads of one played episode."""
+
+    final_accuracy: float
+    final_loss: float
+    parameters: int
+    host_parameters: int
+    fossilized: int
+    pruned: int
+
+
 def evaluate_command(config: EvalConfig, out: TextIO | None = None, *,
-                     optimizer_table: Mapping[str, Any] | None = None) -> list[ControllerScores]:
+                     optimizer_table: Mapping[str, Any] | None = None, resume: bool = False) -> list[ControllerScores]:
     """Play `config.episodes` fresh seeds with each controller and print the comparison table to `out`
-    (default: `sys.stdout` at call time); with `config.run_dir`, record everything there too.
+    (default: `sys.stdout` at call time); with `config.run_dir`, record everything there too, and save after every
+    episode what `resume` goes on from (an evaluation in `config.run_dir` stopped before its table).
 
     `optimizer_table`: an `[optimizer]` table that names no optimizer, for a task of the user's own, to lay over
     that task's default (AdamW for a transformer) once it is loaded; it replaces `config.optimizer`."""
@@ -194,59 +224,149 @@ def evaluate_command(config: EvalConfig, out: TextIO | None = None, *,
         "heuristic": lambda episode: HeuristicController(episode.action_space, task.topology),
         "no growth": lambda episode: NoGrowthController(),
     }
-    outcomes: dict[str, list[tuple[EpisodeOutcome, int, int]]] = {name: [] for name in CONTROLLERS}
-    run_dir = None if config.run_dir is None else make_run_dir(config.run_dir, "runs", session.task)
-    lock = contextlib.ExitStack()  # one writer per run directory, from before its first file is written
-    if run_dir is not None:
-        lock.enter_context(hold_run_directory(run_dir))
-        refuse_other_run(run_dir)  # again, now that no other command can start a run there
-        write_resolved_config(run_dir, config)
-    telemetry = Telemetry(run_dir, config=config.telemetry if run_dir is not None else TelemetryConfig(level="off"))
-    with lock, telemetry, ProgressDisplay(out) as display:
+    with contextlib.ExitStack() as stack:
+        record = _open_record(config, session.task, resume, stack)
+        display = stack.enter_context(ProgressDisplay(out))
         display.print(f"morphogen eval: {config.episodes} episodes of {episode_config.max_epochs} epochs on "
                       f"{task.name} ({task.topology} host), policy {config.policy}")
         bar = display.add("episodes", config.episodes * len(CONTROLLERS))
-        for index in range(config.episodes):
+        played = record.played
+        if resume:
+            display.print(f"resume: {len(played)} of {config.episodes * len(CONTROLLERS)} episodes played")
+            display.advance(bar, len(played))
+        for index in range(len(played) // len(CONTROLLERS), config.episodes):
             episode_seed = derive_seed(config.seed, EVALUATION_STREAM, index)
             for position, name in enumerate(CONTROLLERS):
+                if index * len(CONTROLLERS) + position < len(played):
+                    continue  # played before the resume
                 episode = MorphogenesisEpisode(task, episode_config, seed=episode_seed, slots=session.slots,
-                                               pool_slots=session.pool_slots, telemetry=telemetry,
+                                               pool_slots=session.pool_slots, telemetry=record.telemetry,
                                                env_id=position * config.episodes + index)
                 episode.compile_settings = config.compile_settings
                 episode.reset()  # the heuristic reads the action space the model's slots make
                 outcome = run_episode(episode, makers[name](episode))
-                outcomes[name].append((outcome, episode.fossilized, episode.pruned))
+                played.append(_Played(outcome.final_accuracy, outcome.final_loss, outcome.parameters,
+                                      outcome.host_parameters, episode.fossilized, episode.pruned))
+                record.save()
                 display.advance(bar, status=name)
-            line = "  ".join(f"{name} {_final(outcomes[name][-1][0], task.metric_name)}" for name in CONTROLLERS)
+            line = "  ".join(f"{name} {_final(result, task.metric_name)}"
+                             for name, result in zip(CONTROLLERS, played[-len(CONTROLLERS):], strict=True))
             display.print(f"episode {index + 1}/{config.episodes} (seed {episode_seed % 100_000}): {line}")
-    scores = _scores(outcomes)
+    scores = _scores({name: played[position::len(CONTROLLERS)] for position, name in enumerate(CONTROLLERS)})
     if task.metric_name == "accuracy":
         _print_table(scores, out)
     else:
         _print_loss_table(scores, out)
-    if run_dir is not None:
+    if record.run_dir is not None:
         table = [config_to_dict(score) for score in scores]
-        write_atomic(run_dir / SCORES_FILENAME, (json.dumps(table, indent=2) + "\n").encode())
-        print(f"recorded in {run_dir}", file=out)
+        write_atomic(record.run_dir / SCORES_FILENAME, (json.dumps(table, indent=2) + "\n").encode())
+        remove_training_state(record.run_dir, EVAL_RESUME_FILENAME)  # the evaluation is whole: nothing to resume
+        print(f"recorded in {record.run_dir}", file=out)
     return scores
 
 
-def _scores(outcomes: dict[str, list[tuple[EpisodeOutcome, int, int]]]) -> list[ControllerScores]:
-    baseline = [o.final_accuracy for o, _, _ in outcomes["no growth"]]
+@dataclass
+class _Record:
+    """Where an evaluation is recorded (`run_dir` None: nowhere), the episodes it has played and its telemetry."""
+
+    run_dir: Path | None
+    config: str
+    """The evaluation's config as JSON text: a saved state is resumed only by the same evaluation."""
+    played: list[_Played]
+    telemetry: Telemetry
+
+    def save(self) -> None:
+        """Save what `eval --resume` goes on from: the episodes played, torch's global generator (dropout in a user's
+        model draws from it, across episodes) and the telemetry's escalation."""
+        if self.run_dir is None:
+            return
+        events = self.run_dir / EVENTS_FILENAME if self.telemetry.configured_level != "off" else None
+        state = {"played": [list(result) for result in self.played], "torch_rng": torch.get_rng_state(),
+                 "telemetry": self.telemetry.state_dict()}
+        write_resume_state(self.run_dir / EVAL_RESUME_FILENAME, state, kind="eval", config=self.config, events=events)
+
+
+def _open_record(config: EvalConfig, task_name: str, resume: bool, stack: contextlib.ExitStack) -> _Record:
+    """The evaluation's record, its run directory locked (one writer per directory) and its telemetry open on
+    `stack`; resuming, the episodes played before, their events cut back to the last saved episode."""
+    text = _config_text(config)
+    if config.run_dir is None:
+        return _Record(None, text, [], stack.enter_context(Telemetry(None, config=TelemetryConfig(level="off"))))
+    run_dir = resumable_eval_dir(config.run_dir) if resume else make_run_dir(config.run_dir, "runs", task_name)
+    stack.enter_context(hold_run_directory(run_dir))
+    state = None
+    if resume:  # again, now that no other command can finish it
+        resumable_eval_dir(config.run_dir)
+        remove_stale_temporaries(run_dir)
+        state = read_resume_state(run_dir / EVAL_RESUME_FILENAME, kind="eval", config=text,
+                                  required=("played", "torch_rng", "telemetry"))
+        cut_events(run_dir / EVENTS_FILENAME, state)
+    else:
+        refuse_other_run(run_dir)  # again, now that no other command can start a run there
+        write_resolved_config(run_dir, config)
+    telemetry = stack.enter_context(Telemetry(run_dir, config=config.telemetry))
+    if state is None:
+        return _Record(run_dir, text, [], telemetry)
+    played = _saved_episodes(state, config.episodes, run_dir / EVAL_RESUME_FILENAME)
+    telemetry.load_state_dict(state["telemetry"])
+    torch.set_rng_state(state["torch_rng"])
+    return _Record(run_dir, text, played, telemetry)
+
+
+def _saved_episodes(state: dict[str, Any], episodes: int, path: Path) -> list[_Played]:
+    """The played episodes of a resume state, each checked to be of the right kinds; `CheckpointError` if not."""
+    saved, generator = state["played"], state["torch_rng"]
+    if not isinstance(saved, list) or len(saved) > episodes * len(CONTROLLERS) or not all(map(_is_played, saved)) \
+            or not (isinstance(generator, torch.Tensor) and generator.dtype == torch.uint8) \
+            or not isinstance(state["telemetry"], dict):
+        raise CheckpointError(f"{path} is not the resume state of a morphogen eval of {episodes} episodes: its "
+                              "episodes, generator or telemetry are of the wrong kind")
+    return [_Played(*entry) for entry in saved]
+
+
+def _is_played(entry: object) -> bool:
+    """Whether `entry` is a saved `_Played`: two floats, then four integers."""
+    kinds = (float, float, int, int, int, int)
+    return isinstance(entry, list) and len(entry) == len(kinds) and all(
+        isinstance(value, kind) and not isinstance(value, bool) for value, kind in zip(entry, kinds, strict=True))
+
+
+def resumable_eval_dir(run_dir: str) -> Path:
+    """The directory of an evaluation that `eval --resume` can continue; `RunDirectoryRefused` naming why not."""
+    path = Path(run_dir)
+    if not (path / CONFIG_FILENAME).is_file() or (not os.path.lexists(path / EVAL_RESUME_FILENAME) and any(
+            os.path.lexists(path / name) for name in (SUMMARY_FILENAME, RESUME_FILENAME, CHECKPOINT_NAME))):
+        raise RunDirectoryRefused(f"{path} holds no evaluation of `morphogen eval --run-dir` to resume")
+    if os.path.lexists(path / SCORES_FILENAME):
+        raise RunDirectoryRefused(f"the evaluation in {path} is finished ({SCORES_FILENAME} is written); nothing to "
+                                  "resume")
+    return path
+
+
+def _config_text(config: EvalConfig) -> str:
+    """`config` as JSON text without where it runs (`run_dir`, `device`: a resumed evaluation may move)."""
+    values = config_to_dict(config)
+    for key in ("run_dir", "device"):
+        values.pop(key, None)
+    return json.dumps(values, sort_keys=True)
+
+
+def _scores(outcomes: dict[str, list[_Played]]) -> list[ControllerScores]:
+    baseline = [o.final_accuracy for o in outcomes["no growth"]]
     scores = []
     for name in CONTROLLERS:
         runs = outcomes[name]
-        added = tuple(float(o.parameters - o.host_parameters) for o, _, _ in runs)
+        added = tuple(float(o.parameters - o.host_parameters) for o in runs)
         gains = tuple((o.final_accuracy - base) / (extra / 1000.0)
-                      for (o, _, _), base, extra in zip(runs, baseline, added, strict=True) if extra > 0)
+                      for o, base, extra in zip(runs, baseline, added, strict=True) if extra > 0)
         scores.append(ControllerScores(
-            name=name, accuracies=tuple(o.final_accuracy for o, _, _ in runs), added=added, gain_per_thousand=gains,
-            fossilized=tuple(float(f) for _, f, _ in runs), pruned=tuple(float(p) for _, _, p in runs),
-            losses=tuple(o.final_loss for o, _, _ in runs)))
+            name=name, accuracies=tuple(o.final_accuracy for o in runs), added=added, gain_per_thousand=gains,
+            fossilized=tuple(float(o.fossilized) for o in runs), pruned=tuple(float(o.pruned) for o in runs),
+            losses=tuple(o.final_loss for o in runs)))
     return scores
 
 
-def _final(outcome: EpisodeOutcome, metric_name: str) -> str:
+def _final(outcome: _Played, metric_name: str) -> str:
     """An episode's final score as a progress line shows it: accuracy in percent, the loss where the score is the
     negated loss, any other metric in four significant digits."""
     if metric_name == "accuracy":

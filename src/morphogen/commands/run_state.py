@@ -1,5 +1,6 @@
 """What `morphogen run --resume` goes on from: each training of a run (grown, no growth, from scratch) saved after
-every epoch into its own directory's `resume.pt`.
+every epoch into its own directory's `resume.pt`; and the file both share with `morphogen eval --resume`
+(`write_resume_state`, `read_resume_state`, `cut_events`), which saves after every episode.
 
 A training's file holds where its episode stands (`env.play.play_state`: the model, the seeds' optimizers, the
 controller's memory, torch's global generator, the seconds played), the run's config as JSON text (a resumed run
@@ -13,7 +14,6 @@ and model.
 from __future__ import annotations
 
 import contextlib
-import io
 import os
 from pathlib import Path
 from typing import Any
@@ -21,52 +21,65 @@ from typing import Any
 import torch
 from torch.utils._pytree import tree_map_only
 
-from morphogen.control.checkpoint import CheckpointError, load_failure
-from morphogen.control.integrity import state_checksum
-from morphogen.run_directory import RESUME_FILENAME, truncate_file, write_atomic
+from morphogen.control.checkpoint import CheckpointError
+from morphogen.control.integrity import checksum_matches, read_torch_file, write_checksummed
+from morphogen.run_directory import RESUME_FILENAME, truncate_file
 
-#: The version of what `save_training_state` writes; a file of another is refused.
+#: The version of what `write_resume_state` writes; a file of another is refused.
 RUN_STATE_FORMAT = 1
-_REQUIRED_KEYS = ("config", "controller_name", "events_bytes", "episode", "controller", "torch_rng", "seconds",
-                  "telemetry", "timer", "detector")
+_REQUIRED_KEYS = ("controller_name", "episode", "controller", "torch_rng", "seconds", "telemetry", "timer",
+                  "detector")
+
+
+def write_resume_state(path: Path, state: dict[str, Any], *, kind: str, config: str, events: Path | None) -> None:
+    """Write `state` to `path` (atomically, with a checksum) as a resume state of `kind`, with the `config` text of
+    the command that saved it and the size of its `events` file (None: it writes none)."""
+    payload: dict[str, Any] = {
+        "format": RUN_STATE_FORMAT, "kind": kind, "config": config,
+        "events_bytes": events.stat().st_size if events is not None and events.is_file() else 0, **state}
+    # One copy of a GPU model's tensors to the host, which the checksum and torch.save then both read (each would
+    # copy them again); on the CPU `.cpu()` returns the tensor itself.
+    payload = tree_map_only(torch.Tensor, lambda tensor: tensor.detach().cpu(), payload)
+    write_checksummed(payload, path)
+
+
+def read_resume_state(path: Path, *, kind: str, config: str, required: tuple[str, ...]) -> dict[str, Any] | None:
+    """The resume state of `kind` saved at `path` (None when there is none), checked: a regular file, its format,
+    kind and checksum, the `required` keys, and that it was saved by the same command (`config` text)."""
+    if not os.path.lexists(path):
+        return None
+    if path.is_symlink() or not path.is_file():
+        raise CheckpointError(f"{path} is not a regular file; morphogen writes its resume state as one")
+    state = read_torch_file(path, what="resume state", error=CheckpointError)
+    if not isinstance(state, dict) or state.get("format") != RUN_STATE_FORMAT or state.get("kind") != kind:
+        raise CheckpointError(f"{path} is not the resume state of a morphogen {kind} of format {RUN_STATE_FORMAT}")
+    if not checksum_matches(state):
+        raise CheckpointError(f"{path} is damaged: its contents do not match the checksum saved with them")
+    missing = [key for key in ("config", "events_bytes", *required) if key not in state]
+    if missing:
+        raise CheckpointError(f"{path} lacks {', '.join(missing)}")
+    if state["config"] != config:
+        raise CheckpointError(f"{path} was saved with another config than the one resuming it (was config.json "
+                              "changed?); a resumed command keeps the config it started with")
+    return state
 
 
 def save_training_state(directory: Path, state: dict[str, Any], *, config: str, controller: str,
                         events: Path | None) -> None:
     """Write `directory/resume.pt`: `state` (an `env.play.play_state`) with the run's `config` text, the
     `controller`'s name and the size of `events` (None: the training writes none)."""
-    payload: dict[str, Any] = {
-        "format": RUN_STATE_FORMAT, "config": config, "controller_name": controller,
-        "events_bytes": events.stat().st_size if events is not None and events.is_file() else 0, **state}
-    # One copy of a GPU model's tensors to the host, which the checksum and torch.save then both read (each would
-    # copy them again); on the CPU `.cpu()` returns the tensor itself.
-    payload = tree_map_only(torch.Tensor, lambda tensor: tensor.detach().cpu(), payload)
-    payload["checksum"] = state_checksum(payload)
-    buffer = io.BytesIO()
-    torch.save(payload, buffer)
-    write_atomic(directory / RESUME_FILENAME, buffer.getvalue())
+    write_resume_state(directory / RESUME_FILENAME, {"controller_name": controller, **state}, kind="run",
+                       config=config, events=events)
 
 
 def load_training_state(directory: Path, *, config: str, controller: str) -> dict[str, Any] | None:
     """The state saved in `directory/resume.pt` (None when there is none), checked: its format and checksum, and
     that it was saved by the same run (`config` text) played by the same `controller`."""
     path = directory / RESUME_FILENAME
-    if not os.path.lexists(path):
+    state = read_resume_state(path, kind="run", config=config, required=_REQUIRED_KEYS)
+    if state is None:
         return None
-    if path.is_symlink() or not path.is_file():
-        raise CheckpointError(f"{path} is not a regular file; a run writes its resume state as one")
-    try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as error:  # torch.load raises many types on bad bytes; all mean "not a usable file"
-        raise CheckpointError(load_failure(path, error, "resume state")) from None
-    if not isinstance(state, dict) or state.get("format") != RUN_STATE_FORMAT:
-        raise CheckpointError(f"{path} is not the resume state of a morphogen run of format {RUN_STATE_FORMAT}")
-    if state.pop("checksum", None) != state_checksum(state):
-        raise CheckpointError(f"{path} is damaged: its contents do not match the checksum saved with them")
     _check_kinds(state, path)
-    if state["config"] != config:
-        raise CheckpointError(f"{path} was saved by a run of another config than the one resuming it (was config.json "
-                              "changed?); a resumed run keeps the config it started with")
     if state["controller_name"] != controller:
         raise CheckpointError(f"{path} was played by the {state['controller_name']} controller, not the {controller}: "
                               + ("resume it with --policy RUN" if state["controller_name"] == "policy" else
@@ -75,10 +88,7 @@ def load_training_state(directory: Path, *, config: str, controller: str) -> dic
 
 
 def _check_kinds(state: dict[str, Any], path: Path) -> None:
-    """`CheckpointError` unless `state` holds every key a resume reads, the generator and seconds of their kinds."""
-    missing = [key for key in _REQUIRED_KEYS if key not in state]
-    if missing:
-        raise CheckpointError(f"{path} lacks {', '.join(missing)}")
+    """`CheckpointError` unless the generator, episode and seconds of `state` are of their kinds."""
     generator, seconds = state["torch_rng"], state["seconds"]
     if not (isinstance(generator, torch.Tensor) and generator.dtype == torch.uint8 and generator.dim() == 1) or \
             not isinstance(state["episode"], dict) or not isinstance(seconds, float) or not seconds >= 0.0:
@@ -87,8 +97,8 @@ def _check_kinds(state: dict[str, Any], path: Path) -> None:
 
 
 def cut_events(events: Path, state: dict[str, Any] | None) -> int:
-    """Cut `events` back to what the training had written when `state` was saved (to nothing without a state: the
-    training then starts over); returns the bytes removed. A file shorter than the state saw is refused."""
+    """Cut `events` back to what had been written when `state` was saved (to nothing without a state: the command
+    then starts over); returns the bytes removed. A file shorter than the state saw is refused."""
     saved = 0 if state is None else state["events_bytes"]
     if not isinstance(saved, int) or saved < 0:
         raise CheckpointError(f"a resume state of {events.parent} gives no valid events size")
@@ -105,7 +115,7 @@ def cut_events(events: Path, state: dict[str, Any] | None) -> int:
     return size - saved
 
 
-def remove_training_state(directory: Path) -> None:
-    """Remove `directory/resume.pt` (a finished run does not need it); a missing one is fine."""
+def remove_training_state(directory: Path, name: str = RESUME_FILENAME) -> None:
+    """Remove `directory/name` (a finished run does not need its resume state); a missing one is fine."""
     with contextlib.suppress(FileNotFoundError):
-        os.unlink(directory / RESUME_FILENAME)
+        os.unlink(directory / name)

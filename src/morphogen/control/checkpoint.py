@@ -18,16 +18,14 @@ NaN/Inf again, so a damaged or tampered file is refused with one line naming it,
 
 from __future__ import annotations
 
-import io
-import re
 import sys
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from morphogen.control.integrity import non_finite_entries, state_checksum
-from morphogen.run_directory import CHECKPOINT_NAME, write_atomic
+from morphogen.control.integrity import checksum_matches, non_finite_entries, read_torch_file, write_checksummed
+from morphogen.run_directory import CHECKPOINT_NAME
 
 #: The checkpoint format written and read (`format_version` in the file).
 FORMAT_VERSION = 5
@@ -35,7 +33,6 @@ FORMAT_VERSION = 5
 REQUIRED_KEYS = ("hidden_size", "round", "config", "policy", "optimizer", "observation_normalizer",
                  "reward_normalizer", "value_normalizer", "rng", "anomaly_detector", "telemetry",
                  "policy_rollbacks_in_a_row", "imitated")
-_TERMINAL_ESCAPES = re.compile(r"\x1b\[[0-9;]*m")
 
 
 class CheckpointError(ValueError):
@@ -85,11 +82,7 @@ def save_checkpoint(state: dict[str, Any], path: str | Path) -> None:
     if bad:
         raise CheckpointError(f"refusing to save {path}: non-finite values in {_list_entries(bad)}; the previous "
                               "checkpoint stays the latest")
-    payload = _canonical({"format_version": FORMAT_VERSION, **state})
-    payload["checksum"] = state_checksum(payload)
-    buffer = io.BytesIO()
-    torch.save(payload, buffer)
-    write_atomic(path, buffer.getvalue())
+    write_checksummed(_canonical({"format_version": FORMAT_VERSION, **state}), path)
 
 
 def load_checkpoint(run_or_file: str | Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:
@@ -97,10 +90,7 @@ def load_checkpoint(run_or_file: str | Path, map_location: str | torch.device = 
     path = checkpoint_path(run_or_file)
     if not path.is_file():
         raise CheckpointError(f"no checkpoint at {path} (expected a run directory with {CHECKPOINT_NAME})")
-    try:
-        state = torch.load(path, map_location=map_location, weights_only=True)
-    except Exception as error:  # torch.load raises many types on bad bytes; all mean "not a usable file"
-        raise CheckpointError(load_failure(path, error)) from None
+    state = read_torch_file(path, what="checkpoint", error=CheckpointError, map_location=map_location)
     version = state.get("format_version") if isinstance(state, dict) else None
     if version in (1, 2):
         raise CheckpointError(f"checkpoint {path} is of format {version}, from an earlier morphogen whose policy was "
@@ -112,8 +102,7 @@ def load_checkpoint(run_or_file: str | Path, map_location: str | torch.device = 
                               f"no {unread}; train a new one (morphogen train) or use --policy default")
     if not isinstance(state, dict) or version != FORMAT_VERSION:
         raise CheckpointError(f"checkpoint {path} is not a morphogen checkpoint of format {FORMAT_VERSION}")
-    saved = state.pop("checksum", None)
-    if saved != state_checksum(state):
+    if not checksum_matches(state):
         raise CheckpointError(f"checkpoint {path} is damaged: its contents do not match the checksum saved "
                               "with them (a disk or copy error?); use an intact copy of the run")
     missing = [key for key in REQUIRED_KEYS if key not in state]
@@ -124,25 +113,6 @@ def load_checkpoint(run_or_file: str | Path, map_location: str | torch.device = 
         raise CheckpointError(f"checkpoint {path} holds non-finite values in {_list_entries(bad)}; "
                               "it cannot be resumed or acted with")
     return state
-
-
-def load_failure(path: Path, error: Exception, what: str = "checkpoint") -> str:
-    """One line saying why `torch.load` could not read the `what` at `path` (torch's own messages span many lines)."""
-    text = _TERMINAL_ESCAPES.sub("", str(error))
-    # torch words it "Unsupported global: GLOBAL x" (2.4-2.5) or "unsupported GLOBAL x whose module ..." (2.6+).
-    refused = re.search(r"[Uu]nsupported global:? GLOBAL (\S+)", text)
-    if refused:
-        return (f"{what} {path} was refused: it holds a {refused.group(1)} object, but a {what} holds only "
-                "tensors and plain values (loading other objects could run code)")
-    if "Weights only load failed" in text:
-        return (f"{what} {path} was refused: it holds something other than tensors and plain values "
-                "(loading it could run code)")
-    lines = [line.strip() for line in text.splitlines() if line.strip()]
-    if "WeightsUnpickler error" in text or isinstance(error, KeyError) or not lines:
-        detail = "not a file written by torch.save"
-    else:
-        detail = lines[0].split(". ")[0].rstrip(".")  # torch's first sentence says what failed
-    return f"{what} {path} is unreadable (truncated or corrupt?): {detail}"
 
 
 def check_layout(state: dict[str, Any], expected: dict[str, Any], source: str | Path) -> None:

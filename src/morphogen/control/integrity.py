@@ -8,16 +8,27 @@ into 1.29e29 by a bad disk or copy) is refused instead of acted on.
 `non_finite_entries(state)` names the floating-point tensors and floats holding NaN or infinity. It
 synchronizes once per device (all tensors of a device are judged in one reduction), not once per
 tensor.
+
+`write_checksummed` / `read_torch_file` / `checksum_matches` are the file side every checksummed file of a
+run shares (policy checkpoints, model files, resume states): written whole or not at all, read with
+`weights_only=True` (tensors and plain values; anything else could run code), refused in one line.
 """
 
 from __future__ import annotations
 
 import hashlib
+import io
 import math
+import re
 from collections.abc import Iterator, Mapping
+from pathlib import Path
 from typing import Any
 
 import torch
+
+from morphogen.run_directory import write_atomic
+
+_TERMINAL_ESCAPES = re.compile(r"\x1b\[[0-9;]*m")
 
 
 def _leaves(value: Any, path: str) -> Iterator[tuple[str, Any]]:
@@ -57,3 +68,45 @@ def non_finite_entries(state: Mapping[str, Any]) -> list[str]:
         finite = torch.stack([tensor.detach().isfinite().all() for _, tensor in tensors]).tolist()  # one sync
         found.extend(path for (path, _), ok in zip(tensors, finite, strict=True) if not ok)
     return found
+
+
+def write_checksummed(payload: Mapping[str, Any], path: str | Path) -> None:
+    """Write `payload` and a `checksum` entry over it to `path` atomically (whole or not at all, never through a
+    link). `payload` must not hold a `checksum` key of its own."""
+    buffer = io.BytesIO()
+    torch.save({**payload, "checksum": state_checksum(payload)}, buffer)
+    write_atomic(Path(path), buffer.getvalue())
+
+
+def read_torch_file(path: Path, *, what: str, error: type[Exception],
+                    map_location: str | torch.device = "cpu") -> Any:
+    """What `torch.load(path, weights_only=True)` returns, or `error` with one line saying why the `what` at `path`
+    could not be read."""
+    try:
+        return torch.load(path, map_location=map_location, weights_only=True)
+    except Exception as failure:  # torch.load raises many types on bad bytes; all mean "not a usable file"
+        raise error(load_failure(path, failure, what)) from None
+
+
+def checksum_matches(state: dict[str, Any]) -> bool:
+    """Remove `state`'s `checksum` entry and say whether it is the checksum of the rest (False when it has none)."""
+    return bool(state.pop("checksum", None) == state_checksum(state))
+
+
+def load_failure(path: Path, error: Exception, what: str = "checkpoint") -> str:
+    """One line saying why `torch.load` could not read the `what` at `path` (torch's own messages span many lines)."""
+    text = _TERMINAL_ESCAPES.sub("", str(error))
+    # torch words it "Unsupported global: GLOBAL x" (2.4-2.5) or "unsupported GLOBAL x whose module ..." (2.6+).
+    refused = re.search(r"[Uu]nsupported global:? GLOBAL (\S+)", text)
+    if refused:
+        return (f"{what} {path} was refused: it holds a {refused.group(1)} object, but a {what} holds only "
+                "tensors and plain values (loading other objects could run code)")
+    if "Weights only load failed" in text:
+        return (f"{what} {path} was refused: it holds something other than tensors and plain values "
+                "(loading it could run code)")
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    if "WeightsUnpickler error" in text or isinstance(error, KeyError) or not lines:
+        detail = "not a file written by torch.save"
+    else:
+        detail = lines[0].split(". ")[0].rstrip(".")  # torch's first sentence says what failed
+    return f"{what} {path} is unreadable (truncated or corrupt?): {detail}"

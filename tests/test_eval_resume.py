@@ -1,0 +1,121 @@
+"""`morphogen eval --resume`: an evaluation killed between or inside its episodes goes on to the table and events
+an uninterrupted one writes."""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from tests.test_run_resume import Killed, without_clock
+
+import morphogen.commands.evaluate as evaluate_module
+from morphogen.cli import main
+from morphogen.control.integrity import state_checksum
+from morphogen.run_directory import EVAL_RESUME_FILENAME, EVENTS_FILENAME, SCORES_FILENAME, temporary_name
+
+EPISODES = 2
+#: Two episodes per controller of 3 epochs on 200 digits, with the shipped policy (about 3 s in all).
+EVAL = ["eval", "--policy", "default", "--task", "digits", "--max-train-samples", "200", "--episode-length", "3",
+        "--episodes", str(EPISODES)]
+
+
+def written(run_dir: Path) -> dict[str, Any]:
+    """What an evaluation leaves for its readers, less wall-clock times: its table and its events."""
+    lines = (run_dir / EVENTS_FILENAME).read_text().splitlines()
+    return {"table": json.loads((run_dir / SCORES_FILENAME).read_text()),
+            "events": [without_clock(json.loads(line)) for line in lines]}
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    run_dir = tmp_path_factory.mktemp("eval") / "whole"
+    assert main([*EVAL, "--run-dir", str(run_dir)]) == 0
+    assert not (run_dir / EVAL_RESUME_FILENAME).exists()  # a whole evaluation leaves none
+    return written(run_dir)
+
+
+def kill_after(monkeypatch: pytest.MonkeyPatch, saves: int) -> None:
+    """Kill the evaluation once it has saved `saves` episodes, in the middle of the next one: part of its events
+    written, the last line torn."""
+    original = evaluate_module.write_resume_state
+    count = 0
+
+    def save_then_die(path: Path, *args: Any, **kwargs: Any) -> None:
+        nonlocal count
+        if count == saves:
+            with (path.parent / EVENTS_FILENAME).open("a") as events:
+                events.write('{"time": 1, "event": "action_taken", "schema_version": 2, "epoch": 99}\n{"time": 1, "ev')
+            raise Killed
+        original(path, *args, **kwargs)
+        count += 1
+
+    monkeypatch.setattr(evaluate_module, "write_resume_state", save_then_die)
+
+
+@pytest.mark.parametrize("saves", [0, 1, 3, 5], ids=["in the first episode", "learned played, heuristic not",
+                                                     "a seed's three controllers played", "in the last episode"])
+def test_an_evaluation_killed_anywhere_resumes_to_what_an_uninterrupted_one_writes(
+        saves: int, uninterrupted: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    run_dir = tmp_path / "eval"
+    kill_after(monkeypatch, saves)
+    with pytest.raises(Killed):
+        main([*EVAL, "--run-dir", str(run_dir)])
+    monkeypatch.undo()
+    assert not (run_dir / SCORES_FILENAME).exists()
+    stale = temporary_name(run_dir / EVAL_RESUME_FILENAME)  # a save that the kill cut short
+    stale.write_bytes(b"half a file")
+    capsys.readouterr()
+    assert main(["eval", "--episodes", "3", "--resume", str(run_dir)]) == 2  # flags refused
+    assert "only --device and --threads may be given with it, not --episodes" in capsys.readouterr().err
+    assert main(["eval", "--resume", str(run_dir), "--threads", "1"]) == 0
+    out = capsys.readouterr().out
+    assert f"resume: {saves} of {EPISODES * 3} episodes played" in out
+    assert written(run_dir) == uninterrupted
+    assert not (run_dir / EVAL_RESUME_FILENAME).exists() and not stale.exists()
+    assert main(["eval", "--resume", str(run_dir)]) == 2
+    assert "is finished (eval.json is written); nothing to resume" in capsys.readouterr().err
+
+
+def test_what_eval_cannot_resume_is_one_line_and_exit_2(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    run_dir = tmp_path / "eval"
+    kill_after(monkeypatch, 2)
+    with pytest.raises(Killed):
+        main([*EVAL, "--run-dir", str(run_dir)])
+    monkeypatch.undo()
+    capsys.readouterr()
+    state_file = run_dir / EVAL_RESUME_FILENAME
+    saved = state_file.read_bytes()
+
+    def refused(*args: str) -> str:
+        assert main(["eval", *args]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "Traceback" not in err, err
+        return err
+
+    assert "holds no evaluation of `morphogen eval --run-dir` to resume" in refused("--resume", str(tmp_path / "no"))
+    assert f"`morphogen eval --resume {run_dir}` continues it" in refused(*EVAL[1:], "--run-dir", str(run_dir))
+    state_file.write_bytes(saved[: len(saved) // 2])
+    assert "resume state" in (line := refused("--resume", str(run_dir))) and "unreadable" in line
+    forged = torch.load(io.BytesIO(saved), weights_only=True)
+    forged["played"][0][0] = 100.0  # a better score for the learned policy; the checksum stays the saved one
+    torch.save(forged, state_file)
+    assert "is damaged: its contents do not match the checksum" in refused("--resume", str(run_dir))
+    forged["played"][0][2] = "many"  # parameters that are no count, the checksum made to match
+    forged.pop("checksum")
+    forged["checksum"] = state_checksum(forged)
+    torch.save(forged, state_file)
+    assert "episodes, generator or telemetry are of the wrong kind" in refused("--resume", str(run_dir))
+    state_file.write_bytes(saved)
+    config_file = run_dir / "config.json"
+    original = config_file.read_text()
+    config_file.write_text(original.replace('"seed": 0', '"seed": 1'))
+    assert "was saved with another config than the one resuming it" in refused("--resume", str(run_dir))
+    config_file.write_text(original)
+    assert main(["eval", "--resume", str(run_dir)]) == 0  # the intact state still resumes
+    assert "resume: 2 of 6 episodes played" in capsys.readouterr().out
