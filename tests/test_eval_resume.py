@@ -71,8 +71,9 @@ def test_an_evaluation_killed_anywhere_resumes_to_what_an_uninterrupted_one_writ
     stale.write_bytes(b"half a file")
     capsys.readouterr()
     assert main(["eval", "--episodes", "3", "--resume", str(run_dir)]) == 2  # flags refused
-    assert "only --device and --threads may be given with it, not --episodes" in capsys.readouterr().err
-    assert main(["eval", "--resume", str(run_dir), "--threads", "1"]) == 0
+    assert "only --device, --jobs and --threads may be given with it, not --episodes" in capsys.readouterr().err
+    jobs = ["--jobs", "2"] if saves == 3 else []  # resumed by two processes: the same files
+    assert main(["eval", "--resume", str(run_dir), "--threads", "1", *jobs]) == 0
     out = capsys.readouterr().out
     assert f"resume: {saves} of {EPISODES * 3} episodes played" in out
     assert written(run_dir) == uninterrupted
@@ -110,7 +111,7 @@ def test_what_eval_cannot_resume_is_one_line_and_exit_2(tmp_path: Path, monkeypa
     forged.pop("checksum")
     forged["checksum"] = state_checksum(forged)
     torch.save(forged, state_file)
-    assert "episodes, generator or telemetry are of the wrong kind" in refused("--resume", str(run_dir))
+    assert "its episodes are of the wrong kind" in refused("--resume", str(run_dir))
     state_file.write_bytes(saved)
     config_file = run_dir / "config.json"
     original = config_file.read_text()
@@ -119,3 +120,13 @@ def test_what_eval_cannot_resume_is_one_line_and_exit_2(tmp_path: Path, monkeypa
     config_file.write_text(original)
     assert main(["eval", "--resume", str(run_dir)]) == 0  # the intact state still resumes
     assert "resume: 2 of 6 episodes played" in capsys.readouterr().out
+
+
+def test_episodes_played_by_worker_processes_write_what_one_process_writes(
+        uninterrupted: dict[str, Any], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`--jobs 3`: every episode is played in a spawned worker; the table and events are those of one process."""
+    run_dir = tmp_path / "eval"
+    assert main([*EVAL, "--run-dir", str(run_dir), "--jobs", "3", "--threads", "1"]) == 0
+    assert ", 3 processes" in capsys.readouterr().out
+    assert written(run_dir) == uninterrupted
+    assert json.loads((run_dir / "config.json").read_text())["jobs"] == 3

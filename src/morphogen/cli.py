@@ -166,14 +166,16 @@ def _add_eval_parser(subparsers: Any) -> None:
     evaluate.add_argument("--max-train-samples", type=int, help="cap the training split")
     evaluate.add_argument("--episodes", type=int, help="episodes per controller (default 5)")
     evaluate.add_argument("--seed", type=int, help="base of the evaluation seeds (default 0)")
+    evaluate.add_argument("--jobs", type=int, help="worker processes playing episodes side by side, each with "
+                                                   "--threads threads (default 1; the results are the same)")
     evaluate.add_argument("--device", help="cpu (default), cuda, cuda:N, mps or auto")
     evaluate.add_argument("--run-dir", help="record config, events and eval.json here (default: record nothing)")
     evaluate.add_argument("--telemetry", choices=["off", "minimal", "normal", "debug"],
                           help="telemetry level of the recorded episodes (default normal; needs --run-dir)")
     evaluate.add_argument("--resume", metavar="RUN_DIR",
                           help="continue an evaluation stopped before its table (one recorded with --run-dir) after "
-                               "the episode it last finished, with its saved config (only --device and --threads may "
-                               "be given with it)")
+                               "the episode it last finished, with its saved config (only --device, --jobs and "
+                               "--threads may be given with it)")
     _add_compile_flags(evaluate)
     _add_threads_flag(evaluate)
 
@@ -521,8 +523,8 @@ def eval_config_from_args(args: argparse.Namespace) -> EvalConfig:
     from morphogen.commands.evaluate import EvalConfig
 
     values = read_config_values(args.config)
-    for name in ("policy", "episodes", "seed", "device", "run_dir", "compile", "compile_mode", "compile_backend",
-                 "task", "episode_length", "data_dir", "text_file", "max_train_samples"):
+    for name in ("policy", "episodes", "seed", "jobs", "device", "run_dir", "compile", "compile_mode",
+                 "compile_backend", "task", "episode_length", "data_dir", "text_file", "max_train_samples"):
         if getattr(args, name) is not None:
             values[name] = getattr(args, name)
     if args.slots is not None:
@@ -552,11 +554,12 @@ def _resumed_eval_config(args: argparse.Namespace) -> EvalConfig:
     """`eval --resume RUN_DIR`: the evaluation's saved config.json, on the device `--device` names if given."""
     from morphogen.commands.evaluate import EvalConfig, resumable_eval_dir
 
-    _refuse_flags_beside_resume(args, ("device", "threads"), "an evaluation")
+    _refuse_flags_beside_resume(args, ("device", "jobs", "threads"), "an evaluation")
     values = read_config_file(resumable_eval_dir(args.resume) / CONFIG_FILENAME)
     values["run_dir"] = args.resume
-    if args.device is not None:
-        values["device"] = args.device
+    for name in ("device", "jobs"):
+        if getattr(args, name) is not None:
+            values[name] = getattr(args, name)
     return build_config(EvalConfig, values)
 
 

@@ -47,6 +47,8 @@ MAX_TRAIN_SAMPLES = 1_000_000_000
 MAX_EVAL_EPISODES = 100_000
 #: CPU threads torch may use (`--threads`, `OMP_NUM_THREADS`): more than any one machine has cores.
 MAX_THREADS = 1_024
+#: Most worker processes of `eval --jobs`.
+MAX_JOBS = 1_024
 #: Seconds `--dist-timeout` may wait for a silent rank (a week; torch turns larger values into overflows).
 MAX_TIMEOUT_SECONDS = 604_800
 #: Characters in any string setting (a path is at most 4096 bytes on Linux).

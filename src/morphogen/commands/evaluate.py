@@ -10,10 +10,12 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import multiprocessing
 import os
 import statistics
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple, TextIO
@@ -26,15 +28,16 @@ from morphogen.config import build_config, config_to_dict
 from morphogen.control.checkpoint import CheckpointError, checkpoint_path, load_checkpoint
 from morphogen.control.controller import NoGrowthController
 from morphogen.control.heuristic import HeuristicController
-from morphogen.control.learned import PolicyController, agent_from_checkpoint
+from morphogen.control.learned import PolicyAgent, PolicyController, agent_from_checkpoint
 from morphogen.control.trainer import TrainConfig
 from morphogen.core.compilation import CompileSettings
+from morphogen.data.tasks import Task
 from morphogen.devices import resolve_device
 from morphogen.env.episode import EpisodeConfig, MorphogenesisEpisode
 from morphogen.env.optimizer import OptimizerConfig, task_optimizer_config
 from morphogen.env.play import Controller, run_episode
-from morphogen.env.seeding import derive_seed
-from morphogen.limits import MAX_EPOCHS, MAX_EVAL_EPISODES, MAX_SEED, MAX_TRAIN_SAMPLES, check_count
+from morphogen.env.seeding import derive_seed, seeded
+from morphogen.limits import MAX_EPOCHS, MAX_EVAL_EPISODES, MAX_JOBS, MAX_SEED, MAX_TRAIN_SAMPLES, check_count
 from morphogen.run_directory import (
     CHECKPOINT_NAME,
     CONFIG_FILENAME,
@@ -52,6 +55,7 @@ from morphogen.run_directory import (
 )
 from morphogen.session import CompileOptions, check_task_host, load_session_task
 from morphogen.telemetry.config import TelemetryConfig
+from morphogen.telemetry.events import Event
 from morphogen.telemetry.sinks import Telemetry
 from morphogen.telemetry.story import NEGATIVE_LOSS
 from morphogen.ui.progress import ProgressDisplay
@@ -97,6 +101,9 @@ class EvalConfig(CompileOptions):
     seed: int = 0
     #: Device: cpu, cuda, cuda:N, mps, or auto.
     device: str = "cpu"
+    #: Worker processes playing episodes side by side (1: all in this process). Each takes `--threads` threads;
+    #: results are the same for any number.
+    jobs: int = 1
     #: Where to record the evaluation (config, events of every episode, the table as eval.json); None
     #: records nothing. In events, the episode `i` of controller `c` (order learned, heuristic, no
     #: growth) has `env_id = c * episodes + i`.
@@ -117,6 +124,7 @@ class EvalConfig(CompileOptions):
             raise ValueError("policy must name the run directory of `morphogen train` (--policy RUN_DIR), or be "
                              "default")
         check_count("episodes", self.episodes, MAX_EVAL_EPISODES)
+        check_count("jobs", self.jobs, MAX_JOBS)
         check_count("seed", self.seed, MAX_SEED, lower=0)
         if self.task is not None:
             check_task_host(self.task, self.host, self.max_train_samples)
@@ -199,6 +207,101 @@ class _Played(NamedTuple):
     pruned: int
 
 
+@dataclass(frozen=True)
+class _Setting:
+    """What every episode of an evaluation plays, built once per process from its config."""
+
+    config: EvalConfig
+    session: TrainConfig
+    episode: EpisodeConfig
+    task: Task
+    agent: PolicyAgent
+
+
+def _setting(config: EvalConfig, optimizer_table: Mapping[str, Any] | None = None) -> _Setting:
+    """The policy, task and episode settings `config` names (`optimizer_table`: see `evaluate_command`)."""
+    device = resolve_device(config.device)
+    trained, state = read_policy_run(config.policy, device)
+    session, episode_config = evaluation_setting(config, trained)
+    task = load_session_task(session.with_resolved_host(), device)
+    if optimizer_table is not None:
+        optimizer = task_optimizer_config(task.name, optimizer_table, "optimizer", topology=task.topology)
+        config = dataclasses.replace(config, optimizer=optimizer)
+        episode_config = dataclasses.replace(episode_config, optimizer=optimizer)
+    agent = agent_from_checkpoint(state, device, source=policy_source(config.policy))
+    agent.policy.compile_forward(config.compile_settings)
+    return _Setting(config, session, episode_config, task, agent)
+
+
+class _EventList:
+    """A telemetry sink keeping an episode's events, written to the run's events file once the episode is over."""
+
+    def __init__(self) -> None:
+        self.events: list[Event] = []
+
+    def write(self, event: Event) -> None:
+        self.events.append(event)
+
+    def close(self) -> None:
+        """Nothing to close: the events stay for the caller."""
+
+
+def _play(setting: _Setting, index: int, position: int) -> tuple[_Played, list[Event]]:
+    """Episode `index` of controller `CONTROLLERS[position]`, and the events it emitted.
+
+    An episode depends on nothing played before it, so that episodes can be played in any process and order:
+    torch's global generator (dropout in a user's model draws from it) starts from the episode's seed, and the
+    telemetry's escalation from the configured level."""
+    config, name = setting.config, CONTROLLERS[position]
+    seed = derive_seed(config.seed, EVALUATION_STREAM, index)
+    recorded = _EventList()
+    telemetry = Telemetry(None, config=dataclasses.replace(config.telemetry, tensorboard=False), sinks=[recorded]) \
+        if config.run_dir is not None else Telemetry(None, level="off")
+    with telemetry, seeded(seed, torch.device(resolve_device(config.device))):
+        episode = MorphogenesisEpisode(setting.task, setting.episode, seed=seed, slots=setting.session.slots,
+                                       pool_slots=setting.session.pool_slots, telemetry=telemetry,
+                                       env_id=position * config.episodes + index)
+        episode.compile_settings = config.compile_settings
+        episode.reset()  # the heuristic reads the action space the model's slots make
+        controller: Controller = PolicyController(setting.agent) if name == "learned" else \
+            HeuristicController(episode.action_space, setting.task.topology) if name == "heuristic" else \
+            NoGrowthController()
+        outcome = run_episode(episode, controller)
+    played = _Played(outcome.final_accuracy, outcome.final_loss, outcome.parameters, outcome.host_parameters,
+                     episode.fossilized, episode.pruned)
+    return played, recorded.events
+
+
+#: The evaluation a worker process of `--jobs` plays episodes of (set once per process by `_start_worker`).
+_worker_setting: _Setting | None = None
+
+
+def _start_worker(config: EvalConfig, threads: int) -> None:
+    """Build the evaluation's setting in a worker process, with torch's threads of the parent."""
+    global _worker_setting
+    torch.set_num_threads(threads)
+    _worker_setting = _setting(config)
+
+
+def _play_in_worker(job: tuple[int, int]) -> tuple[_Played, list[Event]]:
+    assert _worker_setting is not None, "a worker plays only after _start_worker"
+    return _play(_worker_setting, *job)
+
+
+def _played_in_order(setting: _Setting, jobs: list[tuple[int, int]],
+                     stack: contextlib.ExitStack) -> Iterator[tuple[_Played, list[Event]]]:
+    """The outcome and events of each of `jobs` (episode index, controller position), in their order: played here
+    one after another, or by `config.jobs` worker processes."""
+    if setting.config.jobs == 1 or len(jobs) <= 1:
+        return (_play(setting, *job) for job in jobs)
+    # Spawned, not forked: a fork of a process whose torch threads already ran can deadlock in the child.
+    pool = ProcessPoolExecutor(
+        max_workers=min(setting.config.jobs, len(jobs)), mp_context=multiprocessing.get_context("spawn"),
+        initializer=_start_worker, initargs=(setting.config, torch.get_num_threads()))
+    stack.callback(pool.shutdown, wait=True, cancel_futures=True)  # stopped early: the episodes not begun never are
+    return pool.map(_play_in_worker, jobs)
+
+
 def evaluate_command(config: EvalConfig, out: TextIO | None = None, *,
                      optimizer_table: Mapping[str, Any] | None = None, resume: bool = False) -> list[ControllerScores]:
     """Play `config.episodes` fresh seeds with each controller and print the comparison table to `out`
@@ -208,50 +311,32 @@ def evaluate_command(config: EvalConfig, out: TextIO | None = None, *,
     `optimizer_table`: an `[optimizer]` table that names no optimizer, for a task of the user's own, to lay over
     that task's default (AdamW for a transformer) once it is loaded; it replaces `config.optimizer`."""
     out = sys.stdout if out is None else out
-    device = resolve_device(config.device)
-    source = policy_source(config.policy)
-    trained, state = read_policy_run(config.policy, device)
-    session, episode_config = evaluation_setting(config, trained)
-    task = load_session_task(session.with_resolved_host(), device)
-    if optimizer_table is not None:
-        optimizer = task_optimizer_config(task.name, optimizer_table, "optimizer", topology=task.topology)
-        config = dataclasses.replace(config, optimizer=optimizer)
-        episode_config = dataclasses.replace(episode_config, optimizer=optimizer)
-    agent = agent_from_checkpoint(state, device, source=source)
-    agent.policy.compile_forward(config.compile_settings)
-    makers: dict[str, Callable[[MorphogenesisEpisode], Controller]] = {
-        "learned": lambda episode: PolicyController(agent),
-        "heuristic": lambda episode: HeuristicController(episode.action_space, task.topology),
-        "no growth": lambda episode: NoGrowthController(),
-    }
+    setting = _setting(config, optimizer_table)
+    config, task = setting.config, setting.task
     with contextlib.ExitStack() as stack:
-        record = _open_record(config, session.task, resume, stack)
+        record = _open_record(config, setting.session.task, resume, stack)
         display = stack.enter_context(ProgressDisplay(out))
-        display.print(f"morphogen eval: {config.episodes} episodes of {episode_config.max_epochs} epochs on "
-                      f"{task.name} ({task.topology} host), policy {config.policy}")
+        display.print(f"morphogen eval: {config.episodes} episodes of {setting.episode.max_epochs} epochs on "
+                      f"{task.name} ({task.topology} host), policy {config.policy}"
+                      + (f", {config.jobs} processes" if config.jobs > 1 else ""))
         bar = display.add("episodes", config.episodes * len(CONTROLLERS))
         played = record.played
         if resume:
             display.print(f"resume: {len(played)} of {config.episodes * len(CONTROLLERS)} episodes played")
             display.advance(bar, len(played))
-        for index in range(len(played) // len(CONTROLLERS), config.episodes):
-            episode_seed = derive_seed(config.seed, EVALUATION_STREAM, index)
-            for position, name in enumerate(CONTROLLERS):
-                if index * len(CONTROLLERS) + position < len(played):
-                    continue  # played before the resume
-                episode = MorphogenesisEpisode(task, episode_config, seed=episode_seed, slots=session.slots,
-                                               pool_slots=session.pool_slots, telemetry=record.telemetry,
-                                               env_id=position * config.episodes + index)
-                episode.compile_settings = config.compile_settings
-                episode.reset()  # the heuristic reads the action space the model's slots make
-                outcome = run_episode(episode, makers[name](episode))
-                played.append(_Played(outcome.final_accuracy, outcome.final_loss, outcome.parameters,
-                                      outcome.host_parameters, episode.fossilized, episode.pruned))
-                record.save()
-                display.advance(bar, status=name)
-            line = "  ".join(f"{name} {_final(result, task.metric_name)}"
-                             for name, result in zip(CONTROLLERS, played[-len(CONTROLLERS):], strict=True))
-            display.print(f"episode {index + 1}/{config.episodes} (seed {episode_seed % 100_000}): {line}")
+        jobs = [(index, position) for index in range(config.episodes) for position in range(len(CONTROLLERS))]
+        jobs = jobs[len(played):]
+        for (index, position), (result, events) in zip(jobs, _played_in_order(setting, jobs, stack), strict=True):
+            for event in events:
+                record.telemetry.write(event)
+            played.append(result)
+            record.save()
+            display.advance(bar, status=CONTROLLERS[position])
+            if position == len(CONTROLLERS) - 1:
+                line = "  ".join(f"{name} {_final(result, task.metric_name)}"
+                                 for name, result in zip(CONTROLLERS, played[-len(CONTROLLERS):], strict=True))
+                seed = derive_seed(config.seed, EVALUATION_STREAM, index)
+                display.print(f"episode {index + 1}/{config.episodes} (seed {seed % 100_000}): {line}")
     scores = _scores({name: played[position::len(CONTROLLERS)] for position, name in enumerate(CONTROLLERS)})
     if task.metric_name == "accuracy":
         _print_table(scores, out)
@@ -276,13 +361,12 @@ class _Record:
     telemetry: Telemetry
 
     def save(self) -> None:
-        """Save what `eval --resume` goes on from: the episodes played, torch's global generator (dropout in a user's
-        model draws from it, across episodes) and the telemetry's escalation."""
+        """Save what `eval --resume` goes on from: the scores of the episodes played (each episode depends on nothing
+        played before it, `_play`)."""
         if self.run_dir is None:
             return
         events = self.run_dir / EVENTS_FILENAME if self.telemetry.configured_level != "off" else None
-        state = {"played": [list(result) for result in self.played], "torch_rng": torch.get_rng_state(),
-                 "telemetry": self.telemetry.state_dict()}
+        state = {"played": [list(result) for result in self.played]}
         write_resume_state(self.run_dir / EVAL_RESUME_FILENAME, state, kind="eval", config=self.config, events=events)
 
 
@@ -298,8 +382,7 @@ def _open_record(config: EvalConfig, task_name: str, resume: bool, stack: contex
     if resume:  # again, now that no other command can finish it
         resumable_eval_dir(config.run_dir)
         remove_stale_temporaries(run_dir)
-        state = read_resume_state(run_dir / EVAL_RESUME_FILENAME, kind="eval", config=text,
-                                  required=("played", "torch_rng", "telemetry"))
+        state = read_resume_state(run_dir / EVAL_RESUME_FILENAME, kind="eval", config=text, required=("played",))
         cut_events(run_dir / EVENTS_FILENAME, state)
     else:
         refuse_other_run(run_dir)  # again, now that no other command can start a run there
@@ -307,20 +390,15 @@ def _open_record(config: EvalConfig, task_name: str, resume: bool, stack: contex
     telemetry = stack.enter_context(Telemetry(run_dir, config=config.telemetry))
     if state is None:
         return _Record(run_dir, text, [], telemetry)
-    played = _saved_episodes(state, config.episodes, run_dir / EVAL_RESUME_FILENAME)
-    telemetry.load_state_dict(state["telemetry"])
-    torch.set_rng_state(state["torch_rng"])
-    return _Record(run_dir, text, played, telemetry)
+    return _Record(run_dir, text, _saved_episodes(state, config.episodes, run_dir / EVAL_RESUME_FILENAME), telemetry)
 
 
 def _saved_episodes(state: dict[str, Any], episodes: int, path: Path) -> list[_Played]:
     """The played episodes of a resume state, each checked to be of the right kinds; `CheckpointError` if not."""
-    saved, generator = state["played"], state["torch_rng"]
-    if not isinstance(saved, list) or len(saved) > episodes * len(CONTROLLERS) or not all(map(_is_played, saved)) \
-            or not (isinstance(generator, torch.Tensor) and generator.dtype == torch.uint8) \
-            or not isinstance(state["telemetry"], dict):
+    saved = state["played"]
+    if not isinstance(saved, list) or len(saved) > episodes * len(CONTROLLERS) or not all(map(_is_played, saved)):
         raise CheckpointError(f"{path} is not the resume state of a morphogen eval of {episodes} episodes: its "
-                              "episodes, generator or telemetry are of the wrong kind")
+                              "episodes are of the wrong kind")
     return [_Played(*entry) for entry in saved]
 
 
@@ -344,9 +422,10 @@ def resumable_eval_dir(run_dir: str) -> Path:
 
 
 def _config_text(config: EvalConfig) -> str:
-    """`config` as JSON text without where it runs (`run_dir`, `device`: a resumed evaluation may move)."""
+    """`config` as JSON text without where and how it runs (`run_dir`, `device`, `jobs`: a resumed evaluation may
+    move)."""
     values = config_to_dict(config)
-    for key in ("run_dir", "device"):
+    for key in ("run_dir", "device", "jobs"):
         values.pop(key, None)
     return json.dumps(values, sort_keys=True)
 

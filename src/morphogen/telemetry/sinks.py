@@ -196,8 +196,14 @@ class Telemetry:
         """Write `event` to every sink if its level is enabled; sink failures are logged, not raised."""
         if self._closed:
             raise RuntimeError(f"Telemetry was closed; cannot emit {event.kind} (emit before close())")
-        if not self.enabled(type(event)):
-            return
+        if self.enabled(type(event)):
+            self.write(event)
+
+    def write(self, event: Event) -> None:
+        """Write `event`, which another `Telemetry` already judged by its level (an episode's events kept until the
+        episode is over, `morphogen eval`), to every sink; sink failures are logged, not raised."""
+        if self._closed:
+            raise RuntimeError(f"Telemetry was closed; cannot write {event.kind} (write before close())")
         for index, sink in enumerate(self._sinks):
             try:
                 sink.write(event)
