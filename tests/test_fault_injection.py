@@ -36,7 +36,7 @@ ROUNDS = 3  # two env steps per round: steps 1-2 are round 1, 3-4 round 2, 5-6 r
 # point named by argv[1] the argv[2]-th time it is reached.
 CHILD = textwrap.dedent("""
     import os, signal, sys
-    import morphogen.control.checkpoint as checkpoint
+    import morphogen.control.integrity as integrity
     import morphogen.env.vector as vector
     import morphogen.run_directory as storage
     from morphogen.cli import main
@@ -56,16 +56,16 @@ CHILD = textwrap.dedent("""
             return real_step(self, actions)
         vector.VectorEpisodes.step = step
     elif point == "half-written":
-        real_write = checkpoint.write_atomic
+        real_write = integrity.write_atomic  # what checkpoints (and every checksummed file) are written with
         def write(path, data):
-            reached[0] += 1
+            reached[0] += str(path).endswith("checkpoint.pt")
             if reached[0] == count:
                 with storage.temporary_name(path).open("xb") as handle:
                     handle.write(data[: len(data) // 2])
                     handle.flush()
                 os.kill(os.getpid(), signal.SIGKILL)
             real_write(path, data)
-        checkpoint.write_atomic = write
+        integrity.write_atomic = write
     elif point == "before-rename":
         real_replace = storage.os.replace
         def replace(source, destination):

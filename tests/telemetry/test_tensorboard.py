@@ -19,7 +19,7 @@ from morphogen.telemetry.events import (
     StageTransition,
 )
 from morphogen.telemetry.sinks import Telemetry
-from morphogen.telemetry.tensorboard import TensorBoardSink, completed_epochs
+from morphogen.telemetry.tensorboard import TensorBoardSink, logged_steps
 
 
 def _epoch(epoch: int, accuracy: float, env_id: int = 0) -> EpochCompleted:
@@ -79,6 +79,29 @@ def test_steps_continue_after_a_resume(tmp_path: Path) -> None:
     assert steps == [1, 2, 3, 4, 5], "no step restarts at 1, so TensorBoard drops no point"
 
 
+def test_epochs_a_resume_replays_are_shown_once(tmp_path: Path) -> None:
+    """`run --resume` cuts events.jsonl back to its last saved epoch and replays the rest: TensorBoard must show the
+    replayed epochs' points, not those the killed run wrote past the cut, nor both."""
+    with Telemetry(tmp_path, config=TelemetryConfig(tensorboard=True)) as telemetry:
+        for epoch in (1, 2):
+            telemetry.emit(_epoch(epoch, 50.0 + epoch))
+            telemetry.emit(_ppo(epoch, 0.01))
+        saved = (tmp_path / "events.jsonl").stat().st_size  # the state saved after epoch 2
+        for epoch in (3, 4):  # played by the run that is killed
+            telemetry.emit(_epoch(epoch, 0.0))
+            telemetry.emit(_ppo(epoch, 9.0))
+    with (tmp_path / "events.jsonl").open("r+b") as events:
+        events.truncate(saved)
+    assert logged_steps(tmp_path / "events.jsonl").last_steps == {"env0": 2, "trainer": 2}
+    with Telemetry(tmp_path, config=TelemetryConfig(tensorboard=True)) as telemetry:  # --resume
+        for epoch in (3, 4):
+            telemetry.emit(_epoch(epoch, 70.0 + epoch))
+            telemetry.emit(_ppo(epoch, 0.02))
+    assert _scalars(tmp_path / "tb" / "env0")["episode/val_accuracy"] == [(1, 51.0), (2, 52.0), (3, 73.0), (4, 74.0)]
+    assert [(step, round(kl, 4)) for step, kl in _scalars(tmp_path / "tb" / "trainer")["ppo/approx_kl"]] == [
+        (1, 0.01), (2, 0.01), (3, 0.02), (4, 0.02)]
+
+
 def test_hub_adds_the_sink_when_configured(tmp_path: Path) -> None:
     with Telemetry(tmp_path, config=TelemetryConfig(tensorboard=True)) as telemetry:
         assert [type(sink).__name__ for sink in telemetry.sinks] == ["JsonLinesSink", "TensorBoardSink"]
@@ -102,7 +125,7 @@ def test_a_resume_counts_past_epochs_over_damaged_lines(tmp_path: Path) -> None:
     with (tmp_path / "events.jsonl").open("a") as events:
         events.write('{"event": "episode_completed", "env_id": "zero", "epoch": 2}\n[1, 2]\n{"episode_completed": \n'
                      '{"event": "episode_completed", "env_id": 0, "epoch": 1e999}\n' + "[" * 100_000 + "\n")
-    assert completed_epochs(tmp_path / "events.jsonl") == {0: 3}
+    assert logged_steps(tmp_path / "events.jsonl").epoch_offsets == {0: 3}
 
 
 def test_a_planted_tb_link_is_refused_before_anything_is_written(tmp_path: Path) -> None:

@@ -10,7 +10,9 @@ event is written at the env's cumulative epoch: its `epoch` plus the epochs of t
 episodes (counted from its `EpisodeCompleted` events), so curves keep growing across the episodes
 of a training run instead of restarting at 1. In a single `morphogen run` that is simply the epoch.
 When the sink opens a `tb` directory inside a run directory whose `events.jsonl` already holds
-episodes (a resumed training run), it counts them first, so the steps continue where they stopped.
+events (a resumed run), it counts them first, so the steps continue where they stopped, and opens each
+writer with `purge_step` at the step after the last one the events file holds: TensorBoard then hides the
+points an earlier file wrote from that step on (the epochs a kill cut short, which the resumed run replays).
 
 Needs the optional `tensorboard` package: `pip install 'morphogen[tensorboard]'`.
 """
@@ -19,7 +21,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, TypeGuard
+from typing import Any, NamedTuple, TypeGuard
 
 from morphogen.run_directory import EVENTS_FILENAME, MAX_LINE_BYTES, open_regular_file, own_directory, read_line
 from morphogen.telemetry.events import ALL_ENVS, EpisodeCompleted, Event
@@ -37,32 +39,54 @@ def env_run_name(env_id: int) -> str:
     return TRAINER_RUN if env_id == ALL_ENVS else f"env{env_id}"
 
 
-def completed_epochs(events_file: Path) -> dict[int, int]:
-    """Env id -> epochs of its episodes completed in `events_file` (JSON lines); {} when there is none.
+class LoggedSteps(NamedTuple):
+    """What a run directory's events file already holds, counted as the sink counts steps."""
 
-    Only `episode_completed` records are read; a last line still being written, and a damaged line
-    (the file may come from another machine), are skipped.
+    epoch_offsets: dict[int, int]
+    """Env id -> epochs of its completed episodes."""
+    last_steps: dict[str, int]
+    """TensorBoard run -> the last step an event of it was written at."""
+
+
+def logged_steps(events_file: Path) -> LoggedSteps:
+    """The steps the events in `events_file` (JSON lines) were written at; empty when there is none.
+
+    A last line still being written, and a damaged line (the file may come from another machine), are skipped.
     """
+    offsets: dict[int, int] = {}
+    last: dict[str, int] = {}
     try:
         handle = open_regular_file(events_file)
     except OSError:
-        return {}
-    offsets: dict[int, int] = {}
-    kind = f'"{EpisodeCompleted.kind}"'.encode()
+        return LoggedSteps(offsets, last)
     with handle:
         while (line := read_line(handle, MAX_LINE_BYTES)).complete:
-            if line.text is None or kind not in line.text:
-                continue
             try:
-                record = json.loads(line.text)
+                record = json.loads(line.text) if line.text is not None else None
             except (ValueError, RecursionError):
                 continue
-            if not isinstance(record, dict) or record.get("event") != EpisodeCompleted.kind:
+            written = _written_at(record, offsets)
+            if written is None:
                 continue
-            env_id, epoch = record.get("env_id"), record.get("epoch")
-            if _is_count(env_id) and _is_count(epoch):
-                offsets[env_id] = offsets.get(env_id, 0) + epoch
-    return offsets
+            env_id, step = written
+            run = env_run_name(env_id)
+            last[run] = max(last.get(run, 0), step)
+            if isinstance(record, dict) and record.get("event") == EpisodeCompleted.kind and env_id != ALL_ENVS:
+                offsets[env_id] = step  # the next episode's epochs continue from here
+    return LoggedSteps(offsets, last)
+
+
+def _written_at(record: object, offsets: dict[int, int]) -> tuple[int, int] | None:
+    """(env id, step) the sink writes the event `record` (a parsed JSON line) at; None for a record of no env or
+    step."""
+    if not isinstance(record, dict):
+        return None
+    env_id, epoch, round_number = record.get("env_id"), record.get("epoch"), record.get("round")
+    if not _is_count(env_id) and not (env_id == ALL_ENVS and isinstance(env_id, int) and not isinstance(env_id, bool)):
+        return None
+    if _is_count(round_number):
+        return env_id, round_number
+    return (env_id, offsets.get(env_id, 0) + epoch) if _is_count(epoch) else None
 
 
 def _is_count(value: object) -> TypeGuard[int]:
@@ -83,7 +107,11 @@ class TensorBoardSink:
         self.log_dir = own_directory(log_dir)  # never through a link planted in a copied run
         self._writer_class: Any = SummaryWriter
         self._writers: dict[str, Any] = {}
-        self._epoch_offsets = completed_epochs(self.log_dir.parent / EVENTS_FILENAME)
+        logged = logged_steps(self.log_dir.parent / EVENTS_FILENAME)
+        self._epoch_offsets = logged.epoch_offsets
+        # A resumed run replays from the step after the last one its (cut) events file holds: TensorBoard hides the
+        # points a run's earlier files hold from that step on, those of the epochs the kill cut short.
+        self._purge_steps = {run: step + 1 for run, step in logged.last_steps.items()}
 
     def step_of(self, event: Event) -> int:
         """The TensorBoard step `event` is written at."""
@@ -96,7 +124,8 @@ class TensorBoardSink:
         run = env_run_name(env_id)
         if run not in self._writers:
             directory = own_directory(self.log_dir / run)
-            self._writers[run] = self._writer_class(log_dir=str(directory), flush_secs=FLUSH_SECONDS)
+            self._writers[run] = self._writer_class(log_dir=str(directory), flush_secs=FLUSH_SECONDS,
+                                                    purge_step=self._purge_steps.get(run))
         return self._writers[run]
 
     def write(self, event: Event) -> None:
