@@ -17,6 +17,7 @@ import morphogen.commands.run as run_module
 from morphogen.cli import main
 from morphogen.commands.run import RunConfig, run_command
 from morphogen.config import build_config
+from morphogen.control.checkpoint import CheckpointError
 from morphogen.control.integrity import state_checksum
 from morphogen.model_file import read_model_file
 from morphogen.run_directory import (
@@ -120,8 +121,9 @@ def test_a_run_killed_anywhere_resumes_to_what_an_uninterrupted_run_writes(
     assert "is finished (summary.json is written); nothing to resume" in capsys.readouterr().err
 
 
-def test_grow_resumes_a_users_task_built_in_python(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                   capsys: pytest.CaptureFixture[str]) -> None:
+def python_task() -> tuple[morphogen.Task, Any, RunConfig]:
+    """A task built in Python (which halves of 8 numbers sum higher), a function building its MLP host, and the
+    run settings of this file."""
     generator = torch.Generator().manual_seed(0)
     x = torch.randn(256, 8, generator=generator)
     y = (x[:, :4].sum(1) > 0).long()
@@ -134,6 +136,12 @@ def test_grow_resumes_a_users_task_built_in_python(tmp_path: Path, monkeypatch: 
 
     settings = build_config(RunConfig, {key: value for key, value in SETTINGS.items() if key != "task"
                                         and key != "max_train_samples"})
+    return task, host, settings
+
+
+def test_grow_resumes_a_users_task_built_in_python(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    task, host, settings = python_task()
     whole = morphogen.grow(task, host, run_dir=str(tmp_path / "whole"), config=settings, out=io.StringIO())
     kill_after(monkeypatch, EPOCHS + 2)
     with pytest.raises(Killed):
@@ -149,6 +157,25 @@ def test_grow_resumes_a_users_task_built_in_python(tmp_path: Path, monkeypatch: 
     state = resumed.model.state_dict()
     for key, value in whole.model.state_dict().items():
         assert torch.equal(state[key], value) if isinstance(value, torch.Tensor) else state[key] == value, key
+
+
+def test_grow_acts_with_the_shipped_policy_and_resumes_only_with_it(tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """`grow(..., policy="default")` is `run --policy default` for a task built in Python."""
+    task, host, settings = python_task()
+    whole = morphogen.grow(task, host, run_dir=str(tmp_path / "whole"), config=settings, out=io.StringIO(),
+                           policy="default")
+    assert json.loads((tmp_path / "whole" / "summary.json").read_text())["controller"] == "policy"
+    kill_after(monkeypatch, 3)
+    with pytest.raises(Killed):
+        morphogen.grow(task, host, run_dir=str(tmp_path / "cut"), config=settings, out=io.StringIO(), policy="default")
+    monkeypatch.undo()
+    with pytest.raises(CheckpointError, match="resume it with the same --policy"):
+        morphogen.grow(task, host, run_dir=str(tmp_path / "cut"), config=settings, out=io.StringIO(), resume=True)
+    resumed = morphogen.grow(task, host, run_dir=str(tmp_path / "cut"), config=settings, out=io.StringIO(),
+                             resume=True, policy="default")
+    assert resumed.grown.final_loss == whole.grown.final_loss
+    assert [story.ending() for story in resumed.grown.stories] == [story.ending() for story in whole.grown.stories]
 
 
 def test_what_cannot_be_resumed_is_one_line_and_exit_2(uninterrupted: dict[str, Any], tmp_path: Path,
@@ -272,7 +299,8 @@ def test_a_run_of_the_learned_policy_resumes_with_the_same_policy(tmp_path: Path
         policy_run(tmp_path / "cut")
     monkeypatch.undo()
     assert main(["run", "--resume", str(tmp_path / "cut")]) == 2
-    assert "was played by the policy controller, not the heuristic: resume it with --policy" in capsys.readouterr().err
+    assert "was played by the policy controller, not the heuristic: resume it with the same --policy" in \
+        capsys.readouterr().err
     assert main(["run", "--resume", str(tmp_path / "cut"), "--policy", "default"]) == 0
     whole, resumed = (json.loads((tmp_path / name / "summary.json").read_text()) for name in ("whole", "cut"))
     assert resumed["controller"] == "policy"

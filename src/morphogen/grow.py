@@ -4,10 +4,10 @@
     host = morphogen.host_from_module(model, slots=["layer1", "layer2"], example_input=x[:2])
     result = morphogen.grow(task, host, epochs=20)
 
-It plays one growth episode with the heuristic controller, trains the same host without growth and the
-grown model's final architecture from scratch beside it (each can be turned off), prints the same lines
-and table as `morphogen run`, and writes the same run directory, so `morphogen report`, `runs` and
-`dashboard` read it.
+It plays one growth episode with the heuristic controller (or a learned policy: `policy="default"`), trains
+the same host without growth and the grown model's final architecture from scratch beside it (each can be
+turned off), prints the same lines and table as `morphogen run`, and writes the same run directory, so
+`morphogen report`, `runs` and `dashboard` read it.
 """
 
 from __future__ import annotations
@@ -27,7 +27,8 @@ from morphogen.task_import import is_import_path
 
 def grow(task: Task, host: object = None, *, epochs: int | None = None, seed: int = 0, baseline: bool = True,
          from_scratch: bool = True, device: str = "cpu", run_dir: str | None = None, runs_root: str = "runs",
-         config: RunConfig | None = None, out: TextIO | None = None, resume: bool = False) -> RunResult:
+         config: RunConfig | None = None, out: TextIO | None = None, resume: bool = False,
+         policy: str | None = None) -> RunResult:
     """Grow `host` (from `morphogen.host_from_module`, or a function of no arguments building one; default: the
     task's own) on `task` for `epochs` epochs (default: the config's, 30); returns the three outcomes, the grown
     model and the run directory.
@@ -42,6 +43,9 @@ def grow(task: Task, host: object = None, *, epochs: int | None = None, seed: in
 
     Each training saves where it stands after every epoch; `resume=True` goes on from there in `run_dir`, a run
     stopped before its summary, called with the same task, host and arguments as the run it continues.
+
+    `policy` grows with a learned growth policy instead of the heuristic, as `morphogen run --policy` does:
+    "default" (the policy shipped with morphogen) or the run directory of a `morphogen train`.
     """
     base = config or RunConfig()
     if epochs is not None:
@@ -56,7 +60,13 @@ def grow(task: Task, host: object = None, *, epochs: int | None = None, seed: in
     except ValueError as error:
         raise ConfigError(str(error)) from None
     with_host = task_with_host(task, host)
-    result = run_command(settings, task=with_host, out=out, resume=resume)
+    factory = None
+    if policy is not None:
+        from morphogen.commands.evaluate import policy_controller_factory  # loads the policy's modules only here
+        from morphogen.devices import resolve_device
+
+        factory = policy_controller_factory(policy, resolve_device(settings.device), settings.compile_settings)
+    result = run_command(settings, factory, task=with_host, out=out, resume=resume)
     if isinstance(with_host.host, SegmentedHost):
         # Each training ran on a copy of the host; the grown one's weights go back into it, and so into the user's
         # own modules, whose parameters a host from `host_from_module` shares.

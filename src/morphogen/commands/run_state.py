@@ -82,8 +82,8 @@ def load_training_state(directory: Path, *, config: str, controller: str) -> dic
     _check_kinds(state, path)
     if state["controller_name"] != controller:
         raise CheckpointError(f"{path} was played by the {state['controller_name']} controller, not the {controller}: "
-                              + ("resume it with --policy RUN" if state["controller_name"] == "policy" else
-                                 "resume it without --policy"))
+                              + ("resume it with the same --policy (grow: policy=...)" if state["controller_name"] ==
+                                 "policy" else "resume it without --policy (grow: without policy=...)"))
     return state
 
 
