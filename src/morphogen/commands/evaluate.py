@@ -234,27 +234,35 @@ def _setting(config: EvalConfig, optimizer_table: Mapping[str, Any] | None = Non
 
 
 class _EventList:
-    """A telemetry sink keeping an episode's events, written to the run's events file once the episode is over."""
+    """A telemetry sink keeping an episode's events, written to the run's events file once the episode is over
+    (an episode played in a worker process), or at once to `forward_to` (one played in this process: the live
+    dashboard sees it as it goes)."""
 
-    def __init__(self) -> None:
+    def __init__(self, forward_to: Telemetry | None = None) -> None:
         self.events: list[Event] = []
+        self.forward_to = forward_to
 
     def write(self, event: Event) -> None:
-        self.events.append(event)
+        if self.forward_to is not None:
+            self.forward_to.write(event)
+        else:
+            self.events.append(event)
 
     def close(self) -> None:
         """Nothing to close: the events stay for the caller."""
 
 
-def _play(setting: _Setting, index: int, position: int) -> tuple[_Played, list[Event]]:
-    """Episode `index` of controller `CONTROLLERS[position]`, and the events it emitted.
+def _play(setting: _Setting, index: int, position: int,
+          forward_to: Telemetry | None = None) -> tuple[_Played, list[Event]]:
+    """Episode `index` of controller `CONTROLLERS[position]`, and the events it emitted (none when they went to
+    `forward_to` as they came).
 
     An episode depends on nothing played before it, so that episodes can be played in any process and order:
     torch's global generator (dropout in a user's model draws from it) starts from the episode's seed, and the
     telemetry's escalation from the configured level."""
     config, name = setting.config, CONTROLLERS[position]
     seed = derive_seed(config.seed, EVALUATION_STREAM, index)
-    recorded = _EventList()
+    recorded = _EventList(forward_to)
     telemetry = Telemetry(None, config=dataclasses.replace(config.telemetry, tensorboard=False), sinks=[recorded]) \
         if config.run_dir is not None else Telemetry(None, level="off")
     with telemetry, seeded(seed, torch.device(resolve_device(config.device))):
@@ -288,12 +296,13 @@ def _play_in_worker(job: tuple[int, int]) -> tuple[_Played, list[Event]]:
     return _play(_worker_setting, *job)
 
 
-def _played_in_order(setting: _Setting, jobs: list[tuple[int, int]],
+def _played_in_order(setting: _Setting, jobs: list[tuple[int, int]], telemetry: Telemetry,
                      stack: contextlib.ExitStack) -> Iterator[tuple[_Played, list[Event]]]:
     """The outcome and events of each of `jobs` (episode index, controller position), in their order: played here
-    one after another, or by `config.jobs` worker processes."""
+    one after another (their events written to `telemetry` as they come, none returned), or by `config.jobs` worker
+    processes."""
     if setting.config.jobs == 1 or len(jobs) <= 1:
-        return (_play(setting, *job) for job in jobs)
+        return (_play(setting, *job, forward_to=telemetry) for job in jobs)
     # Spawned, not forked: a fork of a process whose torch threads already ran can deadlock in the child.
     pool = ProcessPoolExecutor(
         max_workers=min(setting.config.jobs, len(jobs)), mp_context=multiprocessing.get_context("spawn"),
@@ -326,7 +335,8 @@ def evaluate_command(config: EvalConfig, out: TextIO | None = None, *,
             display.advance(bar, len(played))
         jobs = [(index, position) for index in range(config.episodes) for position in range(len(CONTROLLERS))]
         jobs = jobs[len(played):]
-        for (index, position), (result, events) in zip(jobs, _played_in_order(setting, jobs, stack), strict=True):
+        outcomes = _played_in_order(setting, jobs, record.telemetry, stack)
+        for (index, position), (result, events) in zip(jobs, outcomes, strict=True):
             for event in events:
                 record.telemetry.write(event)
             played.append(result)
