@@ -23,7 +23,7 @@ from typing import Any, NamedTuple, TextIO
 import torch
 
 from morphogen.commands.run import write_resolved_config
-from morphogen.commands.run_state import cut_events, read_resume_state, remove_training_state, write_resume_state
+from morphogen.commands.run_state import cut_events, read_resume_state, remove_resume_state, write_resume_state
 from morphogen.config import build_config, config_to_dict
 from morphogen.control.checkpoint import CheckpointError, checkpoint_path, load_checkpoint
 from morphogen.control.controller import NoGrowthController
@@ -355,7 +355,7 @@ def evaluate_command(config: EvalConfig, out: TextIO | None = None, *,
     if record.run_dir is not None:
         table = [config_to_dict(score) for score in scores]
         write_atomic(record.run_dir / SCORES_FILENAME, (json.dumps(table, indent=2) + "\n").encode())
-        remove_training_state(record.run_dir, EVAL_RESUME_FILENAME)  # the evaluation is whole: nothing to resume
+        remove_resume_state(record.run_dir / EVAL_RESUME_FILENAME)  # the evaluation is whole: nothing to resume
         print(f"recorded in {record.run_dir}", file=out)
     return scores
 

@@ -17,7 +17,7 @@ from typing import Any, TextIO
 
 from rich.progress import TaskID
 
-from morphogen.commands.run_state import cut_events, load_training_state, remove_training_state, save_training_state
+from morphogen.commands.run_state import cut_events, load_training_state, remove_resume_state, save_training_state
 from morphogen.config import config_to_dict
 from morphogen.control.controller import NoGrowthController
 from morphogen.control.heuristic import HeuristicConfig, HeuristicController
@@ -38,6 +38,7 @@ from morphogen.run_directory import (
     EVENTS_FILENAME,
     FROM_SCRATCH_DIRNAME,
     MODEL_FILENAME,
+    RESUME_FILENAME,
     SUMMARY_FILENAME,
     RunDirectoryRefused,
     hold_run_directory,
@@ -390,7 +391,7 @@ def _play_and_write(config: RunConfig, task: Task, episode: MorphogenesisEpisode
     if from_scratch_model is not None:  # for `morphogen export --from-scratch`
         save_model_file(from_scratch_model, run_dir / FROM_SCRATCH_DIRNAME / MODEL_FILENAME)
     for directory in (run_dir, run_dir / BASELINE_DIRNAME, run_dir / FROM_SCRATCH_DIRNAME):
-        remove_training_state(directory)  # the run is whole: nothing is left to resume
+        remove_resume_state(directory / RESUME_FILENAME)  # the run is whole: nothing is left to resume
     return RunResult(grown, baseline, from_scratch, episode.model, run_dir, from_scratch_model)
 
 

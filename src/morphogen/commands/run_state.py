@@ -115,7 +115,7 @@ def cut_events(events: Path, state: dict[str, Any] | None) -> int:
     return size - saved
 
 
-def remove_training_state(directory: Path, name: str = RESUME_FILENAME) -> None:
-    """Remove `directory/name` (a finished run does not need its resume state); a missing one is fine."""
+def remove_resume_state(path: Path) -> None:
+    """Remove the resume state at `path` (a finished command does not need it); a missing one is fine."""
     with contextlib.suppress(FileNotFoundError):
-        os.unlink(directory / name)
+        os.unlink(path)
