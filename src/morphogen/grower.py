@@ -86,16 +86,16 @@ class Grower:
                  optimizer: torch.optim.Optimizer | None = None, controller: Controller | None = None,
                  episode: EpisodeConfig | None = None, heuristic: HeuristicConfig | None = None, seed: int = 0,
                  slots: list[str] | None = None, telemetry: Telemetry | None = None,
-                 validation_batch_size: int = 512) -> None:
+                 validation_batch_size: int = 512, target_key: str | None = None) -> None:
         """`host` comes from `morphogen.host_from_module` and stays yours (no copy); `validation` is what
-        `task_from_data` takes for a split. `optimizer` is the host's optimizer, given so that a rollback can
-        reset it; `controller` defaults to the heuristic with `heuristic` settings."""
+        `task_from_data` takes for a split (`target_key` as there). `optimizer` is the host's optimizer, given so
+        that a rollback can reset it; `controller` defaults to the heuristic with `heuristic` settings."""
         if not isinstance(host, SegmentedHost):
             raise TypeError(f"Grower needs a host from morphogen.host_from_module, got {type(host).__name__}")
         device = next(host.parameters()).device
         # The grower trains nothing itself: the episode reads only the validation split, so it doubles as train.
         task = task_from_data("own loop", validation, validation, loss=loss, metric=metric, metric_name=metric_name,
-                              num_classes=num_classes, device=device, host=lambda: host)
+                              num_classes=num_classes, device=device, host=lambda: host, target_key=target_key)
         config = dataclasses.replace(episode or EpisodeConfig(), max_epochs=epochs,
                                      validation_batch_size=validation_batch_size)
         self.episode = MorphogenesisEpisode(task_with_host(task), config, seed=seed, slots=slots,

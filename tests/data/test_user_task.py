@@ -68,7 +68,8 @@ def test_moving_a_task_to_a_device_moves_its_batches() -> None:
 
 @pytest.mark.parametrize(("train", "message"), [
     ([(torch.zeros(2, 3),)], "train batch 0: expected a pair (inputs, targets) of tensors, got a 1-item tuple"),
-    ([{"x": torch.zeros(2, 3)}], "train batch 0: expected a pair (inputs, targets) of tensors, got a dict"),
+    ([{"x": torch.zeros(2, 3)}], "train batch 0: a dict (keys 'x'); name its targets' entry with "
+                                 "task_from_data(..., target_key=...)"),
     ([(torch.zeros(2, 3), torch.zeros(3))], "train batch 0: (2, 3) inputs but (3,) targets"),
 ])
 def test_a_loader_yielding_the_wrong_thing_is_a_data_error_naming_the_batch(train: object, message: str) -> None:
@@ -76,6 +77,54 @@ def test_a_loader_yielding_the_wrong_thing_is_a_data_error_naming_the_batch(trai
     with pytest.raises(DataError) as caught:
         list(task.train.iterate_batches(4))
     assert str(caught.value).startswith(message)
+
+
+class Samples(torch.utils.data.Dataset[dict[str, torch.Tensor]]):
+    """Each sample one dict, its label among the inputs, as a Hugging Face dataset in torch format gives them."""
+
+    def __init__(self, count: int) -> None:
+        self.inputs, self.labels = pairs(count)
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
+        return {"x": self.inputs[index], "label": self.labels[index], "mask": self.inputs[index] > 2}
+
+
+@pytest.mark.parametrize("form", ["tensors", "dataset", "loader"])
+def test_dicts_holding_their_targets_give_the_inputs_by_name_and_the_targets(form: str) -> None:
+    inputs, labels = pairs()
+    split = {"tensors": {"x": inputs, "label": labels, "mask": inputs > 2}, "dataset": Samples(10),
+             "loader": DataLoader(Samples(10), batch_size=4)}[form]
+    task = task_from_data("dicts", split, split, target_key="label")
+    batches = list(task.validation.iterate_batches(4, shuffle=False))
+    assert [targets.tolist() for _, targets in batches] == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]]
+    first = batches[0][0]
+    assert isinstance(first, dict) and list(first) == ["x", "mask"]  # the model is called with x=..., mask=...
+    assert torch.equal(first["x"], inputs[:4]) and torch.equal(first["mask"], inputs[:4] > 2)
+
+
+@pytest.mark.parametrize(("split", "target_key", "message"), [
+    ({"x": torch.zeros(3, 2), "y": torch.zeros(3)}, None, "train: a dict (keys 'x', 'y'); name its targets' entry "
+                                                          "with task_from_data(..., target_key=...)"),
+    ({"x": torch.zeros(3, 2), "y": torch.zeros(3)}, "label", "train: no 'label' entry for the targets (keys 'x', 'y')"),
+    ({"x": torch.zeros(3, 2), "text": ["a", "b", "c"], "y": torch.zeros(3)}, "y",
+     "train: its inputs are a dict of Tensor, list: every input must be a tensor"),
+    ({"x": torch.zeros(3, 2), "y": [0, 1, 2]}, "y", "train: its 'y' entry is a list, not a tensor"),
+    (pairs(), "", "target_key must be the name of the targets' entry in a dict batch, got ''"),
+])
+def test_a_dict_split_that_cannot_work_is_one_data_error(split: object, target_key: str | None, message: str) -> None:
+    with pytest.raises(DataError) as caught:
+        task_from_data("dicts", split, pairs(4), target_key=target_key)
+    assert str(caught.value) == message
+
+
+def test_a_loader_of_dicts_without_the_target_key_is_a_data_error_naming_the_batch() -> None:
+    task = task_from_data("dicts", DataLoader(Samples(10), batch_size=4), pairs(4), target_key="labels")
+    with pytest.raises(DataError, match=r"^train batch 0: no 'labels' entry for the targets \(keys 'x', 'label', "
+                                        r"'mask'\)$"):
+        next(iter(task.train.iterate_batches(4)))
 
 
 @pytest.mark.parametrize(("arguments", "message"), [

@@ -98,15 +98,20 @@ class MaskedMLP(nn.Module):
 
 def test_a_model_of_two_inputs_trains_in_an_own_loop_and_is_charged_the_flops_of_its_layers() -> None:
     """Batches of `(x, mask)` go through `training_step` as the model takes them; the episode charges them what the
-    same layers cost on one tensor (the mask's product is element-wise: FlopCounterMode counts none)."""
+    same layers cost on one tensor (the mask's product is element-wise: FlopCounterMode counts none). Validation
+    given as one dict with its labels (`target_key`) calls the model by name."""
     (train, targets), validation = blobs(192, 0), blobs(96, 1)
     layers = mlp()
     accounts, scores = [], []
-    for network, slots, wrap in ((copy.deepcopy(layers), ["1", "3"], lambda x: x),
-                                 (MaskedMLP(copy.deepcopy(layers)), ["layers.1", "layers.3"],
-                                  lambda x: (x, torch.ones_like(x)))):
+    for network, slots, wrap, target_key in (
+            (copy.deepcopy(layers), ["1", "3"], lambda x: x, None),
+            (MaskedMLP(copy.deepcopy(layers)), ["layers.1", "layers.3"], lambda x: (x, torch.ones_like(x)), None),
+            (MaskedMLP(copy.deepcopy(layers)), ["layers.1", "layers.3"],
+             lambda x: {"mask": torch.ones_like(x), "x": x}, "label")):
         host = morphogen.host_from_module(network, slots, example_input=wrap(train[:2]))
-        grower = Grower(host, (wrap(validation[0]), validation[1]), epochs=2, controller=NoGrowthController())
+        split = ({**wrap(validation[0]), "label": validation[1]} if target_key  # type: ignore[dict-item]
+                 else (wrap(validation[0]), validation[1]))
+        grower = Grower(host, split, epochs=2, controller=NoGrowthController(), target_key=target_key)
         optimizer = torch.optim.SGD(grower.model.host_parameters(), lr=0.1)
         for _ in range(2):
             for start in range(0, 192, 32):
@@ -117,8 +122,8 @@ def test_a_model_of_two_inputs_trains_in_an_own_loop_and_is_charged_the_flops_of
             report = grower.end_epoch()
         accounts.append(grower.episode.compute.as_dict())
         scores.append(report.score)
-    assert accounts[1] == accounts[0] and accounts[1]["training"] > 0 and accounts[1]["validation"] > 0
-    assert scores[1] == scores[0]  # the same layers from the same seed, on inputs masked by ones
+    assert accounts[2] == accounts[1] == accounts[0] and accounts[1]["training"] > 0 and accounts[1]["validation"] > 0
+    assert scores[2] == scores[1] == scores[0]  # the same layers from the same seed, on inputs masked by ones
 
 
 def test_inputs_that_are_not_tensors_are_one_clear_error_at_the_first_step() -> None:

@@ -8,13 +8,15 @@
   used as it is, its own batch size and order, streamed batch by batch (nothing forces it into memory).
 Batches of the last two are moved to the task's device as they come. The inputs of a model of several inputs
 are a tuple (its positional arguments) or a dict (by name) of tensors (`morphogen.inputs`), in every form above.
-A batch that is not a pair (inputs, targets) with as many targets as inputs is a `DataError` naming the split.
+With `target_key`, a split or batch may instead be one dict of tensors (as a Hugging Face dataset in torch
+format gives them): the entry under that key is the targets, the others the model's inputs by name.
+A batch that is neither with as many targets as inputs is a `DataError` naming the split.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any, cast
 
 import torch
@@ -37,8 +39,9 @@ LossFunction = Callable[[Tensor, Tensor], Tensor]
 class StreamedBatches:
     """Batches from a user's `Dataset` or loader, moved to `device` one at a time."""
 
-    def __init__(self, data: Dataset[Any] | Iterable[Any], device: torch.device, split: str) -> None:
-        self.data, self.split = data, split
+    def __init__(self, data: Dataset[Any] | Iterable[Any], device: torch.device, split: str,
+                 target_key: str | None = None) -> None:
+        self.data, self.split, self.target_key = data, split, target_key
         self._device = device
 
     @property
@@ -82,6 +85,8 @@ class StreamedBatches:
             yield inputs, targets
 
     def _checked(self, batch: object, index: int) -> tuple[Inputs, Tensor]:
+        if isinstance(batch, Mapping):
+            batch = split_targets(batch, self.target_key, f"{self.split} batch {index}")
         if not isinstance(batch, (tuple, list)) or len(batch) != 2 or not isinstance(batch[1], Tensor):
             kind = (f"{len(batch)}-item {type(batch).__name__}" if isinstance(batch, (tuple, list))
                     else type(batch).__name__)
@@ -100,7 +105,8 @@ class StreamedBatches:
 def task_from_data(name: str, train: object, validation: object, *, loss: LossFunction | None = None,
                    metric: LossFunction | None = None, metric_name: str | None = None,
                    num_classes: int | None = None, batch_size: int = DEFAULT_BATCH_SIZE, host: object = None,
-                   device: str | torch.device = "cpu", augment: Augmentation | None = None) -> Task:
+                   device: str | torch.device = "cpu", augment: Augmentation | None = None,
+                   target_key: str | None = None) -> Task:
     """A task from your own data (see the module docstring for what `train` and `validation` may be).
 
     `loss(outputs, targets)` returns the batch's mean loss (default: cross-entropy); `metric(outputs, targets)`
@@ -108,12 +114,13 @@ def task_from_data(name: str, train: object, validation: object, *, loss: LossFu
     negative loss). With neither given the gates judge seeds by the validation cross-entropy (nats); with
     either, by the score in its own units (`GateConfig.criterion` chooses otherwise).
     `host` is the model to grow (`morphogen.host_from_module`), or a function of no arguments that builds it;
-    it can also be given to `morphogen.grow`. Raises `DataError` for what cannot work.
+    it can also be given to `morphogen.grow`. `target_key` names the targets' entry where a split or its batches
+    are dicts of tensors. Raises `DataError` for what cannot work.
     """
-    _check_task_arguments(name, batch_size, num_classes, loss, metric)
+    _check_task_arguments(name, batch_size, num_classes, loss, metric, target_key)
     target = torch.device(device)
-    train_source = _source(train, target, "train")
-    validation_source = _source(validation, target, "validation")
+    train_source = _source(train, target, "train", target_key)
+    validation_source = _source(validation, target, "validation", target_key)
     custom = loss is not None or metric is not None
     return Task(
         name=name.strip(), topology=_topology_of(host), host_kwargs={}, train=train_source,
@@ -125,7 +132,7 @@ def task_from_data(name: str, train: object, validation: object, *, loss: LossFu
 
 
 def _check_task_arguments(name: object, batch_size: object, num_classes: object, loss: object,
-                          metric: object) -> None:
+                          metric: object, target_key: object) -> None:
     """Raise `DataError` naming the first argument of `task_from_data` that cannot work."""
     if not isinstance(name, str) or not name.strip() or len(name) > 100:
         raise DataError(f"task name must be a non-empty string of at most 100 characters, got {name!r}")
@@ -137,15 +144,34 @@ def _check_task_arguments(name: object, batch_size: object, num_classes: object,
         if function is not None and not callable(function):
             raise DataError(f"{what} must be a function (outputs, targets) -> scalar tensor, "
                             f"got {type(function).__name__}")
+    if target_key is not None and (not isinstance(target_key, str) or not target_key):
+        raise DataError(f"target_key must be the name of the targets' entry in a dict batch, got {target_key!r}")
+
+
+def split_targets(batch: Mapping[Any, Any], target_key: str | None, where: str) -> tuple[object, object]:
+    """A dict batch or split as (inputs by name, targets): its `target_key` entry is the targets."""
+    keys = ", ".join(map(repr, list(batch)[:8]))
+    if target_key is None:
+        raise DataError(f"{where}: a dict (keys {keys}); name its targets' entry with task_from_data(..., "
+                        "target_key=...)")
+    if target_key not in batch:
+        raise DataError(f"{where}: no {target_key!r} entry for the targets (keys {keys})")
+    return {key: value for key, value in batch.items() if key != target_key}, batch[target_key]
 
 
 def _is_positive_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 1
 
 
-def _source(data: object, device: torch.device, split: str) -> BatchSource:
+def _source(data: object, device: torch.device, split: str, target_key: str | None) -> BatchSource:
     if isinstance(data, DeviceDataset):
         return data.to(device)
+    if isinstance(data, Mapping):
+        data = split_targets(data, target_key, split)
+        problem = inputs_problem(data[0])
+        if problem is not None or not isinstance(data[1], Tensor):
+            raise DataError(f"{split}: its inputs are {problem}" if problem else
+                            f"{split}: its {target_key!r} entry is a {type(data[1]).__name__}, not a tensor")
     if isinstance(data, (tuple, list)) and len(data) == 2 and isinstance(data[1], Tensor) and (
             isinstance(data[0], Tensor) or inputs_problem(data[0]) is None):
         try:
@@ -153,7 +179,7 @@ def _source(data: object, device: torch.device, split: str) -> BatchSource:
         except (TypeError, ValueError) as error:
             raise DataError(f"{split}: {error}") from None
     if isinstance(data, Dataset) or (isinstance(data, Iterable) and not isinstance(data, (str, bytes, Tensor))):
-        return StreamedBatches(data, device, split)
+        return StreamedBatches(data, device, split, target_key)
     raise DataError(f"{split}: expected (inputs, targets) tensors, a Dataset or a DataLoader, "
                     f"got {type(data).__name__}")
 
@@ -181,5 +207,5 @@ def source_on_device(source: BatchSource, device: torch.device) -> BatchSource:
     if isinstance(source, DeviceDataset):
         return source.to(device)
     if isinstance(source, StreamedBatches):
-        return StreamedBatches(source.data, device, source.split)
+        return StreamedBatches(source.data, device, source.split, source.target_key)
     return source
