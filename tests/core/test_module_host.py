@@ -123,6 +123,14 @@ def test_what_cannot_work_is_one_clear_error_naming_the_submodule(model: nn.Modu
     assert "\n" not in str(caught.value)
 
 
+def test_one_slot_may_be_named_by_a_string_not_split_into_its_characters() -> None:
+    model = mlp()
+    x = torch.randn(2, 12)
+    assert host_from_module(model, "1", example_input=x).slot_ids == host_from_module(model, ["1"], x).slot_ids
+    with pytest.raises(HostBuildError, match="no submodule named 'layer'"):
+        host_from_module(model, "layer", example_input=x)
+
+
 class _LogitsAndFeatures(nn.Module):
     """A model that returns its features beside its class scores, as a tuple, a dict or an object of outputs."""
 

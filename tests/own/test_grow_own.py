@@ -111,6 +111,20 @@ def test_dense_outputs_under_the_default_loss_say_which_loss_to_pass(tmp_path: P
     assert grown_seeds(result)
 
 
+@pytest.mark.parametrize(("host", "message"), [
+    (torch.nn.Sequential(torch.nn.Linear(4, 2)), "task 'plain': its host is a Sequential, not a host; pass "
+                                                   "morphogen.host_from_module(model, slots=..., example_input=...)"),
+    (lambda: torch.nn.Linear(4, 2), "task 'plain': its host function returned a Linear, not a host; return "
+                                    "morphogen.host_from_module(model, slots=..., example_input=...)"),
+])
+def test_a_model_given_as_it_is_says_how_to_make_it_a_host(host: object, message: str, tmp_path: Path) -> None:
+    data = (torch.randn(8, 4), torch.arange(8) % 2)
+    task = morphogen.task_from_data("plain", data, data)
+    with pytest.raises(morphogen.DataError) as caught:
+        morphogen.grow(task, host, run_dir=str(tmp_path / "run"), config=eager_config(epochs=2), out=io.StringIO())
+    assert str(caught.value) == message
+
+
 def test_the_users_metric_names_the_score(tmp_path: Path) -> None:
     out = io.StringIO()
     result = morphogen.grow(user_tasks.mlp_regression(), run_dir=str(tmp_path / "run"), out=out,

@@ -80,7 +80,8 @@ def slot_id_for(name: str) -> str:
 
 def host_from_module(model: nn.Module, slots: Sequence[str], example_input: Inputs, *,
                      topology: str | None = None, output: int | str | None = None) -> ModuleHost:
-    """Make `model` a host with a slot after each submodule named in `slots` (qualified names, any order).
+    """Make `model` a host with a slot after each submodule named in `slots` (qualified names, any order; one name
+    may be given as a string).
 
     `example_input` is a small batch of real inputs (two samples suffice), given as the model takes them: a
     tensor, a tuple of tensors (positional arguments) or a dict of tensors (arguments by name); forward
@@ -140,6 +141,7 @@ def _checked_arguments(model: nn.Module, slots: Sequence[str], example_input: In
     if problem is not None:
         raise HostBuildError("example_input must be a batch of the model's inputs (a tensor, or a tuple or dict of "
                              f"tensors, each with a leading sample dimension); got {problem}")
+    slots = [slots] if isinstance(slots, str) else slots  # one name given as a string, not its characters
     names = list(dict.fromkeys(slots))
     if slots_needed and (not names or len(names) != len(slots)):
         raise HostBuildError(f"slots must name one or more distinct submodules, got {list(slots)}")

@@ -125,10 +125,13 @@ def task_host(task: Task, device: torch.device | str, *, pool_slots: bool = Fals
         if task.topology in ("cnn", "cnn1d") and pool_slots:
             host_kwargs["pool_slots"] = True
         return build_host(task.topology, device=device, **host_kwargs)
-    built = copy.deepcopy(task.host) if isinstance(task.host, torch.nn.Module) else task.host()
+    given = isinstance(task.host, torch.nn.Module)
+    built = copy.deepcopy(task.host) if given else task.host()
     if not isinstance(built, SegmentedHost):
-        raise DataError(f"task {task.name!r}: its host function returned a {type(built).__name__}; return "
-                        "morphogen.host_from_module(model, slots=..., example_input=...)")
+        what = "host is" if given else "host function returned"
+        raise DataError(f"task {task.name!r}: its {what} a {type(built).__name__}, not a host; "
+                        f"{'pass' if given else 'return'} morphogen.host_from_module(model, slots=..., "
+                        "example_input=...)")
     return built.to(device)
 
 
