@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import json
+
 from morphogen.cli import main
+from morphogen.telemetry.events import ActionTaken, EpochCompleted, SlotState
 
 
 def test_report_of_a_run_shows_epochs_seeds_and_the_comparison(tmp_path, capsys):
@@ -90,3 +93,20 @@ def test_the_score_a_summary_names_is_read_with_bounds() -> None:
     assert ScoreKind("accuracy", "loss").contribution(story) == "+0.0200 nats"
     assert ScoreKind("negative loss", "relative_loss").contribution(story) == "+4.00% of loss"
     assert ScoreKind("R2", "relative_loss").format(0.98765) == "0.9877" and ScoreKind().format(97.5) == "97.50%"
+
+
+def test_a_refused_action_shows_the_gates_words_and_a_reasonless_one_still_reads_refused(tmp_path, capsys):
+    slots = (SlotState("r0c1", "TRAINING", "wider", 0.0),)
+    events = [
+        ActionTaken(22, 0, "ADVANCE", "r0c1", None, False, "blended in, the seed would add +0.0023 nats < 0.005"),
+        EpochCompleted(22, 0, 0.3, 0.29, 91.8, 1594, slots, "ADVANCE r0c1", False),
+        EpochCompleted(23, 0, 0.3, 0.28, 92.4, 1594, slots, "ADVANCE r0c1", False),  # its reason was not recorded
+        ActionTaken(24, 0, "PRUNE", "r0c1", None, True, "pruned r0c1"),
+        EpochCompleted(24, 0, 0.3, 0.28, 92.6, 1594, slots, "PRUNE r0c1", True),
+    ]
+    lines = [json.dumps({"time": 1.0 + index, **event.to_dict()}) for index, event in enumerate(events)]
+    (tmp_path / "events.jsonl").write_text("\n".join(lines) + "\n")
+    assert main(["report", str(tmp_path)]) == 0
+    rows = [line for line in capsys.readouterr().out.splitlines() if "r0c1" in line]
+    assert rows[0].endswith("ADVANCE r0c1  (refused: blended in, the seed would add +0.0023 nats < 0.005)")
+    assert rows[1].endswith("ADVANCE r0c1  (refused)") and rows[2].endswith("PRUNE r0c1")

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from morphogen.telemetry.events import (
     ALL_ENVS,
+    ActionTaken,
     AnomalyDetected,
     EpisodeCompleted,
     EpochCompleted,
@@ -39,13 +40,29 @@ from morphogen.ui.units import format_flops, format_loss
 __all__ = ["RunDirectoryError", "render_report"]
 
 
-def _epoch_rows(epochs: Sequence[tuple[int, EpochCompleted]], with_round: bool, score: ScoreKind) -> list[str]:
+#: Columns of a refused action's reason in the epoch table.
+_REASON_WIDTH = 90
+
+#: Where an action was taken: (round, env, epoch).
+_Step = tuple[int, int, int]
+
+
+def _refusal_reasons(history: Sequence[Event]) -> dict[_Step, str]:
+    """Why each refused action was refused (the gate's or the mask's words), by where it was taken."""
+    return {(round_number, event.env_id, event.epoch): event.reason for round_number, event in
+            round_of_events(history) if isinstance(event, ActionTaken) and not event.succeeded and event.reason}
+
+
+def _epoch_rows(epochs: Sequence[tuple[int, EpochCompleted]], with_round: bool, score: ScoreKind,
+                reasons: dict[_Step, str]) -> list[str]:
     round_header = f"{'round':>5}  " if with_round else ""
     shows_score = score.name != NEGATIVE_LOSS  # a negated loss: the loss column says it
     title = f"{cut(f'val {score.label}', 10):>10}  " if shows_score else ""
     lines = [f"  {round_header}{'env':>3}  {'epoch':>5}  {title}{'val loss':>10}  {'params':>9}  action"]
     for round_number, e in epochs:
-        outcome = "" if e.action_succeeded else "  (refused)"
+        reason = reasons.get((round_number, e.env_id, e.epoch))
+        outcome = "" if e.action_succeeded else f"  (refused: {cut(reason, _REASON_WIDTH)})" if reason else \
+            "  (refused)"
         round_cell = f"{round_number:>5}  " if with_round else ""
         score_cell = f"{score.format(e.val_accuracy):>10}  " if shows_score else ""
         lines.append(f"  {round_cell}{e.env_id:>3}  {e.epoch:>5}  {score_cell}{format_loss(e.val_loss):>10}  "
@@ -58,8 +75,9 @@ def _episode_section(history: Sequence[Event], training: bool, score: ScoreKind)
     epochs = [(r, e) for r, e in round_of_events(history) if isinstance(e, EpochCompleted)]
     if not epochs:
         return []
+    reasons = _refusal_reasons(history)
     if not training:
-        return ["epochs (env 0):", *_epoch_rows([(r, e) for r, e in epochs if e.env_id == 0], False, score)]
+        return ["epochs (env 0):", *_epoch_rows([(r, e) for r, e in epochs if e.env_id == 0], False, score, reasons)]
     lines = ["episodes:", f"  {'round':>5}  {'env':>3}  {'final acc':>9}  {'params':>9}  {'added':>8}  "
              f"{'fossilized':>10}  {'pruned':>6}  {'return':>8}"]
     for round_number, e in round_of_events(history):
@@ -69,7 +87,7 @@ def _episode_section(history: Sequence[Event], training: bool, score: ScoreKind)
                          f"{e.episode_return:>+8.3f}")
     last = max(r for r, _ in epochs)
     return [*lines, "", f"epochs of round {last} (env 0):",
-            *_epoch_rows([(r, e) for r, e in epochs if r == last and e.env_id == 0], True, score)]
+            *_epoch_rows([(r, e) for r, e in epochs if r == last and e.env_id == 0], True, score, reasons)]
 
 
 def _seed_section(history: Sequence[Event], training: bool, score: ScoreKind) -> list[str]:
