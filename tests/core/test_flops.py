@@ -37,6 +37,21 @@ def test_a_plain_host_costs_what_a_hand_count_of_its_conv_and_linear_layers_says
     assert (validation.main, validation.counterfactual) == (convolution + linear, 0)
 
 
+@pytest.mark.parametrize("parametrize", [nn.utils.parametrizations.weight_norm,
+                                         nn.utils.parametrizations.spectral_norm])
+def test_a_parametrized_layer_costs_what_the_plain_layer_costs(parametrize: object) -> None:
+    """A parametrization passes parameters to a module of its own: counting validation must not trip on it (it
+    did under inference_mode, where FlopCounterMode's module hooks fail on an input that requires grad)."""
+    spec = InputSpec.tensor((BATCH, IN_CHANNELS, SIDE, SIDE))
+    plain, parametrized = conv_linear_model(), conv_linear_model()
+    parametrize(parametrized.host.segments[0][0])  # type: ignore[operator]  # registers it on the conv itself
+    assert not hasattr(plain.host.segments[0][0], "parametrizations")
+    for kind in ("training_step", "validation_batch"):
+        counts = [getattr(FlopCounter(), kind)(model, *([[[0.0]]] if kind == "validation_batch" else []), spec)
+                  for model in (plain, parametrized)]
+        assert counts[0].main == counts[1].main > 0
+
+
 def test_a_training_seed_is_charged_to_the_shadow_and_its_counterfactual_to_validation() -> None:
     model = MorphogeneticModel(CNNHost(10, 1, n_blocks=2, base_channels=4))
     spec = InputSpec.tensor((8, 1, 8, 8))

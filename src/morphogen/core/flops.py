@@ -141,9 +141,9 @@ def _host_alone(model: MorphogeneticModel, x: Inputs) -> None:
     model.host(x)
 
 
-@torch.inference_mode()
+@torch.no_grad()  # not inference_mode: FlopCounterMode's module hooks fail there on a parameter passed to a module,
 def _validation_batch(model: MorphogeneticModel, x: Inputs, alphas: Sequence[Sequence[float]]) -> None:
-    model.counterfactual_forward(x, alphas)
+    model.counterfactual_forward(x, alphas)  # as in a parametrization (weight_norm, spectral_norm); same count
 
 
 class FlopCounter:
