@@ -3,15 +3,22 @@ to the episode's FLOPs, invisible to the training; a widening seed trains with a
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
+from torch import nn
 
+from morphogen import MorphogeneticModel, host_from_module
 from morphogen.control.controller import NoGrowthController
 from morphogen.control.heuristic import HeuristicController
+from morphogen.core.flops import FlopCounter
 from morphogen.core.lifecycle import Stage
 from morphogen.data import Task, load_task
 from morphogen.env.actions import Action, Op
 from morphogen.env.episode import EpisodeConfig, MorphogenesisEpisode
+from morphogen.env.evaluation import Objective, task_loss
+from morphogen.env.growth_signals import measure_growth
 from morphogen.env.play import run_episode
 
 
@@ -57,3 +64,25 @@ def test_a_widening_seed_gets_a_fresh_optimizer_of_its_own(digits: Task) -> None
     assert {id(p) for p in owned} == {id(p) for p in slot.seed_parameters()}
     assert not host_parameters & {id(p) for p in owned}
     assert all(optimizer.state[p]["momentum_buffer"] is not None for p in owned)  # it stepped, from nothing
+
+
+def test_a_frozen_part_of_a_users_model_reads_the_same_signals_and_is_charged_its_probe() -> None:
+    """Where nothing before a slot learns (a frozen backbone), its activation does not require grad; the probe
+    still measures the gradient there, the same as with the backbone learning, and FLOP counting still runs."""
+    torch.manual_seed(0)
+    network = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), nn.Conv2d(8, 8, 3, padding=1), nn.ReLU(),
+                            nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(8, 4))
+    x, targets = torch.randn(6, 3, 8, 8), torch.arange(6) % 4
+    objective = Objective(task_loss, None, custom=False)
+    measured = []
+    for frozen in (False, True):
+        model = MorphogeneticModel(host_from_module(copy.deepcopy(network), ["1", "3"], example_input=x[:2]))
+        for parameter in model.host.segments[0].parameters():
+            parameter.requires_grad_(not frozen)
+        signals, probe_flops = measure_growth(model, (x, targets), objective, FlopCounter(), ["wider"])
+        measured.append(({slot: (s.depth, s.width) for slot, s in signals.items()}, probe_flops))
+    (learning, learning_flops), (frozen_signals, frozen_flops) = measured
+    assert frozen_signals.keys() == learning.keys() == {"1", "3"} and frozen_flops == learning_flops > 0
+    for slot, (depth, width) in learning.items():
+        assert frozen_signals[slot][0] == pytest.approx(depth) and depth > 0
+        assert frozen_signals[slot][1] == (None if width is None else pytest.approx(width))

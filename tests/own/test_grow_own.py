@@ -125,6 +125,25 @@ def test_a_model_given_as_it_is_says_how_to_make_it_a_host(host: object, message
     assert str(caught.value) == message
 
 
+def test_a_frozen_backbone_stays_frozen_while_seeds_grow_behind_and_beside_it(tmp_path: Path) -> None:
+    images, labels = quadrant_images(96, 0)
+    net = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.ReLU(), torch.nn.Conv2d(8, 8, 3, padding=1),
+                              torch.nn.ReLU(), torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(), torch.nn.Linear(8, 4))
+    for parameter in net[0].parameters():
+        parameter.requires_grad_(False)  # a pretrained part the user does not train
+    frozen, learning = [p.clone() for p in net[0].parameters()], net[2].weight.clone()
+    host = morphogen.host_from_module(net, ["1", "3"], example_input=images[:2])
+    task = morphogen.task_from_data("frozen", (images[:64], labels[:64]), (images[64:], labels[64:]))
+    config = eager_config(epochs=4)  # the first seed chosen by growth signal, not the branch of a user's model
+    config = dataclasses.replace(config, heuristic=dataclasses.replace(config.heuristic, first_seed=""))
+    result = morphogen.grow(task, host, run_dir=str(tmp_path / "run"), config=config, out=io.StringIO())
+    assert grown_seeds(result) and result.grown.flops.probe > 0  # the signals were measured behind the backbone
+    # `net` holds the grown model's host weights: the frozen layer as it was, the next one trained.
+    assert all(torch.equal(before, after) for before, after in zip(frozen, net[0].parameters(), strict=True))
+    assert not any(parameter.requires_grad for parameter in net[0].parameters())
+    assert not torch.equal(learning, net[2].weight)
+
+
 def test_the_users_metric_names_the_score(tmp_path: Path) -> None:
     out = io.StringIO()
     result = morphogen.grow(user_tasks.mlp_regression(), run_dir=str(tmp_path / "run"), out=out,

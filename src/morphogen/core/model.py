@@ -65,6 +65,12 @@ class GrowthSignal(NamedTuple):
     """At the consumer's output, where a widening seed adds its channels' contribution (None: no width site)."""
 
 
+def _differentiable(h: Tensor) -> Tensor:
+    """`h`, made to require grad where nothing before it learns (a frozen part of a user's model) by adding a zero
+    that does: the loss's gradient at `h` is the same. Not a leaf copy, which FLOP counting's module hooks refuse."""
+    return h if h.requires_grad else h + torch.zeros((), dtype=h.dtype, device=h.device, requires_grad=True)
+
+
 def _signal(activation: Tensor, gradient: Tensor | None, batch: int) -> Tensor:
     """sqrt(mean ||dl/da||^2 * mean ||a||^2) over the samples, from the gradient of the batch's mean loss."""
     if gradient is None:  # the loss does not depend on this activation
@@ -535,13 +541,14 @@ class MorphogeneticModel(nn.Module):
 
         def at_slot(position: int, slot: SeedSlot, h: Tensor) -> Tensor:
             if position in empty:  # at the consumer's output for a slot with a width site, else at the slot
+                h = _differentiable(h)
                 (width if position in probed else depth)[position] = h
             output: Tensor = slot(h)
             return output
 
         def at_point(position: int, slot: SeedSlot, h: Tensor) -> Tensor:  # a widening seed's or empty slot's point
             if position in probed:
-                depth[position] = h
+                h = depth[position] = _differentiable(h)
             return h
 
         try:
