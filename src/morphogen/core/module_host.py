@@ -617,8 +617,8 @@ def _check_nothing_flows_past(name: str, cut: fx.Node, nodes: list[fx.Node], pos
     if crossing:
         flowing = ", ".join(node.name for node in crossing)
         raise HostBuildError(f"slot after {name!r}: it sits inside a branch: {flowing} "
-                             "also reach the code after it (a residual connection?); put the slot after the "
-                             "enclosing block")
+                             "also reach the code after it (a residual connection, or a U-Net's skip); put the slot "
+                             "after the block that joins them (morphogen.slot_points lists where slots can go)")
 
 
 #: Tensor methods and attributes that read a tensor's size, not its values.
