@@ -140,3 +140,29 @@ def test_bad_arguments_are_one_clear_data_error(arguments: dict[str, object], me
     values: dict[str, object] = {"name": "mine", "train": pairs(), "validation": pairs(4), **arguments}
     with pytest.raises(DataError, match=message.replace("(", r"\(").replace(")", r"\)")):
         task_from_data(**values)  # type: ignore[arg-type]
+
+
+class Columns:
+    """Samples by index with a length but no torch `Dataset`, as a Hugging Face `datasets.Dataset` is: iterated as
+    it is, it yields single samples, which a DataLoader must batch."""
+
+    def __init__(self) -> None:
+        self.samples = Samples(10)
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
+        return self.samples[index]
+
+    def __iter__(self):  # type: ignore[no-untyped-def]
+        return (self.samples[index] for index in range(len(self)))
+
+
+def test_samples_given_where_batches_belong_say_to_use_a_dataloader() -> None:
+    task = task_from_data("columns", Columns(), pairs(4), target_key="label")
+    with pytest.raises(DataError, match=r"\(\) targets; both need the same leading sample dimension \(one sample, not "
+                                        r"a batch\? pass your samples in a DataLoader\)$"):
+        next(iter(task.train.iterate_batches(4)))
+    batched = task_from_data("columns", DataLoader(Columns(), batch_size=4), pairs(4), target_key="label")
+    assert next(targets.tolist() for _, targets in batched.train.iterate_batches(4)) == [0, 1, 2, 3]

@@ -97,8 +97,9 @@ class StreamedBatches:
             raise DataError(f"{self.split} batch {index}: its inputs are {problem}")
         if targets.dim() == 0 or rows(inputs) != targets.shape[0]:
             shape = tuple(inputs.shape) if isinstance(inputs, Tensor) else f"{rows(inputs)} samples of"
+            single = " (one sample, not a batch? pass your samples in a DataLoader)" if targets.dim() == 0 else ""
             raise DataError(f"{self.split} batch {index}: {shape} inputs but {tuple(targets.shape)} "
-                            "targets; both need the same leading sample dimension")
+                            f"targets; both need the same leading sample dimension{single}")
         return inputs, targets
 
 
