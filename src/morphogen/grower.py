@@ -26,7 +26,9 @@ What each call does, and why it must be there:
 A forgotten call is an error that names it at the next `end_epoch`, never a silent refusal later.
 
 Between epochs, `state_dict()` saves where the growth stands and `load_state_dict()` resumes it on a Grower built
-the same way: a stopped job goes on exactly as if it had not stopped.
+the same way: a stopped job goes on exactly as if it had not stopped. With `distributed=True`, processes that each
+train a share of every batch grow one model (`_Replicas`; no DistributedDataParallel, which cannot follow a model
+that gains parameters).
 """
 
 from __future__ import annotations
@@ -86,12 +88,15 @@ class Grower:
                  optimizer: torch.optim.Optimizer | None = None, controller: Controller | None = None,
                  episode: EpisodeConfig | None = None, heuristic: HeuristicConfig | None = None, seed: int = 0,
                  slots: list[str] | None = None, telemetry: Telemetry | None = None,
-                 validation_batch_size: int = 512, target_key: str | None = None) -> None:
+                 validation_batch_size: int = 512, target_key: str | None = None, distributed: bool = False) -> None:
         """`host` comes from `morphogen.host_from_module` and stays yours (no copy); `validation` is what
         `task_from_data` takes for a split (`target_key` as there). `optimizer` is the host's optimizer, given so
-        that a rollback can reset it; `controller` defaults to the heuristic with `heuristic` settings."""
+        that a rollback can reset it; `controller` defaults to the heuristic with `heuristic` settings.
+        `distributed=True`: every process of the default `torch.distributed` group trains this model on its own
+        batches and validates on its own share of the validation data (see `_Replicas`)."""
         if not isinstance(host, SegmentedHost):
             raise TypeError(f"Grower needs a host from morphogen.host_from_module, got {type(host).__name__}")
+        self._replicas = _Replicas() if distributed else None
         device = next(host.parameters()).device
         # The grower trains nothing itself: the episode reads only the validation split, so it doubles as train.
         task = task_from_data("own loop", validation, validation, loss=loss, metric=metric, metric_name=metric_name,
@@ -100,6 +105,8 @@ class Grower:
                                      validation_batch_size=validation_batch_size)
         self.episode = MorphogenesisEpisode(task_with_host(task), config, seed=seed, slots=slots,
                                             telemetry=telemetry)
+        if self._replicas is not None:
+            self.episode.sum_over_processes = self._replicas.sum
         self.optimizer = optimizer
         self.snapshot = self.episode.reset()
         assert self.episode.model is not None
@@ -152,6 +159,9 @@ class Grower:
             raise RuntimeError("after_backward() called more often than training_step() this epoch")
         self._after_backward_calls += 1
         trainer = self.episode.trainer
+        if self._replicas is not None:
+            self._replicas.average_gradients([*self.model.host_parameters(), *(p for ps in self._running.values()
+                                                                                for p in ps)])
         self.episode.monitor.accumulate(self.model.host_parameters(), self._running)
         for slot_id, parameters in self._running.items():
             if not parameters or not _unscaled(parameters, scaler):
@@ -212,7 +222,12 @@ class Grower:
 
     def _decide(self, snapshot: EpisodeSnapshot) -> tuple[Action, tuple[bool, str]]:
         action = self.controller.act(snapshot, self.episode.masks())
-        return action, self.episode.apply_action(action)
+        if self._replicas is None:
+            return action, self.episode.apply_action(action)
+        action = self._replicas.first_process_action(action)
+        applied = self.episode.apply_action(action)
+        self._replicas.copy_first_process_model(self.model)  # a new seed's initial weights, batch-norm statistics
+        return action, applied
 
     def _report(self, result: StepResult, action: Action, next_action: str | None) -> EpochReport:
         s = result.snapshot
@@ -221,6 +236,58 @@ class Grower:
             action=action.describe(), succeeded=result.action_succeeded, reason=result.reason,
             rolled_back=result.rollback is not None, next_action=next_action,
             stages={slot.slot_id: slot.stage.value for slot in s.slots}, snapshot=s)
+
+
+class _Replicas:
+    """Keeps the copies of one growing model in the processes of the default `torch.distributed` group in step.
+
+    Each process trains on its own batches: after `backward` the gradients of the host and of the live seeds are
+    averaged over the processes (one all-reduce per dtype, as DistributedDataParallel does for a fixed set of
+    parameters, which growth changes). Validation sums and the epoch's training loss are added up over the
+    processes, so every gate, the governor and the controller read the same figures whatever share of the data
+    each process holds. The first
+    process's action is the one every process applies, and the first process's model (a new seed's initial
+    weights, batch-norm statistics) is copied to the others after each decision, once an epoch.
+    """
+
+    def __init__(self) -> None:
+        if not torch.distributed.is_available() or not torch.distributed.is_initialized():
+            raise RuntimeError("Grower(distributed=True) needs torch.distributed.init_process_group(...) first")
+        self.size = torch.distributed.get_world_size()
+
+    def sum(self, values: Tensor) -> Tensor:
+        """`values` summed over the processes, the same on each."""
+        torch.distributed.all_reduce(values)
+        return values
+
+    def average_gradients(self, parameters: list[nn.Parameter]) -> None:
+        """Average the gradients of `parameters` over the processes; a parameter without one counts zeros, as in
+        DistributedDataParallel, so that every process exchanges the same tensors."""
+        learning = [p for p in parameters if p.requires_grad]
+        for p in learning:
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+        groups: dict[tuple[torch.device, torch.dtype], list[Tensor]] = {}
+        for p in learning:
+            assert p.grad is not None
+            groups.setdefault((p.grad.device, p.grad.dtype), []).append(p.grad)
+        for gradients in groups.values():
+            flat = torch.cat([g.reshape(-1) for g in gradients]).div_(self.size)
+            torch.distributed.all_reduce(flat)
+            for gradient, averaged in zip(gradients, torch.split(flat, [g.numel() for g in gradients]), strict=True):
+                gradient.copy_(averaged.view_as(gradient))
+
+    def first_process_action(self, action: Action) -> Action:
+        """The action the first process decided (each process's controller reads its own share of the data)."""
+        shared = [action.state()]
+        torch.distributed.broadcast_object_list(shared, src=0)
+        return Action.from_state(shared[0])
+
+    def copy_first_process_model(self, model: MorphogeneticModel) -> None:
+        """The first process's parameters and buffers into every process's model."""
+        with torch.no_grad():
+            for tensor in [*model.parameters(), *model.buffers()]:
+                torch.distributed.broadcast(tensor, src=0)
 
 
 def _unscaled(parameters: list[nn.Parameter], scaler: torch.amp.GradScaler | None) -> bool:

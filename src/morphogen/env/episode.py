@@ -17,7 +17,7 @@ import copy
 import dataclasses
 import math
 from collections import deque
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -193,6 +193,9 @@ class MorphogenesisEpisode:
         self.model: MorphogeneticModel | None = None
         #: Wall-clock time per phase (train, validate, act); shared with the caller when given.
         self.timer = timer or PhaseTimer()
+        #: Sums a tensor over the processes that share one model's training (`Grower(distributed=True)`): the
+        #: validation figures and the epoch's training loss are then the same in each. None: this process alone.
+        self.sum_over_processes: Callable[[torch.Tensor], torch.Tensor] | None = None
         #: Judges each epoch's gradient norms for drift; None skips the check.
         self.detector = detector
         #: Every event of the current episode, whatever the telemetry level (for its summary and story).
@@ -426,7 +429,7 @@ class MorphogenesisEpisode:
         # Charged before anything can change the plan the epoch trained in (a rollback, a stage change).
         self.compute.charge_training(self.flop_counter, self.model, self.trainer.take_batch_shapes(),
                                      self.config.shadow_fraction)
-        train_loss = self.trainer.take_epoch_loss().item()  # sync 1/3: the governor judges this number
+        train_loss = self._epoch_training_loss().item()  # sync 1/3: the governor judges this number
         self.gradients = self.monitor.materialize()  # sync 2/3
         self._report_gradients()
         result = self._validate()  # sync 3/3
@@ -513,10 +516,18 @@ class MorphogenesisEpisode:
                                                   all_off=False)
         with self.timer.phase("validate"):
             result = validate(self.model, self.task.validation, configurations, self.config.validation_batch_size,
-                              self.objective)
+                              self.objective, self.sum_over_processes)
         self.compute.charge_validation(self.flop_counter, self.model, configurations.alphas,
                                        dict(result.batch_shapes))
         return result
+
+    def _epoch_training_loss(self) -> torch.Tensor:
+        """The epoch's mean training loss; with processes sharing the training, the mean of theirs."""
+        mean = self.trainer.take_epoch_loss()
+        if self.sum_over_processes is None:
+            return mean
+        summed = self.sum_over_processes(torch.stack([mean.detach(), torch.ones_like(mean)]))
+        return summed[0] / summed[1]
 
     def _due_for_ablation(self, waiting: list[str]) -> list[str]:
         """The seeds of `waiting` (slot order) to ablate this epoch: at most `ablations_per_epoch`, those measured

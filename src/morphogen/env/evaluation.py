@@ -94,10 +94,12 @@ def per_config_loss_and_correct(outputs: Tensor, targets: Tensor) -> tuple[Tenso
 
 @torch.inference_mode()
 def validate(model: MorphogeneticModel, dataset: BatchSource, configurations: AlphaConfigurations,
-             batch_size: int = 512, objective: Objective | None = None) -> CounterfactualResult:
+             batch_size: int = 512, objective: Objective | None = None,
+             reduce: Callable[[Tensor], Tensor] | None = None) -> CounterfactualResult:
     """Score (accuracy points by default) and mean loss of every configuration, in one pass over `dataset`.
 
-    One host sync at the end (the `.tolist()` of the stacked [2, K] metrics).
+    `reduce` sums the [3, K] sums of loss, score and items over processes that each validate their share of the
+    data (`Grower(distributed=True)`), so that every process reads the same figures. One host sync at the end.
     """
     objective = objective or Objective(task_loss, None, custom=False)
     was_training = model.training
@@ -116,8 +118,10 @@ def validate(model: MorphogeneticModel, dataset: BatchSource, configurations: Al
         score_sum += batch_score.to(torch.float64)
         count += items
     model.train(was_training)
-    if count == 0:
+    sums = torch.stack([loss_sum, score_sum, torch.full_like(loss_sum, count)])
+    loss_values, score_values, counts = (sums if reduce is None else reduce(sums)).tolist()  # the one sync
+    total = counts[0]
+    if total == 0:
         raise DataError("the validation data yielded no batch")
-    loss_values, score_values = torch.stack([loss_sum, score_sum]).tolist()  # the one sync
-    return CounterfactualResult(configurations, tuple(v / count for v in score_values),
-                                tuple(v / count for v in loss_values), tuple(shapes.items()))
+    return CounterfactualResult(configurations, tuple(v / total for v in score_values),
+                                tuple(v / total for v in loss_values), tuple(shapes.items()))
