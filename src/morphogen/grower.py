@@ -34,6 +34,7 @@ that gains parameters).
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -263,19 +264,13 @@ class _Replicas:
     def average_gradients(self, parameters: list[nn.Parameter]) -> None:
         """Average the gradients of `parameters` over the processes; a parameter without one counts zeros, as in
         DistributedDataParallel, so that every process exchanges the same tensors."""
-        learning = [p for p in parameters if p.requires_grad]
-        for p in learning:
-            if p.grad is None:
-                p.grad = torch.zeros_like(p)
-        groups: dict[tuple[torch.device, torch.dtype], list[Tensor]] = {}
-        for p in learning:
-            assert p.grad is not None
-            groups.setdefault((p.grad.device, p.grad.dtype), []).append(p.grad)
-        for gradients in groups.values():
-            flat = torch.cat([g.reshape(-1) for g in gradients]).div_(self.size)
-            torch.distributed.all_reduce(flat)
-            for gradient, averaged in zip(gradients, torch.split(flat, [g.numel() for g in gradients]), strict=True):
-                gradient.copy_(averaged.view_as(gradient))
+        gradients = []
+        for p in parameters:
+            if p.requires_grad:
+                if p.grad is None:
+                    p.grad = torch.zeros_like(p)
+                gradients.append(p.grad)
+        _flattened(gradients, lambda flat: torch.distributed.all_reduce(flat.div_(self.size)))
 
     def first_process_action(self, action: Action) -> Action:
         """The action the first process decided (each process's controller reads its own share of the data)."""
@@ -286,8 +281,20 @@ class _Replicas:
     def copy_first_process_model(self, model: MorphogeneticModel) -> None:
         """The first process's parameters and buffers into every process's model."""
         with torch.no_grad():
-            for tensor in [*model.parameters(), *model.buffers()]:
-                torch.distributed.broadcast(tensor, src=0)
+            _flattened([*model.parameters(), *model.buffers()], lambda flat: torch.distributed.broadcast(flat, src=0))
+
+
+def _flattened(tensors: list[Tensor], collective: Callable[[Tensor], object]) -> None:
+    """Run `collective` on the tensors concatenated, one flat tensor per device and dtype, and copy its result back
+    into them: one message per dtype instead of one per tensor."""
+    groups: dict[tuple[torch.device, torch.dtype], list[Tensor]] = {}
+    for tensor in tensors:
+        groups.setdefault((tensor.device, tensor.dtype), []).append(tensor)
+    for group in groups.values():
+        flat = torch.cat([tensor.reshape(-1) for tensor in group])
+        collective(flat)
+        for tensor, part in zip(group, torch.split(flat, [tensor.numel() for tensor in group]), strict=True):
+            tensor.copy_(part.view_as(tensor))
 
 
 def _unscaled(parameters: list[nn.Parameter], scaler: torch.amp.GradScaler | None) -> bool:
