@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import io
 import json
+import math
 from collections.abc import Callable
 from pathlib import Path
 
@@ -142,6 +143,22 @@ def test_a_frozen_backbone_stays_frozen_while_seeds_grow_behind_and_beside_it(tm
     assert all(torch.equal(before, after) for before, after in zip(frozen, net[0].parameters(), strict=True))
     assert not any(parameter.requires_grad for parameter in net[0].parameters())
     assert not torch.equal(learning, net[2].weight)
+
+
+def test_grow_under_autocast_trains_every_forward_in_bfloat16_with_float32_weights(tmp_path: Path) -> None:
+    images, labels = quadrant_images(96, 0)
+    net = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.ReLU(), torch.nn.Conv2d(8, 8, 3, padding=1),
+                              torch.nn.ReLU(), torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(), torch.nn.Linear(8, 4))
+    host = morphogen.host_from_module(net, ["1", "3"], example_input=images[:2])
+    seen: set[torch.dtype] = set()
+    net[0].register_forward_hook(lambda module, inputs, output: seen.add(output.dtype))
+    task = morphogen.task_from_data("mixed", (images[:64], labels[:64]), (images[64:], labels[64:]))
+    with torch.autocast("cpu", dtype=torch.bfloat16):  # "cuda" on a GPU
+        result = morphogen.grow(task, host, run_dir=str(tmp_path / "run"), config=eager_config(epochs=4),
+                                out=io.StringIO())
+    assert grown_seeds(result) and math.isfinite(result.grown.final_loss)
+    assert seen == {torch.bfloat16}  # training, shadow, validation and probe forwards alike
+    assert {parameter.dtype for parameter in result.model.parameters()} == {torch.float32}
 
 
 def test_the_users_metric_names_the_score(tmp_path: Path) -> None:
