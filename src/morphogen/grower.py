@@ -246,9 +246,9 @@ class _Replicas:
     averaged over the processes (one all-reduce per dtype, as DistributedDataParallel does for a fixed set of
     parameters, which growth changes). Validation sums and the epoch's training loss are added up over the
     processes, so every gate, the governor and the controller read the same figures whatever share of the data
-    each process holds. The first
-    process's action is the one every process applies, and the first process's model (a new seed's initial
-    weights, batch-norm statistics) is copied to the others after each decision, once an epoch.
+    each process holds. The first process's action is the one every process applies, and the first process's model
+    (a new seed's initial weights, batch-norm statistics) is copied to the others after each decision, once an
+    epoch; that also re-joins the copies after a rollback, which restores each process's own last good state.
     """
 
     def __init__(self) -> None:
