@@ -141,9 +141,11 @@ def _host_alone(model: MorphogeneticModel, x: Inputs) -> None:
     model.host(x)
 
 
-@torch.no_grad()  # not inference_mode: FlopCounterMode's module hooks fail there on a parameter passed to a module,
+# no_grad, not inference_mode (validation's own mode), for the same count: under inference_mode FlopCounterMode's
+# module hooks fail on a parameter passed to a module, as a parametrization (weight_norm, spectral_norm) does.
+@torch.no_grad()
 def _validation_batch(model: MorphogeneticModel, x: Inputs, alphas: Sequence[Sequence[float]]) -> None:
-    model.counterfactual_forward(x, alphas)  # as in a parametrization (weight_norm, spectral_norm); same count
+    model.counterfactual_forward(x, alphas)
 
 
 class FlopCounter:
