@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -55,6 +56,16 @@ def digits() -> tuple[tuple[torch.Tensor, torch.Tensor], tuple[torch.Tensor, tor
     return (train.inputs, train.targets), (validation.inputs, validation.targets)
 
 
+def epochs_of_rows(count: int, rank: int, processes: int, args: argparse.Namespace) -> Iterator[list[torch.Tensor]]:
+    """Per epoch, this process's rows of every batch: the same batches, in the same order, in every run."""
+    generator = torch.Generator().manual_seed(0)
+    part = args.batch // processes
+    for _ in range(args.epochs):
+        order = torch.randperm(count, generator=generator)
+        yield [order[start + rank * part:start + (rank + 1) * part]
+               for start in range(0, count - args.batch + 1, args.batch)]
+
+
 def train_plain(rank: int, processes: int, args: argparse.Namespace) -> dict[str, Any]:
     """The same network, data and batches without growth: what data parallelism alone gives on this machine
     (gradients averaged by one all-reduce per step, as DistributedDataParallel does)."""
@@ -63,15 +74,10 @@ def train_plain(rank: int, processes: int, args: argparse.Namespace) -> dict[str
     torch.manual_seed(0)
     net = network(args.width)
     optimizer = torch.optim.SGD(net.parameters(), lr=0.05, momentum=0.9)
-    part = args.batch // processes
-    generator = torch.Generator().manual_seed(0)
     started = 0.0
-    for epoch in range(args.epochs):
-        if epoch == 1:
-            started = time.perf_counter()
-        order = torch.randperm(len(y), generator=generator)
-        for start in range(0, len(y) - args.batch + 1, args.batch):
-            rows = order[start + rank * part:start + (rank + 1) * part]
+    for epoch, steps in enumerate(epochs_of_rows(len(y), rank, processes, args)):
+        started = time.perf_counter() if epoch == 1 else started
+        for rows in steps:
             optimizer.zero_grad()
             loss = nn.functional.cross_entropy(net(x[rows]), y[rows])
             torch.autograd.backward(loss)
@@ -79,9 +85,9 @@ def train_plain(rank: int, processes: int, args: argparse.Namespace) -> dict[str
                 gradients = [p.grad for p in net.parameters() if p.grad is not None]
                 flat = torch.cat([g.reshape(-1) for g in gradients]).div_(processes)
                 torch.distributed.all_reduce(flat)
-                for gradient, part_of in zip(gradients, torch.split(flat, [g.numel() for g in gradients]),
-                                             strict=True):
-                    gradient.copy_(part_of.view_as(gradient))
+                for gradient, averaged in zip(gradients, torch.split(flat, [g.numel() for g in gradients]),
+                                              strict=True):
+                    gradient.copy_(averaged.view_as(gradient))
             optimizer.step()
     return {"seconds": time.perf_counter() - started, "score": float("nan"), "stages": {}, "parameters": 0}
 
@@ -97,15 +103,10 @@ def grow(rank: int, processes: int, args: argparse.Namespace) -> dict[str, Any]:
     optimizer = torch.optim.SGD(host.parameters(), lr=0.05, momentum=0.9)
     grower = morphogen.Grower(host, validation, epochs=args.epochs, optimizer=optimizer,
                               distributed=processes > 1)
-    part = args.batch // processes
-    generator = torch.Generator().manual_seed(0)
     started = 0.0
-    for epoch in range(args.epochs):
-        if epoch == 1:
-            started = time.perf_counter()
-        order = torch.randperm(len(y), generator=generator)
-        for start in range(0, len(y) - args.batch + 1, args.batch):
-            rows = order[start + rank * part:start + (rank + 1) * part]
+    for epoch, steps in enumerate(epochs_of_rows(len(y), rank, processes, args)):
+        started = time.perf_counter() if epoch == 1 else started
+        for rows in steps:
             optimizer.zero_grad()
             grower.training_step(x[rows], y[rows]).backward()
             grower.after_backward()
