@@ -10,7 +10,7 @@ Batches of the last two are moved to the task's device as they come. The inputs 
 are a tuple (its positional arguments) or a dict (by name) of tensors (`morphogen.inputs`), in every form above.
 With `target_key`, a split or batch may instead be one dict of tensors (as a Hugging Face dataset in torch
 format gives them): the entry under that key is the targets, the others the model's inputs by name.
-A batch that is neither with as many targets as inputs is a `DataError` naming the split.
+A batch that is neither, or whose targets do not match its inputs in number, is a `DataError` naming the split.
 """
 
 from __future__ import annotations
@@ -86,7 +86,7 @@ class StreamedBatches:
 
     def _checked(self, batch: object, index: int) -> tuple[Inputs, Tensor]:
         if isinstance(batch, Mapping):
-            batch = split_targets(batch, self.target_key, f"{self.split} batch {index}")
+            batch = _split_targets(batch, self.target_key, f"{self.split} batch {index}")
         if not isinstance(batch, (tuple, list)) or len(batch) != 2 or not isinstance(batch[1], Tensor):
             kind = (f"{len(batch)}-item {type(batch).__name__}" if isinstance(batch, (tuple, list))
                     else type(batch).__name__)
@@ -149,7 +149,7 @@ def _check_task_arguments(name: object, batch_size: object, num_classes: object,
         raise DataError(f"target_key must be the name of the targets' entry in a dict batch, got {target_key!r}")
 
 
-def split_targets(batch: Mapping[Any, Any], target_key: str | None, where: str) -> tuple[object, object]:
+def _split_targets(batch: Mapping[Any, Any], target_key: str | None, where: str) -> tuple[object, object]:
     """A dict batch or split as (inputs by name, targets): its `target_key` entry is the targets."""
     keys = ", ".join(map(repr, list(batch)[:8]))
     if target_key is None:
@@ -168,7 +168,7 @@ def _source(data: object, device: torch.device, split: str, target_key: str | No
     if isinstance(data, DeviceDataset):
         return data.to(device)
     if isinstance(data, Mapping):
-        data = split_targets(data, target_key, split)
+        data = _split_targets(data, target_key, split)
         problem = inputs_problem(data[0])
         if problem is not None or not isinstance(data[1], Tensor):
             raise DataError(f"{split}: its inputs are {problem}" if problem else
