@@ -40,6 +40,7 @@ from typing import Any
 
 import torch
 from torch import Tensor, nn
+from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
 from morphogen.control.heuristic import HeuristicConfig, HeuristicController
 from morphogen.core.hosts import SegmentedHost
@@ -291,10 +292,11 @@ def _flattened(tensors: list[Tensor], collective: Callable[[Tensor], object]) ->
     for tensor in tensors:
         groups.setdefault((tensor.device, tensor.dtype), []).append(tensor)
     for group in groups.values():
-        flat = torch.cat([tensor.reshape(-1) for tensor in group])
+        # torch's own (DistributedDataParallel's) flatten and unflatten, and one foreach copy: no per-tensor loop
+        # in Python on a path that runs every step.
+        flat: Tensor = _flatten_dense_tensors(group)  # type: ignore[no-untyped-call]
         collective(flat)
-        for tensor, part in zip(group, torch.split(flat, [tensor.numel() for tensor in group]), strict=True):
-            tensor.copy_(part.view_as(tensor))
+        torch._foreach_copy_(group, _unflatten_dense_tensors(flat, group))  # type: ignore[no-untyped-call]
 
 
 def _unscaled(parameters: list[nn.Parameter], scaler: torch.amp.GradScaler | None) -> bool:

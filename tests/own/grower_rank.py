@@ -8,6 +8,7 @@ OUT_DIR/rank<RANK>.pt. Rank 1 starts from other weights: the first process's are
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from pathlib import Path
 from typing import Any
@@ -28,7 +29,7 @@ def train(rank: int, world: int, distributed: bool) -> dict[str, Any]:
     validation = (x_val[rank * share:(rank + 1) * share], y_val[rank * share:(rank + 1) * share])
     host = morphogen.host_from_module(mlp(), ["1", "3"], example_input=x[:2])
     config = eager_config(EPOCHS)
-    episode = config.episode.__class__(**{**config.episode.__dict__, "shadow_fraction": 1.0})
+    episode = dataclasses.replace(config.episode, shadow_fraction=1.0)
     optimizer = torch.optim.SGD(host.parameters(), lr=0.1)
     grower = morphogen.Grower(host, validation, epochs=EPOCHS, episode=episode, heuristic=config.heuristic,
                               optimizer=optimizer, distributed=distributed)
