@@ -9,11 +9,12 @@ import pytest
 import torch
 from torch import Tensor
 
+import morphogen
 from morphogen.control.growth_policy import GrowthInputs, GrowthPolicy
 from morphogen.control.trainer import PPOTrainer, TrainConfig
 from morphogen.data import Task, load_task
 from morphogen.env.actions import Action, Op
-from morphogen.env.episode import EpisodeConfig, MorphogenesisEpisode
+from morphogen.env.episode import EpisodeConfig, MorphogenesisEpisode, task_with_host
 from morphogen.env.seeding import derive_seed
 from morphogen.env.training import HostAndSeedTrainer
 from morphogen.env.vector import VectorEpisodes
@@ -143,3 +144,32 @@ def test_collect_makes_one_batched_policy_call_per_step(digits: Task, monkeypatc
     monkeypatch.setattr(GrowthPolicy, "act", counting_act)
     trainer.collect(0)
     assert batch_sizes == [3, 3, 3], "one call per step, for all envs at once"
+
+
+def test_a_users_shuffled_loader_gives_the_same_epoch_whatever_the_process_drew_before(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A `DataLoader(shuffle=True)` shuffles from torch's global generator; an epoch's batches come from the round's
+    seed and the epoch, so a resumed or repeated round trains on the ones it trained on before."""
+    generator = torch.Generator().manual_seed(0)
+    inputs, targets = torch.randn(64, 6, generator=generator), torch.randint(0, 2, (64,), generator=generator)
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(inputs, targets), batch_size=16, shuffle=True)
+
+    def host() -> torch.nn.Module:
+        net = torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
+        return morphogen.host_from_module(net, slots=["1"], example_input=inputs[:2])
+
+    task = task_with_host(morphogen.task_from_data("shuffled", loader, (inputs[:16], targets[:16]), host=host))
+    calls = record_batches(monkeypatch)
+    seen = []
+    for draw_first in (0, 5):
+        vector = VectorEpisodes(task, EpisodeConfig(max_epochs=2), 2, seed=SEED)
+        vector.reset(ROUND)
+        torch.rand(draw_first)
+        epochs = []
+        for _ in range(2):
+            calls.clear()
+            vector.step([Action()] * 2)
+            epochs.append(torch.cat([call[2] for call in calls]))
+        assert not torch.equal(epochs[0], epochs[1]), "each epoch its own order"
+        seen.append(epochs)
+    assert all(torch.equal(a, b) for a, b in zip(seen[0], seen[1], strict=True))

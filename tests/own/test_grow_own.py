@@ -362,3 +362,38 @@ def test_a_users_resnet_grows_a_wide_block_after_every_residual_block_at_once(
         expected = result.model.eval()(inputs)
     exported = morphogen.export_model(result.model, inputs[:2], tmp_path / "grown.pt2")
     torch.testing.assert_close(run_without_morphogen([exported], inputs)[0], expected, rtol=0, atol=1e-5)
+
+
+def _epochs(run_dir: Path) -> list[tuple[float, float]]:
+    """(training loss, validation loss) of each epoch of a run's events."""
+    records = [json.loads(line) for line in run_dir.read_text().splitlines()]
+    return [(record["train_loss"], record["val_loss"]) for record in records if record["event"] == "epoch_completed"]
+
+
+def test_a_shuffled_loader_and_dropout_give_the_grown_run_and_its_twin_the_same_batches(tmp_path: Path) -> None:
+    """A user's `DataLoader(shuffle=True)` and dropout draw from torch's global generator. The grown run and its
+    no-growth twin must still train on the same batches, with the same dropout masks, until something grows; and
+    a run must not depend on what the process drew before it."""
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(*blobs(96, 0)), batch_size=16, shuffle=True)
+    task = morphogen.task_from_data("shuffled", loader, blobs(48, 1), num_classes=3)
+    config = eager_config(epochs=5, baseline=True, slots=("4",))
+    config = dataclasses.replace(config, heuristic=dataclasses.replace(config.heuristic, warmup_epochs=2))
+
+    def grown_run(name: str, draw_first: int) -> morphogen.RunResult:
+        torch.manual_seed(0)
+        net = torch.nn.Sequential(torch.nn.Linear(12, 16), torch.nn.ReLU(), torch.nn.Dropout(0.3),
+                                  torch.nn.Linear(16, 16), torch.nn.ReLU(), torch.nn.Linear(16, 3))
+        torch.rand(draw_first)  # what a user's script draws before growing
+        host = morphogen.host_from_module(net, slots=["4"], example_input=torch.zeros(2, 12))
+        return morphogen.grow(task, host, run_dir=str(tmp_path / name), config=config, out=io.StringIO())
+
+    result = grown_run("first", 0)
+    germinated = min(story.stages["training"] for story in result.grown.stories if "training" in story.stages)
+    assert germinated >= 2
+    grown = _epochs(tmp_path / "first" / "events.jsonl")
+    twin = _epochs(tmp_path / "first" / "baseline" / "events.jsonl")
+    assert len(grown) == len(twin) == 5
+    assert grown[:germinated] == twin[:germinated]  # bit for bit: the same batches, the same dropout masks
+    assert grown != twin  # the seed changed the run once it trained
+    grown_run("second", 7)
+    assert _epochs(tmp_path / "second" / "events.jsonl") == grown

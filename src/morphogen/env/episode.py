@@ -45,7 +45,7 @@ from morphogen.env.growth_signals import CandidateSource, SlotGrowth, could_germ
 from morphogen.env.layout import ModelLayout, model_layout
 from morphogen.env.optimizer import OptimizerConfig, task_optimizer_config
 from morphogen.env.rewards import RewardBreakdown, RewardConfig, RewardMode, compute_reward
-from morphogen.env.seeding import derive_seed, seeded
+from morphogen.env.seeding import TRAINING_RNG_STREAM, derive_seed, seeded
 from morphogen.env.snapshot import HISTORY_LENGTH, EpisodeSnapshot, SlotSnapshot, snapshot_from_state, snapshot_state
 from morphogen.env.training import HostAndSeedTrainer
 from morphogen.inputs import Inputs, take_rows, to_device
@@ -320,11 +320,12 @@ class MorphogenesisEpisode:
     def step(self, action: Action) -> StepResult:
         """Act, train one epoch on this episode's own batch order, and finish the epoch."""
         succeeded, reason = self.apply_action(action)
-        batches: Iterable[tuple[Inputs, Tensor]] = self.task.train.iterate_batches(
-            self.batch_size, generator=self.generator, augment=self.task.augment)
-        if self.task.train.device != self.device:
-            batches = ((to_device(inputs, self.device), targets.to(self.device)) for inputs, targets in batches)
-        self.train_epoch(batches)
+        with seeded(derive_seed(self.seed, self.epoch, TRAINING_RNG_STREAM), self.device):
+            batches: Iterable[tuple[Inputs, Tensor]] = self.task.train.iterate_batches(
+                self.batch_size, generator=self.generator, augment=self.task.augment)
+            if self.task.train.device != self.device:
+                batches = ((to_device(inputs, self.device), targets.to(self.device)) for inputs, targets in batches)
+            self.train_epoch(batches)
         return self.finish_epoch(action, succeeded, reason)
 
     def apply_action(self, action: Action) -> tuple[bool, str]:

@@ -99,7 +99,8 @@ def savable(controller: object, what: str) -> SavableController:
 def play_state(episode: MorphogenesisEpisode, controller: Controller, seconds: float) -> dict[str, Any]:
     """Where a played episode stands between two epochs, for `run_episode(resume=...)`: the episode, the
     controller's memory, the telemetry's escalation, the anomaly detector, the phase timer, torch's global generator
-    (dropout in a user's model draws from it) and the seconds played. Plain values and tensors only."""
+    (for what a user's code draws from it between epochs; an epoch's training draws from its own) and the seconds
+    played. Plain values and tensors only."""
     return {"episode": episode.state_dict(), "controller": savable(controller, "saved").state_dict(),
             "torch_rng": torch.get_rng_state(),
             "seconds": seconds, "telemetry": episode.telemetry.state_dict(), "timer": episode.timer.state_dict(),

@@ -34,7 +34,7 @@ from morphogen.env.actions import Action
 from morphogen.env.batched import train_epoch_batched
 from morphogen.env.episode import EpisodeConfig, MorphogenesisEpisode, StepResult
 from morphogen.env.placement import DevicePlacement
-from morphogen.env.seeding import derive_seed
+from morphogen.env.seeding import TRAINING_RNG_STREAM, derive_seed, seeded
 from morphogen.env.snapshot import EpisodeSnapshot
 from morphogen.inputs import Inputs, tensors
 from morphogen.telemetry.anomalies import AnomalyDetector
@@ -114,16 +114,18 @@ class VectorEpisodes:
             raise ValueError(f"expected {self.n_envs} actions, got {len(actions)}")
         outcomes = [episode.apply_action(action) for episode, action in zip(self.episodes, actions, strict=True)]
         waits = [twin.apply_action(Action()) for twin in self.twins]
-        batches: Iterable[tuple[Inputs, Tensor]] = self.task.train.iterate_batches(
-            self.batch_size, generator=self.generator, augment=self.task.augment)
-        if self.twins:
-            batches = self._training_twins(batches)
-        if self.config.batch_identical:
-            train_epoch_batched(self.episodes, batches, self._train_all, self.streams,
-                                copy_batch=self.placement.copy_batch)
-        else:
-            for inputs, targets in batches:
-                self._train_all(inputs, targets)
+        epoch_seed = derive_seed(self.seed, self.episode_index, self.episodes[0].epoch, TRAINING_RNG_STREAM)
+        with seeded(epoch_seed, *self.placement.devices):
+            batches: Iterable[tuple[Inputs, Tensor]] = self.task.train.iterate_batches(
+                self.batch_size, generator=self.generator, augment=self.task.augment)
+            if self.twins:
+                batches = self._training_twins(batches)
+            if self.config.batch_identical:
+                train_epoch_batched(self.episodes, batches, self._train_all, self.streams,
+                                    copy_batch=self.placement.copy_batch)
+            else:
+                for inputs, targets in batches:
+                    self._train_all(inputs, targets)
         self.placement.synchronize()  # one sync per phase and CUDA device: env streams done before reading metrics
         results = [episode.finish_epoch(action, succeeded, reason)
                    for episode, action, (succeeded, reason) in zip(self.episodes, actions, outcomes, strict=True)]
