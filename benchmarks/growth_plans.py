@@ -75,7 +75,7 @@ PLANS = {
     "heuristic": Plan("the heuristic (first seed by a third of the episode, chosen by growth signal per FLOP)"),
     "first by 0.15": Plan("the heuristic, first seed by 0.15 of the episode", {"first_growth_by": 0.15}),
     "first by 0.5": Plan("the heuristic, first seed by half the episode", {"first_growth_by": 0.5}),
-    "lean": Plan("the heuristic widening by half (configs/grow_lean.toml)", {"widening": "wider_half"}),
+    "lean": Plan("the heuristic widening by half (the grow_lean preset)", {"widening": "wider_half"}),
     "judged by accuracy": Plan("the heuristic with the gates judging accuracy points, not validation loss",
                                gates={"criterion": Criterion.SCORE}),
     "judged by relative loss": Plan("the heuristic with the gates judging the share of the validation loss a seed "

@@ -8,10 +8,10 @@ process, `--jobs` processes):
   2x4), and each grown model's final architecture (host + every seed blended in at the end) trained from
   scratch for the same epochs.
 
-`--config FILE` grows with a run config's `[heuristic]` and `[episode]` settings (e.g.
-`configs/grow_for_compute.toml`; the episode length stays `--epochs`), its jobs kept apart from the default
-heuristic's in `--results`; `--first-seed` starts the seeds elsewhere than 0 (fresh seeds for a setting tuned
-on the first ones).
+`--config FILE` grows with a run config's `[heuristic]` and `[episode]` settings (a file, or a preset's name such
+as `grow_for_compute`; the episode length stays `--epochs`), its jobs kept apart from the default heuristic's in
+`--results` by the config's name (a file's stem); `--first-seed` starts the seeds elsewhere than 0 (fresh seeds
+for a setting tuned on the first ones).
 
 Every job's figures go to `--results` (JSON lines) as soon as it ends, and a job already there is not run
 again: the sweep can be stopped and resumed, or run task by task (`--tasks`) or kind by kind (`--only`).
@@ -42,7 +42,7 @@ from pathlib import Path
 import torch
 
 from morphogen.commands.run import RunConfig
-from morphogen.config import build_config, read_config_file
+from morphogen.config import build_config, read_config_source
 from morphogen.control.controller import NoGrowthController
 from morphogen.control.heuristic import HeuristicConfig, HeuristicController
 from morphogen.data import load_task
@@ -99,7 +99,7 @@ def run_job(job: Job) -> dict[str, object]:
     task = load_task(job.task, seed=job.seed, host={"n_blocks": job.blocks, "base_channels": job.width})
     config, heuristic = EpisodeConfig(max_epochs=job.epochs), HeuristicConfig()
     if job.config:
-        settings = build_config(RunConfig, read_config_file(job.config))
+        settings = build_config(RunConfig, read_config_source(job.config))
         config, heuristic = dataclasses.replace(settings.episode, max_epochs=job.epochs), settings.heuristic
     episode = MorphogenesisEpisode(task, config, seed=job.seed)
     if job.kind == "fixed":
@@ -182,7 +182,7 @@ def report_task(task: str, results: dict[str, dict[str, object]], args: argparse
     def records(kind: str, blocks: int, width: int, config: str = args.config) -> list[dict[str, object]]:
         return [r for r in results.values() if r["job"]["kind"] == kind and r["job"]["task"] == task  # type: ignore[index]
                 # The fixed sweep with every seed it has; grown runs of this config and these seeds only.
-                and (kind == "fixed" or (r["job"].get("config", "") == config  # type: ignore[index, attr-defined]
+                and (kind == "fixed" or (Path(r["job"].get("config", "")).stem == Path(config).stem  # type: ignore[index, attr-defined]
                                          and r["job"]["seed"] in range(args.first_seed, args.first_seed + args.seeds)))  # type: ignore[index]
                 and r["job"]["blocks"] == blocks and r["job"]["width"] == width  # type: ignore[index]
                 and r["job"]["epochs"] == args.epochs]  # type: ignore[index]
@@ -261,16 +261,16 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--only", choices=("fixed", "grown"), help="run one kind of job only")
     parser.add_argument("--seeds", type=int, default=5)
     parser.add_argument("--first-seed", type=int, default=0, help="the first of the --seeds seeds")
-    parser.add_argument("--config", default="", help="run config file whose [heuristic] and [episode] settings "
-                        "the grown jobs use (default: the heuristic's defaults)")
+    parser.add_argument("--config", default="", help="run config file or preset whose [heuristic] and [episode] "
+                        "settings the grown jobs use (default: the heuristic's defaults)")
     parser.add_argument("--epochs", type=int, default=30)
     parser.add_argument("--jobs", type=int, default=2, help="worker processes (at most 2 on a shared machine)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads per worker")
     parser.add_argument("--results", default="benchmarks/results/pareto.jsonl",
                         help="JSON lines file of every job's figures")
     parser.add_argument("--plot", default=None, help="folder for the SVG charts (none when left out)")
-    parser.add_argument("--plot-configs", default="", help="comma-separated config files (\"\" for the defaults) whose "
-                        "grown points --results holds, drawn on the charts too")
+    parser.add_argument("--plot-configs", default="", help="comma-separated config files or presets (\"\" for the "
+                        "defaults) whose grown points --results holds, drawn on the charts too")
     parser.add_argument("--report-only", action="store_true", help="print the tables from --results, run nothing")
     args = parser.parse_args(argv)
     args.blocks = [int(b) for b in args.blocks.split(",")]
@@ -280,7 +280,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     tasks = [name.strip() for name in args.tasks.split(",") if name.strip()]
     seeds = range(args.first_seed, args.first_seed + args.seeds)
     if args.config:
-        build_config(RunConfig, read_config_file(args.config))  # a bad file: one line now, not in every worker
+        build_config(RunConfig, read_config_source(args.config))  # a bad file: one line now, not in every worker
     jobs = []
     for task in tasks:
         if args.only in (None, "fixed"):

@@ -17,7 +17,7 @@
   each hidden layer, grown seed by seed by the default heuristic. `mlp_early` grows its first seed at epoch 2
   and `mlp_late` after half the episode (the same settings as the ResNet's); `mlp_branch_all` grows a
   `branch_wide` seed beside both hidden layers at once (`depth_blueprint = "branch_wide"`), and
-  `mlp_branch_all_late` does so after half the episode (as `configs/grow_for_compute.toml` grows the built-in
+  `mlp_branch_all_late` does so after half the episode (as the `grow_for_compute` preset grows the built-in
   CNNs).
 - `cnn1d`: a user's small 1-D CNN (two convolution-ReLU-pool stages of 8 and 16 channels, then a linear layer)
   on MNIST-1D's signals; slots after each ReLU, grown by the default heuristic (its first seed `branch_wide`,
@@ -381,7 +381,7 @@ MODELS = {
     "resnet_by_seeds": Model(digits_32x32x3, CifarResNet, ("layer1", "layer2", "layer3"), 64),
     "resnet1d": Model(mnist1d_signals, resnet1d, RESNET_BLOCKS, 100),
     # Stacking: a copy of every block that keeps its input's shape is grafted after it, at epoch 2, or after half
-    # the epochs and kept if it lowers the validation loss at all (as configs/grow_for_compute.toml does).
+    # the epochs and kept if it lowers the validation loss at all (as the grow_for_compute preset does).
     "resnet1d_copy_early": Model(mnist1d_signals, resnet1d, SHAPE_KEEPING_BLOCKS, 100, (
         ("depth_blueprint", "block_copy"), ("warmup_epochs", 1), ("first_growth_by", 0.05))),
     "resnet1d_copy_late": Model(mnist1d_signals, resnet1d, SHAPE_KEEPING_BLOCKS, 100, (

@@ -128,3 +128,9 @@ def test_listed_slot_widths_are_those_of_the_host_built_from_the_data(task: str)
     for pool_slots in (False, True):
         built = task_host(loaded, "meta", pool_slots=pool_slots).injection_points
         assert listed_host(task, pool_slots).widths == dict(built)
+
+
+def test_list_presets_names_each_with_its_purpose(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["list", "presets"]) == 0
+    out = capsys.readouterr().out
+    assert "grow_for_compute" in out and "grow_lean" in out and "0.6 of its training FLOPs" in out

@@ -10,7 +10,17 @@ from typing import Any
 import pytest
 
 from morphogen.commands.run import RunConfig
-from morphogen.config import MAX_CONFIG_BYTES, ConfigError, build_config, config_to_dict, read_config_file
+from morphogen.config import (
+    MAX_CONFIG_BYTES,
+    ConfigError,
+    build_config,
+    config_to_dict,
+    merge_tables,
+    preset_description,
+    preset_names,
+    read_config_file,
+    read_config_source,
+)
 from morphogen.core.alpha import AlphaCurve
 from morphogen.core.blend import BlendKind
 from morphogen.core.lifecycle import GateMode, Stage
@@ -196,27 +206,52 @@ def test_a_config_that_is_no_file_or_too_large_is_refused_unread(tmp_path: Path)
         assert str(caught.value) == f"config file {tmp_path / name}: {reason}"
 
 
-def test_shipped_config_files_build() -> None:
+def test_shipped_config_files_and_presets_build() -> None:
     """Every config under configs/ (cited by the README) loads and validates as the config of the command its
-    first line names (`morphogen train` or `morphogen run`)."""
+    first line names (`morphogen train`); every preset as `morphogen run`'s, and says what it is for."""
     from morphogen.commands.run import RunConfig
     from morphogen.control.trainer import TrainConfig
 
     files = sorted((Path(__file__).parent.parent / "configs").glob("*.toml"))
-    assert {path.name for path in files} >= {"default_policy.toml", "grow_for_compute.toml"}
+    assert {path.name for path in files} >= {"default_policy.toml"}
     for path in files:
         command = path.read_text().split("morphogen ", 1)[1].split()[0]
         # Raises ConfigError naming a bad key.
         build_config({"train": TrainConfig, "run": RunConfig}[command], read_config_file(path))
+    assert preset_names() == ["grow_for_compute", "grow_lean"]
+    for name in preset_names():
+        build_config(RunConfig, read_config_source(name))
+        assert len(preset_description(name)) > 20
 
 
-def test_the_compute_saving_config_grows_late_by_depth_and_keeps_what_lowers_the_loss() -> None:
-    """configs/grow_for_compute.toml: the settings the README's compute figures were measured with."""
+def test_the_compute_saving_preset_grows_late_by_depth_and_keeps_what_lowers_the_loss() -> None:
+    """The `grow_for_compute` preset: the settings the README's compute figures were measured with (30 epochs,
+    the host alone for 15 of them)."""
     from morphogen.commands.run import RunConfig
     from morphogen.core.lifecycle import Criterion
 
-    config = build_config(RunConfig, read_config_file(Path(__file__).parent.parent / "configs/grow_for_compute.toml"))
+    config = build_config(RunConfig, read_config_source("grow_for_compute"))
     heuristic, gates = config.heuristic, config.episode.slots.gates
-    assert (heuristic.depth_blueprint, heuristic.warmup_epochs, heuristic.first_growth_by) == ("conv_light", 15, 0.5)
+    assert (heuristic.depth_blueprint, heuristic.warmup_fraction, heuristic.first_growth_by) == ("conv_light", 0.5, 0.5)
     assert heuristic.loss_fossilize_threshold == 0.0 and gates.loss_min_contribution == 0.0
     assert gates.criterion is Criterion.LOSS and config.episode.max_epochs == 30
+
+
+@pytest.mark.parametrize(("source", "message"), [
+    ("grow_fast", "config 'grow_fast': not a preset (grow_for_compute, grow_lean) nor a file (a config file ends in "
+                  ".toml, .json, .yaml or .yml)"),
+    ("settings/grow_lean", "config file settings/grow_lean does not exist"),
+])
+def test_a_config_that_is_neither_a_preset_nor_a_file_is_one_line(source: str, message: str) -> None:
+    with pytest.raises(ConfigError) as caught:
+        read_config_source(source)
+    assert str(caught.value) == message
+
+
+def test_merged_tables_keep_what_the_override_leaves_out_at_every_depth() -> None:
+    base = {"episode": {"max_epochs": 30, "slots": {"gates": {"criterion": "loss"}}}, "seed": 1}
+    over = {"episode": {"slots": {"gates": {"loss_min_contribution": 0.0}}}, "seed": 2}
+    assert merge_tables(base, over) == {
+        "episode": {"max_epochs": 30, "slots": {"gates": {"criterion": "loss", "loss_min_contribution": 0.0}}},
+        "seed": 2}
+    assert base["seed"] == 1  # not changed in place

@@ -41,12 +41,13 @@ def test_readme_branch_example_runs(capsys):
 def test_readme_residual_growth_config_builds_the_settings_it_describes():
     import textwrap
 
+    import morphogen
     from morphogen.core.lifecycle import Criterion
 
     namespace: dict[str, object] = {}
-    source = textwrap.dedent(python_block('depth_blueprint="wider_inside"'))  # the block sits indented in a list
+    source = textwrap.dedent(python_block('"depth_blueprint": "wider_inside"'))  # the block sits indented in a list
     exec(compile(source, str(README), "exec"), namespace)
-    config = namespace["config"]
+    config = morphogen.load_config(**namespace["config"])  # the tables `grow(config=...)` takes, built
     assert config.heuristic.depth_blueprint == "wider_inside"
     assert (config.heuristic.warmup_epochs, config.heuristic.first_growth_by) == (1, 0.05)
     assert config.episode.slots.gates.criterion is Criterion.LOSS

@@ -13,7 +13,8 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from morphogen.commands.run import RunConfig, RunResult
+    from morphogen.commands.run import RunConfig, RunResult, load_config
+    from morphogen.config import ConfigError
     from morphogen.core.blueprints import blueprint_names, build_seed, register_blueprint
     from morphogen.core.hosts import CNNHost, Conv1dHost, SegmentedHost, TransformerHost
     from morphogen.core.lifecycle import Stage
@@ -30,7 +31,8 @@ if TYPE_CHECKING:
 __version__ = "0.1.0"
 
 _HOMES = {
-    "RunConfig": "morphogen.commands.run", "RunResult": "morphogen.commands.run",
+    "RunConfig": "morphogen.commands.run", "RunResult": "morphogen.commands.run", "ConfigError": "morphogen.config",
+    "load_config": "morphogen.commands.run",
     "blueprint_names": "morphogen.core.blueprints", "build_seed": "morphogen.core.blueprints",
     "register_blueprint": "morphogen.core.blueprints",
     "CNNHost": "morphogen.core.hosts", "Conv1dHost": "morphogen.core.hosts", "SegmentedHost": "morphogen.core.hosts",
@@ -50,10 +52,11 @@ _HOMES = {
 }
 """Where each public name lives."""
 
-__all__ = ["CNNHost", "Conv1dHost", "DataError", "EpochReport", "ExportError", "Grower", "GrownNetwork",
+__all__ = ["CNNHost", "ConfigError", "Conv1dHost", "DataError", "EpochReport", "ExportError", "Grower", "GrownNetwork",
     "HostBuildError", "ModuleHost", "MorphogeneticModel", "RunConfig", "RunResult", "SeedSlot", "SegmentedHost",
     "SlotConfig", "Stage", "Task", "TransformerHost", "blueprint_names", "build_seed", "export_model", "grow",
-    "grown_network", "host_from_module", "load_grown_model", "register_blueprint", "slot_points", "task_from_data"]
+    "grown_network", "host_from_module", "load_config", "load_grown_model", "register_blueprint", "slot_points",
+    "task_from_data"]
 
 
 def __getattr__(name: str) -> Any:

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from morphogen import __version__
 from morphogen.commands.listing import LISTINGS
-from morphogen.config import ConfigError, build_config, read_config_file
+from morphogen.config import ConfigError, build_config, merge_tables, read_config_file, read_config_source
 from morphogen.core.compilation import COMPILE_BACKENDS, COMPILE_MODES
 from morphogen.data.catalog import TASK_NAMES
 from morphogen.limits import MAX_TIMEOUT_SECONDS, short_repr
@@ -84,7 +84,8 @@ def _add_run_parser(subparsers: Any) -> None:
     run = subparsers.add_parser("run", help="grow a network for one episode and compare with no growth",
                                 description="One morphogenetic episode with the heuristic controller, "
                                             "printed next to the same host trained without growth.")
-    run.add_argument("--config", help="TOML/JSON/YAML file with RunConfig keys (flags override it)")
+    run.add_argument("--config", help="TOML/JSON/YAML file with RunConfig keys, or a preset's name (morphogen list "
+                     "presets); flags override it")
     run.add_argument("--task", help="digits (default), cifar10, text or mnist1d")
     run.add_argument("--epochs", "--episode-length", type=int, dest="epochs",
                      help="epochs in the episode (default 30)")
@@ -200,7 +201,7 @@ def _add_runs_parser(subparsers: Any) -> None:
 
 
 def _add_list_parser(subparsers: Any) -> None:
-    listing = subparsers.add_parser("list", help="list tasks, blueprints (with parameter counts) or slots",
+    listing = subparsers.add_parser("list", help="list tasks, blueprints (with parameter counts), slots or presets",
                                     description="What can be named on the command line. Blueprints and slots "
                                                 "depend on the task's host.")
     listing.add_argument("what", choices=LISTINGS, help="what to list")
@@ -303,11 +304,7 @@ def _comma_list(text: str, flag: str, example: str) -> list[str]:
 
 def _apply_overrides(values: dict[str, Any], overrides: dict[str, Any]) -> None:
     """Flags over file values; a table of flags (telemetry) is merged into the file's table, not replacing it."""
-    for key, value in overrides.items():
-        if isinstance(value, dict) and isinstance(values.get(key), dict):
-            values[key] = {**values[key], **value}
-        else:
-            values[key] = value
+    values.update(merge_tables(values, overrides))
 
 
 def _with_episode_length(values: dict[str, Any], length: int | None, flag: str) -> dict[str, Any]:
@@ -346,11 +343,9 @@ def _with_task_optimizer(values: dict[str, Any]) -> dict[str, Any]:
 def _resolved_optimizer(table: Any, task: Any, path: str) -> dict[str, Any] | None:
     """Optimizer `table` laid over built-in `task`'s default optimizer, as plain values; None (left for
     `build_config` to check) where `table` is not a table or `task` is not a built-in one."""
-    from morphogen.env.optimizer import task_optimizer_config
+    from morphogen.env.optimizer import resolved_optimizer_table
 
-    if not isinstance(table, dict) or task not in TASK_NAMES:
-        return None
-    return dataclasses.asdict(task_optimizer_config(task, table, path))  # a bad key or value: one ConfigError line
+    return resolved_optimizer_table(table, task, path) if task in TASK_NAMES else None
 
 
 def _over_users_default(table: Any, task: str | None) -> dict[str, Any] | None:
@@ -361,9 +356,9 @@ def _over_users_default(table: Any, task: str | None) -> dict[str, Any] | None:
     return table
 
 
-def read_config_values(path: str | None) -> dict[str, Any]:
-    """The values of the config file at `path` (none: no values)."""
-    return {} if path is None else read_config_file(path)
+def read_config_values(source: str | None) -> dict[str, Any]:
+    """The values of the config file or preset `source` names (none: no values)."""
+    return {} if source is None else read_config_source(source)
 
 
 def train_config_from_args(args: argparse.Namespace) -> TrainConfig:

@@ -11,6 +11,7 @@ import dataclasses
 import enum
 import json
 import math
+import os
 import re
 import tomllib
 import types
@@ -173,6 +174,43 @@ def _located_message(message: str, field_names: list[str], given: list[str], fal
 
 #: Largest config file read (a real one is a few kB; a run directory's config.json too).
 MAX_CONFIG_BYTES = MAX_JSON_BYTES
+
+
+def merge_tables(values: Mapping[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
+    """`over` laid on `values`: a table in both is merged key by key, at every depth; anything else is replaced."""
+    merged = dict(values)
+    for key, value in over.items():
+        below = merged.get(key)
+        merged[key] = merge_tables(below, value) if isinstance(value, Mapping) and isinstance(below, Mapping) \
+            else value
+    return merged
+
+
+#: Where the presets shipped with morphogen live: a preset is a config file named by its stem.
+PRESETS_DIRECTORY = Path(__file__).resolve().parent / "presets"
+
+
+def preset_names() -> list[str]:
+    """The names of the presets shipped with morphogen (`--config NAME`, `morphogen.load_config(NAME)`)."""
+    return sorted(path.stem for path in PRESETS_DIRECTORY.glob("*.toml"))
+
+
+def preset_description(name: str) -> str:
+    """What a preset is for: the first line of its file, a comment."""
+    first = (PRESETS_DIRECTORY / f"{name}.toml").read_text(encoding="utf-8").splitlines()[0]
+    return first.removeprefix("#").strip()
+
+
+def read_config_source(source: str | os.PathLike[str]) -> dict[str, Any]:
+    """The values of a config file, or of a preset named by `source`: a plain name, without a directory or suffix."""
+    path = Path(source)
+    if path.suffix or len(path.parts) != 1:
+        return read_config_file(path)
+    names = preset_names()
+    if path.name not in names:
+        raise ConfigError(f"config {short_repr(str(source))}: not a preset ({', '.join(names)}) nor a file "
+                          "(a config file ends in .toml, .json, .yaml or .yml)")
+    return read_config_file(PRESETS_DIRECTORY / f"{path.name}.toml")
 
 
 def read_config_file(path: str | Path) -> dict[str, Any]:

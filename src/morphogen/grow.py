@@ -13,10 +13,12 @@ turned off), prints the same lines and table as `morphogen run`, and writes the 
 from __future__ import annotations
 
 import dataclasses
-from typing import TextIO
+import os
+from collections.abc import Mapping
+from typing import Any, TextIO
 
-from morphogen.commands.run import RunConfig, RunResult, run_command
-from morphogen.config import ConfigError
+from morphogen.commands.run import RunConfig, RunResult, run_command, run_config_from_values
+from morphogen.config import ConfigError, read_config_source
 from morphogen.core.hosts import SegmentedHost
 from morphogen.data import Task
 from morphogen.env.episode import task_with_host
@@ -24,18 +26,30 @@ from morphogen.limits import MAX_EPOCHS, check_count
 from morphogen.session import PYTHON_TASK
 from morphogen.task_import import is_import_path
 
+#: What `grow(config=...)` takes: settings built, a preset's name or a config file's path, or a mapping of tables.
+ConfigSource = RunConfig | str | os.PathLike[str] | Mapping[str, Any]
+
+
+def _settings(config: ConfigSource | None, task: Task) -> RunConfig:
+    """`grow`'s `config` as settings; a file's or mapping's optimizer table over `task`'s default optimizer."""
+    if config is None or isinstance(config, RunConfig):
+        return config or RunConfig()
+    values = read_config_source(config) if isinstance(config, (str, os.PathLike)) else dict(config)
+    return run_config_from_values(values, task.name, task.topology)
+
 
 def grow(task: Task, host: object = None, *, epochs: int | None = None, seed: int = 0, baseline: bool = True,
          from_scratch: bool = True, device: str = "cpu", run_dir: str | None = None, runs_root: str = "runs",
-         config: RunConfig | None = None, out: TextIO | None = None, resume: bool = False,
+         config: ConfigSource | None = None, out: TextIO | None = None, resume: bool = False,
          policy: str | None = None) -> RunResult:
     """Grow `host` (from `morphogen.host_from_module`, or a function of no arguments building one; default: the
     task's own) on `task` for `epochs` epochs (default: the config's, 30); returns the three outcomes, the grown
     model and the run directory.
 
-    Every other setting of `morphogen run` (gates, optimizer, heuristic, telemetry) comes from `config`, a
-    `RunConfig`; the keyword arguments here override its fields. Raises `DataError` or `ConfigError` (both
-    `ValueError`s) for what cannot work, before anything is written.
+    Every other setting of `morphogen run` (gates, optimizer, heuristic, telemetry) comes from `config`: a
+    `RunConfig` (`load_config`), a preset's name ("grow_for_compute", "grow_lean"), a config file's path, or a
+    mapping of its tables (`{"heuristic": {"warmup_epochs": 5}}`); the keyword arguments here override its fields.
+    Raises `DataError` or `ConfigError` (both `ValueError`s) for what cannot work, before anything is written.
 
     Each training (grown, no growth, from scratch) starts from a copy of `host`; when the host is a module (not a
     function), it receives the grown model's host weights at the end, and so does the model it was made from
@@ -47,7 +61,8 @@ def grow(task: Task, host: object = None, *, epochs: int | None = None, seed: in
     `policy` grows with a learned growth policy instead of the heuristic, as `morphogen run --policy` does:
     "default" (the policy shipped with morphogen) or the run directory of a `morphogen train`.
     """
-    base = config or RunConfig()
+    with_host = task_with_host(task, host)
+    base = _settings(config, with_host)
     if epochs is not None:
         check_count("epochs", epochs, MAX_EPOCHS)
     # config.json records where the task came from: its import path, or that Python code built it.
@@ -59,7 +74,6 @@ def grow(task: Task, host: object = None, *, epochs: int | None = None, seed: in
             episode=dataclasses.replace(base.episode, max_epochs=epochs or base.episode.max_epochs))
     except ValueError as error:
         raise ConfigError(str(error)) from None
-    with_host = task_with_host(task, host)
     factory = None
     if policy is not None:
         from morphogen.commands.evaluate import policy_controller_factory  # loads the policy's modules only here

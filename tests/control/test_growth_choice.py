@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from test_heuristic import ALL_EMPTY, SLOTS, controller, make_masks, make_slot, make_snapshot
 
 from morphogen.commands.run import RunConfig
-from morphogen.config import build_config, read_config_file
+from morphogen.config import build_config, read_config_source
 from morphogen.control.growth_choice import best_growth, growth_options
 from morphogen.control.heuristic import HeuristicConfig, HeuristicController
 from morphogen.core.flops import SeedCost
@@ -149,8 +147,8 @@ def test_the_rotation_skips_a_blueprint_no_empty_slot_has_a_site_for() -> None:
 
 
 def test_the_lean_config_widens_by_half_where_the_default_widens_by_double() -> None:
-    """configs/grow_lean.toml, the README's FLOP-lean growth: the heuristic weighs `wider_half` for widening."""
-    lean = build_config(RunConfig, read_config_file(Path(__file__).parents[2] / "configs/grow_lean.toml"))
+    """The `grow_lean` preset, the README's FLOP-lean growth: the heuristic weighs `wider_half` for widening."""
+    lean = build_config(RunConfig, read_config_source("grow_lean"))
     heuristic = HeuristicController(ActionSpace(SLOTS, "cnn"), "cnn", lean.heuristic)
     assert heuristic.growth_candidates(10) == ("conv_heavy", "wider_half")
     slot = make_slot("r0c0", depth_signal=0.1, width_signal=1.0,

@@ -151,6 +151,15 @@ def test_germinates_after_warmup_once_accuracy_plateaus() -> None:
     assert action == Action(Op.GERMINATE, "r0c0", DEFAULT_ROTATION["cnn"][0])
 
 
+@pytest.mark.parametrize("max_epochs", [30, 100])
+def test_a_warmup_fraction_waits_that_share_of_any_episode_then_grows(max_epochs: int) -> None:
+    heuristic, space = controller(warmup_fraction=0.5)
+    half = max_epochs // 2
+    assert heuristic.act(make_snapshot(epoch=half - 1, max_epochs=max_epochs), make_masks(space, ALL_EMPTY)) == Action()
+    action = heuristic.act(make_snapshot(epoch=half, max_epochs=max_epochs), make_masks(space, ALL_EMPTY))
+    assert action.op is Op.GERMINATE
+
+
 def test_waits_while_accuracy_still_rises() -> None:
     heuristic, space = controller()
     assert heuristic.act(make_snapshot(epoch=5, history=RISING), make_masks(space, ALL_EMPTY)) == Action()
@@ -367,6 +376,8 @@ def test_transformer_topology_uses_its_own_rotation() -> None:
     ("overrides", "message"),
     [
         ({"warmup_epochs": -1}, "warmup_epochs"),
+        ({"warmup_fraction": 1.0}, "warmup_fraction"),
+        ({"warmup_fraction": float("nan")}, "warmup_fraction"),
         ({"plateau_epochs": 0}, "plateau_epochs"),
         ({"plateau_epochs": 5}, "plateau_epochs"),  # the snapshot keeps only 5 accuracies
         ({"min_holding_epochs": -1}, "min_holding_epochs"),

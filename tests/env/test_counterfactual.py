@@ -275,19 +275,18 @@ def test_for_decisions_measures_only_what_the_gates_and_the_heuristic_read_next(
 def test_seeds_grafted_together_are_ablated_one_an_epoch_and_judged_as_before() -> None:
     """GROW puts a seed into every slot at once; the heuristic judges one an epoch, the one measured. Where it can
     judge each seed when it is measured (here), ablating only that one changes no decision and no figure of the
-    run, and halves what the counterfactuals cost. The settings are configs/grow_for_compute.toml's, growing two
-    epochs in instead of fifteen."""
+    run, and halves what the counterfactuals cost. The settings are the `grow_for_compute` preset's, growing two
+    epochs in instead of half the episode."""
     import dataclasses
-    from pathlib import Path
 
     from morphogen.commands.run import RunConfig
-    from morphogen.config import build_config, read_config_file
+    from morphogen.config import build_config, read_config_source
     from morphogen.control.heuristic import HeuristicController
     from morphogen.data import load_task
     from morphogen.env.episode import MorphogenesisEpisode
     from morphogen.telemetry import events
 
-    recipe = build_config(RunConfig, read_config_file(Path(__file__).parents[2] / "configs/grow_for_compute.toml"))
+    recipe = build_config(RunConfig, read_config_source("grow_for_compute"))
     task = load_task("digits", max_train_samples=256)
     runs = {}
     for limit in (None, 1):
@@ -295,7 +294,8 @@ def test_seeds_grafted_together_are_ablated_one_an_epoch_and_judged_as_before() 
         episode = MorphogenesisEpisode(task, config, seed=0)
         snapshot = episode.reset()
         heuristic = HeuristicController(episode.action_space, task.topology,
-                                        dataclasses.replace(recipe.heuristic, warmup_epochs=2, first_growth_by=0.1))
+                                        dataclasses.replace(recipe.heuristic, warmup_fraction=0.0, warmup_epochs=2,
+                                                            first_growth_by=0.1))
         measured = []
         while not episode.done:
             snapshot = episode.step(heuristic.act(snapshot, episode.masks())).snapshot

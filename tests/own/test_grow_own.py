@@ -397,3 +397,28 @@ def test_a_shuffled_loader_and_dropout_give_the_grown_run_and_its_twin_the_same_
     assert grown != twin  # the seed changed the run once it trained
     grown_run("second", 7)
     assert _epochs(tmp_path / "second" / "events.jsonl") == grown
+
+
+def test_grow_takes_a_preset_a_mapping_of_tables_or_load_configs_settings(tmp_path: Path) -> None:
+    """The README's choices of growth by name, and any setting without importing morphogen's internals."""
+    lean = morphogen.load_config("grow_lean", episode={"max_epochs": 2})
+    assert lean.heuristic.widening == "wider_half" and lean.episode.max_epochs == 2
+    compute = morphogen.load_config("grow_for_compute", heuristic={"warmup_fraction": 0.4})
+    assert (compute.heuristic.warmup_fraction, compute.heuristic.depth_blueprint) == (0.4, "conv_light")
+    assert compute.episode.slots.gates.loss_min_contribution == 0.0  # the preset's table, kept beside the override
+    with pytest.raises(morphogen.ConfigError, match=r"^heuristic\.warmup_fractions: unknown key; accepted: "):
+        morphogen.load_config(heuristic={"warmup_fractions": 0.4})
+
+    task = user_tasks.gpt()  # a transformer of the user's: AdamW by default
+    tables = {"episode": {"optimizer": {"schedule": "cosine"}}, "heuristic": {"first_growth_by": 0.5}}
+    morphogen.grow(task, epochs=1, baseline=False, from_scratch=False, run_dir=str(tmp_path / "tables"),
+                   config=tables, out=io.StringIO())
+    recorded = json.loads((tmp_path / "tables" / "config.json").read_text())
+    assert recorded["episode"]["optimizer"]["name"] == "adamw"  # the table laid over the model's own optimizer
+    assert recorded["episode"]["optimizer"]["schedule"] == "cosine"
+    assert recorded["heuristic"]["first_growth_by"] == 0.5
+    task, host = user_tasks.resnet()  # the preset grows convolutional blocks
+    morphogen.grow(task, host, epochs=1, baseline=False, from_scratch=False, run_dir=str(tmp_path / "preset"),
+                   config="grow_for_compute", out=io.StringIO())
+    recorded = json.loads((tmp_path / "preset" / "config.json").read_text())
+    assert recorded["heuristic"]["depth_blueprint"] == "conv_light"

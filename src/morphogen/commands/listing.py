@@ -1,11 +1,11 @@
-"""`morphogen list tasks|blueprints|slots`: what can be named on the command line, without provoking errors.
+"""`morphogen list tasks|blueprints|slots|presets`: what can be named on the command line, without provoking errors.
 
 Slots and blueprint sizes depend on the task's host, and only on its size: a slot's width is a block's
 channels or the model width, never the number of classes, input channels or vocabulary that the data
 decides. So a built-in task's host is built from its default size alone, without its data (`cifar10`
 needs no `--data-dir` to be listed), on the `meta` device: listing costs no memory and no training.
 A user's task (`--task package.module:function`) is built by its function, which brings its own host.
-`list tasks` reads only `morphogen.data.catalog`: it loads no torch.
+`list tasks` reads only `morphogen.data.catalog`, and `list presets` the preset files: they load no torch.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ import sys
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, TextIO
 
+from morphogen.config import preset_description, preset_names
 from morphogen.data.catalog import DEFAULT_HOST_SIZES, TASK_DESCRIPTIONS, TASK_NAMES, TASK_TOPOLOGIES
 
 if TYPE_CHECKING:
@@ -22,7 +23,7 @@ if TYPE_CHECKING:
     from morphogen.core.hosts import SegmentedHost
     from morphogen.core.model import MorphogeneticModel
 
-LISTINGS = ("tasks", "blueprints", "slots")
+LISTINGS = ("tasks", "blueprints", "slots", "presets")
 
 #: Constructor arguments that a built-in task's data fixes; no slot's width depends on them, so listing
 #: builds the host with these stand-ins instead of loading the data.
@@ -71,13 +72,22 @@ def listed_host(task_name: str, pool_slots: bool = False) -> ListedHost:
     return ListedHost(task_name, topology, dict(host.injection_points), host)
 
 
-def list_tasks(out: TextIO) -> None:
+def _list_named(header: tuple[str, str], rows: dict[str, str], out: TextIO) -> None:
     from rich.table import Table
 
-    table = Table("task", "what it is", box=None, pad_edge=False)
-    for name in TASK_NAMES:
-        table.add_row(name, TASK_DESCRIPTIONS.get(name, ""))
+    table = Table(*header, box=None, pad_edge=False)
+    for name, description in rows.items():
+        table.add_row(name, description)
     _console(out).print(table)
+
+
+def list_tasks(out: TextIO) -> None:
+    _list_named(("task", "what it is"), {name: TASK_DESCRIPTIONS.get(name, "") for name in TASK_NAMES}, out)
+
+
+def list_presets(out: TextIO) -> None:
+    """The presets shipped with morphogen (`run --config NAME`, `grow(..., config=NAME)`), each with its purpose."""
+    _list_named(("preset", "what it is for"), {name: preset_description(name) for name in preset_names()}, out)
 
 
 def list_slots(host: ListedHost, out: TextIO) -> None:
@@ -134,8 +144,8 @@ def list_blueprints(host: ListedHost, out: TextIO) -> None:
 def list_command(what: str, *, task_name: str = "digits", pool_slots: bool = False, out: TextIO | None = None) -> None:
     """Print the listing `what` (one of LISTINGS) to `out` (default: `sys.stdout` at call time)."""
     out = sys.stdout if out is None else out
-    if what == "tasks":
-        list_tasks(out)
+    if what in ("tasks", "presets"):
+        (list_tasks if what == "tasks" else list_presets)(out)
         return
     host = listed_host(task_name, pool_slots)
     if what == "slots":

@@ -10,7 +10,7 @@ import os
 import re
 import sys
 import textwrap
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
@@ -18,7 +18,7 @@ from typing import Any, TextIO
 from rich.progress import TaskID
 
 from morphogen.commands.run_state import cut_events, load_training_state, remove_resume_state, save_training_state
-from morphogen.config import config_to_dict
+from morphogen.config import build_config, config_to_dict, merge_tables, read_config_source
 from morphogen.control.controller import NoGrowthController
 from morphogen.control.heuristic import HeuristicConfig, HeuristicController
 from morphogen.core.lifecycle import Criterion
@@ -27,7 +27,7 @@ from morphogen.data import Task
 from morphogen.devices import resolve_device
 from morphogen.env.actions import Op
 from morphogen.env.episode import EpisodeConfig, MorphogenesisEpisode, StepResult
-from morphogen.env.optimizer import OptimizerConfig, task_optimizer_config
+from morphogen.env.optimizer import OptimizerConfig, resolved_optimizer_table, task_optimizer_config
 from morphogen.env.play import Controller, EpisodeOutcome, run_episode
 from morphogen.limits import MAX_EPOCHS, check_count
 from morphogen.model_file import save_model_file
@@ -79,6 +79,25 @@ class RunConfig(SessionOptions):
         super().__post_init__()
         check_count("save_every", self.save_every, MAX_EPOCHS, lower=0)
 
+
+def load_config(source: str | os.PathLike[str] | None = None, /, **tables: Any) -> RunConfig:
+    """The settings of `morphogen run` from a preset's name (`morphogen list presets`) or a config file (TOML, JSON
+    or YAML), with `tables` laid over them key by key: `load_config("grow_for_compute", heuristic={"warmup_fraction":
+    0.4})`. Validated as `run --config` is: a bad key or value raises `ConfigError` naming its path. An
+    `episode={"optimizer": {...}}` table is laid over the default optimizer of the config's task (SGD for digits);
+    `morphogen.grow` lays it over your model's (AdamW for a transformer) when given the tables themselves."""
+    values = merge_tables(read_config_source(source) if source is not None else {}, tables)
+    return run_config_from_values(values, str(values.get("task", RunConfig.task)))
+
+
+def run_config_from_values(values: Mapping[str, Any], task: str, topology: str = "") -> RunConfig:
+    """`values` built into a `RunConfig`, an `[episode.optimizer]` table over `task`'s default optimizer."""
+    episode = values.get("episode")
+    if isinstance(episode, Mapping):
+        optimizer = resolved_optimizer_table(episode.get("optimizer"), task, "episode.optimizer", topology=topology)
+        if optimizer is not None:
+            values = {**values, "episode": {**episode, "optimizer": optimizer}}
+    return build_config(RunConfig, values)
 
 
 #: Columns the seeds part of an epoch line keeps at least before a refusal's reason moves to its own line.

@@ -90,6 +90,9 @@ class HeuristicConfig:
 
     #: Epochs the host trains before any seed is considered.
     warmup_epochs: int = 3
+    #: ...and at least this fraction of the episode (the later of the two): a warmup that scales with the
+    #: episode's length, as growing late for compute needs (the `grow_for_compute` preset: 0.5).
+    warmup_fraction: float = 0.0
     #: The plateau test looks at the gain over this many epochs...
     plateau_epochs: int = 3
     #: ...and, judged by score, calls it a plateau when the gain is below this many points.
@@ -167,19 +170,25 @@ class HeuristicConfig:
             # Two windows of this many epochs need 2 * window + 1 losses from the snapshot's history.
             raise ValueError(f"heuristic slowing_window must be in [1, {(HISTORY_LENGTH - 1) // 2}], "
                              f"got {self.slowing_window}")
-        if not 0.0 < self.first_growth_by <= 1.0:  # NaN fails too
-            raise ValueError(f"heuristic first_growth_by must be in (0, 1], got {self.first_growth_by}")
-        if not 0.0 <= self.slowing_ratio < 1.0:  # NaN fails too
-            raise ValueError(f"heuristic slowing_ratio must be in [0, 1), got {self.slowing_ratio}")
+        self._check_fractions()
         if self.rotation is not None and not self.rotation:
             raise ValueError("heuristic rotation must name at least one blueprint (leave it out for the default)")
         for name in (f"{kind}_{threshold}_threshold" for kind in ("loss", "relative")
                      for threshold in ("plateau", "worse", "fossilize")):
             if not getattr(self, name) >= 0:  # NaN fails too
                 raise ValueError(f"heuristic {name} must be >= 0, got {getattr(self, name)}")
-
         if self.choice is not None and self.choice not in CHOICES:
             raise ValueError(f"heuristic choice must be one of {', '.join(CHOICES)}, got {self.choice!r}")
+
+    def _check_fractions(self) -> None:
+        """Fractions of the episode or of an improvement, each in its range (NaN fails every comparison)."""
+        if not 0.0 <= self.warmup_fraction < 1.0:
+            raise ValueError(f"heuristic warmup_fraction must be in [0, 1), got {self.warmup_fraction}")
+        if not 0.0 < self.first_growth_by <= 1.0:
+            raise ValueError(f"heuristic first_growth_by must be in (0, 1], got {self.first_growth_by}")
+        if not 0.0 <= self.slowing_ratio < 1.0:
+            raise ValueError(f"heuristic slowing_ratio must be in [0, 1), got {self.slowing_ratio}")
+
 
 class _Measure(NamedTuple):
     """What the heuristic judges by, as numbers where higher is better, with the thresholds in their unit."""
@@ -467,7 +476,8 @@ class HeuristicController:
 
     def _should_germinate(self, snapshot: EpisodeSnapshot) -> bool:
         config = self.config
-        if snapshot.epoch < max(config.warmup_epochs, self.growth_resumes_at):
+        if snapshot.epoch < max(config.warmup_epochs, self.growth_resumes_at) \
+                or snapshot.epoch < config.warmup_fraction * snapshot.max_epochs:
             return False
         if snapshot.max_epochs - snapshot.epoch < self._epochs_to_verdict():
             return False

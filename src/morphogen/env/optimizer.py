@@ -7,6 +7,7 @@ read their config, before any episode exists.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -139,3 +140,12 @@ def task_optimizer_config(task: str, table: Mapping[str, Any] | None = None,
     if "name" in given and given["name"] != defaults.get("name", OptimizerConfig.name):
         defaults = {}
     return build_config(OptimizerConfig, {**defaults, **given}, path)
+
+
+def resolved_optimizer_table(table: object, task: str, path: str = "episode.optimizer", *,
+                             topology: str = "") -> dict[str, Any] | None:
+    """An optimizer `table` laid over `task`'s default optimizer (`task_optimizer_config`), as the plain values a
+    config records; None where `table` is not a table (left for `build_config` to report)."""
+    if not isinstance(table, Mapping):
+        return None
+    return dataclasses.asdict(task_optimizer_config(task, table, path, topology=topology))  # bad key: ConfigError
