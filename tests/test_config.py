@@ -218,7 +218,7 @@ def test_shipped_config_files_and_presets_build() -> None:
         command = path.read_text().split("morphogen ", 1)[1].split()[0]
         # Raises ConfigError naming a bad key.
         build_config({"train": TrainConfig, "run": RunConfig}[command], read_config_file(path))
-    assert preset_names() == ["grow_for_compute", "grow_lean"]
+    assert preset_names() == ["grow_for_compute", "grow_lean", "wider_inside_blocks"]
     for name in preset_names():
         build_config(RunConfig, read_config_source(name))
         assert len(preset_description(name)) > 20
@@ -238,8 +238,8 @@ def test_the_compute_saving_preset_grows_late_by_depth_and_keeps_what_lowers_the
 
 
 @pytest.mark.parametrize(("source", "message"), [
-    ("grow_fast", "config 'grow_fast': not a preset (grow_for_compute, grow_lean) nor a file (a config file ends in "
-                  ".toml, .json, .yaml or .yml)"),
+    ("grow_fast", "config 'grow_fast': not a preset (grow_for_compute, grow_lean, wider_inside_blocks) nor a file (a "
+                  "config file ends in .toml, .json, .yaml or .yml)"),
     ("settings/grow_lean", "config file settings/grow_lean does not exist"),
 ])
 def test_a_config_that_is_neither_a_preset_nor_a_file_is_one_line(source: str, message: str) -> None:

@@ -48,6 +48,7 @@ def test_readme_residual_growth_config_builds_the_settings_it_describes():
     source = textwrap.dedent(python_block('"depth_blueprint": "wider_inside"'))  # the block sits indented in a list
     exec(compile(source, str(README), "exec"), namespace)
     config = morphogen.load_config(**namespace["config"])  # the tables `grow(config=...)` takes, built
+    assert config == morphogen.load_config("wider_inside_blocks")  # the preset the README says holds them
     assert config.heuristic.depth_blueprint == "wider_inside"
     assert (config.heuristic.warmup_epochs, config.heuristic.first_growth_by) == (1, 0.05)
     assert config.episode.slots.gates.criterion is Criterion.LOSS
