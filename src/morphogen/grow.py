@@ -13,29 +13,16 @@ turned off), prints the same lines and table as `morphogen run`, and writes the 
 from __future__ import annotations
 
 import dataclasses
-import os
-from collections.abc import Mapping
-from typing import Any, TextIO
+from typing import TextIO
 
-from morphogen.commands.run import RunConfig, RunResult, run_command, run_config_from_values
-from morphogen.config import ConfigError, read_config_source
+from morphogen.commands.run import ConfigSource, RunResult, run_command, settings_from
+from morphogen.config import ConfigError
 from morphogen.core.hosts import SegmentedHost
 from morphogen.data import Task
 from morphogen.env.episode import task_with_host
 from morphogen.limits import MAX_EPOCHS, check_count
 from morphogen.session import PYTHON_TASK
 from morphogen.task_import import is_import_path
-
-#: What `grow(config=...)` takes: settings built, a preset's name or a config file's path, or a mapping of tables.
-ConfigSource = RunConfig | str | os.PathLike[str] | Mapping[str, Any]
-
-
-def _settings(config: ConfigSource | None, task: Task) -> RunConfig:
-    """`grow`'s `config` as settings; a file's or mapping's optimizer table over `task`'s default optimizer."""
-    if config is None or isinstance(config, RunConfig):
-        return config or RunConfig()
-    values = read_config_source(config) if isinstance(config, (str, os.PathLike)) else dict(config)
-    return run_config_from_values(values, task.name, task.topology)
 
 
 def grow(task: Task, host: object = None, *, epochs: int | None = None, seed: int = 0, baseline: bool = True,
@@ -62,7 +49,7 @@ def grow(task: Task, host: object = None, *, epochs: int | None = None, seed: in
     "default" (the policy shipped with morphogen) or the run directory of a `morphogen train`.
     """
     with_host = task_with_host(task, host)
-    base = _settings(config, with_host)
+    base = settings_from(config, with_host.name, with_host.topology)
     if epochs is not None:
         check_count("epochs", epochs, MAX_EPOCHS)
     # config.json records where the task came from: its import path, or that Python code built it.

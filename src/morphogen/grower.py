@@ -42,6 +42,7 @@ import torch
 from torch import Tensor, nn
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
+from morphogen.commands.run import ConfigSource, settings_from
 from morphogen.control.heuristic import HeuristicConfig, HeuristicController
 from morphogen.core.hosts import SegmentedHost
 from morphogen.core.model import MorphogeneticModel, shadow_rows
@@ -90,22 +91,30 @@ class Grower:
                  optimizer: torch.optim.Optimizer | None = None, controller: Controller | None = None,
                  episode: EpisodeConfig | None = None, heuristic: HeuristicConfig | None = None, seed: int = 0,
                  slots: list[str] | None = None, telemetry: Telemetry | None = None,
-                 validation_batch_size: int = 512, target_key: str | None = None, distributed: bool = False) -> None:
+                 validation_batch_size: int = 512, target_key: str | None = None, distributed: bool = False,
+                 config: ConfigSource | None = None) -> None:
         """`host` comes from `morphogen.host_from_module` and stays yours (no copy); `validation` is what
         `task_from_data` takes for a split (`target_key` as there). `optimizer` is the host's optimizer, given so
         that a rollback can reset it; `controller` defaults to the heuristic with `heuristic` settings.
+        `config` gives `episode` and `heuristic` as `grow` takes its settings: a preset's name, a config file, a
+        mapping of tables or a `RunConfig`.
         `distributed=True`: every process of the default `torch.distributed` group trains this model on its own
         batches and validates on its own share of the validation data (see `_Replicas`)."""
         if not isinstance(host, SegmentedHost):
             raise TypeError(f"Grower needs a host from morphogen.host_from_module, got {type(host).__name__}")
+        if config is not None:
+            if episode is not None or heuristic is not None:
+                raise ValueError("Grower: give config, or episode and heuristic, not both")
+            settings = settings_from(config, "own loop", host.topology)
+            episode, heuristic = settings.episode, settings.heuristic
         self._replicas = _Replicas() if distributed else None
         device = next(host.parameters()).device
         # The grower trains nothing itself: the episode reads only the validation split, so it doubles as train.
         task = task_from_data("own loop", validation, validation, loss=loss, metric=metric, metric_name=metric_name,
                               num_classes=num_classes, device=device, host=lambda: host, target_key=target_key)
-        config = dataclasses.replace(episode or EpisodeConfig(), max_epochs=epochs,
-                                     validation_batch_size=validation_batch_size)
-        self.episode = MorphogenesisEpisode(task_with_host(task), config, seed=seed, slots=slots,
+        episode_config = dataclasses.replace(episode or EpisodeConfig(), max_epochs=epochs,
+                                             validation_batch_size=validation_batch_size)
+        self.episode = MorphogenesisEpisode(task_with_host(task), episode_config, seed=seed, slots=slots,
                                             telemetry=telemetry)
         if self._replicas is not None:
             self.episode.sum_over_processes = self._replicas.sum

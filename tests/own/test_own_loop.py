@@ -199,3 +199,17 @@ def test_the_grower_measures_the_growth_signals_its_heuristic_chooses_by() -> No
     best = best_growth(slots, [slot.slot_id for slot in slots], "mlp", "wider")  # the rotation's first, and widening
     assert best is not None and report.next_action is not None
     assert report.next_action.startswith(f"GERMINATE {best.blueprint}@{best.slot} ")
+
+
+def test_a_grower_takes_its_settings_as_grow_does() -> None:
+    """`config=` a preset's name or a mapping of tables gives the Grower the episode and heuristic settings."""
+    train, validation = blobs(64, 0), blobs(32, 1)
+    host = morphogen.host_from_module(mlp(), ["1", "3"], example_input=train[0][:2])
+    lean = Grower(host, validation, epochs=3, config="grow_lean")
+    assert lean.controller.config.widening == "wider_half"  # type: ignore[attr-defined]
+    tables = Grower(host, validation, epochs=3, config={"heuristic": {"warmup_epochs": 7},
+                                                        "episode": {"slots": {"gates": {"criterion": "loss"}}}})
+    assert tables.controller.config.warmup_epochs == 7  # type: ignore[attr-defined]
+    assert tables.episode.config.max_epochs == 3 and tables.episode.config.slots.gates.criterion.value == "loss"
+    with pytest.raises(ValueError, match="give config, or episode and heuristic, not both"):
+        Grower(host, validation, epochs=3, config="grow_lean", heuristic=tables.controller.config)  # type: ignore[attr-defined]

@@ -100,6 +100,20 @@ def run_config_from_values(values: Mapping[str, Any], task: str, topology: str =
     return build_config(RunConfig, values)
 
 
+#: What `grow(config=...)` and `Grower(config=...)` take: settings built, a preset's name or a config file's path,
+#: or a mapping of its tables.
+ConfigSource = RunConfig | str | os.PathLike[str] | Mapping[str, Any]
+
+
+def settings_from(config: ConfigSource | None, task: str, topology: str = "") -> RunConfig:
+    """`config` as settings; a file's or mapping's optimizer table laid over `task`'s default optimizer (that of
+    its host's `topology` for a task of the user's own)."""
+    if config is None or isinstance(config, RunConfig):
+        return config or RunConfig()
+    values = read_config_source(config) if isinstance(config, (str, os.PathLike)) else dict(config)
+    return run_config_from_values(values, task, topology)
+
+
 #: Columns the seeds part of an epoch line keeps at least before a refusal's reason moves to its own line.
 MIN_SEED_COLUMNS = 24
 #: Indentation of a refusal's reason printed below its epoch line.
