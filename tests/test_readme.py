@@ -108,6 +108,18 @@ def test_readme_own_model_example_runs(tmp_path, monkeypatch, capsys):
     with torch.no_grad():  # the user's own module holds the grown host's weights
         torch.testing.assert_close(net.eval()(x), result.model.host.eval()(x), rtol=0, atol=0)
 
+    # "Against other sizes of your model", on the example's model and data, for 2 epochs instead of 30.
+    import morphogen
+
+    grow = morphogen.grow
+    monkeypatch.setattr(morphogen, "grow", lambda *args, **kwargs: grow(
+        *args, **{**kwargs, "epochs": 2, "baseline": False, "from_scratch": False}))
+    exec(compile(python_block("compare_with="), str(README), "exec"), namespace)
+    compared = namespace["result"].fixed
+    assert list(compared) == ["width 12", "width 16"]
+    assert compared["width 12"].parameters < compared["width 16"].parameters
+    assert "hosts to compare with, trained without growth" in capsys.readouterr().out
+
 
 def test_readme_task_function_runs_from_the_command_line(tmp_path, monkeypatch, capsys):
     from morphogen.cli import main

@@ -13,6 +13,7 @@ turned off), prints the same lines and table as `morphogen run`, and writes the 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from typing import TextIO
 
 from morphogen.commands.run import ConfigSource, RunResult, run_command, settings_from
@@ -20,7 +21,7 @@ from morphogen.config import ConfigError
 from morphogen.core.hosts import SegmentedHost
 from morphogen.data import Task
 from morphogen.env.episode import task_with_host
-from morphogen.limits import MAX_EPOCHS, check_count
+from morphogen.limits import MAX_EPOCHS, check_count, short_repr
 from morphogen.session import PYTHON_TASK
 from morphogen.task_import import is_import_path
 
@@ -28,7 +29,7 @@ from morphogen.task_import import is_import_path
 def grow(task: Task, host: object = None, *, epochs: int | None = None, seed: int = 0, baseline: bool = True,
          from_scratch: bool = True, device: str = "cpu", run_dir: str | None = None, runs_root: str = "runs",
          config: ConfigSource | None = None, out: TextIO | None = None, resume: bool = False,
-         policy: str | None = None) -> RunResult:
+         policy: str | None = None, compare_with: Mapping[str, object] | None = None) -> RunResult:
     """Grow `host` (from `morphogen.host_from_module`, or a function of no arguments building one; default: the
     task's own) on `task` for `epochs` epochs (default: the config's, 30); returns the three outcomes, the grown
     model and the run directory.
@@ -47,6 +48,10 @@ def grow(task: Task, host: object = None, *, epochs: int | None = None, seed: in
 
     `policy` grows with a learned growth policy instead of the heuristic, as `morphogen run --policy` does:
     "default" (the policy shipped with morphogen) or the run directory of a `morphogen train`.
+
+    `compare_with` maps names to other hosts (or functions building them), say your model at other widths, each
+    trained without growth on the same data, epochs and seed; the table puts them beside the grown model, and
+    `result.fixed` holds their figures: whether growing beat simply picking another size.
     """
     with_host = task_with_host(task, host)
     base = settings_from(config, with_host.name, with_host.topology)
@@ -67,9 +72,29 @@ def grow(task: Task, host: object = None, *, epochs: int | None = None, seed: in
         from morphogen.devices import resolve_device
 
         factory = policy_controller_factory(policy, resolve_device(settings.device), settings.compile_settings)
-    result = run_command(settings, factory, task=with_host, out=out, resume=resume)
+    result = run_command(settings, factory, task=with_host, out=out, resume=resume,
+                         compare_with=_checked_names(compare_with))
     if isinstance(with_host.host, SegmentedHost):
         # Each training ran on a copy of the host; the grown one's weights go back into it, and so into the user's
         # own modules, whose parameters a host from `host_from_module` shares.
         with_host.host.load_state_dict(result.model.host.state_dict())
     return result
+
+
+#: Most hosts `grow` compares with, and the longest name of one (the table shows its first 13 characters).
+MAX_COMPARED_HOSTS, MAX_HOST_NAME = 16, 40
+
+
+def _checked_names(compare_with: Mapping[str, object] | None) -> Mapping[str, object] | None:
+    """`compare_with`, or `ConfigError` for what its table cannot show: too many hosts, a name that is not text."""
+    if compare_with is None:
+        return None
+    if not isinstance(compare_with, Mapping):
+        raise ConfigError(f"compare_with: expected a dict of names to hosts, got a {type(compare_with).__name__}")
+    if len(compare_with) > MAX_COMPARED_HOSTS:
+        raise ConfigError(f"compare_with: at most {MAX_COMPARED_HOSTS} hosts, got {len(compare_with)}")
+    for name in compare_with:
+        if not isinstance(name, str) or not 0 < len(name) <= MAX_HOST_NAME:
+            raise ConfigError(f"compare_with: each name is a string of 1 to {MAX_HOST_NAME} characters, got "
+                              f"{short_repr(name)}")
+    return compare_with

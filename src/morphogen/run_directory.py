@@ -62,6 +62,8 @@ SUMMARY_FILENAME = "summary.json"
 MODEL_FILENAME = "model.pt"
 BASELINE_DIRNAME = "baseline"
 FROM_SCRATCH_DIRNAME = "from_scratch"
+#: Fixed hosts trained without growth for comparison (`grow(compare_with=...)`), one subdirectory each, by index.
+FIXED_DIRNAME = "fixed"
 CHECKPOINT_NAME = "checkpoint.pt"
 RESUME_FILENAME = "resume.pt"
 EVAL_RESUME_FILENAME = "eval_resume.pt"
@@ -78,8 +80,8 @@ MAX_LINE_BYTES = 1_048_576
 """Longest events line read (1 MiB; the longest event telemetry writes is a few kB): longer ones are skipped."""
 
 RUN_FILE_NAMES = (CONFIG_FILENAME, EVENTS_FILENAME, SUMMARY_FILENAME, MODEL_FILENAME, BASELINE_DIRNAME,
-                  FROM_SCRATCH_DIRNAME, CHECKPOINT_NAME, IMITATION_FILENAME, SCORES_FILENAME, REPORT_FILENAME,
-                  TENSORBOARD_DIRNAME, PROFILE_DIRNAME, RESUME_FILENAME, EVAL_RESUME_FILENAME)
+                  FROM_SCRATCH_DIRNAME, FIXED_DIRNAME, CHECKPOINT_NAME, IMITATION_FILENAME, SCORES_FILENAME,
+                  REPORT_FILENAME, TENSORBOARD_DIRNAME, PROFILE_DIRNAME, RESUME_FILENAME, EVAL_RESUME_FILENAME)
 """Names whose presence means a directory already holds a run."""
 
 SYSTEM_DIRECTORIES = tuple(Path(name) for name in ("/bin", "/boot", "/dev", "/etc", "/lib", "/lib32", "/lib64",

@@ -422,3 +422,43 @@ def test_grow_takes_a_preset_a_mapping_of_tables_or_load_configs_settings(tmp_pa
                    config="grow_for_compute", out=io.StringIO())
     recorded = json.loads((tmp_path / "preset" / "config.json").read_text())
     assert recorded["heuristic"]["depth_blueprint"] == "conv_light"
+
+
+def test_grow_compares_with_other_hosts_trained_without_growth_on_the_same_batches(tmp_path: Path) -> None:
+    """`compare_with`: other sizes of the user's model beside the grown one, each trained as the no-growth twin is
+    (same data, epochs and seed), so that the same host compared with equals the twin to the bit."""
+    task, _ = user_tasks.resnet()
+    example = next(iter(task.validation.iterate_batches(2, shuffle=False)))[0]
+
+    def resnet(width: int) -> Callable[[], morphogen.ModuleHost]:
+        return lambda: morphogen.host_from_module(ResNet(width=width), ["layer1", "layer2", "layer3"],
+                                                  example_input=example)
+
+    out = io.StringIO()
+    result = morphogen.grow(task, resnet(4), run_dir=str(tmp_path / "run"), out=out, baseline=True,
+                            from_scratch=False, config=eager_config(epochs=2),
+                            compare_with={"same host": resnet(4), "width 8": resnet(8)})
+    assert result.baseline is not None and list(result.fixed) == ["same host", "width 8"]
+    same, wider = result.fixed["same host"], result.fixed["width 8"]
+    assert (same.final_loss, same.final_accuracy) == (result.baseline.final_loss, result.baseline.final_accuracy)
+    assert wider.parameters == sum(p.numel() for p in resnet(8)().parameters()) > same.parameters
+    assert wider.flops.total > same.flops.total
+    table = out.getvalue().split("hosts to compare with, trained without growth", 1)[1]
+    assert "same host" in table and "width 8" in table and f"{wider.parameters:,}" in table
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert [(entry["name"], entry["parameters"]) for entry in summary["fixed"]] == [
+        ("same host", same.parameters), ("width 8", wider.parameters)]
+    assert (tmp_path / "run" / "fixed" / "1" / "events.jsonl").is_file()
+
+
+@pytest.mark.parametrize(("compare_with", "error", "message"), [
+    ({1: None}, morphogen.ConfigError, "compare_with: each name is a string of 1 to 40 characters, got 1"),
+    ({"plain": torch.nn.Linear(2, 2)}, morphogen.DataError, "its host is a Linear, not a host"),
+])
+def test_a_host_to_compare_with_that_cannot_be_used_fails_before_anything_is_written(
+        compare_with: dict[object, object], error: type[Exception], message: str, tmp_path: Path) -> None:
+    task, host = user_tasks.resnet()
+    with pytest.raises(error, match=message):
+        morphogen.grow(task, host, run_dir=str(tmp_path / "run"), out=io.StringIO(), epochs=1,
+                       compare_with=compare_with)  # type: ignore[arg-type]
+    assert not (tmp_path / "run").exists()

@@ -26,7 +26,7 @@ from morphogen.core.model import MorphogeneticModel
 from morphogen.data import Task
 from morphogen.devices import resolve_device
 from morphogen.env.actions import Op
-from morphogen.env.episode import EpisodeConfig, MorphogenesisEpisode, StepResult
+from morphogen.env.episode import EpisodeConfig, MorphogenesisEpisode, StepResult, task_with_host
 from morphogen.env.optimizer import OptimizerConfig, resolved_optimizer_table, task_optimizer_config
 from morphogen.env.play import Controller, EpisodeOutcome, run_episode
 from morphogen.limits import MAX_EPOCHS, check_count
@@ -36,6 +36,7 @@ from morphogen.run_directory import (
     CHECKPOINT_NAME,
     CONFIG_FILENAME,
     EVENTS_FILENAME,
+    FIXED_DIRNAME,
     FROM_SCRATCH_DIRNAME,
     MODEL_FILENAME,
     RESUME_FILENAME,
@@ -56,7 +57,7 @@ from morphogen.telemetry.story import NEGATIVE_LOSS
 from morphogen.ui.progress import LINE_WIDTH, ProgressDisplay
 from morphogen.ui.run_files import ScoreKind
 from morphogen.ui.stages import stage_short
-from morphogen.ui.terminal_text import cut
+from morphogen.ui.terminal_text import cut, printable
 from morphogen.ui.units import format_flops, format_loss
 
 
@@ -156,14 +157,38 @@ def _score_part(score: float, metric_name: str) -> str:
     return "" if metric_name == NEGATIVE_LOSS else f"score {score:.4g}  "
 
 
+#: Columns of outcomes per table: a label column and five fit in `LINE_WIDTH`.
+TABLE_COLUMNS = 5
+
+
 def print_summary(grown: EpisodeOutcome, baseline: EpisodeOutcome | None, out: TextIO,
                   from_scratch: EpisodeOutcome | None = None, metric_name: str = "accuracy",
-                  criterion: Criterion = Criterion.SCORE, *, nothing_kept: bool = False) -> None:
+                  criterion: Criterion = Criterion.SCORE, *, nothing_kept: bool = False,
+                  fixed: Mapping[str, EpisodeOutcome] | None = None) -> None:
     """The closing table: the grown model, the same host without growth, and the grown model's final
-    architecture trained from scratch; then the story of every seed, its contributions in what `criterion`
-    judges (accuracy points, or nats of validation loss removed). `metric_name` names the score row;
-    `nothing_kept` says that no from-scratch run was trained because the final architecture is the host."""
+    architecture trained from scratch; the hosts `fixed` names, trained without growth, beside the grown model;
+    then the story of every seed, its contributions in what `criterion` judges (accuracy points, or nats of
+    validation loss removed). `metric_name` names the score row; `nothing_kept` says that no from-scratch run was
+    trained because the final architecture is the host."""
+    cells = _table_cells(grown, metric_name)
     columns = [("grown", grown), ("no growth", baseline), ("from scratch", from_scratch)]
+    print("\n".join(_table_lines(columns, cells, from_scratch)), file=out)
+    if nothing_kept:
+        print("(from scratch: no seed was blended in, so the final architecture is the host itself)", file=out)
+    note = None if baseline is None else noise_note(grown, baseline, metric_name)
+    if note:
+        print(note, file=out)
+    if fixed:
+        print("\nhosts to compare with, trained without growth (same data, epochs and seed):", file=out)
+        named = [(cut(printable(name), 13), outcome) for name, outcome in fixed.items()]
+        for start in range(0, len(named), TABLE_COLUMNS - 1):
+            rows = _table_lines([("grown", grown), *named[start:start + TABLE_COLUMNS - 1]], cells)
+            print("\n".join(rows).removeprefix("\n" if start == 0 else ""), file=out)
+    _print_stories(grown, metric_name, criterion, out)
+
+
+def _table_cells(grown: EpisodeOutcome, metric_name: str) -> list[tuple[str, Callable[[EpisodeOutcome], str]]]:
+    """The closing table's rows: each a label and how an outcome's cell reads."""
     percent = "%" if metric_name == "accuracy" else ""
     last = f"  last {len(grown.recent_scores)} epochs"
     cells: list[tuple[str, Callable[[EpisodeOutcome], str]]] = [
@@ -177,12 +202,11 @@ def print_summary(grown: EpisodeOutcome, baseline: EpisodeOutcome | None, out: T
     ]
     if metric_name == NEGATIVE_LOSS:  # the score is the loss, negated: show the loss alone, and its range
         cells[:3] = [cells[1], (last, _loss_range)]
-    print("\n".join(_table_lines(columns, cells)), file=out)
-    if nothing_kept:
-        print("(from scratch: no seed was blended in, so the final architecture is the host itself)", file=out)
-    note = None if baseline is None else noise_note(grown, baseline, metric_name)
-    if note:
-        print(note, file=out)
+    return cells
+
+
+def _print_stories(grown: EpisodeOutcome, metric_name: str, criterion: Criterion, out: TextIO) -> None:
+    """Each seed's story: its path through the stages, how it ended, its predicted and measured contribution."""
     print(f"\nseeds ({len(grown.stories)}):", file=out)
     if not grown.stories:
         print("  none germinated", file=out)
@@ -194,15 +218,17 @@ def print_summary(grown: EpisodeOutcome, baseline: EpisodeOutcome | None, out: T
 
 
 def _table_lines(columns: list[tuple[str, EpisodeOutcome | None]],
-                 cells: list[tuple[str, Callable[[EpisodeOutcome], str]]]) -> list[str]:
-    """The closing table's lines, a column per outcome ("-" where none); after the training FLOPs, the grown
-    run's as a fraction of its final architecture's from scratch: what growing saved, or cost."""
+                 cells: list[tuple[str, Callable[[EpisodeOutcome], str]]],
+                 from_scratch: EpisodeOutcome | None = None) -> list[str]:
+    """The closing table's lines, a column per outcome ("-" where none), the grown one first; after the training
+    FLOPs, the grown run's as a fraction of `from_scratch`'s, its final architecture's: what growing saved, or
+    cost."""
     rows = [(label, ["-" if o is None else cell(o) for _, o in columns]) for label, cell in cells]
     # Columns as wide as their widest cell (a range of negative scores is), labels as their longest.
     width = max(14, *(len(text) + 2 for _, texts in rows for text in texts))
     label_width = max(22, *(len(label) + 1 for label, _ in rows))
     lines = ["\n" + " " * label_width + "".join(f"{name:>{width}}" for name, _ in columns)]
-    (_, grown), (_, from_scratch) = columns[0], columns[-1]
+    grown = columns[0][1]
     for label, texts in rows:
         lines.append(f"{label:{label_width}}" + "".join(f"{text:>{width}}" for text in texts))
         if label == "training FLOPs" and grown is not None and from_scratch is not None \
@@ -265,16 +291,20 @@ class RunResult:
     from_scratch_model: MorphogeneticModel | None = None
     """The grown model's final architecture trained from scratch (None when that training did not run): the
     architecture growth found, for a user who would rather have it trained from the start."""
+    fixed: dict[str, EpisodeOutcome] = field(default_factory=dict)
+    """Each host of `grow(compare_with=...)` trained without growth, by the name it was given."""
 
 
 def run_command(config: RunConfig, controller_factory: Callable[[MorphogenesisEpisode], Controller] | None = None,
-                out: TextIO | None = None, task: Task | None = None, *, resume: bool = False) -> RunResult:
+                out: TextIO | None = None, task: Task | None = None, *, resume: bool = False,
+                compare_with: Mapping[str, object] | None = None) -> RunResult:
     """The whole `morphogen run`: load task, run the grown episode and the baseline, write the run dir.
 
     Progress and the summary go to `out`, by default the `sys.stdout` of the moment of the call (so that
     redirecting stdout works). `task` replaces the one `config` names (a user's task built in Python). Each
     training saves its state after every epoch (`commands/run_state.py`); `resume` goes on from those states in
-    `config.run_dir`, a run stopped before its summary, with the config it was started with.
+    `config.run_dir`, a run stopped before its summary, with the config it was started with. `compare_with`
+    names other hosts (or functions building them) trained without growth beside the rest, on the same data.
     """
     out = sys.stdout if out is None else out
     config = config.with_resolved_host()  # config.json records the host's whole size
@@ -286,8 +316,9 @@ def run_command(config: RunConfig, controller_factory: Callable[[MorphogenesisEp
                                    pool_slots=config.pool_slots)
     episode.compile_settings = config.compile_settings
     # Build the model and the controller before anything is written: an unknown slot or blueprint then
-    # fails without leaving a half-made run directory behind.
+    # fails without leaving a half-made run directory behind; so does a host to compare with that cannot be built.
     episode.reset()
+    fixed = {name: task_with_host(task, host) for name, host in (compare_with or {}).items()}
     if controller_factory is None:
         controller: Controller = HeuristicController(episode.action_space, task.topology, config.heuristic)
     else:
@@ -301,7 +332,7 @@ def run_command(config: RunConfig, controller_factory: Callable[[MorphogenesisEp
             refuse_finished_run(run_dir)
         else:
             refuse_other_run(run_dir)
-        return _play_and_write(config, task, episode, controller, saving, device, run_dir, out)
+        return _play_and_write(config, task, episode, controller, saving, device, run_dir, out, fixed)
 
 
 def resumable_run_dir(run_dir: str | None) -> Path:
@@ -376,8 +407,8 @@ def run_name(task_name: str) -> str:
 
 
 def _play_and_write(config: RunConfig, task: Task, episode: MorphogenesisEpisode, controller: Controller,
-                    saving: _Saving, device: str, run_dir: Path, out: TextIO) -> RunResult:
-    """The grown episode, the baseline and the files of `run_command`, in a locked `run_dir`."""
+                    saving: _Saving, device: str, run_dir: Path, out: TextIO, fixed: Mapping[str, Task]) -> RunResult:
+    """The grown episode, the comparisons and the files of `run_command`, in a locked `run_dir`."""
     if not saving.resuming:
         write_resolved_config(run_dir, config)
     state = saving.state(run_dir)
@@ -409,23 +440,33 @@ def _play_and_write(config: RunConfig, task: Task, episode: MorphogenesisEpisode
         from_scratch, from_scratch_model = None, None
         if config.from_scratch and architecture:
             from_scratch, from_scratch_model = _run_from_scratch(config, task, architecture, run_dir, display, saving)
+        fixed_outcomes = _run_fixed(config, fixed, run_dir, display, saving)
     print_summary(grown, baseline, out, from_scratch, task.metric_name, episode.slot_config.gates.judged_by,
-                  nothing_kept=config.from_scratch and not architecture)
+                  nothing_kept=config.from_scratch and not architecture, fixed=fixed_outcomes)
     if episode.timer.enabled:
         print(f"\ntime by phase (grown model):\n{episode.timer.summary()}", file=out)
-    summary = {"controller": saving.controller,
-               "score": {"name": task.metric_name, "criterion": episode.slot_config.gates.judged_by.value},
-               "grown": _outcome_dict(grown),
-               "baseline": None if baseline is None else _outcome_dict(baseline),
-               "from_scratch": None if from_scratch is None else
-               {**_outcome_dict(from_scratch), "architecture": architecture}}
+    result = RunResult(grown, baseline, from_scratch, episode.model, run_dir, from_scratch_model, fixed_outcomes)
+    _write_results(result, architecture, saving.controller, task.metric_name, episode.slot_config.gates.judged_by)
+    return result
+
+
+def _write_results(result: RunResult, architecture: dict[str, str], controller: str, metric_name: str,
+                   criterion: Criterion) -> None:
+    """`summary.json` and the models of a finished run; the trainings' resume states go (nothing is left)."""
+    run_dir = result.run_dir
+    summary = {"controller": controller, "score": {"name": metric_name, "criterion": criterion.value},
+               "grown": _outcome_dict(result.grown),
+               "baseline": None if result.baseline is None else _outcome_dict(result.baseline),
+               "from_scratch": None if result.from_scratch is None else
+               {**_outcome_dict(result.from_scratch), "architecture": architecture},
+               "fixed": [{"name": name, **_outcome_dict(outcome)} for name, outcome in result.fixed.items()]}
     write_atomic(run_dir / SUMMARY_FILENAME, (json.dumps(_strict(summary), indent=2) + "\n").encode())
-    save_model_file(episode.model, run_dir / MODEL_FILENAME)  # for `morphogen export`
-    if from_scratch_model is not None:  # for `morphogen export --from-scratch`
-        save_model_file(from_scratch_model, run_dir / FROM_SCRATCH_DIRNAME / MODEL_FILENAME)
-    for directory in (run_dir, run_dir / BASELINE_DIRNAME, run_dir / FROM_SCRATCH_DIRNAME):
-        remove_resume_state(directory / RESUME_FILENAME)  # the run is whole: nothing is left to resume
-    return RunResult(grown, baseline, from_scratch, episode.model, run_dir, from_scratch_model)
+    save_model_file(result.model, run_dir / MODEL_FILENAME)  # for `morphogen export`
+    if result.from_scratch_model is not None:  # for `morphogen export --from-scratch`
+        save_model_file(result.from_scratch_model, run_dir / FROM_SCRATCH_DIRNAME / MODEL_FILENAME)
+    for directory in (run_dir, run_dir / BASELINE_DIRNAME, run_dir / FROM_SCRATCH_DIRNAME,
+                      *(_fixed_dir(run_dir, index) for index in range(len(result.fixed)))):
+        remove_resume_state(directory / RESUME_FILENAME)
 
 
 def _print_header(display: ProgressDisplay, config: RunConfig, task: Task, episode: MorphogenesisEpisode, device: str,
@@ -466,6 +507,24 @@ def _run_from_scratch(config: RunConfig, task: Task, architecture: dict[str, str
                   f"{config.episode.max_epochs} epochs)...")
     return _run_without_growth(config, task, run_dir / FROM_SCRATCH_DIRNAME, display, "from scratch", saving,
                                architecture)
+
+
+def _fixed_dir(run_dir: Path, index: int) -> Path:
+    """Where the `index`-th host compared with trains: by index, since its name is the user's free text."""
+    return run_dir / FIXED_DIRNAME / str(index)
+
+
+def _run_fixed(config: RunConfig, fixed: Mapping[str, Task], run_dir: Path, display: ProgressDisplay,
+               saving: _Saving) -> dict[str, EpisodeOutcome]:
+    """Each host to compare with, trained without growth on the same data, epochs and seed, with all its slots
+    (the run's `slots` name the grown host's); its epochs in RUN_DIR/fixed/<index>/events.jsonl."""
+    outcomes = {}
+    settings = dataclasses.replace(config, slots=None, pool_slots=False)
+    for index, (name, task) in enumerate(fixed.items()):
+        display.print(f"training {printable(name)} without growth ({config.episode.max_epochs} epochs)...")
+        outcomes[name] = _run_without_growth(settings, task, _fixed_dir(run_dir, index), display, printable(name),
+                                             saving)[0]
+    return outcomes
 
 
 def _run_without_growth(config: RunConfig, task: Task, events_dir: Path, display: ProgressDisplay, name: str,

@@ -15,6 +15,7 @@ from types import TracebackType
 from typing import TextIO
 
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import (
     BarColumn,
     MofNCompleteColumn,
@@ -77,7 +78,8 @@ class ProgressDisplay:
         """A new bar of `total` steps (None: unknown); returns its id, or None when nothing is drawn."""
         if self._progress is None:
             return None
-        return self._progress.add_task(description, total=total, status=status)
+        # The bar's text column reads rich markup: a name of the user's ("[red]", "[/x]") is shown as written.
+        return self._progress.add_task(escape(description), total=total, status=status)
 
     def advance(self, task: TaskID | None, steps: int = 1, status: str | None = None) -> None:
         """Advance `task` by `steps`, optionally changing the status text after the count."""
