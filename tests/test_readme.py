@@ -120,6 +120,14 @@ def test_readme_own_model_example_runs(tmp_path, monkeypatch, capsys):
     assert compared["width 12"].parameters < compared["width 16"].parameters
     assert "hosts to compare with, trained without growth" in capsys.readouterr().out
 
+    # "Over several seeds": 2 seeds of 1 epoch instead of 5 of 30 (`grow` is still the 2-epoch one above).
+    over_seeds = morphogen.grow_over_seeds
+    monkeypatch.setattr(morphogen, "grow_over_seeds", lambda *args, **kwargs: over_seeds(
+        *args, **{**kwargs, "seeds": 2, "epochs": 1, "from_scratch": False}))
+    exec(compile(python_block("grow_over_seeds("), str(README), "exec"), namespace)
+    assert list(namespace["result"].differences) == ["no growth", "width 12", "width 16"]
+    assert "2 seeds (0, 1): mean ± std over the seeds" in capsys.readouterr().out
+
 
 def test_readme_task_function_runs_from_the_command_line(tmp_path, monkeypatch, capsys):
     from morphogen.cli import main

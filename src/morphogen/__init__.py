@@ -25,8 +25,9 @@ if TYPE_CHECKING:
     from morphogen.data import DataError, Task
     from morphogen.data.user import task_from_data
     from morphogen.export import export_model, load_grown_model
-    from morphogen.grow import grow
     from morphogen.grower import EpochReport, Grower
+    from morphogen.growing import grow
+    from morphogen.over_seeds import SeedsResult, grow_over_seeds
 
 __version__ = "0.1.0"
 
@@ -47,16 +48,16 @@ _HOMES = {
     "ExportError": "morphogen.core.plain", "GrownNetwork": "morphogen.core.plain",
     "grown_network": "morphogen.core.plain",
     "export_model": "morphogen.export", "load_grown_model": "morphogen.export",
-    "grow": "morphogen.grow",
+    "grow": "morphogen.growing", "SeedsResult": "morphogen.over_seeds", "grow_over_seeds": "morphogen.over_seeds",
     "EpochReport": "morphogen.grower", "Grower": "morphogen.grower",
 }
 """Where each public name lives."""
 
-__all__ = ["CNNHost", "ConfigError", "Conv1dHost", "DataError", "EpochReport", "ExportError", "Grower", "GrownNetwork",
-    "HostBuildError", "ModuleHost", "MorphogeneticModel", "RunConfig", "RunResult", "SeedSlot", "SegmentedHost",
-    "SlotConfig", "Stage", "Task", "TransformerHost", "blueprint_names", "build_seed", "export_model", "grow",
-    "grown_network", "host_from_module", "load_config", "load_grown_model", "register_blueprint", "slot_points",
-    "task_from_data"]
+__all__ = ["CNNHost", "ConfigError", "Conv1dHost", "DataError", "EpochReport", "ExportError", "Grower",
+    "GrownNetwork", "HostBuildError", "ModuleHost", "MorphogeneticModel", "RunConfig", "RunResult", "SeedSlot",
+    "SeedsResult", "SegmentedHost", "SlotConfig", "Stage", "Task", "TransformerHost", "blueprint_names",
+    "build_seed", "export_model", "grow", "grow_over_seeds", "grown_network", "host_from_module", "load_config",
+    "load_grown_model", "register_blueprint", "slot_points", "task_from_data"]
 
 
 def __getattr__(name: str) -> Any:

@@ -6,6 +6,7 @@ import dataclasses
 import io
 import json
 import math
+import re
 from collections.abc import Callable
 from pathlib import Path
 
@@ -462,3 +463,44 @@ def test_a_host_to_compare_with_that_cannot_be_used_fails_before_anything_is_wri
         morphogen.grow(task, host, run_dir=str(tmp_path / "run"), out=io.StringIO(), epochs=1,
                        compare_with=compare_with)  # type: ignore[arg-type]
     assert not (tmp_path / "run").exists()
+
+
+def test_grow_over_seeds_gives_means_and_differences_paired_by_seed(tmp_path: Path) -> None:
+    task, _ = user_tasks.resnet()
+    example = next(iter(task.validation.iterate_batches(2, shuffle=False)))[0]
+
+    def resnet(width: int) -> Callable[[], morphogen.ModuleHost]:
+        return lambda: morphogen.host_from_module(ResNet(width=width), ["layer1", "layer2", "layer3"],
+                                                  example_input=example)
+
+    out = io.StringIO()
+    result = morphogen.grow_over_seeds(task, resnet(4), seeds=[3, 5, 7], run_dir=str(tmp_path / "seeds"), out=out,
+                                       config=eager_config(epochs=2, baseline=True),
+                                       compare_with={"width 8": resnet(8)})
+    assert list(result.runs) == [3, 5, 7] and list(result.differences) == ["no growth", "from scratch", "width 8"]
+    grown = [run.grown.final_accuracy for run in result.runs.values()]
+    baseline = [run.baseline.final_accuracy for run in result.runs.values()]  # type: ignore[union-attr]
+    losses = {run.baseline.final_loss for run in result.runs.values()}  # type: ignore[union-attr]
+    assert len(losses) == 3, "each seed builds its own host and batch order"
+    differences = [g - b for g, b in zip(grown, baseline, strict=True)]
+    mean, error = result.differences["no growth"]
+    assert math.isclose(mean, sum(differences) / 3)
+    assert math.isclose(error, (sum((d - mean) ** 2 for d in differences) / 2) ** 0.5 / 3 ** 0.5)
+    printed = out.getvalue()
+    assert printed.startswith("seed 3: grown ") and "\nseed 7: grown " in printed
+    assert "3 seeds (3, 5, 7): mean ± std over the seeds" in printed and "grown - width 8" in printed
+    assert all((tmp_path / "seeds" / f"seed_{seed}" / "summary.json").is_file() for seed in (3, 5, 7))
+    figures = json.loads((tmp_path / "seeds" / "seeds.json").read_text())
+    assert figures["differences"]["no growth"] == {"mean": mean, "standard_error": error}
+    assert figures["seeds"]["5"]["fixed"]["width 8"] == result.runs[5].fixed["width 8"].final_accuracy
+
+
+@pytest.mark.parametrize(("options", "message"), [
+    ({"seeds": 0}, "grow_over_seeds: seeds must be 1 to 100 distinct seeds >= 0 (or their count), got 0"),
+    ({"seeds": [1, 1]}, "grow_over_seeds: seeds must be 1 to 100 distinct seeds >= 0 (or their count), got [1, 1]"),
+    ({"seed": 3}, "grow_over_seeds: seed is chosen per seed"),
+])
+def test_grow_over_seeds_refuses_what_it_cannot_play_in_one_line(options: dict[str, object], message: str) -> None:
+    task, host = user_tasks.resnet()
+    with pytest.raises(morphogen.ConfigError, match=f"^{re.escape(message)}"):
+        morphogen.grow_over_seeds(task, host, **options)  # type: ignore[arg-type]

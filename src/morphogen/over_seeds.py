@@ -1,0 +1,187 @@
+"""`morphogen.grow_over_seeds`: `grow` once per seed, then means over the seeds and differences paired by seed.
+
+One run of a small network can swing by points from one epoch to the next, so one run's lead proves little. The
+project's own claims are means over seeds with their spread; this gives a user's claims the same footing:
+
+    result = morphogen.grow_over_seeds(task, make_host, seeds=5, run_dir="runs/mine", epochs=30)
+    result.differences["no growth"]  # (mean, standard error) of grown minus no growth, by seed
+
+Each seed is a whole `grow` (its own run directory, `RUN_DIR/seed_<s>`); its table goes to a seed's own lines,
+and the closing table compares the grown model with each comparison it trained.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+import statistics
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TextIO
+
+from morphogen.commands.run import RunResult
+from morphogen.config import ConfigError
+from morphogen.data import Task
+from morphogen.env.play import EpisodeOutcome
+from morphogen.growing import grow
+from morphogen.limits import short_repr
+from morphogen.run_directory import write_atomic
+from morphogen.telemetry.story import NEGATIVE_LOSS
+from morphogen.ui.terminal_text import cut, printable
+from morphogen.ui.units import format_flops, format_loss
+
+#: Most seeds one call plays (each is a whole `grow`).
+MAX_SEEDS = 100
+#: The aggregate a `run_dir` receives beside the seeds' run directories.
+SEEDS_FILENAME = "seeds.json"
+
+
+@dataclass(frozen=True)
+class SeedsResult:
+    """What `grow_over_seeds` produced: each seed's `RunResult`, and the grown model's score minus each
+    comparison's, paired by seed, as (mean, standard error)."""
+
+    runs: dict[int, RunResult]
+    differences: dict[str, tuple[float, float]]
+    """By comparison ("no growth", "from scratch", or a `compare_with` name) present in every seed's run."""
+    run_dir: Path | None
+
+
+def paired_difference(first: Sequence[float], second: Sequence[float]) -> tuple[float, float]:
+    """Mean and standard error of `first[i] - second[i]` (the error is 0 for one pair)."""
+    differences = [a - b for a, b in zip(first, second, strict=True)]
+    spread = statistics.stdev(differences) if len(differences) > 1 else 0.0
+    return statistics.fmean(differences), spread / math.sqrt(len(differences))
+
+
+def grow_over_seeds(task: Task, host: object = None, *, seeds: int | Sequence[int] = 5, run_dir: str | None = None,
+                    out: TextIO | None = None, **grow_options: Any) -> SeedsResult:
+    """`morphogen.grow` once for each of `seeds` (a count from 0, or the seeds themselves), with `grow_options`
+    (`epochs`, `config`, `compare_with`, ...), each run into `run_dir/seed_<s>` (`run_dir` None: each its own new
+    directory under `runs_root`); prints a line per seed, then each model's mean ± std over the seeds and the grown
+    model's differences from each comparison, paired by seed (mean ± standard error, seeds ahead and behind).
+
+    Give `host` as a function building it, so that each seed starts from its own initial weights; a module is
+    copied, so every seed would start from the same ones (their batches still differ). With `run_dir`, the figures
+    also go to `run_dir/seeds.json`.
+    """
+    chosen = _checked_seeds(seeds)
+    for option in ("seed", "run_dir", "out", "resume"):
+        if option in grow_options:
+            raise ConfigError(f"grow_over_seeds: {option} is chosen per seed; to go on with a stopped seed, call "
+                              "morphogen.grow(..., seed=s, run_dir=RUN_DIR/seed_<s>, resume=True)")
+    from_scratch = bool(grow_options.get("from_scratch", True))
+    runs: dict[int, RunResult] = {}
+    for seed in chosen:
+        seed_dir = None if run_dir is None else str(Path(run_dir) / f"seed_{seed}")
+        runs[seed] = grow(task, host, seed=seed, run_dir=seed_dir, out=io.StringIO(), **grow_options)
+        print(_seed_line(seed, runs[seed], task.metric_name, from_scratch), file=out, flush=True)
+    pairs = _pairs(list(runs.values()), from_scratch)
+    differences = {name: paired_difference([grown.final_accuracy for grown, _ in both],
+                                           [other.final_accuracy for _, other in both])
+                   for name, both in pairs.items()}
+    print("\n".join(_summary_lines(runs, pairs, differences, task.metric_name)), file=out, flush=True)
+    if run_dir is not None:
+        figures = json.dumps(_figures(runs, differences, from_scratch), indent=2) + "\n"
+        write_atomic(Path(run_dir) / SEEDS_FILENAME, figures.encode())
+    return SeedsResult(runs, differences, None if run_dir is None else Path(run_dir))
+
+
+def _checked_seeds(seeds: int | Sequence[int]) -> list[int]:
+    chosen = list(range(seeds)) if isinstance(seeds, int) else list(seeds)
+    if not 1 <= len(chosen) <= MAX_SEEDS or any(not isinstance(seed, int) or seed < 0 for seed in chosen) \
+            or len(set(chosen)) != len(chosen):
+        raise ConfigError(f"grow_over_seeds: seeds must be 1 to {MAX_SEEDS} distinct seeds >= 0 (or their count), "
+                          f"got {short_repr(seeds)}")
+    return chosen
+
+
+Pairs = list[tuple[EpisodeOutcome, EpisodeOutcome]]
+
+
+def _from_scratch(run: RunResult, trained: bool) -> EpisodeOutcome | None:
+    """The grown model's final architecture trained from scratch, when `trained` (asked for); where no seed was
+    kept that architecture is the host, and its training the no-growth one (the same seed and batches), which
+    `grow` does not train twice."""
+    if trained and run.from_scratch is None and not run.model.architecture():
+        return run.baseline
+    return run.from_scratch
+
+
+def _pairs(runs: list[RunResult], from_scratch: bool) -> dict[str, Pairs]:
+    """(grown, comparison) of every seed, by comparison, for each comparison that every seed's run trained."""
+    comparisons: dict[str, list[EpisodeOutcome | None]] = {
+        "no growth": [run.baseline for run in runs], "from scratch": [_from_scratch(run, from_scratch) for run in runs],
+        **{name: [run.fixed.get(name) for run in runs] for name in runs[0].fixed}}
+    return {name: [(run.grown, other) for run, other in zip(runs, others, strict=True) if other is not None]
+            for name, others in comparisons.items() if all(other is not None for other in others)}
+
+
+def _seed_line(seed: int, run: RunResult, metric_name: str, from_scratch: bool) -> str:
+    """One seed's figures: the grown model's score, parameters and FLOPs, then each comparison's score."""
+    others = [("no growth", run.baseline), ("from scratch", _from_scratch(run, from_scratch)), *run.fixed.items()]
+    parts = [f", {printable(name)} {_score(outcome.final_accuracy, metric_name)}" for name, outcome in others
+             if outcome is not None]
+    return (f"seed {seed}: grown {_score(run.grown.final_accuracy, metric_name)} ({run.grown.parameters:,} "
+            f"parameters, {format_flops(run.grown.flops.total)})" + "".join(parts))
+
+
+def _score(value: float, metric_name: str) -> str:
+    """A score as the closing table of `run` shows it: accuracy in percent, the negative loss as the loss."""
+    if metric_name == "accuracy":
+        return f"{value:.2f}%"
+    return format_loss(-value) if metric_name == NEGATIVE_LOSS else f"{value:.4g}"
+
+
+def _summary_lines(runs: Mapping[int, RunResult], pairs: Mapping[str, Pairs],
+                   differences: Mapping[str, tuple[float, float]], metric_name: str) -> list[str]:
+    """The closing table: each model's means over the seeds, then the grown model's paired differences."""
+    score = "val loss" if metric_name == NEGATIVE_LOSS else f"val {metric_name}"
+    lines = [f"\n{len(runs)} seeds ({', '.join(map(str, runs))}): mean ± std over the seeds",
+             f"{'':22}{cut(score, 16):>18}{'val loss':>20}{'parameters':>12}{'training FLOPs':>16}{'seconds':>10}",
+             _model_line("grown", [run.grown for run in runs.values()], metric_name)]
+    lines += [_model_line(name, [other for _, other in both], metric_name) for name, both in pairs.items()]
+    lines.append("differences, paired by seed (mean ± standard error):")
+    # A difference of negative losses reads as one of losses (lower is better) with the sign turned.
+    sign, unit = (-1, " nats") if metric_name == NEGATIVE_LOSS else (1, " points" if metric_name == "accuracy" else "")
+    shown = ".2f" if metric_name == "accuracy" else ".4f" if metric_name == NEGATIVE_LOSS else ".4g"
+    for name, (mean, error) in differences.items():
+        ahead = sum(grown.final_accuracy > other.final_accuracy for grown, other in pairs[name])
+        behind = sum(grown.final_accuracy < other.final_accuracy for grown, other in pairs[name])
+        label = f"grown - {cut(printable(name), 20)}"
+        lines.append(f"  {label:<30}{sign * mean:+{shown}} ± {error:{shown}}{unit} ({ahead} seeds ahead, "
+                     f"{behind} behind)")
+    return lines
+
+
+def _model_line(name: str, outcomes: Sequence[EpisodeOutcome], metric_name: str) -> str:
+    """A model's row: score and loss as mean ± std over the seeds; parameters, FLOPs and seconds as means."""
+    def spread(values: list[float], decimals: int) -> str:
+        deviation = statistics.stdev(values) if len(values) > 1 else 0.0
+        return f"{statistics.fmean(values):.{decimals}f} ± {deviation:.{decimals}f}"
+
+    scores = [o.final_accuracy for o in outcomes]
+    shown = spread([-s for s in scores], 4) if metric_name == NEGATIVE_LOSS else \
+        spread(scores, 2 if metric_name == "accuracy" else 4)
+    losses = spread([o.final_loss for o in outcomes], 4)
+    parameters = round(statistics.fmean(o.parameters for o in outcomes))
+    flops = format_flops(round(statistics.fmean(o.flops.total for o in outcomes)))
+    seconds = statistics.fmean(o.seconds for o in outcomes)
+    return f"  {cut(printable(name), 20):<20}{shown:>18}{losses:>20}{parameters:>12,}{flops:>16}{seconds:>9.1f}s"
+
+
+def _figures(runs: Mapping[int, RunResult], differences: Mapping[str, tuple[float, float]],
+             from_scratch: bool) -> dict[str, object]:
+    """What `seeds.json` holds: each seed's run directory and scores, and the paired differences."""
+    def score(outcome: EpisodeOutcome | None) -> float | None:
+        return None if outcome is None else outcome.final_accuracy
+
+    return {"seeds": {str(seed): {"run_dir": str(run.run_dir), "grown": score(run.grown),
+                                  "no growth": score(run.baseline),
+                                  "from scratch": score(_from_scratch(run, from_scratch)),
+                                  "fixed": {name: score(outcome) for name, outcome in run.fixed.items()}}
+                      for seed, run in runs.items()},
+            "differences": {name: {"mean": mean, "standard_error": error}
+                            for name, (mean, error) in differences.items()}}
