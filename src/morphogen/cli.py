@@ -26,7 +26,7 @@ from morphogen.ui.terminal_text import printable
 
 if TYPE_CHECKING:
     from morphogen.commands.evaluate import EvalConfig
-    from morphogen.commands.run import RunConfig
+    from morphogen.commands.run import RunConfig, RunResult
     from morphogen.control.distributed import DistributedContext
     from morphogen.control.trainer import TrainConfig
     from morphogen.data.tasks import Task
@@ -90,6 +90,8 @@ def _add_run_parser(subparsers: Any) -> None:
     run.add_argument("--epochs", "--episode-length", type=int, dest="epochs",
                      help="epochs in the episode (default 30)")
     run.add_argument("--seed", type=int, help="seed of host init and data order (default 0)")
+    run.add_argument("--seeds", type=int, help="run N seeds (from --seed on), each into RUN_DIR/seed_<s>, and print "
+                     "means over them and differences paired by seed")
     run.add_argument("--device", help="cpu (default), cuda, cuda:N, mps or auto")
     run.add_argument("--slots", help="comma-separated slot ids, e.g. r0c0,r0c1 (default: all)")
     run.add_argument("--pool-slots", action="store_true", default=None, help="also place slots after pools")
@@ -444,15 +446,27 @@ def _run(args: argparse.Namespace) -> None:
 
     config, task = _resumed_run_config(args) if args.resume is not None else _run_config_and_task(args)
     resume = args.resume is not None
-    if args.policy is None:
-        run_command(config, task=task, resume=resume)
-        return
-    from morphogen.commands.evaluate import policy_controller_factory
-    from morphogen.devices import resolve_device
+    factory = None
+    if args.policy is not None:
+        from morphogen.commands.evaluate import policy_controller_factory
+        from morphogen.devices import resolve_device
 
-    # The policy acts on the task, host, slots and episode `run` chose, whatever it was trained on.
-    factory = policy_controller_factory(args.policy, resolve_device(config.device), config.compile_settings)
-    run_command(config, factory, task=task, resume=resume)
+        # The policy acts on the task, host, slots and episode `run` chose, whatever it was trained on.
+        factory = policy_controller_factory(args.policy, resolve_device(config.device), config.compile_settings)
+    if args.seeds is None:
+        run_command(config, factory, task=task, resume=resume)
+        return
+    import io
+
+    from morphogen.over_seeds import play_over_seeds
+
+    def play(seed: int, directory: str) -> RunResult:
+        return run_command(dataclasses.replace(config, seed=seed, run_dir=directory), factory, io.StringIO(), task)
+
+    if args.seeds < 1:
+        raise UsageError(f"--seeds must be >= 1, got {args.seeds}")
+    play_over_seeds(play, range(config.seed, config.seed + args.seeds), config.run_dir, config.runs_root,
+                    config.task_name or config.task, config.from_scratch, None)
 
 
 def _resumed_run_config(args: argparse.Namespace) -> tuple[RunConfig, None]:

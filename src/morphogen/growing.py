@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
-from typing import TextIO
+from typing import Any, TextIO
 
 from morphogen.commands.run import ConfigSource, RunResult, run_command, settings_from
 from morphogen.config import ConfigError
@@ -26,8 +26,9 @@ from morphogen.session import PYTHON_TASK
 from morphogen.task_import import is_import_path
 
 
-def grow(task: Task, host: object = None, *, epochs: int | None = None, seed: int = 0, baseline: bool = True,
-         from_scratch: bool = True, device: str = "cpu", run_dir: str | None = None, runs_root: str = "runs",
+def grow(task: Task, host: object = None, *, epochs: int | None = None, seed: int | None = None,
+         baseline: bool | None = None, from_scratch: bool | None = None, device: str | None = None,
+         run_dir: str | None = None, runs_root: str | None = None,
          config: ConfigSource | None = None, out: TextIO | None = None, resume: bool = False,
          policy: str | None = None, compare_with: Mapping[str, object] | None = None) -> RunResult:
     """Grow `host` (from `morphogen.host_from_module`, or a function of no arguments building one; default: the
@@ -36,7 +37,8 @@ def grow(task: Task, host: object = None, *, epochs: int | None = None, seed: in
 
     Every other setting of `morphogen run` (gates, optimizer, heuristic, telemetry) comes from `config`: a
     `RunConfig` (`load_config`), a preset's name ("grow_for_compute", "grow_lean"), a config file's path, or a
-    mapping of its tables (`{"heuristic": {"warmup_epochs": 5}}`); the keyword arguments here override its fields.
+    mapping of its tables (`{"heuristic": {"warmup_epochs": 5}}`). The keyword arguments here override its fields
+    where given; left out (None), the config's hold (by default: seed 0, both comparisons, the CPU, `runs/`).
     Raises `DataError` or `ConfigError` (both `ValueError`s) for what cannot work, before anything is written.
 
     Each training (grown, no growth, from scratch) starts from a copy of `host`; when the host is a module (not a
@@ -60,9 +62,10 @@ def grow(task: Task, host: object = None, *, epochs: int | None = None, seed: in
     # config.json records where the task came from: its import path, or that Python code built it.
     source = task.source if is_import_path(task.source) else PYTHON_TASK
     try:
+        given: dict[str, Any] = {"seed": seed, "baseline": baseline, "from_scratch": from_scratch, "device": device,
+                                 "run_dir": run_dir, "runs_root": runs_root}
         settings = dataclasses.replace(
-            base, task=source, task_name=task.name, seed=seed, baseline=baseline, from_scratch=from_scratch,
-            device=device, run_dir=run_dir, runs_root=runs_root, host={},
+            base, task=source, task_name=task.name, host={}, **{k: v for k, v in given.items() if v is not None},
             episode=dataclasses.replace(base.episode, max_epochs=epochs or base.episode.max_epochs))
     except ValueError as error:
         raise ConfigError(str(error)) from None

@@ -16,26 +16,24 @@ import io
 import json
 import math
 import statistics
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
-from morphogen.commands.run import RunResult
+from morphogen.commands.run import RunResult, run_name, settings_from
 from morphogen.config import ConfigError
 from morphogen.data import Task
 from morphogen.env.play import EpisodeOutcome
 from morphogen.growing import grow
 from morphogen.limits import short_repr
-from morphogen.run_directory import write_atomic
+from morphogen.run_directory import SEEDS_FILENAME, make_run_dir, write_atomic
 from morphogen.telemetry.story import NEGATIVE_LOSS
 from morphogen.ui.terminal_text import cut, printable
 from morphogen.ui.units import format_flops, format_loss
 
 #: Most seeds one call plays (each is a whole `grow`).
 MAX_SEEDS = 100
-#: The aggregate a `run_dir` receives beside the seeds' run directories.
-SEEDS_FILENAME = "seeds.json"
 
 
 @dataclass(frozen=True)
@@ -59,42 +57,54 @@ def paired_difference(first: Sequence[float], second: Sequence[float]) -> tuple[
 def grow_over_seeds(task: Task, host: object = None, *, seeds: int | Sequence[int] = 5, run_dir: str | None = None,
                     out: TextIO | None = None, **grow_options: Any) -> SeedsResult:
     """`morphogen.grow` once for each of `seeds` (a count from 0, or the seeds themselves), with `grow_options`
-    (`epochs`, `config`, `compare_with`, ...), each run into `run_dir/seed_<s>` (`run_dir` None: each its own new
-    directory under `runs_root`); prints a line per seed, then each model's mean ± std over the seeds and the grown
-    model's differences from each comparison, paired by seed (mean ± standard error, seeds ahead and behind).
+    (`epochs`, `config`, `compare_with`, ...), each run into `run_dir/seed_<s>` (`run_dir` None: a new
+    `runs_root/<time>-<task>-seeds`); prints a line per seed, then each model's mean ± std over the seeds and the
+    grown model's differences from each comparison, paired by seed (mean ± standard error, seeds ahead and behind),
+    which also go to `run_dir/seeds.json`.
 
     Give `host` as a function building it, so that each seed starts from its own initial weights; a module is
-    copied, so every seed would start from the same ones (their batches still differ). With `run_dir`, the figures
-    also go to `run_dir/seeds.json`.
+    copied, so every seed would start from the same ones (their batches still differ).
     """
-    chosen = _checked_seeds(seeds)
     for option in ("seed", "run_dir", "out", "resume"):
         if option in grow_options:
             raise ConfigError(f"grow_over_seeds: {option} is chosen per seed; to go on with a stopped seed, call "
                               "morphogen.grow(..., seed=s, run_dir=RUN_DIR/seed_<s>, resume=True)")
-    from_scratch = bool(grow_options.get("from_scratch", True))
+    settings = settings_from(grow_options.get("config"), task.name, task.topology)
+    from_scratch = grow_options.get("from_scratch")
+    return play_over_seeds(
+        lambda seed, directory: grow(task, host, seed=seed, run_dir=directory, out=io.StringIO(), **grow_options),
+        seeds, run_dir, grow_options.get("runs_root") or settings.runs_root, task.name,
+        settings.from_scratch if from_scratch is None else bool(from_scratch), out)
+
+
+def play_over_seeds(play: Callable[[int, str], RunResult], seeds: int | Sequence[int], run_dir: str | None,
+                    runs_root: str, task_name: str, from_scratch: bool, out: TextIO | None) -> SeedsResult:
+    """`play(seed, its run directory)` for each seed, into `run_dir` (None: a new one under `runs_root`), then the
+    figures over the seeds (`grow_over_seeds`; `morphogen run --seeds`). `from_scratch`: whether the runs train the
+    grown model's final architecture from scratch."""
+    chosen = _checked_seeds(seeds)
+    parent = make_run_dir(run_dir, runs_root, f"{run_name(task_name)}-seeds")
     runs: dict[int, RunResult] = {}
     for seed in chosen:
-        seed_dir = None if run_dir is None else str(Path(run_dir) / f"seed_{seed}")
-        runs[seed] = grow(task, host, seed=seed, run_dir=seed_dir, out=io.StringIO(), **grow_options)
-        print(_seed_line(seed, runs[seed], task.metric_name, from_scratch), file=out, flush=True)
+        runs[seed] = play(seed, str(parent / f"seed_{seed}"))
+        print(_seed_line(seed, runs[seed], from_scratch), file=out, flush=True)
     pairs = _pairs(list(runs.values()), from_scratch)
     differences = {name: paired_difference([grown.final_accuracy for grown, _ in both],
                                            [other.final_accuracy for _, other in both])
                    for name, both in pairs.items()}
-    print("\n".join(_summary_lines(runs, pairs, differences, task.metric_name)), file=out, flush=True)
-    if run_dir is not None:
-        figures = json.dumps(_figures(runs, differences, from_scratch), indent=2) + "\n"
-        write_atomic(Path(run_dir) / SEEDS_FILENAME, figures.encode())
-    return SeedsResult(runs, differences, None if run_dir is None else Path(run_dir))
+    print("\n".join(_summary_lines(runs, pairs, differences)), file=out, flush=True)
+    figures = json.dumps(_figures(runs, differences, from_scratch), indent=2) + "\n"
+    write_atomic(parent / SEEDS_FILENAME, figures.encode())
+    print(f"run dirs: {parent}/seed_<s>; figures: {parent / SEEDS_FILENAME}", file=out, flush=True)
+    return SeedsResult(runs, differences, parent)
 
 
 def _checked_seeds(seeds: int | Sequence[int]) -> list[int]:
     chosen = list(range(seeds)) if isinstance(seeds, int) else list(seeds)
     if not 1 <= len(chosen) <= MAX_SEEDS or any(not isinstance(seed, int) or seed < 0 for seed in chosen) \
             or len(set(chosen)) != len(chosen):
-        raise ConfigError(f"grow_over_seeds: seeds must be 1 to {MAX_SEEDS} distinct seeds >= 0 (or their count), "
-                          f"got {short_repr(seeds)}")
+        raise ConfigError(f"seeds: must be 1 to {MAX_SEEDS} distinct seeds >= 0 (or their count), got "
+                          f"{short_repr(seeds)}")
     return chosen
 
 
@@ -119,8 +129,9 @@ def _pairs(runs: list[RunResult], from_scratch: bool) -> dict[str, Pairs]:
             for name, others in comparisons.items() if all(other is not None for other in others)}
 
 
-def _seed_line(seed: int, run: RunResult, metric_name: str, from_scratch: bool) -> str:
+def _seed_line(seed: int, run: RunResult, from_scratch: bool) -> str:
     """One seed's figures: the grown model's score, parameters and FLOPs, then each comparison's score."""
+    metric_name = run.metric_name
     others = [("no growth", run.baseline), ("from scratch", _from_scratch(run, from_scratch)), *run.fixed.items()]
     parts = [f", {printable(name)} {_score(outcome.final_accuracy, metric_name)}" for name, outcome in others
              if outcome is not None]
@@ -136,8 +147,9 @@ def _score(value: float, metric_name: str) -> str:
 
 
 def _summary_lines(runs: Mapping[int, RunResult], pairs: Mapping[str, Pairs],
-                   differences: Mapping[str, tuple[float, float]], metric_name: str) -> list[str]:
+                   differences: Mapping[str, tuple[float, float]]) -> list[str]:
     """The closing table: each model's means over the seeds, then the grown model's paired differences."""
+    metric_name = next(iter(runs.values())).metric_name
     score = "val loss" if metric_name == NEGATIVE_LOSS else f"val {metric_name}"
     lines = [f"\n{len(runs)} seeds ({', '.join(map(str, runs))}): mean ± std over the seeds",
              f"{'':22}{cut(score, 16):>18}{'val loss':>20}{'parameters':>12}{'training FLOPs':>16}{'seconds':>10}",

@@ -62,6 +62,8 @@ SUMMARY_FILENAME = "summary.json"
 MODEL_FILENAME = "model.pt"
 BASELINE_DIRNAME = "baseline"
 FROM_SCRATCH_DIRNAME = "from_scratch"
+#: A run over several seeds (`grow_over_seeds`, `run --seeds`): its figures, beside the seeds' `seed_<s>/` runs.
+SEEDS_FILENAME = "seeds.json"
 #: Fixed hosts trained without growth for comparison (`grow(compare_with=...)`), one subdirectory each, by index.
 FIXED_DIRNAME = "fixed"
 CHECKPOINT_NAME = "checkpoint.pt"
@@ -81,7 +83,8 @@ MAX_LINE_BYTES = 1_048_576
 
 RUN_FILE_NAMES = (CONFIG_FILENAME, EVENTS_FILENAME, SUMMARY_FILENAME, MODEL_FILENAME, BASELINE_DIRNAME,
                   FROM_SCRATCH_DIRNAME, FIXED_DIRNAME, CHECKPOINT_NAME, IMITATION_FILENAME, SCORES_FILENAME,
-                  REPORT_FILENAME, TENSORBOARD_DIRNAME, PROFILE_DIRNAME, RESUME_FILENAME, EVAL_RESUME_FILENAME)
+                  REPORT_FILENAME, TENSORBOARD_DIRNAME, PROFILE_DIRNAME, RESUME_FILENAME, EVAL_RESUME_FILENAME,
+                  SEEDS_FILENAME)
 """Names whose presence means a directory already holds a run."""
 
 SYSTEM_DIRECTORIES = tuple(Path(name) for name in ("/bin", "/boot", "/dev", "/etc", "/lib", "/lib32", "/lib64",

@@ -425,16 +425,18 @@ def test_grow_takes_a_preset_a_mapping_of_tables_or_load_configs_settings(tmp_pa
     assert recorded["heuristic"]["depth_blueprint"] == "conv_light"
 
 
+def resnet_of_width(task: morphogen.Task) -> Callable[[int], Callable[[], morphogen.ModuleHost]]:
+    """For a width, a function building the user's ResNet of that width as a host for `task`'s images."""
+    example = next(iter(task.validation.iterate_batches(2, shuffle=False)))[0]
+    return lambda width: lambda: morphogen.host_from_module(ResNet(width=width), ["layer1", "layer2", "layer3"],
+                                                            example_input=example)
+
+
 def test_grow_compares_with_other_hosts_trained_without_growth_on_the_same_batches(tmp_path: Path) -> None:
     """`compare_with`: other sizes of the user's model beside the grown one, each trained as the no-growth twin is
     (same data, epochs and seed), so that the same host compared with equals the twin to the bit."""
     task, _ = user_tasks.resnet()
-    example = next(iter(task.validation.iterate_batches(2, shuffle=False)))[0]
-
-    def resnet(width: int) -> Callable[[], morphogen.ModuleHost]:
-        return lambda: morphogen.host_from_module(ResNet(width=width), ["layer1", "layer2", "layer3"],
-                                                  example_input=example)
-
+    resnet = resnet_of_width(task)
     out = io.StringIO()
     result = morphogen.grow(task, resnet(4), run_dir=str(tmp_path / "run"), out=out, baseline=True,
                             from_scratch=False, config=eager_config(epochs=2),
@@ -467,17 +469,12 @@ def test_a_host_to_compare_with_that_cannot_be_used_fails_before_anything_is_wri
 
 def test_grow_over_seeds_gives_means_and_differences_paired_by_seed(tmp_path: Path) -> None:
     task, _ = user_tasks.resnet()
-    example = next(iter(task.validation.iterate_batches(2, shuffle=False)))[0]
-
-    def resnet(width: int) -> Callable[[], morphogen.ModuleHost]:
-        return lambda: morphogen.host_from_module(ResNet(width=width), ["layer1", "layer2", "layer3"],
-                                                  example_input=example)
-
+    resnet = resnet_of_width(task)
     out = io.StringIO()
     result = morphogen.grow_over_seeds(task, resnet(4), seeds=[3, 5, 7], run_dir=str(tmp_path / "seeds"), out=out,
                                        config=eager_config(epochs=2, baseline=True),
                                        compare_with={"width 8": resnet(8)})
-    assert list(result.runs) == [3, 5, 7] and list(result.differences) == ["no growth", "from scratch", "width 8"]
+    assert list(result.runs) == [3, 5, 7] and list(result.differences) == ["no growth", "width 8"]
     grown = [run.grown.final_accuracy for run in result.runs.values()]
     baseline = [run.baseline.final_accuracy for run in result.runs.values()]  # type: ignore[union-attr]
     losses = {run.baseline.final_loss for run in result.runs.values()}  # type: ignore[union-attr]
@@ -496,11 +493,22 @@ def test_grow_over_seeds_gives_means_and_differences_paired_by_seed(tmp_path: Pa
 
 
 @pytest.mark.parametrize(("options", "message"), [
-    ({"seeds": 0}, "grow_over_seeds: seeds must be 1 to 100 distinct seeds >= 0 (or their count), got 0"),
-    ({"seeds": [1, 1]}, "grow_over_seeds: seeds must be 1 to 100 distinct seeds >= 0 (or their count), got [1, 1]"),
+    ({"seeds": 0}, "seeds: must be 1 to 100 distinct seeds >= 0 (or their count), got 0"),
+    ({"seeds": [1, 1]}, "seeds: must be 1 to 100 distinct seeds >= 0 (or their count), got [1, 1]"),
     ({"seed": 3}, "grow_over_seeds: seed is chosen per seed"),
 ])
 def test_grow_over_seeds_refuses_what_it_cannot_play_in_one_line(options: dict[str, object], message: str) -> None:
     task, host = user_tasks.resnet()
     with pytest.raises(morphogen.ConfigError, match=f"^{re.escape(message)}"):
         morphogen.grow_over_seeds(task, host, **options)  # type: ignore[arg-type]
+
+
+def test_grow_keeps_the_configs_settings_its_keywords_leave_out(tmp_path: Path) -> None:
+    task, host = user_tasks.resnet()
+    result = morphogen.grow(task, host, out=io.StringIO(), epochs=1,
+                            config={"seed": 3, "baseline": False, "runs_root": str(tmp_path / "elsewhere")})
+    assert result.baseline is None and result.run_dir.parent == tmp_path / "elsewhere"
+    assert json.loads((result.run_dir / "config.json").read_text())["seed"] == 3
+    again = morphogen.grow(task, host, out=io.StringIO(), epochs=1, seed=4, baseline=True,
+                           config={"seed": 3, "baseline": False}, run_dir=str(tmp_path / "given"))
+    assert again.baseline is not None and json.loads((again.run_dir / "config.json").read_text())["seed"] == 4

@@ -293,6 +293,9 @@ class RunResult:
     architecture growth found, for a user who would rather have it trained from the start."""
     fixed: dict[str, EpisodeOutcome] = field(default_factory=dict)
     """Each host of `grow(compare_with=...)` trained without growth, by the name it was given."""
+    metric_name: str = "accuracy"
+    """What each outcome's `final_accuracy` holds: accuracy in percent, the task's own metric, or the negative
+    loss ("negative loss")."""
 
 
 def run_command(config: RunConfig, controller_factory: Callable[[MorphogenesisEpisode], Controller] | None = None,
@@ -445,7 +448,8 @@ def _play_and_write(config: RunConfig, task: Task, episode: MorphogenesisEpisode
                   nothing_kept=config.from_scratch and not architecture, fixed=fixed_outcomes)
     if episode.timer.enabled:
         print(f"\ntime by phase (grown model):\n{episode.timer.summary()}", file=out)
-    result = RunResult(grown, baseline, from_scratch, episode.model, run_dir, from_scratch_model, fixed_outcomes)
+    result = RunResult(grown, baseline, from_scratch, episode.model, run_dir, from_scratch_model, fixed_outcomes,
+                       task.metric_name)
     _write_results(result, architecture, saving.controller, task.metric_name, episode.slot_config.gates.judged_by)
     return result
 
