@@ -6,8 +6,8 @@ project's own claims are means over seeds with their spread; this gives a user's
     result = morphogen.grow_over_seeds(task, make_host, seeds=5, run_dir="runs/mine", epochs=30)
     result.differences["no growth"]  # (mean, standard error) of grown minus no growth, by seed
 
-Each seed is a whole `grow` (its own run directory, `RUN_DIR/seed_<s>`); its table goes to a seed's own lines,
-and the closing table compares the grown model with each comparison it trained.
+Each seed is a whole `grow` (its own run directory, `RUN_DIR/seed_<s>`) and prints one line; the closing table
+compares the grown model with each comparison every seed trained.
 """
 
 from __future__ import annotations
@@ -44,7 +44,8 @@ class SeedsResult:
     runs: dict[int, RunResult]
     differences: dict[str, tuple[float, float]]
     """By comparison ("no growth", "from scratch", or a `compare_with` name) present in every seed's run."""
-    run_dir: Path | None
+    run_dir: Path
+    """Where the seeds' runs (`seed_<s>/`) and `seeds.json` are."""
 
 
 def paired_difference(first: Sequence[float], second: Sequence[float]) -> tuple[float, float]:

@@ -450,15 +450,14 @@ def _play_and_write(config: RunConfig, task: Task, episode: MorphogenesisEpisode
         print(f"\ntime by phase (grown model):\n{episode.timer.summary()}", file=out)
     result = RunResult(grown, baseline, from_scratch, episode.model, run_dir, from_scratch_model, fixed_outcomes,
                        task.metric_name)
-    _write_results(result, architecture, saving.controller, task.metric_name, episode.slot_config.gates.judged_by)
+    _write_results(result, architecture, saving.controller, episode.slot_config.gates.judged_by)
     return result
 
 
-def _write_results(result: RunResult, architecture: dict[str, str], controller: str, metric_name: str,
-                   criterion: Criterion) -> None:
+def _write_results(result: RunResult, architecture: dict[str, str], controller: str, criterion: Criterion) -> None:
     """`summary.json` and the models of a finished run; the trainings' resume states go (nothing is left)."""
     run_dir = result.run_dir
-    summary = {"controller": controller, "score": {"name": metric_name, "criterion": criterion.value},
+    summary = {"controller": controller, "score": {"name": result.metric_name, "criterion": criterion.value},
                "grown": _outcome_dict(result.grown),
                "baseline": None if result.baseline is None else _outcome_dict(result.baseline),
                "from_scratch": None if result.from_scratch is None else
