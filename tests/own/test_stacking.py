@@ -102,6 +102,7 @@ def test_the_heuristic_grows_copies_of_a_users_blocks_where_they_fit(tmp_path: P
     config = dataclasses.replace(config, heuristic=dataclasses.replace(config.heuristic, depth_blueprint="block_copy"))
     torch.manual_seed(0)
     host = morphogen.host_from_module(ResNet1d(), SLOTS[:2], example_input=train[0][:2])
-    result = morphogen.grow(task, host, epochs=4, run_dir=str(tmp_path / "run"), config=config, out=io.StringIO())
+    result = morphogen.grow(task, host, epochs=4, run_dir=str(tmp_path / "run"), config=config, out=io.StringIO(),
+                            baseline=True)
     assert result.model.architecture() == {"blocks_0": "block_copy", "blocks_1": "block_copy"}
     assert result.grown.parameters > result.baseline.parameters  # type: ignore[union-attr]
