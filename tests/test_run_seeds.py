@@ -28,3 +28,50 @@ def test_run_over_seeds_writes_each_seed_and_the_figures_over_them(tmp_path: Pat
 def test_run_over_no_seeds_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["run", "--seeds", "0"]) == EXIT_USER_ERROR
     assert "--seeds must be >= 1, got 0" in capsys.readouterr().err
+
+
+#: A task of the user's own, as `--task user_seeds_task:make_task` names it; it draws its data from torch's global
+#: generator, which `morphogen` seeds before calling it.
+USER_TASK = """
+import torch
+import morphogen
+
+def make_task(seed=0):
+    x = torch.randn(300, 12)
+    y = (x[:, :6].sum(1) > x[:, 6:].sum(1)).long()
+    model = torch.nn.Sequential(torch.nn.Linear(12, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
+    host = morphogen.host_from_module(model, slots=["1"], example_input=x[:2])
+    return morphogen.task_from_data("sums", (x[:240], y[:240]), (x[240:], y[240:]), num_classes=2), lambda: host
+"""
+
+
+def _figures_of(run_dir: Path) -> dict[str, object]:
+    figures = json.loads((run_dir / "seeds.json").read_text())
+    for seed in figures["seeds"].values():
+        seed.pop("run_dir")
+    return figures  # type: ignore[no-any-return]
+
+
+@pytest.mark.parametrize("task", ["digits", "user_seeds_task:make_task"])
+def test_run_over_seeds_in_worker_processes_gives_the_figures_of_one_process(
+        task: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """`--jobs 2`: the same figures. A user's task whose optimizer table names no optimizer is loaded before the
+    seeds run (to resolve the table), and its host is a lambda, which no worker could receive: each worker loads
+    that task itself."""
+    (tmp_path / "user_seeds_task.py").write_text(USER_TASK)
+    (tmp_path / "lr.toml").write_text("[episode.optimizer]\nhost_lr = 0.05\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    for jobs in ("1", "2"):
+        size = ["--max-train-samples", "200"] if task == "digits" else []
+        assert main(["run", "--task", task, *size, "--epochs", "3", "--seeds", "2", "--jobs", jobs,
+                     "--no-from-scratch", "--threads", "1", "--config", "lr.toml",
+                     "--run-dir", f"seeds{jobs}"]) == 0
+    printed = capsys.readouterr().out
+    assert printed.count("seed 1: grown ") == 2
+    assert _figures_of(tmp_path / "seeds1") == _figures_of(tmp_path / "seeds2")
+
+
+def test_jobs_without_seeds_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["run", "--jobs", "2"]) == EXIT_USER_ERROR
+    assert "--jobs plays the seeds of --seeds side by side; give --seeds N with it" in capsys.readouterr().err

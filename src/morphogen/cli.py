@@ -26,7 +26,7 @@ from morphogen.ui.terminal_text import printable
 
 if TYPE_CHECKING:
     from morphogen.commands.evaluate import EvalConfig
-    from morphogen.commands.run import RunConfig, RunResult
+    from morphogen.commands.run import RunConfig
     from morphogen.control.distributed import DistributedContext
     from morphogen.control.trainer import TrainConfig
     from morphogen.data.tasks import Task
@@ -92,6 +92,8 @@ def _add_run_parser(subparsers: Any) -> None:
     run.add_argument("--seed", type=int, help="seed of host init and data order (default 0)")
     run.add_argument("--seeds", type=int, help="run N seeds (from --seed on), each into RUN_DIR/seed_<s>, and print "
                      "means over them and differences paired by seed")
+    run.add_argument("--jobs", type=int, help="with --seeds: worker processes playing the seeds side by side, each "
+                                              "with --threads threads (default 1; the figures are the same)")
     run.add_argument("--device", help="cpu (default), cuda, cuda:N, mps or auto")
     run.add_argument("--slots", help="comma-separated slot ids, e.g. r0c0,r0c1 (default: all)")
     run.add_argument("--pool-slots", action="store_true", default=None, help="also place slots after pools")
@@ -454,19 +456,21 @@ def _run(args: argparse.Namespace) -> None:
         # The policy acts on the task, host, slots and episode `run` chose, whatever it was trained on.
         factory = policy_controller_factory(args.policy, resolve_device(config.device), config.compile_settings)
     if args.seeds is None:
+        if args.jobs is not None:
+            raise UsageError("--jobs plays the seeds of --seeds side by side; give --seeds N with it")
         run_command(config, factory, task=task, resume=resume)
         return
-    import io
+    import torch
 
-    from morphogen.over_seeds import play_over_seeds
-
-    def play(seed: int, directory: str) -> RunResult:
-        return run_command(dataclasses.replace(config, seed=seed, run_dir=directory), factory, io.StringIO(), task)
+    from morphogen.over_seeds import RunSeed, play_over_seeds
 
     if args.seeds < 1:
         raise UsageError(f"--seeds must be >= 1, got {args.seeds}")
-    play_over_seeds(play, range(config.seed, config.seed + args.seeds), config.run_dir, config.runs_root,
-                    config.task_name or config.task, config.from_scratch, None)
+    jobs = 1 if args.jobs is None else args.jobs
+    play = RunSeed(config, args.policy, task)
+    play_over_seeds(play if jobs == 1 else play.for_workers(), range(config.seed, config.seed + args.seeds),
+                    config.run_dir, config.runs_root, config.task_name or config.task, config.from_scratch, None,
+                    jobs=jobs, threads=torch.get_num_threads())
 
 
 def _resumed_run_config(args: argparse.Namespace) -> tuple[RunConfig, None]:

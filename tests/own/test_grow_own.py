@@ -492,6 +492,49 @@ def test_grow_over_seeds_gives_means_and_differences_paired_by_seed(tmp_path: Pa
     assert figures["seeds"]["5"]["fixed"]["width 8"] == result.runs[5].fixed["width 8"].final_accuracy
 
 
+def test_a_host_function_returning_the_same_module_each_time_starts_every_training_from_its_weights(
+        tmp_path: Path) -> None:
+    """`lambda: host` hands every training the same module: each trains a copy of it, so the grown run, its twin
+    and a second `grow` all start from the module's own weights, which stay as they were."""
+    task, host = user_tasks.resnet()
+    before = {name: tensor.clone() for name, tensor in host.state_dict().items()}
+    results = [morphogen.grow(task, lambda: host, seed=1, epochs=2, from_scratch=False, out=io.StringIO(),
+                              run_dir=str(tmp_path / str(index))) for index in range(2)]
+    assert [(r.grown.final_loss, r.baseline.final_loss) for r in results] == \
+        [(results[0].grown.final_loss, results[0].baseline.final_loss)] * 2  # type: ignore[union-attr]
+    assert all(torch.equal(before[name], tensor) for name, tensor in host.state_dict().items())
+
+
+def test_grow_over_seeds_in_worker_processes_gives_the_figures_of_one_process(tmp_path: Path) -> None:
+    """Each seed starts from the host module's own weights, which stay as they were: in one process too, where
+    `grow` would load a seed's grown weights back into the module that the next seed starts from."""
+    task, host = user_tasks.resnet()
+    before = {name: tensor.clone() for name, tensor in host.state_dict().items()}
+    figures = []
+    for jobs in (1, 2):
+        result = morphogen.grow_over_seeds(task, host, seeds=[2, 6], run_dir=str(tmp_path / str(jobs)),
+                                           out=io.StringIO(), jobs=jobs, threads=1,
+                                           config=eager_config(epochs=2, baseline=True))
+        figures.append([(seed, run.grown.final_accuracy, run.grown.final_loss, run.grown.flops.total,
+                         run.baseline.final_loss, run.model.architecture())  # type: ignore[union-attr]
+                        for seed, run in result.runs.items()])
+        assert (tmp_path / str(jobs) / "seed_6" / "summary.json").is_file()
+    assert figures[0] == figures[1]
+    assert figures[0][0][2] != figures[0][1][2], "the seeds differ"
+    assert all(torch.equal(before[name], tensor) for name, tensor in host.state_dict().items())
+
+
+def test_grow_over_seeds_refuses_what_worker_processes_cannot_receive_before_anything_is_written(
+        tmp_path: Path) -> None:
+    task, host = user_tasks.resnet()
+    with pytest.raises(morphogen.ConfigError, match=r"^jobs: worker processes receive the task, host and options "
+                                                    r"pickled, and this one cannot be .* or use jobs=1$"):
+        morphogen.grow_over_seeds(task, lambda: host, seeds=2, jobs=2, run_dir=str(tmp_path / "seeds"))
+    with pytest.raises(morphogen.ConfigError, match=r"^jobs must be >= 1, got 0$"):
+        morphogen.grow_over_seeds(task, host, seeds=2, jobs=0, run_dir=str(tmp_path / "seeds"))
+    assert not (tmp_path / "seeds").exists()
+
+
 @pytest.mark.parametrize(("options", "message"), [
     ({"seeds": 0}, "seeds: must be 1 to 100 distinct seeds >= 0 (or their count), got 0"),
     ({"seeds": [1, 1]}, "seeds: must be 1 to 100 distinct seeds >= 0 (or their count), got [1, 1]"),

@@ -118,21 +118,23 @@ class EpisodeConfig:
 
 
 def task_host(task: Task, device: torch.device | str, *, pool_slots: bool = False) -> SegmentedHost:
-    """A fresh host for `task` on `device`: the built-in host of its topology, or the user's host (a copy of the
-    one given, or a new one from the function given; seed the global generator first for a seeded init)."""
+    """A fresh host for `task` on `device`: the built-in host of its topology, or a copy of the user's host (the one
+    given, or the one the function given returns; seed the global generator first for a seeded init)."""
     if task.host is None:
         host_kwargs: dict[str, int | bool] = dict(task.host_kwargs)
         if task.topology in ("cnn", "cnn1d") and pool_slots:
             host_kwargs["pool_slots"] = True
         return build_host(task.topology, device=device, **host_kwargs)
     given = isinstance(task.host, torch.nn.Module)
-    built = copy.deepcopy(task.host) if given else task.host()
+    built = task.host if given else task.host()
     if not isinstance(built, SegmentedHost):
         what = "host is" if given else "host function returned"
         raise DataError(f"task {task.name!r}: its {what} a {type(built).__name__}, not a host; "
                         f"{'pass' if given else 'return'} morphogen.host_from_module(model, slots=..., "
                         "example_input=...)")
-    return built.to(device)
+    # Always a copy, of a function's host too: one that returns the same module every time (`lambda: host`)
+    # would otherwise have each episode start from the weights the one before trained.
+    return copy.deepcopy(built).to(device)
 
 
 def task_with_host(task: Task, host: object = None) -> Task:
