@@ -135,8 +135,9 @@ def test_readme_task_function_runs_from_the_command_line(tmp_path, monkeypatch, 
     (tmp_path / "my_task.py").write_text(python_block("def make_task"))
     monkeypatch.chdir(tmp_path)
     assert main(["run", "--task", "my_task:make_task", "--epochs", "2", "--no-from-scratch", "--threads", "1",
-                 "--run-dir", "run"]) == 0
-    assert "task sums (mlp host" in capsys.readouterr().out
+                 "--compare", "width 64=my_task:wide_host", "--run-dir", "run"]) == 0
+    out = capsys.readouterr().out
+    assert "task sums (mlp host" in out and "width 64" in out.split("hosts to compare with", 1)[1]
 
 
 def test_readme_depth_growth_example_runs(capsys):

@@ -92,6 +92,10 @@ def _add_run_parser(subparsers: Any) -> None:
     run.add_argument("--seed", type=int, help="seed of host init and data order (default 0)")
     run.add_argument("--seeds", type=int, help="run N seeds (from --seed on), each into RUN_DIR/seed_<s>, and print "
                      "means over them and differences paired by seed")
+    run.add_argument("--compare", action="append", metavar="NAME=SPEC",
+                     help="also train another host without growth and show it beside the grown one (repeatable): "
+                          "host sizes for a built-in task (3x6=n_blocks=3,base_channels=6) or a function building "
+                          "one for a task of your own (wide=my_task:wide_host)")
     run.add_argument("--jobs", type=int, help="with --seeds: worker processes playing the seeds side by side, each "
                                               "with --threads threads (default 1; the figures are the same)")
     run.add_argument("--device", help="cpu (default), cuda, cuda:N, mps or auto")
@@ -278,7 +282,30 @@ def _flag_overrides(args: argparse.Namespace) -> dict[str, Any]:
         overrides["baseline"] = False
     if getattr(args, "no_from_scratch", False):
         overrides["from_scratch"] = False
+    if getattr(args, "compare", None):
+        hosts = [_compared_host(text) for text in args.compare]
+        overrides["compare_with"] = dict(hosts)
+        if len(overrides["compare_with"]) < len(hosts):
+            raise UsageError("--compare: each host needs a name of its own")
     return {**overrides, **_list_overrides(args)}
+
+
+def _compared_host(text: str) -> tuple[str, dict[str, int] | str]:
+    """One `--compare NAME=SPEC`: the name, and host sizes (`key=value,...`) or an import path (`module:function`)."""
+    name, _, spec = text.partition("=")
+    example = "--compare 3x6=n_blocks=3,base_channels=6 or --compare wide=my_task:wide_host"
+    if not name or not spec:
+        raise UsageError(f"--compare: expected NAME=SPEC, got {short_repr(text)} ({example})")
+    if ":" in spec:
+        return name, spec
+    sizes = {}
+    for item in spec.split(","):
+        key, _, value = item.partition("=")
+        if not key or not value.strip().lstrip("-").isdigit():
+            raise UsageError(f"--compare {short_repr(name)}: expected host sizes key=integer separated by commas, "
+                             f"got {short_repr(spec)} ({example})")
+        sizes[key.strip()] = int(value)
+    return name, sizes
 
 
 def _list_overrides(args: argparse.Namespace) -> dict[str, Any]:

@@ -153,10 +153,10 @@ def _located_message(message: str, field_names: list[str], given: list[str], fal
 
     The field is the first one the message mentions, preferring fields the user set; a leading
     repetition of the field name is dropped (``max_epochs must be >= 1`` -> ``episode.max_epochs: must be >= 1``).
-    A message that already starts with a key path inside a field (``host.base_channels: ...``, for a
+    A message that already starts with a field or a key path inside one (``host.base_channels: ...``, for a
     table whose keys a dataclass cannot list) keeps that path under the prefix.
     """
-    located = re.match(r"(\w+)\.[\w.]+: ", message)
+    located = re.match(r"(\w+)(?:\.[\w.]+)?: ", message)
     if located is not None and located.group(1) in field_names:
         return prefix + message
     positions = {}

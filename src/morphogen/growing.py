@@ -21,7 +21,7 @@ from morphogen.config import ConfigError
 from morphogen.core.hosts import SegmentedHost
 from morphogen.data import Task
 from morphogen.env.episode import task_with_host
-from morphogen.limits import MAX_EPOCHS, check_count, short_repr
+from morphogen.limits import MAX_EPOCHS, check_count
 from morphogen.session import PYTHON_TASK
 from morphogen.task_import import is_import_path
 
@@ -76,28 +76,10 @@ def grow(task: Task, host: object = None, *, epochs: int | None = None, seed: in
 
         factory = policy_controller_factory(policy, resolve_device(settings.device), settings.compile_settings)
     result = run_command(settings, factory, task=with_host, out=out, resume=resume,
-                         compare_with=_checked_names(compare_with))
+                         compare_with=compare_with)
     if isinstance(with_host.host, SegmentedHost):
         # Each training ran on a copy of the host; the grown one's weights go back into it, and so into the user's
         # own modules, whose parameters a host from `host_from_module` shares.
         with_host.host.load_state_dict(result.model.host.state_dict())
     return result
 
-
-#: Most hosts `grow` compares with, and the longest name of one (the table shows its first 13 characters).
-MAX_COMPARED_HOSTS, MAX_HOST_NAME = 16, 40
-
-
-def _checked_names(compare_with: Mapping[str, object] | None) -> Mapping[str, object] | None:
-    """`compare_with`, or `ConfigError` for what its table cannot show: too many hosts, a name that is not text."""
-    if compare_with is None:
-        return None
-    if not isinstance(compare_with, Mapping):
-        raise ConfigError(f"compare_with: expected a dict of names to hosts, got a {type(compare_with).__name__}")
-    if len(compare_with) > MAX_COMPARED_HOSTS:
-        raise ConfigError(f"compare_with: at most {MAX_COMPARED_HOSTS} hosts, got {len(compare_with)}")
-    for name in compare_with:
-        if not isinstance(name, str) or not 0 < len(name) <= MAX_HOST_NAME:
-            raise ConfigError(f"compare_with: each name is a string of 1 to {MAX_HOST_NAME} characters, got "
-                              f"{short_repr(name)}")
-    return compare_with

@@ -41,9 +41,7 @@ def check_import_path(task: str) -> None:
 
 def import_task(path: str, *, seed: int, device: str) -> Task:
     """Import and call the function at `path`; its task with its host attached, on `device`."""
-    check_import_path(path)
-    module_name, function_name = path.split(":")
-    function = _import_function(path, module_name, function_name)
+    function = import_function(path, "task")
     offered: dict[str, Any] = {"seed": seed, "device": device}
     try:
         parameters = inspect.signature(function).parameters
@@ -72,18 +70,22 @@ def import_task(path: str, *, seed: int, device: str) -> Task:
     return task
 
 
-def _import_function(path: str, module_name: str, function_name: str) -> Any:
+def import_function(path: str, what: str) -> Any:
+    """The function an import path `package.module:function` names, the current directory searched first; a
+    `ConfigError` line starting with `what` (the setting that named it) when it cannot be had."""
+    check_import_path(path)
+    module_name, function_name = path.split(":")
     here = os.getcwd()
     if here not in sys.path:
         sys.path.insert(0, here)
     try:
         module = importlib.import_module(module_name)
     except Exception as error:  # ImportError, or anything the module raises while it is imported
-        raise ConfigError(f"task: cannot import {module_name!r} for {path}: {type(error).__name__}: "
+        raise ConfigError(f"{what}: cannot import {module_name!r} for {path}: {type(error).__name__}: "
                           f"{_first_line(error)}") from None
     function = getattr(module, function_name, None)
     if not callable(function):
-        raise ConfigError(f"task: module {module_name!r} has no function {function_name!r}")
+        raise ConfigError(f"{what}: module {module_name!r} has no function {function_name!r}")
     return function
 
 

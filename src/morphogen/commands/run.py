@@ -17,6 +17,7 @@ from typing import Any, TextIO
 
 from rich.progress import TaskID
 
+from morphogen.commands.compared_hosts import check_settings, compared_tasks
 from morphogen.commands.run_state import cut_events, load_training_state, remove_resume_state, save_training_state
 from morphogen.config import build_config, config_to_dict, merge_tables, read_config_source
 from morphogen.control.controller import NoGrowthController
@@ -26,7 +27,7 @@ from morphogen.core.model import MorphogeneticModel
 from morphogen.data import Task
 from morphogen.devices import resolve_device
 from morphogen.env.actions import Op
-from morphogen.env.episode import EpisodeConfig, MorphogenesisEpisode, StepResult, task_with_host
+from morphogen.env.episode import EpisodeConfig, MorphogenesisEpisode, StepResult
 from morphogen.env.optimizer import OptimizerConfig, resolved_optimizer_table, task_optimizer_config
 from morphogen.env.play import Controller, EpisodeOutcome, run_episode
 from morphogen.limits import MAX_EPOCHS, check_count
@@ -73,12 +74,17 @@ class RunConfig(SessionOptions):
     #: Epochs between two saves of each training's state (`resume.pt`, which `--resume` goes on from); a
     #: training's last epoch is always saved. 0: never (the run cannot be resumed).
     save_every: int = 1
+    #: Other hosts trained without growth beside the grown one, by name (`--compare NAME=SPEC`): for a built-in
+    #: task a table of host sizes as `[host]` takes (sizes left out are the grown host's), for a task of your own
+    #: the import path of a function of no arguments building a host ("my_task:wide_host").
+    compare_with: dict[str, dict[str, int] | str] = field(default_factory=dict)
     episode: EpisodeConfig = field(default_factory=EpisodeConfig)
     heuristic: HeuristicConfig = field(default_factory=HeuristicConfig)
 
     def __post_init__(self) -> None:
         super().__post_init__()
         check_count("save_every", self.save_every, MAX_EPOCHS, lower=0)
+        check_settings(self.task, self.compare_with)
 
 
 def load_config(source: str | os.PathLike[str] | None = None, /, **tables: Any) -> RunConfig:
@@ -321,7 +327,7 @@ def run_command(config: RunConfig, controller_factory: Callable[[MorphogenesisEp
     # Build the model and the controller before anything is written: an unknown slot or blueprint then
     # fails without leaving a half-made run directory behind; so does a host to compare with that cannot be built.
     episode.reset()
-    fixed = {name: task_with_host(task, host) for name, host in (compare_with or {}).items()}
+    fixed = compared_tasks(config.compare_with, compare_with, task, config.task, config.host)
     if controller_factory is None:
         controller: Controller = HeuristicController(episode.action_space, task.topology, config.heuristic)
     else:
