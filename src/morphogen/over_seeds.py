@@ -38,7 +38,7 @@ from morphogen.limits import MAX_JOBS, check_count, short_repr
 from morphogen.run_directory import SEEDS_FILENAME, make_run_dir, write_atomic
 from morphogen.telemetry.story import NEGATIVE_LOSS
 from morphogen.ui.terminal_text import cut, printable
-from morphogen.ui.units import format_flops, format_loss
+from morphogen.ui.units import format_difference, format_flops, format_score
 
 #: Most seeds one call plays (each is a whole `grow`).
 MAX_SEEDS = 100
@@ -247,17 +247,10 @@ def _seed_line(seed: int, run: RunResult, from_scratch: bool) -> str:
     """One seed's figures: the grown model's score, parameters and FLOPs, then each comparison's score."""
     metric_name = run.metric_name
     others = [("no growth", run.baseline), ("from scratch", _from_scratch(run, from_scratch)), *run.fixed.items()]
-    parts = [f", {printable(name)} {_score(outcome.final_accuracy, metric_name)}" for name, outcome in others
+    parts = [f", {printable(name)} {format_score(outcome.final_accuracy, metric_name)}" for name, outcome in others
              if outcome is not None]
-    return (f"seed {seed}: grown {_score(run.grown.final_accuracy, metric_name)} ({run.grown.parameters:,} "
+    return (f"seed {seed}: grown {format_score(run.grown.final_accuracy, metric_name)} ({run.grown.parameters:,} "
             f"parameters, {format_flops(run.grown.flops.total)})" + "".join(parts))
-
-
-def _score(value: float, metric_name: str) -> str:
-    """A score as the closing table of `run` shows it: accuracy in percent, the negative loss as the loss."""
-    if metric_name == "accuracy":
-        return f"{value:.2f}%"
-    return format_loss(-value) if metric_name == NEGATIVE_LOSS else f"{value:.4g}"
 
 
 def _summary_lines(runs: Mapping[int, RunResult], pairs: Mapping[str, Pairs],
@@ -270,14 +263,11 @@ def _summary_lines(runs: Mapping[int, RunResult], pairs: Mapping[str, Pairs],
              _model_line("grown", [run.grown for run in runs.values()], metric_name)]
     lines += [_model_line(name, [other for _, other in both], metric_name) for name, both in pairs.items()]
     lines.append("differences, paired by seed (mean ± standard error):")
-    # A difference of negative losses reads as one of losses (lower is better) with the sign turned.
-    sign, unit = (-1, " nats") if metric_name == NEGATIVE_LOSS else (1, " points" if metric_name == "accuracy" else "")
-    shown = ".2f" if metric_name == "accuracy" else ".4f" if metric_name == NEGATIVE_LOSS else ".4g"
     for name, (mean, error) in differences.items():
         ahead = sum(grown.final_accuracy > other.final_accuracy for grown, other in pairs[name])
         behind = sum(grown.final_accuracy < other.final_accuracy for grown, other in pairs[name])
         label = f"grown - {cut(printable(name), 20)}"
-        lines.append(f"  {label:<30}{sign * mean:+{shown}} ± {error:{shown}}{unit} ({ahead} seeds ahead, "
+        lines.append(f"  {label:<30}{format_difference(mean, error, metric_name)} ({ahead} seeds ahead, "
                      f"{behind} behind)")
     return lines
 
@@ -304,7 +294,8 @@ def _figures(runs: Mapping[int, RunResult], differences: Mapping[str, tuple[floa
     def score(outcome: EpisodeOutcome | None) -> float | None:
         return None if outcome is None else outcome.final_accuracy
 
-    return {"seeds": {str(seed): {"run_dir": str(run.run_dir), "grown": score(run.grown),
+    return {"score": {"name": next(iter(runs.values())).metric_name},
+            "seeds": {str(seed): {"run_dir": str(run.run_dir), "grown": score(run.grown),
                                   "no growth": score(run.baseline),
                                   "from scratch": score(_from_scratch(run, from_scratch)),
                                   "fixed": {name: score(outcome) for name, outcome in run.fixed.items()}}

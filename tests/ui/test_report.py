@@ -110,3 +110,52 @@ def test_a_refused_action_shows_the_gates_words_and_a_reasonless_one_still_reads
     rows = [line for line in capsys.readouterr().out.splitlines() if "r0c1" in line]
     assert rows[0].endswith("ADVANCE r0c1  (refused: blended in, the seed would add +0.0023 nats < 0.005)")
     assert rows[1].endswith("ADVANCE r0c1  (refused)") and rows[2].endswith("PRUNE r0c1")
+
+
+def test_report_of_a_run_over_seeds_shows_each_seed_and_the_differences(tmp_path, capsys):
+    """`report` of `run --seeds`: each seed's scores as seeds.json keeps them, the paired differences, and the hosts
+    compared with, also in each seed's own report; `report --html` names the seeds' runs instead."""
+    run_dir = tmp_path / "seeds"
+    assert main(["run", "--seeds", "2", "--epochs", "2", "--max-train-samples", "150", "--no-from-scratch",
+                 "--compare", "3x4=n_blocks=3,base_channels=4", "--threads", "1", "--run-dir", str(run_dir)]) == 0
+    capsys.readouterr()
+    assert main(["report", str(run_dir)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    figures = json.loads((run_dir / "seeds.json").read_text())
+    assert lines[0] == f"run over 2 seeds {run_dir}"
+    assert lines[2].split() == ["seed", "grown", "no", "growth", "3x4"]
+    for seed in ("0", "1"):
+        scores = figures["seeds"][seed]
+        row = next(line.split() for line in lines if line.split()[:1] == [seed])
+        assert row == [seed, f"{scores['grown']:.2f}%", f"{scores['no growth']:.2f}%", f"{scores['fixed']['3x4']:.2f}%"]
+    means = next(line.split() for line in lines if line.split()[:1] == ["mean"])
+    assert means[1] == f"{(figures['seeds']['0']['grown'] + figures['seeds']['1']['grown']) / 2:.2f}%"
+    mean = figures["differences"]["3x4"]["mean"]
+    assert any(line.split()[:4] == ["grown", "-", "3x4", f"{mean:+.2f}"] for line in lines)
+    assert lines[-1] == f"each seed's run: morphogen report {run_dir}/seed_<s>"
+    assert main(["report", str(run_dir / "seed_1")]) == 0
+    assert "; 3x4 " in capsys.readouterr().out
+    assert main(["report", "--html", str(run_dir)]) == 2
+    assert f"{run_dir} holds a run over several seeds (seeds.json): name one of its runs" in capsys.readouterr().err
+
+
+def test_a_damaged_seeds_file_reads_what_it_can_and_escapes_every_string(tmp_path, capsys):
+    run_dir = tmp_path / "seeds"
+    run_dir.mkdir()
+    hostile = "\x1b[2Jx[bold]"
+    (run_dir / "seeds.json").write_text(json.dumps({
+        "score": {"name": ["not", "a", "name"]},
+        "seeds": {"0": {"grown": 91.5, "no growth": "NaN", "fixed": {hostile: 90.0, "x" * 500: 1.0}},
+                  "1": {"grown": 10**400, "no growth": 88.0, "fixed": [1, 2]}, "2": "not a table", hostile: {}},
+        "differences": {"no growth": {"mean": 1.5, "standard_error": None}, hostile: {"mean": -0.25,
+                                                                                      "standard_error": 0.5}}}))
+    assert main(["report", str(run_dir)]) == 0
+    out = capsys.readouterr().out
+    assert "\x1b" not in out and "x" * 100 not in out
+    rows = {line.split()[0]: line.split()[1:] for line in out.splitlines()[3:6] if line.strip()}
+    assert rows["0"][:2] == ["91.50%", "-"] and rows["1"][:2] == ["-", "88.00%"]
+    assert "grown - \\x1b[2Jx[bold]" in out and "-0.25 ± 0.50 points" in out
+    assert "grown - no growth" not in out  # its standard error is missing
+    (run_dir / "seeds.json").write_text("[1, 2")
+    assert main(["report", str(run_dir)]) == 2
+    assert "seeds.json cannot be read" in capsys.readouterr().err

@@ -34,6 +34,7 @@ from morphogen.ui.run_files import (
     summary_number,
     task_label,
 )
+from morphogen.ui.seeds_report import MAX_HOSTS, MAX_NAME, is_seeds_directory, render_seeds_report
 from morphogen.ui.terminal_text import cut, printable
 from morphogen.ui.units import format_flops, format_loss
 
@@ -176,28 +177,41 @@ def _phase_section(history: Sequence[Event]) -> list[str]:
 
 
 def _comparison_section(summary: dict[str, object] | None) -> list[str]:
-    """The grown model, then no growth and the final architecture from scratch where summary.json holds
-    them; nothing when it lacks the grown model's figures."""
+    """The grown model, then no growth, the final architecture from scratch and the hosts compared with where
+    summary.json holds them; nothing when it lacks the grown model's figures."""
     summary = summary or {}
     score = score_kind(summary)
     parts = []
-    for name, key in (("grown", "grown"), ("no growth", "baseline"), ("from scratch", "from_scratch")):
-        table = summary.get(key)
+    for name, table in [("grown", summary.get("grown")), ("no growth", summary.get("baseline")),
+                        ("from scratch", summary.get("from_scratch")), *_hosts_compared(summary)]:
         accuracy, parameters = summary_number(table, "final_accuracy"), summary_number(table, "parameters")
         if accuracy is None or parameters is None:
             continue
-        if score.name == NEGATIVE_LOSS:  # the loss itself, not its negation
-            shown = f"loss {-accuracy:.4g}"
-        else:
-            shown = score.format(accuracy) if score.is_accuracy else f"{score.name} {score.format(accuracy)}"
         flops = summary_number(table.get("flops") if isinstance(table, dict) else None, "total")
-        parts.append(f"{name} {shown} with {parameters:,.0f} parameters"
+        parts.append(f"{name} {_score_text(score, accuracy)} with {parameters:,.0f} parameters"
                      + ("" if flops is None else f" and {format_flops(flops)}"))
     return ["; ".join(parts)] if parts and parts[0].startswith("grown ") else []
 
 
+def _hosts_compared(summary: dict[str, object]) -> list[tuple[str, object]]:
+    """(name, figures) of each host summary.json says the run compared with (names of at most `MAX_NAME`)."""
+    fixed = summary.get("fixed")
+    return [(entry["name"], entry) for entry in (fixed if isinstance(fixed, list) else [])[:MAX_HOSTS]
+            if isinstance(entry, dict) and isinstance(entry.get("name"), str) and 0 < len(entry["name"]) <= MAX_NAME]
+
+
+def _score_text(score: ScoreKind, value: float) -> str:
+    """A final score in the report's closing line: accuracy, the loss itself, or the metric by its name."""
+    if score.name == NEGATIVE_LOSS:  # the loss itself, not its negation
+        return f"loss {-value:.4g}"
+    return score.format(value) if score.is_accuracy else f"{score.name} {score.format(value)}"
+
+
 def render_report(run_dir: str | Path) -> str:
-    """The whole report as text, every string from the run with its control characters escaped."""
+    """The whole report as text, every string from the run with its control characters escaped; of a run over
+    several seeds, its figures over them (`seeds_report.py`)."""
+    if is_seeds_directory(Path(run_dir)):
+        return render_seeds_report(run_dir)
     files = load_run_files(run_dir)
     config, history, training = files.config, files.history, files.is_training
     damage = files.damage_note()

@@ -44,6 +44,7 @@ from morphogen.run_directory import (
     EVENTS_FILENAME,
     FROM_SCRATCH_DIRNAME,
     MAX_LINE_BYTES,
+    SEEDS_FILENAME,
     SUMMARY_FILENAME,
     open_regular_file,
     read_json_object,
@@ -271,6 +272,9 @@ def check_run_dir(run_dir: str | Path) -> Path:
         raise RunDirectoryError(f"{path} is not a directory (expected a run directory under runs/)")
     events = path / EVENTS_FILENAME
     if not events.exists():
+        if (path / SEEDS_FILENAME).is_file():
+            raise RunDirectoryError(f"{path} holds a run over several seeds ({SEEDS_FILENAME}): name one of its "
+                                    f"runs, {path}/seed_<s> (`morphogen report {path}` prints the figures over them)")
         raise RunDirectoryError(f"{path} has no {EVENTS_FILENAME} (was the run made with --telemetry off?)")
     if not events.is_file():
         raise RunDirectoryError(f"{events} is not a regular file")

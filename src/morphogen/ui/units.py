@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from morphogen.telemetry.story import NEGATIVE_LOSS
+
 
 def format_flops(flops: float) -> str:
     """FLOPs with an SI prefix and three significant digits: `1.23 GFLOP`."""
@@ -15,3 +17,21 @@ def format_loss(loss: float, decimals: int = 4) -> str:
     """A validation loss to `decimals` decimals, or as many significant digits when it is below a hundredth (a
     regression's mean squared error can be 1e-5)."""
     return f"{loss:.{decimals}f}" if abs(loss) >= 0.01 or loss == 0.0 else f"{loss:.{decimals - 1}e}"
+
+
+def format_score(value: float, metric_name: str) -> str:
+    """A final score as `run` prints it: accuracy in percent, the negative loss as the loss, any other metric in four
+    significant digits."""
+    if metric_name == "accuracy":
+        return f"{value:.2f}%"
+    return format_loss(-value) if metric_name == NEGATIVE_LOSS else f"{value:.4g}"
+
+
+def format_difference(mean: float, error: float, metric_name: str) -> str:
+    """A difference of scores (mean ± standard error) in the score's unit; one of negative losses reads as one of
+    losses (lower is better), its sign turned."""
+    if metric_name == "accuracy":
+        return f"{mean:+.2f} ± {error:.2f} points"
+    if metric_name == NEGATIVE_LOSS:
+        return f"{-mean:+.4f} ± {error:.4f} nats"
+    return f"{mean:+.4g} ± {error:.4g}"

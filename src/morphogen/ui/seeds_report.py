@@ -1,0 +1,102 @@
+"""`morphogen report RUN_DIR` for a run over several seeds (`run --seeds`, `grow_over_seeds`): its `seeds.json`.
+
+Each seed's score beside each comparison's, then the grown model's differences from them, paired by seed, as the
+run printed them when it ended. The file is untrusted: numbers must be finite, names short, seeds at most
+`MAX_SEEDS_SHOWN`; what does not fit reads as missing ("-").
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from morphogen.run_directory import SEEDS_FILENAME, read_json_object
+from morphogen.ui.run_files import RunDirectoryError, score_name, summary_number
+from morphogen.ui.terminal_text import cut, printable
+from morphogen.ui.units import format_difference, format_score
+
+#: Most seeds shown (`grow_over_seeds` plays at most 100); most hosts compared with and the longest name of one
+#: (`compare_with` takes at most 16 of at most 40 characters).
+MAX_SEEDS_SHOWN, MAX_HOSTS, MAX_NAME = 100, 16, 40
+#: The comparisons every seed's run may hold, beside the hosts compared with (`fixed`).
+COMPARISONS = ("no growth", "from scratch")
+
+
+def is_seeds_directory(path: Path) -> bool:
+    """Whether `path` holds a run over several seeds rather than one run."""
+    return (path / SEEDS_FILENAME).is_file()
+
+
+def render_seeds_report(run_dir: str | Path) -> str:
+    """The report of a run over several seeds, every string from the file with its control characters escaped."""
+    path = Path(run_dir)
+    figures = read_json_object(path / SEEDS_FILENAME)
+    if figures is None:
+        raise RunDirectoryError(f"{path / SEEDS_FILENAME} cannot be read (damaged, or too large)")
+    score = figures.get("score")
+    metric = score_name(score.get("name") if isinstance(score, dict) else None)
+    seeds = _seeds(figures.get("seeds"))
+    lines = [f"run over {len(seeds)} seeds {path}", "", *_table(seeds, metric)]
+    differences = _differences(figures.get("differences"), metric)
+    if differences:
+        lines += ["", "differences, paired by seed (mean ± standard error):", *differences]
+    lines += ["", f"each seed's run: morphogen report {path}/seed_<s>"]
+    return "\n".join(printable(line) for line in lines)
+
+
+def _table(seeds: list[tuple[str, dict[str, Any]]], metric: str) -> list[str]:
+    """A row per seed, a column per model any seed has a score of (the grown one first), then their means."""
+    hosts = dict.fromkeys(name for _, scores in seeds for name in _fixed(scores))
+    columns = ["grown", *(name for name in [*COMPARISONS, *list(hosts)[:MAX_HOSTS]]
+                          if any(_score_of(scores, name) is not None for _, scores in seeds))]
+    lines = [f"{'seed':>6}" + "".join(f"{cut(name, 13):>14}" for name in columns)]
+    for seed, scores in seeds:
+        lines.append(f"{cut(seed, 6):>6}" + "".join(f"{_cell(_score_of(scores, name), metric):>14}"
+                                                     for name in columns))
+    means = [_mean([_score_of(scores, name) for _, scores in seeds]) for name in columns]
+    return [*lines, f"{'mean':>6}" + "".join(f"{_cell(mean, metric):>14}" for mean in means)]
+
+
+def _differences(table: object, metric: str) -> list[str]:
+    """The grown model's paired differences the file holds, each with a finite mean and standard error."""
+    lines = []
+    for name, entry in list(table.items())[:MAX_SEEDS_SHOWN] if isinstance(table, dict) else []:
+        mean, error = summary_number(entry, "mean"), summary_number(entry, "standard_error")
+        if isinstance(name, str) and len(name) <= MAX_NAME and mean is not None and error is not None:
+            lines.append(f"  {'grown - ' + name:<30}{format_difference(mean, error, metric)}")
+    return lines
+
+
+def _seeds(table: object) -> list[tuple[str, dict[str, Any]]]:
+    """(seed, its scores) for each seed the file lists with a table, in its order."""
+    if not isinstance(table, dict):
+        return []
+    return [(seed, scores) for seed, scores in list(table.items())[:MAX_SEEDS_SHOWN]
+            if isinstance(seed, str) and isinstance(scores, dict)]
+
+
+def _fixed(scores: Mapping[str, Any]) -> dict[str, Any]:
+    """A seed's scores of the hosts compared with, by name (names of at most `MAX_NAME` characters)."""
+    fixed = scores.get("fixed")
+    if not isinstance(fixed, dict):
+        return {}
+    return {name: value for name, value in fixed.items() if isinstance(name, str) and 0 < len(name) <= MAX_NAME}
+
+
+def _score_of(scores: Mapping[str, Any], name: str) -> float | None:
+    """A seed's score of the grown model, a comparison, or a host compared with."""
+    if name == "grown" or name in COMPARISONS:
+        return summary_number(scores, name)
+    return summary_number(_fixed(scores), name)
+
+
+def _mean(values: list[float | None]) -> float | None:
+    """The mean of the scores the file holds (None when it holds none)."""
+    present = [value for value in values if value is not None]
+    return statistics.fmean(present) if present else None
+
+
+def _cell(value: float | None, metric: str) -> str:
+    return "-" if value is None else format_score(value, metric)
