@@ -23,6 +23,15 @@ def test_run_over_seeds_writes_each_seed_and_the_figures_over_them(tmp_path: Pat
     # The same directory again: refused in one line before anything runs.
     assert main(["run", "--epochs", "2", "--seeds", "2", "--run-dir", str(tmp_path / "seeds")]) == EXIT_USER_ERROR
     assert "already holds another run" in capsys.readouterr().err
+    # Commands about one run name the seeds' runs.
+    assert main(["export", str(tmp_path / "seeds")]) == EXIT_USER_ERROR
+    assert f"holds a run over several seeds: name one of its runs, {tmp_path / 'seeds'}/seed_<s>" in \
+        capsys.readouterr().err
+    assert main(["run", "--resume", str(tmp_path / "seeds")]) == EXIT_USER_ERROR
+    assert "holds a finished run over several seeds: nothing to resume" in capsys.readouterr().err
+    (tmp_path / "seeds" / "seeds.json").unlink()  # as a run over seeds that stopped leaves its directory
+    assert main(["run", "--resume", str(tmp_path / "seeds")]) == EXIT_USER_ERROR
+    assert "a run over several seeds goes on seed by seed: --resume RUN_DIR/seed_<s>" in capsys.readouterr().err
 
 
 def test_run_over_no_seeds_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:

@@ -42,7 +42,13 @@ from morphogen.env.episode import MorphogenesisEpisode
 from morphogen.inputs import Inputs, InputSpec, repeat_rows, rows, take_rows, to_device
 from morphogen.inputs import problem as inputs_problem
 from morphogen.model_file import load_model_state, read_model_file
-from morphogen.run_directory import CONFIG_FILENAME, FROM_SCRATCH_DIRNAME, MODEL_FILENAME, write_atomic
+from morphogen.run_directory import (
+    CONFIG_FILENAME,
+    FROM_SCRATCH_DIRNAME,
+    MODEL_FILENAME,
+    is_seeds_directory,
+    write_atomic,
+)
 from morphogen.session import PYTHON_TASK, load_session_task
 
 #: Export formats and the file suffix each is written with by default.
@@ -187,6 +193,8 @@ def rebuild_run(run_dir: str | Path, device: str = "cpu", host: SegmentedHost | 
     run = Path(run_dir)
     if not run.is_dir():
         raise ConfigError(f"{run} is not a run directory")
+    if is_seeds_directory(run):
+        raise ConfigError(f"{run} holds a run over several seeds: name one of its runs, {run}/seed_<s>")
     model_file = run / FROM_SCRATCH_DIRNAME / MODEL_FILENAME if from_scratch else run / MODEL_FILENAME
     if from_scratch and not model_file.exists() and (run / MODEL_FILENAME).exists():
         raise ConfigError(f"run {run} trained no final architecture from scratch (no seed was kept, or "

@@ -300,6 +300,11 @@ def read_line(handle: IO[bytes], limit: int) -> Line:
     return Line(None, size, True)
 
 
+def is_seeds_directory(path: str | Path) -> bool:
+    """Whether `path` holds a run over several seeds (`seeds.json` beside the seeds' own runs, `seed_<s>/`)."""
+    return (Path(path) / SEEDS_FILENAME).is_file()
+
+
 def read_json_object(path: str | Path, limit: int = MAX_JSON_BYTES) -> dict[str, Any] | None:
     """The JSON object in the regular file `path`; None if it is missing, larger than `limit` bytes,
     not a regular file, unparsable, nested too deep or not an object (a run's files are untrusted)."""

@@ -44,6 +44,7 @@ from morphogen.run_directory import (
     SUMMARY_FILENAME,
     RunDirectoryRefused,
     hold_run_directory,
+    is_seeds_directory,
     make_run_dir,
     refuse_other_run,
     remove_stale_temporaries,
@@ -352,8 +353,12 @@ def resumable_run_dir(run_dir: str | None) -> Path:
     if os.path.lexists(path / CHECKPOINT_NAME):
         raise RunDirectoryRefused(f"{path} holds a run of `morphogen train`; `morphogen train --resume {path}` "
                                   "continues it")
+    if is_seeds_directory(path):
+        raise RunDirectoryRefused(f"{path} holds a finished run over several seeds: nothing to resume")
     if not (path / CONFIG_FILENAME).is_file():
-        raise RunDirectoryRefused(f"{path} holds no run of `morphogen run` to resume (no {CONFIG_FILENAME})")
+        seeds = "; a run over several seeds goes on seed by seed: --resume RUN_DIR/seed_<s>" \
+            if any(path.glob("seed_*/config.json")) else ""
+        raise RunDirectoryRefused(f"{path} holds no run of `morphogen run` to resume (no {CONFIG_FILENAME}){seeds}")
     refuse_finished_run(path)
     return path
 

@@ -10,6 +10,7 @@ from collections import Counter, defaultdict
 from collections.abc import Sequence
 from pathlib import Path
 
+from morphogen.run_directory import is_seeds_directory
 from morphogen.telemetry.events import (
     ALL_ENVS,
     ActionTaken,
@@ -34,7 +35,7 @@ from morphogen.ui.run_files import (
     summary_number,
     task_label,
 )
-from morphogen.ui.seeds_report import MAX_HOSTS, MAX_NAME, is_seeds_directory, render_seeds_report
+from morphogen.ui.seeds_report import MAX_HOSTS, MAX_NAME, render_seeds_report
 from morphogen.ui.terminal_text import cut, printable
 from morphogen.ui.units import format_flops, format_loss
 
@@ -210,7 +211,7 @@ def _score_text(score: ScoreKind, value: float) -> str:
 def render_report(run_dir: str | Path) -> str:
     """The whole report as text, every string from the run with its control characters escaped; of a run over
     several seeds, its figures over them (`seeds_report.py`)."""
-    if is_seeds_directory(Path(run_dir)):
+    if is_seeds_directory(run_dir):
         return render_seeds_report(run_dir)
     files = load_run_files(run_dir)
     config, history, training = files.config, files.history, files.is_training

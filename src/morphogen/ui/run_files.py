@@ -46,6 +46,7 @@ from morphogen.run_directory import (
     MAX_LINE_BYTES,
     SEEDS_FILENAME,
     SUMMARY_FILENAME,
+    is_seeds_directory,
     open_regular_file,
     read_json_object,
     read_line,
@@ -272,7 +273,7 @@ def check_run_dir(run_dir: str | Path) -> Path:
         raise RunDirectoryError(f"{path} is not a directory (expected a run directory under runs/)")
     events = path / EVENTS_FILENAME
     if not events.exists():
-        if (path / SEEDS_FILENAME).is_file():
+        if is_seeds_directory(path):
             raise RunDirectoryError(f"{path} holds a run over several seeds ({SEEDS_FILENAME}): name one of its "
                                     f"runs, {path}/seed_<s> (`morphogen report {path}` prints the figures over them)")
         raise RunDirectoryError(f"{path} has no {EVENTS_FILENAME} (was the run made with --telemetry off?)")

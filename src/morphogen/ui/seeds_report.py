@@ -24,11 +24,6 @@ MAX_SEEDS_SHOWN, MAX_HOSTS, MAX_NAME = 100, 16, 40
 COMPARISONS = ("no growth", "from scratch")
 
 
-def is_seeds_directory(path: Path) -> bool:
-    """Whether `path` holds a run over several seeds rather than one run."""
-    return (path / SEEDS_FILENAME).is_file()
-
-
 def render_seeds_report(run_dir: str | Path) -> str:
     """The report of a run over several seeds, every string from the file with its control characters escaped."""
     path = Path(run_dir)
