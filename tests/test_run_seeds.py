@@ -39,18 +39,19 @@ def test_run_over_no_seeds_is_a_usage_error(capsys: pytest.CaptureFixture[str]) 
     assert "--seeds must be >= 1, got 0" in capsys.readouterr().err
 
 
-#: A task of the user's own, as `--task user_seeds_task:make_task` names it; it draws its data from torch's global
-#: generator, which `morphogen` seeds before calling it.
+#: A task of the user's own, as `--task user_seeds_task:make_task` names it: it draws its data from torch's global
+#: generator, which `morphogen` seeds before calling it, and its host function is a lambda, which no worker process
+#: could be sent.
 USER_TASK = """
 import torch
 import morphogen
 
-def make_task(seed=0):
-    x = torch.randn(300, 12)
-    y = (x[:, :6].sum(1) > x[:, 6:].sum(1)).long()
-    model = torch.nn.Sequential(torch.nn.Linear(12, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
-    host = morphogen.host_from_module(model, slots=["1"], example_input=x[:2])
-    return morphogen.task_from_data("sums", (x[:240], y[:240]), (x[240:], y[240:]), num_classes=2), lambda: host
+def make_task():
+    x = torch.randn(240, 6)
+    labels = (x.sum(1) > 0).long()
+    net = torch.nn.Sequential(torch.nn.Linear(6, 4), torch.nn.Tanh(), torch.nn.Linear(4, 2))
+    task = morphogen.task_from_data("signs", (x[:180], labels[:180]), (x[180:], labels[180:]), num_classes=2)
+    return task, lambda: morphogen.host_from_module(net, ["1"], example_input=x[:2])
 """
 
 
