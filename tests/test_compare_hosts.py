@@ -99,6 +99,7 @@ def _user_error(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
     (["--compare", "3x6=n_blocks=three"], "--compare '3x6': expected host sizes key=integer separated by commas"),
     (["--compare", "3x6=n_blocks=0"], "compare_with: '3x6': n_blocks: must be >= 1, got 0"),
     (["--compare", "a=n_blocks=3", "--compare", "a=n_blocks=4"], "--compare: each host needs a name of its own"),
+    (["--compare", "no growth=n_blocks=3"], "compare_with: 'no growth' names one of the run's own models"),
     (["--compare", "3x6=depth=3"], "compare_with: '3x6': depth"),
     (["--compare", "x=no_such_module:host"], "compare_with: 'x': cannot import 'no_such_module' for "
                                              "no_such_module:host: ModuleNotFoundError"),

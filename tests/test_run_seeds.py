@@ -2,9 +2,11 @@
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+import morphogen.commands.run as run_module
 from morphogen.cli import EXIT_USER_ERROR, main
 
 
@@ -29,9 +31,6 @@ def test_run_over_seeds_writes_each_seed_and_the_figures_over_them(tmp_path: Pat
         capsys.readouterr().err
     assert main(["run", "--resume", str(tmp_path / "seeds")]) == EXIT_USER_ERROR
     assert "holds a finished run over several seeds: nothing to resume" in capsys.readouterr().err
-    (tmp_path / "seeds" / "seeds.json").unlink()  # as a run over seeds that stopped leaves its directory
-    assert main(["run", "--resume", str(tmp_path / "seeds")]) == EXIT_USER_ERROR
-    assert "a run over several seeds goes on seed by seed: --resume RUN_DIR/seed_<s>" in capsys.readouterr().err
 
 
 def test_run_over_no_seeds_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
@@ -85,3 +84,41 @@ def test_run_over_seeds_in_worker_processes_gives_the_figures_of_one_process(
 def test_jobs_without_seeds_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["run", "--jobs", "2"]) == EXIT_USER_ERROR
     assert "--jobs plays the seeds of --seeds side by side; give --seeds N with it" in capsys.readouterr().err
+
+
+class Killed(BaseException):
+    """Stands for SIGKILL: nothing after it runs, no `except Exception` catches it."""
+
+
+def test_a_run_over_seeds_killed_in_a_seed_resumes_to_the_figures_of_one_that_was_not(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """Killed in seed 1's grown run: `run --resume` reads seed 0 back, resumes seed 1 and plays seed 2."""
+    argv = ["run", "--seeds", "3", "--epochs", "3", "--max-train-samples", "150", "--threads", "1",
+            "--compare", "3x4=n_blocks=3,base_channels=4"]
+    assert main([*argv, "--run-dir", str(tmp_path / "whole")]) == 0
+    original, saves = run_module.save_training_state, 0
+
+    def save_then_die(*args: Any, **kwargs: Any) -> None:
+        nonlocal saves
+        original(*args, **kwargs)
+        saves += 1
+        if saves == 3 * 3 + 2:  # seed 0's grown run, its twin and 3x4 (it grows nothing), then 2 epochs of seed 1
+            raise Killed
+
+    monkeypatch.setattr(run_module, "save_training_state", save_then_die)
+    with pytest.raises(Killed):
+        main([*argv, "--run-dir", str(tmp_path / "killed")])
+    monkeypatch.undo()
+    killed = tmp_path / "killed"
+    assert (killed / "seed_0" / "summary.json").is_file() and not (killed / "seed_1" / "summary.json").exists()
+    assert not (killed / "seed_2").exists() and not (killed / "seeds.json").exists()
+    capsys.readouterr()
+    assert main(["report", str(killed)]) == EXIT_USER_ERROR
+    assert f"`morphogen run --resume {killed}` goes on with it" in capsys.readouterr().err
+    assert main(["run", "--resume", str(killed), "--threads", "1"]) == 0
+    out = capsys.readouterr().out
+    assert all(f"seed {seed}: grown " in out for seed in range(3)) and "grown - 3x4" in out
+    assert _figures_of(killed) == _figures_of(tmp_path / "whole")
+    assert main(["run", "--resume", str(killed), "--seeds", "2"]) == EXIT_USER_ERROR
+    assert "only --device, --policy, --threads and --jobs may be given with it, not --seeds" in \
+        capsys.readouterr().err

@@ -472,7 +472,11 @@ def _distributed(args: argparse.Namespace, device: str) -> Iterator[DistributedC
 
 def _run(args: argparse.Namespace) -> None:
     from morphogen.commands.run import run_command
+    from morphogen.run_directory import is_seeds_directory
 
+    if args.resume is not None and is_seeds_directory(args.resume):
+        _resume_seeds(args)
+        return
     config, task = _resumed_run_config(args) if args.resume is not None else _run_config_and_task(args)
     resume = args.resume is not None
     factory = None
@@ -497,7 +501,30 @@ def _run(args: argparse.Namespace) -> None:
     play = RunSeed(config, args.policy, task)
     play_over_seeds(play if jobs == 1 else play.for_workers(), range(config.seed, config.seed + args.seeds),
                     config.run_dir, config.runs_root, config.task_name or config.task, config.from_scratch, None,
-                    jobs=jobs, threads=torch.get_num_threads())
+                    jobs=jobs, threads=torch.get_num_threads(), plan=play.plan())
+
+
+def _resume_seeds(args: argparse.Namespace) -> None:
+    """`run --resume RUN_DIR` of a run over several seeds: its plan's config and seeds, on `--device` if given."""
+    import torch
+
+    from morphogen.commands.run import RunConfig
+    from morphogen.over_seeds import RunSeed, play_over_seeds, read_seeds_plan, resumable_seeds_dir
+    from morphogen.session import PYTHON_TASK
+
+    _refuse_flags_beside_resume(args, ("device", "policy", "threads", "jobs"), "a run")
+    path = resumable_seeds_dir(args.resume)
+    plan = read_seeds_plan(path)
+    values = plan.get("config")
+    if not isinstance(values, dict) or values.get("task") == PYTHON_TASK:
+        raise UsageError(f"the run over seeds in {path} grew a task built in Python; resume it from Python with "
+                         "morphogen.grow_over_seeds(..., run_dir=..., resume=True)")
+    if args.device is not None:
+        values["device"] = args.device
+    play = RunSeed.from_plan(plan, build_config(RunConfig, values), args.policy)
+    config, jobs = play.config, 1 if args.jobs is None else args.jobs
+    play_over_seeds(play, plan["seeds"], str(path), config.runs_root, config.task_name or config.task,
+                    plan["from_scratch"], None, jobs=jobs, threads=torch.get_num_threads(), resume=True)
 
 
 def _resumed_run_config(args: argparse.Namespace) -> tuple[RunConfig, None]:

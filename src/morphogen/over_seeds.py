@@ -7,8 +7,9 @@ project's own claims are means over seeds with their spread; this gives a user's
     result.differences["no growth"]  # (mean, standard error) of grown minus no growth, by seed
 
 Each seed is a whole `grow` (its own run directory, `RUN_DIR/seed_<s>`) and prints one line; the closing table
-compares the grown model with each comparison every seed trained. The seeds are independent, so `jobs=N` plays
-them in N worker processes side by side.
+(`seeds_summary.py`) compares the grown model with each comparison every seed trained. The seeds are independent,
+so `jobs=N` plays them in N worker processes side by side, and a run over seeds that stopped goes on where it
+stood (`resume`): seeds that finished are read back, a seed's run that stopped resumes, the rest are played.
 """
 
 from __future__ import annotations
@@ -17,28 +18,35 @@ import copy
 import dataclasses
 import io
 import json
-import math
 import multiprocessing
 import pickle
-import statistics
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, Protocol, TextIO
 
 import torch
 
 from morphogen.commands.run import RunConfig, RunResult, run_command, run_name, settings_from
 from morphogen.config import ConfigError
 from morphogen.data import Task
-from morphogen.env.play import EpisodeOutcome
 from morphogen.growing import grow
 from morphogen.limits import MAX_JOBS, check_count, short_repr
-from morphogen.run_directory import SEEDS_FILENAME, make_run_dir, write_atomic
-from morphogen.telemetry.story import NEGATIVE_LOSS
-from morphogen.ui.terminal_text import cut, printable
-from morphogen.ui.units import format_difference, format_flops, format_score
+from morphogen.run_directory import (
+    CONFIG_FILENAME,
+    SEEDS_FILENAME,
+    SEEDS_PLAN_FILENAME,
+    SUMMARY_FILENAME,
+    RunDirectoryRefused,
+    hold_run_directory,
+    make_run_dir,
+    read_json_object,
+    refuse_other_run,
+    write_atomic,
+)
+from morphogen.seeds_summary import SeedRun, differences_of, seed_line, seed_pairs, seeds_figures, summary_lines
+from morphogen.ui.terminal_text import printable
 
 #: Most seeds one call plays (each is a whole `grow`).
 MAX_SEEDS = 100
@@ -46,8 +54,9 @@ MAX_SEEDS = 100
 
 @dataclass(frozen=True)
 class SeedsResult:
-    """What `grow_over_seeds` produced: each seed's `RunResult`, and the grown model's score minus each
-    comparison's, paired by seed, as (mean, standard error)."""
+    """What `grow_over_seeds` produced: the `RunResult` of each seed it played, and the grown model's score minus
+    each comparison's, paired by seed over every seed (those read back on `resume` too), as (mean, standard
+    error)."""
 
     runs: dict[int, RunResult]
     differences: dict[str, tuple[float, float]]
@@ -56,15 +65,14 @@ class SeedsResult:
     """Where the seeds' runs (`seed_<s>/`) and `seeds.json` are."""
 
 
-def paired_difference(first: Sequence[float], second: Sequence[float]) -> tuple[float, float]:
-    """Mean and standard error of `first[i] - second[i]` (the error is 0 for one pair)."""
-    differences = [a - b for a, b in zip(first, second, strict=True)]
-    spread = statistics.stdev(differences) if len(differences) > 1 else 0.0
-    return statistics.fmean(differences), spread / math.sqrt(len(differences))
+class PlaySeed(Protocol):
+    """One seed's run into its directory, from the start or (`resume`) from where that run stopped."""
+
+    def __call__(self, seed: int, directory: str, resume: bool) -> RunResult: ...
 
 
 def grow_over_seeds(task: Task, host: object = None, *, seeds: int | Sequence[int] = 5, run_dir: str | None = None,
-                    out: TextIO | None = None, jobs: int = 1, threads: int | None = None,
+                    out: TextIO | None = None, jobs: int = 1, threads: int | None = None, resume: bool = False,
                     **grow_options: Any) -> SeedsResult:
     """`morphogen.grow` once for each of `seeds` (a count from 0, or the seeds themselves), with `grow_options`
     (`epochs`, `config`, `compare_with`, ...), each run into `run_dir/seed_<s>` (`run_dir` None: a new
@@ -80,17 +88,21 @@ def grow_over_seeds(task: Task, host: object = None, *, seeds: int | Sequence[in
     this process's count shared among them, at least 1); the figures are those of `jobs=1` at the same thread
     count. The workers receive `task`, `host` and `grow_options` pickled, so functions among them must be
     defined at a module's top level (not lambdas).
+
+    `resume=True` goes on with a run over seeds in `run_dir` that stopped, called with the same task, host, seeds
+    and options: a seed whose run finished is read back from its `summary.json`, one whose run stopped resumes
+    (`grow(..., resume=True)`), and the others are played.
     """
-    for option in ("seed", "run_dir", "out", "resume"):
+    for option in ("seed", "run_dir", "out"):
         if option in grow_options:
-            raise ConfigError(f"grow_over_seeds: {option} is chosen per seed; to go on with a stopped seed, call "
-                              "morphogen.grow(..., seed=s, run_dir=RUN_DIR/seed_<s>, resume=True)")
+            raise ConfigError(f"grow_over_seeds: {option} is chosen per seed; to go on with a stopped run over seeds, "
+                              "call it again with resume=True")
     settings = settings_from(grow_options.get("config"), task.name, task.topology)
     from_scratch = grow_options.get("from_scratch")
     return play_over_seeds(
         GrowSeed(task, host, grow_options), seeds, run_dir, grow_options.get("runs_root") or settings.runs_root,
         task.name, settings.from_scratch if from_scratch is None else bool(from_scratch), out, jobs=jobs,
-        threads=threads)
+        threads=threads, resume=resume)
 
 
 @dataclass(frozen=True)
@@ -99,13 +111,14 @@ class GrowSeed:
 
     task: Task
     host: object
-    grow_options: Mapping[str, Any]
+    grow_options: Any
 
-    def __call__(self, seed: int, directory: str) -> RunResult:
+    def __call__(self, seed: int, directory: str, resume: bool) -> RunResult:
         # A copy of a host module: `grow` loads the grown weights back into the host it is given, and the next
         # seed would start from them.
         host = copy.deepcopy(self.host) if isinstance(self.host, torch.nn.Module) else self.host
-        return grow(self.task, host, seed=seed, run_dir=directory, out=io.StringIO(), **self.grow_options)
+        return grow(self.task, host, seed=seed, run_dir=directory, out=io.StringIO(), resume=resume,
+                    **self.grow_options)
 
 
 @dataclass
@@ -123,7 +136,22 @@ class RunSeed:
         """The same runs, for worker processes: the task left for each to load."""
         return dataclasses.replace(self, task=None, load_task=self.task is not None or self.load_task)
 
-    def __call__(self, seed: int, directory: str) -> RunResult:
+    def plan(self) -> dict[str, Any]:
+        """What `run --resume` of the run over seeds needs to play them again: the config, the policy, and
+        whether the task is loaded once for every seed."""
+        from morphogen.config import config_to_dict
+
+        values = config_to_dict(dataclasses.replace(self.config, run_dir=None))
+        return {"config": values, "policy": self.policy, "task_loaded_once": self.task is not None or self.load_task}
+
+    @classmethod
+    def from_plan(cls, plan: dict[str, Any], config: RunConfig, policy: str | None) -> RunSeed:
+        """The runs a plan (`plan()`) describes, with `config` built from it and `policy` (None: the plan's)."""
+        planned = plan.get("policy")
+        return cls(config, policy if policy is not None else planned if isinstance(planned, str) else None, None,
+                   load_task=plan.get("task_loaded_once") is True)
+
+    def __call__(self, seed: int, directory: str, resume: bool) -> RunResult:
         from morphogen.devices import resolve_device
         from morphogen.session import load_session_task
 
@@ -136,16 +164,19 @@ class RunSeed:
 
             factory = policy_controller_factory(self.policy, device, self.config.compile_settings)
         return run_command(dataclasses.replace(self.config, seed=seed, run_dir=directory), factory, io.StringIO(),
-                           self.task)
+                           self.task, resume=resume)
 
 
-def play_over_seeds(play: Callable[[int, str], RunResult], seeds: int | Sequence[int], run_dir: str | None,
-                    runs_root: str, task_name: str, from_scratch: bool, out: TextIO | None, *, jobs: int = 1,
-                    threads: int | None = None) -> SeedsResult:
-    """`play(seed, its run directory)` for each seed, into `run_dir` (None: a new one under `runs_root`), then the
-    figures over the seeds (`grow_over_seeds`; `morphogen run --seeds`). `from_scratch`: whether the runs train the
-    grown model's final architecture from scratch. `jobs` > 1: `play` (picklable) runs in that many worker
-    processes, each with `threads` torch threads (None: this process's count shared among them)."""
+def play_over_seeds(play: PlaySeed, seeds: int | Sequence[int], run_dir: str | None, runs_root: str, task_name: str,
+                    from_scratch: bool, out: TextIO | None, *, jobs: int = 1, threads: int | None = None,
+                    resume: bool = False, plan: dict[str, Any] | None = None) -> SeedsResult:
+    """`play(seed, its run directory, resume)` for each seed, into `run_dir` (None: a new one under `runs_root`),
+    then the figures over the seeds (`grow_over_seeds`; `morphogen run --seeds`). `from_scratch`: whether the runs
+    train the grown model's final architecture from scratch. `jobs` > 1: `play` (picklable) runs in that many
+    worker processes, each with `threads` torch threads (None: this process's count shared among them).
+
+    The seeds, `from_scratch` and `plan` (what else a resume needs) go to `RUN_DIR/seeds_plan.json` first;
+    `resume` goes on with the run over seeds there (the seeds given must be its own)."""
     chosen = _checked_seeds(seeds)
     try:
         check_count("jobs", jobs, MAX_JOBS)
@@ -156,26 +187,83 @@ def play_over_seeds(play: Callable[[int, str], RunResult], seeds: int | Sequence
     workers = min(jobs, len(chosen))
     if workers > 1:
         _check_picklable(play)
-    parent = make_run_dir(run_dir, runs_root, f"{run_name(task_name)}-seeds")
-    directories = [str(parent / f"seed_{seed}") for seed in chosen]
-    runs: dict[int, RunResult] = {}
-    played = map(play, chosen, directories) if workers == 1 else \
-        _played_by_workers(play, chosen, directories, workers, threads or max(1, torch.get_num_threads() // workers))
-    for seed, run in zip(chosen, played, strict=True):
-        runs[seed] = run
-        print(_seed_line(seed, run, from_scratch), file=out, flush=True)
-    pairs = _pairs(list(runs.values()), from_scratch)
-    differences = {name: paired_difference([grown.final_accuracy for grown, _ in both],
-                                           [other.final_accuracy for _, other in both])
-                   for name, both in pairs.items()}
-    print("\n".join(_summary_lines(runs, pairs, differences)), file=out, flush=True)
-    figures = json.dumps(_figures(runs, differences, from_scratch), indent=2) + "\n"
-    write_atomic(parent / SEEDS_FILENAME, figures.encode())
+    parent = resumable_seeds_dir(run_dir) if resume else \
+        make_run_dir(run_dir, runs_root, f"{run_name(task_name)}-seeds")
+    with hold_run_directory(parent):  # one writer of seeds_plan.json and seeds.json
+        if resume:
+            _check_same_seeds(parent, chosen)
+        else:
+            refuse_other_run(parent)
+            plan_text = json.dumps({"seeds": chosen, "from_scratch": from_scratch, **(plan or {})}, indent=2)
+            write_atomic(parent / SEEDS_PLAN_FILENAME, (plan_text + "\n").encode())
+        runs, played = _played_over_seeds(play, chosen, parent, from_scratch, out, workers, threads)
+        pairs = seed_pairs(list(runs.values()))
+        differences = differences_of(pairs)
+        print("\n".join(summary_lines(runs, pairs, differences)), file=out, flush=True)
+        figures = json.dumps(seeds_figures(runs, differences), indent=2) + "\n"
+        write_atomic(parent / SEEDS_FILENAME, figures.encode())
     print(f"run dirs: {parent}/seed_<s>; figures: {parent / SEEDS_FILENAME}", file=out, flush=True)
-    return SeedsResult(runs, differences, parent)
+    return SeedsResult(played, differences, parent)
 
 
-def _check_picklable(play: Callable[[int, str], RunResult]) -> None:
+def _played_over_seeds(play: PlaySeed, seeds: list[int], parent: Path, from_scratch: bool, out: TextIO | None,
+                       workers: int, threads: int | None) -> tuple[dict[int, SeedRun], dict[int, RunResult]]:
+    """Each seed's figures, in the seeds' order (a line printed for each as it comes), and the runs played now: a
+    seed whose run finished before is read back, one whose run stopped resumes, the others are played."""
+    directories = {seed: parent / f"seed_{seed}" for seed in seeds}
+    finished = {seed for seed, directory in directories.items() if (directory / SUMMARY_FILENAME).is_file()}
+    jobs = [(seed, str(directories[seed]), (directories[seed] / CONFIG_FILENAME).is_file())
+            for seed in seeds if seed not in finished]
+    results: Iterator[RunResult] = iter(()) if not jobs else \
+        (play(*job) for job in jobs) if workers == 1 else \
+        _played_by_workers(play, jobs, min(workers, len(jobs)), threads or max(1, torch.get_num_threads() // workers))
+    runs: dict[int, SeedRun] = {}
+    played: dict[int, RunResult] = {}
+    for seed in seeds:
+        if seed in finished:
+            runs[seed] = SeedRun.read(directories[seed], from_scratch)
+        else:
+            played[seed] = next(results)
+            runs[seed] = SeedRun.of(played[seed], from_scratch)
+        print(seed_line(seed, runs[seed]), file=out, flush=True)
+    return runs, played
+
+
+def resumable_seeds_dir(run_dir: str | None) -> Path:
+    """The directory of a run over seeds that stopped before its figures; `RunDirectoryRefused` saying why not."""
+    if run_dir is None:
+        raise RunDirectoryRefused("resuming a run over seeds needs its run directory (run_dir=...)")
+    path = Path(run_dir)
+    if not (path / SEEDS_PLAN_FILENAME).is_file():
+        raise RunDirectoryRefused(f"{path} holds no run over several seeds to resume (no {SEEDS_PLAN_FILENAME})")
+    if (path / SEEDS_FILENAME).is_file():
+        raise RunDirectoryRefused(f"{path} holds a finished run over several seeds: nothing to resume")
+    return path
+
+
+def read_seeds_plan(path: Path) -> dict[str, Any]:
+    """The plan of the run over seeds in `path` (`RunDirectoryRefused` when damaged): its seeds, whether its runs
+    train from scratch, and what its command added (`RunSeed.plan`)."""
+    plan = read_json_object(path / SEEDS_PLAN_FILENAME)
+    seeds = None if plan is None else plan.get("seeds")
+    if plan is None or not isinstance(seeds, list) or not isinstance(plan.get("from_scratch"), bool):
+        raise RunDirectoryRefused(f"{path / SEEDS_PLAN_FILENAME} is damaged: it does not say which seeds to play")
+    try:
+        _checked_seeds(seeds)
+    except ConfigError:
+        raise RunDirectoryRefused(f"{path / SEEDS_PLAN_FILENAME} is damaged: its seeds are not "
+                                  f"{short_repr(seeds)}") from None
+    return plan
+
+
+def _check_same_seeds(path: Path, seeds: list[int]) -> None:
+    planned = read_seeds_plan(path)["seeds"]
+    if planned != seeds:
+        raise ConfigError(f"seeds: the run over seeds in {path} plays {short_repr(planned)}, not {short_repr(seeds)}; "
+                          "resume it with its own")
+
+
+def _check_picklable(play: PlaySeed) -> None:
     """`ConfigError` in one line when what the seeds' runs need cannot be sent to a worker process."""
     try:
         pickle.dumps(play)
@@ -186,119 +274,38 @@ def _check_picklable(play: Callable[[int, str], RunResult]) -> None:
 
 
 #: The seeds' play function of a worker process (set once per process by `_start_worker`).
-_worker_play: Callable[[int, str], RunResult] | None = None
+_worker_play: PlaySeed | None = None
 
 
-def _start_worker(play: Callable[[int, str], RunResult], threads: int) -> None:
+def _start_worker(play: PlaySeed, threads: int) -> None:
     global _worker_play
     torch.set_num_threads(threads)
     _worker_play = play
 
 
-def _play_in_worker(seed: int, directory: str) -> RunResult:
+def _play_in_worker(job: tuple[int, str, bool]) -> RunResult:
     assert _worker_play is not None, "a worker plays only after _start_worker"
-    return _worker_play(seed, directory)
+    return _worker_play(*job)
 
 
-def _played_by_workers(play: Callable[[int, str], RunResult], seeds: list[int], directories: list[str], workers: int,
+def _played_by_workers(play: PlaySeed, jobs: list[tuple[int, str, bool]], workers: int,
                        threads: int) -> Iterator[RunResult]:
-    """Each seed's run, in the seeds' order, played by `workers` spawned processes. `play` is sent once to each
-    worker, not with every seed (it may hold a whole dataset)."""
+    """Each job's run (seed, directory, resume), in their order, played by `workers` spawned processes. `play` is
+    sent once to each worker, not with every seed (it may hold a whole dataset)."""
     # Spawned, not forked: a fork of a process whose torch threads already ran can deadlock in the child.
     pool = ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn"),
                                initializer=_start_worker, initargs=(play, threads))
     try:
-        yield from pool.map(_play_in_worker, seeds, directories)
+        yield from pool.map(_play_in_worker, jobs)
     finally:  # stopped early (an error, Ctrl-C): the seeds not begun never are
         pool.shutdown(wait=True, cancel_futures=True)
 
 
-def _checked_seeds(seeds: int | Sequence[int]) -> list[int]:
-    chosen = list(range(seeds)) if isinstance(seeds, int) else list(seeds)
-    if not 1 <= len(chosen) <= MAX_SEEDS or any(not isinstance(seed, int) or seed < 0 for seed in chosen) \
-            or len(set(chosen)) != len(chosen):
+def _checked_seeds(seeds: object) -> list[int]:
+    chosen = list(range(seeds)) if isinstance(seeds, int) else list(seeds) if isinstance(seeds, list | tuple | range) \
+        else []
+    if not 1 <= len(chosen) <= MAX_SEEDS or any(not isinstance(seed, int) or isinstance(seed, bool) or seed < 0
+                                                for seed in chosen) or len(set(chosen)) != len(chosen):
         raise ConfigError(f"seeds: must be 1 to {MAX_SEEDS} distinct seeds >= 0 (or their count), got "
                           f"{short_repr(seeds)}")
     return chosen
-
-
-Pairs = list[tuple[EpisodeOutcome, EpisodeOutcome]]
-
-
-def _from_scratch(run: RunResult, trained: bool) -> EpisodeOutcome | None:
-    """The grown model's final architecture trained from scratch, when `trained` (asked for); where no seed was
-    kept that architecture is the host, and its training the no-growth one (the same seed and batches), which
-    `grow` does not train twice."""
-    if trained and run.from_scratch is None and not run.model.architecture():
-        return run.baseline
-    return run.from_scratch
-
-
-def _pairs(runs: list[RunResult], from_scratch: bool) -> dict[str, Pairs]:
-    """(grown, comparison) of every seed, by comparison, for each comparison that every seed's run trained."""
-    comparisons: dict[str, list[EpisodeOutcome | None]] = {
-        "no growth": [run.baseline for run in runs], "from scratch": [_from_scratch(run, from_scratch) for run in runs],
-        **{name: [run.fixed.get(name) for run in runs] for name in runs[0].fixed}}
-    return {name: [(run.grown, other) for run, other in zip(runs, others, strict=True) if other is not None]
-            for name, others in comparisons.items() if all(other is not None for other in others)}
-
-
-def _seed_line(seed: int, run: RunResult, from_scratch: bool) -> str:
-    """One seed's figures: the grown model's score, parameters and FLOPs, then each comparison's score."""
-    metric_name = run.metric_name
-    others = [("no growth", run.baseline), ("from scratch", _from_scratch(run, from_scratch)), *run.fixed.items()]
-    parts = [f", {printable(name)} {format_score(outcome.final_accuracy, metric_name)}" for name, outcome in others
-             if outcome is not None]
-    return (f"seed {seed}: grown {format_score(run.grown.final_accuracy, metric_name)} ({run.grown.parameters:,} "
-            f"parameters, {format_flops(run.grown.flops.total)})" + "".join(parts))
-
-
-def _summary_lines(runs: Mapping[int, RunResult], pairs: Mapping[str, Pairs],
-                   differences: Mapping[str, tuple[float, float]]) -> list[str]:
-    """The closing table: each model's means over the seeds, then the grown model's paired differences."""
-    metric_name = next(iter(runs.values())).metric_name
-    score = "val loss" if metric_name == NEGATIVE_LOSS else f"val {metric_name}"
-    lines = [f"\n{len(runs)} seeds ({', '.join(map(str, runs))}): mean ± std over the seeds",
-             f"{'':22}{cut(score, 16):>18}{'val loss':>20}{'parameters':>12}{'training FLOPs':>16}{'seconds':>10}",
-             _model_line("grown", [run.grown for run in runs.values()], metric_name)]
-    lines += [_model_line(name, [other for _, other in both], metric_name) for name, both in pairs.items()]
-    lines.append("differences, paired by seed (mean ± standard error):")
-    for name, (mean, error) in differences.items():
-        ahead = sum(grown.final_accuracy > other.final_accuracy for grown, other in pairs[name])
-        behind = sum(grown.final_accuracy < other.final_accuracy for grown, other in pairs[name])
-        label = f"grown - {cut(printable(name), 20)}"
-        lines.append(f"  {label:<30}{format_difference(mean, error, metric_name)} ({ahead} seeds ahead, "
-                     f"{behind} behind)")
-    return lines
-
-
-def _model_line(name: str, outcomes: Sequence[EpisodeOutcome], metric_name: str) -> str:
-    """A model's row: score and loss as mean ± std over the seeds; parameters, FLOPs and seconds as means."""
-    def spread(values: list[float], decimals: int) -> str:
-        deviation = statistics.stdev(values) if len(values) > 1 else 0.0
-        return f"{statistics.fmean(values):.{decimals}f} ± {deviation:.{decimals}f}"
-
-    scores = [o.final_accuracy for o in outcomes]
-    shown = spread([-s for s in scores], 4) if metric_name == NEGATIVE_LOSS else \
-        spread(scores, 2 if metric_name == "accuracy" else 4)
-    losses = spread([o.final_loss for o in outcomes], 4)
-    parameters = round(statistics.fmean(o.parameters for o in outcomes))
-    flops = format_flops(round(statistics.fmean(o.flops.total for o in outcomes)))
-    seconds = statistics.fmean(o.seconds for o in outcomes)
-    return f"  {cut(printable(name), 20):<20}{shown:>18}{losses:>20}{parameters:>12,}{flops:>16}{seconds:>9.1f}s"
-
-
-def _figures(runs: Mapping[int, RunResult], differences: Mapping[str, tuple[float, float]],
-             from_scratch: bool) -> dict[str, object]:
-    """What `seeds.json` holds: each seed's run directory and scores, and the paired differences."""
-    def score(outcome: EpisodeOutcome | None) -> float | None:
-        return None if outcome is None else outcome.final_accuracy
-
-    return {"score": {"name": next(iter(runs.values())).metric_name},
-            "seeds": {str(seed): {"run_dir": str(run.run_dir), "grown": score(run.grown),
-                                  "no growth": score(run.baseline),
-                                  "from scratch": score(_from_scratch(run, from_scratch)),
-                                  "fixed": {name: score(outcome) for name, outcome in run.fixed.items()}}
-                      for seed, run in runs.items()},
-            "differences": {name: {"mean": mean, "standard_error": error}
-                            for name, (mean, error) in differences.items()}}

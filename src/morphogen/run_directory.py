@@ -62,8 +62,10 @@ SUMMARY_FILENAME = "summary.json"
 MODEL_FILENAME = "model.pt"
 BASELINE_DIRNAME = "baseline"
 FROM_SCRATCH_DIRNAME = "from_scratch"
-#: A run over several seeds (`grow_over_seeds`, `run --seeds`): its figures, beside the seeds' `seed_<s>/` runs.
+#: A run over several seeds (`grow_over_seeds`, `run --seeds`): its figures, beside the seeds' `seed_<s>/` runs...
 SEEDS_FILENAME = "seeds.json"
+#: ...and, from its start, what it plays (the seeds, and what `run --resume` needs to play them again).
+SEEDS_PLAN_FILENAME = "seeds_plan.json"
 #: Fixed hosts trained without growth for comparison (`grow(compare_with=...)`), one subdirectory each, by index.
 FIXED_DIRNAME = "fixed"
 CHECKPOINT_NAME = "checkpoint.pt"
@@ -84,7 +86,7 @@ MAX_LINE_BYTES = 1_048_576
 RUN_FILE_NAMES = (CONFIG_FILENAME, EVENTS_FILENAME, SUMMARY_FILENAME, MODEL_FILENAME, BASELINE_DIRNAME,
                   FROM_SCRATCH_DIRNAME, FIXED_DIRNAME, CHECKPOINT_NAME, IMITATION_FILENAME, SCORES_FILENAME,
                   REPORT_FILENAME, TENSORBOARD_DIRNAME, PROFILE_DIRNAME, RESUME_FILENAME, EVAL_RESUME_FILENAME,
-                  SEEDS_FILENAME)
+                  SEEDS_FILENAME, SEEDS_PLAN_FILENAME)
 """Names whose presence means a directory already holds a run."""
 
 SYSTEM_DIRECTORIES = tuple(Path(name) for name in ("/bin", "/boot", "/dev", "/etc", "/lib", "/lib32", "/lib64",
@@ -301,8 +303,8 @@ def read_line(handle: IO[bytes], limit: int) -> Line:
 
 
 def is_seeds_directory(path: str | Path) -> bool:
-    """Whether `path` holds a run over several seeds (`seeds.json` beside the seeds' own runs, `seed_<s>/`)."""
-    return (Path(path) / SEEDS_FILENAME).is_file()
+    """Whether `path` holds a run over several seeds (the seeds' own runs in `seed_<s>/`), finished or not."""
+    return any((Path(path) / name).is_file() for name in (SEEDS_FILENAME, SEEDS_PLAN_FILENAME))
 
 
 def read_json_object(path: str | Path, limit: int = MAX_JSON_BYTES) -> dict[str, Any] | None:
@@ -431,8 +433,9 @@ def refuse_other_run(path: Path) -> None:
     """`RunDirectoryRefused` naming the run files `path` already holds (a new run may not mix with them)."""
     present = [name for name in RUN_FILE_NAMES if os.path.lexists(path / name)]
     if present:
-        command = "train" if CHECKPOINT_NAME in present else "run" if RESUME_FILENAME in present else \
-            "eval" if EVAL_RESUME_FILENAME in present else ""
+        stopped_seeds = SEEDS_PLAN_FILENAME in present and SEEDS_FILENAME not in present
+        command = "train" if CHECKPOINT_NAME in present else "run" if RESUME_FILENAME in present or stopped_seeds \
+            else "eval" if EVAL_RESUME_FILENAME in present else ""
         hint = f"; `morphogen {command} --resume {path}` continues it" if command else ""
         raise RunDirectoryRefused(f"run_dir: {path} already holds another run ({', '.join(present)}){hint}; "
                                   "choose another --run-dir")

@@ -7,8 +7,10 @@ import io
 import json
 import math
 import re
+import shutil
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -522,6 +524,26 @@ def test_grow_over_seeds_in_worker_processes_gives_the_figures_of_one_process(tm
     assert figures[0] == figures[1]
     assert figures[0][0][2] != figures[0][1][2], "the seeds differ"
     assert all(torch.equal(before[name], tensor) for name, tensor in host.state_dict().items())
+
+
+def test_grow_over_seeds_resumes_reading_the_seeds_that_finished_and_playing_the_others(tmp_path: Path) -> None:
+    task, host = user_tasks.resnet()
+    options: dict[str, Any] = {"config": eager_config(epochs=2, baseline=True), "out": io.StringIO()}
+    whole = morphogen.grow_over_seeds(task, host, seeds=[1, 4], run_dir=str(tmp_path / "seeds"), **options)
+    figures = (tmp_path / "seeds" / "seeds.json").read_text()
+    with pytest.raises(ValueError, match="holds a finished run over several seeds: nothing to resume"):
+        morphogen.grow_over_seeds(task, host, seeds=[1, 4], run_dir=str(tmp_path / "seeds"), resume=True, **options)
+    # As a run over seeds stopped before seed 4 began leaves its directory.
+    (tmp_path / "seeds" / "seeds.json").unlink()
+    shutil.rmtree(tmp_path / "seeds" / "seed_4")
+    with pytest.raises(morphogen.ConfigError, match=re.escape("plays [1, 4], not [1, 4, 5]; resume it with its own")):
+        morphogen.grow_over_seeds(task, host, seeds=[1, 4, 5], run_dir=str(tmp_path / "seeds"), resume=True,
+                                  **options)
+    resumed = morphogen.grow_over_seeds(task, host, seeds=[1, 4], run_dir=str(tmp_path / "seeds"), resume=True,
+                                        **options)
+    assert list(resumed.runs) == [4], "seed 1 finished before: read back, not played"
+    assert resumed.differences == whole.differences
+    assert (tmp_path / "seeds" / "seeds.json").read_text() == figures
 
 
 def test_grow_over_seeds_refuses_what_worker_processes_cannot_receive_before_anything_is_written(

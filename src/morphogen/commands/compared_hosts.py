@@ -21,6 +21,8 @@ from morphogen.task_import import check_import_path, import_function, is_import_
 
 #: Most hosts a run compares with, and the longest name of one (the table shows its first 13 characters).
 MAX_COMPARED_HOSTS, MAX_HOST_NAME = 16, 40
+#: The names of the models every run has, which the tables and a run over seeds already use.
+RESERVED_NAMES = ("grown", "no growth", "from scratch")
 
 
 def check_names(names: object, where: str = "compare_with") -> None:
@@ -33,6 +35,8 @@ def check_names(names: object, where: str = "compare_with") -> None:
         if not isinstance(name, str) or not 0 < len(name) <= MAX_HOST_NAME:
             raise ConfigError(f"{where}: each name is a string of 1 to {MAX_HOST_NAME} characters, got "
                               f"{short_repr(name)}")
+        if name in RESERVED_NAMES:
+            raise ConfigError(f"{where}: {name!r} names one of the run's own models; choose another name")
 
 
 def check_settings(task: str, compare_with: object) -> None:

@@ -354,11 +354,10 @@ def resumable_run_dir(run_dir: str | None) -> Path:
         raise RunDirectoryRefused(f"{path} holds a run of `morphogen train`; `morphogen train --resume {path}` "
                                   "continues it")
     if is_seeds_directory(path):
-        raise RunDirectoryRefused(f"{path} holds a finished run over several seeds: nothing to resume")
+        raise RunDirectoryRefused(f"{path} holds a run over several seeds: `morphogen run --resume {path}` or "
+                                  "morphogen.grow_over_seeds(..., resume=True) goes on with it")
     if not (path / CONFIG_FILENAME).is_file():
-        seeds = "; a run over several seeds goes on seed by seed: --resume RUN_DIR/seed_<s>" \
-            if any(path.glob("seed_*/config.json")) else ""
-        raise RunDirectoryRefused(f"{path} holds no run of `morphogen run` to resume (no {CONFIG_FILENAME}){seeds}")
+        raise RunDirectoryRefused(f"{path} holds no run of `morphogen run` to resume (no {CONFIG_FILENAME})")
     refuse_finished_run(path)
     return path
 

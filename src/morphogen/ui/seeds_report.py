@@ -27,6 +27,10 @@ COMPARISONS = ("no growth", "from scratch")
 def render_seeds_report(run_dir: str | Path) -> str:
     """The report of a run over several seeds, every string from the file with its control characters escaped."""
     path = Path(run_dir)
+    if not (path / SEEDS_FILENAME).exists():
+        raise RunDirectoryError(f"the run over several seeds in {path} has not finished (no {SEEDS_FILENAME}): "
+                                f"`morphogen run --resume {path}` goes on with it; a seed's run that finished: "
+                                f"morphogen report {path}/seed_<s>")
     figures = read_json_object(path / SEEDS_FILENAME)
     if figures is None:
         raise RunDirectoryError(f"{path / SEEDS_FILENAME} cannot be read (damaged, or too large)")

@@ -1,0 +1,173 @@
+"""The figures of a run over several seeds: each seed's scores, each model's mean ± std, and the grown model's
+differences from each comparison, paired by seed (`grow_over_seeds`, `morphogen run --seeds`).
+
+A seed's figures come from its `RunResult` when it was played now, or from its run directory's `summary.json` when
+it finished before (a run over seeds resumed): `SeedRun` holds either the same way.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from morphogen.commands.run import RunResult
+from morphogen.config import ConfigError
+from morphogen.env.compute import ComputeAccount
+from morphogen.env.play import EpisodeOutcome
+from morphogen.run_directory import SUMMARY_FILENAME, read_json_object
+from morphogen.telemetry.story import NEGATIVE_LOSS
+from morphogen.ui.terminal_text import cut, printable
+from morphogen.ui.units import format_difference, format_flops, format_score
+
+#: The comparisons every seed's run may train, before the hosts it compares with.
+NO_GROWTH, FROM_SCRATCH = "no growth", "from scratch"
+
+
+@dataclass(frozen=True)
+class SeedRun:
+    """One seed's run as the figures over seeds read it: the grown model's outcome and each comparison's, by name
+    ("no growth", "from scratch", then the hosts compared with)."""
+
+    grown: EpisodeOutcome
+    comparisons: dict[str, EpisodeOutcome]
+    run_dir: Path
+    metric_name: str
+
+    @classmethod
+    def of(cls, run: RunResult, from_scratch: bool) -> SeedRun:
+        """A run played now. Where it kept no seed its final architecture is the host, and that training (asked
+        for with `from_scratch`) is the no-growth one, which `grow` does not train twice."""
+        scratch = run.baseline if from_scratch and run.from_scratch is None and not run.model.architecture() \
+            else run.from_scratch
+        return cls.made(run.grown, run.baseline, scratch, run.fixed, run.run_dir, run.metric_name)
+
+    @classmethod
+    def read(cls, run_dir: Path, from_scratch: bool) -> SeedRun:
+        """A run that finished before, from its `summary.json` (`ConfigError` when it cannot be read)."""
+        summary = read_json_object(run_dir / SUMMARY_FILENAME)
+        grown = None if summary is None else _outcome(summary.get("grown"))
+        if summary is None or grown is None:
+            raise ConfigError(f"{run_dir / SUMMARY_FILENAME}: cannot be read as a finished run's figures (damaged?); "
+                              "move that seed's directory away to play the seed again")
+        baseline, scratch = _outcome(summary.get("baseline")), _outcome(summary.get("from_scratch"))
+        if from_scratch and scratch is None:  # none was trained: nothing was kept (as `of` says)
+            scratch = baseline
+        fixed = summary.get("fixed")
+        hosts = {entry["name"]: _outcome(entry) for entry in (fixed if isinstance(fixed, list) else [])
+                 if isinstance(entry, dict) and isinstance(entry.get("name"), str)}
+        score = summary.get("score")
+        name = score.get("name") if isinstance(score, dict) else None
+        return cls.made(grown, baseline, scratch, hosts, run_dir, name if isinstance(name, str) else "accuracy")
+
+    @classmethod
+    def made(cls, grown: EpisodeOutcome, baseline: EpisodeOutcome | None, scratch: EpisodeOutcome | None,
+             fixed: Mapping[str, EpisodeOutcome | None], run_dir: Path, metric_name: str) -> SeedRun:
+        others = {NO_GROWTH: baseline, FROM_SCRATCH: scratch, **fixed}
+        return cls(grown, {name: o for name, o in others.items() if o is not None}, run_dir, metric_name)
+
+
+def _outcome(table: object) -> EpisodeOutcome | None:
+    """An outcome's figures as summary.json records them (`commands/run.py: _outcome_dict`), or None."""
+    if not isinstance(table, dict):
+        return None
+    numbers = {key: table.get(key) for key in ("final_accuracy", "final_loss", "parameters", "host_parameters",
+                                                 "seconds", "episode_return")}
+    flops = table.get("flops")
+    parts = {key: flops.get(key, 0) for key in ("training", "shadow", "validation", "counterfactual", "probe")} \
+        if isinstance(flops, dict) else {}
+    values = [*numbers.values(), *parts.values()]
+    if not parts or not all(isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
+                            for v in values):
+        return None
+    recent = table.get("recent_scores")
+    return EpisodeOutcome(
+        final_accuracy=float(numbers["final_accuracy"]), final_loss=float(numbers["final_loss"]),  # type: ignore[arg-type]
+        parameters=int(numbers["parameters"]), host_parameters=int(numbers["host_parameters"]),  # type: ignore[arg-type]
+        seconds=float(numbers["seconds"]), episode_return=float(numbers["episode_return"]),  # type: ignore[arg-type]
+        stories=[], phase_seconds={}, flops=ComputeAccount(**{k: int(v) for k, v in parts.items()}),
+        recent_scores=tuple(float(s) for s in recent if isinstance(s, int | float)) if isinstance(recent, list) else ())
+
+
+def paired_difference(first: Sequence[float], second: Sequence[float]) -> tuple[float, float]:
+    """Mean and standard error of `first[i] - second[i]` (the error is 0 for one pair)."""
+    differences = [a - b for a, b in zip(first, second, strict=True)]
+    spread = statistics.stdev(differences) if len(differences) > 1 else 0.0
+    return statistics.fmean(differences), spread / math.sqrt(len(differences))
+
+
+Pairs = list[tuple[EpisodeOutcome, EpisodeOutcome]]
+
+
+def seed_pairs(runs: Sequence[SeedRun]) -> dict[str, Pairs]:
+    """(grown, comparison) of every seed, by comparison, for each comparison that every seed's run trained."""
+    return {name: [(run.grown, run.comparisons[name]) for run in runs]
+            for name in runs[0].comparisons if all(name in run.comparisons for run in runs)}
+
+
+def differences_of(pairs: Mapping[str, Pairs]) -> dict[str, tuple[float, float]]:
+    """The grown model's score minus each comparison's, paired by seed: (mean, standard error)."""
+    return {name: paired_difference([grown.final_accuracy for grown, _ in both],
+                                    [other.final_accuracy for _, other in both]) for name, both in pairs.items()}
+
+
+def seed_line(seed: int, run: SeedRun) -> str:
+    """One seed's figures: the grown model's score, parameters and FLOPs, then each comparison's score."""
+    parts = [f", {printable(name)} {format_score(outcome.final_accuracy, run.metric_name)}"
+             for name, outcome in run.comparisons.items()]
+    return (f"seed {seed}: grown {format_score(run.grown.final_accuracy, run.metric_name)} "
+            f"({run.grown.parameters:,} parameters, {format_flops(run.grown.flops.total)})" + "".join(parts))
+
+
+def summary_lines(runs: Mapping[int, SeedRun], pairs: Mapping[str, Pairs],
+                  differences: Mapping[str, tuple[float, float]]) -> list[str]:
+    """The closing table: each model's means over the seeds, then the grown model's paired differences."""
+    metric_name = next(iter(runs.values())).metric_name
+    score = "val loss" if metric_name == NEGATIVE_LOSS else f"val {metric_name}"
+    lines = [f"\n{len(runs)} seeds ({', '.join(map(str, runs))}): mean ± std over the seeds",
+             f"{'':22}{cut(score, 16):>18}{'val loss':>20}{'parameters':>12}{'training FLOPs':>16}{'seconds':>10}",
+             _model_line("grown", [run.grown for run in runs.values()], metric_name)]
+    lines += [_model_line(name, [other for _, other in both], metric_name) for name, both in pairs.items()]
+    lines.append("differences, paired by seed (mean ± standard error):")
+    for name, (mean, error) in differences.items():
+        ahead = sum(grown.final_accuracy > other.final_accuracy for grown, other in pairs[name])
+        behind = sum(grown.final_accuracy < other.final_accuracy for grown, other in pairs[name])
+        label = f"grown - {cut(printable(name), 20)}"
+        lines.append(f"  {label:<30}{format_difference(mean, error, metric_name)} ({ahead} seeds ahead, "
+                     f"{behind} behind)")
+    return lines
+
+
+def _model_line(name: str, outcomes: Sequence[EpisodeOutcome], metric_name: str) -> str:
+    """A model's row: score and loss as mean ± std over the seeds; parameters, FLOPs and seconds as means."""
+    def spread(values: list[float], decimals: int) -> str:
+        deviation = statistics.stdev(values) if len(values) > 1 else 0.0
+        return f"{statistics.fmean(values):.{decimals}f} ± {deviation:.{decimals}f}"
+
+    scores = [o.final_accuracy for o in outcomes]
+    shown = spread([-s for s in scores], 4) if metric_name == NEGATIVE_LOSS else \
+        spread(scores, 2 if metric_name == "accuracy" else 4)
+    losses = spread([o.final_loss for o in outcomes], 4)
+    parameters = round(statistics.fmean(o.parameters for o in outcomes))
+    flops = format_flops(round(statistics.fmean(o.flops.total for o in outcomes)))
+    seconds = statistics.fmean(o.seconds for o in outcomes)
+    return f"  {cut(printable(name), 20):<20}{shown:>18}{losses:>20}{parameters:>12,}{flops:>16}{seconds:>9.1f}s"
+
+
+def seeds_figures(runs: Mapping[int, SeedRun], differences: Mapping[str, tuple[float, float]]) -> dict[str, Any]:
+    """What `seeds.json` holds: each seed's run directory and scores, and the paired differences."""
+    def score(run: SeedRun, name: str) -> float | None:
+        outcome = run.comparisons.get(name)
+        return None if outcome is None else outcome.final_accuracy
+
+    return {"score": {"name": next(iter(runs.values())).metric_name},
+            "seeds": {str(seed): {"run_dir": str(run.run_dir), "grown": run.grown.final_accuracy,
+                                  NO_GROWTH: score(run, NO_GROWTH), FROM_SCRATCH: score(run, FROM_SCRATCH),
+                                  "fixed": {name: outcome.final_accuracy for name, outcome in run.comparisons.items()
+                                            if name not in (NO_GROWTH, FROM_SCRATCH)}}
+                      for seed, run in runs.items()},
+            "differences": {name: {"mean": mean, "standard_error": error}
+                            for name, (mean, error) in differences.items()}}
