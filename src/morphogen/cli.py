@@ -113,7 +113,8 @@ def _add_run_parser(subparsers: Any) -> None:
                                       "(the policy shipped with morphogen)")
     run.add_argument("--resume", metavar="RUN_DIR",
                      help="continue a stopped run from the epoch it last finished, with its saved config (only "
-                          "--device, --policy and --threads may be given with it)")
+                          "--device, --policy and --threads may be given with it), or a stopped run over seeds "
+                          "(--jobs too)")
     _add_compile_flags(run)
     _add_threads_flag(run)
 
