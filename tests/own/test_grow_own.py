@@ -507,10 +507,17 @@ def test_a_host_function_returning_the_same_module_each_time_starts_every_traini
     assert all(torch.equal(before[name], tensor) for name, tensor in host.state_dict().items())
 
 
+def blobs_task() -> tuple[morphogen.Task, morphogen.ModuleHost]:
+    """A small MLP of the user's on Gaussian blobs (quick to grow over seeds), its host beside the task."""
+    train, validation = blobs(192, 0), blobs(96, 1)
+    task = morphogen.task_from_data("blobs", train, validation, batch_size=32, num_classes=3)
+    return task, morphogen.host_from_module(mlp(), ["1", "3"], example_input=train[0][:2])
+
+
 def test_grow_over_seeds_in_worker_processes_gives_the_figures_of_one_process(tmp_path: Path) -> None:
     """Each seed starts from the host module's own weights, which stay as they were: in one process too, where
     `grow` would load a seed's grown weights back into the module that the next seed starts from."""
-    task, host = user_tasks.resnet()
+    task, host = blobs_task()
     before = {name: tensor.clone() for name, tensor in host.state_dict().items()}
     figures = []
     for jobs in (1, 2):
@@ -527,7 +534,7 @@ def test_grow_over_seeds_in_worker_processes_gives_the_figures_of_one_process(tm
 
 
 def test_grow_over_seeds_resumes_reading_the_seeds_that_finished_and_playing_the_others(tmp_path: Path) -> None:
-    task, host = user_tasks.resnet()
+    task, host = blobs_task()
     options: dict[str, Any] = {"config": eager_config(epochs=2, baseline=True), "out": io.StringIO()}
     whole = morphogen.grow_over_seeds(task, host, seeds=[1, 4], run_dir=str(tmp_path / "seeds"), **options)
     figures = (tmp_path / "seeds" / "seeds.json").read_text()
