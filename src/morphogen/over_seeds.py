@@ -214,9 +214,9 @@ def _played_over_seeds(play: PlaySeed, seeds: list[int], parent: Path, from_scra
     finished = {seed for seed, directory in directories.items() if (directory / SUMMARY_FILENAME).is_file()}
     jobs = [(seed, str(directories[seed]), (directories[seed] / CONFIG_FILENAME).is_file())
             for seed in seeds if seed not in finished]
-    results: Iterator[RunResult] = iter(()) if not jobs else \
-        (play(*job) for job in jobs) if workers == 1 else \
-        _played_by_workers(play, jobs, min(workers, len(jobs)), threads or max(1, torch.get_num_threads() // workers))
+    count = min(workers, len(jobs))
+    results: Iterator[RunResult] = (play(*job) for job in jobs) if count <= 1 else \
+        _played_by_workers(play, jobs, count, threads or max(1, torch.get_num_threads() // count))
     runs: dict[int, SeedRun] = {}
     played: dict[int, RunResult] = {}
     for seed in seeds:

@@ -66,6 +66,7 @@ class SeedRun:
     @classmethod
     def made(cls, grown: EpisodeOutcome, baseline: EpisodeOutcome | None, scratch: EpisodeOutcome | None,
              fixed: Mapping[str, EpisodeOutcome | None], run_dir: Path, metric_name: str) -> SeedRun:
+        """A seed's run from its outcomes, leaving out the comparisons it did not train."""
         others = {NO_GROWTH: baseline, FROM_SCRATCH: scratch, **fixed}
         return cls(grown, {name: o for name, o in others.items() if o is not None}, run_dir, metric_name)
 
