@@ -122,3 +122,20 @@ def test_a_run_over_seeds_killed_in_a_seed_resumes_to_the_figures_of_one_that_wa
     assert main(["run", "--resume", str(killed), "--seeds", "2"]) == EXIT_USER_ERROR
     assert "only --device, --policy, --threads and --jobs may be given with it, not --seeds" in \
         capsys.readouterr().err
+
+
+@pytest.mark.parametrize("accuracy", [10**400, "NaN", None, True])
+def test_a_finished_seeds_damaged_summary_is_one_line_on_resume(accuracy: object, tmp_path: Path) -> None:
+    """A resume reads back finished seeds from their summary.json, an untrusted file: a figure that is not a finite
+    number (an integer past the float range included) is a `ConfigError` naming the file, not a traceback."""
+    from morphogen.config import ConfigError
+    from morphogen.seeds_summary import SeedRun
+
+    flops = {"training": 1, "shadow": 0, "validation": 1, "counterfactual": 0, "probe": 0}
+    grown = {"final_accuracy": 90.0, "final_loss": 0.3, "parameters": 10, "host_parameters": 10, "seconds": 1.0,
+             "episode_return": 0.0, "flops": flops}
+    (tmp_path / "summary.json").write_text(json.dumps({"grown": grown, "baseline": grown}))
+    assert SeedRun.read(tmp_path, from_scratch=False).grown.final_accuracy == 90.0
+    (tmp_path / "summary.json").write_text(json.dumps({"grown": {**grown, "final_accuracy": accuracy}}))
+    with pytest.raises(ConfigError, match=r"summary\.json: cannot be read as a finished run.s figures"):
+        SeedRun.read(tmp_path, from_scratch=False)

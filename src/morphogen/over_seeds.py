@@ -14,14 +14,13 @@ stood (`resume`): seeds that finished are read back, a seed's run that stopped r
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import io
 import json
-import multiprocessing
 import pickle
-from collections.abc import Iterator, Sequence
-from concurrent.futures import ProcessPoolExecutor
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, TextIO
@@ -29,6 +28,7 @@ from typing import Any, Protocol, TextIO
 import torch
 
 from morphogen.commands.run import RunConfig, RunResult, run_command, run_name, settings_from
+from morphogen.commands.workers import spawned_workers
 from morphogen.config import ConfigError
 from morphogen.data import Task
 from morphogen.growing import grow
@@ -111,7 +111,7 @@ class GrowSeed:
 
     task: Task
     host: object
-    grow_options: Any
+    grow_options: Mapping[str, Any]
 
     def __call__(self, seed: int, directory: str, resume: bool) -> RunResult:
         # A copy of a host module: `grow` loads the grown weights back into the host it is given, and the next
@@ -215,17 +215,22 @@ def _played_over_seeds(play: PlaySeed, seeds: list[int], parent: Path, from_scra
     jobs = [(seed, str(directories[seed]), (directories[seed] / CONFIG_FILENAME).is_file())
             for seed in seeds if seed not in finished]
     count = min(workers, len(jobs))
-    results: Iterator[RunResult] = (play(*job) for job in jobs) if count <= 1 else \
-        _played_by_workers(play, jobs, count, threads or max(1, torch.get_num_threads() // count))
     runs: dict[int, SeedRun] = {}
     played: dict[int, RunResult] = {}
-    for seed in seeds:
-        if seed in finished:
-            runs[seed] = SeedRun.read(directories[seed], from_scratch)
-        else:
-            played[seed] = next(results)
-            runs[seed] = SeedRun.of(played[seed], from_scratch)
-        print(seed_line(seed, runs[seed]), file=out, flush=True)
+    with contextlib.ExitStack() as stack:
+        if count <= 1:
+            results: Iterator[RunResult] = (play(*job) for job in jobs)
+        else:  # `play` is sent once to each worker, not with every seed (it may hold a whole dataset)
+            threads = threads or max(1, torch.get_num_threads() // count)
+            pool = stack.enter_context(spawned_workers(count, threads, _set_worker_play, (play,)))
+            results = pool.map(_play_in_worker, jobs)
+        for seed in seeds:
+            if seed in finished:
+                runs[seed] = SeedRun.read(directories[seed], from_scratch)
+            else:
+                played[seed] = next(results)
+                runs[seed] = SeedRun.of(played[seed], from_scratch)
+            print(seed_line(seed, runs[seed]), file=out, flush=True)
     return runs, played
 
 
@@ -273,32 +278,18 @@ def _check_picklable(play: PlaySeed) -> None:
                           "(not lambdas or nested functions), or use jobs=1") from None
 
 
-#: The seeds' play function of a worker process (set once per process by `_start_worker`).
+#: The seeds' play function of a worker process (set once per process by `_set_worker_play`).
 _worker_play: PlaySeed | None = None
 
 
-def _start_worker(play: PlaySeed, threads: int) -> None:
+def _set_worker_play(play: PlaySeed) -> None:
     global _worker_play
-    torch.set_num_threads(threads)
     _worker_play = play
 
 
 def _play_in_worker(job: tuple[int, str, bool]) -> RunResult:
-    assert _worker_play is not None, "a worker plays only after _start_worker"
+    assert _worker_play is not None, "a worker plays only after _set_worker_play"
     return _worker_play(*job)
-
-
-def _played_by_workers(play: PlaySeed, jobs: list[tuple[int, str, bool]], workers: int,
-                       threads: int) -> Iterator[RunResult]:
-    """Each job's run (seed, directory, resume), in their order, played by `workers` spawned processes. `play` is
-    sent once to each worker, not with every seed (it may hold a whole dataset)."""
-    # Spawned, not forked: a fork of a process whose torch threads already ran can deadlock in the child.
-    pool = ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn"),
-                               initializer=_start_worker, initargs=(play, threads))
-    try:
-        yield from pool.map(_play_in_worker, jobs)
-    finally:  # stopped early (an error, Ctrl-C): the seeds not begun never are
-        pool.shutdown(wait=True, cancel_futures=True)
 
 
 def _checked_seeds(seeds: object) -> list[int]:

@@ -20,6 +20,7 @@ from morphogen.env.compute import ComputeAccount
 from morphogen.env.play import EpisodeOutcome
 from morphogen.run_directory import SUMMARY_FILENAME, read_json_object
 from morphogen.telemetry.story import NEGATIVE_LOSS
+from morphogen.ui.run_files import summary_number
 from morphogen.ui.terminal_text import cut, printable
 from morphogen.ui.units import format_difference, format_flops, format_score
 
@@ -71,26 +72,27 @@ class SeedRun:
         return cls(grown, {name: o for name, o in others.items() if o is not None}, run_dir, metric_name)
 
 
+#: The parts of a run's training FLOPs summary.json records (`ComputeAccount`'s fields).
+FLOP_PARTS = ("training", "shadow", "validation", "counterfactual", "probe")
+
+
 def _outcome(table: object) -> EpisodeOutcome | None:
-    """An outcome's figures as summary.json records them (`commands/run.py: _outcome_dict`), or None."""
+    """An outcome's figures as summary.json records them (`commands/run.py: _outcome_dict`), or None where one is
+    missing or not a finite number (`summary_number`: the file is untrusted)."""
     if not isinstance(table, dict):
         return None
-    numbers = {key: table.get(key) for key in ("final_accuracy", "final_loss", "parameters", "host_parameters",
-                                                 "seconds", "episode_return")}
-    flops = table.get("flops")
-    parts = {key: flops.get(key, 0) for key in ("training", "shadow", "validation", "counterfactual", "probe")} \
-        if isinstance(flops, dict) else {}
-    values = [*numbers.values(), *parts.values()]
-    if not parts or not all(isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
-                            for v in values):
+    numbers = [summary_number(table, key) for key in ("final_accuracy", "final_loss", "parameters",
+                                                      "host_parameters", "seconds", "episode_return")]
+    flops = [summary_number(table.get("flops"), key) for key in FLOP_PARTS]
+    present, parts = [n for n in numbers if n is not None], [n for n in flops if n is not None]
+    if len(present) < len(numbers) or len(parts) < len(flops):
         return None
-    recent = table.get("recent_scores")
+    accuracy, loss, parameters, host_parameters, seconds, episode_return = present
+    # The figures over seeds read scores, sizes, FLOPs and seconds; a seed's story stays in its own run's files.
     return EpisodeOutcome(
-        final_accuracy=float(numbers["final_accuracy"]), final_loss=float(numbers["final_loss"]),  # type: ignore[arg-type]
-        parameters=int(numbers["parameters"]), host_parameters=int(numbers["host_parameters"]),  # type: ignore[arg-type]
-        seconds=float(numbers["seconds"]), episode_return=float(numbers["episode_return"]),  # type: ignore[arg-type]
-        stories=[], phase_seconds={}, flops=ComputeAccount(**{k: int(v) for k, v in parts.items()}),
-        recent_scores=tuple(float(s) for s in recent if isinstance(s, int | float)) if isinstance(recent, list) else ())
+        final_accuracy=accuracy, final_loss=loss, parameters=int(parameters), host_parameters=int(host_parameters),
+        seconds=seconds, episode_return=episode_return, stories=[], phase_seconds={},
+        flops=ComputeAccount(**{key: int(value) for key, value in zip(FLOP_PARTS, parts, strict=True)}))
 
 
 def paired_difference(first: Sequence[float], second: Sequence[float]) -> tuple[float, float]:

@@ -10,12 +10,10 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
-import multiprocessing
 import os
 import statistics
 import sys
 from collections.abc import Callable, Iterator, Mapping
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple, TextIO
@@ -24,6 +22,7 @@ import torch
 
 from morphogen.commands.run import write_resolved_config
 from morphogen.commands.run_state import cut_events, read_resume_state, remove_resume_state, write_resume_state
+from morphogen.commands.workers import spawned_workers
 from morphogen.config import build_config, config_to_dict
 from morphogen.control.checkpoint import CheckpointError, checkpoint_path, load_checkpoint
 from morphogen.control.controller import NoGrowthController
@@ -284,10 +283,9 @@ def _play(setting: _Setting, index: int, position: int,
 _worker_setting: _Setting | None = None
 
 
-def _start_worker(config: EvalConfig, threads: int) -> None:
-    """Build the evaluation's setting in a worker process, with torch's threads of the parent."""
+def _start_worker(config: EvalConfig) -> None:
+    """Build the evaluation's setting in a worker process."""
     global _worker_setting
-    torch.set_num_threads(threads)
     _worker_setting = _setting(config)
 
 
@@ -303,11 +301,9 @@ def _played_in_order(setting: _Setting, jobs: list[tuple[int, int]], telemetry: 
     processes."""
     if setting.config.jobs == 1 or len(jobs) <= 1:
         return (_play(setting, *job, forward_to=telemetry) for job in jobs)
-    # Spawned, not forked: a fork of a process whose torch threads already ran can deadlock in the child.
-    pool = ProcessPoolExecutor(
-        max_workers=min(setting.config.jobs, len(jobs)), mp_context=multiprocessing.get_context("spawn"),
-        initializer=_start_worker, initargs=(setting.config, torch.get_num_threads()))
-    stack.callback(pool.shutdown, wait=True, cancel_futures=True)  # stopped early: the episodes not begun never are
+    # Each worker with torch's threads of this process.
+    pool = stack.enter_context(spawned_workers(min(setting.config.jobs, len(jobs)), torch.get_num_threads(),
+                                               _start_worker, (setting.config,)))
     return pool.map(_play_in_worker, jobs)
 
 
