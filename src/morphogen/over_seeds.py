@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, TextIO
 
+import cloudpickle
 import torch
 
 from morphogen.commands.run import RunConfig, RunResult, run_command, run_name, settings_from
@@ -86,8 +87,8 @@ def grow_over_seeds(task: Task, host: object = None, *, seeds: int | Sequence[in
 
     `jobs` > 1 plays the seeds in that many worker processes (spawned), each with `threads` torch threads (None:
     this process's count shared among them, at least 1); the figures are those of `jobs=1` at the same thread
-    count. The workers receive `task`, `host` and `grow_options` pickled, so functions among them must be
-    defined at a module's top level (not lambdas).
+    count. The workers receive `task`, `host` and `grow_options` pickled by cloudpickle, which sends lambdas,
+    nested functions and what a notebook or script defines by value.
 
     `resume=True` goes on with a run over seeds in `run_dir` that stopped, called with the same task, host, seeds
     and options: a seed whose run finished is read back from its `summary.json`, one whose run stopped resumes
@@ -185,8 +186,7 @@ def play_over_seeds(play: PlaySeed, seeds: int | Sequence[int], run_dir: str | N
     except ValueError as error:
         raise ConfigError(str(error)) from None
     workers = min(jobs, len(chosen))
-    if workers > 1:
-        _check_picklable(play)
+    sent = _sent_to_workers(play) if workers > 1 else None
     parent = resumable_seeds_dir(run_dir) if resume else \
         make_run_dir(run_dir, runs_root, f"{run_name(task_name)}-seeds")
     with hold_run_directory(parent):  # one writer of seeds_plan.json and seeds.json
@@ -196,7 +196,7 @@ def play_over_seeds(play: PlaySeed, seeds: int | Sequence[int], run_dir: str | N
             refuse_other_run(parent)
             plan_text = json.dumps({"seeds": chosen, "from_scratch": from_scratch, **(plan or {})}, indent=2)
             write_atomic(parent / SEEDS_PLAN_FILENAME, (plan_text + "\n").encode())
-        runs, played = _played_over_seeds(play, chosen, parent, from_scratch, out, workers, threads)
+        runs, played = _played_over_seeds(play, sent, chosen, parent, from_scratch, out, workers, threads)
         pairs = seed_pairs(list(runs.values()))
         differences = differences_of(pairs)
         print("\n".join(summary_lines(runs, pairs, differences)), file=out, flush=True)
@@ -206,10 +206,12 @@ def play_over_seeds(play: PlaySeed, seeds: int | Sequence[int], run_dir: str | N
     return SeedsResult(played, differences, parent)
 
 
-def _played_over_seeds(play: PlaySeed, seeds: list[int], parent: Path, from_scratch: bool, out: TextIO | None,
-                       workers: int, threads: int | None) -> tuple[dict[int, SeedRun], dict[int, RunResult]]:
+def _played_over_seeds(play: PlaySeed, sent: bytes | None, seeds: list[int], parent: Path, from_scratch: bool,
+                       out: TextIO | None, workers: int,
+                       threads: int | None) -> tuple[dict[int, SeedRun], dict[int, RunResult]]:
     """Each seed's figures, in the seeds' order (a line printed for each as it comes), and the runs played now: a
-    seed whose run finished before is read back, one whose run stopped resumes, the others are played."""
+    seed whose run finished before is read back, one whose run stopped resumes, the others are played. `sent`:
+    `play` pickled for worker processes (None with one worker)."""
     directories = {seed: parent / f"seed_{seed}" for seed in seeds}
     finished = {seed for seed, directory in directories.items() if (directory / SUMMARY_FILENAME).is_file()}
     jobs = [(seed, str(directories[seed]), (directories[seed] / CONFIG_FILENAME).is_file())
@@ -218,11 +220,11 @@ def _played_over_seeds(play: PlaySeed, seeds: list[int], parent: Path, from_scra
     runs: dict[int, SeedRun] = {}
     played: dict[int, RunResult] = {}
     with contextlib.ExitStack() as stack:
-        if count <= 1:
+        if count <= 1 or sent is None:
             results: Iterator[RunResult] = (play(*job) for job in jobs)
         else:  # `play` is sent once to each worker, not with every seed (it may hold a whole dataset)
             threads = threads or max(1, torch.get_num_threads() // count)
-            pool = stack.enter_context(spawned_workers(count, threads, _set_worker_play, (play,)))
+            pool = stack.enter_context(spawned_workers(count, threads, _set_worker_play, (sent,)))
             results = pool.map(_play_in_worker, jobs)
         for seed in seeds:
             if seed in finished:
@@ -268,23 +270,29 @@ def _check_same_seeds(path: Path, seeds: list[int]) -> None:
                           "resume it with its own")
 
 
-def _check_picklable(play: PlaySeed) -> None:
-    """`ConfigError` in one line when what the seeds' runs need cannot be sent to a worker process."""
+def _sent_to_workers(play: PlaySeed) -> bytes:
+    """`play` pickled for worker processes, or `ConfigError` in one line when it cannot be.
+
+    cloudpickle, not pickle: it sends lambdas, nested functions and the classes and functions of a script or
+    notebook by value (their code), where pickle sends only a reference to a module's top-level name, which a
+    spawned worker cannot resolve for a notebook's cell or a function's local. The bytes load with plain
+    `pickle.loads`, so a worker needs nothing but cloudpickle installed."""
     try:
-        pickle.dumps(play)
+        sent: bytes = cloudpickle.dumps(play)
+        return sent
     except (pickle.PicklingError, AttributeError, TypeError) as error:
         raise ConfigError(f"jobs: worker processes receive the task, host and options pickled, and this one cannot "
-                          f"be ({printable(str(error))}); define the functions you pass at a module's top level "
-                          "(not lambdas or nested functions), or use jobs=1") from None
+                          f"be ({printable(str(error))}); pass what a process can receive (no open files, locks "
+                          "or generators), or use jobs=1") from None
 
 
 #: The seeds' play function of a worker process (set once per process by `_set_worker_play`).
 _worker_play: PlaySeed | None = None
 
 
-def _set_worker_play(play: PlaySeed) -> None:
+def _set_worker_play(sent: bytes) -> None:
     global _worker_play
-    _worker_play = play
+    _worker_play = pickle.loads(sent)  # bytes this run's own parent pickled, never a file
 
 
 def _play_in_worker(job: tuple[int, str, bool]) -> RunResult:

@@ -8,6 +8,7 @@ import json
 import math
 import re
 import shutil
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -553,12 +554,46 @@ def test_grow_over_seeds_resumes_reading_the_seeds_that_finished_and_playing_the
     assert (tmp_path / "seeds" / "seeds.json").read_text() == figures
 
 
+def test_grow_over_seeds_sends_lambdas_and_locally_defined_models_to_worker_processes(tmp_path: Path) -> None:
+    """What a notebook or a function defines (a model class, a host function as a lambda, a loss) reaches the
+    workers by value, with the figures of one process; pickle would refuse all three."""
+
+    class LocalNet(torch.nn.Module):  # as a notebook cell defines it: no module a worker could import it from
+        def __init__(self, width: int) -> None:
+            super().__init__()
+            self.layers = torch.nn.Sequential(torch.nn.Linear(12, width), torch.nn.ReLU(), torch.nn.Linear(width, 3))
+
+        def forward(self, inputs: torch.Tensor) -> torch.Tensor:
+            return self.layers(inputs)
+
+    train, validation = blobs(192, 0), blobs(96, 1)
+    task = morphogen.task_from_data("blobs", train, validation, batch_size=32, num_classes=3,
+                                    loss=lambda outputs, targets: torch.nn.functional.cross_entropy(outputs, targets),
+                                    metric=lambda outputs, targets: -torch.nn.functional.cross_entropy(
+                                        outputs, targets).item())
+
+    def host_of(width: int) -> Callable[[], morphogen.ModuleHost]:
+        return lambda: morphogen.host_from_module(LocalNet(width), ["layers.1"], example_input=train[0][:2])
+
+    figures = []
+    for jobs in (1, 2):
+        result = morphogen.grow_over_seeds(task, host_of(8), seeds=[0, 3], run_dir=str(tmp_path / str(jobs)),
+                                           out=io.StringIO(), jobs=jobs, threads=1, compare_with={"wide": host_of(16)},
+                                           config=eager_config(epochs=2, baseline=True))
+        figures.append([(seed, run.grown.final_loss, run.grown.flops.total, run.fixed["wide"].final_loss,
+                         run.model.architecture()) for seed, run in result.runs.items()])
+    assert figures[0] == figures[1]
+    assert figures[0][0][1] != figures[0][1][1], "each seed drew its own weights"
+
+
 def test_grow_over_seeds_refuses_what_worker_processes_cannot_receive_before_anything_is_written(
         tmp_path: Path) -> None:
     task, host = user_tasks.resnet()
+    lock = threading.Lock()
     with pytest.raises(morphogen.ConfigError, match=r"^jobs: worker processes receive the task, host and options "
-                                                    r"pickled, and this one cannot be .* or use jobs=1$"):
-        morphogen.grow_over_seeds(task, lambda: host, seeds=2, jobs=2, run_dir=str(tmp_path / "seeds"))
+                                                    r"pickled, and this one cannot be \(cannot pickle '_thread.lock' "
+                                                    r"object\); .* or use jobs=1$"):
+        morphogen.grow_over_seeds(task, lambda: (lock, host)[1], seeds=2, jobs=2, run_dir=str(tmp_path / "seeds"))
     with pytest.raises(morphogen.ConfigError, match=r"^jobs must be >= 1, got 0$"):
         morphogen.grow_over_seeds(task, host, seeds=2, jobs=0, run_dir=str(tmp_path / "seeds"))
     assert not (tmp_path / "seeds").exists()
