@@ -225,7 +225,7 @@ def _played_over_seeds(play: PlaySeed, sent: bytes | None, seeds: list[int], par
         else:  # `play` is sent once to each worker, not with every seed (it may hold a whole dataset)
             threads = threads or max(1, torch.get_num_threads() // count)
             pool = stack.enter_context(spawned_workers(count, threads, _set_worker_play, (sent,)))
-            results = pool.map(_play_in_worker, jobs)
+            results = (pickle.loads(result) for result in pool.map(_play_in_worker, jobs))
         for seed in seeds:
             if seed in finished:
                 runs[seed] = SeedRun.read(directories[seed], from_scratch)
@@ -295,9 +295,12 @@ def _set_worker_play(sent: bytes) -> None:
     _worker_play = pickle.loads(sent)  # bytes this run's own parent pickled, never a file
 
 
-def _play_in_worker(job: tuple[int, str, bool]) -> RunResult:
+def _play_in_worker(job: tuple[int, str, bool]) -> bytes:
+    """One seed's `RunResult`, pickled by cloudpickle too: its grown model holds instances of the classes the
+    parent sent by value, which plain pickle cannot send back (cloudpickle maps them to the parent's own)."""
     assert _worker_play is not None, "a worker plays only after _set_worker_play"
-    return _worker_play(*job)
+    result: bytes = cloudpickle.dumps(_worker_play(*job))
+    return result
 
 
 def _checked_seeds(seeds: object) -> list[int]:

@@ -558,13 +558,21 @@ def test_grow_over_seeds_sends_lambdas_and_locally_defined_models_to_worker_proc
     """What a notebook or a function defines (a model class, a host function as a lambda, a loss) reaches the
     workers by value, with the figures of one process; pickle would refuse all three."""
 
-    class LocalNet(torch.nn.Module):  # as a notebook cell defines it: no module a worker could import it from
+    class Residual(torch.nn.Module):  # as a notebook cell defines them: no module a worker could import them from
         def __init__(self, width: int) -> None:
             super().__init__()
-            self.layers = torch.nn.Sequential(torch.nn.Linear(12, width), torch.nn.ReLU(), torch.nn.Linear(width, 3))
+            self.layer = torch.nn.Sequential(torch.nn.Linear(width, width), torch.nn.ReLU())
 
         def forward(self, inputs: torch.Tensor) -> torch.Tensor:
-            return self.layers(inputs)
+            return inputs + self.layer(inputs)
+
+    class LocalNet(torch.nn.Module):
+        def __init__(self, width: int) -> None:
+            super().__init__()
+            self.stem, self.block, self.head = torch.nn.Linear(12, width), Residual(width), torch.nn.Linear(width, 3)
+
+        def forward(self, inputs: torch.Tensor) -> torch.Tensor:
+            return self.head(self.block(torch.relu(self.stem(inputs))))
 
     train, validation = blobs(192, 0), blobs(96, 1)
     task = morphogen.task_from_data("blobs", train, validation, batch_size=32, num_classes=3,
@@ -573,7 +581,7 @@ def test_grow_over_seeds_sends_lambdas_and_locally_defined_models_to_worker_proc
                                         outputs, targets).item())
 
     def host_of(width: int) -> Callable[[], morphogen.ModuleHost]:
-        return lambda: morphogen.host_from_module(LocalNet(width), ["layers.1"], example_input=train[0][:2])
+        return lambda: morphogen.host_from_module(LocalNet(width), ["block"], example_input=train[0][:2])
 
     figures = []
     for jobs in (1, 2):
@@ -582,6 +590,8 @@ def test_grow_over_seeds_sends_lambdas_and_locally_defined_models_to_worker_proc
                                            config=eager_config(epochs=2, baseline=True))
         figures.append([(seed, run.grown.final_loss, run.grown.flops.total, run.fixed["wide"].final_loss,
                          run.model.architecture()) for seed, run in result.runs.items()])
+        # The grown model holds the user's own block, sent back from the worker as the class defined here.
+        assert all(any(type(module) is Residual for module in run.model.modules()) for run in result.runs.values())
     assert figures[0] == figures[1]
     assert figures[0][0][1] != figures[0][1][1], "each seed drew its own weights"
 
