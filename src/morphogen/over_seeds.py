@@ -87,7 +87,8 @@ def grow_over_seeds(task: Task, host: object = None, *, seeds: int | Sequence[in
 
     `jobs` > 1 plays the seeds in that many worker processes (spawned), each with `threads` torch threads (None:
     this process's count shared among them, at least 1); the figures are those of `jobs=1` at the same thread
-    count. The workers receive `task`, `host` and `grow_options` pickled by cloudpickle, which sends lambdas,
+    count (`threads` given with `jobs=1`: this process runs the seeds with that many, then goes back to its
+    own). The workers receive `task`, `host` and `grow_options` pickled by cloudpickle, which sends lambdas,
     nested functions and what a notebook or script defines by value.
 
     `resume=True` goes on with a run over seeds in `run_dir` that stopped, called with the same task, host, seeds
@@ -221,6 +222,8 @@ def _played_over_seeds(play: PlaySeed, sent: bytes | None, seeds: list[int], par
     played: dict[int, RunResult] = {}
     with contextlib.ExitStack() as stack:
         if count <= 1 or sent is None:
+            if threads is not None:  # as a worker would: a run's floating-point sums depend on the thread count
+                stack.enter_context(_torch_threads(threads))
             results: Iterator[RunResult] = (play(*job) for job in jobs)
         else:  # `play` is sent once to each worker, not with every seed (it may hold a whole dataset)
             threads = threads or max(1, torch.get_num_threads() // count)
@@ -234,6 +237,17 @@ def _played_over_seeds(play: PlaySeed, sent: bytes | None, seeds: list[int], par
                 runs[seed] = SeedRun.of(played[seed], from_scratch)
             print(seed_line(seed, runs[seed]), file=out, flush=True)
     return runs, played
+
+
+@contextlib.contextmanager
+def _torch_threads(threads: int) -> Iterator[None]:
+    """torch's intra-op thread count set to `threads` for the block, restored after."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 def resumable_seeds_dir(run_dir: str | None) -> Path:

@@ -596,6 +596,26 @@ def test_grow_over_seeds_sends_lambdas_and_locally_defined_models_to_worker_proc
     assert figures[0][0][1] != figures[0][1][1], "each seed drew its own weights"
 
 
+def test_grow_over_seeds_in_one_process_runs_at_the_thread_count_given_then_restores_its_own(tmp_path: Path) -> None:
+    """`jobs=1, threads=1` gives the figures of `jobs=2, threads=1`: a run's sums depend on torch's thread count."""
+    task, host = blobs_task()
+    seen: list[int] = []
+
+    def counting_host() -> morphogen.ModuleHost:
+        seen.append(torch.get_num_threads())
+        return host
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        morphogen.grow_over_seeds(task, counting_host, seeds=[0], run_dir=str(tmp_path / "seeds"), out=io.StringIO(),
+                                  jobs=1, threads=1, config=eager_config(epochs=1, baseline=False))
+        assert seen and set(seen) == {1}
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)
+
+
 def test_grow_over_seeds_refuses_what_worker_processes_cannot_receive_before_anything_is_written(
         tmp_path: Path) -> None:
     task, host = user_tasks.resnet()
