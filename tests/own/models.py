@@ -56,6 +56,47 @@ def mlp(inputs: int = 12, hidden: int = 16, classes: int = 3) -> nn.Sequential:
                          nn.Linear(hidden, classes))
 
 
+def double_conv(channels_in: int, channels_out: int) -> nn.Sequential:
+    """A U-Net's block: two 3x3 convolutions, each with a batch norm and a ReLU."""
+    return nn.Sequential(nn.Conv2d(channels_in, channels_out, 3, padding=1), nn.BatchNorm2d(channels_out), nn.ReLU(),
+                         nn.Conv2d(channels_out, channels_out, 3, padding=1), nn.BatchNorm2d(channels_out), nn.ReLU())
+
+
+class UNet(nn.Module):
+    """A small U-Net (Ronneberger et al. 2015): two levels down, the middle, two up, each level's output joined to
+    the way up by a skip (concatenated); scores per pixel, [N, classes, H, W]."""
+
+    def __init__(self, channels: int = 1, width: int = 4, classes: int = 3) -> None:
+        super().__init__()
+        self.down1, self.down2 = double_conv(channels, width), double_conv(width, 2 * width)
+        self.middle = double_conv(2 * width, 2 * width)
+        self.up2, self.up1 = double_conv(4 * width, width), double_conv(2 * width, width)
+        self.head = nn.Conv2d(width, classes, 1)
+
+    def forward(self, x: Tensor) -> Tensor:
+        d1 = self.down1(x)
+        d2 = self.down2(nn.functional.max_pool2d(d1, 2))
+        m = self.middle(nn.functional.max_pool2d(d2, 2))
+        u2 = self.up2(torch.cat([nn.functional.interpolate(m, scale_factor=2.0), d2], 1))
+        u1 = self.up1(torch.cat([nn.functional.interpolate(u2, scale_factor=2.0), d1], 1))
+        return self.head(u1)
+
+
+def shapes_segmentation(count: int, seed: int, size: int = 12) -> tuple[Tensor, Tensor]:
+    """[N, 1, size, size] noise with a bright square and a dim cross; each pixel's class: background (0), square
+    (1) or cross (2), [N, size, size]."""
+    generator = torch.Generator().manual_seed(seed)
+    images = 0.3 * torch.randn(count, 1, size, size, generator=generator)
+    masks = torch.zeros(count, size, size, dtype=torch.long)
+    corners = torch.randint(0, size - 4, (count, 4), generator=generator)
+    for i in range(count):
+        top, left, row, column = (int(value) for value in corners[i])
+        masks[i, row + 1, column:column + 3] = masks[i, row:row + 3, column + 1] = 2
+        masks[i, top:top + 4, left:left + 4] = 1
+    images[:, 0] += (masks == 1).float() - 0.6 * (masks == 2).float()
+    return images, masks
+
+
 def quadrant_images(count: int, seed: int) -> tuple[Tensor, Tensor]:
     """[N, 3, 12, 12] noise with a bright quadrant; the class is the quadrant."""
     generator = torch.Generator().manual_seed(seed)

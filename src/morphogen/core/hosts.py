@@ -18,9 +18,10 @@ from __future__ import annotations
 import inspect
 import math
 from collections.abc import Callable, Mapping
+from typing import cast
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor, fx, nn
 
 from morphogen.core.transformer_layers import TransformerBlock, init_gpt_
 from morphogen.inputs import Inputs, take_rows
@@ -74,6 +75,84 @@ class SideInputs(nn.Module):
         self._bound.clear()
 
 
+class CarriedValues(nn.Module):
+    """Values of the main path that cross slots (a U-Net's skips, a residual connection around a slot): the segment
+    that computes one holds it (`hold`), a later segment reads it (`read`) with as many rows as its own input.
+
+    A pass lays its rows out as `SideInputs` describes: configurations stacked configuration-major ((K*B, ...))
+    after the first slot whose alpha differs, so a value held before that is repeated K times. The shadow pass is
+    the exception: it starts at the first TRAINING slot, and each TRAINING seed's rows join the batch at its own
+    slot, after the rows already in. Before a row joins, it equals the host's, so a value the shadow pass did not
+    compute (or computed for the rows already in) is completed with the host pass's value (`begin_shadow` keeps
+    it) for each group of rows that joined later.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        # Dicts and a list mutated in place: no module attribute is reassigned in a forward (compiled passes).
+        self._held: dict[int, Tensor] = {}
+        self._host: dict[int, Tensor] = {}
+        self._in_shadow: list[bool] = [False]
+
+    def hold(self, key: int, value: Tensor) -> Tensor:
+        if isinstance(value, fx.Proxy):  # a segment traced again (a width site inside it): the call, not a value
+            return _traced_call("hold", key, value)
+        self._held[key] = value
+        return value
+
+    def read(self, key: int, like: Tensor) -> Tensor:
+        """Value `key` with `like`'s number of rows."""
+        if isinstance(like, fx.Proxy):
+            return _traced_call("read", key, like)
+        wanted = like.shape[0]
+        value = self._held.get(key)
+        if value is not None and value.shape[0] == wanted:
+            return value
+        if not self._in_shadow[0]:
+            if value is None:
+                raise RuntimeError(f"a segment read carried value {key} before the segment computing it ran")
+            return _repeated(value, wanted)  # (K*B, ...), configuration-major
+        host = self._host[key]  # the rows that joined after this value was computed (or all) are the host's
+        held = 0 if value is None else value.shape[0]
+        joined = _repeated(host, wanted - held)
+        return joined if value is None else torch.cat([value, joined])
+
+    def rows_held(self) -> dict[int, int | None]:
+        """The rows of each value held now (None: not a tensor with rows): what the host's shape probe checks."""
+        return {key: value.shape[0] if isinstance(value, Tensor) and value.dim() > 0 else None
+                for key, value in self._held.items()}
+
+    def begin_shadow(self, rows: int | None) -> None:
+        """The host pass is over and the shadow pass, on its first `rows` samples (None: all), begins."""
+        self._host.clear()
+        # Detached: the host's values are its own, and the shadow loss trains the TRAINING seeds only.
+        self._host.update({key: (value if rows is None else value[:rows]).detach()
+                           for key, value in self._held.items()})
+        self._held.clear()
+        self._in_shadow[0] = True
+
+    def release(self) -> None:
+        """The passes of a batch are over: nothing keeps its activations."""
+        self._held.clear()
+        self._host.clear()
+        self._in_shadow[0] = False
+
+
+def _traced_call(method: str, key: int, value: fx.Proxy) -> Tensor:
+    """`method` of the traced segment's `carried_values` as a node of the trace (a segment is the tracer's root)."""
+    owner = value.tracer.create_proxy("get_attr", "carried_values", (), {})
+    traced = value.tracer.create_proxy("call_method", method, (owner, key, value), {})
+    return cast(Tensor, traced)  # stands for the tensor while tracing
+
+
+def _repeated(value: Tensor, wanted: int) -> Tensor:
+    """`value` repeated along its rows to `wanted` rows (a whole number of copies)."""
+    held = value.shape[0]
+    if wanted % held:
+        raise RuntimeError(f"a segment runs on {wanted} rows, not a multiple of the {held} a carried value holds")
+    return value if wanted == held else value.repeat(wanted // held, *([1] * (value.dim() - 1)))
+
+
 class SegmentedHost(nn.Module):
     """A host whose forward pass is `segments[0] -> point 0 -> segments[1] -> ... -> segments[-1]`.
 
@@ -94,6 +173,9 @@ class SegmentedHost(nn.Module):
         #: Where the segments after the first read the model's inputs (`host_from_module`, for a model whose blocks
         #: read an input such as a mask); None where no segment does.
         self.side_inputs: SideInputs | None = None
+        #: Where segments hand values of the main path across slots (`host_from_module(..., carry_skips=True)`:
+        #: a U-Net's skips); None where nothing crosses a slot.
+        self.carried_values: CarriedValues | None = None
         #: What the first segment takes (`morphogen.inputs.InputSpec.kind`): "tensor", "tuple", "list" or "dict".
         self.input_kind = "tensor"
 
@@ -126,6 +208,8 @@ class SegmentedHost(nn.Module):
     def forward(self, x: Inputs) -> Tensor:
         for segment in self.segments:
             x = segment(x)
+        if self.carried_values is not None:  # the pass is over: nothing keeps its activations
+            self.carried_values.release()
         assert isinstance(x, Tensor)
         return x
 

@@ -322,7 +322,14 @@ class MorphogeneticModel(nn.Module):
 
         `x` is a batch of the host's inputs: a tensor, or for a user's model of several inputs a tuple or dict of
         tensors (`morphogen.inputs`), passed as one argument."""
-        return self._walk(x, lambda position, slot, h: slot(h), widening=self._widening(self.execution_plan()))
+        output = self._walk(x, lambda position, slot, h: slot(h), widening=self._widening(self.execution_plan()))
+        self._release_carried()
+        return output
+
+    def _release_carried(self) -> None:
+        """A pass is over: the values a user's host carries across slots (a U-Net's skips) are let go."""
+        if self.host.carried_values is not None:
+            self.host.carried_values.release()
 
     def forward_with_shadow(self, x: Inputs, shadow_rows: int | None = None) -> tuple[Tensor, ShadowOutput | None]:
         """The host forward and, when seeds are TRAINING, their shadow outputs (None when none is).
@@ -349,14 +356,18 @@ class MorphogeneticModel(nn.Module):
             shadow_pass = compiled(shadow_pass, self._compile_settings, device)
         output, captured = host_forward(self, x, plan)
         if not captured:
+            self._release_carried()
             return output, None
         if shadow_rows is not None:
             captured = tuple((h[:shadow_rows], None if tap is None else tap[:shadow_rows])
                              for h, tap in captured)  # (rows, ...) each
             if self.host.side_inputs is not None:  # the layers after the slots read the inputs of those rows only
                 self.host.side_inputs.narrow(shadow_rows)
+        if self.host.carried_values is not None:  # values the shadow pass does not compute are the host pass's
+            self.host.carried_values.begin_shadow(shadow_rows)
         with running_statistics(self._batch_norms):
             shadow_outputs = shadow_pass(self, captured, plan)
+        self._release_carried()
         training = [position for position, slot_plan in enumerate(plan) if slot_plan.mode is SlotMode.SHADOW]
         parameters = tuple(p for position in training for p in self._slot_at(position).seed_parameters()
                            if p.requires_grad)
@@ -512,6 +523,7 @@ class MorphogeneticModel(nn.Module):
             return repeat_rows(h, k)  # (K*B, ...), configuration-major
 
         x = self._walk(x, at_slot, widening=widening, entering=entering)
+        self._release_carried()
         if not expanded:
             return x.unsqueeze(0).expand(k, *x.shape)  # (K, B, ...)
         return x.reshape(k, batch, *x.shape[1:])  # (K, B, ...)
@@ -559,6 +571,7 @@ class MorphogeneticModel(nn.Module):
                 gradients = torch.autograd.grad(loss(output), points, allow_unused=True) if points else ()
         finally:
             self.train(was_training)
+            self._release_carried()
         batch = rows(x)
         measured = [_signal(h, g, batch) for h, g in zip(points, gradients, strict=True)]
         depths, widths = dict(zip(depth, measured[:len(depth)], strict=True)), dict(zip(width, measured[len(depth):],

@@ -34,7 +34,7 @@ from itertools import pairwise
 import torch
 from torch import Tensor, fx, nn
 
-from morphogen.core.hosts import SegmentedHost, SideInputs
+from morphogen.core.hosts import CarriedValues, SegmentedHost, SideInputs
 from morphogen.core.training_mode import ModeDependentCall, TrainingModeError, modes_kept, trace_in_both_modes
 from morphogen.inputs import Inputs, InputSpec, call, rows
 from morphogen.inputs import problem as inputs_problem
@@ -79,7 +79,8 @@ def slot_id_for(name: str) -> str:
 
 
 def host_from_module(model: nn.Module, slots: Sequence[str], example_input: Inputs, *,
-                     topology: str | None = None, output: int | str | None = None) -> ModuleHost:
+                     topology: str | None = None, output: int | str | None = None,
+                     carry_skips: bool = False) -> ModuleHost:
     """Make `model` a host with a slot after each submodule named in `slots` (qualified names, any order; one name
     may be given as a string).
 
@@ -88,18 +89,22 @@ def host_from_module(model: nn.Module, slots: Sequence[str], example_input: Inpu
     parameters it does not give keep their defaults. It is run once, in eval mode and without gradients, to
     measure the slots and to check the cut. `output` names the one output the loss reads where the forward
     returns several: its position in a tuple or list, its key in a dict, or the name of an attribute; the host
-    (and the grown model, and its export) returns that one. Raises `HostBuildError`.
+    (and the grown model, and its export) returns that one. `carry_skips=True` lets a slot sit where values
+    computed before it also reach the code after it (a U-Net's skips, an encoder's output that a decoder reads, a
+    residual connection around the slot): the segment that computes such a value holds it and the later one that
+    reads it receives it, with the seed's effect where the value is taken after a slot. Raises `HostBuildError`.
     """
     names = _checked_arguments(model, slots, example_input, topology, output)
-    segments, ordered, side_inputs, layer_calls = _cut(model, names, example_input)
+    segments, ordered, side_inputs, layer_calls, carried = _cut(model, names, example_input, carry_skips)
     if output is not None:
         _pick_in(segments[-1], output)
-    outputs, layers = _probe(model, segments, ordered, example_input, layer_calls, output)
+    outputs, layers = _probe(model, segments, ordered, example_input, layer_calls, output, carried)
     chosen = topology or _guess_topology(model, outputs, ordered)
     slot_ids = [slot_id_for(name) for name in ordered]
     host = ModuleHost(segments, _widths(ordered, outputs, chosen), chosen, dict(zip(slot_ids, ordered, strict=True)),
                       {slot_id: layer for slot_id, layer in zip(slot_ids, layers, strict=True) if layer is not None})
     host.side_inputs, host.input_kind = side_inputs, InputSpec.of(example_input).kind
+    host.carried_values = None if carried is None else carried[0]
     # What enters each segment, which a branch seed beside it maps: the first takes the model's inputs, which a
     # branch can read only where they are one tensor.
     entering = [tuple(example_input.shape[1:]) if isinstance(example_input, Tensor) else None,
@@ -110,21 +115,23 @@ def host_from_module(model: nn.Module, slots: Sequence[str], example_input: Inpu
     return host
 
 
-def slot_points(model: nn.Module, example_input: Inputs, *, output: int | str | None = None) -> dict[str, int]:
+def slot_points(model: nn.Module, example_input: Inputs, *, output: int | str | None = None,
+                carry_skips: bool = False) -> dict[str, int]:
     """Where `host_from_module` can put a slot: each submodule's qualified name -> the slot's width (channels,
     features or d_model), for every submodule that a host with that one slot accepts, in the order the model
     defines them. It tries every submodule (a trace and a shape probe each), to choose slots by, not per step.
 
-    A point inside a block's residual branch, a submodule called twice, or one whose output is not one tensor
-    is left out; so is one whose cut the probe finds changes the model's output. Raises `HostBuildError` for an
-    `example_input` or `output` that no slot could work with."""
+    A point inside a block's residual branch or a U-Net's skip (unless `carry_skips`, as `host_from_module`
+    takes it), a submodule called twice, or one whose output is not one tensor is left out; so is one whose cut
+    the probe finds changes the model's output. Raises `HostBuildError` for an `example_input` or `output` that
+    no slot could work with."""
     _checked_arguments(model, [], example_input, None, output, slots_needed=False)
     points: dict[str, int] = {}
     for name, _ in model.named_modules():  # a module registered twice is listed once, by its first name
         if not name:
             continue
         try:
-            host = host_from_module(model, [name], example_input, output=output)
+            host = host_from_module(model, [name], example_input, output=output, carry_skips=carry_skips)
         except HostBuildError:
             continue
         points[name] = host.injection_points[slot_id_for(name)]
@@ -215,10 +222,15 @@ def _check_names(model: nn.Module, names: Sequence[str]) -> None:
                                      "choose one of them")
 
 
-def _cut(model: nn.Module, names: Sequence[str],
-         example: Inputs) -> tuple[list[nn.Module], list[str], SideInputs | None, list[nn.Module | None]]:
-    """The segments, the slot names in execution order, where later segments read the model's inputs, and each
-    named submodule as a module of the slot's activation alone (None: it reads more of the main path)."""
+#: Where segments hand values across slots, and the name of each value (by its key), for the shape probe's messages.
+Carried = tuple[CarriedValues, list[str]]
+
+
+def _cut(model: nn.Module, names: Sequence[str], example: Inputs, carry: bool = False
+         ) -> tuple[list[nn.Module], list[str], SideInputs | None, list[nn.Module | None], Carried | None]:
+    """The segments, the slot names in execution order, where later segments read the model's inputs, each named
+    submodule as a module of the slot's activation alone (None: it reads more of the main path), and where values
+    cross slots (with `carry`; None where none does)."""
     children = [name for name, _ in model.named_children()]
     several = not isinstance(example, Tensor)
     if isinstance(model, nn.Sequential):
@@ -229,7 +241,7 @@ def _cut(model: nn.Module, names: Sequence[str],
             nested = next(name for name in names if name not in children)
             raise HostBuildError(f"slot after {nested!r}: an nn.Sequential is cut between its children; name one of "
                                  f"{', '.join(children)}")
-        return _children_cut(model, names)
+        return (*_children_cut(model, names), None)
     given, defaults = _arguments(model, example)
     try:
         traced = _trace(model, names, defaults)
@@ -237,11 +249,11 @@ def _cut(model: nn.Module, names: Sequence[str],
         raise
     except Exception as error:  # fx raises many kinds (TraceError, TypeError, ...) on untraceable code
         if not several and all(name in children for name in names):
-            return _children_cut(model, names)
+            return (*_children_cut(model, names), None)
         raise HostBuildError(f"cannot trace {type(model).__name__} with torch.fx ({_first_line(error)}); "
                              + ("a model of several inputs must trace" if several else "put the slots on its direct "
                                 "children if its forward runs them in order")) from None
-    return _split_graph(traced, names, given)
+    return _split_graph(traced, names, given, carry)
 
 
 def _arguments(model: nn.Module, example: Inputs) -> tuple[dict[str, int | str | None], dict[str, object]]:
@@ -432,18 +444,19 @@ class _Inputs:
                    and node not in self.fixed for user in node.users)
 
 
-def _split_graph(traced: fx.GraphModule, names: Sequence[str], given: dict[str, int | str | None]
-                 ) -> tuple[list[nn.Module], list[str], SideInputs | None, list[nn.Module | None]]:
+def _split_graph(traced: fx.GraphModule, names: Sequence[str], given: dict[str, int | str | None], carry: bool
+                 ) -> tuple[list[nn.Module], list[str], SideInputs | None, list[nn.Module | None], Carried | None]:
     """Split the traced graph after each named submodule's call (or the residual sum it ends in, `_slot_end`);
     check that nothing but the model's inputs flows past a cut (a later segment reads those from the
-    `SideInputs` the first one binds). Also each slot's layer as a module of the activation before it alone,
-    which reads its other inputs from the `SideInputs` too."""
+    `SideInputs` the first one binds), or with `carry` hand the values that do to the segments that read them
+    (`CarriedValues`). Also each slot's layer as a module of the activation before it alone, which reads its other
+    inputs from the `SideInputs` too."""
     _erase_unread_items(traced.graph)
     nodes = list(traced.graph.nodes)
     position = {node: i for i, node in enumerate(nodes)}
     inputs = _Inputs([node for node in nodes if node.op == "placeholder"], given)
     inputs.derive(nodes)
-    ordered, cuts = _cuts(traced, nodes, names, position, inputs)
+    ordered, cuts, crossing = _cuts(traced, nodes, names, position, inputs, carry)
     layers = [_layer_nodes(traced, _only_call(nodes, name), cut, inputs, position)
               for name, cut in zip(ordered, cuts, strict=True)]
     reads = inputs.read_after(cuts[0], position) or any(
@@ -451,10 +464,14 @@ def _split_graph(traced: fx.GraphModule, names: Sequence[str], given: dict[str, 
     side_inputs = SideInputs() if reads else None
     if side_inputs is not None:
         traced.side_inputs = side_inputs  # the segments' graphs read it as an attribute of their root
+    keys = {node: key for key, node in enumerate(sorted(crossing, key=position.__getitem__))}
+    carried = (CarriedValues(), [node.name for node in keys]) if keys else None
+    if carried is not None:
+        traced.carried_values = carried[0]  # held and read as an attribute of the segments' root, as side_inputs
     boundaries: list[fx.Node | None] = [None, *cuts, nodes[-1]]
-    segments: list[nn.Module] = [_segment(traced, nodes, position, start, end, inputs, side_inputs is not None)
+    segments: list[nn.Module] = [_segment(traced, nodes, position, start, end, inputs, side_inputs is not None, keys)
                                  for start, end in pairwise(boundaries)]
-    return segments, ordered, side_inputs, [_layer_call(traced, layer, inputs) for layer in layers]
+    return segments, ordered, side_inputs, [_layer_call(traced, layer, inputs) for layer in layers], carried
 
 
 def _erase_unread_items(graph: fx.Graph) -> None:
@@ -466,15 +483,16 @@ def _erase_unread_items(graph: fx.Graph) -> None:
 
 
 def _cuts(traced: fx.GraphModule, nodes: list[fx.Node], names: Sequence[str], position: dict[fx.Node, int],
-          inputs: _Inputs) -> tuple[list[str], list[fx.Node]]:
-    """The slot names in execution order and the node each slot sits after (`_slot_end`), each checked to be on
-    the main path."""
+          inputs: _Inputs, carry: bool) -> tuple[list[str], list[fx.Node], set[fx.Node]]:
+    """The slot names in execution order, the node each slot sits after (`_slot_end`), each checked to be on
+    the main path, and (with `carry`) the values of the main path that cross a cut."""
     modules = dict(traced.named_modules())
     ends = {name: _slot_end(_only_call(nodes, name), inputs, modules) for name in names}
     ordered = sorted(names, key=lambda name: position[ends[name]])
+    crossing: set[fx.Node] = set()
     for name in ordered:
-        _check_nothing_flows_past(name, ends[name], nodes, position, inputs)
-    return ordered, [ends[name] for name in ordered]
+        crossing.update(_check_nothing_flows_past(name, ends[name], nodes, position, inputs, carry))
+    return ordered, [ends[name] for name in ordered], crossing
 
 
 #: Modules that may lie between a branch's last layer and its residual sum: dropouts (a ReLU module does not: a
@@ -598,18 +616,22 @@ def _draws(node: fx.Node) -> bool:
 
 
 def _check_nothing_flows_past(name: str, cut: fx.Node, nodes: list[fx.Node], position: dict[fx.Node, int],
-                              inputs: _Inputs) -> None:
+                              inputs: _Inputs, carry: bool) -> list[fx.Node]:
     """Refuse a cut that a value computed from the main path crosses: the segments would lose it (the model's
-    inputs, and what is computed from them alone, may cross: later segments read or recompute them)."""
+    inputs, and what is computed from them alone, may cross: later segments read or recompute them). With `carry`,
+    the crossing values are returned instead, to be handed across, except values computed from sizes alone (a
+    mask, no row per sample), which are refused still."""
     crossing = [node for node in nodes[:position[cut]] if node not in inputs.derived
                 and any(position[user] > position[cut] for user in node.users)]
+    sized = [node for node in crossing if _from_sizes(node, inputs)]
+    if carry and not sized:
+        return crossing  # a value drawn before the cut crosses too: computed once, it is not drawn again
     drawn = [node.name for node in crossing if node in inputs.drawn]
-    if drawn:
+    if drawn and not carry:
         raise HostBuildError(f"slot after {name!r}: the code after it reads {', '.join(drawn)}, computed from "
                              "random numbers drawn before it, which a later part would draw again: draw them in a "
                              "module (as nn.Dropout does) or give them as an input")
-    sized = [node for node in crossing if _from_sizes(node, inputs)]
-    if sized and len(sized) == len(crossing):
+    if sized and (carry or len(sized) == len(crossing)):
         flowing = ", ".join(node.name for node in sized)
         raise HostBuildError(f"slot after {name!r}: the code after it reads {flowing}, computed from the size of a "
                              "value on the main path, which a later part cannot read: compute it from the model's "
@@ -618,7 +640,9 @@ def _check_nothing_flows_past(name: str, cut: fx.Node, nodes: list[fx.Node], pos
         flowing = ", ".join(node.name for node in crossing)
         raise HostBuildError(f"slot after {name!r}: it sits inside a branch: {flowing} "
                              "also reach the code after it (a residual connection, or a U-Net's skip); put the slot "
-                             "after the block that joins them (morphogen.slot_points lists where slots can go)")
+                             "after the block that joins them (morphogen.slot_points lists where slots can go), or "
+                             "pass carry_skips=True to hand those values across the slot")
+    return []
 
 
 #: Tensor methods and attributes that read a tensor's size, not its values.
@@ -639,9 +663,11 @@ def _from_sizes(node: fx.Node, inputs: _Inputs, known: dict[fx.Node, bool] | Non
 
 
 def _segment(traced: fx.GraphModule, nodes: list[fx.Node], position: dict[fx.Node, int], start: fx.Node | None,
-             end: fx.Node | None, inputs: _Inputs, side: bool) -> fx.GraphModule:
+             end: fx.Node | None, inputs: _Inputs, side: bool, carried: Mapping[fx.Node, int]) -> fx.GraphModule:
     """The nodes after `start` (None: the first segment) up to `end` as a module of one input: the value of
-    `start`, or the model's inputs (one tensor, or a tuple or dict of them, which it binds when `side`)."""
+    `start`, or the model's inputs (one tensor, or a tuple or dict of them, which it binds when `side`). A value in
+    `carried` (by its key) that a later segment reads is held where it is computed, except the segment's own end,
+    which the next segment holds as it receives it (after the slot); one computed in an earlier segment is read."""
     graph = fx.Graph()
     values: dict[fx.Node, fx.node.Argument] = dict(inputs.fixed)
     if start is None:
@@ -650,27 +676,37 @@ def _segment(traced: fx.GraphModule, nodes: list[fx.Node], position: dict[fx.Nod
         for node, key in inputs.given.items():
             values[node] = bound if key is None else graph.call_function(operator.getitem, (bound, key))
     else:
-        values[start] = graph.placeholder("x")
-    value_of = _value_reader(graph, values, inputs, None if start is None else values[start])
+        values[start] = received = graph.placeholder("x")
+        if start in carried:  # the value after the slot: a seed there changes what the later reader receives
+            values[start] = graph.call_method("hold", (graph.get_attr("carried_values"), carried[start], received))
+    value_of = _value_reader(graph, values, inputs, None if start is None else values[start], carried)
     assert end is not None  # only the first segment starts at None
     for node in nodes[0 if start is None else position[start] + 1:position[end] + 1]:
         if node.op == "output":
             graph.output(fx.map_arg(node.args[0], value_of))
         elif node.op != "placeholder":
             values[node] = graph.node_copy(node, value_of)
+            if node in carried and node is not end:
+                values[node] = graph.call_method("hold", (graph.get_attr("carried_values"), carried[node],
+                                                          values[node]))
     if end.op != "output":
         graph.output(values[end])
     return fx.GraphModule(traced, graph)
 
 
 def _value_reader(graph: fx.Graph, values: dict[fx.Node, fx.node.Argument], inputs: _Inputs,
-                  like: fx.node.Argument) -> Callable[[fx.Node], fx.node.Argument]:
+                  like: fx.node.Argument, carried: Mapping[fx.Node, int] | None = None
+                  ) -> Callable[[fx.Node], fx.node.Argument]:
     """The value in `graph` of a node of the traced model: mapped in `values`, else an input read from the
-    `SideInputs` with the rows of `like` (the part's own input), or a value computed from the inputs again."""
+    `SideInputs` with the rows of `like` (the part's own input), a value an earlier segment computed read from the
+    `CarriedValues` (`carried`: their keys), or a value computed from the inputs again."""
 
     def value_of(node: fx.Node) -> fx.node.Argument:
         if node not in values:  # an input, a parameter or a value computed from them in an earlier segment
-            if node in inputs.given:
+            if carried and node in carried:
+                assert like is not None  # the first segment reads nothing from an earlier one
+                values[node] = graph.call_method("read", (graph.get_attr("carried_values"), carried[node], like))
+            elif node in inputs.given:
                 assert like is not None  # the first segment maps every input before it runs
                 values[node] = graph.call_method("read", (graph.get_attr("side_inputs"), inputs.given[node], like))
             else:  # read or computed here again
@@ -682,10 +718,11 @@ def _value_reader(graph: fx.Graph, values: dict[fx.Node, fx.node.Argument], inpu
 
 
 def _probe(model: nn.Module, segments: Sequence[nn.Module], names: Sequence[str], example: Inputs,
-           layers: Sequence[nn.Module | None], key: int | str | None) -> tuple[list[Tensor], list[nn.Module | None]]:
+           layers: Sequence[nn.Module | None], key: int | str | None,
+           carried: Carried | None = None) -> tuple[list[Tensor], list[nn.Module | None]]:
     """Run the segments on `example` (eval mode, no grad): the activation at every cut, checked against the model,
     and the `layers` (one per cut) that a copy could stand after their own: they map the activation at their cut
-    to its shape."""
+    to its shape. A value carried across slots must hold one row per sample, as the activations do."""
     copyable: list[nn.Module | None] = []
     # The segments hold modules of their own (a functional dropout's module), which the model's mode does not set.
     with modes_kept(model, *segments), torch.no_grad():
@@ -704,6 +741,8 @@ def _probe(model: nn.Module, segments: Sequence[nn.Module], names: Sequence[str]
             if index < len(names):  # checked before the next part runs on it (its inputs are bound now)
                 _check_one_row_per_sample(names[index], x, rows(example))
                 copyable.append(layers[index] if _keeps_shape(layers[index], x) else None)
+        if carried is not None:
+            _check_carried_rows(carried, rows(example))
     output = activations.pop()
     if not isinstance(expected, Tensor) or not isinstance(output, Tensor):
         raise HostBuildError(f"{type(model).__name__}'s forward returns {type(expected).__name__}; a host returns "
@@ -719,6 +758,19 @@ def _probe(model: nn.Module, segments: Sequence[nn.Module], names: Sequence[str]
             raise HostBuildError(f"slot after {name!r}: its output has shape {tuple(activation.shape)}; a slot needs "
                                  "[N, channels, ...] or [N, ..., features]")
     return activations, copyable
+
+
+def _check_carried_rows(carried: Carried, samples: int) -> None:
+    """Stacked configurations and shadow rows are whole samples, in the values carried across slots too."""
+    values, names = carried
+    try:
+        for key, rows_held in values.rows_held().items():
+            if rows_held != samples:
+                what = "is no tensor of rows" if rows_held is None else f"has {rows_held} rows"
+                raise HostBuildError(f"{names[key]}, which crosses a slot, {what} for a batch of {samples} samples; a "
+                                     "value carried across slots needs one row per sample")
+    finally:
+        values.release()
 
 
 def _picked_output(model_name: str, outputs: object, key: int | str) -> object:

@@ -23,7 +23,7 @@ from collections.abc import Mapping, Sequence
 from torch import Tensor, nn
 
 from morphogen.core.blend import Blend
-from morphogen.core.hosts import SideInputs
+from morphogen.core.hosts import CarriedValues, SideInputs
 from morphogen.core.lifecycle import Stage
 from morphogen.core.model import MorphogeneticModel
 from morphogen.core.width import WidthSite, run_cut_segment
@@ -99,6 +99,8 @@ class GrownNetwork(nn.Module):
         self._sites = [(point, site) for point, (site, _) in sorted(widenings.items())]
         #: Where the segments after the first read the inputs of a model of several inputs (its segments' own).
         self._side_inputs = [module for module in self.segments.modules() if isinstance(module, SideInputs)]
+        #: Where the segments hand values across the points (a U-Net's skips: the host's `CarriedValues`).
+        self._carried = [module for module in self.segments.modules() if isinstance(module, CarriedValues)]
 
     def forward(self, x: Inputs) -> Tensor:
         """The network's output for a batch of the host's inputs (a tensor, or a tuple or dict of tensors)."""
@@ -118,6 +120,8 @@ class GrownNetwork(nn.Module):
             x = self.seeds[index](h) if index < len(self.seeds) else h
         for side_inputs in self._side_inputs:  # the pass is over: nothing keeps the batch's inputs
             side_inputs.release()
+        for carried in self._carried:  # ... nor its activations
+            carried.release()
         assert isinstance(x, Tensor)
         return x
 
