@@ -325,6 +325,62 @@ class FlatClassifier(nn.Module):
         return self.head((x * keep).sum(1) / keep.sum(1).clamp_min(1.0))
 
 
+def double_conv(channels_in: int, channels_out: int) -> nn.Sequential:
+    """A U-Net's block: two 3x3 convolutions, each with a batch norm and a ReLU."""
+    return nn.Sequential(nn.Conv2d(channels_in, channels_out, 3, padding=1), nn.BatchNorm2d(channels_out), nn.ReLU(),
+                         nn.Conv2d(channels_out, channels_out, 3, padding=1), nn.BatchNorm2d(channels_out), nn.ReLU())
+
+
+class UNet(nn.Module):
+    """A small U-Net (Ronneberger et al. 2015): two levels down, the middle, two up, each level's output joined to
+    the way up by a skip (concatenated); scores per pixel, [N, classes, H, W]."""
+
+    def __init__(self, channels: int = 1, width: int = 4, classes: int = 3) -> None:
+        super().__init__()
+        self.down1, self.down2 = double_conv(channels, width), double_conv(width, 2 * width)
+        self.middle = double_conv(2 * width, 2 * width)
+        self.up2, self.up1 = double_conv(4 * width, width), double_conv(2 * width, width)
+        self.head = nn.Conv2d(width, classes, 1)
+
+    def forward(self, x: Tensor) -> Tensor:
+        d1 = self.down1(x)
+        d2 = self.down2(nn.functional.max_pool2d(d1, 2))
+        m = self.middle(nn.functional.max_pool2d(d2, 2))
+        u2 = self.up2(torch.cat([nn.functional.interpolate(m, scale_factor=2.0), d2], 1))
+        u1 = self.up1(torch.cat([nn.functional.interpolate(u2, scale_factor=2.0), d1], 1))
+        return self.head(u1)
+
+
+def digit_scenes(images: Tensor, labels: Tensor, count: int, seed: int, size: int = 16) -> tuple[Tensor, Tensor]:
+    """`count` scenes [N, 1, size, size], each holding two of the 8x8 digit `images` (intensities 0-16) at random
+    places, the second drawn over the first, in faint noise; every pixel's class is the digit whose stroke it is
+    on (its label + 1) or the background (0), [N, size, size]: segmenting means recognising the digits."""
+    generator = torch.Generator().manual_seed(seed)
+    scenes = 0.1 * torch.randn(count, 1, size, size, generator=generator)
+    masks = torch.zeros(count, size, size, dtype=torch.long)
+    chosen = torch.randint(0, len(images), (count, 2), generator=generator)
+    places = torch.randint(0, size - 7, (count, 2, 2), generator=generator)
+    for i in range(count):
+        for k in range(2):
+            digit, (row, column) = images[chosen[i, k]], places[i, k].tolist()
+            stroke = digit > 4  # the digit's own pixels; the rest of its 8x8 square shows what lies under it
+            window = (slice(row, row + 8), slice(column, column + 8))
+            scenes[i, 0][window] = torch.where(stroke, digit / 16, scenes[i, 0][window])
+            masks[i][window] = torch.where(stroke, labels[chosen[i, k]] + 1, masks[i][window])
+    return scenes, masks
+
+
+def digit_segmentation() -> Split:
+    """2,000 training scenes from the first 1,400 of scikit-learn's digits, 500 validation scenes from the other
+    397 (`digit_scenes`): a segmentation task of 11 classes per pixel."""
+    from sklearn.datasets import load_digits
+
+    digits = load_digits()
+    images, labels = torch.tensor(digits.images, dtype=torch.float32), torch.tensor(digits.target)
+    return (digit_scenes(images[:1400], labels[:1400], 2000, 0),
+            digit_scenes(images[1400:], labels[1400:], 500, 1))
+
+
 def padded_sequences(count: int, seed: int, vocab: int = 8, length: int = 10) -> tuple[tuple[Tensor, Tensor], Tensor]:
     """((ids, padding), labels): sequences of 3 to `length` real tokens, then padding; every position, padding
     too, holds token 1 with probability 1/4 and another token otherwise, so a model that ignores the mask is
@@ -341,6 +397,11 @@ def padded_sequences(count: int, seed: int, vocab: int = 8, length: int = 10) ->
 def padded() -> Split:
     """4,000 training and 1,000 validation padded sequences (`padded_sequences`, 16 tokens of a vocabulary of 16)."""
     return padded_sequences(4000, 0, vocab=16, length=16), padded_sequences(1000, 1, vocab=16, length=16)
+
+
+def scene_unet(width: int = 4) -> UNet:
+    """The U-Net at `width` on `digit_scenes`: one channel in, 11 classes per pixel."""
+    return UNet(channels=1, width=width, classes=11)
 
 
 def regression_mlp(inputs: int = 10, hidden: int = 16) -> nn.Sequential:
@@ -363,6 +424,8 @@ class Model:
     classes: int = 10
     #: `[episode.optimizer]` settings over SGD's defaults (the `--schedule` given is kept).
     optimizer: tuple[tuple[str, object], ...] = ()
+    #: Whether values cross the slots (a U-Net's skips): `host_from_module(..., carry_skips=True)`.
+    carry_skips: bool = False
 
 
 #: The ResNet's residual blocks by name (`layer1.0` ... `layer3.2`): where its slots are when it grows by depth.
@@ -410,6 +473,10 @@ MODELS = {
                                 optimizer=tuple(TOPOLOGY_OPTIMIZERS["transformer"].items()),
                                 heuristic=(("depth_blueprint", "block"),)),  # zero-initialised blocks, not copies
     "regression": Model(friedman1, regression_mlp, ("1", "3"), 64, loss=nn.functional.mse_loss),
+    # Pixel scores [N, 11, H, W]: the cross-entropy over dimension 1; slots after all five blocks, four of them
+    # crossed by the skips.
+    "unet": Model(digit_segmentation, scene_unet, ("down1", "down2", "middle", "up2", "up1"), 64,
+                  loss=nn.functional.cross_entropy, carry_skips=True),
     "friedman2": Model(other_regression("friedman2"), lambda: regression_mlp(inputs=4), ("1", "3"), 64,
                        loss=nn.functional.mse_loss),
     "friedman3": Model(other_regression("friedman3"), lambda: regression_mlp(inputs=4), ("1", "3"), 64,
@@ -438,6 +505,7 @@ FIXED_FAMILIES: dict[str, tuple[Callable[[int], nn.Module], int]] = {
     "cnn2d": (lambda width: cnn2d(channels=width), 4),
     "regression": (lambda width: regression_mlp(hidden=width), 16),
     "padded": (lambda width: PaddedClassifier(vocab=16, width=width), 16),
+    "unet": (lambda width: scene_unet(width=width), 4),
 }
 
 
@@ -452,7 +520,8 @@ def task_and_host(name: str, width: int | None = None) -> tuple[morphogen.Task, 
 
     def host() -> morphogen.ModuleHost:  # called under the episode's seed: each seed its own initialisation
         module = model.module() if width is None else FIXED_FAMILIES[name][0](width)
-        return morphogen.host_from_module(module, list(model.slots), example_input=example)
+        return morphogen.host_from_module(module, list(model.slots), example_input=example,
+                                          carry_skips=model.carry_skips)
 
     return task, host
 

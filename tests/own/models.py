@@ -16,7 +16,7 @@ from morphogen.control.heuristic import HeuristicConfig
 from morphogen.core.lifecycle import GateConfig, GateMode
 from morphogen.core.slot import SlotConfig
 from morphogen.env.episode import EpisodeConfig
-from your_model import CifarResNet, PaddedBlock, PaddedClassifier, padded_sequences  # noqa: F401  # re-exported for tests
+from your_model import CifarResNet, PaddedBlock, PaddedClassifier, UNet, padded_sequences  # noqa: F401  # re-exported
 
 
 def ResNet(width: int = 4, num_classes: int = 4, blocks: int = 1) -> nn.Module:
@@ -54,32 +54,6 @@ class TinyGPT(nn.Module):
 def mlp(inputs: int = 12, hidden: int = 16, classes: int = 3) -> nn.Sequential:
     return nn.Sequential(nn.Linear(inputs, hidden), nn.ReLU(), nn.Linear(hidden, hidden), nn.ReLU(),
                          nn.Linear(hidden, classes))
-
-
-def double_conv(channels_in: int, channels_out: int) -> nn.Sequential:
-    """A U-Net's block: two 3x3 convolutions, each with a batch norm and a ReLU."""
-    return nn.Sequential(nn.Conv2d(channels_in, channels_out, 3, padding=1), nn.BatchNorm2d(channels_out), nn.ReLU(),
-                         nn.Conv2d(channels_out, channels_out, 3, padding=1), nn.BatchNorm2d(channels_out), nn.ReLU())
-
-
-class UNet(nn.Module):
-    """A small U-Net (Ronneberger et al. 2015): two levels down, the middle, two up, each level's output joined to
-    the way up by a skip (concatenated); scores per pixel, [N, classes, H, W]."""
-
-    def __init__(self, channels: int = 1, width: int = 4, classes: int = 3) -> None:
-        super().__init__()
-        self.down1, self.down2 = double_conv(channels, width), double_conv(width, 2 * width)
-        self.middle = double_conv(2 * width, 2 * width)
-        self.up2, self.up1 = double_conv(4 * width, width), double_conv(2 * width, width)
-        self.head = nn.Conv2d(width, classes, 1)
-
-    def forward(self, x: Tensor) -> Tensor:
-        d1 = self.down1(x)
-        d2 = self.down2(nn.functional.max_pool2d(d1, 2))
-        m = self.middle(nn.functional.max_pool2d(d2, 2))
-        u2 = self.up2(torch.cat([nn.functional.interpolate(m, scale_factor=2.0), d2], 1))
-        u1 = self.up1(torch.cat([nn.functional.interpolate(u2, scale_factor=2.0), d1], 1))
-        return self.head(u1)
 
 
 def shapes_segmentation(count: int, seed: int, size: int = 12) -> tuple[Tensor, Tensor]:

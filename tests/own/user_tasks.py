@@ -3,7 +3,18 @@
 from __future__ import annotations
 
 import torch
-from models import PaddedClassifier, ResNet, TinyGPT, blobs, counting_sequences, mlp, padded_sequences, quadrant_images
+from models import (
+    PaddedClassifier,
+    ResNet,
+    TinyGPT,
+    UNet,
+    blobs,
+    counting_sequences,
+    mlp,
+    padded_sequences,
+    quadrant_images,
+    shapes_segmentation,
+)
 from torch.utils.data import DataLoader, TensorDataset
 
 import morphogen
@@ -41,6 +52,21 @@ def mlp_regression() -> Task:
     host = morphogen.host_from_module(mlp(), ["1", "3"], example_input=train[0][:2])
     return morphogen.task_from_data("blobs", TensorDataset(*train), TensorDataset(*validation), loss=loss,
                                     metric=hit_rate, metric_name="hit rate", host=host, batch_size=32)
+
+
+def unet() -> Task:
+    """A U-Net segmenting shapes, pixel by pixel: its skips cross the slots (`carry_skips=True`); its loss is the
+    cross-entropy over dimension 1 and its metric the share of pixels right."""
+    train, validation = shapes_segmentation(128, 0), shapes_segmentation(64, 1)
+
+    def pixel_accuracy(outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        return (outputs.argmax(1) == targets).float().mean() * 100
+
+    return morphogen.task_from_data(
+        "shapes", train, validation, loss=torch.nn.functional.cross_entropy, metric=pixel_accuracy,
+        metric_name="pixel accuracy", batch_size=32,
+        host=lambda: morphogen.host_from_module(UNet(), ["down2", "middle", "up2"], example_input=train[0][:2],
+                                                carry_skips=True))
 
 
 def padded() -> Task:
