@@ -46,6 +46,13 @@
 - `padded_flat`: the same classifier written by hand (`FlatClassifier`): its layers in lists, the residual sums
   and a functional dropout (0.1, `training=self.training`) in the model's forward; slots after each attention
   and each MLP, which sit after their residual sums; the heuristic grows copies of those sub-blocks.
+- `unet`: a small U-Net (`UNet`: two levels down, the middle, two up, each block two 3x3 convolutions with
+  batch norms, width 4; 3,571 parameters) segmenting scenes of two scikit-learn digits each at random places in
+  16x16 (`digit_scenes`: every pixel's class is its digit + 1, or the background), with the cross-entropy over
+  the pixels' 11 scores as its own loss; slots after all five blocks, the inner four crossed by its skips
+  (`carry_skips=True`). `unet_inside` grows as the `wider_inside_blocks` preset does: new channels between the
+  two convolutions of every block, two epochs in (with `--schedule cosine --criterion loss`, the preset's other
+  settings). `--fixed-widths 6,8 --fixed-model unet` trains it wider without growth.
 
 Each is made a host by `morphogen.host_from_module` and grown by `morphogen.grow` with the heuristic
 (defaults but for the settings named above) and strict gates, next to the same host without growth and the
@@ -433,6 +440,8 @@ RESNET_BLOCKS = tuple(f"layer{stage}.{block}" for stage in (1, 2, 3) for block i
 #: Those of its blocks that map their input to the same shape (not the first of stages 2 and 3, which downsample):
 #: where a copy of the block can follow it.
 SHAPE_KEEPING_BLOCKS = tuple(name for name in RESNET_BLOCKS if name not in ("layer2.0", "layer3.0"))
+#: The U-Net's five blocks: a slot after each, the inner four crossed by its skips.
+UNET_BLOCKS = ("down1", "down2", "middle", "up2", "up1")
 MODELS = {
     "resnet": Model(digits_32x32x3, CifarResNet, RESNET_BLOCKS, 64, (("depth_blueprint", "conv_wide"),)),
     "resnet_branch": Model(digits_32x32x3, CifarResNet, RESNET_BLOCKS, 64, (("depth_blueprint", "branch_wide"),)),
@@ -475,8 +484,12 @@ MODELS = {
     "regression": Model(friedman1, regression_mlp, ("1", "3"), 64, loss=nn.functional.mse_loss),
     # Pixel scores [N, 11, H, W]: the cross-entropy over dimension 1; slots after all five blocks, four of them
     # crossed by the skips.
-    "unet": Model(digit_segmentation, scene_unet, ("down1", "down2", "middle", "up2", "up1"), 64,
-                  loss=nn.functional.cross_entropy, carry_skips=True),
+    "unet": Model(digit_segmentation, scene_unet, UNET_BLOCKS, 64, loss=nn.functional.cross_entropy, carry_skips=True),
+    # The `wider_inside_blocks` preset's growth: new channels between the two convolutions of every block, two
+    # epochs in (run it with `--schedule cosine --criterion loss`, the preset's other settings).
+    "unet_inside": Model(digit_segmentation, scene_unet, UNET_BLOCKS, 64, (
+        ("depth_blueprint", "wider_inside"), ("warmup_epochs", 1), ("first_growth_by", 0.05)),
+        loss=nn.functional.cross_entropy, carry_skips=True),
     "friedman2": Model(other_regression("friedman2"), lambda: regression_mlp(inputs=4), ("1", "3"), 64,
                        loss=nn.functional.mse_loss),
     "friedman3": Model(other_regression("friedman3"), lambda: regression_mlp(inputs=4), ("1", "3"), 64,

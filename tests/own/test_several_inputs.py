@@ -430,3 +430,54 @@ def test_a_slot_where_tokens_are_folded_into_the_batch_is_refused() -> None:
 
     with pytest.raises(HostBuildError, match="slot after 'per_token': its output has 6 rows for a batch of 2"):
         morphogen.host_from_module(Folded(), slots=["per_token"], example_input=torch.randn(2, 3, 4))
+
+
+class _Seq2Seq(nn.Module):
+    """An encoder-decoder on torch's own layers: every decoder layer reads the encoder's output (`memory`), which
+    crosses the slots between the decoder's layers."""
+
+    def __init__(self, vocab: int = 8, width: int = 16) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(vocab, width)
+        self.encoder = nn.TransformerEncoder(nn.TransformerEncoderLayer(width, 2, 32, 0.0, batch_first=True,
+                                                                        norm_first=True), 2, enable_nested_tensor=False)
+        self.decoder = nn.TransformerDecoder(nn.TransformerDecoderLayer(width, 2, 32, 0.0, batch_first=True,
+                                                                        norm_first=True), 2)
+        self.head = nn.Linear(width, vocab)
+
+    def forward(self, source: Tensor, target: Tensor) -> Tensor:
+        memory = self.encoder(self.embed(source))
+        causal = nn.Transformer.generate_square_subsequent_mask(target.size(1))
+        return self.head(self.decoder(self.embed(target), memory, tgt_mask=causal))
+
+
+def _reversals(count: int, seed: int) -> tuple[tuple[Tensor, Tensor], Tensor]:
+    """((source, decoder input), targets): the target is the source reversed, the decoder reads it shifted right
+    behind a start token (0)."""
+    source = torch.randint(1, 8, (count, 6), generator=torch.Generator().manual_seed(seed))
+    reversed_source = source.flip(1)
+    return (source, torch.cat([torch.zeros(count, 1, dtype=torch.long), reversed_source[:, :-1]], 1)), reversed_source
+
+
+def test_the_layers_of_torchs_transformer_decoder_hold_slots_across_which_the_encoders_output_is_carried(
+        tmp_path: Path) -> None:
+    train, validation = _reversals(192, 0), _reversals(64, 1)
+    example = (train[0][0][:2], train[0][1][:2])
+    torch.manual_seed(0)
+    net = _Seq2Seq()
+    with pytest.raises(HostBuildError, match=r"^slot after 'decoder.layers.0': it sits inside a branch: .* "
+                                             r"or pass carry_skips=True"):
+        morphogen.host_from_module(net, ["decoder.layers.0", "decoder.layers.1"], example_input=example)
+    host = morphogen.host_from_module(net, ["decoder.layers.0", "decoder.layers.1"], example_input=example,
+                                      carry_skips=True)
+    assert host.topology == "transformer" and host.carried_values is not None
+    torch.testing.assert_close(MorphogeneticModel(host)(example), net(*example), rtol=0, atol=1e-5)
+    task = morphogen.task_from_data("reversal", train, validation, num_classes=8, batch_size=32)
+    result = morphogen.grow(task, host, run_dir=str(tmp_path / "run"), out=io.StringIO(),
+                            config=eager_config(epochs=5, slots=("decoder_layers_0",)))
+    assert [story.blueprint for story in result.grown.stories if "training" in story.stages], "no seed trained"
+    inputs = (validation[0][0][:5], validation[0][1][:5])
+    path = morphogen.export_model(result.model, (inputs[0][:2], inputs[1][:2]), tmp_path / "grown.pt2")
+    with torch.no_grad():
+        program = torch.export.load(path).module()
+        torch.testing.assert_close(program(*inputs), result.model.eval()(inputs), rtol=0, atol=1e-5)

@@ -371,6 +371,8 @@ class _SlotLeafTracer(fx.Tracer):
                     kwargs: dict[str, object]) -> object:
         if isinstance(m, nn.TransformerEncoder) and self._holds_slot(self.path_of_module(m)):
             return self._encoder_layers(m, args, kwargs)
+        if isinstance(m, nn.TransformerDecoder) and self._holds_slot(self.path_of_module(m)):
+            return self._decoder_layers(m, args, kwargs)
         return super().call_module(m, forward, args, kwargs)
 
     def _encoder_layers(self, encoder: nn.TransformerEncoder, args: tuple[object, ...],
@@ -389,6 +391,24 @@ class _SlotLeafTracer(fx.Tracer):
                 "is_causal": given["is_causal"] is True})
         if encoder.norm is not None:
             output = self.call_module(encoder.norm, encoder.norm.forward, (output,), {})
+        return output
+
+    def _decoder_layers(self, decoder: nn.TransformerDecoder, args: tuple[object, ...],
+                        kwargs: dict[str, object]) -> object:
+        """`nn.TransformerDecoder.forward` as calls of its layers, each reading the encoder's output (`memory`,
+        which crosses the slots between them: `carry_skips=True`) and the masks as given: its forward guesses
+        `tgt_is_causal` from the mask's values, which fx cannot trace and the result never needs."""
+        bound = inspect.signature(nn.TransformerDecoder.forward).bind(decoder, *args, **kwargs)
+        bound.apply_defaults()
+        given = bound.arguments
+        output = given["tgt"]
+        masks = ("tgt_mask", "memory_mask", "tgt_key_padding_mask", "memory_key_padding_mask")
+        for layer in decoder.layers:
+            output = self.call_module(layer, layer.forward, (output, given["memory"]), {
+                **{name: given[name] for name in masks}, "tgt_is_causal": given["tgt_is_causal"] is True,
+                "memory_is_causal": given["memory_is_causal"] is True})
+        if decoder.norm is not None:
+            output = self.call_module(decoder.norm, decoder.norm.forward, (output,), {})
         return output
 
 
