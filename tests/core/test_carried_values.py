@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import copy
+import pickle
 import sys
 from pathlib import Path
 
@@ -138,3 +140,18 @@ def test_a_value_without_a_row_per_sample_cannot_cross_a_slot() -> None:
                                              r"value carried across slots needs one row per sample$"):
         morphogen.host_from_module(_BatchStatistic(), ["second"], example_input=torch.randn(2, 1, 6, 6),
                                    carry_skips=True)
+
+
+def test_a_copy_of_a_host_mid_pass_takes_none_of_its_activations() -> None:
+    """Segments walked by hand (as a user's loop may) leave values held until the next pass: a deep copy or a
+    pickle of the host leaves them behind (activations with a graph cannot be deep-copied at all)."""
+    host, x = unet_host()
+    h = x.requires_grad_()
+    for index in range(3):
+        h = host.run_segment(index, h)
+    assert host.carried_values is not None and host.carried_values.rows_held()
+    copied = copy.deepcopy(host)
+    assert copied.carried_values is not None and copied.carried_values.rows_held() == {}
+    assert pickle.loads(pickle.dumps(host)).carried_values.rows_held() == {}
+    with torch.no_grad():
+        torch.testing.assert_close(copied(x), host(x))

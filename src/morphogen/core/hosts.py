@@ -137,6 +137,12 @@ class CarriedValues(nn.Module):
         self._host.clear()
         self._in_shadow[0] = False
 
+    def __getstate__(self) -> dict[str, object]:
+        """A copy or a pickle (a host sent to a worker process) never takes a pass's activations along."""
+        state = self.__dict__.copy()
+        state.update(_held={}, _host={}, _in_shadow=[False])
+        return state
+
 
 def _traced_call(method: str, key: int, value: fx.Proxy) -> Tensor:
     """`method` of the traced segment's `carried_values` as a node of the trace (a segment is the tracer's root)."""
