@@ -47,12 +47,13 @@
   and a functional dropout (0.1, `training=self.training`) in the model's forward; slots after each attention
   and each MLP, which sit after their residual sums; the heuristic grows copies of those sub-blocks.
 - `unet`: a small U-Net (`UNet`: two levels down, the middle, two up, each block two 3x3 convolutions with
-  batch norms, width 4; 3,571 parameters) segmenting scenes of two scikit-learn digits each at random places in
-  16x16 (`digit_scenes`: every pixel's class is its digit + 1, or the background), with the cross-entropy over
-  the pixels' 11 scores as its own loss; slots after all five blocks, the inner four crossed by its skips
-  (`carry_skips=True`). `unet_inside` grows as the `wider_inside_blocks` preset does: new channels between the
-  two convolutions of every block, two epochs in (with `--schedule cosine --criterion loss`, the preset's other
-  settings). `--fixed-widths 6,8 --fixed-model unet` trains it wider without growth.
+  batch norms, width 4; 3,536 parameters) segmenting 16x16 scenes of shapes in noise (`shape_scenes`: two of a
+  filled square, a ring and a cross, equally bright; every pixel's class is its shape, or the background), with
+  the cross-entropy over the pixels' 4 scores as its own loss and the share of pixels right as its metric; slots
+  after all five blocks, the inner four crossed by its skips (`carry_skips=True`). `unet_inside` grows as the
+  `wider_inside_blocks` preset does: new channels between the two convolutions of every block, two epochs in
+  (with `--schedule cosine --criterion loss`, the preset's other settings). `--fixed-widths 6,8 --fixed-model
+  unet` trains it wider without growth.
 
 Each is made a host by `morphogen.host_from_module` and grown by `morphogen.grow` with the heuristic
 (defaults but for the settings named above) and strict gates, next to the same host without growth and the
@@ -358,34 +359,32 @@ class UNet(nn.Module):
         return self.head(u1)
 
 
-def digit_scenes(images: Tensor, labels: Tensor, count: int, seed: int, size: int = 16) -> tuple[Tensor, Tensor]:
-    """`count` scenes [N, 1, size, size], each holding two of the 8x8 digit `images` (intensities 0-16) at random
-    places, the second drawn over the first, in faint noise; every pixel's class is the digit whose stroke it is
-    on (its label + 1) or the background (0), [N, size, size]: segmenting means recognising the digits."""
+def shape_scenes(count: int, seed: int, size: int = 16) -> tuple[Tensor, Tensor]:
+    """`count` scenes [N, 1, size, size] in noise, each with two of three shapes (a filled square, a ring, a cross;
+    sides 4 to 6) at random places, the second drawn over the first; every pixel's class is the shape it is on
+    (1-3) or the background (0), [N, size, size]. All shapes are equally bright: only their form tells them
+    apart."""
     generator = torch.Generator().manual_seed(seed)
-    scenes = 0.1 * torch.randn(count, 1, size, size, generator=generator)
+    scenes = 0.3 * torch.randn(count, 1, size, size, generator=generator)
     masks = torch.zeros(count, size, size, dtype=torch.long)
-    chosen = torch.randint(0, len(images), (count, 2), generator=generator)
-    places = torch.randint(0, size - 7, (count, 2, 2), generator=generator)
     for i in range(count):
-        for k in range(2):
-            digit, (row, column) = images[chosen[i, k]], places[i, k].tolist()
-            stroke = digit > 4  # the digit's own pixels; the rest of its 8x8 square shows what lies under it
-            window = (slice(row, row + 8), slice(column, column + 8))
-            scenes[i, 0][window] = torch.where(stroke, digit / 16, scenes[i, 0][window])
-            masks[i][window] = torch.where(stroke, labels[chosen[i, k]] + 1, masks[i][window])
+        for kind in torch.randperm(3, generator=generator)[:2].tolist():
+            side = int(torch.randint(4, 7, (1,), generator=generator))
+            row, column = torch.randint(0, size - side + 1, (2,), generator=generator).tolist()
+            window = masks[i, row:row + side, column:column + side]  # a view: drawing into it draws the scene
+            if kind == 0:
+                window[:] = 1
+            elif kind == 1:
+                window[0, :] = window[-1, :] = window[:, 0] = window[:, -1] = 2
+            else:
+                window[side // 2, :] = window[:, side // 2] = 3
+    scenes[:, 0] += (masks > 0).float()
     return scenes, masks
 
 
-def digit_segmentation() -> Split:
-    """2,000 training scenes from the first 1,400 of scikit-learn's digits, 500 validation scenes from the other
-    397 (`digit_scenes`): a segmentation task of 11 classes per pixel."""
-    from sklearn.datasets import load_digits
-
-    digits = load_digits()
-    images, labels = torch.tensor(digits.images, dtype=torch.float32), torch.tensor(digits.target)
-    return (digit_scenes(images[:1400], labels[:1400], 2000, 0),
-            digit_scenes(images[1400:], labels[1400:], 500, 1))
+def shape_segmentation() -> Split:
+    """2,000 training and 500 validation scenes (`shape_scenes`): 4 classes per pixel, 87% of them background."""
+    return shape_scenes(2000, 0), shape_scenes(500, 1)
 
 
 def padded_sequences(count: int, seed: int, vocab: int = 8, length: int = 10) -> tuple[tuple[Tensor, Tensor], Tensor]:
@@ -407,8 +406,8 @@ def padded() -> Split:
 
 
 def scene_unet(width: int = 4) -> UNet:
-    """The U-Net at `width` on `digit_scenes`: one channel in, 11 classes per pixel."""
-    return UNet(channels=1, width=width, classes=11)
+    """The U-Net at `width` on `shape_scenes`: one channel in, 4 classes per pixel."""
+    return UNet(channels=1, width=width, classes=4)
 
 
 def regression_mlp(inputs: int = 10, hidden: int = 16) -> nn.Sequential:
@@ -433,6 +432,9 @@ class Model:
     optimizer: tuple[tuple[str, object], ...] = ()
     #: Whether values cross the slots (a U-Net's skips): `host_from_module(..., carry_skips=True)`.
     carry_skips: bool = False
+    #: The model's own metric and its name (None: accuracy for a classifier, the negated loss for a loss of its own).
+    metric: Callable[[Tensor, Tensor], Tensor] | None = None
+    metric_name: str | None = None
 
 
 #: The ResNet's residual blocks by name (`layer1.0` ... `layer3.2`): where its slots are when it grows by depth.
@@ -442,6 +444,11 @@ RESNET_BLOCKS = tuple(f"layer{stage}.{block}" for stage in (1, 2, 3) for block i
 SHAPE_KEEPING_BLOCKS = tuple(name for name in RESNET_BLOCKS if name not in ("layer2.0", "layer3.0"))
 #: The U-Net's five blocks: a slot after each, the inner four crossed by its skips.
 UNET_BLOCKS = ("down1", "down2", "middle", "up2", "up1")
+
+
+def pixel_accuracy(outputs: Tensor, targets: Tensor) -> Tensor:
+    """The share of pixels whose highest score is their class, in percent: scores [N, C, H, W], classes [N, H, W]."""
+    return (outputs.argmax(1) == targets).float().mean() * 100
 MODELS = {
     "resnet": Model(digits_32x32x3, CifarResNet, RESNET_BLOCKS, 64, (("depth_blueprint", "conv_wide"),)),
     "resnet_branch": Model(digits_32x32x3, CifarResNet, RESNET_BLOCKS, 64, (("depth_blueprint", "branch_wide"),)),
@@ -482,14 +489,15 @@ MODELS = {
                                 optimizer=tuple(TOPOLOGY_OPTIMIZERS["transformer"].items()),
                                 heuristic=(("depth_blueprint", "block"),)),  # zero-initialised blocks, not copies
     "regression": Model(friedman1, regression_mlp, ("1", "3"), 64, loss=nn.functional.mse_loss),
-    # Pixel scores [N, 11, H, W]: the cross-entropy over dimension 1; slots after all five blocks, four of them
+    # Pixel scores [N, 4, H, W]: the cross-entropy over dimension 1; slots after all five blocks, four of them
     # crossed by the skips.
-    "unet": Model(digit_segmentation, scene_unet, UNET_BLOCKS, 64, loss=nn.functional.cross_entropy, carry_skips=True),
+    "unet": Model(shape_segmentation, scene_unet, UNET_BLOCKS, 64, loss=nn.functional.cross_entropy, carry_skips=True,
+                  metric=pixel_accuracy, metric_name="pixel accuracy"),
     # The `wider_inside_blocks` preset's growth: new channels between the two convolutions of every block, two
     # epochs in (run it with `--schedule cosine --criterion loss`, the preset's other settings).
-    "unet_inside": Model(digit_segmentation, scene_unet, UNET_BLOCKS, 64, (
+    "unet_inside": Model(shape_segmentation, scene_unet, UNET_BLOCKS, 64, (
         ("depth_blueprint", "wider_inside"), ("warmup_epochs", 1), ("first_growth_by", 0.05)),
-        loss=nn.functional.cross_entropy, carry_skips=True),
+        loss=nn.functional.cross_entropy, carry_skips=True, metric=pixel_accuracy, metric_name="pixel accuracy"),
     "friedman2": Model(other_regression("friedman2"), lambda: regression_mlp(inputs=4), ("1", "3"), 64,
                        loss=nn.functional.mse_loss),
     "friedman3": Model(other_regression("friedman3"), lambda: regression_mlp(inputs=4), ("1", "3"), 64,
@@ -528,7 +536,8 @@ def task_and_host(name: str, width: int | None = None) -> tuple[morphogen.Task, 
     model = MODELS[name]
     train, validation = model.data()
     task = morphogen.task_from_data(name, train, validation, batch_size=model.batch_size, loss=model.loss,
-                                    num_classes=None if model.loss else model.classes)
+                                    num_classes=None if model.loss else model.classes, metric=model.metric,
+                                    metric_name=model.metric_name)
     example = take_rows(train[0], slice(0, 2))
 
     def host() -> morphogen.ModuleHost:  # called under the episode's seed: each seed its own initialisation
@@ -625,7 +634,7 @@ def print_fixed_widths(family: str, results: Sequence[tuple[int, int, Figures]],
 
 def print_table(name: str, results: Sequence[tuple[str, int, dict[str, Figures], dict[str, str]]]) -> None:
     print(f"\n{name} ({len(results)} seeds)")
-    score = "val -loss" if MODELS[name].loss else "val accuracy"
+    score = MODELS[name].metric_name or ("val -loss" if MODELS[name].loss else "val accuracy")
     print(f"  {'':14}{score:>18}{'val loss':>18}{'parameters':>14}{'FLOPs':>12}{'seconds':>14}")
     for variant in VARIANTS:
         figures = [r[2][variant] for r in results]

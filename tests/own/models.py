@@ -16,7 +16,14 @@ from morphogen.control.heuristic import HeuristicConfig
 from morphogen.core.lifecycle import GateConfig, GateMode
 from morphogen.core.slot import SlotConfig
 from morphogen.env.episode import EpisodeConfig
-from your_model import CifarResNet, PaddedBlock, PaddedClassifier, UNet, padded_sequences  # noqa: F401  # re-exported
+from your_model import (  # noqa: F401  # re-exported for tests
+    CifarResNet,
+    PaddedBlock,
+    PaddedClassifier,
+    UNet,
+    padded_sequences,
+    shape_scenes,
+)
 
 
 def ResNet(width: int = 4, num_classes: int = 4, blocks: int = 1) -> nn.Module:
@@ -54,21 +61,6 @@ class TinyGPT(nn.Module):
 def mlp(inputs: int = 12, hidden: int = 16, classes: int = 3) -> nn.Sequential:
     return nn.Sequential(nn.Linear(inputs, hidden), nn.ReLU(), nn.Linear(hidden, hidden), nn.ReLU(),
                          nn.Linear(hidden, classes))
-
-
-def shapes_segmentation(count: int, seed: int, size: int = 12) -> tuple[Tensor, Tensor]:
-    """[N, 1, size, size] noise with a bright square and a dim cross; each pixel's class: background (0), square
-    (1) or cross (2), [N, size, size]."""
-    generator = torch.Generator().manual_seed(seed)
-    images = 0.3 * torch.randn(count, 1, size, size, generator=generator)
-    masks = torch.zeros(count, size, size, dtype=torch.long)
-    corners = torch.randint(0, size - 4, (count, 4), generator=generator)
-    for i in range(count):
-        top, left, row, column = (int(value) for value in corners[i])
-        masks[i, row + 1, column:column + 3] = masks[i, row:row + 3, column + 1] = 2
-        masks[i, top:top + 4, left:left + 4] = 1
-    images[:, 0] += (masks == 1).float() - 0.6 * (masks == 2).float()
-    return images, masks
 
 
 def quadrant_images(count: int, seed: int) -> tuple[Tensor, Tensor]:

@@ -34,7 +34,7 @@ def grown_seeds(result: morphogen.RunResult) -> list[str]:
 
 
 @pytest.mark.parametrize(("make", "slot"), [(user_tasks.resnet, "layer1"), (user_tasks.gpt, "blocks_0"),
-                                            (user_tasks.mlp_regression, "1"), (user_tasks.unet, "middle")])
+                                            (user_tasks.mlp_regression, "1"), (user_tasks.unet, "down2")])
 def test_each_users_model_grows_a_seed_and_exports_through_the_public_api(
         make: object, slot: str, tmp_path: Path, run_without_morphogen: Callable[..., list[torch.Tensor]]) -> None:
     made = make()  # type: ignore[operator]

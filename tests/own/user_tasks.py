@@ -13,7 +13,7 @@ from models import (
     mlp,
     padded_sequences,
     quadrant_images,
-    shapes_segmentation,
+    shape_scenes,
 )
 from torch.utils.data import DataLoader, TensorDataset
 
@@ -57,7 +57,7 @@ def mlp_regression() -> Task:
 def unet() -> Task:
     """A U-Net segmenting shapes, pixel by pixel: its skips cross the slots (`carry_skips=True`); its loss is the
     cross-entropy over dimension 1 and its metric the share of pixels right."""
-    train, validation = shapes_segmentation(128, 0), shapes_segmentation(64, 1)
+    train, validation = shape_scenes(128, 0, size=12), shape_scenes(64, 1, size=12)
 
     def pixel_accuracy(outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         return (outputs.argmax(1) == targets).float().mean() * 100
@@ -65,7 +65,7 @@ def unet() -> Task:
     return morphogen.task_from_data(
         "shapes", train, validation, loss=torch.nn.functional.cross_entropy, metric=pixel_accuracy,
         metric_name="pixel accuracy", batch_size=32,
-        host=lambda: morphogen.host_from_module(UNet(), ["down2", "middle", "up2"], example_input=train[0][:2],
+        host=lambda: morphogen.host_from_module(UNet(classes=4), ["down2", "middle", "up2"], example_input=train[0][:2],
                                                 carry_skips=True))
 
 
