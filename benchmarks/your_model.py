@@ -612,18 +612,24 @@ def print_fixed_widths(family: str, results: Sequence[tuple[int, int, Figures]],
     """Each fixed width's accuracy, and its paired gain over the width the benchmark grows (when it ran)."""
     print(f"\n{family} at fixed widths, no growth")
     host_width = FIXED_FAMILIES[family][1]
-    host = {r[1]: r[2]["no growth"].accuracy for r in grown if r[0] == family}
+    regression = MODELS[family].loss is not None  # a loss of its own, on any scale: compared as relative losses
+
+    def paired_figure(figures: Figures) -> float:
+        return figures.loss if regression else figures.accuracy
+
+    host = {r[1]: paired_figure(r[2]["no growth"]) for r in grown if r[0] == family}
     if not host:  # the growth runs were left out (--models ''): pair with the host's width when it was trained
-        host = {seed: f.accuracy for w, seed, f in results if w == host_width}
-    regression = MODELS[family].loss is not None  # its score is the negated loss: compared as relative losses
+        host = {seed: paired_figure(f) for w, seed, f in results if w == host_width}
     for width in sorted({r[0] for r in results}):
         figures = sorted(((seed, f) for w, seed, f in results if w == width), key=lambda pair: pair[0])
-        score = mean_std([f.loss if regression else f.accuracy for _, f in figures])
+        score = mean_std([paired_figure(f) for _, f in figures])
         digits = 4 if regression else 2
         line = (f"  width {width:<3}{score[0]:>8.{digits}f} ± {score[1]:<6.{digits}f}{figures[0][1].parameters:>10,} "
                 f"params{format_flops(statistics.fmean(f.flops for _, f in figures)):>12}"
                 f"{statistics.fmean(f.seconds for _, f in figures):>8.0f} s")
-        paired = [100 * (-f.loss / host[seed] - 1) if regression else f.accuracy - host[seed]
+        if MODELS[family].metric_name:  # the model's own metric beside its loss
+            line += f"  {MODELS[family].metric_name} {statistics.fmean(f.accuracy for _, f in figures):.2f}"
+        paired = [100 * (f.loss / host[seed] - 1) if regression else f.accuracy - host[seed]
                   for seed, f in figures if seed in host]
         if len(paired) >= 2:
             gain, error = mean_standard_error(paired)
