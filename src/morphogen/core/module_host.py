@@ -484,14 +484,22 @@ def _split_graph(traced: fx.GraphModule, names: Sequence[str], given: dict[str, 
     side_inputs = SideInputs() if reads else None
     if side_inputs is not None:
         traced.side_inputs = side_inputs  # the segments' graphs read it as an attribute of their root
-    keys = {node: key for key, node in enumerate(sorted(crossing, key=position.__getitem__))}
-    carried = (CarriedValues(), [node.name for node in keys]) if keys else None
-    if carried is not None:
-        traced.carried_values = carried[0]  # held and read as an attribute of the segments' root, as side_inputs
+    keys, carried = _carried_values(traced, crossing, position)
     boundaries: list[fx.Node | None] = [None, *cuts, nodes[-1]]
     segments: list[nn.Module] = [_segment(traced, nodes, position, start, end, inputs, side_inputs is not None, keys)
                                  for start, end in pairwise(boundaries)]
     return segments, ordered, side_inputs, [_layer_call(traced, layer, inputs) for layer in layers], carried
+
+
+def _carried_values(traced: fx.GraphModule, crossing: set[fx.Node], position: dict[fx.Node, int]
+                    ) -> tuple[dict[fx.Node, int], Carried | None]:
+    """Each value that crosses a cut by its key (in execution order), and the `CarriedValues` that hand them
+    across, an attribute of the segments' root as `side_inputs` is (None where nothing crosses)."""
+    keys = {node: key for key, node in enumerate(sorted(crossing, key=position.__getitem__))}
+    if not keys:
+        return keys, None
+    traced.carried_values = CarriedValues()
+    return keys, (traced.carried_values, [node.name for node in keys])
 
 
 def _erase_unread_items(graph: fx.Graph) -> None:
@@ -641,16 +649,12 @@ def _check_nothing_flows_past(name: str, cut: fx.Node, nodes: list[fx.Node], pos
     inputs, and what is computed from them alone, may cross: later segments read or recompute them). With `carry`,
     the crossing values are returned instead, to be handed across, except values computed from sizes alone (a
     mask, no row per sample), which are refused still."""
-    crossing = [node for node in nodes[:position[cut]] if node not in inputs.derived
-                and any(position[user] > position[cut] for user in node.users)]
+    crossing = _crossing(cut, nodes, position, inputs)
     sized = [node for node in crossing if _from_sizes(node, inputs)]
     if carry and not sized:
         return crossing  # a value drawn before the cut crosses too: computed once, it is not drawn again
-    drawn = [node.name for node in crossing if node in inputs.drawn]
-    if drawn and not carry:
-        raise HostBuildError(f"slot after {name!r}: the code after it reads {', '.join(drawn)}, computed from "
-                             "random numbers drawn before it, which a later part would draw again: draw them in a "
-                             "module (as nn.Dropout does) or give them as an input")
+    if not carry:
+        _refuse_drawn(name, [node.name for node in crossing if node in inputs.drawn])
     if sized and (carry or len(sized) == len(crossing)):
         flowing = ", ".join(node.name for node in sized)
         raise HostBuildError(f"slot after {name!r}: the code after it reads {flowing}, computed from the size of a "
@@ -663,6 +667,21 @@ def _check_nothing_flows_past(name: str, cut: fx.Node, nodes: list[fx.Node], pos
                              "after the block that joins them (morphogen.slot_points lists where slots can go), or "
                              "pass carry_skips=True to hand those values across the slot")
     return []
+
+
+def _crossing(cut: fx.Node, nodes: list[fx.Node], position: dict[fx.Node, int], inputs: _Inputs) -> list[fx.Node]:
+    """The values of the main path computed before `cut` that code after it reads."""
+    return [node for node in nodes[:position[cut]] if node not in inputs.derived
+            and any(position[user] > position[cut] for user in node.users)]
+
+
+def _refuse_drawn(name: str, drawn: list[str]) -> None:
+    """Refuse a cut crossed by values computed from random numbers drawn before it, which a later part would draw
+    again (unless they are carried across)."""
+    if drawn:
+        raise HostBuildError(f"slot after {name!r}: the code after it reads {', '.join(drawn)}, computed from "
+                             "random numbers drawn before it, which a later part would draw again: draw them in a "
+                             "module (as nn.Dropout does) or give them as an input")
 
 
 #: Tensor methods and attributes that read a tensor's size, not its values.
@@ -695,23 +714,26 @@ def _segment(traced: fx.GraphModule, nodes: list[fx.Node], position: dict[fx.Nod
         bound = graph.call_method("bind", (graph.get_attr("side_inputs"), first)) if side else first
         for node, key in inputs.given.items():
             values[node] = bound if key is None else graph.call_function(operator.getitem, (bound, key))
-    else:
-        values[start] = received = graph.placeholder("x")
-        if start in carried:  # the value after the slot: a seed there changes what the later reader receives
-            values[start] = graph.call_method("hold", (graph.get_attr("carried_values"), carried[start], received))
+    else:  # the value after the slot, held where a later segment reads it: a seed there changes what it receives
+        values[start] = _held(graph, carried, start, graph.placeholder("x"))
     value_of = _value_reader(graph, values, inputs, None if start is None else values[start], carried)
     assert end is not None  # only the first segment starts at None
     for node in nodes[0 if start is None else position[start] + 1:position[end] + 1]:
         if node.op == "output":
             graph.output(fx.map_arg(node.args[0], value_of))
         elif node.op != "placeholder":
-            values[node] = graph.node_copy(node, value_of)
-            if node in carried and node is not end:
-                values[node] = graph.call_method("hold", (graph.get_attr("carried_values"), carried[node],
-                                                          values[node]))
+            copied = graph.node_copy(node, value_of)
+            values[node] = copied if node is end else _held(graph, carried, node, copied)
     if end.op != "output":
         graph.output(values[end])
     return fx.GraphModule(traced, graph)
+
+
+def _held(graph: fx.Graph, carried: Mapping[fx.Node, int], node: fx.Node, value: fx.Node) -> fx.Node:
+    """`value`, the copy of `node` in `graph`, held in the `CarriedValues` where `node` crosses a later cut."""
+    if node not in carried:
+        return value
+    return graph.call_method("hold", (graph.get_attr("carried_values"), carried[node], value))
 
 
 def _value_reader(graph: fx.Graph, values: dict[fx.Node, fx.node.Argument], inputs: _Inputs,
