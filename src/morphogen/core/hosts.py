@@ -63,12 +63,7 @@ class SideInputs(nn.Module):
         bound = self._bound[0]
         value = bound if key is None else bound[key]  # type: ignore[index]  # the structure the host was cut for
         assert isinstance(value, Tensor)
-        wanted, held = like.shape[0], value.shape[0]
-        if wanted == held:
-            return value
-        if wanted % held:
-            raise RuntimeError(f"a segment runs on {wanted} rows, not a multiple of the {held} the inputs hold")
-        return value.repeat(wanted // held, *([1] * (value.dim() - 1)))  # (K*B, ...)
+        return _repeated(value, like.shape[0], "the inputs hold")  # (K*B, ...)
 
     def release(self) -> None:
         """Drop the bound inputs (nothing holds the batch after the pass)."""
@@ -111,10 +106,10 @@ class CarriedValues(nn.Module):
         if not self._in_shadow[0]:
             if value is None:
                 raise RuntimeError(f"a segment read carried value {key} before the segment computing it ran")
-            return _repeated(value, wanted)  # (K*B, ...), configuration-major
+            return _repeated(value, wanted, "a carried value holds")  # (K*B, ...), configuration-major
         host = self._host[key]  # the rows that joined after this value was computed (or all) are the host's
         held = 0 if value is None else value.shape[0]
-        joined = _repeated(host, wanted - held)
+        joined = _repeated(host, wanted - held, "a carried value holds")
         return joined if value is None else torch.cat([value, joined])
 
     def rows_held(self) -> dict[int, int | None]:
@@ -151,11 +146,12 @@ def _traced_call(method: str, key: int, value: fx.Proxy) -> Tensor:
     return cast(Tensor, traced)  # stands for the tensor while tracing
 
 
-def _repeated(value: Tensor, wanted: int) -> Tensor:
-    """`value` repeated along its rows to `wanted` rows (a whole number of copies)."""
+def _repeated(value: Tensor, wanted: int, holder: str) -> Tensor:
+    """`value` repeated along its rows to `wanted` rows (a whole number of copies); `holder` names what holds it in
+    the error."""
     held = value.shape[0]
     if wanted % held:
-        raise RuntimeError(f"a segment runs on {wanted} rows, not a multiple of the {held} a carried value holds")
+        raise RuntimeError(f"a segment runs on {wanted} rows, not a multiple of the {held} {holder}")
     return value if wanted == held else value.repeat(wanted // held, *([1] * (value.dim() - 1)))
 
 

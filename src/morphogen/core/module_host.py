@@ -384,14 +384,9 @@ class _SlotLeafTracer(fx.Tracer):
         bound = inspect.signature(nn.TransformerEncoder.forward).bind(encoder, *args, **kwargs)
         bound.apply_defaults()
         given = bound.arguments
-        output = given["src"]
-        for layer in encoder.layers:
-            output = self.call_module(layer, layer.forward, (output,), {
-                "src_mask": given["mask"], "src_key_padding_mask": given["src_key_padding_mask"],
-                "is_causal": given["is_causal"] is True})
-        if encoder.norm is not None:
-            output = self.call_module(encoder.norm, encoder.norm.forward, (output,), {})
-        return output
+        return self._layers_then_norm(encoder, given["src"], (), {
+            "src_mask": given["mask"], "src_key_padding_mask": given["src_key_padding_mask"],
+            "is_causal": given["is_causal"] is True})
 
     def _decoder_layers(self, decoder: nn.TransformerDecoder, args: tuple[object, ...],
                         kwargs: dict[str, object]) -> object:
@@ -401,14 +396,19 @@ class _SlotLeafTracer(fx.Tracer):
         bound = inspect.signature(nn.TransformerDecoder.forward).bind(decoder, *args, **kwargs)
         bound.apply_defaults()
         given = bound.arguments
-        output = given["tgt"]
         masks = ("tgt_mask", "memory_mask", "tgt_key_padding_mask", "memory_key_padding_mask")
-        for layer in decoder.layers:
-            output = self.call_module(layer, layer.forward, (output, given["memory"]), {
-                **{name: given[name] for name in masks}, "tgt_is_causal": given["tgt_is_causal"] is True,
-                "memory_is_causal": given["memory_is_causal"] is True})
-        if decoder.norm is not None:
-            output = self.call_module(decoder.norm, decoder.norm.forward, (output,), {})
+        return self._layers_then_norm(decoder, given["tgt"], (given["memory"],), {
+            **{name: given[name] for name in masks}, "tgt_is_causal": given["tgt_is_causal"] is True,
+            "memory_is_causal": given["memory_is_causal"] is True})
+
+    def _layers_then_norm(self, stack: nn.TransformerEncoder | nn.TransformerDecoder, output: object,
+                          others: tuple[object, ...], kwargs: dict[str, object]) -> object:
+        """Each layer of `stack` called on the output of the one before (and `others`, the encoder's output a
+        decoder layer reads) with `kwargs`, then the stack's norm where it has one."""
+        for layer in stack.layers:
+            output = self.call_module(layer, layer.forward, (output, *others), kwargs)
+        if stack.norm is not None:
+            output = self.call_module(stack.norm, stack.norm.forward, (output,), {})
         return output
 
 
