@@ -14,7 +14,7 @@ from morphogen.core.hosts import CNNHost
 from morphogen.core.lifecycle import BLENDED_STAGES, GateConfig, GateMode, Stage
 from morphogen.core.model import MorphogeneticModel
 from morphogen.core.slot import SlotConfig
-from morphogen.data import DeviceDataset
+from morphogen.data import DataError, DeviceDataset
 from morphogen.env.counterfactual import (
     ALL_OFF,
     MAIN,
@@ -23,7 +23,7 @@ from morphogen.env.counterfactual import (
     alpha_configurations,
     without_seed,
 )
-from morphogen.env.evaluation import per_config_loss_and_correct, validate
+from morphogen.env.evaluation import Objective, class_dim_of, per_config_loss_and_correct, task_loss, validate
 
 SLOTS = ("r0c0", "r0c1", "r0c2")
 
@@ -109,6 +109,47 @@ def test_per_config_loss_and_correct_by_hand_for_sequences() -> None:
     np.testing.assert_allclose(losses.numpy(), [config0, config1], rtol=1e-6)
     # Config 0 predicts [0, 1]: one right. Config 1 predicts [0 (first of ties), 2]: two right.
     assert correct.tolist() == [1, 2]
+
+
+def test_per_pixel_classes_on_dimension_1_are_scored_as_the_same_scores_moved_last() -> None:
+    # K=2 configs, B=2 images of 2x3 pixels, C=4 classes on dimension 1 (torch's [B, C, H, W]).
+    generator = torch.Generator().manual_seed(0)
+    outputs = torch.randn(2, 2, 4, 2, 3, generator=generator)  # (K, B, C, H, W)
+    targets = torch.randint(0, 4, (2, 2, 3), generator=generator)  # (B, H, W)
+    losses, correct = per_config_loss_and_correct(outputs, targets, class_dim=1)
+    moved_losses, moved_correct = per_config_loss_and_correct(outputs.movedim(2, -1), targets)  # (K, B, H, W, C)
+    torch.testing.assert_close(losses, moved_losses)
+    assert correct.tolist() == moved_correct.tolist()
+    objective = Objective(task_loss, None, custom=False, class_dim=None)  # a user's task: the layout is inferred
+    summed, scores, items = objective.loss_and_score(outputs, targets)
+    assert items == 12 and scores.tolist() == [100.0 * c for c in correct.tolist()]
+    for k in range(2):
+        expected = torch.nn.functional.cross_entropy(outputs[k], targets)
+        torch.testing.assert_close(summed[k] / items, expected)
+        torch.testing.assert_close(objective.checked_loss(outputs[k], targets), expected)
+    torch.testing.assert_close(objective.shadow_loss(outputs, targets),
+                               sum(torch.nn.functional.cross_entropy(outputs[k], targets) for k in range(2)))
+
+
+@pytest.mark.parametrize(("outputs", "targets", "class_dim"), [
+    ((8, 5), (8,), -1), ((8, 10, 5), (8, 10), -1), ((8, 5, 10), (8, 10), 1), ((8, 5, 6, 6), (8, 6, 6), 1),
+    ((8, 6, 6, 5), (8, 6, 6), -1),
+])
+def test_the_class_dimension_is_the_one_that_lines_the_outputs_up_with_the_targets(
+        outputs: tuple[int, ...], targets: tuple[int, ...], class_dim: int) -> None:
+    assert class_dim_of(torch.Size(outputs), torch.Size(targets), None) == class_dim
+    assert class_dim_of(torch.Size(outputs), torch.Size(targets), -class_dim) == -class_dim  # a set one is kept
+
+
+@pytest.mark.parametrize(("outputs", "targets", "message"), [
+    ((8, 6, 6), (8, 6), "could hold the classes on dimension 1 or on the last"),
+    ((8, 5, 7), (8, 6), "do not line up with targets"),
+    ((8, 5), (8, 5), "one dimension of class scores more than the targets have"),
+])
+def test_outputs_that_do_not_say_where_their_classes_are_are_refused_in_one_line(
+        outputs: tuple[int, ...], targets: tuple[int, ...], message: str) -> None:
+    with pytest.raises(DataError, match=message):
+        class_dim_of(torch.Size(outputs), torch.Size(targets), None)
 
 
 # ---------------------------------------------------------------- the fused pass

@@ -33,6 +33,12 @@ def blobs_task(**options: object) -> Task:
 def test_a_built_in_classifier_and_a_users_classifier_are_judged_by_validation_loss() -> None:
     assert judged_by(load_task("digits", max_train_samples=64)) is Criterion.LOSS
     assert judged_by(blobs_task()) is Criterion.LOSS
+    images = torch.randn(16, 1, 4, 4)
+    segmenter = torch.nn.Sequential(torch.nn.Conv2d(1, 4, 3, padding=1), torch.nn.ReLU(), torch.nn.Conv2d(4, 2, 1))
+    labels = (images[:, 0] > 0).long()
+    pixels = morphogen.task_from_data("pixels", (images, labels), (images, labels),
+                                      host=morphogen.host_from_module(segmenter, ["1"], example_input=images[:2]))
+    assert judged_by(pixels) is Criterion.LOSS  # classes on dimension 1 need no loss of one's own
 
 
 def test_a_task_with_its_own_metric_or_loss_is_judged_by_shares_of_its_loss() -> None:

@@ -100,20 +100,35 @@ def test_the_users_own_module_holds_the_grown_host_weights_after_growth(tmp_path
         torch.testing.assert_close(net.eval()(validation[0]), result.model.host.eval()(validation[0]), rtol=0, atol=0)
 
 
-def test_dense_outputs_under_the_default_loss_say_which_loss_to_pass(tmp_path: Path) -> None:
+def test_per_pixel_classes_train_under_the_default_loss_and_accuracy_counts_pixels(tmp_path: Path) -> None:
     # Per-pixel classes, as a segmentation network gives them: scores on dimension 1 of [N, C, H, W].
-    images = torch.randn(48, 1, 6, 6)
+    images = torch.randn(48, 1, 6, 6, generator=torch.Generator().manual_seed(0))
     labels = (images[:, 0] > 0).long()  # (48, 6, 6)
+    torch.manual_seed(0)
     net = torch.nn.Sequential(torch.nn.Conv2d(1, 4, 3, padding=1), torch.nn.ReLU(), torch.nn.Conv2d(4, 2, 1))
     host = morphogen.host_from_module(net, ["1"], example_input=images[:2])
     task = morphogen.task_from_data("pixels", (images[:32], labels[:32]), (images[32:], labels[32:]))
-    with pytest.raises(morphogen.DataError, match=r"pass loss=torch.nn.functional.cross_entropy\)$"):
-        morphogen.grow(task, host, run_dir=str(tmp_path / "default"), config=eager_config(epochs=2), out=io.StringIO())
-    dense = morphogen.task_from_data("pixels", (images[:32], labels[:32]), (images[32:], labels[32:]),
-                                     loss=torch.nn.functional.cross_entropy)
-    result = morphogen.grow(dense, host, run_dir=str(tmp_path / "own"), config=eager_config(epochs=4),
+    result = morphogen.grow(task, host, run_dir=str(tmp_path / "default"), config=eager_config(epochs=4, baseline=True),
                             out=io.StringIO())
-    assert grown_seeds(result)
+    assert grown_seeds(result) and result.metric_name == "accuracy"
+    # The accuracy it reports counts pixels: a multiple of 100 / (16 samples x 36 pixels), not of 100 / 16.
+    for outcome in (result.grown, result.baseline):
+        assert outcome is not None and math.isfinite(outcome.final_loss)
+        pixels_right = outcome.final_accuracy * 16 * 36 / 100
+        assert pixels_right == pytest.approx(round(pixels_right), abs=1e-6)
+    assert any(round(o.final_accuracy * 16 / 100, 6) % 1 for o in (result.grown, result.baseline) if o is not None)
+    # Where both layouts line up with the targets (6 classes over 6x6 pixels), class_dim says which.
+    ambiguous = torch.nn.Sequential(torch.nn.Conv2d(1, 4, 3, padding=1), torch.nn.ReLU(), torch.nn.Conv2d(4, 6, 1))
+    six = morphogen.task_from_data("six", (images[:32], labels[:32]), (images[32:], labels[32:]))
+    with pytest.raises(morphogen.DataError, match=r"could hold the classes on dimension 1 or on the last: say which "
+                                                  r"with task_from_data\(\.\.\., class_dim=1 or -1\)$"):
+        morphogen.grow(six, morphogen.host_from_module(ambiguous, ["1"], example_input=images[:2]),
+                       run_dir=str(tmp_path / "ambiguous"), config=eager_config(epochs=2), out=io.StringIO())
+    said = morphogen.task_from_data("six", (images[:32], labels[:32]), (images[32:], labels[32:]), class_dim=1)
+    morphogen.grow(said, morphogen.host_from_module(ambiguous, ["1"], example_input=images[:2]),
+                   run_dir=str(tmp_path / "said"), config=eager_config(epochs=2), out=io.StringIO())
+    with pytest.raises(morphogen.DataError, match=r"^class_dim must be 1, -1 or None"):
+        morphogen.task_from_data("six", (images[:32], labels[:32]), (images[32:], labels[32:]), class_dim=2)
 
 
 @pytest.mark.parametrize(("host", "message"), [

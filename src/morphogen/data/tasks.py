@@ -74,6 +74,12 @@ class BatchSource(Protocol):
         ...
 
 
+CLASS_DIMS = (1, -1)
+"""Where a classification's outputs may hold the class scores: dimension 1 (torch's layout for `cross_entropy`,
+a segmentation's [B, C, H, W] against targets [B, H, W]) or the last (logits [B, C] against [B], a language
+model's [B, T, V] against [B, T])."""
+
+
 @dataclass(frozen=True)
 class Task:
     """A dataset on a device, the host that fits it, and how to train on it."""
@@ -105,6 +111,9 @@ class Task:
     name for their metric."""
     num_classes: int | None = None
     """Classes of a classification task (chance accuracy is 100 / num_classes); None when not one."""
+    class_dim: int | None = -1
+    """With the built-in loss: where the outputs hold the class scores, -1 (last: [B, C], [B, T, V]) or 1 ([B, C,
+    H, W] against targets [B, H, W], as torch's `cross_entropy` takes them); None: whichever the shapes say."""
     host: Any = None
     """A user's host (`morphogen.host_from_module`): a `SegmentedHost` each episode copies, or a function of no
     arguments that builds a fresh one; None builds the built-in host of `topology` from `host_kwargs`."""

@@ -25,7 +25,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from morphogen.data.datasets import Augmentation, DeviceDataset
 from morphogen.data.errors import DataError
-from morphogen.data.tasks import BatchSource, Task
+from morphogen.data.tasks import CLASS_DIMS, BatchSource, Task
 from morphogen.inputs import Inputs, rows, to_device
 from morphogen.inputs import problem as inputs_problem
 from morphogen.telemetry.story import NEGATIVE_LOSS
@@ -107,18 +107,23 @@ def task_from_data(name: str, train: object, validation: object, *, loss: LossFu
                    metric: LossFunction | None = None, metric_name: str | None = None,
                    num_classes: int | None = None, batch_size: int = DEFAULT_BATCH_SIZE, host: object = None,
                    device: str | torch.device = "cpu", augment: Augmentation | None = None,
-                   target_key: str | None = None) -> Task:
+                   target_key: str | None = None, class_dim: int | None = None) -> Task:
     """A task from your own data (see the module docstring for what `train` and `validation` may be).
 
     `loss(outputs, targets)` returns the batch's mean loss (default: cross-entropy); `metric(outputs, targets)`
     the batch's mean score, higher is better (default: accuracy in percent with the default loss, else the
     negative loss). With neither given the gates judge seeds by the validation cross-entropy (nats); with
-    either, by the score in its own units (`GateConfig.criterion` chooses otherwise).
+    either, by the share of the validation loss a seed removes (`GateConfig.criterion` chooses otherwise).
+    The default loss takes class scores on the outputs' last dimension ([B, C], [B, T, C]) or on dimension 1
+    ([B, C, H, W] against targets [B, H, W], a segmentation's), whichever lines up with the targets; `class_dim`
+    (1 or -1) says which where both would. Accuracy then counts every position (a segmentation's pixels).
     `host` is the model to grow (`morphogen.host_from_module`), or a function of no arguments that builds it;
     it can also be given to `morphogen.grow`. `target_key` names the targets' entry where a split or its batches
     are dicts of tensors. Raises `DataError` for what cannot work.
     """
     _check_task_arguments(name, batch_size, num_classes, loss, metric, target_key)
+    if class_dim is not None and (isinstance(class_dim, bool) or class_dim not in CLASS_DIMS):
+        raise DataError(f"class_dim must be 1, -1 or None (whichever lines up with the targets), got {class_dim!r}")
     target = torch.device(device)
     train_source = _source(train, target, "train", target_key)
     validation_source = _source(validation, target, "validation", target_key)
@@ -129,7 +134,7 @@ def task_from_data(name: str, train: object, validation: object, *, loss: LossFu
         objective="custom" if custom else "classification", loss=loss, metric=metric,
         metric_name=metric_name or ("accuracy" if metric is None and loss is None else
                                     NEGATIVE_LOSS if metric is None else "metric"),
-        num_classes=num_classes, host=host, source="python")
+        num_classes=num_classes, class_dim=class_dim, host=host, source="python")
 
 
 def _check_task_arguments(name: object, batch_size: object, num_classes: object, loss: object,

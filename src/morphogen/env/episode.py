@@ -490,8 +490,8 @@ class MorphogenesisEpisode:
         except (RuntimeError, ValueError, TypeError, IndexError) as error:
             message = str(error).strip().splitlines()
             hint = "" if self.objective.custom else (
-                " (the default loss, cross-entropy, reads class scores on the last dimension, [N, C] or [N, T, C]; "
-                "for classes on dimension 1, as [N, C, H, W], pass loss=torch.nn.functional.cross_entropy)")
+                " (the default loss, cross-entropy, reads class scores on dimension 1 or the last, [N, C], [N, T, C] "
+                "or [N, C, H, W], and class indices as targets; a loss of your own: task_from_data(..., loss=...))")
             raise DataError(f"task {self.task.name!r}: the model and its loss failed on the validation data: "
                             f"{type(error).__name__}: {message[0][:300] if message else ''}{hint}") from None
         if not math.isfinite(result.loss(MAIN)) or not math.isfinite(result.accuracy(MAIN)):

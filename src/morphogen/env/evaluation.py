@@ -26,9 +26,33 @@ LossFunction = Callable[[Tensor, Tensor], Tensor]
 OBJECTIVES = ("classification", "language_model")
 
 
-def task_loss(logits: Tensor, targets: Tensor) -> Tensor:
-    """Mean cross-entropy for classification ([B, C] vs [B]) or language modelling ([B, T, V] vs [B, T])."""
+def task_loss(logits: Tensor, targets: Tensor, class_dim: int = -1) -> Tensor:
+    """Mean cross-entropy for classification ([B, C] vs [B]) or language modelling ([B, T, V] vs [B, T]), or
+    with the classes on dimension 1 ([B, C, ...] vs [B, ...], `class_dim=1`) over every position."""
+    if class_dim == 1:
+        return nn.functional.cross_entropy(logits, targets)  # torch's own layout: no copy
     return nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
+
+
+def class_dim_of(outputs: torch.Size, targets: torch.Size, class_dim: int | None) -> int:
+    """Where one batch's `outputs` [B, ...] hold the classes for `targets` [B, ...]: `class_dim` when set, else
+    whichever of dimension 1 and the last lines the other dimensions up with the targets'. Raises `DataError`
+    when neither does, or both do on outputs of three or more dimensions (say which with `class_dim`)."""
+    if class_dim is not None:
+        return class_dim
+    if len(outputs) != len(targets) + 1 or len(outputs) < 2:
+        raise DataError(f"outputs {tuple(outputs)} against targets {tuple(targets)}: cross-entropy needs one "
+                        "dimension of class scores more than the targets have (or pass a loss of your own)")
+    last, first = outputs[1:-1] == targets[1:], outputs[2:] == targets[1:]
+    if len(outputs) == 2 or (last and not first):
+        return -1
+    if first and not last:
+        return 1
+    if first:
+        raise DataError(f"outputs {tuple(outputs)} against targets {tuple(targets)} could hold the classes on "
+                        "dimension 1 or on the last: say which with task_from_data(..., class_dim=1 or -1)")
+    raise DataError(f"outputs {tuple(outputs)} do not line up with targets {tuple(targets)}: cross-entropy needs "
+                    "the targets' shape with the class scores added on dimension 1 or last")
 
 
 @dataclass(frozen=True)
@@ -41,16 +65,22 @@ class Objective:
     """`metric(outputs, targets)` -> the batch's mean score, higher is better; None scores by accuracy (built-in)
     or, with a custom loss, by the negative loss."""
     custom: bool
+    class_dim: int | None = -1
+    """The built-in loss and accuracy: where the outputs hold the class scores, 1 or -1 (`Task.class_dim`), or None
+    for whichever the shapes of each batch say (`class_dim_of`). `loss` scores them on the last dimension; on
+    dimension 1 they are scored by torch's cross-entropy in its own layout."""
 
     @classmethod
     def of(cls, task: Task) -> Objective:
         """The task's own loss and metric where it has them, else cross-entropy and accuracy."""
         if task.loss is None and task.metric is None:
-            return cls(task_loss, None, custom=False)
+            return cls(task_loss, None, custom=False, class_dim=task.class_dim)
         return cls(task.loss or task_loss, task.metric, custom=True)
 
     def checked_loss(self, outputs: Tensor, targets: Tensor) -> Tensor:
         """`loss(outputs, targets)`, refused with a `DataError` when it is not a scalar tensor (no sync)."""
+        if not self.custom and class_dim_of(outputs.shape, targets.shape, self.class_dim) == 1:
+            return task_loss(outputs, targets, 1)
         value = self.loss(outputs, targets)
         if not isinstance(value, Tensor) or value.dim() != 0:
             shape = tuple(value.shape) if isinstance(value, Tensor) else type(value).__name__
@@ -64,13 +94,16 @@ class Objective:
         """
         k = outputs.shape[0]
         if not self.custom:
+            if class_dim_of(outputs.shape[1:], targets.shape, self.class_dim) == 1:  # (K * B, C, ...)
+                return task_loss(outputs.flatten(0, 1), targets.expand(k, *targets.shape).flatten(0, 1), 1) * k
             return task_loss(outputs, targets.expand(k, *targets.shape)) * k  # targets (K, B, ...) as a view
         return torch.stack([self.checked_loss(outputs[i], targets) for i in range(k)]).sum()
 
     def loss_and_score(self, outputs: Tensor, targets: Tensor) -> tuple[Tensor, Tensor, int]:
         """For outputs [K, B, ...]: summed loss [K], summed score [K] and the number of items they sum over."""
         if not self.custom:
-            losses, correct = per_config_loss_and_correct(outputs, targets)
+            class_dim = class_dim_of(outputs.shape[1:], targets.shape, self.class_dim)
+            losses, correct = per_config_loss_and_correct(outputs, targets, class_dim)
             return losses, 100.0 * correct.to(losses.dtype), targets.numel()
         batch = targets.shape[0]
         losses = torch.stack([self.checked_loss(outputs[i], targets) for i in range(outputs.shape[0])])  # (K,)
@@ -82,9 +115,15 @@ class Objective:
         return losses * batch, scores * batch, batch
 
 
-def per_config_loss_and_correct(outputs: Tensor, targets: Tensor) -> tuple[Tensor, Tensor]:
-    """For outputs [K, B, ..., C]: summed loss [K] and correct-prediction count [K] over the batch."""
+def per_config_loss_and_correct(outputs: Tensor, targets: Tensor, class_dim: int = -1) -> tuple[Tensor, Tensor]:
+    """For outputs [K, B, ..., C] (or [K, B, C, ...] with `class_dim=1`) against targets [B, ...]: summed loss [K]
+    and correct-prediction count [K] over the batch."""
     k = outputs.shape[0]
+    if class_dim == 1:
+        flat_targets = targets.expand(k, *targets.shape).flatten(0, 1)  # (K * B, ...)
+        losses = nn.functional.cross_entropy(outputs.flatten(0, 1), flat_targets, reduction="none")  # (K * B, ...)
+        correct = outputs.flatten(0, 1).argmax(dim=1) == flat_targets
+        return losses.reshape(k, -1).sum(dim=1), correct.reshape(k, -1).sum(dim=1)
     logits = outputs.reshape(k, -1, outputs.shape[-1])  # (K, B*T, C)
     flat_targets = targets.reshape(1, -1).expand(k, -1)  # (K, B*T)
     losses = nn.functional.cross_entropy(logits.transpose(1, 2), flat_targets, reduction="none")  # (K, B*T)
