@@ -26,7 +26,8 @@ from morphogen.core.width import NoWidthSiteError
 CNN_NAMES = ("norm", "attention", "depthwise", "bottleneck", "conv_small", "conv_light", "conv_heavy",
              "widen_x2", "widen_x4", "widen_x8", "conv_wide", "wider", "wider_half", "branch_wide",
              "wider_inside", "block_copy")
-TRANSFORMER_NAMES = ("norm", "lora", "lora_large", "attention", "mlp_small", "mlp", "block", "block_copy")
+TRANSFORMER_NAMES = ("norm", "lora", "lora_large", "attention", "mlp_small", "mlp", "block", "block_copy", "wider",
+                     "wider_half", "wider_inside")  # the widening ones last: the earlier ids are kept
 NAMES = {"cnn": CNN_NAMES, "cnn1d": CNN_NAMES, "transformer": TRANSFORMER_NAMES}
 ALL_BLUEPRINTS = [(topology, name) for topology, names in NAMES.items() for name in names]
 #: Every blueprint but a copy of the host's layer (`block_copy`), which is not the identity at birth.

@@ -189,11 +189,13 @@ def _grown_model(topology: str, seed: int, dtype: torch.dtype | None = None) -> 
     placements = dict(zip(slot_ids, (*SEED_STAGES_TO_PLACE, Stage.EMBARGOED), strict=False))
     for index, (slot_id, stage) in enumerate(placements.items()):
         options = {"rank": 3} if topology == "transformer" and index == 0 else {}
-        fitting = [name for name in blueprint_names(topology)  # a widening seed needs a width site at its slot,
-                   if (get_blueprint(topology, name).kind is not BlueprintKind.WIDEN  # a copy a layer to copy
-                       or model.slot(slot_id).width_site is not None) and not model.slot(slot_id).site_problem(name)]
+        blend = list(BlendKind)[index % 3]
+        fitting = [name for name in blueprint_names(topology)  # a widening seed needs a width site at its slot and
+                   if (get_blueprint(topology, name).kind is not BlueprintKind.WIDEN  # adds its output; a copy a
+                       or (model.slot(slot_id).width_site is not None and blend is BlendKind.ADD))  # layer to copy
+                   and not model.slot(slot_id).site_problem(name)]
         blueprint = "lora" if options else rng.choice(fitting)
-        slot = model.germinate(slot_id, blueprint, blend=list(BlendKind)[index % 3],
+        slot = model.germinate(slot_id, blueprint, blend=blend,
                                blend_epochs=4 if stage is Stage.BLENDING else 0, **options)
         perturb_seed(slot, torch.Generator().manual_seed(index))
         slot.record_signals(accuracy=50.0 + index, gradient_health=0.9, gradient_ratio=0.2 + index,

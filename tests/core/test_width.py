@@ -22,7 +22,6 @@ from torch import Tensor, nn
 
 from morphogen import CNNHost, Conv1dHost, MorphogeneticModel, TransformerHost, host_from_module
 from morphogen.core.blend import BlendKind
-from morphogen.core.blueprints import UnknownBlueprintError
 from morphogen.core.flops import FlopCounter
 from morphogen.core.hosts import SegmentedHost
 from morphogen.core.lifecycle import Stage
@@ -72,10 +71,9 @@ def test_a_widening_seed_is_the_identity_at_birth_on_every_host_kind(kind: str, 
 
 
 def test_hosts_without_layers_around_a_slot_refuse_widening_with_the_reason() -> None:
-    # A transformer's residual stream cannot be widened locally: its topology has no widening blueprint.
+    # A transformer's residual stream cannot be widened locally: its slots widen inside (test_transformer_width.py).
     transformer = TransformerHost(vocab_size=11, d_model=16, n_heads=2, n_layers=2, block_size=6, n_segments=2)
-    with pytest.raises(UnknownBlueprintError, match="unknown transformer blueprint 'wider'"):
-        MorphogeneticModel(transformer).germinate("r0c0", "wider")
+    assert MorphogeneticModel(transformer).can_graft("r0c0", "wider_inside")
     pooled = MorphogeneticModel(CNNHost(5, 1, n_blocks=2, base_channels=4, pool_slots=True))
     with pytest.raises(NoWidthSiteError, match="r1c0 cannot widen the layers around it: no convolution or linear"):
         pooled.germinate("r1c0", "wider")  # its segment holds only the pooling

@@ -405,14 +405,18 @@ def _widening_layers(fraction: float, *, batch_norm: bool = False) -> Callable[.
 
 
 def _widening_blueprints(topology: str) -> dict[str, Blueprint]:
-    """Width growth of the layers around a slot, for the topologies whose hosts can have width sites."""
-    unit = "neurons" if topology == "mlp" else "channels"
+    """Width growth of the layers around a slot, for the topologies whose hosts can have width sites; on a
+    transformer, whose residual stream cannot widen locally, of the MLP inside the block before the slot."""
+    if topology == "transformer":
+        where, unit, has = "the MLP of the block before the slot gets", "neurons", "it has"
+    else:
+        unit = "neurons" if topology == "mlp" else "channels"
+        where, has = "the layers around the slot get", "the slot has"
     return {
-        "wider": Blueprint("wider", topology, _widening_layers(1.0),
-                           f"the layers around the slot get as many new {unit} as the slot has", BlueprintKind.WIDEN),
+        "wider": Blueprint("wider", topology, _widening_layers(1.0), f"{where} as many new {unit} as {has}",
+                           BlueprintKind.WIDEN),
         "wider_half": Blueprint("wider_half", topology, _widening_layers(0.5),
-                                f"the layers around the slot get half as many new {unit} as the slot has",
-                                BlueprintKind.WIDEN),
+                                f"{where} half as many new {unit} as {has}", BlueprintKind.WIDEN),
     }
 
 
@@ -460,7 +464,7 @@ def _residual_mlp_blueprints(topology: str, *, attention: bool) -> dict[str, Blu
 
 def _inside_widening_blueprints(topology: str) -> dict[str, Blueprint]:
     """Width growth inside the block before a slot (listed last: earlier blueprints keep their ids)."""
-    unit = "neurons" if topology == "mlp" else "channels"
+    unit = "channels" if topology in ("cnn", "cnn1d") else "neurons"
     # What a residual block's inside gained most by in a plain loop (benchmarks/late_width.py, ResNet-20 at width
     # 4, new channels joining at epoch 6): 4x as wide, +0.94 +- 0.14 points; 2x as wide (`wider`), +0.67 +- 0.23.
     # The new channels are normalized as the block normalizes its own (a BatchNorm after a BatchNorm): joining at
@@ -494,7 +498,8 @@ _REGISTRY: dict[str, dict[str, Blueprint]] = {
     "cnn1d": {**_convolutional_blueprints("cnn1d", dims=1), **_widening_blueprints("cnn1d"),
               **_branch_blueprints("cnn1d"), **_inside_widening_blueprints("cnn1d"),
               **_copy_blueprint("cnn1d", _for_dims(_conv_heavy, 1))},
-    "transformer": _residual_mlp_blueprints("transformer", attention=True),
+    "transformer": {**_residual_mlp_blueprints("transformer", attention=True), **_widening_blueprints("transformer"),
+                    **_inside_widening_blueprints("transformer")},
     "mlp": {**_residual_mlp_blueprints("mlp", attention=False), **_widening_blueprints("mlp"),
             **_branch_blueprints("mlp"), **_inside_widening_blueprints("mlp"),
             **_copy_blueprint("mlp", transformer_mlp)},

@@ -163,8 +163,7 @@ class MorphogeneticModel(nn.Module):
     def _find_sites(self) -> None:
         """Each slot's width and branch sites, or why it has none."""
         host = self.host
-        # Only topologies with widening blueprints look inside a segment: a transformer block's MLP could widen,
-        # but no seed of that topology would, and the width signal of its slots stays unmeasured.
+        # Only topologies with widening blueprints look inside a segment (every built-in one has them now).
         inside = any(get_blueprint(host.topology, name).kind is BlueprintKind.WIDEN
                      for name in blueprint_names(host.topology))
         for position, slot in enumerate(self.slots()):

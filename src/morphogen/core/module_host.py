@@ -25,16 +25,16 @@ work raises `HostBuildError` naming the submodule and why, before any training.
 
 from __future__ import annotations
 
-import contextlib
 import inspect
 import operator
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from itertools import pairwise
 
 import torch
 from torch import Tensor, fx, nn
 
 from morphogen.core.hosts import CarriedValues, SegmentedHost, SideInputs
+from morphogen.core.tracing import sizes_as_one_tuple
 from morphogen.core.training_mode import ModeDependentCall, TrainingModeError, modes_kept, trace_in_both_modes
 from morphogen.inputs import Inputs, InputSpec, call, rows
 from morphogen.inputs import problem as inputs_problem
@@ -318,33 +318,6 @@ def _cut_children(model: nn.Module, names: Sequence[str]) -> tuple[list[nn.Modul
     return segments, [children[i][0] for i in cuts]
 
 
-#: Factories that take their size as separate numbers (`torch.ones(t, t)`), which fx cannot trace where a number
-#: is traced (`t = x.shape[1]`); the same sizes as one tuple it traces (`_sizes_as_one_tuple`).
-_SIZED_FACTORIES = ("ones", "zeros", "empty", "rand", "randn")
-
-
-@contextlib.contextmanager
-def _sizes_as_one_tuple() -> Iterator[None]:
-    """While tracing, `torch.ones(t, t)` and the like with a traced size call the factory with `(t, t)`."""
-    originals = {name: getattr(torch, name) for name in _SIZED_FACTORIES}
-
-    def taking_a_tuple(factory: Callable[..., Tensor]) -> Callable[..., Tensor]:
-        def call(*size: object, **kwargs: object) -> Tensor:
-            traced = any(isinstance(value, fx.Proxy) for value in size)
-            if traced and all(isinstance(value, (int, fx.Proxy)) for value in size):
-                return factory(tuple(size), **kwargs)
-            return factory(*size, **kwargs)
-        return call
-
-    try:
-        for name, factory in originals.items():
-            setattr(torch, name, taking_a_tuple(factory))
-        yield
-    finally:
-        for name, factory in originals.items():
-            setattr(torch, name, factory)
-
-
 class _SlotLeafTracer(fx.Tracer):
     """Traces through the model but keeps the slot submodules whole, so each is one node to cut after."""
 
@@ -354,7 +327,7 @@ class _SlotLeafTracer(fx.Tracer):
 
     def trace(self, root: nn.Module | Callable[..., object], concrete_args: dict[str, object] | None = None
               ) -> fx.Graph:
-        with _sizes_as_one_tuple():
+        with sizes_as_one_tuple():
             return super().trace(root, concrete_args)
 
     def is_leaf_module(self, m: nn.Module, module_qualified_name: str) -> bool:

@@ -19,13 +19,14 @@ Which slots have a site (`find_width_site`): the segment before the slot and the
 `nn.Sequential`s (the built-in CNN and 1D-CNN hosts, a user's `nn.Sequential` cut by `host_from_module`);
 the producer is followed only by norms, activations and dropout; only channel-wise modules (pooling,
 flattening, activations, dropout) lie between the slot and the consumer; neither layer is grouped. A
-transformer's residual stream cannot be widened locally.
+transformer's residual stream cannot be widened locally: its slots widen inside, the MLP of the block before.
 
 A segment that is a block of its own (a residual block, a traced user model's piece: anything but an
 `nn.Sequential` of layers) gives its slot a site *inside* it instead (`find_inside_width_site`): the last
 pair of layers in it that `torch.fx` traces as producer -> norms and activations -> consumer, such as a
-residual block's two convolutions. Its width is not the residual stream's, so it can grow where the stream
-cannot. The tap and the injection are then both in that segment, which runs as a traced copy of itself that
+residual block's two convolutions, or a transformer block's MLP (`core/tracing.PartialTracer` keeps an
+attention layer fx cannot trace as one call). Its width is not the residual stream's, so it can grow where the
+stream cannot. The tap and the injection are then both in that segment, which runs as a traced copy of itself that
 calls the injection after the consumer (`WidthSite.instrumented`, sharing the segment's modules).
 """
 
@@ -38,6 +39,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, fx, nn
 
+from morphogen.core.tracing import trace_partially
 from morphogen.inputs import Inputs
 
 Device = torch.device | str | None
@@ -159,9 +161,10 @@ def find_inside_width_site(segment: nn.Module, point: int) -> WidthSite | str:
     called once and the layers' widths matching: in a residual block, its two convolutions.
     """
     try:
-        traced = fx.symbolic_trace(segment)
+        traced = trace_partially(segment)
     except Exception as error:  # fx raises many kinds on code it cannot trace
-        return f"the segment before it cannot be traced with torch.fx ({str(error).splitlines()[0][:120]})"
+        first_line = next(iter(str(error).splitlines()), "") or type(error).__name__
+        return f"the segment before it cannot be traced with torch.fx ({first_line[:120]})"
     modules = dict(traced.named_modules())
     inputs = [node for node in traced.graph.nodes if node.op == "placeholder"]
     pairs = _layer_pairs(traced.graph, modules)
@@ -267,6 +270,9 @@ def new_channel_norm(norm: nn.Module, channels: int, *, batch_norm: bool, device
     if batch_norm and isinstance(norm, nn.modules.batchnorm._BatchNorm):
         return type(norm)(channels, eps=norm.eps, momentum=norm.momentum, affine=norm.affine,
                           track_running_stats=norm.track_running_stats, device=device, dtype=dtype)
+    if isinstance(norm, nn.LayerNorm) and len(norm.normalized_shape) == 1:  # features last, as tokens [N, T, k]
+        return nn.LayerNorm(channels, eps=norm.eps, elementwise_affine=norm.elementwise_affine, device=device,
+                            dtype=dtype)
     return nn.GroupNorm(1, channels, device=device, dtype=dtype)
 
 

@@ -1,0 +1,78 @@
+"""What `torch.fx` needs to trace the models users write: sizes taken from a traced shape, and submodules it
+cannot trace at all.
+
+`sizes_as_one_tuple` lets `torch.ones(t, t)` with `t = x.shape[1]` trace (a causal mask made from the input's
+length). `PartialTracer` traces into every submodule it can and keeps each one it cannot (an attention layer
+that unpacks `x.shape`, an embedding that checks the length in Python) as one call: the graph is then exact
+about the layers that matter to a width site (a block's MLP) without fx having to trace all of the block.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+
+import torch
+from torch import Tensor, fx, nn
+
+#: Factories that take their size as separate numbers (`torch.ones(t, t)`), which fx cannot trace where a number
+#: is traced (`t = x.shape[1]`); the same sizes as one tuple it traces (`sizes_as_one_tuple`).
+_SIZED_FACTORIES = ("ones", "zeros", "empty", "rand", "randn")
+
+
+@contextlib.contextmanager
+def sizes_as_one_tuple() -> Iterator[None]:
+    """While tracing, `torch.ones(t, t)` and the like with a traced size call the factory with `(t, t)`."""
+    originals = {name: getattr(torch, name) for name in _SIZED_FACTORIES}
+
+    def taking_a_tuple(factory: Callable[..., Tensor]) -> Callable[..., Tensor]:
+        def call(*size: object, **kwargs: object) -> Tensor:
+            traced = any(isinstance(value, fx.Proxy) for value in size)
+            if traced and all(isinstance(value, (int, fx.Proxy)) for value in size):
+                return factory(tuple(size), **kwargs)
+            return factory(*size, **kwargs)
+        return call
+
+    try:
+        for name, factory in originals.items():
+            setattr(torch, name, taking_a_tuple(factory))
+        yield
+    finally:
+        for name, factory in originals.items():
+            setattr(torch, name, factory)
+
+
+class PartialTracer(fx.Tracer):
+    """Traces into each submodule where fx can, and records one whose forward it cannot trace as a call of it.
+
+    A submodule that fails is traced no further: the nodes its attempt added are taken out of the graph again,
+    and a `call_module` node stands in for them, computing exactly what the module computes.
+    """
+
+    def trace(self, root: nn.Module | Callable[..., object], concrete_args: dict[str, object] | None = None
+              ) -> fx.Graph:
+        with sizes_as_one_tuple():
+            return super().trace(root, concrete_args)
+
+    def call_module(self, m: nn.Module, forward: Callable[..., object], args: tuple[object, ...],
+                    kwargs: dict[str, object]) -> object:
+        name = self.path_of_module(m)
+        if self.is_leaf_module(m, name):
+            return super().call_module(m, forward, args, kwargs)
+        nodes, depth = len(self.graph.nodes), len(self.module_stack)
+        try:
+            return super().call_module(m, forward, args, kwargs)
+        except Exception:  # fx raises many kinds on code it cannot trace; the module is then kept whole
+            while len(self.module_stack) > depth:  # fx pops its scope only when the forward returns
+                self.module_stack.popitem()
+            for node in reversed(list(self.graph.nodes)[nodes:]):  # users before what they use
+                self.graph.erase_node(node)
+            return self.create_proxy("call_module", name, args, kwargs)
+
+
+def trace_partially(module: nn.Module) -> fx.GraphModule:
+    """`module` traced by `PartialTracer`, as a `GraphModule` sharing its submodules; raises what fx raises
+    where even that fails (a forward whose own code, outside any submodule, cannot be traced)."""
+    graph = PartialTracer().trace(module)
+    graph.lint()  # an erased node still in use (a weight tied across a kept call) fails here, not at run time
+    return fx.GraphModule(module, graph)

@@ -1,0 +1,188 @@
+"""Width growth on transformers: new neurons in the MLP of the block before a slot (morphogen.core.width).
+
+A transformer's residual stream cannot widen locally, so its slots widen inside: the block's MLP (Linear ->
+GELU -> Linear) gets new hidden neurons whose output weights start at zero. Checked on the built-in GPT and on a
+user's GPT written with torch's MultiheadAttention and a causal mask made from the input's length, which fx
+cannot trace whole (`core/tracing.PartialTracer`): identity at birth through every stage, a blended seed is the
+block with a wider MLP (built by hand), counterfactual and shadow passes match plain forwards, a TRAINING seed
+learns from its shadow only, state_dict round trips, and the plain network and its export.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from slot_driver import (
+    EASY_CONFIG,
+    assert_identity_at_birth_until_perturbed,
+    assert_passes_match_plain_forwards,
+    assert_plain_network_matches,
+    place_seed,
+)
+from torch import Tensor, fx, nn
+
+from morphogen import MorphogeneticModel, TransformerHost, host_from_module
+from morphogen.core.hosts import SegmentedHost
+from morphogen.core.lifecycle import Stage
+from morphogen.core.tracing import trace_partially
+from morphogen.core.transformer_layers import TransformerBlock
+
+VOCABULARY = 11
+
+
+class _UsersBlock(nn.Module):
+    """A pre-norm block as users write it: torch's attention, a causal mask from the input's length, an MLP."""
+
+    def __init__(self, width: int) -> None:
+        super().__init__()
+        self.norm1, self.norm2 = nn.LayerNorm(width), nn.LayerNorm(width)
+        self.attention = nn.MultiheadAttention(width, 2, batch_first=True)
+        self.mlp = nn.Sequential(nn.Linear(width, 2 * width), nn.GELU(), nn.Linear(2 * width, width))
+
+    def forward(self, x: Tensor) -> Tensor:
+        t = x.shape[1]
+        mask = torch.triu(torch.ones(t, t, dtype=torch.bool, device=x.device), diagonal=1)
+        h = self.norm1(x)
+        x = x + self.attention(h, h, h, attn_mask=mask, need_weights=False)[0]
+        return x + self.mlp(self.norm2(x))
+
+
+class _UsersGPT(nn.Module):
+    def __init__(self, width: int = 16, length: int = 6, layers: int = 3) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(VOCABULARY, width)
+        self.position = nn.Parameter(0.1 * torch.randn(1, length, width))
+        self.blocks = nn.Sequential(*(_UsersBlock(width) for _ in range(layers)))
+        self.head = nn.Linear(width, VOCABULARY)
+
+    def forward(self, ids: Tensor) -> Tensor:
+        return self.head(self.blocks(self.embed(ids) + self.position[:, :ids.shape[1]]))
+
+
+def _ids(rows: int = 4, seed: int = 1) -> Tensor:
+    return torch.randint(0, VOCABULARY, (rows, 6), generator=torch.Generator().manual_seed(seed))
+
+
+def _hosts() -> dict[str, SegmentedHost]:
+    """The built-in GPT with a slot after each of its three blocks, and a user's, both in eval mode."""
+    torch.manual_seed(0)
+    built_in = TransformerHost(VOCABULARY, d_model=16, n_heads=2, n_layers=3, block_size=6, n_segments=3).eval()
+    users = host_from_module(_UsersGPT(), ["blocks.0", "blocks.1", "blocks.2"], example_input=_ids(2))
+    return {"built-in": built_in, "user's": users.eval()}
+
+
+@pytest.mark.parametrize("kind", ["built-in", "user's"])
+def test_every_slot_of_a_transformer_widens_the_mlp_of_the_block_before_it(kind: str) -> None:
+    host = _hosts()[kind]
+    model = MorphogeneticModel(host)
+    for slot in model.slots():
+        site = slot.width_site
+        assert site is not None and site.inside, slot.slot_id
+        assert [type(module) for module in site.after_producer] == [nn.GELU]
+        assert isinstance(site.producer, nn.Linear) and site.producer.in_features == 16
+        assert isinstance(site.consumer, nn.Linear) and site.consumer.out_features == 16
+    last = host.segments[2]
+    block = last[0] if kind == "built-in" else last.get_submodule("blocks.2")
+    assert model.slot(model.slot_ids[2]).width_site.producer is block.mlp[0]  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize("kind", ["built-in", "user's"])
+@pytest.mark.parametrize("blueprint", ["wider", "wider_half", "wider_inside"])
+def test_a_widening_seed_is_the_identity_at_birth_on_a_transformer(kind: str, blueprint: str) -> None:
+    assert_identity_at_birth_until_perturbed(_hosts()[kind], _ids(), blueprint)
+
+
+def test_a_blended_widening_seed_is_the_block_with_a_wider_mlp() -> None:
+    """The oracle: the built-in block before the first slot rebuilt with its MLP's new neurons beside the old."""
+    host = _hosts()["built-in"]
+    model = MorphogeneticModel(host, ["r0c0"], config=EASY_CONFIG)
+    place_seed(model, "r0c0", "wider_half", Stage.BLENDING, 3, alpha=0.5)
+    seed = model.slot("r0c0").seed
+    assert seed is not None
+    block = host.segments[0][1]
+    assert isinstance(block, TransformerBlock)
+    wide = copy.deepcopy(block)
+    wide.mlp = nn.Sequential(nn.Linear(16, 64 + 32), nn.GELU(), nn.Linear(64 + 32, 16))
+    with torch.no_grad():
+        wide.mlp[0].weight.copy_(torch.cat([block.mlp[0].weight, seed.producer.weight]))
+        wide.mlp[0].bias.copy_(torch.cat([block.mlp[0].bias, seed.producer.bias]))
+        wide.mlp[2].weight.copy_(torch.cat([block.mlp[2].weight, 0.5 * seed.consumer.weight], dim=1))  # alpha 0.5
+        wide.mlp[2].bias.copy_(block.mlp[2].bias)
+    by_hand = nn.Sequential(host.segments[0][0], wide, host.segments[1], host.segments[2], host.segments[3])
+    x = _ids()
+    with torch.no_grad():
+        torch.testing.assert_close(model(x), by_hand(x), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("kind", ["built-in", "user's"])
+def test_counterfactual_and_shadow_passes_agree_with_plain_forwards_on_a_transformer(kind: str) -> None:
+    host = _hosts()[kind]
+    model = MorphogeneticModel(host, config=EASY_CONFIG).eval()
+    first, middle, last = model.slot_ids
+    place_seed(model, first, "wider", Stage.HOLDING, 1)
+    place_seed(model, middle, "wider_half", Stage.TRAINING, 2)
+    place_seed(model, last, "wider", Stage.BLENDING, 3, alpha=0.5)
+    assert_passes_match_plain_forwards(model, _ids())
+
+
+def test_a_training_widening_seed_of_a_transformer_learns_only_from_its_shadow() -> None:
+    host = _hosts()["user's"].train()
+    bare = copy.deepcopy(host)
+    model = MorphogeneticModel(host, config=EASY_CONFIG)
+    place_seed(model, "blocks_1", "wider", Stage.TRAINING, 1)
+    x, targets = _ids(), _ids(seed=2)
+    output, shadow = model.forward_with_shadow(x)
+    torch.testing.assert_close(output, bare(x), rtol=0, atol=0)
+    assert shadow is not None
+    nn.functional.cross_entropy(shadow.outputs[0].flatten(0, 1), targets.flatten()).backward(
+        inputs=list(shadow.parameters))
+    assert all(parameter.grad is None for parameter in host.parameters())
+    assert all(parameter.grad is not None and parameter.grad.abs().sum() > 0
+               for parameter in model.seed_parameters("blocks_1"))
+
+
+def test_state_dict_round_trips_a_transformers_wider_mlps_exactly() -> None:
+    host = _hosts()["built-in"]
+    model = MorphogeneticModel(host, config=EASY_CONFIG)
+    place_seed(model, "r0c0", "wider", Stage.FOSSILIZED, 1)
+    place_seed(model, "r0c2", "wider_inside", Stage.TRAINING, 2)
+    state = model.state_dict()
+    restored = MorphogeneticModel(copy.deepcopy(host), config=EASY_CONFIG)
+    restored.load_state_dict(state)
+    tensors = {name: value for name, value in restored.state_dict().items() if isinstance(value, Tensor)}
+    assert tensors and all(torch.equal(value, state[name]) for name, value in tensors.items())
+    assert restored.slot("r0c0").stage is Stage.FOSSILIZED and restored.slot("r0c2").stage is Stage.TRAINING
+    with torch.no_grad():
+        torch.testing.assert_close(restored.eval()(_ids()), model.eval()(_ids()), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("kind", ["built-in", "user's"])
+def test_the_plain_network_of_a_grown_transformer_holds_its_wider_mlps_and_exports(kind: str) -> None:
+    host = _hosts()[kind]
+    model = MorphogeneticModel(host, config=EASY_CONFIG)
+    first, middle, _ = model.slot_ids
+    place_seed(model, first, "wider", Stage.FOSSILIZED, 1)
+    place_seed(model, middle, "block", Stage.FOSSILIZED, 2)  # a whole block grown after the next one's MLP widened
+    assert_plain_network_matches(model, _ids())
+
+
+def test_a_submodule_fx_cannot_trace_is_kept_as_one_call_and_the_rest_is_traced() -> None:
+    block = _UsersBlock(8).eval()
+    with pytest.raises(TypeError):  # fx alone cannot: the mask's size is traced
+        fx.symbolic_trace(block)
+
+    class ChecksLength(nn.Module):  # Python control flow on a traced value: fx cannot trace it
+        def forward(self, x: Tensor) -> Tensor:
+            if x.shape[1] > 100:
+                raise ValueError("too long")
+            return x * 2
+
+    wrapped = nn.Sequential(ChecksLength(), block)
+    traced = trace_partially(wrapped)
+    kept = [node.target for node in traced.graph.nodes if node.op == "call_module"]
+    assert kept[0] == "0" and "1.mlp.0" in kept and "1.mlp.2" in kept  # the checker whole, the block traced into
+    x = torch.randn(3, 5, 8)
+    with torch.no_grad():
+        torch.testing.assert_close(traced(x), wrapped(x), rtol=0, atol=0)
