@@ -1,15 +1,19 @@
-"""Depth growth on a language model under a fixed training-FLOP budget: does growing 2 -> 4 layers save compute?
+"""Growth of a language model under a fixed training-FLOP budget: does growing 2 -> 4 layers, or growing its MLPs
+wider, save compute?
 
 The `text` task on the whole standard-library corpus (every training window), by default at the host's width
 (32, 4 heads) and AdamW at the task's learning rate (`--width`, `--heads`, `--lr` change them; `--text-file`
-trains on another corpus; `--device` says where the runs train), four variants per seed:
+trains on another corpus; `--device` says where the runs train), six variants per seed:
 - `4 layers`: a 4-layer host trained from scratch, never growing;
 - `2 layers`: the default 2-layer host, never growing;
 - `2 -> 4 zero`: the 2-layer host under the heuristic with `depth_blueprint = "block"`: when its validation
   loss slows down it GROWs a zero-initialised whole block into both slots (one after each layer), each
   trained with the host from then on (fresh optimizer state, learning rate re-warmed);
 - `2 -> 4 copy`: the same with `depth_blueprint = "block_copy"`: each new block starts as a copy of the
-  trained layer before it (stacking, Gstack) and is blended in from alpha 0.
+  trained layer before it (stacking, Gstack) and is blended in from alpha 0;
+- `2 + MLPs x2` and `2 + MLPs x4`: growth by width instead, at the same moment: `depth_blueprint = "wider"`
+  (`"wider_inside"`) grafts new hidden neurons into the MLP of both layers, as many as it has (three times as
+  many), their output weights zero at birth, so each MLP is twice (four times) as wide from then on.
 
 Every run trains until its training FLOPs reach the budget (`--budget-steps` training steps of the 4-layer
 model). Training FLOPs are what the episode's own account charges (`MorphogenesisEpisode.compute`: forward
@@ -69,6 +73,8 @@ VARIANTS = (
     Variant("2 layers", 2, None),
     Variant("2 -> 4 zero", 2, "block"),
     Variant("2 -> 4 copy", 2, "block_copy"),
+    Variant("2 + MLPs x2", 2, "wider"),
+    Variant("2 + MLPs x4", 2, "wider_inside"),
 )
 SCRATCH, SMALL = VARIANTS[0].name, VARIANTS[1].name
 GROWN = tuple(variant.name for variant in VARIANTS[2:])

@@ -186,3 +186,28 @@ def test_a_submodule_fx_cannot_trace_is_kept_as_one_call_and_the_rest_is_traced(
     x = torch.randn(3, 5, 8)
     with torch.no_grad():
         torch.testing.assert_close(traced(x), wrapped(x), rtol=0, atol=0)
+
+
+def test_new_neurons_after_a_layer_norm_over_the_features_get_a_layer_norm_of_their_own() -> None:
+    class NormedMLPBlock(nn.Module):  # an MLP with a norm inside (NormFormer's), over tokens [N, T, D]
+        def __init__(self) -> None:
+            super().__init__()
+            self.mlp = nn.Sequential(nn.Linear(16, 32), nn.LayerNorm(32), nn.GELU(), nn.Linear(32, 16))
+
+        def forward(self, x: Tensor) -> Tensor:
+            return x + self.mlp(x)
+
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Embedding(VOCABULARY, 16), NormedMLPBlock(), NormedMLPBlock(), nn.Linear(16, VOCABULARY))
+    host = host_from_module(net, ["1", "2"], example_input=_ids(2), topology="transformer").eval()
+    x = _ids()
+    with torch.no_grad():
+        bare = host(x)
+    model = MorphogeneticModel(host, ["2"], config=EASY_CONFIG)
+    place_seed(model, "2", "wider_half", Stage.HOLDING, 1)
+    seed = model.slot("2").seed
+    assert seed is not None and isinstance(seed.after_producer[0], nn.LayerNorm)
+    assert seed.after_producer[0].normalized_shape == (16,)  # half of the MLP's 32
+    with torch.no_grad():
+        assert not torch.allclose(model(x), bare, atol=1e-4)  # perturbed: the new neurons count
+    assert_identity_at_birth_until_perturbed(host, x, "wider")

@@ -263,6 +263,8 @@ def new_channel_norm(norm: nn.Module, channels: int, *, batch_norm: bool, device
     where the host already does; in eval mode (every validation, the fused counterfactual batch included) it
     uses its running statistics. A ResNet-20 made four times as wide inside its blocks at epoch 1, in a plain
     loop (`benchmarks/late_width.py`, 5 seeds), gained +0.78 +- 0.10 points so, +0.22 +- 0.16 with a GroupNorm.
+    After a LayerNorm over the features (a transformer's MLP, `[N, T, D]`), a LayerNorm of the new features: a
+    GroupNorm would normalize over dimension 1, the tokens.
     Otherwise one group: each sample's new channels are normalized together, so their means relative to one
     another survive as they do under a BatchNorm. One group per channel (an instance norm) erased them: on
     digits, 3 of 5 seeds grew a `wider` seed that way, 5 of 5 with one group.
