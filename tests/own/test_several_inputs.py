@@ -115,17 +115,20 @@ def test_inputs_that_cannot_work_are_one_clear_error(model: nn.Module, example: 
         morphogen.host_from_module(model, slots=slots, example_input=example)
 
 
-def _training_seeds(model: MorphogeneticModel, blueprint: str = "mlp_small") -> None:
-    """A TRAINING seed (perturbed: not the identity) in each slot."""
-    for index, slot_id in enumerate(model.slot_ids):
-        slot = model.germinate(slot_id, blueprint)
+def _training_seeds(model: MorphogeneticModel, blueprint: str | tuple[str, ...] = "mlp_small") -> None:
+    """A TRAINING seed (perturbed: not the identity) in each slot: of `blueprint`, or of each slot's."""
+    blueprints = (blueprint,) * len(model.slot_ids) if isinstance(blueprint, str) else blueprint
+    for index, (slot_id, name) in enumerate(zip(model.slot_ids, blueprints, strict=True)):
+        slot = model.germinate(slot_id, name)
         perturb_seed(slot, torch.Generator().manual_seed(10 + index))
         drive_to(slot, Stage.TRAINING)
 
 
 @pytest.mark.parametrize("shadow_rows", [None, 4])
-@pytest.mark.parametrize("blueprint", ["mlp_small", "block_copy"])  # a copy of a block reads the mask itself
-def test_each_seeds_shadow_reads_the_mask_of_its_own_rows(shadow_rows: int | None, blueprint: str) -> None:
+@pytest.mark.parametrize("blueprint", ["mlp_small", "block_copy",  # a copy of a block reads the mask itself
+                                       ("mlp_small", "wider")])  # new neurons inside a block that reads it
+def test_each_seeds_shadow_reads_the_mask_of_its_own_rows(shadow_rows: int | None,
+                                                          blueprint: str | tuple[str, ...]) -> None:
     ids, padding = _batch(6)
     _, host = _host((ids[:2], padding[:2]))
     model = MorphogeneticModel(host.eval(), config=EASY_CONFIG).eval()
@@ -148,6 +151,27 @@ def test_each_seeds_shadow_reads_the_mask_of_its_own_rows(shadow_rows: int | Non
             alone = model.counterfactual_forward((ids, padding), [alphas])[0]
             torch.testing.assert_close(fused[row], alone, rtol=0, atol=1e-5)
     torch.testing.assert_close(output.detach(), fused[0], rtol=0, atol=1e-5)
+
+
+def test_new_neurons_inside_a_block_that_reads_the_mask_fold_into_the_exported_program(tmp_path: Path) -> None:
+    ids, padding = _batch(6)
+    _, host = _host((ids[:2], padding[:2]))
+    model = MorphogeneticModel(host.eval(), config=EASY_CONFIG).eval()
+    with torch.no_grad():
+        bare = model((ids, padding))
+    slot = model.germinate("blocks_1", "wider")  # the MLP of the second block, whose attention reads the mask
+    assert slot.width_site is not None and slot.width_site.inside
+    drive_to(slot, Stage.FOSSILIZED)
+    with torch.no_grad():
+        torch.testing.assert_close(model((ids, padding)), bare, rtol=0, atol=1e-6)  # the identity at birth
+    perturb_seed(slot, torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        grown = model((ids, padding))
+    assert not torch.allclose(grown, bare, atol=1e-4)
+    program = torch.export.load(morphogen.export_model(model, (ids[:2], padding[:2]), tmp_path / "grown.pt2")).module()
+    with torch.no_grad():
+        torch.testing.assert_close(program(ids, padding), grown, rtol=0, atol=1e-5)
+        assert not torch.allclose(program(ids, torch.zeros_like(padding)), grown, atol=1e-4)  # it reads the mask
 
 
 def _stacked(net: PaddedClassifier) -> PaddedClassifier:
@@ -297,8 +321,9 @@ def test_batches_whose_inputs_disagree_are_one_data_error() -> None:
 
 
 @pytest.mark.usefixtures("fresh_dynamo")
-@pytest.mark.parametrize("blueprint", ["mlp_small", "block_copy"])
-def test_compiled_training_passes_match_eager_ones_without_graph_breaks_or_recompiles(blueprint: str) -> None:
+@pytest.mark.parametrize("blueprint", ["mlp_small", "block_copy", ("mlp_small", "wider")])
+def test_compiled_training_passes_match_eager_ones_without_graph_breaks_or_recompiles(
+        blueprint: str | tuple[str, ...]) -> None:
     import torch._dynamo
 
     from morphogen.core.compilation import CompileSettings
