@@ -11,6 +11,8 @@ learns from its shadow only, state_dict round trips, and the plain network and i
 from __future__ import annotations
 
 import copy
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -29,36 +31,10 @@ from morphogen.core.lifecycle import Stage
 from morphogen.core.tracing import trace_partially
 from morphogen.core.transformer_layers import TransformerBlock
 
-VOCABULARY = 11
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "own"))
+from models import GPTBlock, TinyGPT  # a user's GPT: torch's attention under a causal mask sized from the input
 
-
-class _UsersBlock(nn.Module):
-    """A pre-norm block as users write it: torch's attention, a causal mask from the input's length, an MLP."""
-
-    def __init__(self, width: int) -> None:
-        super().__init__()
-        self.norm1, self.norm2 = nn.LayerNorm(width), nn.LayerNorm(width)
-        self.attention = nn.MultiheadAttention(width, 2, batch_first=True)
-        self.mlp = nn.Sequential(nn.Linear(width, 2 * width), nn.GELU(), nn.Linear(2 * width, width))
-
-    def forward(self, x: Tensor) -> Tensor:
-        t = x.shape[1]
-        mask = torch.triu(torch.ones(t, t, dtype=torch.bool, device=x.device), diagonal=1)
-        h = self.norm1(x)
-        x = x + self.attention(h, h, h, attn_mask=mask, need_weights=False)[0]
-        return x + self.mlp(self.norm2(x))
-
-
-class _UsersGPT(nn.Module):
-    def __init__(self, width: int = 16, length: int = 6, layers: int = 3) -> None:
-        super().__init__()
-        self.embed = nn.Embedding(VOCABULARY, width)
-        self.position = nn.Parameter(0.1 * torch.randn(1, length, width))
-        self.blocks = nn.Sequential(*(_UsersBlock(width) for _ in range(layers)))
-        self.head = nn.Linear(width, VOCABULARY)
-
-    def forward(self, ids: Tensor) -> Tensor:
-        return self.head(self.blocks(self.embed(ids) + self.position[:, :ids.shape[1]]))
+VOCABULARY = 8
 
 
 def _ids(rows: int = 4, seed: int = 1) -> Tensor:
@@ -69,7 +45,8 @@ def _hosts() -> dict[str, SegmentedHost]:
     """The built-in GPT with a slot after each of its three blocks, and a user's, both in eval mode."""
     torch.manual_seed(0)
     built_in = TransformerHost(VOCABULARY, d_model=16, n_heads=2, n_layers=3, block_size=6, n_segments=3).eval()
-    users = host_from_module(_UsersGPT(), ["blocks.0", "blocks.1", "blocks.2"], example_input=_ids(2))
+    users = host_from_module(TinyGPT(vocab=VOCABULARY, layers=3), ["blocks.0", "blocks.1", "blocks.2"],
+                             example_input=_ids(2))
     return {"built-in": built_in, "user's": users.eval()}
 
 
@@ -169,7 +146,7 @@ def test_the_plain_network_of_a_grown_transformer_holds_its_wider_mlps_and_expor
 
 
 def test_a_submodule_fx_cannot_trace_is_kept_as_one_call_and_the_rest_is_traced() -> None:
-    block = _UsersBlock(8).eval()
+    block = GPTBlock(8).eval()
     with pytest.raises(TypeError):  # fx alone cannot: the mask's size is traced
         fx.symbolic_trace(block)
 
