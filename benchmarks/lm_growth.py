@@ -260,8 +260,9 @@ def summarize(records: Sequence[RunRecord], target: float | None = None) -> list
     if target is None:
         target = statistics.fmean(r.points[-1].loss for r in by_variant[SCRATCH]) if by_variant[SCRATCH] else math.nan
     named = "4 layers' final loss" if given is None else "--target"
+    reaching = "(no 4-layer run to reach)" if math.isnan(target) else f"{target:.4f} ({named})"
     lines = [f"| variant | final val loss (nats/char) | best val loss | final accuracy | parameters | FLOPs to reach "
-             f"{target:.4f} ({named}) | first GROW at | seconds |", "|---|---|---|---|---|---|---|---|"]
+             f"{reaching} | first GROW at | seconds |", "|---|---|---|---|---|---|---|---|"]
     for name, runs in by_variant.items():
         if not runs:
             continue

@@ -218,3 +218,12 @@ def test_readme_unet_example_grows_across_its_skips_and_exports(tmp_path, monkey
     program = torch.export.load(str(tmp_path / "runs/unet/grown.pt2")).module()
     with torch.no_grad():
         torch.testing.assert_close(program(x[1400:1450]), result.model.eval()(x[1400:1450]), rtol=0, atol=1e-5)
+
+
+def test_readme_wider_mlps_example_widens_both_blocks_and_keeps_the_function(capsys):
+    """"Wider MLPs": new hidden neurons grafted into both blocks of the built-in GPT, identity at birth."""
+    namespace: dict[str, object] = {}
+    exec(compile(python_block('model.graft(slot_id, "wider")'), str(README), "exec"), namespace)
+    model = namespace["model"]
+    assert model.architecture() == {"r0c0": "wider", "r0c1": "wider"}
+    assert capsys.readouterr().out.strip().endswith("47232")  # 30,592 + 2 x (32 x 128 + 128 + 128 x 32)
