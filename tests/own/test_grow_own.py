@@ -383,6 +383,26 @@ def test_a_users_resnet_grows_a_wide_block_after_every_residual_block_at_once(
     torch.testing.assert_close(run_without_morphogen([exported], inputs)[0], expected, rtol=0, atol=1e-5)
 
 
+def test_a_users_gpt_grows_its_mlps_wider_at_once_and_exports_them(
+        tmp_path: Path, run_without_morphogen: Callable[..., list[torch.Tensor]]) -> None:
+    """Width growth of a transformer: `wider` grafted into the MLP of both blocks in one GROW (torch's attention
+    under a causal mask sized from the input is kept whole while the blocks are traced)."""
+    task = user_tasks.gpt()
+    config = eager_config(epochs=4)
+    config = dataclasses.replace(config, heuristic=dataclasses.replace(config.heuristic, depth_blueprint="wider"))
+    result = morphogen.grow(task, None, run_dir=str(tmp_path / "run"), config=config, out=io.StringIO())
+    grafted = [story for story in result.grown.stories if story.blueprint == "wider"]
+    assert sorted(story.slot for story in grafted) == ["blocks_0", "blocks_1"]
+    assert len({story.stages["training"] for story in grafted}) == 1  # all in one epoch
+    added = sum(p.numel() for slot in result.model.slots() if slot.seed is not None for p in slot.seed.parameters())
+    assert added == 2 * (16 * 32 + 32 + 32 * 16)  # each MLP's 32 hidden neurons doubled: rows, biases, columns
+    inputs = next(iter(task.validation.iterate_batches(5, shuffle=False)))[0][:5]
+    with torch.no_grad():
+        expected = result.model.eval()(inputs)
+    exported = morphogen.export_model(result.model, inputs[:2], tmp_path / "grown.pt2")
+    torch.testing.assert_close(run_without_morphogen([exported], inputs)[0], expected, rtol=0, atol=1e-5)
+
+
 def _epochs(run_dir: Path) -> list[tuple[float, float]]:
     """(training loss, validation loss) of each epoch of a run's events."""
     records = [json.loads(line) for line in run_dir.read_text().splitlines()]
