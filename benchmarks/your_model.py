@@ -73,7 +73,8 @@ default constant rate the ResNet's accuracy swings by points from one epoch to t
 `--criterion loss` has the gates and the heuristic judge seeds by validation loss instead of accuracy points
 (`[episode.slots.gates] criterion`). The default judges a classifier by accuracy points (`score`), as the
 README's rows without `--criterion` were measured, though `morphogen run` and `grow` now judge a classifier by
-its loss, and leaves the regression to its task's criterion (`relative_loss`).
+its loss, and leaves a model with a loss of its own to its task's criterion (the regressions' `relative_loss`;
+the U-Net's cross-entropy in nats since 2026-12-01, before which it too was judged by `relative_loss`).
 """
 
 from __future__ import annotations

@@ -41,12 +41,20 @@ def test_a_built_in_classifier_and_a_users_classifier_are_judged_by_validation_l
     assert judged_by(pixels) is Criterion.LOSS  # classes on dimension 1 need no loss of one's own
 
 
-def test_a_task_with_its_own_metric_or_loss_is_judged_by_shares_of_its_loss() -> None:
+def test_a_task_with_its_own_loss_is_judged_by_shares_of_it_and_a_cross_entropy_in_nats() -> None:
     def agreement(outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         return (outputs.argmax(-1) == targets).float().mean()
 
-    assert judged_by(blobs_task(metric=agreement)) is Criterion.RELATIVE_LOSS
-    assert judged_by(blobs_task(loss=torch.nn.functional.cross_entropy)) is Criterion.RELATIVE_LOSS
+    def squared_error(outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.mse_loss(outputs, torch.nn.functional.one_hot(targets, 3).float())
+
+    assert judged_by(blobs_task(loss=squared_error)) is Criterion.RELATIVE_LOSS
+    assert judged_by(blobs_task(loss=squared_error, metric=agreement)) is Criterion.RELATIVE_LOSS
+    # A cross-entropy is in nats whoever passes it, and whatever the metric shown beside it.
+    assert judged_by(blobs_task(metric=agreement)) is Criterion.LOSS
+    assert judged_by(blobs_task(loss=torch.nn.functional.cross_entropy)) is Criterion.LOSS
+    assert judged_by(blobs_task(loss=torch.nn.CrossEntropyLoss(label_smoothing=0.1), metric=agreement)) \
+        is Criterion.LOSS
     assert judged_by(blobs_task(metric=agreement), GateConfig(criterion=Criterion.SCORE)) is Criterion.SCORE
 
 

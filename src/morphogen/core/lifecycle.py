@@ -93,9 +93,10 @@ CLASSIFICATION = "classification"
 
 def criterion_for(objective: str) -> Criterion:
     """The criterion a task of `objective` is judged by: the validation cross-entropy for a language model and a
-    classifier; the share of the validation loss a seed removes for a task with its own loss or metric
-    (`objective = "custom"`), whose scale is unknown (judged by its score points before, such a task's seeds
-    passed no gate whenever its loss was small: a regression on standardized targets grew nothing).
+    classifier (a user's task trained with a cross-entropy, whatever its metric); the share of the validation loss
+    a seed removes for a task with a loss of its own (`objective = "custom"`), whose scale is unknown (judged by
+    its score points before, such a task's seeds passed no gate whenever its loss was small: a regression on
+    standardized targets grew nothing).
 
     Why the loss for a classifier: on digits the accuracy gate refused seeds whose shadow lowered the validation
     loss by 13-40%, because their accuracy step on 360 validation samples was below 0.5 points; judged by the

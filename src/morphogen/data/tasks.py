@@ -97,8 +97,9 @@ class Task:
     augment: Augmentation | None
     """Batched train-time augmentation for `DeviceDataset.iterate_batches`, or None."""
     objective: str
-    """"classification" (targets [N] long, logits [B, C]) or "language_model" (targets [N, T] long,
-    logits [B, T, V])."""
+    """"classification" (targets [N] long, logits [B, C]; or a user's task trained with a cross-entropy),
+    "language_model" (targets [N, T] long, logits [B, T, V]) or "custom" (a user's task with a loss of its own):
+    what the gates judge seeds by (`core.lifecycle.criterion_for`)."""
     vocabulary: tuple[str, ...] | None = None
     """For "text": the character of each token id (decode with `decode_characters`); None otherwise."""
     loss: Callable[[Tensor, Tensor], Tensor] | None = None

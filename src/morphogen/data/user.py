@@ -112,8 +112,9 @@ def task_from_data(name: str, train: object, validation: object, *, loss: LossFu
 
     `loss(outputs, targets)` returns the batch's mean loss (default: cross-entropy); `metric(outputs, targets)`
     the batch's mean score, higher is better (default: accuracy in percent with the default loss, else the
-    negative loss). With neither given the gates judge seeds by the validation cross-entropy (nats); with
-    either, by the share of the validation loss a seed removes (`GateConfig.criterion` chooses otherwise).
+    negative loss). The gates judge seeds by the validation loss: in nats where it is a cross-entropy (the
+    default, `torch.nn.functional.cross_entropy` or an `nn.CrossEntropyLoss`), otherwise by the share of it a
+    seed removes (`GateConfig.criterion` chooses otherwise).
     The default loss takes class scores on the outputs' last dimension ([B, C], [B, T, C]) or on dimension 1
     ([B, C, H, W] against targets [B, H, W], a segmentation's), whichever lines up with the targets; `class_dim`
     (1 or -1) says which where both would. Accuracy then counts every position (a segmentation's pixels).
@@ -127,11 +128,13 @@ def task_from_data(name: str, train: object, validation: object, *, loss: LossFu
     target = torch.device(device)
     train_source = _source(train, target, "train", target_key)
     validation_source = _source(validation, target, "validation", target_key)
-    custom = loss is not None or metric is not None
+    # The gates judge the loss: a cross-entropy (the default, torch's function or module) in nats, as a
+    # classifier's; any other loss, whose scale is unknown, by the shares of it a seed removes (`criterion_for`).
+    cross_entropy = loss is None or loss is nn.functional.cross_entropy or isinstance(loss, nn.CrossEntropyLoss)
     return Task(
         name=name.strip(), topology=_topology_of(host), host_kwargs={}, train=train_source,
         validation=validation_source, batch_size=batch_size, augment=augment,
-        objective="custom" if custom else "classification", loss=loss, metric=metric,
+        objective="classification" if cross_entropy else "custom", loss=loss, metric=metric,
         metric_name=metric_name or ("accuracy" if metric is None and loss is None else
                                     NEGATIVE_LOSS if metric is None else "metric"),
         num_classes=num_classes, class_dim=class_dim, host=host, source="python")
