@@ -268,6 +268,45 @@ def test_the_layers_of_torchs_transformer_encoder_hold_slots_and_copies(pool_pad
         torch.testing.assert_close(program(ids, padding), model((ids, padding)), rtol=0, atol=1e-5)
 
 
+def test_the_mlp_of_a_layer_of_torchs_transformer_encoder_widens_and_is_the_wider_layer(tmp_path: Path) -> None:
+    """fx keeps `nn.TransformerEncoderLayer` whole; its MLP is still found (`core/tracing.PartialTracer` traces the
+    layer as its forward computes it outside the inference fast path). The oracle: the same classifier with that
+    layer's `dim_feedforward` made wider by hand from the seed's weights."""
+    ids, padding = _batch(6)
+    torch.manual_seed(0)
+    net = _EncoderClassifier()
+    host = morphogen.host_from_module(net, slots=["encoder.layers.0", "encoder.layers.1"],
+                                      example_input=(ids[:2], padding[:2]))
+    model = MorphogeneticModel(host, ["encoder_layers_1"], config=EASY_CONFIG).eval()
+    slot = model.germinate("encoder_layers_1", "wider_half")
+    layer = net.encoder.layers[1]
+    assert slot.width_site is not None and slot.width_site.producer is layer.linear1
+    assert slot.width_site.consumer is layer.linear2
+    drive_to(slot, Stage.HOLDING)
+    with torch.no_grad():
+        torch.testing.assert_close(model((ids, padding)), net.eval()(ids, padding), rtol=0, atol=1e-5)
+    perturb_seed(slot, torch.Generator().manual_seed(3))
+    seed = slot.seed
+    assert seed is not None
+    wider = _EncoderClassifier()
+    wider.load_state_dict(net.state_dict())
+    wide = nn.TransformerEncoderLayer(16, 2, 32 + 16, dropout=0.0, batch_first=True)
+    wide.load_state_dict({name: value for name, value in layer.state_dict().items() if "linear" not in name},
+                         strict=False)
+    with torch.no_grad():
+        wide.linear1.weight.copy_(torch.cat([layer.linear1.weight, seed.producer.weight]))
+        wide.linear1.bias.copy_(torch.cat([layer.linear1.bias, seed.producer.bias]))
+        wide.linear2.weight.copy_(torch.cat([layer.linear2.weight, seed.consumer.weight], dim=1))
+        wide.linear2.bias.copy_(layer.linear2.bias)
+    wider.encoder.layers[1] = wide
+    with torch.no_grad():
+        grown = model((ids, padding))
+        assert not torch.allclose(grown, net(ids, padding), atol=1e-4)
+        torch.testing.assert_close(grown, wider.eval()(ids, padding), rtol=0, atol=1e-5)
+        program = torch.export.load(morphogen.export_model(model, (ids, padding), tmp_path / "grown.pt2")).module()
+        torch.testing.assert_close(program(ids, padding), grown, rtol=0, atol=1e-5)
+
+
 class _PaddedDataset(Dataset[tuple[dict[str, Tensor], Tensor]]):
     """Samples as a data pipeline gives them: a dict of inputs by argument name, and a label."""
 

@@ -10,6 +10,7 @@ about the layers that matter to a width site (a block's MLP) without fx having t
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import Callable, Iterator
 
 import torch
@@ -42,12 +43,30 @@ def sizes_as_one_tuple() -> Iterator[None]:
             setattr(torch, name, factory)
 
 
+def _encoder_layer(layer: nn.TransformerEncoderLayer, src: Tensor, src_mask: Tensor | None = None,
+                   src_key_padding_mask: Tensor | None = None, is_causal: bool = False) -> Tensor:
+    """What `nn.TransformerEncoderLayer.forward` computes outside its inference fast path, written so fx can trace
+    it: its forward checks its inputs' values for that path. The masks go to its attention as given (which converts
+    them as the layer would), so its MLP (linear1 -> activation -> dropout -> linear2) is in the graph."""
+    x = src
+    if layer.norm_first:
+        x = x + layer._sa_block(layer.norm1(x), src_mask, src_key_padding_mask, is_causal=is_causal)
+        return x + layer._ff_block(layer.norm2(x))
+    x = layer.norm1(x + layer._sa_block(x, src_mask, src_key_padding_mask, is_causal=is_causal))
+    output: Tensor = layer.norm2(x + layer._ff_block(x))
+    return output
+
+
 class PartialTracer(fx.Tracer):
     """Traces into each submodule where fx can, and records one whose forward it cannot trace as a call of it.
 
     A submodule that fails is traced no further: the nodes its attempt added are taken out of the graph again,
-    and a `call_module` node stands in for them, computing exactly what the module computes.
+    and a `call_module` node stands in for them, computing exactly what the module computes. torch's
+    `nn.TransformerEncoderLayer`, which fx keeps whole as a torch.nn module, is traced through (`_encoder_layer`).
     """
+
+    def is_leaf_module(self, m: nn.Module, module_qualified_name: str) -> bool:
+        return not isinstance(m, nn.TransformerEncoderLayer) and super().is_leaf_module(m, module_qualified_name)
 
     def trace(self, root: nn.Module | Callable[..., object], concrete_args: dict[str, object] | None = None
               ) -> fx.Graph:
@@ -59,6 +78,8 @@ class PartialTracer(fx.Tracer):
         name = self.path_of_module(m)
         if self.is_leaf_module(m, name):
             return super().call_module(m, forward, args, kwargs)
+        if isinstance(m, nn.TransformerEncoderLayer):
+            forward = functools.partial(_encoder_layer, m)
         nodes, depth = len(self.graph.nodes), len(self.module_stack)
         try:
             return super().call_module(m, forward, args, kwargs)
