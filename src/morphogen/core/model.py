@@ -32,7 +32,7 @@ import torch
 from torch import Tensor, nn
 
 from morphogen.core.blend import BlendKind
-from morphogen.core.blueprints import BlueprintKind, blueprint_names, get_blueprint
+from morphogen.core.blueprints import BlueprintKind, get_blueprint
 from morphogen.core.branch import BranchSite, find_branch_site
 from morphogen.core.compilation import CompileSettings, compiled
 from morphogen.core.hosts import SegmentedHost, UnknownSlotError
@@ -163,11 +163,8 @@ class MorphogeneticModel(nn.Module):
     def _find_sites(self) -> None:
         """Each slot's width and branch sites, or why it has none."""
         host = self.host
-        # Only topologies with widening blueprints look inside a segment (every built-in one has them now).
-        inside = any(get_blueprint(host.topology, name).kind is BlueprintKind.WIDEN
-                     for name in blueprint_names(host.topology))
         for position, slot in enumerate(self.slots()):
-            site = find_width_site(host.segments, self._point_of_slot[position], slot.channels, inside=inside)
+            site = find_width_site(host.segments, self._point_of_slot[position], slot.channels)
             if isinstance(site, WidthSite) and site.inside and site.tap_segment == 0 and host.input_kind != "tensor":
                 site = "its layers to widen are in the first segment, which takes the model's several inputs"
             slot.width_site, slot.width_problem = (site, "") if isinstance(site, WidthSite) else (None, site)

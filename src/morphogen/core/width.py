@@ -121,13 +121,12 @@ class WidthSite:
         return inputs // self.channels
 
 
-def find_width_site(segments: Sequence[nn.Module] | nn.ModuleList, point: int, channels: int, *,
-                    inside: bool = True) -> WidthSite | str:
+def find_width_site(segments: Sequence[nn.Module] | nn.ModuleList, point: int, channels: int) -> WidthSite | str:
     """The width site of the slot at injection point `point` (after `segments[point]`), or why it has none: around
-    the slot, else (with `inside`) inside the segment before it."""
+    the slot, else inside the segment before it."""
     around = _site_around(segments, point, channels)
     before = segments[point]
-    if isinstance(around, WidthSite) or not inside or (
+    if isinstance(around, WidthSite) or (
             isinstance(before, nn.Sequential) and any(isinstance(child, LAYERS) for child in before)):
         return around  # a sequence of layers is widened around its slots, never inside
     found = find_inside_width_site(before, point)

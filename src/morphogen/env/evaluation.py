@@ -120,9 +120,9 @@ def per_config_loss_and_correct(outputs: Tensor, targets: Tensor, class_dim: int
     and correct-prediction count [K] over the batch."""
     k = outputs.shape[0]
     if class_dim == 1:
-        flat_targets = targets.expand(k, *targets.shape).flatten(0, 1)  # (K * B, ...)
-        losses = nn.functional.cross_entropy(outputs.flatten(0, 1), flat_targets, reduction="none")  # (K * B, ...)
-        correct = outputs.flatten(0, 1).argmax(dim=1) == flat_targets
+        scores, flat_targets = outputs.flatten(0, 1), targets.expand(k, *targets.shape).flatten(0, 1)  # (K * B, ...)
+        losses = nn.functional.cross_entropy(scores, flat_targets, reduction="none")  # (K * B, ...)
+        correct = scores.argmax(dim=1) == flat_targets
         return losses.reshape(k, -1).sum(dim=1), correct.reshape(k, -1).sum(dim=1)
     logits = outputs.reshape(k, -1, outputs.shape[-1])  # (K, B*T, C)
     flat_targets = targets.reshape(1, -1).expand(k, -1)  # (K, B*T)
