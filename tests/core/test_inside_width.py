@@ -19,13 +19,14 @@ from slot_driver import (
     assert_identity_at_birth_until_perturbed,
     assert_plain_network_matches,
     configuration_output,
+    drive_to,
     perturb_seed,
     place_seed,
     resnet_host,
 )
 from torch import Tensor, nn
 
-from morphogen import CNNHost, MorphogeneticModel, host_from_module
+from morphogen import CNNHost, MorphogeneticModel, grown_network, host_from_module
 from morphogen.core.lifecycle import Stage
 from morphogen.core.width import NoWidthSiteError, WidthSeed
 
@@ -188,3 +189,63 @@ def test_a_block_written_as_torchvisions_has_its_site_inside_with_one_relu_modul
     perturb_seed(slot, torch.Generator().manual_seed(1))
     model.train()(x).sum().backward()
     assert all(p.grad is not None for p in slot.seed_parameters())
+
+
+class _DropoutBlock(nn.Module):
+    """A block whose dropout is a function given `self.training`: fx would fix the flag at its trace-time value."""
+
+    def __init__(self, width: int) -> None:
+        super().__init__()
+        self.fc1, self.fc2 = nn.Linear(width, 2 * width), nn.Linear(2 * width, width)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return x + nn.functional.dropout(self.fc2(torch.relu(self.fc1(x))), 0.5, training=self.training)
+
+
+class _DropoutNet(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed, self.block, self.head = nn.Linear(6, 8), _DropoutBlock(8), nn.Linear(8, 3)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.head(self.block(self.embed(x)))
+
+
+@pytest.mark.parametrize("sequential", [False, True], ids=["traced_model", "sequential"])
+@pytest.mark.parametrize("built_training", [True, False], ids=["built_training", "built_eval"])
+def test_a_functional_dropout_in_a_widened_block_follows_the_models_mode(sequential: bool,
+                                                                         built_training: bool) -> None:
+    """The block runs as a traced copy once a seed widens it inside; its `F.dropout(training=self.training)`
+    still drops in training mode only, whichever mode the model was built in: at birth the grown model gives
+    the host's outputs under the same random draws, in both modes."""
+    torch.manual_seed(0)
+    net = _DropoutNet()
+    # A sequence of modules is cut between its children and its segments are the user's own modules, not traced.
+    network: nn.Module = nn.Sequential(nn.Sequential(net.embed), net.block, net.head) if sequential else net
+    slot_name = "1" if sequential else "block"
+    model = MorphogeneticModel(host_from_module(network.train(built_training), [slot_name],
+                                                example_input=torch.randn(2, 6)), config=EASY_CONFIG)
+    x = torch.randn(16, 6)
+
+    def outputs() -> dict[bool, Tensor]:
+        drawn = {}
+        for training in (True, False):
+            model.train(training)
+            torch.manual_seed(1)
+            drawn[training] = model(x)
+        return drawn
+
+    before = outputs()
+    assert not torch.equal(before[True], before[False])  # the block's dropout drops in training mode
+    slot = model.graft(slot_name, "wider_inside")
+    after = outputs()
+    torch.testing.assert_close(after[True], before[True])
+    torch.testing.assert_close(after[False], before[False])
+    perturb_seed(slot, torch.Generator().manual_seed(2))
+    drive_to(slot, Stage.FOSSILIZED)
+    exported = grown_network(model)  # in eval mode, its copy of the block too
+    torch.testing.assert_close(exported(x), model.eval()(x))
+    torch.manual_seed(1)
+    dropped = exported.train()(x)
+    torch.manual_seed(1)
+    torch.testing.assert_close(dropped, model.train()(x))

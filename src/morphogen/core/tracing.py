@@ -16,6 +16,8 @@ from collections.abc import Callable, Iterator
 import torch
 from torch import Tensor, fx, nn
 
+from morphogen.core.training_mode import trace_in_both_modes
+
 #: Factories that take their size as separate numbers (`torch.ones(t, t)`), which fx cannot trace where a number
 #: is traced (`t = x.shape[1]`); the same sizes as one tuple it traces (`sizes_as_one_tuple`).
 _SIZED_FACTORIES = ("ones", "zeros", "empty", "rand", "randn")
@@ -93,7 +95,15 @@ class PartialTracer(fx.Tracer):
 
 def trace_partially(module: nn.Module) -> fx.GraphModule:
     """`module` traced by `PartialTracer`, as a `GraphModule` sharing its submodules; raises what fx raises
-    where even that fails (a forward whose own code, outside any submodule, cannot be traced)."""
-    graph = PartialTracer().trace(module)
-    graph.lint()  # an erased node still in use (a weight tied across a kept call) fails here, not at run time
-    return fx.GraphModule(module, graph)
+    where even that fails (a forward whose own code, outside any submodule, cannot be traced).
+
+    It is traced in both modes, so a call whose constants the forward chose by `self.training` (a functional
+    dropout) follows the mode it runs in, as in the module itself; a branch on `self.training` raises
+    `TrainingModeError`."""
+
+    def trace() -> fx.Graph:
+        graph = PartialTracer().trace(module)
+        graph.lint()  # an erased node still in use (a weight tied across a kept call) fails here, not at run time
+        return graph
+
+    return trace_in_both_modes(module, trace)

@@ -40,6 +40,7 @@ import torch
 from torch import Tensor, fx, nn
 
 from morphogen.core.tracing import trace_partially
+from morphogen.core.training_mode import ModeDependentCall
 from morphogen.inputs import Inputs
 
 Device = torch.device | str | None
@@ -103,6 +104,22 @@ class WidthSite:
     """For a site inside the segment before the slot: that segment traced, taking `(x, inject)` and calling
     `inject(consumer output, tap)` after the consumer; it shares the segment's modules (None: a site around the
     slot, cut at `tap_cut` and `inject_cut`)."""
+
+    @property
+    def copy_modules(self) -> tuple[nn.Module, ...]:
+        """The modules of the instrumented copy that the segment does not share with it: the copy itself and the
+        calls that follow `self.training` (a functional dropout), whose mode `follow_mode` sets."""
+        if self.instrumented is None:
+            return ()
+        shared = {id(module) for module in self.instrumented.modules() if module is not self.instrumented
+                  and not isinstance(module, ModeDependentCall)}
+        return tuple(module for module in self.instrumented.modules() if id(module) not in shared)
+
+    def follow_mode(self, training: bool) -> None:
+        """Put the instrumented copy's own modules in the mode of the model that holds the site: it is no
+        submodule of it (that would list the segment's parameters twice), so `model.train()` does not reach it."""
+        for module in self.copy_modules:
+            module.training = training
 
     @property
     def inside(self) -> bool:
@@ -178,8 +195,10 @@ def find_inside_width_site(segment: nn.Module, point: int) -> WidthSite | str:
     problem = _site_problem(producer, following, (), consumer, channels)
     if problem:
         return problem
-    return WidthSite(point, -1, point, -1, producer, following, (), consumer, channels,
+    site = WidthSite(point, -1, point, -1, producer, following, (), consumer, channels,
                      instrumented=_instrumented(traced, inputs[0], producer_node, consumer_node))
+    site.follow_mode(segment.training)
+    return site
 
 
 def _layer_pairs(graph: fx.Graph, modules: dict[str, nn.Module]) -> list[tuple[fx.Node, list[fx.Node], fx.Node]]:
