@@ -545,3 +545,44 @@ def test_the_layers_of_torchs_transformer_decoder_hold_slots_across_which_the_en
     with torch.no_grad():
         program = torch.export.load(path).module()
         torch.testing.assert_close(program(*inputs), result.model.eval()(inputs), rtol=0, atol=1e-5)
+
+
+
+def test_the_mlp_of_a_layer_of_torchs_transformer_decoder_widens_and_is_the_wider_layer(tmp_path: Path) -> None:
+    """fx keeps `nn.TransformerDecoderLayer` whole, but its forward traces; its MLP is found inside it. The oracle:
+    the same encoder-decoder with that layer's `dim_feedforward` made wider by hand from the seed's weights. The
+    first decoder layer's slot has no site: its segment takes the model's two inputs."""
+    train = _reversals(8, 0)
+    example = (train[0][0][:2], train[0][1][:2])
+    inputs = (train[0][0], train[0][1])
+    torch.manual_seed(0)
+    net = _Seq2Seq()
+    host = morphogen.host_from_module(net, ["decoder.layers.0", "decoder.layers.1"], example_input=example,
+                                      carry_skips=True)
+    model = MorphogeneticModel(host, config=EASY_CONFIG).eval()
+    assert "several inputs" in model.slot("decoder_layers_0").width_problem
+    slot = model.germinate("decoder_layers_1", "wider_half")
+    layer = net.decoder.layers[1]
+    assert slot.width_site is not None and slot.width_site.producer is layer.linear1
+    assert slot.width_site.consumer is layer.linear2
+    drive_to(slot, Stage.HOLDING)
+    perturb_seed(slot, torch.Generator().manual_seed(3))
+    seed = slot.seed
+    assert seed is not None
+    wider = _Seq2Seq()
+    wider.load_state_dict(net.state_dict())
+    wide = nn.TransformerDecoderLayer(16, 2, 32 + 16, 0.0, batch_first=True, norm_first=True)
+    wide.load_state_dict({name: value for name, value in layer.state_dict().items() if "linear" not in name},
+                         strict=False)
+    with torch.no_grad():
+        wide.linear1.weight.copy_(torch.cat([layer.linear1.weight, seed.producer.weight]))
+        wide.linear1.bias.copy_(torch.cat([layer.linear1.bias, seed.producer.bias]))
+        wide.linear2.weight.copy_(torch.cat([layer.linear2.weight, seed.consumer.weight], dim=1))
+        wide.linear2.bias.copy_(layer.linear2.bias)
+    wider.decoder.layers[1] = wide
+    with torch.no_grad():
+        grown = model(inputs)
+        assert not torch.allclose(grown, net.eval()(*inputs), atol=1e-4)
+        torch.testing.assert_close(grown, wider.eval()(*inputs), rtol=0, atol=1e-5)
+        program = torch.export.load(morphogen.export_model(model, example, tmp_path / "grown.pt2")).module()
+        torch.testing.assert_close(program(*inputs), grown, rtol=0, atol=1e-5)

@@ -59,16 +59,22 @@ def _encoder_layer(layer: nn.TransformerEncoderLayer, src: Tensor, src_mask: Ten
     return output
 
 
+#: torch.nn modules that fx keeps whole but whose forwards it can trace (the encoder layer's through
+#: `_encoder_layer`): a transformer layer's MLP is in the graph, where a width site can widen it.
+_TRACED_THROUGH = (nn.TransformerEncoderLayer, nn.TransformerDecoderLayer)
+
+
 class PartialTracer(fx.Tracer):
     """Traces into each submodule where fx can, and records one whose forward it cannot trace as a call of it.
 
     A submodule that fails is traced no further: the nodes its attempt added are taken out of the graph again,
     and a `call_module` node stands in for them, computing exactly what the module computes. torch's
-    `nn.TransformerEncoderLayer`, which fx keeps whole as a torch.nn module, is traced through (`_encoder_layer`).
+    `nn.TransformerEncoderLayer` and `nn.TransformerDecoderLayer`, which fx keeps whole as torch.nn modules, are
+    traced through (the encoder layer by `_encoder_layer`).
     """
 
     def is_leaf_module(self, m: nn.Module, module_qualified_name: str) -> bool:
-        return not isinstance(m, nn.TransformerEncoderLayer) and super().is_leaf_module(m, module_qualified_name)
+        return not isinstance(m, _TRACED_THROUGH) and super().is_leaf_module(m, module_qualified_name)
 
     def trace(self, root: nn.Module | Callable[..., object], concrete_args: dict[str, object] | None = None
               ) -> fx.Graph:
