@@ -268,6 +268,19 @@ def test_the_layers_of_torchs_transformer_encoder_hold_slots_and_copies(pool_pad
         torch.testing.assert_close(program(ids, padding), model((ids, padding)), rtol=0, atol=1e-5)
 
 
+def _with_seed_neurons(wide: nn.Module, layer: nn.Module, seed: nn.Module) -> nn.Module:
+    """`wide`, a transformer layer like `layer` with a wider `dim_feedforward`, given `layer`'s weights and the
+    width seed's new MLP neurons: what `layer` is once the seed is blended in at alpha 1."""
+    wide.load_state_dict({name: value for name, value in layer.state_dict().items() if "linear" not in name},
+                         strict=False)
+    with torch.no_grad():
+        wide.linear1.weight.copy_(torch.cat([layer.linear1.weight, seed.producer.weight]))
+        wide.linear1.bias.copy_(torch.cat([layer.linear1.bias, seed.producer.bias]))
+        wide.linear2.weight.copy_(torch.cat([layer.linear2.weight, seed.consumer.weight], dim=1))
+        wide.linear2.bias.copy_(layer.linear2.bias)
+    return wide
+
+
 def test_the_mlp_of_a_layer_of_torchs_transformer_encoder_widens_and_is_the_wider_layer(tmp_path: Path) -> None:
     """fx keeps `nn.TransformerEncoderLayer` whole; its MLP is still found (`core/tracing.PartialTracer` traces the
     layer as its forward computes it outside the inference fast path). The oracle: the same classifier with that
@@ -290,15 +303,8 @@ def test_the_mlp_of_a_layer_of_torchs_transformer_encoder_widens_and_is_the_wide
     assert seed is not None
     wider = _EncoderClassifier()
     wider.load_state_dict(net.state_dict())
-    wide = nn.TransformerEncoderLayer(16, 2, 32 + 16, dropout=0.0, batch_first=True)
-    wide.load_state_dict({name: value for name, value in layer.state_dict().items() if "linear" not in name},
-                         strict=False)
-    with torch.no_grad():
-        wide.linear1.weight.copy_(torch.cat([layer.linear1.weight, seed.producer.weight]))
-        wide.linear1.bias.copy_(torch.cat([layer.linear1.bias, seed.producer.bias]))
-        wide.linear2.weight.copy_(torch.cat([layer.linear2.weight, seed.consumer.weight], dim=1))
-        wide.linear2.bias.copy_(layer.linear2.bias)
-    wider.encoder.layers[1] = wide
+    wider.encoder.layers[1] = _with_seed_neurons(nn.TransformerEncoderLayer(16, 2, 32 + 16, dropout=0.0,
+                                                                           batch_first=True), layer, seed)
     with torch.no_grad():
         grown = model((ids, padding))
         assert not torch.allclose(grown, net(ids, padding), atol=1e-4)
@@ -571,15 +577,8 @@ def test_the_mlp_of_a_layer_of_torchs_transformer_decoder_widens_and_is_the_wide
     assert seed is not None
     wider = _Seq2Seq()
     wider.load_state_dict(net.state_dict())
-    wide = nn.TransformerDecoderLayer(16, 2, 32 + 16, 0.0, batch_first=True, norm_first=True)
-    wide.load_state_dict({name: value for name, value in layer.state_dict().items() if "linear" not in name},
-                         strict=False)
-    with torch.no_grad():
-        wide.linear1.weight.copy_(torch.cat([layer.linear1.weight, seed.producer.weight]))
-        wide.linear1.bias.copy_(torch.cat([layer.linear1.bias, seed.producer.bias]))
-        wide.linear2.weight.copy_(torch.cat([layer.linear2.weight, seed.consumer.weight], dim=1))
-        wide.linear2.bias.copy_(layer.linear2.bias)
-    wider.decoder.layers[1] = wide
+    wider.decoder.layers[1] = _with_seed_neurons(nn.TransformerDecoderLayer(16, 2, 32 + 16, 0.0, batch_first=True,
+                                                                           norm_first=True), layer, seed)
     with torch.no_grad():
         grown = model(inputs)
         assert not torch.allclose(grown, net.eval()(*inputs), atol=1e-4)
