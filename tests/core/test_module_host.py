@@ -30,6 +30,19 @@ def test_a_resnet_is_cut_after_its_stages_and_computes_exactly_the_model() -> No
     assert torch.equal(grown(x), model(x))
 
 
+def test_a_model_given_as_torch_compile_returns_it_is_cut_as_the_module_it_compiled() -> None:
+    """`torch.compile(net)` wraps `net` in a module fx cannot trace, whose only child is `net`: the host is cut
+    from `net` itself, shares its parameters and names its slots as `net` does."""
+    torch.manual_seed(0)
+    model, x = ResNet(width=4).eval(), torch.randn(3, 3, 12, 12)
+    compiled = torch.compile(model)
+    assert morphogen.slot_points(compiled, x[:2]) == morphogen.slot_points(model, x[:2])
+    host = host_from_module(compiled, ["layer1", "layer2"], example_input=x[:2])
+    assert host.injection_points == {"layer1": 4, "layer2": 8}
+    assert {id(p) for p in host.parameters()} == {id(p) for p in model.parameters()}
+    assert torch.equal(MorphogeneticModel(host).eval()(x), model(x))
+
+
 def test_the_host_shares_the_users_parameters() -> None:
     model = mlp()
     host = host_from_module(model, ["1"], example_input=torch.randn(2, 12))

@@ -92,8 +92,11 @@ def host_from_module(model: nn.Module, slots: Sequence[str], example_input: Inpu
     (and the grown model, and its export) returns that one. `carry_skips=True` lets a slot sit where values
     computed before it also reach the code after it (a U-Net's skips, an encoder's output that a decoder reads, a
     residual connection around the slot): the segment that computes such a value holds it and the later one that
-    reads it receives it, with the seed's effect where the value is taken after a slot. Raises `HostBuildError`.
+    reads it receives it, with the seed's effect where the value is taken after a slot. What `torch.compile`
+    returns is taken as the module it compiled (compile the grown model's passes with the `compile` option).
+    Raises `HostBuildError`.
     """
+    model = _uncompiled(model)
     names = _checked_arguments(model, slots, example_input, topology, output)
     segments, ordered, side_inputs, layer_calls, carried = _cut(model, names, example_input, carry_skips)
     if output is not None:
@@ -125,6 +128,7 @@ def slot_points(model: nn.Module, example_input: Inputs, *, output: int | str | 
     takes it), a submodule called twice, or one whose output is not one tensor is left out; so is one whose cut
     the probe finds changes the model's output. Raises `HostBuildError` for an `example_input` or `output` that
     no slot could work with."""
+    model = _uncompiled(model)
     _checked_arguments(model, [], example_input, None, output, slots_needed=False)
     points: dict[str, int] = {}
     for name, _ in model.named_modules():  # a module registered twice is listed once, by its first name
@@ -136,6 +140,15 @@ def slot_points(model: nn.Module, example_input: Inputs, *, output: int | str | 
             continue
         points[name] = host.injection_points[slot_id_for(name)]
     return points
+
+
+def _uncompiled(model: nn.Module) -> nn.Module:
+    """The module `torch.compile(module)` wraps, else `model`: fx cannot trace the wrapper, and it shares the
+    module's parameters. Recognised by its name, so that building a host never imports torch's compiler."""
+    original = getattr(model, "_orig_mod", None)
+    if type(model).__name__ == "OptimizedModule" and isinstance(original, nn.Module):
+        return original
+    return model
 
 
 def _checked_arguments(model: nn.Module, slots: Sequence[str], example_input: Inputs, topology: str | None,
