@@ -51,7 +51,7 @@ from morphogen.env.actions import Action
 from morphogen.env.compute import note_batch
 from morphogen.env.episode import EpisodeConfig, MorphogenesisEpisode, StepResult, task_with_host
 from morphogen.env.play import Controller, connect, savable
-from morphogen.env.snapshot import EpisodeSnapshot
+from morphogen.env.snapshot import EpisodeSnapshot, snapshot_from_state
 from morphogen.inputs import Inputs, rows
 from morphogen.inputs import problem as inputs_problem
 from morphogen.telemetry.sinks import Telemetry
@@ -83,6 +83,30 @@ class EpochReport:
     snapshot: EpisodeSnapshot
 
 
+def _check_optimizer(optimizer: object, host: SegmentedHost) -> None:
+    """Refuse an `optimizer=` that is not the host's torch optimizer (a scheduler, a class, one over other
+    parameters), which a rollback would otherwise meet only epochs later."""
+    if optimizer is None:
+        return
+    if not isinstance(optimizer, torch.optim.Optimizer):
+        raise TypeError(f"Grower's optimizer= is your host's torch.optim optimizer (its state is cleared on a "
+                        f"rollback), got {getattr(optimizer, '__name__', type(optimizer).__name__)}")
+    optimized = {id(p) for group in optimizer.param_groups for p in group["params"]}
+    if not any(id(p) in optimized for p in host.parameters()):
+        raise ValueError("Grower's optimizer= holds none of the host's parameters: build it on host.parameters() "
+                         "(the host shares your model's)")
+
+
+def _kind_problem(host: SegmentedHost, inputs: Inputs) -> str | None:
+    """Why `inputs` are not of the kind the host was built for (one tensor, or several), or None."""
+    expected = getattr(host, "input_kind", "tensor")
+    given = "tensor" if isinstance(inputs, Tensor) else "dict" if isinstance(inputs, dict) else "tuple"
+    if (expected == "tensor") == (given == "tensor"):
+        return None
+    wanted = "one tensor" if expected == "tensor" else f"a {expected} of tensors"
+    return f"a {type(inputs).__name__} where the host takes {wanted}"
+
+
 class Grower:
     """Growth of a host inside a training loop you write; see the module docstring for the three calls."""
 
@@ -102,6 +126,7 @@ class Grower:
         batches and validates on its own share of the validation data (see `_Replicas`)."""
         if not isinstance(host, SegmentedHost):
             raise TypeError(f"Grower needs a host from morphogen.host_from_module, got {type(host).__name__}")
+        _check_optimizer(optimizer, host)
         if config is not None:
             if episode is not None or heuristic is not None:
                 raise ValueError("Grower: give config, or episode and heuristic, not both")
@@ -111,11 +136,11 @@ class Grower:
         device = next(host.parameters()).device
         # The grower trains nothing itself: the episode reads only the validation split, so it doubles as train.
         task = task_from_data("own loop", validation, validation, loss=loss, metric=metric, metric_name=metric_name,
-                              num_classes=num_classes, device=device, host=lambda: host, target_key=target_key)
+                              num_classes=num_classes, device=device, host=host, target_key=target_key)
         episode_config = dataclasses.replace(episode or EpisodeConfig(), max_epochs=epochs,
                                              validation_batch_size=validation_batch_size)
         self.episode = MorphogenesisEpisode(task_with_host(task), episode_config, seed=seed, slots=slots,
-                                            telemetry=telemetry)
+                                            telemetry=telemetry, host=host)
         if self._replicas is not None:
             self.episode.sum_over_processes = self._replicas.sum
         self.optimizer = optimizer
@@ -142,10 +167,10 @@ class Grower:
         if self.done:
             raise RuntimeError("the growth episode is over (all its epochs were played); build a new Grower")
         if self._steps == 0:  # the first batch says what the model is called with; later ones are not checked
-            problem = inputs_problem(inputs)
+            problem = inputs_problem(inputs) or _kind_problem(self.model.host, inputs)
             if problem is not None:
                 raise ValueError(f"training_step's inputs must be a tensor, or a tuple or dict of tensors, each "
-                                 f"with a leading sample dimension; got {problem}")
+                                 f"with a leading sample dimension, as the host's example_input was; got {problem}")
         model, trainer = self.model, self.episode.trainer
         model.train()
         self._running = trainer.sync_seed_optimizers()
@@ -187,7 +212,8 @@ class Grower:
                                "targets) for every batch")
         if self._after_backward_calls != self._steps:
             raise RuntimeError(f"after_backward() was called for {self._after_backward_calls} of {self._steps} "
-                               "batches this epoch: call it after loss.backward() and before optimizer.step()")
+                               "batches this epoch: call it once after each training_step()'s loss.backward() (with "
+                               "gradient accumulation, after every micro-batch's), before optimizer.step()")
         self._steps = self._after_backward_calls = 0
         action, (succeeded, reason) = self._action, self._applied
         result = self.episode.finish_epoch(action, succeeded, reason)
@@ -226,10 +252,30 @@ class Grower:
             raise ValueError(f"not a Grower state of format {GROWER_STATE_FORMAT} (found {found!r}): save it with "
                              "Grower.state_dict() of this version of morphogen")
         controller = savable(self.controller, "restored")
+        problem = self._state_problem(state)
+        if problem:
+            raise ValueError(f"this Grower is not built as the saved one was: {problem}; build it with the same "
+                             "network, slots, epochs and settings")
         self.snapshot = self.episode.load_state_dict(state["episode"])
         controller.load_state_dict(state["controller"], self.episode.action_space)
         succeeded, reason = state["applied"]
         self._action, self._applied = Action.from_state(state["next_action"]), (bool(succeeded), str(reason))
+
+    def _state_problem(self, state: dict[str, Any]) -> str:
+        """Why `state` cannot go on in this Grower (its epochs, slots or host parameters differ), or ""."""
+        saved = snapshot_from_state(state["episode"]["snapshot"])
+        if saved.max_epochs != self.snapshot.max_epochs:
+            return f"it was saved with epochs={saved.max_epochs}, this one has epochs={self.snapshot.max_epochs}"
+        slots = [slot.slot_id for slot in saved.slots]
+        if slots != list(self.model.slot_ids):
+            return f"it was saved with slots {', '.join(slots)}, this one has {', '.join(self.model.slot_ids)}"
+        weights = state["episode"]["model"]
+        for name, value in self.model.host.state_dict(prefix="host.").items():
+            kept = weights.get(name)
+            if not isinstance(kept, Tensor) or kept.shape != value.shape:
+                found = "nothing" if not isinstance(kept, Tensor) else f"shape {tuple(kept.shape)}"
+                return f"its host holds {found} for {name[len('host.'):]}, this one shape {tuple(value.shape)}"
+        return ""
 
     def _decide(self, snapshot: EpisodeSnapshot) -> tuple[Action, tuple[bool, str]]:
         action = self.controller.act(snapshot, self.episode.masks())

@@ -72,6 +72,72 @@ def test_a_training_seed_learns_from_its_shadow_and_the_host_from_its_own_loss()
     assert any(not torch.equal(a, b) for a, b in zip(before, training[0].seed_parameters(), strict=True))
 
 
+def test_an_optimizer_built_on_the_hosts_parameters_trains_the_grown_model_and_your_network() -> None:
+    """The Grower grows the host it is given, not a copy: an optimizer built on `host.parameters()` before it (as
+    the README writes) steps the parameters the model trains with, and the user's network holds them."""
+    torch.manual_seed(0)
+    (train, targets), validation = blobs(192, 0), blobs(96, 1)
+    network = mlp()
+    host = morphogen.host_from_module(network, ["1", "3"], example_input=train[:2])
+    optimizer = torch.optim.SGD(host.parameters(), lr=0.1)
+    config = eager_config(3)
+    grower = Grower(host, validation, epochs=3, optimizer=optimizer, episode=config.episode,
+                    heuristic=config.heuristic)
+    assert grower.model.host is host
+    before = [p.detach().clone() for p in network.parameters()]
+    scores = []
+    for _ in range(3):
+        for start in range(0, 192, 32):
+            optimizer.zero_grad()
+            grower.training_step(train[start:start + 32], targets[start:start + 32]).backward()
+            grower.after_backward()
+            optimizer.step()
+        scores.append(grower.end_epoch().score)
+    assert all(not torch.equal(a, b) for a, b in zip(before, network.parameters(), strict=True))
+    assert scores[-1] > scores[0] and scores[-1] > 80.0
+    network.eval(), grower.model.eval()
+    if not any(slot.stage in BLENDED_STAGES for slot in grower.model.slots()):
+        assert torch.equal(network(validation[0]), grower.model(validation[0]))
+
+
+def test_an_optimizer_that_is_not_the_hosts_is_refused_when_the_grower_is_built() -> None:
+    host = morphogen.host_from_module(mlp(), ["1"], example_input=torch.randn(2, 12))
+    validation = blobs(32, 1)
+    optimizer = torch.optim.SGD(host.parameters(), lr=0.1)
+    with pytest.raises(TypeError, match=r"optimizer= is your host's torch.optim optimizer .*got StepLR"):
+        Grower(host, validation, epochs=2, optimizer=torch.optim.lr_scheduler.StepLR(optimizer, 1))  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match=r"got SGD"):
+        Grower(host, validation, epochs=2, optimizer=torch.optim.SGD)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"holds none of the host's parameters"):
+        Grower(host, validation, epochs=2, optimizer=torch.optim.SGD(mlp().parameters(), lr=0.1))
+
+
+def test_a_state_saved_by_another_grower_is_refused_in_one_line_before_anything_loads() -> None:
+    grower, loader = make_grower(epochs=4)
+    optimizer = torch.optim.SGD(grower.model.host_parameters(), lr=0.1)
+    for inputs, targets in loader:
+        optimizer.zero_grad()
+        grower.training_step(inputs, targets).backward()
+        grower.after_backward()
+        optimizer.step()
+    grower.end_epoch()
+    state = grower.state_dict()
+    other_epochs, _ = make_grower(epochs=6)
+    with pytest.raises(ValueError, match=r"not built as the saved one was: it was saved with epochs=4, this one has "
+                                         r"epochs=6"):
+        other_epochs.load_state_dict(state)
+    validation = blobs(96, 1)
+    wider = Grower(morphogen.host_from_module(mlp(hidden=24), ["1", "3"], example_input=validation[0][:2]),
+                   validation, epochs=4)
+    with pytest.raises(ValueError, match=r"its host holds shape \(16, 12\) for .*weight, this one shape \(24, 12\)"):
+        wider.load_state_dict(state)
+    fewer_slots = Grower(morphogen.host_from_module(mlp(), ["1"], example_input=validation[0][:2]), validation,
+                         epochs=4)
+    with pytest.raises(ValueError, match=r"it was saved with slots 1, 3, this one has 1;"):
+        fewer_slots.load_state_dict(state)
+    assert fewer_slots.training_step(validation[0][:8], validation[1][:8]).isfinite()  # nothing was loaded
+
+
 def test_a_forgotten_after_backward_is_an_error_naming_it() -> None:
     grower, loader = make_grower()
     for inputs, targets in loader:
@@ -131,6 +197,9 @@ def test_inputs_that_are_not_tensors_are_one_clear_error_at_the_first_step() -> 
     inputs, targets = next(iter(loader))
     with pytest.raises(ValueError, match=r"inputs must be a tensor, .*got a tuple of Tensor, list: every input"):
         grower.training_step((inputs, [1, 2]), targets)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"as the host's example_input was; got a tuple where the host takes one "
+                                         r"tensor"):
+        grower.training_step((inputs,), targets)
     grower.training_step(inputs, targets).backward()  # nothing was counted: the grower goes on
     grower.after_backward()
     assert grower.end_epoch().parameters > 0

@@ -169,8 +169,12 @@ class MorphogenesisEpisode:
     def __init__(self, task: Task, config: EpisodeConfig | None = None, *, seed: int = 0,
                  slots: Sequence[str] | None = None, telemetry: Telemetry | None = None, env_id: int = 0,
                  pool_slots: bool = False, timer: PhaseTimer | None = None,
-                 detector: AnomalyDetector | None = None, architecture: Mapping[str, str] | None = None) -> None:
+                 detector: AnomalyDetector | None = None, architecture: Mapping[str, str] | None = None,
+                 host: SegmentedHost | None = None) -> None:
         self.task, self.config, self.seed = task, config or EpisodeConfig(), seed
+        #: A host the episode grows itself rather than a copy of the task's (the `Grower`'s: the optimizer of the
+        #: user's loop holds its parameters). Every reset then starts from its weights as they stand.
+        self.own_host = host
         #: Seeds (slot id -> blueprint) installed at reset as fixed parts of the model, trained from scratch
         #: with the host: how a grown model's final architecture is compared with growing it.
         self.architecture = dict(architecture or {})
@@ -220,8 +224,11 @@ class MorphogenesisEpisode:
     # ---------------------------------------------------------------- setup
     def build_model(self) -> MorphogeneticModel:
         """The host for this task with slots, initialised from this episode's seed."""
-        with seeded(self.seed, self.device):
-            host = task_host(self.task, self.device, pool_slots=self.pool_slots)
+        if self.own_host is not None:
+            host = self.own_host
+        else:
+            with seeded(self.seed, self.device):
+                host = task_host(self.task, self.device, pool_slots=self.pool_slots)
         model = MorphogeneticModel(host, self.slot_request, self.slot_config)
         for slot_id, blueprint in self.architecture.items():
             model.slot(slot_id)  # an unknown slot raises here, naming the valid ones
