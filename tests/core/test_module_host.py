@@ -300,6 +300,70 @@ def test_a_forward_that_branches_on_the_mode_is_refused_in_one_line() -> None:
         host_from_module(_TrainsOtherwise(), ["first"], example_input=torch.randn(2, 4))
 
 
+class _StochasticDepth(nn.Module):
+    """A residual block skipped at random while training (stochastic depth): a branch on a draw of each batch."""
+
+    def __init__(self, width: int = 8, skip: float = 0.5) -> None:
+        super().__init__()
+        self.body, self.skip = nn.Sequential(nn.Linear(width, width), nn.ReLU()), skip
+
+    def forward(self, x: Tensor) -> Tensor:
+        if self.training and torch.rand(1) < self.skip:
+            return x
+        return x + self.body(x)
+
+
+class _Noisy(nn.Module):
+    """Stochastic depth after `first`, and fresh noise of a size alone added to the features while training."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.first, self.block, self.head = nn.Linear(4, 8), _StochasticDepth(), nn.Linear(8, 2)
+
+    def forward(self, x: Tensor) -> Tensor:
+        h = self.first(x)
+        h = self.block(torch.relu(h)) * 1.0  # not run as its children in order: no cut between them either
+        return self.head(h + torch.randn(8) * (0.1 if self.training else 0.0))
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_random_draws_in_the_forward_stay_draws_of_every_batch(seed: int) -> None:
+    """fx runs `torch.rand(1)` once while it traces: a stochastic-depth coin flip would be decided for good (the
+    block always run, or always skipped) and noise would be a constant. Whatever torch's generator holds, a branch
+    on a draw is refused in one line (a slot after that block keeps it whole), and other draws happen every
+    batch, the same as the model's under the same generator."""
+    torch.manual_seed(seed)
+    model, x = _Noisy().train(), torch.randn(16, 4)
+    with pytest.raises(HostBuildError, match=r"cannot trace _Noisy \(TraceError: symbolically traced variables "
+                                             r"cannot be used as inputs to control flow\)"):
+        host_from_module(model, ["first"], example_input=x[:2])
+    grown = MorphogeneticModel(host_from_module(model, ["first", "block"], example_input=x[:2])).train()
+    outputs = []
+    for draw in (1, 2):
+        torch.manual_seed(draw)
+        outputs.append(grown(x))
+        torch.manual_seed(draw)
+        torch.testing.assert_close(outputs[-1], model(x), rtol=0, atol=1e-6)
+    assert not torch.equal(outputs[0], outputs[1])
+    model.eval(), grown.eval()
+    assert torch.equal(grown(x), model(x))
+
+
+class _AlwaysDropping(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.first, self.second = nn.Linear(4, 8), nn.Linear(8, 2)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.second(nn.functional.dropout(torch.relu(self.first(x)), 0.2))  # training=True, its default
+
+
+def test_a_model_that_is_random_in_eval_mode_is_refused_naming_the_cause() -> None:
+    with pytest.raises(HostBuildError, match=r"^_AlwaysDropping gives another output each time it runs in eval mode "
+                                             r"on the same inputs: a dropout that is always on"):
+        host_from_module(_AlwaysDropping(), ["first"], example_input=torch.randn(2, 4))
+
+
 class _ResidualLoop(nn.Module):
     """Pre-norm residual blocks whose sums are written in the model's own forward, as many hand-written models do."""
 

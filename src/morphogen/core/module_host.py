@@ -34,7 +34,7 @@ import torch
 from torch import Tensor, fx, nn
 
 from morphogen.core.hosts import CarriedValues, SegmentedHost, SideInputs
-from morphogen.core.tracing import sizes_as_one_tuple
+from morphogen.core.tracing import traceable_factories
 from morphogen.core.training_mode import ModeDependentCall, TrainingModeError, modes_kept, trace_in_both_modes
 from morphogen.inputs import Inputs, InputSpec, call, rows
 from morphogen.inputs import problem as inputs_problem
@@ -98,10 +98,10 @@ def host_from_module(model: nn.Module, slots: Sequence[str], example_input: Inpu
     """
     model = _uncompiled(model)
     names = _checked_arguments(model, slots, example_input, topology, output)
-    segments, ordered, side_inputs, layer_calls, carried = _cut(model, names, example_input, carry_skips)
+    segments, ordered, side_inputs, layer_calls, carried, untraced = _cut(model, names, example_input, carry_skips)
     if output is not None:
         _pick_in(segments[-1], output)
-    outputs, layers = _probe(model, segments, ordered, example_input, layer_calls, output, carried)
+    outputs, layers = _probe(model, segments, ordered, example_input, layer_calls, output, carried, untraced)
     chosen = topology or _guess_topology(model, outputs, ordered)
     slot_ids = [slot_id_for(name) for name in ordered]
     host = ModuleHost(segments, _widths(ordered, outputs, chosen), chosen, dict(zip(slot_ids, ordered, strict=True)),
@@ -240,10 +240,11 @@ Carried = tuple[CarriedValues, list[str]]
 
 
 def _cut(model: nn.Module, names: Sequence[str], example: Inputs, carry: bool = False
-         ) -> tuple[list[nn.Module], list[str], SideInputs | None, list[nn.Module | None], Carried | None]:
+         ) -> tuple[list[nn.Module], list[str], SideInputs | None, list[nn.Module | None], Carried | None, str]:
     """The segments, the slot names in execution order, where later segments read the model's inputs, each named
-    submodule as a module of the slot's activation alone (None: it reads more of the main path), and where values
-    cross slots (with `carry`; None where none does)."""
+    submodule as a module of the slot's activation alone (None: it reads more of the main path), where values
+    cross slots (with `carry`; None where none does), and why fx could not trace the model where it was cut
+    between its children instead ("" where it traced, or is a sequence)."""
     children = [name for name, _ in model.named_children()]
     several = not isinstance(example, Tensor)
     if isinstance(model, nn.Sequential):
@@ -254,7 +255,7 @@ def _cut(model: nn.Module, names: Sequence[str], example: Inputs, carry: bool = 
             nested = next(name for name in names if name not in children)
             raise HostBuildError(f"slot after {nested!r}: an nn.Sequential is cut between its children; name one of "
                                  f"{', '.join(children)}")
-        return (*_children_cut(model, names), None)
+        return (*_children_cut(model, names), None, "")
     given, defaults = _arguments(model, example)
     try:
         traced = _trace(model, names, defaults)
@@ -262,11 +263,11 @@ def _cut(model: nn.Module, names: Sequence[str], example: Inputs, carry: bool = 
         raise
     except Exception as error:  # fx raises many kinds (TraceError, TypeError, ...) on untraceable code
         if not several and all(name in children for name in names):
-            return (*_children_cut(model, names), None)
+            return (*_children_cut(model, names), None, _first_line(error))
         raise HostBuildError(f"cannot trace {type(model).__name__} with torch.fx ({_first_line(error)}); "
                              + ("a model of several inputs must trace" if several else "put the slots on its direct "
                                 "children if its forward runs them in order")) from None
-    return _split_graph(traced, names, given, carry)
+    return (*_split_graph(traced, names, given, carry), "")
 
 
 def _arguments(model: nn.Module, example: Inputs) -> tuple[dict[str, int | str | None], dict[str, object]]:
@@ -340,7 +341,7 @@ class _SlotLeafTracer(fx.Tracer):
 
     def trace(self, root: nn.Module | Callable[..., object], concrete_args: dict[str, object] | None = None
               ) -> fx.Graph:
-        with sizes_as_one_tuple():
+        with traceable_factories(self):
             return super().trace(root, concrete_args)
 
     def is_leaf_module(self, m: nn.Module, module_qualified_name: str) -> bool:
@@ -747,10 +748,11 @@ def _value_reader(graph: fx.Graph, values: dict[fx.Node, fx.node.Argument], inpu
 
 def _probe(model: nn.Module, segments: Sequence[nn.Module], names: Sequence[str], example: Inputs,
            layers: Sequence[nn.Module | None], key: int | str | None,
-           carried: Carried | None = None) -> tuple[list[Tensor], list[nn.Module | None]]:
+           carried: Carried | None = None, untraced: str = "") -> tuple[list[Tensor], list[nn.Module | None]]:
     """Run the segments on `example` (eval mode, no grad): the activation at every cut, checked against the model,
     and the `layers` (one per cut) that a copy could stand after their own: they map the activation at their cut
-    to its shape. A value carried across slots must hold one row per sample, as the activations do."""
+    to its shape. A value carried across slots must hold one row per sample, as the activations do. `untraced`:
+    why fx could not trace the model, which was then cut between its children."""
     copyable: list[nn.Module | None] = []
     # The segments hold modules of their own (a functional dropout's module), which the model's mode does not set.
     with modes_kept(model, *segments), torch.no_grad():
@@ -777,8 +779,11 @@ def _probe(model: nn.Module, segments: Sequence[nn.Module], names: Sequence[str]
                              "one tensor: name the one your loss reads, output=0 (a position) or output=\"logits\" (a "
                              "key or attribute)")
     if output.shape != expected.shape or not torch.allclose(output, expected, rtol=1e-4, atol=1e-5):
-        raise HostBuildError(f"cutting {type(model).__name__} after {', '.join(names)} changes its output; its "
-                             "forward does not run those parts in order")
+        _refuse_a_random_eval_mode(model, example, expected, key)
+        cause = (f"torch.fx cannot trace {type(model).__name__} ({untraced}), and cutting it between its children "
+                 if untraced else f"cutting {type(model).__name__} ")
+        raise HostBuildError(f"{cause}after {', '.join(names)} changes its output; its forward does not run those "
+                             "parts in order")
     for name, activation in zip(names, activations, strict=True):
         if not isinstance(activation, Tensor):
             raise HostBuildError(f"slot after {name!r}: its output is a {type(activation).__name__}, not one tensor")
@@ -853,6 +858,19 @@ def _guess_topology(model: nn.Module, activations: Sequence[Tensor], names: Sequ
         return "transformer" if tokens else "cnn1d"
     raise HostBuildError(f"slot outputs have {rank} dimensions; hosts grow [N, F], [N, C, L], [N, T, D] or "
                          "[N, C, H, W] activations")
+
+
+def _refuse_a_random_eval_mode(model: nn.Module, example: Inputs, output: Tensor, key: int | str | None) -> None:
+    """Refuse a model whose eval-mode output differs from call to call (a dropout left on, `F.dropout(x, p)`
+    without `training=self.training`, or a random draw): no cut can compute what it computes."""
+    with modes_kept(model), torch.enable_grad():  # as the probe ran it: no inference fast path
+        again: object = _call(lambda inputs: _detached(call(model.eval(), inputs)), example, type(model).__name__)
+    if key is not None:
+        again = _picked_output(type(model).__name__, again, key)
+    if isinstance(again, Tensor) and not torch.equal(again, output):
+        raise HostBuildError(f"{type(model).__name__} gives another output each time it runs in eval mode on the same "
+                             "inputs: a dropout that is always on (F.dropout(x, p) without training=self.training) or "
+                             "a random draw; a host validates in eval mode, where the model must be deterministic")
 
 
 def _first_line(error: BaseException) -> str:

@@ -1,10 +1,11 @@
-"""What `torch.fx` needs to trace the models users write: sizes taken from a traced shape, and submodules it
-cannot trace at all.
+"""What `torch.fx` needs to trace the models users write: sizes taken from a traced shape, random draws, and
+submodules it cannot trace at all.
 
-`sizes_as_one_tuple` lets `torch.ones(t, t)` with `t = x.shape[1]` trace (a causal mask made from the input's
-length). `PartialTracer` traces into every submodule it can and keeps each one it cannot (an attention layer
-that unpacks `x.shape`, an embedding that checks the length in Python) as one call: the graph is then exact
-about the layers that matter to a width site (a block's MLP) without fx having to trace all of the block.
+`traceable_factories` lets `torch.ones(t, t)` with `t = x.shape[1]` trace (a causal mask made from the input's
+length), and keeps `torch.rand(1)` a draw of every run rather than a constant of the trace. `PartialTracer`
+traces into every submodule it can and keeps each one it cannot (an attention layer that unpacks `x.shape`, an
+embedding that checks the length in Python) as one call: the graph is then exact about the layers that matter to
+a width site (a block's MLP) without fx having to trace all of the block.
 """
 
 from __future__ import annotations
@@ -19,26 +20,36 @@ from torch import Tensor, fx, nn
 from morphogen.core.training_mode import trace_in_both_modes
 
 #: Factories that take their size as separate numbers (`torch.ones(t, t)`), which fx cannot trace where a number
-#: is traced (`t = x.shape[1]`); the same sizes as one tuple it traces (`sizes_as_one_tuple`).
+#: is traced (`t = x.shape[1]`); the same sizes as one tuple it traces (`traceable_factories`).
 _SIZED_FACTORIES = ("ones", "zeros", "empty", "rand", "randn")
+#: Factories that draw random numbers from sizes alone. fx runs a call without traced arguments once, while it
+#: traces, so such a draw would be a constant of the graph: a stochastic-depth coin flip
+#: (`if self.training and torch.rand(1) < p`) decided for good, or noise that never changes.
+_RANDOM_FACTORIES = ("rand", "randn", "randint", "randperm", "normal")
 
 
 @contextlib.contextmanager
-def sizes_as_one_tuple() -> Iterator[None]:
-    """While tracing, `torch.ones(t, t)` and the like with a traced size call the factory with `(t, t)`."""
-    originals = {name: getattr(torch, name) for name in _SIZED_FACTORIES}
+def traceable_factories(tracer: fx.Tracer) -> Iterator[None]:
+    """While `tracer` traces: `torch.ones(t, t)` and the like with a traced size call the factory with `(t, t)`,
+    and a random draw from sizes alone (`torch.rand(1)`) is a call in the graph, drawn at every run. A forward
+    that branches on such a draw then fails to trace, as any branch on a traced value does."""
+    names = (*_SIZED_FACTORIES, *(name for name in _RANDOM_FACTORIES if name not in _SIZED_FACTORIES))
+    originals = {name: getattr(torch, name) for name in names}
 
-    def taking_a_tuple(factory: Callable[..., Tensor]) -> Callable[..., Tensor]:
+    def traceable(name: str, factory: Callable[..., Tensor]) -> Callable[..., Tensor]:
         def call(*size: object, **kwargs: object) -> Tensor:
-            traced = any(isinstance(value, fx.Proxy) for value in size)
-            if traced and all(isinstance(value, (int, fx.Proxy)) for value in size):
+            traced = any(isinstance(value, fx.Proxy) for value in (*size, *kwargs.values()))
+            if traced and name in _SIZED_FACTORIES and all(isinstance(value, (int, fx.Proxy)) for value in size):
                 return factory(tuple(size), **kwargs)
+            if not traced and name in _RANDOM_FACTORIES:
+                drawn: Tensor = tracer.create_proxy("call_function", factory, size, kwargs)  # type: ignore[assignment]
+                return drawn
             return factory(*size, **kwargs)
         return call
 
     try:
         for name, factory in originals.items():
-            setattr(torch, name, taking_a_tuple(factory))
+            setattr(torch, name, traceable(name, factory))
         yield
     finally:
         for name, factory in originals.items():
@@ -78,7 +89,7 @@ class PartialTracer(fx.Tracer):
 
     def trace(self, root: nn.Module | Callable[..., object], concrete_args: dict[str, object] | None = None
               ) -> fx.Graph:
-        with sizes_as_one_tuple():
+        with traceable_factories(self):
             return super().trace(root, concrete_args)
 
     def call_module(self, m: nn.Module, forward: Callable[..., object], args: tuple[object, ...],
