@@ -249,3 +249,47 @@ def test_a_functional_dropout_in_a_widened_block_follows_the_models_mode(sequent
     dropped = exported.train()(x)
     torch.manual_seed(1)
     torch.testing.assert_close(dropped, model.train()(x))
+
+
+class _WideResNetBlock(nn.Module):
+    """Wide ResNet's block: a functional dropout given the model's mode between its two convolutions."""
+
+    def __init__(self, channels: int, drop: float = 0.5) -> None:
+        super().__init__()
+        self.bn1, self.conv1 = nn.BatchNorm2d(channels), nn.Conv2d(channels, channels, 3, padding=1, bias=False)
+        self.bn2, self.conv2 = nn.BatchNorm2d(channels), nn.Conv2d(channels, channels, 3, padding=1, bias=False)
+        self.drop = drop
+
+    def forward(self, x: Tensor) -> Tensor:
+        h = self.conv1(torch.relu(self.bn1(x)))
+        h = nn.functional.dropout(torch.relu(self.bn2(h)), p=self.drop, training=self.training)
+        return x + self.conv2(h)
+
+
+def test_a_functional_dropout_between_a_blocks_convolutions_is_part_of_its_site_and_drops_the_new_channels() -> None:
+    torch.manual_seed(0)
+    network = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), _WideResNetBlock(8), _WideResNetBlock(8),
+                            nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(8, 4))
+    x = torch.randn(4, 3, 8, 8)
+    model = MorphogeneticModel(host_from_module(network, ["1", "2"], example_input=x[:2]), config=EASY_CONFIG)
+    site = model.slot("2").width_site
+    assert site is not None and site.inside and site.producer is network[2].conv1 and site.consumer is network[2].conv2
+    model.eval()
+    before = model(x)
+    slot = model.graft("2", "wider_inside")
+    assert torch.equal(model(x), before)
+    seed = slot.seed
+    assert isinstance(seed, WidthSeed)
+    perturb_seed(slot, torch.Generator().manual_seed(1))
+    tap = torch.randn(4, 8, 8, 8)
+    with torch.no_grad():  # the seed's own dropout follows the model's mode
+        model.eval()
+        assert torch.equal(seed.after_producer(seed.producer(tap)), seed.after_producer(seed.producer(tap)))
+        model.train()
+        dropped = seed.after_producer(seed.producer(tap))
+        kept = torch.relu(seed.after_producer[0](seed.producer(tap)))
+        assert torch.equal(dropped[dropped != 0], 2.0 * kept[dropped != 0]) and (dropped == 0).sum() > (kept == 0).sum()
+    model.train()(x).sum().backward()
+    assert all(p.grad is not None for p in slot.seed_parameters())
+    drive_to(slot, Stage.FOSSILIZED)
+    assert_plain_network_matches(model.eval(), x)  # the export's dropout is off, as the model's in eval mode

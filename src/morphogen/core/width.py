@@ -62,6 +62,24 @@ ELEMENTWISE_CALLS: dict[object, Callable[[], nn.Module]] = {
     torch.relu: nn.ReLU, nn.functional.relu: nn.ReLU, "relu": nn.ReLU, torch.tanh: nn.Tanh, "tanh": nn.Tanh,
     torch.sigmoid: nn.Sigmoid, "sigmoid": nn.Sigmoid, nn.functional.gelu: nn.GELU, nn.functional.silu: nn.SiLU,
 }
+#: Functional dropouts that a traced block may call between its producer and consumer with the model's mode
+#: (`F.dropout(h, p, training=self.training)`, traced as a `ModeDependentCall`): the new channels drop the same way.
+DROPOUT_CALLS = (nn.functional.dropout, nn.functional.dropout1d, nn.functional.dropout2d, nn.functional.dropout3d)
+
+
+class BoundDropout(nn.Module):
+    """A traced block's mode-dependent dropout called on one tensor with the block's own other arguments (its
+    probability): what a width seed's new channels go through where the block's channels do."""
+
+    def __init__(self, call: ModeDependentCall, arguments: tuple[object, ...], keywords: dict[str, object]) -> None:
+        super().__init__()
+        self.call, self.arguments, self.keywords = call, arguments, keywords
+
+    def forward(self, x: Tensor) -> Tensor:
+        dropped: Tensor = self.call(x, *self.arguments, **self.keywords)
+        return dropped
+
+
 Inject = Callable[[Tensor, Tensor], Tensor]
 """(consumer output, tap) -> what the segment goes on with: how a site's instrumented segment adds new channels."""
 
@@ -189,8 +207,7 @@ def find_inside_width_site(segment: nn.Module, point: int) -> WidthSite | str:
     producer_node, chain, consumer_node = pairs[-1]
     producer, consumer = modules[str(producer_node.target)], modules[str(consumer_node.target)]
     assert isinstance(producer, LAYERS) and isinstance(consumer, LAYERS)
-    following = tuple(modules[str(node.target)] if node.op == "call_module" else ELEMENTWISE_CALLS[node.target]()
-                      for node in chain)
+    following = tuple(_module_of(node, modules) for node in chain)
     channels = _out_size(producer)
     problem = _site_problem(producer, following, (), consumer, channels)
     if problem:
@@ -199,6 +216,25 @@ def find_inside_width_site(segment: nn.Module, point: int) -> WidthSite | str:
                      instrumented=_instrumented(traced, inputs[0], producer_node, consumer_node))
     site.follow_mode(segment.training)
     return site
+
+
+def _module_of(node: fx.Node, modules: dict[str, nn.Module]) -> nn.Module:
+    """The module a node of a chain between producer and consumer applies to the new channels."""
+    if node.op != "call_module":
+        return ELEMENTWISE_CALLS[node.target]()
+    module = modules[str(node.target)]
+    if isinstance(module, ModeDependentCall):
+        return BoundDropout(module, tuple(node.args[1:]), dict(node.kwargs))
+    return module
+
+
+def _is_mode_dependent_dropout(node: fx.Node, modules: dict[str, nn.Module]) -> bool:
+    """Whether `node` calls a functional dropout given the model's mode on its first argument alone (the others
+    constants, such as its probability)."""
+    module = modules.get(str(node.target)) if node.op == "call_module" else None
+    if not isinstance(module, ModeDependentCall) or module.function not in DROPOUT_CALLS or not node.args:
+        return False
+    return not any(isinstance(value, fx.Node) for value in (*node.args[1:], *node.kwargs.values()))
 
 
 def _layer_pairs(graph: fx.Graph, modules: dict[str, nn.Module]) -> list[tuple[fx.Node, list[fx.Node], fx.Node]]:
@@ -221,7 +257,7 @@ def _producer_chain(consumer: fx.Node, modules: dict[str, nn.Module]) -> tuple[f
             return node, chain[::-1], consumer
         passes = (node.op == "call_module" and isinstance(modules[str(node.target)], (*NORMS, *ELEMENTWISE))) or (
             node.op in ("call_function", "call_method") and node.target in ELEMENTWISE_CALLS
-            and set(node.kwargs) <= {"inplace"} and len(node.args) == 1)
+            and set(node.kwargs) <= {"inplace"} and len(node.args) == 1) or _is_mode_dependent_dropout(node, modules)
         if not passes:
             return None
         chain.append(node)
@@ -249,7 +285,7 @@ def _instrumented(traced: fx.GraphModule, entering: fx.Node, producer: fx.Node, 
 def _site_problem(producer: Layer, following: Sequence[nn.Module], between: Sequence[nn.Module], consumer: Layer,
                   channels: int) -> str:
     """Why a producer and a consumer cannot be widened together around a slot of `channels`; "" when they can."""
-    if any(not isinstance(module, (*NORMS, *ELEMENTWISE)) for module in following):
+    if any(not isinstance(module, (*NORMS, *ELEMENTWISE, BoundDropout)) for module in following):
         return f"{type(producer).__name__} before it is followed by other modules than norms and activations"
     if any(not isinstance(module, CHANNELWISE) for module in between):
         return "other modules than pooling, flattening and activations lie between it and the next layer"
