@@ -196,6 +196,16 @@ def test_an_output_the_forward_does_not_return_is_refused(output: object, messag
                          output=output)  # type: ignore[arg-type]
 
 
+def test_slot_points_says_why_where_no_submodule_can_hold_a_slot() -> None:
+    """A forward that returns several outputs needs `output=` for every slot: `slot_points` says so rather than
+    listing nothing."""
+    model, x = _LogitsAndFeatures("dict"), torch.randn(2, 4)
+    with pytest.raises(HostBuildError, match=r"^no submodule of _LogitsAndFeatures can hold a slot "
+                                             r"\(\d+ of \d+: _LogitsAndFeatures's forward returns dict; .*output=0"):
+        morphogen.slot_points(model, x)
+    assert set(morphogen.slot_points(model, x, output="logits")) >= {"body", "block"}
+
+
 def test_a_topology_that_does_not_fit_the_probe_is_refused() -> None:
     with pytest.raises(HostBuildError, match="a cnn host needs 4 dimensions"):
         host_from_module(mlp(), ["1"], example_input=torch.randn(2, 12), topology="cnn")

@@ -25,6 +25,7 @@ work raises `HostBuildError` naming the submodule and why, before any training.
 
 from __future__ import annotations
 
+import collections
 import inspect
 import operator
 from collections.abc import Callable, Mapping, Sequence
@@ -127,18 +128,24 @@ def slot_points(model: nn.Module, example_input: Inputs, *, output: int | str | 
     A point inside a block's residual branch or a U-Net's skip (unless `carry_skips`, as `host_from_module`
     takes it), a submodule called twice, or one whose output is not one tensor is left out; so is one whose cut
     the probe finds changes the model's output. Raises `HostBuildError` for an `example_input` or `output` that
-    no slot could work with."""
+    no slot could work with, and where no submodule can hold one, with why."""
     model = _uncompiled(model)
     _checked_arguments(model, [], example_input, None, output, slots_needed=False)
     points: dict[str, int] = {}
+    refusals: list[str] = []
     for name, _ in model.named_modules():  # a module registered twice is listed once, by its first name
         if not name:
             continue
         try:
             host = host_from_module(model, [name], example_input, output=output, carry_skips=carry_skips)
-        except HostBuildError:
+        except HostBuildError as error:
+            refusals.append(str(error))
             continue
         points[name] = host.injection_points[slot_id_for(name)]
+    if refusals and not points:  # the reason most submodules share is likely one about the model: say it
+        common, count = collections.Counter(refusals).most_common(1)[0]
+        shared = "" if count == len(refusals) else f"{count} of {len(refusals)}: "
+        raise HostBuildError(f"no submodule of {type(model).__name__} can hold a slot ({shared}{common})")
     return points
 
 
