@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -292,3 +293,32 @@ def test_a_yaml_alias_bomb_is_quoted_in_one_short_line(tmp_path: Path, capsys: p
     line = run_expecting_user_error(["run", "--config", str(config)], capsys)
     assert "host.base_channels: expected an integer, got [[[[" in line
     assert len(line) < 200, "the value is quoted in at most 80 characters"
+
+
+class _ClosedPipe:
+    """A stdout whose reader went away (`morphogen list tasks | head -1` after head's line)."""
+
+    def write(self, text: str) -> int:
+        raise BrokenPipeError(32, "Broken pipe")
+
+    def flush(self) -> None:
+        raise BrokenPipeError(32, "Broken pipe")
+
+    def fileno(self) -> int:  # where stdout is sent once the pipe is closed: nowhere
+        return os.open(os.devnull, os.O_WRONLY)
+
+
+def test_a_reader_that_closes_the_pipe_ends_the_command_quietly(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                capsys: pytest.CaptureFixture[str]) -> None:
+    from morphogen.cli import EXIT_BROKEN_PIPE
+
+    run_dir = tmp_path / "run"
+    assert main(["run", "--epochs", "1", "--max-train-samples", "64", "--no-baseline", "--no-from-scratch",
+                 "--run-dir", str(run_dir)]) == 0
+    capsys.readouterr()
+
+    for argv in (["list", "tasks"], ["report", str(run_dir)]):  # through rich's console, and through print
+        monkeypatch.setattr("sys.stdout", _ClosedPipe())
+        assert main(argv) == EXIT_BROKEN_PIPE == 141
+        monkeypatch.undo()
+        assert capsys.readouterr().err == ""  # no traceback

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import os
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -49,6 +50,9 @@ EXIT_USER_ERROR = 2
 EXIT_DIVERGED = 3
 #: Exit status of a distributed rank that lost the others (a rank died or hung; `PeerLostError`).
 EXIT_PEER_LOST = 4
+#: Exit status when the reader of the output closed the pipe (`morphogen report RUN | head`), as a tool stopped by
+#: SIGPIPE reports it in a shell (128 + 13).
+EXIT_BROKEN_PIPE = 141
 #: Longest error line printed; longer messages are cut (a user error never needs more).
 MAX_ERROR_LINE = 1_000
 
@@ -698,7 +702,17 @@ def main(argv: Sequence[str] | None = None) -> int:
             except ValueError as error:  # out of bounds: the message names --threads and the bound
                 raise UsageError(str(error)) from None
         COMMANDS[args.command](args)
+        sys.stdout.flush()  # here, where a reader that went away (`| head`) can be caught
         return 0
+    except SystemExit as error:  # rich's console exits so on a closed pipe, having sent stdout to devnull
+        if isinstance(error.__context__, BrokenPipeError):
+            return EXIT_BROKEN_PIPE
+        raise
+    except BrokenPipeError:
+        # The reader has what it wanted; stdout goes nowhere from now on, so exiting flushes nothing into the pipe.
+        with contextlib.suppress(AttributeError, OSError, ValueError):  # a stdout without a descriptor: nothing to do
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_BROKEN_PIPE
     except Exception as error:
         if isinstance(error, (*_loaded(*USER_ERRORS), UsageError)):
             print(f"morphogen {args.command}: error: {_one_line(error)}", file=sys.stderr)

@@ -19,6 +19,7 @@ turns into one `ConfigError` line with the key path.
 from __future__ import annotations
 
 import math
+import numbers
 import reprlib
 from typing import Any
 
@@ -56,7 +57,10 @@ MAX_STRING_LENGTH = 4_096
 
 
 def check_count(name: str, value: int, upper: int, lower: int = 1) -> None:
-    """Raise `ValueError` unless `lower <= value <= upper` (the message names `name` and the bound broken)."""
+    """Raise `ValueError` unless `value` is an integer with `lower <= value <= upper` (the message names `name`
+    and the bound broken)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):  # numpy's integers too
+        raise ValueError(f"{name} must be an integer, got {value!r}")
     if value < lower:
         raise ValueError(f"{name} must be >= {lower}, got {value}")
     if value > upper:

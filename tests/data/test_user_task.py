@@ -59,6 +59,14 @@ def test_a_loader_is_streamed_batch_by_batch_with_its_own_batching() -> None:
     assert len(task.train) == 0  # a stream of unknown length says so
 
 
+def test_an_iterable_dataset_is_batched_here_in_its_own_order() -> None:
+    """An `IterableDataset` is a Dataset of samples (it even has `__getitem__`, from `Dataset`): batched by the
+    task's batch size, never shuffled, which a stream cannot be."""
+    task = task_from_data("stream", Stream(), pairs(4))
+    epoch = [targets.tolist() for _, targets in task.train.iterate_batches(4, generator=torch.Generator())]
+    assert epoch == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]]
+
+
 def test_moving_a_task_to_a_device_moves_its_batches() -> None:
     task = task_on_device(task_from_data("mine", TensorDataset(*pairs()), pairs(4)), "meta")
     assert task.validation.device.type == "meta"
@@ -71,6 +79,11 @@ def test_moving_a_task_to_a_device_moves_its_batches() -> None:
     ([{"x": torch.zeros(2, 3)}], "train batch 0: a dict (keys 'x'); name its targets' entry with "
                                  "task_from_data(..., target_key=...)"),
     ([(torch.zeros(2, 3), torch.zeros(3))], "train batch 0: (2, 3) inputs but (3,) targets"),
+    ((torch.zeros(2, 3).numpy(), torch.zeros(2).numpy()), "train batch 0: expected a pair (inputs, targets) of "
+                                                         "tensors, got a ndarray; numpy arrays are read as batches of "
+                                                         "rows: give torch tensors (torch.from_numpy)"),
+    ([(torch.zeros(3), 1), (torch.zeros(3), 2)], "train batch 0: expected a pair (inputs, targets) of tensors, got a "
+                                                 "2-item tuple; a list of samples is read as a list of batches"),
 ])
 def test_a_loader_yielding_the_wrong_thing_is_a_data_error_naming_the_batch(train: object, message: str) -> None:
     task = task_from_data("bad", train, pairs(4))

@@ -136,6 +136,9 @@ def test_per_pixel_classes_train_under_the_default_loss_and_accuracy_counts_pixe
                                                    "morphogen.host_from_module(model, slots=..., example_input=...)"),
     (lambda: torch.nn.Linear(4, 2), "task 'plain': its host function returned a Linear, not a host; return "
                                     "morphogen.host_from_module(model, slots=..., example_input=...)"),
+    ("not a host", "task 'plain': its host is a str, neither a host nor a function that builds one "
+                   "(morphogen.host_from_module(model, slots=..., example_input=...))"),
+    (lambda: 1 / 0, "task 'plain': its host function raised ZeroDivisionError: division by zero"),
 ])
 def test_a_model_given_as_it_is_says_how_to_make_it_a_host(host: object, message: str, tmp_path: Path) -> None:
     data = (torch.randn(8, 4), torch.arange(8) % 2)
@@ -143,6 +146,23 @@ def test_a_model_given_as_it_is_says_how_to_make_it_a_host(host: object, message
     with pytest.raises(morphogen.DataError) as caught:
         morphogen.grow(task, host, run_dir=str(tmp_path / "run"), config=eager_config(epochs=2), out=io.StringIO())
     assert str(caught.value) == message
+
+
+@pytest.mark.parametrize("train", [[], "drop_last", "generator"])
+def test_training_data_that_yields_no_batch_in_an_epoch_is_one_data_error(train: object, tmp_path: Path) -> None:
+    """An empty split, batches larger than the split that drop_last drops, or a generator (which runs once: the
+    first epoch trains, the second gets nothing) say so, naming the epoch."""
+    x, y = torch.randn(24, 12), torch.arange(24) % 3
+    data: object = {"drop_last": torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=32,
+                                                             drop_last=True),
+                    "generator": ((x[i:i + 8], y[i:i + 8]) for i in range(0, 24, 8))}.get(str(train), train)
+    task = morphogen.task_from_data("empty", data, (x, y), num_classes=3)
+    host = morphogen.host_from_module(mlp(), ["1"], example_input=x[:2])
+    epoch = 2 if train == "generator" else 1
+    with pytest.raises(morphogen.DataError, match=rf"^task 'empty': its training data yielded no batch in epoch "
+                                                  rf"{epoch} \(an empty split"):
+        morphogen.grow(task, host, run_dir=str(tmp_path / "run"), config=eager_config(epochs=3), out=io.StringIO(),
+                       baseline=False, from_scratch=False)
 
 
 def test_a_frozen_backbone_stays_frozen_while_seeds_grow_behind_and_beside_it(tmp_path: Path) -> None:
@@ -684,3 +704,12 @@ def test_grow_keeps_the_configs_settings_its_keywords_leave_out(tmp_path: Path) 
     again = morphogen.grow(task, host, out=io.StringIO(), epochs=1, seed=4, baseline=True,
                            config={"seed": 3, "baseline": False}, run_dir=str(tmp_path / "given"))
     assert again.baseline is not None and json.loads((again.run_dir / "config.json").read_text())["seed"] == 4
+
+
+@pytest.mark.parametrize("epochs", ["3", 2.5, True])
+def test_a_count_that_is_not_an_integer_is_one_line(epochs: object, tmp_path: Path) -> None:
+    data = (torch.randn(8, 12), torch.arange(8) % 3)
+    task = morphogen.task_from_data("counts", data, data, num_classes=3)
+    host = morphogen.host_from_module(mlp(), ["1"], example_input=data[0][:2])
+    with pytest.raises(ValueError, match=rf"^epochs must be an integer, got {re.escape(repr(epochs))}$"):
+        morphogen.grow(task, host, epochs=epochs, run_dir=str(tmp_path / "run"), out=io.StringIO())  # type: ignore[arg-type]

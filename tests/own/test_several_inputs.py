@@ -365,6 +365,27 @@ def test_batches_whose_inputs_disagree_are_one_data_error() -> None:
         next(iter(task.train.iterate_batches(4)))
 
 
+def test_data_of_another_kind_than_the_example_input_is_one_data_error_naming_both(tmp_path: Path) -> None:
+    """A host built from a dict of inputs meets tensors: the first validation says so, not what torch says."""
+    x, y = torch.randn(40, 6), torch.randint(0, 3, (40,))
+    task = morphogen.task_from_data("tensors", (x[:30], y[:30]), (x[30:], y[30:]), num_classes=3)
+    network = nn.Sequential(nn.Linear(6, 8), nn.ReLU(), nn.Linear(8, 3))
+
+    class ByName(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.network = network
+
+        def forward(self, features: Tensor) -> Tensor:
+            return self.network(features)
+
+    host = morphogen.host_from_module(ByName(), ["network.1"], example_input={"features": x[:2]})
+    with pytest.raises(DataError, match=r"^task 'tensors': its inputs are a tensor, but the host was built from an "
+                                        r"example_input that is a dict"):
+        morphogen.grow(task, host, epochs=1, run_dir=str(tmp_path / "run"), out=io.StringIO(), baseline=False,
+                       from_scratch=False)
+
+
 @pytest.mark.usefixtures("fresh_dynamo")
 @pytest.mark.parametrize("blueprint", ["mlp_small", "block_copy", ("mlp_small", "wider")])
 def test_compiled_training_passes_match_eager_ones_without_graph_breaks_or_recompiles(

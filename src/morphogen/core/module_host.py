@@ -780,17 +780,7 @@ def _probe(model: nn.Module, segments: Sequence[nn.Module], names: Sequence[str]
                 copyable.append(layers[index] if _keeps_shape(layers[index], x) else None)
         if carried is not None:
             _check_carried_rows(carried, rows(example))
-    output = activations.pop()
-    if not isinstance(expected, Tensor) or not isinstance(output, Tensor):
-        raise HostBuildError(f"{type(model).__name__}'s forward returns {type(expected).__name__}; a host returns "
-                             "one tensor: name the one your loss reads, output=0 (a position) or output=\"logits\" (a "
-                             "key or attribute)")
-    if output.shape != expected.shape or not torch.allclose(output, expected, rtol=1e-4, atol=1e-5):
-        _refuse_a_random_eval_mode(model, example, expected, key)
-        cause = (f"torch.fx cannot trace {type(model).__name__} ({untraced}), and cutting it between its children "
-                 if untraced else f"cutting {type(model).__name__} ")
-        raise HostBuildError(f"{cause}after {', '.join(names)} changes its output; its forward does not run those "
-                             "parts in order")
+    _check_the_output(model, example, expected, activations.pop(), key, names, untraced)
     for name, activation in zip(names, activations, strict=True):
         if not isinstance(activation, Tensor):
             raise HostBuildError(f"slot after {name!r}: its output is a {type(activation).__name__}, not one tensor")
@@ -865,6 +855,22 @@ def _guess_topology(model: nn.Module, activations: Sequence[Tensor], names: Sequ
         return "transformer" if tokens else "cnn1d"
     raise HostBuildError(f"slot outputs have {rank} dimensions; hosts grow [N, F], [N, C, L], [N, T, D] or "
                          "[N, C, H, W] activations")
+
+
+def _check_the_output(model: nn.Module, example: Inputs, expected: object, output: object, key: int | str | None,
+                      names: Sequence[str], untraced: str) -> None:
+    """Refuse a cut whose last segment does not give the model's output: several outputs and no `output=`, a
+    model random in eval mode, or parts the forward does not run in order."""
+    if not isinstance(expected, Tensor) or not isinstance(output, Tensor):
+        raise HostBuildError(f"{type(model).__name__}'s forward returns {type(expected).__name__}; a host returns "
+                             "one tensor: name the one your loss reads, output=0 (a position) or output=\"logits\" (a "
+                             "key or attribute)")
+    if output.shape != expected.shape or not torch.allclose(output, expected, rtol=1e-4, atol=1e-5):
+        _refuse_a_random_eval_mode(model, example, expected, key)
+        cause = (f"torch.fx cannot trace {type(model).__name__} ({untraced}), and cutting it between its children "
+                 if untraced else f"cutting {type(model).__name__} ")
+        raise HostBuildError(f"{cause}after {', '.join(names)} changes its output; its forward does not run those "
+                             "parts in order")
 
 
 def _refuse_a_random_eval_mode(model: nn.Module, example: Inputs, output: Tensor, key: int | str | None) -> None:

@@ -228,6 +228,16 @@ def _module_of(node: fx.Node, modules: dict[str, nn.Module]) -> nn.Module:
     return module
 
 
+def _passes_new_channels(node: fx.Node, modules: dict[str, nn.Module]) -> bool:
+    """Whether `node` may lie between a site's producer and consumer: a norm, an element-wise activation or a
+    dropout given the model's mode, applied to its one input."""
+    if node.op == "call_module" and isinstance(modules[str(node.target)], (*NORMS, *ELEMENTWISE)):
+        return True
+    if node.op in ("call_function", "call_method") and node.target in ELEMENTWISE_CALLS:
+        return set(node.kwargs) <= {"inplace"} and len(node.args) == 1
+    return _is_mode_dependent_dropout(node, modules)
+
+
 def _is_mode_dependent_dropout(node: fx.Node, modules: dict[str, nn.Module]) -> bool:
     """Whether `node` calls a functional dropout given the model's mode on its first argument alone (the others
     constants, such as its probability)."""
@@ -255,10 +265,7 @@ def _producer_chain(consumer: fx.Node, modules: dict[str, nn.Module]) -> tuple[f
     while isinstance(node, fx.Node) and len(node.users) == 1:
         if node.op == "call_module" and isinstance(modules[str(node.target)], LAYERS):
             return node, chain[::-1], consumer
-        passes = (node.op == "call_module" and isinstance(modules[str(node.target)], (*NORMS, *ELEMENTWISE))) or (
-            node.op in ("call_function", "call_method") and node.target in ELEMENTWISE_CALLS
-            and set(node.kwargs) <= {"inplace"} and len(node.args) == 1) or _is_mode_dependent_dropout(node, modules)
-        if not passes:
+        if not _passes_new_channels(node, modules):
             return None
         chain.append(node)
         node = node.args[0]

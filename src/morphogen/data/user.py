@@ -21,7 +21,7 @@ from typing import Any, cast
 
 import torch
 from torch import Tensor, nn
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader, Dataset, IterableDataset
 
 from morphogen.data.datasets import Augmentation, DeviceDataset
 from morphogen.data.errors import DataError
@@ -50,9 +50,9 @@ class StreamedBatches:
 
     @property
     def is_dataset(self) -> bool:
-        """A map-style `Dataset` (batched here) rather than a loader (batched by its owner)."""
-        return isinstance(self.data, Dataset) and not isinstance(self.data, DataLoader) and hasattr(
-            self.data, "__getitem__")
+        """A `Dataset` of samples (batched here: map-style shuffled, an `IterableDataset` in its own order) rather
+        than a loader (batched by its owner). Every `Dataset` has `__getitem__`, an `IterableDataset` too."""
+        return isinstance(self.data, Dataset) and not isinstance(self.data, DataLoader)
 
     def __len__(self) -> int:
         """Samples per epoch when the data can say (a loader of unknown length counts 0)."""
@@ -69,8 +69,10 @@ class StreamedBatches:
         `generator` when `shuffle`); a loader keeps its own batching."""
         if self.is_dataset:
             cpu_generator = generator if generator is not None and generator.device.type == "cpu" else None
-            batches: Iterable[Any] = DataLoader(self.data, batch_size=batch_size, shuffle=shuffle,  # type: ignore[arg-type]
-                                                generator=cpu_generator, drop_last=drop_last)
+            ordered = isinstance(self.data, IterableDataset)  # a stream: DataLoader cannot shuffle it
+            batches: Iterable[Any] = DataLoader(self.data, batch_size=batch_size,  # type: ignore[arg-type]
+                                                shuffle=shuffle and not ordered,
+                                                generator=None if ordered else cpu_generator, drop_last=drop_last)
         else:
             batches = cast(Iterable[Any], self.data)  # not a Dataset: a loader or another iterable of batches
         for index, batch in enumerate(batches):
@@ -90,7 +92,12 @@ class StreamedBatches:
         if not isinstance(batch, (tuple, list)) or len(batch) != 2 or not isinstance(batch[1], Tensor):
             kind = (f"{len(batch)}-item {type(batch).__name__}" if isinstance(batch, (tuple, list))
                     else type(batch).__name__)
-            raise DataError(f"{self.split} batch {index}: expected a pair (inputs, targets) of tensors, got a {kind}")
+            hint = ("; numpy arrays are read as batches of rows: give torch tensors (torch.from_numpy)"
+                    if type(batch).__module__ == "numpy" else "; a list of samples is read as a list of batches: "
+                    "give a Dataset, or stack the samples into tensors" if isinstance(batch, (tuple, list))
+                    and len(batch) == 2 and not isinstance(batch[1], Tensor) else "")
+            raise DataError(f"{self.split} batch {index}: expected a pair (inputs, targets) of tensors, got a "
+                            f"{kind}{hint}")
         inputs, targets = batch
         problem = inputs_problem(inputs)
         if problem is not None:

@@ -48,7 +48,7 @@ from morphogen.env.rewards import RewardBreakdown, RewardConfig, RewardMode, com
 from morphogen.env.seeding import TRAINING_RNG_STREAM, derive_seed, seeded
 from morphogen.env.snapshot import HISTORY_LENGTH, EpisodeSnapshot, SlotSnapshot, snapshot_from_state, snapshot_state
 from morphogen.env.training import HostAndSeedTrainer
-from morphogen.inputs import Inputs, take_rows, to_device
+from morphogen.inputs import Inputs, InputSpec, take_rows, to_device
 from morphogen.limits import MAX_BATCH_SIZE, MAX_EPOCHS, MAX_INTEGER_SETTING, check_count
 from morphogen.telemetry import events
 from morphogen.telemetry.anomalies import AnomalyDetector
@@ -126,7 +126,15 @@ def task_host(task: Task, device: torch.device | str, *, pool_slots: bool = Fals
             host_kwargs["pool_slots"] = True
         return build_host(task.topology, device=device, **host_kwargs)
     given = isinstance(task.host, torch.nn.Module)
-    built = task.host if given else task.host()
+    if not given and not callable(task.host):
+        raise DataError(f"task {task.name!r}: its host is a {type(task.host).__name__}, neither a host nor a function "
+                        "that builds one (morphogen.host_from_module(model, slots=..., example_input=...))")
+    try:
+        built = task.host if given else task.host()
+    except Exception as error:  # the user's own code: one line, as for a task function that raises
+        message = str(error).strip().splitlines()
+        raise DataError(f"task {task.name!r}: its host function raised {type(error).__name__}: "
+                        f"{message[0][:300] if message else ''}") from None
     if not isinstance(built, SegmentedHost):
         what = "host is" if given else "host function returned"
         raise DataError(f"task {task.name!r}: its {what} a {type(built).__name__}, not a host; "
@@ -495,6 +503,7 @@ class MorphogenesisEpisode:
         except DataError:
             raise
         except (RuntimeError, ValueError, TypeError, IndexError) as error:
+            self._refuse_inputs_of_another_kind()
             message = str(error).strip().splitlines()
             hint = "" if self.objective.custom else (
                 " (the default loss, cross-entropy, reads class scores on dimension 1 or the last, [N, C], [N, T, C] "
@@ -505,6 +514,19 @@ class MorphogenesisEpisode:
             raise DataError(f"task {self.task.name!r}: the loss or metric is not finite on the validation data before "
                             f"training (loss {result.loss(MAIN)}, {self.task.metric_name} {result.accuracy(MAIN)})")
         return result
+
+    def _refuse_inputs_of_another_kind(self) -> None:
+        """A `DataError` where the validation inputs are not of the kind the host was built for (one tensor, or a
+        tuple or dict of them): the model failed on them for that, whatever torch's message says."""
+        assert self.model is not None
+        expected = getattr(self.model.host, "input_kind", "tensor")
+        inputs = getattr(self.task.validation, "inputs", None)
+        if inputs is None:  # streamed: the kind shows only in a batch
+            return
+        given = InputSpec.of(inputs).kind
+        if given != expected:
+            raise DataError(f"task {self.task.name!r}: its inputs are a {given}, but the host was built from an "
+                            f"example_input that is a {expected}: give example_input as the data's batches are")
 
     def _validate(self) -> CounterfactualResult:
         assert self.model is not None
@@ -533,6 +555,10 @@ class MorphogenesisEpisode:
 
     def _epoch_training_loss(self) -> torch.Tensor:
         """The epoch's mean training loss; with processes sharing the training, the mean of theirs."""
+        if self.trainer.batches == 0 and self.sum_over_processes is None:
+            raise DataError(f"task {self.task.name!r}: its training data yielded no batch in epoch {self.epoch} "
+                            "(an empty split, batches larger than the split with drop_last=True, or a generator, "
+                            "which runs once: give a list, a Dataset or a DataLoader)")
         mean = self.trainer.take_epoch_loss()
         if self.sum_over_processes is None:
             return mean
