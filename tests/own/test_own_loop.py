@@ -28,6 +28,17 @@ def make_grower(epochs: int = 5, **options: object) -> tuple[Grower, DataLoader[
     return grower, DataLoader(TensorDataset(*train), batch_size=32, shuffle=True)
 
 
+def train_epoch(grower: Grower, loader: DataLoader[tuple[torch.Tensor, ...]], optimizer: torch.optim.Optimizer
+                ) -> morphogen.EpochReport:
+    """One epoch of the README's loop: step, backward, `after_backward`, the optimizer; then `end_epoch`."""
+    for inputs, targets in loader:
+        optimizer.zero_grad()
+        grower.training_step(inputs, targets).backward()
+        grower.after_backward()
+        optimizer.step()
+    return grower.end_epoch()
+
+
 def test_an_own_loop_with_adamw_a_scheduler_and_bf16_autocast_grows_seeds() -> None:
     grower, loader = make_grower()
     optimizer = torch.optim.AdamW(grower.model.host_parameters(), lr=1e-2)
@@ -55,13 +66,7 @@ def test_an_own_loop_with_adamw_a_scheduler_and_bf16_autocast_grows_seeds() -> N
 def test_a_training_seed_learns_from_its_shadow_and_the_host_from_its_own_loss() -> None:
     grower, loader = make_grower()
     optimizer = torch.optim.SGD(grower.model.host_parameters(), lr=0.05)
-    for _ in range(1):  # epoch 1 waits; the controller germinates at its end, for epoch 2
-        for inputs, targets in loader:
-            optimizer.zero_grad()
-            grower.training_step(inputs, targets).backward()
-            grower.after_backward()
-            optimizer.step()
-        grower.end_epoch()
+    train_epoch(grower, loader, optimizer)  # epoch 1 waits; the controller germinates at its end, for epoch 2
     training = [slot for slot in grower.model.slots() if slot.stage is Stage.TRAINING]
     assert training, "the controller germinated a seed"
     before = [p.detach().clone() for p in training[0].seed_parameters()]
@@ -114,13 +119,7 @@ def test_an_optimizer_that_is_not_the_hosts_is_refused_when_the_grower_is_built(
 
 def test_a_state_saved_by_another_grower_is_refused_in_one_line_before_anything_loads() -> None:
     grower, loader = make_grower(epochs=4)
-    optimizer = torch.optim.SGD(grower.model.host_parameters(), lr=0.1)
-    for inputs, targets in loader:
-        optimizer.zero_grad()
-        grower.training_step(inputs, targets).backward()
-        grower.after_backward()
-        optimizer.step()
-    grower.end_epoch()
+    train_epoch(grower, loader, torch.optim.SGD(grower.model.host_parameters(), lr=0.1))
     state = grower.state_dict()
     other_epochs, _ = make_grower(epochs=6)
     with pytest.raises(ValueError, match=r"not built as the saved one was: it was saved with epochs=4, this one has "
