@@ -119,6 +119,21 @@ def test_a_new_run_takes_an_empty_or_missing_directory_and_makes_a_fresh_one(tmp
     assert first != second and second.parent == first.parent
 
 
+@pytest.mark.parametrize(("kind", "what"), [("file", "a file"), ("link to a file", "a link that leads to no directory"),
+                                            ("dangling link", "a link that leads to no directory")])
+def test_a_run_directory_that_is_a_file_or_a_link_to_none_says_so(tmp_path: Path, kind: str, what: str) -> None:
+    target, run = tmp_path / "notes.txt", tmp_path / "run"
+    if kind == "file":
+        run.write_text("mine")
+    else:
+        if kind == "link to a file":
+            target.write_text("mine")
+        run.symlink_to(target)
+    with pytest.raises(RunDirectoryRefused, match=f"^run_dir: {run} is {what}, not a directory; give a directory"):
+        make_run_dir(str(run), "runs", "digits")
+    assert not target.exists() or target.read_text() == "mine"
+
+
 @pytest.mark.parametrize(("place", "what"), [
     ("/", "is the root directory"), ("/etc", "is a system directory"),
     ("/usr/lib/x", "is inside the system directory /usr"), ("/tmp", "is a top-level directory"),

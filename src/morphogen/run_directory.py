@@ -460,6 +460,10 @@ def make_run_dir(run_dir: str | None, runs_root: str, task: str) -> Path:
     try:
         path.mkdir(parents=True, exist_ok=True)
     except OSError as error:
+        if os.path.lexists(path) and not path.is_dir():  # a file, or a link to one or to nothing
+            what = "a link that leads to no directory" if path.is_symlink() else "a file"
+            raise RunDirectoryRefused(f"run_dir: {path} is {what}, not a directory; give a directory of its own, "
+                                      "e.g. runs/my-run") from None
         raise RunDirectoryRefused(f"run_dir: cannot create {path}: {error.strerror or error}") from None
     refuse_other_run(path)
     return path
