@@ -238,7 +238,8 @@ class Grower:
         if self._steps:
             raise RuntimeError("save a Grower between epochs (after end_epoch()), not in the middle of one")
         return {"format": GROWER_STATE_FORMAT, "episode": self.episode.state_dict(),
-                "controller": savable(self.controller, "saved").state_dict(), "next_action": self._action.state(),
+                "controller": savable(self.controller, "saved").state_dict(),
+                "controller_kind": type(self.controller).__name__, "next_action": self._action.state(),
                 "applied": [self._applied[0], self._applied[1]]}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -262,7 +263,11 @@ class Grower:
         self._action, self._applied = Action.from_state(state["next_action"]), (bool(succeeded), str(reason))
 
     def _state_problem(self, state: dict[str, Any]) -> str:
-        """Why `state` cannot go on in this Grower (its epochs, slots or host parameters differ), or ""."""
+        """Why `state` cannot go on in this Grower (its controller's kind, epochs, slots or host parameters
+        differ), or ""."""
+        kind = state.get("controller_kind")  # states saved before the kind was recorded go without the check
+        if kind is not None and kind != type(self.controller).__name__:
+            return f"it was saved by a {str(kind)[:80]!r} controller, this one has {type(self.controller).__name__!r}"
         saved = snapshot_from_state(state["episode"]["snapshot"])
         if saved.max_epochs != self.snapshot.max_epochs:
             return f"it was saved with epochs={saved.max_epochs}, this one has epochs={self.snapshot.max_epochs}"

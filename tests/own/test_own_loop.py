@@ -135,6 +135,11 @@ def test_a_state_saved_by_another_grower_is_refused_in_one_line_before_anything_
     with pytest.raises(ValueError, match=r"it was saved with slots 1, 3, this one has 1;"):
         fewer_slots.load_state_dict(state)
     assert fewer_slots.training_step(validation[0][:8], validation[1][:8]).isfinite()  # nothing was loaded
+    not_growing = Grower(morphogen.host_from_module(mlp(), ["1", "3"], example_input=validation[0][:2]),
+                         validation, epochs=4, controller=NoGrowthController())
+    with pytest.raises(ValueError, match=r"saved by a 'HeuristicController' controller, this one has "
+                                         r"'NoGrowthController'"):
+        not_growing.load_state_dict(state)
 
 
 def test_a_forgotten_after_backward_is_an_error_naming_it() -> None:
