@@ -85,6 +85,11 @@ def test_a_users_task_compares_with_hosts_its_module_builds(tmp_path: Path, monk
     assert line == ("morphogen run: error: compare_with: '3x6': host sizes fit only a built-in task's host; task "
                     "'compared_task:make_task' builds its own, so name a function building one "
                     "(package.module:function)")
+    line = _user_error(["run", "--task", "compared_task:make_task", "--compare", "wide=compared_task:make_task",
+                        "--run-dir", "refused"], capsys)
+    assert line == ("morphogen run: error: compare_with: 'wide': its host function returned a tuple, not a host; "
+                    "return morphogen.host_from_module(model, slots=..., example_input=...)")  # not the task's host
+    assert not (tmp_path / "refused").exists()
 
 
 def _user_error(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:

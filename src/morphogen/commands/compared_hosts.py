@@ -12,7 +12,7 @@ import dataclasses
 from collections.abc import Mapping
 
 from morphogen.config import ConfigError
-from morphogen.data import Task
+from morphogen.data import DataError, Task
 from morphogen.data.catalog import TASK_NAMES
 from morphogen.env.episode import task_with_host
 from morphogen.limits import short_repr
@@ -83,9 +83,21 @@ def compared_tasks(settings: Mapping[str, dict[str, int] | str], given: Mapping[
         check_names({**settings, **given})
     tasks = {}
     for name, spec in settings.items():
+        where = f"compare_with: {short_repr(name)}"
         if isinstance(spec, str):
-            tasks[name] = task_with_host(task, import_function(spec, f"compare_with: {short_repr(name)}"))
+            tasks[name] = _with_compared_host(task, import_function(spec, where), where)
         else:
-            sizes = _host_size(task_setting, {**host_sizes, **spec}, f"compare_with: {short_repr(name)}")
+            sizes = _host_size(task_setting, {**host_sizes, **spec}, where)
             tasks[name] = dataclasses.replace(task, host_kwargs={**task.host_kwargs, **sizes})
-    return {**tasks, **{name: task_with_host(task, host) for name, host in (given or {}).items()}}
+    for name, host in (given or {}).items():
+        tasks[name] = _with_compared_host(task, host, f"compare_with: {short_repr(name)}")
+    return tasks
+
+
+def _with_compared_host(task: Task, host: object, where: str) -> Task:
+    """`task` with the compared `host`; a host that cannot be built is a `DataError` naming the comparison, not the
+    task (whose own host is fine)."""
+    try:
+        return task_with_host(task, host)
+    except DataError as error:
+        raise DataError(f"{where}: {str(error).removeprefix(f'task {task.name!r}: ')}") from None
