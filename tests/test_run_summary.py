@@ -37,6 +37,10 @@ def test_the_table_shows_the_last_epochs_and_says_when_the_final_gap_is_within_o
     out = io.StringIO()
     print_summary(close, steady, out)
     assert "end 4.33 apart, less than one epoch moved their accuracy near the end (5.39)" in out.getvalue()
+    assert 'schedule = "cosine"' in out.getvalue()
+    out = io.StringIO()
+    print_summary(close, steady, out, decaying=True)  # the rate decays already: no advice to make it decay
+    assert out.getvalue().count("may be noise.)") == 1 and "cosine" not in out.getvalue()
     out = io.StringIO()
     print_summary(steady, steady, out)  # nothing grown: the same training, no gap to judge
     assert "may be noise" not in out.getvalue()

@@ -171,18 +171,18 @@ TABLE_COLUMNS = 5
 def print_summary(grown: EpisodeOutcome, baseline: EpisodeOutcome | None, out: TextIO,
                   from_scratch: EpisodeOutcome | None = None, metric_name: str = "accuracy",
                   criterion: Criterion = Criterion.SCORE, *, nothing_kept: bool = False,
-                  fixed: Mapping[str, EpisodeOutcome] | None = None) -> None:
+                  fixed: Mapping[str, EpisodeOutcome] | None = None, decaying: bool = False) -> None:
     """The closing table: the grown model, the same host without growth, and the grown model's final
     architecture trained from scratch; the hosts `fixed` names, trained without growth, beside the grown model;
     then the story of every seed, its contributions in what `criterion` judges (accuracy points, or nats of
     validation loss removed). `metric_name` names the score row; `nothing_kept` says that no from-scratch run was
-    trained because the final architecture is the host."""
+    trained because the final architecture is the host; `decaying`, that the learning rate decays over the run."""
     cells = _table_cells(grown, metric_name)
     columns = [("grown", grown), ("no growth", baseline), ("from scratch", from_scratch)]
     print("\n".join(_table_lines(columns, cells, from_scratch)), file=out)
     if nothing_kept:
         print("(from scratch: no seed was blended in, so the final architecture is the host itself)", file=out)
-    note = None if baseline is None else noise_note(grown, baseline, metric_name)
+    note = None if baseline is None else noise_note(grown, baseline, metric_name, decaying=decaying)
     if note:
         print(note, file=out)
     if fixed:
@@ -262,17 +262,19 @@ def _range(low: str, high: str) -> str:
     return f"{low} to {high}" if "-" in low + high else f"{low}-{high}"
 
 
-def noise_note(grown: EpisodeOutcome, baseline: EpisodeOutcome, metric_name: str) -> str:
+def noise_note(grown: EpisodeOutcome, baseline: EpisodeOutcome, metric_name: str, *, decaying: bool = False) -> str:
     """A line saying that grown and no growth end closer than one epoch moved them, or "" when they do not
-    (or end equal: nothing was grown, the same training)."""
+    (or end equal: nothing was grown, the same training); under a constant learning rate (not `decaying`) it
+    says how to let training settle."""
     gap, swing = abs(grown.final_accuracy - baseline.final_accuracy), epoch_swing(grown, baseline)
     if swing is None or not 0 < gap < swing:
         return ""
     number = "{:.2f}" if metric_name == "accuracy" else "{:.3g}"  # a task's own metric or loss: any scale
     measure = "loss" if metric_name == NEGATIVE_LOSS else metric_name
     return (f"(grown and no growth end {number.format(gap)} apart, less than one epoch moved their {measure} near "
-            f"the end ({number.format(swing)}): a difference this small may be noise. "
-            "A decaying learning rate, [episode.optimizer] schedule = \"cosine\", lets training settle.)")
+            f"the end ({number.format(swing)}): a difference this small may be noise."
+            + ("" if decaying else
+               " A decaying learning rate, [episode.optimizer] schedule = \"cosine\", lets training settle.") + ")")
 
 
 def epoch_swing(*outcomes: EpisodeOutcome) -> float | None:
@@ -455,7 +457,8 @@ def _play_and_write(config: RunConfig, task: Task, episode: MorphogenesisEpisode
             from_scratch, from_scratch_model = _run_from_scratch(config, task, architecture, run_dir, display, saving)
         fixed_outcomes = _run_fixed(config, fixed, run_dir, display, saving)
     print_summary(grown, baseline, out, from_scratch, task.metric_name, episode.slot_config.gates.judged_by,
-                  nothing_kept=config.from_scratch and not architecture, fixed=fixed_outcomes)
+                  nothing_kept=config.from_scratch and not architecture, fixed=fixed_outcomes,
+                  decaying=episode.optimizer_config.schedule != "constant")
     if episode.timer.enabled:
         print(f"\ntime by phase (grown model):\n{episode.timer.summary()}", file=out)
     result = RunResult(grown, baseline, from_scratch, episode.model, run_dir, from_scratch_model, fixed_outcomes,
