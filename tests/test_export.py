@@ -29,12 +29,12 @@ from morphogen.run_directory import MODEL_FILENAME
 
 @pytest.fixture(scope="module")
 def grown(tmp_path_factory: pytest.TempPathFactory) -> RunResult:
-    """A 5-epoch digits run whose one slot ends with a seed HOLDING (settings that grow at once)."""
+    """A 6-epoch digits run whose one slot ends with a seed HOLDING (settings that grow at once)."""
     gates = GateConfig(mode=GateMode.PERMISSIVE, min_training_epochs=1)
     config = RunConfig(
         task="digits", max_train_samples=300, slots=("r0c0",), baseline=False, from_scratch=False,
         run_dir=str(tmp_path_factory.mktemp("export") / "run"),
-        episode=EpisodeConfig(max_epochs=5, slots=SlotConfig(gates=gates, blend_epochs=1)),
+        episode=EpisodeConfig(max_epochs=6, slots=SlotConfig(gates=gates, blend_epochs=1)),
         heuristic=HeuristicConfig(warmup_epochs=0, plateau_epochs=1, plateau_threshold=1e9, min_training_epochs=1,
                                   choice="rotation"))  # conv_heavy first: the seed these tests damage and forge
     result = run_command(config, out=io.StringIO())
@@ -133,14 +133,13 @@ def python_task(run: Path) -> None:
     (damaged, [], "is damaged: its contents do not match the checksum"),
     (truncated, [], "is unreadable (truncated or corrupt?)"),
     (hostile, [], "was refused: it holds"),
-    (lambda run: forge(run, blending), [], "seeds still BLENDING: conv_heavy in r0c0 (alpha 0.50)"),
     (lambda run: forge(run, other_blueprint), [], "slot r0c0's seed 'widen_x8' does not match the weights saved"),
     (lambda run: forge(run, huge_option), [], "slot r0c0's seed 'conv_heavy' cannot be built here"),
     (python_task, [], "grew a task built in Python (morphogen.grow)"),
     (lambda run: (run / "file").write_text(""), ["--output", "{run}/file/model.pt2"], "cannot write"),
     (lambda run: None, ["--output", "{run}/config.json"], "would replace the run's own config.json"),
     (lambda run: None, ["--format", "tflite"], None),
-], ids=["missing", "damaged", "truncated", "hostile", "blending", "forged-blueprint", "forged-option", "python-task",
+], ids=["missing", "damaged", "truncated", "hostile", "forged-blueprint", "forged-option", "python-task",
         "unwritable", "run-file", "format"])
 def test_bad_input_is_one_line_exit_2_and_the_run_directory_is_untouched(
         grown: RunResult, tmp_path: Path, capsys: pytest.CaptureFixture[str], prepare: Callable[[Path], None],
@@ -160,12 +159,19 @@ def test_bad_input_is_one_line_exit_2_and_the_run_directory_is_untouched(
     assert "this must never run" not in capsys.readouterr().out
 
 
-def test_a_blending_seed_can_be_left_out(grown: RunResult, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_blending_seed_goes_in_at_its_alpha_or_can_be_left_out(grown: RunResult, tmp_path: Path,
+                                                                 capsys: pytest.CaptureFixture[str]) -> None:
     run = Path(shutil.copytree(grown.run_dir, tmp_path / "run"))
     forge(run, blending)
-    assert main(["export", str(run), "--leave-out-blending"]) == 0
-    assert "left out: conv_heavy in r0c0 (blending)" in capsys.readouterr().out
-    program = torch.export.load(run / "model.pt2").module()
+    assert main(["export", str(run)]) == 0
+    assert "seeds folded in: conv_heavy in r0c0 (blending, alpha 0.50)" in capsys.readouterr().out
+    model, inputs = morphogen.load_grown_model(run).eval(), validation_inputs()
+    with torch.no_grad():  # the model as it computes, its seed at alpha 0.5
+        torch.testing.assert_close(torch.export.load(run / "model.pt2").module()(inputs), model(inputs), rtol=0,
+                                   atol=1e-5)
+    assert main(["export", str(run), "--leave-out-blending", "--output", str(tmp_path / "without.pt2")]) == 0
+    assert "left out: conv_heavy in r0c0 (blending, alpha 0.50)" in capsys.readouterr().out
+    program = torch.export.load(tmp_path / "without.pt2").module()
     host = grown.model.host.eval()
     inputs = validation_inputs()
     with torch.no_grad():

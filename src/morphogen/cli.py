@@ -242,7 +242,7 @@ def _add_export_parser(subparsers: Any) -> None:
                         help="torch-export (default; a .pt2 file) or onnx (needs the onnx extra)")
     export.add_argument("--output", help="where to write (default RUN_DIR/model.pt2 or RUN_DIR/model.onnx)")
     export.add_argument("--leave-out-blending", action="store_true",
-                        help="leave seeds still BLENDING out instead of refusing to export")
+                        help="leave seeds still BLENDING out (by default they go in at the alpha they reached)")
     export.add_argument("--from-scratch", action="store_true",
                         help="export the grown model's final architecture as the run trained it from scratch "
                              "(default output RUN_DIR/model_from_scratch.pt2)")

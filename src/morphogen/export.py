@@ -4,11 +4,12 @@
     morphogen.export_model(model, example_input, "grown.pt2")  # torch.export program
     program = torch.export.load("grown.pt2").module()          # elsewhere: torch only, no morphogen
 
-`export_model` folds the kept seeds into the host (`morphogen.core.plain`: HOLDING and FOSSILIZED seeds
-in at alpha 1, TRAINING seeds left out, BLENDING seeds refused unless `leave_out_blending`), traces that
-network with `torch.export` with a dynamic batch dimension, checks the program against the network on
-the example input, and writes it atomically: a `torch.export` program (`.pt2`, `torch.export.save`) or,
-with the `onnx` extra, an ONNX model. The network is traced on the device and in the dtype of the model.
+`export_model` folds the seeds of the model's output into the host (`morphogen.core.plain`: HOLDING and
+FOSSILIZED seeds in at alpha 1, BLENDING seeds at the alpha they reached unless `leave_out_blending`, TRAINING
+seeds left out), traces that network with `torch.export` with a dynamic batch dimension, checks the program
+against the network on the example input, and writes it atomically: a `torch.export` program (`.pt2`,
+`torch.export.save`) or, with the `onnx` extra, an ONNX model. The network is traced on the device and in the
+dtype of the model.
 
 `load_grown_model(run_dir)` rebuilds a run's model: the host from the run's `config.json` as `run --config`
 builds it (a built-in task with its `[host]` table, or the user's task function named by its import path),
@@ -63,9 +64,9 @@ def export_model(model: MorphogeneticModel, example_input: Inputs, path: str | P
 
     `example_input` is a batch of real inputs (one sample is enough), as the model takes them: a tensor, or a
     tuple or dict of tensors, which the program then takes as positional or keyword arguments, as the user's
-    own model does. The batch dimension stays dynamic. Raises `ExportError` for a BLENDING seed (unless
-    `leave_out_blending`), a network `torch.export` cannot trace, a missing `onnx` extra or a path that
-    cannot be written.
+    own model does. The batch dimension stays dynamic. `leave_out_blending` drops seeds still BLENDING (folded in
+    at their alpha otherwise, as the model computes). Raises `ExportError` for a network `torch.export` cannot
+    trace, a missing `onnx` extra or a path that cannot be written.
     """
     if format not in FORMATS:
         raise ExportError(f"unknown export format {format!r}; valid: {', '.join(FORMATS)}")

@@ -12,7 +12,7 @@ from morphogen.core.blend import BlendKind
 from morphogen.core.hosts import CNNHost, TransformerHost
 from morphogen.core.lifecycle import Stage
 from morphogen.core.model import MorphogeneticModel
-from morphogen.core.plain import ExportError, FoldedSeed, grown_network
+from morphogen.core.plain import FoldedSeed, grown_network
 
 #: Per topology: a seed blueprint and the stages placed in the host's slots, in order.
 LAYOUTS = {
@@ -71,12 +71,13 @@ def test_the_network_is_a_copy() -> None:
     assert model.slot("r0c1").stage is Stage.TRAINING  # the model itself is left as it was
 
 
-def test_a_blending_seed_is_refused_naming_its_slot_and_alpha_or_left_out_when_asked() -> None:
+def test_a_blending_seed_goes_in_at_its_alpha_or_is_left_out_when_asked() -> None:
     model = grown("cnn", {"r0c0": Stage.FOSSILIZED, "r0c1": Stage.BLENDING}, "conv_light")
-    with pytest.raises(ExportError, match=r"conv_light in r0c1 \(alpha 0\.40\).*leave-out-blending"):
-        grown_network(model)
-    network = grown_network(model, leave_out_blending=True)
     x = example("cnn")
+    with torch.no_grad():  # the network computes what the model does, its seed at alpha 0.4
+        torch.testing.assert_close(grown_network(model)(x), model.eval()(x), rtol=0, atol=1e-6)
+        assert not torch.allclose(model.counterfactual_forward(x, [[1.0, 0.0, 0.0]])[0], model(x), atol=1e-3)
+    network = grown_network(model, leave_out_blending=True)
     with torch.no_grad():
         without_blending = model.counterfactual_forward(x, [[1.0, 0.0, 0.0]])[0]  # the BLENDING seed at alpha 0
         torch.testing.assert_close(network(x), without_blending, rtol=0, atol=1e-6)

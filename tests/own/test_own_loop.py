@@ -105,6 +105,19 @@ def test_an_optimizer_built_on_the_hosts_parameters_trains_the_grown_model_and_y
         assert torch.equal(network(validation[0]), grower.model(validation[0]))
 
 
+def test_the_last_reported_score_is_the_score_of_the_model_the_grower_leaves_and_exports() -> None:
+    grower, loader = make_grower(epochs=5)  # these settings end the episode with a seed blending at alpha 2/3
+    optimizer = torch.optim.SGD(grower.model.host_parameters(), lr=0.1)
+    reports = [train_epoch(grower, loader, optimizer) for _ in range(5)]
+    assert reports[-1].stages["1"] == "blending" and grower.model.slot("1").alpha.alpha == pytest.approx(2 / 3)
+    inputs, targets = blobs(96, 1)
+    grower.model.eval()
+    with torch.no_grad():
+        outputs = grower.model(inputs)
+        assert (outputs.argmax(1) == targets).float().mean().item() * 100 == pytest.approx(reports[-1].score)
+        torch.testing.assert_close(morphogen.grown_network(grower.model)(inputs), outputs, rtol=0, atol=1e-5)
+
+
 def test_an_optimizer_that_is_not_the_hosts_is_refused_when_the_grower_is_built() -> None:
     host = morphogen.host_from_module(mlp(), ["1"], example_input=torch.randn(2, 12))
     validation = blobs(32, 1)

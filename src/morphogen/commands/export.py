@@ -17,7 +17,8 @@ from typing import TextIO
 
 from morphogen.core.lifecycle import Stage
 from morphogen.core.model import MorphogeneticModel
-from morphogen.core.plain import KEPT_STAGES, ExportError
+from morphogen.core.plain import ExportError, exported_stages
+from morphogen.core.slot import SeedSlot
 from morphogen.export import FORMATS, example_input_of, export_model, rebuild_run
 from morphogen.run_directory import RUN_FILE_NAMES, hold_run_directory
 
@@ -41,18 +42,24 @@ def export_command(run_dir: str, format: str = "torch-export", output: str | Non
     lock = hold_run_directory(run) if inside else contextlib.nullcontext()
     with lock:
         written = export_model(model, example, path, format=format, leave_out_blending=leave_out_blending)
-    _print_summary(model, written, format, out)
+    _print_summary(model, written, format, out, leave_out_blending)
     return written
 
 
-def _print_summary(model: MorphogeneticModel, written: Path, format: str, out: TextIO) -> None:
-    """What went into the exported file, what was left out, and how to load it."""
-    kept = [f"{slot.blueprint} in {slot.slot_id} ({slot.stage.value})" for slot in model.slots()
-            if slot.stage in KEPT_STAGES]
-    left_out = [f"{slot.blueprint} in {slot.slot_id} ({slot.stage.value})" for slot in model.slots()
-                if slot.stage in (Stage.GERMINATED, Stage.TRAINING, Stage.BLENDING)]
+def _print_summary(model: MorphogeneticModel, written: Path, format: str, out: TextIO,
+                   leave_out_blending: bool) -> None:
+    """What went into the exported file (a BLENDING seed with its alpha), what was left out, and how to load it."""
+    exported = exported_stages(leave_out_blending)
+
+    def named(slot: SeedSlot) -> str:
+        alpha = f", alpha {slot.alpha.alpha:.2f}" if slot.stage is Stage.BLENDING else ""
+        return f"{slot.blueprint} in {slot.slot_id} ({slot.stage.value}{alpha})"
+
+    kept = [named(slot) for slot in model.slots() if slot.stage in exported]
+    left_out = [named(slot) for slot in model.slots()
+                if slot.stage in (Stage.GERMINATED, Stage.TRAINING, Stage.BLENDING) and slot.stage not in exported]
     parameters = model.host_param_count() + sum(slot.seed_parameter_count() for slot in model.slots()
-                                                if slot.stage in KEPT_STAGES)
+                                                if slot.stage in exported)
     print(f"wrote {written} ({format}, {parameters:,} parameters)", file=out)
     print(f"  seeds folded in: {', '.join(kept) or 'none'}", file=out)
     if left_out:

@@ -8,11 +8,11 @@ Which seeds go in (the model's output decides):
 - HOLDING and FOSSILIZED seeds are folded in at their alpha, which is 1 for both (a seed enters HOLDING
   only once its ramp reached 1). A HOLDING seed is not judged yet, but it is part of every accuracy the run
   reported, so leaving it out would export another model than the one measured.
+- A BLENDING seed is folded in at the alpha its ramp has reached, for the same reason: a run that ends while a
+  seed blends reports the model with the seed at that alpha. `leave_out_blending=True` drops it instead (the
+  output then differs from the grown model's).
 - GERMINATED and TRAINING seeds are left out: they learn behind the host and are not part of its output,
   so the network without them computes exactly what the grown model computes.
-- A BLENDING seed is refused (`ExportError` naming the slot and its alpha): its alpha is still ramping, and
-  the model is halfway between two architectures. `leave_out_blending=True` drops it instead (the output
-  then differs from the grown model's).
 """
 
 from __future__ import annotations
@@ -29,8 +29,13 @@ from morphogen.core.model import MorphogeneticModel
 from morphogen.core.width import WidthSite, run_cut_segment
 from morphogen.inputs import Inputs
 
-#: Stages whose seed is folded into the plain network.
+#: Stages whose seed is kept for good or on trial: folded into the plain network whatever it is asked.
 KEPT_STAGES = frozenset({Stage.HOLDING, Stage.FOSSILIZED})
+
+
+def exported_stages(leave_out_blending: bool) -> frozenset[Stage]:
+    """The stages whose seeds a plain network holds: those in the model's output, BLENDING ones unless left out."""
+    return KEPT_STAGES if leave_out_blending else KEPT_STAGES | {Stage.BLENDING}
 
 
 class ExportError(ValueError):
@@ -134,23 +139,19 @@ class GrownNetwork(nn.Module):
 
 
 def grown_network(model: MorphogeneticModel, *, leave_out_blending: bool = False) -> GrownNetwork:
-    """A copy of `model` as a `GrownNetwork` in eval mode (see the module docstring for which seeds go in).
+    """A copy of `model` as a `GrownNetwork` in eval mode (see the module docstring for which seeds go in;
+    `leave_out_blending` drops BLENDING seeds).
 
     The copy shares nothing with `model`: training or moving one leaves the other as it was.
-    Raises `ExportError` for a BLENDING seed unless `leave_out_blending`.
     """
-    blending = [slot for slot in model.slots() if slot.stage is Stage.BLENDING]
-    if blending and not leave_out_blending:
-        seeds = ", ".join(f"{slot.blueprint} in {slot.slot_id} (alpha {slot.alpha.alpha:.2f})" for slot in blending)
-        raise ExportError(f"seeds still BLENDING: {seeds}; their alpha is still ramping. Train until they are "
-                          "HOLDING or FOSSILIZED, or leave them out (--leave-out-blending, leave_out_blending=True)")
+    kept = exported_stages(leave_out_blending)
     host = model.host
     folded: list[nn.Module] = []
     widenings: dict[int, tuple[WidthSite, FoldedWidening]] = {}
     branches: dict[int, FoldedBranch] = {}
     for point, slot_id in enumerate(host.injection_points):
         slot = model.slot(slot_id) if slot_id in model.seed_slots else None
-        if slot is None or slot.stage not in KEPT_STAGES:
+        if slot is None or slot.stage not in kept:
             folded.append(nn.Identity())
             continue
         assert slot.seed is not None and slot.blend is not None

@@ -456,8 +456,12 @@ class MorphogenesisEpisode:
         if rollback is not None:
             result = self._after_rollback(rollback)
         self._record_signals(result)
-        for slot in self.model.slots():
-            slot.step_epoch(self.epoch)
+        if not self.done:
+            # The slots' clocks set up the next epoch (a blending seed's next alpha, stages it moves into). After
+            # the last there is none: the model stays the one just validated, which every reported figure, the
+            # architecture trained from scratch and the export then describe.
+            for slot in self.model.slots():
+                slot.step_epoch(self.epoch)
         self._emit_transitions()
         self._measure_growth()
         previous = self.snapshot
