@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 from torch import nn
+from torch.utils.flop_counter import FlopCounterMode
 
 from morphogen import CNNHost, MorphogeneticModel, host_from_module
 from morphogen.core.branch import NoBranchSiteError
@@ -207,3 +208,39 @@ def test_a_model_called_with_a_tuple_of_inputs_costs_what_a_hand_count_says() ->
     model.slot("first").advance(0)  # TRAINING: a shadow pass over the layers after the slot, on half the batch
     whole, half = counter.training_step(model, spec), counter.training_step(model, spec, BATCH // 2)
     assert whole.main == half.main == 2 * first + 3 * second and whole.shadow == 2 * half.shadow > 0
+
+
+class Recurrent(nn.Module):
+    """An LSTM over sequences of 3 features, its last step classified: torch runs it on the CPU as oneDNN's fused
+    layer, which `FlopCounterMode` alone counts as nothing."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.encoder = LastStep(nn.LSTM(3, 8, batch_first=True))
+        self.head = nn.Linear(8, CLASSES)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.encoder(x))
+
+
+class LastStep(nn.Module):
+    def __init__(self, lstm: nn.LSTM) -> None:
+        super().__init__()
+        self.lstm = lstm
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.lstm(x)[0][:, -1]
+
+
+def test_an_lstm_costs_what_a_hand_count_says_on_the_cpu_as_on_the_meta_device() -> None:
+    steps = 7
+    spec = InputSpec.tensor((BATCH, steps, 3))
+    host = host_from_module(Recurrent(), ["encoder"], example_input=torch.randn(2, steps, 3))
+    # Each step of each sequence multiplies its input (3) and hidden state (8) into 4 gates of 8.
+    lstm, head = 2 * BATCH * steps * 4 * 8 * (3 + 8), 2 * BATCH * 8 * CLASSES
+    counter = FlopCounter()
+    assert counter.validation_batch(MorphogeneticModel(host), [[0.0]], spec).main == lstm + head
+    with torch.no_grad(), FlopCounterMode(display=False) as on_meta:
+        meta_copy(host)(torch.zeros(BATCH, steps, 3, device="meta"))
+    assert on_meta.get_total_flops() == lstm + head
+    assert counter.training_step(MorphogeneticModel(host), spec).main == 3 * lstm + 3 * head  # backward: 2x forward

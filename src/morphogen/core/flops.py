@@ -106,9 +106,34 @@ def meta_copy(model: nn.Module) -> nn.Module:
     return copy.deepcopy(model, memo)
 
 
+def _recurrent_layer_flops(input_shape: torch.Size, input_weights: torch.Size, hidden_weights: torch.Size,
+                           *args: object, **kwargs: object) -> int:
+    """One oneDNN recurrent layer's forward, in one direction: its input and hidden matrix products at every step
+    of every sequence (`input_shape`'s rows: steps x batch, in either layout), 2 FLOPs per multiply-add."""
+    rows = input_shape.numel() // input_shape[-1]
+    return 2 * rows * (input_weights.numel() + hidden_weights.numel())
+
+
+def _recurrent_layer_backward_flops(input_shape: torch.Size, input_weights: torch.Size, hidden_weights: torch.Size,
+                                    *args: object, **kwargs: object) -> int:
+    """Its backward: the gradients of the inputs and of the weights, each as many FLOPs as the forward."""
+    return 2 * _recurrent_layer_flops(input_shape, input_weights, hidden_weights)
+
+
+#: Operations `FlopCounterMode` does not count on its own. torch's `nn.LSTM` runs on the CPU as oneDNN's fused
+#: layer, which it counts as 0 (on the meta device the same LSTM decomposes into counted matrix products).
+UNCOUNTED_FORMULAS = {torch.ops.aten.mkldnn_rnn_layer: _recurrent_layer_flops,
+                      torch.ops.aten.mkldnn_rnn_layer_backward: _recurrent_layer_backward_flops}
+
+
+def flop_counter_mode() -> FlopCounterMode:
+    """A silent `FlopCounterMode` that also counts `UNCOUNTED_FORMULAS`."""
+    return FlopCounterMode(display=False, custom_mapping=UNCOUNTED_FORMULAS)
+
+
 def _count(run: Callable[..., None], *args: object) -> int:
-    """FLOPs that `run(*args)` performs, as `FlopCounterMode` counts them."""
-    with FlopCounterMode(display=False) as counter:
+    """FLOPs that `run(*args)` performs, as `FlopCounterMode` counts them (with `UNCOUNTED_FORMULAS`)."""
+    with flop_counter_mode() as counter:
         run(*args)
     return int(counter.get_total_flops())
 

@@ -17,10 +17,9 @@ from dataclasses import dataclass
 
 import torch
 from torch import Tensor
-from torch.utils.flop_counter import FlopCounterMode
 
 from morphogen.core.blueprints import blueprint_names
-from morphogen.core.flops import FlopCounter, SeedCost
+from morphogen.core.flops import FlopCounter, SeedCost, flop_counter_mode
 from morphogen.core.model import MorphogeneticModel
 from morphogen.inputs import Inputs, InputSpec, take_rows, tensors
 
@@ -79,7 +78,7 @@ def model_layout(model: MorphogeneticModel, example: Inputs, counter: FlopCounte
     training = host.training
     host.eval()
     # The host's FLOPs only matter beside the blueprints' (counting is not free: the first count costs ~0.2 s).
-    host_counter = FlopCounterMode(display=False) if with_costs else None
+    host_counter = flop_counter_mode() if with_costs else None
     try:
         with torch.no_grad(), host_counter or contextlib.nullcontext():
             h = host.run_segment(0, first)  # the first segment takes the model's inputs, structured or not
