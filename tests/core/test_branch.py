@@ -79,9 +79,17 @@ def test_a_branch_maps_the_blocks_input_to_its_output_with_the_blocks_stride() -
 
 def test_slots_without_a_measured_segment_input_refuse_a_branch_with_the_reason() -> None:
     built_in = MorphogeneticModel(CNNHost(5, 1, n_blocks=2, base_channels=4))
-    with pytest.raises(NoBranchSiteError, match=r"r0c0 cannot grow a branch .* \(hosts from host_from_module do\)"):
+    with pytest.raises(NoBranchSiteError, match=r"r0c0 cannot grow a branch .* \(host_from_module measures it;"):
         built_in.germinate("r0c0", "branch_wide")
     assert not built_in.can_graft("r0c0", "branch_wide")
+    # Token ids looked up by an embedding: a branch would multiply integers by its weights.
+    ids = torch.randint(0, 12, (4, 10))
+    bag = nn.Sequential(nn.Embedding(12, 16), nn.Flatten(), nn.Linear(160, 16), nn.ReLU(), nn.Linear(16, 3))
+    model = MorphogeneticModel(host_from_module(bag, ["3"], example_input=ids[:2]))
+    assert model.slot("3").branch_site is None and "integer ids cannot feed a branch" in model.slot("3").branch_problem
+    assert not model.can_graft("3", "branch_wide")
+    model.germinate("3", "mlp")  # what adds layers after the slot still grows there
+    assert model(ids).shape == (4, 3)
     transformer = TransformerHost(vocab_size=11, d_model=16, n_heads=2, n_layers=2, block_size=6, n_segments=2)
     with pytest.raises(UnknownBlueprintError, match="unknown transformer blueprint 'branch_wide'"):
         MorphogeneticModel(transformer).germinate("r0c0", "branch_wide")

@@ -59,7 +59,8 @@ def find_branch_site(topology: str, entering: tuple[int, ...] | None, at_slot: t
     if dims is None:
         return f"a {topology} host's segments already add to their input; branches grow convolutional and MLP hosts"
     if entering is None:
-        return "the host did not measure the input of the segment before it (hosts from host_from_module do)"
+        return ("the input of the segment before it is not one tensor of values whose shape the host measured "
+                "(host_from_module measures it; a model's several inputs or integer ids cannot feed a branch)")
     if len(entering) != dims + 1 or len(at_slot) != dims + 1:
         return f"the segment maps {entering} to {at_slot}; a branch needs both in the {topology} layout"
     if dims == 0:

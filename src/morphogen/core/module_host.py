@@ -110,9 +110,9 @@ def host_from_module(model: nn.Module, slots: Sequence[str], example_input: Inpu
     host.side_inputs, host.input_kind = side_inputs, InputSpec.of(example_input).kind
     host.carried_values = None if carried is None else carried[0]
     # What enters each segment, which a branch seed beside it maps: the first takes the model's inputs, which a
-    # branch can read only where they are one tensor.
-    entering = [tuple(example_input.shape[1:]) if isinstance(example_input, Tensor) else None,
-                *(tuple(a.shape[1:]) for a in outputs)]
+    # branch can read only where they are one tensor, and only values, not integer ids an embedding looks up.
+    entering = [tuple(value.shape[1:]) if isinstance(value, Tensor) and value.is_floating_point() else None
+                for value in (example_input, *outputs)]
     host.measured_shapes = {slot_id: (shape, tuple(outputs[index].shape[1:]))
                             for index, slot_id in enumerate(host.slot_ids)
                             if (shape := entering[index]) is not None}
