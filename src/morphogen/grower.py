@@ -52,7 +52,7 @@ from morphogen.env.compute import note_batch
 from morphogen.env.episode import EpisodeConfig, MorphogenesisEpisode, StepResult, task_with_host
 from morphogen.env.play import Controller, connect, savable
 from morphogen.env.snapshot import EpisodeSnapshot, snapshot_from_state
-from morphogen.inputs import Inputs, rows
+from morphogen.inputs import Inputs, dtype_mismatch, rows
 from morphogen.inputs import problem as inputs_problem
 from morphogen.telemetry.sinks import Telemetry
 
@@ -177,7 +177,13 @@ class Grower:
         for parameters in self._running.values():
             for parameter in parameters:
                 parameter.grad = None  # seeds are stepped here every batch, not by your optimizer
-        output, shadow = model.forward_with_shadow(inputs, shadow_rows(rows(inputs), trainer.shadow_fraction))
+        try:
+            output, shadow = model.forward_with_shadow(inputs, shadow_rows(rows(inputs), trainer.shadow_fraction))
+        except RuntimeError as error:
+            hint = dtype_mismatch(inputs, model.parameters()) if self._steps == 0 else ""
+            if hint:
+                raise ValueError(f"training_step: {hint} (the model failed on them: {error})") from None
+            raise
         loss = trainer.objective.checked_loss(output, targets)
         trainer.backward_shadow(shadow, targets)
         trainer.add_epoch_losses(loss.detach(), 1)

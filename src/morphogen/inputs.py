@@ -9,7 +9,7 @@ repeated, the batch on another device. They are pure; none syncs with a device.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Union
 
@@ -55,6 +55,17 @@ def tensors(inputs: Inputs) -> list[Tensor]:
     if isinstance(inputs, Tensor):
         return [inputs]
     return list(inputs.values()) if isinstance(inputs, dict) else list(inputs)
+
+
+def dtype_mismatch(inputs: Inputs, parameters: Iterable[Tensor]) -> str:
+    """Where a floating-point input is of another dtype than the first floating-point parameter, a hint saying so
+    (for the message of the error it caused), else "". Not a refusal: a model may cast its inputs itself."""
+    dtype = next((p.dtype for p in parameters if p.is_floating_point()), None)
+    given = next((t.dtype for t in tensors(inputs) if t.is_floating_point() and t.dtype != dtype), None)
+    if dtype is None or given is None:
+        return ""
+    return (f"the inputs are {str(given).removeprefix('torch.')}, the model's parameters "
+            f"{str(dtype).removeprefix('torch.')}: convert the inputs (x.to({dtype}))")
 
 
 def map_tensors(function: Callable[[Tensor], Tensor], inputs: Inputs) -> Inputs:

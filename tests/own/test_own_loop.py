@@ -118,6 +118,20 @@ def test_the_last_reported_score_is_the_score_of_the_model_the_grower_leaves_and
         torch.testing.assert_close(morphogen.grown_network(grower.model)(inputs), outputs, rtol=0, atol=1e-5)
 
 
+def test_inputs_of_another_dtype_than_the_model_say_so_wherever_they_first_meet_it() -> None:
+    inputs, targets = blobs(96, 1)
+    doubles = inputs.double()  # numpy's default dtype, against a float32 model
+    with pytest.raises(morphogen.HostBuildError, match=r"the inputs are float64, the model's parameters float32"):
+        morphogen.host_from_module(mlp(), ["1"], example_input=doubles[:2])
+    host = morphogen.host_from_module(mlp(), ["1"], example_input=inputs[:2])
+    with pytest.raises(morphogen.DataError, match=r"the inputs are float64, the model's parameters float32: convert"):
+        Grower(host, (doubles, targets), epochs=2)
+    grower = Grower(host, (inputs, targets), epochs=2)
+    with pytest.raises(ValueError, match=r"training_step: the inputs are float64, .*\(x.to\(torch.float32\)\)"):
+        grower.training_step(doubles[:8], targets[:8])
+    assert grower.training_step(inputs[:8], targets[:8]).isfinite()
+
+
 def test_an_optimizer_that_is_not_the_hosts_is_refused_when_the_grower_is_built() -> None:
     host = morphogen.host_from_module(mlp(), ["1"], example_input=torch.randn(2, 12))
     validation = blobs(32, 1)

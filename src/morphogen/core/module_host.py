@@ -37,7 +37,7 @@ from torch import Tensor, fx, nn
 from morphogen.core.hosts import CarriedValues, SegmentedHost, SideInputs
 from morphogen.core.tracing import traceable_factories
 from morphogen.core.training_mode import ModeDependentCall, TrainingModeError, modes_kept, trace_in_both_modes
-from morphogen.inputs import Inputs, InputSpec, call, rows
+from morphogen.inputs import Inputs, InputSpec, call, dtype_mismatch, rows
 from morphogen.inputs import problem as inputs_problem
 
 #: The layout of each topology's activations, by rank: what a shape probe accepts for it.
@@ -766,14 +766,15 @@ def _probe(model: nn.Module, segments: Sequence[nn.Module], names: Sequence[str]
         for part in (model, *segments):
             part.eval()
         with torch.enable_grad():  # as the model trains: no inference fast path (nested tensors drop padding)
-            expected: object = _call(lambda inputs: _detached(call(model, inputs)), example, type(model).__name__)
+            expected: object = _call(lambda inputs: _detached(call(model, inputs)), example, type(model).__name__,
+                                   model)
         if key is not None:
             expected = _picked_output(type(model).__name__, expected, key)
         activations: list[Tensor] = []
         x: object = example
         for index, segment in enumerate(segments):
             x = _call(segment, x, "the model" if index == len(segments) - 1 else f"the part ending at "
-                                                                                 f"{names[index]!r}")
+                                                                                 f"{names[index]!r}", model)
             activations.append(x)
             if index < len(names):  # checked before the next part runs on it (its inputs are bound now)
                 _check_one_row_per_sample(names[index], x, rows(example))
@@ -833,11 +834,13 @@ def _check_one_row_per_sample(name: str, activation: object, samples: int) -> No
                              f"{samples} samples; a slot needs one row per sample (not tokens folded into the batch)")
 
 
-def _call(module: Callable[[Tensor], object], x: object, what: str) -> Tensor:
+def _call(module: Callable[[Tensor], object], x: object, what: str, model: nn.Module) -> Tensor:
     try:
         return module(x)  # type: ignore[arg-type,return-value]  # checked by the caller
     except Exception as error:  # the user's code: any exception means the example does not fit
-        raise HostBuildError(f"running {what} on example_input failed: {_first_line(error)}") from None
+        dtypes = dtype_mismatch(x, model.parameters()) if inputs_problem(x) is None else ""  # type: ignore[arg-type]
+        raise HostBuildError(f"running {what} on example_input failed: {_first_line(error)}"
+                             + (f" ({dtypes})" if dtypes else "")) from None
 
 
 def _guess_topology(model: nn.Module, activations: Sequence[Tensor], names: Sequence[str]) -> str:
@@ -877,7 +880,8 @@ def _refuse_a_random_eval_mode(model: nn.Module, example: Inputs, output: Tensor
     """Refuse a model whose eval-mode output differs from call to call (a dropout left on, `F.dropout(x, p)`
     without `training=self.training`, or a random draw): no cut can compute what it computes."""
     with modes_kept(model), torch.enable_grad():  # as the probe ran it: no inference fast path
-        again: object = _call(lambda inputs: _detached(call(model.eval(), inputs)), example, type(model).__name__)
+        again: object = _call(lambda inputs: _detached(call(model.eval(), inputs)), example,
+                              type(model).__name__, model)
     if key is not None:
         again = _picked_output(type(model).__name__, again, key)
     if isinstance(again, Tensor) and not torch.equal(again, output):

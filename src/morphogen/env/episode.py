@@ -48,7 +48,7 @@ from morphogen.env.rewards import RewardBreakdown, RewardConfig, RewardMode, com
 from morphogen.env.seeding import TRAINING_RNG_STREAM, derive_seed, seeded
 from morphogen.env.snapshot import HISTORY_LENGTH, EpisodeSnapshot, SlotSnapshot, snapshot_from_state, snapshot_state
 from morphogen.env.training import HostAndSeedTrainer
-from morphogen.inputs import Inputs, InputSpec, take_rows, to_device
+from morphogen.inputs import Inputs, InputSpec, dtype_mismatch, take_rows, to_device
 from morphogen.limits import MAX_BATCH_SIZE, MAX_EPOCHS, MAX_INTEGER_SETTING, check_count
 from morphogen.telemetry import events
 from morphogen.telemetry.anomalies import AnomalyDetector
@@ -509,6 +509,12 @@ class MorphogenesisEpisode:
         except (RuntimeError, ValueError, TypeError, IndexError) as error:
             self._refuse_inputs_of_another_kind()
             message = str(error).strip().splitlines()
+            assert self.model is not None
+            inputs, _ = next(iter(self.task.validation.iterate_batches(1, shuffle=False)))
+            dtypes = dtype_mismatch(inputs, self.model.parameters())
+            if dtypes:
+                raise DataError(f"task {self.task.name!r}: {dtypes} (the model failed on the validation data: "
+                                f"{type(error).__name__}: {message[0][:300] if message else ''})") from None
             hint = "" if self.objective.custom else (
                 " (the default loss, cross-entropy, reads class scores on dimension 1 or the last, [N, C], [N, T, C] "
                 "or [N, C, H, W], and class indices as targets; a loss of your own: task_from_data(..., loss=...))")
