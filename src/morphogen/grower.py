@@ -155,6 +155,19 @@ class Grower:
         self._running: dict[str, list[nn.Parameter]] = {}
         self._steps = self._after_backward_calls = 0
         self._action, self._applied = self._decide(self.snapshot)
+        self._left = self._seeds_now()
+
+    def _seeds_now(self) -> list[tuple[str, str, str | None]]:
+        """Each slot's stage and blueprint: what the Grower left the model with, checked when an epoch begins."""
+        return [(slot.slot_id, slot.stage.value, slot.blueprint) for slot in self.model.slots()]
+
+    def _seeds_changed(self) -> str | None:
+        """Which slot's seed changed since the Grower last left the model (its state loaded from elsewhere), or None."""
+        for (slot_id, stage, blueprint), now in zip(self._left, self._seeds_now(), strict=True):
+            if (stage, blueprint) != now[1:]:
+                was, found = f"{blueprint} {stage}" if blueprint else stage, f"{now[2]} {now[1]}" if now[2] else now[1]
+                return f"slot {slot_id} holds {found}, where the Grower left it {was}"
+        return None
 
     @property
     def done(self) -> bool:
@@ -165,8 +178,15 @@ class Grower:
         """The host loss of one batch, for you to backpropagate; the TRAINING seeds' shadow loss is already in
         their gradients. `inputs` are what the model is called with: a tensor, or a tuple, list or dict of them."""
         if self.done:
-            raise RuntimeError("the growth episode is over (all its epochs were played); build a new Grower")
+            raise RuntimeError("the growth episode is over (all its epochs were played); build a new Grower to grow "
+                               "again, or train grower.model on as any module, with an optimizer over all of "
+                               "grower.model.parameters() (the seeds' too)")
         if self._steps == 0:  # the first batch says what the model is called with; later ones are not checked
+            changed = self._seeds_changed()
+            if changed is not None:
+                raise RuntimeError(f"grower.model's seeds are not where the Grower left them ({changed}): its state "
+                                   "was loaded from elsewhere. To resume, load grower.load_state_dict(state) from a "
+                                   "grower.state_dict(), not grower.model's state")
             problem = inputs_problem(inputs) or _kind_problem(self.model.host, inputs)
             if problem is not None:
                 raise ValueError(f"training_step's inputs must be a tensor, or a tuple or dict of tensors, each "
@@ -234,6 +254,7 @@ class Grower:
         if not result.done:
             self._action, self._applied = self._decide(result.snapshot)
             next_action = self._action.describe()
+        self._left = self._seeds_now()
         return self._report(result, action, next_action)
 
     def state_dict(self) -> dict[str, Any]:
@@ -267,6 +288,7 @@ class Grower:
         controller.load_state_dict(state["controller"], self.episode.action_space)
         succeeded, reason = state["applied"]
         self._action, self._applied = Action.from_state(state["next_action"]), (bool(succeeded), str(reason))
+        self._left = self._seeds_now()
 
     def _state_problem(self, state: dict[str, Any]) -> str:
         """Why `state` cannot go on in this Grower (its controller's kind, epochs, slots or host parameters

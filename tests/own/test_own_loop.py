@@ -132,6 +132,23 @@ def test_inputs_of_another_dtype_than_the_model_say_so_wherever_they_first_meet_
     assert grower.training_step(inputs[:8], targets[:8]).isfinite()
 
 
+def test_a_models_state_loaded_around_the_grower_is_refused_when_the_next_epoch_begins() -> None:
+    grower, loader = make_grower(epochs=5)
+    for _ in range(3):
+        report = train_epoch(grower, loader, torch.optim.SGD(grower.model.host_parameters(), lr=0.1))
+    assert report.stages["1"] != "dormant"
+    fresh, _ = make_grower(epochs=5)
+    fresh.model.load_state_dict(grower.model.state_dict())  # the usual torch way, which skips the growth's state
+    inputs, targets = next(iter(loader))
+    with pytest.raises(RuntimeError, match=r"slot 1 holds \w+ \w+, where the Grower left it dormant\): .* load "
+                                           r"grower.load_state_dict\(state\)"):
+        fresh.training_step(inputs, targets)
+    while not grower.done:
+        train_epoch(grower, loader, torch.optim.SGD(grower.model.host_parameters(), lr=0.1))
+    with pytest.raises(RuntimeError, match=r"episode is over .* train grower.model on as any module"):
+        grower.training_step(inputs, targets)
+
+
 def test_an_optimizer_that_is_not_the_hosts_is_refused_when_the_grower_is_built() -> None:
     host = morphogen.host_from_module(mlp(), ["1"], example_input=torch.randn(2, 12))
     validation = blobs(32, 1)
