@@ -52,6 +52,12 @@ def test_the_cut_model_computes_what_the_model_computes_on_any_batch(as_dict: bo
         torch.testing.assert_close(model(other), net(other_ids, other_padding), rtol=0, atol=1e-6)
         # The mask matters: the same ids with another padding give other outputs.
         assert not torch.allclose(model(other), net(other_ids, torch.zeros_like(other_padding)))
+        # Called as the user's model is: its inputs as arguments (keywords for a dict), not one structure.
+        as_called = model(ids=other_ids, padding=other_padding) if as_dict else model(other_ids, other_padding)
+        torch.testing.assert_close(as_called, model(other), rtol=0, atol=0)
+    wrong = (other_ids, other_padding) if as_dict else ()
+    with pytest.raises(TypeError, match=r"this model takes its inputs as (keyword|positional) arguments"):
+        model(*wrong, **({} if as_dict else {"ids": other_ids, "padding": other_padding}))
 
 
 class _WithOptions(nn.Module):

@@ -313,14 +313,29 @@ class MorphogeneticModel(nn.Module):
     def _slot_at(self, position: int) -> SeedSlot:
         return cast(SeedSlot, self.seed_slots[self._slot_ids[position]])  # ModuleDict is typed as holding any Module
 
-    def forward(self, x: Inputs) -> Tensor:
+    def forward(self, *args: Inputs, **kwargs: Tensor) -> Tensor:
         """The model's output, each slot in its current mode (the host's output when no seed is blended in).
 
-        `x` is a batch of the host's inputs: a tensor, or for a user's model of several inputs a tuple or dict of
-        tensors (`morphogen.inputs`), passed as one argument."""
+        Called with a batch of the host's inputs as one argument: a tensor, or for a user's model of several inputs
+        a tuple or dict of tensors (`morphogen.inputs`). A model of several inputs may also be called as the user's
+        own is: `model(ids, padding)` for a tuple, `model(ids=..., padding=...)` for a dict."""
+        x = self._inputs_of_call(args, kwargs)
         output = self._walk(x, lambda position, slot, h: slot(h), widening=self._widening(self.execution_plan()))
         self._release_carried()
         return output
+
+    def _inputs_of_call(self, args: tuple[Inputs, ...], kwargs: dict[str, Tensor]) -> Inputs:
+        """The one batch of inputs that `forward`'s arguments make, as the host takes it."""
+        kind = self.host.input_kind
+        if len(args) == 1 and not kwargs:
+            return args[0]
+        if kwargs and not args and kind == "dict":
+            return dict(kwargs)
+        if len(args) > 1 and not kwargs and kind == "tuple":
+            return tuple(args)  # type: ignore[arg-type]  # each one tensor, as the host's example was
+        how = {"tensor": "one tensor", "tuple": "its inputs as positional arguments (or one tuple of them)",
+               "dict": "its inputs as keyword arguments (or one dict of them)"}[kind]
+        raise TypeError(f"this model takes {how}; got {len(args)} positional and {len(kwargs)} keyword arguments")
 
     def _release_carried(self) -> None:
         """A pass is over: the values a user's host carries across slots (a U-Net's skips) are let go."""
