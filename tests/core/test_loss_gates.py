@@ -123,7 +123,9 @@ def test_relative_gates_judge_the_share_of_the_loss_on_any_scale(scale: float, s
     stage = Stage.TRAINING if target is Stage.BLENDING else Stage.HOLDING
     result = evaluate_gate(target, _in(stage), signals, RELATIVE_GATES)
     assert result.passed is passes, result.reason
-    assert "of the loss" in result.reason or passes
+    assert passes or f"{'lower' if share > 0 else 'raise'} the loss by {abs(share):.2%} (" in result.reason
+    if not passes:  # the threshold in the same words: a share of the loss, in percent
+        assert result.reason.endswith(f"lower the loss by {0.05 if target is Stage.BLENDING else 0.02:.2%} or more)")
 
 
 def test_a_relative_gate_says_why_a_loss_that_is_not_positive_cannot_be_judged() -> None:

@@ -286,6 +286,9 @@ def _blending_gate(lifecycle: SeedLifecycle, signals: SeedSignals, config: GateC
         if shadow is None or math.isnan(shadow):
             return GateResult(False, _not_measured("shadow contribution (what the seed would add if blended in)",
                                                    signals, config))
+        if _below(shadow, threshold) and unit == SHARE:
+            return GateResult(False, f"blended in, the seed would {_share_change(shadow)} (blending asks it to lower "
+                              f"the loss by {threshold:.2%} or more)", shadow)
         if _below(shadow, threshold):
             return GateResult(False, f"blended in, the seed would add {shadow:+.{_DIGITS[unit]}f} {unit} < "
                               f"{threshold}", shadow)
@@ -307,7 +310,7 @@ def _judged_contribution(signals: SeedSignals, config: GateConfig, *,
                 "nats")
     if criterion is Criterion.RELATIVE_LOSS:
         return (share_of_loss(signals.loss_contribution, signals.loss),
-                config.relative_min_improvement if blending else config.relative_min_contribution, "of the loss")
+                config.relative_min_improvement if blending else config.relative_min_contribution, SHARE)
     return signals.contribution, config.strict_min_improvement if blending else config.strict_min_contribution, "points"
 
 
@@ -319,9 +322,16 @@ def _not_measured(what: str, signals: SeedSignals, config: GateConfig) -> str:
     return f"{what} not measured"
 
 
+#: The unit of a contribution judged by the share of the loss it removes.
+SHARE = "of the loss"
 #: Decimals a contribution is written with, per unit: a hundredth of a point, a ten-thousandth of a nat or of
 #: the loss.
-_DIGITS = {"points": 2, "nats": 4, "of the loss": 4}
+_DIGITS = {"points": 2, "nats": 4, SHARE: 4}
+
+
+def _share_change(share: float) -> str:
+    """What removing `share` of the loss does to it, in words: "lower the loss by 2.10%", "raise it by 37.46%"."""
+    return f"lower the loss by {share:.2%}" if share >= 0 else f"raise the loss by {-share:.2%}"
 
 
 def _fossilize_gate(lifecycle: SeedLifecycle, signals: SeedSignals, config: GateConfig) -> GateResult:
@@ -335,6 +345,9 @@ def _fossilize_gate(lifecycle: SeedLifecycle, signals: SeedSignals, config: Gate
     if _below(signals.gradient_health, config.min_gradient_health):
         return GateResult(False, f"gradient health {signals.gradient_health:.2f} below "
                           f"{config.min_gradient_health:.2f}", signals.gradient_health)
+    if config.mode is GateMode.STRICT and _below(contribution, threshold) and unit == SHARE:
+        return GateResult(False, f"the seed's ablation says it would {_share_change(contribution)} (keeping it asks "
+                          f"it to lower the loss by {threshold:.2%} or more)", contribution)
     if config.mode is GateMode.STRICT and _below(contribution, threshold):
         return GateResult(False, f"contribution {contribution:.{_DIGITS[unit]}f} {unit} < {threshold}", contribution)
     return GateResult(True, f"contribution {contribution:+.{_DIGITS[unit]}f} {unit}", contribution)
