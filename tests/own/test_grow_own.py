@@ -713,3 +713,19 @@ def test_a_count_that_is_not_an_integer_is_one_line(epochs: object, tmp_path: Pa
     host = morphogen.host_from_module(mlp(), ["1"], example_input=data[0][:2])
     with pytest.raises(ValueError, match=rf"^epochs must be an integer, got {re.escape(repr(epochs))}$"):
         morphogen.grow(task, host, epochs=epochs, run_dir=str(tmp_path / "run"), out=io.StringIO())  # type: ignore[arg-type]
+
+
+def test_a_depth_blueprint_no_slot_can_take_is_said_once_with_the_reason() -> None:
+    validation = blobs(64, 1)
+    task = morphogen.task_from_data("blobs", blobs(96, 0), validation, num_classes=3)
+    host = morphogen.host_from_module(mlp(), ["1", "3"], example_input=validation[0][:2])
+    out = io.StringIO()  # each slot follows a Linear and its ReLU: no pair of layers inside to widen between
+    morphogen.grow(task, host, epochs=2, baseline=False, from_scratch=False, out=out,
+                   config={"heuristic": {"depth_blueprint": "wider_inside"}})
+    notes = [line for line in out.getvalue().splitlines() if line.startswith("note: [heuristic]")]
+    assert len(notes) == 1 and notes[0].startswith("note: [heuristic] depth_blueprint = 'wider_inside' cannot be "
+                                                   "grafted into 1, 3 (slot 1 ")
+    assert notes[0].endswith("; the heuristic grows seed by seed instead")
+    out = io.StringIO()
+    morphogen.grow(task, host, epochs=1, baseline=False, from_scratch=False, out=out)  # the default: nothing to say
+    assert "note: [heuristic]" not in out.getvalue()

@@ -416,6 +416,21 @@ def optimizer_note(task: Task, chosen: OptimizerConfig | None) -> str:
             f"without them, {default.summary} (name = \"{default.name}\")")
 
 
+def depth_growth_note(controller: Controller, model: MorphogeneticModel | None) -> str:
+    """A line for a heuristic told to grow by depth (`[heuristic] depth_blueprint`) with a blueprint that some slot
+    cannot take, so that it grows seed by seed instead; else ""."""
+    if not isinstance(controller, HeuristicController) or controller.config.depth_blueprint is None or model is None:
+        return ""
+    blueprint = controller.config.depth_blueprint
+    unfit = [slot for slot in model.slots() if not model.can_graft(slot.slot_id, blueprint)]
+    if not unfit:
+        return ""
+    ids = ", ".join(slot.slot_id for slot in unfit)
+    reason = unfit[0].site_problem(blueprint) or f"{blueprint!r} cannot be grafted there"
+    return (f"note: [heuristic] depth_blueprint = {blueprint!r} cannot be grafted into {cut(printable(ids), 60)} "
+            f"({reason}); the heuristic grows seed by seed instead")
+
+
 def run_name(task_name: str) -> str:
     """A task name as it may appear in a run directory's name: letters, digits, '-', '_' and '.', at most 40."""
     return re.sub(r"[^A-Za-z0-9_.-]+", "-", task_name).strip("-.")[:40] or "task"
@@ -440,6 +455,9 @@ def _play_and_write(config: RunConfig, task: Task, episode: MorphogenesisEpisode
         def on_step(result: StepResult) -> None:
             display.print(format_step(result, task.metric_name))
             display.advance(epochs)
+            note = depth_growth_note(controller, episode.model) if result.snapshot.epoch == 1 else ""
+            if note:
+                display.print(note)
 
         with TraceProfiler.from_config(run_dir, config.telemetry) as profiler:
             grown = run_episode(episode, controller, on_step, profiler, resume=state,
