@@ -219,6 +219,11 @@ class Grower:
         """
         if self._after_backward_calls >= self._steps:
             raise RuntimeError("after_backward() called more often than training_step() this epoch")
+        if self._after_backward_calls == 0:  # once an epoch: a loop that calls it before backward does so every time
+            trainable = [p for p in self.model.host_parameters() if p.requires_grad]
+            if trainable and all(p.grad is None for p in trainable):
+                raise RuntimeError("after_backward() found no gradient on the host: call it after "
+                                   "training_step()'s loss.backward(), before optimizer.step()")
         self._after_backward_calls += 1
         trainer = self.episode.trainer
         if self._replicas is not None:

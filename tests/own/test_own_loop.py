@@ -149,6 +149,17 @@ def test_a_models_state_loaded_around_the_grower_is_refused_when_the_next_epoch_
         grower.training_step(inputs, targets)
 
 
+def test_after_backward_before_the_backward_says_so() -> None:
+    grower, loader = make_grower()
+    inputs, targets = next(iter(loader))
+    loss = grower.training_step(inputs, targets)
+    with pytest.raises(RuntimeError, match=r"found no gradient on the host: call it after training_step\(\)'s "
+                                           r"loss.backward\(\)"):
+        grower.after_backward()
+    loss.backward()
+    grower.after_backward()  # the same step, now in order
+
+
 def test_an_optimizer_that_is_not_the_hosts_is_refused_when_the_grower_is_built() -> None:
     host = morphogen.host_from_module(mlp(), ["1"], example_input=torch.randn(2, 12))
     validation = blobs(32, 1)
