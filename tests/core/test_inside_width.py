@@ -293,3 +293,67 @@ def test_a_functional_dropout_between_a_blocks_convolutions_is_part_of_its_site_
     assert all(p.grad is not None for p in slot.seed_parameters())
     drive_to(slot, Stage.FOSSILIZED)
     assert_plain_network_matches(model.eval(), x)  # the export's dropout is off, as the model's in eval mode
+
+
+class _CausalBlock(nn.Module):
+    """A temporal convolution network's residual block: each convolution padded on both sides, the right side's
+    padding trimmed off (torch's `Chomp1d` pattern), or the input padded on the left only."""
+
+    def __init__(self, channels: int, dilation: int, trim: bool) -> None:
+        super().__init__()
+        self.pad, self.trim = 2 * dilation, trim
+        padding = self.pad if trim else 0
+        self.conv1 = nn.Conv1d(channels, channels, 3, dilation=dilation, padding=padding)
+        self.conv2 = nn.Conv1d(channels, channels, 3, dilation=dilation, padding=padding)
+
+    def causal(self, conv: nn.Conv1d, x: Tensor) -> Tensor:
+        if self.trim:
+            return conv(x)[:, :, :-self.pad].contiguous()
+        return conv(nn.functional.pad(x, (self.pad, 0)))
+
+    def forward(self, x: Tensor) -> Tensor:
+        return torch.relu(x + self.causal(self.conv2, torch.relu(self.causal(self.conv1, x))))
+
+
+@pytest.mark.parametrize("trim", [True, False], ids=["trimmed", "padded_left"])
+def test_a_causal_blocks_slice_or_left_padding_between_its_convolutions_is_part_of_its_site(trim: bool) -> None:
+    torch.manual_seed(0)
+    network = nn.Sequential(nn.Conv1d(1, 6, 1), _CausalBlock(6, 1, trim), _CausalBlock(6, 2, trim),
+                            nn.AdaptiveAvgPool1d(1), nn.Flatten(), nn.Linear(6, 3))
+    x = torch.randn(4, 1, 20)
+    model = MorphogeneticModel(host_from_module(network, ["1", "2"], example_input=x[:2]), config=EASY_CONFIG)
+    block = network[2]
+    site = model.slot("2").width_site
+    assert site is not None and site.inside and site.producer is block.conv1 and site.consumer is block.conv2
+    model.eval()
+    with torch.no_grad():
+        before = model(x)
+        slot = model.graft("2", "wider_inside")
+        assert torch.equal(model(x), before)  # the identity at birth
+        perturb_seed(slot, torch.Generator().manual_seed(1))
+        seed = slot.seed
+        assert isinstance(seed, WidthSeed)
+        # The oracle: the block with the seed's channels beside conv1's, through the same trim or padding, into conv2.
+        entering = network[1](network[0](x))
+        tap = entering if trim else nn.functional.pad(entering, (block.pad, 0))  # what conv1 reads
+        new = seed.after_producer(seed.producer(tap))  # trimmed, or padded for conv2, as the block's channels
+        assert new.shape[-1] == 20 + (0 if trim else block.pad)
+        inner = torch.relu(block.causal(block.conv1, entering))
+        grown = block.conv2(inner if trim else nn.functional.pad(inner, (block.pad, 0))) + seed.consumer(new)
+        out = torch.relu(entering + (grown[:, :, :-block.pad] if trim else grown))
+        torch.testing.assert_close(model(x), network[5](network[4](network[3](out))), rtol=1e-5, atol=1e-5)
+    drive_to(slot, Stage.FOSSILIZED)
+    assert_plain_network_matches(model.eval(), x)
+
+
+class _TrimmedToInput(_CausalBlock):
+    def causal(self, conv: nn.Conv1d, x: Tensor) -> Tensor:
+        return conv(x)[..., :x.size(-1)]  # a length the new channels would have to compute again
+
+
+def test_a_slice_to_a_length_computed_from_the_input_leaves_the_block_without_a_site_inside() -> None:
+    network = nn.Sequential(nn.Conv1d(1, 6, 1), _TrimmedToInput(6, 1, True), _TrimmedToInput(6, 2, True),
+                            nn.AdaptiveAvgPool1d(1), nn.Flatten(), nn.Linear(6, 3))
+    model = MorphogeneticModel(host_from_module(network, ["1", "2"], example_input=torch.randn(2, 1, 20)))
+    assert model.slot("2").width_site is None
+    assert "constant slices or paddings of positions" in model.slot("2").site_problem("wider_inside")

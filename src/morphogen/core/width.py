@@ -39,6 +39,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, fx, nn
 
+from morphogen.core.spatial_calls import BoundCall, spatial_call
 from morphogen.core.tracing import trace_partially
 from morphogen.core.training_mode import ModeDependentCall
 from morphogen.inputs import Inputs
@@ -203,11 +204,12 @@ def find_inside_width_site(segment: nn.Module, point: int) -> WidthSite | str:
     inputs = [node for node in traced.graph.nodes if node.op == "placeholder"]
     pairs = _layer_pairs(traced.graph, modules)
     if len(inputs) != 1 or not pairs:
-        return "no pair of convolution or linear layers joined by norms and activations inside the segment before it"
+        return ("no pair of convolution or linear layers joined by norms, activations, dropout and constant slices or "
+                "paddings of positions inside the segment before it")
     producer_node, chain, consumer_node = pairs[-1]
     producer, consumer = modules[str(producer_node.target)], modules[str(consumer_node.target)]
     assert isinstance(producer, LAYERS) and isinstance(consumer, LAYERS)
-    following = tuple(_module_of(node, modules) for node in chain)
+    following = tuple(_module_of(node, modules, _spatial_dims(consumer)) for node in chain)
     channels = _out_size(producer)
     problem = _site_problem(producer, following, (), consumer, channels)
     if problem:
@@ -218,8 +220,11 @@ def find_inside_width_site(segment: nn.Module, point: int) -> WidthSite | str:
     return site
 
 
-def _module_of(node: fx.Node, modules: dict[str, nn.Module]) -> nn.Module:
+def _module_of(node: fx.Node, modules: dict[str, nn.Module], spatial_dims: int) -> nn.Module:
     """The module a node of a chain between producer and consumer applies to the new channels."""
+    call = spatial_call(node, spatial_dims)
+    if call is not None:
+        return call
     if node.op != "call_module":
         return ELEMENTWISE_CALLS[node.target]()
     module = modules[str(node.target)]
@@ -228,10 +233,12 @@ def _module_of(node: fx.Node, modules: dict[str, nn.Module]) -> nn.Module:
     return module
 
 
-def _passes_new_channels(node: fx.Node, modules: dict[str, nn.Module]) -> bool:
-    """Whether `node` may lie between a site's producer and consumer: a norm, an element-wise activation or a
-    dropout given the model's mode, applied to its one input."""
+def _passes_new_channels(node: fx.Node, modules: dict[str, nn.Module], spatial_dims: int) -> bool:
+    """Whether `node` may lie between a site's producer and consumer: a norm, an element-wise activation, a
+    dropout given the model's mode, applied to its one input, or a call on its positions alone (`spatial_call`)."""
     if node.op == "call_module" and isinstance(modules[str(node.target)], (*NORMS, *ELEMENTWISE)):
+        return True
+    if spatial_call(node, spatial_dims) is not None:
         return True
     if node.op in ("call_function", "call_method") and node.target in ELEMENTWISE_CALLS:
         return set(node.kwargs) <= {"inplace"} and len(node.args) == 1
@@ -262,14 +269,21 @@ def _producer_chain(consumer: fx.Node, modules: dict[str, nn.Module]) -> tuple[f
         return None
     chain: list[fx.Node] = []
     node = consumer.args[0] if len(consumer.args) == 1 and not consumer.kwargs else None
+    dims = _spatial_dims(modules[str(consumer.target)])
     while isinstance(node, fx.Node) and len(node.users) == 1:
         if node.op == "call_module" and isinstance(modules[str(node.target)], LAYERS):
             return node, chain[::-1], consumer
-        if not _passes_new_channels(node, modules):
+        if not _passes_new_channels(node, modules, dims):
             return None
         chain.append(node)
         node = node.args[0]
     return None
+
+
+def _spatial_dims(layer: nn.Module) -> int:
+    """Position dimensions of what `layer` takes: 1 for a Conv1d's [N, C, L], 2 for a Conv2d's; 0 for a linear
+    layer, whose inputs may hold positions anywhere before the features."""
+    return 1 if isinstance(layer, nn.Conv1d) else 2 if isinstance(layer, nn.Conv2d) else 0
 
 
 def _call_inject(inject: Inject, consumer_output: Tensor, tap: Tensor) -> Tensor:
@@ -292,7 +306,7 @@ def _instrumented(traced: fx.GraphModule, entering: fx.Node, producer: fx.Node, 
 def _site_problem(producer: Layer, following: Sequence[nn.Module], between: Sequence[nn.Module], consumer: Layer,
                   channels: int) -> str:
     """Why a producer and a consumer cannot be widened together around a slot of `channels`; "" when they can."""
-    if any(not isinstance(module, (*NORMS, *ELEMENTWISE, BoundDropout)) for module in following):
+    if any(not isinstance(module, (*NORMS, *ELEMENTWISE, BoundDropout, BoundCall)) for module in following):
         return f"{type(producer).__name__} before it is followed by other modules than norms and activations"
     if any(not isinstance(module, CHANNELWISE) for module in between):
         return "other modules than pooling, flattening and activations lie between it and the next layer"
