@@ -59,6 +59,8 @@ def test_a_line_that_fits_stays_one_line() -> None:
     accepted = format_step(step(THREE_SEEDS, Op.ADVANCE, True, "advanced"))
     assert "\n" not in accepted and len(accepted) <= 120 and accepted.endswith("| ADVANCE ok")
     assert "…" in accepted, "the seeds part is what gets shortened"
+    labelled = format_step(step(one_seed, Op.WAIT, True, "waited"), "label acc")  # a task's own metric, by its name
+    assert labelled.startswith("epoch  14/30  label acc 96.94  loss 0.167  ")
 
 
 def test_the_seed_story_names_its_final_stage_once() -> None:

@@ -157,11 +157,11 @@ def format_step(result: StepResult, metric_name: str = "accuracy") -> str:
 
 
 def _score_part(score: float, metric_name: str) -> str:
-    """An epoch line's score: accuracy in percent, a task's own metric as a number, nothing for the negative loss
-    (the loss beside it says it)."""
+    """An epoch line's score: accuracy in percent, a task's own metric by its name as a number, nothing for the
+    negative loss (the loss beside it says it)."""
     if metric_name == "accuracy":
         return f"acc {score:6.2f}%  "
-    return "" if metric_name == NEGATIVE_LOSS else f"score {score:.4g}  "
+    return "" if metric_name == NEGATIVE_LOSS else f"{cut(printable(metric_name), 16)} {score:.4g}  "
 
 
 #: Columns of outcomes per table: a label column and five fit in `LINE_WIDTH`.

@@ -657,8 +657,8 @@ def _check_nothing_flows_past(name: str, cut: fx.Node, nodes: list[fx.Node], pos
     if crossing:
         flowing = ", ".join(node.name for node in crossing)
         raise HostBuildError(f"slot after {name!r}: it sits inside a branch: {flowing} "
-                             "also reach the code after it (a residual connection, a U-Net's skip, branches joined later "
-                             "by a concatenation); put the slot "
+                             "also reach the code after it (a residual connection, a U-Net's skip, branches joined "
+                             "later by a concatenation); put the slot "
                              "after the block that joins them (morphogen.slot_points lists where slots can go), or "
                              "pass carry_skips=True to hand those values across the slot")
     return []
