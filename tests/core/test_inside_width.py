@@ -347,13 +347,43 @@ def test_a_causal_blocks_slice_or_left_padding_between_its_convolutions_is_part_
 
 
 class _TrimmedToInput(_CausalBlock):
+    """The trim written as the length of each convolution's input, read from it in the forward."""
+
     def causal(self, conv: nn.Conv1d, x: Tensor) -> Tensor:
-        return conv(x)[..., :x.size(-1)]  # a length the new channels would have to compute again
+        return conv(x)[..., :x.size(-1)]
 
 
-def test_a_slice_to_a_length_computed_from_the_input_leaves_the_block_without_a_site_inside() -> None:
-    network = nn.Sequential(nn.Conv1d(1, 6, 1), _TrimmedToInput(6, 1, True), _TrimmedToInput(6, 2, True),
-                            nn.AdaptiveAvgPool1d(1), nn.Flatten(), nn.Linear(6, 3))
-    model = MorphogeneticModel(host_from_module(network, ["1", "2"], example_input=torch.randn(2, 1, 20)))
-    assert model.slot("2").width_site is None
-    assert "constant slices or paddings of positions" in model.slot("2").site_problem("wider_inside")
+class _TrimmedToAComputedLength(_CausalBlock):
+    def causal(self, conv: nn.Conv1d, x: Tensor) -> Tensor:
+        return conv(x)[..., :x.size(-1) // 1]  # a length the new channels would have to compute again
+
+
+def test_a_trim_to_the_convolutions_input_length_is_part_of_the_site_and_a_length_computed_from_it_is_not() -> None:
+    torch.manual_seed(0)
+    x = torch.randn(4, 1, 20)
+    for block, has_site in ((_TrimmedToInput, True), (_TrimmedToAComputedLength, False)):
+        network = nn.Sequential(nn.Conv1d(1, 6, 1), block(6, 1, True), block(6, 2, True), nn.AdaptiveAvgPool1d(1),
+                                nn.Flatten(), nn.Linear(6, 3))
+        model = MorphogeneticModel(host_from_module(network, ["1", "2"], example_input=x[:2]), config=EASY_CONFIG)
+        slot = model.slot("2")
+        if not has_site:
+            assert slot.width_site is None
+            assert "constant slices or paddings of positions" in slot.site_problem("wider_inside")
+            continue
+        assert slot.width_site is not None and slot.width_site.consumer is network[2].conv2
+        model.eval()
+        with torch.no_grad():
+            before = model(x)
+            model.graft("2", "wider_inside")
+            assert torch.equal(model(x), before)
+            perturb_seed(slot, torch.Generator().manual_seed(1))
+            seed = slot.seed
+            assert isinstance(seed, WidthSeed)
+            entering, conv1, conv2 = network[1](network[0](x)), network[2].conv1, network[2].conv2
+            inner = torch.relu(conv1(entering)[..., :20])
+            new = seed.after_producer[-1](seed.producer(entering)[..., :20])  # trimmed to the tap's length
+            grown = (conv2(inner) + seed.consumer(new))[..., :20]
+            torch.testing.assert_close(model(x), network[5](network[4](network[3](torch.relu(entering + grown)))),
+                                       rtol=1e-5, atol=1e-5)
+        drive_to(slot, Stage.FOSSILIZED)
+        assert_plain_network_matches(model.eval(), x)

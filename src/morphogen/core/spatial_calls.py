@@ -1,17 +1,19 @@
 """Calls between a block's two convolutions that act on positions, not channels, so new channels can go through them.
 
 A causal temporal convolution network trims the padding a convolution added (`x[:, :, :-chomp]`, torch's
-`Chomp1d` pattern, or `x[..., :length]` with a constant length) or pads on the left only (`F.pad(x, (pad, 0))`)
-between the convolutions of its block. Such a call treats every channel alike, so a width seed's new channels
-(`core/width.py`) take the same call: `spatial_call` says whether a traced call is one, and returns it as a module
-the seed applies. Only calls whose other arguments are constants qualify: a length computed from the input
-(`x[..., :x.size(-1)]`) would have to be recomputed for the new channels, and is refused.
+`Chomp1d` pattern, or `conv(x)[..., :x.size(-1)]`, back to the length of the convolution's input) or pads on the
+left only (`F.pad(x, (pad, 0))`) between the convolutions of its block. Such a call treats every channel alike, so
+a width seed's new channels (`core/width.py`) take the same call: `spatial_call` says whether a traced call is one,
+and returns it as a module the seed applies. Its other arguments must be constants or sizes of the first
+convolution's input (the seed's tap, which the seed reads too, `TapSize`); a length computed otherwise would have
+to be recomputed for the new channels, and is refused.
 """
 
 from __future__ import annotations
 
 import operator
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from torch import Tensor, fx, nn
@@ -20,28 +22,72 @@ from torch import Tensor, fx, nn
 _PAD_MODES = (None, "constant", "reflect", "replicate", "circular")
 
 
+@dataclass(frozen=True)
+class TapSize:
+    """An argument of a `BoundCall` that is the size of the seed's tap (the first convolution's input) along
+    `dim`: read from the tap each call, as the block reads it from its own."""
+
+    dim: int
+
+
 class BoundCall(nn.Module):
-    """A call of a traced block on one tensor with the block's own constant arguments: what a width seed's new
-    channels go through where the block's channels do (a slice of positions, a padding, `contiguous()`)."""
+    """A call of a traced block on one tensor with the block's own other arguments (constants, or sizes of the tap):
+    what a width seed's new channels go through where the block's channels do (a slice of positions, a padding,
+    `contiguous()`)."""
 
     def __init__(self, function: Callable[..., Tensor] | str, arguments: tuple[Any, ...],
                  keywords: dict[str, Any]) -> None:
         super().__init__()
         self.function, self.arguments, self.keywords = function, arguments, keywords
+        self.reads_tap = _holds_tap_size((arguments, keywords))
 
-    def forward(self, x: Tensor) -> Tensor:
+    def forward(self, x: Tensor, tap: Tensor | None = None) -> Tensor:
+        """The call on `x`; `tap` gives the sizes the arguments read (needed only where `reads_tap`)."""
+        arguments, keywords = self.arguments, self.keywords
+        if self.reads_tap:
+            if tap is None:
+                raise ValueError("this call reads sizes of the tap: give it as tap=")
+            arguments, keywords = _resolved(arguments, tap), _resolved(keywords, tap)
         if isinstance(self.function, str):  # a tensor method
-            result: Tensor = getattr(x, self.function)(*self.arguments, **self.keywords)
+            result: Tensor = getattr(x, self.function)(*arguments, **keywords)
             return result
-        return self.function(x, *self.arguments, **self.keywords)
+        return self.function(x, *arguments, **keywords)
 
 
-def spatial_call(node: fx.Node, spatial_dims: int) -> BoundCall | None:
+def _mapped(value: Any, leaf: type, function: Callable[[Any], Any]) -> Any:
+    """`value` (arguments: tuples, lists, dicts and slices of values) with `function` applied to each `leaf`."""
+    if isinstance(value, leaf):
+        return function(value)
+    if isinstance(value, slice):
+        return slice(*(_mapped(part, leaf, function) for part in (value.start, value.stop, value.step)))
+    if isinstance(value, (tuple, list)):
+        return type(value)(_mapped(part, leaf, function) for part in value)
+    if isinstance(value, dict):
+        return {key: _mapped(part, leaf, function) for key, part in value.items()}
+    return value
+
+
+def _holds_tap_size(value: object) -> bool:
+    found: list[TapSize] = []
+    _mapped(value, TapSize, found.append)
+    return bool(found)
+
+
+def _resolved(value: Any, tap: Tensor) -> Any:
+    """`value` with each `TapSize` replaced by that size of `tap`."""
+    return _mapped(value, TapSize, lambda size: tap.size(size.dim))
+
+
+def spatial_call(node: fx.Node, spatial_dims: int, tap: fx.Node | None = None) -> BoundCall | None:
     """`node` as a `BoundCall` where it acts on the positions of a `[N, C, *positions]` tensor of `spatial_dims`
-    position dimensions alone, with constant arguments (a slice, a padding, `contiguous()`); else None."""
-    if not node.args or _reads_other_nodes(node):
+    position dimensions alone, its other arguments constants or sizes of `tap` (a slice, a padding,
+    `contiguous()`); else None."""
+    if not node.args:
         return None
-    rest, keywords = tuple(node.args[1:]), dict(node.kwargs)
+    try:
+        rest, keywords = _with_tap_sizes(tuple(node.args[1:]), tap), _with_tap_sizes(dict(node.kwargs), tap)
+    except _ReadsAnotherValue:
+        return None
     if node.op == "call_method" and node.target == "contiguous" and not rest and not keywords:
         return BoundCall("contiguous", (), {})
     if node.op != "call_function" or spatial_dims < 1:
@@ -53,11 +99,34 @@ def spatial_call(node: fx.Node, spatial_dims: int) -> BoundCall | None:
     return None
 
 
-def _reads_other_nodes(node: fx.Node) -> bool:
-    """Whether any argument but the first is (or holds) another node's value."""
-    found: list[fx.Node] = []
-    fx.node.map_arg((node.args[1:], node.kwargs), found.append)
-    return bool(found)
+class _ReadsAnotherValue(Exception):
+    """An argument is computed from another value than the tap's size."""
+
+
+def _with_tap_sizes(value: Any, tap: fx.Node | None) -> Any:
+    """`value` (arguments of a traced call) with each node that reads a size of `tap` as a `TapSize`; raises
+    `_ReadsAnotherValue` for any other node."""
+    def as_tap_size(node: fx.Node) -> TapSize:
+        dim = _tap_size_dim(node, tap)
+        if dim is None:
+            raise _ReadsAnotherValue
+        return TapSize(dim)
+
+    return _mapped(value, fx.Node, as_tap_size)
+
+
+def _tap_size_dim(node: fx.Node, tap: fx.Node | None) -> int | None:
+    """The dimension `node` reads the size of `tap` along (`tap.size(d)`, `tap.shape[d]`, `tap.size()[d]`), or None."""
+    if tap is None:
+        return None
+    if node.op == "call_method" and node.target == "size" and len(node.args) == 2 and node.args[0] is tap:
+        return node.args[1] if isinstance(node.args[1], int) else None
+    if node.op == "call_function" and node.target is operator.getitem and len(node.args) == 2 \
+            and isinstance(node.args[1], int) and isinstance(shape := node.args[0], fx.Node):
+        whole = (shape.op == "call_function" and shape.target is getattr and shape.args == (tap, "shape")) or \
+                (shape.op == "call_method" and shape.target == "size" and shape.args == (tap,))
+        return node.args[1] if whole else None
+    return None
 
 
 def _slices_positions(index: object, spatial_dims: int) -> bool:

@@ -209,7 +209,9 @@ def find_inside_width_site(segment: nn.Module, point: int) -> WidthSite | str:
     producer_node, chain, consumer_node = pairs[-1]
     producer, consumer = modules[str(producer_node.target)], modules[str(consumer_node.target)]
     assert isinstance(producer, LAYERS) and isinstance(consumer, LAYERS)
-    following = tuple(_module_of(node, modules, _spatial_dims(consumer)) for node in chain)
+    tap = producer_node.args[0]
+    assert isinstance(tap, fx.Node)  # a chain's producer reads a node (`_producer_chain`)
+    following = tuple(_module_of(node, modules, _spatial_dims(consumer), tap) for node in chain)
     channels = _out_size(producer)
     problem = _site_problem(producer, following, (), consumer, channels)
     if problem:
@@ -220,9 +222,10 @@ def find_inside_width_site(segment: nn.Module, point: int) -> WidthSite | str:
     return site
 
 
-def _module_of(node: fx.Node, modules: dict[str, nn.Module], spatial_dims: int) -> nn.Module:
-    """The module a node of a chain between producer and consumer applies to the new channels."""
-    call = spatial_call(node, spatial_dims)
+def _module_of(node: fx.Node, modules: dict[str, nn.Module], spatial_dims: int, tap: fx.Node) -> nn.Module:
+    """The module a node of a chain between producer and consumer (whose input is `tap`) applies to the new
+    channels."""
+    call = spatial_call(node, spatial_dims, tap)
     if call is not None:
         return call
     if node.op != "call_module":
@@ -233,12 +236,13 @@ def _module_of(node: fx.Node, modules: dict[str, nn.Module], spatial_dims: int) 
     return module
 
 
-def _passes_new_channels(node: fx.Node, modules: dict[str, nn.Module], spatial_dims: int) -> bool:
-    """Whether `node` may lie between a site's producer and consumer: a norm, an element-wise activation, a
-    dropout given the model's mode, applied to its one input, or a call on its positions alone (`spatial_call`)."""
+def _passes_new_channels(node: fx.Node, modules: dict[str, nn.Module], spatial_dims: int, tap: fx.Node) -> bool:
+    """Whether `node` may lie between a site's producer (whose input is `tap`) and consumer: a norm, an element-wise
+    activation, a dropout given the model's mode, applied to its one input, or a call on its positions alone
+    (`spatial_call`)."""
     if node.op == "call_module" and isinstance(modules[str(node.target)], (*NORMS, *ELEMENTWISE)):
         return True
-    if spatial_call(node, spatial_dims) is not None:
+    if spatial_call(node, spatial_dims, tap) is not None:
         return True
     if node.op in ("call_function", "call_method") and node.target in ELEMENTWISE_CALLS:
         return set(node.kwargs) <= {"inplace"} and len(node.args) == 1
@@ -269,15 +273,23 @@ def _producer_chain(consumer: fx.Node, modules: dict[str, nn.Module]) -> tuple[f
         return None
     chain: list[fx.Node] = []
     node = consumer.args[0] if len(consumer.args) == 1 and not consumer.kwargs else None
-    dims = _spatial_dims(modules[str(consumer.target)])
-    while isinstance(node, fx.Node) and len(node.users) == 1:
+    while isinstance(node, fx.Node) and len(_value_users(node)) == 1:
         if node.op == "call_module" and isinstance(modules[str(node.target)], LAYERS):
-            return node, chain[::-1], consumer
-        if not _passes_new_channels(node, modules, dims):
-            return None
+            # Checked once the producer is known: a slice may read the size of its input, the seed's tap.
+            tap, dims = node.args[0] if node.args else None, _spatial_dims(modules[str(consumer.target)])
+            passing = isinstance(tap, fx.Node) and all(_passes_new_channels(link, modules, dims, tap) for link in chain)
+            return (node, chain[::-1], consumer) if passing else None
         chain.append(node)
-        node = node.args[0]
+        node = node.args[0] if node.args else None
     return None
+
+
+def _value_users(node: fx.Node) -> list[fx.Node]:
+    """The users of `node` that read its values, not only its size (`h.size(-1)`, `h.shape`): a size read by the
+    block stays the host's, which the new channels share."""
+    return [user for user in node.users if not (
+        (user.op == "call_method" and user.target == "size") or
+        (user.op == "call_function" and user.target is getattr and user.args[1:] == ("shape",)))]
 
 
 def _spatial_dims(layer: nn.Module) -> int:
@@ -381,7 +393,9 @@ class WidthSeed(nn.Module):
         nn.init.zeros_(self.consumer.weight)  # function-preserving at birth; gets a gradient from the first batch
 
     def forward(self, tap: Tensor) -> Tensor:
-        hidden: Tensor = self.after_producer(self.producer(tap))  # (N, k, ...)
+        hidden: Tensor = self.producer(tap)  # (N, k, ...)
+        for module in self.after_producer:  # a slice may read the tap's length, as the block's own does
+            hidden = module(hidden, tap) if isinstance(module, BoundCall) else module(hidden)
         added: Tensor = self.consumer(self.before_consumer(hidden))  # the consumer's output shape
         return added
 
