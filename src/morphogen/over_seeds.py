@@ -31,11 +31,14 @@ import torch
 from morphogen.commands.run import RunConfig, RunResult, run_command, run_name, settings_from
 from morphogen.commands.workers import spawned_workers
 from morphogen.config import ConfigError
+from morphogen.core.hosts import SegmentedHost
 from morphogen.data import Task
 from morphogen.growing import grow
 from morphogen.limits import MAX_JOBS, check_count, short_repr
 from morphogen.run_directory import (
     CONFIG_FILENAME,
+    FROM_SCRATCH_DIRNAME,
+    MODEL_FILENAME,
     SEEDS_FILENAME,
     SEEDS_PLAN_FILENAME,
     SUMMARY_FILENAME,
@@ -114,6 +117,18 @@ class GrowSeed:
     task: Task
     host: object
     grow_options: Mapping[str, Any]
+
+    def fresh_host(self) -> SegmentedHost | None:
+        """A host of this run's architecture to load a saved run's weights into (a copy of the host module, or the
+        host function's, built without touching torch's global generator); None where the task builds its own."""
+        given = self.task.host if self.host is None else self.host
+        if isinstance(given, SegmentedHost):
+            return copy.deepcopy(given)
+        if callable(given):
+            with torch.random.fork_rng(devices=[]):
+                built = given()
+            return built if isinstance(built, SegmentedHost) else None
+        return None
 
     def __call__(self, seed: int, directory: str, resume: bool) -> RunResult:
         # A copy of a host module: `grow` loads the grown weights back into the host it is given, and the next
@@ -228,7 +243,7 @@ def _played_over_seeds(play: PlaySeed, sent: bytes | None, seeds: list[int], par
         else:  # `play` is sent once to each worker, not with every seed (it may hold a whole dataset)
             threads = threads or max(1, torch.get_num_threads() // count)
             pool = stack.enter_context(spawned_workers(count, threads, _set_worker_play, (sent,)))
-            results = (pickle.loads(result) for result in pool.map(_play_in_worker, jobs))
+            results = (_received(pickle.loads(result), play) for result in pool.map(_play_in_worker, jobs))
         for seed in seeds:
             if seed in finished:
                 runs[seed] = SeedRun.read(directories[seed], from_scratch)
@@ -298,6 +313,12 @@ def _sent_to_workers(play: PlaySeed) -> bytes:
         raise ConfigError(f"jobs: worker processes receive the task, host and options pickled, and this one cannot "
                           f"be ({printable(str(error))}); pass what a process can receive (no open files, locks "
                           "or generators), or use jobs=1") from None
+    except RuntimeError as error:
+        if "parametrized" not in str(error):
+            raise
+        raise ConfigError("jobs: the host holds parametrized layers (weight norm, spectral norm), which torch cannot "
+                          "pickle for worker processes: pass a function that builds the host (host=lambda: "
+                          "morphogen.host_from_module(...)), or use jobs=1") from None
 
 
 #: The seeds' play function of a worker process (set once per process by `_set_worker_play`).
@@ -311,10 +332,41 @@ def _set_worker_play(sent: bytes) -> None:
 
 def _play_in_worker(job: tuple[int, str, bool]) -> bytes:
     """One seed's `RunResult`, pickled by cloudpickle too: its grown model holds instances of the classes the
-    parent sent by value, which plain pickle cannot send back (cloudpickle maps them to the parent's own)."""
+    parent sent by value, which plain pickle cannot send back (cloudpickle maps them to the parent's own). A model
+    with parametrized layers (weight norm, spectral norm), which pickle refuses, goes back through its run
+    directory's saved model instead (`_WithoutModels`)."""
     assert _worker_play is not None, "a worker plays only after _set_worker_play"
-    result: bytes = cloudpickle.dumps(_worker_play(*job))
+    played = _worker_play(*job)
+    try:
+        result: bytes = cloudpickle.dumps(played)
+    except RuntimeError as error:
+        if "parametrized" not in str(error):
+            raise
+        result = cloudpickle.dumps(_WithoutModels({field.name: getattr(played, field.name)
+                                                   for field in dataclasses.fields(played) if field.name not in
+                                                   ("model", "from_scratch_model")}))
     return result
+
+
+@dataclass(frozen=True)
+class _WithoutModels:
+    """A seed's `RunResult` without its models, which the parent loads from the run directory the seed saved."""
+
+    fields: dict[str, Any]
+
+
+def _received(value: RunResult | _WithoutModels, play: PlaySeed) -> RunResult:
+    """A seed's `RunResult` as a worker sent it; its models loaded from its run directory where it sent none."""
+    if isinstance(value, RunResult):
+        return value
+    from morphogen.export import load_grown_model
+
+    fresh_host = getattr(play, "fresh_host", lambda: None)
+    run_dir = Path(value.fields["run_dir"])
+    from_scratch = (run_dir / FROM_SCRATCH_DIRNAME / MODEL_FILENAME).is_file()
+    return RunResult(**value.fields, model=load_grown_model(run_dir, fresh_host()),
+                     from_scratch_model=load_grown_model(run_dir, fresh_host(), from_scratch=True) if from_scratch
+                     else None)
 
 
 def _checked_seeds(seeds: object) -> list[int]:

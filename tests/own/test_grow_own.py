@@ -589,6 +589,35 @@ def test_grow_over_seeds_in_worker_processes_gives_the_figures_of_one_process(tm
     assert all(torch.equal(before[name], tensor) for name, tensor in host.state_dict().items())
 
 
+def test_grown_models_with_weight_normed_layers_come_back_from_worker_processes(tmp_path: Path) -> None:
+    """pickle refuses a parametrized module (weight norm, spectral norm): such a model comes back through the run
+    directory it was saved in, loaded into a fresh host, and computes what the same seed's model of one process
+    computes."""
+    task, _ = blobs_task()
+    inputs = next(iter(task.validation.iterate_batches(8, shuffle=False)))[0]
+
+    def weight_normed() -> morphogen.ModuleHost:
+        net = mlp()
+        torch.nn.utils.parametrizations.weight_norm(net[0])
+        return morphogen.host_from_module(net, ["1", "3"], example_input=inputs[:2])
+
+    outputs = []
+    for jobs in (1, 2):
+        result = morphogen.grow_over_seeds(task, weight_normed, seeds=[1, 4], run_dir=str(tmp_path / str(jobs)),
+                                           out=io.StringIO(), jobs=jobs, threads=1,
+                                           config=eager_config(epochs=3, from_scratch=True))
+        with torch.no_grad():
+            outputs.append([(run.model.eval()(inputs), run.model.architecture()) for run in result.runs.values()])
+        assert all(hasattr(run.model.host.get_submodule("segments.0.0"), "parametrizations")
+                   for run in result.runs.values())
+    for (one, architecture), (other, other_architecture) in zip(*outputs, strict=True):
+        torch.testing.assert_close(one, other, rtol=0, atol=1e-6)
+        assert architecture == other_architecture
+    with pytest.raises(morphogen.ConfigError, match=r"jobs: the host holds parametrized layers .* pass a function"):
+        morphogen.grow_over_seeds(task, weight_normed(), seeds=2, jobs=2, run_dir=str(tmp_path / "module"),
+                                  config=eager_config(epochs=1))
+
+
 def test_grow_over_seeds_resumes_reading_the_seeds_that_finished_and_playing_the_others(tmp_path: Path) -> None:
     task, host = blobs_task()
     options: dict[str, Any] = {"config": eager_config(epochs=2, baseline=True), "out": io.StringIO()}
