@@ -54,6 +54,12 @@
   `wider_inside_blocks` preset does: new channels between the two convolutions of every block, two epochs in
   (with `--schedule cosine --criterion loss`, the preset's other settings). `--fixed-widths 6,8 --fixed-model
   unet` trains it wider without growth.
+- `tcn_inside`: the temporal convolution network of Bai et al. (`TemporalConvNet`: three causal residual blocks
+  of 8 channels, dilations 1, 2 and 4, weight-normed convolutions whose right padding a `Chomp1d` trims, ReLU and
+  dropout between them), classifying 48-step noisy sines by their frequency band (`frequency_bands`: four bands,
+  2,400 training and 600 validation signals) from its last step; slots after its blocks, grown as the
+  `wider_inside_blocks` preset grows (run it with `--schedule cosine --criterion loss --epochs 8`): new channels
+  between each block's convolutions, through the same trim.
 
 Each is made a host by `morphogen.host_from_module` and grown by `morphogen.grow` with the heuristic
 (defaults but for the settings named above) and strict gates, next to the same host without growth and the
@@ -406,6 +412,62 @@ def padded() -> Split:
     return padded_sequences(4000, 0, vocab=16, length=16), padded_sequences(1000, 1, vocab=16, length=16)
 
 
+class Chomp1d(nn.Module):
+    """Trims the right padding a causal convolution added (`chomp` positions)."""
+
+    def __init__(self, chomp: int) -> None:
+        super().__init__()
+        self.chomp = chomp
+
+    def forward(self, x: Tensor) -> Tensor:
+        return x[:, :, :-self.chomp].contiguous()
+
+
+class TemporalBlock(nn.Module):
+    """Two dilated causal convolutions (weight-normed, each trimmed, ReLU and dropout after), a residual around."""
+
+    def __init__(self, channels_in: int, channels: int, dilation: int, kernel: int = 3, dropout: float = 0.1) -> None:
+        super().__init__()
+        padding = (kernel - 1) * dilation
+        norm = nn.utils.parametrizations.weight_norm
+        self.net = nn.Sequential(
+            norm(nn.Conv1d(channels_in, channels, kernel, padding=padding, dilation=dilation)), Chomp1d(padding),
+            nn.ReLU(), nn.Dropout(dropout),
+            norm(nn.Conv1d(channels, channels, kernel, padding=padding, dilation=dilation)), Chomp1d(padding),
+            nn.ReLU(), nn.Dropout(dropout))
+        self.downsample = nn.Conv1d(channels_in, channels, 1) if channels_in != channels else None
+
+    def forward(self, x: Tensor) -> Tensor:
+        residual = x if self.downsample is None else self.downsample(x)
+        return torch.relu(self.net(x) + residual)
+
+
+class TemporalConvNet(nn.Module):
+    """Three temporal blocks (dilations 1, 2, 4) and a linear layer on the last step."""
+
+    def __init__(self, channels: int = 8, classes: int = 4) -> None:
+        super().__init__()
+        self.blocks = nn.Sequential(TemporalBlock(1, channels, 1), TemporalBlock(channels, channels, 2),
+                                    TemporalBlock(channels, channels, 4))
+        self.head = nn.Linear(channels, classes)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.head(self.blocks(x)[:, :, -1])
+
+
+def frequency_bands(count: int = 3000, length: int = 48, seed: int = 0) -> Split:
+    """Noisy sines [N, 1, length] classified by which of four frequency bands they are in; 4/5 for training."""
+    generator = torch.Generator().manual_seed(seed)
+    classes = torch.randint(0, 4, (count,), generator=generator)
+    frequency = (classes.float() + 1) * 0.08 + 0.02 * torch.rand(count, generator=generator)
+    phase = 6.28 * torch.rand(count, 1, generator=generator)
+    steps = torch.arange(length).float()
+    signals = torch.sin(frequency[:, None] * steps * 3.14 + phase) + 0.6 * torch.randn(count, length,
+                                                                                         generator=generator)
+    cut = count * 4 // 5
+    return (signals[:cut, None], classes[:cut]), (signals[cut:, None], classes[cut:])
+
+
 def scene_unet(width: int = 4) -> UNet:
     """The U-Net at `width` on `shape_scenes`: one channel in, 4 classes per pixel."""
     return UNet(channels=1, width=width, classes=4)
@@ -499,6 +561,8 @@ MODELS = {
     "unet_inside": Model(shape_segmentation, scene_unet, UNET_BLOCKS, 64, (
         ("depth_blueprint", "wider_inside"), ("warmup_epochs", 1), ("first_growth_by", 0.05)),
         loss=nn.functional.cross_entropy, carry_skips=True, metric=pixel_accuracy, metric_name="pixel accuracy"),
+    "tcn_inside": Model(frequency_bands, TemporalConvNet, ("blocks.0", "blocks.1", "blocks.2"), 64, (
+        ("depth_blueprint", "wider_inside"), ("warmup_epochs", 1), ("first_growth_by", 0.05)), classes=4),
     "friedman2": Model(other_regression("friedman2"), lambda: regression_mlp(inputs=4), ("1", "3"), 64,
                        loss=nn.functional.mse_loss),
     "friedman3": Model(other_regression("friedman3"), lambda: regression_mlp(inputs=4), ("1", "3"), 64,
