@@ -117,16 +117,21 @@ def _with_tap_sizes(value: Any, tap: fx.Node | None) -> Any:
 
 def _tap_size_dim(node: fx.Node, tap: fx.Node | None) -> int | None:
     """The dimension `node` reads the size of `tap` along (`tap.size(d)`, `tap.shape[d]`, `tap.size()[d]`), or None."""
-    if tap is None:
+    if tap is None or len(node.args) != 2 or not isinstance(dim := node.args[1], int):
         return None
-    if node.op == "call_method" and node.target == "size" and len(node.args) == 2 and node.args[0] is tap:
-        return node.args[1] if isinstance(node.args[1], int) else None
-    if node.op == "call_function" and node.target is operator.getitem and len(node.args) == 2 \
-            and isinstance(node.args[1], int) and isinstance(shape := node.args[0], fx.Node):
-        whole = (shape.op == "call_function" and shape.target is getattr and shape.args == (tap, "shape")) or \
-                (shape.op == "call_method" and shape.target == "size" and shape.args == (tap,))
-        return node.args[1] if whole else None
+    source = node.args[0]
+    if node.op == "call_method" and node.target == "size":
+        return dim if source is tap else None
+    if node.op == "call_function" and node.target is operator.getitem and isinstance(source, fx.Node):
+        return dim if _is_whole_shape_of(source, tap) else None
     return None
+
+
+def _is_whole_shape_of(node: fx.Node, tap: fx.Node) -> bool:
+    """Whether `node` is `tap.shape` or `tap.size()`."""
+    if node.op == "call_function" and node.target is getattr:
+        return node.args == (tap, "shape")
+    return node.op == "call_method" and node.target == "size" and node.args == (tap,)
 
 
 def _slices_positions(index: object, spatial_dims: int) -> bool:
