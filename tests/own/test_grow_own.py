@@ -756,5 +756,6 @@ def test_a_depth_blueprint_no_slot_can_take_is_said_once_with_the_reason() -> No
                                                    "grafted into 1, 3 (slot 1 ")
     assert notes[0].endswith("; the heuristic grows seed by seed instead")
     out = io.StringIO()
-    morphogen.grow(task, host, epochs=1, baseline=False, from_scratch=False, out=out)  # the default: nothing to say
-    assert "note: [heuristic]" not in out.getvalue()
+    for settings in ({}, {"heuristic": {"depth_blueprint": ""}}):  # the default, and seed by seed: nothing to say
+        morphogen.grow(task, host, epochs=1, baseline=False, from_scratch=False, out=out, config=settings)
+        assert "note: [heuristic]" not in out.getvalue()

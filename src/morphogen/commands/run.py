@@ -419,8 +419,8 @@ def optimizer_note(task: Task, chosen: OptimizerConfig | None) -> str:
 def depth_growth_note(controller: Controller, model: MorphogeneticModel | None) -> str:
     """A line for a heuristic told to grow by depth (`[heuristic] depth_blueprint`) with a blueprint that some slot
     cannot take, so that it grows seed by seed instead; else ""."""
-    if not isinstance(controller, HeuristicController) or controller.config.depth_blueprint is None or model is None:
-        return ""
+    if not isinstance(controller, HeuristicController) or not controller.config.depth_blueprint or model is None:
+        return ""  # None: the topology's default; "": seed by seed
     blueprint = controller.config.depth_blueprint
     unfit = [slot for slot in model.slots() if not model.can_graft(slot.slot_id, blueprint)]
     if not unfit:
