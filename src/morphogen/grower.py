@@ -52,6 +52,7 @@ from morphogen.env.compute import note_batch
 from morphogen.env.episode import EpisodeConfig, MorphogenesisEpisode, StepResult, task_with_host
 from morphogen.env.play import Controller, connect, savable
 from morphogen.env.snapshot import EpisodeSnapshot, snapshot_from_state
+from morphogen.env.training import clear_stale_casts
 from morphogen.inputs import Inputs, dtype_mismatch, rows
 from morphogen.inputs import problem as inputs_problem
 from morphogen.telemetry.sinks import Telemetry
@@ -193,6 +194,7 @@ class Grower:
                                  f"with a leading sample dimension, as the host's example_input was; got {problem}")
         model, trainer = self.model, self.episode.trainer
         model.train()
+        clear_stale_casts()  # an autocast around the whole loop would reuse the weights cast before your last step
         self._running = trainer.sync_seed_optimizers()
         for parameters in self._running.values():
             for parameter in parameters:

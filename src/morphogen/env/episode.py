@@ -47,7 +47,7 @@ from morphogen.env.optimizer import OptimizerConfig, task_optimizer_config
 from morphogen.env.rewards import RewardBreakdown, RewardConfig, RewardMode, compute_reward
 from morphogen.env.seeding import TRAINING_RNG_STREAM, derive_seed, seeded
 from morphogen.env.snapshot import HISTORY_LENGTH, EpisodeSnapshot, SlotSnapshot, snapshot_from_state, snapshot_state
-from morphogen.env.training import HostAndSeedTrainer
+from morphogen.env.training import HostAndSeedTrainer, clear_stale_casts
 from morphogen.inputs import Inputs, InputSpec, dtype_mismatch, take_rows, to_device
 from morphogen.limits import MAX_BATCH_SIZE, MAX_EPOCHS, MAX_INTEGER_SETTING, check_count
 from morphogen.telemetry import events
@@ -556,6 +556,7 @@ class MorphogenesisEpisode:
                 or (s.stage is Stage.BLENDING and s.alpha.steps_done + 1 >= s.alpha.steps_total)])
             configurations = alpha_configurations(self.model.slot_ids, alphas, training, ablate=holding,
                                                   all_off=False)
+        clear_stale_casts()  # under an enclosing autocast, the casts of the last batch predate its optimizer step
         with self.timer.phase("validate"):
             result = validate(self.model, self.task.validation, configurations, self.config.validation_batch_size,
                               self.objective, self.sum_over_processes)

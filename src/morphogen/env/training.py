@@ -32,6 +32,17 @@ def _scale(optimizer: torch.optim.Optimizer, change: float) -> None:
             group["lr"] *= change
 
 
+
+def clear_stale_casts() -> None:
+    """Forget the low-precision copies of the weights that an enclosing `torch.autocast` keeps.
+
+    Autocast casts a weight once per region and reuses the cast until the region ends; a whole run called under
+    one region (`with torch.autocast(...): morphogen.grow(...)`) would then train every batch with the weights of
+    its first, while the optimizer moves the float32 ones (a language model's loss rose from 4.6 to 8.7 in its
+    first epoch). One call per batch, before its forward; nothing without autocast.
+    """
+    torch.clear_autocast_cache()
+
 class HostAndSeedTrainer:
     """Trains an episode's model batch by batch: the host and every live seed, each with its own optimizer.
 
@@ -123,6 +134,7 @@ class HostAndSeedTrainer:
         """Forward, backward, per-group clip and optimizer steps on one batch."""
         model = self.model
         model.train()
+        clear_stale_casts()
         note_batch(self.batch_shapes, inputs)
         running = self.sync_seed_optimizers()
         model.zero_grad(set_to_none=True)
