@@ -219,3 +219,18 @@ def test_a_run_without_the_from_scratch_training_says_so(grown: RunResult, tmp_p
     assert main(["export", str(run), "--from-scratch"]) == EXIT_USER_ERROR
     assert "trained no final architecture from scratch" in one_line(capsys)
     assert contents(run) == before
+
+
+def test_a_run_started_with_a_relative_text_file_exports_from_any_directory(tmp_path: Path,
+                                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "start").mkdir()
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "start" / "corpus.txt").write_text("the quick brown fox jumps over the lazy dog\n" * 40)
+    monkeypatch.chdir(tmp_path / "start")
+    assert main(["run", "--task", "text", "--text-file", "corpus.txt", "--epochs", "1", "--no-baseline",
+                 "--no-from-scratch", "--threads", "1", "--run-dir", "run"]) == 0
+    saved = json.loads((tmp_path / "start" / "run" / "config.json").read_text())["text_file"]
+    assert saved == str(tmp_path / "start" / "corpus.txt")  # where the data is, not where the run started from
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    assert main(["export", "../start/run", "--output", "model.pt2"]) == 0
+    assert (tmp_path / "elsewhere" / "model.pt2").is_file()

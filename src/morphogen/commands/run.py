@@ -320,6 +320,7 @@ def run_command(config: RunConfig, controller_factory: Callable[[MorphogenesisEp
     """
     out = sys.stdout if out is None else out
     config = config.with_resolved_host()  # config.json records the host's whole size
+    config = dataclasses.replace(config, text_file=_absolute(config.text_file), data_dir=_absolute(config.data_dir))
     device = resolve_device(config.device)
     if task is None:
         task = load_session_task(config, device)
@@ -585,11 +586,24 @@ def _run_without_growth(config: RunConfig, task: Task, events_dir: Path, display
     return outcome, episode.model
 
 
+#: Settings that name a file or directory of data, relative to where the run started.
+DATA_PATH_KEYS = ("text_file", "data_dir")
+
+
+def _absolute(path: str | None) -> str | None:
+    """`path` absolute (links kept as they are), so that a run's data is found from any directory later."""
+    return None if path is None else str(Path(path).absolute())
+
+
 def write_resolved_config(run_dir: Path, config: object) -> None:
     """RUN_DIR/config.json: the resolved config, without `run_dir`, so that re-running the saved file
-    (`morphogen run --config RUN_DIR/config.json`) makes a new run directory instead of appending here."""
+    (`morphogen run --config RUN_DIR/config.json`) makes a new run directory instead of appending here; its data
+    paths made absolute."""
     values = config_to_dict(config)
     values["run_dir"] = None
+    for key in DATA_PATH_KEYS:  # absolute: `export`, `report` and `--resume` read the data from any directory
+        if isinstance(values.get(key), str):
+            values[key] = _absolute(values[key])
     write_atomic(run_dir / CONFIG_FILENAME, (json.dumps(values, indent=2) + "\n").encode())
 
 
