@@ -38,6 +38,7 @@ def test_the_table_shows_the_last_epochs_and_says_when_the_final_gap_is_within_o
     print_summary(close, steady, out)
     assert "end 4.33 apart, less than one epoch moved their accuracy near the end (5.39)" in out.getvalue()
     assert 'schedule = "cosine"' in out.getvalue()
+    assert all(len(line) <= 120 for line in out.getvalue().splitlines())  # the note wraps, as every line does
     out = io.StringIO()
     print_summary(close, steady, out, decaying=True)  # the rate decays already: no advice to make it decay
     assert out.getvalue().count("may be noise.)") == 1 and "cosine" not in out.getvalue()
@@ -58,3 +59,13 @@ def test_the_table_says_what_the_grown_run_cost_against_its_architecture_from_sc
     out = io.StringIO()
     print_summary(grown, None, out)  # no architecture trained from scratch: nothing to compare with
     assert "of from scratch" not in out.getvalue()
+
+
+def test_a_seed_whose_story_would_not_fit_gives_its_contributions_a_line_of_their_own() -> None:
+    from morphogen.commands.run import story_line
+
+    path = f"{'branch_wide':<11} {'1':<5} {'training@5 blending@10 holding@12':<36} {'fossilized@14':<14}"
+    assert story_line(path, "predicted +0.0669 nats  measured +1.3034 nats").count("\n") == 0
+    long = story_line(path, "predicted +20.08% of loss  measured +553.37% of loss")
+    assert long.splitlines() == ["  branch_wide 1     training@5 blending@10 holding@12    fossilized@14",
+                                 "      predicted +20.08% of loss  measured +553.37% of loss"]

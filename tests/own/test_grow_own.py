@@ -765,7 +765,10 @@ def test_a_depth_blueprint_no_slot_can_take_is_said_once_with_the_reason() -> No
     out = io.StringIO()  # each slot follows a Linear and its ReLU: no pair of layers inside to widen between
     morphogen.grow(task, host, epochs=2, baseline=False, from_scratch=False, out=out,
                    config={"heuristic": {"depth_blueprint": "wider_inside"}})
-    notes = [line for line in out.getvalue().splitlines() if line.startswith("note: [heuristic]")]
+    lines = out.getvalue().splitlines()
+    assert all(len(line) <= 120 for line in lines)
+    notes = [line for line in "\n".join(lines).replace("\n      ", " ").splitlines()
+             if line.startswith("note: [heuristic]")]  # a note's continuation lines are indented
     assert len(notes) == 1 and notes[0].startswith("note: [heuristic] depth_blueprint = 'wider_inside' cannot be "
                                                    "grafted into 1, 3 (slot 1 ")
     assert notes[0].endswith("; the heuristic grows seed by seed instead")

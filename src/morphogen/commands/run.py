@@ -184,7 +184,7 @@ def print_summary(grown: EpisodeOutcome, baseline: EpisodeOutcome | None, out: T
         print("(from scratch: no seed was blended in, so the final architecture is the host itself)", file=out)
     note = None if baseline is None else noise_note(grown, baseline, metric_name, decaying=decaying)
     if note:
-        print(note, file=out)
+        print(textwrap.fill(note, LINE_WIDTH), file=out)
     if fixed:
         print("\nhosts to compare with, trained without growth (same data, epochs and seed):", file=out)
         named = [(cut(printable(name), 13), outcome) for name, outcome in fixed.items()]
@@ -220,8 +220,15 @@ def _print_stories(grown: EpisodeOutcome, metric_name: str, criterion: Criterion
     judged = ScoreKind(metric_name, criterion.value)
     for story in grown.stories:
         predicted, measured = judged.contribution(story, predicted=True), judged.contribution(story)
-        print(f"  {story.blueprint:<11} {story.slot:<5} {story.path_before_outcome():<44} {story.ending():<14} "
-              f"predicted {predicted}  measured {measured}", file=out)
+        print(story_line(f"{story.blueprint:<11} {story.slot:<5} {story.path_before_outcome():<36} "
+                         f"{story.ending():<14}", f"predicted {predicted}  measured {measured}"), file=out)
+
+
+def story_line(path: str, contributions: str) -> str:
+    """A seed's line of the closing table: its path and ending, then its contributions, on a line of their own
+    where both would not fit in `LINE_WIDTH` columns."""
+    line = f"  {path} {contributions}"
+    return line if len(line) <= LINE_WIDTH else f"  {path.rstrip()}\n{REASON_INDENT}{contributions}"
 
 
 def _table_lines(columns: list[tuple[str, EpisodeOutcome | None]],
@@ -458,7 +465,7 @@ def _play_and_write(config: RunConfig, task: Task, episode: MorphogenesisEpisode
             display.advance(epochs)
             note = depth_growth_note(controller, episode.model) if result.snapshot.epoch == 1 else ""
             if note:
-                display.print(note)
+                display.print(textwrap.fill(note, LINE_WIDTH, subsequent_indent=REASON_INDENT))
 
         with TraceProfiler.from_config(run_dir, config.telemetry) as profiler:
             grown = run_episode(episode, controller, on_step, profiler, resume=state,
@@ -513,7 +520,7 @@ def _print_header(display: ProgressDisplay, config: RunConfig, task: Task, episo
     display.print(f"run dir: {run_dir}")
     note = optimizer_note(task, config.episode.optimizer)
     if note:
-        display.print(note)
+        display.print(textwrap.fill(note, LINE_WIDTH, subsequent_indent=REASON_INDENT))
 
 
 def _progress(display: ProgressDisplay, name: str, epochs: int, state: dict[str, Any] | None) -> TaskID | None:
