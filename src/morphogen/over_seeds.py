@@ -29,7 +29,7 @@ import cloudpickle
 import torch
 
 from morphogen.commands.run import RunConfig, RunResult, run_command, run_name, settings_from
-from morphogen.commands.workers import spawned_workers
+from morphogen.commands.workers import WorkerJob, spawned_workers
 from morphogen.config import ConfigError
 from morphogen.core.hosts import SegmentedHost
 from morphogen.data import Task
@@ -243,7 +243,7 @@ def _played_over_seeds(play: PlaySeed, sent: bytes | None, seeds: list[int], par
         else:  # `play` is sent once to each worker, not with every seed (it may hold a whole dataset)
             threads = threads or max(1, torch.get_num_threads() // count)
             pool = stack.enter_context(spawned_workers(count, threads, _set_worker_play, (sent,)))
-            results = (_received(pickle.loads(result), play) for result in pool.map(_play_in_worker, jobs))
+            results = (_received(pickle.loads(result), play) for result in pool.map(WorkerJob(_play_in_worker), jobs))
         for seed in seeds:
             if seed in finished:
                 runs[seed] = SeedRun.read(directories[seed], from_scratch)

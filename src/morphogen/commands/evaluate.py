@@ -22,7 +22,7 @@ import torch
 
 from morphogen.commands.run import write_resolved_config
 from morphogen.commands.run_state import cut_events, read_resume_state, remove_resume_state, write_resume_state
-from morphogen.commands.workers import spawned_workers
+from morphogen.commands.workers import WorkerJob, spawned_workers
 from morphogen.config import build_config, config_to_dict
 from morphogen.control.checkpoint import CheckpointError, checkpoint_path, load_checkpoint
 from morphogen.control.controller import NoGrowthController
@@ -304,7 +304,7 @@ def _played_in_order(setting: _Setting, jobs: list[tuple[int, int]], telemetry: 
     # Each worker with torch's threads of this process.
     pool = stack.enter_context(spawned_workers(min(setting.config.jobs, len(jobs)), torch.get_num_threads(),
                                                _start_worker, (setting.config,)))
-    return pool.map(_play_in_worker, jobs)
+    return pool.map(WorkerJob(_play_in_worker), jobs)
 
 
 def evaluate_command(config: EvalConfig, out: TextIO | None = None, *,
