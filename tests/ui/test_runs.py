@@ -169,3 +169,18 @@ def test_a_config_with_too_many_settings_is_left_out_of_configs_and_named(
     connection = connect(tmp_path)
     assert connection.execute("SELECT run FROM configs").fetchall() == [("grown",)]
     assert len(connection.execute("DESCRIBE configs").fetchall()) < 200
+
+
+def test_an_evaluation_is_listed_as_eval_with_the_learned_policys_mean_accuracy(grown_run: Path,
+                                                                              tmp_path: Path) -> None:
+    shutil.copytree(grown_run, tmp_path / "evaluation", ignore=shutil.ignore_patterns("summary.json"))
+    (tmp_path / "evaluation" / "config.json").write_text(json.dumps({"policy": "default", "episodes": 2, "seed": 0,
+                                                                     "task": "digits"}))
+    (tmp_path / "evaluation" / "eval.json").write_text(json.dumps([
+        {"name": "learned", "accuracies": [95.5, 95.0]}, {"name": "heuristic", "accuracies": [90.0, 91.0]}]))
+    header, rows, _ = query_runs(tmp_path)
+    row = dict(zip(header, rows[0], strict=True))
+    assert (row["command"], row["task"], row["final_accuracy"]) == ("eval", "digits", 95.25)
+    (tmp_path / "evaluation" / "eval.json").write_text('[{"name": "learned", "accuracies": [NaN]}]')  # damaged
+    header, rows, _ = query_runs(tmp_path)
+    assert dict(zip(header, rows[0], strict=True))["command"] == "eval"  # its last episode's accuracy instead

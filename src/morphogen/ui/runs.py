@@ -19,8 +19,9 @@ Views (`run` is the run directory's name everywhere):
   seconds.
 - `configs`: each run's resolved config (nested settings as DuckDB structs: `configs.episode.max_epochs`;
   a setting whose type differs between runs is a JSON column).
-- `runs`: one row per run: run, command (run or train), task, seed, episodes, epochs, rounds,
-  final_accuracy (the last episode's in a run, the last round's mean in a training run), parameters,
+- `runs`: one row per run: run, command (run, train or eval), task, seed, episodes, epochs, rounds,
+  final_accuracy (the last episode's in a run, the last round's mean in a training run, the learned policy's
+  mean over an evaluation's episodes from its eval.json), parameters,
   gflops (a run's training FLOPs in billions: host, seeds, shadow passes and validation; from summary.json),
   score (what final_accuracy is: "accuracy", "negative loss" for a task with its own loss, or the name of a
   user's metric) and final_loss (the grown model's final validation loss; both from a run's summary.json),
@@ -49,7 +50,7 @@ from rich.console import Console
 from rich.table import Column, Table
 from rich.text import Text
 
-from morphogen.run_directory import EVENTS_FILENAME
+from morphogen.run_directory import EVENTS_FILENAME, MAX_JSON_BYTES, SCORES_FILENAME, read_regular_file
 from morphogen.telemetry.events import Event
 from morphogen.ui.progress import LINE_WIDTH
 from morphogen.ui.run_files import (
@@ -168,15 +169,35 @@ def _run_row(run: str, files: RunFiles) -> dict[str, Any]:
     grown = summary.get("grown")
     task, seed = task_label(config), config.get("seed")
     flops = summary_number(grown.get("flops") if isinstance(grown, dict) else None, "total")
+    evaluation = "episodes" in config and "policy" in config and "rounds" not in config  # `eval --run-dir`
     row = {"run": run, "task": task,
            "seed": _json_value(seed) if isinstance(seed, int) and not isinstance(seed, bool) else None,
-           "has_rounds": "rounds" in config, "gflops": None if flops is None else round(flops / 1e9, 3),
+           "has_rounds": "rounds" in config, "is_eval": evaluation,
+           "eval_accuracy": _learned_accuracy(files.path) if evaluation else None,
+           "gflops": None if flops is None else round(flops / 1e9, 3),
            "score": score_kind(summary).name if grown else None, "final_loss": summary_number(grown, "final_loss")}
     for column, key in (("baseline", "baseline"), ("from_scratch", "from_scratch")):
         parameters = summary_number(summary.get(key), "parameters")
         row[f"{column}_accuracy"] = summary_number(summary.get(key), "final_accuracy")
         row[f"{column}_parameters"] = None if parameters is None else _json_value(int(parameters))
     return row
+
+
+def _learned_accuracy(run_dir: Path) -> float | None:
+    """The learned policy's mean final accuracy in an evaluation's `eval.json` (None where it is missing or not
+    the table `eval` writes)."""
+    try:
+        table = json.loads(read_regular_file(run_dir / SCORES_FILENAME, MAX_JSON_BYTES))
+    except (OSError, ValueError):
+        return None
+    rows = table if isinstance(table, list) else []
+    learned = next((row for row in rows if isinstance(row, dict) and row.get("name") == "learned"), None)
+    accuracies = learned.get("accuracies") if learned is not None else None
+    if not isinstance(accuracies, list) or not accuracies or not all(
+            isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+            for value in accuracies):
+        return None
+    return round(sum(accuracies) / len(accuracies), 2)
 
 
 def _write_lines(path: Path, rows: Iterable[dict[str, Any]]) -> int:
@@ -240,7 +261,8 @@ def open_runs(root: Path) -> Runs:
                        "run VARCHAR, time DOUBLE, event VARCHAR"),
             "configs": (configs, "run VARCHAR"),
             "run_files": ([_run_row(name, files) for name, files in runs],
-                          "run VARCHAR, task VARCHAR, seed BIGINT, has_rounds BOOLEAN, gflops DOUBLE, "
+                          "run VARCHAR, task VARCHAR, seed BIGINT, has_rounds BOOLEAN, is_eval BOOLEAN, "
+                          "eval_accuracy DOUBLE, gflops DOUBLE, "
                           "score VARCHAR, final_loss DOUBLE, baseline_accuracy DOUBLE, baseline_parameters BIGINT, "
                           "from_scratch_accuracy DOUBLE, from_scratch_parameters BIGINT"),
         }
@@ -293,9 +315,10 @@ def _create_views(connection: Any) -> None:
             FROM events WHERE event = 'episode_completed' GROUP BY run),
         last_round AS (SELECT run, arg_max(mean_final_accuracy, round) AS accuracy FROM rounds GROUP BY run)
         SELECT p.run,
-               CASE WHEN p.rounds IS NOT NULL OR f.has_rounds THEN 'train' ELSE 'run' END AS command,
+               CASE WHEN p.rounds IS NOT NULL OR f.has_rounds THEN 'train' WHEN f.is_eval THEN 'eval'
+                    ELSE 'run' END AS command,
                f.task, f.seed, p.episodes, p.epochs, p.rounds,
-               round(coalesce(r.accuracy, e.accuracy), 2) AS final_accuracy, e.params AS parameters,
+               round(coalesce(f.eval_accuracy, r.accuracy, e.accuracy), 2) AS final_accuracy, e.params AS parameters,
                f.gflops, f.score, f.final_loss, f.baseline_accuracy, f.baseline_parameters, f.from_scratch_accuracy,
                f.from_scratch_parameters, p.events,
                CASE WHEN p.first_time BETWEEN 0 AND 253402300799
