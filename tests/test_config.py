@@ -248,6 +248,13 @@ def test_a_config_that_is_neither_a_preset_nor_a_file_is_one_line(source: str, m
     assert str(caught.value) == message
 
 
+def test_a_directory_given_as_a_config_says_so(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "settings").mkdir()
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ConfigError, match=r"config 'settings': not a preset \(.*\) nor a file \(it is a directory\)"):
+        read_config_source("settings")
+
+
 def test_merged_tables_keep_what_the_override_leaves_out_at_every_depth() -> None:
     base = {"episode": {"max_epochs": 30, "slots": {"gates": {"criterion": "loss"}}}, "seed": 1}
     over = {"episode": {"slots": {"gates": {"loss_min_contribution": 0.0}}}, "seed": 2}

@@ -208,7 +208,8 @@ def read_config_source(source: str | os.PathLike[str]) -> dict[str, Any]:
         return read_config_file(path)
     names = preset_names()
     if path.name not in names:
-        raise ConfigError(f"config {short_repr(str(source))}: not a preset ({', '.join(names)}) nor a file "
+        found = " (it is a directory)" if path.is_dir() else ""
+        raise ConfigError(f"config {short_repr(str(source))}: not a preset ({', '.join(names)}) nor a file{found} "
                           "(a config file ends in .toml, .json, .yaml or .yml)")
     return read_config_file(PRESETS_DIRECTORY / f"{path.name}.toml")
 

@@ -139,8 +139,8 @@ def summary_lines(runs: Mapping[int, SeedRun], pairs: Mapping[str, Pairs],
         ahead = sum(grown.final_accuracy > other.final_accuracy for grown, other in pairs[name])
         behind = sum(grown.final_accuracy < other.final_accuracy for grown, other in pairs[name])
         label = f"grown - {cut(printable(name), 20)}"
-        lines.append(f"  {label:<30}{format_difference(mean, error, metric_name)} ({ahead} seeds ahead, "
-                     f"{behind} behind)")
+        lines.append(f"  {label:<30}{format_difference(mean, error, metric_name)} ({ahead} "
+                     f"{'seed' if ahead == 1 else 'seeds'} ahead, {behind} behind)")
     return lines
 
 

@@ -66,6 +66,9 @@ def test_where_filters_and_bad_sql_is_one_line_and_exit_2(runs_root: Path, capsy
     assert main(["runs", str(runs_root), "--where", "no_such_column > 1"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("morphogen runs: error: --where") and "no_such_column" in err[0]
+    assert err[0].endswith("(the columns of runs: run, command, task, seed, episodes, epochs, rounds, final_accuracy, "
+                           "parameters, gflops, score, final_loss, baseline_accuracy, baseline_parameters, "
+                           "from_scratch_accuracy, from_scratch_parameters, events, started, seconds)")
     assert main(["runs", str(runs_root / "nothing-here")]) == 2
 
 

@@ -356,7 +356,10 @@ def query_runs(root: str | Path, where: str | None = None) -> tuple[list[str], l
         rows = cursor.fetchall()
     except duckdb.Error as error:
         shown = "" if where is None else f"--where {printable(where)!r}: "
-        raise RunsQueryError(f"{shown}{str(error).splitlines()[0]}") from None
+        columns = runs.connection.execute("SELECT column_name FROM (DESCRIBE runs)").fetchall()
+        hint = f" (the columns of runs: {', '.join(name for (name,) in columns)})" \
+            if isinstance(error, duckdb.BinderException) else ""
+        raise RunsQueryError(f"{shown}{str(error).splitlines()[0]}{hint}") from None
     return [d[0] for d in cursor.description], rows, runs.notes()
 
 
