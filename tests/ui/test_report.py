@@ -43,6 +43,12 @@ def test_report_of_something_that_is_not_a_run_is_one_line_and_exit_2(tmp_path, 
     errors = capsys.readouterr().err.strip().splitlines()
     assert len(errors) == 2 and all(line.startswith("morphogen report: error:") for line in errors)
     assert "events.jsonl" in errors[1]
+    (tmp_path / "runs" / "one").mkdir(parents=True)
+    (tmp_path / "runs" / "one" / "events.jsonl").write_text("")
+    assert main(["report", str(tmp_path / "runs")]) == 2  # the runs root, not one of its runs
+    assert capsys.readouterr().err.strip().endswith("is a directory of runs, not one run: name one of them "
+                                                    f"({tmp_path / 'runs'}/<run>), or list them with `morphogen runs "
+                                                    f"{tmp_path / 'runs'}`")
 
 
 def test_training_report_has_round_and_env_columns(trained_run, capsys):

@@ -30,6 +30,7 @@ resumed run appends after the last completed round.
 from __future__ import annotations
 
 import functools
+import itertools
 import json
 import math
 import os
@@ -276,6 +277,10 @@ def check_run_dir(run_dir: str | Path) -> Path:
         if is_seeds_directory(path):
             raise RunDirectoryError(f"{path} holds a run over several seeds ({SEEDS_FILENAME}): name one of its "
                                     f"runs, {path}/seed_<s> (`morphogen report {path}` prints the figures over them)")
+        if not (path / CONFIG_FILENAME).exists() and any((child / EVENTS_FILENAME).is_file()
+                                                          for child in itertools.islice(path.iterdir(), 1000)):
+            raise RunDirectoryError(f"{path} is a directory of runs, not one run: name one of them "
+                                    f"({path}/<run>), or list them with `morphogen runs {path}`")
         raise RunDirectoryError(f"{path} has no {EVENTS_FILENAME} (was the run made with --telemetry off?)")
     if not events.is_file():
         raise RunDirectoryError(f"{events} is not a regular file")
