@@ -165,3 +165,18 @@ def test_a_damaged_seeds_file_reads_what_it_can_and_escapes_every_string(tmp_pat
     (run_dir / "seeds.json").write_text("[1, 2")
     assert main(["report", str(run_dir)]) == 2
     assert "seeds.json cannot be read" in capsys.readouterr().err
+
+
+def test_a_run_whose_events_were_lost_names_the_seeds_its_summary_lists(grown_run, tmp_path, capsys):
+    import shutil
+
+    run = shutil.copytree(grown_run, tmp_path / "run")
+    (run / "events.jsonl").write_text("")  # cut short: no event left to tell the seeds' stories
+    summary = json.loads((run / "summary.json").read_text())
+    summary["grown"]["seeds"] = [{"slot": "r0c0", "blueprint": "wider", "outcome": "fossilized"},
+                                 {"slot": "r0c1", "blueprint": "\x1b[31mwider", "outcome": "pruned"}]
+    (run / "summary.json").write_text(json.dumps(summary))
+    assert main(["report", str(run)]) == 0
+    report = capsys.readouterr().out
+    assert "seeds: none in the events that could be read; summary.json names 2: wider in r0c0 (fossilized)" in report
+    assert "none germinated" not in report and "\x1b" not in report  # escaped, as every string of a run

@@ -7,8 +7,9 @@ run directory copied from another machine and never imports the model, the env o
 from __future__ import annotations
 
 from collections import Counter, defaultdict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 from morphogen.run_directory import is_seeds_directory
 from morphogen.telemetry.events import (
@@ -92,11 +93,16 @@ def _episode_section(history: Sequence[Event], training: bool, score: ScoreKind)
             *_epoch_rows([(r, e) for r, e in epochs if r == last and e.env_id == 0], True, score, reasons)]
 
 
-def _seed_section(history: Sequence[Event], training: bool, score: ScoreKind) -> list[str]:
+def _seed_section(history: Sequence[Event], training: bool, score: ScoreKind,
+                  summary: Mapping[str, Any] | None = None) -> list[str]:
     stories_by_round: list[tuple[int, SeedStory]] = []
     for round_number, events_of_round in _group_by_round(history).items():
         stories_by_round.extend((round_number, story) for story in seed_stories(events_of_round))
     if not stories_by_round:
+        named = _summary_seeds(summary)
+        if named:  # the events were cut short or lost; the summary still says what grew
+            return [f"seeds: none in the events that could be read; summary.json names {len(named)}: "
+                    f"{', '.join(named)}"]
         return ["seeds: none germinated"]
     lines = []
     if training:
@@ -114,6 +120,19 @@ def _seed_section(history: Sequence[Event], training: bool, score: ScoreKind) ->
         lines.append(f"  {where}  {story.blueprint:<11} {story.slot:<5} germinated@{story.germinated:<3} "
                      f"{story.path_before_outcome():<40} {story.ending():<15} contribution {contribution}")
     return lines
+
+
+def _summary_seeds(summary: Mapping[str, Any] | None) -> list[str]:
+    """The grown run's seeds as summary.json lists them (untrusted: short strings only), "blueprint in slot
+    (outcome)"; at most `MAX_HOSTS`."""
+    grown = summary.get("grown") if isinstance(summary, Mapping) else None
+    seeds = grown.get("seeds") if isinstance(grown, Mapping) else None
+    named = []
+    for seed in (seeds if isinstance(seeds, list) else [])[:MAX_HOSTS]:
+        parts = [seed.get(key) if isinstance(seed, Mapping) else None for key in ("blueprint", "slot", "outcome")]
+        if all(isinstance(part, str) and 0 < len(part) <= MAX_NAME for part in parts):
+            named.append(f"{parts[0]} in {parts[1]} ({parts[2]})")
+    return named
 
 
 def _group_by_round(history: Sequence[Event]) -> dict[int, list[Event]]:
@@ -220,7 +239,8 @@ def render_report(run_dir: str | Path) -> str:
               f"{len(history)} events" + (f" ({damage})" if damage else ""))
     reward = _reward_section(history) if files.steered_by_reward else []
     score = score_kind(files.summary)
-    sections = [[header], _episode_section(history, training, score), _seed_section(history, training, score),
+    sections = [[header], _episode_section(history, training, score),
+                _seed_section(history, training, score, files.summary),
                 reward,
                 _training_section(history), _health_section(history, training), _phase_section(history),
                 _comparison_section(files.summary)]
