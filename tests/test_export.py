@@ -139,8 +139,10 @@ def python_task(run: Path) -> None:
     (lambda run: (run / "file").write_text(""), ["--output", "{run}/file/model.pt2"], "cannot write"),
     (lambda run: None, ["--output", "{run}/config.json"], "would replace the run's own config.json"),
     (lambda run: None, ["--format", "tflite"], None),
+    (lambda run: None, ["--dynamic-dims", "2"], "dimensions [2] cannot stay dynamic in the grown network"),
+    (lambda run: None, ["--dynamic-dims", "one"], "--dynamic-dims takes dimensions after the batch's"),
 ], ids=["missing", "damaged", "truncated", "hostile", "forged-blueprint", "forged-option", "python-task",
-        "unwritable", "run-file", "format"])
+        "unwritable", "run-file", "format", "fixed-image-size", "dims-not-numbers"])
 def test_bad_input_is_one_line_exit_2_and_the_run_directory_is_untouched(
         grown: RunResult, tmp_path: Path, capsys: pytest.CaptureFixture[str], prepare: Callable[[Path], None],
         arguments: list[str], message: str | None) -> None:

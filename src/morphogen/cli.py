@@ -243,6 +243,9 @@ def _add_export_parser(subparsers: Any) -> None:
     export.add_argument("--output", help="where to write (default RUN_DIR/model.pt2 or RUN_DIR/model.onnx)")
     export.add_argument("--leave-out-blending", action="store_true",
                         help="leave seeds still BLENDING out (by default they go in at the alpha they reached)")
+    export.add_argument("--dynamic-dims", metavar="DIMS",
+                        help="comma-separated dimensions after the batch's that stay dynamic too, up to their size in "
+                             "the run's first validation inputs (1: a language model's sequence length)")
     export.add_argument("--from-scratch", action="store_true",
                         help="export the grown model's final architecture as the run trained it from scratch "
                              "(default output RUN_DIR/model_from_scratch.pt2)")
@@ -328,6 +331,17 @@ def _list_overrides(args: argparse.Namespace) -> dict[str, Any]:
             raise UsageError(f"--devices needs comma-separated device names without empty ones, got {args.devices!r}")
         overrides["devices"] = devices
     return overrides
+
+
+def _dimensions(text: str | None) -> tuple[int, ...]:
+    """`--dynamic-dims 1,2` as dimensions; other text is a `UsageError`."""
+    if text is None:
+        return ()
+    names = _comma_list(text, "dynamic-dims", "1")
+    if not all(name.isdigit() and int(name) >= 1 for name in names):
+        raise UsageError(f"--dynamic-dims takes dimensions after the batch's, integers >= 1 such as 1 or 1,2; got "
+                         f"{text!r}")
+    return tuple(int(name) for name in names)
 
 
 def _comma_list(text: str, flag: str, example: str) -> list[str]:
@@ -657,7 +671,8 @@ def _list(args: argparse.Namespace) -> None:
 def _export(args: argparse.Namespace) -> None:
     from morphogen.commands.export import export_command
 
-    export_command(args.run_dir, args.format, args.output, args.leave_out_blending, from_scratch=args.from_scratch)
+    export_command(args.run_dir, args.format, args.output, args.leave_out_blending, from_scratch=args.from_scratch,
+                   dynamic_dims=_dimensions(args.dynamic_dims))
 
 
 def _dashboard(args: argparse.Namespace) -> None:

@@ -27,6 +27,7 @@ import inspect
 import io
 import logging
 import warnings
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -40,7 +41,7 @@ from morphogen.core.model import MorphogeneticModel
 from morphogen.core.plain import ExportError, GrownNetwork, grown_network
 from morphogen.data import Task
 from morphogen.env.episode import MorphogenesisEpisode
-from morphogen.inputs import Inputs, InputSpec, repeat_rows, rows, take_rows, to_device
+from morphogen.inputs import Inputs, InputSpec, repeat_rows, rows, take_rows, tensors, to_device
 from morphogen.inputs import problem as inputs_problem
 from morphogen.model_file import load_model_state, read_model_file
 from morphogen.run_directory import (
@@ -59,17 +60,24 @@ TOLERANCE = 1e-5
 
 
 def export_model(model: MorphogeneticModel, example_input: Inputs, path: str | Path, *,
-                 format: str = "torch-export", leave_out_blending: bool = False) -> Path:
+                 format: str = "torch-export", leave_out_blending: bool = False,
+                 dynamic_dims: Sequence[int] = ()) -> Path:
     """Write `model`'s grown architecture to `path` as a `torch.export` program or an ONNX model; returns the path.
 
     `example_input` is a batch of real inputs (one sample is enough), as the model takes them: a tensor, or a
     tuple or dict of tensors, which the program then takes as positional or keyword arguments, as the user's
-    own model does. The batch dimension stays dynamic. `leave_out_blending` drops seeds still BLENDING (folded in
-    at their alpha otherwise, as the model computes). Raises `ExportError` for a network `torch.export` cannot
-    trace, a missing `onnx` extra or a path that cannot be written.
+    own model does. The batch dimension stays dynamic; `dynamic_dims` (such as `(1,)`: a language model's sequence)
+    keeps those dimensions of every input dynamic too, from 1 up to their size in `example_input` (one size shared
+    by all inputs that have the dimension, as token ids and their padding mask do). `leave_out_blending` drops
+    seeds still BLENDING (folded in at their alpha otherwise, as the model computes). Raises `ExportError` for a
+    network `torch.export` cannot trace (or cannot keep `dynamic_dims` dynamic in), a missing `onnx` extra or a
+    path that cannot be written.
     """
     if format not in FORMATS:
         raise ExportError(f"unknown export format {format!r}; valid: {', '.join(FORMATS)}")
+    if any(isinstance(dim, bool) or not isinstance(dim, int) or dim < 1 for dim in dynamic_dims):
+        raise ExportError(f"dynamic_dims must be dimensions after the batch's (integers >= 1), got "
+                          f"{list(dynamic_dims)}")
     problem = inputs_problem(example_input)
     if problem is not None or rows(example_input) == 0:
         raise ExportError("example_input must be a batch of the model's inputs (a tensor, or a tuple or dict of "
@@ -79,7 +87,7 @@ def export_model(model: MorphogeneticModel, example_input: Inputs, path: str | P
     example = example_input if reference is None else to_device(example_input, reference.device)
     if rows(example) == 1:  # torch.export specializes a dimension of size 1; two samples keep it dynamic
         example = repeat_rows(example, 2)
-    program = _traced(network, example)
+    program = _traced(network, example, tuple(dict.fromkeys(dynamic_dims)))
     data = _program_bytes(program) if format == "torch-export" else _onnx_bytes(program)
     path = Path(path)
     try:
@@ -103,13 +111,25 @@ class _CalledAsTheModel(nn.Module):
         return output
 
 
-def _export_arguments(network: GrownNetwork, example: Inputs, batch: object) -> tuple[
+def _export_arguments(network: GrownNetwork, example: Inputs, dims: dict[int, Any] | None) -> tuple[
         nn.Module, tuple[Tensor, ...], dict[str, Tensor], dict[str, Any] | tuple[Any, ...] | None]:
     """What `torch.export` traces for `example`: the module, its positional and keyword arguments, and their
-    dynamic shapes (the batch dimension of every tensor `batch`; None: every dimension static)."""
-    dynamic = None if batch is None else {0: batch}
+    dynamic shapes (`dims`: dimension -> `torch.export.Dim`, in every tensor that has the dimension; None: every
+    dimension static)."""
+
+    def dynamic_of(tensor: Tensor) -> dict[int, Any]:
+        return {dim: size for dim, size in (dims or {}).items() if dim < tensor.dim()}
+
+    if dims is None:
+        shapes: Any = None
+    elif isinstance(example, Tensor):
+        shapes = (dynamic_of(example),)
+    elif isinstance(example, dict):
+        shapes = {key: dynamic_of(value) for key, value in example.items()}
+    else:
+        shapes = {"args": tuple(dynamic_of(value) for value in example)}
     if isinstance(example, Tensor):
-        return network, (example,), {}, None if dynamic is None else (dynamic,)
+        return network, (example,), {}, shapes
     if isinstance(example, dict):
         # torch.export reads the arguments' names from the forward's signature: give it the dict's keys.
         by_name = inspect.Signature([inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD),
@@ -120,19 +140,39 @@ def _export_arguments(network: GrownNetwork, example: Inputs, batch: object) -> 
 
         forward.__signature__ = by_name  # type: ignore[attr-defined]
         called = type("CalledByName", (_CalledAsTheModel,), {"forward": forward})(network, "dict")
-        return called, (), dict(example), None if dynamic is None else {key: dynamic for key in example}
+        return called, (), dict(example), shapes
     called = _CalledAsTheModel(network, InputSpec.of(example).kind)
-    return called, tuple(example), {}, None if dynamic is None else {"args": tuple(dynamic for _ in example)}
+    return called, tuple(example), {}, shapes
 
 
-def _traced(network: GrownNetwork, example: Inputs) -> torch.export.ExportedProgram:
-    """`network` traced by `torch.export` with a dynamic batch, checked against the network on `example`."""
+def _dynamic_dims(example: Inputs, dims: tuple[int, ...]) -> dict[int, Any]:
+    """The batch dimension and `dims` as `torch.export.Dim`s, each of `dims` from 1 to its smallest size among
+    the inputs that have it; `ExportError` for a dimension no input has."""
+    shapes = [tensor.shape for tensor in tensors(example)]
+    dynamic: dict[int, Any] = {0: torch.export.Dim("batch")}
+    for dim in dims:
+        sizes = [shape[dim] for shape in shapes if dim < len(shape)]
+        if not sizes:
+            raise ExportError(f"dynamic_dims: no input has a dimension {dim} (their shapes: "
+                              f"{', '.join(str(tuple(shape)) for shape in shapes)})")
+        dynamic[dim] = torch.export.Dim(f"dim{dim}", min=1, max=min(sizes))
+    return dynamic
+
+
+def _traced(network: GrownNetwork, example: Inputs, dims: tuple[int, ...] = ()) -> torch.export.ExportedProgram:
+    """`network` traced by `torch.export` with a dynamic batch (and `dims`), checked against the network on
+    `example`."""
     with torch.no_grad():
         expected = network(example)
         try:
-            module, args, kwargs, shapes = _export_arguments(network, example, torch.export.Dim("batch"))
+            module, args, kwargs, shapes = _export_arguments(network, example, _dynamic_dims(example, dims))
             program = torch.export.export(module, args, kwargs, dynamic_shapes=shapes)
+        except ExportError:
+            raise
         except Exception as dynamic_error:  # a model whose code fixes the batch size: export that size
+            if dims:  # asked for: a program of fixed sizes would not be what was asked
+                raise ExportError(f"dimensions {list(dims)} cannot stay dynamic in the grown network: "
+                                  f"{_first_line(dynamic_error)}") from None
             try:
                 module, args, kwargs, _ = _export_arguments(network, example, None)
                 program = torch.export.export(module, args, kwargs)

@@ -58,6 +58,23 @@ def test_each_users_model_grows_a_seed_and_exports_through_the_public_api(
         torch.testing.assert_close(outputs, expected, rtol=0, atol=1e-5)
 
 
+def test_a_language_model_exports_with_a_dynamic_sequence_length(tmp_path: Path) -> None:
+    task = user_tasks.gpt()
+    result = morphogen.grow(task, run_dir=str(tmp_path / "run"), config=eager_config(epochs=4, slots=("blocks_0",)),
+                            out=io.StringIO())
+    assert result.model.architecture(), "a seed is part of the exported network"
+    ids = next(iter(task.validation.iterate_batches(4, shuffle=False)))[0][:4]
+    path = morphogen.export_model(result.model, ids[:2], tmp_path / "lm.pt2", dynamic_dims=(1,))
+    program, model = torch.export.load(path).module(), result.model.eval()
+    with torch.no_grad():
+        for length in (1, 3, ids.shape[1]):  # a prompt shorter than the training windows, as generation feeds
+            torch.testing.assert_close(program(ids[:, :length]), model(ids[:, :length]), rtol=0, atol=1e-5)
+    with pytest.raises(morphogen.ExportError, match=r"dynamic_dims: no input has a dimension 2"):
+        morphogen.export_model(result.model, ids[:2], tmp_path / "x.pt2", dynamic_dims=(2,))
+    with pytest.raises(morphogen.ExportError, match=r"dynamic_dims must be dimensions after the batch's"):
+        morphogen.export_model(result.model, ids[:2], tmp_path / "x.pt2", dynamic_dims=(0,))
+
+
 def test_grow_compares_with_no_growth_and_from_scratch_on_a_users_resnet(tmp_path: Path) -> None:
     task, host = user_tasks.resnet()
     out = io.StringIO()

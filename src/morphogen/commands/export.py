@@ -24,7 +24,8 @@ from morphogen.run_directory import RUN_FILE_NAMES, hold_run_directory
 
 
 def export_command(run_dir: str, format: str = "torch-export", output: str | None = None,
-                   leave_out_blending: bool = False, out: TextIO | None = None, from_scratch: bool = False) -> Path:
+                   leave_out_blending: bool = False, out: TextIO | None = None, from_scratch: bool = False,
+                   dynamic_dims: tuple[int, ...] = ()) -> Path:
     """Export the grown model of `run_dir` (`from_scratch`: its final architecture as the run trained it from
     scratch); prints what went in and how to load it. Returns the path written."""
     out = sys.stdout if out is None else out
@@ -41,7 +42,8 @@ def export_command(run_dir: str, format: str = "torch-export", output: str | Non
     example = example_input_of(task)
     lock = hold_run_directory(run) if inside else contextlib.nullcontext()
     with lock:
-        written = export_model(model, example, path, format=format, leave_out_blending=leave_out_blending)
+        written = export_model(model, example, path, format=format, leave_out_blending=leave_out_blending,
+                               dynamic_dims=dynamic_dims)
     _print_summary(model, written, format, out, leave_out_blending)
     return written
 
