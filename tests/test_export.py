@@ -233,6 +233,8 @@ def test_a_run_started_with_a_relative_text_file_exports_from_any_directory(tmp_
                  "--no-from-scratch", "--threads", "1", "--run-dir", "run"]) == 0
     saved = json.loads((tmp_path / "start" / "run" / "config.json").read_text())["text_file"]
     assert saved == str(tmp_path / "start" / "corpus.txt")  # where the data is, not where the run started from
+    summary = json.loads((tmp_path / "start" / "run" / "summary.json").read_text())
+    assert summary["vocabulary"] == sorted(set("the quick brown fox jumps over the lazy dog\n"))  # token id -> char
     monkeypatch.chdir(tmp_path / "elsewhere")
     assert main(["export", "../start/run", "--output", "model.pt2"]) == 0
     assert (tmp_path / "elsewhere" / "model.pt2").is_file()

@@ -489,19 +489,24 @@ def _play_and_write(config: RunConfig, task: Task, episode: MorphogenesisEpisode
         print(f"\ntime by phase (grown model):\n{episode.timer.summary()}", file=out)
     result = RunResult(grown, baseline, from_scratch, episode.model, run_dir, from_scratch_model, fixed_outcomes,
                        task.metric_name)
-    _write_results(result, architecture, saving.controller, episode.slot_config.gates.judged_by)
+    _write_results(result, architecture, saving.controller, episode.slot_config.gates.judged_by, task.vocabulary)
     return result
 
 
-def _write_results(result: RunResult, architecture: dict[str, str], controller: str, criterion: Criterion) -> None:
-    """`summary.json` and the models of a finished run; the trainings' resume states go (nothing is left)."""
+def _write_results(result: RunResult, architecture: dict[str, str], controller: str, criterion: Criterion,
+                   vocabulary: tuple[str, ...] | None = None) -> None:
+    """`summary.json` and the models of a finished run; the trainings' resume states go (nothing is left). A
+    character task's `vocabulary` goes in too: what a token id of the exported model means."""
     run_dir = result.run_dir
-    summary = {"controller": controller, "score": {"name": result.metric_name, "criterion": criterion.value},
-               "grown": _outcome_dict(result.grown),
-               "baseline": None if result.baseline is None else _outcome_dict(result.baseline),
-               "from_scratch": None if result.from_scratch is None else
-               {**_outcome_dict(result.from_scratch), "architecture": architecture},
-               "fixed": [{"name": name, **_outcome_dict(outcome)} for name, outcome in result.fixed.items()]}
+    summary: dict[str, object] = {
+        "controller": controller, "score": {"name": result.metric_name, "criterion": criterion.value},
+        "grown": _outcome_dict(result.grown),
+        "baseline": None if result.baseline is None else _outcome_dict(result.baseline),
+        "from_scratch": None if result.from_scratch is None else
+        {**_outcome_dict(result.from_scratch), "architecture": architecture},
+        "fixed": [{"name": name, **_outcome_dict(outcome)} for name, outcome in result.fixed.items()]}
+    if vocabulary is not None:
+        summary["vocabulary"] = list(vocabulary)
     write_atomic(run_dir / SUMMARY_FILENAME, (json.dumps(_strict(summary), indent=2) + "\n").encode())
     save_model_file(result.model, run_dir / MODEL_FILENAME)  # for `morphogen export`
     if result.from_scratch_model is not None:  # for `morphogen export --from-scratch`
