@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 import torch
 import user_tasks
-from models import ResNet, blobs, eager_config, mlp, quadrant_images
+from models import ResNet, TinyGPT, blobs, counting_sequences, eager_config, mlp, quadrant_images
 
 import morphogen
 from morphogen.cli import EXIT_USER_ERROR, main
@@ -73,6 +73,41 @@ def test_a_language_model_exports_with_a_dynamic_sequence_length(tmp_path: Path)
         morphogen.export_model(result.model, ids[:2], tmp_path / "x.pt2", dynamic_dims=(2,))
     with pytest.raises(morphogen.ExportError, match=r"dynamic_dims must be dimensions after the batch's"):
         morphogen.export_model(result.model, ids[:2], tmp_path / "x.pt2", dynamic_dims=(0,))
+
+
+class _WeightsToo(torch.nn.Module):
+    """A block that returns its attention weights beside its output, as some users' blocks do."""
+
+    def __init__(self, block: torch.nn.Module) -> None:
+        super().__init__()
+        self.block = block
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.block(x), x.mean(-1)
+
+
+class _UnpacksItsBlocks(TinyGPT):
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocks = torch.nn.Sequential(*(_WeightsToo(block) for block in self.blocks))
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        x = self.embed(ids) + self.position[:, :ids.shape[1]]
+        for block in self.blocks:
+            x, _ = block(x)
+        return self.head(self.norm(x))
+
+
+def test_a_transformer_whose_blocks_cannot_be_copied_says_what_it_grows_instead() -> None:
+    train, validation = counting_sequences(64, 0), counting_sequences(32, 1)
+    task = morphogen.task_from_data("counting", train, validation)
+    host = morphogen.host_from_module(_UnpacksItsBlocks(), ["blocks.0", "blocks.1"], example_input=train[0][:2])
+    out = io.StringIO()
+    morphogen.grow(task, host, epochs=2, baseline=False, from_scratch=False, out=out)
+    note = "\n".join(out.getvalue().splitlines()).replace("\n      ", " ")
+    assert "note: the default 'block_copy' cannot be grafted into blocks_0, blocks_1 (" in note
+    assert "a block that returns a tuple, such as (x, attention weights), cannot be copied)); the heuristic grows " \
+           "'block' instead" in note
 
 
 def test_grow_compares_with_no_growth_and_from_scratch_on_a_users_resnet(tmp_path: Path) -> None:

@@ -21,7 +21,7 @@ from morphogen.commands.compared_hosts import check_settings, compared_tasks
 from morphogen.commands.run_state import cut_events, load_training_state, remove_resume_state, save_training_state
 from morphogen.config import build_config, config_to_dict, merge_tables, read_config_source
 from morphogen.control.controller import NoGrowthController
-from morphogen.control.heuristic import HeuristicConfig, HeuristicController
+from morphogen.control.heuristic import DEFAULT_DEPTH_BLUEPRINT, DEPTH_FALLBACK, HeuristicConfig, HeuristicController
 from morphogen.core.lifecycle import Criterion
 from morphogen.core.model import MorphogeneticModel
 from morphogen.data import Task
@@ -425,18 +425,24 @@ def optimizer_note(task: Task, chosen: OptimizerConfig | None) -> str:
 
 
 def depth_growth_note(controller: Controller, model: MorphogeneticModel | None) -> str:
-    """A line for a heuristic told to grow by depth (`[heuristic] depth_blueprint`) with a blueprint that some slot
-    cannot take, so that it grows seed by seed instead; else ""."""
-    if not isinstance(controller, HeuristicController) or not controller.config.depth_blueprint or model is None:
-        return ""  # None: the topology's default; "": seed by seed
-    blueprint = controller.config.depth_blueprint
+    """A line for a heuristic that grows by depth with a blueprint some slot cannot take: told to
+    (`[heuristic] depth_blueprint`), it grows seed by seed instead; by default (copies of a transformer's layers),
+    it grows its fallback (zero-initialised blocks) instead; else ""."""
+    if not isinstance(controller, HeuristicController) or model is None:
+        return ""
+    told = controller.config.depth_blueprint
+    blueprint = DEFAULT_DEPTH_BLUEPRINT.get(model.topology, "") if told is None else told
+    if not blueprint:  # "": seed by seed
+        return ""
     unfit = [slot for slot in model.slots() if not model.can_graft(slot.slot_id, blueprint)]
     if not unfit:
         return ""
     ids = ", ".join(slot.slot_id for slot in unfit)
     reason = unfit[0].site_problem(blueprint) or f"{blueprint!r} cannot be grafted there"
-    return (f"note: [heuristic] depth_blueprint = {blueprint!r} cannot be grafted into {cut(printable(ids), 60)} "
-            f"({reason}); the heuristic grows seed by seed instead")
+    fallback = DEPTH_FALLBACK.get(blueprint, "") if told is None else ""
+    instead = f"grows {fallback!r} instead" if fallback else "grows seed by seed instead"
+    setting = f"[heuristic] depth_blueprint = {blueprint!r}" if told is not None else f"the default {blueprint!r}"
+    return f"note: {setting} cannot be grafted into {cut(printable(ids), 60)} ({reason}); the heuristic {instead}"
 
 
 def run_name(task_name: str) -> str:

@@ -234,7 +234,8 @@ class SeedSlot(nn.Module):
         if recipe.copies_layer_before:
             return "" if self.layer_before is not None else (
                 f"{blueprint!r} copies the host's layer just before slot {self.slot_id}, and the host has none there "
-                "(a TransformerHost's block, or a layer of your model that maps the slot's activation to its shape)")
+                "(a TransformerHost's block, or a layer of your model that maps the slot's activation to one tensor "
+                "of its shape; a block that returns a tuple, such as (x, attention weights), cannot be copied)")
         if kind is BlueprintKind.DEEPEN or self.site_for(blueprint) is not None:
             return ""
         if kind is BlueprintKind.WIDEN and self.width_site is not None:  # around the slot, and it needs inside
