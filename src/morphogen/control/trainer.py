@@ -623,7 +623,7 @@ def _config_dict(config: TrainConfig) -> dict[str, Any]:
 
 def format_round(summary: RoundSummary, *, setting: bool = False) -> str:
     """The one line printed per round (about 120 columns; `setting` appends the mix entry the round played); the
-    entropy of every head is in telemetry and the report."""
+    entropy of every head is in telemetry, the HTML report and the dashboard."""
     stats = summary.statistics
     line = (f"round {summary.round:3d}  return {summary.mean_return:+7.3f}  acc {summary.mean_final_accuracy:6.2f}%  "
             f"added {summary.mean_parameters_added:>7,.0f}  "
