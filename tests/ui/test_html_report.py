@@ -170,7 +170,7 @@ def test_readers_walk_the_events_a_fixed_number_of_times(grown_run: Path, tmp_pa
         files = load_run_files(run)
         files.events = CountedEvents(files.events)
         module = sys.modules[render.__module__]
-        monkeypatch.setattr(module, "load_run_files", lambda _, loaded=files: loaded)
+        monkeypatch.setattr(module, "load_run_files", lambda _, loaded=files, **__: loaded)
         CountedEvents.walks = 0
         render(run)
         walks.append(CountedEvents.walks)

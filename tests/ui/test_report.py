@@ -180,3 +180,28 @@ def test_a_run_whose_events_were_lost_names_the_seeds_its_summary_lists(grown_ru
     report = capsys.readouterr().out
     assert "seeds: none in the events that could be read; summary.json names 2: wider in r0c0 (fossilized)" in report
     assert "none germinated" not in report and "\x1b" not in report  # escaped, as every string of a run
+
+
+def test_report_of_a_run_without_telemetry_prints_its_summary_and_claims_nothing_else(tmp_path, capsys):
+    # `--telemetry off` writes config.json and summary.json but no events: the report says what the summary
+    # holds (the seeds it names, the comparison) and does not claim a clean health record it never saw.
+    run_dir = tmp_path / "quiet"
+    config = tmp_path / "quick.toml"
+    config.write_text("max_train_samples = 200\n[episode]\nmax_epochs = 8\n[episode.slots.gates]\nmode = 'permissive'\n"
+                      "min_training_epochs = 2\n[heuristic]\nwarmup_epochs = 1\nplateau_epochs = 1\n"
+                      "plateau_threshold = 100.0\nmin_training_epochs = 2\n")
+    assert main(["run", "--config", str(config), "--telemetry", "off", "--run-dir", str(run_dir)]) == 0
+    capsys.readouterr()
+    assert not (run_dir / "events.jsonl").exists()
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert main(["report", str(run_dir)]) == 0
+    report = capsys.readouterr().out
+    assert report.startswith(f"run {run_dir}: task digits, seed 0, 0 events (no events.jsonl: made with "
+                             "--telemetry off, its figures are summary.json's)")
+    assert "seeds: no events written; summary.json names" in report
+    assert f"grown {summary['grown']['final_accuracy']:.2f}%" in report
+    assert "health" not in report
+    assert main(["report", str(run_dir), "--html"]) == 2  # the page is drawn from events
+    error = capsys.readouterr().err.strip()
+    assert error.endswith("it was made with --telemetry off, so only `morphogen report "
+                          f"{run_dir}` (its summary.json, as text) and `morphogen runs` read it")

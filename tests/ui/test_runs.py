@@ -187,3 +187,34 @@ def test_an_evaluation_is_listed_as_eval_with_the_learned_policys_mean_accuracy(
     (tmp_path / "evaluation" / "eval.json").write_text('[{"name": "learned", "accuracies": [NaN]}]')  # damaged
     header, rows, _ = query_runs(tmp_path)
     assert dict(zip(header, rows[0], strict=True))["command"] == "eval"  # its last episode's accuracy instead
+
+
+def test_runs_lists_the_seeds_of_a_run_over_seeds_and_runs_made_without_telemetry(
+        grown_run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # `run --seeds N` writes one run per seed inside its directory; `--telemetry off` writes no events.jsonl.
+    # Both are runs a user made and looks for in the table.
+    summary = json.loads((grown_run / "summary.json").read_text())
+    over_seeds = tmp_path / "over-seeds"
+    over_seeds.mkdir()
+    (over_seeds / "seeds.json").write_text("{}")
+    shutil.copytree(grown_run, over_seeds / "seed_0")
+    shutil.copytree(grown_run, over_seeds / "seed_1")
+    quiet = tmp_path / "quiet"
+    shutil.copytree(grown_run, quiet)
+    for events in quiet.rglob("events.jsonl"):
+        events.unlink()
+    header, rows, notes = query_runs(tmp_path)
+    table = {row[0]: dict(zip(header, row, strict=True)) for row in rows}
+    assert set(table) == {"over-seeds/seed_0", "over-seeds/seed_1", "quiet"}
+    assert table["over-seeds/seed_1"]["events"] > 0
+    quiet_row = table["quiet"]
+    assert (quiet_row["command"], quiet_row["task"], quiet_row["events"], quiet_row["epochs"]) == ("run", "digits", 0,
+                                                                                                   None)
+    assert quiet_row["final_accuracy"] == pytest.approx(summary["grown"]["final_accuracy"], abs=0.005)
+    assert quiet_row["parameters"] == summary["grown"]["parameters"]
+    assert quiet_row["baseline_accuracy"] == pytest.approx(summary["baseline"]["final_accuracy"])
+    assert notes == ["run quiet: no events.jsonl: made with --telemetry off, its figures are summary.json's"]
+    # The seed runs are rows of their own; --where reaches them by name.
+    assert main(["runs", str(tmp_path), "--where", "run LIKE 'over-seeds/%'"]) == 0
+    assert [line.split()[0] for line in capsys.readouterr().out.splitlines()[1:]] == [
+        "over-seeds/seed_0", "over-seeds/seed_1", "run"]  # the last line is the note on `quiet`

@@ -94,15 +94,15 @@ def _episode_section(history: Sequence[Event], training: bool, score: ScoreKind)
 
 
 def _seed_section(history: Sequence[Event], training: bool, score: ScoreKind,
-                  summary: Mapping[str, Any] | None = None) -> list[str]:
+                  summary: Mapping[str, Any] | None = None, *, without_events: bool = False) -> list[str]:
     stories_by_round: list[tuple[int, SeedStory]] = []
     for round_number, events_of_round in _group_by_round(history).items():
         stories_by_round.extend((round_number, story) for story in seed_stories(events_of_round))
     if not stories_by_round:
         named = _summary_seeds(summary)
-        if named:  # the events were cut short or lost; the summary still says what grew
-            return [f"seeds: none in the events that could be read; summary.json names {len(named)}: "
-                    f"{', '.join(named)}"]
+        if named:  # the events were cut short, lost or never written; the summary still says what grew
+            where = "no events written" if without_events else "none in the events that could be read"
+            return [f"seeds: {where}; summary.json names {len(named)}: {', '.join(named)}"]
         return ["seeds: none germinated"]
     lines = []
     if training:
@@ -232,7 +232,7 @@ def render_report(run_dir: str | Path) -> str:
     several seeds, its figures over them (`seeds_report.py`)."""
     if is_seeds_directory(run_dir):
         return render_seeds_report(run_dir)
-    files = load_run_files(run_dir)
+    files = load_run_files(run_dir, without_events=True)
     config, history, training = files.config, files.history, files.is_training
     damage = files.damage_note()
     header = (f"run {files.path}: task {task_label(config) or '?'}, seed {config.get('seed', '?')}, "
@@ -240,9 +240,10 @@ def render_report(run_dir: str | Path) -> str:
     reward = _reward_section(history) if files.steered_by_reward else []
     score = score_kind(files.summary)
     sections = [[header], _episode_section(history, training, score),
-                _seed_section(history, training, score, files.summary),
+                _seed_section(history, training, score, files.summary, without_events=files.without_events),
                 reward,
-                _training_section(history), _health_section(history, training), _phase_section(history),
+                _training_section(history), [] if files.without_events else _health_section(history, training),
+                _phase_section(history),
                 _comparison_section(files.summary)]
     text = "\n\n".join("\n".join(section) for section in sections if section)
     return "\n".join(printable(line) for line in text.split("\n"))

@@ -171,6 +171,8 @@ class RunFiles:
     summary: dict[str, Any] | None = None
     skipped: int = 0
     unreadable: tuple[str, ...] = ()
+    #: The run wrote no events (`--telemetry off`): what is known of it comes from summary.json and config.json.
+    without_events: bool = False
 
     @property
     def history(self) -> list[Event]:
@@ -193,6 +195,8 @@ class RunFiles:
         """One line saying what was skipped or unreadable, or None for an intact run."""
         parts = [f"{self.skipped:,} line{'s' if self.skipped != 1 else ''} skipped"] if self.skipped else []
         parts += [f"{name} unreadable" for name in self.unreadable]
+        if self.without_events:
+            parts.append(f"no {EVENTS_FILENAME}: made with --telemetry off, its figures are summary.json's")
         return ", ".join(parts) or None
 
 
@@ -267,12 +271,15 @@ def score_name(name: object) -> str:
     return name if isinstance(name, str) and 0 < len(name) <= 100 else "accuracy"
 
 
-def check_run_dir(run_dir: str | Path) -> Path:
-    """`run_dir` as a Path if it is a directory with an events file; else `RunDirectoryError` saying why."""
+def check_run_dir(run_dir: str | Path, *, without_events: bool = False) -> Path:
+    """`run_dir` as a Path if it is a directory with an events file (or, with `without_events`, the
+    config.json and summary.json of a run made with `--telemetry off`); else `RunDirectoryError` saying why."""
     path = Path(run_dir)
     if not path.is_dir():
         raise RunDirectoryError(f"{path} is not a directory (expected a run directory under runs/)")
     events = path / EVENTS_FILENAME
+    if without_events and not os.path.lexists(events) and is_summary_only_run(path):
+        return path
     if not events.exists():
         if is_seeds_directory(path):
             raise RunDirectoryError(f"{path} holds a run over several seeds ({SEEDS_FILENAME}): name one of its "
@@ -281,26 +288,46 @@ def check_run_dir(run_dir: str | Path) -> Path:
                                                           for child in itertools.islice(path.iterdir(), 1000)):
             raise RunDirectoryError(f"{path} is a directory of runs, not one run: name one of them "
                                     f"({path}/<run>), or list them with `morphogen runs {path}`")
+        if is_summary_only_run(path):
+            raise RunDirectoryError(f"{path} has no {EVENTS_FILENAME}: it was made with --telemetry off, so only "
+                                    f"`morphogen report {path}` (its summary.json, as text) and `morphogen runs` "
+                                    "read it")
         raise RunDirectoryError(f"{path} has no {EVENTS_FILENAME} (was the run made with --telemetry off?)")
     if not events.is_file():
         raise RunDirectoryError(f"{events} is not a regular file")
     return path
 
 
-def load_run_files(run_dir: str | Path) -> RunFiles:
+def is_summary_only_run(path: Path) -> bool:
+    """Whether `path` holds a run made with `--telemetry off`: its config.json and summary.json, no events."""
+    return (not os.path.lexists(path / EVENTS_FILENAME) and (path / CONFIG_FILENAME).is_file()
+            and (path / SUMMARY_FILENAME).is_file())
+
+
+def load_run_files(run_dir: str | Path, *, without_events: bool = False) -> RunFiles:
     """Config, events (with times), the comparisons' events and summary of a run directory, skipping damage.
 
     `RunDirectoryError` when its own events cannot be read; the other files read as missing when damaged.
+    With `without_events`, a run made with `--telemetry off` reads as its config and summary, with no events.
     """
-    path = check_run_dir(run_dir)
-    events = EventTail(path / EVENTS_FILENAME)
-    try:
-        timed = events.read_new(final=True)
-    except OSError as error:
-        raise RunDirectoryError(f"{path}: cannot read its events: {error.strerror or error}") from None
-    skipped, unreadable, comparisons = events.skipped, [], {}
+    path = check_run_dir(run_dir, without_events=without_events)
+    missing = without_events and is_summary_only_run(path)
+    timed: list[TimedEvent] = []
+    skipped = 0
+    if not missing:
+        events = EventTail(path / EVENTS_FILENAME)
+        try:
+            timed = events.read_new(final=True)
+        except OSError as error:
+            raise RunDirectoryError(f"{path}: cannot read its events: {error.strerror or error}") from None
+        skipped = events.skipped
+    unreadable: list[str] = []
+    comparisons: dict[str, list[TimedEvent]] = {}
     for directory in (BASELINE_DIRNAME, FROM_SCRATCH_DIRNAME):
         tail = EventTail(path / directory / EVENTS_FILENAME)
+        if missing and not os.path.lexists(path / directory / EVENTS_FILENAME):
+            comparisons[directory] = []
+            continue
         try:
             comparisons[directory] = tail.read_new(final=True)
         except (OSError, RunDirectoryError):
@@ -312,7 +339,7 @@ def load_run_files(run_dir: str | Path) -> RunFiles:
     return RunFiles(path=path, config=objects[CONFIG_FILENAME] or {}, events=timed,
                     baseline_events=comparisons[BASELINE_DIRNAME],
                     from_scratch_events=comparisons[FROM_SCRATCH_DIRNAME], summary=objects[SUMMARY_FILENAME],
-                    skipped=skipped, unreadable=tuple(unreadable))
+                    skipped=skipped, unreadable=tuple(unreadable), without_events=missing)
 
 
 def round_of_events(history: Iterable[Event]) -> Iterator[tuple[int, Event]]:

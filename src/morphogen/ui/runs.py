@@ -1,9 +1,10 @@
 """`morphogen runs [DIR]`: every run under a directory as one table, queried with DuckDB.
 
-Each run directory under DIR (its direct subdirectories holding an `events.jsonl`) is read with the
-tolerant readers of `run_files`: damaged lines are skipped and counted, a damaged `config.json` or
-`summary.json` reads as missing, and a run with no readable event is left out and named, so one bad
-run never hides the others. What was read is loaded into an in-memory DuckDB database; then DuckDB's
+Each run directory under DIR (its direct subdirectories holding an `events.jsonl`, the `seed_<s>` runs inside a
+run over seeds, named `<dir>/seed_<s>`, and runs made with `--telemetry off`, read from their config.json and
+summary.json alone) is read with the tolerant readers of `run_files`: damaged lines are skipped and counted, a
+damaged `config.json` or `summary.json` reads as missing, and a run with no readable event is left out and named,
+so one bad run never hides the others. What was read is loaded into an in-memory DuckDB database; then DuckDB's
 access to files and the network is switched off and its configuration locked.
 
 Views (`run` is the run directory's name everywhere):
@@ -50,13 +51,20 @@ from rich.console import Console
 from rich.table import Column, Table
 from rich.text import Text
 
-from morphogen.run_directory import EVENTS_FILENAME, MAX_JSON_BYTES, SCORES_FILENAME, read_regular_file
+from morphogen.run_directory import (
+    EVENTS_FILENAME,
+    MAX_JSON_BYTES,
+    SCORES_FILENAME,
+    is_seeds_directory,
+    read_regular_file,
+)
 from morphogen.telemetry.events import Event
 from morphogen.ui.progress import LINE_WIDTH
 from morphogen.ui.run_files import (
     RunDirectoryError,
     RunFiles,
     check_run_dir,
+    is_summary_only_run,
     load_run_files,
     score_kind,
     summary_number,
@@ -175,12 +183,19 @@ def _run_row(run: str, files: RunFiles) -> dict[str, Any]:
            "has_rounds": "rounds" in config, "is_eval": evaluation,
            "eval_accuracy": _learned_accuracy(files.path) if evaluation else None,
            "gflops": None if flops is None else round(flops / 1e9, 3),
-           "score": score_kind(summary).name if grown else None, "final_loss": summary_number(grown, "final_loss")}
+           "score": score_kind(summary).name if grown else None, "final_loss": summary_number(grown, "final_loss"),
+           "grown_accuracy": summary_number(grown, "final_accuracy"),
+           "grown_parameters": _whole_number(summary_number(grown, "parameters"))}
     for column, key in (("baseline", "baseline"), ("from_scratch", "from_scratch")):
         parameters = summary_number(summary.get(key), "parameters")
         row[f"{column}_accuracy"] = summary_number(summary.get(key), "final_accuracy")
-        row[f"{column}_parameters"] = None if parameters is None else _json_value(int(parameters))
+        row[f"{column}_parameters"] = _whole_number(parameters)
     return row
+
+
+def _whole_number(value: float | None) -> int | None:
+    """A count read from summary.json as an integer DuckDB can hold (None where it is missing or too large)."""
+    return None if value is None else _json_value(int(value))
 
 
 def _learned_accuracy(run_dir: Path) -> float | None:
@@ -209,24 +224,35 @@ def _write_lines(path: Path, rows: Iterable[dict[str, Any]]) -> int:
     return count
 
 
+def _run_paths(root: Path) -> Iterator[tuple[str, Path]]:
+    """(name, path) of every run directly under `root`, and of each seed's run inside a run over seeds
+    (named `<dir>/seed_<s>`); a run made with `--telemetry off` counts by its config and summary."""
+    for path in sorted(root.iterdir()):
+        if is_seeds_directory(path):
+            for seed_run in sorted(child for child in path.iterdir() if child.name.startswith("seed_")):
+                if (seed_run / EVENTS_FILENAME).is_file() or is_summary_only_run(seed_run):
+                    yield f"{path.name}/{seed_run.name}", seed_run
+        elif (path / EVENTS_FILENAME).is_file() or is_summary_only_run(path):
+            yield path.name, path
+
+
 def read_runs(root: Path) -> tuple[list[tuple[str, RunFiles]], list[str]]:
-    """(name, files) of every readable run directly under `root`, and the names of those left out with why."""
+    """(name, files) of every readable run under `root` (see `_run_paths`), and the names of those left out
+    with why."""
     if not root.is_dir():
         raise RunsQueryError(f"{root} is not a directory (expected the parent of run directories, e.g. runs/)")
     runs, skipped = [], []
-    for path in sorted(root.iterdir()):
-        if not (path / EVENTS_FILENAME).is_file():
-            continue
-        name = printable(path.name)
+    for name, path in _run_paths(root):
         try:
-            files = load_run_files(path)
+            files = load_run_files(path, without_events=True)
         except RunDirectoryError as error:
-            skipped.append(f"{name} ({error})")
+            skipped.append(f"{printable(name)} ({error})")
             continue
-        if not files.events:
-            skipped.append(f"{name} (no readable event{'; ' + str(files.damage_note()) if files.skipped else ''})")
+        if not files.events and not files.without_events:
+            skipped.append(f"{printable(name)} (no readable event"
+                           f"{'; ' + str(files.damage_note()) if files.skipped else ''})")
         else:
-            runs.append((path.name, files))
+            runs.append((name, files))
     if not runs and not skipped:
         raise RunsQueryError(f"no run under {root}: no {root}/*/{EVENTS_FILENAME}")
     return runs, skipped
@@ -263,7 +289,8 @@ def open_runs(root: Path) -> Runs:
             "run_files": ([_run_row(name, files) for name, files in runs],
                           "run VARCHAR, task VARCHAR, seed BIGINT, has_rounds BOOLEAN, is_eval BOOLEAN, "
                           "eval_accuracy DOUBLE, gflops DOUBLE, "
-                          "score VARCHAR, final_loss DOUBLE, baseline_accuracy DOUBLE, baseline_parameters BIGINT, "
+                          "score VARCHAR, final_loss DOUBLE, grown_accuracy DOUBLE, grown_parameters BIGINT, "
+                          "baseline_accuracy DOUBLE, baseline_parameters BIGINT, "
                           "from_scratch_accuracy DOUBLE, from_scratch_parameters BIGINT"),
         }
         try:
@@ -314,17 +341,18 @@ def _create_views(connection: Any) -> None:
                                 arg_max({value('param_count')}, time) AS params
             FROM events WHERE event = 'episode_completed' GROUP BY run),
         last_round AS (SELECT run, arg_max(mean_final_accuracy, round) AS accuracy FROM rounds GROUP BY run)
-        SELECT p.run,
+        SELECT f.run,
                CASE WHEN p.rounds IS NOT NULL OR f.has_rounds THEN 'train' WHEN f.is_eval THEN 'eval'
                     ELSE 'run' END AS command,
                f.task, f.seed, p.episodes, p.epochs, p.rounds,
-               round(coalesce(f.eval_accuracy, r.accuracy, e.accuracy), 2) AS final_accuracy, e.params AS parameters,
+               round(coalesce(f.eval_accuracy, r.accuracy, e.accuracy, f.grown_accuracy), 2) AS final_accuracy,
+               coalesce(e.params, f.grown_parameters) AS parameters,
                f.gflops, f.score, f.final_loss, f.baseline_accuracy, f.baseline_parameters, f.from_scratch_accuracy,
-               f.from_scratch_parameters, p.events,
+               f.from_scratch_parameters, coalesce(p.events, 0) AS events,
                CASE WHEN p.first_time BETWEEN 0 AND 253402300799
                     THEN date_trunc('second', to_timestamp(p.first_time)::TIMESTAMP) END AS started,
                round(p.last_time - p.first_time, 1) AS seconds
-        FROM per_run p LEFT JOIN run_files f USING (run) LEFT JOIN last_episode e USING (run)
+        FROM run_files f LEFT JOIN per_run p USING (run) LEFT JOIN last_episode e USING (run)
         LEFT JOIN last_round r USING (run)""")
 
 
