@@ -287,7 +287,10 @@ def test_resume_of_a_finished_run(trained: TrainedRun, tmp_path: Path, capsys: p
     run = copy_run(trained, tmp_path / "run")
     before = files_of(run)
     line = expect_user_error(["train", "--resume", str(run), "--rounds", "3"], capsys)
-    assert "already finished 3 of 3 rounds" in line and "--rounds N" in line
+    assert line.endswith("already finished all 3 of its rounds; pass --rounds N with N > 3 to continue it")
+    line = expect_user_error(["train", "--resume", str(run), "--rounds", "1"], capsys)
+    assert line.endswith("already finished 3 rounds, more than the 1 asked for; pass --rounds N with N > 3 to "
+                         "continue it")
     assert files_of(run) == before
 
 

@@ -69,9 +69,12 @@ def config_for_resume(run_dir: str | Path, overrides: dict[str, Any]) -> tuple[T
         values["telemetry"] = {**values.get("telemetry", {}), **telemetry}
     values["run_dir"] = str(run_dir)
     config = build_config(TrainConfig, values)
-    if int(state["round"]) >= config.rounds:
-        raise ConfigError(f"run {run_dir} already finished {state['round']} of {config.rounds} rounds; "
-                          "pass --rounds N with a larger N to continue")
+    finished = int(state["round"])
+    if finished >= config.rounds:
+        asked = (f"all {config.rounds} of its rounds" if finished == config.rounds
+                 else f"{finished} rounds, more than the {config.rounds} asked for")
+        raise ConfigError(f"run {run_dir} already finished {asked}; pass --rounds N with N > {finished} to "
+                          "continue it")
     return config, state
 
 
