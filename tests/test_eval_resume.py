@@ -75,7 +75,8 @@ def test_an_evaluation_killed_anywhere_resumes_to_what_an_uninterrupted_one_writ
     jobs = ["--jobs", "2"] if saves == 3 else []  # resumed by two processes: the same files
     assert main(["eval", "--resume", str(run_dir), "--threads", "1", *jobs]) == 0
     out = capsys.readouterr().out
-    assert f"resume: {saves} of {EPISODES * 3} episodes played" in out
+    assert (f"resume: {saves} of {EPISODES * 3} episodes played ({EPISODES} for each of learned, heuristic, "
+            "no growth)") in out
     assert written(run_dir) == uninterrupted
     assert not (run_dir / EVAL_RESUME_FILENAME).exists() and not stale.exists()
     assert main(["eval", "--resume", str(run_dir)]) == 2
@@ -119,7 +120,7 @@ def test_what_eval_cannot_resume_is_one_line_and_exit_2(tmp_path: Path, monkeypa
     assert "was saved with another config than the one resuming it" in refused("--resume", str(run_dir))
     config_file.write_text(original)
     assert main(["eval", "--resume", str(run_dir)]) == 0  # the intact state still resumes
-    assert "resume: 2 of 6 episodes played" in capsys.readouterr().out
+    assert "resume: 2 of 6 episodes played (2 for each of learned, heuristic, no growth)" in capsys.readouterr().out
 
 
 def test_episodes_played_by_worker_processes_write_what_one_process_writes(

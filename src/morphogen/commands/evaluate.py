@@ -327,7 +327,8 @@ def evaluate_command(config: EvalConfig, out: TextIO | None = None, *,
         bar = display.add("episodes", config.episodes * len(CONTROLLERS))
         played = record.played
         if resume:
-            display.print(f"resume: {len(played)} of {config.episodes * len(CONTROLLERS)} episodes played")
+            display.print(f"resume: {len(played)} of {config.episodes * len(CONTROLLERS)} episodes played "
+                          f"({config.episodes} for each of {', '.join(CONTROLLERS)})")
             display.advance(bar, len(played))
         jobs = [(index, position) for index in range(config.episodes) for position in range(len(CONTROLLERS))]
         jobs = jobs[len(played):]
