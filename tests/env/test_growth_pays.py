@@ -11,6 +11,7 @@ import pytest
 from morphogen.commands.run import RunConfig, run_command
 from morphogen.config import build_config
 from morphogen.control.heuristic import HeuristicController
+from morphogen.core.blend import BlendKind
 from morphogen.core.lifecycle import BLENDED_STAGES, Stage
 from morphogen.data import load_task
 from morphogen.env.episode import EpisodeConfig, MorphogenesisEpisode
@@ -42,6 +43,27 @@ def test_an_installed_architecture_is_part_of_the_model_from_epoch_zero() -> Non
     assert episode.snapshot.active_parameters == episode.model.host_param_count() + slot.seed_parameter_count()
     assert episode.history == []  # installing is not an event of the episode
     assert all(s.stage not in BLENDED_STAGES for s in episode.model.slots() if s.slot_id != "r0c0")
+
+
+def test_a_seed_grown_with_a_gate_is_rebuilt_with_its_gate() -> None:
+    # A policy may blend a seed in by a learned gate, which has parameters of its own: the architecture trained
+    # from scratch for comparison must be the grown one, gate included.
+    task = load_task("digits", max_train_samples=64)
+    grown = MorphogenesisEpisode(task, EpisodeConfig(max_epochs=1), seed=3)
+    grown.reset()
+    assert grown.model is not None
+    grown.model.install("r0c0", "conv_light", blend=BlendKind.GATE)
+    grown.model.install("r0c1", "conv_light")
+    assert grown.model.blends() == {"r0c0": "gate"}  # the added one is the default, not listed
+    rebuilt = MorphogenesisEpisode(task, EpisodeConfig(max_epochs=1), seed=3, architecture=grown.model.architecture(),
+                                   blends=grown.model.blends())
+    rebuilt.reset()
+    assert rebuilt.model is not None
+    assert rebuilt.model.param_count() == grown.model.param_count()
+    assert rebuilt.model.blends() == {"r0c0": "gate"}
+    added = MorphogenesisEpisode(task, EpisodeConfig(max_epochs=1), seed=3, architecture=grown.model.architecture())
+    added.reset()
+    assert added.model is not None and added.model.param_count() < grown.model.param_count()  # the gate's own
 
 
 def test_run_compares_grown_no_growth_and_the_final_architecture_from_scratch(tmp_path: Path) -> None:

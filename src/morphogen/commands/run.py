@@ -483,10 +483,11 @@ def _play_and_write(config: RunConfig, task: Task, episode: MorphogenesisEpisode
         if config.baseline:
             baseline = _run_baseline(config, task, run_dir, display, saving)
         assert episode.model is not None
-        architecture = episode.model.architecture()
+        architecture, blends = episode.model.architecture(), episode.model.blends()
         from_scratch, from_scratch_model = None, None
         if config.from_scratch and architecture:
-            from_scratch, from_scratch_model = _run_from_scratch(config, task, architecture, run_dir, display, saving)
+            from_scratch, from_scratch_model = _run_from_scratch(config, task, architecture, blends, run_dir, display,
+                                                                 saving)
         fixed_outcomes = _run_fixed(config, fixed, run_dir, display, saving)
     print_summary(grown, baseline, out, from_scratch, task.metric_name, episode.slot_config.gates.judged_by,
                   nothing_kept=config.from_scratch and not architecture, fixed=fixed_outcomes,
@@ -495,12 +496,13 @@ def _play_and_write(config: RunConfig, task: Task, episode: MorphogenesisEpisode
         print(f"\ntime by phase (grown model):\n{episode.timer.summary()}", file=out)
     result = RunResult(grown, baseline, from_scratch, episode.model, run_dir, from_scratch_model, fixed_outcomes,
                        task.metric_name)
-    _write_results(result, architecture, saving.controller, episode.slot_config.gates.judged_by, task.vocabulary)
+    _write_results(result, architecture, saving.controller, episode.slot_config.gates.judged_by, task.vocabulary,
+                   blends)
     return result
 
 
 def _write_results(result: RunResult, architecture: dict[str, str], controller: str, criterion: Criterion,
-                   vocabulary: tuple[str, ...] | None = None) -> None:
+                   vocabulary: tuple[str, ...] | None = None, blends: dict[str, str] | None = None) -> None:
     """`summary.json` and the models of a finished run; the trainings' resume states go (nothing is left). A
     character task's `vocabulary` goes in too: what a token id of the exported model means."""
     run_dir = result.run_dir
@@ -509,7 +511,7 @@ def _write_results(result: RunResult, architecture: dict[str, str], controller: 
         "grown": _outcome_dict(result.grown),
         "baseline": None if result.baseline is None else _outcome_dict(result.baseline),
         "from_scratch": None if result.from_scratch is None else
-        {**_outcome_dict(result.from_scratch), "architecture": architecture},
+        {**_outcome_dict(result.from_scratch), "architecture": architecture, **({"blends": blends} if blends else {})},
         "fixed": [{"name": name, **_outcome_dict(outcome)} for name, outcome in result.fixed.items()]}
     if vocabulary is not None:
         summary["vocabulary"] = list(vocabulary)
@@ -551,15 +553,17 @@ def _run_baseline(config: RunConfig, task: Task, run_dir: Path, display: Progres
     return _run_without_growth(config, task, run_dir / BASELINE_DIRNAME, display, "no growth", saving)[0]
 
 
-def _run_from_scratch(config: RunConfig, task: Task, architecture: dict[str, str], run_dir: Path,
-                      display: ProgressDisplay, saving: _Saving) -> tuple[EpisodeOutcome, MorphogeneticModel]:
-    """The grown model's final architecture, every seed installed at epoch 0, trained without growth, and the
-    model it trained; its epochs in RUN_DIR/from_scratch/events.jsonl."""
-    seeds = ", ".join(f"{blueprint} in {slot}" for slot, blueprint in architecture.items())
+def _run_from_scratch(config: RunConfig, task: Task, architecture: dict[str, str], blends: dict[str, str],
+                      run_dir: Path, display: ProgressDisplay, saving: _Saving,
+                      ) -> tuple[EpisodeOutcome, MorphogeneticModel]:
+    """The grown model's final architecture, every seed installed at epoch 0 with the blend it was grown with,
+    trained without growth, and the model it trained; its epochs in RUN_DIR/from_scratch/events.jsonl."""
+    seeds = ", ".join(f"{blueprint} in {slot}" + (f" ({blends[slot]} blend)" if slot in blends else "")
+                      for slot, blueprint in architecture.items())
     display.print(f"training the final architecture from scratch (host + {seeds}, "
                   f"{config.episode.max_epochs} epochs)...")
     return _run_without_growth(config, task, run_dir / FROM_SCRATCH_DIRNAME, display, "from scratch", saving,
-                               architecture)
+                               architecture, blends)
 
 
 def _fixed_dir(run_dir: Path, index: int) -> Path:
@@ -582,7 +586,7 @@ def _run_fixed(config: RunConfig, fixed: Mapping[str, Task], run_dir: Path, disp
 
 def _run_without_growth(config: RunConfig, task: Task, events_dir: Path, display: ProgressDisplay, name: str,
                         saving: _Saving, architecture: dict[str, str] | None = None,
-                        ) -> tuple[EpisodeOutcome, MorphogeneticModel]:
+                        blends: dict[str, str] | None = None) -> tuple[EpisodeOutcome, MorphogeneticModel]:
     """One comparison episode (the host, or `architecture` built at epoch 0) with a progress bar; its outcome
     and the model it trained.
 
@@ -590,7 +594,7 @@ def _run_without_growth(config: RunConfig, task: Task, events_dir: Path, display
     so that readers of `events.jsonl` see one episode and the HTML report can draw every curve.
     """
     episode = MorphogenesisEpisode(task, config.episode, seed=config.seed, slots=config.slots,
-                                   pool_slots=config.pool_slots, architecture=architecture)
+                                   pool_slots=config.pool_slots, architecture=architecture, blends=blends)
     episode.compile_settings = config.compile_settings
     state = saving.state(events_dir)
     epochs = _progress(display, name, config.episode.max_epochs, state)

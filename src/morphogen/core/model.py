@@ -234,6 +234,13 @@ class MorphogeneticModel(nn.Module):
         return {slot.slot_id: slot.blueprint for slot in self.slots()
                 if slot.stage in BLENDED_STAGES and slot.blueprint is not None}
 
+    def blends(self) -> dict[str, str]:
+        """Slot id -> blend kind ("multiply", "gate") of every seed of `architecture` not blended by adding: what
+        a rebuild of the architecture must install too (a gate has parameters of its own)."""
+        return {slot.slot_id: slot.blend.kind.value for slot in self.slots()
+                if slot.stage in BLENDED_STAGES and slot.blueprint is not None and slot.blend is not None
+                and slot.blend.kind is not BlendKind.ADD}
+
     def host_parameters(self) -> list[nn.Parameter]:
         return list(self.host.parameters())
 

@@ -178,7 +178,7 @@ class MorphogenesisEpisode:
                  slots: Sequence[str] | None = None, telemetry: Telemetry | None = None, env_id: int = 0,
                  pool_slots: bool = False, timer: PhaseTimer | None = None,
                  detector: AnomalyDetector | None = None, architecture: Mapping[str, str] | None = None,
-                 host: SegmentedHost | None = None) -> None:
+                 host: SegmentedHost | None = None, blends: Mapping[str, str] | None = None) -> None:
         self.task, self.config, self.seed = task, config or EpisodeConfig(), seed
         #: A host the episode grows itself rather than a copy of the task's (the `Grower`'s: the optimizer of the
         #: user's loop holds its parameters). Every reset then starts from its weights as they stand.
@@ -186,6 +186,8 @@ class MorphogenesisEpisode:
         #: Seeds (slot id -> blueprint) installed at reset as fixed parts of the model, trained from scratch
         #: with the host: how a grown model's final architecture is compared with growing it.
         self.architecture = dict(architecture or {})
+        #: The blend kind of each seed of `architecture` not blended by adding (`MorphogeneticModel.blends`).
+        self.blends = {slot_id: BlendKind(kind) for slot_id, kind in (blends or {}).items()}
         self.slot_request = None if slots is None else tuple(slots)
         self.telemetry = telemetry or Telemetry(None, level="off")
         self.env_id = env_id
@@ -241,7 +243,7 @@ class MorphogenesisEpisode:
         for slot_id, blueprint in self.architecture.items():
             model.slot(slot_id)  # an unknown slot raises here, naming the valid ones
             with seeded(derive_seed(self.seed, 0, model.slot_ids.index(slot_id)), self.device):
-                model.install(slot_id, blueprint)
+                model.install(slot_id, blueprint, blend=self.blends.get(slot_id))
             model.slot(slot_id).drain_transitions()  # part of the architecture, not an event of this episode
         model.compile_forward(self.compile_settings)
         return model
