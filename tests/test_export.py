@@ -137,7 +137,7 @@ def python_task(run: Path) -> None:
     (lambda run: forge(run, huge_option), [], "slot r0c0's seed 'conv_heavy' cannot be built here"),
     (python_task, [], "grew a task built in Python (morphogen.grow)"),
     (lambda run: (run / "file").write_text(""), ["--output", "{run}/file/model.pt2"], "cannot write"),
-    (lambda run: None, ["--output", "{run}/config.json"], "would replace the run's own config.json"),
+    (lambda run: None, ["--output", "{run}/config.json"], "would replace the config.json of the run in"),
     (lambda run: None, ["--format", "tflite"], None),
     (lambda run: None, ["--dynamic-dims", "2"], "dimensions [2] cannot stay dynamic in the grown network"),
     (lambda run: None, ["--dynamic-dims", "one"], "--dynamic-dims takes dimensions after the batch's"),
@@ -159,6 +159,28 @@ def test_bad_input_is_one_line_exit_2_and_the_run_directory_is_untouched(
         assert err.startswith("morphogen export: error: ") and message in err, err
     assert contents(run) == before
     assert "this must never run" not in capsys.readouterr().out
+
+
+def test_export_never_replaces_a_file_of_a_run_nor_a_directory_behind_a_link(
+        grown: RunResult, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # A comparison's model inside the run, another run's model, or a link to a directory: one line, nothing written.
+    run = Path(shutil.copytree(grown.run_dir, tmp_path / "run"))
+    (run / "from_scratch").mkdir()
+    (run / "from_scratch" / MODEL_FILENAME).write_bytes(b"the from-scratch model")
+    other = Path(shutil.copytree(grown.run_dir, tmp_path / "other"))
+    shelf = tmp_path / "shelf"
+    shelf.mkdir()
+    (tmp_path / "shelf-link").symlink_to(shelf)
+    kept = {path: path.read_bytes() for path in [run / "from_scratch" / MODEL_FILENAME, other / MODEL_FILENAME]}
+    for output, message in [(run / "from_scratch" / MODEL_FILENAME, "would replace the model.pt of the run in"),
+                            (other / MODEL_FILENAME, "would replace the model.pt of the run in"),
+                            (tmp_path / "shelf-link", "it is a directory (a link to one); name the file")]:
+        assert main(["export", str(run), "--output", str(output)]) == EXIT_USER_ERROR
+        assert message in one_line(capsys)
+    assert {path: path.read_bytes() for path in kept} == kept
+    assert (tmp_path / "shelf-link").is_symlink() and list(shelf.iterdir()) == []
+    assert main(["export", str(run), "--output", str(tmp_path / "shelf-link" / "grown.pt2")]) == 0  # into it: fine
+    assert (shelf / "grown.pt2").is_file()
 
 
 def test_a_blending_seed_goes_in_at_its_alpha_or_can_be_left_out(grown: RunResult, tmp_path: Path,
@@ -238,3 +260,24 @@ def test_a_run_started_with_a_relative_text_file_exports_from_any_directory(tmp_
     monkeypatch.chdir(tmp_path / "elsewhere")
     assert main(["export", "../start/run", "--output", "model.pt2"]) == 0
     assert (tmp_path / "elsewhere" / "model.pt2").is_file()
+
+
+def test_export_model_misused_from_python_says_what_it_needs(grown: RunResult, tmp_path: Path) -> None:
+    # Mistakes a user makes in Python: one ExportError naming the fix, never torch's error from deep inside.
+    model, inputs = grown.model, validation_inputs(2)
+    path = tmp_path / "grown.pt2"
+    with pytest.raises(morphogen.ExportError, match=r"^export_model takes the grown model .* not a CNNHost$"):
+        morphogen.export_model(model.host, inputs, path)  # type: ignore[arg-type]
+    with pytest.raises(morphogen.ExportError, match=r"^running the grown network on example_input failed: .*"
+                                                    r"\(the inputs are float64, the model's parameters float32"):
+        morphogen.export_model(model, inputs.double(), path)
+    meta = morphogen.load_grown_model(grown.run_dir).to("meta")
+    with pytest.raises(morphogen.ExportError, match=r"^the model is on the meta device: it holds no weights"):
+        morphogen.export_model(meta, inputs.to("meta"), path)
+    assert not path.exists()
+
+
+def test_host_from_module_refuses_a_model_on_the_meta_device_in_one_line() -> None:
+    net = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 3)).to("meta")
+    with pytest.raises(morphogen.HostBuildError, match=r"^the model is on the meta device: host_from_module runs it"):
+        morphogen.host_from_module(net, ["1"], torch.zeros(2, 4, device="meta"))

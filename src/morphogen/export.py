@@ -41,7 +41,7 @@ from morphogen.core.model import MorphogeneticModel
 from morphogen.core.plain import ExportError, GrownNetwork, grown_network
 from morphogen.data import Task
 from morphogen.env.episode import MorphogenesisEpisode
-from morphogen.inputs import Inputs, InputSpec, repeat_rows, rows, take_rows, tensors, to_device
+from morphogen.inputs import Inputs, InputSpec, dtype_mismatch, repeat_rows, rows, take_rows, tensors, to_device
 from morphogen.inputs import problem as inputs_problem
 from morphogen.model_file import load_model_state, read_model_file
 from morphogen.run_directory import (
@@ -73,8 +73,36 @@ def export_model(model: MorphogeneticModel, example_input: Inputs, path: str | P
     network `torch.export` cannot trace (or cannot keep `dynamic_dims` dynamic in), a missing `onnx` extra or a
     path that cannot be written.
     """
+    _check_export_arguments(model, example_input, format, dynamic_dims)
+    network = grown_network(model, leave_out_blending=leave_out_blending)
+    reference = next(network.parameters(), None)
+    example = example_input if reference is None else to_device(example_input, reference.device)
+    if rows(example) == 1:  # torch.export specializes a dimension of size 1; two samples keep it dynamic
+        example = repeat_rows(example, 2)
+    path = Path(path)
+    if path.is_dir():  # a directory, or a link to one: the user meant a file in it, which is theirs to name
+        raise ExportError(f"cannot write {path}: it is a directory{' (a link to one)' if path.is_symlink() else ''}; "
+                          f"name the file, e.g. {path / ('model' + FORMATS[format])}")
+    program = _traced(network, example, tuple(dict.fromkeys(dynamic_dims)))
+    data = _program_bytes(program) if format == "torch-export" else _onnx_bytes(program)
+    try:
+        write_atomic(path, data)
+    except OSError as error:
+        raise ExportError(f"cannot write {path}: {error.strerror or error}") from None
+    return path
+
+
+def _check_export_arguments(model: MorphogeneticModel, example_input: Inputs, format: str,
+                            dynamic_dims: Sequence[int]) -> None:
+    """`ExportError` for an argument of `export_model` it cannot work with, saying what it needs."""
     if format not in FORMATS:
         raise ExportError(f"unknown export format {format!r}; valid: {', '.join(FORMATS)}")
+    if not isinstance(model, MorphogeneticModel):
+        raise ExportError(f"export_model takes the grown model (a MorphogeneticModel: `result.model` of "
+                          f"morphogen.grow, `grower.model`), not a {type(model).__name__}")
+    if any(parameter.is_meta for parameter in model.parameters()):
+        raise ExportError("the model is on the meta device: it holds no weights to export; load its weights on a "
+                          "real device first (morphogen.load_grown_model(RUN_DIR, device='cpu'))")
     if any(isinstance(dim, bool) or not isinstance(dim, int) or dim < 1 for dim in dynamic_dims):
         raise ExportError(f"dynamic_dims must be dimensions after the batch's (integers >= 1), got "
                           f"{list(dynamic_dims)}")
@@ -82,19 +110,6 @@ def export_model(model: MorphogeneticModel, example_input: Inputs, path: str | P
     if problem is not None or rows(example_input) == 0:
         raise ExportError("example_input must be a batch of the model's inputs (a tensor, or a tuple or dict of "
                           f"tensors) with a leading sample dimension; got {problem or 'no samples'}")
-    network = grown_network(model, leave_out_blending=leave_out_blending)
-    reference = next(network.parameters(), None)
-    example = example_input if reference is None else to_device(example_input, reference.device)
-    if rows(example) == 1:  # torch.export specializes a dimension of size 1; two samples keep it dynamic
-        example = repeat_rows(example, 2)
-    program = _traced(network, example, tuple(dict.fromkeys(dynamic_dims)))
-    data = _program_bytes(program) if format == "torch-export" else _onnx_bytes(program)
-    path = Path(path)
-    try:
-        write_atomic(path, data)
-    except OSError as error:
-        raise ExportError(f"cannot write {path}: {error.strerror or error}") from None
-    return path
 
 
 class _CalledAsTheModel(nn.Module):
@@ -163,7 +178,12 @@ def _traced(network: GrownNetwork, example: Inputs, dims: tuple[int, ...] = ()) 
     """`network` traced by `torch.export` with a dynamic batch (and `dims`), checked against the network on
     `example`."""
     with torch.no_grad():
-        expected = network(example)
+        try:
+            expected = network(example)
+        except Exception as error:  # the user's example: another dtype, another structure, another shape
+            dtypes = dtype_mismatch(example, network.parameters())
+            raise ExportError(f"running the grown network on example_input failed: {_first_line(error)}"
+                              + (f" ({dtypes})" if dtypes else "")) from None
         try:
             module, args, kwargs, shapes = _export_arguments(network, example, _dynamic_dims(example, dims))
             program = torch.export.export(module, args, kwargs, dynamic_shapes=shapes)

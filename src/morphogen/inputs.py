@@ -152,3 +152,28 @@ class InputSpec:
         if self.kind == "dict":
             return dict(zip(self.keys, values, strict=True))
         return tuple(values) if self.kind == "tuple" else values
+
+
+def batch_differences(batch: tuple[Inputs, Tensor], reference: tuple[Inputs, Tensor]) -> list[str]:
+    """How `batch` (inputs, targets) differs from `reference` in structure, dtypes and shapes after the batch
+    dimension, for people ("inputs float64 [8, 8, 3], not float32 [3, 8, 8]"); empty where they agree."""
+    (inputs, targets), (expected_inputs, expected_targets) = batch, reference
+    given, expected = InputSpec.of(inputs), InputSpec.of(expected_inputs)
+    if (given.kind, given.keys) != (expected.kind, expected.keys):
+        return [f"inputs are a {given.kind}{_keys_of(given)}, not a {expected.kind}{_keys_of(expected)}"]
+
+    def described(shape: tuple[int, ...], dtype: torch.dtype) -> str:
+        return f"{str(dtype).removeprefix('torch.')} {list(shape)}"
+
+    differences = [f"{'inputs' if len(given.samples) == 1 else f'input {index}'} {described(*sample)}, not "
+                   f"{described(*wanted)}"
+                   for index, (sample, wanted) in enumerate(zip(given.samples, expected.samples, strict=False))
+                   if sample != wanted]
+    if (targets.dtype, targets.shape[1:]) != (expected_targets.dtype, expected_targets.shape[1:]):
+        differences.append(f"targets {described(tuple(targets.shape[1:]), targets.dtype)}, not "
+                           f"{described(tuple(expected_targets.shape[1:]), expected_targets.dtype)}")
+    return differences
+
+
+def _keys_of(spec: InputSpec) -> str:
+    return f" of {', '.join(map(repr, spec.keys))}" if spec.keys else ""

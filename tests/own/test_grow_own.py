@@ -75,6 +75,31 @@ def test_a_language_model_exports_with_a_dynamic_sequence_length(tmp_path: Path)
         morphogen.export_model(result.model, ids[:2], tmp_path / "x.pt2", dynamic_dims=(0,))
 
 
+@pytest.mark.parametrize(("training", "said"), [
+    (lambda x, y: (x.double(), y), "(the training batch differs: inputs float64 [12], not float32 [12]; the inputs "
+                                   "are float64, the model's parameters float32: convert the inputs"),
+    (lambda x, y: (x, y.int()), "(the training batch differs: targets int32 [], not int64 [])"),
+    (lambda x, y: (x, y + 3), "IndexError: Target"),
+    (lambda x, y: ({"features": x}, y), "(the training batch differs: inputs are a dict of 'features', not a tensor)"),
+], ids=["float64", "int32-targets", "labels-out-of-range", "dict"])
+def test_training_data_unlike_the_validation_data_is_one_line_naming_the_difference(
+        training: Callable[[torch.Tensor, torch.Tensor], tuple[Any, torch.Tensor]], said: str) -> None:
+    # The first validation checks the validation data; the training data is the user's too, and may differ.
+    (x, y), validation = blobs(64, 0), blobs(32, 1)
+    inputs, targets = training(x, y)
+    loader = torch.utils.data.DataLoader(list(zip(inputs if isinstance(inputs, torch.Tensor) else
+                                                  [{"features": row} for row in x], targets, strict=True)),
+                                         batch_size=16)
+    task = morphogen.task_from_data("blobs", loader, validation)
+    host = morphogen.host_from_module(mlp(), ["1"], example_input=validation[0][:2])
+    with pytest.raises(morphogen.DataError) as raised:
+        morphogen.grow(task, host, epochs=1, baseline=False, from_scratch=False, out=io.StringIO())
+    message = str(raised.value)
+    assert message.startswith("task 'blobs': the model and its loss failed on the first training batch, though not "
+                              "on the validation data: ") and "\n" not in message
+    assert said in message
+
+
 class _WeightsToo(torch.nn.Module):
     """A block that returns its attention weights beside its output, as some users' blocks do."""
 

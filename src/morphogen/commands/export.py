@@ -11,6 +11,7 @@ directory holds its lock, like every other writer.
 from __future__ import annotations
 
 import contextlib
+import os
 import sys
 from pathlib import Path
 from typing import TextIO
@@ -34,18 +35,26 @@ def export_command(run_dir: str, format: str = "torch-export", output: str | Non
     run = Path(run_dir)
     default_name = f"{'model_from_scratch' if from_scratch else 'model'}{FORMATS[format]}"
     path = run / default_name if output is None else Path(output)
-    inside = path.resolve().parent == run.resolve()
-    if inside and path.name in RUN_FILE_NAMES:
-        raise ExportError(f"--output {path} would replace the run's own {path.name}; choose another name")
+    _refuse_run_file(path)
+    inside = path.resolve().parent.is_relative_to(run.resolve())
+    lock = hold_run_directory(run) if inside else contextlib.nullcontext()
     model, task = rebuild_run(run, "cpu", from_scratch=from_scratch)
     assert task is not None  # rebuilt from the run's config: its task was loaded
     example = example_input_of(task)
-    lock = hold_run_directory(run) if inside else contextlib.nullcontext()
     with lock:
         written = export_model(model, example, path, format=format, leave_out_blending=leave_out_blending,
                                dynamic_dims=dynamic_dims)
     _print_summary(model, written, format, out, leave_out_blending)
     return written
+
+
+def _refuse_run_file(path: Path) -> None:
+    """`ExportError` where `path` names a file a run keeps (its model, events, summary, ...) in a directory that holds
+    a run, this one's or another's, at its top or in its comparisons' folders: an export must not replace it."""
+    directory = Path(os.path.abspath(path)).parent  # the link at `path` itself is replaced, never followed
+    if path.name in RUN_FILE_NAMES and any(os.path.lexists(directory / name) for name in RUN_FILE_NAMES):
+        raise ExportError(f"--output {path} would replace the {path.name} of the run in {directory}; choose "
+                          "another name")
 
 
 def _print_summary(model: MorphogeneticModel, written: Path, format: str, out: TextIO,

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import collections
 import inspect
+import itertools
 import operator
 from collections.abc import Callable, Mapping, Sequence
 from itertools import pairwise
@@ -164,6 +165,10 @@ def _checked_arguments(model: nn.Module, slots: Sequence[str], example_input: In
     every argument but the slots)."""
     if not isinstance(model, nn.Module):
         raise HostBuildError(f"host_from_module needs an nn.Module, got {type(model).__name__}")
+    if any(tensor.is_meta for tensor in itertools.chain(model.parameters(), model.buffers())):
+        raise HostBuildError("the model is on the meta device: host_from_module runs it on example_input to check "
+                             "every cut, which needs real weights; build it on the CPU (or your GPU) and move the "
+                             "host afterwards")
     problem = inputs_problem(example_input)
     if problem is not None:
         raise HostBuildError("example_input must be a batch of the model's inputs (a tensor, or a tuple or dict of "

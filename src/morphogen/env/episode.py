@@ -48,7 +48,7 @@ from morphogen.env.rewards import RewardBreakdown, RewardConfig, RewardMode, com
 from morphogen.env.seeding import TRAINING_RNG_STREAM, derive_seed, seeded
 from morphogen.env.snapshot import HISTORY_LENGTH, EpisodeSnapshot, SlotSnapshot, snapshot_from_state, snapshot_state
 from morphogen.env.training import HostAndSeedTrainer, clear_stale_casts
-from morphogen.inputs import Inputs, InputSpec, dtype_mismatch, take_rows, to_device
+from morphogen.inputs import Inputs, InputSpec, batch_differences, dtype_mismatch, take_rows, to_device
 from morphogen.limits import MAX_BATCH_SIZE, MAX_EPOCHS, MAX_INTEGER_SETTING, check_count
 from morphogen.telemetry import events
 from morphogen.telemetry.anomalies import AnomalyDetector
@@ -439,8 +439,28 @@ class MorphogenesisEpisode:
     def train_epoch(self, batches: Iterable[tuple[Inputs, Tensor]]) -> None:
         """Train host and live seeds on `batches` (this episode's own, or a vector's shared stream)."""
         with self.timer.phase("train"):
-            for inputs, targets in batches:
-                self.trainer.train_batch(inputs, targets)
+            for index, (inputs, targets) in enumerate(batches):
+                if index == 0 and self.epoch == 0:
+                    self._train_first_batch(inputs, targets)
+                else:
+                    self.trainer.train_batch(inputs, targets)
+
+    def _train_first_batch(self, inputs: Inputs, targets: Tensor) -> None:
+        """The episode's first training step; where the model or its loss fails on it, a `DataError` saying how the
+        training batch differs from the validation data (which the first validation already ran without error)."""
+        try:
+            self.trainer.train_batch(inputs, targets)
+        except (RuntimeError, ValueError, TypeError, IndexError, KeyError) as error:
+            message = str(error).strip().splitlines()
+            validation_inputs, validation_targets = next(iter(self.task.validation.iterate_batches(1, shuffle=False)))
+            differences = batch_differences((inputs, targets), (validation_inputs, validation_targets))
+            assert self.model is not None
+            dtypes = dtype_mismatch(inputs, self.model.parameters())
+            said = "; ".join(part for part in (", ".join(differences), dtypes) if part)
+            raise DataError(f"task {self.task.name!r}: the model and its loss failed on the first training batch, "
+                            f"though not on the validation data: {type(error).__name__}: "
+                            f"{message[0][:300] if message else ''}"
+                            + (f" (the training batch differs: {said})" if said else "")) from None
 
     def finish_epoch(self, action: Action, succeeded: bool, reason: str) -> StepResult:
         """After training: governor, validation with counterfactuals, slot clocks, reward, telemetry."""
@@ -534,7 +554,7 @@ class MorphogenesisEpisode:
         expected = getattr(self.model.host, "input_kind", "tensor")
         inputs = getattr(self.task.validation, "inputs", None)
         if inputs is None:  # streamed: the kind shows only in a batch
-            return
+            inputs, _ = next(iter(self.task.validation.iterate_batches(1, shuffle=False)))
         given = InputSpec.of(inputs).kind
         if given != expected:
             raise DataError(f"task {self.task.name!r}: its inputs are a {given}, but the host was built from an "
