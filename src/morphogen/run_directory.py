@@ -429,6 +429,16 @@ def refuse_system_directory(path: Path) -> None:
     raise RunDirectoryRefused(f"run_dir: {path} is {what}; give a directory of its own, e.g. runs/my-run")
 
 
+def run_of_file(path: str | Path) -> Path | None:
+    """The directory of the run whose own file `path` names (a name in `RUN_FILE_NAMES`, in a directory that holds
+    run files: a run's top, or its comparisons' folders), else None. A writer of reports and exports must not
+    replace such a file. The link at `path` itself is not followed: writers replace links, never write through."""
+    path = Path(os.path.abspath(path))
+    if path.name in RUN_FILE_NAMES and any(os.path.lexists(path.parent / name) for name in RUN_FILE_NAMES):
+        return path.parent
+    return None
+
+
 def refuse_other_run(path: Path) -> None:
     """`RunDirectoryRefused` naming the run files `path` already holds (a new run may not mix with them)."""
     present = [name for name in RUN_FILE_NAMES if os.path.lexists(path / name)]

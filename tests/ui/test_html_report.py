@@ -61,6 +61,32 @@ def test_html_report_to_an_unwritable_place_is_one_line(grown_run: Path, tmp_pat
     assert len(err) == 1 and err[0].startswith(f"morphogen report: error: cannot write {tmp_path / 'file'}")
 
 
+def test_html_report_never_replaces_a_file_the_run_keeps(grown_run: Path, tmp_path: Path,
+                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    run = tmp_path / "run"
+    shutil.copytree(grown_run, run)
+    kept = {name: (run / name).read_bytes() for name in ("events.jsonl", "summary.json")}
+    for name in kept:
+        assert main(["report", str(run), "--html", "--output", str(run / name)]) == 2
+        err = capsys.readouterr().err.splitlines()
+        assert err == [f"morphogen report: error: --output {run / name} would replace the {name} of the run in {run}; "
+                       "choose another name"]
+    assert {name: (run / name).read_bytes() for name in kept} == kept
+    assert main(["report", str(run), "--html", "--output", str(run / "baseline" / "events.jsonl")]) == 2
+    assert main(["report", str(run), "--html"]) == 0 and main(["report", str(run), "--html"]) == 0  # its own page
+
+
+def test_strings_from_the_run_reach_the_page_as_escapes_never_as_control_characters(grown_run: Path,
+                                                                                    tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    shutil.copytree(grown_run, run)
+    config = json.loads((run / "config.json").read_text())
+    (run / "config.json").write_text(json.dumps({**config, "task_name": "\x1b]0;pwn\x07<i>n</i>\u202e"}))
+    page = render_html(run)
+    assert not any(character in page for character in "\x1b\x07\u202e")
+    assert "\\x1b]0;pwn\\x07&lt;i&gt;n&lt;/i&gt;\\u202e" in page
+
+
 def test_seed_segments_follow_the_stages_to_the_end_of_the_episode() -> None:
     kept = SeedStory(0, "r0c1", "conv_light", germinated=2, stages={"training": 3, "blending": 5, "holding": 7,
                                                                      "fossilized": 8}, outcome="fossilized")

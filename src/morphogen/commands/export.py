@@ -11,7 +11,6 @@ directory holds its lock, like every other writer.
 from __future__ import annotations
 
 import contextlib
-import os
 import sys
 from pathlib import Path
 from typing import TextIO
@@ -21,7 +20,7 @@ from morphogen.core.model import MorphogeneticModel
 from morphogen.core.plain import ExportError, exported_stages
 from morphogen.core.slot import SeedSlot
 from morphogen.export import FORMATS, example_input_of, export_model, rebuild_run
-from morphogen.run_directory import RUN_FILE_NAMES, hold_run_directory
+from morphogen.run_directory import hold_run_directory, run_of_file
 
 
 def export_command(run_dir: str, format: str = "torch-export", output: str | None = None,
@@ -49,10 +48,10 @@ def export_command(run_dir: str, format: str = "torch-export", output: str | Non
 
 
 def _refuse_run_file(path: Path) -> None:
-    """`ExportError` where `path` names a file a run keeps (its model, events, summary, ...) in a directory that holds
-    a run, this one's or another's, at its top or in its comparisons' folders: an export must not replace it."""
-    directory = Path(os.path.abspath(path)).parent  # the link at `path` itself is replaced, never followed
-    if path.name in RUN_FILE_NAMES and any(os.path.lexists(directory / name) for name in RUN_FILE_NAMES):
+    """`ExportError` where `path` names a file a run keeps (its model, events, summary, ...), this run's or another's
+    (`run_of_file`): an export must not replace it."""
+    directory = run_of_file(path)
+    if directory is not None:
         raise ExportError(f"--output {path} would replace the {path.name} of the run in {directory}; choose "
                           "another name")
 

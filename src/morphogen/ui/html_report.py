@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from html import escape
 from pathlib import Path
 
-from morphogen.run_directory import REPORT_FILENAME, DiskFullError, write_atomic
+from morphogen.run_directory import REPORT_FILENAME, DiskFullError, run_of_file, write_atomic
 from morphogen.telemetry.events import (
     ALL_ENVS,
     AnomalyDetected,
@@ -47,6 +47,7 @@ from morphogen.ui.run_files import (
 )
 from morphogen.ui.stages import STAGE_COLOURS, stage_colour
 from morphogen.ui.svg import Segment, Series, line_chart, scatter_chart, timeline_chart
+from morphogen.ui.terminal_text import printable
 from morphogen.ui.units import format_flops, format_loss
 
 STYLE = """
@@ -298,10 +299,13 @@ def render_html(run_dir: str | Path) -> str:
     ]
     title = f"morphogen {kind}: {task_label(config) or '?'}"
     damage = "" if files.damage_note() is None else f" ({files.damage_note()})"
-    return (f"<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'><title>{escape(title)}</title>"
+    page = (f"<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'><title>{escape(title)}</title>"
             f"<style>{STYLE}</style></head><body><h1>{escape(title)}</h1>"
             f"<p class='meta'>{escape(str(files.path))} · seed {escape(str(config.get('seed', '?')))} · "
             f"{len(files.events)} events{escape(damage)}</p>{''.join(sections)}</body></html>\n")
+    # Strings from the run may hold control and bidirectional-override characters, which `escape` keeps: shown as
+    # escapes on the page (and harmless to a terminal that prints the file), never obeyed.
+    return printable(page, keep_newlines=True)
 
 
 def write_html_report(run_dir: str | Path, path: str | Path | None = None) -> Path:
@@ -311,6 +315,10 @@ def write_html_report(run_dir: str | Path, path: str | Path | None = None) -> Pa
     written through; a directory, a device or a FIFO there is refused with `RunDirectoryError`.
     """
     target = Path(run_dir) / REPORT_FILENAME if path is None else Path(path)
+    run = run_of_file(target)
+    if run is not None and target.name != REPORT_FILENAME:  # the report replaces an earlier report, nothing else
+        raise RunDirectoryError(f"--output {target} would replace the {target.name} of the run in {run}; choose "
+                                "another name")
     page = render_html(run_dir).encode("utf-8")
     try:
         write_atomic(target, page)  # whole or not at all, never through a link
