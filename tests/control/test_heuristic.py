@@ -16,6 +16,7 @@ from morphogen.control.heuristic import (
     has_plateaued,
     is_slowing,
 )
+from morphogen.core.blend import BlendKind
 from morphogen.core.blueprints import UnknownBlueprintError
 from morphogen.core.lifecycle import Criterion, Stage
 from morphogen.env.actions import HEADS, Action, ActionSpace, Op
@@ -209,6 +210,18 @@ def test_a_further_seed_waits_when_it_could_not_be_judged_before_the_end() -> No
         assert heuristic.act(late, make_masks(space, ALL_EMPTY)) == Action()
         assert heuristic.act(make_snapshot(epoch=last_start, max_epochs=30), make_masks(space, ALL_EMPTY)).op \
             is Op.GERMINATE
+
+
+def test_seeds_blend_as_the_slots_are_configured_and_a_longer_ramp_needs_more_room() -> None:
+    # [episode.slots] blend_epochs and blend reach the heuristic's seeds through the snapshot; a further seed
+    # must fit its whole ramp before the end.
+    heuristic, space = controller()
+    action = heuristic.act(dataclasses.replace(make_snapshot(epoch=10), blend_epochs=8, blend="multiply"),
+                           make_masks(space, ALL_EMPTY))
+    assert (action.op, action.blend_epochs, action.blend) == (Op.GERMINATE, 8, BlendKind.MULTIPLY)
+    late = dataclasses.replace(make_snapshot(epoch=16, max_epochs=30), blend_epochs=8)
+    assert heuristic.act(late, make_masks(space, ALL_EMPTY)) == Action()  # 5 + 8 + 1 + 1 > 14 epochs left
+    assert heuristic.act(dataclasses.replace(late, blend_epochs=3), make_masks(space, ALL_EMPTY)).op is Op.GERMINATE
 
 
 def test_waits_when_the_mask_forbids_germination() -> None:

@@ -24,6 +24,7 @@ still learns has more epochs to be trained behind it and to pay back its paramet
 from __future__ import annotations
 
 import copy
+import dataclasses
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -32,9 +33,10 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from morphogen.control.growth_choice import best_growth
+from morphogen.core.blend import BlendKind
 from morphogen.core.blueprints import BlueprintKind, UnknownBlueprintError, get_blueprint
 from morphogen.core.lifecycle import Criterion, Stage
-from morphogen.env.actions import BLEND_EPOCHS, Action, ActionSpace, Op
+from morphogen.env.actions import Action, ActionSpace, Op
 from morphogen.env.snapshot import HISTORY_LENGTH, EpisodeSnapshot, SlotSnapshot
 from morphogen.telemetry.story import share_of_loss
 
@@ -428,9 +430,11 @@ class HeuristicController:
         if self.grows_by_depth and masks[0][Op.GROW] and not masks[2][Op.GROW][self._depth_index]:
             self._without_a_layer_to_copy(masks[2][Op.GROW])
         if self.grows_by_depth and masks[0][Op.GROW] and self._should_germinate(snapshot):
-            return Action(Op.GROW, blueprint=self.depth_blueprint)
+            return Action(Op.GROW, blueprint=self.depth_blueprint, blend_epochs=snapshot.blend_epochs)
         if not self.grows_by_depth and masks[0][Op.GERMINATE] and self._should_germinate(snapshot):
-            return self._germinate(snapshot, allowed)
+            # The seed blends as the slots are configured to ([episode.slots] blend and blend_epochs).
+            return dataclasses.replace(self._germinate(snapshot, allowed), blend=BlendKind(snapshot.blend),
+                                       blend_epochs=snapshot.blend_epochs)
         return Action()
 
     def _manage_seed(self, slot: SlotSnapshot, snapshot: EpisodeSnapshot,
@@ -479,7 +483,7 @@ class HeuristicController:
         if snapshot.epoch < max(config.warmup_epochs, self.growth_resumes_at) \
                 or snapshot.epoch < config.warmup_fraction * snapshot.max_epochs:
             return False
-        if snapshot.max_epochs - snapshot.epoch < self._epochs_to_verdict():
+        if snapshot.max_epochs - snapshot.epoch < self._epochs_to_verdict(snapshot.blend_epochs):
             return False
         if not self.has_grown and snapshot.epoch >= config.first_growth_by * snapshot.max_epochs:
             return True
@@ -487,12 +491,12 @@ class HeuristicController:
         return has_plateaued(measure.history(snapshot), config.plateau_epochs, measure.plateau_threshold) \
             or is_slowing(snapshot.loss_history, config.slowing_window, config.slowing_ratio)
 
-    def _epochs_to_verdict(self) -> int:
+    def _epochs_to_verdict(self, blend_epochs: int) -> int:
         """Epochs a new seed needs before the end of the episode for its FLOPs to buy something.
 
         The first seed needs to reach the output: `min_training_epochs` behind the host, then its first
         blending epoch, so that a short run still grows. A further one must also be judged: blended over
-        `BLEND_EPOCHS[0]` (the ramp it germinates with), held `min_holding_epochs` and judged the epoch after.
+        `blend_epochs` (the ramp it germinates with), held `min_holding_epochs` and judged the epoch after.
         Started later, it ended the episode in TRAINING or unjudged, or was pruned in its last epochs: on
         mnist1d and digits, 3% and 1% of a grown run's FLOPs for no accuracy (16 seeds each). A grafted one
         (GROW) is in the output from its first batch and needs only room to earn its cost."""
@@ -501,7 +505,7 @@ class HeuristicController:
             return config.min_training_epochs // 2 + 2
         if not self.has_grown:
             return config.min_training_epochs + 2
-        return config.min_training_epochs + BLEND_EPOCHS[0] + config.min_holding_epochs + 1
+        return config.min_training_epochs + blend_epochs + config.min_holding_epochs + 1
 
     def growth_candidates(self, epoch: int) -> tuple[str, ...]:
         """The blueprints `choice = "signal"` would compare at `epoch`, for the episode to measure (none in

@@ -38,6 +38,7 @@ from typing import Any, NamedTuple
 import numpy as np
 import torch
 
+from morphogen.config import ConfigError
 from morphogen.control.advice import HeuristicAdvisor, record_taken
 from morphogen.control.checkpoint import CheckpointError, check_layout, save_checkpoint
 from morphogen.control.growth_policy import GrowthInputs
@@ -504,6 +505,10 @@ class PPOTrainer:
         are never those of a PPO round. `on_round(i, summary)` is called after each round of episodes.
         """
         config = self.config.imitation
+        ramp, ramps = self.config.episode.slots.blend_epochs, FIXED_CHOICES["blend_epochs"]
+        if config.rounds and ramp not in ramps:  # the heuristic's seeds blend so; the policy's head must say it
+            raise ConfigError(f"episode.slots.blend_epochs = {ramp}: imitation fits the policy's ramp head to the "
+                              f"heuristic's ramp, which must be one of its choices, {', '.join(map(str, ramps))}")
         batches = []
         for index in range(config.rounds):
             group = self.group_of(MAX_ROUNDS + index)

@@ -97,14 +97,16 @@ DETACH_AFTER_TRAINING = {"cnn": True, "cnn1d": True, "transformer": False, "mlp"
 class SlotConfig:
     """How every slot of a model blends, ramps and is gated."""
 
-    #: Blend operator: add, multiply or gate.
+    #: Blend operator of a seed whose controller names none (the heuristic's, the library's): add, multiply or
+    #: gate. A learned policy chooses its own; a widening or branch seed always adds.
     blend: BlendKind = BlendKind.ADD
     #: Keep the seed input detached after TRAINING; None uses the topology default (DETACH_AFTER_TRAINING).
     detach_input: bool | None = None
     #: Epochs a slot is unusable after a prune.
     embargo_epochs: int = 5
-    #: Epochs of the alpha ramp 0 -> 1 when a seed enters BLENDING through ADVANCE.
-    blend_epochs: int = 5
+    #: Epochs of the alpha ramp 0 -> 1 when a seed enters BLENDING, for a seed whose controller names no ramp of its
+    #: own (the heuristic's, the library's `germinate` without `blend_epochs`); a learned policy chooses its own.
+    blend_epochs: int = 3
     #: Curve of that default ramp.
     blend_curve: AlphaCurve = AlphaCurve.LINEAR
     #: Gate thresholds, mode and auto-advance set.

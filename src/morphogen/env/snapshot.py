@@ -104,6 +104,10 @@ class EpisodeSnapshot:
     #: What the gates judge seeds by (the score, or the validation loss for a language model); the heuristic
     #: judges by the same.
     criterion: Criterion = Criterion.SCORE
+    #: The ramp and blend operator (`BlendKind` value) of a seed germinated without its own
+    #: (`[episode.slots] blend_epochs` and `blend`): what the heuristic germinates with.
+    blend_epochs: int = 3
+    blend: str = "add"
 
     @property
     def added_parameters(self) -> int:
