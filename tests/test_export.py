@@ -34,7 +34,7 @@ def grown(tmp_path_factory: pytest.TempPathFactory) -> RunResult:
     config = RunConfig(
         task="digits", max_train_samples=300, slots=("r0c0",), baseline=False, from_scratch=False,
         run_dir=str(tmp_path_factory.mktemp("export") / "run"),
-        episode=EpisodeConfig(max_epochs=6, slots=SlotConfig(gates=gates, blend_epochs=1)),
+        episode=EpisodeConfig(max_epochs=6, slots=SlotConfig(gates=gates, blend_epochs=3)),
         heuristic=HeuristicConfig(warmup_epochs=0, plateau_epochs=1, plateau_threshold=1e9, min_training_epochs=1,
                                   choice="rotation"))  # conv_heavy first: the seed these tests damage and forge
     result = run_command(config, out=io.StringIO())
@@ -216,7 +216,7 @@ def test_the_final_architecture_trained_from_scratch_is_returned_saved_and_expor
     config = RunConfig(
         task="digits", max_train_samples=300, slots=("r0c0",), baseline=False, from_scratch=True,
         run_dir=str(tmp_path / "run"),
-        episode=EpisodeConfig(max_epochs=4, slots=SlotConfig(gates=gates, blend_epochs=1)),
+        episode=EpisodeConfig(max_epochs=4, slots=SlotConfig(gates=gates, blend_epochs=3)),
         heuristic=HeuristicConfig(warmup_epochs=0, plateau_epochs=1, plateau_threshold=1e9, min_training_epochs=1,
                                   choice="rotation"))
     result = run_command(config, out=io.StringIO())

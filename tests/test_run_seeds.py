@@ -33,6 +33,21 @@ def test_run_over_seeds_writes_each_seed_and_the_figures_over_them(tmp_path: Pat
     assert "holds a finished run over several seeds: nothing to resume" in capsys.readouterr().err
 
 
+def test_one_seed_has_no_spread_and_says_so_rather_than_zero(tmp_path: Path,
+                                                              capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["run", "--max-train-samples", "150", "--epochs", "2", "--seeds", "1", "--no-from-scratch",
+                 "--threads", "1", "--run-dir", str(tmp_path / "one")]) == 0
+    out = capsys.readouterr().out
+    assert "1 seed (0): mean ± std over the seeds" in out
+    grown = next(line for line in out.splitlines() if line.strip().startswith("grown ") and "±" in line)
+    assert grown.split()[2:4] == ["±", "-"] and "± 0.00" not in out
+    assert " ± - points" in next(line for line in out.splitlines() if "grown - no growth" in line)
+    figures = json.loads((tmp_path / "one" / "seeds.json").read_text())
+    assert figures["differences"]["no growth"]["standard_error"] is None
+    assert main(["report", str(tmp_path / "one")]) == 0
+    assert "± - points (1 seed: " in capsys.readouterr().out
+
+
 def test_run_over_no_seeds_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["run", "--seeds", "0"]) == EXIT_USER_ERROR
     assert "--seeds must be >= 1, got 0" in capsys.readouterr().err

@@ -18,6 +18,7 @@ from morphogen.commands.run import RunResult
 from morphogen.config import ConfigError
 from morphogen.env.compute import ComputeAccount
 from morphogen.env.play import EpisodeOutcome
+from morphogen.paired_statistics import paired_difference
 from morphogen.run_directory import SUMMARY_FILENAME, read_json_object
 from morphogen.telemetry.story import NEGATIVE_LOSS
 from morphogen.ui.run_files import summary_number
@@ -95,13 +96,6 @@ def _outcome(table: object) -> EpisodeOutcome | None:
         flops=ComputeAccount(**{key: int(value) for key, value in zip(FLOP_PARTS, parts, strict=True)}))
 
 
-def paired_difference(first: Sequence[float], second: Sequence[float]) -> tuple[float, float]:
-    """Mean and standard error of `first[i] - second[i]` (the error is 0 for one pair)."""
-    differences = [a - b for a, b in zip(first, second, strict=True)]
-    spread = statistics.stdev(differences) if len(differences) > 1 else 0.0
-    return statistics.fmean(differences), spread / math.sqrt(len(differences))
-
-
 Pairs = list[tuple[EpisodeOutcome, EpisodeOutcome]]
 
 
@@ -130,7 +124,8 @@ def summary_lines(runs: Mapping[int, SeedRun], pairs: Mapping[str, Pairs],
     """The closing table: each model's means over the seeds, then the grown model's paired differences."""
     metric_name = next(iter(runs.values())).metric_name
     score = "val loss" if metric_name == NEGATIVE_LOSS else f"val {metric_name}"
-    lines = [f"\n{len(runs)} seeds ({', '.join(map(str, runs))}): mean ± std over the seeds",
+    lines = [f"\n{len(runs)} {'seed' if len(runs) == 1 else 'seeds'} ({', '.join(map(str, runs))}): mean ± std over "
+             "the seeds",
              f"{'':22}{cut(score, 16):>18}{'val loss':>20}{'parameters':>12}{'training FLOPs':>16}{'seconds':>10}",
              _model_line("grown", [run.grown for run in runs.values()], metric_name)]
     lines += [_model_line(name, [other for _, other in both], metric_name) for name, both in pairs.items()]
@@ -147,8 +142,8 @@ def summary_lines(runs: Mapping[int, SeedRun], pairs: Mapping[str, Pairs],
 def _model_line(name: str, outcomes: Sequence[EpisodeOutcome], metric_name: str) -> str:
     """A model's row: score and loss as mean ± std over the seeds; parameters, FLOPs and seconds as means."""
     def spread(values: list[float], decimals: int) -> str:
-        deviation = statistics.stdev(values) if len(values) > 1 else 0.0
-        return f"{statistics.fmean(values):.{decimals}f} ± {deviation:.{decimals}f}"
+        deviation = f"{statistics.stdev(values):.{decimals}f}" if len(values) > 1 else "-"  # one seed: no spread
+        return f"{statistics.fmean(values):.{decimals}f} ± {deviation}"
 
     scores = [o.final_accuracy for o in outcomes]
     shown = spread([-s for s in scores], 4) if metric_name == NEGATIVE_LOSS else \
@@ -172,5 +167,5 @@ def seeds_figures(runs: Mapping[int, SeedRun], differences: Mapping[str, tuple[f
                                   "fixed": {name: outcome.final_accuracy for name, outcome in run.comparisons.items()
                                             if name not in (NO_GROWTH, FROM_SCRATCH)}}
                       for seed, run in runs.items()},
-            "differences": {name: {"mean": mean, "standard_error": error}
+            "differences": {name: {"mean": mean, "standard_error": error if math.isfinite(error) else None}
                             for name, (mean, error) in differences.items()}}

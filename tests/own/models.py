@@ -93,7 +93,7 @@ def blobs(count: int, seed: int, inputs: int = 12, classes: int = 3) -> tuple[Te
 def eager_config(epochs: int = 5, **overrides: object) -> RunConfig:
     """Settings under which the heuristic germinates at once and a seed can blend in within a few epochs."""
     gates = GateConfig(mode=GateMode.PERMISSIVE, min_training_epochs=1)
-    episode = EpisodeConfig(max_epochs=epochs, slots=SlotConfig(gates=gates, blend_epochs=1))
+    episode = EpisodeConfig(max_epochs=epochs, slots=SlotConfig(gates=gates, blend_epochs=3))
     # Every epoch counts as a plateau, whether the heuristic judges by score, by loss or by shares of the loss.
     heuristic = HeuristicConfig(warmup_epochs=0, plateau_epochs=1, plateau_threshold=1e9, loss_plateau_threshold=1e9,
                                 relative_plateau_threshold=1e9, min_training_epochs=1)

@@ -14,12 +14,12 @@ from typing import Any
 import pytest
 
 from morphogen.cli import main
-from morphogen.telemetry.events import CounterfactualMeasured, EpochCompleted, SlotState
+from morphogen.telemetry.events import CounterfactualMeasured, EpochCompleted, SlotState, StageTransition
 from morphogen.telemetry.sinks import read_events
 from morphogen.telemetry.story import SeedStory
 from morphogen.ui.html_report import contribution_pairs, render_html, seed_segments
 from morphogen.ui.report import render_report
-from morphogen.ui.run_files import load_run_files
+from morphogen.ui.run_files import ScoreKind, load_run_files
 from morphogen.ui.stages import STAGE_COLOURS
 from morphogen.ui.svg import nice_ticks
 
@@ -102,14 +102,20 @@ def test_contribution_pairs_take_the_shadow_before_blending_and_the_measurement_
     seed = (SlotState("r0c1", "training", "norm", 0.0),)
     blended = (SlotState("r0c1", "blending", "norm", 0.5),)
     history = [
+        StageTransition(2, 0, "r0c1", "norm", "dormant", "germinated", "germinated norm"),
+        StageTransition(2, 0, "r0c1", "norm", "germinated", "training", "advanced"),
         EpochCompleted(2, 0, 1.0, 1.0, 50.0, 10, seed, "GERMINATE", True),
         CounterfactualMeasured(2, 0, ("main", "with:r0c1"), (50.0, 52.0), (1.0, 0.9), (("r0c1", 2.0),)),
         CounterfactualMeasured(3, 0, ("main", "with:r0c1"), (50.0, 53.5), (1.0, 0.9), (("r0c1", 3.5),)),
+        StageTransition(4, 0, "r0c1", "norm", "training", "blending", "advanced"),
         EpochCompleted(4, 0, 1.0, 1.0, 55.0, 10, blended, "ADVANCE", True),
         CounterfactualMeasured(4, 0, ("main", "without:r0c1"), (55.0, 54.0), (1.0, 1.0), (("r0c1", 1.0),)),
     ]
     [pair] = contribution_pairs(history)
     assert (pair.predicted, pair.measured) == (3.5, 1.0) and pair.label == "r0c1 norm@2"
+    # Judged by the validation loss, the chart reads nats, as the run's seed story and the text report do.
+    [in_nats] = contribution_pairs(history, ScoreKind("accuracy", "loss"))
+    assert (in_nats.predicted, in_nats.measured) == (pytest.approx(0.1), 0.0) and in_nats.label == "r0c1 norm@2"
 
 
 def test_html_of_a_run_is_self_contained_with_every_figure(grown_run: Path,

@@ -27,7 +27,6 @@ from morphogen.run_directory import REPORT_FILENAME, DiskFullError, run_of_file,
 from morphogen.telemetry.events import (
     ALL_ENVS,
     AnomalyDetected,
-    CounterfactualMeasured,
     EpochCompleted,
     Event,
     GovernorRollback,
@@ -35,10 +34,12 @@ from morphogen.telemetry.events import (
     RewardComputed,
     RoundCompleted,
 )
-from morphogen.telemetry.story import NEGATIVE_LOSS, SHADOW_PREFIX, WITHOUT_PREFIX, SeedStory, seed_stories
+from morphogen.telemetry.story import NEGATIVE_LOSS, SeedStory, seed_stories
 from morphogen.ui.run_files import (
     RunDirectoryError,
     RunFiles,
+    ScoreKind,
+    events_by_round,
     load_run_files,
     round_of_events,
     score_kind,
@@ -148,33 +149,21 @@ def timeline_section(files: RunFiles) -> str:
     return timeline_chart(rows, title=title, x_label="epoch", legend=list(STAGE_COLOURS.items())[1:])
 
 
-def contribution_pairs(history: Sequence[Event]) -> list[ContributionPair]:
-    """Per seed that was both shadow-measured and measured blended: its last value of each.
-
-    A counterfactual event measures a slot's shadow contribution when it evaluated `with:<slot>`, and its
-    real contribution when it evaluated `without:<slot>`. A seed is (round, env, slot, germination).
-    """
-    stories_seen: dict[tuple[int, int, str], str] = {}
-    predicted: dict[str, float] = {}
-    measured: dict[str, float] = {}
-    for round_number, event in round_of_events(history):
-        if isinstance(event, EpochCompleted):
-            for state in event.slots:
-                seed_key = (round_number, event.env_id, state.slot)
-                if state.blueprint is not None and seed_key not in stories_seen:
-                    where = f"r{round_number} env {event.env_id} " if round_number > 1 or event.env_id else ""
-                    stories_seen[seed_key] = f"{where}{state.slot} {state.blueprint}@{event.epoch}"
-                elif state.blueprint is None:
-                    stories_seen.pop(seed_key, None)
-        if not isinstance(event, CounterfactualMeasured):
-            continue
-        for slot, points in event.contributions:
-            key = stories_seen.get((round_number, event.env_id, slot), f"{slot} (env {event.env_id})")
-            if SHADOW_PREFIX + slot in event.configs:
-                predicted[key] = points
-            elif WITHOUT_PREFIX + slot in event.configs:
-                measured[key] = points
-    return [ContributionPair(key, predicted[key], measured[key]) for key in predicted if key in measured]
+def contribution_pairs(history: Sequence[Event], score: ScoreKind | None = None) -> list[ContributionPair]:
+    """Per seed that was both shadow-measured and measured blended: its last value of each, in the unit its gates
+    judged (`score`; accuracy points when None). A seed is (round, env, slot, germination)."""
+    score = ScoreKind() if score is None else score
+    pairs = []
+    for round_number, events in events_by_round(history).items():
+        for story in seed_stories(events):
+            predicted = score.contribution_value(story, predicted=True)
+            measured = score.contribution_value(story)
+            if predicted is None or measured is None:
+                continue
+            where = f"r{round_number} env {story.env_id} " if round_number > 1 or story.env_id else ""
+            pairs.append(ContributionPair(f"{where}{story.slot} {story.blueprint}@{story.germinated}", predicted,
+                                          measured))
+    return pairs
 
 
 def reward_chart(files: RunFiles) -> str:
@@ -284,11 +273,13 @@ def render_html(run_dir: str | Path) -> str:
     files = load_run_files(run_dir)
     config = files.config
     kind = "training run" if files.is_training else "run"
-    pairs = contribution_pairs(files.history)
+    score = score_kind(files.summary)
+    pairs = contribution_pairs(files.history, score)
+    unit = score.contribution_unit
     contributions = scatter_chart([(p.predicted, p.measured, p.label) for p in pairs],
                                   title="contribution: predicted (shadow) vs measured",
-                                  x_label="predicted: shadow contribution (points)",
-                                  y_label="measured (points)")
+                                  x_label=f"predicted: shadow contribution ({unit})",
+                                  y_label=f"measured ({unit})")
     sections = [
         _section("Result", summary_table(files)),
         _section("Growth", *growth_charts(files)),

@@ -30,6 +30,7 @@ from morphogen.telemetry.story import NEGATIVE_LOSS, SeedStory, seed_stories
 from morphogen.ui.run_files import (
     RunDirectoryError,
     ScoreKind,
+    events_by_round,
     load_run_files,
     round_of_events,
     score_kind,
@@ -96,7 +97,7 @@ def _episode_section(history: Sequence[Event], training: bool, score: ScoreKind)
 def _seed_section(history: Sequence[Event], training: bool, score: ScoreKind,
                   summary: Mapping[str, Any] | None = None, *, without_events: bool = False) -> list[str]:
     stories_by_round: list[tuple[int, SeedStory]] = []
-    for round_number, events_of_round in _group_by_round(history).items():
+    for round_number, events_of_round in events_by_round(history).items():
         stories_by_round.extend((round_number, story) for story in seed_stories(events_of_round))
     if not stories_by_round:
         named = _summary_seeds(summary)
@@ -115,10 +116,10 @@ def _seed_section(history: Sequence[Event], training: bool, score: ScoreKind,
     else:
         lines.append(f"seeds ({len(stories_by_round)}):")
     for round_number, story in stories_by_round:
-        contribution = score.contribution(story)
         where = f"round {round_number} env {story.env_id}" if training else f"env {story.env_id}"
         lines.append(f"  {where}  {story.blueprint:<11} {story.slot:<5} germinated@{story.germinated:<3} "
-                     f"{story.path_before_outcome():<40} {story.ending():<15} contribution {contribution}")
+                     f"{story.path_before_outcome():<40} {story.ending():<15} predicted "
+                     f"{score.contribution(story, predicted=True)}  measured {score.contribution(story)}")
     return lines
 
 
@@ -133,13 +134,6 @@ def _summary_seeds(summary: Mapping[str, Any] | None) -> list[str]:
         if all(isinstance(part, str) and 0 < len(part) <= MAX_NAME for part in parts):
             named.append(f"{parts[0]} in {parts[1]} ({parts[2]})")
     return named
-
-
-def _group_by_round(history: Sequence[Event]) -> dict[int, list[Event]]:
-    grouped: dict[int, list[Event]] = defaultdict(list)
-    for round_number, event in round_of_events(history):
-        grouped[round_number].append(event)
-    return grouped
 
 
 def _reward_section(history: Sequence[Event]) -> list[str]:

@@ -34,6 +34,7 @@ import itertools
 import json
 import math
 import os
+from collections import defaultdict
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -242,17 +243,25 @@ class ScoreKind:
         """A score as a reader expects it: accuracy in percent, any other in four significant digits."""
         return f"{value:.2f}%" if self.is_accuracy else f"{value:.4g}"
 
-    def contribution(self, story: SeedStory, *, predicted: bool = False) -> str:
+    @property
+    def contribution_unit(self) -> str:
+        """The unit a seed's contribution is judged in: "points", "nats" or "% of loss"."""
+        return {"loss": "nats", "relative_loss": "% of loss"}.get(self.criterion, "points")
+
+    def contribution_value(self, story: SeedStory, *, predicted: bool = False) -> float | None:
         """What a seed was last measured to add (`predicted`: what its shadow said while it trained behind the
-        host), in the unit its gates judged: points, nats or a share of the loss ("-" when not measured)."""
+        host), in `contribution_unit`; None when not measured."""
         if self.criterion == "loss":
-            value = story.predicted_loss_contribution if predicted else story.loss_contribution
-            text = "{:+.4f} nats"
-        elif self.criterion == "relative_loss":
+            return story.predicted_loss_contribution if predicted else story.loss_contribution
+        if self.criterion == "relative_loss":
             share = story.predicted_relative_loss_contribution if predicted else story.relative_loss_contribution
-            value, text = None if share is None else 100 * share, "{:+.2f}% of loss"
-        else:
-            value, text = story.predicted_contribution if predicted else story.contribution, "{:+.2f} pts"
+            return None if share is None else 100 * share
+        return story.predicted_contribution if predicted else story.contribution
+
+    def contribution(self, story: SeedStory, *, predicted: bool = False) -> str:
+        """`contribution_value` as text in its unit: "+0.0669 nats", "+1.25 pts", "-" when not measured."""
+        value = self.contribution_value(story, predicted=predicted)
+        text = {"loss": "{:+.4f} nats", "relative_loss": "{:+.2f}% of loss"}.get(self.criterion, "{:+.2f} pts")
         return "-" if value is None else text.format(value)
 
 
@@ -353,6 +362,14 @@ def round_of_events(history: Iterable[Event]) -> Iterator[tuple[int, Event]]:
         yield (reported if isinstance(reported, int) else completed + 1), event
         if isinstance(event, RoundCompleted):
             completed = event.round
+
+
+def events_by_round(history: Iterable[Event]) -> dict[int, list[Event]]:
+    """The events of each round (`round_of_events`), rounds in order."""
+    grouped: dict[int, list[Event]] = defaultdict(list)
+    for round_number, event in round_of_events(history):
+        grouped[round_number].append(event)
+    return grouped
 
 
 def config_value(config: Mapping[str, Any], dotted: str, default: Any = None) -> Any:

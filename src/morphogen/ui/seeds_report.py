@@ -1,7 +1,7 @@
 """`morphogen report RUN_DIR` for a run over several seeds (`run --seeds`, `grow_over_seeds`): its `seeds.json`.
 
-Each seed's score beside each comparison's, then the grown model's differences from them, paired by seed, as the
-run printed them when it ended. The file is untrusted: numbers must be finite, names short, seeds at most
+Each seed's score beside each comparison's, then the grown model's differences from them, paired by seed, computed
+from those scores. The file is untrusted: numbers must be finite, names short, seeds at most
 `MAX_SEEDS_SHOWN`; what does not fit reads as missing ("-").
 """
 
@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from morphogen.paired_statistics import paired_difference
 from morphogen.run_directory import SEEDS_FILENAME, read_json_object
 from morphogen.ui.run_files import RunDirectoryError, score_name, summary_number
 from morphogen.ui.terminal_text import cut, printable
@@ -38,18 +39,24 @@ def render_seeds_report(run_dir: str | Path) -> str:
     metric = score_name(score.get("name") if isinstance(score, dict) else None)
     seeds = _seeds(figures.get("seeds"))
     lines = [f"run over {len(seeds)} seeds {path}", "", *_table(seeds, metric)]
-    differences = _differences(figures.get("differences"), metric)
+    differences = _differences(seeds, metric)
     if differences:
-        lines += ["", "differences, paired by seed (mean ± standard error):", *differences]
+        lines += ["", "differences, paired by seed (mean ± standard error, over the seeds with both scores):",
+                  *differences]
     lines += ["", f"each seed's run: morphogen report {path}/seed_<s>"]
     return "\n".join(printable(line) for line in lines)
 
 
+def _columns(seeds: list[tuple[str, dict[str, Any]]]) -> list[str]:
+    """The models any seed has a score of: the grown one, the comparisons, the hosts compared with."""
+    hosts = dict.fromkeys(name for _, scores in seeds for name in _fixed(scores))
+    return ["grown", *(name for name in [*COMPARISONS, *list(hosts)[:MAX_HOSTS]]
+                       if any(_score_of(scores, name) is not None for _, scores in seeds))]
+
+
 def _table(seeds: list[tuple[str, dict[str, Any]]], metric: str) -> list[str]:
     """A row per seed, a column per model any seed has a score of (the grown one first), then their means."""
-    hosts = dict.fromkeys(name for _, scores in seeds for name in _fixed(scores))
-    columns = ["grown", *(name for name in [*COMPARISONS, *list(hosts)[:MAX_HOSTS]]
-                          if any(_score_of(scores, name) is not None for _, scores in seeds))]
+    columns = _columns(seeds)
     lines = [f"{'seed':>6}" + "".join(f"{cut(name, 13):>14}" for name in columns)]
     for seed, scores in seeds:
         lines.append(f"{cut(seed, 6):>6}" + "".join(f"{_cell(_score_of(scores, name), metric):>14}"
@@ -58,13 +65,19 @@ def _table(seeds: list[tuple[str, dict[str, Any]]], metric: str) -> list[str]:
     return [*lines, f"{'mean':>6}" + "".join(f"{_cell(mean, metric):>14}" for mean in means)]
 
 
-def _differences(table: object, metric: str) -> list[str]:
-    """The grown model's paired differences the file holds, each with a finite mean and standard error."""
+def _differences(seeds: list[tuple[str, dict[str, Any]]], metric: str) -> list[str]:
+    """The grown model's score minus each other model's, paired by seed, computed from the scores the table shows
+    (not from the file's own summary of them, which could say otherwise), with the seeds ahead and behind."""
     lines = []
-    for name, entry in list(table.items())[:MAX_SEEDS_SHOWN] if isinstance(table, dict) else []:
-        mean, error = summary_number(entry, "mean"), summary_number(entry, "standard_error")
-        if isinstance(name, str) and len(name) <= MAX_NAME and mean is not None and error is not None:
-            lines.append(f"  {'grown - ' + name:<30}{format_difference(mean, error, metric)}")
+    for name in _columns(seeds)[1:]:
+        pairs = [(grown, other) for _, scores in seeds if (grown := _score_of(scores, "grown")) is not None
+                 and (other := _score_of(scores, name)) is not None]
+        if not pairs:
+            continue
+        mean, error = paired_difference([grown for grown, _ in pairs], [other for _, other in pairs])
+        ahead, behind = sum(grown > other for grown, other in pairs), sum(grown < other for grown, other in pairs)
+        lines.append(f"  {'grown - ' + name:<30}{format_difference(mean, error, metric)} ({len(pairs)} "
+                     f"{'seed' if len(pairs) == 1 else 'seeds'}: {ahead} ahead, {behind} behind)")
     return lines
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 from morphogen.telemetry.story import NEGATIVE_LOSS
 
 
@@ -29,9 +31,12 @@ def format_score(value: float, metric_name: str) -> str:
 
 def format_difference(mean: float, error: float, metric_name: str) -> str:
     """A difference of scores (mean ± standard error) in the score's unit; one of negative losses reads as one of
-    losses (lower is better), its sign turned."""
+    losses (lower is better), its sign turned. An error that is not a number (one seed has none) reads "-"."""
+    def spread(text: str) -> str:
+        return text if math.isfinite(error) else "-"
+
     if metric_name == "accuracy":
-        return f"{mean:+.2f} ± {error:.2f} points"
+        return f"{mean:+.2f} ± {spread(f'{error:.2f}')} points"
     if metric_name == NEGATIVE_LOSS:
-        return f"{-mean:+.4f} ± {error:.4f} nats"
-    return f"{mean:+.4g} ± {error:.4g}"
+        return f"{-mean:+.4f} ± {spread(f'{error:.4f}')} nats"
+    return f"{mean:+.4g} ± {spread(f'{error:.4g}')}"
