@@ -612,3 +612,14 @@ def test_the_mlp_of_a_layer_of_torchs_transformer_decoder_widens_and_is_the_wide
         torch.testing.assert_close(grown, wider.eval()(*inputs), rtol=0, atol=1e-5)
         program = torch.export.load(morphogen.export_model(model, example, tmp_path / "grown.pt2")).module()
         torch.testing.assert_close(program(*inputs), grown, rtol=0, atol=1e-5)
+
+
+def test_data_of_several_inputs_with_rows_that_differ_is_one_line_naming_the_split() -> None:
+    # (inputs, targets) whose inputs disagree on their samples must not be read as a sequence of two samples.
+    ids, padding, targets = torch.zeros(8, 10, dtype=torch.long), torch.zeros(7, 10), torch.zeros(8, dtype=torch.long)
+    good = ((ids, padding[:1].expand(8, 10)), targets)
+    with pytest.raises(morphogen.DataError, match=r"^train: its inputs are a tuple of tensors with different numbers "
+                                                  r"of samples \(7, 8\)$"):
+        morphogen.task_from_data("t", ((ids, padding), targets), good)
+    with pytest.raises(morphogen.DataError, match=r"^validation: its inputs are a dict of tensors with different"):
+        morphogen.task_from_data("t", good, ({"ids": ids, "padding": padding}, targets))

@@ -188,6 +188,13 @@ def _source(data: object, device: torch.device, split: str, target_key: str | No
         if problem is not None or not isinstance(data[1], Tensor):
             raise DataError(f"{split}: its inputs are {problem}" if problem else
                             f"{split}: its {target_key!r} entry is a {type(data[1]).__name__}, not a tensor")
+    if isinstance(data, (tuple, list)) and len(data) == 2 and isinstance(data[1], Tensor) and \
+            _tensors_of_several_inputs(data[0]):
+        # (inputs, targets) whose inputs are several tensors: a problem with them (rows that differ) is this
+        # split's, not a sign that the pair is a sequence of two samples.
+        problem = inputs_problem(data[0])
+        if problem is not None:
+            raise DataError(f"{split}: its inputs are {problem}")
     if isinstance(data, (tuple, list)) and len(data) == 2 and isinstance(data[1], Tensor) and (
             isinstance(data[0], Tensor) or inputs_problem(data[0]) is None):
         try:
@@ -198,6 +205,12 @@ def _source(data: object, device: torch.device, split: str, target_key: str | No
         return StreamedBatches(data, device, split, target_key)
     raise DataError(f"{split}: expected (inputs, targets) tensors, a Dataset or a DataLoader, "
                     f"got {type(data).__name__}")
+
+
+def _tensors_of_several_inputs(inputs: object) -> bool:
+    """Whether `inputs` is a tuple, list or dict of two or more tensors, and nothing else."""
+    values = list(inputs.values()) if isinstance(inputs, dict) else inputs if isinstance(inputs, (tuple, list)) else []
+    return len(values) >= 2 and all(isinstance(value, Tensor) for value in values)
 
 
 def _topology_of(host: object) -> str:
