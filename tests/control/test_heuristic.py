@@ -279,6 +279,28 @@ def test_prunes_a_training_seed_the_blending_gate_kept_refusing() -> None:
     assert heuristic.act(make_snapshot(hopeless), masks) == Action(Op.PRUNE, "r0c2")
 
 
+def test_every_decision_says_why_in_the_words_of_its_settings() -> None:
+    # What a user reads in the report and events: the rule that decided, with the setting behind it.
+    heuristic, space = controller(warmup_epochs=3, min_training_epochs=4, training_patience=3, fossilize_threshold=0.5)
+    assert heuristic.act(make_snapshot(epoch=2), make_masks(space, ALL_EMPTY)).why == \
+        "the host trains alone until epoch 3 (heuristic warm-up)"
+    assert heuristic.act(make_snapshot(epoch=5, history=RISING, losses=(1.0, 0.8, 0.6, 0.4, 0.2)),
+                         make_masks(space, ALL_EMPTY)).why == "the model is still improving"
+    assert heuristic.act(make_snapshot(epoch=28), make_masks(space, ALL_EMPTY)).why == \
+        "2 epochs left, fewer than the 6 a seed needs to reach the output"
+    grown = heuristic.act(make_snapshot(epoch=10), make_masks(space, ALL_EMPTY))
+    assert grown.op is Op.GERMINATE and grown.why.startswith("the first seed is due by 33% of the episode")
+    hopeless = make_slot("r0c2", Stage.TRAINING, epochs_in_stage=7)
+    masks = make_masks(space, {Op.ADVANCE: ("r0c2",), Op.PRUNE: ("r0c2",)})
+    assert heuristic.act(make_snapshot(hopeless), masks).why == \
+        "still not allowed to blend 3 epochs after its 4 of training (heuristic.training_patience)"
+    holding = make_slot("r0c1", Stage.HOLDING, contribution=0.75, epochs_in_stage=1)
+    kept = heuristic.act(make_snapshot(holding), make_masks(space, {Op.FOSSILIZE: ("r0c1",), Op.PRUNE: ("r0c1",)}))
+    assert (kept.op, kept.why) == (Op.FOSSILIZE, "its ablation says it adds +0.75 points, more than +0.50 points")
+    busy = heuristic.act(make_snapshot(epoch=12), make_masks(space, {}))
+    assert busy.why == "no seed can be germinated now (one is training, or no slot is free)"
+
+
 def test_advances_a_germinated_seed() -> None:
     heuristic, space = controller()
     masks = make_masks(space, {Op.ADVANCE: ("r0c0",)})

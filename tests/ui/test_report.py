@@ -207,3 +207,17 @@ def test_report_of_a_run_without_telemetry_prints_its_summary_and_claims_nothing
     error = capsys.readouterr().err.strip()
     assert error.endswith("it was made with --telemetry off, so only `morphogen report "
                           f"{run_dir}` (its summary.json, as text) and `morphogen runs` read it")
+
+
+def test_report_says_why_the_controller_acted_and_a_run_that_grew_nothing_says_why(grown_run, tmp_path, capsys):
+    assert main(["report", str(grown_run)]) == 0
+    rows = capsys.readouterr().out.splitlines()
+    germinated = next(row for row in rows if " GERMINATE " in row)
+    assert "  (germinated " in germinated and ": " in germinated.split("(germinated ", 1)[1]
+    assert any(" WAIT  (waited: " in row for row in rows)
+    # Eight epochs are too few for the default heuristic to grow: the run says why, not only that it did not.
+    assert main(["run", "--epochs", "8", "--max-train-samples", "150", "--no-baseline", "--no-from-scratch",
+                 "--threads", "1", "--run-dir", str(tmp_path / "short")]) == 0
+    out = capsys.readouterr().out
+    assert "none germinated (last epoch: waited: 1 epoch left, fewer than the 7 a seed needs to reach the output)" \
+        in " ".join(out.split())

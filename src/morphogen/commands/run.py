@@ -171,12 +171,14 @@ TABLE_COLUMNS = 5
 def print_summary(grown: EpisodeOutcome, baseline: EpisodeOutcome | None, out: TextIO,
                   from_scratch: EpisodeOutcome | None = None, metric_name: str = "accuracy",
                   criterion: Criterion = Criterion.SCORE, *, nothing_kept: bool = False,
-                  fixed: Mapping[str, EpisodeOutcome] | None = None, decaying: bool = False) -> None:
+                  fixed: Mapping[str, EpisodeOutcome] | None = None, decaying: bool = False,
+                  last_reason: str = "") -> None:
     """The closing table: the grown model, the same host without growth, and the grown model's final
     architecture trained from scratch; the hosts `fixed` names, trained without growth, beside the grown model;
     then the story of every seed, its contributions in what `criterion` judges (accuracy points, or nats of
     validation loss removed). `metric_name` names the score row; `nothing_kept` says that no from-scratch run was
-    trained because the final architecture is the host; `decaying`, that the learning rate decays over the run."""
+    trained because the final architecture is the host; `decaying`, that the learning rate decays over the run;
+    `last_reason`, the controller's last word, which says why nothing grew when no seed germinated."""
     cells = _table_cells(grown, metric_name)
     columns = [("grown", grown), ("no growth", baseline), ("from scratch", from_scratch)]
     print("\n".join(_table_lines(columns, cells, from_scratch)), file=out)
@@ -191,7 +193,7 @@ def print_summary(grown: EpisodeOutcome, baseline: EpisodeOutcome | None, out: T
         for start in range(0, len(named), TABLE_COLUMNS - 1):
             rows = _table_lines([("grown", grown), *named[start:start + TABLE_COLUMNS - 1]], cells)
             print("\n".join(rows).removeprefix("\n" if start == 0 else ""), file=out)
-    _print_stories(grown, metric_name, criterion, out)
+    _print_stories(grown, metric_name, criterion, out, last_reason)
 
 
 def _table_cells(grown: EpisodeOutcome, metric_name: str) -> list[tuple[str, Callable[[EpisodeOutcome], str]]]:
@@ -212,11 +214,14 @@ def _table_cells(grown: EpisodeOutcome, metric_name: str) -> list[tuple[str, Cal
     return cells
 
 
-def _print_stories(grown: EpisodeOutcome, metric_name: str, criterion: Criterion, out: TextIO) -> None:
-    """Each seed's story: its path through the stages, how it ended, its predicted and measured contribution."""
+def _print_stories(grown: EpisodeOutcome, metric_name: str, criterion: Criterion, out: TextIO,
+                   last_reason: str = "") -> None:
+    """Each seed's story: its path through the stages, how it ended, its predicted and measured contribution;
+    where none germinated, the controller's last word on why."""
     print(f"\nseeds ({len(grown.stories)}):", file=out)
     if not grown.stories:
-        print("  none germinated", file=out)
+        print(textwrap.fill(f"none germinated (last epoch: {printable(last_reason)})" if last_reason else
+                            "none germinated", LINE_WIDTH, initial_indent="  ", subsequent_indent="    "), file=out)
     judged = ScoreKind(metric_name, criterion.value)
     for story in grown.stories:
         predicted, measured = judged.contribution(story, predicted=True), judged.contribution(story)
@@ -491,7 +496,7 @@ def _play_and_write(config: RunConfig, task: Task, episode: MorphogenesisEpisode
         fixed_outcomes = _run_fixed(config, fixed, run_dir, display, saving)
     print_summary(grown, baseline, out, from_scratch, task.metric_name, episode.slot_config.gates.judged_by,
                   nothing_kept=config.from_scratch and not architecture, fixed=fixed_outcomes,
-                  decaying=episode.optimizer_config.schedule != "constant")
+                  decaying=episode.optimizer_config.schedule != "constant", last_reason=episode.last_reason)
     if episode.timer.enabled:
         print(f"\ntime by phase (grown model):\n{episode.timer.summary()}", file=out)
     result = RunResult(grown, baseline, from_scratch, episode.model, run_dir, from_scratch_model, fixed_outcomes,

@@ -212,6 +212,15 @@ class _Measure(NamedTuple):
                        config.relative_fossilize_threshold)
         return cls(criterion, config.plateau_threshold, config.worse_threshold, config.fossilize_threshold)
 
+    def amount(self, value: float) -> str:
+        """`value` in the measure's unit, for a reason people read: "+1.25 points", "+0.0123 nats", "+4.1% of the
+        loss"."""
+        if self.criterion is Criterion.LOSS:
+            return f"{value:+.4f} nats"
+        if self.criterion is Criterion.RELATIVE_LOSS:
+            return f"{100 * value:+.1f}% of the loss"
+        return f"{value:+.2f} points"
+
     def history(self, snapshot: EpisodeSnapshot) -> Sequence[float]:
         """The recent validation scores, or negated losses or log losses (so that a falling loss is a rising
         score)."""
@@ -425,71 +434,97 @@ class HeuristicController:
 
     def _grow(self, snapshot: EpisodeSnapshot, masks: Sequence[np.ndarray], allowed: dict[str, bool]) -> Action:
         """GROW (by depth, once an episode), GERMINATE (seed by seed) or nothing, when growth is due."""
-        if self.depth_grown:
-            return Action()  # nor seed by seed afterwards: the grown blocks are the episode's growth
+        if self.depth_grown:  # nor seed by seed afterwards
+            return Action(why="the blocks grown by depth are this episode's growth")
         if self.grows_by_depth and masks[0][Op.GROW] and not masks[2][Op.GROW][self._depth_index]:
             self._without_a_layer_to_copy(masks[2][Op.GROW])
-        if self.grows_by_depth and masks[0][Op.GROW] and self._should_germinate(snapshot):
-            return Action(Op.GROW, blueprint=self.depth_blueprint, blend_epochs=snapshot.blend_epochs)
-        if not self.grows_by_depth and masks[0][Op.GERMINATE] and self._should_germinate(snapshot):
-            # The seed blends as the slots are configured to ([episode.slots] blend and blend_epochs).
-            return dataclasses.replace(self._germinate(snapshot, allowed), blend=BlendKind(snapshot.blend),
-                                       blend_epochs=snapshot.blend_epochs)
-        return Action()
+        can_grow = masks[0][Op.GROW] if self.grows_by_depth else masks[0][Op.GERMINATE]
+        if not can_grow:
+            return Action(why="no seed can be germinated now (one is training, or no slot is free)")
+        due, why = self._growth_due(snapshot)
+        if not due:
+            return Action(why=why)
+        if self.grows_by_depth:
+            return Action(Op.GROW, blueprint=self.depth_blueprint, blend_epochs=snapshot.blend_epochs, why=why)
+        chosen = self._germinate(snapshot, allowed)
+        if chosen.op is not Op.GERMINATE:
+            return Action(why="no blueprint fits an empty slot, or each that fits was pruned recently")
+        # The seed blends as the slots are configured to ([episode.slots] blend and blend_epochs).
+        return dataclasses.replace(chosen, blend=BlendKind(snapshot.blend), blend_epochs=snapshot.blend_epochs,
+                                   why=why + (f"; {chosen.why}" if chosen.why else ""))
 
     def _manage_seed(self, slot: SlotSnapshot, snapshot: EpisodeSnapshot,
                      slot_mask: dict[Op, dict[str, bool]]) -> Action | None:
         """The first move this seed asks for that the masks allow; in HOLDING, the verdict on it."""
         measure = _Measure.of(snapshot.criterion, self.config)
-        for op in self._seed_moves(slot, snapshot, measure):
+        for op, why in self._seed_moves(slot, snapshot, measure):
             if slot_mask[op][slot.slot_id]:
-                return Action(op, slot.slot_id)
+                return Action(op, slot.slot_id, why=why)
         contribution = measure.contribution(slot, snapshot)
         if slot.stage is Stage.HOLDING and contribution is not None \
                 and slot.epochs_in_stage >= self.config.min_holding_epochs:
-            return self._judge_holding(slot, contribution > measure.fossilize_threshold, slot_mask)
+            return self._judge_holding(slot, contribution, measure, slot_mask)
         return None
 
-    def _seed_moves(self, slot: SlotSnapshot, snapshot: EpisodeSnapshot, measure: _Measure) -> list[Op]:
-        """The moves a seed asks for now, most urgent first."""
+    def _seed_moves(self, slot: SlotSnapshot, snapshot: EpisodeSnapshot, measure: _Measure) -> list[tuple[Op, str]]:
+        """The moves a seed asks for now, most urgent first, each with why."""
         config, moves = self.config, []
         if slot.stage is Stage.GERMINATED:
-            moves.append(Op.ADVANCE)
+            moves.append((Op.ADVANCE, "to train behind the host"))
         if slot.stage is Stage.TRAINING:
             if slot.epochs_in_stage >= config.min_training_epochs + config.training_patience:
-                moves.append(Op.PRUNE)  # the blending gate kept refusing: this seed would not pay
+                # The blending gate kept refusing: this seed would not pay.
+                moves.append((Op.PRUNE, f"still not allowed to blend {config.training_patience} epochs after its "
+                                        f"{config.min_training_epochs} of training (heuristic.training_patience)"))
             if slot.epochs_in_stage >= config.min_training_epochs:
-                moves.append(Op.ADVANCE)
+                moves.append((Op.ADVANCE, f"trained {slot.epochs_in_stage} epochs behind the host "
+                                          f"(heuristic.min_training_epochs {config.min_training_epochs})"))
         if slot.stage is Stage.BLENDING and slot.alpha >= 1.0 and not slot.alpha_ramping:
-            moves.append(Op.ADVANCE)  # only needed when the slot config does not auto-advance into HOLDING
+            moves.append((Op.ADVANCE, "blended in fully"))  # only needed when the slots do not auto-advance
         lost = measure.lost_in_stage(slot, snapshot)
         if slot.stage in (Stage.BLENDING, Stage.HOLDING) and lost is not None and lost > measure.worse_threshold:
-            moves.append(Op.PRUNE)  # its stage made the model worse
+            moves.append((Op.PRUNE, f"the model lost {measure.amount(lost).lstrip('+')} since the seed entered "
+                                    f"{slot.stage.value}"))  # its stage made the model worse
         return moves
 
-    def _judge_holding(self, slot: SlotSnapshot, contributes: bool,
+    def _judge_holding(self, slot: SlotSnapshot, contribution: float, measure: _Measure,
                        slot_mask: dict[Op, dict[str, bool]]) -> Action | None:
         """Fossilize a contributing seed; prune one that does not, or that the fossilize gate refused."""
         slot_id = slot.slot_id
+        contributes = contribution > measure.fossilize_threshold
         keep = contributes and slot_id not in self.fossilize_refused
+        measured = f"its ablation says it adds {measure.amount(contribution)}"
         if keep and slot_mask[Op.FOSSILIZE][slot_id]:
-            return Action(Op.FOSSILIZE, slot_id)
+            return Action(Op.FOSSILIZE, slot_id,
+                          why=f"{measured}, more than {measure.amount(measure.fossilize_threshold)}")
         if not keep and slot_mask[Op.PRUNE][slot_id]:
-            return Action(Op.PRUNE, slot_id)
+            why = "the fossilize gate refused it" if contributes else \
+                f"{measured}, not more than {measure.amount(measure.fossilize_threshold)}"
+            return Action(Op.PRUNE, slot_id, why=why)
         return None
 
-    def _should_germinate(self, snapshot: EpisodeSnapshot) -> bool:
+    def _growth_due(self, snapshot: EpisodeSnapshot) -> tuple[bool, str]:
+        """Whether growth is due at `snapshot`, and why or why not, in words."""
         config = self.config
-        if snapshot.epoch < max(config.warmup_epochs, self.growth_resumes_at) \
-                or snapshot.epoch < config.warmup_fraction * snapshot.max_epochs:
-            return False
-        if snapshot.max_epochs - snapshot.epoch < self._epochs_to_verdict(snapshot.blend_epochs):
-            return False
+        warm_until = max(config.warmup_epochs, self.growth_resumes_at, math.ceil(config.warmup_fraction
+                                                                                 * snapshot.max_epochs))
+        if snapshot.epoch < warm_until:
+            return False, f"the host trains alone until epoch {warm_until} (heuristic warm-up)"
+        needed, left = self._epochs_to_verdict(snapshot.blend_epochs), snapshot.max_epochs - snapshot.epoch
+        if left < needed:
+            purpose = "be judged" if self.has_grown and not self.grows_by_depth else "reach the output"
+            return False, f"{left} epoch{'' if left == 1 else 's'} left, fewer than the {needed} a seed needs to " \
+                          f"{purpose}"
         if not self.has_grown and snapshot.epoch >= config.first_growth_by * snapshot.max_epochs:
-            return True
+            return True, f"the first seed is due by {config.first_growth_by:.0%} of the episode (first_growth_by)"
         measure = _Measure.of(snapshot.criterion, config)
-        return has_plateaued(measure.history(snapshot), config.plateau_epochs, measure.plateau_threshold) \
-            or is_slowing(snapshot.loss_history, config.slowing_window, config.slowing_ratio)
+        if has_plateaued(measure.history(snapshot), config.plateau_epochs, measure.plateau_threshold):
+            return True, f"the validation {'score' if measure.criterion is Criterion.SCORE else 'loss'} gained " \
+                         f"less than {measure.amount(measure.plateau_threshold).lstrip('+')} in " \
+                         f"{config.plateau_epochs} epochs"
+        if is_slowing(snapshot.loss_history, config.slowing_window, config.slowing_ratio):
+            return True, "the validation loss is falling more slowly"
+        return False, "the model is still improving"
 
     def _epochs_to_verdict(self, blend_epochs: int) -> int:
         """Epochs a new seed needs before the end of the episode for its FLOPs to buy something.
@@ -567,7 +602,7 @@ class HeuristicController:
             return None
         if best.blueprint == deepening:
             self.next_blueprint = self.rotation.index(deepening) + 1
-        return Action(Op.GERMINATE, best.slot, best.blueprint)
+        return Action(Op.GERMINATE, best.slot, best.blueprint, why="the best growth signal per FLOP")
 
     def _by_rotation(self, snapshot: EpisodeSnapshot, slots: list[str]) -> Action:
         """Slots and blueprints in turn (no signals measured: another episode loop, or "rotation"), skipping a

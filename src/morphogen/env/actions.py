@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -83,6 +83,9 @@ class Action:
     alpha_target: float = ALPHA_TARGETS[0]
     alpha_speed: int = ALPHA_SPEEDS[0]
     alpha_curve: AlphaCurve = AlphaCurve.LINEAR
+    #: Why the controller chose it, for people (the heuristic says; a learned policy does not): shown with the
+    #: action in telemetry and reports, never part of the decision, its state or its equality.
+    why: str = field(default="", compare=False)
 
     def state(self) -> dict[str, object]:
         """The action as plain values (what `torch.load(weights_only=True)` reads back)."""

@@ -186,6 +186,8 @@ class MorphogenesisEpisode:
         #: Seeds (slot id -> blueprint) installed at reset as fixed parts of the model, trained from scratch
         #: with the host: how a grown model's final architecture is compared with growing it.
         self.architecture = dict(architecture or {})
+        #: What the last action did, and why where its controller said ("waited: the model is still improving").
+        self.last_reason = ""
         #: The blend kind of each seed of `architecture` not blended by adding (`MorphogeneticModel.blends`).
         self.blends = {slot_id: BlendKind(kind) for slot_id, kind in (blends or {}).items()}
         self.slot_request = None if slots is None else tuple(slots)
@@ -358,6 +360,9 @@ class MorphogenesisEpisode:
                 succeeded, reason = self._execute(action)
             except (IllegalTransitionError, ValueError) as error:
                 succeeded, reason = False, str(error)
+            if succeeded and action.why and action.op is not Op.PRUNE:  # a prune's reason is its why already
+                reason = f"{reason}: {action.why}"
+            self.last_reason = reason
             for slot in self.model.slots():
                 slot.auto_advance(self.epoch)
         self._emit(events.ActionTaken(
@@ -386,9 +391,9 @@ class MorphogenesisEpisode:
                 self.fossilized += 1
             return result.passed, result.reason
         if action.op is Op.PRUNE:
-            slot.prune(epoch, "pruned by controller")
+            slot.prune(epoch, action.why or "pruned by controller")
             self.pruned += 1
-            return True, f"pruned {action.slot}"
+            return True, f"pruned {action.slot}" + (f": {action.why}" if action.why else "")
         slot.set_alpha_target(action.alpha_target, action.alpha_speed, epoch, action.alpha_curve)
         if slot.stage is Stage.PRUNED:
             self.pruned += 1

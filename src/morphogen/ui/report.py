@@ -45,28 +45,42 @@ __all__ = ["RunDirectoryError", "render_report"]
 
 
 #: Columns of a refused action's reason in the epoch table.
-_REASON_WIDTH = 90
+_REASON_WIDTH = 150
 
 #: Where an action was taken: (round, env, epoch).
 _Step = tuple[int, int, int]
 
 
-def _refusal_reasons(history: Sequence[Event]) -> dict[_Step, str]:
-    """Why each refused action was refused (the gate's or the mask's words), by where it was taken."""
-    return {(round_number, event.env_id, event.epoch): event.reason for round_number, event in
-            round_of_events(history) if isinstance(event, ActionTaken) and not event.succeeded and event.reason}
+def _action_reasons(history: Sequence[Event]) -> dict[_Step, tuple[bool, str]]:
+    """What each action did and why (the controller's words), or why it was refused (the gate's or the mask's), by
+    where it was taken."""
+    return {(round_number, event.env_id, event.epoch): (event.succeeded, event.reason) for round_number, event in
+            round_of_events(history) if isinstance(event, ActionTaken) and event.reason}
+
+
+def _outcome_text(e: EpochCompleted, taken: tuple[bool, str] | None, previous: str) -> str:
+    """What follows an action in the epoch table: why it was refused, what it did and why, or, for a wait, why,
+    where that differs from the wait before (`previous`)."""
+    reason = "" if taken is None else taken[1]
+    if not e.action_succeeded:
+        return f"  (refused: {cut(reason, _REASON_WIDTH)})" if reason else "  (refused)"
+    if not reason or (e.action == "WAIT" and reason == previous):
+        return ""
+    return f"  ({cut(reason, _REASON_WIDTH)})"
 
 
 def _epoch_rows(epochs: Sequence[tuple[int, EpochCompleted]], with_round: bool, score: ScoreKind,
-                reasons: dict[_Step, str]) -> list[str]:
+                reasons: dict[_Step, tuple[bool, str]]) -> list[str]:
     round_header = f"{'round':>5}  " if with_round else ""
     shows_score = score.name != NEGATIVE_LOSS  # a negated loss: the loss column says it
     title = f"{cut(f'val {score.label}', 10):>10}  " if shows_score else ""
     lines = [f"  {round_header}{'env':>3}  {'epoch':>5}  {title}{'val loss':>10}  {'params':>9}  action"]
+    previous_wait = ""
     for round_number, e in epochs:
-        reason = reasons.get((round_number, e.env_id, e.epoch))
-        outcome = "" if e.action_succeeded else f"  (refused: {cut(reason, _REASON_WIDTH)})" if reason else \
-            "  (refused)"
+        taken = reasons.get((round_number, e.env_id, e.epoch))
+        outcome = _outcome_text(e, taken, previous_wait)
+        if e.action == "WAIT" and taken is not None:
+            previous_wait = taken[1]
         round_cell = f"{round_number:>5}  " if with_round else ""
         score_cell = f"{score.format(e.val_accuracy):>10}  " if shows_score else ""
         lines.append(f"  {round_cell}{e.env_id:>3}  {e.epoch:>5}  {score_cell}{format_loss(e.val_loss):>10}  "
@@ -79,7 +93,7 @@ def _episode_section(history: Sequence[Event], training: bool, score: ScoreKind)
     epochs = [(r, e) for r, e in round_of_events(history) if isinstance(e, EpochCompleted)]
     if not epochs:
         return []
-    reasons = _refusal_reasons(history)
+    reasons = _action_reasons(history)
     if not training:
         return ["epochs (env 0):", *_epoch_rows([(r, e) for r, e in epochs if e.env_id == 0], False, score, reasons)]
     lines = ["episodes:", f"  {'round':>5}  {'env':>3}  {'final acc':>9}  {'params':>9}  {'added':>8}  "
