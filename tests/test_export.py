@@ -281,3 +281,34 @@ def test_host_from_module_refuses_a_model_on_the_meta_device_in_one_line() -> No
     net = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 3)).to("meta")
     with pytest.raises(morphogen.HostBuildError, match=r"^the model is on the meta device: host_from_module runs it"):
         morphogen.host_from_module(net, ["1"], torch.zeros(2, 4, device="meta"))
+
+
+def test_an_export_can_take_raw_pixels_and_says_what_inputs_it_takes(grown: RunResult, tmp_path: Path,
+                                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    # The digits task standardizes its pixels; a user shipping the model needs that, or the export to do it.
+    run = Path(shutil.copytree(grown.run_dir, tmp_path / "run"))
+    standardization = load_task("digits").input_standardization
+    assert standardization is not None
+    assert json.loads((run / "summary.json").read_text())["input_standardization"] == standardization.as_dict()
+    assert main(["export", str(run)]) == 0
+    assert f"its inputs: standardized, (x - mean) / std per channel from scikit-learn's pixel values 0..16, mean " \
+           f"[{standardization.mean[0]:.4f}]" in capsys.readouterr().out
+    assert main(["export", str(run), "--raw-inputs", "--output", str(tmp_path / "raw.pt2")]) == 0
+    assert "its inputs: scikit-learn's pixel values 0..16, as they are" in capsys.readouterr().out
+    inputs = validation_inputs()
+    raw = standardization.to_raw(inputs)
+    assert raw.min() >= -1e-4 and raw.max() <= 16 + 1e-4  # pixel values again
+    with torch.no_grad():
+        torch.testing.assert_close(torch.export.load(tmp_path / "raw.pt2").module()(raw),
+                                   torch.export.load(run / "model.pt2").module()(inputs), rtol=0, atol=1e-5)
+
+
+def test_raw_inputs_of_a_task_that_standardizes_nothing_is_one_line(tmp_path: Path,
+                                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    run = tmp_path / "run"
+    assert main(["run", "--task", "mnist1d", "--epochs", "1", "--max-train-samples", "100", "--no-baseline",
+                 "--threads", "1", "--run-dir", str(run)]) == 0
+    capsys.readouterr()
+    assert main(["export", str(run), "--raw-inputs"]) == EXIT_USER_ERROR
+    assert one_line(capsys).strip().endswith("--raw-inputs: task 'mnist1d' standardizes nothing; its model reads the "
+                                             "data as it is")

@@ -249,6 +249,9 @@ def _add_export_parser(subparsers: Any) -> None:
     export.add_argument("--from-scratch", action="store_true",
                         help="export the grown model's final architecture as the run trained it from scratch "
                              "(default output RUN_DIR/model_from_scratch.pt2)")
+    export.add_argument("--raw-inputs", action="store_true",
+                        help="fold the task's input standardization in (digits, cifar10): the program then takes "
+                             "raw pixel values")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -672,7 +675,7 @@ def _export(args: argparse.Namespace) -> None:
     from morphogen.commands.export import export_command
 
     export_command(args.run_dir, args.format, args.output, args.leave_out_blending, from_scratch=args.from_scratch,
-                   dynamic_dims=_dimensions(args.dynamic_dims))
+                   dynamic_dims=_dimensions(args.dynamic_dims), raw_inputs=args.raw_inputs)
 
 
 def _dashboard(args: argparse.Namespace) -> None:

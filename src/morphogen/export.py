@@ -38,8 +38,9 @@ from morphogen.commands.run import RunConfig
 from morphogen.config import ConfigError, build_config, read_config_file
 from morphogen.core.hosts import SegmentedHost
 from morphogen.core.model import MorphogeneticModel
-from morphogen.core.plain import ExportError, GrownNetwork, grown_network
+from morphogen.core.plain import ExportError, grown_network
 from morphogen.data import Task
+from morphogen.data.tasks import InputStandardization
 from morphogen.env.episode import MorphogenesisEpisode
 from morphogen.inputs import Inputs, InputSpec, dtype_mismatch, repeat_rows, rows, take_rows, tensors, to_device
 from morphogen.inputs import problem as inputs_problem
@@ -61,7 +62,7 @@ TOLERANCE = 1e-5
 
 def export_model(model: MorphogeneticModel, example_input: Inputs, path: str | Path, *,
                  format: str = "torch-export", leave_out_blending: bool = False,
-                 dynamic_dims: Sequence[int] = ()) -> Path:
+                 dynamic_dims: Sequence[int] = (), raw_inputs: InputStandardization | None = None) -> Path:
     """Write `model`'s grown architecture to `path` as a `torch.export` program or an ONNX model; returns the path.
 
     `example_input` is a batch of real inputs (one sample is enough), as the model takes them: a tensor, or a
@@ -69,12 +70,15 @@ def export_model(model: MorphogeneticModel, example_input: Inputs, path: str | P
     own model does. The batch dimension stays dynamic; `dynamic_dims` (such as `(1,)`: a language model's sequence)
     keeps those dimensions of every input dynamic too, from 1 up to their size in `example_input` (one size shared
     by all inputs that have the dimension, as token ids and their padding mask do). `leave_out_blending` drops
-    seeds still BLENDING (folded in at their alpha otherwise, as the model computes). Raises `ExportError` for a
+    seeds still BLENDING (folded in at their alpha otherwise, as the model computes). `raw_inputs` (a built-in task's
+    `input_standardization`) is folded in front of the network: the program takes raw values, and `example_input`
+    must be raw too. Raises `ExportError` for a
     network `torch.export` cannot trace (or cannot keep `dynamic_dims` dynamic in), a missing `onnx` extra or a
     path that cannot be written.
     """
     _check_export_arguments(model, example_input, format, dynamic_dims)
-    network = grown_network(model, leave_out_blending=leave_out_blending)
+    grown = grown_network(model, leave_out_blending=leave_out_blending)
+    network: nn.Module = grown if raw_inputs is None else nn.Sequential(_Standardize(raw_inputs), grown)
     reference = next(network.parameters(), None)
     example = example_input if reference is None else to_device(example_input, reference.device)
     if rows(example) == 1:  # torch.export specializes a dimension of size 1; two samples keep it dynamic
@@ -112,11 +116,27 @@ def _check_export_arguments(model: MorphogeneticModel, example_input: Inputs, fo
                           f"tensors) with a leading sample dimension; got {problem or 'no samples'}")
 
 
+class _Standardize(nn.Module):
+    """`(x - mean) / std` per channel (dimension 1): a built-in task's standardization, in front of an export."""
+
+    mean: Tensor
+    std: Tensor
+
+    def __init__(self, standardization: InputStandardization) -> None:
+        super().__init__()
+        self.register_buffer("mean", torch.tensor(standardization.mean))
+        self.register_buffer("std", torch.tensor(standardization.std))
+
+    def forward(self, x: Tensor) -> Tensor:
+        shape = (1, -1) + (1,) * (x.dim() - 2)
+        return (x - self.mean.view(shape)) / self.std.view(shape)
+
+
 class _CalledAsTheModel(nn.Module):
     """`network`, which takes a model's several inputs as one tuple or dict, called with them as arguments: by
     position (`kind` "tuple" or "list") or by name ("dict"), as the user's own model is."""
 
-    def __init__(self, network: GrownNetwork, kind: str) -> None:
+    def __init__(self, network: nn.Module, kind: str) -> None:
         super().__init__()
         self.network, self.kind = network, kind
 
@@ -126,7 +146,7 @@ class _CalledAsTheModel(nn.Module):
         return output
 
 
-def _export_arguments(network: GrownNetwork, example: Inputs, dims: dict[int, Any] | None) -> tuple[
+def _export_arguments(network: nn.Module, example: Inputs, dims: dict[int, Any] | None) -> tuple[
         nn.Module, tuple[Tensor, ...], dict[str, Tensor], dict[str, Any] | tuple[Any, ...] | None]:
     """What `torch.export` traces for `example`: the module, its positional and keyword arguments, and their
     dynamic shapes (`dims`: dimension -> `torch.export.Dim`, in every tensor that has the dimension; None: every
@@ -174,7 +194,7 @@ def _dynamic_dims(example: Inputs, dims: tuple[int, ...]) -> dict[int, Any]:
     return dynamic
 
 
-def _traced(network: GrownNetwork, example: Inputs, dims: tuple[int, ...] = ()) -> torch.export.ExportedProgram:
+def _traced(network: nn.Module, example: Inputs, dims: tuple[int, ...] = ()) -> torch.export.ExportedProgram:
     """`network` traced by `torch.export` with a dynamic batch (and `dims`), checked against the network on
     `example`."""
     with torch.no_grad():

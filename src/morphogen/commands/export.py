@@ -15,6 +15,8 @@ import sys
 from pathlib import Path
 from typing import TextIO
 
+from torch import Tensor
+
 from morphogen.core.lifecycle import Stage
 from morphogen.core.model import MorphogeneticModel
 from morphogen.core.plain import ExportError, exported_stages
@@ -25,9 +27,10 @@ from morphogen.run_directory import hold_run_directory, run_of_file
 
 def export_command(run_dir: str, format: str = "torch-export", output: str | None = None,
                    leave_out_blending: bool = False, out: TextIO | None = None, from_scratch: bool = False,
-                   dynamic_dims: tuple[int, ...] = ()) -> Path:
+                   dynamic_dims: tuple[int, ...] = (), raw_inputs: bool = False) -> Path:
     """Export the grown model of `run_dir` (`from_scratch`: its final architecture as the run trained it from
-    scratch); prints what went in and how to load it. Returns the path written."""
+    scratch); prints what went in, what inputs it takes and how to load it. `raw_inputs` folds the task's input
+    standardization in. Returns the path written."""
     out = sys.stdout if out is None else out
     if format not in FORMATS:
         raise ExportError(f"unknown export format {format!r}; valid: {', '.join(FORMATS)}")
@@ -39,12 +42,27 @@ def export_command(run_dir: str, format: str = "torch-export", output: str | Non
     lock = hold_run_directory(run) if inside else contextlib.nullcontext()
     model, task = rebuild_run(run, "cpu", from_scratch=from_scratch)
     assert task is not None  # rebuilt from the run's config: its task was loaded
+    standardization = task.input_standardization
+    if raw_inputs and standardization is None:
+        raise ExportError(f"--raw-inputs: task {task.name!r} standardizes nothing; its model reads the data as it is")
     example = example_input_of(task)
+    if raw_inputs and standardization is not None:
+        assert isinstance(example, Tensor)  # the built-in tasks that standardize take one image tensor
+        example = standardization.to_raw(example)
     with lock:
         written = export_model(model, example, path, format=format, leave_out_blending=leave_out_blending,
-                               dynamic_dims=dynamic_dims)
+                               dynamic_dims=dynamic_dims, raw_inputs=standardization if raw_inputs else None)
     _print_summary(model, written, format, out, leave_out_blending)
+    if standardization is not None:
+        print(f"  its inputs: {standardization.raw}, as they are (the standardization is folded in)" if raw_inputs
+              else f"  its inputs: standardized, (x - mean) / std per channel from {standardization.raw}, mean "
+                   f"{_numbers(standardization.mean)}, std {_numbers(standardization.std)} (--raw-inputs folds "
+                   "that in)", file=out)
     return written
+
+
+def _numbers(values: tuple[float, ...]) -> str:
+    return "[" + ", ".join(f"{value:.4f}" for value in values) + "]"
 
 
 def _refuse_run_file(path: Path) -> None:

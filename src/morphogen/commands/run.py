@@ -25,6 +25,7 @@ from morphogen.control.heuristic import DEFAULT_DEPTH_BLUEPRINT, DEPTH_FALLBACK,
 from morphogen.core.lifecycle import Criterion
 from morphogen.core.model import MorphogeneticModel
 from morphogen.data import Task
+from morphogen.data.tasks import InputStandardization
 from morphogen.devices import resolve_device
 from morphogen.env.actions import Op
 from morphogen.env.episode import EpisodeConfig, MorphogenesisEpisode, StepResult
@@ -502,12 +503,13 @@ def _play_and_write(config: RunConfig, task: Task, episode: MorphogenesisEpisode
     result = RunResult(grown, baseline, from_scratch, episode.model, run_dir, from_scratch_model, fixed_outcomes,
                        task.metric_name)
     _write_results(result, architecture, saving.controller, episode.slot_config.gates.judged_by, task.vocabulary,
-                   blends)
+                   blends, task.input_standardization)
     return result
 
 
 def _write_results(result: RunResult, architecture: dict[str, str], controller: str, criterion: Criterion,
-                   vocabulary: tuple[str, ...] | None = None, blends: dict[str, str] | None = None) -> None:
+                   vocabulary: tuple[str, ...] | None = None, blends: dict[str, str] | None = None,
+                   standardization: InputStandardization | None = None) -> None:
     """`summary.json` and the models of a finished run; the trainings' resume states go (nothing is left). A
     character task's `vocabulary` goes in too: what a token id of the exported model means."""
     run_dir = result.run_dir
@@ -520,6 +522,8 @@ def _write_results(result: RunResult, architecture: dict[str, str], controller: 
         "fixed": [{"name": name, **_outcome_dict(outcome)} for name, outcome in result.fixed.items()]}
     if vocabulary is not None:
         summary["vocabulary"] = list(vocabulary)
+    if standardization is not None:  # what new data needs before the model (or an export) reads it
+        summary["input_standardization"] = standardization.as_dict()
     write_atomic(run_dir / SUMMARY_FILENAME, (json.dumps(_strict(summary), indent=2) + "\n").encode())
     save_model_file(result.model, run_dir / MODEL_FILENAME)  # for `morphogen export`
     if result.from_scratch_model is not None:  # for `morphogen export --from-scratch`

@@ -81,6 +81,26 @@ model's [B, T, V] against [B, T])."""
 
 
 @dataclass(frozen=True)
+class InputStandardization:
+    """How a built-in task turns raw inputs into the ones its model reads: `(raw - mean) / std` per channel
+    (dimension 1). What an exported model needs applied to new data, or folded in (`morphogen export --raw-inputs`)."""
+
+    raw: str
+    """What the raw values are, for people: "pixel values 0..255 (channels R, G, B)"."""
+    mean: tuple[float, ...]
+    std: tuple[float, ...]
+
+    def to_raw(self, inputs: Tensor) -> Tensor:
+        """Standardized `inputs` [N, C, ...] back in raw values."""
+        shape = (1, -1) + (1,) * (inputs.dim() - 2)
+        return inputs * torch.tensor(self.std, dtype=inputs.dtype, device=inputs.device).view(shape) + \
+            torch.tensor(self.mean, dtype=inputs.dtype, device=inputs.device).view(shape)
+
+    def as_dict(self) -> dict[str, object]:
+        return {"raw": self.raw, "mean": list(self.mean), "std": list(self.std)}
+
+
+@dataclass(frozen=True)
 class Task:
     """A dataset on a device, the host that fits it, and how to train on it."""
 
@@ -120,6 +140,8 @@ class Task:
     arguments that builds a fresh one; None builds the built-in host of `topology` from `host_kwargs`."""
     source: str = "builtin"
     """Where the task came from: "builtin", "python" (built in a user's code) or the import path that made it."""
+    input_standardization: InputStandardization | None = None
+    """How a built-in task standardized its raw inputs (digits, cifar10); None where the inputs are the data's own."""
 
 
 def load_task(
@@ -216,6 +238,8 @@ def _load_digits(device: torch.device, seed: int, max_train_samples: int | None,
         augment=None,
         objective="classification",
         num_classes=10,
+        input_standardization=InputStandardization("scikit-learn's pixel values 0..16", (float(mean) * 16.0,),
+                                                   (float(std) * 16.0,)),
     )
 
 
@@ -251,6 +275,9 @@ def _load_cifar10(
         augment=random_crop_flip,
         objective="classification",
         num_classes=CIFAR10_NUM_CLASSES,
+        input_standardization=InputStandardization("pixel values 0..255 (channels R, G, B)",
+                                                   tuple(float(m) * 255.0 for m in mean),
+                                                   tuple(float(s) * 255.0 for s in std)),
     )
 
 
