@@ -124,3 +124,18 @@ def test_detector_and_escalation_state_survive_attaching_the_runs_telemetry(digi
     again = resumed.state_dict()
     assert again["anomaly_detector"] == state["anomaly_detector"]
     assert again["telemetry"] == state["telemetry"] and resumed.telemetry.level == "debug"
+
+
+def test_a_policy_that_follows_the_advice_is_not_reported_as_collapsed(digits: Task, tmp_path: Path) -> None:
+    # The op head adds the heuristic's advice to the advised op: a new policy picks it with probability ~0.95,
+    # by design. That is what the advice says, not one op always: no entropy_collapse anomaly for that head.
+    config = dataclasses.replace(tiny_config(rounds=1), telemetry=TelemetryConfig(level="normal"))
+    trainer = PPOTrainer(config, digits)
+    reported: list[Anomaly] = []
+    trainer.attach_telemetry(Telemetry(None, config=TelemetryConfig(level="normal")))
+    original = trainer.telemetry.report_anomalies
+    trainer.telemetry.report_anomalies = lambda anomalies, **where: (  # type: ignore[method-assign]
+        reported.extend(anomalies), original(anomalies, **where))
+    train(trainer, tmp_path)
+    assert trainer.state.next_round == 1
+    assert not [a for a in reported if a.kind == "entropy_collapse" and "head 'op'" in a.message]

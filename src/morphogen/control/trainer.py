@@ -596,6 +596,10 @@ class PPOTrainer:
         assert rollout.batch.action_masks is not None, "growth rollouts store their masks"
         sizes = [mask.shape[-1] for mask in rollout.batch.action_masks]  # the round's choices per head
         used = [i for i, flag in enumerate(heads_used) if flag and sizes[i] > 1]
+        if getattr(self.state.agent.policy, "advice_weight", None) is not None:
+            # The op head adds the heuristic's advice to the advised op's logit: confident by design, it picks what
+            # the advice says rather than always the same op, so its low entropy is no collapse.
+            used = [i for i in used if HEADS[i] != "op"]
         diagnostics = PPODiagnostics(
             ratio_max=stats.ratio_max, ratio_min=stats.ratio_min, value_std=stats.value_std,
             return_std=stats.return_std, entropy_per_head=tuple((HEADS[i], stats.entropy_per_head[i]) for i in used),
