@@ -336,6 +336,9 @@ class HeuristicController:
         #: mostly pruned again, and each graft and prune shook a batch-norm host at a constant rate (on the
         #: ResNet of benchmarks/your_model.py, a prune two epochs before the end left one run at 63.61%).
         self.depth_grown = False
+        #: The episode's length and its seeds' ramp, from the snapshots seen (None before the first): whether growth
+        #: could be due at an epoch, which decides whether growth signals are worth measuring for it.
+        self.episode_shape: tuple[int, int] | None = None
         #: The epoch from which growth may be considered again after a rollback undid it.
         self.growth_resumes_at = 0
         #: [n_blueprints]: those some empty slot had a site for when a germination was last legal (a branch needs
@@ -349,7 +352,8 @@ class HeuristicController:
                 "has_grown": self.has_grown, "fossilize_refused": sorted(self.fossilize_refused),
                 "grows_by_depth": self.grows_by_depth, "depth_grown": self.depth_grown,
                 "growth_resumes_at": self.growth_resumes_at,
-                "germinable": None if self.germinable is None else self.germinable.tolist()}
+                "germinable": None if self.germinable is None else self.germinable.tolist(),
+                "episode_shape": None if self.episode_shape is None else list(self.episode_shape)}
 
     def load_state_dict(self, state: dict[str, Any], space: ActionSpace) -> None:
         """Continue the episode `state_dict` was saved in (the same settings, in action space `space`)."""
@@ -365,6 +369,8 @@ class HeuristicController:
         self.has_grown, self.depth_grown = bool(state["has_grown"]), bool(state["depth_grown"])
         self.fossilize_refused = {str(slot) for slot in state["fossilize_refused"]}
         self.grows_by_depth, self.growth_resumes_at = bool(state["grows_by_depth"]), int(state["growth_resumes_at"])
+        shape = state.get("episode_shape")  # a state saved before it was kept: found again at the next snapshot
+        self.episode_shape = None if shape is None else (int(shape[0]), int(shape[1]))
         germinable = state["germinable"]
         self.germinable = None if germinable is None else np.asarray(germinable, dtype=bool)
 
@@ -391,6 +397,7 @@ class HeuristicController:
 
     def _observe(self, snapshot: EpisodeSnapshot) -> None:
         """What the outcome of the last action tells: a refused fossilize, a GROW that took, a rollback."""
+        self.episode_shape = (snapshot.max_epochs, snapshot.blend_epochs)
         last = self.last_action
         if last.op is Op.FOSSILIZE and last.slot is not None and not snapshot.last_action_succeeded:
             self.fossilize_refused.add(last.slot)
@@ -506,8 +513,7 @@ class HeuristicController:
     def _growth_due(self, snapshot: EpisodeSnapshot) -> tuple[bool, str]:
         """Whether growth is due at `snapshot`, and why or why not, in words."""
         config = self.config
-        warm_until = max(config.warmup_epochs, self.growth_resumes_at, math.ceil(config.warmup_fraction
-                                                                                 * snapshot.max_epochs))
+        warm_until = self._warm_until(snapshot.max_epochs)
         if snapshot.epoch < warm_until:
             return False, f"the host trains alone until epoch {warm_until} (heuristic warm-up)"
         needed, left = self._epochs_to_verdict(snapshot.blend_epochs), snapshot.max_epochs - snapshot.epoch
@@ -525,6 +531,19 @@ class HeuristicController:
         if is_slowing(snapshot.loss_history, config.slowing_window, config.slowing_ratio):
             return True, "the validation loss is falling more slowly"
         return False, "the model is still improving"
+
+    def _warm_until(self, max_epochs: int) -> int:
+        """The first epoch growth may be considered at in an episode of `max_epochs` (warm-up, or after a rollback)."""
+        config = self.config
+        return max(config.warmup_epochs, self.growth_resumes_at, math.ceil(config.warmup_fraction * max_epochs))
+
+    def _growth_possible(self, epoch: int) -> bool:
+        """Whether growth could be due at `epoch` of this episode, judged by the clock alone (warm-up, room for a
+        seed's verdict); True where the episode's length is not known yet."""
+        if self.episode_shape is None:
+            return True
+        max_epochs, blend_epochs = self.episode_shape
+        return self._warm_until(max_epochs) <= epoch and max_epochs - epoch >= self._epochs_to_verdict(blend_epochs)
 
     def _epochs_to_verdict(self, blend_epochs: int) -> int:
         """Epochs a new seed needs before the end of the episode for its FLOPs to buy something.
@@ -547,6 +566,8 @@ class HeuristicController:
         "rotation" mode)."""
         if self.choice != "signal" or self.grows_by_depth or self.depth_grown or self._first_seed_due(epoch):
             return ()  # growing by depth (GROW) or the first seed compares no seeds: measuring would buy nothing
+        if not self._growth_possible(epoch):
+            return ()  # in the warm-up, or too late for a seed to be judged: nothing would read the signals
         deepening = self._next_deepening(epoch)
         return tuple(name for name in (deepening, self.widening)
                      if name is not None and not self._held_back(name, epoch))
