@@ -294,6 +294,21 @@ def test_resume_of_a_finished_run(trained: TrainedRun, tmp_path: Path, capsys: p
     assert files_of(run) == before
 
 
+def test_resume_refuses_a_checkpoint_copied_from_another_run(trained: TrainedRun, tmp_path: Path,
+                                                            capsys: pytest.CaptureFixture[str]) -> None:
+    other = tmp_path / "other"
+    assert main(["train", *TINY, "--rounds", "1", "--seed", "1", "--hidden-size", "8", "--run-dir", str(other)]) == 0
+    run = copy_run(trained, tmp_path / "run")
+    shutil.copy(other / CHECKPOINT_NAME, run / CHECKPOINT_NAME)
+    capsys.readouterr()
+    before = files_of(run)
+    line = expect_user_error(["train", "--resume", str(run), "--rounds", "4"], capsys)
+    assert line.endswith(f"{run / CHECKPOINT_NAME} was saved with another config than the one resuming it "
+                         "(config.json differs in hidden_size, seed: was the checkpoint copied from another run?); "
+                         "a resumed run keeps the config it started with")
+    assert files_of(run) == before
+
+
 def test_unknown_slot_creates_no_run_directory(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     run = tmp_path / "run"
     line = expect_user_error(["train", *TINY, "--rounds", "1", "--slots", "r9c9", "--run-dir", str(run)], capsys)

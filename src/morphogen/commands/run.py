@@ -618,15 +618,20 @@ def _absolute(path: str | None) -> str | None:
 
 
 def write_resolved_config(run_dir: Path, config: object) -> None:
-    """RUN_DIR/config.json: the resolved config, without `run_dir`, so that re-running the saved file
-    (`morphogen run --config RUN_DIR/config.json`) makes a new run directory instead of appending here; its data
-    paths made absolute."""
-    values = config_to_dict(config)
-    values["run_dir"] = None
+    """RUN_DIR/config.json: the resolved config as `recorded_config_values` gives it."""
+    values = recorded_config_values(config_to_dict(config))
+    write_atomic(run_dir / CONFIG_FILENAME, (json.dumps(values, indent=2) + "\n").encode())
+
+
+def recorded_config_values(values: dict[str, Any]) -> dict[str, Any]:
+    """What RUN_DIR/config.json records of a config's `values`: all of them but `run_dir`, so that re-running the
+    saved file (`morphogen run --config RUN_DIR/config.json`) makes a new run directory instead of appending here,
+    with the data paths made absolute."""
+    values = {**values, "run_dir": None}
     for key in DATA_PATH_KEYS:  # absolute: `export`, `report` and `--resume` read the data from any directory
         if isinstance(values.get(key), str):
             values[key] = _absolute(values[key])
-    write_atomic(run_dir / CONFIG_FILENAME, (json.dumps(values, indent=2) + "\n").encode())
+    return values
 
 
 def _outcome_dict(outcome: EpisodeOutcome) -> dict[str, object]:

@@ -11,7 +11,7 @@ from typing import Any, TextIO
 import torch
 from rich.progress import TaskID
 
-from morphogen.commands.run import run_name, write_resolved_config
+from morphogen.commands.run import recorded_config_values, run_name, write_resolved_config
 from morphogen.config import ConfigError, build_config
 from morphogen.control.checkpoint import CheckpointError, load_checkpoint
 from morphogen.control.distributed import (
@@ -29,10 +29,12 @@ from morphogen.devices import resolve_device, resolve_devices
 from morphogen.env.seeding import derive_seed
 from morphogen.run_directory import (
     CHECKPOINT_NAME,
+    CONFIG_FILENAME,
     EVENTS_FILENAME,
     IMITATION_FILENAME,
     hold_run_directory,
     make_run_dir,
+    read_json_object,
     refuse_other_run,
     remove_stale_temporaries,
     write_atomic,
@@ -46,6 +48,9 @@ from morphogen.ui.progress import ProgressDisplay
 COMPILE_KEYS = ("compile", "compile_mode", "compile_backend")
 #: Stream of `derive_seed` for the global torch RNG of a training run.
 GLOBAL_RNG_STREAM = 5
+#: Config keys in which a checkpoint may differ from its run's config.json: what `--resume` may change, and the
+#: run directory, which config.json does not record.
+RESUMABLE_KEYS = ("rounds", "telemetry", "device", "devices", "run_dir", *COMPILE_KEYS)
 
 
 def config_for_resume(run_dir: str | Path, overrides: dict[str, Any]) -> tuple[TrainConfig, dict[str, Any]]:
@@ -55,6 +60,7 @@ def config_for_resume(run_dir: str | Path, overrides: dict[str, Any]) -> tuple[T
         values = json.loads(state["config"])
     except (TypeError, json.JSONDecodeError) as error:
         raise CheckpointError(f"checkpoint in {run_dir} has an unreadable config: {error}") from None
+    _check_checkpoint_of_the_run(Path(run_dir), values)
     unsupported = sorted(set(overrides) - {"rounds", "telemetry", "device", "devices", *COMPILE_KEYS})
     if unsupported:
         raise ConfigError(f"--resume continues a run with its saved config; cannot change {', '.join(unsupported)}")
@@ -76,6 +82,22 @@ def config_for_resume(run_dir: str | Path, overrides: dict[str, Any]) -> tuple[T
         raise ConfigError(f"run {run_dir} already finished {asked}; pass --rounds N with N > {finished} to "
                           "continue it")
     return config, state
+
+
+def _check_checkpoint_of_the_run(run_dir: Path, values: dict[str, Any]) -> None:
+    """`CheckpointError` unless the config `values` saved in the checkpoint of `run_dir` are those of its config.json
+    (but for `RESUMABLE_KEYS`): a checkpoint copied from another run would train that run's settings here."""
+    recorded = read_json_object(run_dir / CONFIG_FILENAME)
+    if recorded is None:
+        raise CheckpointError(f"{run_dir} has no readable {CONFIG_FILENAME}; a run to resume keeps the one "
+                              "`morphogen train` wrote")
+    saved = recorded_config_values(values)
+    differing = sorted(key for key in set(saved) | set(recorded)
+                       if key not in RESUMABLE_KEYS and saved.get(key) != recorded.get(key))
+    if differing:
+        raise CheckpointError(f"{run_dir / CHECKPOINT_NAME} was saved with another config than the one resuming it "
+                              f"({CONFIG_FILENAME} differs in {', '.join(differing)}: was the checkpoint copied from "
+                              "another run?); a resumed run keeps the config it started with")
 
 
 def train_command(config: TrainConfig, *, resume_state: dict[str, Any] | None = None,
