@@ -309,6 +309,43 @@ def test_resume_refuses_a_checkpoint_copied_from_another_run(trained: TrainedRun
     assert files_of(run) == before
 
 
+USERS_TASK_CAPPED = "max_train_samples: caps the built-in tasks; task my_tasks:make_task chooses its own data"
+TASK_BESIDE_MIX = ("task: mix says what to train on, so task mnist1d would be ignored; name it in a [[mix]] entry "
+                   "instead")
+
+
+@pytest.mark.parametrize(("config", "flags", "message"), [
+    ('[[mix]]\ntask = "my_tasks:make_task"\n[[mix]]\ntask = "digits"\n', ["--max-train-samples", "100"],
+     USERS_TASK_CAPPED),
+    ('max_train_samples = 100\n[[mix]]\ntask = "my_tasks:make_task"\n', [], USERS_TASK_CAPPED),
+    (None, ["--tasks", "my_tasks:make_task,digits", "--max-train-samples", "100"], USERS_TASK_CAPPED),
+    ('task = "mnist1d"\n[[mix]]\ntask = "digits"\n', [], TASK_BESIDE_MIX),
+    ('[[mix]]\ntask = "digits"\n', ["--task", "mnist1d"], TASK_BESIDE_MIX),
+    (None, ["--tasks", "digits", "--task", "mnist1d"],
+     "task: tasks says what to train on, so task mnist1d would be ignored; add it to tasks instead"),
+    ('[host]\nn_blocks = 3\n[[mix]]\ntask = "digits"\n', [],
+     "host: mix trains each task on its own host size, so a [host] table would be ignored; give the entry a host "
+     "table instead"),
+    ('[[mix]]\ntask = "digits"\nepisode_length = 4\n', ["--episode-length", "6"],
+     "episode.max_epochs: every mix entry sets its own episode_length, so episode.max_epochs = 6 (--episode-length) "
+     "would be ignored; leave it out, or leave episode_length out of the entries that should play it"),
+    ('max_train_samples = 100\n[[mix]]\ntask = "digits"\nmax_train_samples = 200\n', [],
+     "max_train_samples: every mix entry sets its own max_train_samples, so max_train_samples = 100 would be "
+     "ignored; leave it out, or leave max_train_samples out of the entries that should take it"),
+])
+def test_a_setting_beside_the_training_mix_that_it_would_ignore_is_one_line(
+        config: str | None, flags: list[str], message: str, tmp_path: Path,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    run = tmp_path / "run"
+    argv = ["train", *flags, "--rounds", "1", "--run-dir", str(run)]
+    if config is not None:
+        (tmp_path / "train.toml").write_text(config)
+        argv += ["--config", str(tmp_path / "train.toml")]
+    line = expect_user_error(argv, capsys)
+    assert line.endswith(message)
+    assert not run.exists()
+
+
 def test_unknown_slot_creates_no_run_directory(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     run = tmp_path / "run"
     line = expect_user_error(["train", *TINY, "--rounds", "1", "--slots", "r9c9", "--run-dir", str(run)], capsys)
