@@ -273,7 +273,7 @@ def parse_arguments(parser: argparse.ArgumentParser, argv: Sequence[str] | None)
 def _flag_overrides(args: argparse.Namespace) -> dict[str, Any]:
     """The config values the command line sets (flags left out set nothing)."""
     overrides: dict[str, Any] = {}
-    for name in ("task", "seed", "device", "data_dir", "text_file", "max_train_samples", "run_dir",
+    for name in ("task", "seed", "device", "data_dir", "text_file", "max_train_samples", "run_dir", "policy",
                  "pool_slots", "n_envs", "rounds", "hidden_size", "compile", "compile_mode", "compile_backend",
                  "paired_baseline", "recurrent"):
         value = getattr(args, name, None)
@@ -496,19 +496,14 @@ def _run(args: argparse.Namespace) -> None:
     if args.resume is not None and is_seeds_directory(args.resume):
         _resume_seeds(args)
         return
+    # A policy (`--policy`, or `policy` in the config) acts on the task, host, slots and episode `run` chose,
+    # whatever it was trained on.
     config, task = _resumed_run_config(args) if args.resume is not None else _run_config_and_task(args)
     resume = args.resume is not None
-    factory = None
-    if args.policy is not None:
-        from morphogen.commands.evaluate import policy_controller_factory
-        from morphogen.devices import resolve_device
-
-        # The policy acts on the task, host, slots and episode `run` chose, whatever it was trained on.
-        factory = policy_controller_factory(args.policy, resolve_device(config.device), config.compile_settings)
     if args.seeds is None:
         if args.jobs is not None:
             raise UsageError("--jobs plays the seeds of --seeds side by side; give --seeds N with it")
-        run_command(config, factory, task=task, resume=resume)
+        run_command(config, task=task, resume=resume)
         return
     import torch
 
@@ -517,7 +512,7 @@ def _run(args: argparse.Namespace) -> None:
     if args.seeds < 1:
         raise UsageError(f"--seeds must be >= 1, got {args.seeds}")
     jobs = 1 if args.jobs is None else args.jobs
-    play = RunSeed(config, args.policy, task)
+    play = RunSeed(with_policy_identity(config), task)
     play_over_seeds(play if jobs == 1 else play.for_workers(), range(config.seed, config.seed + args.seeds),
                     config.run_dir, config.runs_root, config.task_name or config.task, config.from_scratch, None,
                     jobs=jobs, threads=torch.get_num_threads(), plan=play.plan())
@@ -528,6 +523,7 @@ def _resume_seeds(args: argparse.Namespace) -> None:
     import torch
 
     from morphogen.commands.run import RunConfig
+    from morphogen.commands.run_policy import check_same_policy
     from morphogen.over_seeds import RunSeed, play_over_seeds, read_seeds_plan, resumable_seeds_dir
     from morphogen.session import PYTHON_TASK
 
@@ -540,7 +536,13 @@ def _resume_seeds(args: argparse.Namespace) -> None:
                          "morphogen.grow_over_seeds(..., run_dir=..., resume=True)")
     if args.device is not None:
         values["device"] = args.device
-    play = RunSeed.from_plan(plan, build_config(RunConfig, values), args.policy)
+    config = build_config(RunConfig, values)
+    if args.policy is not None:
+        given = with_policy_identity(dataclasses.replace(config, policy=args.policy))
+        check_same_policy(f"the run over seeds in {path}", config.policy, config.policy_checksum, given.policy,
+                          given.policy_checksum)
+        config = given
+    play = RunSeed.from_plan(plan, config)
     config, jobs = play.config, 1 if args.jobs is None else args.jobs
     play_over_seeds(play, plan["seeds"], str(path), config.runs_root, config.task_name or config.task,
                     plan["from_scratch"], None, jobs=jobs, threads=torch.get_num_threads(), resume=True)
@@ -557,9 +559,20 @@ def _resumed_run_config(args: argparse.Namespace) -> tuple[RunConfig, None]:
         raise UsageError(f"the run in {args.resume} grew a task built in Python; resume it from Python with "
                          "morphogen.grow(task, host, run_dir=..., resume=True)")
     values["run_dir"] = args.resume
-    if args.device is not None:
-        values["device"] = args.device
+    for name in ("device", "policy"):  # without --policy, the policy that played (config.json records it)
+        if getattr(args, name) is not None:
+            values[name] = getattr(args, name)
     return build_config(RunConfig, values), None
+
+
+def with_policy_identity(config: RunConfig) -> RunConfig:
+    """`config` with its policy (if any) as a run records it: the path absolute, and the checksum of its weights."""
+    if config.policy is None:
+        return config
+    from morphogen.commands.run_policy import policy_identity, recorded_policy_path
+
+    return dataclasses.replace(config, policy=recorded_policy_path(config.policy),
+                               policy_checksum=policy_identity(config.policy))
 
 
 def _refuse_flags_beside_resume(args: argparse.Namespace, allowed: tuple[str, ...], what: str) -> None:

@@ -21,12 +21,14 @@ from typing import Any, NamedTuple, TextIO
 import torch
 
 from morphogen.commands.run import write_resolved_config
+from morphogen.commands.run_policy import DEFAULT_POLICY
 from morphogen.commands.run_state import cut_events, read_resume_state, remove_resume_state, write_resume_state
 from morphogen.commands.workers import WorkerJob, spawned_workers
 from morphogen.config import build_config, config_to_dict
 from morphogen.control.checkpoint import CheckpointError, checkpoint_path, load_checkpoint
 from morphogen.control.controller import NoGrowthController
 from morphogen.control.heuristic import HeuristicController
+from morphogen.control.integrity import state_checksum
 from morphogen.control.learned import PolicyAgent, PolicyController, agent_from_checkpoint
 from morphogen.control.trainer import TrainConfig
 from morphogen.core.compilation import CompileSettings
@@ -62,8 +64,8 @@ from morphogen.ui.progress import ProgressDisplay
 #: Evaluation seeds are drawn from a stream the training rounds never use.
 EVALUATION_STREAM = 99_991
 CONTROLLERS = ("learned", "heuristic", "no growth")
-#: `--policy default`: the policy trained by the project on the built-in mix, shipped in the package (README).
-DEFAULT_POLICY = "default"
+#: `--policy default` (`DEFAULT_POLICY`): the policy trained by the project on the built-in mix, shipped in the package
+#: (README).
 DEFAULT_POLICY_FILE = Path(__file__).resolve().parents[1] / "control" / "default_policy.pt"
 
 
@@ -487,11 +489,24 @@ def _print_loss_table(scores: list[ControllerScores], out: TextIO) -> None:
           file=out)
 
 
-def policy_controller_factory(policy: str, device: str, compile_settings: CompileSettings | None = None,
-                              ) -> Callable[[MorphogenesisEpisode], Controller]:
-    """For `morphogen run --policy`: a controller factory acting with the policy on whatever task and host the run
-    plays; with `compile_settings` the policy's forward runs compiled."""
+class LearnedPolicy(NamedTuple):
+    """A policy loaded for `morphogen run --policy`, and what identifies it."""
+
+    factory: Callable[[MorphogenesisEpisode], Controller]
+    """A controller factory acting with the policy on whatever task and host the run plays."""
+    checksum: str
+    """`policy_checksum` of its checkpoint."""
+
+
+def policy_checksum(state: Mapping[str, Any]) -> str:
+    """SHA-256 (hex) of what a checkpoint's policy acts with: its width, weights and observation statistics."""
+    return state_checksum({key: state[key] for key in ("hidden_size", "policy", "observation_normalizer")})
+
+
+def load_learned_policy(policy: str, device: str, compile_settings: CompileSettings | None = None) -> LearnedPolicy:
+    """The policy `policy` names (see `policy_source`) on `device`; with `compile_settings` its forward runs
+    compiled."""
     _, state = read_policy_run(policy, device)
     agent = agent_from_checkpoint(state, device, source=policy_source(policy))
     agent.policy.compile_forward(compile_settings)
-    return lambda episode: PolicyController(agent)
+    return LearnedPolicy(lambda episode: PolicyController(agent), policy_checksum(state))
