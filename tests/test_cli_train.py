@@ -445,6 +445,26 @@ def test_eval_telemetry_without_a_run_directory_is_a_usage_error(trained: Traine
     assert "give --run-dir DIR" in line
 
 
+def test_eval_config_with_telemetry_but_no_run_directory_records_nothing_and_a_recorded_config_replays(
+        trained: TrainedRun, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Only the --telemetry flag needs --run-dir; eval's config.json records its run directory, so replaying it
+    records there (refused, as that directory holds the evaluation) or where --run-dir says."""
+    config = tmp_path / "eval.toml"
+    config.write_text(f'policy = "{trained.directory}"\nepisodes = 1\n[telemetry]\nlevel = "minimal"\n')
+    assert main(["eval", "--config", str(config)]) == 0
+    assert "recorded in" not in capsys.readouterr().out
+    record = tmp_path / "eval-run"
+    assert main(["eval", "--config", str(config), "--run-dir", str(record)]) == 0
+    capsys.readouterr()
+    assert json.loads((record / "config.json").read_text())["run_dir"] == str(record)
+    line = expect_user_error(["eval", "--config", str(record / "config.json")], capsys)
+    assert f"run_dir: {record} already holds another run (" in line and line.endswith("choose another --run-dir")
+    again = tmp_path / "again"
+    assert main(["eval", "--config", str(record / "config.json"), "--run-dir", str(again)]) == 0
+    assert f"recorded in {again}" in capsys.readouterr().out
+    assert json.loads((again / "config.json").read_text())["telemetry"]["level"] == "minimal"
+
+
 def test_the_shipped_policy_plays_run_and_eval_without_a_training_run(tmp_path: Path,
                                                                       capsys: pytest.CaptureFixture[str]) -> None:
     """`--policy default` is the checkpoint in the package: it loads, names what it was trained on, and acts on a

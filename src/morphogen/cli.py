@@ -629,9 +629,9 @@ def eval_config_from_args(args: argparse.Namespace) -> EvalConfig:
     if args.slots is not None:
         values["slots"] = _comma_list(args.slots, "slots", "r0c1")
     if args.telemetry is not None:
+        if values.get("run_dir") is None:  # a [telemetry] table of a file without run_dir is left unused
+            raise UsageError("--telemetry sets the level of recorded events; give --run-dir DIR to record them")
         values["telemetry"] = {**(values.get("telemetry") or {}), "level": args.telemetry}
-    if values.get("telemetry") and values.get("run_dir") is None:
-        raise UsageError("--telemetry sets the level of recorded events; give --run-dir DIR to record them")
     resolved = _resolved_optimizer(values.get("optimizer"), values.get("task"), "optimizer")
     if resolved is not None:
         values["optimizer"] = resolved
