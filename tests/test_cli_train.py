@@ -138,18 +138,29 @@ def test_eval_prints_the_comparison_table(trained: TrainedRun, capsys: pytest.Ca
         assert column in header
     rows = {name: next(line for line in lines if line.startswith(name)) for name in ("learned", "heuristic",
                                                                                      "no growth")}
+    # Parameters added are whole numbers, with thousands separators: "1,240 ± 0", never "1240.00".
+    assert all(re.fullmatch(r"\d{1,3}(,\d{3})* ± +\d{1,3}(,\d{3})*", row[29:49].strip()) for row in rows.values())
     # Per-episode accuracies are printed as "<controller> 12.34%"; the table's mean ± std must agree.
     episodes = [line for line in lines if line.startswith("episode ")]
     assert len(episodes) == 2
     for name, row in rows.items():
         accuracies = [float(re.search(rf"{name} (\d+\.\d+)%", line).group(1)) for line in episodes]  # type: ignore[union-attr]
         cells = re.findall(r"(-?\d[\d,]*\.\d+) ± +(\d+\.\d+)", row)
-        assert len(cells) >= 4, row  # acc, added, fossilized, pruned (acc per 1k params may be "-")
+        assert len(cells) >= 3, row  # acc, fossilized, pruned (acc per 1k params may be "-"; added is counted)
         mean, spread = (float(v.replace(",", "")) for v in cells[0])
         assert mean == pytest.approx(statistics.fmean(accuracies), abs=0.006)
         assert spread == pytest.approx(statistics.pstdev(accuracies), abs=0.006)
-    no_growth_added = re.findall(r"(-?\d[\d,]*\.\d+) ± +(\d+\.\d+)", rows["no growth"])[1]
-    assert no_growth_added == ("0.00", "0.00")
+    assert rows["no growth"][29:49].split() == ["0", "±", "0"]
+
+
+def test_the_table_gives_parameters_added_as_whole_numbers_with_thousands_separators() -> None:
+    scores = morphogen.commands.evaluate.ControllerScores(
+        name="learned", accuracies=(97.5, 98.5), added=(5328.0, 5328.0), gain_per_thousand=(0.1, 0.3),
+        fossilized=(1.0, 1.0), pruned=(0.0, 0.0))
+    out = io.StringIO()
+    morphogen.commands.evaluate._print_table([scores], out)
+    row = next(line for line in out.getvalue().splitlines() if line.startswith("learned"))
+    assert row[29:49] == "       5,328 ±     0"
 
 
 # ------------------------------------------------------------------------------------------ run --policy
@@ -452,7 +463,8 @@ def test_eval_config_with_telemetry_but_no_run_directory_records_nothing_and_a_r
     config = tmp_path / "eval.toml"
     config.write_text(f'policy = "{trained.directory}"\nepisodes = 1\n[telemetry]\nlevel = "minimal"\n')
     assert main(["eval", "--config", str(config)]) == 0
-    assert "recorded in" not in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "recorded in" not in out and out.startswith("morphogen eval: 1 episode of 3 epochs on digits")
     record = tmp_path / "eval-run"
     assert main(["eval", "--config", str(config), "--run-dir", str(record)]) == 0
     capsys.readouterr()

@@ -90,7 +90,8 @@ def _add_run_parser(subparsers: Any) -> None:
                                             "printed next to the same host trained without growth.")
     run.add_argument("--config", help="TOML/JSON/YAML file with RunConfig keys, or a preset's name (morphogen list "
                      "presets); flags override it")
-    run.add_argument("--task", help="digits (default), cifar10, text or mnist1d")
+    run.add_argument("--task", help="digits (default), cifar10, text, mnist1d, or your own as package.module:function "
+                                    "(a function returning morphogen.task_from_data(...))")
     run.add_argument("--epochs", "--episode-length", type=int, dest="epochs",
                      help="epochs in the episode (default 30)")
     run.add_argument("--seed", type=int, help="seed of host init and data order (default 0)")
@@ -127,7 +128,8 @@ def _add_train_parser(subparsers: Any) -> None:
     train = subparsers.add_parser("train", help="train a growth policy with PPO over parallel episodes",
                                   description="PPO over rounds of parallel episodes; a checkpoint every round.")
     train.add_argument("--config", help="TOML/JSON/YAML file with TrainConfig keys (flags override it)")
-    train.add_argument("--task", help="digits (default), cifar10, text or mnist1d")
+    train.add_argument("--task", help="digits (default), cifar10, text, mnist1d, or your own as "
+                                      "package.module:function (a function returning morphogen.task_from_data(...))")
     train.add_argument("--tasks", help="train one policy over several tasks, each with its default host, e.g. "
                                        "digits,mnist1d ([[mix]] tables in --config set hosts and lengths too)")
     train.add_argument("--paired-baseline", action="store_true", default=None,
@@ -171,7 +173,8 @@ def _add_eval_parser(subparsers: Any) -> None:
     evaluate.add_argument("--config", help="TOML/JSON/YAML file with EvalConfig keys (flags override it)")
     evaluate.add_argument("--policy", help="run directory of `morphogen train`, or default (the policy shipped with "
                                            "morphogen); required, here or in --config")
-    evaluate.add_argument("--task", help="task to play, as for run (default: the first task the policy trained on)")
+    evaluate.add_argument("--task", help="task to play, as for run: a built-in one or your own as "
+                                         "package.module:function (default: the first task the policy trained on)")
     evaluate.add_argument("--episode-length", "--epochs", type=int, dest="episode_length",
                           help="epochs per episode (default: the policy's training episode length)")
     evaluate.add_argument("--slots", help="comma-separated slot ids (default: all)")

@@ -60,6 +60,7 @@ from morphogen.telemetry.events import Event
 from morphogen.telemetry.sinks import Telemetry
 from morphogen.telemetry.story import NEGATIVE_LOSS
 from morphogen.ui.progress import ProgressDisplay
+from morphogen.ui.units import counted
 
 #: Evaluation seeds are drawn from a stream the training rounds never use.
 EVALUATION_STREAM = 99_991
@@ -197,6 +198,14 @@ def _mean_std(values: tuple[float, ...]) -> str:
     return f"{statistics.fmean(values):8.2f} ± {spread:5.2f}"
 
 
+def _mean_std_count(values: tuple[float, ...]) -> str:
+    """Mean ± std of counts (parameters), as whole numbers with thousands separators: `5,328 ± 120`."""
+    if not values:
+        return "-"
+    spread = statistics.pstdev(values) if len(values) > 1 else 0.0
+    return f"{statistics.fmean(values):8,.0f} ± {spread:5,.0f}"
+
+
 class _Played(NamedTuple):
     """What the comparison reads of one played episode."""
 
@@ -323,8 +332,9 @@ def evaluate_command(config: EvalConfig, out: TextIO | None = None, *,
     with contextlib.ExitStack() as stack:
         record = _open_record(config, setting.session.task, resume, stack)
         display = stack.enter_context(ProgressDisplay(out))
-        display.print(f"morphogen eval: {config.episodes} episodes of {setting.episode.max_epochs} epochs on "
-                      f"{task.name} ({task.topology} host), policy {config.policy}"
+        display.print(f"morphogen eval: {counted(config.episodes, 'episode')} of "
+                      f"{counted(setting.episode.max_epochs, 'epoch')} on {task.name} ({task.topology} host), policy "
+                      f"{config.policy}"
                       + (f", {config.jobs} processes" if config.jobs > 1 else ""))
         bar = display.add("episodes", config.episodes * len(CONTROLLERS))
         played = record.played
@@ -467,7 +477,8 @@ def _print_table(scores: list[ControllerScores], out: TextIO) -> None:
              f"{'fossilized':>16}{'pruned':>16}"
     print("\n" + header, file=out)
     for s in scores:
-        print(f"{s.name:<11}{_mean_std(s.accuracies):>18}{_mean_std(s.added):>20}{_mean_std(s.gain_per_thousand):>22}"
+        print(f"{s.name:<11}{_mean_std(s.accuracies):>18}{_mean_std_count(s.added):>20}"
+              f"{_mean_std(s.gain_per_thousand):>22}"
               f"{_mean_std(s.fossilized):>16}{_mean_std(s.pruned):>16}", file=out)
     print("(acc pts / 1k params: accuracy gained over no growth on the same seed per 1,000 added parameters, "
           "over episodes that added any)", file=out)
@@ -483,7 +494,7 @@ def _print_loss_table(scores: list[ControllerScores], out: TextIO) -> None:
     for s in scores:
         losses = f"{statistics.fmean(s.losses):.4g} ± {statistics.pstdev(s.losses):.2g}" if s.losses else "-"
         change = tuple(100.0 * (loss / base - 1.0) for loss, base in zip(s.losses, baseline, strict=True) if base > 0)
-        print(f"{s.name:<11}{losses:>22}{_mean_std(change):>22}{_mean_std(s.added):>20}"
+        print(f"{s.name:<11}{losses:>22}{_mean_std(change):>22}{_mean_std_count(s.added):>20}"
               f"{_mean_std(s.fossilized):>16}{_mean_std(s.pruned):>16}", file=out)
     print("(loss vs no growth: the final validation loss against no growth's on the same seed, mean over seeds)",
           file=out)

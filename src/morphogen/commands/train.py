@@ -43,6 +43,7 @@ from morphogen.session import load_session_task
 from morphogen.telemetry.resume import cut_events_to_round
 from morphogen.telemetry.sinks import Telemetry
 from morphogen.ui.progress import ProgressDisplay
+from morphogen.ui.units import counted
 
 #: Config keys a resumed run may change besides rounds, telemetry and device: compiling changes speed, not the run.
 COMPILE_KEYS = ("compile", "compile_mode", "compile_backend")
@@ -189,8 +190,8 @@ def _prepare_run_directory(trainer: PPOTrainer, config: TrainConfig, run_dir: Pa
 def _imitate(trainer: PPOTrainer, run_dir: Path, display: ProgressDisplay, epochs: TaskID | None) -> None:
     """The imitation warm start with one line per round of heuristic episodes; writes imitation.json."""
     config = trainer.config.imitation
-    display.print(f"imitation: the policy watches the heuristic for {config.rounds} rounds, then fits "
-                  f"{config.epochs} epochs")
+    display.print(f"imitation: the policy watches the heuristic for {counted(config.rounds, 'round')}, then fits "
+                  f"{counted(config.epochs, 'epoch')}")
 
     def on_round(index: int, summary: EpisodeMeans) -> None:
         display.print(f"imitation {index:3d}  return {summary.mean_return:+7.3f}  "
@@ -215,9 +216,10 @@ def _train_rounds(trainer: PPOTrainer, where: str, run_dir: Path, dropped: int,
     with Telemetry(run_dir, config=config.telemetry) as telemetry, ProgressDisplay(out) as display:
         trainer.attach_telemetry(telemetry, run_dir)
         first = trainer.state.next_round + 1
-        envs = f"{config.n_envs} envs" if context is None else \
-            f"{config.n_envs * context.world_size} envs on {context.world_size} ranks ({context.backend})"
-        settings = ", ".join(f"{entry.label} ({entry.episode_length} epochs)" for entry in trainer.mix)
+        envs = counted(config.n_envs, "env") if context is None else \
+            f"{counted(config.n_envs * context.world_size, 'env')} on {context.world_size} ranks ({context.backend})"
+        settings = ", ".join(f"{group.entry.label} ({counted(group.episode_length, 'epoch')})"
+                             for group in trainer.groups)
         display.print(f"morphogen train: {'task' if len(trainer.mix) == 1 else 'mix'} {settings}, {envs} per round, "
                       f"rounds {first}..{config.rounds}, {where}")
         display.print(f"run dir: {run_dir}")
@@ -226,7 +228,7 @@ def _train_rounds(trainer: PPOTrainer, where: str, run_dir: Path, dropped: int,
                           "checkpoint")
         rounds = display.add("rounds", config.rounds - first + 1)
         epochs = display.add(f"round {first} epochs", trainer.group_of(first - 1).episode_length,
-                             status=f"({config.n_envs} envs)")
+                             status=f"({counted(config.n_envs, 'env')})")
         trainer.on_step = lambda done: display.advance(epochs)
 
         def on_round(summary: RoundSummary) -> None:
