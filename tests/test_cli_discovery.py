@@ -80,6 +80,13 @@ def test_run_and_train_accept_the_same_words_for_the_episode_length() -> None:
     assert parser.parse_args(["train", "--episode-length", "7"]).episode_length == 7
 
 
+@pytest.mark.parametrize("command", ["run", "train", "eval"])
+def test_the_help_of_task_names_the_form_of_a_users_task(command: str) -> None:
+    subparsers = next(action for action in build_parser()._actions if action.dest == "command")
+    flag = next(action for action in subparsers.choices[command]._actions if "--task" in action.option_strings)
+    assert "package.module:function" in flag.help
+
+
 def test_threads_flag_sets_torch_threads(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     before = torch.get_num_threads()
     try:

@@ -138,18 +138,29 @@ def test_eval_prints_the_comparison_table(trained: TrainedRun, capsys: pytest.Ca
         assert column in header
     rows = {name: next(line for line in lines if line.startswith(name)) for name in ("learned", "heuristic",
                                                                                      "no growth")}
+    # Parameters added are whole numbers, with thousands separators: "1,240 ± 0", never "1240.00".
+    assert all(re.fullmatch(r"\d{1,3}(,\d{3})* ± +\d{1,3}(,\d{3})*", row[29:49].strip()) for row in rows.values())
     # Per-episode accuracies are printed as "<controller> 12.34%"; the table's mean ± std must agree.
     episodes = [line for line in lines if line.startswith("episode ")]
     assert len(episodes) == 2
     for name, row in rows.items():
         accuracies = [float(re.search(rf"{name} (\d+\.\d+)%", line).group(1)) for line in episodes]  # type: ignore[union-attr]
         cells = re.findall(r"(-?\d[\d,]*\.\d+) ± +(\d+\.\d+)", row)
-        assert len(cells) >= 4, row  # acc, added, fossilized, pruned (acc per 1k params may be "-")
+        assert len(cells) >= 3, row  # acc, fossilized, pruned (acc per 1k params may be "-"; added is counted)
         mean, spread = (float(v.replace(",", "")) for v in cells[0])
         assert mean == pytest.approx(statistics.fmean(accuracies), abs=0.006)
         assert spread == pytest.approx(statistics.pstdev(accuracies), abs=0.006)
-    no_growth_added = re.findall(r"(-?\d[\d,]*\.\d+) ± +(\d+\.\d+)", rows["no growth"])[1]
-    assert no_growth_added == ("0.00", "0.00")
+    assert rows["no growth"][29:49].split() == ["0", "±", "0"]
+
+
+def test_the_table_gives_parameters_added_as_whole_numbers_with_thousands_separators() -> None:
+    scores = morphogen.commands.evaluate.ControllerScores(
+        name="learned", accuracies=(97.5, 98.5), added=(5328.0, 5328.0), gain_per_thousand=(0.1, 0.3),
+        fossilized=(1.0, 1.0), pruned=(0.0, 0.0))
+    out = io.StringIO()
+    morphogen.commands.evaluate._print_table([scores], out)
+    row = next(line for line in out.getvalue().splitlines() if line.startswith("learned"))
+    assert row[29:49] == "       5,328 ±     0"
 
 
 # ------------------------------------------------------------------------------------------ run --policy
@@ -294,6 +305,58 @@ def test_resume_of_a_finished_run(trained: TrainedRun, tmp_path: Path, capsys: p
     assert files_of(run) == before
 
 
+def test_resume_refuses_a_checkpoint_copied_from_another_run(trained: TrainedRun, tmp_path: Path,
+                                                            capsys: pytest.CaptureFixture[str]) -> None:
+    other = tmp_path / "other"
+    assert main(["train", *TINY, "--rounds", "1", "--seed", "1", "--hidden-size", "8", "--run-dir", str(other)]) == 0
+    run = copy_run(trained, tmp_path / "run")
+    shutil.copy(other / CHECKPOINT_NAME, run / CHECKPOINT_NAME)
+    capsys.readouterr()
+    before = files_of(run)
+    line = expect_user_error(["train", "--resume", str(run), "--rounds", "4"], capsys)
+    assert line.endswith(f"{run / CHECKPOINT_NAME} was saved with another config than the one resuming it "
+                         "(config.json differs in hidden_size, seed: was the checkpoint copied from another run?); "
+                         "a resumed run keeps the config it started with")
+    assert files_of(run) == before
+
+
+USERS_TASK_CAPPED = "max_train_samples: caps the built-in tasks; task my_tasks:make_task chooses its own data"
+TASK_BESIDE_MIX = ("task: mix says what to train on, so task mnist1d would be ignored; name it in a [[mix]] entry "
+                   "instead")
+
+
+@pytest.mark.parametrize(("config", "flags", "message"), [
+    ('[[mix]]\ntask = "my_tasks:make_task"\n[[mix]]\ntask = "digits"\n', ["--max-train-samples", "100"],
+     USERS_TASK_CAPPED),
+    ('max_train_samples = 100\n[[mix]]\ntask = "my_tasks:make_task"\n', [], USERS_TASK_CAPPED),
+    (None, ["--tasks", "my_tasks:make_task,digits", "--max-train-samples", "100"], USERS_TASK_CAPPED),
+    ('task = "mnist1d"\n[[mix]]\ntask = "digits"\n', [], TASK_BESIDE_MIX),
+    ('[[mix]]\ntask = "digits"\n', ["--task", "mnist1d"], TASK_BESIDE_MIX),
+    (None, ["--tasks", "digits", "--task", "mnist1d"],
+     "task: tasks says what to train on, so task mnist1d would be ignored; add it to tasks instead"),
+    ('[host]\nn_blocks = 3\n[[mix]]\ntask = "digits"\n', [],
+     "host: mix trains each task on its own host size, so a [host] table would be ignored; give the entry a host "
+     "table instead"),
+    ('[[mix]]\ntask = "digits"\nepisode_length = 4\n', ["--episode-length", "6"],
+     "episode.max_epochs: every mix entry sets its own episode_length, so episode.max_epochs = 6 (--episode-length) "
+     "would be ignored; leave it out, or leave episode_length out of the entries that should play it"),
+    ('max_train_samples = 100\n[[mix]]\ntask = "digits"\nmax_train_samples = 200\n', [],
+     "max_train_samples: every mix entry sets its own max_train_samples, so max_train_samples = 100 would be "
+     "ignored; leave it out, or leave max_train_samples out of the entries that should take it"),
+])
+def test_a_setting_beside_the_training_mix_that_it_would_ignore_is_one_line(
+        config: str | None, flags: list[str], message: str, tmp_path: Path,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    run = tmp_path / "run"
+    argv = ["train", *flags, "--rounds", "1", "--run-dir", str(run)]
+    if config is not None:
+        (tmp_path / "train.toml").write_text(config)
+        argv += ["--config", str(tmp_path / "train.toml")]
+    line = expect_user_error(argv, capsys)
+    assert line.endswith(message)
+    assert not run.exists()
+
+
 def test_unknown_slot_creates_no_run_directory(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     run = tmp_path / "run"
     line = expect_user_error(["train", *TINY, "--rounds", "1", "--slots", "r9c9", "--run-dir", str(run)], capsys)
@@ -391,6 +454,27 @@ def test_eval_telemetry_without_a_run_directory_is_a_usage_error(trained: Traine
                                                                  capsys: pytest.CaptureFixture[str]) -> None:
     line = expect_user_error(["eval", "--policy", str(trained.directory), "--telemetry", "debug"], capsys)
     assert "give --run-dir DIR" in line
+
+
+def test_eval_config_with_telemetry_but_no_run_directory_records_nothing_and_a_recorded_config_replays(
+        trained: TrainedRun, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Only the --telemetry flag needs --run-dir; eval's config.json records its run directory, so replaying it
+    records there (refused, as that directory holds the evaluation) or where --run-dir says."""
+    config = tmp_path / "eval.toml"
+    config.write_text(f'policy = "{trained.directory}"\nepisodes = 1\n[telemetry]\nlevel = "minimal"\n')
+    assert main(["eval", "--config", str(config)]) == 0
+    out = capsys.readouterr().out
+    assert "recorded in" not in out and out.startswith("morphogen eval: 1 episode of 3 epochs on digits")
+    record = tmp_path / "eval-run"
+    assert main(["eval", "--config", str(config), "--run-dir", str(record)]) == 0
+    capsys.readouterr()
+    assert json.loads((record / "config.json").read_text())["run_dir"] == str(record)
+    line = expect_user_error(["eval", "--config", str(record / "config.json")], capsys)
+    assert f"run_dir: {record} already holds another run (" in line and line.endswith("choose another --run-dir")
+    again = tmp_path / "again"
+    assert main(["eval", "--config", str(record / "config.json"), "--run-dir", str(again)]) == 0
+    assert f"recorded in {again}" in capsys.readouterr().out
+    assert json.loads((again / "config.json").read_text())["telemetry"]["level"] == "minimal"
 
 
 def test_the_shipped_policy_plays_run_and_eval_without_a_training_run(tmp_path: Path,

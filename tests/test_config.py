@@ -262,3 +262,10 @@ def test_merged_tables_keep_what_the_override_leaves_out_at_every_depth() -> Non
         "episode": {"max_epochs": 30, "slots": {"gates": {"criterion": "loss", "loss_min_contribution": 0.0}}},
         "seed": 2}
     assert base["seed"] == 1  # not changed in place
+
+
+def test_a_table_without_a_required_key_names_the_table_and_the_key() -> None:
+    from morphogen.control.trainer import TrainConfig
+
+    with pytest.raises(ConfigError, match=r"^mix\[1\]: task is required$"):
+        build_config(TrainConfig, {"mix": [{"task": "digits"}, {"episode_length": 3}]})

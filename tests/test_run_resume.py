@@ -170,7 +170,8 @@ def test_grow_acts_with_the_shipped_policy_and_resumes_only_with_it(tmp_path: Pa
     with pytest.raises(Killed):
         morphogen.grow(task, host, run_dir=str(tmp_path / "cut"), config=settings, out=io.StringIO(), policy="default")
     monkeypatch.undo()
-    with pytest.raises(CheckpointError, match="resume it with the same --policy"):
+    with pytest.raises(CheckpointError, match=r"was played by policy default \(weights [0-9a-f]{12}\), not by the "
+                                              "heuristic; resume it with that policy"):
         morphogen.grow(task, host, run_dir=str(tmp_path / "cut"), config=settings, out=io.StringIO(), resume=True)
     resumed = morphogen.grow(task, host, run_dir=str(tmp_path / "cut"), config=settings, out=io.StringIO(),
                              resume=True, policy="default")
@@ -201,8 +202,9 @@ def test_what_cannot_be_resumed_is_one_line_and_exit_2(uninterrupted: dict[str, 
     (training / "checkpoint.pt").write_bytes(b"")
     assert f"`morphogen train --resume {training}` continues it" in refused(str(training))
     assert "`morphogen run --resume" in refused_new_run(run_dir, capsys)
-    assert "was played by the heuristic controller, not the policy: resume it without --policy" in refused(
-        str(run_dir), "--policy", "default")
+    line = refused(str(run_dir), "--policy", "default")
+    assert f"the run in {run_dir} was played by the heuristic, not by policy default (weights " in line
+    assert line.endswith("; resume it without --policy (grow: without policy=...)\n")
     (run_dir / RESUME_FILENAME).write_bytes(saved[: len(saved) // 2])
     assert "resume state" in (line := refused(str(run_dir))) and "unreadable (truncated or corrupt?)" in line
     forged = torch.load(io.BytesIO(saved), weights_only=True)
@@ -283,25 +285,43 @@ def test_a_run_that_saves_nothing_starts_over_when_resumed(uninterrupted: dict[s
     assert written(run_dir) == uninterrupted
 
 
-def test_a_run_of_the_learned_policy_resumes_with_the_same_policy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                                  capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_run_of_the_learned_policy_resumes_with_the_policy_it_recorded(tmp_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch,
+                                                                       capsys: pytest.CaptureFixture[str]) -> None:
     """The policy's memory (its LSTM state, its sampling generator) travels in the state: the resumed run acts as
-    the uninterrupted one."""
-    from morphogen.commands.evaluate import policy_controller_factory
+    the uninterrupted one. config.json records which policy played, by name and weights: `run --resume` goes on
+    with it, and refuses a policy of other weights (here of the same width, which would act without complaint)
+    in one line naming both, touching nothing."""
+    from morphogen.commands.evaluate import DEFAULT_POLICY_FILE, policy_checksum
+    from morphogen.control.checkpoint import load_checkpoint, save_checkpoint
 
     def policy_run(run_dir: Path) -> None:
-        settings = build_config(RunConfig, {**SETTINGS, "run_dir": str(run_dir), "baseline": False})
-        run_command(settings, policy_controller_factory("default", "cpu", settings.compile_settings), io.StringIO())
+        settings = build_config(RunConfig, {**SETTINGS, "run_dir": str(run_dir), "baseline": False,
+                                            "policy": "default"})
+        run_command(settings, out=io.StringIO())
 
     policy_run(tmp_path / "whole")
     kill_after(monkeypatch, 3)
     with pytest.raises(Killed):
         policy_run(tmp_path / "cut")
     monkeypatch.undo()
-    assert main(["run", "--resume", str(tmp_path / "cut")]) == 2
-    assert "was played by the policy controller, not the heuristic: resume it with the same --policy" in \
-        capsys.readouterr().err
-    assert main(["run", "--resume", str(tmp_path / "cut"), "--policy", "default"]) == 0
+    shipped = load_checkpoint(DEFAULT_POLICY_FILE)
+    recorded = json.loads((tmp_path / "cut" / "config.json").read_text())
+    assert (recorded["policy"], recorded["policy_checksum"]) == ("default", policy_checksum(shipped))
+    other = {key: value for key, value in shipped.items() if key not in ("format_version", "checksum")}
+    name = next(key for key, tensor in other["policy"].items() if tensor.is_floating_point())
+    other["policy"] = {**other["policy"], name: other["policy"][name] + 0.5}
+    save_checkpoint(other, tmp_path / "other.pt")
+    before = {path: path.read_bytes() for path in sorted((tmp_path / "cut").rglob("*")) if path.is_file()}
+
+    assert main(["run", "--resume", str(tmp_path / "cut"), "--policy", str(tmp_path / "other.pt")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.endswith(
+        f"the run in {tmp_path / 'cut'} was played by policy default (weights {policy_checksum(shipped)[:12]}), not "
+        f"by policy {tmp_path / 'other.pt'} (weights {policy_checksum(other)[:12]}); resume it with that policy, "
+        "unchanged (--policy default, or none: `run --resume` takes it from config.json; grow: policy=...)\n")
+    assert {path: path.read_bytes() for path in sorted((tmp_path / "cut").rglob("*")) if path.is_file()} == before
+    assert main(["run", "--resume", str(tmp_path / "cut")]) == 0
     whole, resumed = (json.loads((tmp_path / name / "summary.json").read_text()) for name in ("whole", "cut"))
     assert resumed["controller"] == "policy"
     assert without_clock(resumed) == without_clock(whole)

@@ -154,3 +154,38 @@ def test_a_finished_seeds_damaged_summary_is_one_line_on_resume(accuracy: object
     (tmp_path / "summary.json").write_text(json.dumps({"grown": {**grown, "final_accuracy": accuracy}}))
     with pytest.raises(ConfigError, match=r"summary\.json: cannot be read as a finished run.s figures"):
         SeedRun.read(tmp_path, from_scratch=False)
+
+
+def test_a_run_over_seeds_of_a_policy_records_it_and_refuses_another_on_resume(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    from morphogen.commands.evaluate import DEFAULT_POLICY_FILE, policy_checksum
+    from morphogen.control.checkpoint import load_checkpoint, save_checkpoint
+
+    shipped = load_checkpoint(DEFAULT_POLICY_FILE)
+    other = {key: value for key, value in shipped.items() if key not in ("format_version", "checksum")}
+    name = next(key for key, tensor in other["policy"].items() if tensor.is_floating_point())
+    other["policy"] = {**other["policy"], name: other["policy"][name] + 0.5}
+    save_checkpoint(other, tmp_path / "other.pt")
+    original, saves = run_module.save_training_state, 0
+
+    def save_then_die(*args: Any, **kwargs: Any) -> None:
+        nonlocal saves
+        original(*args, **kwargs)
+        saves += 1
+        if saves == 3:  # seed 0's two epochs, then one of seed 1
+            raise Killed
+
+    run = tmp_path / "seeds"
+    monkeypatch.setattr(run_module, "save_training_state", save_then_die)
+    with pytest.raises(Killed):
+        main(["run", "--policy", "default", "--max-train-samples", "200", "--epochs", "2", "--seeds", "2",
+              "--no-baseline", "--no-from-scratch", "--threads", "1", "--run-dir", str(run)])
+    monkeypatch.undo()
+    plan = json.loads((run / "seeds_plan.json").read_text())["config"]
+    assert (plan["policy"], plan["policy_checksum"]) == ("default", policy_checksum(shipped))
+    capsys.readouterr()
+    assert main(["run", "--resume", str(run), "--policy", str(tmp_path / "other.pt")]) == EXIT_USER_ERROR
+    assert f"the run over seeds in {run} was played by policy default (weights {policy_checksum(shipped)[:12]}), " \
+        f"not by policy {tmp_path / 'other.pt'} (weights {policy_checksum(other)[:12]})" in capsys.readouterr().err
+    assert main(["run", "--resume", str(run), "--threads", "1"]) == 0
+    assert json.loads((run / "seed_1" / "summary.json").read_text())["controller"] == "policy"

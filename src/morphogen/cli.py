@@ -90,7 +90,8 @@ def _add_run_parser(subparsers: Any) -> None:
                                             "printed next to the same host trained without growth.")
     run.add_argument("--config", help="TOML/JSON/YAML file with RunConfig keys, or a preset's name (morphogen list "
                      "presets); flags override it")
-    run.add_argument("--task", help="digits (default), cifar10, text or mnist1d")
+    run.add_argument("--task", help="digits (default), cifar10, text, mnist1d, or your own as package.module:function "
+                                    "(a function returning morphogen.task_from_data(...))")
     run.add_argument("--epochs", "--episode-length", type=int, dest="epochs",
                      help="epochs in the episode (default 30)")
     run.add_argument("--seed", type=int, help="seed of host init and data order (default 0)")
@@ -127,7 +128,8 @@ def _add_train_parser(subparsers: Any) -> None:
     train = subparsers.add_parser("train", help="train a growth policy with PPO over parallel episodes",
                                   description="PPO over rounds of parallel episodes; a checkpoint every round.")
     train.add_argument("--config", help="TOML/JSON/YAML file with TrainConfig keys (flags override it)")
-    train.add_argument("--task", help="digits (default), cifar10, text or mnist1d")
+    train.add_argument("--task", help="digits (default), cifar10, text, mnist1d, or your own as "
+                                      "package.module:function (a function returning morphogen.task_from_data(...))")
     train.add_argument("--tasks", help="train one policy over several tasks, each with its default host, e.g. "
                                        "digits,mnist1d ([[mix]] tables in --config set hosts and lengths too)")
     train.add_argument("--paired-baseline", action="store_true", default=None,
@@ -171,7 +173,8 @@ def _add_eval_parser(subparsers: Any) -> None:
     evaluate.add_argument("--config", help="TOML/JSON/YAML file with EvalConfig keys (flags override it)")
     evaluate.add_argument("--policy", help="run directory of `morphogen train`, or default (the policy shipped with "
                                            "morphogen); required, here or in --config")
-    evaluate.add_argument("--task", help="task to play, as for run (default: the first task the policy trained on)")
+    evaluate.add_argument("--task", help="task to play, as for run: a built-in one or your own as "
+                                         "package.module:function (default: the first task the policy trained on)")
     evaluate.add_argument("--episode-length", "--epochs", type=int, dest="episode_length",
                           help="epochs per episode (default: the policy's training episode length)")
     evaluate.add_argument("--slots", help="comma-separated slot ids (default: all)")
@@ -276,7 +279,7 @@ def parse_arguments(parser: argparse.ArgumentParser, argv: Sequence[str] | None)
 def _flag_overrides(args: argparse.Namespace) -> dict[str, Any]:
     """The config values the command line sets (flags left out set nothing)."""
     overrides: dict[str, Any] = {}
-    for name in ("task", "seed", "device", "data_dir", "text_file", "max_train_samples", "run_dir",
+    for name in ("task", "seed", "device", "data_dir", "text_file", "max_train_samples", "run_dir", "policy",
                  "pool_slots", "n_envs", "rounds", "hidden_size", "compile", "compile_mode", "compile_backend",
                  "paired_baseline", "recurrent"):
         value = getattr(args, name, None)
@@ -499,19 +502,14 @@ def _run(args: argparse.Namespace) -> None:
     if args.resume is not None and is_seeds_directory(args.resume):
         _resume_seeds(args)
         return
+    # A policy (`--policy`, or `policy` in the config) acts on the task, host, slots and episode `run` chose,
+    # whatever it was trained on.
     config, task = _resumed_run_config(args) if args.resume is not None else _run_config_and_task(args)
     resume = args.resume is not None
-    factory = None
-    if args.policy is not None:
-        from morphogen.commands.evaluate import policy_controller_factory
-        from morphogen.devices import resolve_device
-
-        # The policy acts on the task, host, slots and episode `run` chose, whatever it was trained on.
-        factory = policy_controller_factory(args.policy, resolve_device(config.device), config.compile_settings)
     if args.seeds is None:
         if args.jobs is not None:
             raise UsageError("--jobs plays the seeds of --seeds side by side; give --seeds N with it")
-        run_command(config, factory, task=task, resume=resume)
+        run_command(config, task=task, resume=resume)
         return
     import torch
 
@@ -520,7 +518,7 @@ def _run(args: argparse.Namespace) -> None:
     if args.seeds < 1:
         raise UsageError(f"--seeds must be >= 1, got {args.seeds}")
     jobs = 1 if args.jobs is None else args.jobs
-    play = RunSeed(config, args.policy, task)
+    play = RunSeed(with_policy_identity(config), task)
     play_over_seeds(play if jobs == 1 else play.for_workers(), range(config.seed, config.seed + args.seeds),
                     config.run_dir, config.runs_root, config.task_name or config.task, config.from_scratch, None,
                     jobs=jobs, threads=torch.get_num_threads(), plan=play.plan())
@@ -531,6 +529,7 @@ def _resume_seeds(args: argparse.Namespace) -> None:
     import torch
 
     from morphogen.commands.run import RunConfig
+    from morphogen.commands.run_policy import check_same_policy
     from morphogen.over_seeds import RunSeed, play_over_seeds, read_seeds_plan, resumable_seeds_dir
     from morphogen.session import PYTHON_TASK
 
@@ -543,7 +542,13 @@ def _resume_seeds(args: argparse.Namespace) -> None:
                          "morphogen.grow_over_seeds(..., run_dir=..., resume=True)")
     if args.device is not None:
         values["device"] = args.device
-    play = RunSeed.from_plan(plan, build_config(RunConfig, values), args.policy)
+    config = build_config(RunConfig, values)
+    if args.policy is not None:
+        given = with_policy_identity(dataclasses.replace(config, policy=args.policy))
+        check_same_policy(f"the run over seeds in {path}", config.policy, config.policy_checksum, given.policy,
+                          given.policy_checksum)
+        config = given
+    play = RunSeed.from_plan(plan, config)
     config, jobs = play.config, 1 if args.jobs is None else args.jobs
     play_over_seeds(play, plan["seeds"], str(path), config.runs_root, config.task_name or config.task,
                     plan["from_scratch"], None, jobs=jobs, threads=torch.get_num_threads(), resume=True)
@@ -560,9 +565,20 @@ def _resumed_run_config(args: argparse.Namespace) -> tuple[RunConfig, None]:
         raise UsageError(f"the run in {args.resume} grew a task built in Python; resume it from Python with "
                          "morphogen.grow(task, host, run_dir=..., resume=True)")
     values["run_dir"] = args.resume
-    if args.device is not None:
-        values["device"] = args.device
+    for name in ("device", "policy"):  # without --policy, the policy that played (config.json records it)
+        if getattr(args, name) is not None:
+            values[name] = getattr(args, name)
     return build_config(RunConfig, values), None
+
+
+def with_policy_identity(config: RunConfig) -> RunConfig:
+    """`config` with its policy (if any) as a run records it: the path absolute, and the checksum of its weights."""
+    if config.policy is None:
+        return config
+    from morphogen.commands.run_policy import policy_identity, recorded_policy_path
+
+    return dataclasses.replace(config, policy=recorded_policy_path(config.policy),
+                               policy_checksum=policy_identity(config.policy))
 
 
 def _refuse_flags_beside_resume(args: argparse.Namespace, allowed: tuple[str, ...], what: str) -> None:
@@ -619,9 +635,9 @@ def eval_config_from_args(args: argparse.Namespace) -> EvalConfig:
     if args.slots is not None:
         values["slots"] = _comma_list(args.slots, "slots", "r0c1")
     if args.telemetry is not None:
+        if values.get("run_dir") is None:  # a [telemetry] table of a file without run_dir is left unused
+            raise UsageError("--telemetry sets the level of recorded events; give --run-dir DIR to record them")
         values["telemetry"] = {**(values.get("telemetry") or {}), "level": args.telemetry}
-    if values.get("telemetry") and values.get("run_dir") is None:
-        raise UsageError("--telemetry sets the level of recorded events; give --run-dir DIR to record them")
     resolved = _resolved_optimizer(values.get("optimizer"), values.get("task"), "optimizer")
     if resolved is not None:
         values["optimizer"] = resolved

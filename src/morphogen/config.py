@@ -136,6 +136,8 @@ def build_config(cls: type[T], values: Mapping[str, Any], path: str = "", base: 
     if unknown:
         key = unknown[0] if isinstance(unknown[0], str) and len(unknown[0]) <= 60 else short_repr(unknown[0])
         raise ConfigError(f"{prefix}{key}: unknown key; accepted: {', '.join(fields)}")
+    if base is None:
+        _refuse_missing_keys(fields, values, path or cls.__name__)
     kwargs = {name: _convert(value, hints[name], prefix + name,
                              default=_field_default(fields[name]) if base is None else getattr(base, name))
               for name, value in values.items()}
@@ -146,6 +148,14 @@ def build_config(cls: type[T], values: Mapping[str, Any], path: str = "", base: 
     except (ValueError, TypeError) as error:
         raise ConfigError(_located_message(str(error), list(fields), list(values), path or cls.__name__,
                                            prefix)) from None
+
+
+def _refuse_missing_keys(fields: Mapping[str, dataclasses.Field[Any]], values: Mapping[str, Any], path: str) -> None:
+    """`ConfigError` naming the table at `path` and the fields without a default that `values` leaves out."""
+    missing = [name for name, spec in fields.items() if name not in values
+               and spec.default is dataclasses.MISSING and spec.default_factory is dataclasses.MISSING]
+    if missing:
+        raise ConfigError(f"{path}: {' and '.join(missing)} {'is' if len(missing) == 1 else 'are'} required")
 
 
 def _located_message(message: str, field_names: list[str], given: list[str], fallback: str, prefix: str) -> str:

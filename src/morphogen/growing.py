@@ -63,20 +63,13 @@ def grow(task: Task, host: object = None, *, epochs: int | None = None, seed: in
     source = task.source if is_import_path(task.source) else PYTHON_TASK
     try:
         given: dict[str, Any] = {"seed": seed, "baseline": baseline, "from_scratch": from_scratch, "device": device,
-                                 "run_dir": run_dir, "runs_root": runs_root}
+                                 "run_dir": run_dir, "runs_root": runs_root, "policy": policy}
         settings = dataclasses.replace(
             base, task=source, task_name=task.name, host={}, **{k: v for k, v in given.items() if v is not None},
             episode=dataclasses.replace(base.episode, max_epochs=epochs or base.episode.max_epochs))
     except ValueError as error:
         raise ConfigError(str(error)) from None
-    factory = None
-    if policy is not None:
-        from morphogen.commands.evaluate import policy_controller_factory  # loads the policy's modules only here
-        from morphogen.devices import resolve_device
-
-        factory = policy_controller_factory(policy, resolve_device(settings.device), settings.compile_settings)
-    result = run_command(settings, factory, task=with_host, out=out, resume=resume,
-                         compare_with=compare_with)
+    result = run_command(settings, task=with_host, out=out, resume=resume, compare_with=compare_with)
     if isinstance(with_host.host, SegmentedHost):
         # Each training ran on a copy of the host; the grown one's weights go back into it, and so into the user's
         # own modules, whose parameters a host from `host_from_module` shares.

@@ -140,12 +140,12 @@ class GrowSeed:
 
 @dataclass
 class RunSeed:
-    """`morphogen run` for one seed of `--seeds`: the run's config at its first seed, and the task already loaded
-    (or None, to load it per seed as `run` does). Worker processes are sent `for_workers()`: without the task,
-    which may hold a user's local functions, and each loads that task itself, once (`load_task`)."""
+    """`morphogen run` for one seed of `--seeds`: the run's config at its first seed (its policy, if any, recorded
+    with the checksum of its weights), and the task already loaded (or None, to load it per seed as `run` does).
+    Worker processes are sent `for_workers()`: without the task, which may hold a user's local functions, and each
+    loads that task itself, once (`load_task`)."""
 
     config: RunConfig
-    policy: str | None
     task: Task | None
     load_task: bool = False
 
@@ -154,19 +154,17 @@ class RunSeed:
         return dataclasses.replace(self, task=None, load_task=self.task is not None or self.load_task)
 
     def plan(self) -> dict[str, Any]:
-        """What `run --resume` of the run over seeds needs to play them again: the config, the policy, and
+        """What `run --resume` of the run over seeds needs to play them again: the config (with its policy) and
         whether the task is loaded once for every seed."""
         from morphogen.config import config_to_dict
 
         values = config_to_dict(dataclasses.replace(self.config, run_dir=None))
-        return {"config": values, "policy": self.policy, "task_loaded_once": self.task is not None or self.load_task}
+        return {"config": values, "task_loaded_once": self.task is not None or self.load_task}
 
     @classmethod
-    def from_plan(cls, plan: dict[str, Any], config: RunConfig, policy: str | None) -> RunSeed:
-        """The runs a plan (`plan()`) describes, with `config` built from it and `policy` (None: the plan's)."""
-        planned = plan.get("policy")
-        return cls(config, policy if policy is not None else planned if isinstance(planned, str) else None, None,
-                   load_task=plan.get("task_loaded_once") is True)
+    def from_plan(cls, plan: dict[str, Any], config: RunConfig) -> RunSeed:
+        """The runs a plan (`plan()`) describes, with `config` built from it."""
+        return cls(config, None, load_task=plan.get("task_loaded_once") is True)
 
     def __call__(self, seed: int, directory: str, resume: bool) -> RunResult:
         from morphogen.devices import resolve_device
@@ -175,13 +173,8 @@ class RunSeed:
         device = resolve_device(self.config.device)
         if self.load_task and self.task is None:  # in a worker: the task the parent loaded, at the first seed
             self.task = load_session_task(self.config.with_resolved_host(), device)
-        factory = None
-        if self.policy is not None:
-            from morphogen.commands.evaluate import policy_controller_factory
-
-            factory = policy_controller_factory(self.policy, device, self.config.compile_settings)
-        return run_command(dataclasses.replace(self.config, seed=seed, run_dir=directory), factory, io.StringIO(),
-                           self.task, resume=resume)
+        return run_command(dataclasses.replace(self.config, seed=seed, run_dir=directory), out=io.StringIO(),
+                           task=self.task, resume=resume)
 
 
 def play_over_seeds(play: PlaySeed, seeds: int | Sequence[int], run_dir: str | None, runs_root: str, task_name: str,

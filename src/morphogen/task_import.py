@@ -83,9 +83,12 @@ def import_function(path: str, what: str) -> Any:
     except Exception as error:  # ImportError, or anything the module raises while it is imported
         raise ConfigError(f"{what}: cannot import {module_name!r} for {path}: {type(error).__name__}: "
                           f"{_first_line(error)}") from None
-    function = getattr(module, function_name, None)
-    if not callable(function):
+    if not hasattr(module, function_name):
         raise ConfigError(f"{what}: module {module_name!r} has no function {function_name!r}")
+    function = getattr(module, function_name)
+    if not callable(function):
+        raise ConfigError(f"{what}: {function_name!r} in module {module_name!r} is not callable (its type is "
+                          f"{type(function).__name__}); name a function")
     return function
 
 

@@ -11,7 +11,7 @@ import torch
 
 from morphogen.control.checkpoint import load_checkpoint
 from morphogen.control.ppo import PPOConfig
-from morphogen.control.trainer import PPOTrainer, TrainConfig, format_round, train
+from morphogen.control.trainer import MixEntry, PPOTrainer, TrainConfig, format_round, train
 from morphogen.data import Task
 from morphogen.env.actions import HEADS
 from morphogen.run_directory import CHECKPOINT_NAME
@@ -37,6 +37,16 @@ def test_config_rejects_impossible_settings() -> None:
         TrainConfig(rounds=0)
     with pytest.raises(ValueError, match=r"ppo.minibatches \(3\) cannot exceed n_envs \(2\)"):
         TrainConfig(n_envs=2, ppo=PPOConfig(minibatches=3))
+
+
+def test_settings_beside_the_mix_that_it_plays_or_that_keep_their_default_pass() -> None:
+    """The shipped policy's config: an episode length every entry plays, and the task's default host resolved."""
+    episode = dataclasses.replace(TrainConfig().episode, max_epochs=30)
+    config = TrainConfig(task="digits", host={"n_blocks": 2, "base_channels": 8, "kernel_size": 3}, episode=episode,
+                         mix=(MixEntry("digits", episode_length=30), MixEntry("mnist1d", episode_length=30)))
+    assert [entry.episode_length for entry in config.training_mix()] == [30, 30]
+    TrainConfig(episode=episode, max_train_samples=100, mix=(MixEntry("digits", episode_length=30),
+                                                             MixEntry("mnist1d", max_train_samples=50)))
 
 
 def test_resumed_run_equals_the_uninterrupted_run(digits: Task, tmp_path: Path) -> None:

@@ -252,6 +252,31 @@ def test_slot_subset_shrinks_both_spaces(task: Task) -> None:
     assert one.observation_space.shape[0] == full.observation_space.shape[0] - (len(full.slot_ids) - 1) * per_slot
 
 
+def test_a_users_task_with_a_function_building_its_host_plays_and_leaves_the_global_rng_alone(task: Task) -> None:
+    """`task_from_data(..., host=make_host)`, as a task function returns it: the env builds a host to read its
+    topology, under a generator of its own."""
+    import morphogen
+
+    def make_host() -> morphogen.SegmentedHost:
+        net = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(64, 16), torch.nn.ReLU(), torch.nn.Linear(16, 10))
+        return morphogen.host_from_module(net, slots=["2"], example_input=torch.zeros(2, 1, 8, 8))
+
+    users = morphogen.task_from_data("users", (task.train.inputs, task.train.targets),
+                                     (task.validation.inputs, task.validation.targets), num_classes=10, host=make_host)
+    torch.manual_seed(5)
+    before = torch.get_rng_state()
+    env = MorphogenesisEnv(users, episode_config=CONFIG)
+    assert torch.equal(torch.get_rng_state(), before)
+    assert env.slot_ids == ("2",)
+    env.reset(seed=0)
+    _, _, _, truncated, info = env.step(np.zeros(len(HEADS), dtype=np.int64))
+    assert not truncated and 0.0 <= info["val_accuracy"] <= 100.0
+    without_host = morphogen.task_from_data("bare", (task.train.inputs, task.train.targets),
+                                            (task.validation.inputs, task.validation.targets), num_classes=10)
+    with pytest.raises(ValueError, match=r"task 'bare' has no host: pass one \(morphogen.host_from_module\)"):
+        MorphogenesisEnv(without_host, episode_config=CONFIG)
+
+
 def test_host_table_sizes_the_host_of_a_named_task() -> None:
     env = MorphogenesisEnv("mnist1d", episode_config=CONFIG, max_train_samples=100,
                            host={"base_channels": 4, "n_blocks": 2})

@@ -373,6 +373,8 @@ def test_eval_lays_an_optimizer_table_over_the_default_of_the_users_model(tmp_pa
     ("user_tasks:not_a_task", "task: user_tasks:not_a_task returned int; return morphogen.task_from_data(...)"),
     ("user_tasks:raises", "task: user_tasks:raises raised RuntimeError: the dataset directory is missing"),
     ("user_tasks:missing", "task: module 'user_tasks' has no function 'missing'"),
+    ("user_tasks:NOT_A_FUNCTION", "task: 'NOT_A_FUNCTION' in module 'user_tasks' is not callable (its type is int); "
+                                  "name a function"),
     ("no_such_module:make", "task: cannot import 'no_such_module' for no_such_module:make: ModuleNotFoundError"),
     ("user_tasks:wrong_shapes", "task 'wrong': the model and its loss failed on the validation data: RuntimeError"),
     ("user_tasks:vector_loss", "the task's loss must return a scalar tensor (the batch mean), returned (64,)"),

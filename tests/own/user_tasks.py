@@ -79,6 +79,10 @@ def padded() -> Task:
         host=lambda: morphogen.host_from_module(PaddedClassifier(), ["blocks.0", "blocks.1"], example_input=example))
 
 
+#: Named as a task function by `--task user_tasks:NOT_A_FUNCTION`, which must say it cannot be called.
+NOT_A_FUNCTION = 42
+
+
 def not_a_task() -> int:
     return 3
 

@@ -21,12 +21,14 @@ from typing import Any, NamedTuple, TextIO
 import torch
 
 from morphogen.commands.run import write_resolved_config
+from morphogen.commands.run_policy import DEFAULT_POLICY
 from morphogen.commands.run_state import cut_events, read_resume_state, remove_resume_state, write_resume_state
 from morphogen.commands.workers import WorkerJob, spawned_workers
 from morphogen.config import build_config, config_to_dict
 from morphogen.control.checkpoint import CheckpointError, checkpoint_path, load_checkpoint
 from morphogen.control.controller import NoGrowthController
 from morphogen.control.heuristic import HeuristicController
+from morphogen.control.integrity import state_checksum
 from morphogen.control.learned import PolicyAgent, PolicyController, agent_from_checkpoint
 from morphogen.control.trainer import TrainConfig
 from morphogen.core.compilation import CompileSettings
@@ -58,12 +60,13 @@ from morphogen.telemetry.events import Event
 from morphogen.telemetry.sinks import Telemetry
 from morphogen.telemetry.story import NEGATIVE_LOSS
 from morphogen.ui.progress import ProgressDisplay
+from morphogen.ui.units import counted
 
 #: Evaluation seeds are drawn from a stream the training rounds never use.
 EVALUATION_STREAM = 99_991
 CONTROLLERS = ("learned", "heuristic", "no growth")
-#: `--policy default`: the policy trained by the project on the built-in mix, shipped in the package (README).
-DEFAULT_POLICY = "default"
+#: `--policy default` (`DEFAULT_POLICY`): the policy trained by the project on the built-in mix, shipped in the package
+#: (README).
 DEFAULT_POLICY_FILE = Path(__file__).resolve().parents[1] / "control" / "default_policy.pt"
 
 
@@ -195,6 +198,14 @@ def _mean_std(values: tuple[float, ...]) -> str:
     return f"{statistics.fmean(values):8.2f} ± {spread:5.2f}"
 
 
+def _mean_std_count(values: tuple[float, ...]) -> str:
+    """Mean ± std of counts (parameters), as whole numbers with thousands separators: `5,328 ± 120`."""
+    if not values:
+        return "-"
+    spread = statistics.pstdev(values) if len(values) > 1 else 0.0
+    return f"{statistics.fmean(values):8,.0f} ± {spread:5,.0f}"
+
+
 class _Played(NamedTuple):
     """What the comparison reads of one played episode."""
 
@@ -321,8 +332,9 @@ def evaluate_command(config: EvalConfig, out: TextIO | None = None, *,
     with contextlib.ExitStack() as stack:
         record = _open_record(config, setting.session.task, resume, stack)
         display = stack.enter_context(ProgressDisplay(out))
-        display.print(f"morphogen eval: {config.episodes} episodes of {setting.episode.max_epochs} epochs on "
-                      f"{task.name} ({task.topology} host), policy {config.policy}"
+        display.print(f"morphogen eval: {counted(config.episodes, 'episode')} of "
+                      f"{counted(setting.episode.max_epochs, 'epoch')} on {task.name} ({task.topology} host), policy "
+                      f"{config.policy}"
                       + (f", {config.jobs} processes" if config.jobs > 1 else ""))
         bar = display.add("episodes", config.episodes * len(CONTROLLERS))
         played = record.played
@@ -393,7 +405,7 @@ def _open_record(config: EvalConfig, task_name: str, resume: bool, stack: contex
         cut_events(run_dir / EVENTS_FILENAME, state)
     else:
         refuse_other_run(run_dir)  # again, now that no other command can start a run there
-        write_resolved_config(run_dir, config)
+        write_resolved_config(run_dir, config, pin_run_dir=True)  # replayed, it records there or is refused
     telemetry = stack.enter_context(Telemetry(run_dir, config=config.telemetry))
     if state is None:
         return _Record(run_dir, text, [], telemetry)
@@ -465,7 +477,8 @@ def _print_table(scores: list[ControllerScores], out: TextIO) -> None:
              f"{'fossilized':>16}{'pruned':>16}"
     print("\n" + header, file=out)
     for s in scores:
-        print(f"{s.name:<11}{_mean_std(s.accuracies):>18}{_mean_std(s.added):>20}{_mean_std(s.gain_per_thousand):>22}"
+        print(f"{s.name:<11}{_mean_std(s.accuracies):>18}{_mean_std_count(s.added):>20}"
+              f"{_mean_std(s.gain_per_thousand):>22}"
               f"{_mean_std(s.fossilized):>16}{_mean_std(s.pruned):>16}", file=out)
     print("(acc pts / 1k params: accuracy gained over no growth on the same seed per 1,000 added parameters, "
           "over episodes that added any)", file=out)
@@ -481,17 +494,30 @@ def _print_loss_table(scores: list[ControllerScores], out: TextIO) -> None:
     for s in scores:
         losses = f"{statistics.fmean(s.losses):.4g} ± {statistics.pstdev(s.losses):.2g}" if s.losses else "-"
         change = tuple(100.0 * (loss / base - 1.0) for loss, base in zip(s.losses, baseline, strict=True) if base > 0)
-        print(f"{s.name:<11}{losses:>22}{_mean_std(change):>22}{_mean_std(s.added):>20}"
+        print(f"{s.name:<11}{losses:>22}{_mean_std(change):>22}{_mean_std_count(s.added):>20}"
               f"{_mean_std(s.fossilized):>16}{_mean_std(s.pruned):>16}", file=out)
     print("(loss vs no growth: the final validation loss against no growth's on the same seed, mean over seeds)",
           file=out)
 
 
-def policy_controller_factory(policy: str, device: str, compile_settings: CompileSettings | None = None,
-                              ) -> Callable[[MorphogenesisEpisode], Controller]:
-    """For `morphogen run --policy`: a controller factory acting with the policy on whatever task and host the run
-    plays; with `compile_settings` the policy's forward runs compiled."""
+class LearnedPolicy(NamedTuple):
+    """A policy loaded for `morphogen run --policy`, and what identifies it."""
+
+    factory: Callable[[MorphogenesisEpisode], Controller]
+    """A controller factory acting with the policy on whatever task and host the run plays."""
+    checksum: str
+    """`policy_checksum` of its checkpoint."""
+
+
+def policy_checksum(state: Mapping[str, Any]) -> str:
+    """SHA-256 (hex) of what a checkpoint's policy acts with: its width, weights and observation statistics."""
+    return state_checksum({key: state[key] for key in ("hidden_size", "policy", "observation_normalizer")})
+
+
+def load_learned_policy(policy: str, device: str, compile_settings: CompileSettings | None = None) -> LearnedPolicy:
+    """The policy `policy` names (see `policy_source`) on `device`; with `compile_settings` its forward runs
+    compiled."""
     _, state = read_policy_run(policy, device)
     agent = agent_from_checkpoint(state, device, source=policy_source(policy))
     agent.policy.compile_forward(compile_settings)
-    return lambda episode: PolicyController(agent)
+    return LearnedPolicy(lambda episode: PolicyController(agent), policy_checksum(state))

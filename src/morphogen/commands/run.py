@@ -18,6 +18,7 @@ from typing import Any, TextIO
 from rich.progress import TaskID
 
 from morphogen.commands.compared_hosts import check_settings, compared_tasks
+from morphogen.commands.run_policy import recorded_policy_path, refuse_another_policy
 from morphogen.commands.run_state import cut_events, load_training_state, remove_resume_state, save_training_state
 from morphogen.config import build_config, config_to_dict, merge_tables, read_config_source
 from morphogen.control.controller import NoGrowthController
@@ -82,11 +83,21 @@ class RunConfig(SessionOptions):
     compare_with: dict[str, dict[str, int] | str] = field(default_factory=dict)
     episode: EpisodeConfig = field(default_factory=EpisodeConfig)
     heuristic: HeuristicConfig = field(default_factory=HeuristicConfig)
+    #: A learned policy decides instead of the heuristic (`--policy`): "default" (the policy shipped with morphogen),
+    #: or a run directory or checkpoint of `morphogen train`; None: the heuristic. The run records a path absolute.
+    policy: str | None = None
+    #: SHA-256 of what `policy` acts with (its width, weights and observation statistics), filled in by the run from
+    #: the checkpoint it loads (`commands/run_policy.py`): a resumed run refuses a policy of other weights. Setting it
+    #: changes nothing else.
+    policy_checksum: str | None = None
 
     def __post_init__(self) -> None:
         super().__post_init__()
         check_count("save_every", self.save_every, MAX_EPOCHS, lower=0)
         check_settings(self.task, self.compare_with)
+        if self.policy is not None and not self.policy:
+            raise ValueError("policy must name a policy (default, or a run directory of morphogen train), or be left "
+                             "out for the heuristic")
 
 
 def load_config(source: str | os.PathLike[str] | None = None, /, **tables: Any) -> RunConfig:
@@ -335,6 +346,13 @@ def run_command(config: RunConfig, controller_factory: Callable[[MorphogenesisEp
     config = config.with_resolved_host()  # config.json records the host's whole size
     config = dataclasses.replace(config, text_file=_absolute(config.text_file), data_dir=_absolute(config.data_dir))
     device = resolve_device(config.device)
+    if controller_factory is None and config.policy is not None:
+        from morphogen.commands.evaluate import load_learned_policy  # loads the policy's modules only here
+
+        learned = load_learned_policy(config.policy, device, config.compile_settings)
+        controller_factory = learned.factory
+        config = dataclasses.replace(config, policy=recorded_policy_path(config.policy),
+                                     policy_checksum=learned.checksum)
     if task is None:
         task = load_session_task(config, device)
     config = dataclasses.replace(config, task_name=task.name, task_metric=task.metric_name)
@@ -356,6 +374,7 @@ def run_command(config: RunConfig, controller_factory: Callable[[MorphogenesisEp
         # Again, now that no other command can start (or finish) a run there.
         if resume:
             refuse_finished_run(run_dir)
+            refuse_another_policy(run_dir, config.policy, config.policy_checksum)
         else:
             refuse_other_run(run_dir)
         return _play_and_write(config, task, episode, controller, saving, device, run_dir, out, fixed)
@@ -412,9 +431,10 @@ class _Saving:
 
 
 def _config_text(config: RunConfig) -> str:
-    """`config` as JSON text without where it runs (`run_dir`, `runs_root`, `device`: a resumed run may move)."""
+    """`config` as JSON text without where it runs and where its policy lies (`run_dir`, `runs_root`, `device`,
+    `policy`: a resumed run may move; its policy is known by `policy_checksum`)."""
     values = config_to_dict(config)
-    for key in ("run_dir", "runs_root", "device"):
+    for key in ("run_dir", "runs_root", "device", "policy"):
         values.pop(key, None)
     return json.dumps(values, sort_keys=True)
 
@@ -626,16 +646,24 @@ def _absolute(path: str | None) -> str | None:
     return None if path is None else str(Path(path).absolute())
 
 
-def write_resolved_config(run_dir: Path, config: object) -> None:
-    """RUN_DIR/config.json: the resolved config, without `run_dir`, so that re-running the saved file
-    (`morphogen run --config RUN_DIR/config.json`) makes a new run directory instead of appending here; its data
-    paths made absolute."""
-    values = config_to_dict(config)
-    values["run_dir"] = None
+def write_resolved_config(run_dir: Path, config: object, *, pin_run_dir: bool = False) -> None:
+    """RUN_DIR/config.json: the resolved config as `recorded_config_values` gives it; `pin_run_dir` records `run_dir`
+    too (an evaluation, which without one records nothing)."""
+    values = recorded_config_values(config_to_dict(config))
+    if pin_run_dir:
+        values["run_dir"] = str(run_dir)
+    write_atomic(run_dir / CONFIG_FILENAME, (json.dumps(values, indent=2) + "\n").encode())
+
+
+def recorded_config_values(values: dict[str, Any]) -> dict[str, Any]:
+    """What RUN_DIR/config.json records of a config's `values`: all of them but `run_dir`, so that re-running the
+    saved file (`morphogen run --config RUN_DIR/config.json`) makes a new run directory instead of appending here,
+    with the data paths made absolute."""
+    values = {**values, "run_dir": None}
     for key in DATA_PATH_KEYS:  # absolute: `export`, `report` and `--resume` read the data from any directory
         if isinstance(values.get(key), str):
             values[key] = _absolute(values[key])
-    write_atomic(run_dir / CONFIG_FILENAME, (json.dumps(values, indent=2) + "\n").encode())
+    return values
 
 
 def _outcome_dict(outcome: EpisodeOutcome) -> dict[str, object]:

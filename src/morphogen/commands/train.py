@@ -11,7 +11,7 @@ from typing import Any, TextIO
 import torch
 from rich.progress import TaskID
 
-from morphogen.commands.run import run_name, write_resolved_config
+from morphogen.commands.run import recorded_config_values, run_name, write_resolved_config
 from morphogen.config import ConfigError, build_config
 from morphogen.control.checkpoint import CheckpointError, load_checkpoint
 from morphogen.control.distributed import (
@@ -29,10 +29,12 @@ from morphogen.devices import resolve_device, resolve_devices
 from morphogen.env.seeding import derive_seed
 from morphogen.run_directory import (
     CHECKPOINT_NAME,
+    CONFIG_FILENAME,
     EVENTS_FILENAME,
     IMITATION_FILENAME,
     hold_run_directory,
     make_run_dir,
+    read_json_object,
     refuse_other_run,
     remove_stale_temporaries,
     write_atomic,
@@ -41,11 +43,15 @@ from morphogen.session import load_session_task
 from morphogen.telemetry.resume import cut_events_to_round
 from morphogen.telemetry.sinks import Telemetry
 from morphogen.ui.progress import ProgressDisplay
+from morphogen.ui.units import counted
 
 #: Config keys a resumed run may change besides rounds, telemetry and device: compiling changes speed, not the run.
 COMPILE_KEYS = ("compile", "compile_mode", "compile_backend")
 #: Stream of `derive_seed` for the global torch RNG of a training run.
 GLOBAL_RNG_STREAM = 5
+#: Config keys in which a checkpoint may differ from its run's config.json: what `--resume` may change, and the
+#: run directory, which config.json does not record.
+RESUMABLE_KEYS = ("rounds", "telemetry", "device", "devices", "run_dir", *COMPILE_KEYS)
 
 
 def config_for_resume(run_dir: str | Path, overrides: dict[str, Any]) -> tuple[TrainConfig, dict[str, Any]]:
@@ -55,6 +61,7 @@ def config_for_resume(run_dir: str | Path, overrides: dict[str, Any]) -> tuple[T
         values = json.loads(state["config"])
     except (TypeError, json.JSONDecodeError) as error:
         raise CheckpointError(f"checkpoint in {run_dir} has an unreadable config: {error}") from None
+    _check_checkpoint_of_the_run(Path(run_dir), values)
     unsupported = sorted(set(overrides) - {"rounds", "telemetry", "device", "devices", *COMPILE_KEYS})
     if unsupported:
         raise ConfigError(f"--resume continues a run with its saved config; cannot change {', '.join(unsupported)}")
@@ -76,6 +83,22 @@ def config_for_resume(run_dir: str | Path, overrides: dict[str, Any]) -> tuple[T
         raise ConfigError(f"run {run_dir} already finished {asked}; pass --rounds N with N > {finished} to "
                           "continue it")
     return config, state
+
+
+def _check_checkpoint_of_the_run(run_dir: Path, values: dict[str, Any]) -> None:
+    """`CheckpointError` unless the config `values` saved in the checkpoint of `run_dir` are those of its config.json
+    (but for `RESUMABLE_KEYS`): a checkpoint copied from another run would train that run's settings here."""
+    recorded = read_json_object(run_dir / CONFIG_FILENAME)
+    if recorded is None:
+        raise CheckpointError(f"{run_dir} has no readable {CONFIG_FILENAME}; a run to resume keeps the one "
+                              "`morphogen train` wrote")
+    saved = recorded_config_values(values)
+    differing = sorted(key for key in set(saved) | set(recorded)
+                       if key not in RESUMABLE_KEYS and saved.get(key) != recorded.get(key))
+    if differing:
+        raise CheckpointError(f"{run_dir / CHECKPOINT_NAME} was saved with another config than the one resuming it "
+                              f"({CONFIG_FILENAME} differs in {', '.join(differing)}: was the checkpoint copied from "
+                              "another run?); a resumed run keeps the config it started with")
 
 
 def train_command(config: TrainConfig, *, resume_state: dict[str, Any] | None = None,
@@ -167,8 +190,8 @@ def _prepare_run_directory(trainer: PPOTrainer, config: TrainConfig, run_dir: Pa
 def _imitate(trainer: PPOTrainer, run_dir: Path, display: ProgressDisplay, epochs: TaskID | None) -> None:
     """The imitation warm start with one line per round of heuristic episodes; writes imitation.json."""
     config = trainer.config.imitation
-    display.print(f"imitation: the policy watches the heuristic for {config.rounds} rounds, then fits "
-                  f"{config.epochs} epochs")
+    display.print(f"imitation: the policy watches the heuristic for {counted(config.rounds, 'round')}, then fits "
+                  f"{counted(config.epochs, 'epoch')}")
 
     def on_round(index: int, summary: EpisodeMeans) -> None:
         display.print(f"imitation {index:3d}  return {summary.mean_return:+7.3f}  "
@@ -193,9 +216,10 @@ def _train_rounds(trainer: PPOTrainer, where: str, run_dir: Path, dropped: int,
     with Telemetry(run_dir, config=config.telemetry) as telemetry, ProgressDisplay(out) as display:
         trainer.attach_telemetry(telemetry, run_dir)
         first = trainer.state.next_round + 1
-        envs = f"{config.n_envs} envs" if context is None else \
-            f"{config.n_envs * context.world_size} envs on {context.world_size} ranks ({context.backend})"
-        settings = ", ".join(f"{entry.label} ({entry.episode_length} epochs)" for entry in trainer.mix)
+        envs = counted(config.n_envs, "env") if context is None else \
+            f"{counted(config.n_envs * context.world_size, 'env')} on {context.world_size} ranks ({context.backend})"
+        settings = ", ".join(f"{group.entry.label} ({counted(group.episode_length, 'epoch')})"
+                             for group in trainer.groups)
         display.print(f"morphogen train: {'task' if len(trainer.mix) == 1 else 'mix'} {settings}, {envs} per round, "
                       f"rounds {first}..{config.rounds}, {where}")
         display.print(f"run dir: {run_dir}")
@@ -204,7 +228,7 @@ def _train_rounds(trainer: PPOTrainer, where: str, run_dir: Path, dropped: int,
                           "checkpoint")
         rounds = display.add("rounds", config.rounds - first + 1)
         epochs = display.add(f"round {first} epochs", trainer.group_of(first - 1).episode_length,
-                             status=f"({config.n_envs} envs)")
+                             status=f"({counted(config.n_envs, 'env')})")
         trainer.on_step = lambda done: display.advance(epochs)
 
         def on_round(summary: RoundSummary) -> None:

@@ -76,8 +76,13 @@ from morphogen.telemetry.sinks import Telemetry
 MAX_POLICY_ROLLBACKS = 3
 
 
+#: Epochs per training episode unless the config says otherwise.
+TRAINING_EPISODE_LENGTH = 25
+
+
 def _training_episode() -> EpisodeConfig:
-    return EpisodeConfig(max_epochs=25, slots=SlotConfig(gates=GateConfig(mode=GateMode.PERMISSIVE)),
+    return EpisodeConfig(max_epochs=TRAINING_EPISODE_LENGTH,
+                         slots=SlotConfig(gates=GateConfig(mode=GateMode.PERMISSIVE)),
                          counterfactuals=CounterfactualSchedule.EVERY_EPOCH)  # the policy observes them all
 
 
@@ -152,13 +157,8 @@ class TrainConfig(SessionOptions):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if self.tasks is not None and self.mix:
-            raise ValueError("tasks and mix both say what to train on; give one of them")
-        if self.tasks is not None:
-            if not self.tasks:
-                raise ValueError("tasks must name at least one task")
-            for task in self.tasks:
-                check_task_host(task, {}, None)
+        if self.tasks is not None or self.mix:
+            _check_training_mix(self)
         check_count("n_envs", self.n_envs, MAX_ENVS)
         check_count("rounds", self.rounds, MAX_ROUNDS)
         check_count("hidden_size", self.hidden_size, MAX_HIDDEN_SIZE)
@@ -201,6 +201,53 @@ class TrainConfig(SessionOptions):
         """Where the policy, the training data and the shared batch stream live: the first of `devices`,
         else `device` (as configured; `morphogen.devices.resolve_device` resolves `auto`)."""
         return self.devices[0] if self.devices else self.device
+
+
+def _check_training_mix(config: TrainConfig) -> None:
+    """Raise `ValueError` naming the key if the `tasks` or `mix` of `config` cannot be trained as configured."""
+    if config.tasks is not None and config.mix:
+        raise ValueError("tasks and mix both say what to train on; give one of them")
+    if config.tasks is not None:
+        if not config.tasks:
+            raise ValueError("tasks must name at least one task")
+        for task in config.tasks:
+            check_task_host(task, {}, config.max_train_samples)
+    for entry in config.mix:
+        if entry.max_train_samples is None:  # the run's cap applies to the entry
+            check_task_host(entry.task, entry.host, config.max_train_samples)
+    _refuse_task_and_host_beside_the_mix(config)
+    if config.mix:
+        _refuse_lengths_and_caps_beside_the_mix(config)
+
+
+def _refuse_task_and_host_beside_the_mix(config: TrainConfig) -> None:
+    """Raise `ValueError` naming the key if `config` sets, beside its `tasks` or `mix`, a task or host size, which
+    the training mix replaces (values left at their default pass)."""
+    given = "mix" if config.mix else "tasks"
+    if config.task != SessionOptions.task:
+        where = "name it in a [[mix]] entry" if config.mix else "add it to tasks"
+        raise ValueError(f"task: {given} says what to train on, so task {config.task} would be ignored; {where} "
+                         "instead")
+    if config.host and config.task in TASK_NAMES and \
+            resolve_host_size(config.task, config.host) != resolve_host_size(config.task, {}):
+        where = "give the entry a host table" if config.mix else "use [[mix]] entries with host tables"
+        raise ValueError(f"host: {given} trains each task on its own host size, so a [host] table would be ignored; "
+                         f"{where} instead")
+
+
+def _refuse_lengths_and_caps_beside_the_mix(config: TrainConfig) -> None:
+    """Raise `ValueError` naming the key if `config` sets, beside its `mix`, an episode length or training-sample
+    cap that no entry of the mix takes: every entry sets its own, none the same (the default value passes)."""
+    lengths = [entry.episode_length for entry in config.mix]
+    if config.episode_length not in (TRAINING_EPISODE_LENGTH, *lengths) and None not in lengths:
+        raise ValueError(f"episode.max_epochs: every mix entry sets its own episode_length, so episode.max_epochs = "
+                         f"{config.episode_length} (--episode-length) would be ignored; leave it out, or leave "
+                         "episode_length out of the entries that should play it")
+    caps = [entry.max_train_samples for entry in config.mix]
+    if config.max_train_samples is not None and config.max_train_samples not in caps and None not in caps:
+        raise ValueError(f"max_train_samples: every mix entry sets its own max_train_samples, so max_train_samples = "
+                         f"{config.max_train_samples} would be ignored; leave it out, or leave max_train_samples out "
+                         "of the entries that should take it")
 
 
 @dataclass(frozen=True)

@@ -158,6 +158,16 @@ def task_with_host(task: Task, host: object = None) -> Task:
     return dataclasses.replace(probe, topology=topology)
 
 
+def with_topology(task: Task) -> Task:
+    """`task` with its host's topology: as it is where that is known, else read from the host its function builds
+    (`task_from_data(..., host=make_host)`: built once on the CPU, the caller's global generator left where it was).
+    Raises `DataError` for a task without a host."""
+    if task.topology:
+        return task
+    with torch.random.fork_rng(devices=[]):
+        return task_with_host(task)
+
+
 @dataclass(frozen=True)
 class StepResult:
     snapshot: EpisodeSnapshot
@@ -179,6 +189,7 @@ class MorphogenesisEpisode:
                  pool_slots: bool = False, timer: PhaseTimer | None = None,
                  detector: AnomalyDetector | None = None, architecture: Mapping[str, str] | None = None,
                  host: SegmentedHost | None = None, blends: Mapping[str, str] | None = None) -> None:
+        task = with_topology(task)
         self.task, self.config, self.seed = task, config or EpisodeConfig(), seed
         #: A host the episode grows itself rather than a copy of the task's (the `Grower`'s: the optimizer of the
         #: user's loop holds its parameters). Every reset then starts from its weights as they stand.
@@ -204,8 +215,6 @@ class MorphogenesisEpisode:
         #: The slots' config, its gates judging by what fits the task: the validation loss for a language model.
         self.slot_config = dataclasses.replace(self.config.slots,
                                                gates=self.config.slots.gates.judging(task.objective))
-        if not task.topology:
-            raise ValueError(f"task {task.name!r} has no host yet: give it one (morphogen.grow or task_with_host)")
         #: Accuracy of guessing on a classification task scored by accuracy (None for a task's own metric).
         self.chance_accuracy = 100.0 / task.num_classes if task.num_classes and not self.objective.custom else None
         self.model: MorphogeneticModel | None = None

@@ -49,7 +49,7 @@ from morphogen.core.hosts import check_host_size
 from morphogen.data import TASK_TOPOLOGIES, Task, host_size, load_task
 from morphogen.env.actions import HEADS, ActionSpace
 from morphogen.env.counterfactual import CounterfactualSchedule
-from morphogen.env.episode import EpisodeConfig, MorphogenesisEpisode
+from morphogen.env.episode import EpisodeConfig, MorphogenesisEpisode, with_topology
 from morphogen.env.observation import (
     BLUEPRINT_FEATURES,
     BLUEPRINT_SIZE,
@@ -290,7 +290,7 @@ def _resolve_task(task: str | Task, device: str | torch.device, max_train_sample
     if requested.type != actual.type or (requested.index is not None and requested.index != actual.index):
         raise ValueError(f"device={str(requested)!r} but the task's data is on {actual}; pass device={str(actual)!r} "
                          "or load the task on the device you want")
-    return task
+    return with_topology(task)
 
 
 if ENV_ID not in gymnasium.registry:

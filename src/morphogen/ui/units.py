@@ -7,6 +7,12 @@ import math
 from morphogen.telemetry.story import NEGATIVE_LOSS
 
 
+def counted(count: int, noun: str, plural: str | None = None) -> str:
+    """`count` (with thousands separators) and `noun`, plural unless the count is one: `1 env`, `4 envs`, `2
+    processes` (`plural` where adding an "s" will not do)."""
+    return f"{count:,} {noun if count == 1 else plural or noun + 's'}"
+
+
 def format_flops(flops: float) -> str:
     """FLOPs with an SI prefix and three significant digits: `1.23 GFLOP`."""
     for factor, prefix in ((1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
