@@ -458,8 +458,8 @@ def test_eval_telemetry_without_a_run_directory_is_a_usage_error(trained: Traine
 
 def test_eval_config_with_telemetry_but_no_run_directory_records_nothing_and_a_recorded_config_replays(
         trained: TrainedRun, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """Only the --telemetry flag needs --run-dir; eval's config.json records its run directory, so replaying it
-    records there (refused, as that directory holds the evaluation) or where --run-dir says."""
+    """Only the --telemetry flag needs --run-dir; eval's config.json, like run's, holds no run directory, so
+    replaying it prints the table and records where --run-dir says, never into the evaluation it came from."""
     config = tmp_path / "eval.toml"
     config.write_text(f'policy = "{trained.directory}"\nepisodes = 1\n[telemetry]\nlevel = "minimal"\n')
     assert main(["eval", "--config", str(config)]) == 0
@@ -468,9 +468,11 @@ def test_eval_config_with_telemetry_but_no_run_directory_records_nothing_and_a_r
     record = tmp_path / "eval-run"
     assert main(["eval", "--config", str(config), "--run-dir", str(record)]) == 0
     capsys.readouterr()
-    assert json.loads((record / "config.json").read_text())["run_dir"] == str(record)
-    line = expect_user_error(["eval", "--config", str(record / "config.json")], capsys)
-    assert f"run_dir: {record} already holds another run (" in line and line.endswith("choose another --run-dir")
+    assert json.loads((record / "config.json").read_text())["run_dir"] is None
+    before = {path.name: path.read_bytes() for path in record.iterdir() if path.is_file()}
+    assert main(["eval", "--config", str(record / "config.json")]) == 0
+    assert "recorded in" not in capsys.readouterr().out
+    assert {path.name: path.read_bytes() for path in record.iterdir() if path.is_file()} == before
     again = tmp_path / "again"
     assert main(["eval", "--config", str(record / "config.json"), "--run-dir", str(again)]) == 0
     assert f"recorded in {again}" in capsys.readouterr().out

@@ -405,7 +405,7 @@ def _open_record(config: EvalConfig, task_name: str, resume: bool, stack: contex
         cut_events(run_dir / EVENTS_FILENAME, state)
     else:
         refuse_other_run(run_dir)  # again, now that no other command can start a run there
-        write_resolved_config(run_dir, config, pin_run_dir=True)  # replayed, it records there or is refused
+        write_resolved_config(run_dir, config)  # no run_dir in it, as `run`'s: a replay records where it is told
     telemetry = stack.enter_context(Telemetry(run_dir, config=config.telemetry))
     if state is None:
         return _Record(run_dir, text, [], telemetry)

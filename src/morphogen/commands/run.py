@@ -646,12 +646,9 @@ def _absolute(path: str | None) -> str | None:
     return None if path is None else str(Path(path).absolute())
 
 
-def write_resolved_config(run_dir: Path, config: object, *, pin_run_dir: bool = False) -> None:
-    """RUN_DIR/config.json: the resolved config as `recorded_config_values` gives it; `pin_run_dir` records `run_dir`
-    too (an evaluation, which without one records nothing)."""
+def write_resolved_config(run_dir: Path, config: object) -> None:
+    """RUN_DIR/config.json: the resolved config as `recorded_config_values` gives it."""
     values = recorded_config_values(config_to_dict(config))
-    if pin_run_dir:
-        values["run_dir"] = str(run_dir)
     write_atomic(run_dir / CONFIG_FILENAME, (json.dumps(values, indent=2) + "\n").encode())
 
 
