@@ -217,14 +217,14 @@ def test_two_ranks_of_two_envs_equal_one_process_of_four_and_resume_on_one_or_tw
 def test_two_ranks_equal_one_process_with_two_minibatches(tmp_path: Path) -> None:
     """Minibatches group the global envs on every rank as one process groups them (`ppo_update`)."""
     config_file = tmp_path / "train.toml"
-    # Entropy thresholds near the maximum: every round reports an entropy collapse, so that who prints shows.
-    config_file.write_text("[ppo]\nminibatches = 2\n[telemetry]\nentropy_collapse_low = 0.98\n"
-                           "entropy_collapse_high = 0.99\n")
+    # Ratio thresholds next to 1: every update reports a ratio explosion or collapse, so that who prints shows.
+    config_file.write_text("[ppo]\nminibatches = 2\n[telemetry]\nratio_explosion = 1.000001\n"
+                           "ratio_collapse = 0.999999\n")
     distributed, single = tmp_path / "distributed", tmp_path / "single"
     normal = [*TINY[:-1], "normal"]  # PPO statistics are written from level normal on
     (_, _, rank0_err), (_, _, rank1_err) = train_ranks(
         2, ["--config", str(config_file), "--rounds", "2", *normal, "--run-dir", str(distributed)])
-    assert "anomaly entropy_collapse" in rank0_err and "anomaly" not in rank1_err, "rank 0 alone prints anomalies"
+    assert "anomaly ratio_" in rank0_err and "anomaly" not in rank1_err, "rank 0 alone prints anomalies"
     assert main(["train", "--config", str(config_file), "--rounds", "2", *normal, "--run-dir", str(single)]) == 0
     assert max_difference(policy_of(distributed), policy_of(single)) <= EQUIVALENCE_TOLERANCE
     # The run's PPO statistics are the whole update's, not rank 0's share of it.

@@ -288,8 +288,11 @@ def test_every_decision_says_why_in_the_words_of_its_settings() -> None:
                          make_masks(space, ALL_EMPTY)).why == "the model is still improving"
     assert heuristic.act(make_snapshot(epoch=28), make_masks(space, ALL_EMPTY)).why == \
         "2 epochs left, fewer than the 6 a seed needs to reach the output"
-    grown = heuristic.act(make_snapshot(epoch=10), make_masks(space, ALL_EMPTY))
+    grown = heuristic.act(make_snapshot(epoch=10, history=RISING, losses=(1.0, 0.8, 0.6, 0.4, 0.2)),
+                          make_masks(space, ALL_EMPTY))
     assert grown.op is Op.GERMINATE and grown.why.startswith("the first seed is due by 33% of the episode")
+    plateau = controller()[0].act(make_snapshot(epoch=10), make_masks(space, ALL_EMPTY))  # the curve's reason first
+    assert plateau.why.startswith("the validation score gained less than 0.50 points in 3 epochs")
     hopeless = make_slot("r0c2", Stage.TRAINING, epochs_in_stage=7)
     masks = make_masks(space, {Op.ADVANCE: ("r0c2",), Op.PRUNE: ("r0c2",)})
     assert heuristic.act(make_snapshot(hopeless), masks).why == \

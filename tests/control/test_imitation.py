@@ -99,7 +99,9 @@ def test_imitation_fits_demonstrations_of_different_lengths_and_slot_counts(digi
                                                                             mnist1d_three_blocks: Task) -> None:
     """Rounds of a mix differ in episode length and in the number of slots: the fit takes them as they are."""
     mix = (MixEntry("digits", episode_length=6), MixEntry("mnist1d", {"n_blocks": 3}, episode_length=4))
-    trainer = PPOTrainer(imitation_config(mix=mix), [digits, mnist1d_three_blocks])
+    # Every entry sets its episode length: the run-wide one stays the default, which a mix is not refused beside.
+    config = dataclasses.replace(imitation_config(), mix=mix, episode=TrainConfig().episode)
+    trainer = PPOTrainer(config, [digits, mnist1d_three_blocks])
     short = trainer.collect(next(i for i in range(50) if trainer.group_of(i).entry.task == "mnist1d"),
                             demonstrators=[GerminateOnce(), GerminateOnce()]).batch
     long = trainer.collect(next(i for i in range(50) if trainer.group_of(i).entry.task == "digits"),

@@ -122,7 +122,8 @@ def test_the_heuristic_grows_a_language_model_by_depth_when_its_loss_slows(small
     # in tests/control/test_heuristic.py); the heuristic acts on it at the start of the next epoch.
     slowing = next(epoch for epoch in range(config.warmup_epochs, len(losses))
                    if is_slowing(losses[max(0, epoch - 4):epoch + 1], config.slowing_window, config.slowing_ratio))
-    assert snapshot.last_op == Op.GROW and result.reason == "grew block_copy into r0c0, r0c1"
+    assert snapshot.last_op == Op.GROW and result.reason == "grew block_copy into r0c0, r0c1: the validation loss " \
+        "is falling more slowly"
     assert snapshot.epoch == slowing + 1
     # Copies of the trained layers blended in over 3 epochs: the first trained at alpha 1/3, then 2/3.
     assert [(slot.blueprint, slot.stage) for slot in snapshot.slots] == [("block_copy", Stage.BLENDING)] * 2

@@ -521,8 +521,7 @@ class HeuristicController:
             purpose = "be judged" if self.has_grown and not self.grows_by_depth else "reach the output"
             return False, f"{left} epoch{'' if left == 1 else 's'} left, fewer than the {needed} a seed needs to " \
                           f"{purpose}"
-        if not self.has_grown and snapshot.epoch >= config.first_growth_by * snapshot.max_epochs:
-            return True, f"the first seed is due by {config.first_growth_by:.0%} of the episode (first_growth_by)"
+        # The learning curve's reason first: the first seed's deadline is said only where the curve gave none.
         measure = _Measure.of(snapshot.criterion, config)
         if has_plateaued(measure.history(snapshot), config.plateau_epochs, measure.plateau_threshold):
             return True, f"the validation {'score' if measure.criterion is Criterion.SCORE else 'loss'} gained " \
@@ -530,6 +529,8 @@ class HeuristicController:
                          f"{config.plateau_epochs} epochs"
         if is_slowing(snapshot.loss_history, config.slowing_window, config.slowing_ratio):
             return True, "the validation loss is falling more slowly"
+        if not self.has_grown and snapshot.epoch >= config.first_growth_by * snapshot.max_epochs:
+            return True, f"the first seed is due by {config.first_growth_by:.0%} of the episode (first_growth_by)"
         return False, "the model is still improving"
 
     def _warm_until(self, max_epochs: int) -> int:

@@ -188,23 +188,31 @@ def _source(data: object, device: torch.device, split: str, target_key: str | No
         if problem is not None or not isinstance(data[1], Tensor):
             raise DataError(f"{split}: its inputs are {problem}" if problem else
                             f"{split}: its {target_key!r} entry is a {type(data[1]).__name__}, not a tensor")
-    if isinstance(data, (tuple, list)) and len(data) == 2 and isinstance(data[1], Tensor) and \
-            _tensors_of_several_inputs(data[0]):
-        # (inputs, targets) whose inputs are several tensors: a problem with them (rows that differ) is this
-        # split's, not a sign that the pair is a sequence of two samples.
-        problem = inputs_problem(data[0])
-        if problem is not None:
-            raise DataError(f"{split}: its inputs are {problem}")
-    if isinstance(data, (tuple, list)) and len(data) == 2 and isinstance(data[1], Tensor) and (
-            isinstance(data[0], Tensor) or inputs_problem(data[0]) is None):
-        try:
-            return DeviceDataset(data[0], data[1]).to(device)
-        except (TypeError, ValueError) as error:
-            raise DataError(f"{split}: {error}") from None
+    pair = _tensor_pair(data, device, split)
+    if pair is not None:
+        return pair
     if isinstance(data, Dataset) or (isinstance(data, Iterable) and not isinstance(data, (str, bytes, Tensor))):
         return StreamedBatches(data, device, split, target_key)
     raise DataError(f"{split}: expected (inputs, targets) tensors, a Dataset or a DataLoader, "
                     f"got {type(data).__name__}")
+
+
+def _tensor_pair(data: object, device: torch.device, split: str) -> DeviceDataset | None:
+    """`data` as a dataset on `device` where it is one (inputs, targets) pair of tensors (its inputs one tensor, or
+    a tuple, list or dict of them); None where it is something else (a sequence of samples, a loader)."""
+    if not (isinstance(data, (tuple, list)) and len(data) == 2 and isinstance(data[1], Tensor)):
+        return None
+    problem = None if isinstance(data[0], Tensor) else inputs_problem(data[0])
+    if problem is not None and _tensors_of_several_inputs(data[0]):
+        # Inputs that are several tensors: a problem with them (rows that differ) is this split's, not a sign
+        # that the pair is a sequence of two samples.
+        raise DataError(f"{split}: its inputs are {problem}")
+    if problem is not None:
+        return None
+    try:
+        return DeviceDataset(data[0], data[1]).to(device)
+    except (TypeError, ValueError) as error:
+        raise DataError(f"{split}: {error}") from None
 
 
 def _tensors_of_several_inputs(inputs: object) -> bool:

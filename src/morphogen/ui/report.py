@@ -64,7 +64,8 @@ def _outcome_text(e: EpochCompleted, taken: tuple[bool, str] | None, previous: s
     reason = "" if taken is None else taken[1]
     if not e.action_succeeded:
         return f"  (refused: {cut(reason, _REASON_WIDTH)})" if reason else "  (refused)"
-    if not reason or (e.action == "WAIT" and reason == previous):
+    # A taken action's reason says why after a colon ("pruned r0c1: ..."); without one it only repeats the action.
+    if ": " not in reason or (e.action == "WAIT" and reason == previous):
         return ""
     return f"  ({cut(reason, _REASON_WIDTH)})"
 
