@@ -15,7 +15,7 @@ from textual.widgets import DataTable, RichLog, Static
 
 from morphogen.cli import main
 from morphogen.run_directory import EVENTS_FILENAME
-from morphogen.ui.dashboard import Dashboard
+from morphogen.ui.dashboard import Dashboard, reward_text
 from morphogen.ui.live_state import RunView
 from morphogen.ui.run_files import EventTail
 
@@ -92,7 +92,7 @@ def test_keys_pause_help_detail_and_quit(grown_run: Path) -> None:
             assert "morphogen run  task digits" in header and "[FINISHED]" in header
             row = _row(app, 0)
             assert row[:3] == ["0", "1", "8/8"] and len(row) == 5 + 2, "env, round, epoch, acc, params, 2 slots"
-            assert "heuristic run" in _text(app, "#policy") and "terminal" in _text(app, "#rewards")
+            assert "heuristic run" in _text(app, "#policy") and "reads no reward" in _text(app, "#rewards")
             assert any("GERMINATE" in line for line in _log_lines(app))
             await pilot.press("p")
             assert app.paused and "[PAUSED]" in _text(app, "#header")
@@ -227,3 +227,11 @@ def test_an_events_file_turned_unreadable_stops_the_dashboard_with_one_line(grow
     app = asyncio.run(asyncio.wait_for(drive(), timeout=60))
     assert app.return_code == 2
     assert app.stopped_on == f"cannot read {run / EVENTS_FILENAME}: not a regular file"
+
+
+def test_a_heuristic_run_shows_no_reward_and_a_training_run_does(grown_run: Path, trained_run: Path) -> None:
+    # As the report says: the heuristic computes the reward's components but never reads them.
+    grown = RunView.from_config(json.loads((grown_run / "config.json").read_text()))
+    assert grown.heuristic and "the heuristic reads no reward" in reward_text(grown).plain
+    trained = RunView.from_config(json.loads((trained_run / "config.json").read_text()))
+    assert not trained.heuristic and reward_text(trained).plain.startswith("reward components")

@@ -93,6 +93,8 @@ def policy_text(view: RunView) -> Text:
 
 def reward_text(view: RunView) -> Text:
     """Reward components summed over the round in progress (or the last finished round, between rounds)."""
+    if view.heuristic:  # as the report: its reward steered nothing
+        return Text("reward: none steers this run (the heuristic reads no reward)", style="dim")
     rewards, which = view.round_rewards, "this round"
     if not rewards and view.previous_round_rewards:
         rewards, which = view.previous_round_rewards, f"round {view.rounds_completed}"

@@ -77,6 +77,8 @@ class RunView:
 
     task: str = "?"
     training: bool = False
+    #: A `run` the heuristic played (config.json names no policy): it computes the reward but never reads it.
+    heuristic: bool = False
     #: What `val_accuracy` and the final scores are (config.json's `task_metric`; accuracy where it says none).
     score: ScoreKind = field(default_factory=ScoreKind)
     rounds_total: int | None = None
@@ -105,6 +107,7 @@ class RunView:
         return cls(
             task=printable(task) if task is not None else "?",
             training=training,
+            heuristic=not training and "episodes" not in config and "policy" in config and config["policy"] is None,
             rounds_total=_count(config.get("rounds")) if training else None,
             n_envs=(_count(config.get("n_envs")) or 1) if training else 1,
             episode_length=_count(config_value(config, "episode.max_epochs")),
