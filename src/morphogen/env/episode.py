@@ -132,9 +132,7 @@ def task_host(task: Task, device: torch.device | str, *, pool_slots: bool = Fals
     try:
         built = task.host if given else task.host()
     except Exception as error:  # the user's own code: one line, as for a task function that raises
-        message = str(error).strip().splitlines()
-        raise DataError(f"task {task.name!r}: its host function raised {type(error).__name__}: "
-                        f"{message[0][:300] if message else ''}") from None
+        raise DataError(f"task {task.name!r}: its host function raised {_error_line(error)}") from None
     if not isinstance(built, SegmentedHost):
         what = "host is" if given else "host function returned"
         raise DataError(f"task {task.name!r}: its {what} a {type(built).__name__}, not a host; "
@@ -156,6 +154,12 @@ def task_with_host(task: Task, host: object = None) -> Task:
     probe = dataclasses.replace(task, host=chosen)
     topology = chosen.topology if isinstance(chosen, SegmentedHost) else task_host(probe, "cpu").topology
     return dataclasses.replace(probe, topology=topology)
+
+
+def _error_line(error: BaseException) -> str:
+    """An exception from the user's model or data as one line: its type and its message's first line, cut short."""
+    lines = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {lines[0][:300] if lines else ''}"
 
 
 def with_topology(task: Task) -> Task:
@@ -369,7 +373,7 @@ class MorphogenesisEpisode:
                 succeeded, reason = self._execute(action)
             except (IllegalTransitionError, ValueError) as error:
                 succeeded, reason = False, str(error)
-            if succeeded and action.why and action.op is not Op.PRUNE:  # a prune's reason is its why already
+            if succeeded and action.why:
                 reason = f"{reason}: {action.why}"
             self.last_reason = reason
             for slot in self.model.slots():
@@ -402,7 +406,7 @@ class MorphogenesisEpisode:
         if action.op is Op.PRUNE:
             slot.prune(epoch, action.why or "pruned by controller")
             self.pruned += 1
-            return True, f"pruned {action.slot}" + (f": {action.why}" if action.why else "")
+            return True, f"pruned {action.slot}"
         slot.set_alpha_target(action.alpha_target, action.alpha_speed, epoch, action.alpha_curve)
         if slot.stage is Stage.PRUNED:
             self.pruned += 1
@@ -465,15 +469,13 @@ class MorphogenesisEpisode:
         try:
             self.trainer.train_batch(inputs, targets)
         except (RuntimeError, ValueError, TypeError, IndexError, KeyError) as error:
-            message = str(error).strip().splitlines()
             validation_inputs, validation_targets = next(iter(self.task.validation.iterate_batches(1, shuffle=False)))
             differences = batch_differences((inputs, targets), (validation_inputs, validation_targets))
             assert self.model is not None
             dtypes = dtype_mismatch(inputs, self.model.parameters())
             said = "; ".join(part for part in (", ".join(differences), dtypes) if part)
             raise DataError(f"task {self.task.name!r}: the model and its loss failed on the first training batch, "
-                            f"though not on the validation data: {type(error).__name__}: "
-                            f"{message[0][:300] if message else ''}"
+                            f"though not on the validation data: {_error_line(error)}"
                             + (f" (the training batch differs: {said})" if said else "")) from None
 
     def finish_epoch(self, action: Action, succeeded: bool, reason: str) -> StepResult:
@@ -544,18 +546,17 @@ class MorphogenesisEpisode:
             raise
         except (RuntimeError, ValueError, TypeError, IndexError) as error:
             self._refuse_inputs_of_another_kind()
-            message = str(error).strip().splitlines()
             assert self.model is not None
             inputs, _ = next(iter(self.task.validation.iterate_batches(1, shuffle=False)))
             dtypes = dtype_mismatch(inputs, self.model.parameters())
             if dtypes:
                 raise DataError(f"task {self.task.name!r}: {dtypes} (the model failed on the validation data: "
-                                f"{type(error).__name__}: {message[0][:300] if message else ''})") from None
+                                f"{_error_line(error)})") from None
             hint = "" if self.objective.custom else (
                 " (the default loss, cross-entropy, reads class scores on dimension 1 or the last, [N, C], [N, T, C] "
                 "or [N, C, H, W], and class indices as targets; a loss of your own: task_from_data(..., loss=...))")
             raise DataError(f"task {self.task.name!r}: the model and its loss failed on the validation data: "
-                            f"{type(error).__name__}: {message[0][:300] if message else ''}{hint}") from None
+                            f"{_error_line(error)}{hint}") from None
         if not math.isfinite(result.loss(MAIN)) or not math.isfinite(result.accuracy(MAIN)):
             raise DataError(f"task {self.task.name!r}: the loss or metric is not finite on the validation data before "
                             f"training (loss {result.loss(MAIN)}, {self.task.metric_name} {result.accuracy(MAIN)})")
