@@ -512,3 +512,15 @@ def test_a_feed_forward_policy_trains_and_evaluates_from_its_checkpoint(tmp_path
     assert main(["eval", "--policy", str(run), "--max-train-samples", "200", "--episode-length", "3",
                  "--episodes", "1"]) == 0
     assert "3 epochs on digits (cnn host)" in capsys.readouterr().out
+
+
+def test_imitation_with_a_ramp_the_policy_cannot_choose_is_one_line_before_any_run(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # The heuristic's seeds blend over [episode.slots] blend_epochs; imitation labels it with the policy's ramp head.
+    config = tmp_path / "ramp.toml"
+    config.write_text("[episode.slots]\nblend_epochs = 2\n")
+    run = tmp_path / "run"
+    line = expect_user_error(["train", *TINY, "--rounds", "1", "--imitate-rounds", "1", "--config", str(config),
+                              "--run-dir", str(run)], capsys)
+    assert "episode.slots.blend_epochs = 2: imitation fits the policy's ramp head" in line and "3, 5, 8" in line
+    assert not run.exists()

@@ -38,7 +38,6 @@ from typing import Any, NamedTuple
 import numpy as np
 import torch
 
-from morphogen.config import ConfigError
 from morphogen.control.advice import HeuristicAdvisor, record_taken
 from morphogen.control.checkpoint import CheckpointError, check_layout, save_checkpoint
 from morphogen.control.growth_policy import GrowthInputs
@@ -159,6 +158,10 @@ class TrainConfig(SessionOptions):
         super().__post_init__()
         if self.tasks is not None or self.mix:
             _check_training_mix(self)
+        ramp, ramps = self.episode.slots.blend_epochs, FIXED_CHOICES["blend_epochs"]
+        if self.imitation.rounds and ramp not in ramps:  # the heuristic's seeds blend so; the policy's head must say it
+            raise ValueError(f"episode.slots.blend_epochs = {ramp}: imitation fits the policy's ramp head to the "
+                             f"heuristic's ramp, which must be one of its choices, {', '.join(map(str, ramps))}")
         check_count("n_envs", self.n_envs, MAX_ENVS)
         check_count("rounds", self.rounds, MAX_ROUNDS)
         check_count("hidden_size", self.hidden_size, MAX_HIDDEN_SIZE)
@@ -552,10 +555,6 @@ class PPOTrainer:
         are never those of a PPO round. `on_round(i, summary)` is called after each round of episodes.
         """
         config = self.config.imitation
-        ramp, ramps = self.config.episode.slots.blend_epochs, FIXED_CHOICES["blend_epochs"]
-        if config.rounds and ramp not in ramps:  # the heuristic's seeds blend so; the policy's head must say it
-            raise ConfigError(f"episode.slots.blend_epochs = {ramp}: imitation fits the policy's ramp head to the "
-                              f"heuristic's ramp, which must be one of its choices, {', '.join(map(str, ramps))}")
         batches = []
         for index in range(config.rounds):
             group = self.group_of(MAX_ROUNDS + index)
