@@ -18,10 +18,19 @@ def test_run_over_seeds_writes_each_seed_and_the_figures_over_them(tmp_path: Pat
     assert out.startswith("seed 4: grown ") and "\nseed 5: grown " in out
     assert "2 seeds (4, 5): mean ± std over the seeds" in out and "grown - no growth" in out
     assert "grown - from scratch" not in out  # --no-from-scratch
+    assert "per cost (dominated: " in out and "  in training FLOPs " in out
     figures = json.loads((tmp_path / "seeds" / "seeds.json").read_text())
     assert set(figures["seeds"]) == {"4", "5"} and set(figures["differences"]) == {"no growth"}
+    assert set(figures["dominated_by"]) == {"parameters", "training_flops"}
+    assert figures["flops_of_from_scratch"] is None  # --no-from-scratch
     for seed in (4, 5):
         assert json.loads((tmp_path / "seeds" / f"seed_{seed}" / "config.json").read_text())["seed"] == seed
+        # Each model's costs on each seed, as its run's summary.json has them: per-FLOP comparisons need no more.
+        summary = json.loads((tmp_path / "seeds" / f"seed_{seed}" / "summary.json").read_text())
+        costs = figures["seeds"][str(seed)]["costs"]
+        for model, key in (("grown", "grown"), ("no growth", "baseline")):
+            assert costs[model] == {"loss": summary[key]["final_loss"], "parameters": summary[key]["parameters"],
+                                    "flops": summary[key]["flops"]["total"], "seconds": summary[key]["seconds"]}
     # The same directory again: refused in one line before anything runs.
     assert main(["run", "--epochs", "2", "--seeds", "2", "--run-dir", str(tmp_path / "seeds")]) == EXIT_USER_ERROR
     assert "already holds another run" in capsys.readouterr().err
@@ -73,6 +82,8 @@ def _figures_of(run_dir: Path) -> dict[str, object]:
     figures = json.loads((run_dir / "seeds.json").read_text())
     for seed in figures["seeds"].values():
         seed.pop("run_dir")
+        for costs in seed["costs"].values():
+            costs.pop("seconds")  # wall time: the one figure no two runs share
     return figures  # type: ignore[no-any-return]
 
 

@@ -1,4 +1,4 @@
-"""The grown model's score minus another's, paired by seed: plain numbers in, mean and standard error out.
+"""The grown model's score against another's, paired by seed: plain numbers in, plain numbers and names out.
 
 Used where runs over seeds are summed up (`seeds_summary`) and where their file is read back (`ui.seeds_report`);
 it imports nothing of morphogen, so both layers can.
@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 
 
 def paired_difference(first: Sequence[float], second: Sequence[float]) -> tuple[float, float]:
@@ -16,3 +17,49 @@ def paired_difference(first: Sequence[float], second: Sequence[float]) -> tuple[
     differences = [a - b for a, b in zip(first, second, strict=True)]
     spread = statistics.stdev(differences) if len(differences) > 1 else math.nan
     return statistics.fmean(differences), spread / math.sqrt(len(differences))
+
+
+@dataclass(frozen=True)
+class SeedFigures:
+    """One model's figures on each seed, in the same seed order for every model: its score (higher is better) and
+    what it cost."""
+
+    scores: Sequence[float]
+    parameters: Sequence[float]
+    flops: Sequence[float]
+
+
+#: The costs a model can dominate the grown one in: (name in files, name in words, its `SeedFigures` field).
+COSTS = (("parameters", "parameters", "parameters"), ("training_flops", "training FLOPs", "flops"))
+
+
+def dominated_by(grown: SeedFigures, others: Mapping[str, SeedFigures]) -> dict[str, list[str]]:
+    """By cost, the models that *dominate* the grown one: their mean cost is at most the grown model's and their
+    score is higher by more than the standard error of the paired difference (as `benchmarks/pareto.py` judges
+    fixed hosts). One seed has no spread to judge by: nothing dominates there."""
+    verdicts: dict[str, list[str]] = {}
+    for key, _, field in COSTS:
+        verdicts[key] = []
+        for name, other in others.items():
+            mean, error = paired_difference(other.scores, grown.scores)
+            cheaper = statistics.fmean(getattr(other, field)) <= statistics.fmean(getattr(grown, field))
+            if cheaper and math.isfinite(error) and mean > error:
+                verdicts[key].append(name)
+    return verdicts
+
+
+#: The heading of `dominance_lines`, saying what "dominates" means.
+DOMINANCE_HEADING = "per cost (dominated: another model costs no more and scores higher by more than the paired " \
+    "standard error):"
+
+
+def dominance_lines(verdicts: Mapping[str, Sequence[str]], seeds: int) -> list[str]:
+    """`dominated_by`'s verdicts in words, a line per cost."""
+    if seeds < 2:
+        return ["  one seed: no spread to judge by whether another model dominates the grown one"]
+    lines = []
+    for key, words, _ in COSTS:
+        names = verdicts.get(key, [])
+        lines.append(f"  {'in ' + words:<30}" + (f"dominated by {', '.join(names)}" if names else
+                                                 "not dominated by any model here"))
+    return lines

@@ -18,7 +18,7 @@ from morphogen.commands.run import RunResult
 from morphogen.config import ConfigError
 from morphogen.env.compute import ComputeAccount
 from morphogen.env.play import EpisodeOutcome
-from morphogen.paired_statistics import paired_difference
+from morphogen.paired_statistics import DOMINANCE_HEADING, SeedFigures, dominance_lines, dominated_by, paired_difference
 from morphogen.run_directory import SUMMARY_FILENAME, read_json_object
 from morphogen.telemetry.story import NEGATIVE_LOSS
 from morphogen.ui.run_files import summary_number
@@ -111,6 +111,26 @@ def differences_of(pairs: Mapping[str, Pairs]) -> dict[str, tuple[float, float]]
                                     [other.final_accuracy for _, other in both]) for name, both in pairs.items()}
 
 
+def _figures(outcomes: Sequence[EpisodeOutcome]) -> SeedFigures:
+    return SeedFigures([o.final_accuracy for o in outcomes], [o.parameters for o in outcomes],
+                       [o.flops.total for o in outcomes])
+
+
+def dominance_of(pairs: Mapping[str, Pairs]) -> dict[str, list[str]]:
+    """By cost ("parameters", "training_flops"), the comparisons that dominate the grown model (`dominated_by`)."""
+    if not pairs:
+        return {}
+    grown = _figures([grown for grown, _ in next(iter(pairs.values()))])
+    return dominated_by(grown, {name: _figures([other for _, other in both]) for name, both in pairs.items()})
+
+
+def flops_of_from_scratch(pairs: Mapping[str, Pairs]) -> float | None:
+    """The grown run's training FLOPs over its final architecture's from scratch, the mean over seeds (None
+    without that comparison)."""
+    both = pairs.get(FROM_SCRATCH)
+    return statistics.fmean(grown.flops.total / other.flops.total for grown, other in both) if both else None
+
+
 def seed_line(seed: int, run: SeedRun) -> str:
     """One seed's figures: the grown model's score, parameters and FLOPs, then each comparison's score."""
     parts = [f", {printable(name)} {format_score(outcome.final_accuracy, run.metric_name)}"
@@ -136,6 +156,14 @@ def summary_lines(runs: Mapping[int, SeedRun], pairs: Mapping[str, Pairs],
         label = f"grown - {cut(printable(name), 20)}"
         lines.append(f"  {label:<30}{format_difference(mean, error, metric_name)} ({ahead} "
                      f"{'seed' if ahead == 1 else 'seeds'} ahead, {behind} behind)")
+    ratio = flops_of_from_scratch(pairs)
+    if ratio is not None:
+        lines.append(f"  {'training FLOPs, grown':<30}{ratio:.2f}x those of from scratch (mean over seeds)")
+    if pairs:
+        lines.append(DOMINANCE_HEADING)
+        verdicts = {cost: [printable(cut(name, 20)) for name in names]
+                    for cost, names in dominance_of(pairs).items()}
+        lines += dominance_lines(verdicts, len(runs))
     return lines
 
 
@@ -156,16 +184,28 @@ def _model_line(name: str, outcomes: Sequence[EpisodeOutcome], metric_name: str)
 
 
 def seeds_figures(runs: Mapping[int, SeedRun], differences: Mapping[str, tuple[float, float]]) -> dict[str, Any]:
-    """What `seeds.json` holds: each seed's run directory and scores, and the paired differences."""
+    """What `seeds.json` holds: each seed's run directory, scores and costs (loss, parameters, training FLOPs,
+    seconds) of every model, the paired differences, the FLOPs against from scratch and what dominates the grown
+    model."""
     def score(run: SeedRun, name: str) -> float | None:
         outcome = run.comparisons.get(name)
         return None if outcome is None else outcome.final_accuracy
+
+    def costs(run: SeedRun) -> dict[str, dict[str, float]]:
+        return {name: {"loss": outcome.final_loss, "parameters": outcome.parameters,
+                       "flops": outcome.flops.total, "seconds": outcome.seconds}
+                for name, outcome in {"grown": run.grown, **run.comparisons}.items()}
+
+    pairs = seed_pairs(list(runs.values()))
 
     return {"score": {"name": next(iter(runs.values())).metric_name},
             "seeds": {str(seed): {"run_dir": str(run.run_dir), "grown": run.grown.final_accuracy,
                                   NO_GROWTH: score(run, NO_GROWTH), FROM_SCRATCH: score(run, FROM_SCRATCH),
                                   "fixed": {name: outcome.final_accuracy for name, outcome in run.comparisons.items()
-                                            if name not in (NO_GROWTH, FROM_SCRATCH)}}
+                                            if name not in (NO_GROWTH, FROM_SCRATCH)},
+                                  "costs": costs(run)}
                       for seed, run in runs.items()},
             "differences": {name: {"mean": mean, "standard_error": error if math.isfinite(error) else None}
-                            for name, (mean, error) in differences.items()}}
+                            for name, (mean, error) in differences.items()},
+            "flops_of_from_scratch": flops_of_from_scratch(pairs),
+            "dominated_by": dominance_of(pairs) if len(runs) > 1 else None}

@@ -138,6 +138,14 @@ def test_report_of_a_run_over_seeds_shows_each_seed_and_the_differences(tmp_path
     assert means[1] == f"{(figures['seeds']['0']['grown'] + figures['seeds']['1']['grown']) / 2:.2f}%"
     mean = figures["differences"]["3x4"]["mean"]
     assert any(line.split()[:4] == ["grown", "-", "3x4", f"{mean:+.2f}"] for line in lines)
+    # Each model's mean costs, and what dominates the grown model, from the figures the file holds.
+    parameters = next(line.split() for line in lines if line.split()[:1] == ["params"])
+    assert parameters[3] == f"{figures['seeds']['0']['costs']['3x4']['parameters']:,}"
+    assert any(line.split()[:1] == ["FLOPs"] for line in lines)
+    verdicts = figures["dominated_by"]
+    for cost, words in (("parameters", "in parameters"), ("training_flops", "in training FLOPs")):
+        line = next(line for line in lines if line.startswith(f"  {words} "))
+        assert line.endswith(f"dominated by {', '.join(verdicts[cost])}" if verdicts[cost] else "any model here")
     assert lines[-1] == f"each seed's run: morphogen report {run_dir}/seed_<s>"
     assert main(["report", str(run_dir / "seed_1")]) == 0
     assert "; 3x4 " in capsys.readouterr().out

@@ -1,8 +1,9 @@
 """`morphogen report RUN_DIR` for a run over several seeds (`run --seeds`, `grow_over_seeds`): its `seeds.json`.
 
-Each seed's score beside each comparison's, then the grown model's differences from them, paired by seed, computed
-from those scores. The file is untrusted: numbers must be finite, names short, seeds at most
-`MAX_SEEDS_SHOWN`; what does not fit reads as missing ("-").
+Each seed's score beside each comparison's with their mean costs, then the grown model's differences from them,
+paired by seed, and which model dominates it per parameter and per training FLOP, computed from those figures.
+The file is untrusted: numbers must be finite, names short, seeds at most `MAX_SEEDS_SHOWN`; what does not fit
+reads as missing ("-").
 """
 
 from __future__ import annotations
@@ -12,11 +13,11 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from morphogen.paired_statistics import paired_difference
+from morphogen.paired_statistics import DOMINANCE_HEADING, SeedFigures, dominance_lines, dominated_by, paired_difference
 from morphogen.run_directory import SEEDS_FILENAME, read_json_object
 from morphogen.ui.run_files import RunDirectoryError, score_name, summary_number
 from morphogen.ui.terminal_text import cut, printable
-from morphogen.ui.units import format_difference, format_score
+from morphogen.ui.units import format_difference, format_flops, format_score
 
 #: Most seeds shown (`grow_over_seeds` plays at most 100); most hosts compared with and the longest name of one
 #: (`compare_with` takes at most 16 of at most 40 characters).
@@ -43,6 +44,9 @@ def render_seeds_report(run_dir: str | Path) -> str:
     if differences:
         lines += ["", "differences, paired by seed (mean ± standard error, over the seeds with both scores):",
                   *differences]
+    dominance = _dominance(seeds)
+    if dominance:
+        lines += ["", DOMINANCE_HEADING, *dominance]
     lines += ["", f"each seed's run: morphogen report {path}/seed_<s>"]
     return "\n".join(printable(line) for line in lines)
 
@@ -62,7 +66,12 @@ def _table(seeds: list[tuple[str, dict[str, Any]]], metric: str) -> list[str]:
         lines.append(f"{cut(seed, 6):>6}" + "".join(f"{_cell(_score_of(scores, name), metric):>14}"
                                                      for name in columns))
     means = [_mean([_score_of(scores, name) for _, scores in seeds]) for name in columns]
-    return [*lines, f"{'mean':>6}" + "".join(f"{_cell(mean, metric):>14}" for mean in means)]
+    lines.append(f"{'mean':>6}" + "".join(f"{_cell(mean, metric):>14}" for mean in means))
+    for label, cost, shown in (("params", "parameters", lambda v: f"{v:,.0f}"), ("FLOPs", "flops", format_flops)):
+        costs = [_mean([_cost_of(scores, name, cost) for _, scores in seeds]) for name in columns]
+        if any(value is not None for value in costs):  # a file written before costs were kept has none
+            lines.append(f"{label:>6}" + "".join(f"{'-' if value is None else shown(value):>14}" for value in costs))
+    return lines
 
 
 def _differences(seeds: list[tuple[str, dict[str, Any]]], metric: str) -> list[str]:
@@ -79,6 +88,34 @@ def _differences(seeds: list[tuple[str, dict[str, Any]]], metric: str) -> list[s
         lines.append(f"  {'grown - ' + name:<30}{format_difference(mean, error, metric)} ({len(pairs)} "
                      f"{'seed' if len(pairs) == 1 else 'seeds'}: {ahead} ahead, {behind} behind)")
     return lines
+
+
+def _dominance(seeds: list[tuple[str, dict[str, Any]]]) -> list[str]:
+    """Which model dominates the grown one per cost, over the seeds whose every figure the file holds (none when
+    fewer than two seeds have them all)."""
+    columns = _columns(seeds)
+    complete = [scores for _, scores in seeds if all(
+        _score_of(scores, name) is not None and _cost_of(scores, name, "parameters") is not None
+        and _cost_of(scores, name, "flops") is not None for name in columns)]
+    if len(complete) < 2 or len(columns) < 2:
+        return []
+
+    def figures(name: str) -> SeedFigures:  # every value is there: `complete` holds only such seeds
+        return SeedFigures([_score_of(scores, name) or 0.0 for scores in complete],
+                           [_cost_of(scores, name, "parameters") or 0.0 for scores in complete],
+                           [_cost_of(scores, name, "flops") or 0.0 for scores in complete])
+
+    verdicts = dominated_by(figures("grown"), {name: figures(name) for name in columns[1:]})
+    return dominance_lines({cost: [cut(name, 20) for name in names] for cost, names in verdicts.items()},
+                           len(complete))
+
+
+def _cost_of(scores: Mapping[str, Any], name: str, cost: str) -> float | None:
+    """A seed's figure `cost` ("parameters", "flops") of a model, from the file's `costs` (None where missing)."""
+    costs = scores.get("costs")
+    model = costs.get(name) if isinstance(costs, dict) else None
+    value = summary_number(model, cost)
+    return None if value is None or value < 0 else value
 
 
 def _seeds(table: object) -> list[tuple[str, dict[str, Any]]]:

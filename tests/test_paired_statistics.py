@@ -1,0 +1,35 @@
+"""Which model dominates the grown one over seeds: the verdict `run --seeds` prints and `report` recomputes."""
+
+from morphogen.paired_statistics import SeedFigures, dominance_lines, dominated_by
+
+
+def _model(scores: list[float], parameters: float, flops: float) -> SeedFigures:
+    return SeedFigures(scores, [parameters] * len(scores), [flops] * len(scores))
+
+
+def test_a_cheaper_model_ahead_by_more_than_the_paired_error_dominates_only_in_the_cost_it_saves() -> None:
+    grown = _model([90.0, 91.0, 92.0], parameters=1_000, flops=10e9)
+    others = {
+        "deeper": _model([93.0, 93.5, 95.0], parameters=2_000, flops=9e9),   # fewer FLOPs, more parameters
+        "narrow": _model([91.0, 92.0, 93.0], parameters=500, flops=5e9),     # ahead by 1 on every seed: error 0
+        "noisy": _model([95.0, 88.0, 95.0], parameters=500, flops=5e9),      # ahead by 1.67 ± 2.40: within it
+        "costly": _model([99.0, 99.0, 99.0], parameters=5_000, flops=50e9),  # far ahead, at a higher cost
+        "behind": _model([80.0, 81.0, 82.0], parameters=100, flops=1e9),
+    }
+    verdicts = dominated_by(grown, others)
+    assert verdicts == {"parameters": ["narrow"], "training_flops": ["deeper", "narrow"]}
+    lines = dominance_lines(verdicts, seeds=3)
+    assert lines[0].split() == ["in", "parameters", "dominated", "by", "narrow"]
+    assert lines[1].split() == ["in", "training", "FLOPs", "dominated", "by", "deeper,", "narrow"]
+
+
+def test_equal_cost_counts_as_no_more_and_one_seed_judges_nothing() -> None:
+    grown = _model([90.0, 91.0], parameters=1_000, flops=10e9)
+    same_architecture = _model([92.0, 93.5], parameters=1_000, flops=12e9)  # from scratch: as many parameters
+    assert dominated_by(grown, {"from scratch": same_architecture}) == {"parameters": ["from scratch"],
+                                                                       "training_flops": []}
+    one_seed = dominated_by(_model([90.0], 1_000, 10e9), {"narrow": _model([99.0], 10, 1e9)})
+    assert one_seed == {"parameters": [], "training_flops": []}
+    assert "one seed" in dominance_lines(one_seed, seeds=1)[0]
+    assert dominance_lines({"parameters": [], "training_flops": []}, seeds=2)[0].endswith(
+        "not dominated by any model here")
