@@ -18,7 +18,8 @@ What each call does, and why it must be there:
 - `after_backward` reads the gradients of the host and of the live seeds for the gradient-health gate, then
   clips and steps each live seed's own optimizer. Seeds keep their own optimizers (morphogen's seed
   optimizer settings), so a new seed never has to be added to yours. With a `GradScaler`, pass it: the
-  seeds' gradients are unscaled with it, and their step is skipped when they are not finite.
+  blended seeds' gradients, which came through your scaled loss, are unscaled with it, and their step is skipped
+  when they are not finite (a TRAINING seed's gradients come from its shadow loss, never scaled).
 - `end_epoch` validates the model and its counterfactual configurations on the validation data, lets the
   governor judge the epoch (a divergence rolls host and seeds back; with `optimizer=` given, your optimizer's
   state is cleared and its learning rate backed off too), advances the seeds' lifecycle, and has the
@@ -46,6 +47,7 @@ from morphogen.commands.run import ConfigSource, settings_from
 from morphogen.control.heuristic import HeuristicConfig, HeuristicController
 from morphogen.core.hosts import SegmentedHost
 from morphogen.core.model import MorphogeneticModel, shadow_rows
+from morphogen.core.slot import SlotMode
 from morphogen.data.user import LossFunction, task_from_data
 from morphogen.env.actions import Action
 from morphogen.env.compute import note_batch
@@ -217,7 +219,9 @@ class Grower:
         """After `loss.backward()` and before your optimizer steps: gradient health, then the seeds' steps.
 
         With a `GradScaler`, call `scaler.unscale_(optimizer)` first if you want the host's gradient health
-        measured unscaled, and pass `scaler` so that the seeds' gradients are unscaled (one host sync).
+        measured unscaled, and pass `scaler` so that the blended seeds' gradients, which came through your scaled
+        loss, are unscaled (one host sync); a TRAINING seed's came from its unscaled shadow loss and are left as
+        they are.
         """
         if self._after_backward_calls >= self._steps:
             raise RuntimeError("after_backward() called more often than training_step() this epoch")
@@ -231,12 +235,16 @@ class Grower:
         if self._replicas is not None:
             self._replicas.average_gradients([*self.model.host_parameters(), *(p for ps in self._running.values()
                                                                                 for p in ps)])
+        # Only a blended seed's gradients came through your loss, which the scaler scaled; a TRAINING seed's came
+        # from its shadow loss, which training_step backpropagated unscaled. Unscaled before the gradient health
+        # reads them, so that a blended seed is not judged by gradients 65536 times its own.
+        finite = {slot_id: _unscaled(parameters, scaler if self.model.slot(slot_id).mode is SlotMode.BLENDED else None)
+                  for slot_id, parameters in self._running.items()}
         self.episode.monitor.accumulate(self.model.host_parameters(), self._running)
         for slot_id, parameters in self._running.items():
-            if not parameters or not _unscaled(parameters, scaler):
-                continue
-            nn.utils.clip_grad_norm_(parameters, trainer.config.clip_norm, foreach=True)
-            trainer.step_seed(slot_id)
+            if finite[slot_id]:
+                nn.utils.clip_grad_norm_(parameters, trainer.config.clip_norm, foreach=True)
+                trainer.step_seed(slot_id)
 
     def end_epoch(self) -> EpochReport:
         """Validate, judge and advance the growth; the next epoch's action is decided and applied."""

@@ -16,6 +16,7 @@ from morphogen import Grower
 from morphogen.control.controller import NoGrowthController
 from morphogen.control.growth_choice import best_growth
 from morphogen.core.lifecycle import BLENDED_STAGES, Stage
+from morphogen.core.slot import SeedSlot
 
 
 def make_grower(epochs: int = 5, **options: object) -> tuple[Grower, DataLoader[tuple[torch.Tensor, ...]]]:
@@ -287,6 +288,40 @@ def test_fp16_grad_scaler_and_gradient_accumulation() -> None:
     assert report.score > 60.0 and all(torch.isfinite(p).all() for p in grower.model.parameters())
 
 
+def seeds_after_a_step(stage: Stage, scaler: torch.amp.GradScaler | None) -> list[torch.Tensor]:
+    """The parameters of the first seed in `stage` after one more step of the README's loop, its loss scaled by
+    `scaler` where given (no autocast: the scale is the only difference), and the gradient health's sums over that
+    step (norm, vanishing and exploding counts)."""
+    grower, loader = make_grower()
+    optimizer = torch.optim.SGD(grower.model.host_parameters(), lr=0.1)
+    def found() -> list[SeedSlot]:  # a blended seed at alpha 0 (its first blending epoch) would get no gradient
+        return [slot for slot in grower.model.slots()
+                if slot.stage is stage and (stage is Stage.TRAINING or slot.alpha.alpha > 0.0)]
+
+    while not found():
+        train_epoch(grower, loader, optimizer)
+    seed = found()[0]
+    inputs, targets = next(iter(loader))
+    optimizer.zero_grad()
+    loss = grower.training_step(inputs, targets)
+    (loss if scaler is None else scaler.scale(loss)).backward()
+    grower.after_backward(scaler)
+    health = grower.episode.monitor.collect().seed_sums[seed.slot_id]
+    return [*(p.detach().clone() for p in seed.seed_parameters()), health.clone()]
+
+
+def test_a_grad_scaler_unscales_the_blended_seeds_gradients_and_leaves_the_training_seeds_alone() -> None:
+    """A TRAINING seed learns from its shadow loss, which `training_step` backpropagates unscaled: with a
+    `GradScaler` it takes the very step it takes without one. A blended seed's gradients came through the user's
+    scaled loss: unscaled before the gradient health reads them, its step and health are the unscaled run's too."""
+    for stage in (Stage.TRAINING, Stage.BLENDING):
+        plain = seeds_after_a_step(stage, None)
+        scaled = seeds_after_a_step(stage, torch.amp.GradScaler("cpu", init_scale=1024.0))
+        assert plain[-1][0] > 0.0, f"the {stage.value} seed has a gradient"
+        for a, b in zip(plain, scaled, strict=True):
+            torch.testing.assert_close(b, a, rtol=1e-6, atol=1e-7, msg=f"a {stage.value} seed")
+
+
 lightning = pytest.importorskip("lightning.pytorch", reason="the lightning extra is not installed")
 from lightning_module import GrowingModule  # noqa: E402  # needs the extra checked just above
 
@@ -341,3 +376,44 @@ def test_a_grower_takes_its_settings_as_grow_does() -> None:
     assert tables.episode.config.max_epochs == 3 and tables.episode.config.slots.gates.criterion.value == "loss"
     with pytest.raises(ValueError, match="give config, or episode and heuristic, not both"):
         Grower(host, validation, epochs=3, config="grow_lean", heuristic=tables.controller.config)  # type: ignore[attr-defined]
+
+
+class SeedMoves(lightning.Callback):
+    """How far the TRAINING seeds' parameters moved in each epoch (placed before the `GrowthCallback`, which
+    advances the stages at the epoch's end)."""
+
+    def __init__(self, grower: Grower) -> None:
+        self.grower, self.before, self.moved = grower, [torch.empty(0)], [0.0]
+
+    def training_seeds(self) -> list[torch.Tensor]:
+        return [p for slot in self.grower.model.slots() if slot.stage is Stage.TRAINING for p in slot.seed_parameters()]
+
+    def on_train_epoch_start(self, trainer: lightning.Trainer, pl_module: lightning.LightningModule) -> None:
+        self.before = [p.detach().clone() for p in self.training_seeds()]
+
+    def on_train_epoch_end(self, trainer: lightning.Trainer, pl_module: lightning.LightningModule) -> None:
+        now = self.training_seeds()
+        moved = sum((p.detach() - b).norm().item() for p, b in zip(now, self.before, strict=True))
+        self.moved.append(moved if self.before else 0.0)
+
+
+def test_under_lightnings_16_bit_mixed_precision_a_training_seed_learns_as_in_32_bit(tmp_path: object) -> None:
+    """The callback passes the precision plugin's `GradScaler` to `after_backward`; the TRAINING seed's unscaled
+    shadow gradients are not divided by its scale (65536), so the seed moves about as far as in full precision."""
+    from lightning.pytorch.plugins import MixedPrecision
+
+    from morphogen.lightning import GrowthCallback
+
+    moved = {}
+    # On a CPU, Trainer(precision="16-mixed") turns itself into bf16-mixed, without a scaler: the plugin is given.
+    for precision, plugins in (("32-true", []), ("16-mixed", [MixedPrecision("16-mixed", "cpu")])):
+        grower, loader = make_grower(epochs=5)  # germinates after epoch 1; two epochs of the five are enough
+        moves = SeedMoves(grower)
+        trainer = lightning.Trainer(max_epochs=2, plugins=plugins, callbacks=[moves, GrowthCallback(grower)],
+                                    accelerator="cpu", logger=False, enable_checkpointing=False,
+                                    enable_progress_bar=False, enable_model_summary=False,
+                                    default_root_dir=str(tmp_path))
+        trainer.fit(GrowingModule(grower), loader)
+        assert moves.moved[1] == 0.0 and moves.before, "the seed germinated after epoch 1 trains in epoch 2"
+        moved[precision] = moves.moved[2]
+    assert moved["32-true"] > 0.0 and 0.5 < moved["16-mixed"] / moved["32-true"] < 2.0, moved
