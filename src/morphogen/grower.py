@@ -1,7 +1,7 @@
 """Growth inside your own training loop: three calls, and the loop, the host's optimizer and its schedule stay yours.
 
-    grower = morphogen.Grower(host, validation=(x_val, y_val), epochs=20)
-    optimizer = torch.optim.AdamW(grower.model.host_parameters(), lr=1e-3)
+    optimizer = torch.optim.AdamW(host.parameters(), lr=1e-3)  # your model's parameters; a rollback resets it
+    grower = morphogen.Grower(host, validation=(x_val, y_val), epochs=20, optimizer=optimizer)
     for epoch in range(20):
         for inputs, targets in loader:
             optimizer.zero_grad()
@@ -146,6 +146,8 @@ class Grower:
                                             telemetry=telemetry, host=host)
         if self._replicas is not None:
             self.episode.sum_over_processes = self._replicas.sum
+        self.episode.divergence_advice = ("lower your optimizer's learning rate (it steps the host) or the seeds' "
+                                          "seed_lr (Grower(config={'episode': {'optimizer': {'seed_lr': ...}}}))")
         self.optimizer = optimizer
         self.snapshot = self.episode.reset()
         assert self.episode.model is not None
@@ -171,6 +173,12 @@ class Grower:
                 was, found = f"{blueprint} {stage}" if blueprint else stage, f"{now[2]} {now[1]}" if now[2] else now[1]
                 return f"slot {slot_id} holds {found}, where the Grower left it {was}"
         return None
+
+    def use_optimizer(self, optimizer: torch.optim.Optimizer) -> None:
+        """Have a rollback clear `optimizer`'s state and back off its rate, as for `optimizer=`: for a host's optimizer
+        built after the Grower (Lightning's `configure_optimizers`, which `GrowthCallback` hands on)."""
+        _check_optimizer(optimizer, self.model.host)
+        self.optimizer = optimizer
 
     @property
     def done(self) -> bool:

@@ -17,6 +17,7 @@ from morphogen.control.controller import NoGrowthController
 from morphogen.control.growth_choice import best_growth
 from morphogen.core.lifecycle import BLENDED_STAGES, Stage
 from morphogen.core.slot import SeedSlot
+from morphogen.env.governor import DivergenceError
 
 
 def make_grower(epochs: int = 5, **options: object) -> tuple[Grower, DataLoader[tuple[torch.Tensor, ...]]]:
@@ -271,6 +272,23 @@ def test_an_epoch_without_training_is_an_error_naming_training_step() -> None:
         grower.end_epoch()
 
 
+def test_a_grower_that_keeps_diverging_names_the_learning_rates_a_user_sets() -> None:
+    """The host of a Grower is stepped by the user's optimizer: the advice is its learning rate and the seeds',
+    not `episode.optimizer.host_lr`, which a Grower never reads."""
+    train, validation = blobs(64, 0), blobs(32, 1)
+    host = morphogen.host_from_module(mlp(), ["1", "3"], example_input=train[0][:2])
+    optimizer = torch.optim.SGD(host.parameters(), lr=0.1)
+    grower = Grower(host, validation, epochs=3, optimizer=optimizer,
+                    config={"episode": {"governor": {"max_consecutive_rollbacks": 1}}})
+    optimizer.zero_grad()
+    grower.training_step(torch.full_like(train[0], float("nan")), train[1]).backward()
+    grower.after_backward()
+    optimizer.step()
+    with pytest.raises(DivergenceError, match=r"diverged 1 epochs in a row .*; lower your optimizer's learning rate "
+                                              r"\(it steps the host\) or the seeds' seed_lr \(Grower\(config="):
+        grower.end_epoch()
+
+
 def test_fp16_grad_scaler_and_gradient_accumulation() -> None:
     grower, loader = make_grower(epochs=3)
     optimizer = torch.optim.AdamW(grower.model.host_parameters(), lr=2e-2)
@@ -417,3 +435,70 @@ def test_under_lightnings_16_bit_mixed_precision_a_training_seed_learns_as_in_32
         assert moves.moved[1] == 0.0 and moves.before, "the seed germinated after epoch 1 trains in epoch 2"
         moved[precision] = moves.moved[2]
     assert moved["32-true"] > 0.0 and 0.5 < moved["16-mixed"] / moved["32-true"] < 2.0, moved
+
+
+class OnceNaN(torch.utils.data.Dataset[tuple[torch.Tensor, torch.Tensor]]):
+    """`blobs(192, 0)` whose sample 5 is NaN the first time it is read: one bad batch in the first epoch."""
+
+    def __init__(self) -> None:
+        self.inputs, self.targets = blobs(192, 0)
+        self.read: set[int] = set()
+
+    def __len__(self) -> int:
+        return len(self.targets)
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        inputs = self.inputs[index].clone()
+        if index == 5 and index not in self.read:
+            inputs[0] = float("nan")
+        self.read.add(index)
+        return inputs, self.targets[index]
+
+
+def fit_quietly(module: lightning.LightningModule, callbacks: list[lightning.Callback], epochs: int, root: object,
+                loader: object) -> lightning.Trainer:
+    trainer = lightning.Trainer(max_epochs=epochs, callbacks=callbacks, accelerator="cpu", logger=False,
+                                enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+                                default_root_dir=str(root))
+    trainer.fit(module, loader)
+    return trainer
+
+
+def test_under_lightning_a_rollback_resets_the_optimizer_configure_optimizers_built(tmp_path: object) -> None:
+    """`configure_optimizers` runs after the Grower is built; the callback hands its optimizer to the grower, so a
+    NaN batch rolled back also clears AdamW's NaN moments and halves its rate, and the next epoch trains on."""
+    from morphogen.lightning import GrowthCallback
+
+    grower, _ = make_grower(epochs=5)
+    callback = GrowthCallback(grower)
+    trainer = fit_quietly(GrowingModule(grower), [callback], 2, tmp_path, DataLoader(OnceNaN(), batch_size=32))
+    assert grower.optimizer is trainer.optimizers[0]
+    assert [r.rolled_back for r in callback.reports] == [True, False]
+    assert trainer.optimizers[0].param_groups[0]["lr"] == pytest.approx(1e-2 * grower.episode.config.governor.backoff)
+    assert all(torch.isfinite(p).all() for p in grower.model.parameters()) and callback.reports[1].score > 50.0
+
+
+class TwoOptimizers(GrowingModule):
+    """The host's parameters split between two optimizers (Lightning's manual optimization)."""
+
+    def __init__(self, grower: Grower) -> None:
+        super().__init__(grower)
+        self.automatic_optimization = False
+
+    def configure_optimizers(self) -> list[torch.optim.Optimizer]:  # type: ignore[override]
+        parameters = list(self.model.host_parameters())
+        return [torch.optim.SGD(parameters[:2], lr=0.1), torch.optim.SGD(parameters[2:], lr=0.1)]
+
+
+def test_under_lightning_an_optimizer_the_callback_cannot_choose_is_refused_when_fit_starts(tmp_path: object) -> None:
+    from morphogen.lightning import GrowthCallback
+
+    grower, loader = make_grower(epochs=2)
+    with pytest.raises(ValueError, match=r"GrowthCallback: 2 optimizers hold the host's parameters, .* give that "
+                                         r"one as Grower\(optimizer=...\)"):
+        fit_quietly(TwoOptimizers(grower), [GrowthCallback(grower)], 1, tmp_path, loader)
+    grower, loader = make_grower(epochs=2)
+    grower.use_optimizer(torch.optim.SGD(grower.model.host_parameters(), lr=0.1))  # as optimizer= would
+    with pytest.raises(ValueError, match=r"the Grower's optimizer= is not one the trainer steps: return it from "
+                                         r"configure_optimizers"):
+        fit_quietly(GrowingModule(grower), [GrowthCallback(grower)], 1, tmp_path, loader)
