@@ -225,3 +225,39 @@ def test_a_lightning_checkpoint_resumes_the_growth(tmp_path: Path) -> None:
     assert [r.epoch for r in reports] == list(range(4, EPOCHS + 1)) and continued.done
     assert [figures(r) for r in reports] == [figures(r) for r in reference[3:]]
     assert all(torch.equal(a, b) for a, b in zip(whole.model.parameters(), continued.model.parameters(), strict=True))
+
+
+class ValidatedModule(GrowingModule):
+    """`GrowingModule` with a validation step of its own: Lightning runs it inside the training epoch."""
+
+    def validation_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_index: int) -> None:
+        inputs, targets = batch
+        self.log("accuracy", (self.model(inputs).argmax(1) == targets).float().mean())
+
+
+def test_a_model_checkpoint_that_would_save_inside_an_epoch_is_refused_before_the_first_batch(tmp_path: Path) -> None:
+    """A Grower is saved between epochs; a checkpoint taken inside one crashed `fit` where it fell (after hours,
+    perhaps). Each setting that saves there is named when training starts, with the one to use instead."""
+    from morphogen.lightning import GrowthCallback
+
+    loader, validation = DataLoader(TensorDataset(*TRAIN), batch_size=32), DataLoader(TensorDataset(*VALIDATION))
+    for checkpoint, validate_every, refused in (
+            (lightning.callbacks.ModelCheckpoint(every_n_train_steps=5), 1,
+             r"^GrowthCallback: ModelCheckpoint\(every_n_train_steps=5\) saves in the middle of an epoch, where a "
+             r"grower cannot be saved .*; use ModelCheckpoint\(every_n_epochs=N\)"),
+            (lightning.callbacks.ModelCheckpoint(), 2,
+             r"ModelCheckpoint saves after validation, which Lightning runs inside the training epoch .*; use "
+             r"ModelCheckpoint\(save_on_train_epoch_end=True\)$"),
+            (lightning.callbacks.ModelCheckpoint(save_on_train_epoch_end=True), 2, None)):
+        grower, _, _ = build()
+        callback = GrowthCallback(grower)
+        trainer = lightning.Trainer(max_epochs=2, callbacks=[callback, checkpoint], accelerator="cpu", logger=False,
+                                    enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
+                                    check_val_every_n_epoch=validate_every, default_root_dir=str(tmp_path))
+        if refused is None:
+            trainer.fit(ValidatedModule(grower), loader, validation)
+            assert len(callback.reports) == 2 and Path(checkpoint.best_model_path).is_file()
+            continue
+        with pytest.raises(ValueError, match=refused):
+            trainer.fit(ValidatedModule(grower), loader, validation)
+        assert not callback.reports and grower.episode.trainer.batches == 0  # refused before any batch
