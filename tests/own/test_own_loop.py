@@ -382,6 +382,31 @@ def test_the_grower_measures_the_growth_signals_its_heuristic_chooses_by() -> No
     assert report.next_action.startswith(f"GERMINATE {best.blueprint}@{best.slot} ")
 
 
+def test_a_seed_trains_with_the_growers_sgd_whatever_the_hosts_optimizer_and_config_changes_it() -> None:
+    """What the README says the seeds get: SGD at 0.01, momentum 0.9, no weight decay, beside the user's AdamW;
+    `config={"episode": {"optimizer": ...}}` gives them another."""
+    eager = {"heuristic": {"warmup_epochs": 0, "plateau_epochs": 1, "plateau_threshold": 1e9,
+                           "loss_plateau_threshold": 1e9, "relative_plateau_threshold": 1e9, "min_training_epochs": 1},
+             "episode": {"slots": {"gates": {"mode": "permissive", "min_training_epochs": 1}, "blend_epochs": 3}}}
+    train, validation = blobs(192, 0), blobs(96, 1)
+    loader = DataLoader(TensorDataset(*train), batch_size=32)
+    for optimizer_table, kind, settings in (
+            ({}, torch.optim.SGD, {"lr": 0.01, "momentum": 0.9, "weight_decay": 0.0}),
+            ({"name": "adamw", "seed_lr": 1e-3, "seed_weight_decay": 0.01}, torch.optim.AdamW,
+             {"lr": 1e-3, "weight_decay": 0.01})):
+        torch.manual_seed(0)
+        host = morphogen.host_from_module(mlp(), ["1", "3"], example_input=train[0][:2])
+        config = {**eager, "episode": {**eager["episode"], "optimizer": optimizer_table}}
+        grower = Grower(host, validation, epochs=5, config=config)
+        optimizer = torch.optim.AdamW(host.parameters(), lr=1e-2)
+        train_epoch(grower, loader, optimizer)  # the seed germinated at its end trains from the next batch
+        grower.training_step(*next(iter(loader))).backward()
+        grower.after_backward()
+        (_, seed_optimizer), = grower.episode.trainer.seed_optimizers.values()
+        assert type(seed_optimizer) is kind and seed_optimizer is not optimizer
+        assert {key: seed_optimizer.param_groups[0][key] for key in settings} == settings
+
+
 def test_a_grower_takes_its_settings_as_grow_does() -> None:
     """`config=` a preset's name or a mapping of tables gives the Grower the episode and heuristic settings."""
     train, validation = blobs(64, 0), blobs(32, 1)
