@@ -119,17 +119,20 @@ class Grower:
                  episode: EpisodeConfig | None = None, heuristic: HeuristicConfig | None = None, seed: int = 0,
                  slots: list[str] | None = None, telemetry: Telemetry | None = None,
                  validation_batch_size: int = 512, target_key: str | None = None, distributed: bool = False,
-                 config: ConfigSource | None = None) -> None:
+                 config: ConfigSource | None = None, policy: str | None = None) -> None:
         """`host` comes from `morphogen.host_from_module` and stays yours (no copy); `validation` is what
         `task_from_data` takes for a split (`target_key` as there). `optimizer` is the host's optimizer, given so
         that a rollback can reset it; `controller` defaults to the heuristic with `heuristic` settings.
         `config` gives `episode` and `heuristic` as `grow` takes its settings: a preset's name, a config file, a
-        mapping of tables or a `RunConfig`.
+        mapping of tables or a `RunConfig`. `policy` decides with a learned policy instead, as `grow(policy=...)`
+        does: "default" (the one shipped with morphogen) or the run directory of a `morphogen train`.
         `distributed=True`: every process of the default `torch.distributed` group trains this model on its own
         batches and validates on its own share of the validation data (see `_Replicas`)."""
         if not isinstance(host, SegmentedHost):
             raise TypeError(f"Grower needs a host from morphogen.host_from_module, got {type(host).__name__}")
         _check_optimizer(optimizer, host)
+        if policy is not None and controller is not None:
+            raise ValueError("Grower: give controller= or policy=, not both")
         if config is not None:
             if episode is not None or heuristic is not None:
                 raise ValueError("Grower: give config, or episode and heuristic, not both")
@@ -152,6 +155,10 @@ class Grower:
         self.snapshot = self.episode.reset()
         assert self.episode.model is not None
         self.model: MorphogeneticModel = self.episode.model
+        if policy is not None:
+            from morphogen.commands.evaluate import load_learned_policy  # loads the policy's modules only here
+
+            controller = load_learned_policy(policy, str(device)).factory(self.episode)
         self.controller = controller or HeuristicController(self.episode.action_space, task_with_host(task).topology,
                                                             heuristic)
         # The episode measures what the controller chooses by (the heuristic's growth signals), as `run` does.

@@ -419,6 +419,8 @@ def test_a_grower_takes_its_settings_as_grow_does() -> None:
     assert tables.episode.config.max_epochs == 3 and tables.episode.config.slots.gates.criterion.value == "loss"
     with pytest.raises(ValueError, match="give config, or episode and heuristic, not both"):
         Grower(host, validation, epochs=3, config="grow_lean", heuristic=tables.controller.config)  # type: ignore[attr-defined]
+    with pytest.raises(ValueError, match=r"give controller= or policy=, not both"):
+        Grower(host, validation, epochs=3, policy="default", controller=NoGrowthController())
 
 
 class SeedMoves(lightning.Callback):
