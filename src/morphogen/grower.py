@@ -61,6 +61,10 @@ from morphogen.telemetry.sinks import Telemetry
 
 #: The version of what `Grower.state_dict` writes; a state of another is refused when loaded.
 GROWER_STATE_FORMAT = 1
+#: What a call after the last epoch is told.
+EPISODE_OVER = ("the growth episode is over (all its epochs were played); build a new Grower to grow again, or train "
+                "grower.model on as any module, with an optimizer over all of grower.model.parameters() (the seeds' "
+                "too)")
 
 
 @dataclass(frozen=True)
@@ -196,9 +200,7 @@ class Grower:
         """The host loss of one batch, for you to backpropagate; the TRAINING seeds' shadow loss is already in
         their gradients. `inputs` are what the model is called with: a tensor, or a tuple, list or dict of them."""
         if self.done:
-            raise RuntimeError("the growth episode is over (all its epochs were played); build a new Grower to grow "
-                               "again, or train grower.model on as any module, with an optimizer over all of "
-                               "grower.model.parameters() (the seeds' too)")
+            raise RuntimeError(EPISODE_OVER)
         if self._steps == 0:  # the first batch says what the model is called with; later ones are not checked
             changed = self._seeds_changed()
             if changed is not None:
@@ -263,13 +265,7 @@ class Grower:
 
     def end_epoch(self) -> EpochReport:
         """Validate, judge and advance the growth; the next epoch's action is decided and applied."""
-        if self._steps == 0:
-            raise RuntimeError("end_epoch() without a training_step() this epoch: call training_step(inputs, "
-                               "targets) for every batch")
-        if self._after_backward_calls != self._steps:
-            raise RuntimeError(f"after_backward() was called for {self._after_backward_calls} of {self._steps} "
-                               "batches this epoch: call it once after each training_step()'s loss.backward() (with "
-                               "gradient accumulation, after every micro-batch's), before optimizer.step()")
+        self._check_epoch_calls()
         self._steps = self._after_backward_calls = 0
         action, (succeeded, reason) = self._action, self._applied
         result = self.episode.finish_epoch(action, succeeded, reason)
@@ -286,6 +282,18 @@ class Grower:
             next_action = self._action.describe()
         self._left = self._seeds_now()
         return self._report(result, action, next_action)
+
+    def _check_epoch_calls(self) -> None:
+        """Refuse an `end_epoch` after the last epoch, or one whose epoch missed a call."""
+        if self.done:
+            raise RuntimeError(f"end_epoch() after the last epoch: {EPISODE_OVER}")
+        if self._steps == 0:
+            raise RuntimeError("end_epoch() without a training_step() this epoch: call training_step(inputs, "
+                               "targets) for every batch")
+        if self._after_backward_calls != self._steps:
+            raise RuntimeError(f"after_backward() was called for {self._after_backward_calls} of {self._steps} "
+                               "batches this epoch: call it once after each training_step()'s loss.backward() (with "
+                               "gradient accumulation, after every micro-batch's), before optimizer.step()")
 
     def state_dict(self) -> dict[str, Any]:
         """Everything the growth needs to go on where it stands, saved between epochs (after `end_epoch`): the

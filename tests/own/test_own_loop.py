@@ -266,6 +266,19 @@ def test_inputs_that_are_not_tensors_are_one_clear_error_at_the_first_step() -> 
     assert grower.end_epoch().parameters > 0
 
 
+def test_end_epoch_after_the_last_epoch_says_the_episode_is_over_and_the_network_stays_in_training_mode() -> None:
+    """Past the last epoch, `end_epoch` says what `training_step` says (it said an epoch had no training_step).
+    Validation runs in eval mode and gives the user's network back in training mode, which the loop goes on in."""
+    grower, loader = make_grower(epochs=2)
+    optimizer = torch.optim.SGD(grower.model.host_parameters(), lr=0.1)
+    for _ in range(2):
+        report = train_epoch(grower, loader, optimizer)
+        assert all(module.training for module in grower.model.modules()), f"after epoch {report.epoch}"
+    with pytest.raises(RuntimeError, match=r"^end_epoch\(\) after the last epoch: the growth episode is over "
+                                           r"\(all its epochs were played\); build a new Grower"):
+        grower.end_epoch()
+
+
 def test_an_epoch_without_training_is_an_error_naming_training_step() -> None:
     grower, _ = make_grower()
     with pytest.raises(RuntimeError, match=r"end_epoch\(\) without a training_step\(\)"):
