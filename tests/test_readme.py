@@ -201,6 +201,26 @@ def test_readme_grower_resume_example_runs(tmp_path, monkeypatch, capsys):
     assert capsys.readouterr().out.startswith("8 {")
 
 
+def test_readme_who_decides_example_runs_the_heuristic_the_shipped_policy_and_a_control(capsys):
+    namespace: dict[str, object] = {}
+    exec(compile(python_block("NoGrowthController()"), str(README), "exec"), namespace)
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert [line.split("  ")[0].strip() for line in lines] == ["heuristic", "policy", "no growth"]
+    assert not any(line.endswith("{'1': 'dormant', '3': 'dormant'}") for line in lines[:2])  # a seed was tried
+    assert lines[2].endswith("{'1': 'dormant', '3': 'dormant'}")
+
+
+def test_readme_examples_import_from_morphogen_what_it_exports():
+    """What a user calls is exported from `morphogen` (and resolves there); no example reaches into a submodule for
+    a name `morphogen` exports."""
+    import morphogen
+
+    assert all(getattr(morphogen, name) is not None for name in morphogen.__all__)
+    reached = re.findall(r"^from morphogen\.[\w.]+ import (.+)$", README.read_text(), flags=re.M)
+    exported = {name.strip() for names in reached for name in names.split(",")} & set(morphogen.__all__)
+    assert not exported, f"the README imports these from a submodule, not from morphogen: {sorted(exported)}"
+
+
 def test_readme_unet_example_grows_across_its_skips_and_exports(tmp_path, monkeypatch, capsys):
     """"A U-Net": the example's own model, data and calls, for 3 epochs instead of 30."""
     import torch

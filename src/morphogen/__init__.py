@@ -15,15 +15,17 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from morphogen.commands.run import RunConfig, RunResult, load_config
     from morphogen.config import ConfigError
+    from morphogen.control.controller import NoGrowthController
     from morphogen.core.blueprints import blueprint_names, build_seed, register_blueprint
-    from morphogen.core.hosts import CNNHost, Conv1dHost, SegmentedHost, TransformerHost
-    from morphogen.core.lifecycle import Stage
+    from morphogen.core.hosts import CNNHost, Conv1dHost, SegmentedHost, TransformerHost, UnknownSlotError
+    from morphogen.core.lifecycle import GateConfig, GateMode, Stage
     from morphogen.core.model import MorphogeneticModel
     from morphogen.core.module_host import HostBuildError, ModuleHost, host_from_module, slot_points
     from morphogen.core.plain import ExportError, GrownNetwork, grown_network
     from morphogen.core.slot import SeedSlot, SlotConfig
     from morphogen.data import DataError, Task
     from morphogen.data.user import task_from_data
+    from morphogen.env.governor import DivergenceError
     from morphogen.export import export_model, load_grown_model
     from morphogen.grower import EpochReport, Grower
     from morphogen.growing import grow
@@ -37,8 +39,10 @@ _HOMES = {
     "blueprint_names": "morphogen.core.blueprints", "build_seed": "morphogen.core.blueprints",
     "register_blueprint": "morphogen.core.blueprints",
     "CNNHost": "morphogen.core.hosts", "Conv1dHost": "morphogen.core.hosts", "SegmentedHost": "morphogen.core.hosts",
-    "TransformerHost": "morphogen.core.hosts",
+    "TransformerHost": "morphogen.core.hosts", "UnknownSlotError": "morphogen.core.hosts",
+    "GateConfig": "morphogen.core.lifecycle", "GateMode": "morphogen.core.lifecycle",
     "Stage": "morphogen.core.lifecycle",
+    "NoGrowthController": "morphogen.control.controller", "DivergenceError": "morphogen.env.governor",
     "MorphogeneticModel": "morphogen.core.model",
     "HostBuildError": "morphogen.core.module_host", "ModuleHost": "morphogen.core.module_host",
     "host_from_module": "morphogen.core.module_host", "slot_points": "morphogen.core.module_host",
@@ -53,11 +57,12 @@ _HOMES = {
 }
 """Where each public name lives."""
 
-__all__ = ["CNNHost", "ConfigError", "Conv1dHost", "DataError", "EpochReport", "ExportError", "Grower",
-    "GrownNetwork", "HostBuildError", "ModuleHost", "MorphogeneticModel", "RunConfig", "RunResult", "SeedSlot",
-    "SeedsResult", "SegmentedHost", "SlotConfig", "Stage", "Task", "TransformerHost", "blueprint_names",
-    "build_seed", "export_model", "grow", "grow_over_seeds", "grown_network", "host_from_module", "load_config",
-    "load_grown_model", "register_blueprint", "slot_points", "task_from_data"]
+__all__ = ["CNNHost", "ConfigError", "Conv1dHost", "DataError", "DivergenceError", "EpochReport", "ExportError",
+    "GateConfig", "GateMode", "Grower", "GrownNetwork", "HostBuildError", "ModuleHost", "MorphogeneticModel",
+    "NoGrowthController", "RunConfig", "RunResult", "SeedSlot", "SeedsResult", "SegmentedHost", "SlotConfig",
+    "Stage", "Task", "TransformerHost", "UnknownSlotError", "blueprint_names", "build_seed", "export_model", "grow",
+    "grow_over_seeds", "grown_network", "host_from_module", "load_config", "load_grown_model", "register_blueprint",
+    "slot_points", "task_from_data"]
 
 
 def __getattr__(name: str) -> Any:

@@ -1,7 +1,7 @@
 """Growth inside your own training loop: three calls, and the loop, the host's optimizer and its schedule stay yours.
 
-    grower = morphogen.Grower(host, validation=(x_val, y_val), epochs=20)
-    optimizer = torch.optim.AdamW(grower.model.host_parameters(), lr=1e-3)
+    optimizer = torch.optim.AdamW(host.parameters(), lr=1e-3)  # your model's parameters; a rollback resets it
+    grower = morphogen.Grower(host, validation=(x_val, y_val), epochs=20, optimizer=optimizer)
     for epoch in range(20):
         for inputs, targets in loader:
             optimizer.zero_grad()
@@ -18,7 +18,8 @@ What each call does, and why it must be there:
 - `after_backward` reads the gradients of the host and of the live seeds for the gradient-health gate, then
   clips and steps each live seed's own optimizer. Seeds keep their own optimizers (morphogen's seed
   optimizer settings), so a new seed never has to be added to yours. With a `GradScaler`, pass it: the
-  seeds' gradients are unscaled with it, and their step is skipped when they are not finite.
+  blended seeds' gradients, which came through your scaled loss, are unscaled with it, and their step is skipped
+  when they are not finite (a TRAINING seed's gradients come from its shadow loss, never scaled).
 - `end_epoch` validates the model and its counterfactual configurations on the validation data, lets the
   governor judge the epoch (a divergence rolls host and seeds back; with `optimizer=` given, your optimizer's
   state is cleared and its learning rate backed off too), advances the seeds' lifecycle, and has the
@@ -46,6 +47,7 @@ from morphogen.commands.run import ConfigSource, settings_from
 from morphogen.control.heuristic import HeuristicConfig, HeuristicController
 from morphogen.core.hosts import SegmentedHost
 from morphogen.core.model import MorphogeneticModel, shadow_rows
+from morphogen.core.slot import SlotMode
 from morphogen.data.user import LossFunction, task_from_data
 from morphogen.env.actions import Action
 from morphogen.env.compute import note_batch
@@ -59,6 +61,10 @@ from morphogen.telemetry.sinks import Telemetry
 
 #: The version of what `Grower.state_dict` writes; a state of another is refused when loaded.
 GROWER_STATE_FORMAT = 1
+#: What a call after the last epoch is told.
+EPISODE_OVER = ("the growth episode is over (all its epochs were played); build a new Grower to grow again, or train "
+                "grower.model on as any module, with an optimizer over all of grower.model.parameters() (the seeds' "
+                "too)")
 
 
 @dataclass(frozen=True)
@@ -117,17 +123,20 @@ class Grower:
                  episode: EpisodeConfig | None = None, heuristic: HeuristicConfig | None = None, seed: int = 0,
                  slots: list[str] | None = None, telemetry: Telemetry | None = None,
                  validation_batch_size: int = 512, target_key: str | None = None, distributed: bool = False,
-                 config: ConfigSource | None = None) -> None:
+                 config: ConfigSource | None = None, policy: str | None = None) -> None:
         """`host` comes from `morphogen.host_from_module` and stays yours (no copy); `validation` is what
         `task_from_data` takes for a split (`target_key` as there). `optimizer` is the host's optimizer, given so
         that a rollback can reset it; `controller` defaults to the heuristic with `heuristic` settings.
         `config` gives `episode` and `heuristic` as `grow` takes its settings: a preset's name, a config file, a
-        mapping of tables or a `RunConfig`.
+        mapping of tables or a `RunConfig`. `policy` decides with a learned policy instead, as `grow(policy=...)`
+        does: "default" (the one shipped with morphogen) or the run directory of a `morphogen train`.
         `distributed=True`: every process of the default `torch.distributed` group trains this model on its own
         batches and validates on its own share of the validation data (see `_Replicas`)."""
         if not isinstance(host, SegmentedHost):
             raise TypeError(f"Grower needs a host from morphogen.host_from_module, got {type(host).__name__}")
         _check_optimizer(optimizer, host)
+        if policy is not None and controller is not None:
+            raise ValueError("Grower: give controller= or policy=, not both")
         if config is not None:
             if episode is not None or heuristic is not None:
                 raise ValueError("Grower: give config, or episode and heuristic, not both")
@@ -144,10 +153,16 @@ class Grower:
                                             telemetry=telemetry, host=host)
         if self._replicas is not None:
             self.episode.sum_over_processes = self._replicas.sum
+        self.episode.divergence_advice = ("lower your optimizer's learning rate (it steps the host) or the seeds' "
+                                          "seed_lr (Grower(config={'episode': {'optimizer': {'seed_lr': ...}}}))")
         self.optimizer = optimizer
         self.snapshot = self.episode.reset()
         assert self.episode.model is not None
         self.model: MorphogeneticModel = self.episode.model
+        if policy is not None:
+            from morphogen.commands.evaluate import load_learned_policy  # loads the policy's modules only here
+
+            controller = load_learned_policy(policy, str(device)).factory(self.episode)
         self.controller = controller or HeuristicController(self.episode.action_space, task_with_host(task).topology,
                                                             heuristic)
         # The episode measures what the controller chooses by (the heuristic's growth signals), as `run` does.
@@ -170,6 +185,12 @@ class Grower:
                 return f"slot {slot_id} holds {found}, where the Grower left it {was}"
         return None
 
+    def use_optimizer(self, optimizer: torch.optim.Optimizer) -> None:
+        """Have a rollback clear `optimizer`'s state and back off its rate, as for `optimizer=`: for a host's optimizer
+        built after the Grower (Lightning's `configure_optimizers`, which `GrowthCallback` hands on)."""
+        _check_optimizer(optimizer, self.model.host)
+        self.optimizer = optimizer
+
     @property
     def done(self) -> bool:
         """The episode's epochs are all played."""
@@ -179,9 +200,7 @@ class Grower:
         """The host loss of one batch, for you to backpropagate; the TRAINING seeds' shadow loss is already in
         their gradients. `inputs` are what the model is called with: a tensor, or a tuple, list or dict of them."""
         if self.done:
-            raise RuntimeError("the growth episode is over (all its epochs were played); build a new Grower to grow "
-                               "again, or train grower.model on as any module, with an optimizer over all of "
-                               "grower.model.parameters() (the seeds' too)")
+            raise RuntimeError(EPISODE_OVER)
         if self._steps == 0:  # the first batch says what the model is called with; later ones are not checked
             changed = self._seeds_changed()
             if changed is not None:
@@ -217,7 +236,9 @@ class Grower:
         """After `loss.backward()` and before your optimizer steps: gradient health, then the seeds' steps.
 
         With a `GradScaler`, call `scaler.unscale_(optimizer)` first if you want the host's gradient health
-        measured unscaled, and pass `scaler` so that the seeds' gradients are unscaled (one host sync).
+        measured unscaled, and pass `scaler` so that the blended seeds' gradients, which came through your scaled
+        loss, are unscaled (one host sync); a TRAINING seed's came from its unscaled shadow loss and are left as
+        they are.
         """
         if self._after_backward_calls >= self._steps:
             raise RuntimeError("after_backward() called more often than training_step() this epoch")
@@ -231,22 +252,20 @@ class Grower:
         if self._replicas is not None:
             self._replicas.average_gradients([*self.model.host_parameters(), *(p for ps in self._running.values()
                                                                                 for p in ps)])
+        # Only a blended seed's gradients came through your loss, which the scaler scaled; a TRAINING seed's came
+        # from its shadow loss, which training_step backpropagated unscaled. Unscaled before the gradient health
+        # reads them, so that a blended seed is not judged by gradients 65536 times its own.
+        finite = {slot_id: _unscaled(parameters, scaler if self.model.slot(slot_id).mode is SlotMode.BLENDED else None)
+                  for slot_id, parameters in self._running.items()}
         self.episode.monitor.accumulate(self.model.host_parameters(), self._running)
         for slot_id, parameters in self._running.items():
-            if not parameters or not _unscaled(parameters, scaler):
-                continue
-            nn.utils.clip_grad_norm_(parameters, trainer.config.clip_norm, foreach=True)
-            trainer.step_seed(slot_id)
+            if finite[slot_id]:
+                nn.utils.clip_grad_norm_(parameters, trainer.config.clip_norm, foreach=True)
+                trainer.step_seed(slot_id)
 
     def end_epoch(self) -> EpochReport:
         """Validate, judge and advance the growth; the next epoch's action is decided and applied."""
-        if self._steps == 0:
-            raise RuntimeError("end_epoch() without a training_step() this epoch: call training_step(inputs, "
-                               "targets) for every batch")
-        if self._after_backward_calls != self._steps:
-            raise RuntimeError(f"after_backward() was called for {self._after_backward_calls} of {self._steps} "
-                               "batches this epoch: call it once after each training_step()'s loss.backward() (with "
-                               "gradient accumulation, after every micro-batch's), before optimizer.step()")
+        self._check_epoch_calls()
         self._steps = self._after_backward_calls = 0
         action, (succeeded, reason) = self._action, self._applied
         result = self.episode.finish_epoch(action, succeeded, reason)
@@ -263,6 +282,18 @@ class Grower:
             next_action = self._action.describe()
         self._left = self._seeds_now()
         return self._report(result, action, next_action)
+
+    def _check_epoch_calls(self) -> None:
+        """Refuse an `end_epoch` after the last epoch, or one whose epoch missed a call."""
+        if self.done:
+            raise RuntimeError(f"end_epoch() after the last epoch: {EPISODE_OVER}")
+        if self._steps == 0:
+            raise RuntimeError("end_epoch() without a training_step() this epoch: call training_step(inputs, "
+                               "targets) for every batch")
+        if self._after_backward_calls != self._steps:
+            raise RuntimeError(f"after_backward() was called for {self._after_backward_calls} of {self._steps} "
+                               "batches this epoch: call it once after each training_step()'s loss.backward() (with "
+                               "gradient accumulation, after every micro-batch's), before optimizer.step()")
 
     def state_dict(self) -> dict[str, Any]:
         """Everything the growth needs to go on where it stands, saved between epochs (after `end_epoch`): the

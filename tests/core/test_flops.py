@@ -147,6 +147,21 @@ def test_counting_leaves_the_model_untouched() -> None:
     assert all(parameter.grad is None for parameter in model.parameters())
 
 
+def test_counting_a_model_with_dropout_leaves_torchs_global_generator_where_it_was() -> None:
+    """A count runs the copy in training mode, where dropout draws; the count is made the first time a plan is
+    seen, so a draw from the user's generator would fall elsewhere in a resumed process than in one never stopped."""
+    network = nn.Sequential(nn.Linear(6, 6), nn.Dropout(0.5), nn.ReLU(), nn.Linear(6, 3))
+    model = MorphogeneticModel(host_from_module(network, ["2"], example_input=torch.randn(2, 6)))
+    model.germinate("2", "mlp_small")
+    model.slot("2").advance(0)  # TRAINING: the shadow pass runs dropout too
+    counter, spec = FlopCounter(), InputSpec.tensor((8, 6))
+    before = torch.get_rng_state()
+    counter.training_step(model, spec)
+    counter.validation_batch(model, [[0.0], [1.0]], spec)
+    counter.probe(model, spec)
+    assert counter.counts_made > 0 and torch.equal(torch.get_rng_state(), before)
+
+
 def test_a_meta_copy_shares_tied_weights_and_allocates_nothing() -> None:
     from morphogen import TransformerHost
 

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 from models import blobs, eager_config, mlp
+from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 import morphogen
@@ -22,10 +23,18 @@ EPOCHS = 10
 TRAIN, VALIDATION = blobs(192, 0), blobs(96, 1)
 
 
-def build(controller: str = "heuristic") -> tuple[Grower, torch.optim.Optimizer, torch.optim.lr_scheduler.LRScheduler]:
+def with_dropout() -> nn.Sequential:
+    """`mlp()` with dropout after its first layer: a model that draws from torch's global generator as it trains."""
+    layers = list(mlp())
+    return nn.Sequential(layers[0], nn.Dropout(0.2), *layers[1:])
+
+
+def build(controller: str = "heuristic", dropout: bool = False
+          ) -> tuple[Grower, torch.optim.Optimizer, torch.optim.lr_scheduler.LRScheduler]:
     """The same Grower, optimizer and schedule every time: what a user's script rebuilds before loading a state."""
     torch.manual_seed(0)
-    host = morphogen.host_from_module(mlp(), ["1", "3"], example_input=TRAIN[0][:2])
+    network, slots = (with_dropout(), ["2", "4"]) if dropout else (mlp(), ["1", "3"])  # after the same two ReLUs
+    host = morphogen.host_from_module(network, slots, example_input=TRAIN[0][:2])
     config = eager_config(EPOCHS)
     keeps_any = dataclasses.replace(config.heuristic, fossilize_threshold=0.0, loss_fossilize_threshold=0.0,
                                     relative_fossilize_threshold=0.0)  # so that a seed is kept within EPOCHS
@@ -99,6 +108,45 @@ def same(a: object, b: object) -> bool:
     if isinstance(a, list | tuple):
         return isinstance(b, list | tuple) and len(a) == len(b) and all(map(same, a, b))
     return a == b or (a != a and b != b)  # NaN stands for a value not measured
+
+
+def test_with_dropout_the_growth_draws_nothing_from_torchs_global_generator_and_resumes_to_the_bit(
+        tmp_path: Path) -> None:
+    """torch's global generator is the user's: `end_epoch` (validation, FLOP counts of each new plan, which run a
+    copy in training mode, growth signals, germination) leaves it where it was. So a user who saves
+    `torch.get_rng_state()` with the checkpoint resumes a model with dropout exactly, also at a cut after which a
+    plan counted before the cut is met again (a fresh process counts it anew)."""
+    whole, optimizer, schedule = build(dropout=True)
+    reference = []
+    for epoch in range(EPOCHS):
+        order = torch.randperm(len(TRAIN[1]), generator=torch.Generator().manual_seed(epoch))
+        for rows in order.split(32):
+            optimizer.zero_grad()
+            whole.training_step(TRAIN[0][rows], TRAIN[1][rows]).backward()
+            whole.after_backward()
+            optimizer.step()
+        schedule.step()
+        generator = torch.get_rng_state()
+        reference.append(whole.end_epoch())
+        assert torch.equal(torch.get_rng_state(), generator), f"end_epoch {epoch + 1} drew from it"
+    # After these cuts the new process counts again a plan (of training or of validation's alphas) that the run
+    # never stopped had counted before the cut: they resumed other dropout masks while the counts drew.
+    for cut in (5, 8):
+        grower, optimizer, schedule = build(dropout=True)
+        for epoch in range(cut):
+            train_epoch(grower, optimizer, schedule, epoch)
+        torch.save({"grower": grower.state_dict(), "optimizer": optimizer.state_dict(),
+                    "schedule": schedule.state_dict(), "rng": torch.get_rng_state()}, tmp_path / "cut.pt")
+        continued, optimizer, schedule = build(dropout=True)
+        saved = torch.load(tmp_path / "cut.pt")
+        continued.load_state_dict(saved["grower"])
+        optimizer.load_state_dict(saved["optimizer"])
+        schedule.load_state_dict(saved["schedule"])
+        torch.set_rng_state(saved["rng"])
+        reports = [train_epoch(continued, optimizer, schedule, epoch) for epoch in range(cut, EPOCHS)]
+        assert [figures(r) for r in reports] == [figures(r) for r in reference[cut:]], f"resumed after epoch {cut}"
+        for name, value in whole.model.state_dict().items():
+            assert same(value, continued.model.state_dict()[name]), f"{name} after a cut at epoch {cut}"
 
 
 @pytest.mark.parametrize("controller", ["heuristic", "policy"])
@@ -177,3 +225,39 @@ def test_a_lightning_checkpoint_resumes_the_growth(tmp_path: Path) -> None:
     assert [r.epoch for r in reports] == list(range(4, EPOCHS + 1)) and continued.done
     assert [figures(r) for r in reports] == [figures(r) for r in reference[3:]]
     assert all(torch.equal(a, b) for a, b in zip(whole.model.parameters(), continued.model.parameters(), strict=True))
+
+
+class ValidatedModule(GrowingModule):
+    """`GrowingModule` with a validation step of its own: Lightning runs it inside the training epoch."""
+
+    def validation_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_index: int) -> None:
+        inputs, targets = batch
+        self.log("accuracy", (self.model(inputs).argmax(1) == targets).float().mean())
+
+
+def test_a_model_checkpoint_that_would_save_inside_an_epoch_is_refused_before_the_first_batch(tmp_path: Path) -> None:
+    """A Grower is saved between epochs; a checkpoint taken inside one crashed `fit` where it fell (after hours,
+    perhaps). Each setting that saves there is named when training starts, with the one to use instead."""
+    from morphogen.lightning import GrowthCallback
+
+    loader, validation = DataLoader(TensorDataset(*TRAIN), batch_size=32), DataLoader(TensorDataset(*VALIDATION))
+    for checkpoint, validate_every, refused in (
+            (lightning.callbacks.ModelCheckpoint(every_n_train_steps=5), 1,
+             r"^GrowthCallback: ModelCheckpoint\(every_n_train_steps=5\) saves in the middle of an epoch, where a "
+             r"grower cannot be saved .*; use ModelCheckpoint\(every_n_epochs=N\)"),
+            (lightning.callbacks.ModelCheckpoint(), 2,
+             r"ModelCheckpoint saves after validation, which Lightning runs inside the training epoch .*; use "
+             r"ModelCheckpoint\(save_on_train_epoch_end=True\)$"),
+            (lightning.callbacks.ModelCheckpoint(save_on_train_epoch_end=True), 2, None)):
+        grower, _, _ = build()
+        callback = GrowthCallback(grower)
+        trainer = lightning.Trainer(max_epochs=2, callbacks=[callback, checkpoint], accelerator="cpu", logger=False,
+                                    enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
+                                    check_val_every_n_epoch=validate_every, default_root_dir=str(tmp_path))
+        if refused is None:
+            trainer.fit(ValidatedModule(grower), loader, validation)
+            assert len(callback.reports) == 2 and Path(checkpoint.best_model_path).is_file()
+            continue
+        with pytest.raises(ValueError, match=refused):
+            trainer.fit(ValidatedModule(grower), loader, validation)
+        assert not callback.reports and grower.episode.trainer.batches == 0  # refused before any batch

@@ -16,6 +16,8 @@ from morphogen import Grower
 from morphogen.control.controller import NoGrowthController
 from morphogen.control.growth_choice import best_growth
 from morphogen.core.lifecycle import BLENDED_STAGES, Stage
+from morphogen.core.slot import SeedSlot
+from morphogen.env.governor import DivergenceError
 
 
 def make_grower(epochs: int = 5, **options: object) -> tuple[Grower, DataLoader[tuple[torch.Tensor, ...]]]:
@@ -264,9 +266,39 @@ def test_inputs_that_are_not_tensors_are_one_clear_error_at_the_first_step() -> 
     assert grower.end_epoch().parameters > 0
 
 
+def test_end_epoch_after_the_last_epoch_says_the_episode_is_over_and_the_network_stays_in_training_mode() -> None:
+    """Past the last epoch, `end_epoch` says what `training_step` says (it said an epoch had no training_step).
+    Validation runs in eval mode and gives the user's network back in training mode, which the loop goes on in."""
+    grower, loader = make_grower(epochs=2)
+    optimizer = torch.optim.SGD(grower.model.host_parameters(), lr=0.1)
+    for _ in range(2):
+        report = train_epoch(grower, loader, optimizer)
+        assert all(module.training for module in grower.model.modules()), f"after epoch {report.epoch}"
+    with pytest.raises(RuntimeError, match=r"^end_epoch\(\) after the last epoch: the growth episode is over "
+                                           r"\(all its epochs were played\); build a new Grower"):
+        grower.end_epoch()
+
+
 def test_an_epoch_without_training_is_an_error_naming_training_step() -> None:
     grower, _ = make_grower()
     with pytest.raises(RuntimeError, match=r"end_epoch\(\) without a training_step\(\)"):
+        grower.end_epoch()
+
+
+def test_a_grower_that_keeps_diverging_names_the_learning_rates_a_user_sets() -> None:
+    """The host of a Grower is stepped by the user's optimizer: the advice is its learning rate and the seeds',
+    not `episode.optimizer.host_lr`, which a Grower never reads."""
+    train, validation = blobs(64, 0), blobs(32, 1)
+    host = morphogen.host_from_module(mlp(), ["1", "3"], example_input=train[0][:2])
+    optimizer = torch.optim.SGD(host.parameters(), lr=0.1)
+    grower = Grower(host, validation, epochs=3, optimizer=optimizer,
+                    config={"episode": {"governor": {"max_consecutive_rollbacks": 1}}})
+    optimizer.zero_grad()
+    grower.training_step(torch.full_like(train[0], float("nan")), train[1]).backward()
+    grower.after_backward()
+    optimizer.step()
+    with pytest.raises(DivergenceError, match=r"diverged 1 epochs in a row .*; lower your optimizer's learning rate "
+                                              r"\(it steps the host\) or the seeds' seed_lr \(Grower\(config="):
         grower.end_epoch()
 
 
@@ -285,6 +317,40 @@ def test_fp16_grad_scaler_and_gradient_accumulation() -> None:
                 optimizer.zero_grad()
         report = grower.end_epoch()
     assert report.score > 60.0 and all(torch.isfinite(p).all() for p in grower.model.parameters())
+
+
+def seeds_after_a_step(stage: Stage, scaler: torch.amp.GradScaler | None) -> list[torch.Tensor]:
+    """The parameters of the first seed in `stage` after one more step of the README's loop, its loss scaled by
+    `scaler` where given (no autocast: the scale is the only difference), and the gradient health's sums over that
+    step (norm, vanishing and exploding counts)."""
+    grower, loader = make_grower()
+    optimizer = torch.optim.SGD(grower.model.host_parameters(), lr=0.1)
+    def found() -> list[SeedSlot]:  # a blended seed at alpha 0 (its first blending epoch) would get no gradient
+        return [slot for slot in grower.model.slots()
+                if slot.stage is stage and (stage is Stage.TRAINING or slot.alpha.alpha > 0.0)]
+
+    while not found():
+        train_epoch(grower, loader, optimizer)
+    seed = found()[0]
+    inputs, targets = next(iter(loader))
+    optimizer.zero_grad()
+    loss = grower.training_step(inputs, targets)
+    (loss if scaler is None else scaler.scale(loss)).backward()
+    grower.after_backward(scaler)
+    health = grower.episode.monitor.collect().seed_sums[seed.slot_id]
+    return [*(p.detach().clone() for p in seed.seed_parameters()), health.clone()]
+
+
+def test_a_grad_scaler_unscales_the_blended_seeds_gradients_and_leaves_the_training_seeds_alone() -> None:
+    """A TRAINING seed learns from its shadow loss, which `training_step` backpropagates unscaled: with a
+    `GradScaler` it takes the very step it takes without one. A blended seed's gradients came through the user's
+    scaled loss: unscaled before the gradient health reads them, its step and health are the unscaled run's too."""
+    for stage in (Stage.TRAINING, Stage.BLENDING):
+        plain = seeds_after_a_step(stage, None)
+        scaled = seeds_after_a_step(stage, torch.amp.GradScaler("cpu", init_scale=1024.0))
+        assert plain[-1][0] > 0.0, f"the {stage.value} seed has a gradient"
+        for a, b in zip(plain, scaled, strict=True):
+            torch.testing.assert_close(b, a, rtol=1e-6, atol=1e-7, msg=f"a {stage.value} seed")
 
 
 lightning = pytest.importorskip("lightning.pytorch", reason="the lightning extra is not installed")
@@ -329,6 +395,31 @@ def test_the_grower_measures_the_growth_signals_its_heuristic_chooses_by() -> No
     assert report.next_action.startswith(f"GERMINATE {best.blueprint}@{best.slot} ")
 
 
+def test_a_seed_trains_with_the_growers_sgd_whatever_the_hosts_optimizer_and_config_changes_it() -> None:
+    """What the README says the seeds get: SGD at 0.01, momentum 0.9, no weight decay, beside the user's AdamW;
+    `config={"episode": {"optimizer": ...}}` gives them another."""
+    eager = {"heuristic": {"warmup_epochs": 0, "plateau_epochs": 1, "plateau_threshold": 1e9,
+                           "loss_plateau_threshold": 1e9, "relative_plateau_threshold": 1e9, "min_training_epochs": 1},
+             "episode": {"slots": {"gates": {"mode": "permissive", "min_training_epochs": 1}, "blend_epochs": 3}}}
+    train, validation = blobs(192, 0), blobs(96, 1)
+    loader = DataLoader(TensorDataset(*train), batch_size=32)
+    for optimizer_table, kind, settings in (
+            ({}, torch.optim.SGD, {"lr": 0.01, "momentum": 0.9, "weight_decay": 0.0}),
+            ({"name": "adamw", "seed_lr": 1e-3, "seed_weight_decay": 0.01}, torch.optim.AdamW,
+             {"lr": 1e-3, "weight_decay": 0.01})):
+        torch.manual_seed(0)
+        host = morphogen.host_from_module(mlp(), ["1", "3"], example_input=train[0][:2])
+        config = {**eager, "episode": {**eager["episode"], "optimizer": optimizer_table}}
+        grower = Grower(host, validation, epochs=5, config=config)
+        optimizer = torch.optim.AdamW(host.parameters(), lr=1e-2)
+        train_epoch(grower, loader, optimizer)  # the seed germinated at its end trains from the next batch
+        grower.training_step(*next(iter(loader))).backward()
+        grower.after_backward()
+        (_, seed_optimizer), = grower.episode.trainer.seed_optimizers.values()
+        assert type(seed_optimizer) is kind and seed_optimizer is not optimizer
+        assert {key: seed_optimizer.param_groups[0][key] for key in settings} == settings
+
+
 def test_a_grower_takes_its_settings_as_grow_does() -> None:
     """`config=` a preset's name or a mapping of tables gives the Grower the episode and heuristic settings."""
     train, validation = blobs(64, 0), blobs(32, 1)
@@ -341,3 +432,113 @@ def test_a_grower_takes_its_settings_as_grow_does() -> None:
     assert tables.episode.config.max_epochs == 3 and tables.episode.config.slots.gates.criterion.value == "loss"
     with pytest.raises(ValueError, match="give config, or episode and heuristic, not both"):
         Grower(host, validation, epochs=3, config="grow_lean", heuristic=tables.controller.config)  # type: ignore[attr-defined]
+    with pytest.raises(ValueError, match=r"give controller= or policy=, not both"):
+        Grower(host, validation, epochs=3, policy="default", controller=NoGrowthController())
+
+
+class SeedMoves(lightning.Callback):
+    """How far the TRAINING seeds' parameters moved in each epoch (placed before the `GrowthCallback`, which
+    advances the stages at the epoch's end)."""
+
+    def __init__(self, grower: Grower) -> None:
+        self.grower, self.before, self.moved = grower, [torch.empty(0)], [0.0]
+
+    def training_seeds(self) -> list[torch.Tensor]:
+        return [p for slot in self.grower.model.slots() if slot.stage is Stage.TRAINING for p in slot.seed_parameters()]
+
+    def on_train_epoch_start(self, trainer: lightning.Trainer, pl_module: lightning.LightningModule) -> None:
+        self.before = [p.detach().clone() for p in self.training_seeds()]
+
+    def on_train_epoch_end(self, trainer: lightning.Trainer, pl_module: lightning.LightningModule) -> None:
+        now = self.training_seeds()
+        moved = sum((p.detach() - b).norm().item() for p, b in zip(now, self.before, strict=True))
+        self.moved.append(moved if self.before else 0.0)
+
+
+def test_under_lightnings_16_bit_mixed_precision_a_training_seed_learns_as_in_32_bit(tmp_path: object) -> None:
+    """The callback passes the precision plugin's `GradScaler` to `after_backward`; the TRAINING seed's unscaled
+    shadow gradients are not divided by its scale (65536), so the seed moves about as far as in full precision."""
+    from lightning.pytorch.plugins import MixedPrecision
+
+    from morphogen.lightning import GrowthCallback
+
+    moved = {}
+    # On a CPU, Trainer(precision="16-mixed") turns itself into bf16-mixed, without a scaler: the plugin is given.
+    for precision, plugins in (("32-true", []), ("16-mixed", [MixedPrecision("16-mixed", "cpu")])):
+        grower, loader = make_grower(epochs=5)  # germinates after epoch 1; two epochs of the five are enough
+        moves = SeedMoves(grower)
+        trainer = lightning.Trainer(max_epochs=2, plugins=plugins, callbacks=[moves, GrowthCallback(grower)],
+                                    accelerator="cpu", logger=False, enable_checkpointing=False,
+                                    enable_progress_bar=False, enable_model_summary=False,
+                                    default_root_dir=str(tmp_path))
+        trainer.fit(GrowingModule(grower), loader)
+        assert moves.moved[1] == 0.0 and moves.before, "the seed germinated after epoch 1 trains in epoch 2"
+        moved[precision] = moves.moved[2]
+    assert moved["32-true"] > 0.0 and 0.5 < moved["16-mixed"] / moved["32-true"] < 2.0, moved
+
+
+class OnceNaN(torch.utils.data.Dataset[tuple[torch.Tensor, torch.Tensor]]):
+    """`blobs(192, 0)` whose sample 5 is NaN the first time it is read: one bad batch in the first epoch."""
+
+    def __init__(self) -> None:
+        self.inputs, self.targets = blobs(192, 0)
+        self.read: set[int] = set()
+
+    def __len__(self) -> int:
+        return len(self.targets)
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        inputs = self.inputs[index].clone()
+        if index == 5 and index not in self.read:
+            inputs[0] = float("nan")
+        self.read.add(index)
+        return inputs, self.targets[index]
+
+
+def fit_quietly(module: lightning.LightningModule, callbacks: list[lightning.Callback], epochs: int, root: object,
+                loader: object) -> lightning.Trainer:
+    trainer = lightning.Trainer(max_epochs=epochs, callbacks=callbacks, accelerator="cpu", logger=False,
+                                enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+                                default_root_dir=str(root))
+    trainer.fit(module, loader)
+    return trainer
+
+
+def test_under_lightning_a_rollback_resets_the_optimizer_configure_optimizers_built(tmp_path: object) -> None:
+    """`configure_optimizers` runs after the Grower is built; the callback hands its optimizer to the grower, so a
+    NaN batch rolled back also clears AdamW's NaN moments and halves its rate, and the next epoch trains on."""
+    from morphogen.lightning import GrowthCallback
+
+    grower, _ = make_grower(epochs=5)
+    callback = GrowthCallback(grower)
+    trainer = fit_quietly(GrowingModule(grower), [callback], 2, tmp_path, DataLoader(OnceNaN(), batch_size=32))
+    assert grower.optimizer is trainer.optimizers[0]
+    assert [r.rolled_back for r in callback.reports] == [True, False]
+    assert trainer.optimizers[0].param_groups[0]["lr"] == pytest.approx(1e-2 * grower.episode.config.governor.backoff)
+    assert all(torch.isfinite(p).all() for p in grower.model.parameters()) and callback.reports[1].score > 50.0
+
+
+class TwoOptimizers(GrowingModule):
+    """The host's parameters split between two optimizers (Lightning's manual optimization)."""
+
+    def __init__(self, grower: Grower) -> None:
+        super().__init__(grower)
+        self.automatic_optimization = False
+
+    def configure_optimizers(self) -> list[torch.optim.Optimizer]:  # type: ignore[override]
+        parameters = list(self.model.host_parameters())
+        return [torch.optim.SGD(parameters[:2], lr=0.1), torch.optim.SGD(parameters[2:], lr=0.1)]
+
+
+def test_under_lightning_an_optimizer_the_callback_cannot_choose_is_refused_when_fit_starts(tmp_path: object) -> None:
+    from morphogen.lightning import GrowthCallback
+
+    grower, loader = make_grower(epochs=2)
+    with pytest.raises(ValueError, match=r"GrowthCallback: 2 optimizers hold the host's parameters, .* give that "
+                                         r"one as Grower\(optimizer=...\)"):
+        fit_quietly(TwoOptimizers(grower), [GrowthCallback(grower)], 1, tmp_path, loader)
+    grower, loader = make_grower(epochs=2)
+    grower.use_optimizer(torch.optim.SGD(grower.model.host_parameters(), lr=0.1))  # as optimizer= would
+    with pytest.raises(ValueError, match=r"the Grower's optimizer= is not one the trainer steps: return it from "
+                                         r"configure_optimizers"):
+        fit_quietly(GrowingModule(grower), [GrowthCallback(grower)], 1, tmp_path, loader)

@@ -10,8 +10,8 @@ are not in proportion (an operation that runs once per call, not per sample) is 
 spec instead. Counts run on a CPU copy of the model with zero tensors (`zero_copy`: the real values are
 never copied) and zero inputs (`InputSpec.zeros`); the `meta` device would need no memory but runs about 25
 times slower, so it only serves a model that cannot run on the CPU copy. Callers multiply a count by the
-batches they ran. Nothing here touches the real model's parameters, buffers or gradients, and nothing runs
-per step.
+batches they ran. Nothing here touches the real model's parameters, buffers, gradients or torch's global random
+generators (a count of a model with dropout runs under `torch.random.fork_rng`), and nothing runs per step.
 
 A training step is split into what the model's output path costs (`StepFlops.main`: forward and backward
 of the host and the blended seeds, as a model without TRAINING seeds would train) and what the shadow pass
@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Callable, Hashable, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -245,7 +246,7 @@ class FlopCounter:
             host = _count(_host_alone, copied, x)
             before = _count(_forward, copied, x)
             try:
-                with torch.random.fork_rng(devices=[]):  # building the seed draws nothing from the training's RNG
+                with _generators_kept(model):  # building the seed draws nothing from the training's RNG
                     slot = copied.install(slot_id, blueprint)
             except ValueError as error:
                 # No layers to widen, no layer to copy: the host decides that, so it lasts. An occupied slot does not.
@@ -284,10 +285,19 @@ class FlopCounter:
         """Run `count(copy, inputs)` on a zero copy of `model` in training mode, inputs of `spec` (zeros); on a
         meta copy when the model cannot run on the CPU copy."""
         self.counts_made += 1
-        try:
-            return _counted(zero_copy(model), spec.zeros(), count)
-        except (RuntimeError, NotImplementedError):
-            return _counted(meta_copy(model), spec.zeros("meta"), count)
+        with _generators_kept(model):
+            try:
+                return _counted(zero_copy(model), spec.zeros(), count)
+            except (RuntimeError, NotImplementedError):
+                return _counted(meta_copy(model), spec.zeros("meta"), count)
+
+
+def _generators_kept(model: nn.Module) -> AbstractContextManager[None]:
+    """torch's global generators as they were once the block ends: the CPU's, and each CUDA device's that `model`
+    lives on. A count runs the copy in training mode, where dropout draws from them; a count is made the first
+    time a plan is seen, so its draws would fall at other moments in a resumed process than in one never stopped."""
+    devices = {tensor.device for tensor in (*model.parameters(), *model.buffers()) if tensor.device.type == "cuda"}
+    return torch.random.fork_rng(devices=sorted(devices, key=str))
 
 
 def _counted(model: nn.Module, x: Inputs, count: CountOnCopy) -> tuple[int, int]:

@@ -245,6 +245,9 @@ class MorphogenesisEpisode:
         self.describe_blueprints = True
         #: Empty slot -> its growth signals and candidate costs, measured after the last epoch when asked.
         self.growth: dict[str, SlotGrowth] = {}
+        #: What a `DivergenceError` tells the user to change: the learning rates that stepped the model. A
+        #: `Grower`'s host is stepped by the user's optimizer, not by `episode.optimizer.host_lr`.
+        self.divergence_advice = "lower episode.optimizer.host_lr / seed_lr"
 
     # ---------------------------------------------------------------- setup
     def build_model(self) -> MorphogeneticModel:
@@ -521,8 +524,7 @@ class MorphogenesisEpisode:
         if rollback.gave_up:
             raise DivergenceError(
                 f"env {self.env_id} epoch {self.epoch}: training diverged {rollback.in_a_row} epochs in a row "
-                f"despite rollbacks and learning-rate back-off (last: {rollback.reason}); lower "
-                "episode.optimizer.host_lr / seed_lr")
+                f"despite rollbacks and learning-rate back-off (last: {rollback.reason}); {self.divergence_advice}")
         return self._validate()
 
     # ---------------------------------------------------------------- measurements
