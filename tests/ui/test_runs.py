@@ -12,6 +12,7 @@ from morphogen.cli import main
 from morphogen.telemetry.events import EpochCompleted, RoundCompleted
 from morphogen.telemetry.sinks import read_events
 from morphogen.ui.runs import MAX_CONFIG_SETTINGS, connect, query_runs
+from morphogen.ui.units import format_flops
 
 
 @pytest.fixture(scope="module")
@@ -218,3 +219,17 @@ def test_runs_lists_the_seeds_of_a_run_over_seeds_and_runs_made_without_telemetr
     assert main(["runs", str(tmp_path), "--where", "run LIKE 'over-seeds/%'"]) == 0
     assert [line.split()[0] for line in capsys.readouterr().out.splitlines()[1:]] == [
         "over-seeds/seed_0", "over-seeds/seed_1", "run"]  # the last line is the note on `quiet`
+
+
+def test_gflops_are_printed_from_the_exact_count_as_the_run_prints_them(
+        grown_run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # Rounded to 3 decimals first, 1,785,448,832 FLOPs read 1.785 and printed 1.78; the run printed 1.79 GFLOP.
+    shutil.copytree(grown_run, tmp_path / "run")
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    summary["grown"]["flops"]["total"] = 1_785_448_832
+    (tmp_path / "run" / "summary.json").write_text(json.dumps(summary))
+    header, rows, _ = query_runs(tmp_path)
+    assert dict(zip(header, rows[0], strict=True))["gflops"] == 1.785448832
+    assert main(["runs", str(tmp_path)]) == 0
+    assert format_flops(1_785_448_832) == "1.79 GFLOP"
+    assert capsys.readouterr().out.splitlines()[1].split()[9] == "1.79"

@@ -23,7 +23,7 @@ Views (`run` is the run directory's name everywhere):
 - `runs`: one row per run: run, command (run, train or eval), task, seed, episodes, epochs, rounds,
   final_accuracy (the last episode's in a run, the last round's mean in a training run, the learned policy's
   mean over an evaluation's episodes from its eval.json), parameters,
-  gflops (a run's training FLOPs in billions: host, seeds, shadow passes and validation; from summary.json),
+  gflops (a run's training FLOPs in billions, unrounded: host, seeds, shadow passes and validation; from summary.json),
   score (what final_accuracy is: "accuracy", "negative loss" for a task with its own loss, or the name of a
   user's metric) and final_loss (the grown model's final validation loss; both from a run's summary.json),
   baseline_accuracy and baseline_parameters (a run's no-growth episode, from summary.json),
@@ -182,7 +182,7 @@ def _run_row(run: str, files: RunFiles) -> dict[str, Any]:
            "seed": _json_value(seed) if isinstance(seed, int) and not isinstance(seed, bool) else None,
            "has_rounds": "rounds" in config, "is_eval": evaluation,
            "eval_accuracy": _learned_accuracy(files.path) if evaluation else None,
-           "gflops": None if flops is None else round(flops / 1e9, 3),
+           "gflops": None if flops is None else flops / 1e9,  # exact: rounded once, where it is printed
            "score": score_kind(summary).name if grown else None, "final_loss": summary_number(grown, "final_loss"),
            "grown_accuracy": summary_number(grown, "final_accuracy"),
            "grown_parameters": _whole_number(summary_number(grown, "parameters"))}
