@@ -233,3 +233,14 @@ def test_gflops_are_printed_from_the_exact_count_as_the_run_prints_them(
     assert main(["runs", str(tmp_path)]) == 0
     assert format_flops(1_785_448_832) == "1.79 GFLOP"
     assert capsys.readouterr().out.splitlines()[1].split()[9] == "1.79"
+
+
+def test_seconds_are_the_grown_models_training_time_the_run_printed(runs_root: Path) -> None:
+    # The span from the first event to the last, rounded to 0.1 s, is not the wall time the run printed (1.5
+    # where it printed 1.52): summary.json's figure is, where there is one.
+    header, rows, _ = query_runs(runs_root)
+    table = {row[0]: dict(zip(header, row, strict=True)) for row in rows}
+    summary = json.loads((runs_root / "grown" / "summary.json").read_text())
+    assert table["grown"]["seconds"] == round(summary["grown"]["seconds"], 2)
+    times = [json.loads(line)["time"] for line in (runs_root / "trained" / "events.jsonl").read_text().splitlines()]
+    assert table["trained"]["seconds"] == pytest.approx(max(times) - min(times), abs=0.005)  # no summary.json

@@ -28,7 +28,9 @@ Views (`run` is the run directory's name everywhere):
   user's metric) and final_loss (the grown model's final validation loss; both from a run's summary.json),
   baseline_accuracy and baseline_parameters (a run's no-growth episode, from summary.json),
   from_scratch_accuracy and from_scratch_parameters (the grown model's final architecture trained from
-  scratch, from summary.json), events, started (UTC), seconds (first to last event).
+  scratch, from summary.json), events, started (UTC), seconds (the grown model's training time from summary.json,
+  as the run's closing table gives it; first to last event for a run without one, a training run or a run still
+  going).
 
 `--where` is one SQL expression over the columns of `runs`, e.g. `--where "task = 'digits' AND
 final_accuracy > 95"`: a second statement, a `SET`, and any function that reaches files (`read_text`,
@@ -185,6 +187,7 @@ def _run_row(run: str, files: RunFiles) -> dict[str, Any]:
            "gflops": None if flops is None else flops / 1e9,  # exact: rounded once, where it is printed
            "score": score_kind(summary).name if grown else None, "final_loss": summary_number(grown, "final_loss"),
            "grown_accuracy": summary_number(grown, "final_accuracy"),
+           "grown_seconds": summary_number(grown, "seconds"),
            "grown_parameters": _whole_number(summary_number(grown, "parameters"))}
     for column, key in (("baseline", "baseline"), ("from_scratch", "from_scratch")):
         parameters = summary_number(summary.get(key), "parameters")
@@ -289,7 +292,8 @@ def open_runs(root: Path) -> Runs:
             "run_files": ([_run_row(name, files) for name, files in runs],
                           "run VARCHAR, task VARCHAR, seed BIGINT, has_rounds BOOLEAN, is_eval BOOLEAN, "
                           "eval_accuracy DOUBLE, gflops DOUBLE, "
-                          "score VARCHAR, final_loss DOUBLE, grown_accuracy DOUBLE, grown_parameters BIGINT, "
+                          "score VARCHAR, final_loss DOUBLE, grown_accuracy DOUBLE, grown_seconds DOUBLE, "
+                          "grown_parameters BIGINT, "
                           "baseline_accuracy DOUBLE, baseline_parameters BIGINT, "
                           "from_scratch_accuracy DOUBLE, from_scratch_parameters BIGINT"),
         }
@@ -351,7 +355,7 @@ def _create_views(connection: Any) -> None:
                f.from_scratch_parameters, coalesce(p.events, 0) AS events,
                CASE WHEN p.first_time BETWEEN 0 AND 253402300799
                     THEN date_trunc('second', to_timestamp(p.first_time)::TIMESTAMP) END AS started,
-               round(p.last_time - p.first_time, 1) AS seconds
+               round(coalesce(f.grown_seconds, p.last_time - p.first_time), 2) AS seconds
         FROM run_files f LEFT JOIN per_run p USING (run) LEFT JOIN last_episode e USING (run)
         LEFT JOIN last_round r USING (run)""")
 
