@@ -11,7 +11,7 @@ import pytest
 from morphogen.cli import main
 from morphogen.telemetry.events import EpochCompleted, RoundCompleted
 from morphogen.telemetry.sinks import read_events
-from morphogen.ui.runs import MAX_CONFIG_SETTINGS, connect, query_runs
+from morphogen.ui.runs import MAX_CONFIG_SETTINGS, NOTHING_KEPT_NOTE, connect, query_runs
 from morphogen.ui.units import format_flops
 
 
@@ -69,7 +69,7 @@ def test_where_filters_and_bad_sql_is_one_line_and_exit_2(runs_root: Path, capsy
     assert len(err) == 1 and err[0].startswith("morphogen runs: error: --where") and "no_such_column" in err[0]
     assert err[0].endswith("(the columns of runs: run, command, task, seed, episodes, epochs, rounds, final_accuracy, "
                            "parameters, gflops, score, final_loss, baseline_accuracy, baseline_parameters, "
-                           "from_scratch_accuracy, from_scratch_parameters, events, started, seconds)")
+                           "from_scratch_accuracy, from_scratch_parameters, nothing_kept, events, started, seconds)")
     assert main(["runs", str(runs_root / "nothing-here")]) == 2
 
 
@@ -244,3 +244,23 @@ def test_seconds_are_the_grown_models_training_time_the_run_printed(runs_root: P
     assert table["grown"]["seconds"] == round(summary["grown"]["seconds"], 2)
     times = [json.loads(line)["time"] for line in (runs_root / "trained" / "events.jsonl").read_text().splitlines()]
     assert table["trained"]["seconds"] == pytest.approx(max(times) - min(times), abs=0.005)  # no summary.json
+
+
+def test_a_run_that_kept_no_seed_lists_no_growths_figures_as_from_scratch_marked_nothing_kept(
+        grown_run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # As the run's seed lines and seeds.json say: its final architecture is the host, trained as no growth.
+    shutil.copytree(grown_run, tmp_path / "kept")
+    shutil.copytree(grown_run, tmp_path / "none")
+    summary = json.loads((tmp_path / "none" / "summary.json").read_text())
+    summary["from_scratch"] = None
+    (tmp_path / "none" / "summary.json").write_text(json.dumps(summary))
+    row = connect(tmp_path).execute("SELECT from_scratch_accuracy, from_scratch_parameters, nothing_kept FROM runs "
+                                    "WHERE run = 'none'").fetchone()
+    assert row == (summary["baseline"]["final_accuracy"], summary["baseline"]["parameters"], True)
+    assert main(["runs", str(tmp_path)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    cells = {line.split()[0]: line.split()[11] for line in lines[1:3]}
+    scratch = json.loads((grown_run / "summary.json").read_text())["from_scratch"]
+    assert cells == {"kept": f"{scratch['final_accuracy']:.2f}",
+                     "none": f"{summary['baseline']['final_accuracy']:.2f}*"}
+    assert lines[3:] == [NOTHING_KEPT_NOTE]

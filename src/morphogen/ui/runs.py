@@ -28,9 +28,10 @@ Views (`run` is the run directory's name everywhere):
   user's metric) and final_loss (the grown model's final validation loss; both from a run's summary.json),
   baseline_accuracy and baseline_parameters (a run's no-growth episode, from summary.json),
   from_scratch_accuracy and from_scratch_parameters (the grown model's final architecture trained from
-  scratch, from summary.json), events, started (UTC), seconds (the grown model's training time from summary.json,
-  as the run's closing table gives it; first to last event for a run without one, a training run or a run still
-  going).
+  scratch, from summary.json; where no seed was kept, `nothing_kept`, that architecture is the host and these are
+  the no-growth run's, as the run's seed lines and seeds.json give them), nothing_kept, events, started (UTC),
+  seconds (the grown model's training time from summary.json, as the run's closing table gives it; first to last
+  event for a run without one, a training run or a run still going).
 
 `--where` is one SQL expression over the columns of `runs`, e.g. `--where "task = 'digits' AND
 final_accuracy > 95"`: a second statement, a `SET`, and any function that reaches files (`read_text`,
@@ -45,7 +46,7 @@ import json
 import math
 import sys
 import tempfile
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Collection, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -68,6 +69,7 @@ from morphogen.ui.run_files import (
     check_run_dir,
     is_summary_only_run,
     load_run_files,
+    nothing_kept,
     score_kind,
     summary_number,
     task_label,
@@ -77,6 +79,9 @@ from morphogen.ui.terminal_text import printable
 RUN_COLUMNS = ("run", "command", "task", "seed", "episodes", "epochs", "rounds", "final_accuracy", "parameters",
                "gflops", "baseline_accuracy", "from_scratch_accuracy", "events", "started", "seconds")
 """Columns of `runs` printed by `morphogen runs` (the view has a few more: see the module docstring)."""
+NOTHING_KEPT_NOTE = ("* nothing kept: no seed was blended in, so the final architecture is the host and its from "
+                     "scratch accuracy is the no-growth run's (as the run's seed lines and seeds.json give it)")
+"""The note under a table in which some run kept no seed."""
 MAX_CONFIG_DEPTH = 16
 """Config settings nested deeper than this read as NULL (real configs nest three deep)."""
 MAX_CONFIG_SETTINGS = 2_000
@@ -189,7 +194,10 @@ def _run_row(run: str, files: RunFiles) -> dict[str, Any]:
            "grown_accuracy": summary_number(grown, "final_accuracy"),
            "grown_seconds": summary_number(grown, "seconds"),
            "grown_parameters": _whole_number(summary_number(grown, "parameters"))}
-    for column, key in (("baseline", "baseline"), ("from_scratch", "from_scratch")):
+    kept_none = nothing_kept(config, files.summary)
+    row["nothing_kept"] = kept_none
+    # As the run's seed lines and seeds.json say: where nothing was kept, from scratch is the no-growth run.
+    for column, key in (("baseline", "baseline"), ("from_scratch", "baseline" if kept_none else "from_scratch")):
         parameters = summary_number(summary.get(key), "parameters")
         row[f"{column}_accuracy"] = summary_number(summary.get(key), "final_accuracy")
         row[f"{column}_parameters"] = _whole_number(parameters)
@@ -295,7 +303,7 @@ def open_runs(root: Path) -> Runs:
                           "score VARCHAR, final_loss DOUBLE, grown_accuracy DOUBLE, grown_seconds DOUBLE, "
                           "grown_parameters BIGINT, "
                           "baseline_accuracy DOUBLE, baseline_parameters BIGINT, "
-                          "from_scratch_accuracy DOUBLE, from_scratch_parameters BIGINT"),
+                          "from_scratch_accuracy DOUBLE, from_scratch_parameters BIGINT, nothing_kept BOOLEAN"),
         }
         try:
             for table, (rows, empty) in tables.items():
@@ -352,7 +360,7 @@ def _create_views(connection: Any) -> None:
                round(coalesce(f.eval_accuracy, r.accuracy, e.accuracy, f.grown_accuracy), 2) AS final_accuracy,
                coalesce(e.params, f.grown_parameters) AS parameters,
                f.gflops, f.score, f.final_loss, f.baseline_accuracy, f.baseline_parameters, f.from_scratch_accuracy,
-               f.from_scratch_parameters, coalesce(p.events, 0) AS events,
+               f.from_scratch_parameters, f.nothing_kept, coalesce(p.events, 0) AS events,
                CASE WHEN p.first_time BETWEEN 0 AND 253402300799
                     THEN date_trunc('second', to_timestamp(p.first_time)::TIMESTAMP) END AS started,
                round(coalesce(f.grown_seconds, p.last_time - p.first_time), 2) AS seconds
@@ -360,11 +368,12 @@ def _create_views(connection: Any) -> None:
         LEFT JOIN last_round r USING (run)""")
 
 
-def _one_expression(where: str) -> str:
-    """The SELECT that filters `runs` by `where`; `RunsQueryError` unless that is one SELECT statement."""
+def _one_expression(where: str, columns: Sequence[str]) -> str:
+    """The SELECT of `columns` that filters `runs` by `where`; `RunsQueryError` unless that is one SELECT
+    statement."""
     import duckdb
 
-    sql = f"SELECT {', '.join(RUN_COLUMNS)} FROM runs WHERE ({where}\n) ORDER BY started, run"
+    sql = f"SELECT {', '.join(columns)} FROM runs WHERE ({where}\n) ORDER BY started, run"
     try:
         statements = duckdb.extract_statements(sql)
     except duckdb.Error as error:
@@ -375,21 +384,22 @@ def _one_expression(where: str) -> str:
     return sql
 
 
-def query_runs(root: str | Path, where: str | None = None) -> tuple[list[str], list[tuple[Any, ...]], list[str]]:
-    """(column names, rows, notes on what was skipped) of `runs` under `root`, filtered by the SQL condition
-    `where`, oldest first."""
+def query_runs(root: str | Path, where: str | None = None, columns: Sequence[str] = RUN_COLUMNS,
+               ) -> tuple[list[str], list[tuple[Any, ...]], list[str]]:
+    """(column names, rows, notes on what was skipped) of `runs` under `root`: its `columns` (default those
+    `morphogen runs` prints), filtered by the SQL condition `where`, oldest first."""
     import duckdb
 
     runs = open_runs(Path(root))
-    sql = (f"SELECT {', '.join(RUN_COLUMNS)} FROM runs ORDER BY started, run" if where is None
-           else _one_expression(where))
+    sql = (f"SELECT {', '.join(columns)} FROM runs ORDER BY started, run" if where is None
+           else _one_expression(where, columns))
     try:
         cursor = runs.connection.execute(sql)
         rows = cursor.fetchall()
     except duckdb.Error as error:
         shown = "" if where is None else f"--where {printable(where)!r}: "
-        columns = runs.connection.execute("SELECT column_name FROM (DESCRIBE runs)").fetchall()
-        hint = f" (the columns of runs: {', '.join(name for (name,) in columns)})" \
+        described = runs.connection.execute("SELECT column_name FROM (DESCRIBE runs)").fetchall()
+        hint = f" (the columns of runs: {', '.join(name for (name,) in described)})" \
             if isinstance(error, duckdb.BinderException) else ""
         raise RunsQueryError(f"{shown}{str(error).splitlines()[0]}{hint}") from None
     return [d[0] for d in cursor.description], rows, runs.notes()
@@ -430,14 +440,18 @@ def _cell(value: Any) -> Text:
     return Text(printable(str(value)))
 
 
-def print_table(header: Sequence[str], rows: Sequence[Sequence[Any]], out: TextIO) -> None:
-    """`rows` under `header` as an aligned table, numbers right-aligned."""
+def print_table(header: Sequence[str], rows: Sequence[Sequence[Any]], out: TextIO,
+                marked: Collection[tuple[int, int]] = ()) -> None:
+    """`rows` under `header` as an aligned table, numbers right-aligned; the cells `marked` (row, column) end in
+    `*`, which a note under the table explains."""
     numeric = [all(isinstance(row[i], (int, float)) or row[i] is None for row in rows) for i in range(len(header))]
     columns = [Column(Text(printable(name)), justify="right" if is_number else "left")
                for name, is_number in zip(header, numeric, strict=True)]
     table = Table(*columns, box=None, pad_edge=False, header_style="bold")
-    for row in rows:
-        table.add_row(*(_cell(value) for value in row))
+    starred = {column for _, column in marked}  # their other cells end in a space, to keep the digits aligned
+    for index, row in enumerate(rows):
+        table.add_row(*(_cell(value) + ("*" if (index, column) in marked else " " if column in starred else "")
+                        for column, value in enumerate(row)))
     Console(file=out, width=max(LINE_WIDTH, 200), highlight=False).print(table)
 
 
@@ -446,13 +460,18 @@ def runs_command(root: str | Path = "runs", *, where: str | None = None, compare
     """Print the runs table (or, with `compare`, two runs' curves side by side) to `out`."""
     out = sys.stdout if out is None else out
     notes: list[str] = []
+    marked: set[tuple[int, int]] = set()
     if compare:
         header, rows = compare_runs(*compare)
     else:
-        header, rows, notes = query_runs(root, where)
+        header, rows, notes = query_runs(root, where, (*RUN_COLUMNS, "nothing_kept"))
+        scratch = header.index("from_scratch_accuracy")
+        marked = {(index, scratch) for index, row in enumerate(rows) if row[-1] and row[scratch] is not None}
+        header, rows = header[:-1], [row[:-1] for row in rows]
+        notes = ([NOTHING_KEPT_NOTE] if marked else []) + notes
     if not rows:
         print("no runs match" if where else "no runs", file=out)
     else:
-        print_table(header, rows, out)
+        print_table(header, rows, out, marked)
     for note in notes:
         print(note, file=out)
