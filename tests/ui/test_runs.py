@@ -264,3 +264,24 @@ def test_a_run_that_kept_no_seed_lists_no_growths_figures_as_from_scratch_marked
     assert cells == {"kept": f"{scratch['final_accuracy']:.2f}",
                      "none": f"{summary['baseline']['final_accuracy']:.2f}*"}
     assert lines[3:] == [NOTHING_KEPT_NOTE]
+
+
+def test_compare_takes_any_two_run_directories_or_runs_as_the_table_names_them(
+        grown_run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # Runs under different directories, a run beside its own no-growth training, and names under DIR.
+    shutil.copytree(grown_run, tmp_path / "a" / "seed_0")
+    shutil.copytree(grown_run, tmp_path / "b" / "seed_0")
+    for argv in (["runs", "--compare", str(tmp_path / "a" / "seed_0"), str(tmp_path / "b" / "seed_0")],
+                 ["runs", str(tmp_path), "--compare", "a/seed_0", "b/seed_0"]):
+        assert main(argv) == 0
+        lines = capsys.readouterr().out.splitlines()
+        assert lines[0].split() == ["epoch", "acc", "%", "a/seed_0", "acc", "%", "b/seed_0", "params", "a/seed_0",
+                                    "params", "b/seed_0"]
+        assert len(lines) == 9 and all(row.split()[1] == row.split()[2] for row in lines[1:])
+    assert main(["runs", str(tmp_path / "a"), "--compare", "seed_0", str(tmp_path / "a" / "seed_0" / "baseline")]) == 0
+    assert capsys.readouterr().out.splitlines()[0].split() == ["epoch", "acc", "%", "seed_0", "acc", "%", "baseline",
+                                                               "params", "seed_0", "params", "baseline"]
+    assert main(["runs", str(tmp_path / "a"), "--compare", "seed_0", "seed_1"]) == 2
+    assert capsys.readouterr().err.splitlines() == [
+        f"morphogen runs: error: --compare seed_1: no such run directory, here or under {tmp_path / 'a'} (name a "
+        f"run's directory, or a run as `morphogen runs {tmp_path / 'a'}` lists it)"]

@@ -35,8 +35,9 @@ Views (`run` is the run directory's name everywhere):
 
 `--where` is one SQL expression over the columns of `runs`, e.g. `--where "task = 'digits' AND
 final_accuracy > 95"`: a second statement, a `SET`, and any function that reaches files (`read_text`,
-`COPY`, `ATTACH`, ...) are refused with one line. Only this module imports duckdb; the other commands
-never need it.
+`COPY`, `ATTACH`, ...) are refused with one line. `--compare RUN RUN` loads only those two runs, by the same
+readers: any two run directories, or runs as the table of DIR names them. Only this module imports duckdb; the
+other commands never need it.
 """
 
 from __future__ import annotations
@@ -286,9 +287,14 @@ def connect(root: str | Path) -> Any:
 
 def open_runs(root: Path) -> Runs:
     """Read the runs under `root` into DuckDB (see the module docstring); `RunsQueryError` if there are none."""
+    runs, skipped = read_runs(root)
+    return _load_runs(runs, skipped, f"the runs under {root}")
+
+
+def _load_runs(runs: Sequence[tuple[str, RunFiles]], skipped: list[str], what: str) -> Runs:
+    """`runs` (name, files) in DuckDB with the views of the module docstring; `what` names them in an error."""
     import duckdb
 
-    runs, skipped = read_runs(root)
     configs, config_notes = _config_rows(runs)
     connection = duckdb.connect()
     with tempfile.TemporaryDirectory(prefix="morphogen-runs-") as scratch:
@@ -310,7 +316,7 @@ def open_runs(root: Path) -> Runs:
                 count = _write_lines(folder / f"{table}.jsonl", rows)
                 _load_table(connection, table, folder / f"{table}.jsonl", count, empty)
         except duckdb.Error as error:
-            raise RunsQueryError(f"cannot load the runs under {root}: {str(error).splitlines()[0]}") from None
+            raise RunsQueryError(f"cannot load {what}: {str(error).splitlines()[0]}") from None
     _create_views(connection)
     connection.execute("SET enable_external_access = false")  # no file or network from here on
     connection.execute("SET lock_configuration = true")  # ... and no SET to undo that
@@ -405,13 +411,38 @@ def query_runs(root: str | Path, where: str | None = None, columns: Sequence[str
     return [d[0] for d in cursor.description], rows, runs.notes()
 
 
-def compare_runs(run_a: str | Path, run_b: str | Path) -> tuple[list[str], list[tuple[Any, ...]]]:
-    """Two runs' curves side by side: per epoch (env 0) for runs, per round for training runs."""
-    paths = [check_run_dir(run_a), check_run_dir(run_b)]
-    if paths[0].parent.resolve() != paths[1].parent.resolve():
-        raise RunsQueryError("--compare needs two runs under the same directory (e.g. runs/A runs/B)")
-    connection = connect(paths[0].parent)
-    names = [path.name for path in paths]
+def _compared_run(run: str | Path, root: Path) -> Path:
+    """The run directory `--compare` names: a path, or a run's name as `morphogen runs root` lists it
+    (`seed_0`, `cos30/seed_0`); `RunsQueryError` naming both places where it is neither."""
+    path = Path(run)
+    if not path.is_dir() and (root / path).is_dir():
+        path = root / path
+    if not path.is_dir():
+        shown = printable(str(root))
+        raise RunsQueryError(f"--compare {printable(str(run))}: no such run directory, here or under {shown} (name "
+                             f"a run's directory, or a run as `morphogen runs {shown}` lists it)")
+    return check_run_dir(path)
+
+
+def _labels(paths: Sequence[Path]) -> list[str]:
+    """The names two compared runs go by: their directories' names, with as many parents as tell them apart
+    (`a/seed_0` and `b/seed_0`)."""
+    labels = [path.name for path in paths]
+    for depth in range(2, max(len(path.parts) for path in paths) + 1):
+        if labels[0] != labels[1]:
+            break
+        labels = ["/".join(path.parts[-depth:]) for path in paths]
+    return labels
+
+
+def compare_runs(run_a: str | Path, run_b: str | Path, root: str | Path = "runs",
+                 ) -> tuple[list[str], list[tuple[Any, ...]]]:
+    """Two runs' curves side by side: per epoch (env 0) for runs, per round for training runs. Each is any run
+    directory (a seed's, a comparison's `baseline`), or a run's name under `root`; only those two are read."""
+    paths = [_compared_run(run_a, Path(root)), _compared_run(run_b, Path(root))]
+    names = _labels(paths)
+    runs = [(name, load_run_files(path)) for name, path in zip(names, paths, strict=True)]
+    connection = _load_runs(runs, [], " and ".join(printable(name) for name in names)).connection
     rounds = connection.execute("SELECT count(*) FROM rounds WHERE run IN (?, ?)", names).fetchone()
     a, b = names
     if rounds is not None and rounds[0] > 0:
@@ -462,7 +493,8 @@ def runs_command(root: str | Path = "runs", *, where: str | None = None, compare
     notes: list[str] = []
     marked: set[tuple[int, int]] = set()
     if compare:
-        header, rows = compare_runs(*compare)
+        run_a, run_b = compare
+        header, rows = compare_runs(run_a, run_b, root)
     else:
         header, rows, notes = query_runs(root, where, (*RUN_COLUMNS, "nothing_kept"))
         scratch = header.index("from_scratch_accuracy")
