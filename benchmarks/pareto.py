@@ -33,6 +33,7 @@ import dataclasses
 import json
 import math
 import statistics
+import sys
 import time
 from collections.abc import Iterable, Sequence
 from concurrent.futures import ProcessPoolExecutor
@@ -42,7 +43,7 @@ from pathlib import Path
 import torch
 
 from morphogen.commands.run import RunConfig
-from morphogen.config import build_config, read_config_source
+from morphogen.config import ConfigError, build_config, read_config_source
 from morphogen.control.controller import NoGrowthController
 from morphogen.control.heuristic import HeuristicConfig, HeuristicController
 from morphogen.data import load_task
@@ -51,6 +52,8 @@ from morphogen.env.play import EpisodeOutcome, run_episode
 from morphogen.ui.svg import Series, line_chart
 from morphogen.ui.units import format_flops
 
+#: The built-in tasks whose hosts the sweep sizes (n_blocks x base_channels) and that need no data directory.
+TASKS = ("mnist1d", "digits")
 #: Accuracy points within which a grown run counts as as accurate as its final architecture from scratch.
 EQUAL_ACCURACY = 0.3
 #: The grown run's training FLOPs the issue asks for, as a fraction of its final architecture's from scratch.
@@ -252,6 +255,25 @@ def _size(text: str) -> tuple[int, int]:
     return int(blocks), int(width)
 
 
+def check_arguments(tasks: Sequence[str], config: str) -> None:
+    """A task the sweep cannot size, or a config that does not load, is one line and exit 2 now, not a traceback
+    from every worker process."""
+    unknown = [task for task in tasks if task not in TASKS]
+    problem = ""
+    if unknown:
+        problem = (f"--tasks: {unknown[0]!r} is not one of {', '.join(TASKS)}: pareto.py sweeps the sizes of those "
+                   "built-in hosts; to compare a model of your own with other sizes of it, run `morphogen run --task "
+                   "module:function --seeds N --compare NAME=module:function`")
+    elif config:
+        try:
+            build_config(RunConfig, read_config_source(config))
+        except ConfigError as error:
+            problem = f"--config: {error}"
+    if problem:
+        print(f"pareto.py: error: {problem}", file=sys.stderr)
+        raise SystemExit(2)
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tasks", default="mnist1d,digits")
@@ -279,8 +301,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     args.plot_configs = [name.strip() for name in args.plot_configs.split(",")] if args.plot_configs else []
     tasks = [name.strip() for name in args.tasks.split(",") if name.strip()]
     seeds = range(args.first_seed, args.first_seed + args.seeds)
-    if args.config:
-        build_config(RunConfig, read_config_source(args.config))  # a bad file: one line now, not in every worker
+    check_arguments(tasks, args.config)
     jobs = []
     for task in tasks:
         if args.only in (None, "fixed"):

@@ -31,6 +31,10 @@ def host(width=8):
 def wide():
     return host(32)
 
+def three_classes():
+    model = torch.nn.Sequential(torch.nn.Linear(12, 8), torch.nn.ReLU(), torch.nn.Linear(8, 3))
+    return morphogen.host_from_module(model, slots=["1"], example_input=x[:2])
+
 def make_task():
     return morphogen.task_from_data("sums", (x[:240], y[:240]), (x[240:], y[240:]), num_classes=2), host
 """
@@ -89,6 +93,11 @@ def test_a_users_task_compares_with_hosts_its_module_builds(tmp_path: Path, monk
                         "--run-dir", "refused"], capsys)
     assert line == ("morphogen run: error: compare_with: 'wide': its host function returned a tuple, not a host; "
                     "return morphogen.host_from_module(model, slots=..., example_input=...)")  # not the task's host
+    line = _user_error(["run", "--task", "compared_task:make_task", "--compare", "3=compared_task:three_classes",
+                        "--run-dir", "refused"], capsys)
+    assert line == ("morphogen run: error: compare_with: '3': the model's outputs have shape (2, 3) for targets (2,): "
+                    "3 class scores on the last dimension, but the task has num_classes=2 (give the model 2 outputs "
+                    "there, or the task num_classes=3)")  # before the grown model trains
     assert not (tmp_path / "refused").exists()
 
 

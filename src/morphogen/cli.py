@@ -213,7 +213,8 @@ def _add_runs_parser(subparsers: Any) -> None:
                                              "morphogen.ui.runs).")
     runs.add_argument("root", metavar="DIR", nargs="?", default="runs", help="parent of run directories (default runs)")
     runs.add_argument("--where", metavar="SQL", help="condition on the runs view, e.g. \"task = 'digits'\"")
-    runs.add_argument("--compare", nargs=2, metavar="RUN", help="two run directories' curves side by side")
+    runs.add_argument("--compare", nargs=2, metavar="RUN", help="two runs' curves side by side: any two run "
+                      "directories, or runs as the table of DIR names them (seed_0, cos30/seed_0)")
 
 
 def _add_list_parser(subparsers: Any) -> None:

@@ -208,6 +208,40 @@ def test_per_pixel_classes_train_under_the_default_loss_and_accuracy_counts_pixe
         morphogen.task_from_data("six", (images[:32], labels[:32]), (images[32:], labels[32:]), class_dim=2)
 
 
+def test_a_host_with_another_number_of_class_scores_than_num_classes_is_refused_before_training(
+        tmp_path: Path) -> None:
+    # Such a model trains (targets below 7 are valid class indices of 7 scores), but its accuracy means nothing.
+    x, y = blobs(96, seed=0, inputs=4, classes=4)
+    task = morphogen.task_from_data("blobs", (x[:64], y[:64]), (x[64:], y[64:]), num_classes=4)
+
+    def host(classes: int) -> morphogen.SegmentedHost:
+        model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, classes))
+        return morphogen.host_from_module(model, ["1"], example_input=x[:2])
+
+    said = ("task 'blobs': the model's outputs have shape (2, 7) for targets (2,): 7 class scores on the last "
+            "dimension, but the task has num_classes=4 (give the model 4 outputs there, or the task num_classes=7)")
+    with pytest.raises(morphogen.DataError) as caught:
+        morphogen.grow(task, host(7), run_dir=str(tmp_path / "grown"), config=eager_config(epochs=1),
+                       out=io.StringIO())
+    assert str(caught.value) == said and not (tmp_path / "grown").exists()
+    with pytest.raises(morphogen.DataError) as caught:
+        morphogen.grow(task, host(4), run_dir=str(tmp_path / "compared"), config=eager_config(epochs=1),
+                       out=io.StringIO(), compare_with={"wide": lambda: host(7)})
+    assert str(caught.value) == "compare_with: 'wide': " + said.removeprefix("task 'blobs': ")
+    assert not (tmp_path / "compared").exists()
+    # Per-pixel scores [N, C, H, W] are counted on dimension 1.
+    images = torch.randn(16, 1, 4, 4, generator=torch.Generator().manual_seed(0))
+    pixels = morphogen.task_from_data("pixels", (images, (images[:, 0] > 0).long()),
+                                      (images, (images[:, 0] > 0).long()), num_classes=2)
+    net = torch.nn.Sequential(torch.nn.Conv2d(1, 4, 3, padding=1), torch.nn.ReLU(), torch.nn.Conv2d(4, 3, 1))
+    with pytest.raises(morphogen.DataError, match=r"3 class scores on dimension 1, but the task has num_classes=2"):
+        morphogen.grow(pixels, morphogen.host_from_module(net, ["1"], example_input=images[:2]),
+                       run_dir=str(tmp_path / "pixels"), config=eager_config(epochs=1), out=io.StringIO())
+    # A loss of the user's own reads the outputs as it likes: nothing is refused.
+    own = dataclasses.replace(task, loss=lambda outputs, targets: torch.nn.functional.cross_entropy(outputs, targets))
+    morphogen.grow(own, host(7), run_dir=str(tmp_path / "own"), config=eager_config(epochs=1), out=io.StringIO())
+
+
 @pytest.mark.parametrize(("host", "message"), [
     (torch.nn.Sequential(torch.nn.Linear(4, 2)), "task 'plain': its host is a Sequential, not a host; pass "
                                                    "morphogen.host_from_module(model, slots=..., example_input=...)"),

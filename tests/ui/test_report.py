@@ -21,7 +21,9 @@ def test_report_of_a_run_shows_epochs_seeds_and_the_comparison(tmp_path, capsys)
     assert "reward by component" not in report, "the heuristic never reads a reward: its run shows none"
     assert "health: no rollbacks, no anomalies" in report
     assert "no growth" in report and "time by phase" in report
-    assert "FLOP;" in report and report.rstrip().endswith("FLOP")  # both models' training FLOPs
+    # Every model's training FLOPs; four epochs grow nothing, so from scratch is no growth, as the run says.
+    assert "FLOP;" in report and report.rstrip().endswith(
+        "FLOP (nothing kept: the final architecture is the host, so these are no growth's figures)")
 
 
 def test_report_of_a_training_run_lists_its_rounds(tmp_path, capsys):
@@ -229,3 +231,20 @@ def test_report_says_why_the_controller_acted_and_a_run_that_grew_nothing_says_w
     out = capsys.readouterr().out
     assert "none germinated (last epoch: waited: 1 epoch left, fewer than the 7 a seed needs to reach the output)" \
         in " ".join(out.split())
+
+
+def test_a_run_that_kept_no_seed_gives_no_growths_figures_as_from_scratch_marked_nothing_kept(
+        grown_run, tmp_path, capsys):
+    # Its final architecture is the host: the run's seed lines and seeds.json give the no-growth figure for it.
+    import shutil
+
+    run = shutil.copytree(grown_run, tmp_path / "run")
+    summary = json.loads((run / "summary.json").read_text())
+    summary["from_scratch"] = None
+    (run / "summary.json").write_text(json.dumps(summary))
+    assert main(["report", str(run)]) == 0
+    closing = capsys.readouterr().out.rstrip().splitlines()[-1]
+    baseline = summary["baseline"]
+    assert (f"; from scratch {baseline['final_accuracy']:.2f}% with {baseline['parameters']:,} parameters and "
+            in closing) and closing.endswith(" (nothing kept: the final architecture is the host, so these are no "
+                                             "growth's figures)")

@@ -11,7 +11,8 @@ import pytest
 from morphogen.cli import main
 from morphogen.telemetry.events import EpochCompleted, RoundCompleted
 from morphogen.telemetry.sinks import read_events
-from morphogen.ui.runs import MAX_CONFIG_SETTINGS, connect, query_runs
+from morphogen.ui.runs import MAX_CONFIG_SETTINGS, NOTHING_KEPT_NOTE, connect, query_runs
+from morphogen.ui.units import format_flops
 
 
 @pytest.fixture(scope="module")
@@ -68,7 +69,7 @@ def test_where_filters_and_bad_sql_is_one_line_and_exit_2(runs_root: Path, capsy
     assert len(err) == 1 and err[0].startswith("morphogen runs: error: --where") and "no_such_column" in err[0]
     assert err[0].endswith("(the columns of runs: run, command, task, seed, episodes, epochs, rounds, final_accuracy, "
                            "parameters, gflops, score, final_loss, baseline_accuracy, baseline_parameters, "
-                           "from_scratch_accuracy, from_scratch_parameters, events, started, seconds)")
+                           "from_scratch_accuracy, from_scratch_parameters, nothing_kept, events, started, seconds)")
     assert main(["runs", str(runs_root / "nothing-here")]) == 2
 
 
@@ -218,3 +219,69 @@ def test_runs_lists_the_seeds_of_a_run_over_seeds_and_runs_made_without_telemetr
     assert main(["runs", str(tmp_path), "--where", "run LIKE 'over-seeds/%'"]) == 0
     assert [line.split()[0] for line in capsys.readouterr().out.splitlines()[1:]] == [
         "over-seeds/seed_0", "over-seeds/seed_1", "run"]  # the last line is the note on `quiet`
+
+
+def test_gflops_are_printed_from_the_exact_count_as_the_run_prints_them(
+        grown_run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # Rounded to 3 decimals first, 1,785,448,832 FLOPs read 1.785 and printed 1.78; the run printed 1.79 GFLOP.
+    shutil.copytree(grown_run, tmp_path / "run")
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    summary["grown"]["flops"]["total"] = 1_785_448_832
+    (tmp_path / "run" / "summary.json").write_text(json.dumps(summary))
+    header, rows, _ = query_runs(tmp_path)
+    assert dict(zip(header, rows[0], strict=True))["gflops"] == 1.785448832
+    assert main(["runs", str(tmp_path)]) == 0
+    assert format_flops(1_785_448_832) == "1.79 GFLOP"
+    assert capsys.readouterr().out.splitlines()[1].split()[9] == "1.79"
+
+
+def test_seconds_are_the_grown_models_training_time_the_run_printed(runs_root: Path) -> None:
+    # The span from the first event to the last, rounded to 0.1 s, is not the wall time the run printed (1.5
+    # where it printed 1.52): summary.json's figure is, where there is one.
+    header, rows, _ = query_runs(runs_root)
+    table = {row[0]: dict(zip(header, row, strict=True)) for row in rows}
+    summary = json.loads((runs_root / "grown" / "summary.json").read_text())
+    assert table["grown"]["seconds"] == round(summary["grown"]["seconds"], 2)
+    times = [json.loads(line)["time"] for line in (runs_root / "trained" / "events.jsonl").read_text().splitlines()]
+    assert table["trained"]["seconds"] == pytest.approx(max(times) - min(times), abs=0.005)  # no summary.json
+
+
+def test_a_run_that_kept_no_seed_lists_no_growths_figures_as_from_scratch_marked_nothing_kept(
+        grown_run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # As the run's seed lines and seeds.json say: its final architecture is the host, trained as no growth.
+    shutil.copytree(grown_run, tmp_path / "kept")
+    shutil.copytree(grown_run, tmp_path / "none")
+    summary = json.loads((tmp_path / "none" / "summary.json").read_text())
+    summary["from_scratch"] = None
+    (tmp_path / "none" / "summary.json").write_text(json.dumps(summary))
+    row = connect(tmp_path).execute("SELECT from_scratch_accuracy, from_scratch_parameters, nothing_kept FROM runs "
+                                    "WHERE run = 'none'").fetchone()
+    assert row == (summary["baseline"]["final_accuracy"], summary["baseline"]["parameters"], True)
+    assert main(["runs", str(tmp_path)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    cells = {line.split()[0]: line.split()[11] for line in lines[1:3]}
+    scratch = json.loads((grown_run / "summary.json").read_text())["from_scratch"]
+    assert cells == {"kept": f"{scratch['final_accuracy']:.2f}",
+                     "none": f"{summary['baseline']['final_accuracy']:.2f}*"}
+    assert lines[3:] == [NOTHING_KEPT_NOTE]
+
+
+def test_compare_takes_any_two_run_directories_or_runs_as_the_table_names_them(
+        grown_run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # Runs under different directories, a run beside its own no-growth training, and names under DIR.
+    shutil.copytree(grown_run, tmp_path / "a" / "seed_0")
+    shutil.copytree(grown_run, tmp_path / "b" / "seed_0")
+    for argv in (["runs", "--compare", str(tmp_path / "a" / "seed_0"), str(tmp_path / "b" / "seed_0")],
+                 ["runs", str(tmp_path), "--compare", "a/seed_0", "b/seed_0"]):
+        assert main(argv) == 0
+        lines = capsys.readouterr().out.splitlines()
+        assert lines[0].split() == ["epoch", "acc", "%", "a/seed_0", "acc", "%", "b/seed_0", "params", "a/seed_0",
+                                    "params", "b/seed_0"]
+        assert len(lines) == 9 and all(row.split()[1] == row.split()[2] for row in lines[1:])
+    assert main(["runs", str(tmp_path / "a"), "--compare", "seed_0", str(tmp_path / "a" / "seed_0" / "baseline")]) == 0
+    assert capsys.readouterr().out.splitlines()[0].split() == ["epoch", "acc", "%", "seed_0", "acc", "%", "baseline",
+                                                               "params", "seed_0", "params", "baseline"]
+    assert main(["runs", str(tmp_path / "a"), "--compare", "seed_0", "seed_1"]) == 2
+    assert capsys.readouterr().err.splitlines() == [
+        f"morphogen runs: error: --compare seed_1: no such run directory, here or under {tmp_path / 'a'} (name a "
+        f"run's directory, or a run as `morphogen runs {tmp_path / 'a'}` lists it)"]

@@ -11,10 +11,14 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 
+import torch
+
 from morphogen.config import ConfigError
+from morphogen.core.hosts import SegmentedHost
 from morphogen.data import DataError, Task
 from morphogen.data.catalog import TASK_NAMES
-from morphogen.env.episode import task_with_host
+from morphogen.env.episode import task_host, task_with_host
+from morphogen.env.evaluation import refuse_other_class_count
 from morphogen.limits import short_repr
 from morphogen.session import PYTHON_TASK, resolve_host_size
 from morphogen.task_import import check_import_path, import_function, is_import_path
@@ -95,9 +99,13 @@ def compared_tasks(settings: Mapping[str, dict[str, int] | str], given: Mapping[
 
 
 def _with_compared_host(task: Task, host: object, where: str) -> Task:
-    """`task` with the compared `host`; a host that cannot be built is a `DataError` naming the comparison, not the
-    task (whose own host is fine)."""
+    """`task` with the compared `host`; a host that cannot be built, or whose outputs are not the task's classes, is a
+    `DataError` naming the comparison, not the task (whose own host is fine), before anything trains."""
     try:
-        return task_with_host(task, host)
+        compared = task_with_host(task, host)
+        with torch.random.fork_rng(devices=[]):  # building it again draws no number the runs would have drawn
+            built = compared.host if isinstance(compared.host, SegmentedHost) else task_host(compared, "cpu")
+        refuse_other_class_count(compared, built)
+        return compared
     except DataError as error:
         raise DataError(f"{where}: {str(error).removeprefix(f'task {task.name!r}: ')}") from None

@@ -39,7 +39,7 @@ from morphogen.data import DataError, Task
 from morphogen.env.actions import Action, ActionSpace, Op
 from morphogen.env.compute import ComputeAccount
 from morphogen.env.counterfactual import MAIN, CounterfactualResult, CounterfactualSchedule, alpha_configurations
-from morphogen.env.evaluation import Objective, validate
+from morphogen.env.evaluation import Objective, refuse_other_class_count, validate
 from morphogen.env.governor import DivergenceError, Governor, GovernorConfig, Rollback
 from morphogen.env.growth_signals import CandidateSource, SlotGrowth, could_germinate, measure_growth
 from morphogen.env.layout import ModelLayout, model_layout
@@ -542,6 +542,8 @@ class MorphogenesisEpisode:
         loss that is not finite, an exception in a user's metric is reported here as one line. Built-in and
         user tasks take the same path.
         """
+        assert self.model is not None
+        refuse_other_class_count(self.task, self.model)
         try:
             result = self._validate()
         except DataError:

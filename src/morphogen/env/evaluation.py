@@ -19,7 +19,7 @@ from morphogen.core.model import MorphogeneticModel
 from morphogen.data import BatchSource, DataError, Task
 from morphogen.env.compute import note_batch
 from morphogen.env.counterfactual import AlphaConfigurations, CounterfactualResult
-from morphogen.inputs import InputSpec
+from morphogen.inputs import InputSpec, to_device
 
 LossFunction = Callable[[Tensor, Tensor], Tensor]
 
@@ -53,6 +53,46 @@ def class_dim_of(outputs: torch.Size, targets: torch.Size, class_dim: int | None
                         "dimension 1 or on the last: say which with task_from_data(..., class_dim=1 or -1)")
     raise DataError(f"outputs {tuple(outputs)} do not line up with targets {tuple(targets)}: cross-entropy needs "
                     "the targets' shape with the class scores added on dimension 1 or last")
+
+
+def class_count_problem(outputs: torch.Size, targets: torch.Size, class_dim: int | None, num_classes: int) -> str:
+    """Why outputs of shape `outputs` cannot be the default cross-entropy's scores of `num_classes` classes for
+    `targets`: "" when they can, or when the shapes do not line up at all (the loss itself says why then)."""
+    try:
+        dim = class_dim_of(outputs, targets, class_dim)
+    except DataError:
+        return ""
+    scores = outputs[dim]
+    if scores == num_classes:
+        return ""
+    where = "on dimension 1" if dim == 1 else "on the last dimension"
+    return (f"the model's outputs have shape {tuple(outputs)} for targets {tuple(targets)}: {scores} class scores "
+            f"{where}, but the task has num_classes={num_classes} (give the model {num_classes} outputs there, or "
+            f"the task num_classes={scores})")
+
+
+def refuse_other_class_count(task: Task, model: nn.Module) -> None:
+    """A `DataError` where `task` is a classification with `num_classes`, scored by the default cross-entropy, and
+    `model` gives another number of class scores on its first validation rows: such a model trains, but its
+    accuracy and the task's chance level would mean nothing. A task's own loss or metric is never checked."""
+    if task.num_classes is None or task.loss is not None or task.metric is not None:
+        return
+    inputs, targets = next(iter(task.validation.iterate_batches(2, shuffle=False)))
+    weight = next(model.parameters(), None)
+    device = "cpu" if weight is None else weight.device
+    training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            outputs = model(to_device(inputs, device))
+    except (RuntimeError, ValueError, TypeError, IndexError, KeyError):
+        return  # the first validation reports what the model cannot take, with its own hints
+    finally:
+        model.train(training)
+    problem = class_count_problem(outputs.shape, targets.shape, task.class_dim, task.num_classes) \
+        if isinstance(outputs, Tensor) else ""
+    if problem:
+        raise DataError(f"task {task.name!r}: {problem}")
 
 
 @dataclass(frozen=True)

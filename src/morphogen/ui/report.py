@@ -32,6 +32,7 @@ from morphogen.ui.run_files import (
     ScoreKind,
     events_by_round,
     load_run_files,
+    nothing_kept,
     round_of_events,
     score_kind,
     summary_number,
@@ -205,20 +206,26 @@ def _phase_section(history: Sequence[Event]) -> list[str]:
     return ["time by phase: " + ", ".join(f"{name} {seconds:.1f} s" for name, seconds in totals.items())]
 
 
-def _comparison_section(summary: dict[str, object] | None) -> list[str]:
+def _comparison_section(summary: dict[str, Any] | None, config: dict[str, Any]) -> list[str]:
     """The grown model, then no growth, the final architecture from scratch and the hosts compared with where
-    summary.json holds them; nothing when it lacks the grown model's figures."""
+    summary.json holds them; nothing when it lacks the grown model's figures. Where no seed was kept, from scratch
+    is the no-growth run, marked so, as the run's seed lines and seeds.json give it."""
     summary = summary or {}
     score = score_kind(summary)
+    kept_none = nothing_kept(config, summary)
+    scratch = summary.get("baseline" if kept_none else "from_scratch")
     parts = []
     for name, table in [("grown", summary.get("grown")), ("no growth", summary.get("baseline")),
-                        ("from scratch", summary.get("from_scratch")), *_hosts_compared(summary)]:
+                        ("from scratch", scratch), *_hosts_compared(summary)]:
         accuracy, parameters = summary_number(table, "final_accuracy"), summary_number(table, "parameters")
         if accuracy is None or parameters is None:
             continue
         flops = summary_number(table.get("flops") if isinstance(table, dict) else None, "total")
+        marked = kept_none and name == "from scratch"
         parts.append(f"{name} {_score_text(score, accuracy)} with {parameters:,.0f} parameters"
-                     + ("" if flops is None else f" and {format_flops(flops)}"))
+                     + ("" if flops is None else f" and {format_flops(flops)}")
+                     + (" (nothing kept: the final architecture is the host, so these are no growth's figures)"
+                        if marked else ""))
     return ["; ".join(parts)] if parts and parts[0].startswith("grown ") else []
 
 
@@ -253,6 +260,6 @@ def render_report(run_dir: str | Path) -> str:
                 reward,
                 _training_section(history), [] if files.without_events else _health_section(history, training),
                 _phase_section(history),
-                _comparison_section(files.summary)]
+                _comparison_section(files.summary, config)]
     text = "\n\n".join("\n".join(section) for section in sections if section)
     return "\n".join(printable(line) for line in text.split("\n"))

@@ -201,6 +201,14 @@ class RunFiles:
         return ", ".join(parts) or None
 
 
+def nothing_kept(config: dict[str, Any], summary: dict[str, Any] | None) -> bool:
+    """Whether a finished run asked for its final architecture from scratch and trained none because no seed was
+    kept: that architecture is the host, so its from-scratch figures are the no-growth run's (as the run's seed lines
+    and seeds.json give them)."""
+    return (config.get("from_scratch") is True and isinstance(summary, dict) and "from_scratch" in summary
+            and summary["from_scratch"] is None and isinstance(summary.get("grown"), dict))
+
+
 def summary_number(table: object, key: str) -> float | None:
     """`table[key]` if `table` is a dict holding a finite number there (summary.json is untrusted), else None."""
     value = table.get(key) if isinstance(table, dict) else None

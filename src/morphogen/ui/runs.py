@@ -23,17 +23,21 @@ Views (`run` is the run directory's name everywhere):
 - `runs`: one row per run: run, command (run, train or eval), task, seed, episodes, epochs, rounds,
   final_accuracy (the last episode's in a run, the last round's mean in a training run, the learned policy's
   mean over an evaluation's episodes from its eval.json), parameters,
-  gflops (a run's training FLOPs in billions: host, seeds, shadow passes and validation; from summary.json),
+  gflops (a run's training FLOPs in billions, unrounded: host, seeds, shadow passes and validation; from summary.json),
   score (what final_accuracy is: "accuracy", "negative loss" for a task with its own loss, or the name of a
   user's metric) and final_loss (the grown model's final validation loss; both from a run's summary.json),
   baseline_accuracy and baseline_parameters (a run's no-growth episode, from summary.json),
   from_scratch_accuracy and from_scratch_parameters (the grown model's final architecture trained from
-  scratch, from summary.json), events, started (UTC), seconds (first to last event).
+  scratch, from summary.json; where no seed was kept, `nothing_kept`, that architecture is the host and these are
+  the no-growth run's, as the run's seed lines and seeds.json give them), nothing_kept, events, started (UTC),
+  seconds (the grown model's training time from summary.json, as the run's closing table gives it; first to last
+  event for a run without one, a training run or a run still going).
 
 `--where` is one SQL expression over the columns of `runs`, e.g. `--where "task = 'digits' AND
 final_accuracy > 95"`: a second statement, a `SET`, and any function that reaches files (`read_text`,
-`COPY`, `ATTACH`, ...) are refused with one line. Only this module imports duckdb; the other commands
-never need it.
+`COPY`, `ATTACH`, ...) are refused with one line. `--compare RUN RUN` loads only those two runs, by the same
+readers: any two run directories, or runs as the table of DIR names them. Only this module imports duckdb; the
+other commands never need it.
 """
 
 from __future__ import annotations
@@ -43,7 +47,7 @@ import json
 import math
 import sys
 import tempfile
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Collection, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -66,6 +70,7 @@ from morphogen.ui.run_files import (
     check_run_dir,
     is_summary_only_run,
     load_run_files,
+    nothing_kept,
     score_kind,
     summary_number,
     task_label,
@@ -75,6 +80,9 @@ from morphogen.ui.terminal_text import printable
 RUN_COLUMNS = ("run", "command", "task", "seed", "episodes", "epochs", "rounds", "final_accuracy", "parameters",
                "gflops", "baseline_accuracy", "from_scratch_accuracy", "events", "started", "seconds")
 """Columns of `runs` printed by `morphogen runs` (the view has a few more: see the module docstring)."""
+NOTHING_KEPT_NOTE = ("* nothing kept: no seed was blended in, so the final architecture is the host and its from "
+                     "scratch accuracy is the no-growth run's (as the run's seed lines and seeds.json give it)")
+"""The note under a table in which some run kept no seed."""
 MAX_CONFIG_DEPTH = 16
 """Config settings nested deeper than this read as NULL (real configs nest three deep)."""
 MAX_CONFIG_SETTINGS = 2_000
@@ -182,11 +190,15 @@ def _run_row(run: str, files: RunFiles) -> dict[str, Any]:
            "seed": _json_value(seed) if isinstance(seed, int) and not isinstance(seed, bool) else None,
            "has_rounds": "rounds" in config, "is_eval": evaluation,
            "eval_accuracy": _learned_accuracy(files.path) if evaluation else None,
-           "gflops": None if flops is None else round(flops / 1e9, 3),
+           "gflops": None if flops is None else flops / 1e9,  # exact: rounded once, where it is printed
            "score": score_kind(summary).name if grown else None, "final_loss": summary_number(grown, "final_loss"),
            "grown_accuracy": summary_number(grown, "final_accuracy"),
+           "grown_seconds": summary_number(grown, "seconds"),
            "grown_parameters": _whole_number(summary_number(grown, "parameters"))}
-    for column, key in (("baseline", "baseline"), ("from_scratch", "from_scratch")):
+    kept_none = nothing_kept(config, files.summary)
+    row["nothing_kept"] = kept_none
+    # As the run's seed lines and seeds.json say: where nothing was kept, from scratch is the no-growth run.
+    for column, key in (("baseline", "baseline"), ("from_scratch", "baseline" if kept_none else "from_scratch")):
         parameters = summary_number(summary.get(key), "parameters")
         row[f"{column}_accuracy"] = summary_number(summary.get(key), "final_accuracy")
         row[f"{column}_parameters"] = _whole_number(parameters)
@@ -275,9 +287,14 @@ def connect(root: str | Path) -> Any:
 
 def open_runs(root: Path) -> Runs:
     """Read the runs under `root` into DuckDB (see the module docstring); `RunsQueryError` if there are none."""
+    runs, skipped = read_runs(root)
+    return _load_runs(runs, skipped, f"the runs under {root}")
+
+
+def _load_runs(runs: Sequence[tuple[str, RunFiles]], skipped: list[str], what: str) -> Runs:
+    """`runs` (name, files) in DuckDB with the views of the module docstring; `what` names them in an error."""
     import duckdb
 
-    runs, skipped = read_runs(root)
     configs, config_notes = _config_rows(runs)
     connection = duckdb.connect()
     with tempfile.TemporaryDirectory(prefix="morphogen-runs-") as scratch:
@@ -289,16 +306,17 @@ def open_runs(root: Path) -> Runs:
             "run_files": ([_run_row(name, files) for name, files in runs],
                           "run VARCHAR, task VARCHAR, seed BIGINT, has_rounds BOOLEAN, is_eval BOOLEAN, "
                           "eval_accuracy DOUBLE, gflops DOUBLE, "
-                          "score VARCHAR, final_loss DOUBLE, grown_accuracy DOUBLE, grown_parameters BIGINT, "
+                          "score VARCHAR, final_loss DOUBLE, grown_accuracy DOUBLE, grown_seconds DOUBLE, "
+                          "grown_parameters BIGINT, "
                           "baseline_accuracy DOUBLE, baseline_parameters BIGINT, "
-                          "from_scratch_accuracy DOUBLE, from_scratch_parameters BIGINT"),
+                          "from_scratch_accuracy DOUBLE, from_scratch_parameters BIGINT, nothing_kept BOOLEAN"),
         }
         try:
             for table, (rows, empty) in tables.items():
                 count = _write_lines(folder / f"{table}.jsonl", rows)
                 _load_table(connection, table, folder / f"{table}.jsonl", count, empty)
         except duckdb.Error as error:
-            raise RunsQueryError(f"cannot load the runs under {root}: {str(error).splitlines()[0]}") from None
+            raise RunsQueryError(f"cannot load {what}: {str(error).splitlines()[0]}") from None
     _create_views(connection)
     connection.execute("SET enable_external_access = false")  # no file or network from here on
     connection.execute("SET lock_configuration = true")  # ... and no SET to undo that
@@ -348,19 +366,20 @@ def _create_views(connection: Any) -> None:
                round(coalesce(f.eval_accuracy, r.accuracy, e.accuracy, f.grown_accuracy), 2) AS final_accuracy,
                coalesce(e.params, f.grown_parameters) AS parameters,
                f.gflops, f.score, f.final_loss, f.baseline_accuracy, f.baseline_parameters, f.from_scratch_accuracy,
-               f.from_scratch_parameters, coalesce(p.events, 0) AS events,
+               f.from_scratch_parameters, f.nothing_kept, coalesce(p.events, 0) AS events,
                CASE WHEN p.first_time BETWEEN 0 AND 253402300799
                     THEN date_trunc('second', to_timestamp(p.first_time)::TIMESTAMP) END AS started,
-               round(p.last_time - p.first_time, 1) AS seconds
+               round(coalesce(f.grown_seconds, p.last_time - p.first_time), 2) AS seconds
         FROM run_files f LEFT JOIN per_run p USING (run) LEFT JOIN last_episode e USING (run)
         LEFT JOIN last_round r USING (run)""")
 
 
-def _one_expression(where: str) -> str:
-    """The SELECT that filters `runs` by `where`; `RunsQueryError` unless that is one SELECT statement."""
+def _one_expression(where: str, columns: Sequence[str]) -> str:
+    """The SELECT of `columns` that filters `runs` by `where`; `RunsQueryError` unless that is one SELECT
+    statement."""
     import duckdb
 
-    sql = f"SELECT {', '.join(RUN_COLUMNS)} FROM runs WHERE ({where}\n) ORDER BY started, run"
+    sql = f"SELECT {', '.join(columns)} FROM runs WHERE ({where}\n) ORDER BY started, run"
     try:
         statements = duckdb.extract_statements(sql)
     except duckdb.Error as error:
@@ -371,33 +390,59 @@ def _one_expression(where: str) -> str:
     return sql
 
 
-def query_runs(root: str | Path, where: str | None = None) -> tuple[list[str], list[tuple[Any, ...]], list[str]]:
-    """(column names, rows, notes on what was skipped) of `runs` under `root`, filtered by the SQL condition
-    `where`, oldest first."""
+def query_runs(root: str | Path, where: str | None = None, columns: Sequence[str] = RUN_COLUMNS,
+               ) -> tuple[list[str], list[tuple[Any, ...]], list[str]]:
+    """(column names, rows, notes on what was skipped) of `runs` under `root`: its `columns` (default those
+    `morphogen runs` prints), filtered by the SQL condition `where`, oldest first."""
     import duckdb
 
     runs = open_runs(Path(root))
-    sql = (f"SELECT {', '.join(RUN_COLUMNS)} FROM runs ORDER BY started, run" if where is None
-           else _one_expression(where))
+    sql = (f"SELECT {', '.join(columns)} FROM runs ORDER BY started, run" if where is None
+           else _one_expression(where, columns))
     try:
         cursor = runs.connection.execute(sql)
         rows = cursor.fetchall()
     except duckdb.Error as error:
         shown = "" if where is None else f"--where {printable(where)!r}: "
-        columns = runs.connection.execute("SELECT column_name FROM (DESCRIBE runs)").fetchall()
-        hint = f" (the columns of runs: {', '.join(name for (name,) in columns)})" \
+        described = runs.connection.execute("SELECT column_name FROM (DESCRIBE runs)").fetchall()
+        hint = f" (the columns of runs: {', '.join(name for (name,) in described)})" \
             if isinstance(error, duckdb.BinderException) else ""
         raise RunsQueryError(f"{shown}{str(error).splitlines()[0]}{hint}") from None
     return [d[0] for d in cursor.description], rows, runs.notes()
 
 
-def compare_runs(run_a: str | Path, run_b: str | Path) -> tuple[list[str], list[tuple[Any, ...]]]:
-    """Two runs' curves side by side: per epoch (env 0) for runs, per round for training runs."""
-    paths = [check_run_dir(run_a), check_run_dir(run_b)]
-    if paths[0].parent.resolve() != paths[1].parent.resolve():
-        raise RunsQueryError("--compare needs two runs under the same directory (e.g. runs/A runs/B)")
-    connection = connect(paths[0].parent)
-    names = [path.name for path in paths]
+def _compared_run(run: str | Path, root: Path) -> Path:
+    """The run directory `--compare` names: a path, or a run's name as `morphogen runs root` lists it
+    (`seed_0`, `cos30/seed_0`); `RunsQueryError` naming both places where it is neither."""
+    path = Path(run)
+    if not path.is_dir() and (root / path).is_dir():
+        path = root / path
+    if not path.is_dir():
+        shown = printable(str(root))
+        raise RunsQueryError(f"--compare {printable(str(run))}: no such run directory, here or under {shown} (name "
+                             f"a run's directory, or a run as `morphogen runs {shown}` lists it)")
+    return check_run_dir(path)
+
+
+def _labels(paths: Sequence[Path]) -> list[str]:
+    """The names two compared runs go by: their directories' names, with as many parents as tell them apart
+    (`a/seed_0` and `b/seed_0`)."""
+    labels = [path.name for path in paths]
+    for depth in range(2, max(len(path.parts) for path in paths) + 1):
+        if labels[0] != labels[1]:
+            break
+        labels = ["/".join(path.parts[-depth:]) for path in paths]
+    return labels
+
+
+def compare_runs(run_a: str | Path, run_b: str | Path, root: str | Path = "runs",
+                 ) -> tuple[list[str], list[tuple[Any, ...]]]:
+    """Two runs' curves side by side: per epoch (env 0) for runs, per round for training runs. Each is any run
+    directory (a seed's, a comparison's `baseline`), or a run's name under `root`; only those two are read."""
+    paths = [_compared_run(run_a, Path(root)), _compared_run(run_b, Path(root))]
+    names = _labels(paths)
+    runs = [(name, load_run_files(path)) for name, path in zip(names, paths, strict=True)]
+    connection = _load_runs(runs, [], " and ".join(printable(name) for name in names)).connection
     rounds = connection.execute("SELECT count(*) FROM rounds WHERE run IN (?, ?)", names).fetchone()
     a, b = names
     if rounds is not None and rounds[0] > 0:
@@ -426,14 +471,18 @@ def _cell(value: Any) -> Text:
     return Text(printable(str(value)))
 
 
-def print_table(header: Sequence[str], rows: Sequence[Sequence[Any]], out: TextIO) -> None:
-    """`rows` under `header` as an aligned table, numbers right-aligned."""
+def print_table(header: Sequence[str], rows: Sequence[Sequence[Any]], out: TextIO,
+                marked: Collection[tuple[int, int]] = ()) -> None:
+    """`rows` under `header` as an aligned table, numbers right-aligned; the cells `marked` (row, column) end in
+    `*`, which a note under the table explains."""
     numeric = [all(isinstance(row[i], (int, float)) or row[i] is None for row in rows) for i in range(len(header))]
     columns = [Column(Text(printable(name)), justify="right" if is_number else "left")
                for name, is_number in zip(header, numeric, strict=True)]
     table = Table(*columns, box=None, pad_edge=False, header_style="bold")
-    for row in rows:
-        table.add_row(*(_cell(value) for value in row))
+    starred = {column for _, column in marked}  # their other cells end in a space, to keep the digits aligned
+    for index, row in enumerate(rows):
+        table.add_row(*(_cell(value) + ("*" if (index, column) in marked else " " if column in starred else "")
+                        for column, value in enumerate(row)))
     Console(file=out, width=max(LINE_WIDTH, 200), highlight=False).print(table)
 
 
@@ -442,13 +491,19 @@ def runs_command(root: str | Path = "runs", *, where: str | None = None, compare
     """Print the runs table (or, with `compare`, two runs' curves side by side) to `out`."""
     out = sys.stdout if out is None else out
     notes: list[str] = []
+    marked: set[tuple[int, int]] = set()
     if compare:
-        header, rows = compare_runs(*compare)
+        run_a, run_b = compare
+        header, rows = compare_runs(run_a, run_b, root)
     else:
-        header, rows, notes = query_runs(root, where)
+        header, rows, notes = query_runs(root, where, (*RUN_COLUMNS, "nothing_kept"))
+        scratch = header.index("from_scratch_accuracy")
+        marked = {(index, scratch) for index, row in enumerate(rows) if row[-1] and row[scratch] is not None}
+        header, rows = header[:-1], [row[:-1] for row in rows]
+        notes = ([NOTHING_KEPT_NOTE] if marked else []) + notes
     if not rows:
         print("no runs match" if where else "no runs", file=out)
     else:
-        print_table(header, rows, out)
+        print_table(header, rows, out, marked)
     for note in notes:
         print(note, file=out)
