@@ -6,11 +6,14 @@ divergence rolled back then clears its state and backs off its rate, as `Grower(
 makes the two other calls of `morphogen.Grower` at the right moments: `after_backward` after every backward
 pass (with the precision plugin's `GradScaler` under 16-bit mixed precision), `end_epoch` at the end of every
 training epoch, whose figures it logs as `growth/score`, `growth/loss` and `growth/parameters`. Train for the
-grower's number of epochs.
+grower's number of epochs. With `every_n_steps=N` a growth period is N optimizer steps instead of an epoch
+(training by `max_steps`, an endless data stream): `end_epoch` comes after every N-th step, and the trainer runs for
+the grower's epochs times N steps.
 Lightning's checkpoints carry the grower's state (`Grower.state_dict`), so `trainer.fit(..., ckpt_path=...)`
-goes on growing where the checkpoint was taken, at the end of an epoch. A `ModelCheckpoint` that would save inside
-an epoch (`every_n_train_steps`, `train_time_interval`, or after a validation Lightning runs before the epoch ends)
-is refused when training starts, in one line that names the setting to use instead.
+goes on growing where the checkpoint was taken, at the end of a period. A `ModelCheckpoint` that would save inside
+one (`every_n_train_steps` not a multiple of the period, `train_time_interval`, after a validation Lightning runs
+before the epoch ends, or at an epoch's end when periods are steps) is refused when training starts, in one line
+that names the setting to use instead.
 """
 
 from __future__ import annotations
@@ -28,10 +31,18 @@ from morphogen.grower import EpochReport, Grower
 class GrowthCallback(pl.Callback):
     """Drives a `Grower` from Lightning's hooks; `reports` keeps every epoch's `EpochReport`."""
 
-    def __init__(self, grower: Grower) -> None:
+    def __init__(self, grower: Grower, *, every_n_steps: int | None = None) -> None:
+        """`every_n_steps`: a growth period (the grower's epoch) is that many optimizer steps; None: one epoch."""
         super().__init__()
+        if every_n_steps is not None and (isinstance(every_n_steps, bool) or not isinstance(every_n_steps, int)
+                                          or every_n_steps < 1):
+            raise ValueError(f"GrowthCallback: every_n_steps must be a whole number >= 1 (or None: one period an "
+                             f"epoch), got {every_n_steps!r}")
         self.grower = grower
+        self.every_n_steps = every_n_steps
         self.reports: list[EpochReport] = []
+        # The optimizer step the last period ended at: with gradient accumulation several batches end at one step.
+        self._period_ended_at = 0
 
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         """Hand the grower the optimizer `configure_optimizers` built (it runs after the Grower is built), so that a
@@ -43,29 +54,49 @@ class GrowthCallback(pl.Callback):
         grower's state cannot be saved): known here, once Lightning has set up the validation data."""
         has_validation = is_overridden("validation_step", pl_module)
         for checkpoint in trainer.checkpoint_callbacks:
-            problem = _mid_epoch_saving(checkpoint, trainer, has_validation)
+            if self.every_n_steps is None:
+                problem = _mid_epoch_saving(checkpoint, trainer, has_validation)
+            else:
+                problem = _mid_period_saving(checkpoint, self.every_n_steps)
             if problem is not None:
                 where, instead = problem
+                between = "epochs" if self.every_n_steps is None else f"periods of every_n_steps={self.every_n_steps}"
                 raise ValueError(f"GrowthCallback: {where}, where a grower cannot be saved (its state is whole only "
-                                 f"between epochs); use {instead}")
+                                 f"between {between}); use {instead}")
 
     def on_after_backward(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         scaler: Any = getattr(trainer.precision_plugin, "scaler", None)
         self.grower.after_backward(scaler)
 
+    def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any,
+                           batch_idx: int) -> None:
+        """With `every_n_steps`, end a growth period after every N-th optimizer step (before a `ModelCheckpoint` of
+        that step saves: Lightning runs checkpoint callbacks last)."""
+        step = trainer.global_step
+        if self.every_n_steps is None or step == self._period_ended_at or step % self.every_n_steps:
+            return
+        self._period_ended_at = step
+        self._end_period(pl_module)
+
     def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if self.every_n_steps is None:
+            self._end_period(pl_module)
+
+    def _end_period(self, pl_module: pl.LightningModule) -> None:
         report = self.grower.end_epoch()
         self.reports.append(report)
         pl_module.log_dict({"growth/score": report.score, "growth/loss": report.loss,
                             "growth/parameters": float(report.parameters)})
 
     def state_dict(self) -> dict[str, Any]:
-        """The grower's state, which Lightning writes into its checkpoints (taken at the end of an epoch)."""
-        return {"grower": self.grower.state_dict()}
+        """The grower's state, which Lightning writes into its checkpoints (taken at the end of a period)."""
+        return {"grower": self.grower.state_dict(), "period_ended_at": self._period_ended_at}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Go on from a checkpoint's grower state (`trainer.fit(..., ckpt_path=...)`)."""
         self.grower.load_state_dict(state_dict["grower"])
+        ended_at = state_dict.get("period_ended_at", 0)  # absent from checkpoints of a callback of periods of epochs
+        self._period_ended_at = ended_at if isinstance(ended_at, int) and not isinstance(ended_at, bool) else 0
 
 
 def _host_optimizer(grower: Grower, optimizers: list[torch.optim.Optimizer]) -> torch.optim.Optimizer:
@@ -105,4 +136,24 @@ def _mid_epoch_saving(checkpoint: object, trainer: pl.Trainer, has_validation: b
         return ("ModelCheckpoint saves after validation, which Lightning runs inside the training epoch here (as "
                 "check_val_every_n_epoch, val_check_interval or save_on_train_epoch_end=False have it)",
                 "ModelCheckpoint(save_on_train_epoch_end=True)")
+    return None
+
+
+def _mid_period_saving(checkpoint: object, every_n_steps: int) -> tuple[str, str] | None:
+    """Where `checkpoint` would save inside a growth period of `every_n_steps` optimizer steps, and what to use
+    instead; None where it saves only at steps that end one (or is no `ModelCheckpoint`)."""
+    if not isinstance(checkpoint, ModelCheckpoint):
+        return None
+    at_period_end = f"ModelCheckpoint(every_n_train_steps=k*{every_n_steps}), which saves where a period ends"
+    steps: Any = getattr(checkpoint, "_every_n_train_steps", 0)
+    interval: Any = getattr(checkpoint, "_train_time_interval", None)
+    epochs: Any = getattr(checkpoint, "_every_n_epochs", 0)
+    if steps and steps % every_n_steps:
+        return (f"ModelCheckpoint(every_n_train_steps={steps}) saves at steps that are not a multiple of "
+                f"every_n_steps={every_n_steps}", at_period_end)
+    if interval is not None:
+        return f"ModelCheckpoint(train_time_interval={interval}) saves at any step", at_period_end
+    if epochs:
+        return (f"ModelCheckpoint(every_n_epochs={epochs}) saves at an epoch's end (or after a validation), which is "
+                "not where a period of steps ends", at_period_end)
     return None

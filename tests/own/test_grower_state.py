@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import datetime
 from pathlib import Path
 
 import pytest
@@ -261,3 +262,59 @@ def test_a_model_checkpoint_that_would_save_inside_an_epoch_is_refused_before_th
         with pytest.raises(ValueError, match=refused):
             trainer.fit(ValidatedModule(grower), loader, validation)
         assert not callback.reports and grower.episode.trainer.batches == 0  # refused before any batch
+
+
+def fit_by_steps(steps: int, root: Path, every_n_steps: int, checkpoint: Path | None = None,
+                 callbacks: tuple[lightning.Callback, ...] = ()) -> tuple[Grower, list[EpochReport]]:
+    """Train by `max_steps` on a loader of 6 batches an epoch, a growth period every `every_n_steps` steps."""
+    from morphogen.lightning import GrowthCallback
+
+    grower, _, _ = build()
+    callback = GrowthCallback(grower, every_n_steps=every_n_steps)
+    trainer = lightning.Trainer(max_steps=steps, callbacks=[callback, *callbacks], accelerator="cpu", logger=False,
+                                enable_checkpointing=bool(callbacks), enable_progress_bar=False,
+                                enable_model_summary=False, default_root_dir=str(root))
+    trainer.fit(GrowingModule(grower), DataLoader(TensorDataset(*TRAIN), batch_size=32),
+                ckpt_path=None if checkpoint is None else str(checkpoint))
+    return grower, callback.reports
+
+
+def test_a_lightning_run_by_steps_grows_once_every_n_steps_across_epochs_and_resumes_from_a_step(
+        tmp_path: Path) -> None:
+    """Periods of 4 steps over epochs of 6 batches: a period ends inside an epoch as often as at its end. A
+    checkpoint every 8 steps is taken where a period ends, and `fit` from it goes on to the end of the growth."""
+    grower, reports = fit_by_steps(EPOCHS * 4, tmp_path / "whole", 4)
+    assert [r.epoch for r in reports] == list(range(1, EPOCHS + 1)) and grower.done
+    assert any(r.action.startswith("GERMINATE") and r.succeeded for r in reports)
+    saving = lightning.callbacks.ModelCheckpoint(dirpath=tmp_path / "checkpoints", every_n_train_steps=8,
+                                                 save_top_k=-1)
+    fit_by_steps(16, tmp_path / "first", 4, callbacks=(saving,))
+    checkpoint = next((tmp_path / "checkpoints").glob("*step=16*.ckpt"))
+    continued, rest = fit_by_steps(EPOCHS * 4, tmp_path / "rest", 4, checkpoint)
+    assert [r.epoch for r in rest] == list(range(5, EPOCHS + 1)) and continued.done
+
+
+def test_a_model_checkpoint_that_would_save_inside_a_period_of_steps_is_refused_before_the_first_batch(
+        tmp_path: Path) -> None:
+    from morphogen.lightning import GrowthCallback
+
+    loader = DataLoader(TensorDataset(*TRAIN), batch_size=32)
+    for checkpoint, refused in (
+            (lightning.callbacks.ModelCheckpoint(every_n_train_steps=6),
+             r"^GrowthCallback: ModelCheckpoint\(every_n_train_steps=6\) saves at steps that are not a multiple of "
+             r"every_n_steps=4, where a grower cannot be saved \(its state is whole only between periods of "
+             r"every_n_steps=4\); use ModelCheckpoint\(every_n_train_steps=k\*4\)"),
+            (lightning.callbacks.ModelCheckpoint(),
+             r"^GrowthCallback: ModelCheckpoint\(every_n_epochs=1\) saves at an epoch's end"),
+            (lightning.callbacks.ModelCheckpoint(train_time_interval=datetime.timedelta(minutes=5)),
+             r"^GrowthCallback: ModelCheckpoint\(train_time_interval=0:05:00\) saves at any step")):
+        grower, _, _ = build()
+        trainer = lightning.Trainer(max_steps=8, callbacks=[GrowthCallback(grower, every_n_steps=4), checkpoint],
+                                    accelerator="cpu", logger=False, enable_progress_bar=False,
+                                    enable_model_summary=False, default_root_dir=str(tmp_path))
+        with pytest.raises(ValueError, match=refused):
+            trainer.fit(GrowingModule(grower), loader)
+        assert grower.episode.trainer.batches == 0  # refused before any batch
+    for wrong in (0, -3, 2.5, True):
+        with pytest.raises(ValueError, match=r"every_n_steps must be a whole number >= 1"):
+            GrowthCallback(grower, every_n_steps=wrong)  # type: ignore[arg-type]
