@@ -51,9 +51,9 @@ def build(controller: str = "heuristic", dropout: bool = False
     return grower, optimizer, torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, EPOCHS)
 
 
-def train_epoch(grower: Grower, optimizer: torch.optim.Optimizer,
-                schedule: torch.optim.lr_scheduler.LRScheduler, epoch: int) -> EpochReport:
-    """One epoch in a batch order fixed by the epoch number, so that a resumed run sees the same batches."""
+def train_batches(grower: Grower, optimizer: torch.optim.Optimizer,
+                  schedule: torch.optim.lr_scheduler.LRScheduler, epoch: int) -> None:
+    """An epoch's batches in an order fixed by the epoch number, so that a resumed run sees the same batches."""
     order = torch.randperm(len(TRAIN[1]), generator=torch.Generator().manual_seed(epoch))
     for rows in order.split(32):
         optimizer.zero_grad()
@@ -61,6 +61,11 @@ def train_epoch(grower: Grower, optimizer: torch.optim.Optimizer,
         grower.after_backward()
         optimizer.step()
     schedule.step()
+
+
+def train_epoch(grower: Grower, optimizer: torch.optim.Optimizer,
+                schedule: torch.optim.lr_scheduler.LRScheduler, epoch: int) -> EpochReport:
+    train_batches(grower, optimizer, schedule, epoch)
     return grower.end_epoch()
 
 
@@ -120,13 +125,7 @@ def test_with_dropout_the_growth_draws_nothing_from_torchs_global_generator_and_
     whole, optimizer, schedule = build(dropout=True)
     reference = []
     for epoch in range(EPOCHS):
-        order = torch.randperm(len(TRAIN[1]), generator=torch.Generator().manual_seed(epoch))
-        for rows in order.split(32):
-            optimizer.zero_grad()
-            whole.training_step(TRAIN[0][rows], TRAIN[1][rows]).backward()
-            whole.after_backward()
-            optimizer.step()
-        schedule.step()
+        train_batches(whole, optimizer, schedule, epoch)
         generator = torch.get_rng_state()
         reference.append(whole.end_epoch())
         assert torch.equal(torch.get_rng_state(), generator), f"end_epoch {epoch + 1} drew from it"
