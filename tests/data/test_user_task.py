@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 import torch
 from torch.utils.data import DataLoader, IterableDataset, TensorDataset
@@ -146,6 +148,9 @@ def test_a_loader_of_dicts_without_the_target_key_is_a_data_error_naming_the_bat
     ({"train": (torch.zeros(3, 2), torch.zeros(4))}, "train: DeviceDataset needs as many targets as inputs"),
     ({"batch_size": 0}, "batch_size must be a positive integer"),
     ({"loss": 3}, "loss must be a function"),
+    ({"loss": torch.nn.MSELoss(reduction="sum")}, "loss has reduction='sum'; give one that returns the batch's mean"),
+    ({"loss": functools.partial(torch.nn.functional.l1_loss, reduction="none")}, "loss has reduction='none'"),
+    ({"metric": torch.nn.L1Loss(reduction="sum")}, "metric has reduction='sum'"),
     ({"num_classes": -1}, "num_classes must be a positive integer"),
     ({"host": torch.nn.Linear(2, 2)}, "host must come from morphogen.host_from_module"),
 ])
@@ -153,6 +158,14 @@ def test_bad_arguments_are_one_clear_data_error(arguments: dict[str, object], me
     values: dict[str, object] = {"name": "mine", "train": pairs(), "validation": pairs(4), **arguments}
     with pytest.raises(DataError, match=message.replace("(", r"\(").replace(")", r"\)")):
         task_from_data(**values)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("loss", [torch.nn.MSELoss(), torch.nn.KLDivLoss(reduction="batchmean"),
+                                  functools.partial(torch.nn.functional.mse_loss, reduction="mean"),
+                                  torch.nn.functional.mse_loss])
+def test_a_loss_that_returns_the_batch_mean_is_taken(loss: object) -> None:
+    task = task_from_data("mine", pairs(), pairs(4), loss=loss)  # type: ignore[arg-type]
+    assert task.loss is loss and task.objective == "custom"
 
 
 class Columns:

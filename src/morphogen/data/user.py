@@ -16,6 +16,7 @@ A batch that is neither, or whose targets do not match its inputs in number, is 
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any, cast
 
@@ -160,8 +161,21 @@ def _check_task_arguments(name: object, batch_size: object, num_classes: object,
         if function is not None and not callable(function):
             raise DataError(f"{what} must be a function (outputs, targets) -> scalar tensor, "
                             f"got {type(function).__name__}")
+        reduction = _reduction_of(function)
+        if reduction not in (None, "mean", "batchmean"):
+            raise DataError(f"{what} has reduction={reduction!r}; give one that returns the batch's mean "
+                            "(reduction='mean'): anything else grows with the batch size, in the gradients and in "
+                            "the validation loss the gates judge")
     if target_key is not None and (not isinstance(target_key, str) or not target_key):
         raise DataError(f"target_key must be the name of the targets' entry in a dict batch, got {target_key!r}")
+
+
+def _reduction_of(function: object) -> object:
+    """The `reduction` a torch loss module (`nn.MSELoss(reduction="sum")`) or a `functools.partial` of a loss
+    function was given; None where it names none."""
+    if isinstance(function, functools.partial):
+        return function.keywords.get("reduction")
+    return getattr(function, "reduction", None) if isinstance(function, nn.Module) else None
 
 
 def _split_targets(batch: Mapping[Any, Any], target_key: str | None, where: str) -> tuple[object, object]:
