@@ -12,8 +12,8 @@ the grower's epochs times N steps.
 Lightning's checkpoints carry the grower's state (`Grower.state_dict`), so `trainer.fit(..., ckpt_path=...)`
 goes on growing where the checkpoint was taken, at the end of a period. A `ModelCheckpoint` that would save inside
 one (`every_n_train_steps` not a multiple of the period, `train_time_interval`, after a validation Lightning runs
-before the epoch ends, or at an epoch's end when periods are steps) is refused when training starts, in one line
-that names the setting to use instead.
+before the epoch ends, at an epoch's end when periods are steps, or where an error stops training) is refused when
+training starts, in one line that names the setting to use instead.
 """
 
 from __future__ import annotations
@@ -54,7 +54,10 @@ class GrowthCallback(pl.Callback):
         grower's state cannot be saved): known here, once Lightning has set up the validation data."""
         has_validation = is_overridden("validation_step", pl_module)
         for checkpoint in trainer.checkpoint_callbacks:
-            if self.every_n_steps is None:
+            if _saves_on_exception(checkpoint):
+                problem = ("ModelCheckpoint(save_on_exception=True) saves wherever an error stops training",
+                           "a ModelCheckpoint without save_on_exception (resume from its last checkpoint)")
+            elif self.every_n_steps is None:
                 problem = _mid_epoch_saving(checkpoint, trainer, has_validation)
             else:
                 problem = _mid_period_saving(checkpoint, self.every_n_steps)
@@ -117,6 +120,11 @@ def _host_optimizer(grower: Grower, optimizers: list[torch.optim.Optimizer]) -> 
                          "optimize grower.model.host_parameters() in one optimizer, or give that one as "
                          "Grower(optimizer=...) and return it from configure_optimizers")
     return holding[0]
+
+
+def _saves_on_exception(checkpoint: object) -> bool:
+    """Whether `checkpoint` saves when an error stops training (Lightning 2.6's `save_on_exception`)."""
+    return isinstance(checkpoint, ModelCheckpoint) and bool(getattr(checkpoint, "save_on_exception", False))
 
 
 def _mid_epoch_saving(checkpoint: object, trainer: pl.Trainer, has_validation: bool) -> tuple[str, str] | None:

@@ -248,6 +248,9 @@ def test_a_model_checkpoint_that_would_save_inside_an_epoch_is_refused_before_th
             (lightning.callbacks.ModelCheckpoint(), 2,
              r"ModelCheckpoint saves after validation, which Lightning runs inside the training epoch .*; use "
              r"ModelCheckpoint\(save_on_train_epoch_end=True\)$"),
+            (lightning.callbacks.ModelCheckpoint(save_on_exception=True), 1,
+             r"^GrowthCallback: ModelCheckpoint\(save_on_exception=True\) saves wherever an error stops training, "
+             r"where a grower cannot be saved .*; use a ModelCheckpoint without save_on_exception"),
             (lightning.callbacks.ModelCheckpoint(save_on_train_epoch_end=True), 2, None)):
         grower, _, _ = build()
         callback = GrowthCallback(grower)
@@ -306,7 +309,10 @@ def test_a_model_checkpoint_that_would_save_inside_a_period_of_steps_is_refused_
             (lightning.callbacks.ModelCheckpoint(),
              r"^GrowthCallback: ModelCheckpoint\(every_n_epochs=1\) saves at an epoch's end"),
             (lightning.callbacks.ModelCheckpoint(train_time_interval=datetime.timedelta(minutes=5)),
-             r"^GrowthCallback: ModelCheckpoint\(train_time_interval=0:05:00\) saves at any step")):
+             r"^GrowthCallback: ModelCheckpoint\(train_time_interval=0:05:00\) saves at any step"),
+            (lightning.callbacks.ModelCheckpoint(every_n_train_steps=8, save_on_exception=True),
+             r"^GrowthCallback: ModelCheckpoint\(save_on_exception=True\) saves wherever an error stops training, "
+             r"where a grower cannot be saved \(its state is whole only between periods of every_n_steps=4\)")):
         grower, _, _ = build()
         trainer = lightning.Trainer(max_steps=8, callbacks=[GrowthCallback(grower, every_n_steps=4), checkpoint],
                                     accelerator="cpu", logger=False, enable_progress_bar=False,
