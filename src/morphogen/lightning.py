@@ -54,6 +54,7 @@ class GrowthCallback(pl.Callback):
         grower's state cannot be saved): known here, once Lightning has set up the validation data."""
         has_validation = is_overridden("validation_step", pl_module)
         for checkpoint in trainer.checkpoint_callbacks:
+            problem: tuple[str, str] | None
             if _saves_on_exception(checkpoint):
                 problem = ("ModelCheckpoint(save_on_exception=True) saves wherever an error stops training",
                            "a ModelCheckpoint without save_on_exception (resume from its last checkpoint)")
