@@ -54,14 +54,7 @@ class GrowthCallback(pl.Callback):
         grower's state cannot be saved): known here, once Lightning has set up the validation data."""
         has_validation = is_overridden("validation_step", pl_module)
         for checkpoint in trainer.checkpoint_callbacks:
-            problem: tuple[str, str] | None
-            if _saves_on_exception(checkpoint):
-                problem = ("ModelCheckpoint(save_on_exception=True) saves wherever an error stops training",
-                           "a ModelCheckpoint without save_on_exception (resume from its last checkpoint)")
-            elif self.every_n_steps is None:
-                problem = _mid_epoch_saving(checkpoint, trainer, has_validation)
-            else:
-                problem = _mid_period_saving(checkpoint, self.every_n_steps)
+            problem = _mid_period_saving(checkpoint, trainer, has_validation, self.every_n_steps)
             if problem is not None:
                 where, instead = problem
                 between = "epochs" if self.every_n_steps is None else f"periods of every_n_steps={self.every_n_steps}"
@@ -123,16 +116,24 @@ def _host_optimizer(grower: Grower, optimizers: list[torch.optim.Optimizer]) -> 
     return holding[0]
 
 
-def _saves_on_exception(checkpoint: object) -> bool:
-    """Whether `checkpoint` saves when an error stops training (Lightning 2.6's `save_on_exception`)."""
-    return isinstance(checkpoint, ModelCheckpoint) and bool(getattr(checkpoint, "save_on_exception", False))
-
-
-def _mid_epoch_saving(checkpoint: object, trainer: pl.Trainer, has_validation: bool) -> tuple[str, str] | None:
-    """Where `checkpoint` would save inside a training epoch and what to use instead; None where it saves at an
-    epoch's end (or is no `ModelCheckpoint`). Reads the callback's own settings, which it keeps private."""
+def _mid_period_saving(checkpoint: object, trainer: pl.Trainer, has_validation: bool,
+                       every_n_steps: int | None) -> tuple[str, str] | None:
+    """Where `checkpoint` would save inside a growth period (an epoch, or `every_n_steps` optimizer steps) and what
+    to use instead; None where it saves only where one ends (or is no `ModelCheckpoint`)."""
     if not isinstance(checkpoint, ModelCheckpoint):
         return None
+    if getattr(checkpoint, "save_on_exception", False):  # Lightning 2.6 and later
+        return ("ModelCheckpoint(save_on_exception=True) saves wherever an error stops training",
+                "a ModelCheckpoint without save_on_exception (resume from its last checkpoint)")
+    if every_n_steps is None:
+        return _mid_epoch_saving(checkpoint, trainer, has_validation)
+    return _mid_steps_saving(checkpoint, every_n_steps)
+
+
+def _mid_epoch_saving(checkpoint: ModelCheckpoint, trainer: pl.Trainer,
+                      has_validation: bool) -> tuple[str, str] | None:
+    """Where `checkpoint` would save inside a training epoch and what to use instead; None where it saves at an
+    epoch's end. Reads the callback's own settings, which it keeps private."""
     at_epoch_end = "ModelCheckpoint(every_n_epochs=N), which saves at an epoch's end"
     steps: Any = getattr(checkpoint, "_every_n_train_steps", 0)
     if steps:
@@ -148,11 +149,9 @@ def _mid_epoch_saving(checkpoint: object, trainer: pl.Trainer, has_validation: b
     return None
 
 
-def _mid_period_saving(checkpoint: object, every_n_steps: int) -> tuple[str, str] | None:
+def _mid_steps_saving(checkpoint: ModelCheckpoint, every_n_steps: int) -> tuple[str, str] | None:
     """Where `checkpoint` would save inside a growth period of `every_n_steps` optimizer steps, and what to use
-    instead; None where it saves only at steps that end one (or is no `ModelCheckpoint`)."""
-    if not isinstance(checkpoint, ModelCheckpoint):
-        return None
+    instead; None where it saves only at steps that end one."""
     at_period_end = f"ModelCheckpoint(every_n_train_steps=k*{every_n_steps}), which saves where a period ends"
     steps: Any = getattr(checkpoint, "_every_n_train_steps", 0)
     interval: Any = getattr(checkpoint, "_train_time_interval", None)
