@@ -12,8 +12,9 @@ the grower's epochs times N steps.
 Lightning's checkpoints carry the grower's state (`Grower.state_dict`), so `trainer.fit(..., ckpt_path=...)`
 goes on growing where the checkpoint was taken, at the end of a period. A `ModelCheckpoint` that would save inside
 one (`every_n_train_steps` not a multiple of the period, `train_time_interval`, after a validation Lightning runs
-before the epoch ends, at an epoch's end when periods are steps, or where an error stops training) is refused when
-training starts, in one line that names the setting to use instead.
+before the epoch ends, at an epoch's end when periods are steps, at a validation's end where a monitored metric is
+not logged yet, or where an error stops training) is refused when training starts, in one line that names the
+setting to use instead.
 """
 
 from __future__ import annotations
@@ -127,7 +128,7 @@ def _mid_period_saving(checkpoint: object, trainer: pl.Trainer, has_validation: 
                 "a ModelCheckpoint without save_on_exception (resume from its last checkpoint)")
     if every_n_steps is None:
         return _mid_epoch_saving(checkpoint, trainer, has_validation)
-    return _mid_steps_saving(checkpoint, every_n_steps)
+    return _mid_steps_saving(checkpoint, trainer, has_validation, every_n_steps)
 
 
 def _mid_epoch_saving(checkpoint: ModelCheckpoint, trainer: pl.Trainer,
@@ -149,7 +150,8 @@ def _mid_epoch_saving(checkpoint: ModelCheckpoint, trainer: pl.Trainer,
     return None
 
 
-def _mid_steps_saving(checkpoint: ModelCheckpoint, every_n_steps: int) -> tuple[str, str] | None:
+def _mid_steps_saving(checkpoint: ModelCheckpoint, trainer: pl.Trainer, has_validation: bool,
+                      every_n_steps: int) -> tuple[str, str] | None:
     """Where `checkpoint` would save inside a growth period of `every_n_steps` optimizer steps, and what to use
     instead; None where it saves only at steps that end one."""
     at_period_end = f"ModelCheckpoint(every_n_train_steps=k*{every_n_steps}), which saves where a period ends"
@@ -164,4 +166,11 @@ def _mid_steps_saving(checkpoint: ModelCheckpoint, every_n_steps: int) -> tuple[
     if epochs:
         return (f"ModelCheckpoint(every_n_epochs={epochs}) saves at an epoch's end (or after a validation), which is "
                 "not where a period of steps ends", at_period_end)
+    # A step's save whose monitored metric is not logged yet (before the first validation) is put off to the end of
+    # the next validation, unless the callback saves at epochs' ends; that validation may fall inside a period.
+    saves_at_epoch_end: Any = getattr(checkpoint, "_should_save_on_train_epoch_end", lambda trainer: True)(trainer)
+    if checkpoint.monitor is not None and has_validation and not saves_at_epoch_end:
+        return (f"ModelCheckpoint(monitor={checkpoint.monitor!r}) puts off a step's save to the end of the next "
+                "validation while the metric is not logged, and Lightning validates inside a period here",
+                f"ModelCheckpoint(every_n_train_steps=k*{every_n_steps}, save_on_train_epoch_end=True)")
     return None

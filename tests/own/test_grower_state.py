@@ -323,3 +323,34 @@ def test_a_model_checkpoint_that_would_save_inside_a_period_of_steps_is_refused_
     for wrong in (0, -3, 2.5, True):
         with pytest.raises(ValueError, match=r"every_n_steps must be a whole number >= 1"):
             GrowthCallback(grower, every_n_steps=wrong)  # type: ignore[arg-type]
+
+
+def test_a_monitored_checkpoint_that_lightning_would_put_off_to_a_validation_inside_a_period_is_refused(
+        tmp_path: Path) -> None:
+    """Before the first validation logs the monitored metric, Lightning puts a step's save off to the end of the next
+    validation (step 6 here, inside the period of steps 5-8): refused up front, and the setting it names instead
+    saves only where periods end."""
+    from morphogen.lightning import GrowthCallback
+
+    loader, validation = DataLoader(TensorDataset(*TRAIN), batch_size=32), DataLoader(TensorDataset(*VALIDATION))
+    for save_on_train_epoch_end in (False, True):
+        grower, _, _ = build()
+        checkpoint = lightning.callbacks.ModelCheckpoint(dirpath=tmp_path / str(save_on_train_epoch_end),
+                                                         monitor="accuracy", every_n_train_steps=4, save_top_k=-1,
+                                                         save_on_train_epoch_end=save_on_train_epoch_end)
+        callback = GrowthCallback(grower, every_n_steps=4)
+        trainer = lightning.Trainer(max_steps=12, callbacks=[callback, checkpoint], accelerator="cpu", logger=False,
+                                    enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
+                                    default_root_dir=str(tmp_path))
+        if not save_on_train_epoch_end:
+            with pytest.raises(ValueError, match=(
+                    r"^GrowthCallback: ModelCheckpoint\(monitor='accuracy'\) puts off a step's save to the end of the "
+                    r"next validation .*; use ModelCheckpoint\(every_n_train_steps=k\*4, "
+                    r"save_on_train_epoch_end=True\)$")):
+                trainer.fit(ValidatedModule(grower), loader, validation)
+            assert not callback.reports
+            continue
+        trainer.fit(ValidatedModule(grower), loader, validation)
+        assert len(callback.reports) == 3
+        saved = {path.name for path in (tmp_path / "True").glob("*.ckpt")}
+        assert saved == {"epoch=1-step=8.ckpt", "epoch=1-step=12.ckpt"}  # step 4's save, put off, is not taken
