@@ -12,16 +12,18 @@ turned off), prints the same lines and table as `morphogen run`, and writes the 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from collections.abc import Mapping
 from typing import Any, TextIO
 
 from morphogen.commands.run import ConfigSource, RunResult, run_command, settings_from
+from morphogen.commands.threads import torch_threads
 from morphogen.config import ConfigError
 from morphogen.core.hosts import SegmentedHost
 from morphogen.data import Task
 from morphogen.env.episode import task_with_host
-from morphogen.limits import MAX_EPOCHS, check_count
+from morphogen.limits import MAX_EPOCHS, MAX_THREADS, check_count
 from morphogen.session import PYTHON_TASK
 from morphogen.task_import import is_import_path
 
@@ -30,7 +32,8 @@ def grow(task: Task, host: object = None, *, epochs: int | None = None, seed: in
          baseline: bool | None = None, from_scratch: bool | None = None, device: str | None = None,
          run_dir: str | None = None, runs_root: str | None = None,
          config: ConfigSource | None = None, out: TextIO | None = None, resume: bool = False,
-         policy: str | None = None, compare_with: Mapping[str, object] | None = None) -> RunResult:
+         policy: str | None = None, compare_with: Mapping[str, object] | None = None,
+         threads: int | None = None) -> RunResult:
     """Grow `host` (from `morphogen.host_from_module`, or a function of no arguments building one; default: the
     task's own) on `task` for `epochs` epochs (default: the config's, 30); returns the three outcomes, the grown
     model and the run directory.
@@ -54,11 +57,16 @@ def grow(task: Task, host: object = None, *, epochs: int | None = None, seed: in
     `compare_with` maps names to other hosts (or functions building them), say your model at other widths, each
     trained without growth on the same data, epochs and seed; the table puts them beside the grown model, and
     `result.fixed` holds their figures: whether growing beat simply picking another size.
+
+    `threads` runs the trainings with that many torch intra-op threads and restores the process's count after (None:
+    the process's own count; one thread is the fastest for small models while anything else shares the cores).
     """
     with_host = task_with_host(task, host)
     base = settings_from(config, with_host.name, with_host.topology)
     if epochs is not None:
         check_count("epochs", epochs, MAX_EPOCHS)
+    if threads is not None:
+        check_count("threads", threads, MAX_THREADS)
     # config.json records where the task came from: its import path, or that Python code built it.
     source = task.source if is_import_path(task.source) else PYTHON_TASK
     try:
@@ -69,7 +77,8 @@ def grow(task: Task, host: object = None, *, epochs: int | None = None, seed: in
             episode=dataclasses.replace(base.episode, max_epochs=epochs or base.episode.max_epochs))
     except ValueError as error:
         raise ConfigError(str(error)) from None
-    result = run_command(settings, task=with_host, out=out, resume=resume, compare_with=compare_with)
+    with contextlib.nullcontext() if threads is None else torch_threads(threads):
+        result = run_command(settings, task=with_host, out=out, resume=resume, compare_with=compare_with)
     if isinstance(with_host.host, SegmentedHost):
         # Each training ran on a copy of the host; the grown one's weights go back into it, and so into the user's
         # own modules, whose parameters a host from `host_from_module` shares.

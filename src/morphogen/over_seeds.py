@@ -29,6 +29,7 @@ import cloudpickle
 import torch
 
 from morphogen.commands.run import RunConfig, RunResult, run_command, run_name, settings_from
+from morphogen.commands.threads import torch_threads
 from morphogen.commands.workers import WorkerJob, spawned_workers
 from morphogen.config import ConfigError
 from morphogen.core.hosts import SegmentedHost
@@ -231,7 +232,7 @@ def _played_over_seeds(play: PlaySeed, sent: bytes | None, seeds: list[int], par
     with contextlib.ExitStack() as stack:
         if count <= 1 or sent is None:
             if threads is not None:  # as a worker would: a run's floating-point sums depend on the thread count
-                stack.enter_context(_torch_threads(threads))
+                stack.enter_context(torch_threads(threads))
             results: Iterator[RunResult] = (play(*job) for job in jobs)
         else:  # `play` is sent once to each worker, not with every seed (it may hold a whole dataset)
             threads = threads or max(1, torch.get_num_threads() // count)
@@ -245,17 +246,6 @@ def _played_over_seeds(play: PlaySeed, sent: bytes | None, seeds: list[int], par
                 runs[seed] = SeedRun.of(played[seed], from_scratch)
             print(seed_line(seed, runs[seed]), file=out, flush=True)
     return runs, played
-
-
-@contextlib.contextmanager
-def _torch_threads(threads: int) -> Iterator[None]:
-    """torch's intra-op thread count set to `threads` for the block, restored after."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
 
 
 def resumable_seeds_dir(run_dir: str | None) -> Path:

@@ -177,6 +177,31 @@ def test_the_users_own_module_holds_the_grown_host_weights_after_growth(tmp_path
         torch.testing.assert_close(net.eval()(validation[0]), result.model.host.eval()(validation[0]), rtol=0, atol=0)
 
 
+THREADS_SEEN: set[int] = set()
+
+
+def cross_entropy_counting_threads(outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """The cross-entropy, recording torch's thread count at every call in `THREADS_SEEN`."""
+    THREADS_SEEN.add(torch.get_num_threads())
+    return torch.nn.functional.cross_entropy(outputs, targets)
+
+
+def test_grow_trains_with_the_threads_asked_for_and_gives_the_process_its_count_back(tmp_path: Path) -> None:
+    train, validation = blobs(96, 0), blobs(48, 1)
+    task = morphogen.task_from_data("blobs", train, validation, num_classes=3, batch_size=32,
+                                    loss=cross_entropy_counting_threads)
+    before = torch.get_num_threads()
+    asked = 2 if before == 1 else 1
+    host = morphogen.host_from_module(mlp(), ["1"], example_input=train[0][:2])
+    THREADS_SEEN.clear()
+    morphogen.grow(task, host, run_dir=str(tmp_path / "run"), config=eager_config(epochs=2), out=io.StringIO(),
+                   threads=asked)
+    assert sorted(THREADS_SEEN) == [asked] and torch.get_num_threads() == before
+    with pytest.raises(ValueError, match=r"^threads must be >= 1, got 0$"):
+        morphogen.grow(task, host, run_dir=str(tmp_path / "refused"), threads=0)
+    assert not (tmp_path / "refused").exists()
+
+
 def test_per_pixel_classes_train_under_the_default_loss_and_accuracy_counts_pixels(tmp_path: Path) -> None:
     # Per-pixel classes, as a segmentation network gives them: scores on dimension 1 of [N, C, H, W].
     images = torch.randn(48, 1, 6, 6, generator=torch.Generator().manual_seed(0))

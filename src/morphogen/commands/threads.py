@@ -9,7 +9,9 @@ trained in 18.7 s with the default and 1.4 s with one thread. The default theref
 
 from __future__ import annotations
 
+import contextlib
 import os
+from collections.abc import Iterator
 
 from morphogen.limits import MAX_THREADS, check_count
 
@@ -40,3 +42,18 @@ def set_threads(threads: int | None) -> int:
     check_count("--threads", count, MAX_THREADS)
     torch.set_num_threads(count)
     return count
+
+
+@contextlib.contextmanager
+def torch_threads(threads: int) -> Iterator[None]:
+    """torch's intra-op thread count set to `threads` for the block, restored after (a library call must not leave
+    the caller's process with another count)."""
+    import torch
+
+    check_count("threads", threads, MAX_THREADS)
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
