@@ -23,7 +23,7 @@ from morphogen.config import ConfigError
 from morphogen.core.hosts import SegmentedHost
 from morphogen.data import Task
 from morphogen.env.episode import task_with_host
-from morphogen.limits import MAX_EPOCHS, MAX_THREADS, check_count
+from morphogen.limits import MAX_EPOCHS, check_count
 from morphogen.session import PYTHON_TASK
 from morphogen.task_import import is_import_path
 
@@ -65,8 +65,6 @@ def grow(task: Task, host: object = None, *, epochs: int | None = None, seed: in
     base = settings_from(config, with_host.name, with_host.topology)
     if epochs is not None:
         check_count("epochs", epochs, MAX_EPOCHS)
-    if threads is not None:
-        check_count("threads", threads, MAX_THREADS)
     # config.json records where the task came from: its import path, or that Python code built it.
     source = task.source if is_import_path(task.source) else PYTHON_TASK
     try:
@@ -77,7 +75,7 @@ def grow(task: Task, host: object = None, *, epochs: int | None = None, seed: in
             episode=dataclasses.replace(base.episode, max_epochs=epochs or base.episode.max_epochs))
     except ValueError as error:
         raise ConfigError(str(error)) from None
-    with contextlib.nullcontext() if threads is None else torch_threads(threads):
+    with contextlib.nullcontext() if threads is None else torch_threads(threads):  # checks the count before a write
         result = run_command(settings, task=with_host, out=out, resume=resume, compare_with=compare_with)
     if isinstance(with_host.host, SegmentedHost):
         # Each training ran on a copy of the host; the grown one's weights go back into it, and so into the user's

@@ -142,8 +142,7 @@ def _mid_epoch_saving(checkpoint: ModelCheckpoint, trainer: pl.Trainer,
     interval: Any = getattr(checkpoint, "_train_time_interval", None)
     if interval is not None:
         return f"ModelCheckpoint(train_time_interval={interval}) saves in the middle of an epoch", at_epoch_end
-    saves_at_epoch_end: Any = getattr(checkpoint, "_should_save_on_train_epoch_end", lambda trainer: True)(trainer)
-    if has_validation and not saves_at_epoch_end:
+    if has_validation and not _saves_at_epoch_end(checkpoint, trainer):
         return ("ModelCheckpoint saves after validation, which Lightning runs inside the training epoch here (as "
                 "check_val_every_n_epoch, val_check_interval or save_on_train_epoch_end=False have it)",
                 "ModelCheckpoint(save_on_train_epoch_end=True)")
@@ -168,9 +167,14 @@ def _mid_steps_saving(checkpoint: ModelCheckpoint, trainer: pl.Trainer, has_vali
                 "not where a period of steps ends", at_period_end)
     # A step's save whose monitored metric is not logged yet (before the first validation) is put off to the end of
     # the next validation, unless the callback saves at epochs' ends; that validation may fall inside a period.
-    saves_at_epoch_end: Any = getattr(checkpoint, "_should_save_on_train_epoch_end", lambda trainer: True)(trainer)
-    if checkpoint.monitor is not None and has_validation and not saves_at_epoch_end:
+    if checkpoint.monitor is not None and has_validation and not _saves_at_epoch_end(checkpoint, trainer):
         return (f"ModelCheckpoint(monitor={checkpoint.monitor!r}) puts off a step's save to the end of the next "
                 "validation while the metric is not logged, and Lightning validates inside a period here",
                 f"ModelCheckpoint(every_n_train_steps=k*{every_n_steps}, save_on_train_epoch_end=True)")
     return None
+
+
+def _saves_at_epoch_end(checkpoint: ModelCheckpoint, trainer: pl.Trainer) -> bool:
+    """Whether `checkpoint` saves at a training epoch's end rather than after validation (Lightning's private rule)."""
+    decides: Any = getattr(checkpoint, "_should_save_on_train_epoch_end", lambda trainer: True)
+    return bool(decides(trainer))
