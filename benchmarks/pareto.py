@@ -4,9 +4,9 @@ Per task, two kinds of job, each over `--seeds` seeds and `--epochs` epochs (`--
 process, `--jobs` processes):
 - fixed: a sweep of hosts of the task's family (`--blocks` x `--widths`: n_blocks x base_channels of the
   task's CNNHost or Conv1dHost), trained without growth;
-- grown: the heuristic growing the small hosts (`--grow-from`, default the task's default host 2x8 and
-  2x4), and each grown model's final architecture (host + every seed blended in at the end) trained from
-  scratch for the same epochs.
+- grown: the heuristic growing the small hosts (`--grow-from`, default the task's default host 2x8, 2x4,
+  and 3x4: on mnist1d a third block is worth more than width, which growth adds), and each grown model's
+  final architecture (host + every seed blended in at the end) trained from scratch for the same epochs.
 
 `--config FILE` grows with a run config's `[heuristic]` and `[episode]` settings (a file, or a preset's name such
 as `grow_for_compute`; the episode length stays `--epochs`), its jobs kept apart from the default heuristic's in
@@ -279,7 +279,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--tasks", default="mnist1d,digits")
     parser.add_argument("--blocks", default="2,3", help="n_blocks of the fixed hosts")
     parser.add_argument("--widths", default="4,6,8,12,16,24,32", help="base_channels of the fixed hosts")
-    parser.add_argument("--grow-from", default="2x8,2x4", help="hosts the heuristic grows (blocks x width)")
+    parser.add_argument("--grow-from", default="2x8,2x4,3x4", help="hosts the heuristic grows (blocks x width)")
     parser.add_argument("--only", choices=("fixed", "grown"), help="run one kind of job only")
     parser.add_argument("--seeds", type=int, default=5)
     parser.add_argument("--first-seed", type=int, default=0, help="the first of the --seeds seeds")
