@@ -8,15 +8,17 @@ Files (every command writes only these names; readers look only for them):
   `from_scratch/events.jsonl`: a `run`'s no-growth episode and its final architecture trained from
   scratch; `checkpoint.pt` and `imitation.json`: a `train` run; `eval.json`: an `eval --run-dir` table;
   `report.html`: the default place of `report --html`; `tb/` and `profile/`: TensorBoard scalars and
-  profiler traces.
+  profiler traces; `resume.pt` and `eval_resume.pt`: where a stopped `run` or `eval` goes on from;
+  `fixed/<index>/`: the hosts of `grow(compare_with=...)`; `seeds.json` and `seeds_plan.json`: a run over
+  several seeds.
 
 Rules:
 
 - **One run per directory.** `make_run_dir` refuses a directory that already holds any of the files
   above (naming them): a second `run`, `train` or `eval` there would append to the first one's events
-  and overwrite its config and summary. Only `train --resume` reopens a run. It also refuses `/`, the
-  home directory and system directories (`/etc`, `/usr`, ...), where a mistyped `--run-dir` would
-  scatter files.
+  and overwrite its config and summary. Only `train --resume`, `run --resume` and `eval --resume` reopen a
+  run. It also refuses `/`, the home directory and system directories (`/etc`, `/usr`, ...), where a
+  mistyped `--run-dir` would scatter files.
 - **One writer per directory.** `hold_run_directory(D)` is an advisory `fcntl.flock` on `D/.lock`,
   held for a whole command and re-entrant within a process; a second holder is refused with a
   `RunDirectoryBusy` line naming the holder's PID. The kernel drops the lock however the holder exits

@@ -13,7 +13,8 @@ model worse, and in HOLDING fossilizes a seed that contributes, else prunes it. 
 snapshot and the action masks.
 
 It judges by what the gates judge (`EpisodeSnapshot.criterion`): the validation loss in nats for a language
-model and a classifier, or the task's own score for a task with its own loss or metric, each with its own
+model and a classifier, the log of the validation loss (and the share of it a seed removes) for a task with a
+loss of its own, or the task's score where the gates' criterion is set to "score", each with its own
 thresholds.
 
 Why a slowing trend and not only a flat line: a language model's loss keeps improving slowly for

@@ -1,17 +1,19 @@
 """Optional `torch.compile` of the host forward and of the policy (`--compile`; docs/architecture.md#compiled-code).
 
-What is compiled: `MorphogeneticModel.forward_with_shadow` (the training forward: host, slots and the
-shadow pass of TRAINING seeds; autograd builds the backward through the compiled graph) and
+What is compiled: `MorphogeneticModel.forward_with_shadow` (the training forward, as two graphs: the host with
+its slots, and the shadow pass of TRAINING seeds, which the trainer backpropagates separately; autograd builds
+each backward through its compiled graph) and
 `FactoredLSTMPolicy.forward` (trunk, LSTM, norm). Validation (`counterfactual_forward`, whose alpha
 table is read on the host) and the policy's action heads (sampling draws from a `torch.Generator`,
 which dynamo cannot trace) stay eager. Debug layer statistics are `torch.compiler.disable`d.
 
 Rules:
 - Compiled code reads no lifecycle state. The model hands the compiled function an *execution plan*,
-  a tuple of plain strings and bools per slot (`SeedSlot.plan`); dynamo guards on that argument's
-  value. A plan seen before reuses its graph; a new plan compiles once. Stages that run the same code
-  (BLENDING, HOLDING, FOSSILIZED) share one plan, and a GERMINATED seed does not run, so a germination
-  costs one compile, when the seed enters TRAINING. Why not guard on the stage itself: with torch 2.13,
+  one `SlotPlan` per slot (`SeedSlot.plan`: an enum member, strings and bools); dynamo guards on that
+  argument's value. A plan seen before reuses its graph; a new plan compiles once. Stages that run the same
+  code (BLENDING, HOLDING, FOSSILIZED) share one plan, and a GERMINATED seed does not run, so a germination
+  costs one compile of each graph, when the seed enters TRAINING, and entering BLENDING one more of the host
+  forward. Why not guard on the stage itself: with torch 2.13,
   dynamo was seen to drop the identity guard on `slot.lifecycle.stage` when it equalled a global it
   also read (`Stage.TRAINING`), and reused a TRAINING graph for a BLENDING seed (wrong outputs).
 - Graphs are cached per function, not per model: every env's model with the same plan (and shapes)

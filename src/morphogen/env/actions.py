@@ -217,7 +217,8 @@ class ActionSpace:
         return placeable if placeable.any() else np.ones(len(self.blueprints), dtype=bool)
 
     def _graftable(self, model: MorphogeneticModel, slots: list[SeedSlot]) -> np.ndarray:
-        """[n_blueprints]: whether GROW can graft each blueprint into every empty slot (no widening one; a
+        """[n_blueprints]: whether GROW can graft each blueprint into every empty slot (`MorphogeneticModel.can_graft`:
+        a widening one only at a width site inside the block before the slot, a branch only at a branch site, a
         copy of the layer before the slot only where the host has that layer)."""
         empty = [slot.slot_id for slot in slots if slot.stage is Stage.DORMANT]
         return np.array([all(model.can_graft(slot_id, name) for slot_id in empty)

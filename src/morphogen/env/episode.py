@@ -482,7 +482,7 @@ class MorphogenesisEpisode:
                             + (f" (the training batch differs: {said})" if said else "")) from None
 
     def finish_epoch(self, action: Action, succeeded: bool, reason: str) -> StepResult:
-        """After training: governor, validation with counterfactuals, slot clocks, reward, telemetry."""
+        """After training: validation with counterfactuals, governor, slot clocks, growth signals, reward, telemetry."""
         assert self.model is not None
         self.epoch += 1
         # Charged before anything can change the plan the epoch trained in (a rollback, a stage change).
