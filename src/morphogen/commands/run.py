@@ -49,6 +49,7 @@ from morphogen.run_directory import (
     is_seeds_directory,
     make_run_dir,
     refuse_other_run,
+    refuse_planted_link,
     remove_stale_temporaries,
     write_atomic,
 )
@@ -375,6 +376,11 @@ def run_command(config: RunConfig, controller_factory: Callable[[MorphogenesisEp
         if resume:
             refuse_finished_run(run_dir)
             refuse_another_policy(run_dir, config.policy, config.policy_checksum)
+            # Before any training: a comparison's directory that a copied run holds as a link would have its resume
+            # cut, clear and append another directory's files (each training checks its own again when it starts).
+            compared = (run_dir / FIXED_DIRNAME, *(_fixed_dir(run_dir, index) for index in range(len(fixed))))
+            for directory in (run_dir / BASELINE_DIRNAME, run_dir / FROM_SCRATCH_DIRNAME, *(compared if fixed else ())):
+                refuse_planted_link(directory)
         else:
             refuse_other_run(run_dir)
         return _play_and_write(config, task, episode, controller, saving, device, run_dir, out, fixed)
@@ -607,6 +613,7 @@ def _run_fixed(config: RunConfig, fixed: Mapping[str, Task], run_dir: Path, disp
     outcomes = {}
     settings = dataclasses.replace(config, slots=None, pool_slots=False)
     for index, (name, task) in enumerate(fixed.items()):
+        refuse_planted_link(run_dir / FIXED_DIRNAME)  # never through a `fixed` link planted in a copied run
         display.print(f"training {printable(name)} without growth ({config.episode.max_epochs} epochs)...")
         outcomes[name] = _run_without_growth(settings, task, _fixed_dir(run_dir, index), display, printable(name),
                                              saving)[0]
@@ -625,6 +632,9 @@ def _run_without_growth(config: RunConfig, task: Task, events_dir: Path, display
     episode = MorphogenesisEpisode(task, config.episode, seed=config.seed, slots=config.slots,
                                    pool_slots=config.pool_slots, architecture=architecture, blends=blends)
     episode.compile_settings = config.compile_settings
+    # Before a resume cuts its events or removes its temporaries: a link planted in a copied run (`baseline` leading
+    # to another directory) would have them cut, removed and written there.
+    refuse_planted_link(events_dir)
     state = saving.state(events_dir)
     epochs = _progress(display, name, config.episode.max_epochs, state)
     level = "off" if config.telemetry.level == "off" else "minimal"
