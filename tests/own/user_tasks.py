@@ -112,3 +112,10 @@ def nan_loss() -> Task:
     host = morphogen.host_from_module(mlp(), ["1"], example_input=train[0][:2])
     return morphogen.task_from_data("nan", train, train, host=host,
                                     loss=lambda outputs, targets: outputs.mean() * float("nan"))
+
+
+def escape_name() -> Task:
+    """A task whose name holds a terminal escape sequence and a bidirectional override (a name from a config, say)."""
+    train = blobs(64, 0)
+    host = morphogen.host_from_module(mlp(), ["1"], example_input=train[0][:2])
+    return morphogen.task_from_data("\x1b[2Jblobs\u202e", train, train, host=host)

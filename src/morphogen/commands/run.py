@@ -562,7 +562,7 @@ def _write_results(result: RunResult, architecture: dict[str, str], controller: 
 def _print_header(display: ProgressDisplay, config: RunConfig, task: Task, episode: MorphogenesisEpisode, device: str,
                   run_dir: Path) -> None:
     """The run's first lines: the task, its host and data, the episode, the device, the optimizer, the run dir."""
-    display.print(f"morphogen run: task {task.name} ({task.topology} host, {len(task.train)} train / "
+    display.print(f"morphogen run: task {printable(task.name)} ({task.topology} host, {len(task.train)} train / "
                   f"{len(task.validation)} validation), {config.episode.max_epochs} epochs, seed {config.seed}, "
                   f"device {device}, {episode.optimizer_config.summary}")
     display.print(f"run dir: {run_dir}")
