@@ -151,7 +151,7 @@ def format_step(result: StepResult, metric_name: str = "accuracy") -> str:
     """
     s = result.snapshot
     seeds = "  ".join(
-        f"{slot.slot_id} {slot.blueprint} {stage_short(slot.stage.value)}"
+        f"{printable(f'{slot.slot_id} {slot.blueprint}')} {stage_short(slot.stage.value)}"
         f"{f' a={slot.alpha:.2f}' if slot.alpha > 0 else ''}" for slot in s.slots if slot.blueprint is not None)
     action = Op(s.last_op).name
     rollback = "  ROLLBACK" if result.rollback is not None else ""
@@ -238,8 +238,9 @@ def _print_stories(grown: EpisodeOutcome, metric_name: str, criterion: Criterion
     judged = ScoreKind(metric_name, criterion.value)
     for story in grown.stories:
         predicted, measured = judged.contribution(story, predicted=True), judged.contribution(story)
-        print(story_line(f"{story.blueprint:<11} {story.slot:<5} {story.path_before_outcome():<36} "
-                         f"{story.ending():<14}", f"predicted {predicted}  measured {measured}"), file=out)
+        print(story_line(f"{printable(story.blueprint):<11} {printable(story.slot):<5} "
+                         f"{story.path_before_outcome():<36} {story.ending():<14}",
+                         f"predicted {predicted}  measured {measured}"), file=out)
 
 
 def story_line(path: str, contributions: str) -> str:
@@ -593,8 +594,8 @@ def _run_from_scratch(config: RunConfig, task: Task, architecture: dict[str, str
                       ) -> tuple[EpisodeOutcome, MorphogeneticModel]:
     """The grown model's final architecture, every seed installed at epoch 0 with the blend it was grown with,
     trained without growth, and the model it trained; its epochs in RUN_DIR/from_scratch/events.jsonl."""
-    seeds = ", ".join(f"{blueprint} in {slot}" + (f" ({blends[slot]} blend)" if slot in blends else "")
-                      for slot, blueprint in architecture.items())
+    seeds = printable(", ".join(f"{blueprint} in {slot}" + (f" ({blends[slot]} blend)" if slot in blends else "")
+                                for slot, blueprint in architecture.items()))
     display.print(f"training the final architecture from scratch (host + {seeds}, "
                   f"{config.episode.max_epochs} epochs)...")
     return _run_without_growth(config, task, run_dir / FROM_SCRATCH_DIRNAME, display, "from scratch", saving,
