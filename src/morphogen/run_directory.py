@@ -119,6 +119,14 @@ class DiskFullError(OSError):
     """No room to write a run-directory file; the previous version of the file is intact."""
 
 
+class PlantedLinkError(OSError):
+    """A run-directory file that a command appends to or cuts is a symbolic link (planted in a copied run, say): the
+    user's to remove, one line, not a bug."""
+
+    def __str__(self) -> str:
+        return str(self.strerror)  # the message names the path; "[Errno 40]" would tell the user nothing
+
+
 def _disk_full(error: OSError, path: Path, needed: int) -> DiskFullError:
     try:
         room = f", {shutil.disk_usage(path.parent).free:,} free"
@@ -133,8 +141,8 @@ def _disk_full(error: OSError, path: Path, needed: int) -> DiskFullError:
 def _refuse_link(path: Path, error: OSError) -> OSError:
     """`error`, reworded when it is O_NOFOLLOW's refusal of a symbolic link."""
     if error.errno == errno.ELOOP:
-        return OSError(errno.ELOOP, f"{path} is a symbolic link; morphogen does not write through links "
-                                    "in a run directory (remove it)")
+        return PlantedLinkError(errno.ELOOP, f"{path} is a symbolic link; morphogen does not write through links "
+                                              "in a run directory (remove it)")
     return error
 
 
