@@ -65,6 +65,24 @@ def test_damaged_checkpoint_is_refused_by_every_command(trained: Path, tmp_path:
     assert path.read_bytes() == before
 
 
+def test_a_planted_events_link_is_one_line_on_resume(trained: Path, tmp_path: Path,
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    """`train --resume` cuts and appends to `events.jsonl`; a link planted there (a copied run) is refused in one
+    line and exit 2, not a traceback, and the file it leads to is left as it was."""
+    run = Path(shutil.copytree(trained, tmp_path / "run"))
+    elsewhere = tmp_path / "elsewhere.jsonl"
+    elsewhere.write_bytes((run / EVENTS_FILENAME).read_bytes() + b'{"torn')
+    before = elsewhere.read_bytes()
+    (run / EVENTS_FILENAME).unlink()
+    (run / EVENTS_FILENAME).symlink_to(elsewhere)
+    capsys.readouterr()
+    assert main(["train", "--resume", str(run), "--rounds", "2"]) == EXIT_USER_ERROR
+    assert one_line(capsys, "morphogen train: error: ") == (
+        f"morphogen train: error: {run / EVENTS_FILENAME} is a symbolic link; morphogen does not write through "
+        "links in a run directory (remove it)")
+    assert elsewhere.read_bytes() == before
+
+
 def test_disk_full_while_checkpointing_is_one_line_and_keeps_the_last_checkpoint(
         trained: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     run = Path(shutil.copytree(trained, tmp_path / "run"))

@@ -227,6 +227,31 @@ def test_what_cannot_be_resumed_is_one_line_and_exit_2(uninterrupted: dict[str, 
     assert "fewer than the" in refused(str(run_dir))
 
 
+@pytest.mark.parametrize("comparison", [BASELINE_DIRNAME, FROM_SCRATCH_DIRNAME, "fixed"])
+def test_a_comparisons_directory_planted_as_a_link_is_refused_on_resume(
+        comparison: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """A copied run's `baseline/` (or `from_scratch/`, `fixed/`) may be a link to another directory: resuming would
+    cut that directory's events, remove its temporary files and append there. One line, exit 2, nothing touched."""
+    run_dir = tmp_path / "run"
+    compare = {"compare_with": {"3x4": {"n_blocks": 3, "base_channels": 4}}} if comparison == "fixed" else {}
+    kill_after(monkeypatch, 2)
+    with pytest.raises(Killed):
+        run_command(build_config(RunConfig, {**SETTINGS, "run_dir": str(run_dir), **compare}), out=io.StringIO())
+    monkeypatch.undo()
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / EVENTS_FILENAME).write_text("someone else's lines\n")
+    theirs = temporary_name(elsewhere / RESUME_FILENAME)
+    theirs.write_bytes(b"someone else's file")
+    (run_dir / comparison).symlink_to(elsewhere)
+    assert main(["run", "--resume", str(run_dir)]) == 2
+    assert capsys.readouterr().err == (f"morphogen run: error: {run_dir / comparison} is a symbolic link; morphogen "
+                                       "does not write through links in a run directory (remove it)\n")
+    assert sorted(path.name for path in elsewhere.iterdir()) == sorted([EVENTS_FILENAME, theirs.name])
+    assert (elsewhere / EVENTS_FILENAME).read_text() == "someone else's lines\n"
+    assert not (run_dir / "summary.json").exists()
+
+
 def refused_new_run(run_dir: Path, capsys: pytest.CaptureFixture[str]) -> str:
     """A new run into the stopped run's directory is refused, with the way to continue it."""
     assert main(["run", "--run-dir", str(run_dir)]) == 2

@@ -150,6 +150,32 @@ def test_a_run_over_seeds_killed_in_a_seed_resumes_to_the_figures_of_one_that_wa
         capsys.readouterr().err
 
 
+def test_a_seeds_directory_planted_as_a_link_is_refused_on_resume(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                capsys: pytest.CaptureFixture[str]) -> None:
+    """A copied run over seeds may hold `seed_<s>` as a link to another directory: resuming would play that seed's
+    run there. One line, exit 2, and the other directory stays empty."""
+    original = run_module.save_training_state
+
+    def save_then_die(*args: Any, **kwargs: Any) -> None:
+        original(*args, **kwargs)
+        raise Killed
+
+    monkeypatch.setattr(run_module, "save_training_state", save_then_die)
+    killed = tmp_path / "killed"
+    with pytest.raises(Killed):
+        main(["run", "--seeds", "2", "--epochs", "2", "--max-train-samples", "150", "--threads", "1",
+              "--run-dir", str(killed)])
+    monkeypatch.undo()
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (killed / "seed_1").symlink_to(elsewhere)
+    capsys.readouterr()
+    assert main(["run", "--resume", str(killed), "--threads", "1"]) == EXIT_USER_ERROR
+    assert capsys.readouterr().err == (f"morphogen run: error: {killed / 'seed_1'} is a symbolic link; morphogen "
+                                       "does not write through links in a run directory (remove it)\n")
+    assert list(elsewhere.iterdir()) == []
+
+
 @pytest.mark.parametrize("accuracy", [10**400, "NaN", None, True])
 def test_a_finished_seeds_damaged_summary_is_one_line_on_resume(accuracy: object, tmp_path: Path) -> None:
     """A resume reads back finished seeds from their summary.json, an untrusted file: a figure that is not a finite

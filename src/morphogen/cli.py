@@ -38,8 +38,8 @@ USER_ERRORS = (
     ("morphogen.control.checkpoint", "CheckpointError"), ("morphogen.ui.run_files", "RunDirectoryError"),
     ("morphogen.ui.runs", "RunsQueryError"), ("morphogen.run_directory", "RunDirectoryLockError"),
     ("morphogen.run_directory", "RunDirectoryRefused"), ("morphogen.run_directory", "DiskFullError"),
-    ("morphogen.control.distributed", "DistributedSetupError"), ("morphogen.core.plain", "ExportError"),
-    ("morphogen.model_file", "ModelFileError"),
+    ("morphogen.run_directory", "PlantedLinkError"), ("morphogen.control.distributed", "DistributedSetupError"),
+    ("morphogen.core.plain", "ExportError"), ("morphogen.model_file", "ModelFileError"),
 )
 """(module, class) of every error a user can cause: one line and `EXIT_USER_ERROR`. Named, not imported, so
 that the command imports only what it runs; an error's class is loaded whenever the error can occur."""

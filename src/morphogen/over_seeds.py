@@ -48,6 +48,7 @@ from morphogen.run_directory import (
     make_run_dir,
     read_json_object,
     refuse_other_run,
+    refuse_planted_link,
     write_atomic,
 )
 from morphogen.seeds_summary import SeedRun, differences_of, seed_line, seed_pairs, seeds_figures, summary_lines
@@ -223,6 +224,8 @@ def _played_over_seeds(play: PlaySeed, sent: bytes | None, seeds: list[int], par
     seed whose run finished before is read back, one whose run stopped resumes, the others are played. `sent`:
     `play` pickled for worker processes (None with one worker)."""
     directories = {seed: parent / f"seed_{seed}" for seed in seeds}
+    for directory in directories.values():  # a `seed_<s>` link planted in a copied run would take its run elsewhere
+        refuse_planted_link(directory)
     finished = {seed for seed, directory in directories.items() if (directory / SUMMARY_FILENAME).is_file()}
     jobs = [(seed, str(directories[seed]), (directories[seed] / CONFIG_FILENAME).is_file())
             for seed in seeds if seed not in finished]

@@ -28,7 +28,7 @@ Rules:
   may be symbolic links planted to redirect a write. `write_atomic` writes a temporary file with
   `O_EXCL` (which refuses an existing name, link or not) and renames it over the name, which replaces
   a link instead of writing through it; `open_for_append`, `truncate_file` and `own_directory` (the
-  `tb/` and `profile/` directories) refuse a link outright.
+  `tb/`, `profile/`, `baseline/`, `from_scratch/`, `fixed/` and `seed_<s>/` directories) refuse a link outright.
   A crash leaves either the old file or the new one, whole; `remove_stale_temporaries` deletes the
   temporaries of killed writes, only under the lock (a live writer's look the same). Only a regular
   file (or a link) is replaced: a device, a FIFO or a directory at the name is refused, so that
@@ -121,6 +121,14 @@ class DiskFullError(OSError):
     """No room to write a run-directory file; the previous version of the file is intact."""
 
 
+class PlantedLinkError(OSError):
+    """A run-directory file that a command appends to or cuts is a symbolic link (planted in a copied run, say): the
+    user's to remove, one line, not a bug."""
+
+    def __str__(self) -> str:
+        return str(self.strerror)  # the message names the path; "[Errno 40]" would tell the user nothing
+
+
 def _disk_full(error: OSError, path: Path, needed: int) -> DiskFullError:
     try:
         room = f", {shutil.disk_usage(path.parent).free:,} free"
@@ -135,8 +143,8 @@ def _disk_full(error: OSError, path: Path, needed: int) -> DiskFullError:
 def _refuse_link(path: Path, error: OSError) -> OSError:
     """`error`, reworded when it is O_NOFOLLOW's refusal of a symbolic link."""
     if error.errno == errno.ELOOP:
-        return OSError(errno.ELOOP, f"{path} is a symbolic link; morphogen does not write through links "
-                                    "in a run directory (remove it)")
+        return PlantedLinkError(errno.ELOOP, f"{path} is a symbolic link; morphogen does not write through links "
+                                              "in a run directory (remove it)")
     return error
 
 
@@ -222,20 +230,26 @@ def append_line(descriptor: int, line: bytes) -> None:
 
 
 def own_directory(path: str | Path) -> Path:
-    """`path`, a directory inside a run directory (`tb/`, `profile/`), made if missing.
+    """`path`, a directory inside a run directory (`tb/`, `profile/`, a comparison's `baseline/`, a seed's
+    `seed_<s>/`), made if missing.
 
-    `RunDirectoryRefused` if it is a symbolic link (a copied run's `tb` could point anywhere, and the files
-    written into it would land there) or not a directory.
+    `RunDirectoryRefused` if it is a symbolic link (a copied run's `tb` or `baseline` could point anywhere, and the
+    files written into it would land there) or not a directory.
     """
     path = Path(path)
-    if path.is_symlink():
-        raise RunDirectoryRefused(f"{path} is a symbolic link; morphogen does not write through links in a "
-                                  "run directory (remove it)")
+    refuse_planted_link(path)
     try:
         path.mkdir(parents=True, exist_ok=True)
     except FileExistsError:
         raise RunDirectoryRefused(f"{path} is not a directory (remove it)") from None
     return path
+
+
+def refuse_planted_link(path: Path) -> None:
+    """`RunDirectoryRefused` if `path`, a name a command writes under in a run directory, is a symbolic link."""
+    if path.is_symlink():
+        raise RunDirectoryRefused(f"{path} is a symbolic link; morphogen does not write through links in a "
+                                  "run directory (remove it)")
 
 
 def truncate_file(path: str | Path, size: int) -> None:

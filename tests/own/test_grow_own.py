@@ -428,6 +428,41 @@ def test_eval_lays_an_optimizer_table_over_the_default_of_the_users_model(tmp_pa
     assert (recorded["name"], recorded["schedule"]) == ("adamw", "cosine")
 
 
+@pytest.mark.parametrize("command", [["run", "--epochs", "1"],
+                                     ["eval", "--policy", "default", "--episodes", "1", "--episode-length", "1"]])
+def test_a_task_name_reaches_the_first_line_with_its_control_characters_escaped(
+        command: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """The task's name is the user's free text: `run` and `eval` print it as `\\x1b`-style escapes, never raw."""
+    monkeypatch.chdir(HERE)
+    assert main([*command, "--task", "user_tasks:escape_name", "--run-dir", str(tmp_path / "run"),
+                 "--threads", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "\x1b" not in out and "\u202e" not in out
+    assert " \\x1b[2Jblobs\\u202e " in out.splitlines()[0]
+
+
+def test_a_slot_id_reaches_the_terminal_escaped_and_never_as_markup(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    """A slot's id is the name of the user's submodule, free text: `list`, `run` and `export` print its control
+    characters as escapes and its brackets as written (`list` gave Rich `[/x]` as markup, which raised)."""
+    monkeypatch.chdir(HERE)
+    shown = "\\x1b[2J[/x]\\u202e"
+    for listing in ("slots", "blueprints"):
+        assert main(["list", listing, "--task", "user_tasks:escape_slot"]) == 0
+        out = capsys.readouterr().out
+        assert shown in out and "\x1b" not in out and "\u202e" not in out
+    run_dir = tmp_path / "run"
+    assert main(["run", "--task", "user_tasks:escape_slot", "--config", str(EAGER), "--run-dir", str(run_dir),
+                 "--threads", "1"]) == 0
+    out = capsys.readouterr().out
+    assert f"| {shown} branch_wide " in out and f"branch_wide {shown} " in out  # an epoch's line, the seed's story
+    assert "\x1b" not in out and "\u202e" not in out
+    assert main(["export", str(run_dir), "--output", str(tmp_path / "grown.pt2")]) == 0
+    out = capsys.readouterr().out
+    assert f"branch_wide in {shown} (" in out and "\x1b" not in out and "\u202e" not in out
+
+
 @pytest.mark.parametrize(("task", "message"), [
     ("user_tasks:not_a_task", "task: user_tasks:not_a_task returned int; return morphogen.task_from_data(...)"),
     ("user_tasks:raises", "task: user_tasks:raises raised RuntimeError: the dataset directory is missing"),

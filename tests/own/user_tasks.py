@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections import OrderedDict
+
 import torch
 from models import (
     PaddedClassifier,
@@ -15,6 +17,7 @@ from models import (
     quadrant_images,
     shape_scenes,
 )
+from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 import morphogen
@@ -112,3 +115,23 @@ def nan_loss() -> Task:
     host = morphogen.host_from_module(mlp(), ["1"], example_input=train[0][:2])
     return morphogen.task_from_data("nan", train, train, host=host,
                                     loss=lambda outputs, targets: outputs.mean() * float("nan"))
+
+
+def escape_name() -> Task:
+    """A task whose name holds a terminal escape sequence and a bidirectional override (a name from a config, say)."""
+    train = blobs(64, 0)
+    host = morphogen.host_from_module(mlp(), ["1"], example_input=train[0][:2])
+    return morphogen.task_from_data("\x1b[2Jblobs\u202e", train, train, host=host)
+
+
+#: The name of the submodule `escape_slot`'s slot follows: an escape sequence, Rich markup and a bidirectional override.
+ESCAPE_SLOT = "\x1b[2J[/x]\u202e"
+
+
+def escape_slot() -> Task:
+    """An MLP whose slot, named by the submodule it follows, has an id of terminal escapes and Rich markup."""
+    train = blobs(64, 0)
+    layers = [nn.Linear(12, 16), nn.ReLU(), nn.Linear(16, 3)]
+    net = nn.Sequential(OrderedDict(zip(("in", ESCAPE_SLOT, "out"), layers, strict=True)))
+    host = morphogen.host_from_module(net, [ESCAPE_SLOT], example_input=train[0][:2])
+    return morphogen.task_from_data("blobs", train, train, host=host)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -142,6 +143,31 @@ def test_damaged_runs_are_read_in_part_or_named_and_never_hide_the_others(
     assert "[/bad]\\x1b]52;c;aGk=\\x07" in shown["[bold"] and "\x1b" not in out
     assert rows[3:] == ["skipped run empty (no readable event; 1 line skipped)",
                         "run [bold red]x: 5 lines skipped"]
+
+
+def test_lone_surrogates_in_a_runs_strings_or_name_hide_no_run(runs_root: Path, tmp_path: Path,
+                                                               capsys: pytest.CaptureFixture[str]) -> None:
+    """`"\\ud800"` parses as JSON, and a directory name not in UTF-8 decodes to surrogates, but DuckDB refuses a lone
+    surrogate: one such string made the load of every run fail. Each shows as its escape, the other runs beside it."""
+    root = tmp_path / "runs"
+    shutil.copytree(runs_root / "grown", root / "grown")
+    damaged = root / "damaged"
+    shutil.copytree(runs_root / "grown", damaged)
+    config = json.loads((damaged / "config.json").read_text())
+    config["task_name"] = "odd\ud800"
+    (damaged / "config.json").write_text(json.dumps(config))
+    lines = (damaged / "events.jsonl").read_text().splitlines()
+    record = json.loads(lines[0])
+    record["event_key\udfff"] = "\udfff"
+    lines[0] = json.dumps(record)
+    (damaged / "events.jsonl").write_text("\n".join(lines) + "\n")
+    shutil.copytree(runs_root / "grown", Path(os.fsdecode(bytes(root) + b"/latin\xe9")))
+    assert main(["runs", str(root)]) == 0
+    out, err = capsys.readouterr()
+    assert err == ""
+    shown = {row.split()[0]: row for row in out.splitlines()[1:4]}
+    assert sorted(shown) == ["damaged", "grown", "latin\\udce9"]
+    assert "odd\\ud800" in shown["damaged"]
 
 
 def test_a_root_whose_every_run_is_unreadable_names_them_and_exits_0(tmp_path: Path,

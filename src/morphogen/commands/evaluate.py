@@ -60,6 +60,7 @@ from morphogen.telemetry.events import Event
 from morphogen.telemetry.sinks import Telemetry
 from morphogen.telemetry.story import NEGATIVE_LOSS
 from morphogen.ui.progress import ProgressDisplay
+from morphogen.ui.terminal_text import printable
 from morphogen.ui.units import counted
 
 #: Evaluation seeds are drawn from a stream the training rounds never use.
@@ -333,8 +334,8 @@ def evaluate_command(config: EvalConfig, out: TextIO | None = None, *,
         record = _open_record(config, setting.session.task, resume, stack)
         display = stack.enter_context(ProgressDisplay(out))
         display.print(f"morphogen eval: {counted(config.episodes, 'episode')} of "
-                      f"{counted(setting.episode.max_epochs, 'epoch')} on {task.name} ({task.topology} host), policy "
-                      f"{config.policy}"
+                      f"{counted(setting.episode.max_epochs, 'epoch')} on {printable(task.name)} "
+                      f"({task.topology} host), policy {config.policy}"
                       + (f", {config.jobs} processes" if config.jobs > 1 else ""))
         bar = display.add("episodes", config.episodes * len(CONTROLLERS))
         played = record.played

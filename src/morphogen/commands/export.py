@@ -23,6 +23,7 @@ from morphogen.core.plain import ExportError, exported_stages
 from morphogen.core.slot import SeedSlot
 from morphogen.export import FORMATS, example_input_of, export_model, rebuild_run
 from morphogen.run_directory import hold_run_directory, run_of_file
+from morphogen.ui.terminal_text import printable
 
 
 def export_command(run_dir: str, format: str = "torch-export", output: str | None = None,
@@ -81,7 +82,7 @@ def _print_summary(model: MorphogeneticModel, written: Path, format: str, out: T
 
     def named(slot: SeedSlot) -> str:
         alpha = f", alpha {slot.alpha.alpha:.2f}" if slot.stage is Stage.BLENDING else ""
-        return f"{slot.blueprint} in {slot.slot_id} ({slot.stage.value}{alpha})"
+        return printable(f"{slot.blueprint} in {slot.slot_id} ({slot.stage.value}{alpha})")  # the user's slot ids
 
     kept = [named(slot) for slot in model.slots() if slot.stage in exported]
     left_out = [named(slot) for slot in model.slots()

@@ -19,6 +19,7 @@ from morphogen.data.catalog import DEFAULT_HOST_SIZES, TASK_DESCRIPTIONS, TASK_N
 
 if TYPE_CHECKING:
     from rich.console import Console
+    from rich.text import Text
 
     from morphogen.core.hosts import SegmentedHost
     from morphogen.core.model import MorphogeneticModel
@@ -85,6 +86,16 @@ def list_tasks(out: TextIO) -> None:
     _list_named(("task", "what it is"), {name: TASK_DESCRIPTIONS.get(name, "") for name in TASK_NAMES}, out)
 
 
+def _shown(text: str) -> Text:
+    """`text`, the user's own (a slot id, a submodule's name, a task's name), as Rich shows it: its control
+    characters as escapes, its brackets as written, never read as markup."""
+    from rich.text import Text
+
+    from morphogen.ui.terminal_text import printable
+
+    return Text(printable(text))
+
+
 def list_presets(out: TextIO) -> None:
     """The presets shipped with morphogen (`run --config NAME`, `grow(..., config=NAME)`), each with its purpose."""
     _list_named(("preset", "what it is for"), {name: preset_description(name) for name in preset_names()}, out)
@@ -95,7 +106,6 @@ def list_slots(host: ListedHost, out: TextIO) -> None:
 
     from morphogen.core.blueprints import blueprint_names, get_blueprint
     from morphogen.core.module_host import ModuleHost
-    from morphogen.ui.terminal_text import printable
 
     own = host.host if isinstance(host.host, ModuleHost) else None
     topology = host.topology
@@ -106,9 +116,9 @@ def list_slots(host: ListedHost, out: TextIO) -> None:
     for slot, width in host.widths.items():
         copies = "copies it" if own is not None and own.layer_before(slot) is not None else "-"
         cells = [] if own is None else [own.submodules[slot], *([copies] if copying else [])]
-        table.add_row(slot, str(width), *(printable(cell) for cell in cells))
+        table.add_row(_shown(slot), str(width), *(_shown(cell) for cell in cells))
     console = _console(out)
-    console.print(f"slots of the {host.task} host ({host.topology}), in execution order:")
+    console.print(_shown(f"slots of the {host.task} host ({host.topology}), in execution order:"))
     console.print(table)
 
 
@@ -131,13 +141,13 @@ def list_blueprints(host: ListedHost, out: TextIO) -> None:
     model = MorphogeneticModel(host.host)
     widths = host.widths
     first_width = next(iter(widths.values()))
-    slot_columns = (Column(f"{slot} (w {width})", justify="right") for slot, width in widths.items())
+    slot_columns = (Column(_shown(f"{slot} (w {width})"), justify="right") for slot, width in widths.items())
     table = Table("blueprint", *slot_columns, "what it is", box=None, pad_edge=False)
     for name, _, description in registry_table(host.topology, first_width):
         table.add_row(name, *(_seed_parameters(model, slot_id, name) for slot_id in widths), description)
     console = _console(out)
-    console.print(f"blueprints of the {host.task} host ({host.topology}): parameters each adds in each slot "
-                  "(w = slot width; - where the slot has no layers around it to widen or branch beside)")
+    console.print(_shown(f"blueprints of the {host.task} host ({host.topology}): parameters each adds in each slot "
+                         "(w = slot width; - where the slot has no layers around it to widen or branch beside)"))
     console.print(table)
 
 

@@ -49,6 +49,7 @@ from morphogen.run_directory import (
     is_seeds_directory,
     make_run_dir,
     refuse_other_run,
+    refuse_planted_link,
     remove_stale_temporaries,
     write_atomic,
 )
@@ -150,7 +151,7 @@ def format_step(result: StepResult, metric_name: str = "accuracy") -> str:
     """
     s = result.snapshot
     seeds = "  ".join(
-        f"{slot.slot_id} {slot.blueprint} {stage_short(slot.stage.value)}"
+        f"{printable(f'{slot.slot_id} {slot.blueprint}')} {stage_short(slot.stage.value)}"
         f"{f' a={slot.alpha:.2f}' if slot.alpha > 0 else ''}" for slot in s.slots if slot.blueprint is not None)
     action = Op(s.last_op).name
     rollback = "  ROLLBACK" if result.rollback is not None else ""
@@ -237,8 +238,9 @@ def _print_stories(grown: EpisodeOutcome, metric_name: str, criterion: Criterion
     judged = ScoreKind(metric_name, criterion.value)
     for story in grown.stories:
         predicted, measured = judged.contribution(story, predicted=True), judged.contribution(story)
-        print(story_line(f"{story.blueprint:<11} {story.slot:<5} {story.path_before_outcome():<36} "
-                         f"{story.ending():<14}", f"predicted {predicted}  measured {measured}"), file=out)
+        print(story_line(f"{printable(story.blueprint):<11} {printable(story.slot):<5} "
+                         f"{story.path_before_outcome():<36} {story.ending():<14}",
+                         f"predicted {predicted}  measured {measured}"), file=out)
 
 
 def story_line(path: str, contributions: str) -> str:
@@ -375,6 +377,11 @@ def run_command(config: RunConfig, controller_factory: Callable[[MorphogenesisEp
         if resume:
             refuse_finished_run(run_dir)
             refuse_another_policy(run_dir, config.policy, config.policy_checksum)
+            # Before any training: a comparison's directory that a copied run holds as a link would have its resume
+            # cut, clear and append another directory's files (each training checks its own again when it starts).
+            compared = (run_dir / FIXED_DIRNAME, *(_fixed_dir(run_dir, index) for index in range(len(fixed))))
+            for directory in (run_dir / BASELINE_DIRNAME, run_dir / FROM_SCRATCH_DIRNAME, *(compared if fixed else ())):
+                refuse_planted_link(directory)
         else:
             refuse_other_run(run_dir)
         return _play_and_write(config, task, episode, controller, saving, device, run_dir, out, fixed)
@@ -556,7 +563,7 @@ def _write_results(result: RunResult, architecture: dict[str, str], controller: 
 def _print_header(display: ProgressDisplay, config: RunConfig, task: Task, episode: MorphogenesisEpisode, device: str,
                   run_dir: Path) -> None:
     """The run's first lines: the task, its host and data, the episode, the device, the optimizer, the run dir."""
-    display.print(f"morphogen run: task {task.name} ({task.topology} host, {len(task.train)} train / "
+    display.print(f"morphogen run: task {printable(task.name)} ({task.topology} host, {len(task.train)} train / "
                   f"{len(task.validation)} validation), {config.episode.max_epochs} epochs, seed {config.seed}, "
                   f"device {device}, {episode.optimizer_config.summary}")
     display.print(f"run dir: {run_dir}")
@@ -587,8 +594,8 @@ def _run_from_scratch(config: RunConfig, task: Task, architecture: dict[str, str
                       ) -> tuple[EpisodeOutcome, MorphogeneticModel]:
     """The grown model's final architecture, every seed installed at epoch 0 with the blend it was grown with,
     trained without growth, and the model it trained; its epochs in RUN_DIR/from_scratch/events.jsonl."""
-    seeds = ", ".join(f"{blueprint} in {slot}" + (f" ({blends[slot]} blend)" if slot in blends else "")
-                      for slot, blueprint in architecture.items())
+    seeds = printable(", ".join(f"{blueprint} in {slot}" + (f" ({blends[slot]} blend)" if slot in blends else "")
+                                for slot, blueprint in architecture.items()))
     display.print(f"training the final architecture from scratch (host + {seeds}, "
                   f"{config.episode.max_epochs} epochs)...")
     return _run_without_growth(config, task, run_dir / FROM_SCRATCH_DIRNAME, display, "from scratch", saving,
@@ -607,6 +614,7 @@ def _run_fixed(config: RunConfig, fixed: Mapping[str, Task], run_dir: Path, disp
     outcomes = {}
     settings = dataclasses.replace(config, slots=None, pool_slots=False)
     for index, (name, task) in enumerate(fixed.items()):
+        refuse_planted_link(run_dir / FIXED_DIRNAME)  # never through a `fixed` link planted in a copied run
         display.print(f"training {printable(name)} without growth ({config.episode.max_epochs} epochs)...")
         outcomes[name] = _run_without_growth(settings, task, _fixed_dir(run_dir, index), display, printable(name),
                                              saving)[0]
@@ -625,6 +633,9 @@ def _run_without_growth(config: RunConfig, task: Task, events_dir: Path, display
     episode = MorphogenesisEpisode(task, config.episode, seed=config.seed, slots=config.slots,
                                    pool_slots=config.pool_slots, architecture=architecture, blends=blends)
     episode.compile_settings = config.compile_settings
+    # Before a resume cuts its events or removes its temporaries: a link planted in a copied run (`baseline` leading
+    # to another directory) would have them cut, removed and written there.
+    refuse_planted_link(events_dir)
     state = saving.state(events_dir)
     epochs = _progress(display, name, config.episode.max_epochs, state)
     level = "off" if config.telemetry.level == "off" else "minimal"

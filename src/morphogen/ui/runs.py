@@ -231,9 +231,26 @@ def _write_lines(path: Path, rows: Iterable[dict[str, Any]]) -> int:
     count = 0
     with path.open("w", encoding="utf-8") as file:
         for row in rows:
-            file.write(json.dumps(row, allow_nan=False) + "\n")
+            line = json.dumps(row, allow_nan=False, ensure_ascii=False)
+            try:
+                line.encode("utf-8")
+            except UnicodeEncodeError:  # a lone surrogate, which DuckDB refuses: the load of every run would fail
+                line = json.dumps(_without_lone_surrogates(row), allow_nan=False, ensure_ascii=False)
+            file.write(line + "\n")
             count += 1
     return count
+
+
+def _without_lone_surrogates(value: Any) -> Any:
+    """`value` with each lone surrogate in its strings written as a `\\udcff`-style escape. A run's JSON may hold
+    one (`"\\ud800"` parses), and so may a run's name (a directory name not in UTF-8: `os.fsdecode`'s surrogates)."""
+    if isinstance(value, str):
+        return value.encode("utf-8", "backslashreplace").decode("utf-8")
+    if isinstance(value, dict):
+        return {_without_lone_surrogates(key): _without_lone_surrogates(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_without_lone_surrogates(item) for item in value]
+    return value
 
 
 def _run_paths(root: Path) -> Iterator[tuple[str, Path]]:
