@@ -27,7 +27,7 @@ import inspect
 import io
 import logging
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -255,19 +255,21 @@ def _onnx_bytes(program: torch.export.ExportedProgram) -> bytes:
     return bytes(onnx_program.model_proto.SerializeToString())
 
 
-def load_grown_model(run_dir: str | Path, host: SegmentedHost | None = None, *, device: str = "cpu",
-                     from_scratch: bool = False) -> MorphogeneticModel:
+def load_grown_model(run_dir: str | Path, host: SegmentedHost | Callable[[], SegmentedHost] | None = None, *,
+                     device: str = "cpu", from_scratch: bool = False) -> MorphogeneticModel:
     """The model a run grew (`RUN_DIR/model.pt`), rebuilt on `device`; see the module docstring. `from_scratch`:
     its final architecture as the run trained it from scratch instead (`RUN_DIR/from_scratch/model.pt`).
 
-    `host` (from `morphogen.host_from_module`) is required for a task built in Python, and receives the
-    model's host weights. Raises `ModelFileError` or `ConfigError` (both `ValueError`s).
+    `host` (from `morphogen.host_from_module`, or a function of no arguments building one, as `grow` takes it) is
+    required for a task built in Python, and receives the model's host weights. Raises `ModelFileError` or
+    `ConfigError` (both `ValueError`s).
     """
     model, _ = rebuild_run(run_dir, device, host, from_scratch=from_scratch)
     return model
 
 
-def rebuild_run(run_dir: str | Path, device: str = "cpu", host: SegmentedHost | None = None, *,
+def rebuild_run(run_dir: str | Path, device: str = "cpu",
+                host: SegmentedHost | Callable[[], SegmentedHost] | None = None, *,
                 from_scratch: bool = False) -> tuple[MorphogeneticModel, Task | None]:
     """A run's grown model (or, `from_scratch`, its final architecture trained from scratch) on `device`, and
     its task (None when `host` was given and no task was loaded)."""
@@ -284,7 +286,7 @@ def rebuild_run(run_dir: str | Path, device: str = "cpu", host: SegmentedHost | 
     config = build_config(RunConfig, read_config_file(run / CONFIG_FILENAME))
     task = None
     if host is not None:
-        model = MorphogeneticModel(host.to(device), config.slots, config.episode.slots)
+        model = MorphogeneticModel(_given_host(host).to(device), config.slots, config.episode.slots)
     else:
         if config.task == PYTHON_TASK:
             raise ConfigError(f"run {run} grew a task built in Python (morphogen.grow), which its config.json cannot "
@@ -295,6 +297,19 @@ def rebuild_run(run_dir: str | Path, device: str = "cpu", host: SegmentedHost | 
                                      pool_slots=config.pool_slots).build_model()
     load_model_state(model, payload, model_file)
     return model, task
+
+
+def _given_host(host: object) -> SegmentedHost:
+    """`host=` of `load_grown_model` as a host: the one given, or the one a function of no arguments builds (the
+    host `grow` took, either way). Anything else, such as the model itself rather than a host cut from it, is one
+    `ConfigError` line."""
+    built = host() if callable(host) and not isinstance(host, nn.Module) else host
+    if not isinstance(built, SegmentedHost):
+        what = "host function returned" if built is not host else "host is"
+        raise ConfigError(f"load_grown_model: its {what} a {type(built).__name__}, not a host; pass "
+                          "morphogen.host_from_module(model, slots=..., example_input=...) as the run grew it, or a "
+                          "function of no arguments returning one")
+    return built
 
 
 def example_input_of(task: Task, samples: int = 2) -> Inputs:

@@ -177,6 +177,30 @@ def test_the_users_own_module_holds_the_grown_host_weights_after_growth(tmp_path
         torch.testing.assert_close(net.eval()(validation[0]), result.model.host.eval()(validation[0]), rtol=0, atol=0)
 
 
+def test_load_grown_model_takes_the_host_as_grow_took_it_and_refuses_a_bare_model_in_one_line(
+        tmp_path: Path) -> None:
+    """A run grown from a host function is loaded back with that function; the model itself, not cut into a host,
+    is one line saying what to pass (both were an AttributeError from inside morphogen)."""
+    train, validation = blobs(96, 0), blobs(48, 1)
+    task = morphogen.task_from_data("blobs", train, validation, num_classes=3, batch_size=32)
+
+    def host() -> morphogen.ModuleHost:
+        return morphogen.host_from_module(mlp(), ["1"], example_input=train[0][:2])
+
+    result = morphogen.grow(task, host, run_dir=str(tmp_path / "run"), config=eager_config(epochs=5, slots=("1",)),
+                            out=io.StringIO())
+    assert result.model.architecture(), "no seed was kept"
+    loaded = morphogen.load_grown_model(result.run_dir, host=host)
+    with torch.no_grad():
+        torch.testing.assert_close(loaded.eval()(validation[0]), result.model.eval()(validation[0]), rtol=0, atol=0)
+    with pytest.raises(morphogen.ConfigError, match=r"^load_grown_model: its host is a Sequential, not a host; pass "
+                                                    r"morphogen.host_from_module\(") as refused:
+        morphogen.load_grown_model(result.run_dir, host=mlp())
+    assert "\n" not in str(refused.value)
+    with pytest.raises(morphogen.ConfigError, match="its host function returned a Sequential, not a host"):
+        morphogen.load_grown_model(result.run_dir, host=mlp)
+
+
 THREADS_SEEN: set[int] = set()
 
 
