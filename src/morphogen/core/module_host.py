@@ -783,7 +783,8 @@ def _probe(model: nn.Module, segments: Sequence[nn.Module], names: Sequence[str]
                                                                                  f"{names[index]!r}", model)
             activations.append(x)
             if index < len(names):  # checked before the next part runs on it (its inputs are bound now)
-                _check_one_row_per_sample(names[index], x, rows(example))
+                _check_one_row_per_sample(names[index], x, rows(example), isinstance(example, Tensor)
+                                          and example.dim() == 1)
                 copyable.append(layers[index] if _keeps_shape(layers[index], x) else None)
         if carried is not None:
             _check_carried_rows(carried, rows(example))
@@ -833,11 +834,15 @@ def _keeps_shape(layer: nn.Module | None, activation: object) -> bool:
     return isinstance(output, Tensor) and output.shape == activation.shape
 
 
-def _check_one_row_per_sample(name: str, activation: object, samples: int) -> None:
-    """Shadow rows and stacked configurations are whole samples: a slot's activation holds one row per sample."""
+def _check_one_row_per_sample(name: str, activation: object, samples: int, flat_example: bool = False) -> None:
+    """Shadow rows and stacked configurations are whole samples: a slot's activation holds one row per sample.
+    `flat_example`: the example input is one 1-D tensor, most often one sample given without its batch dimension."""
     if isinstance(activation, Tensor) and activation.dim() > 0 and activation.shape[0] != samples:
+        hint = (f"; example_input is a batch, its first dimension the samples: was it one sample's {samples} values "
+                "(give x[:2], not x[0])?") if flat_example else ""
         raise HostBuildError(f"slot after {name!r}: its output has {activation.shape[0]} rows for a batch of "
-                             f"{samples} samples; a slot needs one row per sample (not tokens folded into the batch)")
+                             f"{samples} samples; a slot needs one row per sample (not tokens folded into the "
+                             f"batch){hint}")
 
 
 def _call(module: Callable[[Tensor], object], x: object, what: str, model: nn.Module) -> Tensor:
