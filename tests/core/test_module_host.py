@@ -111,6 +111,35 @@ def test_an_untraceable_model_that_runs_its_children_in_order_is_cut_between_the
     assert torch.equal(MorphogeneticModel(host)(x), model(x))
 
 
+class FlattensInPython(nn.Module):
+    """The PyTorch tutorial's LeNet: pooling between its children, and a flatten that iterates over `x.size()`,
+    which fx cannot trace."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv, self.fc = nn.Conv2d(1, 4, 3), nn.Linear(4 * 3 * 3, 2)
+
+    def forward(self, x: Tensor) -> Tensor:
+        x = torch.nn.functional.max_pool2d(torch.relu(self.conv(x)), 2)
+        features = 1
+        for size in x.size()[1:]:
+            features *= size
+        return self.fc(x.view(-1, features))
+
+
+def test_an_untraceable_model_whose_children_do_not_run_in_order_says_fx_could_not_trace_it() -> None:
+    """The model runs on the example; the cut between its children is what fails. The error once said that running
+    the model failed, hiding that fx could not trace it."""
+    model, x = FlattensInPython(), torch.randn(2, 1, 8, 8)
+    assert model(x).shape == (2, 2)
+    with pytest.raises(HostBuildError, match=r"^torch.fx cannot trace FlattensInPython \(TraceError: Proxy object "
+                                             r"cannot be iterated.*\), and cutting it between its children fails "
+                                             r"\(running the part after 'conv' on example_input failed: RuntimeError: "
+                                             r".*\): its forward does not run them in order; write it so that fx "
+                                             r"traces it$"):
+        host_from_module(model, ["conv"], example_input=x)
+
+
 @pytest.mark.parametrize(("model", "slots", "example", "message"), [
     (ResNet(), ["layer4"], torch.randn(2, 3, 12, 12), "no submodule named 'layer4' in CifarResNet; its children: stem"),
     (ResNet(), ["layer1.0.conv1"], torch.randn(2, 3, 12, 12), "slot after 'layer1.0.conv1': it sits inside a branch"),

@@ -779,8 +779,15 @@ def _probe(model: nn.Module, segments: Sequence[nn.Module], names: Sequence[str]
         activations: list[Tensor] = []
         x: object = example
         for index, segment in enumerate(segments):
-            x = _call(segment, x, "the model" if index == len(segments) - 1 else f"the part ending at "
-                                                                                 f"{names[index]!r}", model)
+            what = f"the part ending at {names[index]!r}" if index < len(names) else f"the part after {names[-1]!r}"
+            try:
+                x = _call(segment, x, what, model)
+            except HostBuildError as error:  # the model itself ran on the example: the cut is what fails
+                if not untraced:
+                    raise
+                raise HostBuildError(f"torch.fx cannot trace {type(model).__name__} ({untraced}), and cutting it "
+                                     f"between its children fails ({error}): its forward does not run them in order; "
+                                     "write it so that fx traces it") from None
             activations.append(x)
             if index < len(names):  # checked before the next part runs on it (its inputs are bound now)
                 _check_one_row_per_sample(names[index], x, rows(example), isinstance(example, Tensor)
