@@ -325,6 +325,23 @@ def test_training_data_that_yields_no_batch_in_an_epoch_is_one_data_error(train:
                        baseline=False, from_scratch=False)
 
 
+@pytest.mark.parametrize("split", ["tensors", "loader"])
+def test_a_last_batch_of_one_sample_that_batch_norm_cannot_train_on_is_one_data_error(split: str,
+                                                                                      tmp_path: Path) -> None:
+    """25 samples in batches of 8 leave a last batch of one, on which an MLP's BatchNorm1d cannot train: one line
+    saying how to batch the split, where torch's ValueError came from inside the model."""
+    x, y = torch.randn(25, 12), torch.arange(25) % 3
+    train: object = (x, y) if split == "tensors" else torch.utils.data.DataLoader(
+        torch.utils.data.TensorDataset(x, y), batch_size=8)
+    task = morphogen.task_from_data("normed", train, (x, y), num_classes=3, batch_size=8)
+    network = torch.nn.Sequential(torch.nn.Linear(12, 16), torch.nn.BatchNorm1d(16), torch.nn.ReLU(),
+                                  torch.nn.Linear(16, 3))
+    host = morphogen.host_from_module(network, ["2"], example_input=x[:2])
+    with pytest.raises(morphogen.DataError, match=r"^task 'normed': a training batch of one sample, on which the "
+                                                  r"model's batch norm cannot train \(ValueError: Expected more than "
+                                                  r"1 value per channel .*\): .*batch_size=.*drop_last=True$"):
+        morphogen.grow(task, host, run_dir=str(tmp_path / "run"), config=eager_config(epochs=2), out=io.StringIO())
+
 def test_a_frozen_backbone_stays_frozen_while_seeds_grow_behind_and_beside_it(tmp_path: Path) -> None:
     images, labels = quadrant_images(96, 0)
     net = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.ReLU(), torch.nn.Conv2d(8, 8, 3, padding=1),
