@@ -62,6 +62,29 @@ def test_layouts_are_read_from_the_shape_probe() -> None:
     assert tokens.topology == "transformer" and tokens.injection_points == {"1": 10}  # the override reads [N, T, D]
 
 
+class ChannelNormedBlock(nn.Module):
+    """A ConvNeXt-style 1-D block: a LayerNorm over the channels of [N, C, L], transposed around it."""
+
+    def __init__(self, channels: int) -> None:
+        super().__init__()
+        self.conv, self.norm = nn.Conv1d(channels, channels, 5, padding=2), nn.LayerNorm(channels)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return x + torch.relu(self.norm(self.conv(x).transpose(1, 2)).transpose(1, 2))
+
+
+def test_a_layer_norm_over_the_channels_of_a_1d_convolution_network_does_not_make_its_activations_tokens() -> None:
+    """8 channels of 20 positions: the slots hold 8 channels (`cnn1d`). The LayerNorm once made the guess tokens, and
+    each slot's width the 20 positions; a LayerNorm over the last dimension, as a transformer's, still does."""
+    network = nn.Sequential(nn.Conv1d(2, 8, 3, padding=1), ChannelNormedBlock(8), ChannelNormedBlock(8),
+                            nn.Flatten(), nn.Linear(8 * 20, 3))
+    host = host_from_module(network, ["1", "2"], example_input=torch.randn(2, 2, 20))
+    assert host.topology == "cnn1d" and host.injection_points == {"1": 8, "2": 8}
+    mixer = nn.Sequential(nn.Linear(4, 8), nn.LayerNorm(8), nn.Linear(8, 8), nn.Flatten(), nn.Linear(8 * 20, 3))
+    tokens = host_from_module(mixer, ["1"], example_input=torch.randn(2, 20, 4))
+    assert tokens.topology == "transformer" and tokens.injection_points == {"1": 8}
+
+
 class TwoInputs(nn.Module):
     def __init__(self) -> None:
         super().__init__()

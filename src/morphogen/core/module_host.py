@@ -18,8 +18,9 @@ A shape probe with `example_input` then measures each slot's width and layout (a
 segment, which a branch seed beside it maps), checks that the segments reproduce the model's output, and finds
 each slotted block that a copy could stack (`ModuleHost.layer_before`).
 Layouts: images [N, C, H, W] ("cnn"), sequences [N, C, L] ("cnn1d"), tokens [N, T, D] ("transformer") and
-features [N, F] ("mlp"). A three-dimensional activation is read as tokens when the model holds a LayerNorm,
-an attention layer or an embedding, else as a sequence; `topology=` overrides that guess. Whatever cannot
+features [N, F] ("mlp"). A three-dimensional activation is read as tokens when the model holds an attention
+layer, an embedding, an RNN or a LayerNorm over its last dimension, else as a sequence; `topology=` overrides
+that guess. Whatever cannot
 work raises `HostBuildError` naming the submodule and why, before any training.
 """
 
@@ -872,10 +873,19 @@ def _guess_topology(model: nn.Module, activations: Sequence[Tensor], names: Sequ
     if rank == 2:
         return "mlp"
     if rank == 3:
-        tokens = any(isinstance(module, _TOKEN_MODULES) for module in model.modules())
+        tokens = any(_marks_tokens(module, activations) for module in model.modules())
         return "transformer" if tokens else "cnn1d"
     raise HostBuildError(f"slot outputs have {rank} dimensions; hosts grow [N, F], [N, C, L], [N, T, D] or "
                          "[N, C, H, W] activations")
+
+
+def _marks_tokens(module: nn.Module, activations: Sequence[Tensor]) -> bool:
+    """Whether `module` says the model's 3-D activations are tokens [N, T, D]: attention, an embedding, an RNN, a
+    transformer layer, or a LayerNorm over the features of the activations' last dimension. A LayerNorm over the
+    channels of [N, C, L] (a ConvNeXt-style 1-D convolution network, which transposes around it) does not."""
+    if isinstance(module, nn.LayerNorm):
+        return any(module.normalized_shape[-1] == activation.shape[-1] for activation in activations)
+    return isinstance(module, _TOKEN_MODULES)
 
 
 def _check_the_output(model: nn.Module, example: Inputs, expected: object, output: object, key: int | str | None,
