@@ -218,8 +218,11 @@ def _traced(network: nn.Module, example: Inputs, dims: tuple[int, ...] = ()) -> 
                 program = torch.export.export(module, args, kwargs)
             except Exception as error:  # torch.export raises many kinds for code it cannot trace
                 raise ExportError(f"torch.export cannot trace the grown network: {_first_line(error)}") from None
+            one_sample = isinstance(example, Tensor) and example.dim() == 1  # most often x[0] for x[:2]
             warnings.warn(f"exported with a fixed batch size of {rows(example)}: the batch dimension could not "
-                          f"stay dynamic ({_first_line(dynamic_error)})", stacklevel=3)
+                          f"stay dynamic ({_first_line(dynamic_error)})"
+                          + ("; example_input's first dimension is the batch: was it one sample's values (give "
+                             "x[:2], not x[0])?" if one_sample else ""), stacklevel=3)
         difference = (program.module()(*args, **kwargs) - expected).abs().max().item()
     if not difference <= TOLERANCE:
         raise ExportError(f"the exported program differs from the grown network by {difference:.2e} on the example "
