@@ -20,8 +20,7 @@ each slotted block that a copy could stack (`ModuleHost.layer_before`).
 Layouts: images [N, C, H, W] ("cnn"), sequences [N, C, L] ("cnn1d"), tokens [N, T, D] ("transformer") and
 features [N, F] ("mlp"). A three-dimensional activation is read as tokens when the model holds an attention
 layer, an embedding, an RNN or a LayerNorm over its last dimension, else as a sequence; `topology=` overrides
-that guess. Whatever cannot
-work raises `HostBuildError` naming the submodule and why, before any training.
+that guess. Whatever cannot work raises `HostBuildError` naming the submodule and why, before any training.
 """
 
 from __future__ import annotations
