@@ -9,6 +9,7 @@ import json
 import pickle
 import shutil
 import sys
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 
@@ -276,6 +277,20 @@ def test_export_model_misused_from_python_says_what_it_needs(grown: RunResult, t
         morphogen.export_model(meta, inputs.to("meta"), path)
     assert not path.exists()
 
+
+def test_one_sample_as_the_example_input_warns_that_the_example_is_a_batch(tmp_path: Path) -> None:
+    """`x[0]` (one sample's 4 features) rather than `x[:2]`: the program takes a batch of 4 fixed rows, and the
+    warning says why, where it once said only that the batch could not stay dynamic."""
+    network = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
+    x = torch.randn(3, 4)
+    model = morphogen.MorphogeneticModel(morphogen.host_from_module(network, ["1"], example_input=x[:2])).eval()
+    with pytest.warns(UserWarning, match=r"^exported with a fixed batch size of 4: .*; example_input's first "
+                                         r"dimension is the batch: was it one sample's values \(give x\[:2\], not "
+                                         r"x\[0\]\)\?$"):
+        morphogen.export_model(model, x[0], tmp_path / "grown.pt2")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a batch exports with a dynamic batch dimension, without a warning
+        morphogen.export_model(model, x[:2], tmp_path / "grown.pt2")
 
 def test_host_from_module_refuses_a_model_on_the_meta_device_in_one_line() -> None:
     net = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 3)).to("meta")

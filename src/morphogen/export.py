@@ -27,7 +27,7 @@ import inspect
 import io
 import logging
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -218,8 +218,11 @@ def _traced(network: nn.Module, example: Inputs, dims: tuple[int, ...] = ()) -> 
                 program = torch.export.export(module, args, kwargs)
             except Exception as error:  # torch.export raises many kinds for code it cannot trace
                 raise ExportError(f"torch.export cannot trace the grown network: {_first_line(error)}") from None
+            one_sample = isinstance(example, Tensor) and example.dim() == 1  # most often x[0] for x[:2]
             warnings.warn(f"exported with a fixed batch size of {rows(example)}: the batch dimension could not "
-                          f"stay dynamic ({_first_line(dynamic_error)})", stacklevel=3)
+                          f"stay dynamic ({_first_line(dynamic_error)})"
+                          + ("; example_input's first dimension is the batch: was it one sample's values (give "
+                             "x[:2], not x[0])?" if one_sample else ""), stacklevel=3)
         difference = (program.module()(*args, **kwargs) - expected).abs().max().item()
     if not difference <= TOLERANCE:
         raise ExportError(f"the exported program differs from the grown network by {difference:.2e} on the example "
@@ -255,19 +258,21 @@ def _onnx_bytes(program: torch.export.ExportedProgram) -> bytes:
     return bytes(onnx_program.model_proto.SerializeToString())
 
 
-def load_grown_model(run_dir: str | Path, host: SegmentedHost | None = None, *, device: str = "cpu",
-                     from_scratch: bool = False) -> MorphogeneticModel:
+def load_grown_model(run_dir: str | Path, host: SegmentedHost | Callable[[], SegmentedHost] | None = None, *,
+                     device: str = "cpu", from_scratch: bool = False) -> MorphogeneticModel:
     """The model a run grew (`RUN_DIR/model.pt`), rebuilt on `device`; see the module docstring. `from_scratch`:
     its final architecture as the run trained it from scratch instead (`RUN_DIR/from_scratch/model.pt`).
 
-    `host` (from `morphogen.host_from_module`) is required for a task built in Python, and receives the
-    model's host weights. Raises `ModelFileError` or `ConfigError` (both `ValueError`s).
+    `host` (from `morphogen.host_from_module`, or a function of no arguments building one, as `grow` takes it) is
+    required for a task built in Python, and receives the model's host weights. Raises `ModelFileError` or
+    `ConfigError` (both `ValueError`s).
     """
     model, _ = rebuild_run(run_dir, device, host, from_scratch=from_scratch)
     return model
 
 
-def rebuild_run(run_dir: str | Path, device: str = "cpu", host: SegmentedHost | None = None, *,
+def rebuild_run(run_dir: str | Path, device: str = "cpu",
+                host: SegmentedHost | Callable[[], SegmentedHost] | None = None, *,
                 from_scratch: bool = False) -> tuple[MorphogeneticModel, Task | None]:
     """A run's grown model (or, `from_scratch`, its final architecture trained from scratch) on `device`, and
     its task (None when `host` was given and no task was loaded)."""
@@ -284,7 +289,7 @@ def rebuild_run(run_dir: str | Path, device: str = "cpu", host: SegmentedHost | 
     config = build_config(RunConfig, read_config_file(run / CONFIG_FILENAME))
     task = None
     if host is not None:
-        model = MorphogeneticModel(host.to(device), config.slots, config.episode.slots)
+        model = MorphogeneticModel(_given_host(host).to(device), config.slots, config.episode.slots)
     else:
         if config.task == PYTHON_TASK:
             raise ConfigError(f"run {run} grew a task built in Python (morphogen.grow), which its config.json cannot "
@@ -295,6 +300,19 @@ def rebuild_run(run_dir: str | Path, device: str = "cpu", host: SegmentedHost | 
                                      pool_slots=config.pool_slots).build_model()
     load_model_state(model, payload, model_file)
     return model, task
+
+
+def _given_host(host: object) -> SegmentedHost:
+    """`host=` of `load_grown_model` as a host: the one given, or the one a function of no arguments builds (the
+    host `grow` took, either way). Anything else, such as the model itself rather than a host cut from it, is one
+    `ConfigError` line."""
+    built = host() if callable(host) and not isinstance(host, nn.Module) else host
+    if not isinstance(built, SegmentedHost):
+        what = "host function returned" if built is not host else "host is"
+        raise ConfigError(f"load_grown_model: its {what} a {type(built).__name__}, not a host; pass "
+                          "morphogen.host_from_module(model, slots=..., example_input=...) as the run grew it, or a "
+                          "function of no arguments returning one")
+    return built
 
 
 def example_input_of(task: Task, samples: int = 2) -> Inputs:

@@ -125,6 +125,39 @@ def test_the_plain_network_of_a_grown_model_holds_its_inside_seeds_and_exports()
     assert_plain_network_matches(model, x)
 
 
+class _Block(nn.Module):
+    """A residual block as the README writes it: conv1 -> bn1 -> ReLU -> conv2 -> bn2, plus its input."""
+
+    def __init__(self, channels: int) -> None:
+        super().__init__()
+        self.conv1, self.bn1 = nn.Conv2d(channels, channels, 3, padding=1), nn.BatchNorm2d(channels)
+        self.conv2, self.bn2 = nn.Conv2d(channels, channels, 3, padding=1), nn.BatchNorm2d(channels)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return torch.relu(self.bn2(self.conv2(torch.relu(self.bn1(self.conv1(x))))) + x)
+
+
+def test_the_first_block_of_a_sequential_resnet_widens_inside_behind_its_stem_convolution() -> None:
+    """`nn.Sequential(stem conv, block, block, ...)` cut after each block: the part before the first slot is the stem
+    and the block, which ends in the block and so widens inside it, as the second block does. It once had no site
+    ("no convolution or linear layer on both sides of it"), and `wider_inside` depth growth fell back to seeds."""
+    torch.manual_seed(0)
+    network = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), _Block(8), _Block(8), nn.AdaptiveAvgPool2d(1),
+                            nn.Flatten(), nn.Linear(8, 10))
+    x = torch.randn(4, 3, 12, 12, generator=torch.Generator().manual_seed(1))
+    host = host_from_module(network, ["1", "2"], example_input=x[:2]).eval()
+    model = MorphogeneticModel(host, config=EASY_CONFIG)
+    for slot_id, block in (("1", network[1]), ("2", network[2])):
+        site = model.slot(slot_id).width_site
+        assert site is not None and site.inside, slot_id
+        assert site.producer is block.conv1 and site.consumer is block.conv2
+        assert model.can_graft(slot_id, "wider_inside")
+    assert_identity_at_birth_until_perturbed(host, x, "wider_inside")
+    _place(model, "1", Stage.FOSSILIZED, 1, blueprint="wider_inside")
+    _place(model, "2", Stage.HOLDING, 2, blueprint="wider_inside")
+    assert_plain_network_matches(model, x)
+
+
 def test_only_inside_sites_are_grafted_and_blocks_without_a_layer_pair_refuse_with_the_reason() -> None:
     assert not MorphogeneticModel(CNNHost(5, 1, n_blocks=2, base_channels=4)).can_graft("r0c0", "wider")
 

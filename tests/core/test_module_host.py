@@ -62,6 +62,29 @@ def test_layouts_are_read_from_the_shape_probe() -> None:
     assert tokens.topology == "transformer" and tokens.injection_points == {"1": 10}  # the override reads [N, T, D]
 
 
+class ChannelNormedBlock(nn.Module):
+    """A ConvNeXt-style 1-D block: a LayerNorm over the channels of [N, C, L], transposed around it."""
+
+    def __init__(self, channels: int) -> None:
+        super().__init__()
+        self.conv, self.norm = nn.Conv1d(channels, channels, 5, padding=2), nn.LayerNorm(channels)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return x + torch.relu(self.norm(self.conv(x).transpose(1, 2)).transpose(1, 2))
+
+
+def test_a_layer_norm_over_the_channels_of_a_1d_convolution_network_does_not_make_its_activations_tokens() -> None:
+    """8 channels of 20 positions: the slots hold 8 channels (`cnn1d`). The LayerNorm once made the guess tokens, and
+    each slot's width the 20 positions; a LayerNorm over the last dimension, as a transformer's, still does."""
+    network = nn.Sequential(nn.Conv1d(2, 8, 3, padding=1), ChannelNormedBlock(8), ChannelNormedBlock(8),
+                            nn.Flatten(), nn.Linear(8 * 20, 3))
+    host = host_from_module(network, ["1", "2"], example_input=torch.randn(2, 2, 20))
+    assert host.topology == "cnn1d" and host.injection_points == {"1": 8, "2": 8}
+    mixer = nn.Sequential(nn.Linear(4, 8), nn.LayerNorm(8), nn.Linear(8, 8), nn.Flatten(), nn.Linear(8 * 20, 3))
+    tokens = host_from_module(mixer, ["1"], example_input=torch.randn(2, 20, 4))
+    assert tokens.topology == "transformer" and tokens.injection_points == {"1": 8}
+
+
 class TwoInputs(nn.Module):
     def __init__(self) -> None:
         super().__init__()
@@ -109,6 +132,35 @@ def test_an_untraceable_model_that_runs_its_children_in_order_is_cut_between_the
     x = torch.randn(3, 4)
     host = host_from_module(model, ["first"], example_input=x)
     assert torch.equal(MorphogeneticModel(host)(x), model(x))
+
+
+class FlattensInPython(nn.Module):
+    """The PyTorch tutorial's LeNet: pooling between its children, and a flatten that iterates over `x.size()`,
+    which fx cannot trace."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv, self.fc = nn.Conv2d(1, 4, 3), nn.Linear(4 * 3 * 3, 2)
+
+    def forward(self, x: Tensor) -> Tensor:
+        x = torch.nn.functional.max_pool2d(torch.relu(self.conv(x)), 2)
+        features = 1
+        for size in x.size()[1:]:
+            features *= size
+        return self.fc(x.view(-1, features))
+
+
+def test_an_untraceable_model_whose_children_do_not_run_in_order_says_fx_could_not_trace_it() -> None:
+    """The model runs on the example; the cut between its children is what fails. The error once said that running
+    the model failed, hiding that fx could not trace it."""
+    model, x = FlattensInPython(), torch.randn(2, 1, 8, 8)
+    assert model(x).shape == (2, 2)
+    with pytest.raises(HostBuildError, match=r"^torch.fx cannot trace FlattensInPython \(TraceError: Proxy object "
+                                             r"cannot be iterated.*\), and cutting it between its children fails "
+                                             r"\(running the part after 'conv' on example_input failed: RuntimeError: "
+                                             r".*\): its forward does not run them in order; write it so that fx "
+                                             r"traces it$"):
+        host_from_module(model, ["conv"], example_input=x)
 
 
 @pytest.mark.parametrize(("model", "slots", "example", "message"), [

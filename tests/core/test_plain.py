@@ -12,6 +12,7 @@ from morphogen.core.blend import BlendKind
 from morphogen.core.hosts import CNNHost, TransformerHost
 from morphogen.core.lifecycle import Stage
 from morphogen.core.model import MorphogeneticModel
+from morphogen.core.module_host import host_from_module
 from morphogen.core.plain import FoldedSeed, grown_network
 
 #: Per topology: a seed blueprint and the stages placed in the host's slots, in order.
@@ -81,3 +82,17 @@ def test_a_blending_seed_goes_in_at_its_alpha_or_is_left_out_when_asked() -> Non
     with torch.no_grad():
         without_blending = model.counterfactual_forward(x, [[1.0, 0.0, 0.0]])[0]  # the BLENDING seed at alpha 0
         torch.testing.assert_close(network(x), without_blending, rtol=0, atol=1e-6)
+
+
+def test_a_float64_model_blends_at_its_exact_alpha_as_its_plain_network_does() -> None:
+    """A float64 host's seed at alpha 1/3 computes the same in the model and in its plain network (and export):
+    the model's slots once blended at alpha rounded to float32, 4e-7 away from the plain network."""
+    torch.manual_seed(0)
+    network = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2)).double()
+    x = torch.randn(16, 4, dtype=torch.float64)
+    model = MorphogeneticModel(host_from_module(network, ["1"], example_input=x[:2]), config=EASY_CONFIG)
+    slot = model.germinate("1", "mlp")
+    drive_to(slot, Stage.BLENDING, alpha=1 / 3)
+    perturb_seed(slot, torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        torch.testing.assert_close(grown_network(model)(x), model.eval()(x), rtol=0, atol=1e-12)

@@ -131,6 +131,26 @@ def test_per_pixel_classes_on_dimension_1_are_scored_as_the_same_scores_moved_la
                                sum(torch.nn.functional.cross_entropy(outputs[k], targets) for k in range(2)))
 
 
+@pytest.mark.parametrize("class_dim", [-1, 1])
+def test_targets_at_the_ignore_index_count_in_neither_the_validation_loss_nor_the_accuracy(class_dim: int) -> None:
+    """Padding labelled -100 (torch's `ignore_index`, which the training loss leaves out): the validation loss is
+    torch's mean over the other targets and the accuracy their share predicted right. Both once counted every
+    position, the padding as a loss of zero and a wrong prediction."""
+    generator = torch.Generator().manual_seed(0)
+    scores = torch.randn(6, 5, 3, generator=generator)  # (B, T, C): 6 sequences of 5 tokens
+    targets = torch.randint(0, 3, (6, 5), generator=generator)
+    targets[:, 3:] = -100  # the last two tokens of each sequence are padding
+    outputs = (scores if class_dim == -1 else scores.movedim(-1, 1)).unsqueeze(0)  # (K=1, B, ...)
+    objective = Objective(task_loss, None, custom=False, class_dim=class_dim)
+    summed, score, items = objective.loss_and_score(outputs, targets)
+    real = targets != -100
+    assert int(items) == 18
+    expected = torch.nn.functional.cross_entropy(scores.reshape(-1, 3), targets.reshape(-1))
+    torch.testing.assert_close(summed[0] / items, expected)
+    accuracy = 100.0 * (scores.argmax(-1)[real] == targets[real]).float().mean()
+    torch.testing.assert_close(score[0] / items, accuracy.to(score.dtype))
+
+
 @pytest.mark.parametrize(("outputs", "targets", "class_dim"), [
     ((8, 5), (8,), -1), ((8, 10, 5), (8, 10), -1), ((8, 5, 10), (8, 10), 1), ((8, 5, 6, 6), (8, 6, 6), 1),
     ((8, 6, 6, 5), (8, 6, 6), -1),

@@ -177,6 +177,30 @@ def test_the_users_own_module_holds_the_grown_host_weights_after_growth(tmp_path
         torch.testing.assert_close(net.eval()(validation[0]), result.model.host.eval()(validation[0]), rtol=0, atol=0)
 
 
+def test_load_grown_model_takes_the_host_as_grow_took_it_and_refuses_a_bare_model_in_one_line(
+        tmp_path: Path) -> None:
+    """A run grown from a host function is loaded back with that function; the model itself, not cut into a host,
+    is one line saying what to pass (both were an AttributeError from inside morphogen)."""
+    train, validation = blobs(96, 0), blobs(48, 1)
+    task = morphogen.task_from_data("blobs", train, validation, num_classes=3, batch_size=32)
+
+    def host() -> morphogen.ModuleHost:
+        return morphogen.host_from_module(mlp(), ["1"], example_input=train[0][:2])
+
+    result = morphogen.grow(task, host, run_dir=str(tmp_path / "run"), config=eager_config(epochs=5, slots=("1",)),
+                            out=io.StringIO())
+    assert result.model.architecture(), "no seed was kept"
+    loaded = morphogen.load_grown_model(result.run_dir, host=host)
+    with torch.no_grad():
+        torch.testing.assert_close(loaded.eval()(validation[0]), result.model.eval()(validation[0]), rtol=0, atol=0)
+    with pytest.raises(morphogen.ConfigError, match=r"^load_grown_model: its host is a Sequential, not a host; pass "
+                                                    r"morphogen.host_from_module\(") as refused:
+        morphogen.load_grown_model(result.run_dir, host=mlp())
+    assert "\n" not in str(refused.value)
+    with pytest.raises(morphogen.ConfigError, match="its host function returned a Sequential, not a host"):
+        morphogen.load_grown_model(result.run_dir, host=mlp)
+
+
 THREADS_SEEN: set[int] = set()
 
 
@@ -300,6 +324,23 @@ def test_training_data_that_yields_no_batch_in_an_epoch_is_one_data_error(train:
         morphogen.grow(task, host, run_dir=str(tmp_path / "run"), config=eager_config(epochs=3), out=io.StringIO(),
                        baseline=False, from_scratch=False)
 
+
+@pytest.mark.parametrize("split", ["tensors", "loader"])
+def test_a_last_batch_of_one_sample_that_batch_norm_cannot_train_on_is_one_data_error(split: str,
+                                                                                      tmp_path: Path) -> None:
+    """25 samples in batches of 8 leave a last batch of one, on which an MLP's BatchNorm1d cannot train: one line
+    saying how to batch the split, where torch's ValueError came from inside the model."""
+    x, y = torch.randn(25, 12), torch.arange(25) % 3
+    train: object = (x, y) if split == "tensors" else torch.utils.data.DataLoader(
+        torch.utils.data.TensorDataset(x, y), batch_size=8)
+    task = morphogen.task_from_data("normed", train, (x, y), num_classes=3, batch_size=8)
+    network = torch.nn.Sequential(torch.nn.Linear(12, 16), torch.nn.BatchNorm1d(16), torch.nn.ReLU(),
+                                  torch.nn.Linear(16, 3))
+    host = morphogen.host_from_module(network, ["2"], example_input=x[:2])
+    with pytest.raises(morphogen.DataError, match=r"^task 'normed': a training batch of one sample, on which the "
+                                                  r"model's batch norm cannot train \(ValueError: Expected more than "
+                                                  r"1 value per channel .*\): .*batch_size=.*drop_last=True$"):
+        morphogen.grow(task, host, run_dir=str(tmp_path / "run"), config=eager_config(epochs=2), out=io.StringIO())
 
 def test_a_frozen_backbone_stays_frozen_while_seeds_grow_behind_and_beside_it(tmp_path: Path) -> None:
     images, labels = quadrant_images(96, 0)

@@ -623,3 +623,12 @@ def test_data_of_several_inputs_with_rows_that_differ_is_one_line_naming_the_spl
         morphogen.task_from_data("t", ((ids, padding), targets), good)
     with pytest.raises(morphogen.DataError, match=r"^validation: its inputs are a dict of tensors with different"):
         morphogen.task_from_data("t", good, ({"ids": ids, "padding": padding}, targets))
+
+
+def test_one_sample_given_as_the_example_input_says_the_example_is_a_batch() -> None:
+    """A user who passes `x[0]` (one sample's 12 features) rather than `x[:2]` is told the example is a batch."""
+    network = nn.Sequential(nn.Linear(12, 16), nn.ReLU(), nn.Linear(16, 3))
+    with pytest.raises(HostBuildError, match=r"its output has 16 rows for a batch of 12 samples; .*example_input is a "
+                                             r"batch, its first dimension the samples: was it one sample's 12 values "
+                                             r"\(give x\[:2\], not x\[0\]\)\?$"):
+        morphogen.host_from_module(network, slots=["1"], example_input=torch.randn(12))

@@ -147,9 +147,11 @@ class MorphogeneticModel(nn.Module):
         self.host = host
         # Execution order, whatever order the caller listed them in.
         ordered = [slot_id for slot_id in points if slot_id in chosen]
-        device = next(host.parameters()).device
+        reference = next(host.parameters())
+        # On the host's device and in its dtype: a float64 host blends at its alpha, not at alpha rounded to float32.
         self.seed_slots = nn.ModuleDict(
-            {slot_id: SeedSlot(slot_id, points[slot_id], host.topology, config).to(device) for slot_id in ordered}
+            {slot_id: SeedSlot(slot_id, points[slot_id], host.topology, config).to(reference.device, reference.dtype)
+             for slot_id in ordered}
         )
         self._slot_ids = tuple(ordered)
         #: Per injection point of the host, the position of its slot in `slot_ids` (None: no slot there).

@@ -18,9 +18,9 @@ A shape probe with `example_input` then measures each slot's width and layout (a
 segment, which a branch seed beside it maps), checks that the segments reproduce the model's output, and finds
 each slotted block that a copy could stack (`ModuleHost.layer_before`).
 Layouts: images [N, C, H, W] ("cnn"), sequences [N, C, L] ("cnn1d"), tokens [N, T, D] ("transformer") and
-features [N, F] ("mlp"). A three-dimensional activation is read as tokens when the model holds a LayerNorm,
-an attention layer or an embedding, else as a sequence; `topology=` overrides that guess. Whatever cannot
-work raises `HostBuildError` naming the submodule and why, before any training.
+features [N, F] ("mlp"). A three-dimensional activation is read as tokens when the model holds an attention
+layer, an embedding, an RNN or a LayerNorm over its last dimension, else as a sequence; `topology=` overrides
+that guess. Whatever cannot work raises `HostBuildError` naming the submodule and why, before any training.
 """
 
 from __future__ import annotations
@@ -779,11 +779,19 @@ def _probe(model: nn.Module, segments: Sequence[nn.Module], names: Sequence[str]
         activations: list[Tensor] = []
         x: object = example
         for index, segment in enumerate(segments):
-            x = _call(segment, x, "the model" if index == len(segments) - 1 else f"the part ending at "
-                                                                                 f"{names[index]!r}", model)
+            what = f"the part ending at {names[index]!r}" if index < len(names) else f"the part after {names[-1]!r}"
+            try:
+                x = _call(segment, x, what, model)
+            except HostBuildError as error:  # the model itself ran on the example: the cut is what fails
+                if not untraced:
+                    raise
+                raise HostBuildError(f"torch.fx cannot trace {type(model).__name__} ({untraced}), and cutting it "
+                                     f"between its children fails ({error}): its forward does not run them in order; "
+                                     "write it so that fx traces it") from None
             activations.append(x)
             if index < len(names):  # checked before the next part runs on it (its inputs are bound now)
-                _check_one_row_per_sample(names[index], x, rows(example))
+                _check_one_row_per_sample(names[index], x, rows(example), isinstance(example, Tensor)
+                                          and example.dim() == 1)
                 copyable.append(layers[index] if _keeps_shape(layers[index], x) else None)
         if carried is not None:
             _check_carried_rows(carried, rows(example))
@@ -833,11 +841,15 @@ def _keeps_shape(layer: nn.Module | None, activation: object) -> bool:
     return isinstance(output, Tensor) and output.shape == activation.shape
 
 
-def _check_one_row_per_sample(name: str, activation: object, samples: int) -> None:
-    """Shadow rows and stacked configurations are whole samples: a slot's activation holds one row per sample."""
+def _check_one_row_per_sample(name: str, activation: object, samples: int, flat_example: bool = False) -> None:
+    """Shadow rows and stacked configurations are whole samples: a slot's activation holds one row per sample.
+    `flat_example`: the example input is one 1-D tensor, most often one sample given without its batch dimension."""
     if isinstance(activation, Tensor) and activation.dim() > 0 and activation.shape[0] != samples:
+        hint = (f"; example_input is a batch, its first dimension the samples: was it one sample's {samples} values "
+                "(give x[:2], not x[0])?") if flat_example else ""
         raise HostBuildError(f"slot after {name!r}: its output has {activation.shape[0]} rows for a batch of "
-                             f"{samples} samples; a slot needs one row per sample (not tokens folded into the batch)")
+                             f"{samples} samples; a slot needs one row per sample (not tokens folded into the "
+                             f"batch){hint}")
 
 
 def _call(module: Callable[[Tensor], object], x: object, what: str, model: nn.Module) -> Tensor:
@@ -860,10 +872,19 @@ def _guess_topology(model: nn.Module, activations: Sequence[Tensor], names: Sequ
     if rank == 2:
         return "mlp"
     if rank == 3:
-        tokens = any(isinstance(module, _TOKEN_MODULES) for module in model.modules())
+        tokens = any(_marks_tokens(module, activations) for module in model.modules())
         return "transformer" if tokens else "cnn1d"
     raise HostBuildError(f"slot outputs have {rank} dimensions; hosts grow [N, F], [N, C, L], [N, T, D] or "
                          "[N, C, H, W] activations")
+
+
+def _marks_tokens(module: nn.Module, activations: Sequence[Tensor]) -> bool:
+    """Whether `module` says the model's 3-D activations are tokens [N, T, D]: attention, an embedding, an RNN, a
+    transformer layer, or a LayerNorm over the features of the activations' last dimension. A LayerNorm over the
+    channels of [N, C, L] (a ConvNeXt-style 1-D convolution network, which transposes around it) does not."""
+    if isinstance(module, nn.LayerNorm):
+        return any(module.normalized_shape[-1] == activation.shape[-1] for activation in activations)
+    return isinstance(module, _TOKEN_MODULES)
 
 
 def _check_the_output(model: nn.Module, example: Inputs, expected: object, output: object, key: int | str | None,

@@ -162,11 +162,20 @@ def find_width_site(segments: Sequence[nn.Module] | nn.ModuleList, point: int, c
     the slot, else inside the segment before it."""
     around = _site_around(segments, point, channels)
     before = segments[point]
-    if isinstance(around, WidthSite) or (
-            isinstance(before, nn.Sequential) and any(isinstance(child, LAYERS) for child in before)):
+    if isinstance(around, WidthSite) or _ends_in_a_layer(before):
         return around  # a sequence of layers is widened around its slots, never inside
     found = find_inside_width_site(before, point)
     return found if isinstance(found, WidthSite) else f"{around}, and {found}"
+
+
+def _ends_in_a_layer(segment: nn.Module) -> bool:
+    """Whether `segment` is a sequence of layers: an `nn.Sequential` whose last child holding a convolution or linear
+    layer is one. One that ends in a block of the user's (a stem convolution, then a residual block: the part before
+    the slot after a model's first block) is widened inside that block, as a segment of the block alone is."""
+    if not isinstance(segment, nn.Sequential):
+        return False
+    holding = [child for child in segment if any(isinstance(module, LAYERS) for module in child.modules())]
+    return bool(holding) and isinstance(holding[-1], LAYERS)
 
 
 def _site_around(segments: Sequence[nn.Module] | nn.ModuleList, point: int, channels: int) -> WidthSite | str:

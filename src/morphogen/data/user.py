@@ -111,6 +111,23 @@ class StreamedBatches:
         return inputs, targets
 
 
+def _available_device(device: str | torch.device) -> torch.device:
+    """`device` as a torch device this machine has; one it lacks is a `DataError` line before any data moves (torch
+    raises from deep inside the first copy to it)."""
+    try:
+        target = torch.device(device)
+    except (RuntimeError, TypeError):
+        raise DataError(f"task_from_data: device={device!r} is not a torch device; use 'cpu', 'cuda', 'cuda:N' or "
+                        "'mps'") from None
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if target.type == "cuda" and (count == 0 or (target.index or 0) >= count):
+        raise DataError(f"task_from_data: device={str(target)!r}, but this machine has {count} CUDA device(s); "
+                        f"use device='cpu'{'' if count == 0 else ' or cuda:0 .. cuda:' + str(count - 1)}")
+    if target.type == "mps" and not torch.backends.mps.is_available():
+        raise DataError("task_from_data: device='mps', but MPS is not available here; use device='cpu'")
+    return target
+
+
 def task_from_data(name: str, train: object, validation: object, *, loss: LossFunction | None = None,
                    metric: LossFunction | None = None, metric_name: str | None = None,
                    num_classes: int | None = None, batch_size: int = DEFAULT_BATCH_SIZE, host: object = None,
@@ -125,7 +142,8 @@ def task_from_data(name: str, train: object, validation: object, *, loss: LossFu
     seed removes (`GateConfig.criterion` chooses otherwise).
     The default loss takes class scores on the outputs' last dimension ([B, C], [B, T, C]) or on dimension 1
     ([B, C, H, W] against targets [B, H, W], a segmentation's), whichever lines up with the targets; `class_dim`
-    (1 or -1) says which where both would. Accuracy then counts every position (a segmentation's pixels).
+    (1 or -1) says which where both would. Accuracy then counts every position (a segmentation's pixels) whose
+    target is not -100, cross-entropy's `ignore_index`, which the loss leaves out too.
     `host` is the model to grow (`morphogen.host_from_module`), or a function of no arguments that builds it;
     it can also be given to `morphogen.grow`. `target_key` names the targets' entry where a split or its batches
     are dicts of tensors. Raises `DataError` for what cannot work.
@@ -133,7 +151,7 @@ def task_from_data(name: str, train: object, validation: object, *, loss: LossFu
     _check_task_arguments(name, batch_size, num_classes, loss, metric, target_key)
     if class_dim is not None and (isinstance(class_dim, bool) or class_dim not in CLASS_DIMS):
         raise DataError(f"class_dim must be 1, -1 or None (whichever lines up with the targets), got {class_dim!r}")
-    target = torch.device(device)
+    target = _available_device(device)
     train_source = _source(train, target, "train", target_key)
     validation_source = _source(validation, target, "validation", target_key)
     # The gates judge the loss: a cross-entropy (the default, torch's function or module) in nats, as a

@@ -48,7 +48,7 @@ from morphogen.env.rewards import RewardBreakdown, RewardConfig, RewardMode, com
 from morphogen.env.seeding import TRAINING_RNG_STREAM, derive_seed, seeded
 from morphogen.env.snapshot import HISTORY_LENGTH, EpisodeSnapshot, SlotSnapshot, snapshot_from_state, snapshot_state
 from morphogen.env.training import HostAndSeedTrainer, clear_stale_casts
-from morphogen.inputs import Inputs, InputSpec, batch_differences, dtype_mismatch, take_rows, to_device
+from morphogen.inputs import Inputs, InputSpec, batch_differences, dtype_mismatch, rows, take_rows, to_device
 from morphogen.limits import MAX_BATCH_SIZE, MAX_EPOCHS, MAX_INTEGER_SETTING, check_count
 from morphogen.telemetry import events
 from morphogen.telemetry.anomalies import AnomalyDetector
@@ -464,7 +464,23 @@ class MorphogenesisEpisode:
                 if index == 0 and self.epoch == 0:
                     self._train_first_batch(inputs, targets)
                 else:
-                    self.trainer.train_batch(inputs, targets)
+                    self._train_batch(inputs, targets)
+
+    def _train_batch(self, inputs: Inputs, targets: Tensor) -> None:
+        """One training step. A batch of one sample that the model's batch norm cannot train on (the last batch of a
+        split one sample longer than a multiple of the batch size) is a `DataError` saying how to batch the split,
+        where torch raises a ValueError from inside the model."""
+        try:
+            self.trainer.train_batch(inputs, targets)
+        except ValueError as error:
+            assert self.model is not None
+            normed = any(isinstance(module, torch.nn.modules.batchnorm._BatchNorm) for module in self.model.modules())
+            if rows(inputs) != 1 or not normed:
+                raise
+            raise DataError(f"task {self.task.name!r}: a training batch of one sample, on which the model's batch norm "
+                            f"cannot train ({_error_line(error)}): the split's last batch holds the one sample left "
+                            "over by the batch size; choose a batch_size that leaves more (task_from_data(..., "
+                            "batch_size=...)), or give your DataLoader drop_last=True") from None
 
     def _train_first_batch(self, inputs: Inputs, targets: Tensor) -> None:
         """The episode's first training step; where the model or its loss fails on it, a `DataError` saying how the

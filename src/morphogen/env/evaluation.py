@@ -25,6 +25,10 @@ LossFunction = Callable[[Tensor, Tensor], Tensor]
 
 OBJECTIVES = ("classification", "language_model")
 
+IGNORE_INDEX = -100
+"""The target that the built-in cross-entropy leaves out (torch's default `ignore_index`: padding's usual label);
+validation leaves it out of the loss's mean and of the accuracy too."""
+
 
 def task_loss(logits: Tensor, targets: Tensor, class_dim: int = -1) -> Tensor:
     """Mean cross-entropy for classification ([B, C] vs [B]) or language modelling ([B, T, V] vs [B, T]), or
@@ -139,12 +143,13 @@ class Objective:
             return task_loss(outputs, targets.expand(k, *targets.shape)) * k  # targets (K, B, ...) as a view
         return torch.stack([self.checked_loss(outputs[i], targets) for i in range(k)]).sum()
 
-    def loss_and_score(self, outputs: Tensor, targets: Tensor) -> tuple[Tensor, Tensor, int]:
-        """For outputs [K, B, ...]: summed loss [K], summed score [K] and the number of items they sum over."""
+    def loss_and_score(self, outputs: Tensor, targets: Tensor) -> tuple[Tensor, Tensor, int | Tensor]:
+        """For outputs [K, B, ...]: summed loss [K], summed score [K] and the number of items they sum over (for the
+        built-in loss, the targets not at `IGNORE_INDEX`, a 0-dim device tensor: no sync)."""
         if not self.custom:
             class_dim = class_dim_of(outputs.shape[1:], targets.shape, self.class_dim)
             losses, correct = per_config_loss_and_correct(outputs, targets, class_dim)
-            return losses, 100.0 * correct.to(losses.dtype), targets.numel()
+            return losses, 100.0 * correct.to(losses.dtype), (targets != IGNORE_INDEX).sum()
         batch = targets.shape[0]
         losses = torch.stack([self.checked_loss(outputs[i], targets) for i in range(outputs.shape[0])])  # (K,)
         if self.metric is None:
@@ -157,12 +162,13 @@ class Objective:
 
 def per_config_loss_and_correct(outputs: Tensor, targets: Tensor, class_dim: int = -1) -> tuple[Tensor, Tensor]:
     """For outputs [K, B, ..., C] (or [K, B, C, ...] with `class_dim=1`) against targets [B, ...]: summed loss [K]
-    and correct-prediction count [K] over the batch."""
+    and correct-prediction count [K] over the batch. Targets at `IGNORE_INDEX` count in neither, as the training
+    loss (torch's cross-entropy) leaves them out."""
     k = outputs.shape[0]
     if class_dim == 1:
         scores, flat_targets = outputs.flatten(0, 1), targets.expand(k, *targets.shape).flatten(0, 1)  # (K * B, ...)
-        losses = nn.functional.cross_entropy(scores, flat_targets, reduction="none")  # (K * B, ...)
-        correct = scores.argmax(dim=1) == flat_targets
+        losses = nn.functional.cross_entropy(scores, flat_targets, reduction="none")  # (K * B, ...); 0 where ignored
+        correct = scores.argmax(dim=1) == flat_targets  # never at IGNORE_INDEX, which no class index equals
         return losses.reshape(k, -1).sum(dim=1), correct.reshape(k, -1).sum(dim=1)
     logits = outputs.reshape(k, -1, outputs.shape[-1])  # (K, B*T, C)
     flat_targets = targets.reshape(1, -1).expand(k, -1)  # (K, B*T)
@@ -186,7 +192,7 @@ def validate(model: MorphogeneticModel, dataset: BatchSource, configurations: Al
     k = configurations.size
     loss_sum = torch.zeros(k, device=dataset.device, dtype=torch.float64)
     score_sum = torch.zeros(k, device=dataset.device, dtype=torch.float64)
-    count = 0
+    count: int | Tensor = 0
     alphas = [list(row) for row in configurations.alphas]
     shapes: Counter[InputSpec] = Counter()
     for inputs, targets in dataset.iterate_batches(batch_size, shuffle=False):
@@ -197,7 +203,7 @@ def validate(model: MorphogeneticModel, dataset: BatchSource, configurations: Al
         score_sum += batch_score.to(torch.float64)
         count += items
     model.train(was_training)
-    sums = torch.stack([loss_sum, score_sum, torch.full_like(loss_sum, count)])
+    sums = torch.stack([loss_sum, score_sum, torch.zeros_like(loss_sum) + count])
     loss_values, score_values, counts = (sums if reduce is None else reduce(sums)).tolist()  # the one sync
     total = counts[0]
     if total == 0:
