@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 from morphogen.cli import main
-from morphogen.telemetry.events import ActionTaken, EpochCompleted, SlotState
+from morphogen.telemetry.events import ActionTaken, EpochCompleted, RewardComputed, SlotState
 
 
 def test_report_of_a_run_shows_epochs_seeds_and_the_comparison(tmp_path, capsys):
@@ -118,6 +118,28 @@ def test_a_refused_action_shows_the_gates_words_and_a_reasonless_one_still_reads
     rows = [line for line in capsys.readouterr().out.splitlines() if "r0c1" in line]
     assert rows[0].endswith("ADVANCE r0c1  (refused: blended in, the seed would add +0.0023 nats < 0.005)")
     assert rows[1].endswith("ADVANCE r0c1  (refused)") and rows[2].endswith("PRUNE r0c1")
+
+
+def test_a_stopped_run_of_a_task_with_its_own_metric_reads_the_metric_config_json_names(tmp_path, capsys):
+    """A heuristic `run` that stopped before writing summary.json (diverged, killed): its epoch table names the
+    task's metric as config.json does, in its own units and whole, not as a percent accuracy, and it is shown no
+    reward, as the dashboard reads it from the same config."""
+    config = {"task": "my_task:make_task", "task_name": "sinreg", "task_metric": "mean abs error", "policy": None,
+              "episode": {"slots": {"gates": {"criterion": "relative_loss"}}}}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    events = [EpochCompleted(1, 0, 105.0, 113.77, 9.968, 153, (), "WAIT", True),
+              RewardComputed(1, 0, -1.0, (("rollback", -1.0),))]
+    lines = [json.dumps({"time": 1.0 + index, **event.to_dict()}) for index, event in enumerate(events)]
+    (tmp_path / "events.jsonl").write_text("\n".join(lines) + "\n")
+    assert main(["report", str(tmp_path)]) == 0
+    report = capsys.readouterr().out
+    epochs = report[report.index("epochs (env 0):"):].splitlines()
+    assert epochs[1].split()[:7] == ["env", "epoch", "val", "mean", "abs", "error", "val"]
+    assert epochs[2].split()[:4] == ["0", "1", "9.968", "113.7700"] and "%" not in epochs[2]
+    assert "reward by component" not in report, "config.json names no policy: the heuristic read no reward"
+
+    from morphogen.ui.run_files import ScoreKind, load_run_files
+    assert load_run_files(tmp_path).score == ScoreKind("mean abs error", "relative_loss")
 
 
 def test_report_of_a_run_over_seeds_shows_each_seed_and_the_differences(tmp_path, capsys):

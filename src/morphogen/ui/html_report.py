@@ -93,7 +93,7 @@ def growth_charts(files: RunFiles) -> list[str]:
               ("no growth", _epochs([timed.event for timed in files.baseline_events]), True),
               ("from scratch", _epochs([timed.event for timed in files.from_scratch_events]), True)]
     shown = [(name, epochs, dashed) for name, epochs, dashed in curves if epochs or name == "grown"]
-    score = score_kind(files.summary)
+    score = files.score
     return [
         line_chart([Series(name, tuple((e.epoch, e.val_accuracy) for e in epochs), dashed)
                     for name, epochs, dashed in shown], title=f"validation {score.name}", x_label="epoch",
@@ -273,7 +273,7 @@ def render_html(run_dir: str | Path) -> str:
     files = load_run_files(run_dir)
     config = files.config
     kind = "training run" if files.is_training else "run"
-    score = score_kind(files.summary)
+    score = files.score
     pairs = contribution_pairs(files.history, score)
     unit = score.contribution_unit
     contributions = scatter_chart([(p.predicted, p.measured, p.label) for p in pairs],

@@ -47,6 +47,8 @@ __all__ = ["RunDirectoryError", "render_report"]
 
 #: Columns of a refused action's reason in the epoch table.
 _REASON_WIDTH = 150
+#: The widest the epoch table's score column grows to hold the score's name ("val mean abs error").
+_SCORE_WIDTH = 24
 
 #: Where an action was taken: (round, env, epoch).
 _Step = tuple[int, int, int]
@@ -75,7 +77,9 @@ def _epoch_rows(epochs: Sequence[tuple[int, EpochCompleted]], with_round: bool, 
                 reasons: dict[_Step, tuple[bool, str]]) -> list[str]:
     round_header = f"{'round':>5}  " if with_round else ""
     shows_score = score.name != NEGATIVE_LOSS  # a negated loss: the loss column says it
-    title = f"{cut(f'val {score.label}', 10):>10}  " if shows_score else ""
+    # As wide as the score's name, up to `_SCORE_WIDTH`: "val mean abs error" whole, not "val mean …".
+    width = min(max(len(f"val {score.label}"), 10), _SCORE_WIDTH)
+    title = f"{cut(f'val {score.label}', width):>{width}}  " if shows_score else ""
     lines = [f"  {round_header}{'env':>3}  {'epoch':>5}  {title}{'val loss':>10}  {'params':>9}  action"]
     previous_wait = ""
     for round_number, e in epochs:
@@ -84,7 +88,7 @@ def _epoch_rows(epochs: Sequence[tuple[int, EpochCompleted]], with_round: bool, 
         if e.action == "WAIT" and taken is not None:
             previous_wait = taken[1]
         round_cell = f"{round_number:>5}  " if with_round else ""
-        score_cell = f"{score.format(e.val_accuracy):>10}  " if shows_score else ""
+        score_cell = f"{score.format(e.val_accuracy):>{width}}  " if shows_score else ""
         lines.append(f"  {round_cell}{e.env_id:>3}  {e.epoch:>5}  {score_cell}{format_loss(e.val_loss):>10}  "
                      f"{e.param_count:>9,}  {e.action}{outcome}")
     return lines
@@ -254,7 +258,7 @@ def render_report(run_dir: str | Path) -> str:
     header = (f"run {files.path}: task {task_label(config) or '?'}, seed {config.get('seed', '?')}, "
               f"{len(history)} events" + (f" ({damage})" if damage else ""))
     reward = _reward_section(history) if files.steered_by_reward else []
-    score = score_kind(files.summary)
+    score = files.score
     sections = [[header], _episode_section(history, training, score),
                 _seed_section(history, training, score, files.summary, without_events=files.without_events),
                 reward,

@@ -188,9 +188,21 @@ class RunFiles:
     @property
     def steered_by_reward(self) -> bool:
         """Whether a reward steered this run: a training run, or a `run` whose summary.json does not name
-        the heuristic as its controller (a `run --policy`, or a run still going). The heuristic computes
-        the reward's components but never reads them, so its runs are not shown a reward."""
-        return self.is_training or (self.summary or {}).get("controller") != "heuristic"
+        the heuristic as its controller (a `run --policy`), or, before it has a summary.json (still going, or
+        stopped), whose config.json names no policy. The heuristic computes the reward's components but never
+        reads them, so its runs are not shown a reward."""
+        if self.is_training:
+            return True
+        if self.summary is not None and "controller" in self.summary:
+            return bool(self.summary["controller"] != "heuristic")
+        return not ("policy" in self.config and self.config["policy"] is None)
+
+    @property
+    def score(self) -> ScoreKind:
+        """What this run's score is and what its seeds were judged by: summary.json's, or, before the run wrote
+        one, config.json's `task_metric` (the dashboard's reading), so a stopped regression is not shown a
+        percent accuracy."""
+        return score_kind(self.summary, self.config)
 
     def damage_note(self) -> str | None:
         """One line saying what was skipped or unreadable, or None for an intact run."""
@@ -273,12 +285,15 @@ class ScoreKind:
         return "-" if value is None else text.format(value)
 
 
-def score_kind(summary: Mapping[str, Any] | None) -> ScoreKind:
+def score_kind(summary: Mapping[str, Any] | None, config: Mapping[str, Any] | None = None) -> ScoreKind:
     """The `ScoreKind` summary.json records (an untrusted file: a name of at most 100 characters, a known
-    criterion), or accuracy judged by points."""
+    criterion); without it, the score `config` names (`task_metric`, judged by the gates' criterion where the
+    config sets one, else by points); else accuracy judged by points."""
     table = (summary or {}).get("score")
     if not isinstance(table, dict):
-        return ScoreKind()
+        criterion = config_value(config or {}, "episode.slots.gates.criterion")
+        return ScoreKind(score_name((config or {}).get("task_metric")),
+                         criterion if criterion in CRITERIA else "score")
     criterion = table.get("criterion")
     return ScoreKind(score_name(table.get("name")), criterion if criterion in CRITERIA else "score")
 
