@@ -226,3 +226,37 @@ def test_a_run_over_seeds_of_a_policy_records_it_and_refuses_another_on_resume(
         f"not by policy {tmp_path / 'other.pt'} (weights {policy_checksum(other)[:12]})" in capsys.readouterr().err
     assert main(["run", "--resume", str(run), "--threads", "1"]) == 0
     assert json.loads((run / "seed_1" / "summary.json").read_text())["controller"] == "policy"
+
+
+def test_the_figures_over_seeds_of_a_task_with_its_own_loss_show_the_loss_once_in_its_own_units(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A regression scored by its negated mean squared error: the closing table over seeds has one "val loss" column
+    (not the loss twice), its differences read in the loss, not in nats, and `report` of the run over seeds names
+    the loss as what its table holds."""
+    from morphogen.seeds_summary import SeedRun, differences_of, seed_pairs, seeds_figures, summary_lines
+
+    flops = {"training": 1, "shadow": 0, "validation": 1, "counterfactual": 0, "probe": 0}
+    runs = {}
+    for seed, (grown_loss, baseline_loss) in enumerate(((2.5, 3.0), (2.0, 2.2))):
+        def figures(loss: float) -> dict[str, object]:
+            return {"final_accuracy": -loss, "final_loss": loss, "parameters": 10, "host_parameters": 10,
+                    "seconds": 1.0, "episode_return": 0.0, "flops": flops}
+        (tmp_path / f"seed_{seed}").mkdir()
+        (tmp_path / f"seed_{seed}" / "summary.json").write_text(json.dumps(
+            {"grown": figures(grown_loss), "baseline": figures(baseline_loss),
+             "score": {"name": "negative loss", "criterion": "relative_loss"}}))
+        runs[seed] = SeedRun.read(tmp_path / f"seed_{seed}", from_scratch=False)
+    pairs = seed_pairs(list(runs.values()))
+    differences = differences_of(pairs)
+    lines = summary_lines(runs, pairs, differences)
+    header = next(line for line in lines if "parameters" in line)
+    assert header.split() == ["val", "loss", "parameters", "training", "FLOPs", "seconds"]
+    grown = next(line for line in lines if line.startswith("  grown "))
+    assert grown.split()[1:4] == ["2.2500", "±", "0.3536"] and grown.split()[4] == "10"
+    difference = next(line for line in lines if "grown - no growth" in line)
+    assert "-0.3500 ± 0.1500 in loss" in difference and "nats" not in difference
+    (tmp_path / "seeds.json").write_text(json.dumps(seeds_figures(runs, differences)))
+    assert main(["report", str(tmp_path)]) == 0
+    report = capsys.readouterr().out
+    assert report.splitlines()[0] == f"run over 2 seeds {tmp_path}: final validation loss by seed"
+    assert "-0.3500 ± 0.1500 in loss (2 seeds: 2 ahead, 0 behind)" in report and "nats" not in report

@@ -143,10 +143,11 @@ def summary_lines(runs: Mapping[int, SeedRun], pairs: Mapping[str, Pairs],
                   differences: Mapping[str, tuple[float, float]]) -> list[str]:
     """The closing table: each model's means over the seeds, then the grown model's paired differences."""
     metric_name = next(iter(runs.values())).metric_name
-    score = "val loss" if metric_name == NEGATIVE_LOSS else f"val {metric_name}"
+    # A negated loss: the loss column says it (as in one seed's closing table), not a second "val loss" column.
+    score = "" if metric_name == NEGATIVE_LOSS else f"{cut(f'val {metric_name}', 16):>18}"
     lines = [f"\n{len(runs)} {'seed' if len(runs) == 1 else 'seeds'} ({', '.join(map(str, runs))}): mean ± std over "
              "the seeds",
-             f"{'':22}{cut(score, 16):>18}{'val loss':>20}{'parameters':>12}{'training FLOPs':>16}{'seconds':>10}",
+             f"{'':22}{score}{'val loss':>20}{'parameters':>12}{'training FLOPs':>16}{'seconds':>10}",
              _model_line("grown", [run.grown for run in runs.values()], metric_name)]
     lines += [_model_line(name, [other for _, other in both], metric_name) for name, both in pairs.items()]
     lines.append("differences, paired by seed (mean ± standard error):")
@@ -174,13 +175,12 @@ def _model_line(name: str, outcomes: Sequence[EpisodeOutcome], metric_name: str)
         return f"{statistics.fmean(values):.{decimals}f} ± {deviation}"
 
     scores = [o.final_accuracy for o in outcomes]
-    shown = spread([-s for s in scores], 4) if metric_name == NEGATIVE_LOSS else \
-        spread(scores, 2 if metric_name == "accuracy" else 4)
+    shown = "" if metric_name == NEGATIVE_LOSS else f"{spread(scores, 2 if metric_name == 'accuracy' else 4):>18}"
     losses = spread([o.final_loss for o in outcomes], 4)
     parameters = round(statistics.fmean(o.parameters for o in outcomes))
     flops = format_flops(round(statistics.fmean(o.flops.total for o in outcomes)))
     seconds = statistics.fmean(o.seconds for o in outcomes)
-    return f"  {cut(printable(name), 20):<20}{shown:>18}{losses:>20}{parameters:>12,}{flops:>16}{seconds:>9.1f}s"
+    return f"  {cut(printable(name), 20):<20}{shown}{losses:>20}{parameters:>12,}{flops:>16}{seconds:>9.1f}s"
 
 
 def seeds_figures(runs: Mapping[int, SeedRun], differences: Mapping[str, tuple[float, float]]) -> dict[str, Any]:

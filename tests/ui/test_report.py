@@ -152,7 +152,7 @@ def test_report_of_a_run_over_seeds_shows_each_seed_and_the_differences(tmp_path
     assert main(["report", str(run_dir)]) == 0
     lines = capsys.readouterr().out.splitlines()
     figures = json.loads((run_dir / "seeds.json").read_text())
-    assert lines[0] == f"run over 2 seeds {run_dir}"
+    assert lines[0] == f"run over 2 seeds {run_dir}: final validation accuracy by seed"
     assert lines[2].split() == ["seed", "grown", "no", "growth", "3x4"]
     for seed in ("0", "1"):
         scores = figures["seeds"][seed]

@@ -15,6 +15,7 @@ from typing import Any
 
 from morphogen.paired_statistics import DOMINANCE_HEADING, SeedFigures, dominance_lines, dominated_by, paired_difference
 from morphogen.run_directory import SEEDS_FILENAME, read_json_object
+from morphogen.telemetry.story import NEGATIVE_LOSS
 from morphogen.ui.run_files import RunDirectoryError, score_name, summary_number
 from morphogen.ui.terminal_text import cut, printable
 from morphogen.ui.units import format_difference, format_flops, format_score
@@ -39,7 +40,8 @@ def render_seeds_report(run_dir: str | Path) -> str:
     score = figures.get("score")
     metric = score_name(score.get("name") if isinstance(score, dict) else None)
     seeds = _seeds(figures.get("seeds"))
-    lines = [f"run over {len(seeds)} seeds {path}", "", *_table(seeds, metric)]
+    lines = [f"run over {len(seeds)} seeds {path}: final validation {_score_title(metric)} by seed", "",
+             *_table(seeds, metric)]
     differences = _differences(seeds, metric)
     if differences:
         lines += ["", "differences, paired by seed (mean ± standard error, over the seeds with both scores):",
@@ -49,6 +51,11 @@ def render_seeds_report(run_dir: str | Path) -> str:
         lines += ["", DOMINANCE_HEADING, *dominance]
     lines += ["", f"each seed's run: morphogen report {path}/seed_<s>"]
     return "\n".join(printable(line) for line in lines)
+
+
+def _score_title(metric: str) -> str:
+    """What the table's scores are: "accuracy", the loss (a negated loss is shown as the loss) or the metric."""
+    return "loss" if metric == NEGATIVE_LOSS else metric
 
 
 def _columns(seeds: list[tuple[str, dict[str, Any]]]) -> list[str]:
