@@ -145,6 +145,30 @@ def test_a_heuristic_runs_charts_hold_every_comparison_and_no_reward(grown_run: 
     assert "reward by component" not in text and "; from scratch " in text.splitlines()[-1]
 
 
+def test_the_result_table_holds_the_hosts_a_run_was_compared_with(tmp_path: Path) -> None:
+    """`run --compare`'s hosts are in the HTML report's result table beside the grown model, with the figures
+    summary.json holds, as in `run`'s closing table and the text report's closing line."""
+    figures = {"final_accuracy": -2.637, "final_loss": 2.637, "parameters": 153, "seconds": 0.8,
+               "flops": {"total": 1.61e7}}
+    wide = {**figures, "name": "w32", "final_accuracy": 0.5736, "final_loss": 0.6677, "parameters": 1377}
+    (tmp_path / "config.json").write_text(json.dumps({"task_name": "sinreg", "task_metric": "mean abs error"}))
+    (tmp_path / "summary.json").write_text(json.dumps(
+        {"controller": "heuristic", "score": {"name": "mean abs error", "criterion": "relative_loss"},
+         "grown": {**figures, "final_accuracy": 1.207}, "baseline": {**figures, "final_accuracy": 1.207},
+         "from_scratch": None, "fixed": [wide]}))
+    event = EpochCompleted(1, 0, 2.7, 2.637, 1.207, 153, (), "WAIT", True)
+    (tmp_path / "events.jsonl").write_text(json.dumps({"time": 1.0, **event.to_dict()}) + "\n")
+    page = render_html(tmp_path)
+    table = page[page.index("<h2>Result</h2>"):page.index("</table>", page.index("<h2>Result</h2>"))]
+    assert "<th>w32</th>" in table
+    rows = {row.split("</td>")[0].removeprefix("<td>"): re.findall(r"<td class='num'>([^<]*)</td>", row)
+            for row in table.split("<tr>")[2:]}
+    assert rows["final val mean abs error"] == ["1.207", "1.207", "-", "0.5736"]
+    assert rows["parameters"] == ["153", "153", "-", "1,377"]
+    assert render_report(tmp_path).rstrip().endswith("; w32 mean abs error 0.5736 with 1,377 parameters and "
+                                                     "16.1 MFLOP")
+
+
 def test_html_of_a_training_run_has_ppo_curves_per_round(trained_run: Path) -> None:
     page = render_html(trained_run)
     for title in ("final accuracy per round", "PPO losses", "PPO KL and clipping", "policy entropy per head",

@@ -35,6 +35,7 @@ from morphogen.telemetry.events import (
     RoundCompleted,
 )
 from morphogen.telemetry.story import NEGATIVE_LOSS, SeedStory, seed_stories
+from morphogen.ui.report import hosts_compared
 from morphogen.ui.run_files import (
     RunDirectoryError,
     RunFiles,
@@ -231,12 +232,13 @@ def health_table(files: RunFiles) -> str:
 
 
 def summary_table(files: RunFiles) -> str:
-    """The closing table of `run`: grown, no growth, and the final architecture trained from scratch."""
+    """The closing table of `run`: grown, no growth, the final architecture trained from scratch, and the hosts it
+    was compared with (`--compare`), as `run`'s closing table and the text report show them."""
     summary = files.summary or {}
     if not summary.get("grown"):
         return ""
     columns = [("grown", summary.get("grown")), ("no growth", summary.get("baseline")),
-               ("from scratch", summary.get("from_scratch"))]
+               ("from scratch", summary.get("from_scratch")), *hosts_compared(summary)]
     score = score_kind(summary)
     score_row = [] if score.name == NEGATIVE_LOSS else [  # the loss row says it for a negated loss
         (f"final val {score.name}", "final_accuracy", "{:.2f}%" if score.is_accuracy else "{:.4g}")]

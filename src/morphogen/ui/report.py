@@ -220,7 +220,7 @@ def _comparison_section(summary: dict[str, Any] | None, config: dict[str, Any]) 
     scratch = summary.get("baseline" if kept_none else "from_scratch")
     parts = []
     for name, table in [("grown", summary.get("grown")), ("no growth", summary.get("baseline")),
-                        ("from scratch", scratch), *_hosts_compared(summary)]:
+                        ("from scratch", scratch), *hosts_compared(summary)]:
         accuracy, parameters = summary_number(table, "final_accuracy"), summary_number(table, "parameters")
         if accuracy is None or parameters is None:
             continue
@@ -233,7 +233,7 @@ def _comparison_section(summary: dict[str, Any] | None, config: dict[str, Any]) 
     return ["; ".join(parts)] if parts and parts[0].startswith("grown ") else []
 
 
-def _hosts_compared(summary: dict[str, object]) -> list[tuple[str, object]]:
+def hosts_compared(summary: dict[str, object]) -> list[tuple[str, object]]:
     """(name, figures) of each host summary.json says the run compared with (names of at most `MAX_NAME`)."""
     fixed = summary.get("fixed")
     return [(entry["name"], entry) for entry in (fixed if isinstance(fixed, list) else [])[:MAX_HOSTS]
