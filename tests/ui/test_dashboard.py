@@ -235,3 +235,32 @@ def test_a_heuristic_run_shows_no_reward_and_a_training_run_does(grown_run: Path
     assert grown.heuristic and "the heuristic reads no reward" in reward_text(grown).plain
     trained = RunView.from_config(json.loads((trained_run / "config.json").read_text()))
     assert not trained.heuristic and reward_text(trained).plain.startswith("reward components")
+
+
+def test_a_negated_loss_is_shown_as_the_loss_as_the_report_and_the_closing_table_show_it(tmp_path: Path) -> None:
+    """A task with its own loss and no metric is scored by its negated loss: the dashboard shows the loss itself
+    under "val loss" (2.5668), not "val negative loss -2.567", and so does the HTML report's chart."""
+    from morphogen.telemetry.events import EpochCompleted
+    from morphogen.ui.html_report import render_html
+
+    (tmp_path / "config.json").write_text(json.dumps({"task_name": "sinreg", "task_metric": "negative loss",
+                                                      "policy": None}))
+    events = [EpochCompleted(epoch, 0, 2.7, loss, -loss, 769, (), "WAIT", True)
+              for epoch, loss in ((1, 3.1), (2, 2.5668))]
+    (tmp_path / EVENTS_FILENAME).write_text(
+        "".join(json.dumps({"time": 1.0 + index, **e.to_dict()}) + "\n" for index, e in enumerate(events)))
+
+    async def drive() -> None:
+        app = Dashboard(tmp_path, poll_seconds=POLL)
+        async with app.run_test(size=(140, 40)) as pilot:
+            await _wait_for(pilot, lambda: app.query_one("#envs", DataTable).row_count == 1
+                            and _row(app, 0)[2].startswith("2"))
+            table = app.query_one("#envs", DataTable)
+            assert str(list(table.columns.values())[3].label) == "val loss"
+            assert _row(app, 0)[3] == "2.5668"
+            await pilot.press("q")
+
+    asyncio.run(drive())
+    page = render_html(tmp_path)
+    assert 'aria-label="validation loss"' in page and "<title>grown: 2, 2.567</title>" in page
+    assert "negative loss" not in page

@@ -120,7 +120,7 @@ def env_detail_text(view: RunView, env: EnvView) -> Text:
                 style="bold")
     accuracy = "-" if env.val_accuracy is None else view.score.format(env.val_accuracy)
     parameters = "-" if env.param_count is None else f"{env.param_count:,}"
-    text.append(f"val {view.score.name} {accuracy}   parameters {parameters}   "
+    text.append(f"val {view.score.title} {accuracy}   parameters {parameters}   "
                 f"episodes done {env.episodes_completed}\n")
     outcome = "ok" if env.action_succeeded else "refused"
     text.append(f"last action {env.action or '-'} ({outcome})\n\nslots:\n")

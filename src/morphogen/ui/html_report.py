@@ -96,8 +96,8 @@ def growth_charts(files: RunFiles) -> list[str]:
     shown = [(name, epochs, dashed) for name, epochs, dashed in curves if epochs or name == "grown"]
     score = files.score
     return [
-        line_chart([Series(name, tuple((e.epoch, e.val_accuracy) for e in epochs), dashed)
-                    for name, epochs, dashed in shown], title=f"validation {score.name}", x_label="epoch",
+        line_chart([Series(name, tuple((e.epoch, score.shown(e.val_accuracy)) for e in epochs), dashed)
+                    for name, epochs, dashed in shown], title=f"validation {score.title}", x_label="epoch",
                    y_label=score.axis),
         line_chart([Series(name, tuple((e.epoch, float(e.param_count)) for e in epochs), dashed)
                     for name, epochs, dashed in shown], title="parameters", x_label="epoch", y_label="parameters"),

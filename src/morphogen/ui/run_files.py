@@ -54,7 +54,8 @@ from morphogen.run_directory import (
     read_line,
 )
 from morphogen.telemetry.events import Event, RoundCompleted, event_from_dict
-from morphogen.telemetry.story import SeedStory
+from morphogen.telemetry.story import NEGATIVE_LOSS, SeedStory
+from morphogen.ui.units import format_loss
 
 MAX_EVENTS = 2_000_000
 """Events kept per events file (a 100-round, 64-env training run writes about 200,000)."""
@@ -250,17 +251,35 @@ class ScoreKind:
         return self.name == "accuracy"
 
     @property
+    def is_negative_loss(self) -> bool:
+        """Whether the score is the validation loss negated (a task with its own loss and no metric): every view
+        shows the loss itself, as `run`'s closing table does."""
+        return self.name == NEGATIVE_LOSS
+
+    @property
+    def title(self) -> str:
+        """The score's name for people: "loss" for a negated loss (shown as the loss), else its name."""
+        return "loss" if self.is_negative_loss else self.name
+
+    @property
     def label(self) -> str:
         """The score's name for a column or a chart, short for accuracy."""
-        return "acc" if self.is_accuracy else self.name
+        return "acc" if self.is_accuracy else self.title
 
     @property
     def axis(self) -> str:
         """The score's name on a chart's axis, with its unit for accuracy."""
-        return "accuracy %" if self.is_accuracy else self.name
+        return "accuracy %" if self.is_accuracy else self.title
+
+    def shown(self, value: float) -> float:
+        """A score as a chart plots it: a negated loss as the loss, any other as it is."""
+        return -value if self.is_negative_loss else value
 
     def format(self, value: float) -> str:
-        """A score as a reader expects it: accuracy in percent, any other in four significant digits."""
+        """A score as a reader expects it: accuracy in percent, a negated loss as the loss, any other in four
+        significant digits."""
+        if self.is_negative_loss:
+            return format_loss(-value)
         return f"{value:.2f}%" if self.is_accuracy else f"{value:.4g}"
 
     @property
