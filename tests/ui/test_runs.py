@@ -311,3 +311,20 @@ def test_compare_takes_any_two_run_directories_or_runs_as_the_table_names_them(
     assert capsys.readouterr().err.splitlines() == [
         f"morphogen runs: error: --compare seed_1: no such run directory, here or under {tmp_path / 'a'} (name a "
         f"run's directory, or a run as `morphogen runs {tmp_path / 'a'}` lists it)"]
+
+
+def test_compare_heads_each_runs_score_by_its_name_and_shows_a_negated_loss_as_the_loss(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Two runs of tasks of one's own, a regression scored by its negated loss and a segmentation by its pixel
+    accuracy: their curves are headed "loss" and "pixel accuracy", not "acc %", and the loss reads 2.57, not -2.57."""
+    for name, metric, score in (("regression", "negative loss", -2.5668), ("segmentation", "pixel accuracy", 80.08)):
+        run = tmp_path / name
+        run.mkdir()
+        (run / "config.json").write_text(json.dumps({"task_name": name, "task_metric": metric, "seed": 0}))
+        event = EpochCompleted(1, 0, 2.7, 2.5668, score, 769, (), "WAIT", True)
+        (run / "events.jsonl").write_text(json.dumps({"time": 1.0, **event.to_dict()}) + "\n")
+    assert main(["runs", str(tmp_path), "--compare", "regression", "segmentation"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert [part.strip() for part in lines[0].split("  ") if part.strip()] == [
+        "epoch", "loss regression", "pixel accuracy segmentation", "params regression", "params segmentation"]
+    assert lines[1].split() == ["1", "2.57", "80.08", "769", "769"]

@@ -455,7 +455,9 @@ def _labels(paths: Sequence[Path]) -> list[str]:
 def compare_runs(run_a: str | Path, run_b: str | Path, root: str | Path = "runs",
                  ) -> tuple[list[str], list[tuple[Any, ...]]]:
     """Two runs' curves side by side: per epoch (env 0) for runs, per round for training runs. Each is any run
-    directory (a seed's, a comparison's `baseline`), or a run's name under `root`; only those two are read."""
+    directory (a seed's, a comparison's `baseline`), or a run's name under `root`; only those two are read. Each
+    run's score is headed by its own name ("acc %", "loss", "R2") and a negated loss is shown as the loss, as
+    `report` shows them."""
     paths = [_compared_run(run_a, Path(root)), _compared_run(run_b, Path(root))]
     names = _labels(paths)
     runs = [(name, load_run_files(path)) for name, path in zip(names, paths, strict=True)]
@@ -468,13 +470,25 @@ def compare_runs(run_a: str | Path, run_b: str | Path, root: str | Path = "runs"
                         max(mean_return) FILTER (WHERE run = $a) AS return_a,
                         max(mean_return) FILTER (WHERE run = $b) AS return_b
                  FROM rounds WHERE run IN ($a, $b) GROUP BY round ORDER BY round"""
-        header = ["round", f"acc % {a}", f"acc % {b}", f"return {a}", f"return {b}"]
+        header = ["round", f"{_score_header(runs[0][1])} {a}", f"{_score_header(runs[1][1])} {b}",
+                  f"return {a}", f"return {b}"]
     else:
         sql = """SELECT epoch, max(val_accuracy) FILTER (WHERE run = $a), max(val_accuracy) FILTER (WHERE run = $b),
                         max(param_count) FILTER (WHERE run = $a), max(param_count) FILTER (WHERE run = $b)
                  FROM epochs WHERE run IN ($a, $b) AND env_id = 0 GROUP BY epoch ORDER BY epoch"""
-        header = ["epoch", f"acc % {a}", f"acc % {b}", f"params {a}", f"params {b}"]
-    return header, connection.execute(sql, {"a": a, "b": b}).fetchall()
+        header = ["epoch", f"{_score_header(runs[0][1])} {a}", f"{_score_header(runs[1][1])} {b}",
+                  f"params {a}", f"params {b}"]
+    scores = (runs[0][1].score, runs[1][1].score)
+    rows = [(step, *(None if value is None else score.shown(value) for score, value in zip(scores, (x, y),
+                                                                                            strict=True)), *rest)
+            for step, x, y, *rest in connection.execute(sql, {"a": a, "b": b}).fetchall()]
+    return header, rows
+
+
+def _score_header(files: RunFiles) -> str:
+    """A compared run's score column's name: "acc %" for accuracy, "loss" for a negated loss, else the metric's."""
+    score = files.score
+    return "acc %" if score.is_accuracy else score.label
 
 
 def _cell(value: Any) -> Text:
