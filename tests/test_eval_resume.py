@@ -131,3 +131,37 @@ def test_episodes_played_by_worker_processes_write_what_one_process_writes(
     assert ", 3 processes" in capsys.readouterr().out
     assert written(run_dir) == uninterrupted
     assert json.loads((run_dir / "config.json").read_text())["jobs"] == 3
+
+
+def test_a_recorded_evaluation_finds_its_policy_from_any_directory_and_resumes_only_with_its_weights(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """config.json records a relative `--policy` absolute (as `run` does), so `eval --config DIR/config.json` and
+    `eval --resume DIR` work from elsewhere; a policy whose weights changed since (its `train` run continued) is
+    refused in one line instead of finishing an evaluation half played by other weights."""
+    policy = tmp_path / "policy"
+    policy.mkdir()
+    (policy / "checkpoint.pt").write_bytes(evaluate_module.DEFAULT_POLICY_FILE.read_bytes())
+    monkeypatch.chdir(tmp_path)
+    run_dir = tmp_path / "eval"
+    kill_after(monkeypatch, 2)
+    with pytest.raises(Killed):
+        main([*EVAL[:2], "policy", *EVAL[3:], "--run-dir", str(run_dir)])
+    monkeypatch.undo()
+    assert json.loads((run_dir / "config.json").read_text())["policy"] == str(policy)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    state = torch.load(policy / "checkpoint.pt", weights_only=True)
+    saved = (policy / "checkpoint.pt").read_bytes()
+    state["policy"] = {name: value + 0.01 if value.is_floating_point() else value
+                       for name, value in state["policy"].items()}  # trained on
+    state.pop("checksum")
+    state["checksum"] = state_checksum(state)
+    torch.save(state, policy / "checkpoint.pt")
+    capsys.readouterr()
+    assert main(["eval", "--resume", str(run_dir)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "was its `train` run continued?" in err, err
+    (policy / "checkpoint.pt").write_bytes(saved)
+    assert main(["eval", "--resume", str(run_dir)]) == 0
+    assert "resume: 2 of 6 episodes played" in capsys.readouterr().out
