@@ -18,6 +18,8 @@ from morphogen.control.integrity import state_checksum
 from morphogen.run_directory import EVAL_RESUME_FILENAME, EVENTS_FILENAME, SCORES_FILENAME, temporary_name
 
 EPISODES = 2
+#: What `kill_after` replaces, to put back while keeping the test's working directory.
+ORIGINAL_SAVE = evaluate_module.write_resume_state
 #: Two episodes per controller of 3 epochs on 200 digits, with the shipped policy (about 3 s in all).
 EVAL = ["eval", "--policy", "default", "--task", "digits", "--max-train-samples", "200", "--episode-length", "3",
         "--episodes", str(EPISODES)]
@@ -131,3 +133,53 @@ def test_episodes_played_by_worker_processes_write_what_one_process_writes(
     assert ", 3 processes" in capsys.readouterr().out
     assert written(run_dir) == uninterrupted
     assert json.loads((run_dir / "config.json").read_text())["jobs"] == 3
+
+
+def test_a_recorded_evaluation_finds_its_policy_from_any_directory_and_resumes_only_with_its_weights(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """config.json records a relative `--policy` absolute (as `run` does), so `eval --config DIR/config.json` and
+    `eval --resume DIR` work from elsewhere; a policy whose weights changed since (its `train` run continued) is
+    refused in one line instead of finishing an evaluation half played by other weights."""
+    policy = tmp_path / "policy"
+    policy.mkdir()
+    (policy / "checkpoint.pt").write_bytes(evaluate_module.DEFAULT_POLICY_FILE.read_bytes())
+    monkeypatch.chdir(tmp_path)
+    run_dir = tmp_path / "eval"
+    kill_after(monkeypatch, 2)
+    with pytest.raises(Killed):
+        main([*EVAL[:2], "policy", *EVAL[3:], "--run-dir", str(run_dir)])
+    monkeypatch.undo()
+    assert json.loads((run_dir / "config.json").read_text())["policy"] == str(policy)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    state = torch.load(policy / "checkpoint.pt", weights_only=True)
+    saved = (policy / "checkpoint.pt").read_bytes()
+    state["policy"] = {name: value + 0.01 if value.is_floating_point() else value
+                       for name, value in state["policy"].items()}  # trained on
+    state.pop("checksum")
+    state["checksum"] = state_checksum(state)
+    torch.save(state, policy / "checkpoint.pt")
+    capsys.readouterr()
+    assert main(["eval", "--resume", str(run_dir)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "was its `train` run continued?" in err, err
+    (policy / "checkpoint.pt").write_bytes(saved)
+    assert main(["eval", "--resume", str(run_dir)]) == 0
+    assert "resume: 2 of 6 episodes played" in capsys.readouterr().out
+
+
+def test_an_evaluation_given_a_relative_text_file_resumes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    """config.json records the data paths absolute; the saved state is matched against them so, not against the
+    relative path the evaluation was started with (which refused every such resume as 'another config')."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "corpus.txt").write_text("the quick brown fox jumps over the lazy dog\n" * 150)
+    kill_after(monkeypatch, 1)
+    with pytest.raises(Killed):
+        main(["eval", "--policy", "default", "--task", "text", "--text-file", "corpus.txt", "--max-train-samples",
+              "64", "--episode-length", "1", "--episodes", "1", "--run-dir", "eval"])
+    monkeypatch.setattr(evaluate_module, "write_resume_state", ORIGINAL_SAVE)  # alive again, still in tmp_path
+    capsys.readouterr()
+    assert main(["eval", "--resume", "eval", "--threads", "1"]) == 0, capsys.readouterr().err
+    assert "resume: 1 of 3 episodes played" in capsys.readouterr().out

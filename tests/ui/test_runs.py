@@ -328,3 +328,17 @@ def test_compare_heads_each_runs_score_by_its_name_and_shows_a_negated_loss_as_t
     assert [part.strip() for part in lines[0].split("  ") if part.strip()] == [
         "epoch", "loss regression", "pixel accuracy segmentation", "params regression", "params segmentation"]
     assert lines[1].split() == ["1", "2.57", "80.08", "769", "769"]
+
+
+def test_a_policy_trained_over_several_tasks_is_listed_by_them_not_by_the_default_task(grown_run: Path,
+                                                                                       tmp_path: Path) -> None:
+    """A `train` with `[[mix]]` or `--tasks` keeps `task = "digits"` (the default) in its config.json; the runs
+    table, `report` and the dashboard named that task, which no round of the run played."""
+    for name, settings in (("mix", {"mix": [{"task": "my_task:make_task"}, {"task": "mnist1d"},
+                                            {"task": "my_task:make_task", "weight": 0.5}]}),
+                           ("tasks", {"tasks": ["mnist1d", "text"], "mix": []})):
+        shutil.copytree(grown_run, tmp_path / name, ignore=shutil.ignore_patterns("summary.json"))
+        (tmp_path / name / "config.json").write_text(json.dumps({"task": "digits", "seed": 0, **settings}))
+    header, rows, _ = query_runs(tmp_path)
+    assert {row[0]: dict(zip(header, row, strict=True))["task"] for row in rows} == {
+        "mix": "my_task:make_task,mnist1d", "tasks": "mnist1d,text"}

@@ -20,8 +20,8 @@ from typing import Any, NamedTuple, TextIO
 
 import torch
 
-from morphogen.commands.run import write_resolved_config
-from morphogen.commands.run_policy import DEFAULT_POLICY
+from morphogen.commands.run import recorded_config_values, write_resolved_config
+from morphogen.commands.run_policy import DEFAULT_POLICY, SHOWN_CHECKSUM, recorded_policy_path
 from morphogen.commands.run_state import cut_events, read_resume_state, remove_resume_state, write_resume_state
 from morphogen.commands.workers import WorkerJob, spawned_workers
 from morphogen.config import build_config, config_to_dict
@@ -227,6 +227,8 @@ class _Setting:
     episode: EpisodeConfig
     task: Task
     agent: PolicyAgent
+    policy_checksum: str
+    """`policy_checksum` of the checkpoint `agent` was read from: a resumed evaluation goes on with those weights."""
 
 
 def _setting(config: EvalConfig, optimizer_table: Mapping[str, Any] | None = None) -> _Setting:
@@ -241,7 +243,7 @@ def _setting(config: EvalConfig, optimizer_table: Mapping[str, Any] | None = Non
         episode_config = dataclasses.replace(episode_config, optimizer=optimizer)
     agent = agent_from_checkpoint(state, device, source=policy_source(config.policy))
     agent.policy.compile_forward(config.compile_settings)
-    return _Setting(config, session, episode_config, task, agent)
+    return _Setting(config, session, episode_config, task, agent, policy_checksum(state))
 
 
 class _EventList:
@@ -331,7 +333,7 @@ def evaluate_command(config: EvalConfig, out: TextIO | None = None, *,
     setting = _setting(config, optimizer_table)
     config, task = setting.config, setting.task
     with contextlib.ExitStack() as stack:
-        record = _open_record(config, setting.session.task, resume, stack)
+        record = _open_record(config, setting.session.task, setting.policy_checksum, resume, stack)
         display = stack.enter_context(ProgressDisplay(out))
         display.print(f"morphogen eval: {counted(config.episodes, 'episode')} of "
                       f"{counted(setting.episode.max_epochs, 'epoch')} on {printable(task.name)} "
@@ -379,6 +381,8 @@ class _Record:
     """The evaluation's config as JSON text: a saved state is resumed only by the same evaluation."""
     played: list[_Played]
     telemetry: Telemetry
+    policy_checksum: str = ""
+    """`policy_checksum` of the policy played, saved with the episodes (see `_open_record`)."""
 
     def save(self) -> None:
         """Save what `eval --resume` goes on from: the scores of the episodes played (each episode depends on nothing
@@ -386,13 +390,19 @@ class _Record:
         if self.run_dir is None:
             return
         events = self.run_dir / EVENTS_FILENAME if self.telemetry.configured_level != "off" else None
-        state = {"played": [list(result) for result in self.played]}
+        state = {"played": [list(result) for result in self.played], "policy_checksum": self.policy_checksum}
         write_resume_state(self.run_dir / EVAL_RESUME_FILENAME, state, kind="eval", config=self.config, events=events)
 
 
-def _open_record(config: EvalConfig, task_name: str, resume: bool, stack: contextlib.ExitStack) -> _Record:
+def _open_record(config: EvalConfig, task_name: str, checksum: str, resume: bool,
+                 stack: contextlib.ExitStack) -> _Record:
     """The evaluation's record, its run directory locked (one writer per directory) and its telemetry open on
-    `stack`; resuming, the episodes played before, their events cut back to the last saved episode."""
+    `stack`; resuming, the episodes played before, their events cut back to the last saved episode.
+
+    config.json records the policy's path absolute (as `run` does), so `eval --config DIR/config.json` and
+    `eval --resume DIR` find it from any directory; a resume refuses a policy whose weights (`checksum`) are not
+    those the saved episodes were played with, say a `train` run continued in between."""
+    config = dataclasses.replace(config, policy=recorded_policy_path(config.policy))
     text = _config_text(config)
     if config.run_dir is None:
         return _Record(None, text, [], stack.enter_context(Telemetry(None, config=TelemetryConfig(level="off"))))
@@ -403,14 +413,27 @@ def _open_record(config: EvalConfig, task_name: str, resume: bool, stack: contex
         resumable_eval_dir(config.run_dir)
         remove_stale_temporaries(run_dir)
         state = read_resume_state(run_dir / EVAL_RESUME_FILENAME, kind="eval", config=text, required=("played",))
+        if state is not None:
+            _refuse_other_weights(run_dir, config.policy, state.get("policy_checksum"), checksum)
         cut_events(run_dir / EVENTS_FILENAME, state)
     else:
         refuse_other_run(run_dir)  # again, now that no other command can start a run there
         write_resolved_config(run_dir, config)  # no run_dir in it, as `run`'s: a replay records where it is told
     telemetry = stack.enter_context(Telemetry(run_dir, config=config.telemetry))
     if state is None:
-        return _Record(run_dir, text, [], telemetry)
-    return _Record(run_dir, text, _saved_episodes(state, config.episodes, run_dir / EVAL_RESUME_FILENAME), telemetry)
+        return _Record(run_dir, text, [], telemetry, checksum)
+    return _Record(run_dir, text, _saved_episodes(state, config.episodes, run_dir / EVAL_RESUME_FILENAME), telemetry,
+                   checksum)
+
+
+def _refuse_other_weights(run_dir: Path, policy: str, saved: object, checksum: str) -> None:
+    """`CheckpointError` naming both unless the policy `policy` now holds the weights (`checksum`) that the episodes
+    saved in `run_dir` were played with (`saved`; a state saved before it was recorded passes)."""
+    if saved is None or saved == checksum:
+        return
+    raise CheckpointError(f"the evaluation in {run_dir} was played by policy {policy} with weights "
+                          f"{str(saved)[:SHOWN_CHECKSUM]}, but it now holds weights {checksum[:SHOWN_CHECKSUM]} "
+                          "(was its `train` run continued?); evaluate the new weights afresh in another --run-dir")
 
 
 def _saved_episodes(state: dict[str, Any], episodes: int, path: Path) -> list[_Played]:
@@ -444,7 +467,7 @@ def resumable_eval_dir(run_dir: str) -> Path:
 def _config_text(config: EvalConfig) -> str:
     """`config` as JSON text without where and how it runs (`run_dir`, `device`, `jobs`: a resumed evaluation may
     move)."""
-    values = config_to_dict(config)
+    values = recorded_config_values(config_to_dict(config))  # the data paths absolute, as config.json has them
     for key in ("run_dir", "device", "jobs"):
         values.pop(key, None)
     return json.dumps(values, sort_keys=True)

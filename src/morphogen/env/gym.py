@@ -95,6 +95,11 @@ class MorphogenesisEnv(gymnasium.Env[np.ndarray, np.ndarray]):
     be left unset). The training subset chosen by `max_train_samples` is fixed for the env's lifetime;
     the seed of each reset picks the host initialization and data order. `telemetry` receives every
     episode's events and stays owned by the caller (`close` does not close it).
+
+    Left out, `episode_config` measures every counterfactual every epoch, so that each observation carries the
+    seeds' contributions; an `EpisodeConfig` of your own (say `EpisodeConfig(max_epochs=10)`) keeps its own
+    `counterfactuals`, "for_decisions" by default, under which a seed's contribution features read unmeasured on
+    most epochs: pass `counterfactuals=CounterfactualSchedule.EVERY_EPOCH` with it for what `train` observes.
     """
 
     metadata: dict[str, Any] = {"render_modes": ["ansi"]}  # noqa: RUF012 - gymnasium.Env declares it an instance variable

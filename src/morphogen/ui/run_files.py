@@ -426,7 +426,15 @@ def config_value(config: Mapping[str, Any], dotted: str, default: Any = None) ->
 
 def task_label(config: Mapping[str, Any]) -> str | None:
     """The task a run's config names for people: its own name (`task_name`, which a user's task carries)
-    before the name or import path it was loaded by (`task`); None when neither is a string."""
+    before the name or import path it was loaded by (`task`); None when neither is a string.
+
+    A `train` over several tasks (`tasks`, `[[mix]]`) is labelled by them, comma-separated in their order, each
+    once: its `task` is then the default that no round played."""
+    mix = config.get("mix")
+    entries = [entry.get("task") for entry in mix if isinstance(entry, Mapping)] if isinstance(mix, list) and mix \
+        else config.get("tasks")
+    if isinstance(entries, list) and entries and all(isinstance(task, str) and task for task in entries):
+        return ",".join(dict.fromkeys(entries))
     for key in ("task_name", "task"):
         value = config.get(key)
         if isinstance(value, str) and value:
