@@ -21,7 +21,7 @@ from typing import Any, NamedTuple, TextIO
 import torch
 
 from morphogen.commands.run import recorded_config_values, write_resolved_config
-from morphogen.commands.run_policy import DEFAULT_POLICY, SHOWN_CHECKSUM, recorded_policy_path
+from morphogen.commands.run_policy import DEFAULT_POLICY, check_same_policy, recorded_policy_path
 from morphogen.commands.run_state import cut_events, read_resume_state, remove_resume_state, write_resume_state
 from morphogen.commands.workers import WorkerJob, spawned_workers
 from morphogen.config import build_config, config_to_dict
@@ -429,11 +429,9 @@ def _open_record(config: EvalConfig, task_name: str, checksum: str, resume: bool
 def _refuse_other_weights(run_dir: Path, policy: str, saved: object, checksum: str) -> None:
     """`CheckpointError` naming both unless the policy `policy` now holds the weights (`checksum`) that the episodes
     saved in `run_dir` were played with (`saved`; a state saved before it was recorded passes)."""
-    if saved is None or saved == checksum:
-        return
-    raise CheckpointError(f"the evaluation in {run_dir} was played by policy {policy} with weights "
-                          f"{str(saved)[:SHOWN_CHECKSUM]}, but it now holds weights {checksum[:SHOWN_CHECKSUM]} "
-                          "(was its `train` run continued?); evaluate the new weights afresh in another --run-dir")
+    if saved is not None:
+        check_same_policy(f"the evaluation in {run_dir}", policy, saved, policy, checksum,
+                          advice="was its `train` run continued? evaluate the new weights afresh in another --run-dir")
 
 
 def _saved_episodes(state: dict[str, Any], episodes: int, path: Path) -> list[_Played]:

@@ -46,15 +46,16 @@ def refuse_another_policy(run_dir: Path, policy: str | None, checksum: str | Non
 
 
 def check_same_policy(what: str, recorded: object, recorded_checksum: object, policy: str | None,
-                      checksum: str | None) -> None:
+                      checksum: str | None, advice: str | None = None) -> None:
     """`CheckpointError` naming both unless the policy of `checksum` (`policy`: its name; None: the heuristic) is the
-    one `what` (a run, a run over seeds) recorded, by its checksum."""
+    one `what` (a run, a run over seeds, an evaluation) recorded, by its checksum; `advice` ends the line (default:
+    how to resume it with what it recorded)."""
     if recorded_checksum == checksum and (recorded is None) == (policy is None):
         return
     played = _player(recorded, recorded_checksum)
-    if recorded is None:
+    if advice is None and recorded is None:
         advice = "resume it without --policy (grow: without policy=...)"
-    else:
+    elif advice is None:
         advice = (f"resume it with that policy, unchanged (--policy {recorded}, or none: `run --resume` takes it from "
                   f"{CONFIG_FILENAME}; grow: policy=...)")
     raise CheckpointError(f"{what} was played by {played}, not by {_player(policy, checksum)}; {advice}")

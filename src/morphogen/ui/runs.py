@@ -67,6 +67,7 @@ from morphogen.ui.progress import LINE_WIDTH
 from morphogen.ui.run_files import (
     RunDirectoryError,
     RunFiles,
+    ScoreKind,
     check_run_dir,
     is_summary_only_run,
     load_run_files,
@@ -464,30 +465,28 @@ def compare_runs(run_a: str | Path, run_b: str | Path, root: str | Path = "runs"
     connection = _load_runs(runs, [], " and ".join(printable(name) for name in names)).connection
     rounds = connection.execute("SELECT count(*) FROM rounds WHERE run IN (?, ?)", names).fetchone()
     a, b = names
+    scores = (runs[0][1].score, runs[1][1].score)
+    scored = [f"{_score_header(score)} {name}" for score, name in zip(scores, names, strict=True)]
     if rounds is not None and rounds[0] > 0:
         sql = """SELECT round, max(mean_final_accuracy) FILTER (WHERE run = $a) AS accuracy_a,
                         max(mean_final_accuracy) FILTER (WHERE run = $b) AS accuracy_b,
                         max(mean_return) FILTER (WHERE run = $a) AS return_a,
                         max(mean_return) FILTER (WHERE run = $b) AS return_b
                  FROM rounds WHERE run IN ($a, $b) GROUP BY round ORDER BY round"""
-        header = ["round", f"{_score_header(runs[0][1])} {a}", f"{_score_header(runs[1][1])} {b}",
-                  f"return {a}", f"return {b}"]
+        header = ["round", *scored, f"return {a}", f"return {b}"]
     else:
         sql = """SELECT epoch, max(val_accuracy) FILTER (WHERE run = $a), max(val_accuracy) FILTER (WHERE run = $b),
                         max(param_count) FILTER (WHERE run = $a), max(param_count) FILTER (WHERE run = $b)
                  FROM epochs WHERE run IN ($a, $b) AND env_id = 0 GROUP BY epoch ORDER BY epoch"""
-        header = ["epoch", f"{_score_header(runs[0][1])} {a}", f"{_score_header(runs[1][1])} {b}",
-                  f"params {a}", f"params {b}"]
-    scores = (runs[0][1].score, runs[1][1].score)
+        header = ["epoch", *scored, f"params {a}", f"params {b}"]
     rows = [(step, *(None if value is None else score.shown(value) for score, value in zip(scores, (x, y),
                                                                                             strict=True)), *rest)
             for step, x, y, *rest in connection.execute(sql, {"a": a, "b": b}).fetchall()]
     return header, rows
 
 
-def _score_header(files: RunFiles) -> str:
+def _score_header(score: ScoreKind) -> str:
     """A compared run's score column's name: "acc %" for accuracy, "loss" for a negated loss, else the metric's."""
-    score = files.score
     return "acc %" if score.is_accuracy else score.label
 
 
