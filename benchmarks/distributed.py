@@ -65,9 +65,10 @@ def launch(ranks: int, argv: list[str]) -> dict[str, float]:
         probe.bind(("127.0.0.1", 0))
         port = str(probe.getsockname()[1])
     processes = []
+    python_path = os.pathsep.join(filter(None, [str(SRC), os.environ.get("PYTHONPATH")]))
     try:
         for rank in range(ranks):
-            env = {**os.environ, "PYTHONPATH": str(SRC), "OMP_NUM_THREADS": "1", "RANK": str(rank),
+            env = {**os.environ, "PYTHONPATH": python_path, "OMP_NUM_THREADS": "1", "RANK": str(rank),
                    "LOCAL_RANK": str(rank), "WORLD_SIZE": str(ranks), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port}
             processes.append(subprocess.Popen([sys.executable, __file__, "--worker", *argv], env=env,
                                               stdout=subprocess.PIPE, text=True))

@@ -118,7 +118,9 @@ def _free_port() -> int:
 
 
 def _environment(**extra: str) -> dict[str, str]:
-    return {**os.environ, "PYTHONPATH": str(SRC), "OMP_NUM_THREADS": "1", **extra}
+    # Prepended, not replaced: packages a machine provides through PYTHONPATH must reach the ranks too.
+    python_path = os.pathsep.join(filter(None, [str(SRC), os.environ.get("PYTHONPATH")]))
+    return {**os.environ, "PYTHONPATH": python_path, "OMP_NUM_THREADS": "1", **extra}
 
 
 @contextmanager

@@ -25,7 +25,8 @@ TOLERANCE = 1e-5
 
 
 def test_two_processes_grow_one_model_as_one_process_grows_it_on_whole_batches(tmp_path: Path) -> None:
-    environment = {**os.environ, "PYTHONPATH": os.pathsep.join([str(SRC), str(HERE)])}
+    python_path = os.pathsep.join(filter(None, [str(SRC), str(HERE), os.environ.get("PYTHONPATH")]))
+    environment = {**os.environ, "PYTHONPATH": python_path}
     init_file = tmp_path / "rendezvous"
     ranks = [subprocess.Popen([sys.executable, str(HERE / "grower_rank.py"), str(tmp_path), str(rank), "2",
                                str(init_file)], env=environment, stderr=subprocess.PIPE, text=True)
