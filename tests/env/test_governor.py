@@ -69,6 +69,9 @@ def assert_same_state(actual: dict[str, Tensor], expected: dict[str, Tensor]) ->
         ({"min_history": 11}, "min_history"),
         ({"absolute_ceiling": 0.0}, "absolute_ceiling"),
         ({"absolute_ceiling": math.nan}, "absolute_ceiling"),
+        ({"initial_loss_factor": 0.5}, "initial_loss_factor"),
+        ({"initial_loss_factor": math.inf}, "initial_loss_factor"),
+        ({"initial_loss_factor": math.nan}, "initial_loss_factor"),
     ],
 )
 def test_config_rejects_bad_values(overrides: dict[str, float], message: str) -> None:
@@ -117,6 +120,32 @@ def test_absolute_ceiling_caps_the_sigma_rule() -> None:
     # mean 20, std 8.16 -> 69 by the sigma rule, capped at the ceiling.
     assert governor_with_losses([10.0, 20.0, 30.0]).threshold() == 50.0
     assert governor_with_losses([10.0, 20.0, 30.0], absolute_ceiling=30.0).threshold() == 30.0
+
+
+def test_the_ceiling_scales_with_the_untrained_models_loss_where_that_is_larger() -> None:
+    # A classifier's cross-entropy starts near ln(10) = 2.3: 20 x 2.3 = 46 < 50, the ceiling stays 50.
+    classifier = governor_with_losses([])
+    classifier.observe_validation(2.3, 10.0)
+    assert classifier.threshold() == 50.0
+    # A regression in raw units starts at 2e4: the ceiling is 20 x 2e4, and such an epoch is healthy.
+    regression = governor_with_losses([])
+    regression.observe_validation(2e4, 0.0)
+    regression.observe_validation(5e3, 0.0)  # only the first (the untrained model's) scales it
+    assert regression.threshold() == 4e5
+    assert regression.check(1.5e4, epoch=1, val_loss=1.2e4, val_accuracy=0.0) is None
+    assert regression.check(4.1e5, epoch=2) is not None
+
+
+def test_the_scaled_ceiling_survives_state_dict_and_a_state_from_before_it() -> None:
+    governor = governor_with_losses([])
+    governor.observe_validation(2e4, 0.0)
+    restored = governor_with_losses([])
+    restored.load_state_dict(governor.state_dict())
+    assert restored.ceiling() == 4e5
+    older = {key: value for key, value in governor.state_dict().items() if key != "initial_validation_loss"}
+    restored = governor_with_losses([])
+    restored.load_state_dict(older)
+    assert restored.ceiling() == 4e5, "the window's first validation loss stands in for it"
 
 
 def test_window_keeps_only_the_most_recent_losses() -> None:

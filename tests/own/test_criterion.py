@@ -11,6 +11,7 @@ from models import blobs, mlp
 import morphogen
 from morphogen.core.lifecycle import Criterion, GateConfig, GateMode, SeedLifecycle, SeedSignals, Stage, evaluate_gate
 from morphogen.data import Task, load_task
+from morphogen.env.actions import Action
 from morphogen.env.episode import EpisodeConfig, MorphogenesisEpisode
 
 
@@ -71,3 +72,21 @@ def test_a_seed_that_lowers_a_classifiers_loss_blends_though_its_accuracy_step_i
     assert evaluate_gate(Stage.BLENDING, training, signals, classifier_gates).passed
     by_accuracy = evaluate_gate(Stage.BLENDING, training, signals, GateConfig(criterion=Criterion.SCORE))
     assert not by_accuracy.passed and "+0.28 points < 0.5" in by_accuracy.reason
+
+
+def test_a_regression_in_raw_units_trains_without_the_governor_calling_its_loss_divergent() -> None:
+    # Targets in the thousands: the untrained model's squared error is about 1e6, far above any fixed ceiling.
+    generator = torch.Generator().manual_seed(0)
+    inputs = torch.randn(256, 4, generator=generator)
+    targets = 1000.0 + 300.0 * inputs[:, :1] - 200.0 * inputs[:, 1:2]
+    net = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 1))
+    task = morphogen.task_from_data("raw", (inputs[:192], targets[:192]), (inputs[192:], targets[192:]),
+                                    loss=torch.nn.functional.mse_loss,
+                                    host=morphogen.host_from_module(net, ["1"], example_input=inputs[:2]))
+    episode = MorphogenesisEpisode(task, EpisodeConfig(max_epochs=3), seed=0)
+    initial_loss = episode.reset().val_loss
+    assert initial_loss > 1e5
+    for _ in range(3):
+        episode.step(Action())  # WAIT: the host trains alone
+    assert episode.governor.rollbacks == 0
+    assert episode.snapshot.val_loss < initial_loss

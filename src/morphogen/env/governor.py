@@ -3,7 +3,9 @@
 After every healthy epoch it copies the host's and the seeds' state into buffers it reuses. An epoch
 is divergent when any of these holds:
 - its training loss is non-finite, more than `sigma` standard deviations above its recent window, or
-  above `absolute_ceiling`;
+  above its ceiling: `absolute_ceiling`, or `initial_loss_factor` times the untrained model's validation
+  loss where that is larger (so a regression in raw units, whose loss starts at 1e4, is not divergent
+  from its first epoch);
 - its validation loss is non-finite or above `validation_loss_factor` times the largest recent healthy
   validation loss (the untrained model's loss, given to `observe_validation` when an episode starts,
   is the first of them, so a host that blows up in its very first epoch is caught too);
@@ -45,8 +47,10 @@ class GovernorConfig:
     window: int = 10
     #: Healthy epochs needed before the sigma rule applies (the first epochs move fast).
     min_history: int = 3
-    #: A training loss above this is divergence whatever the window says.
+    #: A training loss above this is divergence whatever the window says ...
     absolute_ceiling: float = 50.0
+    #: ... or above this multiple of the untrained model's validation loss, where that is the larger.
+    initial_loss_factor: float = 20.0
     #: A validation loss above this multiple of the largest recent healthy one is divergence.
     validation_loss_factor: float = 5.0
     #: Validation accuracy at or below this multiple of chance counts as "at chance" ...
@@ -66,6 +70,8 @@ class GovernorConfig:
                              f"window={self.window}")
         if not self.absolute_ceiling > 0:
             raise ValueError(f"absolute_ceiling must be > 0, got {self.absolute_ceiling}")
+        if not 1 <= self.initial_loss_factor < math.inf:
+            raise ValueError(f"initial_loss_factor must be >= 1 and finite, got {self.initial_loss_factor}")
         if not self.validation_loss_factor > 1:
             raise ValueError(f"validation_loss_factor must be > 1, got {self.validation_loss_factor}")
         if not 1 <= self.at_chance_factor < self.above_chance_factor:
@@ -111,6 +117,8 @@ class Governor:
         self.losses: deque[float] = deque(maxlen=self.config.window)
         self.validation_losses: deque[float] = deque(maxlen=self.config.window)
         self.best_accuracy = -math.inf
+        #: The untrained model's validation loss (the first `observe_validation`), which scales the ceiling.
+        self.initial_validation_loss: float | None = None
         self._snapshot: dict[str, Tensor] = {}
         self.rollbacks = 0
         self.in_a_row = 0
@@ -141,7 +149,7 @@ class Governor:
         """The windows of losses it judges by, its counters and the last good state (tensors shared, not copied)."""
         return {"losses": list(self.losses), "validation_losses": list(self.validation_losses),
                 "best_accuracy": self.best_accuracy, "rollbacks": self.rollbacks, "in_a_row": self.in_a_row,
-                "last_good": dict(self._snapshot)}
+                "initial_validation_loss": self.initial_validation_loss, "last_good": dict(self._snapshot)}
 
     @torch.no_grad()
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -150,24 +158,35 @@ class Governor:
         self.validation_losses = deque((float(x) for x in state["validation_losses"]), maxlen=self.config.window)
         self.best_accuracy = float(state["best_accuracy"])
         self.rollbacks, self.in_a_row = int(state["rollbacks"]), int(state["in_a_row"])
+        # A state saved before the ceiling scaled with the task has none: its first window entry stands in.
+        initial = state.get("initial_validation_loss", self.validation_losses[0] if self.validation_losses else None)
+        self.initial_validation_loss = None if initial is None else float(initial)
         # Its keys are those of the model when it was taken, which may hold other seeds than the model now.
         device = next(self.model.host.parameters()).device
         self._snapshot = {str(key): value.detach().to(device).clone() for key, value in state["last_good"].items()}
 
+    def ceiling(self) -> float:
+        """The training loss above which any epoch is divergent, in the units of the task's loss."""
+        initial = self.initial_validation_loss
+        scaled = self.config.initial_loss_factor * initial if initial is not None else -math.inf
+        return max(self.config.absolute_ceiling, scaled)
+
     def threshold(self) -> float:
         """The training loss above which the current window calls an epoch divergent."""
         if len(self.losses) < self.config.min_history:
-            return self.config.absolute_ceiling
+            return self.ceiling()
         mean = statistics.fmean(self.losses)
         spread = statistics.pstdev(self.losses)
         # A floor on the spread keeps a perfectly flat window from flagging tiny wiggles.
         spread = max(spread, 0.05 * abs(mean), 1e-3)
-        return min(mean + self.config.sigma * spread, self.config.absolute_ceiling)
+        return min(mean + self.config.sigma * spread, self.ceiling())
 
     def observe_validation(self, loss: float, accuracy: float) -> None:
         """Add a healthy validation result to the window (the untrained model's, when an episode starts)."""
         if math.isfinite(loss):
             self.validation_losses.append(loss)
+            if self.initial_validation_loss is None:
+                self.initial_validation_loss = loss
         if math.isfinite(accuracy):
             self.best_accuracy = max(self.best_accuracy, accuracy)
 
