@@ -65,6 +65,26 @@ def test_an_own_loop_with_adamw_a_scheduler_and_bf16_autocast_grows_seeds() -> N
     assert any(not torch.equal(a, b) for a, b in zip(host_before, grower.model.host_parameters(), strict=True))
 
 
+def test_a_bfloat16_models_epoch_loss_is_the_mean_of_its_batch_losses() -> None:
+    # 384 batches of 1 sample: summed in bfloat16 (8 bits of mantissa) the epoch's loss lost most batches' losses.
+    torch.manual_seed(0)
+    train, validation = blobs(384, 0), blobs(64, 1)
+    host = morphogen.host_from_module(mlp().bfloat16(), ["1", "3"], example_input=train[0][:2].bfloat16())
+    grower = Grower(host, (validation[0].bfloat16(), validation[1]), epochs=2, controller=NoGrowthController())
+    optimizer = torch.optim.SGD(host.parameters(), lr=1e-3)
+    losses = []
+    for inputs, targets in zip(train[0].bfloat16().split(1), train[1].split(1), strict=True):
+        optimizer.zero_grad()
+        loss = grower.training_step(inputs, targets)
+        loss.backward()
+        grower.after_backward()
+        optimizer.step()
+        losses.append(loss.item())
+    report = grower.end_epoch()
+    assert report.snapshot.train_loss == pytest.approx(sum(losses) / len(losses), rel=1e-4)
+    assert round(report.score * 64 / 100, 4).is_integer()  # a share of the 64 validation samples
+
+
 def test_a_training_seed_learns_from_its_shadow_and_the_host_from_its_own_loss() -> None:
     grower, loader = make_grower()
     optimizer = torch.optim.SGD(grower.model.host_parameters(), lr=0.05)
