@@ -35,6 +35,7 @@ that gains parameters).
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -43,7 +44,7 @@ import torch
 from torch import Tensor, nn
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
-from morphogen.commands.run import ConfigSource, settings_from
+from morphogen.commands.run import ConfigSource, depth_growth_note, settings_from
 from morphogen.control.heuristic import HeuristicConfig, HeuristicController
 from morphogen.core.hosts import SegmentedHost
 from morphogen.core.model import MorphogeneticModel, shadow_rows
@@ -168,6 +169,9 @@ class Grower:
         # The episode measures what the controller chooses by (the heuristic's growth signals), as `run` does.
         connect(self.episode, self.controller)
         self.controller.reset()
+        note = depth_growth_note(self.controller, self.model)  # `run` prints it; a loop of one's own has no lines
+        if note:
+            warnings.warn(note.removeprefix("note: "), UserWarning, stacklevel=2)
         self._running: dict[str, list[nn.Parameter]] = {}
         self._steps = self._after_backward_calls = 0
         self._action, self._applied = self._decide(self.snapshot)

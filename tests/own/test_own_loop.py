@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import warnings
 
 import pytest
 import torch
@@ -83,6 +84,19 @@ def test_a_bfloat16_models_epoch_loss_is_the_mean_of_its_batch_losses() -> None:
     report = grower.end_epoch()
     assert report.snapshot.train_loss == pytest.approx(sum(losses) / len(losses), rel=1e-4)
     assert round(report.score * 64 / 100, 4).is_integer()  # a share of the 64 validation samples
+
+
+def test_a_depth_blueprint_the_slots_cannot_take_is_a_warning_when_the_grower_is_built() -> None:
+    """`run` prints a note after its first epoch; an own loop prints nothing, so the Grower warns, naming the slots and
+    what the heuristic does instead (it grew seed by seed without a word)."""
+    train, validation = blobs(64, 0), blobs(32, 1)
+    host = morphogen.host_from_module(mlp(), ["1", "3"], example_input=train[0][:2])
+    with pytest.warns(UserWarning, match=r"^\[heuristic\] depth_blueprint = 'block_copy' cannot be grafted into 1, 3 "
+                                         r"\(.*\); the heuristic grows seed by seed instead$"):
+        Grower(host, validation, epochs=3, config={"heuristic": {"depth_blueprint": "block_copy"}})
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        Grower(host, validation, epochs=3, config={"heuristic": {"depth_blueprint": "branch_wide"}})
 
 
 def test_a_training_seed_learns_from_its_shadow_and_the_host_from_its_own_loss() -> None:
