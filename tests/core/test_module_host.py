@@ -49,6 +49,48 @@ def test_the_host_shares_the_users_parameters() -> None:
     assert {id(p) for p in host.parameters()} == {id(p) for p in model.parameters()}
 
 
+class PositionalEncoding(nn.Module):
+    """PyTorch's tutorial encoding: a sinusoid table kept as a buffer, sliced to the input's length."""
+
+    def __init__(self, width: int, length: int = 32) -> None:
+        super().__init__()
+        position = torch.arange(length).unsqueeze(1) * torch.exp(torch.arange(0, width, 2) * (-4.0 / width))
+        table = torch.zeros(1, length, width)
+        table[0, :, 0::2], table[0, :, 1::2] = torch.sin(position), torch.cos(position)
+        self.register_buffer("table", table)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return x + self.table[:, :x.size(1)]
+
+
+class EncodedTokens(nn.Module):
+    """Token ids through an embedding, a positional-encoding buffer of its own and one in a submodule, two layers."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed, self.encoding = nn.Embedding(8, 8), PositionalEncoding(8)
+        self.register_buffer("scale", torch.linspace(0.5, 1.5, 32).reshape(1, 32, 1))
+        self.layer1, self.layer2, self.head = nn.Linear(8, 8), nn.Linear(8, 8), nn.Linear(8, 3)
+
+    def forward(self, ids: Tensor) -> Tensor:
+        x = self.encoding(self.embed(ids)) * self.scale[:, :ids.shape[1]]
+        return self.head(torch.relu(self.layer2(torch.relu(self.layer1(x)))).mean(1))
+
+
+def test_a_buffer_the_forward_slices_to_the_inputs_length_traces_and_stays_the_users() -> None:
+    """fx hands the forward its buffers as tensors, so slicing one by a traced length failed (`slice indices must
+    be integers`) and such a model could hold no slot at all."""
+    torch.manual_seed(0)
+    model, ids = EncodedTokens().eval(), torch.randint(0, 8, (4, 12))
+    host = host_from_module(model, ["layer1", "layer2"], example_input=ids[:2])
+    assert host.injection_points == {"layer1": 8, "layer2": 8}
+    grown = MorphogeneticModel(host).eval()
+    for length in (12, 5):  # the slices follow the input's length
+        torch.testing.assert_close(grown(ids[:, :length]), model(ids[:, :length]), rtol=0, atol=0)
+    held = {id(b) for b in host.buffers()}
+    assert id(model.scale) in held and id(model.encoding.table) in held
+
+
 def test_layouts_are_read_from_the_shape_probe() -> None:
     gpt = host_from_module(TinyGPT(), ["blocks.0", "blocks.1"], example_input=torch.randint(0, 8, (2, 12)))
     assert gpt.topology == "transformer" and gpt.injection_points == {"blocks_0": 16, "blocks_1": 16}

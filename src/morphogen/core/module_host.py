@@ -413,9 +413,31 @@ class _SlotLeafTracer(fx.Tracer):
 
 def _trace(model: nn.Module, names: Sequence[str], defaults: dict[str, object]) -> fx.GraphModule:
     """`model` traced with the slot submodules kept whole and the parameters in `defaults` fixed at them; a call
-    given constants chosen by `self.training` (a functional dropout) follows the mode (`core/training_mode.py`)."""
+    given constants chosen by `self.training` (a functional dropout) follows the mode (`core/training_mode.py`).
+
+    fx hands the forward its buffers as plain tensors, so a buffer sliced by a traced size (a positional encoding's
+    `self.pe[:, :x.size(1)]`) cannot trace; where the model fails to trace so, it is traced again with its buffers
+    as traced values too (not always: a forward may read a buffer's size in Python, `range(self.pe.size(0))`)."""
+
+    def traced(buffers_traced: bool) -> fx.GraphModule:
+        def trace() -> fx.Graph:
+            tracer = _SlotLeafTracer(names)
+            tracer.proxy_buffer_attributes = buffers_traced
+            return tracer.trace(model, concrete_args=defaults or None)
+        return trace_in_both_modes(model, trace)
+
     try:
-        return trace_in_both_modes(model, lambda: _SlotLeafTracer(names).trace(model, concrete_args=defaults or None))
+        try:
+            return traced(buffers_traced=False)
+        except TrainingModeError:
+            raise
+        except Exception as error:  # fx raises many kinds on untraceable code; the caller reports this first one
+            if not any(True for _ in model.buffers()):
+                raise
+            try:
+                return traced(buffers_traced=True)
+            except Exception:
+                raise error from None
     except TrainingModeError as error:
         raise HostBuildError(f"cannot cut {type(model).__name__}: {error}") from None
 
