@@ -89,6 +89,12 @@ def test_a_buffer_the_forward_slices_to_the_inputs_length_traces_and_stays_the_u
         torch.testing.assert_close(grown(ids[:, :length]), model(ids[:, :length]), rtol=0, atol=0)
     held = {id(b) for b in host.buffers()}
     assert id(model.scale) in held and id(model.encoding.table) in held
+    # The segment before a slot is traced again to find its width sites: layer1 -> relu -> layer2 is one.
+    widened = MorphogeneticModel(host_from_module(EncodedTokens(), ["layer2"], example_input=ids[:2])).eval()
+    before = widened(ids)
+    widened.graft("layer2", "wider_inside")
+    torch.testing.assert_close(widened(ids), before, rtol=0, atol=0)
+    assert widened(ids[:, :5]).shape == (4, 3)
 
 
 def test_layouts_are_read_from_the_shape_probe() -> None:
