@@ -77,6 +77,7 @@ def export_model(model: MorphogeneticModel, example_input: Inputs, path: str | P
     path that cannot be written.
     """
     _check_export_arguments(model, example_input, format, dynamic_dims)
+    check_suffix(path, format)
     grown = grown_network(model, leave_out_blending=leave_out_blending)
     network: nn.Module = grown if raw_inputs is None else nn.Sequential(_Standardize(raw_inputs), grown)
     reference = next(network.parameters(), None)
@@ -114,6 +115,17 @@ def _check_export_arguments(model: MorphogeneticModel, example_input: Inputs, fo
     if problem is not None or rows(example_input) == 0:
         raise ExportError("example_input must be a batch of the model's inputs (a tensor, or a tuple or dict of "
                           f"tensors) with a leading sample dimension; got {problem or 'no samples'}")
+
+
+def check_suffix(path: str | Path, format: str) -> None:
+    """`ExportError` for a path whose suffix names the other format (`grown.onnx` written as a torch.export
+    program, which an ONNX runtime cannot read); any other suffix is the user's to choose."""
+    suffix = Path(path).suffix.lower()
+    named = next((name for name, own in FORMATS.items() if own == suffix), format)
+    if named != format:
+        what = "an ONNX model" if named == "onnx" else "a torch.export program"
+        raise ExportError(f"{path} ends in {suffix}, which names {what}, but the format is {format!r}: pass "
+                          f"format={named!r} (morphogen export: --format {named}), or name the file *{FORMATS[format]}")
 
 
 class _Standardize(nn.Module):
