@@ -38,7 +38,7 @@ from morphogen.commands.run import RunConfig
 from morphogen.config import ConfigError, build_config, read_config_file
 from morphogen.core.hosts import SegmentedHost
 from morphogen.core.model import MorphogeneticModel
-from morphogen.core.plain import ExportError, grown_network
+from morphogen.core.plain import ExportError, grown_network, refuse_other_than_a_grown_model
 from morphogen.data import Task
 from morphogen.data.tasks import InputStandardization
 from morphogen.env.episode import MorphogenesisEpisode
@@ -102,9 +102,7 @@ def _check_export_arguments(model: MorphogeneticModel, example_input: Inputs, fo
     """`ExportError` for an argument of `export_model` it cannot work with, saying what it needs."""
     if format not in FORMATS:
         raise ExportError(f"unknown export format {format!r}; valid: {', '.join(FORMATS)}")
-    if not isinstance(model, MorphogeneticModel):
-        raise ExportError(f"export_model takes the grown model (a MorphogeneticModel: `result.model` of "
-                          f"morphogen.grow, `grower.model`), not a {type(model).__name__}")
+    refuse_other_than_a_grown_model(model, "export_model")
     if any(parameter.is_meta for parameter in model.parameters()):
         raise ExportError("the model is on the meta device: it holds no weights to export; load its weights on a "
                           "real device first (morphogen.load_grown_model(RUN_DIR, device='cpu'))")
