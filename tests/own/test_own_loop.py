@@ -405,6 +405,27 @@ def test_a_lightning_trainer_grows_the_model_through_the_callback(tmp_path: obje
     assert callback.reports[-1].parameters > callback.reports[0].parameters
 
 
+@pytest.mark.parametrize(("trainer_options", "callback_options", "message"), [
+    ({"max_epochs": 5}, {}, r"the Trainer trains 5 epochs \(max_epochs=5; Lightning's default is 1000\), past the "
+                            r"grower's 4: give Trainer\(max_epochs=4\)"),
+    ({}, {}, r"the Trainer trains 1000 epochs \(max_epochs=1000; .*give Trainer\(max_epochs=4\)"),
+    ({"max_steps": 13}, {"every_n_steps": 3}, r"Trainer\(max_steps=13\) trains past the grower's 4 periods of "
+                                              r"every_n_steps=3: give Trainer\(max_steps=12\)"),
+], ids=["more_epochs", "lightnings_default", "more_steps"])
+def test_a_trainer_set_to_train_past_the_growth_is_refused_before_the_first_batch(
+        trainer_options: dict[str, int], callback_options: dict[str, int], message: str, tmp_path: object) -> None:
+    """It trained the grower's epochs, then failed at the next epoch's first batch (the episode is over)."""
+    from morphogen.lightning import GrowthCallback
+
+    grower, loader = make_grower(epochs=4)
+    trainer = lightning.Trainer(callbacks=[GrowthCallback(grower, **callback_options)], accelerator="cpu",
+                                logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                                enable_model_summary=False, default_root_dir=str(tmp_path), **trainer_options)
+    with pytest.raises(ValueError, match=rf"^GrowthCallback: {message}; after the growth's last period"):
+        trainer.fit(GrowingModule(grower), loader)
+    assert grower.snapshot.epoch == 0
+
+
 def test_the_grower_measures_the_growth_signals_its_heuristic_chooses_by() -> None:
     """As in `run`, a heuristic choosing by signal gets every empty slot's growth signals in the user's loop, and
     germinates the candidate they score best."""
