@@ -65,6 +65,8 @@ CHANNELWISE = (*ELEMENTWISE, nn.MaxPool1d, nn.MaxPool2d, nn.AvgPool1d, nn.AvgPoo
 ELEMENTWISE_CALLS: dict[object, Callable[[], nn.Module]] = {
     torch.relu: nn.ReLU, nn.functional.relu: nn.ReLU, "relu": nn.ReLU, torch.tanh: nn.Tanh, "tanh": nn.Tanh,
     torch.sigmoid: nn.Sigmoid, "sigmoid": nn.Sigmoid, nn.functional.gelu: nn.GELU, nn.functional.silu: nn.SiLU,
+    nn.functional.relu6: nn.ReLU6, nn.functional.hardswish: nn.Hardswish, nn.functional.hardsigmoid: nn.Hardsigmoid,
+    nn.functional.mish: nn.Mish, nn.functional.selu: nn.SELU,
 }
 #: Functional dropouts that a traced block may call between its producer and consumer with the model's mode
 #: (`F.dropout(h, p, training=self.training)`, traced as a `ModeDependentCall`): the new channels drop the same way.
