@@ -474,6 +474,27 @@ def test_a_model_that_is_random_in_eval_mode_is_refused_naming_the_cause() -> No
         host_from_module(_AlwaysDropping(), ["first"], example_input=torch.randn(2, 4))
 
 
+class _RunningCentre(nn.Module):
+    """Centres its inputs on a running mean that its forward updates in place, in eval mode too."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("mean", torch.zeros(4))
+        self.first, self.second = nn.Linear(4, 4), nn.Linear(4, 2)
+
+    def forward(self, x: Tensor) -> Tensor:
+        self.mean.mul_(0.9).add_(0.1 * x.mean(0).detach())
+        return self.second(torch.relu(self.first(x - self.mean)))
+
+
+def test_a_model_whose_forward_updates_a_buffer_in_eval_mode_is_refused_naming_that_cause_too() -> None:
+    """The message named only dropout and random draws, neither of which such a model has."""
+    with pytest.raises(HostBuildError, match=r"^_RunningCentre gives another output each time .*, or a buffer its "
+                                             r"forward changes in place \(a running statistic kept outside a module "
+                                             r"such as nn.BatchNorm\)"):
+        host_from_module(_RunningCentre(), ["first"], example_input=torch.randn(2, 4) + 3)
+
+
 class _ResidualLoop(nn.Module):
     """Pre-norm residual blocks whose sums are written in the model's own forward, as many hand-written models do."""
 

@@ -927,7 +927,8 @@ def _check_the_output(model: nn.Module, example: Inputs, expected: object, outpu
 
 def _refuse_a_random_eval_mode(model: nn.Module, example: Inputs, output: Tensor, key: int | str | None) -> None:
     """Refuse a model whose eval-mode output differs from call to call (a dropout left on, `F.dropout(x, p)`
-    without `training=self.training`, or a random draw): no cut can compute what it computes."""
+    without `training=self.training`, a random draw, a buffer updated by the forward): no cut can compute what it
+    computes."""
     with modes_kept(model), torch.enable_grad():  # as the probe ran it: no inference fast path
         again: object = _call(lambda inputs: _detached(call(model.eval(), inputs)), example,
                               type(model).__name__, model)
@@ -935,8 +936,10 @@ def _refuse_a_random_eval_mode(model: nn.Module, example: Inputs, output: Tensor
         again = _picked_output(type(model).__name__, again, key)
     if isinstance(again, Tensor) and not torch.equal(again, output):
         raise HostBuildError(f"{type(model).__name__} gives another output each time it runs in eval mode on the same "
-                             "inputs: a dropout that is always on (F.dropout(x, p) without training=self.training) or "
-                             "a random draw; a host validates in eval mode, where the model must be deterministic")
+                             "inputs: a dropout that is always on (F.dropout(x, p) without training=self.training), "
+                             "a random draw, or a buffer its forward changes in place (a running statistic kept "
+                             "outside a module such as nn.BatchNorm); a host validates in eval mode, where the model "
+                             "must be deterministic")
 
 
 def _first_line(error: BaseException) -> str:
