@@ -62,6 +62,8 @@ from morphogen.telemetry.sinks import Telemetry
 
 #: The version of what `Grower.state_dict` writes; a state of another is refused when loaded.
 GROWER_STATE_FORMAT = 1
+#: The entries of `Grower.state_dict` that `load_state_dict` reads.
+_STATE_KEYS = ("episode", "controller", "next_action", "applied")
 #: What a call after the last epoch is told.
 EPISODE_OVER = ("the growth episode is over (all its epochs were played); build a new Grower to grow again, or train "
                 "grower.model on as any module, with an optimizer over all of grower.model.parameters() (the seeds' "
@@ -321,6 +323,10 @@ class Grower:
             found = state.get("format") if isinstance(state, dict) else type(state).__name__
             raise ValueError(f"not a Grower state of format {GROWER_STATE_FORMAT} (found {found!r}): save it with "
                              "Grower.state_dict() of this version of morphogen")
+        missing = [key for key in _STATE_KEYS if key not in state]
+        if missing:
+            raise ValueError(f"not a whole Grower state: it lacks {', '.join(missing)} (save it with "
+                             "Grower.state_dict(), and load that dict as it was saved)")
         controller = savable(self.controller, "restored")
         problem = self._state_problem(state)
         if problem:

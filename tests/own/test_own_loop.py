@@ -231,6 +231,9 @@ def test_a_state_saved_by_another_grower_is_refused_in_one_line_before_anything_
     with pytest.raises(ValueError, match=r"saved by a 'HeuristicController' controller, this one has "
                                          r"'NoGrowthController'"):
         not_growing.load_state_dict(state)
+    partial = {key: value for key, value in state.items() if key not in ("controller", "applied")}
+    with pytest.raises(ValueError, match=r"^not a whole Grower state: it lacks controller, applied \(save it"):
+        other_epochs.load_state_dict(partial)  # was a KeyError from inside
 
 
 def test_a_forgotten_after_backward_is_an_error_naming_it() -> None:
