@@ -142,8 +142,11 @@ def python_task(run: Path) -> None:
     (lambda run: None, ["--format", "tflite"], None),
     (lambda run: None, ["--dynamic-dims", "2"], "dimensions [2] cannot stay dynamic in the grown network"),
     (lambda run: None, ["--dynamic-dims", "one"], "--dynamic-dims takes dimensions after the batch's"),
+    (lambda run: None, ["--output", "{run}/../grown.onnx"], "ends in .onnx, which names an ONNX model, but the format "
+                                                            "is 'torch-export': pass format='onnx' (morphogen export: "
+                                                            "--format onnx), or name the file *.pt2"),
 ], ids=["missing", "damaged", "truncated", "hostile", "forged-blueprint", "forged-option", "python-task",
-        "unwritable", "run-file", "format", "fixed-image-size", "dims-not-numbers"])
+        "unwritable", "run-file", "format", "fixed-image-size", "dims-not-numbers", "onnx-suffix"])
 def test_bad_input_is_one_line_exit_2_and_the_run_directory_is_untouched(
         grown: RunResult, tmp_path: Path, capsys: pytest.CaptureFixture[str], prepare: Callable[[Path], None],
         arguments: list[str], message: str | None) -> None:
@@ -201,6 +204,18 @@ def test_a_blending_seed_goes_in_at_its_alpha_or_can_be_left_out(grown: RunResul
     inputs = validation_inputs()
     with torch.no_grad():
         torch.testing.assert_close(program(inputs), host(inputs), rtol=0, atol=1e-5)  # the host alone
+
+
+def test_a_file_named_for_the_other_format_is_refused_before_anything_is_written(grown: RunResult,
+                                                                                  tmp_path: Path) -> None:
+    """`export_model(model, x, "grown.onnx")` wrote a torch.export program under an ONNX name, which no ONNX
+    runtime reads."""
+    for name, format in [("grown.onnx", "torch-export"), ("grown.PT2", "onnx")]:
+        with pytest.raises(morphogen.ExportError, match=rf"^{tmp_path / name} ends in \.{name.split('.')[1].lower()}, "
+                                                        rf"which names .*, but the format is '{format}'"):
+            morphogen.export_model(grown.model, validation_inputs(2), tmp_path / name, format=format)
+        assert not (tmp_path / name).exists()
+    assert morphogen.export_model(grown.model, validation_inputs(2), tmp_path / "grown.bin").exists()  # any other
 
 
 def test_onnx_without_its_extra_says_how_to_install_it(grown: RunResult, tmp_path: Path,

@@ -38,7 +38,7 @@ from morphogen.commands.run import RunConfig
 from morphogen.config import ConfigError, build_config, read_config_file
 from morphogen.core.hosts import SegmentedHost
 from morphogen.core.model import MorphogeneticModel
-from morphogen.core.plain import ExportError, grown_network
+from morphogen.core.plain import ExportError, grown_network, refuse_other_than_a_grown_model
 from morphogen.data import Task
 from morphogen.data.tasks import InputStandardization
 from morphogen.env.episode import MorphogenesisEpisode
@@ -77,6 +77,7 @@ def export_model(model: MorphogeneticModel, example_input: Inputs, path: str | P
     path that cannot be written.
     """
     _check_export_arguments(model, example_input, format, dynamic_dims)
+    check_suffix(path, format)
     grown = grown_network(model, leave_out_blending=leave_out_blending)
     network: nn.Module = grown if raw_inputs is None else nn.Sequential(_Standardize(raw_inputs), grown)
     reference = next(network.parameters(), None)
@@ -101,9 +102,7 @@ def _check_export_arguments(model: MorphogeneticModel, example_input: Inputs, fo
     """`ExportError` for an argument of `export_model` it cannot work with, saying what it needs."""
     if format not in FORMATS:
         raise ExportError(f"unknown export format {format!r}; valid: {', '.join(FORMATS)}")
-    if not isinstance(model, MorphogeneticModel):
-        raise ExportError(f"export_model takes the grown model (a MorphogeneticModel: `result.model` of "
-                          f"morphogen.grow, `grower.model`), not a {type(model).__name__}")
+    refuse_other_than_a_grown_model(model, "export_model")
     if any(parameter.is_meta for parameter in model.parameters()):
         raise ExportError("the model is on the meta device: it holds no weights to export; load its weights on a "
                           "real device first (morphogen.load_grown_model(RUN_DIR, device='cpu'))")
@@ -114,6 +113,17 @@ def _check_export_arguments(model: MorphogeneticModel, example_input: Inputs, fo
     if problem is not None or rows(example_input) == 0:
         raise ExportError("example_input must be a batch of the model's inputs (a tensor, or a tuple or dict of "
                           f"tensors) with a leading sample dimension; got {problem or 'no samples'}")
+
+
+def check_suffix(path: str | Path, format: str) -> None:
+    """`ExportError` for a path whose suffix names the other format (`grown.onnx` written as a torch.export
+    program, which an ONNX runtime cannot read); any other suffix is the user's to choose."""
+    suffix = Path(path).suffix.lower()
+    named = next((name for name, own in FORMATS.items() if own == suffix), format)
+    if named != format:
+        what = "an ONNX model" if named == "onnx" else "a torch.export program"
+        raise ExportError(f"{path} ends in {suffix}, which names {what}, but the format is {format!r}: pass "
+                          f"format={named!r} (morphogen export: --format {named}), or name the file *{FORMATS[format]}")
 
 
 class _Standardize(nn.Module):

@@ -35,6 +35,7 @@ that gains parameters).
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -43,7 +44,7 @@ import torch
 from torch import Tensor, nn
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
-from morphogen.commands.run import ConfigSource, settings_from
+from morphogen.commands.run import ConfigSource, depth_growth_note, settings_from
 from morphogen.control.heuristic import HeuristicConfig, HeuristicController
 from morphogen.core.hosts import SegmentedHost
 from morphogen.core.model import MorphogeneticModel, shadow_rows
@@ -61,6 +62,8 @@ from morphogen.telemetry.sinks import Telemetry
 
 #: The version of what `Grower.state_dict` writes; a state of another is refused when loaded.
 GROWER_STATE_FORMAT = 1
+#: The entries of `Grower.state_dict` that `load_state_dict` reads.
+_STATE_KEYS = ("episode", "controller", "next_action", "applied")
 #: What a call after the last epoch is told.
 EPISODE_OVER = ("the growth episode is over (all its epochs were played); build a new Grower to grow again, or train "
                 "grower.model on as any module, with an optimizer over all of grower.model.parameters() (the seeds' "
@@ -168,6 +171,9 @@ class Grower:
         # The episode measures what the controller chooses by (the heuristic's growth signals), as `run` does.
         connect(self.episode, self.controller)
         self.controller.reset()
+        note = depth_growth_note(self.controller, self.model)  # `run` prints it; a loop of one's own has no lines
+        if note:
+            warnings.warn(note.removeprefix("note: "), UserWarning, stacklevel=2)
         self._running: dict[str, list[nn.Parameter]] = {}
         self._steps = self._after_backward_calls = 0
         self._action, self._applied = self._decide(self.snapshot)
@@ -317,6 +323,10 @@ class Grower:
             found = state.get("format") if isinstance(state, dict) else type(state).__name__
             raise ValueError(f"not a Grower state of format {GROWER_STATE_FORMAT} (found {found!r}): save it with "
                              "Grower.state_dict() of this version of morphogen")
+        missing = [key for key in _STATE_KEYS if key not in state]
+        if missing:
+            raise ValueError(f"not a whole Grower state: it lacks {', '.join(missing)} (save it with "
+                             "Grower.state_dict(), and load that dict as it was saved)")
         controller = savable(self.controller, "restored")
         problem = self._state_problem(state)
         if problem:

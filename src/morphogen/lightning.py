@@ -47,7 +47,12 @@ class GrowthCallback(pl.Callback):
 
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         """Hand the grower the optimizer `configure_optimizers` built (it runs after the Grower is built), so that a
-        rollback clears its state and backs off its rate as for `Grower(optimizer=...)`."""
+        rollback clears its state and backs off its rate as for `Grower(optimizer=...)`. A trainer set to train
+        longer than the grower grows is refused here, not at the first batch after the growth's last period."""
+        longer = _longer_than_the_growth(trainer, self.grower.snapshot.max_epochs, self.every_n_steps)
+        if longer is not None:
+            raise ValueError(f"GrowthCallback: {longer}; after the growth's last period the grower refuses another "
+                             "training_step (train grower.model on as any module after it)")
         self.grower.use_optimizer(_host_optimizer(self.grower, trainer.optimizers))
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -95,6 +100,24 @@ class GrowthCallback(pl.Callback):
         self.grower.load_state_dict(state_dict["grower"])
         ended_at = state_dict.get("period_ended_at", 0)  # absent from checkpoints of a callback of periods of epochs
         self._period_ended_at = ended_at if isinstance(ended_at, int) and not isinstance(ended_at, bool) else 0
+
+
+def _longer_than_the_growth(trainer: pl.Trainer, epochs: int, every_n_steps: int | None) -> str | None:
+    """How `trainer` would train past the grower's `epochs` growth periods (Lightning's default `max_epochs` is
+    1000), or None. With `every_n_steps` the periods are steps: `max_steps` bounds them, when it is set."""
+    max_steps, max_epochs = trainer.max_steps, trainer.max_epochs
+    if every_n_steps is not None:
+        if max_steps is not None and max_steps > epochs * every_n_steps:
+            return (f"Trainer(max_steps={max_steps}) trains past the grower's {epochs} periods of every_n_steps="
+                    f"{every_n_steps}: give Trainer(max_steps={epochs * every_n_steps})")
+        return None
+    if max_steps not in (None, -1):  # the steps may end training first; the epochs cannot be told in advance
+        return None
+    if max_epochs is None or max_epochs == -1 or max_epochs > epochs:
+        trains = "without end" if max_epochs in (None, -1) else f"{max_epochs} epochs"
+        return (f"the Trainer trains {trains} (max_epochs={max_epochs}; Lightning's default is 1000), past the "
+                f"grower's {epochs}: give Trainer(max_epochs={epochs})")
+    return None
 
 
 def _host_optimizer(grower: Grower, optimizers: list[torch.optim.Optimizer]) -> torch.optim.Optimizer:

@@ -67,6 +67,7 @@ def load_model_state(model: MorphogeneticModel, payload: dict[str, Any], source:
                              f"{payload.get('slot_ids')}, but the run's config builds a {model.topology} model with "
                              f"slots {list(model.slot_ids)}")
     state: dict[str, Any] = payload["model"]
+    _check_host_shapes(state, model, source)  # before the seeds, which a host of other widths would also misfit
     for slot in model.slots():
         _check_seed_size(state, slot, source)
     try:
@@ -75,6 +76,17 @@ def load_model_state(model: MorphogeneticModel, payload: dict[str, Any], source:
         lines = str(error).strip().splitlines()
         detail = " ".join(line.strip() for line in lines[:2])[:300] if lines else type(error).__name__
         raise ModelFileError(f"model file {source} does not fit the model its run's config builds: {detail}") from None
+
+
+def _check_host_shapes(state: dict[str, Any], model: MorphogeneticModel, source: str | Path) -> None:
+    """Refuse a host whose weights are not of the shapes the file holds (a network of other widths than the run's),
+    naming the first that differs."""
+    for name, value in model.host.state_dict(prefix="host.").items():
+        saved = state.get(name)
+        if isinstance(saved, Tensor) and saved.shape != value.shape:
+            raise ModelFileError(f"model file {source} holds {name[len('host.'):]} of shape {tuple(saved.shape)}, "
+                                 f"the host built here of shape {tuple(value.shape)}: build the host as the run grew "
+                                 "it (the same network, sizes and slots)")
 
 
 def _check_seed_size(state: dict[str, Any], slot: SeedSlot, source: str | Path) -> None:

@@ -224,6 +224,57 @@ def test_a_block_written_as_torchvisions_has_its_site_inside_with_one_relu_modul
     assert all(p.grad is not None for p in slot.seed_parameters())
 
 
+class _Called(nn.Module):
+    """A function of torch's called in a block's forward (`F.relu6(h)`), as a module for the test's parameters."""
+
+    def __init__(self, function: object) -> None:
+        super().__init__()
+        self.function = function
+
+    def forward(self, x: Tensor) -> Tensor:
+        called: Tensor = self.function(x)  # type: ignore[operator]
+        return called
+
+
+@pytest.mark.parametrize(("between", "new_channels_through"), [
+    (nn.Dropout2d(0.2), nn.Dropout2d), (nn.ReLU6(), nn.ReLU6), (nn.Hardswish(), nn.Hardswish), (nn.Mish(), nn.Mish),
+    (_Called(nn.functional.relu6), nn.ReLU6), (_Called(nn.functional.hardswish), nn.Hardswish),
+    (_Called(nn.functional.selu), nn.SELU)], ids=["dropout2d", "relu6", "hardswish", "mish", "F.relu6", "F.hardswish",
+                                                 "F.selu"])
+def test_a_channel_dropout_or_another_activation_between_a_blocks_convolutions_is_part_of_its_site(
+        between: nn.Module, new_channels_through: type[nn.Module]) -> None:
+    """A block's `nn.Dropout2d` (a whole channel dropped), or a MobileNet's ReLU6 or hard swish, module or function,
+    acts on each channel by itself: the new channels go through a copy of it, as they do through an `nn.Dropout`."""
+
+    class Block(nn.Module):
+        def __init__(self, channels: int) -> None:
+            super().__init__()
+            self.conv1, self.bn1 = nn.Conv2d(channels, channels, 3, padding=1, bias=False), nn.BatchNorm2d(channels)
+            self.between = copy.deepcopy(between)
+            self.conv2, self.bn2 = nn.Conv2d(channels, channels, 3, padding=1, bias=False), nn.BatchNorm2d(channels)
+
+        def forward(self, x: Tensor) -> Tensor:
+            return torch.relu(x + self.bn2(self.conv2(self.between(torch.relu(self.bn1(self.conv1(x)))))))
+
+    torch.manual_seed(0)
+    network = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), Block(8), Block(8), nn.AdaptiveAvgPool2d(1), nn.Flatten(),
+                            nn.Linear(8, 4))
+    x = torch.randn(4, 3, 8, 8)
+    model = MorphogeneticModel(host_from_module(network, ["1", "2"], example_input=x[:2]), config=EASY_CONFIG).eval()
+    site = model.slot("2").width_site
+    assert site is not None and site.inside and site.producer is network[2].conv1 and site.consumer is network[2].conv2
+    before = model(x)
+    slot = model.graft("2", "wider_inside")
+    assert torch.equal(model(x), before)
+    seed = slot.seed
+    assert isinstance(seed, WidthSeed) and any(type(m) is new_channels_through for m in seed.after_producer)
+    perturb_seed(slot, torch.Generator().manual_seed(1))
+    model.train()(x).sum().backward()
+    assert all(p.grad is not None for p in slot.seed_parameters())
+    drive_to(slot, Stage.FOSSILIZED)
+    assert_plain_network_matches(model.eval(), x)
+
+
 class _DropoutBlock(nn.Module):
     """A block whose dropout is a function given `self.training`: fx would fix the flag at its trace-time value."""
 

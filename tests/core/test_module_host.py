@@ -49,6 +49,54 @@ def test_the_host_shares_the_users_parameters() -> None:
     assert {id(p) for p in host.parameters()} == {id(p) for p in model.parameters()}
 
 
+class PositionalEncoding(nn.Module):
+    """PyTorch's tutorial encoding: a sinusoid table kept as a buffer, sliced to the input's length."""
+
+    def __init__(self, width: int, length: int = 32) -> None:
+        super().__init__()
+        position = torch.arange(length).unsqueeze(1) * torch.exp(torch.arange(0, width, 2) * (-4.0 / width))
+        table = torch.zeros(1, length, width)
+        table[0, :, 0::2], table[0, :, 1::2] = torch.sin(position), torch.cos(position)
+        self.register_buffer("table", table)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return x + self.table[:, :x.size(1)]
+
+
+class EncodedTokens(nn.Module):
+    """Token ids through an embedding, a positional-encoding buffer of its own and one in a submodule, two layers."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed, self.encoding = nn.Embedding(8, 8), PositionalEncoding(8)
+        self.register_buffer("scale", torch.linspace(0.5, 1.5, 32).reshape(1, 32, 1))
+        self.layer1, self.layer2, self.head = nn.Linear(8, 8), nn.Linear(8, 8), nn.Linear(8, 3)
+
+    def forward(self, ids: Tensor) -> Tensor:
+        x = self.encoding(self.embed(ids)) * self.scale[:, :ids.shape[1]]
+        return self.head(torch.relu(self.layer2(torch.relu(self.layer1(x)))).mean(1))
+
+
+def test_a_buffer_the_forward_slices_to_the_inputs_length_traces_and_stays_the_users() -> None:
+    """fx hands the forward its buffers as tensors, so slicing one by a traced length failed (`slice indices must
+    be integers`) and such a model could hold no slot at all."""
+    torch.manual_seed(0)
+    model, ids = EncodedTokens().eval(), torch.randint(0, 8, (4, 12))
+    host = host_from_module(model, ["layer1", "layer2"], example_input=ids[:2])
+    assert host.injection_points == {"layer1": 8, "layer2": 8}
+    grown = MorphogeneticModel(host).eval()
+    for length in (12, 5):  # the slices follow the input's length
+        torch.testing.assert_close(grown(ids[:, :length]), model(ids[:, :length]), rtol=0, atol=0)
+    held = {id(b) for b in host.buffers()}
+    assert id(model.scale) in held and id(model.encoding.table) in held
+    # The segment before a slot is traced again to find its width sites: layer1 -> relu -> layer2 is one.
+    widened = MorphogeneticModel(host_from_module(EncodedTokens(), ["layer2"], example_input=ids[:2])).eval()
+    before = widened(ids)
+    widened.graft("layer2", "wider_inside")
+    torch.testing.assert_close(widened(ids), before, rtol=0, atol=0)
+    assert widened(ids[:, :5]).shape == (4, 3)
+
+
 def test_layouts_are_read_from_the_shape_probe() -> None:
     gpt = host_from_module(TinyGPT(), ["blocks.0", "blocks.1"], example_input=torch.randint(0, 8, (2, 12)))
     assert gpt.topology == "transformer" and gpt.injection_points == {"blocks_0": 16, "blocks_1": 16}
@@ -424,6 +472,27 @@ def test_a_model_that_is_random_in_eval_mode_is_refused_naming_the_cause() -> No
     with pytest.raises(HostBuildError, match=r"^_AlwaysDropping gives another output each time it runs in eval mode "
                                              r"on the same inputs: a dropout that is always on"):
         host_from_module(_AlwaysDropping(), ["first"], example_input=torch.randn(2, 4))
+
+
+class _RunningCentre(nn.Module):
+    """Centres its inputs on a running mean that its forward updates in place, in eval mode too."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("mean", torch.zeros(4))
+        self.first, self.second = nn.Linear(4, 4), nn.Linear(4, 2)
+
+    def forward(self, x: Tensor) -> Tensor:
+        self.mean.mul_(0.9).add_(0.1 * x.mean(0).detach())
+        return self.second(torch.relu(self.first(x - self.mean)))
+
+
+def test_a_model_whose_forward_updates_a_buffer_in_eval_mode_is_refused_naming_that_cause_too() -> None:
+    """The message named only dropout and random draws, neither of which such a model has."""
+    with pytest.raises(HostBuildError, match=r"^_RunningCentre gives another output each time .*, or a buffer its "
+                                             r"forward changes in place \(a running statistic kept outside a module "
+                                             r"such as nn.BatchNorm\)"):
+        host_from_module(_RunningCentre(), ["first"], example_input=torch.randn(2, 4) + 3)
 
 
 class _ResidualLoop(nn.Module):

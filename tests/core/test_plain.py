@@ -13,7 +13,7 @@ from morphogen.core.hosts import CNNHost, TransformerHost
 from morphogen.core.lifecycle import Stage
 from morphogen.core.model import MorphogeneticModel
 from morphogen.core.module_host import host_from_module
-from morphogen.core.plain import FoldedSeed, grown_network
+from morphogen.core.plain import ExportError, FoldedSeed, grown_network
 
 #: Per topology: a seed blueprint and the stages placed in the host's slots, in order.
 LAYOUTS = {
@@ -96,3 +96,13 @@ def test_a_float64_model_blends_at_its_exact_alpha_as_its_plain_network_does() -
     perturb_seed(slot, torch.Generator().manual_seed(1))
     with torch.no_grad():
         torch.testing.assert_close(grown_network(model)(x), model.eval()(x), rtol=0, atol=1e-12)
+
+
+def test_a_network_or_host_given_for_the_grown_model_is_one_line_naming_what_to_pass() -> None:
+    """`grown_network(host)` was an AttributeError ('ModuleHost' object has no attribute 'host')."""
+    network = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU(), torch.nn.Linear(4, 2))
+    host = host_from_module(network, ["1"], example_input=torch.randn(2, 4))
+    for given, name in [(host, "ModuleHost"), (network, "Sequential")]:
+        with pytest.raises(ExportError, match=rf"^grown_network takes the grown model \(a MorphogeneticModel: "
+                                              rf"`result.model` of morphogen.grow, `grower.model`\), not a {name}$"):
+            grown_network(given)  # type: ignore[arg-type]

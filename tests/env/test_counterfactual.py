@@ -131,6 +131,23 @@ def test_per_pixel_classes_on_dimension_1_are_scored_as_the_same_scores_moved_la
                                sum(torch.nn.functional.cross_entropy(outputs[k], targets) for k in range(2)))
 
 
+def test_a_bfloat16_models_validation_counts_every_right_answer_and_sums_its_losses_in_float32() -> None:
+    # 61 of 128 right: in bfloat16, 100 * 61 rounds to 6,112 (47.75%), an accuracy 128 samples cannot have.
+    generator = torch.Generator().manual_seed(0)
+    targets = torch.randint(0, 3, (128,), generator=generator)
+    logits = torch.randn(1, 128, 3, generator=generator)
+    logits[0, torch.arange(128), targets] = -5.0
+    logits[0, torch.arange(61), targets[:61]] = 5.0
+    summed, scores, items = Objective(task_loss, None, custom=False).loss_and_score(logits.bfloat16(), targets)
+    assert int(items) == 128 and scores.tolist() == [6100.0]
+    exact = torch.nn.functional.cross_entropy(logits[0].bfloat16().float(), targets, reduction="sum")
+    assert summed.dtype == torch.float32 and abs(summed.item() - exact.item()) < 1e-3 * exact.item()
+    # A metric of one's own returning float32 keeps its digits (bfloat16 would make 0.123456 0.1235).
+    own = Objective(torch.nn.functional.cross_entropy, lambda o, t: torch.tensor(0.123456), custom=True)
+    _, own_scores, batch = own.loss_and_score(logits.bfloat16(), targets)
+    assert abs(own_scores.item() / batch - 0.123456) < 1e-6
+
+
 @pytest.mark.parametrize("class_dim", [-1, 1])
 def test_targets_at_the_ignore_index_count_in_neither_the_validation_loss_nor_the_accuracy(class_dim: int) -> None:
     """Padding labelled -100 (torch's `ignore_index`, which the training loss leaves out): the validation loss is

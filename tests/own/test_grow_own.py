@@ -199,6 +199,11 @@ def test_load_grown_model_takes_the_host_as_grow_took_it_and_refuses_a_bare_mode
     assert "\n" not in str(refused.value)
     with pytest.raises(morphogen.ConfigError, match="its host function returned a Sequential, not a host"):
         morphogen.load_grown_model(result.run_dir, host=mlp)
+    # A host of another width is named as such, not as a seed that "does not match the weights saved for it".
+    with pytest.raises(ValueError, match=r"holds segments\.0\.0\.weight of shape \(16, 12\), the host built here of "
+                                         r"shape \(24, 12\): build the host as the run grew it"):
+        morphogen.load_grown_model(result.run_dir, host=morphogen.host_from_module(mlp(hidden=24), ["1"],
+                                                                                   example_input=train[0][:2]))
 
 
 THREADS_SEEN: set[int] = set()

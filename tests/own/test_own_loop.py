@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import warnings
 
 import pytest
 import torch
@@ -63,6 +64,39 @@ def test_an_own_loop_with_adamw_a_scheduler_and_bf16_autocast_grows_seeds() -> N
     assert reports[-1].parameters > reports[0].parameters  # a seed was blended in
     assert reports[-1].score > 80.0
     assert any(not torch.equal(a, b) for a, b in zip(host_before, grower.model.host_parameters(), strict=True))
+
+
+def test_a_bfloat16_models_epoch_loss_is_the_mean_of_its_batch_losses() -> None:
+    # 384 batches of 1 sample: summed in bfloat16 (8 bits of mantissa) the epoch's loss lost most batches' losses.
+    torch.manual_seed(0)
+    train, validation = blobs(384, 0), blobs(64, 1)
+    host = morphogen.host_from_module(mlp().bfloat16(), ["1", "3"], example_input=train[0][:2].bfloat16())
+    grower = Grower(host, (validation[0].bfloat16(), validation[1]), epochs=2, controller=NoGrowthController())
+    optimizer = torch.optim.SGD(host.parameters(), lr=1e-3)
+    losses = []
+    for inputs, targets in zip(train[0].bfloat16().split(1), train[1].split(1), strict=True):
+        optimizer.zero_grad()
+        loss = grower.training_step(inputs, targets)
+        loss.backward()
+        grower.after_backward()
+        optimizer.step()
+        losses.append(loss.item())
+    report = grower.end_epoch()
+    assert report.snapshot.train_loss == pytest.approx(sum(losses) / len(losses), rel=1e-4)
+    assert round(report.score * 64 / 100, 4).is_integer()  # a share of the 64 validation samples
+
+
+def test_a_depth_blueprint_the_slots_cannot_take_is_a_warning_when_the_grower_is_built() -> None:
+    """`run` prints a note after its first epoch; an own loop prints nothing, so the Grower warns, naming the slots and
+    what the heuristic does instead (it grew seed by seed without a word)."""
+    train, validation = blobs(64, 0), blobs(32, 1)
+    host = morphogen.host_from_module(mlp(), ["1", "3"], example_input=train[0][:2])
+    with pytest.warns(UserWarning, match=r"^\[heuristic\] depth_blueprint = 'block_copy' cannot be grafted into 1, 3 "
+                                         r"\(.*\); the heuristic grows seed by seed instead$"):
+        Grower(host, validation, epochs=3, config={"heuristic": {"depth_blueprint": "block_copy"}})
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        Grower(host, validation, epochs=3, config={"heuristic": {"depth_blueprint": "branch_wide"}})
 
 
 def test_a_training_seed_learns_from_its_shadow_and_the_host_from_its_own_loss() -> None:
@@ -197,6 +231,9 @@ def test_a_state_saved_by_another_grower_is_refused_in_one_line_before_anything_
     with pytest.raises(ValueError, match=r"saved by a 'HeuristicController' controller, this one has "
                                          r"'NoGrowthController'"):
         not_growing.load_state_dict(state)
+    partial = {key: value for key, value in state.items() if key not in ("controller", "applied")}
+    with pytest.raises(ValueError, match=r"^not a whole Grower state: it lacks controller, applied \(save it"):
+        other_epochs.load_state_dict(partial)  # was a KeyError from inside
 
 
 def test_a_forgotten_after_backward_is_an_error_naming_it() -> None:
@@ -369,6 +406,27 @@ def test_a_lightning_trainer_grows_the_model_through_the_callback(tmp_path: obje
     assert [r.epoch for r in callback.reports] == [1, 2, 3, 4] and grower.done
     assert any(r.action.startswith("GERMINATE") and r.succeeded for r in callback.reports)
     assert callback.reports[-1].parameters > callback.reports[0].parameters
+
+
+@pytest.mark.parametrize(("trainer_options", "callback_options", "message"), [
+    ({"max_epochs": 5}, {}, r"the Trainer trains 5 epochs \(max_epochs=5; Lightning's default is 1000\), past the "
+                            r"grower's 4: give Trainer\(max_epochs=4\)"),
+    ({}, {}, r"the Trainer trains 1000 epochs \(max_epochs=1000; .*give Trainer\(max_epochs=4\)"),
+    ({"max_steps": 13}, {"every_n_steps": 3}, r"Trainer\(max_steps=13\) trains past the grower's 4 periods of "
+                                              r"every_n_steps=3: give Trainer\(max_steps=12\)"),
+], ids=["more_epochs", "lightnings_default", "more_steps"])
+def test_a_trainer_set_to_train_past_the_growth_is_refused_before_the_first_batch(
+        trainer_options: dict[str, int], callback_options: dict[str, int], message: str, tmp_path: object) -> None:
+    """It trained the grower's epochs, then failed at the next epoch's first batch (the episode is over)."""
+    from morphogen.lightning import GrowthCallback
+
+    grower, loader = make_grower(epochs=4)
+    trainer = lightning.Trainer(callbacks=[GrowthCallback(grower, **callback_options)], accelerator="cpu",
+                                logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                                enable_model_summary=False, default_root_dir=str(tmp_path), **trainer_options)
+    with pytest.raises(ValueError, match=rf"^GrowthCallback: {message}; after the growth's last period"):
+        trainer.fit(GrowingModule(grower), loader)
+    assert grower.snapshot.epoch == 0
 
 
 def test_the_grower_measures_the_growth_signals_its_heuristic_chooses_by() -> None:

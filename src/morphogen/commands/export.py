@@ -21,7 +21,7 @@ from morphogen.core.lifecycle import Stage
 from morphogen.core.model import MorphogeneticModel
 from morphogen.core.plain import ExportError, exported_stages
 from morphogen.core.slot import SeedSlot
-from morphogen.export import FORMATS, example_input_of, export_model, rebuild_run
+from morphogen.export import FORMATS, check_suffix, example_input_of, export_model, rebuild_run
 from morphogen.run_directory import hold_run_directory, run_of_file
 from morphogen.ui.terminal_text import printable
 
@@ -38,6 +38,7 @@ def export_command(run_dir: str, format: str = "torch-export", output: str | Non
     run = Path(run_dir)
     default_name = f"{'model_from_scratch' if from_scratch else 'model'}{FORMATS[format]}"
     path = run / default_name if output is None else Path(output)
+    check_suffix(path, format)  # before the run is rebuilt: `--output grown.onnx` without `--format onnx`
     _refuse_run_file(path)
     inside = path.resolve().parent.is_relative_to(run.resolve())
     lock = hold_run_directory(run) if inside else contextlib.nullcontext()

@@ -413,9 +413,31 @@ class _SlotLeafTracer(fx.Tracer):
 
 def _trace(model: nn.Module, names: Sequence[str], defaults: dict[str, object]) -> fx.GraphModule:
     """`model` traced with the slot submodules kept whole and the parameters in `defaults` fixed at them; a call
-    given constants chosen by `self.training` (a functional dropout) follows the mode (`core/training_mode.py`)."""
+    given constants chosen by `self.training` (a functional dropout) follows the mode (`core/training_mode.py`).
+
+    fx hands the forward its buffers as plain tensors, so a buffer sliced by a traced size (a positional encoding's
+    `self.pe[:, :x.size(1)]`) cannot trace; where the model fails to trace so, it is traced again with its buffers
+    as traced values too (not always: a forward may read a buffer's size in Python, `range(self.pe.size(0))`)."""
+
+    def traced(buffers_traced: bool) -> fx.GraphModule:
+        def trace() -> fx.Graph:
+            tracer = _SlotLeafTracer(names)
+            tracer.proxy_buffer_attributes = buffers_traced
+            return tracer.trace(model, concrete_args=defaults or None)
+        return trace_in_both_modes(model, trace)
+
     try:
-        return trace_in_both_modes(model, lambda: _SlotLeafTracer(names).trace(model, concrete_args=defaults or None))
+        try:
+            return traced(buffers_traced=False)
+        except TrainingModeError:
+            raise
+        except Exception as error:  # fx raises many kinds on untraceable code; the caller reports this first one
+            if not any(True for _ in model.buffers()):
+                raise
+            try:
+                return traced(buffers_traced=True)
+            except Exception:
+                raise error from None
     except TrainingModeError as error:
         raise HostBuildError(f"cannot cut {type(model).__name__}: {error}") from None
 
@@ -905,7 +927,8 @@ def _check_the_output(model: nn.Module, example: Inputs, expected: object, outpu
 
 def _refuse_a_random_eval_mode(model: nn.Module, example: Inputs, output: Tensor, key: int | str | None) -> None:
     """Refuse a model whose eval-mode output differs from call to call (a dropout left on, `F.dropout(x, p)`
-    without `training=self.training`, or a random draw): no cut can compute what it computes."""
+    without `training=self.training`, a random draw, a buffer updated by the forward): no cut can compute what it
+    computes."""
     with modes_kept(model), torch.enable_grad():  # as the probe ran it: no inference fast path
         again: object = _call(lambda inputs: _detached(call(model.eval(), inputs)), example,
                               type(model).__name__, model)
@@ -913,8 +936,10 @@ def _refuse_a_random_eval_mode(model: nn.Module, example: Inputs, output: Tensor
         again = _picked_output(type(model).__name__, again, key)
     if isinstance(again, Tensor) and not torch.equal(again, output):
         raise HostBuildError(f"{type(model).__name__} gives another output each time it runs in eval mode on the same "
-                             "inputs: a dropout that is always on (F.dropout(x, p) without training=self.training) or "
-                             "a random draw; a host validates in eval mode, where the model must be deterministic")
+                             "inputs: a dropout that is always on (F.dropout(x, p) without training=self.training), "
+                             "a random draw, or a buffer its forward changes in place (a running statistic kept "
+                             "outside a module such as nn.BatchNorm); a host validates in eval mode, where the model "
+                             "must be deterministic")
 
 
 def _first_line(error: BaseException) -> str:

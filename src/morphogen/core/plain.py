@@ -138,12 +138,20 @@ class GrownNetwork(nn.Module):
         return x
 
 
+def refuse_other_than_a_grown_model(model: object, function: str) -> None:
+    """`ExportError` where `model`, given to `function`, is not a `MorphogeneticModel` (the user's network, a host)."""
+    if not isinstance(model, MorphogeneticModel):
+        raise ExportError(f"{function} takes the grown model (a MorphogeneticModel: `result.model` of "
+                          f"morphogen.grow, `grower.model`), not a {type(model).__name__}")
+
+
 def grown_network(model: MorphogeneticModel, *, leave_out_blending: bool = False) -> GrownNetwork:
     """A copy of `model` as a `GrownNetwork` in eval mode (see the module docstring for which seeds go in;
     `leave_out_blending` drops BLENDING seeds).
 
     The copy shares nothing with `model`: training or moving one leaves the other as it was.
     """
+    refuse_other_than_a_grown_model(model, "grown_network")
     kept = exported_stages(leave_out_blending)
     host = model.host
     folded: list[nn.Module] = []

@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterator
 import torch
 from torch import Tensor, fx, nn
 
-from morphogen.core.training_mode import trace_in_both_modes
+from morphogen.core.training_mode import TrainingModeError, trace_in_both_modes
 
 #: Factories that take their size as separate numbers (`torch.ones(t, t)`), which fx cannot trace where a number
 #: is traced (`t = x.shape[1]`); the same sizes as one tuple it traces (`traceable_factories`).
@@ -116,11 +116,26 @@ def trace_partially(module: nn.Module) -> fx.GraphModule:
 
     It is traced in both modes, so a call whose constants the forward chose by `self.training` (a functional
     dropout) follows the mode it runs in, as in the module itself; a branch on `self.training` raises
-    `TrainingModeError`."""
+    `TrainingModeError`. Where the module's own code fails to trace with its buffers as tensors (one sliced by a
+    traced length: a positional-encoding table), it is traced again with its buffers as traced values."""
 
-    def trace() -> fx.Graph:
-        graph = PartialTracer().trace(module)
-        graph.lint()  # an erased node still in use (a weight tied across a kept call) fails here, not at run time
-        return graph
+    def traced(buffers_traced: bool) -> fx.GraphModule:
+        def trace() -> fx.Graph:
+            tracer = PartialTracer()
+            tracer.proxy_buffer_attributes = buffers_traced
+            graph = tracer.trace(module)
+            graph.lint()  # an erased node still in use (a weight tied across a kept call) fails here, not at run time
+            return graph
+        return trace_in_both_modes(module, trace)
 
-    return trace_in_both_modes(module, trace)
+    try:
+        return traced(buffers_traced=False)
+    except TrainingModeError:
+        raise
+    except Exception as error:  # fx raises many kinds on untraceable code; the caller reports this first one
+        if not any(True for _ in module.buffers()):
+            raise
+        try:
+            return traced(buffers_traced=True)
+        except Exception:
+            raise error from None

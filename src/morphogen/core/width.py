@@ -51,8 +51,11 @@ Layer = nn.Conv1d | nn.Conv2d | nn.Linear
 LAYERS = (nn.Conv1d, nn.Conv2d, nn.Linear)
 #: Norms that may follow a producer: the new channels get a GroupNorm of their own instead.
 NORMS = (nn.BatchNorm1d, nn.BatchNorm2d, nn.GroupNorm, nn.LayerNorm)
-#: Element-wise modules that may follow a producer: the new channels go through a copy of them.
-ELEMENTWISE = (nn.ReLU, nn.GELU, nn.SiLU, nn.Tanh, nn.Sigmoid, nn.LeakyReLU, nn.ELU, nn.Dropout, nn.Identity)
+#: Element-wise (or, for the channel dropouts, channel-by-channel) modules without parameters that may follow a
+#: producer: the new channels go through a copy of them. (PReLU is not one: its slopes may be per channel.)
+ELEMENTWISE = (nn.ReLU, nn.ReLU6, nn.GELU, nn.SiLU, nn.Mish, nn.Hardswish, nn.Hardsigmoid, nn.Hardtanh, nn.Tanh,
+               nn.Sigmoid, nn.LeakyReLU, nn.ELU, nn.SELU, nn.CELU, nn.Softplus, nn.Dropout, nn.Dropout1d,
+               nn.Dropout2d, nn.Dropout3d, nn.AlphaDropout, nn.FeatureAlphaDropout, nn.Identity)
 #: Channel-wise modules that may lie between the slot and the consumer: applied to the new channels as they are.
 CHANNELWISE = (*ELEMENTWISE, nn.MaxPool1d, nn.MaxPool2d, nn.AvgPool1d, nn.AvgPool2d, nn.AdaptiveAvgPool1d,
                nn.AdaptiveAvgPool2d, nn.AdaptiveMaxPool1d, nn.AdaptiveMaxPool2d, nn.Flatten)
@@ -62,6 +65,8 @@ CHANNELWISE = (*ELEMENTWISE, nn.MaxPool1d, nn.MaxPool2d, nn.AvgPool1d, nn.AvgPoo
 ELEMENTWISE_CALLS: dict[object, Callable[[], nn.Module]] = {
     torch.relu: nn.ReLU, nn.functional.relu: nn.ReLU, "relu": nn.ReLU, torch.tanh: nn.Tanh, "tanh": nn.Tanh,
     torch.sigmoid: nn.Sigmoid, "sigmoid": nn.Sigmoid, nn.functional.gelu: nn.GELU, nn.functional.silu: nn.SiLU,
+    nn.functional.relu6: nn.ReLU6, nn.functional.hardswish: nn.Hardswish, nn.functional.hardsigmoid: nn.Hardsigmoid,
+    nn.functional.mish: nn.Mish, nn.functional.selu: nn.SELU,
 }
 #: Functional dropouts that a traced block may call between its producer and consumer with the model's mode
 #: (`F.dropout(h, p, training=self.training)`, traced as a `ModeDependentCall`): the new channels drop the same way.

@@ -151,7 +151,7 @@ class Objective:
             losses, correct = per_config_loss_and_correct(outputs, targets, class_dim)
             return losses, 100.0 * correct.to(losses.dtype), (targets != IGNORE_INDEX).sum()
         batch = targets.shape[0]
-        losses = torch.stack([self.checked_loss(outputs[i], targets) for i in range(outputs.shape[0])])  # (K,)
+        losses = summable(torch.stack([self.checked_loss(outputs[i], targets) for i in range(outputs.shape[0])]))
         if self.metric is None:
             scores = -losses
         else:
@@ -160,21 +160,27 @@ class Objective:
         return losses * batch, scores * batch, batch
 
 
+def summable(values: Tensor) -> Tensor:
+    """`values` in float32 at least, to be summed or scaled: in a bfloat16 model's own dtype a batch's summed loss
+    keeps 3 digits, and 100 times a count of right answers (6,100) rounds to another (6,112)."""
+    return values.to(torch.promote_types(values.dtype, torch.float32))
+
+
 def per_config_loss_and_correct(outputs: Tensor, targets: Tensor, class_dim: int = -1) -> tuple[Tensor, Tensor]:
     """For outputs [K, B, ..., C] (or [K, B, C, ...] with `class_dim=1`) against targets [B, ...]: summed loss [K]
     and correct-prediction count [K] over the batch. Targets at `IGNORE_INDEX` count in neither, as the training
-    loss (torch's cross-entropy) leaves them out."""
+    loss (torch's cross-entropy) leaves them out. The losses are summed in float32 at least (`summable`)."""
     k = outputs.shape[0]
     if class_dim == 1:
         scores, flat_targets = outputs.flatten(0, 1), targets.expand(k, *targets.shape).flatten(0, 1)  # (K * B, ...)
         losses = nn.functional.cross_entropy(scores, flat_targets, reduction="none")  # (K * B, ...); 0 where ignored
         correct = scores.argmax(dim=1) == flat_targets  # never at IGNORE_INDEX, which no class index equals
-        return losses.reshape(k, -1).sum(dim=1), correct.reshape(k, -1).sum(dim=1)
+        return summable(losses).reshape(k, -1).sum(dim=1), correct.reshape(k, -1).sum(dim=1)
     logits = outputs.reshape(k, -1, outputs.shape[-1])  # (K, B*T, C)
     flat_targets = targets.reshape(1, -1).expand(k, -1)  # (K, B*T)
     losses = nn.functional.cross_entropy(logits.transpose(1, 2), flat_targets, reduction="none")  # (K, B*T)
     correct = (logits.argmax(dim=-1) == flat_targets).sum(dim=1)  # (K,)
-    return losses.sum(dim=1), correct
+    return summable(losses).sum(dim=1), correct
 
 
 @torch.inference_mode()

@@ -20,7 +20,7 @@ from torch import Tensor, nn
 from morphogen.core.isolation import IsolationMonitor
 from morphogen.core.model import MorphogeneticModel, ShadowOutput, shadow_rows
 from morphogen.env.compute import note_batch
-from morphogen.env.evaluation import Objective, task_loss
+from morphogen.env.evaluation import Objective, summable, task_loss
 from morphogen.env.optimizer import OptimizerConfig, warmup_factor
 from morphogen.inputs import Inputs, InputSpec, rows
 
@@ -150,8 +150,7 @@ class HostAndSeedTrainer:
             if parameters:
                 nn.utils.clip_grad_norm_(parameters, self.config.clip_norm, foreach=True)
                 self.step_seed(slot_id)
-        detached = loss.detach()
-        self._loss_sum = detached.clone() if self._loss_sum is None else self._loss_sum.add_(detached)
+        self._add_loss(loss)
         self.batches += 1
 
     def step_seed(self, slot_id: str) -> None:
@@ -178,9 +177,14 @@ class HostAndSeedTrainer:
 
     def add_epoch_losses(self, loss_sum: Tensor, batches: int) -> None:
         """Add the summed training loss of `batches` batches trained elsewhere (the batched envs of a vector)."""
-        detached = loss_sum.detach()
-        self._loss_sum = detached.clone() if self._loss_sum is None else self._loss_sum.add_(detached)
+        self._add_loss(loss_sum)
         self.batches += batches
+
+    def _add_loss(self, loss: Tensor) -> None:
+        """Add `loss` to the epoch's sum, kept in float32 at least: in a bfloat16 model's dtype a sum of hundreds of
+        batch losses rounds each new one away."""
+        detached = summable(loss.detach())
+        self._loss_sum = detached.clone() if self._loss_sum is None else self._loss_sum.add_(detached)
 
     def take_epoch_loss(self) -> Tensor:
         """Mean training loss of the batches since the last call, as a device tensor (no sync)."""
