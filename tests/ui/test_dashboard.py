@@ -264,3 +264,37 @@ def test_a_negated_loss_is_shown_as_the_loss_as_the_report_and_the_closing_table
     page = render_html(tmp_path)
     assert 'aria-label="validation loss"' in page and "<title>grown: 2, 2.567</title>" in page
     assert "negative loss" not in page
+
+
+def _with_times(source: Path, destination: Path, first: float, last: float) -> Path:
+    """A copy of the run `source` whose first and last events claim the wall-clock times `first` and `last`."""
+    shutil.copytree(source, destination)
+    lines = (destination / EVENTS_FILENAME).read_text().splitlines()
+    records = [json.loads(line) for line in lines]
+    records[0]["time"], records[-1]["time"] = first, last
+    (destination / EVENTS_FILENAME).write_text("".join(json.dumps(record) + "\n" for record in records))
+    return destination
+
+
+@pytest.mark.parametrize(("first", "last"), [(-1.7e308, 1.7e308), (2e9, 1.0)], ids=["past-float-range", "backwards"])
+def test_times_that_span_no_clock_show_elapsed_and_eta_as_unknown(trained_run: Path, tmp_path: Path, first: float,
+                                                                  last: float) -> None:
+    """An edited run whose times span past the float range, or go backwards: the header says "?" where it cannot
+    know (it stopped with an OverflowError on the first span, and showed a negative elapsed time on the second)."""
+    run = _with_times(trained_run, tmp_path / "run", first, last)
+    view = RunView.from_config(json.loads((run / "config.json").read_text()))
+    for timed in EventTail(run / EVENTS_FILENAME).read_new(final=True)[:-1]:
+        view.apply(timed)
+    view.last_time = last
+    assert view.elapsed is None and view.env_steps_per_second is None and view.eta_seconds is None
+
+    async def drive() -> Dashboard:
+        app = Dashboard(run, replay=True, poll_seconds=POLL, replay_rate=2000)
+        async with app.run_test(size=(140, 40)) as pilot:
+            await _wait_for(pilot, lambda: "[FINISHED]" in _text(app, "#header"))
+            header = _text(app, "#header")
+            assert "elapsed ?" in header and "- env-steps/s" in header
+            await pilot.press("q")
+        return app
+
+    assert asyncio.run(drive()).return_code == 0

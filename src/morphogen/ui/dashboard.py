@@ -13,6 +13,7 @@ Keys: q quit, p pause/resume, d details of the env under the cursor, ? help.
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import ClassVar
 
@@ -48,7 +49,8 @@ The dashboard reads only the run directory; it never touches the run."""
 
 
 def _duration(seconds: float | None) -> str:
-    if seconds is None:
+    """Seconds as `h:mm:ss` (`m:ss` under an hour); "?" when unknown."""
+    if seconds is None or not math.isfinite(seconds):
         return "?"
     hours, rest = divmod(round(seconds), 3600)
     return f"{hours}:{rest // 60:02d}:{rest % 60:02d}" if hours else f"{rest // 60}:{rest % 60:02d}"
