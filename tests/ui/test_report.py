@@ -201,6 +201,20 @@ def test_a_damaged_seeds_file_reads_what_it_can_and_escapes_every_string(tmp_pat
     assert "seeds.json cannot be read" in capsys.readouterr().err
 
 
+def test_figures_of_a_seeds_file_past_1e100_read_as_missing(tmp_path, capsys):
+    """Finite figures too large for any score or cost (an edited seeds.json): shown as "-", not a traceback of an
+    OverflowError in their mean."""
+    run_dir = tmp_path / "seeds"
+    run_dir.mkdir()
+    costs = {"grown": {"parameters": 10, "flops": 1.7e308}, "no growth": {"parameters": 1.7e308, "flops": 100}}
+    (run_dir / "seeds.json").write_text(json.dumps({"seeds": {
+        seed: {"grown": 1.7e308, "no growth": 80.0 + index, "costs": costs} for index, seed in enumerate("01")}}))
+    assert main(["report", str(run_dir)]) == 0
+    rows = {line.split()[0]: line.split()[1:] for line in capsys.readouterr().out.splitlines()[2:] if line.strip()}
+    assert rows["0"] == ["-", "80.00%"] and rows["1"] == ["-", "81.00%"] and rows["mean"] == ["-", "80.50%"]
+    assert rows["params"] == ["10", "-"] and rows["FLOPs"] == ["-", "100", "FLOP"]
+
+
 def test_a_run_whose_events_were_lost_names_the_seeds_its_summary_lists(grown_run, tmp_path, capsys):
     import shutil
 

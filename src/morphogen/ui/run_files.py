@@ -10,7 +10,7 @@ complete lines and picks up where it stopped.
 A copied run directory is untrusted input. Every reader here is bounded and tolerant:
 
 - a line that is not one event record (torn, not JSON, nested too deep, an unknown kind, a field of
-  the wrong type, a "time" that is not a finite number) is skipped and counted (`skipped`), never
+  the wrong type, a "time" that is not a finite number within `MAX_MAGNITUDE`) is skipped and counted (`skipped`), never
   fatal; the record is checked against the event's schema (`event_from_dict`), so what is returned is
   typed;
 - a line longer than `MAX_LINE_BYTES` is skipped without being parsed, and at most `MAX_EVENTS`
@@ -222,8 +222,15 @@ def nothing_kept(config: dict[str, Any], summary: dict[str, Any] | None) -> bool
             and summary["from_scratch"] is None and isinstance(summary.get("grown"), dict))
 
 
+#: The largest magnitude of a number read from a run's JSON (a figure of summary.json or seeds.json, an event's time):
+#: nothing a run records comes near it (a float32 loss overflows at 3.4e38), and the sums and squares the figures
+#: over seeds take of such numbers stay finite (past it, `statistics.fmean` stopped on an OverflowError).
+MAX_MAGNITUDE = 1e100
+
+
 def summary_number(table: object, key: str) -> float | None:
-    """`table[key]` if `table` is a dict holding a finite number there (summary.json is untrusted), else None."""
+    """`table[key]` if `table` is a dict holding a finite number there, of magnitude at most `MAX_MAGNITUDE`
+    (summary.json is untrusted), else None."""
     value = table.get(key) if isinstance(table, dict) else None
     if isinstance(value, bool) or not isinstance(value, int | float):
         return None
@@ -231,7 +238,7 @@ def summary_number(table: object, key: str) -> float | None:
         number = float(value)
     except OverflowError:  # an integer past the float range
         return None
-    return number if math.isfinite(number) else None
+    return number if math.isfinite(number) and abs(number) <= MAX_MAGNITUDE else None
 
 
 #: What summary.json's "score" may say the gates judged seeds by (anything else reads as "score").
