@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 
 from morphogen.cli import main
 from morphogen.telemetry.events import ActionTaken, EpochCompleted, RewardComputed, SlotState
@@ -284,3 +285,14 @@ def test_a_run_that_kept_no_seed_gives_no_growths_figures_as_from_scratch_marked
     assert (f"; from scratch {baseline['final_accuracy']:.2f}% with {baseline['parameters']:,} parameters and "
             in closing) and closing.endswith(" (nothing kept: the final architecture is the host, so these are no "
                                              "growth's figures)")
+
+
+def test_an_event_whose_time_is_past_1e100_is_a_skipped_line(grown_run, tmp_path, capsys):
+    """No clock reads 1e200 seconds: such a line is skipped and counted like one whose time is not a number."""
+    run = tmp_path / "run"
+    shutil.copytree(grown_run, run)
+    records = [json.loads(line) for line in (run / "events.jsonl").read_text().splitlines()]
+    records[1]["time"] = 1e200
+    (run / "events.jsonl").write_text("".join(json.dumps(record) + "\n" for record in records))
+    assert main(["report", str(run)]) == 0
+    assert "(1 line skipped)" in capsys.readouterr().out.splitlines()[0]
