@@ -361,3 +361,39 @@ def test_a_redraw_updates_only_the_cells_that_changed(trained_run: Path, tmp_pat
             await pilot.press("q")
 
     asyncio.run(drive())
+
+
+def test_an_events_file_cut_back_by_a_resume_is_read_again_from_its_start(trained_run: Path, tmp_path: Path) -> None:
+    """`train --resume` cuts events.jsonl back to the last checkpointed round and writes that round again. The
+    dashboard following it read on from where it had stopped: into the middle of a line of the new round, with the
+    interrupted round's events still counted. It now shows the run as the file holds it."""
+    run = tmp_path / "run"
+    run.mkdir()
+    shutil.copy(trained_run / "config.json", run / "config.json")
+    lines = (trained_run / EVENTS_FILENAME).read_text().splitlines(keepends=True)
+    round_one = next(i for i, line in enumerate(lines) if '"round_completed"' in line) + 1
+    episode_of_round_two = next(i for i, line in enumerate(lines) if i > round_one and '"episode_completed"' in line)
+    (run / EVENTS_FILENAME).write_text("".join(lines[:episode_of_round_two + 1]))  # killed in round 2
+
+    def written_again(line: str) -> str:  # the resumed run writes round 2 again, at later times
+        record = json.loads(line)
+        record["time"] += 1234.5678
+        return json.dumps(record) + "\n"
+
+    async def drive() -> Dashboard:
+        app = Dashboard(run, poll_seconds=POLL)
+        async with app.run_test(size=(140, 40)) as pilot:
+            await _wait_for(pilot, lambda: app.view.envs[0].episodes_completed == 2)
+            with (run / EVENTS_FILENAME).open("r+") as events:  # as `cut_events_to_round`, in place
+                events.truncate(len("".join(lines[:round_one]).encode()))
+            with (run / EVENTS_FILENAME).open("a") as events:
+                events.write("".join(written_again(line) for line in lines[round_one:]))
+            await _wait_for(pilot, lambda: "[FINISHED]" in _text(app, "#header"))
+            assert [app.view.envs[env].episodes_completed for env in (0, 1)] == [2, 2]
+            assert app.tail.skipped == 0 and app.tail.cuts == 1
+            assert "events.jsonl was cut back (the run was resumed)" in _log_lines(app)[0]
+            assert _row(app, 0)[:3] == ["0", "2", "4/4"]
+            await pilot.press("q")
+        return app
+
+    assert asyncio.run(drive()).return_code == 0

@@ -228,6 +228,7 @@ class Dashboard(App[None]):
         """Read new events (live) or the next slice of the recording (replay), then redraw."""
         if self.paused or not self.is_running:
             return  # not running: the app is shutting down and its widgets may already be gone (NoMatches)
+        cuts = self.tail.cuts
         try:
             new = self.tail.read_new()
         except RunDirectoryError as error:  # the events file was replaced by something unreadable
@@ -236,6 +237,8 @@ class Dashboard(App[None]):
         except OSError as error:
             self._stop(f"cannot read {self.tail.path}: {error.strerror or error}")
             return
+        if self.tail.cuts != cuts:
+            self._start_again()
         self._pending.extend(TimedEvent(timed.time, printable_fields(timed.event)) for timed in new)
         if self.replay:
             count = max(1, int(self.replay_rate * self.poll_seconds))
@@ -248,6 +251,17 @@ class Dashboard(App[None]):
             if line is not None:
                 log.write(line)
         self.refresh_view()
+
+    def _start_again(self) -> None:
+        """Forget what was shown: the events file was cut back (a resumed run drops its interrupted round's events),
+        so the view is folded again from the file's start."""
+        self.view = RunView.from_config(self._read_config())
+        self._pending.clear()
+        self._shown_cells.clear()
+        self.query_one("#envs", DataTable).clear()
+        log = self.query_one("#log", RichLog)
+        log.clear()
+        log.write(f"{EVENTS_FILENAME} was cut back (the run was resumed): read again from its start")
 
     def _stop(self, reason: str) -> None:
         """End the app with exit status 2; `dashboard_command` prints `reason` as the command's one line."""

@@ -96,14 +96,19 @@ class EventTail:
     A last line without its newline is a record still being written: it is left for the next call,
     unless `final` (a finished run), where it is skipped. A file that does not exist yet reads as
     empty (a run that has not written its first event). `skipped` counts the lines that were not
-    events, and the events past `MAX_EVENTS`.
+    events, and the events past `MAX_EVENTS`. A file whose bytes before the point read to have changed
+    (shorter, or cut back and written again: `--resume` cuts the interrupted round's events and plays the
+    round again) is read again from its start, and `cuts` counts such restarts, so a follower knows to
+    forget what it had folded.
     """
 
     def __init__(self, path: Path | str) -> None:
         self.path = Path(path)
         self.skipped = 0
+        self.cuts = 0
         self._offset = 0
         self._kept = 0
+        self._mark = b""
 
     def read_new(self, final: bool = False) -> list[TimedEvent]:
         """The events of every complete line added since the previous call, in order."""
@@ -117,6 +122,9 @@ class EventTail:
             raise RunDirectoryError(f"cannot read {self.path}: {error.strerror or error}") from None
         events = []
         with file:
+            if self._offset and self._bytes_before_offset(file) != self._mark:  # cut back: what follows is new
+                self.skipped = self._offset = self._kept = 0
+                self.cuts += 1
             file.seek(self._offset)
             while line := self._next_line(file, final):
                 if line is _TOO_LONG:
@@ -125,7 +133,16 @@ class EventTail:
                 event = self._parse(line)
                 if event is not None:
                     events.append(event)
+            self._mark = self._bytes_before_offset(file)
         return events
+
+    def _bytes_before_offset(self, file: IO[bytes]) -> bytes:
+        """The last `_MARK_BYTES` bytes before what was read so far: the same on the next call unless the file was
+        cut back (and perhaps written again past that point: a resumed round's lines differ at least by their
+        times)."""
+        start = max(self._offset - _MARK_BYTES, 0)
+        file.seek(start)
+        return file.read(self._offset - start)
 
     def _next_line(self, file: IO[bytes], final: bool) -> bytes | None:
         """The next whole line (`_TOO_LONG` for one past the limit, skipped to its end), None at the end.
@@ -155,6 +172,9 @@ class EventTail:
         self._kept += 1
         return event
 
+
+_MARK_BYTES = 64
+"""How many bytes before its offset `EventTail` checks again on each call, to notice a file cut back."""
 
 _TOO_LONG = b"\0too long\0"
 """What `EventTail._next_line` returns for a line past `MAX_LINE_BYTES` (never a real line: no newline)."""
