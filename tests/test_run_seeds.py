@@ -176,10 +176,11 @@ def test_a_seeds_directory_planted_as_a_link_is_refused_on_resume(tmp_path: Path
     assert list(elsewhere.iterdir()) == []
 
 
-@pytest.mark.parametrize("accuracy", [10**400, "NaN", None, True])
+@pytest.mark.parametrize("accuracy", [10**400, "NaN", None, True, 1.7e308])
 def test_a_finished_seeds_damaged_summary_is_one_line_on_resume(accuracy: object, tmp_path: Path) -> None:
     """A resume reads back finished seeds from their summary.json, an untrusted file: a figure that is not a finite
-    number (an integer past the float range included) is a `ConfigError` naming the file, not a traceback."""
+    number (an integer past the float range included), or one past 1e100 (whose mean over seeds overflowed), is a
+    `ConfigError` naming the file, not a traceback."""
     from morphogen.config import ConfigError
     from morphogen.seeds_summary import SeedRun
 
@@ -191,6 +192,28 @@ def test_a_finished_seeds_damaged_summary_is_one_line_on_resume(accuracy: object
     (tmp_path / "summary.json").write_text(json.dumps({"grown": {**grown, "final_accuracy": accuracy}}))
     with pytest.raises(ConfigError, match=r"summary\.json: cannot be read as a finished run.s figures"):
         SeedRun.read(tmp_path, from_scratch=False)
+
+
+def test_from_scratch_trainings_that_counted_no_flops_give_no_flops_ratio(tmp_path: Path) -> None:
+    """Seeds read back from summary.json whose from-scratch training counted no FLOPs (nothing was kept: it is the
+    no-growth one, as here): the figures over seeds show no ratio to them, as one seed's closing table shows none
+    (it stopped on a ZeroDivisionError)."""
+    from morphogen.seeds_summary import SeedRun, differences_of, seed_pairs, seeds_figures, summary_lines
+
+    no_flops = {"training": 0, "shadow": 0, "validation": 0, "counterfactual": 0, "probe": 0}
+    grown = {"final_accuracy": 90.0, "final_loss": 0.3, "parameters": 10, "host_parameters": 10, "seconds": 1.0,
+             "episode_return": 0.0, "flops": {**no_flops, "training": 5}}
+    runs = {}
+    for seed in (0, 1):
+        (tmp_path / f"seed_{seed}").mkdir()
+        (tmp_path / f"seed_{seed}" / "summary.json").write_text(json.dumps(
+            {"grown": grown, "baseline": {**grown, "flops": no_flops}, "from_scratch": None}))
+        runs[seed] = SeedRun.read(tmp_path / f"seed_{seed}", from_scratch=True)
+    pairs = seed_pairs(list(runs.values()))
+    assert "from scratch" in pairs
+    lines = summary_lines(runs, pairs, differences_of(pairs))
+    assert not any("those of from scratch" in line for line in lines)
+    assert seeds_figures(runs, differences_of(pairs))["flops_of_from_scratch"] is None
 
 
 def test_a_run_over_seeds_of_a_policy_records_it_and_refuses_another_on_resume(

@@ -126,9 +126,12 @@ def dominance_of(pairs: Mapping[str, Pairs]) -> dict[str, list[str]]:
 
 def flops_of_from_scratch(pairs: Mapping[str, Pairs]) -> float | None:
     """The grown run's training FLOPs over its final architecture's from scratch, the mean over seeds (None
-    without that comparison)."""
+    without that comparison, or where a seed's from-scratch training counted no FLOPs: as the closing table of one
+    seed, which shows no ratio then)."""
     both = pairs.get(FROM_SCRATCH)
-    return statistics.fmean(grown.flops.total / other.flops.total for grown, other in both) if both else None
+    if not both or any(other.flops.total <= 0 for _, other in both):
+        return None
+    return statistics.fmean(grown.flops.total / other.flops.total for grown, other in both)
 
 
 def seed_line(seed: int, run: SeedRun) -> str:

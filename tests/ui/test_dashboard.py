@@ -8,6 +8,7 @@ import os
 import shutil
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 from textual.pilot import Pilot
@@ -15,9 +16,9 @@ from textual.widgets import DataTable, RichLog, Static
 
 from morphogen.cli import main
 from morphogen.run_directory import EVENTS_FILENAME
-from morphogen.ui.dashboard import Dashboard, reward_text
+from morphogen.ui.dashboard import Dashboard, header_text, reward_text
 from morphogen.ui.live_state import RunView
-from morphogen.ui.run_files import EventTail
+from morphogen.ui.run_files import EventTail, TimedEvent
 
 POLL = 0.05
 
@@ -264,3 +265,135 @@ def test_a_negated_loss_is_shown_as_the_loss_as_the_report_and_the_closing_table
     page = render_html(tmp_path)
     assert 'aria-label="validation loss"' in page and "<title>grown: 2, 2.567</title>" in page
     assert "negative loss" not in page
+
+
+def _with_times(source: Path, destination: Path, first: float, last: float) -> Path:
+    """A copy of the run `source` whose first and last events claim the wall-clock times `first` and `last`."""
+    shutil.copytree(source, destination)
+    lines = (destination / EVENTS_FILENAME).read_text().splitlines()
+    records = [json.loads(line) for line in lines]
+    records[0]["time"], records[-1]["time"] = first, last
+    (destination / EVENTS_FILENAME).write_text("".join(json.dumps(record) + "\n" for record in records))
+    return destination
+
+
+def test_times_that_span_past_the_float_range_show_elapsed_and_eta_as_unknown(trained_run: Path) -> None:
+    """Times ±1.7e308 apart: their span is infinite (the header stopped on an OverflowError rounding it). A run's
+    file cannot hold them any more (a time past 1e100 skips its line), but the view does not rely on that."""
+    view = RunView.from_config(json.loads((trained_run / "config.json").read_text()))
+    events = EventTail(trained_run / EVENTS_FILENAME).read_new(final=True)
+    for index, timed in enumerate(events):
+        view.apply(TimedEvent(-1.7e308 if index == 0 else 1.7e308, timed.event))
+    assert view.elapsed is None and view.env_steps_per_second is None and view.eta_seconds == 0.0  # finished
+    view.finished = False
+    assert view.eta_seconds is None
+    assert "elapsed ?" in header_text(view, "LIVE").plain
+
+
+def test_times_that_go_backwards_show_elapsed_and_eta_as_unknown(trained_run: Path, tmp_path: Path) -> None:
+    """An edited run whose last event is older than its first: the header says "?" (it showed a negative elapsed
+    time)."""
+    run = tmp_path / "run"
+    shutil.copytree(trained_run, run)
+    records = [json.loads(line) for line in (run / EVENTS_FILENAME).read_text().splitlines()]
+    records[0]["time"], records[-1]["time"] = 2e9, 1.0
+    (run / EVENTS_FILENAME).write_text("".join(json.dumps(record) + "\n" for record in records))
+
+    async def drive() -> Dashboard:
+        app = Dashboard(run, replay=True, poll_seconds=POLL, replay_rate=2000)
+        async with app.run_test(size=(140, 40)) as pilot:
+            await _wait_for(pilot, lambda: "[FINISHED]" in _text(app, "#header"))
+            header = _text(app, "#header")
+            assert "elapsed ?" in header and "- env-steps/s" in header
+            await pilot.press("q")
+        return app
+
+    assert asyncio.run(drive()).return_code == 0
+
+
+def test_a_redraw_updates_only_the_cells_that_changed(trained_run: Path, tmp_path: Path) -> None:
+    """Every redraw updated every cell of every env, each asking the table to measure its whole column again: with
+    1,024 envs (`train --envs 1024`) one redraw took minutes. Now an unchanged view updates nothing, and a changed
+    cell asks for a new width only when it is wider than its column."""
+    run = tmp_path / "run"
+    run.mkdir()
+    shutil.copy(trained_run / "config.json", run / "config.json")
+    records = [json.loads(line) for line in (trained_run / EVENTS_FILENAME).read_text().splitlines()]
+    epoch = next(record for record in records if record["event"] == "epoch_completed" and record["epoch"] == 1)
+
+    def append(**changes: object) -> None:
+        with (run / EVENTS_FILENAME).open("a") as events:
+            events.write(json.dumps({**epoch, **changes}) + "\n")
+
+    for env_id in range(3):
+        append(env_id=env_id)
+
+    async def drive() -> None:
+        app = Dashboard(run, poll_seconds=600.0)  # the timer never fires in the test: polls are driven by hand
+        async with app.run_test(size=(140, 40)) as pilot:
+            await pilot.pause()
+            table = app.query_one("#envs", DataTable)
+            assert table.row_count == 3
+            updates: list[tuple[str, str, bool]] = []
+            update_cell = table.update_cell
+
+            def recorded(row: Any, column: Any, value: Any, *, update_width: bool = False) -> None:
+                updates.append((str(row.value if hasattr(row, "value") else row),
+                                str(column.value if hasattr(column, "value") else column), update_width))
+                update_cell(row, column, value, update_width=update_width)
+
+            table.update_cell = recorded  # type: ignore[method-assign]
+            app.poll()
+            assert updates == [], "nothing new: nothing to update"
+            append(env_id=1, epoch=2)
+            app.poll()
+            assert len(updates) == 1 and updates[0][0] == "1" and not updates[0][2]
+            assert _row(app, 1)[2] == "2/4" and _row(app, 0)[2] == "1/4"
+            updates.clear()
+            slot = epoch["slots"][0]["slot"]
+            append(env_id=1, epoch=3, slots=[{**epoch["slots"][0], "stage": "training", "blueprint": "wider",
+                                              "alpha": 0.0}, *epoch["slots"][1:]])
+            app.poll()
+            assert [(row, width) for row, column, width in updates if column == f"slot:{slot}"] == [("1", True)]
+            await pilot.pause()
+            column = table.columns[next(key for key in table.columns if key.value == f"slot:{slot}")]
+            assert column.content_width >= len("TRAIN wider a0.00")
+            await pilot.press("q")
+
+    asyncio.run(drive())
+
+
+def test_an_events_file_cut_back_by_a_resume_is_read_again_from_its_start(trained_run: Path, tmp_path: Path) -> None:
+    """`train --resume` cuts events.jsonl back to the last checkpointed round and writes that round again. The
+    dashboard following it read on from where it had stopped: into the middle of a line of the new round, with the
+    interrupted round's events still counted. It now shows the run as the file holds it."""
+    run = tmp_path / "run"
+    run.mkdir()
+    shutil.copy(trained_run / "config.json", run / "config.json")
+    lines = (trained_run / EVENTS_FILENAME).read_text().splitlines(keepends=True)
+    round_one = next(i for i, line in enumerate(lines) if '"round_completed"' in line) + 1
+    episode_of_round_two = next(i for i, line in enumerate(lines) if i > round_one and '"episode_completed"' in line)
+    (run / EVENTS_FILENAME).write_text("".join(lines[:episode_of_round_two + 1]))  # killed in round 2
+
+    def written_again(line: str) -> str:  # the resumed run writes round 2 again, at later times
+        record = json.loads(line)
+        record["time"] += 1234.5678
+        return json.dumps(record) + "\n"
+
+    async def drive() -> Dashboard:
+        app = Dashboard(run, poll_seconds=POLL)
+        async with app.run_test(size=(140, 40)) as pilot:
+            await _wait_for(pilot, lambda: app.view.envs[0].episodes_completed == 2)
+            with (run / EVENTS_FILENAME).open("r+") as events:  # as `cut_events_to_round`, in place
+                events.truncate(len("".join(lines[:round_one]).encode()))
+            with (run / EVENTS_FILENAME).open("a") as events:
+                events.write("".join(written_again(line) for line in lines[round_one:]))
+            await _wait_for(pilot, lambda: "[FINISHED]" in _text(app, "#header"))
+            assert [app.view.envs[env].episodes_completed for env in (0, 1)] == [2, 2]
+            assert app.tail.skipped == 0 and app.tail.cuts == 1
+            assert "events.jsonl was cut back (the run was resumed)" in _log_lines(app)[0]
+            assert _row(app, 0)[:3] == ["0", "2", "4/4"]
+            await pilot.press("q")
+        return app
+
+    assert asyncio.run(drive()).return_code == 0

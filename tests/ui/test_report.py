@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 
 from morphogen.cli import main
 from morphogen.telemetry.events import ActionTaken, EpochCompleted, RewardComputed, SlotState
@@ -201,6 +202,20 @@ def test_a_damaged_seeds_file_reads_what_it_can_and_escapes_every_string(tmp_pat
     assert "seeds.json cannot be read" in capsys.readouterr().err
 
 
+def test_figures_of_a_seeds_file_past_1e100_read_as_missing(tmp_path, capsys):
+    """Finite figures too large for any score or cost (an edited seeds.json): shown as "-", not a traceback of an
+    OverflowError in their mean."""
+    run_dir = tmp_path / "seeds"
+    run_dir.mkdir()
+    costs = {"grown": {"parameters": 10, "flops": 1.7e308}, "no growth": {"parameters": 1.7e308, "flops": 100}}
+    (run_dir / "seeds.json").write_text(json.dumps({"seeds": {
+        seed: {"grown": 1.7e308, "no growth": 80.0 + index, "costs": costs} for index, seed in enumerate("01")}}))
+    assert main(["report", str(run_dir)]) == 0
+    rows = {line.split()[0]: line.split()[1:] for line in capsys.readouterr().out.splitlines()[2:] if line.strip()}
+    assert rows["0"] == ["-", "80.00%"] and rows["1"] == ["-", "81.00%"] and rows["mean"] == ["-", "80.50%"]
+    assert rows["params"] == ["10", "-"] and rows["FLOPs"] == ["-", "100", "FLOP"]
+
+
 def test_a_run_whose_events_were_lost_names_the_seeds_its_summary_lists(grown_run, tmp_path, capsys):
     import shutil
 
@@ -270,3 +285,14 @@ def test_a_run_that_kept_no_seed_gives_no_growths_figures_as_from_scratch_marked
     assert (f"; from scratch {baseline['final_accuracy']:.2f}% with {baseline['parameters']:,} parameters and "
             in closing) and closing.endswith(" (nothing kept: the final architecture is the host, so these are no "
                                              "growth's figures)")
+
+
+def test_an_event_whose_time_is_past_1e100_is_a_skipped_line(grown_run, tmp_path, capsys):
+    """No clock reads 1e200 seconds: such a line is skipped and counted like one whose time is not a number."""
+    run = tmp_path / "run"
+    shutil.copytree(grown_run, run)
+    records = [json.loads(line) for line in (run / "events.jsonl").read_text().splitlines()]
+    records[1]["time"] = 1e200
+    (run / "events.jsonl").write_text("".join(json.dumps(record) + "\n" for record in records))
+    assert main(["report", str(run)]) == 0
+    assert "(1 line skipped)" in capsys.readouterr().out.splitlines()[0]

@@ -13,9 +13,11 @@ Keys: q quit, p pause/resume, d details of the env under the cursor, ? help.
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import ClassVar
 
+from rich.cells import cell_len
 from rich.text import Text
 from textual.app import App, ComposeResult
 from textual.binding import Binding, BindingType
@@ -48,7 +50,8 @@ The dashboard reads only the run directory; it never touches the run."""
 
 
 def _duration(seconds: float | None) -> str:
-    if seconds is None:
+    """Seconds as `h:mm:ss` (`m:ss` under an hour); "?" when unknown."""
+    if seconds is None or not math.isfinite(seconds):
         return "?"
     hours, rest = divmod(round(seconds), 3600)
     return f"{hours}:{rest // 60:02d}:{rest % 60:02d}" if hours else f"{rest // 60}:{rest % 60:02d}"
@@ -134,6 +137,11 @@ def env_detail_text(view: RunView, env: EnvView) -> Text:
     return text
 
 
+def _cell_content(cell: Text | str) -> tuple[str, str]:
+    """A grid cell's text and style, to tell whether it changed since the table last showed it."""
+    return (cell.plain, str(cell.style)) if isinstance(cell, Text) else (cell, "")
+
+
 class DashboardStopped(RunDirectoryError):
     """The dashboard app ended on an error (Textual has shown it); the command exits with status 2."""
 
@@ -182,6 +190,8 @@ class Dashboard(App[None]):
         self.view = RunView.from_config(self._read_config())
         self._pending: list[TimedEvent] = []
         self._slot_columns: list[str] = []
+        self._shown_cells: dict[int, list[tuple[str, str]]] = {}
+        """What each env's row shows, cell by cell (`_cell_content`): a redraw updates only the cells that changed."""
         self.stopped_on: str | None = None
         """Why the dashboard stopped by itself (the command's error line), or None."""
 
@@ -218,6 +228,7 @@ class Dashboard(App[None]):
         """Read new events (live) or the next slice of the recording (replay), then redraw."""
         if self.paused or not self.is_running:
             return  # not running: the app is shutting down and its widgets may already be gone (NoMatches)
+        cuts = self.tail.cuts
         try:
             new = self.tail.read_new()
         except RunDirectoryError as error:  # the events file was replaced by something unreadable
@@ -226,6 +237,8 @@ class Dashboard(App[None]):
         except OSError as error:
             self._stop(f"cannot read {self.tail.path}: {error.strerror or error}")
             return
+        if self.tail.cuts != cuts:
+            self._start_again()
         self._pending.extend(TimedEvent(timed.time, printable_fields(timed.event)) for timed in new)
         if self.replay:
             count = max(1, int(self.replay_rate * self.poll_seconds))
@@ -238,6 +251,17 @@ class Dashboard(App[None]):
             if line is not None:
                 log.write(line)
         self.refresh_view()
+
+    def _start_again(self) -> None:
+        """Forget what was shown: the events file was cut back (a resumed run drops its interrupted round's events),
+        so the view is folded again from the file's start."""
+        self.view = RunView.from_config(self._read_config())
+        self._pending.clear()
+        self._shown_cells.clear()
+        self.query_one("#envs", DataTable).clear()
+        log = self.query_one("#log", RichLog)
+        log.clear()
+        log.write(f"{EVENTS_FILENAME} was cut back (the run was resumed): read again from its start")
 
     def _stop(self, reason: str) -> None:
         """End the app with exit status 2; `dashboard_command` prints `reason` as the command's one line."""
@@ -255,6 +279,7 @@ class Dashboard(App[None]):
 
     def _refresh_table(self) -> None:
         table = self.query_one("#envs", DataTable)
+        widths_asked: dict[object, int] = {}  # by column: the widest cell it was asked to widen to in this redraw
         for slot_id in self.view.slot_ids():
             if slot_id not in self._slot_columns:
                 table.add_column(Text(slot_id), key=f"slot:{slot_id}")  # Text: a slot id is never markup
@@ -263,14 +288,27 @@ class Dashboard(App[None]):
             env = self.view.envs[env_id]
             accuracy = "-" if env.val_accuracy is None else self.view.score.format(env.val_accuracy)
             parameters = "-" if env.param_count is None else f"{env.param_count:,}"
-            cells = [str(env_id), str(env.round), f"{env.epoch}/{self.view.episode_length or '?'}", accuracy,
-                     parameters, *(slot_cell(env, slot_id) for slot_id in self._slot_columns)]
+            epoch = f"{env.epoch}/{self.view.episode_length or '?'}"
+            cells: list[Text | str] = [str(env_id), str(env.round), epoch, accuracy, parameters,
+                                       *(slot_cell(env, slot_id) for slot_id in self._slot_columns)]
+            shown = [_cell_content(cell) for cell in cells]
             key = str(env_id)
             if key in table.rows:
-                for column, cell in zip(table.columns, cells, strict=True):
-                    table.update_cell(key, column, cell, update_width=True)  # a cell may outgrow its column
+                before = self._shown_cells.get(env_id, [])
+                for index, (column, cell) in enumerate(zip(table.columns.values(), cells, strict=True)):
+                    if index < len(before) and before[index] == shown[index]:
+                        continue  # only what changed: a redraw of 1,024 envs took minutes
+                    # A cell may outgrow its column. The table measures the column again for each cell whose width
+                    # it is asked to check (the whole column for one narrower than it): only a cell wider than the
+                    # column, and than any cell asking before it, asks; a column keeps its width.
+                    width = cell_len(shown[index][0])
+                    widens = width > max(column.content_width, widths_asked.get(column.key, 0))
+                    if widens:
+                        widths_asked[column.key] = width
+                    table.update_cell(key, column.key, cell, update_width=widens)
             else:
                 table.add_row(*cells, key=key)
+            self._shown_cells[env_id] = shown
 
     # ---------------------------------------------------------------- keys
     def action_toggle_pause(self) -> None:

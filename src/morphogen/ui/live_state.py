@@ -8,6 +8,7 @@ env-steps (one env finishing one epoch) between the first and the last event see
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -123,15 +124,22 @@ class RunView:
         return self.rounds_completed + 1
 
     @property
-    def elapsed(self) -> float:
-        """Seconds between the first and the last event seen."""
+    def elapsed(self) -> float | None:
+        """Seconds between the first and the last event seen (0 before two); None where the file's times say no
+        span a clock could show (they go backwards, or span past the float range: an edited or hostile file)."""
         if self.first_time is None or self.last_time is None:
             return 0.0
-        return self.last_time - self.first_time
+        span = self.last_time - self.first_time
+        return span if 0 <= span < math.inf else None
 
     @property
     def env_steps_per_second(self) -> float | None:
-        return self.env_steps / self.elapsed if self.elapsed > 0 and self.env_steps > 1 else None
+        """Env-steps per second between the first and the last event; None until there is a positive speed."""
+        elapsed = self.elapsed
+        if elapsed is None or elapsed <= 0 or self.env_steps <= 1:
+            return None
+        speed = self.env_steps / elapsed
+        return speed if speed > 0 else None  # a span near the float range's end leaves no speed to divide by
 
     @property
     def total_env_steps(self) -> int | None:
@@ -150,7 +158,8 @@ class RunView:
         speed, total = self.env_steps_per_second, self.total_env_steps
         if speed is None or total is None:
             return None
-        return max(total - self.env_steps, 0) / speed
+        seconds = max(total - self.env_steps, 0) / speed
+        return seconds if math.isfinite(seconds) else None
 
     def slot_ids(self) -> list[str]:
         """Every slot id seen, in the order the envs report them."""

@@ -10,7 +10,7 @@ complete lines and picks up where it stopped.
 A copied run directory is untrusted input. Every reader here is bounded and tolerant:
 
 - a line that is not one event record (torn, not JSON, nested too deep, an unknown kind, a field of
-  the wrong type, a "time" that is not a finite number) is skipped and counted (`skipped`), never
+  the wrong type, a "time" that is not a finite number within `MAX_MAGNITUDE`) is skipped and counted (`skipped`), never
   fatal; the record is checked against the event's schema (`event_from_dict`), so what is returned is
   typed;
 - a line longer than `MAX_LINE_BYTES` is skipped without being parsed, and at most `MAX_EVENTS`
@@ -96,14 +96,19 @@ class EventTail:
     A last line without its newline is a record still being written: it is left for the next call,
     unless `final` (a finished run), where it is skipped. A file that does not exist yet reads as
     empty (a run that has not written its first event). `skipped` counts the lines that were not
-    events, and the events past `MAX_EVENTS`.
+    events, and the events past `MAX_EVENTS`. A file whose bytes before the point read to have changed
+    (shorter, or cut back and written again: `--resume` cuts the interrupted round's events and plays the
+    round again) is read again from its start, and `cuts` counts such restarts, so a follower knows to
+    forget what it had folded.
     """
 
     def __init__(self, path: Path | str) -> None:
         self.path = Path(path)
         self.skipped = 0
+        self.cuts = 0
         self._offset = 0
         self._kept = 0
+        self._mark = b""
 
     def read_new(self, final: bool = False) -> list[TimedEvent]:
         """The events of every complete line added since the previous call, in order."""
@@ -117,6 +122,9 @@ class EventTail:
             raise RunDirectoryError(f"cannot read {self.path}: {error.strerror or error}") from None
         events = []
         with file:
+            if self._offset and self._bytes_before_offset(file) != self._mark:  # cut back: what follows is new
+                self.skipped = self._offset = self._kept = 0
+                self.cuts += 1
             file.seek(self._offset)
             while line := self._next_line(file, final):
                 if line is _TOO_LONG:
@@ -125,7 +133,16 @@ class EventTail:
                 event = self._parse(line)
                 if event is not None:
                     events.append(event)
+            self._mark = self._bytes_before_offset(file)
         return events
+
+    def _bytes_before_offset(self, file: IO[bytes]) -> bytes:
+        """The last `_MARK_BYTES` bytes before what was read so far: the same on the next call unless the file was
+        cut back (and perhaps written again past that point: a resumed round's lines differ at least by their
+        times)."""
+        start = max(self._offset - _MARK_BYTES, 0)
+        file.seek(start)
+        return file.read(self._offset - start)
 
     def _next_line(self, file: IO[bytes], final: bool) -> bytes | None:
         """The next whole line (`_TOO_LONG` for one past the limit, skipped to its end), None at the end.
@@ -155,6 +172,9 @@ class EventTail:
         self._kept += 1
         return event
 
+
+_MARK_BYTES = 64
+"""How many bytes before its offset `EventTail` checks again on each call, to notice a file cut back."""
 
 _TOO_LONG = b"\0too long\0"
 """What `EventTail._next_line` returns for a line past `MAX_LINE_BYTES` (never a real line: no newline)."""
@@ -222,8 +242,15 @@ def nothing_kept(config: dict[str, Any], summary: dict[str, Any] | None) -> bool
             and summary["from_scratch"] is None and isinstance(summary.get("grown"), dict))
 
 
+#: The largest magnitude of a number read from a run's JSON (a figure of summary.json or seeds.json, an event's time):
+#: nothing a run records comes near it (a float32 loss overflows at 3.4e38), and the sums and squares the figures
+#: over seeds take of such numbers stay finite (past it, `statistics.fmean` stopped on an OverflowError).
+MAX_MAGNITUDE = 1e100
+
+
 def summary_number(table: object, key: str) -> float | None:
-    """`table[key]` if `table` is a dict holding a finite number there (summary.json is untrusted), else None."""
+    """`table[key]` if `table` is a dict holding a finite number there, of magnitude at most `MAX_MAGNITUDE`
+    (summary.json is untrusted), else None."""
     value = table.get(key) if isinstance(table, dict) else None
     if isinstance(value, bool) or not isinstance(value, int | float):
         return None
@@ -231,7 +258,7 @@ def summary_number(table: object, key: str) -> float | None:
         number = float(value)
     except OverflowError:  # an integer past the float range
         return None
-    return number if math.isfinite(number) else None
+    return number if math.isfinite(number) and abs(number) <= MAX_MAGNITUDE else None
 
 
 #: What summary.json's "score" may say the gates judged seeds by (anything else reads as "score").

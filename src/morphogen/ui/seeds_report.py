@@ -2,8 +2,8 @@
 
 Each seed's score beside each comparison's with their mean costs, then the grown model's differences from them,
 paired by seed, and which model dominates it per parameter and per training FLOP, computed from those figures.
-The file is untrusted: numbers must be finite, names short, seeds at most `MAX_SEEDS_SHOWN`; what does not fit
-reads as missing ("-").
+The file is untrusted: numbers must be finite and at most `run_files.MAX_MAGNITUDE` (1e100) in magnitude, names
+short, seeds at most `MAX_SEEDS_SHOWN`; what does not fit reads as missing ("-").
 """
 
 from __future__ import annotations
