@@ -160,3 +160,47 @@ def test_missing_or_broken_files_are_named(tmp_path: Path) -> None:
     write_pickle(folder / "batches.meta", {"label_names": ["a", "b"]})
     with pytest.raises(DataError, match=r"batches.meta: key 'label_names' should list 10 names$"):
         load_task("cifar10", data_dir=tmp_path)
+
+
+class _ReducesToBadCall:
+    """Unpickles to a call with arguments its callable refuses: pickle raises the callable's TypeError."""
+
+    def __reduce__(self) -> tuple[object, tuple[object, ...]]:
+        return (int, ("1", "2", "3"))
+
+
+@pytest.mark.parametrize(("content", "message"), [
+    ({b"data": np.zeros((0, 3072), dtype=np.uint8), b"labels": []}, r"data_batch_2 holds no images$"),
+    ({b"data": np.zeros((3, 3072), dtype=np.uint8), b"labels": [[0], [1, 2], 3]},
+     r"data_batch_2: key 'labels' should hold one int per image \(3\)$"),
+    (_ReducesToBadCall(), r"data_batch_2 is not a readable pickle \(int\(\) takes at most 2 arguments"),
+], ids=["no-images", "ragged-labels", "type-error-inside"])
+def test_a_batch_file_of_another_content_is_a_data_error_naming_it(tmp_path: Path, content: object,
+                                                                    message: str) -> None:
+    """An empty batch, labels that are not one int per image and a pickle whose content cannot be rebuilt are one
+    line naming the file, not numpy's or pickle's exception (an empty batch's labels are not called wrong)."""
+    write_fake_cifar10(tmp_path)
+    write_pickle(tmp_path / "cifar-10-batches-py" / "data_batch_2", content)
+    with pytest.raises(DataError, match=message):
+        load_task("cifar10", data_dir=tmp_path)
+
+
+def test_a_data_dir_that_is_a_file_or_an_unreadable_batch_is_named_as_such(tmp_path: Path,
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """A file given as the data directory is "not a directory" (it exists); a batch that cannot be opened (no read
+    permission) is a DataError naming it, not an OSError traceback."""
+    write_fake_cifar10(tmp_path)
+    batch = tmp_path / "cifar-10-batches-py" / "data_batch_1"
+    with pytest.raises(DataError, match=r"data_batch_1 is not a directory; expected DATA_DIR"):
+        load_task("cifar10", data_dir=batch)
+
+    opened = Path.open
+
+    def refused(path: Path, *args: object, **kwargs: object) -> object:
+        if path.name == "data_batch_4":
+            raise PermissionError(13, "Permission denied", str(path))
+        return opened(path, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(Path, "open", refused)
+    with pytest.raises(DataError, match=r"CIFAR-10 file .*data_batch_4 cannot be read \(.*Permission denied"):
+        load_task("cifar10", data_dir=tmp_path)

@@ -31,8 +31,10 @@ EXPECTED_LAYOUT = (
     f"{', '.join(CIFAR10_TRAIN_FILES)}, {CIFAR10_TEST_FILE} and {CIFAR10_META_FILE}, "
     "the CIFAR-10 python version as torchvision downloads it"
 )
-# What pickle.load may raise on a damaged file, per the pickle module's documentation.
-_UNPICKLING_ERRORS = (pickle.UnpicklingError, EOFError, AttributeError, ImportError, IndexError, ValueError)
+# What pickle.load may raise on a damaged file, per the pickle module's documentation, and the TypeError of a
+# callable the pickle names called with arguments it refuses (a pickle of something else, or of another version).
+_UNPICKLING_ERRORS = (pickle.UnpicklingError, EOFError, AttributeError, ImportError, IndexError, ValueError,
+                      TypeError)
 
 
 @dataclass(frozen=True)
@@ -50,7 +52,8 @@ def find_cifar10_folder(data_dir: str | Path) -> Path:
     """The folder holding the batch files: `data_dir/cifar-10-batches-py`, or `data_dir` itself."""
     root = Path(data_dir).expanduser()
     if not root.is_dir():
-        raise DataError(f"CIFAR-10 data directory {root} does not exist; {EXPECTED_LAYOUT}")
+        state = "is not a directory" if root.exists() else "does not exist"
+        raise DataError(f"CIFAR-10 data directory {root} {state}; {EXPECTED_LAYOUT}")
     folder = root / CIFAR10_FOLDER if (root / CIFAR10_FOLDER).is_dir() else root
     missing = [
         name
@@ -102,6 +105,8 @@ def _unpickle(path: Path) -> Any:
     try:
         with path.open("rb") as file:
             return pickle.load(file, encoding="bytes")
+    except OSError as error:  # no read permission, a device error: the file is there but cannot be read
+        raise DataError(f"CIFAR-10 file {path} cannot be read ({error})") from error
     except _UNPICKLING_ERRORS as error:
         raise DataError(
             f"CIFAR-10 file {path} is not a readable pickle ({error}); {EXPECTED_LAYOUT}"
@@ -128,7 +133,7 @@ def _read_label_names(path: Path) -> tuple[str, ...]:
 def _read_batch(path: Path, num_classes: int) -> tuple[np.ndarray, np.ndarray]:
     """One batch file as (uint8 images [N, 3, 32, 32], int64 labels [N])."""
     batch = _unpickle(path)
-    data, labels = _entry(batch, "data", path), np.asarray(_entry(batch, "labels", path))
+    data, given_labels = _entry(batch, "data", path), _entry(batch, "labels", path)
     pixels = int(np.prod(CIFAR10_IMAGE_SHAPE))
     if (
         not isinstance(data, np.ndarray)
@@ -137,8 +142,19 @@ def _read_batch(path: Path, num_classes: int) -> tuple[np.ndarray, np.ndarray]:
         or data.shape[1] != pixels
     ):
         raise DataError(f"CIFAR-10 file {path}: key 'data' should be a uint8 array [N, {pixels}]")
-    if labels.shape != (data.shape[0],) or not np.issubdtype(labels.dtype, np.integer):
+    if data.shape[0] == 0:
+        raise DataError(f"CIFAR-10 file {path} holds no images")
+    labels = _array_or_none(given_labels)
+    if labels is None or labels.shape != (data.shape[0],) or not np.issubdtype(labels.dtype, np.integer):
         raise DataError(f"CIFAR-10 file {path}: key 'labels' should hold one int per image ({data.shape[0]})")
     if labels.size and (labels.min() < 0 or labels.max() >= num_classes):
         raise DataError(f"CIFAR-10 file {path}: key 'labels' must hold values in [0, {num_classes})")
     return data.reshape(-1, *CIFAR10_IMAGE_SHAPE), labels.astype(np.int64)  # (N, 3, 32, 32)
+
+
+def _array_or_none(value: object) -> np.ndarray | None:
+    """`value` as a numpy array; None where numpy cannot make one (ragged lists of different lengths)."""
+    try:
+        return np.asarray(value)
+    except (ValueError, TypeError):
+        return None
