@@ -325,6 +325,42 @@ def test_training_data_that_yields_no_batch_in_an_epoch_is_one_data_error(train:
                        baseline=False, from_scratch=False)
 
 
+class _NoSamples(torch.utils.data.Dataset[tuple[torch.Tensor, torch.Tensor]]):
+    """A map-style Dataset of no samples (a filter that kept none)."""
+
+    def __len__(self) -> int:
+        return 0
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        raise IndexError(index)
+
+
+@pytest.mark.parametrize("split", ["tensors", "dataset", "drop_last", "generator"])
+def test_validation_data_that_yields_no_batch_is_one_data_error(split: str, tmp_path: Path) -> None:
+    """A validation split of no samples, a loader whose drop_last drops its only (short) batch, or a generator (the
+    first validation reads it, the next gets nothing) say so as one line, not a StopIteration from inside."""
+    x, y = torch.randn(24, 12), torch.arange(24) % 3
+    validation: object = {
+        "tensors": (x[:0], y[:0]), "dataset": _NoSamples(),
+        "drop_last": torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=32, drop_last=True),
+        "generator": ((x[i:i + 8], y[i:i + 8]) for i in range(0, 24, 8))}[split]
+    task = morphogen.task_from_data("empty", (x, y), validation, num_classes=3)
+    host = morphogen.host_from_module(mlp(), ["1"], example_input=x[:2])
+    with pytest.raises(morphogen.DataError, match=r"validation data yielded no batch \(an empty split"):
+        morphogen.grow(task, host, run_dir=str(tmp_path / "run"), config=eager_config(epochs=2), out=io.StringIO(),
+                       baseline=False, from_scratch=False)
+
+
+def test_an_empty_training_dataset_is_the_data_error_of_a_split_without_batches(tmp_path: Path) -> None:
+    """A map-style Dataset of no samples trains as an empty split does, not with torch's sampler's ValueError."""
+    x, y = torch.randn(24, 12), torch.arange(24) % 3
+    task = morphogen.task_from_data("empty", _NoSamples(), (x, y), num_classes=3)
+    host = morphogen.host_from_module(mlp(), ["1"], example_input=x[:2])
+    with pytest.raises(morphogen.DataError, match=r"^task 'empty': its training data yielded no batch in epoch 1"):
+        morphogen.grow(task, host, run_dir=str(tmp_path / "run"), config=eager_config(epochs=2), out=io.StringIO(),
+                       baseline=False, from_scratch=False)
+
+
 @pytest.mark.parametrize("split", ["tensors", "loader"])
 def test_a_last_batch_of_one_sample_that_batch_norm_cannot_train_on_is_one_data_error(split: str,
                                                                                       tmp_path: Path) -> None:

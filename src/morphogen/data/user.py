@@ -68,6 +68,8 @@ class StreamedBatches:
                         drop_last: bool = False) -> Iterator[tuple[Inputs, Tensor]]:
         """One epoch of batches on the task's device. A `Dataset` is batched by `batch_size` (shuffled with
         `generator` when `shuffle`); a loader keeps its own batching."""
+        if self.is_dataset and not isinstance(self.data, IterableDataset) and len(self) == 0:
+            return  # no samples: no batch (torch's samplers refuse an empty Dataset with a ValueError)
         if self.is_dataset:
             cpu_generator = generator if generator is not None and generator.device.type == "cpu" else None
             ordered = isinstance(self.data, IterableDataset)  # a stream: DataLoader cannot shuffle it

@@ -39,7 +39,7 @@ from morphogen.data import DataError, Task
 from morphogen.env.actions import Action, ActionSpace, Op
 from morphogen.env.compute import ComputeAccount
 from morphogen.env.counterfactual import MAIN, CounterfactualResult, CounterfactualSchedule, alpha_configurations
-from morphogen.env.evaluation import Objective, refuse_other_class_count, validate
+from morphogen.env.evaluation import NO_BATCH_CAUSES, Objective, refuse_other_class_count, validate
 from morphogen.env.governor import DivergenceError, Governor, GovernorConfig, Rollback
 from morphogen.env.growth_signals import CandidateSource, SlotGrowth, could_germinate, measure_growth
 from morphogen.env.layout import ModelLayout, model_layout
@@ -488,7 +488,7 @@ class MorphogenesisEpisode:
         try:
             self.trainer.train_batch(inputs, targets)
         except (RuntimeError, ValueError, TypeError, IndexError, KeyError) as error:
-            validation_inputs, validation_targets = next(iter(self.task.validation.iterate_batches(1, shuffle=False)))
+            validation_inputs, validation_targets = self._first_batch("validation", 1)
             differences = batch_differences((inputs, targets), (validation_inputs, validation_targets))
             assert self.model is not None
             dtypes = dtype_mismatch(inputs, self.model.parameters())
@@ -547,9 +547,19 @@ class MorphogenesisEpisode:
     def _measure_layout(self) -> ModelLayout:
         """Where the slots sit and what each blueprint would add, measured on the first validation input."""
         assert self.model is not None
-        inputs, _ = next(iter(self.task.validation.iterate_batches(1, shuffle=False)))
+        inputs, _ = self._first_batch("validation", 1)
         return model_layout(self.model, to_device(take_rows(inputs, slice(0, 1)), self.device), self.flop_counter,
                             with_costs=self.describe_blueprints)
+
+    def _first_batch(self, split: str, batch_size: int) -> tuple[Inputs, Tensor]:
+        """The first batch of the task's "train" or "validation" split, in stored order; a `DataError` where the split
+        yields none (a generator that an earlier pass ran out)."""
+        source = self.task.train if split == "train" else self.task.validation
+        batch = next(iter(source.iterate_batches(batch_size, shuffle=False)), None)
+        if batch is None:
+            what = "training" if split == "train" else "validation"
+            raise DataError(f"task {self.task.name!r}: its {what} data yielded no batch {NO_BATCH_CAUSES}")
+        return batch
 
     def _first_validation(self) -> CounterfactualResult:
         """Validate the untrained model; what the model or its loss cannot take is a `DataError`.
@@ -567,7 +577,7 @@ class MorphogenesisEpisode:
         except (RuntimeError, ValueError, TypeError, IndexError) as error:
             self._refuse_inputs_of_another_kind()
             assert self.model is not None
-            inputs, _ = next(iter(self.task.validation.iterate_batches(1, shuffle=False)))
+            inputs, _ = self._first_batch("validation", 1)
             dtypes = dtype_mismatch(inputs, self.model.parameters())
             if dtypes:
                 raise DataError(f"task {self.task.name!r}: {dtypes} (the model failed on the validation data: "
@@ -589,7 +599,7 @@ class MorphogenesisEpisode:
         expected = getattr(self.model.host, "input_kind", "tensor")
         inputs = getattr(self.task.validation, "inputs", None)
         if inputs is None:  # streamed: the kind shows only in a batch
-            inputs, _ = next(iter(self.task.validation.iterate_batches(1, shuffle=False)))
+            inputs, _ = self._first_batch("validation", 1)
         given = InputSpec.of(inputs).kind
         if given != expected:
             raise DataError(f"task {self.task.name!r}: its inputs are a {given}, but the host was built from an "
@@ -625,8 +635,7 @@ class MorphogenesisEpisode:
         """The epoch's mean training loss; with processes sharing the training, the mean of theirs."""
         if self.trainer.batches == 0 and self.sum_over_processes is None:
             raise DataError(f"task {self.task.name!r}: its training data yielded no batch in epoch {self.epoch} "
-                            "(an empty split, batches larger than the split with drop_last=True, or a generator, "
-                            "which runs once: give a list, a Dataset or a DataLoader)")
+                            f"{NO_BATCH_CAUSES}")
         mean = self.trainer.take_epoch_loss()
         if self.sum_over_processes is None:
             return mean
@@ -660,7 +669,7 @@ class MorphogenesisEpisode:
         candidates = self.growth_candidates(self.epoch)
         if not candidates:
             return
-        inputs, targets = next(iter(self.task.train.iterate_batches(self.config.probe_samples, shuffle=False)))
+        inputs, targets = self._first_batch("train", self.config.probe_samples)
         batch = (to_device(inputs, self.device), targets.to(self.device))
         with self.timer.phase("probe"):
             self.growth, flops = measure_growth(self.model, batch, self.objective, self.flop_counter, candidates)

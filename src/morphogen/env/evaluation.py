@@ -29,6 +29,10 @@ IGNORE_INDEX = -100
 """The target that the built-in cross-entropy leaves out (torch's default `ignore_index`: padding's usual label);
 validation leaves it out of the loss's mean and of the accuracy too."""
 
+NO_BATCH_CAUSES = ("(an empty split, batches larger than the split with drop_last=True, or a generator, which runs "
+                   "once: give a list, a Dataset or a DataLoader)")
+"""What can leave a split without a batch, for the `DataError` that says it did."""
+
 
 def task_loss(logits: Tensor, targets: Tensor, class_dim: int = -1) -> Tensor:
     """Mean cross-entropy for classification ([B, C] vs [B]) or language modelling ([B, T, V] vs [B, T]), or
@@ -81,7 +85,10 @@ def refuse_other_class_count(task: Task, model: nn.Module) -> None:
     accuracy and the task's chance level would mean nothing. A task's own loss or metric is never checked."""
     if task.num_classes is None or task.loss is not None or task.metric is not None:
         return
-    inputs, targets = next(iter(task.validation.iterate_batches(2, shuffle=False)))
+    first = next(iter(task.validation.iterate_batches(2, shuffle=False)), None)
+    if first is None:
+        return  # no validation batch: the first validation says so
+    inputs, targets = first
     weight = next(model.parameters(), None)
     device = "cpu" if weight is None else weight.device
     training = model.training
@@ -207,6 +214,6 @@ def validate(model: MorphogeneticModel, dataset: BatchSource, configurations: Al
     loss_values, score_values, counts = (sums if reduce is None else reduce(sums)).tolist()  # the one sync
     total = counts[0]
     if total == 0:
-        raise DataError("the validation data yielded no batch")
+        raise DataError(f"the validation data yielded no batch {NO_BATCH_CAUSES}")
     return CounterfactualResult(configurations, tuple(v / total for v in score_values),
                                 tuple(v / total for v in loss_values), tuple(shapes.items()))
