@@ -551,6 +551,12 @@ def test_a_slot_id_reaches_the_terminal_escaped_and_never_as_markup(tmp_path: Pa
     ("user_tasks:vector_loss", "the task's loss must return a scalar tensor (the batch mean), returned (64,)"),
     ("user_tasks:nan_loss", "task 'nan': the loss or metric is not finite on the validation data before training"),
     ("user tasks:make", "task: 'user tasks:make' is neither a built-in task nor an import path"),
+    ("user_tasks.py:make", "'user_tasks' is not a package; name the module as Python imports it, without a folder "
+                           "or .py: user_tasks:make"),
+    ("./user_tasks:make", "is neither a built-in task nor an import path package.module:function; name the module as "
+                          "Python imports it, without a folder or .py: user_tasks:make"),
+    ("tests/own/user_tasks.py:make", "without a folder or .py: user_tasks:make, run from tests/own/ or with it on "
+                                     "PYTHONPATH"),
 ])
 def test_a_bad_task_function_is_one_line_and_exit_2_and_writes_nothing(
         task: str, message: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
