@@ -194,3 +194,40 @@ def test_samples_given_where_batches_belong_say_to_use_a_dataloader() -> None:
         next(iter(task.train.iterate_batches(4)))
     batched = task_from_data("columns", DataLoader(Columns(), batch_size=4), pairs(4), target_key="label")
     assert next(targets.tolist() for _, targets in batched.train.iterate_batches(4)) == [0, 1, 2, 3]
+
+
+@pytest.mark.parametrize(("split", "targets", "message"), [
+    ("train", torch.tensor([0, 1, 2, 3]), r"^train: targets hold class 3, outside 0\.\.2 of num_classes=3"),
+    ("validation", torch.tensor([0, -1, 2, 1]), r"^validation: targets hold class -1, outside 0\.\.2 of num_classes=3"),
+    ("train", torch.tensor([[0, 5], [1, 2], [2, 0], [1, 1]]), r"^train: targets hold class 5"),
+])
+def test_class_targets_outside_num_classes_are_refused_before_anything_trains(split: str, targets: torch.Tensor,
+                                                                              message: str) -> None:
+    """With the default cross-entropy and num_classes given, a class index outside 0..num_classes-1 is one line
+    naming the split and the class (on a GPU, cross-entropy meets it as a device-side assert that ends the
+    process's CUDA context)."""
+    inputs = torch.zeros(4, 3)
+    good = (inputs, torch.tensor([0, 1, 2, 1]))
+    splits = {"train": good, "validation": good, split: (inputs, targets)}
+    with pytest.raises(DataError, match=message):
+        task_from_data("mine", splits["train"], splits["validation"], num_classes=3)
+
+
+def test_ignored_soft_and_own_loss_targets_are_not_class_indices_to_check() -> None:
+    """-100 (cross-entropy's ignore_index), float targets (class probabilities) and a loss of one's own are taken
+    as they are; so are targets when num_classes is not given."""
+    inputs = torch.zeros(4, 3)
+    task_from_data("mine", (inputs, torch.tensor([0, -100, 2, 1])), (inputs, torch.tensor([0, 1, 2, 1])),
+                   num_classes=3)
+    task_from_data("mine", (inputs, torch.full((4, 3), 1 / 3)), (inputs, torch.full((4, 3), 1 / 3)), num_classes=3)
+    task_from_data("mine", (inputs, torch.tensor([0, 7, 2, 1])), (inputs, torch.tensor([0, 1, 2, 1])),
+                   num_classes=3, loss=lambda outputs, targets: outputs.sum())
+    task_from_data("mine", (inputs, torch.tensor([0, 7, 2, 1])), (inputs, torch.tensor([0, 1, 2, 1])))
+
+
+def test_class_targets_are_checked_in_every_chunk(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The check reads the targets in chunks: a class outside the range in the last chunk is found too."""
+    monkeypatch.setattr("morphogen.data.user._CHECKED_TARGETS_PER_CHUNK", 3)
+    inputs, good = torch.zeros(7, 3), torch.tensor([0, 1, 2, 1, 0, 2, 1])
+    with pytest.raises(DataError, match=r"^train: targets hold class 9"):
+        task_from_data("mine", (inputs, torch.tensor([0, 1, 2, 1, 0, 2, 9])), (inputs, good), num_classes=3)

@@ -32,9 +32,13 @@ from morphogen.inputs import problem as inputs_problem
 from morphogen.telemetry.story import NEGATIVE_LOSS
 
 DEFAULT_BATCH_SIZE = 64
+IGNORE_INDEX = -100
+"""The target that the built-in cross-entropy leaves out (torch's default `ignore_index`: padding's usual label);
+validation leaves it out of the loss's mean and of the accuracy too, and it is never a class index to check."""
 #: Topologies a user's host may have (see `morphogen.core.module_host`); the data layer names them as strings.
 USER_TOPOLOGIES = ("cnn", "cnn1d", "transformer", "mlp")
 LossFunction = Callable[[Tensor, Tensor], Tensor]
+_CHECKED_TARGETS_PER_CHUNK = 1 << 24
 
 
 class StreamedBatches:
@@ -156,6 +160,10 @@ def task_from_data(name: str, train: object, validation: object, *, loss: LossFu
     target = _available_device(device)
     train_source = _source(train, target, "train", target_key)
     validation_source = _source(validation, target, "validation", target_key)
+    if loss is None and num_classes is not None:
+        for split, source in (("train", train_source), ("validation", validation_source)):
+            if isinstance(source, DeviceDataset):  # streamed batches are not read before training
+                _check_class_indices(source.targets, num_classes, split)
     # The gates judge the loss: a cross-entropy (the default, torch's function or module) in nats, as a
     # classifier's; any other loss, whose scale is unknown, by the shares of it a seed removes (`criterion_for`).
     cross_entropy = loss is None or loss is nn.functional.cross_entropy or isinstance(loss, nn.CrossEntropyLoss)
@@ -188,6 +196,22 @@ def _check_task_arguments(name: object, batch_size: object, num_classes: object,
                             "the validation loss the gates judge")
     if target_key is not None and (not isinstance(target_key, str) or not target_key):
         raise DataError(f"target_key must be the name of the targets' entry in a dict batch, got {target_key!r}")
+
+
+def _check_class_indices(targets: Tensor, num_classes: int, split: str) -> None:
+    """A `DataError` where integer `targets` of the default cross-entropy hold a class outside 0..num_classes-1
+    (`IGNORE_INDEX` aside): on a GPU the loss meets one as a device-side assert that ends the CUDA context. Read in
+    chunks, so that a large split's check needs little memory beside it (one sync per chunk, once per task)."""
+    if targets.is_floating_point() or targets.is_complex() or targets.dtype == torch.bool:
+        return  # class probabilities (or not class targets at all): the loss judges them
+    flat = targets.reshape(-1)
+    for start in range(0, flat.numel(), _CHECKED_TARGETS_PER_CHUNK):
+        chunk = flat[start:start + _CHECKED_TARGETS_PER_CHUNK]
+        outside = ((chunk < 0) & (chunk != IGNORE_INDEX)) | (chunk >= num_classes)
+        if bool(outside.any()):
+            raise DataError(f"{split}: targets hold class {int(chunk[outside][0])}, outside 0..{num_classes - 1} of "
+                            f"num_classes={num_classes} ({IGNORE_INDEX}, cross-entropy's ignore_index, marks a "
+                            "target to leave out)")
 
 
 def _reduction_of(function: object) -> object:

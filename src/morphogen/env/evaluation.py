@@ -17,6 +17,7 @@ from torch import Tensor, nn
 
 from morphogen.core.model import MorphogeneticModel
 from morphogen.data import BatchSource, DataError, Task
+from morphogen.data.user import IGNORE_INDEX
 from morphogen.env.compute import note_batch
 from morphogen.env.counterfactual import AlphaConfigurations, CounterfactualResult
 from morphogen.inputs import InputSpec, to_device
@@ -24,10 +25,6 @@ from morphogen.inputs import InputSpec, to_device
 LossFunction = Callable[[Tensor, Tensor], Tensor]
 
 OBJECTIVES = ("classification", "language_model")
-
-IGNORE_INDEX = -100
-"""The target that the built-in cross-entropy leaves out (torch's default `ignore_index`: padding's usual label);
-validation leaves it out of the loss's mean and of the accuracy too."""
 
 NO_BATCH_CAUSES = ("(an empty split, batches larger than the split with drop_last=True, or a generator, which runs "
                    "once: give a list, a Dataset or a DataLoader)")
