@@ -78,6 +78,12 @@ def map_tensors(function: Callable[[Tensor], Tensor], inputs: Inputs) -> Inputs:
     return tuple(mapped) if isinstance(inputs, tuple) else mapped
 
 
+def detached(inputs: Inputs) -> Inputs:
+    """`inputs` without autograd history: tensors that require grad detached (a view, no copy), the others as they
+    are (the same objects)."""
+    return map_tensors(lambda value: value.detach() if value.requires_grad else value, inputs)
+
+
 def rows(inputs: Inputs) -> int:
     """Samples in the batch: the first dimension of its tensors."""
     return int(tensors(inputs)[0].shape[0])

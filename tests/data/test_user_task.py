@@ -231,3 +231,19 @@ def test_class_targets_are_checked_in_every_chunk(monkeypatch: pytest.MonkeyPatc
     inputs, good = torch.zeros(7, 3), torch.tensor([0, 1, 2, 1, 0, 2, 1])
     with pytest.raises(DataError, match=r"^train: targets hold class 9"):
         task_from_data("mine", (inputs, torch.tensor([0, 1, 2, 1, 0, 2, 9])), (inputs, good), num_classes=3)
+
+
+def test_data_computed_with_autograd_on_is_held_and_streamed_detached() -> None:
+    """Features an encoder computed outside torch.no_grad are data: neither held tensors nor streamed batches carry
+    the encoder's graph (training on them would backward through it once, then fail, and send it gradients)."""
+    weight = torch.randn(3, 3, requires_grad=True)
+    features, labels = pairs(8)[0] @ weight, torch.arange(8) % 3
+    held = task_from_data("mine", (features, labels), ((features, features), labels))
+    streamed = task_from_data("mine", DataLoader(TensorDataset(features, labels), batch_size=4),
+                              {"x": features, "y": labels}, target_key="y")
+    for task in (held, streamed):
+        for split in (task.train, task.validation):
+            for inputs, _ in split.iterate_batches(4):
+                values = list(inputs.values()) if isinstance(inputs, dict) else (
+                    list(inputs) if isinstance(inputs, tuple) else [inputs])
+                assert values and not any(value.requires_grad for value in values)

@@ -361,6 +361,21 @@ def test_an_empty_training_dataset_is_the_data_error_of_a_split_without_batches(
                        baseline=False, from_scratch=False)
 
 
+def test_features_computed_with_autograd_on_train_and_leave_their_encoder_alone(tmp_path: Path) -> None:
+    """Inputs an encoder computed outside torch.no_grad (a common way to make features): the run trains on them
+    (it failed in its second step, backwarding through the encoder's freed graph) and gives the encoder no gradient."""
+    x, y = torch.randn(24, 4), torch.arange(24) % 3
+    encoder = torch.nn.Linear(4, 12)
+    features = encoder(x)
+    assert features.requires_grad
+    task = morphogen.task_from_data("features", (features, y), (features, y), num_classes=3, batch_size=8)
+    host = morphogen.host_from_module(mlp(), ["1"], example_input=features[:2].detach())
+    result = morphogen.grow(task, host, run_dir=str(tmp_path / "run"), config=eager_config(epochs=2),
+                            out=io.StringIO(), baseline=False, from_scratch=False)
+    assert math.isfinite(result.grown.final_accuracy)
+    assert encoder.weight.grad is None and encoder.bias.grad is None
+
+
 @pytest.mark.parametrize("split", ["tensors", "loader"])
 def test_a_last_batch_of_one_sample_that_batch_norm_cannot_train_on_is_one_data_error(split: str,
                                                                                       tmp_path: Path) -> None:

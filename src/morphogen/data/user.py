@@ -27,7 +27,7 @@ from torch.utils.data import DataLoader, Dataset, IterableDataset
 from morphogen.data.datasets import Augmentation, DeviceDataset
 from morphogen.data.errors import DataError
 from morphogen.data.tasks import CLASS_DIMS, BatchSource, Task
-from morphogen.inputs import Inputs, rows, to_device
+from morphogen.inputs import Inputs, detached, rows, to_device
 from morphogen.inputs import problem as inputs_problem
 from morphogen.telemetry.story import NEGATIVE_LOSS
 
@@ -84,8 +84,9 @@ class StreamedBatches:
             batches = cast(Iterable[Any], self.data)  # not a Dataset: a loader or another iterable of batches
         for index, batch in enumerate(batches):
             inputs, targets = self._checked(batch, index)
-            inputs = to_device(inputs, self._device, non_blocking=True)
-            targets = targets.to(self._device, non_blocking=True)
+            # Detached as a DeviceDataset's tensors are: a sample computed with autograd on is data, not a graph.
+            inputs = to_device(detached(inputs), self._device, non_blocking=True)
+            targets = targets.detach().to(self._device, non_blocking=True)
             if augment is not None:
                 if not isinstance(inputs, Tensor):
                     raise DataError(f"{self.split}: an augmentation transforms one input tensor; its batches hold "
