@@ -57,15 +57,20 @@ def tensors(inputs: Inputs) -> list[Tensor]:
     return list(inputs.values()) if isinstance(inputs, dict) else list(inputs)
 
 
-def dtype_mismatch(inputs: Inputs, parameters: Iterable[Tensor]) -> str:
+def dtype_mismatch(inputs: Inputs, parameters: Iterable[Tensor], error: BaseException | None = None) -> str:
     """Where a floating-point input is of another dtype than the first floating-point parameter, a hint saying so
-    (for the message of the error it caused), else "". Not a refusal: a model may cast its inputs itself."""
+    (for the message of the error it caused), else "". Not a refusal: a model may cast its inputs itself.
+    Given the `error` the model raised, integer inputs (uint8 pixels) get the hint too where its message is about
+    a type: ids an embedding reads are integers, and a model of them fails for other reasons."""
     dtype = next((p.dtype for p in parameters if p.is_floating_point()), None)
     given = next((t.dtype for t in tensors(inputs) if t.is_floating_point() and t.dtype != dtype), None)
+    if given is None and error is not None and "type" in str(error).lower():
+        given = next((t.dtype for t in tensors(inputs) if not (t.is_floating_point() or t.is_complex())), None)
     if dtype is None or given is None:
         return ""
+    scaled = "" if given.is_floating_point else ", scaled as the model expects"
     return (f"the inputs are {str(given).removeprefix('torch.')}, the model's parameters "
-            f"{str(dtype).removeprefix('torch.')}: convert the inputs (x.to({dtype}))")
+            f"{str(dtype).removeprefix('torch.')}: convert the inputs (x.to({dtype}){scaled})")
 
 
 def map_tensors(function: Callable[[Tensor], Tensor], inputs: Inputs) -> Inputs:

@@ -578,7 +578,7 @@ class MorphogenesisEpisode:
             self._refuse_inputs_of_another_kind()
             assert self.model is not None
             inputs, _ = self._first_batch("validation", 1)
-            dtypes = dtype_mismatch(inputs, self.model.parameters())
+            dtypes = dtype_mismatch(inputs, self.model.parameters(), self._model_error(inputs))
             if dtypes:
                 raise DataError(f"task {self.task.name!r}: {dtypes} (the model failed on the validation data: "
                                 f"{_error_line(error)})") from None
@@ -591,6 +591,20 @@ class MorphogenesisEpisode:
             raise DataError(f"task {self.task.name!r}: the loss or metric is not finite on the validation data before "
                             f"training (loss {result.loss(MAIN)}, {self.task.metric_name} {result.accuracy(MAIN)})")
         return result
+
+    def _model_error(self, inputs: Inputs) -> Exception | None:
+        """What the model alone (not its loss) raises on `inputs`, in eval mode without gradients; None if nothing."""
+        assert self.model is not None
+        training = self.model.training
+        self.model.eval()
+        try:
+            with torch.no_grad():
+                self.model(to_device(inputs, self.device))
+        except Exception as error:  # the user's model: whatever it raises is what the hint reads
+            return error
+        finally:
+            self.model.train(training)
+        return None
 
     def _refuse_inputs_of_another_kind(self) -> None:
         """A `DataError` where the validation inputs are not of the kind the host was built for (one tensor, or a
