@@ -86,6 +86,9 @@ def test_moving_a_task_to_a_device_moves_its_batches() -> None:
                                                          "rows: give torch tensors (torch.from_numpy)"),
     ([(torch.zeros(3), 1), (torch.zeros(3), 2)], "train batch 0: expected a pair (inputs, targets) of tensors, got a "
                                                  "2-item tuple; a list of samples is read as a list of batches"),
+    (DataLoader(TensorDataset(torch.zeros(4, 3), torch.ones(4, 3), torch.zeros(4)), batch_size=2),
+     "train batch 0: expected a pair (inputs, targets) of tensors, got a 3-item list; a model of several inputs takes "
+     "them as one tuple, the targets last: ((tokens, mask), targets)"),
 ])
 def test_a_loader_yielding_the_wrong_thing_is_a_data_error_naming_the_batch(train: object, message: str) -> None:
     task = task_from_data("bad", train, pairs(4))

@@ -103,7 +103,10 @@ class StreamedBatches:
             hint = ("; numpy arrays are read as batches of rows: give torch tensors (torch.from_numpy)"
                     if type(batch).__module__ == "numpy" else "; a list of samples is read as a list of batches: "
                     "give a Dataset, or stack the samples into tensors" if isinstance(batch, (tuple, list))
-                    and len(batch) == 2 and not isinstance(batch[1], Tensor) else "")
+                    and len(batch) == 2 and not isinstance(batch[1], Tensor) else
+                    "; a model of several inputs takes them as one tuple, the targets last: ((tokens, mask), "
+                    "targets)" if isinstance(batch, (tuple, list)) and len(batch) > 2
+                    and all(isinstance(item, Tensor) for item in batch) else "")
             raise DataError(f"{self.split} batch {index}: expected a pair (inputs, targets) of tensors, got a "
                             f"{kind}{hint}")
         inputs, targets = batch
