@@ -204,3 +204,24 @@ def test_a_data_dir_that_is_a_file_or_an_unreadable_batch_is_named_as_such(tmp_p
     monkeypatch.setattr(Path, "open", refused)
     with pytest.raises(DataError, match=r"CIFAR-10 file .*data_batch_4 cannot be read \(.*Permission denied"):
         load_task("cifar10", data_dir=tmp_path)
+
+
+def test_an_archive_not_yet_extracted_or_the_binary_version_says_what_to_do(tmp_path: Path) -> None:
+    """The published archive given (or left unextracted in the directory), or the binary version's folder: the
+    message says to extract it, or that this is another download, beside the layout expected."""
+    archive = tmp_path / "cifar-10-python.tar.gz"
+    archive.write_bytes(b"\x1f\x8b not really")
+    with pytest.raises(DataError, match=r"cifar-10-python\.tar\.gz is not a directory; .*; .*cifar-10-python\.tar\.gz "
+                                        r"is the archive: extract it \(tar -xzf "):
+        load_task("cifar10", data_dir=archive)
+    with pytest.raises(DataError, match=r"files missing in .*; .*cifar-10-python\.tar\.gz is the archive: extract it "
+                                        r"there first \(tar -xzf cifar-10-python\.tar\.gz\)$"):
+        load_task("cifar10", data_dir=tmp_path)
+    binary = tmp_path / "binary"
+    (binary / "cifar-10-batches-bin").mkdir(parents=True)
+    (binary / "cifar-10-batches-bin" / "data_batch_1.bin").write_bytes(b"")
+    with pytest.raises(DataError, match=r"; cifar-10-batches-bin holds the binary version, which this does not "
+                                        r"read: get the python version$"):
+        load_task("cifar10", data_dir=binary)
+    with pytest.raises(DataError, match=r"binary version"):
+        load_task("cifar10", data_dir=binary / "cifar-10-batches-bin")

@@ -23,6 +23,10 @@ CIFAR10_FOLDER = "cifar-10-batches-py"
 CIFAR10_TRAIN_FILES = tuple(f"data_batch_{number}" for number in range(1, 6))
 CIFAR10_TEST_FILE = "test_batch"
 CIFAR10_META_FILE = "batches.meta"
+CIFAR10_ARCHIVE = "cifar-10-python.tar.gz"
+"""The python version as its authors publish it: an archive holding `CIFAR10_FOLDER`."""
+CIFAR10_BINARY_FOLDER = "cifar-10-batches-bin"
+"""The folder of the dataset's binary version (`data_batch_1.bin` ...), another download than the one read here."""
 CIFAR10_IMAGE_SHAPE = (3, 32, 32)
 CIFAR10_NUM_CLASSES = 10
 
@@ -53,7 +57,7 @@ def find_cifar10_folder(data_dir: str | Path) -> Path:
     root = Path(data_dir).expanduser()
     if not root.is_dir():
         state = "is not a directory" if root.exists() else "does not exist"
-        raise DataError(f"CIFAR-10 data directory {root} {state}; {EXPECTED_LAYOUT}")
+        raise DataError(f"CIFAR-10 data directory {root} {state}; {EXPECTED_LAYOUT}{_other_download_hint(root)}")
     folder = root / CIFAR10_FOLDER if (root / CIFAR10_FOLDER).is_dir() else root
     missing = [
         name
@@ -61,8 +65,20 @@ def find_cifar10_folder(data_dir: str | Path) -> Path:
         if not (folder / name).is_file()
     ]
     if missing:
-        raise DataError(f"CIFAR-10 files missing in {folder}: {', '.join(missing)}; {EXPECTED_LAYOUT}")
+        raise DataError(f"CIFAR-10 files missing in {folder}: {', '.join(missing)}; {EXPECTED_LAYOUT}"
+                        f"{_other_download_hint(root)}")
     return folder
+
+
+def _other_download_hint(root: Path) -> str:
+    """Where `root` is, or holds, the python version's archive not yet extracted or the binary version, what to do."""
+    if root.is_file() and root.name == CIFAR10_ARCHIVE:
+        return f"; {root} is the archive: extract it (tar -xzf {root} -C {root.parent}) and give {root.parent}"
+    if root.is_dir() and (root / CIFAR10_ARCHIVE).is_file() and not (root / CIFAR10_FOLDER).is_dir():
+        return f"; {root / CIFAR10_ARCHIVE} is the archive: extract it there first (tar -xzf {CIFAR10_ARCHIVE})"
+    if root.name == CIFAR10_BINARY_FOLDER or (root.is_dir() and (root / CIFAR10_BINARY_FOLDER).is_dir()):
+        return f"; {CIFAR10_BINARY_FOLDER} holds the binary version, which this does not read: get the python version"
+    return ""
 
 
 def read_cifar10(data_dir: str | Path) -> Cifar10Arrays:
