@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import warnings
 
 import pytest
 import torch
@@ -250,3 +251,24 @@ def test_data_computed_with_autograd_on_is_held_and_streamed_detached() -> None:
                 values = list(inputs.values()) if isinstance(inputs, dict) else (
                     list(inputs) if isinstance(inputs, tuple) else [inputs])
                 assert values and not any(value.requires_grad for value in values)
+
+
+def test_inputs_holding_nan_or_inf_warn_naming_the_split_and_the_first_sample(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """NaN (a missing value read from a table) or Inf in held inputs: a warning naming the split and the first sample,
+    in every chunk the check reads; the task is made all the same (a model may replace them itself)."""
+    monkeypatch.setattr("morphogen.data.user._CHECKED_TARGETS_PER_CHUNK", 6)  # two rows of 3 values per chunk
+    inputs, labels = pairs(8)
+    holed = inputs.clone()
+    holed[5, 1] = float("nan")
+    with pytest.warns(UserWarning, match=r"^task_from_data: train: the inputs hold NaN or infinite values \(the first "
+                                         r"in sample 5\); unless your model replaces them"):
+        task = task_from_data("mine", (holed, labels), (inputs, labels))
+    assert torch.isnan(task.train.inputs[5, 1])
+    infinite = inputs.clone()
+    infinite[7, 0] = float("inf")
+    with pytest.warns(UserWarning, match=r"validation: .*sample 7\)"):
+        task_from_data("mine", (inputs, labels), ((inputs, infinite), labels))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        task_from_data("mine", (inputs, labels), (inputs.long(), labels))

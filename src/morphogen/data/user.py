@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any, cast
 
@@ -27,7 +28,7 @@ from torch.utils.data import DataLoader, Dataset, IterableDataset
 from morphogen.data.datasets import Augmentation, DeviceDataset
 from morphogen.data.errors import DataError
 from morphogen.data.tasks import CLASS_DIMS, BatchSource, Task
-from morphogen.inputs import Inputs, detached, rows, to_device
+from morphogen.inputs import Inputs, detached, rows, tensors, to_device
 from morphogen.inputs import problem as inputs_problem
 from morphogen.telemetry.story import NEGATIVE_LOSS
 
@@ -39,6 +40,7 @@ validation leaves it out of the loss's mean and of the accuracy too, and it is n
 USER_TOPOLOGIES = ("cnn", "cnn1d", "transformer", "mlp")
 LossFunction = Callable[[Tensor, Tensor], Tensor]
 _CHECKED_TARGETS_PER_CHUNK = 1 << 24
+"""Values read at once where `task_from_data` checks a split's targets or inputs (16M: 128 MiB of int64)."""
 
 
 class StreamedBatches:
@@ -164,10 +166,17 @@ def task_from_data(name: str, train: object, validation: object, *, loss: LossFu
     target = _available_device(device)
     train_source = _source(train, target, "train", target_key)
     validation_source = _source(validation, target, "validation", target_key)
-    if loss is None and num_classes is not None:
-        for split, source in (("train", train_source), ("validation", validation_source)):
-            if isinstance(source, DeviceDataset):  # streamed batches are not read before training
-                _check_class_indices(source.targets, num_classes, split)
+    for split, source in (("train", train_source), ("validation", validation_source)):
+        if not isinstance(source, DeviceDataset):  # streamed batches are not read before training
+            continue
+        if loss is None and num_classes is not None:
+            _check_class_indices(source.targets, num_classes, split)
+        sample = _first_non_finite_sample(source.inputs)
+        if sample is not None:
+            # A warning, not a refusal: a model may read NaN as "missing" and replace it itself.
+            warnings.warn(f"task_from_data: {split}: the inputs hold NaN or infinite values (the first in sample "
+                          f"{sample}); unless your model replaces them, its losses and gradients will be NaN",
+                          stacklevel=2)
     # The gates judge the loss: a cross-entropy (the default, torch's function or module) in nats, as a
     # classifier's; any other loss, whose scale is unknown, by the shares of it a seed removes (`criterion_for`).
     cross_entropy = loss is None or loss is nn.functional.cross_entropy or isinstance(loss, nn.CrossEntropyLoss)
@@ -216,6 +225,21 @@ def _check_class_indices(targets: Tensor, num_classes: int, split: str) -> None:
             raise DataError(f"{split}: targets hold class {int(chunk[outside][0])}, outside 0..{num_classes - 1} of "
                             f"num_classes={num_classes} ({IGNORE_INDEX}, cross-entropy's ignore_index, marks a "
                             "target to leave out)")
+
+
+def _first_non_finite_sample(inputs: Inputs) -> int | None:
+    """The index of the first sample whose floating-point inputs hold a NaN or an infinity; None where none does.
+    Read in chunks of rows, as `_check_class_indices` reads the targets."""
+    for value in tensors(inputs):
+        if not value.is_floating_point() or value.numel() == 0:
+            continue
+        rows_per_chunk = max(1, _CHECKED_TARGETS_PER_CHUNK // max(1, value[0].numel()))
+        for start in range(0, value.shape[0], rows_per_chunk):
+            chunk = value[start:start + rows_per_chunk]
+            finite = torch.isfinite(chunk).reshape(chunk.shape[0], -1).all(dim=1)  # (rows,)
+            if not bool(finite.all()):
+                return start + int((~finite).nonzero()[0, 0])
+    return None
 
 
 def _reduction_of(function: object) -> object:
