@@ -225,3 +225,15 @@ def test_an_archive_not_yet_extracted_or_the_binary_version_says_what_to_do(tmp_
         load_task("cifar10", data_dir=binary)
     with pytest.raises(DataError, match=r"binary version"):
         load_task("cifar10", data_dir=binary / "cifar-10-batches-bin")
+
+
+def test_training_images_of_one_colour_are_refused_before_standardizing_by_zero(tmp_path: Path) -> None:
+    """Placeholder batches (every pixel 0 in a channel) would standardize to NaN inputs: one line instead."""
+    write_fake_cifar10(tmp_path)
+    folder = tmp_path / "cifar-10-batches-py"
+    for number in range(1, 6):
+        data = np.random.default_rng(number).integers(0, 256, size=(4, 3072), dtype=np.uint8)
+        data[:, 1024:2048] = 7  # the green plane
+        write_pickle(folder / f"data_batch_{number}", {b"data": data, b"labels": [0, 1, 2, 3]})
+    with pytest.raises(DataError, match=r"every training pixel of channel G has the same value"):
+        load_task("cifar10", data_dir=tmp_path)

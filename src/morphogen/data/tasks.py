@@ -253,6 +253,10 @@ def _load_cifar10(
         raise DataError(f"task 'cifar10' needs data_dir=PATH; {EXPECTED_LAYOUT}")
     arrays = read_cifar10(data_dir)
     mean, std = uint8_channel_mean_std(arrays.train_images)
+    if not std.all():  # standardizing would divide by zero: every input NaN or infinite
+        channel = "RGB"[int(np.flatnonzero(std == 0)[0])]
+        raise DataError(f"CIFAR-10 in {data_dir}: every training pixel of channel {channel} has the same value, so "
+                        "the per-channel standardization would divide by zero; these are not CIFAR-10's images")
     train_images, train_labels = arrays.train_images, arrays.train_labels
     kept = _kept_training_indices(len(train_labels), max_train_samples, seed)
     if kept is not None:
