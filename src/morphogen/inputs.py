@@ -172,6 +172,8 @@ def batch_differences(batch: tuple[Inputs, Tensor], reference: tuple[Inputs, Ten
     given, expected = InputSpec.of(inputs), InputSpec.of(expected_inputs)
     if (given.kind, given.keys) != (expected.kind, expected.keys):
         return [f"inputs are a {given.kind}{_keys_of(given)}, not a {expected.kind}{_keys_of(expected)}"]
+    if len(given.samples) != len(expected.samples):
+        return [f"inputs are a {given.kind} of {len(given.samples)} tensors, not of {len(expected.samples)}"]
 
     def described(shape: tuple[int, ...], dtype: torch.dtype) -> str:
         return f"{str(dtype).removeprefix('torch.')} {list(shape)}"
