@@ -10,7 +10,7 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset, TensorDataset
 
 from morphogen import DataError, task_from_data
-from morphogen.data import DeviceDataset
+from morphogen.data import DeviceDataset, random_crop_flip
 from morphogen.data.user import StreamedBatches, task_on_device
 
 
@@ -272,3 +272,31 @@ def test_inputs_holding_nan_or_inf_warn_naming_the_split_and_the_first_sample(
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         task_from_data("mine", (inputs, labels), (inputs.long(), labels))
+
+
+def _returns_none(inputs: torch.Tensor, generator: torch.Generator | None) -> None:
+    return None
+
+
+@pytest.mark.parametrize(("augment", "message"), [
+    (random_crop_flip, r"^augment raised ValueError: random_crop_flip needs images shaped \[B, C, H, W\], got shape "
+                       r"\(4, 3\) \(on a training batch of shape \(4, 3\)\)$"),
+    (lambda inputs: inputs, r"^augment raised TypeError: .*takes 1 positional argument but 2 were given"),
+    (_returns_none, r"^augment returned NoneType for a batch of shape \(4, 3\); return the batch's inputs"),
+    (lambda inputs, generator: inputs[:2], r"^augment returned a tensor of shape \(2, 3\) for a batch of shape"),
+], ids=["crop-of-features", "one-argument", "returns-none", "drops-rows"])
+def test_an_augmentation_that_fails_is_one_data_error(augment: object, message: str) -> None:
+    """The user's augment runs as training batches are drawn: what it raises or returns wrongly is one DataError,
+    held or streamed, where it was a traceback out of the batch iterator."""
+    for train in (pairs(8), DataLoader(TensorDataset(*pairs(8)), batch_size=4)):
+        task = task_from_data("mine", train, pairs(4), augment=augment, batch_size=4)  # type: ignore[arg-type]
+        with pytest.raises(DataError, match=message):
+            list(task.train.iterate_batches(4, augment=task.augment))
+
+
+def test_an_augmentation_is_checked_to_be_a_function_and_runs_as_given() -> None:
+    with pytest.raises(DataError, match=r"^augment must be a function \(inputs, generator\) -> inputs, got int$"):
+        task_from_data("mine", pairs(), pairs(4), augment=3)  # type: ignore[arg-type]
+    task = task_from_data("mine", pairs(8), pairs(4), augment=lambda inputs, generator: -inputs, batch_size=8)
+    [(inputs, _)] = list(task.train.iterate_batches(8, shuffle=False, augment=task.augment))
+    assert torch.equal(inputs, -pairs(8)[0])

@@ -123,6 +123,27 @@ class StreamedBatches:
         return inputs, targets
 
 
+class CheckedAugmentation:
+    """A user's augmentation, whatever goes wrong in it one `DataError` line: an exception it raises, or a result
+    that is not a tensor of the batch's rows (it runs as batches are drawn, outside the steps that report errors)."""
+
+    def __init__(self, function: Augmentation) -> None:
+        self.function = function
+
+    def __call__(self, inputs: Tensor, generator: torch.Generator | None) -> Tensor:
+        try:
+            result = self.function(inputs, generator)
+        except Exception as error:  # the user's code: any exception is theirs to fix, reported as one line
+            lines = str(error).strip().splitlines()
+            raise DataError(f"augment raised {type(error).__name__}: {lines[0][:300] if lines else ''} (on a "
+                            f"training batch of shape {tuple(inputs.shape)})") from None
+        if not isinstance(result, Tensor) or result.dim() == 0 or result.shape[0] != inputs.shape[0]:
+            got = f"a tensor of shape {tuple(result.shape)}" if isinstance(result, Tensor) else type(result).__name__
+            raise DataError(f"augment returned {got} for a batch of shape {tuple(inputs.shape)}; return the batch's "
+                            "inputs transformed, one row per sample")
+        return result
+
+
 def _available_device(device: str | torch.device) -> torch.device:
     """`device` as a torch device this machine has; one it lacks is a `DataError` line before any data moves (torch
     raises from deep inside the first copy to it)."""
@@ -161,6 +182,8 @@ def task_from_data(name: str, train: object, validation: object, *, loss: LossFu
     are dicts of tensors. Raises `DataError` for what cannot work.
     """
     _check_task_arguments(name, batch_size, num_classes, loss, metric, target_key)
+    if augment is not None and not callable(augment):
+        raise DataError(f"augment must be a function (inputs, generator) -> inputs, got {type(augment).__name__}")
     if class_dim is not None and (isinstance(class_dim, bool) or class_dim not in CLASS_DIMS):
         raise DataError(f"class_dim must be 1, -1 or None (whichever lines up with the targets), got {class_dim!r}")
     target = _available_device(device)
@@ -182,7 +205,8 @@ def task_from_data(name: str, train: object, validation: object, *, loss: LossFu
     cross_entropy = loss is None or loss is nn.functional.cross_entropy or isinstance(loss, nn.CrossEntropyLoss)
     return Task(
         name=name.strip(), topology=_topology_of(host), host_kwargs={}, train=train_source,
-        validation=validation_source, batch_size=batch_size, augment=augment,
+        validation=validation_source, batch_size=batch_size,
+        augment=None if augment is None else CheckedAugmentation(augment),
         objective="classification" if cross_entropy else "custom", loss=loss, metric=metric,
         metric_name=metric_name or ("accuracy" if metric is None and loss is None else
                                     NEGATIVE_LOSS if metric is None else "metric"),
