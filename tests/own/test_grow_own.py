@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import io
 import json
 import math
@@ -359,6 +360,28 @@ def test_an_empty_training_dataset_is_the_data_error_of_a_split_without_batches(
     with pytest.raises(morphogen.DataError, match=r"^task 'empty': its training data yielded no batch in epoch 1"):
         morphogen.grow(task, host, run_dir=str(tmp_path / "run"), config=eager_config(epochs=2), out=io.StringIO(),
                        baseline=False, from_scratch=False)
+
+
+@pytest.mark.parametrize("loss", [torch.nn.functional.mse_loss, torch.nn.L1Loss(),
+                                  functools.partial(torch.nn.functional.huber_loss, delta=0.5)],
+                         ids=["mse_loss", "L1Loss", "partial-huber"])
+def test_a_regression_whose_targets_broadcast_against_the_outputs_is_refused(loss: Any, tmp_path: Path) -> None:
+    """Targets (N,) against outputs (N, 1): torch's element-wise losses broadcast them to (N, N) with a warning,
+    and the run trained and reported a loss of every output against every target. One line instead, before
+    anything trains; targets of the outputs' shape train."""
+    x, y = torch.randn(32, 4), torch.randn(32)
+    network = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 8), torch.nn.ReLU(),
+                                  torch.nn.Linear(8, 1))
+    host = morphogen.host_from_module(network, ["1"], example_input=x[:2])
+    task = morphogen.task_from_data("regression", (x, y), (x, y), loss=loss)
+    with pytest.raises(morphogen.DataError, match=r"the task's loss compares outputs \(32, 1\) with targets \(32,\) "
+                                                  r"element by element: torch broadcasts them to \(32, 32\)"):
+        morphogen.grow(task, host, run_dir=str(tmp_path / "run"), config=eager_config(epochs=1), out=io.StringIO())
+    assert not (tmp_path / "run").exists()
+    fixed = morphogen.task_from_data("regression", (x, y[:, None]), (x, y[:, None]), loss=loss)
+    result = morphogen.grow(fixed, host, run_dir=str(tmp_path / "fixed"), config=eager_config(epochs=1),
+                            out=io.StringIO())
+    assert math.isfinite(result.grown.final_loss)
 
 
 def test_features_computed_with_autograd_on_train_and_leave_their_encoder_alone(tmp_path: Path) -> None:

@@ -8,6 +8,7 @@ Metrics accumulate in device tensors across batches; `validate` synchronizes onc
 
 from __future__ import annotations
 
+import functools
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -29,6 +30,26 @@ OBJECTIVES = ("classification", "language_model")
 NO_BATCH_CAUSES = ("(an empty split, batches larger than the split with drop_last=True, or a generator, which runs "
                    "once: give a list, a Dataset or a DataLoader)")
 """What can leave a split without a batch, for the `DataError` that says it did."""
+
+
+_ELEMENTWISE_LOSS_FUNCTIONS = (nn.functional.mse_loss, nn.functional.l1_loss, nn.functional.smooth_l1_loss,
+                               nn.functional.huber_loss)
+_ELEMENTWISE_LOSS_MODULES = (nn.MSELoss, nn.L1Loss, nn.SmoothL1Loss, nn.HuberLoss)
+
+
+def _broadcasts_silently(loss: LossFunction) -> bool:
+    """Whether `loss` is one of torch's element-wise regression losses (a function, a `functools.partial` of one, or
+    its module), which broadcast outputs and targets of different shapes with a warning rather than an error."""
+    function = loss.func if isinstance(loss, functools.partial) else loss
+    return isinstance(function, _ELEMENTWISE_LOSS_MODULES) or any(function is f for f in _ELEMENTWISE_LOSS_FUNCTIONS)
+
+
+def _broadcast_shape(first: torch.Size, second: torch.Size) -> tuple[int, ...] | None:
+    """The shape `first` and `second` broadcast to; None where they do not."""
+    try:
+        return tuple(torch.broadcast_shapes(first, second))
+    except RuntimeError:
+        return None
 
 
 def task_loss(logits: Tensor, targets: Tensor, class_dim: int = -1) -> Tensor:
@@ -129,6 +150,13 @@ class Objective:
         """`loss(outputs, targets)`, refused with a `DataError` when it is not a scalar tensor (no sync)."""
         if not self.custom and class_dim_of(outputs.shape, targets.shape, self.class_dim) == 1:
             return task_loss(outputs, targets, 1)
+        if self.custom and outputs.shape != targets.shape and _broadcasts_silently(self.loss):
+            broadcast = _broadcast_shape(outputs.shape, targets.shape)
+            if broadcast is not None:  # shapes that do not broadcast: torch's own error says so
+                raise DataError(f"the task's loss compares outputs {tuple(outputs.shape)} with targets "
+                                f"{tuple(targets.shape)} element by element: torch broadcasts them to {broadcast}, "
+                                "pairing outputs with other samples' targets; give targets of the outputs' shape "
+                                "(y.unsqueeze(1) for one output per sample)")
         value = self.loss(outputs, targets)
         if not isinstance(value, Tensor) or value.dim() != 0:
             shape = tuple(value.shape) if isinstance(value, Tensor) else type(value).__name__
