@@ -15,7 +15,7 @@ import inspect
 import os
 import re
 import sys
-from pathlib import PurePosixPath
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 import torch
@@ -86,12 +86,24 @@ def import_function(path: str, what: str) -> Any:
         raise ConfigError(f"{what}: cannot import {module_name!r} for {path}: {type(error).__name__}: "
                           f"{_first_line(error)}{hint}") from None
     if not hasattr(module, function_name):
-        raise ConfigError(f"{what}: module {module_name!r} has no function {function_name!r}")
+        raise ConfigError(f"{what}: module {module_name!r} has no function {function_name!r}"
+                          f"{_shadowed_hint(module, module_name, here)}")
     function = getattr(module, function_name)
     if not callable(function):
         raise ConfigError(f"{what}: {function_name!r} in module {module_name!r} is not callable (its type is "
                           f"{type(function).__name__}); name a function")
     return function
+
+
+def _shadowed_hint(module: object, module_name: str, here: str) -> str:
+    """Where the current directory holds `module_name`'s file but the module imported is another one (a standard
+    library or installed module of that name, imported before), a hint saying so; else ""."""
+    own = Path(here, *module_name.split(".")).with_suffix(".py")
+    imported = getattr(module, "__file__", None)
+    if not own.is_file() or (imported is not None and Path(imported).resolve() == own.resolve()):
+        return ""
+    return (f" ({module_name!r} is already the module at {imported or 'built in'}, not {own}: rename your file, "
+            "since a module of that name is imported before it)")
 
 
 def file_path_hint(path: str) -> str:

@@ -607,6 +607,19 @@ def test_a_bad_task_function_is_one_line_and_exit_2_and_writes_nothing(
     assert not (tmp_path / "run").exists()
 
 
+def test_a_task_file_named_as_a_module_imported_before_it_says_to_rename_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """./copy.py holding the task: `copy` is the standard library's module, imported long before; the message says
+    so, where it only said the module has no such function."""
+    (tmp_path / "copy.py").write_text("def make_task():\n    raise AssertionError('never imported')\n")
+    monkeypatch.chdir(tmp_path)
+    code = main(["run", "--task", "copy:make_task", "--epochs", "1", "--run-dir", str(tmp_path / "run")])
+    err = capsys.readouterr().err
+    assert code == EXIT_USER_ERROR and err.count("\n") == 1
+    assert "task: module 'copy' has no function 'make_task' ('copy' is already the module at " in err
+    assert f"not {tmp_path / 'copy.py'}: rename your file" in err
+
+
 def test_a_host_table_or_a_sample_cap_with_a_users_task_is_refused(tmp_path: Path,
                                                                  capsys: pytest.CaptureFixture[str]) -> None:
     code = main(["run", "--task", "user_tasks:resnet", "--max-train-samples", "10", "--run-dir", str(tmp_path)])
