@@ -9,6 +9,7 @@ Metrics accumulate in device tensors across batches; `validate` synchronizes onc
 from __future__ import annotations
 
 import functools
+import itertools
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -45,11 +46,14 @@ def _broadcasts_silently(loss: LossFunction) -> bool:
 
 
 def _broadcast_shape(first: torch.Size, second: torch.Size) -> tuple[int, ...] | None:
-    """The shape `first` and `second` broadcast to; None where they do not."""
-    try:
-        return tuple(torch.broadcast_shapes(first, second))
-    except RuntimeError:
-        return None
+    """The shape `first` and `second` broadcast to, by torch's rules (trailing dimensions equal or 1); None where
+    they do not."""
+    shape = []
+    for one, other in itertools.zip_longest(reversed(first), reversed(second), fillvalue=1):
+        if one != other and 1 not in (one, other):
+            return None
+        shape.append(other if one == 1 else one)
+    return tuple(reversed(shape))
 
 
 def task_loss(logits: Tensor, targets: Tensor, class_dim: int = -1) -> Tensor:
