@@ -300,3 +300,36 @@ def test_an_augmentation_is_checked_to_be_a_function_and_runs_as_given() -> None
     task = task_from_data("mine", pairs(8), pairs(4), augment=lambda inputs, generator: -inputs, batch_size=8)
     [(inputs, _)] = list(task.train.iterate_batches(8, shuffle=False, augment=task.augment))
     assert torch.equal(inputs, -pairs(8)[0])
+
+
+class _Unstackable(torch.utils.data.Dataset[tuple[object, int]]):
+    """Samples the default collate cannot stack: tensors of two lengths, or objects that are no tensors."""
+
+    def __init__(self, kind: str) -> None:
+        self.kind = kind
+
+    def __len__(self) -> int:
+        return 4
+
+    def __getitem__(self, index: int) -> tuple[object, int]:
+        if self.kind == "ragged":
+            return torch.zeros(index % 2 + 1), index % 2
+        if self.kind == "pil":
+            image = pytest.importorskip("PIL.Image")
+            return image.new("L", (4, 4)), index % 2
+        return object(), index % 2
+
+
+@pytest.mark.parametrize(("kind", "message"), [
+    ("ragged", r"^train: the Dataset's samples cannot be batched \(RuntimeError: stack expects each tensor to be equal "
+               r"size.*\); samples of different shapes: bring them to one in the Dataset"),
+    ("pil", r"^train: the Dataset's samples cannot be batched \(TypeError: .*PIL.*\); a torchvision dataset gives "
+            r"tensors with transform=torchvision\.transforms\.ToTensor\(\)$"),
+    ("object", r"^train: the Dataset's samples cannot be batched \(TypeError: .*\); return \(inputs, target\)"),
+])
+def test_dataset_samples_that_cannot_be_batched_are_one_data_error(kind: str, message: str) -> None:
+    """A Dataset morphogen batches itself: samples torch's collate cannot stack say why in one line, where torch's
+    TypeError or RuntimeError came out of the batch iterator."""
+    task = task_from_data("mine", _Unstackable(kind), pairs(4))
+    with pytest.raises(DataError, match=message):
+        list(task.train.iterate_batches(4))

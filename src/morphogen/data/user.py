@@ -23,7 +23,7 @@ from typing import Any, cast
 
 import torch
 from torch import Tensor, nn
-from torch.utils.data import DataLoader, Dataset, IterableDataset
+from torch.utils.data import DataLoader, Dataset, IterableDataset, default_collate
 
 from morphogen.data.datasets import Augmentation, DeviceDataset
 from morphogen.data.errors import DataError
@@ -81,7 +81,8 @@ class StreamedBatches:
             ordered = isinstance(self.data, IterableDataset)  # a stream: DataLoader cannot shuffle it
             batches: Iterable[Any] = DataLoader(self.data, batch_size=batch_size,  # type: ignore[arg-type]
                                                 shuffle=shuffle and not ordered,
-                                                generator=None if ordered else cpu_generator, drop_last=drop_last)
+                                                generator=None if ordered else cpu_generator, drop_last=drop_last,
+                                                collate_fn=functools.partial(_collated, split=self.split))
         else:
             batches = cast(Iterable[Any], self.data)  # not a Dataset: a loader or another iterable of batches
         for index, batch in enumerate(batches):
@@ -142,6 +143,21 @@ class CheckedAugmentation:
             raise DataError(f"augment returned {got} for a batch of shape {tuple(inputs.shape)}; return the batch's "
                             "inputs transformed, one row per sample")
         return result
+
+
+def _collated(samples: list[Any], split: str) -> Any:
+    """A batch of a user's `Dataset` samples, stacked as torch's default collate stacks them; samples it cannot
+    stack (images torchvision left as PIL images, tensors of different shapes) are one `DataError` line saying why."""
+    try:
+        return default_collate(samples)
+    except (TypeError, RuntimeError) as error:
+        message = str(error).strip().splitlines()[0][:300] if str(error).strip() else type(error).__name__
+        hint = ("; a torchvision dataset gives tensors with transform=torchvision.transforms.ToTensor()"
+                if "PIL." in message else "; samples of different shapes: bring them to one in the Dataset (pad or "
+                "crop), or batch them yourself in a DataLoader with a collate_fn" if "equal size" in message
+                else "; return (inputs, target) of tensors, numbers or numpy arrays")
+        raise DataError(f"{split}: the Dataset's samples cannot be batched ({type(error).__name__}: {message}){hint}") \
+            from None
 
 
 def _available_device(device: str | torch.device) -> torch.device:
