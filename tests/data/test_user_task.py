@@ -231,7 +231,7 @@ def test_ignored_soft_and_own_loss_targets_are_not_class_indices_to_check() -> N
 
 def test_class_targets_are_checked_in_every_chunk(monkeypatch: pytest.MonkeyPatch) -> None:
     """The check reads the targets in chunks: a class outside the range in the last chunk is found too."""
-    monkeypatch.setattr("morphogen.data.user._CHECKED_TARGETS_PER_CHUNK", 3)
+    monkeypatch.setattr("morphogen.data.user._CHECKED_VALUES_PER_CHUNK", 3)
     inputs, good = torch.zeros(7, 3), torch.tensor([0, 1, 2, 1, 0, 2, 1])
     with pytest.raises(DataError, match=r"^train: targets hold class 9"):
         task_from_data("mine", (inputs, torch.tensor([0, 1, 2, 1, 0, 2, 9])), (inputs, good), num_classes=3)
@@ -257,7 +257,7 @@ def test_inputs_holding_nan_or_inf_warn_naming_the_split_and_the_first_sample(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """NaN (a missing value read from a table) or Inf in held inputs: a warning naming the split and the first sample,
     in every chunk the check reads; the task is made all the same (a model may replace them itself)."""
-    monkeypatch.setattr("morphogen.data.user._CHECKED_TARGETS_PER_CHUNK", 6)  # two rows of 3 values per chunk
+    monkeypatch.setattr("morphogen.data.user._CHECKED_VALUES_PER_CHUNK", 6)  # two rows of 3 values per chunk
     inputs, labels = pairs(8)
     holed = inputs.clone()
     holed[5, 1] = float("nan")

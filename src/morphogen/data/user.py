@@ -39,7 +39,7 @@ validation leaves it out of the loss's mean and of the accuracy too, and it is n
 #: Topologies a user's host may have (see `morphogen.core.module_host`); the data layer names them as strings.
 USER_TOPOLOGIES = ("cnn", "cnn1d", "transformer", "mlp")
 LossFunction = Callable[[Tensor, Tensor], Tensor]
-_CHECKED_TARGETS_PER_CHUNK = 1 << 24
+_CHECKED_VALUES_PER_CHUNK = 1 << 24
 """Values read at once where `task_from_data` checks a split's targets or inputs (16M: 128 MiB of int64)."""
 
 
@@ -258,8 +258,8 @@ def _check_class_indices(targets: Tensor, num_classes: int, split: str) -> None:
     if targets.is_floating_point() or targets.is_complex() or targets.dtype == torch.bool:
         return  # class probabilities (or not class targets at all): the loss judges them
     flat = targets.reshape(-1)
-    for start in range(0, flat.numel(), _CHECKED_TARGETS_PER_CHUNK):
-        chunk = flat[start:start + _CHECKED_TARGETS_PER_CHUNK]
+    for start in range(0, flat.numel(), _CHECKED_VALUES_PER_CHUNK):
+        chunk = flat[start:start + _CHECKED_VALUES_PER_CHUNK]
         outside = ((chunk < 0) & (chunk != IGNORE_INDEX)) | (chunk >= num_classes)
         if bool(outside.any()):
             raise DataError(f"{split}: targets hold class {int(chunk[outside][0])}, outside 0..{num_classes - 1} of "
@@ -273,7 +273,7 @@ def _first_non_finite_sample(inputs: Inputs) -> int | None:
     for value in tensors(inputs):
         if not value.is_floating_point() or value.numel() == 0:
             continue
-        rows_per_chunk = max(1, _CHECKED_TARGETS_PER_CHUNK // max(1, value[0].numel()))
+        rows_per_chunk = max(1, _CHECKED_VALUES_PER_CHUNK // max(1, value[0].numel()))
         for start in range(0, value.shape[0], rows_per_chunk):
             chunk = value[start:start + rows_per_chunk]
             finite = torch.isfinite(chunk).reshape(chunk.shape[0], -1).all(dim=1)  # (rows,)
