@@ -620,6 +620,22 @@ def test_a_task_file_named_as_a_module_imported_before_it_says_to_rename_it(
     assert f"not {tmp_path / 'copy.py'}: rename your file" in err
 
 
+def test_data_paths_given_with_a_users_task_warn_that_it_ignores_them(tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """--data-dir and --text-file reach only the built-in tasks: with a user's function (called with seed and device)
+    the run says it ignores them, as load_task does for a built-in task that does not read one."""
+    monkeypatch.chdir(HERE)
+    with pytest.warns(UserWarning) as caught:
+        code = main(["run", "--task", "user_tasks:mlp_regression", "--data-dir", str(tmp_path / "cifar"),
+                     "--text-file", str(tmp_path / "corpus.txt"), "--epochs", "1", "--no-baseline",
+                     "--no-from-scratch", "--run-dir", str(tmp_path / "run"), "--threads", "1"])
+    assert code == 0
+    said = [str(warning.message) for warning in caught]
+    assert f"task user_tasks:mlp_regression ignores data_dir={str(tmp_path / 'cifar')!r}: only the built-in " \
+           "'cifar10' reads it; your function reads its own data" in said
+    assert any("ignores text_file=" in message and "only the built-in 'text' reads it" in message for message in said)
+
+
 def test_a_host_table_or_a_sample_cap_with_a_users_task_is_refused(tmp_path: Path,
                                                                  capsys: pytest.CaptureFixture[str]) -> None:
     code = main(["run", "--task", "user_tasks:resnet", "--max-train-samples", "10", "--run-dir", str(tmp_path)])
