@@ -333,3 +333,14 @@ def test_dataset_samples_that_cannot_be_batched_are_one_data_error(kind: str, me
     task = task_from_data("mine", _Unstackable(kind), pairs(4))
     with pytest.raises(DataError, match=message):
         list(task.train.iterate_batches(4))
+
+
+def test_a_loader_without_a_batch_size_is_told_to_give_it_one() -> None:
+    """DataLoader(batch_size=None) yields single samples: the message names that setting, rather than asking for
+    the DataLoader the user already gave."""
+    loader = DataLoader(TensorDataset(*pairs(6)), batch_size=None)
+    task = task_from_data("mine", loader, pairs(4))
+    with pytest.raises(DataError, match=r"^train batch 0: \(3,\) inputs but \(\) targets; both need the same leading "
+                                        r"sample dimension \(one sample, not a batch: the DataLoader has "
+                                        r"batch_size=None, which yields samples one by one; give it a batch_size\)$"):
+        next(iter(task.train.iterate_batches(4)))

@@ -118,7 +118,11 @@ class StreamedBatches:
             raise DataError(f"{self.split} batch {index}: its inputs are {problem}")
         if targets.dim() == 0 or rows(inputs) != targets.shape[0]:
             shape = tuple(inputs.shape) if isinstance(inputs, Tensor) else f"{rows(inputs)} samples of"
-            single = " (one sample, not a batch? pass your samples in a DataLoader)" if targets.dim() == 0 else ""
+            unbatched = isinstance(self.data, DataLoader) and self.data.batch_size is None and \
+                self.data.batch_sampler is None
+            single = "" if targets.dim() != 0 else (
+                " (one sample, not a batch: the DataLoader has batch_size=None, which yields samples one by one; give "
+                "it a batch_size)" if unbatched else " (one sample, not a batch? pass your samples in a DataLoader)")
             raise DataError(f"{self.split} batch {index}: {shape} inputs but {tuple(targets.shape)} "
                             f"targets; both need the same leading sample dimension{single}")
         return inputs, targets
