@@ -384,6 +384,22 @@ def test_a_regression_whose_targets_broadcast_against_the_outputs_is_refused(los
     assert math.isfinite(result.grown.final_loss)
 
 
+@pytest.mark.parametrize("split", ["train", "validation"])
+def test_labels_counted_from_one_without_num_classes_are_refused_against_the_models_scores(split: str,
+                                                                                          tmp_path: Path) -> None:
+    """Labels 1..3 for a model of 3 class scores and no num_classes: one line naming the split, the class and the
+    model's score count, before anything trains (on a GPU, cross-entropy met them as a device-side assert)."""
+    x, y = torch.randn(24, 12), torch.arange(24) % 3
+    shifted = (x, y + 1)
+    task = morphogen.task_from_data("counted", shifted if split == "train" else (x, y),
+                                    shifted if split == "validation" else (x, y))
+    host = morphogen.host_from_module(mlp(), ["1"], example_input=x[:2])
+    with pytest.raises(morphogen.DataError, match=rf"^task 'counted': {split}: targets hold class 3, outside 0\.\.2 of "
+                                                  r"the model's 3 class scores \(-100"):
+        morphogen.grow(task, host, run_dir=str(tmp_path / "run"), config=eager_config(epochs=1), out=io.StringIO())
+    assert not (tmp_path / "run").exists()
+
+
 def test_features_computed_with_autograd_on_train_and_leave_their_encoder_alone(tmp_path: Path) -> None:
     """Inputs an encoder computed outside torch.no_grad (a common way to make features): the run trains on them
     (it failed in its second step, backwarding through the encoder's freed graph) and gives the encoder no gradient."""

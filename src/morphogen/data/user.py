@@ -213,7 +213,7 @@ def task_from_data(name: str, train: object, validation: object, *, loss: LossFu
         if not isinstance(source, DeviceDataset):  # streamed batches are not read before training
             continue
         if loss is None and num_classes is not None:
-            _check_class_indices(source.targets, num_classes, split)
+            check_class_indices(source.targets, num_classes, split, f"num_classes={num_classes}")
         sample = _first_non_finite_sample(source.inputs)
         if sample is not None:
             # A warning, not a refusal: a model may read NaN as "missing" and replace it itself.
@@ -255,8 +255,9 @@ def _check_task_arguments(name: object, batch_size: object, num_classes: object,
         raise DataError(f"target_key must be the name of the targets' entry in a dict batch, got {target_key!r}")
 
 
-def _check_class_indices(targets: Tensor, num_classes: int, split: str) -> None:
-    """A `DataError` where integer `targets` of the default cross-entropy hold a class outside 0..num_classes-1
+def check_class_indices(targets: Tensor, num_classes: int, split: str, counted: str) -> None:
+    """A `DataError` where integer `targets` of the default cross-entropy hold a class outside 0..num_classes-1 (the
+    classes of `counted`: "num_classes=10", "the model's 10 class scores")
     (`IGNORE_INDEX` aside): on a GPU the loss meets one as a device-side assert that ends the CUDA context. Read in
     chunks, so that a large split's check needs little memory beside it (one sync per chunk, once per task)."""
     if targets.is_floating_point() or targets.is_complex() or targets.dtype == torch.bool:
@@ -267,13 +268,12 @@ def _check_class_indices(targets: Tensor, num_classes: int, split: str) -> None:
         outside = ((chunk < 0) & (chunk != IGNORE_INDEX)) | (chunk >= num_classes)
         if bool(outside.any()):
             raise DataError(f"{split}: targets hold class {int(chunk[outside][0])}, outside 0..{num_classes - 1} of "
-                            f"num_classes={num_classes} ({IGNORE_INDEX}, cross-entropy's ignore_index, marks a "
-                            "target to leave out)")
+                            f"{counted} ({IGNORE_INDEX}, cross-entropy's ignore_index, marks a target to leave out)")
 
 
 def _first_non_finite_sample(inputs: Inputs) -> int | None:
     """The index of the first sample whose floating-point inputs hold a NaN or an infinity; None where none does.
-    Read in chunks of rows, as `_check_class_indices` reads the targets."""
+    Read in chunks of rows, as `check_class_indices` reads the targets."""
     for value in tensors(inputs):
         if not value.is_floating_point() or value.numel() == 0:
             continue

@@ -19,7 +19,8 @@ from torch import Tensor, nn
 
 from morphogen.core.model import MorphogeneticModel
 from morphogen.data import BatchSource, DataError, Task
-from morphogen.data.user import IGNORE_INDEX
+from morphogen.data.datasets import DeviceDataset
+from morphogen.data.user import IGNORE_INDEX, check_class_indices
 from morphogen.env.compute import note_batch
 from morphogen.env.counterfactual import AlphaConfigurations, CounterfactualResult
 from morphogen.inputs import InputSpec, to_device
@@ -105,7 +106,7 @@ def refuse_other_class_count(task: Task, model: nn.Module) -> None:
     """A `DataError` where `task` is a classification with `num_classes`, scored by the default cross-entropy, and
     `model` gives another number of class scores on its first validation rows: such a model trains, but its
     accuracy and the task's chance level would mean nothing. A task's own loss or metric is never checked."""
-    if task.num_classes is None or task.loss is not None or task.metric is not None:
+    if task.loss is not None or (task.num_classes is not None and task.metric is not None):
         return
     first = next(iter(task.validation.iterate_batches(2, shuffle=False)), None)
     if first is None:
@@ -122,10 +123,29 @@ def refuse_other_class_count(task: Task, model: nn.Module) -> None:
         return  # the first validation reports what the model cannot take, with its own hints
     finally:
         model.train(training)
-    problem = class_count_problem(outputs.shape, targets.shape, task.class_dim, task.num_classes) \
-        if isinstance(outputs, Tensor) else ""
+    if not isinstance(outputs, Tensor):
+        return
+    if task.num_classes is None:
+        _refuse_targets_beyond_the_scores(task, outputs.shape, targets.shape)
+        return
+    problem = class_count_problem(outputs.shape, targets.shape, task.class_dim, task.num_classes)
     if problem:
         raise DataError(f"task {task.name!r}: {problem}")
+
+
+def _refuse_targets_beyond_the_scores(task: Task, outputs: torch.Size, targets: torch.Size) -> None:
+    """For a task without `num_classes`, a `DataError` where the targets it holds as tensors name a class the model
+    has no score for (labels counted from 1): caught here, before a GPU's cross-entropy asserts on it."""
+    try:
+        scores = outputs[class_dim_of(outputs, targets, task.class_dim)]
+    except DataError:
+        return  # the shapes do not line up: the first validation says why
+    for split, source in (("train", task.train), ("validation", task.validation)):
+        if isinstance(source, DeviceDataset):
+            try:
+                check_class_indices(source.targets, scores, split, f"the model's {scores} class scores")
+            except DataError as error:
+                raise DataError(f"task {task.name!r}: {error}") from None
 
 
 @dataclass(frozen=True)
