@@ -9,6 +9,7 @@ import json
 import math
 import re
 import shutil
+import sys
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -629,6 +630,9 @@ def test_a_task_file_named_as_a_module_imported_before_it_says_to_rename_it(
     so, where it only said the module has no such function."""
     (tmp_path / "copy.py").write_text("def make_task():\n    raise AssertionError('never imported')\n")
     monkeypatch.chdir(tmp_path)
+    # The import puts the current directory on sys.path: undone after the test, or worker processes spawned by later
+    # tests would import this copy.py for the standard library's.
+    monkeypatch.setattr(sys, "path", list(sys.path))
     code = main(["run", "--task", "copy:make_task", "--epochs", "1", "--run-dir", str(tmp_path / "run")])
     err = capsys.readouterr().err
     assert code == EXIT_USER_ERROR and err.count("\n") == 1
