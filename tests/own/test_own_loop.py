@@ -568,3 +568,13 @@ def test_under_lightning_an_optimizer_the_callback_cannot_choose_is_refused_when
     with pytest.raises(ValueError, match=r"the Grower's optimizer= is not one the trainer steps: return it from "
                                          r"configure_optimizers"):
         fit_quietly(GrowingModule(grower), [GrowthCallback(grower)], 1, tmp_path, loader)
+
+
+@pytest.mark.parametrize("num_classes", [3, None])
+def test_a_growers_validation_labels_beyond_its_classes_are_named_as_validation(num_classes: int | None) -> None:
+    """A Grower reads one split, the validation data it was given: a label outside its classes (given, or the
+    model's scores) is named as the validation's, though the task it makes uses that data to train too."""
+    inputs, targets = blobs(96, 1)
+    host = morphogen.host_from_module(mlp(), ["1"], example_input=inputs[:2])
+    with pytest.raises(morphogen.DataError, match=r"validation: targets hold class 3, outside 0\.\.2 of "):
+        Grower(host, (inputs, targets + 1), epochs=2, num_classes=num_classes)

@@ -209,7 +209,7 @@ def task_from_data(name: str, train: object, validation: object, *, loss: LossFu
     target = _available_device(device)
     train_source = _source(train, target, "train", target_key)
     validation_source = _source(validation, target, "validation", target_key)
-    for split, source in (("train", train_source), ("validation", validation_source)):
+    for split, source in (("validation", validation_source), ("train", train_source)):
         if not isinstance(source, DeviceDataset):  # streamed batches are not read before training
             continue
         if loss is None and num_classes is not None:

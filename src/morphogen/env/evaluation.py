@@ -140,7 +140,7 @@ def _refuse_targets_beyond_the_scores(task: Task, outputs: torch.Size, targets: 
         scores = outputs[class_dim_of(outputs, targets, task.class_dim)]
     except DataError:
         return  # the shapes do not line up: the first validation says why
-    for split, source in (("train", task.train), ("validation", task.validation)):
+    for split, source in (("validation", task.validation), ("train", task.train)):
         if isinstance(source, DeviceDataset):
             try:
                 check_class_indices(source.targets, scores, split, f"the model's {scores} class scores")
