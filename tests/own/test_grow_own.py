@@ -401,6 +401,24 @@ def test_labels_counted_from_one_without_num_classes_are_refused_against_the_mod
     assert not (tmp_path / "run").exists()
 
 
+@pytest.mark.parametrize(("labels", "said"), [
+    (lambda y: y.int(), "the targets are int32: cross-entropy takes class indices as int64 (y.long())"),
+    (lambda y: y.to(torch.uint8), "the targets are uint8: cross-entropy takes class indices as int64 (y.long())"),
+    (lambda y: y.float(), "the targets are float32 whole numbers: cross-entropy takes class indices as int64 "
+                          "(y.long()), or class probabilities shaped as the outputs"),
+], ids=["int32", "uint8", "float"])
+def test_class_indices_of_another_dtype_say_to_make_them_int64(labels: Callable[[torch.Tensor], torch.Tensor],
+                                                               said: str, tmp_path: Path) -> None:
+    """Labels from numpy as int32, as uint8 or as floats: the default cross-entropy refuses them; the line says
+    which dtype they are and the conversion, before anything trains."""
+    x, y = torch.randn(24, 12), torch.arange(24) % 3
+    task = morphogen.task_from_data("labels", (x, labels(y)), (x, labels(y)))
+    host = morphogen.host_from_module(mlp(), ["1"], example_input=x[:2])
+    with pytest.raises(morphogen.DataError) as raised:
+        morphogen.grow(task, host, run_dir=str(tmp_path / "run"), config=eager_config(epochs=1), out=io.StringIO())
+    assert str(raised.value).startswith(f"task 'labels': {said} (the loss failed on the validation data: ")
+
+
 def test_features_computed_with_autograd_on_train_and_leave_their_encoder_alone(tmp_path: Path) -> None:
     """Inputs an encoder computed outside torch.no_grad (a common way to make features): the run trains on them
     (it failed in its second step, backwarding through the encoder's freed graph) and gives the encoder no gradient."""

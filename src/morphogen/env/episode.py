@@ -156,6 +156,20 @@ def task_with_host(task: Task, host: object = None) -> Task:
     return dataclasses.replace(probe, topology=topology)
 
 
+def _class_index_dtype_problem(targets: Tensor) -> str:
+    """Where the default cross-entropy's `targets` are class indices of another dtype than int64 (int32 from numpy,
+    uint8, or whole numbers as floats), what to convert; else "". Reads the targets: on a failure's path only."""
+    name = str(targets.dtype).removeprefix("torch.")
+    if targets.dtype in (torch.int64, torch.bool) or targets.is_complex():
+        return ""
+    if not targets.is_floating_point():
+        return f"the targets are {name}: cross-entropy takes class indices as int64 (y.long())"
+    if targets.numel() and bool(torch.equal(targets, targets.round())):
+        return (f"the targets are {name} whole numbers: cross-entropy takes class indices as int64 (y.long()), or "
+                "class probabilities shaped as the outputs")
+    return ""
+
+
 def _error_line(error: BaseException) -> str:
     """An exception from the user's model or data as one line: its type and its message's first line, cut short."""
     lines = str(error).strip().splitlines()
@@ -577,10 +591,15 @@ class MorphogenesisEpisode:
         except (RuntimeError, ValueError, TypeError, IndexError) as error:
             self._refuse_inputs_of_another_kind()
             assert self.model is not None
-            inputs, _ = self._first_batch("validation", 1)
-            dtypes = dtype_mismatch(inputs, self.model.parameters(), self._model_error(inputs))
+            inputs, targets = self._first_batch("validation", 1)
+            model_error = self._model_error(inputs)
+            dtypes = dtype_mismatch(inputs, self.model.parameters(), model_error)
             if dtypes:
                 raise DataError(f"task {self.task.name!r}: {dtypes} (the model failed on the validation data: "
+                                f"{_error_line(error)})") from None
+            indices = "" if self.objective.custom or model_error is not None else _class_index_dtype_problem(targets)
+            if indices:
+                raise DataError(f"task {self.task.name!r}: {indices} (the loss failed on the validation data: "
                                 f"{_error_line(error)})") from None
             hint = "" if self.objective.custom else (
                 " (the default loss, cross-entropy, reads class scores on dimension 1 or the last, [N, C], [N, T, C] "
