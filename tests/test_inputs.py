@@ -9,6 +9,7 @@ from torch import Tensor
 from morphogen.inputs import (
     Inputs,
     InputSpec,
+    batch_differences,
     problem,
     repeat_rows,
     rows,
@@ -112,3 +113,12 @@ def test_zeros_of_a_spec_are_zeros_on_the_cpu_by_default() -> None:
     assert isinstance(zeros, dict)
     assert zeros["tokens"].dtype == torch.int64 and zeros["mask"].dtype == torch.bool
     assert all(value.device.type == "cpu" and not value.any() for value in zeros.values())
+
+
+def test_a_batch_of_another_number_of_inputs_is_a_difference() -> None:
+    """Three input tensors against two (or two against three) differ, though each tensor they share agrees."""
+    two = ((tokens(), mask()), torch.zeros(BATCH))
+    three = ((tokens(), mask(), mask()), torch.zeros(BATCH))
+    assert batch_differences(three, two) == ["inputs are a tuple of 3 tensors, not of 2"]
+    assert batch_differences(two, three) == ["inputs are a tuple of 2 tensors, not of 3"]
+    assert batch_differences(two, two) == []

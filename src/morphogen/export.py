@@ -211,7 +211,7 @@ def _traced(network: nn.Module, example: Inputs, dims: tuple[int, ...] = ()) -> 
         try:
             expected = network(example)
         except Exception as error:  # the user's example: another dtype, another structure, another shape
-            dtypes = dtype_mismatch(example, network.parameters())
+            dtypes = dtype_mismatch(example, network.parameters(), error)
             raise ExportError(f"running the grown network on example_input failed: {_first_line(error)}"
                               + (f" ({dtypes})" if dtypes else "")) from None
         try:

@@ -227,7 +227,7 @@ class Grower:
         try:
             output, shadow = model.forward_with_shadow(inputs, shadow_rows(rows(inputs), trainer.shadow_fraction))
         except RuntimeError as error:
-            hint = dtype_mismatch(inputs, model.parameters()) if self._steps == 0 else ""
+            hint = dtype_mismatch(inputs, model.parameters(), error) if self._steps == 0 else ""
             if hint:
                 raise ValueError(f"training_step: {hint} (the model failed on them: {error})") from None
             raise

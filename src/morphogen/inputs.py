@@ -57,15 +57,20 @@ def tensors(inputs: Inputs) -> list[Tensor]:
     return list(inputs.values()) if isinstance(inputs, dict) else list(inputs)
 
 
-def dtype_mismatch(inputs: Inputs, parameters: Iterable[Tensor]) -> str:
+def dtype_mismatch(inputs: Inputs, parameters: Iterable[Tensor], error: BaseException | None = None) -> str:
     """Where a floating-point input is of another dtype than the first floating-point parameter, a hint saying so
-    (for the message of the error it caused), else "". Not a refusal: a model may cast its inputs itself."""
+    (for the message of the error it caused), else "". Not a refusal: a model may cast its inputs itself.
+    Given the `error` the model raised, integer inputs (uint8 pixels) get the hint too where its message is about
+    a type: ids an embedding reads are integers, and a model of them fails for other reasons."""
     dtype = next((p.dtype for p in parameters if p.is_floating_point()), None)
     given = next((t.dtype for t in tensors(inputs) if t.is_floating_point() and t.dtype != dtype), None)
+    if given is None and error is not None and "type" in str(error).lower():
+        given = next((t.dtype for t in tensors(inputs) if not (t.is_floating_point() or t.is_complex())), None)
     if dtype is None or given is None:
         return ""
+    scaled = "" if given.is_floating_point else ", scaled as the model expects"
     return (f"the inputs are {str(given).removeprefix('torch.')}, the model's parameters "
-            f"{str(dtype).removeprefix('torch.')}: convert the inputs (x.to({dtype}))")
+            f"{str(dtype).removeprefix('torch.')}: convert the inputs (x.to({dtype}){scaled})")
 
 
 def map_tensors(function: Callable[[Tensor], Tensor], inputs: Inputs) -> Inputs:
@@ -76,6 +81,12 @@ def map_tensors(function: Callable[[Tensor], Tensor], inputs: Inputs) -> Inputs:
         return {key: function(value) for key, value in inputs.items()}
     mapped = [function(value) for value in inputs]
     return tuple(mapped) if isinstance(inputs, tuple) else mapped
+
+
+def detached(inputs: Inputs) -> Inputs:
+    """`inputs` without autograd history: tensors that require grad detached (a view, no copy), the others as they
+    are (the same objects)."""
+    return map_tensors(lambda value: value.detach() if value.requires_grad else value, inputs)
 
 
 def rows(inputs: Inputs) -> int:
@@ -161,6 +172,8 @@ def batch_differences(batch: tuple[Inputs, Tensor], reference: tuple[Inputs, Ten
     given, expected = InputSpec.of(inputs), InputSpec.of(expected_inputs)
     if (given.kind, given.keys) != (expected.kind, expected.keys):
         return [f"inputs are a {given.kind}{_keys_of(given)}, not a {expected.kind}{_keys_of(expected)}"]
+    if len(given.samples) != len(expected.samples):
+        return [f"inputs are a {given.kind} of {len(given.samples)} tensors, not of {len(expected.samples)}"]
 
     def described(shape: tuple[int, ...], dtype: torch.dtype) -> str:
         return f"{str(dtype).removeprefix('torch.')} {list(shape)}"

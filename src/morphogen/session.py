@@ -13,6 +13,7 @@ and reading them back rebuilds the same host even if the task's defaults change 
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Self
@@ -158,6 +159,11 @@ def load_session_task(options: SessionOptions, device: str) -> Task:
         raise ConfigError("task: this run's task was built in Python (morphogen.grow); run it from Python again, or "
                           "name a function that builds it: --task package.module:function")
     if is_import_path(options.task):
+        for setting, value, reader in (("data_dir", options.data_dir, "cifar10"), ("text_file", options.text_file,
+                                                                                 "text")):
+            if value is not None:  # the function is called with seed and device only: say so, as load_task does
+                warnings.warn(f"task {options.task} ignores {setting}={value!r}: only the built-in {reader!r} reads "
+                              "it; your function reads its own data", stacklevel=2)
         return dataclasses.replace(task_on_device(import_task(options.task, seed=options.seed, device=device), device),
                                    source=options.task)
     return load_task(options.task, device=device, data_dir=options.data_dir, text_file=options.text_file,

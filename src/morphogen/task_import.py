@@ -15,6 +15,7 @@ import inspect
 import os
 import re
 import sys
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 import torch
@@ -36,7 +37,7 @@ def check_import_path(task: str) -> None:
     """Raise `ValueError` for a `module:function` setting that is not one."""
     if not _IMPORT_PATH.match(task):
         raise ValueError(f"task: {short_repr(task)} is neither a built-in task nor an import path "
-                         "package.module:function")
+                         f"package.module:function{file_path_hint(task)}")
 
 
 def import_task(path: str, *, seed: int, device: str) -> Task:
@@ -81,15 +82,42 @@ def import_function(path: str, what: str) -> Any:
     try:
         module = importlib.import_module(module_name)
     except Exception as error:  # ImportError, or anything the module raises while it is imported
+        hint = file_path_hint(path) if isinstance(error, ImportError) else ""
         raise ConfigError(f"{what}: cannot import {module_name!r} for {path}: {type(error).__name__}: "
-                          f"{_first_line(error)}") from None
+                          f"{_first_line(error)}{hint}") from None
     if not hasattr(module, function_name):
-        raise ConfigError(f"{what}: module {module_name!r} has no function {function_name!r}")
+        raise ConfigError(f"{what}: module {module_name!r} has no function {function_name!r}"
+                          f"{_shadowed_hint(module, module_name, here)}")
     function = getattr(module, function_name)
     if not callable(function):
         raise ConfigError(f"{what}: {function_name!r} in module {module_name!r} is not callable (its type is "
                           f"{type(function).__name__}); name a function")
     return function
+
+
+def _shadowed_hint(module: object, module_name: str, here: str) -> str:
+    """Where the current directory holds `module_name`'s file but the module imported is another one (a standard
+    library or installed module of that name, imported before), a hint saying so; else ""."""
+    own = Path(here, *module_name.split(".")).with_suffix(".py")
+    imported = getattr(module, "__file__", None)
+    if not own.is_file() or (imported is not None and Path(imported).resolve() == own.resolve()):
+        return ""
+    return (f" ({module_name!r} is already the module at {imported or 'built in'}, not {own}: rename your file, "
+            "since a module of that name is imported before it)")
+
+
+def file_path_hint(path: str) -> str:
+    """Where `path` names its module as a file (`my_task.py:make`, `./my_task:make`, `src/my_task.py:make`), a hint
+    giving the import path that names it (`my_task:make`, from the folder that holds it); else ""."""
+    module, _, function = path.rpartition(":")
+    if not (module.endswith(".py") or "/" in module or "\\" in module) or not function:
+        return ""
+    file = PurePosixPath(module.replace("\\", "/"))
+    stem, folder = file.name.removesuffix(".py"), str(file.parent)
+    if not stem.isidentifier():
+        return ""
+    where = "" if folder == "." else f", run from {folder}/ or with it on PYTHONPATH"
+    return f"; name the module as Python imports it, without a folder or .py: {stem}:{function}{where}"
 
 
 def _first_line(error: BaseException) -> str:

@@ -160,3 +160,80 @@ def test_missing_or_broken_files_are_named(tmp_path: Path) -> None:
     write_pickle(folder / "batches.meta", {"label_names": ["a", "b"]})
     with pytest.raises(DataError, match=r"batches.meta: key 'label_names' should list 10 names$"):
         load_task("cifar10", data_dir=tmp_path)
+
+
+class _ReducesToBadCall:
+    """Unpickles to a call with arguments its callable refuses: pickle raises the callable's TypeError."""
+
+    def __reduce__(self) -> tuple[object, tuple[object, ...]]:
+        return (int, ("1", "2", "3"))
+
+
+@pytest.mark.parametrize(("content", "message"), [
+    ({b"data": np.zeros((0, 3072), dtype=np.uint8), b"labels": []}, r"data_batch_2 holds no images$"),
+    ({b"data": np.zeros((3, 3072), dtype=np.uint8), b"labels": [[0], [1, 2], 3]},
+     r"data_batch_2: key 'labels' should hold one int per image \(3\)$"),
+    (_ReducesToBadCall(), r"data_batch_2 is not a readable pickle \(int\(\) takes at most 2 arguments"),
+], ids=["no-images", "ragged-labels", "type-error-inside"])
+def test_a_batch_file_of_another_content_is_a_data_error_naming_it(tmp_path: Path, content: object,
+                                                                    message: str) -> None:
+    """An empty batch, labels that are not one int per image and a pickle whose content cannot be rebuilt are one
+    line naming the file, not numpy's or pickle's exception (an empty batch's labels are not called wrong)."""
+    write_fake_cifar10(tmp_path)
+    write_pickle(tmp_path / "cifar-10-batches-py" / "data_batch_2", content)
+    with pytest.raises(DataError, match=message):
+        load_task("cifar10", data_dir=tmp_path)
+
+
+def test_a_data_dir_that_is_a_file_or_an_unreadable_batch_is_named_as_such(tmp_path: Path,
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """A file given as the data directory is "not a directory" (it exists); a batch that cannot be opened (no read
+    permission) is a DataError naming it, not an OSError traceback."""
+    write_fake_cifar10(tmp_path)
+    batch = tmp_path / "cifar-10-batches-py" / "data_batch_1"
+    with pytest.raises(DataError, match=r"data_batch_1 is not a directory; expected DATA_DIR"):
+        load_task("cifar10", data_dir=batch)
+
+    opened = Path.open
+
+    def refused(path: Path, *args: object, **kwargs: object) -> object:
+        if path.name == "data_batch_4":
+            raise PermissionError(13, "Permission denied", str(path))
+        return opened(path, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(Path, "open", refused)
+    with pytest.raises(DataError, match=r"CIFAR-10 file .*data_batch_4 cannot be read \(.*Permission denied"):
+        load_task("cifar10", data_dir=tmp_path)
+
+
+def test_an_archive_not_yet_extracted_or_the_binary_version_says_what_to_do(tmp_path: Path) -> None:
+    """The published archive given (or left unextracted in the directory), or the binary version's folder: the
+    message says to extract it, or that this is another download, beside the layout expected."""
+    archive = tmp_path / "cifar-10-python.tar.gz"
+    archive.write_bytes(b"\x1f\x8b not really")
+    with pytest.raises(DataError, match=r"cifar-10-python\.tar\.gz is not a directory; .*; .*cifar-10-python\.tar\.gz "
+                                        r"is the archive: extract it \(tar -xzf "):
+        load_task("cifar10", data_dir=archive)
+    with pytest.raises(DataError, match=r"files missing in .*; .*cifar-10-python\.tar\.gz is the archive: extract it "
+                                        r"there first \(tar -xzf cifar-10-python\.tar\.gz\)$"):
+        load_task("cifar10", data_dir=tmp_path)
+    binary = tmp_path / "binary"
+    (binary / "cifar-10-batches-bin").mkdir(parents=True)
+    (binary / "cifar-10-batches-bin" / "data_batch_1.bin").write_bytes(b"")
+    with pytest.raises(DataError, match=r"; cifar-10-batches-bin holds the binary version, which this does not "
+                                        r"read: get the python version$"):
+        load_task("cifar10", data_dir=binary)
+    with pytest.raises(DataError, match=r"binary version"):
+        load_task("cifar10", data_dir=binary / "cifar-10-batches-bin")
+
+
+def test_training_images_of_one_colour_are_refused_before_standardizing_by_zero(tmp_path: Path) -> None:
+    """Placeholder batches (every pixel 0 in a channel) would standardize to NaN inputs: one line instead."""
+    write_fake_cifar10(tmp_path)
+    folder = tmp_path / "cifar-10-batches-py"
+    for number in range(1, 6):
+        data = np.random.default_rng(number).integers(0, 256, size=(4, 3072), dtype=np.uint8)
+        data[:, 1024:2048] = 7  # the green plane
+        write_pickle(folder / f"data_batch_{number}", {b"data": data, b"labels": [0, 1, 2, 3]})
+    with pytest.raises(DataError, match=r"every training pixel of channel G has the same value"):
+        load_task("cifar10", data_dir=tmp_path)

@@ -85,9 +85,40 @@ def test_missing_too_short_or_non_utf8_file_is_a_data_error(tmp_path: Path) -> N
         load_task("text", text_file=tmp_path / "absent.txt")
     short = tmp_path / "short.txt"
     short.write_text("x" * 200, encoding="utf-8")
-    with pytest.raises(DataError, match="at least 65 characters"):
+    with pytest.raises(DataError, match="fewer than the 65 of one window"):
         load_task("text", text_file=short)
     binary = tmp_path / "binary.txt"
     binary.write_bytes(b"\xff\xfe\x00bad" * 100)
     with pytest.raises(DataError, match="not valid UTF-8"):
         load_task("text", text_file=binary)
+
+
+@pytest.mark.parametrize(("characters", "message"), [
+    (0, r"short\.txt holds 0 characters: the validation split \(its last 10%\) gets 0, fewer than the 65 of one "
+        r"window \(host\.block_size 64 \+ 1\); give a text of at least 6\d\d characters, or a smaller "
+        r"host\.block_size$"),
+    (300, r"short\.txt holds 300 characters: the validation split \(its last 10%\) gets 30, fewer than the 65"),
+])
+def test_a_text_too_short_for_its_splits_says_how_long_it_must_be(tmp_path: Path, characters: int,
+                                                                   message: str) -> None:
+    """The whole file's length, the split it leaves short and the length that would do, rather than the length
+    of a split the user never sees."""
+    short = tmp_path / "short.txt"
+    short.write_text("abc" * (characters // 3), encoding="utf-8")
+    with pytest.raises(DataError, match=message):
+        load_task("text", text_file=short)
+
+
+def test_the_shortest_text_the_message_asks_for_loads(tmp_path: Path) -> None:
+    """The length the too-short message names is enough for both splits (and one less is not)."""
+    short = tmp_path / "short.txt"
+    short.write_text("x", encoding="utf-8")
+    with pytest.raises(DataError, match=r"at least (\d+) characters") as caught:
+        load_task("text", text_file=short, host={"block_size": 8})
+    needed = int(caught.value.args[0].split("at least ")[1].split()[0])
+    short.write_text("ab" * (needed // 2) + "a" * (needed % 2), encoding="utf-8")
+    task = load_task("text", text_file=short, host={"block_size": 8})
+    assert len(task.train) >= 1 and len(task.validation) == 1
+    short.write_text("a" * (needed - 1), encoding="utf-8")
+    with pytest.raises(DataError, match=rf"at least {needed} characters"):
+        load_task("text", text_file=short, host={"block_size": 8})

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import functools
+import warnings
 
 import pytest
 import torch
 from torch.utils.data import DataLoader, IterableDataset, TensorDataset
 
 from morphogen import DataError, task_from_data
-from morphogen.data import DeviceDataset
+from morphogen.data import DeviceDataset, random_crop_flip
 from morphogen.data.user import StreamedBatches, task_on_device
 
 
@@ -86,6 +87,9 @@ def test_moving_a_task_to_a_device_moves_its_batches() -> None:
                                                          "rows: give torch tensors (torch.from_numpy)"),
     ([(torch.zeros(3), 1), (torch.zeros(3), 2)], "train batch 0: expected a pair (inputs, targets) of tensors, got a "
                                                  "2-item tuple; a list of samples is read as a list of batches"),
+    (DataLoader(TensorDataset(torch.zeros(4, 3), torch.ones(4, 3), torch.zeros(4)), batch_size=2),
+     "train batch 0: expected a pair (inputs, targets) of tensors, got a 3-item list; a model of several inputs takes "
+     "them as one tuple, the targets last: ((tokens, mask), targets)"),
 ])
 def test_a_loader_yielding_the_wrong_thing_is_a_data_error_naming_the_batch(train: object, message: str) -> None:
     task = task_from_data("bad", train, pairs(4))
@@ -194,3 +198,149 @@ def test_samples_given_where_batches_belong_say_to_use_a_dataloader() -> None:
         next(iter(task.train.iterate_batches(4)))
     batched = task_from_data("columns", DataLoader(Columns(), batch_size=4), pairs(4), target_key="label")
     assert next(targets.tolist() for _, targets in batched.train.iterate_batches(4)) == [0, 1, 2, 3]
+
+
+@pytest.mark.parametrize(("split", "targets", "message"), [
+    ("train", torch.tensor([0, 1, 2, 3]), r"^train: targets hold class 3, outside 0\.\.2 of num_classes=3"),
+    ("validation", torch.tensor([0, -1, 2, 1]), r"^validation: targets hold class -1, outside 0\.\.2 of num_classes=3"),
+    ("train", torch.tensor([[0, 5], [1, 2], [2, 0], [1, 1]]), r"^train: targets hold class 5"),
+])
+def test_class_targets_outside_num_classes_are_refused_before_anything_trains(split: str, targets: torch.Tensor,
+                                                                              message: str) -> None:
+    """With the default cross-entropy and num_classes given, a class index outside 0..num_classes-1 is one line
+    naming the split and the class (on a GPU, cross-entropy meets it as a device-side assert that ends the
+    process's CUDA context)."""
+    inputs = torch.zeros(4, 3)
+    good = (inputs, torch.tensor([0, 1, 2, 1]))
+    splits = {"train": good, "validation": good, split: (inputs, targets)}
+    with pytest.raises(DataError, match=message):
+        task_from_data("mine", splits["train"], splits["validation"], num_classes=3)
+
+
+def test_ignored_soft_and_own_loss_targets_are_not_class_indices_to_check() -> None:
+    """-100 (cross-entropy's ignore_index), float targets (class probabilities) and a loss of one's own are taken
+    as they are; so are targets when num_classes is not given."""
+    inputs = torch.zeros(4, 3)
+    task_from_data("mine", (inputs, torch.tensor([0, -100, 2, 1])), (inputs, torch.tensor([0, 1, 2, 1])),
+                   num_classes=3)
+    task_from_data("mine", (inputs, torch.full((4, 3), 1 / 3)), (inputs, torch.full((4, 3), 1 / 3)), num_classes=3)
+    task_from_data("mine", (inputs, torch.tensor([0, 7, 2, 1])), (inputs, torch.tensor([0, 1, 2, 1])),
+                   num_classes=3, loss=lambda outputs, targets: outputs.sum())
+    task_from_data("mine", (inputs, torch.tensor([0, 7, 2, 1])), (inputs, torch.tensor([0, 1, 2, 1])))
+
+
+def test_class_targets_are_checked_in_every_chunk(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The check reads the targets in chunks: a class outside the range in the last chunk is found too."""
+    monkeypatch.setattr("morphogen.data.user._CHECKED_VALUES_PER_CHUNK", 3)
+    inputs, good = torch.zeros(7, 3), torch.tensor([0, 1, 2, 1, 0, 2, 1])
+    with pytest.raises(DataError, match=r"^train: targets hold class 9"):
+        task_from_data("mine", (inputs, torch.tensor([0, 1, 2, 1, 0, 2, 9])), (inputs, good), num_classes=3)
+
+
+def test_data_computed_with_autograd_on_is_held_and_streamed_detached() -> None:
+    """Features an encoder computed outside torch.no_grad are data: neither held tensors nor streamed batches carry
+    the encoder's graph (training on them would backward through it once, then fail, and send it gradients)."""
+    weight = torch.randn(3, 3, requires_grad=True)
+    features, labels = pairs(8)[0] @ weight, torch.arange(8) % 3
+    held = task_from_data("mine", (features, labels), ((features, features), labels))
+    streamed = task_from_data("mine", DataLoader(TensorDataset(features, labels), batch_size=4),
+                              {"x": features, "y": labels}, target_key="y")
+    for task in (held, streamed):
+        for split in (task.train, task.validation):
+            for inputs, _ in split.iterate_batches(4):
+                values = list(inputs.values()) if isinstance(inputs, dict) else (
+                    list(inputs) if isinstance(inputs, tuple) else [inputs])
+                assert values and not any(value.requires_grad for value in values)
+
+
+def test_inputs_holding_nan_or_inf_warn_naming_the_split_and_the_first_sample(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """NaN (a missing value read from a table) or Inf in held inputs: a warning naming the split and the first sample,
+    in every chunk the check reads; the task is made all the same (a model may replace them itself)."""
+    monkeypatch.setattr("morphogen.data.user._CHECKED_VALUES_PER_CHUNK", 6)  # two rows of 3 values per chunk
+    inputs, labels = pairs(8)
+    holed = inputs.clone()
+    holed[5, 1] = float("nan")
+    with pytest.warns(UserWarning, match=r"^task_from_data: train: the inputs hold NaN or infinite values \(the first "
+                                         r"in sample 5\); unless your model replaces them"):
+        task = task_from_data("mine", (holed, labels), (inputs, labels))
+    assert torch.isnan(task.train.inputs[5, 1])
+    infinite = inputs.clone()
+    infinite[7, 0] = float("inf")
+    with pytest.warns(UserWarning, match=r"validation: .*sample 7\)"):
+        task_from_data("mine", (inputs, labels), ((inputs, infinite), labels))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        task_from_data("mine", (inputs, labels), (inputs.long(), labels))
+
+
+def _returns_none(inputs: torch.Tensor, generator: torch.Generator | None) -> None:
+    return None
+
+
+@pytest.mark.parametrize(("augment", "message"), [
+    (random_crop_flip, r"^augment raised ValueError: random_crop_flip needs images shaped \[B, C, H, W\], got shape "
+                       r"\(4, 3\) \(on a training batch of shape \(4, 3\)\)$"),
+    (lambda inputs: inputs, r"^augment raised TypeError: .*takes 1 positional argument but 2 were given"),
+    (_returns_none, r"^augment returned NoneType for a batch of shape \(4, 3\); return the batch's inputs"),
+    (lambda inputs, generator: inputs[:2], r"^augment returned a tensor of shape \(2, 3\) for a batch of shape"),
+], ids=["crop-of-features", "one-argument", "returns-none", "drops-rows"])
+def test_an_augmentation_that_fails_is_one_data_error(augment: object, message: str) -> None:
+    """The user's augment runs as training batches are drawn: what it raises or returns wrongly is one DataError,
+    held or streamed, where it was a traceback out of the batch iterator."""
+    for train in (pairs(8), DataLoader(TensorDataset(*pairs(8)), batch_size=4)):
+        task = task_from_data("mine", train, pairs(4), augment=augment, batch_size=4)  # type: ignore[arg-type]
+        with pytest.raises(DataError, match=message):
+            list(task.train.iterate_batches(4, augment=task.augment))
+
+
+def test_an_augmentation_is_checked_to_be_a_function_and_runs_as_given() -> None:
+    with pytest.raises(DataError, match=r"^augment must be a function \(inputs, generator\) -> inputs, got int$"):
+        task_from_data("mine", pairs(), pairs(4), augment=3)  # type: ignore[arg-type]
+    task = task_from_data("mine", pairs(8), pairs(4), augment=lambda inputs, generator: -inputs, batch_size=8)
+    [(inputs, _)] = list(task.train.iterate_batches(8, shuffle=False, augment=task.augment))
+    assert torch.equal(inputs, -pairs(8)[0])
+
+
+class _Unstackable(torch.utils.data.Dataset[tuple[object, int]]):
+    """Samples the default collate cannot stack: tensors of two lengths, or objects that are no tensors."""
+
+    def __init__(self, kind: str) -> None:
+        self.kind = kind
+
+    def __len__(self) -> int:
+        return 4
+
+    def __getitem__(self, index: int) -> tuple[object, int]:
+        if self.kind == "ragged":
+            return torch.zeros(index % 2 + 1), index % 2
+        if self.kind == "pil":
+            image = pytest.importorskip("PIL.Image")
+            return image.new("L", (4, 4)), index % 2
+        return object(), index % 2
+
+
+@pytest.mark.parametrize(("kind", "message"), [
+    ("ragged", r"^train: the Dataset's samples cannot be batched \(RuntimeError: stack expects each tensor to be equal "
+               r"size.*\); samples of different shapes: bring them to one in the Dataset"),
+    ("pil", r"^train: the Dataset's samples cannot be batched \(TypeError: .*PIL.*\); a torchvision dataset gives "
+            r"tensors with transform=torchvision\.transforms\.ToTensor\(\)$"),
+    ("object", r"^train: the Dataset's samples cannot be batched \(TypeError: .*\); return \(inputs, target\)"),
+])
+def test_dataset_samples_that_cannot_be_batched_are_one_data_error(kind: str, message: str) -> None:
+    """A Dataset morphogen batches itself: samples torch's collate cannot stack say why in one line, where torch's
+    TypeError or RuntimeError came out of the batch iterator."""
+    task = task_from_data("mine", _Unstackable(kind), pairs(4))
+    with pytest.raises(DataError, match=message):
+        list(task.train.iterate_batches(4))
+
+
+def test_a_loader_without_a_batch_size_is_told_to_give_it_one() -> None:
+    """DataLoader(batch_size=None) yields single samples: the message names that setting, rather than asking for
+    the DataLoader the user already gave."""
+    loader = DataLoader(TensorDataset(*pairs(6)), batch_size=None)
+    task = task_from_data("mine", loader, pairs(4))
+    with pytest.raises(DataError, match=r"^train batch 0: \(3,\) inputs but \(\) targets; both need the same leading "
+                                        r"sample dimension \(one sample, not a batch: the DataLoader has "
+                                        r"batch_size=None, which yields samples one by one; give it a batch_size\)$"):
+        next(iter(task.train.iterate_batches(4)))

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import io
 import json
 import math
 import re
 import shutil
+import sys
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -330,6 +332,113 @@ def test_training_data_that_yields_no_batch_in_an_epoch_is_one_data_error(train:
                        baseline=False, from_scratch=False)
 
 
+class _NoSamples(torch.utils.data.Dataset[tuple[torch.Tensor, torch.Tensor]]):
+    """A map-style Dataset of no samples (a filter that kept none)."""
+
+    def __len__(self) -> int:
+        return 0
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        raise IndexError(index)
+
+
+@pytest.mark.parametrize("split", ["tensors", "dataset", "drop_last", "generator"])
+def test_validation_data_that_yields_no_batch_is_one_data_error(split: str, tmp_path: Path) -> None:
+    """A validation split of no samples, a loader whose drop_last drops its only (short) batch, or a generator (the
+    first validation reads it, the next gets nothing) say so as one line, not a StopIteration from inside."""
+    x, y = torch.randn(24, 12), torch.arange(24) % 3
+    validation: object = {
+        "tensors": (x[:0], y[:0]), "dataset": _NoSamples(),
+        "drop_last": torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=32, drop_last=True),
+        "generator": ((x[i:i + 8], y[i:i + 8]) for i in range(0, 24, 8))}[split]
+    task = morphogen.task_from_data("empty", (x, y), validation, num_classes=3)
+    host = morphogen.host_from_module(mlp(), ["1"], example_input=x[:2])
+    with pytest.raises(morphogen.DataError, match=r"validation data yielded no batch \(an empty split"):
+        morphogen.grow(task, host, run_dir=str(tmp_path / "run"), config=eager_config(epochs=2), out=io.StringIO(),
+                       baseline=False, from_scratch=False)
+
+
+def test_an_empty_training_dataset_is_the_data_error_of_a_split_without_batches(tmp_path: Path) -> None:
+    """A map-style Dataset of no samples trains as an empty split does, not with torch's sampler's ValueError."""
+    x, y = torch.randn(24, 12), torch.arange(24) % 3
+    task = morphogen.task_from_data("empty", _NoSamples(), (x, y), num_classes=3)
+    host = morphogen.host_from_module(mlp(), ["1"], example_input=x[:2])
+    with pytest.raises(morphogen.DataError, match=r"^task 'empty': its training data yielded no batch in epoch 1"):
+        morphogen.grow(task, host, run_dir=str(tmp_path / "run"), config=eager_config(epochs=2), out=io.StringIO(),
+                       baseline=False, from_scratch=False)
+
+
+@pytest.mark.parametrize("loss", [torch.nn.functional.mse_loss, torch.nn.L1Loss(),
+                                  functools.partial(torch.nn.functional.huber_loss, delta=0.5)],
+                         ids=["mse_loss", "L1Loss", "partial-huber"])
+def test_a_regression_whose_targets_broadcast_against_the_outputs_is_refused(loss: Any, tmp_path: Path) -> None:
+    """Targets (N,) against outputs (N, 1): torch's element-wise losses broadcast them to (N, N) with a warning,
+    and the run trained and reported a loss of every output against every target. One line instead, before
+    anything trains; targets of the outputs' shape train."""
+    x, y = torch.randn(32, 4), torch.randn(32)
+    network = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 8), torch.nn.ReLU(),
+                                  torch.nn.Linear(8, 1))
+    host = morphogen.host_from_module(network, ["1"], example_input=x[:2])
+    task = morphogen.task_from_data("regression", (x, y), (x, y), loss=loss)
+    with pytest.raises(morphogen.DataError, match=r"the task's loss compares outputs \(32, 1\) with targets \(32,\) "
+                                                  r"element by element: torch broadcasts them to \(32, 32\)"):
+        morphogen.grow(task, host, run_dir=str(tmp_path / "run"), config=eager_config(epochs=1), out=io.StringIO())
+    assert not (tmp_path / "run").exists()
+    fixed = morphogen.task_from_data("regression", (x, y[:, None]), (x, y[:, None]), loss=loss)
+    result = morphogen.grow(fixed, host, run_dir=str(tmp_path / "fixed"), config=eager_config(epochs=1),
+                            out=io.StringIO())
+    assert math.isfinite(result.grown.final_loss)
+
+
+@pytest.mark.parametrize("split", ["train", "validation"])
+def test_labels_counted_from_one_without_num_classes_are_refused_against_the_models_scores(split: str,
+                                                                                          tmp_path: Path) -> None:
+    """Labels 1..3 for a model of 3 class scores and no num_classes: one line naming the split, the class and the
+    model's score count, before anything trains (on a GPU, cross-entropy met them as a device-side assert)."""
+    x, y = torch.randn(24, 12), torch.arange(24) % 3
+    shifted = (x, y + 1)
+    task = morphogen.task_from_data("counted", shifted if split == "train" else (x, y),
+                                    shifted if split == "validation" else (x, y))
+    host = morphogen.host_from_module(mlp(), ["1"], example_input=x[:2])
+    with pytest.raises(morphogen.DataError, match=rf"^task 'counted': {split}: targets hold class 3, outside 0\.\.2 of "
+                                                  r"the model's 3 class scores \(-100"):
+        morphogen.grow(task, host, run_dir=str(tmp_path / "run"), config=eager_config(epochs=1), out=io.StringIO())
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize(("labels", "said"), [
+    (lambda y: y.int(), "the targets are int32: cross-entropy takes class indices as int64 (y.long())"),
+    (lambda y: y.to(torch.uint8), "the targets are uint8: cross-entropy takes class indices as int64 (y.long())"),
+    (lambda y: y.float(), "the targets are float32 whole numbers: cross-entropy takes class indices as int64 "
+                          "(y.long()), or class probabilities shaped as the outputs"),
+], ids=["int32", "uint8", "float"])
+def test_class_indices_of_another_dtype_say_to_make_them_int64(labels: Callable[[torch.Tensor], torch.Tensor],
+                                                               said: str, tmp_path: Path) -> None:
+    """Labels from numpy as int32, as uint8 or as floats: the default cross-entropy refuses them; the line says
+    which dtype they are and the conversion, before anything trains."""
+    x, y = torch.randn(24, 12), torch.arange(24) % 3
+    task = morphogen.task_from_data("labels", (x, labels(y)), (x, labels(y)))
+    host = morphogen.host_from_module(mlp(), ["1"], example_input=x[:2])
+    with pytest.raises(morphogen.DataError) as raised:
+        morphogen.grow(task, host, run_dir=str(tmp_path / "run"), config=eager_config(epochs=1), out=io.StringIO())
+    assert str(raised.value).startswith(f"task 'labels': {said} (the loss failed on the validation data: ")
+
+
+def test_features_computed_with_autograd_on_train_and_leave_their_encoder_alone(tmp_path: Path) -> None:
+    """Inputs an encoder computed outside torch.no_grad (a common way to make features): the run trains on them
+    (it failed in its second step, backwarding through the encoder's freed graph) and gives the encoder no gradient."""
+    x, y = torch.randn(24, 4), torch.arange(24) % 3
+    encoder = torch.nn.Linear(4, 12)
+    features = encoder(x)
+    assert features.requires_grad
+    task = morphogen.task_from_data("features", (features, y), (features, y), num_classes=3, batch_size=8)
+    host = morphogen.host_from_module(mlp(), ["1"], example_input=features[:2].detach())
+    result = morphogen.grow(task, host, run_dir=str(tmp_path / "run"), config=eager_config(epochs=2),
+                            out=io.StringIO(), baseline=False, from_scratch=False)
+    assert math.isfinite(result.grown.final_accuracy)
+    assert encoder.weight.grad is None and encoder.bias.grad is None
+
+
 @pytest.mark.parametrize("split", ["tensors", "loader"])
 def test_a_last_batch_of_one_sample_that_batch_norm_cannot_train_on_is_one_data_error(split: str,
                                                                                       tmp_path: Path) -> None:
@@ -520,6 +629,12 @@ def test_a_slot_id_reaches_the_terminal_escaped_and_never_as_markup(tmp_path: Pa
     ("user_tasks:vector_loss", "the task's loss must return a scalar tensor (the batch mean), returned (64,)"),
     ("user_tasks:nan_loss", "task 'nan': the loss or metric is not finite on the validation data before training"),
     ("user tasks:make", "task: 'user tasks:make' is neither a built-in task nor an import path"),
+    ("user_tasks.py:make", "'user_tasks' is not a package; name the module as Python imports it, without a folder "
+                           "or .py: user_tasks:make"),
+    ("./user_tasks:make", "is neither a built-in task nor an import path package.module:function; name the module as "
+                          "Python imports it, without a folder or .py: user_tasks:make"),
+    ("tests/own/user_tasks.py:make", "without a folder or .py: user_tasks:make, run from tests/own/ or with it on "
+                                     "PYTHONPATH"),
 ])
 def test_a_bad_task_function_is_one_line_and_exit_2_and_writes_nothing(
         task: str, message: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
@@ -530,6 +645,38 @@ def test_a_bad_task_function_is_one_line_and_exit_2_and_writes_nothing(
     assert code == EXIT_USER_ERROR
     assert message in err and err.count("\n") == 1, err
     assert not (tmp_path / "run").exists()
+
+
+def test_a_task_file_named_as_a_module_imported_before_it_says_to_rename_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """./copy.py holding the task: `copy` is the standard library's module, imported long before; the message says
+    so, where it only said the module has no such function."""
+    (tmp_path / "copy.py").write_text("def make_task():\n    raise AssertionError('never imported')\n")
+    monkeypatch.chdir(tmp_path)
+    # The import puts the current directory on sys.path: undone after the test, or worker processes spawned by later
+    # tests would import this copy.py for the standard library's.
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    code = main(["run", "--task", "copy:make_task", "--epochs", "1", "--run-dir", str(tmp_path / "run")])
+    err = capsys.readouterr().err
+    assert code == EXIT_USER_ERROR and err.count("\n") == 1
+    assert "task: module 'copy' has no function 'make_task' ('copy' is already the module at " in err
+    assert f"not {tmp_path / 'copy.py'}: rename your file" in err
+
+
+def test_data_paths_given_with_a_users_task_warn_that_it_ignores_them(tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """--data-dir and --text-file reach only the built-in tasks: with a user's function (called with seed and device)
+    the run says it ignores them, as load_task does for a built-in task that does not read one."""
+    monkeypatch.chdir(HERE)
+    with pytest.warns(UserWarning) as caught:
+        code = main(["run", "--task", "user_tasks:mlp_regression", "--data-dir", str(tmp_path / "cifar"),
+                     "--text-file", str(tmp_path / "corpus.txt"), "--epochs", "1", "--no-baseline",
+                     "--no-from-scratch", "--run-dir", str(tmp_path / "run"), "--threads", "1"])
+    assert code == 0
+    said = [str(warning.message) for warning in caught]
+    assert f"task user_tasks:mlp_regression ignores data_dir={str(tmp_path / 'cifar')!r}: only the built-in " \
+           "'cifar10' reads it; your function reads its own data" in said
+    assert any("ignores text_file=" in message and "only the built-in 'text' reads it" in message for message in said)
 
 
 def test_a_host_table_or_a_sample_cap_with_a_users_task_is_refused(tmp_path: Path,

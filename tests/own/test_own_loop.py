@@ -168,6 +168,32 @@ def test_inputs_of_another_dtype_than_the_model_say_so_wherever_they_first_meet_
     assert grower.training_step(inputs[:8], targets[:8]).isfinite()
 
 
+def test_integer_inputs_to_a_float_model_say_to_convert_them_and_token_ids_do_not() -> None:
+    """uint8 pixels fed to a float model: the hint names their dtype at host_from_module and at the first validation
+    (where the cross-entropy hint misled); ids an embedding reads, failing for another reason, get no such hint, nor do
+    inputs the model takes when the loss is what refuses the targets' dtype."""
+    images = torch.randint(0, 256, (16, 1, 4, 4), dtype=torch.uint8)
+    labels = torch.arange(16) % 3
+    convolution = torch.nn.Sequential(torch.nn.Conv2d(1, 4, 3, padding=1), torch.nn.ReLU(), torch.nn.Flatten(),
+                                      torch.nn.Linear(64, 3))
+    with pytest.raises(morphogen.HostBuildError, match=r"\(the inputs are uint8, the model's parameters float32: "
+                                                       r"convert the inputs \(x.to\(torch.float32\), scaled as"):
+        morphogen.host_from_module(convolution, ["1"], example_input=images[:2])
+    host = morphogen.host_from_module(convolution, ["1"], example_input=images[:2].float())
+    with pytest.raises(morphogen.DataError, match=r"^task 'own loop': the inputs are uint8, the model's parameters "
+                                                  r"float32: convert the inputs"):
+        Grower(host, (images, labels), epochs=2)
+    ids = torch.randint(0, 5, (16, 6))
+    embedding = torch.nn.Sequential(torch.nn.Embedding(5, 4), torch.nn.Flatten(), torch.nn.Linear(24, 3))
+    with pytest.raises(morphogen.HostBuildError) as raised:
+        morphogen.host_from_module(embedding, ["1"], example_input=ids[:2] + 5)  # ids beyond the vocabulary
+    assert "convert the inputs" not in str(raised.value)
+    token_host = morphogen.host_from_module(embedding, ["1"], example_input=ids[:2])
+    with pytest.raises(morphogen.DataError) as raised:
+        Grower(token_host, (ids, labels.float()), epochs=2)  # float targets: the loss refuses them
+    assert "convert the inputs" not in str(raised.value)
+
+
 def test_a_models_state_loaded_around_the_grower_is_refused_when_the_next_epoch_begins() -> None:
     grower, loader = make_grower(epochs=5)
     for _ in range(3):
@@ -600,3 +626,13 @@ def test_under_lightning_an_optimizer_the_callback_cannot_choose_is_refused_when
     with pytest.raises(ValueError, match=r"the Grower's optimizer= is not one the trainer steps: return it from "
                                          r"configure_optimizers"):
         fit_quietly(GrowingModule(grower), [GrowthCallback(grower)], 1, tmp_path, loader)
+
+
+@pytest.mark.parametrize("num_classes", [3, None])
+def test_a_growers_validation_labels_beyond_its_classes_are_named_as_validation(num_classes: int | None) -> None:
+    """A Grower reads one split, the validation data it was given: a label outside its classes (given, or the
+    model's scores) is named as the validation's, though the task it makes uses that data to train too."""
+    inputs, targets = blobs(96, 1)
+    host = morphogen.host_from_module(mlp(), ["1"], example_input=inputs[:2])
+    with pytest.raises(morphogen.DataError, match=r"validation: targets hold class 3, outside 0\.\.2 of "):
+        Grower(host, (inputs, targets + 1), epochs=2, num_classes=num_classes)

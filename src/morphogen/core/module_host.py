@@ -878,7 +878,7 @@ def _call(module: Callable[[Tensor], object], x: object, what: str, model: nn.Mo
     try:
         return module(x)  # type: ignore[arg-type,return-value]  # checked by the caller
     except Exception as error:  # the user's code: any exception means the example does not fit
-        dtypes = dtype_mismatch(x, model.parameters()) if inputs_problem(x) is None else ""  # type: ignore[arg-type]
+        dtypes = dtype_mismatch(x, model.parameters(), error) if inputs_problem(x) is None else ""  # type: ignore[arg-type]
         raise HostBuildError(f"running {what} on example_input failed: {_first_line(error)}"
                              + (f" ({dtypes})" if dtypes else "")) from None
 

@@ -23,6 +23,10 @@ CIFAR10_FOLDER = "cifar-10-batches-py"
 CIFAR10_TRAIN_FILES = tuple(f"data_batch_{number}" for number in range(1, 6))
 CIFAR10_TEST_FILE = "test_batch"
 CIFAR10_META_FILE = "batches.meta"
+CIFAR10_ARCHIVE = "cifar-10-python.tar.gz"
+"""The python version as its authors publish it: an archive holding `CIFAR10_FOLDER`."""
+CIFAR10_BINARY_FOLDER = "cifar-10-batches-bin"
+"""The folder of the dataset's binary version (`data_batch_1.bin` ...), another download than the one read here."""
 CIFAR10_IMAGE_SHAPE = (3, 32, 32)
 CIFAR10_NUM_CLASSES = 10
 
@@ -31,8 +35,10 @@ EXPECTED_LAYOUT = (
     f"{', '.join(CIFAR10_TRAIN_FILES)}, {CIFAR10_TEST_FILE} and {CIFAR10_META_FILE}, "
     "the CIFAR-10 python version as torchvision downloads it"
 )
-# What pickle.load may raise on a damaged file, per the pickle module's documentation.
-_UNPICKLING_ERRORS = (pickle.UnpicklingError, EOFError, AttributeError, ImportError, IndexError, ValueError)
+# What pickle.load may raise on a damaged file, per the pickle module's documentation, and the TypeError of a
+# callable the pickle names called with arguments it refuses (a pickle of something else, or of another version).
+_UNPICKLING_ERRORS = (pickle.UnpicklingError, EOFError, AttributeError, ImportError, IndexError, ValueError,
+                      TypeError)
 
 
 @dataclass(frozen=True)
@@ -50,7 +56,8 @@ def find_cifar10_folder(data_dir: str | Path) -> Path:
     """The folder holding the batch files: `data_dir/cifar-10-batches-py`, or `data_dir` itself."""
     root = Path(data_dir).expanduser()
     if not root.is_dir():
-        raise DataError(f"CIFAR-10 data directory {root} does not exist; {EXPECTED_LAYOUT}")
+        state = "is not a directory" if root.exists() else "does not exist"
+        raise DataError(f"CIFAR-10 data directory {root} {state}; {EXPECTED_LAYOUT}{_other_download_hint(root)}")
     folder = root / CIFAR10_FOLDER if (root / CIFAR10_FOLDER).is_dir() else root
     missing = [
         name
@@ -58,8 +65,20 @@ def find_cifar10_folder(data_dir: str | Path) -> Path:
         if not (folder / name).is_file()
     ]
     if missing:
-        raise DataError(f"CIFAR-10 files missing in {folder}: {', '.join(missing)}; {EXPECTED_LAYOUT}")
+        raise DataError(f"CIFAR-10 files missing in {folder}: {', '.join(missing)}; {EXPECTED_LAYOUT}"
+                        f"{_other_download_hint(root)}")
     return folder
+
+
+def _other_download_hint(root: Path) -> str:
+    """Where `root` is, or holds, the python version's archive not yet extracted or the binary version, what to do."""
+    if root.is_file() and root.name == CIFAR10_ARCHIVE:
+        return f"; {root} is the archive: extract it (tar -xzf {root} -C {root.parent}) and give {root.parent}"
+    if root.is_dir() and (root / CIFAR10_ARCHIVE).is_file() and not (root / CIFAR10_FOLDER).is_dir():
+        return f"; {root / CIFAR10_ARCHIVE} is the archive: extract it there first (tar -xzf {CIFAR10_ARCHIVE})"
+    if root.name == CIFAR10_BINARY_FOLDER or (root.is_dir() and (root / CIFAR10_BINARY_FOLDER).is_dir()):
+        return f"; {CIFAR10_BINARY_FOLDER} holds the binary version, which this does not read: get the python version"
+    return ""
 
 
 def read_cifar10(data_dir: str | Path) -> Cifar10Arrays:
@@ -102,6 +121,8 @@ def _unpickle(path: Path) -> Any:
     try:
         with path.open("rb") as file:
             return pickle.load(file, encoding="bytes")
+    except OSError as error:  # no read permission, a device error: the file is there but cannot be read
+        raise DataError(f"CIFAR-10 file {path} cannot be read ({error})") from error
     except _UNPICKLING_ERRORS as error:
         raise DataError(
             f"CIFAR-10 file {path} is not a readable pickle ({error}); {EXPECTED_LAYOUT}"
@@ -128,7 +149,7 @@ def _read_label_names(path: Path) -> tuple[str, ...]:
 def _read_batch(path: Path, num_classes: int) -> tuple[np.ndarray, np.ndarray]:
     """One batch file as (uint8 images [N, 3, 32, 32], int64 labels [N])."""
     batch = _unpickle(path)
-    data, labels = _entry(batch, "data", path), np.asarray(_entry(batch, "labels", path))
+    data, given_labels = _entry(batch, "data", path), _entry(batch, "labels", path)
     pixels = int(np.prod(CIFAR10_IMAGE_SHAPE))
     if (
         not isinstance(data, np.ndarray)
@@ -137,8 +158,19 @@ def _read_batch(path: Path, num_classes: int) -> tuple[np.ndarray, np.ndarray]:
         or data.shape[1] != pixels
     ):
         raise DataError(f"CIFAR-10 file {path}: key 'data' should be a uint8 array [N, {pixels}]")
-    if labels.shape != (data.shape[0],) or not np.issubdtype(labels.dtype, np.integer):
+    if data.shape[0] == 0:
+        raise DataError(f"CIFAR-10 file {path} holds no images")
+    labels = _array_or_none(given_labels)
+    if labels is None or labels.shape != (data.shape[0],) or not np.issubdtype(labels.dtype, np.integer):
         raise DataError(f"CIFAR-10 file {path}: key 'labels' should hold one int per image ({data.shape[0]})")
     if labels.size and (labels.min() < 0 or labels.max() >= num_classes):
         raise DataError(f"CIFAR-10 file {path}: key 'labels' must hold values in [0, {num_classes})")
     return data.reshape(-1, *CIFAR10_IMAGE_SHAPE), labels.astype(np.int64)  # (N, 3, 32, 32)
+
+
+def _array_or_none(value: object) -> np.ndarray | None:
+    """`value` as a numpy array; None where numpy cannot make one (ragged lists of different lengths)."""
+    try:
+        return np.asarray(value)
+    except (ValueError, TypeError):
+        return None

@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from morphogen.inputs import Inputs, rows, take_rows, tensors, to_device
+from morphogen.inputs import Inputs, detached, rows, take_rows, tensors, to_device
 from morphogen.inputs import problem as inputs_problem
 
 Augmentation = Callable[[Tensor, torch.Generator | None], Tensor]
@@ -63,8 +63,10 @@ class DeviceDataset:
                 f"DeviceDataset needs inputs and targets on one device: got {tensors(inputs)[0].device} and "
                 f"{targets.device}; move both with .to(device) first"
             )
-        self.inputs = inputs
-        self.targets = targets
+        # Data, not a graph: tensors computed with autograd on (an encoder's features outside torch.no_grad) would
+        # tie every training step to that graph, which the first backward frees, and send gradients into it.
+        self.inputs = detached(inputs)
+        self.targets = targets.detach() if targets.requires_grad else targets
 
     def __len__(self) -> int:
         return int(self.targets.shape[0])

@@ -25,6 +25,7 @@ validation data is identical whatever they are.
 
 from __future__ import annotations
 
+import itertools
 import warnings
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
@@ -252,6 +253,10 @@ def _load_cifar10(
         raise DataError(f"task 'cifar10' needs data_dir=PATH; {EXPECTED_LAYOUT}")
     arrays = read_cifar10(data_dir)
     mean, std = uint8_channel_mean_std(arrays.train_images)
+    if not std.all():  # standardizing would divide by zero: every input NaN or infinite
+        channel = "RGB"[int(np.flatnonzero(std == 0)[0])]
+        raise DataError(f"CIFAR-10 in {data_dir}: every training pixel of channel {channel} has the same value, so "
+                        "the per-channel standardization would divide by zero; these are not CIFAR-10's images")
     train_images, train_labels = arrays.train_images, arrays.train_labels
     kept = _kept_training_indices(len(train_labels), max_train_samples, seed)
     if kept is not None:
@@ -313,10 +318,12 @@ def _load_text(
 ) -> Task:
     """Vocabulary from the whole text (so validation has no unknown ids), windows per split."""
     text = read_default_corpus() if text_file is None else read_text_file(text_file)
+    block_size = size["block_size"]
+    _check_text_length(len(text), block_size, "the default corpus" if text_file is None
+                       else f"text file {Path(text_file).expanduser()}")
     encoded = encode_characters(text)
     ids = torch.from_numpy(encoded.ids)  # (L,)
-    cut = int(len(text) * TEXT_TRAIN_FRACTION)
-    block_size = size["block_size"]
+    cut = _text_cut(len(text))
     train_inputs, train_targets = next_character_windows(ids[:cut], block_size)  # (N, T), (N, T)
     validation_inputs, validation_targets = next_character_windows(ids[cut:], block_size)
     kept = _kept_training_indices(train_inputs.shape[0], max_train_samples, seed)
@@ -335,3 +342,30 @@ def _load_text(
         vocabulary=encoded.vocabulary,
         num_classes=len(encoded.vocabulary),
     )
+
+
+def _text_cut(length: int) -> int:
+    """Where a text of `length` characters splits: the characters before it train, the rest validate."""
+    return int(length * TEXT_TRAIN_FRACTION)
+
+
+def _check_text_length(length: int, block_size: int, what: str) -> None:
+    """A `DataError` where a text of `length` characters leaves a split shorter than one window of `block_size`
+    + 1, naming the split and the shortest text that gives both a window."""
+    window = block_size + 1
+
+    def fits(total: int) -> bool:
+        return min(_text_cut(total), total - _text_cut(total)) >= window
+
+    if fits(length):
+        return
+    # The validation split holds at least a tenth of the text and less than a tenth plus one character, so no text
+    # shorter than 10 * (window - 1) fits: the search starts there.
+    needed = next(total for total in itertools.count(max(window, int(window / (1 - TEXT_TRAIN_FRACTION)) - 10))
+                  if fits(total))
+    train, validation = _text_cut(length), length - _text_cut(length)
+    split, count = ("validation split (its last 10%)", validation) if validation < window else (
+        "training split (its first 90%)", train)
+    raise DataError(f"{what} holds {length} characters: the {split} gets {count}, fewer than the {window} of one "
+                    f"window (host.block_size {block_size} + 1); give a text of at least {needed} characters, or a "
+                    "smaller host.block_size")

@@ -17,24 +17,30 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any, cast
 
 import torch
 from torch import Tensor, nn
-from torch.utils.data import DataLoader, Dataset, IterableDataset
+from torch.utils.data import DataLoader, Dataset, IterableDataset, default_collate
 
 from morphogen.data.datasets import Augmentation, DeviceDataset
 from morphogen.data.errors import DataError
 from morphogen.data.tasks import CLASS_DIMS, BatchSource, Task
-from morphogen.inputs import Inputs, rows, to_device
+from morphogen.inputs import Inputs, detached, rows, tensors, to_device
 from morphogen.inputs import problem as inputs_problem
 from morphogen.telemetry.story import NEGATIVE_LOSS
 
 DEFAULT_BATCH_SIZE = 64
+IGNORE_INDEX = -100
+"""The target that the built-in cross-entropy leaves out (torch's default `ignore_index`: padding's usual label);
+validation leaves it out of the loss's mean and of the accuracy too, and it is never a class index to check."""
 #: Topologies a user's host may have (see `morphogen.core.module_host`); the data layer names them as strings.
 USER_TOPOLOGIES = ("cnn", "cnn1d", "transformer", "mlp")
 LossFunction = Callable[[Tensor, Tensor], Tensor]
+_CHECKED_VALUES_PER_CHUNK = 1 << 24
+"""Values read at once where `task_from_data` checks a split's targets or inputs (16M: 128 MiB of int64)."""
 
 
 class StreamedBatches:
@@ -68,18 +74,22 @@ class StreamedBatches:
                         drop_last: bool = False) -> Iterator[tuple[Inputs, Tensor]]:
         """One epoch of batches on the task's device. A `Dataset` is batched by `batch_size` (shuffled with
         `generator` when `shuffle`); a loader keeps its own batching."""
+        if self.is_dataset and not isinstance(self.data, IterableDataset) and len(self) == 0:
+            return  # no samples: no batch (torch's samplers refuse an empty Dataset with a ValueError)
         if self.is_dataset:
             cpu_generator = generator if generator is not None and generator.device.type == "cpu" else None
             ordered = isinstance(self.data, IterableDataset)  # a stream: DataLoader cannot shuffle it
             batches: Iterable[Any] = DataLoader(self.data, batch_size=batch_size,  # type: ignore[arg-type]
                                                 shuffle=shuffle and not ordered,
-                                                generator=None if ordered else cpu_generator, drop_last=drop_last)
+                                                generator=None if ordered else cpu_generator, drop_last=drop_last,
+                                                collate_fn=functools.partial(_collated, split=self.split))
         else:
             batches = cast(Iterable[Any], self.data)  # not a Dataset: a loader or another iterable of batches
         for index, batch in enumerate(batches):
             inputs, targets = self._checked(batch, index)
-            inputs = to_device(inputs, self._device, non_blocking=True)
-            targets = targets.to(self._device, non_blocking=True)
+            # Detached as a DeviceDataset's tensors are: a sample computed with autograd on is data, not a graph.
+            inputs = to_device(detached(inputs), self._device, non_blocking=True)
+            targets = targets.detach().to(self._device, non_blocking=True)
             if augment is not None:
                 if not isinstance(inputs, Tensor):
                     raise DataError(f"{self.split}: an augmentation transforms one input tensor; its batches hold "
@@ -96,7 +106,10 @@ class StreamedBatches:
             hint = ("; numpy arrays are read as batches of rows: give torch tensors (torch.from_numpy)"
                     if type(batch).__module__ == "numpy" else "; a list of samples is read as a list of batches: "
                     "give a Dataset, or stack the samples into tensors" if isinstance(batch, (tuple, list))
-                    and len(batch) == 2 and not isinstance(batch[1], Tensor) else "")
+                    and len(batch) == 2 and not isinstance(batch[1], Tensor) else
+                    "; a model of several inputs takes them as one tuple, the targets last: ((tokens, mask), "
+                    "targets)" if isinstance(batch, (tuple, list)) and len(batch) > 2
+                    and all(isinstance(item, Tensor) for item in batch) else "")
             raise DataError(f"{self.split} batch {index}: expected a pair (inputs, targets) of tensors, got a "
                             f"{kind}{hint}")
         inputs, targets = batch
@@ -105,10 +118,50 @@ class StreamedBatches:
             raise DataError(f"{self.split} batch {index}: its inputs are {problem}")
         if targets.dim() == 0 or rows(inputs) != targets.shape[0]:
             shape = tuple(inputs.shape) if isinstance(inputs, Tensor) else f"{rows(inputs)} samples of"
-            single = " (one sample, not a batch? pass your samples in a DataLoader)" if targets.dim() == 0 else ""
+            unbatched = isinstance(self.data, DataLoader) and self.data.batch_size is None and \
+                self.data.batch_sampler is None
+            single = "" if targets.dim() != 0 else (
+                " (one sample, not a batch: the DataLoader has batch_size=None, which yields samples one by one; give "
+                "it a batch_size)" if unbatched else " (one sample, not a batch? pass your samples in a DataLoader)")
             raise DataError(f"{self.split} batch {index}: {shape} inputs but {tuple(targets.shape)} "
                             f"targets; both need the same leading sample dimension{single}")
         return inputs, targets
+
+
+class CheckedAugmentation:
+    """A user's augmentation, whatever goes wrong in it one `DataError` line: an exception it raises, or a result
+    that is not a tensor of the batch's rows (it runs as batches are drawn, outside the steps that report errors)."""
+
+    def __init__(self, function: Augmentation) -> None:
+        self.function = function
+
+    def __call__(self, inputs: Tensor, generator: torch.Generator | None) -> Tensor:
+        try:
+            result = self.function(inputs, generator)
+        except Exception as error:  # the user's code: any exception is theirs to fix, reported as one line
+            lines = str(error).strip().splitlines()
+            raise DataError(f"augment raised {type(error).__name__}: {lines[0][:300] if lines else ''} (on a "
+                            f"training batch of shape {tuple(inputs.shape)})") from None
+        if not isinstance(result, Tensor) or result.dim() == 0 or result.shape[0] != inputs.shape[0]:
+            got = f"a tensor of shape {tuple(result.shape)}" if isinstance(result, Tensor) else type(result).__name__
+            raise DataError(f"augment returned {got} for a batch of shape {tuple(inputs.shape)}; return the batch's "
+                            "inputs transformed, one row per sample")
+        return result
+
+
+def _collated(samples: list[Any], split: str) -> Any:
+    """A batch of a user's `Dataset` samples, stacked as torch's default collate stacks them; samples it cannot
+    stack (images torchvision left as PIL images, tensors of different shapes) are one `DataError` line saying why."""
+    try:
+        return default_collate(samples)
+    except (TypeError, RuntimeError) as error:
+        message = str(error).strip().splitlines()[0][:300] if str(error).strip() else type(error).__name__
+        hint = ("; a torchvision dataset gives tensors with transform=torchvision.transforms.ToTensor()"
+                if "PIL." in message else "; samples of different shapes: bring them to one in the Dataset (pad or "
+                "crop), or batch them yourself in a DataLoader with a collate_fn" if "equal size" in message
+                else "; return (inputs, target) of tensors, numbers or numpy arrays")
+        raise DataError(f"{split}: the Dataset's samples cannot be batched ({type(error).__name__}: {message}){hint}") \
+            from None
 
 
 def _available_device(device: str | torch.device) -> torch.device:
@@ -149,17 +202,31 @@ def task_from_data(name: str, train: object, validation: object, *, loss: LossFu
     are dicts of tensors. Raises `DataError` for what cannot work.
     """
     _check_task_arguments(name, batch_size, num_classes, loss, metric, target_key)
+    if augment is not None and not callable(augment):
+        raise DataError(f"augment must be a function (inputs, generator) -> inputs, got {type(augment).__name__}")
     if class_dim is not None and (isinstance(class_dim, bool) or class_dim not in CLASS_DIMS):
         raise DataError(f"class_dim must be 1, -1 or None (whichever lines up with the targets), got {class_dim!r}")
     target = _available_device(device)
     train_source = _source(train, target, "train", target_key)
     validation_source = _source(validation, target, "validation", target_key)
+    for split, source in (("validation", validation_source), ("train", train_source)):
+        if not isinstance(source, DeviceDataset):  # streamed batches are not read before training
+            continue
+        if loss is None and num_classes is not None:
+            check_class_indices(source.targets, num_classes, split, f"num_classes={num_classes}")
+        sample = _first_non_finite_sample(source.inputs)
+        if sample is not None:
+            # A warning, not a refusal: a model may read NaN as "missing" and replace it itself.
+            warnings.warn(f"task_from_data: {split}: the inputs hold NaN or infinite values (the first in sample "
+                          f"{sample}); unless your model replaces them, its losses and gradients will be NaN",
+                          stacklevel=2)
     # The gates judge the loss: a cross-entropy (the default, torch's function or module) in nats, as a
     # classifier's; any other loss, whose scale is unknown, by the shares of it a seed removes (`criterion_for`).
     cross_entropy = loss is None or loss is nn.functional.cross_entropy or isinstance(loss, nn.CrossEntropyLoss)
     return Task(
         name=name.strip(), topology=_topology_of(host), host_kwargs={}, train=train_source,
-        validation=validation_source, batch_size=batch_size, augment=augment,
+        validation=validation_source, batch_size=batch_size,
+        augment=None if augment is None else CheckedAugmentation(augment),
         objective="classification" if cross_entropy else "custom", loss=loss, metric=metric,
         metric_name=metric_name or ("accuracy" if metric is None and loss is None else
                                     NEGATIVE_LOSS if metric is None else "metric"),
@@ -186,6 +253,37 @@ def _check_task_arguments(name: object, batch_size: object, num_classes: object,
                             "the validation loss the gates judge")
     if target_key is not None and (not isinstance(target_key, str) or not target_key):
         raise DataError(f"target_key must be the name of the targets' entry in a dict batch, got {target_key!r}")
+
+
+def check_class_indices(targets: Tensor, num_classes: int, split: str, counted: str) -> None:
+    """A `DataError` where integer `targets` of the default cross-entropy hold a class outside 0..num_classes-1 (the
+    classes of `counted`: "num_classes=10", "the model's 10 class scores")
+    (`IGNORE_INDEX` aside): on a GPU the loss meets one as a device-side assert that ends the CUDA context. Read in
+    chunks, so that a large split's check needs little memory beside it (one sync per chunk, once per task)."""
+    if targets.is_floating_point() or targets.is_complex() or targets.dtype == torch.bool:
+        return  # class probabilities (or not class targets at all): the loss judges them
+    flat = targets.reshape(-1)
+    for start in range(0, flat.numel(), _CHECKED_VALUES_PER_CHUNK):
+        chunk = flat[start:start + _CHECKED_VALUES_PER_CHUNK]
+        outside = ((chunk < 0) & (chunk != IGNORE_INDEX)) | (chunk >= num_classes)
+        if bool(outside.any()):
+            raise DataError(f"{split}: targets hold class {int(chunk[outside][0])}, outside 0..{num_classes - 1} of "
+                            f"{counted} ({IGNORE_INDEX}, cross-entropy's ignore_index, marks a target to leave out)")
+
+
+def _first_non_finite_sample(inputs: Inputs) -> int | None:
+    """The index of the first sample whose floating-point inputs hold a NaN or an infinity; None where none does.
+    Read in chunks of rows, as `check_class_indices` reads the targets."""
+    for value in tensors(inputs):
+        if not value.is_floating_point() or value.numel() == 0:
+            continue
+        rows_per_chunk = max(1, _CHECKED_VALUES_PER_CHUNK // max(1, value[0].numel()))
+        for start in range(0, value.shape[0], rows_per_chunk):
+            chunk = value[start:start + rows_per_chunk]
+            finite = torch.isfinite(chunk).reshape(chunk.shape[0], -1).all(dim=1)  # (rows,)
+            if not bool(finite.all()):
+                return start + int((~finite).nonzero()[0, 0])
+    return None
 
 
 def _reduction_of(function: object) -> object:

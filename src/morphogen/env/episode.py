@@ -39,7 +39,7 @@ from morphogen.data import DataError, Task
 from morphogen.env.actions import Action, ActionSpace, Op
 from morphogen.env.compute import ComputeAccount
 from morphogen.env.counterfactual import MAIN, CounterfactualResult, CounterfactualSchedule, alpha_configurations
-from morphogen.env.evaluation import Objective, refuse_other_class_count, validate
+from morphogen.env.evaluation import NO_BATCH_CAUSES, Objective, refuse_other_class_count, validate
 from morphogen.env.governor import DivergenceError, Governor, GovernorConfig, Rollback
 from morphogen.env.growth_signals import CandidateSource, SlotGrowth, could_germinate, measure_growth
 from morphogen.env.layout import ModelLayout, model_layout
@@ -154,6 +154,20 @@ def task_with_host(task: Task, host: object = None) -> Task:
     probe = dataclasses.replace(task, host=chosen)
     topology = chosen.topology if isinstance(chosen, SegmentedHost) else task_host(probe, "cpu").topology
     return dataclasses.replace(probe, topology=topology)
+
+
+def _class_index_dtype_problem(targets: Tensor) -> str:
+    """Where the default cross-entropy's `targets` are class indices of another dtype than int64 (int32 from numpy,
+    uint8, or whole numbers as floats), what to convert; else "". Reads the targets: on a failure's path only."""
+    name = str(targets.dtype).removeprefix("torch.")
+    if targets.dtype in (torch.int64, torch.bool) or targets.is_complex():
+        return ""
+    if not targets.is_floating_point():
+        return f"the targets are {name}: cross-entropy takes class indices as int64 (y.long())"
+    if targets.numel() and bool(torch.equal(targets, targets.round())):
+        return (f"the targets are {name} whole numbers: cross-entropy takes class indices as int64 (y.long()), or "
+                "class probabilities shaped as the outputs")
+    return ""
 
 
 def _error_line(error: BaseException) -> str:
@@ -488,7 +502,7 @@ class MorphogenesisEpisode:
         try:
             self.trainer.train_batch(inputs, targets)
         except (RuntimeError, ValueError, TypeError, IndexError, KeyError) as error:
-            validation_inputs, validation_targets = next(iter(self.task.validation.iterate_batches(1, shuffle=False)))
+            validation_inputs, validation_targets = self._first_batch("validation", 1)
             differences = batch_differences((inputs, targets), (validation_inputs, validation_targets))
             assert self.model is not None
             dtypes = dtype_mismatch(inputs, self.model.parameters())
@@ -547,9 +561,19 @@ class MorphogenesisEpisode:
     def _measure_layout(self) -> ModelLayout:
         """Where the slots sit and what each blueprint would add, measured on the first validation input."""
         assert self.model is not None
-        inputs, _ = next(iter(self.task.validation.iterate_batches(1, shuffle=False)))
+        inputs, _ = self._first_batch("validation", 1)
         return model_layout(self.model, to_device(take_rows(inputs, slice(0, 1)), self.device), self.flop_counter,
                             with_costs=self.describe_blueprints)
+
+    def _first_batch(self, split: str, batch_size: int) -> tuple[Inputs, Tensor]:
+        """The first batch of the task's "train" or "validation" split, in stored order; a `DataError` where the split
+        yields none (a generator that an earlier pass ran out)."""
+        source = self.task.train if split == "train" else self.task.validation
+        batch = next(iter(source.iterate_batches(batch_size, shuffle=False)), None)
+        if batch is None:
+            what = "training" if split == "train" else "validation"
+            raise DataError(f"task {self.task.name!r}: its {what} data yielded no batch {NO_BATCH_CAUSES}")
+        return batch
 
     def _first_validation(self) -> CounterfactualResult:
         """Validate the untrained model; what the model or its loss cannot take is a `DataError`.
@@ -567,10 +591,15 @@ class MorphogenesisEpisode:
         except (RuntimeError, ValueError, TypeError, IndexError) as error:
             self._refuse_inputs_of_another_kind()
             assert self.model is not None
-            inputs, _ = next(iter(self.task.validation.iterate_batches(1, shuffle=False)))
-            dtypes = dtype_mismatch(inputs, self.model.parameters())
+            inputs, targets = self._first_batch("validation", 1)
+            model_error = self._model_error(inputs)
+            dtypes = dtype_mismatch(inputs, self.model.parameters(), model_error)
             if dtypes:
                 raise DataError(f"task {self.task.name!r}: {dtypes} (the model failed on the validation data: "
+                                f"{_error_line(error)})") from None
+            indices = "" if self.objective.custom or model_error is not None else _class_index_dtype_problem(targets)
+            if indices:
+                raise DataError(f"task {self.task.name!r}: {indices} (the loss failed on the validation data: "
                                 f"{_error_line(error)})") from None
             hint = "" if self.objective.custom else (
                 " (the default loss, cross-entropy, reads class scores on dimension 1 or the last, [N, C], [N, T, C] "
@@ -582,6 +611,20 @@ class MorphogenesisEpisode:
                             f"training (loss {result.loss(MAIN)}, {self.task.metric_name} {result.accuracy(MAIN)})")
         return result
 
+    def _model_error(self, inputs: Inputs) -> Exception | None:
+        """What the model alone (not its loss) raises on `inputs`, in eval mode without gradients; None if nothing."""
+        assert self.model is not None
+        training = self.model.training
+        self.model.eval()
+        try:
+            with torch.no_grad():
+                self.model(to_device(inputs, self.device))
+        except Exception as error:  # the user's model: whatever it raises is what the hint reads
+            return error
+        finally:
+            self.model.train(training)
+        return None
+
     def _refuse_inputs_of_another_kind(self) -> None:
         """A `DataError` where the validation inputs are not of the kind the host was built for (one tensor, or a
         tuple or dict of them): the model failed on them for that, whatever torch's message says."""
@@ -589,7 +632,7 @@ class MorphogenesisEpisode:
         expected = getattr(self.model.host, "input_kind", "tensor")
         inputs = getattr(self.task.validation, "inputs", None)
         if inputs is None:  # streamed: the kind shows only in a batch
-            inputs, _ = next(iter(self.task.validation.iterate_batches(1, shuffle=False)))
+            inputs, _ = self._first_batch("validation", 1)
         given = InputSpec.of(inputs).kind
         if given != expected:
             raise DataError(f"task {self.task.name!r}: its inputs are a {given}, but the host was built from an "
@@ -625,8 +668,7 @@ class MorphogenesisEpisode:
         """The epoch's mean training loss; with processes sharing the training, the mean of theirs."""
         if self.trainer.batches == 0 and self.sum_over_processes is None:
             raise DataError(f"task {self.task.name!r}: its training data yielded no batch in epoch {self.epoch} "
-                            "(an empty split, batches larger than the split with drop_last=True, or a generator, "
-                            "which runs once: give a list, a Dataset or a DataLoader)")
+                            f"{NO_BATCH_CAUSES}")
         mean = self.trainer.take_epoch_loss()
         if self.sum_over_processes is None:
             return mean
@@ -660,7 +702,7 @@ class MorphogenesisEpisode:
         candidates = self.growth_candidates(self.epoch)
         if not candidates:
             return
-        inputs, targets = next(iter(self.task.train.iterate_batches(self.config.probe_samples, shuffle=False)))
+        inputs, targets = self._first_batch("train", self.config.probe_samples)
         batch = (to_device(inputs, self.device), targets.to(self.device))
         with self.timer.phase("probe"):
             self.growth, flops = measure_growth(self.model, batch, self.objective, self.flop_counter, candidates)

@@ -8,6 +8,8 @@ Metrics accumulate in device tensors across batches; `validate` synchronizes onc
 
 from __future__ import annotations
 
+import functools
+import itertools
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -17,6 +19,8 @@ from torch import Tensor, nn
 
 from morphogen.core.model import MorphogeneticModel
 from morphogen.data import BatchSource, DataError, Task
+from morphogen.data.datasets import DeviceDataset
+from morphogen.data.user import IGNORE_INDEX, check_class_indices
 from morphogen.env.compute import note_batch
 from morphogen.env.counterfactual import AlphaConfigurations, CounterfactualResult
 from morphogen.inputs import InputSpec, to_device
@@ -25,9 +29,32 @@ LossFunction = Callable[[Tensor, Tensor], Tensor]
 
 OBJECTIVES = ("classification", "language_model")
 
-IGNORE_INDEX = -100
-"""The target that the built-in cross-entropy leaves out (torch's default `ignore_index`: padding's usual label);
-validation leaves it out of the loss's mean and of the accuracy too."""
+NO_BATCH_CAUSES = ("(an empty split, batches larger than the split with drop_last=True, or a generator, which runs "
+                   "once: give a list, a Dataset or a DataLoader)")
+"""What can leave a split without a batch, for the `DataError` that says it did."""
+
+
+_ELEMENTWISE_LOSS_FUNCTIONS = (nn.functional.mse_loss, nn.functional.l1_loss, nn.functional.smooth_l1_loss,
+                               nn.functional.huber_loss)
+_ELEMENTWISE_LOSS_MODULES = (nn.MSELoss, nn.L1Loss, nn.SmoothL1Loss, nn.HuberLoss)
+
+
+def _broadcasts_silently(loss: LossFunction) -> bool:
+    """Whether `loss` is one of torch's element-wise regression losses (a function, a `functools.partial` of one, or
+    its module), which broadcast outputs and targets of different shapes with a warning rather than an error."""
+    function = loss.func if isinstance(loss, functools.partial) else loss
+    return isinstance(function, _ELEMENTWISE_LOSS_MODULES) or any(function is f for f in _ELEMENTWISE_LOSS_FUNCTIONS)
+
+
+def _broadcast_shape(first: torch.Size, second: torch.Size) -> tuple[int, ...] | None:
+    """The shape `first` and `second` broadcast to, by torch's rules (trailing dimensions equal or 1); None where
+    they do not."""
+    shape = []
+    for one, other in itertools.zip_longest(reversed(first), reversed(second), fillvalue=1):
+        if one != other and 1 not in (one, other):
+            return None
+        shape.append(other if one == 1 else one)
+    return tuple(reversed(shape))
 
 
 def task_loss(logits: Tensor, targets: Tensor, class_dim: int = -1) -> Tensor:
@@ -79,9 +106,12 @@ def refuse_other_class_count(task: Task, model: nn.Module) -> None:
     """A `DataError` where `task` is a classification with `num_classes`, scored by the default cross-entropy, and
     `model` gives another number of class scores on its first validation rows: such a model trains, but its
     accuracy and the task's chance level would mean nothing. A task's own loss or metric is never checked."""
-    if task.num_classes is None or task.loss is not None or task.metric is not None:
+    if task.loss is not None or (task.num_classes is not None and task.metric is not None):
         return
-    inputs, targets = next(iter(task.validation.iterate_batches(2, shuffle=False)))
+    first = next(iter(task.validation.iterate_batches(2, shuffle=False)), None)
+    if first is None:
+        return  # no validation batch: the first validation says so
+    inputs, targets = first
     weight = next(model.parameters(), None)
     device = "cpu" if weight is None else weight.device
     training = model.training
@@ -93,10 +123,29 @@ def refuse_other_class_count(task: Task, model: nn.Module) -> None:
         return  # the first validation reports what the model cannot take, with its own hints
     finally:
         model.train(training)
-    problem = class_count_problem(outputs.shape, targets.shape, task.class_dim, task.num_classes) \
-        if isinstance(outputs, Tensor) else ""
+    if not isinstance(outputs, Tensor):
+        return
+    if task.num_classes is None:
+        _refuse_targets_beyond_the_scores(task, outputs.shape, targets.shape)
+        return
+    problem = class_count_problem(outputs.shape, targets.shape, task.class_dim, task.num_classes)
     if problem:
         raise DataError(f"task {task.name!r}: {problem}")
+
+
+def _refuse_targets_beyond_the_scores(task: Task, outputs: torch.Size, targets: torch.Size) -> None:
+    """For a task without `num_classes`, a `DataError` where the targets it holds as tensors name a class the model
+    has no score for (labels counted from 1): caught here, before a GPU's cross-entropy asserts on it."""
+    try:
+        scores = outputs[class_dim_of(outputs, targets, task.class_dim)]
+    except DataError:
+        return  # the shapes do not line up: the first validation says why
+    for split, source in (("validation", task.validation), ("train", task.train)):
+        if isinstance(source, DeviceDataset):
+            try:
+                check_class_indices(source.targets, scores, split, f"the model's {scores} class scores")
+            except DataError as error:
+                raise DataError(f"task {task.name!r}: {error}") from None
 
 
 @dataclass(frozen=True)
@@ -125,6 +174,13 @@ class Objective:
         """`loss(outputs, targets)`, refused with a `DataError` when it is not a scalar tensor (no sync)."""
         if not self.custom and class_dim_of(outputs.shape, targets.shape, self.class_dim) == 1:
             return task_loss(outputs, targets, 1)
+        if self.custom and outputs.shape != targets.shape and _broadcasts_silently(self.loss):
+            broadcast = _broadcast_shape(outputs.shape, targets.shape)
+            if broadcast is not None:  # shapes that do not broadcast: torch's own error says so
+                raise DataError(f"the task's loss compares outputs {tuple(outputs.shape)} with targets "
+                                f"{tuple(targets.shape)} element by element: torch broadcasts them to {broadcast}, "
+                                "pairing outputs with other samples' targets; give targets of the outputs' shape "
+                                "(y.unsqueeze(1) for one output per sample)")
         value = self.loss(outputs, targets)
         if not isinstance(value, Tensor) or value.dim() != 0:
             shape = tuple(value.shape) if isinstance(value, Tensor) else type(value).__name__
@@ -213,6 +269,6 @@ def validate(model: MorphogeneticModel, dataset: BatchSource, configurations: Al
     loss_values, score_values, counts = (sums if reduce is None else reduce(sums)).tolist()  # the one sync
     total = counts[0]
     if total == 0:
-        raise DataError("the validation data yielded no batch")
+        raise DataError(f"the validation data yielded no batch {NO_BATCH_CAUSES}")
     return CounterfactualResult(configurations, tuple(v / total for v in score_values),
                                 tuple(v / total for v in loss_values), tuple(shapes.items()))
