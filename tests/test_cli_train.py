@@ -115,6 +115,60 @@ def test_resume_through_the_cli_equals_the_uninterrupted_run(trained: TrainedRun
         "resuming appends to the run's events"
 
 
+def _events_without_times(path: Path) -> list[dict[str, Any]]:
+    """A run's events without their wall-clock fields (time, seconds, phase times), which no rerun repeats."""
+    events = []
+    for line in path.read_text().splitlines():
+        event = json.loads(line)
+        if event["event"] != "phase_times":
+            events.append({key: value for key, value in event.items() if key not in ("time", "seconds")})
+    return events
+
+
+def test_resume_of_a_run_stopped_before_its_first_checkpoint_starts_it_again(
+        trained: TrainedRun, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Stopped in round 1 (Ctrl-C, a kill), a run has its config.json and part of its events but no checkpoint:
+    `--resume` plays it from round 1 in its directory and ends with the uninterrupted run's policy and events."""
+    run = tmp_path / "run"
+    assert main(["train", *TINY, "--rounds", "1", "--run-dir", str(run)]) == 0
+    (run / CHECKPOINT_NAME).unlink()  # what a kill inside round 1 leaves, with a torn last line
+    with (run / "events.jsonl").open("ab") as events:
+        events.write(b'{"time": 1.0, "event": "epoch_comp')
+    capsys.readouterr()
+
+    assert main(["train", "--resume", str(run), "--rounds", "3"]) == 0
+    out, _ = capsys.readouterr()
+    assert "rounds 1..3" in out
+    assert "resume: the run stopped before its first checkpoint; it starts again from round 1" in out
+    assert [line[:9] for line in out.splitlines() if line.startswith("round")] == \
+        ["round   1", "round   2", "round   3"]
+    expected, got = policy_of(trained.directory), policy_of(run)
+    for name in expected:
+        torch.testing.assert_close(got[name], expected[name], rtol=0.0, atol=0.0, msg=name)
+    assert _events_without_times(run / "events.jsonl") == _events_without_times(trained.directory / "events.jsonl")
+
+
+def test_resume_refuses_a_directory_without_checkpoint_of_another_command(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A `run` directory stopped in its first epoch also has only config.json: it is not started as training."""
+    run = tmp_path / "run"
+    assert main(["run", "--epochs", "1", "--max-train-samples", "100", "--no-baseline", "--no-from-scratch",
+                 "--run-dir", str(run)]) == 0
+    for name in ("summary.json", "model.pt"):
+        (run / name).unlink()
+    capsys.readouterr()
+    before = files_of(run)
+    line = expect_user_error(["train", "--resume", str(run), "--rounds", "2"], capsys)
+    assert line.startswith(f"morphogen train: error: no checkpoint at {run / CHECKPOINT_NAME}, and the run cannot "
+                           "start again from its config.json: it is not the config of `morphogen train` (")
+    assert "accepted" not in line
+    assert files_of(run) == before
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    line = expect_user_error(["train", "--resume", str(empty)], capsys)
+    assert line.endswith(f"no checkpoint at {empty / CHECKPOINT_NAME} (expected a run directory with checkpoint.pt)")
+
+
 def test_batch_envs_trains_identical_envs_batched_and_records_it(tmp_path: Path,
                                                                  capsys: pytest.CaptureFixture[str]) -> None:
     run = tmp_path / "run"
