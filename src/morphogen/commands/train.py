@@ -229,7 +229,9 @@ def _prepare_run_directory(trainer: PPOTrainer, config: TrainConfig, run_dir: Pa
         refuse_other_run(run_dir)  # again, now that no other command can start a run there
         write_resolved_config(run_dir, config)  # the whole run's config (a rank's trainer holds its share)
     remove_stale_temporaries(run_dir)
-    return cut_events_to_round(run_dir / EVENTS_FILENAME, trainer.state.next_round) if resuming else 0
+    if not resuming:
+        return 0
+    return cut_events_to_round(run_dir / EVENTS_FILENAME, trainer.state.next_round, imitated=trainer.state.imitated)
 
 
 def _imitate(trainer: PPOTrainer, run_dir: Path, display: ProgressDisplay, epochs: TaskID | None) -> None:
@@ -272,8 +274,8 @@ def _train_rounds(trainer: PPOTrainer, where: str, run_dir: Path, dropped: int,
             display.print("resume: the run stopped before its first checkpoint; it starts again from round 1"
                           + (f" (dropped {dropped:,} bytes of {EVENTS_FILENAME})" if dropped else ""))
         elif dropped:
-            display.print(f"resume: dropped {dropped:,} bytes of {EVENTS_FILENAME} written after the round-{first - 1} "
-                          "checkpoint")
+            checkpoint = f"round-{first - 1} checkpoint" if first > 1 else "checkpoint of the imitation warm start"
+            display.print(f"resume: dropped {dropped:,} bytes of {EVENTS_FILENAME} written after the {checkpoint}")
         rounds = display.add("rounds", config.rounds - first + 1)
         epochs = display.add(f"round {first} epochs", trainer.group_of(first - 1).episode_length,
                              status=f"({counted(config.n_envs, 'env')})")

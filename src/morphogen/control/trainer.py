@@ -566,6 +566,10 @@ class PPOTrainer:
         with self.timer.phase("update"):
             statistics = imitation_fit(self.state.agent.policy, batches, config)
         self.state.imitated = True
+        # Marks the end of the watched episodes' events (readers and `--resume` tell them from round 1's by it); the
+        # trainer's epoch clock counts PPO rounds only, so it is still 0.
+        self.telemetry.emit(events.ImitationCompleted(epoch=0, env_id=ALL_ENVS, rounds=config.rounds,
+                                                      **dataclasses.asdict(statistics)))
         return statistics
 
     def run_round(self) -> RoundSummary:
