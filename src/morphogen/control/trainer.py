@@ -398,6 +398,8 @@ class PPOTrainer:
         if len(self.groups) == 1:
             return self.groups[0]
         weights = np.array([entry.weight for entry in self.mix])
+        if weights.max() > np.finfo(weights.dtype).max / len(weights):  # their sum would overflow (1e308 twice)
+            weights = weights / weights.max()  # the weights are relative: only their ratios matter
         chooser = np.random.default_rng(derive_seed(self.config.seed, round_index, 17))
         return self.groups[int(chooser.choice(len(self.groups), p=weights / weights.sum()))]
 
