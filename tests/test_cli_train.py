@@ -139,7 +139,7 @@ def test_resume_of_a_run_stopped_before_its_first_checkpoint_starts_it_again(
     assert main(["train", "--resume", str(run), "--rounds", "3"]) == 0
     out, _ = capsys.readouterr()
     assert "rounds 1..3" in out
-    assert "resume: the run stopped before its first checkpoint; it starts again from round 1" in out
+    assert "resume: the run stopped before its first checkpoint; it starts again from the beginning" in out
     assert [line[:9] for line in out.splitlines() if line.startswith("round")] == \
         ["round   1", "round   2", "round   3"]
     expected, got = policy_of(trained.directory), policy_of(run)

@@ -10,6 +10,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+import torch
 
 from morphogen.cli import EXIT_USER_ERROR, main
 from morphogen.config import ConfigError, build_config
@@ -221,3 +222,22 @@ def test_a_run_stopped_after_watching_the_heuristic_keeps_those_events_on_resume
     out = capsys.readouterr().out
     assert "written after the checkpoint of the imitation warm start" in out and "imitation fit" not in out
     assert _timeless_events(stopped / "events.jsonl") == _timeless_events(uninterrupted / "events.jsonl")
+
+
+def test_a_run_stopped_while_watching_the_heuristic_starts_again_on_resume(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Stopped before the imitation's checkpoint, a run has only its config.json and some events: the resume watches
+    the heuristic again and ends with the policy and events of a run that was not stopped."""
+    uninterrupted, stopped = tmp_path / "uninterrupted", tmp_path / "stopped"
+    assert main([*IMITATING, "--run-dir", str(uninterrupted)]) == 0
+    stopped.mkdir()
+    (stopped / "config.json").write_bytes((uninterrupted / "config.json").read_bytes())
+    first_lines = (uninterrupted / "events.jsonl").read_text().splitlines(keepends=True)[:5]
+    (stopped / "events.jsonl").write_text("".join(first_lines) + '{"time": 2.0, "ev')
+    capsys.readouterr()
+    assert main(["train", "--resume", str(stopped)]) == 0
+    out = capsys.readouterr().out
+    assert "it starts again from the beginning" in out and "imitation fit" in out
+    assert _timeless_events(stopped / "events.jsonl") == _timeless_events(uninterrupted / "events.jsonl")
+    expected, got = load_checkpoint(uninterrupted)["policy"], load_checkpoint(stopped)["policy"]
+    assert all(torch.equal(expected[name], got[name]) for name in expected)

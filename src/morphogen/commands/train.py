@@ -53,7 +53,7 @@ from morphogen.ui.units import counted
 COMPILE_KEYS = ("compile", "compile_mode", "compile_backend")
 #: Stream of `derive_seed` for the global torch RNG of a training run.
 GLOBAL_RNG_STREAM = 5
-#: The files of a `train` run that has written no checkpoint yet (`--resume` starts it again from round 1).
+#: The files of a `train` run that has written no checkpoint yet (`--resume` starts it again).
 BEFORE_FIRST_CHECKPOINT = frozenset((CONFIG_FILENAME, EVENTS_FILENAME, IMITATION_FILENAME, TENSORBOARD_DIRNAME,
                                      PROFILE_DIRNAME))
 #: Config keys in which a checkpoint may differ from its run's config.json: what `--resume` may change, and the
@@ -65,8 +65,8 @@ def config_for_resume(run_dir: str | Path, overrides: dict[str, Any]) -> tuple[T
     """The saved config of a run (with `rounds` possibly extended) and its checkpoint, checked before use.
 
     A run stopped before its first checkpoint (in its first round, or while watching the heuristic) has only its
-    config.json: it comes back with no checkpoint (None) and starts again from round 1, which plays what the stopped
-    run played, since every round is drawn from (seed, round)."""
+    config.json: it comes back with no checkpoint (None) and starts again from the beginning, which plays what the
+    stopped run played, since every round is drawn from (seed, round)."""
     if _stopped_before_its_first_checkpoint(Path(run_dir)):
         values = _recorded_train_config(Path(run_dir))
         state = None
@@ -149,7 +149,7 @@ def train_command(config: TrainConfig, *, resume_state: dict[str, Any] | None = 
 
     The run directory is locked for the whole command (`morphogen.run_directory`); a resumed run (`resume`, or a
     `resume_state`) first drops the events of rounds its checkpoint does not hold and the temporary files of killed
-    writes. `resume` without a `resume_state` starts again from round 1 in `config.run_dir`, a run that stopped
+    writes. `resume` without a `resume_state` starts again from the beginning in `config.run_dir`, a run that stopped
     before its first checkpoint (`config_for_resume`).
 
     With a `context` (`train --distributed`, one call per rank) this rank trains its share of the envs
@@ -271,7 +271,7 @@ def _train_rounds(trainer: PPOTrainer, where: str, run_dir: Path, dropped: int,
                       f"rounds {first}..{config.rounds}, {where}")
         display.print(f"run dir: {run_dir}")
         if restarted:
-            display.print("resume: the run stopped before its first checkpoint; it starts again from round 1"
+            display.print("resume: the run stopped before its first checkpoint; it starts again from the beginning"
                           + (f" (dropped {dropped:,} bytes of {EVENTS_FILENAME})" if dropped else ""))
         elif dropped:
             checkpoint = f"round-{first - 1} checkpoint" if first > 1 else "checkpoint of the imitation warm start"
