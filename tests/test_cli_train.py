@@ -29,6 +29,7 @@ from morphogen.env.episode import EpisodeConfig, MorphogenesisEpisode
 from morphogen.env.optimizer import OptimizerConfig
 from morphogen.run_directory import CHECKPOINT_NAME
 from morphogen.session import SessionOptions
+from morphogen.ui.units import format_loss
 
 TINY = ["--envs", "2", "--episode-length", "3", "--max-train-samples", "200", "--hidden-size", "16"]
 
@@ -278,6 +279,43 @@ def test_a_policy_trained_on_digits_acts_on_a_users_own_model(trained: TrainedRu
     assert main(["run", "--policy", str(trained.directory), "--task", "user_task:make_task", "--epochs", "3",
                  "--no-baseline", "--run-dir", "episode"]) == 0
     assert "epoch   3/3" in capsys.readouterr().out
+
+
+REGRESSION_TASK = """
+import torch
+import morphogen
+
+def make_task(seed=0):
+    x = torch.randn(200, 6)
+    y = x[:, :3].sum(1, keepdim=True) * x[:, 3:4]
+    model = torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.ReLU(), torch.nn.Linear(8, 1))
+    host = morphogen.host_from_module(model, slots=["1"], example_input=x[:2])
+    return morphogen.task_from_data("products", (x[:160], y[:160]), (x[160:], y[160:]),
+                                    loss=torch.nn.functional.mse_loss), host
+"""
+
+
+def test_training_on_a_regression_shows_its_loss_not_an_accuracy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    """A task with its own loss scores by the loss negated: round lines, config.json and `report` show the loss, as
+    `run` does, never "acc -2.35%"."""
+    (tmp_path / "regression_task.py").write_text(REGRESSION_TASK)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert main(["train", "--task", "regression_task:make_task", "--envs", "2", "--rounds", "1", "--episode-length",
+                 "3", "--hidden-size", "16", "--run-dir", "run"]) == 0
+    out = capsys.readouterr().out
+    line = next(line for line in out.splitlines() if line.startswith("round   1"))
+    loss = -json.loads(next(record for record in (tmp_path / "run" / "events.jsonl").read_text().splitlines()
+                            if '"round_completed"' in record))["mean_final_accuracy"]
+    assert f"loss {loss:7.4g}  added" in line and "acc" not in line
+    recorded = json.loads((tmp_path / "run" / "config.json").read_text())
+    assert (recorded["task_name"], recorded["task_metric"]) == ("products", "negative loss")
+    assert main(["report", "run"]) == 0
+    report = capsys.readouterr().out
+    rounds = report[report.index("rounds:"):].splitlines()
+    assert "final loss" in rounds[1] and format_loss(loss) in rounds[2] and "%" not in rounds[2]
+    assert main(["train", "--resume", "run", "--rounds", "2"]) == 0, "the recorded score does not block a resume"
 
 
 def test_a_checkpoint_of_an_earlier_format_is_refused_in_one_line(trained: TrainedRun, tmp_path: Path,

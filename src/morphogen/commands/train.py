@@ -24,7 +24,15 @@ from morphogen.control.distributed import (
     receive_run_directory,
     send_run_directory,
 )
-from morphogen.control.trainer import EpisodeMeans, PPOTrainer, RoundSummary, TrainConfig, format_round, train
+from morphogen.control.trainer import (
+    EpisodeMeans,
+    PPOTrainer,
+    RoundSummary,
+    TrainConfig,
+    format_round,
+    format_score,
+    train,
+)
 from morphogen.data import Task
 from morphogen.devices import resolve_device, resolve_devices
 from morphogen.env.seeding import derive_seed
@@ -53,12 +61,15 @@ from morphogen.ui.units import counted
 COMPILE_KEYS = ("compile", "compile_mode", "compile_backend")
 #: Stream of `derive_seed` for the global torch RNG of a training run.
 GLOBAL_RNG_STREAM = 5
+#: What the command fills in from the tasks it loaded, for readers (`report`, the dashboard): a run written before it
+#: did has none, and resumes all the same.
+TASK_KEYS = ("task_name", "task_metric")
 #: The files of a `train` run that has written no checkpoint yet (`--resume` starts it again).
 BEFORE_FIRST_CHECKPOINT = frozenset((CONFIG_FILENAME, EVENTS_FILENAME, IMITATION_FILENAME, TENSORBOARD_DIRNAME,
                                      PROFILE_DIRNAME))
 #: Config keys in which a checkpoint may differ from its run's config.json: what `--resume` may change, and the
 #: run directory, which config.json does not record.
-RESUMABLE_KEYS = ("rounds", "telemetry", "device", "devices", "run_dir", *COMPILE_KEYS)
+RESUMABLE_KEYS = ("rounds", "telemetry", "device", "devices", "run_dir", *COMPILE_KEYS, *TASK_KEYS)
 
 
 def config_for_resume(run_dir: str | Path, overrides: dict[str, Any]) -> tuple[TrainConfig, dict[str, Any] | None]:
@@ -164,6 +175,7 @@ def train_command(config: TrainConfig, *, resume_state: dict[str, Any] | None = 
         raise ConfigError("imitation.rounds: the imitation warm start runs in one process; "
                           "drop --distributed or set imitation.rounds = 0")
     tasks = load_mix_tasks(config, device)
+    config = _with_task_names(config, tasks)
     # Training draws from generators seeded by (seed, round); the global RNG is seeded too (and saved in every
     # checkpoint, restored on resume) so that whatever may use it is replayed and checkpoints are reproducible.
     torch.manual_seed(derive_seed(config.seed, GLOBAL_RNG_STREAM))
@@ -194,6 +206,14 @@ def train_command(config: TrainConfig, *, resume_state: dict[str, Any] | None = 
         print(trainer.timer.summary(), file=out)
     print(f"checkpoint: {run_dir / CHECKPOINT_NAME}", file=out)
     return run_dir
+
+
+def _with_task_names(config: TrainConfig, tasks: list[Task]) -> TrainConfig:
+    """`config` with the name and score of the tasks it trains on (`task_name`, `task_metric`), where they share
+    them, as `run` records its task's: `report` then shows a regression's rounds by their loss, not as accuracy."""
+    names, metrics = {task.name for task in tasks}, {task.metric_name for task in tasks}
+    return dataclasses.replace(config, task_name=names.pop() if len(names) == 1 else None,
+                               task_metric=metrics.pop() if len(metrics) == 1 else None)
 
 
 def load_mix_tasks(config: TrainConfig, device: str) -> list[Task]:
@@ -242,7 +262,8 @@ def _imitate(trainer: PPOTrainer, run_dir: Path, display: ProgressDisplay, epoch
 
     def on_round(index: int, summary: EpisodeMeans) -> None:
         display.print(f"imitation {index:3d}  return {summary.mean_return:+7.3f}  "
-                      f"acc {summary.mean_final_accuracy:6.2f}%  added {summary.mean_parameters_added:>7,.0f}  "
+                      f"{format_score(summary.mean_final_accuracy, summary.metric_name)}  "
+                      f"added {summary.mean_parameters_added:>7,.0f}  "
                       f"fossil {summary.fossilized:.1f} pruned {summary.pruned:.1f}")
         display.reset(epochs, description=f"imitation {index + 1} epochs" if index < config.rounds
                       else "round 1 epochs")

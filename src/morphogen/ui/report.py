@@ -114,11 +114,12 @@ def _episode_section(history: Sequence[Event], training: bool, score: ScoreKind)
     reasons = _action_reasons(history)
     if not training:
         return ["epochs (env 0):", *_epoch_rows([(r, e) for r, e in epochs if e.env_id == 0], False, score, reasons)]
-    lines = ["episodes:", f"  {'round':>5}  {'env':>3}  {'final acc':>9}  {'params':>9}  {'added':>8}  "
+    final, width = _final_column(score)
+    lines = ["episodes:", f"  {'round':>5}  {'env':>3}  {final:>{width}}  {'params':>9}  {'added':>8}  "
              f"{'fossilized':>10}  {'pruned':>6}  {'return':>8}"]
     for round_number, e in round_of_events(history):
         if isinstance(e, EpisodeCompleted):
-            lines.append(f"  {_round_cell(round_number):>5}  {e.env_id:>3}  {e.final_accuracy:>8.2f}%  "
+            lines.append(f"  {_round_cell(round_number):>5}  {e.env_id:>3}  {score.format(e.final_accuracy):>{width}}  "
                          f"{e.param_count:>9,}  {e.param_count - e.host_param_count:>8,}  {e.fossilized:>10}  "
                          f"{e.pruned:>6}  {e.episode_return:>+8.3f}")
     last = max(r for r, _ in epochs)
@@ -188,19 +189,26 @@ def _imitation_lines(history: Sequence[Event]) -> list[str]:
             for e in history if isinstance(e, ImitationCompleted)]
 
 
-def _training_section(history: Sequence[Event]) -> list[str]:
+def _final_column(score: ScoreKind) -> tuple[str, int]:
+    """The header of a column of final scores ("final acc", "final loss", "final <metric>") and its width."""
+    header = f"final {cut(score.label, _SCORE_WIDTH)}"
+    return header, max(len(header), 9)
+
+
+def _training_section(history: Sequence[Event], score: ScoreKind) -> list[str]:
     imitation = _imitation_lines(history)
     rounds = [e for e in history if isinstance(e, RoundCompleted)]
     if not rounds:
         return imitation
     updates = {e.round: e for e in history if isinstance(e, PPOUpdateCompleted)}
+    final, width = _final_column(score)
     lines = [*imitation, "rounds:",
-             f"  {'round':>5}  {'return':>8}  {'final acc':>9}  {'added':>8}  {'kl':>7}  {'ev':>6}  {'seconds':>7}"]
+             f"  {'round':>5}  {'return':>8}  {final:>{width}}  {'added':>8}  {'kl':>7}  {'ev':>6}  {'seconds':>7}"]
     for r in rounds:
         update = updates.get(r.round)
         kl = "-" if update is None else f"{update.approx_kl:.4f}"
         explained = "-" if update is None else f"{update.explained_variance:+.2f}"
-        lines.append(f"  {r.round:>5}  {r.mean_return:>+8.3f}  {r.mean_final_accuracy:>8.2f}%  "
+        lines.append(f"  {r.round:>5}  {r.mean_return:>+8.3f}  {score.format(r.mean_final_accuracy):>{width}}  "
                      f"{r.mean_parameters_added:>8,.0f}  {kl:>7}  {explained:>6}  {r.seconds:>7.1f}")
     return lines
 
@@ -283,7 +291,7 @@ def render_report(run_dir: str | Path) -> str:
     sections = [[header], _episode_section(history, training, score),
                 _seed_section(history, training, score, files.summary, without_events=files.without_events),
                 reward,
-                _training_section(history), [] if files.without_events else _health_section(history, training),
+                _training_section(history, score), [] if files.without_events else _health_section(history, training),
                 _phase_section(history),
                 _comparison_section(files.summary, config)]
     text = "\n\n".join("\n".join(section) for section in sections if section)
