@@ -7,6 +7,7 @@ with code 2 and one stderr line, and must leave every file of the run untouched.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import io
 import json
 import re
@@ -522,6 +523,22 @@ def test_eval_trains_its_hosts_with_the_optimizer_table_of_its_config(trained: T
                0.01) for optimizer in played), played
     recorded = json.loads((record / "config.json").read_text())["optimizer"]
     assert (recorded["schedule"], recorded["host_lr"], recorded["name"]) == ("cosine", 0.05, "sgd")
+
+
+def test_eval_plays_a_task_of_the_training_mix_with_the_optimizer_it_trained_with() -> None:
+    """`--tasks mnist1d` with an `[episode.optimizer]` table trained mnist1d's hosts at that rate: eval of that policy
+    on mnist1d (its first setting, or named) trains them so too, not at the task's default; another task keeps its
+    own default."""
+    from morphogen.commands.evaluate import EvalConfig, evaluation_setting
+    from morphogen.control.trainer import TrainConfig
+
+    trained = TrainConfig(tasks=("mnist1d",))
+    trained = dataclasses.replace(trained, episode=dataclasses.replace(
+        trained.episode, optimizer=OptimizerConfig(host_lr=0.05)))
+    for config in (EvalConfig(policy="run"), EvalConfig(policy="run", task="mnist1d")):
+        session, episode = evaluation_setting(config, trained)
+        assert session.task == "mnist1d" and episode.optimizer is not None and episode.optimizer.host_lr == 0.05
+    assert evaluation_setting(EvalConfig(policy="run", task="digits"), trained)[1].optimizer is None
 
 
 def test_an_eval_optimizer_table_keeps_the_tasks_own_optimizer_and_needs_the_task(
