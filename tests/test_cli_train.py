@@ -7,6 +7,7 @@ with code 2 and one stderr line, and must leave every file of the run untouched.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import io
 import json
 import re
@@ -29,6 +30,7 @@ from morphogen.env.episode import EpisodeConfig, MorphogenesisEpisode
 from morphogen.env.optimizer import OptimizerConfig
 from morphogen.run_directory import CHECKPOINT_NAME
 from morphogen.session import SessionOptions
+from morphogen.ui.units import format_loss
 
 TINY = ["--envs", "2", "--episode-length", "3", "--max-train-samples", "200", "--hidden-size", "16"]
 
@@ -113,6 +115,60 @@ def test_resume_through_the_cli_equals_the_uninterrupted_run(trained: TrainedRun
     events_after = (run / "events.jsonl").read_bytes()
     assert events_after.startswith(events_before) and len(events_after) > len(events_before), \
         "resuming appends to the run's events"
+
+
+def _events_without_times(path: Path) -> list[dict[str, Any]]:
+    """A run's events without their wall-clock fields (time, seconds, phase times), which no rerun repeats."""
+    events = []
+    for line in path.read_text().splitlines():
+        event = json.loads(line)
+        if event["event"] != "phase_times":
+            events.append({key: value for key, value in event.items() if key not in ("time", "seconds")})
+    return events
+
+
+def test_resume_of_a_run_stopped_before_its_first_checkpoint_starts_it_again(
+        trained: TrainedRun, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Stopped in round 1 (Ctrl-C, a kill), a run has its config.json and part of its events but no checkpoint:
+    `--resume` plays it from round 1 in its directory and ends with the uninterrupted run's policy and events."""
+    run = tmp_path / "run"
+    assert main(["train", *TINY, "--rounds", "1", "--run-dir", str(run)]) == 0
+    (run / CHECKPOINT_NAME).unlink()  # what a kill inside round 1 leaves, with a torn last line
+    with (run / "events.jsonl").open("ab") as events:
+        events.write(b'{"time": 1.0, "event": "epoch_comp')
+    capsys.readouterr()
+
+    assert main(["train", "--resume", str(run), "--rounds", "3"]) == 0
+    out, _ = capsys.readouterr()
+    assert "rounds 1..3" in out
+    assert "resume: the run stopped before its first checkpoint; it starts again from the beginning" in out
+    assert [line[:9] for line in out.splitlines() if line.startswith("round")] == \
+        ["round   1", "round   2", "round   3"]
+    expected, got = policy_of(trained.directory), policy_of(run)
+    for name in expected:
+        torch.testing.assert_close(got[name], expected[name], rtol=0.0, atol=0.0, msg=name)
+    assert _events_without_times(run / "events.jsonl") == _events_without_times(trained.directory / "events.jsonl")
+
+
+def test_resume_refuses_a_directory_without_checkpoint_of_another_command(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A `run` directory stopped in its first epoch also has only config.json: it is not started as training."""
+    run = tmp_path / "run"
+    assert main(["run", "--epochs", "1", "--max-train-samples", "100", "--no-baseline", "--no-from-scratch",
+                 "--run-dir", str(run)]) == 0
+    for name in ("summary.json", "model.pt"):
+        (run / name).unlink()
+    capsys.readouterr()
+    before = files_of(run)
+    line = expect_user_error(["train", "--resume", str(run), "--rounds", "2"], capsys)
+    assert line.startswith(f"morphogen train: error: no checkpoint at {run / CHECKPOINT_NAME}, and the run cannot "
+                           "start again from its config.json: it is not the config of `morphogen train` (")
+    assert "accepted" not in line
+    assert files_of(run) == before
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    line = expect_user_error(["train", "--resume", str(empty)], capsys)
+    assert line.endswith(f"no checkpoint at {empty / CHECKPOINT_NAME} (expected a run directory with checkpoint.pt)")
 
 
 def test_batch_envs_trains_identical_envs_batched_and_records_it(tmp_path: Path,
@@ -224,6 +280,43 @@ def test_a_policy_trained_on_digits_acts_on_a_users_own_model(trained: TrainedRu
     assert main(["run", "--policy", str(trained.directory), "--task", "user_task:make_task", "--epochs", "3",
                  "--no-baseline", "--run-dir", "episode"]) == 0
     assert "epoch   3/3" in capsys.readouterr().out
+
+
+REGRESSION_TASK = """
+import torch
+import morphogen
+
+def make_task(seed=0):
+    x = torch.randn(200, 6)
+    y = x[:, :3].sum(1, keepdim=True) * x[:, 3:4]
+    model = torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.ReLU(), torch.nn.Linear(8, 1))
+    host = morphogen.host_from_module(model, slots=["1"], example_input=x[:2])
+    return morphogen.task_from_data("products", (x[:160], y[:160]), (x[160:], y[160:]),
+                                    loss=torch.nn.functional.mse_loss), host
+"""
+
+
+def test_training_on_a_regression_shows_its_loss_not_an_accuracy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    """A task with its own loss scores by the loss negated: round lines, config.json and `report` show the loss, as
+    `run` does, never "acc -2.35%"."""
+    (tmp_path / "regression_task.py").write_text(REGRESSION_TASK)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert main(["train", "--task", "regression_task:make_task", "--envs", "2", "--rounds", "1", "--episode-length",
+                 "3", "--hidden-size", "16", "--run-dir", "run"]) == 0
+    out = capsys.readouterr().out
+    line = next(line for line in out.splitlines() if line.startswith("round   1"))
+    loss = -json.loads(next(record for record in (tmp_path / "run" / "events.jsonl").read_text().splitlines()
+                            if '"round_completed"' in record))["mean_final_accuracy"]
+    assert f"loss {loss:7.4g}  added" in line and "acc" not in line
+    recorded = json.loads((tmp_path / "run" / "config.json").read_text())
+    assert (recorded["task_name"], recorded["task_metric"]) == ("products", "negative loss")
+    assert main(["report", "run"]) == 0
+    report = capsys.readouterr().out
+    rounds = report[report.index("rounds:"):].splitlines()
+    assert "final loss" in rounds[1] and format_loss(loss) in rounds[2] and "%" not in rounds[2]
+    assert main(["train", "--resume", "run", "--rounds", "2"]) == 0, "the recorded score does not block a resume"
 
 
 def test_a_checkpoint_of_an_earlier_format_is_refused_in_one_line(trained: TrainedRun, tmp_path: Path,
@@ -430,6 +523,22 @@ def test_eval_trains_its_hosts_with_the_optimizer_table_of_its_config(trained: T
                0.01) for optimizer in played), played
     recorded = json.loads((record / "config.json").read_text())["optimizer"]
     assert (recorded["schedule"], recorded["host_lr"], recorded["name"]) == ("cosine", 0.05, "sgd")
+
+
+def test_eval_plays_a_task_of_the_training_mix_with_the_optimizer_it_trained_with() -> None:
+    """`--tasks mnist1d` with an `[episode.optimizer]` table trained mnist1d's hosts at that rate: eval of that policy
+    on mnist1d (its first setting, or named) trains them so too, not at the task's default; another task keeps its
+    own default."""
+    from morphogen.commands.evaluate import EvalConfig, evaluation_setting
+    from morphogen.control.trainer import TrainConfig
+
+    trained = TrainConfig(tasks=("mnist1d",))
+    trained = dataclasses.replace(trained, episode=dataclasses.replace(
+        trained.episode, optimizer=OptimizerConfig(host_lr=0.05)))
+    for config in (EvalConfig(policy="run"), EvalConfig(policy="run", task="mnist1d")):
+        session, episode = evaluation_setting(config, trained)
+        assert session.task == "mnist1d" and episode.optimizer is not None and episode.optimizer.host_lr == 0.05
+    assert evaluation_setting(EvalConfig(policy="run", task="digits"), trained)[1].optimizer is None
 
 
 def test_an_eval_optimizer_table_keeps_the_tasks_own_optimizer_and_needs_the_task(

@@ -468,7 +468,7 @@ def _resume(args: argparse.Namespace) -> None:
         lock = hold_run_directory(args.resume) if main_rank and Path(args.resume).is_dir() else contextlib.nullcontext()
         with lock:
             config, state = config_for_resume(args.resume, overrides)
-            train_command(config, resume_state=state, context=context)
+            train_command(config, resume_state=state, resume=True, context=context)
 
 
 def saved_policy_device(run_dir: str) -> str:

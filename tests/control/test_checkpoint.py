@@ -7,6 +7,7 @@ import errno
 import io
 import math
 import os
+import re
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -140,6 +141,26 @@ def test_checkpoint_missing_a_field_names_it(trainer: PPOTrainer, tmp_path: Path
     del state["optimizer"], state["rng"]
     save_checkpoint(state, tmp_path / CHECKPOINT_NAME)
     with pytest.raises(CheckpointError, match=r"lacks optimizer, rng$"):
+        load_checkpoint(tmp_path)
+
+
+@pytest.mark.parametrize(("key", "value", "message"), [
+    ("hidden_size", 4_000_000, "hidden_size must be <= 4,096 (a documented limit of morphogen.limits), got 4,000,000"),
+    ("hidden_size", "16", "hidden_size is not int"),
+    ("round", -1, "round must be >= 0, got -1"),
+    ("policy", 5, "policy is not dict"),
+    ("observation_normalizer", [1.0], "observation_normalizer is not dict"),
+    ("config", "[1]", "config is not the JSON text of a config table"),
+    ("config", 5, "config is not str"),
+    ("imitated", 1, "imitated is not bool"),
+])
+def test_a_checkpoint_not_written_by_morphogen_is_refused_before_anything_is_built(
+        trainer: PPOTrainer, tmp_path: Path, key: str, value: object, message: str) -> None:
+    """A whole, checksummed file of the right format whose entries are not what `save_checkpoint` writes (another
+    program wrote it): one line, before a policy of its width is allocated or its config read."""
+    save_checkpoint({**trainer.state_dict(), key: value}, tmp_path / CHECKPOINT_NAME)
+    with pytest.raises(CheckpointError, match="^" + re.escape(f"checkpoint {tmp_path / CHECKPOINT_NAME} is not one "
+                                                              f"morphogen wrote: {message}") + "$"):
         load_checkpoint(tmp_path)
 
 

@@ -10,6 +10,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+import torch
 
 from morphogen.cli import EXIT_USER_ERROR, main
 from morphogen.config import ConfigError, build_config
@@ -165,3 +166,78 @@ def test_cli_rejects_a_negative_imitation_round_count(tmp_path: Path, capsys: py
     assert error == ["morphogen train: error: imitation.rounds: must be >= 0, got -2"]
     assert not (tmp_path / "run").exists()
 
+
+
+IMITATING = ["train", "--task", "digits", "--envs", "2", "--rounds", "1", "--episode-length", "4", "--hidden-size",
+             "16", "--max-train-samples", "150", "--imitate-rounds", "1"]
+
+
+def _timeless_events(path: Path) -> list[dict[str, Any]]:
+    """A run's events without what no rerun repeats: wall-clock fields and phase times."""
+    records = [json.loads(line) for line in path.read_text().splitlines()]
+    return [{key: value for key, value in record.items() if key not in ("time", "seconds")}
+            for record in records if record["event"] != "phase_times"]
+
+
+def test_the_watched_episodes_are_told_from_round_1_in_events_and_report(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The heuristic's episodes come before round 1's in events.jsonl; an `imitation_completed` record (the fit's
+    figures, as imitation.json has them) ends them, and `report` shows them apart instead of as round 1."""
+    run_dir = tmp_path / "run"
+    assert main([*IMITATING, "--run-dir", str(run_dir)]) == 0
+    capsys.readouterr()
+    records = _timeless_events(run_dir / "events.jsonl")
+    kinds = [record["event"] for record in records]
+    marker = kinds.index("imitation_completed")
+    assert kinds[:marker].count("episode_completed") == 2 and kinds[marker:].count("episode_completed") == 2
+    fitted = json.loads((run_dir / "imitation.json").read_text())
+    assert {key: records[marker][key] for key in fitted} == fitted and records[marker]["rounds"] == 1
+
+    assert main(["report", str(run_dir)]) == 0
+    report = capsys.readouterr().out
+    episodes = report[report.index("episodes:"):report.index("epochs of round 1")].splitlines()[2:-1]
+    assert [row.split()[0] for row in episodes] == ["imit", "imit", "1", "1"]
+    assert f"agreement with the heuristic {100 * fitted['agreement']:.1f}% of steps" in report
+    assert "watched the heuristic for 1 round (2 episodes" in report
+
+
+def test_a_run_stopped_after_watching_the_heuristic_keeps_those_events_on_resume(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Stopped in round 1, after the checkpoint of the imitation warm start: the resume cuts round 1's events but
+    keeps the watched episodes' (that checkpoint saw them), and ends with the events of an uninterrupted run."""
+    uninterrupted, stopped = tmp_path / "uninterrupted", tmp_path / "stopped"
+    assert main([*IMITATING, "--run-dir", str(uninterrupted)]) == 0
+
+    def interrupted(self: PPOTrainer) -> None:
+        with (stopped / "events.jsonl").open("a") as events:  # round 1 had begun: a record, then a torn one
+            events.write(json.dumps({"time": 1.0, "event": "action_taken"}) + '\n{"time": 2.0, "ev')
+        raise KeyboardInterrupt
+
+    with monkeypatch.context() as patched:
+        patched.setattr(PPOTrainer, "run_round", interrupted)
+        assert main([*IMITATING, "--run-dir", str(stopped)]) == 130
+    assert load_checkpoint(stopped)["round"] == 0
+    capsys.readouterr()
+    assert main(["train", "--resume", str(stopped)]) == 0
+    out = capsys.readouterr().out
+    assert "written after the checkpoint of the imitation warm start" in out and "imitation fit" not in out
+    assert _timeless_events(stopped / "events.jsonl") == _timeless_events(uninterrupted / "events.jsonl")
+
+
+def test_a_run_stopped_while_watching_the_heuristic_starts_again_on_resume(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Stopped before the imitation's checkpoint, a run has only its config.json and some events: the resume watches
+    the heuristic again and ends with the policy and events of a run that was not stopped."""
+    uninterrupted, stopped = tmp_path / "uninterrupted", tmp_path / "stopped"
+    assert main([*IMITATING, "--run-dir", str(uninterrupted)]) == 0
+    stopped.mkdir()
+    (stopped / "config.json").write_bytes((uninterrupted / "config.json").read_bytes())
+    first_lines = (uninterrupted / "events.jsonl").read_text().splitlines(keepends=True)[:5]
+    (stopped / "events.jsonl").write_text("".join(first_lines) + '{"time": 2.0, "ev')
+    capsys.readouterr()
+    assert main(["train", "--resume", str(stopped)]) == 0
+    out = capsys.readouterr().out
+    assert "it starts again from the beginning" in out and "imitation fit" in out
+    assert _timeless_events(stopped / "events.jsonl") == _timeless_events(uninterrupted / "events.jsonl")
+    expected, got = load_checkpoint(uninterrupted)["policy"], load_checkpoint(stopped)["policy"]
+    assert all(torch.equal(expected[name], got[name]) for name in expected)

@@ -12,7 +12,7 @@ import torch
 from morphogen.control.checkpoint import load_checkpoint
 from morphogen.control.ppo import PPOConfig
 from morphogen.control.trainer import MixEntry, PPOTrainer, TrainConfig, format_round, train
-from morphogen.data import Task
+from morphogen.data import Task, load_task
 from morphogen.env.actions import HEADS
 from morphogen.run_directory import CHECKPOINT_NAME
 from morphogen.telemetry.anomalies import Anomaly
@@ -47,6 +47,17 @@ def test_settings_beside_the_mix_that_it_plays_or_that_keep_their_default_pass()
     assert [entry.episode_length for entry in config.training_mix()] == [30, 30]
     TrainConfig(episode=episode, max_train_samples=100, mix=(MixEntry("digits", episode_length=30),
                                                              MixEntry("mnist1d", max_train_samples=50)))
+
+
+def test_mix_weights_whose_sum_overflows_draw_by_their_ratio(digits: Task) -> None:
+    """Each weight is finite (accepted), their sum is not: rounds still draw entries, in their 1:1 ratio."""
+    mix = (MixEntry("digits", weight=1e308), MixEntry("digits", {"base_channels": 4}, weight=1e308))
+    tasks = [digits, load_task("digits", max_train_samples=200, host={"base_channels": 4})]
+    trainer = PPOTrainer(tiny_config(mix=mix), tasks)
+    drawn = [trainer.group_of(index).entry.host["base_channels"] for index in range(40)]
+    assert set(drawn) == {8, 4}
+    reference = PPOTrainer(tiny_config(mix=tuple(dataclasses.replace(entry, weight=1.0) for entry in mix)), tasks)
+    assert drawn == [reference.group_of(index).entry.host["base_channels"] for index in range(40)]
 
 
 def test_resumed_run_equals_the_uninterrupted_run(digits: Task, tmp_path: Path) -> None:

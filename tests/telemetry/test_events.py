@@ -23,6 +23,7 @@ from morphogen.telemetry.events import (
     Event,
     GovernorRollback,
     GradientHealthMeasured,
+    ImitationCompleted,
     LayerStatistics,
     LayerStats,
     LSTMHealthMeasured,
@@ -118,6 +119,17 @@ SAMPLES: list[Event] = [
         grad_norm=2.5,
         epochs_completed=3,
         early_stopped=True,
+    ),
+    ImitationCompleted(
+        epoch=0,
+        env_id=ALL_ENVS,
+        rounds=2,
+        episodes=8,
+        action_loss_before=0.47,
+        action_loss_after=0.02,
+        match_probability=0.98,
+        agreement=1.0,
+        value_loss=0.03,
     ),
     RoundCompleted(
         epoch=50,
@@ -283,6 +295,7 @@ def test_minimal_level_events() -> None:
         "anomaly_detected",
         "telemetry_level_changed",
         "round_completed",
+        "imitation_completed",
         "rank_times",
     }
     debug = {kind for kind, event_type in event_types().items() if event_type.min_level == "debug"}

@@ -64,3 +64,19 @@ def test_a_huge_line_is_stepped_over_in_bounded_memory(tmp_path: Path) -> None:
         tracemalloc.stop()
     assert path.read_text() == kept
     assert peak < 4 * MAX_LINE_BYTES, f"{peak:,} bytes held for a {len(huge):,}-byte line"
+
+
+def test_a_checkpoint_of_the_imitation_warm_start_keeps_the_watched_episodes(tmp_path: Path) -> None:
+    """Saved once the policy watched the heuristic (round 0, imitated), the checkpoint saw those episodes, which end
+    with `imitation_completed`; a run that saved nothing (a restart from round 1) keeps none of them."""
+    path = tmp_path / "events.jsonl"
+    watched = line("episode_completed") + line("imitation_completed", env_id=-1, rounds=1)
+    newer = line("epoch_completed") + '{"time": 2.0, "ev'
+    path.write_text(watched + newer)
+    assert cut_events_to_round(path, 0, imitated=True) == len(newer.encode())
+    assert path.read_text() == watched
+    path.write_text(watched + round_lines(1) + newer)
+    cut_events_to_round(path, 1, imitated=True)
+    assert path.read_text() == watched + round_lines(1)
+    cut_events_to_round(path, 0)
+    assert path.read_text() == ""

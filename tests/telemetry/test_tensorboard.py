@@ -102,6 +102,26 @@ def test_epochs_a_resume_replays_are_shown_once(tmp_path: Path) -> None:
         (1, 0.01), (2, 0.01), (3, 0.02), (4, 0.02)]
 
 
+def test_a_run_started_again_from_nothing_shows_only_its_new_points(tmp_path: Path) -> None:
+    """`train --resume` of a run stopped before its first checkpoint cuts its whole events.jsonl and plays round 1
+    again: TensorBoard must not show the killed round's points beside the new ones at the same steps."""
+    with Telemetry(tmp_path, config=TelemetryConfig(tensorboard=True)) as telemetry:  # the round the kill cut short
+        for epoch in (1, 2):
+            telemetry.emit(_epoch(epoch, 10.0 * epoch))
+            telemetry.emit(_ppo(epoch, 9.0))
+    for old in (tmp_path / "tb").glob("*/events.out.tfevents.*"):  # written by a process of an earlier second
+        parts = old.name.split(".")
+        old.rename(old.with_name(".".join([*parts[:3], str(int(parts[3]) - 60), *parts[4:]])))
+    (tmp_path / "events.jsonl").write_bytes(b"")  # the resume's cut: nothing was saved
+    with Telemetry(tmp_path, config=TelemetryConfig(tensorboard=True)) as telemetry:
+        for epoch in (1, 2):
+            telemetry.emit(_epoch(epoch, 70.0 + epoch))
+            telemetry.emit(_ppo(epoch, 0.02))
+    assert _scalars(tmp_path / "tb" / "env0")["episode/val_accuracy"] == [(1, 71.0), (2, 72.0)]
+    assert [(step, round(kl, 4)) for step, kl in _scalars(tmp_path / "tb" / "trainer")["ppo/approx_kl"]] == [
+        (1, 0.02), (2, 0.02)]
+
+
 def test_hub_adds_the_sink_when_configured(tmp_path: Path) -> None:
     with Telemetry(tmp_path, config=TelemetryConfig(tensorboard=True)) as telemetry:
         assert [type(sink).__name__ for sink in telemetry.sinks] == ["JsonLinesSink", "TensorBoardSink"]

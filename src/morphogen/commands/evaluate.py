@@ -177,9 +177,10 @@ def evaluation_setting(config: EvalConfig, trained: TrainConfig) -> tuple[TrainC
     for what it leaves out, the first setting the policy trained on.
 
     The episode keeps the policy's training settings (gates, reward, governor) at the chosen length; on another
-    task than it trained on, the host trains with that task's default optimizer, and with `config.optimizer`
-    where given."""
-    first = trained.training_mix()[0]
+    task than it trained on (any task of its training mix), the host trains with that task's default optimizer,
+    and with `config.optimizer` where given."""
+    mix = trained.training_mix()
+    first = mix[0]
     task, host = (first.task, first.host) if config.task is None else (config.task, config.host)
     session = dataclasses.replace(
         trained, task=task, host=host, tasks=None, mix=(), slots=config.slots, pool_slots=config.pool_slots,
@@ -188,7 +189,7 @@ def evaluation_setting(config: EvalConfig, trained: TrainConfig) -> tuple[TrainC
         first.max_train_samples or trained.max_train_samples)
     length = config.episode_length or first.episode_length or trained.episode_length
     optimizer = (config.optimizer if config.optimizer is not None else
-                 trained.episode.optimizer if task == trained.task else None)
+                 trained.episode.optimizer if task in {entry.task for entry in mix} else None)
     return session, dataclasses.replace(trained.episode, max_epochs=length, optimizer=optimizer)
 
 

@@ -18,6 +18,7 @@ NaN/Inf again, so a damaged or tampered file is refused with one line naming it,
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 from typing import Any
@@ -25,6 +26,7 @@ from typing import Any
 import torch
 
 from morphogen.control.integrity import checksum_matches, non_finite_entries, read_torch_file, write_checksummed
+from morphogen.limits import MAX_HIDDEN_SIZE, MAX_ROUNDS, check_count
 from morphogen.run_directory import CHECKPOINT_NAME
 
 #: The checkpoint format written and read (`format_version` in the file).
@@ -33,6 +35,14 @@ FORMAT_VERSION = 5
 REQUIRED_KEYS = ("hidden_size", "round", "config", "policy", "optimizer", "observation_normalizer",
                  "reward_normalizer", "value_normalizer", "rng", "anomaly_detector", "telemetry",
                  "policy_rollbacks_in_a_row", "imitated")
+
+
+#: The kind of each entry of `REQUIRED_KEYS` as `save_checkpoint` writes it (`load_checkpoint` refuses others).
+REQUIRED_KINDS: dict[str, type] = {
+    "hidden_size": int, "round": int, "config": str, "policy": dict, "optimizer": dict,
+    "observation_normalizer": dict, "reward_normalizer": dict, "value_normalizer": dict, "rng": dict,
+    "anomaly_detector": dict, "telemetry": dict, "policy_rollbacks_in_a_row": int, "imitated": bool}
+assert set(REQUIRED_KINDS) == set(REQUIRED_KEYS), "every required entry has its kind"
 
 
 class CheckpointError(ValueError):
@@ -108,11 +118,33 @@ def load_checkpoint(run_or_file: str | Path, map_location: str | torch.device = 
     missing = [key for key in REQUIRED_KEYS if key not in state]
     if missing:
         raise CheckpointError(f"checkpoint {path} lacks {', '.join(missing)}")
+    _check_kinds(state, path)
     bad = non_finite_entries(state)
     if bad:
         raise CheckpointError(f"checkpoint {path} holds non-finite values in {_list_entries(bad)}; "
                               "it cannot be resumed or acted with")
     return state
+
+
+def _check_kinds(state: dict[str, Any], path: Path) -> None:
+    """`CheckpointError` unless every entry of `state` that is read is of the kind `save_checkpoint` writes: the
+    file is untrusted (its checksum guards against damage, not against a file written by other code)."""
+    wrong = [f"{key} is not {kind.__name__}" for key, kind in REQUIRED_KINDS.items()
+             if not isinstance(state[key], kind) or (kind is int and isinstance(state[key], bool))]
+    if not wrong:
+        try:  # counts that size what is built (the policy's width) or where it goes on, before a width of millions
+            check_count("hidden_size", state["hidden_size"], MAX_HIDDEN_SIZE)
+            check_count("round", state["round"], MAX_ROUNDS, lower=0)
+        except ValueError as error:
+            wrong.append(str(error))
+        try:
+            config = json.loads(state["config"])
+        except (json.JSONDecodeError, RecursionError):
+            config = None
+        if not isinstance(config, dict):
+            wrong.append("config is not the JSON text of a config table")
+    if wrong:
+        raise CheckpointError(f"checkpoint {path} is not one morphogen wrote: {'; '.join(wrong)}")
 
 
 def check_layout(state: dict[str, Any], expected: dict[str, Any], source: str | Path) -> None:

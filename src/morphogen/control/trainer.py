@@ -70,6 +70,7 @@ from morphogen.telemetry.anomalies import Anomaly, AnomalyDetector, PPODiagnosti
 from morphogen.telemetry.events import ALL_ENVS
 from morphogen.telemetry.profiler import PhaseTimer, TraceProfiler
 from morphogen.telemetry.sinks import Telemetry
+from morphogen.telemetry.story import NEGATIVE_LOSS
 
 #: PPO updates in a row that may be undone for leaving NaN/Inf in the policy before training gives up.
 MAX_POLICY_ROLLBACKS = 3
@@ -269,6 +270,8 @@ class RoundSummary:
     update_seconds: float
     #: The mix entry the round played (`MixEntry.label`).
     setting: str = ""
+    #: The score of the round's task (`Task.metric_name`): how to read `mean_final_accuracy`.
+    metric_name: str = "accuracy"
     #: Each rank's times in a distributed run (`DistributedTrainer`), None in one process.
     rank_times: events.RankTimes | None = None
 
@@ -277,11 +280,14 @@ class EpisodeMeans(NamedTuple):
     """Means over the episodes of one round of envs."""
 
     mean_return: float
+    #: The mean final score: accuracy in percent, or what `metric_name` says (a negated loss, a metric of the task's).
     mean_final_accuracy: float
     mean_parameters_added: float
     #: Seeds fossilized and pruned per episode.
     fossilized: float
     pruned: float
+    #: The score of the round's task (`Task.metric_name`), which says how to read `mean_final_accuracy`.
+    metric_name: str = "accuracy"
 
 
 class Rollout(NamedTuple):
@@ -398,6 +404,8 @@ class PPOTrainer:
         if len(self.groups) == 1:
             return self.groups[0]
         weights = np.array([entry.weight for entry in self.mix])
+        if weights.max() > np.finfo(weights.dtype).max / len(weights):  # their sum would overflow (1e308 twice)
+            weights = weights / weights.max()  # the weights are relative: only their ratios matter
         chooser = np.random.default_rng(derive_seed(self.config.seed, round_index, 17))
         return self.groups[int(chooser.choice(len(self.groups), p=weights / weights.sum()))]
 
@@ -534,6 +542,7 @@ class PPOTrainer:
             mean_parameters_added=float(np.mean([s.added_parameters for s in snapshots])),
             fossilized=float(np.mean([e.fossilized for e in episodes])),
             pruned=float(np.mean([e.pruned for e in episodes])),
+            metric_name=group.task.metric_name,
         )
         return Rollout(batch, summary, state, setting=group.entry.label)
 
@@ -566,6 +575,10 @@ class PPOTrainer:
         with self.timer.phase("update"):
             statistics = imitation_fit(self.state.agent.policy, batches, config)
         self.state.imitated = True
+        # Marks the end of the watched episodes' events (readers and `--resume` tell them from round 1's by it); the
+        # trainer's epoch clock counts PPO rounds only, so it is still 0.
+        self.telemetry.emit(events.ImitationCompleted(epoch=0, env_id=ALL_ENVS, rounds=config.rounds,
+                                                      **dataclasses.asdict(statistics)))
         return statistics
 
     def run_round(self) -> RoundSummary:
@@ -589,7 +602,7 @@ class PPOTrainer:
                               mean_final_accuracy=rollout.summary.mean_final_accuracy,
                               mean_parameters_added=rollout.summary.mean_parameters_added,
                               fossilized=rollout.summary.fossilized, pruned=rollout.summary.pruned,
-                              setting=rollout.setting)
+                              setting=rollout.setting, metric_name=rollout.summary.metric_name)
         result = self.combine_ranks(result, rollout)
         self._report_round(result, rollout)
         return result
@@ -676,11 +689,22 @@ def _config_dict(config: TrainConfig) -> dict[str, Any]:
     return config_to_dict(config)  # type: ignore[no-any-return]
 
 
+def format_score(score: float, metric_name: str) -> str:
+    """A round's mean final score as its line shows it: accuracy in percent, a negated loss as the loss, another
+    metric under its name (at most 16 characters of it)."""
+    if metric_name == "accuracy":
+        return f"acc {score:6.2f}%"
+    if metric_name == NEGATIVE_LOSS:
+        return f"loss {-score:7.4g}"
+    return f"{metric_name[:16]} {score:7.4g}"
+
+
 def format_round(summary: RoundSummary, *, setting: bool = False) -> str:
     """The one line printed per round (about 120 columns; `setting` appends the mix entry the round played); the
     entropy of every head is in telemetry, the HTML report and the dashboard."""
     stats = summary.statistics
-    line = (f"round {summary.round:3d}  return {summary.mean_return:+7.3f}  acc {summary.mean_final_accuracy:6.2f}%  "
+    line = (f"round {summary.round:3d}  return {summary.mean_return:+7.3f}  "
+            f"{format_score(summary.mean_final_accuracy, summary.metric_name)}  "
             f"added {summary.mean_parameters_added:>7,.0f}  "
             f"fossil {summary.fossilized:.1f} pruned {summary.pruned:.1f}  "
             f"kl {stats.approx_kl:.4f}  vloss {stats.value_loss:.4f}  ev {stats.explained_variance:+.2f}  "

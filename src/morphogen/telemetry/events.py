@@ -323,6 +323,24 @@ class RoundCompleted(Event):
 
 
 @dataclass(frozen=True)
+class ImitationCompleted(Event):
+    """The imitation warm start of `train --imitate-rounds` ended: how well the policy reproduces the heuristic it
+    watched (`control/imitation.py`). It follows the watched episodes' events, which belong to no PPO round, and
+    precedes the checkpoint saved after the fit."""
+
+    kind: ClassVar[str] = "imitation_completed"
+    min_level: ClassVar[str] = "minimal"
+
+    rounds: int
+    episodes: int
+    action_loss_before: float
+    action_loss_after: float
+    match_probability: float
+    agreement: float
+    value_loss: float
+
+
+@dataclass(frozen=True)
 class PhaseTimes(Event):
     """Wall-clock seconds spent in each phase (train, validate, act, update) since the last such event."""
 

@@ -12,7 +12,8 @@ of a training run instead of restarting at 1. In a single `morphogen run` that i
 When the sink opens a `tb` directory inside a run directory whose `events.jsonl` already holds
 events (a resumed run), it counts them first, so the steps continue where they stopped, and opens each
 writer with `purge_step` at the step after the last one the events file holds: TensorBoard then hides the
-points an earlier file wrote from that step on (the epochs a kill cut short, which the resumed run replays).
+points an earlier file wrote from that step on (the epochs a kill cut short, which the resumed run replays);
+a run whose `tb` directory exists but of which the events file holds nothing (cut whole) purges from step 0.
 
 Needs the optional `tensorboard` package: `pip install 'morphogen[tensorboard]'`.
 """
@@ -123,9 +124,14 @@ class TensorBoardSink:
     def _writer(self, env_id: int) -> Any:
         run = env_run_name(env_id)
         if run not in self._writers:
+            purge = self._purge_steps.get(run)
+            if purge is None and (self.log_dir / run).is_dir():
+                # Points of a run the events file no longer holds at all (cut whole: a run started again from
+                # nothing, as `train --resume` of one that saved no checkpoint): hide them all.
+                purge = 0
             directory = own_directory(self.log_dir / run)
             self._writers[run] = self._writer_class(log_dir=str(directory), flush_secs=FLUSH_SECONDS,
-                                                    purge_step=self._purge_steps.get(run))
+                                                    purge_step=purge)
         return self._writers[run]
 
     def write(self, event: Event) -> None:

@@ -161,7 +161,7 @@ def contribution_pairs(history: Sequence[Event], score: ScoreKind | None = None)
             measured = score.contribution_value(story)
             if predicted is None or measured is None:
                 continue
-            where = f"r{round_number} env {story.env_id} " if round_number > 1 or story.env_id else ""
+            where = f"r{round_number} env {story.env_id} " if round_number != 1 or story.env_id else ""
             pairs.append(ContributionPair(f"{where}{story.slot} {story.blueprint}@{story.germinated}", predicted,
                                           measured))
     return pairs

@@ -20,6 +20,7 @@ from morphogen.telemetry.events import (
     EpochCompleted,
     Event,
     GovernorRollback,
+    ImitationCompleted,
     PhaseTimes,
     PPOUpdateCompleted,
     RewardComputed,
@@ -28,6 +29,7 @@ from morphogen.telemetry.events import (
 )
 from morphogen.telemetry.story import NEGATIVE_LOSS, SeedStory, seed_stories
 from morphogen.ui.run_files import (
+    IMITATION_ROUND,
     RunDirectoryError,
     ScoreKind,
     events_by_round,
@@ -40,7 +42,7 @@ from morphogen.ui.run_files import (
 )
 from morphogen.ui.seeds_report import MAX_HOSTS, MAX_NAME, render_seeds_report
 from morphogen.ui.terminal_text import cut, printable
-from morphogen.ui.units import format_flops, format_loss
+from morphogen.ui.units import counted, format_flops, format_loss
 
 __all__ = ["RunDirectoryError", "render_report"]
 
@@ -52,6 +54,16 @@ _SCORE_WIDTH = 24
 
 #: Where an action was taken: (round, env, epoch).
 _Step = tuple[int, int, int]
+
+
+def _round_cell(round_number: int) -> str:
+    """A round as the tables' round column shows it: its number, or "imit" for the imitation warm start's episodes."""
+    return "imit" if round_number == IMITATION_ROUND else str(round_number)
+
+
+def _round_name(round_number: int) -> str:
+    """A round as a line names it: "round 3", or "imitation" for the imitation warm start's episodes."""
+    return "imitation" if round_number == IMITATION_ROUND else f"round {round_number}"
 
 
 def _action_reasons(history: Sequence[Event]) -> dict[_Step, tuple[bool, str]]:
@@ -87,7 +99,7 @@ def _epoch_rows(epochs: Sequence[tuple[int, EpochCompleted]], with_round: bool, 
         outcome = _outcome_text(e, taken, previous_wait)
         if e.action == "WAIT" and taken is not None:
             previous_wait = taken[1]
-        round_cell = f"{round_number:>5}  " if with_round else ""
+        round_cell = f"{_round_cell(round_number):>5}  " if with_round else ""
         score_cell = f"{score.format(e.val_accuracy):>{width}}  " if shows_score else ""
         lines.append(f"  {round_cell}{e.env_id:>3}  {e.epoch:>5}  {score_cell}{format_loss(e.val_loss):>10}  "
                      f"{e.param_count:>9,}  {e.action}{outcome}")
@@ -102,15 +114,16 @@ def _episode_section(history: Sequence[Event], training: bool, score: ScoreKind)
     reasons = _action_reasons(history)
     if not training:
         return ["epochs (env 0):", *_epoch_rows([(r, e) for r, e in epochs if e.env_id == 0], False, score, reasons)]
-    lines = ["episodes:", f"  {'round':>5}  {'env':>3}  {'final acc':>9}  {'params':>9}  {'added':>8}  "
+    final, width = _final_column(score)
+    lines = ["episodes:", f"  {'round':>5}  {'env':>3}  {final:>{width}}  {'params':>9}  {'added':>8}  "
              f"{'fossilized':>10}  {'pruned':>6}  {'return':>8}"]
     for round_number, e in round_of_events(history):
         if isinstance(e, EpisodeCompleted):
-            lines.append(f"  {round_number:>5}  {e.env_id:>3}  {e.final_accuracy:>8.2f}%  {e.param_count:>9,}  "
-                         f"{e.param_count - e.host_param_count:>8,}  {e.fossilized:>10}  {e.pruned:>6}  "
-                         f"{e.episode_return:>+8.3f}")
+            lines.append(f"  {_round_cell(round_number):>5}  {e.env_id:>3}  {score.format(e.final_accuracy):>{width}}  "
+                         f"{e.param_count:>9,}  {e.param_count - e.host_param_count:>8,}  {e.fossilized:>10}  "
+                         f"{e.pruned:>6}  {e.episode_return:>+8.3f}")
     last = max(r for r, _ in epochs)
-    return [*lines, "", f"epochs of round {last} (env 0):",
+    return [*lines, "", f"epochs of {_round_name(last)} (env 0):",
             *_epoch_rows([(r, e) for r, e in epochs if r == last and e.env_id == 0], True, score, reasons)]
 
 
@@ -132,11 +145,11 @@ def _seed_section(history: Sequence[Event], training: bool, score: ScoreKind,
                      f"fossilized, {outcomes['pruned']} pruned, {outcomes['alive']} alive at the episode's end")
         last = stories_by_round[-1][0]
         stories_by_round = [(r, story) for r, story in stories_by_round if r == last]
-        lines.append(f"seeds of round {last} ({len(stories_by_round)}):")
+        lines.append(f"seeds of {_round_name(last)} ({len(stories_by_round)}):")
     else:
         lines.append(f"seeds ({len(stories_by_round)}):")
     for round_number, story in stories_by_round:
-        where = f"round {round_number} env {story.env_id}" if training else f"env {story.env_id}"
+        where = f"{_round_name(round_number)} env {story.env_id}" if training else f"env {story.env_id}"
         lines.append(f"  {where}  {story.blueprint:<11} {story.slot:<5} germinated@{story.germinated:<3} "
                      f"{story.path_before_outcome():<40} {story.ending():<15} predicted "
                      f"{score.contribution(story, predicted=True)}  measured {score.contribution(story)}")
@@ -168,18 +181,34 @@ def _reward_section(history: Sequence[Event]) -> list[str]:
     return [f"reward by component (summed over all envs and epochs): {parts}"]
 
 
-def _training_section(history: Sequence[Event]) -> list[str]:
+def _imitation_lines(history: Sequence[Event]) -> list[str]:
+    """The imitation warm start's fit, as `train` printed it."""
+    return [f"imitation: watched the heuristic for {counted(e.rounds, 'round')} ({counted(e.episodes, 'episode')}, "
+            f"round 'imit' above): action NLL {e.action_loss_before:.3f} -> {e.action_loss_after:.3f}, agreement "
+            f"with the heuristic {100 * e.agreement:.1f}% of steps, value loss {e.value_loss:.3f}"
+            for e in history if isinstance(e, ImitationCompleted)]
+
+
+def _final_column(score: ScoreKind) -> tuple[str, int]:
+    """The header of a column of final scores ("final acc", "final loss", "final <metric>") and its width."""
+    header = f"final {cut(score.label, _SCORE_WIDTH)}"
+    return header, max(len(header), 9)
+
+
+def _training_section(history: Sequence[Event], score: ScoreKind) -> list[str]:
+    imitation = _imitation_lines(history)
     rounds = [e for e in history if isinstance(e, RoundCompleted)]
     if not rounds:
-        return []
+        return imitation
     updates = {e.round: e for e in history if isinstance(e, PPOUpdateCompleted)}
-    lines = ["rounds:", f"  {'round':>5}  {'return':>8}  {'final acc':>9}  {'added':>8}  {'kl':>7}  {'ev':>6}  "
-             f"{'seconds':>7}"]
+    final, width = _final_column(score)
+    lines = [*imitation, "rounds:",
+             f"  {'round':>5}  {'return':>8}  {final:>{width}}  {'added':>8}  {'kl':>7}  {'ev':>6}  {'seconds':>7}"]
     for r in rounds:
         update = updates.get(r.round)
         kl = "-" if update is None else f"{update.approx_kl:.4f}"
         explained = "-" if update is None else f"{update.explained_variance:+.2f}"
-        lines.append(f"  {r.round:>5}  {r.mean_return:>+8.3f}  {r.mean_final_accuracy:>8.2f}%  "
+        lines.append(f"  {r.round:>5}  {r.mean_return:>+8.3f}  {score.format(r.mean_final_accuracy):>{width}}  "
                      f"{r.mean_parameters_added:>8,.0f}  {kl:>7}  {explained:>6}  {r.seconds:>7.1f}")
     return lines
 
@@ -188,7 +217,7 @@ def _health_section(history: Sequence[Event], training: bool) -> list[str]:
     lines = []
     for round_number, event in round_of_events(history):
         where = "trainer" if event.env_id == ALL_ENVS else f"env {event.env_id}"
-        when = f"round {round_number} epoch {event.epoch}" if training else f"epoch {event.epoch}"
+        when = f"{_round_name(round_number)} epoch {event.epoch}" if training else f"epoch {event.epoch}"
         if isinstance(event, GovernorRollback):
             lines.append(f"  {when} {where}: rollback ({event.reason}); pruned "
                          f"{', '.join(event.pruned_slots) or 'nothing'}")
@@ -262,7 +291,7 @@ def render_report(run_dir: str | Path) -> str:
     sections = [[header], _episode_section(history, training, score),
                 _seed_section(history, training, score, files.summary, without_events=files.without_events),
                 reward,
-                _training_section(history), [] if files.without_events else _health_section(history, training),
+                _training_section(history, score), [] if files.without_events else _health_section(history, training),
                 _phase_section(history),
                 _comparison_section(files.summary, config)]
     text = "\n\n".join("\n".join(section) for section in sections if section)

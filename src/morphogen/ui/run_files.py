@@ -24,7 +24,8 @@ A copied run directory is untrusted input. Every reader here is bounded and tole
 Rounds: events carry no round number of their own (only per-round events do), but the trainer writes
 a `RoundCompleted` after the episodes of each round, so an event belongs to round 1 + the number of
 `RoundCompleted` events before it (`round_of_events`). That holds across `--resume` too, because a
-resumed run appends after the last completed round.
+resumed run appends after the last completed round. The episodes a run watched the heuristic play before
+PPO (`--imitate-rounds`) end with an `ImitationCompleted`: they and it are round 0 (`IMITATION_ROUND`).
 """
 
 from __future__ import annotations
@@ -53,12 +54,14 @@ from morphogen.run_directory import (
     read_json_object,
     read_line,
 )
-from morphogen.telemetry.events import Event, RoundCompleted, event_from_dict
+from morphogen.telemetry.events import Event, ImitationCompleted, RoundCompleted, event_from_dict
 from morphogen.telemetry.story import NEGATIVE_LOSS, SeedStory
 from morphogen.ui.units import format_loss
 
 MAX_EVENTS = 2_000_000
 """Events kept per events file (a 100-round, 64-env training run writes about 200,000)."""
+IMITATION_ROUND = 0
+"""The round `round_of_events` gives the events of the imitation warm start, which come before round 1."""
 
 
 class RunDirectoryError(ValueError):
@@ -423,12 +426,22 @@ def load_run_files(run_dir: str | Path, *, without_events: bool = False) -> RunF
 def round_of_events(history: Iterable[Event]) -> Iterator[tuple[int, Event]]:
     """(round, event) for every event: 1 + the rounds completed before it (see the module docstring).
 
-    A `RoundCompleted` itself, and the other per-round events, belong to the round they report.
+    A `RoundCompleted` itself, and the other per-round events, belong to the round they report; the events up
+    to an `ImitationCompleted` that no round precedes (the episodes of the imitation warm start) to
+    `IMITATION_ROUND`.
     """
+    history = list(history)
+    imitation_end = next((index for index, event in enumerate(history)
+                          if isinstance(event, (ImitationCompleted, RoundCompleted))), None)
+    if imitation_end is not None and not isinstance(history[imitation_end], ImitationCompleted):
+        imitation_end = None
     completed = 0
-    for event in history:
+    for index, event in enumerate(history):
         reported = getattr(event, "round", None)
-        yield (reported if isinstance(reported, int) else completed + 1), event
+        if imitation_end is not None and index <= imitation_end:
+            yield IMITATION_ROUND, event
+        else:
+            yield (reported if isinstance(reported, int) else completed + 1), event
         if isinstance(event, RoundCompleted):
             completed = event.round
 
