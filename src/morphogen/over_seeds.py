@@ -356,8 +356,9 @@ def _received(value: RunResult | _WithoutModels, play: PlaySeed) -> RunResult:
 
 
 def _checked_seeds(seeds: object) -> list[int]:
-    counted = isinstance(seeds, int) and not isinstance(seeds, bool)  # True is no count of seeds
-    chosen = list(range(seeds)) if counted else list(seeds) if isinstance(seeds, list | tuple | range) else []
+    # True is no count of seeds.
+    chosen = list(range(seeds)) if isinstance(seeds, int) and not isinstance(seeds, bool) \
+        else list(seeds) if isinstance(seeds, list | tuple | range) else []
     if not 1 <= len(chosen) <= MAX_SEEDS or any(not isinstance(seed, int) or isinstance(seed, bool) or seed < 0
                                                 for seed in chosen) or len(set(chosen)) != len(chosen):
         raise ConfigError(f"seeds: must be 1 to {MAX_SEEDS} distinct seeds >= 0 (or their count), got "
