@@ -103,29 +103,39 @@ class StreamedBatches:
         if not isinstance(batch, (tuple, list)) or len(batch) != 2 or not isinstance(batch[1], Tensor):
             kind = (f"{len(batch)}-item {type(batch).__name__}" if isinstance(batch, (tuple, list))
                     else type(batch).__name__)
-            hint = ("; numpy arrays are read as batches of rows: give torch tensors (torch.from_numpy)"
-                    if type(batch).__module__ == "numpy" else "; a list of samples is read as a list of batches: "
-                    "give a Dataset, or stack the samples into tensors" if isinstance(batch, (tuple, list))
-                    and len(batch) == 2 and not isinstance(batch[1], Tensor) else
-                    "; a model of several inputs takes them as one tuple, the targets last: ((tokens, mask), "
-                    "targets)" if isinstance(batch, (tuple, list)) and len(batch) > 2
-                    and all(isinstance(item, Tensor) for item in batch) else "")
             raise DataError(f"{self.split} batch {index}: expected a pair (inputs, targets) of tensors, got a "
-                            f"{kind}{hint}")
+                            f"{kind}{_pair_hint(batch)}")
         inputs, targets = batch
         problem = inputs_problem(inputs)
         if problem is not None:
             raise DataError(f"{self.split} batch {index}: its inputs are {problem}")
         if targets.dim() == 0 or rows(inputs) != targets.shape[0]:
             shape = tuple(inputs.shape) if isinstance(inputs, Tensor) else f"{rows(inputs)} samples of"
-            unbatched = isinstance(self.data, DataLoader) and self.data.batch_size is None and \
-                self.data.batch_sampler is None
-            single = "" if targets.dim() != 0 else (
-                " (one sample, not a batch: the DataLoader has batch_size=None, which yields samples one by one; give "
-                "it a batch_size)" if unbatched else " (one sample, not a batch? pass your samples in a DataLoader)")
+            single = "" if targets.dim() != 0 else self._single_sample_hint()
             raise DataError(f"{self.split} batch {index}: {shape} inputs but {tuple(targets.shape)} "
                             f"targets; both need the same leading sample dimension{single}")
         return inputs, targets
+
+    def _single_sample_hint(self) -> str:
+        """Why a batch may be one sample: a DataLoader that yields samples one by one, or samples given bare."""
+        unbatched = isinstance(self.data, DataLoader) and self.data.batch_size is None and \
+            self.data.batch_sampler is None
+        return (" (one sample, not a batch: the DataLoader has batch_size=None, which yields samples one by one; give "
+                "it a batch_size)" if unbatched else " (one sample, not a batch? pass your samples in a DataLoader)")
+
+
+def _pair_hint(batch: object) -> str:
+    """What a batch that is no (inputs, targets) pair of tensors probably is, as a hint after the error ('' if
+    nothing is likely)."""
+    if type(batch).__module__ == "numpy":
+        return "; numpy arrays are read as batches of rows: give torch tensors (torch.from_numpy)"
+    if not isinstance(batch, (tuple, list)):
+        return ""
+    if len(batch) == 2 and not isinstance(batch[1], Tensor):
+        return "; a list of samples is read as a list of batches: give a Dataset, or stack the samples into tensors"
+    if len(batch) > 2 and all(isinstance(item, Tensor) for item in batch):
+        return "; a model of several inputs takes them as one tuple, the targets last: ((tokens, mask), targets)"
+    return ""
 
 
 class CheckedAugmentation:
@@ -202,24 +212,13 @@ def task_from_data(name: str, train: object, validation: object, *, loss: LossFu
     are dicts of tensors. Raises `DataError` for what cannot work.
     """
     _check_task_arguments(name, batch_size, num_classes, loss, metric, target_key)
-    if augment is not None and not callable(augment):
-        raise DataError(f"augment must be a function (inputs, generator) -> inputs, got {type(augment).__name__}")
-    if class_dim is not None and (isinstance(class_dim, bool) or class_dim not in CLASS_DIMS):
-        raise DataError(f"class_dim must be 1, -1 or None (whichever lines up with the targets), got {class_dim!r}")
+    _check_augment_and_class_dim(augment, class_dim)
     target = _available_device(device)
     train_source = _source(train, target, "train", target_key)
     validation_source = _source(validation, target, "validation", target_key)
     for split, source in (("validation", validation_source), ("train", train_source)):
-        if not isinstance(source, DeviceDataset):  # streamed batches are not read before training
-            continue
-        if loss is None and num_classes is not None:
-            check_class_indices(source.targets, num_classes, split, f"num_classes={num_classes}")
-        sample = _first_non_finite_sample(source.inputs)
-        if sample is not None:
-            # A warning, not a refusal: a model may read NaN as "missing" and replace it itself.
-            warnings.warn(f"task_from_data: {split}: the inputs hold NaN or infinite values (the first in sample "
-                          f"{sample}); unless your model replaces them, its losses and gradients will be NaN",
-                          stacklevel=2)
+        if isinstance(source, DeviceDataset):  # streamed batches are not read before training
+            _check_held_split(source, split, num_classes if loss is None else None)
     # The gates judge the loss: a cross-entropy (the default, torch's function or module) in nats, as a
     # classifier's; any other loss, whose scale is unknown, by the shares of it a seed removes (`criterion_for`).
     cross_entropy = loss is None or loss is nn.functional.cross_entropy or isinstance(loss, nn.CrossEntropyLoss)
@@ -231,6 +230,26 @@ def task_from_data(name: str, train: object, validation: object, *, loss: LossFu
         metric_name=metric_name or ("accuracy" if metric is None and loss is None else
                                     NEGATIVE_LOSS if metric is None else "metric"),
         num_classes=num_classes, class_dim=class_dim, host=host, source="python")
+
+
+def _check_augment_and_class_dim(augment: object, class_dim: object) -> None:
+    """Raise `DataError` where `augment` is no function or `class_dim` names no class dimension."""
+    if augment is not None and not callable(augment):
+        raise DataError(f"augment must be a function (inputs, generator) -> inputs, got {type(augment).__name__}")
+    if class_dim is not None and (isinstance(class_dim, bool) or class_dim not in CLASS_DIMS):
+        raise DataError(f"class_dim must be 1, -1 or None (whichever lines up with the targets), got {class_dim!r}")
+
+
+def _check_held_split(source: DeviceDataset, split: str, num_classes: int | None) -> None:
+    """Refuse class targets outside `num_classes` (where the default loss reads them); warn of NaN inputs."""
+    if num_classes is not None:
+        check_class_indices(source.targets, num_classes, split, f"num_classes={num_classes}")
+    sample = _first_non_finite_sample(source.inputs)
+    if sample is not None:
+        # A warning, not a refusal: a model may read NaN as "missing" and replace it itself.
+        warnings.warn(f"task_from_data: {split}: the inputs hold NaN or infinite values (the first in sample "
+                      f"{sample}); unless your model replaces them, its losses and gradients will be NaN",
+                      stacklevel=3)
 
 
 def _check_task_arguments(name: object, batch_size: object, num_classes: object, loss: object,
