@@ -36,7 +36,7 @@ import torch
 from torch import Tensor, fx, nn
 
 from morphogen.core.hosts import CarriedValues, SegmentedHost, SideInputs
-from morphogen.core.tracing import traceable_factories
+from morphogen.core.tracing import traceable_factories, traced_buffers_as_values_if_needed
 from morphogen.core.training_mode import ModeDependentCall, TrainingModeError, modes_kept, trace_in_both_modes
 from morphogen.inputs import Inputs, InputSpec, call, dtype_mismatch, rows
 from morphogen.inputs import problem as inputs_problem
@@ -427,17 +427,7 @@ def _trace(model: nn.Module, names: Sequence[str], defaults: dict[str, object]) 
         return trace_in_both_modes(model, trace)
 
     try:
-        try:
-            return traced(buffers_traced=False)
-        except TrainingModeError:
-            raise
-        except Exception as error:  # fx raises many kinds on untraceable code; the caller reports this first one
-            if not any(True for _ in model.buffers()):
-                raise
-            try:
-                return traced(buffers_traced=True)
-            except Exception:
-                raise error from None
+        return traced_buffers_as_values_if_needed(model, traced)
     except TrainingModeError as error:
         raise HostBuildError(f"cannot cut {type(model).__name__}: {error}") from None
 

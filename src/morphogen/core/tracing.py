@@ -128,14 +128,22 @@ def trace_partially(module: nn.Module) -> fx.GraphModule:
             return graph
         return trace_in_both_modes(module, trace)
 
+    return traced_buffers_as_values_if_needed(module, traced)
+
+
+def traced_buffers_as_values_if_needed(module: nn.Module,
+                                       traced: Callable[[bool], fx.GraphModule]) -> fx.GraphModule:
+    """`traced(False)` (fx hands the forward its buffers as tensors); where that fails on the module's own code
+    and the module has buffers, `traced(True)` (buffers as traced values). Where both fail, the first error is
+    raised, which names the code as the user wrote it; `TrainingModeError` is raised at once."""
     try:
-        return traced(buffers_traced=False)
+        return traced(False)
     except TrainingModeError:
         raise
     except Exception as error:  # fx raises many kinds on untraceable code; the caller reports this first one
         if not any(True for _ in module.buffers()):
             raise
         try:
-            return traced(buffers_traced=True)
+            return traced(True)
         except Exception:
             raise error from None
