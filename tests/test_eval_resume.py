@@ -16,6 +16,7 @@ import morphogen.commands.evaluate as evaluate_module
 from morphogen.cli import main
 from morphogen.control.integrity import state_checksum
 from morphogen.run_directory import EVAL_RESUME_FILENAME, EVENTS_FILENAME, SCORES_FILENAME, temporary_name
+from morphogen.ui.runs import query_runs
 
 EPISODES = 2
 #: What `kill_after` replaces, to put back while keeping the test's working directory.
@@ -183,3 +184,15 @@ def test_an_evaluation_given_a_relative_text_file_resumes(tmp_path: Path, monkey
     capsys.readouterr()
     assert main(["eval", "--resume", "eval", "--threads", "1"]) == 0, capsys.readouterr().err
     assert "resume: 1 of 3 episodes played" in capsys.readouterr().out
+
+
+def test_an_evaluation_of_the_policys_own_task_records_that_task_for_its_readers(tmp_path: Path) -> None:
+    run_dir = tmp_path / "runs" / "eval"
+    # No --task: the policy's first training setting (digits for the shipped policy), as `eval` prints it.
+    assert main(["eval", "--policy", "default", "--episode-length", "2", "--episodes", "1",
+                 "--run-dir", str(run_dir)]) == 0
+    config = json.loads((run_dir / "config.json").read_text())
+    assert (config["task"], config["task_name"], config["task_metric"]) == (None, "digits", "accuracy")
+    header, rows, _ = query_runs(tmp_path / "runs")
+    assert [row[header.index("task")] for row in rows] == ["digits"]  # it was '-'
+    assert main(["eval", "--config", str(run_dir / "config.json"), "--run-dir", str(tmp_path / "again")]) == 0

@@ -113,6 +113,11 @@ class EvalConfig(CompileOptions):
     run_dir: str | None = None
     #: Telemetry level and thresholds of the recorded episodes (used only with `run_dir`).
     telemetry: TelemetryConfig = field(default_factory=TelemetryConfig)
+    #: The played task's own name and what its score is, filled in by `eval` from the task it loaded (that of the
+    #: policy's first setting where `task` is None), as `run` records them; reports show them. Setting them
+    #: changes nothing else.
+    task_name: str | None = None
+    task_metric: str | None = None
     #: Run the hosts' training forward and the policy's forward under torch.compile (as `train --compile`).
     compile: bool = False
     #: torch.compile mode: auto (reduce-overhead on CUDA, default elsewhere), default, reduce-overhead,
@@ -332,7 +337,8 @@ def evaluate_command(config: EvalConfig, out: TextIO | None = None, *,
     that task's default (AdamW for a transformer) once it is loaded; it replaces `config.optimizer`."""
     out = sys.stdout if out is None else out
     setting = _setting(config, optimizer_table)
-    config, task = setting.config, setting.task
+    task = setting.task
+    config = dataclasses.replace(setting.config, task_name=task.name, task_metric=task.metric_name)
     with contextlib.ExitStack() as stack:
         record = _open_record(config, setting.session.task, setting.policy_checksum, resume, stack)
         display = stack.enter_context(ProgressDisplay(out))
@@ -465,9 +471,10 @@ def resumable_eval_dir(run_dir: str) -> Path:
 
 def _config_text(config: EvalConfig) -> str:
     """`config` as JSON text without where and how it runs (`run_dir`, `device`, `jobs`: a resumed evaluation may
-    move)."""
+    move) and what it fills in for readers (`task_name`, `task_metric`: an evaluation recorded before it did has
+    none)."""
     values = recorded_config_values(config_to_dict(config))  # the data paths absolute, as config.json has them
-    for key in ("run_dir", "device", "jobs"):
+    for key in ("run_dir", "device", "jobs", "task_name", "task_metric"):
         values.pop(key, None)
     return json.dumps(values, sort_keys=True)
 
