@@ -201,6 +201,13 @@ def test_what_cannot_be_resumed_is_one_line_and_exit_2(uninterrupted: dict[str, 
     (training / "config.json").write_text("{}")
     (training / "checkpoint.pt").write_bytes(b"")
     assert f"`morphogen train --resume {training}` continues it" in refused(str(training))
+    for eval_file in ("eval_resume.pt", "eval.json"):  # an evaluation stopped, or finished
+        evaluation = tmp_path / f"evaluation-{eval_file}"
+        evaluation.mkdir()
+        (evaluation / "config.json").write_text('{"policy": "default", "episodes": 2}')
+        (evaluation / eval_file).write_bytes(b"")
+        assert f"holds an evaluation of `morphogen eval`; `morphogen eval --resume {evaluation}` continues it" \
+            in refused(str(evaluation))  # it said 'episodes: unknown key'
     assert "`morphogen run --resume" in refused_new_run(run_dir, capsys)
     line = refused(str(run_dir), "--policy", "default")
     assert f"the run in {run_dir} was played by the heuristic, not by policy default (weights " in line

@@ -38,11 +38,13 @@ from morphogen.run_directory import (
     BASELINE_DIRNAME,
     CHECKPOINT_NAME,
     CONFIG_FILENAME,
+    EVAL_RESUME_FILENAME,
     EVENTS_FILENAME,
     FIXED_DIRNAME,
     FROM_SCRATCH_DIRNAME,
     MODEL_FILENAME,
     RESUME_FILENAME,
+    SCORES_FILENAME,
     SUMMARY_FILENAME,
     RunDirectoryRefused,
     hold_run_directory,
@@ -394,6 +396,9 @@ def resumable_run_dir(run_dir: str | None) -> Path:
     path = Path(run_dir)
     if os.path.lexists(path / CHECKPOINT_NAME):
         raise RunDirectoryRefused(f"{path} holds a run of `morphogen train`; `morphogen train --resume {path}` "
+                                  "continues it")
+    if any(os.path.lexists(path / name) for name in (EVAL_RESUME_FILENAME, SCORES_FILENAME)):
+        raise RunDirectoryRefused(f"{path} holds an evaluation of `morphogen eval`; `morphogen eval --resume {path}` "
                                   "continues it")
     if is_seeds_directory(path):
         raise RunDirectoryRefused(f"{path} holds a run over several seeds: `morphogen run --resume {path}` or "
