@@ -11,7 +11,6 @@ Python importing torch and morphogen, and building the task) is inside the N-pro
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import io
 import json
@@ -23,6 +22,7 @@ from pathlib import Path
 
 import torch
 
+from arguments import BenchmarkParser, count, run_script
 from morphogen.cli import main as morphogen_main
 from morphogen.commands.evaluate import EvalConfig, evaluate_command
 from morphogen.config import build_config
@@ -59,14 +59,14 @@ COMMANDS: dict[str, tuple[Callable[[str, int, int, int], tuple[float, object]], 
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = BenchmarkParser(description=__doc__.splitlines()[0])
     parser.add_argument("--commands", default="eval,seeds", help="comma-separated: eval, seeds (default both)")
     parser.add_argument("--tasks", default="digits,mnist1d", help="comma-separated built-in tasks")
-    parser.add_argument("--count", type=int, default=4, help="episodes per controller of eval, seeds of run "
+    parser.add_argument("--count", type=count, default=4, help="episodes per controller of eval, seeds of run "
                                                              "(default 4)")
-    parser.add_argument("--epochs", type=int, default=30, help="epochs per episode (default 30)")
-    parser.add_argument("--jobs", type=int, default=2, help="worker processes of the parallel way")
-    parser.add_argument("--repeats", type=int, default=2, help="runs of each (default 2)")
+    parser.add_argument("--epochs", type=count, default=30, help="epochs per episode (default 30)")
+    parser.add_argument("--jobs", type=count, default=2, help="worker processes of the parallel way")
+    parser.add_argument("--repeats", type=count, default=2, help="runs of each (default 2)")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)  # each worker takes the parent's threads: one each, as `--threads 1` gives
     print(f"| command | task | work | 1 process (s) | {args.jobs} processes (s) | speed-up |")
@@ -88,4 +88,4 @@ def main(argv: Sequence[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_script(main)

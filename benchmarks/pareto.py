@@ -42,6 +42,7 @@ from pathlib import Path
 
 import torch
 
+from arguments import BenchmarkParser, count, output_file, run_script
 from morphogen.commands.run import RunConfig
 from morphogen.config import ConfigError, build_config, read_config_source
 from morphogen.control.controller import NoGrowthController
@@ -275,20 +276,20 @@ def check_arguments(tasks: Sequence[str], config: str) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = BenchmarkParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tasks", default="mnist1d,digits")
     parser.add_argument("--blocks", default="2,3", help="n_blocks of the fixed hosts")
     parser.add_argument("--widths", default="4,6,8,12,16,24,32", help="base_channels of the fixed hosts")
     parser.add_argument("--grow-from", default="2x8,2x4,3x4", help="hosts the heuristic grows (blocks x width)")
     parser.add_argument("--only", choices=("fixed", "grown"), help="run one kind of job only")
-    parser.add_argument("--seeds", type=int, default=5)
+    parser.add_argument("--seeds", type=count, default=5)
     parser.add_argument("--first-seed", type=int, default=0, help="the first of the --seeds seeds")
     parser.add_argument("--config", default="", help="run config file or preset whose [heuristic] and [episode] "
                         "settings the grown jobs use (default: the heuristic's defaults)")
-    parser.add_argument("--epochs", type=int, default=30)
-    parser.add_argument("--jobs", type=int, default=2, help="worker processes (at most 2 on a shared machine)")
-    parser.add_argument("--threads", type=int, default=1, help="torch threads per worker")
-    parser.add_argument("--results", default="benchmarks/results/pareto.jsonl",
+    parser.add_argument("--epochs", type=count, default=30)
+    parser.add_argument("--jobs", type=count, default=2, help="worker processes (at most 2 on a shared machine)")
+    parser.add_argument("--threads", type=count, default=1, help="torch threads per worker")
+    parser.add_argument("--results", type=output_file, default="benchmarks/results/pareto.jsonl",
                         help="JSON lines file of every job's figures")
     parser.add_argument("--plot", default=None, help="folder for the SVG charts (none when left out)")
     parser.add_argument("--plot-configs", default="", help="comma-separated config files or presets (\"\" for the "
@@ -311,6 +312,8 @@ def main(argv: Sequence[str] | None = None) -> None:
             jobs += [Job("grown", task, b, w, seed, args.epochs, args.threads, args.config)
                      for b, w in args.grow_from for seed in seeds]
     path = Path(args.results)
+    if args.report_only and not path.is_file():
+        parser.error(f"--results: no results file {path} to report (run the sweep first, without --report-only)")
     if not args.report_only:
         run_missing(jobs, path, args.jobs)
     results = read_results(path)
@@ -319,4 +322,4 @@ def main(argv: Sequence[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_script(main)

@@ -34,6 +34,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from arguments import BenchmarkParser, count, run_script
 from morphogen.core.blend import BlendKind
 from morphogen.core.lifecycle import BLENDED_STAGES, GateConfig, GateMode
 from morphogen.core.slot import SlotConfig
@@ -252,12 +253,12 @@ def format_table(report: OverheadReport, task: Task) -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
-    parser.add_argument("--epochs", type=int, default=12,
+    parser = BenchmarkParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--epochs", type=count, default=12,
                         help=f"epochs per episode (default 12, at least {MIN_EPOCHS} for the script)")
-    parser.add_argument("--episodes", type=int, default=6, help="timed episodes per level (default 6)")
+    parser.add_argument("--episodes", type=count, default=6, help="timed episodes per level (default 6)")
     parser.add_argument("--warmup-episodes", type=int, default=1, help="untimed episodes per level first (default 1)")
-    parser.add_argument("--threads", type=int, default=1,
+    parser.add_argument("--threads", type=count, default=1,
                         help="torch intra-op threads (default 1: the models are tiny and timings steadier)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", action="store_true", help="print the figures as JSON on stdout (table on stderr)")
@@ -288,4 +289,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_script(main))
