@@ -40,7 +40,7 @@ from morphogen.core.lifecycle import BLENDED_STAGES, GateConfig, GateMode
 from morphogen.core.slot import SlotConfig
 from morphogen.data import Task, load_task
 from morphogen.env.actions import Action, Op
-from morphogen.env.counterfactual import ALL_OFF
+from morphogen.env.counterfactual import ALL_OFF, CounterfactualSchedule
 from morphogen.env.episode import EpisodeConfig, MorphogenesisEpisode
 from morphogen.env.play import play_epoch
 from morphogen.env.snapshot import EpisodeSnapshot
@@ -71,6 +71,13 @@ SCRIPT: tuple[tuple[int, Action], ...] = (
 SCRIPT_SLOTS = SlotConfig(gates=GateConfig(mode=GateMode.PERMISSIVE, min_training_epochs=1))
 #: Epochs the script needs to show everything it is meant to exercise.
 MIN_EPOCHS = 10
+
+
+def episode_config(epochs: int) -> EpisodeConfig:
+    """The episodes every level plays: the script's gates, and every counterfactual every epoch (`all_off`
+    included, as a learned policy's episodes measure them), not only those a gate reads next, which never
+    run `all_off`."""
+    return EpisodeConfig(max_epochs=epochs, slots=SCRIPT_SLOTS, counterfactuals=CounterfactualSchedule.EVERY_EPOCH)
 
 
 class ScriptedController:
@@ -185,7 +192,7 @@ def written_events(run_dir: Path) -> tuple[int, int, int]:
 def measure(task: Task, *, epochs: int, episodes: int, warmup_episodes: int, seed: int,
             progress: bool = True) -> OverheadReport:
     """Play `warmup_episodes + episodes` lockstep episode sets; time the rounds of the last `episodes`."""
-    config = EpisodeConfig(max_epochs=epochs, slots=SCRIPT_SLOTS)
+    config = episode_config(epochs)
     seconds: dict[str, list[float]] = {level: [] for level in LEVELS}
     ratios: dict[str, list[float]] = {level: [] for level in LEVELS}
     written: dict[str, tuple[int, int, int]] = {}

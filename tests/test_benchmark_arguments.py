@@ -65,16 +65,3 @@ def test_a_user_error_from_a_script_is_one_line_and_a_bug_keeps_its_traceback(
         arguments.run_script(bug)
     assert arguments.run_script(lambda: 3) == 3  # what main returns is the exit status of the scripts that exit so
 
-
-def test_jobs_benchmark_compares_the_figures_of_two_runs_less_their_wall_clock_seconds() -> None:
-    """Two `run --seeds` of the same seed give the same figures but not the same seconds: the check that one process
-    and N processes agree must not fail on the seconds (it did, so `benchmarks/jobs.py` never printed its table)."""
-    import torch
-
-    import jobs
-
-    torch.set_num_threads(1)
-    first = jobs.timed_seeds("digits", 1, 1, 1)[1]
-    second = jobs.timed_seeds("digits", 1, 1, 1)[1]
-    assert first == second
-    assert first["0"]["costs"]["grown"]["flops"] > 0  # type: ignore[index]  # the figures are still compared
