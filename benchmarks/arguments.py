@@ -30,6 +30,19 @@ def count(text: str) -> int:
     return value
 
 
+def whole_numbers(minimum: int = 1) -> Callable[[str], list[int]]:
+    """An argparse type for a comma-separated list of whole numbers >= `minimum` (empty items skipped)."""
+    def parse(text: str) -> list[int]:
+        try:
+            values = [int(item) for item in text.split(",") if item.strip()]
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected comma-separated whole numbers, got {text!r}") from None
+        if any(value < minimum for value in values):
+            raise argparse.ArgumentTypeError(f"every number must be at least {minimum}, got {text!r}")
+        return values
+    return parse
+
+
 def output_file(text: str) -> str:
     """An argparse type for a file the script writes (results, cache): a path that is not a directory."""
     if Path(text).is_dir():

@@ -26,6 +26,7 @@ from arguments import BenchmarkParser, count, run_script
 from morphogen.cli import main as morphogen_main
 from morphogen.commands.evaluate import EvalConfig, evaluate_command
 from morphogen.config import build_config
+from morphogen.data import TASK_NAMES
 
 
 def timed_eval(task: str, count: int, epochs: int, jobs: int) -> tuple[float, object]:
@@ -78,12 +79,18 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--jobs", type=count, default=2, help="worker processes of the parallel way")
     parser.add_argument("--repeats", type=count, default=2, help="runs of each (default 2)")
     args = parser.parse_args(argv)
+    commands = [name.strip() for name in args.commands.split(",") if name.strip()]
+    tasks = [name.strip() for name in args.tasks.split(",") if name.strip()]
+    if not commands or any(name not in COMMANDS for name in commands):
+        parser.error(f"--commands: give some of {', '.join(COMMANDS)}, got {args.commands!r}")
+    if not tasks or any(name not in TASK_NAMES for name in tasks):
+        parser.error(f"--tasks: give some of the built-in tasks {', '.join(TASK_NAMES)}, got {args.tasks!r}")
     torch.set_num_threads(1)  # each worker takes the parent's threads: one each, as `--threads 1` gives
     print(f"| command | task | work | 1 process (s) | {args.jobs} processes (s) | speed-up |")
     print("|---|---|---|---|---|---|")
-    for command in args.commands.split(","):
+    for command in commands:
         timed, work = COMMANDS[command]
-        for task in args.tasks.split(","):
+        for task in tasks:
             seconds: dict[int, list[float]] = {1: [], args.jobs: []}
             figures = []
             for _ in range(args.repeats):
