@@ -4,12 +4,16 @@ from a worker process after minutes of training, nor an empty table."""
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import NoReturn, TypeVar
 
 Result = TypeVar("Result")
+#: Exit status when the reader of stdout closed the pipe, as a shell reports a process stopped by SIGPIPE.
+BROKEN_PIPE = 141
 
 
 class BenchmarkParser(argparse.ArgumentParser):
@@ -68,10 +72,15 @@ def user_error_types() -> tuple[type[Exception], ...]:
 
 
 def run_script(main: Callable[[], Result]) -> Result:
-    """Run a script's `main`; a user error raised in it (or re-raised from a worker process) is one line and exit 2.
-    Bugs keep their traceback."""
+    """Run a script's `main`; a user error raised in it (or re-raised from a worker process) is one line and exit 2,
+    a closed pipe on stdout exit 141. Bugs keep their traceback."""
     try:
         return main()
+    except BrokenPipeError:
+        # The reader of the table went away (`... | head`): nothing more can reach it, so no traceback either.
+        with contextlib.suppress(OSError, ValueError):
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        raise SystemExit(BROKEN_PIPE) from None
     except Exception as error:
         if isinstance(error, user_error_types()):
             fail(Path(sys.argv[0]).name, " ".join(str(error).split()))

@@ -348,7 +348,13 @@ def main(argv: Sequence[str] | None = None) -> None:
     unknown = chosen - {v.name for v in VARIANTS}
     if unknown:
         parser.error(f"unknown variant(s) {', '.join(sorted(unknown))}; valid: {', '.join(v.name for v in VARIANTS)}")
+    if args.grow_at is not None and not 0 < args.grow_at < 1:
+        parser.error(f"--grow-at: a fraction of the budget between 0 and 1, got {args.grow_at:g}")
+    if args.lr is not None and not args.lr > 0:
+        parser.error(f"--lr: must be > 0, got {args.lr:g}")
     out = Path(args.out)
+    if out.exists() and not out.is_dir():
+        parser.error(f"--out: {out} is a file; give the directory of the per-run records")
     if args.report:
         problem = report(out, args.target, args.svg)
         if problem:

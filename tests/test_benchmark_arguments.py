@@ -39,6 +39,8 @@ from morphogen.data.errors import DataError
     ("late_width", ["--late", "40"], "--late and --branch-epoch: epochs from 1 to 29 (training is 30 epochs)"),
     ("jobs", ["--commands", "evaluate"], "--commands: give some of eval, seeds, got 'evaluate'"),
     ("jobs", ["--tasks", "digit"], "--tasks: give some of the built-in tasks digits"),
+    ("lm_growth", ["--grow-at", "40"], "--grow-at: a fraction of the budget between 0 and 1, got 40"),
+    ("lm_growth", ["--lr", "0"], "--lr: must be > 0, got 0"),
 ])
 def test_a_bad_argument_is_one_line_and_exit_2(script: str, argv: list[str], message: str, tmp_path: Path,
                                                 monkeypatch: pytest.MonkeyPatch,
@@ -74,3 +76,14 @@ def test_a_user_error_from_a_script_is_one_line_and_a_bug_keeps_its_traceback(
         arguments.run_script(bug)
     assert arguments.run_script(lambda: 3) == 3  # what main returns is the exit status of the scripts that exit so
 
+
+
+def test_a_reader_that_closes_the_pipe_ends_a_script_quietly(capsys: pytest.CaptureFixture[str]) -> None:
+    """`python benchmarks/pareto.py --report-only | head` stops with the shell's SIGPIPE status, no traceback."""
+    def table_into_a_closed_pipe() -> None:
+        raise BrokenPipeError(32, "Broken pipe")
+
+    with pytest.raises(SystemExit) as exited:
+        arguments.run_script(table_into_a_closed_pipe)
+    assert exited.value.code == arguments.BROKEN_PIPE == 141
+    assert capsys.readouterr().err == ""
