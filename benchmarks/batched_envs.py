@@ -31,6 +31,7 @@ from dataclasses import dataclass
 
 import torch
 
+from arguments import BenchmarkParser, count, run_script
 from morphogen.core.lifecycle import GateConfig, GateMode
 from morphogen.core.slot import SlotConfig
 from morphogen.data import Task, load_task
@@ -124,15 +125,15 @@ def format_table(results: Sequence[Comparison]) -> str:
 
 
 def parse_arguments(argv: Sequence[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser = BenchmarkParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--envs", default="1,8,32", help="comma-separated env counts (default 1,8,32)")
     parser.add_argument("--scenario", default="empty,grown", help=f"comma-separated, of {', '.join(SCENARIOS)} "
                         "(default empty,grown)")
-    parser.add_argument("--steps", type=int, default=5, help="timed steps (epochs) per env count (default 5)")
-    parser.add_argument("--max-train-samples", type=int, default=500,
+    parser.add_argument("--steps", type=count, default=5, help="timed steps (epochs) per env count (default 5)")
+    parser.add_argument("--max-train-samples", type=count, default=500,
                         help="cap on digits training images (default 500 of 1437; 0 = all)")
     parser.add_argument("--device", default="cpu", help="cpu (default), cuda, cuda:N")
-    parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads (default 1)")
+    parser.add_argument("--threads", type=count, default=1, help="torch intra-op threads (default 1)")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     args.env_counts = parse_env_counts(parser, args.envs)
@@ -168,4 +169,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_script(main))

@@ -24,6 +24,7 @@ from pathlib import Path
 
 import torch
 
+from arguments import BenchmarkParser, count, run_script, whole_numbers
 from morphogen.control.distributed import DistributedTrainer, init_distributed, shutdown
 from morphogen.control.trainer import TrainConfig
 from morphogen.env.episode import EpisodeConfig
@@ -83,15 +84,16 @@ def launch(ranks: int, argv: list[str]) -> dict[str, float]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--envs", type=int, default=4, help="envs in all (default 4)")
-    parser.add_argument("--ranks", default=None, help="comma-separated rank counts (default 1,2 and 4 if >= 4 cores)")
-    parser.add_argument("--rounds", type=int, default=3, help="timed rounds per rank count (default 3)")
+    parser = BenchmarkParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--envs", type=count, default=4, help="envs in all (default 4)")
+    parser.add_argument("--ranks", type=whole_numbers(), default=None,
+                        help="comma-separated rank counts (default 1,2 and 4 if >= 4 cores)")
+    parser.add_argument("--rounds", type=count, default=3, help="timed rounds per rank count (default 3)")
     parser.add_argument("--warmup", type=int, default=1, help="untimed rounds first (default 1)")
-    parser.add_argument("--episode-length", type=int, default=3, help="epochs per episode (default 3)")
-    parser.add_argument("--max-train-samples", type=int, default=400, help="training samples (default 400)")
-    parser.add_argument("--hidden-size", type=int, default=64, help="policy width (default 64)")
-    parser.add_argument("--threads", type=int, default=1, help="torch threads per rank (default 1)")
+    parser.add_argument("--episode-length", type=count, default=3, help="epochs per episode (default 3)")
+    parser.add_argument("--max-train-samples", type=count, default=400, help="training samples (default 400)")
+    parser.add_argument("--hidden-size", type=count, default=64, help="policy width (default 64)")
+    parser.add_argument("--threads", type=count, default=1, help="torch threads per rank (default 1)")
     parser.add_argument("--json", action="store_true", help="print the figures as JSON")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -99,7 +101,7 @@ def main() -> None:
         worker(args)
         return
     cores = os.cpu_count() or 1
-    counts = [int(c) for c in args.ranks.split(",")] if args.ranks else [1, 2] + ([4] if cores >= 4 else [])
+    counts = args.ranks if args.ranks else [1, 2] + ([4] if cores >= 4 else [])
     argv = [arg for arg in sys.argv[1:] if not arg.startswith("--ranks") and arg != "--json"]
     if "--ranks" in sys.argv:
         index = sys.argv.index("--ranks")
@@ -117,4 +119,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_script(main)

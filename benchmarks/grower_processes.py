@@ -27,6 +27,7 @@ import torch
 from torch import nn
 
 import morphogen
+from arguments import BenchmarkParser, count, run_script
 from morphogen.data import DeviceDataset, load_task
 
 
@@ -137,12 +138,12 @@ def on_processes(processes: int, args: argparse.Namespace, plain: bool = False) 
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--processes", type=int, default=2)
-    parser.add_argument("--threads", type=int, default=1, help="torch threads per process")
-    parser.add_argument("--epochs", type=int, default=14)
-    parser.add_argument("--batch", type=int, default=256, help="samples per step, over all processes")
-    parser.add_argument("--width", type=int, default=32)
+    parser = BenchmarkParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--processes", type=count, default=2)
+    parser.add_argument("--threads", type=count, default=1, help="torch threads per process")
+    parser.add_argument("--epochs", type=count, default=14)
+    parser.add_argument("--batch", type=count, default=256, help="samples per step, over all processes")
+    parser.add_argument("--width", type=count, default=32)
     args = parser.parse_args()
     plain_alone, plain_shared = train_plain(0, 1, args), on_processes(args.processes, args, plain=True)
     alone, shared = grow(0, 1, args), on_processes(args.processes, args)
@@ -160,4 +161,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_script(main)

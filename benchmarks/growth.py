@@ -21,7 +21,6 @@ per process: several small-model processes with the default thread count oversub
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import math
@@ -33,9 +32,10 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
+from arguments import BenchmarkParser, count, output_file, run_script
 from morphogen.control.controller import NoGrowthController
 from morphogen.control.heuristic import HeuristicController
-from morphogen.data import DEFAULT_HOST_SIZES, load_task
+from morphogen.data import DEFAULT_HOST_SIZES, TASK_NAMES, load_task
 from morphogen.env.episode import EpisodeConfig, MorphogenesisEpisode
 from morphogen.env.optimizer import SCHEDULES, task_optimizer_config
 from morphogen.env.play import EpisodeOutcome, run_episode
@@ -179,21 +179,26 @@ def print_task_table(task: str, results: Sequence[JobResult]) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = BenchmarkParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tasks", default="digits,mnist1d,text")
-    parser.add_argument("--seeds", type=int, default=5)
-    parser.add_argument("--epochs", type=int, default=30)
-    parser.add_argument("--text-train-samples", type=int, default=1000,
+    parser.add_argument("--seeds", type=count, default=5)
+    parser.add_argument("--epochs", type=count, default=30)
+    parser.add_argument("--text-train-samples", type=count, default=1000,
                         help="training windows of `text` (validation is always whole)")
-    parser.add_argument("--jobs", type=int, default=2, help="worker processes")
-    parser.add_argument("--threads", type=int, default=1, help="torch threads per worker")
-    parser.add_argument("--json", default=None, help="also write every episode's figures to this file")
+    parser.add_argument("--jobs", type=count, default=2, help="worker processes")
+    parser.add_argument("--threads", type=count, default=1, help="torch threads per worker")
+    parser.add_argument("--json", type=output_file, default=None,
+                        help="also write every episode's figures to this file")
     parser.add_argument("--shadow-fraction", type=float, default=EpisodeConfig.shadow_fraction,
                         help="fraction of each batch the TRAINING seeds' shadow pass runs on")
     parser.add_argument("--schedule", default="constant", choices=SCHEDULES,
                         help="learning-rate schedule of host and seeds over each episode")
     args = parser.parse_args(argv)
     tasks = [name.strip() for name in args.tasks.split(",") if name.strip()]
+    unknown = [task for task in tasks if task not in TASK_NAMES]
+    if unknown or not tasks:
+        parser.error(f"--tasks: {unknown[0]!r} is not a built-in task; valid: {', '.join(TASK_NAMES)}" if unknown
+                     else "--tasks: give at least one task")
     jobs = [Job(task, seed, args.epochs, args.threads, args.text_train_samples if task == "text" else None,
                 args.shadow_fraction, args.schedule)
             for task in tasks for seed in range(args.seeds)]
@@ -212,4 +217,4 @@ def main(argv: Sequence[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_script(main)

@@ -25,7 +25,6 @@ is the maximum of noisy outcomes:
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import functools
 import json
@@ -41,6 +40,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from arguments import BenchmarkParser, count, output_file, run_script, whole_numbers
 from morphogen.commands.evaluate import EVALUATION_STREAM, EvalConfig, evaluation_setting, read_policy_run
 from morphogen.control.heuristic import HeuristicConfig, HeuristicController
 from morphogen.core.lifecycle import Criterion
@@ -202,20 +202,21 @@ def report(records: list[dict[str, Any]], plans: Sequence[str], top: int | None 
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = BenchmarkParser(description=__doc__.splitlines()[0])
     parser.add_argument("--setting", default="mnist1d", choices=sorted(SETTINGS))
     parser.add_argument("--plans", default=",".join(PLANS),
                         help=f"comma-separated, of: {', '.join(PLANS)}; or 'BLUEPRINT SLOT @EPOCH'")
-    parser.add_argument("--sweep", default="", help="comma-separated epochs: every single germination at each")
-    parser.add_argument("--top", type=int, default=None, help="show only the best this many plans")
-    parser.add_argument("--seeds", type=int, default=16)
+    parser.add_argument("--sweep", type=whole_numbers(0), default="",
+                        help="comma-separated epochs: every single germination at each")
+    parser.add_argument("--top", type=count, default=None, help="show only the best this many plans")
+    parser.add_argument("--seeds", type=count, default=16)
     parser.add_argument("--seed", type=int, default=7000, help="base of the seeds (not the transfer table's 3000)")
-    parser.add_argument("--jobs", type=int, default=2, help="worker processes")
-    parser.add_argument("--threads", type=int, default=1, help="torch threads per worker")
-    parser.add_argument("--results", default="runs/growth_plans.jsonl",
+    parser.add_argument("--jobs", type=count, default=2, help="worker processes")
+    parser.add_argument("--threads", type=count, default=1, help="torch threads per worker")
+    parser.add_argument("--results", type=output_file, default="runs/growth_plans.jsonl",
                         help="JSON lines of every episode (resumed: start a new file when the code's defaults change)")
     args = parser.parse_args()
-    plans = sweep(args.setting, [int(e) for e in args.sweep.split(",")]) if args.sweep else args.plans.split(",")
+    plans = sweep(args.setting, args.sweep) if args.sweep else args.plans.split(",")
     unknown = [name for name in plans if name not in PLANS and not _SINGLE.match(name)]
     if unknown:
         parser.error(f"unknown plan(s) {', '.join(map(repr, unknown))}; valid: {', '.join(PLANS)}")
@@ -246,4 +247,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_script(main)

@@ -27,7 +27,6 @@ over `host`, paired by seed (mean ± standard error).
 
 from __future__ import annotations
 
-import argparse
 import math
 from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor
@@ -35,6 +34,7 @@ from concurrent.futures import ProcessPoolExecutor
 import torch
 from torch import Tensor, nn
 
+from arguments import BenchmarkParser, count, run_script, whole_numbers
 from growth import mean_standard_error, mean_std
 from your_model import HOST_WIDTH, BasicBlock, CifarResNet, digits_32x32x3
 
@@ -174,19 +174,22 @@ def train(job: tuple[str, int, int, int, str]) -> tuple[str, int, float]:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--seeds", type=int, default=5)
-    parser.add_argument("--expansion", type=int, default=4)
-    parser.add_argument("--late", default="6,12", help="epochs at which the new channels start learning")
+    parser = BenchmarkParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seeds", type=count, default=5)
+    parser.add_argument("--expansion", type=count, default=4)
+    parser.add_argument("--late", type=whole_numbers(1), default="6,12",
+                        help="epochs at which the new channels start learning")
     parser.add_argument("--branches", default="", help=f"branch sites to train too: some of {', '.join(BRANCHES)}")
     parser.add_argument("--branch-epoch", type=int, default=6, help="epoch at which the branches start learning")
     parser.add_argument("--branch-norm", choices=("group", "batch"), default="group")
     parser.add_argument("--no-wide", action="store_true", help="leave out the wide network from scratch")
     parser.add_argument("--host-init", action="store_true",
                         help="also the host with its second convolutions initialised as in the wide blocks")
-    parser.add_argument("--jobs", type=int, default=2, help="worker processes, one torch thread each")
+    parser.add_argument("--jobs", type=count, default=2, help="worker processes, one torch thread each")
     args = parser.parse_args(argv)
-    starts = [int(epoch) for epoch in args.late.split(",") if epoch.strip()]
+    starts = args.late
+    if any(epoch >= EPOCHS for epoch in [*starts, args.branch_epoch]) or args.branch_epoch < 1:
+        parser.error(f"--late and --branch-epoch: epochs from 1 to {EPOCHS - 1} (training is {EPOCHS} epochs)")
     sites = [site.strip() for site in args.branches.split(",") if site.strip()]
     if any(site not in BRANCHES for site in sites):
         parser.error(f"--branches: choose among {', '.join(BRANCHES)}")
@@ -210,4 +213,4 @@ def main(argv: Sequence[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_script(main)

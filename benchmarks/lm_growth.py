@@ -32,7 +32,6 @@ prints the table of the records in `--out` (made elsewhere, on a GPU say).
 
 from __future__ import annotations
 
-import argparse
 import itertools
 import json
 import math
@@ -47,6 +46,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+from arguments import BenchmarkParser, count, run_script
 from morphogen.control.controller import NoGrowthController
 from morphogen.control.heuristic import HeuristicConfig, HeuristicController
 from morphogen.data import DEFAULT_HOST_SIZES, Task, load_task
@@ -315,16 +315,16 @@ def chart(records: Sequence[RunRecord]) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--seeds", type=int, default=3)
-    parser.add_argument("--budget-steps", type=int, default=3000,
+    parser = BenchmarkParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seeds", type=count, default=3)
+    parser.add_argument("--budget-steps", type=count, default=3000,
                         help="the training-FLOP budget, in training steps of the 4-layer model")
-    parser.add_argument("--chunk", type=int, default=220, help="training batches between validations")
+    parser.add_argument("--chunk", type=count, default=220, help="training batches between validations")
     parser.add_argument("--variants", default=",".join(v.name for v in VARIANTS),
                         help="comma-separated variant names (default: all four)")
-    parser.add_argument("--width", type=int, default=DEFAULT_HOST_SIZES["text"]["d_model"],
+    parser.add_argument("--width", type=count, default=DEFAULT_HOST_SIZES["text"]["d_model"],
                         help="d_model of every variant (default: the task's host)")
-    parser.add_argument("--heads", type=int, default=DEFAULT_HOST_SIZES["text"]["n_heads"], help="attention heads")
+    parser.add_argument("--heads", type=count, default=DEFAULT_HOST_SIZES["text"]["n_heads"], help="attention heads")
     parser.add_argument("--device", default="cpu", help="where the models train (cpu, cuda, cuda:N)")
     parser.add_argument("--lr", type=float, default=None,
                         help="AdamW learning rate of every variant (default: the task's, 5e-3, chosen for width 32)")
@@ -335,8 +335,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--text-file", default=None,
                         help="a UTF-8 corpus to train on (default: the standard library's top-level sources, ~1e6 "
                              "characters, which a model as wide as 128 overfits within the budget)")
-    parser.add_argument("--jobs", type=int, default=2, help="worker processes")
-    parser.add_argument("--threads", type=int, default=1, help="torch threads per worker")
+    parser.add_argument("--jobs", type=count, default=2, help="worker processes")
+    parser.add_argument("--threads", type=count, default=1, help="torch threads per worker")
     parser.add_argument("--out", default="runs/lm_growth",
                         help="directory of the per-run records (resumable; one per width, lr, corpus and device)")
     parser.add_argument("--report", action="store_true",
@@ -348,7 +348,13 @@ def main(argv: Sequence[str] | None = None) -> None:
     unknown = chosen - {v.name for v in VARIANTS}
     if unknown:
         parser.error(f"unknown variant(s) {', '.join(sorted(unknown))}; valid: {', '.join(v.name for v in VARIANTS)}")
+    if args.grow_at is not None and not 0 < args.grow_at < 1:
+        parser.error(f"--grow-at: a fraction of the budget between 0 and 1, got {args.grow_at:g}")
+    if args.lr is not None and not args.lr > 0:
+        parser.error(f"--lr: must be > 0, got {args.lr:g}")
     out = Path(args.out)
+    if out.exists() and not out.is_dir():
+        parser.error(f"--out: {out} is a file; give the directory of the per-run records")
     if args.report:
         problem = report(out, args.target, args.svg)
         if problem:
@@ -401,4 +407,4 @@ def report(out: Path, target: float | None, svg: str | None) -> str | None:
 
 
 if __name__ == "__main__":
-    main()
+    run_script(main)

@@ -13,7 +13,6 @@ the shares do not depend on the machine's load.
 
 from __future__ import annotations
 
-import argparse
 import io
 import statistics
 import tempfile
@@ -24,6 +23,7 @@ from dataclasses import dataclass
 import torch
 
 import morphogen
+from arguments import BenchmarkParser, count, run_script
 from morphogen.env.counterfactual import CounterfactualSchedule
 from morphogen.env.episode import EpisodeConfig
 from morphogen.ui.units import format_flops
@@ -76,10 +76,10 @@ def print_table(results: Sequence[Result]) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--seeds", type=int, default=1)
-    parser.add_argument("--epochs", type=int, default=30)
-    parser.add_argument("--jobs", type=int, default=2, help="worker processes, one torch thread each")
+    parser = BenchmarkParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seeds", type=count, default=1)
+    parser.add_argument("--epochs", type=count, default=30)
+    parser.add_argument("--jobs", type=count, default=2, help="worker processes, one torch thread each")
     args = parser.parse_args(argv)
     jobs = [(setting, seed, args.epochs) for setting in SETTINGS for seed in range(args.seeds)]
     with ProcessPoolExecutor(max_workers=args.jobs) as pool:
@@ -90,4 +90,4 @@ def main(argv: Sequence[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_script(main)

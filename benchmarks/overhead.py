@@ -27,6 +27,7 @@ from dataclasses import asdict, dataclass
 import torch
 from torch import Tensor, nn
 
+from arguments import BenchmarkParser, count, run_script, whole_numbers
 from morphogen.control.heuristic import HeuristicController
 from morphogen.core.blend import BlendKind
 from morphogen.core.flops import FlopCounter
@@ -294,17 +295,17 @@ def format_table(overhead: EpisodeOverhead, costs: list[CounterfactualCost], arg
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--epochs", type=int, default=20, help="episode length for (a) (default 20)")
-    parser.add_argument("--episode-repeats", type=int, default=3, help="episodes timed for (a) (default 3)")
-    parser.add_argument("--batch", type=int, default=2048, help="synthetic 8x8 batch for (b) (default 2048)")
-    parser.add_argument("--configs", default="2,4,8", help="K values for (b) (default 2,4,8)")
+    parser = BenchmarkParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--epochs", type=count, default=20, help="episode length for (a) (default 20)")
+    parser.add_argument("--episode-repeats", type=count, default=3, help="episodes timed for (a) (default 3)")
+    parser.add_argument("--batch", type=count, default=2048, help="synthetic 8x8 batch for (b) (default 2048)")
+    parser.add_argument("--configs", type=whole_numbers(), default="2,4,8", help="K values for (b) (default 2,4,8)")
     parser.add_argument("--slot", default="r0c1", help="slot of the blended seed in (b) (default r0c1)")
     parser.add_argument("--blueprint", default="conv_light", help="blueprint of that seed (default conv_light)")
-    parser.add_argument("--repeats", type=int, default=15, help="timed calls per figure in (b) (default 15)")
+    parser.add_argument("--repeats", type=count, default=15, help="timed calls per figure in (b) (default 15)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--device", default="cpu", help="cpu (default), cuda, cuda:N, mps or auto")
-    parser.add_argument("--threads", type=int, help="torch.set_num_threads (default: torch's choice)")
+    parser.add_argument("--threads", type=count, help="torch.set_num_threads (default: torch's choice)")
     parser.add_argument("--json", action="store_true", help="print the figures as JSON on stdout (table on stderr)")
     return parser
 
@@ -320,7 +321,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     task = load_task("digits", device=args.device, seed=args.seed)
     overhead = measure_episode_overhead(task, args.epochs, args.seed, args.episode_repeats)
-    configs = [int(k) for k in args.configs.split(",")]
+    configs = args.configs
     if any(k < 2 for k in configs):
         raise SystemExit(f"--configs: every K must be >= 2 (main plus at least one ablation), got {configs}")
     costs = measure_counterfactual_cost(task, args.batch, configs, args.slot, args.blueprint, args.seed, args.repeats)
@@ -336,4 +337,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_script(main))

@@ -42,6 +42,7 @@ from pathlib import Path
 
 import torch
 
+from arguments import BenchmarkParser, count, output_file, run_script, whole_numbers
 from morphogen.commands.run import RunConfig
 from morphogen.config import ConfigError, build_config, read_config_source
 from morphogen.control.controller import NoGrowthController
@@ -250,9 +251,15 @@ def write_plots(task: str, fixed: Sequence[Summary], grown: Sequence[Summary], a
         (folder / f"pareto_{task}_{cost}.svg").write_text(chart)
 
 
-def _size(text: str) -> tuple[int, int]:
-    blocks, width = text.split("x")
-    return int(blocks), int(width)
+def host_sizes(text: str) -> list[tuple[int, int]]:
+    """`--grow-from`: comma-separated BLOCKSxWIDTH host sizes, each number >= 1."""
+    sizes = []
+    for size in (item.strip() for item in text.split(",") if item.strip()):
+        blocks, _, width = size.partition("x")
+        if not (blocks.isdigit() and width.isdigit() and int(blocks) >= 1 and int(width) >= 1):
+            raise argparse.ArgumentTypeError(f"{size!r} is not BLOCKSxWIDTH (as 2x8), each at least 1")
+        sizes.append((int(blocks), int(width)))
+    return sizes
 
 
 def check_arguments(tasks: Sequence[str], config: str) -> None:
@@ -275,29 +282,28 @@ def check_arguments(tasks: Sequence[str], config: str) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = BenchmarkParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tasks", default="mnist1d,digits")
-    parser.add_argument("--blocks", default="2,3", help="n_blocks of the fixed hosts")
-    parser.add_argument("--widths", default="4,6,8,12,16,24,32", help="base_channels of the fixed hosts")
-    parser.add_argument("--grow-from", default="2x8,2x4,3x4", help="hosts the heuristic grows (blocks x width)")
+    parser.add_argument("--blocks", type=whole_numbers(), default="2,3", help="n_blocks of the fixed hosts")
+    parser.add_argument("--widths", type=whole_numbers(), default="4,6,8,12,16,24,32",
+                        help="base_channels of the fixed hosts")
+    parser.add_argument("--grow-from", type=host_sizes, default="2x8,2x4,3x4",
+                        help="hosts the heuristic grows (blocks x width)")
     parser.add_argument("--only", choices=("fixed", "grown"), help="run one kind of job only")
-    parser.add_argument("--seeds", type=int, default=5)
+    parser.add_argument("--seeds", type=count, default=5)
     parser.add_argument("--first-seed", type=int, default=0, help="the first of the --seeds seeds")
     parser.add_argument("--config", default="", help="run config file or preset whose [heuristic] and [episode] "
                         "settings the grown jobs use (default: the heuristic's defaults)")
-    parser.add_argument("--epochs", type=int, default=30)
-    parser.add_argument("--jobs", type=int, default=2, help="worker processes (at most 2 on a shared machine)")
-    parser.add_argument("--threads", type=int, default=1, help="torch threads per worker")
-    parser.add_argument("--results", default="benchmarks/results/pareto.jsonl",
+    parser.add_argument("--epochs", type=count, default=30)
+    parser.add_argument("--jobs", type=count, default=2, help="worker processes (at most 2 on a shared machine)")
+    parser.add_argument("--threads", type=count, default=1, help="torch threads per worker")
+    parser.add_argument("--results", type=output_file, default="benchmarks/results/pareto.jsonl",
                         help="JSON lines file of every job's figures")
     parser.add_argument("--plot", default=None, help="folder for the SVG charts (none when left out)")
     parser.add_argument("--plot-configs", default="", help="comma-separated config files or presets (\"\" for the "
                         "defaults) whose grown points --results holds, drawn on the charts too")
     parser.add_argument("--report-only", action="store_true", help="print the tables from --results, run nothing")
     args = parser.parse_args(argv)
-    args.blocks = [int(b) for b in args.blocks.split(",")]
-    args.widths = [int(w) for w in args.widths.split(",")]
-    args.grow_from = [_size(size) for size in args.grow_from.split(",")]
     args.plot_configs = [name.strip() for name in args.plot_configs.split(",")] if args.plot_configs else []
     tasks = [name.strip() for name in args.tasks.split(",") if name.strip()]
     seeds = range(args.first_seed, args.first_seed + args.seeds)
@@ -311,6 +317,8 @@ def main(argv: Sequence[str] | None = None) -> None:
             jobs += [Job("grown", task, b, w, seed, args.epochs, args.threads, args.config)
                      for b, w in args.grow_from for seed in seeds]
     path = Path(args.results)
+    if args.report_only and not path.is_file():
+        parser.error(f"--results: no results file {path} to report (run the sweep first, without --report-only)")
     if not args.report_only:
         run_missing(jobs, path, args.jobs)
     results = read_results(path)
@@ -319,4 +327,4 @@ def main(argv: Sequence[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_script(main)

@@ -18,7 +18,7 @@ dev extras (sb3-contrib pulls stable-baselines3).
 
 from __future__ import annotations
 
-import argparse
+import dataclasses
 import statistics
 import time
 from dataclasses import dataclass
@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from arguments import BenchmarkParser, count, run_script
 from morphogen.control.gym_training import train_gym
 from morphogen.control.ppo import PPOConfig
 
@@ -116,12 +117,18 @@ def run_ours(env_id: str, steps: int, seed: int, options: dict[str, Any]) -> Res
 
 def _parse_ours(pairs: list[str]) -> dict[str, Any]:
     """`KEY=VALUE` pairs: `n_envs`, `rollout_length`, `hidden_size`, `bptt_length`, `recurrent` (0 or 1) for
-    `train_gym`, the rest `PPOConfig` keys."""
+    `train_gym`, the rest `PPOConfig` keys. A pair that is neither, or not a number, is a `ValueError` naming it."""
     options: dict[str, Any] = {}
     config: dict[str, Any] = {}
+    keys = (*TRAIN_GYM_ARGUMENTS, *(field.name for field in dataclasses.fields(PPOConfig)))
     for pair in pairs:
         key, _, text = pair.partition("=")
-        value: Any = None if text == "None" else float(text) if "." in text or "e" in text else int(text)
+        if key not in keys:
+            raise ValueError(f"{pair!r}: {key!r} is not a key; valid: {', '.join(keys)}")
+        try:
+            value: Any = None if text == "None" else float(text) if "." in text or "e" in text else int(text)
+        except ValueError:
+            raise ValueError(f"{pair!r}: {text!r} is not a number (nor None)") from None
         if key == "recurrent":
             value = bool(value)
         (options if key in TRAIN_GYM_ARGUMENTS else config)[key] = value
@@ -131,17 +138,23 @@ def _parse_ours(pairs: list[str]) -> dict[str, Any]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = BenchmarkParser(description=__doc__.splitlines()[0])
     parser.add_argument("--env", default="Acrobot-v1", choices=list(ZOO))
-    parser.add_argument("--steps", type=int, default=150_000)
+    parser.add_argument("--steps", type=count, default=150_000)
     parser.add_argument("--seeds", default="0,1,2")
     parser.add_argument("--ours", nargs="*", default=None, metavar="KEY=VALUE",
                         help="train_gym arguments or PPOConfig keys for one agent of ours (default: OURS's agents)")
     args = parser.parse_args()
     torch.set_num_threads(1)
-    seeds = [int(seed) for seed in args.seeds.split(",")]
+    try:
+        seeds = [int(seed) for seed in args.seeds.split(",")]
+    except ValueError:
+        parser.error(f"--seeds: {args.seeds!r} is not comma-separated whole numbers")
     agents = OURS[args.env] if args.ours is None else {"ours": args.ours}
-    options = {name: _parse_ours(pairs) for name, pairs in agents.items()}
+    try:
+        options = {name: _parse_ours(pairs) for name, pairs in agents.items()}
+    except ValueError as error:
+        parser.error(f"--ours: {error}")
     runs: dict[str, list[Result]] = {name: [] for name in (*options, "SB3 zoo")}
     for seed in seeds:
         runs["SB3 zoo"].append(run_sb3(args.env, args.steps, seed))
@@ -171,4 +184,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_script(main)

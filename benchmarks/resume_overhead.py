@@ -12,7 +12,6 @@ training's `resume.pt`. Run `python benchmarks/resume_overhead.py --help`.
 
 from __future__ import annotations
 
-import argparse
 import io
 import statistics
 import tempfile
@@ -25,6 +24,7 @@ import torch
 
 import morphogen.commands.run as run_module
 import morphogen.env.play as play_module
+from arguments import BenchmarkParser, count, run_script
 from morphogen.commands.run import RunConfig, run_command
 from morphogen.config import build_config
 from morphogen.run_directory import RESUME_FILENAME
@@ -71,9 +71,9 @@ def one_run(values: dict[str, Any]) -> tuple[list[float], list[float], int]:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
-    parser.add_argument("--repeats", type=int, default=3, help="whole runs per setting (default 3)")
-    parser.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
+    parser = BenchmarkParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--repeats", type=count, default=3, help="whole runs per setting (default 3)")
+    parser.add_argument("--threads", type=count, default=1, help="torch threads (default 1)")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     print("| setting | epochs and saves | epoch (ms, median) | save (ms, median) | saving / playing | resume.pt |")
@@ -89,4 +89,4 @@ def main(argv: Sequence[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_script(main)

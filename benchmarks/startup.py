@@ -14,7 +14,6 @@ The table gives medians over `--rounds` rounds; every ratio is taken within a ro
 
 from __future__ import annotations
 
-import argparse
 import os
 import statistics
 import subprocess
@@ -24,6 +23,8 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+
+from arguments import BenchmarkParser, count, run_script
 
 REFERENCE = "import torch"
 TRAINING_FLOOR = ("import torch; p = torch.nn.Parameter(torch.zeros(1)); o = torch.optim.AdamW([p]); "
@@ -74,9 +75,9 @@ def _loads_torch(arguments: Sequence[str]) -> bool:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=5, help="rounds of every measurement (default 5)")
-    parser.add_argument("--epochs", type=int, default=3, help="epochs of the digits run (default 3)")
+    parser = BenchmarkParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=count, default=5, help="rounds of every measurement (default 5)")
+    parser.add_argument("--epochs", type=count, default=3, help="epochs of the digits run (default 3)")
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory() as scratch:
         run_arguments = ["run", "--threads", "1", "--epochs", str(args.epochs)]
@@ -115,4 +116,4 @@ def main(argv: Sequence[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_script(main)

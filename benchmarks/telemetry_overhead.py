@@ -34,12 +34,13 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from arguments import BenchmarkParser, count, run_script
 from morphogen.core.blend import BlendKind
 from morphogen.core.lifecycle import BLENDED_STAGES, GateConfig, GateMode
 from morphogen.core.slot import SlotConfig
 from morphogen.data import Task, load_task
 from morphogen.env.actions import Action, Op
-from morphogen.env.counterfactual import ALL_OFF
+from morphogen.env.counterfactual import ALL_OFF, CounterfactualSchedule
 from morphogen.env.episode import EpisodeConfig, MorphogenesisEpisode
 from morphogen.env.play import play_epoch
 from morphogen.env.snapshot import EpisodeSnapshot
@@ -70,6 +71,13 @@ SCRIPT: tuple[tuple[int, Action], ...] = (
 SCRIPT_SLOTS = SlotConfig(gates=GateConfig(mode=GateMode.PERMISSIVE, min_training_epochs=1))
 #: Epochs the script needs to show everything it is meant to exercise.
 MIN_EPOCHS = 10
+
+
+def episode_config(epochs: int) -> EpisodeConfig:
+    """The episodes every level plays: the script's gates, and every counterfactual every epoch (`all_off`
+    included, as a learned policy's episodes measure them), not only those a gate reads next, which never
+    run `all_off`."""
+    return EpisodeConfig(max_epochs=epochs, slots=SCRIPT_SLOTS, counterfactuals=CounterfactualSchedule.EVERY_EPOCH)
 
 
 class ScriptedController:
@@ -184,7 +192,7 @@ def written_events(run_dir: Path) -> tuple[int, int, int]:
 def measure(task: Task, *, epochs: int, episodes: int, warmup_episodes: int, seed: int,
             progress: bool = True) -> OverheadReport:
     """Play `warmup_episodes + episodes` lockstep episode sets; time the rounds of the last `episodes`."""
-    config = EpisodeConfig(max_epochs=epochs, slots=SCRIPT_SLOTS)
+    config = episode_config(epochs)
     seconds: dict[str, list[float]] = {level: [] for level in LEVELS}
     ratios: dict[str, list[float]] = {level: [] for level in LEVELS}
     written: dict[str, tuple[int, int, int]] = {}
@@ -252,12 +260,12 @@ def format_table(report: OverheadReport, task: Task) -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
-    parser.add_argument("--epochs", type=int, default=12,
+    parser = BenchmarkParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--epochs", type=count, default=12,
                         help=f"epochs per episode (default 12, at least {MIN_EPOCHS} for the script)")
-    parser.add_argument("--episodes", type=int, default=6, help="timed episodes per level (default 6)")
+    parser.add_argument("--episodes", type=count, default=6, help="timed episodes per level (default 6)")
     parser.add_argument("--warmup-episodes", type=int, default=1, help="untimed episodes per level first (default 1)")
-    parser.add_argument("--threads", type=int, default=1,
+    parser.add_argument("--threads", type=count, default=1,
                         help="torch intra-op threads (default 1: the models are tiny and timings steadier)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", action="store_true", help="print the figures as JSON on stdout (table on stderr)")
@@ -288,4 +296,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_script(main))

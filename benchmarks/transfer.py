@@ -19,7 +19,6 @@ by setting and seed) and replayed from there when another policy is evaluated on
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import hashlib
 import json
@@ -34,6 +33,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from arguments import BenchmarkParser, count, output_file, run_script
 from morphogen.commands.evaluate import EVALUATION_STREAM, EvalConfig, evaluation_setting, read_policy_run
 from morphogen.config import config_to_dict
 from morphogen.control.controller import NoGrowthController
@@ -189,17 +189,23 @@ def report(name: str, results: dict[str, list[tuple[float, float]]]) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = BenchmarkParser(description=__doc__.splitlines()[0])
     parser.add_argument("--policy", default="default", help="run directory of `morphogen train`, or default")
     parser.add_argument("--settings", default=",".join(SETTINGS), help=f"comma-separated, of {', '.join(SETTINGS)}")
-    parser.add_argument("--seeds", type=int, default=20, help="fresh seeds per setting")
+    parser.add_argument("--seeds", type=count, default=20, help="fresh seeds per setting")
     parser.add_argument("--seed", type=int, default=3000, help="base of the evaluation seeds (as eval --seed)")
-    parser.add_argument("--cache", default="runs/transfer_cache.json",
+    parser.add_argument("--cache", type=output_file, default="runs/transfer_cache.json",
                         help="JSON file of the heuristic's and no growth's outcomes (read and extended)")
-    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--threads", type=count, default=1)
     parser.add_argument("--baselines-only", action="store_true",
                         help="play only the heuristic and no growth (fills the cache before a policy is ready)")
     args = parser.parse_args()
+    settings = [name.strip() for name in args.settings.split(",") if name.strip()]
+    unknown = [name for name in settings if name not in SETTINGS]
+    if unknown or not settings:
+        parser.error(f"--settings: {unknown[0]!r} is not a setting; valid: {', '.join(SETTINGS)}" if unknown
+                     else "--settings: give at least one setting")
+    read_policy_run(args.policy, "cpu")  # a policy that does not load is one line now, not after the baselines
     torch.set_num_threads(args.threads)
     cache_path = Path(args.cache)
     cache_path.parent.mkdir(parents=True, exist_ok=True)
@@ -208,7 +214,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as scratch:
         data_dir = write_digits_as_cifar10(Path(scratch))
         controllers = CONTROLLERS[1:] if args.baselines_only else CONTROLLERS
-        for name in args.settings.split(","):
+        for name in settings:
             results = evaluate_setting(name, args.policy, args.seeds, args.seed, cache, data_dir,
                                        lambda table: cache_path.write_text(json.dumps(table, indent=1) + "\n"),
                                        controllers)
@@ -224,4 +230,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_script(main)

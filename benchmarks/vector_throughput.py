@@ -40,6 +40,7 @@ from typing import Any
 
 import torch
 
+from arguments import BenchmarkParser, count, run_script
 from morphogen.control.trainer import PPOTrainer, TrainConfig
 from morphogen.data import Task, load_task
 from morphogen.devices import resolve_device
@@ -167,18 +168,18 @@ def parse_env_counts(parser: argparse.ArgumentParser, text: str) -> list[int]:
 
 
 def parse_arguments(argv: Sequence[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser = BenchmarkParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--envs", default="1,8,32,64", help="comma-separated env counts (default 1,8,32,64)")
     parser.add_argument("--device", default="cpu", help="cpu (default), cuda, cuda:N, mps or auto")
     parser.add_argument("--compile", action="store_true",
                         help="measure every env count eager and compiled (--compile), and print the ratio")
-    parser.add_argument("--rounds", type=int, default=3, help="timed rounds per env count (default 3)")
+    parser.add_argument("--rounds", type=count, default=3, help="timed rounds per env count (default 3)")
     parser.add_argument("--warmup-rounds", type=int, default=1, help="untimed rounds first (default 1)")
-    parser.add_argument("--episode-length", type=int, default=4, help="epochs per episode (default 4)")
-    parser.add_argument("--max-train-samples", type=int, default=500,
+    parser.add_argument("--episode-length", type=count, default=4, help="epochs per episode (default 4)")
+    parser.add_argument("--max-train-samples", type=count, default=500,
                         help="cap on digits training images (default 500 of 1437; 0 = all)")
-    parser.add_argument("--hidden-size", type=int, default=512, help="policy width (default 512, as trained)")
-    parser.add_argument("--threads", type=int, default=1,
+    parser.add_argument("--hidden-size", type=count, default=512, help="policy width (default 512, as trained)")
+    parser.add_argument("--threads", type=count, default=1,
                         help="torch intra-op threads (default 1: the models are tiny, and extra threads "
                              "mostly spin on a busy machine)")
     parser.add_argument("--seed", type=int, default=0)
@@ -226,4 +227,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_script(main))

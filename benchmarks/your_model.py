@@ -85,7 +85,6 @@ the U-Net's cross-entropy in nats since 2026-12-01, before which it too was judg
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import io
 import statistics
@@ -100,6 +99,7 @@ import torch
 from torch import Tensor, nn
 
 import morphogen
+from arguments import BenchmarkParser, count, run_script, whole_numbers
 from growth import mean_standard_error, mean_std
 from morphogen.commands.run import RunConfig
 from morphogen.control.controller import NoGrowthController
@@ -734,13 +734,14 @@ def print_table(name: str, results: Sequence[tuple[str, int, dict[str, Figures],
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = BenchmarkParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", default="resnet,mlp")
-    parser.add_argument("--seeds", type=int, default=5)
+    parser.add_argument("--seeds", type=count, default=5)
     parser.add_argument("--first-seed", type=int, default=0, help="seeds run from here (fresh seeds: 5)")
-    parser.add_argument("--epochs", type=int, default=30)
-    parser.add_argument("--jobs", type=int, default=2, help="worker processes, one torch thread each")
-    parser.add_argument("--fixed-widths", default="", help="also train a model at these widths, no growth")
+    parser.add_argument("--epochs", type=count, default=30)
+    parser.add_argument("--jobs", type=count, default=2, help="worker processes, one torch thread each")
+    parser.add_argument("--fixed-widths", type=whole_numbers(), default="",
+                        help="also train a model at these widths, no growth")
     parser.add_argument("--fixed-model", default="resnet", choices=sorted(FIXED_FAMILIES),
                         help="the model --fixed-widths trains: the ResNet (base width), the MLP (hidden width) "
                              "or a small CNN, cnn1d or cnn2d (first stage's channels)")
@@ -754,7 +755,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     unknown = [name for name in names if name not in MODELS]
     if unknown:
         parser.error(f"unknown model {', '.join(unknown)}; known: {', '.join(MODELS)}")
-    widths = [int(width) for width in args.fixed_widths.split(",") if width.strip()]
+    widths = args.fixed_widths
     seeds = range(args.first_seed, args.first_seed + args.seeds)
     jobs = [(name, seed, args.epochs, args.schedule, args.criterion) for name in names for seed in seeds]
     started = time.perf_counter()
@@ -774,4 +775,4 @@ def main(argv: Sequence[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_script(main)
