@@ -570,6 +570,27 @@ def test_a_slot_where_tokens_are_folded_into_the_batch_is_refused() -> None:
         morphogen.host_from_module(Folded(), slots=["per_token"], example_input=torch.randn(2, 3, 4))
 
 
+class _SequenceFirstEncoder(nn.Module):
+    """Torch's encoder with `batch_first=False`: its layers take and return (T, N, width)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(8, 16)
+        layer = nn.TransformerEncoderLayer(16, 2, 32, dropout=0.0)
+        self.encoder = nn.TransformerEncoder(layer, 2, enable_nested_tensor=False)
+        self.head = nn.Linear(16, 8)
+
+    def forward(self, ids: Tensor) -> Tensor:
+        return self.head(self.encoder(self.embed(ids).transpose(0, 1)).transpose(0, 1))
+
+
+def test_a_slot_after_a_sequence_first_layer_is_refused_saying_to_put_the_batch_first() -> None:
+    with pytest.raises(HostBuildError, match=r"has 5 rows for a batch of 2 samples; .*its dimension 1 holds the 2 "
+                                             r"samples, .*batch_first=False\): build them with batch_first=True"):
+        morphogen.host_from_module(_SequenceFirstEncoder(), slots=["encoder.layers.0"],
+                                   example_input=torch.randint(0, 8, (2, 5)))
+
+
 class _Seq2Seq(nn.Module):
     """An encoder-decoder on torch's own layers: every decoder layer reads the encoder's output (`memory`), which
     crosses the slots between the decoder's layers."""
