@@ -117,6 +117,37 @@ def test_a_new_block_takes_the_head_count_of_the_layer_before_it() -> None:
         assert slot.blueprint_options == options  # saved, so that a reload rebuilds it alike (a copy: from the layer)
 
 
+class _Width18(torch.nn.Module):
+    """A user's transformer 18 wide (3 heads): 4 heads cannot split its width."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = torch.nn.Embedding(VOCABULARY, 18)
+        self.project = torch.nn.Linear(18, 18)  # no block: nothing to copy, nor heads to take
+        self.head = torch.nn.Linear(18, VOCABULARY)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.head(self.project(self.embed(ids)))
+
+
+@pytest.mark.parametrize(("width", "heads"), [(32, 4), (18, 3), (10, 2), (7, 1)])
+def test_a_new_block_or_attention_without_heads_to_take_gets_four_or_the_most_below_that_divide_its_width(
+        width: int, heads: int) -> None:
+    block, attention = build_seed("transformer", "block", width), build_seed("transformer", "attention", width)
+    assert isinstance(block, TransformerBlock) and block.attention.n_heads == heads
+    x = torch.randn(2, 5, width)
+    torch.testing.assert_close(block(x), x)  # still the identity at birth
+    torch.testing.assert_close(attention(x), x)
+
+
+def test_a_users_transformer_whose_width_four_heads_cannot_split_grows_zero_blocks() -> None:
+    ids = tokens()
+    model = MorphogeneticModel(morphogen.host_from_module(_Width18(), slots=["project"], example_input=ids[:2]))
+    before = model(ids)
+    model.graft("project", "block")
+    torch.testing.assert_close(model(ids), before, rtol=0, atol=0)
+
+
 def test_block_copy_is_refused_without_the_layer_to_copy() -> None:
     slot = SeedSlot("r0c0", WIDTH, "transformer", EASY_CONFIG)  # in no model: no host layer before it
     with pytest.raises(ValueError, match=r"'block_copy' copies the host's layer just before slot r0c0, and the host "

@@ -188,3 +188,34 @@ def test_new_neurons_after_a_layer_norm_over_the_features_get_a_layer_norm_of_th
     with torch.no_grad():
         assert not torch.allclose(model(x), bare, atol=1e-4)  # perturbed: the new neurons count
     assert_identity_at_birth_until_perturbed(host, x, "wider")
+
+
+class _TanhGeluBlock(nn.Module):
+    """GPT-2's MLP written functionally: `F.gelu(h, approximate="tanh")` between its two layers."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.c_fc, self.c_proj = nn.Linear(16, 32), nn.Linear(32, 16)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return x + self.c_proj(nn.functional.gelu(self.c_fc(x), approximate="tanh"))
+
+
+def test_new_neurons_after_a_functional_gelu_with_its_tanh_approximation_go_through_the_same_gelu() -> None:
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Embedding(VOCABULARY, 16), _TanhGeluBlock(), _TanhGeluBlock(), nn.Linear(16, VOCABULARY))
+    host = host_from_module(net, ["1", "2"], example_input=_ids(2), topology="transformer").eval()
+    model = MorphogeneticModel(host, ["2"], config=EASY_CONFIG)
+    place_seed(model, "2", "wider_half", Stage.HOLDING, 1)
+    seed = model.slot("2").seed
+    assert seed is not None and isinstance(seed.after_producer[0], nn.GELU)
+    assert seed.after_producer[0].approximate == "tanh"
+    block, x = net[2], _ids()
+    with torch.no_grad():  # the oracle: the block with its MLP's new neurons beside the old, by hand
+        h = net[1](net[0](x))
+        hidden = torch.cat([block.c_fc(h), seed.producer(h)], dim=-1)
+        weight = torch.cat([block.c_proj.weight, seed.consumer.weight], dim=1)
+        by_hand = net[3](h + nn.functional.linear(nn.functional.gelu(hidden, approximate="tanh"), weight,
+                                                  block.c_proj.bias))
+        assert not torch.allclose(by_hand, net(x), atol=1e-4)  # perturbed: the new neurons count
+        torch.testing.assert_close(model.eval()(x), by_hand, rtol=1e-5, atol=1e-5)

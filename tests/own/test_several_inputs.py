@@ -231,6 +231,47 @@ def test_only_a_block_of_the_main_path_is_copied() -> None:
         MorphogeneticModel(host).germinate("embed", "block_copy")
 
 
+class _PadTokenEncoder(nn.Module):
+    """One input, token ids; the padding mask every layer of torch's encoder reads is computed from them (id 0)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(8, 16)
+        layer = nn.TransformerEncoderLayer(16, 2, 32, dropout=0.0, batch_first=True)
+        self.encoder = nn.TransformerEncoder(layer, 2, enable_nested_tensor=False)
+        self.head = nn.Linear(16, 3)
+
+    def forward(self, ids: Tensor) -> Tensor:
+        return self.head(self.encoder(self.embed(ids), src_key_padding_mask=ids == 0))
+
+
+def _padded_ids(count: int, seed: int) -> Tensor:
+    generator = torch.Generator().manual_seed(seed)
+    ids = torch.randint(1, 8, (count, 7), generator=generator)
+    return ids.masked_fill(torch.arange(7) >= torch.randint(2, 8, (count, 1), generator=generator), 0)
+
+
+def test_new_neurons_in_the_part_that_takes_the_input_leave_later_layers_reading_this_batchs_mask() -> None:
+    """The part that takes the input binds it for the later parts, which compute the padding mask from it; traced
+    again for new neurons inside its layer, it still binds each batch's (it once bound the tracer's placeholder: a
+    later layer then failed, or read an earlier batch's ids)."""
+    ids, other_ids = _padded_ids(6, 1), _padded_ids(4, 2)
+    torch.manual_seed(0)
+    host = morphogen.host_from_module(_PadTokenEncoder(), slots=["encoder.layers.0", "encoder.layers.1"],
+                                      example_input=ids[:2])
+    assert host.side_inputs is not None
+    model = MorphogeneticModel(host.eval(), config=EASY_CONFIG).eval()
+    with torch.no_grad():
+        bare, other_bare = model(ids), model(other_ids)
+    slot = model.germinate("encoder_layers_0", "wider")  # the MLP of the first layer, in the part that binds ids
+    assert slot.width_site is not None and slot.width_site.inside
+    drive_to(slot, Stage.FOSSILIZED)
+    with torch.no_grad():  # the identity at birth, whichever batch came before
+        torch.testing.assert_close(model(ids), bare, rtol=0, atol=1e-6)
+        torch.testing.assert_close(model(other_ids), other_bare, rtol=0, atol=1e-6)
+        torch.testing.assert_close(model(ids[:3]), bare[:3], rtol=0, atol=1e-6)
+
+
 class _EncoderClassifier(nn.Module):
     """A text classifier built on torch's own `nn.TransformerEncoder`, its padding read by every layer."""
 
@@ -527,6 +568,27 @@ def test_a_slot_where_tokens_are_folded_into_the_batch_is_refused() -> None:
 
     with pytest.raises(HostBuildError, match="slot after 'per_token': its output has 6 rows for a batch of 2"):
         morphogen.host_from_module(Folded(), slots=["per_token"], example_input=torch.randn(2, 3, 4))
+
+
+class _SequenceFirstEncoder(nn.Module):
+    """Torch's encoder with `batch_first=False`: its layers take and return (T, N, width)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(8, 16)
+        layer = nn.TransformerEncoderLayer(16, 2, 32, dropout=0.0)
+        self.encoder = nn.TransformerEncoder(layer, 2, enable_nested_tensor=False)
+        self.head = nn.Linear(16, 8)
+
+    def forward(self, ids: Tensor) -> Tensor:
+        return self.head(self.encoder(self.embed(ids).transpose(0, 1)).transpose(0, 1))
+
+
+def test_a_slot_after_a_sequence_first_layer_is_refused_saying_to_put_the_batch_first() -> None:
+    with pytest.raises(HostBuildError, match=r"has 5 rows for a batch of 2 samples; .*its dimension 1 holds the 2 "
+                                             r"samples, .*batch_first=False\): build them with batch_first=True"):
+        morphogen.host_from_module(_SequenceFirstEncoder(), slots=["encoder.layers.0"],
+                                   example_input=torch.randint(0, 8, (2, 5)))
 
 
 class _Seq2Seq(nn.Module):

@@ -48,6 +48,8 @@ class SideInputs(nn.Module):
         self._bound: list[Inputs] = []  # a list mutated in place: no module attribute is reassigned in a forward
 
     def bind(self, inputs: Inputs) -> Inputs:
+        if isinstance(inputs, fx.Proxy):  # the first segment traced again (a width site inside it): keep the call
+            return cast(Inputs, _traced_call("side_inputs", "bind", (), inputs))
         self._bound[:] = [inputs]
         return inputs
 
@@ -59,7 +61,7 @@ class SideInputs(nn.Module):
     def read(self, key: int | str | None, like: Tensor) -> Tensor:
         """Input `key` (None: the one tensor) with `like`'s number of rows."""
         if isinstance(like, fx.Proxy):  # a segment traced again (a width site inside it): the call, not a value
-            return _traced_call("side_inputs", "read", key, like)
+            return _traced_call("side_inputs", "read", (key,), like)
         if not self._bound:
             raise RuntimeError("a segment after the first ran before the first segment bound the model's inputs")
         bound = self._bound[0]
@@ -93,14 +95,14 @@ class CarriedValues(nn.Module):
 
     def hold(self, key: int, value: Tensor) -> Tensor:
         if isinstance(value, fx.Proxy):  # a segment traced again (a width site inside it): the call, not a value
-            return _traced_call("carried_values", "hold", key, value)
+            return _traced_call("carried_values", "hold", (key,), value)
         self._held[key] = value
         return value
 
     def read(self, key: int, like: Tensor) -> Tensor:
         """Value `key` with `like`'s number of rows."""
         if isinstance(like, fx.Proxy):
-            return _traced_call("carried_values", "read", key, like)
+            return _traced_call("carried_values", "read", (key,), like)
         wanted = like.shape[0]
         value = self._held.get(key)
         if value is not None and value.shape[0] == wanted:
@@ -141,11 +143,11 @@ class CarriedValues(nn.Module):
         return state
 
 
-def _traced_call(holder: str, method: str, key: int | str | None, value: fx.Proxy) -> Tensor:
-    """`method` of the traced segment's `holder` (its `carried_values` or `side_inputs`) as a node of the trace (a
-    segment is the tracer's root), not a call that would store or read a Proxy."""
+def _traced_call(holder: str, method: str, leading: tuple[int | str | None, ...], value: fx.Proxy) -> Tensor:
+    """`method(*leading, value)` of the traced segment's `holder` (its `carried_values` or `side_inputs`) as a node
+    of the trace (a segment is the tracer's root), not a call that would store or read a Proxy."""
     owner = value.tracer.create_proxy("get_attr", holder, (), {})
-    traced = value.tracer.create_proxy("call_method", method, (owner, key, value), {})
+    traced = value.tracer.create_proxy("call_method", method, (owner, *leading, value), {})
     return cast(Tensor, traced)  # stands for the tensor while tracing
 
 

@@ -857,8 +857,14 @@ def _check_one_row_per_sample(name: str, activation: object, samples: int, flat_
     """Shadow rows and stacked configurations are whole samples: a slot's activation holds one row per sample.
     `flat_example`: the example input is one 1-D tensor, most often one sample given without its batch dimension."""
     if isinstance(activation, Tensor) and activation.dim() > 0 and activation.shape[0] != samples:
-        hint = (f"; example_input is a batch, its first dimension the samples: was it one sample's {samples} values "
-                "(give x[:2], not x[0])?") if flat_example else ""
+        if flat_example:
+            hint = (f"; example_input is a batch, its first dimension the samples: was it one sample's {samples} "
+                    "values (give x[:2], not x[0])?")
+        elif activation.dim() > 1 and activation.shape[1] == samples:
+            hint = (f"; its dimension 1 holds the {samples} samples, as in a sequence-first layout (torch's "
+                    "transformer layers with batch_first=False): build them with batch_first=True")
+        else:
+            hint = ""
         raise HostBuildError(f"slot after {name!r}: its output has {activation.shape[0]} rows for a batch of "
                              f"{samples} samples; a slot needs one row per sample (not tokens folded into the "
                              f"batch){hint}")

@@ -62,12 +62,15 @@ CHANNELWISE = (*ELEMENTWISE, nn.MaxPool1d, nn.MaxPool2d, nn.AvgPool1d, nn.AvgPoo
 
 #: Element-wise functions (and tensor methods) that may follow a producer inside a traced block, and the module
 #: the new channels go through instead.
-ELEMENTWISE_CALLS: dict[object, Callable[[], nn.Module]] = {
+ELEMENTWISE_CALLS: dict[object, Callable[..., nn.Module]] = {
     torch.relu: nn.ReLU, nn.functional.relu: nn.ReLU, "relu": nn.ReLU, torch.tanh: nn.Tanh, "tanh": nn.Tanh,
     torch.sigmoid: nn.Sigmoid, "sigmoid": nn.Sigmoid, nn.functional.gelu: nn.GELU, nn.functional.silu: nn.SiLU,
     nn.functional.relu6: nn.ReLU6, nn.functional.hardswish: nn.Hardswish, nn.functional.hardsigmoid: nn.Hardsigmoid,
     nn.functional.mish: nn.Mish, nn.functional.selu: nn.SELU,
 }
+#: Constant keyword arguments of an element-wise function in ELEMENTWISE_CALLS that its module takes by the same
+#: name (`F.gelu(h, approximate="tanh")`, GPT-2's MLP, is `nn.GELU(approximate="tanh")`); `inplace` is dropped.
+ELEMENTWISE_CALL_OPTIONS: dict[object, frozenset[str]] = {nn.functional.gelu: frozenset({"approximate"})}
 #: Functional dropouts that a traced block may call between its producer and consumer with the model's mode
 #: (`F.dropout(h, p, training=self.training)`, traced as a `ModeDependentCall`): the new channels drop the same way.
 DROPOUT_CALLS = (nn.functional.dropout, nn.functional.dropout1d, nn.functional.dropout2d, nn.functional.dropout3d)
@@ -243,7 +246,8 @@ def _module_of(node: fx.Node, modules: dict[str, nn.Module], spatial_dims: int, 
     if call is not None:
         return call
     if node.op != "call_module":
-        return ELEMENTWISE_CALLS[node.target]()
+        options = ELEMENTWISE_CALL_OPTIONS.get(node.target, frozenset())
+        return ELEMENTWISE_CALLS[node.target](**{key: value for key, value in node.kwargs.items() if key in options})
     module = modules[str(node.target)]
     if isinstance(module, ModeDependentCall):
         return BoundDropout(module, tuple(node.args[1:]), dict(node.kwargs))
@@ -259,7 +263,9 @@ def _passes_new_channels(node: fx.Node, modules: dict[str, nn.Module], spatial_d
     if spatial_call(node, spatial_dims, tap) is not None:
         return True
     if node.op in ("call_function", "call_method") and node.target in ELEMENTWISE_CALLS:
-        return set(node.kwargs) <= {"inplace"} and len(node.args) == 1
+        options = ELEMENTWISE_CALL_OPTIONS.get(node.target, frozenset())
+        return (set(node.kwargs) <= {"inplace", *options} and len(node.args) == 1
+                and not any(isinstance(value, fx.Node) for value in node.kwargs.values()))
     return _is_mode_dependent_dropout(node, modules)
 
 
