@@ -269,3 +269,23 @@ def test_a_table_without_a_required_key_names_the_table_and_the_key() -> None:
 
     with pytest.raises(ConfigError, match=r"^mix\[1\]: task is required$"):
         build_config(TrainConfig, {"mix": [{"task": "digits"}, {"episode_length": 3}]})
+
+
+@pytest.mark.parametrize(("name", "text", "message"), [
+    ("twice.json", '{"seed": 1, "episode": {"max_epochs": 2, "max_epochs": 3}}',
+     "key 'max_epochs' is given twice in one table"),
+    ("twice.yaml", "seed: 1\nseed: 2\n", "key 'seed' is given twice in one table (line 2)"),
+    ("twice.yml", "episode:\n  max_epochs: 2\n  max_epochs: 3\n",
+     "key 'max_epochs' is given twice in one table (line 3)"),
+])
+def test_a_key_given_twice_in_json_or_yaml_is_refused_as_in_toml(tmp_path: Path, name: str, text: str,
+                                                                 message: str) -> None:
+    """JSON and YAML parsers keep the last of two equal keys: the first would look set and change nothing."""
+    with pytest.raises(ConfigError) as caught:
+        read_config_file(write(tmp_path, name, text))
+    assert str(caught.value) == f"config file {tmp_path / name}: {message}"
+
+
+def test_keys_a_yaml_merge_brings_in_may_be_overridden(tmp_path: Path) -> None:
+    text = "shared: &base\n  seed: 1\n  device: cpu\nrun:\n  <<: *base\n  seed: 3\n"
+    assert read_config_file(write(tmp_path, "merged.yaml", text))["run"] == {"seed": 3, "device": "cpu"}

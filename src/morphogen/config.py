@@ -224,6 +224,41 @@ def read_config_source(source: str | os.PathLike[str]) -> dict[str, Any]:
     return read_config_file(PRESETS_DIRECTORY / f"{path.name}.toml")
 
 
+class _RepeatedKey(ValueError):
+    """A key given twice in one table of a JSON or YAML file (whose parsers would keep the last silently)."""
+
+
+def _table_without_repeats(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A JSON object's pairs as a dict, refusing a key given twice: the one that is not used would look set."""
+    table: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in table:
+            raise _RepeatedKey(f"key {short_repr(key)} is given twice in one table")
+        table[key] = value
+    return table
+
+
+def _yaml_loader() -> type[Any]:
+    """yaml's SafeLoader, refusing a key given twice in one mapping as TOML does (keys a `<<` merge brings in may
+    be overridden, as YAML means them to be)."""
+    import yaml
+
+    class UniqueKeyLoader(yaml.SafeLoader):  # type: ignore[misc]  # yaml has no stubs here
+        def construct_mapping(self, node: Any, deep: bool = False) -> dict[Any, Any]:
+            seen: set[Any] = set()
+            for key_node, _ in node.value:
+                if not isinstance(key_node, yaml.ScalarNode) or key_node.tag == "tag:yaml.org,2002:merge":
+                    continue
+                key = self.construct_object(key_node)
+                if key in seen:
+                    raise _RepeatedKey(f"key {short_repr(key)} is given twice in one table "
+                                       f"(line {key_node.start_mark.line + 1})")
+                seen.add(key)
+            return super().construct_mapping(node, deep)  # type: ignore[no-any-return]
+
+    return UniqueKeyLoader
+
+
 def read_config_file(path: str | Path) -> dict[str, Any]:
     """Read a TOML, JSON or YAML file of at most `MAX_CONFIG_BYTES` into a mapping (by extension)."""
     path = Path(path)
@@ -243,9 +278,11 @@ def read_config_file(path: str | Path) -> dict[str, Any]:
         if suffix == ".toml":
             data = tomllib.loads(text)
         elif suffix == ".json":
-            data = json.loads(text)
+            data = json.loads(text, object_pairs_hook=_table_without_repeats)
         else:
-            data = yaml.safe_load(text) or {}
+            data = yaml.load(text, Loader=_yaml_loader()) or {}  # a SafeLoader, refusing repeated keys
+    except _RepeatedKey as error:
+        raise ConfigError(f"config file {path}: {error}") from None
     except (tomllib.TOMLDecodeError, json.JSONDecodeError, yaml.YAMLError, UnicodeDecodeError) as error:
         first_line = (str(error).splitlines() or [type(error).__name__])[0]
         raise ConfigError(f"config file {path} is not valid {suffix[1:].upper()}: {first_line}") from None
