@@ -289,3 +289,17 @@ def test_a_key_given_twice_in_json_or_yaml_is_refused_as_in_toml(tmp_path: Path,
 def test_keys_a_yaml_merge_brings_in_may_be_overridden(tmp_path: Path) -> None:
     text = "shared: &base\n  seed: 1\n  device: cpu\nrun:\n  <<: *base\n  seed: 3\n"
     assert read_config_file(write(tmp_path, "merged.yaml", text))["run"] == {"seed": 3, "device": "cpu"}
+
+
+def test_a_yaml_number_with_an_exponent_is_the_float_toml_and_json_read(tmp_path: Path) -> None:
+    """PyYAML reads YAML 1.1, where `1e-3` (no decimal point) is a string: `host_lr: 1e-3` was refused as "got
+    '1e-3'" though TOML and JSON read the same text as 0.001."""
+    from morphogen.commands.run import load_config
+
+    yaml_file = write(tmp_path, "lr.yaml", "episode:\n  optimizer:\n    host_lr: 1e-3\n    seed_lr: 2E+0\n"
+                                            "task_name: '1e-3'\n")
+    toml_file = write(tmp_path, "lr.toml", "[episode.optimizer]\nhost_lr = 1e-3\nseed_lr = 2E+0\n")
+    for path in (yaml_file, toml_file):
+        optimizer = load_config(path).episode.optimizer
+        assert (optimizer.host_lr, optimizer.seed_lr) == (0.001, 2.0)
+    assert read_config_file(yaml_file)["task_name"] == "1e-3"  # quoted, it stays a string

@@ -238,9 +238,14 @@ def _table_without_repeats(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     return table
 
 
+#: A number with an exponent and no decimal point (`1e-3`): a float in YAML 1.2, TOML and JSON, but a string to
+#: PyYAML's YAML 1.1, where `host_lr: 1e-3` would be refused as "got '1e-3'".
+_EXPONENT_FLOAT = re.compile(r"^[-+]?[0-9][0-9_]*(?:\.[0-9_]*)?[eE][-+]?[0-9]+$")
+
+
 def _yaml_loader() -> type[Any]:
     """yaml's SafeLoader, refusing a key given twice in one mapping as TOML does (keys a `<<` merge brings in may
-    be overridden, as YAML means them to be)."""
+    be overridden, as YAML means them to be), and reading `1e-3` as the float YAML 1.2 makes it."""
     import yaml
 
     class UniqueKeyLoader(yaml.SafeLoader):  # type: ignore[misc]  # yaml has no stubs here
@@ -256,6 +261,7 @@ def _yaml_loader() -> type[Any]:
                 seen.add(key)
             return super().construct_mapping(node, deep)  # type: ignore[no-any-return]
 
+    UniqueKeyLoader.add_implicit_resolver("tag:yaml.org,2002:float", _EXPONENT_FLOAT, list("-+0123456789"))
     return UniqueKeyLoader
 
 
