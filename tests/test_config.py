@@ -241,6 +241,11 @@ def test_the_compute_saving_preset_grows_late_by_depth_and_keeps_what_lowers_the
     ("grow_fast", "config 'grow_fast': not a preset (grow_for_compute, grow_lean, wider_inside_blocks) nor a file (a "
                   "config file ends in .toml, .json, .yaml or .yml)"),
     ("settings/grow_lean", "config file settings/grow_lean does not exist"),
+    ("grow_lenn", "config 'grow_lenn': not a preset (grow_for_compute, grow_lean, wider_inside_blocks) nor a file (a "
+                  "config file ends in .toml, .json, .yaml or .yml); did you mean grow_lean?"),
+    ("wider_inside", "config 'wider_inside': not a preset (grow_for_compute, grow_lean, wider_inside_blocks) nor a "
+                     "file (a config file ends in .toml, .json, .yaml or .yml); did you mean wider_inside_blocks?"),
+    ("grow_lean.toml", "config file grow_lean.toml does not exist; the preset grow_lean is named without a suffix"),
 ])
 def test_a_config_that_is_neither_a_preset_nor_a_file_is_one_line(source: str, message: str) -> None:
     with pytest.raises(ConfigError) as caught:

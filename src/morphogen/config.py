@@ -8,6 +8,7 @@ dataclass's own `__post_init__` rejects all become one `ConfigError` line such a
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import enum
 import json
 import math
@@ -214,13 +215,18 @@ def preset_description(name: str) -> str:
 def read_config_source(source: str | os.PathLike[str]) -> dict[str, Any]:
     """The values of a config file, or of a preset named by `source`: a plain name, without a directory or suffix."""
     path = Path(source)
-    if path.suffix or len(path.parts) != 1:
-        return read_config_file(path)
     names = preset_names()
+    if path.suffix or len(path.parts) != 1:
+        if len(path.parts) == 1 and path.stem in names and not os.path.lexists(path):
+            raise ConfigError(f"config file {path} does not exist; the preset {path.stem} is "
+                              "named without a suffix")
+        return read_config_file(path)
     if path.name not in names:
         found = " (it is a directory)" if path.is_dir() else ""
+        close = difflib.get_close_matches(path.name, names, n=1, cutoff=0.75)
+        guess = f"; did you mean {close[0]}?" if close else ""
         raise ConfigError(f"config {short_repr(str(source))}: not a preset ({', '.join(names)}) nor a file{found} "
-                          "(a config file ends in .toml, .json, .yaml or .yml)")
+                          f"(a config file ends in .toml, .json, .yaml or .yml){guess}")
     return read_config_file(PRESETS_DIRECTORY / f"{path.name}.toml")
 
 
