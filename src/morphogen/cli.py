@@ -21,7 +21,7 @@ from morphogen.commands.listing import LISTINGS
 from morphogen.config import ConfigError, build_config, merge_tables, read_config_file, read_config_source
 from morphogen.core.compilation import COMPILE_BACKENDS, COMPILE_MODES
 from morphogen.data.catalog import TASK_NAMES
-from morphogen.limits import MAX_TIMEOUT_SECONDS, short_repr
+from morphogen.limits import MAX_SEED, MAX_TIMEOUT_SECONDS, short_repr
 from morphogen.run_directory import CONFIG_FILENAME, hold_run_directory, read_json_object
 from morphogen.ui.terminal_text import printable
 
@@ -518,6 +518,8 @@ def _run(args: argparse.Namespace) -> None:
 
     if args.seeds < 1:
         raise UsageError(f"--seeds must be >= 1, got {args.seeds}")
+    if config.seed > MAX_SEED - (args.seeds - 1):
+        raise UsageError(f"--seeds {args.seeds} from seed {config.seed:,} goes past the largest seed, {MAX_SEED:,}")
     jobs = 1 if args.jobs is None else args.jobs
     play = RunSeed(with_policy_identity(config), task)
     play_over_seeds(play if jobs == 1 else play.for_workers(), range(config.seed, config.seed + args.seeds),
