@@ -308,3 +308,17 @@ def test_a_yaml_number_with_an_exponent_is_the_float_toml_and_json_read(tmp_path
         optimizer = load_config(path).episode.optimizer
         assert (optimizer.host_lr, optimizer.seed_lr) == (0.001, 2.0)
     assert read_config_file(yaml_file)["task_name"] == "1e-3"  # quoted, it stays a string
+
+
+def test_an_empty_yaml_section_is_an_empty_table_as_in_toml(tmp_path: Path) -> None:
+    """`episode:` with its keys commented out is null in YAML; TOML's `[episode]` alone is an empty table. Both
+    leave every setting of the table as it was (a train config's permissive gates too)."""
+    from morphogen.control.trainer import TrainConfig
+
+    yaml_file = write(tmp_path, "sections.yaml", "episode:\n  # max_epochs: 30\nhost:\ntelemetry:\n")
+    toml_file = write(tmp_path, "sections.toml", "[episode]\n[host]\n[telemetry]\n")
+    for config_class in (RunConfig, TrainConfig):
+        for path in (yaml_file, toml_file):
+            assert build_config(config_class, read_config_file(path)) == config_class()
+    assert build_config(RunConfig, {"heuristic": None}) == RunConfig()
+    assert build_config(RunConfig, {"compare_with": None}).compare_with == {}

@@ -89,6 +89,8 @@ def _convert(value: Any, annotation: Any, path: str, default: Any = None) -> Any
     origin = typing.get_origin(annotation)
     if origin in (typing.Union, types.UnionType):
         return _convert_union(value, typing.get_args(annotation), path)
+    if value is None and (dataclasses.is_dataclass(annotation) or origin is dict):
+        value = {}  # a YAML section with nothing under it (`episode:`, its keys commented out), as TOML's `[episode]`
     if dataclasses.is_dataclass(annotation):
         if not isinstance(value, Mapping):
             raise ConfigError(f"{path}: expected a table of settings, got {short_repr(value)}")
