@@ -322,3 +322,12 @@ def test_an_empty_yaml_section_is_an_empty_table_as_in_toml(tmp_path: Path) -> N
             assert build_config(config_class, read_config_file(path)) == config_class()
     assert build_config(RunConfig, {"heuristic": None}) == RunConfig()
     assert build_config(RunConfig, {"compare_with": None}).compare_with == {}
+
+
+@pytest.mark.parametrize(("name", "text"), [("marked.toml", "seed = 3\n"), ("marked.json", '{"seed": 3}'),
+                                            ("marked.yaml", "seed: 3\n")])
+def test_a_config_saved_with_a_byte_order_mark_reads_as_without(tmp_path: Path, name: str, text: str) -> None:
+    """Some Windows editors start a UTF-8 file with a byte-order mark: TOML saw an invalid statement there."""
+    path = tmp_path / name
+    path.write_bytes(b"\xef\xbb\xbf" + text.encode())
+    assert read_config_file(path) == {"seed": 3}

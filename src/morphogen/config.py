@@ -288,7 +288,7 @@ def read_config_file(path: str | Path) -> dict[str, Any]:
     import yaml  # only when a config file is read: the command line starts without it
 
     try:
-        text = raw.decode("utf-8")
+        text = raw.decode("utf-8-sig")  # a byte-order mark, as some Windows editors write, is no setting
         if suffix == ".toml":
             data = tomllib.loads(text)
         elif suffix == ".json":
