@@ -360,8 +360,14 @@ def _comma_list(text: str, flag: str, example: str) -> list[str]:
 
 
 def _apply_overrides(values: dict[str, Any], overrides: dict[str, Any]) -> None:
-    """Flags over file values; a table of flags (telemetry) is merged into the file's table, not replacing it."""
-    values.update(merge_tables(values, overrides))
+    """Flags over file values; a table of flags (telemetry) is merged into the file's table, not replacing it. A host
+    `--compare` names replaces the file's host of that name whole: `--compare a=n_blocks=3` is that host, not one
+    with the file's other sizes for `a` too (the file's other hosts stay)."""
+    merged = merge_tables(values, overrides)
+    compared = overrides.get("compare_with")
+    if compared and isinstance(merged.get("compare_with"), dict):
+        merged["compare_with"] = {**merged["compare_with"], **compared}
+    values.update(merged)
 
 
 def _with_episode_length(values: dict[str, Any], length: int | None, flag: str) -> dict[str, Any]:
