@@ -138,3 +138,14 @@ def test_grow_takes_hosts_from_its_config_and_its_argument_but_not_one_name_from
     with pytest.raises(morphogen.ConfigError, match=re.escape("compare_with: 'x': host sizes fit only a built-in "
                                                               "task's host; task 'python' builds its own")):
         morphogen.grow(task, host, epochs=1, out=io.StringIO(), config={"compare_with": {"x": {"n_blocks": 3}}})
+
+
+def test_a_host_the_flags_name_replaces_the_configs_host_of_that_name_whole(tmp_path: Path) -> None:
+    """`--compare a=n_blocks=3` over a config's `[compare_with.a] base_channels = 4` is the host the flag names, not
+    one with 3 blocks of 4 channels; the config's other hosts are still compared with."""
+    from morphogen.cli import _run_config_and_task, build_parser
+
+    (tmp_path / "compare.toml").write_text('[compare_with.a]\nbase_channels = 4\n[compare_with.b]\nn_blocks = 1\n')
+    args = build_parser().parse_args(["run", "--config", str(tmp_path / "compare.toml"), "--compare", "a=n_blocks=3"])
+    config, _ = _run_config_and_task(args, load=False)
+    assert config.compare_with == {"a": {"n_blocks": 3}, "b": {"n_blocks": 1}}

@@ -241,6 +241,11 @@ def test_the_compute_saving_preset_grows_late_by_depth_and_keeps_what_lowers_the
     ("grow_fast", "config 'grow_fast': not a preset (grow_for_compute, grow_lean, wider_inside_blocks) nor a file (a "
                   "config file ends in .toml, .json, .yaml or .yml)"),
     ("settings/grow_lean", "config file settings/grow_lean does not exist"),
+    ("grow_lenn", "config 'grow_lenn': not a preset (grow_for_compute, grow_lean, wider_inside_blocks) nor a file (a "
+                  "config file ends in .toml, .json, .yaml or .yml); did you mean grow_lean?"),
+    ("wider_inside", "config 'wider_inside': not a preset (grow_for_compute, grow_lean, wider_inside_blocks) nor a "
+                     "file (a config file ends in .toml, .json, .yaml or .yml); did you mean wider_inside_blocks?"),
+    ("grow_lean.toml", "config file grow_lean.toml does not exist; the preset grow_lean is named without a suffix"),
 ])
 def test_a_config_that_is_neither_a_preset_nor_a_file_is_one_line(source: str, message: str) -> None:
     with pytest.raises(ConfigError) as caught:
@@ -269,3 +274,60 @@ def test_a_table_without_a_required_key_names_the_table_and_the_key() -> None:
 
     with pytest.raises(ConfigError, match=r"^mix\[1\]: task is required$"):
         build_config(TrainConfig, {"mix": [{"task": "digits"}, {"episode_length": 3}]})
+
+
+@pytest.mark.parametrize(("name", "text", "message"), [
+    ("twice.json", '{"seed": 1, "episode": {"max_epochs": 2, "max_epochs": 3}}',
+     "key 'max_epochs' is given twice in one table"),
+    ("twice.yaml", "seed: 1\nseed: 2\n", "key 'seed' is given twice in one table (line 2)"),
+    ("twice.yml", "episode:\n  max_epochs: 2\n  max_epochs: 3\n",
+     "key 'max_epochs' is given twice in one table (line 3)"),
+])
+def test_a_key_given_twice_in_json_or_yaml_is_refused_as_in_toml(tmp_path: Path, name: str, text: str,
+                                                                 message: str) -> None:
+    """JSON and YAML parsers keep the last of two equal keys: the first would look set and change nothing."""
+    with pytest.raises(ConfigError) as caught:
+        read_config_file(write(tmp_path, name, text))
+    assert str(caught.value) == f"config file {tmp_path / name}: {message}"
+
+
+def test_keys_a_yaml_merge_brings_in_may_be_overridden(tmp_path: Path) -> None:
+    text = "shared: &base\n  seed: 1\n  device: cpu\nrun:\n  <<: *base\n  seed: 3\n"
+    assert read_config_file(write(tmp_path, "merged.yaml", text))["run"] == {"seed": 3, "device": "cpu"}
+
+
+def test_a_yaml_number_with_an_exponent_is_the_float_toml_and_json_read(tmp_path: Path) -> None:
+    """PyYAML reads YAML 1.1, where `1e-3` (no decimal point) is a string: `host_lr: 1e-3` was refused as "got
+    '1e-3'" though TOML and JSON read the same text as 0.001."""
+    from morphogen.commands.run import load_config
+
+    yaml_file = write(tmp_path, "lr.yaml", "episode:\n  optimizer:\n    host_lr: 1e-3\n    seed_lr: 2E+0\n"
+                                            "task_name: '1e-3'\n")
+    toml_file = write(tmp_path, "lr.toml", "[episode.optimizer]\nhost_lr = 1e-3\nseed_lr = 2E+0\n")
+    for path in (yaml_file, toml_file):
+        optimizer = load_config(path).episode.optimizer
+        assert (optimizer.host_lr, optimizer.seed_lr) == (0.001, 2.0)
+    assert read_config_file(yaml_file)["task_name"] == "1e-3"  # quoted, it stays a string
+
+
+def test_an_empty_yaml_section_is_an_empty_table_as_in_toml(tmp_path: Path) -> None:
+    """`episode:` with its keys commented out is null in YAML; TOML's `[episode]` alone is an empty table. Both
+    leave every setting of the table as it was (a train config's permissive gates too)."""
+    from morphogen.control.trainer import TrainConfig
+
+    yaml_file = write(tmp_path, "sections.yaml", "episode:\n  # max_epochs: 30\nhost:\ntelemetry:\n")
+    toml_file = write(tmp_path, "sections.toml", "[episode]\n[host]\n[telemetry]\n")
+    for config_class in (RunConfig, TrainConfig):
+        for path in (yaml_file, toml_file):
+            assert build_config(config_class, read_config_file(path)) == config_class()
+    assert build_config(RunConfig, {"heuristic": None}) == RunConfig()
+    assert build_config(RunConfig, {"compare_with": None}).compare_with == {}
+
+
+@pytest.mark.parametrize(("name", "text"), [("marked.toml", "seed = 3\n"), ("marked.json", '{"seed": 3}'),
+                                            ("marked.yaml", "seed: 3\n")])
+def test_a_config_saved_with_a_byte_order_mark_reads_as_without(tmp_path: Path, name: str, text: str) -> None:
+    """Some Windows editors start a UTF-8 file with a byte-order mark: TOML saw an invalid statement there."""
+    path = tmp_path / name
+    path.write_bytes(b"\xef\xbb\xbf" + text.encode())
+    assert read_config_file(path) == {"seed": 3}

@@ -62,6 +62,18 @@ def test_run_over_no_seeds_is_a_usage_error(capsys: pytest.CaptureFixture[str]) 
     assert "--seeds must be >= 1, got 0" in capsys.readouterr().err
 
 
+def test_seeds_past_the_largest_seed_are_refused_before_any_plays(tmp_path: Path,
+                                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    """`--seed 2**63-1 --seeds 2` played the first seed, then stopped with a traceback at the second."""
+    run_dir = tmp_path / "seeds"
+    assert main(["run", "--seed", str(2**63 - 1), "--seeds", "2", "--epochs", "1", "--threads", "1",
+                 "--run-dir", str(run_dir)]) == EXIT_USER_ERROR
+    assert capsys.readouterr().err.splitlines() == [
+        "morphogen run: error: --seeds 2 from seed 9,223,372,036,854,775,807 goes past the largest seed, "
+        "9,223,372,036,854,775,807"]
+    assert not run_dir.exists()
+
+
 #: A task of the user's own, as `--task user_seeds_task:make_task` names it: it draws its data from torch's global
 #: generator, which `morphogen` seeds before calling it, and its host function is a lambda, which no worker process
 #: could be sent.

@@ -4,6 +4,7 @@ errors as one line naming `host.KEY`, recorded whole in the config dict of a run
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
 import pytest
 import torch
@@ -85,3 +86,28 @@ def test_loaded_task_builds_the_configured_host() -> None:
     assert parameters(small.host_kwargs) == (1 * 4 * 9 + 2 * 4) + (4 * 8 * 9 + 2 * 8) + (8 * 10 + 10)
     assert parameters(small.host_kwargs) < parameters(default.host_kwargs)
     assert small.train.inputs.device == torch.device("cpu")
+
+
+@pytest.mark.parametrize("config_class", [RunConfig, TrainConfig])
+@pytest.mark.parametrize(("key", "value", "message"), [
+    ("run_dir", "", "run_dir: must name a directory, got '' (leave it out for runs_root/<time>-<task>)"),
+    ("run_dir", "  ", "run_dir: must name a directory, got '  ' (leave it out for runs_root/<time>-<task>)"),
+    ("runs_root", "", "runs_root: must name a directory, got '' (the default is runs)"),
+])
+def test_an_empty_run_directory_is_refused(config_class: type[SessionOptions], key: str, value: str,
+                                           message: str) -> None:
+    """An empty path is the current directory: the run's files would land among the user's own."""
+    with pytest.raises(ConfigError) as caught:
+        build_config(config_class, {key: value})
+    assert str(caught.value) == message
+
+
+def test_run_dir_given_empty_on_the_command_line_writes_nothing_where_it_is_run(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    from morphogen.cli import EXIT_USER_ERROR, main
+
+    monkeypatch.chdir(tmp_path)
+    assert main(["run", "--run-dir", "", "--epochs", "1", "--threads", "1"]) == EXIT_USER_ERROR
+    assert capsys.readouterr().err.splitlines() == [
+        "morphogen run: error: run_dir: must name a directory, got '' (leave it out for runs_root/<time>-<task>)"]
+    assert list(tmp_path.iterdir()) == []

@@ -21,7 +21,7 @@ from morphogen.commands.listing import LISTINGS
 from morphogen.config import ConfigError, build_config, merge_tables, read_config_file, read_config_source
 from morphogen.core.compilation import COMPILE_BACKENDS, COMPILE_MODES
 from morphogen.data.catalog import TASK_NAMES
-from morphogen.limits import MAX_TIMEOUT_SECONDS, short_repr
+from morphogen.limits import MAX_SEED, MAX_TIMEOUT_SECONDS, short_repr
 from morphogen.run_directory import CONFIG_FILENAME, hold_run_directory, read_json_object
 from morphogen.ui.terminal_text import printable
 
@@ -360,8 +360,14 @@ def _comma_list(text: str, flag: str, example: str) -> list[str]:
 
 
 def _apply_overrides(values: dict[str, Any], overrides: dict[str, Any]) -> None:
-    """Flags over file values; a table of flags (telemetry) is merged into the file's table, not replacing it."""
-    values.update(merge_tables(values, overrides))
+    """Flags over file values; a table of flags (telemetry) is merged into the file's table, not replacing it. A host
+    `--compare` names replaces the file's host of that name whole: `--compare a=n_blocks=3` is that host, not one
+    with the file's other sizes for `a` too (the file's other hosts stay)."""
+    merged = merge_tables(values, overrides)
+    compared = overrides.get("compare_with")
+    if compared and isinstance(merged.get("compare_with"), dict):
+        merged["compare_with"] = {**merged["compare_with"], **compared}
+    values.update(merged)
 
 
 def _with_episode_length(values: dict[str, Any], length: int | None, flag: str) -> dict[str, Any]:
@@ -518,6 +524,8 @@ def _run(args: argparse.Namespace) -> None:
 
     if args.seeds < 1:
         raise UsageError(f"--seeds must be >= 1, got {args.seeds}")
+    if config.seed > MAX_SEED - (args.seeds - 1):
+        raise UsageError(f"--seeds {args.seeds} from seed {config.seed:,} goes past the largest seed, {MAX_SEED:,}")
     jobs = 1 if args.jobs is None else args.jobs
     play = RunSeed(with_policy_identity(config), task)
     play_over_seeds(play if jobs == 1 else play.for_workers(), range(config.seed, config.seed + args.seeds),

@@ -8,6 +8,7 @@ dataclass's own `__post_init__` rejects all become one `ConfigError` line such a
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import enum
 import json
 import math
@@ -88,6 +89,8 @@ def _convert(value: Any, annotation: Any, path: str, default: Any = None) -> Any
     origin = typing.get_origin(annotation)
     if origin in (typing.Union, types.UnionType):
         return _convert_union(value, typing.get_args(annotation), path)
+    if value is None and (dataclasses.is_dataclass(annotation) or origin is dict):
+        value = {}  # a YAML section with nothing under it (`episode:`, its keys commented out), as TOML's `[episode]`
     if dataclasses.is_dataclass(annotation):
         if not isinstance(value, Mapping):
             raise ConfigError(f"{path}: expected a table of settings, got {short_repr(value)}")
@@ -214,14 +217,60 @@ def preset_description(name: str) -> str:
 def read_config_source(source: str | os.PathLike[str]) -> dict[str, Any]:
     """The values of a config file, or of a preset named by `source`: a plain name, without a directory or suffix."""
     path = Path(source)
-    if path.suffix or len(path.parts) != 1:
-        return read_config_file(path)
     names = preset_names()
+    if path.suffix or len(path.parts) != 1:
+        if len(path.parts) == 1 and path.stem in names and not os.path.lexists(path):
+            raise ConfigError(f"config file {path} does not exist; the preset {path.stem} is "
+                              "named without a suffix")
+        return read_config_file(path)
     if path.name not in names:
         found = " (it is a directory)" if path.is_dir() else ""
+        close = difflib.get_close_matches(path.name, names, n=1, cutoff=0.75)
+        guess = f"; did you mean {close[0]}?" if close else ""
         raise ConfigError(f"config {short_repr(str(source))}: not a preset ({', '.join(names)}) nor a file{found} "
-                          "(a config file ends in .toml, .json, .yaml or .yml)")
+                          f"(a config file ends in .toml, .json, .yaml or .yml){guess}")
     return read_config_file(PRESETS_DIRECTORY / f"{path.name}.toml")
+
+
+class _RepeatedKey(ValueError):
+    """A key given twice in one table of a JSON or YAML file (whose parsers would keep the last silently)."""
+
+
+def _table_without_repeats(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A JSON object's pairs as a dict, refusing a key given twice: the one that is not used would look set."""
+    table: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in table:
+            raise _RepeatedKey(f"key {short_repr(key)} is given twice in one table")
+        table[key] = value
+    return table
+
+
+#: A number with an exponent and no decimal point (`1e-3`): a float in YAML 1.2, TOML and JSON, but a string to
+#: PyYAML's YAML 1.1, where `host_lr: 1e-3` would be refused as "got '1e-3'".
+_EXPONENT_FLOAT = re.compile(r"^[-+]?[0-9][0-9_]*(?:\.[0-9_]*)?[eE][-+]?[0-9]+$")
+
+
+def _yaml_loader() -> type[Any]:
+    """yaml's SafeLoader, refusing a key given twice in one mapping as TOML does (keys a `<<` merge brings in may
+    be overridden, as YAML means them to be), and reading `1e-3` as the float YAML 1.2 makes it."""
+    import yaml
+
+    class UniqueKeyLoader(yaml.SafeLoader):  # type: ignore[misc]  # yaml has no stubs here
+        def construct_mapping(self, node: Any, deep: bool = False) -> dict[Any, Any]:
+            seen: set[Any] = set()
+            for key_node, _ in node.value:
+                if not isinstance(key_node, yaml.ScalarNode) or key_node.tag == "tag:yaml.org,2002:merge":
+                    continue
+                key = self.construct_object(key_node)
+                if key in seen:
+                    raise _RepeatedKey(f"key {short_repr(key)} is given twice in one table "
+                                       f"(line {key_node.start_mark.line + 1})")
+                seen.add(key)
+            return super().construct_mapping(node, deep)  # type: ignore[no-any-return]
+
+    UniqueKeyLoader.add_implicit_resolver("tag:yaml.org,2002:float", _EXPONENT_FLOAT, list("-+0123456789"))
+    return UniqueKeyLoader
 
 
 def read_config_file(path: str | Path) -> dict[str, Any]:
@@ -239,13 +288,15 @@ def read_config_file(path: str | Path) -> dict[str, Any]:
     import yaml  # only when a config file is read: the command line starts without it
 
     try:
-        text = raw.decode("utf-8")
+        text = raw.decode("utf-8-sig")  # a byte-order mark, as some Windows editors write, is no setting
         if suffix == ".toml":
             data = tomllib.loads(text)
         elif suffix == ".json":
-            data = json.loads(text)
+            data = json.loads(text, object_pairs_hook=_table_without_repeats)
         else:
-            data = yaml.safe_load(text) or {}
+            data = yaml.load(text, Loader=_yaml_loader()) or {}  # a SafeLoader, refusing repeated keys
+    except _RepeatedKey as error:
+        raise ConfigError(f"config file {path}: {error}") from None
     except (tomllib.TOMLDecodeError, json.JSONDecodeError, yaml.YAMLError, UnicodeDecodeError) as error:
         first_line = (str(error).splitlines() or [type(error).__name__])[0]
         raise ConfigError(f"config file {path} is not valid {suffix[1:].upper()}: {first_line}") from None

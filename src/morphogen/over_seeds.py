@@ -35,7 +35,7 @@ from morphogen.config import ConfigError
 from morphogen.core.hosts import SegmentedHost
 from morphogen.data import Task
 from morphogen.growing import grow
-from morphogen.limits import MAX_JOBS, check_count, short_repr
+from morphogen.limits import MAX_JOBS, MAX_SEED, check_count, short_repr
 from morphogen.run_directory import (
     CONFIG_FILENAME,
     FROM_SCRATCH_DIRNAME,
@@ -363,4 +363,6 @@ def _checked_seeds(seeds: object) -> list[int]:
                                                 for seed in chosen) or len(set(chosen)) != len(chosen):
         raise ConfigError(f"seeds: must be 1 to {MAX_SEEDS} distinct seeds >= 0 (or their count), got "
                           f"{short_repr(seeds)}")
+    if max(chosen) > MAX_SEED:  # found before any seed plays, not when the first past it is set
+        raise ConfigError(f"seeds: {max(chosen):,} is past the largest seed, {MAX_SEED:,}")
     return chosen

@@ -109,6 +109,12 @@ class SessionOptions(CompileOptions):
         if self.slots is not None and len(set(self.slots)) != len(self.slots):
             raise ValueError(f"slots names a slot more than once: {', '.join(self.slots)}")
         check_task_host(self.task, self.host, self.max_train_samples)
+        # An empty path is the current directory: the run's files would be written among the user's own.
+        if self.run_dir is not None and not self.run_dir.strip():
+            raise ValueError(f"run_dir must name a directory, got {self.run_dir!r} (leave it out for "
+                             "runs_root/<time>-<task>)")
+        if not self.runs_root.strip():
+            raise ValueError(f"runs_root must name a directory, got {self.runs_root!r} (the default is runs)")
 
     def with_resolved_host(self) -> Self:
         """These options with `host` holding every size argument of the task's host (defaults filled in)."""

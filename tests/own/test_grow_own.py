@@ -1104,6 +1104,7 @@ def test_grow_over_seeds_refuses_what_worker_processes_cannot_receive_before_any
     ({"seeds": 0}, "seeds: must be 1 to 100 distinct seeds >= 0 (or their count), got 0"),
     ({"seeds": [1, 1]}, "seeds: must be 1 to 100 distinct seeds >= 0 (or their count), got [1, 1]"),
     ({"seeds": True}, "seeds: must be 1 to 100 distinct seeds >= 0 (or their count), got True"),
+    ({"seeds": [2**63]}, "seeds: 9,223,372,036,854,775,808 is past the largest seed, 9,223,372,036,854,775,807"),
     ({"seed": 3}, "grow_over_seeds: seed is chosen per seed"),
 ])
 def test_grow_over_seeds_refuses_what_it_cannot_play_in_one_line(options: dict[str, object], message: str) -> None:
