@@ -133,6 +133,9 @@ class EvalConfig(CompileOptions):
                              "default")
         check_count("episodes", self.episodes, MAX_EVAL_EPISODES)
         check_count("jobs", self.jobs, MAX_JOBS)
+        # An empty path is the current directory: the evaluation's files would be written among the user's own.
+        if self.run_dir is not None and not self.run_dir.strip():
+            raise ValueError(f"run_dir must name a directory, got {self.run_dir!r} (leave it out to record nothing)")
         check_count("seed", self.seed, MAX_SEED, lower=0)
         if self.task is not None:
             check_task_host(self.task, self.host, self.max_train_samples)
