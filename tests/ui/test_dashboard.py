@@ -397,3 +397,21 @@ def test_an_events_file_cut_back_by_a_resume_is_read_again_from_its_start(traine
         return app
 
     assert asyncio.run(drive()).return_code == 0
+
+
+def test_a_round_written_again_to_lines_of_the_same_length_is_seen_as_a_cut(tmp_path: Path) -> None:
+    """A resumed round plays again to the same figures: its lines can have the lengths and the last bytes of the
+    interrupted ones, and differ only by the time at their start."""
+    def line(time: float, epoch: int) -> str:
+        return json.dumps({"time": time, "event": "action_taken", "schema_version": 2, "epoch": epoch, "env_id": 0,
+                           "op": "WAIT", "slot": None, "blueprint": None, "succeeded": True,
+                           "reason": "waited"}) + "\n"
+
+    path = tmp_path / EVENTS_FILENAME
+    path.write_text(line(1000.25, 1) + line(1001.25, 2))
+    tail = EventTail(path)
+    assert [timed.time for timed in tail.read_new()] == [1000.25, 1001.25]
+    path.write_text(line(1000.25, 1) + line(2001.25, 2))  # round 2 cut and written again, as long as before
+    assert [timed.time for timed in tail.read_new()] == [1000.25, 2001.25]
+    assert tail.cuts == 1
+    assert tail.read_new() == [] and tail.cuts == 1  # nothing new: no cut

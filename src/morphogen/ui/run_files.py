@@ -110,6 +110,7 @@ class EventTail:
         self.skipped = 0
         self.cuts = 0
         self._offset = 0
+        self._line_start = 0
         self._kept = 0
         self._mark = b""
 
@@ -126,7 +127,7 @@ class EventTail:
         events = []
         with file:
             if self._offset and self._bytes_before_offset(file) != self._mark:  # cut back: what follows is new
-                self.skipped = self._offset = self._kept = 0
+                self.skipped = self._offset = self._line_start = self._kept = 0
                 self.cuts += 1
             file.seek(self._offset)
             while line := self._next_line(file, final):
@@ -140,12 +141,16 @@ class EventTail:
         return events
 
     def _bytes_before_offset(self, file: IO[bytes]) -> bytes:
-        """The last `_MARK_BYTES` bytes before what was read so far: the same on the next call unless the file was
-        cut back (and perhaps written again past that point: a resumed round's lines differ at least by their
-        times)."""
-        start = max(self._offset - _MARK_BYTES, 0)
+        """The first and the last `_MARK_BYTES` bytes of the last line read: the same on the next call unless the
+        file was cut back (and perhaps written again past that point). The line's start holds its time, the one
+        thing a resumed round's lines surely change: the round plays again to the same figures, so lines of the
+        same length can end at the same offsets with the same last bytes."""
+        head_end = min(self._line_start + _MARK_BYTES, self._offset)
+        file.seek(self._line_start)
+        head = file.read(head_end - self._line_start)
+        start = max(self._offset - _MARK_BYTES, head_end)
         file.seek(start)
-        return file.read(self._offset - start)
+        return head + file.read(self._offset - start)
 
     def _next_line(self, file: IO[bytes], final: bool) -> bytes | None:
         """The next whole line (`_TOO_LONG` for one past the limit, skipped to its end), None at the end.
@@ -154,9 +159,11 @@ class EventTail:
         """
         line = read_line(file, MAX_LINE_BYTES)
         if line.complete:
+            self._line_start = self._offset
             self._offset += line.size
             return _TOO_LONG if line.text is None else line.text
         if line.size and final:
+            self._line_start = self._offset
             self._offset += line.size
             self.skipped += 1
         return None
