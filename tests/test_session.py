@@ -102,23 +102,18 @@ def test_an_empty_run_directory_is_refused(config_class: type[SessionOptions], k
     assert str(caught.value) == message
 
 
+@pytest.mark.parametrize(("arguments", "message"), [
+    (["run", "--run-dir", "", "--epochs", "1", "--threads", "1"],
+     "morphogen run: error: run_dir: must name a directory, got '' (leave it out for runs_root/<time>-<task>)"),
+    (["eval", "--policy", "default", "--run-dir", " ", "--episodes", "1"],
+     "morphogen eval: error: run_dir: must name a directory, got ' ' (leave it out to record nothing)"),
+], ids=["run", "eval"])
 def test_run_dir_given_empty_on_the_command_line_writes_nothing_where_it_is_run(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+        arguments: list[str], message: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
     from morphogen.cli import EXIT_USER_ERROR, main
 
     monkeypatch.chdir(tmp_path)
-    assert main(["run", "--run-dir", "", "--epochs", "1", "--threads", "1"]) == EXIT_USER_ERROR
-    assert capsys.readouterr().err.splitlines() == [
-        "morphogen run: error: run_dir: must name a directory, got '' (leave it out for runs_root/<time>-<task>)"]
-    assert list(tmp_path.iterdir()) == []
-
-
-def test_eval_given_an_empty_run_directory_writes_nothing_where_it_is_run(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
-    from morphogen.cli import EXIT_USER_ERROR, main
-
-    monkeypatch.chdir(tmp_path)
-    assert main(["eval", "--policy", "default", "--run-dir", " ", "--episodes", "1"]) == EXIT_USER_ERROR
-    assert capsys.readouterr().err.splitlines() == [
-        "morphogen eval: error: run_dir: must name a directory, got ' ' (leave it out to record nothing)"]
+    assert main(arguments) == EXIT_USER_ERROR
+    assert capsys.readouterr().err.splitlines() == [message]
     assert list(tmp_path.iterdir()) == []
