@@ -35,6 +35,7 @@ from morphogen.core.isolation import IsolationMonitor, IsolationReport
 from morphogen.core.lifecycle import BLENDED_STAGES, IllegalTransitionError, Stage
 from morphogen.core.model import MorphogeneticModel
 from morphogen.core.slot import SlotConfig
+from morphogen.core.training_mode import modes_kept
 from morphogen.data import DataError, Task
 from morphogen.env.actions import Action, ActionSpace, Op
 from morphogen.env.compute import ComputeAccount
@@ -614,15 +615,12 @@ class MorphogenesisEpisode:
     def _model_error(self, inputs: Inputs) -> Exception | None:
         """What the model alone (not its loss) raises on `inputs`, in eval mode without gradients; None if nothing."""
         assert self.model is not None
-        training = self.model.training
-        self.model.eval()
-        try:
-            with torch.no_grad():
+        with modes_kept(self.model), torch.no_grad():
+            self.model.eval()
+            try:
                 self.model(to_device(inputs, self.device))
-        except Exception as error:  # the user's model: whatever it raises is what the hint reads
-            return error
-        finally:
-            self.model.train(training)
+            except Exception as error:  # the user's model: whatever it raises is what the hint reads
+                return error
         return None
 
     def _refuse_inputs_of_another_kind(self) -> None:
