@@ -18,7 +18,8 @@ from morphogen.cli import main
 from morphogen.run_directory import EVENTS_FILENAME
 from morphogen.ui.dashboard import Dashboard, header_text, reward_text
 from morphogen.ui.live_state import RunView
-from morphogen.ui.run_files import EventTail, TimedEvent
+from morphogen.telemetry.events import ImitationCompleted
+from morphogen.ui.run_files import IMITATION_ROUND, EventTail, TimedEvent
 
 POLL = 0.05
 
@@ -167,6 +168,25 @@ def test_view_speed_and_eta_count_env_steps(trained_run: Path) -> None:
     assert view.total_env_steps == 2 * 2 * 4
     assert view.env_steps_per_second is not None and view.eta_seconds is not None
     assert view.eta_seconds == pytest.approx((16 - view.env_steps) / view.env_steps_per_second)
+
+
+def test_the_imitation_warm_start_is_shown_as_imitation_not_as_round_1(tmp_path: Path) -> None:
+    directory = tmp_path / "run"
+    assert main(["train", "--envs", "1", "--rounds", "1", "--episode-length", "3", "--imitate-rounds", "1",
+                 "--max-train-samples", "200", "--hidden-size", "16", "--run-dir", str(directory)]) == 0
+    view = RunView.from_config(json.loads((directory / "config.json").read_text()))
+    assert view.total_env_steps == (1 + 1) * 1 * 3  # the watched episodes are env-steps too
+    events = EventTail(directory / EVENTS_FILENAME).read_new(final=True)
+    end = next(index for index, timed in enumerate(events) if isinstance(timed.event, ImitationCompleted))
+    lines = [line for timed in events[:end] if (line := view.apply(timed)) is not None]
+    assert view.round == IMITATION_ROUND and view.envs[0].round == IMITATION_ROUND
+    assert "imitation" in header_text(view, "LIVE").plain and "round 1/1" not in header_text(view, "LIVE").plain
+    assert lines and all(line.startswith("imit ") for line in lines)
+    assert "agreement with the heuristic" in (view.apply(events[end]) or "")
+    for timed in events[end + 1:]:
+        view.apply(timed)
+    assert (view.round, view.envs[0].round, view.env_steps) == (1, 1, view.total_env_steps)
+    assert "round 1/1" in header_text(view, "LIVE").plain
 
 
 def test_dashboard_of_something_that_is_not_a_run_is_one_line_and_exit_2(tmp_path: Path,

@@ -26,8 +26,8 @@ from textual.screen import ModalScreen
 from textual.widgets import DataTable, Footer, RichLog, Static
 
 from morphogen.run_directory import CONFIG_FILENAME, EVENTS_FILENAME, read_json_object
-from morphogen.ui.live_state import EnvView, RunView
-from morphogen.ui.run_files import EventTail, RunDirectoryError, TimedEvent, check_run_dir
+from morphogen.ui.live_state import EnvView, RunView, round_tag
+from morphogen.ui.run_files import EventTail, RunDirectoryError, TimedEvent, check_run_dir, round_cell
 from morphogen.ui.stages import stage_colour, stage_short
 from morphogen.ui.terminal_text import printable_fields
 
@@ -62,7 +62,7 @@ def header_text(view: RunView, mode: str) -> Text:
     speed = view.env_steps_per_second
     parts = [f"morphogen {'train' if view.training else 'run'}  task {view.task}"]
     if view.training:
-        parts.append(f"round {view.round}/{view.rounds_total or '?'}")
+        parts.append("imitation" if view.imitating else f"round {view.round}/{view.rounds_total or '?'}")
     parts += [f"elapsed {_duration(view.elapsed)}", f"{speed:.2f} env-steps/s" if speed else "- env-steps/s",
               f"ETA {_duration(view.eta_seconds)}"]
     if view.telemetry_level is not None:
@@ -114,12 +114,12 @@ def anomaly_text(view: RunView) -> Text:
     if not view.alerts:
         return Text("no anomalies, no rollbacks", style="bold green")
     text = Text(f"{len(view.alerts)} alert(s): ", style="bold red")
-    text.append("  |  ".join(f"r{a.round} e{a.epoch} {a.where} {a.kind}" for a in view.alerts[-4:]))
+    text.append("  |  ".join(f"{round_tag(a.round)} e{a.epoch} {a.where} {a.kind}" for a in view.alerts[-4:]))
     return text
 
 
 def env_detail_text(view: RunView, env: EnvView) -> Text:
-    text = Text(f"env {env.env_id}: round {env.round}, epoch {env.epoch}/{view.episode_length or '?'}\n\n",
+    text = Text(f"env {env.env_id}: round {round_cell(env.round)}, epoch {env.epoch}/{view.episode_length or '?'}\n\n",
                 style="bold")
     accuracy = "-" if env.val_accuracy is None else view.score.format(env.val_accuracy)
     parameters = "-" if env.param_count is None else f"{env.param_count:,}"
@@ -289,7 +289,7 @@ class Dashboard(App[None]):
             accuracy = "-" if env.val_accuracy is None else self.view.score.format(env.val_accuracy)
             parameters = "-" if env.param_count is None else f"{env.param_count:,}"
             epoch = f"{env.epoch}/{self.view.episode_length or '?'}"
-            cells: list[Text | str] = [str(env_id), str(env.round), epoch, accuracy, parameters,
+            cells: list[Text | str] = [str(env_id), round_cell(env.round), epoch, accuracy, parameters,
                                        *(slot_cell(env, slot_id) for slot_id in self._slot_columns)]
             shown = [_cell_content(cell) for cell in cells]
             key = str(env_id)

@@ -23,6 +23,7 @@ from morphogen.telemetry.events import (
     EpochCompleted,
     Event,
     GovernorRollback,
+    ImitationCompleted,
     PPOUpdateCompleted,
     RewardComputed,
     RoundCompleted,
@@ -30,7 +31,14 @@ from morphogen.telemetry.events import (
     StageTransition,
     TelemetryLevelChanged,
 )
-from morphogen.ui.run_files import ScoreKind, TimedEvent, config_value, score_name, task_label
+from morphogen.ui.run_files import (
+    IMITATION_ROUND,
+    ScoreKind,
+    TimedEvent,
+    config_value,
+    score_name,
+    task_label,
+)
 from morphogen.ui.terminal_text import printable
 
 LOG_LINES = 1000
@@ -42,6 +50,11 @@ def _count(value: object) -> int | None:
     if isinstance(value, bool) or not isinstance(value, int):
         return None
     return value if 1 <= value <= max(MAX_EPOCHS, MAX_ENVS, MAX_ROUNDS) else None
+
+
+def round_tag(round_number: int) -> str:
+    """A round as the log and the alerts tag it: "r3", or "imit" for the imitation warm start's episodes."""
+    return "imit" if round_number == IMITATION_ROUND else f"r{round_number}"
 
 
 @dataclass
@@ -83,6 +96,10 @@ class RunView:
     #: What `val_accuracy` and the final scores are (config.json's `task_metric`; accuracy where it says none).
     score: ScoreKind = field(default_factory=ScoreKind)
     rounds_total: int | None = None
+    #: Rounds of heuristic episodes a `train` run watches before PPO (config.json's `imitation.rounds`).
+    imitation_rounds: int = 0
+    #: Until its `ImitationCompleted` (or a round's end) arrives, a run with imitation rounds is watching them.
+    imitating: bool = False
     n_envs: int = 1
     episode_length: int | None = None
     envs: dict[int, EnvView] = field(default_factory=dict)
@@ -105,11 +122,14 @@ class RunView:
         """An empty view shaped by a run's `config.json` (a `train` run has `rounds`)."""
         training = "rounds" in config
         task = task_label(config)
+        imitation_rounds = (_count(config_value(config, "imitation.rounds")) or 0) if training else 0
         return cls(
             task=printable(task) if task is not None else "?",
             training=training,
             heuristic=not training and "episodes" not in config and "policy" in config and config["policy"] is None,
             rounds_total=_count(config.get("rounds")) if training else None,
+            imitation_rounds=imitation_rounds,
+            imitating=imitation_rounds > 0,
             n_envs=(_count(config.get("n_envs")) or 1) if training else 1,
             episode_length=_count(config_value(config, "episode.max_epochs")),
             score=ScoreKind(printable(score_name(config.get("task_metric")))),
@@ -118,7 +138,10 @@ class RunView:
     # ---------------------------------------------------------------- derived numbers
     @property
     def round(self) -> int:
-        """The round in progress (1-based); the last one once the run finished."""
+        """The round in progress (1-based; `IMITATION_ROUND` while the imitation warm start's episodes play); the
+        last one once the run finished."""
+        if self.imitating:
+            return IMITATION_ROUND
         if self.rounds_total is not None and self.rounds_completed >= self.rounds_total:
             return self.rounds_total
         return self.rounds_completed + 1
@@ -143,11 +166,14 @@ class RunView:
 
     @property
     def total_env_steps(self) -> int | None:
-        """Env-steps of the whole run, when its config says (rounds x envs x epochs, or the episode's epochs)."""
+        """Env-steps of the whole run, when its config says ((imitation + PPO rounds) x envs x epochs, or the
+        episode's epochs)."""
         if self.episode_length is None:
             return None
         if self.training:
-            return None if self.rounds_total is None else self.rounds_total * self.n_envs * self.episode_length
+            if self.rounds_total is None:
+                return None
+            return (self.rounds_total + self.imitation_rounds) * self.n_envs * self.episode_length
         return self.episode_length
 
     @property
@@ -178,8 +204,8 @@ class RunView:
     def _where(self, env_id: int, epoch: int) -> str:
         """Where an event happened, for the log: round, epoch and env (trainer events have no env epoch)."""
         if env_id == ALL_ENVS:
-            return f"r{self.round} trainer" if self.training else "trainer"
-        return f"r{self.round} e{epoch} env {env_id}" if self.training else f"e{epoch} env {env_id}"
+            return f"{round_tag(self.round)} trainer" if self.training else "trainer"
+        return f"{round_tag(self.round)} e{epoch} env {env_id}" if self.training else f"e{epoch} env {env_id}"
 
     def apply(self, timed: TimedEvent) -> str | None:
         """Fold one event into the view; returns its event-log line (None for events not logged)."""
@@ -199,6 +225,10 @@ class RunView:
         if isinstance(event, PPOUpdateCompleted):
             self.ppo = event
             return None
+        if isinstance(event, ImitationCompleted):
+            self.imitating = False
+            return (f"{where}: imitation done ({event.episodes} episodes), agreement with the heuristic "
+                    f"{100 * event.agreement:.1f}%")
         if isinstance(event, RoundCompleted):
             return self._round_completed(event, where)
         if isinstance(event, TelemetryLevelChanged):
@@ -242,6 +272,7 @@ class RunView:
         return f"{where}: {alert.kind.upper()}: {alert.message}"
 
     def _round_completed(self, event: RoundCompleted, where: str) -> str:
+        self.imitating = False  # a resumed run's events may start after its imitation: a round ends it too
         self.rounds_completed = event.round
         self.previous_round_rewards, self.round_rewards = self.round_rewards, {}
         if self.rounds_total is not None and event.round >= self.rounds_total:

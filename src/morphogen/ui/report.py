@@ -35,6 +35,7 @@ from morphogen.ui.run_files import (
     events_by_round,
     load_run_files,
     nothing_kept,
+    round_cell,
     round_of_events,
     score_kind,
     summary_number,
@@ -54,11 +55,6 @@ _SCORE_WIDTH = 24
 
 #: Where an action was taken: (round, env, epoch).
 _Step = tuple[int, int, int]
-
-
-def _round_cell(round_number: int) -> str:
-    """A round as the tables' round column shows it: its number, or "imit" for the imitation warm start's episodes."""
-    return "imit" if round_number == IMITATION_ROUND else str(round_number)
 
 
 def _round_name(round_number: int) -> str:
@@ -99,9 +95,9 @@ def _epoch_rows(epochs: Sequence[tuple[int, EpochCompleted]], with_round: bool, 
         outcome = _outcome_text(e, taken, previous_wait)
         if e.action == "WAIT" and taken is not None:
             previous_wait = taken[1]
-        round_cell = f"{_round_cell(round_number):>5}  " if with_round else ""
+        round_column = f"{round_cell(round_number):>5}  " if with_round else ""
         score_cell = f"{score.format(e.val_accuracy):>{width}}  " if shows_score else ""
-        lines.append(f"  {round_cell}{e.env_id:>3}  {e.epoch:>5}  {score_cell}{format_loss(e.val_loss):>10}  "
+        lines.append(f"  {round_column}{e.env_id:>3}  {e.epoch:>5}  {score_cell}{format_loss(e.val_loss):>10}  "
                      f"{e.param_count:>9,}  {e.action}{outcome}")
     return lines
 
@@ -119,7 +115,7 @@ def _episode_section(history: Sequence[Event], training: bool, score: ScoreKind)
              f"{'fossilized':>10}  {'pruned':>6}  {'return':>8}"]
     for round_number, e in round_of_events(history):
         if isinstance(e, EpisodeCompleted):
-            lines.append(f"  {_round_cell(round_number):>5}  {e.env_id:>3}  {score.format(e.final_accuracy):>{width}}  "
+            lines.append(f"  {round_cell(round_number):>5}  {e.env_id:>3}  {score.format(e.final_accuracy):>{width}}  "
                          f"{e.param_count:>9,}  {e.param_count - e.host_param_count:>8,}  {e.fossilized:>10}  "
                          f"{e.pruned:>6}  {e.episode_return:>+8.3f}")
     last = max(r for r, _ in epochs)

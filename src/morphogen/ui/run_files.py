@@ -430,6 +430,11 @@ def load_run_files(run_dir: str | Path, *, without_events: bool = False) -> RunF
                     skipped=skipped, unreadable=tuple(unreadable), without_events=missing)
 
 
+def round_cell(round_number: int) -> str:
+    """A round as a table's round column shows it: its number, or "imit" for the imitation warm start's episodes."""
+    return "imit" if round_number == IMITATION_ROUND else str(round_number)
+
+
 def round_of_events(history: Iterable[Event]) -> Iterator[tuple[int, Event]]:
     """(round, event) for every event: 1 + the rounds completed before it (see the module docstring).
 
