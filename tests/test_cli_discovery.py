@@ -41,6 +41,13 @@ def test_list_tasks(capsys: pytest.CaptureFixture[str]) -> None:
     assert all(name in out for name in ("digits", "cifar10", "text"))
 
 
+@pytest.mark.parametrize("what", ["tasks", "slots", "blueprints", "presets"])
+def test_listings_piped_to_a_file_carry_no_trailing_padding(what: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["list", what]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) > 2 and all(line == line.rstrip() for line in lines)
+
+
 def test_list_slots_of_the_digits_host_with_widths(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["list", "slots", "--task", "digits", "--pool-slots"]) == 0
     rows = [line.split() for line in capsys.readouterr().out.splitlines()[2:]]

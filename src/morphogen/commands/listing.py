@@ -10,6 +10,7 @@ A user's task (`--task package.module:function`) is built by its function, which
 
 from __future__ import annotations
 
+import io
 import sys
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, TextIO
@@ -18,7 +19,7 @@ from morphogen.config import preset_description, preset_names
 from morphogen.data.catalog import DEFAULT_HOST_SIZES, TASK_DESCRIPTIONS, TASK_NAMES, TASK_TOPOLOGIES
 
 if TYPE_CHECKING:
-    from rich.console import Console
+    from rich.console import RenderableType
     from rich.text import Text
 
     from morphogen.core.hosts import SegmentedHost
@@ -43,12 +44,20 @@ class ListedHost:
     host: SegmentedHost  # on the meta device for a built-in task: no memory
 
 
-def _console(out: TextIO) -> Console:
+def _print(out: TextIO, *renderables: RenderableType) -> None:
+    """Print through rich at the line width. Rich pads every table cell to its column's width; to a file or a
+    pipe the lines go without those trailing spaces (a terminal gets rich's styled output as it is)."""
     from rich.console import Console
 
     from morphogen.ui.progress import LINE_WIDTH
 
-    return Console(file=out, width=LINE_WIDTH, highlight=False)
+    if out.isatty():
+        Console(file=out, width=LINE_WIDTH, highlight=False).print(*renderables)
+        return
+    console = Console(file=io.StringIO(), width=LINE_WIDTH, highlight=False, color_system=None)
+    with console.capture() as captured:
+        console.print(*renderables)
+    out.write("".join(line.rstrip() + "\n" for line in captured.get().splitlines()))
 
 
 def listed_host(task_name: str, pool_slots: bool = False) -> ListedHost:
@@ -79,7 +88,7 @@ def _list_named(header: tuple[str, str], rows: dict[str, str], out: TextIO) -> N
     table = Table(*header, box=None, pad_edge=False)
     for name, description in rows.items():
         table.add_row(name, description)
-    _console(out).print(table)
+    _print(out, table)
 
 
 def list_tasks(out: TextIO) -> None:
@@ -117,9 +126,7 @@ def list_slots(host: ListedHost, out: TextIO) -> None:
         copies = "copies it" if own is not None and own.layer_before(slot) is not None else "-"
         cells = [] if own is None else [own.submodules[slot], *([copies] if copying else [])]
         table.add_row(_shown(slot), str(width), *(_shown(cell) for cell in cells))
-    console = _console(out)
-    console.print(_shown(f"slots of the {host.task} host ({host.topology}), in execution order:"))
-    console.print(table)
+    _print(out, _shown(f"slots of the {host.task} host ({host.topology}), in execution order:"), table)
 
 
 def _seed_parameters(model: MorphogeneticModel, slot_id: str, blueprint: str) -> str:
@@ -145,10 +152,8 @@ def list_blueprints(host: ListedHost, out: TextIO) -> None:
     table = Table("blueprint", *slot_columns, "what it is", box=None, pad_edge=False)
     for name, _, description in registry_table(host.topology, first_width):
         table.add_row(name, *(_seed_parameters(model, slot_id, name) for slot_id in widths), description)
-    console = _console(out)
-    console.print(_shown(f"blueprints of the {host.task} host ({host.topology}): parameters each adds in each slot "
-                         "(w = slot width; - where the slot has no layers around it to widen or branch beside)"))
-    console.print(table)
+    _print(out, _shown(f"blueprints of the {host.task} host ({host.topology}): parameters each adds in each slot "
+                       "(w = slot width; - where the slot has no layers around it to widen or branch beside)"), table)
 
 
 def list_command(what: str, *, task_name: str = "digits", pool_slots: bool = False, out: TextIO | None = None) -> None:
