@@ -38,7 +38,7 @@ from arguments import BenchmarkParser, count, run_script, whole_numbers
 from growth import mean_standard_error, mean_std
 from your_model import HOST_WIDTH, BasicBlock, CifarResNet, digits_32x32x3
 
-EPOCHS, BATCH, LEARNING_RATE = 30, 64, 0.01
+EPOCHS, BATCH, LEARNING_RATE = 30, 64, 0.01  # the benchmark's recipe; `--epochs` shortens a trial run
 
 
 def new_channel_masks(net: CifarResNet, expansion: int) -> dict[nn.Parameter, Tensor]:
@@ -126,10 +126,10 @@ def add_branches(net: CifarResNet, site: str, expansion: int, norm: str) -> list
     return added
 
 
-def train(job: tuple[str, int, int, int, str]) -> tuple[str, int, float]:
-    """Validation accuracy of variant `name` (host, wide, late, a branch site) trained from `seed`; `start`
-    is the epoch at which late channels or branches join, `norm` the branches' norm."""
-    name, seed, expansion, start, norm = job
+def train(job: tuple[str, int, int, int, str, int]) -> tuple[str, int, float]:
+    """Validation accuracy of variant `name` (host, wide, late, a branch site) trained from `seed` for `epochs`;
+    `start` is the epoch at which late channels or branches join, `norm` the branches' norm."""
+    name, seed, expansion, start, norm, epochs = job
     torch.set_num_threads(1)
     torch.manual_seed(seed)
     (x, y), (x_validation, y_validation) = digits_32x32x3()
@@ -142,9 +142,9 @@ def train(job: tuple[str, int, int, int, str]) -> tuple[str, int, float]:
     branch = add_branches(net, name, expansion, norm) if name in BRANCHES else []
     optimizer = torch.optim.SGD(net.parameters(), lr=LEARNING_RATE, momentum=0.9, weight_decay=5e-4)
     order = torch.Generator().manual_seed(seed)
-    for epoch in range(EPOCHS):
+    for epoch in range(epochs):
         for group in optimizer.param_groups:
-            group["lr"] = LEARNING_RATE * 0.5 * (1 + math.cos(math.pi * epoch / EPOCHS))
+            group["lr"] = LEARNING_RATE * 0.5 * (1 + math.cos(math.pi * epoch / epochs))
         frozen = epoch < start
         net.train()
         permutation = torch.randperm(len(x), generator=order)
@@ -176,6 +176,7 @@ def train(job: tuple[str, int, int, int, str]) -> tuple[str, int, float]:
 def main(argv: Sequence[str] | None = None) -> None:
     parser = BenchmarkParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=count, default=5)
+    parser.add_argument("--epochs", type=count, default=EPOCHS, help=f"training epochs (default {EPOCHS})")
     parser.add_argument("--expansion", type=count, default=4)
     parser.add_argument("--late", type=whole_numbers(1), default="6,12",
                         help="epochs at which the new channels start learning")
@@ -188,20 +189,22 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--jobs", type=count, default=2, help="worker processes, one torch thread each")
     args = parser.parse_args(argv)
     starts = args.late
-    if any(epoch >= EPOCHS for epoch in [*starts, args.branch_epoch]) or args.branch_epoch < 1:
-        parser.error(f"--late and --branch-epoch: epochs from 1 to {EPOCHS - 1} (training is {EPOCHS} epochs)")
+    epochs = args.epochs
+    if any(epoch >= epochs for epoch in [*starts, args.branch_epoch]) or args.branch_epoch < 1:
+        parser.error(f"--late and --branch-epoch: epochs from 1 to {epochs - 1} (training is {epochs} epochs)")
     sites = [site.strip() for site in args.branches.split(",") if site.strip()]
     if any(site not in BRANCHES for site in sites):
         parser.error(f"--branches: choose among {', '.join(BRANCHES)}")
     variants = [("host", 0), *([("host init", 0)] if args.host_init else []),
                 *([] if args.no_wide else [("wide", 0)]), *(("late", start) for start in starts),
                 *((site, args.branch_epoch) for site in sites)]
-    jobs = [(name, seed, args.expansion, start, args.branch_norm) for name, start in variants
+    jobs = [(name, seed, args.expansion, start, args.branch_norm, epochs) for name, start in variants
             for seed in range(args.seeds)]
     with ProcessPoolExecutor(max_workers=args.jobs) as pool:
         results = list(pool.map(train, jobs))
     host = {seed: accuracy for name, seed, accuracy in results if name == "host"}
-    print(f"ResNet-20 width {HOST_WIDTH}, inner width x{args.expansion}, plain loop, {args.seeds} seeds")
+    print(f"ResNet-20 width {HOST_WIDTH}, inner width x{args.expansion}, plain loop, {epochs} epochs, "
+          f"{args.seeds} seeds")
     for label in dict.fromkeys(name for name, _, _ in results):
         accuracies = {seed: accuracy for name, seed, accuracy in results if name == label}
         mean, spread = mean_std(list(accuracies.values()))

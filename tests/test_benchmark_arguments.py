@@ -37,6 +37,8 @@ from morphogen.data.errors import DataError
     ("overhead", ["--configs", "2,x"], "argument --configs: expected comma-separated whole numbers"),
     ("growth_plans", ["--sweep", "x"], "argument --sweep: expected comma-separated whole numbers"),
     ("late_width", ["--late", "40"], "--late and --branch-epoch: epochs from 1 to 29 (training is 30 epochs)"),
+    ("late_width", ["--epochs", "4", "--late", "2", "--branch-epoch", "4"],
+     "--late and --branch-epoch: epochs from 1 to 3 (training is 4 epochs)"),
     ("jobs", ["--commands", "evaluate"], "--commands: give some of eval, seeds, got 'evaluate'"),
     ("jobs", ["--tasks", "digit"], "--tasks: give some of the built-in tasks digits"),
     ("lm_growth", ["--grow-at", "40"], "--grow-at: a fraction of the budget between 0 and 1, got 40"),
