@@ -27,6 +27,7 @@ from morphogen.env.observation import (
     UNMEASURED,
     blueprint_kind,
     encode_observation,
+    feature_bounds,
     loss_ratio,
 )
 from morphogen.env.snapshot import HISTORY_LENGTH, EpisodeSnapshot, SlotSnapshot
@@ -298,6 +299,46 @@ def test_any_snapshot_encodes_to_finite_features_of_the_advertised_sizes(snapsho
         assert sum(row[f"stage/{stage.value}"] for stage in Stage) == 1.0
     assert sum(features[f"last_op/{op.name}"] for op in Op) == 1.0
     assert sum(features[f"stage_fraction/{stage.value}"] for stage in Stage) == pytest.approx(1.0)
+
+
+@st.composite
+def snapshots_with_blueprints(draw: st.DrawFn) -> EpisodeSnapshot:
+    """`snapshots()` with three blueprints (one a user's), their costs and each empty slot's growth signals."""
+    snapshot = draw(snapshots())
+    blueprints = ("conv_light", "wider", "mine")
+    n_slots = len(snapshot.slots)
+    costs = st.tuples(*[st.integers(0, 10**7)] * len(blueprints))
+    signal = st.none() | st.floats(-10.0, 1e9)
+    slots = tuple(dataclasses.replace(slot, depth_signal=draw(signal), width_signal=draw(signal),
+                                      width_fraction=draw(st.floats(0.01, 1.0)),
+                                      resolution_fraction=draw(st.floats(0.01, 1.0)))
+                  for slot in snapshot.slots)
+    return dataclasses.replace(snapshot, slots=slots, blueprints=blueprints,
+                               blueprint_parameters=tuple(draw(costs) for _ in range(n_slots)),
+                               blueprint_flops=tuple(draw(costs) for _ in range(n_slots)),
+                               host_flops=draw(st.integers(0, 10**9)))
+
+
+@settings(max_examples=60, deadline=None)
+@given(snapshot=snapshots_with_blueprints())
+def test_every_feature_stays_within_its_bounds(snapshot: EpisodeSnapshot) -> None:
+    """The Gymnasium env advertises `feature_bounds` as its Box; no snapshot may encode outside them."""
+    observation = encode_observation(snapshot, Action(Op.GERMINATE, snapshot.slots[0].slot_id, "wider"))
+    for names, rows in ((GLOBAL_FEATURES, observation.globals.reshape(1, -1)), (SLOT_FEATURES, observation.slots),
+                        (BLUEPRINT_FEATURES, observation.blueprints.reshape(-1, BLUEPRINT_SIZE))):
+        for row in rows:
+            for name, value in named(names, row).items():
+                low, high = feature_bounds(name)
+                assert np.float32(low) <= value <= np.float32(high), (name, value, (low, high))
+
+
+def test_flags_fractions_and_clipped_values_are_bounded_and_scores_are_not() -> None:
+    assert feature_bounds("gradient_norm_measured") == feature_bounds("alpha") == feature_bounds("kind/widen") == (0, 1)
+    assert feature_bounds("loss_ratio_history[-1]") == (-LOG_RATIO_LIMIT, LOG_RATIO_LIMIT)
+    assert feature_bounds("growth_signal") == (UNMEASURED, math.log1p(MAGNITUDE_CEILING))
+    assert feature_bounds("seed_parameters") == (0.0, math.inf)
+    # A task with its own metric has scores, contributions and gains of any size.
+    assert feature_bounds("score") == feature_bounds("contribution") == (-math.inf, math.inf)
 
 
 def test_growth_signals_are_read_against_the_loss_and_per_relative_flop() -> None:

@@ -5,12 +5,14 @@ from __future__ import annotations
 import errno
 import json
 import logging
+import os
+import threading
 import time
 from pathlib import Path
 
 import pytest
 
-from morphogen.run_directory import EVENTS_FILENAME
+from morphogen.run_directory import EVENTS_FILENAME, MAX_LINE_BYTES
 from morphogen.telemetry.events import (
     ActionTaken,
     EpisodeCompleted,
@@ -183,6 +185,50 @@ def test_read_events_skips_a_partial_last_line(tmp_path: Path) -> None:
     partial = json.dumps(EVENTS[1].to_dict())[:25]
     path.write_text(complete + "\n" + partial, encoding="utf-8")
     assert read_events(path) == [EVENTS[0]]
+
+
+def test_read_events_skips_a_last_line_torn_inside_a_character(tmp_path: Path) -> None:
+    path = tmp_path / EVENTS_FILENAME
+    complete = json.dumps(EVENTS[0].to_dict()) + "\n"
+    path.write_bytes(complete.encode() + '{"kind": "é'.encode()[:-1])  # killed between the two bytes of "é"
+    assert read_events(path) == [EVENTS[0]]
+
+
+def test_read_events_refuses_an_overlong_line_by_its_number(tmp_path: Path) -> None:
+    path = tmp_path / EVENTS_FILENAME
+    good = json.dumps(EVENTS[0].to_dict())
+    padded = good[:-1] + " " * MAX_LINE_BYTES + "}"  # still a valid event, but no telemetry line is this long
+    path.write_text(f"{good}\n{padded}\n", encoding="utf-8")
+    with pytest.raises(ValueError, match=r"events\.jsonl:2: line longer than 1,048,576 bytes"):
+        read_events(path)
+
+
+def test_read_events_reports_deep_nesting_as_a_bad_line(tmp_path: Path) -> None:
+    path = tmp_path / EVENTS_FILENAME
+    path.write_text("[" * 100_000 + "]" * 100_000 + "\n", encoding="utf-8")
+    with pytest.raises(ValueError, match=r"events\.jsonl:1: unreadable record: RecursionError"):
+        read_events(path)
+
+
+def test_read_events_refuses_a_fifo_instead_of_blocking(tmp_path: Path) -> None:
+    fifo = tmp_path / EVENTS_FILENAME
+    os.mkfifo(fifo)
+    outcome: list[BaseException] = []
+
+    def read() -> None:
+        try:
+            read_events(fifo)
+        except OSError as error:
+            outcome.append(error)
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    reader.join(timeout=10)
+    if reader.is_alive():  # blocked opening the FIFO: release it with a writer
+        os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+        reader.join(timeout=10)
+        pytest.fail("read_events blocked on a FIFO")
+    assert len(outcome) == 1 and "not a regular file" in str(outcome[0])
 
 
 def test_read_events_reports_the_bad_line(tmp_path: Path) -> None:

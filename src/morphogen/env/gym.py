@@ -6,7 +6,9 @@ validate with counterfactuals, reward). Rules of the wrapper:
 - Observation: a float32 vector, the three parts of `encode_observation` flattened one after the
   other: the global features, each slot's features, and each slot's blueprint features.
   `split_observation` undoes the concatenation and `observation_names()` names every position. The
-  features have no guaranteed finite range, so the Box bounds are infinite.
+  Box bounds are each feature's own (`observation.feature_bounds`): flags, one-hots and fractions in
+  [0, 1], clipped loss ratios and magnitudes within their clips; scores, contributions and gains
+  (unbounded for a task with its own metric) and parameter and epoch counts (above) are infinite.
 - Action: `MultiDiscrete(ActionSpace.sizes)`, one index per head in `HEADS` order. Actions the
   masks forbid are not errors: the episode refuses them and reports why (`info["reason"]`,
   `info["action_succeeded"]`), and the reward charges the failed attempt.
@@ -60,6 +62,7 @@ from morphogen.env.observation import (
     Advisor,
     EncodedObservation,
     encode_observation,
+    feature_bounds,
 )
 from morphogen.env.snapshot import EpisodeSnapshot
 from morphogen.telemetry.sinks import Telemetry
@@ -102,7 +105,8 @@ class MorphogenesisEnv(gymnasium.Env[np.ndarray, np.ndarray]):
     most epochs: pass `counterfactuals=CounterfactualSchedule.EVERY_EPOCH` with it for what `train` observes.
     """
 
-    metadata: dict[str, Any] = {"render_modes": ["ansi"]}  # noqa: RUF012 - gymnasium.Env declares it an instance variable
+    # render_fps: Gymnasium's checker asks every renderable env for one; text has no clock, so one frame a step.
+    metadata: dict[str, Any] = {"render_modes": ["ansi"], "render_fps": 1}  # noqa: RUF012 - gymnasium.Env declares it an instance variable
 
     def __init__(
         self,
@@ -136,8 +140,9 @@ class MorphogenesisEnv(gymnasium.Env[np.ndarray, np.ndarray]):
         slot_ids = self._new_episode(seed=0).build_model().slot_ids
         #: The morphogen `ActionSpace` that turns MultiDiscrete indices into `Action`s.
         self.action_codec = ActionSpace(slot_ids, self.task.topology)
-        size = len(self.observation_names())
-        self.observation_space = spaces.Box(-np.inf, np.inf, shape=(size,), dtype=np.float32)
+        low, high = np.asarray([feature_bounds(name) for name in self._feature_of_each_position()],
+                               dtype=np.float32).T
+        self.observation_space = spaces.Box(low, high, dtype=np.float32)
         self.action_space = spaces.MultiDiscrete(np.asarray(self.action_codec.sizes, dtype=np.int64))
         #: The episode of the last `reset()`; None before the first.
         self.episode: MorphogenesisEpisode | None = None
@@ -155,6 +160,12 @@ class MorphogenesisEnv(gymnasium.Env[np.ndarray, np.ndarray]):
                 *(f"slot/{slot_id}/{name}" for slot_id in self.slot_ids for name in SLOT_FEATURES),
                 *(f"blueprint/{slot_id}/{blueprint}/{name}" for slot_id in self.slot_ids
                   for blueprint in self.action_codec.blueprints for name in BLUEPRINT_FEATURES)]
+
+    def _feature_of_each_position(self) -> list[str]:
+        """The `observation.py` feature name behind every observation position (`observation_names` less the
+        slot and blueprint prefixes)."""
+        n_slots, n_blueprints = len(self.slot_ids), len(self.action_codec.blueprints)
+        return [*GLOBAL_FEATURES, *SLOT_FEATURES * n_slots, *BLUEPRINT_FEATURES * (n_slots * n_blueprints)]
 
     def split_observation(self, observation: np.ndarray) -> EncodedObservation:
         """Observation(s) [..., size] -> globals [..., G], slots [..., S, F] and blueprints [..., S, K, B] (float32)."""

@@ -77,6 +77,7 @@ __all__ = [
     "EncodedObservation",
     "blueprint_kind",
     "encode_observation",
+    "feature_bounds",
     "log_magnitude",
 ]
 
@@ -132,6 +133,39 @@ BLUEPRINT_FEATURES: tuple[str, ...] = (*(f"kind/{kind}" for kind in BLUEPRINT_KI
                                         "growth_signal_measured", "advised")
 """Names of the features of each blueprint of a slot, in order."""
 GLOBAL_SIZE, SLOT_SIZE, BLUEPRINT_SIZE = len(GLOBAL_FEATURES), len(SLOT_FEATURES), len(BLUEPRINT_FEATURES)
+
+_UNIT = (0.0, 1.0)
+_LOG_RATIO = (-LOG_RATIO_LIMIT, LOG_RATIO_LIMIT)
+#: A `log_magnitude`, or `UNMEASURED` in its place.
+_OPTIONAL_MAGNITUDE = (UNMEASURED, math.log1p(MAGNITUDE_CEILING))
+_COUNT = (0.0, math.inf)
+_UNBOUNDED = (-math.inf, math.inf)
+#: Flags, one-hots and fractions in [0, 1], by name prefix (one-hots) or exact name.
+_UNIT_PREFIXES = ("stage_fraction/", "last_op/", "advice/", "stage/", "seed_kind/", "kind/")
+_UNIT_NAMES = frozenset({
+    "epoch_fraction", "score_history_count", "loss_ratio_history_count", "last_action_succeeded", "rolled_back",
+    "slot_share", "advice_given", "alpha", "alpha_target", "alpha_progress", "alpha_ramping", "width_fraction",
+    "resolution_fraction", "depth_fraction", "advised",
+})
+_BOUNDS_BY_NAME = {
+    "loss_ratio": _LOG_RATIO, "train_loss_ratio": _LOG_RATIO,  # clipped; UNMEASURED (-1) lies inside
+    "gradient_norm": _OPTIONAL_MAGNITUDE, "gradient_ratio": _OPTIONAL_MAGNITUDE,
+    "growth_signal": _OPTIONAL_MAGNITUDE, "growth_signal_per_flop": _OPTIONAL_MAGNITUDE,
+    "gradient_health": (UNMEASURED, 1.0),
+    "flops": (UNMEASURED, math.inf),
+    "added_parameters": _COUNT, "seed_parameters": _COUNT, "parameters": _COUNT,
+    "epochs_in_stage": _COUNT, "seed_age": _COUNT,
+}
+
+
+def feature_bounds(name: str) -> tuple[float, float]:
+    """(low, high) that feature `name` (of `GLOBAL_FEATURES`, `SLOT_FEATURES` or `BLUEPRINT_FEATURES`) never
+    leaves. Scores, contributions and gains are unbounded: a task with its own metric gives them no range."""
+    if name.endswith("_measured") or name in _UNIT_NAMES or name.startswith(_UNIT_PREFIXES):
+        return _UNIT
+    if name.startswith("loss_ratio_history["):
+        return _LOG_RATIO
+    return _BOUNDS_BY_NAME.get(name, _UNBOUNDED)
 #: The advice's features among the globals (`advice_given`, then the advised op one-hot): 0/1 flags that a policy
 #: reads as they are, unstandardized, so an op it never saw advised (GROW on a transformer, for a policy trained
 #: on convolutional hosts) reads 1 as every other op does.

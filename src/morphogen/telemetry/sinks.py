@@ -22,7 +22,15 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Protocol, runtime_checkable
 
-from morphogen.run_directory import EVENTS_FILENAME, TENSORBOARD_DIRNAME, append_line, open_for_append
+from morphogen.run_directory import (
+    EVENTS_FILENAME,
+    MAX_LINE_BYTES,
+    TENSORBOARD_DIRNAME,
+    append_line,
+    open_for_append,
+    open_regular_file,
+    read_line,
+)
 from morphogen.telemetry.anomalies import Anomaly
 from morphogen.telemetry.config import TelemetryConfig
 from morphogen.telemetry.escalation import TelemetryLevelController
@@ -251,23 +259,39 @@ class Telemetry:
 
 
 def read_events(path: Path | str) -> list[Event]:
-    """Every event in a JSON lines file, in order.
+    """Every event in a JSON lines file, in order, read one line at a time (a file may be anyone's).
 
     A last line without its newline is a record still being written and is skipped; any other line
-    that does not parse raises ValueError with its line number.
+    that does not parse, or is longer than `MAX_LINE_BYTES` (telemetry writes a few kB at most),
+    raises ValueError with its line number. A path that is not a regular file (a FIFO, a device)
+    raises OSError instead of blocking.
     """
-    text = Path(path).read_text(encoding="utf-8")
-    lines = text.split("\n")
-    # After split, the final element is "" for a complete file, or a partial record mid-write.
     events = []
-    for number, line in enumerate(lines[:-1], start=1):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-            if not isinstance(record, dict):
-                raise ValueError(f"expected a JSON object, got {type(record).__name__}")
-            events.append(event_from_dict(record))
-        except ValueError as error:  # json.JSONDecodeError is a ValueError
-            raise ValueError(f"{path}:{number}: {error}") from error
+    with open_regular_file(path) as handle:
+        number = 0
+        while (line := read_line(handle, MAX_LINE_BYTES)).complete:
+            number += 1
+            if line.text is None:
+                raise ValueError(f"{path}:{number}: line longer than {MAX_LINE_BYTES:,} bytes; telemetry "
+                                 "writes none this long, so this is not an events file")
+            try:
+                event = _event_of_line(line.text)
+            except ValueError as error:  # json.JSONDecodeError and UnicodeDecodeError are ValueErrors
+                raise ValueError(f"{path}:{number}: {error}") from error
+            if event is not None:
+                events.append(event)
     return events
+
+
+def _event_of_line(text: bytes) -> Event | None:
+    """The event of one JSON line; None for a blank line; ValueError saying why it is not one."""
+    line = text.decode("utf-8")
+    if not line.strip():
+        return None
+    try:
+        record = json.loads(line)
+        if not isinstance(record, dict):
+            raise ValueError(f"expected a JSON object, got {type(record).__name__}")
+        return event_from_dict(record)
+    except (TypeError, OverflowError, RecursionError) as error:  # wrong field types, huge ints, deep nesting
+        raise ValueError(f"unreadable record: {type(error).__name__}") from None
