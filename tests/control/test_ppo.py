@@ -331,6 +331,32 @@ def test_train_gym_is_reproducible_from_its_seed() -> None:
         assert torch.equal(a, b)
 
 
+class _CountedEnv(MatchTargetEnv):
+    """MatchTarget whose third construction fails; counts the instances made and closed."""
+
+    made: int = 0
+    closed: int = 0
+
+    def __init__(self) -> None:
+        if _CountedEnv.made == 2:
+            raise RuntimeError("no third env")
+        _CountedEnv.made += 1
+        super().__init__()
+
+    def close(self) -> None:
+        _CountedEnv.closed += 1
+
+
+def test_train_gym_closes_the_envs_it_made_when_a_later_one_fails() -> None:
+    gymnasium.register(id="morphogen-tests/Counted-v0", entry_point=_CountedEnv)
+    try:
+        with pytest.raises(RuntimeError, match="no third env"):
+            train_gym("morphogen-tests/Counted-v0", total_steps=10, n_envs=3)
+    finally:
+        del gymnasium.registry["morphogen-tests/Counted-v0"]
+    assert (_CountedEnv.made, _CountedEnv.closed) == (2, 2)
+
+
 @pytest.mark.parametrize(("env_id", "message"), [("Pendulum-v1", "Discrete"), ("FrozenLake-v1", "Box observation")])
 def test_train_gym_rejects_unsupported_spaces(env_id: str, message: str) -> None:
     with pytest.raises(ValueError, match=message):

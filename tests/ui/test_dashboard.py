@@ -16,9 +16,9 @@ from textual.widgets import DataTable, RichLog, Static
 
 from morphogen.cli import main
 from morphogen.run_directory import EVENTS_FILENAME
+from morphogen.telemetry.events import ImitationCompleted
 from morphogen.ui.dashboard import Dashboard, header_text, reward_text
 from morphogen.ui.live_state import RunView
-from morphogen.telemetry.events import ImitationCompleted
 from morphogen.ui.run_files import IMITATION_ROUND, EventTail, TimedEvent
 
 POLL = 0.05

@@ -30,7 +30,7 @@ from morphogen.control.trainer import (
     RoundSummary,
     TrainConfig,
     format_round,
-    format_score,
+    format_round_score,
     train,
 )
 from morphogen.data import Task
@@ -262,7 +262,7 @@ def _imitate(trainer: PPOTrainer, run_dir: Path, display: ProgressDisplay, epoch
 
     def on_round(index: int, summary: EpisodeMeans) -> None:
         display.print(f"imitation {index:3d}  return {summary.mean_return:+7.3f}  "
-                      f"{format_score(summary.mean_final_accuracy, summary.metric_name)}  "
+                      f"{format_round_score(summary.mean_final_accuracy, summary.metric_name)}  "
                       f"added {summary.mean_parameters_added:>7,.0f}  "
                       f"fossil {summary.fossilized:.1f} pruned {summary.pruned:.1f}")
         display.reset(epochs, description=f"imitation {index + 1} epochs" if index < config.rounds

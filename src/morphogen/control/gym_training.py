@@ -192,8 +192,9 @@ def train_gym(
     if bptt_length is not None and (bptt_length < 1 or rollout_length % bptt_length):
         raise ValueError(f"bptt_length must divide rollout_length ({rollout_length}), got {bptt_length}")
     config = PPOConfig() if config is None else config
-    envs = [gymnasium.make(env_id) for _ in range(n_envs)]
+    envs: list[gymnasium.Env[Any, Any]] = []
     try:
+        envs.extend(gymnasium.make(env_id) for _ in range(n_envs))  # inside: one that fails closes those made
         observation_size, action_sizes, action_offsets = _space_layout(envs[0], env_id)
         # Seed the initialization without disturbing the caller's global RNG.
         with torch.random.fork_rng(devices=[]):

@@ -689,7 +689,7 @@ def _config_dict(config: TrainConfig) -> dict[str, Any]:
     return config_to_dict(config)  # type: ignore[no-any-return]
 
 
-def format_score(score: float, metric_name: str) -> str:
+def format_round_score(score: float, metric_name: str) -> str:
     """A round's mean final score as its line shows it: accuracy in percent, a negated loss as the loss, another
     metric under its name (at most 16 characters of it)."""
     if metric_name == "accuracy":
@@ -704,7 +704,7 @@ def format_round(summary: RoundSummary, *, setting: bool = False) -> str:
     entropy of every head is in telemetry, the HTML report and the dashboard."""
     stats = summary.statistics
     line = (f"round {summary.round:3d}  return {summary.mean_return:+7.3f}  "
-            f"{format_score(summary.mean_final_accuracy, summary.metric_name)}  "
+            f"{format_round_score(summary.mean_final_accuracy, summary.metric_name)}  "
             f"added {summary.mean_parameters_added:>7,.0f}  "
             f"fossil {summary.fossilized:.1f} pruned {summary.pruned:.1f}  "
             f"kl {stats.approx_kl:.4f}  vloss {stats.value_loss:.4f}  ev {stats.explained_variance:+.2f}  "
