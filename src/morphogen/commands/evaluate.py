@@ -368,7 +368,7 @@ def evaluate_command(config: EvalConfig, out: TextIO | None = None, *,
                 line = "  ".join(f"{name} {_final(result, task.metric_name)}"
                                  for name, result in zip(CONTROLLERS, played[-len(CONTROLLERS):], strict=True))
                 seed = derive_seed(config.seed, EVALUATION_STREAM, index)
-                display.print(f"episode {index + 1}/{config.episodes} (seed {seed % 100_000}): {line}")
+                display.print(f"episode {index + 1}/{config.episodes} (seed {seed}): {line}")
     scores = _scores({name: played[position::len(CONTROLLERS)] for position, name in enumerate(CONTROLLERS)})
     if task.metric_name == "accuracy":
         _print_table(scores, out)
