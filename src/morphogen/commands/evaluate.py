@@ -49,6 +49,7 @@ from morphogen.run_directory import (
     SCORES_FILENAME,
     SUMMARY_FILENAME,
     RunDirectoryRefused,
+    evaluation_env_id,
     hold_run_directory,
     make_run_dir,
     refuse_other_run,
@@ -290,7 +291,7 @@ def _play(setting: _Setting, index: int, position: int,
     with telemetry, seeded(seed, torch.device(resolve_device(config.device))):
         episode = MorphogenesisEpisode(setting.task, setting.episode, seed=seed, slots=setting.session.slots,
                                        pool_slots=setting.session.pool_slots, telemetry=telemetry,
-                                       env_id=position * config.episodes + index)
+                                       env_id=evaluation_env_id(position, index, config.episodes))
         episode.compile_settings = config.compile_settings
         episode.reset()  # the heuristic reads the action space the model's slots make
         controller: Controller = PolicyController(setting.agent) if name == "learned" else \
