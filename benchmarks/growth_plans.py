@@ -13,6 +13,7 @@ seed could gain (biased upwards: the maximum of noisy outcomes).
     python benchmarks/growth_plans.py --setting mnist1d --seeds 16 --jobs 2
     python benchmarks/growth_plans.py --setting digits --plans heuristic,lean --seeds 8
     python benchmarks/growth_plans.py --setting mnist1d-2x4 --plans "heuristic,judged by accuracy" --seeds 30
+    python benchmarks/growth_plans.py --setting digits --plans heuristic,lean --seeds 2 --epochs 3  # a quick check
 
 Besides the named plans, `--plans` takes single germinations written `BLUEPRINT SLOT @EPOCH`, and `--sweep 4,8`
 plays every one of them the setting's action space allows (each blueprint in each slot at each of those epochs):
@@ -50,6 +51,7 @@ from morphogen.env.episode import EpisodeConfig, MorphogenesisEpisode
 from morphogen.env.play import run_episode
 from morphogen.env.seeding import derive_seed
 from morphogen.env.snapshot import EpisodeSnapshot
+from morphogen.paired_statistics import sample_std
 from morphogen.session import load_session_task
 from transfer import SETTINGS as TRANSFER_SETTINGS
 from transfer import Setting, with_gates
@@ -151,10 +153,12 @@ def _setting(name: str) -> tuple[Task, EpisodeConfig]:
     return load_session_task(session.with_resolved_host(), "cpu"), episode_config
 
 
-def play(setting: str, plan_name: str, seed_index: int, seed_base: int, threads: int) -> dict[str, Any]:
-    """One episode of `plan_name` on `setting`; its final accuracy, parameters added and training FLOPs."""
+def play(setting: str, plan_name: str, seed_index: int, seed_base: int, threads: int, epochs: int) -> dict[str, Any]:
+    """One episode of `epochs` epochs of `plan_name` on `setting`; its final accuracy, parameters added and training
+    FLOPs."""
     torch.set_num_threads(threads)
     task, episode_config = _setting(setting)
+    episode_config = dataclasses.replace(episode_config, max_epochs=epochs)
     plan = plan_named(plan_name)
     if plan.gates:
         episode_config = with_gates(episode_config, dataclasses.replace(episode_config.slots.gates, **plan.gates))
@@ -166,9 +170,15 @@ def play(setting: str, plan_name: str, seed_index: int, seed_base: int, threads:
     started = time.perf_counter()
     outcome = run_episode(episode, controller)
     kept = [f"{s.blueprint}@{s.slot}" for s in outcome.stories if s.outcome == "fossilized"]
-    return {"key": f"{setting}/{plan_name}/{seed_base}/{seed_index}", "plan": plan_name, "seed": seed_index,
+    return {"key": result_key(setting, plan_name, seed_base, seed_index, epochs), "plan": plan_name, "seed": seed_index,
+            "epochs": epochs,
             "accuracy": outcome.final_accuracy, "parameters": outcome.parameters - outcome.host_parameters,
             "flops": outcome.flops.total, "kept": kept, "seconds": time.perf_counter() - started}
+
+
+def result_key(setting: str, plan_name: str, seed_base: int, seed_index: int, epochs: int) -> str:
+    """What a results line is found by when a run is resumed: an episode of other length is another result."""
+    return f"{setting}/{plan_name}/{seed_base}/{seed_index}/{epochs} epochs"
 
 
 def report(records: list[dict[str, Any]], plans: Sequence[str], top: int | None = None) -> str:
@@ -185,12 +195,12 @@ def report(records: list[dict[str, Any]], plans: Sequence[str], top: int | None 
     for name in shown:
         runs = by_plan[name]
         accuracy = [r["accuracy"] for r in runs.values()]
-        spread = statistics.pstdev(accuracy) if len(accuracy) > 1 else 0.0
+        spread = sample_std(accuracy)
         diffs = [runs[s]["accuracy"] - reference[s]["accuracy"] for s in runs if s in reference]
         error = statistics.stdev(diffs) / len(diffs) ** 0.5 if len(diffs) > 1 else 0.0
         paired = "-" if name == "heuristic" else (f"{statistics.fmean(diffs):+.2f} ± {error:.2f} "
                                                   f"({sum(d > 0 for d in diffs)} / {sum(d < 0 for d in diffs)})")
-        lines.append(f"| {name} | {statistics.fmean(accuracy):.2f} ± {spread:.2f}% | "
+        lines.append(f"| {name} | {statistics.fmean(accuracy):.2f} ± {'-' if spread is None else f'{spread:.2f}'}% | "
                      f"{statistics.fmean(r['parameters'] for r in runs.values()):,.0f} | "
                      f"{statistics.fmean(r['flops'] for r in runs.values()) / 1e9:.1f} | {paired} |")
     seeds = [s for s in reference if all(s in by_plan[name] for name in plans)]
@@ -210,6 +220,9 @@ def main() -> None:
                         help="comma-separated epochs: every single germination at each")
     parser.add_argument("--top", type=count, default=None, help="show only the best this many plans")
     parser.add_argument("--seeds", type=count, default=16)
+    parser.add_argument("--epochs", type=count, default=None,
+                        help="epochs per episode (default: the shipped policy's episodes, 30); a plan's germination "
+                             "at a later epoch never happens")
     parser.add_argument("--seed", type=int, default=7000, help="base of the seeds (not the transfer table's 3000)")
     parser.add_argument("--jobs", type=count, default=2, help="worker processes")
     parser.add_argument("--threads", type=count, default=1, help="torch threads per worker")
@@ -232,17 +245,19 @@ def main() -> None:
             except json.JSONDecodeError:
                 continue  # a line cut short by a killed run
             done[record["key"]] = record
-    jobs = [(args.setting, name, index, args.seed, args.threads) for index in range(args.seeds) for name in plans]
-    missing = [job for job in jobs if f"{job[0]}/{job[1]}/{job[3]}/{job[2]}" not in done]
+    epochs = args.epochs or _setting(args.setting)[1].max_epochs
+    jobs = [(args.setting, name, index, args.seed, args.threads, epochs) for index in range(args.seeds)
+            for name in plans]
+    missing = [job for job in jobs if result_key(job[0], job[1], job[3], job[2], epochs) not in done]
     with ProcessPoolExecutor(max_workers=args.jobs) as pool, path.open("a") as out:
         for record in pool.map(play, *zip(*missing, strict=True)) if missing else ():
             done[record["key"]] = record
             out.write(json.dumps(record) + "\n")
             out.flush()
             print(f"  {record['plan']} seed {record['seed']}: {record['accuracy']:.2f}% {record['kept']}", flush=True)
-    records = [done[f"{s}/{n}/{b}/{i}"] for s, n, i, b, _ in jobs]
-    print(f"\n{args.setting}, {args.seeds} seeds (base {args.seed}); accuracy mean ± std; differences paired by seed, "
-          "mean ± standard error")
+    records = [done[result_key(s, n, b, i, epochs)] for s, n, i, b, _, _ in jobs]
+    print(f"\n{args.setting}, {args.seeds} seeds (base {args.seed}), {epochs} epochs; accuracy mean ± std; differences "
+          "paired by seed, mean ± standard error")
     print(report(records, plans, args.top))
 
 

@@ -45,6 +45,7 @@ from morphogen.env.episode import EpisodeConfig, MorphogenesisEpisode
 from morphogen.env.optimizer import task_optimizer_config
 from morphogen.env.play import Controller, run_episode
 from morphogen.env.seeding import derive_seed
+from morphogen.paired_statistics import sample_std
 from morphogen.session import load_session_task
 
 
@@ -157,7 +158,8 @@ def evaluate_setting(name: str, policy: str, seeds: int, seed_base: int, cache: 
 
 
 def _mean_std(values: list[float]) -> str:
-    return f"{statistics.fmean(values):.2f} ± {statistics.pstdev(values):.2f}"
+    spread = sample_std(values)
+    return f"{statistics.fmean(values):.2f} ± {'-' if spread is None else f'{spread:.2f}'}"
 
 
 def _mean_se(values: list[float]) -> str:

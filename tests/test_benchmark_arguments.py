@@ -36,6 +36,7 @@ from morphogen.data.errors import DataError
     ("distributed", ["--ranks", "0"], "argument --ranks: every number must be at least 1, got '0'"),
     ("overhead", ["--configs", "2,x"], "argument --configs: expected comma-separated whole numbers"),
     ("growth_plans", ["--sweep", "x"], "argument --sweep: expected comma-separated whole numbers"),
+    ("growth_plans", ["--epochs", "0"], "argument --epochs: must be at least 1, got 0"),
     ("late_width", ["--late", "40"], "--late and --branch-epoch: epochs from 1 to 29 (training is 30 epochs)"),
     ("late_width", ["--epochs", "4", "--late", "2", "--branch-epoch", "4"],
      "--late and --branch-epoch: epochs from 1 to 3 (training is 4 epochs)"),

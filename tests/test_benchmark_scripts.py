@@ -8,6 +8,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+import growth_plans
 import jobs
 import telemetry_overhead
 from morphogen.data import load_task
@@ -35,3 +36,11 @@ def test_telemetry_benchmark_episodes_run_what_its_script_checks_all_off_include
     episode.reset()
     run_episode(episode, telemetry_overhead.ScriptedController(telemetry_overhead.SCRIPT))
     telemetry_overhead.check_script_exercised(episode)  # raises RuntimeError naming what the script missed
+
+
+def test_growth_plans_plays_episodes_of_the_epochs_asked_for_and_keeps_their_results_apart() -> None:
+    """`--epochs` makes a small run: twice the epochs trains for about twice the FLOPs, and a results file holds
+    the episodes of each length under keys of their own."""
+    short, longer = (growth_plans.play("digits", "heuristic", 0, 7000, 1, epochs) for epochs in (2, 4))
+    assert (short["epochs"], longer["epochs"]) == (2, 4) and short["key"] != longer["key"]
+    assert 1.5 < longer["flops"] / short["flops"] < 2.5

@@ -97,8 +97,21 @@ def test_unknown_slot_leaves_no_run_directory(tmp_path: Path, capsys: pytest.Cap
     run_dir = tmp_path / "r"
     line = run_expecting_user_error(["run", "--slots", "r9c9", "--max-train-samples", "64", "--run-dir",
                                      str(run_dir)], capsys)
-    assert "unknown slot 'r9c9'" in line and line.endswith("this host has: r0c0, r0c1")
+    assert "unknown slot 'r9c9'" in line and "this host has: r0c0, r0c1 (" in line
     assert not run_dir.exists()
+
+
+@pytest.mark.parametrize(("flags", "valid"), [
+    ([], "r0c0, r0c1 (and r1c0, r1c1 after its pooling layers, with pool_slots=True: --pool-slots on the command "
+         "line)"),
+    (["--pool-slots"], "r0c0, r1c0, r0c1, r1c1"),
+])
+def test_an_unknown_slot_names_the_valid_ones_and_the_pool_slots_that_need_pool_slots(
+        flags: list[str], valid: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    slot = "r1c0" if not flags else "r0c9"
+    line = run_expecting_user_error(["run", "--task", "mnist1d", "--slots", slot, *flags, "--run-dir",
+                                     str(tmp_path / "r")], capsys)
+    assert line == f"morphogen run: error: unknown slot {slot!r}; this host has: {valid}"
 
 
 def test_empty_slot_list(capsys: pytest.CaptureFixture[str]) -> None:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from morphogen.cli import EXIT_USER_ERROR, main
+from morphogen.cli import EXIT_USER_ERROR, build_parser, main, run_config_from_args
 
 TINY_RUN = ["--epochs", "2", "--max-train-samples", "120", "--slots", "r0c1", "--no-baseline", "--no-from-scratch"]
 TINY_TRAIN = ["--envs", "2", "--episode-length", "2", "--max-train-samples", "120", "--hidden-size", "16",
@@ -72,3 +72,27 @@ def test_compile_and_batched_envs_are_refused_together(tmp_path: Path, capsys: p
     assert error == ["morphogen train: error: compile: does not combine with episode.batch_identical "
                      "(--batch-envs) yet: the batched path runs the eager forward under vmap; choose one"]
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize(("argv", "flags"), [
+    (["run", "--compile-mode", "max-autotune"], "--compile-mode applies"),
+    (["train", "--compile-backend", "eager"], "--compile-backend applies"),
+    (["eval", "--policy", "default", "--compile-mode", "default", "--compile-backend", "eager"],
+     "--compile-mode and --compile-backend apply"),
+])
+def test_a_compile_mode_or_backend_without_compile_is_refused_in_one_line(
+        argv: list[str], flags: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Alone they would be recorded and change nothing: the user asked for a compiled run and would not get one."""
+    assert main([*argv, "--run-dir", str(tmp_path / "run")]) == EXIT_USER_ERROR
+    error = capsys.readouterr().err.strip().splitlines()
+    assert error == [f"morphogen {argv[0]}: error: {flags} to a compiled run; add --compile (or compile = true in "
+                     "the config)"]
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_compile_backend_beside_compile_in_the_config_file_is_taken(tmp_path: Path) -> None:
+    config = tmp_path / "run.toml"
+    config.write_text("compile = true\n")
+    built = run_config_from_args(build_parser().parse_args(["run", "--config", str(config), "--compile-backend",
+                                                            "aot_eager"]))
+    assert (built.compile, built.compile_backend) == (True, "aot_eager")

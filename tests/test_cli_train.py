@@ -28,6 +28,7 @@ from morphogen.control.checkpoint import load_checkpoint
 from morphogen.data import Task
 from morphogen.env.episode import EpisodeConfig, MorphogenesisEpisode
 from morphogen.env.optimizer import OptimizerConfig
+from morphogen.env.seeding import derive_seed
 from morphogen.run_directory import CHECKPOINT_NAME
 from morphogen.session import SessionOptions
 from morphogen.ui.units import format_loss
@@ -199,13 +200,16 @@ def test_eval_prints_the_comparison_table(trained: TrainedRun, capsys: pytest.Ca
     # Per-episode accuracies are printed as "<controller> 12.34%"; the table's mean ± std must agree.
     episodes = [line for line in lines if line.startswith("episode ")]
     assert len(episodes) == 2
+    # Each line names the seed its episodes were played from, whole, not cut to its last five digits.
+    seeds = [int(re.search(r"\(seed (\d+)\)", line).group(1)) for line in episodes]  # type: ignore[union-attr]
+    assert seeds == [derive_seed(0, morphogen.commands.evaluate.EVALUATION_STREAM, index) for index in range(2)]
     for name, row in rows.items():
         accuracies = [float(re.search(rf"{name} (\d+\.\d+)%", line).group(1)) for line in episodes]  # type: ignore[union-attr]
         cells = re.findall(r"(-?\d[\d,]*\.\d+) ± +(\d+\.\d+)", row)
         assert len(cells) >= 3, row  # acc, fossilized, pruned (acc per 1k params may be "-"; added is counted)
         mean, spread = (float(v.replace(",", "")) for v in cells[0])
         assert mean == pytest.approx(statistics.fmean(accuracies), abs=0.006)
-        assert spread == pytest.approx(statistics.pstdev(accuracies), abs=0.006)
+        assert spread == pytest.approx(statistics.stdev(accuracies), abs=0.006)  # the sample std, as run --seeds
     assert rows["no growth"][29:49].split() == ["0", "±", "0"]
 
 

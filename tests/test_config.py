@@ -310,6 +310,26 @@ def test_a_yaml_number_with_an_exponent_is_the_float_toml_and_json_read(tmp_path
     assert read_config_file(yaml_file)["task_name"] == "1e-3"  # quoted, it stays a string
 
 
+@pytest.mark.parametrize(("name", "text", "message"), [
+    ("date.yaml", "seed: 2024-01-01\n", "seed: expected an integer, got '2024-01-01'"),
+    ("stamp.yaml", "seed: 2024-01-01 10:00:00\n", "seed: expected an integer, got '2024-01-01 10:00:00'"),
+    ("date.toml", "seed = 2024-01-01\n", "seed: expected an integer, got 2024-01-01 (a date)"),
+    ("time.toml", "seed = 07:30:00\n", "seed: expected an integer, got 07:30:00 (a time)"),
+])
+def test_a_date_where_a_setting_is_expected_is_quoted_as_written(tmp_path: Path, name: str, text: str,
+                                                                 message: str) -> None:
+    """Not as Python's `datetime.date(2024, 1, 1)`: YAML reads an unquoted date as text (as YAML 1.2 does), TOML's
+    dates are quoted in ISO form."""
+    with pytest.raises(ConfigError) as raised:
+        build_config(RunConfig, read_config_file(write(tmp_path, name, text)))
+    assert str(raised.value) == message
+
+
+def test_an_unquoted_date_in_yaml_is_the_string_it_reads_as(tmp_path: Path) -> None:
+    config = build_config(RunConfig, read_config_file(write(tmp_path, "dated.yaml", "run_dir: 2024-01-01\n")))
+    assert config.run_dir == "2024-01-01"
+
+
 def test_an_empty_yaml_section_is_an_empty_table_as_in_toml(tmp_path: Path) -> None:
     """`episode:` with its keys commented out is null in YAML; TOML's `[episode]` alone is an empty table. Both
     leave every setting of the table as it was (a train config's permissive gates too)."""

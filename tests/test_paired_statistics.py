@@ -1,6 +1,12 @@
-"""Which model dominates the grown one over seeds: the verdict `run --seeds` prints and `report` recomputes."""
+"""Figures over seeds: the spread `eval` and `run --seeds` print, and which model dominates the grown one (the
+verdict `run --seeds` prints and `report` recomputes)."""
 
-from morphogen.paired_statistics import SeedFigures, dominance_lines, dominated_by
+import io
+
+from morphogen.commands.evaluate import ControllerScores, _print_loss_table, _print_table
+from morphogen.env.play import EpisodeOutcome
+from morphogen.paired_statistics import SeedFigures, dominance_lines, dominated_by, sample_std
+from morphogen.seeds_summary import _model_line
 
 
 def _model(scores: list[float], parameters: float, flops: float) -> SeedFigures:
@@ -33,3 +39,27 @@ def test_equal_cost_counts_as_no_more_and_one_seed_judges_nothing() -> None:
     assert "one seed" in dominance_lines(one_seed, seeds=1)[0]
     assert dominance_lines({"parameters": [], "training_flops": []}, seeds=2)[0].endswith(
         "not dominated by any model here")
+
+
+def test_the_spread_over_seeds_is_the_sample_std_in_eval_and_in_run_over_seeds_alike() -> None:
+    """97.5, 98.5 and 99.5: deviations -1, 0, +1, so the sample std is sqrt(2 / 2) = 1.00 (the population std,
+    sqrt(2 / 3), would be 0.82); one figure has no spread. `eval`'s table and `run --seeds`' print the same."""
+    accuracies = (97.5, 98.5, 99.5)
+    assert sample_std(accuracies) == 1.0
+    assert sample_std([97.5]) is None
+    out = io.StringIO()
+    _print_table([ControllerScores(name="learned", accuracies=accuracies, added=(0.0, 0.0, 0.0), gain_per_thousand=(),
+                                   fossilized=(1.0, 1.0, 1.0), pruned=(0.0, 0.0, 0.0))], out)
+    row = next(line for line in out.getvalue().splitlines() if line.startswith("learned"))
+    assert row.split()[1:4] == ["98.50", "±", "1.00"]
+    outcomes = [EpisodeOutcome(final_accuracy=a, final_loss=0.1, parameters=10, host_parameters=10, seconds=1.0,
+                               episode_return=0.0, stories=[], phase_seconds={}) for a in accuracies]
+    assert _model_line("grown", outcomes, "accuracy").split()[1:4] == ["98.50", "±", "1.00"]
+
+
+def test_one_episode_of_eval_shows_no_spread_rather_than_a_spread_of_zero() -> None:
+    out = io.StringIO()
+    _print_loss_table([ControllerScores(name="no growth", accuracies=(-0.5,), added=(0.0,), gain_per_thousand=(),
+                                        fossilized=(0.0,), pruned=(0.0,), losses=(0.5,))], out)
+    row = next(line for line in out.getvalue().splitlines() if line.startswith("no growth"))
+    assert row.split()[2:5] == ["0.5", "±", "-"]

@@ -31,6 +31,7 @@ if TYPE_CHECKING:
     from morphogen.control.distributed import DistributedContext
     from morphogen.control.trainer import TrainConfig
     from morphogen.data.tasks import Task
+    from morphogen.session import CompileOptions
 
 USER_ERRORS = (
     ("morphogen.config", "ConfigError"), ("morphogen.data.errors", "DataError"),
@@ -436,7 +437,9 @@ def train_config_from_args(args: argparse.Namespace) -> TrainConfig:
     values = _with_episode_length(values, args.episode_length, "--episode-length")
     if not values.get("tasks") and not values.get("mix"):  # a mix trains each task with its own default optimizer
         values = _with_task_optimizer(values)
-    return build_config(TrainConfig, values)
+    config = build_config(TrainConfig, values)
+    _check_compile_flags(args, config)
+    return config
 
 
 def _train(args: argparse.Namespace) -> None:
@@ -449,6 +452,16 @@ def _train(args: argparse.Namespace) -> None:
     config = train_config_from_args(args)
     with _distributed(args, config.policy_device) as context:
         train_command(config, context=context)
+
+
+def _check_compile_flags(args: argparse.Namespace, config: CompileOptions) -> None:
+    """`UsageError` where `--compile-mode` or `--compile-backend` is given and nothing compiles: they say how
+    `--compile` compiles, and alone would be recorded in config.json and change nothing."""
+    given = [flag for flag, name in (("--compile-mode", "compile_mode"), ("--compile-backend", "compile_backend"))
+             if getattr(args, name, None) is not None]
+    if given and not config.compile:
+        raise UsageError(f"{' and '.join(given)} {'apply' if len(given) > 1 else 'applies'} to a compiled run; add "
+                         "--compile (or compile = true in the config)")
 
 
 def _check_distributed_flags(args: argparse.Namespace) -> None:
@@ -474,6 +487,7 @@ def _resume(args: argparse.Namespace) -> None:
         lock = hold_run_directory(args.resume) if main_rank and Path(args.resume).is_dir() else contextlib.nullcontext()
         with lock:
             config, state = config_for_resume(args.resume, overrides)
+            _check_compile_flags(args, config)
             train_command(config, resume_state=state, resume=True, context=context)
 
 
@@ -619,6 +633,7 @@ def _run_config_and_task(args: argparse.Namespace, *, load: bool = True) -> tupl
     _apply_overrides(values, _flag_overrides(args))
     values = _with_episode_length(values, args.epochs, "--epochs")
     config = build_config(RunConfig, _with_task_optimizer(values))
+    _check_compile_flags(args, config)
     episode = values.get("episode")
     table = _over_users_default(episode.get("optimizer") if isinstance(episode, dict) else None, config.task)
     if not load or table is None:
@@ -650,7 +665,9 @@ def eval_config_from_args(args: argparse.Namespace) -> EvalConfig:
     resolved = _resolved_optimizer(values.get("optimizer"), values.get("task"), "optimizer")
     if resolved is not None:
         values["optimizer"] = resolved
-    return build_config(EvalConfig, values)
+    config = build_config(EvalConfig, values)
+    _check_compile_flags(args, config)
+    return config
 
 
 def _eval(args: argparse.Namespace) -> None:

@@ -251,9 +251,15 @@ def _table_without_repeats(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
 _EXPONENT_FLOAT = re.compile(r"^[-+]?[0-9][0-9_]*(?:\.[0-9_]*)?[eE][-+]?[0-9]+$")
 
 
+#: PyYAML's YAML 1.1 tag of an unquoted date (`2024-01-01`): no setting is a date, and YAML 1.2 reads it as text.
+_YAML_TIMESTAMP = "tag:yaml.org,2002:timestamp"
+
+
 def _yaml_loader() -> type[Any]:
     """yaml's SafeLoader, refusing a key given twice in one mapping as TOML does (keys a `<<` merge brings in may
-    be overridden, as YAML means them to be), and reading `1e-3` as the float YAML 1.2 makes it."""
+    be overridden, as YAML means them to be), and reading `1e-3` as the float and `2024-01-01` as the string YAML
+    1.2 makes them (`run_dir: 2024-01-01` names a directory; `seed: 2024-01-01` is refused as text, not as a
+    `datetime.date`)."""
     import yaml
 
     class UniqueKeyLoader(yaml.SafeLoader):  # type: ignore[misc]  # yaml has no stubs here
@@ -269,6 +275,9 @@ def _yaml_loader() -> type[Any]:
                 seen.add(key)
             return super().construct_mapping(node, deep)  # type: ignore[no-any-return]
 
+    UniqueKeyLoader.yaml_implicit_resolvers = {
+        first: [(tag, pattern) for tag, pattern in resolvers if tag != _YAML_TIMESTAMP]
+        for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()}
     UniqueKeyLoader.add_implicit_resolver("tag:yaml.org,2002:float", _EXPONENT_FLOAT, list("-+0123456789"))
     return UniqueKeyLoader
 

@@ -18,6 +18,7 @@ turns into one `ConfigError` line with the key path.
 
 from __future__ import annotations
 
+import datetime
 import math
 import numbers
 import reprlib
@@ -84,7 +85,10 @@ MAX_QUOTE = 80
 
 def short_repr(value: Any) -> str:
     """`repr(value)` cut to `MAX_QUOTE` characters and 3 levels, so an error line stays one short line
-    whatever the user passed (a 1 MB string, a list nested 10,000 deep, a YAML alias bomb)."""
+    whatever the user passed (a 1 MB string, a list nested 10,000 deep, a YAML alias bomb). A date or time (TOML
+    reads `seed = 2024-01-01` as one) is quoted as written, not as Python's `datetime.date(2024, 1, 1)`."""
+    if isinstance(value, datetime.date | datetime.time):
+        return f"{value.isoformat()} (a {'time' if isinstance(value, datetime.time) else 'date'})"
     text = _REPR.repr(value)
     if len(text) > MAX_QUOTE:
         text = text[: MAX_QUOTE - 3] + "..."

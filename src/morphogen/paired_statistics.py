@@ -1,7 +1,8 @@
-"""The grown model's score against another's, paired by seed: plain numbers in, plain numbers and names out.
+"""Figures over seeds: the spread of one model's, and the grown model's score against another's, paired by seed;
+plain numbers in, plain numbers and names out.
 
-Used where runs over seeds are summed up (`seeds_summary`) and where their file is read back (`ui.seeds_report`);
-it imports nothing of morphogen, so both layers can.
+Used where runs over seeds are summed up (`seeds_summary`, `eval`'s table, the benchmarks) and where their file is
+read back (`ui.seeds_report`); it imports nothing of morphogen, so every layer can.
 """
 
 from __future__ import annotations
@@ -10,6 +11,13 @@ import math
 import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+
+
+def sample_std(values: Sequence[float]) -> float | None:
+    """The standard deviation of `values` (one per seed or episode) with n - 1 in the denominator: what every
+    "mean ± std" morphogen prints means, so that tables of `eval` and `run --seeds` compare. None for fewer than
+    two values, which have no spread."""
+    return statistics.stdev(values) if len(values) > 1 else None
 
 
 def paired_difference(first: Sequence[float], second: Sequence[float]) -> tuple[float, float]:

@@ -74,6 +74,7 @@ CHECKPOINT_NAME = "checkpoint.pt"
 RESUME_FILENAME = "resume.pt"
 EVAL_RESUME_FILENAME = "eval_resume.pt"
 IMITATION_FILENAME = "imitation.json"
+#: An evaluation's table (`morphogen eval --run-dir`): a list of the controllers' figures, in the order they played.
 SCORES_FILENAME = "eval.json"
 REPORT_FILENAME = "report.html"
 TENSORBOARD_DIRNAME = "tb"
@@ -279,6 +280,12 @@ def open_regular_file(path: str | Path) -> IO[bytes]:
         os.close(descriptor)
         raise OSError(errno.EINVAL, "not a regular file", str(path))
     return os.fdopen(descriptor, "rb")
+
+
+def evaluation_env_id(position: int, index: int, episodes: int) -> int:
+    """The env id of episode `index` of the controller at `position` (its row in `SCORES_FILENAME`) in an evaluation
+    of `episodes` episodes per controller: the events of `eval` carry it, and `report` reads it back as names."""
+    return position * episodes + index
 
 
 def read_regular_file(path: str | Path, limit: int) -> bytes:

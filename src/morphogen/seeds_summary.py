@@ -18,7 +18,14 @@ from morphogen.commands.run import RunResult
 from morphogen.config import ConfigError
 from morphogen.env.compute import ComputeAccount
 from morphogen.env.play import EpisodeOutcome
-from morphogen.paired_statistics import DOMINANCE_HEADING, SeedFigures, dominance_lines, dominated_by, paired_difference
+from morphogen.paired_statistics import (
+    DOMINANCE_HEADING,
+    SeedFigures,
+    dominance_lines,
+    dominated_by,
+    paired_difference,
+    sample_std,
+)
 from morphogen.run_directory import SUMMARY_FILENAME, read_json_object
 from morphogen.telemetry.story import NEGATIVE_LOSS
 from morphogen.ui.run_files import summary_number
@@ -174,8 +181,9 @@ def summary_lines(runs: Mapping[int, SeedRun], pairs: Mapping[str, Pairs],
 def _model_line(name: str, outcomes: Sequence[EpisodeOutcome], metric_name: str) -> str:
     """A model's row: score and loss as mean ± std over the seeds; parameters, FLOPs and seconds as means."""
     def spread(values: list[float], decimals: int) -> str:
-        deviation = f"{statistics.stdev(values):.{decimals}f}" if len(values) > 1 else "-"  # one seed: no spread
-        return f"{statistics.fmean(values):.{decimals}f} ± {deviation}"
+        deviation = sample_std(values)
+        shown = "-" if deviation is None else f"{deviation:.{decimals}f}"  # one seed: no spread
+        return f"{statistics.fmean(values):.{decimals}f} ± {shown}"
 
     scores = [o.final_accuracy for o in outcomes]
     shown = "" if metric_name == NEGATIVE_LOSS else f"{spread(scores, 2 if metric_name == 'accuracy' else 4):>18}"

@@ -84,6 +84,15 @@ def test_clipped_surrogate_per_head_against_hand_values() -> None:
     assert result.approx_kl.item() == pytest.approx((0.5 - log(1.5) - 0.4 - log(0.6)) / 2, abs=1e-12)
 
 
+def test_approximate_kl_of_a_ratio_a_hair_from_one_is_not_below_zero() -> None:
+    """(r - 1) - ln r >= 0 for every r; at ln r = -1e-7 in float32 `exp(ln r) - 1` rounded to -1.19e-7 and the
+    estimate to -1.9e-8, which the round line printed as "kl -0.0000". The float64 value is 1e-14 / 2."""
+    new, old = torch.zeros(1, 1), torch.full((1, 1), 1e-7)
+    result = clipped_surrogate_loss(new, old, torch.ones(1), torch.ones(1, 1, dtype=torch.bool), 0.2)
+    assert 0.0 <= result.approx_kl.item() <= 1e-13
+    assert f"{result.approx_kl.item():.4f}" == "0.0000"
+
+
 def test_clipped_surrogate_gradient_equals_the_joint_policy_gradient_at_ratio_one() -> None:
     log_probs = torch.tensor([[-1.0, -2.0], [-0.5, -0.1]], requires_grad=True)
     advantages = torch.tensor([1.5, -2.0])

@@ -6,7 +6,9 @@ import json
 import shutil
 
 from morphogen.cli import main
+from morphogen.run_directory import evaluation_env_id
 from morphogen.telemetry.events import ActionTaken, EpochCompleted, RewardComputed, SlotState
+from morphogen.ui.run_files import load_run_files
 
 
 def test_report_of_a_run_shows_epochs_seeds_and_the_comparison(tmp_path, capsys):
@@ -296,3 +298,24 @@ def test_an_event_whose_time_is_past_1e100_is_a_skipped_line(grown_run, tmp_path
     (run / "events.jsonl").write_text("".join(json.dumps(record) + "\n" for record in records))
     assert main(["report", str(run)]) == 0
     assert "(1 line skipped)" in capsys.readouterr().out.splitlines()[0]
+
+
+def test_report_of_an_evaluation_names_the_controller_and_episode_of_each_env(tmp_path, capsys):
+    """eval numbers its envs controller by controller (`evaluation_env_id`); its eval.json names the controllers
+    in that order and config.json the episodes of each, so the report can say which env is which."""
+    run_dir = tmp_path / "eval"
+    assert main(["eval", "--policy", "default", "--episodes", "2", "--episode-length", "2", "--max-train-samples",
+                 "150", "--run-dir", str(run_dir)]) == 0
+    capsys.readouterr()
+    assert main(["report", str(run_dir)]) == 0
+    assert "epochs (env 0, learned episode 1):" in capsys.readouterr().out
+    files = load_run_files(run_dir)
+    assert files.evaluation is not None
+    labels = [files.evaluation.label(evaluation_env_id(position, index, 2)) for position in range(3)
+              for index in range(2)]
+    assert labels == ["env 0, learned episode 1", "env 1, learned episode 2", "env 2, heuristic episode 1",
+                      "env 3, heuristic episode 2", "env 4, no growth episode 1", "env 5, no growth episode 2"]
+    assert files.evaluation.label(6) == "env 6" and files.evaluation.label(-1) == "env -1"
+    (run_dir / "eval.json").write_text('[{"name": ' + "[" * 100_000 + "]}]")  # damaged: bare ids, no error
+    assert load_run_files(run_dir).evaluation is None
+    assert main(["report", str(run_dir)]) == 0 and "epochs (env 0):" in capsys.readouterr().out

@@ -39,6 +39,7 @@ from morphogen.env.optimizer import OptimizerConfig, task_optimizer_config
 from morphogen.env.play import Controller, run_episode
 from morphogen.env.seeding import derive_seed, seeded
 from morphogen.limits import MAX_EPOCHS, MAX_EVAL_EPISODES, MAX_JOBS, MAX_SEED, MAX_TRAIN_SAMPLES, check_count
+from morphogen.paired_statistics import sample_std
 from morphogen.run_directory import (
     CHECKPOINT_NAME,
     CONFIG_FILENAME,
@@ -48,6 +49,7 @@ from morphogen.run_directory import (
     SCORES_FILENAME,
     SUMMARY_FILENAME,
     RunDirectoryRefused,
+    evaluation_env_id,
     hold_run_directory,
     make_run_dir,
     refuse_other_run,
@@ -201,19 +203,18 @@ def evaluation_setting(config: EvalConfig, trained: TrainConfig) -> tuple[TrainC
     return session, dataclasses.replace(trained.episode, max_epochs=length, optimizer=optimizer)
 
 
-def _mean_std(values: tuple[float, ...]) -> str:
+def _mean_std(values: tuple[float, ...], number: str = "8.2f", spread_number: str = "5.2f") -> str:
+    """Mean ± sample std (`sample_std`) of an episode figure, `12.34 ±  0.56`; one episode has no spread: `-`."""
     if not values:
         return "-"
-    spread = statistics.pstdev(values) if len(values) > 1 else 0.0
-    return f"{statistics.fmean(values):8.2f} ± {spread:5.2f}"
+    spread = sample_std(values)
+    shown = "-".rjust(len(format(0.0, spread_number))) if spread is None else format(spread, spread_number)
+    return f"{statistics.fmean(values):{number}} ± {shown}"
 
 
 def _mean_std_count(values: tuple[float, ...]) -> str:
     """Mean ± std of counts (parameters), as whole numbers with thousands separators: `5,328 ± 120`."""
-    if not values:
-        return "-"
-    spread = statistics.pstdev(values) if len(values) > 1 else 0.0
-    return f"{statistics.fmean(values):8,.0f} ± {spread:5,.0f}"
+    return _mean_std(values, "8,.0f", "5,.0f")
 
 
 class _Played(NamedTuple):
@@ -290,7 +291,7 @@ def _play(setting: _Setting, index: int, position: int,
     with telemetry, seeded(seed, torch.device(resolve_device(config.device))):
         episode = MorphogenesisEpisode(setting.task, setting.episode, seed=seed, slots=setting.session.slots,
                                        pool_slots=setting.session.pool_slots, telemetry=telemetry,
-                                       env_id=position * config.episodes + index)
+                                       env_id=evaluation_env_id(position, index, config.episodes))
         episode.compile_settings = config.compile_settings
         episode.reset()  # the heuristic reads the action space the model's slots make
         controller: Controller = PolicyController(setting.agent) if name == "learned" else \
@@ -368,7 +369,7 @@ def evaluate_command(config: EvalConfig, out: TextIO | None = None, *,
                 line = "  ".join(f"{name} {_final(result, task.metric_name)}"
                                  for name, result in zip(CONTROLLERS, played[-len(CONTROLLERS):], strict=True))
                 seed = derive_seed(config.seed, EVALUATION_STREAM, index)
-                display.print(f"episode {index + 1}/{config.episodes} (seed {seed % 100_000}): {line}")
+                display.print(f"episode {index + 1}/{config.episodes} (seed {seed}): {line}")
     scores = _scores({name: played[position::len(CONTROLLERS)] for position, name in enumerate(CONTROLLERS)})
     if task.metric_name == "accuracy":
         _print_table(scores, out)
@@ -525,7 +526,7 @@ def _print_loss_table(scores: list[ControllerScores], out: TextIO) -> None:
              f"{'fossilized':>16}{'pruned':>16}"
     print("\n" + header, file=out)
     for s in scores:
-        losses = f"{statistics.fmean(s.losses):.4g} ± {statistics.pstdev(s.losses):.2g}" if s.losses else "-"
+        losses = _mean_std(s.losses, ".4g", ".2g")
         change = tuple(100.0 * (loss / base - 1.0) for loss, base in zip(s.losses, baseline, strict=True) if base > 0)
         print(f"{s.name:<11}{losses:>22}{_mean_std(change):>22}{_mean_std_count(s.added):>20}"
               f"{_mean_std(s.fossilized):>16}{_mean_std(s.pruned):>16}", file=out)

@@ -60,7 +60,7 @@ class SurrogateResult(NamedTuple):
     clip_fraction: Tensor
     """Fraction of (sample, relevant head) pairs whose ratio left ``[1 - clip, 1 + clip]``."""
     approx_kl: Tensor
-    """Mean of ``(r - 1) - log r`` over samples, r the joint ratio."""
+    """Mean of ``(r - 1) - log r`` over samples, r the joint ratio; never below 0."""
     clipped: Tensor
     """Number of (sample, relevant head) pairs whose ratio left ``[1 - clip, 1 + clip]``."""
 
@@ -87,7 +87,9 @@ def clipped_surrogate_loss(
         clipped = (((ratio - 1.0).abs() > clip_range) & relevant_heads).sum()
         clip_fraction = clipped / relevant_heads.sum().clamp(min=1)
         joint_log_ratio = log_ratio.sum(dim=-1)  # [N]
-        approx_kl = (joint_log_ratio.exp() - 1.0 - joint_log_ratio).mean()
+        # expm1: `exp(x) - 1` rounds to a value below x for a log ratio near 0 (-1e-7 gave -2e-8 in float32, printed
+        # "kl -0.0000"); each term is >= 0 in exact arithmetic, so what rounding leaves below 0 is clamped.
+        approx_kl = (torch.expm1(joint_log_ratio) - joint_log_ratio).mean().clamp(min=0.0)
     dtype = log_prob_per_head.dtype
     return SurrogateResult(loss, clip_fraction.to(dtype), approx_kl, clipped.to(dtype))
 

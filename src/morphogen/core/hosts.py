@@ -185,6 +185,9 @@ class SegmentedHost(nn.Module):
         self.carried_values: CarriedValues | None = None
         #: What the first segment takes (`morphogen.inputs.InputSpec.kind`): "tensor", "tuple", "list" or "dict".
         self.input_kind = "tensor"
+        #: Slot ids the host would have, had it been built with an option it was not built with, and what that
+        #: option is in words: an unknown slot's error names them (the conv hosts' pool slots).
+        self._optional_slots: tuple[tuple[str, ...], str] = ((), "")
 
     @property
     def injection_points(self) -> dict[str, int]:
@@ -200,7 +203,13 @@ class SegmentedHost(nn.Module):
         try:
             return list(self._points).index(slot)
         except ValueError:
-            raise UnknownSlotError(f"unknown slot {slot!r}; this host has: {', '.join(self._points)}") from None
+            raise UnknownSlotError(self._unknown_slot_message(slot)) from None
+
+    def _unknown_slot_message(self, slot: str) -> str:
+        """The valid slot ids, and those an option of the host would place as well."""
+        message = f"unknown slot {slot!r}; this host has: {', '.join(self._points)}"
+        optional, option = self._optional_slots
+        return f"{message} (and {', '.join(optional)} {option})" if optional else message
 
     def layer_before(self, slot: str) -> nn.Module | None:
         """The host's layer just before `slot`, as a module called on the slot's activation alone: what a seed that
@@ -269,6 +278,9 @@ class _ConvBlocksHost(SegmentedHost):
             if pool_slots:
                 self._close_segment(pending, f"r1c{i}", width)
             channels = width
+        if not pool_slots:
+            self._optional_slots = (tuple(f"r1c{i}" for i in range(n_blocks)),
+                                    "after its pooling layers, with pool_slots=True: --pool-slots on the command line")
         pending += [self.global_pool(1), nn.Flatten(), nn.Linear(channels, num_classes, device=device, dtype=dtype)]
         self.segments.append(nn.Sequential(*pending))
 

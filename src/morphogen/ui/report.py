@@ -30,6 +30,7 @@ from morphogen.telemetry.events import (
 from morphogen.telemetry.story import NEGATIVE_LOSS, SeedStory, seed_stories
 from morphogen.ui.run_files import (
     IMITATION_ROUND,
+    EvaluationEpisodes,
     RunDirectoryError,
     ScoreKind,
     events_by_round,
@@ -102,14 +103,22 @@ def _epoch_rows(epochs: Sequence[tuple[int, EpochCompleted]], with_round: bool, 
     return lines
 
 
-def _episode_section(history: Sequence[Event], training: bool, score: ScoreKind) -> list[str]:
-    """A run: every epoch of env 0. A training run: one row per episode, then the last round's env 0 epochs."""
+def _env_name(env_id: int, evaluation: EvaluationEpisodes | None) -> str:
+    """`env 3`, or in an evaluation `env 3, heuristic episode 2`."""
+    return f"env {env_id}" if evaluation is None else evaluation.label(env_id)
+
+
+def _episode_section(history: Sequence[Event], training: bool, score: ScoreKind,
+                     evaluation: EvaluationEpisodes | None = None) -> list[str]:
+    """A run: every epoch of env 0 (of an evaluation, the first controller's first episode). A training run: one row
+    per episode, then the last round's env 0 epochs."""
     epochs = [(r, e) for r, e in round_of_events(history) if isinstance(e, EpochCompleted)]
     if not epochs:
         return []
     reasons = _action_reasons(history)
     if not training:
-        return ["epochs (env 0):", *_epoch_rows([(r, e) for r, e in epochs if e.env_id == 0], False, score, reasons)]
+        return [f"epochs ({_env_name(0, evaluation)}):",
+                *_epoch_rows([(r, e) for r, e in epochs if e.env_id == 0], False, score, reasons)]
     final, width = _final_column(score)
     lines = ["episodes:", f"  {'round':>5}  {'env':>3}  {final:>{width}}  {'params':>9}  {'added':>8}  "
              f"{'fossilized':>10}  {'pruned':>6}  {'return':>8}"]
@@ -124,7 +133,8 @@ def _episode_section(history: Sequence[Event], training: bool, score: ScoreKind)
 
 
 def _seed_section(history: Sequence[Event], training: bool, score: ScoreKind,
-                  summary: Mapping[str, Any] | None = None, *, without_events: bool = False) -> list[str]:
+                  summary: Mapping[str, Any] | None = None, *, without_events: bool = False,
+                  evaluation: EvaluationEpisodes | None = None) -> list[str]:
     stories_by_round: list[tuple[int, SeedStory]] = []
     for round_number, events_of_round in events_by_round(history).items():
         stories_by_round.extend((round_number, story) for story in seed_stories(events_of_round))
@@ -145,7 +155,7 @@ def _seed_section(history: Sequence[Event], training: bool, score: ScoreKind,
     else:
         lines.append(f"seeds ({len(stories_by_round)}):")
     for round_number, story in stories_by_round:
-        where = f"{_round_name(round_number)} env {story.env_id}" if training else f"env {story.env_id}"
+        where = f"{_round_name(round_number)} env {story.env_id}" if training else _env_name(story.env_id, evaluation)
         lines.append(f"  {where}  {story.blueprint:<11} {story.slot:<5} germinated@{story.germinated:<3} "
                      f"{story.path_before_outcome():<40} {story.ending():<15} predicted "
                      f"{score.contribution(story, predicted=True)}  measured {score.contribution(story)}")
@@ -209,10 +219,11 @@ def _training_section(history: Sequence[Event], score: ScoreKind) -> list[str]:
     return lines
 
 
-def _health_section(history: Sequence[Event], training: bool) -> list[str]:
+def _health_section(history: Sequence[Event], training: bool,
+                    evaluation: EvaluationEpisodes | None = None) -> list[str]:
     lines = []
     for round_number, event in round_of_events(history):
-        where = "trainer" if event.env_id == ALL_ENVS else f"env {event.env_id}"
+        where = "trainer" if event.env_id == ALL_ENVS else _env_name(event.env_id, evaluation)
         when = f"{_round_name(round_number)} epoch {event.epoch}" if training else f"epoch {event.epoch}"
         if isinstance(event, GovernorRollback):
             lines.append(f"  {when} {where}: rollback ({event.reason}); pruned "
@@ -284,10 +295,13 @@ def render_report(run_dir: str | Path) -> str:
               f"{len(history)} events" + (f" ({damage})" if damage else ""))
     reward = _reward_section(history) if files.steered_by_reward else []
     score = files.score
-    sections = [[header], _episode_section(history, training, score),
-                _seed_section(history, training, score, files.summary, without_events=files.without_events),
+    evaluation = files.evaluation
+    sections = [[header], _episode_section(history, training, score, evaluation),
+                _seed_section(history, training, score, files.summary, without_events=files.without_events,
+                              evaluation=evaluation),
                 reward,
-                _training_section(history, score), [] if files.without_events else _health_section(history, training),
+                _training_section(history, score),
+                [] if files.without_events else _health_section(history, training, evaluation),
                 _phase_section(history),
                 _comparison_section(files.summary, config)]
     text = "\n\n".join("\n".join(section) for section in sections if section)

@@ -41,18 +41,22 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
+from morphogen.limits import MAX_EVAL_EPISODES
 from morphogen.run_directory import (
     BASELINE_DIRNAME,
     CONFIG_FILENAME,
     EVENTS_FILENAME,
     FROM_SCRATCH_DIRNAME,
+    MAX_JSON_BYTES,
     MAX_LINE_BYTES,
+    SCORES_FILENAME,
     SEEDS_FILENAME,
     SUMMARY_FILENAME,
     is_seeds_directory,
     open_regular_file,
     read_json_object,
     read_line,
+    read_regular_file,
 )
 from morphogen.telemetry.events import Event, ImitationCompleted, RoundCompleted, event_from_dict
 from morphogen.telemetry.story import NEGATIVE_LOSS, SeedStory
@@ -228,6 +232,11 @@ class RunFiles:
             return bool(self.summary["controller"] != "heuristic")
         return not ("policy" in self.config and self.config["policy"] is None)
 
+    @functools.cached_property
+    def evaluation(self) -> EvaluationEpisodes | None:
+        """Of an evaluation (`morphogen eval --run-dir`), which controller and episode each env played."""
+        return evaluation_episodes(self.path, self.config)
+
     @property
     def score(self) -> ScoreKind:
         """What this run's score is and what its seeds were judged by: summary.json's, or, before the run wrote
@@ -242,6 +251,42 @@ class RunFiles:
         if self.without_events:
             parts.append(f"no {EVENTS_FILENAME}: made with --telemetry off, its figures are summary.json's")
         return ", ".join(parts) or None
+
+
+#: Longest controller name read from an evaluation's table (eval's own are "learned", "heuristic", "no growth").
+MAX_CONTROLLER_NAME = 40
+
+
+@dataclass(frozen=True)
+class EvaluationEpisodes:
+    """The controllers an evaluation played, in its table's order, and how many episodes each: what its env ids
+    stand for (`run_directory.evaluation_env_id` numbers them)."""
+
+    controllers: tuple[str, ...]
+    episodes: int
+
+    def label(self, env_id: int) -> str:
+        """`env 4, heuristic episode 2`; an id past the evaluation's envs stays `env N`."""
+        position, index = divmod(env_id, self.episodes)  # the inverse of `evaluation_env_id`
+        if not 0 <= position < len(self.controllers):
+            return f"env {env_id}"
+        return f"env {env_id}, {self.controllers[position]} episode {index + 1}"
+
+
+def evaluation_episodes(path: Path, config: Mapping[str, Any]) -> EvaluationEpisodes | None:
+    """What an evaluation's env ids stand for: its `SCORES_FILENAME` names the controllers, config.json the episodes
+    of each. None for another run, for an evaluation that has not written its table yet, and for damaged files."""
+    episodes = config.get("episodes")
+    if isinstance(episodes, bool) or not isinstance(episodes, int) or not 0 < episodes <= MAX_EVAL_EPISODES:
+        return None
+    try:
+        table = json.loads(read_regular_file(path / SCORES_FILENAME, MAX_JSON_BYTES))
+    except (OSError, ValueError, RecursionError):  # missing, not a regular file, too large, not JSON, too deep
+        return None
+    rows = table if isinstance(table, list) else []
+    names = tuple(row["name"] for row in rows if isinstance(row, dict) and isinstance(row.get("name"), str)
+                  and 0 < len(row["name"]) <= MAX_CONTROLLER_NAME)
+    return EvaluationEpisodes(names, episodes) if names and len(names) == len(rows) else None
 
 
 def nothing_kept(config: dict[str, Any], summary: dict[str, Any] | None) -> bool:
