@@ -8,6 +8,7 @@ import shutil
 from morphogen.cli import main
 from morphogen.run_directory import evaluation_env_id
 from morphogen.telemetry.events import ActionTaken, EpochCompleted, RewardComputed, SlotState
+from morphogen.ui.html_report import render_html
 from morphogen.ui.run_files import load_run_files
 
 
@@ -308,7 +309,14 @@ def test_report_of_an_evaluation_names_the_controller_and_episode_of_each_env(tm
                  "150", "--run-dir", str(run_dir)]) == 0
     capsys.readouterr()
     assert main(["report", str(run_dir)]) == 0
-    assert "epochs (env 0, learned episode 1):" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "epochs (env 0, learned episode 1):" in out
+    # The reward per controller, not the three controllers' rewards added up.
+    assert "reward by component (per episode, mean over each controller's episodes):" in out
+    assert [line.split()[0] for line in out.splitlines() if line.startswith("  ") and "rent" in line] == [
+        "learned", "heuristic", "no"]
+    page = render_html(run_dir)
+    assert "reward by component (env 0, learned episode 1)" in page
     files = load_run_files(run_dir)
     assert files.evaluation is not None
     labels = [files.evaluation.label(evaluation_env_id(position, index, 2)) for position in range(3)

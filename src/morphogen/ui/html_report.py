@@ -37,6 +37,7 @@ from morphogen.telemetry.events import (
 from morphogen.telemetry.story import NEGATIVE_LOSS, SeedStory, seed_stories
 from morphogen.ui.report import hosts_compared
 from morphogen.ui.run_files import (
+    EvaluationEpisodes,
     RunDirectoryError,
     RunFiles,
     ScoreKind,
@@ -142,17 +143,21 @@ def seed_segments(story: SeedStory, episode_end: int) -> list[Segment]:
 def timeline_section(files: RunFiles) -> str:
     stories, last_epoch = _shown_stories(files)
     rows = []
+    evaluation = files.evaluation
     for round_number, story in stories:
-        where = f"env {story.env_id} " if files.is_training else ""
+        where = (f"env {story.env_id} " if files.is_training
+                 else f"{evaluation.label(story.env_id)}: " if evaluation is not None else "")
         end = last_epoch.get((round_number, story.env_id), story.germinated + 1)
         rows.append((f"{where}{story.slot} {story.blueprint}", seed_segments(story, end)))
     title = "seeds by stage" + (f" (round {stories[-1][0]})" if files.is_training and stories else "")
     return timeline_chart(rows, title=title, x_label="epoch", legend=list(STAGE_COLOURS.items())[1:])
 
 
-def contribution_pairs(history: Sequence[Event], score: ScoreKind | None = None) -> list[ContributionPair]:
+def contribution_pairs(history: Sequence[Event], score: ScoreKind | None = None,
+                       evaluation: EvaluationEpisodes | None = None) -> list[ContributionPair]:
     """Per seed that was both shadow-measured and measured blended: its last value of each, in the unit its gates
-    judged (`score`; accuracy points when None). A seed is (round, env, slot, germination)."""
+    judged (`score`; accuracy points when None). A seed is (round, env, slot, germination); an evaluation's env
+    is named by its controller and episode."""
     score = ScoreKind() if score is None else score
     pairs = []
     for round_number, events in events_by_round(history).items():
@@ -161,7 +166,10 @@ def contribution_pairs(history: Sequence[Event], score: ScoreKind | None = None)
             measured = score.contribution_value(story)
             if predicted is None or measured is None:
                 continue
-            where = f"r{round_number} env {story.env_id} " if round_number != 1 or story.env_id else ""
+            if evaluation is not None:
+                where = f"{evaluation.label(story.env_id)}: "
+            else:
+                where = f"r{round_number} env {story.env_id} " if round_number != 1 or story.env_id else ""
             pairs.append(ContributionPair(f"{where}{story.slot} {story.blueprint}@{story.germinated}", predicted,
                                           measured))
     return pairs
@@ -187,7 +195,9 @@ def reward_chart(files: RunFiles) -> str:
                 values[round_number] /= max(len(envs_per_round[round_number]), 1)
     series = [Series(name, tuple(sorted(values.items()))) for name, values in components.items()]
     x_label = "round" if files.is_training else "epoch"
-    title = "reward by component" + (" (per episode, mean over envs)" if files.is_training else "")
+    evaluation = None if files.is_training else files.evaluation
+    title = "reward by component" + (" (per episode, mean over envs)" if files.is_training
+                                     else f" ({evaluation.label(0)})" if evaluation is not None else "")
     return line_chart(series, title=title, x_label=x_label, y_label="reward")
 
 
@@ -218,7 +228,9 @@ def ppo_charts(history: Sequence[Event]) -> list[str]:
 def health_table(files: RunFiles) -> str:
     rows = []
     for round_number, event in round_of_events(files.history):
-        where = "trainer" if event.env_id == ALL_ENVS else f"env {event.env_id}"
+        evaluation = files.evaluation
+        where = ("trainer" if event.env_id == ALL_ENVS
+                 else evaluation.label(event.env_id) if evaluation is not None else f"env {event.env_id}")
         when = f"{round_number}" if files.is_training else "-"
         if isinstance(event, AnomalyDetected):
             rows.append((when, str(event.epoch), where, event.anomaly, f"{event.message}; {event.advice}"))
@@ -276,7 +288,7 @@ def render_html(run_dir: str | Path) -> str:
     config = files.config
     kind = "training run" if files.is_training else "run"
     score = files.score
-    pairs = contribution_pairs(files.history, score)
+    pairs = contribution_pairs(files.history, score, files.evaluation)
     unit = score.contribution_unit
     contributions = scatter_chart([(p.predicted, p.measured, p.label) for p in pairs],
                                   title="contribution: predicted (shadow) vs measured",

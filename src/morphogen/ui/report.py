@@ -175,16 +175,25 @@ def _summary_seeds(summary: Mapping[str, Any] | None) -> list[str]:
     return named
 
 
-def _reward_section(history: Sequence[Event]) -> list[str]:
-    totals: dict[str, float] = defaultdict(float)
+def _reward_section(history: Sequence[Event], evaluation: EvaluationEpisodes | None = None) -> list[str]:
+    """The reward's components summed over the run; of an evaluation, per controller and averaged over its
+    episodes (adding the learned policy's rewards to those of the heuristic and of no growth says nothing)."""
+    totals: dict[str | None, dict[str, float]] = defaultdict(lambda: defaultdict(float))
     for event in history:
         if isinstance(event, RewardComputed):
+            controller = None if evaluation is None else evaluation.controller(event.env_id)
             for name, value in event.components:
-                totals[name] += value
+                totals[controller][name] += value
     if not totals:
         return []
-    parts = "  ".join(f"{name} {value:+.3f}" for name, value in totals.items())
-    return [f"reward by component (summed over all envs and epochs): {parts}"]
+    if evaluation is None:
+        parts = "  ".join(f"{name} {value:+.3f}" for name, value in totals[None].items())
+        return [f"reward by component (summed over all envs and epochs): {parts}"]
+    lines = ["reward by component (per episode, mean over each controller's episodes):"]
+    for controller, components in totals.items():
+        parts = "  ".join(f"{name} {value / evaluation.episodes:+.3f}" for name, value in components.items())
+        lines.append(f"  {printable(controller or 'other envs'):<12}{parts}")
+    return lines
 
 
 def _imitation_lines(history: Sequence[Event]) -> list[str]:
@@ -293,7 +302,7 @@ def render_report(run_dir: str | Path) -> str:
     damage = files.damage_note()
     header = (f"run {files.path}: task {task_label(config) or '?'}, seed {config.get('seed', '?')}, "
               f"{len(history)} events" + (f" ({damage})" if damage else ""))
-    reward = _reward_section(history) if files.steered_by_reward else []
+    reward = _reward_section(history, files.evaluation) if files.steered_by_reward else []
     score = files.score
     evaluation = files.evaluation
     sections = [[header], _episode_section(history, training, score, evaluation),

@@ -265,12 +265,17 @@ class EvaluationEpisodes:
     controllers: tuple[str, ...]
     episodes: int
 
+    def controller(self, env_id: int) -> str | None:
+        """The controller that played env `env_id`; None for an id past the evaluation's envs."""
+        position = env_id // self.episodes  # the inverse of `evaluation_env_id`
+        return self.controllers[position] if 0 <= position < len(self.controllers) else None
+
     def label(self, env_id: int) -> str:
         """`env 4, heuristic episode 2`; an id past the evaluation's envs stays `env N`."""
-        position, index = divmod(env_id, self.episodes)  # the inverse of `evaluation_env_id`
-        if not 0 <= position < len(self.controllers):
+        controller = self.controller(env_id)
+        if controller is None:
             return f"env {env_id}"
-        return f"env {env_id}, {self.controllers[position]} episode {index + 1}"
+        return f"env {env_id}, {controller} episode {env_id % self.episodes + 1}"
 
 
 def evaluation_episodes(path: Path, config: Mapping[str, Any]) -> EvaluationEpisodes | None:
