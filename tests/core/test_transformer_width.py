@@ -11,6 +11,7 @@ learns from its shadow only, state_dict round trips, and the plain network and i
 from __future__ import annotations
 
 import copy
+import math
 import sys
 from pathlib import Path
 
@@ -21,6 +22,7 @@ from slot_driver import (
     assert_identity_at_birth_until_perturbed,
     assert_passes_match_plain_forwards,
     assert_plain_network_matches,
+    drive_to,
     place_seed,
 )
 from torch import Tensor, fx, nn
@@ -219,3 +221,83 @@ def test_new_neurons_after_a_functional_gelu_with_its_tanh_approximation_go_thro
                                                   block.c_proj.bias))
         assert not torch.allclose(by_hand, net(x), atol=1e-4)  # perturbed: the new neurons count
         torch.testing.assert_close(model.eval()(x), by_hand, rtol=1e-5, atol=1e-5)
+
+
+class _GeluWrittenOut(nn.Module):
+    """GELU's tanh approximation written out with `torch.tanh` and `torch.pow`, as Hugging Face's
+    `NewGELUActivation` (GPT-2's) computes it: not a torch.nn class, so recognised by what it computes."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        return 0.5 * x * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * torch.pow(x, 3.0))))
+
+
+class _GeluByAttribute(nn.Module):
+    """An activation that calls the function it holds (Hugging Face's `GELUActivation` does so)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.function = nn.functional.gelu
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.function(x)
+
+
+class _ActivationModuleBlock(nn.Module):
+    """A GPT-2-style MLP block whose activation is the module given."""
+
+    def __init__(self, activation: nn.Module) -> None:
+        super().__init__()
+        self.c_fc, self.act, self.c_proj = nn.Linear(16, 32), activation, nn.Linear(32, 16)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return x + self.c_proj(self.act(self.c_fc(x)))
+
+
+def _activation_module_host(activation: type[nn.Module]) -> tuple[nn.Sequential, SegmentedHost]:
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Embedding(VOCABULARY, 16), _ActivationModuleBlock(activation()),
+                        _ActivationModuleBlock(activation()), nn.Linear(16, VOCABULARY))
+    return net, host_from_module(net, ["1", "2"], example_input=_ids(2), topology="transformer").eval()
+
+
+@pytest.mark.parametrize("activation", [_GeluWrittenOut, _GeluByAttribute])
+def test_new_neurons_after_a_users_activation_module_go_through_a_copy_of_it(activation: type[nn.Module]) -> None:
+    """The oracle: the block with its MLP's new neurons beside the old, by hand; identity at birth in every stage."""
+    net, host = _activation_module_host(activation)
+    model = MorphogeneticModel(host, ["2"], config=EASY_CONFIG)
+    place_seed(model, "2", "wider_half", Stage.HOLDING, 1)
+    seed = model.slot("2").seed
+    assert seed is not None and [type(module) for module in seed.after_producer] == [activation]
+    block, x = net[2], _ids()
+    with torch.no_grad():
+        h = net[1](net[0](x))
+        hidden = torch.cat([block.c_fc(h), seed.producer(h)], dim=-1)
+        weight = torch.cat([block.c_proj.weight, seed.consumer.weight], dim=1)
+        by_hand = net[3](h + nn.functional.linear(block.act(hidden), weight, block.c_proj.bias))
+        assert not torch.allclose(by_hand, net(x), atol=1e-4)  # perturbed: the new neurons count
+        torch.testing.assert_close(model.eval()(x), by_hand, rtol=1e-5, atol=1e-5)
+    assert_identity_at_birth_until_perturbed(host, x, "wider")
+
+
+def test_a_widening_seed_after_a_users_activation_module_learns_only_from_its_shadow_and_round_trips() -> None:
+    _, host = _activation_module_host(_GeluWrittenOut)
+    host.train()
+    bare = copy.deepcopy(host)
+    model = MorphogeneticModel(host, config=EASY_CONFIG)
+    place_seed(model, "1", "wider", Stage.TRAINING, 1)
+    x, targets = _ids(), _ids(seed=2)
+    output, shadow = model.forward_with_shadow(x)
+    torch.testing.assert_close(output, bare(x), rtol=0, atol=0)
+    assert shadow is not None
+    nn.functional.cross_entropy(shadow.outputs[0].flatten(0, 1), targets.flatten()).backward(
+        inputs=list(shadow.parameters))
+    assert all(parameter.grad is None for parameter in host.parameters())
+    assert all(parameter.grad is not None and parameter.grad.abs().sum() > 0
+               for parameter in model.seed_parameters("1"))
+    drive_to(model.slot("1"), Stage.FOSSILIZED)
+    place_seed(model, "2", "wider", Stage.FOSSILIZED, 3)
+    restored = MorphogeneticModel(copy.deepcopy(bare), config=EASY_CONFIG)
+    restored.load_state_dict(model.state_dict())
+    with torch.no_grad():
+        torch.testing.assert_close(restored.eval()(x), model.eval()(x), rtol=0, atol=0)
+    assert_plain_network_matches(model, x)

@@ -18,7 +18,9 @@ the weights from the old to the new channels (and back) held at zero.
 Which slots have a site (`find_width_site`): the segment before the slot and the one after it are
 `nn.Sequential`s (the built-in CNN and 1D-CNN hosts, a user's `nn.Sequential` cut by `host_from_module`);
 the producer is followed only by norms, activations and dropout; only channel-wise modules (pooling,
-flattening, activations, dropout) lie between the slot and the consumer; neither layer is grouped. A
+flattening, activations, dropout) lie between the slot and the consumer; neither layer is grouped. An activation
+is torch's, or a module of the user's or a library's whose forward `core/elementwise` finds element-wise (Hugging
+Face's `NewGELUActivation`). A
 transformer's residual stream cannot be widened locally: its slots widen inside, the MLP of the block before.
 
 A segment that is a block of its own (a residual block, a traced user model's piece: anything but an
@@ -39,6 +41,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, fx, nn
 
+from morphogen.core.elementwise import is_elementwise_module
 from morphogen.core.spatial_calls import BoundCall, spatial_call
 from morphogen.core.tracing import trace_partially
 from morphogen.core.training_mode import ModeDependentCall
@@ -258,7 +261,7 @@ def _passes_new_channels(node: fx.Node, modules: dict[str, nn.Module], spatial_d
     """Whether `node` may lie between a site's producer (whose input is `tap`) and consumer: a norm, an element-wise
     activation, a dropout given the model's mode, applied to its one input, or a call on its positions alone
     (`spatial_call`)."""
-    if node.op == "call_module" and isinstance(modules[str(node.target)], (*NORMS, *ELEMENTWISE)):
+    if node.op == "call_module" and _passes_elementwise(modules[str(node.target)], NORMS):
         return True
     if spatial_call(node, spatial_dims, tap) is not None:
         return True
@@ -338,9 +341,9 @@ def _instrumented(traced: fx.GraphModule, entering: fx.Node, producer: fx.Node, 
 def _site_problem(producer: Layer, following: Sequence[nn.Module], between: Sequence[nn.Module], consumer: Layer,
                   channels: int) -> str:
     """Why a producer and a consumer cannot be widened together around a slot of `channels`; "" when they can."""
-    if any(not isinstance(module, (*NORMS, *ELEMENTWISE, BoundDropout, BoundCall)) for module in following):
+    if any(not _passes_elementwise(module, (*NORMS, BoundDropout, BoundCall)) for module in following):
         return f"{type(producer).__name__} before it is followed by other modules than norms and activations"
-    if any(not isinstance(module, CHANNELWISE) for module in between):
+    if any(not isinstance(module, CHANNELWISE) and not is_elementwise_module(module) for module in between):
         return "other modules than pooling, flattening and activations lie between it and the next layer"
     grouped = [layer for layer in (producer, consumer) if not isinstance(layer, nn.Linear) and layer.groups != 1]
     if grouped:
@@ -349,6 +352,12 @@ def _site_problem(producer: Layer, following: Sequence[nn.Module], between: Sequ
     if outputs != channels or inputs % channels:
         return f"the layers' widths ({outputs} out, {inputs} in) do not match the slot's {channels} channels"
     return ""
+
+
+def _passes_elementwise(module: nn.Module, also: tuple[type[nn.Module], ...]) -> bool:
+    """Whether `module` is one of torch's element-wise modules, one of the classes `also`, or an activation module
+    of the user's or a library's that computes element by element (`core/elementwise`)."""
+    return isinstance(module, (*ELEMENTWISE, *also)) or is_elementwise_module(module)
 
 
 def _layer_like(layer: Layer, in_size: int, out_size: int, *, bias: bool, device: Device,
