@@ -25,7 +25,7 @@ DEFAULT_CORPUS_MAX_CHARACTERS = 1_000_000
 _CHUNK_CHARACTERS = 1 << 16
 """Characters converted to code points at a time while encoding (a chunk takes ~1 MB of scratch memory)."""
 
-TEXT_FILE_SETTING = "text_file (--text-file on the command line)"
+_TEXT_FILE_SETTING = "text_file (--text-file on the command line)"
 """How an error names the setting that picks the text file: the key of Python and config files, and the flag."""
 
 
@@ -55,7 +55,7 @@ def read_default_corpus(max_characters: int = DEFAULT_CORPUS_MAX_CHARACTERS) -> 
             break
     if not parts:
         raise DataError(
-            f"no readable Python sources found in {stdlib}; set {TEXT_FILE_SETTING} to a UTF-8 text file"
+            f"no readable Python sources found in {stdlib}; set {_TEXT_FILE_SETTING} to a UTF-8 text file"
         )
     return "".join(parts)[:max_characters]
 
@@ -66,7 +66,7 @@ def read_text_file(path: str | Path) -> str:
     file = Path(path).expanduser()
     if not file.is_file():
         raise DataError(
-            f"text file {file} does not exist (or is not a file); set {TEXT_FILE_SETTING} to a UTF-8 file"
+            f"text file {file} does not exist (or is not a file); set {_TEXT_FILE_SETTING} to a UTF-8 file"
         )
     try:
         return file.read_text(encoding="utf-8-sig")
@@ -78,8 +78,8 @@ def encode_characters(text: str) -> EncodedText:
     """Ids into the sorted set of the text's characters (sorted by code point, as `sorted(set(text))`).
 
     The ids take the narrowest dtype that holds the vocabulary (uint8 up to 256 characters, int16 up to 32,768,
-    else int32), and the text is converted to code points a chunk at a time, so encoding needs the ids and a
-    few hundred kilobytes besides the text, not several times the text's size.
+    else int32), and the text is converted to code points a chunk at a time, so encoding needs the ids and about
+    2 MB besides the text (a table over all code points, a chunk's scratch), not several times the text's size.
     """
     # Linear time: mark the code points that occur; an occurring one's id is how many occur before it.
     occurs = np.zeros(sys.maxunicode + 1, dtype=bool)  # (0x110000,)
