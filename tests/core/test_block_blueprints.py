@@ -6,6 +6,8 @@ test_compilation.py."""
 from __future__ import annotations
 
 import io
+import types
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -18,7 +20,7 @@ from morphogen.core.hosts import TransformerHost
 from morphogen.core.lifecycle import GateConfig, GateMode, IllegalTransitionError, Stage
 from morphogen.core.model import MorphogeneticModel
 from morphogen.core.slot import SeedSlot, SlotConfig
-from morphogen.core.transformer_layers import TransformerBlock
+from morphogen.core.transformer_layers import CausalSelfAttention, TransformerBlock
 from morphogen.model_file import load_model_state, read_model_file, save_model_file
 
 VOCABULARY, WIDTH, CONTEXT = 13, 32, 8
@@ -115,6 +117,99 @@ def test_a_new_block_takes_the_head_count_of_the_layer_before_it() -> None:
         slot = model.germinate(slot_id, blueprint)
         assert isinstance(slot.seed, TransformerBlock) and slot.seed.attention.n_heads == 2
         assert slot.blueprint_options == options  # saved, so that a reload rebuilds it alike (a copy: from the layer)
+    attention = MorphogeneticModel(two_heads, config=EASY_CONFIG).germinate("r0c0", "attention")
+    assert _seed_heads(attention) == [2] and attention.blueprint_options == {"n_heads": 2}
+
+
+def _seed_heads(slot: SeedSlot) -> list[int]:
+    """The head counts of the seed's attentions."""
+    assert slot.seed is not None
+    return [module.n_heads for module in slot.seed.modules() if isinstance(module, CausalSelfAttention)]
+
+
+class _TorchAttentionBlock(torch.nn.Module):
+    """A user's pre-norm block on torch's `nn.MultiheadAttention` (`num_heads`)."""
+
+    def __init__(self, width: int, heads: int) -> None:
+        super().__init__()
+        self.norm = torch.nn.LayerNorm(width)
+        self.attention = torch.nn.MultiheadAttention(width, heads, batch_first=True)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.norm(x)
+        return x + self.attention(h, h, h, need_weights=False)[0]
+
+
+class _NamedHeadsBlock(torch.nn.Module):
+    """A user's block whose attention names its head count as nanoGPT (`n_head`) or, in a config, as Hugging Face
+    models do (`config.num_attention_heads`); its attention is a stand-in, what is read is the count."""
+
+    def __init__(self, width: int, heads: int, *, in_config: bool) -> None:
+        super().__init__()
+        self.attn = torch.nn.Linear(width, width)
+        if in_config:
+            self.attn.config = types.SimpleNamespace(num_attention_heads=heads)
+        else:
+            self.attn.n_head = heads
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.attn(x)
+
+
+class _UsersTransformer(torch.nn.Module):
+    """Token ids [N, T] -> logits: an embedding, two of the user's blocks and a head."""
+
+    def __init__(self, block: Callable[[], torch.nn.Module], width: int = 24) -> None:
+        super().__init__()
+        self.embed = torch.nn.Embedding(VOCABULARY, width)
+        self.blocks = torch.nn.Sequential(block(), block())
+        self.head = torch.nn.Linear(width, VOCABULARY)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.head(self.blocks(self.embed(ids)))
+
+
+@pytest.mark.parametrize("block", [
+    lambda: _TorchAttentionBlock(24, 6),
+    lambda: _NamedHeadsBlock(24, 6, in_config=False),
+    lambda: _NamedHeadsBlock(24, 6, in_config=True),
+], ids=["nn.MultiheadAttention", "n_head", "config.num_attention_heads"])
+def test_a_block_or_attention_in_a_users_transformer_takes_its_head_count(
+        block: Callable[[], torch.nn.Module]) -> None:
+    """Six heads, not the four of a host that names none; still the identity at birth, and rebuilt alike from the
+    model's state_dict."""
+    torch.manual_seed(0)
+    ids = tokens()
+    model = MorphogeneticModel(morphogen.host_from_module(_UsersTransformer(block), slots=["blocks.0", "blocks.1"],
+                                                          example_input=ids[:2]), config=EASY_CONFIG)
+    x = torch.randn(2, CONTEXT, 24)
+    for slot_id, blueprint in zip(model.slot_ids, ("attention", "block"), strict=True):
+        slot = model.germinate(slot_id, blueprint)
+        assert _seed_heads(slot) == [6] and slot.blueprint_options == {"n_heads": 6}
+        assert slot.seed is not None
+        torch.testing.assert_close(slot.seed(x), x)
+        drive_to(slot, Stage.FOSSILIZED)
+        perturb_seed(slot, torch.Generator().manual_seed(2))
+    model.eval()
+    restored = MorphogeneticModel(morphogen.host_from_module(_UsersTransformer(block), slots=["blocks.0", "blocks.1"],
+                                                             example_input=ids[:2]), config=EASY_CONFIG)
+    restored.load_state_dict(model.state_dict())
+    assert [_seed_heads(restored.slot(slot_id)) for slot_id in restored.slot_ids] == [[6], [6]]
+    with torch.no_grad():
+        assert torch.equal(restored.eval()(ids), model(ids))
+
+
+@pytest.mark.parametrize("block", [
+    lambda: _NamedHeadsBlock(24, 5, in_config=False),  # 5 heads cannot split 24
+    lambda: torch.nn.Sequential(_NamedHeadsBlock(24, 6, in_config=False), _NamedHeadsBlock(24, 3, in_config=True)),
+], ids=["not-a-divisor", "two-counts"])
+def test_a_head_count_that_cannot_split_the_width_or_is_not_one_leaves_the_default(
+        block: Callable[[], torch.nn.Module]) -> None:
+    ids = tokens()
+    model = MorphogeneticModel(morphogen.host_from_module(_UsersTransformer(block), slots=["blocks.0"],
+                                                          example_input=ids[:2]), config=EASY_CONFIG)
+    slot = model.germinate("blocks_0", "attention")
+    assert _seed_heads(slot) == [4] and slot.blueprint_options == {}
 
 
 class _Width18(torch.nn.Module):

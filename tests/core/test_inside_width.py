@@ -10,6 +10,7 @@ grafting and state_dict are checked with the branch seeds' (test_branch.py), whi
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 
 import pytest
 import torch
@@ -224,25 +225,13 @@ def test_a_block_written_as_torchvisions_has_its_site_inside_with_one_relu_modul
     assert all(p.grad is not None for p in slot.seed_parameters())
 
 
-class _Called(nn.Module):
-    """A function of torch's called in a block's forward (`F.relu6(h)`), as a module for the test's parameters."""
-
-    def __init__(self, function: object) -> None:
-        super().__init__()
-        self.function = function
-
-    def forward(self, x: Tensor) -> Tensor:
-        called: Tensor = self.function(x)  # type: ignore[operator]
-        return called
-
-
 @pytest.mark.parametrize(("between", "new_channels_through"), [
     (nn.Dropout2d(0.2), nn.Dropout2d), (nn.ReLU6(), nn.ReLU6), (nn.Hardswish(), nn.Hardswish), (nn.Mish(), nn.Mish),
-    (_Called(nn.functional.relu6), nn.ReLU6), (_Called(nn.functional.hardswish), nn.Hardswish),
-    (_Called(nn.functional.selu), nn.SELU)], ids=["dropout2d", "relu6", "hardswish", "mish", "F.relu6", "F.hardswish",
+    (nn.functional.relu6, nn.ReLU6), (nn.functional.hardswish, nn.Hardswish),
+    (nn.functional.selu, nn.SELU)], ids=["dropout2d", "relu6", "hardswish", "mish", "F.relu6", "F.hardswish",
                                                  "F.selu"])
 def test_a_channel_dropout_or_another_activation_between_a_blocks_convolutions_is_part_of_its_site(
-        between: nn.Module, new_channels_through: type[nn.Module]) -> None:
+        between: nn.Module | Callable[[Tensor], Tensor], new_channels_through: type[nn.Module]) -> None:
     """A block's `nn.Dropout2d` (a whole channel dropped), or a MobileNet's ReLU6 or hard swish, module or function,
     acts on each channel by itself: the new channels go through a copy of it, as they do through an `nn.Dropout`."""
 
@@ -250,7 +239,8 @@ def test_a_channel_dropout_or_another_activation_between_a_blocks_convolutions_i
         def __init__(self, channels: int) -> None:
             super().__init__()
             self.conv1, self.bn1 = nn.Conv2d(channels, channels, 3, padding=1, bias=False), nn.BatchNorm2d(channels)
-            self.between = copy.deepcopy(between)
+            # A function of torch's is called in the forward (`F.relu6(h)`), as a function attribute is traced.
+            self.between = copy.deepcopy(between) if isinstance(between, nn.Module) else between
             self.conv2, self.bn2 = nn.Conv2d(channels, channels, 3, padding=1, bias=False), nn.BatchNorm2d(channels)
 
         def forward(self, x: Tensor) -> Tensor:

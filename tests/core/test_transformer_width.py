@@ -11,6 +11,7 @@ learns from its shadow only, state_dict round trips, and the plain network and i
 from __future__ import annotations
 
 import copy
+import math
 import sys
 from pathlib import Path
 
@@ -21,6 +22,7 @@ from slot_driver import (
     assert_identity_at_birth_until_perturbed,
     assert_passes_match_plain_forwards,
     assert_plain_network_matches,
+    drive_to,
     place_seed,
 )
 from torch import Tensor, fx, nn
@@ -219,3 +221,173 @@ def test_new_neurons_after_a_functional_gelu_with_its_tanh_approximation_go_thro
                                                   block.c_proj.bias))
         assert not torch.allclose(by_hand, net(x), atol=1e-4)  # perturbed: the new neurons count
         torch.testing.assert_close(model.eval()(x), by_hand, rtol=1e-5, atol=1e-5)
+
+
+class _GeluWrittenOut(nn.Module):
+    """GELU's tanh approximation written out with `torch.tanh` and `torch.pow`, as Hugging Face's
+    `NewGELUActivation` (GPT-2's) computes it: not a torch.nn class, so recognised by what it computes."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        return 0.5 * x * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * torch.pow(x, 3.0))))
+
+
+class _GeluByAttribute(nn.Module):
+    """An activation that calls the function it holds (Hugging Face's `GELUActivation` does so)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.function = nn.functional.gelu
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.function(x)
+
+
+class _ActivationModuleBlock(nn.Module):
+    """A GPT-2-style MLP block whose activation is the module given."""
+
+    def __init__(self, activation: nn.Module) -> None:
+        super().__init__()
+        self.c_fc, self.act, self.c_proj = nn.Linear(16, 32), activation, nn.Linear(32, 16)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return x + self.c_proj(self.act(self.c_fc(x)))
+
+
+def _activation_module_host(activation: type[nn.Module]) -> tuple[nn.Sequential, SegmentedHost]:
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Embedding(VOCABULARY, 16), _ActivationModuleBlock(activation()),
+                        _ActivationModuleBlock(activation()), nn.Linear(16, VOCABULARY))
+    return net, host_from_module(net, ["1", "2"], example_input=_ids(2), topology="transformer").eval()
+
+
+@pytest.mark.parametrize("activation", [_GeluWrittenOut, _GeluByAttribute])
+def test_new_neurons_after_a_users_activation_module_go_through_a_copy_of_it(activation: type[nn.Module]) -> None:
+    """The oracle: the block with its MLP's new neurons beside the old, by hand; identity at birth in every stage."""
+    net, host = _activation_module_host(activation)
+    model = MorphogeneticModel(host, ["2"], config=EASY_CONFIG)
+    place_seed(model, "2", "wider_half", Stage.HOLDING, 1)
+    seed = model.slot("2").seed
+    assert seed is not None and [type(module) for module in seed.after_producer] == [activation]
+    block, x = net[2], _ids()
+    with torch.no_grad():
+        h = net[1](net[0](x))
+        hidden = torch.cat([block.c_fc(h), seed.producer(h)], dim=-1)
+        weight = torch.cat([block.c_proj.weight, seed.consumer.weight], dim=1)
+        by_hand = net[3](h + nn.functional.linear(block.act(hidden), weight, block.c_proj.bias))
+        assert not torch.allclose(by_hand, net(x), atol=1e-4)  # perturbed: the new neurons count
+        torch.testing.assert_close(model.eval()(x), by_hand, rtol=1e-5, atol=1e-5)
+    assert_identity_at_birth_until_perturbed(host, x, "wider")
+
+
+def test_a_widening_seed_after_a_users_activation_module_learns_only_from_its_shadow_and_round_trips() -> None:
+    _, host = _activation_module_host(_GeluWrittenOut)
+    host.train()
+    bare = copy.deepcopy(host)
+    model = MorphogeneticModel(host, config=EASY_CONFIG)
+    place_seed(model, "1", "wider", Stage.TRAINING, 1)
+    x, targets = _ids(), _ids(seed=2)
+    output, shadow = model.forward_with_shadow(x)
+    torch.testing.assert_close(output, bare(x), rtol=0, atol=0)
+    assert shadow is not None
+    nn.functional.cross_entropy(shadow.outputs[0].flatten(0, 1), targets.flatten()).backward(
+        inputs=list(shadow.parameters))
+    assert all(parameter.grad is None for parameter in host.parameters())
+    assert all(parameter.grad is not None and parameter.grad.abs().sum() > 0
+               for parameter in model.seed_parameters("1"))
+    drive_to(model.slot("1"), Stage.FOSSILIZED)
+    place_seed(model, "2", "wider", Stage.FOSSILIZED, 3)
+    restored = MorphogeneticModel(copy.deepcopy(bare), config=EASY_CONFIG)
+    restored.load_state_dict(model.state_dict())
+    with torch.no_grad():
+        torch.testing.assert_close(restored.eval()(x), model.eval()(x), rtol=0, atol=0)
+    assert_plain_network_matches(model, x)
+
+
+class _SwiGLUBlock(nn.Module):
+    """A Llama-style pre-norm gated MLP block: `down(silu(gate(h)) * up(h))`, no biases."""
+
+    def __init__(self, gate_first: bool = True) -> None:
+        super().__init__()
+        self.norm = nn.LayerNorm(16)
+        self.gate_proj, self.up_proj = nn.Linear(16, 24, bias=False), nn.Linear(16, 24, bias=False)
+        self.down_proj = nn.Linear(24, 16, bias=False)
+        self.gate_first = gate_first
+
+    def forward(self, x: Tensor) -> Tensor:
+        h = self.norm(x)
+        gated, up = nn.functional.silu(self.gate_proj(h)), self.up_proj(h)
+        return x + self.down_proj(gated * up if self.gate_first else up * gated)
+
+
+def _swiglu_host(gate_first: bool = True) -> tuple[nn.Sequential, SegmentedHost]:
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Embedding(VOCABULARY, 16), _SwiGLUBlock(gate_first), _SwiGLUBlock(gate_first),
+                        nn.Linear(16, VOCABULARY))
+    return net, host_from_module(net, ["1", "2"], example_input=_ids(2), topology="transformer").eval()
+
+
+@pytest.mark.parametrize("gate_first", [True, False], ids=["gate*up", "up*gate"])
+def test_a_gated_mlp_widens_by_new_rows_of_gate_and_up_and_zero_columns_of_down(gate_first: bool) -> None:
+    """The oracle: the block with the new neurons beside the old in all three layers, by hand; identity at birth in
+    every stage."""
+    net, host = _swiglu_host(gate_first)
+    model = MorphogeneticModel(host, ["2"], config=EASY_CONFIG)
+    block = net[2]
+    site = model.slot("2").width_site
+    assert site is not None and site.inside
+    assert (site.producer, site.multiplier, site.consumer) == (block.gate_proj, block.up_proj, block.down_proj)
+    place_seed(model, "2", "wider_half", Stage.HOLDING, 1)
+    seed = model.slot("2").seed
+    assert seed is not None and seed.multiplier is not None and seed.multiplier.out_features == 12
+    x = _ids()
+    with torch.no_grad():
+        h = net[1](net[0](x))
+        normed = block.norm(h)
+        gate = torch.cat([block.gate_proj.weight, seed.producer.weight])
+        up = torch.cat([block.up_proj.weight, seed.multiplier.weight])
+        down = torch.cat([block.down_proj.weight, seed.consumer.weight], dim=1)
+        hidden = nn.functional.silu(normed @ gate.T) * (normed @ up.T)
+        by_hand = net[3](h + hidden @ down.T)
+        assert not torch.allclose(by_hand, net(x), atol=1e-4)  # perturbed: the new neurons count
+        torch.testing.assert_close(model.eval()(x), by_hand, rtol=1e-5, atol=1e-5)
+    assert_identity_at_birth_until_perturbed(host, x, "wider")
+
+
+def test_a_gated_mlps_widening_seed_learns_only_from_its_shadow_round_trips_and_exports() -> None:
+    _, host = _swiglu_host()
+    host.train()
+    bare = copy.deepcopy(host)
+    model = MorphogeneticModel(host, config=EASY_CONFIG)
+    place_seed(model, "1", "wider", Stage.TRAINING, 1)
+    x, targets = _ids(), _ids(seed=2)
+    output, shadow = model.forward_with_shadow(x)
+    torch.testing.assert_close(output, bare(x), rtol=0, atol=0)
+    assert shadow is not None
+    nn.functional.cross_entropy(shadow.outputs[0].flatten(0, 1), targets.flatten()).backward(
+        inputs=list(shadow.parameters))
+    assert all(parameter.grad is None for parameter in host.parameters())
+    assert all(parameter.grad is not None and parameter.grad.abs().sum() > 0
+               for parameter in model.seed_parameters("1"))
+    drive_to(model.slot("1"), Stage.FOSSILIZED)
+    place_seed(model, "2", "wider_inside", Stage.FOSSILIZED, 3)
+    state = model.state_dict()
+    assert any(name.endswith("seed.multiplier.weight") for name in state)
+    restored = MorphogeneticModel(copy.deepcopy(bare), config=EASY_CONFIG)
+    restored.load_state_dict(state)
+    with torch.no_grad():
+        torch.testing.assert_close(restored.eval()(x), model.eval()(x), rtol=0, atol=0)
+    assert_plain_network_matches(model, x)
+
+
+def test_a_gated_mlp_whose_up_layer_reads_another_input_has_no_site() -> None:
+    class CrossGated(nn.Module):  # the product's other factor is a layer of another value: no new rows match it
+        def __init__(self) -> None:
+            super().__init__()
+            self.gate, self.up, self.down = nn.Linear(16, 24), nn.Linear(16, 24), nn.Linear(24, 16)
+
+        def forward(self, x: Tensor) -> Tensor:
+            return x + self.down(torch.sigmoid(self.gate(x)) * self.up(torch.tanh(x)))
+
+    net = nn.Sequential(nn.Embedding(VOCABULARY, 16), CrossGated(), CrossGated(), nn.Linear(16, VOCABULARY))
+    model = MorphogeneticModel(host_from_module(net, ["1", "2"], example_input=_ids(2), topology="transformer"))
+    assert model.slot("2").width_site is None

@@ -277,7 +277,7 @@ def seed_heads(d_model: int) -> int:
 def transformer_attention(d_model: int, *, n_heads: int | None = None, device: Device = None,
                           dtype: torch.dtype | None = None) -> nn.Module:
     """Pre-norm causal self-attention, its output projection zero (identity at birth); `n_heads` defaults to
-    `seed_heads(d_model)`."""
+    `seed_heads(d_model)` (the layer before the slot gives its own: `heads_of`)."""
     attention = CausalSelfAttention(d_model, seed_heads(d_model) if n_heads is None else n_heads, device=device,
                                     dtype=dtype)
     _zero_(attention.proj)
@@ -318,10 +318,29 @@ def transformer_block(d_model: int, *, n_heads: int | None = None, device: Devic
     return block
 
 
-def heads_of(layer: nn.Module | None) -> dict[str, Any]:
-    """`{"n_heads": ...}` of the host's layer before the slot where it is a `TransformerBlock`, so that a new block
-    splits its width as the host's do."""
-    return {"n_heads": layer.attention.n_heads} if isinstance(layer, TransformerBlock) else {}
+#: Attributes under which attention modules keep their head count: torch's `nn.MultiheadAttention` and Hugging
+#: Face's GPT-2 attention (`num_heads`), morphogen's `CausalSelfAttention` (`n_heads`), nanoGPT's (`n_head`) and
+#: BERT's (`num_attention_heads`); a module's `config` (a Hugging Face model's) is read for them as well.
+_HEAD_COUNT_ATTRIBUTES = ("num_heads", "n_heads", "n_head", "num_attention_heads")
+
+
+def layer_heads(layer: nn.Module | None) -> int | None:
+    """The head count of the attention in `layer`, read off its modules and their configs; None where it holds
+    none, or several that disagree (a guess would be no better than the default)."""
+    if layer is None:
+        return None
+    counts = {value for module in layer.modules() for holder in (module, getattr(module, "config", None))
+              for name in _HEAD_COUNT_ATTRIBUTES
+              if isinstance(value := getattr(holder, name, None), int) and not isinstance(value, bool) and value > 0}
+    return counts.pop() if len(counts) == 1 else None
+
+
+def heads_of(layer: nn.Module | None, width: int) -> dict[str, Any]:
+    """`{"n_heads": ...}` of the host's layer before the slot where its attention has one head count that splits
+    the slot's `width`, so that a new block or attention splits its width as the host's do; else `{}` (the
+    default, `seed_heads`)."""
+    heads = layer_heads(layer)
+    return {"n_heads": heads} if heads is not None and width % heads == 0 else {}
 
 
 def copy_of_layer(blueprint: str, layer: nn.Module, *, device: Device = None, dtype: torch.dtype | None = None,
@@ -330,9 +349,11 @@ def copy_of_layer(blueprint: str, layer: nn.Module, *, device: Device = None, dt
     starts as a trained neighbour. The copy reads what the host's layer reads beside its input (a mask) from the
     host's `SideInputs`, which it shares rather than copies. Raises `ValueError` for options that would change
     the copy (a head count other than the layer's)."""
-    if options and options != heads_of(layer):
+    heads = layer_heads(layer)
+    own = {} if heads is None else {"n_heads": heads}
+    if options and options != own:
         raise ValueError(f"{blueprint!r} copies the layer before its slot ({type(layer).__name__} "
-                         f"{heads_of(layer) or ''}) as it is; options {options} would change it")
+                         f"{own or ''}) as it is; options {options} would change it")
     shared: dict[int, Any] = {id(module): module for module in layer.modules() if isinstance(module, SideInputs)}
     seed = copy.deepcopy(layer, shared)
     if device is not None or dtype is not None:
@@ -365,9 +386,9 @@ class Blueprint:
     """The seed is a copy of the host's layer before its slot (`SegmentedHost.layer_before`), weights and all:
     stacking (`block_copy`). `builder` then only describes it where no host is at hand. Not the identity at
     birth."""
-    options_from_layer_before: Callable[[nn.Module | None], dict[str, Any]] | None = None
-    """Options read off the host's layer before the slot (None where it has none), for those the caller does not
-    give (a whole block takes the head count of the layer before it)."""
+    options_from_layer_before: Callable[[nn.Module | None, int], dict[str, Any]] | None = None
+    """Options read off the host's layer before the slot (None where it has none) and the slot's width, for those
+    the caller does not give (a whole block or an attention takes the head count of the layer before it)."""
     inside_only: bool = False
     """For a widening blueprint: it grows only a width site inside the segment before its slot (a residual
     block's inner width, `WidthSite.inside`), never the layers around a slot."""
@@ -465,7 +486,8 @@ def _residual_mlp_blueprints(topology: str, *, attention: bool) -> dict[str, Blu
     ]
     if attention:
         blueprints.insert(3, Blueprint("attention", topology, transformer_attention,
-                                       "4-head causal self-attention (fewer where 4 do not divide w)"))
+                                       "causal self-attention, as many heads as the layer before the slot has "
+                                       "(else 4, fewer where 4 do not divide w)", options_from_layer_before=heads_of))
         blueprints += [
             Blueprint("block", topology, transformer_block,
                       "whole pre-norm block (attention + MLP), output projections zero: identity at birth",

@@ -358,7 +358,7 @@ class SeedSlot(nn.Module):
         # Build everything before touching the slot, so a refused blueprint or option changes nothing.
         recipe = get_blueprint(self.topology, blueprint)
         if recipe.options_from_layer_before is not None:
-            options = {**recipe.options_from_layer_before(self.layer_before), **options}
+            options = {**recipe.options_from_layer_before(self.layer_before, self.channels), **options}
         seed = self._build_seed(blueprint, blend_kind, device, dtype, options)
         blend_module = Blend(blend_kind, self.channels, channel_dim=CHANNEL_DIM[self.topology], device=device,
                              dtype=dtype)

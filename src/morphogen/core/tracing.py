@@ -4,7 +4,8 @@ submodules it cannot trace at all.
 `traceable_factories` lets `torch.ones(t, t)` with `t = x.shape[1]` trace (a causal mask made from the input's
 length), and keeps `torch.rand(1)` a draw of every run rather than a constant of the trace. `PartialTracer`
 traces into every submodule it can and keeps each one it cannot (an attention layer that unpacks `x.shape`, an
-embedding that checks the length in Python) as one call: the graph is then exact about the layers that matter to
+embedding that checks the length in Python) as one call, and so each element-wise activation module
+(`core/elementwise`): the graph is then exact about the layers that matter to
 a width site (a block's MLP) without fx having to trace all of the block.
 """
 
@@ -17,6 +18,7 @@ from collections.abc import Callable, Iterator
 import torch
 from torch import Tensor, fx, nn
 
+from morphogen.core.elementwise import is_elementwise_module
 from morphogen.core.training_mode import TrainingModeError, trace_in_both_modes
 
 #: Factories that take their size as separate numbers (`torch.ones(t, t)`), which fx cannot trace where a number
@@ -85,7 +87,11 @@ class PartialTracer(fx.Tracer):
     """
 
     def is_leaf_module(self, m: nn.Module, module_qualified_name: str) -> bool:
-        return not isinstance(m, _TRACED_THROUGH) and super().is_leaf_module(m, module_qualified_name)
+        if isinstance(m, _TRACED_THROUGH):
+            return False
+        # An activation module of the user's or a library's is one call, as torch's are: a width site can then pass
+        # the new neurons through a copy of it (`core/elementwise`).
+        return super().is_leaf_module(m, module_qualified_name) or is_elementwise_module(m)
 
     def trace(self, root: nn.Module | Callable[..., object], concrete_args: dict[str, object] | None = None
               ) -> fx.Graph:

@@ -18,14 +18,19 @@ the weights from the old to the new channels (and back) held at zero.
 Which slots have a site (`find_width_site`): the segment before the slot and the one after it are
 `nn.Sequential`s (the built-in CNN and 1D-CNN hosts, a user's `nn.Sequential` cut by `host_from_module`);
 the producer is followed only by norms, activations and dropout; only channel-wise modules (pooling,
-flattening, activations, dropout) lie between the slot and the consumer; neither layer is grouped. A
-transformer's residual stream cannot be widened locally: its slots widen inside, the MLP of the block before.
+flattening, activations, dropout) lie between the slot and the consumer; neither layer is grouped. An activation
+is torch's, or a module of the user's or a library's whose forward `core/elementwise` finds element-wise (Hugging
+Face's `NewGELUActivation`). A transformer's residual stream cannot be widened locally: its slots widen inside, the
+MLP of the block before.
 
 A segment that is a block of its own (a residual block, a traced user model's piece: anything but an
 `nn.Sequential` of layers) gives its slot a site *inside* it instead (`find_inside_width_site`): the last
 pair of layers in it that `torch.fx` traces as producer -> norms and activations -> consumer, such as a
-residual block's two convolutions, or a transformer block's MLP (`core/tracing.PartialTracer` keeps an
-attention layer fx cannot trace as one call). Its width is not the residual stream's, so it can grow where the
+residual block's two convolutions, or a transformer block's MLP (`core/tracing.PartialTracer` keeps an attention
+layer fx cannot trace as one call). A gated MLP's product read by its consumer alone (SwiGLU's
+`down(silu(gate(x)) * up(x))`, `up` reading what `gate` reads) is such a pair too: the new neurons get new rows of
+`gate` (the producer) and of `up` (`WidthSite.multiplier`), multiplied as the block's are, and zero columns of
+`down`. Its width is not the residual stream's, so it can grow where the
 stream cannot. The tap and the injection are then both in that segment, which runs as a traced copy of itself that
 calls the injection after the consumer (`WidthSite.instrumented`, sharing the segment's modules).
 """
@@ -33,12 +38,15 @@ calls the injection after the consumer (`WidthSite.instrumented`, sharing the se
 from __future__ import annotations
 
 import copy
+import operator
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 from torch import Tensor, fx, nn
 
+from morphogen.core.elementwise import is_elementwise_module
 from morphogen.core.spatial_calls import BoundCall, spatial_call
 from morphogen.core.tracing import trace_partially
 from morphogen.core.training_mode import ModeDependentCall
@@ -131,6 +139,9 @@ class WidthSite:
     """For a site inside the segment before the slot: that segment traced, taking `(x, inject)` and calling
     `inject(consumer output, tap)` after the consumer; it shares the segment's modules (None: a site around the
     slot, cut at `tap_cut` and `inject_cut`)."""
+    multiplier: Layer | None = None
+    """For a gated MLP inside a block (SwiGLU, GeGLU: `consumer(act(producer(x)) * multiplier(x))`), the layer
+    whose output multiplies the activated producer's (`up`, the producer being the gate); None for a plain one."""
 
     @property
     def copy_modules(self) -> tuple[nn.Module, ...]:
@@ -223,18 +234,21 @@ def find_inside_width_site(segment: nn.Module, point: int) -> WidthSite | str:
     if len(inputs) != 1 or not pairs:
         return ("no pair of convolution or linear layers joined by norms, activations, dropout and constant slices or "
                 "paddings of positions inside the segment before it")
-    producer_node, chain, consumer_node = pairs[-1]
+    producer_node, chain, consumer_node, multiplier_node = pairs[-1]
     producer, consumer = modules[str(producer_node.target)], modules[str(consumer_node.target)]
+    multiplier = None if multiplier_node is None else modules[str(multiplier_node.target)]
     assert isinstance(producer, LAYERS) and isinstance(consumer, LAYERS)
+    assert multiplier is None or isinstance(multiplier, LAYERS)
     tap = producer_node.args[0]
     assert isinstance(tap, fx.Node)  # a chain's producer reads a node (`_producer_chain`)
     following = tuple(_module_of(node, modules, _spatial_dims(consumer), tap) for node in chain)
     channels = _out_size(producer)
-    problem = _site_problem(producer, following, (), consumer, channels)
+    problem = _site_problem(producer, following, (), consumer, channels) or _multiplier_problem(producer, multiplier)
     if problem:
         return problem
     site = WidthSite(point, -1, point, -1, producer, following, (), consumer, channels,
-                     instrumented=_instrumented(traced, inputs[0], producer_node, consumer_node))
+                     instrumented=_instrumented(traced, inputs[0], producer_node, consumer_node),
+                     multiplier=multiplier)
     site.follow_mode(segment.training)
     return site
 
@@ -258,7 +272,7 @@ def _passes_new_channels(node: fx.Node, modules: dict[str, nn.Module], spatial_d
     """Whether `node` may lie between a site's producer (whose input is `tap`) and consumer: a norm, an element-wise
     activation, a dropout given the model's mode, applied to its one input, or a call on its positions alone
     (`spatial_call`)."""
-    if node.op == "call_module" and isinstance(modules[str(node.target)], (*NORMS, *ELEMENTWISE)):
+    if node.op == "call_module" and _passes_elementwise(modules[str(node.target)], NORMS):
         return True
     if spatial_call(node, spatial_dims, tap) is not None:
         return True
@@ -278,29 +292,66 @@ def _is_mode_dependent_dropout(node: fx.Node, modules: dict[str, nn.Module]) -> 
     return not any(isinstance(value, fx.Node) for value in (*node.args[1:], *node.kwargs.values()))
 
 
-def _layer_pairs(graph: fx.Graph, modules: dict[str, nn.Module]) -> list[tuple[fx.Node, list[fx.Node], fx.Node]]:
-    """Every (producer, chain, consumer) of `graph` in the consumers' order, each layer called once in it."""
+class _LayerPair(NamedTuple):
+    """Nodes of a traced graph that a site inside a block widens: producer -> chain -> consumer, and in a gated MLP
+    the layer whose output multiplies the chain's before the consumer."""
+
+    producer: fx.Node
+    chain: list[fx.Node]
+    consumer: fx.Node
+    multiplier: fx.Node | None
+
+
+def _layer_pairs(graph: fx.Graph, modules: dict[str, nn.Module]) -> list[_LayerPair]:
+    """Every (producer, chain, consumer, multiplier) of `graph` in the consumers' order, each layer called once."""
     nodes = list(graph.nodes)
     calls = [node.target for node in nodes if node.op == "call_module"]
     pairs = [pair for pair in (_producer_chain(node, modules) for node in nodes) if pair is not None]
-    return [(producer, chain, consumer) for producer, chain, consumer in pairs
-            if calls.count(producer.target) == 1 and calls.count(consumer.target) == 1]
+    return [pair for pair in pairs
+            if all(calls.count(layer.target) == 1 for layer in (pair.producer, pair.consumer, pair.multiplier)
+                   if layer is not None)]
 
 
-def _producer_chain(consumer: fx.Node, modules: dict[str, nn.Module]) -> tuple[fx.Node, list[fx.Node], fx.Node] | None:
-    """(producer, the norms and activations between, `consumer`) when `consumer` is a layer fed that way, else None."""
+def _producer_chain(consumer: fx.Node, modules: dict[str, nn.Module]) -> _LayerPair | None:
+    """(producer, the norms and activations between, `consumer`, the gated product's other layer or None) when
+    `consumer` is a layer fed that way, else None."""
     if consumer.op != "call_module" or not isinstance(modules[str(consumer.target)], LAYERS):
         return None
     chain: list[fx.Node] = []
     node = consumer.args[0] if len(consumer.args) == 1 and not consumer.kwargs else None
+    gated = _gated_product(node, modules)
+    node, multiplier = gated if gated is not None else (node, None)
     while isinstance(node, fx.Node) and len(_value_users(node)) == 1:
         if node.op == "call_module" and isinstance(modules[str(node.target)], LAYERS):
-            # Checked once the producer is known: a slice may read the size of its input, the seed's tap.
-            tap, dims = node.args[0] if node.args else None, _spatial_dims(modules[str(consumer.target)])
-            passing = isinstance(tap, fx.Node) and all(_passes_new_channels(link, modules, dims, tap) for link in chain)
-            return (node, chain[::-1], consumer) if passing else None
+            return _pair_at_producer(_LayerPair(node, chain[::-1], consumer, multiplier), modules)
         chain.append(node)
         node = node.args[0] if node.args else None
+    return None
+
+
+def _pair_at_producer(pair: _LayerPair, modules: dict[str, nn.Module]) -> _LayerPair | None:
+    """`pair` where its chain passes new channels and its multiplier (if any) reads the producer's input, else None.
+
+    Checked once the producer is known: a slice may read the size of its input, the seed's tap."""
+    tap, dims = pair.producer.args[0] if pair.producer.args else None, _spatial_dims(modules[str(pair.consumer.target)])
+    passing = isinstance(tap, fx.Node) and all(_passes_new_channels(link, modules, dims, tap) for link in pair.chain)
+    same_input = pair.multiplier is None or (pair.multiplier.args == (tap,) and not pair.multiplier.kwargs)
+    return pair if passing and same_input else None
+
+
+def _gated_product(node: object, modules: dict[str, nn.Module]) -> tuple[fx.Node, fx.Node] | None:
+    """For a gated MLP's product `act(gate(x)) * up(x)` read by the consumer alone: the node on the gate's side and
+    the `up` layer's node (read by the product alone); None for any other node."""
+    if not isinstance(node, fx.Node) or len(node.args) != 2 or node.kwargs or len(_value_users(node)) != 1:
+        return None
+    product = (node.op == "call_function" and node.target in (operator.mul, torch.mul)) or (
+        node.op == "call_method" and node.target == "mul")
+    if not product:
+        return None
+    for gate_side, up in (node.args, node.args[::-1]):
+        if (isinstance(gate_side, fx.Node) and isinstance(up, fx.Node) and up.op == "call_module"
+                and isinstance(modules[str(up.target)], LAYERS) and len(_value_users(up)) == 1):
+            return gate_side, up
     return None
 
 
@@ -338,9 +389,9 @@ def _instrumented(traced: fx.GraphModule, entering: fx.Node, producer: fx.Node, 
 def _site_problem(producer: Layer, following: Sequence[nn.Module], between: Sequence[nn.Module], consumer: Layer,
                   channels: int) -> str:
     """Why a producer and a consumer cannot be widened together around a slot of `channels`; "" when they can."""
-    if any(not isinstance(module, (*NORMS, *ELEMENTWISE, BoundDropout, BoundCall)) for module in following):
+    if any(not _passes_elementwise(module, (*NORMS, BoundDropout, BoundCall)) for module in following):
         return f"{type(producer).__name__} before it is followed by other modules than norms and activations"
-    if any(not isinstance(module, CHANNELWISE) for module in between):
+    if any(not isinstance(module, CHANNELWISE) and not is_elementwise_module(module) for module in between):
         return "other modules than pooling, flattening and activations lie between it and the next layer"
     grouped = [layer for layer in (producer, consumer) if not isinstance(layer, nn.Linear) and layer.groups != 1]
     if grouped:
@@ -349,6 +400,29 @@ def _site_problem(producer: Layer, following: Sequence[nn.Module], between: Sequ
     if outputs != channels or inputs % channels:
         return f"the layers' widths ({outputs} out, {inputs} in) do not match the slot's {channels} channels"
     return ""
+
+
+def _multiplier_problem(producer: Layer, multiplier: Layer | None) -> str:
+    """Why a gated MLP's `up` layer cannot grow with its gate, the producer: it must be a layer of the same kind,
+    sizes and geometry, so that the new rows of both multiply element by element; "" when it can (or is None)."""
+    if multiplier is None:
+        return ""
+    same = type(multiplier) is type(producer) and (_in_size(multiplier), _out_size(multiplier)) == (
+        _in_size(producer), _out_size(producer))
+    if same and not isinstance(producer, nn.Linear):
+        assert not isinstance(multiplier, nn.Linear)
+        same = all(getattr(multiplier, name) == getattr(producer, name)
+                   for name in ("kernel_size", "stride", "padding", "dilation", "groups", "padding_mode"))
+    if not same:
+        return (f"the gated MLP's layers {type(producer).__name__} and {type(multiplier).__name__} differ in kind, "
+                "size or geometry")
+    return ""
+
+
+def _passes_elementwise(module: nn.Module, also: tuple[type[nn.Module], ...]) -> bool:
+    """Whether `module` is one of torch's element-wise modules, one of the classes `also`, or an activation module
+    of the user's or a library's that computes element by element (`core/elementwise`)."""
+    return isinstance(module, (*ELEMENTWISE, *also)) or is_elementwise_module(module)
 
 
 def _layer_like(layer: Layer, in_size: int, out_size: int, *, bias: bool, device: Device,
@@ -386,8 +460,9 @@ def new_channel_norm(norm: nn.Module, channels: int, *, batch_norm: bool, device
 
 
 class WidthSeed(nn.Module):
-    """`k` new channels of a width site: the producer's new rows, their norm and activation, and the consumer's
-    new (zero-initialised) columns. `forward(tap)` is what they add to the consumer's output."""
+    """`k` new channels of a width site: the producer's new rows, their norm and activation (in a gated MLP times
+    the new rows of its `up` layer), and the consumer's new (zero-initialised) columns. `forward(tap)` is what they
+    add to the consumer's output."""
 
     def __init__(self, site: WidthSite, channels: int, *, batch_norm: bool = False, device: Device = None,
                  dtype: torch.dtype | None = None) -> None:
@@ -400,6 +475,10 @@ class WidthSeed(nn.Module):
         producer_inputs = _in_size(producer)
         self.producer = _layer_like(producer, producer_inputs, channels, bias=producer.bias is not None,
                                     device=device, dtype=dtype)
+        multiplier = site.multiplier
+        # A gated MLP's new neurons: new rows of its `up` layer too, multiplying the new gate's activations.
+        self.multiplier = None if multiplier is None else _layer_like(
+            multiplier, producer_inputs, channels, bias=multiplier.bias is not None, device=device, dtype=dtype)
         following: list[nn.Module] = []
         for module in site.after_producer:
             if isinstance(module, NORMS):
@@ -416,6 +495,8 @@ class WidthSeed(nn.Module):
         hidden: Tensor = self.producer(tap)  # (N, k, ...)
         for module in self.after_producer:  # a slice may read the tap's length, as the block's own does
             hidden = module(hidden, tap) if isinstance(module, BoundCall) else module(hidden)
+        if self.multiplier is not None:
+            hidden = hidden * self.multiplier(tap)  # (N, k, ...): the gated product
         added: Tensor = self.consumer(self.before_consumer(hidden))  # the consumer's output shape
         return added
 

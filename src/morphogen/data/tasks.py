@@ -42,7 +42,13 @@ from morphogen.data.datasets import Augmentation, DeviceDataset, random_crop_fli
 from morphogen.data.digits import read_digits, stratified_split
 from morphogen.data.errors import DataError
 from morphogen.data.mnist1d import MNIST1D_NUM_CLASSES, generate_mnist1d
-from morphogen.data.text import encode_characters, next_character_windows, read_default_corpus, read_text_file
+from morphogen.data.text import (
+    EncodedText,
+    encode_characters,
+    next_character_windows,
+    read_default_corpus,
+    read_text_file,
+)
 from morphogen.inputs import Inputs
 from morphogen.limits import short_repr
 
@@ -317,13 +323,11 @@ def _load_text(
     size: dict[str, int],
 ) -> Task:
     """Vocabulary from the whole text (so validation has no unknown ids), windows per split."""
-    text = read_default_corpus() if text_file is None else read_text_file(text_file)
     block_size = size["block_size"]
-    _check_text_length(len(text), block_size, "the default corpus" if text_file is None
-                       else f"text file {Path(text_file).expanduser()}")
-    encoded = encode_characters(text)
-    ids = torch.from_numpy(encoded.ids)  # (L,)
-    cut = _text_cut(len(text))
+    encoded = _encoded_text(text_file, block_size)
+    # One int64 copy of the ids, which embeddings and cross-entropy take; the windows are views of it.
+    ids = torch.from_numpy(encoded.ids).long()  # (L,)
+    cut = _text_cut(len(ids))
     train_inputs, train_targets = next_character_windows(ids[:cut], block_size)  # (N, T), (N, T)
     validation_inputs, validation_targets = next_character_windows(ids[cut:], block_size)
     kept = _kept_training_indices(train_inputs.shape[0], max_train_samples, seed)
@@ -342,6 +346,15 @@ def _load_text(
         vocabulary=encoded.vocabulary,
         num_classes=len(encoded.vocabulary),
     )
+
+
+def _encoded_text(text_file: str | Path | None, block_size: int) -> EncodedText:
+    """The text task's corpus (the default one, or `text_file`) checked for length and encoded; the text itself
+    is not kept, only its compact ids."""
+    text = read_default_corpus() if text_file is None else read_text_file(text_file)
+    _check_text_length(len(text), block_size, "the default corpus" if text_file is None
+                       else f"text file {Path(text_file).expanduser()}")
+    return encode_characters(text)
 
 
 def _text_cut(length: int) -> int:

@@ -7,10 +7,12 @@ a fraction of a second to load. It differs between Python versions, and so does 
 
 from __future__ import annotations
 
+import sys
 import sysconfig
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from torch import Tensor
@@ -20,10 +22,17 @@ from morphogen.data.errors import DataError
 DEFAULT_CORPUS_MAX_CHARACTERS = 1_000_000
 """Size cap of the default corpus: ~14k training windows of 64 characters, an epoch of seconds on CPU."""
 
+_CHUNK_CHARACTERS = 1 << 16
+"""Characters converted to code points at a time while encoding (a chunk takes ~1 MB of scratch memory)."""
+
+_TEXT_FILE_SETTING = "text_file (--text-file on the command line)"
+"""How an error names the setting that picks the text file: the key of Python and config files, and the flag."""
+
 
 @dataclass(frozen=True)
 class EncodedText:
-    """A text as character ids (int64 [L]) and the vocabulary mapping id -> character."""
+    """A text as character ids ([L], uint8, int16 or int32 by vocabulary size) and the vocabulary mapping id ->
+    character."""
 
     ids: np.ndarray
     vocabulary: tuple[str, ...]
@@ -46,35 +55,58 @@ def read_default_corpus(max_characters: int = DEFAULT_CORPUS_MAX_CHARACTERS) -> 
             break
     if not parts:
         raise DataError(
-            f"no readable Python sources found in {stdlib}; pass text_file=PATH to a UTF-8 text file"
+            f"no readable Python sources found in {stdlib}; set {_TEXT_FILE_SETTING} to a UTF-8 text file"
         )
     return "".join(parts)[:max_characters]
 
 
 def read_text_file(path: str | Path) -> str:
-    """A whole UTF-8 text file; DataError when it is missing or not UTF-8."""
+    """A whole UTF-8 text file, less a byte order mark at its start (an editor's, not a character of the text);
+    DataError when it is missing or not UTF-8."""
     file = Path(path).expanduser()
     if not file.is_file():
         raise DataError(
-            f"text file {file} does not exist (or is not a file); pass text_file=PATH to a UTF-8 file"
+            f"text file {file} does not exist (or is not a file); set {_TEXT_FILE_SETTING} to a UTF-8 file"
         )
     try:
-        return file.read_text(encoding="utf-8")
+        return file.read_text(encoding="utf-8-sig")
     except UnicodeDecodeError as error:
         raise DataError(f"text file {file} is not valid UTF-8 ({error}); convert it to UTF-8") from error
 
 
 def encode_characters(text: str) -> EncodedText:
-    """Ids into the sorted set of the text's characters (sorted by code point, as `sorted(set(text))`)."""
-    code_points = np.frombuffer(text.encode("utf-32-le"), dtype="<u4").astype(np.int64)  # (L,)
+    """Ids into the sorted set of the text's characters (sorted by code point, as `sorted(set(text))`).
+
+    The ids take the narrowest dtype that holds the vocabulary (uint8 up to 256 characters, int16 up to 32,768,
+    else int32), and the text is converted to code points a chunk at a time, so encoding needs the ids and about
+    2 MB besides the text (a table over all code points, a chunk's scratch), not several times the text's size.
+    """
     # Linear time: mark the code points that occur; an occurring one's id is how many occur before it.
-    occurs = np.bincount(code_points, minlength=1) > 0  # (max code point + 1,)
-    id_of_code = np.cumsum(occurs) - 1
+    occurs = np.zeros(sys.maxunicode + 1, dtype=bool)  # (0x110000,)
+    for _, code_points in _code_point_chunks(text):
+        occurs[code_points] = True
     vocabulary_codes = np.flatnonzero(occurs)  # (V,), ascending
-    return EncodedText(
-        ids=id_of_code[code_points],
-        vocabulary=tuple(chr(int(code)) for code in vocabulary_codes),
-    )
+    id_dtype = _id_dtype(len(vocabulary_codes))
+    id_of_code = np.zeros(int(vocabulary_codes[-1]) + 1 if len(vocabulary_codes) else 0, dtype=id_dtype)  # (C,)
+    id_of_code[vocabulary_codes] = np.arange(len(vocabulary_codes), dtype=id_dtype)
+    ids = np.empty(len(text), dtype=id_dtype)  # (L,)
+    for start, code_points in _code_point_chunks(text):
+        ids[start:start + len(code_points)] = id_of_code[code_points]
+    return EncodedText(ids=ids, vocabulary=tuple(chr(int(code)) for code in vocabulary_codes))
+
+
+def _code_point_chunks(text: str) -> Iterator[tuple[int, np.ndarray]]:
+    """The text's code points (uint32) `_CHUNK_CHARACTERS` at a time, each with the offset of its first one."""
+    for start in range(0, len(text), _CHUNK_CHARACTERS):
+        chunk = text[start:start + _CHUNK_CHARACTERS].encode("utf-32-le")
+        yield start, np.frombuffer(chunk, dtype="<u4")
+
+
+def _id_dtype(vocabulary_size: int) -> type[np.integer[Any]]:
+    """The narrowest integer dtype that torch also holds (so no uint16) for ids below `vocabulary_size`."""
+    if vocabulary_size <= 1 << 8:
+        return np.uint8
+    return np.int16 if vocabulary_size <= 1 << 15 else np.int32
 
 
 def decode_characters(ids: Tensor | Sequence[int], vocabulary: Sequence[str]) -> str:
