@@ -167,3 +167,24 @@ def test_an_episode_decays_its_rates_along_the_cosine_and_a_constant_one_leaves_
         rates[schedule] = seen
     assert rates["cosine"] == pytest.approx([0.01 * (1 + math.cos(math.pi * epoch / 4)) / 2 for epoch in range(4)])
     assert rates["constant"] == [0.01] * 4
+
+
+def test_a_training_step_computes_each_groups_gradient_norm_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The clip of the host and of a TRAINING seed reuses the norm the isolation monitor just took of the same
+    gradients: one per-tensor norm pass per group, where clipping on its own took a second one (4 passes)."""
+    inputs, targets = batch()
+    model = small_model()
+    training_seed(model)
+    trainer = HostAndSeedTrainer(model, OptimizerConfig(), IsolationMonitor())
+    trainer.train_batch(inputs, targets)
+    passes: list[int] = []
+    foreach_norm = torch._foreach_norm
+
+    def counted(tensors: list[torch.Tensor], *args: object, **kwargs: object) -> object:
+        passes.append(len(tensors))
+        return foreach_norm(tensors, *args, **kwargs)
+
+    monkeypatch.setattr(torch, "_foreach_norm", counted)
+    trainer.train_batch(inputs, targets)
+    seed_tensors = len(model.slot("r0c0").seed_parameters())
+    assert passes == [len(model.host_parameters()), seed_tensors]
