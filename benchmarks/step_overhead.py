@@ -1,6 +1,7 @@
 """What a growth episode's training step costs besides the model's own work: morphogen's step against a naive one.
 
-The naive step (`naive_step`) is the trainer with two things done the obvious way:
+The naive step is the trainer with three things done the obvious way:
+- every step sets the model to training mode (`model.train()`, a walk over every module), not each epoch's first;
 - each group's gradients (host, then each seed) are clipped with `torch.nn.utils.clip_grad_norm_`, which computes
   again the total norm the isolation monitor computed of the same gradients just before;
 - a segment that a widening seed cuts (its producer's tap, its consumer's output) runs as `nn.Sequential` slices,
@@ -58,15 +59,27 @@ def sliced_layers(segment: nn.Sequential, start: int, stop: int, h: Tensor) -> T
     return output
 
 
+#: Morphogen's training step, which the naive one calls after setting the modes.
+TRAIN_BATCH = HostAndSeedTrainer.train_batch
+
+
+def train_batch_setting_modes(trainer: HostAndSeedTrainer, inputs: Inputs, targets: Tensor) -> None:
+    """The step with the model set to training mode first, a walk over every module at every step."""
+    trainer.model.train()
+    TRAIN_BATCH(trainer, inputs, targets)
+
+
 @contextmanager
 def naive_step() -> Iterator[None]:
-    """Train with the naive clip and the sliced segments inside the block."""
+    """Train with the naive step inside the block: the modes set every step, the naive clip, the sliced segments."""
     kept = training.clip_gradients, width._run_layers
     training.clip_gradients, width._run_layers = naive_clip, sliced_layers
+    HostAndSeedTrainer.train_batch = train_batch_setting_modes  # type: ignore[method-assign]
     try:
         yield
     finally:
         training.clip_gradients, width._run_layers = kept
+        HostAndSeedTrainer.train_batch = TRAIN_BATCH  # type: ignore[method-assign]
 
 
 def state_of(episode: MorphogenesisEpisode) -> str:
@@ -183,8 +196,8 @@ def format_table(figures: Sequence[StepFigures], args: argparse.Namespace) -> st
              f"{'task':<9}{'slots run':<16}{'naive ms':>10}{'ours ms':>9}{'speed-up':>10}"]
     for row in figures:
         lines.append(f"{row.task:<9}{row.state:<16}{row.naive_ms:>10.2f}{row.ours_ms:>9.2f}{row.speed_up:>9.3f}x")
-    lines.append("(naive: clip_grad_norm_ computes each group's norm again, cut segments run as Sequential slices; "
-                 "both trained the same parameters, bit for bit)")
+    lines.append("(naive: model.train() every step, clip_grad_norm_ computes each group's norm again, cut segments run "
+                 "as Sequential slices; both trained the same parameters, bit for bit)")
     return "\n".join(lines)
 
 

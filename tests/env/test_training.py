@@ -188,3 +188,27 @@ def test_a_training_step_computes_each_groups_gradient_norm_once(monkeypatch: py
     trainer.train_batch(inputs, targets)
     seed_tensors = len(model.slot("r0c0").seed_parameters())
     assert passes == [len(model.host_parameters()), seed_tensors]
+
+
+def test_the_model_is_set_to_training_mode_once_an_epoch(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each epoch's first batch sets every module to training mode, whatever the epoch before left (a model
+    evaluated in eval mode); the later batches of the epoch do not walk the modules again."""
+    inputs, targets = batch()
+    model = small_model()
+    training_seed(model)
+    trainer = HostAndSeedTrainer(model, OptimizerConfig(), IsolationMonitor())
+    calls: list[bool] = []
+    train = MorphogeneticModel.train
+
+    def counted(self: MorphogeneticModel, mode: bool = True) -> MorphogeneticModel:
+        calls.append(mode)
+        return train(self, mode)
+
+    monkeypatch.setattr(MorphogeneticModel, "train", counted)
+    for _ in range(2):
+        model.eval()
+        for _ in range(3):
+            trainer.train_batch(inputs, targets)
+            assert all(module.training for module in model.modules())
+        trainer.take_epoch_loss()
+    assert calls == [False, True, False, True]  # eval() goes through train(False)

@@ -133,9 +133,12 @@ class HostAndSeedTrainer:
         return running
 
     def train_batch(self, inputs: Inputs, targets: Tensor) -> None:
-        """Forward, backward, per-group clip and optimizer steps on one batch."""
+        """Forward, backward, per-group clip and optimizer steps on one batch, the model in training mode."""
         model = self.model
-        model.train()
+        if self.batches == 0:
+            # Once an epoch: nothing between two of its batches changes a mode (validation and the growth probes
+            # restore the ones they found), and walking every module each batch was 2-5% of a step.
+            model.train()
         clear_stale_casts()
         note_batch(self.batch_shapes, inputs)
         running = self.sync_seed_optimizers()
