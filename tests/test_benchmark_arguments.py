@@ -42,6 +42,8 @@ from morphogen.data.errors import DataError
      "--late and --branch-epoch: epochs from 1 to 3 (training is 4 epochs)"),
     ("jobs", ["--commands", "evaluate"], "--commands: give some of eval, seeds, got 'evaluate'"),
     ("jobs", ["--tasks", "digit"], "--tasks: give some of the built-in tasks digits"),
+    ("step_overhead", ["--tasks", "digit"], "--tasks: give some of the built-in tasks digits"),
+    ("step_overhead", ["--rounds", "0"], "argument --rounds: must be at least 1, got 0"),
     ("lm_growth", ["--grow-at", "40"], "--grow-at: a fraction of the budget between 0 and 1, got 40"),
     ("lm_growth", ["--lr", "0"], "--lr: must be > 0, got 0"),
 ])

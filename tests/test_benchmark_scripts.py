@@ -10,10 +10,15 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 import growth_plans
 import jobs
+import step_overhead
 import telemetry_overhead
+from morphogen.core import width
 from morphogen.data import load_task
+from morphogen.env import training
+from morphogen.env.actions import Action, Op
 from morphogen.env.episode import MorphogenesisEpisode
 from morphogen.env.play import run_episode
+from morphogen.env.training import HostAndSeedTrainer
 
 
 def test_jobs_benchmark_compares_the_figures_of_two_runs_less_their_wall_clock_seconds() -> None:
@@ -44,3 +49,20 @@ def test_growth_plans_plays_episodes_of_the_epochs_asked_for_and_keeps_their_res
     short, longer = (growth_plans.play("digits", "heuristic", 0, 7000, 1, epochs) for epochs in (2, 4))
     assert (short["epochs"], longer["epochs"]) == (2, 4) and short["key"] != longer["key"]
     assert 1.5 < longer["flops"] / short["flops"] < 2.5
+
+
+def test_step_benchmark_times_the_naive_step_on_the_same_training_and_puts_morphogens_back() -> None:
+    """`benchmarks/step_overhead.py` compares morphogen's training step with the naive one on two copies of a trainer
+    with a TRAINING widening seed (whose segments are cut): both must train the same parameters, bit for bit, and
+    morphogen's own functions must be back after the timing."""
+    torch.set_num_threads(1)
+    task = load_task("digits", max_train_samples=256, seed=0)
+    episode = MorphogenesisEpisode(task, seed=0)
+    episode.reset()
+    episode.step(Action(Op.GERMINATE, "r0c0", "wider"))
+    episode.step(Action())
+    assert step_overhead.state_of(episode) == "TRAINING seed"
+    kept = training.clip_gradients, width._run_layers, HostAndSeedTrainer.train_batch
+    figures = step_overhead.measure_state(task, "TRAINING seed", episode.trainer, 0, batches=2, rounds=2)
+    assert (training.clip_gradients, width._run_layers, HostAndSeedTrainer.train_batch) == kept
+    assert figures.naive_ms > 0 and figures.ours_ms > 0 and figures.speed_up > 0

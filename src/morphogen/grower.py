@@ -58,6 +58,7 @@ from morphogen.env.snapshot import EpisodeSnapshot, snapshot_from_state
 from morphogen.env.training import clear_stale_casts
 from morphogen.inputs import Inputs, dtype_mismatch, rows
 from morphogen.inputs import problem as inputs_problem
+from morphogen.telemetry.gradients import clip_gradients
 from morphogen.telemetry.sinks import Telemetry
 
 #: The version of what `Grower.state_dict` writes; a state of another is refused when loaded.
@@ -263,10 +264,10 @@ class Grower:
         # reads them, so that a blended seed is not judged by gradients 65536 times its own.
         finite = {slot_id: _unscaled(parameters, scaler if self.model.slot(slot_id).mode is SlotMode.BLENDED else None)
                   for slot_id, parameters in self._running.items()}
-        self.episode.monitor.accumulate(self.model.host_parameters(), self._running)
+        norms = self.episode.monitor.accumulate(self.model.host_parameters(), self._running)
         for slot_id, parameters in self._running.items():
             if finite[slot_id]:
-                nn.utils.clip_grad_norm_(parameters, trainer.config.clip_norm, foreach=True)
+                clip_gradients(parameters, trainer.config.clip_norm, norms.seeds.get(slot_id))
                 trainer.step_seed(slot_id)
 
     def end_epoch(self) -> EpochReport:

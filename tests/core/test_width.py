@@ -126,6 +126,32 @@ def test_counterfactual_and_shadow_passes_agree_with_plain_forwards_around_widen
     assert_passes_match_plain_forwards(model, x)
 
 
+def test_the_passes_around_widening_seeds_build_no_module(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A segment cut by a widening seed runs its layers in turn: no `nn.Sequential` slice is built at each cut of each
+    forward, which built one module per cut per pass."""
+    torch.manual_seed(0)
+    model = MorphogeneticModel(CNNHost(5, 1, n_blocks=3, base_channels=4), config=EASY_CONFIG)
+    _place(model, "r0c0", Stage.HOLDING, 1)
+    _place(model, "r0c1", Stage.TRAINING, 2)
+    x = torch.randn(3, 1, 8, 8, generator=torch.Generator().manual_seed(4))
+    built: list[str] = []
+    module_init = nn.Module.__init__
+
+    def counted(self: nn.Module, *args: object, **kwargs: object) -> None:
+        built.append(type(self).__name__)
+        module_init(self, *args, **kwargs)
+
+    monkeypatch.setattr(nn.Module, "__init__", counted)
+    output, shadow = model.forward_with_shadow(x)
+    assert shadow is not None and shadow.slot_ids == ("r0c1",)
+    (output.sum() + shadow.outputs.sum()).backward()
+    with torch.no_grad():
+        model.eval()
+        model(x)
+        model.counterfactual_forward(x, [[1.0, 0.0, 0.0], [0.0, 0.0, 0.0], [1.0, 1.0, 0.0]])
+    assert built == []
+
+
 def test_a_training_widening_seed_learns_only_from_its_shadow() -> None:
     torch.manual_seed(0)
     host = CNNHost(5, 1, n_blocks=2, base_channels=4)

@@ -167,3 +167,48 @@ def test_an_episode_decays_its_rates_along_the_cosine_and_a_constant_one_leaves_
         rates[schedule] = seen
     assert rates["cosine"] == pytest.approx([0.01 * (1 + math.cos(math.pi * epoch / 4)) / 2 for epoch in range(4)])
     assert rates["constant"] == [0.01] * 4
+
+
+def test_a_training_step_computes_each_groups_gradient_norm_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The clip of the host and of a TRAINING seed reuses the norm the isolation monitor just took of the same
+    gradients: one per-tensor norm pass per group, where clipping on its own took a second one (4 passes)."""
+    inputs, targets = batch()
+    model = small_model()
+    training_seed(model)
+    trainer = HostAndSeedTrainer(model, OptimizerConfig(), IsolationMonitor())
+    trainer.train_batch(inputs, targets)
+    passes: list[int] = []
+    foreach_norm = torch._foreach_norm
+
+    def counted(tensors: list[torch.Tensor], *args: object, **kwargs: object) -> object:
+        passes.append(len(tensors))
+        return foreach_norm(tensors, *args, **kwargs)
+
+    monkeypatch.setattr(torch, "_foreach_norm", counted)
+    trainer.train_batch(inputs, targets)
+    seed_tensors = len(model.slot("r0c0").seed_parameters())
+    assert passes == [len(model.host_parameters()), seed_tensors]
+
+
+def test_the_model_is_set_to_training_mode_once_an_epoch(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each epoch's first batch sets every module to training mode, whatever the epoch before left (a model
+    evaluated in eval mode); the later batches of the epoch do not walk the modules again."""
+    inputs, targets = batch()
+    model = small_model()
+    training_seed(model)
+    trainer = HostAndSeedTrainer(model, OptimizerConfig(), IsolationMonitor())
+    calls: list[bool] = []
+    train = MorphogeneticModel.train
+
+    def counted(self: MorphogeneticModel, mode: bool = True) -> MorphogeneticModel:
+        calls.append(mode)
+        return train(self, mode)
+
+    monkeypatch.setattr(MorphogeneticModel, "train", counted)
+    for _ in range(2):
+        model.eval()
+        for _ in range(3):
+            trainer.train_batch(inputs, targets)
+            assert all(module.training for module in model.modules())
+        trainer.take_epoch_loss()
+    assert calls == [False, True, False, True]  # eval() goes through train(False)

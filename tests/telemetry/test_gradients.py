@@ -16,6 +16,7 @@ from morphogen.telemetry.gradients import (
     DEFAULT_EXPLODING_THRESHOLD,
     DEFAULT_VANISHING_THRESHOLD,
     RATIO_HOST_FLOOR,
+    clip_gradients,
     global_gradient_norm,
     gradient_ratio,
     group_gradient_stats,
@@ -221,3 +222,24 @@ def test_statistics_of_20m_parameters_allocate_under_one_percent_of_the_gradient
     # The contrast that shows the measurement sees allocations: a cat of all gradients (pitfall 6).
     concatenated = _peak_allocated_bytes(lambda: torch.cat([param.grad.flatten() for param in params]).norm())
     assert concatenated >= gradient_bytes
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
+def test_clipping_with_the_groups_norm_scales_the_gradients_as_torch_does(dtype: torch.dtype) -> None:
+    """`clip_gradients(params, max_norm, stats.clip_norm)` leaves the gradients of `clip_grad_norm_` bit for bit: with
+    the group's norm where it is torch's own (float32 gradients), and computing torch's where it is not (the
+    float32 norm of bfloat16 gradients, or float64 ones, is another number than the one torch clips by)."""
+    torch.manual_seed(0)
+    model = _cnn().to(dtype)
+    (model(torch.randn(6, 3, 5, 5, dtype=dtype)) ** 2).sum().backward()
+    params = list(model.parameters())
+    twins = [nn.Parameter(param.detach().clone()) for param in params]
+    for twin, param in zip(twins, params, strict=True):
+        twin.grad = None if param.grad is None else param.grad.clone()
+    torch.nn.utils.clip_grad_norm_(twins, 0.5, foreach=True)
+    stats = group_gradient_stats(params)
+    assert (stats.clip_norm is stats.norm) if dtype == torch.float32 else stats.clip_norm is None
+    assert float(stats.norm) > 0.5  # the clip scales them
+    clip_gradients(params, 0.5, stats.clip_norm)
+    for param, twin in zip(params, twins, strict=True):
+        assert param.grad is not None and twin.grad is not None and torch.equal(param.grad, twin.grad)

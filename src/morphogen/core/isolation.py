@@ -5,7 +5,9 @@ Rules:
   before or after; call it where the gradients you want judged are). It never synchronizes: norms
   and counts are added into small tensors on one device, the *accumulation device* (the `device`
   argument, else the device of the first gradient seen). Per-tensor norms of a group that lives on
-  another device are moved there as one small vector, never one tensor per parameter.
+  another device are moved there as one small vector, never one tensor per parameter. It returns
+  each group's total norm where clipping would compute the same one (`ClipNorms`), so that a trainer
+  clipping after it does not compute it twice.
 - `collect()` returns those accumulators as device tensors, still without a sync.
 - `materialize()` is the ONE host sync per epoch: a single transfer of every accumulator, after
   which the accumulators are reset.
@@ -72,6 +74,14 @@ class IsolationTotals(NamedTuple):
     batches: int
 
 
+class ClipNorms(NamedTuple):
+    """One batch's total gradient norm of the host and of each measured seed, where it is the one
+    `torch.nn.utils.clip_grad_norm_` would compute (`GroupGradientStats.clip_norm`), for `clip_gradients`."""
+
+    host: Tensor | None
+    seeds: Mapping[str, Tensor | None]
+
+
 class SeedAccumulation(NamedTuple):
     """One seed's gradient statistics summed over several batches elsewhere (see `add_accumulated`)."""
 
@@ -128,8 +138,9 @@ class IsolationMonitor:
         self._seeds: dict[str, _SeedTally] = {}
 
     @torch.no_grad()
-    def accumulate(self, host_params: Iterable[Tensor], seed_params: Mapping[str, Iterable[Tensor]]) -> None:
-        """Add this batch's gradient statistics of the host and of each seed. No host sync."""
+    def accumulate(self, host_params: Iterable[Tensor], seed_params: Mapping[str, Iterable[Tensor]]) -> ClipNorms:
+        """Add this batch's gradient statistics of the host and of each seed; return the groups' total norms that
+        clipping these gradients may reuse (a seed without a gradient has none). No host sync."""
         host_params = list(host_params)
         seed_groups = {slot: list(params) for slot, params in seed_params.items()}
         device = self._resolve_device(host_params, seed_groups)
@@ -139,10 +150,12 @@ class IsolationMonitor:
         self._host_norm_sum.add_(host.norm)
         self._host_parameters = host.n_parameters
         self._batches += 1
+        seed_norms: dict[str, Tensor | None] = {}
         for slot, params in seed_groups.items():
             stats = self._stats(params, device)
             if stats.n_tensors == 0:
                 continue  # no gradient: this seed was not measured in this batch
+            seed_norms[slot] = stats.clip_norm
             tally = self._seeds.get(slot)
             if tally is None:
                 tally = self._seeds[slot] = _SeedTally(torch.zeros(3, dtype=torch.float32, device=device))
@@ -150,6 +163,7 @@ class IsolationMonitor:
             tally.batches += 1
             tally.tensors += stats.n_tensors
             tally.parameters = stats.n_parameters
+        return ClipNorms(host.clip_norm, seed_norms)
 
     @torch.no_grad()
     def add_accumulated(self, host_norm_sum: Tensor, host_parameters: int, batches: int,

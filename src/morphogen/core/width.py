@@ -532,11 +532,21 @@ def run_cut_segment(segment: nn.Module, index: int, x: Inputs, sites: Sequence[t
     assert isinstance(segment, nn.Sequential) and isinstance(x, Tensor)
     h, done = x, 0
     for cut, order, key in events:
-        h = segment[done:cut](h)
+        h = _run_layers(segment, done, cut, h)
         done = cut
         if order == 1:
             taps[key] = h
         else:
             h = inject(key, h, taps.get(key))
-    output: Tensor = segment[done:](h)
-    return output
+    return _run_layers(segment, done, len(segment), h)
+
+
+def _run_layers(segment: nn.Sequential, start: int, stop: int, h: Tensor) -> Tensor:
+    """`segment[start:stop](h)`: a plain `nn.Sequential`'s layers called in turn, as its slice calls them, without
+    building the slice (a new module at every cut of every forward); a subclass's slice, with its own forward."""
+    if type(segment) is not nn.Sequential:
+        sliced: Tensor = segment[start:stop](h)
+        return sliced
+    for layer in list(segment)[start:stop]:
+        h = layer(h)
+    return h

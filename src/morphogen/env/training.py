@@ -5,7 +5,8 @@ loss of the network with its output blended in at alpha 1 (the shadow pass), res
 parameters, while the host and blended seeds learn from the real model's loss.
 
 Gradients are clipped per group (host, then each seed) so a young seed's large gradients cannot eat
-the host's step budget, and vice versa. Nothing here synchronizes: the loss is accumulated on the
+the host's step budget, and vice versa; the clip reuses each group's total norm that the isolation
+monitor computed of the same gradients just before. Nothing here synchronizes: the loss is accumulated on the
 device and read once per epoch by the episode.
 """
 
@@ -23,6 +24,7 @@ from morphogen.env.compute import note_batch
 from morphogen.env.evaluation import Objective, summable, task_loss
 from morphogen.env.optimizer import OptimizerConfig, warmup_factor
 from morphogen.inputs import Inputs, InputSpec, rows
+from morphogen.telemetry.gradients import clip_gradients
 
 
 def _scale(optimizer: torch.optim.Optimizer, change: float) -> None:
@@ -131,9 +133,12 @@ class HostAndSeedTrainer:
         return running
 
     def train_batch(self, inputs: Inputs, targets: Tensor) -> None:
-        """Forward, backward, per-group clip and optimizer steps on one batch."""
+        """Forward, backward, per-group clip and optimizer steps on one batch, the model in training mode."""
         model = self.model
-        model.train()
+        if self.batches == 0:
+            # Once an epoch: nothing between two of its batches changes a mode (validation and the growth probes
+            # restore the ones they found), and walking every module each batch was 2-5% of a step.
+            model.train()
         clear_stale_casts()
         note_batch(self.batch_shapes, inputs)
         running = self.sync_seed_optimizers()
@@ -143,12 +148,12 @@ class HostAndSeedTrainer:
         torch.autograd.backward(loss)
         self.backward_shadow(shadow, targets)
         host_parameters = model.host_parameters()
-        self.monitor.accumulate(host_parameters, running)
-        nn.utils.clip_grad_norm_(host_parameters, self.config.clip_norm, foreach=True)
+        norms = self.monitor.accumulate(host_parameters, running)
+        clip_gradients(host_parameters, self.config.clip_norm, norms.host)
         self.host_optimizer.step()
         for slot_id, parameters in running.items():
             if parameters:
-                nn.utils.clip_grad_norm_(parameters, self.config.clip_norm, foreach=True)
+                clip_gradients(parameters, self.config.clip_norm, norms.seeds.get(slot_id))
                 self.step_seed(slot_id)
         self._add_loss(loss)
         self.batches += 1

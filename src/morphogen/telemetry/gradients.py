@@ -14,7 +14,7 @@ Rules (docs/architecture.md#telemetry):
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import NamedTuple
 
 import torch
@@ -50,6 +50,10 @@ class GroupGradientStats(NamedTuple):
     """Number of tensors that had a gradient (parameters whose `.grad` is None are skipped)."""
     n_parameters: int
     """Number of scalar entries over those gradients."""
+    clip_norm: Tensor | None = None
+    """`norm` where it is, bit for bit, the total norm `torch.nn.utils.clip_grad_norm_` computes of the same
+    gradients (all float32 on the result's device), so that clipping can reuse it (`clip_gradients`); None
+    where it is not (other dtypes, several devices), and clipping computes its own."""
 
 
 def _accumulation_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -64,9 +68,19 @@ def per_tensor_gradient_norms(grads: Iterable[Tensor], device: torch.device) -> 
     (given a mixed list it silently returns wrong values on CPU); each bucket's norms are stacked on
     their own device and moved to `device` as one small vector.
     """
+    return _bucketed_norms(_buckets(grads), device)
+
+
+def _buckets(grads: Iterable[Tensor]) -> dict[tuple[torch.device, torch.dtype], list[Tensor]]:
+    """The gradients by (device, dtype), each bucket in the order given."""
     buckets: dict[tuple[torch.device, torch.dtype], list[Tensor]] = {}
     for grad in grads:
         buckets.setdefault((grad.device, grad.dtype), []).append(grad)
+    return buckets
+
+
+def _bucketed_norms(buckets: dict[tuple[torch.device, torch.dtype], list[Tensor]], device: torch.device) -> Tensor:
+    """`per_tensor_gradient_norms` of gradients already bucketed."""
     if not buckets:
         return torch.zeros(0, dtype=torch.float32, device=device)
     vectors = []
@@ -98,15 +112,30 @@ def group_gradient_stats(
     if device is None:
         device = grads[0].device if grads else torch.device("cpu")
     target = torch.device(device)
-    norms = per_tensor_gradient_norms(grads, target)  # (n_tensors,)
+    buckets = _buckets(grads)
+    norms = _bucketed_norms(buckets, target)  # (n_tensors,)
+    norm = torch.linalg.vector_norm(norms)
+    # `clip_grad_norm_` runs the same `_foreach_norm` and vector norm in the gradients' own dtype: for one bucket of
+    # float32 gradients on `target` that is this very computation.
+    same_as_clipping = len(buckets) == 1 and next(iter(buckets)) == (target, torch.float32)
     return GroupGradientStats(
-        norm=torch.linalg.vector_norm(norms),
+        norm=norm,
         vanishing=(norms < vanishing_threshold).sum(),
         # Written as "not <=" so that a NaN norm counts as exploding.
         exploding=torch.logical_not(norms <= exploding_threshold).sum(),
         n_tensors=len(grads),
         n_parameters=sum(grad.numel() for grad in grads),
+        clip_norm=norm if same_as_clipping else None,
     )
+
+
+def clip_gradients(params: Sequence[Tensor], max_norm: float, total_norm: Tensor | None = None) -> None:
+    """`torch.nn.utils.clip_grad_norm_(params, max_norm, foreach=True)`, with the gradients' total norm given where
+    it is already known (`GroupGradientStats.clip_norm`): the same scaled gradients, one norm computation fewer."""
+    if total_norm is None:
+        torch.nn.utils.clip_grad_norm_(params, max_norm, foreach=True)
+    else:
+        torch.nn.utils.clip_grads_with_norm_(params, max_norm, total_norm, foreach=True)
 
 
 def global_gradient_norm(params: Iterable[Tensor]) -> Tensor:
