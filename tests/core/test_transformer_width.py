@@ -279,8 +279,11 @@ def test_new_neurons_after_a_users_activation_module_go_through_a_copy_of_it(act
     assert_identity_at_birth_until_perturbed(host, x, "wider")
 
 
-def test_a_widening_seed_after_a_users_activation_module_learns_only_from_its_shadow_and_round_trips() -> None:
-    _, host = _activation_module_host(_GeluWrittenOut)
+def _assert_a_wider_seed_learns_only_from_its_shadow_round_trips_and_exports(
+        host: nn.Module, second_blueprint: str) -> dict[str, Tensor]:
+    """A TRAINING `wider` seed in slot 1 leaves the host's output and gradients alone and learns from its shadow; with
+    it fossilized and `second_blueprint` fossilized in slot 2, the state_dict (returned) restores the model exactly
+    and the exported plain network computes what it computes."""
     host.train()
     bare = copy.deepcopy(host)
     model = MorphogeneticModel(host, config=EASY_CONFIG)
@@ -295,12 +298,19 @@ def test_a_widening_seed_after_a_users_activation_module_learns_only_from_its_sh
     assert all(parameter.grad is not None and parameter.grad.abs().sum() > 0
                for parameter in model.seed_parameters("1"))
     drive_to(model.slot("1"), Stage.FOSSILIZED)
-    place_seed(model, "2", "wider", Stage.FOSSILIZED, 3)
+    place_seed(model, "2", second_blueprint, Stage.FOSSILIZED, 3)
+    state = model.state_dict()
     restored = MorphogeneticModel(copy.deepcopy(bare), config=EASY_CONFIG)
-    restored.load_state_dict(model.state_dict())
+    restored.load_state_dict(state)
     with torch.no_grad():
         torch.testing.assert_close(restored.eval()(x), model.eval()(x), rtol=0, atol=0)
     assert_plain_network_matches(model, x)
+    return state
+
+
+def test_a_widening_seed_after_a_users_activation_module_learns_only_from_its_shadow_and_round_trips() -> None:
+    _assert_a_wider_seed_learns_only_from_its_shadow_round_trips_and_exports(
+        _activation_module_host(_GeluWrittenOut)[1], "wider")
 
 
 class _SwiGLUBlock(nn.Module):
@@ -354,29 +364,8 @@ def test_a_gated_mlp_widens_by_new_rows_of_gate_and_up_and_zero_columns_of_down(
 
 
 def test_a_gated_mlps_widening_seed_learns_only_from_its_shadow_round_trips_and_exports() -> None:
-    _, host = _swiglu_host()
-    host.train()
-    bare = copy.deepcopy(host)
-    model = MorphogeneticModel(host, config=EASY_CONFIG)
-    place_seed(model, "1", "wider", Stage.TRAINING, 1)
-    x, targets = _ids(), _ids(seed=2)
-    output, shadow = model.forward_with_shadow(x)
-    torch.testing.assert_close(output, bare(x), rtol=0, atol=0)
-    assert shadow is not None
-    nn.functional.cross_entropy(shadow.outputs[0].flatten(0, 1), targets.flatten()).backward(
-        inputs=list(shadow.parameters))
-    assert all(parameter.grad is None for parameter in host.parameters())
-    assert all(parameter.grad is not None and parameter.grad.abs().sum() > 0
-               for parameter in model.seed_parameters("1"))
-    drive_to(model.slot("1"), Stage.FOSSILIZED)
-    place_seed(model, "2", "wider_inside", Stage.FOSSILIZED, 3)
-    state = model.state_dict()
+    state = _assert_a_wider_seed_learns_only_from_its_shadow_round_trips_and_exports(_swiglu_host()[1], "wider_inside")
     assert any(name.endswith("seed.multiplier.weight") for name in state)
-    restored = MorphogeneticModel(copy.deepcopy(bare), config=EASY_CONFIG)
-    restored.load_state_dict(state)
-    with torch.no_grad():
-        torch.testing.assert_close(restored.eval()(x), model.eval()(x), rtol=0, atol=0)
-    assert_plain_network_matches(model, x)
 
 
 def test_a_gated_mlp_whose_up_layer_reads_another_input_has_no_site() -> None:
