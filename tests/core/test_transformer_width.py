@@ -106,11 +106,13 @@ def test_counterfactual_and_shadow_passes_agree_with_plain_forwards_on_a_transfo
     assert_passes_match_plain_forwards(model, _ids())
 
 
-def test_a_training_widening_seed_of_a_transformer_learns_only_from_its_shadow() -> None:
-    host = _hosts()["user's"].train()
+def _assert_a_training_wider_seed_learns_only_from_its_shadow(host: nn.Module, slot: str) -> MorphogeneticModel:
+    """A TRAINING `wider` seed in `slot` leaves the host's output exactly as it was and learns from its shadow's loss
+    alone: no host parameter gets a gradient, each of the seed's does. Returns the model."""
+    host.train()
     bare = copy.deepcopy(host)
     model = MorphogeneticModel(host, config=EASY_CONFIG)
-    place_seed(model, "blocks_1", "wider", Stage.TRAINING, 1)
+    place_seed(model, slot, "wider", Stage.TRAINING, 1)
     x, targets = _ids(), _ids(seed=2)
     output, shadow = model.forward_with_shadow(x)
     torch.testing.assert_close(output, bare(x), rtol=0, atol=0)
@@ -119,7 +121,12 @@ def test_a_training_widening_seed_of_a_transformer_learns_only_from_its_shadow()
         inputs=list(shadow.parameters))
     assert all(parameter.grad is None for parameter in host.parameters())
     assert all(parameter.grad is not None and parameter.grad.abs().sum() > 0
-               for parameter in model.seed_parameters("blocks_1"))
+               for parameter in model.seed_parameters(slot))
+    return model
+
+
+def test_a_training_widening_seed_of_a_transformer_learns_only_from_its_shadow() -> None:
+    _assert_a_training_wider_seed_learns_only_from_its_shadow(_hosts()["user's"], "blocks_1")
 
 
 def test_state_dict_round_trips_a_transformers_wider_mlps_exactly() -> None:
@@ -284,19 +291,9 @@ def _assert_a_wider_seed_learns_only_from_its_shadow_round_trips_and_exports(
     """A TRAINING `wider` seed in slot 1 leaves the host's output and gradients alone and learns from its shadow; with
     it fossilized and `second_blueprint` fossilized in slot 2, the state_dict (returned) restores the model exactly
     and the exported plain network computes what it computes."""
-    host.train()
     bare = copy.deepcopy(host)
-    model = MorphogeneticModel(host, config=EASY_CONFIG)
-    place_seed(model, "1", "wider", Stage.TRAINING, 1)
-    x, targets = _ids(), _ids(seed=2)
-    output, shadow = model.forward_with_shadow(x)
-    torch.testing.assert_close(output, bare(x), rtol=0, atol=0)
-    assert shadow is not None
-    nn.functional.cross_entropy(shadow.outputs[0].flatten(0, 1), targets.flatten()).backward(
-        inputs=list(shadow.parameters))
-    assert all(parameter.grad is None for parameter in host.parameters())
-    assert all(parameter.grad is not None and parameter.grad.abs().sum() > 0
-               for parameter in model.seed_parameters("1"))
+    model = _assert_a_training_wider_seed_learns_only_from_its_shadow(host, "1")
+    x = _ids()
     drive_to(model.slot("1"), Stage.FOSSILIZED)
     place_seed(model, "2", second_blueprint, Stage.FOSSILIZED, 3)
     state = model.state_dict()
