@@ -274,18 +274,21 @@ class Grower:
         self._check_epoch_calls()
         self._steps = self._after_backward_calls = 0
         action, (succeeded, reason) = self._action, self._applied
-        result = self.episode.finish_epoch(action, succeeded, reason)
-        self.episode.telemetry.end_epoch(result.snapshot.epoch)
-        if result.rollback is not None and self.optimizer is not None:
-            self.optimizer.state.clear()  # its moments point the way that diverged
-            if result.rollback.backed_off == "host":
-                for group in self.optimizer.param_groups:
-                    group["lr"] *= self.episode.config.governor.backoff
-        self.snapshot = result.snapshot
-        next_action = None
-        if not result.done:
-            self._action, self._applied = self._decide(result.snapshot)
-            next_action = self._action.describe()
+        # A loop may call this under `torch.no_grad()` or `inference_mode()`, as one wraps a validation; the growth
+        # signals and a new seed's measurements take gradients, and a seed built under inference mode never trains.
+        with torch.inference_mode(False), torch.enable_grad():
+            result = self.episode.finish_epoch(action, succeeded, reason)
+            self.episode.telemetry.end_epoch(result.snapshot.epoch)
+            if result.rollback is not None and self.optimizer is not None:
+                self.optimizer.state.clear()  # its moments point the way that diverged
+                if result.rollback.backed_off == "host":
+                    for group in self.optimizer.param_groups:
+                        group["lr"] *= self.episode.config.governor.backoff
+            self.snapshot = result.snapshot
+            next_action = None
+            if not result.done:
+                self._action, self._applied = self._decide(result.snapshot)
+                next_action = self._action.describe()
         self._left = self._seeds_now()
         return self._report(result, action, next_action)
 

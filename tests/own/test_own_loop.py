@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import warnings
+from collections.abc import Callable
 
 import pytest
 import torch
@@ -340,6 +342,32 @@ def test_end_epoch_after_the_last_epoch_says_the_episode_is_over_and_the_network
     with pytest.raises(RuntimeError, match=r"^end_epoch\(\) after the last epoch: the growth episode is over "
                                            r"\(all its epochs were played\); build a new Grower"):
         grower.end_epoch()
+
+
+@pytest.mark.parametrize("no_gradients", [torch.no_grad, torch.inference_mode])
+def test_end_epoch_called_without_gradients_grows_as_it_does_with_them(
+        no_gradients: Callable[[], contextlib.AbstractContextManager[None]]) -> None:
+    """A loop that wraps `end_epoch` as it wraps a validation: the growth signals took no gradients there and
+    failed in the FLOP count of the first epoch's measurements; under inference mode a new seed would never train."""
+
+    def reports(wrapped: bool) -> list[tuple[float, str, dict[str, str]]]:
+        grower, loader = make_grower(epochs=4)
+        optimizer = torch.optim.SGD(grower.model.host_parameters(), lr=0.1)
+        seen = []
+        for _ in range(4):
+            for inputs, targets in loader:
+                optimizer.zero_grad()
+                grower.training_step(inputs, targets).backward()
+                grower.after_backward()
+                optimizer.step()
+            with no_gradients() if wrapped else contextlib.nullcontext():
+                report = grower.end_epoch()
+            seen.append((report.score, report.action, report.stages))
+        return seen
+
+    wrapped = reports(wrapped=True)
+    assert any(stages["1"] == "blending" for _, _, stages in wrapped)  # a seed germinated under it, trained, blended
+    assert wrapped == reports(wrapped=False)
 
 
 def test_an_epoch_without_training_is_an_error_naming_training_step() -> None:
