@@ -307,6 +307,20 @@ def test_one_sample_as_the_example_input_warns_that_the_example_is_a_batch(tmp_p
         warnings.simplefilter("error")  # a batch exports with a dynamic batch dimension, without a warning
         morphogen.export_model(model, x[:2], tmp_path / "grown.pt2")
 
+def test_an_export_under_the_callers_autocast_is_a_program_of_the_models_dtype(grown: RunResult,
+                                                                             tmp_path: Path) -> None:
+    """Traced under the caller's bfloat16 autocast, the program asserted bfloat16 where the seed's blend casts
+    and failed wherever it was called without that autocast ("Tensor dtype mismatch"), as a loaded program is."""
+    inputs = validation_inputs()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        morphogen.export_model(grown.model, inputs[:2], tmp_path / "grown.pt2")
+    program = torch.export.load(tmp_path / "grown.pt2").module()
+    with torch.no_grad():
+        output = program(inputs)
+        assert output.dtype == torch.float32
+        torch.testing.assert_close(output, grown.model.eval()(inputs), rtol=0, atol=1e-5)
+
+
 def test_host_from_module_refuses_a_model_on_the_meta_device_in_one_line() -> None:
     net = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 3)).to("meta")
     with pytest.raises(morphogen.HostBuildError, match=r"^the model is on the meta device: host_from_module runs it"):

@@ -9,7 +9,7 @@ FOSSILIZED seeds in at alpha 1, BLENDING seeds at the alpha they reached unless 
 seeds left out), traces that network with `torch.export` with a dynamic batch dimension, checks the program
 against the network on the example input, and writes it atomically: a `torch.export` program (`.pt2`,
 `torch.export.save`) or, with the `onnx` extra, an ONNX model. The network is traced on the device and in the
-dtype of the model.
+dtype of the model, with any autocast of the caller's turned off.
 
 `load_grown_model(run_dir)` rebuilds a run's model: the host from the run's `config.json` as `run --config`
 builds it (a built-in task with its `[host]` table, or the user's task function named by its import path),
@@ -27,7 +27,7 @@ import inspect
 import io
 import logging
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -206,8 +206,8 @@ def _dynamic_dims(example: Inputs, dims: tuple[int, ...]) -> dict[int, Any]:
 
 def _traced(network: nn.Module, example: Inputs, dims: tuple[int, ...] = ()) -> torch.export.ExportedProgram:
     """`network` traced by `torch.export` with a dynamic batch (and `dims`), checked against the network on
-    `example`."""
-    with torch.no_grad():
+    `example`, in the dtype of its weights whatever autocast the caller is under."""
+    with torch.no_grad(), _without_autocast():
         try:
             expected = network(example)
         except Exception as error:  # the user's example: another dtype, another structure, another shape
@@ -238,6 +238,17 @@ def _traced(network: nn.Module, example: Inputs, dims: tuple[int, ...] = ()) -> 
         raise ExportError(f"the exported program differs from the grown network by {difference:.2e} on the example "
                           "input; please report this")
     return program
+
+
+@contextlib.contextmanager
+def _without_autocast() -> Iterator[None]:
+    """Every autocast the caller turned on, turned off: traced under one, the program's graph asserts the dtypes
+    autocast produced and fails where it is called without it, as it is elsewhere."""
+    with contextlib.ExitStack() as stack:
+        for device_type in ("cpu", "cuda", "xpu", "mps"):
+            if torch.is_autocast_enabled(device_type):
+                stack.enter_context(torch.autocast(device_type, enabled=False))
+        yield
 
 
 def _program_bytes(program: torch.export.ExportedProgram) -> bytes:
