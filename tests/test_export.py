@@ -137,7 +137,8 @@ def python_task(run: Path) -> None:
     (lambda run: forge(run, other_blueprint), [], "slot r0c0's seed 'widen_x8' does not match the weights saved"),
     (lambda run: forge(run, huge_option), [], "slot r0c0's seed 'conv_heavy' cannot be built here"),
     (python_task, [], "grew a task built in Python (morphogen.grow)"),
-    (lambda run: (run / "file").write_text(""), ["--output", "{run}/file/model.pt2"], "cannot write"),
+    (lambda run: (run / "file").write_text(""), ["--output", "{run}/file/model.pt2"],
+     "cannot write {run}/file/model.pt2: {run}/file is not a directory"),  # the OS said only "File exists"
     (lambda run: None, ["--output", "{run}/config.json"], "would replace the config.json of the run in"),
     (lambda run: None, ["--format", "tflite"], None),
     (lambda run: None, ["--dynamic-dims", "2"], "dimensions [2] cannot stay dynamic in the grown network"),
@@ -160,7 +161,7 @@ def test_bad_input_is_one_line_exit_2_and_the_run_directory_is_untouched(
     else:
         assert main(["export", str(run), *(argument.format(run=run) for argument in arguments)]) == EXIT_USER_ERROR
         err = one_line(capsys)
-        assert err.startswith("morphogen export: error: ") and message in err, err
+        assert err.startswith("morphogen export: error: ") and message.format(run=run) in err, err
     assert contents(run) == before
     assert "this must never run" not in capsys.readouterr().out
 
@@ -290,6 +291,8 @@ def test_export_model_misused_from_python_says_what_it_needs(grown: RunResult, t
     meta = morphogen.load_grown_model(grown.run_dir).to("meta")
     with pytest.raises(morphogen.ExportError, match=r"^the model is on the meta device: it holds no weights"):
         morphogen.export_model(meta, inputs.to("meta"), path)
+    with pytest.raises(morphogen.ExportError, match=r"^example_input is on the meta device: it holds no values"):
+        morphogen.export_model(model, inputs.to("meta"), path)  # torch's NotImplementedError from copying it
     assert not path.exists()
 
 

@@ -26,6 +26,7 @@ import contextlib
 import inspect
 import io
 import logging
+import os
 import warnings
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -93,8 +94,17 @@ def export_model(model: MorphogeneticModel, example_input: Inputs, path: str | P
     try:
         write_atomic(path, data)
     except OSError as error:
-        raise ExportError(f"cannot write {path}: {error.strerror or error}") from None
+        blocking = _file_in_the_way(path)
+        reason = f"{blocking} is not a directory" if blocking else error.strerror or error
+        raise ExportError(f"cannot write {path}: {reason}") from None
     return path
+
+
+def _file_in_the_way(path: Path) -> Path | None:
+    """The nearest folder of `path` that exists but is not a directory (a file named as one), or None: the OS
+    tells it as "File exists" or "Not a directory", naming neither."""
+    existing = next((folder for folder in path.parents if os.path.lexists(folder)), None)
+    return existing if existing is not None and not existing.is_dir() else None
 
 
 def _check_export_arguments(model: MorphogeneticModel, example_input: Inputs, format: str,
@@ -113,6 +123,9 @@ def _check_export_arguments(model: MorphogeneticModel, example_input: Inputs, fo
     if problem is not None or rows(example_input) == 0:
         raise ExportError("example_input must be a batch of the model's inputs (a tensor, or a tuple or dict of "
                           f"tensors) with a leading sample dimension; got {problem or 'no samples'}")
+    if any(tensor.is_meta for tensor in tensors(example_input)):
+        raise ExportError("example_input is on the meta device: it holds no values to trace and check the program "
+                          "with; give a batch of real inputs (on the CPU, or on the model's device)")
 
 
 def check_suffix(path: str | Path, format: str) -> None:
