@@ -21,12 +21,16 @@ from __future__ import annotations
 
 from typing import Any
 
-import lightning.pytorch as pl
 import torch
-from lightning.pytorch.callbacks import ModelCheckpoint
-from lightning.pytorch.utilities.model_helpers import is_overridden
 
 from morphogen.grower import EpochReport, Grower
+
+try:
+    import lightning.pytorch as pl
+    from lightning.pytorch.callbacks import ModelCheckpoint
+    from lightning.pytorch.utilities.model_helpers import is_overridden
+except ImportError as error:  # said with the extra to install, as the onnx export says its own
+    raise ImportError("morphogen.lightning needs PyTorch Lightning: pip install 'morphogen[lightning]'") from error
 
 
 class GrowthCallback(pl.Callback):

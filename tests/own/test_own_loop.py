@@ -5,6 +5,8 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
+import importlib
+import sys
 import warnings
 from collections.abc import Callable
 
@@ -460,6 +462,15 @@ def test_a_lightning_trainer_grows_the_model_through_the_callback(tmp_path: obje
     assert [r.epoch for r in callback.reports] == [1, 2, 3, 4] and grower.done
     assert any(r.action.startswith("GERMINATE") and r.succeeded for r in callback.reports)
     assert callback.reports[-1].parameters > callback.reports[0].parameters
+
+
+def test_the_lightning_callback_without_lightning_says_which_extra_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "lightning", None)  # as if `morphogen[lightning]` were not installed
+    monkeypatch.setitem(sys.modules, "lightning.pytorch", None)
+    monkeypatch.delitem(sys.modules, "morphogen.lightning", raising=False)
+    with pytest.raises(ImportError, match=r"^morphogen.lightning needs PyTorch Lightning: pip install "
+                                          r"'morphogen\[lightning\]'$"):
+        importlib.import_module("morphogen.lightning")
 
 
 @pytest.mark.parametrize(("trainer_options", "callback_options", "message"), [
