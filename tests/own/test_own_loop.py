@@ -372,6 +372,35 @@ def test_end_epoch_called_without_gradients_grows_as_it_does_with_them(
     assert wrapped == reports(wrapped=False)
 
 
+def test_a_frozen_backbones_batch_norm_the_loop_put_in_eval_mode_keeps_its_statistics_while_seeds_grow() -> None:
+    """`net.backbone.eval()` as fine-tuning freezes batch norm: every training_step put the whole model back in
+    training mode, and its running statistics drifted with each batch. A network the loop put wholly in eval mode
+    (it validated `net` itself) still trains again at the next step."""
+    torch.manual_seed(0)
+    train, validation = blobs(192, 0), blobs(96, 1)
+    net = nn.Sequential(nn.Sequential(nn.Linear(12, 16), nn.BatchNorm1d(16)), nn.ReLU(), nn.Linear(16, 16), nn.ReLU(),
+                        nn.Linear(16, 3))
+    backbone = net[0]
+    backbone.requires_grad_(False)
+    backbone.eval()  # frozen: its batch norm keeps the statistics it was trained with
+    statistics = [buffer.clone() for buffer in backbone.buffers()]
+    host = morphogen.host_from_module(net, ["1", "3"], example_input=train[0][:2])
+    config = eager_config(4)
+    optimizer = torch.optim.SGD([p for p in net.parameters() if p.requires_grad], lr=0.05)
+    grower = Grower(host, validation, epochs=4, episode=config.episode, heuristic=config.heuristic)
+    trained = net[2].weight.clone()
+    loader = DataLoader(TensorDataset(*train), batch_size=32, shuffle=True)
+    for _ in range(3):
+        train_epoch(grower, loader, optimizer)
+        assert not any(module.training for module in backbone.modules()) and net[2].training
+    assert any(slot.stage is not Stage.DORMANT for slot in grower.model.slots())
+    assert all(torch.equal(a, b) for a, b in zip(statistics, backbone.buffers(), strict=True))
+    assert not torch.equal(trained, net[2].weight)
+    net.eval()  # the loop validates its network, and goes on without net.train()
+    grower.training_step(*next(iter(loader)))
+    assert all(module.training for module in grower.model.modules())
+
+
 def test_an_epoch_without_training_is_an_error_naming_training_step() -> None:
     grower, _ = make_grower()
     with pytest.raises(RuntimeError, match=r"end_epoch\(\) without a training_step\(\)"):
