@@ -118,21 +118,6 @@ def _kind_problem(host: SegmentedHost, inputs: Inputs) -> str | None:
     return f"a {type(inputs).__name__} where the host takes {wanted}"
 
 
-def _into_training_mode(model: MorphogeneticModel) -> None:
-    """`model.train()`, but for the layers of the host that the loop left in eval mode while others of it train (a
-    frozen backbone's batch norm, whose running statistics must stay as they are). A host wholly in eval mode (the
-    loop validated the network itself) trains again."""
-    layers = [module for module in model.host.modules()
-              if next(module.parameters(recurse=False), None) is not None
-              or next(module.buffers(recurse=False), None) is not None]
-    training = sum(layer.training for layer in layers)
-    if 0 < training < len(layers):
-        with modes_kept(model.host):
-            model.train()
-    else:
-        model.train()
-
-
 class Grower:
     """Growth of a host inside a training loop you write; see the module docstring for the three calls."""
 
@@ -193,6 +178,7 @@ class Grower:
             if note:
                 warnings.warn(note.removeprefix("note: "), UserWarning, stacklevel=2)
             self._running: dict[str, list[nn.Parameter]] = {}
+            self._training_modes: list[bool] | None = None  # of the host's modules, as the last step trained
             self._steps = self._after_backward_calls = 0
             self._action, self._applied = self._decide(self.snapshot)
         self._left = self._seeds_now()
@@ -237,7 +223,7 @@ class Grower:
                 raise ValueError(f"training_step's inputs must be a tensor, or a tuple or dict of tensors, each "
                                  f"with a leading sample dimension, as the host's example_input was; got {problem}")
         model, trainer = self.model, self.episode.trainer
-        _into_training_mode(model)
+        self._into_training_mode()
         clear_stale_casts()  # an autocast around the whole loop would reuse the weights cast before your last step
         self._running = trainer.sync_seed_optimizers()
         for parameters in self._running.values():
@@ -256,6 +242,24 @@ class Grower:
         note_batch(trainer.batch_shapes, inputs)
         self._steps += 1
         return loss
+
+    def _into_training_mode(self) -> None:
+        """`model.train()`, but for the layers of the host the loop left in eval mode while others of it train (a
+        frozen backbone's batch norm, whose running statistics must stay). A host wholly in eval mode (the loop
+        validated the model itself) goes back to the modes the last step trained in."""
+        model = self.model
+        modules = list(model.host.modules())
+        layers = [module for module in modules if next(module.parameters(recurse=False), None) is not None
+                  or next(module.buffers(recurse=False), None) is not None]
+        if any(layer.training for layer in layers):
+            with modes_kept(model.host):
+                model.train()
+        else:
+            model.train()
+            if self._training_modes is not None and len(self._training_modes) == len(modules):
+                for module, mode in zip(modules, self._training_modes, strict=True):
+                    module.training = mode
+        self._training_modes = [module.training for module in modules]
 
     def after_backward(self, scaler: torch.amp.GradScaler | None = None) -> None:
         """After `loss.backward()` and before your optimizer steps: gradient health, then the seeds' steps.

@@ -374,8 +374,8 @@ def test_end_epoch_called_without_gradients_grows_as_it_does_with_them(
 
 def test_a_frozen_backbones_batch_norm_the_loop_put_in_eval_mode_keeps_its_statistics_while_seeds_grow() -> None:
     """`net.backbone.eval()` as fine-tuning freezes batch norm: every training_step put the whole model back in
-    training mode, and its running statistics drifted with each batch. A network the loop put wholly in eval mode
-    (it validated `net` itself) still trains again at the next step."""
+    training mode, and its running statistics drifted with each batch. A model the loop put wholly in eval mode (it
+    validated it itself) trains again at the next step in the modes it trained in."""
     torch.manual_seed(0)
     train, validation = blobs(192, 0), blobs(96, 1)
     net = nn.Sequential(nn.Sequential(nn.Linear(12, 16), nn.BatchNorm1d(16)), nn.ReLU(), nn.Linear(16, 16), nn.ReLU(),
@@ -396,9 +396,11 @@ def test_a_frozen_backbones_batch_norm_the_loop_put_in_eval_mode_keeps_its_stati
     assert any(slot.stage is not Stage.DORMANT for slot in grower.model.slots())
     assert all(torch.equal(a, b) for a, b in zip(statistics, backbone.buffers(), strict=True))
     assert not torch.equal(trained, net[2].weight)
-    net.eval()  # the loop validates its network, and goes on without net.train()
-    grower.training_step(*next(iter(loader)))
-    assert all(module.training for module in grower.model.modules())
+    for validated in (net, grower.model):  # the loop validates, and goes on without .train()
+        validated.eval()
+        grower.training_step(*next(iter(loader)))
+        assert not any(module.training for module in backbone.modules()) and net[2].training
+        assert all(module.training for slot in grower.model.slots() for module in slot.modules())
 
 
 def test_an_epoch_without_training_is_an_error_naming_training_step() -> None:
