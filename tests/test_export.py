@@ -4,6 +4,7 @@ in Python) is one line and exit 2, and leaves every file of the run directory as
 
 from __future__ import annotations
 
+import copy
 import io
 import json
 import pickle
@@ -348,6 +349,17 @@ def test_an_export_can_take_raw_pixels_and_says_what_inputs_it_takes(grown: RunR
     with torch.no_grad():
         torch.testing.assert_close(torch.export.load(tmp_path / "raw.pt2").module()(raw),
                                    torch.export.load(run / "model.pt2").module()(inputs), rtol=0, atol=1e-5)
+    # A model converted to ship in bfloat16 or float64: the standardization computes in its dtype (in float32
+    # before, whose output a bfloat16 network refused).
+    for dtype in (torch.bfloat16, torch.float64):
+        model = copy.deepcopy(grown.model).to(dtype).eval()
+        morphogen.export_model(model, raw[:2].to(dtype), tmp_path / "raw_other.pt2", raw_inputs=standardization)
+        mean, std = (torch.tensor(values, dtype=dtype).view(1, -1, 1, 1)
+                     for values in (standardization.mean, standardization.std))
+        with torch.no_grad():
+            output = torch.export.load(tmp_path / "raw_other.pt2").module()(raw.to(dtype))
+            assert output.dtype == dtype
+            torch.testing.assert_close(output, model((raw.to(dtype) - mean) / std), rtol=0, atol=1e-5)
 
 
 def test_raw_inputs_of_a_task_that_standardizes_nothing_is_one_line(tmp_path: Path,

@@ -80,8 +80,8 @@ def export_model(model: MorphogeneticModel, example_input: Inputs, path: str | P
     _check_export_arguments(model, example_input, format, dynamic_dims)
     check_suffix(path, format)
     grown = grown_network(model, leave_out_blending=leave_out_blending)
-    network: nn.Module = grown if raw_inputs is None else nn.Sequential(_Standardize(raw_inputs), grown)
-    reference = next(network.parameters(), None)
+    reference = next(grown.parameters(), None)
+    network: nn.Module = grown if raw_inputs is None else nn.Sequential(_Standardize(raw_inputs, reference), grown)
     example = example_input if reference is None else to_device(example_input, reference.device)
     if rows(example) == 1:  # torch.export specializes a dimension of size 1; two samples keep it dynamic
         example = repeat_rows(example, 2)
@@ -140,15 +140,18 @@ def check_suffix(path: str | Path, format: str) -> None:
 
 
 class _Standardize(nn.Module):
-    """`(x - mean) / std` per channel (dimension 1): a built-in task's standardization, in front of an export."""
+    """`(x - mean) / std` per channel (dimension 1): a built-in task's standardization, in front of an export, in
+    the dtype and on the device of the network's weights (`like`), which take what it gives."""
 
     mean: Tensor
     std: Tensor
 
-    def __init__(self, standardization: InputStandardization) -> None:
+    def __init__(self, standardization: InputStandardization, like: Tensor | None) -> None:
         super().__init__()
-        self.register_buffer("mean", torch.tensor(standardization.mean))
-        self.register_buffer("std", torch.tensor(standardization.std))
+        dtype = like.dtype if like is not None and like.is_floating_point() else None
+        device = like.device if like is not None else None
+        self.register_buffer("mean", torch.tensor(standardization.mean, dtype=dtype, device=device))
+        self.register_buffer("std", torch.tensor(standardization.std, dtype=dtype, device=device))
 
     def forward(self, x: Tensor) -> Tensor:
         shape = (1, -1) + (1,) * (x.dim() - 2)
