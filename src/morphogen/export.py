@@ -57,7 +57,8 @@ from morphogen.session import PYTHON_TASK, load_session_task
 
 #: Export formats and the file suffix each is written with by default.
 FORMATS = {"torch-export": ".pt2", "onnx": ".onnx"}
-#: Largest difference allowed between the exported program and the network it was traced from.
+#: Largest difference allowed between the exported program and the network it was traced from, times the
+#: network's largest output where that is above 1.
 TOLERANCE = 1e-5
 
 
@@ -250,9 +251,12 @@ def _traced(network: nn.Module, example: Inputs, dims: tuple[int, ...] = ()) -> 
                           + ("; example_input's first dimension is the batch: was it one sample's values (give "
                              "x[:2], not x[0])?" if one_sample else ""), stacklevel=3)
         difference = (program.module()(*args, **kwargs) - expected).abs().max().item()
-    if not difference <= TOLERANCE:
+        # Relative to outputs larger than 1 (a regression in raw units): the program's kernels may round them
+        # otherwise by a unit in their last place, 2.4e-4 at 3,000 in float32.
+        allowed = TOLERANCE * max(1.0, expected.abs().max().item())
+    if not difference <= allowed:
         raise ExportError(f"the exported program differs from the grown network by {difference:.2e} on the example "
-                          "input; please report this")
+                          f"input (more than {allowed:.2e}); please report this")
     return program
 
 
