@@ -53,6 +53,11 @@ class GrowthCallback(pl.Callback):
         """Hand the grower the optimizer `configure_optimizers` built (it runs after the Grower is built), so that a
         rollback clears its state and backs off its rate as for `Grower(optimizer=...)`. A trainer set to train
         longer than the grower grows is refused here, not at the first batch after the growth's last period."""
+        if not isinstance(trainer, pl.Trainer):  # `pytorch_lightning`'s, which is another package's classes
+            package = type(trainer).__module__.split(".")[0]
+            raise TypeError(f"GrowthCallback is a callback of the lightning package (lightning.pytorch), given to a "
+                            f"{package} Trainer, whose modules and checkpoints it cannot read: build the Trainer and "
+                            "the LightningModule from lightning.pytorch (import lightning.pytorch as pl)")
         longer = _longer_than_the_growth(trainer, self.grower.snapshot.max_epochs, self.every_n_steps)
         if longer is not None:
             raise ValueError(f"GrowthCallback: {longer}; after the growth's last period the grower refuses another "

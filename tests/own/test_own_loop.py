@@ -495,6 +495,35 @@ def test_a_lightning_trainer_grows_the_model_through_the_callback(tmp_path: obje
     assert callback.reports[-1].parameters > callback.reports[0].parameters
 
 
+def test_the_lightning_callback_under_a_trainer_of_pytorch_lightning_says_which_package_it_needs(
+        tmp_path: object) -> None:
+    """The standalone `pytorch_lightning` package has classes of its own: the callback failed at its second hook,
+    in Lightning's `is_overridden` ("ValueError: Expected a parent"), and its checkpoint checks saw no checkpoint."""
+    standalone = pytest.importorskip("pytorch_lightning")
+    from morphogen.lightning import GrowthCallback
+
+    grower, loader = make_grower(epochs=2)
+
+    class StandaloneModule(standalone.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.model = grower.model
+
+        def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_index: int) -> torch.Tensor:
+            return grower.training_step(*batch)
+
+        def configure_optimizers(self) -> torch.optim.Optimizer:
+            return torch.optim.AdamW(self.model.host_parameters(), lr=1e-2)
+
+    trainer = standalone.Trainer(max_epochs=2, callbacks=[GrowthCallback(grower)], accelerator="cpu", logger=False,
+                                 enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+                                 default_root_dir=str(tmp_path))
+    with pytest.raises(TypeError, match=r"^GrowthCallback is a callback of the lightning package \(lightning.pytorch"
+                                        r"\), given to a pytorch_lightning Trainer, .*import lightning.pytorch as pl"):
+        trainer.fit(StandaloneModule(), loader)
+    assert grower.snapshot.epoch == 0
+
+
 def test_the_lightning_callback_without_lightning_says_which_extra_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "lightning", None)  # as if `morphogen[lightning]` were not installed
     monkeypatch.setitem(sys.modules, "lightning.pytorch", None)
