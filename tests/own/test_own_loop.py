@@ -554,6 +554,35 @@ def test_a_trainer_set_to_train_past_the_growth_is_refused_before_the_first_batc
     assert grower.snapshot.epoch == 0
 
 
+def test_a_trainer_set_to_train_past_the_periods_a_resumed_grower_has_left_is_refused_before_the_first_batch(
+        tmp_path: object) -> None:
+    """A grower resumed with `load_state_dict` at its second of four periods: `Trainer(max_epochs=4)` was let through
+    (it compared the grower's whole four), trained two epochs and failed at the third's first batch."""
+    from morphogen.lightning import GrowthCallback
+
+    first, loader = make_grower(epochs=4)
+    optimizer = torch.optim.AdamW(first.model.host_parameters(), lr=1e-2)
+    for _ in range(2):
+        train_epoch(first, loader, optimizer)
+    state = first.state_dict()
+
+    def fit(max_epochs: int) -> GrowthCallback:
+        grower, loader = make_grower(epochs=4)
+        grower.load_state_dict(state)
+        callback = GrowthCallback(grower)
+        trainer = lightning.Trainer(max_epochs=max_epochs, callbacks=[callback], accelerator="cpu", logger=False,
+                                    enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+                                    default_root_dir=str(tmp_path))
+        trainer.fit(GrowingModule(grower), loader)
+        return callback
+
+    with pytest.raises(ValueError, match=r"^GrowthCallback: the Trainer trains 4 epochs \(max_epochs=4; .*\), past the "
+                                         r"grower's 4 \(2 of them played\): give Trainer\(max_epochs=2\); after the"):
+        fit(max_epochs=4)
+    callback = fit(max_epochs=2)
+    assert [report.epoch for report in callback.reports] == [3, 4] and callback.grower.done
+
+
 def test_the_grower_measures_the_growth_signals_its_heuristic_chooses_by() -> None:
     """As in `run`, a heuristic choosing by signal gets every empty slot's growth signals in the user's loop, and
     germinates the candidate they score best."""
