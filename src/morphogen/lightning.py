@@ -119,12 +119,12 @@ def _longer_than_the_growth(trainer: pl.Trainer, periods: int, played: int, ever
     `max_epochs` is 1000. With `every_n_steps` the periods are steps: `max_steps` bounds them, when it is set."""
     max_steps, max_epochs = trainer.max_steps, trainer.max_epochs
     left = periods - played
-    grower = f"grower's {periods}" + (f" ({played} of them played)" if played else "")
+    played_note = f" ({played} of them played)" if played else ""
     if every_n_steps is not None:
         most = trainer.global_step + left * every_n_steps
         if max_steps is not None and max_steps > most:
-            return (f"Trainer(max_steps={max_steps}) trains past the {grower} periods of every_n_steps="
-                    f"{every_n_steps}: give Trainer(max_steps={most})")
+            return (f"Trainer(max_steps={max_steps}) trains past the grower's {periods} periods of every_n_steps="
+                    f"{every_n_steps}{played_note}: give Trainer(max_steps={most})")
         return None
     if max_steps not in (None, -1):  # the steps may end training first; the epochs cannot be told in advance
         return None
@@ -132,7 +132,7 @@ def _longer_than_the_growth(trainer: pl.Trainer, periods: int, played: int, ever
     if max_epochs is None or max_epochs == -1 or max_epochs > most:
         trains = "without end" if max_epochs in (None, -1) else f"{max_epochs} epochs"
         return (f"the Trainer trains {trains} (max_epochs={max_epochs}; Lightning's default is 1000), past the "
-                f"{grower}: give Trainer(max_epochs={most})")
+                f"grower's {periods}{played_note}: give Trainer(max_epochs={most})")
     return None
 
 

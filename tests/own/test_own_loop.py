@@ -566,21 +566,24 @@ def test_a_trainer_set_to_train_past_the_periods_a_resumed_grower_has_left_is_re
         train_epoch(first, loader, optimizer)
     state = first.state_dict()
 
-    def fit(max_epochs: int) -> GrowthCallback:
+    def fit(every_n_steps: int | None = None, **trainer_options: int) -> GrowthCallback:
         grower, loader = make_grower(epochs=4)
         grower.load_state_dict(state)
-        callback = GrowthCallback(grower)
-        trainer = lightning.Trainer(max_epochs=max_epochs, callbacks=[callback], accelerator="cpu", logger=False,
-                                    enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-                                    default_root_dir=str(tmp_path))
+        callback = GrowthCallback(grower, every_n_steps=every_n_steps)
+        trainer = lightning.Trainer(callbacks=[callback], accelerator="cpu", logger=False, enable_checkpointing=False,
+                                    enable_progress_bar=False, enable_model_summary=False,
+                                    default_root_dir=str(tmp_path), **trainer_options)
         trainer.fit(GrowingModule(grower), loader)
         return callback
 
     with pytest.raises(ValueError, match=r"^GrowthCallback: the Trainer trains 4 epochs \(max_epochs=4; .*\), past the "
                                          r"grower's 4 \(2 of them played\): give Trainer\(max_epochs=2\); after the"):
         fit(max_epochs=4)
-    callback = fit(max_epochs=2)
-    assert [report.epoch for report in callback.reports] == [3, 4] and callback.grower.done
+    with pytest.raises(ValueError, match=r"^GrowthCallback: Trainer\(max_steps=12\) trains past the grower's 4 periods "
+                                         r"of every_n_steps=3 \(2 of them played\): give Trainer\(max_steps=6\)"):
+        fit(every_n_steps=3, max_steps=12, max_epochs=-1)
+    for callback in (fit(max_epochs=2), fit(every_n_steps=3, max_steps=6, max_epochs=-1)):
+        assert [report.epoch for report in callback.reports] == [3, 4] and callback.grower.done
 
 
 def test_the_grower_measures_the_growth_signals_its_heuristic_chooses_by() -> None:
