@@ -141,6 +141,9 @@ def python_task(run: Path) -> None:
     (lambda run: (run / "file").write_text(""), ["--output", "{run}/file/model.pt2"],
      "cannot write {run}/file/model.pt2: {run}/file is not a directory"),  # the OS said only "File exists"
     (lambda run: None, ["--output", "{run}/config.json"], "would replace the config.json of the run in"),
+    (lambda run: None, ["--output", "{run}/../exports/"],  # it wrote a file named exports
+     "cannot write {run}/../exports/: it ends in /, which names a directory; name the file, e.g. "
+     "{run}/../exports/model.pt2"),
     (lambda run: None, ["--format", "tflite"], None),
     (lambda run: None, ["--dynamic-dims", "2"], "dimensions [2] cannot stay dynamic in the grown network"),
     (lambda run: None, ["--dynamic-dims", "one"], "--dynamic-dims takes dimensions after the batch's"),
@@ -148,7 +151,7 @@ def python_task(run: Path) -> None:
                                                             "is 'torch-export': pass format='onnx' (morphogen export: "
                                                             "--format onnx), or name the file *.pt2"),
 ], ids=["missing", "damaged", "truncated", "hostile", "forged-blueprint", "forged-option", "python-task",
-        "unwritable", "run-file", "format", "fixed-image-size", "dims-not-numbers", "onnx-suffix"])
+        "unwritable", "run-file", "directory-name", "format", "fixed-image-size", "dims-not-numbers", "onnx-suffix"])
 def test_bad_input_is_one_line_exit_2_and_the_run_directory_is_untouched(
         grown: RunResult, tmp_path: Path, capsys: pytest.CaptureFixture[str], prepare: Callable[[Path], None],
         arguments: list[str], message: str | None) -> None:
@@ -163,7 +166,7 @@ def test_bad_input_is_one_line_exit_2_and_the_run_directory_is_untouched(
         assert main(["export", str(run), *(argument.format(run=run) for argument in arguments)]) == EXIT_USER_ERROR
         err = one_line(capsys)
         assert err.startswith("morphogen export: error: ") and message.format(run=run) in err, err
-    assert contents(run) == before
+    assert contents(run) == before and not (tmp_path / "exports").exists()
     assert "this must never run" not in capsys.readouterr().out
 
 
@@ -218,6 +221,9 @@ def test_a_file_named_for_the_other_format_is_refused_before_anything_is_written
             morphogen.export_model(grown.model, validation_inputs(2), tmp_path / name, format=format)
         assert not (tmp_path / name).exists()
     assert morphogen.export_model(grown.model, validation_inputs(2), tmp_path / "grown.bin").exists()  # any other
+    with pytest.raises(morphogen.ExportError, match=r"ends in /, which names a directory; name the file, e\.g\. "):
+        morphogen.export_model(grown.model, validation_inputs(2), f"{tmp_path}/exports/")
+    assert not (tmp_path / "exports").exists()
 
 
 def test_onnx_without_its_extra_says_how_to_install_it(grown: RunResult, tmp_path: Path,

@@ -131,7 +131,11 @@ def _check_export_arguments(model: MorphogeneticModel, example_input: Inputs, fo
 
 def check_suffix(path: str | Path, format: str) -> None:
     """`ExportError` for a path whose suffix names the other format (`grown.onnx` written as a torch.export
-    program, which an ONNX runtime cannot read); any other suffix is the user's to choose."""
+    program, which an ONNX runtime cannot read), or that ends in a separator, as a directory's name does (`Path`
+    drops it: the program went to a file of the directory's name); any other suffix is the user's to choose."""
+    if isinstance(path, str) and path.endswith(("/", os.sep)):
+        raise ExportError(f"cannot write {path}: it ends in {path[-1]}, which names a directory; name the file, e.g. "
+                          f"{path}model{FORMATS.get(format, '.pt2')}")
     suffix = Path(path).suffix.lower()
     named = next((name for name, own in FORMATS.items() if own == suffix), format)
     if named != format:

@@ -38,7 +38,8 @@ def export_command(run_dir: str, format: str = "torch-export", output: str | Non
     run = Path(run_dir)
     default_name = f"{'model_from_scratch' if from_scratch else 'model'}{FORMATS[format]}"
     path = run / default_name if output is None else Path(output)
-    check_suffix(path, format)  # before the run is rebuilt: `--output grown.onnx` without `--format onnx`
+    # Before the run is rebuilt: `--output grown.onnx` without `--format onnx`, or `--output exports/`.
+    check_suffix(path if output is None else output, format)
     _refuse_run_file(path)
     inside = path.resolve().parent.is_relative_to(run.resolve())
     lock = hold_run_directory(run) if inside else contextlib.nullcontext()
