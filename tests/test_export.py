@@ -4,6 +4,7 @@ in Python) is one line and exit 2, and leaves every file of the run directory as
 
 from __future__ import annotations
 
+import copy
 import io
 import json
 import pickle
@@ -137,8 +138,12 @@ def python_task(run: Path) -> None:
     (lambda run: forge(run, other_blueprint), [], "slot r0c0's seed 'widen_x8' does not match the weights saved"),
     (lambda run: forge(run, huge_option), [], "slot r0c0's seed 'conv_heavy' cannot be built here"),
     (python_task, [], "grew a task built in Python (morphogen.grow)"),
-    (lambda run: (run / "file").write_text(""), ["--output", "{run}/file/model.pt2"], "cannot write"),
+    (lambda run: (run / "file").write_text(""), ["--output", "{run}/file/model.pt2"],
+     "cannot write {run}/file/model.pt2: {run}/file is not a directory"),  # the OS said only "File exists"
     (lambda run: None, ["--output", "{run}/config.json"], "would replace the config.json of the run in"),
+    (lambda run: None, ["--output", "{run}/../exports/"],  # it wrote a file named exports
+     "cannot write {run}/../exports/: it ends in /, which names a directory; name the file, e.g. "
+     "{run}/../exports/model.pt2"),
     (lambda run: None, ["--format", "tflite"], None),
     (lambda run: None, ["--dynamic-dims", "2"], "dimensions [2] cannot stay dynamic in the grown network"),
     (lambda run: None, ["--dynamic-dims", "one"], "--dynamic-dims takes dimensions after the batch's"),
@@ -146,7 +151,7 @@ def python_task(run: Path) -> None:
                                                             "is 'torch-export': pass format='onnx' (morphogen export: "
                                                             "--format onnx), or name the file *.pt2"),
 ], ids=["missing", "damaged", "truncated", "hostile", "forged-blueprint", "forged-option", "python-task",
-        "unwritable", "run-file", "format", "fixed-image-size", "dims-not-numbers", "onnx-suffix"])
+        "unwritable", "run-file", "directory-name", "format", "fixed-image-size", "dims-not-numbers", "onnx-suffix"])
 def test_bad_input_is_one_line_exit_2_and_the_run_directory_is_untouched(
         grown: RunResult, tmp_path: Path, capsys: pytest.CaptureFixture[str], prepare: Callable[[Path], None],
         arguments: list[str], message: str | None) -> None:
@@ -160,8 +165,8 @@ def test_bad_input_is_one_line_exit_2_and_the_run_directory_is_untouched(
     else:
         assert main(["export", str(run), *(argument.format(run=run) for argument in arguments)]) == EXIT_USER_ERROR
         err = one_line(capsys)
-        assert err.startswith("morphogen export: error: ") and message in err, err
-    assert contents(run) == before
+        assert err.startswith("morphogen export: error: ") and message.format(run=run) in err, err
+    assert contents(run) == before and not (tmp_path / "exports").exists()
     assert "this must never run" not in capsys.readouterr().out
 
 
@@ -216,6 +221,9 @@ def test_a_file_named_for_the_other_format_is_refused_before_anything_is_written
             morphogen.export_model(grown.model, validation_inputs(2), tmp_path / name, format=format)
         assert not (tmp_path / name).exists()
     assert morphogen.export_model(grown.model, validation_inputs(2), tmp_path / "grown.bin").exists()  # any other
+    with pytest.raises(morphogen.ExportError, match=r"ends in /, which names a directory; name the file, e\.g\. "):
+        morphogen.export_model(grown.model, validation_inputs(2), f"{tmp_path}/exports/")
+    assert not (tmp_path / "exports").exists()
 
 
 def test_onnx_without_its_extra_says_how_to_install_it(grown: RunResult, tmp_path: Path,
@@ -290,6 +298,8 @@ def test_export_model_misused_from_python_says_what_it_needs(grown: RunResult, t
     meta = morphogen.load_grown_model(grown.run_dir).to("meta")
     with pytest.raises(morphogen.ExportError, match=r"^the model is on the meta device: it holds no weights"):
         morphogen.export_model(meta, inputs.to("meta"), path)
+    with pytest.raises(morphogen.ExportError, match=r"^example_input is on the meta device: it holds no values"):
+        morphogen.export_model(model, inputs.to("meta"), path)  # torch's NotImplementedError from copying it
     assert not path.exists()
 
 
@@ -306,6 +316,20 @@ def test_one_sample_as_the_example_input_warns_that_the_example_is_a_batch(tmp_p
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # a batch exports with a dynamic batch dimension, without a warning
         morphogen.export_model(model, x[:2], tmp_path / "grown.pt2")
+
+def test_an_export_under_the_callers_autocast_is_a_program_of_the_models_dtype(grown: RunResult,
+                                                                             tmp_path: Path) -> None:
+    """Traced under the caller's bfloat16 autocast, the program asserted bfloat16 where the seed's blend casts
+    and failed wherever it was called without that autocast ("Tensor dtype mismatch"), as a loaded program is."""
+    inputs = validation_inputs()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        morphogen.export_model(grown.model, inputs[:2], tmp_path / "grown.pt2")
+    program = torch.export.load(tmp_path / "grown.pt2").module()
+    with torch.no_grad():
+        output = program(inputs)
+        assert output.dtype == torch.float32
+        torch.testing.assert_close(output, grown.model.eval()(inputs), rtol=0, atol=1e-5)
+
 
 def test_host_from_module_refuses_a_model_on_the_meta_device_in_one_line() -> None:
     net = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 3)).to("meta")
@@ -331,6 +355,17 @@ def test_an_export_can_take_raw_pixels_and_says_what_inputs_it_takes(grown: RunR
     with torch.no_grad():
         torch.testing.assert_close(torch.export.load(tmp_path / "raw.pt2").module()(raw),
                                    torch.export.load(run / "model.pt2").module()(inputs), rtol=0, atol=1e-5)
+    # A model converted to ship in bfloat16 or float64: the standardization computes in its dtype (in float32
+    # before, whose output a bfloat16 network refused).
+    for dtype in (torch.bfloat16, torch.float64):
+        model = copy.deepcopy(grown.model).to(dtype).eval()
+        morphogen.export_model(model, raw[:2].to(dtype), tmp_path / "raw_other.pt2", raw_inputs=standardization)
+        mean, std = (torch.tensor(values, dtype=dtype).view(1, -1, 1, 1)
+                     for values in (standardization.mean, standardization.std))
+        with torch.no_grad():
+            output = torch.export.load(tmp_path / "raw_other.pt2").module()(raw.to(dtype))
+            assert output.dtype == dtype
+            torch.testing.assert_close(output, model((raw.to(dtype) - mean) / std), rtol=0, atol=1e-5)
 
 
 def test_raw_inputs_of_a_task_that_standardizes_nothing_is_one_line(tmp_path: Path,

@@ -9,7 +9,7 @@ FOSSILIZED seeds in at alpha 1, BLENDING seeds at the alpha they reached unless 
 seeds left out), traces that network with `torch.export` with a dynamic batch dimension, checks the program
 against the network on the example input, and writes it atomically: a `torch.export` program (`.pt2`,
 `torch.export.save`) or, with the `onnx` extra, an ONNX model. The network is traced on the device and in the
-dtype of the model.
+dtype of the model, with any autocast of the caller's turned off.
 
 `load_grown_model(run_dir)` rebuilds a run's model: the host from the run's `config.json` as `run --config`
 builds it (a built-in task with its `[host]` table, or the user's task function named by its import path),
@@ -26,8 +26,9 @@ import contextlib
 import inspect
 import io
 import logging
+import os
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -56,7 +57,8 @@ from morphogen.session import PYTHON_TASK, load_session_task
 
 #: Export formats and the file suffix each is written with by default.
 FORMATS = {"torch-export": ".pt2", "onnx": ".onnx"}
-#: Largest difference allowed between the exported program and the network it was traced from.
+#: Largest difference allowed between the exported program and the network it was traced from (or 4 units of the
+#: precision of a 16-bit output), times the network's largest output where that is above 1.
 TOLERANCE = 1e-5
 
 
@@ -79,8 +81,8 @@ def export_model(model: MorphogeneticModel, example_input: Inputs, path: str | P
     _check_export_arguments(model, example_input, format, dynamic_dims)
     check_suffix(path, format)
     grown = grown_network(model, leave_out_blending=leave_out_blending)
-    network: nn.Module = grown if raw_inputs is None else nn.Sequential(_Standardize(raw_inputs), grown)
-    reference = next(network.parameters(), None)
+    reference = next(grown.parameters(), None)
+    network: nn.Module = grown if raw_inputs is None else nn.Sequential(_Standardize(raw_inputs, reference), grown)
     example = example_input if reference is None else to_device(example_input, reference.device)
     if rows(example) == 1:  # torch.export specializes a dimension of size 1; two samples keep it dynamic
         example = repeat_rows(example, 2)
@@ -93,8 +95,17 @@ def export_model(model: MorphogeneticModel, example_input: Inputs, path: str | P
     try:
         write_atomic(path, data)
     except OSError as error:
-        raise ExportError(f"cannot write {path}: {error.strerror or error}") from None
+        blocking = _file_in_the_way(path)
+        reason = f"{blocking} is not a directory" if blocking else error.strerror or error
+        raise ExportError(f"cannot write {path}: {reason}") from None
     return path
+
+
+def _file_in_the_way(path: Path) -> Path | None:
+    """The nearest folder of `path` that exists but is not a directory (a file named as one), or None: the OS
+    tells it as "File exists" or "Not a directory", naming neither."""
+    existing = next((folder for folder in path.parents if os.path.lexists(folder)), None)
+    return existing if existing is not None and not existing.is_dir() else None
 
 
 def _check_export_arguments(model: MorphogeneticModel, example_input: Inputs, format: str,
@@ -113,11 +124,18 @@ def _check_export_arguments(model: MorphogeneticModel, example_input: Inputs, fo
     if problem is not None or rows(example_input) == 0:
         raise ExportError("example_input must be a batch of the model's inputs (a tensor, or a tuple or dict of "
                           f"tensors) with a leading sample dimension; got {problem or 'no samples'}")
+    if any(tensor.is_meta for tensor in tensors(example_input)):
+        raise ExportError("example_input is on the meta device: it holds no values to trace and check the program "
+                          "with; give a batch of real inputs (on the CPU, or on the model's device)")
 
 
 def check_suffix(path: str | Path, format: str) -> None:
     """`ExportError` for a path whose suffix names the other format (`grown.onnx` written as a torch.export
-    program, which an ONNX runtime cannot read); any other suffix is the user's to choose."""
+    program, which an ONNX runtime cannot read), or that ends in a separator, as a directory's name does (`Path`
+    drops it: the program went to a file of the directory's name); any other suffix is the user's to choose."""
+    if isinstance(path, str) and path.endswith(("/", os.sep)):
+        raise ExportError(f"cannot write {path}: it ends in {path[-1]}, which names a directory; name the file, e.g. "
+                          f"{path}model{FORMATS.get(format, '.pt2')}")
     suffix = Path(path).suffix.lower()
     named = next((name for name, own in FORMATS.items() if own == suffix), format)
     if named != format:
@@ -127,15 +145,18 @@ def check_suffix(path: str | Path, format: str) -> None:
 
 
 class _Standardize(nn.Module):
-    """`(x - mean) / std` per channel (dimension 1): a built-in task's standardization, in front of an export."""
+    """`(x - mean) / std` per channel (dimension 1): a built-in task's standardization, in front of an export, in
+    the dtype and on the device of the network's weights (`like`), which take what it gives."""
 
     mean: Tensor
     std: Tensor
 
-    def __init__(self, standardization: InputStandardization) -> None:
+    def __init__(self, standardization: InputStandardization, like: Tensor | None) -> None:
         super().__init__()
-        self.register_buffer("mean", torch.tensor(standardization.mean))
-        self.register_buffer("std", torch.tensor(standardization.std))
+        dtype = like.dtype if like is not None and like.is_floating_point() else None
+        device = like.device if like is not None else None
+        self.register_buffer("mean", torch.tensor(standardization.mean, dtype=dtype, device=device))
+        self.register_buffer("std", torch.tensor(standardization.std, dtype=dtype, device=device))
 
     def forward(self, x: Tensor) -> Tensor:
         shape = (1, -1) + (1,) * (x.dim() - 2)
@@ -206,8 +227,8 @@ def _dynamic_dims(example: Inputs, dims: tuple[int, ...]) -> dict[int, Any]:
 
 def _traced(network: nn.Module, example: Inputs, dims: tuple[int, ...] = ()) -> torch.export.ExportedProgram:
     """`network` traced by `torch.export` with a dynamic batch (and `dims`), checked against the network on
-    `example`."""
-    with torch.no_grad():
+    `example`, in the dtype of its weights whatever autocast the caller is under."""
+    with torch.no_grad(), _without_autocast():
         try:
             expected = network(example)
         except Exception as error:  # the user's example: another dtype, another structure, another shape
@@ -234,10 +255,25 @@ def _traced(network: nn.Module, example: Inputs, dims: tuple[int, ...] = ()) -> 
                           + ("; example_input's first dimension is the batch: was it one sample's values (give "
                              "x[:2], not x[0])?" if one_sample else ""), stacklevel=3)
         difference = (program.module()(*args, **kwargs) - expected).abs().max().item()
-    if not difference <= TOLERANCE:
+        # The program's kernels may round otherwise than the network's by a unit in the last place: relative to
+        # outputs larger than 1 (2.4e-4 at 3,000 in float32), and a few units of a 16-bit dtype's precision.
+        precision = torch.finfo(expected.dtype).eps if expected.is_floating_point() else 0.0
+        allowed = max(TOLERANCE, 4 * precision) * max(1.0, expected.abs().max().item())
+    if not difference <= allowed:
         raise ExportError(f"the exported program differs from the grown network by {difference:.2e} on the example "
-                          "input; please report this")
+                          f"input (more than {allowed:.2e}); please report this")
     return program
+
+
+@contextlib.contextmanager
+def _without_autocast() -> Iterator[None]:
+    """Every autocast the caller turned on, turned off: traced under one, the program's graph asserts the dtypes
+    autocast produced and fails where it is called without it, as it is elsewhere."""
+    with contextlib.ExitStack() as stack:
+        for device_type in ("cpu", "cuda", "xpu", "mps"):
+            if torch.is_autocast_enabled(device_type):
+                stack.enter_context(torch.autocast(device_type, enabled=False))
+        yield
 
 
 def _program_bytes(program: torch.export.ExportedProgram) -> bytes:

@@ -49,6 +49,7 @@ from morphogen.control.heuristic import HeuristicConfig, HeuristicController
 from morphogen.core.hosts import SegmentedHost
 from morphogen.core.model import MorphogeneticModel, shadow_rows
 from morphogen.core.slot import SlotMode
+from morphogen.core.training_mode import modes_kept
 from morphogen.data.user import LossFunction, task_from_data
 from morphogen.env.actions import Action
 from morphogen.env.compute import note_batch
@@ -147,37 +148,40 @@ class Grower:
             settings = settings_from(config, "own loop", host.topology)
             episode, heuristic = settings.episode, settings.heuristic
         self._replicas = _Replicas() if distributed else None
-        device = next(host.parameters()).device
-        # The grower trains nothing itself: the episode reads only the validation split, so it doubles as train.
-        task = task_from_data("own loop", validation, validation, loss=loss, metric=metric, metric_name=metric_name,
-                              num_classes=num_classes, device=device, host=host, target_key=target_key)
-        episode_config = dataclasses.replace(episode or EpisodeConfig(), max_epochs=epochs,
-                                             validation_batch_size=validation_batch_size)
-        self.episode = MorphogenesisEpisode(task_with_host(task), episode_config, seed=seed, slots=slots,
-                                            telemetry=telemetry, host=host)
-        if self._replicas is not None:
-            self.episode.sum_over_processes = self._replicas.sum
-        self.episode.divergence_advice = ("lower your optimizer's learning rate (it steps the host) or the seeds' "
-                                          "seed_lr (Grower(config={'episode': {'optimizer': {'seed_lr': ...}}}))")
-        self.optimizer = optimizer
-        self.snapshot = self.episode.reset()
-        assert self.episode.model is not None
-        self.model: MorphogeneticModel = self.episode.model
-        if policy is not None:
-            from morphogen.commands.evaluate import load_learned_policy  # loads the policy's modules only here
+        # Parts of the host the loop put in eval mode (a frozen backbone's batch norm) stay so while it is probed.
+        with modes_kept(host):
+            device = next(host.parameters()).device
+            # The grower trains nothing itself: the episode reads only the validation split, so it doubles as train.
+            task = task_from_data("own loop", validation, validation, loss=loss, metric=metric, metric_name=metric_name,
+                                  num_classes=num_classes, device=device, host=host, target_key=target_key)
+            episode_config = dataclasses.replace(episode or EpisodeConfig(), max_epochs=epochs,
+                                                 validation_batch_size=validation_batch_size)
+            self.episode = MorphogenesisEpisode(task_with_host(task), episode_config, seed=seed, slots=slots,
+                                                telemetry=telemetry, host=host)
+            if self._replicas is not None:
+                self.episode.sum_over_processes = self._replicas.sum
+            self.episode.divergence_advice = ("lower your optimizer's learning rate (it steps the host) or the seeds' "
+                                              "seed_lr (Grower(config={'episode': {'optimizer': {'seed_lr': ...}}}))")
+            self.optimizer = optimizer
+            self.snapshot = self.episode.reset()
+            assert self.episode.model is not None
+            self.model: MorphogeneticModel = self.episode.model
+            if policy is not None:
+                from morphogen.commands.evaluate import load_learned_policy  # loads the policy's modules only here
 
-            controller = load_learned_policy(policy, str(device)).factory(self.episode)
-        self.controller = controller or HeuristicController(self.episode.action_space, task_with_host(task).topology,
-                                                            heuristic)
-        # The episode measures what the controller chooses by (the heuristic's growth signals), as `run` does.
-        connect(self.episode, self.controller)
-        self.controller.reset()
-        note = depth_growth_note(self.controller, self.model)  # `run` prints it; a loop of one's own has no lines
-        if note:
-            warnings.warn(note.removeprefix("note: "), UserWarning, stacklevel=2)
-        self._running: dict[str, list[nn.Parameter]] = {}
-        self._steps = self._after_backward_calls = 0
-        self._action, self._applied = self._decide(self.snapshot)
+                controller = load_learned_policy(policy, str(device)).factory(self.episode)
+            self.controller = controller or HeuristicController(self.episode.action_space,
+                                                                task_with_host(task).topology, heuristic)
+            # The episode measures what the controller chooses by (the heuristic's growth signals), as `run` does.
+            connect(self.episode, self.controller)
+            self.controller.reset()
+            note = depth_growth_note(self.controller, self.model)  # `run` prints it; a loop of one's own has no lines
+            if note:
+                warnings.warn(note.removeprefix("note: "), UserWarning, stacklevel=2)
+            self._running: dict[str, list[nn.Parameter]] = {}
+            self._training_modes: list[bool] | None = None  # of the host's modules, as the last step trained
+            self._steps = self._after_backward_calls = 0
+            self._action, self._applied = self._decide(self.snapshot)
         self._left = self._seeds_now()
 
     def _seeds_now(self) -> list[tuple[str, str, str | None]]:
@@ -205,7 +209,8 @@ class Grower:
 
     def training_step(self, inputs: Inputs, targets: Tensor) -> Tensor:
         """The host loss of one batch, for you to backpropagate; the TRAINING seeds' shadow loss is already in
-        their gradients. `inputs` are what the model is called with: a tensor, or a tuple, list or dict of them."""
+        their gradients. `inputs` are what the model is called with: a tensor, or a tuple, list or dict of them.
+        The model trains in training mode, but for layers of the host the loop left in eval mode while others train."""
         if self.done:
             raise RuntimeError(EPISODE_OVER)
         if self._steps == 0:  # the first batch says what the model is called with; later ones are not checked
@@ -219,7 +224,7 @@ class Grower:
                 raise ValueError(f"training_step's inputs must be a tensor, or a tuple or dict of tensors, each "
                                  f"with a leading sample dimension, as the host's example_input was; got {problem}")
         model, trainer = self.model, self.episode.trainer
-        model.train()
+        self._into_training_mode()
         clear_stale_casts()  # an autocast around the whole loop would reuse the weights cast before your last step
         self._running = trainer.sync_seed_optimizers()
         for parameters in self._running.values():
@@ -238,6 +243,24 @@ class Grower:
         note_batch(trainer.batch_shapes, inputs)
         self._steps += 1
         return loss
+
+    def _into_training_mode(self) -> None:
+        """`model.train()`, but for the layers of the host the loop left in eval mode while others of it train (a
+        frozen backbone's batch norm, whose running statistics must stay). A host wholly in eval mode (the loop
+        validated the model itself) goes back to the modes the last step trained in."""
+        model = self.model
+        modules = list(model.host.modules())
+        layers = [module for module in modules if next(module.parameters(recurse=False), None) is not None
+                  or next(module.buffers(recurse=False), None) is not None]
+        if any(layer.training for layer in layers):
+            with modes_kept(model.host):
+                model.train()
+        else:
+            model.train()
+            if self._training_modes is not None and len(self._training_modes) == len(modules):
+                for module, mode in zip(modules, self._training_modes, strict=True):
+                    module.training = mode
+        self._training_modes = [module.training for module in modules]
 
     def after_backward(self, scaler: torch.amp.GradScaler | None = None) -> None:
         """After `loss.backward()` and before your optimizer steps: gradient health, then the seeds' steps.
@@ -275,18 +298,22 @@ class Grower:
         self._check_epoch_calls()
         self._steps = self._after_backward_calls = 0
         action, (succeeded, reason) = self._action, self._applied
-        result = self.episode.finish_epoch(action, succeeded, reason)
-        self.episode.telemetry.end_epoch(result.snapshot.epoch)
-        if result.rollback is not None and self.optimizer is not None:
-            self.optimizer.state.clear()  # its moments point the way that diverged
-            if result.rollback.backed_off == "host":
-                for group in self.optimizer.param_groups:
-                    group["lr"] *= self.episode.config.governor.backoff
-        self.snapshot = result.snapshot
-        next_action = None
-        if not result.done:
-            self._action, self._applied = self._decide(result.snapshot)
-            next_action = self._action.describe()
+        # A loop may call this under `torch.no_grad()` or `inference_mode()`, as one wraps a validation; the growth
+        # signals and a new seed's measurements take gradients, and a seed built under inference mode never trains.
+        # Validating and probing leave the host's modes as the loop set them (a frozen backbone's in eval).
+        with torch.inference_mode(False), torch.enable_grad(), modes_kept(self.model.host):
+            result = self.episode.finish_epoch(action, succeeded, reason)
+            self.episode.telemetry.end_epoch(result.snapshot.epoch)
+            if result.rollback is not None and self.optimizer is not None:
+                self.optimizer.state.clear()  # its moments point the way that diverged
+                if result.rollback.backed_off == "host":
+                    for group in self.optimizer.param_groups:
+                        group["lr"] *= self.episode.config.governor.backoff
+            self.snapshot = result.snapshot
+            next_action = None
+            if not result.done:
+                self._action, self._applied = self._decide(result.snapshot)
+                next_action = self._action.describe()
         self._left = self._seeds_now()
         return self._report(result, action, next_action)
 

@@ -21,12 +21,16 @@ from __future__ import annotations
 
 from typing import Any
 
-import lightning.pytorch as pl
 import torch
-from lightning.pytorch.callbacks import ModelCheckpoint
-from lightning.pytorch.utilities.model_helpers import is_overridden
 
 from morphogen.grower import EpochReport, Grower
+
+try:
+    import lightning.pytorch as pl
+    from lightning.pytorch.callbacks import ModelCheckpoint
+    from lightning.pytorch.utilities.model_helpers import is_overridden
+except ImportError as error:  # said with the extra to install, as the onnx export says its own
+    raise ImportError("morphogen.lightning needs PyTorch Lightning: pip install 'morphogen[lightning]'") from error
 
 
 class GrowthCallback(pl.Callback):
@@ -47,17 +51,24 @@ class GrowthCallback(pl.Callback):
 
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         """Hand the grower the optimizer `configure_optimizers` built (it runs after the Grower is built), so that a
-        rollback clears its state and backs off its rate as for `Grower(optimizer=...)`. A trainer set to train
-        longer than the grower grows is refused here, not at the first batch after the growth's last period."""
-        longer = _longer_than_the_growth(trainer, self.grower.snapshot.max_epochs, self.every_n_steps)
-        if longer is not None:
-            raise ValueError(f"GrowthCallback: {longer}; after the growth's last period the grower refuses another "
-                             "training_step (train grower.model on as any module after it)")
+        rollback clears its state and backs off its rate as for `Grower(optimizer=...)`."""
+        if not isinstance(trainer, pl.Trainer):  # `pytorch_lightning`'s, which is another package's classes
+            package = type(trainer).__module__.split(".")[0]
+            raise TypeError(f"GrowthCallback is a callback of the lightning package (lightning.pytorch), given to a "
+                            f"{package} Trainer, whose modules and checkpoints it cannot read: build the Trainer and "
+                            "the LightningModule from lightning.pytorch (import lightning.pytorch as pl)")
         self.grower.use_optimizer(_host_optimizer(self.grower, trainer.optimizers))
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        """Refuse, before the first batch, a `ModelCheckpoint` that would save in the middle of an epoch (where a
-        grower's state cannot be saved): known here, once Lightning has set up the validation data."""
+        """Refuse, before the first batch, a trainer set to train longer than the grower has periods left (not at the
+        first batch after the growth's last period), and a `ModelCheckpoint` that would save in the middle of an epoch
+        (where a grower's state cannot be saved): known here, once Lightning has restored a checkpoint's epoch and
+        step (after `on_fit_start`) and set up the validation data."""
+        snapshot = self.grower.snapshot
+        longer = _longer_than_the_growth(trainer, snapshot.max_epochs, snapshot.epoch, self.every_n_steps)
+        if longer is not None:
+            raise ValueError(f"GrowthCallback: {longer}; after the growth's last period the grower refuses another "
+                             "training_step (train grower.model on as any module after it)")
         has_validation = is_overridden("validation_step", pl_module)
         for checkpoint in trainer.checkpoint_callbacks:
             problem = _mid_period_saving(checkpoint, trainer, has_validation, self.every_n_steps)
@@ -102,21 +113,26 @@ class GrowthCallback(pl.Callback):
         self._period_ended_at = ended_at if isinstance(ended_at, int) and not isinstance(ended_at, bool) else 0
 
 
-def _longer_than_the_growth(trainer: pl.Trainer, epochs: int, every_n_steps: int | None) -> str | None:
-    """How `trainer` would train past the grower's `epochs` growth periods (Lightning's default `max_epochs` is
-    1000), or None. With `every_n_steps` the periods are steps: `max_steps` bounds them, when it is set."""
+def _longer_than_the_growth(trainer: pl.Trainer, periods: int, played: int, every_n_steps: int | None) -> str | None:
+    """How `trainer`, from the epoch and step it stands at, would train past the grower's `periods` growth periods,
+    `played` of them already (a grower resumed, by a checkpoint or `load_state_dict`), or None. Lightning's default
+    `max_epochs` is 1000. With `every_n_steps` the periods are steps: `max_steps` bounds them, when it is set."""
     max_steps, max_epochs = trainer.max_steps, trainer.max_epochs
+    left = periods - played
+    played_note = f" ({played} of them played)" if played else ""
     if every_n_steps is not None:
-        if max_steps is not None and max_steps > epochs * every_n_steps:
-            return (f"Trainer(max_steps={max_steps}) trains past the grower's {epochs} periods of every_n_steps="
-                    f"{every_n_steps}: give Trainer(max_steps={epochs * every_n_steps})")
+        most = trainer.global_step + left * every_n_steps
+        if max_steps is not None and max_steps > most:
+            return (f"Trainer(max_steps={max_steps}) trains past the grower's {periods} periods of every_n_steps="
+                    f"{every_n_steps}{played_note}: give Trainer(max_steps={most})")
         return None
     if max_steps not in (None, -1):  # the steps may end training first; the epochs cannot be told in advance
         return None
-    if max_epochs is None or max_epochs == -1 or max_epochs > epochs:
+    most = trainer.current_epoch + left
+    if max_epochs is None or max_epochs == -1 or max_epochs > most:
         trains = "without end" if max_epochs in (None, -1) else f"{max_epochs} epochs"
         return (f"the Trainer trains {trains} (max_epochs={max_epochs}; Lightning's default is 1000), past the "
-                f"grower's {epochs}: give Trainer(max_epochs={epochs})")
+                f"grower's {periods}{played_note}: give Trainer(max_epochs={most})")
     return None
 
 

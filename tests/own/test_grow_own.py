@@ -77,6 +77,47 @@ def test_a_language_model_exports_with_a_dynamic_sequence_length(tmp_path: Path)
         morphogen.export_model(result.model, ids[:2], tmp_path / "x.pt2", dynamic_dims=(0,))
 
 
+class _ScaledGPT(torch.nn.Module):
+    """TinyGPT's logits times 1,000: outputs in the thousands, as a regression in raw units gives."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gpt = TinyGPT()
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.gpt(ids) * 1000.0
+
+
+def test_a_model_of_large_outputs_exports_within_a_tolerance_relative_to_them(tmp_path: Path) -> None:
+    """The program rounds such outputs otherwise than the model by a unit in their last place (2.4e-4 at 3,000 in
+    float32), which the absolute 1e-5 of the export's check refused as a broken program ("please report this")."""
+    torch.manual_seed(0)
+    ids, _ = counting_sequences(8, 0)
+    host = morphogen.host_from_module(_ScaledGPT().eval(), ["gpt.blocks.0", "gpt.blocks.1"], example_input=ids[:2])
+    model = morphogen.MorphogeneticModel(host).eval()
+    program = torch.export.load(morphogen.export_model(model, ids[:4], tmp_path / "lm.pt2")).module()
+    with torch.no_grad():
+        expected = model(ids)
+        assert expected.abs().max() > 1000
+        torch.testing.assert_close(program(ids), expected, rtol=0, atol=1e-5 * expected.abs().max().item())
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_a_transformer_converted_to_a_16_bit_dtype_exports(dtype: torch.dtype, tmp_path: Path) -> None:
+    """Converted to ship in 16 bits, as the README says to: the program's attention rounds a unit of bfloat16 (7.8e-3
+    near 1) otherwise than the model's, which the export's check of 1e-5 refused as a broken program."""
+    torch.manual_seed(0)
+    ids, _ = counting_sequences(8, 0)
+    host = morphogen.host_from_module(TinyGPT().eval(), ["blocks.0", "blocks.1"], example_input=ids[:2])
+    model = morphogen.MorphogeneticModel(host).to(dtype).eval()
+    program = torch.export.load(morphogen.export_model(model, ids[:4], tmp_path / "lm.pt2")).module()
+    with torch.no_grad():
+        output, expected = program(ids), model(ids)
+        assert output.dtype == dtype
+        scale = max(1.0, expected.abs().max().item())
+        torch.testing.assert_close(output, expected, rtol=0, atol=4 * torch.finfo(dtype).eps * scale)
+
+
 @pytest.mark.parametrize(("training", "said"), [
     (lambda x, y: (x.double(), y), "(the training batch differs: inputs float64 [12], not float32 [12]; the inputs "
                                    "are float64, the model's parameters float32: convert the inputs"),

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
+import importlib
+import sys
 import warnings
+from collections.abc import Callable
 
 import pytest
 import torch
@@ -342,6 +346,63 @@ def test_end_epoch_after_the_last_epoch_says_the_episode_is_over_and_the_network
         grower.end_epoch()
 
 
+@pytest.mark.parametrize("no_gradients", [torch.no_grad, torch.inference_mode])
+def test_end_epoch_called_without_gradients_grows_as_it_does_with_them(
+        no_gradients: Callable[[], contextlib.AbstractContextManager[None]]) -> None:
+    """A loop that wraps `end_epoch` as it wraps a validation: the growth signals took no gradients there and
+    failed in the FLOP count of the first epoch's measurements; under inference mode a new seed would never train."""
+
+    def reports(wrapped: bool) -> list[tuple[float, str, dict[str, str]]]:
+        grower, loader = make_grower(epochs=4)
+        optimizer = torch.optim.SGD(grower.model.host_parameters(), lr=0.1)
+        seen = []
+        for _ in range(4):
+            for inputs, targets in loader:
+                optimizer.zero_grad()
+                grower.training_step(inputs, targets).backward()
+                grower.after_backward()
+                optimizer.step()
+            with no_gradients() if wrapped else contextlib.nullcontext():
+                report = grower.end_epoch()
+            seen.append((report.score, report.action, report.stages))
+        return seen
+
+    wrapped = reports(wrapped=True)
+    assert any(stages["1"] == "blending" for _, _, stages in wrapped)  # a seed germinated under it, trained, blended
+    assert wrapped == reports(wrapped=False)
+
+
+def test_a_frozen_backbones_batch_norm_the_loop_put_in_eval_mode_keeps_its_statistics_while_seeds_grow() -> None:
+    """`net.backbone.eval()` as fine-tuning freezes batch norm: every training_step put the whole model back in
+    training mode, and its running statistics drifted with each batch. A model the loop put wholly in eval mode (it
+    validated it itself) trains again at the next step in the modes it trained in."""
+    torch.manual_seed(0)
+    train, validation = blobs(192, 0), blobs(96, 1)
+    net = nn.Sequential(nn.Sequential(nn.Linear(12, 16), nn.BatchNorm1d(16)), nn.ReLU(), nn.Linear(16, 16), nn.ReLU(),
+                        nn.Linear(16, 3))
+    backbone = net[0]
+    backbone.requires_grad_(False)
+    backbone.eval()  # frozen: its batch norm keeps the statistics it was trained with
+    statistics = [buffer.clone() for buffer in backbone.buffers()]
+    host = morphogen.host_from_module(net, ["1", "3"], example_input=train[0][:2])
+    config = eager_config(4)
+    optimizer = torch.optim.SGD([p for p in net.parameters() if p.requires_grad], lr=0.05)
+    grower = Grower(host, validation, epochs=4, episode=config.episode, heuristic=config.heuristic)
+    trained = net[2].weight.clone()
+    loader = DataLoader(TensorDataset(*train), batch_size=32, shuffle=True)
+    for _ in range(3):
+        train_epoch(grower, loader, optimizer)
+        assert not any(module.training for module in backbone.modules()) and net[2].training
+    assert any(slot.stage is not Stage.DORMANT for slot in grower.model.slots())
+    assert all(torch.equal(a, b) for a, b in zip(statistics, backbone.buffers(), strict=True))
+    assert not torch.equal(trained, net[2].weight)
+    for validated in (net, grower.model):  # the loop validates, and goes on without .train()
+        validated.eval()
+        grower.training_step(*next(iter(loader)))
+        assert not any(module.training for module in backbone.modules()) and net[2].training
+        assert all(module.training for slot in grower.model.slots() for module in slot.modules())
+
+
 def test_an_epoch_without_training_is_an_error_naming_training_step() -> None:
     grower, _ = make_grower()
     with pytest.raises(RuntimeError, match=r"end_epoch\(\) without a training_step\(\)"):
@@ -434,6 +495,44 @@ def test_a_lightning_trainer_grows_the_model_through_the_callback(tmp_path: obje
     assert callback.reports[-1].parameters > callback.reports[0].parameters
 
 
+def test_the_lightning_callback_under_a_trainer_of_pytorch_lightning_says_which_package_it_needs(
+        tmp_path: object) -> None:
+    """The standalone `pytorch_lightning` package has classes of its own: the callback failed at its second hook,
+    in Lightning's `is_overridden` ("ValueError: Expected a parent"), and its checkpoint checks saw no checkpoint."""
+    standalone = pytest.importorskip("pytorch_lightning")
+    from morphogen.lightning import GrowthCallback
+
+    grower, loader = make_grower(epochs=2)
+
+    class StandaloneModule(standalone.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.model = grower.model
+
+        def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_index: int) -> torch.Tensor:
+            return grower.training_step(*batch)
+
+        def configure_optimizers(self) -> torch.optim.Optimizer:
+            return torch.optim.AdamW(self.model.host_parameters(), lr=1e-2)
+
+    trainer = standalone.Trainer(max_epochs=2, callbacks=[GrowthCallback(grower)], accelerator="cpu", logger=False,
+                                 enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+                                 default_root_dir=str(tmp_path))
+    with pytest.raises(TypeError, match=r"^GrowthCallback is a callback of the lightning package \(lightning.pytorch"
+                                        r"\), given to a pytorch_lightning Trainer, .*import lightning.pytorch as pl"):
+        trainer.fit(StandaloneModule(), loader)
+    assert grower.snapshot.epoch == 0
+
+
+def test_the_lightning_callback_without_lightning_says_which_extra_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "lightning", None)  # as if `morphogen[lightning]` were not installed
+    monkeypatch.setitem(sys.modules, "lightning.pytorch", None)
+    monkeypatch.delitem(sys.modules, "morphogen.lightning", raising=False)
+    with pytest.raises(ImportError, match=r"^morphogen.lightning needs PyTorch Lightning: pip install "
+                                          r"'morphogen\[lightning\]'$"):
+        importlib.import_module("morphogen.lightning")
+
+
 @pytest.mark.parametrize(("trainer_options", "callback_options", "message"), [
     ({"max_epochs": 5}, {}, r"the Trainer trains 5 epochs \(max_epochs=5; Lightning's default is 1000\), past the "
                             r"grower's 4: give Trainer\(max_epochs=4\)"),
@@ -453,6 +552,38 @@ def test_a_trainer_set_to_train_past_the_growth_is_refused_before_the_first_batc
     with pytest.raises(ValueError, match=rf"^GrowthCallback: {message}; after the growth's last period"):
         trainer.fit(GrowingModule(grower), loader)
     assert grower.snapshot.epoch == 0
+
+
+def test_a_trainer_set_to_train_past_the_periods_a_resumed_grower_has_left_is_refused_before_the_first_batch(
+        tmp_path: object) -> None:
+    """A grower resumed with `load_state_dict` at its second of four periods: `Trainer(max_epochs=4)` was let through
+    (it compared the grower's whole four), trained two epochs and failed at the third's first batch."""
+    from morphogen.lightning import GrowthCallback
+
+    first, loader = make_grower(epochs=4)
+    optimizer = torch.optim.AdamW(first.model.host_parameters(), lr=1e-2)
+    for _ in range(2):
+        train_epoch(first, loader, optimizer)
+    state = first.state_dict()
+
+    def fit(every_n_steps: int | None = None, **trainer_options: int) -> GrowthCallback:
+        grower, loader = make_grower(epochs=4)
+        grower.load_state_dict(state)
+        callback = GrowthCallback(grower, every_n_steps=every_n_steps)
+        trainer = lightning.Trainer(callbacks=[callback], accelerator="cpu", logger=False, enable_checkpointing=False,
+                                    enable_progress_bar=False, enable_model_summary=False,
+                                    default_root_dir=str(tmp_path), **trainer_options)
+        trainer.fit(GrowingModule(grower), loader)
+        return callback
+
+    with pytest.raises(ValueError, match=r"^GrowthCallback: the Trainer trains 4 epochs \(max_epochs=4; .*\), past the "
+                                         r"grower's 4 \(2 of them played\): give Trainer\(max_epochs=2\); after the"):
+        fit(max_epochs=4)
+    with pytest.raises(ValueError, match=r"^GrowthCallback: Trainer\(max_steps=12\) trains past the grower's 4 periods "
+                                         r"of every_n_steps=3 \(2 of them played\): give Trainer\(max_steps=6\)"):
+        fit(every_n_steps=3, max_steps=12, max_epochs=-1)
+    for callback in (fit(max_epochs=2), fit(every_n_steps=3, max_steps=6, max_epochs=-1)):
+        assert [report.epoch for report in callback.reports] == [3, 4] and callback.grower.done
 
 
 def test_the_grower_measures_the_growth_signals_its_heuristic_chooses_by() -> None:

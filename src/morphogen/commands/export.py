@@ -36,10 +36,7 @@ def export_command(run_dir: str, format: str = "torch-export", output: str | Non
     if format not in FORMATS:
         raise ExportError(f"unknown export format {format!r}; valid: {', '.join(FORMATS)}")
     run = Path(run_dir)
-    default_name = f"{'model_from_scratch' if from_scratch else 'model'}{FORMATS[format]}"
-    path = run / default_name if output is None else Path(output)
-    check_suffix(path, format)  # before the run is rebuilt: `--output grown.onnx` without `--format onnx`
-    _refuse_run_file(path)
+    path = _output_path(run, output, format, from_scratch)
     inside = path.resolve().parent.is_relative_to(run.resolve())
     lock = hold_run_directory(run) if inside else contextlib.nullcontext()
     model, task = rebuild_run(run, "cpu", from_scratch=from_scratch)
@@ -65,6 +62,18 @@ def export_command(run_dir: str, format: str = "torch-export", output: str | Non
 
 def _numbers(values: tuple[float, ...]) -> str:
     return "[" + ", ".join(f"{value:.4f}" for value in values) + "]"
+
+
+def _output_path(run: Path, output: str | None, format: str, from_scratch: bool) -> Path:
+    """`--output`, or the default file in the run directory; refused before the run is rebuilt where it ends in the
+    other format's suffix (`--output grown.onnx` without `--format onnx`), names a directory (`--output exports/`)
+    or a file a run keeps."""
+    default = run / f"{'model_from_scratch' if from_scratch else 'model'}{FORMATS[format]}"
+    given: str | Path = default if output is None else output
+    check_suffix(given, format)  # the string as given: Path drops a directory's trailing separator
+    path = Path(given)
+    _refuse_run_file(path)
+    return path
 
 
 def _refuse_run_file(path: Path) -> None:
