@@ -49,7 +49,7 @@ from morphogen.control.heuristic import HeuristicConfig, HeuristicController
 from morphogen.core.hosts import SegmentedHost
 from morphogen.core.model import MorphogeneticModel, shadow_rows
 from morphogen.core.slot import SlotMode
-from morphogen.core.training_mode import modes_kept
+from morphogen.core.training_mode import left_in_eval, modes_kept
 from morphogen.data.user import LossFunction, task_from_data
 from morphogen.env.actions import Action
 from morphogen.env.compute import note_batch
@@ -250,11 +250,11 @@ class Grower:
         validated the model itself) goes back to the modes the last step trained in."""
         model = self.model
         modules = list(model.host.modules())
-        layers = [module for module in modules if next(module.parameters(recurse=False), None) is not None
-                  or next(module.buffers(recurse=False), None) is not None]
-        if any(layer.training for layer in layers):
-            with modes_kept(model.host):
-                model.train()
+        frozen = left_in_eval(model.host)
+        if frozen is not None:
+            model.train()
+            for module in frozen:
+                module.eval()
         else:
             model.train()
             if self._training_modes is not None and len(self._training_modes) == len(modules):

@@ -516,6 +516,25 @@ def test_a_frozen_backbone_stays_frozen_while_seeds_grow_behind_and_beside_it(tm
     assert not torch.equal(learning, net[2].weight)
 
 
+def test_a_frozen_backbone_left_in_eval_mode_keeps_its_batch_norm_statistics_while_seeds_grow(tmp_path: Path) -> None:
+    images, labels = quadrant_images(96, 0)
+    backbone = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.BatchNorm2d(8))
+    net = torch.nn.Sequential(backbone, torch.nn.ReLU(), torch.nn.Conv2d(8, 8, 3, padding=1), torch.nn.BatchNorm2d(8),
+                              torch.nn.ReLU(), torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(), torch.nn.Linear(8, 4))
+    backbone.requires_grad_(False)
+    backbone.eval()  # a pretrained part: its batch norm normalizes by the statistics it was trained with
+    statistics = [buffer.clone() for buffer in backbone.buffers()]
+    learning = net[3].running_mean.clone()
+    host = morphogen.host_from_module(net, ["1", "4"], example_input=images[:2])
+    task = morphogen.task_from_data("frozen", (images[:64], labels[:64]), (images[64:], labels[64:]))
+    result = morphogen.grow(task, host, run_dir=str(tmp_path / "run"), config=eager_config(epochs=4),
+                            out=io.StringIO())
+    assert grown_seeds(result)
+    assert all(torch.equal(before, after) for before, after in zip(statistics, backbone.buffers(), strict=True))
+    assert not torch.equal(learning, net[3].running_mean)  # the rest trained in training mode
+    assert not backbone.training and net[3].training
+
+
 def test_grow_under_autocast_trains_every_forward_in_bfloat16_with_float32_weights(tmp_path: Path) -> None:
     images, labels = quadrant_images(96, 0)
     net = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.ReLU(), torch.nn.Conv2d(8, 8, 3, padding=1),

@@ -57,6 +57,18 @@ def modes_kept(*parts: nn.Module) -> Iterator[None]:
             module.training = mode
 
 
+def left_in_eval(module: nn.Module) -> list[nn.Module] | None:
+    """The modules of `module` in eval mode while some layer of it (a module with parameters or buffers of its own)
+    trains: the parts a user froze by `.eval()`, such as a pretrained backbone whose batch norm must keep its
+    running statistics. None when no layer trains (the whole model put in eval mode, to validate it)."""
+    modules = list(module.modules())
+    layers = [part for part in modules if next(part.parameters(recurse=False), None) is not None
+              or next(part.buffers(recurse=False), None) is not None]
+    if not any(layer.training for layer in layers):
+        return None
+    return [part for part in modules if not part.training]
+
+
 def trace_in_both_modes(model: nn.Module, trace: Callable[[], fx.Graph]) -> fx.GraphModule:
     """`model` traced by `trace()` in training mode, each function call whose constant arguments differ from the
     eval-mode trace made a `ModeDependentCall`. Every module's mode is restored afterwards.

@@ -20,6 +20,7 @@ from torch import Tensor, nn
 
 from morphogen.core.isolation import IsolationMonitor
 from morphogen.core.model import MorphogeneticModel, ShadowOutput, shadow_rows
+from morphogen.core.training_mode import left_in_eval
 from morphogen.env.compute import note_batch
 from morphogen.env.evaluation import Objective, summable, task_loss
 from morphogen.env.optimizer import OptimizerConfig, warmup_factor
@@ -59,6 +60,9 @@ class HostAndSeedTrainer:
         #: The task's loss (cross-entropy unless the task brings its own).
         self.objective = objective or Objective(task_loss, None, custom=False)
         self.host_optimizer = config.build(model.host_parameters(), seed=False)
+        #: Modules of the host in eval mode while the rest trains when training began (a frozen backbone the user
+        #: put in eval mode, whose batch norm must keep its statistics): they stay in eval mode.
+        self.kept_in_eval = left_in_eval(model.host) or []
         self.seed_optimizers: dict[str, tuple[nn.Module, torch.optim.Optimizer]] = {}
         #: Steps each seed's optimizer has taken (for its learning-rate warm-up), by slot id.
         self.seed_steps: dict[str, int] = {}
@@ -139,6 +143,8 @@ class HostAndSeedTrainer:
             # Once an epoch: nothing between two of its batches changes a mode (validation and the growth probes
             # restore the ones they found), and walking every module each batch was 2-5% of a step.
             model.train()
+            for module in self.kept_in_eval:
+                module.eval()
         clear_stale_casts()
         note_batch(self.batch_shapes, inputs)
         running = self.sync_seed_optimizers()
