@@ -366,6 +366,23 @@ def test_train_gym_closes_the_envs_it_made_when_a_later_one_fails() -> None:
     assert (_CountedEnv.made, _CountedEnv.closed) == (2, 2)
 
 
+def test_train_gym_passes_its_env_kwargs_to_every_env() -> None:
+    made: list[dict[str, Any]] = []
+
+    class Configured(MatchTargetEnv):
+        def __init__(self, **kwargs: Any) -> None:
+            made.append(kwargs)
+            super().__init__()
+
+    gymnasium.register(id="morphogen-tests/Configured-v0", entry_point=Configured)
+    try:
+        train_gym("morphogen-tests/Configured-v0", total_steps=16, n_envs=2, rollout_length=8,
+                  env_kwargs={"level": 3})
+    finally:
+        del gymnasium.registry["morphogen-tests/Configured-v0"]
+    assert made == [{"level": 3}, {"level": 3}]
+
+
 @pytest.mark.parametrize(("env_id", "message"), [("Pendulum-v1", "Discrete"), ("FrozenLake-v1", "Box observation")])
 def test_train_gym_rejects_unsupported_spaces(env_id: str, message: str) -> None:
     with pytest.raises(ValueError, match=message):

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
 import gymnasium
@@ -164,6 +164,7 @@ def train_gym(
     bptt_length: int | None = None,
     recurrent: bool = True,
     progress: bool | None = None,
+    env_kwargs: Mapping[str, Any] | None = None,
 ) -> GymTraining:
     """Train a FactoredLSTMPolicy with PPO on ``n_envs`` copies of a Gymnasium env; return it with its episodes.
 
@@ -178,7 +179,8 @@ def train_gym(
     ``recurrent=False`` trains a feed-forward policy (two tanh layers, no LSTM) for tasks whose observation
     is the whole state: on Acrobot it learned on every seed where the LSTM policy sometimes never reached the
     goal (`benchmarks/ppo_vs_sb3.py`).
-    ``progress`` draws a bar with ETA and the recent mean return on stderr; None draws it only when
+    ``env_kwargs`` go to every ``gymnasium.make`` (``{"task": "digits", "max_train_samples": 500}`` for morphogen's
+    own env). ``progress`` draws a bar with ETA and the recent mean return on stderr; None draws it only when
     stderr is a terminal, so logs and notebooks' captured output stay clean.
     """
     for name, value in (
@@ -194,7 +196,8 @@ def train_gym(
     config = PPOConfig() if config is None else config
     envs: list[gymnasium.Env[Any, Any]] = []
     try:
-        envs.extend(gymnasium.make(env_id) for _ in range(n_envs))  # inside: one that fails closes those made
+        # Made inside the `try`: when one fails, those made before it are closed.
+        envs.extend(gymnasium.make(env_id, **dict(env_kwargs or {})) for _ in range(n_envs))
         observation_size, action_sizes, action_offsets = _space_layout(envs[0], env_id)
         # Seed the initialization without disturbing the caller's global RNG.
         with torch.random.fork_rng(devices=[]):
