@@ -51,7 +51,7 @@ def _print(out: TextIO, *renderables: RenderableType) -> None:
 
     from morphogen.ui.progress import LINE_WIDTH
 
-    if out.isatty():
+    if getattr(out, "isatty", lambda: False)():  # a writer of the caller's may not say
         Console(file=out, width=LINE_WIDTH, highlight=False).print(*renderables)
         return
     console = Console(file=io.StringIO(), width=LINE_WIDTH, highlight=False, color_system=None)
