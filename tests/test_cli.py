@@ -49,7 +49,7 @@ def test_run_on_mnist1d_for_one_epoch(tmp_path: Path, capsys: pytest.CaptureFixt
     code = main(["run", "--task", "mnist1d", "--epochs", "1", "--no-baseline", "--run-dir", str(run_dir)])
     out, err = capsys.readouterr()
     assert code == 0, err
-    assert "task mnist1d (cnn1d host, 4000 train / 1000 validation)" in out and "epoch   1/1" in out
+    assert "task mnist1d (cnn1d host, 4000 train / 1000 validation), 1 epoch, seed 0" in out and "epoch   1/1" in out
     config = json.loads((run_dir / "config.json").read_text())
     assert config["task"] == "mnist1d"
     assert config["host"] == {"n_blocks": 2, "base_channels": 8, "kernel_size": 5}

@@ -65,7 +65,7 @@ from morphogen.ui.progress import LINE_WIDTH, ProgressDisplay
 from morphogen.ui.run_files import ScoreKind
 from morphogen.ui.stages import stage_short
 from morphogen.ui.terminal_text import cut, printable
-from morphogen.ui.units import format_flops, format_loss
+from morphogen.ui.units import counted, format_flops, format_loss
 
 
 @dataclass(frozen=True)
@@ -568,8 +568,9 @@ def _write_results(result: RunResult, architecture: dict[str, str], controller: 
 def _print_header(display: ProgressDisplay, config: RunConfig, task: Task, episode: MorphogenesisEpisode, device: str,
                   run_dir: Path) -> None:
     """The run's first lines: the task, its host and data, the episode, the device, the optimizer, the run dir."""
+    epochs = counted(config.episode.max_epochs, "epoch")
     display.print(f"morphogen run: task {printable(task.name)} ({task.topology} host, {len(task.train)} train / "
-                  f"{len(task.validation)} validation), {config.episode.max_epochs} epochs, seed {config.seed}, "
+                  f"{len(task.validation)} validation), {epochs}, seed {config.seed}, "
                   f"device {device}, {episode.optimizer_config.summary}")
     display.print(f"run dir: {run_dir}")
     note = optimizer_note(task, config.episode.optimizer)
