@@ -431,6 +431,11 @@ TASK_BESIDE_MIX = ("task: mix says what to train on, so task mnist1d would be ig
     ('[[mix]]\ntask = "digits"\n', ["--task", "mnist1d"], TASK_BESIDE_MIX),
     (None, ["--tasks", "digits", "--task", "mnist1d"],
      "task: tasks says what to train on, so task mnist1d would be ignored; add it to tasks instead"),
+    # --task given on purpose is refused beside the mix even where it names the default task, digits.
+    (None, ["--tasks", "mnist1d", "--task", "digits"],
+     "task: tasks says what to train on, so task digits would be ignored; add it to tasks instead"),
+    ('[[mix]]\ntask = "mnist1d"\n', ["--task", "digits"],
+     "task: mix says what to train on, so task digits would be ignored; name it in a [[mix]] entry instead"),
     ('[host]\nn_blocks = 3\n[[mix]]\ntask = "digits"\n', [],
      "host: mix trains each task on its own host size, so a [host] table would be ignored; give the entry a host "
      "table instead"),

@@ -435,11 +435,22 @@ def train_config_from_args(args: argparse.Namespace) -> TrainConfig:
     if args.batch_envs and isinstance(values.get("episode") or {}, dict):  # another type fails in build_config
         values["episode"] = {**(values.get("episode") or {}), "batch_identical": True}
     values = _with_episode_length(values, args.episode_length, "--episode-length")
+    _refuse_task_flag_beside_the_mix(args.task, values)
     if not values.get("tasks") and not values.get("mix"):  # a mix trains each task with its own default optimizer
         values = _with_task_optimizer(values)
     config = build_config(TrainConfig, values)
     _check_compile_flags(args, config)
     return config
+
+
+def _refuse_task_flag_beside_the_mix(task: str | None, values: dict[str, Any]) -> None:
+    """`UsageError` for `--task` beside `tasks` or `[[mix]]`, which would ignore it. The trainer refuses a task
+    other than the default beside them; only here is the default one (digits) known to be given on purpose."""
+    from morphogen.control.trainer import task_beside_the_mix
+
+    tasks, mix = bool(values.get("tasks")), bool(values.get("mix"))
+    if task is not None and tasks != mix:  # both at once: the trainer says to give one
+        raise UsageError(task_beside_the_mix(task, in_mix=mix))
 
 
 def _train(args: argparse.Namespace) -> None:

@@ -224,14 +224,18 @@ def _check_training_mix(config: TrainConfig) -> None:
         _refuse_lengths_and_caps_beside_the_mix(config)
 
 
+def task_beside_the_mix(task: str, *, in_mix: bool) -> str:
+    """The line refusing `task` given beside `[[mix]]` entries (`in_mix`) or `tasks`, which replace it."""
+    given, where = ("mix", "name it in a [[mix]] entry") if in_mix else ("tasks", "add it to tasks")
+    return f"task: {given} says what to train on, so task {task} would be ignored; {where} instead"
+
+
 def _refuse_task_and_host_beside_the_mix(config: TrainConfig) -> None:
     """Raise `ValueError` naming the key if `config` sets, beside its `tasks` or `mix`, a task or host size, which
     the training mix replaces (values left at their default pass)."""
     given = "mix" if config.mix else "tasks"
     if config.task != SessionOptions.task:
-        where = "name it in a [[mix]] entry" if config.mix else "add it to tasks"
-        raise ValueError(f"task: {given} says what to train on, so task {config.task} would be ignored; {where} "
-                         "instead")
+        raise ValueError(task_beside_the_mix(config.task, in_mix=bool(config.mix)))
     if config.host and config.task in TASK_NAMES and \
             resolve_host_size(config.task, config.host) != resolve_host_size(config.task, {}):
         where = "give the entry a host table" if config.mix else "use [[mix]] entries with host tables"
