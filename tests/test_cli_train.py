@@ -442,6 +442,10 @@ TASK_BESIDE_MIX = ("task: mix says what to train on, so task mnist1d would be ig
     ('[[mix]]\ntask = "digits"\nepisode_length = 4\n', ["--episode-length", "6"],
      "episode.max_epochs: every mix entry sets its own episode_length, so episode.max_epochs = 6 (--episode-length) "
      "would be ignored; leave it out, or leave episode_length out of the entries that should play it"),
+    # ... and so is an --episode-length that happens to be train's default, 25.
+    ('[[mix]]\ntask = "digits"\nepisode_length = 4\n', ["--episode-length", "25"],
+     "episode.max_epochs: every mix entry sets its own episode_length, so episode.max_epochs = 25 (--episode-length) "
+     "would be ignored; leave it out, or leave episode_length out of the entries that should play it"),
     ('max_train_samples = 100\n[[mix]]\ntask = "digits"\nmax_train_samples = 200\n', [],
      "max_train_samples: every mix entry sets its own max_train_samples, so max_train_samples = 100 would be "
      "ignored; leave it out, or leave max_train_samples out of the entries that should take it"),
