@@ -431,11 +431,20 @@ TASK_BESIDE_MIX = ("task: mix says what to train on, so task mnist1d would be ig
     ('[[mix]]\ntask = "digits"\n', ["--task", "mnist1d"], TASK_BESIDE_MIX),
     (None, ["--tasks", "digits", "--task", "mnist1d"],
      "task: tasks says what to train on, so task mnist1d would be ignored; add it to tasks instead"),
+    # --task given on purpose is refused beside the mix even where it names the default task, digits.
+    (None, ["--tasks", "mnist1d", "--task", "digits"],
+     "task: tasks says what to train on, so task digits would be ignored; add it to tasks instead"),
+    ('[[mix]]\ntask = "mnist1d"\n', ["--task", "digits"],
+     "task: mix says what to train on, so task digits would be ignored; name it in a [[mix]] entry instead"),
     ('[host]\nn_blocks = 3\n[[mix]]\ntask = "digits"\n', [],
      "host: mix trains each task on its own host size, so a [host] table would be ignored; give the entry a host "
      "table instead"),
     ('[[mix]]\ntask = "digits"\nepisode_length = 4\n', ["--episode-length", "6"],
      "episode.max_epochs: every mix entry sets its own episode_length, so episode.max_epochs = 6 (--episode-length) "
+     "would be ignored; leave it out, or leave episode_length out of the entries that should play it"),
+    # ... and so is an --episode-length that happens to be train's default, 25.
+    ('[[mix]]\ntask = "digits"\nepisode_length = 4\n', ["--episode-length", "25"],
+     "episode.max_epochs: every mix entry sets its own episode_length, so episode.max_epochs = 25 (--episode-length) "
      "would be ignored; leave it out, or leave episode_length out of the entries that should play it"),
     ('max_train_samples = 100\n[[mix]]\ntask = "digits"\nmax_train_samples = 200\n', [],
      "max_train_samples: every mix entry sets its own max_train_samples, so max_train_samples = 100 would be "

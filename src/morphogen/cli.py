@@ -435,11 +435,28 @@ def train_config_from_args(args: argparse.Namespace) -> TrainConfig:
     if args.batch_envs and isinstance(values.get("episode") or {}, dict):  # another type fails in build_config
         values["episode"] = {**(values.get("episode") or {}), "batch_identical": True}
     values = _with_episode_length(values, args.episode_length, "--episode-length")
+    _refuse_flags_beside_the_mix(args, values)
     if not values.get("tasks") and not values.get("mix"):  # a mix trains each task with its own default optimizer
         values = _with_task_optimizer(values)
     config = build_config(TrainConfig, values)
     _check_compile_flags(args, config)
     return config
+
+
+def _refuse_flags_beside_the_mix(args: argparse.Namespace, values: dict[str, Any]) -> None:
+    """`UsageError` for `--task` beside `tasks` or `[[mix]]`, and `--episode-length` beside entries that all set
+    their own, which would ignore them. The trainer refuses such values unless they are its defaults (digits, 25
+    epochs); only here is a default known to be given on purpose."""
+    from morphogen.control.trainer import length_beside_the_mix, task_beside_the_mix
+
+    tasks, mix = values.get("tasks"), values.get("mix")
+    if args.task is not None and bool(tasks) != bool(mix):  # both at once: the trainer says to give one
+        raise UsageError(task_beside_the_mix(args.task, in_mix=bool(mix)))
+    if args.episode_length is None or tasks or not isinstance(mix, list) or not mix:
+        return
+    lengths = [entry.get("episode_length") if isinstance(entry, dict) else None for entry in mix]
+    if None not in lengths and args.episode_length not in lengths:
+        raise UsageError(length_beside_the_mix(args.episode_length))
 
 
 def _train(args: argparse.Namespace) -> None:

@@ -224,14 +224,25 @@ def _check_training_mix(config: TrainConfig) -> None:
         _refuse_lengths_and_caps_beside_the_mix(config)
 
 
+def task_beside_the_mix(task: str, *, in_mix: bool) -> str:
+    """The line refusing `task` given beside `[[mix]]` entries (`in_mix`) or `tasks`, which replace it."""
+    given, where = ("mix", "name it in a [[mix]] entry") if in_mix else ("tasks", "add it to tasks")
+    return f"task: {given} says what to train on, so task {task} would be ignored; {where} instead"
+
+
+def length_beside_the_mix(length: int) -> str:
+    """The line refusing an episode length that every `[[mix]]` entry replaces with its own `episode_length`."""
+    return (f"episode.max_epochs: every mix entry sets its own episode_length, so episode.max_epochs = {length} "
+            "(--episode-length) would be ignored; leave it out, or leave episode_length out of the entries that "
+            "should play it")
+
+
 def _refuse_task_and_host_beside_the_mix(config: TrainConfig) -> None:
     """Raise `ValueError` naming the key if `config` sets, beside its `tasks` or `mix`, a task or host size, which
     the training mix replaces (values left at their default pass)."""
     given = "mix" if config.mix else "tasks"
     if config.task != SessionOptions.task:
-        where = "name it in a [[mix]] entry" if config.mix else "add it to tasks"
-        raise ValueError(f"task: {given} says what to train on, so task {config.task} would be ignored; {where} "
-                         "instead")
+        raise ValueError(task_beside_the_mix(config.task, in_mix=bool(config.mix)))
     if config.host and config.task in TASK_NAMES and \
             resolve_host_size(config.task, config.host) != resolve_host_size(config.task, {}):
         where = "give the entry a host table" if config.mix else "use [[mix]] entries with host tables"
@@ -244,9 +255,7 @@ def _refuse_lengths_and_caps_beside_the_mix(config: TrainConfig) -> None:
     cap that no entry of the mix takes: every entry sets its own, none the same (the default value passes)."""
     lengths = [entry.episode_length for entry in config.mix]
     if config.episode_length not in (TRAINING_EPISODE_LENGTH, *lengths) and None not in lengths:
-        raise ValueError(f"episode.max_epochs: every mix entry sets its own episode_length, so episode.max_epochs = "
-                         f"{config.episode_length} (--episode-length) would be ignored; leave it out, or leave "
-                         "episode_length out of the entries that should play it")
+        raise ValueError(length_beside_the_mix(config.episode_length))
     caps = [entry.max_train_samples for entry in config.mix]
     if config.max_train_samples is not None and config.max_train_samples not in caps and None not in caps:
         raise ValueError(f"max_train_samples: every mix entry sets its own max_train_samples, so max_train_samples = "
