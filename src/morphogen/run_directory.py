@@ -104,6 +104,9 @@ _NO_FOLLOW = os.O_NOFOLLOW | os.O_CLOEXEC
 
 _held: dict[Path, tuple[int, int]] = {}
 """Resolved run directory -> (file descriptor, re-entrancy count) of the locks this process holds."""
+_outermost: tuple[int, Path | None] = (0, None)
+"""How many times this process took a lock while it held none, and the directory it took last so (a run over
+seeds': its top directory, not a seed's): what an interrupted command's `--resume` goes on with."""
 
 
 class RunDirectoryRefused(ValueError):
@@ -420,7 +423,11 @@ def hold_run_directory(directory: str | Path) -> Iterator[Path]:
         descriptor, count = _held[key]
         _held[key] = (descriptor, count + 1)
     else:
+        outermost = not _held
         _held[key] = (_acquire(key), 1)
+        if outermost:
+            global _outermost
+            _outermost = (_outermost[0] + 1, key)
     try:
         yield Path(directory)
     finally:
@@ -430,6 +437,12 @@ def hold_run_directory(directory: str | Path) -> Iterator[Path]:
         else:
             del _held[key]
             _release(key, descriptor)
+
+
+def outermost_lock() -> tuple[int, Path | None]:
+    """(a count that grows with every lock taken while holding none, the directory of the last such lock): a command
+    compares it before and after to learn which run directory it worked in, if any."""
+    return _outermost
 
 
 # ------------------------------------------------------------------------------------- making a run dir
