@@ -123,3 +123,20 @@ def test_a_full_disk_at_the_lock_is_one_line_and_leaves_no_lock_file(tmp_path: P
     assert not (tmp_path / LOCK_NAME).exists()
     with hold_run_directory(tmp_path):  # nothing stale is left to trip the next command
         assert (tmp_path / LOCK_NAME).read_text() == f"{os.getpid()}\n"
+
+
+def test_a_used_up_quota_at_the_lock_says_so_rather_than_no_space(tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    import errno
+
+    from morphogen.run_directory import RunDirectoryLockError
+
+    def over_quota(descriptor: int, data: bytes) -> int:
+        raise OSError(errno.EDQUOT, os.strerror(errno.EDQUOT))
+
+    monkeypatch.setattr(os, "write", over_quota)
+    with pytest.raises(RunDirectoryLockError, match=f"^cannot lock run directory {tmp_path}: disk quota exceeded$"), \
+            hold_run_directory(tmp_path):
+        pass
+    monkeypatch.undo()
+    assert not (tmp_path / LOCK_NAME).exists()

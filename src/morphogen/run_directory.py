@@ -133,12 +133,24 @@ class PlantedLinkError(OSError):
         return str(self.strerror)  # the message names the path; "[Errno 40]" would tell the user nothing
 
 
+_NO_ROOM_REASONS = {errno.EDQUOT: "disk quota exceeded", errno.EFBIG: "file size limit exceeded"}
+"""Why a write found no room when it is not the disk itself that is full (EFBIG: `ulimit -f`, or the file system's
+largest file): said so, since "no space left" beside gigabytes free would mislead."""
+
+
+def _no_room(error: OSError) -> str:
+    """Why there is no room, in words: a full disk, a user's quota used up, or a limit on a file's size."""
+    return _NO_ROOM_REASONS.get(error.errno or 0, "no space left on its disk")
+
+
 def _disk_full(error: OSError, path: Path, needed: int) -> DiskFullError:
+    reason = _NO_ROOM_REASONS.get(error.errno or 0)
     try:
-        room = f", {shutil.disk_usage(path.parent).free:,} free"
+        room = f", {shutil.disk_usage(path.parent).free:,} free" + (" on the disk" if reason else "")
     except OSError:
         room = ""
-    full = DiskFullError(f"no space left to write {path}: it needs {needed:,} bytes{room}; "
+    lead = f"cannot write {path} ({reason})" if reason else f"no space left to write {path}"
+    full = DiskFullError(f"{lead}: it needs {needed:,} bytes{room}; "
                          f"the previous {path.name}, if any, is intact")
     full.errno = error.errno
     return full
@@ -404,7 +416,7 @@ def _acquire(directory: Path) -> int:
     except OSError as error:
         _release(directory, descriptor)
         if error.errno in _DISK_FULL:
-            raise RunDirectoryLockError(f"cannot lock run directory {directory}: no space left on its disk") from None
+            raise RunDirectoryLockError(f"cannot lock run directory {directory}: {_no_room(error)}") from None
         raise
     return descriptor
 
