@@ -3,10 +3,12 @@ on (`--resume`), with the run directory's lock released, and exit 130 and 143 as
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -55,9 +57,29 @@ def test_a_stopped_command_that_holds_no_run_directory_names_no_resume(tmp_path:
     assert (result.returncode, result.stderr) == (EXIT_TERMINATED, "morphogen eval: stopped by SIGTERM\n")
 
 
-def test_sigterm_is_handled_only_while_a_command_runs(capsys: pytest.CaptureFixture[str]) -> None:
-    from morphogen.cli import main
+def _terminated_in_place(args: object) -> None:
+    os.kill(os.getpid(), signal.SIGTERM)
+    time.sleep(60)  # the handler runs at once, in this thread
+
+
+def _installs_its_own_handler(args: object) -> None:
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # as a `--distributed` rank does, to keep its exit status 4
+
+
+def test_sigterm_is_handled_only_while_a_command_runs(monkeypatch: pytest.MonkeyPatch,
+                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    import morphogen.cli as cli
 
     before = signal.getsignal(signal.SIGTERM)
-    assert main(["list", "tasks"]) == 0
-    assert signal.getsignal(signal.SIGTERM) is before  # a program calling main() keeps its own handler
+    try:
+        assert cli.main(["list", "tasks"]) == 0
+        assert signal.getsignal(signal.SIGTERM) is before  # a program calling main() keeps its own handler
+        monkeypatch.setitem(cli.COMMANDS, "list", _terminated_in_place)
+        assert cli.main(["list", "tasks"]) == EXIT_TERMINATED
+        assert capsys.readouterr().err == "morphogen list: stopped by SIGTERM\n"  # nothing of `list` to resume
+        assert signal.getsignal(signal.SIGTERM) is before  # given back after it fired, too
+        monkeypatch.setitem(cli.COMMANDS, "list", _installs_its_own_handler)
+        assert cli.main(["list", "tasks"]) == 0
+        assert signal.getsignal(signal.SIGTERM) is signal.SIG_IGN  # a command's own handler stays till the exit
+    finally:
+        signal.signal(signal.SIGTERM, before)

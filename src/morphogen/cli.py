@@ -771,7 +771,8 @@ def _terminate(signum: int, frame: object) -> None:
 
 @contextlib.contextmanager
 def _sigterm_stops_as_ctrl_c() -> Iterator[None]:
-    """Handle SIGTERM as Ctrl-C for the block, then restore the handler found (only the main thread can set one)."""
+    """Handle SIGTERM as Ctrl-C for the block, then restore the handler found (only the main thread can set one),
+    unless the command installed its own: a `--distributed` rank's stays until the process exits (exit status 4)."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -779,7 +780,8 @@ def _sigterm_stops_as_ctrl_c() -> Iterator[None]:
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        if signal.getsignal(signal.SIGTERM) in (_terminate, signal.SIG_DFL):  # ours, or ours once it fired
+            signal.signal(signal.SIGTERM, previous)
 
 
 def _stopped(args: argparse.Namespace, lock_before: tuple[int, Path | None], error: KeyboardInterrupt) -> int:
