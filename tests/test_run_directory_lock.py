@@ -52,8 +52,12 @@ def test_second_writer_is_refused_and_a_dead_holders_lock_is_taken_over(
         os.kill(holder.pid, signal.SIGSTOP)  # a paused holder still holds the lock
         assert main(["train", "--resume", str(run), "--rounds", "2"]) == EXIT_USER_ERROR
         line = one_error_line(capsys)
-        assert line == (f"morphogen train: error: run directory {run} is in use by process {holder.pid} "
-                        f"(lock {run / LOCK_NAME}); wait for it to finish or choose another --run-dir")
+        paused = (f"morphogen train: error: run directory {run} is in use by process {holder.pid}, which is paused "
+                  f"(Ctrl-Z or SIGSTOP; lock {run / LOCK_NAME}): `kill -CONT {holder.pid}` lets it go on, "
+                  f"`kill {holder.pid}` ends it, or choose another --run-dir")  # waited for, it would never finish
+        running = (f"morphogen train: error: run directory {run} is in use by process {holder.pid} "
+                   f"(lock {run / LOCK_NAME}); wait for it to finish or choose another --run-dir")
+        assert line == (paused if Path("/proc/self/stat").exists() else running)  # only Linux's /proc tells paused
         assert main(["run", "--epochs", "1", "--max-train-samples", "100", "--no-baseline",
                      "--run-dir", str(run)]) == EXIT_USER_ERROR
         assert f"{run} already holds another run" in one_error_line(capsys)  # one run per directory
@@ -100,7 +104,8 @@ def test_a_leftover_lock_file_of_a_dead_process_is_taken_over(tmp_path: Path) ->
 def test_a_live_holder_makes_hold_run_directory_raise_busy(tmp_path: Path) -> None:
     holder = start_holder(tmp_path)
     try:
-        with pytest.raises(RunDirectoryBusy, match=f"in use by process {holder.pid}"), hold_run_directory(tmp_path):
+        with pytest.raises(RunDirectoryBusy, match=f"in use by process {holder.pid} .*; wait for it to finish"), \
+                hold_run_directory(tmp_path):
             pass
     finally:
         holder.kill()

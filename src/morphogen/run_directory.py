@@ -372,14 +372,37 @@ def remove_stale_temporaries(directory: str | Path) -> list[Path]:
 # ------------------------------------------------------------------------------------------------ lock
 
 
-def _holder(path: Path) -> str:
+def _holder_pid(path: Path) -> int | None:
+    """The PID the lock file at `path` names, if it names one."""
     try:
         descriptor = os.open(path, os.O_RDONLY | os.O_NONBLOCK | _NO_FOLLOW)
         with os.fdopen(descriptor, "rb") as handle:
             text = handle.read(32).decode("ascii", errors="replace").strip()
     except OSError:
-        return "another process"
-    return f"process {text}" if text.isdigit() else "another process"
+        return None
+    return int(text) if text.isdigit() else None
+
+
+def _is_paused(pid: int) -> bool:
+    """Whether process `pid` is stopped (Ctrl-Z, SIGSTOP), as Linux's /proc says; False where it cannot tell."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text(errors="replace").rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state in ("T", "t")
+
+
+def _busy(directory: Path, path: Path) -> RunDirectoryBusy:
+    """The refusal of a directory whose lock another process holds: who, and what to do, for a paused holder too
+    (it would never finish of itself)."""
+    pid = _holder_pid(path)
+    if pid is not None and _is_paused(pid):
+        return RunDirectoryBusy(f"run directory {directory} is in use by process {pid}, which is paused (Ctrl-Z or "
+                                f"SIGSTOP; lock {path}): `kill -CONT {pid}` lets it go on, `kill {pid}` ends it, or "
+                                "choose another --run-dir")
+    holder = "another process" if pid is None else f"process {pid}"
+    return RunDirectoryBusy(f"run directory {directory} is in use by {holder} (lock {path}); wait for it to finish or "
+                            "choose another --run-dir")
 
 
 def _acquire(directory: Path) -> int:
@@ -401,8 +424,7 @@ def _acquire(directory: Path) -> int:
             os.close(descriptor)
             if error.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
                 raise
-            raise RunDirectoryBusy(f"run directory {directory} is in use by {_holder(path)} (lock {path}); wait for "
-                                   "it to finish or choose another --run-dir") from None
+            raise _busy(directory, path) from None
         try:
             same_file = os.stat(path, follow_symlinks=False).st_ino == os.fstat(descriptor).st_ino
         except FileNotFoundError:
