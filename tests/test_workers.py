@@ -29,15 +29,17 @@ def signal_handlers() -> Iterator[None]:
 
 
 def _interrupt_now(job: int) -> int:
-    workers._interrupted(signal.SIGINT, None)
+    try:
+        workers._interrupted(signal.SIGINT, None)
+    finally:  # stopping its job now: the parent passing the Ctrl-C on cuts no clean-up short
+        assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN and signal.getsignal(signal.SIGTERM) is signal.SIG_IGN
     return job
 
 
 def test_ctrl_c_interrupts_a_job_and_ends_an_idle_worker_without_a_traceback(signal_handlers: None) -> None:
     with pytest.raises(KeyboardInterrupt):  # in a job: the run stops as Ctrl-C stops it ("interrupted")
         WorkerJob(_interrupt_now)(3)
-    assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN  # stopping now: the parent's SIGINT cuts no clean-up
-    assert signal.getsignal(signal.SIGTERM) is signal.SIG_IGN
+    assert signal.getsignal(signal.SIGINT) is signal.getsignal(signal.SIGTERM) is workers._interrupted  # idle again
     with pytest.raises(SystemExit) as ended:  # between jobs, waiting for the next: the process just exits
         workers._interrupted(signal.SIGINT, None)
     assert ended.value.code == EXIT_INTERRUPTED
@@ -45,7 +47,7 @@ def test_ctrl_c_interrupts_a_job_and_ends_an_idle_worker_without_a_traceback(sig
 
 
 # Starts 2 workers on jobs of 10 minutes, prints their PIDs once both jobs run, then waits for the jobs, or sends
-# itself SIGINT (argv[2] == "interrupt") as `kill -INT PID` would: to it alone, not to its workers.
+# itself SIGINT (argv[2] "interrupt", "interrupt twice") as `kill -INT PID` would: to it alone, not to its workers.
 PARENT = textwrap.dedent("""
     import os, signal, sys, time
     from pathlib import Path
@@ -55,6 +57,8 @@ PARENT = textwrap.dedent("""
         pass
 
     def long_job(marker):
+        if sys.argv[2] == "interrupt twice":  # a job that cannot stop at once: it only notes that it was asked
+            signal.signal(signal.SIGINT, lambda number, frame: Path(marker + ".asked").write_text(""))
         Path(marker).write_text(str(os.getpid()))
         time.sleep(600)
 
@@ -65,7 +69,7 @@ PARENT = textwrap.dedent("""
             while len(list(directory.glob("started_*"))) < 2:
                 time.sleep(0.01)
             print(" ".join(path.read_text() for path in sorted(directory.glob("started_*"))), flush=True)
-            if sys.argv[2] == "interrupt":
+            if sys.argv[2].startswith("interrupt"):
                 os.kill(os.getpid(), signal.SIGINT)
             for future in futures:
                 future.result()
@@ -122,6 +126,24 @@ def test_a_parent_interrupted_alone_stops_its_workers_jobs_instead_of_waiting_fo
     parent, pids = _start_parent(tmp_path, "interrupt")
     try:
         _, err = parent.communicate(timeout=120)  # the jobs last 10 minutes: waited for, this times out
+        assert parent.returncode == -signal.SIGINT and err.rstrip().endswith("KeyboardInterrupt"), err
+        assert _wait_until_ended(pids, 60) == []
+    finally:
+        parent.kill()
+        _kill_all(pids)
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads process states from /proc")
+def test_a_second_ctrl_c_while_the_parent_waits_for_its_workers_ends_them_instead_of_hanging(tmp_path: Path) -> None:
+    parent, pids = _start_parent(tmp_path, "interrupt twice")
+    try:
+        asked = [tmp_path / f"started_{index}.asked" for index in range(2)]
+        deadline = time.monotonic() + 60
+        while not all(path.exists() for path in asked) and time.monotonic() < deadline:  # the parent waits for them
+            time.sleep(0.01)
+        assert all(path.exists() for path in asked), "the parent's Ctrl-C must reach its workers' jobs"
+        parent.send_signal(signal.SIGINT)  # the user's second Ctrl-C
+        _, err = parent.communicate(timeout=120)  # waiting on for the workers, or joined at exit, this times out
         assert parent.returncode == -signal.SIGINT and err.rstrip().endswith("KeyboardInterrupt"), err
         assert _wait_until_ended(pids, 60) == []
     finally:

@@ -32,10 +32,21 @@ def spawned_workers(count: int, threads: int, setup: Callable[..., None],
     try:
         yield pool
     except BaseException:
-        interrupt_workers(pool)
+        _shut_down(pool, interrupt=True)
         raise
-    finally:
+    _shut_down(pool, interrupt=False)
+
+
+def _shut_down(pool: ProcessPoolExecutor, interrupt: bool) -> None:
+    """Wait for the workers to end (their running jobs interrupted first if `interrupt`); a second Ctrl-C meanwhile
+    ends them at once rather than leave the parent waiting, or a worker waiting for a job that never comes."""
+    try:
+        if interrupt:
+            interrupt_workers(pool)
         pool.shutdown(wait=True, cancel_futures=True)
+    except BaseException:
+        _kill_workers(pool)
+        raise
 
 
 def interrupt_workers(pool: ProcessPoolExecutor) -> None:
@@ -45,6 +56,15 @@ def interrupt_workers(pool: ProcessPoolExecutor) -> None:
         with contextlib.suppress(ProcessLookupError, ValueError):  # already ended (ValueError: already closed)
             if process.is_alive() and process.pid is not None:
                 os.kill(process.pid, signal.SIGINT)
+
+
+def _kill_workers(pool: ProcessPoolExecutor) -> None:
+    """End every worker of `pool` at once (SIGKILL): what they wrote survives a kill at any moment, and a worker
+    left waiting for a job that will never come would keep the parent from exiting."""
+    for process in list(pool._processes.values()):
+        with contextlib.suppress(ProcessLookupError, ValueError):
+            process.kill()
+    pool.shutdown(wait=False, cancel_futures=True)
 
 
 def _start(threads: int, setup: Callable[..., None], setup_args: tuple[Any, ...]) -> None:
@@ -103,3 +123,5 @@ class WorkerJob:
             return self.function(job)
         finally:
             _busy = False
+            signal.signal(signal.SIGINT, _interrupted)  # idle again: a later Ctrl-C ends this worker (`_interrupted`)
+            signal.signal(signal.SIGTERM, _interrupted)
