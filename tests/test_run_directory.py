@@ -33,16 +33,19 @@ def fail_fsync_with(code: int, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(os, "fsync", no_space)
 
 
-@pytest.mark.parametrize("code", [errno.ENOSPC, errno.EDQUOT], ids=["ENOSPC", "EDQUOT"])
+@pytest.mark.parametrize(("code", "lead"), [
+    (errno.ENOSPC, "no space left to write {path}"),
+    (errno.EDQUOT, "cannot write {path} (disk quota exceeded)"),  # a quota: "no space left" beside 80 GB free misleads
+    (errno.EFBIG, "cannot write {path} (file size limit exceeded)")], ids=["ENOSPC", "EDQUOT", "EFBIG"])
 def test_full_disk_is_one_line_with_path_and_bytes_and_keeps_the_previous_file(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, code: int) -> None:
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, code: int, lead: str) -> None:
     path = tmp_path / "checkpoint.pt"
     write_atomic(path, b"previous")
     fail_fsync_with(code, monkeypatch)
     with pytest.raises(DiskFullError) as caught:
         write_atomic(path, b"x" * 12_345)
     message = str(caught.value)
-    assert "\n" not in message and message.startswith(f"no space left to write {path}: it needs 12,345 bytes, ")
+    assert "\n" not in message and message.startswith(f"{lead.format(path=path)}: it needs 12,345 bytes, ")
     assert "free" in message and caught.value.errno == code
     assert path.read_bytes() == b"previous"
     assert [p.name for p in tmp_path.iterdir()] == ["checkpoint.pt"], "no temporary file may be left"

@@ -52,8 +52,12 @@ def test_second_writer_is_refused_and_a_dead_holders_lock_is_taken_over(
         os.kill(holder.pid, signal.SIGSTOP)  # a paused holder still holds the lock
         assert main(["train", "--resume", str(run), "--rounds", "2"]) == EXIT_USER_ERROR
         line = one_error_line(capsys)
-        assert line == (f"morphogen train: error: run directory {run} is in use by process {holder.pid} "
-                        f"(lock {run / LOCK_NAME}); wait for it to finish or choose another --run-dir")
+        paused = (f"morphogen train: error: run directory {run} is in use by process {holder.pid}, which is paused "
+                  f"(Ctrl-Z or SIGSTOP; lock {run / LOCK_NAME}): `kill -CONT {holder.pid}` lets it go on, "
+                  f"`kill {holder.pid}` ends it, or choose another --run-dir")  # waited for, it would never finish
+        running = (f"morphogen train: error: run directory {run} is in use by process {holder.pid} "
+                   f"(lock {run / LOCK_NAME}); wait for it to finish or choose another --run-dir")
+        assert line == (paused if Path("/proc/self/stat").exists() else running)  # only Linux's /proc tells paused
         assert main(["run", "--epochs", "1", "--max-train-samples", "100", "--no-baseline",
                      "--run-dir", str(run)]) == EXIT_USER_ERROR
         assert f"{run} already holds another run" in one_error_line(capsys)  # one run per directory
@@ -100,7 +104,8 @@ def test_a_leftover_lock_file_of_a_dead_process_is_taken_over(tmp_path: Path) ->
 def test_a_live_holder_makes_hold_run_directory_raise_busy(tmp_path: Path) -> None:
     holder = start_holder(tmp_path)
     try:
-        with pytest.raises(RunDirectoryBusy, match=f"in use by process {holder.pid}"), hold_run_directory(tmp_path):
+        with pytest.raises(RunDirectoryBusy, match=f"in use by process {holder.pid} .*; wait for it to finish"), \
+                hold_run_directory(tmp_path):
             pass
     finally:
         holder.kill()
@@ -123,3 +128,20 @@ def test_a_full_disk_at_the_lock_is_one_line_and_leaves_no_lock_file(tmp_path: P
     assert not (tmp_path / LOCK_NAME).exists()
     with hold_run_directory(tmp_path):  # nothing stale is left to trip the next command
         assert (tmp_path / LOCK_NAME).read_text() == f"{os.getpid()}\n"
+
+
+def test_a_used_up_quota_at_the_lock_says_so_rather_than_no_space(tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    import errno
+
+    from morphogen.run_directory import RunDirectoryLockError
+
+    def over_quota(descriptor: int, data: bytes) -> int:
+        raise OSError(errno.EDQUOT, os.strerror(errno.EDQUOT))
+
+    monkeypatch.setattr(os, "write", over_quota)
+    with pytest.raises(RunDirectoryLockError, match=f"^cannot lock run directory {tmp_path}: disk quota exceeded$"), \
+            hold_run_directory(tmp_path):
+        pass
+    monkeypatch.undo()
+    assert not (tmp_path / LOCK_NAME).exists()

@@ -6,6 +6,10 @@ from __future__ import annotations
 import io
 import json
 import shutil
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +18,7 @@ import torch
 
 import morphogen
 import morphogen.commands.run as run_module
-from morphogen.cli import main
+from morphogen.cli import EXIT_TERMINATED, main
 from morphogen.commands.run import RunConfig, run_command
 from morphogen.config import build_config
 from morphogen.control.checkpoint import CheckpointError
@@ -24,6 +28,7 @@ from morphogen.run_directory import (
     BASELINE_DIRNAME,
     EVENTS_FILENAME,
     FROM_SCRATCH_DIRNAME,
+    LOCK_NAME,
     RESUME_FILENAME,
     temporary_name,
 )
@@ -357,3 +362,27 @@ def test_a_run_of_the_learned_policy_resumes_with_the_policy_it_recorded(tmp_pat
     whole, resumed = (json.loads((tmp_path / name / "summary.json").read_text()) for name in ("whole", "cut"))
     assert resumed["controller"] == "policy"
     assert without_clock(resumed) == without_clock(whole)
+
+
+def test_a_run_stopped_by_sigterm_in_its_baseline_resumes_to_what_an_uninterrupted_run_writes(
+        uninterrupted: dict[str, Any], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A scheduler's SIGTERM, for real, in the middle of the no-growth training: one line naming the resume, no lock
+    left, and the resumed run ends where an uninterrupted one does."""
+    run_dir, settings = tmp_path / "run", tmp_path / "settings.json"
+    settings.write_text(json.dumps(SETTINGS))
+    command = [sys.executable, "-m", "morphogen", "run", "--config", str(settings), "--run-dir", str(run_dir),
+               "--threads", "1"]
+    child = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    baseline_events = run_dir / BASELINE_DIRNAME / EVENTS_FILENAME
+    while child.poll() is None and not (baseline_events.exists()
+                                        and baseline_events.read_text().count('"epoch_completed"') >= 2):
+        time.sleep(0.01)
+    child.send_signal(signal.SIGTERM)
+    _, err = child.communicate(timeout=120)
+    assert child.returncode == EXIT_TERMINATED, err
+    assert err.splitlines()[-1] == (f"morphogen run: stopped by SIGTERM; `morphogen run --resume {run_dir}` goes on "
+                                    "from its last save"), err
+    assert not (run_dir / LOCK_NAME).exists() and not list(run_dir.rglob(".*.tmp"))
+    assert main(["run", "--resume", str(run_dir)]) == 0
+    assert f"resume: grown from epoch {EPOCHS} of {EPOCHS}" in capsys.readouterr().out
+    assert written(run_dir) == uninterrupted

@@ -11,7 +11,9 @@ import argparse
 import contextlib
 import dataclasses
 import os
+import signal
 import sys
+import threading
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -22,7 +24,7 @@ from morphogen.config import ConfigError, build_config, merge_tables, read_confi
 from morphogen.core.compilation import COMPILE_BACKENDS, COMPILE_MODES
 from morphogen.data.catalog import TASK_NAMES
 from morphogen.limits import MAX_SEED, MAX_TIMEOUT_SECONDS, short_repr
-from morphogen.run_directory import CONFIG_FILENAME, hold_run_directory, read_json_object
+from morphogen.run_directory import CONFIG_FILENAME, hold_run_directory, outermost_lock, read_json_object
 from morphogen.ui.terminal_text import printable
 
 if TYPE_CHECKING:
@@ -54,6 +56,12 @@ EXIT_PEER_LOST = 4
 #: Exit status when the reader of the output closed the pipe (`morphogen report RUN | head`), as a tool stopped by
 #: SIGPIPE reports it in a shell (128 + 13).
 EXIT_BROKEN_PIPE = 141
+#: Exit status after Ctrl-C (SIGINT), as a shell reports a process that SIGINT ended (128 + 2).
+EXIT_INTERRUPTED = 130
+#: Exit status after SIGTERM (a job scheduler's or `kill`'s), as a shell reports a process that SIGTERM ended.
+EXIT_TERMINATED = 143
+#: Commands whose run directory `--resume` continues when they are stopped.
+RESUMABLE_COMMANDS = ("run", "train", "eval")
 #: Longest error line printed; longer messages are cut (a user error never needs more).
 MAX_ERROR_LINE = 1_000
 
@@ -768,8 +776,50 @@ def _one_line(error: BaseException) -> str:
     return text
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM arrived: the command stops as Ctrl-C stops it (its lock released, its workers stopped, its files
+    whole), so that `--resume` goes on with it, instead of dying where it stood."""
+
+
+def _terminate(signum: int, frame: object) -> None:
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a second SIGTERM, should the clean-up hang, ends it at once
+    raise Terminated
+
+
+@contextlib.contextmanager
+def _sigterm_stops_as_ctrl_c() -> Iterator[None]:
+    """Handle SIGTERM as Ctrl-C for the block, then restore the handler found (only the main thread can set one),
+    unless the command installed its own: a `--distributed` rank's stays until the process exits (exit status 4)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, _terminate)
+    try:
+        yield
+    finally:
+        if signal.getsignal(signal.SIGTERM) in (_terminate, signal.SIG_DFL):  # ours, or ours once it fired
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _stopped(args: argparse.Namespace, lock_before: tuple[int, Path | None], error: KeyboardInterrupt) -> int:
+    """Say in one line that the command was stopped, and how to go on with it; return the exit status."""
+    how = "stopped by SIGTERM" if isinstance(error, Terminated) else "interrupted"
+    count, directory = outermost_lock()
+    if args.command in RESUMABLE_COMMANDS and count != lock_before[0] and directory is not None:
+        how += f"; `morphogen {args.command} --resume {printable(str(directory))}` goes on from its last save"
+    print(f"morphogen {args.command}: {how}", file=sys.stderr)
+    return EXIT_TERMINATED if isinstance(error, Terminated) else EXIT_INTERRUPTED
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_arguments(build_parser(), argv)
+    lock_before = outermost_lock()
+    with _sigterm_stops_as_ctrl_c():
+        return _run_command(args, lock_before)
+
+
+def _run_command(args: argparse.Namespace, lock_before: tuple[int, Path | None]) -> int:
+    """Run the command of `args`; turn what stopped it into one line and an exit status (a bug keeps its traceback)."""
     try:
         if hasattr(args, "threads"):
             from morphogen.commands.threads import set_threads
@@ -801,9 +851,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"morphogen {args.command}: error: {_one_line(error)}", file=sys.stderr)
             return EXIT_PEER_LOST
         raise
-    except KeyboardInterrupt:
-        print(f"morphogen {args.command}: interrupted", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as error:
+        return _stopped(args, lock_before, error)
 
 
 if __name__ == "__main__":

@@ -104,6 +104,9 @@ _NO_FOLLOW = os.O_NOFOLLOW | os.O_CLOEXEC
 
 _held: dict[Path, tuple[int, int]] = {}
 """Resolved run directory -> (file descriptor, re-entrancy count) of the locks this process holds."""
+_outermost: tuple[int, Path | None] = (0, None)
+"""How many times this process took a lock while it held none, and the directory it took last so (a run over
+seeds': its top directory, not a seed's): what an interrupted command's `--resume` goes on with."""
 
 
 class RunDirectoryRefused(ValueError):
@@ -130,12 +133,24 @@ class PlantedLinkError(OSError):
         return str(self.strerror)  # the message names the path; "[Errno 40]" would tell the user nothing
 
 
+_NO_ROOM_REASONS = {errno.EDQUOT: "disk quota exceeded", errno.EFBIG: "file size limit exceeded"}
+"""Why a write found no room when it is not the disk itself that is full (EFBIG: `ulimit -f`, or the file system's
+largest file): said so, since "no space left" beside gigabytes free would mislead."""
+
+
+def _no_room(error: OSError) -> str:
+    """Why there is no room, in words: a full disk, a user's quota used up, or a limit on a file's size."""
+    return _NO_ROOM_REASONS.get(error.errno or 0, "no space left on its disk")
+
+
 def _disk_full(error: OSError, path: Path, needed: int) -> DiskFullError:
+    reason = _NO_ROOM_REASONS.get(error.errno or 0)
     try:
-        room = f", {shutil.disk_usage(path.parent).free:,} free"
+        room = f", {shutil.disk_usage(path.parent).free:,} free" + (" on the disk" if reason else "")
     except OSError:
         room = ""
-    full = DiskFullError(f"no space left to write {path}: it needs {needed:,} bytes{room}; "
+    lead = f"cannot write {path} ({reason})" if reason else f"no space left to write {path}"
+    full = DiskFullError(f"{lead}: it needs {needed:,} bytes{room}; "
                          f"the previous {path.name}, if any, is intact")
     full.errno = error.errno
     return full
@@ -357,14 +372,37 @@ def remove_stale_temporaries(directory: str | Path) -> list[Path]:
 # ------------------------------------------------------------------------------------------------ lock
 
 
-def _holder(path: Path) -> str:
+def _holder_pid(path: Path) -> int | None:
+    """The PID the lock file at `path` names, if it names one."""
     try:
         descriptor = os.open(path, os.O_RDONLY | os.O_NONBLOCK | _NO_FOLLOW)
         with os.fdopen(descriptor, "rb") as handle:
             text = handle.read(32).decode("ascii", errors="replace").strip()
     except OSError:
-        return "another process"
-    return f"process {text}" if text.isdigit() else "another process"
+        return None
+    return int(text) if text.isdigit() else None
+
+
+def _is_paused(pid: int) -> bool:
+    """Whether process `pid` is stopped (Ctrl-Z, SIGSTOP), as Linux's /proc says; False where it cannot tell."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text(errors="replace").rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state in ("T", "t")
+
+
+def _busy(directory: Path, path: Path) -> RunDirectoryBusy:
+    """The refusal of a directory whose lock another process holds: who, and what to do, for a paused holder too
+    (it would never finish of itself)."""
+    pid = _holder_pid(path)
+    if pid is not None and _is_paused(pid):
+        return RunDirectoryBusy(f"run directory {directory} is in use by process {pid}, which is paused (Ctrl-Z or "
+                                f"SIGSTOP; lock {path}): `kill -CONT {pid}` lets it go on, `kill {pid}` ends it, or "
+                                "choose another --run-dir")
+    holder = "another process" if pid is None else f"process {pid}"
+    return RunDirectoryBusy(f"run directory {directory} is in use by {holder} (lock {path}); wait for it to finish or "
+                            "choose another --run-dir")
 
 
 def _acquire(directory: Path) -> int:
@@ -386,8 +424,7 @@ def _acquire(directory: Path) -> int:
             os.close(descriptor)
             if error.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
                 raise
-            raise RunDirectoryBusy(f"run directory {directory} is in use by {_holder(path)} (lock {path}); wait for "
-                                   "it to finish or choose another --run-dir") from None
+            raise _busy(directory, path) from None
         try:
             same_file = os.stat(path, follow_symlinks=False).st_ino == os.fstat(descriptor).st_ino
         except FileNotFoundError:
@@ -401,7 +438,7 @@ def _acquire(directory: Path) -> int:
     except OSError as error:
         _release(directory, descriptor)
         if error.errno in _DISK_FULL:
-            raise RunDirectoryLockError(f"cannot lock run directory {directory}: no space left on its disk") from None
+            raise RunDirectoryLockError(f"cannot lock run directory {directory}: {_no_room(error)}") from None
         raise
     return descriptor
 
@@ -420,7 +457,11 @@ def hold_run_directory(directory: str | Path) -> Iterator[Path]:
         descriptor, count = _held[key]
         _held[key] = (descriptor, count + 1)
     else:
+        outermost = not _held
         _held[key] = (_acquire(key), 1)
+        if outermost:
+            global _outermost
+            _outermost = (_outermost[0] + 1, key)
     try:
         yield Path(directory)
     finally:
@@ -430,6 +471,12 @@ def hold_run_directory(directory: str | Path) -> Iterator[Path]:
         else:
             del _held[key]
             _release(key, descriptor)
+
+
+def outermost_lock() -> tuple[int, Path | None]:
+    """(a count that grows with every lock taken while holding none, the directory of the last such lock): a command
+    compares it before and after to learn which run directory it worked in, if any."""
+    return _outermost
 
 
 # ------------------------------------------------------------------------------------- making a run dir
