@@ -99,7 +99,8 @@ TOP_DIRECTORIES = tuple(Path(name) for name in ("/", "/home", "/media", "/mnt", 
                                                 "/tmp", "/var"))
 """Directories refused themselves (a run directory under them is fine)."""
 
-_DISK_FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+#: A full disk, a used-up quota, a file-size limit (`ulimit -f`): the machine's limits, not bugs.
+STORAGE_EXHAUSTED = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
 _NO_FOLLOW = os.O_NOFOLLOW | os.O_CLOEXEC
 
 _held: dict[Path, tuple[int, int]] = {}
@@ -201,7 +202,7 @@ def write_atomic(path: str | Path, data: bytes) -> None:
         os.replace(temporary, path)
     except BaseException as error:
         temporary.unlink(missing_ok=True)
-        if isinstance(error, OSError) and error.errno in _DISK_FULL:
+        if isinstance(error, OSError) and error.errno in STORAGE_EXHAUSTED:
             raise _disk_full(error, path, len(data)) from None
         raise
     directory = os.open(path.parent, os.O_RDONLY)
@@ -437,7 +438,7 @@ def _acquire(directory: Path) -> int:
         os.write(descriptor, f"{os.getpid()}\n".encode("ascii"))
     except OSError as error:
         _release(directory, descriptor)
-        if error.errno in _DISK_FULL:
+        if error.errno in STORAGE_EXHAUSTED:
             raise RunDirectoryLockError(f"cannot lock run directory {directory}: {_no_room(error)}") from None
         raise
     return descriptor

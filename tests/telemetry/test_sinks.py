@@ -151,12 +151,15 @@ def test_failing_sink_is_logged_once_and_emit_goes_on(
     assert len(warnings) == 1 and f"failed {len(EVENTS)} times" in warnings[0].getMessage()
 
 
-def test_full_disk_in_a_sink_is_one_line_without_traceback(caplog: pytest.LogCaptureFixture) -> None:
+@pytest.mark.parametrize(("code", "words"), [(errno.ENOSPC, "No space left on device"),
+                                             (errno.EDQUOT, "Disk quota exceeded"), (errno.EFBIG, "File too large")])
+def test_full_disk_in_a_sink_is_one_line_without_traceback(code: int, words: str,
+                                                            caplog: pytest.LogCaptureFixture) -> None:
     with caplog.at_level(logging.DEBUG, logger="morphogen.telemetry"):
-        telemetry = Telemetry(None, sinks=[FailingSink(OSError(errno.ENOSPC, "No space left on device"))])
+        telemetry = Telemetry(None, sinks=[FailingSink(OSError(code, words))])
         telemetry.emit(EVENTS[0])
     (record,) = caplog.records
-    assert record.exc_info is None and "No space left on device; training continues" in record.getMessage()
+    assert record.exc_info is None and f"{words}; training continues" in record.getMessage()
 
 
 def test_unexpected_sink_error_propagates() -> None:

@@ -11,7 +11,6 @@ escalation clock with `end_epoch()` once per epoch (once per vector step when en
 
 from __future__ import annotations
 
-import errno
 import json
 import logging
 import os
@@ -25,6 +24,7 @@ from typing import Any, Protocol, runtime_checkable
 from morphogen.run_directory import (
     EVENTS_FILENAME,
     MAX_LINE_BYTES,
+    STORAGE_EXHAUSTED,
     TENSORBOARD_DIRNAME,
     append_line,
     open_for_append,
@@ -40,7 +40,6 @@ from morphogen.telemetry.tensorboard import TensorBoardSink
 logger = logging.getLogger(__name__)
 
 _SINK_ERRORS = (OSError, TypeError, ValueError)
-_DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
 
 
 @runtime_checkable
@@ -235,8 +234,8 @@ class Telemetry:
         """Log the first failure of a sink with its traceback (call from an except block); count the rest."""
         self._failures[index] += 1
         error = sys.exc_info()[1]
-        if self._failures[index] == 1 and isinstance(error, OSError) and error.errno in _DISK_FULL:
-            # A full disk is the machine, not a bug: one line, no traceback.
+        if self._failures[index] == 1 and isinstance(error, OSError) and error.errno in STORAGE_EXHAUSTED:
+            # Storage ran out (the machine, not a bug): one line, no traceback.
             logger.error("telemetry sink %r %s: %s; training continues, later failures of this sink are only "
                          "counted", self._sinks[index], what, error.strerror or error)
         elif self._failures[index] == 1:
