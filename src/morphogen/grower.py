@@ -251,15 +251,13 @@ class Grower:
         model = self.model
         modules = list(model.host.modules())
         frozen = left_in_eval(model.host)
+        model.train()
         if frozen is not None:
-            model.train()
             for module in frozen:
                 module.eval()
-        else:
-            model.train()
-            if self._training_modes is not None and len(self._training_modes) == len(modules):
-                for module, mode in zip(modules, self._training_modes, strict=True):
-                    module.training = mode
+        elif self._training_modes is not None and len(self._training_modes) == len(modules):
+            for module, mode in zip(modules, self._training_modes, strict=True):
+                module.training = mode
         self._training_modes = [module.training for module in modules]
 
     def after_backward(self, scaler: torch.amp.GradScaler | None = None) -> None:
