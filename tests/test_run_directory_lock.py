@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from morphogen.cli import EXIT_USER_ERROR, main
-from morphogen.run_directory import LOCK_NAME, RunDirectoryBusy, hold_run_directory
+from morphogen.run_directory import LOCK_NAME, RunDirectoryBusy, _is_paused, hold_run_directory
 
 TINY = ["--envs", "1", "--episode-length", "2", "--max-train-samples", "100", "--hidden-size", "16"]
 
@@ -50,6 +50,10 @@ def test_second_writer_is_refused_and_a_dead_holders_lock_is_taken_over(
     holder = start_holder(run)
     try:
         os.kill(holder.pid, signal.SIGSTOP)  # a paused holder still holds the lock
+        # The signal is delivered asynchronously: wait until /proc says stopped (on a loaded machine it takes a while).
+        deadline = time.monotonic() + 10
+        while Path("/proc/self/stat").exists() and not _is_paused(holder.pid) and time.monotonic() < deadline:
+            time.sleep(0.01)
         assert main(["train", "--resume", str(run), "--rounds", "2"]) == EXIT_USER_ERROR
         line = one_error_line(capsys)
         paused = (f"morphogen train: error: run directory {run} is in use by process {holder.pid}, which is paused "
