@@ -13,6 +13,7 @@ from __future__ import annotations
 import copy
 import math
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -377,3 +378,130 @@ def test_a_gated_mlp_whose_up_layer_reads_another_input_has_no_site() -> None:
     net = nn.Sequential(nn.Embedding(VOCABULARY, 16), CrossGated(), CrossGated(), nn.Linear(16, VOCABULARY))
     model = MorphogeneticModel(host_from_module(net, ["1", "2"], example_input=_ids(2), topology="transformer"))
     assert model.slot("2").width_site is None
+
+
+class _T5GatedDense(nn.Module):
+    """T5 v1.1's gated MLP written out as `T5DenseGatedActDense` computes it: `wo(dropout(act(wi_0(h)) * wi_1(h)))`
+    with GPT-2's tanh GELU as the activation, and its cast to `wo`'s dtype. `between` stands where the dropout is:
+    a module, or None for the functional dropout given the model's mode."""
+
+    def __init__(self, between: nn.Module | None) -> None:
+        super().__init__()
+        self.wi_0, self.wi_1 = nn.Linear(16, 24, bias=False), nn.Linear(16, 24, bias=False)
+        self.wo = nn.Linear(24, 16, bias=False)
+        self.act, self.between = _GeluWrittenOut(), between
+
+    def forward(self, h: Tensor) -> Tensor:
+        hidden = self.act(self.wi_0(h)) * self.wi_1(h)
+        hidden = (nn.functional.dropout(hidden, 0.5, training=self.training) if self.between is None
+                  else self.between(hidden))
+        if isinstance(self.wo.weight, Tensor) and hidden.dtype != self.wo.weight.dtype:
+            hidden = hidden.to(self.wo.weight.dtype)
+        return self.wo(hidden)
+
+
+class _T5FeedForward(nn.Module):
+    """T5's feed-forward layer (`T5LayerFF`): a pre-norm, the gated MLP, a dropout on the residual branch."""
+
+    def __init__(self, between: nn.Module | None) -> None:
+        super().__init__()
+        self.layer_norm, self.DenseReluDense, self.dropout = nn.LayerNorm(16), _T5GatedDense(between), nn.Dropout(0.1)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return x + self.dropout(self.DenseReluDense(self.layer_norm(x)))
+
+
+#: What stands between a T5 MLP's product and `wo`, by name: None is the functional dropout.
+_BETWEEN: dict[str, Callable[[], nn.Module] | None] = {
+    "dropout": lambda: nn.Dropout(0.5), "functional": None, "identity": nn.Identity,
+    "layer norm": lambda: nn.LayerNorm(24),
+}
+
+
+def _t5_host(between: str) -> tuple[nn.Sequential, SegmentedHost]:
+    """Two T5 feed-forward layers with `_BETWEEN[between]` between an embedding and a head, cut after each, in
+    eval mode."""
+    torch.manual_seed(0)
+    make = _BETWEEN[between]
+    layers = [_T5FeedForward(None if make is None else make()) for _ in range(2)]
+    net = nn.Sequential(nn.Embedding(VOCABULARY, 16), *layers, nn.Linear(16, VOCABULARY))
+    return net, host_from_module(net, ["1", "2"], example_input=_ids(2), topology="transformer").eval()
+
+
+@pytest.mark.parametrize("between", ["dropout", "functional", "identity"])
+def test_a_t5_gated_mlp_with_a_dropout_before_its_output_layer_widens_keeping_the_dropout(between: str) -> None:
+    """The oracle in eval mode: the MLP with the new neurons beside the old in `wi_0`, `wi_1` and `wo`, by hand;
+    identity at birth in every stage."""
+    net, host = _t5_host(between)
+    model = MorphogeneticModel(host, ["2"], config=EASY_CONFIG)
+    dense = net[2].DenseReluDense
+    site = model.slot("2").width_site
+    assert site is not None and site.inside, model.slot("2").width_problem
+    assert (site.producer, site.multiplier, site.consumer) == (dense.wi_0, dense.wi_1, dense.wo)
+    place_seed(model, "2", "wider_half", Stage.HOLDING, 1)
+    seed = model.slot("2").seed
+    assert seed is not None and seed.multiplier is not None
+    assert [type(module) for module in seed.after_producer] == [_GeluWrittenOut]
+    if between == "functional":
+        assert [module.call.function for module in seed.before_consumer] == [nn.functional.dropout]
+    else:
+        assert [type(module) for module in seed.before_consumer] == [type(dense.between)]
+    x = _ids()
+    with torch.no_grad():
+        h = net[1](net[0](x))
+        normed = net[2].layer_norm(h)
+        gate = torch.cat([dense.wi_0.weight, seed.producer.weight])
+        up = torch.cat([dense.wi_1.weight, seed.multiplier.weight])
+        down = torch.cat([dense.wo.weight, seed.consumer.weight], dim=1)
+        hidden = dense.act(normed @ gate.T) * (normed @ up.T)
+        by_hand = net[3](h + hidden @ down.T)
+        assert not torch.allclose(by_hand, net(x), atol=1e-4)  # perturbed: the new neurons count
+        torch.testing.assert_close(model.eval()(x), by_hand, rtol=1e-5, atol=1e-5)
+    assert_identity_at_birth_until_perturbed(host, x, "wider")
+
+
+@pytest.mark.parametrize("between", ["dropout", "functional"])
+def test_a_t5_gated_mlps_new_neurons_drop_out_in_training_and_learn(between: str) -> None:
+    """In training mode the new neurons' products go through the block's dropout (some are zero, none in eval
+    mode), and every parameter of the seed gets a gradient."""
+    _, host = _t5_host(between)
+    model = MorphogeneticModel(host, ["2"], config=EASY_CONFIG)
+    place_seed(model, "2", "wider", Stage.HOLDING, 1)
+    seed = model.slot("2").seed
+    assert seed is not None
+    entering: list[Tensor] = []
+    seed.consumer.register_forward_hook(lambda _module, inputs, _output: entering.append(inputs[0].detach()))
+    torch.manual_seed(3)
+    with torch.no_grad():
+        model.eval()(_ids())
+    model.train()
+    loss = nn.functional.cross_entropy(model(_ids()).flatten(0, 1), _ids(seed=2).flatten())
+    loss.backward()
+    evaluated, trained = entering
+    assert (evaluated == 0).sum() == 0 and (trained == 0).float().mean() > 0.3  # dropout at 0.5 on the new ones
+    assert all(parameter.grad is not None and parameter.grad.abs().sum() > 0
+               for parameter in model.seed_parameters("2"))
+
+
+def test_a_widened_t5_gated_mlp_round_trips_its_state_dict_and_exports() -> None:
+    _, host = _t5_host("dropout")
+    bare = copy.deepcopy(host)
+    model = MorphogeneticModel(host, config=EASY_CONFIG)
+    place_seed(model, "1", "wider", Stage.FOSSILIZED, 1)
+    place_seed(model, "2", "wider_inside", Stage.HOLDING, 2)
+    state = model.state_dict()
+    assert any(name.endswith("seed.multiplier.weight") for name in state)
+    restored = MorphogeneticModel(copy.deepcopy(bare), config=EASY_CONFIG)
+    restored.load_state_dict(state)
+    x = _ids()
+    with torch.no_grad():
+        torch.testing.assert_close(restored.eval()(x), model.eval()(x), rtol=0, atol=0)
+    assert_plain_network_matches(model, x)
+
+
+def test_a_gated_mlp_with_a_norm_over_the_features_before_its_output_layer_has_no_site() -> None:
+    """A LayerNorm between the product and `wo` mixes the features: new neurons would change the old ones' norm."""
+    _, host = _t5_host("layer norm")
+    model = MorphogeneticModel(host, ["2"], config=EASY_CONFIG)
+    assert model.slot("2").width_site is None
+    assert "no pair of convolution or linear layers" in model.slot("2").width_problem

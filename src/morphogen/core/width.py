@@ -30,9 +30,12 @@ residual block's two convolutions, or a transformer block's MLP (`core/tracing.P
 layer fx cannot trace as one call). A gated MLP's product read by its consumer alone (SwiGLU's
 `down(silu(gate(x)) * up(x))`, `up` reading what `gate` reads) is such a pair too: the new neurons get new rows of
 `gate` (the producer) and of `up` (`WidthSite.multiplier`), multiplied as the block's are, and zero columns of
-`down`. Its width is not the residual stream's, so it can grow where the
-stream cannot. The tap and the injection are then both in that segment, which runs as a traced copy of itself that
-calls the injection after the consumer (`WidthSite.instrumented`, sharing the segment's modules).
+`down`. Element-wise modules and calls that mix no features may stand between the product and `down` (T5's
+`wo(dropout(act(wi_0(x)) * wi_1(x)))`): the new neurons' products go through a copy of them; a norm there refuses
+the site (the new features would change the old ones' statistics). An MLP's width is not the residual stream's,
+so it can grow where the stream cannot. The tap and the injection are then both in that segment, which runs as a
+traced copy of itself that calls the injection after the consumer (`WidthSite.instrumented`, sharing the segment's
+modules).
 """
 
 from __future__ import annotations
@@ -131,7 +134,8 @@ class WidthSite:
     after_producer: tuple[nn.Module, ...]
     """What follows the producer in its segment (norms, activations, dropout)."""
     before_consumer: tuple[nn.Module, ...]
-    """What lies between the slot and the consumer (channel-wise modules)."""
+    """What lies between the slot and the consumer (channel-wise modules); inside a gated MLP, between its product
+    and the consumer (element-wise modules: T5's dropout)."""
     consumer: Layer
     channels: int
     """The width the site grows: the producer's output channels (the slot's, for a site around it)."""
@@ -234,7 +238,7 @@ def find_inside_width_site(segment: nn.Module, point: int) -> WidthSite | str:
     if len(inputs) != 1 or not pairs:
         return ("no pair of convolution or linear layers joined by norms, activations, dropout and constant slices or "
                 "paddings of positions inside the segment before it")
-    producer_node, chain, consumer_node, multiplier_node = pairs[-1]
+    producer_node, chain, consumer_node, multiplier_node, after_product = pairs[-1]
     producer, consumer = modules[str(producer_node.target)], modules[str(consumer_node.target)]
     multiplier = None if multiplier_node is None else modules[str(multiplier_node.target)]
     assert isinstance(producer, LAYERS) and isinstance(consumer, LAYERS)
@@ -242,11 +246,13 @@ def find_inside_width_site(segment: nn.Module, point: int) -> WidthSite | str:
     tap = producer_node.args[0]
     assert isinstance(tap, fx.Node)  # a chain's producer reads a node (`_producer_chain`)
     following = tuple(_module_of(node, modules, _spatial_dims(consumer), tap) for node in chain)
+    between = tuple(_module_of(node, modules, _spatial_dims(consumer), tap) for node in after_product)
     channels = _out_size(producer)
-    problem = _site_problem(producer, following, (), consumer, channels) or _multiplier_problem(producer, multiplier)
+    problem = (_site_problem(producer, following, between, consumer, channels)
+               or _multiplier_problem(producer, multiplier))
     if problem:
         return problem
-    site = WidthSite(point, -1, point, -1, producer, following, (), consumer, channels,
+    site = WidthSite(point, -1, point, -1, producer, following, between, consumer, channels,
                      instrumented=_instrumented(traced, inputs[0], producer_node, consumer_node),
                      multiplier=multiplier)
     site.follow_mode(segment.training)
@@ -272,10 +278,16 @@ def _passes_new_channels(node: fx.Node, modules: dict[str, nn.Module], spatial_d
     """Whether `node` may lie between a site's producer (whose input is `tap`) and consumer: a norm, an element-wise
     activation, a dropout given the model's mode, applied to its one input, or a call on its positions alone
     (`spatial_call`)."""
-    if node.op == "call_module" and _passes_elementwise(modules[str(node.target)], NORMS):
+    if node.op == "call_module" and isinstance(modules[str(node.target)], NORMS):
         return True
-    if spatial_call(node, spatial_dims, tap) is not None:
-        return True
+    return spatial_call(node, spatial_dims, tap) is not None or _acts_elementwise(node, modules)
+
+
+def _acts_elementwise(node: fx.Node, modules: dict[str, nn.Module]) -> bool:
+    """Whether `node` computes each element of its one input alone: an element-wise activation (a module or a
+    function), a dropout module or a functional dropout given the model's mode. No norm: it mixes features."""
+    if node.op == "call_module" and _passes_elementwise(modules[str(node.target)], ()):
+        return len(node.args) == 1 and not node.kwargs
     if node.op in ("call_function", "call_method") and node.target in ELEMENTWISE_CALLS:
         options = ELEMENTWISE_CALL_OPTIONS.get(node.target, frozenset())
         return (set(node.kwargs) <= {"inplace", *options} and len(node.args) == 1
@@ -294,12 +306,14 @@ def _is_mode_dependent_dropout(node: fx.Node, modules: dict[str, nn.Module]) -> 
 
 class _LayerPair(NamedTuple):
     """Nodes of a traced graph that a site inside a block widens: producer -> chain -> consumer, and in a gated MLP
-    the layer whose output multiplies the chain's before the consumer."""
+    the layer whose output multiplies the chain's and the element-wise nodes between the product and the consumer
+    (T5's dropout)."""
 
     producer: fx.Node
     chain: list[fx.Node]
     consumer: fx.Node
     multiplier: fx.Node | None
+    after_product: list[fx.Node]
 
 
 def _layer_pairs(graph: fx.Graph, modules: dict[str, nn.Module]) -> list[_LayerPair]:
@@ -319,11 +333,11 @@ def _producer_chain(consumer: fx.Node, modules: dict[str, nn.Module]) -> _LayerP
         return None
     chain: list[fx.Node] = []
     node = consumer.args[0] if len(consumer.args) == 1 and not consumer.kwargs else None
-    gated = _gated_product(node, modules)
-    node, multiplier = gated if gated is not None else (node, None)
+    gated = _gated_product_before(node, modules)
+    node, multiplier, after_product = gated if gated is not None else (node, None, [])
     while isinstance(node, fx.Node) and len(_value_users(node)) == 1:
         if node.op == "call_module" and isinstance(modules[str(node.target)], LAYERS):
-            return _pair_at_producer(_LayerPair(node, chain[::-1], consumer, multiplier), modules)
+            return _pair_at_producer(_LayerPair(node, chain[::-1], consumer, multiplier, after_product), modules)
         chain.append(node)
         node = node.args[0] if node.args else None
     return None
@@ -337,6 +351,23 @@ def _pair_at_producer(pair: _LayerPair, modules: dict[str, nn.Module]) -> _Layer
     passing = isinstance(tap, fx.Node) and all(_passes_new_channels(link, modules, dims, tap) for link in pair.chain)
     same_input = pair.multiplier is None or (pair.multiplier.args == (tap,) and not pair.multiplier.kwargs)
     return pair if passing and same_input else None
+
+
+def _gated_product_before(node: object, modules: dict[str, nn.Module]
+                          ) -> tuple[fx.Node, fx.Node, list[fx.Node]] | None:
+    """For a consumer's input `node`: a gated product reached back from it through element-wise nodes alone, each
+    read once (`wo(dropout(act(wi_0(x)) * wi_1(x)))`, T5's MLP), as (the gate's side, the `up` layer's node, those
+    nodes in the order they run); None where no such product feeds the consumer."""
+    after_product: list[fx.Node] = []
+    while isinstance(node, fx.Node):
+        gated = _gated_product(node, modules)
+        if gated is not None:
+            return *gated, after_product[::-1]
+        if len(_value_users(node)) != 1 or not _acts_elementwise(node, modules):
+            return None
+        after_product.append(node)
+        node = node.args[0]
+    return None
 
 
 def _gated_product(node: object, modules: dict[str, nn.Module]) -> tuple[fx.Node, fx.Node] | None:
@@ -391,7 +422,8 @@ def _site_problem(producer: Layer, following: Sequence[nn.Module], between: Sequ
     """Why a producer and a consumer cannot be widened together around a slot of `channels`; "" when they can."""
     if any(not _passes_elementwise(module, (*NORMS, BoundDropout, BoundCall)) for module in following):
         return f"{type(producer).__name__} before it is followed by other modules than norms and activations"
-    if any(not isinstance(module, CHANNELWISE) and not is_elementwise_module(module) for module in between):
+    if any(not isinstance(module, (*CHANNELWISE, BoundDropout)) and not is_elementwise_module(module)
+           for module in between):
         return "other modules than pooling, flattening and activations lie between it and the next layer"
     grouped = [layer for layer in (producer, consumer) if not isinstance(layer, nn.Linear) and layer.groups != 1]
     if grouped:
