@@ -1,9 +1,18 @@
 """`train_gym`: the PPO agent of `ppo.py` on any Gymnasium environment with a Box observation and a
 Discrete or MultiDiscrete action space.
+
+Action masks: an env that says which actions are legal has them obeyed. Where the reset's `info` holds
+`"action_mask"` (Gymnasium's convention: one array for a Discrete space, one per head for a MultiDiscrete one),
+every step's masks are read from there; else, where the env has an `action_masks()` method (sb3-contrib's
+`MaskablePPO` convention: one flat vector, the heads' masks one after the other), from it. The masks of each step
+are stored with the rollout, so acting and the update's log-probabilities use the same masked logits. A head whose
+mask allows nothing is drawn from all its values alike (the env ignores it: in morphogen's, no legal op reads it) and
+learns nothing from that step. An env that gives neither is trained unmasked.
 """
 
 from __future__ import annotations
 
+import enum
 import math
 import sys
 from collections.abc import Mapping, Sequence
@@ -57,6 +66,46 @@ def _space_layout(env: gymnasium.Env[Any, Any], env_id: str) -> tuple[int, tuple
     )
 
 
+class _MaskSource(enum.Enum):
+    """Where an env's action masks come from (`_mask_source`)."""
+
+    INFO = "info"
+    """`info["action_mask"]` of every reset and step."""
+    METHOD = "method"
+    """The env's `action_masks()`, called after every reset and step."""
+
+
+def _mask_source(env: gymnasium.Env[Any, Any], reset_info: Mapping[str, Any]) -> _MaskSource | None:
+    """Where `env` (just reset, with `reset_info`) gives its action masks; None where it gives none."""
+    if "action_mask" in reset_info:
+        return _MaskSource.INFO
+    if env.has_wrapper_attr("action_masks"):
+        return _MaskSource.METHOD
+    return None
+
+
+def _head_masks(env: gymnasium.Env[Any, Any], info: Mapping[str, Any], source: _MaskSource,
+                action_sizes: Sequence[int], env_id: str) -> list[np.ndarray]:
+    """The env's masks of this step, one bool array [n_i] per head, read from `source`."""
+    if source is _MaskSource.INFO:
+        if "action_mask" not in info:
+            raise ValueError(f"{env_id} gave info['action_mask'] at reset but not after a step; give it every step")
+        given = info["action_mask"]
+        one_array = len(action_sizes) == 1 and np.ndim(given) == 1  # a Discrete space's one mask
+        masks = [np.asarray(given)] if one_array else [np.asarray(mask) for mask in given]
+    else:
+        flat = np.asarray(env.get_wrapper_attr("action_masks")()).reshape(-1)
+        if flat.size != sum(action_sizes):
+            raise ValueError(f"{env_id}.action_masks() must give {sum(action_sizes)} entries (the heads' sizes "
+                             f"{tuple(action_sizes)} one after the other), got {flat.size}")
+        masks = np.split(flat, np.cumsum(action_sizes)[:-1])
+    shapes = tuple(mask.shape for mask in masks)
+    if shapes != tuple((size,) for size in action_sizes):
+        raise ValueError(f"{env_id}'s info['action_mask'] must hold one array per head of sizes "
+                         f"{tuple(action_sizes)}, got shapes {shapes}")
+    return [mask.astype(bool) for mask in masks]
+
+
 class _GymCollector:
     """Steps a list of Gymnasium envs with the policy and fills a RolloutBuffer.
 
@@ -65,7 +114,8 @@ class _GymCollector:
     depend on the autoreset mode of the installed gymnasium (1.x vector envs default to NEXT_STEP,
     which would insert a step whose action is ignored after every episode end).
     Observations are standardized and rewards scaled by running statistics; the episode returns
-    it records are the raw ones.
+    it records are the raw ones. Where the envs give action masks (the module docstring), acting
+    obeys them and every row of the rollout stores them.
     """
 
     def __init__(
@@ -75,16 +125,21 @@ class _GymCollector:
         action_offsets: np.ndarray,
         config: PPOConfig,
         seed: int,
+        env_id: str,
     ) -> None:
         self.envs = envs
         self.policy = policy
         self.action_offsets = action_offsets
         self.config = config
+        self.env_id = env_id
         self.discrete = isinstance(envs[0].action_space, gymnasium.spaces.Discrete)
         self.observation_normalizer = RunningMeanStd((policy.observation_size,))
         self.reward_normalizer = RewardNormalizer(len(envs), gamma=config.gamma)
-        raw = [env.reset(seed=seed + index)[0] for index, env in enumerate(envs)]
-        self.observation = self._observe(raw, update=True)  # [B, obs], normalized
+        resets = [env.reset(seed=seed + index) for index, env in enumerate(envs)]
+        self.mask_source = _mask_source(envs[0], resets[0][1])
+        #: Each env's masks of the step to come, one bool array per head (empty lists without masks).
+        self.env_masks = [self._masks_of(env, info) for env, (_, info) in zip(envs, resets, strict=True)]
+        self.observation = self._observe([raw for raw, _ in resets], update=True)  # [B, obs], normalized
         self.state = policy.initial_state(len(envs))
         self.episode_starts = torch.ones(len(envs), dtype=torch.bool)
         self.running_returns = np.zeros(len(envs))
@@ -100,14 +155,33 @@ class _GymCollector:
             self.observation_normalizer.update(observation)
         return self.observation_normalizer.normalize(observation)
 
+    @property
+    def mask_shapes(self) -> list[tuple[int, ...]] | None:
+        """The shape of one env's mask per head, as a RolloutBuffer stores them; None without masks."""
+        return None if self.mask_source is None else [(size,) for size in self.policy.action_sizes]
+
+    def _masks_of(self, env: gymnasium.Env[Any, Any], info: Mapping[str, Any]) -> list[np.ndarray]:
+        """`env`'s masks after the reset or step that gave `info`; [] where the envs give none."""
+        if self.mask_source is None:
+            return []
+        return _head_masks(env, info, self.mask_source, self.policy.action_sizes, self.env_id)
+
+    def _stacked_masks(self) -> tuple[Tensor, ...] | None:
+        """The envs' masks as one bool tensor [B, n_i] per head; None without masks."""
+        if self.mask_source is None:
+            return None
+        return tuple(torch.from_numpy(np.stack([masks[head] for masks in self.env_masks]))
+                     for head in range(len(self.policy.action_sizes)))
+
     def _step_envs(self, actions: Tensor) -> tuple[list[Any], np.ndarray, np.ndarray, np.ndarray]:
-        """Step each env with its row of ``actions [B, H]``; return (next raw observations, rewards,
-        terminated, truncated)."""
+        """Step each env with its row of ``actions [B, H]`` and keep its masks for the next step; return (next raw
+        observations, rewards, terminated, truncated)."""
         env_actions = actions.numpy() + self.action_offsets  # [B, H], in the action space's own range
         steps = [
             env.step(int(chosen[0]) if self.discrete else chosen)
             for env, chosen in zip(self.envs, env_actions, strict=True)
         ]
+        self.env_masks = [self._masks_of(env, step[4]) for env, step in zip(self.envs, steps, strict=True)]
         return (
             [step[0] for step in steps],
             np.array([float(step[1]) for step in steps]),
@@ -119,8 +193,9 @@ class _GymCollector:
         """Run ``buffer.rollout_length`` steps of every env and return the finished batch."""
         buffer.reset(self.state)
         for _ in range(buffer.rollout_length):
+            masks = self._stacked_masks()
             action = self.policy.act(
-                self.observation, self.state, generator=generator, episode_starts=self.episode_starts
+                self.observation, self.state, masks, generator=generator, episode_starts=self.episode_starts
             )
             next_raw, rewards, terminated, truncated = self._step_envs(action.actions)
             done = terminated | truncated
@@ -137,6 +212,7 @@ class _GymCollector:
                 torch.from_numpy(terminated),
                 torch.from_numpy(truncated),
                 truncation_values=truncation_values,
+                action_masks=masks,
             )
             self.running_returns += rewards
             self.steps += len(self.envs)
@@ -144,7 +220,9 @@ class _GymCollector:
                 self.episode_returns.append(float(self.running_returns[index]))
                 self.episode_end_steps.append(self.steps)
                 self.running_returns[index] = 0.0
-                next_raw[index] = self.envs[int(index)].reset()[0]
+                env = self.envs[int(index)]
+                next_raw[index], info = env.reset()
+                self.env_masks[index] = self._masks_of(env, info)
             self.observation = self._observe(next_raw, update=True)
             self.state = action.state
             self.episode_starts = torch.from_numpy(done)
@@ -180,8 +258,10 @@ def train_gym(
     is the whole state: on Acrobot it learned on every seed where the LSTM policy sometimes never reached the
     goal (`benchmarks/ppo_vs_sb3.py`).
     ``env_kwargs`` go to every ``gymnasium.make`` (``{"task": "digits", "max_train_samples": 500}`` for morphogen's
-    own env). ``progress`` draws a bar with ETA and the recent mean return on stderr; None draws it only when
-    stderr is a terminal, so logs and notebooks' captured output stay clean.
+    own env). An env that gives action masks (``info["action_mask"]`` or ``action_masks()``, as morphogen's own
+    does) has them obeyed in acting and in the update (the module docstring). ``progress`` draws a bar with ETA
+    and the recent mean return on stderr; None draws it only when stderr is a terminal, so logs and notebooks'
+    captured output stay clean.
     """
     for name, value in (
         ("total_steps", total_steps),
@@ -205,8 +285,9 @@ def train_gym(
             policy = FactoredLSTMPolicy(observation_size, action_sizes, hidden_size=hidden_size, recurrent=recurrent)
         generator = torch.Generator().manual_seed(seed)
         optimizer = build_optimizer(policy, config)
-        buffer = RolloutBuffer(rollout_length, n_envs, observation_size, len(action_sizes), hidden_size)
-        collector = _GymCollector(envs, policy, action_offsets, config, seed)
+        collector = _GymCollector(envs, policy, action_offsets, config, seed, env_id)
+        buffer = RolloutBuffer(rollout_length, n_envs, observation_size, len(action_sizes), hidden_size,
+                               mask_shapes=collector.mask_shapes)
         n_rounds = math.ceil(total_steps / (n_envs * rollout_length))
         show = sys.stderr.isatty() if progress is None else progress
         with Progress(TextColumn("train_gym {task.description}"), BarColumn(), MofNCompleteColumn(),

@@ -17,6 +17,7 @@ validate with counterfactuals, reward). Rules of the wrapper:
   the op, so a sample from these masks can still pair, say, PRUNE with a slot only GERMINATE may
   use. `info["action_mask_by_op"]` has the exact op-conditioned masks of `ActionSpace.masks` (bool
   op mask [n_ops], then [n_ops, n_choices] per other head) for libraries that sample the op first.
+  `train_gym` samples from `info["action_mask"]`.
 - Episode end: an episode stops when its epoch budget runs out, which is a time limit, so `step`
   reports it as `truncated=True` (bootstrap from the last observation); `terminated` is always False.
 - Seeding: `reset(seed=s)` runs the episode with seed `s` (host initialization and data order, as
