@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 import statistics
 import time
 from collections.abc import Sequence
@@ -39,6 +38,7 @@ from morphogen.data import DEFAULT_HOST_SIZES, TASK_NAMES, load_task
 from morphogen.env.episode import EpisodeConfig, MorphogenesisEpisode
 from morphogen.env.optimizer import SCHEDULES, task_optimizer_config
 from morphogen.env.play import EpisodeOutcome, run_episode
+from morphogen.paired_statistics import format_mean_error, format_mean_std
 from morphogen.telemetry.events import CounterfactualMeasured, Event, StageTransition
 from morphogen.telemetry.story import SHADOW_PREFIX
 from morphogen.ui.units import format_flops
@@ -133,15 +133,6 @@ def run_job(job: Job) -> JobResult:
     )
 
 
-def mean_std(values: Sequence[float]) -> tuple[float, float]:
-    return statistics.fmean(values), statistics.stdev(values) if len(values) > 1 else 0.0
-
-
-def mean_standard_error(values: Sequence[float]) -> tuple[float, float]:
-    mean, std = mean_std(values)
-    return mean, std / math.sqrt(len(values))
-
-
 def print_task_table(task: str, results: Sequence[JobResult]) -> None:
     optimizer = task_optimizer_config(task)
     print(f"\n{task} ({len(results)} seeds; host {DEFAULT_HOST_SIZES[task]}; {optimizer.name} host lr "
@@ -149,23 +140,20 @@ def print_task_table(task: str, results: Sequence[JobResult]) -> None:
     print(f"  {'':14}{'val accuracy':>18}{'val loss':>18}{'parameters':>14}{'FLOPs':>12}{'seconds':>14}")
     for variant in VARIANTS:
         figures = [r.variants[variant] for r in results]
-        accuracy = mean_std([f.accuracy for f in figures])
-        loss = mean_std([f.loss for f in figures])
+        accuracy = format_mean_std([f.accuracy for f in figures], ">10.2f", "<5.2f")
+        loss = format_mean_std([f.loss for f in figures], ">10.4f", "<5.3f")
         parameters = statistics.fmean(f.parameters for f in figures)
         flops = statistics.fmean(f.flops for f in figures)
-        seconds = mean_std([f.seconds for f in figures])
-        print(f"  {variant:14}{accuracy[0]:>10.2f} ± {accuracy[1]:<5.2f}{loss[0]:>10.4f} ± {loss[1]:<5.3f}"
-              f"{parameters:>14,.0f}{format_flops(flops):>12}{seconds[0]:>8.1f} ± {seconds[1]:<4.1f}")
+        seconds = format_mean_std([f.seconds for f in figures], ">8.1f", "<4.1f")
+        print(f"  {variant:14}{accuracy}{loss}{parameters:>14,.0f}{format_flops(flops):>12}{seconds}")
     ratios = [r.variants["grown"].flops / r.variants["from scratch"].flops for r in results]
     print(f"  training FLOPs, grown / from scratch: {statistics.fmean(ratios):.2f} (mean over seeds)")
     for other in ("no growth", "from scratch"):
         differences = [r.variants["grown"].accuracy - r.variants[other].accuracy for r in results]
-        mean, error = mean_standard_error(differences)
-        print(f"  grown - {other}: {mean:+.2f} ± {error:.2f} points (mean ± standard error)")
+        print(f"  grown - {other}: {format_mean_error(differences)} points (mean ± standard error)")
     late = [value for r in results for value in r.late_shadow]
     if late:
-        mean, error = mean_standard_error(late)
-        print(f"  shadow contribution after >= {SHADOW_AFTER_EPOCHS} TRAINING epochs: {mean:+.2f} ± {error:.2f} "
+        print(f"  shadow contribution after >= {SHADOW_AFTER_EPOCHS} TRAINING epochs: {format_mean_error(late)} "
               f"points over {len(late)} measurements")
     pairs = [pair for r in results for pair in r.predictions]
     if pairs:

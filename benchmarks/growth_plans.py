@@ -51,7 +51,7 @@ from morphogen.env.episode import EpisodeConfig, MorphogenesisEpisode
 from morphogen.env.play import run_episode
 from morphogen.env.seeding import derive_seed
 from morphogen.env.snapshot import EpisodeSnapshot
-from morphogen.paired_statistics import sample_std
+from morphogen.paired_statistics import format_mean_error, format_mean_std
 from morphogen.session import load_session_task
 from transfer import SETTINGS as TRANSFER_SETTINGS
 from transfer import Setting, with_gates
@@ -195,12 +195,10 @@ def report(records: list[dict[str, Any]], plans: Sequence[str], top: int | None 
     for name in shown:
         runs = by_plan[name]
         accuracy = [r["accuracy"] for r in runs.values()]
-        spread = sample_std(accuracy)
         diffs = [runs[s]["accuracy"] - reference[s]["accuracy"] for s in runs if s in reference]
-        error = statistics.stdev(diffs) / len(diffs) ** 0.5 if len(diffs) > 1 else 0.0
-        paired = "-" if name == "heuristic" else (f"{statistics.fmean(diffs):+.2f} ± {error:.2f} "
+        paired = "-" if name == "heuristic" else (f"{format_mean_error(diffs)} "
                                                   f"({sum(d > 0 for d in diffs)} / {sum(d < 0 for d in diffs)})")
-        lines.append(f"| {name} | {statistics.fmean(accuracy):.2f} ± {'-' if spread is None else f'{spread:.2f}'}% | "
+        lines.append(f"| {name} | {format_mean_std(accuracy)}% | "
                      f"{statistics.fmean(r['parameters'] for r in runs.values()):,.0f} | "
                      f"{statistics.fmean(r['flops'] for r in runs.values()) / 1e9:.1f} | {paired} |")
     seeds = [s for s in reference if all(s in by_plan[name] for name in plans)]

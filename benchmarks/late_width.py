@@ -35,7 +35,7 @@ import torch
 from torch import Tensor, nn
 
 from arguments import BenchmarkParser, count, run_script, whole_numbers
-from growth import mean_standard_error, mean_std
+from morphogen.paired_statistics import format_mean_error, format_mean_std
 from your_model import HOST_WIDTH, BasicBlock, CifarResNet, digits_32x32x3
 
 EPOCHS, BATCH, LEARNING_RATE = 30, 64, 0.01  # the benchmark's recipe; `--epochs` shortens a trial run
@@ -207,11 +207,10 @@ def main(argv: Sequence[str] | None = None) -> None:
           f"{args.seeds} seeds")
     for label in dict.fromkeys(name for name, _, _ in results):
         accuracies = {seed: accuracy for name, seed, accuracy in results if name == label}
-        mean, spread = mean_std(list(accuracies.values()))
-        line = f"  {label:10}{mean:>8.2f} ± {spread:.2f}%"
+        line = f"  {label:10}{format_mean_std(list(accuracies.values()), '>8.2f')}%"
         if label != "host" and len(accuracies) >= 2:
-            gain, error = mean_standard_error([accuracy - host[seed] for seed, accuracy in accuracies.items()])
-            line += f"   - host, paired by seed: {gain:+.2f} ± {error:.2f} points"
+            gains = [accuracy - host[seed] for seed, accuracy in accuracies.items()]
+            line += f"   - host, paired by seed: {format_mean_error(gains)} points"
         print(line)
 
 

@@ -56,6 +56,7 @@ from morphogen.env.episode import EpisodeConfig, MorphogenesisEpisode
 from morphogen.env.optimizer import OptimizerConfig, task_optimizer_config
 from morphogen.env.play import Controller
 from morphogen.inputs import Inputs, InputSpec
+from morphogen.paired_statistics import format_mean_std, format_spread, sample_std
 from morphogen.ui.svg import Series, line_chart
 
 
@@ -245,10 +246,6 @@ def loss_at(points: Sequence[Point], flops: float) -> float:
     return points[-1].loss
 
 
-def mean_std(values: Sequence[float]) -> tuple[float, float]:
-    return statistics.fmean(values), statistics.stdev(values) if len(values) > 1 else 0.0
-
-
 def summarize(records: Sequence[RunRecord], target: float | None = None) -> list[str]:
     """The table's lines: final loss per variant, and FLOPs of the grown models to reach `target` (default: the
     final loss of the 4-layer model from scratch, mean over its seeds)."""
@@ -266,33 +263,32 @@ def summarize(records: Sequence[RunRecord], target: float | None = None) -> list
     for name, runs in by_variant.items():
         if not runs:
             continue
-        loss = mean_std([r.points[-1].loss for r in runs])
+        loss = format_mean_std([r.points[-1].loss for r in runs], ".4f")
         # Below the final loss only where the model overfits its corpus within the budget.
-        best = mean_std([min(point.loss for point in r.points) for r in runs])
-        accuracy = mean_std([r.points[-1].accuracy for r in runs])
+        best = format_mean_std([min(point.loss for point in r.points) for r in runs], ".4f")
+        accuracy = format_mean_std([r.points[-1].accuracy for r in runs])
         reached = [flops_to_reach(r.points, target) for r in runs]
         fractions = [value / budget for value in reached if value is not None]
         reach = "-" if name == SCRATCH or math.isnan(target) else (
-            f"{mean_std(fractions)[0]:.2f} ± {mean_std(fractions)[1]:.2f} x budget" if len(fractions) == len(runs)
+            f"{format_mean_std(fractions)} x budget" if len(fractions) == len(runs)
             else f"{len(fractions)} of {len(runs)} seeds reach it" + (
                 f" ({', '.join(f'{f:.2f}' for f in fractions)} x budget)" if fractions else ""))
         grew = [r.growths[0] / budget for r in runs if r.growths]
         again = sum(max(len(r.growths) - 1, 0) for r in runs)
         grew_text = (f"{statistics.fmean(grew):.2f} x budget" if grew else "-") + (
             f" (again in {again} run{'s' if again > 1 else ''})" if again else "")
-        seconds = mean_std([r.seconds for r in runs])
-        lines.append(f"| {name} | {loss[0]:.4f} ± {loss[1]:.4f} | {best[0]:.4f} ± {best[1]:.4f} | "
-                     f"{accuracy[0]:.2f} ± {accuracy[1]:.2f}% | "
+        seconds = format_mean_std([r.seconds for r in runs], ".0f")
+        lines.append(f"| {name} | {loss} | {best} | {accuracy}% | "
                      f"{statistics.fmean(r.points[-1].parameters for r in runs):,.0f} | {reach} | {grew_text} | "
-                     f"{seconds[0]:.0f} ± {seconds[1]:.0f} |")
+                     f"{seconds} |")
     small = [r.points[-1].loss for r in by_variant[SMALL]]
     for name in GROWN:
         grown = [r.points[-1].loss for r in by_variant[name]]
         if grown and len(grown) == len(small):
             differences = [s - g for s, g in zip(small, grown, strict=True)]
-            mean, std = mean_std(differences)
-            lines.append(f"\n{name} ends below 2 layers by {mean:+.4f} ± {std:.4f} nats (paired by seed; seed-to-seed "
-                         f"std of the two: {mean_std(small)[1]:.4f}, {mean_std(grown)[1]:.4f})")
+            lines.append(f"\n{name} ends below 2 layers by {format_mean_std(differences, '+.4f', '.4f')} nats (paired "
+                         f"by seed; seed-to-seed std of the two: {format_spread(sample_std(small), '.4f')}, "
+                         f"{format_spread(sample_std(grown), '.4f')})")
     return lines
 
 

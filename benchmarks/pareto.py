@@ -50,6 +50,7 @@ from morphogen.control.heuristic import HeuristicConfig, HeuristicController
 from morphogen.data import load_task
 from morphogen.env.episode import EpisodeConfig, MorphogenesisEpisode
 from morphogen.env.play import EpisodeOutcome, run_episode
+from morphogen.paired_statistics import format_spread, sample_std, standard_error
 from morphogen.ui.svg import Series, line_chart
 from morphogen.ui.units import format_flops
 
@@ -154,8 +155,9 @@ class Summary:
 
     label: str
     accuracy: float
-    accuracy_std: float
-    accuracy_error: float
+    #: The sample std and standard error of the accuracy over seeds; None for one seed, which has no spread.
+    accuracy_std: float | None
+    accuracy_error: float | None
     parameters: float
     flops: float
     seconds: float
@@ -164,15 +166,16 @@ class Summary:
 
 def summarize(label: str, points: Sequence[Point]) -> Summary:
     accuracies = [p.accuracy for p in points]
-    std = statistics.stdev(accuracies) if len(points) > 1 else 0.0
-    return Summary(label, statistics.fmean(accuracies), std, std / math.sqrt(len(points)),
+    return Summary(label, statistics.fmean(accuracies), sample_std(accuracies), standard_error(accuracies),
                    statistics.fmean(p.parameters for p in points), statistics.fmean(p.flops for p in points),
                    statistics.fmean(p.seconds for p in points), len(points))
 
 
 def dominates(fixed: Summary, grown: Summary, cost: str) -> bool:
     """Whether `fixed` costs at most what `grown` costs (`cost`: "parameters" or "flops") and is more accurate by
-    more than the standard error of the difference."""
+    more than the standard error of the difference; never where either has one seed, with no error to judge by."""
+    if fixed.accuracy_error is None or grown.accuracy_error is None:
+        return False
     error = math.sqrt(fixed.accuracy_error ** 2 + grown.accuracy_error ** 2)
     return getattr(fixed, cost) <= getattr(grown, cost) and fixed.accuracy - grown.accuracy > error
 
@@ -213,10 +216,15 @@ def report_task(task: str, results: dict[str, dict[str, object]], args: argparse
     print(f"\n{task} ({args.epochs} epochs; accuracy mean ± std over seeds)")
     print(f"  {'':40}{'accuracy':>16}{'parameters':>12}{'FLOPs':>14}{'seconds':>9}")
     for row in [*fixed, *(row for pair in zip(grown, scratch, strict=True) for row in pair if row is not None)]:
-        print(f"  {row.label:40}{row.accuracy:>9.2f} ± {row.accuracy_std:<4.2f}{row.parameters:>12,.0f}"
+        spread = format_spread(row.accuracy_std, "<4.2f")
+        print(f"  {row.label:40}{row.accuracy:>9.2f} ± {spread}{row.parameters:>12,.0f}"
               f"{format_flops(row.flops):>14}{row.seconds:>9.1f}")
     for point, pairs in zip(grown, ratios, strict=True):
+        if point.accuracy_error is None:
+            print(f"  {point.label}: one seed, no spread to judge by whether a fixed host dominates it")
         for cost, name in (("parameters", "parameters"), ("flops", "training FLOPs")):
+            if point.accuracy_error is None:
+                break
             beaten = [f.label for f in fixed if dominates(f, point, cost)]
             print(f"  {point.label}: dominated in (accuracy, {name}) by {', '.join(beaten) if beaten else 'none'}")
         if pairs:

@@ -30,6 +30,7 @@ import torch
 from arguments import BenchmarkParser, count, run_script
 from morphogen.control.gym_training import train_gym
 from morphogen.control.ppo import PPOConfig
+from morphogen.paired_statistics import format_mean_std
 
 #: rl-baselines3-zoo's tuned PPO settings (hyperparams/ppo.yml) for the envs this benchmark knows.
 ZOO: dict[str, dict[str, Any]] = {
@@ -165,8 +166,7 @@ def main() -> None:
                                            for name, results in runs.items()), flush=True)
 
     def summary(values: list[float]) -> str:
-        spread = statistics.stdev(values) if len(values) > 1 else 0.0
-        return f"{statistics.fmean(values):8.2f} ± {spread:6.2f}"
+        return format_mean_std(values, "8.2f", "6.2f")
 
     print(f"\n{args.env}, {args.steps:,} steps, seeds {args.seeds} (mean ± std over seeds; one torch thread)")
     print(f"{'agent':<20}{'final return':>20}{'all episodes':>20}{'wall s':>18}")

@@ -45,7 +45,7 @@ from morphogen.env.episode import EpisodeConfig, MorphogenesisEpisode
 from morphogen.env.optimizer import task_optimizer_config
 from morphogen.env.play import Controller, run_episode
 from morphogen.env.seeding import derive_seed
-from morphogen.paired_statistics import sample_std
+from morphogen.paired_statistics import format_mean_error, format_mean_std
 from morphogen.session import load_session_task
 
 
@@ -157,16 +157,6 @@ def evaluate_setting(name: str, policy: str, seeds: int, seed_base: int, cache: 
     return results
 
 
-def _mean_std(values: list[float]) -> str:
-    spread = sample_std(values)
-    return f"{statistics.fmean(values):.2f} ± {'-' if spread is None else f'{spread:.2f}'}"
-
-
-def _mean_se(values: list[float]) -> str:
-    se = statistics.stdev(values) / len(values) ** 0.5 if len(values) > 1 else 0.0
-    return f"{statistics.fmean(values):+.2f} ± {se:.2f}"
-
-
 def _r_squared(values: list[float], reference: list[float]) -> float:
     if statistics.pstdev(values) == 0 or statistics.pstdev(reference) == 0:
         return float("nan")
@@ -182,11 +172,11 @@ def report(name: str, results: dict[str, list[tuple[float, float]]]) -> str:
     behind = sum(d < 0 for d in versus_heuristic)
     setting = SETTINGS[name]
     where = "held out" if setting.held_out else "trained on"
-    return (f"| {name} ({where}) | {_mean_std(accuracy['learned'])}% ({_mean_std(added['learned'])}) | "
-            f"{_mean_std(accuracy['heuristic'])}% ({_mean_std(added['heuristic'])}) | "
-            f"{_mean_std(accuracy['no growth'])}% | **{_mean_se(versus_heuristic)}** "
+    return (f"| {name} ({where}) | {format_mean_std(accuracy['learned'])}% ({format_mean_std(added['learned'])}) | "
+            f"{format_mean_std(accuracy['heuristic'])}% ({format_mean_std(added['heuristic'])}) | "
+            f"{format_mean_std(accuracy['no growth'])}% | **{format_mean_error(versus_heuristic)}** "
             f"({ahead} ahead, {behind} behind) | "
-            f"{_mean_se(versus_none)} | {_r_squared(accuracy['heuristic'], accuracy['no growth']):.2f} / "
+            f"{format_mean_error(versus_none)} | {_r_squared(accuracy['heuristic'], accuracy['no growth']):.2f} / "
             f"{_r_squared(accuracy['learned'], accuracy['no growth']):.2f} |")
 
 

@@ -100,7 +100,6 @@ from torch import Tensor, nn
 
 import morphogen
 from arguments import BenchmarkParser, count, run_script, whole_numbers
-from growth import mean_standard_error, mean_std
 from morphogen.commands.run import RunConfig
 from morphogen.control.controller import NoGrowthController
 from morphogen.core.lifecycle import Criterion
@@ -110,6 +109,7 @@ from morphogen.env.episode import MorphogenesisEpisode, task_with_host
 from morphogen.env.optimizer import SCHEDULES, OptimizerConfig
 from morphogen.env.play import run_episode
 from morphogen.inputs import Inputs, take_rows
+from morphogen.paired_statistics import format_mean_error, format_mean_std
 from morphogen.ui.units import format_flops
 
 VARIANTS = ("grown", "no growth", "from scratch")
@@ -687,9 +687,9 @@ def print_fixed_widths(family: str, results: Sequence[tuple[int, int, Figures]],
         host = {seed: paired_figure(f) for w, seed, f in results if w == host_width}
     for width in sorted({r[0] for r in results}):
         figures = sorted(((seed, f) for w, seed, f in results if w == width), key=lambda pair: pair[0])
-        score = mean_std([paired_figure(f) for _, f in figures])
         digits = 4 if regression else 2
-        line = (f"  width {width:<3}{score[0]:>8.{digits}f} ± {score[1]:<6.{digits}f}{figures[0][1].parameters:>10,} "
+        score = format_mean_std([paired_figure(f) for _, f in figures], f">8.{digits}f", f"<6.{digits}f")
+        line = (f"  width {width:<3}{score}{figures[0][1].parameters:>10,} "
                 f"params{format_flops(statistics.fmean(f.flops for _, f in figures)):>12}"
                 f"{statistics.fmean(f.seconds for _, f in figures):>8.0f} s")
         if MODELS[family].metric_name:  # the model's own metric beside its loss
@@ -697,9 +697,8 @@ def print_fixed_widths(family: str, results: Sequence[tuple[int, int, Figures]],
         paired = [100 * (f.loss / host[seed] - 1) if regression else f.accuracy - host[seed]
                   for seed, f in figures if seed in host]
         if len(paired) >= 2:
-            gain, error = mean_standard_error(paired)
             unit = "% validation loss" if regression else " points"
-            line += f"   vs width {host_width} (the grown host), paired by seed: {gain:+.2f} ± {error:.2f}{unit}"
+            line += f"   vs width {host_width} (the grown host), paired by seed: {format_mean_error(paired)}{unit}"
         print(line)
 
 
@@ -709,23 +708,25 @@ def print_table(name: str, results: Sequence[tuple[str, int, dict[str, Figures],
     print(f"  {'':14}{score:>18}{'val loss':>18}{'parameters':>14}{'FLOPs':>12}{'seconds':>14}")
     for variant in VARIANTS:
         figures = [r[2][variant] for r in results]
-        accuracy, loss = mean_std([f.accuracy for f in figures]), mean_std([f.loss for f in figures])
-        seconds = mean_std([f.seconds for f in figures])
-        losses = f"{loss[0]:>10.4g} ± {loss[1]:<5.2g}" if MODELS[name].loss else f"{loss[0]:>10.4f} ± {loss[1]:<5.3f}"
-        print(f"  {variant:14}{accuracy[0]:>10.2f} ± {accuracy[1]:<5.2f}{losses}"
+        accuracy = format_mean_std([f.accuracy for f in figures], ">10.2f", "<5.2f")
+        losses = format_mean_std([f.loss for f in figures], *((">10.4g", "<5.2g") if MODELS[name].loss else
+                                                              (">10.4f", "<5.3f")))
+        seconds = format_mean_std([f.seconds for f in figures], ">8.1f", "<4.1f")
+        print(f"  {variant:14}{accuracy}{losses}"
               f"{statistics.fmean(f.parameters for f in figures):>14,.0f}"
-              f"{format_flops(statistics.fmean(f.flops for f in figures)):>12}{seconds[0]:>8.1f} ± {seconds[1]:<4.1f}")
+              f"{format_flops(statistics.fmean(f.flops for f in figures)):>12}{seconds}")
     for variant in VARIANTS:  # in seed order: how far apart runs land says what a mean of five can show
         by_seed = [f"{r[2][variant].loss:.4g}" if MODELS[name].loss else f"{r[2][variant].accuracy:.2f}"
                    for r in results]
         print(f"  {variant + ' by seed:':24}" + "  ".join(by_seed))
     for other in VARIANTS[1:]:
         if MODELS[name].loss:  # a loss of its own, on any scale: compared as the relative change of the loss
-            mean, error = mean_standard_error([100 * (r[2]["grown"].loss / r[2][other].loss - 1) for r in results])
-            print(f"  grown vs {other}, validation loss: {mean:+.1f} ± {error:.1f}% (mean ± standard error)")
+            changes = [100 * (r[2]["grown"].loss / r[2][other].loss - 1) for r in results]
+            print(f"  grown vs {other}, validation loss: {format_mean_error(changes, '+.1f', '.1f')}% "
+                  "(mean ± standard error)")
             continue
-        mean, error = mean_standard_error([r[2]["grown"].accuracy - r[2][other].accuracy for r in results])
-        print(f"  grown - {other}: {mean:+.2f} ± {error:.2f} points (mean ± standard error)")
+        differences = [r[2]["grown"].accuracy - r[2][other].accuracy for r in results]
+        print(f"  grown - {other}: {format_mean_error(differences)} points (mean ± standard error)")
     ratios = [r[2]["grown"].flops / r[2]["from scratch"].flops for r in results]
     print(f"  grown / from scratch, training FLOPs: {statistics.fmean(ratios):.2f} (mean over seeds; "
           f"{min(ratios):.2f} to {max(ratios):.2f})")

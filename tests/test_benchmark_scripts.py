@@ -5,11 +5,14 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+import growth
 import growth_plans
 import jobs
+import pareto
 import step_overhead
 import telemetry_overhead
 from morphogen.core import width
@@ -66,3 +69,31 @@ def test_step_benchmark_times_the_naive_step_on_the_same_training_and_puts_morph
     figures = step_overhead.measure_state(task, "TRAINING seed", episode.trainer, 0, batches=2, rounds=2)
     assert (training.clip_gradients, width._run_layers, HostAndSeedTrainer.train_batch) == kept
     assert figures.naive_ms > 0 and figures.ours_ms > 0 and figures.speed_up > 0
+
+
+def test_growth_table_of_one_seed_shows_no_spread_rather_than_a_spread_of_zero(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """One seed of `benchmarks/growth.py` (its table built from figures, nothing trained): every spread reads "n/a",
+    none 0.00 or 0.0; the means are the seed's own figures."""
+    figures = {"grown": growth.Figures(91.25, 0.3, 2_000, 4.0, 10**9),
+               "no growth": growth.Figures(90.0, 0.35, 1_000, 3.0, 5 * 10**8),
+               "from scratch": growth.Figures(90.5, 0.32, 2_000, 3.5, 9 * 10**8)}
+    growth.print_task_table("digits", [growth.JobResult("digits", 0, figures, {"r0c0": "conv_light"}, [1.5])])
+    out = capsys.readouterr().out
+    grown = next(line for line in out.splitlines() if line.strip().startswith("grown "))
+    assert grown.split()[1:7] == ["91.25", "±", "n/a", "0.3000", "±", "n/a"] and grown.split()[-2:] == ["±", "n/a"]
+    assert "  grown - no growth: +1.25 ± n/a points (mean ± standard error)" in out
+    # Three figures of three variants, two paired differences and the shadow contribution: none measured as 0.
+    assert out.count("± n/a") == 12 and "± 0" not in out
+
+
+def test_pareto_one_seed_has_no_spread_and_judges_no_dominance() -> None:
+    """With one seed a more accurate, cheaper fixed host does not dominate the grown point: there is no error to
+    be ahead by (a spread of 0 made every lead count); with two seeds it does."""
+    fixed = pareto.summarize("fixed 1x8", [pareto.Point(95.0, 500, 10**8, 1.0)])
+    grown = pareto.summarize("grown from 1x8", [pareto.Point(90.0, 1_000, 10**9, 2.0)])
+    assert fixed.accuracy_std is None and fixed.accuracy_error is None
+    assert not pareto.dominates(fixed, grown, "parameters")
+    fixed = pareto.summarize("fixed 1x8", [pareto.Point(95.0, 500, 10**8, 1.0), pareto.Point(96.0, 500, 10**8, 1.0)])
+    grown = pareto.summarize("grown", [pareto.Point(90.0, 1_000, 10**9, 2.0), pareto.Point(91.0, 1_000, 10**9, 2.0)])
+    assert pareto.dominates(fixed, grown, "parameters")

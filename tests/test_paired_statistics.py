@@ -2,10 +2,21 @@
 verdict `run --seeds` prints and `report` recomputes)."""
 
 import io
+import math
 
 from morphogen.commands.evaluate import ControllerScores, _print_loss_table, _print_table
 from morphogen.env.play import EpisodeOutcome
-from morphogen.paired_statistics import SeedFigures, dominance_lines, dominated_by, sample_std
+from morphogen.paired_statistics import (
+    NO_SPREAD,
+    SeedFigures,
+    dominance_lines,
+    dominated_by,
+    format_mean_error,
+    format_mean_std,
+    format_spread,
+    sample_std,
+    standard_error,
+)
 from morphogen.seeds_summary import _model_line
 
 
@@ -62,4 +73,15 @@ def test_one_episode_of_eval_shows_no_spread_rather_than_a_spread_of_zero() -> N
     _print_loss_table([ControllerScores(name="no growth", accuracies=(-0.5,), added=(0.0,), gain_per_thousand=(),
                                         fossilized=(0.0,), pruned=(0.0,), losses=(0.5,))], out)
     row = next(line for line in out.getvalue().splitlines() if line.startswith("no growth"))
-    assert row.split()[2:5] == ["0.5", "±", "-"]
+    assert row.split()[2:5] == ["0.5", "±", "n/a"]
+
+
+def test_one_value_formats_its_spread_as_not_measured_in_the_columns_a_spread_would_take() -> None:
+    """1, 2 and 3: mean 2, sample std 1, standard error 1 / sqrt(3) = 0.577; one value has neither, and reads "n/a",
+    never 0.00, padded to the width its column's spec asks for."""
+    assert format_mean_std([1.0, 2.0, 3.0]) == "2.00 ± 1.00"
+    assert format_mean_error([1.0, 2.0, 3.0]) == "+2.00 ± 0.58"
+    assert format_mean_std([1.5]) == "1.50 ± n/a" and format_mean_error([-1.5]) == "-1.50 ± n/a"
+    assert format_mean_std([1.5], ">8.2f", "<6.2f") == "    1.50 ± n/a   "
+    assert format_spread(None, "6.2f") == "   n/a" and format_spread(math.nan, ".4f") == NO_SPREAD
+    assert standard_error([4.0]) is None

@@ -49,12 +49,12 @@ def test_one_seed_has_no_spread_and_says_so_rather_than_zero(tmp_path: Path,
     out = capsys.readouterr().out
     assert "1 seed (0): mean ± std over the seeds" in out
     grown = next(line for line in out.splitlines() if line.strip().startswith("grown ") and "±" in line)
-    assert grown.split()[2:4] == ["±", "-"] and "± 0.00" not in out
-    assert " ± - points" in next(line for line in out.splitlines() if "grown - no growth" in line)
+    assert grown.split()[2:4] == ["±", "n/a"] and "± 0.00" not in out
+    assert " ± n/a points" in next(line for line in out.splitlines() if "grown - no growth" in line)
     figures = json.loads((tmp_path / "one" / "seeds.json").read_text())
     assert figures["differences"]["no growth"]["standard_error"] is None
     assert main(["report", str(tmp_path / "one")]) == 0
-    assert "± - points (1 seed: " in capsys.readouterr().out
+    assert "± n/a points (1 seed: " in capsys.readouterr().out
 
 
 def test_run_over_no_seeds_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:

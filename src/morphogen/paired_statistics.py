@@ -8,6 +8,7 @@ read back (`ui.seeds_report`); it imports nothing of morphogen, so every layer c
 from __future__ import annotations
 
 import math
+import re
 import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -18,6 +19,42 @@ def sample_std(values: Sequence[float]) -> float | None:
     "mean ± std" morphogen prints means, so that tables of `eval` and `run --seeds` compare. None for fewer than
     two values, which have no spread."""
     return statistics.stdev(values) if len(values) > 1 else None
+
+
+def standard_error(values: Sequence[float]) -> float | None:
+    """The standard error of the mean of `values`, `sample_std / sqrt(n)`; None for fewer than two values."""
+    spread = sample_std(values)
+    return None if spread is None else spread / math.sqrt(len(values))
+
+
+#: What a table prints in place of a spread that fewer than two values cannot have: not measured, not zero.
+NO_SPREAD = "n/a"
+
+# The fill, alignment and width of a format spec (`<5.2f` -> `<`, `5`), which `NO_SPREAD` keeps in a column.
+_SPEC_LAYOUT = re.compile(r"(?P<align>(?:.?[<>^=])?)[-+ ]?z?#?0?(?P<width>\d*)")
+
+
+def format_spread(spread: float | None, spec: str = ".2f") -> str:
+    """`spread` (a std or a standard error) in `spec`, or `NO_SPREAD` in the same column width where there is none:
+    None from `sample_std`, or NaN from `paired_difference` on one pair."""
+    if spread is not None and math.isfinite(spread):
+        return format(spread, spec)
+    layout = _SPEC_LAYOUT.match(spec)
+    assert layout is not None  # every group is optional: the pattern matches any spec
+    align = layout["align"].replace("=", ">") or ">"
+    return format(NO_SPREAD, align + layout["width"]) if layout["width"] else NO_SPREAD
+
+
+def format_mean_std(values: Sequence[float], spec: str = ".2f", spread_spec: str | None = None) -> str:
+    """`mean ± sample std` of `values` (`12.34 ± 0.56`), the std in `spread_spec` (default `spec`); one value reads
+    `12.34 ± n/a`: one seed shows no spread, which is not a spread of zero."""
+    return f"{statistics.fmean(values):{spec}} ± {format_spread(sample_std(values), spread_spec or spec)}"
+
+
+def format_mean_error(values: Sequence[float], spec: str = "+.2f", error_spec: str = ".2f") -> str:
+    """`mean ± standard error` of `values` (differences paired by seed, `+1.23 ± 0.45`); one value reads
+    `+1.23 ± n/a`."""
+    return f"{statistics.fmean(values):{spec}} ± {format_spread(standard_error(values), error_spec)}"
 
 
 def paired_difference(first: Sequence[float], second: Sequence[float]) -> tuple[float, float]:

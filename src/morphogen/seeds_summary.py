@@ -23,8 +23,8 @@ from morphogen.paired_statistics import (
     SeedFigures,
     dominance_lines,
     dominated_by,
+    format_mean_std,
     paired_difference,
-    sample_std,
 )
 from morphogen.run_directory import SUMMARY_FILENAME, read_json_object
 from morphogen.telemetry.story import NEGATIVE_LOSS
@@ -181,9 +181,7 @@ def summary_lines(runs: Mapping[int, SeedRun], pairs: Mapping[str, Pairs],
 def _model_line(name: str, outcomes: Sequence[EpisodeOutcome], metric_name: str) -> str:
     """A model's row: score and loss as mean ± std over the seeds; parameters, FLOPs and seconds as means."""
     def spread(values: list[float], decimals: int) -> str:
-        deviation = sample_std(values)
-        shown = "-" if deviation is None else f"{deviation:.{decimals}f}"  # one seed: no spread
-        return f"{statistics.fmean(values):.{decimals}f} ± {shown}"
+        return format_mean_std(values, f".{decimals}f")  # one seed: "± n/a"
 
     scores = [o.final_accuracy for o in outcomes]
     shown = "" if metric_name == NEGATIVE_LOSS else f"{spread(scores, 2 if metric_name == 'accuracy' else 4):>18}"

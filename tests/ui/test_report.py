@@ -197,7 +197,7 @@ def test_a_damaged_seeds_file_reads_what_it_can_and_escapes_every_string(tmp_pat
     rows = {line.split()[0]: line.split()[1:] for line in out.splitlines()[3:6] if line.strip()}
     assert rows["0"][:2] == ["91.50%", "-"] and rows["1"][:2] == ["-", "88.00%"]
     # The differences come from the scores shown, never from the file's own summary of them (-0.25 there).
-    assert "grown - \\x1b[2Jx[bold]" in out and "+1.50 ± - points (1 seed: 1 ahead, 0 behind)" in out
+    assert "grown - \\x1b[2Jx[bold]" in out and "+1.50 ± n/a points (1 seed: 1 ahead, 0 behind)" in out
     assert "-0.25" not in out
     assert "grown - no growth" not in out  # no seed has both scores
     (run_dir / "seeds.json").write_text("[1, 2")

@@ -11,7 +11,6 @@ import contextlib
 import dataclasses
 import json
 import os
-import statistics
 import sys
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -39,7 +38,7 @@ from morphogen.env.optimizer import OptimizerConfig, task_optimizer_config
 from morphogen.env.play import Controller, run_episode
 from morphogen.env.seeding import derive_seed, seeded
 from morphogen.limits import MAX_EPOCHS, MAX_EVAL_EPISODES, MAX_JOBS, MAX_SEED, MAX_TRAIN_SAMPLES, check_count
-from morphogen.paired_statistics import sample_std
+from morphogen.paired_statistics import format_mean_std
 from morphogen.run_directory import (
     CHECKPOINT_NAME,
     CONFIG_FILENAME,
@@ -204,12 +203,9 @@ def evaluation_setting(config: EvalConfig, trained: TrainConfig) -> tuple[TrainC
 
 
 def _mean_std(values: tuple[float, ...], number: str = "8.2f", spread_number: str = "5.2f") -> str:
-    """Mean ± sample std (`sample_std`) of an episode figure, `12.34 ±  0.56`; one episode has no spread: `-`."""
-    if not values:
-        return "-"
-    spread = sample_std(values)
-    shown = "-".rjust(len(format(0.0, spread_number))) if spread is None else format(spread, spread_number)
-    return f"{statistics.fmean(values):{number}} ± {shown}"
+    """Mean ± sample std (`format_mean_std`) of an episode figure, `12.34 ±  0.56`; one episode has no spread:
+    `12.34 ±   n/a`."""
+    return format_mean_std(values, number, spread_number) if values else "-"
 
 
 def _mean_std_count(values: tuple[float, ...]) -> str:

@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-import math
-
+from morphogen.paired_statistics import format_spread
 from morphogen.telemetry.story import NEGATIVE_LOSS
 
 
@@ -38,12 +37,9 @@ def format_score(value: float, metric_name: str) -> str:
 def format_difference(mean: float, error: float, metric_name: str) -> str:
     """A difference of scores (mean ± standard error) in the score's unit; one of negative losses reads as one of
     losses (lower is better), its sign turned, in the loss's own units ("in loss": a user's loss may be a mean
-    squared error, not nats). An error that is not a number (one seed has none) reads "-"."""
-    def spread(text: str) -> str:
-        return text if math.isfinite(error) else "-"
-
+    squared error, not nats). An error that is not a number (one seed has none) reads `NO_SPREAD`."""
     if metric_name == "accuracy":
-        return f"{mean:+.2f} ± {spread(f'{error:.2f}')} points"
+        return f"{mean:+.2f} ± {format_spread(error, '.2f')} points"
     if metric_name == NEGATIVE_LOSS:
-        return f"{-mean:+.4f} ± {spread(f'{error:.4f}')} in loss"
-    return f"{mean:+.4g} ± {spread(f'{error:.4g}')}"
+        return f"{-mean:+.4f} ± {format_spread(error, '.4f')} in loss"
+    return f"{mean:+.4g} ± {format_spread(error, '.4g')}"
