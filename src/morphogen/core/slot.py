@@ -168,13 +168,6 @@ class SeedSlot(nn.Module):
         #: slot), handed over by the model's walk just before the slot runs.
         self.tap: Tensor | None = None
 
-    def train(self, mode: bool = True) -> SeedSlot:
-        """`nn.Module.train`, reaching the traced copy of the block a width site inside it runs as, too."""
-        super().train(mode)
-        if self.width_site is not None:
-            self.width_site.follow_mode(mode)
-        return self
-
     # ---------------------------------------------------------------- read-only views
     @property
     def stage(self) -> Stage:
