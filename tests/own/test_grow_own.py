@@ -366,6 +366,10 @@ def test_grow_on_a_device_this_machine_lacks_names_the_keyword_to_change_and_wri
         morphogen.grow(task, host, device="cuda", run_dir=str(tmp_path / "run"), config=eager_config(epochs=2),
                        out=io.StringIO())
     assert not (tmp_path / "run").exists()
+    with pytest.raises(morphogen.ConfigError, match=r"^device: 'cuda' requested but .*; use device='cpu'$"):
+        morphogen.grow_over_seeds(task, host, seeds=2, device="cuda", run_dir=str(tmp_path / "seeds"),
+                                  config=eager_config(epochs=2), out=io.StringIO())
+    assert not (tmp_path / "seeds").exists()  # each seed's grow refused it, after the seeds' plan was written
 
 
 @pytest.mark.parametrize("train", [[], "drop_last", "generator"])
