@@ -46,7 +46,8 @@ class ModeDependentCall(nn.Module):
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         chosen = list(args)
-        training_mode = (self.followed or self).training
+        followed = self.followed
+        training_mode = (self if followed is None else followed).training
         for key, (training, evaluating) in self.differing.items():
             value = training if training_mode else evaluating
             if isinstance(key, int):
