@@ -377,3 +377,19 @@ def test_raw_inputs_of_a_task_that_standardizes_nothing_is_one_line(tmp_path: Pa
     assert main(["export", str(run), "--raw-inputs"]) == EXIT_USER_ERROR
     assert one_line(capsys).strip().endswith("--raw-inputs: task 'mnist1d' standardizes nothing; its model reads the "
                                              "data as it is")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks a machine without CUDA")
+def test_load_grown_model_on_a_device_this_machine_lacks_is_one_config_error(grown: RunResult) -> None:
+    """`device="cuda"` on a CPU-only torch ended in torch's AssertionError ("Torch not compiled with CUDA enabled")
+    from deep inside the rebuild; it is one ConfigError naming the fix, and `meta` still rebuilds without memory."""
+    with pytest.raises(morphogen.ConfigError, match=r"^device: 'cuda' requested but CUDA is not available here "
+                                                    r"\(torch .*\); use device='cpu'$"):
+        morphogen.load_grown_model(grown.run_dir, device="cuda")
+    with pytest.raises(morphogen.ConfigError, match=r"^device: 'tpu' is not a device morphogen places a model on"):
+        morphogen.load_grown_model(grown.run_dir, device="tpu")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # torch: copying the saved weights into meta tensors does nothing
+        meta = morphogen.load_grown_model(grown.run_dir, device="meta")
+    assert {parameter.device.type for parameter in meta.parameters()} == {"meta"}
+    assert next(morphogen.load_grown_model(grown.run_dir, device="auto").parameters()).device.type == "cpu"

@@ -5,6 +5,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 
 import morphogen.commands.run as run_module
 from morphogen.cli import EXIT_USER_ERROR, main
@@ -71,6 +72,18 @@ def test_seeds_past_the_largest_seed_are_refused_before_any_plays(tmp_path: Path
     assert capsys.readouterr().err.splitlines() == [
         "morphogen run: error: --seeds 2 from seed 9,223,372,036,854,775,807 goes past the largest seed, "
         "9,223,372,036,854,775,807"]
+    assert not run_dir.exists()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks a machine without CUDA")
+def test_a_device_this_machine_lacks_is_refused_before_the_run_directory_is_made(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Each seed's run refused it, but after the run over seeds had written its plan into a new directory."""
+    run_dir = tmp_path / "seeds"
+    assert main(["run", "--seeds", "2", "--epochs", "1", "--threads", "1", "--device", "cuda",
+                 "--run-dir", str(run_dir)]) == EXIT_USER_ERROR
+    assert capsys.readouterr().err.startswith("morphogen run: error: device: 'cuda' requested but CUDA is not "
+                                              "available here")
     assert not run_dir.exists()
 
 

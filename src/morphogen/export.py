@@ -42,6 +42,7 @@ from morphogen.core.model import MorphogeneticModel
 from morphogen.core.plain import ExportError, grown_network, refuse_other_than_a_grown_model
 from morphogen.data import Task
 from morphogen.data.tasks import InputStandardization
+from morphogen.devices import resolve_device
 from morphogen.env.episode import MorphogenesisEpisode
 from morphogen.inputs import Inputs, InputSpec, dtype_mismatch, repeat_rows, rows, take_rows, tensors, to_device
 from morphogen.inputs import problem as inputs_problem
@@ -310,8 +311,9 @@ def load_grown_model(run_dir: str | Path, host: SegmentedHost | Callable[[], Seg
     its final architecture as the run trained it from scratch instead (`RUN_DIR/from_scratch/model.pt`).
 
     `host` (from `morphogen.host_from_module`, or a function of no arguments building one, as `grow` takes it) is
-    required for a task built in Python, and receives the model's host weights. Raises `ModelFileError` or
-    `ConfigError` (both `ValueError`s).
+    required for a task built in Python, and receives the model's host weights. `device`: cpu, cuda, cuda:N, mps,
+    auto or meta (no memory). Raises `ModelFileError` or `ConfigError` (both `ValueError`s), the latter also for a
+    device this machine lacks.
     """
     model, _ = rebuild_run(run_dir, device, host, from_scratch=from_scratch)
     return model
@@ -321,7 +323,9 @@ def rebuild_run(run_dir: str | Path, device: str = "cpu",
                 host: SegmentedHost | Callable[[], SegmentedHost] | None = None, *,
                 from_scratch: bool = False) -> tuple[MorphogeneticModel, Task | None]:
     """A run's grown model (or, `from_scratch`, its final architecture trained from scratch) on `device`, and
-    its task (None when `host` was given and no task was loaded)."""
+    its task (None when `host` was given and no task was loaded). A device this machine lacks is a `ConfigError`
+    line, before anything is read; `meta` rebuilds the model without memory."""
+    device = resolve_device(str(device), allow_meta=True, fix="device='cpu'")
     run = Path(run_dir)
     if not run.is_dir():
         raise ConfigError(f"{run} is not a run directory")

@@ -22,6 +22,7 @@ from morphogen.commands.threads import torch_threads
 from morphogen.config import ConfigError
 from morphogen.core.hosts import SegmentedHost
 from morphogen.data import Task
+from morphogen.devices import resolve_device
 from morphogen.env.episode import task_with_host
 from morphogen.limits import MAX_EPOCHS, check_count
 from morphogen.session import PYTHON_TASK
@@ -75,6 +76,7 @@ def grow(task: Task, host: object = None, *, epochs: int | None = None, seed: in
             episode=dataclasses.replace(base.episode, max_epochs=epochs or base.episode.max_epochs))
     except ValueError as error:
         raise ConfigError(str(error)) from None
+    resolve_device(settings.device, fix="device='cpu'")  # here, to name the keyword in the fix rather than `--device`
     with contextlib.nullcontext() if threads is None else torch_threads(threads):  # checks the count before a write
         result = run_command(settings, task=with_host, out=out, resume=resume, compare_with=compare_with)
     if isinstance(with_host.host, SegmentedHost):

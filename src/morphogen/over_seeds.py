@@ -34,6 +34,7 @@ from morphogen.commands.workers import WorkerJob, spawned_workers
 from morphogen.config import ConfigError
 from morphogen.core.hosts import SegmentedHost
 from morphogen.data import Task
+from morphogen.devices import resolve_device
 from morphogen.growing import grow
 from morphogen.limits import MAX_JOBS, MAX_SEED, check_count, short_repr
 from morphogen.run_directory import (
@@ -105,6 +106,9 @@ def grow_over_seeds(task: Task, host: object = None, *, seeds: int | Sequence[in
             raise ConfigError(f"grow_over_seeds: {option} is chosen per seed; to go on with a stopped run over seeds, "
                               "call it again with resume=True")
     settings = settings_from(grow_options.get("config"), task.name, task.topology)
+    device = grow_options.get("device")
+    # Each seed's `grow` checks the device too, but after the run directory's plan is written.
+    resolve_device(device if isinstance(device, str) else settings.device, fix="device='cpu'")
     from_scratch = grow_options.get("from_scratch")
     return play_over_seeds(
         GrowSeed(task, host, grow_options), seeds, run_dir, grow_options.get("runs_root") or settings.runs_root,
@@ -169,7 +173,6 @@ class RunSeed:
         return cls(config, None, load_task=plan.get("task_loaded_once") is True)
 
     def __call__(self, seed: int, directory: str, resume: bool) -> RunResult:
-        from morphogen.devices import resolve_device
         from morphogen.session import load_session_task
 
         device = resolve_device(self.config.device)

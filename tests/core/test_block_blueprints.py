@@ -199,6 +199,22 @@ def test_a_block_or_attention_in_a_users_transformer_takes_its_head_count(
         assert torch.equal(restored.eval()(ids), model(ids))
 
 
+@pytest.mark.parametrize("blueprint", ["attention", "block"])
+def test_a_block_or_attention_after_a_layer_without_attention_takes_the_head_count_of_the_models_attention(
+        blueprint: str) -> None:
+    """After the embedding there is no layer before the slot to read heads from: the seed takes the six of the
+    model's attention layers, not four, and records them, so that a reload rebuilds it alike."""
+    ids = tokens()
+    model = MorphogeneticModel(morphogen.host_from_module(_UsersTransformer(lambda: _TorchAttentionBlock(24, 6)),
+                                                          slots=["embed"], example_input=ids[:2]), config=EASY_CONFIG)
+    assert model.slot("embed").layer_before is None
+    slot = model.germinate("embed", blueprint)
+    assert _seed_heads(slot) == [6] and slot.blueprint_options == {"n_heads": 6}
+    assert slot.seed is not None
+    x = torch.randn(2, CONTEXT, 24)
+    torch.testing.assert_close(slot.seed(x), x)  # still the identity at birth
+
+
 @pytest.mark.parametrize("block", [
     lambda: _NamedHeadsBlock(24, 5, in_config=False),  # 5 heads cannot split 24
     lambda: torch.nn.Sequential(_NamedHeadsBlock(24, 6, in_config=False), _NamedHeadsBlock(24, 3, in_config=True)),

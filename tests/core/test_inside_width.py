@@ -29,7 +29,7 @@ from torch import Tensor, nn
 
 from morphogen import CNNHost, MorphogeneticModel, grown_network, host_from_module
 from morphogen.core.lifecycle import Stage
-from morphogen.core.width import NoWidthSiteError, WidthSeed
+from morphogen.core.width import BoundDropout, NoWidthSiteError, WidthSeed
 
 
 def _place(model: MorphogeneticModel, slot_id: str, stage: Stage, seed: int, blueprint: str = "wider",
@@ -323,6 +323,62 @@ def test_a_functional_dropout_in_a_widened_block_follows_the_models_mode(sequent
     dropped = exported.train()(x)
     torch.manual_seed(1)
     torch.testing.assert_close(dropped, model.train()(x))
+
+
+class _NormedDropoutBlock(nn.Module):
+    """A block with a batch norm and a functional dropout given `self.training` between its two layers."""
+
+    def __init__(self, width: int) -> None:
+        super().__init__()
+        self.fc1, self.bn = nn.Linear(width, 2 * width), nn.BatchNorm1d(2 * width)
+        self.fc2 = nn.Linear(2 * width, width)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return x + self.fc2(nn.functional.dropout(torch.relu(self.bn(self.fc1(x))), 0.5, training=self.training))
+
+
+class _NormedDropoutNet(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed, self.block, self.head = nn.Linear(6, 8), _NormedDropoutBlock(8), nn.Linear(8, 3)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.head(self.block(self.embed(x)))
+
+
+def test_a_block_a_loop_leaves_in_eval_mode_stays_in_eval_mode_in_its_widened_copy() -> None:
+    """A loop that trains the model but keeps a (frozen) block in eval mode, as `HostAndSeedTrainer.kept_in_eval`
+    and the Grower do: the traced copy the block runs as once widened shares its batch norm, which keeps its
+    statistics, and its functional dropout, which followed the slot's mode and so dropped, follows the block's;
+    so do the new channels'. Once the block trains again, both drop."""
+    torch.manual_seed(0)
+    net = _NormedDropoutNet()
+    model = MorphogeneticModel(host_from_module(net, ["block"], example_input=torch.randn(2, 6)), config=EASY_CONFIG)
+    x = torch.randn(16, 6)
+
+    def output_with_the_block_frozen() -> Tensor:
+        model.train()
+        net.block.eval()
+        torch.manual_seed(1)
+        return model(x)
+
+    before = output_with_the_block_frozen()
+    statistics = net.block.bn.running_mean.clone()
+    slot = model.graft("block", "wider")
+    assert slot.width_site is not None and slot.width_site.inside
+    torch.testing.assert_close(output_with_the_block_frozen(), before)  # at birth, the host's: no dropout
+    assert torch.equal(net.block.bn.running_mean, statistics)
+    seed = slot.seed
+    assert isinstance(seed, WidthSeed)
+    dropout = seed.after_producer[-1]
+    assert isinstance(dropout, BoundDropout) and dropout.call.followed is net.block  # the block, not a copy of it
+    tap = torch.randn(16, 8)
+    with torch.no_grad():
+        assert torch.equal(seed.after_producer(seed.producer(tap)), seed.after_producer(seed.producer(tap)))
+        net.block.train()
+        assert not torch.equal(seed.after_producer(seed.producer(tap)), seed.after_producer(seed.producer(tap)))
+        torch.manual_seed(1)
+        assert not torch.equal(model(x), before)  # the block's own dropout drops again
 
 
 class _WideResNetBlock(nn.Module):

@@ -356,6 +356,22 @@ def test_a_model_given_as_it_is_says_how_to_make_it_a_host(host: object, message
     assert str(caught.value) == message
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks a machine without CUDA")
+def test_grow_on_a_device_this_machine_lacks_names_the_keyword_to_change_and_writes_nothing(tmp_path: Path) -> None:
+    data = (torch.randn(8, 4), torch.arange(8) % 2)
+    task = morphogen.task_from_data("plain", data, data)
+    host = morphogen.host_from_module(mlp(inputs=4, classes=2), ["1"], example_input=data[0][:2])
+    with pytest.raises(morphogen.ConfigError, match=r"^device: 'cuda' requested but CUDA is not available here "
+                                                    r"\(torch .*\); use device='cpu'$"):
+        morphogen.grow(task, host, device="cuda", run_dir=str(tmp_path / "run"), config=eager_config(epochs=2),
+                       out=io.StringIO())
+    assert not (tmp_path / "run").exists()
+    with pytest.raises(morphogen.ConfigError, match=r"^device: 'cuda' requested but .*; use device='cpu'$"):
+        morphogen.grow_over_seeds(task, host, seeds=2, device="cuda", run_dir=str(tmp_path / "seeds"),
+                                  config=eager_config(epochs=2), out=io.StringIO())
+    assert not (tmp_path / "seeds").exists()  # each seed's grow refused it, after the seeds' plan was written
+
+
 @pytest.mark.parametrize("train", [[], "drop_last", "generator"])
 def test_training_data_that_yields_no_batch_in_an_epoch_is_one_data_error(train: object, tmp_path: Path) -> None:
     """An empty split, batches larger than the split that drop_last drops, or a generator (which runs once: the

@@ -265,7 +265,8 @@ def transformer_lora_large(d_model: int, *, device: Device = None, dtype: torch.
 
 
 SEED_HEADS = 4
-"""Heads of a new `attention` or `block` seed where the layer before its slot gives none (`heads_of`)."""
+"""Heads of a new `attention` or `block` seed where neither the layer before its slot nor the host's attention layers
+give a count that splits its width (`heads_of`)."""
 
 
 def seed_heads(d_model: int) -> int:
@@ -277,7 +278,7 @@ def seed_heads(d_model: int) -> int:
 def transformer_attention(d_model: int, *, n_heads: int | None = None, device: Device = None,
                           dtype: torch.dtype | None = None) -> nn.Module:
     """Pre-norm causal self-attention, its output projection zero (identity at birth); `n_heads` defaults to
-    `seed_heads(d_model)` (the layer before the slot gives its own: `heads_of`)."""
+    `seed_heads(d_model)` (in a slot, the host's count: `heads_of`)."""
     attention = CausalSelfAttention(d_model, seed_heads(d_model) if n_heads is None else n_heads, device=device,
                                     dtype=dtype)
     _zero_(attention.proj)
@@ -304,7 +305,7 @@ def transformer_mlp(d_model: int, *, device: Device = None, dtype: torch.dtype |
 def transformer_block(d_model: int, *, n_heads: int | None = None, device: Device = None,
                       dtype: torch.dtype | None = None) -> nn.Module:
     """A whole pre-norm block (causal attention + 4x MLP), GPT-initialised, its two output projections zero;
-    `n_heads` defaults to `seed_heads(d_model)` (the layer before the slot gives its own: `heads_of`).
+    `n_heads` defaults to `seed_heads(d_model)` (in a slot, the host's count: `heads_of`).
 
     Identity at birth: both residual branches add zero. A `block` in every slot of a host with a slot after
     each layer doubles its depth (2 -> 4 layers); zero-initialised new layers reached a from-scratch model's
@@ -335,12 +336,14 @@ def layer_heads(layer: nn.Module | None) -> int | None:
     return counts.pop() if len(counts) == 1 else None
 
 
-def heads_of(layer: nn.Module | None, width: int) -> dict[str, Any]:
-    """`{"n_heads": ...}` of the host's layer before the slot where its attention has one head count that splits
-    the slot's `width`, so that a new block or attention splits its width as the host's do; else `{}` (the
-    default, `seed_heads`)."""
-    heads = layer_heads(layer)
-    return {"n_heads": heads} if heads is not None and width % heads == 0 else {}
+def heads_of(layer: nn.Module | None, width: int, host_heads: int | None) -> dict[str, Any]:
+    """`{"n_heads": ...}` for a new block or attention in a slot of `width`, so that it splits its width as the
+    host's attention does: the one head count of the attention in the host's layer before the slot, else (no layer
+    there, or one without attention) `host_heads`, the one count of all the host's attention layers (`layer_heads`
+    of the host), the first of them that splits `width`; else `{}` (the default, `seed_heads`)."""
+    heads = next((count for count in (layer_heads(layer), host_heads) if count is not None and width % count == 0),
+                 None)
+    return {} if heads is None else {"n_heads": heads}
 
 
 def copy_of_layer(blueprint: str, layer: nn.Module, *, device: Device = None, dtype: torch.dtype | None = None,
@@ -386,9 +389,10 @@ class Blueprint:
     """The seed is a copy of the host's layer before its slot (`SegmentedHost.layer_before`), weights and all:
     stacking (`block_copy`). `builder` then only describes it where no host is at hand. Not the identity at
     birth."""
-    options_from_layer_before: Callable[[nn.Module | None, int], dict[str, Any]] | None = None
-    """Options read off the host's layer before the slot (None where it has none) and the slot's width, for those
-    the caller does not give (a whole block or an attention takes the head count of the layer before it)."""
+    options_from_host: Callable[[nn.Module | None, int, int | None], dict[str, Any]] | None = None
+    """Options read off the host for those the caller does not give, from its layer before the slot (None where it
+    has none), the slot's width and the head count of the host's attention layers (None where none, or several):
+    a whole block or an attention takes the host's head count (`heads_of`)."""
     inside_only: bool = False
     """For a widening blueprint: it grows only a width site inside the segment before its slot (a residual
     block's inner width, `WidthSite.inside`), never the layers around a slot."""
@@ -486,12 +490,13 @@ def _residual_mlp_blueprints(topology: str, *, attention: bool) -> dict[str, Blu
     ]
     if attention:
         blueprints.insert(3, Blueprint("attention", topology, transformer_attention,
-                                       "causal self-attention, as many heads as the layer before the slot has "
-                                       "(else 4, fewer where 4 do not divide w)", options_from_layer_before=heads_of))
+                                       "causal self-attention, as many heads as the layer before the slot (else "
+                                       "the host's attention) has; else 4, fewer where 4 do not divide w",
+                                       options_from_host=heads_of))
         blueprints += [
             Blueprint("block", topology, transformer_block,
                       "whole pre-norm block (attention + MLP), output projections zero: identity at birth",
-                      options_from_layer_before=heads_of),
+                      options_from_host=heads_of),
             Blueprint("block_copy", topology, transformer_block,
                       "copy of the host's layer before the slot, weights and all (stacking; not identity at birth)",
                       copies_layer_before=True),

@@ -32,7 +32,7 @@ import torch
 from torch import Tensor, nn
 
 from morphogen.core.blend import BlendKind
-from morphogen.core.blueprints import BlueprintKind, get_blueprint
+from morphogen.core.blueprints import BlueprintKind, get_blueprint, layer_heads
 from morphogen.core.branch import BranchSite, find_branch_site
 from morphogen.core.compilation import CompileSettings, compiled
 from morphogen.core.hosts import SegmentedHost, UnknownSlotError
@@ -163,14 +163,16 @@ class MorphogeneticModel(nn.Module):
         self._find_sites()
 
     def _find_sites(self) -> None:
-        """Each slot's width and branch sites, or why it has none."""
+        """Each slot's width and branch sites, or why it has none; its layer before and the host's head count."""
         host = self.host
+        heads = layer_heads(host)  # the host's architecture never changes: read once
         for position, slot in enumerate(self.slots()):
             site = find_width_site(host.segments, self._point_of_slot[position], slot.channels)
             if isinstance(site, WidthSite) and site.inside and site.tap_segment == 0 and host.input_kind != "tensor":
                 site = "its layers to widen are in the first segment, which takes the model's several inputs"
             slot.width_site, slot.width_problem = (site, "") if isinstance(site, WidthSite) else (None, site)
             slot.set_layer_before(host.layer_before(slot.slot_id))
+            slot.host_heads = heads
             entering, at_slot = host.measured_shapes.get(slot.slot_id, (None, ()))
             branch = find_branch_site(host.topology, entering, at_slot)
             slot.branch_site, slot.branch_problem = (branch, "") if isinstance(branch, BranchSite) else (None, branch)

@@ -107,13 +107,6 @@ class GrownNetwork(nn.Module):
         #: Where the segments hand values across the points (a U-Net's skips: the host's `CarriedValues`).
         self._carried = [module for module in self.segments.modules() if isinstance(module, CarriedValues)]
 
-    def train(self, mode: bool = True) -> GrownNetwork:
-        """`nn.Module.train`, reaching the traced copies of the blocks widened inside (no submodules of it)."""
-        super().train(mode)
-        for _, site in self._sites:
-            site.follow_mode(mode)
-        return self
-
     def forward(self, x: Inputs) -> Tensor:
         """The network's output for a batch of the host's inputs (a tensor, or a tuple or dict of tensors)."""
         taps: dict[int, Tensor] = {}

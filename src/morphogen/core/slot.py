@@ -164,16 +164,12 @@ class SeedSlot(nn.Module):
         # The host's layer before the slot (`SegmentedHost.layer_before`, set by `MorphogeneticModel`), in a tuple:
         # a module attribute would register the host's layer as the slot's too.
         self._layer_before: tuple[nn.Module, ...] = ()
+        #: The one head count of the host's attention layers (`blueprints.layer_heads` of the host, set by
+        #: `MorphogeneticModel`), None where it has none or several: a new attention's where the layer before has none.
+        self.host_heads: int | None = None
         #: The input of a widening or branch seed (the producer's input, or the input of the segment before the
         #: slot), handed over by the model's walk just before the slot runs.
         self.tap: Tensor | None = None
-
-    def train(self, mode: bool = True) -> SeedSlot:
-        """`nn.Module.train`, reaching the traced copy of the block a width site inside it runs as, too."""
-        super().train(mode)
-        if self.width_site is not None:
-            self.width_site.follow_mode(mode)
-        return self
 
     # ---------------------------------------------------------------- read-only views
     @property
@@ -357,8 +353,8 @@ class SeedSlot(nn.Module):
         blend_kind = blend or self.config.blend
         # Build everything before touching the slot, so a refused blueprint or option changes nothing.
         recipe = get_blueprint(self.topology, blueprint)
-        if recipe.options_from_layer_before is not None:
-            options = {**recipe.options_from_layer_before(self.layer_before, self.channels), **options}
+        if recipe.options_from_host is not None:
+            options = {**recipe.options_from_host(self.layer_before, self.channels, self.host_heads), **options}
         seed = self._build_seed(blueprint, blend_kind, device, dtype, options)
         blend_module = Blend(blend_kind, self.channels, channel_dim=CHANNEL_DIM[self.topology], device=device,
                              dtype=dtype)

@@ -19,7 +19,7 @@ import torch
 from torch import Tensor, fx, nn
 
 from morphogen.core.elementwise import is_elementwise_module
-from morphogen.core.training_mode import TrainingModeError, trace_in_both_modes
+from morphogen.core.training_mode import ModeDependentCall, TrainingModeError, trace_in_both_modes
 
 #: Factories that take their size as separate numbers (`torch.ones(t, t)`), which fx cannot trace where a number
 #: is traced (`t = x.shape[1]`); the same sizes as one tuple it traces (`traceable_factories`).
@@ -121,9 +121,11 @@ def trace_partially(module: nn.Module) -> fx.GraphModule:
     where even that fails (a forward whose own code, outside any submodule, cannot be traced).
 
     It is traced in both modes, so a call whose constants the forward chose by `self.training` (a functional
-    dropout) follows the mode it runs in, as in the module itself; a branch on `self.training` raises
-    `TrainingModeError`. Where the module's own code fails to trace with its buffers as tensors (one sliced by a
-    traced length: a positional-encoding table), it is traced again with its buffers as traced values."""
+    dropout) follows the mode of the module whose forward made it (`module` or one of its submodules), as in
+    `module` itself, also where a training loop leaves that submodule in eval mode while the rest trains (a frozen
+    block); a branch on `self.training` raises `TrainingModeError`. Where the module's own code fails to trace with
+    its buffers as tensors (one sliced by a traced length: a positional-encoding table), it is traced again with
+    its buffers as traced values."""
 
     def traced(buffers_traced: bool) -> fx.GraphModule:
         def trace() -> fx.Graph:
@@ -134,7 +136,30 @@ def trace_partially(module: nn.Module) -> fx.GraphModule:
             return graph
         return trace_in_both_modes(module, trace)
 
-    return traced_buffers_as_values_if_needed(module, traced)
+    copy = traced_buffers_as_values_if_needed(module, traced)
+    _follow_the_modes_of_their_modules(copy, module)
+    return copy
+
+
+def _follow_the_modes_of_their_modules(copy: fx.GraphModule, module: nn.Module) -> None:
+    """Each mode-dependent call the trace of `module` made (`copy`'s own, not one `module` holds) set to follow the
+    innermost module of `module` whose forward made it (fx's `nn_module_stack`), `module` itself where none."""
+    held = {id(part) for part in module.modules()}
+    for node in copy.graph.nodes:
+        call = copy.get_submodule(str(node.target)) if node.op == "call_module" else None
+        if isinstance(call, ModeDependentCall) and id(call) not in held:
+            call.follow(_innermost_module(module, node.meta.get("nn_module_stack", {})))
+
+
+def _innermost_module(module: nn.Module, stack: dict[str, tuple[str, type]]) -> nn.Module:
+    """The innermost module of fx's `nn_module_stack` (scope -> (path in `module`, class)) that `module` holds;
+    `module` itself for a call made by its own forward."""
+    for path, _ in reversed(list(stack.values())):
+        try:
+            return module.get_submodule(path)
+        except AttributeError:  # a scope fx named otherwise than by the module's path
+            continue
+    return module
 
 
 def traced_buffers_as_values_if_needed(module: nn.Module,

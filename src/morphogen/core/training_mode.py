@@ -30,11 +30,26 @@ class ModeDependentCall(nn.Module):
         """`differing`: position or keyword -> (value in training, value in eval)."""
         super().__init__()
         self.function, self.differing = function, differing
+        # The module whose mode chooses the constants where it is not this one (`follow`); in a tuple, so that it is
+        # no submodule of this one.
+        self._mode_of: tuple[nn.Module, ...] = ()
+
+    def follow(self, module: nn.Module) -> None:
+        """Choose the constants by `module`'s mode rather than this module's own: the module whose forward made the
+        call, where this call runs in a traced copy of it that its own `train()` and `eval()` do not reach."""
+        self._mode_of = (module,)
+
+    @property
+    def followed(self) -> nn.Module | None:
+        """The module whose mode chooses the constants (`follow`); None where it is this one."""
+        return self._mode_of[0] if self._mode_of else None
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         chosen = list(args)
+        followed = self.followed
+        training_mode = (self if followed is None else followed).training
         for key, (training, evaluating) in self.differing.items():
-            value = training if self.training else evaluating
+            value = training if training_mode else evaluating
             if isinstance(key, int):
                 chosen[key] = value
             else:
@@ -126,6 +141,8 @@ def _as_mode_dependent(traced: fx.GraphModule, node: fx.Node, differing: dict[in
     traced.add_submodule(name, ModeDependentCall(function, differing))
     with traced.graph.inserting_before(node):
         call = traced.graph.call_module(name, node.args, dict(node.kwargs))
+    if "nn_module_stack" in node.meta:  # the modules whose forwards made the call (`core/tracing.trace_partially`)
+        call.meta["nn_module_stack"] = node.meta["nn_module_stack"]
     node.replace_all_uses_with(call)
     traced.graph.erase_node(node)
 

@@ -87,6 +87,13 @@ ELEMENTWISE_CALL_OPTIONS: dict[object, frozenset[str]] = {nn.functional.gelu: fr
 DROPOUT_CALLS = (nn.functional.dropout, nn.functional.dropout1d, nn.functional.dropout2d, nn.functional.dropout3d)
 
 
+def _new_channels_copy(module: nn.Module) -> nn.Module:
+    """A copy of `module` for a width seed's new channels; a mode-dependent call in it (a traced block's functional
+    dropout) still follows the mode of the block whose forward made it, not of a copy of that block."""
+    followed = [call.followed for call in module.modules() if isinstance(call, ModeDependentCall)]
+    return copy.deepcopy(module, {id(block): block for block in followed if block is not None})
+
+
 class BoundDropout(nn.Module):
     """A traced block's mode-dependent dropout called on one tensor with the block's own other arguments (its
     probability): what a width seed's new channels go through where the block's channels do."""
@@ -146,22 +153,6 @@ class WidthSite:
     multiplier: Layer | None = None
     """For a gated MLP inside a block (SwiGLU, GeGLU: `consumer(act(producer(x)) * multiplier(x))`), the layer
     whose output multiplies the activated producer's (`up`, the producer being the gate); None for a plain one."""
-
-    @property
-    def copy_modules(self) -> tuple[nn.Module, ...]:
-        """The modules of the instrumented copy that the segment does not share with it: the copy itself and the
-        calls that follow `self.training` (a functional dropout), whose mode `follow_mode` sets."""
-        if self.instrumented is None:
-            return ()
-        shared = {id(module) for module in self.instrumented.modules() if module is not self.instrumented
-                  and not isinstance(module, ModeDependentCall)}
-        return tuple(module for module in self.instrumented.modules() if id(module) not in shared)
-
-    def follow_mode(self, training: bool) -> None:
-        """Put the instrumented copy's own modules in the mode of the model that holds the site: it is no
-        submodule of it (that would list the segment's parameters twice), so `model.train()` does not reach it."""
-        for module in self.copy_modules:
-            module.training = training
 
     @property
     def inside(self) -> bool:
@@ -255,7 +246,6 @@ def find_inside_width_site(segment: nn.Module, point: int) -> WidthSite | str:
     site = WidthSite(point, -1, point, -1, producer, following, between, consumer, channels,
                      instrumented=_instrumented(traced, inputs[0], producer_node, consumer_node),
                      multiplier=multiplier)
-    site.follow_mode(segment.training)
     return site
 
 
@@ -516,9 +506,9 @@ class WidthSeed(nn.Module):
             if isinstance(module, NORMS):
                 following.append(new_channel_norm(module, channels, batch_norm=batch_norm, device=device, dtype=dtype))
             else:
-                following.append(copy.deepcopy(module))
+                following.append(_new_channels_copy(module))
         self.after_producer = nn.Sequential(*following)
-        self.before_consumer = nn.Sequential(*(copy.deepcopy(module) for module in site.before_consumer))
+        self.before_consumer = nn.Sequential(*(_new_channels_copy(module) for module in site.before_consumer))
         self.consumer = _layer_like(site.consumer, channels * site.inputs_per_channel, site.consumer_channels,
                                     bias=False, device=device, dtype=dtype)
         nn.init.zeros_(self.consumer.weight)  # function-preserving at birth; gets a gradient from the first batch

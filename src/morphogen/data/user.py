@@ -28,6 +28,7 @@ from torch.utils.data import DataLoader, Dataset, IterableDataset, default_colla
 from morphogen.data.datasets import Augmentation, DeviceDataset
 from morphogen.data.errors import DataError
 from morphogen.data.tasks import CLASS_DIMS, BatchSource, Task
+from morphogen.devices import unavailable
 from morphogen.inputs import Inputs, detached, rows, tensors, to_device
 from morphogen.inputs import problem as inputs_problem
 from morphogen.telemetry.story import NEGATIVE_LOSS
@@ -182,12 +183,9 @@ def _available_device(device: str | torch.device) -> torch.device:
     except (RuntimeError, TypeError):
         raise DataError(f"task_from_data: device={device!r} is not a torch device; use 'cpu', 'cuda', 'cuda:N' or "
                         "'mps'") from None
-    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    if target.type == "cuda" and (count == 0 or (target.index or 0) >= count):
-        raise DataError(f"task_from_data: device={str(target)!r}, but this machine has {count} CUDA device(s); "
-                        f"use device='cpu'{'' if count == 0 else ' or cuda:0 .. cuda:' + str(count - 1)}")
-    if target.type == "mps" and not torch.backends.mps.is_available():
-        raise DataError("task_from_data: device='mps', but MPS is not available here; use device='cpu'")
+    missing = unavailable(target, fix="device='cpu'")
+    if missing is not None:
+        raise DataError(f"task_from_data: device={str(target)!r}, but {missing}")
     return target
 
 
