@@ -23,6 +23,14 @@ from morphogen.commands.listing import LISTINGS
 from morphogen.config import ConfigError, build_config, merge_tables, read_config_file, read_config_source
 from morphogen.core.compilation import COMPILE_BACKENDS, COMPILE_MODES
 from morphogen.data.catalog import TASK_NAMES
+from morphogen.exit_status import (
+    EXIT_BROKEN_PIPE,
+    EXIT_DIVERGED,
+    EXIT_INTERRUPTED,
+    EXIT_PEER_LOST,
+    EXIT_TERMINATED,
+    EXIT_USER_ERROR,
+)
 from morphogen.limits import MAX_SEED, MAX_TIMEOUT_SECONDS, short_repr
 from morphogen.run_directory import CONFIG_FILENAME, hold_run_directory, outermost_lock, read_json_object
 from morphogen.ui.terminal_text import printable
@@ -48,18 +56,6 @@ USER_ERRORS = (
 that the command imports only what it runs; an error's class is loaded whenever the error can occur."""
 DIVERGED = ("morphogen.env.governor", "DivergenceError")
 PEER_LOST = ("morphogen.control.distributed", "PeerLostError")
-EXIT_USER_ERROR = 2
-#: Exit status when training kept diverging after every rollback and back-off (`DivergenceError`).
-EXIT_DIVERGED = 3
-#: Exit status of a distributed rank that lost the others (a rank died or hung; `PeerLostError`).
-EXIT_PEER_LOST = 4
-#: Exit status when the reader of the output closed the pipe (`morphogen report RUN | head`), as a tool stopped by
-#: SIGPIPE reports it in a shell (128 + 13).
-EXIT_BROKEN_PIPE = 141
-#: Exit status after Ctrl-C (SIGINT), as a shell reports a process that SIGINT ended (128 + 2).
-EXIT_INTERRUPTED = 130
-#: Exit status after SIGTERM (a job scheduler's or `kill`'s), as a shell reports a process that SIGTERM ended.
-EXIT_TERMINATED = 143
 #: Commands whose run directory `--resume` continues when they are stopped.
 RESUMABLE_COMMANDS = ("run", "train", "eval")
 #: Longest error line printed; longer messages are cut (a user error never needs more).
