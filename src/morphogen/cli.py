@@ -32,7 +32,13 @@ from morphogen.exit_status import (
     EXIT_USER_ERROR,
 )
 from morphogen.limits import MAX_SEED, MAX_TIMEOUT_SECONDS, short_repr
-from morphogen.run_directory import CONFIG_FILENAME, hold_run_directory, outermost_lock, read_json_object
+from morphogen.run_directory import (
+    CONFIG_FILENAME,
+    LockPurpose,
+    hold_run_directory,
+    outermost_lock,
+    read_json_object,
+)
 from morphogen.ui.terminal_text import printable
 
 if TYPE_CHECKING:
@@ -505,7 +511,8 @@ def _resume(args: argparse.Namespace) -> None:
         # Lock before reading the checkpoint: a writer that finishes a round in between would be overwritten.
         # Of a distributed run's ranks, rank 0 alone writes, so it alone locks.
         main_rank = context is None or context.is_main
-        lock = hold_run_directory(args.resume) if main_rank and Path(args.resume).is_dir() else contextlib.nullcontext()
+        lock = hold_run_directory(args.resume, LockPurpose.RESUME) if main_rank and Path(args.resume).is_dir() \
+            else contextlib.nullcontext()
         with lock:
             config, state = config_for_resume(args.resume, overrides)
             _check_compile_flags(args, config)

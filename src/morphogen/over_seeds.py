@@ -43,6 +43,7 @@ from morphogen.run_directory import (
     SEEDS_FILENAME,
     SEEDS_PLAN_FILENAME,
     SUMMARY_FILENAME,
+    LockPurpose,
     RunDirectoryRefused,
     hold_run_directory,
     make_run_dir,
@@ -200,7 +201,8 @@ def play_over_seeds(play: PlaySeed, seeds: int | Sequence[int], run_dir: str | N
     sent = _sent_to_workers(play) if workers > 1 else None
     parent = resumable_seeds_dir(run_dir) if resume else \
         make_run_dir(run_dir, runs_root, f"{run_name(task_name)}-seeds")
-    with hold_run_directory(parent):  # one writer of seeds_plan.json and seeds.json
+    # One writer of seeds_plan.json and seeds.json.
+    with hold_run_directory(parent, LockPurpose.RESUME if resume else LockPurpose.NEW_RUN):
         if resume:
             _check_same_seeds(parent, chosen)
         else:

@@ -48,6 +48,7 @@ from morphogen.run_directory import (
     RESUME_FILENAME,
     SCORES_FILENAME,
     SUMMARY_FILENAME,
+    LockPurpose,
     RunDirectoryRefused,
     evaluation_env_id,
     hold_run_directory,
@@ -418,7 +419,7 @@ def _open_record(config: EvalConfig, task_name: str, checksum: str, resume: bool
     if config.run_dir is None:
         return _Record(None, text, [], stack.enter_context(Telemetry(None, config=TelemetryConfig(level="off"))))
     run_dir = resumable_eval_dir(config.run_dir) if resume else make_run_dir(config.run_dir, "runs", task_name)
-    stack.enter_context(hold_run_directory(run_dir))
+    stack.enter_context(hold_run_directory(run_dir, LockPurpose.RESUME if resume else LockPurpose.NEW_RUN))
     state = None
     if resume:  # again, now that no other command can finish it
         resumable_eval_dir(config.run_dir)

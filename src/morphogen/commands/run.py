@@ -46,6 +46,7 @@ from morphogen.run_directory import (
     RESUME_FILENAME,
     SCORES_FILENAME,
     SUMMARY_FILENAME,
+    LockPurpose,
     RunDirectoryRefused,
     hold_run_directory,
     is_seeds_directory,
@@ -374,7 +375,7 @@ def run_command(config: RunConfig, controller_factory: Callable[[MorphogenesisEp
     saving = _Saving(_config_text(config), "heuristic" if controller_factory is None else "policy", resume)
     run_dir = resumable_run_dir(config.run_dir) if resume else \
         make_run_dir(config.run_dir, config.runs_root, run_name(task.name))
-    with hold_run_directory(run_dir):  # one writer per run directory
+    with hold_run_directory(run_dir, LockPurpose.RESUME if resume else LockPurpose.NEW_RUN):  # one writer per run
         # Again, now that no other command can start (or finish) a run there.
         if resume:
             refuse_finished_run(run_dir)
