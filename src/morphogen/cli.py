@@ -34,6 +34,7 @@ from morphogen.exit_status import (
 from morphogen.limits import MAX_SEED, MAX_TIMEOUT_SECONDS, short_repr
 from morphogen.run_directory import (
     CONFIG_FILENAME,
+    EVENTS_FILENAME,
     LockPurpose,
     hold_run_directory,
     outermost_lock,
@@ -439,6 +440,7 @@ def train_config_from_args(args: argparse.Namespace) -> TrainConfig:
     from morphogen.control.trainer import TrainConfig
 
     values = read_config_values(args.config)
+    in_file = dict(values)
     _apply_overrides(values, _flag_overrides(args))
     if args.n_envs is not None and args.n_envs < 1:
         raise UsageError(f"--envs must be >= 1, got {args.n_envs}")
@@ -446,6 +448,7 @@ def train_config_from_args(args: argparse.Namespace) -> TrainConfig:
         values["episode"] = {**(values.get("episode") or {}), "batch_identical": True}
     values = _with_episode_length(values, args.episode_length, "--episode-length")
     _refuse_flags_beside_the_mix(args, values)
+    _refuse_file_settings_beside_the_mix(args, in_file, values)
     if not values.get("tasks") and not values.get("mix"):  # a mix trains each task with its own default optimizer
         values = _with_task_optimizer(values)
     config = build_config(TrainConfig, values)
@@ -467,6 +470,37 @@ def _refuse_flags_beside_the_mix(args: argparse.Namespace, values: dict[str, Any
     lengths = [entry.get("episode_length") if isinstance(entry, dict) else None for entry in mix]
     if None not in lengths and args.episode_length not in lengths:
         raise UsageError(length_beside_the_mix(args.episode_length))
+
+
+def _refuse_file_settings_beside_the_mix(args: argparse.Namespace, in_file: dict[str, Any],
+                                        values: dict[str, Any]) -> None:
+    """`ConfigError` for a `task`, `[host]` table or `episode.max_epochs` that the `--config` file sets beside a
+    training mix (its `[[mix]]`, or `tasks`) that would ignore it, default value or not: the trainer lets the defaults
+    pass, not knowing whether they were written. A run's config.json records every setting, so `--config
+    RUN/config.json` is left to the trainer's check (`_is_run_record`)."""
+    from morphogen.control.trainer import host_beside_the_mix, length_beside_the_mix, task_beside_the_mix
+
+    tasks, mix = values.get("tasks"), values.get("mix")
+    if args.config is None or bool(tasks) == bool(mix) or _is_run_record(args.config):
+        return  # no mix, or both (which the trainer refuses)
+    if args.task is None and isinstance(in_file.get("task"), str):
+        raise ConfigError(task_beside_the_mix(in_file["task"], in_mix=bool(mix)))
+    if isinstance(in_file.get("host"), dict) and in_file["host"]:
+        raise ConfigError(host_beside_the_mix(in_mix=bool(mix)))
+    episode = in_file.get("episode")
+    if args.episode_length is not None or not isinstance(episode, dict) or not isinstance(mix, list):
+        return
+    length = episode.get("max_epochs")
+    lengths = [entry.get("episode_length") if isinstance(entry, dict) else None for entry in mix]
+    if length is not None and None not in lengths and length not in lengths:
+        raise ConfigError(length_beside_the_mix(length))
+
+
+def _is_run_record(source: str) -> bool:
+    """Whether the config file `source` is the config.json that a run recorded (beside its events), not one written
+    by hand."""
+    path = Path(source)
+    return path.name == CONFIG_FILENAME and os.path.lexists(path.parent / EVENTS_FILENAME)
 
 
 def _train(args: argparse.Namespace) -> None:
