@@ -377,3 +377,14 @@ def test_raw_inputs_of_a_task_that_standardizes_nothing_is_one_line(tmp_path: Pa
     assert main(["export", str(run), "--raw-inputs"]) == EXIT_USER_ERROR
     assert one_line(capsys).strip().endswith("--raw-inputs: task 'mnist1d' standardizes nothing; its model reads the "
                                              "data as it is")
+
+
+def test_a_path_that_starts_with_a_tilde_is_in_the_home_directory(grown: RunResult, tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.chdir(tmp_path)  # a `~` taken as a directory's name would be made here
+    shutil.copytree(grown.run_dir, tmp_path / "run")
+    assert main(["export", "~/run", "--output=~/exported/model.pt2"]) == 0  # `--output=`: no shell expands that `~`
+    model = morphogen.load_grown_model("~/run")
+    assert morphogen.export_model(model, validation_inputs(2), "~/from_python.pt2") == tmp_path / "from_python.pt2"
+    assert (tmp_path / "exported" / "model.pt2").is_file() and not (tmp_path / "~").exists()

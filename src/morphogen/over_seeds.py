@@ -54,6 +54,7 @@ from morphogen.run_directory import (
 )
 from morphogen.seeds_summary import SeedRun, differences_of, seed_line, seed_pairs, seeds_figures, summary_lines
 from morphogen.ui.terminal_text import printable
+from morphogen.user_paths import user_path
 
 #: Most seeds one call plays (each is a whole `grow`).
 MAX_SEEDS = 100
@@ -108,7 +109,8 @@ def grow_over_seeds(task: Task, host: object = None, *, seeds: int | Sequence[in
     settings = settings_from(grow_options.get("config"), task.name, task.topology)
     from_scratch = grow_options.get("from_scratch")
     return play_over_seeds(
-        GrowSeed(task, host, grow_options), seeds, run_dir, grow_options.get("runs_root") or settings.runs_root,
+        GrowSeed(task, host, grow_options), seeds, None if run_dir is None else user_path(run_dir),
+        user_path(grow_options.get("runs_root") or settings.runs_root),
         task.name, settings.from_scratch if from_scratch is None else bool(from_scratch), out, jobs=jobs,
         threads=threads, resume=resume)
 

@@ -65,6 +65,7 @@ from morphogen.telemetry.story import NEGATIVE_LOSS
 from morphogen.ui.progress import ProgressDisplay
 from morphogen.ui.terminal_text import printable
 from morphogen.ui.units import counted
+from morphogen.user_paths import expand_path_settings
 
 #: Evaluation seeds are drawn from a stream the training rounds never use.
 EVALUATION_STREAM = 99_991
@@ -130,6 +131,7 @@ class EvalConfig(CompileOptions):
     compile_backend: str = "inductor"
 
     def __post_init__(self) -> None:
+        expand_path_settings(self, ("policy", "data_dir", "text_file", "run_dir"))
         self.check_compile_options()
         if not self.policy:
             raise ValueError("policy must name the run directory of `morphogen train` (--policy RUN_DIR), or be "

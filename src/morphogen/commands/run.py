@@ -67,6 +67,7 @@ from morphogen.ui.run_files import ScoreKind
 from morphogen.ui.stages import stage_short
 from morphogen.ui.terminal_text import cut, printable
 from morphogen.ui.units import counted, format_flops, format_loss
+from morphogen.user_paths import expand_path_settings
 
 
 @dataclass(frozen=True)
@@ -97,6 +98,7 @@ class RunConfig(SessionOptions):
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        expand_path_settings(self, ("policy",))
         check_count("save_every", self.save_every, MAX_EPOCHS, lower=0)
         check_settings(self.task, self.compare_with)
         if self.policy is not None and not self.policy:
