@@ -487,7 +487,7 @@ def _refuse_file_settings_beside_the_mix(args: argparse.Namespace, in_file: dict
 
     tasks, mix = values.get("tasks"), values.get("mix")
     if args.config is None or bool(tasks) == bool(mix) or _is_run_record(args.config):
-        return  # no mix, or both (which the trainer refuses)
+        return  # no mix, both at once (which the trainer refuses), or a run's record
     if args.task is None and isinstance(in_file.get("task"), str):
         raise ConfigError(task_beside_the_mix(in_file["task"], in_mix=bool(mix)))
     if isinstance(in_file.get("host"), dict) and in_file["host"]:
