@@ -335,3 +335,29 @@ def test_a_reader_that_closes_the_pipe_ends_the_command_quietly(tmp_path: Path, 
         assert main(argv) == EXIT_BROKEN_PIPE == 141
         monkeypatch.undo()
         assert capsys.readouterr().err == ""  # no traceback
+
+
+@pytest.mark.parametrize("argv", [
+    ["run", "--config", "~/c.toml", "--data-dir", "~/cifar", "--text-file", "~/t.txt", "--run-dir", "~/runs/a",
+     "--policy", "~/runs/p"],
+    ["run", "--resume", "~/runs/a"],
+    ["train", "--config", "~/c.toml", "--data-dir", "~/cifar", "--text-file", "~/t.txt", "--run-dir", "~/runs/a"],
+    ["train", "--resume", "~/runs/a"],
+    ["eval", "--config", "~/c.toml", "--policy", "~/runs/p", "--data-dir", "~/cifar", "--text-file", "~/t.txt",
+     "--run-dir", "~/runs/e"],
+    ["eval", "--resume", "~/runs/e"],
+    ["report", "~/runs/a", "--output=~/report.html"],
+    ["dashboard", "~/runs/a"],
+    ["runs", "~/runs", "--compare", "~/runs/a", "~/runs/b"],
+    ["export", "~/runs/a", "--out=~/x.pt2"],  # `--out=`: no shell expands a `~` there
+])
+def test_every_path_argument_expands_the_home_directory(argv: list[str], tmp_path: Path,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    from morphogen.cli import build_parser, parse_arguments
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    args = parse_arguments(build_parser(), argv)
+    given = [argument.split("=", 1)[-1] for argument in argv if "~" in argument]
+    parsed = [value for value in vars(args).values() for value in (value if isinstance(value, list) else [value])
+              if isinstance(value, str) and "/" in value]  # the paths: no other argument here has a slash
+    assert sorted(parsed) == sorted(f"{tmp_path}{path[1:]}" for path in given)

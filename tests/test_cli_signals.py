@@ -3,6 +3,7 @@ on (`--resume`), with the run directory's lock released, and exit 130 and 143 as
 
 from __future__ import annotations
 
+import ast
 import os
 import signal
 import subprocess
@@ -13,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from morphogen.cli import EXIT_INTERRUPTED, EXIT_TERMINATED
+from morphogen.exit_status import EXIT_INTERRUPTED, EXIT_TERMINATED
 from morphogen.run_directory import LOCK_NAME
 
 # Runs `morphogen COMMAND` whose work, inside the lock of argv[1] (when given), sends this process the signal argv[2]
@@ -83,3 +84,13 @@ def test_sigterm_is_handled_only_while_a_command_runs(monkeypatch: pytest.Monkey
         assert signal.getsignal(signal.SIGTERM) is signal.SIG_IGN  # a command's own handler stays till the exit
     finally:
         signal.signal(signal.SIGTERM, before)
+
+
+def test_every_exit_status_has_one_definition_in_the_torch_free_module() -> None:
+    """`cli.py` (no torch) and `commands/workers.py` (torch) report an interruption with one number, defined once."""
+    source = Path(__file__).resolve().parents[1] / "src" / "morphogen"
+    defined = sorted(f"{path.relative_to(source)}: {target.id}" for path in source.rglob("*.py")
+                     for node in ast.parse(path.read_text()).body if isinstance(node, ast.Assign | ast.AnnAssign)
+                     for target in (node.targets if isinstance(node, ast.Assign) else [node.target])
+                     if isinstance(target, ast.Name) and target.id.startswith("EXIT_"))
+    assert defined and all(line.startswith("exit_status.py: ") for line in defined), defined

@@ -449,6 +449,22 @@ TASK_BESIDE_MIX = ("task: mix says what to train on, so task mnist1d would be ig
     ('max_train_samples = 100\n[[mix]]\ntask = "digits"\nmax_train_samples = 200\n', [],
      "max_train_samples: every mix entry sets its own max_train_samples, so max_train_samples = 100 would be "
      "ignored; leave it out, or leave max_train_samples out of the entries that should take it"),
+    # A config file's settings that the mix ignores are refused as the flags are, even where they are the defaults.
+    ('task = "digits"\n[[mix]]\ntask = "mnist1d"\n', [],
+     "task: mix says what to train on, so task digits would be ignored; name it in a [[mix]] entry instead"),
+    ('task = "digits"\ntasks = ["mnist1d"]\n', [],
+     "task: tasks says what to train on, so task digits would be ignored; add it to tasks instead"),
+    ('task = "digits"\n', ["--tasks", "mnist1d"],
+     "task: tasks says what to train on, so task digits would be ignored; add it to tasks instead"),
+    ('[host]\nn_blocks = 2\n[[mix]]\ntask = "mnist1d"\n', [],
+     "host: mix trains each task on its own host size, so a [host] table would be ignored; give the entry a host "
+     "table instead"),
+    ('tasks = ["mnist1d"]\n[host]\nn_blocks = 2\n', [],
+     "host: tasks trains each task on its own host size, so a [host] table would be ignored; use [[mix]] entries "
+     "with host tables instead"),
+    ('[episode]\nmax_epochs = 25\n[[mix]]\ntask = "digits"\nepisode_length = 4\n', [],
+     "episode.max_epochs: every mix entry sets its own episode_length, so episode.max_epochs = 25 (--episode-length) "
+     "would be ignored; leave it out, or leave episode_length out of the entries that should play it"),
 ])
 def test_a_setting_beside_the_training_mix_that_it_would_ignore_is_one_line(
         config: str | None, flags: list[str], message: str, tmp_path: Path,
@@ -461,6 +477,37 @@ def test_a_setting_beside_the_training_mix_that_it_would_ignore_is_one_line(
     line = expect_user_error(argv, capsys)
     assert line.endswith(message)
     assert not run.exists()
+
+
+@pytest.mark.parametrize(("name", "text"), [
+    ("train.json", '{"task": "digits", "mix": [{"task": "mnist1d"}]}'),
+    ("train.yaml", "task: digits\nmix:\n  - task: mnist1d\n"),
+])
+def test_a_json_or_yaml_config_is_refused_a_setting_beside_the_mix_as_toml_is(
+        name: str, text: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / name).write_text(text)
+    line = expect_user_error(["train", "--config", str(tmp_path / name), "--run-dir", str(tmp_path / "run")], capsys)
+    assert line.endswith("task: mix says what to train on, so task digits would be ignored; name it in a [[mix]] "
+                         "entry instead")
+
+
+def test_a_runs_recorded_config_with_a_mix_trains_again(tmp_path: Path) -> None:
+    """A run's config.json records every setting, the task and host the mix replaced too: given back as --config, it
+    is not refused for them (a config.json written by hand, without the run's events beside it, is)."""
+    from morphogen.cli import build_parser, train_config_from_args
+    from morphogen.config import ConfigError
+
+    recorded = {"task": "digits", "host": {"n_blocks": 2, "base_channels": 8, "kernel_size": 3},
+                "tasks": ["digits", "mnist1d"], "episode": {"max_epochs": 25}}
+    for directory in (tmp_path / "run", tmp_path / "mine"):
+        directory.mkdir()
+        (directory / "config.json").write_text(json.dumps(recorded))
+    (tmp_path / "run" / "events.jsonl").write_text("")
+    args = build_parser().parse_args(["train", "--config", str(tmp_path / "run" / "config.json")])
+    assert train_config_from_args(args).tasks == ("digits", "mnist1d")
+    args = build_parser().parse_args(["train", "--config", str(tmp_path / "mine" / "config.json")])
+    with pytest.raises(ConfigError, match=r"^task: tasks says what to train on"):
+        train_config_from_args(args)
 
 
 def test_unknown_slot_creates_no_run_directory(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

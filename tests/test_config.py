@@ -351,3 +351,22 @@ def test_a_config_saved_with_a_byte_order_mark_reads_as_without(tmp_path: Path, 
     path = tmp_path / name
     path.write_bytes(b"\xef\xbb\xbf" + text.encode())
     assert read_config_file(path) == {"seed": 3}
+
+
+def test_the_path_settings_of_a_file_or_of_python_expand_the_home_directory(tmp_path: Path,
+                                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    from morphogen.commands.evaluate import EvalConfig
+    from morphogen.commands.run import load_config
+    from morphogen.control.trainer import TrainConfig
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    (tmp_path / "grow.toml").write_text('run_dir = "~/runs/a"\ndata_dir = "~/cifar"\ntext_file = "~/t.txt"\n'
+                                        'policy = "~/runs/p"\nruns_root = "~/runs"\n')
+    config = load_config("~/grow.toml")  # the file itself is found in the home directory
+    assert (config.run_dir, config.data_dir, config.text_file, config.policy, config.runs_root) == (
+        f"{tmp_path}/runs/a", f"{tmp_path}/cifar", f"{tmp_path}/t.txt", f"{tmp_path}/runs/p", f"{tmp_path}/runs")
+    assert TrainConfig(run_dir="~/runs/t").run_dir == f"{tmp_path}/runs/t"
+    evaluation = EvalConfig(policy="~/runs/p", run_dir="~/runs/e", data_dir="~/cifar", text_file="~/t.txt")
+    assert (evaluation.policy, evaluation.run_dir, evaluation.data_dir, evaluation.text_file) == (
+        f"{tmp_path}/runs/p", f"{tmp_path}/runs/e", f"{tmp_path}/cifar", f"{tmp_path}/t.txt")
+    assert RunConfig(run_dir="runs/~a", policy="default").run_dir == "runs/~a"  # only a leading ~ is the home

@@ -393,3 +393,14 @@ def test_load_grown_model_on_a_device_this_machine_lacks_is_one_config_error(gro
         meta = morphogen.load_grown_model(grown.run_dir, device="meta")
     assert {parameter.device.type for parameter in meta.parameters()} == {"meta"}
     assert next(morphogen.load_grown_model(grown.run_dir, device="auto").parameters()).device.type == "cpu"
+
+
+def test_a_path_that_starts_with_a_tilde_is_in_the_home_directory(grown: RunResult, tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.chdir(tmp_path)  # a `~` taken as a directory's name would be made here
+    shutil.copytree(grown.run_dir, tmp_path / "run")
+    assert main(["export", "~/run", "--output=~/exported/model.pt2"]) == 0  # `--output=`: no shell expands that `~`
+    model = morphogen.load_grown_model("~/run")
+    assert morphogen.export_model(model, validation_inputs(2), "~/from_python.pt2") == tmp_path / "from_python.pt2"
+    assert (tmp_path / "exported" / "model.pt2").is_file() and not (tmp_path / "~").exists()

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from morphogen.cli import EXIT_USER_ERROR, main
-from morphogen.run_directory import LOCK_NAME, RunDirectoryBusy, _is_paused, hold_run_directory
+from morphogen.run_directory import LOCK_NAME, LockPurpose, RunDirectoryBusy, _is_paused, hold_run_directory
 
 TINY = ["--envs", "1", "--episode-length", "2", "--max-train-samples", "100", "--hidden-size", "16"]
 
@@ -56,11 +56,12 @@ def test_second_writer_is_refused_and_a_dead_holders_lock_is_taken_over(
             time.sleep(0.01)
         assert main(["train", "--resume", str(run), "--rounds", "2"]) == EXIT_USER_ERROR
         line = one_error_line(capsys)
+        # Waited for, a paused holder would never finish; a resume has no other directory to choose.
         paused = (f"morphogen train: error: run directory {run} is in use by process {holder.pid}, which is paused "
                   f"(Ctrl-Z or SIGSTOP; lock {run / LOCK_NAME}): `kill -CONT {holder.pid}` lets it go on, "
-                  f"`kill {holder.pid}` ends it, or choose another --run-dir")  # waited for, it would never finish
+                  f"`kill {holder.pid}` ends it; resume once it has ended")
         running = (f"morphogen train: error: run directory {run} is in use by process {holder.pid} "
-                   f"(lock {run / LOCK_NAME}); wait for it to finish or choose another --run-dir")
+                   f"(lock {run / LOCK_NAME}); wait for it to finish, or stop it (`kill {holder.pid}`), then resume")
         assert line == (paused if Path("/proc/self/stat").exists() else running)  # only Linux's /proc tells paused
         assert main(["run", "--epochs", "1", "--max-train-samples", "100", "--no-baseline",
                      "--run-dir", str(run)]) == EXIT_USER_ERROR
@@ -110,6 +111,36 @@ def test_a_live_holder_makes_hold_run_directory_raise_busy(tmp_path: Path) -> No
     try:
         with pytest.raises(RunDirectoryBusy, match=f"in use by process {holder.pid} .*; wait for it to finish"), \
                 hold_run_directory(tmp_path):
+            pass
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+@pytest.mark.parametrize(("purpose", "advice"), [
+    (LockPurpose.NEW_RUN, "wait for it to finish or choose another --run-dir"),
+    (LockPurpose.RESUME, "wait for it to finish, or stop it (`kill {pid}`), then resume"),
+    (LockPurpose.EXPORT, "wait for it to finish or give --output a path outside the run directory"),
+])
+def test_a_busy_directory_is_refused_with_advice_that_fits_why_it_was_locked(
+        tmp_path: Path, purpose: LockPurpose, advice: str) -> None:
+    holder = start_holder(tmp_path)
+    try:
+        with pytest.raises(RunDirectoryBusy) as refused, hold_run_directory(tmp_path, purpose):
+            pass
+    finally:
+        holder.kill()
+        holder.wait()
+    assert str(refused.value) == (f"run directory {tmp_path} is in use by process {holder.pid} "
+                                  f"(lock {tmp_path / LOCK_NAME}); {advice.format(pid=holder.pid)}")
+
+
+def test_a_resume_refused_by_a_holder_of_unknown_pid_says_to_stop_it(tmp_path: Path) -> None:
+    holder = start_holder(tmp_path)
+    try:
+        (tmp_path / LOCK_NAME).write_text("")  # its PID is not in the file (written by hand, say): the lock still holds
+        refusal = r"by another process \(lock .*\); wait for it to finish, or stop it, then resume$"
+        with pytest.raises(RunDirectoryBusy, match=refusal), hold_run_directory(tmp_path, LockPurpose.RESUME):
             pass
     finally:
         holder.kill()

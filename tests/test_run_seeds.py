@@ -308,3 +308,16 @@ def test_the_figures_over_seeds_of_a_task_with_its_own_loss_show_the_loss_once_i
     report = capsys.readouterr().out
     assert report.splitlines()[0] == f"run over 2 seeds {tmp_path}: final validation loss by seed"
     assert "-0.3500 ± 0.1500 in loss (2 seeds: 2 ahead, 0 behind)" in report and "nats" not in report
+
+
+def test_grow_over_seeds_reads_a_tilde_as_the_home_directory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import morphogen.over_seeds as over_seeds
+    from morphogen.data import load_task
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    where: list[Any] = []
+    monkeypatch.setattr(over_seeds, "play_over_seeds", lambda play, seeds, run_dir, runs_root, *rest, **options:
+                        where.append((run_dir, runs_root)))
+    over_seeds.grow_over_seeds(load_task("digits", max_train_samples=100), seeds=1, run_dir="~/seeds",
+                               runs_root="~/runs")
+    assert where == [(f"{tmp_path}/seeds", f"{tmp_path}/runs")]

@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 
 from morphogen.commands import workers
-from morphogen.commands.workers import EXIT_INTERRUPTED, WorkerJob
+from morphogen.commands.workers import WorkerJob
+from morphogen.exit_status import EXIT_INTERRUPTED
 
 
 @pytest.fixture

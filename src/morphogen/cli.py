@@ -23,9 +23,25 @@ from morphogen.commands.listing import LISTINGS
 from morphogen.config import ConfigError, build_config, merge_tables, read_config_file, read_config_source
 from morphogen.core.compilation import COMPILE_BACKENDS, COMPILE_MODES
 from morphogen.data.catalog import TASK_NAMES
+from morphogen.exit_status import (
+    EXIT_BROKEN_PIPE,
+    EXIT_DIVERGED,
+    EXIT_INTERRUPTED,
+    EXIT_PEER_LOST,
+    EXIT_TERMINATED,
+    EXIT_USER_ERROR,
+)
 from morphogen.limits import MAX_SEED, MAX_TIMEOUT_SECONDS, short_repr
-from morphogen.run_directory import CONFIG_FILENAME, hold_run_directory, outermost_lock, read_json_object
+from morphogen.run_directory import (
+    CONFIG_FILENAME,
+    EVENTS_FILENAME,
+    LockPurpose,
+    hold_run_directory,
+    outermost_lock,
+    read_json_object,
+)
 from morphogen.ui.terminal_text import printable
+from morphogen.user_paths import user_path
 
 if TYPE_CHECKING:
     from morphogen.commands.evaluate import EvalConfig
@@ -48,18 +64,6 @@ USER_ERRORS = (
 that the command imports only what it runs; an error's class is loaded whenever the error can occur."""
 DIVERGED = ("morphogen.env.governor", "DivergenceError")
 PEER_LOST = ("morphogen.control.distributed", "PeerLostError")
-EXIT_USER_ERROR = 2
-#: Exit status when training kept diverging after every rollback and back-off (`DivergenceError`).
-EXIT_DIVERGED = 3
-#: Exit status of a distributed rank that lost the others (a rank died or hung; `PeerLostError`).
-EXIT_PEER_LOST = 4
-#: Exit status when the reader of the output closed the pipe (`morphogen report RUN | head`), as a tool stopped by
-#: SIGPIPE reports it in a shell (128 + 13).
-EXIT_BROKEN_PIPE = 141
-#: Exit status after Ctrl-C (SIGINT), as a shell reports a process that SIGINT ended (128 + 2).
-EXIT_INTERRUPTED = 130
-#: Exit status after SIGTERM (a job scheduler's or `kill`'s), as a shell reports a process that SIGTERM ended.
-EXIT_TERMINATED = 143
 #: Commands whose run directory `--resume` continues when they are stopped.
 RESUMABLE_COMMANDS = ("run", "train", "eval")
 #: Longest error line printed; longer messages are cut (a user error never needs more).
@@ -97,8 +101,8 @@ def _add_run_parser(subparsers: Any) -> None:
     run = subparsers.add_parser("run", help="grow a network for one episode and compare with no growth",
                                 description="One morphogenetic episode with the heuristic controller, "
                                             "printed next to the same host trained without growth.")
-    run.add_argument("--config", help="TOML/JSON/YAML file with RunConfig keys, or a preset's name (morphogen list "
-                     "presets); flags override it")
+    run.add_argument("--config", type=user_path, help="TOML/JSON/YAML file with RunConfig keys, or a preset's name "
+                     "(morphogen list presets); flags override it")
     run.add_argument("--task", help="digits (default), cifar10, text, mnist1d, or your own as package.module:function "
                                     "(a function returning morphogen.task_from_data(...))")
     run.add_argument("--epochs", "--episode-length", type=int, dest="epochs",
@@ -115,17 +119,17 @@ def _add_run_parser(subparsers: Any) -> None:
     run.add_argument("--device", help="cpu (default), cuda, cuda:N, mps or auto")
     run.add_argument("--slots", help="comma-separated slot ids, e.g. r0c0,r0c1 (default: all)")
     run.add_argument("--pool-slots", action="store_true", default=None, help="also place slots after pools")
-    run.add_argument("--data-dir", help="CIFAR-10 directory (cifar-10-batches-py layout)")
-    run.add_argument("--text-file", help="text file for the text task")
+    run.add_argument("--data-dir", type=user_path, help="CIFAR-10 directory (cifar-10-batches-py layout)")
+    run.add_argument("--text-file", type=user_path, help="text file for the text task")
     run.add_argument("--max-train-samples", type=int, help="cap the training split")
-    run.add_argument("--run-dir", help="exact run directory (default runs/<time>-<task>)")
+    run.add_argument("--run-dir", type=user_path, help="exact run directory (default runs/<time>-<task>)")
     _add_telemetry_flags(run)
     run.add_argument("--no-baseline", action="store_true", help="skip the no-growth comparison")
     run.add_argument("--no-from-scratch", action="store_true",
                      help="skip training the grown model's final architecture from scratch")
-    run.add_argument("--policy", help="act with a learned policy: a run directory of `morphogen train`, or default "
-                                      "(the policy shipped with morphogen)")
-    run.add_argument("--resume", metavar="RUN_DIR",
+    run.add_argument("--policy", type=user_path, help="act with a learned policy: a run directory of `morphogen "
+                                                      "train`, or default (the policy shipped with morphogen)")
+    run.add_argument("--resume", type=user_path, metavar="RUN_DIR",
                      help="continue a stopped run from the epoch it last finished, with its saved config (only "
                           "--device, --policy and --threads may be given with it), or a stopped run over seeds "
                           "(--jobs too)")
@@ -136,7 +140,7 @@ def _add_run_parser(subparsers: Any) -> None:
 def _add_train_parser(subparsers: Any) -> None:
     train = subparsers.add_parser("train", help="train a growth policy with PPO over parallel episodes",
                                   description="PPO over rounds of parallel episodes; a checkpoint every round.")
-    train.add_argument("--config", help="TOML/JSON/YAML file with TrainConfig keys (flags override it)")
+    train.add_argument("--config", type=user_path, help="TOML/JSON/YAML file with TrainConfig keys (flags override it)")
     train.add_argument("--task", help="digits (default), cifar10, text, mnist1d, or your own as "
                                       "package.module:function (a function returning morphogen.task_from_data(...))")
     train.add_argument("--tasks", help="train one policy over several tasks, each with its default host, e.g. "
@@ -152,8 +156,8 @@ def _add_train_parser(subparsers: Any) -> None:
     train.add_argument("--devices", help="comma-separated devices to spread the envs over in this process, e.g. "
                                          "cuda:0,cuda:1 (env i on the (i mod count)-th; the policy on the first)")
     train.add_argument("--slots", help="comma-separated slot ids (default: all)")
-    train.add_argument("--data-dir", help="CIFAR-10 directory")
-    train.add_argument("--text-file", help="text file for the text task")
+    train.add_argument("--data-dir", type=user_path, help="CIFAR-10 directory")
+    train.add_argument("--text-file", type=user_path, help="text file for the text task")
     train.add_argument("--max-train-samples", type=int, help="cap the training split")
     train.add_argument("--hidden-size", type=int, help="policy width (default 512)")
     train.add_argument("--feed-forward", dest="recurrent", action="store_false", default=None,
@@ -162,9 +166,9 @@ def _add_train_parser(subparsers: Any) -> None:
                        help="first watch the heuristic for N rounds and imitate it, then PPO (default 0)")
     train.add_argument("--batch-envs", action="store_true", help="train envs of identical architecture in one "
                        "vmapped call per batch (episode.batch_identical; faster with many envs)")
-    train.add_argument("--run-dir", help="exact run directory (default runs/<time>-<task>)")
+    train.add_argument("--run-dir", type=user_path, help="exact run directory (default runs/<time>-<task>)")
     _add_telemetry_flags(train)
-    train.add_argument("--resume", metavar="RUN_DIR", help="continue a stopped run from its checkpoint")
+    train.add_argument("--resume", type=user_path, metavar="RUN_DIR", help="continue a stopped run from its checkpoint")
     train.add_argument("--distributed", action="store_true",
                        help="one rank of `torchrun --nproc-per-node N -m morphogen train --distributed`: "
                             "each rank runs envs/N envs, gradients are all-reduced (docs/scaling.md)")
@@ -179,26 +183,28 @@ def _add_train_parser(subparsers: Any) -> None:
 def _add_eval_parser(subparsers: Any) -> None:
     evaluate = subparsers.add_parser("eval", help="compare a learned policy, the heuristic and no growth",
                                      description="Learned policy, heuristic and no growth on the same fresh seeds.")
-    evaluate.add_argument("--config", help="TOML/JSON/YAML file with EvalConfig keys (flags override it)")
-    evaluate.add_argument("--policy", help="run directory of `morphogen train`, or default (the policy shipped with "
-                                           "morphogen); required, here or in --config")
+    evaluate.add_argument("--config", type=user_path,
+                          help="TOML/JSON/YAML file with EvalConfig keys (flags override it)")
+    evaluate.add_argument("--policy", type=user_path, help="run directory of `morphogen train`, or default (the policy "
+                                                           "shipped with morphogen); required, here or in --config")
     evaluate.add_argument("--task", help="task to play, as for run: a built-in one or your own as "
                                          "package.module:function (default: the first task the policy trained on)")
     evaluate.add_argument("--episode-length", "--epochs", type=int, dest="episode_length",
                           help="epochs per episode (default: the policy's training episode length)")
     evaluate.add_argument("--slots", help="comma-separated slot ids (default: all)")
-    evaluate.add_argument("--data-dir", help="CIFAR-10 directory (cifar-10-batches-py layout)")
-    evaluate.add_argument("--text-file", help="text file for the text task")
+    evaluate.add_argument("--data-dir", type=user_path, help="CIFAR-10 directory (cifar-10-batches-py layout)")
+    evaluate.add_argument("--text-file", type=user_path, help="text file for the text task")
     evaluate.add_argument("--max-train-samples", type=int, help="cap the training split")
     evaluate.add_argument("--episodes", type=int, help="episodes per controller (default 5)")
     evaluate.add_argument("--seed", type=int, help="base of the evaluation seeds (default 0)")
     evaluate.add_argument("--jobs", type=int, help="worker processes playing episodes side by side, each with "
                                                    "--threads threads (default 1; the results are the same)")
     evaluate.add_argument("--device", help="cpu (default), cuda, cuda:N, mps or auto")
-    evaluate.add_argument("--run-dir", help="record config, events and eval.json here (default: record nothing)")
+    evaluate.add_argument("--run-dir", type=user_path,
+                          help="record config, events and eval.json here (default: record nothing)")
     evaluate.add_argument("--telemetry", choices=["off", "minimal", "normal", "debug"],
                           help="telemetry level of the recorded episodes (default normal; needs --run-dir)")
-    evaluate.add_argument("--resume", metavar="RUN_DIR",
+    evaluate.add_argument("--resume", type=user_path, metavar="RUN_DIR",
                           help="continue an evaluation stopped before its table (one recorded with --run-dir) after "
                                "the episode it last finished, with its saved config (only --device, --jobs and "
                                "--threads may be given with it)")
@@ -210,7 +216,7 @@ def _add_dashboard_parser(subparsers: Any) -> None:
     dashboard = subparsers.add_parser("dashboard", help="live terminal view of a run (or a replay of a finished one)",
                                       description="Follows RUN_DIR/events.jsonl while the run goes on. Keys: q quit, "
                                                   "p pause, d env detail, ? help.")
-    dashboard.add_argument("run_dir", metavar="RUN_DIR", help="a run directory (runs/<time>-<task>)")
+    dashboard.add_argument("run_dir", type=user_path, metavar="RUN_DIR", help="a run directory (runs/<time>-<task>)")
     dashboard.add_argument("--replay", action="store_true",
                            help="start empty and replay the recorded events (for a finished run)")
 
@@ -220,10 +226,11 @@ def _add_runs_parser(subparsers: Any) -> None:
                                  description="Queries DIR/*/events.jsonl, config.json and summary.json in place with "
                                              "DuckDB. Views: events, epochs, episodes, rounds, configs, runs (see "
                                              "morphogen.ui.runs).")
-    runs.add_argument("root", metavar="DIR", nargs="?", default="runs", help="parent of run directories (default runs)")
+    runs.add_argument("root", type=user_path, metavar="DIR", nargs="?", default="runs",
+                      help="parent of run directories (default runs)")
     runs.add_argument("--where", metavar="SQL", help="condition on the runs view, e.g. \"task = 'digits'\"")
-    runs.add_argument("--compare", nargs=2, metavar="RUN", help="two runs' curves side by side: any two run "
-                      "directories, or runs as the table of DIR names them (seed_0, cos30/seed_0)")
+    runs.add_argument("--compare", type=user_path, nargs=2, metavar="RUN", help="two runs' curves side by side: any "
+                      "two run directories, or runs as the table of DIR names them (seed_0, cos30/seed_0)")
 
 
 def _add_list_parser(subparsers: Any) -> None:
@@ -239,10 +246,10 @@ def _add_report_parser(subparsers: Any) -> None:
     report = subparsers.add_parser("report", help="print the story of a run from its run directory",
                                    description="Epochs, seeds, rewards, rounds, anomalies and phase times of a "
                                                "run, read from what its telemetry wrote.")
-    report.add_argument("run_dir", metavar="RUN_DIR", help="a run directory (runs/<time>-<task>)")
+    report.add_argument("run_dir", type=user_path, metavar="RUN_DIR", help="a run directory (runs/<time>-<task>)")
     report.add_argument("--html", action="store_true",
                         help="write one self-contained report.html with the figures (no network needed)")
-    report.add_argument("--output", help="where --html writes (default RUN_DIR/report.html)")
+    report.add_argument("--output", type=user_path, help="where --html writes (default RUN_DIR/report.html)")
 
 
 def _add_export_parser(subparsers: Any) -> None:
@@ -250,10 +257,11 @@ def _add_export_parser(subparsers: Any) -> None:
                                    description="The grown architecture with its kept seeds folded in, as a "
                                                "torch.export program (load: torch.export.load(PATH).module()) or an "
                                                "ONNX model; nothing of morphogen is needed to run it.")
-    export.add_argument("run_dir", metavar="RUN_DIR", help="a run directory of `morphogen run`")
+    export.add_argument("run_dir", type=user_path, metavar="RUN_DIR", help="a run directory of `morphogen run`")
     export.add_argument("--format", choices=["torch-export", "onnx"], default="torch-export",
                         help="torch-export (default; a .pt2 file) or onnx (needs the onnx extra)")
-    export.add_argument("--output", help="where to write (default RUN_DIR/model.pt2 or RUN_DIR/model.onnx)")
+    export.add_argument("--output", type=user_path,
+                        help="where to write (default RUN_DIR/model.pt2 or RUN_DIR/model.onnx)")
     export.add_argument("--leave-out-blending", action="store_true",
                         help="leave seeds still BLENDING out (by default they go in at the alpha they reached)")
     export.add_argument("--dynamic-dims", metavar="DIMS",
@@ -437,6 +445,7 @@ def train_config_from_args(args: argparse.Namespace) -> TrainConfig:
     from morphogen.control.trainer import TrainConfig
 
     values = read_config_values(args.config)
+    in_file = dict(values)
     _apply_overrides(values, _flag_overrides(args))
     if args.n_envs is not None and args.n_envs < 1:
         raise UsageError(f"--envs must be >= 1, got {args.n_envs}")
@@ -444,6 +453,7 @@ def train_config_from_args(args: argparse.Namespace) -> TrainConfig:
         values["episode"] = {**(values.get("episode") or {}), "batch_identical": True}
     values = _with_episode_length(values, args.episode_length, "--episode-length")
     _refuse_flags_beside_the_mix(args, values)
+    _refuse_file_settings_beside_the_mix(args, in_file, values)
     if not values.get("tasks") and not values.get("mix"):  # a mix trains each task with its own default optimizer
         values = _with_task_optimizer(values)
     config = build_config(TrainConfig, values)
@@ -465,6 +475,37 @@ def _refuse_flags_beside_the_mix(args: argparse.Namespace, values: dict[str, Any
     lengths = [entry.get("episode_length") if isinstance(entry, dict) else None for entry in mix]
     if None not in lengths and args.episode_length not in lengths:
         raise UsageError(length_beside_the_mix(args.episode_length))
+
+
+def _refuse_file_settings_beside_the_mix(args: argparse.Namespace, in_file: dict[str, Any],
+                                        values: dict[str, Any]) -> None:
+    """`ConfigError` for a `task`, `[host]` table or `episode.max_epochs` that the `--config` file sets beside a
+    training mix (its `[[mix]]`, or `tasks`) that would ignore it, default value or not: the trainer lets the defaults
+    pass, not knowing whether they were written. A run's config.json records every setting, so `--config
+    RUN/config.json` is left to the trainer's check (`_is_run_record`)."""
+    from morphogen.control.trainer import host_beside_the_mix, length_beside_the_mix, task_beside_the_mix
+
+    tasks, mix = values.get("tasks"), values.get("mix")
+    if args.config is None or bool(tasks) == bool(mix) or _is_run_record(args.config):
+        return  # no mix, both at once (which the trainer refuses), or a run's record
+    if args.task is None and isinstance(in_file.get("task"), str):
+        raise ConfigError(task_beside_the_mix(in_file["task"], in_mix=bool(mix)))
+    if isinstance(in_file.get("host"), dict) and in_file["host"]:
+        raise ConfigError(host_beside_the_mix(in_mix=bool(mix)))
+    episode = in_file.get("episode")
+    if args.episode_length is not None or not isinstance(episode, dict) or not isinstance(mix, list):
+        return
+    length = episode.get("max_epochs")
+    lengths = [entry.get("episode_length") if isinstance(entry, dict) else None for entry in mix]
+    if length is not None and None not in lengths and length not in lengths:
+        raise ConfigError(length_beside_the_mix(length))
+
+
+def _is_run_record(source: str) -> bool:
+    """Whether the config file `source` is the config.json that a run recorded (beside its events), not one written
+    by hand."""
+    path = Path(source)
+    return path.name == CONFIG_FILENAME and os.path.lexists(path.parent / EVENTS_FILENAME)
 
 
 def _train(args: argparse.Namespace) -> None:
@@ -509,7 +550,8 @@ def _resume(args: argparse.Namespace) -> None:
         # Lock before reading the checkpoint: a writer that finishes a round in between would be overwritten.
         # Of a distributed run's ranks, rank 0 alone writes, so it alone locks.
         main_rank = context is None or context.is_main
-        lock = hold_run_directory(args.resume) if main_rank and Path(args.resume).is_dir() else contextlib.nullcontext()
+        lock = hold_run_directory(args.resume, LockPurpose.RESUME) if main_rank and Path(args.resume).is_dir() \
+            else contextlib.nullcontext()
         with lock:
             config, state = config_for_resume(args.resume, overrides)
             _check_compile_flags(args, config)

@@ -23,6 +23,7 @@ from typing import Any, TypeVar
 
 from morphogen.limits import MAX_INTEGER_SETTING, MAX_STRING_LENGTH, short_repr
 from morphogen.run_directory import MAX_JSON_BYTES, read_regular_file
+from morphogen.user_paths import user_path
 
 T = TypeVar("T")
 
@@ -216,7 +217,7 @@ def preset_description(name: str) -> str:
 
 def read_config_source(source: str | os.PathLike[str]) -> dict[str, Any]:
     """The values of a config file, or of a preset named by `source`: a plain name, without a directory or suffix."""
-    path = Path(source)
+    path = Path(user_path(source))
     names = preset_names()
     if path.suffix or len(path.parts) != 1:
         if len(path.parts) == 1 and path.stem in names and not os.path.lexists(path):

@@ -55,6 +55,7 @@ from morphogen.run_directory import (
     write_atomic,
 )
 from morphogen.session import PYTHON_TASK, load_session_task
+from morphogen.user_paths import user_path
 
 #: Export formats and the file suffix each is written with by default.
 FORMATS = {"torch-export": ".pt2", "onnx": ".onnx"}
@@ -80,6 +81,7 @@ def export_model(model: MorphogeneticModel, example_input: Inputs, path: str | P
     path that cannot be written.
     """
     _check_export_arguments(model, example_input, format, dynamic_dims)
+    path = user_path(path)
     check_suffix(path, format)
     grown = grown_network(model, leave_out_blending=leave_out_blending)
     reference = next(grown.parameters(), None)
@@ -326,7 +328,7 @@ def rebuild_run(run_dir: str | Path, device: str = "cpu",
     its task (None when `host` was given and no task was loaded). A device this machine lacks is a `ConfigError`
     line, before anything is read; `meta` rebuilds the model without memory."""
     device = resolve_device(str(device), allow_meta=True, fix="device='cpu'")
-    run = Path(run_dir)
+    run = Path(user_path(run_dir))
     if not run.is_dir():
         raise ConfigError(f"{run} is not a run directory")
     if is_seeds_directory(run):

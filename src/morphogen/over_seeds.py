@@ -44,6 +44,7 @@ from morphogen.run_directory import (
     SEEDS_FILENAME,
     SEEDS_PLAN_FILENAME,
     SUMMARY_FILENAME,
+    LockPurpose,
     RunDirectoryRefused,
     hold_run_directory,
     make_run_dir,
@@ -54,6 +55,7 @@ from morphogen.run_directory import (
 )
 from morphogen.seeds_summary import SeedRun, differences_of, seed_line, seed_pairs, seeds_figures, summary_lines
 from morphogen.ui.terminal_text import printable
+from morphogen.user_paths import user_path
 
 #: Most seeds one call plays (each is a whole `grow`).
 MAX_SEEDS = 100
@@ -111,7 +113,8 @@ def grow_over_seeds(task: Task, host: object = None, *, seeds: int | Sequence[in
     resolve_device(device if isinstance(device, str) else settings.device, fix="device='cpu'")
     from_scratch = grow_options.get("from_scratch")
     return play_over_seeds(
-        GrowSeed(task, host, grow_options), seeds, run_dir, grow_options.get("runs_root") or settings.runs_root,
+        GrowSeed(task, host, grow_options), seeds, None if run_dir is None else user_path(run_dir),
+        user_path(grow_options.get("runs_root") or settings.runs_root),
         task.name, settings.from_scratch if from_scratch is None else bool(from_scratch), out, jobs=jobs,
         threads=threads, resume=resume)
 
@@ -203,7 +206,8 @@ def play_over_seeds(play: PlaySeed, seeds: int | Sequence[int], run_dir: str | N
     sent = _sent_to_workers(play) if workers > 1 else None
     parent = resumable_seeds_dir(run_dir) if resume else \
         make_run_dir(run_dir, runs_root, f"{run_name(task_name)}-seeds")
-    with hold_run_directory(parent):  # one writer of seeds_plan.json and seeds.json
+    # One writer of seeds_plan.json and seeds.json.
+    with hold_run_directory(parent, LockPurpose.RESUME if resume else LockPurpose.NEW_RUN):
         if resume:
             _check_same_seeds(parent, chosen)
         else:

@@ -21,7 +21,8 @@ Rules:
   mistyped `--run-dir` would scatter files.
 - **One writer per directory.** `hold_run_directory(D)` is an advisory `fcntl.flock` on `D/.lock`,
   held for a whole command and re-entrant within a process; a second holder is refused with a
-  `RunDirectoryBusy` line naming the holder's PID. The kernel drops the lock however the holder exits
+  `RunDirectoryBusy` line naming the holder's PID and what to do: wait, or choose another directory (a resume
+  cannot: it waits, or stops the holder). The kernel drops the lock however the holder exits
   (SIGKILL included), so a lock file left by a dead process is stale and the next command takes it
   over. The lock binds only morphogen, and needs a file system with `flock` (local disks have it).
 - **Whole files, never through links.** A run directory may be copied from elsewhere, so its names
@@ -46,6 +47,7 @@ Rules:
 from __future__ import annotations
 
 import contextlib
+import enum
 import errno
 import fcntl
 import json
@@ -393,20 +395,42 @@ def _is_paused(pid: int) -> bool:
     return state in ("T", "t")
 
 
-def _busy(directory: Path, path: Path) -> RunDirectoryBusy:
+class LockPurpose(enum.Enum):
+    """Why a command locks a run directory: the refusal of a busy one says what to do instead of waiting, which
+    depends on it (a resume has no other directory to go to)."""
+
+    #: A new run (`run`, `train`, `eval --run-dir`, `grow`): another directory would do.
+    NEW_RUN = "new run"
+    #: `--resume` (or `resume=True`): the run is in that directory, so the holder has to end first.
+    RESUME = "resume"
+    #: `morphogen export` writing into the run directory: an `--output` outside it would do.
+    EXPORT = "export"
+
+
+#: What a refused command may do instead of waiting for the holder, by what it locked for (a resume may not).
+_INSTEAD = {LockPurpose.NEW_RUN: "choose another --run-dir",
+            LockPurpose.EXPORT: "give --output a path outside the run directory"}
+
+
+def _busy(directory: Path, path: Path, purpose: LockPurpose) -> RunDirectoryBusy:
     """The refusal of a directory whose lock another process holds: who, and what to do, for a paused holder too
     (it would never finish of itself)."""
     pid = _holder_pid(path)
+    instead = _INSTEAD.get(purpose)
     if pid is not None and _is_paused(pid):
+        what = f", or {instead}" if instead else "; resume once it has ended"
         return RunDirectoryBusy(f"run directory {directory} is in use by process {pid}, which is paused (Ctrl-Z or "
-                                f"SIGSTOP; lock {path}): `kill -CONT {pid}` lets it go on, `kill {pid}` ends it, or "
-                                "choose another --run-dir")
+                                f"SIGSTOP; lock {path}): `kill -CONT {pid}` lets it go on, `kill {pid}` ends it{what}")
     holder = "another process" if pid is None else f"process {pid}"
-    return RunDirectoryBusy(f"run directory {directory} is in use by {holder} (lock {path}); wait for it to finish or "
-                            "choose another --run-dir")
+    if instead is None:
+        stop = "stop it" if pid is None else f"stop it (`kill {pid}`)"
+        what = f"wait for it to finish, or {stop}, then resume"
+    else:
+        what = f"wait for it to finish or {instead}"
+    return RunDirectoryBusy(f"run directory {directory} is in use by {holder} (lock {path}); {what}")
 
 
-def _acquire(directory: Path) -> int:
+def _acquire(directory: Path, purpose: LockPurpose) -> int:
     """Lock `directory/.lock` for this process and write our PID into it; return its descriptor."""
     path = directory / LOCK_NAME
     while True:
@@ -425,7 +449,7 @@ def _acquire(directory: Path) -> int:
             os.close(descriptor)
             if error.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
                 raise
-            raise _busy(directory, path) from None
+            raise _busy(directory, path, purpose) from None
         try:
             same_file = os.stat(path, follow_symlinks=False).st_ino == os.fstat(descriptor).st_ino
         except FileNotFoundError:
@@ -451,15 +475,16 @@ def _release(directory: Path, descriptor: int) -> None:
 
 
 @contextlib.contextmanager
-def hold_run_directory(directory: str | Path) -> Iterator[Path]:
-    """Hold the lock of an existing run directory for the block; raise `RunDirectoryBusy` if another holds it."""
+def hold_run_directory(directory: str | Path, purpose: LockPurpose = LockPurpose.NEW_RUN) -> Iterator[Path]:
+    """Hold the lock of an existing run directory for the block; raise `RunDirectoryBusy` if another holds it, saying
+    what to do by the `purpose` of the lock."""
     key = Path(directory).resolve()
     if key in _held:
         descriptor, count = _held[key]
         _held[key] = (descriptor, count + 1)
     else:
         outermost = not _held
-        _held[key] = (_acquire(key), 1)
+        _held[key] = (_acquire(key, purpose), 1)
         if outermost:
             global _outermost
             _outermost = (_outermost[0] + 1, key)

@@ -26,6 +26,7 @@ from morphogen.data.user import task_on_device
 from morphogen.limits import MAX_HOST_PARAMETERS, MAX_SEED, MAX_TRAIN_SAMPLES, check_count, short_repr
 from morphogen.task_import import check_import_path, import_task, is_import_path
 from morphogen.telemetry.config import TelemetryConfig
+from morphogen.user_paths import expand_path_settings
 
 #: The `task` recorded for a task that Python code built and handed over (`morphogen.grow`): it has no name a
 #: command could load it by.
@@ -100,6 +101,7 @@ class SessionOptions(CompileOptions):
     compile_backend: str = "inductor"
 
     def __post_init__(self) -> None:
+        expand_path_settings(self, ("data_dir", "text_file", "runs_root", "run_dir"))
         self.check_compile_options()
         check_count("seed", self.seed, MAX_SEED, lower=0)
         if self.max_train_samples is not None:

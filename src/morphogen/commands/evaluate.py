@@ -47,6 +47,7 @@ from morphogen.run_directory import (
     RESUME_FILENAME,
     SCORES_FILENAME,
     SUMMARY_FILENAME,
+    LockPurpose,
     RunDirectoryRefused,
     evaluation_env_id,
     hold_run_directory,
@@ -63,6 +64,7 @@ from morphogen.telemetry.story import NEGATIVE_LOSS
 from morphogen.ui.progress import ProgressDisplay
 from morphogen.ui.terminal_text import printable
 from morphogen.ui.units import counted
+from morphogen.user_paths import expand_path_settings
 
 #: Evaluation seeds are drawn from a stream the training rounds never use.
 EVALUATION_STREAM = 99_991
@@ -128,6 +130,7 @@ class EvalConfig(CompileOptions):
     compile_backend: str = "inductor"
 
     def __post_init__(self) -> None:
+        expand_path_settings(self, ("policy", "data_dir", "text_file", "run_dir"))
         self.check_compile_options()
         if not self.policy:
             raise ValueError("policy must name the run directory of `morphogen train` (--policy RUN_DIR), or be "
@@ -414,7 +417,7 @@ def _open_record(config: EvalConfig, task_name: str, checksum: str, resume: bool
     if config.run_dir is None:
         return _Record(None, text, [], stack.enter_context(Telemetry(None, config=TelemetryConfig(level="off"))))
     run_dir = resumable_eval_dir(config.run_dir) if resume else make_run_dir(config.run_dir, "runs", task_name)
-    stack.enter_context(hold_run_directory(run_dir))
+    stack.enter_context(hold_run_directory(run_dir, LockPurpose.RESUME if resume else LockPurpose.NEW_RUN))
     state = None
     if resume:  # again, now that no other command can finish it
         resumable_eval_dir(config.run_dir)

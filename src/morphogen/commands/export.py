@@ -22,7 +22,7 @@ from morphogen.core.model import MorphogeneticModel
 from morphogen.core.plain import ExportError, exported_stages
 from morphogen.core.slot import SeedSlot
 from morphogen.export import FORMATS, check_suffix, example_input_of, export_model, rebuild_run
-from morphogen.run_directory import hold_run_directory, run_of_file
+from morphogen.run_directory import LockPurpose, hold_run_directory, run_of_file
 from morphogen.ui.terminal_text import printable
 
 
@@ -38,7 +38,7 @@ def export_command(run_dir: str, format: str = "torch-export", output: str | Non
     run = Path(run_dir)
     path = _output_path(run, output, format, from_scratch)
     inside = path.resolve().parent.is_relative_to(run.resolve())
-    lock = hold_run_directory(run) if inside else contextlib.nullcontext()
+    lock = hold_run_directory(run, LockPurpose.EXPORT) if inside else contextlib.nullcontext()
     model, task = rebuild_run(run, "cpu", from_scratch=from_scratch)
     assert task is not None  # rebuilt from the run's config: its task was loaded
     standardization = task.input_standardization

@@ -46,6 +46,7 @@ from morphogen.run_directory import (
     RESUME_FILENAME,
     SCORES_FILENAME,
     SUMMARY_FILENAME,
+    LockPurpose,
     RunDirectoryRefused,
     hold_run_directory,
     is_seeds_directory,
@@ -66,6 +67,7 @@ from morphogen.ui.run_files import ScoreKind
 from morphogen.ui.stages import stage_short
 from morphogen.ui.terminal_text import cut, printable
 from morphogen.ui.units import counted, format_flops, format_loss
+from morphogen.user_paths import expand_path_settings
 
 
 @dataclass(frozen=True)
@@ -96,6 +98,7 @@ class RunConfig(SessionOptions):
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        expand_path_settings(self, ("policy",))
         check_count("save_every", self.save_every, MAX_EPOCHS, lower=0)
         check_settings(self.task, self.compare_with)
         if self.policy is not None and not self.policy:
@@ -374,7 +377,7 @@ def run_command(config: RunConfig, controller_factory: Callable[[MorphogenesisEp
     saving = _Saving(_config_text(config), "heuristic" if controller_factory is None else "policy", resume)
     run_dir = resumable_run_dir(config.run_dir) if resume else \
         make_run_dir(config.run_dir, config.runs_root, run_name(task.name))
-    with hold_run_directory(run_dir):  # one writer per run directory
+    with hold_run_directory(run_dir, LockPurpose.RESUME if resume else LockPurpose.NEW_RUN):  # one writer per run
         # Again, now that no other command can start (or finish) a run there.
         if resume:
             refuse_finished_run(run_dir)

@@ -44,6 +44,7 @@ from morphogen.run_directory import (
     PROFILE_DIRNAME,
     RUN_FILE_NAMES,
     TENSORBOARD_DIRNAME,
+    LockPurpose,
     hold_run_directory,
     make_run_dir,
     read_json_object,
@@ -195,7 +196,7 @@ def train_command(config: TrainConfig, *, resume_state: dict[str, Any] | None = 
             run_dir = Path(str(config.run_dir))
         else:
             run_dir = make_run_dir(config.run_dir, config.runs_root, run_name(_run_label(config)))
-    with hold_run_directory(run_dir):
+    with hold_run_directory(run_dir, LockPurpose.RESUME if resume else LockPurpose.NEW_RUN):
         with announce_failure(context):
             dropped = _prepare_run_directory(trainer, config, run_dir, resuming=resume)
         if context is not None:

@@ -20,6 +20,8 @@ from typing import Any
 
 import torch
 
+from morphogen.exit_status import EXIT_INTERRUPTED, EXIT_PARENT_GONE
+
 
 @contextlib.contextmanager
 def spawned_workers(count: int, threads: int, setup: Callable[..., None],
@@ -100,13 +102,6 @@ def _interrupted(signum: int, frame: object) -> None:
     if _busy:
         raise KeyboardInterrupt
     raise SystemExit(EXIT_INTERRUPTED)
-
-
-#: The exit status of an interrupted process, as a shell gives one that SIGINT ended.
-EXIT_INTERRUPTED = 130
-
-#: The exit status of a worker whose parent died: nobody reads it (the parent that would is gone).
-EXIT_PARENT_GONE = 137
 
 
 class WorkerJob:

@@ -237,17 +237,21 @@ def length_beside_the_mix(length: int) -> str:
             "should play it")
 
 
+def host_beside_the_mix(*, in_mix: bool) -> str:
+    """The line refusing a `[host]` table given beside `[[mix]]` entries (`in_mix`) or `tasks`, which replace it."""
+    given, where = ("mix", "give the entry a host table") if in_mix else \
+        ("tasks", "use [[mix]] entries with host tables")
+    return f"host: {given} trains each task on its own host size, so a [host] table would be ignored; {where} instead"
+
+
 def _refuse_task_and_host_beside_the_mix(config: TrainConfig) -> None:
     """Raise `ValueError` naming the key if `config` sets, beside its `tasks` or `mix`, a task or host size, which
     the training mix replaces (values left at their default pass)."""
-    given = "mix" if config.mix else "tasks"
     if config.task != SessionOptions.task:
         raise ValueError(task_beside_the_mix(config.task, in_mix=bool(config.mix)))
     if config.host and config.task in TASK_NAMES and \
             resolve_host_size(config.task, config.host) != resolve_host_size(config.task, {}):
-        where = "give the entry a host table" if config.mix else "use [[mix]] entries with host tables"
-        raise ValueError(f"host: {given} trains each task on its own host size, so a [host] table would be ignored; "
-                         f"{where} instead")
+        raise ValueError(host_beside_the_mix(in_mix=bool(config.mix)))
 
 
 def _refuse_lengths_and_caps_beside_the_mix(config: TrainConfig) -> None:
