@@ -248,6 +248,9 @@ def test_code_that_cannot_trace_or_run_is_named_by_its_line_in_the_users_forward
     (ResNet(), ["layer1"], torch.randn(2, 3, 12, 12), None),
     (TwoInputs(), ["layer"], torch.randn(2, 4), "forward takes 2 inputs; give them all in example_input"),
     (CalledTwice(), ["layer"], torch.randn(2, 4), "forward calls it 2 times"),
+    (_ChecksItsLength(checks_length=False), ["blocks"], torch.zeros(2, 4, dtype=torch.long),
+     "forward calls it 0 times; a slot needs exactly one call on the main path: it holds the submodules your forward "
+     "calls, name them (blocks.0)"),
     (ReturnsPair(), ["layer"], torch.randn(2, 4), "forward returns tuple; a host returns one tensor"),
     (DataDependent(), ["first.weight"], torch.randn(2, 4), "no submodule named 'first.weight'"),
     (mlp(), ["1"], torch.randn(2, 12), None),

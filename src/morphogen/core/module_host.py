@@ -636,8 +636,13 @@ def _only_call(nodes: list[fx.Node], name: str) -> fx.Node:
     """The one call of submodule `name` in the graph; a slot cannot follow a submodule called twice or never."""
     calls = [node for node in nodes if node.op == "call_module" and node.target == name]
     if len(calls) != 1:
+        # A list of blocks your forward loops over (nanoGPT's `for block in self.h`) is never called itself.
+        items = dict.fromkeys(f"{name}.{str(node.target)[len(name) + 1:].split('.')[0]}" for node in nodes
+                              if node.op == "call_module" and str(node.target).startswith(f"{name}."))
+        hint = f": it holds the submodules your forward calls, name them ({', '.join(items)})" if items and not calls \
+            else ""
         raise HostBuildError(f"slot after {name!r}: forward calls it {len(calls)} times; a slot needs exactly one "
-                             "call on the main path")
+                             f"call on the main path{hint}")
     return calls[0]
 
 
