@@ -211,6 +211,34 @@ def test_an_untraceable_model_whose_children_do_not_run_in_order_says_fx_could_n
         host_from_module(model, ["conv"], example_input=x)
 
 
+
+class _ChecksItsLength(nn.Module):
+    """nanoGPT's forward: a Python `assert` on the sequence length, which fx cannot trace, and its blocks in a list
+    (a slot in the list cannot fall back to a cut between the model's children)."""
+
+    def __init__(self, checks_length: bool = True) -> None:
+        super().__init__()
+        self.length, self.checks_length = 8, checks_length
+        self.embed, self.blocks = nn.Embedding(5, 4), nn.ModuleList([nn.Linear(4, 4)])
+
+    def forward(self, ids: Tensor) -> Tensor:
+        _, t = ids.size()
+        if self.checks_length:
+            assert t <= self.length, f"sequence of {t} tokens, longer than {self.length}"
+        return self.blocks[0](self.embed(ids))
+
+
+def test_code_that_cannot_trace_or_run_is_named_by_its_line_in_the_users_forward() -> None:
+    """The error names the line of the user's code it came from: fx's "cannot be used as inputs to control flow"
+    alone does not say which `assert` or `if` of a long forward it met, nor an IndexError which embedding."""
+    this_file = re.escape(Path(__file__).name)
+    with pytest.raises(HostBuildError, match=rf"control flow, at .*{this_file}:\d+: `assert t <= self.length, "):
+        host_from_module(_ChecksItsLength(), ["blocks.0"], example_input=torch.zeros(2, 4, dtype=torch.long))
+    with pytest.raises(HostBuildError, match=rf"IndexError: index out of range in self, at .*{this_file}:\d+: "
+                                             r"`return self.blocks\[0\]\(self.embed\(ids\)\)`"):
+        host_from_module(_ChecksItsLength(checks_length=False), ["blocks.0"], example_input=torch.full((2, 4), 7))
+
+
 @pytest.mark.parametrize(("model", "slots", "example", "message"), [
     (ResNet(), ["layer4"], torch.randn(2, 3, 12, 12), "no submodule named 'layer4' in CifarResNet; its children: stem"),
     (ResNet(), ["layer1.0.conv1"], torch.randn(2, 3, 12, 12), "slot after 'layer1.0.conv1': it sits inside a branch"),
@@ -220,6 +248,9 @@ def test_an_untraceable_model_whose_children_do_not_run_in_order_says_fx_could_n
     (ResNet(), ["layer1"], torch.randn(2, 3, 12, 12), None),
     (TwoInputs(), ["layer"], torch.randn(2, 4), "forward takes 2 inputs; give them all in example_input"),
     (CalledTwice(), ["layer"], torch.randn(2, 4), "forward calls it 2 times"),
+    (_ChecksItsLength(checks_length=False), ["blocks"], torch.zeros(2, 4, dtype=torch.long),
+     "forward calls it 0 times; a slot needs exactly one call on the main path: it holds the submodules your forward "
+     "calls, name them (blocks.0)"),
     (ReturnsPair(), ["layer"], torch.randn(2, 4), "forward returns tuple; a host returns one tensor"),
     (DataDependent(), ["first.weight"], torch.randn(2, 4), "no submodule named 'first.weight'"),
     (mlp(), ["1"], torch.randn(2, 12), None),
@@ -445,7 +476,7 @@ def test_random_draws_in_the_forward_stay_draws_of_every_batch(seed: int) -> Non
     torch.manual_seed(seed)
     model, x = _Noisy().train(), torch.randn(16, 4)
     with pytest.raises(HostBuildError, match=r"cannot trace _Noisy \(TraceError: symbolically traced variables "
-                                             r"cannot be used as inputs to control flow\)"):
+                                             r"cannot be used as inputs to control flow, at .*: `if .*`\)"):
         host_from_module(model, ["first"], example_input=x[:2])
     grown = MorphogeneticModel(host_from_module(model, ["first", "block"], example_input=x[:2])).train()
     outputs = []

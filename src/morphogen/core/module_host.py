@@ -29,8 +29,11 @@ import collections
 import inspect
 import itertools
 import operator
+import os
+import traceback
 from collections.abc import Callable, Mapping, Sequence
 from itertools import pairwise
+from pathlib import Path
 
 import torch
 from torch import Tensor, fx, nn
@@ -633,8 +636,13 @@ def _only_call(nodes: list[fx.Node], name: str) -> fx.Node:
     """The one call of submodule `name` in the graph; a slot cannot follow a submodule called twice or never."""
     calls = [node for node in nodes if node.op == "call_module" and node.target == name]
     if len(calls) != 1:
+        # A list of blocks your forward loops over (nanoGPT's `for block in self.h`) is never called itself.
+        items = dict.fromkeys(f"{name}.{str(node.target)[len(name) + 1:].split('.')[0]}" for node in nodes
+                              if node.op == "call_module" and str(node.target).startswith(f"{name}."))
+        hint = f": it holds the submodules your forward calls, name them ({', '.join(items)})" if items and not calls \
+            else ""
         raise HostBuildError(f"slot after {name!r}: forward calls it {len(calls)} times; a slot needs exactly one "
-                             "call on the main path")
+                             f"call on the main path{hint}")
     return calls[0]
 
 
@@ -939,5 +947,25 @@ def _refuse_a_random_eval_mode(model: nn.Module, example: Inputs, output: Tensor
 
 
 def _first_line(error: BaseException) -> str:
+    """The error's kind and first line, and the line of the user's code it came from (`_line_of_yours`)."""
     text = str(error).strip().splitlines()
-    return f"{type(error).__name__}: {text[0][:300]}" if text else type(error).__name__
+    first = f"{type(error).__name__}: {text[0][:300]}" if text else type(error).__name__
+    where = _line_of_yours(error)
+    return f"{first}, at {where}" if where else first
+
+
+#: Where torch's and morphogen's own code lies: a traceback's frames outside them are the user's.
+_LIBRARY_FOLDERS = tuple(str(folder) + os.sep for folder in (Path(torch.__file__).resolve().parent,
+                                                              Path(__file__).resolve().parents[1]))
+
+
+def _line_of_yours(error: BaseException) -> str:
+    """`FILE:LINE: `SOURCE`` of the innermost frame of `error`'s traceback outside torch and morphogen (the `assert`
+    on a length that fx cannot trace, the embedding call an index overran); "" where there is none."""
+    for frame in reversed(traceback.extract_tb(error.__traceback__)):
+        path = frame.filename
+        if path.startswith("<") or str(Path(path).resolve()).startswith(_LIBRARY_FOLDERS):
+            continue  # fx's generated code, or a library's own
+        source = (frame.line or "").strip()
+        return f"{path}:{frame.lineno}" + (f": `{source[:120]}`" if source else "")
+    return ""
