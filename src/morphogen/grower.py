@@ -57,7 +57,7 @@ from morphogen.env.episode import EpisodeConfig, MorphogenesisEpisode, StepResul
 from morphogen.env.play import Controller, connect, savable
 from morphogen.env.snapshot import EpisodeSnapshot, snapshot_from_state
 from morphogen.env.training import clear_stale_casts
-from morphogen.inputs import Inputs, dtype_mismatch, rows
+from morphogen.inputs import Inputs, dtype_mismatch, names_problem, rows
 from morphogen.inputs import problem as inputs_problem
 from morphogen.telemetry.gradients import clip_gradients
 from morphogen.telemetry.sinks import Telemetry
@@ -110,11 +110,12 @@ def _check_optimizer(optimizer: object, host: SegmentedHost) -> None:
 
 
 def _kind_problem(host: SegmentedHost, inputs: Inputs) -> str | None:
-    """Why `inputs` are not of the kind the host was built for (one tensor, or several), or None."""
+    """Why `inputs` are not of the kind the host was built for (one tensor, or several, named as its example's),
+    or None."""
     expected = getattr(host, "input_kind", "tensor")
     given = "tensor" if isinstance(inputs, Tensor) else "dict" if isinstance(inputs, dict) else "tuple"
     if (expected == "tensor") == (given == "tensor"):
-        return None
+        return names_problem(getattr(host, "input_names", ()), inputs)
     wanted = "one tensor" if expected == "tensor" else f"a {expected} of tensors"
     return f"a {type(inputs).__name__} where the host takes {wanted}"
 

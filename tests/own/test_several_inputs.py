@@ -107,6 +107,33 @@ def test_parameters_the_example_does_not_give_keep_their_defaults() -> None:
                                    net(x[:2], 0 * mask))
 
 
+def test_inputs_the_example_did_not_give_are_refused_rather_than_ignored(tmp_path: Path) -> None:
+    """A host traced without `mask` (the example left it at its default) would drop a mask the data gives: the
+    host, the grown model, `grow` and a `Grower` refuse such inputs in one line naming the input."""
+    x, y = torch.randn(40, 4), torch.randint(0, 2, (40,))
+    host = morphogen.host_from_module(_WithOptions(), slots=["first"], example_input={"x": x[:2]})
+    masked = {"x": x, "mask": torch.ones(40, 4)}
+    with pytest.raises(ValueError, match="hold 'mask', which the host's example_input did not give"):
+        host(masked)
+    with pytest.raises(ValueError, match="hold 'mask', which the host's example_input did not give"):
+        MorphogeneticModel(host)(masked)
+    both = morphogen.host_from_module(_WithOptions(), slots=["first"], example_input={"x": x[:2], "mask": x[:2]})
+    with pytest.raises(ValueError, match="lack 'mask', which the host's example_input gave"):
+        MorphogeneticModel(both)({"x": x})
+    task = morphogen.task_from_data("masked", ({**masked, "y": y}), ({**masked, "y": y}), num_classes=2,
+                                    target_key="y")
+    with pytest.raises(DataError, match=r"^task 'masked': the inputs hold 'mask', which the host's example_input "
+                                        r"did not give: it was traced without them and would ignore them; [^\n]*$"):
+        morphogen.grow(task, host, epochs=1, run_dir=str(tmp_path / "run"), out=io.StringIO(), baseline=False,
+                       from_scratch=False)
+    grower = morphogen.Grower(host, validation=({"x": x}, y), epochs=1, num_classes=2)
+    with pytest.raises(ValueError, match="hold 'mask', which the host's example_input did not give"):
+        grower.training_step(masked, y)
+    positional = morphogen.host_from_module(_WithOptions(), slots=["first"], example_input=(x[:2],))
+    with pytest.raises(ValueError, match="the inputs are 2 tensors, but the host's example_input gave 1"):
+        MorphogeneticModel(positional)((x, torch.ones(40, 4)))
+
+
 @pytest.mark.parametrize(("model", "example", "message"), [
     (nn.Sequential(nn.Linear(4, 4), nn.ReLU()), (torch.zeros(2, 4), torch.zeros(2, 4)), "nn.Sequential takes one"),
     (PaddedClassifier(), {"ids": torch.zeros(2, 10, dtype=torch.long), "mask": torch.zeros(2, 10)},

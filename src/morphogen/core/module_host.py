@@ -39,6 +39,7 @@ from morphogen.core.hosts import CarriedValues, SegmentedHost, SideInputs
 from morphogen.core.tracing import traceable_factories, traced_buffers_as_values_if_needed
 from morphogen.core.training_mode import ModeDependentCall, TrainingModeError, modes_kept, trace_in_both_modes
 from morphogen.inputs import Inputs, InputSpec, call, dtype_mismatch, rows
+from morphogen.inputs import names as input_names
 from morphogen.inputs import problem as inputs_problem
 
 #: The layout of each topology's activations, by rank: what a shape probe accepts for it.
@@ -109,6 +110,7 @@ def host_from_module(model: nn.Module, slots: Sequence[str], example_input: Inpu
     host = ModuleHost(segments, _widths(ordered, outputs, chosen), chosen, dict(zip(slot_ids, ordered, strict=True)),
                       {slot_id: layer for slot_id, layer in zip(slot_ids, layers, strict=True) if layer is not None})
     host.side_inputs, host.input_kind = side_inputs, InputSpec.of(example_input).kind
+    host.input_names = input_names(example_input)
     host.carried_values = None if carried is None else carried[0]
     # What enters each segment, which a branch seed beside it maps: the first takes the model's inputs, which a
     # branch can read only where they are one tensor, and only values, not integer ids an embedding looks up.
