@@ -238,6 +238,9 @@ def _widths(names: Sequence[str], outputs: Sequence[Tensor], topology: str) -> d
 def _check_names(model: nn.Module, names: Sequence[str]) -> None:
     known = dict(model.named_modules())
     for name in names:
+        if not isinstance(name, str):  # `slots=[1]` for an nn.Sequential's child '1'
+            raise HostBuildError(f"slots are names of submodules, as strings: got {name!r} "
+                                 f"({type(name).__name__}); write {str(name)!r}")
         if name not in known or not name:
             children = ", ".join(child for child, _ in model.named_children()) or "none"
             raise HostBuildError(f"no submodule named {name!r} in {type(model).__name__}; its children: {children} "
@@ -837,7 +840,19 @@ def _picked_output(model_name: str, outputs: object, key: int | str) -> object:
         return _pick_output(outputs, key)
     except (IndexError, KeyError, TypeError, AttributeError):
         raise HostBuildError(f"output={key!r}: {model_name}'s forward returns a {type(outputs).__name__} without "
-                             "it") from None
+                             f"it; {_output_choices(outputs)}") from None
+
+
+def _output_choices(outputs: object) -> str:
+    """How `output=` can name each of the several outputs a forward returned, for the message that asks for one."""
+    if isinstance(outputs, Mapping):
+        return f"its keys: {', '.join(f'output={key!r}' for key in outputs)}"
+    fields = getattr(outputs, "_fields", None) or getattr(outputs, "__dataclass_fields__", None)
+    if fields:
+        return f"its fields: {', '.join(f'output={name!r}' for name in fields)}"
+    if isinstance(outputs, tuple | list) and outputs:
+        return f"its positions: output=0 to output={len(outputs) - 1}"
+    return 'output=0 (a position) or output="logits" (a key or attribute)'
 
 
 def _detached(output: object) -> object:
@@ -913,8 +928,7 @@ def _check_the_output(model: nn.Module, example: Inputs, expected: object, outpu
     model random in eval mode, or parts the forward does not run in order."""
     if not isinstance(expected, Tensor) or not isinstance(output, Tensor):
         raise HostBuildError(f"{type(model).__name__}'s forward returns {type(expected).__name__}; a host returns "
-                             "one tensor: name the one your loss reads, output=0 (a position) or output=\"logits\" (a "
-                             "key or attribute)")
+                             f"one tensor: name the one your loss reads ({_output_choices(expected)})")
     if output.shape != expected.shape or not torch.allclose(output, expected, rtol=1e-4, atol=1e-5):
         _refuse_a_random_eval_mode(model, example, expected, key)
         cause = (f"torch.fx cannot trace {type(model).__name__} ({untraced}), and cutting it between its children "
