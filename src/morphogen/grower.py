@@ -59,6 +59,7 @@ from morphogen.env.snapshot import EpisodeSnapshot, snapshot_from_state
 from morphogen.env.training import clear_stale_casts
 from morphogen.inputs import Inputs, dtype_mismatch, names_problem, rows
 from morphogen.inputs import problem as inputs_problem
+from morphogen.limits import MAX_EPOCHS, check_count
 from morphogen.telemetry.gradients import clip_gradients
 from morphogen.telemetry.sinks import Telemetry
 
@@ -141,6 +142,7 @@ class Grower:
         if not isinstance(host, SegmentedHost):
             raise TypeError(f"Grower needs a host from morphogen.host_from_module, got {type(host).__name__}")
         _check_optimizer(optimizer, host)
+        check_count("Grower's epochs", epochs, MAX_EPOCHS)  # the episode's max_epochs, a name the loop never gave
         if policy is not None and controller is not None:
             raise ValueError("Grower: give controller= or policy=, not both")
         if config is not None:
