@@ -618,6 +618,35 @@ def test_a_slot_after_a_sequence_first_layer_is_refused_saying_to_put_the_batch_
                                    example_input=torch.randint(0, 8, (2, 5)))
 
 
+class _LastState(nn.Module):
+    """A batch-first RNN classifier that reads the RNN's final state, [layers, N, D], rather than its output."""
+
+    def __init__(self, rnn: str) -> None:
+        super().__init__()
+        self.lstm = rnn == "lstm"
+        self.embed = nn.Embedding(8, 16)
+        self.rnn = nn.LSTM(16, 16, batch_first=True) if self.lstm else nn.GRU(16, 16, batch_first=True)
+        self.head = nn.Linear(16, 2)
+
+    def forward(self, ids: Tensor) -> Tensor:
+        if self.lstm:
+            _, (state, _) = self.rnn(self.embed(ids))
+        else:
+            _, state = self.rnn(self.embed(ids))
+        return self.head(state[-1])
+
+
+@pytest.mark.parametrize(("rnn", "found"), [("gru", r"its output has 1 rows for a batch of 2 samples"),
+                                            ("lstm", r"its output is a tuple, not one tensor")])
+def test_a_slot_after_an_rnn_whose_final_state_is_read_says_where_a_slot_can_go(rnn: str, found: str) -> None:
+    """The state holds the samples in its dimension 1 whatever batch_first: the advice is the RNN's output, not the
+    sequence-first layout's batch_first=True, which the RNN already has."""
+    with pytest.raises(HostBuildError, match=rf"^slot after 'rnn': {found}; .*an RNN's final state \(h, or an LSTM's "
+                                             r"\(h, c\)\) is \[layers, N, D\] whatever batch_first: put the slot after "
+                                             r"the RNN where the forward reads its output"):
+        morphogen.host_from_module(_LastState(rnn), slots=["rnn"], example_input=torch.randint(0, 8, (2, 5)))
+
+
 class _Seq2Seq(nn.Module):
     """An encoder-decoder on torch's own layers: every decoder layer reads the encoder's output (`memory`), which
     crosses the slots between the decoder's layers."""

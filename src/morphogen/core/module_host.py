@@ -808,14 +808,16 @@ def _probe(model: nn.Module, segments: Sequence[nn.Module], names: Sequence[str]
             activations.append(x)
             if index < len(names):  # checked before the next part runs on it (its inputs are bound now)
                 _check_one_row_per_sample(names[index], x, rows(example), isinstance(example, Tensor)
-                                          and example.dim() == 1)
+                                          and example.dim() == 1, _is_batch_first_rnn(model, names[index]))
                 copyable.append(layers[index] if _keeps_shape(layers[index], x) else None)
         if carried is not None:
             _check_carried_rows(carried, rows(example))
     _check_the_output(model, example, expected, activations.pop(), key, names, untraced)
     for name, activation in zip(names, activations, strict=True):
         if not isinstance(activation, Tensor):
-            raise HostBuildError(f"slot after {name!r}: its output is a {type(activation).__name__}, not one tensor")
+            raise HostBuildError(f"slot after {name!r}: its output is a {type(activation).__name__}, not one tensor"
+                                 + (f"; {_RNN_STATE_HINT}" if isinstance(model.get_submodule(name), nn.RNNBase)
+                                    else ""))
         if activation.dim() < 2:
             raise HostBuildError(f"slot after {name!r}: its output has shape {tuple(activation.shape)}; a slot needs "
                                  "[N, channels, ...] or [N, ..., features]")
@@ -870,16 +872,33 @@ def _keeps_shape(layer: nn.Module | None, activation: object) -> bool:
     return isinstance(output, Tensor) and output.shape == activation.shape
 
 
-def _check_one_row_per_sample(name: str, activation: object, samples: int, flat_example: bool = False) -> None:
+#: Why the value a forward reads of an RNN's state cannot hold a slot, and where one can go instead.
+_RNN_STATE_HINT = ("an RNN's final state (h, or an LSTM's (h, c)) is [layers, N, D] whatever batch_first: put the slot "
+                   "after the RNN where the forward reads its output (out, _ = rnn(x); out[:, -1]), or after a layer "
+                   "that reads the state")
+
+
+def _is_batch_first_rnn(model: nn.Module, name: str) -> bool:
+    """Whether submodule `name` is one of torch's RNNs (nn.RNN, nn.LSTM, nn.GRU) built with batch_first=True."""
+    module = model.get_submodule(name)
+    return isinstance(module, nn.RNNBase) and module.batch_first
+
+
+def _check_one_row_per_sample(name: str, activation: object, samples: int, flat_example: bool = False,
+                              batch_first_rnn: bool = False) -> None:
     """Shadow rows and stacked configurations are whole samples: a slot's activation holds one row per sample.
-    `flat_example`: the example input is one 1-D tensor, most often one sample given without its batch dimension."""
+    `flat_example`: the example input is one 1-D tensor, most often one sample given without its batch dimension;
+    `batch_first_rnn`: the slot follows a batch-first RNN, whose output holds a row per sample but its final state
+    does not."""
     if isinstance(activation, Tensor) and activation.dim() > 0 and activation.shape[0] != samples:
         if flat_example:
             hint = (f"; example_input is a batch, its first dimension the samples: was it one sample's {samples} "
                     "values (give x[:2], not x[0])?")
+        elif batch_first_rnn:
+            hint = f"; {_RNN_STATE_HINT}"
         elif activation.dim() > 1 and activation.shape[1] == samples:
             hint = (f"; its dimension 1 holds the {samples} samples, as in a sequence-first layout (torch's "
-                    "transformer layers with batch_first=False): build them with batch_first=True")
+                    "transformer layers and RNNs with batch_first=False): build them with batch_first=True")
         else:
             hint = ""
         raise HostBuildError(f"slot after {name!r}: its output has {activation.shape[0]} rows for a batch of "
