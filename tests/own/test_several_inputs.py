@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import sys
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 
@@ -645,6 +646,31 @@ def test_a_slot_after_an_rnn_whose_final_state_is_read_says_where_a_slot_can_go(
                                              r"\(h, c\)\) is \[layers, N, D\] whatever batch_first: put the slot after "
                                              r"the RNN where the forward reads its output"):
         morphogen.host_from_module(_LastState(rnn), slots=["rnn"], example_input=torch.randint(0, 8, (2, 5)))
+
+
+class _LastOutput(nn.Module):
+    """A batch-first GRU classifier that reads the GRU's output at the last step."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed, self.rnn, self.head = nn.Embedding(8, 16), nn.GRU(16, 16, batch_first=True), nn.Linear(16, 2)
+
+    def forward(self, ids: Tensor) -> Tensor:
+        out, _ = self.rnn(self.embed(ids))
+        return self.head(out[:, -1])
+
+
+def test_a_model_with_an_rnn_exports_without_torchs_warning_about_its_flat_weights(tmp_path: Path) -> None:
+    """torch.export warns that an RNN's `_flat_weights` were assigned and should be buffers; they are the RNN's
+    parameters, which the program holds: the warning would only alarm."""
+    ids = torch.randint(0, 8, (6, 5))
+    model = MorphogeneticModel(morphogen.host_from_module(_LastOutput(), slots=["rnn"], example_input=ids[:2]))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        program = torch.export.load(morphogen.export_model(model.eval(), ids[:2], tmp_path / "grown.pt2")).module()
+    assert not [str(warning.message) for warning in caught if "_flat_weights" in str(warning.message)]
+    assert sum(p.numel() for p in program.parameters()) == sum(p.numel() for p in model.parameters())
+    torch.testing.assert_close(program(ids), model(ids), rtol=0, atol=1e-6)
 
 
 class _Seq2Seq(nn.Module):
