@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from morphogen.ui.units import NEGATIVE_LOSS, counted, format_difference
+from morphogen.telemetry.story import NEGATIVE_LOSS
+from morphogen.ui.units import counted, format_difference
 
 
 def test_counted_is_singular_for_one_and_plural_otherwise() -> None:
