@@ -90,6 +90,7 @@ def write(tmp_path: Path, name: str, text: str) -> str:
 def test_unknown_task(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     line = run_expecting_user_error(["run", "--task", "mnist", "--run-dir", str(tmp_path / "r")], capsys)
     assert "unknown task 'mnist'" in line and "digits, cifar10, text" in line
+    assert line.endswith("or module:function for a task of your own (my_task:make_task)")  # a module without :function
     assert not (tmp_path / "r").exists()
 
 

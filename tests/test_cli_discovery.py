@@ -76,7 +76,8 @@ def test_list_needs_no_data_for_slot_widths(capsys: pytest.CaptureFixture[str]) 
 def test_list_of_an_unknown_task_is_one_line_and_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["list", "slots", "--task", "cifar100"]) == EXIT_USER_ERROR
     err = capsys.readouterr().err.strip().splitlines()
-    assert err == ["morphogen list: error: unknown task 'cifar100'; valid task names: digits, cifar10, text, mnist1d"]
+    assert err == ["morphogen list: error: unknown task 'cifar100'; valid task names: digits, cifar10, text, mnist1d, "
+                   "or module:function for a task of your own (my_task:make_task)"]
 
 
 def test_run_and_train_accept_the_same_words_for_the_episode_length() -> None:

@@ -231,7 +231,10 @@ def _dynamic_dims(example: Inputs, dims: tuple[int, ...]) -> dict[int, Any]:
 def _traced(network: nn.Module, example: Inputs, dims: tuple[int, ...] = ()) -> torch.export.ExportedProgram:
     """`network` traced by `torch.export` with a dynamic batch (and `dims`), checked against the network on
     `example`, in the dtype of its weights whatever autocast the caller is under."""
-    with torch.no_grad(), _without_autocast():
+    with torch.no_grad(), _without_autocast(), warnings.catch_warnings():
+        # torch's RNNs keep `_flat_weights`, references to their own parameters, which torch.export sees assigned
+        # and warns should be buffers: the program holds those parameters all the same (checked below).
+        warnings.filterwarnings("ignore", message=r"The tensor attributes .*\._flat_weights\[", category=UserWarning)
         try:
             expected = network(example)
         except Exception as error:  # the user's example: another dtype, another structure, another shape

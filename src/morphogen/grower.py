@@ -57,8 +57,9 @@ from morphogen.env.episode import EpisodeConfig, MorphogenesisEpisode, StepResul
 from morphogen.env.play import Controller, connect, savable
 from morphogen.env.snapshot import EpisodeSnapshot, snapshot_from_state
 from morphogen.env.training import clear_stale_casts
-from morphogen.inputs import Inputs, dtype_mismatch, rows
+from morphogen.inputs import Inputs, dtype_mismatch, names_problem, rows
 from morphogen.inputs import problem as inputs_problem
+from morphogen.limits import MAX_EPOCHS, check_count
 from morphogen.telemetry.gradients import clip_gradients
 from morphogen.telemetry.sinks import Telemetry
 
@@ -110,11 +111,12 @@ def _check_optimizer(optimizer: object, host: SegmentedHost) -> None:
 
 
 def _kind_problem(host: SegmentedHost, inputs: Inputs) -> str | None:
-    """Why `inputs` are not of the kind the host was built for (one tensor, or several), or None."""
+    """Why `inputs` are not of the kind the host was built for (one tensor, or several, named as its example's),
+    or None."""
     expected = getattr(host, "input_kind", "tensor")
     given = "tensor" if isinstance(inputs, Tensor) else "dict" if isinstance(inputs, dict) else "tuple"
     if (expected == "tensor") == (given == "tensor"):
-        return None
+        return names_problem(getattr(host, "input_names", ()), inputs)
     wanted = "one tensor" if expected == "tensor" else f"a {expected} of tensors"
     return f"a {type(inputs).__name__} where the host takes {wanted}"
 
@@ -140,6 +142,7 @@ class Grower:
         if not isinstance(host, SegmentedHost):
             raise TypeError(f"Grower needs a host from morphogen.host_from_module, got {type(host).__name__}")
         _check_optimizer(optimizer, host)
+        check_count("Grower's epochs", epochs, MAX_EPOCHS)  # the episode's max_epochs, a name the loop never gave
         if policy is not None and controller is not None:
             raise ValueError("Grower: give controller= or policy=, not both")
         if config is not None:

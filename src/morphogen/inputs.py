@@ -94,6 +94,34 @@ def rows(inputs: Inputs) -> int:
     return int(tensors(inputs)[0].shape[0])
 
 
+def names(inputs: Inputs) -> tuple[str | int, ...]:
+    """What names each tensor of a batch: a dict's keys, a tuple's or list's positions; none for one tensor."""
+    if isinstance(inputs, Tensor):
+        return ()
+    return tuple(inputs) if isinstance(inputs, dict) else tuple(range(len(inputs)))
+
+
+def names_problem(expected: tuple[str | int, ...], inputs: Inputs) -> str | None:
+    """Why a batch does not give the inputs a host was traced with (`expected`, its example's `names`), or None.
+
+    A host reads the inputs its example gave and fixed the others at their defaults while tracing: an input the
+    example left out would be ignored without a word (an attention mask), and one it gave would be missing."""
+    given = names(inputs)
+    if not expected or not given or set(given) == set(expected):
+        return None
+    if isinstance(inputs, dict):
+        extra = [key for key in given if key not in expected]
+        if extra:
+            return (f"the inputs hold {', '.join(map(repr, extra))}, which the host's example_input did not give: "
+                    "it was traced without them and would ignore them; build the host with an example_input of "
+                    "every input the data gives (or leave them out of the data)")
+        missing = [key for key in expected if key not in given]
+        return (f"the inputs lack {', '.join(map(repr, missing))}, which the host's example_input gave; give the "
+                "host every input it was built with")
+    return (f"the inputs are {len(given)} tensors, but the host's example_input gave {len(expected)}: build the "
+            "host with an example_input of as many inputs as the data gives")
+
+
 def take_rows(inputs: Inputs, index: slice | Tensor) -> Inputs:
     """The rows `index` (a slice, or a tensor of row indices) of every tensor."""
     if isinstance(index, slice):

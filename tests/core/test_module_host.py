@@ -255,6 +255,7 @@ def test_code_that_cannot_trace_or_run_is_named_by_its_line_in_the_users_forward
     (DataDependent(), ["first.weight"], torch.randn(2, 4), "no submodule named 'first.weight'"),
     (mlp(), ["1"], torch.randn(2, 12), None),
     (mlp(), ["1"], torch.tensor(1.0), "example_input must be a batch of the model's inputs"),
+    (mlp(), [1], torch.randn(2, 12), "slots are names of submodules, as strings: got 1 (int); write '1'"),
 ])
 def test_what_cannot_work_is_one_clear_error_naming_the_submodule(model: nn.Module, slots: list[str], example: Tensor,
                                                                  message: str | None) -> None:
@@ -316,14 +317,22 @@ def test_output_names_the_one_the_loss_reads(returns: str, output: int | str, tm
     torch.testing.assert_close(program(x), model(x), rtol=0, atol=1e-6)
 
 
-@pytest.mark.parametrize(("output", "message"), [
-    (2, "output=2: _LogitsAndFeatures's forward returns a tuple without it"),
-    ("logits", "output='logits': _LogitsAndFeatures's forward returns a tuple without it"),
-    (1.5, "output must be a position (int) or a key or attribute name (str), got 1.5"),
+@pytest.mark.parametrize(("returns", "output", "message"), [
+    ("tuple", 2, "output=2: _LogitsAndFeatures's forward returns a tuple without it; its positions: output=0 to "
+                 "output=1"),
+    ("tuple", "logits", "output='logits': _LogitsAndFeatures's forward returns a tuple without it"),
+    ("tuple", 1.5, "output must be a position (int) or a key or attribute name (str), got 1.5"),
+    ("dict", "logit", "output='logit': _LogitsAndFeatures's forward returns a dict without it; its keys: "
+                      "output='features', output='logits'"),
+    ("dict", 0, "returns a dict without it; its keys: output='features', output='logits'"),
+    ("object", "logit", "returns a _Outputs without it; its fields: output='logits', output='features'"),
+    ("dict", None, "_LogitsAndFeatures's forward returns dict; a host returns one tensor: name the one your loss "
+                   "reads (its keys: output='features', output='logits')"),
 ])
-def test_an_output_the_forward_does_not_return_is_refused(output: object, message: str) -> None:
+def test_an_output_the_forward_does_not_return_is_refused_naming_those_it_does(returns: str, output: object,
+                                                                                message: str) -> None:
     with pytest.raises(HostBuildError, match=re.escape(message)):
-        host_from_module(_LogitsAndFeatures("tuple"), ["body"], example_input=torch.randn(2, 4),
+        host_from_module(_LogitsAndFeatures(returns), ["body"], example_input=torch.randn(2, 4),
                          output=output)  # type: ignore[arg-type]
 
 
@@ -332,7 +341,8 @@ def test_slot_points_says_why_where_no_submodule_can_hold_a_slot() -> None:
     listing nothing."""
     model, x = _LogitsAndFeatures("dict"), torch.randn(2, 4)
     with pytest.raises(HostBuildError, match=r"^no submodule of _LogitsAndFeatures can hold a slot "
-                                             r"\(\d+ of \d+: _LogitsAndFeatures's forward returns dict; .*output=0"):
+                                             r"\(\d+ of \d+: _LogitsAndFeatures's forward returns dict; "
+                                             r".*output='logits'"):
         morphogen.slot_points(model, x)
     assert set(morphogen.slot_points(model, x, output="logits")) >= {"body", "block"}
 

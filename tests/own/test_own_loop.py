@@ -403,6 +403,15 @@ def test_a_frozen_backbones_batch_norm_the_loop_put_in_eval_mode_keeps_its_stati
         assert all(module.training for slot in grower.model.slots() for module in slot.modules())
 
 
+@pytest.mark.parametrize(("epochs", "message"), [
+    (0, "Grower's epochs must be >= 1, got 0"), (2.5, "Grower's epochs must be an integer, got 2.5")])
+def test_epochs_a_grower_cannot_play_are_refused_naming_its_argument(epochs: object, message: str) -> None:
+    validation = blobs(32, 1)
+    host = morphogen.host_from_module(mlp(), ["1"], example_input=validation[0][:2])
+    with pytest.raises(ValueError, match=f"^{message}$"):
+        Grower(host, validation, epochs=epochs)  # type: ignore[arg-type]
+
+
 def test_an_epoch_without_training_is_an_error_naming_training_step() -> None:
     grower, _ = make_grower()
     with pytest.raises(RuntimeError, match=r"end_epoch\(\) without a training_step\(\)"):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import sys
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 
@@ -105,6 +106,33 @@ def test_parameters_the_example_does_not_give_keep_their_defaults() -> None:
         host = morphogen.host_from_module(net, slots=["first"], example_input={"x": x[:2], "mask": mask})
         torch.testing.assert_close(MorphogeneticModel(host).eval()({"x": x[:2], "mask": 0 * mask}),
                                    net(x[:2], 0 * mask))
+
+
+def test_inputs_the_example_did_not_give_are_refused_rather_than_ignored(tmp_path: Path) -> None:
+    """A host traced without `mask` (the example left it at its default) would drop a mask the data gives: the
+    host, the grown model, `grow` and a `Grower` refuse such inputs in one line naming the input."""
+    x, y = torch.randn(40, 4), torch.randint(0, 2, (40,))
+    host = morphogen.host_from_module(_WithOptions(), slots=["first"], example_input={"x": x[:2]})
+    masked = {"x": x, "mask": torch.ones(40, 4)}
+    with pytest.raises(ValueError, match="hold 'mask', which the host's example_input did not give"):
+        host(masked)
+    with pytest.raises(ValueError, match="hold 'mask', which the host's example_input did not give"):
+        MorphogeneticModel(host)(masked)
+    both = morphogen.host_from_module(_WithOptions(), slots=["first"], example_input={"x": x[:2], "mask": x[:2]})
+    with pytest.raises(ValueError, match="lack 'mask', which the host's example_input gave"):
+        MorphogeneticModel(both)({"x": x})
+    task = morphogen.task_from_data("masked", ({**masked, "y": y}), ({**masked, "y": y}), num_classes=2,
+                                    target_key="y")
+    with pytest.raises(DataError, match=r"^task 'masked': the inputs hold 'mask', which the host's example_input "
+                                        r"did not give: it was traced without them and would ignore them; [^\n]*$"):
+        morphogen.grow(task, host, epochs=1, run_dir=str(tmp_path / "run"), out=io.StringIO(), baseline=False,
+                       from_scratch=False)
+    grower = morphogen.Grower(host, validation=({"x": x}, y), epochs=1, num_classes=2)
+    with pytest.raises(ValueError, match="hold 'mask', which the host's example_input did not give"):
+        grower.training_step(masked, y)
+    positional = morphogen.host_from_module(_WithOptions(), slots=["first"], example_input=(x[:2],))
+    with pytest.raises(ValueError, match="the inputs are 2 tensors, but the host's example_input gave 1"):
+        MorphogeneticModel(positional)((x, torch.ones(40, 4)))
 
 
 @pytest.mark.parametrize(("model", "example", "message"), [
@@ -589,6 +617,60 @@ def test_a_slot_after_a_sequence_first_layer_is_refused_saying_to_put_the_batch_
                                              r"samples, .*batch_first=False\): build them with batch_first=True"):
         morphogen.host_from_module(_SequenceFirstEncoder(), slots=["encoder.layers.0"],
                                    example_input=torch.randint(0, 8, (2, 5)))
+
+
+class _LastState(nn.Module):
+    """A batch-first RNN classifier that reads the RNN's final state, [layers, N, D], rather than its output."""
+
+    def __init__(self, rnn: str) -> None:
+        super().__init__()
+        self.lstm = rnn == "lstm"
+        self.embed = nn.Embedding(8, 16)
+        self.rnn = nn.LSTM(16, 16, batch_first=True) if self.lstm else nn.GRU(16, 16, batch_first=True)
+        self.head = nn.Linear(16, 2)
+
+    def forward(self, ids: Tensor) -> Tensor:
+        if self.lstm:
+            _, (state, _) = self.rnn(self.embed(ids))
+        else:
+            _, state = self.rnn(self.embed(ids))
+        return self.head(state[-1])
+
+
+@pytest.mark.parametrize(("rnn", "found"), [("gru", r"its output has 1 rows for a batch of 2 samples"),
+                                            ("lstm", r"its output is a tuple, not one tensor")])
+def test_a_slot_after_an_rnn_whose_final_state_is_read_says_where_a_slot_can_go(rnn: str, found: str) -> None:
+    """The state holds the samples in its dimension 1 whatever batch_first: the advice is the RNN's output, not the
+    sequence-first layout's batch_first=True, which the RNN already has."""
+    with pytest.raises(HostBuildError, match=rf"^slot after 'rnn': {found}; .*an RNN's final state \(h, or an LSTM's "
+                                             r"\(h, c\)\) is \[layers, N, D\] whatever batch_first: put the slot after "
+                                             r"the RNN where the forward reads its output"):
+        morphogen.host_from_module(_LastState(rnn), slots=["rnn"], example_input=torch.randint(0, 8, (2, 5)))
+
+
+class _LastOutput(nn.Module):
+    """A batch-first GRU classifier that reads the GRU's output at the last step."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed, self.rnn, self.head = nn.Embedding(8, 16), nn.GRU(16, 16, batch_first=True), nn.Linear(16, 2)
+
+    def forward(self, ids: Tensor) -> Tensor:
+        out, _ = self.rnn(self.embed(ids))
+        return self.head(out[:, -1])
+
+
+def test_a_model_with_an_rnn_exports_without_torchs_warning_about_its_flat_weights(tmp_path: Path) -> None:
+    """torch.export warns that an RNN's `_flat_weights` were assigned and should be buffers; they are the RNN's
+    parameters, which the program holds: the warning would only alarm."""
+    ids = torch.randint(0, 8, (6, 5))
+    model = MorphogeneticModel(morphogen.host_from_module(_LastOutput(), slots=["rnn"], example_input=ids[:2]))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        program = torch.export.load(morphogen.export_model(model.eval(), ids[:2], tmp_path / "grown.pt2")).module()
+    assert not [str(warning.message) for warning in caught if "_flat_weights" in str(warning.message)]
+    assert sum(p.numel() for p in program.parameters()) == sum(p.numel() for p in model.parameters())
+    torch.testing.assert_close(program(ids), model(ids), rtol=0, atol=1e-6)
 
 
 class _Seq2Seq(nn.Module):

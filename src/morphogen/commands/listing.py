@@ -16,7 +16,13 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, TextIO
 
 from morphogen.config import preset_description, preset_names
-from morphogen.data.catalog import DEFAULT_HOST_SIZES, TASK_DESCRIPTIONS, TASK_NAMES, TASK_TOPOLOGIES
+from morphogen.data.catalog import (
+    DEFAULT_HOST_SIZES,
+    TASK_DESCRIPTIONS,
+    TASK_NAMES,
+    TASK_TOPOLOGIES,
+    unknown_task_message,
+)
 
 if TYPE_CHECKING:
     from rich.console import RenderableType
@@ -73,7 +79,7 @@ def listed_host(task_name: str, pool_slots: bool = False) -> ListedHost:
         host = task_host(task, "cpu", pool_slots=pool_slots)
         return ListedHost(task.name, task.topology, dict(host.injection_points), host)
     if task_name not in TASK_NAMES:
-        raise DataError(f"unknown task {task_name!r}; valid task names: {', '.join(TASK_NAMES)}")
+        raise DataError(unknown_task_message(task_name))
     topology = TASK_TOPOLOGIES[task_name]
     arguments: dict[str, int | bool] = {**DATA_ARGUMENTS[topology], **DEFAULT_HOST_SIZES[task_name]}
     if topology in ("cnn", "cnn1d") and pool_slots:  # as `task_host` builds a run's host

@@ -24,7 +24,7 @@ import torch
 from torch import Tensor, fx, nn
 
 from morphogen.core.transformer_layers import TransformerBlock, init_gpt_
-from morphogen.inputs import Inputs, take_rows
+from morphogen.inputs import Inputs, names_problem, take_rows
 from morphogen.limits import short_repr
 
 Device = torch.device | str | None
@@ -185,6 +185,9 @@ class SegmentedHost(nn.Module):
         self.carried_values: CarriedValues | None = None
         #: What the first segment takes (`morphogen.inputs.InputSpec.kind`): "tensor", "tuple", "list" or "dict".
         self.input_kind = "tensor"
+        #: The names of the inputs the first segment reads (`morphogen.inputs.names` of the example): a batch that
+        #: names others is refused, since the segments were traced without them.
+        self.input_names: tuple[str | int, ...] = ()
         #: Slot ids the host would have, had it been built with an option it was not built with, and what that
         #: option is in words: an unknown slot's error names them (the conv hosts' pool slots).
         self._optional_slots: tuple[tuple[str, ...], str] = ((), "")
@@ -222,6 +225,9 @@ class SegmentedHost(nn.Module):
         return output
 
     def forward(self, x: Inputs) -> Tensor:
+        problem = None if isinstance(x, Tensor) else names_problem(self.input_names, x)
+        if problem is not None:
+            raise ValueError(problem)
         for segment in self.segments:
             x = segment(x)
         if self.carried_values is not None:  # the pass is over: nothing keeps its activations

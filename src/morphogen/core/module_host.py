@@ -42,6 +42,7 @@ from morphogen.core.hosts import CarriedValues, SegmentedHost, SideInputs
 from morphogen.core.tracing import traceable_factories, traced_buffers_as_values_if_needed
 from morphogen.core.training_mode import ModeDependentCall, TrainingModeError, modes_kept, trace_in_both_modes
 from morphogen.inputs import Inputs, InputSpec, call, dtype_mismatch, rows
+from morphogen.inputs import names as input_names
 from morphogen.inputs import problem as inputs_problem
 
 #: The layout of each topology's activations, by rank: what a shape probe accepts for it.
@@ -112,6 +113,7 @@ def host_from_module(model: nn.Module, slots: Sequence[str], example_input: Inpu
     host = ModuleHost(segments, _widths(ordered, outputs, chosen), chosen, dict(zip(slot_ids, ordered, strict=True)),
                       {slot_id: layer for slot_id, layer in zip(slot_ids, layers, strict=True) if layer is not None})
     host.side_inputs, host.input_kind = side_inputs, InputSpec.of(example_input).kind
+    host.input_names = input_names(example_input)
     host.carried_values = None if carried is None else carried[0]
     # What enters each segment, which a branch seed beside it maps: the first takes the model's inputs, which a
     # branch can read only where they are one tensor, and only values, not integer ids an embedding looks up.
@@ -239,6 +241,9 @@ def _widths(names: Sequence[str], outputs: Sequence[Tensor], topology: str) -> d
 def _check_names(model: nn.Module, names: Sequence[str]) -> None:
     known = dict(model.named_modules())
     for name in names:
+        if not isinstance(name, str):  # `slots=[1]` for an nn.Sequential's child '1'
+            raise HostBuildError(f"slots are names of submodules, as strings: got {name!r} "
+                                 f"({type(name).__name__}); write {str(name)!r}")
         if name not in known or not name:
             children = ", ".join(child for child, _ in model.named_children()) or "none"
             raise HostBuildError(f"no submodule named {name!r} in {type(model).__name__}; its children: {children} "
@@ -811,14 +816,16 @@ def _probe(model: nn.Module, segments: Sequence[nn.Module], names: Sequence[str]
             activations.append(x)
             if index < len(names):  # checked before the next part runs on it (its inputs are bound now)
                 _check_one_row_per_sample(names[index], x, rows(example), isinstance(example, Tensor)
-                                          and example.dim() == 1)
+                                          and example.dim() == 1, _is_batch_first_rnn(model, names[index]))
                 copyable.append(layers[index] if _keeps_shape(layers[index], x) else None)
         if carried is not None:
             _check_carried_rows(carried, rows(example))
     _check_the_output(model, example, expected, activations.pop(), key, names, untraced)
     for name, activation in zip(names, activations, strict=True):
         if not isinstance(activation, Tensor):
-            raise HostBuildError(f"slot after {name!r}: its output is a {type(activation).__name__}, not one tensor")
+            raise HostBuildError(f"slot after {name!r}: its output is a {type(activation).__name__}, not one tensor"
+                                 + (f"; {_RNN_STATE_HINT}" if isinstance(model.get_submodule(name), nn.RNNBase)
+                                    else ""))
         if activation.dim() < 2:
             raise HostBuildError(f"slot after {name!r}: its output has shape {tuple(activation.shape)}; a slot needs "
                                  "[N, channels, ...] or [N, ..., features]")
@@ -843,7 +850,19 @@ def _picked_output(model_name: str, outputs: object, key: int | str) -> object:
         return _pick_output(outputs, key)
     except (IndexError, KeyError, TypeError, AttributeError):
         raise HostBuildError(f"output={key!r}: {model_name}'s forward returns a {type(outputs).__name__} without "
-                             "it") from None
+                             f"it; {_output_choices(outputs)}") from None
+
+
+def _output_choices(outputs: object) -> str:
+    """How `output=` can name each of the several outputs a forward returned, for the message that asks for one."""
+    if isinstance(outputs, Mapping):
+        return f"its keys: {', '.join(f'output={key!r}' for key in outputs)}"
+    fields = getattr(outputs, "_fields", None) or getattr(outputs, "__dataclass_fields__", None)
+    if fields:
+        return f"its fields: {', '.join(f'output={name!r}' for name in fields)}"
+    if isinstance(outputs, tuple | list) and outputs:
+        return f"its positions: output=0 to output={len(outputs) - 1}"
+    return 'output=0 (a position) or output="logits" (a key or attribute)'
 
 
 def _detached(output: object) -> object:
@@ -861,16 +880,33 @@ def _keeps_shape(layer: nn.Module | None, activation: object) -> bool:
     return isinstance(output, Tensor) and output.shape == activation.shape
 
 
-def _check_one_row_per_sample(name: str, activation: object, samples: int, flat_example: bool = False) -> None:
+#: Why the value a forward reads of an RNN's state cannot hold a slot, and where one can go instead.
+_RNN_STATE_HINT = ("an RNN's final state (h, or an LSTM's (h, c)) is [layers, N, D] whatever batch_first: put the slot "
+                   "after the RNN where the forward reads its output (out, _ = rnn(x); out[:, -1]), or after a layer "
+                   "that reads the state")
+
+
+def _is_batch_first_rnn(model: nn.Module, name: str) -> bool:
+    """Whether submodule `name` is one of torch's RNNs (nn.RNN, nn.LSTM, nn.GRU) built with batch_first=True."""
+    module = model.get_submodule(name)
+    return isinstance(module, nn.RNNBase) and module.batch_first
+
+
+def _check_one_row_per_sample(name: str, activation: object, samples: int, flat_example: bool = False,
+                              batch_first_rnn: bool = False) -> None:
     """Shadow rows and stacked configurations are whole samples: a slot's activation holds one row per sample.
-    `flat_example`: the example input is one 1-D tensor, most often one sample given without its batch dimension."""
+    `flat_example`: the example input is one 1-D tensor, most often one sample given without its batch dimension;
+    `batch_first_rnn`: the slot follows a batch-first RNN, whose output holds a row per sample but its final state
+    does not."""
     if isinstance(activation, Tensor) and activation.dim() > 0 and activation.shape[0] != samples:
         if flat_example:
             hint = (f"; example_input is a batch, its first dimension the samples: was it one sample's {samples} "
                     "values (give x[:2], not x[0])?")
+        elif batch_first_rnn:
+            hint = f"; {_RNN_STATE_HINT}"
         elif activation.dim() > 1 and activation.shape[1] == samples:
             hint = (f"; its dimension 1 holds the {samples} samples, as in a sequence-first layout (torch's "
-                    "transformer layers with batch_first=False): build them with batch_first=True")
+                    "transformer layers and RNNs with batch_first=False): build them with batch_first=True")
         else:
             hint = ""
         raise HostBuildError(f"slot after {name!r}: its output has {activation.shape[0]} rows for a batch of "
@@ -919,8 +955,7 @@ def _check_the_output(model: nn.Module, example: Inputs, expected: object, outpu
     model random in eval mode, or parts the forward does not run in order."""
     if not isinstance(expected, Tensor) or not isinstance(output, Tensor):
         raise HostBuildError(f"{type(model).__name__}'s forward returns {type(expected).__name__}; a host returns "
-                             "one tensor: name the one your loss reads, output=0 (a position) or output=\"logits\" (a "
-                             "key or attribute)")
+                             f"one tensor: name the one your loss reads ({_output_choices(expected)})")
     if output.shape != expected.shape or not torch.allclose(output, expected, rtol=1e-4, atol=1e-5):
         _refuse_a_random_eval_mode(model, example, expected, key)
         cause = (f"torch.fx cannot trace {type(model).__name__} ({untraced}), and cutting it between its children "

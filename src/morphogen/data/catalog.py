@@ -16,6 +16,13 @@ TASK_DESCRIPTIONS: dict[str, str] = {
 
 TASK_NAMES: tuple[str, ...] = ("digits", "cifar10", "text", "mnist1d")
 
+
+def unknown_task_message(name: str) -> str:
+    """The line for a task name that is no built-in task: the valid names, and how a task of one's own is named
+    (a name without its module's `:function` is the usual slip)."""
+    return (f"unknown task {name!r}; valid task names: {', '.join(TASK_NAMES)}, or module:function for a task of "
+            "your own (my_task:make_task)")
+
 CNN_HOST_SIZE = {"n_blocks": 3, "base_channels": 32, "kernel_size": 3}
 """CNNHost size for `cifar10`: 3 blocks of width 32/64/128."""
 DIGITS_HOST_SIZE = {"n_blocks": 2, "base_channels": 8, "kernel_size": 3}

@@ -36,7 +36,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from morphogen.data.catalog import DEFAULT_HOST_SIZES, TASK_NAMES
+from morphogen.data.catalog import DEFAULT_HOST_SIZES, TASK_NAMES, unknown_task_message
 from morphogen.data.cifar import CIFAR10_NUM_CLASSES, EXPECTED_LAYOUT, read_cifar10, uint8_channel_mean_std
 from morphogen.data.datasets import Augmentation, DeviceDataset, random_crop_flip
 from morphogen.data.digits import read_digits, stratified_split
@@ -192,7 +192,7 @@ def host_size(name: str, overrides: Mapping[str, object] | None = None) -> dict[
     (the message lists them) and a value that is not a positive integer, each naming its key `host.NAME`.
     """
     if name not in TASK_NAMES:
-        raise DataError(f"unknown task {name!r}; valid task names: {', '.join(TASK_NAMES)}")
+        raise DataError(unknown_task_message(name))
     size = dict(DEFAULT_HOST_SIZES[name])
     for key, value in (overrides or {}).items():
         if key not in DEFAULT_HOST_SIZES[name]:

@@ -49,7 +49,16 @@ from morphogen.env.rewards import RewardBreakdown, RewardConfig, RewardMode, com
 from morphogen.env.seeding import TRAINING_RNG_STREAM, derive_seed, seeded
 from morphogen.env.snapshot import HISTORY_LENGTH, EpisodeSnapshot, SlotSnapshot, snapshot_from_state, snapshot_state
 from morphogen.env.training import HostAndSeedTrainer, clear_stale_casts
-from morphogen.inputs import Inputs, InputSpec, batch_differences, dtype_mismatch, rows, take_rows, to_device
+from morphogen.inputs import (
+    Inputs,
+    InputSpec,
+    batch_differences,
+    dtype_mismatch,
+    names_problem,
+    rows,
+    take_rows,
+    to_device,
+)
 from morphogen.limits import MAX_BATCH_SIZE, MAX_EPOCHS, MAX_INTEGER_SETTING, check_count
 from morphogen.telemetry import events
 from morphogen.telemetry.anomalies import AnomalyDetector
@@ -625,7 +634,8 @@ class MorphogenesisEpisode:
 
     def _refuse_inputs_of_another_kind(self) -> None:
         """A `DataError` where the validation inputs are not of the kind the host was built for (one tensor, or a
-        tuple or dict of them): the model failed on them for that, whatever torch's message says."""
+        tuple or dict of them) or do not name the inputs it was built with: the model failed on them for that,
+        whatever torch's message says."""
         assert self.model is not None
         expected = getattr(self.model.host, "input_kind", "tensor")
         inputs = getattr(self.task.validation, "inputs", None)
@@ -635,6 +645,9 @@ class MorphogenesisEpisode:
         if given != expected:
             raise DataError(f"task {self.task.name!r}: its inputs are a {given}, but the host was built from an "
                             f"example_input that is a {expected}: give example_input as the data's batches are")
+        problem = names_problem(self.model.host.input_names, inputs)
+        if problem is not None:
+            raise DataError(f"task {self.task.name!r}: {problem}")
 
     def _validate(self) -> CounterfactualResult:
         assert self.model is not None

@@ -41,5 +41,5 @@ def format_difference(mean: float, error: float, metric_name: str) -> str:
     if metric_name == "accuracy":
         return f"{mean:+.2f} ± {format_spread(error, '.2f')} points"
     if metric_name == NEGATIVE_LOSS:
-        return f"{-mean:+.4f} ± {format_spread(error, '.4f')} in loss"
+        return f"{0.0 - mean:+.4f} ± {format_spread(error, '.4f')} in loss"  # 0.0 - 0.0 is +0.0, -(0.0) is -0.0
     return f"{mean:+.4g} ± {format_spread(error, '.4g')}"
