@@ -216,8 +216,9 @@ def play_over_seeds(play: PlaySeed, seeds: int | Sequence[int], run_dir: str | N
     sent = _sent_to_workers(play) if workers > 1 else None
     resumed = resumable_seeds_dir(run_dir) if resume else None
     # What each seed's run refuses before it writes (an unknown slot, blueprint or task, a policy, the device, ...),
-    # refused before the run directory and its plan are made; building it draws no number the runs would have drawn.
-    with torch.random.fork_rng(devices=[]):
+    # refused before the run directory and its plan are made; building it draws no number the runs would have drawn,
+    # at the thread count the runs have.
+    with torch.random.fork_rng(devices=[]), contextlib.nullcontext() if threads is None else torch_threads(threads):
         play.check(chosen[0])
     parent = resumed or make_run_dir(run_dir, runs_root, f"{run_name(task_name)}-seeds")
     # One writer of seeds_plan.json and seeds.json.
