@@ -56,7 +56,7 @@ def case(name: str, argv: list[str], says: str, *, cuda: bool = False) -> Any:
     return pytest.param(argv, says, id=name, marks=marks)
 
 
-#: New runs into {run} (`--run-dir`, or export's `--output` directory), which must not exist afterwards.
+#: New runs into {run} (`--run-dir` where the command line names no {run} itself), which must not exist afterwards.
 NEW_RUNS = [
     case("run-slot", ["run", *RUN, "--slots", "r9c9"], "unknown slot 'r9c9'"),
     case("run-task", ["run", *RUN, "--task", "nope"], "unknown task 'nope'"),
@@ -101,7 +101,12 @@ NEW_RUNS = [
     case("eval-policy-format", ["eval", *EVAL, "--policy", "{files}/other_format.pt"], "is not a morphogen checkpoint"),
     case("eval-data-dir", ["eval", *EVAL, "--policy", "default", "--task", "cifar10", "--data-dir", "{files}/missing"],
          "CIFAR-10 data directory"),
+    case("run-resume-missing", ["run", "--resume", "{run}"], "holds no run of `morphogen run` to resume"),
+    case("train-resume-missing", ["train", "--resume", "{run}", "--rounds", "2"], "no checkpoint at"),
+    case("eval-resume-missing", ["eval", "--resume", "{run}"], "holds no evaluation"),
     case("export-no-model", ["export", "{trained}", "--output", "{run}/model.pt2"], "no saved model"),
+    case("export-from-scratch", ["export", "{finished}", "--from-scratch", "--output", "{run}/model.pt2"],
+         "trained no final architecture from scratch"),
     case("export-suffix", ["export", "{finished}", "--output", "{run}/model.onnx"], "names an ONNX model"),
     case("export-dims", ["export", "{finished}", "--output", "{run}/model.pt2", "--dynamic-dims", "x"],
          "--dynamic-dims"),
@@ -187,7 +192,7 @@ def _refused(argv: list[str], says: str, capsys: pytest.CaptureFixture[str]) -> 
 def test_a_refused_new_run_makes_no_run_directory(argv: list[str], says: str, runs: dict[str, Path], tmp_path: Path,
                                                   capsys: pytest.CaptureFixture[str]) -> None:
     run_dir = tmp_path / "new" / "run"
-    if argv[0] != "export":
+    if not any("{run}" in part for part in argv):
         argv = [*argv, "--run-dir", "{run}"]
     before = {name: _contents(runs[name]) for name in RUN_NAMES if f"{{{name}}}" in argv}
     _refused([part.format(run=run_dir, **runs) for part in argv], says, capsys)
