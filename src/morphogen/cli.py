@@ -601,7 +601,6 @@ def _run(args: argparse.Namespace) -> None:
         return
     import torch
 
-    from morphogen.devices import resolve_device
     from morphogen.over_seeds import RunSeed, play_over_seeds
 
     if args.seeds < 1:
@@ -609,7 +608,6 @@ def _run(args: argparse.Namespace) -> None:
     if config.seed > MAX_SEED - (args.seeds - 1):
         raise UsageError(f"--seeds {args.seeds} from seed {config.seed:,} goes past the largest seed, {MAX_SEED:,}")
     jobs = 1 if args.jobs is None else args.jobs
-    resolve_device(config.device)  # each seed's run resolves it too, but after the run directory's plan is written
     play = RunSeed(with_policy_identity(config), task)
     play_over_seeds(play if jobs == 1 else play.for_workers(), range(config.seed, config.seed + args.seeds),
                     config.run_dir, config.runs_root, config.task_name or config.task, config.from_scratch, None,

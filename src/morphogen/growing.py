@@ -17,7 +17,7 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any, TextIO
 
-from morphogen.commands.run import ConfigSource, RunResult, run_command, settings_from
+from morphogen.commands.run import ConfigSource, RunConfig, RunResult, run_command, settings_from
 from morphogen.commands.threads import torch_threads
 from morphogen.config import ConfigError
 from morphogen.core.hosts import SegmentedHost
@@ -62,6 +62,24 @@ def grow(task: Task, host: object = None, *, epochs: int | None = None, seed: in
     `threads` runs the trainings with that many torch intra-op threads and restores the process's count after (None:
     the process's own count; one thread is the fastest for small models while anything else shares the cores).
     """
+    settings, with_host = grow_settings(task, host, epochs=epochs, seed=seed, baseline=baseline,
+                                        from_scratch=from_scratch, device=device, run_dir=run_dir, runs_root=runs_root,
+                                        config=config, policy=policy)
+    with contextlib.nullcontext() if threads is None else torch_threads(threads):  # checks the count before a write
+        result = run_command(settings, task=with_host, out=out, resume=resume, compare_with=compare_with)
+    if isinstance(with_host.host, SegmentedHost):
+        # Each training ran on a copy of the host; the grown one's weights go back into it, and so into the user's
+        # own modules, whose parameters a host from `host_from_module` shares.
+        with_host.host.load_state_dict(result.model.host.state_dict())
+    return result
+
+
+def grow_settings(task: Task, host: object = None, *, epochs: int | None = None, seed: int | None = None,
+                  baseline: bool | None = None, from_scratch: bool | None = None, device: str | None = None,
+                  run_dir: str | None = None, runs_root: str | None = None, config: ConfigSource | None = None,
+                  policy: str | None = None) -> tuple[RunConfig, Task]:
+    """The settings and the task (with its host) that `grow` runs with those arguments, checked as `grow` checks
+    them: a `ConfigError` (or `DataError`) for one that cannot work."""
     with_host = task_with_host(task, host)
     base = settings_from(config, with_host.name, with_host.topology)
     if epochs is not None:
@@ -77,11 +95,4 @@ def grow(task: Task, host: object = None, *, epochs: int | None = None, seed: in
     except ValueError as error:
         raise ConfigError(str(error)) from None
     resolve_device(settings.device, fix="device='cpu'")  # here, to name the keyword in the fix rather than `--device`
-    with contextlib.nullcontext() if threads is None else torch_threads(threads):  # checks the count before a write
-        result = run_command(settings, task=with_host, out=out, resume=resume, compare_with=compare_with)
-    if isinstance(with_host.host, SegmentedHost):
-        # Each training ran on a copy of the host; the grown one's weights go back into it, and so into the user's
-        # own modules, whose parameters a host from `host_from_module` shares.
-        with_host.host.load_state_dict(result.model.host.state_dict())
-    return result
-
+    return settings, with_host

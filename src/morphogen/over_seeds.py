@@ -28,14 +28,14 @@ from typing import Any, Protocol, TextIO
 import cloudpickle
 import torch
 
-from morphogen.commands.run import RunConfig, RunResult, run_command, run_name, settings_from
+from morphogen.commands.run import RunConfig, RunResult, prepare_run, run_command, run_name, settings_from
 from morphogen.commands.threads import torch_threads
 from morphogen.commands.workers import WorkerJob, spawned_workers
 from morphogen.config import ConfigError
 from morphogen.core.hosts import SegmentedHost
 from morphogen.data import Task
 from morphogen.devices import resolve_device
-from morphogen.growing import grow
+from morphogen.growing import grow, grow_settings
 from morphogen.limits import MAX_JOBS, MAX_SEED, check_count, short_repr
 from morphogen.run_directory import (
     CONFIG_FILENAME,
@@ -79,6 +79,9 @@ class PlaySeed(Protocol):
 
     def __call__(self, seed: int, directory: str, resume: bool) -> RunResult: ...
 
+    def check(self, seed: int) -> None:
+        """Raise what that seed's run would raise before writing anything (`prepare_run`), writing nothing."""
+
 
 def grow_over_seeds(task: Task, host: object = None, *, seeds: int | Sequence[int] = 5, run_dir: str | None = None,
                     out: TextIO | None = None, jobs: int = 1, threads: int | None = None, resume: bool = False,
@@ -108,9 +111,6 @@ def grow_over_seeds(task: Task, host: object = None, *, seeds: int | Sequence[in
             raise ConfigError(f"grow_over_seeds: {option} is chosen per seed; to go on with a stopped run over seeds, "
                               "call it again with resume=True")
     settings = settings_from(grow_options.get("config"), task.name, task.topology)
-    device = grow_options.get("device")
-    # Each seed's `grow` checks the device too, but after the run directory's plan is written.
-    resolve_device(device if isinstance(device, str) else settings.device, fix="device='cpu'")
     from_scratch = grow_options.get("from_scratch")
     return play_over_seeds(
         GrowSeed(task, host, grow_options), seeds, None if run_dir is None else user_path(run_dir),
@@ -145,6 +145,12 @@ class GrowSeed:
         host = copy.deepcopy(self.host) if isinstance(self.host, torch.nn.Module) else self.host
         return grow(self.task, host, seed=seed, run_dir=directory, out=io.StringIO(), resume=resume,
                     **self.grow_options)
+
+    def check(self, seed: int) -> None:
+        options = dict(self.grow_options)
+        compare_with = options.pop("compare_with", None)
+        settings, task = grow_settings(self.task, self.host, seed=seed, **options)
+        prepare_run(settings, task=task, compare_with=compare_with)
 
 
 @dataclass
@@ -184,6 +190,9 @@ class RunSeed:
         return run_command(dataclasses.replace(self.config, seed=seed, run_dir=directory), out=io.StringIO(),
                            task=self.task, resume=resume)
 
+    def check(self, seed: int) -> None:
+        prepare_run(dataclasses.replace(self.config, seed=seed, run_dir=None), task=self.task)
+
 
 def play_over_seeds(play: PlaySeed, seeds: int | Sequence[int], run_dir: str | None, runs_root: str, task_name: str,
                     from_scratch: bool, out: TextIO | None, *, jobs: int = 1, threads: int | None = None,
@@ -193,8 +202,9 @@ def play_over_seeds(play: PlaySeed, seeds: int | Sequence[int], run_dir: str | N
     train the grown model's final architecture from scratch. `jobs` > 1: `play` (picklable) runs in that many
     worker processes, each with `threads` torch threads (None: this process's count shared among them).
 
-    The seeds, `from_scratch` and `plan` (what else a resume needs) go to `RUN_DIR/seeds_plan.json` first;
-    `resume` goes on with the run over seeds there (the seeds given must be its own)."""
+    The first seed's run is checked (`play.check`) before anything is made; then the seeds, `from_scratch` and `plan`
+    (what else a resume needs) go to `RUN_DIR/seeds_plan.json`, before any seed plays; `resume` goes on with the run
+    over seeds there (the seeds given must be its own)."""
     chosen = _checked_seeds(seeds)
     try:
         check_count("jobs", jobs, MAX_JOBS)
@@ -204,8 +214,13 @@ def play_over_seeds(play: PlaySeed, seeds: int | Sequence[int], run_dir: str | N
         raise ConfigError(str(error)) from None
     workers = min(jobs, len(chosen))
     sent = _sent_to_workers(play) if workers > 1 else None
-    parent = resumable_seeds_dir(run_dir) if resume else \
-        make_run_dir(run_dir, runs_root, f"{run_name(task_name)}-seeds")
+    resumed = resumable_seeds_dir(run_dir) if resume else None
+    # What each seed's run refuses before it writes (an unknown slot, blueprint or task, a policy, the device, ...),
+    # refused before the run directory and its plan are made; building it draws no number the runs would have drawn,
+    # at the thread count the runs have.
+    with torch.random.fork_rng(devices=[]), contextlib.nullcontext() if threads is None else torch_threads(threads):
+        play.check(chosen[0])
+    parent = resumed or make_run_dir(run_dir, runs_root, f"{run_name(task_name)}-seeds")
     # One writer of seeds_plan.json and seeds.json.
     with hold_run_directory(parent, LockPurpose.RESUME if resume else LockPurpose.NEW_RUN):
         if resume:

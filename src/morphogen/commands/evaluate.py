@@ -250,6 +250,8 @@ def _setting(config: EvalConfig, optimizer_table: Mapping[str, Any] | None = Non
         optimizer = task_optimizer_config(task.name, optimizer_table, "optimizer", topology=task.topology)
         config = dataclasses.replace(config, optimizer=optimizer)
         episode_config = dataclasses.replace(episode_config, optimizer=optimizer)
+    # Every episode builds this model: an unknown slot fails here, before the evaluation's run directory is made.
+    MorphogenesisEpisode(task, episode_config, slots=session.slots, pool_slots=session.pool_slots).build_model()
     agent = agent_from_checkpoint(state, device, source=policy_source(config.policy))
     agent.policy.compile_forward(config.compile_settings)
     return _Setting(config, session, episode_config, task, agent, policy_checksum(state))

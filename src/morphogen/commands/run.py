@@ -338,18 +338,28 @@ class RunResult:
     loss ("negative loss")."""
 
 
-def run_command(config: RunConfig, controller_factory: Callable[[MorphogenesisEpisode], Controller] | None = None,
-                out: TextIO | None = None, task: Task | None = None, *, resume: bool = False,
-                compare_with: Mapping[str, object] | None = None) -> RunResult:
-    """The whole `morphogen run`: load task, run the grown episode and the baseline, write the run dir.
+@dataclass(frozen=True)
+class PreparedRun:
+    """A run with everything built that can fail on the user's input, before anything is written: its config (the
+    host's whole size, the policy's identity, the task's name), task, grown episode (reset), controller, hosts to
+    compare with, and device."""
 
-    Progress and the summary go to `out`, by default the `sys.stdout` of the moment of the call (so that
-    redirecting stdout works). `task` replaces the one `config` names (a user's task built in Python). Each
-    training saves its state after every epoch (`commands/run_state.py`); `resume` goes on from those states in
-    `config.run_dir`, a run stopped before its summary, with the config it was started with. `compare_with`
-    names other hosts (or functions building them) trained without growth beside the rest, on the same data.
-    """
-    out = sys.stdout if out is None else out
+    config: RunConfig
+    task: Task
+    episode: MorphogenesisEpisode
+    controller: Controller
+    controller_name: str
+    """Who decides in the grown training: "heuristic" or "policy" (summary.json's `controller`)."""
+    fixed: dict[str, Task]
+    device: str
+
+
+def prepare_run(config: RunConfig, controller_factory: Callable[[MorphogenesisEpisode], Controller] | None = None,
+                task: Task | None = None, *, compare_with: Mapping[str, object] | None = None) -> PreparedRun:
+    """What `run_command` builds before it makes or writes its run directory: an unknown slot, blueprint, task, device
+    or policy, a missing data directory or a host to compare with that cannot be built fails here, without leaving a
+    half-made run directory behind (`grow_over_seeds` and `run --seeds` call it for their first seed before making
+    theirs)."""
     config = config.with_resolved_host()  # config.json records the host's whole size
     config = dataclasses.replace(config, text_file=_absolute(config.text_file), data_dir=_absolute(config.data_dir))
     device = resolve_device(config.device)
@@ -366,17 +376,33 @@ def run_command(config: RunConfig, controller_factory: Callable[[MorphogenesisEp
     episode = MorphogenesisEpisode(task, config.episode, seed=config.seed, slots=config.slots,
                                    pool_slots=config.pool_slots)
     episode.compile_settings = config.compile_settings
-    # Build the model and the controller before anything is written: an unknown slot or blueprint then
-    # fails without leaving a half-made run directory behind; so does a host to compare with that cannot be built.
     episode.reset()
     fixed = compared_tasks(config.compare_with, compare_with, task, config.task, config.host)
     if controller_factory is None:
         controller: Controller = HeuristicController(episode.action_space, task.topology, config.heuristic)
     else:
         controller = controller_factory(episode)
-    saving = _Saving(_config_text(config), "heuristic" if controller_factory is None else "policy", resume)
+    return PreparedRun(config, task, episode, controller, "heuristic" if controller_factory is None else "policy",
+                       fixed, device)
+
+
+def run_command(config: RunConfig, controller_factory: Callable[[MorphogenesisEpisode], Controller] | None = None,
+                out: TextIO | None = None, task: Task | None = None, *, resume: bool = False,
+                compare_with: Mapping[str, object] | None = None) -> RunResult:
+    """The whole `morphogen run`: load task, run the grown episode and the baseline, write the run dir.
+
+    Progress and the summary go to `out`, by default the `sys.stdout` of the moment of the call (so that
+    redirecting stdout works). `task` replaces the one `config` names (a user's task built in Python). Each
+    training saves its state after every epoch (`commands/run_state.py`); `resume` goes on from those states in
+    `config.run_dir`, a run stopped before its summary, with the config it was started with. `compare_with`
+    names other hosts (or functions building them) trained without growth beside the rest, on the same data.
+    """
+    out = sys.stdout if out is None else out
+    run = prepare_run(config, controller_factory, task, compare_with=compare_with)
+    config, fixed = run.config, run.fixed
+    saving = _Saving(_config_text(config), run.controller_name, resume)
     run_dir = resumable_run_dir(config.run_dir) if resume else \
-        make_run_dir(config.run_dir, config.runs_root, run_name(task.name))
+        make_run_dir(config.run_dir, config.runs_root, run_name(run.task.name))
     with hold_run_directory(run_dir, LockPurpose.RESUME if resume else LockPurpose.NEW_RUN):  # one writer per run
         # Again, now that no other command can start (or finish) a run there.
         if resume:
@@ -389,7 +415,7 @@ def run_command(config: RunConfig, controller_factory: Callable[[MorphogenesisEp
                 refuse_planted_link(directory)
         else:
             refuse_other_run(run_dir)
-        return _play_and_write(config, task, episode, controller, saving, device, run_dir, out, fixed)
+        return _play_and_write(config, run.task, run.episode, run.controller, saving, run.device, run_dir, out, fixed)
 
 
 def resumable_run_dir(run_dir: str | None) -> Path:
