@@ -24,7 +24,7 @@ from morphogen.core.hosts import SegmentedHost
 from morphogen.data import Task
 from morphogen.devices import resolve_device
 from morphogen.env.episode import task_with_host
-from morphogen.limits import MAX_EPOCHS, check_count
+from morphogen.limits import MAX_EPOCHS, MAX_THREADS, check_count
 from morphogen.session import PYTHON_TASK
 from morphogen.task_import import is_import_path
 
@@ -62,6 +62,8 @@ def grow(task: Task, host: object = None, *, epochs: int | None = None, seed: in
     `threads` runs the trainings with that many torch intra-op threads and restores the process's count after (None:
     the process's own count; one thread is the fastest for small models while anything else shares the cores).
     """
+    if threads is not None:
+        _check_count("threads", threads, MAX_THREADS)
     settings, with_host = grow_settings(task, host, epochs=epochs, seed=seed, baseline=baseline,
                                         from_scratch=from_scratch, device=device, run_dir=run_dir, runs_root=runs_root,
                                         config=config, policy=policy)
@@ -74,6 +76,14 @@ def grow(task: Task, host: object = None, *, epochs: int | None = None, seed: in
     return result
 
 
+def _check_count(name: str, value: int, upper: int) -> None:
+    """`limits.check_count`, its `ValueError` raised as the `ConfigError` `grow` promises."""
+    try:
+        check_count(name, value, upper)
+    except ValueError as error:
+        raise ConfigError(str(error)) from None
+
+
 def grow_settings(task: Task, host: object = None, *, epochs: int | None = None, seed: int | None = None,
                   baseline: bool | None = None, from_scratch: bool | None = None, device: str | None = None,
                   run_dir: str | None = None, runs_root: str | None = None, config: ConfigSource | None = None,
@@ -83,7 +93,7 @@ def grow_settings(task: Task, host: object = None, *, epochs: int | None = None,
     with_host = task_with_host(task, host)
     base = settings_from(config, with_host.name, with_host.topology)
     if epochs is not None:
-        check_count("epochs", epochs, MAX_EPOCHS)
+        _check_count("epochs", epochs, MAX_EPOCHS)
     # config.json records where the task came from: its import path, or that Python code built it.
     source = task.source if is_import_path(task.source) else PYTHON_TASK
     try:

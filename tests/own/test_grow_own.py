@@ -269,7 +269,7 @@ def test_grow_trains_with_the_threads_asked_for_and_gives_the_process_its_count_
     morphogen.grow(task, host, run_dir=str(tmp_path / "run"), config=eager_config(epochs=2), out=io.StringIO(),
                    threads=asked)
     assert sorted(THREADS_SEEN) == [asked] and torch.get_num_threads() == before
-    with pytest.raises(ValueError, match=r"^threads must be >= 1, got 0$"):
+    with pytest.raises(morphogen.ConfigError, match=r"^threads must be >= 1, got 0$"):
         morphogen.grow(task, host, run_dir=str(tmp_path / "refused"), threads=0)
     assert not (tmp_path / "refused").exists()
 
@@ -1205,7 +1205,7 @@ def test_a_count_that_is_not_an_integer_is_one_line(epochs: object, tmp_path: Pa
     data = (torch.randn(8, 12), torch.arange(8) % 3)
     task = morphogen.task_from_data("counts", data, data, num_classes=3)
     host = morphogen.host_from_module(mlp(), ["1"], example_input=data[0][:2])
-    with pytest.raises(ValueError, match=rf"^epochs must be an integer, got {re.escape(repr(epochs))}$"):
+    with pytest.raises(morphogen.ConfigError, match=rf"^epochs must be an integer, got {re.escape(repr(epochs))}$"):
         morphogen.grow(task, host, epochs=epochs, run_dir=str(tmp_path / "run"), out=io.StringIO())  # type: ignore[arg-type]
 
 
