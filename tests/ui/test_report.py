@@ -327,3 +327,21 @@ def test_report_of_an_evaluation_names_the_controller_and_episode_of_each_env(tm
     (run_dir / "eval.json").write_text('[{"name": ' + "[" * 100_000 + "]}]")  # damaged: bare ids, no error
     assert load_run_files(run_dir).evaluation is None
     assert main(["report", str(run_dir)]) == 0 and "epochs (env 0):" in capsys.readouterr().out
+
+
+def test_a_run_stopped_before_its_summary_says_so_in_one_line_in_report_runs_and_html(grown_run, tmp_path, capsys):
+    """Killed after epoch 3 of 8: every view says no summary.json follows and how far the events reach, instead of
+    ending without final figures and no word why."""
+    from morphogen.ui.runs import query_runs
+
+    run = shutil.copytree(grown_run, tmp_path / "runs" / "stopped")
+    (run / "summary.json").unlink()
+    lines = (run / "events.jsonl").read_text().splitlines(keepends=True)
+    fourth_epoch = [i for i, line in enumerate(lines) if '"epoch_completed"' in line][3]
+    (run / "events.jsonl").write_text("".join(lines[:fourth_epoch]))
+    note = "no summary.json: the run stopped, or is still going, after epoch 3 of 8"
+    assert main(["report", str(run)]) == 0
+    assert capsys.readouterr().out.splitlines()[0].endswith(f" events ({note})")
+    assert query_runs(tmp_path / "runs")[2] == [f"run stopped: {note}"]
+    assert f"({note})</p>" in render_html(run)
+    assert load_run_files(grown_run).damage_note() is None  # a finished run has nothing to say

@@ -261,6 +261,19 @@ def test_gflops_are_printed_from_the_exact_count_as_the_run_prints_them(
     assert capsys.readouterr().out.splitlines()[1].split()[9] == "1.79"
 
 
+@pytest.mark.parametrize(("flops", "printed"), [(9_390_000, "0.00939"), (11_540_000_000, "11.5"),
+                                                (123_456_000_000, "123")])
+def test_gflops_keep_the_three_digits_the_run_printed_however_small(
+        grown_run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], flops: int, printed: str) -> None:
+    # A user's small MLP trained for 9.39 MFLOP; with two decimals `runs` printed its GFLOPs as 0.01.
+    shutil.copytree(grown_run, tmp_path / "run")
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    summary["grown"]["flops"]["total"] = flops
+    (tmp_path / "run" / "summary.json").write_text(json.dumps(summary))
+    assert main(["runs", str(tmp_path)]) == 0
+    assert capsys.readouterr().out.splitlines()[1].split()[9] == printed
+
+
 def test_seconds_are_the_grown_models_training_time_the_run_printed(runs_root: Path) -> None:
     # The span from the first event to the last, rounded to 0.1 s, is not the wall time the run printed (1.5
     # where it printed 1.52): summary.json's figure is, where there is one.

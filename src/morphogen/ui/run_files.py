@@ -58,7 +58,7 @@ from morphogen.run_directory import (
     read_line,
     read_regular_file,
 )
-from morphogen.telemetry.events import Event, ImitationCompleted, RoundCompleted, event_from_dict
+from morphogen.telemetry.events import EpochCompleted, Event, ImitationCompleted, RoundCompleted, event_from_dict
 from morphogen.telemetry.story import NEGATIVE_LOSS, SeedStory
 from morphogen.ui.units import format_loss
 
@@ -250,7 +250,19 @@ class RunFiles:
         parts += [f"{name} unreadable" for name in self.unreadable]
         if self.without_events:
             parts.append(f"no {EVENTS_FILENAME}: made with --telemetry off, its figures are summary.json's")
-        return ", ".join(parts) or None
+        unfinished = self._unfinished_note()
+        return ", ".join([*parts, *([unfinished] if unfinished else [])]) or None
+
+    def _unfinished_note(self) -> str | None:
+        """Of a `run` (its config has `from_scratch`) whose events have no summary.json beside them: that it stopped
+        or is still going, and the last epoch its events reach, so a reader knows why no final figures follow."""
+        if "from_scratch" not in self.config or self.without_events or os.path.lexists(self.path / SUMMARY_FILENAME):
+            return None
+        epochs = [event.epoch for event in self.history if isinstance(event, EpochCompleted) and event.env_id == 0]
+        total = config_value(self.config, "episode.max_epochs")
+        of_total = f" of {total}" if isinstance(total, int) and not isinstance(total, bool) else ""
+        reached = f" after epoch {max(epochs)}{of_total}" if epochs else " before its first epoch"
+        return f"no {SUMMARY_FILENAME}: the run stopped, or is still going,{reached}"
 
 
 #: Longest controller name read from an evaluation's table (eval's own are "learned", "heuristic", "no growth").

@@ -490,10 +490,22 @@ def _score_header(score: ScoreKind) -> str:
     return "acc %" if score.is_accuracy else score.label
 
 
-def _cell(value: Any) -> Text:
-    """A table cell as plain text: strings from a run are never read as Rich markup or control sequences."""
+def _three_digits(value: float) -> str:
+    """A positive figure to three significant digits without an exponent, as `format_flops` prints it: 5.23, 11.5,
+    0.00939 (9.39 MFLOP in GFLOP; two decimals would print 0.01); 100 and above whole, with separators."""
+    if not math.isfinite(value) or value <= 0:
+        return f"{value:.2f}"
+    decimals = max(0, 2 - math.floor(math.log10(value)))
+    return f"{value:,.{decimals}f}"
+
+
+def _cell(value: Any, three_digits: bool = False) -> Text:
+    """A table cell as plain text: strings from a run are never read as Rich markup or control sequences; a float
+    of a `three_digits` column to three significant digits."""
     if value is None:
         return Text("-")
+    if three_digits and isinstance(value, float):
+        return Text(_three_digits(value))
     if isinstance(value, float):
         return Text(f"{value:.2f}" if not math.isfinite(value) or abs(value) < 1e6 else f"{value:,.0f}")
     if isinstance(value, int):
@@ -502,16 +514,18 @@ def _cell(value: Any) -> Text:
 
 
 def print_table(header: Sequence[str], rows: Sequence[Sequence[Any]], out: TextIO,
-                marked: Collection[tuple[int, int]] = ()) -> None:
+                marked: Collection[tuple[int, int]] = (), three_digits: Collection[str] = ("gflops",)) -> None:
     """`rows` under `header` as an aligned table, numbers right-aligned; the cells `marked` (row, column) end in
-    `*`, which a note under the table explains."""
+    `*`, which a note under the table explains; the columns named in `three_digits` (training GFLOPs) are printed
+    to three significant digits, as the run printed them."""
     numeric = [all(isinstance(row[i], (int, float)) or row[i] is None for row in rows) for i in range(len(header))]
     columns = [Column(Text(printable(name)), justify="right" if is_number else "left")
                for name, is_number in zip(header, numeric, strict=True)]
     table = Table(*columns, box=None, pad_edge=False, header_style="bold")
     starred = {column for _, column in marked}  # their other cells end in a space, to keep the digits aligned
     for index, row in enumerate(rows):
-        table.add_row(*(_cell(value) + ("*" if (index, column) in marked else " " if column in starred else "")
+        table.add_row(*(_cell(value, header[column] in three_digits)
+                        + ("*" if (index, column) in marked else " " if column in starred else "")
                         for column, value in enumerate(row)))
     Console(file=out, width=max(LINE_WIDTH, 200), highlight=False).print(table)
 
