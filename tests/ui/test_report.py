@@ -66,6 +66,16 @@ def test_training_report_has_round_and_env_columns(trained_run, capsys):
     assert [row.split()[:3] for row in epochs] == [["2", "0", str(epoch)] for epoch in range(1, 5)]
 
 
+def test_the_rounds_table_heads_its_ppo_columns_in_words(trained_run, capsys):
+    """`kl` and `ev` are the trainer's shorthand; a reader of the report is told what the columns are."""
+    assert main(["report", str(trained_run)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    header = lines[lines.index("rounds:") + 1]
+    assert header.split("  ")[-3:] == ["approx KL", "explained variance", "seconds"] and "params added" in header
+    first = lines[lines.index("rounds:") + 2]
+    assert len(first) == len(header) and first.split()[0] == "1"  # the figures stand under their headers
+
+
 def test_report_of_a_regression_shows_the_loss_and_shares_of_it(tmp_path, capsys):
     import io
 

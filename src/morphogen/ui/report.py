@@ -217,14 +217,17 @@ def _training_section(history: Sequence[Event], score: ScoreKind) -> list[str]:
         return imitation
     updates = {e.round: e for e in history if isinstance(e, PPOUpdateCompleted)}
     final, width = _final_column(score)
+    # Headed in words, not `kl`/`ev`: the round's PPO update's approximate KL divergence and its value head's
+    # explained variance; the parameters the envs' seeds added, their mean.
     lines = [*imitation, "rounds:",
-             f"  {'round':>5}  {'return':>8}  {final:>{width}}  {'added':>8}  {'kl':>7}  {'ev':>6}  {'seconds':>7}"]
+             f"  {'round':>5}  {'return':>8}  {final:>{width}}  {'params added':>12}  {'approx KL':>9}  "
+             f"{'explained variance':>18}  {'seconds':>7}"]
     for r in rounds:
         update = updates.get(r.round)
         kl = "-" if update is None else f"{update.approx_kl:.4f}"
         explained = "-" if update is None else f"{update.explained_variance:+.2f}"
         lines.append(f"  {r.round:>5}  {r.mean_return:>+8.3f}  {score.format(r.mean_final_accuracy):>{width}}  "
-                     f"{r.mean_parameters_added:>8,.0f}  {kl:>7}  {explained:>6}  {r.seconds:>7.1f}")
+                     f"{r.mean_parameters_added:>12,.0f}  {kl:>9}  {explained:>18}  {r.seconds:>7.1f}")
     return lines
 
 
