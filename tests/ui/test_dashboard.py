@@ -16,7 +16,7 @@ from textual.widgets import DataTable, RichLog, Static
 
 from morphogen.cli import main
 from morphogen.run_directory import EVENTS_FILENAME
-from morphogen.telemetry.events import ImitationCompleted
+from morphogen.telemetry.events import ActionTaken, ImitationCompleted
 from morphogen.ui.dashboard import Dashboard, header_text, reward_text
 from morphogen.ui.live_state import RunView
 from morphogen.ui.run_files import IMITATION_ROUND, EventTail, TimedEvent
@@ -181,7 +181,7 @@ def test_the_imitation_warm_start_is_shown_as_imitation_not_as_round_1(tmp_path:
     lines = [line for timed in events[:end] if (line := view.apply(timed)) is not None]
     assert view.round == IMITATION_ROUND and view.envs[0].round == IMITATION_ROUND
     assert "imitation" in header_text(view, "LIVE").plain and "round 1/1" not in header_text(view, "LIVE").plain
-    assert lines and all(line.startswith("imit ") for line in lines)
+    assert lines and all(line.startswith("imitation epoch ") for line in lines)
     assert "agreement with the heuristic" in (view.apply(events[end]) or "")
     for timed in events[end + 1:]:
         view.apply(timed)
@@ -435,3 +435,19 @@ def test_a_round_written_again_to_lines_of_the_same_length_is_seen_as_a_cut(tmp_
     assert [timed.time for timed in tail.read_new()] == [1000.25, 2001.25]
     assert tail.cuts == 1
     assert tail.read_new() == [] and tail.cuts == 1  # nothing new: no cut
+
+
+def test_the_event_log_gives_a_taken_actions_reason_as_a_refused_ones() -> None:
+    """A germination or an advance is logged with why the controller took it (the gate's figure and threshold for
+    a refusal, the heuristic's measured reason for a taken action), not the bare action, at an epoch in words (the
+    alerts' strip, short of room, tags it `e7`)."""
+    view = RunView.from_config({"task": "digits", "policy": None})
+    germinated = view.apply(TimedEvent(1.0, ActionTaken(7, 0, "GERMINATE", "r0c0", "wider", True,
+                                                        "germinated wider in r0c0: the best growth signal per FLOP")))
+    refused = view.apply(TimedEvent(2.0, ActionTaken(12, 0, "ADVANCE", "r0c0", None, False,
+                                                     "blended in, the seed would add -0.0674 nats < 0.005")))
+    bare = view.apply(TimedEvent(3.0, ActionTaken(13, 0, "PRUNE", "r0c1", None, True, "pruned r0c1")))
+    assert germinated == ("epoch 7 env 0: GERMINATE r0c0 wider (germinated wider in r0c0: the best growth signal per "
+                          "FLOP)")
+    assert refused == "epoch 12 env 0: ADVANCE r0c0 refused: blended in, the seed would add -0.0674 nats < 0.005"
+    assert bare == "epoch 13 env 0: PRUNE r0c1"
