@@ -118,6 +118,16 @@ def test_contribution_pairs_take_the_shadow_before_blending_and_the_measurement_
     assert (in_nats.predicted, in_nats.measured) == (pytest.approx(0.1), 0.0) and in_nats.label == "r0c1 norm@2"
 
 
+def test_a_seeds_tooltip_gives_its_contributions_to_the_text_reports_digits(grown_run: Path) -> None:
+    """Judged in nats, a seed's shadow said +0.0283 nats and the text report says so; the chart's tooltip said +0.03,
+    with no unit."""
+    stories = re.findall(r"predicted (\S+ nats)  measured (\S+ nats)", render_report(grown_run))
+    assert stories, "the run's seeds were measured in nats"
+    page = render_html(grown_run)
+    for predicted, measured in stories:
+        assert f"predicted {predicted}, measured {measured}</title>" in page
+
+
 def test_html_of_a_run_is_self_contained_with_every_figure(grown_run: Path,
                                                            capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["report", str(grown_run), "--html"]) == 0

@@ -293,7 +293,7 @@ def render_html(run_dir: str | Path) -> str:
     contributions = scatter_chart([(p.predicted, p.measured, p.label) for p in pairs],
                                   title="contribution: predicted (shadow) vs measured",
                                   x_label=f"predicted: shadow contribution ({unit})",
-                                  y_label=f"measured ({unit})")
+                                  y_label=f"measured ({unit})", value_text=score.contribution_text)
     sections = [
         _section("Result", summary_table(files)),
         _section("Growth", *growth_charts(files)),

@@ -399,8 +399,12 @@ class ScoreKind:
     def contribution(self, story: SeedStory, *, predicted: bool = False) -> str:
         """`contribution_value` as text in its unit: "+0.0669 nats", "+1.25 pts", "-" when not measured."""
         value = self.contribution_value(story, predicted=predicted)
+        return "-" if value is None else self.contribution_text(value)
+
+    def contribution_text(self, value: float) -> str:
+        """A contribution in `contribution_unit`, to the digits every view gives it: "+0.0669 nats", "+1.25 pts"."""
         text = {"loss": "{:+.4f} nats", "relative_loss": "{:+.2f}% of loss"}.get(self.criterion, "{:+.2f} pts")
-        return "-" if value is None else text.format(value)
+        return text.format(value)
 
 
 def score_kind(summary: Mapping[str, Any] | None, config: Mapping[str, Any] | None = None) -> ScoreKind:
