@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import html
 import json
 import math
 import re
@@ -126,6 +127,26 @@ def test_a_seeds_tooltip_gives_its_contributions_to_the_text_reports_digits(grow
     page = render_html(grown_run)
     for predicted, measured in stories:
         assert f"predicted {predicted}, measured {measured}</title>" in page
+
+
+def test_the_page_lists_every_decision_with_its_epoch_and_why(grown_run: Path, tmp_path: Path) -> None:
+    """Each action but a wait that events.jsonl holds is a row: its epoch, what, carried out or refused, and the reason
+    as written (a gate's figure and threshold for a refusal), escaped."""
+    run = shutil.copytree(grown_run, tmp_path / "run")
+    refused = {"time": 1e9, "event": "action_taken", "schema_version": 2, "epoch": 8, "env_id": 0, "op": "PRUNE",
+               "slot": "r0c1", "blueprint": None, "succeeded": False, "reason": "<b>the seed adds +0.10 nats >= 0.005"}
+    with (run / "events.jsonl").open("a") as events:
+        events.write(json.dumps(refused) + "\n")
+    page = render_html(run)
+    decisions = page[page.index("<h2>Decisions</h2>"):page.index("<h2>Seeds</h2>")]
+    taken = [record for record in map(json.loads, (run / "events.jsonl").read_text().splitlines())
+             if record["event"] == "action_taken" and record["op"] != "WAIT"]
+    assert len(taken) >= 2 and decisions.count("<tr>") == 1 + len(taken)
+    for record in taken:
+        what = " ".join(part for part in (record["op"], record["slot"], record["blueprint"]) if part)
+        outcome = "carried out" if record["succeeded"] else "refused"
+        assert (f"<td class='num'>{record['epoch']}</td><td>{what}</td><td>{outcome}</td>"
+                f"<td>{html.escape(record['reason'])}</td>") in decisions
 
 
 def test_html_of_a_run_is_self_contained_with_every_figure(grown_run: Path,

@@ -5,6 +5,8 @@ opens offline, in a mail attachment or an artifact store, exactly as written. It
 
 - accuracy and parameters over epochs against the no-growth baseline and the final architecture
   trained from scratch (`run`), or the per-round means (`train`);
+- the controller's decisions: every action but a wait, with its epoch, whether it was carried out and why (the
+  controller's measured reason, or the gate's figure and threshold for a refusal), as the text report gives them;
 - a timeline with one bar per seed, coloured by lifecycle stage (a `run`'s seeds, or the last round's);
 - contributions: predicted (the shadow contribution measured while the seed trained behind the host,
   the `with:<slot>` counterfactual) against measured (acc with it minus acc without it once blended);
@@ -26,6 +28,7 @@ from pathlib import Path
 from morphogen.run_directory import REPORT_FILENAME, DiskFullError, run_of_file, write_atomic
 from morphogen.telemetry.events import (
     ALL_ENVS,
+    ActionTaken,
     AnomalyDetected,
     EpochCompleted,
     Event,
@@ -243,6 +246,29 @@ def health_table(files: RunFiles) -> str:
     return f"<table><tr><th>round</th><th>epoch</th><th>where</th><th>what</th><th>detail</th></tr>{body}</table>"
 
 
+def decisions_table(files: RunFiles) -> str:
+    """Every action but a wait that env 0 took (of a training run, in its last round), with its epoch, whether it was
+    carried out and the reason the events give: the controller's measured one, or the gate's figure and threshold
+    for a refusal, as the text report's epoch table gives them; "" when there is none."""
+    actions = [(round_number, event) for round_number, event in round_of_events(files.history)
+               if isinstance(event, ActionTaken) and event.op != "WAIT" and event.env_id == 0]
+    if files.is_training and actions:
+        last = actions[-1][0]
+        actions = [(r, event) for r, event in actions if r == last]
+    rows = "".join(
+        f"<tr><td class='num'>{event.epoch}</td>"
+        f"<td>{escape(' '.join(part for part in (event.op, event.slot, event.blueprint) if part))}</td>"
+        f"<td>{'carried out' if event.succeeded else 'refused'}</td><td>{escape(event.reason or '-')}</td></tr>"
+        for _, event in actions)
+    if not rows:
+        return ""
+    where = (f"round {actions[-1][0]}, env 0" if files.is_training
+             else files.evaluation.label(0) if files.evaluation is not None else "")
+    caption = f"<p class='meta'>{escape(where)}</p>" if where else ""
+    return (f"<div>{caption}<table><tr><th>epoch</th><th>action</th><th>outcome</th><th>why</th></tr>{rows}"
+            "</table></div>")
+
+
 def summary_table(files: RunFiles) -> str:
     """The closing table of `run`: grown, no growth, the final architecture trained from scratch, and the hosts it
     was compared with (`--compare`), as `run`'s closing table and the text report show them."""
@@ -297,6 +323,7 @@ def render_html(run_dir: str | Path) -> str:
     sections = [
         _section("Result", summary_table(files)),
         _section("Growth", *growth_charts(files)),
+        _section("Decisions", decisions_table(files)),
         _section("Seeds", timeline_section(files), contributions),
         _section("Reward", reward_chart(files)) if files.steered_by_reward else "",
         _section("PPO", *ppo_charts(files.history)),
