@@ -451,3 +451,24 @@ def test_the_event_log_gives_a_taken_actions_reason_as_a_refused_ones() -> None:
                           "FLOP)")
     assert refused == "epoch 12 env 0: ADVANCE r0c0 refused: blended in, the seed would add -0.0674 nats < 0.005"
     assert bare == "epoch 13 env 0: PRUNE r0c1"
+
+
+def test_damaged_lines_are_said_in_the_log_not_skipped_in_silence(grown_run: Path, tmp_path: Path) -> None:
+    """Two lines that are not events, one at the start and one appended while the view follows: the log says how many
+    were skipped each time, as `report` says it in its header."""
+    run = shutil.copytree(grown_run, tmp_path / "run")
+    lines = (run / EVENTS_FILENAME).read_text().splitlines(keepends=True)
+    (run / EVENTS_FILENAME).write_text("".join(["{torn\n", *lines[:5]]))
+
+    async def drive() -> None:
+        app = Dashboard(run, poll_seconds=POLL)
+        async with app.run_test(size=(140, 40)) as pilot:
+            await _wait_for(pilot, lambda: bool(_log_lines(app)))
+            assert _log_lines(app)[0] == "1 line of events.jsonl skipped: not an event (torn, damaged or too long)"
+            with (run / EVENTS_FILENAME).open("a") as events:
+                events.write("".join(["\x00\x01 not json\n", *lines[5:]]))
+            await _wait_for(pilot, lambda: "[FINISHED]" in _text(app, "#header"))
+            assert sum("line of events.jsonl skipped" in line for line in _log_lines(app)) == 2
+            await pilot.press("q")
+
+    asyncio.run(drive())
