@@ -355,3 +355,23 @@ def test_a_run_stopped_before_its_summary_says_so_in_one_line_in_report_runs_and
     assert query_runs(tmp_path / "runs")[2] == [f"run stopped: {note}"]
     assert f"({note})</p>" in render_html(run)
     assert load_run_files(grown_run).damage_note() is None  # a finished run has nothing to say
+
+
+def test_report_of_an_evaluation_ends_with_each_controllers_means_as_eval_printed_them(tmp_path, capsys):
+    """The result of an evaluation is its table: each controller's mean final accuracy and parameters added over its
+    episodes, from eval.json (a figure that is not a finite number leaves that controller out), in text and HTML."""
+    (tmp_path / "config.json").write_text(json.dumps({"policy": "default", "task": "digits", "episodes": 2}))
+    events = [EpochCompleted(1, env, 1.0, 1.0, 90.0, 1442, (), "WAIT", True) for env in range(6)]
+    (tmp_path / "events.jsonl").write_text("".join(json.dumps({"time": 1.0, **e.to_dict()}) + "\n" for e in events))
+    table = [{"name": "learned", "accuracies": [95.0, 96.5], "added": [1240.0, 0.0]},
+             {"name": "heuristic", "accuracies": [94.0, 95.0], "added": [1240.0, 1240.0]},
+             {"name": "no growth", "accuracies": [93.0, "NaN"], "added": [0.0, 0.0]}]
+    (tmp_path / "eval.json").write_text(json.dumps(table))
+    assert main(["report", str(tmp_path)]) == 0
+    assert capsys.readouterr().out.rstrip().splitlines()[-1] == (
+        "evaluation (eval.json, means over 2 episodes each): learned 95.75% adding 620 parameters; heuristic 94.50% "
+        "adding 1,240 parameters")
+    page = render_html(tmp_path)
+    assert "<title>morphogen evaluation: digits</title>" in page
+    assert "<tr><td>learned</td><td class='num'>95.75%</td><td class='num'>620</td></tr>" in page
+    assert "<td>no growth</td>" not in page

@@ -38,7 +38,7 @@ from morphogen.telemetry.events import (
     RoundCompleted,
 )
 from morphogen.telemetry.story import NEGATIVE_LOSS, SeedStory, seed_stories
-from morphogen.ui.report import hosts_compared
+from morphogen.ui.report import evaluation_means, hosts_compared
 from morphogen.ui.run_files import (
     EvaluationEpisodes,
     RunDirectoryError,
@@ -54,7 +54,7 @@ from morphogen.ui.run_files import (
 from morphogen.ui.stages import STAGE_COLOURS, stage_colour
 from morphogen.ui.svg import Segment, Series, line_chart, scatter_chart, timeline_chart
 from morphogen.ui.terminal_text import printable
-from morphogen.ui.units import format_flops, format_loss
+from morphogen.ui.units import counted, format_flops, format_loss
 
 STYLE = """
 body { font: 14px/1.45 system-ui, sans-serif; margin: 24px auto; max-width: 1180px; color: #212121; }
@@ -301,6 +301,20 @@ def summary_table(files: RunFiles) -> str:
     return f"<table><tr><th></th>{header}</tr>{body}</table>"
 
 
+def evaluation_table(files: RunFiles) -> str:
+    """An evaluation's result as `eval` printed it: each controller's mean final score and parameters added over its
+    episodes (eval.json); "" for another run."""
+    means = evaluation_means(files)
+    if not means or files.evaluation is None:
+        return ""
+    body = "".join(f"<tr><td>{escape(name)}</td><td class='num'>{escape(files.score.format(score))}</td>"
+                   f"<td class='num'>{'-' if added is None else f'{added:,.0f}'}</td></tr>"
+                   for name, score, added in means)
+    episodes = counted(files.evaluation.episodes, "episode")
+    return (f"<table><tr><th>controller (means over {episodes} each)</th>"
+            f"<th>final val {escape(files.score.title)}</th><th>parameters added</th></tr>{body}</table>")
+
+
 def _section(title: str, *figures: str) -> str:
     shown = [figure for figure in figures if figure]
     if not shown:
@@ -312,7 +326,7 @@ def render_html(run_dir: str | Path) -> str:
     """The whole report as one HTML document."""
     files = load_run_files(run_dir)
     config = files.config
-    kind = "training run" if files.is_training else "run"
+    kind = "training run" if files.is_training else "evaluation" if files.evaluation is not None else "run"
     score = files.score
     pairs = contribution_pairs(files.history, score, files.evaluation)
     unit = score.contribution_unit
@@ -321,7 +335,7 @@ def render_html(run_dir: str | Path) -> str:
                                   x_label=f"predicted: shadow contribution ({unit})",
                                   y_label=f"measured ({unit})", value_text=score.contribution_text)
     sections = [
-        _section("Result", summary_table(files)),
+        _section("Result", summary_table(files), evaluation_table(files)),
         _section("Growth", *growth_charts(files)),
         _section("Decisions", decisions_table(files)),
         _section("Seeds", timeline_section(files), contributions),

@@ -6,12 +6,14 @@ run directory copied from another machine and never imports the model, the env o
 
 from __future__ import annotations
 
+import json
+import statistics
 from collections import Counter, defaultdict
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from morphogen.run_directory import is_seeds_directory
+from morphogen.run_directory import MAX_JSON_BYTES, SCORES_FILENAME, is_seeds_directory, read_regular_file
 from morphogen.telemetry.events import (
     ALL_ENVS,
     ActionTaken,
@@ -32,6 +34,7 @@ from morphogen.ui.run_files import (
     IMITATION_ROUND,
     EvaluationEpisodes,
     RunDirectoryError,
+    RunFiles,
     ScoreKind,
     events_by_round,
     load_run_files,
@@ -281,6 +284,40 @@ def _comparison_section(summary: dict[str, Any] | None, config: dict[str, Any]) 
     return ["; ".join(parts)] if parts and parts[0].startswith("grown ") else []
 
 
+def evaluation_means(files: RunFiles) -> list[tuple[str, float, float | None]]:
+    """Of an evaluation, (controller, mean final score, mean parameters added) over its episodes, as `eval` printed
+    them, from eval.json (untrusted: finite numbers only); [] for another run or a table that cannot be read."""
+    if files.evaluation is None:  # eval.json does not name the controllers config.json's episodes belong to
+        return []
+    try:
+        table = json.loads(read_regular_file(files.path / SCORES_FILENAME, MAX_JSON_BYTES))
+    except (OSError, ValueError, RecursionError):
+        return []
+    means = []
+    for row in table if isinstance(table, list) else []:
+        scores, added = (_finite_numbers(row.get(key)) for key in ("accuracies", "added"))
+        if scores:
+            means.append((row["name"], statistics.fmean(scores), statistics.fmean(added) if added else None))
+    return means
+
+
+def _evaluation_section(files: RunFiles) -> list[str]:
+    """An evaluation's result in one line: each controller's mean final score and parameters added."""
+    means = evaluation_means(files)
+    if not means or files.evaluation is None:
+        return []
+    parts = [f"{name} {files.score.format(score)}" + ("" if added is None else f" adding {added:,.0f} parameters")
+             for name, score, added in means]
+    episodes = counted(files.evaluation.episodes, "episode")
+    return [f"evaluation ({SCORES_FILENAME}, means over {episodes} each): {'; '.join(parts)}"]
+
+
+def _finite_numbers(values: object) -> list[float]:
+    """A list of eval.json as numbers, or [] where any entry is not a finite number within `MAX_MAGNITUDE`."""
+    numbers = [summary_number({"value": value}, "value") for value in (values if isinstance(values, list) else [])]
+    return [] if None in numbers else [number for number in numbers if number is not None]
+
+
 def hosts_compared(summary: dict[str, object]) -> list[tuple[str, object]]:
     """(name, figures) of each host summary.json says the run compared with (names of at most `MAX_NAME`)."""
     fixed = summary.get("fixed")
@@ -315,6 +352,7 @@ def render_report(run_dir: str | Path) -> str:
                 _training_section(history, score),
                 [] if files.without_events else _health_section(history, training, evaluation),
                 _phase_section(history),
-                _comparison_section(files.summary, config)]
+                _comparison_section(files.summary, config),
+                _evaluation_section(files)]
     text = "\n\n".join("\n".join(section) for section in sections if section)
     return "\n".join(printable(line) for line in text.split("\n"))
