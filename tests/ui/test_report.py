@@ -26,8 +26,8 @@ def test_report_of_a_run_shows_epochs_seeds_and_the_comparison(tmp_path, capsys)
     assert "health: no rollbacks, no anomalies" in report
     assert "no growth" in report and "time by phase" in report
     # Every model's training FLOPs; four epochs grow nothing, so from scratch is no growth, as the run says.
-    assert "FLOP;" in report and report.rstrip().endswith(
-        "FLOP (nothing kept: the final architecture is the host, so these are no growth's figures)")
+    assert "FLOP in " in report and report.rstrip().endswith(
+        " s (nothing kept: the final architecture is the host, so these are no growth's figures)")
 
 
 def test_report_of_a_training_run_lists_its_rounds(tmp_path, capsys):
@@ -375,3 +375,15 @@ def test_report_of_an_evaluation_ends_with_each_controllers_means_as_eval_printe
     assert "<title>morphogen evaluation: digits</title>" in page
     assert "<tr><td>learned</td><td class='num'>95.75%</td><td class='num'>620</td></tr>" in page
     assert "<td>no growth</td>" not in page
+
+
+def test_the_closing_line_gives_each_models_wall_time_as_the_runs_table_does(grown_run, tmp_path, capsys):
+    """`run`'s table, the HTML report and `runs` give each training's seconds; the text report's last line gave none."""
+    run = shutil.copytree(grown_run, tmp_path / "run")
+    summary = json.loads((run / "summary.json").read_text())
+    summary["grown"]["seconds"], summary["baseline"]["seconds"] = 12.345, 3.21
+    (run / "summary.json").write_text(json.dumps(summary))
+    assert main(["report", str(run)]) == 0
+    closing = capsys.readouterr().out.rstrip().splitlines()[-1]
+    assert closing.startswith("grown ") and "FLOP in 12.3 s; no growth " in closing
+    assert closing.split("; ")[1].endswith("FLOP in 3.2 s")

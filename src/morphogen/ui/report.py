@@ -263,8 +263,8 @@ def _phase_section(history: Sequence[Event]) -> list[str]:
 
 def _comparison_section(summary: dict[str, Any] | None, config: dict[str, Any]) -> list[str]:
     """The grown model, then no growth, the final architecture from scratch and the hosts compared with where
-    summary.json holds them; nothing when it lacks the grown model's figures. Where no seed was kept, from scratch
-    is the no-growth run, marked so, as the run's seed lines and seeds.json give it."""
+    summary.json holds them, each with its cost and wall time; nothing when it lacks the grown model's figures. Where
+    no seed was kept, from scratch is the no-growth run, marked so, as the run's seed lines and seeds.json give it."""
     summary = summary or {}
     score = score_kind(summary)
     kept_none = nothing_kept(config, summary)
@@ -276,9 +276,11 @@ def _comparison_section(summary: dict[str, Any] | None, config: dict[str, Any]) 
         if accuracy is None or parameters is None:
             continue
         flops = summary_number(table.get("flops") if isinstance(table, dict) else None, "total")
+        seconds = summary_number(table, "seconds")  # its training's wall time, as `run`'s table gives it
         marked = kept_none and name == "from scratch"
         parts.append(f"{name} {_score_text(score, accuracy)} with {parameters:,.0f} parameters"
                      + ("" if flops is None else f" and {format_flops(flops)}")
+                     + ("" if seconds is None else f" in {seconds:.1f} s")
                      + (" (nothing kept: the final architecture is the host, so these are no growth's figures)"
                         if marked else ""))
     return ["; ".join(parts)] if parts and parts[0].startswith("grown ") else []
