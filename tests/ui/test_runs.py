@@ -145,6 +145,23 @@ def test_damaged_runs_are_read_in_part_or_named_and_never_hide_the_others(
                         "run [bold red]x: 5 lines skipped"]
 
 
+def test_a_filtered_table_notes_the_damage_of_the_runs_it_lists_only(
+        runs_root: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`--where "run = 'intact'"` listed one intact run and, under it, `run torn: 1 line skipped`: a note that reads as
+    the listed run's. A run that could not be read at all is still named, whatever the filter."""
+    shutil.copytree(runs_root / "grown", tmp_path / "intact")
+    torn = shutil.copytree(runs_root / "grown", tmp_path / "torn")
+    with (torn / "events.jsonl").open("a") as events:
+        events.write("{torn\n")
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "empty" / "events.jsonl").write_text("{torn\n")
+    assert main(["runs", str(tmp_path), "--where", "run = 'intact'"]) == 0
+    rows = capsys.readouterr().out.splitlines()
+    assert [row.split()[0] for row in rows[1:]] == ["intact", "skipped"]
+    assert rows[-1] == "skipped run empty (no readable event; 1 line skipped)"
+    assert main(["runs", str(tmp_path)]) == 0 and "run torn: 1 line skipped" in capsys.readouterr().out
+
+
 def test_lone_surrogates_in_a_runs_strings_or_name_hide_no_run(runs_root: Path, tmp_path: Path,
                                                                capsys: pytest.CaptureFixture[str]) -> None:
     """`"\\ud800"` parses as JSON, and a directory name not in UTF-8 decodes to surrogates, but DuckDB refuses a lone
@@ -244,7 +261,7 @@ def test_runs_lists_the_seeds_of_a_run_over_seeds_and_runs_made_without_telemetr
     # The seed runs are rows of their own; --where reaches them by name.
     assert main(["runs", str(tmp_path), "--where", "run LIKE 'over-seeds/%'"]) == 0
     assert [line.split()[0] for line in capsys.readouterr().out.splitlines()[1:]] == [
-        "over-seeds/seed_0", "over-seeds/seed_1", "run"]  # the last line is the note on `quiet`
+        "over-seeds/seed_0", "over-seeds/seed_1"]  # no note on `quiet`, which the filter leaves out
 
 
 def test_gflops_are_printed_from_the_exact_count_as_the_run_prints_them(

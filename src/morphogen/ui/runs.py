@@ -104,13 +104,15 @@ class Runs:
     connection: Any
     skipped_runs: list[str]
     """Run directories left out, each with why."""
-    damaged_runs: list[str]
-    """Runs shown in spite of damage, each with what was skipped."""
+    damaged_runs: dict[str, str]
+    """Runs shown in spite of damage (or unfinished), by name, each with what was skipped or is missing."""
 
-    def notes(self) -> list[str]:
-        """Lines saying which runs were left out and which were read in part."""
+    def notes(self, shown: Collection[str] | None = None) -> list[str]:
+        """Lines saying which runs were left out and which were read in part: of the latter, only those `shown`
+        where a filter left some out (a note under a table on a run it does not list would read as its own)."""
         notes = [f"skipped run {note}" for note in self.skipped_runs]
-        return notes + [f"run {note}" for note in self.damaged_runs]
+        return notes + [f"run {printable(name)}: {note}" for name, note in self.damaged_runs.items()
+                        if shown is None or name in shown]
 
 
 def _json_value(value: Any, depth: int = 0) -> Any:
@@ -339,8 +341,7 @@ def _load_runs(runs: Sequence[tuple[str, RunFiles]], skipped: list[str], what: s
     connection.execute("SET enable_external_access = false")  # no file or network from here on
     connection.execute("SET lock_configuration = true")  # ... and no SET to undo that
     notes = {name: [files.damage_note(), config_notes.get(name)] for name, files in runs}
-    damaged = [f"{printable(name)}: {', '.join(note for note in parts if note)}" for name, parts in notes.items()
-               if any(parts)]
+    damaged = {name: ", ".join(note for note in parts if note) for name, parts in notes.items() if any(parts)}
     return Runs(connection, skipped, damaged)
 
 
@@ -426,7 +427,9 @@ def query_runs(root: str | Path, where: str | None = None, columns: Sequence[str
         hint = f" (the columns of runs: {', '.join(name for (name,) in described)})" \
             if isinstance(error, duckdb.BinderException) else ""
         raise RunsQueryError(f"{shown}{str(error).splitlines()[0]}{hint}") from None
-    return [d[0] for d in cursor.description], rows, runs.notes()
+    header = [d[0] for d in cursor.description]
+    listed = None if where is None or "run" not in header else {row[header.index("run")] for row in rows}
+    return header, rows, runs.notes(listed)
 
 
 def _compared_run(run: str | Path, root: Path) -> Path:
