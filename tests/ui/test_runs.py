@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import datetime
 import json
 import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -160,6 +163,17 @@ def test_a_filtered_table_notes_the_damage_of_the_runs_it_lists_only(
     assert [row.split()[0] for row in rows[1:]] == ["intact", "skipped"]
     assert rows[-1] == "skipped run empty (no readable event; 1 line skipped)"
     assert main(["runs", str(tmp_path)]) == 0 and "run torn: 1 line skipped" in capsys.readouterr().out
+
+
+def test_started_is_utc_whatever_the_local_time_zone(runs_root: Path, tmp_path: Path) -> None:
+    """DuckDB's `to_timestamp(...)::TIMESTAMP` is local time: in Tokyo, `started` read nine hours past UTC."""
+    shutil.copytree(runs_root / "grown", tmp_path / "grown")
+    first_time = json.loads((tmp_path / "grown" / "events.jsonl").read_text().splitlines()[0])["time"]
+    utc = datetime.datetime.fromtimestamp(first_time, datetime.UTC).strftime("%Y-%m-%d %H:%M:%S")
+    environment = {**os.environ, "TZ": "Asia/Tokyo", "PYTHONPATH": os.pathsep.join(sys.path)}
+    listed = subprocess.run([sys.executable, "-m", "morphogen", "runs", str(tmp_path)], env=environment,
+                            capture_output=True, text=True, check=True, timeout=120).stdout
+    assert utc in listed.splitlines()[1]
 
 
 def test_lone_surrogates_in_a_runs_strings_or_name_hide_no_run(runs_root: Path, tmp_path: Path,

@@ -386,8 +386,8 @@ def _create_views(connection: Any) -> None:
                coalesce(e.params, f.grown_parameters) AS parameters,
                f.gflops, f.score, f.final_loss, f.baseline_accuracy, f.baseline_parameters, f.from_scratch_accuracy,
                f.from_scratch_parameters, f.nothing_kept, coalesce(p.events, 0) AS events,
-               CASE WHEN p.first_time BETWEEN 0 AND 253402300799
-                    THEN date_trunc('second', to_timestamp(p.first_time)::TIMESTAMP) END AS started,
+               CASE WHEN p.first_time BETWEEN 0 AND 253402300799  -- UTC: to_timestamp(...)::TIMESTAMP is local time
+                    THEN date_trunc('second', epoch_ms(CAST(floor(p.first_time * 1000) AS BIGINT))) END AS started,
                round(coalesce(f.grown_seconds, p.last_time - p.first_time), 2) AS seconds
         FROM run_files f LEFT JOIN per_run p USING (run) LEFT JOIN last_episode e USING (run)
         LEFT JOIN last_round r USING (run)""")
