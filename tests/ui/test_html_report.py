@@ -197,7 +197,7 @@ def test_the_result_table_holds_the_hosts_a_run_was_compared_with(tmp_path: Path
     assert rows["final val mean abs error"] == ["1.207", "1.207", "-", "0.5736"]
     assert rows["parameters"] == ["153", "153", "-", "1,377"]
     assert render_report(tmp_path).rstrip().endswith("; w32 mean abs error 0.5736 with 1,377 parameters and "
-                                                     "16.1 MFLOP")
+                                                     "16.1 MFLOP in 0.8 s")
 
 
 def test_html_of_a_training_run_has_ppo_curves_per_round(trained_run: Path) -> None:
