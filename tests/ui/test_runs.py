@@ -176,6 +176,17 @@ def test_started_is_utc_whatever_the_local_time_zone(runs_root: Path, tmp_path: 
     assert utc in listed.splitlines()[1]
 
 
+def test_one_run_named_as_the_directory_of_runs_is_one_line_and_exit_2(
+        grown_run: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`morphogen runs RUN` listed the run's baseline/ and from_scratch/ as two runs of no task, their seconds the
+    span of their events, not the wall time the run printed for them."""
+    assert main(["runs", str(grown_run)]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.strip() == (f"morphogen runs: error: {grown_run} is one run, not a directory of runs: "
+                                         f"`morphogen report {grown_run}` tells it, `morphogen runs "
+                                         f"{grown_run.parent}` lists it with the others")
+
+
 def test_lone_surrogates_in_a_runs_strings_or_name_hide_no_run(runs_root: Path, tmp_path: Path,
                                                                capsys: pytest.CaptureFixture[str]) -> None:
     """`"\\ud800"` parses as JSON, and a directory name not in UTF-8 decodes to surrogates, but DuckDB refuses a lone

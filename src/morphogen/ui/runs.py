@@ -273,6 +273,10 @@ def read_runs(root: Path) -> tuple[list[tuple[str, RunFiles]], list[str]]:
     with why."""
     if not root.is_dir():
         raise RunsQueryError(f"{root} is not a directory (expected the parent of run directories, e.g. runs/)")
+    if (root / EVENTS_FILENAME).is_file() or is_summary_only_run(root):  # its baseline/ would be listed as runs
+        shown = printable(str(root))
+        raise RunsQueryError(f"{shown} is one run, not a directory of runs: `morphogen report {shown}` tells it, "
+                             f"`morphogen runs {printable(str(root.parent))}` lists it with the others")
     runs, skipped = [], []
     for name, path in _run_paths(root):
         try:
