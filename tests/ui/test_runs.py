@@ -89,6 +89,15 @@ def test_compare_puts_two_runs_curves_side_by_side(runs_root: Path, tmp_path: Pa
     assert all(row[1] == row[2] and row[3] == row[4] for row in rows), "the same run twice gives equal columns"
 
 
+
+def test_compare_of_a_training_run_and_a_run_is_one_line_and_exit_2(runs_root: Path,
+                                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    """A training run's curves are per round and a run's per epoch: side by side, one column was all '-'."""
+    assert main(["runs", str(runs_root), "--compare", "trained", "grown"]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.strip() == ("morphogen runs: error: --compare: trained is a training run (curves per "
+                                         "round) and grown a run (curves per epoch); compare two of one kind")
+
 @pytest.mark.parametrize("where", [
     "(SELECT count(*) FROM read_text('/etc/hostname')) > 0",
     "(SELECT count(*) FROM glob('/*')) > 0",

@@ -469,6 +469,11 @@ def compare_runs(run_a: str | Path, run_b: str | Path, root: str | Path = "runs"
     paths = [_compared_run(run_a, Path(root)), _compared_run(run_b, Path(root))]
     names = _labels(paths)
     runs = [(name, load_run_files(path)) for name, path in zip(names, paths, strict=True)]
+    kinds = ["a training run (curves per round)" if files.is_training else "a run (curves per epoch)"
+             for _, files in runs]
+    if kinds[0] != kinds[1]:  # one's column would be all '-': nothing lines up
+        raise RunsQueryError(f"--compare: {printable(names[0])} is {kinds[0]} and {printable(names[1])} {kinds[1]}; "
+                             "compare two of one kind")
     connection = _load_runs(runs, [], " and ".join(printable(name) for name in names)).connection
     rounds = connection.execute("SELECT count(*) FROM rounds WHERE run IN (?, ?)", names).fetchone()
     a, b = names
