@@ -387,3 +387,16 @@ def test_the_closing_line_gives_each_models_wall_time_as_the_runs_table_does(gro
     closing = capsys.readouterr().out.rstrip().splitlines()[-1]
     assert closing.startswith("grown ") and "FLOP in 12.3 s; no growth " in closing
     assert closing.split("; ")[1].endswith("FLOP in 3.2 s")
+
+
+def test_time_by_phase_reads_as_the_phase_table_run_printed(tmp_path, capsys):
+    """In the order (train, validate, act, update, then the rest) and to the milliseconds of `run`'s phase table;
+    in the events' order to a tenth of a second, `act 0.0 s` hid what the table gave as 0.002."""
+    from morphogen.telemetry.events import PhaseTimes
+
+    (tmp_path / "config.json").write_text(json.dumps({"task": "digits", "policy": None}))
+    events = [EpochCompleted(1, 0, 1.0, 1.0, 50.0, 10, (), "WAIT", True),
+              PhaseTimes(1, 0, (("validate", 0.185), ("probe", 0.06), ("train", 4.0421), ("act", 0.0024)))]
+    (tmp_path / "events.jsonl").write_text("".join(json.dumps({"time": 1.0, **e.to_dict()}) + "\n" for e in events))
+    assert main(["report", str(tmp_path)]) == 0
+    assert "time by phase: train 4.042 s, validate 0.185 s, act 0.002 s, probe 0.060 s" in capsys.readouterr().out

@@ -16,6 +16,7 @@ from typing import Any
 from morphogen.run_directory import MAX_JSON_BYTES, SCORES_FILENAME, is_seeds_directory, read_regular_file
 from morphogen.telemetry.events import (
     ALL_ENVS,
+    PHASES,
     ActionTaken,
     AnomalyDetected,
     EpisodeCompleted,
@@ -258,7 +259,9 @@ def _phase_section(history: Sequence[Event]) -> list[str]:
                 totals[name] += seconds
     if not totals:
         return []
-    return ["time by phase: " + ", ".join(f"{name} {seconds:.1f} s" for name, seconds in totals.items())]
+    # In the order and to the digits of the phase table `run` and `train` print at their end.
+    names = [name for name in PHASES if name in totals] + [name for name in totals if name not in PHASES]
+    return ["time by phase: " + ", ".join(f"{name} {totals[name]:.3f} s" for name in names)]
 
 
 def _comparison_section(summary: dict[str, Any] | None, config: dict[str, Any]) -> list[str]:
