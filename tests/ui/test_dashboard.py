@@ -17,7 +17,7 @@ from textual.widgets import DataTable, RichLog, Static
 from morphogen.cli import main
 from morphogen.run_directory import EVENTS_FILENAME
 from morphogen.telemetry.events import ActionTaken, ImitationCompleted
-from morphogen.ui.dashboard import Dashboard, header_text, reward_text
+from morphogen.ui.dashboard import Dashboard, env_detail_text, header_text, reward_text
 from morphogen.ui.live_state import RunView
 from morphogen.ui.run_files import IMITATION_ROUND, EventTail, TimedEvent
 
@@ -472,3 +472,15 @@ def test_damaged_lines_are_said_in_the_log_not_skipped_in_silence(grown_run: Pat
             await pilot.press("q")
 
     asyncio.run(drive())
+
+
+def test_a_heuristic_runs_reward_is_shown_nowhere(grown_run: Path) -> None:
+    """The reward pane said none steers a heuristic run, while the env's details listed its last reward and the log
+    its episode's return: the heuristic computes them but never reads them."""
+    view = RunView.from_config(json.loads((grown_run / "config.json").read_text()))
+    lines = [line for timed in EventTail(grown_run / EVENTS_FILENAME).read_new(final=True)
+             if (line := view.apply(timed)) is not None]
+    assert view.heuristic and view.envs[0].last_reward, "the run wrote rewards the view read"
+    done = next(line for line in lines if "episode done" in line)
+    assert done.endswith(" pruned") and "return" not in done
+    assert "reward" not in env_detail_text(view, view.envs[0]).plain

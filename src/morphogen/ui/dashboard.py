@@ -132,7 +132,7 @@ def env_detail_text(view: RunView, env: EnvView) -> Text:
         text.append(f"  {slot.slot:<6}{slot.blueprint or '-':<12}")
         text.append(f" {slot.stage:<11}", style=f"black on {stage_colour(slot.stage)}")
         text.append(f" alpha {slot.alpha:.2f}\n")
-    if env.last_reward:
+    if env.last_reward and not view.heuristic:  # as the reward pane: the heuristic's reward steered nothing
         text.append("\nlast reward: " + "  ".join(f"{k} {v:+.3f}" for k, v in env.last_reward.items()) + "\n")
     text.append("\n(escape to close)", style="dim")
     return text

@@ -262,9 +262,9 @@ class RunView:
         env.episodes_completed += 1
         env.last_return = event.episode_return
         self.finished = self.finished or not self.training
+        steered = "" if self.heuristic else f", return {event.episode_return:+.3f}"  # the heuristic reads none
         return (f"{where}: episode done, {self.score.label} {self.score.format(event.final_accuracy)}, "
-                f"{event.fossilized} fossilized, "
-                f"{event.pruned} pruned, return {event.episode_return:+.3f}")
+                f"{event.fossilized} fossilized, {event.pruned} pruned{steered}")
 
     def _alert(self, event: AnomalyDetected | GovernorRollback, where: str) -> str:
         env = "trainer" if event.env_id == ALL_ENVS else f"env {event.env_id}"
