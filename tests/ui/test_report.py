@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import html
 import json
 import shutil
 
@@ -400,3 +401,22 @@ def test_time_by_phase_reads_as_the_phase_table_run_printed(tmp_path, capsys):
     (tmp_path / "events.jsonl").write_text("".join(json.dumps({"time": 1.0, **e.to_dict()}) + "\n" for e in events))
     assert main(["report", str(tmp_path)]) == 0
     assert "time by phase: train 4.042 s, validate 0.185 s, act 0.002 s, probe 0.060 s" in capsys.readouterr().out
+
+
+def test_a_run_recorded_at_minimal_telemetry_says_so_instead_of_reading_as_damaged(grown_run, tmp_path, capsys):
+    """At `--telemetry minimal` no action, stage change or counterfactual is written: the report said its seeds were
+    "none in the events that could be read", as if lines were lost, and gave no reason for any action."""
+    run = shutil.copytree(grown_run, tmp_path / "run")
+    config = json.loads((run / "config.json").read_text())
+    config["telemetry"]["level"] = "minimal"
+    (run / "config.json").write_text(json.dumps(config))
+    normal = ('"action_taken"', '"stage_transition"', '"counterfactual_measured"')
+    lines = (run / "events.jsonl").read_text().splitlines(keepends=True)
+    (run / "events.jsonl").write_text("".join(line for line in lines if not any(kind in line for kind in normal)))
+    note = "recorded at --telemetry minimal: no actions' reasons, stage changes or seed measurements"
+    assert main(["report", str(run)]) == 0
+    report = capsys.readouterr().out
+    assert report.splitlines()[0].endswith(f" events ({note})")
+    assert "seeds: not recorded at --telemetry minimal; summary.json names " in report
+    assert f"({html.escape(note)})</p>" in render_html(run)
+    assert load_run_files(grown_run).recording_note is None

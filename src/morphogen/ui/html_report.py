@@ -344,7 +344,8 @@ def render_html(run_dir: str | Path) -> str:
         f"<h2>Anomalies and rollbacks</h2>{health_table(files)}",
     ]
     title = f"morphogen {kind}: {task_label(config) or '?'}"
-    damage = "" if files.damage_note() is None else f" ({files.damage_note()})"
+    notes = [note for note in (files.damage_note(), files.recording_note) if note]
+    damage = f" ({'; '.join(notes)})" if notes else ""
     page = (f"<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'><title>{escape(title)}</title>"
             f"<style>{STYLE}</style></head><body><h1>{escape(title)}</h1>"
             f"<p class='meta'>{escape(str(files.path))} · seed {escape(str(config.get('seed', '?')))} · "

@@ -138,14 +138,15 @@ def _episode_section(history: Sequence[Event], training: bool, score: ScoreKind,
 
 def _seed_section(history: Sequence[Event], training: bool, score: ScoreKind,
                   summary: Mapping[str, Any] | None = None, *, without_events: bool = False,
-                  evaluation: EvaluationEpisodes | None = None) -> list[str]:
+                  evaluation: EvaluationEpisodes | None = None, minimal: bool = False) -> list[str]:
     stories_by_round: list[tuple[int, SeedStory]] = []
     for round_number, events_of_round in events_by_round(history).items():
         stories_by_round.extend((round_number, story) for story in seed_stories(events_of_round))
     if not stories_by_round:
         named = _summary_seeds(summary)
         if named:  # the events were cut short, lost or never written; the summary still says what grew
-            where = "no events written" if without_events else "none in the events that could be read"
+            where = ("no events written" if without_events else "not recorded at --telemetry minimal" if minimal
+                     else "none in the events that could be read")
             return [f"seeds: {where}; summary.json names {len(named)}: {', '.join(named)}"]
         return ["seeds: none germinated"]
     lines = []
@@ -344,15 +345,15 @@ def render_report(run_dir: str | Path) -> str:
         return render_seeds_report(run_dir)
     files = load_run_files(run_dir, without_events=True)
     config, history, training = files.config, files.history, files.is_training
-    damage = files.damage_note()
+    notes = [note for note in (files.damage_note(), files.recording_note) if note]
     header = (f"run {files.path}: task {task_label(config) or '?'}, seed {config.get('seed', '?')}, "
-              f"{len(history)} events" + (f" ({damage})" if damage else ""))
+              f"{len(history)} events" + (f" ({'; '.join(notes)})" if notes else ""))
     reward = _reward_section(history, files.evaluation) if files.steered_by_reward else []
     score = files.score
     evaluation = files.evaluation
     sections = [[header], _episode_section(history, training, score, evaluation),
                 _seed_section(history, training, score, files.summary, without_events=files.without_events,
-                              evaluation=evaluation),
+                              evaluation=evaluation, minimal=files.recording_note is not None),
                 reward,
                 _training_section(history, score),
                 [] if files.without_events else _health_section(history, training, evaluation),

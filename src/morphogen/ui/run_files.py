@@ -253,6 +253,14 @@ class RunFiles:
         unfinished = self._unfinished_note()
         return ", ".join([*parts, *([unfinished] if unfinished else [])]) or None
 
+    @property
+    def recording_note(self) -> str | None:
+        """What a run recorded at `--telemetry minimal` leaves out (actions and their reasons, stage changes,
+        counterfactuals: normal's), so that their absence does not read as damage; None at any other level."""
+        if config_value(self.config, "telemetry.level") != "minimal" or self.without_events:
+            return None
+        return "recorded at --telemetry minimal: no actions' reasons, stage changes or seed measurements"
+
     def _unfinished_note(self) -> str | None:
         """Of a `run` (its config has `from_scratch`) whose events have no summary.json beside them: that it stopped
         or is still going, and the last epoch its events reach, so a reader knows why no final figures follow."""
