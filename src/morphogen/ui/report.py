@@ -222,8 +222,8 @@ def _training_section(history: Sequence[Event], score: ScoreKind) -> list[str]:
         return imitation
     updates = {e.round: e for e in history if isinstance(e, PPOUpdateCompleted)}
     final, width = _final_column(score)
-    # Headed in words, not `kl`/`ev`: the round's PPO update's approximate KL divergence and its value head's
-    # explained variance; the parameters the envs' seeds added, their mean.
+    # Headed in words a newcomer reads: the round's PPO update's approximate KL divergence and its value head's
+    # explained variance; the mean of the parameters the envs' seeds added.
     lines = [*imitation, "rounds:",
              f"  {'round':>5}  {'return':>8}  {final:>{width}}  {'params added':>12}  {'approx KL':>9}  "
              f"{'explained variance':>18}  {'seconds':>7}"]
