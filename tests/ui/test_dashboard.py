@@ -16,8 +16,8 @@ from textual.widgets import DataTable, RichLog, Static
 
 from morphogen.cli import main
 from morphogen.run_directory import EVENTS_FILENAME
-from morphogen.telemetry.events import ImitationCompleted
-from morphogen.ui.dashboard import Dashboard, header_text, reward_text
+from morphogen.telemetry.events import ActionTaken, ImitationCompleted
+from morphogen.ui.dashboard import Dashboard, env_detail_text, header_text, reward_text
 from morphogen.ui.live_state import RunView
 from morphogen.ui.run_files import IMITATION_ROUND, EventTail, TimedEvent
 
@@ -181,7 +181,7 @@ def test_the_imitation_warm_start_is_shown_as_imitation_not_as_round_1(tmp_path:
     lines = [line for timed in events[:end] if (line := view.apply(timed)) is not None]
     assert view.round == IMITATION_ROUND and view.envs[0].round == IMITATION_ROUND
     assert "imitation" in header_text(view, "LIVE").plain and "round 1/1" not in header_text(view, "LIVE").plain
-    assert lines and all(line.startswith("imit ") for line in lines)
+    assert lines and all(line.startswith("imitation epoch ") for line in lines)
     assert "agreement with the heuristic" in (view.apply(events[end]) or "")
     for timed in events[end + 1:]:
         view.apply(timed)
@@ -435,3 +435,52 @@ def test_a_round_written_again_to_lines_of_the_same_length_is_seen_as_a_cut(tmp_
     assert [timed.time for timed in tail.read_new()] == [1000.25, 2001.25]
     assert tail.cuts == 1
     assert tail.read_new() == [] and tail.cuts == 1  # nothing new: no cut
+
+
+def test_the_event_log_gives_a_taken_actions_reason_as_a_refused_ones() -> None:
+    """A germination or an advance is logged with why the controller took it (the gate's figure and threshold for
+    a refusal, the heuristic's measured reason for a taken action), not the bare action, at an epoch in words (the
+    alerts' strip, short of room, tags it `e7`)."""
+    view = RunView.from_config({"task": "digits", "policy": None})
+    germinated = view.apply(TimedEvent(1.0, ActionTaken(7, 0, "GERMINATE", "r0c0", "wider", True,
+                                                        "germinated wider in r0c0: the best growth signal per FLOP")))
+    refused = view.apply(TimedEvent(2.0, ActionTaken(12, 0, "ADVANCE", "r0c0", None, False,
+                                                     "blended in, the seed would add -0.0674 nats < 0.005")))
+    bare = view.apply(TimedEvent(3.0, ActionTaken(13, 0, "PRUNE", "r0c1", None, True, "pruned r0c1")))
+    assert germinated == ("epoch 7 env 0: GERMINATE r0c0 wider (germinated wider in r0c0: the best growth signal per "
+                          "FLOP)")
+    assert refused == "epoch 12 env 0: ADVANCE r0c0 refused: blended in, the seed would add -0.0674 nats < 0.005"
+    assert bare == "epoch 13 env 0: PRUNE r0c1"
+
+
+def test_damaged_lines_are_said_in_the_log_not_skipped_in_silence(grown_run: Path, tmp_path: Path) -> None:
+    """Two lines that are not events, one at the start and one appended while the view follows: the log says how many
+    were skipped each time, as `report` says it in its header."""
+    run = shutil.copytree(grown_run, tmp_path / "run")
+    lines = (run / EVENTS_FILENAME).read_text().splitlines(keepends=True)
+    (run / EVENTS_FILENAME).write_text("".join(["{torn\n", *lines[:5]]))
+
+    async def drive() -> None:
+        app = Dashboard(run, poll_seconds=POLL)
+        async with app.run_test(size=(140, 40)) as pilot:
+            await _wait_for(pilot, lambda: bool(_log_lines(app)))
+            assert _log_lines(app)[0] == "1 line of events.jsonl skipped: not an event (torn, damaged or too long)"
+            with (run / EVENTS_FILENAME).open("a") as events:
+                events.write("".join(["\x00\x01 not json\n", *lines[5:]]))
+            await _wait_for(pilot, lambda: "[FINISHED]" in _text(app, "#header"))
+            assert sum("line of events.jsonl skipped" in line for line in _log_lines(app)) == 2
+            await pilot.press("q")
+
+    asyncio.run(drive())
+
+
+def test_a_heuristic_runs_reward_is_shown_nowhere(grown_run: Path) -> None:
+    """The reward pane said none steers a heuristic run, while the env's details listed its last reward and the log
+    its episode's return: the heuristic computes them but never reads them."""
+    view = RunView.from_config(json.loads((grown_run / "config.json").read_text()))
+    lines = [line for timed in EventTail(grown_run / EVENTS_FILENAME).read_new(final=True)
+             if (line := view.apply(timed)) is not None]
+    assert view.heuristic and view.envs[0].last_reward, "the run wrote rewards the view read"
+    done = next(line for line in lines if "episode done" in line)
+    assert done.endswith(" pruned") and "return" not in done
+    assert "reward" not in env_detail_text(view, view.envs[0]).plain

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import html
 import json
 import math
 import re
@@ -118,6 +119,36 @@ def test_contribution_pairs_take_the_shadow_before_blending_and_the_measurement_
     assert (in_nats.predicted, in_nats.measured) == (pytest.approx(0.1), 0.0) and in_nats.label == "r0c1 norm@2"
 
 
+def test_a_seeds_tooltip_gives_its_contributions_to_the_text_reports_digits(grown_run: Path) -> None:
+    """Judged in nats, a seed's shadow said +0.0283 nats and the text report says so; the chart's tooltip said +0.03,
+    with no unit."""
+    stories = re.findall(r"predicted (\S+ nats)  measured (\S+ nats)", render_report(grown_run))
+    assert stories, "the run's seeds were measured in nats"
+    page = render_html(grown_run)
+    for predicted, measured in stories:
+        assert f"predicted {predicted}, measured {measured}</title>" in page
+
+
+def test_the_page_lists_every_decision_with_its_epoch_and_why(grown_run: Path, tmp_path: Path) -> None:
+    """Each action but a wait that events.jsonl holds is a row: its epoch, what, carried out or refused, and the reason
+    as written (a gate's figure and threshold for a refusal), escaped."""
+    run = shutil.copytree(grown_run, tmp_path / "run")
+    refused = {"time": 1e9, "event": "action_taken", "schema_version": 2, "epoch": 8, "env_id": 0, "op": "PRUNE",
+               "slot": "r0c1", "blueprint": None, "succeeded": False, "reason": "<b>the seed adds +0.10 nats >= 0.005"}
+    with (run / "events.jsonl").open("a") as events:
+        events.write(json.dumps(refused) + "\n")
+    page = render_html(run)
+    decisions = page[page.index("<h2>Decisions</h2>"):page.index("<h2>Seeds</h2>")]
+    taken = [record for record in map(json.loads, (run / "events.jsonl").read_text().splitlines())
+             if record["event"] == "action_taken" and record["op"] != "WAIT"]
+    assert len(taken) >= 2 and decisions.count("<tr>") == 1 + len(taken)
+    for record in taken:
+        what = " ".join(part for part in (record["op"], record["slot"], record["blueprint"]) if part)
+        outcome = "carried out" if record["succeeded"] else "refused"
+        assert (f"<td class='num'>{record['epoch']}</td><td>{what}</td><td>{outcome}</td>"
+                f"<td>{html.escape(record['reason'])}</td>") in decisions
+
+
 def test_html_of_a_run_is_self_contained_with_every_figure(grown_run: Path,
                                                            capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["report", str(grown_run), "--html"]) == 0
@@ -166,7 +197,7 @@ def test_the_result_table_holds_the_hosts_a_run_was_compared_with(tmp_path: Path
     assert rows["final val mean abs error"] == ["1.207", "1.207", "-", "0.5736"]
     assert rows["parameters"] == ["153", "153", "-", "1,377"]
     assert render_report(tmp_path).rstrip().endswith("; w32 mean abs error 0.5736 with 1,377 parameters and "
-                                                     "16.1 MFLOP")
+                                                     "16.1 MFLOP in 0.8 s")
 
 
 def test_html_of_a_training_run_has_ppo_curves_per_round(trained_run: Path) -> None:

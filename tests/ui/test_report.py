@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import html
 import json
 import shutil
 
@@ -26,8 +27,8 @@ def test_report_of_a_run_shows_epochs_seeds_and_the_comparison(tmp_path, capsys)
     assert "health: no rollbacks, no anomalies" in report
     assert "no growth" in report and "time by phase" in report
     # Every model's training FLOPs; four epochs grow nothing, so from scratch is no growth, as the run says.
-    assert "FLOP;" in report and report.rstrip().endswith(
-        "FLOP (nothing kept: the final architecture is the host, so these are no growth's figures)")
+    assert "FLOP in " in report and report.rstrip().endswith(
+        " s (nothing kept: the final architecture is the host, so these are no growth's figures)")
 
 
 def test_report_of_a_training_run_lists_its_rounds(tmp_path, capsys):
@@ -64,6 +65,16 @@ def test_training_report_has_round_and_env_columns(trained_run, capsys):
     assert [row.split()[:2] for row in episodes] == [["1", "0"], ["1", "1"], ["2", "0"], ["2", "1"]]
     epochs = lines[lines.index("epochs of round 2 (env 0):") + 2:][:4]
     assert [row.split()[:3] for row in epochs] == [["2", "0", str(epoch)] for epoch in range(1, 5)]
+
+
+def test_the_rounds_table_heads_its_ppo_columns_in_words(trained_run, capsys):
+    """`kl` and `ev` are the trainer's shorthand; a reader of the report is told what the columns are."""
+    assert main(["report", str(trained_run)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    header = lines[lines.index("rounds:") + 1]
+    assert header.split("  ")[-3:] == ["approx KL", "explained variance", "seconds"] and "params added" in header
+    first = lines[lines.index("rounds:") + 2]
+    assert len(first) == len(header) and first.split()[0] == "1"  # the figures stand under their headers
 
 
 def test_report_of_a_regression_shows_the_loss_and_shares_of_it(tmp_path, capsys):
@@ -327,3 +338,85 @@ def test_report_of_an_evaluation_names_the_controller_and_episode_of_each_env(tm
     (run_dir / "eval.json").write_text('[{"name": ' + "[" * 100_000 + "]}]")  # damaged: bare ids, no error
     assert load_run_files(run_dir).evaluation is None
     assert main(["report", str(run_dir)]) == 0 and "epochs (env 0):" in capsys.readouterr().out
+
+
+def test_a_run_stopped_before_its_summary_says_so_in_one_line_in_report_runs_and_html(grown_run, tmp_path, capsys):
+    """Killed after epoch 3 of 8: every view says no summary.json follows and how far the events reach, instead of
+    ending without final figures and no word why."""
+    from morphogen.ui.runs import query_runs
+
+    run = shutil.copytree(grown_run, tmp_path / "runs" / "stopped")
+    (run / "summary.json").unlink()
+    lines = (run / "events.jsonl").read_text().splitlines(keepends=True)
+    fourth_epoch = [i for i, line in enumerate(lines) if '"epoch_completed"' in line][3]
+    (run / "events.jsonl").write_text("".join(lines[:fourth_epoch]))
+    note = "no summary.json: the run stopped, or is still going, after epoch 3 of 8"
+    assert main(["report", str(run)]) == 0
+    assert capsys.readouterr().out.splitlines()[0].endswith(f" events ({note})")
+    assert query_runs(tmp_path / "runs")[2] == [f"run stopped: {note}"]
+    assert f"({note})</p>" in render_html(run)
+    assert load_run_files(grown_run).damage_note() is None  # a finished run has nothing to say
+
+
+def test_report_of_an_evaluation_ends_with_each_controllers_means_as_eval_printed_them(tmp_path, capsys):
+    """The result of an evaluation is its table: each controller's mean final accuracy and parameters added over its
+    episodes, from eval.json (a figure that is not a finite number leaves that controller out), in text and HTML."""
+    (tmp_path / "config.json").write_text(json.dumps({"policy": "default", "task": "digits", "episodes": 2}))
+    events = [EpochCompleted(1, env, 1.0, 1.0, 90.0, 1442, (), "WAIT", True) for env in range(6)]
+    (tmp_path / "events.jsonl").write_text("".join(json.dumps({"time": 1.0, **e.to_dict()}) + "\n" for e in events))
+    table = [{"name": "learned", "accuracies": [95.0, 96.5], "added": [1240.0, 0.0]},
+             {"name": "heuristic", "accuracies": [94.0, 95.0], "added": [1240.0, 1240.0]},
+             {"name": "no growth", "accuracies": [93.0, "NaN"], "added": [0.0, 0.0]}]
+    (tmp_path / "eval.json").write_text(json.dumps(table))
+    assert main(["report", str(tmp_path)]) == 0
+    assert capsys.readouterr().out.rstrip().splitlines()[-1] == (
+        "evaluation (eval.json, means over 2 episodes each): learned 95.75% adding 620 parameters; heuristic 94.50% "
+        "adding 1,240 parameters")
+    page = render_html(tmp_path)
+    assert "<title>morphogen evaluation: digits</title>" in page
+    assert "<tr><td>learned</td><td class='num'>95.75%</td><td class='num'>620</td></tr>" in page
+    assert "<td>no growth</td>" not in page
+
+
+def test_the_closing_line_gives_each_models_wall_time_as_the_runs_table_does(grown_run, tmp_path, capsys):
+    """`run`'s table, the HTML report and `runs` give each training's seconds; the text report's last line gave none."""
+    run = shutil.copytree(grown_run, tmp_path / "run")
+    summary = json.loads((run / "summary.json").read_text())
+    summary["grown"]["seconds"], summary["baseline"]["seconds"] = 12.345, 3.21
+    (run / "summary.json").write_text(json.dumps(summary))
+    assert main(["report", str(run)]) == 0
+    closing = capsys.readouterr().out.rstrip().splitlines()[-1]
+    assert closing.startswith("grown ") and "FLOP in 12.3 s; no growth " in closing
+    assert closing.split("; ")[1].endswith("FLOP in 3.2 s")
+
+
+def test_time_by_phase_reads_as_the_phase_table_run_printed(tmp_path, capsys):
+    """In the order (train, validate, act, update, then the rest) and to the milliseconds of `run`'s phase table;
+    in the events' order to a tenth of a second, `act 0.0 s` hid what the table gave as 0.002."""
+    from morphogen.telemetry.events import PhaseTimes
+
+    (tmp_path / "config.json").write_text(json.dumps({"task": "digits", "policy": None}))
+    events = [EpochCompleted(1, 0, 1.0, 1.0, 50.0, 10, (), "WAIT", True),
+              PhaseTimes(1, 0, (("validate", 0.185), ("probe", 0.06), ("train", 4.0421), ("act", 0.0024)))]
+    (tmp_path / "events.jsonl").write_text("".join(json.dumps({"time": 1.0, **e.to_dict()}) + "\n" for e in events))
+    assert main(["report", str(tmp_path)]) == 0
+    assert "time by phase: train 4.042 s, validate 0.185 s, act 0.002 s, probe 0.060 s" in capsys.readouterr().out
+
+
+def test_a_run_recorded_at_minimal_telemetry_says_so_instead_of_reading_as_damaged(grown_run, tmp_path, capsys):
+    """At `--telemetry minimal` no action, stage change or counterfactual is written: the report said its seeds were
+    "none in the events that could be read", as if lines were lost, and gave no reason for any action."""
+    run = shutil.copytree(grown_run, tmp_path / "run")
+    config = json.loads((run / "config.json").read_text())
+    config["telemetry"]["level"] = "minimal"
+    (run / "config.json").write_text(json.dumps(config))
+    normal = ('"action_taken"', '"stage_transition"', '"counterfactual_measured"')
+    lines = (run / "events.jsonl").read_text().splitlines(keepends=True)
+    (run / "events.jsonl").write_text("".join(line for line in lines if not any(kind in line for kind in normal)))
+    note = "recorded at --telemetry minimal: no actions' reasons, stage changes or seed measurements"
+    assert main(["report", str(run)]) == 0
+    report = capsys.readouterr().out
+    assert report.splitlines()[0].endswith(f" events ({note})")
+    assert "seeds: not recorded at --telemetry minimal; summary.json names " in report
+    assert f"({html.escape(note)})</p>" in render_html(run)
+    assert load_run_files(grown_run).recording_note is None

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import datetime
 import json
 import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -86,6 +89,15 @@ def test_compare_puts_two_runs_curves_side_by_side(runs_root: Path, tmp_path: Pa
     assert all(row[1] == row[2] and row[3] == row[4] for row in rows), "the same run twice gives equal columns"
 
 
+
+def test_compare_of_a_training_run_and_a_run_is_one_line_and_exit_2(runs_root: Path,
+                                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    """A training run's curves are per round and a run's per epoch: side by side, one column was all '-'."""
+    assert main(["runs", str(runs_root), "--compare", "trained", "grown"]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.strip() == ("morphogen runs: error: --compare: trained is a training run (curves per "
+                                         "round) and grown a run (curves per epoch); compare two of one kind")
+
 @pytest.mark.parametrize("where", [
     "(SELECT count(*) FROM read_text('/etc/hostname')) > 0",
     "(SELECT count(*) FROM glob('/*')) > 0",
@@ -143,6 +155,45 @@ def test_damaged_runs_are_read_in_part_or_named_and_never_hide_the_others(
     assert "[/bad]\\x1b]52;c;aGk=\\x07" in shown["[bold"] and "\x1b" not in out
     assert rows[3:] == ["skipped run empty (no readable event; 1 line skipped)",
                         "run [bold red]x: 5 lines skipped"]
+
+
+def test_a_filtered_table_notes_the_damage_of_the_runs_it_lists_only(
+        runs_root: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`--where "run = 'intact'"` listed one intact run and, under it, `run torn: 1 line skipped`: a note that reads as
+    the listed run's. A run that could not be read at all is still named, whatever the filter."""
+    shutil.copytree(runs_root / "grown", tmp_path / "intact")
+    torn = shutil.copytree(runs_root / "grown", tmp_path / "torn")
+    with (torn / "events.jsonl").open("a") as events:
+        events.write("{torn\n")
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "empty" / "events.jsonl").write_text("{torn\n")
+    assert main(["runs", str(tmp_path), "--where", "run = 'intact'"]) == 0
+    rows = capsys.readouterr().out.splitlines()
+    assert [row.split()[0] for row in rows[1:]] == ["intact", "skipped"]
+    assert rows[-1] == "skipped run empty (no readable event; 1 line skipped)"
+    assert main(["runs", str(tmp_path)]) == 0 and "run torn: 1 line skipped" in capsys.readouterr().out
+
+
+def test_started_is_utc_whatever_the_local_time_zone(runs_root: Path, tmp_path: Path) -> None:
+    """DuckDB's `to_timestamp(...)::TIMESTAMP` is local time: in Tokyo, `started` read nine hours past UTC."""
+    shutil.copytree(runs_root / "grown", tmp_path / "grown")
+    first_time = json.loads((tmp_path / "grown" / "events.jsonl").read_text().splitlines()[0])["time"]
+    utc = datetime.datetime.fromtimestamp(first_time, datetime.UTC).strftime("%Y-%m-%d %H:%M:%S")
+    environment = {**os.environ, "TZ": "Asia/Tokyo", "PYTHONPATH": os.pathsep.join(sys.path)}
+    listed = subprocess.run([sys.executable, "-m", "morphogen", "runs", str(tmp_path)], env=environment,
+                            capture_output=True, text=True, check=True, timeout=120).stdout
+    assert utc in listed.splitlines()[1]
+
+
+def test_one_run_named_as_the_directory_of_runs_is_one_line_and_exit_2(
+        grown_run: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`morphogen runs RUN` listed the run's baseline/ and from_scratch/ as two runs of no task, their seconds the
+    span of their events, not the wall time the run printed for them."""
+    assert main(["runs", str(grown_run)]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.strip() == (f"morphogen runs: error: {grown_run} is one run, not a directory of runs: "
+                                         f"`morphogen report {grown_run}` tells it, `morphogen runs "
+                                         f"{grown_run.parent}` lists it with the others")
 
 
 def test_lone_surrogates_in_a_runs_strings_or_name_hide_no_run(runs_root: Path, tmp_path: Path,
@@ -244,7 +295,7 @@ def test_runs_lists_the_seeds_of_a_run_over_seeds_and_runs_made_without_telemetr
     # The seed runs are rows of their own; --where reaches them by name.
     assert main(["runs", str(tmp_path), "--where", "run LIKE 'over-seeds/%'"]) == 0
     assert [line.split()[0] for line in capsys.readouterr().out.splitlines()[1:]] == [
-        "over-seeds/seed_0", "over-seeds/seed_1", "run"]  # the last line is the note on `quiet`
+        "over-seeds/seed_0", "over-seeds/seed_1"]  # no note on `quiet`, which the filter leaves out
 
 
 def test_gflops_are_printed_from_the_exact_count_as_the_run_prints_them(
@@ -259,6 +310,19 @@ def test_gflops_are_printed_from_the_exact_count_as_the_run_prints_them(
     assert main(["runs", str(tmp_path)]) == 0
     assert format_flops(1_785_448_832) == "1.79 GFLOP"
     assert capsys.readouterr().out.splitlines()[1].split()[9] == "1.79"
+
+
+@pytest.mark.parametrize(("flops", "printed"), [(9_390_000, "0.00939"), (11_540_000_000, "11.5"),
+                                                (123_456_000_000, "123")])
+def test_gflops_keep_the_three_digits_the_run_printed_however_small(
+        grown_run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], flops: int, printed: str) -> None:
+    # A user's small MLP trained for 9.39 MFLOP; with two decimals `runs` printed its GFLOPs as 0.01.
+    shutil.copytree(grown_run, tmp_path / "run")
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    summary["grown"]["flops"]["total"] = flops
+    (tmp_path / "run" / "summary.json").write_text(json.dumps(summary))
+    assert main(["runs", str(tmp_path)]) == 0
+    assert capsys.readouterr().out.splitlines()[1].split()[9] == printed
 
 
 def test_seconds_are_the_grown_models_training_time_the_run_printed(runs_root: Path) -> None:

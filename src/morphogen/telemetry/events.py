@@ -340,6 +340,10 @@ class ImitationCompleted(Event):
     value_loss: float
 
 
+PHASES = ("train", "validate", "act", "update")
+"""The phases of the training loop, in the order every table of phase times lists them (others follow)."""
+
+
 @dataclass(frozen=True)
 class PhaseTimes(Event):
     """Wall-clock seconds spent in each phase (train, validate, act, update) since the last such event."""

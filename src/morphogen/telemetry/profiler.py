@@ -27,10 +27,7 @@ if TYPE_CHECKING:
 
 from morphogen.run_directory import PROFILE_DIRNAME, own_directory
 from morphogen.telemetry.config import TelemetryConfig
-from morphogen.telemetry.events import PhaseTimes
-
-PHASES = ("train", "validate", "act", "update")
-"""The phases of the training loop, in the order the summary table lists them (others follow)."""
+from morphogen.telemetry.events import PHASES, PhaseTimes
 
 TIMED_LEVELS = ("normal", "debug")
 """Levels at which `PhaseTimer.from_config` builds a running timer."""

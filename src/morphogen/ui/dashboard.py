@@ -30,6 +30,7 @@ from morphogen.ui.live_state import EnvView, RunView, round_tag
 from morphogen.ui.run_files import EventTail, RunDirectoryError, TimedEvent, check_run_dir, round_cell
 from morphogen.ui.stages import stage_colour, stage_short
 from morphogen.ui.terminal_text import printable_fields
+from morphogen.ui.units import counted
 
 POLL_SECONDS = 0.5
 """How often the dashboard reads new events."""
@@ -131,7 +132,7 @@ def env_detail_text(view: RunView, env: EnvView) -> Text:
         text.append(f"  {slot.slot:<6}{slot.blueprint or '-':<12}")
         text.append(f" {slot.stage:<11}", style=f"black on {stage_colour(slot.stage)}")
         text.append(f" alpha {slot.alpha:.2f}\n")
-    if env.last_reward:
+    if env.last_reward and not view.heuristic:  # as the reward pane: the heuristic's reward steered nothing
         text.append("\nlast reward: " + "  ".join(f"{k} {v:+.3f}" for k, v in env.last_reward.items()) + "\n")
     text.append("\n(escape to close)", style="dim")
     return text
@@ -228,7 +229,7 @@ class Dashboard(App[None]):
         """Read new events (live) or the next slice of the recording (replay), then redraw."""
         if self.paused or not self.is_running:
             return  # not running: the app is shutting down and its widgets may already be gone (NoMatches)
-        cuts = self.tail.cuts
+        cuts, skipped = self.tail.cuts, self.tail.skipped
         try:
             new = self.tail.read_new()
         except RunDirectoryError as error:  # the events file was replaced by something unreadable
@@ -239,6 +240,11 @@ class Dashboard(App[None]):
             return
         if self.tail.cuts != cuts:
             self._start_again()
+            skipped = 0  # the count starts again with the file
+        if self.tail.skipped > skipped:  # said where the reader looks, as `report` says it in its header
+            self.query_one("#log", RichLog).write(
+                f"{counted(self.tail.skipped - skipped, 'line')} of {EVENTS_FILENAME} skipped: not an event (torn, "
+                "damaged or too long)")
         self._pending.extend(TimedEvent(timed.time, printable_fields(timed.event)) for timed in new)
         if self.replay:
             count = max(1, int(self.replay_rate * self.poll_seconds))

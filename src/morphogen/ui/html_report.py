@@ -5,6 +5,8 @@ opens offline, in a mail attachment or an artifact store, exactly as written. It
 
 - accuracy and parameters over epochs against the no-growth baseline and the final architecture
   trained from scratch (`run`), or the per-round means (`train`);
+- the controller's decisions: every action but a wait, with its epoch, whether it was carried out and why (the
+  controller's measured reason, or the gate's figure and threshold for a refusal), as the text report gives them;
 - a timeline with one bar per seed, coloured by lifecycle stage (a `run`'s seeds, or the last round's);
 - contributions: predicted (the shadow contribution measured while the seed trained behind the host,
   the `with:<slot>` counterfactual) against measured (acc with it minus acc without it once blended);
@@ -26,6 +28,7 @@ from pathlib import Path
 from morphogen.run_directory import REPORT_FILENAME, DiskFullError, run_of_file, write_atomic
 from morphogen.telemetry.events import (
     ALL_ENVS,
+    ActionTaken,
     AnomalyDetected,
     EpochCompleted,
     Event,
@@ -35,7 +38,7 @@ from morphogen.telemetry.events import (
     RoundCompleted,
 )
 from morphogen.telemetry.story import NEGATIVE_LOSS, SeedStory, seed_stories
-from morphogen.ui.report import hosts_compared
+from morphogen.ui.report import evaluation_means, hosts_compared
 from morphogen.ui.run_files import (
     EvaluationEpisodes,
     RunDirectoryError,
@@ -51,7 +54,7 @@ from morphogen.ui.run_files import (
 from morphogen.ui.stages import STAGE_COLOURS, stage_colour
 from morphogen.ui.svg import Segment, Series, line_chart, scatter_chart, timeline_chart
 from morphogen.ui.terminal_text import printable
-from morphogen.ui.units import format_flops, format_loss
+from morphogen.ui.units import counted, format_flops, format_loss
 
 STYLE = """
 body { font: 14px/1.45 system-ui, sans-serif; margin: 24px auto; max-width: 1180px; color: #212121; }
@@ -243,6 +246,29 @@ def health_table(files: RunFiles) -> str:
     return f"<table><tr><th>round</th><th>epoch</th><th>where</th><th>what</th><th>detail</th></tr>{body}</table>"
 
 
+def decisions_table(files: RunFiles) -> str:
+    """Every action but a wait that env 0 took (of a training run, in its last round), with its epoch, whether it was
+    carried out and the reason the events give: the controller's measured one, or the gate's figure and threshold
+    for a refusal, as the text report's epoch table gives them; "" when there is none."""
+    actions = [(round_number, event) for round_number, event in round_of_events(files.history)
+               if isinstance(event, ActionTaken) and event.op != "WAIT" and event.env_id == 0]
+    if files.is_training and actions:
+        last = actions[-1][0]
+        actions = [(r, event) for r, event in actions if r == last]
+    rows = "".join(
+        f"<tr><td class='num'>{event.epoch}</td>"
+        f"<td>{escape(' '.join(part for part in (event.op, event.slot, event.blueprint) if part))}</td>"
+        f"<td>{'carried out' if event.succeeded else 'refused'}</td><td>{escape(event.reason or '-')}</td></tr>"
+        for _, event in actions)
+    if not rows:
+        return ""
+    where = (f"round {actions[-1][0]}, env 0" if files.is_training
+             else files.evaluation.label(0) if files.evaluation is not None else "")
+    caption = f"<p class='meta'>{escape(where)}</p>" if where else ""
+    return (f"<div>{caption}<table><tr><th>epoch</th><th>action</th><th>outcome</th><th>why</th></tr>{rows}"
+            "</table></div>")
+
+
 def summary_table(files: RunFiles) -> str:
     """The closing table of `run`: grown, no growth, the final architecture trained from scratch, and the hosts it
     was compared with (`--compare`), as `run`'s closing table and the text report show them."""
@@ -275,6 +301,20 @@ def summary_table(files: RunFiles) -> str:
     return f"<table><tr><th></th>{header}</tr>{body}</table>"
 
 
+def evaluation_table(files: RunFiles) -> str:
+    """An evaluation's result as `eval` printed it: each controller's mean final score and parameters added over its
+    episodes (eval.json); "" for another run."""
+    means = evaluation_means(files)
+    if not means or files.evaluation is None:
+        return ""
+    body = "".join(f"<tr><td>{escape(name)}</td><td class='num'>{escape(files.score.format(score))}</td>"
+                   f"<td class='num'>{'-' if added is None else f'{added:,.0f}'}</td></tr>"
+                   for name, score, added in means)
+    episodes = counted(files.evaluation.episodes, "episode")
+    return (f"<table><tr><th>controller (means over {episodes} each)</th>"
+            f"<th>final val {escape(files.score.title)}</th><th>parameters added</th></tr>{body}</table>")
+
+
 def _section(title: str, *figures: str) -> str:
     shown = [figure for figure in figures if figure]
     if not shown:
@@ -286,24 +326,26 @@ def render_html(run_dir: str | Path) -> str:
     """The whole report as one HTML document."""
     files = load_run_files(run_dir)
     config = files.config
-    kind = "training run" if files.is_training else "run"
+    kind = "training run" if files.is_training else "evaluation" if files.evaluation is not None else "run"
     score = files.score
     pairs = contribution_pairs(files.history, score, files.evaluation)
     unit = score.contribution_unit
     contributions = scatter_chart([(p.predicted, p.measured, p.label) for p in pairs],
                                   title="contribution: predicted (shadow) vs measured",
                                   x_label=f"predicted: shadow contribution ({unit})",
-                                  y_label=f"measured ({unit})")
+                                  y_label=f"measured ({unit})", value_text=score.contribution_text)
     sections = [
-        _section("Result", summary_table(files)),
+        _section("Result", summary_table(files), evaluation_table(files)),
         _section("Growth", *growth_charts(files)),
+        _section("Decisions", decisions_table(files)),
         _section("Seeds", timeline_section(files), contributions),
         _section("Reward", reward_chart(files)) if files.steered_by_reward else "",
         _section("PPO", *ppo_charts(files.history)),
         f"<h2>Anomalies and rollbacks</h2>{health_table(files)}",
     ]
     title = f"morphogen {kind}: {task_label(config) or '?'}"
-    damage = "" if files.damage_note() is None else f" ({files.damage_note()})"
+    notes = [note for note in (files.damage_note(), files.recording_note) if note]
+    damage = f" ({'; '.join(notes)})" if notes else ""
     page = (f"<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'><title>{escape(title)}</title>"
             f"<style>{STYLE}</style></head><body><h1>{escape(title)}</h1>"
             f"<p class='meta'>{escape(str(files.path))} · seed {escape(str(config.get('seed', '?')))} · "

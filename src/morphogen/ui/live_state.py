@@ -53,7 +53,7 @@ def _count(value: object) -> int | None:
 
 
 def round_tag(round_number: int) -> str:
-    """A round as the log and the alerts tag it: "r3", or "imit" for the imitation warm start's episodes."""
+    """A round as the alerts strip tags it: "r3", or "imit" for the imitation warm start's episodes."""
     return "imit" if round_number == IMITATION_ROUND else f"r{round_number}"
 
 
@@ -202,10 +202,12 @@ class RunView:
         return self.envs[env_id]
 
     def _where(self, env_id: int, epoch: int) -> str:
-        """Where an event happened, for the log: round, epoch and env (trainer events have no env epoch)."""
+        """Where an event happened, for the log, in words: round, epoch and env (trainer events have no env epoch).
+        The log has the width the alerts' strip lacks, so it spells out what the strip tags `r3 e7`."""
+        round_name = "imitation" if self.round == IMITATION_ROUND else f"round {self.round}"
         if env_id == ALL_ENVS:
-            return f"{round_tag(self.round)} trainer" if self.training else "trainer"
-        return f"{round_tag(self.round)} e{epoch} env {env_id}" if self.training else f"e{epoch} env {env_id}"
+            return f"{round_name} trainer" if self.training else "trainer"
+        return f"{round_name} epoch {epoch} env {env_id}" if self.training else f"epoch {epoch} env {env_id}"
 
     def apply(self, timed: TimedEvent) -> str | None:
         """Fold one event into the view; returns its event-log line (None for events not logged)."""
@@ -235,7 +237,9 @@ class RunView:
             self.telemetry_level = event.to_level
             return f"{where}: telemetry {event.from_level} -> {event.to_level} ({event.reason})"
         if isinstance(event, ActionTaken) and event.op != "WAIT":
-            outcome = "" if event.succeeded else f" refused: {event.reason}"
+            # A taken action's reason says why after a colon, as the report gives it; without one it only repeats it.
+            outcome = (f" refused: {event.reason}" if not event.succeeded
+                       else f" ({event.reason})" if ": " in event.reason else "")
             target = " ".join(part for part in (event.slot, event.blueprint) if part)
             return f"{where}: {event.op} {target}{outcome}"
         if isinstance(event, StageTransition):
@@ -258,9 +262,9 @@ class RunView:
         env.episodes_completed += 1
         env.last_return = event.episode_return
         self.finished = self.finished or not self.training
+        steered = "" if self.heuristic else f", return {event.episode_return:+.3f}"  # the heuristic reads none
         return (f"{where}: episode done, {self.score.label} {self.score.format(event.final_accuracy)}, "
-                f"{event.fossilized} fossilized, "
-                f"{event.pruned} pruned, return {event.episode_return:+.3f}")
+                f"{event.fossilized} fossilized, {event.pruned} pruned{steered}")
 
     def _alert(self, event: AnomalyDetected | GovernorRollback, where: str) -> str:
         env = "trainer" if event.env_id == ALL_ENVS else f"env {event.env_id}"

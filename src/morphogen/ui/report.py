@@ -6,14 +6,17 @@ run directory copied from another machine and never imports the model, the env o
 
 from __future__ import annotations
 
+import json
+import statistics
 from collections import Counter, defaultdict
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from morphogen.run_directory import is_seeds_directory
+from morphogen.run_directory import MAX_JSON_BYTES, SCORES_FILENAME, is_seeds_directory, read_regular_file
 from morphogen.telemetry.events import (
     ALL_ENVS,
+    PHASES,
     ActionTaken,
     AnomalyDetected,
     EpisodeCompleted,
@@ -32,6 +35,7 @@ from morphogen.ui.run_files import (
     IMITATION_ROUND,
     EvaluationEpisodes,
     RunDirectoryError,
+    RunFiles,
     ScoreKind,
     events_by_round,
     load_run_files,
@@ -134,14 +138,15 @@ def _episode_section(history: Sequence[Event], training: bool, score: ScoreKind,
 
 def _seed_section(history: Sequence[Event], training: bool, score: ScoreKind,
                   summary: Mapping[str, Any] | None = None, *, without_events: bool = False,
-                  evaluation: EvaluationEpisodes | None = None) -> list[str]:
+                  evaluation: EvaluationEpisodes | None = None, minimal: bool = False) -> list[str]:
     stories_by_round: list[tuple[int, SeedStory]] = []
     for round_number, events_of_round in events_by_round(history).items():
         stories_by_round.extend((round_number, story) for story in seed_stories(events_of_round))
     if not stories_by_round:
         named = _summary_seeds(summary)
         if named:  # the events were cut short, lost or never written; the summary still says what grew
-            where = "no events written" if without_events else "none in the events that could be read"
+            where = ("no events written" if without_events else "not recorded at --telemetry minimal" if minimal
+                     else "none in the events that could be read")
             return [f"seeds: {where}; summary.json names {len(named)}: {', '.join(named)}"]
         return ["seeds: none germinated"]
     lines = []
@@ -217,14 +222,17 @@ def _training_section(history: Sequence[Event], score: ScoreKind) -> list[str]:
         return imitation
     updates = {e.round: e for e in history if isinstance(e, PPOUpdateCompleted)}
     final, width = _final_column(score)
+    # Headed in words a newcomer reads: the round's PPO update's approximate KL divergence and its value head's
+    # explained variance; the mean of the parameters the envs' seeds added.
     lines = [*imitation, "rounds:",
-             f"  {'round':>5}  {'return':>8}  {final:>{width}}  {'added':>8}  {'kl':>7}  {'ev':>6}  {'seconds':>7}"]
+             f"  {'round':>5}  {'return':>8}  {final:>{width}}  {'params added':>12}  {'approx KL':>9}  "
+             f"{'explained variance':>18}  {'seconds':>7}"]
     for r in rounds:
         update = updates.get(r.round)
         kl = "-" if update is None else f"{update.approx_kl:.4f}"
         explained = "-" if update is None else f"{update.explained_variance:+.2f}"
         lines.append(f"  {r.round:>5}  {r.mean_return:>+8.3f}  {score.format(r.mean_final_accuracy):>{width}}  "
-                     f"{r.mean_parameters_added:>8,.0f}  {kl:>7}  {explained:>6}  {r.seconds:>7.1f}")
+                     f"{r.mean_parameters_added:>12,.0f}  {kl:>9}  {explained:>18}  {r.seconds:>7.1f}")
     return lines
 
 
@@ -252,13 +260,15 @@ def _phase_section(history: Sequence[Event]) -> list[str]:
                 totals[name] += seconds
     if not totals:
         return []
-    return ["time by phase: " + ", ".join(f"{name} {seconds:.1f} s" for name, seconds in totals.items())]
+    # In the order and to the digits of the phase table `run` and `train` print at their end.
+    names = [name for name in PHASES if name in totals] + [name for name in totals if name not in PHASES]
+    return ["time by phase: " + ", ".join(f"{name} {totals[name]:.3f} s" for name in names)]
 
 
 def _comparison_section(summary: dict[str, Any] | None, config: dict[str, Any]) -> list[str]:
     """The grown model, then no growth, the final architecture from scratch and the hosts compared with where
-    summary.json holds them; nothing when it lacks the grown model's figures. Where no seed was kept, from scratch
-    is the no-growth run, marked so, as the run's seed lines and seeds.json give it."""
+    summary.json holds them, each with its cost and wall time; nothing when it lacks the grown model's figures. Where
+    no seed was kept, from scratch is the no-growth run, marked so, as the run's seed lines and seeds.json give it."""
     summary = summary or {}
     score = score_kind(summary)
     kept_none = nothing_kept(config, summary)
@@ -270,12 +280,48 @@ def _comparison_section(summary: dict[str, Any] | None, config: dict[str, Any]) 
         if accuracy is None or parameters is None:
             continue
         flops = summary_number(table.get("flops") if isinstance(table, dict) else None, "total")
+        seconds = summary_number(table, "seconds")  # its training's wall time, as `run`'s table gives it
         marked = kept_none and name == "from scratch"
         parts.append(f"{name} {_score_text(score, accuracy)} with {parameters:,.0f} parameters"
                      + ("" if flops is None else f" and {format_flops(flops)}")
+                     + ("" if seconds is None else f" in {seconds:.1f} s")
                      + (" (nothing kept: the final architecture is the host, so these are no growth's figures)"
                         if marked else ""))
     return ["; ".join(parts)] if parts and parts[0].startswith("grown ") else []
+
+
+def evaluation_means(files: RunFiles) -> list[tuple[str, float, float | None]]:
+    """Of an evaluation, (controller, mean final score, mean parameters added) over its episodes, as `eval` printed
+    them, from eval.json (untrusted: finite numbers only); [] for another run or a table that cannot be read."""
+    if files.evaluation is None:  # eval.json does not name the controllers config.json's episodes belong to
+        return []
+    try:
+        table = json.loads(read_regular_file(files.path / SCORES_FILENAME, MAX_JSON_BYTES))
+    except (OSError, ValueError, RecursionError):
+        return []
+    means = []
+    for row in table if isinstance(table, list) else []:
+        scores, added = (_finite_numbers(row.get(key)) for key in ("accuracies", "added"))
+        if scores:
+            means.append((row["name"], statistics.fmean(scores), statistics.fmean(added) if added else None))
+    return means
+
+
+def _evaluation_section(files: RunFiles) -> list[str]:
+    """An evaluation's result in one line: each controller's mean final score and parameters added."""
+    means = evaluation_means(files)
+    if not means or files.evaluation is None:
+        return []
+    parts = [f"{name} {files.score.format(score)}" + ("" if added is None else f" adding {added:,.0f} parameters")
+             for name, score, added in means]
+    episodes = counted(files.evaluation.episodes, "episode")
+    return [f"evaluation ({SCORES_FILENAME}, means over {episodes} each): {'; '.join(parts)}"]
+
+
+def _finite_numbers(values: object) -> list[float]:
+    """A list of eval.json as numbers, or [] where any entry is not a finite number within `MAX_MAGNITUDE`."""
+    numbers = [summary_number({"value": value}, "value") for value in (values if isinstance(values, list) else [])]
+    return [] if None in numbers else [number for number in numbers if number is not None]
 
 
 def hosts_compared(summary: dict[str, object]) -> list[tuple[str, object]]:
@@ -299,19 +345,20 @@ def render_report(run_dir: str | Path) -> str:
         return render_seeds_report(run_dir)
     files = load_run_files(run_dir, without_events=True)
     config, history, training = files.config, files.history, files.is_training
-    damage = files.damage_note()
+    notes = [note for note in (files.damage_note(), files.recording_note) if note]
     header = (f"run {files.path}: task {task_label(config) or '?'}, seed {config.get('seed', '?')}, "
-              f"{len(history)} events" + (f" ({damage})" if damage else ""))
+              f"{len(history)} events" + (f" ({'; '.join(notes)})" if notes else ""))
     reward = _reward_section(history, files.evaluation) if files.steered_by_reward else []
     score = files.score
     evaluation = files.evaluation
     sections = [[header], _episode_section(history, training, score, evaluation),
                 _seed_section(history, training, score, files.summary, without_events=files.without_events,
-                              evaluation=evaluation),
+                              evaluation=evaluation, minimal=files.recording_note is not None),
                 reward,
                 _training_section(history, score),
                 [] if files.without_events else _health_section(history, training, evaluation),
                 _phase_section(history),
-                _comparison_section(files.summary, config)]
+                _comparison_section(files.summary, config),
+                _evaluation_section(files)]
     text = "\n\n".join("\n".join(section) for section in sections if section)
     return "\n".join(printable(line) for line in text.split("\n"))

@@ -58,7 +58,7 @@ from morphogen.run_directory import (
     read_line,
     read_regular_file,
 )
-from morphogen.telemetry.events import Event, ImitationCompleted, RoundCompleted, event_from_dict
+from morphogen.telemetry.events import EpochCompleted, Event, ImitationCompleted, RoundCompleted, event_from_dict
 from morphogen.telemetry.story import NEGATIVE_LOSS, SeedStory
 from morphogen.ui.units import format_loss
 
@@ -250,7 +250,27 @@ class RunFiles:
         parts += [f"{name} unreadable" for name in self.unreadable]
         if self.without_events:
             parts.append(f"no {EVENTS_FILENAME}: made with --telemetry off, its figures are summary.json's")
-        return ", ".join(parts) or None
+        unfinished = self._unfinished_note()
+        return ", ".join([*parts, *([unfinished] if unfinished else [])]) or None
+
+    @property
+    def recording_note(self) -> str | None:
+        """What a run recorded at `--telemetry minimal` leaves out (actions and their reasons, stage changes,
+        counterfactuals: normal's), so that their absence does not read as damage; None at any other level."""
+        if config_value(self.config, "telemetry.level") != "minimal" or self.without_events:
+            return None
+        return "recorded at --telemetry minimal: no actions' reasons, stage changes or seed measurements"
+
+    def _unfinished_note(self) -> str | None:
+        """Of a `run` (its config has `from_scratch`) whose events have no summary.json beside them: that it stopped
+        or is still going, and the last epoch its events reach, so a reader knows why no final figures follow."""
+        if "from_scratch" not in self.config or self.without_events or os.path.lexists(self.path / SUMMARY_FILENAME):
+            return None
+        epochs = [event.epoch for event in self.history if isinstance(event, EpochCompleted) and event.env_id == 0]
+        total = config_value(self.config, "episode.max_epochs")
+        of_total = f" of {total}" if isinstance(total, int) and not isinstance(total, bool) else ""
+        reached = f" after epoch {max(epochs)}{of_total}" if epochs else " before its first epoch"
+        return f"no {SUMMARY_FILENAME}: the run stopped, or is still going,{reached}"
 
 
 #: Longest controller name read from an evaluation's table (eval's own are "learned", "heuristic", "no growth").
@@ -387,8 +407,12 @@ class ScoreKind:
     def contribution(self, story: SeedStory, *, predicted: bool = False) -> str:
         """`contribution_value` as text in its unit: "+0.0669 nats", "+1.25 pts", "-" when not measured."""
         value = self.contribution_value(story, predicted=predicted)
+        return "-" if value is None else self.contribution_text(value)
+
+    def contribution_text(self, value: float) -> str:
+        """A contribution in `contribution_unit`, to the digits every view gives it: "+0.0669 nats", "+1.25 pts"."""
         text = {"loss": "{:+.4f} nats", "relative_loss": "{:+.2f}% of loss"}.get(self.criterion, "{:+.2f} pts")
-        return "-" if value is None else text.format(value)
+        return text.format(value)
 
 
 def score_kind(summary: Mapping[str, Any] | None, config: Mapping[str, Any] | None = None) -> ScoreKind:

@@ -104,13 +104,15 @@ class Runs:
     connection: Any
     skipped_runs: list[str]
     """Run directories left out, each with why."""
-    damaged_runs: list[str]
-    """Runs shown in spite of damage, each with what was skipped."""
+    damaged_runs: dict[str, str]
+    """Runs shown in spite of damage (or unfinished), by name, each with what was skipped or is missing."""
 
-    def notes(self) -> list[str]:
-        """Lines saying which runs were left out and which were read in part."""
+    def notes(self, shown: Collection[str] | None = None) -> list[str]:
+        """Lines saying which runs were left out and which were read in part: of the latter, only those `shown`
+        where a filter left some out (a note under a table on a run it does not list would read as its own)."""
         notes = [f"skipped run {note}" for note in self.skipped_runs]
-        return notes + [f"run {note}" for note in self.damaged_runs]
+        return notes + [f"run {printable(name)}: {note}" for name, note in self.damaged_runs.items()
+                        if shown is None or name in shown]
 
 
 def _json_value(value: Any, depth: int = 0) -> Any:
@@ -271,6 +273,10 @@ def read_runs(root: Path) -> tuple[list[tuple[str, RunFiles]], list[str]]:
     with why."""
     if not root.is_dir():
         raise RunsQueryError(f"{root} is not a directory (expected the parent of run directories, e.g. runs/)")
+    if (root / EVENTS_FILENAME).is_file() or is_summary_only_run(root):  # its baseline/ would be listed as runs
+        shown = printable(str(root))
+        raise RunsQueryError(f"{shown} is one run, not a directory of runs: `morphogen report {shown}` tells it, "
+                             f"`morphogen runs {printable(str(root.parent))}` lists it with the others")
     runs, skipped = [], []
     for name, path in _run_paths(root):
         try:
@@ -339,8 +345,7 @@ def _load_runs(runs: Sequence[tuple[str, RunFiles]], skipped: list[str], what: s
     connection.execute("SET enable_external_access = false")  # no file or network from here on
     connection.execute("SET lock_configuration = true")  # ... and no SET to undo that
     notes = {name: [files.damage_note(), config_notes.get(name)] for name, files in runs}
-    damaged = [f"{printable(name)}: {', '.join(note for note in parts if note)}" for name, parts in notes.items()
-               if any(parts)]
+    damaged = {name: ", ".join(note for note in parts if note) for name, parts in notes.items() if any(parts)}
     return Runs(connection, skipped, damaged)
 
 
@@ -385,8 +390,8 @@ def _create_views(connection: Any) -> None:
                coalesce(e.params, f.grown_parameters) AS parameters,
                f.gflops, f.score, f.final_loss, f.baseline_accuracy, f.baseline_parameters, f.from_scratch_accuracy,
                f.from_scratch_parameters, f.nothing_kept, coalesce(p.events, 0) AS events,
-               CASE WHEN p.first_time BETWEEN 0 AND 253402300799
-                    THEN date_trunc('second', to_timestamp(p.first_time)::TIMESTAMP) END AS started,
+               CASE WHEN p.first_time BETWEEN 0 AND 253402300799  -- UTC: to_timestamp(...)::TIMESTAMP is local time
+                    THEN date_trunc('second', epoch_ms(CAST(floor(p.first_time * 1000) AS BIGINT))) END AS started,
                round(coalesce(f.grown_seconds, p.last_time - p.first_time), 2) AS seconds
         FROM run_files f LEFT JOIN per_run p USING (run) LEFT JOIN last_episode e USING (run)
         LEFT JOIN last_round r USING (run)""")
@@ -426,7 +431,9 @@ def query_runs(root: str | Path, where: str | None = None, columns: Sequence[str
         hint = f" (the columns of runs: {', '.join(name for (name,) in described)})" \
             if isinstance(error, duckdb.BinderException) else ""
         raise RunsQueryError(f"{shown}{str(error).splitlines()[0]}{hint}") from None
-    return [d[0] for d in cursor.description], rows, runs.notes()
+    header = [d[0] for d in cursor.description]
+    listed = None if where is None or "run" not in header else {row[header.index("run")] for row in rows}
+    return header, rows, runs.notes(listed)
 
 
 def _compared_run(run: str | Path, root: Path) -> Path:
@@ -462,6 +469,11 @@ def compare_runs(run_a: str | Path, run_b: str | Path, root: str | Path = "runs"
     paths = [_compared_run(run_a, Path(root)), _compared_run(run_b, Path(root))]
     names = _labels(paths)
     runs = [(name, load_run_files(path)) for name, path in zip(names, paths, strict=True)]
+    kinds = ["a training run (curves per round)" if files.is_training else "a run (curves per epoch)"
+             for _, files in runs]
+    if kinds[0] != kinds[1]:  # one's column would be all '-': nothing lines up
+        raise RunsQueryError(f"--compare: {printable(names[0])} is {kinds[0]} and {printable(names[1])} {kinds[1]}; "
+                             "compare two of one kind")
     connection = _load_runs(runs, [], " and ".join(printable(name) for name in names)).connection
     rounds = connection.execute("SELECT count(*) FROM rounds WHERE run IN (?, ?)", names).fetchone()
     a, b = names
@@ -490,10 +502,22 @@ def _score_header(score: ScoreKind) -> str:
     return "acc %" if score.is_accuracy else score.label
 
 
-def _cell(value: Any) -> Text:
-    """A table cell as plain text: strings from a run are never read as Rich markup or control sequences."""
+def _three_digits(value: float) -> str:
+    """A positive figure to three significant digits without an exponent, as `format_flops` prints it: 5.23, 11.5,
+    0.00939 (9.39 MFLOP in GFLOP; two decimals would print 0.01); 100 and above whole, with separators."""
+    if not math.isfinite(value) or value <= 0:
+        return f"{value:.2f}"
+    decimals = max(0, 2 - math.floor(math.log10(value)))
+    return f"{value:,.{decimals}f}"
+
+
+def _cell(value: Any, three_digits: bool = False) -> Text:
+    """A table cell as plain text: strings from a run are never read as Rich markup or control sequences; a float
+    of a `three_digits` column to three significant digits."""
     if value is None:
         return Text("-")
+    if three_digits and isinstance(value, float):
+        return Text(_three_digits(value))
     if isinstance(value, float):
         return Text(f"{value:.2f}" if not math.isfinite(value) or abs(value) < 1e6 else f"{value:,.0f}")
     if isinstance(value, int):
@@ -502,16 +526,18 @@ def _cell(value: Any) -> Text:
 
 
 def print_table(header: Sequence[str], rows: Sequence[Sequence[Any]], out: TextIO,
-                marked: Collection[tuple[int, int]] = ()) -> None:
+                marked: Collection[tuple[int, int]] = (), three_digits: Collection[str] = ("gflops",)) -> None:
     """`rows` under `header` as an aligned table, numbers right-aligned; the cells `marked` (row, column) end in
-    `*`, which a note under the table explains."""
+    `*`, which a note under the table explains; the columns named in `three_digits` (training GFLOPs) are printed
+    to three significant digits, as the run printed them."""
     numeric = [all(isinstance(row[i], (int, float)) or row[i] is None for row in rows) for i in range(len(header))]
     columns = [Column(Text(printable(name)), justify="right" if is_number else "left")
                for name, is_number in zip(header, numeric, strict=True)]
     table = Table(*columns, box=None, pad_edge=False, header_style="bold")
     starred = {column for _, column in marked}  # their other cells end in a space, to keep the digits aligned
     for index, row in enumerate(rows):
-        table.add_row(*(_cell(value) + ("*" if (index, column) in marked else " " if column in starred else "")
+        table.add_row(*(_cell(value, header[column] in three_digits)
+                        + ("*" if (index, column) in marked else " " if column in starred else "")
                         for column, value in enumerate(row)))
     Console(file=out, width=max(LINE_WIDTH, 200), highlight=False).print(table)
 

@@ -8,7 +8,7 @@ as a tooltip. Text is escaped; coordinates are rounded to 0.1 px to keep files s
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from html import escape
 
@@ -185,8 +185,10 @@ def _polyline(frame: _Frame, line: Series, colour: str) -> list[str]:
     return parts
 
 
-def scatter_chart(points: Sequence[tuple[float, float, str]], *, title: str, x_label: str, y_label: str) -> str:
-    """Labelled (x, y) points with the diagonal y = x (where prediction equals measurement); "" when none."""
+def scatter_chart(points: Sequence[tuple[float, float, str]], *, title: str, x_label: str, y_label: str,
+                  value_text: Callable[[float], str] = "{:+.2f}".format) -> str:
+    """Labelled (x, y) points with the diagonal y = x (where prediction equals measurement); "" when none. Each
+    point's tooltip gives its values as `value_text` writes them (the text report's digits and unit)."""
     if not points:
         return ""
     values = [v for x, y, _ in points for v in (x, y)]
@@ -197,7 +199,8 @@ def scatter_chart(points: Sequence[tuple[float, float, str]], *, title: str, x_l
                  f'y2="{frame.y(ticks[-1]):.1f}" class="diagonal"/>')
     for x, y, label in points:
         parts.append(f'<circle cx="{frame.x(x):.1f}" cy="{frame.y(y):.1f}" r="5" fill="{PALETTE[0]}" '
-                     f'fill-opacity="0.75"><title>{escape(label)}: predicted {x:+.2f}, measured {y:+.2f}</title>'
+                     f'fill-opacity="0.75"><title>{escape(label)}: predicted {escape(value_text(x))}, measured '
+                     f"{escape(value_text(y))}</title>"
                      "</circle>")
     return _svg(parts, title)
 
