@@ -9,8 +9,9 @@ next blueprint of its rotation) or wider (new channels of the layers around the 
 (`control/growth_choice.py`); with `choice = "rotation"` (the default on an MLP host), or when no signal was
 measured, the next slot and blueprint in turn. Blueprints pruned recently are skipped. It pushes the seed
 through TRAINING and BLENDING, prunes a seed that never earns its way out of TRAINING or whose stage made the
-model worse, and in HOLDING fossilizes a seed that contributes, else prunes it. It reads only the episode
-snapshot and the action masks.
+model worse, and in HOLDING fossilizes a seed that contributes, else prunes it; one the fossilize gate refused
+is asked again only on a later measurement above the one refused (`fossilize_patience` times at most), else
+pruned. It reads only the episode snapshot and the action masks.
 
 It judges by what the gates judge (`EpisodeSnapshot.criterion`): the validation loss in nats for a language
 model and a classifier, the log of the validation loss (and the share of it a seed removes) for a task with a
