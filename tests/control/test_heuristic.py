@@ -351,23 +351,46 @@ def test_a_seed_the_fossilize_gate_refuses_is_pruned() -> None:
     assert heuristic.act(refused, masks) == Action(Op.PRUNE, "r0c1")
 
 
-def holding_by_loss(nats: float, epoch: int) -> EpisodeSnapshot:
-    """A classifier judged by loss, its seed in HOLDING removing `nats` of validation loss."""
+def holding_by_loss(nats: float, epoch: int, gate_asks: float | None = None) -> EpisodeSnapshot:
+    """A classifier judged by loss, its seed in HOLDING removing `nats` of validation loss; the fossilize gate asks
+    `gate_asks` nats (None: the snapshot does not say, as one saved by an earlier morphogen)."""
     slot = make_slot("r0c1", Stage.HOLDING, loss_contribution=nats, epochs_in_stage=epoch - 7)
-    return make_snapshot(slot, epoch=epoch, history=RISING, criterion=Criterion.LOSS)
+    snapshot = make_snapshot(slot, epoch=epoch, history=RISING, criterion=Criterion.LOSS)
+    return dataclasses.replace(snapshot, fossilize_contribution=gate_asks)
 
 
-def test_a_refused_seed_measured_above_the_refusal_is_asked_again() -> None:
+def test_a_refused_seed_that_now_measures_what_the_gate_asks_is_asked_again() -> None:
     # A user's encoder run: the gate (0.01 nats) refused the seed on 0.0071 nats, the next epoch measured 0.0549.
     heuristic, space = controller()
     masks = make_masks(space, {Op.FOSSILIZE: ("r0c1",), Op.PRUNE: ("r0c1",)})
-    assert heuristic.act(holding_by_loss(0.0071, epoch=8), masks) == Action(Op.FOSSILIZE, "r0c1")
+    assert heuristic.act(holding_by_loss(0.0071, epoch=8, gate_asks=0.01), masks) == Action(Op.FOSSILIZE, "r0c1")
+    refused = with_last_action(holding_by_loss(0.0549, epoch=9, gate_asks=0.01), Op.FOSSILIZE, succeeded=False)
+    again = heuristic.act(refused, masks)
+    assert again == Action(Op.FOSSILIZE, "r0c1")
+    assert again.why == "its ablation says it adds +0.0549 nats now, at least the +0.0100 nats the fossilize gate asks"
+    assert heuristic.fossilize_refused == {"r0c1": (0.0071, 1)}
+
+
+def test_a_refused_seed_still_under_what_the_gate_asks_is_pruned_though_it_rose() -> None:
+    heuristic, space = controller()
+    masks = make_masks(space, {Op.FOSSILIZE: ("r0c1",), Op.PRUNE: ("r0c1",)})
+    heuristic.act(holding_by_loss(0.0071, epoch=8, gate_asks=0.01), masks)
+    refused = with_last_action(holding_by_loss(0.0080, epoch=9, gate_asks=0.01), Op.FOSSILIZE, succeeded=False)
+    pruned = heuristic.act(refused, masks)
+    assert pruned == Action(Op.PRUNE, "r0c1")
+    assert pruned.why == "the fossilize gate refused it, and its ablation says it adds +0.0080 nats now, less than " \
+                         "the +0.0100 nats it asks"
+
+
+def test_without_the_gate_s_threshold_a_refused_seed_measured_above_the_refusal_is_asked_again() -> None:
+    heuristic, space = controller()
+    masks = make_masks(space, {Op.FOSSILIZE: ("r0c1",), Op.PRUNE: ("r0c1",)})
+    heuristic.act(holding_by_loss(0.0071, epoch=8), masks)
     refused = with_last_action(holding_by_loss(0.0549, epoch=9), Op.FOSSILIZE, succeeded=False)
     again = heuristic.act(refused, masks)
     assert again == Action(Op.FOSSILIZE, "r0c1")
     assert again.why == "its ablation says it adds +0.0549 nats now, more than the +0.0071 nats the fossilize gate " \
                         "refused"
-    assert heuristic.fossilize_refused == {"r0c1": (0.0071, 1)}
 
 
 def test_a_refused_seed_measured_no_higher_since_is_pruned() -> None:
@@ -381,15 +404,16 @@ def test_a_refused_seed_measured_no_higher_since_is_pruned() -> None:
                          "nats now, no more"
 
 
-def test_a_seed_the_gate_keeps_refusing_is_pruned_once_the_patience_is_spent() -> None:
-    # Refused on a rising contribution each time (a gate that wants more, or a seed's unhealthy gradients).
+@pytest.mark.parametrize("gate_asks", [0.005, None])
+def test_a_seed_the_gate_keeps_refusing_is_pruned_once_the_patience_is_spent(gate_asks: float | None) -> None:
+    # Refused on enough contribution each time (e.g. for a seed's unhealthy gradients), or on a rising one.
     heuristic, space = controller(fossilize_patience=2)
     masks = make_masks(space, {Op.FOSSILIZE: ("r0c1",), Op.PRUNE: ("r0c1",)})
-    heuristic.act(holding_by_loss(0.006, epoch=8), masks)
+    heuristic.act(holding_by_loss(0.006, epoch=8, gate_asks=gate_asks), masks)
     for epoch, nats in ((9, 0.007), (10, 0.008)):
-        refused = with_last_action(holding_by_loss(nats, epoch=epoch), Op.FOSSILIZE, succeeded=False)
+        refused = with_last_action(holding_by_loss(nats, epoch, gate_asks), Op.FOSSILIZE, succeeded=False)
         assert heuristic.act(refused, masks) == Action(Op.FOSSILIZE, "r0c1")
-    refused = with_last_action(holding_by_loss(0.009, epoch=11), Op.FOSSILIZE, succeeded=False)
+    refused = with_last_action(holding_by_loss(0.009, epoch=11, gate_asks=gate_asks), Op.FOSSILIZE, succeeded=False)
     pruned = heuristic.act(refused, masks)
     assert pruned == Action(Op.PRUNE, "r0c1")
     assert pruned.why == "the fossilize gate refused it 3 times, the last on +0.0080 nats " \

@@ -10,8 +10,8 @@ next blueprint of its rotation) or wider (new channels of the layers around the 
 measured, the next slot and blueprint in turn. Blueprints pruned recently are skipped. It pushes the seed
 through TRAINING and BLENDING, prunes a seed that never earns its way out of TRAINING or whose stage made the
 model worse, and in HOLDING fossilizes a seed that contributes, else prunes it; one the fossilize gate refused
-is asked again only on a later measurement above the one refused (`fossilize_patience` times at most), else
-pruned. It reads only the episode snapshot and the action masks.
+is asked again only when a later measurement passes what the gate asks (`EpisodeSnapshot.fossilize_contribution`;
+above the one refused where the snapshot does not say), `fossilize_patience` times at most, else pruned. It reads only the episode snapshot and the action masks.
 
 It judges by what the gates judge (`EpisodeSnapshot.criterion`): the validation loss in nats for a language
 model and a classifier, the log of the validation loss (and the share of it a seed removes) for a task with a
@@ -115,9 +115,10 @@ class HeuristicConfig:
     #: Epochs past `min_training_epochs` that a TRAINING seed may wait for the blending gate before it
     #: is pruned (its shadow contribution never reached what the gate asks), freeing the slot.
     training_patience: int = 3
-    #: Times a HOLDING seed the fossilize gate refused is asked again, each only on a measured contribution above
-    #: the one refused (a strict gate may want more than `fossilize_threshold`, and the seed may still be rising),
-    #: before it is pruned; 0 prunes it at the first refusal.
+    #: Times a HOLDING seed the fossilize gate refused is asked again, each only on a newer measured contribution
+    #: that passes what the gate asks (a strict gate may want more than `fossilize_threshold`, and the seed may
+    #: still be rising; where the snapshot does not say, one above the contribution refused), before it is pruned;
+    #: 0 prunes it at the first refusal.
     fossilize_patience: int = 2
     #: Prune a blending/holding seed whose stage lost more than this many accuracy points.
     worse_threshold: float = 2.0
@@ -335,7 +336,7 @@ class HeuristicController:
         #: HOLDING slots whose seed the fossilize gate refused (e.g. a strict gate wanting more contribution than
         #: `fossilize_threshold`), each with the contribution the last refusal was judged on (None: not known, in a
         #: state saved before it was kept) and how many times it was refused. Such a seed is asked again only on
-        #: a larger measurement, at most `fossilize_patience` times; else it is pruned.
+        #: a newer measurement that passes the gate, at most `fossilize_patience` times; else it is pruned.
         self.fossilize_refused: dict[str, tuple[float | None, int]] = {}
         #: The contribution the last FOSSILIZE was asked on: what the gate judged, were it refused.
         self.fossilize_asked_on: float | None = None
@@ -501,7 +502,7 @@ class HeuristicController:
         contribution = measure.contribution(slot, snapshot)
         if slot.stage is Stage.HOLDING and contribution is not None \
                 and slot.epochs_in_stage >= self.config.min_holding_epochs:
-            return self._judge_holding(slot, contribution, measure, slot_mask)
+            return self._judge_holding(slot, contribution, measure, slot_mask, snapshot.fossilize_contribution)
         return None
 
     def _seed_moves(self, slot: SlotSnapshot, snapshot: EpisodeSnapshot, measure: _Measure) -> list[tuple[Op, str]]:
@@ -526,9 +527,12 @@ class HeuristicController:
         return moves
 
     def _judge_holding(self, slot: SlotSnapshot, contribution: float, measure: _Measure,
-                       slot_mask: dict[Op, dict[str, bool]]) -> Action | None:
-        """Fossilize a contributing seed; prune one that does not, or that the fossilize gate refused on as much as
-        it measures now (or too many times)."""
+                       slot_mask: dict[Op, dict[str, bool]], gate_asks: float | None) -> Action | None:
+        """Fossilize a contributing seed; prune one that does not, or that the fossilize gate refused and that its
+        newest measurement does not show passing now (or that was refused too many times).
+
+        `gate_asks` is what the fossilize gate asks of a contribution (None where the snapshot does not say: then
+        a refused seed is asked again only on a measurement above the one refused)."""
         slot_id = slot.slot_id
         measured = f"its ablation says it adds {measure.amount(contribution)}"
         if not contribution > measure.fossilize_threshold:
@@ -539,21 +543,42 @@ class HeuristicController:
             why = f"{measured}, more than {measure.amount(measure.fossilize_threshold)}"
             return Action(Op.FOSSILIZE, slot_id, why=why) if slot_mask[Op.FOSSILIZE][slot_id] else None
         refused_on, refusals = refusal
-        patience = self.config.fossilize_patience
-        if refused_on is not None and contribution > refused_on and refusals <= patience:
-            # Measured since the refusal, and higher: the gate may pass it now.
-            why = f"{measured} now, more than the {measure.amount(refused_on)} the fossilize gate refused"
-            return Action(Op.FOSSILIZE, slot_id, why=why) if slot_mask[Op.FOSSILIZE][slot_id] else None
-        if refused_on is None:
-            why = "the fossilize gate refused it"
-        elif not contribution > refused_on:
-            why = f"the fossilize gate refused it on {measure.amount(refused_on)}, and {measured} now, no more"
-        elif refusals == 1:
-            why = f"the fossilize gate refused it on {measure.amount(refused_on)} (heuristic.fossilize_patience 0)"
+        if gate_asks is not None:
+            passes = contribution >= gate_asks
+            newer = f"at least the {measure.amount(gate_asks)} the fossilize gate asks"
         else:
-            why = f"the fossilize gate refused it {refusals} times, the last on {measure.amount(refused_on)} " \
-                  f"(heuristic.fossilize_patience {patience})"
+            passes = refused_on is not None and contribution > refused_on
+            newer = f"more than the {measure.amount(refused_on or 0.0)} the fossilize gate refused"
+        if passes and refusals <= self.config.fossilize_patience:
+            # Measured since the refusal (the snapshot holds this epoch's ablation), and the gate may pass it now.
+            why = f"{measured} now, {newer}"
+            return Action(Op.FOSSILIZE, slot_id, why=why) if slot_mask[Op.FOSSILIZE][slot_id] else None
+        why = self._why_refused(measured, measure, refusal, gate_asks) if not passes else \
+            self._why_patience_ran_out(measure, refusal)
         return Action(Op.PRUNE, slot_id, why=why) if slot_mask[Op.PRUNE][slot_id] else None
+
+    @staticmethod
+    def _why_refused(measured: str, measure: _Measure, refusal: tuple[float | None, int],
+                     gate_asks: float | None) -> str:
+        """Why a refused seed is pruned: its newest measurement does not pass what the gate asks, or is no higher
+        than the one refused."""
+        refused_on = refusal[0]
+        if gate_asks is not None:
+            return f"the fossilize gate refused it, and {measured} now, less than the {measure.amount(gate_asks)} " \
+                   f"it asks"
+        if refused_on is None:
+            return "the fossilize gate refused it"
+        return f"the fossilize gate refused it on {measure.amount(refused_on)}, and {measured} now, no more"
+
+    def _why_patience_ran_out(self, measure: _Measure, refusal: tuple[float | None, int]) -> str:
+        """Why a refused seed whose newest measurement would pass is pruned all the same: `fossilize_patience`."""
+        refused_on, refusals = refusal
+        on = "" if refused_on is None else f" on {measure.amount(refused_on)}"
+        if refusals == 1:
+            return f"the fossilize gate refused it{on} (heuristic.fossilize_patience 0)"
+        last = "" if refused_on is None else f", the last{on}"
+        return f"the fossilize gate refused it {refusals} times{last} " \
+               f"(heuristic.fossilize_patience {self.config.fossilize_patience})"
 
     def _growth_due(self, snapshot: EpisodeSnapshot) -> tuple[bool, str]:
         """Whether growth is due at `snapshot`, and why or why not, in words."""
