@@ -11,7 +11,8 @@ measured, the next slot and blueprint in turn. Blueprints pruned recently are sk
 through TRAINING and BLENDING, prunes a seed that never earns its way out of TRAINING or whose stage made the
 model worse, and in HOLDING fossilizes a seed that contributes, else prunes it; one the fossilize gate refused
 is asked again only when a later measurement passes what the gate asks (`EpisodeSnapshot.fossilize_contribution`;
-above the one refused where the snapshot does not say), `fossilize_patience` times at most, else pruned. It reads only the episode snapshot and the action masks.
+above the one refused where the snapshot does not say), `fossilize_patience` times at most, else pruned. It
+reads only the episode snapshot and the action masks.
 
 It judges by what the gates judge (`EpisodeSnapshot.criterion`): the validation loss in nats for a language
 model and a classifier, the log of the validation loss (and the share of it a seed removes) for a task with a
