@@ -351,6 +351,115 @@ def test_a_seed_the_fossilize_gate_refuses_is_pruned() -> None:
     assert heuristic.act(refused, masks) == Action(Op.PRUNE, "r0c1")
 
 
+def holding_by_loss(nats: float, epoch: int, gate_asks: float | None = None) -> EpisodeSnapshot:
+    """A classifier judged by loss, its seed in HOLDING removing `nats` of validation loss; the fossilize gate asks
+    `gate_asks` nats (None: the snapshot does not say, as one saved by an earlier morphogen)."""
+    slot = make_slot("r0c1", Stage.HOLDING, loss_contribution=nats, epochs_in_stage=epoch - 7)
+    snapshot = make_snapshot(slot, epoch=epoch, history=RISING, criterion=Criterion.LOSS)
+    return dataclasses.replace(snapshot, fossilize_contribution=gate_asks)
+
+
+def test_a_refused_seed_that_now_measures_what_the_gate_asks_is_asked_again() -> None:
+    # A user's encoder run: the gate (0.01 nats) refused the seed on 0.0071 nats, the next epoch measured 0.0549.
+    heuristic, space = controller()
+    masks = make_masks(space, {Op.FOSSILIZE: ("r0c1",), Op.PRUNE: ("r0c1",)})
+    assert heuristic.act(holding_by_loss(0.0071, epoch=8, gate_asks=0.01), masks) == Action(Op.FOSSILIZE, "r0c1")
+    refused = with_last_action(holding_by_loss(0.0549, epoch=9, gate_asks=0.01), Op.FOSSILIZE, succeeded=False)
+    again = heuristic.act(refused, masks)
+    assert again == Action(Op.FOSSILIZE, "r0c1")
+    assert again.why == "its ablation says it adds +0.0549 nats now, at least the +0.0100 nats the fossilize gate asks"
+    assert heuristic.fossilize_refused == {"r0c1": (0.0071, 1)}
+
+
+def test_a_refused_seed_still_under_what_the_gate_asks_is_pruned_though_it_rose() -> None:
+    heuristic, space = controller()
+    masks = make_masks(space, {Op.FOSSILIZE: ("r0c1",), Op.PRUNE: ("r0c1",)})
+    heuristic.act(holding_by_loss(0.0071, epoch=8, gate_asks=0.01), masks)
+    refused = with_last_action(holding_by_loss(0.0080, epoch=9, gate_asks=0.01), Op.FOSSILIZE, succeeded=False)
+    pruned = heuristic.act(refused, masks)
+    assert pruned == Action(Op.PRUNE, "r0c1")
+    assert pruned.why == "the fossilize gate refused it, and its ablation says it adds +0.0080 nats now, less than " \
+                         "the +0.0100 nats it asks"
+
+
+def test_without_the_gate_s_threshold_a_refused_seed_measured_above_the_refusal_is_asked_again() -> None:
+    heuristic, space = controller()
+    masks = make_masks(space, {Op.FOSSILIZE: ("r0c1",), Op.PRUNE: ("r0c1",)})
+    heuristic.act(holding_by_loss(0.0071, epoch=8), masks)
+    refused = with_last_action(holding_by_loss(0.0549, epoch=9), Op.FOSSILIZE, succeeded=False)
+    again = heuristic.act(refused, masks)
+    assert again == Action(Op.FOSSILIZE, "r0c1")
+    assert again.why == "its ablation says it adds +0.0549 nats now, more than the +0.0071 nats the fossilize gate " \
+                        "refused"
+
+
+def test_a_refused_seed_measured_no_higher_since_is_pruned() -> None:
+    heuristic, space = controller()
+    masks = make_masks(space, {Op.FOSSILIZE: ("r0c1",), Op.PRUNE: ("r0c1",)})
+    heuristic.act(holding_by_loss(0.0071, epoch=8), masks)
+    refused = with_last_action(holding_by_loss(0.0068, epoch=9), Op.FOSSILIZE, succeeded=False)
+    pruned = heuristic.act(refused, masks)
+    assert pruned == Action(Op.PRUNE, "r0c1")
+    assert pruned.why == "the fossilize gate refused it on +0.0071 nats, and its ablation says it adds +0.0068 " \
+                         "nats now, no more"
+
+
+@pytest.mark.parametrize("gate_asks", [0.005, None])
+def test_a_seed_the_gate_keeps_refusing_is_pruned_once_the_patience_is_spent(gate_asks: float | None) -> None:
+    # Refused on enough contribution each time (e.g. for a seed's unhealthy gradients), or on a rising one.
+    heuristic, space = controller(fossilize_patience=2)
+    masks = make_masks(space, {Op.FOSSILIZE: ("r0c1",), Op.PRUNE: ("r0c1",)})
+    heuristic.act(holding_by_loss(0.006, epoch=8, gate_asks=gate_asks), masks)
+    for epoch, nats in ((9, 0.007), (10, 0.008)):
+        refused = with_last_action(holding_by_loss(nats, epoch, gate_asks), Op.FOSSILIZE, succeeded=False)
+        assert heuristic.act(refused, masks) == Action(Op.FOSSILIZE, "r0c1")
+    refused = with_last_action(holding_by_loss(0.009, epoch=11, gate_asks=gate_asks), Op.FOSSILIZE, succeeded=False)
+    pruned = heuristic.act(refused, masks)
+    assert pruned == Action(Op.PRUNE, "r0c1")
+    assert pruned.why == "the fossilize gate refused it 3 times, the last on +0.0080 nats " \
+                         "(heuristic.fossilize_patience 2)"
+
+
+def test_without_fossilize_patience_a_refused_seed_is_pruned_at_once() -> None:
+    heuristic, space = controller(fossilize_patience=0)
+    masks = make_masks(space, {Op.FOSSILIZE: ("r0c1",), Op.PRUNE: ("r0c1",)})
+    heuristic.act(holding_by_loss(0.0071, epoch=8), masks)
+    refused = with_last_action(holding_by_loss(0.0549, epoch=9), Op.FOSSILIZE, succeeded=False)
+    pruned = heuristic.act(refused, masks)
+    assert pruned == Action(Op.PRUNE, "r0c1")
+    assert pruned.why == "the fossilize gate refused it on +0.0071 nats (heuristic.fossilize_patience 0)"
+
+
+def test_a_refusal_survives_a_saved_state_and_an_older_state_loads() -> None:
+    heuristic, space = controller()
+    masks = make_masks(space, {Op.FOSSILIZE: ("r0c1",), Op.PRUNE: ("r0c1",)})
+    heuristic.act(holding_by_loss(0.0071, epoch=8), masks)
+    state = heuristic.state_dict()
+    resumed, _ = controller()
+    resumed.load_state_dict(state, space)
+    refused = with_last_action(holding_by_loss(0.0549, epoch=9), Op.FOSSILIZE, succeeded=False)
+    assert resumed.act(refused, masks) == Action(Op.FOSSILIZE, "r0c1")
+    # A state saved before refusals kept what they were refused on: the refused seed is pruned, as it was then.
+    older = {key: value for key, value in resumed.state_dict().items()
+             if key not in ("fossilize_refusals", "fossilize_asked_on")}
+    older["fossilize_refused"] = ["r0c1"]
+    restored, _ = controller()
+    restored.load_state_dict(older, space)
+    pruned = restored.act(holding_by_loss(0.0549, epoch=10), masks)
+    assert pruned == Action(Op.PRUNE, "r0c1") and pruned.why == "the fossilize gate refused it"
+
+
+def test_a_fork_keeps_its_refusals_to_itself() -> None:
+    heuristic, space = controller()
+    masks = make_masks(space, {Op.FOSSILIZE: ("r0c1",), Op.PRUNE: ("r0c1",)})
+    heuristic.act(holding_by_loss(0.0071, epoch=8), masks)
+    refused = with_last_action(holding_by_loss(0.0549, epoch=9), Op.FOSSILIZE, succeeded=False)
+    twin = heuristic.fork()
+    assert twin.act(refused, masks) == Action(Op.FOSSILIZE, "r0c1")
+    assert heuristic.fossilize_refused == {} and twin.fossilize_refused == {"r0c1": (0.0071, 1)}
+    assert heuristic.act(refused, masks) == Action(Op.FOSSILIZE, "r0c1")
+
+
 def test_a_refusal_is_forgotten_once_the_slot_leaves_holding() -> None:
     heuristic, space = controller(fossilize_threshold=0.5)
     masks = make_masks(space, {Op.FOSSILIZE: ("r0c1",), Op.PRUNE: ("r0c1",)})
@@ -369,7 +478,7 @@ def test_a_successful_fossilize_marks_nothing() -> None:
     holding = make_snapshot(make_slot("r0c1", Stage.HOLDING, contribution=0.75, epochs_in_stage=1))
     heuristic.act(holding, masks)
     assert heuristic.act(with_last_action(holding, Op.FOSSILIZE, succeeded=True), masks).op is Op.FOSSILIZE
-    assert heuristic.fossilize_refused == set()
+    assert heuristic.fossilize_refused == {}
 
 
 def test_masked_fossilize_or_prune_is_not_chosen() -> None:
@@ -426,6 +535,7 @@ def test_transformer_topology_uses_its_own_rotation() -> None:
         ({"first_growth_by": 0.0}, "first_growth_by"),
         ({"first_growth_by": float("nan")}, "first_growth_by"),
         ({"training_patience": -1}, "training_patience"),
+        ({"fossilize_patience": -1}, "fossilize_patience"),
         ({"loss_plateau_threshold": -0.01}, "loss_plateau_threshold"),
         ({"loss_worse_threshold": float("nan")}, "loss_worse_threshold"),
         ({"loss_fossilize_threshold": -1.0}, "loss_fossilize_threshold"),

@@ -141,3 +141,19 @@ def test_a_relative_gate_says_why_a_loss_that_is_not_positive_cannot_be_judged()
 def test_documented_relative_thresholds() -> None:
     assert GateConfig().relative_min_improvement == 0.05
     assert GateConfig().relative_min_contribution == 0.02
+
+
+@pytest.mark.parametrize("criterion", list(Criterion))
+def test_the_contribution_the_fossilize_gate_asks_is_where_it_starts_to_pass(criterion: Criterion) -> None:
+    # A controller reads it (through the snapshot) to tell whether a refused seed would pass now.
+    gates = GateConfig(mode=GateMode.STRICT, criterion=criterion)
+    asks = gates.fossilize_contribution
+    assert asks is not None and asks > 0.0
+
+    def passes(contribution: float) -> bool:
+        # At a validation loss of 1, the share of the loss removed is the loss removed.
+        signals = _healthy(contribution=contribution, loss_contribution=contribution, loss=1.0)
+        return evaluate_gate(Stage.FOSSILIZED, _in(Stage.HOLDING), signals, gates).passed
+
+    assert passes(asks) and not passes(asks * 0.99)
+    assert GateConfig(mode=GateMode.PERMISSIVE, criterion=criterion).fossilize_contribution is None

@@ -44,6 +44,7 @@ def test_a_language_model_episode_judges_by_loss(tiny_text: Task) -> None:
     episode = started(tiny_text)
     assert episode.slot_config.gates.judged_by is Criterion.LOSS
     assert episode.snapshot.criterion is Criterion.LOSS
+    assert episode.snapshot.fossilize_contribution == 0.01  # the gate's loss_min_contribution, for the heuristic
     assert episode.optimizer_config.seed_warmup_steps == 100  # the text task re-warms new seeds
 
 

@@ -9,8 +9,10 @@ next blueprint of its rotation) or wider (new channels of the layers around the 
 (`control/growth_choice.py`); with `choice = "rotation"` (the default on an MLP host), or when no signal was
 measured, the next slot and blueprint in turn. Blueprints pruned recently are skipped. It pushes the seed
 through TRAINING and BLENDING, prunes a seed that never earns its way out of TRAINING or whose stage made the
-model worse, and in HOLDING fossilizes a seed that contributes, else prunes it. It reads only the episode
-snapshot and the action masks.
+model worse, and in HOLDING fossilizes a seed that contributes, else prunes it; one the fossilize gate refused
+is asked again only when a later measurement passes what the gate asks (`EpisodeSnapshot.fossilize_contribution`;
+above the one refused where the snapshot does not say), `fossilize_patience` times at most, else pruned. It
+reads only the episode snapshot and the action masks.
 
 It judges by what the gates judge (`EpisodeSnapshot.criterion`): the validation loss in nats for a language
 model and a classifier, the log of the validation loss (and the share of it a seed removes) for a task with a
@@ -114,6 +116,11 @@ class HeuristicConfig:
     #: Epochs past `min_training_epochs` that a TRAINING seed may wait for the blending gate before it
     #: is pruned (its shadow contribution never reached what the gate asks), freeing the slot.
     training_patience: int = 3
+    #: Times a HOLDING seed the fossilize gate refused is asked again, each only on a newer measured contribution
+    #: that passes what the gate asks (a strict gate may want more than `fossilize_threshold`, and the seed may
+    #: still be rising; where the snapshot does not say, one above the contribution refused), before it is pruned;
+    #: 0 prunes it at the first refusal.
+    fossilize_patience: int = 2
     #: Prune a blending/holding seed whose stage lost more than this many accuracy points.
     worse_threshold: float = 2.0
     #: Fossilize a holding seed whose contribution exceeds this many points, else prune it.
@@ -163,7 +170,7 @@ class HeuristicConfig:
 
     def __post_init__(self) -> None:
         for name in ("warmup_epochs", "min_training_epochs", "prune_penalty_epochs", "min_holding_epochs",
-                     "training_patience"):
+                     "training_patience", "fossilize_patience"):
             if getattr(self, name) < 0:
                 raise ValueError(f"heuristic {name} must be >= 0, got {getattr(self, name)}")
         if not 1 <= self.plateau_epochs < HISTORY_LENGTH:
@@ -327,9 +334,13 @@ class HeuristicController:
         self.last_action = Action()
         #: Whether a seed was germinated (or GROWn) this episode: `first_growth_by` applies until then.
         self.has_grown = False
-        #: HOLDING slots whose seed the fossilize gate refused (e.g. a strict gate wanting more
-        #: contribution than `fossilize_threshold`): they are pruned rather than asked again forever.
-        self.fossilize_refused: set[str] = set()
+        #: HOLDING slots whose seed the fossilize gate refused (e.g. a strict gate wanting more contribution than
+        #: `fossilize_threshold`), each with the contribution the last refusal was judged on (None: not known, in a
+        #: state saved before it was kept) and how many times it was refused. Such a seed is asked again only on
+        #: a newer measurement that passes the gate, at most `fossilize_patience` times; else it is pruned.
+        self.fossilize_refused: dict[str, tuple[float | None, int]] = {}
+        #: The contribution the last FOSSILIZE was asked on: what the gate judged, were it refused.
+        self.fossilize_asked_on: float | None = None
         #: Whether it still grows by depth: a refused GROW (a host without the layer `block_copy` copies, a
         #: width the block's heads do not divide) turns it to growing seed by seed for the rest of the episode.
         self.grows_by_depth = bool(self.depth_blueprint)
@@ -351,7 +362,8 @@ class HeuristicController:
         """What it remembers of the episode so far (plain values), for a run saved between epochs."""
         return {"depth_blueprint": self.depth_blueprint, "next_blueprint": self.next_blueprint,
                 "next_slot": self.next_slot, "pruned_at": dict(self.pruned_at), "last_action": self.last_action.state(),
-                "has_grown": self.has_grown, "fossilize_refused": sorted(self.fossilize_refused),
+                "has_grown": self.has_grown, "fossilize_asked_on": self.fossilize_asked_on,
+                "fossilize_refusals": {slot: list(refusal) for slot, refusal in self.fossilize_refused.items()},
                 "grows_by_depth": self.grows_by_depth, "depth_grown": self.depth_grown,
                 "growth_resumes_at": self.growth_resumes_at,
                 "germinable": None if self.germinable is None else self.germinable.tolist(),
@@ -369,12 +381,24 @@ class HeuristicController:
         self.pruned_at = {str(k): int(v) for k, v in state["pruned_at"].items()}
         self.last_action = Action.from_state(state["last_action"])
         self.has_grown, self.depth_grown = bool(state["has_grown"]), bool(state["depth_grown"])
-        self.fossilize_refused = {str(slot) for slot in state["fossilize_refused"]}
+        self._load_refusals(state)
         self.grows_by_depth, self.growth_resumes_at = bool(state["grows_by_depth"]), int(state["growth_resumes_at"])
         shape = state.get("episode_shape")  # a state saved before it was kept: found again at the next snapshot
         self.episode_shape = None if shape is None else (int(shape[0]), int(shape[1]))
         germinable = state["germinable"]
         self.germinable = None if germinable is None else np.asarray(germinable, dtype=bool)
+
+    def _load_refusals(self, state: dict[str, Any]) -> None:
+        """The fossilize gate's refusals of `state`; one saved before their contributions were kept names only the
+        slots, whose seeds are then pruned as they were then."""
+        asked_on = state.get("fossilize_asked_on")
+        self.fossilize_asked_on = None if asked_on is None else float(asked_on)
+        if "fossilize_refusals" not in state:
+            self.fossilize_refused = {str(slot): (None, 1) for slot in state["fossilize_refused"]}
+            return
+        self.fossilize_refused = {
+            str(slot): (None if refused_on is None else float(refused_on), int(refusals))
+            for slot, (refused_on, refusals) in state["fossilize_refusals"].items()}
 
     def act(self, snapshot: EpisodeSnapshot, masks: Sequence[np.ndarray]) -> Action:
         """The action for this epoch; always legal under `masks`."""
@@ -388,7 +412,7 @@ class HeuristicController:
     def fork(self) -> HeuristicController:
         """A copy to propose from: what it decides changes nothing here (`HeuristicAdvisor`)."""
         twin = copy.copy(self)
-        twin.pruned_at, twin.fossilize_refused = dict(self.pruned_at), set(self.fossilize_refused)
+        twin.pruned_at, twin.fossilize_refused = dict(self.pruned_at), dict(self.fossilize_refused)
         return twin
 
     def follow(self, snapshot: EpisodeSnapshot, action: Action) -> None:
@@ -402,8 +426,10 @@ class HeuristicController:
         self.episode_shape = (snapshot.max_epochs, snapshot.blend_epochs)
         last = self.last_action
         if last.op is Op.FOSSILIZE and last.slot is not None and not snapshot.last_action_succeeded:
-            self.fossilize_refused.add(last.slot)
-        self.fossilize_refused &= {slot.slot_id for slot in snapshot.slots if slot.stage is Stage.HOLDING}
+            refusals = self.fossilize_refused.get(last.slot, (None, 0))[1]
+            self.fossilize_refused[last.slot] = (self.fossilize_asked_on, refusals + 1)
+        holding = {slot.slot_id for slot in snapshot.slots if slot.stage is Stage.HOLDING}
+        self.fossilize_refused = {slot: refusal for slot, refusal in self.fossilize_refused.items() if slot in holding}
         if last.op is Op.GROW:
             self.depth_grown |= snapshot.last_action_succeeded
             self.grows_by_depth &= snapshot.last_action_succeeded
@@ -418,6 +444,11 @@ class HeuristicController:
         """Remember the action taken at `snapshot`: the next epoch reads its outcome, a pruned blueprint waits."""
         self.last_action = action
         self.has_grown |= action.op in (Op.GERMINATE, Op.GROW)
+        if action.op is Op.FOSSILIZE:
+            # The gate judges the contribution measured at `snapshot`: a refusal is weighed against it.
+            slot = next((slot for slot in snapshot.slots if slot.slot_id == action.slot), None)
+            measure = _Measure.of(snapshot.criterion, self.config)
+            self.fossilize_asked_on = None if slot is None else measure.contribution(slot, snapshot)
         if action.op is Op.PRUNE:
             blueprint = next((slot.blueprint for slot in snapshot.slots if slot.slot_id == action.slot), None)
             if blueprint is not None:
@@ -472,7 +503,7 @@ class HeuristicController:
         contribution = measure.contribution(slot, snapshot)
         if slot.stage is Stage.HOLDING and contribution is not None \
                 and slot.epochs_in_stage >= self.config.min_holding_epochs:
-            return self._judge_holding(slot, contribution, measure, slot_mask)
+            return self._judge_holding(slot, contribution, measure, slot_mask, snapshot.fossilize_contribution)
         return None
 
     def _seed_moves(self, slot: SlotSnapshot, snapshot: EpisodeSnapshot, measure: _Measure) -> list[tuple[Op, str]]:
@@ -497,20 +528,58 @@ class HeuristicController:
         return moves
 
     def _judge_holding(self, slot: SlotSnapshot, contribution: float, measure: _Measure,
-                       slot_mask: dict[Op, dict[str, bool]]) -> Action | None:
-        """Fossilize a contributing seed; prune one that does not, or that the fossilize gate refused."""
+                       slot_mask: dict[Op, dict[str, bool]], gate_asks: float | None) -> Action | None:
+        """Fossilize a contributing seed; prune one that does not, or that the fossilize gate refused and that its
+        newest measurement does not show passing now (or that was refused too many times).
+
+        `gate_asks` is what the fossilize gate asks of a contribution (None where the snapshot does not say: then
+        a refused seed is asked again only on a measurement above the one refused)."""
         slot_id = slot.slot_id
-        contributes = contribution > measure.fossilize_threshold
-        keep = contributes and slot_id not in self.fossilize_refused
         measured = f"its ablation says it adds {measure.amount(contribution)}"
-        if keep and slot_mask[Op.FOSSILIZE][slot_id]:
-            return Action(Op.FOSSILIZE, slot_id,
-                          why=f"{measured}, more than {measure.amount(measure.fossilize_threshold)}")
-        if not keep and slot_mask[Op.PRUNE][slot_id]:
-            why = "the fossilize gate refused it" if contributes else \
-                f"{measured}, not more than {measure.amount(measure.fossilize_threshold)}"
-            return Action(Op.PRUNE, slot_id, why=why)
-        return None
+        if not contribution > measure.fossilize_threshold:
+            why = f"{measured}, not more than {measure.amount(measure.fossilize_threshold)}"
+            return Action(Op.PRUNE, slot_id, why=why) if slot_mask[Op.PRUNE][slot_id] else None
+        refusal = self.fossilize_refused.get(slot_id)
+        if refusal is None:
+            why = f"{measured}, more than {measure.amount(measure.fossilize_threshold)}"
+            return Action(Op.FOSSILIZE, slot_id, why=why) if slot_mask[Op.FOSSILIZE][slot_id] else None
+        refused_on, refusals = refusal
+        if gate_asks is not None:
+            passes = contribution >= gate_asks
+            newer = f"at least the {measure.amount(gate_asks)} the fossilize gate asks"
+        else:
+            passes = refused_on is not None and contribution > refused_on
+            newer = f"more than the {measure.amount(refused_on or 0.0)} the fossilize gate refused"
+        if passes and refusals <= self.config.fossilize_patience:
+            # Measured since the refusal (the snapshot holds this epoch's ablation), and the gate may pass it now.
+            why = f"{measured} now, {newer}"
+            return Action(Op.FOSSILIZE, slot_id, why=why) if slot_mask[Op.FOSSILIZE][slot_id] else None
+        why = self._why_refused(measured, measure, refusal, gate_asks) if not passes else \
+            self._why_patience_ran_out(measure, refusal)
+        return Action(Op.PRUNE, slot_id, why=why) if slot_mask[Op.PRUNE][slot_id] else None
+
+    @staticmethod
+    def _why_refused(measured: str, measure: _Measure, refusal: tuple[float | None, int],
+                     gate_asks: float | None) -> str:
+        """Why a refused seed is pruned: its newest measurement does not pass what the gate asks, or is no higher
+        than the one refused."""
+        refused_on = refusal[0]
+        if gate_asks is not None:
+            return f"the fossilize gate refused it, and {measured} now, less than the {measure.amount(gate_asks)} " \
+                   f"it asks"
+        if refused_on is None:
+            return "the fossilize gate refused it"
+        return f"the fossilize gate refused it on {measure.amount(refused_on)}, and {measured} now, no more"
+
+    def _why_patience_ran_out(self, measure: _Measure, refusal: tuple[float | None, int]) -> str:
+        """Why a refused seed whose newest measurement would pass is pruned all the same: `fossilize_patience`."""
+        refused_on, refusals = refusal
+        on = "" if refused_on is None else f" on {measure.amount(refused_on)}"
+        if refusals == 1:
+            return f"the fossilize gate refused it{on} (heuristic.fossilize_patience 0)"
+        last = "" if refused_on is None else f", the last{on}"
+        return f"the fossilize gate refused it {refusals} times{last} " \
+               f"(heuristic.fossilize_patience {self.config.fossilize_patience})"
 
     def _growth_due(self, snapshot: EpisodeSnapshot) -> tuple[bool, str]:
         """Whether growth is due at `snapshot`, and why or why not, in words."""

@@ -173,6 +173,18 @@ class GateConfig:
         """The criterion in force: `criterion`, or the score where it is left to the task and no task resolved it."""
         return self.criterion or Criterion.SCORE
 
+    @property
+    def fossilize_contribution(self) -> float | None:
+        """The contribution the fossilize gate asks of a seed, in the unit of `judged_by` (None: permissive gates,
+        which ask none): what a controller compares a refused seed's newer measurement with."""
+        if self.mode is not GateMode.STRICT:
+            return None
+        if self.judged_by is Criterion.LOSS:
+            return self.loss_min_contribution
+        if self.judged_by is Criterion.RELATIVE_LOSS:
+            return self.relative_min_contribution
+        return self.strict_min_contribution
+
 
 @dataclass(frozen=True)
 class GateResult:

@@ -783,6 +783,7 @@ class MorphogenesisEpisode:
             initial_val_loss=self.initial_val_loss, blueprints=self.layout.blueprints,
             blueprint_parameters=self.layout.blueprint_parameters, blueprint_flops=self.layout.blueprint_flops,
             host_flops=self.layout.host_flops, criterion=self.slot_config.gates.judged_by,
+            fossilize_contribution=self.slot_config.gates.fossilize_contribution,
             blend_epochs=self.slot_config.blend_epochs, blend=self.slot_config.blend.value,
         )
 

@@ -104,6 +104,9 @@ class EpisodeSnapshot:
     #: What the gates judge seeds by (the score, or the validation loss for a language model); the heuristic
     #: judges by the same.
     criterion: Criterion = Criterion.SCORE
+    #: The contribution the fossilize gate asks of a seed, in the unit of `criterion` (`GateConfig.
+    #: fossilize_contribution`; None: permissive gates, or a snapshot saved before it was kept).
+    fossilize_contribution: float | None = None
     #: The ramp and blend operator (`BlendKind` value) of a seed germinated without its own
     #: (`[episode.slots] blend_epochs` and `blend`): what the heuristic germinates with.
     blend_epochs: int = 3
