@@ -483,7 +483,7 @@ def _refuse_file_settings_beside_the_mix(args: argparse.Namespace, in_file: dict
     training mix (its `[[mix]]`, or `tasks`) that would ignore it, default value or not: the trainer lets the defaults
     pass, not knowing whether they were written. A run's config.json records every setting, so `--config
     RUN/config.json` is left to the trainer's check (`_is_run_record`)."""
-    from morphogen.control.trainer import host_beside_the_mix, length_beside_the_mix, task_beside_the_mix
+    from morphogen.control.trainer import host_beside_the_mix, task_beside_the_mix
 
     tasks, mix = values.get("tasks"), values.get("mix")
     if args.config is None or bool(tasks) == bool(mix) or _is_run_record(args.config):
@@ -492,8 +492,15 @@ def _refuse_file_settings_beside_the_mix(args: argparse.Namespace, in_file: dict
         raise ConfigError(task_beside_the_mix(in_file["task"], in_mix=bool(mix)))
     if isinstance(in_file.get("host"), dict) and in_file["host"]:
         raise ConfigError(host_beside_the_mix(in_mix=bool(mix)))
-    episode = in_file.get("episode")
-    if args.episode_length is not None or not isinstance(episode, dict) or not isinstance(mix, list):
+    if args.episode_length is None:
+        _refuse_file_length_beside_the_mix(in_file.get("episode"), mix)
+
+
+def _refuse_file_length_beside_the_mix(episode: object, mix: object) -> None:
+    """`ConfigError` for the file's `episode.max_epochs` where every `[[mix]]` entry sets another episode length."""
+    from morphogen.control.trainer import length_beside_the_mix
+
+    if not isinstance(episode, dict) or not isinstance(mix, list):
         return
     length = episode.get("max_epochs")
     lengths = [entry.get("episode_length") if isinstance(entry, dict) else None for entry in mix]

@@ -172,21 +172,7 @@ def train_command(config: TrainConfig, *, resume_state: dict[str, Any] | None = 
     resume = resume or resume_state is not None
     config = config.with_resolved_host()  # config.json and the checkpoint record the host's whole size
     device, devices = _process_devices(config, context)
-    if context is not None and config.imitation.rounds:
-        raise ConfigError("imitation.rounds: the imitation warm start runs in one process; "
-                          "drop --distributed or set imitation.rounds = 0")
-    tasks = load_mix_tasks(config, device)
-    config = _with_task_names(config, tasks)
-    # Training draws from generators seeded by (seed, round); the global RNG is seeded too (and saved in every
-    # checkpoint, restored on resume) so that whatever may use it is replayed and checkpoints are reproducible.
-    torch.manual_seed(derive_seed(config.seed, GLOBAL_RNG_STREAM))
-    # Everything that can fail on the user's input (slots, layout, an existing run) fails before any file
-    # of a run directory is created or written.
-    trainer = (PPOTrainer(config, tasks, devices=devices) if context is None else
-               DistributedTrainer(config, tasks, context, devices=devices))
-    if resume_state is not None:
-        assert config.run_dir is not None, "config_for_resume sets run_dir"
-        trainer.load_state_dict(resume_state, Path(config.run_dir))
+    config, trainer = _prepared_trainer(config, device, devices, resume_state, context)
     if context is not None and not context.is_main:
         run_dir = Path(receive_run_directory(context))
         train(trainer, run_dir)  # no output, telemetry or checkpoint: `DistributedTrainer.save` is rank 0's
@@ -207,6 +193,28 @@ def train_command(config: TrainConfig, *, resume_state: dict[str, Any] | None = 
         print(trainer.timer.summary(), file=out)
     print(f"checkpoint: {run_dir / CHECKPOINT_NAME}", file=out)
     return run_dir
+
+
+def _prepared_trainer(config: TrainConfig, device: str, devices: list[str] | None,
+                      resume_state: dict[str, Any] | None,
+                      context: DistributedContext | None) -> tuple[TrainConfig, PPOTrainer]:
+    """The config with its tasks' names, and the trainer (its checkpoint loaded where resuming): everything that can
+    fail on the user's input (slots, layout, an existing run) fails here, before any file of a run directory is
+    created or written."""
+    if context is not None and config.imitation.rounds:
+        raise ConfigError("imitation.rounds: the imitation warm start runs in one process; "
+                          "drop --distributed or set imitation.rounds = 0")
+    tasks = load_mix_tasks(config, device)
+    config = _with_task_names(config, tasks)
+    # Training draws from generators seeded by (seed, round); the global RNG is seeded too (and saved in every
+    # checkpoint, restored on resume) so that whatever may use it is replayed and checkpoints are reproducible.
+    torch.manual_seed(derive_seed(config.seed, GLOBAL_RNG_STREAM))
+    trainer = (PPOTrainer(config, tasks, devices=devices) if context is None else
+               DistributedTrainer(config, tasks, context, devices=devices))
+    if resume_state is not None:
+        assert config.run_dir is not None, "config_for_resume sets run_dir"
+        trainer.load_state_dict(resume_state, Path(config.run_dir))
+    return config, trainer
 
 
 def _with_task_names(config: TrainConfig, tasks: list[Task]) -> TrainConfig:

@@ -255,18 +255,26 @@ def decisions_table(files: RunFiles) -> str:
     if files.is_training and actions:
         last = actions[-1][0]
         actions = [(r, event) for r, event in actions if r == last]
-    rows = "".join(
-        f"<tr><td class='num'>{event.epoch}</td>"
-        f"<td>{escape(' '.join(part for part in (event.op, event.slot, event.blueprint) if part))}</td>"
-        f"<td>{'carried out' if event.succeeded else 'refused'}</td><td>{escape(event.reason or '-')}</td></tr>"
-        for _, event in actions)
+    rows = "".join(_decision_row(event) for _, event in actions)
     if not rows:
         return ""
-    where = (f"round {actions[-1][0]}, env 0" if files.is_training
-             else files.evaluation.label(0) if files.evaluation is not None else "")
-    caption = f"<p class='meta'>{escape(where)}</p>" if where else ""
+    caption = _decisions_caption(files, actions[-1][0])
     return (f"<div>{caption}<table><tr><th>epoch</th><th>action</th><th>outcome</th><th>why</th></tr>{rows}"
             "</table></div>")
+
+
+def _decision_row(event: ActionTaken) -> str:
+    """One row of the decisions table: epoch, action, outcome and why."""
+    action = " ".join(part for part in (event.op, event.slot, event.blueprint) if part)
+    return (f"<tr><td class='num'>{event.epoch}</td><td>{escape(action)}</td>"
+            f"<td>{'carried out' if event.succeeded else 'refused'}</td><td>{escape(event.reason or '-')}</td></tr>")
+
+
+def _decisions_caption(files: RunFiles, last_round: int) -> str:
+    """Which episode the decisions table shows: a training run's last round, or the evaluation's first episode."""
+    where = (f"round {last_round}, env 0" if files.is_training
+             else files.evaluation.label(0) if files.evaluation is not None else "")
+    return f"<p class='meta'>{escape(where)}</p>" if where else ""
 
 
 def summary_table(files: RunFiles) -> str:
