@@ -578,7 +578,7 @@ def test_eval_trains_its_hosts_with_the_optimizer_table_of_its_config(trained: T
     assert main(["eval", "--policy", str(trained.directory), "--config", str(config), "--max-train-samples", "200",
                  "--episode-length", "2", "--episodes", "1", "--run-dir", str(record)]) == 0
     capsys.readouterr()
-    assert len(played) == 3, "one episode per controller"
+    assert len(played) == 1 + 3, "one model built to check the slots before recording, then one episode per controller"
     assert all(optimizer is not None and (optimizer.schedule, optimizer.host_lr, optimizer.seed_lr) == ("cosine", 0.05,
                0.01) for optimizer in played), played
     recorded = json.loads((record / "config.json").read_text())["optimizer"]
