@@ -464,3 +464,5 @@ def test_a_paired_training_runs_report_says_its_rounds_return_is_net_of_the_twin
     rounds = lines[lines.index("rounds:"):]
     assert rounds[4].startswith("  (return: mean over the round's envs of each episode's return minus its no-growth "
                                 "twin's (paired_baseline)")
+    assert "reward by component (per episode, mean over envs; each env&#x27;s own, its no-growth twin&#x27;s not " \
+        "subtracted)" in render_html(run) and "twin" not in render_html(trained_run)
