@@ -96,6 +96,17 @@ def test_train_prints_a_line_per_round_and_writes_the_run_directory(trained: Tra
     assert json.loads(state["config"])["episode"]["max_epochs"] == 3
 
 
+def test_train_with_a_paired_baseline_says_its_returns_are_net_of_the_twin(
+        trained: TrainedRun, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Its round lines' return subtracts each env's no-growth twin's (an eval episode's reward, the report's reward
+    by component and the episodes' returns do not): the run says so before its first round, a run without one not."""
+    assert "twin" not in trained.output
+    assert main(["train", *TINY, "--rounds", "1", "--paired-baseline", "--run-dir", str(tmp_path / "paired")]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[2] == "return: each episode's return minus its no-growth twin's (paired_baseline), what growth added"
+    assert lines[3].startswith("round   1  return ")
+
+
 def test_resume_through_the_cli_equals_the_uninterrupted_run(trained: TrainedRun, tmp_path: Path,
                                                              capsys: pytest.CaptureFixture[str]) -> None:
     run = tmp_path / "run"

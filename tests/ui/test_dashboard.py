@@ -16,7 +16,7 @@ from textual.widgets import DataTable, RichLog, Static
 
 from morphogen.cli import main
 from morphogen.run_directory import EVENTS_FILENAME
-from morphogen.telemetry.events import ActionTaken, ImitationCompleted
+from morphogen.telemetry.events import ALL_ENVS, ActionTaken, ImitationCompleted, RewardComputed, RoundCompleted
 from morphogen.ui.dashboard import Dashboard, env_detail_text, header_text, reward_text
 from morphogen.ui.live_state import RunView
 from morphogen.ui.run_files import IMITATION_ROUND, EventTail, TimedEvent
@@ -256,6 +256,21 @@ def test_a_heuristic_run_shows_no_reward_and_a_training_run_does(grown_run: Path
     assert grown.heuristic and "the heuristic reads no reward" in reward_text(grown).plain
     trained = RunView.from_config(json.loads((trained_run / "config.json").read_text()))
     assert not trained.heuristic and reward_text(trained).plain.startswith("reward components")
+
+
+def test_a_paired_training_run_shows_its_round_return_net_of_the_twins_and_its_rewards_as_the_envs_own(
+        trained_run: Path) -> None:
+    """With `paired_baseline` a round's return subtracts each env's no-growth twin's, the reward components summed
+    over the round do not (as the report says); a run without a twin is not told of one."""
+    config = json.loads((trained_run / "config.json").read_text())
+    round_done = TimedEvent(1.0, RoundCompleted(4, ALL_ENVS, 1, 0.94, 95.0, 1240.0, 2.5))
+    for paired in (False, True):
+        view = RunView.from_config({**config, "paired_baseline": paired})
+        view.apply(TimedEvent(0.5, RewardComputed(4, 0, 47.5, (("terminal", 47.5),))))
+        log = view.apply(round_done)
+        assert log is not None and ("return over the no-growth twins +0.940, " in log) is paired
+        assert (", each env's own: the twin's not subtracted)" in reward_text(view).plain) is paired
+        assert paired or ("return +0.940, " in log and "twin" not in reward_text(view).plain)
 
 
 def test_a_negated_loss_is_shown_as_the_loss_as_the_report_and_the_closing_table_show_it(tmp_path: Path) -> None:

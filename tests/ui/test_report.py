@@ -323,7 +323,8 @@ def test_report_of_an_evaluation_names_the_controller_and_episode_of_each_env(tm
     out = capsys.readouterr().out
     assert "epochs (env 0, learned episode 1):" in out
     # The reward per controller, not the three controllers' rewards added up.
-    assert "reward by component (per episode, mean over each controller's episodes):" in out
+    assert "reward by component (per episode, mean over each controller's episodes; each episode's own reward, " \
+        "nothing subtracted):" in out
     assert [line.split()[0] for line in out.splitlines() if line.startswith("  ") and "rent" in line] == [
         "learned", "heuristic", "no"]
     page = render_html(run_dir)
@@ -420,3 +421,48 @@ def test_a_run_recorded_at_minimal_telemetry_says_so_instead_of_reading_as_damag
     assert "seeds: not recorded at --telemetry minimal; summary.json names " in report
     assert f"({html.escape(note)})</p>" in render_html(run)
     assert load_run_files(grown_run).recording_note is None
+
+
+def test_an_evaluations_rewards_are_each_episodes_own_and_its_return_over_no_growth_is_trains_figure(
+        tmp_path, capsys):
+    """An eval episode's terminal reward is the whole final accuracy (0.5 per point in the shipped policy's reward),
+    while `train --paired-baseline` reports a round's return net of a no-growth twin's: the report says the first
+    is nothing subtracted and gives the second, learned minus no growth on the same seed."""
+    (tmp_path / "config.json").write_text(json.dumps({"policy": "default", "task": "digits", "episodes": 2}))
+    # (env id, terminal, rent): learned episodes 1-2, heuristic 1-2, no growth 1-2 (`evaluation_env_id`).
+    finals = [(0, 47.5, -0.25), (1, 48.0, -0.25), (2, 47.0, -0.25), (3, 47.75, -0.5), (4, 47.0, 0.0), (5, 47.25, 0.0)]
+    events = [RewardComputed(2, env, terminal + rent, (("terminal", terminal), ("rent", rent), ("rollback", 0.0)))
+              for env, terminal, rent in finals]
+    (tmp_path / "events.jsonl").write_text("".join(json.dumps({"time": 1.0, **e.to_dict()}) + "\n" for e in events))
+    table = [{"name": name, "accuracies": [95.0, 96.0], "added": [0.0, 0.0]}
+             for name in ("learned", "heuristic", "no growth")]
+    (tmp_path / "eval.json").write_text(json.dumps(table))
+    assert main(["report", str(tmp_path)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    heading = next(index for index, line in enumerate(lines) if line.startswith("reward by component"))
+    assert "each episode's own reward, nothing subtracted" in lines[heading]
+    assert lines[heading + 1].split() == ["learned", "terminal", "+47.750", "rent", "-0.250", "rollback", "+0.000"]
+    # learned: (47.25 - 47.0 + 47.75 - 47.25) / 2; heuristic: (46.75 - 47.0 + 47.25 - 47.25) / 2.
+    assert lines[heading + 4].startswith("return over no growth on the same seed (")
+    assert lines[heading + 4].endswith("paired_baseline): learned +0.375  heuristic -0.125")
+
+
+def test_a_paired_training_runs_report_says_its_rounds_return_is_net_of_the_twin(trained_run, tmp_path, capsys):
+    """With `paired_baseline` the rounds' return subtracts each env's no-growth twin's, the episodes' returns and the
+    reward by component do not: the report says which is which (and says nothing of a twin in a run without one)."""
+    assert main(["report", str(trained_run)]) == 0
+    unpaired = capsys.readouterr().out
+    assert "twin" not in unpaired
+    run = shutil.copytree(trained_run, tmp_path / "paired")
+    config = json.loads((run / "config.json").read_text())
+    (run / "config.json").write_text(json.dumps({**config, "paired_baseline": True}))
+    assert main(["report", str(run)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert next(line for line in lines if line.startswith("reward by component")).startswith(
+        "reward by component (summed over all envs and epochs; each env's own reward, before its no-growth twin's "
+        "is subtracted): contribution ")
+    rounds = lines[lines.index("rounds:"):]
+    assert rounds[4].startswith("  (return: mean over the round's envs of each episode's return minus its no-growth "
+                                "twin's (paired_baseline)")
+    assert "reward by component (per episode, mean over envs; each env&#x27;s own, its no-growth twin&#x27;s not " \
+        "subtracted)" in render_html(run) and "twin" not in render_html(trained_run)

@@ -300,6 +300,9 @@ def _train_rounds(trainer: PPOTrainer, where: str, run_dir: Path, dropped: int,
         display.print(f"morphogen train: {'task' if len(trainer.mix) == 1 else 'mix'} {settings}, {envs} per round, "
                       f"rounds {first}..{config.rounds}, {where}")
         display.print(f"run dir: {run_dir}")
+        if config.paired_baseline:  # the episodes' own returns (report, dashboard) are not net of the twin
+            display.print("return: each episode's return minus its no-growth twin's (paired_baseline), what growth "
+                          "added")
         if restarted:
             display.print("resume: the run stopped before its first checkpoint; it starts again from the beginning"
                           + (f" (dropped {dropped:,} bytes of {EVENTS_FILENAME})" if dropped else ""))

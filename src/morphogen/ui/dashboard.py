@@ -102,7 +102,8 @@ def reward_text(view: RunView) -> Text:
     rewards, which = view.round_rewards, "this round"
     if not rewards and view.previous_round_rewards:
         rewards, which = view.previous_round_rewards, f"round {view.rounds_completed}"
-    text = Text("reward components " + (f"({which}, all envs)\n" if view.training else "(this episode)\n"),
+    own = ", each env's own: the twin's not subtracted" if view.paired_baseline else ""
+    text = Text("reward components " + (f"({which}, all envs{own})\n" if view.training else "(this episode)\n"),
                 style="bold")
     if not rewards:
         text.append("none yet", style="dim")

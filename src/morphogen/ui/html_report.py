@@ -199,7 +199,8 @@ def reward_chart(files: RunFiles) -> str:
     series = [Series(name, tuple(sorted(values.items()))) for name, values in components.items()]
     x_label = "round" if files.is_training else "epoch"
     evaluation = None if files.is_training else files.evaluation
-    title = "reward by component" + (" (per episode, mean over envs)" if files.is_training
+    own = "; each env's own, its no-growth twin's not subtracted" if files.paired_baseline else ""
+    title = "reward by component" + (f" (per episode, mean over envs{own})" if files.is_training
                                      else f" ({evaluation.label(0)})" if evaluation is not None else "")
     return line_chart(series, title=title, x_label=x_label, y_label="reward")
 

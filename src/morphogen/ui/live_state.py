@@ -93,6 +93,9 @@ class RunView:
     training: bool = False
     #: A `run` the heuristic played (config.json names no policy): it computes the reward but never reads it.
     heuristic: bool = False
+    #: A `train` run whose envs each had a no-growth twin (config.json's `paired_baseline`): its rounds' returns
+    #: are net of the twins' rewards, the reward components and the episodes' returns are the envs' own.
+    paired_baseline: bool = False
     #: What `val_accuracy` and the final scores are (config.json's `task_metric`; accuracy where it says none).
     score: ScoreKind = field(default_factory=ScoreKind)
     rounds_total: int | None = None
@@ -127,6 +130,7 @@ class RunView:
             task=printable(task) if task is not None else "?",
             training=training,
             heuristic=not training and "episodes" not in config and "policy" in config and config["policy"] is None,
+            paired_baseline=training and config.get("paired_baseline") is True,
             rounds_total=_count(config.get("rounds")) if training else None,
             imitation_rounds=imitation_rounds,
             imitating=imitation_rounds > 0,
@@ -281,5 +285,6 @@ class RunView:
         self.previous_round_rewards, self.round_rewards = self.round_rewards, {}
         if self.rounds_total is not None and event.round >= self.rounds_total:
             self.finished = True
-        return (f"{where}: round {event.round} done, return {event.mean_return:+.3f}, "
+        net = " over the no-growth twins" if self.paired_baseline else ""
+        return (f"{where}: round {event.round} done, return{net} {event.mean_return:+.3f}, "
                 f"{self.score.label} {self.score.format(event.mean_final_accuracy)}, {event.seconds:.1f} s")

@@ -52,6 +52,8 @@ from morphogen.ui.units import counted, format_flops, format_loss
 
 __all__ = ["RunDirectoryError", "render_report"]
 
+#: The controller of an evaluation that grows nothing, as `eval` names it in its table.
+_NO_GROWTH = "no growth"
 
 #: Columns of a refused action's reason in the epoch table.
 _REASON_WIDTH = 150
@@ -180,25 +182,55 @@ def _summary_seeds(summary: Mapping[str, Any] | None) -> list[str]:
     return named
 
 
-def _reward_section(history: Sequence[Event], evaluation: EvaluationEpisodes | None = None) -> list[str]:
+def _reward_section(history: Sequence[Event], evaluation: EvaluationEpisodes | None = None, *,
+                    paired_baseline: bool = False) -> list[str]:
     """The reward's components summed over the run; of an evaluation, per controller and averaged over its
-    episodes (adding the learned policy's rewards to those of the heuristic and of no growth says nothing)."""
+    episodes (adding the learned policy's rewards to those of the heuristic and of no growth says nothing), then
+    each controller's return over no growth on the same seed: the figure `train` with `paired_baseline` reports.
+
+    Every component is an episode's own reward; `paired_baseline` (a training run that subtracted a no-growth
+    twin's reward from each step's) says so in the heading, since the rounds' returns are net of the twin."""
     totals: dict[str | None, dict[str, float]] = defaultdict(lambda: defaultdict(float))
+    returns: dict[int, float] = defaultdict(float)
     for event in history:
         if isinstance(event, RewardComputed):
             controller = None if evaluation is None else evaluation.controller(event.env_id)
             for name, value in event.components:
                 totals[controller][name] += value
+            returns[event.env_id] += event.total
     if not totals:
         return []
     if evaluation is None:
         parts = "  ".join(f"{name} {value:+.3f}" for name, value in totals[None].items())
-        return [f"reward by component (summed over all envs and epochs): {parts}"]
-    lines = ["reward by component (per episode, mean over each controller's episodes):"]
+        own = "; each env's own reward, before its no-growth twin's is subtracted" if paired_baseline else ""
+        return [f"reward by component (summed over all envs and epochs{own}): {parts}"]
+    lines = ["reward by component (per episode, mean over each controller's episodes; each episode's own reward, "
+             "nothing subtracted):"]
     for controller, components in totals.items():
         parts = "  ".join(f"{name} {value / evaluation.episodes:+.3f}" for name, value in components.items())
         lines.append(f"  {printable(controller or 'other envs'):<12}{parts}")
-    return lines
+    return lines + _return_over_no_growth(returns, evaluation)
+
+
+def _return_over_no_growth(returns: Mapping[int, float], evaluation: EvaluationEpisodes) -> list[str]:
+    """Each controller's episode return minus no growth's on the same seed, mean over the seeds both played: what a
+    round's return of `train --paired-baseline` measures (its no-growth twin is that same host on the same batches)."""
+    if _NO_GROWTH not in evaluation.controllers:
+        return []
+    baseline = evaluation.controllers.index(_NO_GROWTH) * evaluation.episodes
+    parts = []
+    for position, controller in enumerate(evaluation.controllers):
+        if controller == _NO_GROWTH:
+            continue
+        first = position * evaluation.episodes
+        differences = [returns[first + index] - returns[baseline + index] for index in range(evaluation.episodes)
+                       if first + index in returns and baseline + index in returns]
+        if differences:
+            parts.append(f"{printable(controller)} {statistics.fmean(differences):+.3f}")
+    if not parts:
+        return []
+    return [f"return over no growth on the same seed (per episode, mean; what `train` reports as a round's return "
+            f"when a no-growth twin is subtracted, paired_baseline): {'  '.join(parts)}"]
 
 
 def _imitation_lines(history: Sequence[Event]) -> list[str]:
@@ -215,7 +247,9 @@ def _final_column(score: ScoreKind) -> tuple[str, int]:
     return header, max(len(header), 9)
 
 
-def _training_section(history: Sequence[Event], score: ScoreKind) -> list[str]:
+def _training_section(history: Sequence[Event], score: ScoreKind, *, paired_baseline: bool = False) -> list[str]:
+    """The imitation's fit and one row per round; with `paired_baseline`, a closing line saying that the rounds'
+    return is net of the no-growth twins' (the episodes' returns and reward components are not)."""
     imitation = _imitation_lines(history)
     rounds = [e for e in history if isinstance(e, RoundCompleted)]
     if not rounds:
@@ -233,6 +267,10 @@ def _training_section(history: Sequence[Event], score: ScoreKind) -> list[str]:
         explained = "-" if update is None else f"{update.explained_variance:+.2f}"
         lines.append(f"  {r.round:>5}  {r.mean_return:>+8.3f}  {score.format(r.mean_final_accuracy):>{width}}  "
                      f"{r.mean_parameters_added:>12,.0f}  {kl:>9}  {explained:>18}  {r.seconds:>7.1f}")
+    if paired_baseline:
+        lines.append("  (return: mean over the round's envs of each episode's return minus its no-growth twin's "
+                     "(paired_baseline), what growth added; the episodes' returns and the reward by component are "
+                     "their own)")
     return lines
 
 
@@ -348,14 +386,15 @@ def render_report(run_dir: str | Path) -> str:
     notes = [note for note in (files.damage_note(), files.recording_note) if note]
     header = (f"run {files.path}: task {task_label(config) or '?'}, seed {config.get('seed', '?')}, "
               f"{len(history)} events" + (f" ({'; '.join(notes)})" if notes else ""))
-    reward = _reward_section(history, files.evaluation) if files.steered_by_reward else []
+    reward = _reward_section(history, files.evaluation, paired_baseline=files.paired_baseline) \
+        if files.steered_by_reward else []
     score = files.score
     evaluation = files.evaluation
     sections = [[header], _episode_section(history, training, score, evaluation),
                 _seed_section(history, training, score, files.summary, without_events=files.without_events,
                               evaluation=evaluation, minimal=files.recording_note is not None),
                 reward,
-                _training_section(history, score),
+                _training_section(history, score, paired_baseline=files.paired_baseline),
                 [] if files.without_events else _health_section(history, training, evaluation),
                 _phase_section(history),
                 _comparison_section(files.summary, config),

@@ -221,6 +221,12 @@ class RunFiles:
         return "rounds" in self.config or any(isinstance(t.event, RoundCompleted) for t in self.events)
 
     @property
+    def paired_baseline(self) -> bool:
+        """Whether this is a training run whose envs each had a no-growth twin whose reward was subtracted from theirs
+        (config.json's `paired_baseline`): its rounds' returns are what growth added, its episodes' their own."""
+        return self.is_training and self.config.get("paired_baseline") is True
+
+    @property
     def steered_by_reward(self) -> bool:
         """Whether a reward steered this run: a training run, or a `run` whose summary.json does not name
         the heuristic as its controller (a `run --policy`), or, before it has a summary.json (still going, or
