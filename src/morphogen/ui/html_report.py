@@ -198,11 +198,16 @@ def reward_chart(files: RunFiles) -> str:
                 values[round_number] /= max(len(envs_per_round[round_number]), 1)
     series = [Series(name, tuple(sorted(values.items()))) for name, values in components.items()]
     x_label = "round" if files.is_training else "epoch"
-    evaluation = None if files.is_training else files.evaluation
-    own = "; each env's own, its no-growth twin's not subtracted" if files.paired_baseline else ""
-    title = "reward by component" + (f" (per episode, mean over envs{own})" if files.is_training
-                                     else f" ({evaluation.label(0)})" if evaluation is not None else "")
-    return line_chart(series, title=title, x_label=x_label, y_label="reward")
+    return line_chart(series, title=_reward_chart_title(files), x_label=x_label, y_label="reward")
+
+
+def _reward_chart_title(files: RunFiles) -> str:
+    """What the reward chart shows: a training run's per-episode means (its envs' own rewards), or one episode."""
+    if files.is_training:
+        own = "; each env's own, its no-growth twin's not subtracted" if files.paired_baseline else ""
+        return f"reward by component (per episode, mean over envs{own})"
+    evaluation = files.evaluation
+    return "reward by component" + (f" ({evaluation.label(0)})" if evaluation is not None else "")
 
 
 def ppo_charts(history: Sequence[Event]) -> list[str]:
