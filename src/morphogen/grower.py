@@ -50,10 +50,18 @@ from morphogen.core.hosts import SegmentedHost
 from morphogen.core.model import MorphogeneticModel, shadow_rows
 from morphogen.core.slot import SlotMode
 from morphogen.core.training_mode import left_in_eval, modes_kept
-from morphogen.data.user import LossFunction, task_from_data
+from morphogen.data.errors import DataError
+from morphogen.data.user import LossFunction, check_class_indices, task_from_data
 from morphogen.env.actions import Action
 from morphogen.env.compute import note_batch
-from morphogen.env.episode import EpisodeConfig, MorphogenesisEpisode, StepResult, task_with_host
+from morphogen.env.episode import (
+    EpisodeConfig,
+    MorphogenesisEpisode,
+    StepResult,
+    class_index_dtype_problem,
+    task_with_host,
+)
+from morphogen.env.evaluation import class_dim_of
 from morphogen.env.play import Controller, connect, savable
 from morphogen.env.snapshot import EpisodeSnapshot, snapshot_from_state
 from morphogen.env.training import clear_stale_casts
@@ -184,6 +192,7 @@ class Grower:
             self._running: dict[str, list[nn.Parameter]] = {}
             self._training_modes: list[bool] | None = None  # of the host's modules, as the last step trained
             self._steps = self._after_backward_calls = 0
+            self._targets_checked = False  # the class indices of the first batch that trains, read once
             self._action, self._applied = self._decide(self.snapshot)
         self._left = self._seeds_now()
 
@@ -240,12 +249,50 @@ class Grower:
             if hint:
                 raise ValueError(f"training_step: {hint} (the model failed on them: {error})") from None
             raise
-        loss = trainer.objective.checked_loss(output, targets)
+        if not self._targets_checked:  # until a step succeeds: reading the targets' values waits for the device
+            self._refuse_targets_outside_the_classes(output, targets)
+        try:
+            loss = trainer.objective.checked_loss(output, targets)
+        except RuntimeError as error:
+            problem = self._targets_dtype_problem(output, targets)
+            if problem:
+                said = str(error).strip().splitlines()
+                raise ValueError(f"training_step: {problem} (the loss failed on them: {said[0] if said else ''})") \
+                    from None
+            raise
+        self._targets_checked = True
         trainer.backward_shadow(shadow, targets)
         trainer.add_epoch_losses(loss.detach(), 1)
         note_batch(trainer.batch_shapes, inputs)
         self._steps += 1
         return loss
+
+    def _refuse_targets_outside_the_classes(self, outputs: Tensor, targets: Tensor) -> None:
+        """A `DataError` where the first training batch's class indices name a class the model has no score for,
+        under the default cross-entropy: on a GPU the loss meets one as a device-side assert that ends the CUDA
+        context. One host sync, on the Grower's first batch only (the validation split was checked whole)."""
+        objective = self.episode.trainer.objective
+        if objective.custom:
+            return
+        try:
+            scores = outputs.shape[class_dim_of(outputs.shape, targets.shape, objective.class_dim)]
+        except DataError:
+            return  # outputs and targets that do not line up: the loss says why
+        num_classes = self.episode.task.num_classes
+        counted = f"num_classes={num_classes}" if num_classes is not None else f"the model's {scores} class scores"
+        check_class_indices(targets, num_classes or scores, "training_step (the first batch)", counted)
+
+    def _targets_dtype_problem(self, outputs: Tensor, targets: Tensor) -> str:
+        """Why a classification's cross-entropy refused a training batch's `targets` for their dtype (float or int32
+        labels where the loss takes int64 class indices), or "". On a failure's path only: it reads the targets."""
+        if self.episode.task.objective != "classification" or targets.shape == outputs.shape:
+            return ""  # not class indices for a cross-entropy, or class probabilities shaped as the outputs
+        problem = class_index_dtype_problem(targets)
+        if problem or not targets.is_floating_point():
+            return problem
+        return (f"the targets are {str(targets.dtype).removeprefix('torch.')} of shape {tuple(targets.shape)} against "
+                f"outputs {tuple(outputs.shape)}: cross-entropy takes class indices as int64 (y.long()), or class "
+                "probabilities shaped as the outputs")
 
     def _into_training_mode(self) -> None:
         """`model.train()`, but for the layers of the host the loop left in eval mode while others of it train (a

@@ -17,6 +17,8 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
+import difflib
+import inspect
 import io
 import json
 import pickle
@@ -59,6 +61,8 @@ from morphogen.user_paths import user_path
 
 #: Most seeds one call plays (each is a whole `grow`).
 MAX_SEEDS = 100
+#: `grow`'s options that `grow_over_seeds` chooses for each seed, refused among its `grow_options`.
+_PER_SEED = ("seed", "run_dir", "out")
 
 
 @dataclass(frozen=True)
@@ -106,10 +110,11 @@ def grow_over_seeds(task: Task, host: object = None, *, seeds: int | Sequence[in
     and options: a seed whose run finished is read back from its `summary.json`, one whose run stopped resumes
     (`grow(..., resume=True)`), and the others are played.
     """
-    for option in ("seed", "run_dir", "out"):
+    for option in _PER_SEED:
         if option in grow_options:
             raise ConfigError(f"grow_over_seeds: {option} is chosen per seed; to go on with a stopped run over seeds, "
                               "call it again with resume=True")
+    _refuse_unknown_options(grow_options)
     settings = settings_from(grow_options.get("config"), task.name, task.topology)
     from_scratch = grow_options.get("from_scratch")
     return play_over_seeds(
@@ -117,6 +122,17 @@ def grow_over_seeds(task: Task, host: object = None, *, seeds: int | Sequence[in
         user_path(grow_options.get("runs_root") or settings.runs_root),
         task.name, settings.from_scratch if from_scratch is None else bool(from_scratch), out, jobs=jobs,
         threads=threads, resume=resume)
+
+
+def _refuse_unknown_options(grow_options: Mapping[str, Any]) -> None:
+    """A `TypeError` naming `grow_over_seeds` for an option `grow` does not take (a misspelt `epoch`), raised before
+    anything runs; without it, the first seed's check reported it as the internal `grow_settings`'s."""
+    known = [name for name in inspect.signature(grow).parameters if name not in ("task", "host", *_PER_SEED)]
+    for option in grow_options:
+        if option not in known:
+            close = difflib.get_close_matches(option, known, n=1)
+            raise TypeError(f"grow_over_seeds() got an unexpected keyword argument {option!r}"
+                            + (f": did you mean {close[0]!r}?" if close else f" (it takes grow's: {', '.join(known)})"))
 
 
 @dataclass(frozen=True)

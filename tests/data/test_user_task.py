@@ -82,9 +82,6 @@ def test_moving_a_task_to_a_device_moves_its_batches() -> None:
     ([{"x": torch.zeros(2, 3)}], "train batch 0: a dict (keys 'x'); name its targets' entry with "
                                  "task_from_data(..., target_key=...)"),
     ([(torch.zeros(2, 3), torch.zeros(3))], "train batch 0: (2, 3) inputs but (3,) targets"),
-    ((torch.zeros(2, 3).numpy(), torch.zeros(2).numpy()), "train batch 0: expected a pair (inputs, targets) of "
-                                                         "tensors, got a ndarray; numpy arrays are read as batches of "
-                                                         "rows: give torch tensors (torch.from_numpy)"),
     ([(torch.zeros(3), 1), (torch.zeros(3), 2)], "train batch 0: expected a pair (inputs, targets) of tensors, got a "
                                                  "2-item tuple; a list of samples is read as a list of batches"),
     (DataLoader(TensorDataset(torch.zeros(4, 3), torch.ones(4, 3), torch.zeros(4)), batch_size=2),
@@ -146,6 +143,10 @@ def test_a_loader_of_dicts_without_the_target_key_is_a_data_error_naming_the_bat
         next(iter(task.train.iterate_batches(4)))
 
 
+_NUMPY = ("train: numpy arrays where torch tensors belong: convert them with torch.as_tensor (the inputs to the "
+          "model's dtype, e.g. dtype=torch.float32; class indices to torch.int64)")
+
+
 @pytest.mark.parametrize(("arguments", "message"), [
     ({"name": ""}, "task name must be a non-empty string"),
     ({"train": "data.csv"}, "train: expected (inputs, targets) tensors, a Dataset or a DataLoader, got str"),
@@ -159,6 +160,16 @@ def test_a_loader_of_dicts_without_the_target_key_is_a_data_error_naming_the_bat
     ({"host": torch.nn.Linear(2, 2)}, "host must come from morphogen.host_from_module"),
     ({"device": "cuda:99"}, "task_from_data: device='cuda:99', but "),  # was torch's assertion
     ({"device": "gpu"}, "task_from_data: device='gpu' is not a torch device; use 'cpu', 'cuda', 'cuda:N' or 'mps'"),
+    ({"device": "meta"}, "task_from_data: device='meta' holds shapes but no values"),  # was Tensor.item()'s error
+    # Refused here, not as the first batch is drawn once training starts:
+    ({"train": (torch.zeros(2, 3).numpy(), torch.zeros(2).numpy())}, _NUMPY),
+    ({"train": (torch.zeros(2, 3), torch.zeros(2).numpy())}, _NUMPY),
+    ({"validation": torch.zeros(2, 3).numpy()}, "validation: " + _NUMPY.removeprefix("train: ")),
+    ({"train": ((torch.zeros(2, 3).numpy(), torch.zeros(2, 3)), torch.zeros(2))}, _NUMPY),
+    ({"train": {"x": torch.zeros(2, 3).numpy(), "y": torch.zeros(2).numpy()}, "target_key": "y"}, _NUMPY),
+    ({"train": (*pairs(), torch.zeros(10))}, "train: a split is (inputs, targets), got a tuple of 3; a model of "
+                                             "several inputs takes them as one tuple, the targets last"),
+    ({"train": [torch.zeros(10, 3)]}, "train: a split is (inputs, targets), got a list of 1"),
 ])
 def test_bad_arguments_are_one_clear_data_error(arguments: dict[str, object], message: str) -> None:
     values: dict[str, object] = {"name": "mine", "train": pairs(), "validation": pairs(4), **arguments}
@@ -344,3 +355,27 @@ def test_a_loader_without_a_batch_size_is_told_to_give_it_one() -> None:
                                         r"sample dimension \(one sample, not a batch: the DataLoader has "
                                         r"batch_size=None, which yields samples one by one; give it a batch_size\)$"):
         next(iter(task.train.iterate_batches(4)))
+
+
+def test_a_list_of_three_batches_is_still_streamed_and_numpy_samples_of_a_dataset_still_batch() -> None:
+    """What the refusals of numpy splits and of flat tuples leave alone: a list of (inputs, targets) batches, and a
+    Dataset whose samples are numpy arrays (torch's collate converts them)."""
+    batches = [pairs(4), pairs(4), pairs(4)]
+    assert isinstance(task_from_data("listed", batches, pairs(4)).train, StreamedBatches)
+    samples = [(row.numpy(), int(label)) for row, label in zip(*pairs(6), strict=True)]
+    dataset = task_from_data("numpy samples", ListDataset(samples), pairs(4))
+    inputs, targets = next(iter(dataset.train.iterate_batches(6, shuffle=False)))
+    assert isinstance(inputs, torch.Tensor) and inputs.shape[0] == 6 and targets.dtype == torch.int64
+
+
+class ListDataset(torch.utils.data.Dataset[tuple[object, int]]):
+    """A map-style Dataset over a list of samples."""
+
+    def __init__(self, samples: list[tuple[object, int]]) -> None:
+        self.samples = samples
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    def __getitem__(self, index: int) -> tuple[object, int]:
+        return self.samples[index]

@@ -1189,6 +1189,20 @@ def test_grow_over_seeds_refuses_what_it_cannot_play_in_one_line(options: dict[s
         morphogen.grow_over_seeds(task, host, **options)  # type: ignore[arg-type]
 
 
+@pytest.mark.parametrize(("option", "message"), [
+    ("epoch", "grow_over_seeds() got an unexpected keyword argument 'epoch': did you mean 'epochs'?"),
+    ("colour", "grow_over_seeds() got an unexpected keyword argument 'colour' (it takes grow's: epochs, baseline, "),
+])
+def test_grow_over_seeds_names_itself_for_an_option_grow_does_not_take(option: str, message: str,
+                                                                      tmp_path: Path) -> None:
+    """A misspelt option: the line names the function called (it named the internal grow_settings()), before
+    anything is written."""
+    task, host = user_tasks.resnet()
+    with pytest.raises(TypeError, match=f"^{re.escape(message)}"):
+        morphogen.grow_over_seeds(task, host, seeds=1, run_dir=str(tmp_path / "seeds"), **{option: 1})
+    assert not (tmp_path / "seeds").exists()
+
+
 def test_grow_keeps_the_configs_settings_its_keywords_leave_out(tmp_path: Path) -> None:
     task, host = user_tasks.resnet()
     result = morphogen.grow(task, host, out=io.StringIO(), epochs=1,

@@ -6,6 +6,7 @@ import contextlib
 import copy
 import dataclasses
 import importlib
+import re
 import sys
 import warnings
 from collections.abc import Callable
@@ -776,3 +777,42 @@ def test_a_growers_validation_labels_beyond_its_classes_are_named_as_validation(
     host = morphogen.host_from_module(mlp(), ["1"], example_input=inputs[:2])
     with pytest.raises(morphogen.DataError, match=r"validation: targets hold class 3, outside 0\.\.2 of "):
         Grower(host, (inputs, targets + 1), epochs=2, num_classes=num_classes)
+
+
+@pytest.mark.parametrize(("labels", "said"), [
+    (lambda y: y.float(), "the targets are float32 whole numbers: cross-entropy takes class indices as int64 "
+                          "(y.long()), or class probabilities shaped as the outputs"),
+    (lambda y: y.float() + 0.5, "the targets are float32 of shape (8,) against outputs (8, 3): cross-entropy takes "
+                                "class indices as int64 (y.long()), or class probabilities shaped as the outputs"),
+    (lambda y: y.int(), "the targets are int32: cross-entropy takes class indices as int64 (y.long())"),
+], ids=["float", "fractions", "int32"])
+def test_training_labels_of_another_dtype_than_class_indices_say_what_is_expected(
+        labels: Callable[[torch.Tensor], torch.Tensor], said: str) -> None:
+    """int64 validation labels, but float or int32 ones in a training batch: one line naming the batch's dtype
+    (was torch's "expected target dtype to be Long"), at any step, not only the first."""
+    inputs, targets = blobs(96, 1)
+    host = morphogen.host_from_module(mlp(), ["1"], example_input=inputs[:2])
+    grower = Grower(host, (inputs, targets), epochs=2)
+    assert grower.training_step(inputs[:8], targets[:8]).isfinite()
+    with pytest.raises(ValueError, match=rf"^training_step: {re.escape(said)} \(the loss failed on them: "):
+        grower.training_step(inputs[:8], labels(targets[:8]))
+    assert grower.training_step(inputs[8:16], targets[8:16]).isfinite()
+
+
+@pytest.mark.parametrize("num_classes", [3, None])
+def test_a_first_training_batch_with_a_class_beyond_the_scores_is_refused_before_the_loss(
+        num_classes: int | None) -> None:
+    """Class 201 of 3 in the first batch that trains: one line naming it, before the loss (on a GPU, torch's
+    cross-entropy met it as a device-side assert that ends the CUDA context), read once, not at every step."""
+    inputs, targets = blobs(96, 1)
+    host = morphogen.host_from_module(mlp(), ["1"], example_input=inputs[:2])
+    grower = Grower(host, (inputs, targets), epochs=2, num_classes=num_classes)
+    beyond = targets[:8].clone()
+    beyond[5] = 201
+    counted = "num_classes=3" if num_classes else "the model's 3 class scores"
+    with pytest.raises(morphogen.DataError, match=rf"^training_step \(the first batch\): targets hold class 201, "
+                                                  rf"outside 0\.\.2 of {counted} \(-100"):
+        grower.training_step(inputs[:8], beyond)
+    assert grower.training_step(inputs[:8], targets[:8]).isfinite()
+    with pytest.raises(IndexError, match="Target 201 is out of bounds"):  # later batches are torch's to check
+        grower.training_step(inputs[:8], beyond)

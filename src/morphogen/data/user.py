@@ -183,6 +183,9 @@ def _available_device(device: str | torch.device) -> torch.device:
     except (RuntimeError, TypeError):
         raise DataError(f"task_from_data: device={device!r} is not a torch device; use 'cpu', 'cuda', 'cuda:N' or "
                         "'mps'") from None
+    if target.type == "meta":
+        raise DataError("task_from_data: device='meta' holds shapes but no values, and a task's data must be read "
+                        "(its targets checked, its batches trained on); use 'cpu', 'cuda', 'cuda:N' or 'mps'")
     missing = unavailable(target, fix="device='cpu'")
     if missing is not None:
         raise DataError(f"task_from_data: device={str(target)!r}, but {missing}")
@@ -212,8 +215,9 @@ def task_from_data(name: str, train: object, validation: object, *, loss: LossFu
     _check_task_arguments(name, batch_size, num_classes, loss, metric, target_key)
     _check_augment_and_class_dim(augment, class_dim)
     target = _available_device(device)
-    train_source = _source(train, target, "train", target_key)
+    # The validation split first: a `Grower` gives its one split as both, and it is named validation there.
     validation_source = _source(validation, target, "validation", target_key)
+    train_source = _source(train, target, "train", target_key)
     for split, source in (("validation", validation_source), ("train", train_source)):
         if isinstance(source, DeviceDataset):  # streamed batches are not read before training
             _check_held_split(source, split, num_classes if loss is None else None)
@@ -329,6 +333,7 @@ def _is_positive_int(value: object) -> bool:
 def _source(data: object, device: torch.device, split: str, target_key: str | None) -> BatchSource:
     if isinstance(data, DeviceDataset):
         return data.to(device)
+    _refuse_numpy_or_flat_tuple(data, split)
     if isinstance(data, Mapping):
         data = _split_targets(data, target_key, split)
         problem = inputs_problem(data[0])
@@ -342,6 +347,36 @@ def _source(data: object, device: torch.device, split: str, target_key: str | No
         return StreamedBatches(data, device, split, target_key)
     raise DataError(f"{split}: expected (inputs, targets) tensors, a Dataset or a DataLoader, "
                     f"got {type(data).__name__}")
+
+
+def _refuse_numpy_or_flat_tuple(data: object, split: str) -> None:
+    """A `DataError` where a split is numpy arrays rather than tensors, or a tuple of tensors that is not one
+    (inputs, targets) pair: either would be read as a sequence of batches and fail only once training starts.
+    numpy is refused, not converted: its float64 and (on Windows) int32 defaults are dtypes to choose on purpose."""
+    if _holds_numpy(data):
+        raise DataError(f"{split}: numpy arrays where torch tensors belong: convert them with torch.as_tensor (the "
+                        "inputs to the model's dtype, e.g. dtype=torch.float32; class indices to torch.int64)")
+    if isinstance(data, (tuple, list)) and len(data) != 2 and data and isinstance(data[-1], Tensor):
+        raise DataError(f"{split}: a split is (inputs, targets), got a {type(data).__name__} of {len(data)}"
+                        f"{_pair_hint(data)}")
+
+
+def _holds_numpy(data: object) -> bool:
+    """Whether a split is numpy arrays: one itself, a dict of them, or a pair whose inputs or targets are (or hold)
+    one."""
+    if isinstance(data, Mapping):
+        return any(_is_numpy(value) for value in data.values())
+    if not (isinstance(data, (tuple, list)) and len(data) == 2):
+        return _is_numpy(data)
+    inputs = data[0]
+    parts = list(inputs.values()) if isinstance(inputs, Mapping) else list(inputs) if isinstance(
+        inputs, (tuple, list)) else [inputs]
+    return any(_is_numpy(part) for part in (*parts, data[1]))
+
+
+def _is_numpy(value: object) -> bool:
+    """Whether `value` is a numpy array or scalar (read by its type's module: numpy need not be imported here)."""
+    return type(value).__module__ == "numpy"
 
 
 def _tensor_pair(data: object, device: torch.device, split: str) -> DeviceDataset | None:

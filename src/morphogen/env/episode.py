@@ -166,7 +166,7 @@ def task_with_host(task: Task, host: object = None) -> Task:
     return dataclasses.replace(probe, topology=topology)
 
 
-def _class_index_dtype_problem(targets: Tensor) -> str:
+def class_index_dtype_problem(targets: Tensor) -> str:
     """Where the default cross-entropy's `targets` are class indices of another dtype than int64 (int32 from numpy,
     uint8, or whole numbers as floats), what to convert; else "". Reads the targets: on a failure's path only."""
     name = str(targets.dtype).removeprefix("torch.")
@@ -607,7 +607,7 @@ class MorphogenesisEpisode:
             if dtypes:
                 raise DataError(f"task {self.task.name!r}: {dtypes} (the model failed on the validation data: "
                                 f"{_error_line(error)})") from None
-            indices = "" if self.objective.custom or model_error is not None else _class_index_dtype_problem(targets)
+            indices = "" if self.objective.custom or model_error is not None else class_index_dtype_problem(targets)
             if indices:
                 raise DataError(f"task {self.task.name!r}: {indices} (the loss failed on the validation data: "
                                 f"{_error_line(error)})") from None
