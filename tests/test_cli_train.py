@@ -324,7 +324,7 @@ def test_training_on_a_regression_shows_its_loss_not_an_accuracy(tmp_path: Path,
     line = next(line for line in out.splitlines() if line.startswith("round   1"))
     loss = -json.loads(next(record for record in (tmp_path / "run" / "events.jsonl").read_text().splitlines()
                             if '"round_completed"' in record))["mean_final_accuracy"]
-    assert f"loss {loss:7.4g}  added" in line and "acc" not in line
+    assert f"loss {loss:7.4g}" in line and "acc" not in line
     recorded = json.loads((tmp_path / "run" / "config.json").read_text())
     assert (recorded["task_name"], recorded["task_metric"]) == ("products", "negative loss")
     assert main(["report", "run"]) == 0

@@ -135,7 +135,7 @@ def test_round_rows_sit_under_a_header_in_words_a_newcomer_reads() -> None:
     assert ROUND_HEADER.split() == ["round", "return", "final", "score", "params", "added", "fossilized", "pruned",
                                     "approx", "KL", "value", "loss", "explained", "variance", "seconds"]
     row = format_round(summary)
-    assert row.split() == ["12", "-1.500", "acc", "85.00%", "123,456", "1.5", "0.5", "0.0123", "0.1234", "-0.25",
+    assert row.split() == ["round", "12", "-1.500", "acc", "85.00%", "123,456", "1.5", "0.5", "0.0123", "0.1234", "-0.25",
                            "123.4"]
     assert len(row) == len(ROUND_HEADER) <= 120
     assert format_round(dataclasses.replace(summary, setting="digits"), setting=True).endswith("  digits")

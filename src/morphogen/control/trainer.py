@@ -713,17 +713,18 @@ def format_round_score(score: float, metric_name: str) -> str:
 
 
 #: The columns of `train`'s rounds, headed once (by `ROUND_HEADER`) in the words of `report`'s rounds table, then
-#: one row per round by `format_round`: (header, width) each.
-ROUND_COLUMNS = (("round", 5), ("return", 8), ("final score", 12), ("params added", 12), ("fossilized", 10),
+#: one row per round by `format_round` (each starting `round   N`, to find with grep): (header, width) each.
+ROUND_COLUMNS = (("round", 9), ("return", 8), ("final score", 12), ("params added", 12), ("fossilized", 10),
                  ("pruned", 6), ("approx KL", 9), ("value loss", 10), ("explained variance", 18), ("seconds", 7))
-ROUND_HEADER = "  ".join(f"{header:>{width}}" for header, width in ROUND_COLUMNS)
+ROUND_HEADER = "  ".join(f"{header:<{width}}" if index == 0 else f"{header:>{width}}"
+                         for index, (header, width) in enumerate(ROUND_COLUMNS))
 
 
 def format_round(summary: RoundSummary, *, setting: bool = False) -> str:
     """The row printed per round under `ROUND_HEADER` (within 120 columns; `setting` appends the mix entry the round
     played); the entropy of every head is in telemetry, the HTML report and the dashboard."""
     stats = summary.statistics
-    cells = (f"{summary.round}", f"{summary.mean_return:+.3f}",
+    cells = (f"round {summary.round:3d}", f"{summary.mean_return:+.3f}",
              format_round_score(summary.mean_final_accuracy, summary.metric_name),
              f"{summary.mean_parameters_added:,.0f}", f"{summary.fossilized:.1f}", f"{summary.pruned:.1f}",
              f"{stats.approx_kl:.4f}", f"{stats.value_loss:.4f}", f"{stats.explained_variance:+.2f}",
