@@ -713,11 +713,11 @@ def format_round_score(score: float, metric_name: str) -> str:
 
 
 #: The columns of `train`'s rounds, headed once (by `ROUND_HEADER`) in the words of `report`'s rounds table, then
-#: one row per round by `format_round` (each starting `round   N`, to find with grep): (header, width) each.
-ROUND_COLUMNS = (("round", 9), ("return", 8), ("final score", 12), ("params added", 12), ("fossilized", 10),
+#: one row per round by `format_round`, each starting `round   N` (so the first column needs no header, and a grep
+#: for the rounds finds the rows alone): (header, width) each.
+ROUND_COLUMNS = (("", 9), ("return", 8), ("final score", 12), ("params added", 12), ("fossilized", 10),
                  ("pruned", 6), ("approx KL", 9), ("value loss", 10), ("explained variance", 18), ("seconds", 7))
-ROUND_HEADER = "  ".join(f"{header:<{width}}" if index == 0 else f"{header:>{width}}"
-                         for index, (header, width) in enumerate(ROUND_COLUMNS))
+ROUND_HEADER = "  ".join(f"{header:>{width}}" for header, width in ROUND_COLUMNS)
 
 
 def format_round(summary: RoundSummary, *, setting: bool = False) -> str:
