@@ -132,11 +132,12 @@ def test_round_rows_sit_under_a_header_in_words_a_newcomer_reads() -> None:
     summary = RoundSummary(round=12, mean_return=-1.5, mean_final_accuracy=85.0, mean_parameters_added=123456,
                            fossilized=1.5, pruned=0.5, statistics=statistics, seconds=123.4, collect_seconds=100.0,
                            update_seconds=23.4)
-    assert not ROUND_HEADER.startswith("round") and ROUND_HEADER.split() == ["return", "final", "score", "params", "added", "fossilized", "pruned",
-                                    "approx", "KL", "value", "loss", "explained", "variance", "seconds"]
+    assert not ROUND_HEADER.startswith("round")
+    assert ROUND_HEADER.split() == ["return", "final", "score", "params", "added", "fossilized", "pruned", "approx",
+                                    "KL", "value", "loss", "explained", "variance", "seconds"]
     row = format_round(summary)
-    assert row.split() == ["round", "12", "-1.500", "acc", "85.00%", "123,456", "1.5", "0.5", "0.0123", "0.1234", "-0.25",
-                           "123.4"]
+    assert row.split() == ["round", "12", "-1.500", "acc", "85.00%", "123,456", "1.5", "0.5", "0.0123", "0.1234",
+                           "-0.25", "123.4"]
     assert len(row) == len(ROUND_HEADER) <= 120
     assert format_round(dataclasses.replace(summary, setting="digits"), setting=True).endswith("  digits")
 
