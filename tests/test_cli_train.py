@@ -104,7 +104,7 @@ def test_train_with_a_paired_baseline_says_its_returns_are_net_of_the_twin(
     assert main(["train", *TINY, "--rounds", "1", "--paired-baseline", "--run-dir", str(tmp_path / "paired")]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines[2] == "return: each episode's return minus its no-growth twin's (paired_baseline), what growth added"
-    assert lines[3].startswith("round   1  return ")
+    assert lines[3].split()[0] == "return" and lines[4].startswith("round   1 ")  # the rounds' header, then round 1
 
 
 def test_resume_through_the_cli_equals_the_uninterrupted_run(trained: TrainedRun, tmp_path: Path,
