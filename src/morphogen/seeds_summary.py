@@ -23,12 +23,11 @@ from morphogen.paired_statistics import (
     SeedFigures,
     dominance_lines,
     dominated_by,
-    format_mean_std,
     paired_difference,
 )
 from morphogen.run_directory import SUMMARY_FILENAME, read_json_object
-from morphogen.telemetry.story import NEGATIVE_LOSS
 from morphogen.ui.run_files import summary_number
+from morphogen.ui.seeds_table import seeds_table_header, seeds_table_row
 from morphogen.ui.terminal_text import cut, printable
 from morphogen.ui.units import format_difference, format_flops, format_score
 
@@ -153,11 +152,9 @@ def summary_lines(runs: Mapping[int, SeedRun], pairs: Mapping[str, Pairs],
                   differences: Mapping[str, tuple[float, float]]) -> list[str]:
     """The closing table: each model's means over the seeds, then the grown model's paired differences."""
     metric_name = next(iter(runs.values())).metric_name
-    # A negated loss: the loss column says it (as in one seed's closing table), not a second "val loss" column.
-    score = "" if metric_name == NEGATIVE_LOSS else f"{cut(f'val {metric_name}', 16):>18}"
     lines = [f"\n{len(runs)} {'seed' if len(runs) == 1 else 'seeds'} ({', '.join(map(str, runs))}): mean ± std over "
              "the seeds",
-             f"{'':22}{score}{'val loss':>20}{'parameters':>12}{'training FLOPs':>16}{'seconds':>10}",
+             seeds_table_header(metric_name),
              _model_line("grown", [run.grown for run in runs.values()], metric_name)]
     lines += [_model_line(name, [other for _, other in both], metric_name) for name, both in pairs.items()]
     lines.append("differences, paired by seed (mean ± standard error):")
@@ -180,16 +177,9 @@ def summary_lines(runs: Mapping[int, SeedRun], pairs: Mapping[str, Pairs],
 
 def _model_line(name: str, outcomes: Sequence[EpisodeOutcome], metric_name: str) -> str:
     """A model's row: score and loss as mean ± std over the seeds; parameters, FLOPs and seconds as means."""
-    def spread(values: list[float], decimals: int) -> str:
-        return format_mean_std(values, f".{decimals}f")  # one seed: "± n/a"
-
-    scores = [o.final_accuracy for o in outcomes]
-    shown = "" if metric_name == NEGATIVE_LOSS else f"{spread(scores, 2 if metric_name == 'accuracy' else 4):>18}"
-    losses = spread([o.final_loss for o in outcomes], 4)
-    parameters = round(statistics.fmean(o.parameters for o in outcomes))
-    flops = format_flops(round(statistics.fmean(o.flops.total for o in outcomes)))
-    seconds = statistics.fmean(o.seconds for o in outcomes)
-    return f"  {cut(printable(name), 20):<20}{shown}{losses:>20}{parameters:>12,}{flops:>16}{seconds:>9.1f}s"
+    return seeds_table_row(name, metric_name, [o.final_accuracy for o in outcomes], [o.final_loss for o in outcomes],
+                           [o.parameters for o in outcomes], [o.flops.total for o in outcomes],
+                           [o.seconds for o in outcomes])
 
 
 def seeds_figures(runs: Mapping[int, SeedRun], differences: Mapping[str, tuple[float, float]]) -> dict[str, Any]:

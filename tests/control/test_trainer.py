@@ -10,8 +10,16 @@ import pytest
 import torch
 
 from morphogen.control.checkpoint import load_checkpoint
-from morphogen.control.ppo import PPOConfig
-from morphogen.control.trainer import MixEntry, PPOTrainer, TrainConfig, format_round, train
+from morphogen.control.ppo import PPOConfig, PPOStatistics
+from morphogen.control.trainer import (
+    ROUND_HEADER,
+    MixEntry,
+    PPOTrainer,
+    RoundSummary,
+    TrainConfig,
+    format_round,
+    train,
+)
 from morphogen.data import Task, load_task
 from morphogen.env.actions import HEADS
 from morphogen.run_directory import CHECKPOINT_NAME
@@ -113,9 +121,25 @@ def test_collect_fills_whole_episodes_and_one_round_updates(digits: Task, tmp_pa
     summary = summaries[0]
     assert summary.collect_seconds > 0 and summary.update_seconds > 0
     assert summary.seconds == pytest.approx(summary.collect_seconds + summary.update_seconds, rel=1e-6)
-    line = format_round(summary)
-    assert line.startswith("round   1") and "kl " in line and "vloss " in line and "ev " in line
-    assert len(line) <= 120, "round lines fit a 120-column terminal"
+    assert len(format_round(summary)) == len(ROUND_HEADER) <= 120, "round rows fit a 120-column terminal"
+
+
+def test_round_rows_sit_under_a_header_in_words_a_newcomer_reads() -> None:
+    """No `kl`/`vloss`/`ev`/`fossil` to decode: the header says what each figure is, as `report`'s table does."""
+    statistics = PPOStatistics(policy_loss=0.0, value_loss=0.1234, entropy_loss=0.0, approx_kl=0.0123,
+                               clip_fraction=0.0, explained_variance=-0.25, entropy_per_head=(), grad_norm=0.0,
+                               entropy_coef=0.0, epochs_completed=1, early_stopped=False)
+    summary = RoundSummary(round=12, mean_return=-1.5, mean_final_accuracy=85.0, mean_parameters_added=123456,
+                           fossilized=1.5, pruned=0.5, statistics=statistics, seconds=123.4, collect_seconds=100.0,
+                           update_seconds=23.4)
+    assert not ROUND_HEADER.startswith("round")
+    assert ROUND_HEADER.split() == ["return", "final", "score", "params", "added", "fossilized", "pruned", "approx",
+                                    "KL", "value", "loss", "explained", "variance", "seconds"]
+    row = format_round(summary)
+    assert row.split() == ["round", "12", "-1.500", "acc", "85.00%", "123,456", "1.5", "0.5", "0.0123", "0.1234",
+                           "-0.25", "123.4"]
+    assert len(row) == len(ROUND_HEADER) <= 120
+    assert format_round(dataclasses.replace(summary, setting="digits"), setting=True).endswith("  digits")
 
 
 def test_value_head_learns_standardized_returns(digits: Task) -> None:

@@ -50,8 +50,8 @@ def test_documented_loss_thresholds() -> None:
 @pytest.mark.parametrize(
     ("loss_contribution", "passes", "reason"),
     [
-        (0.02, True, "healthy"),
-        (0.005, True, "healthy"),  # exactly the threshold passes
+        (0.02, True, "blended in, the seed would add +0.0200 nats >= 0.005; seed/host gradient ratio 1.000 >= 0.1"),
+        (0.005, True, "would add +0.0050 nats >= 0.005"),  # exactly the threshold passes
         (0.004, False, "would add +0.0040 nats < 0.005"),
         (-0.03, False, "would add -0.0300 nats"),
         (None, False, "not measured"),
@@ -91,6 +91,18 @@ def test_fossilize_gate_judges_the_loss_removed(loss_contribution: float | None,
     assert result.passed is passes, result.reason
     if passes:
         assert "nats" in result.reason
+
+
+def test_a_passing_gate_gives_its_figure_and_threshold_as_a_refusal_does() -> None:
+    # A refusal said "contribution 0.0006 nats < 0.01"; a pass said "trained long enough and healthy", no figure.
+    kept = evaluate_gate(Stage.FOSSILIZED, _in(Stage.HOLDING), _healthy(loss_contribution=0.0283), LOSS_GATES)
+    assert kept.passed and kept.reason == "contribution +0.0283 nats >= 0.01"
+    permissive = GateConfig(mode=GateMode.PERMISSIVE, criterion=Criterion.LOSS)
+    blended = evaluate_gate(Stage.BLENDING, _in(Stage.TRAINING, epochs=6), _healthy(), permissive)
+    assert blended.passed and blended.reason == "trained 6 epochs >= 5, gradient health 1.00 >= 0.70"
+    relative = GateConfig(mode=GateMode.STRICT, criterion=Criterion.RELATIVE_LOSS)
+    shared = evaluate_gate(Stage.FOSSILIZED, _in(Stage.HOLDING), _healthy(loss=0.5, loss_contribution=0.015), relative)
+    assert shared.passed and shared.reason == "the seed's ablation says it would lower the loss by 3.00% >= 2.00%"
 
 
 @pytest.mark.parametrize("field", ["loss_min_improvement", "loss_min_contribution", "relative_min_improvement",

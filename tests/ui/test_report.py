@@ -163,10 +163,15 @@ def test_report_of_a_run_over_seeds_shows_each_seed_and_the_differences(tmp_path
     run_dir = tmp_path / "seeds"
     assert main(["run", "--seeds", "2", "--epochs", "2", "--max-train-samples", "150", "--no-from-scratch",
                  "--compare", "3x4=n_blocks=3,base_channels=4", "--threads", "1", "--run-dir", str(run_dir)]) == 0
-    capsys.readouterr()
+    printed = capsys.readouterr().out.splitlines()
     assert main(["report", str(run_dir)]) == 0
     lines = capsys.readouterr().out.splitlines()
     figures = json.loads((run_dir / "seeds.json").read_text())
+    # The run's closing table (score and validation loss as mean ± std, parameters, FLOPs, seconds), to the digit.
+    header = next(index for index, line in enumerate(printed) if "val loss" in line)
+    table = printed[header:header + 4]
+    assert [line.split()[0] for line in table[1:]] == ["grown", "no", "3x4"]
+    assert lines[lines.index(table[0]):lines.index(table[0]) + 4] == table
     assert lines[0] == f"run over 2 seeds {run_dir}: final validation accuracy by seed"
     assert lines[2].split() == ["seed", "grown", "no", "growth", "3x4"]
     for seed in ("0", "1"):
@@ -177,10 +182,7 @@ def test_report_of_a_run_over_seeds_shows_each_seed_and_the_differences(tmp_path
     assert means[1] == f"{(figures['seeds']['0']['grown'] + figures['seeds']['1']['grown']) / 2:.2f}%"
     mean = figures["differences"]["3x4"]["mean"]
     assert any(line.split()[:4] == ["grown", "-", "3x4", f"{mean:+.2f}"] for line in lines)
-    # Each model's mean costs, and what dominates the grown model, from the figures the file holds.
-    parameters = next(line.split() for line in lines if line.split()[:1] == ["params"])
-    assert parameters[3] == f"{figures['seeds']['0']['costs']['3x4']['parameters']:,}"
-    assert any(line.split()[:1] == ["FLOPs"] for line in lines)
+    # What dominates the grown model, from the figures the file holds.
     verdicts = figures["dominated_by"]
     for cost, words in (("parameters", "in parameters"), ("training_flops", "in training FLOPs")):
         line = next(line for line in lines if line.startswith(f"  {words} "))
@@ -227,7 +229,27 @@ def test_figures_of_a_seeds_file_past_1e100_read_as_missing(tmp_path, capsys):
     assert main(["report", str(run_dir)]) == 0
     rows = {line.split()[0]: line.split()[1:] for line in capsys.readouterr().out.splitlines()[2:] if line.strip()}
     assert rows["0"] == ["-", "80.00%"] and rows["1"] == ["-", "81.00%"] and rows["mean"] == ["-", "80.50%"]
-    assert rows["params"] == ["10", "-"] and rows["FLOPs"] == ["-", "100", "FLOP"]
+    assert rows["grown"] == ["-", "-", "10", "-", "-"]
+    assert rows["no"] == ["growth", "80.50", "±", "0.71", "-", "-", "100", "FLOP", "-"]
+
+
+def test_a_run_over_seeds_reports_the_loss_and_seconds_its_table_printed(tmp_path, capsys):
+    """`run --seeds` printed each model's validation loss and seconds; `report` left them out."""
+    run_dir = tmp_path / "seeds"
+    run_dir.mkdir()
+    costs = [{"grown": {"loss": 0.5241, "parameters": 1442, "flops": 1237650048, "seconds": 0.558},
+              "no growth": {"loss": 0.5241, "parameters": 1442, "flops": 1237650048, "seconds": 0.523}},
+             {"grown": {"loss": 0.5065, "parameters": 1442, "flops": 1237650048, "seconds": 0.484},
+              "no growth": {"loss": 0.5065, "parameters": 1442, "flops": 1237650048, "seconds": 0.400}}]
+    (run_dir / "seeds.json").write_text(json.dumps({"score": {"name": "accuracy"}, "seeds": {
+        seed: {"grown": 89.44 + index, "no growth": 89.44, "costs": costs[index]} for index, seed in enumerate("01")}}))
+    assert main(["report", str(run_dir)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    header = next(index for index, line in enumerate(lines) if "val loss" in line)
+    assert lines[header].split() == ["val", "accuracy", "val", "loss", "parameters", "training", "FLOPs", "seconds"]
+    assert lines[header + 1].split() == ["grown", "89.94", "±", "0.71", "0.5153", "±", "0.0124", "1,442", "1.24",
+                                         "GFLOP", "0.5s"]
+    assert lines[header + 2].split()[:2] == ["no", "growth"] and lines[header + 2].split()[-1] == "0.5s"
 
 
 def test_a_run_whose_events_were_lost_names_the_seeds_its_summary_lists(grown_run, tmp_path, capsys):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime
+import io
 import json
 import os
 import shutil
@@ -15,7 +16,8 @@ import pytest
 from morphogen.cli import main
 from morphogen.telemetry.events import EpochCompleted, RoundCompleted
 from morphogen.telemetry.sinks import read_events
-from morphogen.ui.runs import MAX_CONFIG_SETTINGS, NOTHING_KEPT_NOTE, connect, query_runs
+from morphogen.ui.runs import MAX_CONFIG_SETTINGS, NOTHING_KEPT_NOTE, connect, print_table, query_runs
+from morphogen.ui.terminal_text import printable_cut
 from morphogen.ui.units import format_flops
 
 
@@ -406,3 +408,24 @@ def test_a_policy_trained_over_several_tasks_is_listed_by_them_not_by_the_defaul
     header, rows, _ = query_runs(tmp_path)
     assert {row[0]: dict(zip(header, row, strict=True))["task"] for row in rows} == {
         "mix": "my_task:make_task,mnist1d", "tasks": "mnist1d,text"}
+
+
+def test_parameter_counts_carry_thousands_separators_as_run_prints_them() -> None:
+    # `run` prints 1,442 parameters; the table printed 1442 (separators only from 10,000), seeds stay bare.
+    out = io.StringIO()
+    print_table(["run", "seed", "parameters", "baseline_parameters"], [("a", 1234, 1442, 980)], out)
+    assert out.getvalue().splitlines()[1].split() == ["a", "1234", "1,442", "980"]
+    out = io.StringIO()
+    print_table(["epoch", "params a", "params b"], [(1, 1442, 2026)], out)
+    assert out.getvalue().splitlines()[1].split() == ["1", "1,442", "2,026"]
+
+
+def test_a_long_task_cell_is_cut_between_whole_escapes_never_inside_one() -> None:
+    # Rich cut the widest cell to fit 200 columns, wherever that fell: `\x1` then an ellipsis.
+    out = io.StringIO()
+    task = "digits" + "\x1b" * 60
+    print_table(["run", "task", "notes"], [("a", task, "y" * 150)], out)
+    cell = out.getvalue().splitlines()[1].split()[1]
+    assert cell.endswith("…") and cell.startswith("digits\\x1b")
+    assert cell[len("digits"):-1] == "\\x1b" * ((len(cell) - len("digits") - 1) // 4), "only whole escapes"
+    assert printable_cut(task, 11) == "digits\\x1b…" and printable_cut("ab\x07", 10) == "ab\\x07"

@@ -25,6 +25,7 @@ from morphogen.control.distributed import (
     send_run_directory,
 )
 from morphogen.control.trainer import (
+    ROUND_HEADER,
     EpisodeMeans,
     PPOTrainer,
     RoundSummary,
@@ -273,7 +274,7 @@ def _imitate(trainer: PPOTrainer, run_dir: Path, display: ProgressDisplay, epoch
         display.print(f"imitation {index:3d}  return {summary.mean_return:+7.3f}  "
                       f"{format_round_score(summary.mean_final_accuracy, summary.metric_name)}  "
                       f"added {summary.mean_parameters_added:>7,.0f}  "
-                      f"fossil {summary.fossilized:.1f} pruned {summary.pruned:.1f}")
+                      f"fossilized {summary.fossilized:.1f}  pruned {summary.pruned:.1f}")
         display.reset(epochs, description=f"imitation {index + 1} epochs" if index < config.rounds
                       else "round 1 epochs")
 
@@ -326,4 +327,6 @@ def _train_rounds(trainer: PPOTrainer, where: str, run_dir: Path, dropped: int,
         with trainer.profiler:
             if config.imitation.rounds and not trainer.state.imitated:
                 _imitate(trainer, run_dir, display, epochs)
+            if trainer.state.next_round < config.rounds:
+                display.print(ROUND_HEADER + ("  setting" if len(trainer.mix) > 1 else ""))
             train(trainer, run_dir, on_round=on_round)

@@ -88,7 +88,8 @@ def clipped_surrogate_loss(
         clip_fraction = clipped / relevant_heads.sum().clamp(min=1)
         joint_log_ratio = log_ratio.sum(dim=-1)  # [N]
         # expm1: `exp(x) - 1` rounds to a value below x for a log ratio near 0 (-1e-7 gave -2e-8 in float32, printed
-        # "kl -0.0000"); each term is >= 0 in exact arithmetic, so what rounding leaves below 0 is clamped.
+        # as an approximate KL of -0.0000); each term is >= 0 in exact arithmetic, so what rounding leaves below 0 is
+        # clamped.
         approx_kl = (torch.expm1(joint_log_ratio) - joint_log_ratio).mean().clamp(min=0.0)
     dtype = log_prob_per_head.dtype
     return SurrogateResult(loss, clip_fraction.to(dtype), approx_kl, clipped.to(dtype))

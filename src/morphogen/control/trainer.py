@@ -712,16 +712,24 @@ def format_round_score(score: float, metric_name: str) -> str:
     return f"{metric_name[:16]} {score:7.4g}"
 
 
+#: The columns of `train`'s rounds, headed once (by `ROUND_HEADER`) in the words of `report`'s rounds table, then
+#: one row per round by `format_round`, each starting `round   N` (so the first column needs no header, and a grep
+#: for the rounds finds the rows alone): (header, width) each.
+ROUND_COLUMNS = (("", 9), ("return", 8), ("final score", 12), ("params added", 12), ("fossilized", 10),
+                 ("pruned", 6), ("approx KL", 9), ("value loss", 10), ("explained variance", 18), ("seconds", 7))
+ROUND_HEADER = "  ".join(f"{header:>{width}}" for header, width in ROUND_COLUMNS)
+
+
 def format_round(summary: RoundSummary, *, setting: bool = False) -> str:
-    """The one line printed per round (about 120 columns; `setting` appends the mix entry the round played); the
-    entropy of every head is in telemetry, the HTML report and the dashboard."""
+    """The row printed per round under `ROUND_HEADER` (within 120 columns; `setting` appends the mix entry the round
+    played); the entropy of every head is in telemetry, the HTML report and the dashboard."""
     stats = summary.statistics
-    line = (f"round {summary.round:3d}  return {summary.mean_return:+7.3f}  "
-            f"{format_round_score(summary.mean_final_accuracy, summary.metric_name)}  "
-            f"added {summary.mean_parameters_added:>7,.0f}  "
-            f"fossil {summary.fossilized:.1f} pruned {summary.pruned:.1f}  "
-            f"kl {stats.approx_kl:.4f}  vloss {stats.value_loss:.4f}  ev {stats.explained_variance:+.2f}  "
-            f"{summary.seconds:5.1f}s")
+    cells = (f"round {summary.round:3d}", f"{summary.mean_return:+.3f}",
+             format_round_score(summary.mean_final_accuracy, summary.metric_name),
+             f"{summary.mean_parameters_added:,.0f}", f"{summary.fossilized:.1f}", f"{summary.pruned:.1f}",
+             f"{stats.approx_kl:.4f}", f"{stats.value_loss:.4f}", f"{stats.explained_variance:+.2f}",
+             f"{summary.seconds:.1f}")
+    line = "  ".join(f"{cell:>{width}}" for cell, (_, width) in zip(cells, ROUND_COLUMNS, strict=True))
     return f"{line}  {summary.setting}" if setting else line
 
 

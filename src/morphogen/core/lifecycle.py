@@ -309,7 +309,14 @@ def _blending_gate(lifecycle: SeedLifecycle, signals: SeedSignals, config: GateC
         if _below(signals.gradient_ratio, config.strict_min_gradient_ratio):
             return GateResult(False, f"seed/host gradient ratio {signals.gradient_ratio:.3f} < "
                               f"{config.strict_min_gradient_ratio}", signals.gradient_ratio)
-    return GateResult(True, "trained long enough and healthy", signals.gradient_health)
+        # The figures that passed, with their thresholds, as a refusal gives the one that failed.
+        added = f"would {_share_change(shadow)} >= {threshold:.2%}" if unit == SHARE else \
+            f"would add {shadow:+.{_DIGITS[unit]}f} {unit} >= {threshold}"
+        ratio = f"seed/host gradient ratio {signals.gradient_ratio:.3f} >= {config.strict_min_gradient_ratio}"
+        return GateResult(True, f"blended in, the seed {added}; {ratio}", signals.gradient_health)
+    return GateResult(True, f"trained {lifecycle.epochs_in_stage} epochs >= {config.min_training_epochs}, gradient "
+                      f"health {signals.gradient_health:.2f} >= {config.min_gradient_health:.2f}",
+                      signals.gradient_health)
 
 
 def _judged_contribution(signals: SeedSignals, config: GateConfig, *,
@@ -362,6 +369,11 @@ def _fossilize_gate(lifecycle: SeedLifecycle, signals: SeedSignals, config: Gate
                           f"it to lower the loss by {threshold:.2%} or more)", contribution)
     if config.mode is GateMode.STRICT and _below(contribution, threshold):
         return GateResult(False, f"contribution {contribution:.{_DIGITS[unit]}f} {unit} < {threshold}", contribution)
+    if config.mode is GateMode.STRICT and unit == SHARE:  # the passing figure with its threshold, as refusals give
+        return GateResult(True, f"the seed's ablation says it would {_share_change(contribution)} >= "
+                          f"{threshold:.2%}", contribution)
+    if config.mode is GateMode.STRICT:
+        return GateResult(True, f"contribution {contribution:+.{_DIGITS[unit]}f} {unit} >= {threshold}", contribution)
     return GateResult(True, f"contribution {contribution:+.{_DIGITS[unit]}f} {unit}", contribution)
 
 

@@ -76,7 +76,7 @@ from morphogen.ui.run_files import (
     summary_number,
     task_label,
 )
-from morphogen.ui.terminal_text import printable
+from morphogen.ui.terminal_text import printable, printable_cut
 
 RUN_COLUMNS = ("run", "command", "task", "seed", "episodes", "epochs", "rounds", "final_accuracy", "parameters",
                "gflops", "baseline_accuracy", "from_scratch_accuracy", "events", "started", "seconds")
@@ -511,9 +511,21 @@ def _three_digits(value: float) -> str:
     return f"{value:,.{decimals}f}"
 
 
-def _cell(value: Any, three_digits: bool = False) -> Text:
-    """A table cell as plain text: strings from a run are never read as Rich markup or control sequences; a float
-    of a `three_digits` column to three significant digits."""
+#: The most columns a string cell of the runs table shows (a task's import path, a mix of tasks): cut here, between
+#: whole escapes, so that the table is never wide enough for Rich to cut a cell inside one.
+MAX_TEXT_CELL = 60
+
+
+def _is_parameter_count(column: str) -> bool:
+    """Whether a column holds parameter counts (`parameters`, `baseline_parameters`, `--compare`'s `params a`),
+    printed with thousands separators as `run` prints them (1,442)."""
+    return column.endswith("parameters") or column.startswith("params ")
+
+
+def _cell(value: Any, three_digits: bool = False, parameter_count: bool = False) -> Text:
+    """A table cell as plain text: strings from a run are never read as Rich markup or control sequences, and are
+    cut to `MAX_TEXT_CELL` columns; a float of a `three_digits` column to three significant digits; a
+    `parameter_count` with thousands separators."""
     if value is None:
         return Text("-")
     if three_digits and isinstance(value, float):
@@ -521,8 +533,8 @@ def _cell(value: Any, three_digits: bool = False) -> Text:
     if isinstance(value, float):
         return Text(f"{value:.2f}" if not math.isfinite(value) or abs(value) < 1e6 else f"{value:,.0f}")
     if isinstance(value, int):
-        return Text(f"{value:,}" if abs(value) >= 10_000 else str(value))
-    return Text(printable(str(value)))
+        return Text(f"{value:,}" if parameter_count or abs(value) >= 10_000 else str(value))
+    return Text(printable_cut(str(value), MAX_TEXT_CELL))
 
 
 def print_table(header: Sequence[str], rows: Sequence[Sequence[Any]], out: TextIO,
@@ -536,10 +548,12 @@ def print_table(header: Sequence[str], rows: Sequence[Sequence[Any]], out: TextI
     table = Table(*columns, box=None, pad_edge=False, header_style="bold")
     starred = {column for _, column in marked}  # their other cells end in a space, to keep the digits aligned
     for index, row in enumerate(rows):
-        table.add_row(*(_cell(value, header[column] in three_digits)
+        table.add_row(*(_cell(value, header[column] in three_digits, _is_parameter_count(header[column]))
                         + ("*" if (index, column) in marked else " " if column in starred else "")
                         for column, value in enumerate(row)))
-    Console(file=out, width=max(LINE_WIDTH, 200), highlight=False).print(table)
+    # As wide as the table needs: the cells are cut already, and a cut of Rich's could fall inside an escape.
+    Console(file=out, width=max(LINE_WIDTH, 200, Console(width=100_000).measure(table).maximum),
+            highlight=False).print(table)
 
 
 def runs_command(root: str | Path = "runs", *, where: str | None = None, compare: Sequence[str] | None = None,

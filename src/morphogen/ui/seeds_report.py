@@ -1,6 +1,7 @@
 """`morphogen report RUN_DIR` for a run over several seeds (`run --seeds`, `grow_over_seeds`): its `seeds.json`.
 
-Each seed's score beside each comparison's with their mean costs, then the grown model's differences from them,
+Each seed's score beside each comparison's, each model's figures as mean ± std over the seeds (the table the run
+printed), then the grown model's differences from them,
 paired by seed, and which model dominates it per parameter and per training FLOP, computed from those figures.
 The file is untrusted: numbers must be finite and at most `run_files.MAX_MAGNITUDE` (1e100) in magnitude, names
 short, seeds at most `MAX_SEEDS_SHOWN`; what does not fit reads as missing ("-").
@@ -9,7 +10,7 @@ short, seeds at most `MAX_SEEDS_SHOWN`; what does not fit reads as missing ("-")
 from __future__ import annotations
 
 import statistics
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -17,8 +18,9 @@ from morphogen.paired_statistics import DOMINANCE_HEADING, SeedFigures, dominanc
 from morphogen.run_directory import SEEDS_FILENAME, read_json_object
 from morphogen.telemetry.story import NEGATIVE_LOSS
 from morphogen.ui.run_files import RunDirectoryError, score_name, summary_number
+from morphogen.ui.seeds_table import seeds_table_header, seeds_table_row
 from morphogen.ui.terminal_text import cut, printable
-from morphogen.ui.units import format_difference, format_flops, format_score
+from morphogen.ui.units import format_difference, format_score
 
 #: Most seeds shown (`grow_over_seeds` plays at most 100); most hosts compared with and the longest name of one
 #: (`compare_with` takes at most 16 of at most 40 characters).
@@ -42,6 +44,9 @@ def render_seeds_report(run_dir: str | Path) -> str:
     seeds = _seeds(figures.get("seeds"))
     lines = [f"run over {len(seeds)} seeds {path}: final validation {_score_title(metric)} by seed", "",
              *_table(seeds, metric)]
+    means = _means_table(seeds, metric)
+    if means:
+        lines += ["", *means]
     differences = _differences(seeds, metric)
     if differences:
         lines += ["", "differences, paired by seed (mean ± standard error, over the seeds with both scores):",
@@ -74,11 +79,26 @@ def _table(seeds: list[tuple[str, dict[str, Any]]], metric: str) -> list[str]:
                                                      for name in columns))
     means = [_mean([_score_of(scores, name) for _, scores in seeds]) for name in columns]
     lines.append(f"{'mean':>6}" + "".join(f"{_cell(mean, metric):>14}" for mean in means))
-    for label, cost, shown in (("params", "parameters", lambda v: f"{v:,.0f}"), ("FLOPs", "flops", format_flops)):
-        costs = [_mean([_cost_of(scores, name, cost) for _, scores in seeds]) for name in columns]
-        if any(value is not None for value in costs):  # a file written before costs were kept has none
-            lines.append(f"{label:>6}" + "".join(f"{'-' if value is None else shown(value):>14}" for value in costs))
     return lines
+
+
+def _means_table(seeds: list[tuple[str, dict[str, Any]]], metric: str) -> list[str]:
+    """Each model's figures as mean ± std over the seeds: the table `run --seeds` printed, with its columns and
+    digits (`seeds_table`), from the figures the file holds; none for a file that holds no costs (written before
+    they were kept)."""
+    if not any(isinstance(scores.get("costs"), dict) for _, scores in seeds):
+        return []
+
+    def present(values: Iterable[float | None]) -> list[float]:
+        return [value for value in values if value is not None]
+
+    rows = [seeds_table_row(
+        name, metric, present(_score_of(scores, name) for _, scores in seeds),
+        present(_loss_of(scores, name) for _, scores in seeds),
+        *(present(_cost_of(scores, name, cost) for _, scores in seeds) for cost in ("parameters", "flops", "seconds")))
+        for name in _columns(seeds)]
+    return ["each model over the seeds, mean ± std (the table `run --seeds` closed with):", seeds_table_header(metric),
+            *rows]
 
 
 def _differences(seeds: list[tuple[str, dict[str, Any]]], metric: str) -> list[str]:
@@ -115,6 +135,13 @@ def _dominance(seeds: list[tuple[str, dict[str, Any]]]) -> list[str]:
     verdicts = dominated_by(figures("grown"), {name: figures(name) for name in columns[1:]})
     return dominance_lines({cost: [cut(name, 20) for name in names] for cost, names in verdicts.items()},
                            len(complete))
+
+
+def _loss_of(scores: Mapping[str, Any], name: str) -> float | None:
+    """A seed's final validation loss of a model, from the file's `costs` (None where missing; a user's loss may be
+    negative)."""
+    costs = scores.get("costs")
+    return summary_number(costs.get(name) if isinstance(costs, dict) else None, "loss")
 
 
 def _cost_of(scores: Mapping[str, Any], name: str, cost: str) -> float | None:

@@ -50,3 +50,20 @@ def printable_fields(value: Value) -> Value:
 def cut(text: str, width: int) -> str:
     """`text` cut to `width` columns (at least one), ending in an ellipsis when something was cut."""
     return text if len(text) <= width else text[: max(width - 1, 0)] + "…"
+
+
+def printable_cut(text: str, width: int) -> str:
+    """`printable(text)` cut to `width` columns (at least one) between whole escapes, never inside one, ending in an
+    ellipsis when something was cut: a cut cell shows `\\x1b` whole or not at all."""
+    shown = printable(text)
+    if len(shown) <= width:
+        return shown
+    kept, length = [], 0
+    for character in text:
+        piece = printable(character)
+        if length + len(piece) > max(width - 1, 0):
+            break
+        kept.append(piece)
+        length += len(piece)
+    return "".join(kept) + "…"
+
