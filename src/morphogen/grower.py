@@ -50,8 +50,7 @@ from morphogen.core.hosts import SegmentedHost
 from morphogen.core.model import MorphogeneticModel, shadow_rows
 from morphogen.core.slot import SlotMode
 from morphogen.core.training_mode import left_in_eval, modes_kept
-from morphogen.data.errors import DataError
-from morphogen.data.user import LossFunction, check_class_indices, task_from_data
+from morphogen.data.user import LossFunction, task_from_data
 from morphogen.env.actions import Action
 from morphogen.env.compute import note_batch
 from morphogen.env.episode import (
@@ -61,7 +60,7 @@ from morphogen.env.episode import (
     class_index_dtype_problem,
     task_with_host,
 )
-from morphogen.env.evaluation import class_dim_of
+from morphogen.env.evaluation import refuse_first_batch_classes
 from morphogen.env.play import Controller, connect, savable
 from morphogen.env.snapshot import EpisodeSnapshot, snapshot_from_state
 from morphogen.env.training import clear_stale_casts
@@ -250,7 +249,8 @@ class Grower:
                 raise ValueError(f"training_step: {hint} (the model failed on them: {error})") from None
             raise
         if not self._targets_checked:  # until a step succeeds: reading the targets' values waits for the device
-            self._refuse_targets_outside_the_classes(output, targets)
+            refuse_first_batch_classes(trainer.objective, self.episode.task.num_classes, targets,
+                                       "training_step (the first batch)", output)
         try:
             loss = trainer.objective.checked_loss(output, targets)
         except RuntimeError as error:
@@ -266,21 +266,6 @@ class Grower:
         note_batch(trainer.batch_shapes, inputs)
         self._steps += 1
         return loss
-
-    def _refuse_targets_outside_the_classes(self, outputs: Tensor, targets: Tensor) -> None:
-        """A `DataError` where the first training batch's class indices name a class the model has no score for,
-        under the default cross-entropy: on a GPU the loss meets one as a device-side assert that ends the CUDA
-        context. One host sync, on the Grower's first batch only (the validation split was checked whole)."""
-        objective = self.episode.trainer.objective
-        if objective.custom:
-            return
-        try:
-            scores = outputs.shape[class_dim_of(outputs.shape, targets.shape, objective.class_dim)]
-        except DataError:
-            return  # outputs and targets that do not line up: the loss says why
-        num_classes = self.episode.task.num_classes
-        counted = f"num_classes={num_classes}" if num_classes is not None else f"the model's {scores} class scores"
-        check_class_indices(targets, num_classes or scores, "training_step (the first batch)", counted)
 
     def _targets_dtype_problem(self, outputs: Tensor, targets: Tensor) -> str:
         """Why a classification's cross-entropy refused a training batch's `targets` for their dtype (float or int32

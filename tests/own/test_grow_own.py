@@ -25,6 +25,9 @@ from morphogen.cli import EXIT_USER_ERROR, main
 from morphogen.core.lifecycle import BLENDED_STAGES
 from morphogen.export import example_input_of, rebuild_run
 from morphogen.inputs import call
+from morphogen.run_directory import EVENTS_FILENAME
+from morphogen.telemetry.events import EpochCompleted
+from morphogen.telemetry.sinks import read_events
 
 HERE = Path(__file__).resolve().parent
 EAGER = HERE / "eager.toml"
@@ -461,6 +464,51 @@ def test_labels_counted_from_one_without_num_classes_are_refused_against_the_mod
                                                   r"the model's 3 class scores \(-100"):
         morphogen.grow(task, host, run_dir=str(tmp_path / "run"), config=eager_config(epochs=1), out=io.StringIO())
     assert not (tmp_path / "run").exists()
+
+
+FIRST_BATCH_BEYOND = (r"^task 'beyond': train \(the first batch\): targets hold class 7, outside 0\.\.2 of "
+                      r"num_classes=3 \(-100, cross-entropy's ignore_index, marks a target to leave out\)$")
+
+
+def test_a_streamed_first_training_batch_with_a_class_beyond_num_classes_is_refused_before_it_trains(
+        tmp_path: Path) -> None:
+    """A DataLoader (not read whole) whose first batch holds class 7 of num_classes=3: one line naming it, before
+    the loss (on a GPU, cross-entropy met it as a device-side assert that ends the CUDA context) and any epoch."""
+    run_dir = tmp_path / "run"
+    with pytest.raises(morphogen.DataError, match=FIRST_BATCH_BEYOND):
+        morphogen.grow(user_tasks.first_batch_beyond(), run_dir=str(run_dir), config=eager_config(epochs=1),
+                       baseline=False, from_scratch=False, out=io.StringIO())
+    assert not any(isinstance(event, EpochCompleted) for event in read_events(run_dir / EVENTS_FILENAME))
+
+
+def test_a_streamed_training_split_has_its_classes_read_on_the_first_batch_only(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Good labels in a DataLoader (one of them -100, cross-entropy's ignore_index): the run trains as before, its
+    class indices read once (one host sync), not at every step of its two epochs of four batches."""
+    checked: list[str] = []
+    check = morphogen.env.evaluation.check_class_indices
+    monkeypatch.setattr("morphogen.env.evaluation.check_class_indices",
+                        lambda targets, *args: checked.append(args[1]) or check(targets, *args))
+    inputs, labels = blobs(64, 0)
+    labels[1] = -100
+    host = morphogen.host_from_module(mlp(), ["1"], example_input=inputs[:2])
+    task = morphogen.task_from_data("streamed", torch.utils.data.DataLoader(
+        torch.utils.data.TensorDataset(inputs, labels), batch_size=16), blobs(32, 1), num_classes=3)
+    result = morphogen.grow(task, host, run_dir=str(tmp_path / "run"), config=eager_config(epochs=2),
+                            baseline=False, from_scratch=False, out=io.StringIO())
+    assert math.isfinite(result.grown.final_loss)
+    assert checked == ["task 'streamed': train (the first batch)"]
+
+
+def test_run_refuses_a_streamed_first_batch_beyond_num_classes_in_one_line_and_exit_2(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.chdir(HERE)
+    code = main(["run", "--task", "user_tasks:first_batch_beyond", "--epochs", "1", "--run-dir",
+                 str(tmp_path / "run"), "--threads", "1"])
+    _, err = capsys.readouterr()
+    assert code == EXIT_USER_ERROR
+    assert re.match(FIRST_BATCH_BEYOND, err.removeprefix("morphogen run: error: ").removesuffix("\n")), err
+    assert err.count("\n") == 1, err
 
 
 @pytest.mark.parametrize(("labels", "said"), [

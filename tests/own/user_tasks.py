@@ -135,3 +135,13 @@ def escape_slot() -> Task:
     net = nn.Sequential(OrderedDict(zip(("in", ESCAPE_SLOT, "out"), layers, strict=True)))
     host = morphogen.host_from_module(net, [ESCAPE_SLOT], example_input=train[0][:2])
     return morphogen.task_from_data("blobs", train, train, host=host)
+
+
+def first_batch_beyond() -> Task:
+    """A DataLoader whose first training batch holds class 7 of num_classes=3: streamed, so not read whole before
+    training; the first batch that trains is checked."""
+    inputs, labels = blobs(64, 0)
+    labels[2] = 7
+    host = morphogen.host_from_module(mlp(), ["1"], example_input=inputs[:2])
+    return morphogen.task_from_data("beyond", DataLoader(TensorDataset(inputs, labels), batch_size=16), blobs(32, 1),
+                                    num_classes=3, host=host)

@@ -40,7 +40,13 @@ from morphogen.data import DataError, Task
 from morphogen.env.actions import Action, ActionSpace, Op
 from morphogen.env.compute import ComputeAccount
 from morphogen.env.counterfactual import MAIN, CounterfactualResult, CounterfactualSchedule, alpha_configurations
-from morphogen.env.evaluation import NO_BATCH_CAUSES, Objective, refuse_other_class_count, validate
+from morphogen.env.evaluation import (
+    NO_BATCH_CAUSES,
+    Objective,
+    refuse_first_batch_classes,
+    refuse_other_class_count,
+    validate,
+)
 from morphogen.env.governor import DivergenceError, Governor, GovernorConfig, Rollback
 from morphogen.env.growth_signals import CandidateSource, SlotGrowth, could_germinate, measure_growth
 from morphogen.env.layout import ModelLayout, model_layout
@@ -508,7 +514,10 @@ class MorphogenesisEpisode:
 
     def _train_first_batch(self, inputs: Inputs, targets: Tensor) -> None:
         """The episode's first training step; where the model or its loss fails on it, a `DataError` saying how the
-        training batch differs from the validation data (which the first validation already ran without error)."""
+        training batch differs from the validation data (which the first validation already ran without error). Its
+        class indices are checked first, once (a streamed split is not read whole, and later batches are not read)."""
+        refuse_first_batch_classes(self.trainer.objective, self.task.num_classes, targets,
+                                   f"task {self.task.name!r}: train (the first batch)")
         try:
             self.trainer.train_batch(inputs, targets)
         except (RuntimeError, ValueError, TypeError, IndexError, KeyError) as error:

@@ -133,6 +133,25 @@ def refuse_other_class_count(task: Task, model: nn.Module) -> None:
         raise DataError(f"task {task.name!r}: {problem}")
 
 
+def refuse_first_batch_classes(objective: Objective, num_classes: int | None, targets: Tensor, where: str,
+                               outputs: Tensor | None = None) -> None:
+    """A `DataError` where a run's first training batch, under the default cross-entropy, names a class outside
+    `num_classes` (None: outside the class scores of `outputs`, where given): on a GPU the loss meets one as a
+    device-side assert that ends the CUDA context. One host sync: call it on the first batch that trains only."""
+    if objective.custom:
+        return
+    scores = None
+    if outputs is not None:
+        try:
+            scores = outputs.shape[class_dim_of(outputs.shape, targets.shape, objective.class_dim)]
+        except DataError:
+            return  # outputs and targets that do not line up: the loss says why
+    if num_classes is not None:
+        check_class_indices(targets, num_classes, where, f"num_classes={num_classes}")
+    elif scores is not None:
+        check_class_indices(targets, scores, where, f"the model's {scores} class scores")
+
+
 def _refuse_targets_beyond_the_scores(task: Task, outputs: torch.Size, targets: torch.Size) -> None:
     """For a task without `num_classes`, a `DataError` where the targets it holds as tensors name a class the model
     has no score for (labels counted from 1): caught here, before a GPU's cross-entropy asserts on it."""
