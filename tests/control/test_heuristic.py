@@ -371,37 +371,26 @@ def test_a_refused_seed_that_now_measures_what_the_gate_asks_is_asked_again() ->
     assert heuristic.fossilize_refused == {"r0c1": (0.0071, 1)}
 
 
-def test_a_refused_seed_still_under_what_the_gate_asks_is_pruned_though_it_rose() -> None:
+@pytest.mark.parametrize(("now", "gate_asks", "expected", "why"), [
+    # Rose, but still under what the gate asks: pruned.
+    (0.0080, 0.01, Op.PRUNE, "the fossilize gate refused it, and its ablation says it adds +0.0080 nats now, less "
+                             "than the +0.0100 nats it asks"),
+    # The snapshot does not say what the gate asks: a measurement above the refused one is asked again ...
+    (0.0549, None, Op.FOSSILIZE, "its ablation says it adds +0.0549 nats now, more than the +0.0071 nats the "
+                                 "fossilize gate refused"),
+    # ... and one no higher is pruned.
+    (0.0068, None, Op.PRUNE, "the fossilize gate refused it on +0.0071 nats, and its ablation says it adds +0.0068 "
+                             "nats now, no more"),
+])
+def test_a_refused_seed_is_judged_on_its_newer_measurement(now: float, gate_asks: float | None, expected: Op,
+                                                           why: str) -> None:
     heuristic, space = controller()
     masks = make_masks(space, {Op.FOSSILIZE: ("r0c1",), Op.PRUNE: ("r0c1",)})
-    heuristic.act(holding_by_loss(0.0071, epoch=8, gate_asks=0.01), masks)
-    refused = with_last_action(holding_by_loss(0.0080, epoch=9, gate_asks=0.01), Op.FOSSILIZE, succeeded=False)
-    pruned = heuristic.act(refused, masks)
-    assert pruned == Action(Op.PRUNE, "r0c1")
-    assert pruned.why == "the fossilize gate refused it, and its ablation says it adds +0.0080 nats now, less than " \
-                         "the +0.0100 nats it asks"
-
-
-def test_without_the_gate_s_threshold_a_refused_seed_measured_above_the_refusal_is_asked_again() -> None:
-    heuristic, space = controller()
-    masks = make_masks(space, {Op.FOSSILIZE: ("r0c1",), Op.PRUNE: ("r0c1",)})
-    heuristic.act(holding_by_loss(0.0071, epoch=8), masks)
-    refused = with_last_action(holding_by_loss(0.0549, epoch=9), Op.FOSSILIZE, succeeded=False)
-    again = heuristic.act(refused, masks)
-    assert again == Action(Op.FOSSILIZE, "r0c1")
-    assert again.why == "its ablation says it adds +0.0549 nats now, more than the +0.0071 nats the fossilize gate " \
-                        "refused"
-
-
-def test_a_refused_seed_measured_no_higher_since_is_pruned() -> None:
-    heuristic, space = controller()
-    masks = make_masks(space, {Op.FOSSILIZE: ("r0c1",), Op.PRUNE: ("r0c1",)})
-    heuristic.act(holding_by_loss(0.0071, epoch=8), masks)
-    refused = with_last_action(holding_by_loss(0.0068, epoch=9), Op.FOSSILIZE, succeeded=False)
-    pruned = heuristic.act(refused, masks)
-    assert pruned == Action(Op.PRUNE, "r0c1")
-    assert pruned.why == "the fossilize gate refused it on +0.0071 nats, and its ablation says it adds +0.0068 " \
-                         "nats now, no more"
+    heuristic.act(holding_by_loss(0.0071, epoch=8, gate_asks=gate_asks), masks)
+    refused = with_last_action(holding_by_loss(now, epoch=9, gate_asks=gate_asks), Op.FOSSILIZE, succeeded=False)
+    judged = heuristic.act(refused, masks)
+    assert judged == Action(expected, "r0c1")
+    assert judged.why == why
 
 
 @pytest.mark.parametrize("gate_asks", [0.005, None])
