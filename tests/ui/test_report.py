@@ -6,6 +6,8 @@ import html
 import json
 import shutil
 
+import pytest
+
 from morphogen.cli import main
 from morphogen.run_directory import evaluation_env_id
 from morphogen.telemetry.events import ActionTaken, EpochCompleted, RewardComputed, SlotState
@@ -133,6 +135,45 @@ def test_a_refused_action_shows_the_gates_words_and_a_reasonless_one_still_reads
     rows = [line for line in capsys.readouterr().out.splitlines() if "r0c1" in line]
     assert rows[0].endswith("ADVANCE r0c1  (refused: blended in, the seed would add +0.0023 nats < 0.005)")
     assert rows[1].endswith("ADVANCE r0c1  (refused)") and rows[2].endswith("PRUNE r0c1")
+
+
+def _report_of_one_advance(tmp_path, capsys, reason: str, succeeded: bool) -> list[str]:
+    """The lines of `report` on a run of one ADVANCE of r0c1 for `reason`, that took effect if `succeeded`."""
+    slots = (SlotState("r0c1", "TRAINING", "wider", 0.0),)
+    events = [ActionTaken(22, 0, "ADVANCE", "r0c1", None, succeeded, reason),
+              EpochCompleted(22, 0, 0.3, 0.29, 91.8, 1594, slots, "ADVANCE r0c1", succeeded)]
+    lines = [json.dumps({"time": 1.0 + index, **event.to_dict()}) for index, event in enumerate(events)]
+    (tmp_path / "events.jsonl").write_text("\n".join(lines) + "\n")
+    assert main(["report", str(tmp_path)]) == 0
+    return capsys.readouterr().out.splitlines()
+
+
+@pytest.mark.parametrize("succeeded", [True, False], ids=["taken", "refused"])
+def test_a_long_reason_wraps_whole_under_itself_within_the_line_width(tmp_path, capsys, succeeded):
+    words = [f"figure{index}=+0.{index:04d}" for index in range(22)]
+    reason = "blended in: " + " ".join(words)  # about 300 characters: the gate's figures last
+    assert len(reason) >= 300
+    lines = _report_of_one_advance(tmp_path, capsys, reason, succeeded)
+    first = next(index for index, line in enumerate(lines) if "ADVANCE r0c1" in line)
+    row = lines[first:first + 1 + next(index for index, line in enumerate(lines[first + 1:]) if not line.strip())]
+    assert len(row) > 2 and all(len(line) <= 150 for line in row)
+    column = row[0].index("blended in")
+    assert all(line[:column].isspace() and not line[column].isspace() for line in row[1:])  # under the reason
+    shown = " ".join(line.strip() for line in row)
+    assert shown.endswith(f"{words[-1]})") and all(f" {word}" in shown for word in words) and "…" not in shown
+
+
+def test_a_hostile_reason_is_escaped_whole_on_every_line_it_wraps_onto(tmp_path, capsys):
+    # Sequences between spaces, then one word of 60 escapes, wider than a line, which must break between them.
+    reason = "refused: " + "\x1b]52;c;aGk=\x07\x1b[2J " * 12 + "\x1b" * 60 + "\u202eend"
+    lines = _report_of_one_advance(tmp_path, capsys, reason, False)
+    out = "\n".join(lines)
+    assert "\x1b" not in out and "\x07" not in out and "\u202e" not in out
+    row = [line for line in lines if "\\x1b" in line or "ADVANCE r0c1" in line]
+    assert len(row) > 2 and all(len(line) <= 150 for line in row)
+    shown = "".join(line.strip() for line in row)
+    assert shown.count("\\x1b]52;c;aGk=\\x07\\x1b[2J") == 12 and shown.endswith("\\x1b" * 60 + "\\u202eend)")
+    assert all(not line.rstrip().endswith("\\") for line in row)  # no escape split across lines
 
 
 def test_a_stopped_run_of_a_task_with_its_own_metric_reads_the_metric_config_json_names(tmp_path, capsys):

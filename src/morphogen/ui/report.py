@@ -47,7 +47,7 @@ from morphogen.ui.run_files import (
     task_label,
 )
 from morphogen.ui.seeds_report import MAX_HOSTS, MAX_NAME, render_seeds_report
-from morphogen.ui.terminal_text import cut, printable
+from morphogen.ui.terminal_text import cut, printable, printable_wrap
 from morphogen.ui.units import counted, format_flops, format_loss
 
 __all__ = ["RunDirectoryError", "render_report"]
@@ -55,8 +55,10 @@ __all__ = ["RunDirectoryError", "render_report"]
 #: The controller of an evaluation that grows nothing, as `eval` names it in its table.
 _NO_GROWTH = "no growth"
 
-#: Columns of a refused action's reason in the epoch table.
-_REASON_WIDTH = 150
+#: The most columns a line of the epoch table takes: an action's reason wraps onto lines under its first word beyond.
+_LINE_WIDTH = 150
+#: The fewest columns an action's reason is given per line, however wide the row before it (a long slot id).
+_MIN_REASON_WIDTH = 40
 #: The widest the epoch table's score column grows to hold the score's name ("val mean abs error").
 _SCORE_WIDTH = 24
 
@@ -76,16 +78,26 @@ def _action_reasons(history: Sequence[Event]) -> dict[_Step, tuple[bool, str]]:
             round_of_events(history) if isinstance(event, ActionTaken) and event.reason}
 
 
-def _outcome_text(e: EpochCompleted, taken: tuple[bool, str] | None, previous: str) -> str:
-    """What follows an action in the epoch table: why it was refused, what it did and why, or, for a wait, why,
-    where that differs from the wait before (`previous`)."""
+def _outcome_text(e: EpochCompleted, taken: tuple[bool, str] | None, previous: str) -> tuple[str, str]:
+    """What follows an action in the epoch table, as its opening and the reason after it: why it was refused, what it
+    did and why, or, for a wait, why, where that differs from the wait before (`previous`)."""
     reason = "" if taken is None else taken[1]
     if not e.action_succeeded:
-        return f"  (refused: {cut(reason, _REASON_WIDTH)})" if reason else "  (refused)"
+        return ("  (refused: ", reason) if reason else ("  (refused)", "")
     # A taken action's reason says why after a colon ("pruned r0c1: ..."); without one it only repeats the action.
     if ": " not in reason or (e.action == "WAIT" and reason == previous):
-        return ""
-    return f"  ({cut(reason, _REASON_WIDTH)})"
+        return "", ""
+    return "  (", reason
+
+
+def _row_with_reason(row: str, reason: str) -> list[str]:
+    """`row` followed by `reason` in brackets, escaped and wrapped within `_LINE_WIDTH` onto lines indented under its
+    first word, so that the whole reason (a gate's figures come last) is shown, never cut."""
+    head = printable(row)
+    if not reason:
+        return [head]
+    first, *rest = printable_wrap(reason + ")", max(_LINE_WIDTH - len(head), _MIN_REASON_WIDTH))
+    return [head + first, *(" " * len(head) + line for line in rest)]
 
 
 def _epoch_rows(epochs: Sequence[tuple[int, EpochCompleted]], with_round: bool, score: ScoreKind,
@@ -99,13 +111,14 @@ def _epoch_rows(epochs: Sequence[tuple[int, EpochCompleted]], with_round: bool, 
     previous_wait = ""
     for round_number, e in epochs:
         taken = reasons.get((round_number, e.env_id, e.epoch))
-        outcome = _outcome_text(e, taken, previous_wait)
+        opening, reason = _outcome_text(e, taken, previous_wait)
         if e.action == "WAIT" and taken is not None:
             previous_wait = taken[1]
         round_column = f"{round_cell(round_number):>5}  " if with_round else ""
         score_cell = f"{score.format(e.val_accuracy):>{width}}  " if shows_score else ""
-        lines.append(f"  {round_column}{e.env_id:>3}  {e.epoch:>5}  {score_cell}{format_loss(e.val_loss):>10}  "
-                     f"{e.param_count:>9,}  {e.action}{outcome}")
+        row = (f"  {round_column}{e.env_id:>3}  {e.epoch:>5}  {score_cell}{format_loss(e.val_loss):>10}  "
+               f"{e.param_count:>9,}  {e.action}{opening}")
+        lines.extend(_row_with_reason(row, reason))
     return lines
 
 

@@ -67,3 +67,26 @@ def printable_cut(text: str, width: int) -> str:
         length += len(piece)
     return "".join(kept) + "…"
 
+
+
+def printable_wrap(text: str, width: int) -> list[str]:
+    """`printable(text)` as lines of at most `width` columns (at least one), broken at spaces, a word wider than a
+    line between whole escapes: wrapped rather than cut, so that nothing of it is lost and no escape is split."""
+    width = max(width, 1)
+    lines: list[str] = []
+    line = ""
+    for index, word in enumerate(text.split(" ")):
+        shown = printable(word)
+        if index and len(line) + 1 + len(shown) <= width:
+            line += " " + shown
+            continue
+        if index:  # the space between the words is where the line breaks
+            lines.append(line)
+            line = ""
+        for piece in (printable(character) for character in word):  # a word wider than a line: between escapes
+            if line and len(line) + len(piece) > width:
+                lines.append(line)
+                line = ""
+            line += piece
+    lines.append(line)
+    return lines
