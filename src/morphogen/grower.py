@@ -28,21 +28,19 @@ A forgotten call is an error that names it at the next `end_epoch`, never a sile
 
 Between epochs, `state_dict()` saves where the growth stands and `load_state_dict()` resumes it on a Grower built
 the same way: a stopped job goes on exactly as if it had not stopped. With `distributed=True`, processes that each
-train a share of every batch grow one model (`_Replicas`; no DistributedDataParallel, which cannot follow a model
-that gains parameters).
+train a share of every batch grow one model (`grower_replicas.Replicas`; no DistributedDataParallel, which cannot
+follow a model that gains parameters).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import warnings
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import Tensor, nn
-from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
 from morphogen.commands.run import ConfigSource, depth_growth_note, settings_from
 from morphogen.control.heuristic import HeuristicConfig, HeuristicController
@@ -53,18 +51,14 @@ from morphogen.core.training_mode import left_in_eval, modes_kept
 from morphogen.data.user import LossFunction, task_from_data
 from morphogen.env.actions import Action
 from morphogen.env.compute import note_batch
-from morphogen.env.episode import (
-    EpisodeConfig,
-    MorphogenesisEpisode,
-    StepResult,
-    class_index_dtype_problem,
-    task_with_host,
-)
+from morphogen.env.episode import EpisodeConfig, MorphogenesisEpisode, StepResult, task_with_host
 from morphogen.env.evaluation import refuse_first_batch_classes
 from morphogen.env.play import Controller, connect, savable
-from morphogen.env.snapshot import EpisodeSnapshot, snapshot_from_state
+from morphogen.env.snapshot import EpisodeSnapshot
 from morphogen.env.training import clear_stale_casts
-from morphogen.inputs import Inputs, dtype_mismatch, names_problem, rows
+from morphogen.grower_checks import check_optimizer, kind_problem, state_problem, targets_dtype_problem
+from morphogen.grower_replicas import Replicas
+from morphogen.inputs import Inputs, dtype_mismatch, rows
 from morphogen.inputs import problem as inputs_problem
 from morphogen.limits import MAX_EPOCHS, check_count
 from morphogen.telemetry.gradients import clip_gradients
@@ -103,30 +97,6 @@ class EpochReport:
     snapshot: EpisodeSnapshot
 
 
-def _check_optimizer(optimizer: object, host: SegmentedHost) -> None:
-    """Refuse an `optimizer=` that is not the host's torch optimizer (a scheduler, a class, one over other
-    parameters), which a rollback would otherwise meet only epochs later."""
-    if optimizer is None:
-        return
-    if not isinstance(optimizer, torch.optim.Optimizer):
-        raise TypeError(f"Grower's optimizer= is your host's torch.optim optimizer (its state is cleared on a "
-                        f"rollback), got {getattr(optimizer, '__name__', type(optimizer).__name__)}")
-    optimized = {id(p) for group in optimizer.param_groups for p in group["params"]}
-    if not any(id(p) in optimized for p in host.parameters()):
-        raise ValueError("Grower's optimizer= holds none of the host's parameters: build it on host.parameters() "
-                         "(the host shares your model's)")
-
-
-def _kind_problem(host: SegmentedHost, inputs: Inputs) -> str | None:
-    """Why `inputs` are not of the kind the host was built for (one tensor, or several, named as its example's),
-    or None."""
-    expected = getattr(host, "input_kind", "tensor")
-    given = "tensor" if isinstance(inputs, Tensor) else "dict" if isinstance(inputs, dict) else "tuple"
-    if (expected == "tensor") == (given == "tensor"):
-        return names_problem(getattr(host, "input_names", ()), inputs)
-    wanted = "one tensor" if expected == "tensor" else f"a {expected} of tensors"
-    return f"a {type(inputs).__name__} where the host takes {wanted}"
-
 
 class Grower:
     """Growth of a host inside a training loop you write; see the module docstring for the three calls."""
@@ -145,10 +115,10 @@ class Grower:
         mapping of tables or a `RunConfig`. `policy` decides with a learned policy instead, as `grow(policy=...)`
         does: "default" (the one shipped with morphogen) or the run directory of a `morphogen train`.
         `distributed=True`: every process of the default `torch.distributed` group trains this model on its own
-        batches and validates on its own share of the validation data (see `_Replicas`)."""
+        batches and validates on its own share of the validation data (see `grower_replicas.Replicas`)."""
         if not isinstance(host, SegmentedHost):
             raise TypeError(f"Grower needs a host from morphogen.host_from_module, got {type(host).__name__}")
-        _check_optimizer(optimizer, host)
+        check_optimizer(optimizer, host)
         check_count("Grower's epochs", epochs, MAX_EPOCHS)  # the episode's max_epochs, a name the loop never gave
         if policy is not None and controller is not None:
             raise ValueError("Grower: give controller= or policy=, not both")
@@ -157,7 +127,7 @@ class Grower:
                 raise ValueError("Grower: give config, or episode and heuristic, not both")
             settings = settings_from(config, "own loop", host.topology)
             episode, heuristic = settings.episode, settings.heuristic
-        self._replicas = _Replicas() if distributed else None
+        self._replicas = Replicas() if distributed else None
         # Parts of the host the loop put in eval mode (a frozen backbone's batch norm) stay so while it is probed.
         with modes_kept(host):
             device = next(host.parameters()).device
@@ -210,7 +180,7 @@ class Grower:
     def use_optimizer(self, optimizer: torch.optim.Optimizer) -> None:
         """Have a rollback clear `optimizer`'s state and back off its rate, as for `optimizer=`: for a host's optimizer
         built after the Grower (Lightning's `configure_optimizers`, which `GrowthCallback` hands on)."""
-        _check_optimizer(optimizer, self.model.host)
+        check_optimizer(optimizer, self.model.host)
         self.optimizer = optimizer
 
     @property
@@ -230,7 +200,7 @@ class Grower:
                 raise RuntimeError(f"grower.model's seeds are not where the Grower left them ({changed}): its state "
                                    "was loaded from elsewhere. To resume, load grower.load_state_dict(state) from a "
                                    "grower.state_dict(), not grower.model's state")
-            problem = inputs_problem(inputs) or _kind_problem(self.model.host, inputs)
+            problem = inputs_problem(inputs) or kind_problem(self.model.host, inputs)
             if problem is not None:
                 raise ValueError(f"training_step's inputs must be a tensor, or a tuple or dict of tensors, each "
                                  f"with a leading sample dimension, as the host's example_input was; got {problem}")
@@ -254,7 +224,7 @@ class Grower:
         try:
             loss = trainer.objective.checked_loss(output, targets)
         except RuntimeError as error:
-            problem = self._targets_dtype_problem(output, targets)
+            problem = targets_dtype_problem(self.episode.task.objective, output, targets)
             if problem:
                 said = str(error).strip().splitlines()
                 raise ValueError(f"training_step: {problem} (the loss failed on them: {said[0] if said else ''})") \
@@ -266,18 +236,6 @@ class Grower:
         note_batch(trainer.batch_shapes, inputs)
         self._steps += 1
         return loss
-
-    def _targets_dtype_problem(self, outputs: Tensor, targets: Tensor) -> str:
-        """Why a classification's cross-entropy refused a training batch's `targets` for their dtype (float or int32
-        labels where the loss takes int64 class indices), or "". On a failure's path only: it reads the targets."""
-        if self.episode.task.objective != "classification" or targets.shape == outputs.shape:
-            return ""  # not class indices for a cross-entropy, or class probabilities shaped as the outputs
-        problem = class_index_dtype_problem(targets)
-        if problem or not targets.is_floating_point():
-            return problem
-        return (f"the targets are {str(targets.dtype).removeprefix('torch.')} of shape {tuple(targets.shape)} against "
-                f"outputs {tuple(outputs.shape)}: cross-entropy takes class indices as int64 (y.long()), or class "
-                "probabilities shaped as the outputs")
 
     def _into_training_mode(self) -> None:
         """`model.train()`, but for the layers of the host the loop left in eval mode while others of it train (a
@@ -389,7 +347,7 @@ class Grower:
             raise ValueError(f"not a whole Grower state: it lacks {', '.join(missing)} (save it with "
                              "Grower.state_dict(), and load that dict as it was saved)")
         controller = savable(self.controller, "restored")
-        problem = self._state_problem(state)
+        problem = state_problem(state, self.controller, self.snapshot, self.model)
         if problem:
             raise ValueError(f"this Grower is not built as the saved one was: {problem}; build it with the same "
                              "network, slots, epochs and settings")
@@ -398,26 +356,6 @@ class Grower:
         succeeded, reason = state["applied"]
         self._action, self._applied = Action.from_state(state["next_action"]), (bool(succeeded), str(reason))
         self._left = self._seeds_now()
-
-    def _state_problem(self, state: dict[str, Any]) -> str:
-        """Why `state` cannot go on in this Grower (its controller's kind, epochs, slots or host parameters
-        differ), or ""."""
-        kind = state.get("controller_kind")  # states saved before the kind was recorded go without the check
-        if kind is not None and kind != type(self.controller).__name__:
-            return f"it was saved by a {str(kind)[:80]!r} controller, this one has {type(self.controller).__name__!r}"
-        saved = snapshot_from_state(state["episode"]["snapshot"])
-        if saved.max_epochs != self.snapshot.max_epochs:
-            return f"it was saved with epochs={saved.max_epochs}, this one has epochs={self.snapshot.max_epochs}"
-        slots = [slot.slot_id for slot in saved.slots]
-        if slots != list(self.model.slot_ids):
-            return f"it was saved with slots {', '.join(slots)}, this one has {', '.join(self.model.slot_ids)}"
-        weights = state["episode"]["model"]
-        for name, value in self.model.host.state_dict(prefix="host.").items():
-            kept = weights.get(name)
-            if not isinstance(kept, Tensor) or kept.shape != value.shape:
-                found = "nothing" if not isinstance(kept, Tensor) else f"shape {tuple(kept.shape)}"
-                return f"its host holds {found} for {name[len('host.'):]}, this one shape {tuple(value.shape)}"
-        return ""
 
     def _decide(self, snapshot: EpisodeSnapshot) -> tuple[Action, tuple[bool, str]]:
         action = self.controller.act(snapshot, self.episode.masks())
@@ -435,65 +373,6 @@ class Grower:
             action=action.describe(), succeeded=result.action_succeeded, reason=result.reason,
             rolled_back=result.rollback is not None, next_action=next_action,
             stages={slot.slot_id: slot.stage.value for slot in s.slots}, snapshot=s)
-
-
-class _Replicas:
-    """Keeps the copies of one growing model in the processes of the default `torch.distributed` group in step.
-
-    Each process trains on its own batches: after `backward` the gradients of the host and of the live seeds are
-    averaged over the processes (one all-reduce per dtype, as DistributedDataParallel does for a fixed set of
-    parameters, which growth changes). Validation sums and the epoch's training loss are added up over the
-    processes, so every gate, the governor and the controller read the same figures whatever share of the data
-    each process holds. The first process's action is the one every process applies, and the first process's model
-    (a new seed's initial weights, batch-norm statistics) is copied to the others after each decision, once an
-    epoch; that also re-joins the copies after a rollback, which restores each process's own last good state.
-    """
-
-    def __init__(self) -> None:
-        if not torch.distributed.is_available() or not torch.distributed.is_initialized():
-            raise RuntimeError("Grower(distributed=True) needs torch.distributed.init_process_group(...) first")
-        self.size = torch.distributed.get_world_size()
-
-    def sum(self, values: Tensor) -> Tensor:
-        """`values` summed over the processes, the same on each."""
-        torch.distributed.all_reduce(values)
-        return values
-
-    def average_gradients(self, parameters: list[nn.Parameter]) -> None:
-        """Average the gradients of `parameters` over the processes; a parameter without one counts zeros, as in
-        DistributedDataParallel, so that every process exchanges the same tensors."""
-        gradients = []
-        for p in parameters:
-            if p.requires_grad:
-                if p.grad is None:
-                    p.grad = torch.zeros_like(p)
-                gradients.append(p.grad)
-        _flattened(gradients, lambda flat: torch.distributed.all_reduce(flat.div_(self.size)))
-
-    def first_process_action(self, action: Action) -> Action:
-        """The action the first process decided (each process's controller reads its own share of the data)."""
-        shared = [action.state()]
-        torch.distributed.broadcast_object_list(shared, src=0)
-        return Action.from_state(shared[0])
-
-    def copy_first_process_model(self, model: MorphogeneticModel) -> None:
-        """The first process's parameters and buffers into every process's model."""
-        with torch.no_grad():
-            _flattened([*model.parameters(), *model.buffers()], lambda flat: torch.distributed.broadcast(flat, src=0))
-
-
-def _flattened(tensors: list[Tensor], collective: Callable[[Tensor], object]) -> None:
-    """Run `collective` on the tensors concatenated, one flat tensor per device and dtype, and copy its result back
-    into them: one message per dtype instead of one per tensor."""
-    groups: dict[tuple[torch.device, torch.dtype], list[Tensor]] = {}
-    for tensor in tensors:
-        groups.setdefault((tensor.device, tensor.dtype), []).append(tensor)
-    for group in groups.values():
-        # torch's own (DistributedDataParallel's) flatten and unflatten, and one foreach copy: no per-tensor loop
-        # in Python on a path that runs every step.
-        flat: Tensor = _flatten_dense_tensors(group)  # type: ignore[no-untyped-call]
-        collective(flat)
-        torch._foreach_copy_(group, _unflatten_dense_tensors(flat, group))  # type: ignore[no-untyped-call]
 
 
 def _unscaled(parameters: list[nn.Parameter], scaler: torch.amp.GradScaler | None) -> bool:
