@@ -173,3 +173,23 @@ def test_a_users_shuffled_loader_gives_the_same_epoch_whatever_the_process_drew_
         assert not torch.equal(epochs[0], epochs[1]), "each epoch its own order"
         seen.append(epochs)
     assert all(torch.equal(a, b) for a, b in zip(seen[0], seen[1], strict=True))
+
+
+@pytest.mark.parametrize(("baselines", "batch_identical"), [(False, False), (True, False), (False, True)])
+def test_a_streamed_first_training_batch_beyond_num_classes_is_refused_in_the_vector_env(
+        baselines: bool, batch_identical: bool) -> None:
+    """The vector's unbatched path, its no-growth twins (which train first) and its stacked (vmap) path go through
+    the episode's first training batch: class 7 of num_classes=3 in a DataLoader is the one line, not an IndexError."""
+    generator = torch.Generator().manual_seed(0)
+    inputs, labels = torch.randn(32, 4, generator=generator), torch.randint(0, 3, (32,), generator=generator)
+    labels[2] = 7
+    net = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 3))
+    host = morphogen.host_from_module(net, ["1"], example_input=inputs[:2])
+    task = morphogen.task_from_data("beyond", torch.utils.data.DataLoader(
+        torch.utils.data.TensorDataset(inputs, labels), batch_size=16), (inputs[:16], labels[:16] % 3),
+        num_classes=3, host=host)
+    vector = VectorEpisodes(task, EpisodeConfig(max_epochs=1, batch_identical=batch_identical), 2, seed=SEED,
+                            baselines=baselines)
+    vector.reset(ROUND)
+    with pytest.raises(morphogen.DataError, match=r"^task 'beyond': train \(the first batch\): targets hold class 7"):
+        vector.step([Action()] * 2)

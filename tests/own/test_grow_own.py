@@ -497,7 +497,7 @@ def test_a_streamed_training_split_has_its_classes_read_on_the_first_batch_only(
     result = morphogen.grow(task, host, run_dir=str(tmp_path / "run"), config=eager_config(epochs=2),
                             baseline=False, from_scratch=False, out=io.StringIO())
     assert math.isfinite(result.grown.final_loss)
-    assert checked == ["task 'streamed': train (the first batch)"]
+    assert checked == ["task 'streamed': train (the first batch)"]  # its validation split is tensors: read whole
 
 
 def test_run_refuses_a_streamed_first_batch_beyond_num_classes_in_one_line_and_exit_2(
@@ -508,6 +508,48 @@ def test_run_refuses_a_streamed_first_batch_beyond_num_classes_in_one_line_and_e
     _, err = capsys.readouterr()
     assert code == EXIT_USER_ERROR
     assert re.match(FIRST_BATCH_BEYOND, err.removeprefix("morphogen run: error: ").removesuffix("\n")), err
+    assert err.count("\n") == 1, err
+
+
+VALIDATION_BEYOND = (r"^task 'beyond': validation \(the first batch\): targets hold class 7, outside 0\.\.2 of "
+                     r"num_classes=3 \(-100, cross-entropy's ignore_index, marks a target to leave out\)$")
+
+
+def test_a_streamed_first_validation_batch_with_a_class_beyond_num_classes_is_refused_in_one_line(
+        tmp_path: Path) -> None:
+    """A DataLoader validation split whose first batch holds class 7 of num_classes=3: one line naming the split,
+    before the loss (torch's IndexError inside "failed on the validation data" before) and any epoch."""
+    with pytest.raises(morphogen.DataError, match=VALIDATION_BEYOND):
+        morphogen.grow(user_tasks.validation_beyond(), run_dir=str(tmp_path / "run"), config=eager_config(epochs=1),
+                       baseline=False, from_scratch=False, out=io.StringIO())
+
+
+def test_a_streamed_validation_split_has_its_classes_read_on_the_first_validation_only(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Good labels in a DataLoader validation split: the run trains, the validation's classes read once (one host
+    sync a split), not at the validations after each epoch nor at the run's second reset of its episode."""
+    checked: list[str] = []
+    check = morphogen.env.evaluation.check_class_indices
+    monkeypatch.setattr("morphogen.env.evaluation.check_class_indices",
+                        lambda targets, *args: checked.append(args[1]) or check(targets, *args))
+    inputs, labels = blobs(32, 1)
+    host = morphogen.host_from_module(mlp(), ["1"], example_input=inputs[:2])
+    task = morphogen.task_from_data("streamed", blobs(64, 0), torch.utils.data.DataLoader(
+        torch.utils.data.TensorDataset(inputs, labels), batch_size=16), num_classes=3)
+    result = morphogen.grow(task, host, run_dir=str(tmp_path / "run"), config=eager_config(epochs=2),
+                            baseline=False, from_scratch=False, out=io.StringIO())
+    assert math.isfinite(result.grown.final_loss)
+    assert checked == ["task 'streamed': validation (the first batch)", "task 'streamed': train (the first batch)"]
+
+
+def test_run_refuses_a_streamed_first_validation_batch_beyond_num_classes_in_one_line_and_exit_2(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.chdir(HERE)
+    code = main(["run", "--task", "user_tasks:validation_beyond", "--epochs", "1", "--run-dir",
+                 str(tmp_path / "run"), "--threads", "1"])
+    _, err = capsys.readouterr()
+    assert code == EXIT_USER_ERROR
+    assert re.match(VALIDATION_BEYOND, err.removeprefix("morphogen run: error: ").removesuffix("\n")), err
     assert err.count("\n") == 1, err
 
 

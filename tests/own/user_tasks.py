@@ -145,3 +145,13 @@ def first_batch_beyond() -> Task:
     host = morphogen.host_from_module(mlp(), ["1"], example_input=inputs[:2])
     return morphogen.task_from_data("beyond", DataLoader(TensorDataset(inputs, labels), batch_size=16), blobs(32, 1),
                                     num_classes=3, host=host)
+
+
+def validation_beyond() -> Task:
+    """A DataLoader validation split whose first batch holds class 7 of num_classes=3: streamed, so not read whole
+    before training; the first validation checks its first batch."""
+    inputs, labels = blobs(32, 1)
+    labels[2] = 7
+    host = morphogen.host_from_module(mlp(), ["1"], example_input=inputs[:2])
+    return morphogen.task_from_data("beyond", blobs(64, 0), DataLoader(TensorDataset(inputs, labels), batch_size=16),
+                                    num_classes=3, host=host)

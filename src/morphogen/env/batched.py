@@ -450,19 +450,32 @@ def train_epoch_batched(episodes: Sequence[MorphogenesisEpisode], batches: Itera
     for group, stream in zip(grouping.groups, group_streams, strict=True):
         with _on_stream(stream, episodes[group[0]]):
             stacked.append(StackedEnvs([episodes[index] for index in group]))
-    for inputs, targets in batches:
+    for index, (inputs, targets) in enumerate(batches):
         on_device = None if copy_batch is None or not grouping.groups else copy_batch(inputs, targets)
         for group, stream, envs in zip(grouping.groups, group_streams, stacked, strict=True):
             first = episodes[group[0]]
             group_inputs, group_targets = (inputs, targets) if on_device is None else on_device[first.device]
             with first.timer.phase("train"), _on_stream(stream, first, *tensors(group_inputs), group_targets):
-                envs.step(group_inputs, group_targets)
+                if index == 0 and first.epoch == 0:  # the episode's first batch: checked once, as a lone env's is
+                    _step_first_batch(envs, first, group_inputs, group_targets)
+                else:
+                    envs.step(group_inputs, group_targets)
         if grouping.alone:
             train_alone(inputs, targets, grouping.alone)
     for group, stream, envs in zip(grouping.groups, group_streams, stacked, strict=True):
         with episodes[group[0]].timer.phase("train"), _on_stream(stream, episodes[group[0]]):
             envs.write_back()
     return grouping
+
+
+def _step_first_batch(envs: StackedEnvs, first: MorphogenesisEpisode, inputs: Inputs, targets: Tensor) -> None:
+    """A group's step on its episodes' first batch, with the first batch's class check and failure message that
+    `MorphogenesisEpisode` gives an env trained alone (the envs share the batch and the task: checked once)."""
+    first.refuse_first_training_classes(targets)
+    try:
+        envs.step(inputs, targets)
+    except (RuntimeError, ValueError, TypeError, IndexError, KeyError) as error:
+        raise first.first_batch_failure(inputs, targets, error) from None
 
 
 def _on_stream(stream: torch.cuda.Stream | None, episode: MorphogenesisEpisode,

@@ -257,6 +257,8 @@ class MorphogenesisEpisode:
         #: Sums a tensor over the processes that share one model's training (`Grower(distributed=True)`): the
         #: validation figures and the epoch's training loss are then the same in each. None: this process alone.
         self.sum_over_processes: Callable[[torch.Tensor], torch.Tensor] | None = None
+        #: A streamed validation split's first batch passed its class check: later resets (same task) skip it.
+        self.validation_classes_checked = False
         #: Judges each epoch's gradient norms for drift; None skips the check.
         self.detector = detector
         #: Every event of the current episode, whatever the telemetry level (for its summary and story).
@@ -487,6 +489,13 @@ class MorphogenesisEpisode:
                             blend_epochs=action.blend_epochs)
         return True, f"germinated {action.blueprint} in {action.slot}"
 
+    def train_shared_batch(self, inputs: Inputs, targets: Tensor) -> None:
+        """One step on a batch a vector env shares: the episode's first goes through the first batch's checks."""
+        if self.epoch == 0 and self.trainer.batches == 0:
+            self._train_first_batch(inputs, targets)
+        else:
+            self.trainer.train_batch(inputs, targets)
+
     def train_epoch(self, batches: Iterable[tuple[Inputs, Tensor]]) -> None:
         """Train host and live seeds on `batches` (this episode's own, or a vector's shared stream)."""
         with self.timer.phase("train"):
@@ -516,19 +525,29 @@ class MorphogenesisEpisode:
         """The episode's first training step; where the model or its loss fails on it, a `DataError` saying how the
         training batch differs from the validation data (which the first validation already ran without error). Its
         class indices are checked first, once (a streamed split is not read whole, and later batches are not read)."""
-        refuse_first_batch_classes(self.trainer.objective, self.task.num_classes, targets,
-                                   f"task {self.task.name!r}: train (the first batch)")
+        self.refuse_first_training_classes(targets)
         try:
             self.trainer.train_batch(inputs, targets)
         except (RuntimeError, ValueError, TypeError, IndexError, KeyError) as error:
-            validation_inputs, validation_targets = self._first_batch("validation", 1)
-            differences = batch_differences((inputs, targets), (validation_inputs, validation_targets))
-            assert self.model is not None
-            dtypes = dtype_mismatch(inputs, self.model.parameters())
-            said = "; ".join(part for part in (", ".join(differences), dtypes) if part)
-            raise DataError(f"task {self.task.name!r}: the model and its loss failed on the first training batch, "
-                            f"though not on the validation data: {_error_line(error)}"
-                            + (f" (the training batch differs: {said})" if said else "")) from None
+            raise self.first_batch_failure(inputs, targets, error) from None
+
+    def refuse_first_training_classes(self, targets: Tensor) -> None:
+        """A `DataError` where the first training batch names a class outside `num_classes`: one host sync, on the
+        episode's first batch only (also called by the vector env's stacked path, which trains envs together)."""
+        refuse_first_batch_classes(self.trainer.objective, self.task.num_classes, targets,
+                                   f"task {self.task.name!r}: train (the first batch)")
+
+    def first_batch_failure(self, inputs: Inputs, targets: Tensor, error: Exception) -> DataError:
+        """The `DataError` for a first training batch the model or its loss failed on: how that batch differs from
+        the validation data, which the first validation ran without error."""
+        validation_inputs, validation_targets = self._first_batch("validation", 1)
+        differences = batch_differences((inputs, targets), (validation_inputs, validation_targets))
+        assert self.model is not None
+        dtypes = dtype_mismatch(inputs, self.model.parameters())
+        said = "; ".join(part for part in (", ".join(differences), dtypes) if part)
+        return DataError(f"task {self.task.name!r}: the model and its loss failed on the first training batch, "
+                         f"though not on the validation data: {_error_line(error)}"
+                         + (f" (the training batch differs: {said})" if said else ""))
 
     def finish_epoch(self, action: Action, succeeded: bool, reason: str) -> StepResult:
         """After training: validation with counterfactuals, governor, slot clocks, growth signals, reward, telemetry."""
@@ -604,7 +623,9 @@ class MorphogenesisEpisode:
         assert self.model is not None
         refuse_other_class_count(self.task, self.model)
         try:
-            result = self._validate()
+            streamed = getattr(self.task.validation, "inputs", None) is None  # tensors: task_from_data read them
+            check = streamed and not self.validation_classes_checked
+            result = self._validate(check_first_targets=self._refuse_first_validation_classes if check else None)
         except DataError:
             raise
         except (RuntimeError, ValueError, TypeError, IndexError) as error:
@@ -658,7 +679,14 @@ class MorphogenesisEpisode:
         if problem is not None:
             raise DataError(f"task {self.task.name!r}: {problem}")
 
-    def _validate(self) -> CounterfactualResult:
+    def _refuse_first_validation_classes(self, targets: Tensor) -> None:
+        """The first validation's check of its first batch's class indices (a streamed split is not read whole):
+        one host sync, once for the episode's task."""
+        refuse_first_batch_classes(self.objective, self.task.num_classes, targets,
+                                   f"task {self.task.name!r}: validation (the first batch)")
+        self.validation_classes_checked = True
+
+    def _validate(self, check_first_targets: Callable[[Tensor], None] | None = None) -> CounterfactualResult:
         assert self.model is not None
         alphas = {s.slot_id: s.alpha.alpha for s in self.model.slots()
                   if s.stage in BLENDED_STAGES and s.alpha.alpha > 0.0}
@@ -679,7 +707,7 @@ class MorphogenesisEpisode:
         clear_stale_casts()  # under an enclosing autocast, the casts of the last batch predate its optimizer step
         with self.timer.phase("validate"):
             result = validate(self.model, self.task.validation, configurations, self.config.validation_batch_size,
-                              self.objective, self.sum_over_processes)
+                              self.objective, self.sum_over_processes, check_first_targets)
         self.compute.charge_validation(self.flop_counter, self.model, configurations.alphas,
                                        dict(result.batch_shapes))
         return result

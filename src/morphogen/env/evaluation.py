@@ -261,8 +261,12 @@ def per_config_loss_and_correct(outputs: Tensor, targets: Tensor, class_dim: int
 @torch.inference_mode()
 def validate(model: MorphogeneticModel, dataset: BatchSource, configurations: AlphaConfigurations,
              batch_size: int = 512, objective: Objective | None = None,
-             reduce: Callable[[Tensor], Tensor] | None = None) -> CounterfactualResult:
+             reduce: Callable[[Tensor], Tensor] | None = None,
+             check_first_targets: Callable[[Tensor], None] | None = None) -> CounterfactualResult:
     """Score (accuracy points by default) and mean loss of every configuration, in one pass over `dataset`.
+
+    `check_first_targets` reads the first batch's targets before its loss (a run's first validation only: it may
+    wait for the device).
 
     `reduce` sums the [3, K] sums of loss, score and items over processes that each validate their share of the
     data (`Grower(distributed=True)`), so that every process reads the same figures. One host sync at the end.
@@ -276,7 +280,9 @@ def validate(model: MorphogeneticModel, dataset: BatchSource, configurations: Al
     count: int | Tensor = 0
     alphas = [list(row) for row in configurations.alphas]
     shapes: Counter[InputSpec] = Counter()
-    for inputs, targets in dataset.iterate_batches(batch_size, shuffle=False):
+    for index, (inputs, targets) in enumerate(dataset.iterate_batches(batch_size, shuffle=False)):
+        if index == 0 and check_first_targets is not None:
+            check_first_targets(targets)
         note_batch(shapes, inputs)
         outputs = model.counterfactual_forward(inputs, alphas)  # (K, B, ...)
         batch_loss, batch_score, items = objective.loss_and_score(outputs, targets)

@@ -143,7 +143,7 @@ class VectorEpisodes:
         for inputs, targets in batches:
             copies = self.placement.copy_batch(inputs, targets)
             for twin, device in zip(self.twins, self.placement.env_devices, strict=False):
-                twin.trainer.train_batch(*copies[device])
+                twin.train_shared_batch(*copies[device])
             yield inputs, targets
 
     def _train_all(self, inputs: Inputs, targets: Tensor, indices: Sequence[int] | None = None) -> None:
@@ -156,11 +156,11 @@ class VectorEpisodes:
             device_inputs, device_targets = batches[device]
             with episode.timer.phase("train"):
                 if stream is None:
-                    episode.trainer.train_batch(device_inputs, device_targets)
+                    episode.train_shared_batch(device_inputs, device_targets)
                     continue
                 # The batch is produced (copied/augmented) on the current stream of the env's device.
                 stream.wait_stream(torch.cuda.current_stream(device))
                 with torch.cuda.stream(stream):
                     for tensor in (*tensors(device_inputs), device_targets):
                         tensor.record_stream(stream)
-                    episode.trainer.train_batch(device_inputs, device_targets)
+                    episode.train_shared_batch(device_inputs, device_targets)
