@@ -500,17 +500,6 @@ def test_a_streamed_training_split_has_its_classes_read_on_the_first_batch_only(
     assert checked == ["task 'streamed': train (the first batch)"]  # its validation split is tensors: read whole
 
 
-def test_run_refuses_a_streamed_first_batch_beyond_num_classes_in_one_line_and_exit_2(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
-    monkeypatch.chdir(HERE)
-    code = main(["run", "--task", "user_tasks:first_batch_beyond", "--epochs", "1", "--run-dir",
-                 str(tmp_path / "run"), "--threads", "1"])
-    _, err = capsys.readouterr()
-    assert code == EXIT_USER_ERROR
-    assert re.match(FIRST_BATCH_BEYOND, err.removeprefix("morphogen run: error: ").removesuffix("\n")), err
-    assert err.count("\n") == 1, err
-
-
 VALIDATION_BEYOND = (r"^task 'beyond': validation \(the first batch\): targets hold class 7, outside 0\.\.2 of "
                      r"num_classes=3 \(-100, cross-entropy's ignore_index, marks a target to leave out\)$")
 
@@ -542,14 +531,16 @@ def test_a_streamed_validation_split_has_its_classes_read_on_the_first_validatio
     assert checked == ["task 'streamed': validation (the first batch)", "task 'streamed': train (the first batch)"]
 
 
-def test_run_refuses_a_streamed_first_validation_batch_beyond_num_classes_in_one_line_and_exit_2(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+@pytest.mark.parametrize(("task", "line"), [("user_tasks:first_batch_beyond", FIRST_BATCH_BEYOND),
+                                            ("user_tasks:validation_beyond", VALIDATION_BEYOND)])
+def test_run_refuses_a_streamed_first_batch_beyond_num_classes_in_one_line_and_exit_2(
+        task: str, line: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
     monkeypatch.chdir(HERE)
-    code = main(["run", "--task", "user_tasks:validation_beyond", "--epochs", "1", "--run-dir",
-                 str(tmp_path / "run"), "--threads", "1"])
+    code = main(["run", "--task", task, "--epochs", "1", "--run-dir", str(tmp_path / "run"), "--threads", "1"])
     _, err = capsys.readouterr()
     assert code == EXIT_USER_ERROR
-    assert re.match(VALIDATION_BEYOND, err.removeprefix("morphogen run: error: ").removesuffix("\n")), err
+    assert re.match(line, err.removeprefix("morphogen run: error: ").removesuffix("\n")), err
     assert err.count("\n") == 1, err
 
 
