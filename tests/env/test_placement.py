@@ -32,11 +32,12 @@ def digits() -> Task:
 
 
 def build_without_validating(vector: VectorEpisodes) -> None:
-    """What `reset` builds for every env (model, monitor, trainer), without its validation pass (maths)."""
+    """What `reset` builds for every env (model, monitor, trainer, its epoch), without its validation pass (maths)."""
     for episode in vector.episodes:
         episode.model = episode.build_model()
         episode.monitor = IsolationMonitor(device=episode.device)
         episode.trainer = HostAndSeedTrainer(episode.model, episode.optimizer_config, episode.monitor)
+        episode.epoch = 0
 
 
 def test_envs_go_round_robin_and_build_everything_on_their_device(digits: Task) -> None:
