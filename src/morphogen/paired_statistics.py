@@ -60,8 +60,8 @@ def format_mean_error(values: Sequence[float], spec: str = "+.2f", error_spec: s
 def paired_difference(first: Sequence[float], second: Sequence[float]) -> tuple[float, float]:
     """Mean and standard error of `first[i] - second[i]` (the error is NaN for one pair: one seed has no spread)."""
     differences = [a - b for a, b in zip(first, second, strict=True)]
-    spread = statistics.stdev(differences) if len(differences) > 1 else math.nan
-    return statistics.fmean(differences), spread / math.sqrt(len(differences))
+    error = standard_error(differences)
+    return statistics.fmean(differences), math.nan if error is None else error
 
 
 @dataclass(frozen=True)
