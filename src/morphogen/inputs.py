@@ -122,6 +122,14 @@ def names_problem(expected: tuple[str | int, ...], inputs: Inputs) -> str | None
             "host with an example_input of as many inputs as the data gives")
 
 
+def refuse_other_names(expected: tuple[str | int, ...], inputs: Inputs) -> None:
+    """A `ValueError` (`names_problem`) where a batch of several inputs does not give those the host was traced with;
+    a lone tensor has nothing to name."""
+    problem = None if isinstance(inputs, Tensor) else names_problem(expected, inputs)
+    if problem is not None:
+        raise ValueError(problem)
+
+
 def take_rows(inputs: Inputs, index: slice | Tensor) -> Inputs:
     """The rows `index` (a slice, or a tensor of row indices) of every tensor."""
     if isinstance(index, slice):

@@ -24,7 +24,7 @@ import torch
 from torch import Tensor, fx, nn
 
 from morphogen.core.transformer_layers import TransformerBlock, init_gpt_
-from morphogen.inputs import Inputs, names_problem, take_rows
+from morphogen.inputs import Inputs, refuse_other_names, take_rows
 from morphogen.limits import short_repr
 
 Device = torch.device | str | None
@@ -225,9 +225,7 @@ class SegmentedHost(nn.Module):
         return output
 
     def forward(self, x: Inputs) -> Tensor:
-        problem = None if isinstance(x, Tensor) else names_problem(self.input_names, x)
-        if problem is not None:
-            raise ValueError(problem)
+        refuse_other_names(self.input_names, x)
         for segment in self.segments:
             x = segment(x)
         if self.carried_values is not None:  # the pass is over: nothing keeps its activations

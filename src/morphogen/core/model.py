@@ -39,7 +39,7 @@ from morphogen.core.hosts import SegmentedHost, UnknownSlotError
 from morphogen.core.lifecycle import BLENDED_STAGES, Stage
 from morphogen.core.slot import SeedSlot, SlotConfig, SlotMode, SlotPlan
 from morphogen.core.width import WidthSite, find_width_site, run_cut_segment
-from morphogen.inputs import Inputs, names_problem, repeat_rows, rows, tensors
+from morphogen.inputs import Inputs, refuse_other_names, repeat_rows, rows, tensors
 
 Captured = tuple[tuple[Tensor, Tensor | None], ...]
 """Per TRAINING slot, in execution order: the host's detached activation there, and for a widening seed the
@@ -279,10 +279,8 @@ class MorphogeneticModel(nn.Module):
         the segment before it, which a branch seed reads (`morphogen.core.branch`; holding the reference costs
         nothing). `entering(index, x)`, if given, maps the input of each segment before it runs.
         """
-        if start == 0 and not isinstance(x, Tensor):
-            problem = names_problem(self.host.input_names, x)
-            if problem is not None:
-                raise ValueError(problem)
+        if start == 0:
+            refuse_other_names(self.host.input_names, x)
         taps: dict[int, Tensor] = {}
         for index in range(start, len(self._slot_at_point)):
             if entering is not None:
